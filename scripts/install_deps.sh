@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages slimkv builds, tests and runs with; installs only what is missing.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build ccache pkg-config git
+  clang                    # libFuzzer targets (clang -fsanitize=fuzzer)
+  libopenblas-dev          # BLAS GEMM
+  libhwy-dev               # portable SIMD with runtime dispatch (Highway)
+  libpcre2-dev             # pre-tokenizer regex with Unicode properties
+  libutf8proc-dev          # Unicode normalization (NFC/NFKC) for tokenizer.json normalizers
+  nlohmann-json3-dev       # JSON
+  libcli11-dev             # command-line parsing
+  libgtest-dev libgmock-dev  # tests
+  libbenchmark-dev         # micro-benchmarks
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install_deps: installing ${missing[*]}"
+  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

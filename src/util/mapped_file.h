@@ -1,0 +1,36 @@
+// A read-only memory-mapped file: weights are used in place, paged in by the OS on first touch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "slimkv/status.h"
+
+namespace slimkv {
+
+class MappedFile {
+ public:
+  static Expected<MappedFile> open(const std::string& path);
+
+  MappedFile() = default;
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile();
+
+  const uint8_t* data() const { return data_; }
+  size_t size_bytes() const { return size_bytes_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_bytes_ = 0;
+};
+
+// Reads a whole (small) file into a string; the error names the file.
+Expected<std::string> read_text_file(const std::string& path);
+
+}  // namespace slimkv
