@@ -1,0 +1,76 @@
+#include "attention/attention.h"
+
+#include <algorithm>
+#include <cassert>
+#include <vector>
+
+#include "attention/cpu/dense_block_attention.h"
+
+namespace slimkv {
+namespace {
+
+// Query positions per tile: with the GQA group, a tile is up to this many positions × group heads,
+// so each block is read once for all of them.
+constexpr int kTilePositions = 16;
+
+// Tokens [block_start, block_start + block_len) as seen by each query of the tile.
+void visible_tokens(int first_tile_position, int group, int n_rows, int block_start, int block_len,
+                    int* visible) {
+  for (int r = 0; r < n_rows; ++r) {
+    const int position = first_tile_position + r / group;
+    visible[r] = std::clamp(position + 1 - block_start, 0, block_len);
+  }
+}
+
+}  // namespace
+
+void attend(const KvStore& store, int layer, const float* q, int n, int first_position,
+            const AttentionParams& params, float* out) {
+  const KvShape& shape = store.shape();
+  const int group = params.num_heads / shape.num_kv_heads;
+  const int k_dim = shape.k_dim, v_dim = shape.v_dim;
+  const int block_tokens = store.block_tokens();
+  const int sealed = store.num_sealed_blocks(layer);
+  const int open_tokens = store.open_tokens(layer);
+  assert(store.num_tokens(layer) == first_position + n);
+  const int tiles = (n + kTilePositions - 1) / kTilePositions;
+  const int tasks = shape.num_kv_heads * tiles;
+
+#pragma omp parallel num_threads(params.threads)
+  {
+    std::vector<float> q_tile(size_t(kTilePositions) * group * k_dim);
+    std::vector<int> visible(size_t(kTilePositions) * group);
+    AttentionPartials partials(0, v_dim);
+#pragma omp for schedule(dynamic)
+    for (int task = 0; task < tasks; ++task) {
+      const int g = task % shape.num_kv_heads;
+      const int first = (task / shape.num_kv_heads) * kTilePositions;  // first query (row of q) in the tile
+      const int positions = std::min(kTilePositions, n - first);
+      const int rows = positions * group;
+      // Gather the group's queries, scaled: row r = (position r / group, head g·group + r % group).
+      for (int r = 0; r < rows; ++r) {
+        const float* src = q + (size_t(first + r / group) * params.num_heads + size_t(g * group + r % group)) * k_dim;
+        float* dst = q_tile.data() + size_t(r) * k_dim;
+        for (int c = 0; c < k_dim; ++c) dst[c] = src[c] * params.scale;
+      }
+      partials.reset(rows, v_dim);
+      const QueryTile tile{q_tile.data(), rows, visible.data()};
+      const int first_tile_position = first_position + first;
+      const int last_tile_position = first_tile_position + positions - 1;
+      for (int b = 0; b < sealed && b * block_tokens <= last_tile_position; ++b) {
+        visible_tokens(first_tile_position, group, rows, b * block_tokens, block_tokens, visible.data());
+        store.codec().attend(store.block_shape(), store.sealed_block(layer, g, b), tile, partials, 0);
+      }
+      if (open_tokens > 0) {
+        visible_tokens(first_tile_position, group, rows, sealed * block_tokens, open_tokens, visible.data());
+        attend_block_f32(tile, store.open_k(layer, g), store.open_v(layer, g), k_dim, v_dim, partials, 0);
+      }
+      for (int r = 0; r < rows; ++r) {
+        float* dst = out + (size_t(first + r / group) * params.num_heads + size_t(g * group + r % group)) * v_dim;
+        partials.write_output(r, dst);
+      }
+    }
+  }
+}
+
+}  // namespace slimkv

@@ -1,0 +1,21 @@
+// Attention of a layer's new queries over the KV store: for each KV head and tile of queries, every
+// block's partial comes from its codec's kernel (the open block's from the FP32 kernel), merged with
+// the online-softmax rule. Causal: the query at position p sees tokens at positions <= p.
+#pragma once
+
+#include "kv/store.h"
+
+namespace slimkv {
+
+struct AttentionParams {
+  int num_heads = 0;       // query heads; num_heads / store's num_kv_heads share a KV head (GQA)
+  float scale = 1.0f;      // softmax scale, 1/sqrt(head_dim)
+  int threads = 1;
+};
+
+// q: [n, num_heads, k_dim] for positions first_position .. first_position + n - 1, whose K/V the store
+// already holds (store.num_tokens(layer) == first_position + n). out: [n, num_heads, v_dim].
+void attend(const KvStore& store, int layer, const float* q, int n, int first_position,
+            const AttentionParams& params, float* out);
+
+}  // namespace slimkv

@@ -1,0 +1,17 @@
+// Attention of a query tile over one block of FP32 keys and values, folded into running partials.
+// Used by the `dense` codec and for every codec's open (not yet sealed) block.
+#pragma once
+
+#include "attention/partial.h"
+
+namespace slimkv {
+
+// The largest block this kernel takes (scores of one query live on the stack).
+inline constexpr int kMaxBlockTokens = 256;
+
+// k: [block_tokens, k_dim], v: [block_tokens, v_dim]; for each query i of the tile, tokens
+// [0, tile.visible[i]) are folded into partials(first_partial + i).
+void attend_block_f32(const QueryTile& tile, const float* k, const float* v, int k_dim, int v_dim,
+                      AttentionPartials& partials, int first_partial = 0);
+
+}  // namespace slimkv

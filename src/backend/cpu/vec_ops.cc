@@ -1,0 +1,46 @@
+#include "backend/cpu/vec_ops.h"
+
+#include <cstring>
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "backend/cpu/vec_ops.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include "backend/cpu/vec_ops-inl.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace slimkv {
+namespace HWY_NAMESPACE {
+
+float DotExport(const float* a, const float* b, size_t n) { return Dot(a, b, n); }
+void MulAddToExport(float alpha, const float* x, float* y, size_t n) { MulAddTo(alpha, x, y, n); }
+void WidenHalfExport(const uint16_t* in, bool is_bf16, float* out, size_t n) { WidenHalf(in, is_bf16, out, n); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace slimkv
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace slimkv {
+
+HWY_EXPORT(DotExport);
+HWY_EXPORT(MulAddToExport);
+HWY_EXPORT(WidenHalfExport);
+
+float dot(const float* a, const float* b, size_t n) { return HWY_DYNAMIC_DISPATCH(DotExport)(a, b, n); }
+
+void mul_add_to(float alpha, const float* x, float* y, size_t n) {
+  HWY_DYNAMIC_DISPATCH(MulAddToExport)(alpha, x, y, n);
+}
+
+void widen_to_f32(const void* in, DType dtype, float* out, size_t n) {
+  if (dtype == DType::kF32) {
+    std::memcpy(out, in, n * sizeof(float));
+    return;
+  }
+  HWY_DYNAMIC_DISPATCH(WidenHalfExport)(static_cast<const uint16_t*>(in), dtype == DType::kBF16, out, n);
+}
+
+}  // namespace slimkv
+#endif  // HWY_ONCE

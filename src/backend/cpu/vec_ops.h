@@ -1,0 +1,17 @@
+// Vector operations for code outside the SIMD kernels, dispatched at run time to the best target this
+// CPU supports (AVX-512, AVX2, SSE4, scalar). Kernels call the inline forms in vec_ops-inl.h instead.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tensor/dtype.h"
+
+namespace slimkv {
+
+float dot(const float* a, const float* b, size_t n);
+void mul_add_to(float alpha, const float* x, float* y, size_t n);  // y += alpha · x
+// out[i] = float(in[i]) for data of `dtype` (F32 is a copy).
+void widen_to_f32(const void* in, DType dtype, float* out, size_t n);
+
+}  // namespace slimkv

@@ -1,0 +1,48 @@
+// A codec says how a sealed KV block is encoded and how attention reads it. A block holds the keys and
+// values of `block_tokens` consecutive tokens of one layer and one KV head. The newest tokens sit in
+// the store's open block in FP32 until it fills; then the codec seals it (HACK's requantization
+// elimination is exactly this: the partial block is never quantized).
+//
+// Implementations: dense (kv/codec/dense.h); hack, quant and zack come with their issues.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "attention/partial.h"
+
+namespace slimkv {
+
+struct BlockShape {
+  int block_tokens = 64;
+  int k_dim = 0;  // per-head key dims as stored (ZACK stores fewer than head_dim)
+  int v_dim = 0;  // per-head value dims as stored
+};
+
+class Codec {
+ public:
+  virtual ~Codec() = default;
+
+  // The codec as a canonical spec stage, every option spelled out: "dense:dtype=f32".
+  virtual std::string describe() const = 0;
+
+  // Bytes of one sealed block of this shape: what the store allocates, and what is sent.
+  virtual size_t block_bytes(const BlockShape& shape) const = 0;
+
+  // Encodes a full block. k: [block_tokens, k_dim], v: [block_tokens, v_dim], FP32.
+  // `seed` makes stochastic rounding reproducible (the store derives it from the block's identity).
+  virtual void seal(const BlockShape& shape, const float* k, const float* v, uint64_t seed,
+                    uint8_t* block) const = 0;
+
+  // For each query i of the tile, folds tokens [0, tile.visible[i]) of the sealed block into
+  // partials(first_partial + i). Queries are already scaled by the softmax scale.
+  virtual void attend(const BlockShape& shape, const uint8_t* block, const QueryTile& tile,
+                      AttentionPartials& partials, int first_partial) const = 0;
+
+  // Decodes a sealed block back to FP32 k [block_tokens, k_dim], v [block_tokens, v_dim]: for tests,
+  // for moving blocks between codecs, and for fidelity measurements.
+  virtual void decode(const BlockShape& shape, const uint8_t* block, float* k, float* v) const = 0;
+};
+
+}  // namespace slimkv

@@ -1,0 +1,60 @@
+#include "kv/codec/dense.h"
+
+#include <cstring>
+#include <vector>
+
+#include "attention/cpu/dense_block_attention.h"
+#include "backend/cpu/vec_ops.h"
+#include "util/half.h"
+
+namespace slimkv {
+
+std::string DenseCodec::describe() const {
+  const char* names[] = {"f32", "f16", "bf16"};
+  return str_cat("dense:dtype=", names[static_cast<int>(dtype_)]);
+}
+
+size_t DenseCodec::block_bytes(const BlockShape& shape) const {
+  return size_t(shape.block_tokens) * size_t(shape.k_dim + shape.v_dim) * dtype_size_bytes(dtype_);
+}
+
+void DenseCodec::seal(const BlockShape& shape, const float* k, const float* v, uint64_t /*seed*/,
+                      uint8_t* block) const {
+  const size_t nk = size_t(shape.block_tokens) * size_t(shape.k_dim);
+  const size_t nv = size_t(shape.block_tokens) * size_t(shape.v_dim);
+  if (dtype_ == DType::kF32) {
+    std::memcpy(block, k, nk * 4);
+    std::memcpy(block + nk * 4, v, nv * 4);
+    return;
+  }
+  auto* out = reinterpret_cast<uint16_t*>(block);
+  const auto narrow = dtype_ == DType::kBF16 ? float_to_bf16 : float_to_fp16;
+  for (size_t i = 0; i < nk; ++i) out[i] = narrow(k[i]);
+  for (size_t i = 0; i < nv; ++i) out[nk + i] = narrow(v[i]);
+}
+
+void DenseCodec::decode(const BlockShape& shape, const uint8_t* block, float* k, float* v) const {
+  const size_t nk = size_t(shape.block_tokens) * size_t(shape.k_dim);
+  const size_t nv = size_t(shape.block_tokens) * size_t(shape.v_dim);
+  const size_t element = dtype_size_bytes(dtype_);
+  widen_to_f32(block, dtype_, k, nk);
+  widen_to_f32(block + nk * element, dtype_, v, nv);
+}
+
+void DenseCodec::attend(const BlockShape& shape, const uint8_t* block, const QueryTile& tile,
+                        AttentionPartials& partials, int first_partial) const {
+  if (dtype_ == DType::kF32) {
+    const auto* k = reinterpret_cast<const float*>(block);
+    const auto* v = k + size_t(shape.block_tokens) * size_t(shape.k_dim);
+    attend_block_f32(tile, k, v, shape.k_dim, shape.v_dim, partials, first_partial);
+    return;
+  }
+  // Half-precision blocks are widened once per tile into a per-thread buffer, then read as FP32.
+  thread_local std::vector<float> k, v;
+  k.resize(size_t(shape.block_tokens) * size_t(shape.k_dim));
+  v.resize(size_t(shape.block_tokens) * size_t(shape.v_dim));
+  decode(shape, block, k.data(), v.data());
+  attend_block_f32(tile, k.data(), v.data(), shape.k_dim, shape.v_dim, partials, first_partial);
+}
+
+}  // namespace slimkv

@@ -1,0 +1,26 @@
+// The `dense` codec: K and V stored as they are, in FP32, FP16 or BF16 (`dense:dtype=f16`).
+// Layout of a block: K [block_tokens, k_dim] then V [block_tokens, v_dim], row-major, in dtype.
+#pragma once
+
+#include "kv/codec/codec.h"
+#include "slimkv/status.h"
+#include "tensor/dtype.h"
+
+namespace slimkv {
+
+class DenseCodec final : public Codec {
+ public:
+  explicit DenseCodec(DType dtype) : dtype_(dtype) {}
+
+  std::string describe() const override;
+  size_t block_bytes(const BlockShape& shape) const override;
+  void seal(const BlockShape& shape, const float* k, const float* v, uint64_t seed, uint8_t* block) const override;
+  void attend(const BlockShape& shape, const uint8_t* block, const QueryTile& tile, AttentionPartials& partials,
+              int first_partial) const override;
+  void decode(const BlockShape& shape, const uint8_t* block, float* k, float* v) const override;
+
+ private:
+  DType dtype_;
+};
+
+}  // namespace slimkv

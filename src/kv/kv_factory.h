@@ -1,0 +1,25 @@
+// Builds what a KV spec names, like FAISS's index_factory: one place that knows every stage name.
+// Stages not known here, bad options, and impossible combinations are errors quoting the whole spec.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "kv/codec/codec.h"
+#include "slimkv/kv_config.h"
+
+namespace slimkv {
+
+struct KvPipeline {
+  std::shared_ptr<const Codec> codec;  // encodes sealed blocks
+  int block_tokens = 64;               // tokens per block (HACK's partition size Π when hack is used)
+  uint64_t seed = 0;                   // for stochastic rounding and clustering
+  std::string describe() const;        // the canonical spec, every option spelled out
+};
+
+Expected<KvPipeline> make_kv_pipeline(const KvConfig& config);
+
+// parse_kv_spec + make_kv_pipeline.
+Expected<KvPipeline> make_kv_pipeline(std::string_view spec);
+
+}  // namespace slimkv

@@ -1,0 +1,73 @@
+// The paged KV store of one sequence: for every layer and KV head, a list of sealed blocks (encoded by
+// the codec) and one open block of the newest tokens in FP32.
+//
+//   layer l, kv head g:  [ block 0 | block 1 | ... | block n-1 ] [ open: < block_tokens tokens ]
+//                          sealed, codec-encoded, from the pool      FP32, appended to
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kv/block_pool.h"
+#include "kv/kv_factory.h"
+
+namespace slimkv {
+
+struct KvShape {
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int k_dim = 0;        // per-head dims of stored keys
+  int v_dim = 0;        // per-head dims of stored values
+  int max_tokens = 0;   // the context length
+};
+
+struct KvMemory {
+  size_t sealed_bytes = 0;  // blocks in the pool, as the codec encodes them
+  size_t open_bytes = 0;    // the open blocks' FP32 buffers (allocated once, full size)
+  size_t sealed_blocks = 0;
+};
+
+class KvStore {
+ public:
+  KvStore(const KvShape& shape, const KvPipeline& pipeline);
+
+  const KvShape& shape() const { return shape_; }
+  const BlockShape& block_shape() const { return block_shape_; }
+  const Codec& codec() const { return *pipeline_.codec; }
+  int block_tokens() const { return block_shape_.block_tokens; }
+
+  // Appends n tokens to `layer`: k [n, num_kv_heads, k_dim], v [n, num_kv_heads, v_dim].
+  // Every block that fills is sealed by the codec. The caller keeps num_tokens <= max_tokens.
+  void append(int layer, const float* k, const float* v, int n);
+
+  int num_tokens(int layer) const { return layers_[size_t(layer)].num_tokens; }
+  int num_sealed_blocks(int layer) const;
+  const uint8_t* sealed_block(int layer, int head, int index) const { return head_of(layer, head).sealed[size_t(index)]; }
+  int open_tokens(int layer) const { return num_tokens(layer) - num_sealed_blocks(layer) * block_tokens(); }
+  const float* open_k(int layer, int head) const { return head_of(layer, head).open_k.data(); }  // [block_tokens, k_dim]
+  const float* open_v(int layer, int head) const { return head_of(layer, head).open_v.data(); }  // [block_tokens, v_dim]
+
+  KvMemory memory() const;
+  void clear();  // back to an empty sequence, keeping allocations
+
+ private:
+  struct Head {
+    std::vector<const uint8_t*> sealed;
+    std::vector<float> open_k, open_v;
+  };
+  struct Layer {
+    std::vector<Head> heads;
+    int num_tokens = 0;
+  };
+  const Head& head_of(int layer, int head) const { return layers_[size_t(layer)].heads[size_t(head)]; }
+  uint64_t block_seed(int layer, int head, int index) const;
+
+  KvShape shape_;
+  KvPipeline pipeline_;
+  BlockShape block_shape_;
+  BlockPool pool_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace slimkv
