@@ -1,0 +1,48 @@
+// WeightStore: every tensor of a Hugging Face model directory, memory-mapped, by name.
+//
+// A directory holds either one `model.safetensors`, or shards named by
+// `model.safetensors.index.json` ({"metadata": {...}, "weight_map": {tensor name: shard file}}).
+// Each shard is mapped once. The index and the shards must agree exactly: every tensor the index
+// lists is in the shard it names, no shard holds a tensor the index does not list or lists for
+// another shard, and no tensor is in two shards. Model code asks for each weight with the shape it
+// expects (`get`), so a checkpoint that does not fit the config fails at load with a message naming
+// the tensor, the file, and both shapes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "model/safetensors.h"
+#include "slimkv/status.h"
+
+namespace slimkv {
+
+class WeightStore {
+ public:
+  // Opens DIR/model.safetensors, or every shard named by DIR/model.safetensors.index.json
+  // ("weight_map"); the index wins when both exist, as in transformers.
+  static Expected<WeightStore> open(const std::string& model_dir);
+
+  // The tensor with exactly this shape, in a dtype we compute with (F32/F16/BF16). The error names
+  // the tensor, its file, and the expected and found shape (or the dtype).
+  Expected<TensorInfo> get(const std::string& name, const std::vector<int64_t>& shape) const;
+  // The tensor whatever its shape and dtype; nullptr when absent.
+  const TensorInfo* find(const std::string& name) const;
+  bool contains(const std::string& name) const { return find(name) != nullptr; }
+  std::vector<std::string> names() const;  // sorted
+  size_t size() const { return tensors_.size(); }
+  size_t total_bytes() const;  // sum of every tensor's size_bytes
+  const std::string& model_dir() const { return model_dir_; }
+  bool is_sharded() const { return sharded_; }  // opened through model.safetensors.index.json
+
+ private:
+  std::string model_dir_;
+  bool sharded_ = false;
+  std::vector<SafetensorsFile> files_;                    // each mapped once
+  std::unordered_map<std::string, TensorInfo> tensors_;  // data points into files_
+};
+
+}  // namespace slimkv
