@@ -61,6 +61,7 @@ KvMemory KvStore::memory() const {
   KvMemory memory;
   memory.sealed_blocks = pool_.blocks_in_use();
   memory.sealed_bytes = pool_.bytes_in_use();
+  memory.sealed_tokens = layers_.empty() ? 0 : size_t(num_sealed_blocks(0)) * size_t(block_tokens());
   memory.open_bytes = size_t(shape_.num_layers) * size_t(shape_.num_kv_heads) * size_t(block_tokens()) *
                       size_t(shape_.k_dim + shape_.v_dim) * sizeof(float);
   return memory;

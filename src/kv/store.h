@@ -26,6 +26,8 @@ struct KvMemory {
   size_t sealed_bytes = 0;  // blocks in the pool, as the codec encodes them
   size_t open_bytes = 0;    // the open blocks' FP32 buffers (allocated once, full size)
   size_t sealed_blocks = 0;
+  size_t sealed_tokens = 0;  // tokens whose K/V sit in sealed blocks (each layer holds them all)
+  double sealed_bytes_per_token() const { return sealed_tokens ? double(sealed_bytes) / double(sealed_tokens) : 0.0; }
 };
 
 class KvStore {

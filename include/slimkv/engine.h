@@ -1,0 +1,94 @@
+// The engine: a model loaded once (weights memory-mapped, tokenizer if the directory has one, the KV
+// pipeline from the spec), and sessions, each a sequence with its own KV store.
+//
+//   auto engine = Engine::load({.model_dir = "models/x", .kv_spec = "dense"});
+//   auto session = (*engine)->new_session();
+//   auto logits = session->prefill(prompt_ids);      // logits of the last token
+//   logits = session->decode(next_id);               // one more token through the KV cache
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "slimkv/status.h"
+
+namespace slimkv {
+
+class LlamaModel;
+class Tokenizer;
+class KvStore;
+struct KvPipeline;
+struct RunState;
+struct ModelConfig;
+struct KvMemory;
+
+struct EngineConfig {
+  std::string model_dir;
+  std::string kv_spec = "dense";
+  std::string device = "cpu";
+  int threads = 0;              // 0: every core
+  int prefill_chunk_tokens = 512;  // prompts run through the model this many tokens at a time
+};
+
+// generation_config.json, where present (all optional).
+struct GenerationDefaults {
+  std::vector<int64_t> eos_token_ids;
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+};
+
+class Session;
+
+class Engine {
+ public:
+  static Expected<std::unique_ptr<Engine>> load(const EngineConfig& config);
+  ~Engine();
+
+  const ModelConfig& model_config() const;
+  const LlamaModel& model() const { return *model_; }
+  const Tokenizer* tokenizer() const { return tokenizer_.get(); }  // nullptr without tokenizer.json
+  const GenerationDefaults& generation_defaults() const { return generation_; }
+  const EngineConfig& config() const { return config_; }
+  std::string kv_description() const;  // the KV spec with every option spelled out
+  const KvPipeline& kv_pipeline() const { return *pipeline_; }
+  int threads() const { return threads_; }
+
+  std::unique_ptr<Session> new_session() const;
+
+ private:
+  Engine() = default;
+  EngineConfig config_;
+  int threads_ = 1;
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<KvPipeline> pipeline_;
+  GenerationDefaults generation_;
+};
+
+class Session {
+ public:
+  explicit Session(const Engine& engine);
+  ~Session();
+
+  // Runs tokens through the model at the end of the sequence. Returns logits [n, vocab] when
+  // all_logits, else [vocab] of the last token. Errors: empty input, ids outside the vocabulary,
+  // or more tokens than the context holds.
+  Expected<std::vector<float>> prefill(std::span<const int32_t> tokens, bool all_logits = false);
+  Expected<std::vector<float>> decode(int32_t token) { return prefill(std::span<const int32_t>(&token, 1)); }
+
+  int num_tokens() const;
+  int context_tokens() const;
+  const KvStore& kv() const { return *kv_; }
+  void reset();
+
+ private:
+  const Engine& engine_;
+  std::unique_ptr<KvStore> kv_;
+  std::unique_ptr<RunState> state_;
+};
+
+}  // namespace slimkv

@@ -1,0 +1,130 @@
+#include <cblas.h>
+
+#include <filesystem>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "kv/kv_factory.h"
+#include "model/llama.h"
+#include "slimkv/engine.h"
+#include "tokenizer/tokenizer.h"
+#include "util/mapped_file.h"
+
+namespace slimkv {
+namespace {
+
+// generation_config.json is optional; when present it must be valid, and its sampling defaults apply.
+Expected<GenerationDefaults> load_generation_defaults(const std::string& model_dir, const ModelConfig& config) {
+  GenerationDefaults defaults;
+  defaults.eos_token_ids = config.eos_token_ids;
+  const std::string path = model_dir + "/generation_config.json";
+  if (!std::filesystem::exists(path)) return defaults;
+  SLIMKV_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
+  const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!json.is_object()) return error(path, ": not a JSON object");
+  if (json.contains("eos_token_id")) {
+    const auto& eos = json["eos_token_id"];
+    if (eos.is_number_integer()) {
+      defaults.eos_token_ids = {eos.get<int64_t>()};
+    } else if (eos.is_array()) {
+      defaults.eos_token_ids.clear();
+      for (const auto& id : eos) {
+        if (!id.is_number_integer()) return error(path, ": eos_token_id must hold integers, found ", id.dump());
+        defaults.eos_token_ids.push_back(id.get<int64_t>());
+      }
+    } else if (!eos.is_null()) {
+      return error(path, ": eos_token_id must be an integer or a list, found ", eos.dump());
+    }
+  }
+  const bool sample = json.value("do_sample", false);
+  if (sample) {
+    const auto number = [&](const char* key, double fallback) {
+      return json.contains(key) && json[key].is_number() ? json[key].get<double>() : fallback;
+    };
+    defaults.temperature = float(number("temperature", 1.0));
+    defaults.top_k = int(number("top_k", 50));
+    defaults.top_p = float(number("top_p", 1.0));
+  }
+  return defaults;
+}
+
+}  // namespace
+
+Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
+  if (config.device != "cpu") {
+    return error("device '", config.device, "' is not available in this build (known: cpu)");
+  }
+  if (config.threads < 0) return error("threads must be >= 0 (0 = every core), got ", config.threads);
+  if (config.prefill_chunk_tokens < 1) return error("prefill chunk must be >= 1 token");
+  std::unique_ptr<Engine> engine(new Engine());
+  engine->config_ = config;
+  engine->threads_ = config.threads > 0 ? config.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  SLIMKV_ASSIGN_OR_RETURN(KvPipeline pipeline, make_kv_pipeline(config.kv_spec));  // bad specs fail before loading
+  engine->pipeline_ = std::make_unique<KvPipeline>(std::move(pipeline));
+  SLIMKV_ASSIGN_OR_RETURN(engine->model_, LlamaModel::load(config.model_dir));
+  const std::string tokenizer_path = config.model_dir + "/tokenizer.json";
+  if (std::filesystem::exists(tokenizer_path)) {
+    SLIMKV_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load(tokenizer_path));
+    engine->tokenizer_ = std::make_unique<Tokenizer>(std::move(tokenizer));
+  }
+  SLIMKV_ASSIGN_OR_RETURN(engine->generation_, load_generation_defaults(config.model_dir, engine->model_->config()));
+  openblas_set_num_threads(engine->threads_);
+  return engine;
+}
+
+Engine::~Engine() = default;
+
+const ModelConfig& Engine::model_config() const { return model_->config(); }
+
+std::string Engine::kv_description() const { return pipeline_->describe(); }
+
+std::unique_ptr<Session> Engine::new_session() const { return std::make_unique<Session>(*this); }
+
+// ----------------------------------------------------------------------------------------------
+
+Session::Session(const Engine& engine)
+    : engine_(engine),
+      kv_(std::make_unique<KvStore>(engine.model().kv_shape(), engine.kv_pipeline())),
+      state_(std::make_unique<RunState>()) {}
+
+Session::~Session() = default;
+
+int Session::num_tokens() const { return kv_->num_tokens(0); }
+
+int Session::context_tokens() const { return kv_->shape().max_tokens; }
+
+void Session::reset() { kv_->clear(); }
+
+Expected<std::vector<float>> Session::prefill(std::span<const int32_t> tokens, bool all_logits) {
+  const ModelConfig& config = engine_.model_config();
+  if (tokens.empty()) return error("no tokens to run: the prompt is empty");
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= config.vocab_size) {
+      return error("token id ", tokens[i], " at index ", i, " is outside the vocabulary [0, ", config.vocab_size, ")");
+    }
+  }
+  if (num_tokens() + int64_t(tokens.size()) > context_tokens()) {
+    return error("sequence would have ", num_tokens() + int64_t(tokens.size()), " tokens (", num_tokens(),
+                 " already + ", tokens.size(), " new), more than the model's context of ", context_tokens(),
+                 " tokens (max_position_embeddings)");
+  }
+  const size_t vocab = size_t(config.vocab_size);
+  std::vector<float> logits(all_logits ? tokens.size() * vocab : vocab);
+  const size_t chunk = size_t(engine_.config().prefill_chunk_tokens);
+  for (size_t first = 0; first < tokens.size(); first += chunk) {
+    const auto part = tokens.subspan(first, std::min(chunk, tokens.size() - first));
+    const bool last_part = first + part.size() == tokens.size();
+    if (!all_logits && !last_part) {
+      thread_local std::vector<float> discarded;
+      discarded.resize(vocab);
+      engine_.model().forward(part, *kv_, false, discarded.data(), *state_, engine_.threads());
+    } else {
+      float* out = all_logits ? logits.data() + first * vocab : logits.data();
+      engine_.model().forward(part, *kv_, all_logits, out, *state_, engine_.threads());
+    }
+  }
+  return logits;
+}
+
+}  // namespace slimkv

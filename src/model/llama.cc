@@ -1,0 +1,128 @@
+#include "model/llama.h"
+
+#include <cmath>
+
+#include "attention/attention.h"
+#include "backend/cpu/vec_ops.h"
+
+namespace slimkv {
+
+// ----------------------------------------------------------------------------------------------
+// Loading
+
+Expected<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string& model_dir) {
+  SLIMKV_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(model_dir));
+  SLIMKV_ASSIGN_OR_RETURN(WeightStore store, WeightStore::open(model_dir));
+  SLIMKV_ASSIGN_OR_RETURN(LlamaWeights weights, LlamaWeights::load(store, config));
+  return std::unique_ptr<LlamaModel>(
+      new LlamaModel(model_dir, std::move(config), std::move(store), std::move(weights)));
+}
+
+LlamaModel::LlamaModel(std::string model_dir, ModelConfig config, WeightStore store, LlamaWeights weights)
+    : model_dir_(std::move(model_dir)),
+      config_(std::move(config)),
+      store_(std::move(store)),
+      weights_(std::move(weights)),
+      rope_(config_) {}
+
+KvShape LlamaModel::kv_shape() const {
+  return {int(config_.num_layers), int(config_.num_kv_heads), int(config_.head_dim), int(config_.head_dim),
+          int(config_.max_position_embeddings)};
+}
+
+// ----------------------------------------------------------------------------------------------
+// Building blocks, in order of use
+
+namespace {
+
+// out = x / rms(x) · weight, per row of `dim` (transformers' LlamaRMSNorm, FP32).
+void rmsnorm(const float* x, const std::vector<float>& weight, float eps, int n, int dim, float* out) {
+  for (int t = 0; t < n; ++t) {
+    const float* row = x + size_t(t) * dim;
+    const float mean_square = dot(row, row, size_t(dim)) / float(dim);
+    const float inv_rms = 1.0f / std::sqrt(mean_square + eps);
+    float* o = out + size_t(t) * dim;
+    for (int i = 0; i < dim; ++i) o[i] = weight[size_t(i)] * (row[i] * inv_rms);
+  }
+}
+
+void add_bias(float* x, const std::vector<float>& bias, int n) {
+  for (int t = 0; t < n; ++t) mul_add_to(1.0f, bias.data(), x + size_t(t) * bias.size(), bias.size());
+}
+
+// gate = silu(gate) · up, elementwise (SwiGLU).
+void swiglu(float* gate, const float* up, size_t size) {
+  for (size_t i = 0; i < size; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+void add_to(float* x, const float* delta, size_t size) { mul_add_to(1.0f, delta, x, size); }
+
+}  // namespace
+
+// ----------------------------------------------------------------------------------------------
+// The forward pass
+
+void LlamaModel::forward(std::span<const int32_t> tokens, KvStore& kv, bool all_logits, float* logits,
+                         RunState& s, int threads) const {
+  const ModelConfig& c = config_;
+  const int n = int(tokens.size());
+  const int hidden = int(c.hidden_size), inter = int(c.intermediate_size);
+  const int q_dim = int(c.q_dim()), kv_dim = int(c.kv_dim());
+  const int first_position = kv.num_tokens(0);
+  const float eps = float(c.rms_norm_eps);
+  s.x.resize(size_t(n) * hidden);
+  s.xb.resize(size_t(n) * hidden);
+  s.q.resize(size_t(n) * q_dim);
+  s.k.resize(size_t(n) * kv_dim);
+  s.v.resize(size_t(n) * kv_dim);
+  s.att.resize(size_t(n) * q_dim);
+  s.proj.resize(size_t(n) * hidden);
+  s.gate.resize(size_t(n) * inter);
+  s.up.resize(size_t(n) * inter);
+
+  // x = embed(tokens)
+  const size_t row_bytes = size_t(hidden) * dtype_size_bytes(weights_.embedding.dtype);
+  for (int t = 0; t < n; ++t) {
+    const auto* row = static_cast<const uint8_t*>(weights_.embedding.data) + size_t(tokens[size_t(t)]) * row_bytes;
+    widen_to_f32(row, weights_.embedding.dtype, s.x.data() + size_t(t) * hidden, size_t(hidden));
+  }
+  rope_.angles(first_position, n, s.cos, s.sin);
+  const AttentionParams attention_params{int(c.num_heads), 1.0f / std::sqrt(float(c.head_dim)), threads};
+
+  for (int l = 0; l < int(c.num_layers); ++l) {
+    const LayerWeights& w = weights_.layers[size_t(l)];
+
+    // Attention block: h = rmsnorm(x); q, k, v = project(h); rope(q, k); append; attend; x += o_proj(o)
+    rmsnorm(s.x.data(), w.attention_norm, eps, n, hidden, s.xb.data());
+    matmul(s.xb.data(), n, w.wq, s.q.data(), threads);
+    matmul(s.xb.data(), n, w.wk, s.k.data(), threads);
+    matmul(s.xb.data(), n, w.wv, s.v.data(), threads);
+    if (c.attention_bias) {
+      add_bias(s.q.data(), w.bq, n);
+      add_bias(s.k.data(), w.bk, n);
+      add_bias(s.v.data(), w.bv, n);
+    }
+    rope_.rotate(s.q.data(), n, int(c.num_heads), s.cos, s.sin);
+    rope_.rotate(s.k.data(), n, int(c.num_kv_heads), s.cos, s.sin);
+    kv.append(l, s.k.data(), s.v.data(), n);
+    attend(kv, l, s.q.data(), n, first_position, attention_params, s.att.data());
+    matmul(s.att.data(), n, w.wo, s.proj.data(), threads);
+    add_to(s.x.data(), s.proj.data(), s.x.size());
+
+    // MLP block: x += down(silu(gate(h)) · up(h)), h = rmsnorm(x)
+    rmsnorm(s.x.data(), w.mlp_norm, eps, n, hidden, s.xb.data());
+    matmul(s.xb.data(), n, w.w_gate, s.gate.data(), threads);
+    matmul(s.xb.data(), n, w.w_up, s.up.data(), threads);
+    swiglu(s.gate.data(), s.up.data(), s.gate.size());
+    matmul(s.gate.data(), n, w.w_down, s.proj.data(), threads);
+    add_to(s.x.data(), s.proj.data(), s.x.size());
+  }
+
+  // logits = lm_head(rmsnorm(x)), for every token or only the last
+  const int first_row = all_logits ? 0 : n - 1;
+  const int rows = n - first_row;
+  rmsnorm(s.x.data() + size_t(first_row) * hidden, weights_.final_norm, eps, rows, hidden, s.xb.data());
+  matmul(s.xb.data(), rows, weights_.lm_head, logits, threads);
+}
+
+}  // namespace slimkv

@@ -1,0 +1,56 @@
+// A Llama-family model (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) on the CPU, in FP32:
+// config, weights (memory-mapped) and the forward pass through the paged KV store.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kv/store.h"
+#include "model/llama_weights.h"
+#include "model/model_config.h"
+#include "model/rope.h"
+#include "model/weight_store.h"
+
+namespace slimkv {
+
+// Activations of one forward call over n tokens; reused between calls (resized, not reallocated).
+struct RunState {
+  std::vector<float> x;        // (n, hidden)        the residual stream
+  std::vector<float> xb;       // (n, hidden)        normed input of a sub-block
+  std::vector<float> q;        // (n, q_dim)
+  std::vector<float> k;        // (n, kv_dim)
+  std::vector<float> v;        // (n, kv_dim)
+  std::vector<float> att;      // (n, q_dim)         attention output, before o_proj
+  std::vector<float> proj;     // (n, hidden)        o_proj / down_proj output
+  std::vector<float> gate;     // (n, intermediate)
+  std::vector<float> up;       // (n, intermediate)
+  std::vector<float> cos, sin; // (n, head_dim / 2)  RoPE angles of the n positions
+};
+
+class LlamaModel {
+ public:
+  static Expected<std::unique_ptr<LlamaModel>> load(const std::string& model_dir);
+
+  const ModelConfig& config() const { return config_; }
+  const std::string& model_dir() const { return model_dir_; }
+  KvShape kv_shape() const;  // the store this model needs, full context
+
+  // Runs `tokens` at positions kv.num_tokens(0) ... through the model, appending their K/V to `kv`.
+  // Writes logits [n, vocab] when all_logits, else [1, vocab] for the last token. Token ids and the
+  // context length are checked by the caller (engine/session.h).
+  void forward(std::span<const int32_t> tokens, KvStore& kv, bool all_logits, float* logits, RunState& state,
+               int threads) const;
+
+ private:
+  LlamaModel(std::string model_dir, ModelConfig config, WeightStore store, LlamaWeights weights);
+
+  std::string model_dir_;
+  ModelConfig config_;
+  WeightStore store_;  // owns the mappings that weights_ points into
+  LlamaWeights weights_;
+  Rope rope_;
+};
+
+}  // namespace slimkv

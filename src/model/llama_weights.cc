@@ -1,0 +1,55 @@
+#include "model/llama_weights.h"
+
+#include "backend/cpu/vec_ops.h"
+
+namespace slimkv {
+namespace {
+
+Expected<WeightMatrix> matrix(const WeightStore& store, const std::string& name, int64_t rows, int64_t cols) {
+  SLIMKV_ASSIGN_OR_RETURN(TensorInfo tensor, store.get(name, {rows, cols}));
+  return WeightMatrix{tensor.data, tensor.dtype, rows, cols};
+}
+
+Expected<std::vector<float>> vector(const WeightStore& store, const std::string& name, int64_t size) {
+  SLIMKV_ASSIGN_OR_RETURN(TensorInfo tensor, store.get(name, {size}));
+  std::vector<float> values(static_cast<size_t>(size));
+  widen_to_f32(tensor.data, tensor.dtype, values.data(), values.size());
+  return values;
+}
+
+}  // namespace
+
+Expected<LlamaWeights> LlamaWeights::load(const WeightStore& store, const ModelConfig& config) {
+  const int64_t hidden = config.hidden_size, inter = config.intermediate_size;
+  const int64_t q_dim = config.q_dim(), kv_dim = config.kv_dim();
+  LlamaWeights weights;
+  SLIMKV_ASSIGN_OR_RETURN(weights.embedding, matrix(store, "model.embed_tokens.weight", config.vocab_size, hidden));
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    const std::string prefix = str_cat("model.layers.", i, ".");
+    LayerWeights layer;
+    SLIMKV_ASSIGN_OR_RETURN(layer.attention_norm, vector(store, prefix + "input_layernorm.weight", hidden));
+    SLIMKV_ASSIGN_OR_RETURN(layer.wq, matrix(store, prefix + "self_attn.q_proj.weight", q_dim, hidden));
+    SLIMKV_ASSIGN_OR_RETURN(layer.wk, matrix(store, prefix + "self_attn.k_proj.weight", kv_dim, hidden));
+    SLIMKV_ASSIGN_OR_RETURN(layer.wv, matrix(store, prefix + "self_attn.v_proj.weight", kv_dim, hidden));
+    if (config.attention_bias) {
+      SLIMKV_ASSIGN_OR_RETURN(layer.bq, vector(store, prefix + "self_attn.q_proj.bias", q_dim));
+      SLIMKV_ASSIGN_OR_RETURN(layer.bk, vector(store, prefix + "self_attn.k_proj.bias", kv_dim));
+      SLIMKV_ASSIGN_OR_RETURN(layer.bv, vector(store, prefix + "self_attn.v_proj.bias", kv_dim));
+    }
+    SLIMKV_ASSIGN_OR_RETURN(layer.wo, matrix(store, prefix + "self_attn.o_proj.weight", hidden, q_dim));
+    SLIMKV_ASSIGN_OR_RETURN(layer.mlp_norm, vector(store, prefix + "post_attention_layernorm.weight", hidden));
+    SLIMKV_ASSIGN_OR_RETURN(layer.w_gate, matrix(store, prefix + "mlp.gate_proj.weight", inter, hidden));
+    SLIMKV_ASSIGN_OR_RETURN(layer.w_up, matrix(store, prefix + "mlp.up_proj.weight", inter, hidden));
+    SLIMKV_ASSIGN_OR_RETURN(layer.w_down, matrix(store, prefix + "mlp.down_proj.weight", hidden, inter));
+    weights.layers.push_back(std::move(layer));
+  }
+  SLIMKV_ASSIGN_OR_RETURN(weights.final_norm, vector(store, "model.norm.weight", hidden));
+  if (config.tie_word_embeddings) {
+    weights.lm_head = weights.embedding;  // transformers ties them even if lm_head.weight is also stored
+  } else {
+    SLIMKV_ASSIGN_OR_RETURN(weights.lm_head, matrix(store, "lm_head.weight", config.vocab_size, hidden));
+  }
+  return weights;
+}
+
+}  // namespace slimkv

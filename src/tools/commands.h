@@ -1,0 +1,33 @@
+// The `slimkv` subcommands. Each registers its options on the app and returns the function that runs
+// it; options shared by several are declared once in CommonOptions.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "slimkv/engine.h"
+
+namespace slimkv {
+
+struct CommonOptions {
+  std::string model_dir;
+  std::string kv_spec = "dense";
+  std::string device = "cpu";
+  int threads = 0;
+
+  void add_to(CLI::App& command);
+  EngineConfig engine_config() const;
+};
+
+using CommandRunner = std::function<Status()>;
+
+CommandRunner add_generate_command(CLI::App& app);
+CommandRunner add_logits_command(CLI::App& app);
+CommandRunner add_tokenize_command(CLI::App& app);
+
+// Reads a whole text file named on the command line (a clear error names it).
+Expected<std::string> read_input_file(const std::string& path);
+
+}  // namespace slimkv

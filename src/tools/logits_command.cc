@@ -1,0 +1,85 @@
+// slimkv logits --model DIR (--tokens 1,2,3 | --tokens-file F) --out FILE.npy [--mode prefill|incremental]
+// Writes float32 logits [n_tokens, vocab]. `prefill` runs every token in one call; `incremental` feeds
+// them one at a time through the KV cache, the decode path.
+#include <cctype>
+
+#include "model/model_config.h"
+#include "tools/commands.h"
+#include "util/npy.h"
+
+namespace slimkv {
+namespace {
+
+// Ids separated by commas and/or whitespace.
+Expected<std::vector<int32_t>> parse_token_ids(const std::string& text, const std::string& source) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  while (i < text.size()) {
+    if (text[i] == ',' || std::isspace(static_cast<unsigned char>(text[i]))) {
+      ++i;
+      continue;
+    }
+    size_t end = i;
+    while (end < text.size() && text[end] != ',' && !std::isspace(static_cast<unsigned char>(text[end]))) ++end;
+    const std::string piece = text.substr(i, end - i);
+    size_t used = 0;
+    long long value = -1;
+    try {
+      value = std::stoll(piece, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != piece.size() || value < 0 || value > INT32_MAX) {
+      return error(source, ": '", piece, "' is not a token id (expected non-negative integers separated by commas or spaces)");
+    }
+    ids.push_back(int32_t(value));
+    i = end;
+  }
+  if (ids.empty()) return error(source, ": no token ids");
+  return ids;
+}
+
+}  // namespace
+
+CommandRunner add_logits_command(CLI::App& app) {
+  struct Options {
+    CommonOptions common;
+    std::string tokens, tokens_file, out, mode = "prefill";
+  };
+  auto options = std::make_shared<Options>();
+  CLI::App* command = app.add_subcommand("logits", "Write the logits of a token sequence as float32 .npy [n, vocab]");
+  options->common.add_to(*command);
+  auto* tokens = command->add_option("--tokens", options->tokens, "token ids, e.g. 1,2,3");
+  auto* tokens_file = command->add_option("--tokens-file", options->tokens_file, "file of token ids (commas/whitespace)");
+  tokens->excludes(tokens_file);
+  command->add_option("--out", options->out, "output .npy file")->required();
+  command->add_option("--mode", options->mode, "prefill: all tokens at once; incremental: one by one through the KV cache")
+      ->check(CLI::IsMember({"prefill", "incremental"}))
+      ->capture_default_str();
+  return [options, tokens, tokens_file]() -> Status {
+    std::vector<int32_t> ids;
+    if (tokens->count()) {
+      SLIMKV_ASSIGN_OR_RETURN(ids, parse_token_ids(options->tokens, "--tokens"));
+    } else if (tokens_file->count()) {
+      SLIMKV_ASSIGN_OR_RETURN(std::string text, read_input_file(options->tokens_file));
+      SLIMKV_ASSIGN_OR_RETURN(ids, parse_token_ids(text, options->tokens_file));
+    } else {
+      return error("give the token ids with --tokens or --tokens-file");
+    }
+    SLIMKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::load(options->common.engine_config()));
+    const int64_t vocab = engine->model_config().vocab_size;
+    auto session = engine->new_session();
+    std::vector<float> logits;
+    if (options->mode == "prefill") {
+      SLIMKV_ASSIGN_OR_RETURN(logits, session->prefill(ids, /*all_logits=*/true));
+    } else {
+      for (int32_t id : ids) {
+        SLIMKV_ASSIGN_OR_RETURN(std::vector<float> row, session->decode(id));
+        logits.insert(logits.end(), row.begin(), row.end());
+      }
+    }
+    return write_npy_f32(options->out, logits.data(), {int64_t(ids.size()), vocab});
+  };
+}
+
+}  // namespace slimkv

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The CLI as a user runs it: outputs of the happy paths, and one-line errors with a non-zero exit for
+# bad input. Usage: cli_test.sh SLIMKV_BINARY SOURCE_DIR
+set -u
+slimkv=$1 src=$2
+models=$src/tests/data/models
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0 passes=0
+
+expect_ok() {  # name, command...
+  local name=$1; shift
+  if "$@" >"$work/out" 2>"$work/err"; then passes=$((passes + 1)); else
+    echo "FAIL $name: exit $? — $(head -c 400 "$work/err")"; failures=$((failures + 1)); fi
+}
+expect_error() {  # name, text the error must contain, command...
+  local name=$1 text=$2; shift 2
+  if "$@" >"$work/out" 2>"$work/err"; then
+    echo "FAIL $name: succeeded, expected an error containing '$text'"; failures=$((failures + 1))
+  elif ! grep -qF -- "$text" "$work/err"; then
+    echo "FAIL $name: error lacks '$text': $(head -c 400 "$work/err")"; failures=$((failures + 1))
+  else passes=$((passes + 1)); fi
+}
+
+# logits: both modes write [n, vocab] float32 and agree with each other.
+expect_ok logits-prefill "$slimkv" logits --model "$models/llama_gqa_bf16" --tokens "1, 2 3,4" --out "$work/a.npy"
+expect_ok logits-incremental "$slimkv" logits --model "$models/llama_gqa_bf16" --tokens-file "$models/llama_gqa_bf16/golden_tokens.txt" --mode incremental --out "$work/b.npy"
+size=$(stat -c %s "$work/a.npy" 2>/dev/null || echo 0)
+[ "$size" -eq $((128 + 4 * 512 * 4)) ] && passes=$((passes + 1)) || { echo "FAIL logits size $size"; failures=$((failures + 1)); }
+
+# tokenize needs only tokenizer.json.
+expect_ok tokenize "$slimkv" tokenize --model "$src/tests/data/tokenizers/llama3_style" --text "Hello world"
+grep -qE '^[0-9]+(,[0-9]+)+$' "$work/out" && passes=$((passes + 1)) || { echo "FAIL tokenize output: $(cat "$work/out")"; failures=$((failures + 1)); }
+
+# Bad input: one clear line naming the problem, non-zero exit.
+expect_error bad-token "'x'" "$slimkv" logits --model "$models/llama_gqa_bf16" --tokens "1,x,3" --out "$work/c.npy"
+expect_error token-range "outside the vocabulary" "$slimkv" logits --model "$models/llama_gqa_bf16" --tokens "1,99999" --out "$work/c.npy"
+expect_error bad-kv "nosuch" "$slimkv" logits --model "$models/llama_gqa_bf16" --tokens "1" --kv nosuch --out "$work/c.npy"
+expect_error bad-mode "incremental" "$slimkv" logits --model "$models/llama_gqa_bf16" --tokens "1" --mode sideways --out "$work/c.npy"
+expect_error no-model "missing_dir" "$slimkv" logits --model "$work/missing_dir" --tokens "1" --out "$work/c.npy"
+expect_error no-tokenizer "tokenizer.json" "$slimkv" generate --model "$models/qwen2_bias_tied" --prompt "hi"
+expect_error empty-prompt "empty" "$slimkv" generate --model "$models/qwen2_bias_tied" --prompt ""
+expect_error unknown-option "--frobnicate" "$slimkv" generate --model "$models/qwen2_bias_tied" --frobnicate
+expect_error no-subcommand "subcommand" "$slimkv"
+mkdir -p "$work/weird" && cp "$models/qwen2_bias_tied/"* "$work/weird/" &&
+  sed -i 's/Qwen2ForCausalLM/GPTNeoXForCausalLM/' "$work/weird/config.json"
+expect_error unknown-architecture "GPTNeoXForCausalLM" "$slimkv" logits --model "$work/weird" --tokens "1" --out "$work/c.npy"
+mkdir -p "$work/truncated" && cp "$models/mistral_f16/"* "$work/truncated/" &&
+  truncate -s 5000 "$work/truncated/model.safetensors"
+expect_error truncated-weights "model.safetensors" "$slimkv" logits --model "$work/truncated" --tokens "1" --out "$work/c.npy"
+
+echo "cli: $passes passed, $failures failed"
+[ "$failures" -eq 0 ]

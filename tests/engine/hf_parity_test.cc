@@ -1,0 +1,178 @@
+// The engine against Hugging Face transformers: golden logits (FP32 eager attention over the stored
+// weights) and greedy continuations made by scripts/golden/make_golden.py, for every model under
+// tests/data/models/. Both the prefill path and the incremental (decode) path must match.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "model/model_config.h"
+#include "slimkv/engine.h"
+#include "util/npy.h"
+
+namespace slimkv {
+namespace {
+
+const std::string kModels = std::string(SLIMKV_SOURCE_DIR) + "/tests/data/models";
+
+std::vector<std::string> golden_models() {
+  std::vector<std::string> dirs;
+  for (const auto& entry : std::filesystem::directory_iterator(kModels)) {
+    if (std::filesystem::exists(entry.path() / "golden_logits.npy")) dirs.push_back(entry.path().string());
+  }
+  std::sort(dirs.begin(), dirs.end());
+  return dirs;
+}
+
+std::vector<int32_t> golden_tokens(const std::string& dir) {
+  std::ifstream in(dir + "/golden_tokens.txt");
+  std::vector<int32_t> ids;
+  std::string piece;
+  while (std::getline(in, piece, ',')) ids.push_back(std::stoi(piece));
+  return ids;
+}
+
+// max |a - b| / max |b|
+double relative_max_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    err = std::max(err, double(std::fabs(a[i] - b[i])));
+    ref = std::max(ref, double(std::fabs(b[i])));
+  }
+  return err / ref;
+}
+
+std::unique_ptr<Engine> load(const std::string& dir, const std::string& kv = "dense", int chunk = 512) {
+  EngineConfig config;
+  config.model_dir = dir;
+  config.kv_spec = kv;
+  config.threads = 2;
+  config.prefill_chunk_tokens = chunk;
+  auto engine = Engine::load(config);
+  EXPECT_TRUE(engine) << engine.status().message();
+  return engine ? engine.take() : nullptr;
+}
+
+TEST(HfParity, LogitsMatchTransformersInPrefillAndIncrementalModes) {
+  const auto dirs = golden_models();
+  ASSERT_GE(dirs.size(), 3u) << "golden models missing under " << kModels;
+  for (const std::string& dir : dirs) {
+    SCOPED_TRACE(dir);
+    auto golden = read_npy_f32(dir + "/golden_logits.npy");
+    ASSERT_TRUE(golden) << golden.status().message();
+    const auto tokens = golden_tokens(dir);
+    auto engine = load(dir);
+    ASSERT_TRUE(engine);
+    ASSERT_EQ(golden->shape, (std::vector<int64_t>{int64_t(tokens.size()), engine->model_config().vocab_size}));
+    // The golden logits are FP32 over the stored weights, as ours: only summation order differs. The
+    // issue's bar is 1e-3 (FP32 checkpoints) and 2e-2 (BF16) of max |logit|; we hold to 1e-4.
+    const double tolerance = 1e-4;
+
+    auto prefill = engine->new_session()->prefill(tokens, /*all_logits=*/true);
+    ASSERT_TRUE(prefill) << prefill.status().message();
+    const double prefill_error = relative_max_error(*prefill, golden->values);
+    EXPECT_LT(prefill_error, tolerance) << "prefill";
+
+    auto session = engine->new_session();
+    std::vector<float> incremental;
+    for (int32_t id : tokens) {
+      auto row = session->decode(id);
+      ASSERT_TRUE(row) << row.status().message();
+      incremental.insert(incremental.end(), row->begin(), row->end());
+    }
+    const double incremental_error = relative_max_error(incremental, golden->values);
+    EXPECT_LT(incremental_error, tolerance) << "incremental";
+
+    // Prefill in uneven chunks (blocks seal mid-chunk) gives the same logits.
+    auto chunked_engine = load(dir, "dense", 7);
+    auto chunked = chunked_engine->new_session()->prefill(tokens, true);
+    ASSERT_TRUE(chunked) << chunked.status().message();
+    EXPECT_LT(relative_max_error(*chunked, golden->values), tolerance) << "chunked prefill";
+    std::printf("%s: max error / max|logit|: prefill %.2e, incremental %.2e\n",
+                std::filesystem::path(dir).filename().c_str(), prefill_error, incremental_error);
+  }
+}
+
+TEST(HfParity, GreedyContinuationMatchesTransformers) {
+  for (const std::string& dir : golden_models()) {
+    SCOPED_TRACE(dir);
+    std::ifstream in(dir + "/golden_greedy.json");
+    const auto golden = nlohmann::json::parse(in);
+    const auto prompt = golden["prompt"].get<std::vector<int32_t>>();
+    const auto expected = golden["generated"].get<std::vector<int32_t>>();
+    auto engine = load(dir);
+    ASSERT_TRUE(engine);
+    auto session = engine->new_session();
+    auto logits = session->prefill(prompt);
+    ASSERT_TRUE(logits);
+    std::vector<int32_t> generated;
+    for (size_t i = 0; i < expected.size(); ++i) {
+      generated.push_back(int32_t(std::max_element(logits->begin(), logits->end()) - logits->begin()));
+      logits = session->decode(generated.back());
+      ASSERT_TRUE(logits);
+    }
+    EXPECT_EQ(generated, expected);
+  }
+}
+
+TEST(HfParity, HalfPrecisionKvStaysClose) {
+  // FP16/BF16 storage of sealed blocks rounds K/V; logits move by about that rounding, no more.
+  const std::string dir = kModels + "/llama_gqa_bf16";
+  auto golden = read_npy_f32(dir + "/golden_logits.npy");
+  ASSERT_TRUE(golden);
+  const auto tokens = golden_tokens(dir);
+  for (const char* spec : {"dense:dtype=f16", "dense:dtype=bf16", "dense:block=16"}) {
+    auto engine = load(dir, spec);
+    ASSERT_TRUE(engine);
+    auto logits = engine->new_session()->prefill(tokens, true);
+    ASSERT_TRUE(logits);
+    const double bound = std::string(spec).find("bf16") != std::string::npos ? 3e-2 : 5e-3;
+    EXPECT_LT(relative_max_error(*logits, golden->values), std::string(spec) == "dense:block=16" ? 1e-4 : bound)
+        << spec;
+  }
+}
+
+TEST(Session, RefusesBadInputWithClearErrors) {
+  auto engine = load(kModels + "/qwen2_bias_tied");
+  ASSERT_TRUE(engine);
+  auto session = engine->new_session();
+  auto empty = session->prefill({});
+  ASSERT_FALSE(empty);
+  EXPECT_NE(empty.status().message().find("empty"), std::string::npos);
+
+  const std::vector<int32_t> bad_id = {1, 2, int32_t(engine->model_config().vocab_size)};
+  auto out_of_vocab = session->prefill(bad_id);
+  ASSERT_FALSE(out_of_vocab);
+  EXPECT_NE(out_of_vocab.status().message().find("outside the vocabulary"), std::string::npos);
+  EXPECT_EQ(session->num_tokens(), 0) << "a refused call must not change the sequence";
+
+  const std::vector<int32_t> too_long(size_t(session->context_tokens()) + 1, 1);
+  auto long_prompt = session->prefill(too_long);
+  ASSERT_FALSE(long_prompt);
+  EXPECT_NE(long_prompt.status().message().find("context"), std::string::npos) << long_prompt.status().message();
+
+  EngineConfig config;
+  config.model_dir = kModels + "/qwen2_bias_tied";
+  config.kv_spec = "dense:dtype=f12";
+  auto bad_spec = Engine::load(config);
+  ASSERT_FALSE(bad_spec);
+  EXPECT_NE(bad_spec.status().message().find("dtype=f12"), std::string::npos);
+  config.kv_spec = "dense";
+  config.device = "tpu";
+  auto bad_device = Engine::load(config);
+  ASSERT_FALSE(bad_device);
+  EXPECT_NE(bad_device.status().message().find("tpu"), std::string::npos);
+  config.device = "cpu";
+  config.model_dir = kModels + "/does_not_exist";
+  auto missing = Engine::load(config);
+  ASSERT_FALSE(missing);
+  EXPECT_NE(missing.status().message().find("does_not_exist"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace slimkv
