@@ -1,6 +1,6 @@
 // Fuzzes the safetensors parser: any bytes must give either a validated tensor list whose every
-// data byte lies inside the input (ASan checks as we touch them) and is aligned to its element size,
-// or an error naming the source. Seeds: fuzz/corpus/safetensors_header_fuzz/.
+// data byte lies inside the input (ASan checks as we touch them) and is aligned to its element
+// size, or an error naming the source. Seeds: fuzz/corpus/safetensors_header_fuzz/.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>

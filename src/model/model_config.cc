@@ -2,11 +2,10 @@
 
 #include <cmath>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string_view>
 #include <utility>
-
-#include <nlohmann/json.hpp>
 
 #include "util/mapped_file.h"
 
@@ -86,9 +85,9 @@ class FieldReader {
       return error(source_, ": missing required field \"", prefix_, key, "\"");
     }
     const bool is_int = value->is_number_integer();
-    const bool fits = is_int && (value->is_number_unsigned()
-                                     ? value->get<uint64_t>() <= uint64_t(kMaxConfigSize)
-                                     : value->get<int64_t>() <= kMaxConfigSize);
+    const bool fits =
+        is_int && (value->is_number_unsigned() ? value->get<uint64_t>() <= uint64_t(kMaxConfigSize)
+                                               : value->get<int64_t>() <= kMaxConfigSize);
     if (!is_int || !fits || value->get<int64_t>() < minimum) {
       return wrong(key, *value,
                    minimum == 1 ? str_cat("a positive integer (at most ", kMaxConfigSize, ")")
@@ -144,7 +143,8 @@ Expected<const ArchitectureDefaults*> parse_architecture(const FieldReader& fiel
                                                          std::string* name) {
   if (const Json* list = fields.get("architectures")) {
     if (!list->is_array() || list->empty() || !(*list)[0].is_string()) {
-      return fields.wrong("architectures", *list, "a list of architecture names, e.g. [\"LlamaForCausalLM\"]");
+      return fields.wrong("architectures", *list,
+                          "a list of architecture names, e.g. [\"LlamaForCausalLM\"]");
     }
     *name = (*list)[0].get<std::string>();
     for (const ArchitectureDefaults& arch : kArchitectures) {
@@ -167,8 +167,10 @@ Expected<const ArchitectureDefaults*> parse_architecture(const FieldReader& fiel
     return error(fields.where("model_type"), " is ", model_type->dump(),
                  " and there is no \"architectures\"; supported: ", supported_architecture_list());
   }
-  return error(fields.source(), ": missing field \"architectures\" (and \"model_type\"); expected "
-               "one of ", supported_architecture_list());
+  return error(fields.source(),
+               ": missing field \"architectures\" (and \"model_type\"); expected "
+               "one of ",
+               supported_architecture_list());
 }
 
 Expected<DType> parse_dtype(const FieldReader& fields) {
@@ -221,7 +223,8 @@ Expected<RopeConfig> parse_rope(const FieldReader& fields) {
   }
   // partial rotary (rotating only part of each head) is not the Llama family's RoPE.
   for (const FieldReader* where : {&fields, &rope_fields}) {
-    SLIMKV_ASSIGN_OR_RETURN(const double partial, where->positive_number("partial_rotary_factor", 1.0));
+    SLIMKV_ASSIGN_OR_RETURN(const double partial,
+                            where->positive_number("partial_rotary_factor", 1.0));
     if (partial != 1.0) {
       return error(where->where("partial_rotary_factor"), " is ", partial,
                    ": partial rotary embeddings are not supported (only 1.0)");
@@ -244,11 +247,13 @@ Expected<RopeConfig> parse_rope(const FieldReader& fields) {
     }
   }
   SLIMKV_ASSIGN_OR_RETURN(rope.factor, rope_fields.positive_number("factor", 1.0));
-  SLIMKV_ASSIGN_OR_RETURN(rope.low_freq_factor, rope_fields.positive_number("low_freq_factor", 1.0));
+  SLIMKV_ASSIGN_OR_RETURN(rope.low_freq_factor,
+                          rope_fields.positive_number("low_freq_factor", 1.0));
   SLIMKV_ASSIGN_OR_RETURN(rope.high_freq_factor,
                           rope_fields.positive_number("high_freq_factor", 4.0));
-  SLIMKV_ASSIGN_OR_RETURN(rope.original_max_position_embeddings,
-                          rope_fields.positive_int("original_max_position_embeddings", std::nullopt));
+  SLIMKV_ASSIGN_OR_RETURN(
+      rope.original_max_position_embeddings,
+      rope_fields.positive_int("original_max_position_embeddings", std::nullopt));
   if (rope.factor < 1.0) {
     return error(rope_fields.where("factor"), " is ", rope.factor, ", expected at least 1");
   }
@@ -302,7 +307,8 @@ Status check_no_sliding_window(const FieldReader& fields, const ArchitectureDefa
 
   // Qwen2: layers slide only when use_sliding_window is true, and then only the "sliding_attention"
   // entries of layer_types (derived from max_window_layers when absent).
-  SLIMKV_ASSIGN_OR_RETURN(const bool use_sliding_window, fields.boolean("use_sliding_window", false));
+  SLIMKV_ASSIGN_OR_RETURN(const bool use_sliding_window,
+                          fields.boolean("use_sliding_window", false));
   int64_t sliding_layers = 0;
   if (const Json* layer_types = fields.get("layer_types")) {
     if (!layer_types->is_array() || int64_t(layer_types->size()) != config.num_layers) {
@@ -368,8 +374,10 @@ Expected<ModelConfig> parse_model_config(const std::string& json_text, const std
   SLIMKV_ASSIGN_OR_RETURN(config.hidden_size, fields.positive_int("hidden_size", std::nullopt));
   SLIMKV_ASSIGN_OR_RETURN(config.intermediate_size,
                           fields.positive_int("intermediate_size", std::nullopt));
-  SLIMKV_ASSIGN_OR_RETURN(config.num_layers, fields.positive_int("num_hidden_layers", std::nullopt));
-  SLIMKV_ASSIGN_OR_RETURN(config.num_heads, fields.positive_int("num_attention_heads", std::nullopt));
+  SLIMKV_ASSIGN_OR_RETURN(config.num_layers,
+                          fields.positive_int("num_hidden_layers", std::nullopt));
+  SLIMKV_ASSIGN_OR_RETURN(config.num_heads,
+                          fields.positive_int("num_attention_heads", std::nullopt));
   const std::optional<int64_t> kv_heads_fallback =
       fields.present_even_if_null("num_key_value_heads") || arch->num_kv_heads_when_absent == 0
           ? config.num_heads
@@ -377,7 +385,9 @@ Expected<ModelConfig> parse_model_config(const std::string& json_text, const std
   SLIMKV_ASSIGN_OR_RETURN(config.num_kv_heads,
                           fields.positive_int("num_key_value_heads", kv_heads_fallback));
   if (config.num_heads % config.num_kv_heads != 0) {
+    const bool absent = !fields.present_even_if_null("num_key_value_heads");
     return error(fields.where("num_key_value_heads"), " is ", config.num_kv_heads,
+                 absent ? str_cat(" (transformers' default for ", arch->name, " when absent)") : "",
                  ", which does not divide num_attention_heads (", config.num_heads,
                  "): each KV head must serve a whole group of query heads");
   }
@@ -395,9 +405,9 @@ Expected<ModelConfig> parse_model_config(const std::string& json_text, const std
     return error(source, ": head_dim is ", config.head_dim,
                  ", expected an even number (RoPE rotates pairs of dimensions)");
   }
-  SLIMKV_ASSIGN_OR_RETURN(config.max_position_embeddings,
-                          fields.positive_int("max_position_embeddings",
-                                              arch->max_position_embeddings));
+  SLIMKV_ASSIGN_OR_RETURN(
+      config.max_position_embeddings,
+      fields.positive_int("max_position_embeddings", arch->max_position_embeddings));
   SLIMKV_ASSIGN_OR_RETURN(config.rms_norm_eps, fields.positive_number("rms_norm_eps", 1e-6));
 
   // Layer structure.
@@ -417,7 +427,8 @@ Expected<ModelConfig> parse_model_config(const std::string& json_text, const std
       break;
     }
     case Architecture::kMistral:
-      config.attention_bias = false;  // transformers' Mistral has no biases whatever the config says
+      config.attention_bias =
+          false;  // transformers' Mistral has no biases whatever the config says
       break;
     case Architecture::kQwen2:
       config.attention_bias = true;  // Qwen2's q/k/v projections always have biases
@@ -432,9 +443,9 @@ Expected<ModelConfig> parse_model_config(const std::string& json_text, const std
 }
 
 Expected<ModelConfig> load_model_config(const std::string& model_dir) {
-  const std::string path =
-      model_dir.empty() || model_dir.back() == '/' ? model_dir + "config.json"
-                                                   : model_dir + "/config.json";
+  const std::string path = model_dir.empty() || model_dir.back() == '/'
+                               ? model_dir + "config.json"
+                               : model_dir + "/config.json";
   SLIMKV_ASSIGN_OR_RETURN(const std::string text, read_text_file(path));
   return parse_model_config(text, path);
 }

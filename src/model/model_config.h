@@ -35,7 +35,7 @@ struct ModelConfig {
   int64_t intermediate_size = 0;  // SwiGLU hidden dim
   int64_t num_layers = 0;         // num_hidden_layers
   int64_t num_heads = 0;          // num_attention_heads (query heads)
-  int64_t num_kv_heads = 0;       // num_key_value_heads (defaults to num_heads)
+  int64_t num_kv_heads = 0;       // num_key_value_heads (null: num_heads; absent: HF's default)
   int64_t head_dim = 0;           // explicit "head_dim", else hidden_size / num_heads
   int64_t max_position_embeddings = 0;  // the context length
   double rms_norm_eps = 1e-6;

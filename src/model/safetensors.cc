@@ -8,10 +8,9 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
-
-#include <nlohmann/json.hpp>
 
 namespace slimkv {
 namespace {
@@ -36,14 +35,14 @@ struct StoredDType {
 };
 
 constexpr StoredDType kStoredDTypes[] = {
-    {"F32", 4, true, DType::kF32},       {"F16", 2, true, DType::kF16},
-    {"BF16", 2, true, DType::kBF16},     {"F64", 8, false, DType::kF32},
-    {"I64", 8, false, DType::kF32},      {"U64", 8, false, DType::kF32},
-    {"I32", 4, false, DType::kF32},      {"U32", 4, false, DType::kF32},
-    {"I16", 2, false, DType::kF32},      {"U16", 2, false, DType::kF32},
-    {"I8", 1, false, DType::kF32},       {"U8", 1, false, DType::kF32},
-    {"BOOL", 1, false, DType::kF32},     {"F8_E4M3", 1, false, DType::kF32},
-    {"F8_E5M2", 1, false, DType::kF32},  {"F8_E8M0", 1, false, DType::kF32},
+    {"F32", 4, true, DType::kF32},      {"F16", 2, true, DType::kF16},
+    {"BF16", 2, true, DType::kBF16},    {"F64", 8, false, DType::kF32},
+    {"I64", 8, false, DType::kF32},     {"U64", 8, false, DType::kF32},
+    {"I32", 4, false, DType::kF32},     {"U32", 4, false, DType::kF32},
+    {"I16", 2, false, DType::kF32},     {"U16", 2, false, DType::kF32},
+    {"I8", 1, false, DType::kF32},      {"U8", 1, false, DType::kF32},
+    {"BOOL", 1, false, DType::kF32},    {"F8_E4M3", 1, false, DType::kF32},
+    {"F8_E5M2", 1, false, DType::kF32}, {"F8_E8M0", 1, false, DType::kF32},
 };
 
 const StoredDType* find_stored_dtype(std::string_view name) {
@@ -167,7 +166,8 @@ Expected<TensorInfo> parse_tensor_entry(const std::string& name, const Json& ent
   }
   int64_t num_elements = 0;
   if (!checked_num_elements(info.shape, &num_elements)) {
-    return error(where, ": shape ", shape_string(info.shape), " has more elements than fit in 64 bits");
+    return error(where, ": shape ", shape_string(info.shape),
+                 " has more elements than fit in 64 bits");
   }
   uint64_t expected_bytes = 0;
   if (__builtin_mul_overflow(uint64_t(num_elements), uint64_t(info.element_size_bytes),
@@ -232,11 +232,12 @@ void attach_data(const uint8_t* data_region, TensorInfo* info) {
     info->data = mapped;
     return;
   }
-  const std::align_val_t alignment{kOwnedCopyAlignment};
-  auto* copy = static_cast<uint8_t*>(::operator new(info->size_bytes, alignment));
+  auto* copy = static_cast<uint8_t*>(
+      ::operator new (info->size_bytes, std::align_val_t{kOwnedCopyAlignment}));
   std::memcpy(copy, mapped, info->size_bytes);
-  info->owned_copy = std::shared_ptr<const uint8_t>(
-      copy, [alignment](const uint8_t* p) { ::operator delete(const_cast<uint8_t*>(p), alignment); });
+  info->owned_copy = std::shared_ptr<const uint8_t>(copy, [](const uint8_t* p) {
+    ::operator delete (const_cast<uint8_t*>(p), std::align_val_t{kOwnedCopyAlignment});
+  });
   info->data = copy;
 }
 
@@ -262,15 +263,14 @@ Expected<SafetensorsContents> parse_safetensors_contents(const uint8_t* bytes, s
   const uint64_t header_bytes = read_le_u64(bytes);
   if (header_bytes > kMaxSafetensorsHeaderBytes) {
     return error(source, ": header length is ", header_bytes, " bytes, more than the ",
-                 kMaxSafetensorsHeaderBytes,
-                 "-byte limit: the file is corrupt or not safetensors");
+                 kMaxSafetensorsHeaderBytes, "-byte limit: the file is corrupt or not safetensors");
   }
   if (header_bytes > size - 8) {
-    return error(source, ": header length ", header_bytes, " goes past the end of the file (",
-                 size, " bytes, so at most ", size - 8,
-                 " header bytes): truncated, or not safetensors");
+    return error(source, ": header length ", header_bytes, " goes past the end of the file (", size,
+                 " bytes, so at most ", size - 8, " header bytes): truncated, or not safetensors");
   }
-  if (header_bytes == 0) return error(source, ": header is empty (0 bytes), expected a JSON object");
+  if (header_bytes == 0)
+    return error(source, ": header is empty (0 bytes), expected a JSON object");
 
   // Parse the JSON header, noting top-level keys that occur twice (the JSON library keeps only the
   // last, which would silently drop a tensor).
@@ -355,8 +355,8 @@ Expected<std::vector<TensorInfo>> parse_safetensors(const uint8_t* bytes, size_t
 Expected<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   SafetensorsFile file;
   SLIMKV_ASSIGN_OR_RETURN(file.file_, MappedFile::open(path));
-  SLIMKV_ASSIGN_OR_RETURN(file.contents_, parse_safetensors_contents(
-                                              file.file_.data(), file.file_.size_bytes(), path));
+  SLIMKV_ASSIGN_OR_RETURN(
+      file.contents_, parse_safetensors_contents(file.file_.data(), file.file_.size_bytes(), path));
   for (size_t i = 0; i < file.contents_.tensors.size(); ++i) {
     file.index_by_name_.emplace(file.contents_.tensors[i].name, i);
   }
@@ -412,8 +412,8 @@ Status write_safetensors(const std::string& path, const std::vector<TensorToWrit
   try {
     header_text = header.dump();
   } catch (const Json::exception& e) {
-    return error("writing ", path, ": cannot encode the header (names and metadata must be UTF-8): ",
-                 e.what());
+    return error("writing ", path,
+                 ": cannot encode the header (names and metadata must be UTF-8): ", e.what());
   }
   while ((8 + header_text.size()) % 8 != 0) header_text.push_back(' ');
 

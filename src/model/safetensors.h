@@ -5,8 +5,8 @@
 // "data_offsets": [begin, end]} (byte offsets into the data region), plus an optional
 // "__metadata__" object of string -> string.
 //
-// We read files in place (memory-mapped) and validate everything a corrupt or hostile file could get
-// wrong before any tensor byte is touched: every error names the file and the tensor.
+// We read files in place (memory-mapped) and validate everything a corrupt or hostile file could
+// get wrong before any tensor byte is touched: every error names the file and the tensor.
 //
 // Alignment: tensors are packed back to back, so an F32 tensor that follows an odd-length F16 one
 // starts at an address that is not a multiple of 4. Loading floats through such a pointer is
@@ -36,8 +36,9 @@ struct TensorInfo {
   DType dtype = DType::kF32;  // meaningful only when dtype_supported
   std::vector<int64_t> shape;
   // Aligned to the element size; points into the mapped file, or into owned_copy. Valid while the
-  // SafetensorsFile / WeightStore it came from lives (or, for an owned copy, while this TensorInfo or
-  // a copy of it lives). An empty tensor points at a static aligned zero-length buffer, never null.
+  // SafetensorsFile / WeightStore it came from lives (or, for an owned copy, while this TensorInfo
+  // or a copy of it lives). An empty tensor points at a static aligned zero-length buffer, never
+  // null.
   const uint8_t* data = nullptr;
   size_t size_bytes = 0;
   std::string file;  // which file it came from, for messages
@@ -90,8 +91,8 @@ class SafetensorsFile {
   std::unordered_map<std::string, size_t> index_by_name_;  // into contents_.tensors
 };
 
-// One tensor for write_safetensors: `data` holds num_elements(shape) * dtype_size_bytes(dtype) bytes
-// in little-endian element order, row-major.
+// One tensor for write_safetensors: `data` holds num_elements(shape) * dtype_size_bytes(dtype)
+// bytes in little-endian element order, row-major.
 struct TensorToWrite {
   std::string name;
   DType dtype = DType::kF32;
@@ -100,14 +101,15 @@ struct TensorToWrite {
 };
 
 // Writes tensors as a valid safetensors file; `metadata` goes to __metadata__. The header is padded
-// with spaces so the data region starts 8-byte aligned, and tensors are laid out largest element size
-// first (then in the given order), packed without gaps, so every tensor is aligned to its element
-// size, as the reference writer does. Refuses duplicate/empty names and data of the wrong size.
+// with spaces so the data region starts 8-byte aligned, and tensors are laid out largest element
+// size first (then in the given order), packed without gaps, so every tensor is aligned to its
+// element size, as the reference writer does. Refuses duplicate/empty names and data of the wrong
+// size.
 Status write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                          const std::map<std::string, std::string>& metadata = {});
 
-// The header size we refuse to go past: larger is a corrupt length, not a real header. The same limit
-// as the reference implementation.
+// The header size we refuse to go past: larger is a corrupt length, not a real header. The same
+// limit as the reference implementation.
 inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 
 }  // namespace slimkv

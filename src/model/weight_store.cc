@@ -3,11 +3,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <system_error>
 #include <utility>
-
-#include <nlohmann/json.hpp>
 
 #include "util/mapped_file.h"
 
@@ -61,8 +60,9 @@ Status explain_missing_weights(const std::string& dir) {
     message += safetensors_files.size() > 4 ? ", ...)" : ")";
     message += ": shards need their index file";
   } else if (has_pytorch_bin) {
-    message += "; it holds PyTorch .bin/.pt weights: convert them to safetensors (e.g. "
-               "model.save_pretrained(dir, safe_serialization=True))";
+    message +=
+        "; it holds PyTorch .bin/.pt weights: convert them to safetensors (e.g. "
+        "model.save_pretrained(dir, safe_serialization=True))";
   }
   return Status::error(message);
 }
@@ -196,9 +196,9 @@ Expected<TensorInfo> WeightStore::get(const std::string& name,
     size_t best_prefix = 0;
     std::vector<std::string> similar;
     for (const std::string& candidate : names()) {
-      const size_t prefix = size_t(
-          std::mismatch(name.begin(), name.end(), candidate.begin(), candidate.end()).first -
-          name.begin());
+      const size_t prefix =
+          size_t(std::mismatch(name.begin(), name.end(), candidate.begin(), candidate.end()).first -
+                 name.begin());
       if (prefix > best_prefix) {
         best_prefix = prefix;
         similar.clear();

@@ -41,7 +41,7 @@ class WeightStore {
  private:
   std::string model_dir_;
   bool sharded_ = false;
-  std::vector<SafetensorsFile> files_;                    // each mapped once
+  std::vector<SafetensorsFile> files_;                   // each mapped once
   std::unordered_map<std::string, TensorInfo> tensors_;  // data points into files_
 };
 

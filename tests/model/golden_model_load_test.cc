@@ -92,7 +92,8 @@ TEST_P(GoldenModelLoad, EveryWeightHasTheConfigShape) {
       {"model.embed_tokens.weight", {config->vocab_size, hidden}},
       {"model.norm.weight", {hidden}},
   };
-  if (!config->tie_word_embeddings) expected.push_back({"lm_head.weight", {config->vocab_size, hidden}});
+  if (!config->tie_word_embeddings)
+    expected.push_back({"lm_head.weight", {config->vocab_size, hidden}});
   for (int64_t layer = 0; layer < config->num_layers; ++layer) {
     const std::string prefix = "model.layers." + std::to_string(layer) + ".";
     expected.push_back({prefix + "input_layernorm.weight", {hidden}});
@@ -124,9 +125,10 @@ TEST_P(GoldenModelLoad, EveryWeightHasTheConfigShape) {
 
 INSTANTIATE_TEST_SUITE_P(
     Models, GoldenModelLoad,
-    ::testing::Values(GoldenModel{"llama_gqa_bf16", Architecture::kLlama, DType::kBF16, true, false},
-                      GoldenModel{"qwen2_bias_tied", Architecture::kQwen2, DType::kF32, false, true},
-                      GoldenModel{"mistral_f16", Architecture::kMistral, DType::kF16, false, false}),
+    ::testing::Values(
+        GoldenModel{"llama_gqa_bf16", Architecture::kLlama, DType::kBF16, true, false},
+        GoldenModel{"qwen2_bias_tied", Architecture::kQwen2, DType::kF32, false, true},
+        GoldenModel{"mistral_f16", Architecture::kMistral, DType::kF16, false, false}),
     [](const ::testing::TestParamInfo<GoldenModel>& info) { return std::string(info.param.name); });
 
 }  // namespace

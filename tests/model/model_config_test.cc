@@ -8,10 +8,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace slimkv {
 namespace {
@@ -44,8 +43,11 @@ Json llama_v4() {
   config.erase("rope_parameters");
   config.erase("dtype");
   config["rope_theta"] = 500000.0;
-  config["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
-                            {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
+  config["rope_scaling"] = {{"rope_type", "llama3"},
+                            {"factor", 8.0},
+                            {"low_freq_factor", 1.0},
+                            {"high_freq_factor", 4.0},
+                            {"original_max_position_embeddings", 64}};
   config["torch_dtype"] = "bfloat16";
   return config;
 }
@@ -74,7 +76,9 @@ Json mistral_v5() {
   })");
 }
 
-Expected<ModelConfig> parse(const Json& config) { return parse_model_config(config.dump(), kSource); }
+Expected<ModelConfig> parse(const Json& config) {
+  return parse_model_config(config.dump(), kSource);
+}
 
 // Parses `config`, expects a refusal whose message holds the source and every substring.
 void expect_refused(const Json& config, const std::vector<std::string>& substrings) {
@@ -111,7 +115,8 @@ void expect_same(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.bos_token_id, b.bos_token_id);
 }
 
-// --- accepted configs -----------------------------------------------------------------------------
+// --- accepted configs
+// -----------------------------------------------------------------------------
 
 TEST(ModelConfig, LlamaBothLayoutsAgree) {
   auto v5 = parse(llama_v5());
@@ -200,10 +205,10 @@ TEST(ModelConfig, MistralExplicitHeadDim) {
 
 TEST(ModelConfig, Defaults) {
   Json config = llama_v5();
-  for (const char* key : {"rope_parameters", "dtype", "head_dim", "num_key_value_heads",
-                          "attention_bias", "mlp_bias", "hidden_act", "bos_token_id",
-                          "eos_token_id", "tie_word_embeddings", "rms_norm_eps",
-                          "max_position_embeddings"}) {
+  for (const char* key :
+       {"rope_parameters", "dtype", "head_dim", "num_key_value_heads", "attention_bias", "mlp_bias",
+        "hidden_act", "bos_token_id", "eos_token_id", "tie_word_embeddings", "rms_norm_eps",
+        "max_position_embeddings"}) {
     config.erase(key);
   }
   auto c = parse(config);
@@ -249,6 +254,10 @@ TEST(ModelConfig, KvHeadDefaultsFollowTransformers) {
   qwen["hidden_size"] = 256;
   qwen.erase("num_key_value_heads");
   EXPECT_EQ(parse(qwen)->num_kv_heads, 32);
+
+  mistral = mistral_v5();  // 4 heads: the absent default of 8 cannot serve them
+  mistral.erase("num_key_value_heads");
+  expect_refused(mistral, {"num_key_value_heads", "8", "default", "MistralForCausalLM"});
 }
 
 TEST(ModelConfig, ArchitectureFromModelType) {
@@ -293,8 +302,8 @@ TEST(ModelConfig, SlidingWindowsThatCoverTheContextAreFine) {
 }
 
 TEST(ModelConfig, LoadFromDirectory) {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("slimkv_cfg_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("slimkv_cfg_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "config.json") << llama_v5().dump(2);
   auto c = load_model_config(dir.string());
@@ -307,7 +316,8 @@ TEST(ModelConfig, LoadFromDirectory) {
   EXPECT_THAT(missing.status().message(), HasSubstr((dir / "config.json").string()));
 }
 
-// --- refusals ---------------------------------------------------------------------------------------
+// --- refusals
+// ---------------------------------------------------------------------------------------
 
 TEST(ModelConfig, RefusesBadJson) {
   auto r = parse_model_config("{\"hidden_size\": ", kSource);

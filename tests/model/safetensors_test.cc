@@ -75,8 +75,8 @@ Status parse_blob(const std::vector<uint8_t>& blob) { return parse_blob(blob, bl
 // A small valid file's tensors (odd-length BF16 to exercise layout).
 struct SampleTensors {
   std::vector<float> weight = {1, 2, 3, 4, 5, 6};  // [2, 3] F32
-  std::vector<uint16_t> norm;                     // [5] BF16
-  std::vector<uint16_t> half;                     // [1, 3] F16
+  std::vector<uint16_t> norm;                      // [5] BF16
+  std::vector<uint16_t> half;                      // [1, 3] F16
   std::vector<uint8_t> weight_bytes, norm_bytes, half_bytes;
   SampleTensors() {
     for (int i = 0; i < 5; ++i) norm.push_back(float_to_bf16(0.5f * float(i)));
@@ -158,7 +158,8 @@ TEST(Safetensors, WriterAlignsDataAndPacksWithoutGaps) {
 TEST(Safetensors, ScalarAndNoTensors) {
   TempDir dir;
   const std::vector<uint8_t> one = to_bytes(std::vector<float>{3.5f});
-  ASSERT_TRUE(write_safetensors(dir.file("s.safetensors"), {{"scale", DType::kF32, {}, one}}).is_ok());
+  ASSERT_TRUE(
+      write_safetensors(dir.file("s.safetensors"), {{"scale", DType::kF32, {}, one}}).is_ok());
   auto file = SafetensorsFile::open(dir.file("s.safetensors"));
   ASSERT_TRUE(file.has_value()) << file.status().message();
   EXPECT_EQ(file->find("scale")->num_elements(), 1);
@@ -174,7 +175,8 @@ TEST(Safetensors, WriterRefusesBadInput) {
   TempDir dir;
   const std::vector<uint8_t> four = to_bytes(std::vector<float>{1, 2, 3, 4});
   const std::string path = dir.file("w.safetensors");
-  Status status = write_safetensors(path, {{"a", DType::kF32, {4}, four}, {"a", DType::kF32, {4}, four}});
+  Status status =
+      write_safetensors(path, {{"a", DType::kF32, {4}, four}, {"a", DType::kF32, {4}, four}});
   EXPECT_THAT(status.message(), AllOf(HasSubstr("'a'"), HasSubstr("twice")));
   status = write_safetensors(path, {{"a", DType::kF32, {5}, four}});
   EXPECT_THAT(status.message(), AllOf(HasSubstr("'a'"), HasSubstr("16 bytes"), HasSubstr("20")));
@@ -185,7 +187,8 @@ TEST(Safetensors, WriterRefusesBadInput) {
   status = write_safetensors(path, {{"a", DType::kF32, {-4}, four}});
   EXPECT_THAT(status.message(), HasSubstr("negative"));
   EXPECT_FALSE(std::filesystem::exists(path));
-  status = write_safetensors(dir.file("no/such/dir/x.safetensors"), {{"a", DType::kF32, {4}, four}});
+  status =
+      write_safetensors(dir.file("no/such/dir/x.safetensors"), {{"a", DType::kF32, {4}, four}});
   EXPECT_THAT(status.message(), HasSubstr("no/such/dir"));
 }
 
@@ -230,7 +233,8 @@ TEST(Safetensors, FlippedHeaderBytesNeverCrash) {
   const uint32_t seed = 20240611;
   std::mt19937 rng(seed);
   SCOPED_TRACE(testing::Message() << "seed " << seed);
-  auto header_end = parse_safetensors_contents(bytes.data(), bytes.size(), path)->data_region_offset;
+  auto header_end =
+      parse_safetensors_contents(bytes.data(), bytes.size(), path)->data_region_offset;
   int failures = 0;
   for (size_t position = 0; position < header_end; ++position) {
     for (uint8_t flip : {uint8_t(0x01), uint8_t(0x20), uint8_t(0x80), uint8_t(rng() | 1)}) {
@@ -267,7 +271,8 @@ TEST(Safetensors, ShortFileAndHeaderLength) {
 
   std::vector<uint8_t> absurd = blob;
   absurd[7] = 0x7f;  // ~9e18
-  EXPECT_THAT(parse_blob(absurd).message(), AllOf(HasSubstr("bad.safetensors"), HasSubstr("limit")));
+  EXPECT_THAT(parse_blob(absurd).message(),
+              AllOf(HasSubstr("bad.safetensors"), HasSubstr("limit")));
   std::vector<uint8_t> just_over = blob;
   const uint64_t over = kMaxSafetensorsHeaderBytes + 1;
   for (int i = 0; i < 8; ++i) just_over[i] = uint8_t(over >> (8 * i));
@@ -280,8 +285,9 @@ TEST(Safetensors, ShortFileAndHeaderLength) {
 TEST(Safetensors, HeaderNotJsonObject) {
   EXPECT_THAT(parse_blob(make_blob("{\"a\": ")).message(),
               AllOf(HasSubstr("bad.safetensors"), HasSubstr("not valid JSON")));
-  EXPECT_THAT(parse_blob(make_blob("[1, 2]")).message(),
-              AllOf(HasSubstr("bad.safetensors"), HasSubstr("array"), HasSubstr("expected an object")));
+  EXPECT_THAT(
+      parse_blob(make_blob("[1, 2]")).message(),
+      AllOf(HasSubstr("bad.safetensors"), HasSubstr("array"), HasSubstr("expected an object")));
   EXPECT_THAT(parse_blob(make_blob("\"x\"")).message(), HasSubstr("string"));
   EXPECT_THAT(parse_blob(make_blob("{\"a\":\"\xff\xfe\"}")).message(), HasSubstr("not valid JSON"));
   std::vector<uint8_t> nul = make_blob("{}");
@@ -301,12 +307,16 @@ TEST(Safetensors, BadTensorEntriesNameTheTensor) {
       {R"({"w": {"shape": [2], "data_offsets": [0, 8]}})", {"'w'", "no \"dtype\""}},
       {R"({"w": {"dtype": "F32", "data_offsets": [0, 8]}})", {"'w'", "no \"shape\""}},
       {R"({"w": {"dtype": "F32", "shape": [2]}})", {"'w'", "no \"data_offsets\""}},
-      {R"({"w": {"dtype": 32, "shape": [2], "data_offsets": [0, 8]}})", {"'w'", "\"dtype\"", "string"}},
+      {R"({"w": {"dtype": 32, "shape": [2], "data_offsets": [0, 8]}})",
+       {"'w'", "\"dtype\"", "string"}},
       {R"({"w": {"dtype": "Q4_K", "shape": [2], "data_offsets": [0, 8]}})",
        {"'w'", "unknown dtype \"Q4_K\"", "BF16"}},
-      {R"({"w": {"dtype": "F32", "shape": "2", "data_offsets": [0, 8]}})", {"'w'", "\"shape\"", "array"}},
-      {R"({"w": {"dtype": "F32", "shape": [2.5], "data_offsets": [0, 8]}})", {"'w'", "shape[0]", "2.5"}},
-      {R"({"w": {"dtype": "F32", "shape": [2, -1], "data_offsets": [0, 8]}})", {"'w'", "shape[1]", "negative"}},
+      {R"({"w": {"dtype": "F32", "shape": "2", "data_offsets": [0, 8]}})",
+       {"'w'", "\"shape\"", "array"}},
+      {R"({"w": {"dtype": "F32", "shape": [2.5], "data_offsets": [0, 8]}})",
+       {"'w'", "shape[0]", "2.5"}},
+      {R"({"w": {"dtype": "F32", "shape": [2, -1], "data_offsets": [0, 8]}})",
+       {"'w'", "shape[1]", "negative"}},
       {R"({"w": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 8]}})",
        {"'w'", "64 bits"}},
       {R"({"w": {"dtype": "F32", "shape": [2305843009213693952], "data_offsets": [0, 8]}})",
@@ -316,10 +326,14 @@ TEST(Safetensors, BadTensorEntriesNameTheTensor) {
       {R"({"w": {"dtype": "F32", "shape": [18446744073709551615], "data_offsets": [0, 8]}})",
        {"'w'", "shape[0]"}},
       {R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0]}})", {"'w'", "[begin, end]"}},
-      {R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [-8, 0]}})", {"'w'", "[begin, end]"}},
-      {R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": ["0", "8"]}})", {"'w'", "[begin, end]"}},
-      {R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": {"a": 1}}})", {"'w'", "[begin, end]"}},
-      {R"({"w": {"dtype": "F32", "shape": [0], "data_offsets": [8, 0]}})", {"'w'", "begin after end"}},
+      {R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [-8, 0]}})",
+       {"'w'", "[begin, end]"}},
+      {R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": ["0", "8"]}})",
+       {"'w'", "[begin, end]"}},
+      {R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": {"a": 1}}})",
+       {"'w'", "[begin, end]"}},
+      {R"({"w": {"dtype": "F32", "shape": [0], "data_offsets": [8, 0]}})",
+       {"'w'", "begin after end"}},
       {R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [60, 68]}})",
        {"'w'", "past the data region", "64 bytes"}},
       {R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 18446744073709551615]}})",
@@ -353,13 +367,12 @@ TEST(Safetensors, BadTensorEntriesNameTheTensor) {
 TEST(Safetensors, AcceptsEdgeCasesThatAreValid) {
   const std::vector<uint8_t> data(32, 0);
   // Identical offsets of empty tensors do not overlap anything; gaps are tolerated; metadata kept.
-  const std::vector<uint8_t> blob =
-      make_blob(R"({"__metadata__": {"format": "pt", "k": "v"},
+  const std::vector<uint8_t> blob = make_blob(R"({"__metadata__": {"format": "pt", "k": "v"},
                    "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
                    "e1": {"dtype": "F32", "shape": [0], "data_offsets": [4, 4]},
                    "e2": {"dtype": "BF16", "shape": [3, 0], "data_offsets": [4, 4]},
                    "b": {"dtype": "F16", "shape": [2], "data_offsets": [16, 20]}})",
-                data);
+                                              data);
   auto contents = parse_safetensors_contents(blob.data(), blob.size(), "ok.safetensors");
   ASSERT_TRUE(contents.has_value()) << contents.status().message();
   ASSERT_EQ(contents->tensors.size(), 4u);

@@ -48,14 +48,16 @@ std::vector<uint8_t> float_bytes(size_t count, float start) {
 }
 
 struct Tensors {
-  std::vector<uint8_t> embed = float_bytes(4 * 8, 0);   // [4, 8]
-  std::vector<uint8_t> q = float_bytes(8 * 8, 100);     // [8, 8]
-  std::vector<uint8_t> norm = float_bytes(8, 1000);     // [8]
+  std::vector<uint8_t> embed = float_bytes(4 * 8, 0);  // [4, 8]
+  std::vector<uint8_t> q = float_bytes(8 * 8, 100);    // [8, 8]
+  std::vector<uint8_t> norm = float_bytes(8, 1000);    // [8]
   std::vector<TensorToWrite> shard1() const {
     return {{"model.embed_tokens.weight", DType::kF32, {4, 8}, embed},
             {"model.layers.0.self_attn.q_proj.weight", DType::kF32, {8, 8}, q}};
   }
-  std::vector<TensorToWrite> shard2() const { return {{"model.norm.weight", DType::kF32, {8}, norm}}; }
+  std::vector<TensorToWrite> shard2() const {
+    return {{"model.norm.weight", DType::kF32, {8}, norm}};
+  }
   std::vector<TensorToWrite> all() const {
     auto list = shard1();
     for (auto& t : shard2()) list.push_back(t);
@@ -88,9 +90,9 @@ TEST(WeightStore, SingleFile) {
   EXPECT_FALSE(store->is_sharded());
   EXPECT_EQ(store->size(), 3u);
   EXPECT_EQ(store->total_bytes(), (32u + 64u + 8u) * 4u);
-  EXPECT_EQ(store->names(),
-            (std::vector<std::string>{"model.embed_tokens.weight",
-                                      "model.layers.0.self_attn.q_proj.weight", "model.norm.weight"}));
+  EXPECT_EQ(store->names(), (std::vector<std::string>{"model.embed_tokens.weight",
+                                                      "model.layers.0.self_attn.q_proj.weight",
+                                                      "model.norm.weight"}));
   EXPECT_TRUE(store->contains("model.norm.weight"));
   EXPECT_FALSE(store->contains("lm_head.weight"));
 
@@ -115,9 +117,9 @@ TEST(WeightStore, GetChecksShapeAndNamesEverything) {
 
   auto wrong = store->get("model.embed_tokens.weight", {4, 16});
   ASSERT_FALSE(wrong.has_value());
-  EXPECT_THAT(wrong.status().message(),
-              AllOf(HasSubstr("model.embed_tokens.weight"), HasSubstr(dir.file("model.safetensors")),
-                    HasSubstr("[4, 8]"), HasSubstr("expected [4, 16]")));
+  EXPECT_THAT(wrong.status().message(), AllOf(HasSubstr("model.embed_tokens.weight"),
+                                              HasSubstr(dir.file("model.safetensors")),
+                                              HasSubstr("[4, 8]"), HasSubstr("expected [4, 16]")));
 
   auto transposed = store->get("model.embed_tokens.weight", {8, 4});
   EXPECT_THAT(transposed.status().message(), HasSubstr("transposed"));
@@ -132,7 +134,8 @@ TEST(WeightStore, GetChecksShapeAndNamesEverything) {
 TEST(WeightStore, GetRefusesUnsupportedDType) {
   ModelDir dir;
   // Hand-made file with an I8 tensor (the writer only writes what we compute with).
-  std::string header = R"({"model.layers.0.mlp.qweight": {"dtype": "I8", "shape": [8], "data_offsets": [0, 8]}})";
+  std::string header =
+      R"({"model.layers.0.mlp.qweight": {"dtype": "I8", "shape": [8], "data_offsets": [0, 8]}})";
   while ((8 + header.size()) % 8) header.push_back(' ');
   std::ofstream out(dir.file("model.safetensors"), std::ios::binary);
   const uint64_t length = header.size();
@@ -145,9 +148,8 @@ TEST(WeightStore, GetRefusesUnsupportedDType) {
   EXPECT_TRUE(store->contains("model.layers.0.mlp.qweight"));
   auto tensor = store->get("model.layers.0.mlp.qweight", {8});
   ASSERT_FALSE(tensor.has_value());
-  EXPECT_THAT(tensor.status().message(),
-              AllOf(HasSubstr("model.layers.0.mlp.qweight"), HasSubstr("I8"),
-                    HasSubstr("model.safetensors")));
+  EXPECT_THAT(tensor.status().message(), AllOf(HasSubstr("model.layers.0.mlp.qweight"),
+                                               HasSubstr("I8"), HasSubstr("model.safetensors")));
 }
 
 TEST(WeightStore, CorruptFileErrorNamesFileAndTensor) {
@@ -168,9 +170,8 @@ TEST(WeightStore, MissingWeightsExplained) {
   ModelDir dir;
   auto store = WeightStore::open(dir.path());
   ASSERT_FALSE(store.has_value());
-  EXPECT_THAT(store.status().message(),
-              AllOf(HasSubstr(dir.path()), HasSubstr("model.safetensors"),
-                    HasSubstr("model.safetensors.index.json")));
+  EXPECT_THAT(store.status().message(), AllOf(HasSubstr(dir.path()), HasSubstr("model.safetensors"),
+                                              HasSubstr("model.safetensors.index.json")));
 
   dir.write_text("pytorch_model.bin", "x");
   EXPECT_THAT(WeightStore::open(dir.path()).status().message(), HasSubstr("convert"));
@@ -184,7 +185,8 @@ TEST(WeightStore, MissingWeightsExplained) {
               AllOf(HasSubstr("no_such_dir"), HasSubstr("not a directory")));
 }
 
-// --- sharded --------------------------------------------------------------------------------------
+// --- sharded
+// --------------------------------------------------------------------------------------
 
 TEST(WeightStore, Sharded) {
   ModelDir dir;
@@ -228,7 +230,8 @@ TEST(WeightStore, BadIndexFiles) {
       {R"({"weight_map": {"model.norm.weight": 2}})", {"'model.norm.weight'", "number"}},
       {R"({"weight_map": {"model.norm.weight": "../model-00002-of-00002.safetensors"}})",
        {"'model.norm.weight'", "not a plain file name"}},
-      {R"({"weight_map": {"model.norm.weight": ""}})", {"'model.norm.weight'", "not a plain file name"}},
+      {R"({"weight_map": {"model.norm.weight": ""}})",
+       {"'model.norm.weight'", "not a plain file name"}},
   };
   for (const Case& c : cases) {
     ModelDir dir;
@@ -250,8 +253,8 @@ TEST(WeightStore, MissingShardFile) {
   std::filesystem::remove(dir.file(kShard2));
   auto store = WeightStore::open(dir.path());
   ASSERT_FALSE(store.has_value());
-  EXPECT_THAT(store.status().message(),
-              AllOf(HasSubstr(kShard2), HasSubstr("model.norm.weight"), HasSubstr("does not exist")));
+  EXPECT_THAT(store.status().message(), AllOf(HasSubstr(kShard2), HasSubstr("model.norm.weight"),
+                                              HasSubstr("does not exist")));
 }
 
 TEST(WeightStore, TensorListedForShardThatLacksIt) {
@@ -266,8 +269,8 @@ TEST(WeightStore, TensorListedForShardThatLacksIt) {
     "model.norm.weight": "model-00002-of-00002.safetensors"}})");
   auto store = WeightStore::open(dir.path());
   ASSERT_FALSE(store.has_value());
-  EXPECT_THAT(store.status().message(),
-              AllOf(HasSubstr("'lm_head.weight'"), HasSubstr(kShard1), HasSubstr("does not contain")));
+  EXPECT_THAT(store.status().message(), AllOf(HasSubstr("'lm_head.weight'"), HasSubstr(kShard1),
+                                              HasSubstr("does not contain")));
 }
 
 TEST(WeightStore, TensorInWrongShard) {
@@ -293,9 +296,8 @@ TEST(WeightStore, TensorNotInIndex) {
     "model.norm.weight": "model-00002-of-00002.safetensors"}})");
   auto store = WeightStore::open(dir.path());
   ASSERT_FALSE(store.has_value());
-  EXPECT_THAT(store.status().message(),
-              AllOf(HasSubstr("'model.layers.0.self_attn.q_proj.weight'"), HasSubstr(kShard1),
-                    HasSubstr("does not list")));
+  EXPECT_THAT(store.status().message(), AllOf(HasSubstr("'model.layers.0.self_attn.q_proj.weight'"),
+                                              HasSubstr(kShard1), HasSubstr("does not list")));
 }
 
 TEST(WeightStore, TensorInTwoShards) {
