@@ -17,7 +17,8 @@ struct WeightMatrix {
   int64_t cols = 0;  // input features
 };
 
-// y[n, w.rows] = x[n, w.cols] · Wᵀ. `threads` bounds BLAS and widening threads.
+// y[n, w.rows] = x[n, w.cols] · Wᵀ. `threads` bounds the widening threads; BLAS uses the count the
+// engine set once (openblas_set_num_threads).
 void matmul(const float* x, int64_t n, const WeightMatrix& w, float* y, int threads);
 
 // Plain triple loop with FP64 accumulation: the reference matmul is tested against.

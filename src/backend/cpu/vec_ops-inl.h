@@ -55,6 +55,35 @@ HWY_INLINE void ScaleBy(float alpha, float* HWY_RESTRICT y, size_t n) {
   for (; i < n; ++i) y[i] *= alpha;
 }
 
+// Σ x[i]·float(w[i]) for BF16 (is_bf16) or FP16 weights, widened in registers.
+HWY_INLINE float DotHalf(const float* HWY_RESTRICT x, const uint16_t* HWY_RESTRICT w, bool is_bf16, size_t n) {
+  const hn::ScalableTag<float> d;
+  const size_t lanes = hn::Lanes(d);
+  auto sum0 = hn::Zero(d);
+  auto sum1 = hn::Zero(d);
+  size_t i = 0;
+  if (is_bf16) {
+    const hn::Rebind<hwy::bfloat16_t, decltype(d)> dh;
+    const auto* src = reinterpret_cast<const hwy::bfloat16_t*>(w);
+    for (; i + 2 * lanes <= n; i += 2 * lanes) {
+      sum0 = hn::MulAdd(hn::LoadU(d, x + i), hn::PromoteTo(d, hn::LoadU(dh, src + i)), sum0);
+      sum1 = hn::MulAdd(hn::LoadU(d, x + i + lanes), hn::PromoteTo(d, hn::LoadU(dh, src + i + lanes)), sum1);
+    }
+    for (; i + lanes <= n; i += lanes) sum0 = hn::MulAdd(hn::LoadU(d, x + i), hn::PromoteTo(d, hn::LoadU(dh, src + i)), sum0);
+  } else {
+    const hn::Rebind<hwy::float16_t, decltype(d)> dh;
+    const auto* src = reinterpret_cast<const hwy::float16_t*>(w);
+    for (; i + 2 * lanes <= n; i += 2 * lanes) {
+      sum0 = hn::MulAdd(hn::LoadU(d, x + i), hn::PromoteTo(d, hn::LoadU(dh, src + i)), sum0);
+      sum1 = hn::MulAdd(hn::LoadU(d, x + i + lanes), hn::PromoteTo(d, hn::LoadU(dh, src + i + lanes)), sum1);
+    }
+    for (; i + lanes <= n; i += lanes) sum0 = hn::MulAdd(hn::LoadU(d, x + i), hn::PromoteTo(d, hn::LoadU(dh, src + i)), sum0);
+  }
+  float total = hn::GetLane(hn::SumOfLanes(d, hn::Add(sum0, sum1)));
+  for (; i < n; ++i) total += x[i] * (is_bf16 ? bf16_to_float(w[i]) : fp16_to_float(w[i]));
+  return total;
+}
+
 // out[i] = float(in[i]) for BF16 (is_bf16) or IEEE FP16 bits.
 HWY_INLINE void WidenHalf(const uint16_t* HWY_RESTRICT in, bool is_bf16, float* HWY_RESTRICT out, size_t n) {
   const hn::ScalableTag<float> d;

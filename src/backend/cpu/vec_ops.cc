@@ -15,6 +15,13 @@ namespace HWY_NAMESPACE {
 
 float DotExport(const float* a, const float* b, size_t n) { return Dot(a, b, n); }
 void MulAddToExport(float alpha, const float* x, float* y, size_t n) { MulAddTo(alpha, x, y, n); }
+void MatVecHalfExport(const float* x, int64_t n, const uint16_t* w, bool is_bf16, int64_t rows, int64_t cols,
+                      int64_t row_begin, int64_t row_end, float* y) {
+  for (int64_t o = row_begin; o < row_end; ++o) {
+    const uint16_t* row = w + size_t(o) * size_t(cols);
+    for (int64_t i = 0; i < n; ++i) y[i * rows + o] = DotHalf(x + i * cols, row, is_bf16, size_t(cols));
+  }
+}
 void WidenHalfExport(const uint16_t* in, bool is_bf16, float* out, size_t n) { WidenHalf(in, is_bf16, out, n); }
 
 }  // namespace HWY_NAMESPACE
@@ -27,6 +34,12 @@ namespace slimkv {
 HWY_EXPORT(DotExport);
 HWY_EXPORT(MulAddToExport);
 HWY_EXPORT(WidenHalfExport);
+HWY_EXPORT(MatVecHalfExport);
+
+void matvec_half(const float* x, int64_t n, const uint16_t* w, DType dtype, int64_t rows, int64_t cols,
+                 int64_t row_begin, int64_t row_end, float* y) {
+  HWY_DYNAMIC_DISPATCH(MatVecHalfExport)(x, n, w, dtype == DType::kBF16, rows, cols, row_begin, row_end, y);
+}
 
 float dot(const float* a, const float* b, size_t n) { return HWY_DYNAMIC_DISPATCH(DotExport)(a, b, n); }
 

@@ -11,6 +11,10 @@ namespace slimkv {
 
 float dot(const float* a, const float* b, size_t n);
 void mul_add_to(float alpha, const float* x, float* y, size_t n);  // y += alpha · x
+// y[i, o] = Σ_c x[i, c] · float(w[o, c]) for rows o in [row_begin, row_end) of half-precision weights
+// w [rows, cols] (BF16 or F16): a matrix-vector product that widens the weights in registers.
+void matvec_half(const float* x, int64_t n, const uint16_t* w, DType dtype, int64_t rows, int64_t cols,
+                 int64_t row_begin, int64_t row_end, float* y);
 // out[i] = float(in[i]) for data of `dtype` (F32 is a copy).
 void widen_to_f32(const void* in, DType dtype, float* out, size_t n);
 

@@ -1,0 +1,101 @@
+// Kernel benchmark: each optimized CPU kernel next to the plain reference it is tested against.
+//   bench_kernels [--threads N] [--contexts 1024,4096,...]
+// Attention: decode (one query token) with the Llama-3-8B shape (32 query / 8 KV heads, d = 128) over
+// the paged store, dense FP32 and FP16 blocks, against the FP64 reference. GEMM: y = x·Wᵀ for F32 and
+// BF16 weights, BLAS (+ widening) against the FP64 triple loop (at sizes where that finishes).
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <cblas.h>
+
+#include "attention/attention.h"
+#include "attention/reference.h"
+#include "backend/cpu/matmul.h"
+#include "bench_timer.h"
+#include "util/half.h"
+
+namespace slimkv {
+namespace {
+
+void bench_attention(const std::vector<int>& contexts, int threads) {
+  const int num_heads = 32, num_kv_heads = 8, d = 128;
+  std::printf("\n== decode attention, 1 query token, %d/%d heads, d=%d, %d threads ==\n", num_heads, num_kv_heads, d,
+              threads);
+  std::printf("%8s %14s %14s %14s %12s %12s\n", "context", "reference ms", "dense f32 ms", "dense f16 ms",
+              "f32 GB/s", "ref/f32");
+  std::mt19937 rng(42);
+  std::normal_distribution<float> normal;
+  for (int context : contexts) {
+    std::vector<float> k(size_t(context) * num_kv_heads * d), v(k.size()), q(size_t(num_heads) * d);
+    for (float& x : k) x = normal(rng);
+    for (float& x : v) x = normal(rng);
+    for (float& x : q) x = normal(rng);
+    std::vector<float> out(size_t(num_heads) * d);
+    const AttentionParams params{num_heads, 1.0f / std::sqrt(float(d)), threads};
+    double ms[2];
+    for (int variant = 0; variant < 2; ++variant) {
+      auto pipeline = make_kv_pipeline(variant == 0 ? "dense" : "dense:dtype=f16");
+      KvStore store({1, num_kv_heads, d, d, context}, *pipeline);
+      store.append(0, k.data(), v.data(), context);
+      ms[variant] = 1e3 * median_seconds([&] { attend(store, 0, q.data(), 1, context - 1, params, out.data()); });
+    }
+    const int position = context - 1;
+    const double ref_ms = context <= 16384 ? 1e3 * median_seconds([&] {
+      attention_reference(q.data(), 1, &position, k.data(), v.data(), context, num_heads, num_kv_heads, d, d,
+                          params.scale, out.data());
+    }, 0.2, 1) : NAN;
+    const double kv_bytes = double(context) * num_kv_heads * d * 2 * 4;
+    std::printf("%8d %14.3f %14.3f %14.3f %12.1f %12.1f\n", context, ref_ms, ms[0], ms[1], kv_bytes / (ms[0] * 1e6),
+                ref_ms / ms[0]);
+  }
+}
+
+void bench_gemm(int threads) {
+  (void)threads;
+  std::printf("\n== GEMM y = x·Wᵀ (W rows × cols) ==\n");
+  std::printf("%6s %6s %6s %6s %14s %14s %10s %10s\n", "n", "rows", "cols", "dtype", "reference ms", "optimized ms",
+              "GFLOP/s", "ref/opt");
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  struct Shape {
+    int n, rows, cols;
+  };
+  for (const Shape shape : {Shape{1, 4096, 4096}, Shape{1, 14336, 4096}, Shape{64, 1024, 1024}, Shape{512, 1024, 1024}}) {
+    std::vector<float> x(size_t(shape.n) * shape.cols), w32(size_t(shape.rows) * shape.cols);
+    for (float& e : x) e = normal(rng);
+    for (float& e : w32) e = normal(rng);
+    std::vector<uint16_t> w16(w32.size());
+    for (size_t i = 0; i < w32.size(); ++i) w16[i] = float_to_bf16(w32[i]);
+    std::vector<float> y(size_t(shape.n) * shape.rows);
+    for (const DType dtype : {DType::kF32, DType::kBF16}) {
+      const WeightMatrix w{dtype == DType::kF32 ? static_cast<const void*>(w32.data()) : w16.data(), dtype,
+                           shape.rows, shape.cols};
+      const double opt_ms = 1e3 * median_seconds([&] { matmul(x.data(), shape.n, w, y.data(), threads); });
+      const bool small = double(shape.n) * shape.rows * shape.cols <= 1e8;
+      const double ref_ms = small ? 1e3 * median_seconds([&] { matmul_reference(x.data(), shape.n, w, y.data()); }, 0.2, 1)
+                                  : NAN;
+      const double flops = 2.0 * shape.n * shape.rows * shape.cols;
+      std::printf("%6d %6d %6d %6s %14.3f %14.3f %10.1f %10.1f\n", shape.n, shape.rows, shape.cols,
+                  std::string(dtype_name(dtype)).c_str(), ref_ms, opt_ms, flops / (opt_ms * 1e6), ref_ms / opt_ms);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace slimkv
+
+int main(int argc, char** argv) {
+  CLI::App app{"slimkv kernel benchmark: optimized kernels next to their references"};
+  int threads = 2;
+  std::vector<int> contexts = {1024, 4096, 16384, 32768, 65536};
+  app.add_option("--threads", threads, "threads")->capture_default_str();
+  app.add_option("--contexts", contexts, "KV lengths for decode attention")->delimiter(',');
+  CLI11_PARSE(app, argc, argv);
+  openblas_set_num_threads(threads);
+  slimkv::bench_attention(contexts, threads);
+  slimkv::bench_gemm(threads);
+  return 0;
+}

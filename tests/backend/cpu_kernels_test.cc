@@ -1,0 +1,95 @@
+// CPU kernels against their references: vector ops at every length 0..2·(widest vector) and
+// misaligned starts; matmul for F32/F16/BF16 weights on both paths (in-register widening for few
+// inputs, widen-then-BLAS for many) with odd sizes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/vec_ops.h"
+#include "slimkv/status.h"
+#include "util/half.h"
+
+namespace slimkv {
+namespace {
+
+TEST(VecOps, EveryLengthAndOffsetMatchesScalar) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> uniform(-1, 1);
+  std::vector<float> a(200), b(200);
+  std::vector<uint16_t> bf(200), fp(200);
+  for (size_t i = 0; i < a.size(); ++i) {
+    a[i] = uniform(rng);
+    b[i] = uniform(rng);
+    bf[i] = float_to_bf16(b[i]);
+    fp[i] = float_to_fp16(b[i]);
+  }
+  for (int offset = 0; offset < 3; ++offset) {
+    for (size_t n = 0; n <= 2 * 16 + 3; ++n) {
+      SCOPED_TRACE(str_cat("n=", n, " offset=", offset));
+      double expected = 0, expected_bf = 0, expected_fp = 0;
+      for (size_t i = 0; i < n; ++i) {
+        expected += double(a[offset + i]) * b[offset + i];
+        expected_bf += double(a[offset + i]) * bf16_to_float(bf[offset + i]);
+        expected_fp += double(a[offset + i]) * fp16_to_float(fp[offset + i]);
+      }
+      EXPECT_NEAR(dot(&a[offset], &b[offset], n), expected, 1e-5);
+      float y_bf = 0, y_fp = 0;
+      matvec_half(&a[offset], 1, &bf[offset], DType::kBF16, 1, int64_t(n), 0, 1, &y_bf);
+      matvec_half(&a[offset], 1, &fp[offset], DType::kF16, 1, int64_t(n), 0, 1, &y_fp);
+      EXPECT_NEAR(y_bf, expected_bf, 1e-5);
+      EXPECT_NEAR(y_fp, expected_fp, 1e-5);
+      std::vector<float> y(n + 1, 7.0f), widened(n + 1, -1.0f);
+      mul_add_to(0.5f, &a[offset], y.data(), n);
+      widen_to_f32(&bf[offset], DType::kBF16, widened.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        EXPECT_FLOAT_EQ(y[i], 7.0f + 0.5f * a[offset + i]);
+        EXPECT_EQ(widened[i], bf16_to_float(bf[offset + i]));
+      }
+      EXPECT_EQ(y[n], 7.0f) << "wrote past the end";
+      EXPECT_EQ(widened[n], -1.0f) << "wrote past the end";
+    }
+  }
+}
+
+TEST(HalfConversion, RoundsToNearestEvenAndKeepsSpecials) {
+  EXPECT_EQ(float_to_fp16(1.0f), 0x3c00);
+  EXPECT_EQ(float_to_fp16(65504.0f), 0x7bff);
+  EXPECT_EQ(float_to_fp16(65520.0f), 0x7c00);  // rounds up to inf
+  EXPECT_EQ(float_to_fp16(5.9604645e-8f), 0x0001);  // smallest subnormal
+  EXPECT_EQ(float_to_fp16(-0.0f), 0x8000);
+  EXPECT_TRUE(std::isnan(fp16_to_float(float_to_fp16(NAN))));
+  EXPECT_EQ(float_to_bf16(1.00390625f), 0x3f80);  // tie → even
+  EXPECT_EQ(float_to_bf16(1.01171875f), 0x3f82);  // tie → even (up)
+  for (uint32_t h = 0; h < 0x7c00; ++h) {  // every finite FP16 survives the round trip
+    ASSERT_EQ(float_to_fp16(fp16_to_float(uint16_t(h))), h) << h;
+  }
+}
+
+TEST(Matmul, EveryDtypeAndPathMatchesReference) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (const int n : {1, 2, 4, 5, 17}) {
+      for (const int cols : {1, 37, 129}) {
+        const int rows = 70;
+        SCOPED_TRACE(str_cat("matmul(dtype=", dtype_name(dtype), ",n=", n, ",rows=", rows, ",cols=", cols, ")"));
+        std::vector<float> x(size_t(n) * cols), w32(size_t(rows) * cols);
+        for (float& e : x) e = normal(rng);
+        for (float& e : w32) e = normal(rng);
+        std::vector<uint16_t> w16(w32.size());
+        for (size_t i = 0; i < w32.size(); ++i) w16[i] = dtype == DType::kBF16 ? float_to_bf16(w32[i]) : float_to_fp16(w32[i]);
+        const WeightMatrix w{dtype == DType::kF32 ? static_cast<const void*>(w32.data()) : w16.data(), dtype, rows, cols};
+        std::vector<float> y(size_t(n) * rows), expected(y.size());
+        matmul(x.data(), n, w, y.data(), 2);
+        matmul_reference(x.data(), n, w, expected.data());
+        for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], expected[i], 1e-4 * std::sqrt(double(cols))) << i;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace slimkv
