@@ -395,7 +395,12 @@ Status write_safetensors(const std::string& path, const std::vector<TensorToWrit
       return error(where, ": shape ", shape_string(tensor.shape),
                    " has a negative dim or too many elements");
     }
-    const uint64_t expected_bytes = uint64_t(num_elements) * dtype_size_bytes(tensor.dtype);
+    uint64_t expected_bytes = 0;
+    if (__builtin_mul_overflow(uint64_t(num_elements), uint64_t(dtype_size_bytes(tensor.dtype)),
+                               &expected_bytes)) {
+      return error(where, ": shape ", shape_string(tensor.shape),
+                   " is more bytes than fit in 64 bits");
+    }
     if (tensor.data.size() != expected_bytes) {
       return error(where, ": has ", tensor.data.size(), " bytes, but shape ",
                    shape_string(tensor.shape), " of ", dtype_name(tensor.dtype), " needs ",

@@ -186,6 +186,8 @@ TEST(Safetensors, WriterRefusesBadInput) {
   EXPECT_THAT(status.message(), HasSubstr("reserved"));
   status = write_safetensors(path, {{"a", DType::kF32, {-4}, four}});
   EXPECT_THAT(status.message(), HasSubstr("negative"));
+  status = write_safetensors(path, {{"a", DType::kF32, {int64_t(1) << 62}, {}}});
+  EXPECT_THAT(status.message(), AllOf(HasSubstr("'a'"), HasSubstr("64 bits")));
   EXPECT_FALSE(std::filesystem::exists(path));
   status =
       write_safetensors(dir.file("no/such/dir/x.safetensors"), {{"a", DType::kF32, {4}, four}});
