@@ -7,12 +7,6 @@ namespace {
 
 bool ends_with_replacement(const std::string& text) { return text.ends_with(utf8::kReplacementChar); }
 
-// text.substr(from), with `from` moved forward to a character boundary.
-std::string suffix_from(const std::string& text, size_t from) {
-  while (from < text.size() && (static_cast<unsigned char>(text[from]) & 0xC0) == 0x80) ++from;
-  return from < text.size() ? text.substr(from) : std::string();
-}
-
 }  // namespace
 
 StreamingDecoder::StreamingDecoder(const Tokenizer& tokenizer, bool skip_special_tokens)
@@ -29,9 +23,7 @@ std::string StreamingDecoder::push(int32_t id) {
   ids_.push_back(id);
   const std::string text = tokenizer_->decode(ids_, skip_special_tokens_);
   if (text.size() <= prefix_.size() || ends_with_replacement(text)) return std::string();
-  // HF reports an error when the text no longer starts with the prefix (a decoder that rewrites
-  // earlier text); we emit what lies past the prefix's length, which is the best continuation.
-  std::string new_text = suffix_from(text, prefix_.size());
+  std::string new_text = text_after_prefix(text);
   const size_t new_prefix_index = ids_.size() - prefix_index_;
   ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(prefix_index_));
   prefix_ = tokenizer_->decode(ids_, skip_special_tokens_);
@@ -39,11 +31,19 @@ std::string StreamingDecoder::push(int32_t id) {
   return new_text;
 }
 
+std::string StreamingDecoder::text_after_prefix(const std::string& text) const {
+  if (text.starts_with(prefix_)) return text.substr(prefix_.size());
+  // HF fails here (DecodeStreamError::InvalidPrefix): the context decodes differently once the new
+  // id is appended, e.g. a byte-fallback run that turned invalid. The pending ids decoded on their
+  // own are the best continuation.
+  const std::span<const int32_t> pending(ids_.data() + prefix_index_, ids_.size() - prefix_index_);
+  return tokenizer_->decode(pending, skip_special_tokens_);
+}
+
 std::string StreamingDecoder::finish() {
   std::string rest;
   if (!ids_.empty()) {
-    const std::string text = tokenizer_->decode(ids_, skip_special_tokens_);
-    if (text.size() > prefix_.size()) rest = suffix_from(text, prefix_.size());
+    rest = text_after_prefix(tokenizer_->decode(ids_, skip_special_tokens_));
   }
   ids_.clear();
   prefix_.clear();

@@ -83,6 +83,9 @@ class StreamingDecoder {
   std::string finish();
 
  private:
+  // The part of `text` (the decode of ids_) that is new past prefix_.
+  std::string text_after_prefix(const std::string& text) const;
+
   const Tokenizer* tokenizer_;
   bool skip_special_tokens_;
   std::vector<int32_t> ids_;  // context ids, then the ids not yet emitted
