@@ -70,7 +70,8 @@ class Tokenizer {
   std::unique_ptr<Decoder> decoder_;
 };
 
-// For streaming generation: feed ids one at a time, get the text that became complete. It never
+// For streaming generation: feed ids one at a time, get the text that became complete (the
+// Tokenizer must outlive the StreamingDecoder). It never
 // splits a UTF-8 character: bytes are held back until they decode without a trailing U+FFFD, as
 // HF's DecodeStream does (and with the same context handling, so decoders that strip a leading space
 // from the first token still give " word" for later tokens).
