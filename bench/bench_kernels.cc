@@ -6,12 +6,14 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 #include <cblas.h>
 
 #include "attention/attention.h"
+#include "attention/cpu/hack_block_attention.h"
 #include "attention/reference.h"
 #include "backend/cpu/matmul.h"
 #include "bench_timer.h"
@@ -22,10 +24,12 @@ namespace {
 
 void bench_attention(const std::vector<int>& contexts, int threads) {
   const int num_heads = 32, num_kv_heads = 8, d = 128;
-  std::printf("\n== decode attention, 1 query token, %d/%d heads, d=%d, %d threads ==\n", num_heads, num_kv_heads, d,
-              threads);
-  std::printf("%8s %14s %14s %14s %12s %12s\n", "context", "reference ms", "dense f32 ms", "dense f16 ms",
-              "f32 GB/s", "ref/f32");
+  const std::vector<std::string> specs = {"dense", "dense:dtype=f16", "quant:bits=2,pi=64", "hack:bits=2,pi=64"};
+  std::printf("\n== decode attention, 1 query token, %d/%d heads, d=%d, %d threads, hack kernel on %s ==\n",
+              num_heads, num_kv_heads, d, threads, hack_kernel_target());
+  std::printf("%8s %12s", "context", "ref f64 ms");
+  for (const std::string& spec : specs) std::printf(" %20s", (spec + " ms").c_str());
+  std::printf(" %10s %10s %12s\n", "hack/f16", "hack/quant", "hack GB/s");
   std::mt19937 rng(42);
   std::normal_distribution<float> normal;
   for (int context : contexts) {
@@ -35,21 +39,23 @@ void bench_attention(const std::vector<int>& contexts, int threads) {
     for (float& x : q) x = normal(rng);
     std::vector<float> out(size_t(num_heads) * d);
     const AttentionParams params{num_heads, 1.0f / std::sqrt(float(d)), threads};
-    double ms[2];
-    for (int variant = 0; variant < 2; ++variant) {
-      auto pipeline = make_kv_pipeline(variant == 0 ? "dense" : "dense:dtype=f16");
+    std::vector<double> ms;
+    double hack_bytes = 0;
+    for (const std::string& spec : specs) {
+      auto pipeline = make_kv_pipeline(spec);
       KvStore store({1, num_kv_heads, d, d, context}, *pipeline);
       store.append(0, k.data(), v.data(), context);
-      ms[variant] = 1e3 * median_seconds([&] { attend(store, 0, q.data(), 1, context - 1, params, out.data()); });
+      ms.push_back(1e3 * median_seconds([&] { attend(store, 0, q.data(), 1, context - 1, params, out.data()); }));
+      hack_bytes = double(store.memory().sealed_bytes);
     }
     const int position = context - 1;
-    const double ref_ms = context <= 16384 ? 1e3 * median_seconds([&] {
+    const double ref_ms = context <= 8192 ? 1e3 * median_seconds([&] {
       attention_reference(q.data(), 1, &position, k.data(), v.data(), context, num_heads, num_kv_heads, d, d,
                           params.scale, out.data());
     }, 0.2, 1) : NAN;
-    const double kv_bytes = double(context) * num_kv_heads * d * 2 * 4;
-    std::printf("%8d %14.3f %14.3f %14.3f %12.1f %12.1f\n", context, ref_ms, ms[0], ms[1], kv_bytes / (ms[0] * 1e6),
-                ref_ms / ms[0]);
+    std::printf("%8d %12.3f", context, ref_ms);
+    for (double t : ms) std::printf(" %20.3f", t);
+    std::printf(" %10.2f %10.2f %12.1f\n", ms[1] / ms[3], ms[2] / ms[3], hack_bytes / (ms[3] * 1e6));
   }
 }
 

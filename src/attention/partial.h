@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
@@ -77,6 +78,7 @@ struct QueryTile {
   const float* q = nullptr;        // [n_queries, k_dim], already multiplied by the softmax scale
   int n_queries = 0;
   const int* visible = nullptr;    // [n_queries]: query i sees tokens [0, visible[i]) of the block
+  const uint8_t* prepared = nullptr;  // what the codec's prepare_queries made of q for this tile
 };
 
 }  // namespace slimkv

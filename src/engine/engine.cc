@@ -63,6 +63,10 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
   SLIMKV_ASSIGN_OR_RETURN(KvPipeline pipeline, make_kv_pipeline(config.kv_spec));  // bad specs fail before loading
   engine->pipeline_ = std::make_unique<KvPipeline>(std::move(pipeline));
   SLIMKV_ASSIGN_OR_RETURN(engine->model_, LlamaModel::load(config.model_dir));
+  const KvShape kv_shape = engine->model_->kv_shape();
+  SLIMKV_RETURN_IF_ERROR(engine->pipeline_->codec
+                             ->check_shape({engine->pipeline_->block_tokens, kv_shape.k_dim, kv_shape.v_dim})
+                             .with_context(str_cat("KV spec '", config.kv_spec, "' for ", config.model_dir)));
   const std::string tokenizer_path = config.model_dir + "/tokenizer.json";
   if (std::filesystem::exists(tokenizer_path)) {
     SLIMKV_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load(tokenizer_path));

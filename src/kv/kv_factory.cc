@@ -2,22 +2,44 @@
 
 #include "attention/cpu/dense_block_attention.h"
 #include "kv/codec/dense.h"
+#include "kv/codec/hack.h"
+#include "kv/codec/quant.h"
 #include "kv/stage_options.h"
 
 namespace slimkv {
 namespace {
 
-constexpr const char* kKnownStages = "dense";
+constexpr const char* kKnownStages = "dense, hack, quant";
 constexpr const char* kKnownTiers = "fast";
 
 DType parse_dtype_name(const std::string& name) {
   return name == "f16" ? DType::kF16 : name == "bf16" ? DType::kBF16 : DType::kF32;
 }
 
+// The options hack and quant share: bit widths, partition (block) size, rounding, seed.
+QuantizationConfig read_quantization(StageOptions& options, KvPipeline& pipeline, bool with_ablations) {
+  QuantizationConfig config;
+  const int bits = options.integer("bits", 2, {2, 4, 8});
+  config.k_bits = options.integer("kbits", bits, {2, 4, 8});
+  config.v_bits = options.integer("vbits", bits, {2, 4, 8});
+  pipeline.block_tokens = options.integer("pi", 64, {32, 64, 128});
+  config.rounding = options.choice("round", "stochastic", {"stochastic", "nearest"}) == "stochastic"
+                        ? Rounding::kStochastic
+                        : Rounding::kNearest;
+  pipeline.seed = uint64_t(options.integer("seed", 0, {}, 0, 1 << 30));
+  if (with_ablations) {
+    options.integer("qbits", 8, {8});  // Q and P are 8-bit, as in HACK; named so specs can say so
+    options.integer("pbits", 8, {8});
+    config.store_sums = options.choice("se", "on", {"on", "off"}) == "on";
+  }
+  return config;
+}
+
 }  // namespace
 
 std::string KvPipeline::describe() const {
-  return str_cat(codec->describe(), ",block=", block_tokens);
+  return str_cat(codec->describe(), codec->describe().starts_with("dense") ? ",block=" : ",pi=", block_tokens,
+                 seed ? str_cat(",seed=", seed) : std::string());
 }
 
 Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
@@ -29,6 +51,15 @@ Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
       const std::string dtype = options.choice("dtype", "f32", {"f32", "f16", "bf16"});
       pipeline.block_tokens = options.integer("block", 64, {}, 1, kMaxBlockTokens);
       pipeline.codec = std::make_shared<DenseCodec>(parse_dtype_name(dtype));
+    } else if (stage.name == "hack" || stage.name == "quant") {
+      if (pipeline.codec) return error("KV spec '", config.spec, "': more than one codec stage");
+      const bool hack = stage.name == "hack";
+      const QuantizationConfig quantization = read_quantization(options, pipeline, hack);
+      if (hack) {
+        pipeline.codec = std::make_shared<HackCodec>(quantization);
+      } else {
+        pipeline.codec = std::make_shared<QuantCodec>(quantization);
+      }
     } else {
       return error("KV spec '", config.spec, "': unknown stage '", stage.name, "' (known: ", kKnownStages, ")");
     }

@@ -9,8 +9,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "attention/partial.h"
+#include "slimkv/status.h"
 
 namespace slimkv {
 
@@ -27,6 +29,10 @@ class Codec {
   // The codec as a canonical spec stage, every option spelled out: "dense:dtype=f32".
   virtual std::string describe() const = 0;
 
+  // Whether this codec can encode blocks of this shape (e.g. head dims a multiple of 4); checked
+  // once when a store is made for a model, so that attend() never meets a shape it cannot read.
+  virtual Status check_shape(const BlockShape& /*shape*/) const { return Status::ok(); }
+
   // Bytes of one sealed block of this shape: what the store allocates, and what is sent.
   virtual size_t block_bytes(const BlockShape& shape) const = 0;
 
@@ -34,6 +40,13 @@ class Codec {
   // `seed` makes stochastic rounding reproducible (the store derives it from the block's identity).
   virtual void seal(const BlockShape& shape, const float* k, const float* v, uint64_t seed,
                     uint8_t* block) const = 0;
+
+  // Work that depends only on the queries (HACK quantizes Q), done once per tile instead of once per
+  // block: the attention driver calls this, then passes `prepared` as tile.prepared to attend().
+  virtual void prepare_queries(const BlockShape& /*shape*/, const QueryTile& /*tile*/,
+                               std::vector<uint8_t>& prepared) const {
+    prepared.clear();
+  }
 
   // For each query i of the tile, folds tokens [0, tile.visible[i]) of the sealed block into
   // partials(first_partial + i). Queries are already scaled by the softmax scale.

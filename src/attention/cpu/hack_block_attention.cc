@@ -1,0 +1,289 @@
+#include "attention/cpu/hack_block_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "attention/hack_operands.h"
+#include "attention/hack_reference.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "attention/cpu/hack_block_attention.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+#if HWY_TARGET == HWY_AVX3_DL
+#include <immintrin.h>
+#endif
+
+HWY_BEFORE_NAMESPACE();
+#if HWY_TARGET == HWY_AVX3_DL
+#pragma GCC target("avx512vnni")  // Highway's AVX3_DL target string names avxvnni but not avx512vnni
+#endif
+namespace slimkv {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DI = hn::ScalableTag<int32_t>;
+using DU = hn::Rebind<uint32_t, DI>;
+using DF = hn::Rebind<float, DI>;
+using VI = hn::Vec<DI>;
+using VU = hn::Vec<DU>;
+using VF = hn::Vec<DF>;
+
+// Query rows whose integer accumulators stay in registers together (a GQA group in decode).
+constexpr int kQueryBatch = 4;
+// Σ 4 bytes of 0x01: the integer product that sums codes (for the SE ablation).
+constexpr int32_t kOnes = 0x01010101;
+
+// The codes of N lanes (each lane: 4 values packed at kBits in kBits/2 bytes) spread to one byte each.
+template <int kBits>
+HWY_INLINE VU LoadCodeBytes(const uint8_t* packed) {
+  const DU du;
+#if HWY_TARGET == HWY_AVX3_DL
+  // VBMI: one multishift picks each value's bits into its own byte (lane offsets 0,b,2b,3b and the
+  // next lane's at +32); an AND keeps b bits.
+  if constexpr (kBits == 2) {
+    const __m512i fields = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(packed)));
+    const __m512i bytes = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x2624222006040200ll), fields);
+    return hn::And(VU{bytes}, hn::Set(du, 0x03030303u));
+  } else if constexpr (kBits == 4) {
+    const __m512i fields = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed)));
+    const __m512i bytes = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x2c2824200c080400ll), fields);
+    return hn::And(VU{bytes}, hn::Set(du, 0x0F0F0F0Fu));
+  }
+#endif
+  if constexpr (kBits == 2) {
+    const VU f = hn::PromoteTo(du, hn::LoadU(hn::Rebind<uint8_t, DU>(), packed));
+    const VU spread = hn::Or(hn::Or(f, hn::ShiftLeft<6>(f)), hn::Or(hn::ShiftLeft<12>(f), hn::ShiftLeft<18>(f)));
+    return hn::And(spread, hn::Set(du, 0x03030303u));
+  } else if constexpr (kBits == 4) {
+    const VU f = hn::PromoteTo(du, hn::LoadU(hn::Rebind<uint16_t, DU>(), reinterpret_cast<const uint16_t*>(packed)));
+    return hn::Or(hn::Or(hn::And(f, hn::Set(du, 0xFu)), hn::ShiftLeft<4>(hn::And(f, hn::Set(du, 0xF0u)))),
+                  hn::Or(hn::ShiftLeft<8>(hn::And(f, hn::Set(du, 0xF00u))), hn::ShiftLeft<12>(hn::And(f, hn::Set(du, 0xF000u)))));
+  } else {
+    return hn::LoadU(du, reinterpret_cast<const uint32_t*>(packed));
+  }
+}
+
+// acc[lane] += Σ_{i<4} (unsigned byte i of codes[lane]) · (signed byte i of `operand`)
+HWY_INLINE VI DotBytes(VI acc, VU codes, int32_t operand) {
+#if HWY_TARGET == HWY_AVX3_DL
+  return VI{_mm512_dpbusd_epi32(acc.raw, codes.raw, _mm512_set1_epi32(operand))};
+#else
+  const DI di;
+  const DU du;
+  for (int i = 0; i < 4; ++i) {
+    const VI code = hn::BitCast(di, hn::And(hn::ShiftRightSame(codes, 8 * i), hn::Set(du, 0xFFu)));
+    acc = hn::Add(acc, hn::Mul(code, hn::Set(di, int32_t(int8_t(uint32_t(operand) >> (8 * i))))));
+  }
+  return acc;
+#endif
+}
+
+HWY_INLINE VF LoadHalf(const uint16_t* p) {
+  return hn::PromoteTo(DF(), hn::LoadU(hn::Rebind<hwy::float16_t, DF>(), reinterpret_cast<const hwy::float16_t*>(p)));
+}
+HWY_INLINE VI LoadInt16(const int16_t* p) { return hn::PromoteTo(DI(), hn::LoadU(hn::Rebind<int16_t, DI>(), p)); }
+
+// 8-bit codes of x (n, a multiple of the vector length) packed 4 per int32 with the -128 offset
+// (byte ^ 0x80); the same rounding as quantize_operand8.
+HWY_INLINE Operand8 QuantizeOperand8(const float* x, int n, int32_t* packed) {
+  const DF df;
+  const DI di;
+  const size_t lanes = hn::Lanes(df);
+  VF lo = hn::LoadU(df, x), hi = lo;
+  for (size_t i = lanes; i < size_t(n); i += lanes) {
+    lo = hn::Min(lo, hn::LoadU(df, x + i));
+    hi = hn::Max(hi, hn::LoadU(df, x + i));
+  }
+  Operand8 op;
+  op.min = hn::GetLane(hn::MinOfLanes(df, lo));
+  op.scale = (hn::GetLane(hn::MaxOfLanes(df, hi)) - op.min) / 255.0f;
+  const float inverse = op.scale > 0.0f ? 1.0f / op.scale : 0.0f;
+  auto* bytes = reinterpret_cast<uint8_t*>(packed);
+  VI sum = hn::Zero(di);
+  for (size_t i = 0; i < size_t(n); i += lanes) {
+    VI code = hn::NearestInt(hn::Mul(hn::Sub(hn::LoadU(df, x + i), hn::Set(df, op.min)), hn::Set(df, inverse)));
+    code = hn::Min(hn::Max(code, hn::Zero(di)), hn::Set(di, 255));
+    sum = hn::Add(sum, code);
+    hn::StoreU(hn::DemoteTo(hn::Rebind<uint8_t, DI>(), hn::Xor(code, hn::Set(di, 0x80))), hn::Rebind<uint8_t, DI>(),
+               bytes + i);
+  }
+  op.sum = hn::GetLane(hn::SumOfLanes(di, sum));
+  return op;
+}
+
+template <int kBitsK, int kBitsV>
+void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, const QueryTile& tile,
+                     AttentionPartials& partials, int first_partial) {
+  const DI di;
+  const DF df;
+  const int lanes = int(hn::Lanes(di));
+  const int tokens = layout.shape.block_tokens, k_dim = layout.shape.k_dim, v_dim = layout.shape.v_dim;
+  const bool stored_sums = layout.config.store_sums;
+  const auto* k_mins = reinterpret_cast<const uint16_t*>(block + layout.k_mins);
+  const auto* k_scales = reinterpret_cast<const uint16_t*>(block + layout.k_scales);
+  const auto* k_sums = reinterpret_cast<const int16_t*>(block + layout.k_sums);
+  const auto* v_mins = reinterpret_cast<const uint16_t*>(block + layout.v_mins);
+  const auto* v_scales = reinterpret_cast<const uint16_t*>(block + layout.v_scales);
+  const auto* v_sums = reinterpret_cast<const int16_t*>(block + layout.v_sums);
+
+  // Q' of the whole tile, from prepare_hack_queries.
+  const auto* q_ops_all = reinterpret_cast<const int32_t*>(tile.prepared);
+  const auto* q_meta_all = reinterpret_cast<const Operand8*>(tile.prepared + size_t(tile.n_queries) * k_dim);
+  thread_local std::vector<int32_t> p_ops;  // packed signed P' operands [batch][tokens / 4]
+  thread_local std::vector<float> scores;   // [batch][tokens]
+  p_ops.resize(size_t(kQueryBatch) * (tokens / 4));
+  scores.resize(size_t(kQueryBatch) * tokens);
+  Operand8 p_meta[kQueryBatch];
+
+  for (int first = 0; first < tile.n_queries; first += kQueryBatch) {
+    const int batch = std::min(kQueryBatch, tile.n_queries - first);
+    int seen = 0;  // tokens any query of the batch sees
+    for (int r = 0; r < batch; ++r) seen = std::max(seen, tile.visible[first + r]);
+    if (seen == 0) continue;
+    const int seen_chunks = (seen + lanes - 1) / lanes * lanes;
+    const int32_t* q_ops = q_ops_all + size_t(first) * (k_dim / 4);
+    const Operand8* q_meta = q_meta_all + size_t(first) * layout.k_partitions;
+
+    // Scores = Q'·K'ᵀ with Eq. 4's corrections, N tokens at a time, the batch's queries together.
+    for (int t0 = 0; t0 < seen_chunks; t0 += lanes) {
+      for (int p = 0; p < layout.k_partitions; ++p) {
+        VI acc[kQueryBatch] = {hn::Zero(di), hn::Zero(di), hn::Zero(di), hn::Zero(di)};
+        VI code_sum = hn::Zero(di);
+        const int g_end = (p * layout.k_partition + layout.k_partition_dims(p)) / 4;
+        for (int g = p * layout.k_partition / 4; g < g_end; ++g) {
+          const VU codes = LoadCodeBytes<kBitsK>(block + layout.k_codes + (size_t(g) * tokens + t0) * (kBitsK / 2));
+          for (int r = 0; r < batch; ++r) acc[r] = DotBytes(acc[r], codes, q_ops[size_t(r) * (k_dim / 4) + g]);
+          if (!stored_sums) code_sum = DotBytes(code_sum, codes, kOnes);
+        }
+        const size_t slot = size_t(p) * tokens + t0;
+        const VI k_sum = stored_sums ? LoadInt16(k_sums + slot) : code_sum;
+        const VF k_sum_f = hn::ConvertTo(df, k_sum);
+        const VF k_scale = LoadHalf(k_scales + slot), k_min = LoadHalf(k_mins + slot);
+        const float dims = float(layout.k_partition_dims(p));
+        for (int r = 0; r < batch; ++r) {
+          const Operand8& q = q_meta[size_t(r) * layout.k_partitions + p];
+          // Σ q'k' = Σ (q'-128) k' + 128 Σk'
+          const VF dot = hn::ConvertTo(df, hn::Add(acc[r], hn::ShiftLeft<7>(k_sum)));
+          const VF term = hn::MulAdd(k_scale, hn::MulAdd(hn::Set(df, q.scale), dot, hn::Mul(hn::Set(df, q.min), k_sum_f)),
+                                     hn::Mul(k_min, hn::Set(df, q.scale * float(q.sum) + dims * q.min)));
+          float* s = scores.data() + size_t(r) * tokens + t0;
+          hn::StoreU(p == 0 ? term : hn::Add(hn::LoadU(df, s), term), df, s);
+        }
+      }
+    }
+
+    // Online softmax: P = exp(score - running max), 0 where the query may not look; P' per block.
+    for (int r = 0; r < batch; ++r) {
+      const int visible = tile.visible[first + r];
+      float* s = scores.data() + size_t(r) * tokens;
+      const int index = first_partial + first + r;
+      if (visible == 0) {
+        std::fill(s, s + tokens, 0.0f);
+      } else {
+        float block_max = s[0];
+        for (int t = 1; t < visible; ++t) block_max = std::max(block_max, s[t]);
+        partials.rescale(index, std::max(partials.max(index), block_max));
+        const VF running_max = hn::Set(df, partials.max(index));
+        for (int t0 = 0; t0 < tokens; t0 += lanes) {
+          const VF e = hn::CallExp(df, hn::Sub(hn::LoadU(df, s + t0), running_max));
+          const auto keep = hn::Lt(hn::Iota(di, t0), hn::Set(di, visible));
+          hn::StoreU(hn::IfThenElseZero(hn::RebindMask(df, keep), e), df, s + t0);
+        }
+      }
+      p_meta[r] = QuantizeOperand8(s, tokens, p_ops.data() + size_t(r) * (tokens / 4));
+      if (visible > 0) partials.sum(index) += float(tokens) * p_meta[r].min + p_meta[r].scale * float(p_meta[r].sum);
+    }
+
+    // Output += P'·V' with Eq. 4's corrections, N columns at a time, the batch's queries together.
+    for (int c0 = 0; c0 < v_dim; c0 += lanes) {
+      VI acc[kQueryBatch] = {hn::Zero(di), hn::Zero(di), hn::Zero(di), hn::Zero(di)};
+      VI code_sum = hn::Zero(di);
+      for (int u = 0; u < tokens / 4; ++u) {
+        const VU codes = LoadCodeBytes<kBitsV>(block + layout.v_codes + (size_t(u) * v_dim + c0) * (kBitsV / 2));
+        for (int r = 0; r < batch; ++r) acc[r] = DotBytes(acc[r], codes, p_ops[size_t(r) * (tokens / 4) + u]);
+        if (!stored_sums) code_sum = DotBytes(code_sum, codes, kOnes);
+      }
+      const VI v_sum = stored_sums ? LoadInt16(v_sums + c0) : code_sum;
+      const VF v_sum_f = hn::ConvertTo(df, v_sum);
+      const VF v_scale = LoadHalf(v_scales + c0), v_min = LoadHalf(v_mins + c0);
+      for (int r = 0; r < batch; ++r) {
+        if (tile.visible[first + r] == 0) continue;
+        const Operand8& p = p_meta[r];
+        const VF dot = hn::ConvertTo(df, hn::Add(acc[r], hn::ShiftLeft<7>(v_sum)));
+        const VF term = hn::MulAdd(v_scale, hn::MulAdd(hn::Set(df, p.scale), dot, hn::Mul(hn::Set(df, p.min), v_sum_f)),
+                                   hn::Mul(v_min, hn::Set(df, p.scale * float(p.sum) + float(tokens) * p.min)));
+        float* out = partials.acc(first_partial + first + r) + c0;
+        hn::StoreU(hn::Add(hn::LoadU(df, out), term), df, out);
+      }
+    }
+  }
+}
+
+void AttendHackBlock(const QuantizedBlockLayout& layout, const uint8_t* block, const QueryTile& tile,
+                     AttentionPartials& partials, int first_partial) {
+  const int lanes = int(hn::Lanes(DI()));
+  // The vector loops need whole vectors of tokens and of value columns; other shapes take the
+  // reference path (correct, slow). Every shape slimkv builds (Π in {32, 64, 128}, head dims that are
+  // multiples of 16) takes the vector path.
+  if (layout.shape.block_tokens % lanes != 0 || layout.shape.v_dim % lanes != 0 || lanes < 4) {
+    attend_hack_block_reference(layout, block, tile, partials, first_partial);
+    return;
+  }
+  const int k = layout.config.k_bits, v = layout.config.v_bits;
+  const auto run = [&](auto kernel) { kernel(layout, block, tile, partials, first_partial); };
+  if (k == 2 && v == 2) return run(AttendQuantized<2, 2>);
+  if (k == 4 && v == 4) return run(AttendQuantized<4, 4>);
+  if (k == 8 && v == 8) return run(AttendQuantized<8, 8>);
+  if (k == 2 && v == 4) return run(AttendQuantized<2, 4>);
+  if (k == 4 && v == 2) return run(AttendQuantized<4, 2>);
+  if (k == 2 && v == 8) return run(AttendQuantized<2, 8>);
+  if (k == 8 && v == 2) return run(AttendQuantized<8, 2>);
+  if (k == 4 && v == 8) return run(AttendQuantized<4, 8>);
+  return run(AttendQuantized<8, 4>);
+}
+
+const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace slimkv
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace slimkv {
+
+HWY_EXPORT(AttendHackBlock);
+
+void prepare_hack_queries(const QuantizedBlockLayout& layout, const QueryTile& tile, std::vector<uint8_t>& prepared) {
+  const int k_dim = layout.shape.k_dim, groups = k_dim / 4;
+  prepared.resize(size_t(tile.n_queries) * (size_t(k_dim) + layout.k_partitions * sizeof(Operand8)));
+  auto* ops = reinterpret_cast<int32_t*>(prepared.data());
+  auto* meta = reinterpret_cast<Operand8*>(prepared.data() + size_t(tile.n_queries) * k_dim);
+  std::vector<uint8_t> codes(static_cast<size_t>(k_dim));
+  for (int r = 0; r < tile.n_queries; ++r) {
+    const float* q = tile.q + size_t(r) * k_dim;
+    for (int p = 0; p < layout.k_partitions; ++p) {
+      const int dim0 = p * layout.k_partition;
+      meta[size_t(r) * layout.k_partitions + p] = quantize_operand8(q + dim0, layout.k_partition_dims(p), codes.data() + dim0);
+    }
+    for (int g = 0; g < groups; ++g) {  // 4 codes per int32, offset by -128 (byte ^ 0x80)
+      uint32_t packed = 0;
+      for (int i = 0; i < 4; ++i) packed |= uint32_t(codes[size_t(4 * g + i)] ^ 0x80u) << (8 * i);
+      ops[size_t(r) * groups + g] = int32_t(packed);
+    }
+  }
+}
+HWY_EXPORT(TargetName);
+
+void attend_hack_block(const QuantizedBlockLayout& layout, const uint8_t* block, const QueryTile& tile,
+                       AttentionPartials& partials, int first_partial) {
+  HWY_DYNAMIC_DISPATCH(AttendHackBlock)(layout, block, tile, partials, first_partial);
+}
+
+const char* hack_kernel_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+
+}  // namespace slimkv
+#endif  // HWY_ONCE

@@ -1,0 +1,32 @@
+// HACK attention over one quantized block on the CPU (HACK §5.2, Eq. 4), folded into running partials:
+//   Q·K'ᵀ: Q quantized to 8 bits per K partition; Σ q'k' as integer dot products (VNNI vpdpbusd on
+//          AVX-512 VNNI machines, 32-bit integer lanes elsewhere), then the corrections
+//          s_q s_k Σq'k' + m_k s_q Σq' + m_q s_k Σk' + Z m_q m_k with the stored Σk' (summation elimination).
+//   softmax in FP32, with the running max of the online softmax;
+//   P·V': P quantized to 8 bits over the block's tokens; Σ p'v' as integer dot products, corrected the
+//          same way with the stored per-column Σv'.
+// Q' and P' enter the integer products offset by -128 (signed bytes), so one unsigned×signed product
+// serves 2-, 4- and 8-bit K'/V'; the offset is undone exactly with the sums.
+// Held to attend_hack_block_reference (attention/hack_reference.h) by tests/attention/hack_test.cc.
+#pragma once
+
+#include <vector>
+
+#include "attention/partial.h"
+#include "kv/codec/quantized_block.h"
+
+namespace slimkv {
+
+// Q' of every query of a tile, once per tile: the packed signed operands [n_queries][k_dim/4] (int32),
+// then the per-partition Operand8 [n_queries][k_partitions]. attend_hack_block reads it from
+// tile.prepared.
+void prepare_hack_queries(const QuantizedBlockLayout& layout, const QueryTile& tile, std::vector<uint8_t>& prepared);
+
+// tile.prepared must hold prepare_hack_queries' result for this tile.
+void attend_hack_block(const QuantizedBlockLayout& layout, const uint8_t* block, const QueryTile& tile,
+                       AttentionPartials& partials, int first_partial);
+
+// The SIMD target the kernel dispatches to on this CPU ("AVX3_DL" uses VNNI).
+const char* hack_kernel_target();
+
+}  // namespace slimkv

@@ -1,0 +1,32 @@
+#include "kv/codec/hack.h"
+
+#include "attention/cpu/hack_block_attention.h"
+
+namespace slimkv {
+
+std::string describe_quantization(const QuantizationConfig& config) {
+  return str_cat("kbits=", config.k_bits, ",vbits=", config.v_bits,
+                 ",round=", config.rounding == Rounding::kStochastic ? "stochastic" : "nearest",
+                 ",se=", config.store_sums ? "on" : "off");
+}
+
+std::string HackCodec::describe() const { return "hack:" + describe_quantization(config_); }
+
+void HackCodec::seal(const BlockShape& shape, const float* k, const float* v, uint64_t seed, uint8_t* block) const {
+  quantize_block(QuantizedBlockLayout(config_, shape), k, v, seed, block);
+}
+
+void HackCodec::prepare_queries(const BlockShape& shape, const QueryTile& tile, std::vector<uint8_t>& prepared) const {
+  prepare_hack_queries(QuantizedBlockLayout(config_, shape), tile, prepared);
+}
+
+void HackCodec::attend(const BlockShape& shape, const uint8_t* block, const QueryTile& tile,
+                       AttentionPartials& partials, int first_partial) const {
+  attend_hack_block(QuantizedBlockLayout(config_, shape), block, tile, partials, first_partial);
+}
+
+void HackCodec::decode(const BlockShape& shape, const uint8_t* block, float* k, float* v) const {
+  dequantize_block(QuantizedBlockLayout(config_, shape), block, k, v);
+}
+
+}  // namespace slimkv

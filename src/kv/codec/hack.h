@@ -1,0 +1,31 @@
+// The `hack` codec (HACK §5.2–5.3): blocks quantized to b bits (quantized_block.h), and attention
+// computed on the quantized integers with no dequantization (attention/cpu/hack_block_attention.h).
+// Spec: hack:bits=2,pi=64 with kbits, vbits (2/4/8), pi (32/64/128: the block size),
+// round=stochastic|nearest, se=on|off (summation elimination), seed.
+#pragma once
+
+#include "kv/codec/quantized_block.h"
+
+namespace slimkv {
+
+class HackCodec final : public Codec {
+ public:
+  explicit HackCodec(const QuantizationConfig& config) : config_(config) {}
+
+  std::string describe() const override;
+  Status check_shape(const BlockShape& shape) const override { return check_quantized_shape(config_, shape); }
+  size_t block_bytes(const BlockShape& shape) const override { return QuantizedBlockLayout(config_, shape).block_bytes; }
+  void seal(const BlockShape& shape, const float* k, const float* v, uint64_t seed, uint8_t* block) const override;
+  void prepare_queries(const BlockShape& shape, const QueryTile& tile, std::vector<uint8_t>& prepared) const override;
+  void attend(const BlockShape& shape, const uint8_t* block, const QueryTile& tile, AttentionPartials& partials,
+              int first_partial) const override;
+  void decode(const BlockShape& shape, const uint8_t* block, float* k, float* v) const override;
+
+ private:
+  QuantizationConfig config_;
+};
+
+// Describes a quantization config as spec options: "kbits=2,vbits=2,round=stochastic,se=on".
+std::string describe_quantization(const QuantizationConfig& config);
+
+}  // namespace slimkv

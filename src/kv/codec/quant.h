@@ -1,0 +1,27 @@
+// The `quant` codec: the same quantized blocks as `hack`, read the way KIVI/KVQuant-style caches read
+// them — dequantized to FP32, then ordinary attention. HACK is measured against it; at equal bits
+// its accuracy matches hack's (the only difference is hack's 8-bit Q and P).
+// Spec: quant:bits=2,pi=64 with kbits, vbits, pi, round, seed.
+#pragma once
+
+#include "kv/codec/quantized_block.h"
+
+namespace slimkv {
+
+class QuantCodec final : public Codec {
+ public:
+  explicit QuantCodec(const QuantizationConfig& config) : config_(config) {}
+
+  std::string describe() const override;
+  Status check_shape(const BlockShape& shape) const override { return check_quantized_shape(config_, shape); }
+  size_t block_bytes(const BlockShape& shape) const override { return QuantizedBlockLayout(config_, shape).block_bytes; }
+  void seal(const BlockShape& shape, const float* k, const float* v, uint64_t seed, uint8_t* block) const override;
+  void attend(const BlockShape& shape, const uint8_t* block, const QueryTile& tile, AttentionPartials& partials,
+              int first_partial) const override;
+  void decode(const BlockShape& shape, const uint8_t* block, float* k, float* v) const override;
+
+ private:
+  QuantizationConfig config_;
+};
+
+}  // namespace slimkv

@@ -1,0 +1,203 @@
+#include "kv/codec/quantized_block.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "util/half.h"
+
+namespace slimkv {
+namespace {
+
+size_t round_up_64(size_t n) { return (n + 63) / 64 * 64; }
+
+// Bytes of one packed group of 4 values at `bits` each.
+size_t group_bytes(int bits) { return size_t(bits) / 2; }
+
+void write_group(uint8_t* out, const uint8_t values[4], int bits) {
+  uint32_t field = 0;
+  for (int i = 0; i < 4; ++i) field |= uint32_t(values[i]) << (i * bits);
+  for (size_t b = 0; b < group_bytes(bits); ++b) out[b] = uint8_t(field >> (8 * b));
+}
+
+void read_group(const uint8_t* in, int bits, uint8_t values[4]) {
+  uint32_t field = 0;
+  for (size_t b = 0; b < group_bytes(bits); ++b) field |= uint32_t(in[b]) << (8 * b);
+  const uint32_t mask = (1u << bits) - 1;
+  for (int i = 0; i < 4; ++i) values[i] = uint8_t((field >> (i * bits)) & mask);
+}
+
+// Quantizes n values read with `stride` (asymmetric, b bits); returns min, scale (FP16-exact, as
+// stored) and the sum of codes. Element i draws its rounding noise from counter first_counter + i·stride.
+struct Partition {
+  uint16_t min_fp16, scale_fp16;
+  int sum;
+};
+Partition quantize_partition(const float* x, int n, size_t stride, int bits, Rounding rounding, uint64_t seed,
+                             uint64_t first_counter, uint8_t* codes, size_t code_stride) {
+  float lo = x[0], hi = x[0];
+  for (int i = 1; i < n; ++i) {
+    lo = std::min(lo, x[size_t(i) * stride]);
+    hi = std::max(hi, x[size_t(i) * stride]);
+  }
+  const int levels = (1 << bits) - 1;
+  Partition p;
+  p.min_fp16 = float_to_fp16(lo);
+  const float min_value = fp16_to_float(p.min_fp16);
+  p.scale_fp16 = float_to_fp16((hi - min_value) / float(levels));
+  const float scale = fp16_to_float(p.scale_fp16);
+  const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
+  p.sum = 0;
+  for (int i = 0; i < n; ++i) {
+    const float y = (x[size_t(i) * stride] - min_value) * inverse;
+    const float noise = rounding == Rounding::kStochastic ? counter_uniform(seed, first_counter + size_t(i) * stride) : 0.5f;
+    const int code = std::clamp(int(std::floor(y + noise)), 0, levels);
+    codes[size_t(i) * code_stride] = uint8_t(code);
+    p.sum += code;
+  }
+  return p;
+}
+
+template <typename T>
+T* at(uint8_t* block, size_t offset) {
+  return reinterpret_cast<T*>(block + offset);
+}
+template <typename T>
+const T* at(const uint8_t* block, size_t offset) {
+  return reinterpret_cast<const T*>(block + offset);
+}
+
+}  // namespace
+
+float counter_uniform(uint64_t seed, uint64_t counter) {
+  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (counter + 1);  // splitmix64 of (seed, counter)
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return float(z >> 40) * (1.0f / 16777216.0f);  // 24 random bits
+}
+
+QuantizedBlockLayout::QuantizedBlockLayout(const QuantizationConfig& config_in, const BlockShape& shape_in)
+    : config(config_in), shape(shape_in) {
+  const size_t tokens = size_t(shape.block_tokens);
+  k_partition = std::min(shape.block_tokens, shape.k_dim);
+  k_partitions = (shape.k_dim + k_partition - 1) / k_partition;
+  size_t offset = 0;
+  const auto section = [&](size_t bytes) {
+    const size_t start = offset;
+    offset += round_up_64(bytes);
+    return start;
+  };
+  const size_t sums = config.store_sums ? 1 : 0;
+  k_codes = section(size_t(shape.k_dim) / 4 * tokens * group_bytes(config.k_bits));
+  k_mins = section(size_t(k_partitions) * tokens * 2);
+  k_scales = section(size_t(k_partitions) * tokens * 2);
+  k_sums = section(sums * size_t(k_partitions) * tokens * 2);
+  v_codes = section(tokens / 4 * size_t(shape.v_dim) * group_bytes(config.v_bits));
+  v_mins = section(size_t(shape.v_dim) * 2);
+  v_scales = section(size_t(shape.v_dim) * 2);
+  v_sums = section(sums * size_t(shape.v_dim) * 2);
+  block_bytes = offset;
+}
+
+int QuantizedBlockLayout::k_partition_dims(int p) const {
+  return std::min(k_partition, shape.k_dim - p * k_partition);
+}
+
+Status check_quantized_shape(const QuantizationConfig& config, const BlockShape& shape) {
+  for (int bits : {config.k_bits, config.v_bits}) {
+    if (bits != 2 && bits != 4 && bits != 8) return error("quantized KV: bits must be 2, 4 or 8, got ", bits);
+  }
+  if (shape.k_dim % 4 != 0 || shape.v_dim % 4 != 0) {
+    return error("quantized KV needs per-head dims that are multiples of 4, got k ", shape.k_dim, ", v ", shape.v_dim);
+  }
+  if (shape.block_tokens % 4 != 0 || shape.block_tokens > 128) {
+    return error("quantized KV needs a partition (block) of a multiple of 4 tokens, at most 128, got ",
+                 shape.block_tokens);
+  }
+  return Status::ok();
+}
+
+void quantize_block(const QuantizedBlockLayout& layout, const float* k, const float* v, uint64_t seed,
+                    uint8_t* block) {
+  const QuantizationConfig& config = layout.config;
+  const int tokens = layout.shape.block_tokens, k_dim = layout.shape.k_dim, v_dim = layout.shape.v_dim;
+  std::memset(block, 0, layout.block_bytes);
+  std::vector<uint8_t> k_codes(size_t(tokens) * k_dim), v_codes(size_t(tokens) * v_dim);
+
+  for (int t = 0; t < tokens; ++t) {  // K: partitions along each token's head dimension
+    for (int p = 0; p < layout.k_partitions; ++p) {
+      const size_t first = size_t(t) * k_dim + size_t(p) * layout.k_partition;
+      const Partition part = quantize_partition(k + first, layout.k_partition_dims(p), 1, config.k_bits,
+                                                config.rounding, seed, first, k_codes.data() + first, 1);
+      const size_t slot = size_t(p) * tokens + size_t(t);
+      at<uint16_t>(block, layout.k_mins)[slot] = part.min_fp16;
+      at<uint16_t>(block, layout.k_scales)[slot] = part.scale_fp16;
+      if (config.store_sums) at<int16_t>(block, layout.k_sums)[slot] = int16_t(part.sum);
+    }
+  }
+  const uint64_t v_counter = uint64_t(tokens) * uint64_t(k_dim);
+  for (int c = 0; c < v_dim; ++c) {  // V: one partition of all the block's tokens per column
+    const Partition part = quantize_partition(v + c, tokens, size_t(v_dim), config.v_bits, config.rounding, seed,
+                                              v_counter + uint64_t(c), v_codes.data() + c, size_t(v_dim));
+    at<uint16_t>(block, layout.v_mins)[c] = part.min_fp16;
+    at<uint16_t>(block, layout.v_scales)[c] = part.scale_fp16;
+    if (config.store_sums) at<int16_t>(block, layout.v_sums)[c] = int16_t(part.sum);
+  }
+
+  const size_t kg = group_bytes(config.k_bits), vg = group_bytes(config.v_bits);
+  for (int g = 0; g < k_dim / 4; ++g) {
+    for (int t = 0; t < tokens; ++t) {
+      write_group(block + layout.k_codes + (size_t(g) * tokens + t) * kg, &k_codes[size_t(t) * k_dim + 4 * g],
+                  config.k_bits);
+    }
+  }
+  for (int u = 0; u < tokens / 4; ++u) {
+    for (int c = 0; c < v_dim; ++c) {
+      const uint8_t group[4] = {v_codes[size_t(4 * u) * v_dim + c], v_codes[size_t(4 * u + 1) * v_dim + c],
+                                v_codes[size_t(4 * u + 2) * v_dim + c], v_codes[size_t(4 * u + 3) * v_dim + c]};
+      write_group(block + layout.v_codes + (size_t(u) * v_dim + c) * vg, group, config.v_bits);
+    }
+  }
+}
+
+void unpack_block_codes(const QuantizedBlockLayout& layout, const uint8_t* block, uint8_t* k_codes, uint8_t* v_codes) {
+  const QuantizationConfig& config = layout.config;
+  const int tokens = layout.shape.block_tokens, k_dim = layout.shape.k_dim, v_dim = layout.shape.v_dim;
+  const size_t kg = group_bytes(config.k_bits), vg = group_bytes(config.v_bits);
+  uint8_t group[4];
+  for (int g = 0; g < k_dim / 4; ++g) {
+    for (int t = 0; t < tokens; ++t) {
+      read_group(block + layout.k_codes + (size_t(g) * tokens + t) * kg, config.k_bits, group);
+      std::memcpy(&k_codes[size_t(t) * k_dim + 4 * g], group, 4);
+    }
+  }
+  for (int u = 0; u < tokens / 4; ++u) {
+    for (int c = 0; c < v_dim; ++c) {
+      read_group(block + layout.v_codes + (size_t(u) * v_dim + c) * vg, config.v_bits, group);
+      for (int i = 0; i < 4; ++i) v_codes[size_t(4 * u + i) * v_dim + c] = group[i];
+    }
+  }
+}
+
+void dequantize_block(const QuantizedBlockLayout& layout, const uint8_t* block, float* k, float* v) {
+  const int tokens = layout.shape.block_tokens, k_dim = layout.shape.k_dim, v_dim = layout.shape.v_dim;
+  std::vector<uint8_t> k_codes(size_t(tokens) * k_dim), v_codes(size_t(tokens) * v_dim);
+  unpack_block_codes(layout, block, k_codes.data(), v_codes.data());
+  for (int t = 0; t < tokens; ++t) {
+    for (int d = 0; d < k_dim; ++d) {
+      const size_t slot = size_t(d / layout.k_partition) * tokens + size_t(t);
+      const float min_value = fp16_to_float(at<uint16_t>(block, layout.k_mins)[slot]);
+      const float scale = fp16_to_float(at<uint16_t>(block, layout.k_scales)[slot]);
+      k[size_t(t) * k_dim + d] = min_value + scale * float(k_codes[size_t(t) * k_dim + d]);
+    }
+    for (int c = 0; c < v_dim; ++c) {
+      const float min_value = fp16_to_float(at<uint16_t>(block, layout.v_mins)[c]);
+      const float scale = fp16_to_float(at<uint16_t>(block, layout.v_scales)[c]);
+      v[size_t(t) * v_dim + c] = min_value + scale * float(v_codes[size_t(t) * v_dim + c]);
+    }
+  }
+}
+
+}  // namespace slimkv

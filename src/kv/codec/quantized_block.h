@@ -1,0 +1,70 @@
+// The quantized block format shared by the `hack` and `quant` codecs (HACK §5.2): asymmetric b-bit
+// quantization, x ≈ min + scale · x', x' in [0, 2^b - 1], with stochastic (or nearest) rounding.
+//   K: partitions of Π along the head dimension of each token (Π dims, or the whole head if smaller);
+//   V: partitions of Π tokens along the sequence, per column: one V partition is one block.
+// Per partition: min and scale in FP16, and the sum of its x' in INT16 (HACK's summation
+// elimination), unless `store_sums` is off (the HACK/SE ablation, which recomputes them).
+//
+// Byte layout of a block, "tokens in lanes" so that an integer dot-product instruction (VNNI
+// vpdpbusd) multiplies 4 dims of 16 tokens at once with no horizontal sums:
+//   K' : for dim group g = 0 .. k_dim/4 - 1, for token t = 0 .. Π-1: the 4 values of dims 4g..4g+3 of
+//        token t, value i in bits [i·b, i·b + b) of a little-endian field of 4b bits (b/2 bytes).
+//   K meta: for partition p, for token t: min (FP16); then scales (FP16); then sums (INT16).
+//   V' : for token group u = 0 .. Π/4 - 1, for column c = 0 .. v_dim-1: tokens 4u..4u+3 of column c,
+//        packed the same way.
+//   V meta: for column c: min (FP16); then scales (FP16); then sums (INT16).
+// Each section starts at a multiple of 64 bytes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kv/codec/codec.h"
+#include "slimkv/status.h"
+
+namespace slimkv {
+
+enum class Rounding { kStochastic, kNearest };
+
+struct QuantizationConfig {
+  int k_bits = 2;           // 2, 4 or 8
+  int v_bits = 2;           // 2, 4 or 8
+  Rounding rounding = Rounding::kStochastic;
+  bool store_sums = true;   // HACK summation elimination; off = the HACK/SE ablation
+};
+
+// Where each section of one block lies, for one shape.
+struct QuantizedBlockLayout {
+  QuantizedBlockLayout(const QuantizationConfig& config, const BlockShape& shape);
+
+  QuantizationConfig config;
+  BlockShape shape;
+  int k_partition = 0;        // dims per K partition: min(Π, k_dim)
+  int k_partitions = 0;       // ceil(k_dim / k_partition)
+  size_t k_codes = 0, k_mins = 0, k_scales = 0, k_sums = 0;  // byte offsets in the block
+  size_t v_codes = 0, v_mins = 0, v_scales = 0, v_sums = 0;
+  size_t block_bytes = 0;
+
+  int k_partition_dims(int p) const;  // the last partition may be shorter
+};
+
+// Shapes the format can hold: head dims that are multiples of 4, blocks of a multiple of 4 tokens,
+// at most 128 tokens when sums are 8-bit-safe in INT16.
+Status check_quantized_shape(const QuantizationConfig& config, const BlockShape& shape);
+
+// Quantizes a full block: k [Π, k_dim], v [Π, v_dim] (FP32) into `block`.
+void quantize_block(const QuantizedBlockLayout& layout, const float* k, const float* v, uint64_t seed,
+                    uint8_t* block);
+
+// Dequantizes to FP32: k [Π, k_dim], v [Π, v_dim].
+void dequantize_block(const QuantizedBlockLayout& layout, const uint8_t* block, float* k, float* v);
+
+// The integer codes of a block, unpacked: k_codes [Π, k_dim], v_codes [Π, v_dim], and the sums of
+// each partition recomputed from them (what the SE ablation does at every step).
+void unpack_block_codes(const QuantizedBlockLayout& layout, const uint8_t* block, uint8_t* k_codes, uint8_t* v_codes);
+
+// A uniform number in [0, 1) from a counter: reproducible stochastic rounding, the same on every
+// backend (a CUDA kernel computes the same hash of the same counter).
+float counter_uniform(uint64_t seed, uint64_t counter);
+
+}  // namespace slimkv
