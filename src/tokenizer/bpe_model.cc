@@ -183,7 +183,10 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& ids) cons
   };
 
   // 1. One symbol per character (HF: with prefix/suffix, then byte fallback, then unk).
-  std::optional<int32_t> pending_unk;
+  // The unk id waiting to be emitted (fused runs of unknown characters emit one), or -1. A plain int
+  // rather than std::optional: GCC 12 reports optional<int> here as maybe-uninitialized.
+  constexpr int32_t kNone = -1;
+  int32_t pending_unk = kNone;
   std::string with_affixes;
   for (size_t pos = 0; pos < word.size();) {
     const size_t size = utf8::sequence_size(static_cast<unsigned char>(word[pos]));
@@ -200,9 +203,9 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& ids) cons
       piece = with_affixes;
     }
     if (auto id = token_id(piece)) {
-      if (pending_unk) {
-        add(*pending_unk);
-        pending_unk.reset();
+      if (pending_unk != kNone) {
+        add(pending_unk);
+        pending_unk = kNone;
       }
       add(*id);
       continue;
@@ -217,13 +220,13 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& ids) cons
       }
     }
     if (unk_token_ && unk_id_) {
-      if (pending_unk && !fuse_unk_) add(*pending_unk);
+      if (pending_unk != kNone && !fuse_unk_) add(pending_unk);
       pending_unk = *unk_id_;
     }
     // Without an unk token the character is dropped, as in HF. (HF fails the whole encode when
     // unk_token names a token missing from the vocabulary; here the character is dropped.)
   }
-  if (pending_unk) add(*pending_unk);
+  if (pending_unk != kNone) add(pending_unk);
 
   // 2. Merge the lowest-rank adjacent pair (leftmost first) until none applies.
   struct Candidate {

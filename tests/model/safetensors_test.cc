@@ -59,9 +59,10 @@ std::vector<uint8_t> read_bytes(const std::string& path) {
 // A safetensors blob from a literal header and data region; the header is padded to 8 bytes.
 std::vector<uint8_t> make_blob(std::string header, const std::vector<uint8_t>& data = {}) {
   while ((8 + header.size()) % 8) header.push_back(' ');
-  std::vector<uint8_t> blob(8);
+  std::vector<uint8_t> blob;
+  blob.reserve(8 + header.size() + data.size());  // (also keeps GCC 12's -Warray-bounds false positive away)
   const uint64_t length = header.size();
-  for (int i = 0; i < 8; ++i) blob[i] = uint8_t(length >> (8 * i));
+  for (int i = 0; i < 8; ++i) blob.push_back(uint8_t(length >> (8 * i)));
   blob.insert(blob.end(), header.begin(), header.end());
   blob.insert(blob.end(), data.begin(), data.end());
   return blob;
