@@ -59,6 +59,30 @@ void bench_attention(const std::vector<int>& contexts, int threads) {
   }
 }
 
+// Prefill: every query of a prompt against the causal prefix, through the same block kernels on tiles.
+void bench_prefill_attention(int tokens, int threads) {
+  const int num_heads = 32, num_kv_heads = 8, d = 128;
+  const std::vector<std::string> specs = {"dense", "dense:dtype=f16", "quant:bits=2,pi=64", "hack:bits=2,pi=64"};
+  std::printf("\n== prefill attention, %d tokens causal, %d/%d heads, d=%d, %d threads ==\n", tokens, num_heads,
+              num_kv_heads, d, threads);
+  std::mt19937 rng(43);
+  std::normal_distribution<float> normal;
+  std::vector<float> k(size_t(tokens) * num_kv_heads * d), v(k.size()), q(size_t(tokens) * num_heads * d);
+  for (float& x : k) x = normal(rng);
+  for (float& x : v) x = normal(rng);
+  for (float& x : q) x = normal(rng);
+  std::vector<float> out(q.size());
+  const AttentionParams params{num_heads, 1.0f / std::sqrt(float(d)), threads};
+  std::vector<double> ms;
+  for (const std::string& spec : specs) {
+    auto pipeline = make_kv_pipeline(spec);
+    KvStore store({1, num_kv_heads, d, d, tokens}, *pipeline);
+    store.append(0, k.data(), v.data(), tokens);
+    ms.push_back(1e3 * median_seconds([&] { attend(store, 0, q.data(), tokens, 0, params, out.data()); }, 1.0, 1));
+    std::printf("%-22s %10.1f ms  %6.2fx dense f16\n", spec.c_str(), ms.back(), ms.size() > 1 ? ms[1] / ms.back() : NAN);
+  }
+}
+
 void bench_gemm(int threads) {
   (void)threads;
   std::printf("\n== GEMM y = x·Wᵀ (W rows × cols) ==\n");
@@ -99,9 +123,12 @@ int main(int argc, char** argv) {
   std::vector<int> contexts = {1024, 4096, 16384, 32768, 65536};
   app.add_option("--threads", threads, "threads")->capture_default_str();
   app.add_option("--contexts", contexts, "KV lengths for decode attention")->delimiter(',');
+  int prefill_tokens = 4096;
+  app.add_option("--prefill", prefill_tokens, "prompt length for prefill attention (0: skip)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   openblas_set_num_threads(threads);
   slimkv::bench_attention(contexts, threads);
+  if (prefill_tokens > 0) slimkv::bench_prefill_attention(prefill_tokens, threads);
   slimkv::bench_gemm(threads);
   return 0;
 }

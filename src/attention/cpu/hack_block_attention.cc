@@ -18,9 +18,6 @@
 #endif
 
 HWY_BEFORE_NAMESPACE();
-#if HWY_TARGET == HWY_AVX3_DL
-#pragma GCC target("avx512vnni")  // Highway's AVX3_DL target string names avxvnni but not avx512vnni
-#endif
 namespace slimkv {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
@@ -70,7 +67,13 @@ HWY_INLINE VU LoadCodeBytes(const uint8_t* packed) {
 // acc[lane] += Σ_{i<4} (unsigned byte i of codes[lane]) · (signed byte i of `operand`)
 HWY_INLINE VI DotBytes(VI acc, VU codes, int32_t operand) {
 #if HWY_TARGET == HWY_AVX3_DL
-  return VI{_mm512_dpbusd_epi32(acc.raw, codes.raw, _mm512_set1_epi32(operand))};
+  // vpdpbusd as inline assembly: Highway's AVX3_DL target string enables avxvnni but not
+  // avx512vnni, so the intrinsic would not compile (and clang ignores an added target pragma).
+  // Every CPU Highway dispatches AVX3_DL to (Ice Lake and later, Zen 4) has AVX-512 VNNI.
+  __m512i sum = acc.raw;
+  const __m512i weights = _mm512_set1_epi32(operand);
+  asm("vpdpbusd %[weights], %[codes], %[sum]" : [sum] "+v"(sum) : [codes] "v"(codes.raw), [weights] "v"(weights));
+  return VI{sum};
 #else
   const DI di;
   const DU du;
