@@ -67,6 +67,26 @@ KvMemory KvStore::memory() const {
   return memory;
 }
 
+void KvStore::restore_sealed_block(int layer, int head, const uint8_t* block) {
+  Head& target = layers_[size_t(layer)].heads[size_t(head)];
+  assert(layers_[size_t(layer)].num_tokens == 0);  // sealed blocks come before the open tokens
+  uint8_t* slot = pool_.allocate();
+  std::memcpy(slot, block, pipeline_.codec->block_bytes(block_shape_));
+  target.sealed.push_back(slot);
+}
+
+void KvStore::restore_open_tokens(int layer_index, int head, const float* k, const float* v, int n) {
+  Layer& layer = layers_[size_t(layer_index)];
+  Head& target = layer.heads[size_t(head)];
+  assert(n >= 0 && n < block_tokens());
+  assert(target.sealed.size() == layer.heads[0].sealed.size());
+  if (n > 0) {
+    std::memcpy(target.open_k.data(), k, size_t(n) * size_t(shape_.k_dim) * sizeof(float));
+    std::memcpy(target.open_v.data(), v, size_t(n) * size_t(shape_.v_dim) * sizeof(float));
+  }
+  layer.num_tokens = int(target.sealed.size()) * block_tokens() + n;  // the same for every head
+}
+
 void KvStore::clear() {
   pool_.clear();
   for (Layer& layer : layers_) {

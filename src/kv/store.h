@@ -53,6 +53,17 @@ class KvStore {
   KvMemory memory() const;
   void clear();  // back to an empty sequence, keeping allocations
 
+  // The pipeline the store encodes with; its describe() is the spec a KV transfer must match.
+  const KvPipeline& pipeline() const { return pipeline_; }
+
+  // Restoring a sequence written by another worker (kv/transfer.h), which validates every size first.
+  // Into a cleared store, per layer: restore_sealed_block for each block of each head, in order (every
+  // head the same number), then restore_open_tokens for each head, n = 0 included: it sets the layer's
+  // token count. The store then holds exactly what the sender's did, and appending continues as there.
+  // block: codec().block_bytes(block_shape()) bytes, copied. k: [n, k_dim], v: [n, v_dim], n < block_tokens.
+  void restore_sealed_block(int layer, int head, const uint8_t* block);
+  void restore_open_tokens(int layer, int head, const float* k, const float* v, int n);
+
  private:
   struct Head {
     std::vector<const uint8_t*> sealed;

@@ -1,0 +1,586 @@
+#include "kv/transfer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+
+#include "util/mapped_file.h"
+
+namespace slimkv {
+namespace {
+
+// Fields are written byte by byte as little-endian, but blocks and FP32 tokens are copied as they lie
+// in memory: that is little-endian only on a little-endian host (every target slimkv builds for).
+static_assert(std::endian::native == std::endian::little, "the KV transfer format copies little-endian memory");
+
+constexpr std::array<uint8_t, 8> kMagic = {'S', 'L', 'I', 'M', 'K', 'V', 'X', 'F'};
+constexpr std::array<uint8_t, 8> kEndMagic = {'X', 'F', 'E', 'N', 'D', '\r', '\n', 0x1a};
+
+// Byte offsets of the header fields (docs/kv_transfer_format.md, "Header").
+namespace at {
+constexpr size_t kMagic = 0, kVersion = 8, kHeaderBytes = 12, kTotalBytes = 16;
+constexpr size_t kNumLayers = 24, kNumKvHeads = 28, kKDim = 32, kVDim = 36, kMaxTokens = 40, kBlockTokens = 44;
+constexpr size_t kSealedBlockBytes = 48, kSpecBytes = 56, kModelIdBytes = 60;
+constexpr size_t kMetadataOffset = 64, kMetadataBytes = 72, kSealedOffset = 80, kSealedBytes = 88;
+constexpr size_t kOpenOffset = 96, kOpenBytes = 104, kTrailerOffset = 112, kReserved = 120, kHeaderCrc = 124;
+// ...and of the trailer's, from the trailer's start.
+constexpr size_t kTrailerCrc = 0, kTrailerReserved = 4, kEndMagic = 8;
+}  // namespace at
+
+// --- little-endian fields ---------------------------------------------------------------------
+
+void store_u32(uint8_t* p, uint32_t value) {
+  for (int i = 0; i < 4; ++i) p[i] = uint8_t(value >> (8 * i));
+}
+void store_u64(uint8_t* p, uint64_t value) {
+  for (int i = 0; i < 8; ++i) p[i] = uint8_t(value >> (8 * i));
+}
+uint32_t load_u32(const uint8_t* p) {
+  uint32_t value = 0;
+  for (int i = 3; i >= 0; --i) value = (value << 8) | p[i];
+  return value;
+}
+uint64_t load_u64(const uint8_t* p) {
+  uint64_t value = 0;
+  for (int i = 7; i >= 0; --i) value = (value << 8) | p[i];
+  return value;
+}
+
+// --- sizes, overflow-checked (the reader computes them from untrusted fields) -------------------
+
+bool checked_add(uint64_t a, uint64_t b, uint64_t* sum) { return !__builtin_add_overflow(a, b, sum); }
+bool checked_mul(uint64_t a, uint64_t b, uint64_t* product) { return !__builtin_mul_overflow(a, b, product); }
+bool checked_align(uint64_t x, uint64_t* aligned) {
+  if (!checked_add(x, kKvTransferAlignment - 1, aligned)) return false;
+  *aligned -= *aligned % kKvTransferAlignment;
+  return true;
+}
+
+// The sizes that locate every section: the header's fields, or the writer's store.
+struct Layout {
+  uint32_t num_layers = 0, num_kv_heads = 0, k_dim = 0, v_dim = 0, max_tokens = 0, block_tokens = 0;
+  uint64_t sealed_block_bytes = 0;
+  uint64_t sealed_block_stride = 0;  // sealed_block_bytes rounded up to 64
+  uint32_t spec_bytes = 0, model_id_bytes = 0;
+  uint64_t metadata_offset = 0, metadata_bytes = 0, sealed_offset = 0, sealed_bytes = 0;
+  uint64_t open_offset = 0, open_bytes = 0, trailer_offset = 0, total_bytes = 0;
+};
+
+// Bytes of one (layer, head)'s open K or V record: n tokens of dim FP32, padded to 64.
+bool open_record_bytes(uint64_t n, uint64_t dim, uint64_t* bytes) {
+  return checked_mul(n, dim, bytes) && checked_mul(*bytes, sizeof(float), bytes) && checked_align(*bytes, bytes);
+}
+
+// Metadata: num_layers u32 token counts, the spec, the model id, padded to 64.
+bool metadata_section_bytes(const Layout& layout, uint64_t* bytes) {
+  return checked_mul(layout.num_layers, 4, bytes) && checked_add(*bytes, layout.spec_bytes, bytes) &&
+         checked_add(*bytes, layout.model_id_bytes, bytes) && checked_align(*bytes, bytes);
+}
+
+// The sealed and open sections' sizes for these token counts [num_layers].
+bool sequence_section_bytes(const Layout& layout, const std::vector<int>& layer_tokens, uint64_t* sealed_bytes,
+                            uint64_t* open_bytes) {
+  *sealed_bytes = 0;
+  *open_bytes = 0;
+  for (const int tokens : layer_tokens) {
+    const uint64_t blocks = uint64_t(tokens) / layout.block_tokens, open = uint64_t(tokens) % layout.block_tokens;
+    uint64_t layer_sealed = 0, k_record = 0, v_record = 0, layer_open = 0;
+    if (!checked_mul(blocks, layout.num_kv_heads, &layer_sealed) ||
+        !checked_mul(layer_sealed, layout.sealed_block_stride, &layer_sealed) ||
+        !checked_add(*sealed_bytes, layer_sealed, sealed_bytes) || !open_record_bytes(open, layout.k_dim, &k_record) ||
+        !open_record_bytes(open, layout.v_dim, &v_record) || !checked_add(k_record, v_record, &layer_open) ||
+        !checked_mul(layer_open, layout.num_kv_heads, &layer_open) || !checked_add(*open_bytes, layer_open, open_bytes)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Places the sections one after another from the metadata's size on; false on overflow.
+bool place_sections(Layout& layout) {
+  layout.metadata_offset = kKvTransferHeaderBytes;
+  return checked_add(layout.metadata_offset, layout.metadata_bytes, &layout.sealed_offset) &&
+         checked_add(layout.sealed_offset, layout.sealed_bytes, &layout.open_offset) &&
+         checked_add(layout.open_offset, layout.open_bytes, &layout.trailer_offset) &&
+         checked_add(layout.trailer_offset, kKvTransferTrailerBytes, &layout.total_bytes);
+}
+
+bool all_zero(const uint8_t* p, uint64_t n) {
+  for (uint64_t i = 0; i < n; ++i) {
+    if (p[i] != 0) return false;
+  }
+  return true;
+}
+
+// --- CRC32C, slice-by-8 ------------------------------------------------------------------------
+
+struct Crc32cTables {
+  uint32_t table[8][256];  // table[s][b]: the CRC of byte b followed by s zero bytes
+};
+
+constexpr Crc32cTables make_crc32c_tables() {
+  Crc32cTables tables{};
+  for (uint32_t b = 0; b < 256; ++b) {
+    uint32_t crc = b;
+    for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
+    tables.table[0][b] = crc;
+  }
+  for (int s = 1; s < 8; ++s) {
+    for (uint32_t b = 0; b < 256; ++b) {
+      const uint32_t previous = tables.table[s - 1][b];
+      tables.table[s][b] = (previous >> 8) ^ tables.table[0][previous & 0xff];
+    }
+  }
+  return tables;
+}
+
+constexpr Crc32cTables kCrc32c = make_crc32c_tables();
+
+// --- reading -----------------------------------------------------------------------------------
+
+struct ParsedTransfer {
+  KvTransferInfo info;
+  Layout layout;
+};
+
+std::string where_of(std::string_view source) { return str_cat("kv transfer '", source, "'"); }
+
+// A count field that must lie in [min_value, INT_MAX] (the store keeps them as int).
+Status check_count(const std::string& where, const char* field, uint32_t value, uint32_t min_value) {
+  if (value < min_value || value > uint32_t(INT_MAX)) {
+    return error(where, ": header field ", field, " is ", value, ", expected ", min_value, " to ", INT_MAX);
+  }
+  return Status::ok();
+}
+
+// A section size or offset the header declares, against the one its other fields imply.
+Status check_placement(const std::string& where, const char* field, uint64_t found, uint64_t expected) {
+  if (found != expected) {
+    return error(where, ": header field ", field, " is ", found, ", but the other fields place it at ", expected,
+                 " (corrupt header, or a writer that does not follow version ", kKvTransferVersion, ")");
+  }
+  return Status::ok();
+}
+
+// Magic and version: the only fields a future version must keep where they are.
+Status check_identity(const uint8_t* data, size_t size, const std::string& where) {
+  const size_t magic_seen = std::min(size, kMagic.size());
+  if (magic_seen > 0 && std::memcmp(data, kMagic.data(), magic_seen) != 0) {
+    return error(where, ": not a KV transfer (the first bytes are not the magic \"SLIMKVXF\")");
+  }
+  if (size < at::kVersion + 4) {
+    return error(where, ": truncated in the header (the input has ", size, " bytes, a header is ",
+                 kKvTransferHeaderBytes, ")");
+  }
+  const uint32_t version = load_u32(data + at::kVersion);
+  if (version > kKvTransferVersion) {
+    return error(where, ": format version ", version, " is newer than this reader's version ", kKvTransferVersion,
+                 "; upgrade the reading side");
+  }
+  if (version == 0) return error(where, ": format version 0 is not a valid version (expected 1 to ", kKvTransferVersion, ")");
+  if (size < kKvTransferHeaderBytes) {
+    return error(where, ": truncated in the header (the input has ", size, " bytes, a header is ",
+                 kKvTransferHeaderBytes, ")");
+  }
+  return Status::ok();
+}
+
+// The header's fields, each checked on its own and against the others. The header's CRC is checked.
+Status parse_header(const uint8_t* data, const std::string& where, Layout& layout) {
+  const uint32_t header_crc = load_u32(data + at::kHeaderCrc), computed_header_crc = crc32c(data, at::kHeaderCrc);
+  if (header_crc != computed_header_crc) {
+    return error(where, ": header checksum mismatch (stored CRC32C 0x", std::hex, header_crc, ", computed 0x",
+                 computed_header_crc, std::dec, "): the header is corrupt");
+  }
+  const uint32_t header_bytes = load_u32(data + at::kHeaderBytes);
+  if (header_bytes != kKvTransferHeaderBytes) {
+    return error(where, ": header field header_bytes is ", header_bytes, ", expected ", kKvTransferHeaderBytes);
+  }
+  if (load_u32(data + at::kReserved) != 0) return error(where, ": header field reserved is not 0");
+  layout.num_layers = load_u32(data + at::kNumLayers);
+  layout.num_kv_heads = load_u32(data + at::kNumKvHeads);
+  layout.k_dim = load_u32(data + at::kKDim);
+  layout.v_dim = load_u32(data + at::kVDim);
+  layout.max_tokens = load_u32(data + at::kMaxTokens);
+  layout.block_tokens = load_u32(data + at::kBlockTokens);
+  layout.sealed_block_bytes = load_u64(data + at::kSealedBlockBytes);
+  layout.spec_bytes = load_u32(data + at::kSpecBytes);
+  layout.model_id_bytes = load_u32(data + at::kModelIdBytes);
+  SLIMKV_RETURN_IF_ERROR(check_count(where, "num_layers", layout.num_layers, 1));
+  SLIMKV_RETURN_IF_ERROR(check_count(where, "num_kv_heads", layout.num_kv_heads, 1));
+  SLIMKV_RETURN_IF_ERROR(check_count(where, "k_dim", layout.k_dim, 1));
+  SLIMKV_RETURN_IF_ERROR(check_count(where, "v_dim", layout.v_dim, 1));
+  SLIMKV_RETURN_IF_ERROR(check_count(where, "max_tokens", layout.max_tokens, 0));
+  SLIMKV_RETURN_IF_ERROR(check_count(where, "block_tokens", layout.block_tokens, 1));
+  if (layout.sealed_block_bytes == 0 || !checked_align(layout.sealed_block_bytes, &layout.sealed_block_stride)) {
+    return error(where, ": header field sealed_block_bytes is ", layout.sealed_block_bytes,
+                 ", expected a block size of at least 1 byte");
+  }
+  if (layout.spec_bytes == 0 || layout.spec_bytes > kKvTransferMaxStringBytes) {
+    return error(where, ": header field spec_bytes is ", layout.spec_bytes, ", expected 1 to ",
+                 kKvTransferMaxStringBytes);
+  }
+  if (layout.model_id_bytes > kKvTransferMaxStringBytes) {
+    return error(where, ": header field model_id_bytes is ", layout.model_id_bytes, ", expected at most ",
+                 kKvTransferMaxStringBytes);
+  }
+
+  // Section placement: the metadata's size follows from the fields above, the other two sections'
+  // sizes from the token counts (checked once the metadata is read); offsets are consecutive.
+  Layout declared = layout;
+  declared.metadata_offset = load_u64(data + at::kMetadataOffset);
+  declared.metadata_bytes = load_u64(data + at::kMetadataBytes);
+  declared.sealed_offset = load_u64(data + at::kSealedOffset);
+  declared.sealed_bytes = load_u64(data + at::kSealedBytes);
+  declared.open_offset = load_u64(data + at::kOpenOffset);
+  declared.open_bytes = load_u64(data + at::kOpenBytes);
+  declared.trailer_offset = load_u64(data + at::kTrailerOffset);
+  declared.total_bytes = load_u64(data + at::kTotalBytes);
+  if (!metadata_section_bytes(layout, &layout.metadata_bytes)) return error(where, ": metadata size overflows");
+  layout.sealed_bytes = declared.sealed_bytes;
+  layout.open_bytes = declared.open_bytes;
+  if (layout.sealed_bytes % layout.sealed_block_stride != 0) {
+    return error(where, ": header field sealed_bytes is ", layout.sealed_bytes, ", not a whole number of ",
+                 layout.sealed_block_stride, "-byte block slots");
+  }
+  if (layout.open_bytes % kKvTransferAlignment != 0) {
+    return error(where, ": header field open_bytes is ", layout.open_bytes, ", not a multiple of ",
+                 kKvTransferAlignment);
+  }
+  if (!place_sections(layout)) return error(where, ": header section sizes overflow 64 bits");
+  SLIMKV_RETURN_IF_ERROR(check_placement(where, "metadata_offset", declared.metadata_offset, layout.metadata_offset));
+  SLIMKV_RETURN_IF_ERROR(check_placement(where, "metadata_bytes", declared.metadata_bytes, layout.metadata_bytes));
+  SLIMKV_RETURN_IF_ERROR(check_placement(where, "sealed_offset", declared.sealed_offset, layout.sealed_offset));
+  SLIMKV_RETURN_IF_ERROR(check_placement(where, "open_offset", declared.open_offset, layout.open_offset));
+  SLIMKV_RETURN_IF_ERROR(check_placement(where, "trailer_offset", declared.trailer_offset, layout.trailer_offset));
+  SLIMKV_RETURN_IF_ERROR(check_placement(where, "total_bytes", declared.total_bytes, layout.total_bytes));
+  return Status::ok();
+}
+
+// Names the section that an input of `size` bytes (fewer than the header's total) is cut in.
+Status truncation_error(const Layout& layout, size_t size, const std::string& where) {
+  struct Section {
+    const char* name;
+    uint64_t begin, end;
+  };
+  const Section sections[] = {
+      {"metadata section", layout.metadata_offset, layout.sealed_offset},
+      {"sealed blocks section", layout.sealed_offset, layout.open_offset},
+      {"open blocks section", layout.open_offset, layout.trailer_offset},
+      {"trailer", layout.trailer_offset, layout.total_bytes},
+  };
+  for (const Section& section : sections) {
+    if (size < section.end) {
+      return error(where, ": truncated in the ", section.name, " (bytes [", section.begin, ", ", section.end,
+                   ")): the input has ", size, " of the ", layout.total_bytes, " bytes the header declares");
+    }
+  }
+  return error(where, ": truncated");  // not reached: size < total_bytes
+}
+
+Expected<ParsedTransfer> parse_transfer(const uint8_t* data, size_t size, std::string_view source) {
+  const std::string where = where_of(source);
+  SLIMKV_RETURN_IF_ERROR(check_identity(data, size, where));
+  ParsedTransfer parsed;
+  Layout& layout = parsed.layout;
+  SLIMKV_RETURN_IF_ERROR(parse_header(data, where, layout));
+  if (size < layout.total_bytes) return truncation_error(layout, size, where);
+  if (size > layout.total_bytes) {
+    return error(where, ": ", size - layout.total_bytes, " bytes follow the end of the transfer (the header declares ",
+                 layout.total_bytes, " bytes, the input has ", size, ")");
+  }
+
+  // The trailer: its checksum covers every byte before it, so nothing below reads corrupt data.
+  const uint8_t* trailer = data + layout.trailer_offset;
+  if (std::memcmp(trailer + at::kEndMagic, kEndMagic.data(), kEndMagic.size()) != 0) {
+    return error(where, ": the trailer's end magic is wrong (corrupt, or not where the header says it ends)");
+  }
+  if (load_u32(trailer + at::kTrailerReserved) != 0) return error(where, ": trailer field reserved is not 0");
+  const uint32_t stored_crc = load_u32(trailer + at::kTrailerCrc);
+  const uint32_t computed_crc = crc32c(data, layout.trailer_offset);
+  if (stored_crc != computed_crc) {
+    return error(where, ": checksum mismatch (stored CRC32C 0x", std::hex, stored_crc, ", computed 0x", computed_crc,
+                 std::dec, " over ", layout.trailer_offset, " bytes): the transfer is corrupt");
+  }
+
+  // Metadata: token counts, spec, model id.
+  KvTransferInfo& info = parsed.info;
+  info.version = load_u32(data + at::kVersion);
+  info.shape = {int(layout.num_layers), int(layout.num_kv_heads), int(layout.k_dim), int(layout.v_dim),
+                int(layout.max_tokens)};
+  info.block_tokens = int(layout.block_tokens);
+  info.sealed_block_bytes = layout.sealed_block_bytes;
+  info.total_bytes = layout.total_bytes;
+  const uint8_t* metadata = data + layout.metadata_offset;
+  info.layer_tokens.resize(layout.num_layers);  // bounded by the input: 4 bytes each lie inside it
+  for (uint32_t l = 0; l < layout.num_layers; ++l) {
+    const uint32_t tokens = load_u32(metadata + 4 * size_t(l));
+    if (tokens > layout.max_tokens) {
+      return error(where, ": layer ", l, " holds ", tokens, " tokens, more than the header's max_tokens ",
+                   layout.max_tokens);
+    }
+    info.layer_tokens[l] = int(tokens);
+  }
+  const uint8_t* strings = metadata + 4 * size_t(layout.num_layers);
+  info.spec.assign(reinterpret_cast<const char*>(strings), layout.spec_bytes);
+  info.model_id.assign(reinterpret_cast<const char*>(strings + layout.spec_bytes), layout.model_id_bytes);
+  const uint64_t metadata_used = 4 * uint64_t(layout.num_layers) + layout.spec_bytes + layout.model_id_bytes;
+  if (!all_zero(metadata + metadata_used, layout.metadata_bytes - metadata_used)) {
+    return error(where, ": the metadata section's padding is not zero");
+  }
+
+  // The sealed and open sections must be exactly what the token counts need.
+  uint64_t sealed_bytes = 0, open_bytes = 0;
+  if (!sequence_section_bytes(layout, info.layer_tokens, &sealed_bytes, &open_bytes)) {
+    return error(where, ": the token counts' section sizes overflow 64 bits");
+  }
+  if (sealed_bytes != layout.sealed_bytes || open_bytes != layout.open_bytes) {
+    return error(where, ": the token counts per layer need ", sealed_bytes, " bytes of sealed blocks and ", open_bytes,
+                 " bytes of open tokens (", layout.block_tokens, " tokens per block), but the header declares ",
+                 layout.sealed_bytes, " and ", layout.open_bytes);
+  }
+  // Padding is zero, so that the format stays canonical (write → read → write gives the same bytes).
+  const uint64_t block_padding = layout.sealed_block_stride - layout.sealed_block_bytes;
+  for (uint64_t offset = layout.sealed_offset; offset < layout.open_offset; offset += layout.sealed_block_stride) {
+    if (!all_zero(data + offset + layout.sealed_block_bytes, block_padding)) {
+      return error(where, ": the padding after the sealed block at byte ", offset, " is not zero");
+    }
+  }
+  uint64_t offset = layout.open_offset;
+  for (uint32_t l = 0; l < layout.num_layers; ++l) {
+    const uint64_t open = uint64_t(info.layer_tokens[l]) % layout.block_tokens;
+    for (uint32_t g = 0; g < layout.num_kv_heads; ++g) {
+      for (const uint64_t dim : {uint64_t(layout.k_dim), uint64_t(layout.v_dim)}) {
+        uint64_t record = 0;
+        open_record_bytes(open, dim, &record);  // cannot overflow: the section's total did not
+        const uint64_t used = open * dim * sizeof(float);
+        if (!all_zero(data + offset + used, record - used)) {
+          return error(where, ": the padding of layer ", l, " head ", g, "'s open tokens is not zero");
+        }
+        offset += record;
+      }
+    }
+  }
+  return parsed;
+}
+
+}  // namespace
+
+// --- CRC32C --------------------------------------------------------------------------------------
+
+uint32_t crc32c(const uint8_t* data, size_t size, uint32_t crc) {
+  const auto& table = kCrc32c.table;
+  crc = ~crc;
+  for (; size >= 8; data += 8, size -= 8) {  // 8 bytes per step: the 8 table lookups are independent
+    const uint32_t low = crc ^ load_u32(data), high = load_u32(data + 4);
+    crc = table[7][low & 0xff] ^ table[6][(low >> 8) & 0xff] ^ table[5][(low >> 16) & 0xff] ^ table[4][low >> 24] ^
+          table[3][high & 0xff] ^ table[2][(high >> 8) & 0xff] ^ table[1][(high >> 16) & 0xff] ^ table[0][high >> 24];
+  }
+  for (; size > 0; ++data, --size) crc = (crc >> 8) ^ table[0][(crc ^ *data) & 0xff];
+  return ~crc;
+}
+
+// --- writing -------------------------------------------------------------------------------------
+
+Status write_kv_transfer(const KvStore& store, std::string_view model_id, std::vector<uint8_t>& out) {
+  const std::string spec = store.pipeline().describe();
+  if (model_id.size() > kKvTransferMaxStringBytes) {
+    return error("writing a kv transfer: the model id is ", model_id.size(), " bytes, at most ",
+                 kKvTransferMaxStringBytes, " fit");
+  }
+  if (spec.size() > kKvTransferMaxStringBytes) {
+    return error("writing a kv transfer: the KV spec '", spec, "' is longer than ", kKvTransferMaxStringBytes, " bytes");
+  }
+  const KvShape& shape = store.shape();
+  Layout layout;
+  layout.num_layers = uint32_t(shape.num_layers);
+  layout.num_kv_heads = uint32_t(shape.num_kv_heads);
+  layout.k_dim = uint32_t(shape.k_dim);
+  layout.v_dim = uint32_t(shape.v_dim);
+  layout.max_tokens = uint32_t(shape.max_tokens);
+  layout.block_tokens = uint32_t(store.block_tokens());
+  layout.sealed_block_bytes = store.codec().block_bytes(store.block_shape());
+  checked_align(layout.sealed_block_bytes, &layout.sealed_block_stride);
+  layout.spec_bytes = uint32_t(spec.size());
+  layout.model_id_bytes = uint32_t(model_id.size());
+  std::vector<int> layer_tokens(layout.num_layers);
+  for (uint32_t l = 0; l < layout.num_layers; ++l) layer_tokens[l] = store.num_tokens(int(l));
+  // A store in memory cannot overflow these sizes.
+  metadata_section_bytes(layout, &layout.metadata_bytes);
+  sequence_section_bytes(layout, layer_tokens, &layout.sealed_bytes, &layout.open_bytes);
+  place_sections(layout);
+
+  out.assign(layout.total_bytes, 0);  // padding stays zero
+  uint8_t* header = out.data();
+  std::memcpy(header + at::kMagic, kMagic.data(), kMagic.size());
+  store_u32(header + at::kVersion, kKvTransferVersion);
+  store_u32(header + at::kHeaderBytes, kKvTransferHeaderBytes);
+  store_u64(header + at::kTotalBytes, layout.total_bytes);
+  store_u32(header + at::kNumLayers, layout.num_layers);
+  store_u32(header + at::kNumKvHeads, layout.num_kv_heads);
+  store_u32(header + at::kKDim, layout.k_dim);
+  store_u32(header + at::kVDim, layout.v_dim);
+  store_u32(header + at::kMaxTokens, layout.max_tokens);
+  store_u32(header + at::kBlockTokens, layout.block_tokens);
+  store_u64(header + at::kSealedBlockBytes, layout.sealed_block_bytes);
+  store_u32(header + at::kSpecBytes, layout.spec_bytes);
+  store_u32(header + at::kModelIdBytes, layout.model_id_bytes);
+  store_u64(header + at::kMetadataOffset, layout.metadata_offset);
+  store_u64(header + at::kMetadataBytes, layout.metadata_bytes);
+  store_u64(header + at::kSealedOffset, layout.sealed_offset);
+  store_u64(header + at::kSealedBytes, layout.sealed_bytes);
+  store_u64(header + at::kOpenOffset, layout.open_offset);
+  store_u64(header + at::kOpenBytes, layout.open_bytes);
+  store_u64(header + at::kTrailerOffset, layout.trailer_offset);
+  store_u32(header + at::kReserved, 0);
+  store_u32(header + at::kHeaderCrc, crc32c(header, at::kHeaderCrc));
+
+  uint8_t* metadata = out.data() + layout.metadata_offset;
+  for (uint32_t l = 0; l < layout.num_layers; ++l) store_u32(metadata + 4 * size_t(l), uint32_t(layer_tokens[l]));
+  uint8_t* strings = metadata + 4 * size_t(layout.num_layers);
+  std::memcpy(strings, spec.data(), spec.size());
+  if (!model_id.empty()) std::memcpy(strings + spec.size(), model_id.data(), model_id.size());
+
+  // Sealed blocks as stored: layer by layer, head by head, block by block, each in a 64-byte slot.
+  uint8_t* cursor = out.data() + layout.sealed_offset;
+  for (int l = 0; l < shape.num_layers; ++l) {
+    for (int g = 0; g < shape.num_kv_heads; ++g) {
+      for (int b = 0; b < store.num_sealed_blocks(l); ++b) {
+        std::memcpy(cursor, store.sealed_block(l, g, b), layout.sealed_block_bytes);
+        cursor += layout.sealed_block_stride;
+      }
+    }
+  }
+  // Open tokens in FP32: per layer and head, K [open, k_dim] then V [open, v_dim], each padded to 64.
+  for (int l = 0; l < shape.num_layers; ++l) {
+    const size_t open = size_t(store.open_tokens(l));
+    uint64_t k_record = 0, v_record = 0;
+    open_record_bytes(open, layout.k_dim, &k_record);
+    open_record_bytes(open, layout.v_dim, &v_record);
+    for (int g = 0; g < shape.num_kv_heads; ++g) {
+      if (open > 0) {
+        std::memcpy(cursor, store.open_k(l, g), open * layout.k_dim * sizeof(float));
+        std::memcpy(cursor + k_record, store.open_v(l, g), open * layout.v_dim * sizeof(float));
+      }
+      cursor += k_record + v_record;
+    }
+  }
+
+  uint8_t* trailer = out.data() + layout.trailer_offset;
+  store_u32(trailer + at::kTrailerCrc, crc32c(out.data(), layout.trailer_offset));
+  store_u32(trailer + at::kTrailerReserved, 0);
+  std::memcpy(trailer + at::kEndMagic, kEndMagic.data(), kEndMagic.size());
+  return Status::ok();
+}
+
+Status write_kv_transfer_file(const KvStore& store, std::string_view model_id, const std::string& path) {
+  std::vector<uint8_t> bytes;
+  SLIMKV_RETURN_IF_ERROR(write_kv_transfer(store, model_id, bytes).with_context(str_cat("writing ", path)));
+  const std::string temp_path = str_cat(path, ".tmp.", ::getpid());
+  std::FILE* out = std::fopen(temp_path.c_str(), "wb");
+  if (!out) return error("cannot create ", temp_path, ": ", std::strerror(errno));
+  bool ok = std::fwrite(bytes.data(), 1, bytes.size(), out) == bytes.size();
+  const int write_errno = errno;
+  if (std::fclose(out) != 0) ok = false;
+  if (!ok) {
+    std::remove(temp_path.c_str());
+    return error("writing ", temp_path, ": ", std::strerror(write_errno));
+  }
+  if (std::rename(temp_path.c_str(), path.c_str()) != 0) {
+    const int rename_errno = errno;
+    std::remove(temp_path.c_str());
+    return error("cannot rename ", temp_path, " to ", path, ": ", std::strerror(rename_errno));
+  }
+  return Status::ok();
+}
+
+// --- reading -------------------------------------------------------------------------------------
+
+Expected<KvTransferInfo> inspect_kv_transfer(const uint8_t* data, size_t size, std::string_view source) {
+  SLIMKV_ASSIGN_OR_RETURN(ParsedTransfer parsed, parse_transfer(data, size, source));
+  return std::move(parsed.info);
+}
+
+Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view source, std::string_view model_id,
+                        KvStore& into) {
+  SLIMKV_ASSIGN_OR_RETURN(ParsedTransfer parsed, parse_transfer(data, size, source));
+  const KvTransferInfo& info = parsed.info;
+  const Layout& layout = parsed.layout;
+  const std::string where = where_of(source);
+
+  // Against the receiver: the same model, the same encoding, the same shape.
+  if (info.model_id != model_id) {
+    return error(where, ": model mismatch: the KV was computed by model '", info.model_id, "', this worker serves '",
+                 model_id, "'");
+  }
+  const std::string spec = into.pipeline().describe();
+  if (info.spec != spec) {
+    return error(where, ": KV spec mismatch: the sender encoded with '", info.spec, "', this store with '", spec,
+                 "' (start the receiver with the sender's --kv spec)");
+  }
+  const KvShape& shape = into.shape();
+  if (info.shape.num_layers != shape.num_layers || info.shape.num_kv_heads != shape.num_kv_heads ||
+      info.shape.k_dim != shape.k_dim || info.shape.v_dim != shape.v_dim) {
+    return error(where, ": KV shape mismatch (layers × KV heads × k_dim × v_dim): the sender's is ",
+                 info.shape.num_layers, " × ", info.shape.num_kv_heads, " × ", info.shape.k_dim, " × ",
+                 info.shape.v_dim, ", this store's ", shape.num_layers, " × ", shape.num_kv_heads, " × ", shape.k_dim,
+                 " × ", shape.v_dim);
+  }
+  // Implied by spec and shape; checked so that no block is read past its end whatever the codec does.
+  const size_t block_bytes = into.codec().block_bytes(into.block_shape());
+  if (info.block_tokens != into.block_tokens() || info.sealed_block_bytes != block_bytes) {
+    return error(where, ": block mismatch: the sender's blocks are ", info.block_tokens, " tokens in ",
+                 info.sealed_block_bytes, " bytes, this store's ", into.block_tokens(), " tokens in ", block_bytes);
+  }
+  for (int l = 0; l < shape.num_layers; ++l) {
+    if (info.layer_tokens[size_t(l)] > shape.max_tokens) {
+      return error(where, ": layer ", l, " holds ", info.layer_tokens[size_t(l)],
+                   " tokens, more than this store's max_tokens ", shape.max_tokens);
+    }
+  }
+
+  // Everything is checked: restore.
+  into.clear();
+  const uint8_t* cursor = data + layout.sealed_offset;
+  for (int l = 0; l < shape.num_layers; ++l) {
+    const int blocks = info.layer_tokens[size_t(l)] / info.block_tokens;
+    for (int g = 0; g < shape.num_kv_heads; ++g) {
+      for (int b = 0; b < blocks; ++b) {
+        into.restore_sealed_block(l, g, cursor);
+        cursor += layout.sealed_block_stride;
+      }
+    }
+  }
+  // Rows of FP32 may lie unaligned for float in the input (it need not be aligned): copy through a buffer.
+  std::vector<float> k, v;
+  for (int l = 0; l < shape.num_layers; ++l) {
+    const int open = info.layer_tokens[size_t(l)] % info.block_tokens;
+    uint64_t k_record = 0, v_record = 0;
+    open_record_bytes(uint64_t(open), layout.k_dim, &k_record);
+    open_record_bytes(uint64_t(open), layout.v_dim, &v_record);
+    k.resize(size_t(open) * layout.k_dim);
+    v.resize(size_t(open) * layout.v_dim);
+    for (int g = 0; g < shape.num_kv_heads; ++g) {
+      if (open > 0) {
+        std::memcpy(k.data(), cursor, k.size() * sizeof(float));
+        std::memcpy(v.data(), cursor + k_record, v.size() * sizeof(float));
+      }
+      into.restore_open_tokens(l, g, k.data(), v.data(), open);
+      cursor += k_record + v_record;
+    }
+  }
+  return Status::ok();
+}
+
+Status read_kv_transfer_file(const std::string& path, std::string_view model_id, KvStore& into) {
+  SLIMKV_ASSIGN_OR_RETURN(MappedFile file, MappedFile::open(path));
+  return read_kv_transfer(file.data(), file.size_bytes(), path, model_id, into);
+}
+
+}  // namespace slimkv

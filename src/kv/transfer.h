@@ -1,0 +1,65 @@
+// The KV transfer format: one sequence's KV store as bytes, so that a prefill worker can hand a sequence
+// to a decode worker (disaggregated serving) or save it to a file. The byte layout is specified in
+// docs/kv_transfer_format.md (version 1); in short, little-endian, every section 64-byte aligned:
+//
+//   header (128 B) | metadata: tokens per layer, KV spec, model id | sealed blocks, exactly as the codec
+//   stores them | the open blocks' tokens, FP32 | trailer (16 B): CRC32C of everything before it
+//
+// Lossless: a restored store holds the sender's bytes, so attention over it equals the sender's bit for
+// bit, and appending continues as it would have there (block seeds follow from the block's identity).
+// Canonical: one store and model id give one byte string, so write → read → write gives the same bytes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kv/store.h"
+#include "slimkv/status.h"
+
+namespace slimkv {
+
+inline constexpr uint32_t kKvTransferVersion = 1;           // the version this code writes and reads
+inline constexpr size_t kKvTransferHeaderBytes = 128;
+inline constexpr size_t kKvTransferTrailerBytes = 16;
+inline constexpr size_t kKvTransferAlignment = 64;          // every section and sealed block starts here
+inline constexpr size_t kKvTransferMaxStringBytes = 4096;   // the longest KV spec or model id
+
+// Replaces `out` with the transfer of `store`. `model_id` names the weights that computed the KV (e.g.
+// "qwen2.5-0.5b-instruct@<hash of the safetensors>"); a reader refuses KV made by another model.
+// Fails only for a model id longer than kKvTransferMaxStringBytes.
+Status write_kv_transfer(const KvStore& store, std::string_view model_id, std::vector<uint8_t>& out);
+
+// Replaces the contents of `into` with the sequence in data [size bytes]. Everything is checked before
+// the store is touched (on error it is unchanged): magic, version, truncation (naming the section cut),
+// checksums, the structure, then against the receiver: model id, KV spec (pipeline().describe()), shape
+// (layers, KV heads, k_dim, v_dim; max_tokens may differ, but every layer's tokens must fit the store).
+// Errors start with "kv transfer '<source>'" and name both sides of any mismatch.
+Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view source, std::string_view model_id,
+                        KvStore& into);
+
+// The same through a file (written to a temporary name and renamed, so no reader sees half a file).
+Status write_kv_transfer_file(const KvStore& store, std::string_view model_id, const std::string& path);
+Status read_kv_transfer_file(const std::string& path, std::string_view model_id, KvStore& into);
+
+// What a transfer holds, once its structure and checksums are checked (no receiver yet): for a worker
+// that picks its pipeline from the sender's spec, and for tools that list transfers.
+struct KvTransferInfo {
+  uint32_t version = 0;
+  std::string spec;                 // the sender's KvPipeline::describe()
+  std::string model_id;
+  KvShape shape;                    // the sender's, max_tokens included
+  int block_tokens = 0;
+  uint64_t sealed_block_bytes = 0;  // Codec::block_bytes of the sender's block shape
+  std::vector<int> layer_tokens;    // tokens held by each layer [num_layers]
+  uint64_t total_bytes = 0;
+};
+Expected<KvTransferInfo> inspect_kv_transfer(const uint8_t* data, size_t size, std::string_view source);
+
+// CRC32C (Castagnoli: reflected polynomial 0x82F63B78, initial value and final xor 0xFFFFFFFF), the
+// format's checksum. Chains: crc32c(b, nb, crc32c(a, na)) is the CRC of a followed by b.
+uint32_t crc32c(const uint8_t* data, size_t size, uint32_t crc = 0);
+
+}  // namespace slimkv

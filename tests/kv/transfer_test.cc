@@ -1,0 +1,383 @@
+// The KV transfer format: round trips that must be lossless (the same bytes written again, the same
+// attention bit for bit, the same blocks sealed when appending continues), then every way an input can
+// be cut, corrupted or meant for another receiver, each an error that names what is wrong.
+#include "kv/transfer.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attention/attention.h"
+
+namespace slimkv {
+namespace {
+
+constexpr const char* kModel = "slimkv-test-model@1";
+
+// --- helpers ----------------------------------------------------------------------------------
+
+struct TransferCase {
+  std::string spec;
+  int tokens;  // layer l holds max(0, tokens - l) tokens: the layers differ, as mid-prefill
+  int num_layers, num_heads, num_kv_heads, head_dim;
+  std::string name() const {
+    return str_cat("transfer(kv=", spec, ",tokens=", tokens, ",layers=", num_layers, ",heads=", num_heads, "/",
+                   num_kv_heads, ",d=", head_dim, ")");
+  }
+  int layer_tokens(int layer) const { return std::max(0, tokens - layer); }
+};
+
+KvPipeline pipeline_of(const std::string& spec) {
+  auto pipeline = make_kv_pipeline(spec);
+  EXPECT_TRUE(pipeline) << pipeline.status().message();
+  return *pipeline;
+}
+
+// Appends `n` random tokens to every layer of the store, in chunks of 7 (chunks cross block edges).
+void append_random(KvStore& store, const std::vector<int>& layer_tokens, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const KvShape& shape = store.shape();
+  for (int l = 0; l < shape.num_layers; ++l) {
+    for (int done = 0; done < layer_tokens[size_t(l)];) {
+      const int n = std::min(7, layer_tokens[size_t(l)] - done);
+      std::vector<float> k(size_t(n) * shape.num_kv_heads * shape.k_dim), v(size_t(n) * shape.num_kv_heads * shape.v_dim);
+      for (float& x : k) x = normal(rng);
+      for (float& x : v) x = normal(rng);
+      store.append(l, k.data(), v.data(), n);
+      done += n;
+    }
+  }
+}
+
+std::vector<uint8_t> write(const KvStore& store, std::string_view model = kModel) {
+  std::vector<uint8_t> bytes;
+  const Status status = write_kv_transfer(store, model, bytes);
+  EXPECT_TRUE(status.is_ok()) << status.message();
+  return bytes;
+}
+
+Status read(const std::vector<uint8_t>& bytes, KvStore& into, std::string_view model = kModel) {
+  return read_kv_transfer(bytes.data(), bytes.size(), "test", model, into);
+}
+
+// Attention of the last min(3, tokens) positions of every layer, over `store`.
+std::vector<float> attend_all(const KvStore& store, int num_heads, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const KvShape& shape = store.shape();
+  std::vector<float> outputs;
+  for (int l = 0; l < shape.num_layers; ++l) {
+    const int tokens = store.num_tokens(l), n = std::min(3, tokens);
+    if (n == 0) continue;
+    std::vector<float> q(size_t(n) * num_heads * shape.k_dim), out(size_t(n) * num_heads * shape.v_dim, NAN);
+    for (float& x : q) x = normal(rng);
+    attend(store, l, q.data(), n, tokens - n, {num_heads, 1.0f / std::sqrt(float(shape.k_dim)), 1}, out.data());
+    outputs.insert(outputs.end(), out.begin(), out.end());
+  }
+  return outputs;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+// Sets a little-endian u32 field and repairs both checksums, so that a test reaches the check behind them.
+void patch_u32(std::vector<uint8_t>& bytes, size_t offset, uint32_t value) {
+  for (int i = 0; i < 4; ++i) bytes[offset + size_t(i)] = uint8_t(value >> (8 * i));
+}
+void repair_checksums(std::vector<uint8_t>& bytes) {
+  patch_u32(bytes, 124, crc32c(bytes.data(), 124));
+  const size_t trailer = bytes.size() - kKvTransferTrailerBytes;
+  patch_u32(bytes, trailer, crc32c(bytes.data(), trailer));
+}
+
+::testing::AssertionResult fails_mentioning(const Status& status, const std::vector<std::string>& parts) {
+  if (status.is_ok()) return ::testing::AssertionFailure() << "succeeded";
+  for (const std::string& part : parts) {
+    if (status.message().find(part) == std::string::npos) {
+      return ::testing::AssertionFailure() << "message lacks '" << part << "': " << status.message();
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// A small hack-encoded store: 2 layers, 2 KV heads, d = 16, Π = 32; 40 and 39 tokens.
+KvStore small_store(const std::string& spec = "hack:bits=2,pi=32", int max_tokens = 64) {
+  KvStore store({2, 2, 16, 16, max_tokens}, pipeline_of(spec));
+  std::mt19937 rng(7);
+  append_random(store, {40, 39}, rng);
+  return store;
+}
+
+// --- the checksum ------------------------------------------------------------------------------
+
+TEST(KvTransfer, Crc32cMatchesTheStandardCheckValueAndChains) {
+  const std::string text = "123456789";
+  const auto* bytes = reinterpret_cast<const uint8_t*>(text.data());
+  EXPECT_EQ(crc32c(bytes, text.size()), 0xE3069283u);  // the CRC-32C check value (RFC 3720 B.4 family)
+  EXPECT_EQ(crc32c(nullptr, 0), 0u);
+  for (size_t split = 0; split <= text.size(); ++split) {
+    EXPECT_EQ(crc32c(bytes + split, text.size() - split, crc32c(bytes, split)), 0xE3069283u) << split;
+  }
+  std::vector<uint8_t> zeros(32, 0);  // RFC 3720 B.4: 32 bytes of zeros
+  EXPECT_EQ(crc32c(zeros.data(), zeros.size()), 0x8A9136AAu);
+}
+
+// --- lossless round trips ------------------------------------------------------------------------
+
+void check_round_trip(const TransferCase& c) {
+  SCOPED_TRACE(c.name());
+  const unsigned seed = 99u + unsigned(c.tokens * 13 + c.head_dim);
+  std::mt19937 rng(seed);
+  const int grow = 70;  // tokens appended after the transfer, to check that sealing continues alike
+  const KvShape shape{c.num_layers, c.num_kv_heads, c.head_dim, c.head_dim, c.tokens + grow};
+  KvStore original(shape, pipeline_of(c.spec));
+  std::vector<int> layer_tokens(size_t(c.num_layers));
+  for (int l = 0; l < c.num_layers; ++l) layer_tokens[size_t(l)] = c.layer_tokens(l);
+  append_random(original, layer_tokens, rng);
+
+  const std::vector<uint8_t> bytes = write(original);
+  ASSERT_EQ(bytes.size() % 16, 0u);
+  auto info = inspect_kv_transfer(bytes.data(), bytes.size(), "test");
+  ASSERT_TRUE(info) << info.status().message();
+  EXPECT_EQ(info->spec, original.pipeline().describe());
+  EXPECT_EQ(info->model_id, kModel);
+  EXPECT_EQ(info->layer_tokens, layer_tokens);
+  EXPECT_EQ(info->total_bytes, bytes.size());
+
+  // The receiver holds another sequence first: reading replaces it.
+  KvStore restored(shape, pipeline_of(c.spec));
+  std::mt19937 other_rng(seed + 1);
+  append_random(restored, std::vector<int>(size_t(c.num_layers), 5), other_rng);
+  const Status status = read(bytes, restored);
+  ASSERT_TRUE(status.is_ok()) << status.message() << " seed " << seed;
+
+  for (int l = 0; l < c.num_layers; ++l) {
+    ASSERT_EQ(restored.num_tokens(l), original.num_tokens(l));
+    ASSERT_EQ(restored.num_sealed_blocks(l), original.num_sealed_blocks(l));
+  }
+  EXPECT_EQ(write(restored), bytes) << "write → read → write changed the bytes";
+  EXPECT_TRUE(same_bits(attend_all(restored, c.num_heads, seed), attend_all(original, c.num_heads, seed)))
+      << "attention over the restored store differs, seed " << seed;
+
+  // Both go on alike: the same tokens seal into the same blocks (the seeds follow the block's identity).
+  std::mt19937 rng_a(seed + 2), rng_b(seed + 2);
+  const std::vector<int> more(size_t(c.num_layers), grow);
+  append_random(original, more, rng_a);
+  append_random(restored, more, rng_b);
+  EXPECT_EQ(write(restored), write(original)) << "appending after the transfer diverged";
+  EXPECT_TRUE(same_bits(attend_all(restored, c.num_heads, seed), attend_all(original, c.num_heads, seed)));
+}
+
+TEST(KvTransfer, RoundTripIsLosslessForEveryCodecAndLength) {
+  const std::vector<std::string> specs = {"dense", "dense:dtype=f16", "hack:bits=2,pi=64", "quant:bits=4,pi=32"};
+  struct Shape {
+    int num_layers, num_heads, num_kv_heads, head_dim;
+  };
+  const std::vector<Shape> shapes = {{2, 8, 2, 64}, {3, 4, 1, 128}};  // GQA 4 and 4 (MQA)
+  for (const std::string& spec : specs) {
+    for (const Shape& s : shapes) {
+      for (const int tokens : {0, 1, 63, 64, 65, 200}) {
+        check_round_trip({spec, tokens, s.num_layers, s.num_heads, s.num_kv_heads, s.head_dim});
+      }
+    }
+  }
+}
+
+TEST(KvTransfer, SectionsAreAlignedForUseInPlace) {
+  const KvStore store = small_store();
+  const std::vector<uint8_t> bytes = write(store);
+  auto info = inspect_kv_transfer(bytes.data(), bytes.size(), "test");
+  ASSERT_TRUE(info) << info.status().message();
+  // Header fields 64..112: metadata, sealed and open offsets and sizes; all multiples of 64.
+  for (size_t at = 64; at < 112; at += 8) {
+    uint64_t value = 0;
+    for (int i = 7; i >= 0; --i) value = (value << 8) | bytes[at + size_t(i)];
+    EXPECT_EQ(value % kKvTransferAlignment, 0u) << "header field at byte " << at;
+  }
+  // The first sealed block lies at the sealed offset, byte for byte as stored.
+  uint64_t sealed_offset = 0;
+  for (int i = 7; i >= 0; --i) sealed_offset = (sealed_offset << 8) | bytes[80 + size_t(i)];
+  EXPECT_EQ(std::memcmp(bytes.data() + sealed_offset, store.sealed_block(0, 0, 0), info->sealed_block_bytes), 0);
+}
+
+TEST(KvTransfer, FilesRoundTripAndMissingFilesNameThePath) {
+  const KvStore store = small_store();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / str_cat("slimkv_transfer_", ::getpid(), ".kvx")).string();
+  ASSERT_TRUE(write_kv_transfer_file(store, kModel, path).is_ok());
+  KvStore restored({2, 2, 16, 16, 64}, pipeline_of("hack:bits=2,pi=32"));
+  const Status status = read_kv_transfer_file(path, kModel, restored);
+  ASSERT_TRUE(status.is_ok()) << status.message();
+  EXPECT_EQ(write(restored), write(store));
+  std::filesystem::remove(path);
+  EXPECT_TRUE(fails_mentioning(read_kv_transfer_file(path, kModel, restored), {path}));
+}
+
+// --- cut and corrupt inputs ----------------------------------------------------------------------
+
+TEST(KvTransfer, EveryTruncationIsAnErrorNamingTheSection) {
+  const KvStore store = small_store();
+  const std::vector<uint8_t> bytes = write(store);
+  KvStore into({2, 2, 16, 16, 64}, pipeline_of("hack:bits=2,pi=32"));
+  for (size_t size = 0; size < bytes.size(); ++size) {
+    // A copy of exactly `size` bytes, so that ASan sees any read past the end.
+    const std::vector<uint8_t> cut(bytes.begin(), bytes.begin() + std::ptrdiff_t(size));
+    const Status status = read_kv_transfer(cut.data(), cut.size(), "cut", kModel, into);
+    ASSERT_TRUE(fails_mentioning(status, {"kv transfer 'cut'", "truncated in the "})) << "size " << size;
+    const char* section = size < kKvTransferHeaderBytes                     ? "header"
+                          : size >= bytes.size() - kKvTransferTrailerBytes ? "trailer"
+                                                                           : "section";
+    ASSERT_NE(status.message().find(section), std::string::npos) << status.message();
+    EXPECT_EQ(into.num_tokens(0), 0) << "the store was touched";
+  }
+  EXPECT_TRUE(fails_mentioning(read_kv_transfer(bytes.data(), 200, "cut", kModel, into),
+                               {"truncated in the metadata section", "200 of"}));
+  std::vector<uint8_t> longer = bytes;
+  longer.push_back(0);
+  EXPECT_TRUE(fails_mentioning(read(longer, into), {"1 bytes follow the end"}));
+}
+
+TEST(KvTransfer, EveryFlippedBitIsAnError) {
+  const KvStore store = small_store();
+  const std::vector<uint8_t> bytes = write(store);
+  KvStore into = small_store();  // holds a sequence, which no failed read may change
+  const std::vector<uint8_t> before = write(into);
+  const size_t trailer = bytes.size() - kKvTransferTrailerBytes;
+  for (size_t at = 0; at < bytes.size(); ++at) {
+    std::vector<uint8_t> corrupt = bytes;
+    corrupt[at] ^= uint8_t(1u << (at % 8));
+    const Status status = read(corrupt, into);
+    ASSERT_FALSE(status.is_ok()) << "flipping a bit of byte " << at << " went unnoticed";
+    const std::string expected = at < 8               ? "not a KV transfer"
+                                 : at < 12            ? "version"
+                                 : at < 128           ? "header checksum mismatch"
+                                 : at < trailer + 4   ? "checksum mismatch"
+                                 : at < trailer + 8   ? "reserved"
+                                                      : "end magic";
+    ASSERT_NE(status.message().find(expected), std::string::npos) << "byte " << at << ": " << status.message();
+  }
+  EXPECT_EQ(write(into), before) << "a failed read changed the store";
+}
+
+TEST(KvTransfer, NewerVersionNamesBothVersions) {
+  std::vector<uint8_t> bytes = write(small_store());
+  patch_u32(bytes, 8, kKvTransferVersion + 1);
+  repair_checksums(bytes);
+  KvStore into = small_store();
+  EXPECT_TRUE(fails_mentioning(read(bytes, into), {"format version 2 is newer than this reader's version 1"}));
+  // A newer version is recognised from its first 12 bytes alone, whatever its header looks like.
+  EXPECT_TRUE(fails_mentioning(read_kv_transfer(bytes.data(), 12, "test", kModel, into), {"version 2 is newer"}));
+}
+
+TEST(KvTransfer, InconsistentHeaderAndTokenCountsAreErrors) {
+  const std::vector<uint8_t> bytes = write(small_store());
+  KvStore into = small_store();
+  {
+    std::vector<uint8_t> bad = bytes;
+    patch_u32(bad, 128, 41);  // layer 0 claims one more token than its blocks and open rows hold
+    repair_checksums(bad);
+    EXPECT_TRUE(fails_mentioning(read(bad, into), {"token counts per layer need", "header declares"}));
+  }
+  {
+    std::vector<uint8_t> bad = bytes;
+    patch_u32(bad, 128, 65);  // more than the sender's max_tokens (64)
+    repair_checksums(bad);
+    EXPECT_TRUE(fails_mentioning(read(bad, into), {"layer 0 holds 65 tokens", "max_tokens 64"}));
+  }
+  {
+    std::vector<uint8_t> bad = bytes;
+    patch_u32(bad, 24, 40);  // 40 layers: their token counts no longer fit where the header says
+    repair_checksums(bad);
+    EXPECT_TRUE(fails_mentioning(read(bad, into), {"header field metadata_bytes is 128", "at 256"}));
+  }
+  {
+    std::vector<uint8_t> bad = bytes;
+    patch_u32(bad, 28, 0);  // no KV heads
+    repair_checksums(bad);
+    EXPECT_TRUE(fails_mentioning(read(bad, into), {"num_kv_heads is 0"}));
+  }
+  {
+    std::vector<uint8_t> bad = bytes;
+    bad[255] = 1;  // the metadata section is bytes [128, 256): its last byte is padding
+    repair_checksums(bad);
+    EXPECT_TRUE(fails_mentioning(read(bad, into), {"metadata section's padding is not zero"}));
+  }
+}
+
+// --- the wrong receiver --------------------------------------------------------------------------
+
+TEST(KvTransfer, WrongModelSpecOrShapeNamesBothSides) {
+  const std::vector<uint8_t> bytes = write(small_store());
+  {
+    KvStore into = small_store();
+    EXPECT_TRUE(fails_mentioning(read(bytes, into, "other-model"),
+                                 {"model mismatch", std::string("'") + kModel + "'", "'other-model'"}));
+  }
+  {
+    const std::string receiver_spec = "quant:bits=2,pi=32";
+    KvStore into({2, 2, 16, 16, 64}, pipeline_of(receiver_spec));
+    EXPECT_TRUE(fails_mentioning(read(bytes, into), {"KV spec mismatch", pipeline_of("hack:bits=2,pi=32").describe(),
+                                                     pipeline_of(receiver_spec).describe()}));
+  }
+  {
+    KvStore into({2, 2, 16, 16, 64}, pipeline_of("hack:bits=2,pi=32,seed=5"));
+    EXPECT_TRUE(fails_mentioning(read(bytes, into), {"KV spec mismatch", "seed=5"}));
+  }
+  {
+    KvStore into({2, 4, 16, 16, 64}, pipeline_of("hack:bits=2,pi=32"));
+    EXPECT_TRUE(fails_mentioning(read(bytes, into), {"KV shape mismatch", "2 × 2 × 16 × 16", "2 × 4 × 16 × 16"}));
+  }
+  {
+    KvStore into({2, 2, 16, 16, 39}, pipeline_of("hack:bits=2,pi=32"));  // a shorter context
+    EXPECT_TRUE(fails_mentioning(read(bytes, into), {"layer 0 holds 40 tokens", "this store's max_tokens 39"}));
+  }
+  {
+    KvStore into({2, 2, 16, 16, 40}, pipeline_of("hack:bits=2,pi=32"));  // just long enough
+    EXPECT_TRUE(read(bytes, into).is_ok());
+  }
+}
+
+// --- the fuzz seeds --------------------------------------------------------------------------------
+
+// The receiver fuzz/kv_transfer_fuzz.cc reads into; keep the two in step.
+KvStore fuzz_receiver(int max_tokens) { return KvStore({2, 2, 16, 16, max_tokens}, pipeline_of("hack:bits=2,pi=32")); }
+constexpr const char* kFuzzModel = "fuzz-model";
+const std::filesystem::path kSeedDir = std::filesystem::path(SLIMKV_SOURCE_DIR) / "fuzz/corpus/kv_transfer_fuzz";
+
+// Writes the seeds: run with --gtest_also_run_disabled_tests --gtest_filter='*WriteFuzzSeeds*'.
+TEST(KvTransfer, DISABLED_WriteFuzzSeeds) {
+  std::filesystem::create_directories(kSeedDir);
+  struct Seed {
+    const char* name;
+    std::vector<int> layer_tokens;
+  };
+  for (const Seed& seed : {Seed{"sealed_and_open", {40, 33}}, Seed{"open_only", {5, 0}}, Seed{"empty", {0, 0}}}) {
+    KvStore store = fuzz_receiver(64);
+    std::mt19937 rng(3);
+    append_random(store, seed.layer_tokens, rng);
+    ASSERT_TRUE(write_kv_transfer_file(store, kFuzzModel, (kSeedDir / seed.name).string()).is_ok());
+  }
+}
+
+TEST(KvTransfer, FuzzSeedsAreValidTransfers) {
+  int seeds = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(kSeedDir)) {
+    KvStore into = fuzz_receiver(64);
+    const Status status = read_kv_transfer_file(entry.path().string(), kFuzzModel, into);
+    EXPECT_TRUE(status.is_ok()) << status.message();
+    ++seeds;
+  }
+  EXPECT_GE(seeds, 2);
+}
+
+}  // namespace
+}  // namespace slimkv
