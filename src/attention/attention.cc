@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "attention/cpu/dense_block_attention.h"
+#include "kv/rotation.h"
 
 namespace slimkv {
 namespace {
@@ -63,6 +64,7 @@ void attend(const KvStore& store, int layer, const float* q, int n, int first_po
         const float* src = q + (size_t(first + r / group) * params.num_heads + size_t(g * group + r % group)) * k_dim;
         float* dst = q_tile.data() + size_t(r) * k_dim;
         for (int c = 0; c < k_dim; ++c) dst[c] = src[c] * params.scale;
+        if (store.rotated()) hadamard_rotate(dst, k_dim);
       }
       partials.reset(rows, v_dim);
       QueryTile tile{q_tile.data(), rows, visible.data()};
@@ -82,6 +84,7 @@ void attend(const KvStore& store, int layer, const float* q, int n, int first_po
       for (int r = 0; r < rows; ++r) {
         float* dst = out + (size_t(first + r / group) * params.num_heads + size_t(g * group + r % group)) * v_dim;
         partials.write_output(r, dst);
+        if (store.rotated()) hadamard_rotate(dst, v_dim);  // back from the rotated basis
       }
     }
   }

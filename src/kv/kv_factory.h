@@ -14,6 +14,7 @@ struct KvPipeline {
   std::shared_ptr<const Codec> codec;  // encodes sealed blocks
   int block_tokens = 64;               // tokens per block (HACK's partition size Π when hack is used)
   uint64_t seed = 0;                   // for stochastic rounding and clustering
+  bool hadamard = false;               // rot=hadamard: K, V, q rotated per head, outputs rotated back
   std::string describe() const;        // the canonical spec, every option spelled out
 };
 

@@ -1,5 +1,7 @@
 #include "kv/store.h"
 
+#include "kv/rotation.h"
+
 #include <cassert>
 #include <cstring>
 
@@ -43,6 +45,12 @@ void KvStore::append(int layer_index, const float* k, const float* v, int n) {
                   k_dim * sizeof(float));
       std::memcpy(head.open_v.data() + size_t(slot) * v_dim, v + (size_t(t) * shape_.num_kv_heads + g) * v_dim,
                   v_dim * sizeof(float));
+    }
+    if (pipeline_.hadamard) {
+      for (Head& head : layer.heads) {
+        hadamard_rotate(head.open_k.data() + size_t(slot) * k_dim, shape_.k_dim);
+        hadamard_rotate(head.open_v.data() + size_t(slot) * v_dim, shape_.v_dim);
+      }
     }
     ++layer.num_tokens;
     if (slot + 1 == block_tokens()) {  // the open block is full: seal it

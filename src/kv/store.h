@@ -38,6 +38,8 @@ class KvStore {
   const BlockShape& block_shape() const { return block_shape_; }
   const Codec& codec() const { return *pipeline_.codec; }
   int block_tokens() const { return block_shape_.block_tokens; }
+  // K and V are stored Hadamard-rotated (kv/rotation.h): queries must be rotated alike, and outputs back.
+  bool rotated() const { return pipeline_.hadamard; }
 
   // Appends n tokens to `layer`: k [n, num_kv_heads, k_dim], v [n, num_kv_heads, v_dim].
   // Every block that fills is sealed by the codec. The caller keeps num_tokens <= max_tokens.

@@ -178,7 +178,8 @@ void check_round_trip(const TransferCase& c) {
 }
 
 TEST(KvTransfer, RoundTripIsLosslessForEveryCodecAndLength) {
-  const std::vector<std::string> specs = {"dense", "dense:dtype=f16", "hack:bits=2,pi=64", "quant:bits=4,pi=32"};
+  const std::vector<std::string> specs = {"dense", "dense:dtype=f16", "hack:bits=2,pi=64", "quant:bits=4,pi=32",
+                                            "hack:bits=2,pi=64,rot=hadamard"};
   struct Shape {
     int num_layers, num_heads, num_kv_heads, head_dim;
   };
