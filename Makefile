@@ -9,8 +9,10 @@ endif
 RELEASE := build/release
 ASAN := build/asan
 FUZZ := build/fuzz
-MODEL ?= tests/data/models/llama_gqa_bf16
-PROMPT ?= The quick brown fox
+MODEL ?= models/slimkv-llama-14m
+# The main job: long-context retrieval — a pass key hidden at 40% depth of ~1900 tokens of filler.
+PROMPT_FILE ?= $(MODEL)/passkey_prompt.txt
+KV ?= dense
 
 .PHONY: deps build run test test-release test-asan test-fuzz bench clean
 
@@ -24,7 +26,8 @@ build: deps $(RELEASE)/build.ninja
 	cmake --build $(RELEASE) -j $(JOBS)
 
 run: build
-	$(RELEASE)/slimkv generate --model $(MODEL) --prompt "$(PROMPT)" --max-tokens 64
+	@echo "== slimkv generate --kv $(KV): the model must answer with the pass key hidden in $(PROMPT_FILE)"
+	$(RELEASE)/slimkv generate --model $(MODEL) --prompt-file $(PROMPT_FILE) --max-tokens 16 --kv $(KV)
 
 test-release: build
 	cd $(RELEASE) && ctest --output-on-failure -j $(JOBS)

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
-#include <cblas.h>
 
 #include "attention/attention.h"
 #include "attention/cpu/hack_block_attention.h"
@@ -22,7 +21,8 @@
 namespace slimkv {
 namespace {
 
-void bench_attention(const std::vector<int>& contexts, int threads) {
+void bench_attention(const std::vector<int>& contexts, ThreadPool& pool) {
+  const int threads = pool.threads();
   const int num_heads = 32, num_kv_heads = 8, d = 128;
   const std::vector<std::string> specs = {"dense", "dense:dtype=f16", "quant:bits=2,pi=64", "hack:bits=2,pi=64"};
   std::printf("\n== decode attention, 1 query token, %d/%d heads, d=%d, %d threads, hack kernel on %s ==\n",
@@ -38,7 +38,7 @@ void bench_attention(const std::vector<int>& contexts, int threads) {
     for (float& x : v) x = normal(rng);
     for (float& x : q) x = normal(rng);
     std::vector<float> out(size_t(num_heads) * d);
-    const AttentionParams params{num_heads, 1.0f / std::sqrt(float(d)), threads};
+    const AttentionParams params{num_heads, 1.0f / std::sqrt(float(d)), &pool};
     std::vector<double> ms;
     double hack_bytes = 0;
     for (const std::string& spec : specs) {
@@ -60,7 +60,8 @@ void bench_attention(const std::vector<int>& contexts, int threads) {
 }
 
 // Prefill: every query of a prompt against the causal prefix, through the same block kernels on tiles.
-void bench_prefill_attention(int tokens, int threads) {
+void bench_prefill_attention(int tokens, ThreadPool& pool) {
+  const int threads = pool.threads();
   const int num_heads = 32, num_kv_heads = 8, d = 128;
   const std::vector<std::string> specs = {"dense", "dense:dtype=f16", "quant:bits=2,pi=64", "hack:bits=2,pi=64"};
   std::printf("\n== prefill attention, %d tokens causal, %d/%d heads, d=%d, %d threads ==\n", tokens, num_heads,
@@ -72,7 +73,7 @@ void bench_prefill_attention(int tokens, int threads) {
   for (float& x : v) x = normal(rng);
   for (float& x : q) x = normal(rng);
   std::vector<float> out(q.size());
-  const AttentionParams params{num_heads, 1.0f / std::sqrt(float(d)), threads};
+  const AttentionParams params{num_heads, 1.0f / std::sqrt(float(d)), &pool};
   std::vector<double> ms;
   for (const std::string& spec : specs) {
     auto pipeline = make_kv_pipeline(spec);
@@ -83,8 +84,7 @@ void bench_prefill_attention(int tokens, int threads) {
   }
 }
 
-void bench_gemm(int threads) {
-  (void)threads;
+void bench_gemm(ThreadPool& pool) {
   std::printf("\n== GEMM y = x·Wᵀ (W rows × cols) ==\n");
   std::printf("%6s %6s %6s %6s %14s %14s %10s %10s\n", "n", "rows", "cols", "dtype", "reference ms", "optimized ms",
               "GFLOP/s", "ref/opt");
@@ -103,7 +103,7 @@ void bench_gemm(int threads) {
     for (const DType dtype : {DType::kF32, DType::kBF16}) {
       const WeightMatrix w{dtype == DType::kF32 ? static_cast<const void*>(w32.data()) : w16.data(), dtype,
                            shape.rows, shape.cols};
-      const double opt_ms = 1e3 * median_seconds([&] { matmul(x.data(), shape.n, w, y.data(), threads); });
+      const double opt_ms = 1e3 * median_seconds([&] { matmul(x.data(), shape.n, w, y.data(), pool); });
       const bool small = double(shape.n) * shape.rows * shape.cols <= 1e8;
       const double ref_ms = small ? 1e3 * median_seconds([&] { matmul_reference(x.data(), shape.n, w, y.data()); }, 0.2, 1)
                                   : NAN;
@@ -126,9 +126,9 @@ int main(int argc, char** argv) {
   int prefill_tokens = 4096;
   app.add_option("--prefill", prefill_tokens, "prompt length for prefill attention (0: skip)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  openblas_set_num_threads(threads);
-  slimkv::bench_attention(contexts, threads);
-  if (prefill_tokens > 0) slimkv::bench_prefill_attention(prefill_tokens, threads);
-  slimkv::bench_gemm(threads);
+  slimkv::ThreadPool pool(threads);
+  slimkv::bench_attention(contexts, pool);
+  if (prefill_tokens > 0) slimkv::bench_prefill_attention(prefill_tokens, pool);
+  slimkv::bench_gemm(pool);
   return 0;
 }

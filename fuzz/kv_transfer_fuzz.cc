@@ -43,11 +43,12 @@ void read_one(const uint8_t* data, size_t size) {
   if (!slimkv::write_kv_transfer(store, kModel, again).is_ok()) std::abort();
   if (again.size() != size || !std::equal(again.begin(), again.end(), data)) std::abort();
   // Attention over whatever the blocks hold (codes are any bits; mins and scales any FP16) must not fault.
+  static slimkv::ThreadPool pool(1);
   for (int l = 0; l < 2; ++l) {
     const int tokens = store.num_tokens(l);
     if (tokens == 0) continue;
     std::vector<float> q(4 * 16, 0.5f), out(4 * 16);
-    slimkv::attend(store, l, q.data(), 1, tokens - 1, {4, 0.25f, 1}, out.data());
+    slimkv::attend(store, l, q.data(), 1, tokens - 1, {4, 0.25f, &pool}, out.data());
   }
 }
 

@@ -13,8 +13,6 @@ namespace {
 // Query positions per tile: with the GQA group, a tile is up to this many positions × group heads,
 // so each block is read once for all of them.
 constexpr int kTilePositions = 16;
-// Below this many score multiply-adds, waking worker threads costs more than the work.
-constexpr double kParallelWork = 1 << 18;
 
 // Tokens [block_start, block_start + block_len) as seen by each query of the tile.
 void visible_tokens(int first_tile_position, int group, int n_rows, int block_start, int block_len,
@@ -46,48 +44,47 @@ void attend(const KvStore& store, int layer, const float* q, int n, int first_po
   const int tiles = (n + kTilePositions - 1) / kTilePositions;
   const int tasks = shape.num_kv_heads * tiles;
 
-  const double work = double(n) * double(store.num_tokens(layer)) * double(params.num_heads) * double(k_dim + v_dim);
-#pragma omp parallel num_threads(std::min(params.threads, tasks)) if (work >= kParallelWork)
-  {
-    std::vector<float> q_tile(size_t(kTilePositions) * group * k_dim);
-    std::vector<int> visible(size_t(kTilePositions) * group);
-    std::vector<uint8_t> prepared;
-    AttentionPartials partials(0, v_dim);
-#pragma omp for schedule(dynamic)
-    for (int task = 0; task < tasks; ++task) {
-      const int g = task % shape.num_kv_heads;
-      const int first = (task / shape.num_kv_heads) * kTilePositions;  // first query (row of q) in the tile
-      const int positions = std::min(kTilePositions, n - first);
-      const int rows = positions * group;
-      // Gather the group's queries, scaled: row r = (position r / group, head g·group + r % group).
-      for (int r = 0; r < rows; ++r) {
-        const float* src = q + (size_t(first + r / group) * params.num_heads + size_t(g * group + r % group)) * k_dim;
-        float* dst = q_tile.data() + size_t(r) * k_dim;
-        for (int c = 0; c < k_dim; ++c) dst[c] = src[c] * params.scale;
-        if (store.rotated()) hadamard_rotate(dst, k_dim);
-      }
-      partials.reset(rows, v_dim);
-      QueryTile tile{q_tile.data(), rows, visible.data()};
-      store.codec().prepare_queries(store.block_shape(), tile, prepared);
-      tile.prepared = prepared.data();
-      const int first_tile_position = first_position + first;
-      const int last_tile_position = first_tile_position + positions - 1;
-      for (int b = 0; b < sealed && b * block_tokens <= last_tile_position; ++b) {
-        if (b + 1 < sealed) prefetch(store.sealed_block(layer, g, b + 1), block_bytes);
-        visible_tokens(first_tile_position, group, rows, b * block_tokens, block_tokens, visible.data());
-        store.codec().attend(store.block_shape(), store.sealed_block(layer, g, b), tile, partials, 0);
-      }
-      if (open_tokens > 0) {
-        visible_tokens(first_tile_position, group, rows, sealed * block_tokens, open_tokens, visible.data());
-        attend_block_f32(tile, store.open_k(layer, g), store.open_v(layer, g), k_dim, v_dim, partials, 0);
-      }
-      for (int r = 0; r < rows; ++r) {
-        float* dst = out + (size_t(first + r / group) * params.num_heads + size_t(g * group + r % group)) * v_dim;
-        partials.write_output(r, dst);
-        if (store.rotated()) hadamard_rotate(dst, v_dim);  // back from the rotated basis
-      }
+  params.pool->run(tasks, [&](int64_t task_index, int) {
+    // This thread's scratch, reused from task to task.
+    thread_local std::vector<float> q_tile;
+    thread_local std::vector<int> visible;
+    thread_local std::vector<uint8_t> prepared;
+    thread_local AttentionPartials partials(0, 0);
+    q_tile.resize(size_t(kTilePositions) * group * k_dim);
+    visible.resize(size_t(kTilePositions) * group);
+    const int task = int(task_index);
+    const int g = task % shape.num_kv_heads;
+    const int first = (task / shape.num_kv_heads) * kTilePositions;  // first query (row of q) in the tile
+    const int positions = std::min(kTilePositions, n - first);
+    const int rows = positions * group;
+    // Gather the group's queries, scaled: row r = (position r / group, head g·group + r % group).
+    for (int r = 0; r < rows; ++r) {
+      const float* src = q + (size_t(first + r / group) * params.num_heads + size_t(g * group + r % group)) * k_dim;
+      float* dst = q_tile.data() + size_t(r) * k_dim;
+      for (int c = 0; c < k_dim; ++c) dst[c] = src[c] * params.scale;
+      if (store.rotated()) hadamard_rotate(dst, k_dim);
     }
-  }
+    partials.reset(rows, v_dim);
+    QueryTile tile{q_tile.data(), rows, visible.data()};
+    store.codec().prepare_queries(store.block_shape(), tile, prepared);
+    tile.prepared = prepared.data();
+    const int first_tile_position = first_position + first;
+    const int last_tile_position = first_tile_position + positions - 1;
+    for (int b = 0; b < sealed && b * block_tokens <= last_tile_position; ++b) {
+      if (b + 1 < sealed) prefetch(store.sealed_block(layer, g, b + 1), block_bytes);
+      visible_tokens(first_tile_position, group, rows, b * block_tokens, block_tokens, visible.data());
+      store.codec().attend(store.block_shape(), store.sealed_block(layer, g, b), tile, partials, 0);
+    }
+    if (open_tokens > 0) {
+      visible_tokens(first_tile_position, group, rows, sealed * block_tokens, open_tokens, visible.data());
+      attend_block_f32(tile, store.open_k(layer, g), store.open_v(layer, g), k_dim, v_dim, partials, 0);
+    }
+    for (int r = 0; r < rows; ++r) {
+      float* dst = out + (size_t(first + r / group) * params.num_heads + size_t(g * group + r % group)) * v_dim;
+      partials.write_output(r, dst);
+      if (store.rotated()) hadamard_rotate(dst, v_dim);  // back from the rotated basis
+    }
+  });
 }
 
 }  // namespace slimkv

@@ -4,13 +4,14 @@
 #pragma once
 
 #include "kv/store.h"
+#include "util/thread_pool.h"
 
 namespace slimkv {
 
 struct AttentionParams {
   int num_heads = 0;       // query heads; num_heads / store's num_kv_heads share a KV head (GQA)
   float scale = 1.0f;      // softmax scale, 1/sqrt(head_dim)
-  int threads = 1;
+  ThreadPool* pool = nullptr;  // tasks are (KV head, query tile) pairs
 };
 
 // q: [n, num_heads, k_dim] for positions first_position .. first_position + n - 1, whose K/V the store

@@ -1,5 +1,3 @@
-#include <cblas.h>
-
 #include <filesystem>
 #include <thread>
 
@@ -10,6 +8,7 @@
 #include "slimkv/engine.h"
 #include "tokenizer/tokenizer.h"
 #include "util/mapped_file.h"
+#include "util/thread_pool.h"
 
 namespace slimkv {
 namespace {
@@ -73,7 +72,7 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
     engine->tokenizer_ = std::make_unique<Tokenizer>(std::move(tokenizer));
   }
   SLIMKV_ASSIGN_OR_RETURN(engine->generation_, load_generation_defaults(config.model_dir, engine->model_->config()));
-  openblas_set_num_threads(engine->threads_);
+  engine->pool_ = std::make_unique<ThreadPool>(engine->threads_);
   return engine;
 }
 
@@ -122,10 +121,10 @@ Expected<std::vector<float>> Session::prefill(std::span<const int32_t> tokens, b
     if (!all_logits && !last_part) {
       thread_local std::vector<float> discarded;
       discarded.resize(vocab);
-      engine_.model().forward(part, *kv_, false, discarded.data(), *state_, engine_.threads());
+      engine_.model().forward(part, *kv_, false, discarded.data(), *state_, *engine_.pool_);
     } else {
       float* out = all_logits ? logits.data() + first * vocab : logits.data();
-      engine_.model().forward(part, *kv_, all_logits, out, *state_, engine_.threads());
+      engine_.model().forward(part, *kv_, all_logits, out, *state_, *engine_.pool_);
     }
   }
   return logits;

@@ -63,7 +63,7 @@ void add_to(float* x, const float* delta, size_t size) { mul_add_to(1.0f, delta,
 // The forward pass
 
 void LlamaModel::forward(std::span<const int32_t> tokens, KvStore& kv, bool all_logits, float* logits,
-                         RunState& s, int threads) const {
+                         RunState& s, ThreadPool& pool) const {
   const ModelConfig& c = config_;
   const int n = int(tokens.size());
   const int hidden = int(c.hidden_size), inter = int(c.intermediate_size);
@@ -87,16 +87,16 @@ void LlamaModel::forward(std::span<const int32_t> tokens, KvStore& kv, bool all_
     widen_to_f32(row, weights_.embedding.dtype, s.x.data() + size_t(t) * hidden, size_t(hidden));
   }
   rope_.angles(first_position, n, s.cos, s.sin);
-  const AttentionParams attention_params{int(c.num_heads), 1.0f / std::sqrt(float(c.head_dim)), threads};
+  const AttentionParams attention_params{int(c.num_heads), 1.0f / std::sqrt(float(c.head_dim)), &pool};
 
   for (int l = 0; l < int(c.num_layers); ++l) {
     const LayerWeights& w = weights_.layers[size_t(l)];
 
     // Attention block: h = rmsnorm(x); q, k, v = project(h); rope(q, k); append; attend; x += o_proj(o)
     rmsnorm(s.x.data(), w.attention_norm, eps, n, hidden, s.xb.data());
-    matmul(s.xb.data(), n, w.wq, s.q.data(), threads);
-    matmul(s.xb.data(), n, w.wk, s.k.data(), threads);
-    matmul(s.xb.data(), n, w.wv, s.v.data(), threads);
+    matmul(s.xb.data(), n, w.wq, s.q.data(), pool);
+    matmul(s.xb.data(), n, w.wk, s.k.data(), pool);
+    matmul(s.xb.data(), n, w.wv, s.v.data(), pool);
     if (c.attention_bias) {
       add_bias(s.q.data(), w.bq, n);
       add_bias(s.k.data(), w.bk, n);
@@ -106,15 +106,15 @@ void LlamaModel::forward(std::span<const int32_t> tokens, KvStore& kv, bool all_
     rope_.rotate(s.k.data(), n, int(c.num_kv_heads), s.cos, s.sin);
     kv.append(l, s.k.data(), s.v.data(), n);
     attend(kv, l, s.q.data(), n, first_position, attention_params, s.att.data());
-    matmul(s.att.data(), n, w.wo, s.proj.data(), threads);
+    matmul(s.att.data(), n, w.wo, s.proj.data(), pool);
     add_to(s.x.data(), s.proj.data(), s.x.size());
 
     // MLP block: x += down(silu(gate(h)) · up(h)), h = rmsnorm(x)
     rmsnorm(s.x.data(), w.mlp_norm, eps, n, hidden, s.xb.data());
-    matmul(s.xb.data(), n, w.w_gate, s.gate.data(), threads);
-    matmul(s.xb.data(), n, w.w_up, s.up.data(), threads);
+    matmul(s.xb.data(), n, w.w_gate, s.gate.data(), pool);
+    matmul(s.xb.data(), n, w.w_up, s.up.data(), pool);
     swiglu(s.gate.data(), s.up.data(), s.gate.size());
-    matmul(s.gate.data(), n, w.w_down, s.proj.data(), threads);
+    matmul(s.gate.data(), n, w.w_down, s.proj.data(), pool);
     add_to(s.x.data(), s.proj.data(), s.x.size());
   }
 
@@ -122,7 +122,7 @@ void LlamaModel::forward(std::span<const int32_t> tokens, KvStore& kv, bool all_
   const int first_row = all_logits ? 0 : n - 1;
   const int rows = n - first_row;
   rmsnorm(s.x.data() + size_t(first_row) * hidden, weights_.final_norm, eps, rows, hidden, s.xb.data());
-  matmul(s.xb.data(), rows, weights_.lm_head, logits, threads);
+  matmul(s.xb.data(), rows, weights_.lm_head, logits, pool);
 }
 
 }  // namespace slimkv

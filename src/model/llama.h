@@ -12,6 +12,7 @@
 #include "model/model_config.h"
 #include "model/rope.h"
 #include "model/weight_store.h"
+#include "util/thread_pool.h"
 
 namespace slimkv {
 
@@ -41,7 +42,7 @@ class LlamaModel {
   // Writes logits [n, vocab] when all_logits, else [1, vocab] for the last token. Token ids and the
   // context length are checked by the caller (engine/session.h).
   void forward(std::span<const int32_t> tokens, KvStore& kv, bool all_logits, float* logits, RunState& state,
-               int threads) const;
+               ThreadPool& pool) const;
 
  private:
   LlamaModel(std::string model_dir, ModelConfig config, WeightStore store, LlamaWeights weights);

@@ -46,7 +46,8 @@ void check(const AttentionCase& c) {
   ASSERT_TRUE(pipeline) << pipeline.status().message();
   KvStore store({1, c.num_kv_heads, d, d, n}, *pipeline);
   std::vector<float> out(size_t(n) * c.num_heads * d, NAN);
-  const AttentionParams params{c.num_heads, 1.0f / std::sqrt(float(d)), c.threads};
+  ThreadPool pool(c.threads);
+  const AttentionParams params{c.num_heads, 1.0f / std::sqrt(float(d)), &pool};
   for (int first = 0; first < n; first += c.chunk) {
     const int m = std::min(c.chunk, n - first);
     store.append(0, k.data() + size_t(first) * c.num_kv_heads * d, v.data() + size_t(first) * c.num_kv_heads * d, m);

@@ -199,7 +199,8 @@ TEST(HackCodec, AttentionOverTheStoreTracksQuantAndExact) {
     KvStore store({1, kv_heads, d, d, n}, *pipeline);
     store.append(0, k.data(), v.data(), n);
     std::vector<float> out(exact.size());
-    attend(store, 0, q.data(), n, 0, {heads, scale, 2}, out.data());
+    ThreadPool pool(2);
+    attend(store, 0, q.data(), n, 0, {heads, scale, &pool}, out.data());
     return out;
   };
   const auto nmse = [](const std::vector<float>& a, const std::vector<float>& b) {

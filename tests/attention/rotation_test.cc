@@ -72,7 +72,8 @@ double nmse_vs_exact(const Data& data, const std::string& spec) {
   KvStore store({1, data.kv_heads, data.d, data.d, data.n}, *pipeline);
   store.append(0, data.k.data(), data.v.data(), data.n);
   std::vector<float> out(data.q.size());
-  attend(store, 0, data.q.data(), data.n, 0, {data.heads, 1.0f / std::sqrt(float(data.d)), 2}, out.data());
+  ThreadPool pool(2);
+  attend(store, 0, data.q.data(), data.n, 0, {data.heads, 1.0f / std::sqrt(float(data.d)), &pool}, out.data());
   double e = 0, r = 0;
   for (size_t i = 0; i < out.size(); ++i) {
     e += double(out[i] - data.exact[i]) * (out[i] - data.exact[i]);

@@ -69,6 +69,7 @@ TEST(HalfConversion, RoundsToNearestEvenAndKeepsSpecials) {
 }
 
 TEST(Matmul, EveryDtypeAndPathMatchesReference) {
+  ThreadPool pool(3);  // more threads than cores: tasks must still all run, once
   std::mt19937 rng(11);
   std::normal_distribution<float> normal;
   for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
@@ -83,7 +84,7 @@ TEST(Matmul, EveryDtypeAndPathMatchesReference) {
         for (size_t i = 0; i < w32.size(); ++i) w16[i] = dtype == DType::kBF16 ? float_to_bf16(w32[i]) : float_to_fp16(w32[i]);
         const WeightMatrix w{dtype == DType::kF32 ? static_cast<const void*>(w32.data()) : w16.data(), dtype, rows, cols};
         std::vector<float> y(size_t(n) * rows), expected(y.size());
-        matmul(x.data(), n, w, y.data(), 2);
+        matmul(x.data(), n, w, y.data(), pool);
         matmul_reference(x.data(), n, w, expected.data());
         for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], expected[i], 1e-4 * std::sqrt(double(cols))) << i;
       }

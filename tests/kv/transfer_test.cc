@@ -79,7 +79,8 @@ std::vector<float> attend_all(const KvStore& store, int num_heads, unsigned seed
     if (n == 0) continue;
     std::vector<float> q(size_t(n) * num_heads * shape.k_dim), out(size_t(n) * num_heads * shape.v_dim, NAN);
     for (float& x : q) x = normal(rng);
-    attend(store, l, q.data(), n, tokens - n, {num_heads, 1.0f / std::sqrt(float(shape.k_dim)), 1}, out.data());
+    ThreadPool pool(1);
+    attend(store, l, q.data(), n, tokens - n, {num_heads, 1.0f / std::sqrt(float(shape.k_dim)), &pool}, out.data());
     outputs.insert(outputs.end(), out.begin(), out.end());
   }
   return outputs;

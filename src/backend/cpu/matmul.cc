@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <mutex>
 #include <vector>
 
 #include "backend/cpu/vec_ops.h"
@@ -10,53 +11,57 @@
 namespace slimkv {
 namespace {
 
-// FP32 elements widened per chunk: large enough for efficient GEMM, small enough to stay in L2/L3.
-constexpr int64_t kChunkElements = int64_t(1) << 18;
 // Up to this many inputs, half-precision weights are multiplied in place rather than widened for BLAS.
 constexpr int64_t kMatVecMaxInputs = 4;
-constexpr int64_t kMatVecRows = 64;
-// Below this many elements, waking worker threads costs more than widening on one.
-constexpr int64_t kParallelElements = int64_t(1) << 16;
+// FP32 elements widened per BLAS call: large enough for efficient GEMM, small enough for L2/L3.
+constexpr int64_t kChunkElements = int64_t(1) << 18;
+// Weight elements per task: below this, handing work to another thread costs more than it saves.
+constexpr int64_t kTaskElements = int64_t(1) << 17;
 
 const uint8_t* row_pointer(const WeightMatrix& w, int64_t row) {
   return static_cast<const uint8_t*>(w.data) + size_t(row) * size_t(w.cols) * dtype_size_bytes(w.dtype);
 }
 
-}  // namespace
-
-void matmul(const float* x, int64_t n, const WeightMatrix& w, float* y, int threads) {
+// y[:, row0 : row0 + rows] for all n inputs, on the calling thread.
+void matmul_rows(const float* x, int64_t n, const WeightMatrix& w, int64_t row0, int64_t rows, float* y) {
   if (w.dtype == DType::kF32) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(w.rows), int(w.cols), 1.0f, x, int(w.cols),
-                static_cast<const float*>(w.data), int(w.cols), 0.0f, y, int(w.rows));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(rows), int(w.cols), 1.0f, x, int(w.cols),
+                reinterpret_cast<const float*>(row_pointer(w, row0)), int(w.cols), 0.0f, y + row0, int(w.rows));
     return;
   }
   if (n <= kMatVecMaxInputs) {
-    // Decode-sized: read each half-precision weight once, widened in registers (memory-bound).
-    const auto* weights = static_cast<const uint16_t*>(w.data);
-    const int64_t blocks = (w.rows + kMatVecRows - 1) / kMatVecRows;
-#pragma omp parallel for num_threads(threads) schedule(static) if (w.rows * w.cols >= kParallelElements)
-    for (int64_t b = 0; b < blocks; ++b) {
-      matvec_half(x, n, weights, w.dtype, w.rows, w.cols, b * kMatVecRows, std::min(w.rows, (b + 1) * kMatVecRows), y);
-    }
+    matvec_half(x, n, reinterpret_cast<const uint16_t*>(w.data), w.dtype, w.rows, w.cols, row0, row0 + rows, y);
     return;
   }
+  thread_local std::vector<float> widened;  // this thread's chunk of FP32 rows
   const int64_t chunk_rows = std::max<int64_t>(16, kChunkElements / w.cols);
-  thread_local std::vector<float> widened_buffer;  // the calling thread's; shared by the workers below
-  widened_buffer.resize(size_t(std::min(chunk_rows, w.rows) * w.cols));
-  float* widened = widened_buffer.data();
-  for (int64_t row0 = 0; row0 < w.rows; row0 += chunk_rows) {
-    const int64_t rows = std::min(chunk_rows, w.rows - row0);
-#pragma omp parallel for num_threads(threads) schedule(static) if (rows * w.cols >= kParallelElements)
-    for (int64_t r = 0; r < rows; ++r) {
-      widen_to_f32(row_pointer(w, row0 + r), w.dtype, widened + size_t(r * w.cols), size_t(w.cols));
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(rows), int(w.cols), 1.0f, x, int(w.cols),
-                widened, int(w.cols), 0.0f, y + row0, int(w.rows));
+  widened.resize(size_t(std::min(chunk_rows, rows) * w.cols));
+  for (int64_t r0 = row0; r0 < row0 + rows; r0 += chunk_rows) {
+    const int64_t count = std::min(chunk_rows, row0 + rows - r0);
+    widen_to_f32(row_pointer(w, r0), w.dtype, widened.data(), size_t(count * w.cols));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(count), int(w.cols), 1.0f, x, int(w.cols),
+                widened.data(), int(w.cols), 0.0f, y + r0, int(w.rows));
   }
 }
 
+}  // namespace
+
+void matmul(const float* x, int64_t n, const WeightMatrix& w, float* y, ThreadPool& pool) {
+  static std::once_flag single_threaded_blas;
+  std::call_once(single_threaded_blas, [] { openblas_set_num_threads(1); });
+  // Split the output rows into tasks of at least kTaskElements weights, a few per thread.
+  const int64_t by_size = std::max<int64_t>(1, w.rows * w.cols / kTaskElements);
+  const int64_t tasks = std::min<int64_t>(by_size, 4 * pool.threads());
+  const int64_t rows_per_task = (w.rows + tasks - 1) / tasks;
+  pool.run(tasks, [&](int64_t task, int) {
+    const int64_t row0 = task * rows_per_task;
+    const int64_t rows = std::min(rows_per_task, w.rows - row0);
+    if (rows > 0) matmul_rows(x, n, w, row0, rows, y);
+  });
+}
+
 void matmul_reference(const float* x, int64_t n, const WeightMatrix& w, float* y) {
-  std::vector<float> row(size_t(w.cols));
+  std::vector<float> row(static_cast<size_t>(w.cols));
   for (int64_t o = 0; o < w.rows; ++o) {
     widen_to_f32(row_pointer(w, o), w.dtype, row.data(), size_t(w.cols));
     for (int64_t i = 0; i < n; ++i) {
