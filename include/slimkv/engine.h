@@ -20,6 +20,7 @@ namespace slimkv {
 class LlamaModel;
 class Tokenizer;
 class KvStore;
+class ThreadPool;
 struct KvPipeline;
 struct RunState;
 struct ModelConfig;
@@ -66,6 +67,8 @@ class Engine {
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<KvPipeline> pipeline_;
+  std::unique_ptr<ThreadPool> pool_;  // shared by this engine's sessions: run them one at a time
+  friend class Session;
   GenerationDefaults generation_;
 };
 
