@@ -39,14 +39,17 @@ QuantizationConfig read_quantization(StageOptions& options, KvPipeline& pipeline
 
 std::string KvPipeline::describe() const {
   return str_cat(codec->describe(), codec->describe().starts_with("dense") ? ",block=" : ",pi=", block_tokens,
-                 seed ? str_cat(",seed=", seed) : std::string(), hadamard ? ",rot=hadamard" : "");
+                 seed ? str_cat(",seed=", seed) : std::string(), hadamard ? ",rot=hadamard" : ",rot=none");
 }
 
 Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
   KvPipeline pipeline;
   for (const KvStage& stage : config.stages) {
     StageOptions options(stage, config.spec);
-    pipeline.hadamard = options.choice("rot", "none", {"none", "hadamard"}) == "hadamard";
+    // Quantized codecs rotate by default: on the bundled model at 2 bits the rotation cuts held-out
+    // perplexity from 78.7 to 51.6 (stochastic rounding) and 37.4 to 35.4 (nearest); see README.
+    const bool quantized = stage.name == "hack" || stage.name == "quant";
+    pipeline.hadamard = options.choice("rot", quantized ? "hadamard" : "none", {"none", "hadamard"}) == "hadamard";
     if (stage.name == "dense") {
       if (pipeline.codec) return error("KV spec '", config.spec, "': more than one codec stage");
       const std::string dtype = options.choice("dtype", "f32", {"f32", "f16", "bf16"});

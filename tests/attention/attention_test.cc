@@ -135,7 +135,7 @@ TEST(KvSpec, ErrorsQuoteTheSpecAndNameThePart) {
   }
   auto good = make_kv_pipeline(" dense : dtype = bf16 , block = 32 ");
   ASSERT_TRUE(good) << good.status().message();
-  EXPECT_EQ(good->describe(), "dense:dtype=bf16,block=32");
+  EXPECT_EQ(good->describe(), "dense:dtype=bf16,block=32,rot=none");
 }
 
 TEST(KvStore, MemoryIsWhatWasAllocated) {

@@ -1,7 +1,8 @@
 // The `hack` codec (HACK §5.2–5.3): blocks quantized to b bits (quantized_block.h), and attention
 // computed on the quantized integers with no dequantization (attention/cpu/hack_block_attention.h).
 // Spec: hack:bits=2,pi=64 with kbits, vbits (2/4/8), pi (32/64/128: the block size),
-// round=stochastic|nearest, se=on|off (summation elimination), seed.
+// round=stochastic|nearest, se=on|off (summation elimination), rot=hadamard|none (default hadamard:
+// kv/rotation.h), seed.
 #pragma once
 
 #include "kv/codec/quantized_block.h"
