@@ -31,6 +31,7 @@ QuantizationConfig read_quantization(StageOptions& options, KvPipeline& pipeline
     options.integer("qbits", 8, {8});  // Q and P are 8-bit, as in HACK; named so specs can say so
     options.integer("pbits", 8, {8});
     config.store_sums = options.choice("se", "on", {"on", "off"}) == "on";
+    config.keep_open_exact = options.choice("rqe", "on", {"on", "off"}) == "on";
   }
   return config;
 }

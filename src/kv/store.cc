@@ -12,6 +12,7 @@ KvStore::KvStore(const KvShape& shape, const KvPipeline& pipeline)
       pipeline_(pipeline),
       block_shape_{pipeline.block_tokens, shape.k_dim, shape.v_dim},
       pool_(pipeline.codec->block_bytes(block_shape_)),
+      requantizes_open_(pipeline.codec->requantizes_open_block()),
       layers_(size_t(shape.num_layers)) {
   for (Layer& layer : layers_) {
     layer.heads.resize(size_t(shape.num_kv_heads));
@@ -50,6 +51,13 @@ void KvStore::append(int layer_index, const float* k, const float* v, int n) {
       for (Head& head : layer.heads) {
         hadamard_rotate(head.open_k.data() + size_t(slot) * k_dim, shape_.k_dim);
         hadamard_rotate(head.open_v.data() + size_t(slot) * v_dim, shape_.v_dim);
+      }
+    }
+    if (requantizes_open_) {  // the HACK/RQE ablation: the partial block is kept quantized
+      for (int g = 0; g < shape_.num_kv_heads; ++g) {
+        Head& head = layer.heads[size_t(g)];
+        pipeline_.codec->requantize_open_block(block_shape_, head.open_k.data(), head.open_v.data(), slot, slot + 1,
+                                               block_seed(layer_index, g, int(head.sealed.size())) ^ uint64_t(slot));
       }
     }
     ++layer.num_tokens;

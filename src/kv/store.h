@@ -82,6 +82,7 @@ class KvStore {
   KvPipeline pipeline_;
   BlockShape block_shape_;
   BlockPool pool_;
+  bool requantizes_open_;  // the codec's answer, asked once
   std::vector<Layer> layers_;
 };
 

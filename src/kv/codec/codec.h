@@ -53,6 +53,16 @@ class Codec {
   virtual void attend(const BlockShape& shape, const uint8_t* block, const QueryTile& tile,
                       AttentionPartials& partials, int first_partial) const = 0;
 
+  // Whether the open (partial) block must be requantized at every append: HACK without its
+  // requantization elimination (the HACK/RQE ablation). Asked once, when a store is made.
+  virtual bool requantizes_open_block() const { return false; }
+  // Replaces the open block's values by what a cache that keeps the partial block quantized holds
+  // after appending tokens [first_new, tokens): the new tokens' K quantized per token, and every V
+  // column re-quantized over all `tokens` (dequantized values re-quantized, so error accumulates).
+  // k: [tokens, k_dim], v: [tokens, v_dim], FP32, in place.
+  virtual void requantize_open_block(const BlockShape& /*shape*/, float* /*k*/, float* /*v*/, int /*first_new*/,
+                                     int /*tokens*/, uint64_t /*seed*/) const {}
+
   // Decodes a sealed block back to FP32 k [block_tokens, k_dim], v [block_tokens, v_dim]: for tests,
   // for moving blocks between codecs, and for fidelity measurements.
   virtual void decode(const BlockShape& shape, const uint8_t* block, float* k, float* v) const = 0;

@@ -7,7 +7,7 @@ namespace slimkv {
 std::string describe_quantization(const QuantizationConfig& config) {
   return str_cat("kbits=", config.k_bits, ",vbits=", config.v_bits,
                  ",round=", config.rounding == Rounding::kStochastic ? "stochastic" : "nearest",
-                 ",se=", config.store_sums ? "on" : "off");
+                 ",se=", config.store_sums ? "on" : "off", ",rqe=", config.keep_open_exact ? "on" : "off");
 }
 
 std::string HackCodec::describe() const { return "hack:" + describe_quantization(config_); }
@@ -18,6 +18,11 @@ void HackCodec::seal(const BlockShape& shape, const float* k, const float* v, ui
 
 void HackCodec::prepare_queries(const BlockShape& shape, const QueryTile& tile, std::vector<uint8_t>& prepared) const {
   prepare_hack_queries(QuantizedBlockLayout(config_, shape), tile, prepared);
+}
+
+void HackCodec::requantize_open_block(const BlockShape& shape, float* k, float* v, int first_new, int tokens,
+                                      uint64_t seed) const {
+  requantize_partial_block(QuantizedBlockLayout(config_, shape), k, v, first_new, tokens, seed);
 }
 
 void HackCodec::attend(const BlockShape& shape, const uint8_t* block, const QueryTile& tile,

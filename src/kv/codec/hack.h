@@ -1,7 +1,8 @@
 // The `hack` codec (HACK §5.2–5.3): blocks quantized to b bits (quantized_block.h), and attention
 // computed on the quantized integers with no dequantization (attention/cpu/hack_block_attention.h).
 // Spec: hack:bits=2,pi=64 with kbits, vbits (2/4/8), pi (32/64/128: the block size),
-// round=stochastic|nearest, se=on|off (summation elimination), rot=hadamard|none (default hadamard:
+// round=stochastic|nearest, se=on|off (summation elimination), rqe=on|off (requantization
+// elimination: off requantizes the open block at every append), rot=hadamard|none (default hadamard:
 // kv/rotation.h), seed.
 #pragma once
 
@@ -18,6 +19,9 @@ class HackCodec final : public Codec {
   size_t block_bytes(const BlockShape& shape) const override { return QuantizedBlockLayout(config_, shape).block_bytes; }
   void seal(const BlockShape& shape, const float* k, const float* v, uint64_t seed, uint8_t* block) const override;
   void prepare_queries(const BlockShape& shape, const QueryTile& tile, std::vector<uint8_t>& prepared) const override;
+  bool requantizes_open_block() const override { return !config_.keep_open_exact; }
+  void requantize_open_block(const BlockShape& shape, float* k, float* v, int first_new, int tokens,
+                             uint64_t seed) const override;
   void attend(const BlockShape& shape, const uint8_t* block, const QueryTile& tile, AttentionPartials& partials,
               int first_partial) const override;
   void decode(const BlockShape& shape, const uint8_t* block, float* k, float* v) const override;

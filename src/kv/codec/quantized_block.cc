@@ -162,6 +162,33 @@ void quantize_block(const QuantizedBlockLayout& layout, const float* k, const fl
   }
 }
 
+void requantize_partial_block(const QuantizedBlockLayout& layout, float* k, float* v, int first_new, int tokens,
+                              uint64_t seed) {
+  const QuantizationConfig& config = layout.config;
+  const int k_dim = layout.shape.k_dim, v_dim = layout.shape.v_dim;
+  std::vector<uint8_t> codes(size_t(std::max(k_dim, tokens)));
+  const auto restore = [](float* x, int n, size_t stride, const Partition& part, const uint8_t* c) {
+    const float min_value = fp16_to_float(part.min_fp16), scale = fp16_to_float(part.scale_fp16);
+    for (int i = 0; i < n; ++i) x[size_t(i) * stride] = min_value + scale * float(c[i]);
+  };
+  for (int t = first_new; t < tokens; ++t) {
+    for (int p = 0; p < layout.k_partitions; ++p) {
+      float* x = k + size_t(t) * k_dim + size_t(p) * layout.k_partition;
+      const int n = layout.k_partition_dims(p);
+      const uint64_t counter = uint64_t(t) * uint64_t(k_dim) + uint64_t(p) * uint64_t(layout.k_partition);
+      restore(x, n, 1, quantize_partition(x, n, 1, config.k_bits, config.rounding, seed, counter, codes.data(), 1), codes.data());
+    }
+  }
+  // Each append re-draws the V noise (a new counter range), as re-quantizing anew would.
+  const uint64_t v_counter = (uint64_t(layout.shape.block_tokens) + uint64_t(tokens)) * uint64_t(k_dim + v_dim);
+  for (int c = 0; c < v_dim; ++c) {
+    restore(v + c, tokens, size_t(v_dim),
+            quantize_partition(v + c, tokens, size_t(v_dim), config.v_bits, config.rounding, seed, v_counter + uint64_t(c),
+                               codes.data(), 1),
+            codes.data());
+  }
+}
+
 void unpack_block_codes(const QuantizedBlockLayout& layout, const uint8_t* block, uint8_t* k_codes, uint8_t* v_codes) {
   const QuantizationConfig& config = layout.config;
   const int tokens = layout.shape.block_tokens, k_dim = layout.shape.k_dim, v_dim = layout.shape.v_dim;

@@ -31,6 +31,7 @@ struct QuantizationConfig {
   int v_bits = 2;           // 2, 4 or 8
   Rounding rounding = Rounding::kStochastic;
   bool store_sums = true;   // HACK summation elimination; off = the HACK/SE ablation
+  bool keep_open_exact = true;  // HACK requantization elimination; off = the HACK/RQE ablation
 };
 
 // Where each section of one block lies, for one shape.
@@ -62,6 +63,11 @@ void dequantize_block(const QuantizedBlockLayout& layout, const uint8_t* block, 
 // The integer codes of a block, unpacked: k_codes [Π, k_dim], v_codes [Π, v_dim], and the sums of
 // each partition recomputed from them (what the SE ablation does at every step).
 void unpack_block_codes(const QuantizedBlockLayout& layout, const uint8_t* block, uint8_t* k_codes, uint8_t* v_codes);
+
+// Quantizes and dequantizes in place what a partial block holds (the HACK/RQE ablation): K rows
+// [first_new, tokens) per K partition, and every V column over rows [0, tokens).
+void requantize_partial_block(const QuantizedBlockLayout& layout, float* k, float* v, int first_new, int tokens,
+                              uint64_t seed);
 
 // A uniform number in [0, 1) from a counter: reproducible stochastic rounding, the same on every
 // backend (a CUDA kernel computes the same hash of the same counter).
