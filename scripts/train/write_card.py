@@ -27,6 +27,33 @@ def table(grid, filler):
     return "\n".join(rows)
 
 
+def reference_section(model_dir, p1, p4):
+    """Numbers from scripts/train/reference_cpu.py (no transformers), if they were recorded."""
+    path = os.path.join(model_dir, "reference_cpu.json")
+    if not os.path.exists(path):
+        return ""
+    ref = json.load(open(path))
+    rows = []
+    for key, hf in (("ppl_1024", p1), ("ppl_4096", p4)):
+        if key in ref:
+            r = ref[key]
+            rows.append("| %d | %d | %.4f | %.4f | %+.3f%% |" % (
+                r["context"], r["windows"], hf["ppl"], r["ppl"], 100 * (r["ppl"] / hf["ppl"] - 1)))
+    text = ("\nThe same perplexity from `scripts/train/reference_cpu.py` (a plain FP32 PyTorch forward "
+            "and a Python BPE encoder read from this folder, no transformers or tokenizers; it "
+            "encodes `heldout.txt` to the same %d tokens):\n\n"
+            "| context | windows | HF transformers (BF16) | reference (FP32) | difference |\n"
+            "|---|---|---|---|---|\n" % ref.get("heldout_tokens", 0)) + "\n".join(rows) + "\n"
+    if "passkey_prompt" in ref:
+        pk = ref["passkey_prompt"]
+        text += ("\n`passkey_prompt.txt` (%d tokens with BOS, key at %d%% depth in held-out text; "
+                 "`passkey_prompt.json` has the expected answer) is the retrieval demo for "
+                 "`make run`: the reference's greedy continuation is `%s`.\n" % (
+                     pk["prompt_tokens"], int(100 * pk["depth"]),
+                     pk["reference_greedy_continuation"].strip()))
+    return text
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model-dir", default="models/slimkv-llama-14m")
@@ -147,6 +174,7 @@ exp(mean NLL over all chunk tokens).
 | 1024 | {p1['windows']} | **{p1['ppl']:.3f}** |
 | 4096 | {p4['windows']} | **{p4['ppl']:.3f}** |
 
+""" + reference_section(args.model_dir, p1, p4) + f"""
 slimkv's perplexity on the same text: to be added once the engine's `eval` exists (must agree
 within 0.5%).
 
