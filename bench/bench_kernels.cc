@@ -1,7 +1,8 @@
-// Kernel benchmark: each optimized CPU kernel next to the plain reference it is tested against.
+// Kernel benchmark: each optimized CPU kernel next to the plain reference it is tested against, and
+// the KV codecs next to each other. Google Benchmark times every variant (benchmark_runner.h).
 //   bench_kernels [--threads N] [--contexts 1024,4096,...]
-// Attention: decode (one query token) with the Llama-3-8B shape (32 query / 8 KV heads, d = 128) over
-// the paged store, dense FP32 and FP16 blocks, against the FP64 reference. GEMM: y = x·Wᵀ for F32 and
+// Attention: decode (one query token) and prefill with the Llama-3-8B shape (32 query / 8 KV heads,
+// d = 128) over the paged store: dense FP32 and FP16, quant and hack 2-bit, and the FP64 reference. GEMM: y = x·Wᵀ for F32 and
 // BF16 weights, BLAS (+ widening) against the FP64 triple loop (at sizes where that finishes).
 #include <cmath>
 #include <cstdio>
@@ -15,7 +16,8 @@
 #include "attention/cpu/hack_block_attention.h"
 #include "attention/reference.h"
 #include "backend/cpu/matmul.h"
-#include "bench_timer.h"
+#include "benchmark_runner.h"
+#include "slimkv/status.h"
 #include "util/half.h"
 
 namespace slimkv {
@@ -45,14 +47,15 @@ void bench_attention(const std::vector<int>& contexts, ThreadPool& pool) {
       auto pipeline = make_kv_pipeline(spec);
       KvStore store({1, num_kv_heads, d, d, context}, *pipeline);
       store.append(0, k.data(), v.data(), context);
-      ms.push_back(1e3 * median_seconds([&] { attend(store, 0, q.data(), 1, context - 1, params, out.data()); }));
+      ms.push_back(measure_ms("decode/" + spec + "/" + std::to_string(context),
+                              [&] { attend(store, 0, q.data(), 1, context - 1, params, out.data()); }));
       hack_bytes = double(store.memory().sealed_bytes);
     }
     const int position = context - 1;
-    const double ref_ms = context <= 8192 ? 1e3 * median_seconds([&] {
+    const double ref_ms = context <= 8192 ? measure_ms("decode/reference/" + std::to_string(context), [&] {
       attention_reference(q.data(), 1, &position, k.data(), v.data(), context, num_heads, num_kv_heads, d, d,
                           params.scale, out.data());
-    }, 0.2, 1) : NAN;
+    }, 0.2) : NAN;
     std::printf("%8d %12.3f", context, ref_ms);
     for (double t : ms) std::printf(" %20.3f", t);
     std::printf(" %10.2f %10.2f %12.1f\n", ms[1] / ms[3], ms[2] / ms[3], hack_bytes / (ms[3] * 1e6));
@@ -79,7 +82,7 @@ void bench_prefill_attention(int tokens, ThreadPool& pool) {
     auto pipeline = make_kv_pipeline(spec);
     KvStore store({1, num_kv_heads, d, d, tokens}, *pipeline);
     store.append(0, k.data(), v.data(), tokens);
-    ms.push_back(1e3 * median_seconds([&] { attend(store, 0, q.data(), tokens, 0, params, out.data()); }, 1.0, 1));
+    ms.push_back(measure_ms("prefill/" + spec, [&] { attend(store, 0, q.data(), tokens, 0, params, out.data()); }, 1.0));
     std::printf("%-22s %10.1f ms  %6.2fx dense f16\n", spec.c_str(), ms.back(), ms.size() > 1 ? ms[1] / ms.back() : NAN);
   }
 }
@@ -103,10 +106,11 @@ void bench_gemm(ThreadPool& pool) {
     for (const DType dtype : {DType::kF32, DType::kBF16}) {
       const WeightMatrix w{dtype == DType::kF32 ? static_cast<const void*>(w32.data()) : w16.data(), dtype,
                            shape.rows, shape.cols};
-      const double opt_ms = 1e3 * median_seconds([&] { matmul(x.data(), shape.n, w, y.data(), pool); });
+      const std::string name = str_cat("gemm/", dtype_name(dtype), "/", shape.n, "x", shape.rows, "x", shape.cols);
+      const double opt_ms = measure_ms(name, [&] { matmul(x.data(), shape.n, w, y.data(), pool); });
       const bool small = double(shape.n) * shape.rows * shape.cols <= 1e8;
-      const double ref_ms = small ? 1e3 * median_seconds([&] { matmul_reference(x.data(), shape.n, w, y.data()); }, 0.2, 1)
-                                  : NAN;
+      const double ref_ms =
+          small ? measure_ms(name + "/reference", [&] { matmul_reference(x.data(), shape.n, w, y.data()); }, 0.2) : NAN;
       const double flops = 2.0 * shape.n * shape.rows * shape.cols;
       std::printf("%6d %6d %6d %6s %14.3f %14.3f %10.1f %10.1f\n", shape.n, shape.rows, shape.cols,
                   std::string(dtype_name(dtype)).c_str(), ref_ms, opt_ms, flops / (opt_ms * 1e6), ref_ms / opt_ms);

@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""slimkv's perplexity on a held-out text with the model card's protocol, for comparison with the
+transformers figure there: encode the text as one string without special tokens, cut the ids into
+consecutive chunks of L-1 tokens (remainder dropped), prepend BOS to each, exp(mean NLL over all chunk
+tokens). Runs `slimkv logits --mode prefill` per window. (A stand-in until `slimkv eval`, issue 5.)
+
+    /usr/bin/python3 scripts/heldout_ppl.py --model models/slimkv-llama-14m --context 1024 [--kv dense]
+Needs numpy (Debian: python3-numpy).
+"""
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+
+import numpy as np
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--text", help="default: MODEL/heldout.txt")
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--kv", default="dense")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--slimkv", default="build/release/slimkv")
+    parser.add_argument("--max-windows", type=int, default=0, help="0: all")
+    args = parser.parse_args()
+    text = args.text or os.path.join(args.model, "heldout.txt")
+    bos = json.load(open(os.path.join(args.model, "config.json")))["bos_token_id"]
+    ids_text = subprocess.run([args.slimkv, "tokenize", "--model", args.model, "--file", text, "--no-special-tokens"],
+                              check=True, capture_output=True, text=True).stdout
+    ids = [int(x) for x in ids_text.strip().split(",")]
+    chunk = args.context - 1
+    windows = len(ids) // chunk
+    if args.max_windows:
+        windows = min(windows, args.max_windows)
+    total_nll, count = 0.0, 0
+    with tempfile.TemporaryDirectory() as work:
+        for w in range(windows):
+            window = [bos] + ids[w * chunk:(w + 1) * chunk]
+            with open(os.path.join(work, "ids.txt"), "w") as f:
+                f.write(",".join(map(str, window)))
+            out = os.path.join(work, "logits.npy")
+            subprocess.run([args.slimkv, "logits", "--model", args.model, "--tokens-file", os.path.join(work, "ids.txt"),
+                            "--out", out, "--kv", args.kv, "--threads", str(args.threads)], check=True)
+            logits = np.load(out).astype(np.float64)[:-1]
+            logp = logits - logits.max(1, keepdims=True)
+            logp -= np.log(np.exp(logp).sum(1, keepdims=True))
+            total_nll -= logp[np.arange(chunk), window[1:]].sum()
+            count += chunk
+    print(json.dumps({"model": args.model, "kv": args.kv, "context": args.context, "windows": windows,
+                      "tokens": count, "ppl": float(np.exp(total_nll / count))}))
+
+
+if __name__ == "__main__":
+    main()
