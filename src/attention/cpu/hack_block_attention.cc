@@ -118,6 +118,50 @@ HWY_INLINE Operand8 QuantizeOperand8(const float* x, int n, int32_t* packed) {
   return op;
 }
 
+// acc[r] = Σ_{i < count} codes_i · operands[r · operand_stride + i] for the batch's kBatch queries,
+// where codes_i are the lanes packed at codes + i · code_stride; also code_sum = Σ codes_i when
+// `with_code_sum` (the SE ablation). The batch size is a template parameter so that the accumulators
+// stay in registers, two chains per query to hide the integer product's latency.
+template <int kBits, int kBatch>
+HWY_INLINE void DotRun(const uint8_t* codes, size_t code_stride, const int32_t* operands, size_t operand_stride,
+                       int count, bool with_code_sum, VI* acc, VI& code_sum) {
+  const DI di;
+  VI even[kBatch], odd[kBatch];
+  for (int r = 0; r < kBatch; ++r) even[r] = odd[r] = hn::Zero(di);
+  VI sum_even = hn::Zero(di), sum_odd = hn::Zero(di);
+  int i = 0;
+  for (; i + 1 < count; i += 2) {
+    const VU a = LoadCodeBytes<kBits>(codes + size_t(i) * code_stride);
+    const VU b = LoadCodeBytes<kBits>(codes + size_t(i + 1) * code_stride);
+    for (int r = 0; r < kBatch; ++r) {
+      even[r] = DotBytes(even[r], a, operands[size_t(r) * operand_stride + i]);
+      odd[r] = DotBytes(odd[r], b, operands[size_t(r) * operand_stride + i + 1]);
+    }
+    if (with_code_sum) {
+      sum_even = DotBytes(sum_even, a, kOnes);
+      sum_odd = DotBytes(sum_odd, b, kOnes);
+    }
+  }
+  if (i < count) {
+    const VU a = LoadCodeBytes<kBits>(codes + size_t(i) * code_stride);
+    for (int r = 0; r < kBatch; ++r) even[r] = DotBytes(even[r], a, operands[size_t(r) * operand_stride + i]);
+    if (with_code_sum) sum_even = DotBytes(sum_even, a, kOnes);
+  }
+  for (int r = 0; r < kBatch; ++r) acc[r] = hn::Add(even[r], odd[r]);
+  code_sum = hn::Add(sum_even, sum_odd);
+}
+
+template <int kBits>
+HWY_INLINE void DotRunBatch(int batch, const uint8_t* codes, size_t code_stride, const int32_t* operands,
+                            size_t operand_stride, int count, bool with_code_sum, VI* acc, VI& code_sum) {
+  switch (batch) {
+    case 1: return DotRun<kBits, 1>(codes, code_stride, operands, operand_stride, count, with_code_sum, acc, code_sum);
+    case 2: return DotRun<kBits, 2>(codes, code_stride, operands, operand_stride, count, with_code_sum, acc, code_sum);
+    case 3: return DotRun<kBits, 3>(codes, code_stride, operands, operand_stride, count, with_code_sum, acc, code_sum);
+    default: return DotRun<kBits, 4>(codes, code_stride, operands, operand_stride, count, with_code_sum, acc, code_sum);
+  }
+}
+
 template <int kBitsK, int kBitsV>
 void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, const QueryTile& tile,
                      AttentionPartials& partials, int first_partial) {
@@ -154,14 +198,12 @@ void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, c
     // Scores = Q'·K'ᵀ with Eq. 4's corrections, N tokens at a time, the batch's queries together.
     for (int t0 = 0; t0 < seen_chunks; t0 += lanes) {
       for (int p = 0; p < layout.k_partitions; ++p) {
-        VI acc[kQueryBatch] = {hn::Zero(di), hn::Zero(di), hn::Zero(di), hn::Zero(di)};
-        VI code_sum = hn::Zero(di);
-        const int g_end = (p * layout.k_partition + layout.k_partition_dims(p)) / 4;
-        for (int g = p * layout.k_partition / 4; g < g_end; ++g) {
-          const VU codes = LoadCodeBytes<kBitsK>(block + layout.k_codes + (size_t(g) * tokens + t0) * (kBitsK / 2));
-          for (int r = 0; r < batch; ++r) acc[r] = DotBytes(acc[r], codes, q_ops[size_t(r) * (k_dim / 4) + g]);
-          if (!stored_sums) code_sum = DotBytes(code_sum, codes, kOnes);
-        }
+        VI acc[kQueryBatch];
+        VI code_sum;
+        const int g_begin = p * layout.k_partition / 4, groups = layout.k_partition_dims(p) / 4;
+        DotRunBatch<kBitsK>(batch, block + layout.k_codes + (size_t(g_begin) * tokens + t0) * (kBitsK / 2),
+                            size_t(tokens) * (kBitsK / 2), q_ops + g_begin, size_t(k_dim / 4), groups, !stored_sums, acc,
+                            code_sum);
         const size_t slot = size_t(p) * tokens + t0;
         const VI k_sum = stored_sums ? LoadInt16(k_sums + slot) : code_sum;
         const VF k_sum_f = hn::ConvertTo(df, k_sum);
@@ -187,8 +229,12 @@ void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, c
       if (visible == 0) {
         std::fill(s, s + tokens, 0.0f);
       } else {
-        float block_max = s[0];
-        for (int t = 1; t < visible; ++t) block_max = std::max(block_max, s[t]);
+        VF maxima = hn::Set(df, -INFINITY);
+        for (int t0 = 0; t0 < visible; t0 += lanes) {
+          const auto keep = hn::RebindMask(df, hn::Lt(hn::Iota(di, t0), hn::Set(di, visible)));
+          maxima = hn::Max(maxima, hn::IfThenElse(keep, hn::LoadU(df, s + t0), hn::Set(df, -INFINITY)));
+        }
+        const float block_max = hn::GetLane(hn::MaxOfLanes(df, maxima));
         partials.rescale(index, std::max(partials.max(index), block_max));
         const VF running_max = hn::Set(df, partials.max(index));
         for (int t0 = 0; t0 < tokens; t0 += lanes) {
@@ -203,13 +249,10 @@ void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, c
 
     // Output += P'·V' with Eq. 4's corrections, N columns at a time, the batch's queries together.
     for (int c0 = 0; c0 < v_dim; c0 += lanes) {
-      VI acc[kQueryBatch] = {hn::Zero(di), hn::Zero(di), hn::Zero(di), hn::Zero(di)};
-      VI code_sum = hn::Zero(di);
-      for (int u = 0; u < tokens / 4; ++u) {
-        const VU codes = LoadCodeBytes<kBitsV>(block + layout.v_codes + (size_t(u) * v_dim + c0) * (kBitsV / 2));
-        for (int r = 0; r < batch; ++r) acc[r] = DotBytes(acc[r], codes, p_ops[size_t(r) * (tokens / 4) + u]);
-        if (!stored_sums) code_sum = DotBytes(code_sum, codes, kOnes);
-      }
+      VI acc[kQueryBatch];
+      VI code_sum;
+      DotRunBatch<kBitsV>(batch, block + layout.v_codes + size_t(c0) * (kBitsV / 2), size_t(v_dim) * (kBitsV / 2),
+                          p_ops.data(), size_t(tokens / 4), tokens / 4, !stored_sums, acc, code_sum);
       const VI v_sum = stored_sums ? LoadInt16(v_sums + c0) : code_sum;
       const VF v_sum_f = hn::ConvertTo(df, v_sum);
       const VF v_scale = LoadHalf(v_scales + c0), v_min = LoadHalf(v_mins + c0);
