@@ -1,6 +1,5 @@
 #include "kv/transfer.h"
 
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -10,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "util/atomic_file.h"
 #include "util/mapped_file.h"
 
 namespace slimkv {
@@ -482,22 +482,7 @@ Status write_kv_transfer(const KvStore& store, std::string_view model_id, std::v
 Status write_kv_transfer_file(const KvStore& store, std::string_view model_id, const std::string& path) {
   std::vector<uint8_t> bytes;
   SLIMKV_RETURN_IF_ERROR(write_kv_transfer(store, model_id, bytes).with_context(str_cat("writing ", path)));
-  const std::string temp_path = str_cat(path, ".tmp.", ::getpid());
-  std::FILE* out = std::fopen(temp_path.c_str(), "wb");
-  if (!out) return error("cannot create ", temp_path, ": ", std::strerror(errno));
-  bool ok = std::fwrite(bytes.data(), 1, bytes.size(), out) == bytes.size();
-  const int write_errno = errno;
-  if (std::fclose(out) != 0) ok = false;
-  if (!ok) {
-    std::remove(temp_path.c_str());
-    return error("writing ", temp_path, ": ", std::strerror(write_errno));
-  }
-  if (std::rename(temp_path.c_str(), path.c_str()) != 0) {
-    const int rename_errno = errno;
-    std::remove(temp_path.c_str());
-    return error("cannot rename ", temp_path, " to ", path, ": ", std::strerror(rename_errno));
-  }
-  return Status::ok();
+  return write_file_atomically(path, {bytes});
 }
 
 // --- reading -------------------------------------------------------------------------------------

@@ -1,6 +1,5 @@
 #include "model/safetensors.h"
 
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -11,6 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
+
+#include "util/atomic_file.h"
 
 namespace slimkv {
 namespace {
@@ -422,30 +423,14 @@ Status write_safetensors(const std::string& path, const std::vector<TensorToWrit
   }
   while ((8 + header_text.size()) % 8 != 0) header_text.push_back(' ');
 
-  // Write to a temporary name and rename, so a failed write never leaves a truncated file behind.
-  const std::string temp_path = str_cat(path, ".tmp.", ::getpid());
-  std::FILE* out = std::fopen(temp_path.c_str(), "wb");
-  if (!out) return error("cannot create ", temp_path, ": ", std::strerror(errno));
+  // Written to a temporary name and renamed, so a failed write never leaves a truncated file behind.
   uint8_t length_bytes[8];
   for (int i = 0; i < 8; ++i) length_bytes[i] = uint8_t(uint64_t(header_text.size()) >> (8 * i));
-  bool ok = std::fwrite(length_bytes, 1, 8, out) == 8 &&
-            std::fwrite(header_text.data(), 1, header_text.size(), out) == header_text.size();
-  for (size_t i : order) {
-    const std::span<const uint8_t> data = tensors[i].data;
-    if (ok && !data.empty()) ok = std::fwrite(data.data(), 1, data.size(), out) == data.size();
-  }
-  const int write_errno = errno;
-  if (std::fclose(out) != 0) ok = false;
-  if (!ok) {
-    std::remove(temp_path.c_str());
-    return error("writing ", temp_path, ": ", std::strerror(write_errno));
-  }
-  if (std::rename(temp_path.c_str(), path.c_str()) != 0) {
-    const int rename_errno = errno;
-    std::remove(temp_path.c_str());
-    return error("cannot rename ", temp_path, " to ", path, ": ", std::strerror(rename_errno));
-  }
-  return Status::ok();
+  std::vector<std::span<const uint8_t>> pieces = {
+      std::span<const uint8_t>(length_bytes, 8),
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(header_text.data()), header_text.size())};
+  for (size_t i : order) pieces.push_back(tensors[i].data);
+  return write_file_atomically(path, pieces);
 }
 
 }  // namespace slimkv

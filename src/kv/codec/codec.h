@@ -68,4 +68,9 @@ class Codec {
   virtual void decode(const BlockShape& shape, const uint8_t* block, float* k, float* v) const = 0;
 };
 
+// Attention over a block through its decoded FP32 form: codec.decode() into this thread's buffers,
+// then the FP32 block kernel. The `quant` baseline's whole method, and how `dense` reads FP16/BF16.
+void attend_decoded(const Codec& codec, const BlockShape& shape, const uint8_t* block, const QueryTile& tile,
+                    AttentionPartials& partials, int first_partial);
+
 }  // namespace slimkv

@@ -1,7 +1,6 @@
 #include "kv/codec/dense.h"
 
 #include <cstring>
-#include <vector>
 
 #include "attention/cpu/dense_block_attention.h"
 #include "backend/cpu/vec_ops.h"
@@ -49,12 +48,7 @@ void DenseCodec::attend(const BlockShape& shape, const uint8_t* block, const Que
     attend_block_f32(tile, k, v, shape.k_dim, shape.v_dim, partials, first_partial);
     return;
   }
-  // Half-precision blocks are widened once per tile into a per-thread buffer, then read as FP32.
-  thread_local std::vector<float> k, v;
-  k.resize(size_t(shape.block_tokens) * size_t(shape.k_dim));
-  v.resize(size_t(shape.block_tokens) * size_t(shape.v_dim));
-  decode(shape, block, k.data(), v.data());
-  attend_block_f32(tile, k.data(), v.data(), shape.k_dim, shape.v_dim, partials, first_partial);
+  attend_decoded(*this, shape, block, tile, partials, first_partial);  // FP16/BF16: widened, then FP32
 }
 
 }  // namespace slimkv
