@@ -40,7 +40,7 @@ test-asan: deps $(ASAN)/build.ninja
 	cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 
 $(FUZZ)/build.ninja:
-	CC=clang CXX=clang++ cmake -S . -B $(FUZZ) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLIMKV_FUZZ=ON -DSLIMKV_SANITIZE=ON -DSLIMKV_BENCH=OFF $(CMAKE_FLAGS)
+	CC=clang CXX=clang++ cmake -S . -B $(FUZZ) -G Ninja -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -gline-tables-only" -DSLIMKV_FUZZ=ON -DSLIMKV_SANITIZE=ON -DSLIMKV_BENCH=OFF $(CMAKE_FLAGS)
 
 # Each fuzz target runs briefly from its seed corpus (fuzz/corpus/<name>/); a crash fails the test.
 test-fuzz: deps $(FUZZ)/build.ninja

@@ -162,13 +162,24 @@ HWY_INLINE void DotRunBatch(int batch, const uint8_t* codes, size_t code_stride,
   }
 }
 
-template <int kBitsK, int kBitsV>
+// The bit widths select the integer loops at run time (3 widths × 4 batch sizes), so the rest of the
+// kernel is compiled once rather than once per (K bits, V bits) pair.
+HWY_INLINE void DotRunAnyBits(int bits, int batch, const uint8_t* codes, size_t code_stride, const int32_t* operands,
+                              size_t operand_stride, int count, bool with_code_sum, VI* acc, VI& code_sum) {
+  switch (bits) {
+    case 2: return DotRunBatch<2>(batch, codes, code_stride, operands, operand_stride, count, with_code_sum, acc, code_sum);
+    case 4: return DotRunBatch<4>(batch, codes, code_stride, operands, operand_stride, count, with_code_sum, acc, code_sum);
+    default: return DotRunBatch<8>(batch, codes, code_stride, operands, operand_stride, count, with_code_sum, acc, code_sum);
+  }
+}
+
 void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, const QueryTile& tile,
                      AttentionPartials& partials, int first_partial) {
   const DI di;
   const DF df;
   const int lanes = int(hn::Lanes(di));
   const int tokens = layout.shape.block_tokens, k_dim = layout.shape.k_dim, v_dim = layout.shape.v_dim;
+  const int k_bits = layout.config.k_bits, v_bits = layout.config.v_bits;
   const bool stored_sums = layout.config.store_sums;
   const auto* k_mins = reinterpret_cast<const uint16_t*>(block + layout.k_mins);
   const auto* k_scales = reinterpret_cast<const uint16_t*>(block + layout.k_scales);
@@ -201,9 +212,9 @@ void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, c
         VI acc[kQueryBatch];
         VI code_sum;
         const int g_begin = p * layout.k_partition / 4, groups = layout.k_partition_dims(p) / 4;
-        DotRunBatch<kBitsK>(batch, block + layout.k_codes + (size_t(g_begin) * tokens + t0) * (kBitsK / 2),
-                            size_t(tokens) * (kBitsK / 2), q_ops + g_begin, size_t(k_dim / 4), groups, !stored_sums, acc,
-                            code_sum);
+        DotRunAnyBits(k_bits, batch, block + layout.k_codes + (size_t(g_begin) * tokens + t0) * (k_bits / 2),
+                      size_t(tokens) * (k_bits / 2), q_ops + g_begin, size_t(k_dim / 4), groups, !stored_sums, acc,
+                      code_sum);
         const size_t slot = size_t(p) * tokens + t0;
         const VI k_sum = stored_sums ? LoadInt16(k_sums + slot) : code_sum;
         const VF k_sum_f = hn::ConvertTo(df, k_sum);
@@ -251,8 +262,8 @@ void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, c
     for (int c0 = 0; c0 < v_dim; c0 += lanes) {
       VI acc[kQueryBatch];
       VI code_sum;
-      DotRunBatch<kBitsV>(batch, block + layout.v_codes + size_t(c0) * (kBitsV / 2), size_t(v_dim) * (kBitsV / 2),
-                          p_ops.data(), size_t(tokens / 4), tokens / 4, !stored_sums, acc, code_sum);
+      DotRunAnyBits(v_bits, batch, block + layout.v_codes + size_t(c0) * (v_bits / 2), size_t(v_dim) * (v_bits / 2),
+                    p_ops.data(), size_t(tokens / 4), tokens / 4, !stored_sums, acc, code_sum);
       const VI v_sum = stored_sums ? LoadInt16(v_sums + c0) : code_sum;
       const VF v_sum_f = hn::ConvertTo(df, v_sum);
       const VF v_scale = LoadHalf(v_scales + c0), v_min = LoadHalf(v_mins + c0);
@@ -279,17 +290,7 @@ void AttendHackBlock(const QuantizedBlockLayout& layout, const uint8_t* block, c
     attend_hack_block_reference(layout, block, tile, partials, first_partial);
     return;
   }
-  const int k = layout.config.k_bits, v = layout.config.v_bits;
-  const auto run = [&](auto kernel) { kernel(layout, block, tile, partials, first_partial); };
-  if (k == 2 && v == 2) return run(AttendQuantized<2, 2>);
-  if (k == 4 && v == 4) return run(AttendQuantized<4, 4>);
-  if (k == 8 && v == 8) return run(AttendQuantized<8, 8>);
-  if (k == 2 && v == 4) return run(AttendQuantized<2, 4>);
-  if (k == 4 && v == 2) return run(AttendQuantized<4, 2>);
-  if (k == 2 && v == 8) return run(AttendQuantized<2, 8>);
-  if (k == 8 && v == 2) return run(AttendQuantized<8, 2>);
-  if (k == 4 && v == 8) return run(AttendQuantized<4, 8>);
-  return run(AttendQuantized<8, 4>);
+  AttendQuantized(layout, block, tile, partials, first_partial);
 }
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
