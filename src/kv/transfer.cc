@@ -355,6 +355,9 @@ Expected<ParsedTransfer> parse_transfer(const uint8_t* data, size_t size, std::s
   uint64_t offset = layout.open_offset;
   for (uint32_t l = 0; l < layout.num_layers; ++l) {
     const uint64_t open = uint64_t(info.layer_tokens[l]) % layout.block_tokens;
+    // A layer without open tokens has empty records: skipping it keeps this loop bounded by the
+    // section's bytes even when a (corrupt) header claims billions of heads.
+    if (open == 0) continue;
     for (uint32_t g = 0; g < layout.num_kv_heads; ++g) {
       for (const uint64_t dim : {uint64_t(layout.k_dim), uint64_t(layout.v_dim)}) {
         uint64_t record = 0;
