@@ -56,14 +56,12 @@ class Engine {
   const EngineConfig& config() const { return config_; }
   std::string kv_description() const;  // the KV spec with every option spelled out
   const KvPipeline& kv_pipeline() const { return *pipeline_; }
-  int threads() const { return threads_; }
 
   std::unique_ptr<Session> new_session() const;
 
  private:
   Engine() = default;
   EngineConfig config_;
-  int threads_ = 1;
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<KvPipeline> pipeline_;
@@ -86,7 +84,6 @@ class Session {
   int num_tokens() const;
   int context_tokens() const;
   const KvStore& kv() const { return *kv_; }
-  void reset();
 
  private:
   const Engine& engine_;

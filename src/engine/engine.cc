@@ -58,7 +58,7 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
   if (config.prefill_chunk_tokens < 1) return error("prefill chunk must be >= 1 token");
   std::unique_ptr<Engine> engine(new Engine());
   engine->config_ = config;
-  engine->threads_ = config.threads > 0 ? config.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = config.threads > 0 ? config.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   SLIMKV_ASSIGN_OR_RETURN(KvPipeline pipeline, make_kv_pipeline(config.kv_spec));  // bad specs fail before loading
   engine->pipeline_ = std::make_unique<KvPipeline>(std::move(pipeline));
   SLIMKV_ASSIGN_OR_RETURN(engine->model_, LlamaModel::load(config.model_dir));
@@ -72,7 +72,7 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
     engine->tokenizer_ = std::make_unique<Tokenizer>(std::move(tokenizer));
   }
   SLIMKV_ASSIGN_OR_RETURN(engine->generation_, load_generation_defaults(config.model_dir, engine->model_->config()));
-  engine->pool_ = std::make_unique<ThreadPool>(engine->threads_);
+  engine->pool_ = std::make_unique<ThreadPool>(threads);
   return engine;
 }
 
@@ -96,8 +96,6 @@ Session::~Session() = default;
 int Session::num_tokens() const { return kv_->num_tokens(0); }
 
 int Session::context_tokens() const { return kv_->shape().max_tokens; }
-
-void Session::reset() { kv_->clear(); }
 
 Expected<std::vector<float>> Session::prefill(std::span<const int32_t> tokens, bool all_logits) {
   const ModelConfig& config = engine_.model_config();

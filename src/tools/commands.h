@@ -27,7 +27,4 @@ CommandRunner add_generate_command(CLI::App& app);
 CommandRunner add_logits_command(CLI::App& app);
 CommandRunner add_tokenize_command(CLI::App& app);
 
-// Reads a whole text file named on the command line (a clear error names it).
-Expected<std::string> read_input_file(const std::string& path);
-
 }  // namespace slimkv

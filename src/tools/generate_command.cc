@@ -10,6 +10,7 @@
 #include "model/model_config.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/commands.h"
+#include "util/mapped_file.h"
 
 namespace slimkv {
 
@@ -40,7 +41,7 @@ CommandRunner add_generate_command(CLI::App& app) {
   return [options, prompt, prompt_file]() -> Status {
     std::string text = options->prompt;
     if (prompt_file->count()) {
-      SLIMKV_ASSIGN_OR_RETURN(text, read_input_file(options->prompt_file));
+      SLIMKV_ASSIGN_OR_RETURN(text, read_text_file(options->prompt_file));
     } else if (!prompt->count()) {
       return error("give the prompt with --prompt or --prompt-file");
     }

@@ -5,6 +5,7 @@
 
 #include "model/model_config.h"
 #include "tools/commands.h"
+#include "util/mapped_file.h"
 #include "util/npy.h"
 
 namespace slimkv {
@@ -61,7 +62,7 @@ CommandRunner add_logits_command(CLI::App& app) {
     if (tokens->count()) {
       SLIMKV_ASSIGN_OR_RETURN(ids, parse_token_ids(options->tokens, "--tokens"));
     } else if (tokens_file->count()) {
-      SLIMKV_ASSIGN_OR_RETURN(std::string text, read_input_file(options->tokens_file));
+      SLIMKV_ASSIGN_OR_RETURN(std::string text, read_text_file(options->tokens_file));
       SLIMKV_ASSIGN_OR_RETURN(ids, parse_token_ids(text, options->tokens_file));
     } else {
       return error("give the token ids with --tokens or --tokens-file");

@@ -3,7 +3,6 @@
 #include <vector>
 
 #include "tools/commands.h"
-#include "util/mapped_file.h"
 
 namespace slimkv {
 
@@ -22,8 +21,6 @@ EngineConfig CommonOptions::engine_config() const {
   config.threads = threads;
   return config;
 }
-
-Expected<std::string> read_input_file(const std::string& path) { return read_text_file(path); }
 
 }  // namespace slimkv
 

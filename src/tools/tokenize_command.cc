@@ -3,6 +3,7 @@
 
 #include "tokenizer/tokenizer.h"
 #include "tools/commands.h"
+#include "util/mapped_file.h"
 
 namespace slimkv {
 
@@ -22,7 +23,7 @@ CommandRunner add_tokenize_command(CLI::App& app) {
     if (text->count() == 0 && file->count() == 0) return error("give the text with --text or --file");
     std::string input = options->text;
     if (file->count()) {
-      SLIMKV_ASSIGN_OR_RETURN(input, read_input_file(options->file));
+      SLIMKV_ASSIGN_OR_RETURN(input, read_text_file(options->file));
     }
     SLIMKV_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load(options->model_dir + "/tokenizer.json"));
     const std::vector<int32_t> ids = tokenizer.encode(input, !options->no_special);
