@@ -25,6 +25,7 @@ struct KvPipeline;
 struct RunState;
 struct ModelConfig;
 struct KvMemory;
+struct ForwardObserver;
 
 struct EngineConfig {
   std::string model_dir;
@@ -85,10 +86,15 @@ class Session {
   int context_tokens() const;
   const KvStore& kv() const { return *kv_; }
 
+  // Later calls show each layer's buffers to `observer` (model/forward_observer.h); nullptr stops it.
+  // The observer must outlive those calls.
+  void set_observer(ForwardObserver* observer) { observer_ = observer; }
+
  private:
   const Engine& engine_;
   std::unique_ptr<KvStore> kv_;
   std::unique_ptr<RunState> state_;
+  ForwardObserver* observer_ = nullptr;
 };
 
 }  // namespace slimkv

@@ -119,10 +119,10 @@ Expected<std::vector<float>> Session::prefill(std::span<const int32_t> tokens, b
     if (!all_logits && !last_part) {
       thread_local std::vector<float> discarded;
       discarded.resize(vocab);
-      engine_.model().forward(part, *kv_, false, discarded.data(), *state_, *engine_.pool_);
+      engine_.model().forward(part, *kv_, false, discarded.data(), *state_, *engine_.pool_, observer_);
     } else {
       float* out = all_logits ? logits.data() + first * vocab : logits.data();
-      engine_.model().forward(part, *kv_, all_logits, out, *state_, *engine_.pool_);
+      engine_.model().forward(part, *kv_, all_logits, out, *state_, *engine_.pool_, observer_);
     }
   }
   return logits;

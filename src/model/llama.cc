@@ -63,7 +63,7 @@ void add_to(float* x, const float* delta, size_t size) { mul_add_to(1.0f, delta,
 // The forward pass
 
 void LlamaModel::forward(std::span<const int32_t> tokens, KvStore& kv, bool all_logits, float* logits,
-                         RunState& s, ThreadPool& pool) const {
+                         RunState& s, ThreadPool& pool, ForwardObserver* observer) const {
   const ModelConfig& c = config_;
   const int n = int(tokens.size());
   const int hidden = int(c.hidden_size), inter = int(c.intermediate_size);
@@ -104,8 +104,10 @@ void LlamaModel::forward(std::span<const int32_t> tokens, KvStore& kv, bool all_
     }
     rope_.rotate(s.q.data(), n, int(c.num_heads), s.cos, s.sin);
     rope_.rotate(s.k.data(), n, int(c.num_kv_heads), s.cos, s.sin);
+    if (observer) observer->on_qkv(l, s.q.data(), s.k.data(), s.v.data(), n);
     kv.append(l, s.k.data(), s.v.data(), n);
     attend(kv, l, s.q.data(), n, first_position, attention_params, s.att.data());
+    if (observer) observer->on_attention_output(l, s.att.data(), n);
     matmul(s.att.data(), n, w.wo, s.proj.data(), pool);
     add_to(s.x.data(), s.proj.data(), s.x.size());
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kv/store.h"
+#include "model/forward_observer.h"
 #include "model/llama_weights.h"
 #include "model/model_config.h"
 #include "model/rope.h"
@@ -40,9 +41,10 @@ class LlamaModel {
 
   // Runs `tokens` at positions kv.num_tokens(0) ... through the model, appending their K/V to `kv`.
   // Writes logits [n, vocab] when all_logits, else [1, vocab] for the last token. Token ids and the
-  // context length are checked by the caller (engine/session.h).
+  // context length are checked by the caller (engine/session.h). The observer, when given, sees each
+  // layer's q/k/v and attention output.
   void forward(std::span<const int32_t> tokens, KvStore& kv, bool all_logits, float* logits, RunState& state,
-               ThreadPool& pool) const;
+               ThreadPool& pool, ForwardObserver* observer = nullptr) const;
 
  private:
   LlamaModel(std::string model_dir, ModelConfig config, WeightStore store, LlamaWeights weights);
