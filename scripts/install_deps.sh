@@ -13,6 +13,8 @@ packages=(
   libcli11-dev             # command-line parsing
   libgtest-dev libgmock-dev  # tests
   libbenchmark-dev         # micro-benchmarks
+  gnuplot-nox              # slimkv eval's PNG plots
+  python3-jsonschema       # tests: results.json checked against docs/eval_results.schema.json
 )
 
 missing=()

@@ -33,6 +33,9 @@ struct EngineConfig {
   std::string device = "cpu";
   int threads = 0;              // 0: every core
   int prefill_chunk_tokens = 512;  // prompts run through the model this many tokens at a time
+  // Workers to run on, shared by engines used one at a time (slimkv eval holds one per KV spec);
+  // nullptr: the engine starts its own `threads` workers.
+  std::shared_ptr<ThreadPool> pool = nullptr;
 };
 
 // generation_config.json, where present (all optional).
@@ -60,13 +63,16 @@ class Engine {
 
   std::unique_ptr<Session> new_session() const;
 
+  // The workers sessions run on, for tools that run kernels beside a session (eval's fidelity task).
+  ThreadPool& pool() const { return *pool_; }
+
  private:
   Engine() = default;
   EngineConfig config_;
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<KvPipeline> pipeline_;
-  std::unique_ptr<ThreadPool> pool_;  // shared by this engine's sessions: run them one at a time
+  std::shared_ptr<ThreadPool> pool_;  // shared by this engine's sessions: run them one at a time
   friend class Session;
   GenerationDefaults generation_;
 };

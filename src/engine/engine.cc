@@ -72,7 +72,7 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
     engine->tokenizer_ = std::make_unique<Tokenizer>(std::move(tokenizer));
   }
   SLIMKV_ASSIGN_OR_RETURN(engine->generation_, load_generation_defaults(config.model_dir, engine->model_->config()));
-  engine->pool_ = std::make_unique<ThreadPool>(threads);
+  engine->pool_ = config.pool ? config.pool : std::make_shared<ThreadPool>(threads);
   return engine;
 }
 

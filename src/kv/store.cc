@@ -1,9 +1,10 @@
 #include "kv/store.h"
 
-#include "kv/rotation.h"
-
 #include <cassert>
 #include <cstring>
+
+#include "kv/rotation.h"
+#include "util/random.h"
 
 namespace slimkv {
 
@@ -27,11 +28,7 @@ int KvStore::num_sealed_blocks(int layer) const { return int(layers_[size_t(laye
 
 uint64_t KvStore::block_seed(int layer, int head, int index) const {
   // splitmix64 of the block's identity: reproducible, and independent between blocks.
-  uint64_t z = pipeline_.seed ^ (uint64_t(layer) << 40) ^ (uint64_t(head) << 24) ^ uint64_t(index);
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
+  return splitmix64(pipeline_.seed ^ (uint64_t(layer) << 40) ^ (uint64_t(head) << 24) ^ uint64_t(index));
 }
 
 void KvStore::append(int layer_index, const float* k, const float* v, int n) {

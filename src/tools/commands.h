@@ -26,5 +26,6 @@ using CommandRunner = std::function<Status()>;
 CommandRunner add_generate_command(CLI::App& app);
 CommandRunner add_logits_command(CLI::App& app);
 CommandRunner add_tokenize_command(CLI::App& app);
+CommandRunner add_eval_command(CLI::App& app);
 
 }  // namespace slimkv

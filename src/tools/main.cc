@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
   add(slimkv::add_generate_command);
   add(slimkv::add_logits_command);
   add(slimkv::add_tokenize_command);
+  add(slimkv::add_eval_command);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

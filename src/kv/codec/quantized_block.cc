@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "util/half.h"
+#include "util/random.h"
 
 namespace slimkv {
 namespace {
@@ -71,10 +72,7 @@ const T* at(const uint8_t* block, size_t offset) {
 }  // namespace
 
 float counter_uniform(uint64_t seed, uint64_t counter) {
-  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (counter + 1);  // splitmix64 of (seed, counter)
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
+  const uint64_t z = splitmix64(seed + 0x9e3779b97f4a7c15ull * counter);  // the counter-th draw from seed
   return float(z >> 40) * (1.0f / 16777216.0f);  // 24 random bits
 }
 

@@ -1,0 +1,31 @@
+// memory: what the KV store allocates per token, after the text prefix of the full context has run
+// through the model: sealed blocks as their codec encodes them plus the open blocks' buffers (allocated
+// in full), per layer, split by tier, and the ratio to an FP16 cache (2 bytes per K and V element).
+#include "eval/tasks.h"
+#include "kv/store.h"
+
+namespace slimkv {
+
+Status run_memory_task(EvalContext& context) {
+  const std::vector<int32_t> ids = context.text_prefix(context.context_tokens);
+  context.progress.start(str_cat("memory: ", context.subjects.size(), " specs at ", ids.size(), " tokens"),
+                         int64_t(context.subjects.size()));
+  for (const EvalSubject& subject : context.subjects) {
+    auto session = subject.engine->new_session();
+    SLIMKV_RETURN_IF_ERROR(session->prefill(ids).status());
+    const KvStore& kv = session->kv();
+    const KvShape& shape = kv.shape();
+    const KvMemory memory = kv.memory();
+    const double per_layer_token = double(shape.num_layers) * double(ids.size());
+    const double fast_bytes = double(memory.sealed_bytes + memory.open_bytes) / per_layer_token;
+    const double fp16_bytes = 2.0 * double(shape.num_kv_heads) * double(shape.k_dim + shape.v_dim);
+    context.results.add(subject.spec, "memory", "kv_bytes_per_token", fast_bytes).tier = "fast";
+    context.results.add(subject.spec, "memory", "kv_bytes_per_token", fast_bytes);
+    context.results.add(subject.spec, "memory", "ratio_fp16", fast_bytes / fp16_bytes);
+    context.progress.advance();
+  }
+  context.progress.finish();
+  return Status::ok();
+}
+
+}  // namespace slimkv
