@@ -68,7 +68,7 @@ template <int kHeadDim, int kRows>
 __global__ __launch_bounds__(kThreads) void paged_attention_partials(AttentionLaunch p) {
   constexpr int kLanesPerToken = kHeadDim / 8;
   constexpr int kTokensPerStep = 32 / kLanesPerToken;
-  constexpr int kSteps = kRows >= 8 ? 4 : 8;  // bounded by registers: scores are kSteps × kRows
+  constexpr int kSteps = 4;  // loads per chunk, bounded by registers (two chunks are held)
   constexpr int kChunkTokens = kTokensPerStep * kSteps;
   static_assert(kCudaBlockTokens % kChunkTokens == 0, "a chunk must not straddle blocks");
   constexpr unsigned kFullMask = 0xffffffffu;
@@ -112,74 +112,93 @@ __global__ __launch_bounds__(kThreads) void paged_attention_partials(AttentionLa
     for (int c = 0; c < 8; ++c) acc[r][c] = 0.0f;
   }
 
+  // The warp's chunks, in order: its blocks are block_begin + warp + kWarps·j; chunks at or past
+  // kv_end (the tail of the sequence's last block) are not read at all.
   const int* table = p.block_tables + size_t(p.sequence_ids[tq.batch_index]) * p.block_table_stride;
-  for (int block = block_begin + warp; block < block_end; block += kWarps) {
+  constexpr int kChunksPerBlock = kCudaBlockTokens / kChunkTokens;
+  const int warp_blocks = max(0, (block_end - block_begin - warp + kWarps - 1) / kWarps);
+  int num_chunks = 0;
+  if (warp_blocks > 0) {
+    const int last_block = block_begin + warp + kWarps * (warp_blocks - 1);
+    const int last_tokens = min(kCudaBlockTokens, tq.kv_end - last_block * kCudaBlockTokens);
+    num_chunks = (warp_blocks - 1) * kChunksPerBlock + (last_tokens + kChunkTokens - 1) / kChunkTokens;
+  }
+  // Loads chunk i of the warp into registers (zeros past kv_end: another sequence's data or nothing
+  // sits there) and returns its first token.
+  auto load_chunk = [&](int i, uint4 (&k_raw)[kSteps], uint4 (&v_raw)[kSteps]) {
+    const int block = block_begin + warp + kWarps * (i / kChunksPerBlock);
+    const int chunk = (i % kChunksPerBlock) * kChunkTokens;
     const size_t block_offset = (size_t(table[block]) * p.num_kv_heads + kv_head) * kCudaBlockTokens * kHeadDim;
-    const __half* k_block = p.k_pool + block_offset;
-    const __half* v_block = p.v_pool + block_offset;
-    for (int chunk = 0; chunk < kCudaBlockTokens; chunk += kChunkTokens) {
-      const int chunk_first = block * kCudaBlockTokens + chunk;
-      if (chunk_first >= tq.kv_end) break;
-      // Tokens past kv_end are not read (the slot may hold another sequence's data or nothing).
-      uint4 k_raw[kSteps], v_raw[kSteps];
 #pragma unroll
-      for (int s = 0; s < kSteps; ++s) {
-        const int token = chunk + s * kTokensPerStep + token_in_step;
-        k_raw[s] = v_raw[s] = make_uint4(0, 0, 0, 0);
-        if (block * kCudaBlockTokens + token < tq.kv_end) {
-          k_raw[s] = __ldg(reinterpret_cast<const uint4*>(k_block + token * kHeadDim + dim0));
-          v_raw[s] = __ldg(reinterpret_cast<const uint4*>(v_block + token * kHeadDim + dim0));
-        }
-      }
-      // Scores (base 2), reduced over the lanes that hold one token; masked by causality.
-      float score[kSteps][kRows];
-#pragma unroll
-      for (int s = 0; s < kSteps; ++s) {
-        float k[8];
-        halves_to_floats(k_raw[s], k);
-        const int token = chunk_first + s * kTokensPerStep + token_in_step;
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          float dot = 0.0f;
-#pragma unroll
-          for (int c = 0; c < 8; ++c) dot = fmaf(q[r][c], k[c], dot);
-#pragma unroll
-          for (int offset = kLanesPerToken / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(kFullMask, dot, offset);
-          score[s][r] = token <= position[r] ? dot : -INFINITY;
-        }
-      }
-      // Online softmax: a new running max rescales what was summed (attention/partial.h).
-      float reference[kRows];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        float chunk_max = score[0][r];
-#pragma unroll
-        for (int s = 1; s < kSteps; ++s) chunk_max = fmaxf(chunk_max, score[s][r]);
-#pragma unroll
-        for (int offset = kLanesPerToken; offset < 32; offset *= 2) {
-          chunk_max = fmaxf(chunk_max, __shfl_xor_sync(kFullMask, chunk_max, offset));
-        }
-        const float new_max = fmaxf(running_max[r], chunk_max);
-        reference[r] = new_max == -INFINITY ? 0.0f : new_max;  // all masked so far: exp2 gives 0, not NaN
-        const float rescale = exp2f(running_max[r] - reference[r]);
-        running_max[r] = new_max;
-        sum[r] *= rescale;
-#pragma unroll
-        for (int c = 0; c < 8; ++c) acc[r][c] *= rescale;
-      }
-#pragma unroll
-      for (int s = 0; s < kSteps; ++s) {
-        float v[8];
-        halves_to_floats(v_raw[s], v);
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          const float weight = exp2f(score[s][r] - reference[r]);
-          sum[r] += weight;
-#pragma unroll
-          for (int c = 0; c < 8; ++c) acc[r][c] = fmaf(weight, v[c], acc[r][c]);
-        }
+    for (int s = 0; s < kSteps; ++s) {
+      const int token = chunk + s * kTokensPerStep + token_in_step;
+      k_raw[s] = v_raw[s] = make_uint4(0, 0, 0, 0);
+      if (block * kCudaBlockTokens + token < tq.kv_end) {
+        k_raw[s] = __ldg(reinterpret_cast<const uint4*>(p.k_pool + block_offset + token * kHeadDim + dim0));
+        v_raw[s] = __ldg(reinterpret_cast<const uint4*>(p.v_pool + block_offset + token * kHeadDim + dim0));
       }
     }
+    return block * kCudaBlockTokens + chunk;
+  };
+  // One chunk ahead: the next chunk's loads are in flight while this one is computed.
+  uint4 k_raw[kSteps], v_raw[kSteps], k_next[kSteps], v_next[kSteps];
+  int chunk_first = num_chunks > 0 ? load_chunk(0, k_raw, v_raw) : 0;
+  for (int i = 0; i < num_chunks; ++i) {
+    const int next_first = i + 1 < num_chunks ? load_chunk(i + 1, k_next, v_next) : 0;
+    // Scores (base 2), reduced over the lanes that hold one token; masked by causality.
+    float score[kSteps][kRows];
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      float k[8];
+      halves_to_floats(k_raw[s], k);
+      const int token = chunk_first + s * kTokensPerStep + token_in_step;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int c = 0; c < 8; ++c) dot = fmaf(q[r][c], k[c], dot);
+#pragma unroll
+        for (int offset = kLanesPerToken / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(kFullMask, dot, offset);
+        score[s][r] = token <= position[r] ? dot : -INFINITY;
+      }
+    }
+    // Online softmax: a new running max rescales what was summed (attention/partial.h).
+    float reference[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float chunk_max = score[0][r];
+#pragma unroll
+      for (int s = 1; s < kSteps; ++s) chunk_max = fmaxf(chunk_max, score[s][r]);
+#pragma unroll
+      for (int offset = kLanesPerToken; offset < 32; offset *= 2) {
+        chunk_max = fmaxf(chunk_max, __shfl_xor_sync(kFullMask, chunk_max, offset));
+      }
+      const float new_max = fmaxf(running_max[r], chunk_max);
+      reference[r] = new_max == -INFINITY ? 0.0f : new_max;  // all masked so far: exp2 gives 0, not NaN
+      const float rescale = exp2f(running_max[r] - reference[r]);
+      running_max[r] = new_max;
+      sum[r] *= rescale;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) acc[r][c] *= rescale;
+    }
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      float v[8];
+      halves_to_floats(v_raw[s], v);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float weight = exp2f(score[s][r] - reference[r]);
+        sum[r] += weight;
+#pragma unroll
+        for (int c = 0; c < 8; ++c) acc[r][c] = fmaf(weight, v[c], acc[r][c]);
+      }
+    }
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      k_raw[s] = k_next[s];
+      v_raw[s] = v_next[s];
+    }
+    chunk_first = next_first;
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -258,6 +277,13 @@ void launch_partials(const AttentionLaunch& p) {
   paged_attention_partials<kHeadDim, kRows><<<grid, kThreads>>>(p);
 }
 
+template <int kHeadDim, int kRows>
+int resident_ctas_per_multiprocessor() {
+  int ctas = 1;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, paged_attention_partials<kHeadDim, kRows>, kThreads, 0);
+  return std::max(ctas, 1);
+}
+
 }  // namespace
 
 Expected<std::unique_ptr<CudaPagedAttention>> CudaPagedAttention::create(const PagedAttentionShape& shape) {
@@ -278,13 +304,19 @@ Expected<std::unique_ptr<CudaPagedAttention>> CudaPagedAttention::create(const P
   attention->group_ = group;
   attention->rows_per_tile_ = group <= 4 ? 4 : 8;
   attention->positions_per_tile_ = attention->rows_per_tile_ / group;
-  // Several CTAs per multiprocessor: each has 4 warps, whose loads in flight hide memory latency.
-  attention->target_ctas_ = 4 * multiprocessor_count();
+  // As many CTAs as are resident at once: split-K fills one wave of the GPU (a second, partial wave
+  // would leave most multiprocessors idle while it runs: measured 0.77x of SDPA with 2.2 waves).
+  const int resident = shape.head_dim == 64
+                           ? (attention->rows_per_tile_ == 4 ? resident_ctas_per_multiprocessor<64, 4>()
+                                                             : resident_ctas_per_multiprocessor<64, 8>())
+                           : (attention->rows_per_tile_ == 4 ? resident_ctas_per_multiprocessor<128, 4>()
+                                                             : resident_ctas_per_multiprocessor<128, 8>());
+  attention->target_ctas_ = resident * multiprocessor_count();
   // Tiles never outnumber queries; splits are added only while tiles × KV heads is under the target.
   attention->partial_rows_capacity_ =
       (size_t(shape.max_queries) * shape.num_kv_heads + size_t(attention->target_ctas_)) * attention->rows_per_tile_;
   SLIMKV_ASSIGN_OR_RETURN(attention->metadata_,
-                          DeviceArray<int>::allocate(size_t(3 * shape.max_batch + 1 + 2 * shape.max_queries), "attention metadata"));
+                          DeviceArray<int>::allocate(size_t(attention->tiles_offset() + 2 * shape.max_queries), "attention metadata"));
   SLIMKV_ASSIGN_OR_RETURN(attention->partial_acc_,
                           DeviceArray<float>::allocate(attention->partial_rows_capacity_ * shape.head_dim, "attention partials"));
   SLIMKV_ASSIGN_OR_RETURN(attention->partial_max_sum_,
@@ -300,8 +332,8 @@ Status CudaPagedAttention::plan(const PagedAttentionBatch& batch) {
                  batch.kv_lens.size(), " kv_lens and ", batch.query_counts.size(), " query_counts");
   }
   // Laid out as metadata_ says; the per-sequence arrays padded to max_batch, so the tiles sit at a
-  // fixed offset.
-  std::vector<int> metadata(size_t(3 * shape_.max_batch + 1), 0);
+  // fixed, 8-byte aligned offset.
+  std::vector<int> metadata(size_t(tiles_offset()), 0);
   int* sequence_ids = metadata.data();
   int* kv_lens = sequence_ids + shape_.max_batch;
   int* query_starts = kv_lens + shape_.max_batch;
@@ -329,10 +361,10 @@ Status CudaPagedAttention::plan(const PagedAttentionBatch& batch) {
   }
 
   batch_size_ = batch_size;
-  num_tiles_ = int(metadata.size() - size_t(3 * shape_.max_batch + 1)) / 2;
+  num_tiles_ = int(metadata.size() - size_t(tiles_offset())) / 2;
   const int max_blocks = (max_kv_len + kCudaBlockTokens - 1) / kCudaBlockTokens;
   const int independent_ctas = num_tiles_ * shape_.num_kv_heads;
-  num_splits_ = std::clamp((target_ctas_ + independent_ctas - 1) / independent_ctas, 1, max_blocks);
+  num_splits_ = std::clamp(target_ctas_ / independent_ctas, 1, max_blocks);
   blocks_per_split_ = (max_blocks + num_splits_ - 1) / num_splits_;
   num_splits_ = (max_blocks + blocks_per_split_ - 1) / blocks_per_split_;
   return metadata_.upload(metadata.data(), metadata.size());
@@ -355,7 +387,7 @@ Status CudaPagedAttention::run(const PagedKvView& kv, const uint16_t* q, float s
   p.sequence_ids = metadata;
   p.kv_lens = metadata + shape_.max_batch;
   p.query_starts = metadata + 2 * shape_.max_batch;
-  p.tiles = reinterpret_cast<const int2*>(metadata + 3 * shape_.max_batch + 1);
+  p.tiles = reinterpret_cast<const int2*>(metadata + tiles_offset());
   p.num_heads = shape_.num_heads;
   p.num_kv_heads = shape_.num_kv_heads;
   p.head_dim = shape_.head_dim;

@@ -50,6 +50,8 @@ class CudaPagedAttention {
 
  private:
   explicit CudaPagedAttention(const PagedAttentionShape& shape) : shape_(shape) {}
+  // Where the tiles start in metadata_: after the per-sequence arrays, rounded up for int2 loads.
+  int tiles_offset() const { return (3 * shape_.max_batch + 2) / 2 * 2; }
 
   PagedAttentionShape shape_;
   int group_ = 0;               // query heads per KV head
@@ -62,7 +64,7 @@ class CudaPagedAttention {
   int num_tiles_ = 0;
   int num_splits_ = 1;
   int blocks_per_split_ = 1;
-  // Device: the batch's metadata [sequence_ids B | kv_lens B | query_starts B+1 | tiles 2·max_queries],
+  // Device: the batch's metadata [sequence_ids B | kv_lens B | query_starts B+1 | pad | tiles 2·max_queries],
   // and the partials [tile, kv head, row, split] of (max, sum) and [.., head_dim] of weighted V.
   DeviceArray<int> metadata_;
   DeviceArray<float> partial_acc_;

@@ -18,13 +18,14 @@ Status device_usable() {
   // A kernel of this build must load on the device (the build's architectures vs the device's).
   cudaFuncAttributes attributes{};
   const cudaError_t load = cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&device_usable_probe));
-  if (load != cudaSuccess) {
+  if (load == cudaErrorNoKernelImageForDevice || load == cudaErrorInvalidDeviceFunction) {
     cudaDeviceProp properties{};
     cudaGetDeviceProperties(&properties, 0);
     return error("CUDA device ", properties.name, " (sm_", properties.major, properties.minor,
                  ") cannot run this build's kernels: ", cudaGetErrorString(load),
                  " (rebuild with CMAKE_CUDA_ARCHITECTURES naming it)");
   }
+  if (load != cudaSuccess) return error("the CUDA context is unusable: ", cudaGetErrorString(load));
   return Status::ok();
 }
 
