@@ -38,7 +38,7 @@ set_target_properties(slimkv_cuda PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQU
 target_compile_options(slimkv_cuda PRIVATE
   $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>
   $<$<AND:$<COMPILE_LANGUAGE:CUDA>,$<BOOL:${SLIMKV_WERROR}>>:-Werror=all-warnings>)
-target_link_libraries(slimkv_cuda PUBLIC slimkv_core CUDA::cudart_static)
+target_link_libraries(slimkv_cuda PUBLIC slimkv_core CUDA::cudart_static CUDA::cublas)
 
 file(GLOB SLIMKV_CUDA_TEST_SOURCES CONFIGURE_DEPENDS tests/cuda/*_test.cc)
 add_executable(slimkv_cuda_tests ${SLIMKV_CUDA_TEST_SOURCES})
