@@ -305,6 +305,8 @@ Expected<std::unique_ptr<CudaPagedAttention>> CudaPagedAttention::create(const P
   }
   std::unique_ptr<CudaPagedAttention> attention(new CudaPagedAttention(shape));
   attention->group_ = group;
+  // A group over 4 takes the 8-row kernel (fewer resident warps: 0.76x of SDPA at 64 q / 8 kv heads,
+  // 32K, on H100). Two 4-row tiles whose CTAs share the blocks through L2 measured slower (0.69x).
   attention->rows_per_tile_ = group <= 4 ? 4 : 8;
   attention->positions_per_tile_ = attention->rows_per_tile_ / group;
   // As many CTAs as are resident at once: split-K fills one wave of the GPU (a second, partial wave
