@@ -1,0 +1,145 @@
+// Decode attention on the GPU: one new query per sequence over a paged FP16 KV cache, batch of
+// sequences of equal context, per context length (--new-tokens N: a causal prefill chunk of N queries
+// per sequence at the end of the context instead). Prints time per step, GB/s of KV read and TFLOP/s, and
+// writes them as JSON for bench/cuda/decode_attention_vs_sdpa.py, which runs PyTorch's SDPA on the
+// same shapes in the same process run and prints both side by side.
+//
+//   bench_decode_attention_cuda --batch 8 --heads 32 --kv-heads 8 --head-dim 128
+//       --contexts 4096,16384,65536,131072 --json decode.json
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "attention/cuda/paged_attention.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/paged_kv_cache.h"
+#include "backend/cuda/random_fill.h"
+
+namespace slimkv::cuda {
+namespace {
+
+struct Options {
+  int batch = 8, heads = 32, kv_heads = 8, head_dim = 128;
+  std::vector<int> contexts = {4096, 8192, 16384, 32768, 65536, 131072};
+  int new_tokens = 1;    // queries per sequence: 1 is decode
+  int repetitions = 30;  // timed groups; the median is reported
+  std::string json;
+};
+
+struct Measurement {
+  int context;
+  double ms_per_step;
+  double kv_gb_per_s;
+  double tflop_per_s;
+  int splits;
+};
+
+Status check(const Status& status) {
+  if (!status) std::fprintf(stderr, "error: %s\n", status.message().c_str());
+  return status;
+}
+
+Expected<Measurement> measure(const Options& o, int context) {
+  const int blocks_per_sequence = (context + kCudaBlockTokens - 1) / kCudaBlockTokens;
+  const int chunk_tokens = std::min(context, 8192);  // filled a chunk at a time: small step buffers
+  SLIMKV_ASSIGN_OR_RETURN(auto cache, CudaPagedKvCache::create({1, o.kv_heads, o.head_dim, o.batch * blocks_per_sequence,
+                                                                 o.batch, blocks_per_sequence, o.batch * chunk_tokens}));
+  SLIMKV_ASSIGN_OR_RETURN(auto attention, CudaPagedAttention::create({o.heads, o.kv_heads, o.head_dim, o.batch, o.batch * o.new_tokens}));
+  const size_t step_elements = size_t(o.batch) * chunk_tokens * o.kv_heads * o.head_dim;
+  SLIMKV_ASSIGN_OR_RETURN(auto k_step, DeviceArray<uint16_t>::allocate(step_elements, "K chunk"));
+  SLIMKV_ASSIGN_OR_RETURN(auto v_step, DeviceArray<uint16_t>::allocate(step_elements, "V chunk"));
+  std::vector<int> ids;
+  for (int b = 0; b < o.batch; ++b) {
+    SLIMKV_ASSIGN_OR_RETURN(int id, cache->add_sequence());
+    ids.push_back(id);
+  }
+  for (int filled = 0, chunk = 0; filled < context; filled += chunk_tokens, ++chunk) {
+    const int n = std::min(chunk_tokens, context - filled);
+    SLIMKV_RETURN_IF_ERROR(cache->begin_step(ids, std::vector<int>(size_t(o.batch), n)));
+    SLIMKV_RETURN_IF_ERROR(fill_random_fp16(k_step.data(), step_elements, 2 * chunk + 1, 2.0f));
+    SLIMKV_RETURN_IF_ERROR(fill_random_fp16(v_step.data(), step_elements, 2 * chunk + 2, 1.0f));
+    SLIMKV_RETURN_IF_ERROR(cache->append(0, k_step.data(), v_step.data()));
+  }
+  const size_t q_elements = size_t(o.batch) * o.new_tokens * o.heads * o.head_dim;
+  SLIMKV_ASSIGN_OR_RETURN(auto q, DeviceArray<uint16_t>::allocate(q_elements, "queries"));
+  SLIMKV_ASSIGN_OR_RETURN(auto out, DeviceArray<uint16_t>::allocate(q_elements, "outputs"));
+  SLIMKV_RETURN_IF_ERROR(fill_random_fp16(q.data(), q_elements, 99, 1.0f));
+  SLIMKV_RETURN_IF_ERROR(attention->plan({ids, std::vector<int>(size_t(o.batch), context), std::vector<int>(size_t(o.batch), o.new_tokens)}));
+  const float scale = 1.0f / std::sqrt(float(o.head_dim));
+  const PagedKvView view = cache->view(0);
+  for (int warm = 0; warm < 5; ++warm) SLIMKV_RETURN_IF_ERROR(attention->run(view, q.data(), scale, out.data()));
+  SLIMKV_RETURN_IF_ERROR(device_synchronize("warm-up"));
+
+  // Events around groups of launches; the median group.
+  const int launches_per_group = 10;
+  cudaEvent_t start, stop;
+  SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+  SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
+  std::vector<double> ms;
+  for (int rep = 0; rep < o.repetitions; ++rep) {
+    SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(start));
+    for (int i = 0; i < launches_per_group; ++i) SLIMKV_RETURN_IF_ERROR(attention->run(view, q.data(), scale, out.data()));
+    SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop));
+    SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop));
+    float group_ms = 0;
+    SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&group_ms, start, stop));
+    ms.push_back(double(group_ms) / launches_per_group);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  SLIMKV_RETURN_IF_ERROR(device_synchronize("timed runs"));
+  std::sort(ms.begin(), ms.end());
+  const double median_ms = ms[ms.size() / 2];
+  const double kv_bytes = 2.0 * o.batch * o.kv_heads * double(context) * o.head_dim * 2;  // K and V, FP16
+  // q·k and p·v: 4·d flops per (query head, visible token); query i of the chunk sees context - N + 1 + i.
+  const double visible = double(o.new_tokens) * context - 0.5 * double(o.new_tokens) * (o.new_tokens - 1);
+  const double flops = 4.0 * o.batch * o.heads * o.head_dim * visible;
+  return Measurement{context, median_ms, kv_bytes / (median_ms * 1e-3) / 1e9, flops / (median_ms * 1e-3) / 1e12,
+                     attention->num_splits()};
+}
+
+int run(int argc, char** argv) {
+  Options o;
+  CLI::App app{"slimkv paged FP16 decode attention on the GPU"};
+  app.add_option("--batch", o.batch)->capture_default_str();
+  app.add_option("--heads", o.heads)->capture_default_str();
+  app.add_option("--kv-heads", o.kv_heads)->capture_default_str();
+  app.add_option("--head-dim", o.head_dim)->capture_default_str();
+  app.add_option("--contexts", o.contexts)->delimiter(',');
+  app.add_option("--new-tokens", o.new_tokens, "queries per sequence (1: decode)")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--repetitions", o.repetitions)->capture_default_str();
+  app.add_option("--json", o.json, "write the measurements here");
+  CLI11_PARSE(app, argc, argv);
+  if (!check(device_usable())) return 1;
+
+  std::printf("attention, paged FP16: batch %d, %d new tokens each, %d q / %d kv heads, d %d\n", o.batch, o.new_tokens,
+              o.heads, o.kv_heads, o.head_dim);
+  std::printf("%10s %12s %12s %10s %8s\n", "context", "ms/step", "KV GB/s", "TFLOP/s", "splits");
+  std::vector<Measurement> results;
+  for (int context : o.contexts) {
+    auto m = measure(o, context);
+    if (!check(m.status())) return 1;
+    std::printf("%10d %12.4f %12.1f %10.2f %8d\n", m->context, m->ms_per_step, m->kv_gb_per_s, m->tflop_per_s, m->splits);
+    results.push_back(*m);
+  }
+  if (!o.json.empty()) {
+    std::ofstream file(o.json);
+    file << "[";
+    for (size_t i = 0; i < results.size(); ++i) {
+      file << (i ? "," : "") << "{\"context\":" << results[i].context << ",\"ms\":" << results[i].ms_per_step
+           << ",\"gb_per_s\":" << results[i].kv_gb_per_s << ",\"tflop_per_s\":" << results[i].tflop_per_s
+           << ",\"splits\":" << results[i].splits << "}";
+    }
+    file << "]\n";
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace slimkv::cuda
+
+int main(int argc, char** argv) { return slimkv::cuda::run(argc, argv); }

@@ -1,0 +1,74 @@
+// Attention over the GPU's paged FP16 KV store (backend/cuda/paged_kv_cache.h), for a batch of
+// sequences of different lengths in one launch: decode (one new query per sequence) and prefill
+// (many new queries per sequence, causal) are the same kernel.
+//
+// Work is split as in flash-decoding: the grid is (KV split, KV head, query tile). A query tile is
+// the GQA group of query heads that share a KV head, over one or more consecutive positions, so each
+// block of K/V is read once for all of them. Each CTA computes the attention partial (running max,
+// sum, weighted V: attention/partial.h) of its tile over its range of blocks; a second kernel merges
+// the splits' partials with the online-softmax rule and writes acc / sum.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/cuda/paged_kv_cache.h"
+
+namespace slimkv::cuda {
+
+// One step's batch: sequence i (cache id sequence_ids[i]) holds kv_lens[i] tokens, of which the last
+// query_counts[i] are the new ones whose queries attend (1 for decode). Queries are laid out sequence
+// by sequence, as the cache's begin_step lays out new tokens.
+struct PagedAttentionBatch {
+  std::vector<int> sequence_ids;
+  std::vector<int> kv_lens;
+  std::vector<int> query_counts;
+};
+
+struct PagedAttentionShape {
+  int num_heads = 0;     // query heads; num_heads / num_kv_heads (at most 8) share a KV head
+  int num_kv_heads = 0;
+  int head_dim = 0;      // 64 or 128
+  int max_batch = 0;     // sequences per step
+  int max_queries = 0;   // queries per step, over all sequences
+};
+
+class CudaPagedAttention {
+ public:
+  static Expected<std::unique_ptr<CudaPagedAttention>> create(const PagedAttentionShape& shape);
+
+  // Checks the batch, lays out query tiles, picks the split-K factor and uploads the batch's
+  // metadata. The plan holds until the next call (a decode step reuses it for every layer).
+  Status plan(const PagedAttentionBatch& batch);
+
+  // q: FP16 [total queries, num_heads, head_dim] (device), out likewise; scores are scale · q·k.
+  Status run(const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out);
+
+  int num_splits() const { return num_splits_; }
+  int num_tiles() const { return num_tiles_; }
+
+ private:
+  explicit CudaPagedAttention(const PagedAttentionShape& shape) : shape_(shape) {}
+  // Where the tiles start in metadata_: after the per-sequence arrays, rounded up for int2 loads.
+  int tiles_offset() const { return (3 * shape_.max_batch + 2) / 2 * 2; }
+
+  PagedAttentionShape shape_;
+  int group_ = 0;               // query heads per KV head
+  int rows_per_tile_ = 0;       // the kernel's query rows: 4 or 8 (an instantiation)
+  int positions_per_tile_ = 0;  // rows_per_tile / group
+  int target_ctas_ = 0;         // enough CTAs to keep every multiprocessor busy
+  size_t partial_rows_capacity_ = 0;
+  // Planned:
+  int batch_size_ = 0;
+  int num_tiles_ = 0;
+  int num_splits_ = 1;
+  int blocks_per_split_ = 1;
+  // Device: the batch's metadata [sequence_ids B | kv_lens B | query_starts B+1 | pad | tiles 2·max_queries],
+  // and the partials [tile, kv head, row, split] of (max, sum) and [.., head_dim] of weighted V.
+  DeviceArray<int> metadata_;
+  DeviceArray<float> partial_acc_;
+  DeviceArray<float> partial_max_sum_;
+};
+
+}  // namespace slimkv::cuda

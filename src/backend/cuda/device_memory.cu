@@ -1,0 +1,77 @@
+#include "backend/cuda/device_memory.h"
+
+#include "backend/cuda/cuda_check.h"
+
+namespace slimkv::cuda {
+namespace {
+// An empty kernel: whether it loads tells whether the build's code runs on the device.
+__global__ void device_usable_probe() {}
+}  // namespace
+
+Status device_usable() {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    return error("no usable CUDA device: ", cudaGetErrorString(status), " (is the NVIDIA driver loaded?)");
+  }
+  if (count == 0) return error("no usable CUDA device: the driver reports none");
+  // A kernel of this build must load on the device (the build's architectures vs the device's).
+  cudaFuncAttributes attributes{};
+  const cudaError_t load = cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&device_usable_probe));
+  if (load == cudaErrorNoKernelImageForDevice || load == cudaErrorInvalidDeviceFunction) {
+    cudaDeviceProp properties{};
+    cudaGetDeviceProperties(&properties, 0);
+    return error("CUDA device ", properties.name, " (sm_", properties.major, properties.minor,
+                 ") cannot run this build's kernels: ", cudaGetErrorString(load),
+                 " (rebuild with CMAKE_CUDA_ARCHITECTURES naming it)");
+  }
+  if (load != cudaSuccess) return error("the CUDA context is unusable: ", cudaGetErrorString(load));
+  return Status::ok();
+}
+
+int multiprocessor_count() {
+  int device = 0, count = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 1;
+  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 1;
+  return count;
+}
+
+Expected<void*> device_allocate(size_t bytes, const char* what) {
+  void* pointer = nullptr;
+  const cudaError_t status = cudaMalloc(&pointer, bytes);
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error so later calls do not report it
+    return error("allocating ", bytes, " bytes of GPU memory for ", what, ": ", cudaGetErrorString(status));
+  }
+  return pointer;
+}
+
+void device_free(void* pointer) {
+  if (pointer != nullptr) cudaFree(pointer);
+}
+
+Status copy_to_device(void* device, const void* host, size_t bytes) {
+  if (bytes == 0) return Status::ok();
+  SLIMKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice));
+  return Status::ok();
+}
+
+Status copy_to_host(void* host, const void* device, size_t bytes) {
+  if (bytes == 0) return Status::ok();
+  SLIMKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost));
+  return Status::ok();
+}
+
+Status device_fill_bytes(void* device, int value, size_t bytes) {
+  if (bytes == 0) return Status::ok();
+  SLIMKV_CUDA_RETURN_IF_ERROR(cudaMemset(device, value, bytes));
+  return Status::ok();
+}
+
+Status device_synchronize(const char* what) {
+  const cudaError_t status = cudaDeviceSynchronize();
+  if (status != cudaSuccess) return error(what, ": ", cudaGetErrorName(status), " (", cudaGetErrorString(status), ")");
+  return Status::ok();
+}
+
+}  // namespace slimkv::cuda

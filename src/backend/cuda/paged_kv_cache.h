@@ -1,0 +1,85 @@
+// The KV store on the GPU with the `dense` codec (ARCHITECTURE.md "paged KV store"): a pool of
+// FP16 blocks of kCudaBlockTokens tokens preallocated once, and for every sequence a block table
+// naming its blocks in order. A block index addresses the same slot of every layer's pool (one table
+// serves all layers, as the tokens of a sequence are the same in each layer).
+//
+//   layer l pool, K (V alike): [num_blocks, num_kv_heads, kCudaBlockTokens, head_dim] FP16
+//   block table of sequence s: [max_blocks_per_sequence] block indices (first num_blocks(s) used)
+//
+// A step appends tokens to several sequences at once (batched decode, or prefill chunks):
+// begin_step() makes room and records each new token's slot, then append() writes one layer's new
+// K/V, in begin_step's order, into those slots.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/cuda/device_memory.h"
+
+namespace slimkv::cuda {
+
+constexpr int kCudaBlockTokens = 64;  // HACK's Π, like the CPU store's default
+
+struct CudaKvShape {
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;                 // 64 or 128 (the attention kernels' instantiations)
+  int num_blocks = 0;               // the pool, shared by all sequences
+  int max_sequences = 0;
+  int max_blocks_per_sequence = 0;  // the longest context, in blocks
+  int max_step_tokens = 0;          // tokens appended in one step, over all sequences
+};
+
+// What attention reads of one layer: device pointers and the table layout.
+struct PagedKvView {
+  const uint16_t* k = nullptr;  // FP16 [num_blocks, num_kv_heads, kCudaBlockTokens, head_dim]
+  const uint16_t* v = nullptr;
+  const int* block_tables = nullptr;  // [max_sequences, block_table_stride]
+  int block_table_stride = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+};
+
+class CudaPagedKvCache {
+ public:
+  static Expected<std::unique_ptr<CudaPagedKvCache>> create(const CudaKvShape& shape);
+
+  const CudaKvShape& shape() const { return shape_; }
+
+  // A new, empty sequence; its id indexes the block tables.
+  Expected<int> add_sequence();
+  // Returns the sequence's blocks to the pool; its id may be reused.
+  void remove_sequence(int sequence);
+  int num_tokens(int sequence) const { return sequences_[size_t(sequence)].num_tokens; }
+  int free_blocks() const { return int(free_blocks_.size()); }
+
+  // Makes room for new_tokens[i] more tokens of sequences[i] (taking blocks from the pool), records
+  // the slot of each new token and uploads the tables. Errors when the pool or a table is full.
+  Status begin_step(const std::vector<int>& sequences, const std::vector<int>& new_tokens);
+  // Writes the step's new K/V of `layer`: k, v FP16 device arrays [step tokens, num_kv_heads, head_dim],
+  // the tokens in begin_step's order (sequence by sequence).
+  Status append(int layer, const uint16_t* k, const uint16_t* v);
+
+  PagedKvView view(int layer) const;
+
+ private:
+  struct Sequence {
+    bool live = false;
+    int num_tokens = 0;
+    std::vector<int> blocks;
+  };
+  explicit CudaPagedKvCache(const CudaKvShape& shape) : shape_(shape) {}
+  size_t layer_elements() const;
+
+  CudaKvShape shape_;
+  DeviceArray<uint16_t> k_pool_, v_pool_;   // [num_layers] × layer_elements()
+  DeviceArray<int> block_tables_;           // [max_sequences, max_blocks_per_sequence]
+  DeviceArray<int> step_slots_;             // [max_step_tokens]: block index · kCudaBlockTokens + offset
+  std::vector<int> host_block_tables_;
+  std::vector<int> host_step_slots_;
+  std::vector<Sequence> sequences_;
+  std::vector<int> free_blocks_;  // a stack: the most recently freed block is reused first
+};
+
+}  // namespace slimkv::cuda

@@ -1,0 +1,203 @@
+// The GPU's paged FP16 attention (attention/cuda/paged_attention.h over backend/cuda/paged_kv_cache.h)
+// against the FP64 reference (attention/reference.h) on the same FP16-rounded inputs: one token,
+// partial blocks, many blocks and splits, GQA ratios 1..8, head dims 64/128, batches of sequences of
+// unequal lengths stepping together (a prefill chunk, then decode steps). Skips without a usable GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attention/cuda/paged_attention.h"
+#include "attention/reference.h"
+#include "backend/cuda/paged_kv_cache.h"
+#include "util/half.h"
+
+namespace slimkv::cuda {
+namespace {
+
+class CudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const Status usable = device_usable();
+    if (!usable) GTEST_SKIP() << "CUDA tests skipped: " << usable.message();
+  }
+};
+
+struct PagedCase {
+  std::vector<int> lengths;  // tokens of each sequence
+  int prefill_tokens;        // the first step's tokens per sequence; then one token per step
+  int num_heads, num_kv_heads, head_dim;
+  std::string name() const {
+    std::string lens;
+    for (int n : lengths) lens += (lens.empty() ? "" : ",") + std::to_string(n);
+    return str_cat("paged_attention(lengths=", lens, ",prefill=", prefill_tokens, ",heads=", num_heads, "/",
+                   num_kv_heads, ",d=", head_dim, ")");
+  }
+};
+
+// FP16-rounded normal values: both sides see exactly what the GPU stores.
+std::vector<uint16_t> random_halves(size_t n, float stddev, std::mt19937& rng, std::vector<float>& as_float) {
+  std::normal_distribution<float> normal(0.0f, stddev);
+  std::vector<uint16_t> halves(n);
+  as_float.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    halves[i] = float_to_fp16(normal(rng));
+    as_float[i] = fp16_to_float(halves[i]);
+  }
+  return halves;
+}
+
+template <typename T>
+T take(Expected<T> value) {
+  EXPECT_TRUE(value.has_value()) << value.status().message();
+  return value.take();
+}
+
+void check(const PagedCase& c) {
+  SCOPED_TRACE(c.name());
+  const unsigned seed = 20261123u + unsigned(c.lengths.size() * 131 + c.lengths[0] * 7 + c.head_dim + c.num_heads);
+  SCOPED_TRACE(str_cat("seed ", seed));
+  std::mt19937 rng(seed);
+  const int batch = int(c.lengths.size()), d = c.head_dim, kv_width = c.num_kv_heads * d, q_width = c.num_heads * d;
+  int max_len = 0, total_len = 0;
+  for (int n : c.lengths) max_len = std::max(max_len, n), total_len += n;
+  const int max_step = c.prefill_tokens * batch;
+
+  // Two layers: the test writes and reads layer 1 (the pool's offset per layer is exercised).
+  const int blocks_per_sequence = (max_len + kCudaBlockTokens - 1) / kCudaBlockTokens;
+  auto cache = take(CudaPagedKvCache::create({2, c.num_kv_heads, d, batch * blocks_per_sequence + 3, batch + 1,
+                                              blocks_per_sequence, max_step}));
+  auto attention = take(CudaPagedAttention::create({c.num_heads, c.num_kv_heads, d, batch, max_step}));
+  ASSERT_TRUE(cache && attention);
+  // A sequence added and removed first: the real ones get recycled, non-contiguous blocks.
+  const int scratch = take(cache->add_sequence());
+  ASSERT_TRUE(cache->begin_step({scratch}, {1}).is_ok());
+  std::vector<int> ids;
+  for (int b = 0; b < batch; ++b) ids.push_back(take(cache->add_sequence()));
+  cache->remove_sequence(scratch);
+
+  // Every sequence's whole K/V (as floats, for the reference) and the step buffers on the device.
+  std::vector<std::vector<float>> k_all(static_cast<size_t>(batch)), v_all(static_cast<size_t>(batch));
+  auto k_step = take(DeviceArray<uint16_t>::allocate(size_t(max_step) * kv_width, "test"));
+  auto v_step = take(DeviceArray<uint16_t>::allocate(size_t(max_step) * kv_width, "test"));
+  auto q_step = take(DeviceArray<uint16_t>::allocate(size_t(max_step) * q_width, "test"));
+  auto out_step = take(DeviceArray<uint16_t>::allocate(size_t(max_step) * q_width, "test"));
+  const float scale = 1.0f / std::sqrt(float(d));
+
+  double error_sq = 0, reference_sq = 0;
+  int checked_steps = 0;
+  for (bool first_step = true;; first_step = false) {
+    PagedAttentionBatch step;
+    std::vector<uint16_t> k_new, v_new, q_new;
+    std::vector<float> q_float, k_float, v_float;
+    for (int b = 0; b < batch; ++b) {
+      const int have = int(k_all[size_t(b)].size()) / kv_width;
+      const int n = std::min(first_step ? c.prefill_tokens : 1, c.lengths[size_t(b)] - have);
+      if (n == 0) continue;
+      step.sequence_ids.push_back(ids[size_t(b)]);
+      step.kv_lens.push_back(have + n);
+      step.query_counts.push_back(n);
+      auto k = random_halves(size_t(n) * kv_width, 1.5f, rng, k_float);  // peaky softmax: max handling shows
+      auto v = random_halves(size_t(n) * kv_width, 1.0f, rng, v_float);
+      auto q = random_halves(size_t(n) * q_width, 1.0f, rng, q_float);
+      k_new.insert(k_new.end(), k.begin(), k.end());
+      v_new.insert(v_new.end(), v.begin(), v.end());
+      q_new.insert(q_new.end(), q.begin(), q.end());
+      k_all[size_t(b)].insert(k_all[size_t(b)].end(), k_float.begin(), k_float.end());
+      v_all[size_t(b)].insert(v_all[size_t(b)].end(), v_float.begin(), v_float.end());
+    }
+    if (step.sequence_ids.empty()) break;
+    std::vector<int> new_tokens(step.query_counts);
+    ASSERT_TRUE(cache->begin_step(step.sequence_ids, new_tokens).is_ok());
+    ASSERT_TRUE(k_step.upload(k_new.data(), k_new.size()).is_ok());
+    ASSERT_TRUE(v_step.upload(v_new.data(), v_new.size()).is_ok());
+    ASSERT_TRUE(q_step.upload(q_new.data(), q_new.size()).is_ok());
+    ASSERT_TRUE(cache->append(1, k_step.data(), v_step.data()).is_ok());
+    ASSERT_TRUE(attention->plan(step).is_ok());
+    ASSERT_TRUE(device_fill_bytes(out_step.data(), 0xff, out_step.bytes()).is_ok());  // NaN: unwritten shows
+    const Status ran = attention->run(cache->view(1), q_step.data(), scale, out_step.data());
+    ASSERT_TRUE(ran.is_ok()) << ran.message();
+    ASSERT_TRUE(device_synchronize("paged attention").is_ok());
+    std::vector<uint16_t> out(q_new.size());
+    ASSERT_TRUE(out_step.download(out.data(), out.size()).is_ok());
+
+    // The reference over each sequence's tokens so far, for at most 16 of its new queries (first and
+    // last ones: long prefill chunks stay fast to check).
+    int query_row = 0;
+    for (size_t i = 0; i < step.sequence_ids.size(); ++i) {
+      const int b = int(std::find(ids.begin(), ids.end(), step.sequence_ids[i]) - ids.begin());
+      const int n = step.query_counts[i], kv_len = step.kv_lens[i];
+      std::vector<int> rows;
+      for (int j = 0; j < n; ++j) {
+        if (j < 8 || j >= n - 8) rows.push_back(j);
+      }
+      std::vector<float> q_rows, reference(rows.size() * size_t(q_width));
+      std::vector<int> positions;
+      for (int j : rows) {
+        for (int x = 0; x < q_width; ++x) q_rows.push_back(fp16_to_float(q_new[size_t(query_row + j) * q_width + size_t(x)]));
+        positions.push_back(kv_len - n + j);
+      }
+      attention_reference(q_rows.data(), int(rows.size()), positions.data(), k_all[size_t(b)].data(),
+                          v_all[size_t(b)].data(), kv_len, c.num_heads, c.num_kv_heads, d, d, scale, reference.data());
+      for (size_t r = 0; r < rows.size(); ++r) {
+        for (int x = 0; x < q_width; ++x) {
+          const float got = fp16_to_float(out[size_t(query_row + rows[r]) * q_width + size_t(x)]);
+          const float want = reference[r * size_t(q_width) + size_t(x)];
+          ASSERT_TRUE(std::isfinite(got)) << "query " << rows[r] << " of sequence " << b << ", element " << x;
+          error_sq += double(got - want) * double(got - want);
+          reference_sq += double(want) * double(want);
+        }
+      }
+      query_row += n;
+    }
+    ++checked_steps;
+  }
+  // FP16 output rounding alone is ~3e-4 relative; FP32 accumulation adds little.
+  const double relative = std::sqrt(error_sq / reference_sq);
+  EXPECT_LT(relative, 2e-3) << "over " << checked_steps << " steps";
+}
+
+TEST_F(CudaTest, PagedAttentionMatchesReference) {
+  const std::vector<PagedCase> cases = {
+      {{1}, 1, 4, 4, 64},                        // one token
+      {{64}, 64, 8, 2, 128},                     // exactly one block, prefill
+      {{65}, 65, 32, 8, 128},                    // one block and one token
+      {{70}, 60, 8, 8, 64},                      // decode across a block boundary, GQA 1
+      {{130, 1, 77, 200}, 64, 32, 8, 128},       // unequal batch: prefill chunk, then decode steps
+      {{97, 33}, 40, 16, 2, 128},                // GQA 8 (8 query rows per tile)
+      {{100, 3}, 50, 12, 4, 64},                 // GQA 3 (rows not a power of two)
+      {{90}, 90, 24, 4, 128},                    // GQA 6
+      {{50, 20}, 7, 8, 4, 64},                   // GQA 2, short prefill then many decode steps
+      {{3000}, 2995, 8, 2, 128},                 // many blocks: several splits in prefill and decode
+      {{2100, 1500, 9}, 2048, 32, 8, 128},       // the benchmark's heads, unequal lengths
+  };
+  for (const PagedCase& c : cases) check(c);
+}
+
+TEST_F(CudaTest, UnsupportedShapesAreErrors) {
+  auto too_many = CudaPagedAttention::create({32, 2, 128, 1, 1});
+  ASSERT_FALSE(too_many.has_value());
+  EXPECT_NE(too_many.status().message().find("GQA group 16"), std::string::npos) << too_many.status().message();
+  auto odd_dim = CudaPagedAttention::create({8, 8, 96, 1, 1});
+  ASSERT_FALSE(odd_dim.has_value());
+  EXPECT_NE(odd_dim.status().message().find("head_dim 96"), std::string::npos);
+}
+
+TEST_F(CudaTest, FullPoolIsAnError) {
+  auto cache = take(CudaPagedKvCache::create({1, 2, 64, 2, 2, 4, 256}));
+  ASSERT_TRUE(cache);
+  const int a = take(cache->add_sequence());
+  EXPECT_TRUE(cache->begin_step({a}, {128}).is_ok());
+  const Status full = cache->begin_step({a}, {1});
+  ASSERT_FALSE(full.is_ok());
+  EXPECT_NE(full.message().find("2 blocks are all in use"), std::string::npos) << full.message();
+  cache->remove_sequence(a);
+  EXPECT_EQ(cache->free_blocks(), 2);
+}
+
+}  // namespace
+}  // namespace slimkv::cuda
