@@ -25,7 +25,7 @@ expect_error() {  # name, text the error must contain, args...
 plots=--no-plots
 command -v gnuplot >/dev/null && plots=
 "$slimkv" eval --model "$model" --kv "hack:bits=4,dense:dtype=f16" --tasks memory,fidelity,speed --context 160 \
-  --samples 2 $plots --out "$work/run" 2>"$work/log"
+  --samples 2,speed=1 $plots --out "$work/run" 2>"$work/log"
 check eval-exit test $? -eq 0
 check schema /usr/bin/python3 -c "
 import json, jsonschema, sys
@@ -33,6 +33,7 @@ schema = json.load(open('$src/docs/eval_results.schema.json'))
 results = json.load(open('$work/run/results.json'))
 jsonschema.validate(results, schema)
 assert results['specs'] == ['dense', 'hack:bits=4', 'dense:dtype=f16'], results['specs']
+assert results['settings']['samples'] == {'memory': 2, 'fidelity': 2, 'speed': 1}, results['settings']
 fidelity = [r['value'] for r in results['results'] if r['task'] == 'fidelity' and r['spec'] == 'dense']
 assert fidelity and all(v == 0 for v in fidelity), fidelity
 "
@@ -43,6 +44,8 @@ expect_error bad-task "unknown task 'nosuch'" --kv dense --tasks ppl,nosuch
 expect_error bad-spec "nosuch" --kv dense,nosuch:bits=2 --tasks ppl
 expect_error bad-option "bits" --kv "hack:bits=3" --tasks ppl
 expect_error twice "given twice" --kv dense --tasks ppl,ppl
+expect_error samples-task "not among --tasks" --kv dense --tasks ppl --samples passkey=2
+expect_error samples-value "is not N or task=N" --kv dense --tasks ppl --samples ppl=many
 expect_error long-context "outside the model's context" --kv dense --tasks ppl --context 100000
 expect_error short-context "too short" --kv dense --tasks passkey --context 40
 expect_error missing-text "nope.txt" --kv dense --tasks ppl --text "$work/nope.txt"

@@ -105,6 +105,12 @@ Expected<std::unique_ptr<Evaluation>> Evaluation::prepare(const EvalSettings& se
     std::rotate(s.specs.begin(), s.specs.begin() + reference, s.specs.begin() + reference + 1);
   }
   if (s.samples < 0) return error("--samples must be >= 0 (0: each task's default), got ", s.samples);
+  for (const auto& [task, count] : s.task_samples) {
+    if (std::count(s.tasks.begin(), s.tasks.end(), task) == 0) {
+      return error("--samples names task '", task, "', which is not among --tasks (", join(s.tasks, ","), ")");
+    }
+    if (count < 1) return error("--samples ", task, "=", count, ": a task needs at least 1 sample");
+  }
   if (s.threads < 0) return error("--threads must be >= 0 (0: every core), got ", s.threads);
   if (s.plots && !program_on_path("gnuplot")) {
     return error("the PNG plots need gnuplot, which is not on PATH: install it (Debian: apt-get install gnuplot-nox, "
@@ -163,12 +169,18 @@ Status Evaluation::run(Progress& progress) {
                         bos,
                         text_,
                         context_tokens_,
-                        settings_.samples > 0 ? settings_.samples : task.default_samples,
+                        samples_of(name),
                         progress,
                         results_};
     SLIMKV_RETURN_IF_ERROR(task.run(context).with_context(str_cat("task ", name)));
   }
   return Status::ok();
+}
+
+int Evaluation::samples_of(const std::string& task) const {
+  const auto found = settings_.task_samples.find(task);
+  if (found != settings_.task_samples.end()) return found->second;
+  return settings_.samples > 0 ? settings_.samples : find_task(task)->default_samples;
 }
 
 nlohmann::json Evaluation::to_json() const {
@@ -178,6 +190,8 @@ nlohmann::json Evaluation::to_json() const {
     canonical.push_back(subject.engine->kv_description());
   }
   for (const ResultRow& row : results_.rows()) rows.push_back(row_to_json(row));
+  nlohmann::json samples = nlohmann::json::object();
+  for (const std::string& task : settings_.tasks) samples[task] = samples_of(task);
   const ModelConfig& model = subjects_[0].engine->model_config();
   return {{"model", settings_.model_dir},
           {"architecture", model.architecture_name},
@@ -189,7 +203,7 @@ nlohmann::json Evaluation::to_json() const {
           {"version", SLIMKV_VERSION},
           {"settings",
            {{"context", context_tokens_},
-            {"samples", settings_.samples},
+            {"samples", samples},
             {"text", settings_.text_file},
             {"threads", settings_.threads}}},
           {"results", rows}};
@@ -206,10 +220,11 @@ Status Evaluation::write(const std::string& out_dir) const {
 
   std::vector<std::string> specs;
   for (const EvalSubject& subject : subjects_) specs.push_back(subject.spec);
+  std::string samples;
+  for (const std::string& task : settings_.tasks) samples += str_cat(samples.empty() ? "" : " ", task, "=", samples_of(task));
   const std::string markdown = str_cat(
       "# slimkv eval: ", settings_.model_dir, "\n\n", "Context ", context_tokens_, " tokens, seed ", settings_.seed,
-      ", samples ", settings_.samples > 0 ? std::to_string(settings_.samples) : std::string("(task defaults)"),
-      ", slimkv ", SLIMKV_VERSION, ". Deltas in parentheses are against `", subjects_[0].spec,
+      ", samples ", samples, ", slimkv ", SLIMKV_VERSION, ". Deltas in parentheses are against `", subjects_[0].spec,
       "` (percent; points for accuracy and ratios). Tasks and scoring: docs/eval.md.\n\n",
       results_markdown(results_, specs, subjects_[0].spec));
   SLIMKV_RETURN_IF_ERROR(write_text(out_dir + "/results.md", markdown));

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,7 +26,8 @@ struct EvalSettings {
   std::vector<std::string> specs;  // KV specs; "dense", the reference, is added first when absent
   std::vector<std::string> tasks;  // names from eval_task_names()
   int context_tokens = 0;          // 0: the model's context length
-  int samples = 0;                 // 0: each task's default (docs/eval.md)
+  int samples = 0;                 // every task's sample count; 0: each task's default (docs/eval.md)
+  std::map<std::string, int> task_samples;  // per-task counts, over `samples`
   uint64_t seed = 0;
   std::string text_file;           // ppl/fidelity/memory/speed text; "": MODEL/heldout.txt
   int threads = 0;                 // 0: every core
@@ -48,7 +50,7 @@ struct EvalContext {
   std::optional<int32_t> bos;       // prepended to every sequence when the model has one
   const std::vector<int32_t>& text;  // the evaluation text, encoded without special tokens
   int context_tokens;
-  int samples;                      // settings.samples, or the task's default
+  int samples;                      // this task's count: task_samples, samples, or the task's default
   Progress& progress;
   EvalResults& results;
 
@@ -72,6 +74,8 @@ class Evaluation {
  private:
   explicit Evaluation(EvalSettings settings) : settings_(std::move(settings)) {}
   nlohmann::json to_json() const;
+
+  int samples_of(const std::string& task) const;
 
   EvalSettings settings_;
   std::vector<EvalSubject> subjects_;

@@ -40,12 +40,36 @@ std::vector<std::string> split_list(const std::string& text) {
   return parts;
 }
 
+// "N", "task=N" or a comma-separated mix of them.
+Status parse_samples(const std::string& text, EvalSettings& settings) {
+  for (const std::string& item : split_list(text)) {
+    const size_t equals = item.find('=');
+    const std::string number = equals == std::string::npos ? item : item.substr(equals + 1);
+    size_t used = 0;
+    int count = -1;
+    try {
+      count = std::stoi(number, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != number.size() || count < 0) {
+      return error("--samples: '", item, "' is not N or task=N with N a non-negative integer");
+    }
+    if (equals == std::string::npos) {
+      settings.samples = count;
+    } else {
+      settings.task_samples[item.substr(0, equals)] = count;
+    }
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 CommandRunner add_eval_command(CLI::App& app) {
   struct Options {
     EvalSettings settings;
-    std::string specs = "dense", tasks, out;
+    std::string specs = "dense", tasks, out, samples = "0";
     bool no_plots = false;
   };
   auto options = std::make_shared<Options>();
@@ -57,7 +81,8 @@ CommandRunner add_eval_command(CLI::App& app) {
       ->required();
   command->add_option("--context", options->settings.context_tokens, "context length in tokens (0: the model's)")
       ->capture_default_str();
-  command->add_option("--samples", options->settings.samples, "samples per task or grid cell (0: each task's default)")
+  command->add_option("--samples", options->samples,
+                      "samples per task or grid cell: N for every task, task=N for one (e.g. 2,ppl=8); 0: defaults")
       ->capture_default_str();
   command->add_option("--seed", options->settings.seed, "seed of the retrieval prompts")->capture_default_str();
   command->add_option("--text", options->settings.text_file, "evaluation text (default: MODEL/heldout.txt)");
@@ -69,6 +94,7 @@ CommandRunner add_eval_command(CLI::App& app) {
     settings.specs = split_specs(options->specs);
     settings.tasks = split_list(options->tasks);
     settings.plots = !options->no_plots;
+    SLIMKV_RETURN_IF_ERROR(parse_samples(options->samples, settings));
     SLIMKV_ASSIGN_OR_RETURN(std::unique_ptr<Evaluation> evaluation, Evaluation::prepare(settings));
     Progress progress = Progress::for_stderr();
     SLIMKV_RETURN_IF_ERROR(evaluation->run(progress));
