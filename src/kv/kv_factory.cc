@@ -9,7 +9,7 @@
 namespace slimkv {
 namespace {
 
-constexpr const char* kKnownStages = "dense, hack, quant";
+constexpr const char* kKnownStages = "all, pq, oracle, dense, hack, quant";
 constexpr const char* kKnownTiers = "fast";
 
 DType parse_dtype_name(const std::string& name) {
@@ -39,7 +39,8 @@ QuantizationConfig read_quantization(StageOptions& options, KvPipeline& pipeline
 }  // namespace
 
 std::string KvPipeline::describe() const {
-  return str_cat(codec->describe(), codec->describe().starts_with("dense") ? ",block=" : ",pi=", block_tokens,
+  return str_cat(selector ? selector->describe() + "+" : std::string(), codec->describe(),
+                 codec->describe().starts_with("dense") ? ",block=" : ",pi=", block_tokens,
                  seed ? str_cat(",seed=", seed) : std::string(), hadamard ? ",rot=hadamard" : ",rot=none");
 }
 
@@ -47,6 +48,12 @@ Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
   KvPipeline pipeline;
   for (const KvStage& stage : config.stages) {
     StageOptions options(stage, config.spec);
+    if (is_selector_stage(stage.name)) {
+      if (pipeline.selector || pipeline.codec) return error("KV spec '", config.spec, "': the selector comes first, once");
+      if (stage.name != "all") pipeline.selector = make_selector_factory(stage.name, options);
+      SLIMKV_RETURN_IF_ERROR(options.finish());
+      continue;
+    }
     // Quantized codecs rotate by default: on the bundled model at 2 bits the rotation cuts held-out
     // perplexity from 78.7 to 51.6 (stochastic rounding) and 37.4 to 35.4 (nearest); see README.
     const bool quantized = stage.name == "hack" || stage.name == "quant";
@@ -70,6 +77,7 @@ Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
     }
     SLIMKV_RETURN_IF_ERROR(options.finish());
   }
+  if (!pipeline.codec && pipeline.selector) pipeline.codec = std::make_shared<DenseCodec>(DType::kF32);  // "pq" alone
   if (!pipeline.codec) return error("KV spec '", config.spec, "': no codec stage (e.g. 'dense')");
   if (config.tier.name != "fast" || !config.tier.options.empty()) {
     return error("KV spec '", config.spec, "': unknown tier '", config.tier.name, "' (known: ", kKnownTiers, ")");

@@ -1,6 +1,7 @@
 #include "kv/store.h"
 
 #include "kv/rotation.h"
+#include "util/thread_pool.h"
 
 #include <cassert>
 #include <cstring>
@@ -13,7 +14,10 @@ KvStore::KvStore(const KvShape& shape, const KvPipeline& pipeline)
       block_shape_{pipeline.block_tokens, shape.k_dim, shape.v_dim},
       pool_(pipeline.codec->block_bytes(block_shape_)),
       requantizes_open_(pipeline.codec->requantizes_open_block()),
-      layers_(size_t(shape.num_layers)) {
+      layers_(size_t(shape.num_layers)),
+      selector_((pipeline.selector ? *pipeline.selector : *make_all_selector_factory())
+                    .make(shape.num_layers, shape.num_kv_heads, shape.k_dim, pipeline.block_tokens, pipeline.seed)),
+      selections_(size_t(shape.num_layers), std::vector<HeadSelection>(size_t(shape.num_kv_heads))) {
   for (Layer& layer : layers_) {
     layer.heads.resize(size_t(shape.num_kv_heads));
     for (Head& head : layer.heads) {
@@ -68,9 +72,27 @@ void KvStore::append(int layer_index, const float* k, const float* v, int n) {
         pipeline_.codec->seal(block_shape_, head.open_k.data(), head.open_v.data(),
                               block_seed(layer_index, g, int(head.sealed.size())), block);
         head.sealed.push_back(block);
+        selector_->on_seal(layer_index, g, head.open_k.data());
       }
     }
   }
+  if (n > 1) selector_->on_prefill(layer_index);
+}
+
+const std::vector<HeadSelection>& KvStore::select(int layer, const float* q, int n, int num_heads, ThreadPool& pool) {
+  std::vector<HeadSelection>& selection = selections_[size_t(layer)];
+  if (n > 1) {  // prefill attends to everything (PQCache selects while decoding)
+    for (HeadSelection& head : selection) head = {true, {}};
+    return selection;
+  }
+  thread_local std::vector<float> rotated;
+  if (pipeline_.hadamard) {  // keys are kept rotated: score with rotated queries (q·k is unchanged)
+    rotated.assign(q, q + size_t(num_heads) * size_t(shape_.k_dim));
+    for (int h = 0; h < num_heads; ++h) hadamard_rotate(rotated.data() + size_t(h) * shape_.k_dim, shape_.k_dim);
+    q = rotated.data();
+  }
+  selector_->select(layer, q, num_heads, num_tokens(layer), num_sealed_blocks(layer) * block_tokens(), pool, selection);
+  return selection;
 }
 
 KvMemory KvStore::memory() const {
@@ -89,6 +111,11 @@ void KvStore::restore_sealed_block(int layer, int head, const uint8_t* block) {
   uint8_t* slot = pool_.allocate();
   std::memcpy(slot, block, pipeline_.codec->block_bytes(block_shape_));
   target.sealed.push_back(slot);
+  thread_local std::vector<float> k, v;  // the selector indexes the keys as sealed
+  k.resize(size_t(block_tokens()) * size_t(shape_.k_dim));
+  v.resize(size_t(block_tokens()) * size_t(shape_.v_dim));
+  pipeline_.codec->decode(block_shape_, slot, k.data(), v.data());
+  selector_->on_seal(layer, head, k.data());
 }
 
 void KvStore::restore_open_tokens(int layer_index, int head, const float* k, const float* v, int n) {
@@ -105,6 +132,7 @@ void KvStore::restore_open_tokens(int layer_index, int head, const float* k, con
 
 void KvStore::clear() {
   pool_.clear();
+  selector_->clear();
   for (Layer& layer : layers_) {
     layer.num_tokens = 0;
     for (Head& head : layer.heads) head.sealed.clear();

@@ -11,6 +11,7 @@
 
 #include "kv/block_pool.h"
 #include "kv/kv_factory.h"
+#include "kv/select/selector.h"
 
 namespace slimkv {
 
@@ -52,6 +53,13 @@ class KvStore {
   const float* open_k(int layer, int head) const { return head_of(layer, head).open_k.data(); }  // [block_tokens, k_dim]
   const float* open_v(int layer, int head) const { return head_of(layer, head).open_v.data(); }  // [block_tokens, v_dim]
 
+  // The selector's choice for one decode query per head (q: [num_heads, k_dim], as attention gets it),
+  // one HeadSelection per KV head; every token for a prefill chunk (n > 1) and for the `all` selector.
+  const std::vector<HeadSelection>& select(int layer, const float* q, int n, int num_heads, ThreadPool& pool);
+  // What select() last chose for (layer, KV head): the token indices of the last decode step (for
+  // fidelity measurements: recall of the selection against the exact top-k).
+  const HeadSelection& last_selection(int layer, int head) const { return selections_[size_t(layer)][size_t(head)]; }
+
   KvMemory memory() const;
   void clear();  // back to an empty sequence, keeping allocations
 
@@ -84,6 +92,8 @@ class KvStore {
   BlockPool pool_;
   bool requantizes_open_;  // the codec's answer, asked once
   std::vector<Layer> layers_;
+  std::unique_ptr<Selector> selector_;                   // kv/select: all, pq, oracle
+  std::vector<std::vector<HeadSelection>> selections_;  // [layer][kv head], from the last select()
 };
 
 }  // namespace slimkv
