@@ -13,6 +13,7 @@ packages=(
   libcli11-dev             # command-line parsing
   libgtest-dev libgmock-dev  # tests
   libbenchmark-dev         # micro-benchmarks
+  libfaiss-dev             # bench_pq: the reference product quantizer slimkv's PQ is compared with
 )
 
 missing=()

@@ -137,6 +137,25 @@ TEST(KMeans, IsDeterministicForASeed) {
   for (float x : a) EXPECT_LT(std::abs(x), 4.0f);
 }
 
+TEST(KMeans, GemmAssignmentMatchesThePlainNearestCentroid) {
+  const int n = 1100, dim = 16, stride = 40, k = 64;  // several GEMM chunks, strided sub-vectors
+  const std::vector<float> points = normal_vector(size_t(n) * stride, 5);
+  const std::vector<float> centroids = normal_vector(size_t(k) * dim, 6);
+  std::vector<int> nearest(n);
+  assign_nearest(points.data() + 8, n, dim, stride, centroids.data(), k, nearest.data());
+  auto distance = [&](const float* x, int c) {
+    double sum = 0;
+    for (int j = 0; j < dim; ++j) sum += (x[j] - centroids[size_t(c) * dim + j]) * (x[j] - centroids[size_t(c) * dim + j]);
+    return sum;
+  };
+  for (int i = 0; i < n; ++i) {
+    const float* x = points.data() + 8 + size_t(i) * stride;
+    const int expected = nearest_centroid(x, centroids.data(), k, dim);
+    // The same centroid, or one as near up to float rounding (a near-tie).
+    EXPECT_NEAR(distance(x, nearest[size_t(i)]), distance(x, expected), 1e-4 * distance(x, expected)) << i;
+  }
+}
+
 // Keys of every layer and the last token's queries, as the model computed them.
 struct Recorder : ForwardObserver {
   std::vector<std::vector<float>> keys, last_q;

@@ -1,9 +1,13 @@
 #include "kv/select/kmeans.h"
 
+#include <cblas.h>
+
 #include <cassert>
 #include <cstring>
 #include <algorithm>
 #include <limits>
+#include <mutex>
+#include <numeric>
 
 
 namespace slimkv {
@@ -72,22 +76,49 @@ int nearest_centroid(const float* x, const float* centroids, int k, int dim) {
   return best;
 }
 
+void assign_nearest(const float* points, int n, int dim, int stride, const float* centroids, int k, int* nearest) {
+  constexpr int kChunk = 512;  // points per GEMM: the [chunk, k] products stay in cache
+  static std::once_flag single_threaded_blas;  // as in matmul: parallelism is ours, not BLAS's
+  std::call_once(single_threaded_blas, [] { openblas_set_num_threads(1); });
+  thread_local std::vector<float> products, norms;
+  products.resize(size_t(kChunk) * k);
+  norms.resize(size_t(k));
+  for (int c = 0; c < k; ++c) {
+    const float* centroid = centroids + size_t(c) * dim;
+    norms[size_t(c)] = std::inner_product(centroid, centroid + dim, centroid, 0.0f);
+  }
+  for (int first = 0; first < n; first += kChunk) {
+    const int rows = std::min(kChunk, n - first);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, k, dim, 1.0f, points + size_t(first) * stride, stride,
+                centroids, dim, 0.0f, products.data(), k);
+    for (int i = 0; i < rows; ++i) {
+      const float* dots = products.data() + size_t(i) * k;
+      int best = 0;
+      float best_distance = std::numeric_limits<float>::max();
+      for (int c = 0; c < k; ++c) {
+        const float distance = norms[size_t(c)] - 2.0f * dots[c];
+        if (distance < best_distance) {
+          best_distance = distance;
+          best = c;
+        }
+      }
+      nearest[first + i] = best;
+    }
+  }
+}
+
 std::vector<float> kmeans(const float* points, int n, int dim, int stride, int k, int max_iters, uint64_t seed) {
   assert(n >= k && k > 0);
   std::vector<float> centroids(size_t(k) * dim);
   uint64_t rng = seed;
   seed_plus_plus(points, n, dim, stride, k, rng, centroids.data());
-  std::vector<int> assignment(size_t(n), -1);
+  std::vector<int> assignment(size_t(n), -1), nearest(static_cast<size_t>(n));
   std::vector<double> sums(size_t(k) * dim);
   std::vector<int> counts(static_cast<size_t>(k));
   for (int iter = 0; iter < max_iters; ++iter) {
-    bool changed = false;
-    for (int i = 0; i < n; ++i) {
-      const int c = nearest_centroid(points + size_t(i) * stride, centroids.data(), k, dim);
-      changed |= c != assignment[size_t(i)];
-      assignment[size_t(i)] = c;
-    }
-    if (!changed) break;
+    assign_nearest(points, n, dim, stride, centroids.data(), k, nearest.data());
+    if (nearest == assignment) break;  // converged
+    assignment.swap(nearest);
     std::fill(sums.begin(), sums.end(), 0.0);
     std::fill(counts.begin(), counts.end(), 0);
     for (int i = 0; i < n; ++i) {

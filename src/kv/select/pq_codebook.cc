@@ -20,11 +20,11 @@ void PqCodebook::train(const float* vectors, int n, int max_iters, uint64_t seed
 
 void PqCodebook::encode(const float* vectors, int n, uint8_t* codes) const {
   const int k = centroids_per_space(), d = sub_dim();
-  for (int i = 0; i < n; ++i) {
-    for (int s = 0; s < m_; ++s) {
-      codes[size_t(i) * m_ + s] = uint8_t(
-          nearest_centroid(vectors + size_t(i) * dim_ + size_t(s) * d, centroids_.data() + size_t(s) * k * d, k, d));
-    }
+  thread_local std::vector<int> nearest;
+  nearest.resize(size_t(n));
+  for (int s = 0; s < m_; ++s) {
+    assign_nearest(vectors + size_t(s) * d, n, d, dim_, centroids_.data() + size_t(s) * k * d, k, nearest.data());
+    for (int i = 0; i < n; ++i) codes[size_t(i) * m_ + s] = uint8_t(nearest[size_t(i)]);
   }
 }
 
