@@ -4,9 +4,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "kv/codec/codec.h"
 #include "kv/select/selector.h"
+#include "kv/tier/offload_tier.h"
 #include "slimkv/kv_config.h"
 
 namespace slimkv {
@@ -17,6 +19,7 @@ struct KvPipeline {
   int block_tokens = 64;               // tokens per block (HACK's partition size Π when hack is used)
   uint64_t seed = 0;                   // for stochastic rounding and clustering
   bool hadamard = false;               // rot=hadamard: K, V, q rotated per head, outputs rotated back
+  std::optional<OffloadConfig> offload;  // @offload: sealed blocks in a file, hot ones cached; else all in RAM
   std::string describe() const;        // the canonical spec, every option spelled out
 };
 

@@ -48,7 +48,10 @@ class KvStore {
 
   int num_tokens(int layer) const { return layers_[size_t(layer)].num_tokens; }
   int num_sealed_blocks(int layer) const;
-  const uint8_t* sealed_block(int layer, int head, int index) const { return head_of(layer, head).sealed[size_t(index)]; }
+  const uint8_t* sealed_block(int layer, int head, int index) const {
+    const uint8_t* block = head_of(layer, head).sealed[size_t(index)];
+    return offload_ ? offload_->read(block) : block;
+  }
   int open_tokens(int layer) const { return num_tokens(layer) - num_sealed_blocks(layer) * block_tokens(); }
   const float* open_k(int layer, int head) const { return head_of(layer, head).open_k.data(); }  // [block_tokens, k_dim]
   const float* open_v(int layer, int head) const { return head_of(layer, head).open_v.data(); }  // [block_tokens, v_dim]
@@ -61,6 +64,8 @@ class KvStore {
   const HeadSelection& last_selection(int layer, int head) const { return selections_[size_t(layer)][size_t(head)]; }
 
   KvMemory memory() const;
+  // The offload tier's cache hits, misses and bytes moved (all zero for the fast tier).
+  TierStats tier_stats() const { return offload_ ? offload_->stats() : TierStats{}; }
   void clear();  // back to an empty sequence, keeping allocations
 
   // The pipeline the store encodes with; its describe() is the spec a KV transfer must match.
@@ -85,6 +90,11 @@ class KvStore {
   };
   const Head& head_of(int layer, int head) const { return layers_[size_t(layer)].heads[size_t(head)]; }
   uint64_t block_seed(int layer, int head, int index) const;
+  // Where a block is sealed (a pool slot, or the offload tier's scratch), and where it then stays.
+  uint8_t* seal_destination() { return offload_ ? offload_->scratch() : pool_.allocate(); }
+  const uint8_t* keep_sealed(uint8_t* block) { return offload_ ? offload_->slow_block(offload_->write(block)) : block; }
+  // Brings the sealed blocks a layer's attention will read into the fast tier (offload only).
+  void stage_blocks(int layer, const std::vector<HeadSelection>& selection);
 
   KvShape shape_;
   KvPipeline pipeline_;
@@ -92,6 +102,7 @@ class KvStore {
   BlockPool pool_;
   bool requantizes_open_;  // the codec's answer, asked once
   std::vector<Layer> layers_;
+  std::unique_ptr<OffloadTier> offload_;                 // kv/tier: null for the fast tier
   std::unique_ptr<Selector> selector_;                   // kv/select: all, pq, oracle
   std::vector<std::vector<HeadSelection>> selections_;  // [layer][kv head], from the last select()
 };

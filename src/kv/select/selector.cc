@@ -2,6 +2,7 @@
 
 #include "kv/select/pq_selector.h"
 #include "kv/stage_options.h"
+#include "kv/tier/offload_tier.h"
 
 namespace slimkv {
 namespace {
@@ -27,7 +28,8 @@ std::shared_ptr<const SelectorFactory> make_all_selector_factory() { return std:
 
 bool is_selector_stage(const std::string& name) { return name == "all" || name == "pq" || name == "oracle"; }
 
-std::shared_ptr<const SelectorFactory> make_selector_factory(const std::string& name, StageOptions& options) {
+std::shared_ptr<const SelectorFactory> make_selector_factory(const std::string& name, StageOptions& options,
+                                                             OffloadConfig& cache) {
   if (name == "pq") {
     PqOptions pq;
     pq.m = options.integer("m", pq.m, {1, 2, 4, 8, 16, 32});
@@ -37,6 +39,8 @@ std::shared_ptr<const SelectorFactory> make_selector_factory(const std::string& 
     pq.max_iters = iters == "auto" ? 0 : options.integer("iters", 0, {}, 1, 1000);
     pq.cache_tokens = options.integer("cache", pq.cache_tokens, {});
     pq.policy = options.choice("policy", pq.policy, {"lru", "lfu"});
+    cache.cache_tokens = pq.cache_tokens;
+    cache.policy = pq.policy == "lfu" ? CachePolicy::kLfu : CachePolicy::kLru;
     return make_pq_selector_factory(pq);
   }
   if (name == "oracle") return make_oracle_selector_factory(read_topk_window(options));

@@ -24,6 +24,7 @@ namespace slimkv {
 
 class ThreadPool;
 class StageOptions;
+struct OffloadConfig;
 
 // The tokens one KV head attends to at the last decode step: every token, or these, ascending.
 struct HeadSelection {
@@ -62,6 +63,8 @@ std::shared_ptr<const SelectorFactory> make_all_selector_factory();
 // Whether `name` is a selector stage (all, pq, oracle).
 bool is_selector_stage(const std::string& name);
 // Builds the factory of a selector stage from its options (read from `options`; the caller finishes them).
-std::shared_ptr<const SelectorFactory> make_selector_factory(const std::string& name, StageOptions& options);
+// pq's cache and policy options set the offload tier's block cache (`cache`).
+std::shared_ptr<const SelectorFactory> make_selector_factory(const std::string& name, StageOptions& options,
+                                                             OffloadConfig& cache);
 
 }  // namespace slimkv
