@@ -10,14 +10,15 @@
 
 namespace slimkv {
 
-// Cost-model coefficients of kmeans_iteration_cap, fitted on this machine (bench_pq --fit_cost_model).
-constexpr double kCostAlpha1 = 0.0, kCostBeta1 = 1e-9;
-constexpr double kCostAlpha2 = 0.0, kCostBeta2 = 1e-4, kCostGamma2 = 1e-8;
+// Cost-model coefficients of kmeans_iteration_cap, fitted on this machine (2 cores, shared) by
+// `bench_pq_decode --model models/slimkv-llama-14m --fit`, bundled model, m=2, b=6.
+constexpr double kCostAlpha1 = 2.468e-02, kCostBeta1 = 1.644e-10;
+constexpr double kCostAlpha2 = -1.041e-02, kCostBeta2 = 8.470e-05, kCostGamma2 = 6.101e-08;
 
 std::string PqOptions::describe() const {
   return str_cat("pq:m=", m, ",b=", bits, ",", window.describe(), ",iters=",
                  max_iters ? std::to_string(max_iters) : std::string("auto"), ",cache=", cache_tokens,
-                 ",policy=", policy);
+                 ",policy=", policy, overlap ? "" : ",overlap=off");
 }
 
 namespace {
@@ -58,7 +59,10 @@ class PqSelector final : public TopkSelector {
 
   void on_prefill(int layer_index) override {
     PqLayer& layer = layers_[size_t(layer_index)];
-    if (layer.training.valid() || !wants_training(layer_index)) return;
+    if (!options_.overlap) return;
+    // A chunked prompt: the previous chunk's clustering has had this chunk's forward pass to finish.
+    if (layer.training.valid()) adopt(layer, layer.training.get(), layer.training_on);
+    if (!wants_training(layer_index)) return;
     // Snapshot the keys: appends to this layer go on while the job runs.
     const int n = sealed_tokens(layer_index);
     std::vector<std::vector<float>> keys;
@@ -188,7 +192,6 @@ int kmeans_iteration_cap(int tokens, int num_kv_heads, int m, int bits, int sub_
   // Eq. 1: clustering one layer, T iterations = α1 + β1 · s·T·(h_kv · m · 2^b · d_m)   [seconds]
   // Eq. 2: one layer's prefill forward      = α2 + β2 · s + γ2 · s²
   // Eq. 3: T_max = (γ2 s² + β2 s + α2 − α1) / (β1 s · h_kv m 2^b d_m)
-  // Fitted on this machine by `bench_pq --fit_cost_model` (see README).
   constexpr double alpha1 = kCostAlpha1, beta1 = kCostBeta1;
   constexpr double alpha2 = kCostAlpha2, beta2 = kCostBeta2, gamma2 = kCostGamma2;
   const double s = tokens;

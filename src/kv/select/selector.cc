@@ -39,6 +39,7 @@ std::shared_ptr<const SelectorFactory> make_selector_factory(const std::string& 
     pq.max_iters = iters == "auto" ? 0 : options.integer("iters", 0, {}, 1, 1000);
     pq.cache_tokens = options.integer("cache", pq.cache_tokens, {});
     pq.policy = options.choice("policy", pq.policy, {"lru", "lfu"});
+    pq.overlap = options.choice("overlap", "on", {"on", "off"}) == "on";
     cache.cache_tokens = pq.cache_tokens;
     cache.policy = pq.policy == "lfu" ? CachePolicy::kLfu : CachePolicy::kLru;
     return make_pq_selector_factory(pq);
