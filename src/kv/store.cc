@@ -3,6 +3,7 @@
 #include "kv/rotation.h"
 #include "util/thread_pool.h"
 
+#include <algorithm>
 #include <cassert>
 #include <cstring>
 #include <stdexcept>
@@ -22,7 +23,9 @@ KvStore::KvStore(const KvShape& shape, const KvPipeline& pipeline)
   if (pipeline.offload) {
     const size_t max_blocks = size_t(shape.num_layers) * size_t(shape.num_kv_heads) *
                               size_t((shape.max_tokens + block_tokens() - 1) / block_tokens());
-    auto tier = OffloadTier::open(*pipeline.offload, block_tokens(), pool_.block_bytes(), max_blocks);
+    const int cache_blocks =
+        std::max(1, pipeline.offload->cache_tokens / block_tokens()) * shape.num_layers * shape.num_kv_heads;
+    auto tier = OffloadTier::open(*pipeline.offload, cache_blocks, pool_.block_bytes(), max_blocks);
     // make_kv_pipeline made a file in that directory already; failing now is the disk filling up.
     if (!tier) throw std::runtime_error(tier.status().message());
     offload_ = std::move(*tier);

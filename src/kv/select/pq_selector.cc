@@ -164,6 +164,10 @@ class PqSelectorFactory final : public SelectorFactory {
  public:
   explicit PqSelectorFactory(const PqOptions& options) : options_(options) {}
   std::string describe() const override { return options_.describe(); }
+  Status check_shape(int k_dim) const override {
+    if (k_dim % options_.m == 0) return Status::ok();
+    return error("pq: m=", options_.m, " sub-spaces do not divide the ", k_dim, " key dims");
+  }
   std::unique_ptr<Selector> make(int num_layers, int num_kv_heads, int k_dim, int block_tokens,
                                  uint64_t seed) const override {
     return std::make_unique<PqSelector>(options_, num_layers, num_kv_heads, k_dim, block_tokens, seed);

@@ -55,6 +55,8 @@ class SelectorFactory {
  public:
   virtual ~SelectorFactory() = default;
   virtual std::string describe() const = 0;  // canonical spec stage, every option spelled out
+  // Whether keys of k_dim dims can be selected on (pq: m must divide them); checked when a model loads.
+  virtual Status check_shape(int /*k_dim*/) const { return Status::ok(); }
   virtual std::unique_ptr<Selector> make(int num_layers, int num_kv_heads, int k_dim, int block_tokens,
                                          uint64_t seed) const = 0;
 };

@@ -12,7 +12,7 @@
 
 namespace slimkv {
 
-Expected<std::unique_ptr<OffloadTier>> OffloadTier::open(const OffloadConfig& config, int block_tokens,
+Expected<std::unique_ptr<OffloadTier>> OffloadTier::open(const OffloadConfig& config, int cache_blocks,
                                                          size_t block_bytes, size_t max_blocks) {
   std::error_code ignored;
   const std::string dir = config.dir.empty() ? std::filesystem::temp_directory_path(ignored).string() : config.dir;
@@ -30,7 +30,6 @@ Expected<std::unique_ptr<OffloadTier>> OffloadTier::open(const OffloadConfig& co
     close(fd);
     return error("offload tier: cannot map ", bytes, " bytes of a file in '", dir, "': ", std::strerror(errno));
   }
-  const int cache_blocks = std::max(1, config.cache_tokens / block_tokens);
   return std::unique_ptr<OffloadTier>(
       new OffloadTier(cache_blocks, config.policy, block_bytes, max_blocks, fd, static_cast<uint8_t*>(mapping)));
 }

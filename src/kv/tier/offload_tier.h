@@ -25,16 +25,18 @@ struct TierStats {
 };
 
 struct OffloadConfig {
-  int cache_tokens = 4096;  // the block cache's size, in tokens (cache_tokens / block_tokens slots)
+  // The block cache's size in tokens: room for the K and V of that many tokens in every layer and KV
+  // head, as PQCache sizes its GPU cache (cache_tokens / block_tokens blocks per layer and KV head).
+  int cache_tokens = 4096;
   CachePolicy policy = CachePolicy::kLru;
   std::string dir;  // where the file goes; empty: the system's temporary directory
 };
 
 class OffloadTier {
  public:
-  // Room for max_blocks blocks of block_bytes, a cache of cache_tokens / block_tokens blocks (at least
-  // one). Fails if the file cannot be made or mapped.
-  static Expected<std::unique_ptr<OffloadTier>> open(const OffloadConfig& config, int block_tokens, size_t block_bytes,
+  // Room for max_blocks blocks of block_bytes, and a cache of cache_blocks. Fails if the file cannot be
+  // made or mapped.
+  static Expected<std::unique_ptr<OffloadTier>> open(const OffloadConfig& config, int cache_blocks, size_t block_bytes,
                                                      size_t max_blocks);
   ~OffloadTier();
   OffloadTier(const OffloadTier&) = delete;
