@@ -123,9 +123,9 @@ std::vector<float> decode_logits(const std::string& spec, int prompt_tokens, int
 }
 
 TEST(Selection, PqWithTopkOfAllTokensIsDenseExactly) {
-  const std::vector<float> dense = decode_logits("dense", 600, 3);
-  EXPECT_EQ(decode_logits("pq:topk=1.0", 600, 3), dense);
-  EXPECT_NE(decode_logits("pq:topk=0.1,local=16", 600, 3), dense) << "a real selection changes something";
+  const std::vector<float> dense = decode_logits("dense", 320, 2);
+  EXPECT_EQ(decode_logits("pq:topk=1.0", 320, 2), dense);
+  EXPECT_NE(decode_logits("pq:topk=0.1,local=16", 320, 2), dense) << "a real selection changes something";
 }
 
 TEST(KMeans, IsDeterministicForASeed) {
