@@ -5,7 +5,7 @@
 //   --tt2t:    time to second token (prefill + first decode) with k-means overlapped or not;
 //   --fit:     the cost model of iters=auto (PQCache Eq. 1-3): k-means time vs s·T, one layer's
 //              prefill time vs s, least-squares coefficients to paste into kv/select/pq_selector.cc.
-//   bench_pq_decode --model DIR [--scaling] [--cache] [--tt2t] [--fit]
+//   bench_pq_decode --model DIR [--scaling] [--cache [--cache-topk 0.2]] [--tt2t] [--fit]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -108,14 +108,15 @@ void scaling() {
   }
 }
 
-void cache(const std::string& model_dir) {
+void cache(const std::string& model_dir, double topk) {
   constexpr int kPrompt = 3968, kDecode = 32;
-  std::printf("block cache, pq:topk=0.2@offload, %d-token prompt then %d decode steps (bundled model)\n", kPrompt,
-              kDecode);
+  std::printf("block cache, pq:topk=%g@offload, %d-token prompt then %d decode steps (bundled model)\n", topk,
+              kPrompt, kDecode);
   std::printf("%-12s %-6s %10s %18s\n", "cache tokens", "policy", "hit rate", "KiB moved / step");
   for (const char* policy : {"lru", "lfu"}) {
     for (int cache_tokens : {256, 512, 1024, 2048, 4096}) {
-      auto engine = load(model_dir, str_cat("pq:topk=0.2,cache=", cache_tokens, ",policy=", policy, "@offload"));
+      auto engine =
+          load(model_dir, str_cat("pq:topk=", topk, ",cache=", cache_tokens, ",policy=", policy, "@offload"));
       auto session = engine->new_session();
       auto logits = session->prefill(heldout(*engine, model_dir, kPrompt));
       const TierStats before = session->kv().tier_stats();
@@ -227,15 +228,17 @@ int main(int argc, char** argv) {
   CLI::App app{"PQCache decode scaling, block cache, overlap and cost model"};
   std::string model_dir;
   bool run_scaling = false, run_cache = false, run_tt2t = false, run_fit = false;
+  double cache_topk = 0.2;
   app.add_option("--model", model_dir, "model directory")->required();
   app.add_flag("--scaling", run_scaling, "decode time per step, 2K -> 64K tokens");
   app.add_flag("--cache", run_cache, "block cache hit rate by size");
+  app.add_option("--cache-topk", cache_topk, "the pq topk of --cache")->capture_default_str();
   app.add_flag("--tt2t", run_tt2t, "time to second token with and without overlap");
   app.add_flag("--fit", run_fit, "fit the iters=auto cost model");
   CLI11_PARSE(app, argc, argv);
   if (run_fit) fit(model_dir);
   if (run_scaling) scaling();
-  if (run_cache) cache(model_dir);
+  if (run_cache) cache(model_dir, cache_topk);
   if (run_tt2t) tt2t(model_dir);
   return 0;
 }
