@@ -115,7 +115,8 @@ int main(int argc, char** argv) {
       }
       for (int i = 0; i < queries; ++i) {
         for (int h = 0; h < group; ++h) {
-          const float* qh = recorder.queries[size_t(layer)].data() + (size_t(n + i) * heads + size_t(g * group + h)) * d;
+          const size_t row = (size_t(n + i) * heads + size_t(g * group + h)) * d;
+          const float* qh = recorder.queries[size_t(layer)].data() + row;
           for (int c = 0; c < d; ++c) q[size_t(i) * d + size_t(c)] += qh[c];
         }
       }
@@ -192,7 +193,9 @@ int main(int argc, char** argv) {
               "iterations, 1 thread\n",
               m, bits, n, pairs, model_dir.c_str(), queries, k, topk * 100, iters);
   std::printf("%-26s %12s %12s %10s\n", "", "slimkv", "faiss", "slimkv/faiss");
-  const auto row = [](const char* name, double a, double b) { std::printf("%-26s %12.3f %12.3f %10.2f\n", name, a, b, a / b); };
+  const auto row = [](const char* name, double a, double b) {
+    std::printf("%-26s %12.3f %12.3f %10.2f\n", name, a, b, a / b);
+  };
   row("k-means ms (all heads)", ours.train_ms, theirs.train_ms);
   row("encode ms (all heads)", ours.encode_ms, theirs.encode_ms);
   row("ADC top-k ms per query", ours.search_ms / (pairs * queries), theirs.search_ms / (pairs * queries));

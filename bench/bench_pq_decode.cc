@@ -209,8 +209,8 @@ void fit(const std::string& model_dir) {
     }
   }
   const std::vector<double> c1 = least_squares(x1, y1), c2 = least_squares(x2, y2);
-  std::printf("Eq. 1 (k-means, one layer): alpha1 = %.3e s, beta1 = %.3e s per unit of s·T·h_kv·m·2^b·d_m\n", c1[0],
-              c1[1]);
+  std::printf("Eq. 1 (k-means, one layer): alpha1 = %.3e s, beta1 = %.3e s per unit of s·T·h_kv·m·2^b·d_m\n",
+              c1[0], c1[1]);
   std::printf("Eq. 2 (prefill, one layer): alpha2 = %.3e s, beta2 = %.3e s/token, gamma2 = %.3e s/token^2\n", c2[0],
               c2[1], c2[2]);
   std::printf("constexpr double kCostAlpha1 = %.3e, kCostBeta1 = %.3e;\n", c1[0], c1[1]);

@@ -110,7 +110,9 @@ void attend(const KvStore& store, int layer, const float* q, int n, int first_po
     const int first_tile_position = first_position + first;
     const int last_tile_position = first_tile_position + positions - 1;
     const bool selected = selection && n == 1 && !(*selection)[size_t(g)].all;
-    if (selected) attend_selected_sealed(store, layer, g, (*selection)[size_t(g)].tokens, tile, visible.data(), partials);
+    if (selected) {
+      attend_selected_sealed(store, layer, g, (*selection)[size_t(g)].tokens, tile, visible.data(), partials);
+    }
     for (int b = 0; !selected && b < sealed && b * block_tokens <= last_tile_position; ++b) {
       if (b + 1 < sealed) prefetch(store.sealed_block(layer, g, b + 1), block_bytes);
       visible_tokens(first_tile_position, group, rows, b * block_tokens, block_tokens, visible.data());

@@ -53,7 +53,9 @@ Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
   for (const KvStage& stage : config.stages) {
     StageOptions options(stage, config.spec);
     if (is_selector_stage(stage.name)) {
-      if (pipeline.selector || pipeline.codec) return error("KV spec '", config.spec, "': the selector comes first, once");
+      if (pipeline.selector || pipeline.codec) {
+        return error("KV spec '", config.spec, "': the selector comes first, once");
+      }
       if (stage.name != "all") pipeline.selector = make_selector_factory(stage.name, options, offload);
       SLIMKV_RETURN_IF_ERROR(options.finish());
       continue;

@@ -130,7 +130,8 @@ std::vector<float> kmeans(const float* points, int n, int dim, int stride, int k
     }
     for (int c = 0; c < k; ++c) {
       if (counts[size_t(c)] == 0) continue;  // an empty cluster keeps its centroid
-      for (int j = 0; j < dim; ++j) centroids[size_t(c) * dim + j] = float(sums[size_t(c) * dim + j] / counts[size_t(c)]);
+      const double* sum = sums.data() + size_t(c) * dim;
+      for (int j = 0; j < dim; ++j) centroids[size_t(c) * dim + j] = float(sum[j] / counts[size_t(c)]);
     }
   }
   return centroids;

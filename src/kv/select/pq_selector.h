@@ -1,9 +1,10 @@
 // The `pq` selector (PQCache §3): per layer and KV head, a product quantizer over the keys of sealed
 // tokens, trained by k-means when a prefill chunk is appended (on a background thread, overlapped with
-// the rest of the forward pass; the first decode step of the layer, or the layer's next prompt chunk,
-// waits for it: Algorithm 1), and again whenever the sealed tokens have doubled since (tokens decoded one by one would otherwise all be coded
-// with centroids of the first few blocks; §5 suggests periodic rebuilding). Tokens sealed later get the
-// codes of their nearest centroids. Decode scores middle tokens by ADC and keeps the top-k (topk_selector.h).
+// the rest of the forward pass; the layer's next prompt chunk or first decode step waits for it:
+// Algorithm 1), and again whenever the sealed tokens have doubled since (tokens decoded one by one
+// would otherwise all be coded with centroids of the first few blocks; §5 suggests periodic
+// rebuilding). Tokens sealed later get the codes of their nearest centroids. Decode scores the middle
+// tokens by ADC and keeps the top-k (topk_selector.h).
 #pragma once
 
 #include <memory>

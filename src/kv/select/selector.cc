@@ -19,7 +19,9 @@ class AllSelector final : public Selector {
 class AllSelectorFactory final : public SelectorFactory {
  public:
   std::string describe() const override { return "all"; }
-  std::unique_ptr<Selector> make(int, int, int, int, uint64_t) const override { return std::make_unique<AllSelector>(); }
+  std::unique_ptr<Selector> make(int, int, int, int, uint64_t) const override {
+    return std::make_unique<AllSelector>();
+  }
 };
 
 }  // namespace

@@ -13,7 +13,9 @@ int TopkWindow::topk_tokens(int num_tokens) const {
   return topk <= 1.0 ? int(std::lround(topk * num_tokens)) : int(topk);
 }
 
-std::string TopkWindow::describe() const { return str_cat("topk=", topk, ",init=", init_tokens, ",local=", local_tokens); }
+std::string TopkWindow::describe() const {
+  return str_cat("topk=", topk, ",init=", init_tokens, ",local=", local_tokens);
+}
 
 TopkWindow read_topk_window(StageOptions& options) {
   TopkWindow window;
