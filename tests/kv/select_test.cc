@@ -128,6 +128,28 @@ TEST(Selection, PqWithTopkOfAllTokensIsDenseExactly) {
   EXPECT_NE(decode_logits("pq:topk=0.1,local=16", 320, 2), dense) << "a real selection changes something";
 }
 
+TEST(Selection, TheLastDecodeStepsSelectionIsReportedPerLayerAndKvHead) {
+  EngineConfig config;
+  config.model_dir = kModel;
+  config.kv_spec = "pq:topk=0.1";
+  config.threads = 2;
+  auto engine = Engine::load(config);
+  ASSERT_TRUE(engine) << engine.status().message();
+  auto session = (*engine)->new_session();
+  ASSERT_TRUE(session->prefill(heldout_ids(**engine, 320)));
+  EXPECT_TRUE(session->kv().last_selection(0, 0).all) << "a prompt attends to every token";
+  ASSERT_TRUE(session->decode(13));
+  for (int layer = 0; layer < session->kv().shape().num_layers; ++layer) {
+    for (int g = 0; g < session->kv().shape().num_kv_heads; ++g) {
+      const HeadSelection& selection = session->kv().last_selection(layer, g);
+      ASSERT_FALSE(selection.all);
+      EXPECT_EQ(selection.tokens.size(), size_t(4 + 32 + 64));  // init + 10 % of 321 tokens + local
+      EXPECT_TRUE(std::is_sorted(selection.tokens.begin(), selection.tokens.end()));
+      EXPECT_EQ(selection.tokens.back(), 320);
+    }
+  }
+}
+
 TEST(KMeans, IsDeterministicForASeed) {
   const std::vector<float> points = normal_vector(500 * 16, 9);
   const std::vector<float> a = kmeans(points.data(), 500, 8, 16, 32, 20, 42);
