@@ -15,6 +15,7 @@ packages=(
   libbenchmark-dev         # micro-benchmarks
   gnuplot-nox              # slimkv eval's PNG plots
   python3-jsonschema       # tests: results.json checked against docs/eval_results.schema.json
+  libfaiss-dev             # bench_pq: the reference product quantizer slimkv's PQ is compared with
 )
 
 missing=()

@@ -29,10 +29,49 @@ void prefetch(const uint8_t* block, size_t bytes) {
   for (size_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(block + offset);
 }
 
+// The sealed blocks' part of one decode query tile over the selected tokens (ascending) of KV head g.
+void attend_selected_sealed(const KvStore& store, int layer, int g, const std::vector<int>& tokens, QueryTile tile,
+                            int* visible, AttentionPartials& partials) {
+  const BlockShape& shape = store.block_shape();
+  const int block_tokens = shape.block_tokens;
+  const int sealed_tokens = store.num_sealed_blocks(layer) * block_tokens;
+  thread_local std::vector<float> gathered_k, gathered_v;
+  thread_local std::vector<int> rows;
+  gathered_k.resize(size_t(block_tokens) * size_t(shape.k_dim));
+  gathered_v.resize(size_t(block_tokens) * size_t(shape.v_dim));
+  int gathered = 0;
+  const auto flush = [&] {
+    std::fill(visible, visible + tile.n_queries, gathered);
+    attend_block_f32(tile, gathered_k.data(), gathered_v.data(), shape.k_dim, shape.v_dim, partials, 0);
+    gathered = 0;
+  };
+  for (size_t i = 0; i < tokens.size() && tokens[i] < sealed_tokens;) {
+    const int b = tokens[i] / block_tokens;
+    rows.clear();
+    for (; i < tokens.size() && tokens[i] < (b + 1) * block_tokens; ++i) rows.push_back(tokens[i] - b * block_tokens);
+    const uint8_t* block = store.sealed_block(layer, g, b);
+    if (int(rows.size()) == block_tokens) {
+      std::fill(visible, visible + tile.n_queries, block_tokens);
+      store.codec().attend(shape, block, tile, partials, 0);
+      continue;
+    }
+    for (size_t done = 0; done < rows.size();) {
+      const int take = std::min(int(rows.size() - done), block_tokens - gathered);
+      store.codec().decode_tokens(shape, block, rows.data() + done, take,
+                                  gathered_k.data() + size_t(gathered) * shape.k_dim,
+                                  gathered_v.data() + size_t(gathered) * shape.v_dim);
+      gathered += take;
+      done += size_t(take);
+      if (gathered == block_tokens) flush();
+    }
+  }
+  if (gathered > 0) flush();
+}
+
 }  // namespace
 
 void attend(const KvStore& store, int layer, const float* q, int n, int first_position,
-            const AttentionParams& params, float* out) {
+            const AttentionParams& params, float* out, const std::vector<HeadSelection>* selection) {
   const KvShape& shape = store.shape();
   const int group = params.num_heads / shape.num_kv_heads;
   const int k_dim = shape.k_dim, v_dim = shape.v_dim;
@@ -70,7 +109,11 @@ void attend(const KvStore& store, int layer, const float* q, int n, int first_po
     tile.prepared = prepared.data();
     const int first_tile_position = first_position + first;
     const int last_tile_position = first_tile_position + positions - 1;
-    for (int b = 0; b < sealed && b * block_tokens <= last_tile_position; ++b) {
+    const bool selected = selection && n == 1 && !(*selection)[size_t(g)].all;
+    if (selected) {
+      attend_selected_sealed(store, layer, g, (*selection)[size_t(g)].tokens, tile, visible.data(), partials);
+    }
+    for (int b = 0; !selected && b < sealed && b * block_tokens <= last_tile_position; ++b) {
       if (b + 1 < sealed) prefetch(store.sealed_block(layer, g, b + 1), block_bytes);
       visible_tokens(first_tile_position, group, rows, b * block_tokens, block_tokens, visible.data());
       store.codec().attend(store.block_shape(), store.sealed_block(layer, g, b), tile, partials, 0);

@@ -16,7 +16,13 @@ struct AttentionParams {
 
 // q: [n, num_heads, k_dim] for positions first_position .. first_position + n - 1, whose K/V the store
 // already holds (store.num_tokens(layer) == first_position + n). out: [n, num_heads, v_dim].
+// selection (from store.select, one per KV head; null: every token): for a decode query (n == 1), the
+// tokens each KV head's group attends to. A sealed block whose tokens are all selected is read by its
+// codec's kernel as always (so a selection of everything is exactly dense attention); from any other
+// block only the selected tokens are decoded (Codec::decode_tokens) and gathered into FP32 chunks for
+// the FP32 kernel: PQCache fetches tokens, not blocks, and a masked variant of every codec kernel
+// would cost more code than it saves at top-k fractions of 1/5 or less. The open block is always whole.
 void attend(const KvStore& store, int layer, const float* q, int n, int first_position,
-            const AttentionParams& params, float* out);
+            const AttentionParams& params, float* out, const std::vector<HeadSelection>* selection = nullptr);
 
 }  // namespace slimkv

@@ -66,6 +66,10 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
   SLIMKV_RETURN_IF_ERROR(engine->pipeline_->codec
                              ->check_shape({engine->pipeline_->block_tokens, kv_shape.k_dim, kv_shape.v_dim})
                              .with_context(str_cat("KV spec '", config.kv_spec, "' for ", config.model_dir)));
+  if (engine->pipeline_->selector) {
+    SLIMKV_RETURN_IF_ERROR(engine->pipeline_->selector->check_shape(kv_shape.k_dim)
+                               .with_context(str_cat("KV spec '", config.kv_spec, "' for ", config.model_dir)));
+  }
   const std::string tokenizer_path = config.model_dir + "/tokenizer.json";
   if (std::filesystem::exists(tokenizer_path)) {
     SLIMKV_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load(tokenizer_path));

@@ -1,14 +1,21 @@
 // fidelity: how far each spec's attention output is from the exact one, layer by layer, with every
-// other source of difference removed.
+// other source of difference removed; and for selectors (pq, oracle), how well they pick tokens.
 //
 // The reference model runs the text prefix (context - samples tokens) and then `samples` more tokens
 // one at a time. Every layer's K and V are appended, as they are produced, to one KV store per spec
-// (that spec's pipeline); at each of the decode steps every spec's store answers the layer's query
-// through the spec's own attention kernels, and that output is compared with the reference model's:
-// rel_l2 = sqrt(sum |o_spec - o|^2 / sum |o|^2) over the decode steps and heads of the layer. All specs
-// see the same q, k, v (the reference's), so the figure isolates the KV encoding's error; the
-// reference spec against a store of its own is exactly 0. The overall row is the mean over layers.
+// (that spec's pipeline); at each of the decode steps every spec's store selects (its selector) and
+// answers the layer's query through the spec's own attention kernels, and that output is compared with
+// the reference model's: rel_l2 = sqrt(sum |o_spec - o|^2 / sum |o|^2) over the decode steps and heads of
+// the layer. All specs see the same q, k, v (the reference's), so the figure isolates the KV encoding's
+// (and selection's) error; the reference spec against a store of its own is exactly 0.
+//
+// recall (specs with a selector): for each KV head and step, the S sealed tokens the selector chose
+// against the S sealed tokens with the highest exact scores sum_h q_h . k over the head's query group
+// (the score selectors rank by): |chosen ∩ exact| / S, averaged over heads and steps. The overall rows
+// are means over layers.
+#include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "attention/attention.h"
 #include "eval/tasks.h"
@@ -21,26 +28,43 @@ namespace {
 
 class FidelityObserver : public ForwardObserver {
  public:
-  FidelityObserver(const EvalContext& context, ThreadPool& pool) {
+  FidelityObserver(const EvalContext& context, ThreadPool& pool) : pool_(pool) {
     const LlamaModel& model = context.subjects[0].engine->model();
     const ModelConfig& config = model.config();
     params_ = AttentionParams{int(config.num_heads), 1.0f / std::sqrt(float(config.head_dim)), &pool};
-    out_size_ = size_t(config.num_heads) * size_t(config.head_dim);
+    head_dim_ = int(config.head_dim);
+    num_kv_heads_ = int(config.num_kv_heads);
+    out_size_ = size_t(config.num_heads) * size_t(head_dim_);
     for (const EvalSubject& subject : context.subjects) {
       stores_.push_back(std::make_unique<KvStore>(model.kv_shape(), subject.engine->kv_pipeline()));
     }
+    const size_t layers = size_t(config.num_layers);
+    keys_.resize(layers);
     outputs_.assign(stores_.size(), std::vector<float>(out_size_));
-    squared_error_.assign(stores_.size(), std::vector<double>(size_t(config.num_layers)));
-    squared_norm_.assign(size_t(config.num_layers), 0.0);
+    squared_error_.assign(stores_.size(), std::vector<double>(layers));
+    recall_sum_.assign(stores_.size(), std::vector<double>(layers));
+    recall_count_.assign(stores_.size(), std::vector<int64_t>(layers));
+    squared_norm_.assign(layers, 0.0);
   }
 
   // Only single-token calls (the decode steps) are measured.
   void measure(bool on) { measuring_ = on; }
 
   void on_qkv(int layer, const float* q, const float* k, const float* v, int n) override {
+    std::vector<float>& keys = keys_[size_t(layer)];
+    keys.insert(keys.end(), k, k + size_t(n) * size_t(num_kv_heads_) * size_t(head_dim_));
     for (size_t s = 0; s < stores_.size(); ++s) {
-      stores_[s]->append(layer, k, v, n);
-      if (measuring_) attend(*stores_[s], layer, q, 1, stores_[s]->num_tokens(layer) - 1, params_, outputs_[s].data());
+      KvStore& store = *stores_[s];
+      store.append(layer, k, v, n);
+      if (!measuring_) continue;
+      const std::vector<HeadSelection>& selection = store.select(layer, q, 1, params_.num_heads, pool_);
+      attend(store, layer, q, 1, store.num_tokens(layer) - 1, params_, outputs_[s].data(), &selection);
+      for (int g = 0; g < num_kv_heads_; ++g) {
+        if (selection[size_t(g)].all) continue;
+        recall_sum_[s][size_t(layer)] += recall(layer, g, q, selection[size_t(g)].tokens,
+                                                store.num_sealed_blocks(layer) * store.block_tokens());
+        recall_count_[s][size_t(layer)] += 1;
+      }
     }
   }
 
@@ -59,14 +83,52 @@ class FidelityObserver : public ForwardObserver {
     const double norm = squared_norm_[size_t(layer)];
     return norm > 0 ? std::sqrt(squared_error_[subject][size_t(layer)] / norm) : 0.0;
   }
+  // The mean recall of a subject's selections in a layer; nullopt when it never selected.
+  std::optional<double> recall(size_t subject, int layer) const {
+    const int64_t count = recall_count_[subject][size_t(layer)];
+    if (count == 0) return std::nullopt;
+    return recall_sum_[subject][size_t(layer)] / double(count);
+  }
 
  private:
+  // |chosen ∩ exact top-S| / S over the sealed tokens, S = chosen sealed tokens, scores summed over the group.
+  double recall(int layer, int head, const float* q, const std::vector<int>& chosen, int sealed_tokens) const {
+    std::vector<int> picked;
+    for (int token : chosen) {
+      if (token < sealed_tokens) picked.push_back(token);
+    }
+    if (picked.empty()) return 1.0;
+    const int group = params_.num_heads / num_kv_heads_;
+    const float* keys = keys_[size_t(layer)].data();
+    std::vector<std::pair<double, int>> scores(static_cast<size_t>(sealed_tokens));
+    for (int t = 0; t < sealed_tokens; ++t) {
+      const float* k = keys + (size_t(t) * size_t(num_kv_heads_) + size_t(head)) * size_t(head_dim_);
+      double score = 0.0;
+      for (int h = head * group; h < (head + 1) * group; ++h) {
+        const float* qh = q + size_t(h) * size_t(head_dim_);
+        for (int c = 0; c < head_dim_; ++c) score += double(qh[c]) * k[c];
+      }
+      scores[size_t(t)] = {-score, t};  // ascending order = highest score first, ties by position
+    }
+    std::nth_element(scores.begin(), scores.begin() + ptrdiff_t(picked.size() - 1), scores.end());
+    std::vector<char> exact(static_cast<size_t>(sealed_tokens), 0);
+    for (size_t i = 0; i < picked.size(); ++i) exact[size_t(scores[i].second)] = 1;
+    size_t hits = 0;
+    for (int token : picked) hits += exact[size_t(token)];
+    return double(hits) / double(picked.size());
+  }
+
+  ThreadPool& pool_;
   AttentionParams params_;
+  int head_dim_ = 0, num_kv_heads_ = 0;
   size_t out_size_ = 0;
   bool measuring_ = false;
-  std::vector<std::unique_ptr<KvStore>> stores_;  // one per subject
-  std::vector<std::vector<float>> outputs_;       // [subject][num_heads * head_dim] of the current step
+  std::vector<std::unique_ptr<KvStore>> stores_;    // one per subject
+  std::vector<std::vector<float>> keys_;            // [layer][tokens, num_kv_heads, head_dim], the reference's
+  std::vector<std::vector<float>> outputs_;         // [subject][num_heads * head_dim] of the current step
   std::vector<std::vector<double>> squared_error_;  // [subject][layer]
+  std::vector<std::vector<double>> recall_sum_;     // [subject][layer]
+  std::vector<std::vector<int64_t>> recall_count_;  // [subject][layer]
   std::vector<double> squared_norm_;                // [layer]
 };
 
@@ -94,13 +156,21 @@ Status run_fidelity_task(EvalContext& context) {
 
   const int layers = int(reference.model_config().num_layers);
   for (size_t s = 0; s < context.subjects.size(); ++s) {
-    double sum = 0.0;
+    const std::string& spec = context.subjects[s].spec;
+    double rel_l2_sum = 0.0, recall_sum = 0.0;
+    int recall_layers = 0;
     for (int layer = 0; layer < layers; ++layer) {
       const double rel_l2 = observer.rel_l2(s, layer);
-      context.results.add(context.subjects[s].spec, "fidelity", "rel_l2", rel_l2).layer = layer;
-      sum += rel_l2;
+      context.results.add(spec, "fidelity", "rel_l2", rel_l2).layer = layer;
+      rel_l2_sum += rel_l2;
+      if (const std::optional<double> recall = observer.recall(s, layer)) {
+        context.results.add(spec, "fidelity", "recall", *recall).layer = layer;
+        recall_sum += *recall;
+        recall_layers += 1;
+      }
     }
-    context.results.add(context.subjects[s].spec, "fidelity", "rel_l2", sum / layers);
+    context.results.add(spec, "fidelity", "rel_l2", rel_l2_sum / layers);
+    if (recall_layers > 0) context.results.add(spec, "fidelity", "recall", recall_sum / recall_layers);
   }
   return Status::ok();
 }

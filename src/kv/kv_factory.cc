@@ -9,8 +9,8 @@
 namespace slimkv {
 namespace {
 
-constexpr const char* kKnownStages = "dense, hack, quant";
-constexpr const char* kKnownTiers = "fast";
+constexpr const char* kKnownStages = "all, pq, oracle, dense, hack, quant";
+constexpr const char* kKnownTiers = "fast, offload";
 
 DType parse_dtype_name(const std::string& name) {
   return name == "f16" ? DType::kF16 : name == "bf16" ? DType::kBF16 : DType::kF32;
@@ -39,14 +39,27 @@ QuantizationConfig read_quantization(StageOptions& options, KvPipeline& pipeline
 }  // namespace
 
 std::string KvPipeline::describe() const {
-  return str_cat(codec->describe(), codec->describe().starts_with("dense") ? ",block=" : ",pi=", block_tokens,
-                 seed ? str_cat(",seed=", seed) : std::string(), hadamard ? ",rot=hadamard" : ",rot=none");
+  return str_cat(selector ? selector->describe() + "+" : std::string(), codec->describe(),
+                 codec->describe().starts_with("dense") ? ",block=" : ",pi=", block_tokens,
+                 seed ? str_cat(",seed=", seed) : std::string(), hadamard ? ",rot=hadamard" : ",rot=none",
+                 offload ? str_cat("@offload:cache=", offload->cache_tokens, ",policy=",
+                                   offload->policy == CachePolicy::kLfu ? "lfu" : "lru")
+                         : std::string());
 }
 
 Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
   KvPipeline pipeline;
+  OffloadConfig offload;
   for (const KvStage& stage : config.stages) {
     StageOptions options(stage, config.spec);
+    if (is_selector_stage(stage.name)) {
+      if (pipeline.selector || pipeline.codec) {
+        return error("KV spec '", config.spec, "': the selector comes first, once");
+      }
+      if (stage.name != "all") pipeline.selector = make_selector_factory(stage.name, options, offload);
+      SLIMKV_RETURN_IF_ERROR(options.finish());
+      continue;
+    }
     // Quantized codecs rotate by default: on the bundled model at 2 bits the rotation cuts held-out
     // perplexity from 78.7 to 51.6 (stochastic rounding) and 37.4 to 35.4 (nearest); see README.
     const bool quantized = stage.name == "hack" || stage.name == "quant";
@@ -70,8 +83,21 @@ Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
     }
     SLIMKV_RETURN_IF_ERROR(options.finish());
   }
+  if (!pipeline.codec && pipeline.selector) pipeline.codec = std::make_shared<DenseCodec>(DType::kF32);  // "pq" alone
   if (!pipeline.codec) return error("KV spec '", config.spec, "': no codec stage (e.g. 'dense')");
-  if (config.tier.name != "fast" || !config.tier.options.empty()) {
+  if (config.tier.name == "offload") {
+    StageOptions options(config.tier, config.spec);
+    offload.cache_tokens = options.integer("cache", offload.cache_tokens, {});
+    const std::string lru = offload.policy == CachePolicy::kLfu ? "lfu" : "lru";
+    offload.policy = options.choice("policy", lru, {"lru", "lfu"}) == "lfu" ? CachePolicy::kLfu : CachePolicy::kLru;
+    offload.dir = options.text("dir", "");
+    SLIMKV_RETURN_IF_ERROR(options.finish());
+    // The file is made when a sequence starts; a directory that cannot hold one fails here instead.
+    if (auto probe = OffloadTier::open(offload, 1, 1, 1); !probe) {
+      return error("KV spec '", config.spec, "': ", probe.status().message());
+    }
+    pipeline.offload = offload;
+  } else if (config.tier.name != "fast" || !config.tier.options.empty()) {
     return error("KV spec '", config.spec, "': unknown tier '", config.tier.name, "' (known: ", kKnownTiers, ")");
   }
   return pipeline;

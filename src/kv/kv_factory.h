@@ -4,17 +4,22 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "kv/codec/codec.h"
+#include "kv/select/selector.h"
+#include "kv/tier/offload_tier.h"
 #include "slimkv/kv_config.h"
 
 namespace slimkv {
 
 struct KvPipeline {
   std::shared_ptr<const Codec> codec;  // encodes sealed blocks
+  std::shared_ptr<const SelectorFactory> selector;  // which tokens decode attends to; null: all
   int block_tokens = 64;               // tokens per block (HACK's partition size Π when hack is used)
   uint64_t seed = 0;                   // for stochastic rounding and clustering
   bool hadamard = false;               // rot=hadamard: K, V, q rotated per head, outputs rotated back
+  std::optional<OffloadConfig> offload;  // @offload: sealed blocks in a file, hot ones cached; else all in RAM
   std::string describe() const;        // the canonical spec, every option spelled out
 };
 

@@ -11,6 +11,7 @@
 
 #include "kv/block_pool.h"
 #include "kv/kv_factory.h"
+#include "kv/select/selector.h"
 
 namespace slimkv {
 
@@ -23,8 +24,12 @@ struct KvShape {
 };
 
 struct KvMemory {
-  size_t sealed_bytes = 0;  // blocks in the pool, as the codec encodes them
+  size_t sealed_bytes = 0;  // sealed blocks, as the codec encodes them (in the pool, or the slow tier)
   size_t open_bytes = 0;    // the open blocks' FP32 buffers (allocated once, full size)
+  bool sealed_in_slow_tier = false;  // offload: sealed blocks live in the slow tier...
+  size_t cache_bytes = 0;            // ...and this much fast memory caches them
+  size_t fast_bytes() const { return (sealed_in_slow_tier ? cache_bytes : sealed_bytes) + open_bytes; }
+  size_t slow_bytes() const { return sealed_in_slow_tier ? sealed_bytes : 0; }
   size_t sealed_blocks = 0;
   size_t sealed_tokens = 0;  // tokens whose K/V sit in sealed blocks (each layer holds them all)
   double sealed_bytes_per_token() const { return sealed_tokens ? double(sealed_bytes) / double(sealed_tokens) : 0.0; }
@@ -47,12 +52,24 @@ class KvStore {
 
   int num_tokens(int layer) const { return layers_[size_t(layer)].num_tokens; }
   int num_sealed_blocks(int layer) const;
-  const uint8_t* sealed_block(int layer, int head, int index) const { return head_of(layer, head).sealed[size_t(index)]; }
+  const uint8_t* sealed_block(int layer, int head, int index) const {
+    const uint8_t* block = head_of(layer, head).sealed[size_t(index)];
+    return offload_ ? offload_->read(block) : block;
+  }
   int open_tokens(int layer) const { return num_tokens(layer) - num_sealed_blocks(layer) * block_tokens(); }
   const float* open_k(int layer, int head) const { return head_of(layer, head).open_k.data(); }  // [block_tokens, k_dim]
   const float* open_v(int layer, int head) const { return head_of(layer, head).open_v.data(); }  // [block_tokens, v_dim]
 
+  // The selector's choice for one decode query per head (q: [num_heads, k_dim], as attention gets it),
+  // one HeadSelection per KV head; every token for a prefill chunk (n > 1) and for the `all` selector.
+  const std::vector<HeadSelection>& select(int layer, const float* q, int n, int num_heads, ThreadPool& pool);
+  // What select() last chose for (layer, KV head): the token indices of the last decode step (for
+  // fidelity measurements: recall of the selection against the exact top-k).
+  const HeadSelection& last_selection(int layer, int head) const { return selections_[size_t(layer)][size_t(head)]; }
+
   KvMemory memory() const;
+  // The offload tier's cache hits, misses and bytes moved (all zero for the fast tier).
+  TierStats tier_stats() const { return offload_ ? offload_->stats() : TierStats{}; }
   void clear();  // back to an empty sequence, keeping allocations
 
   // The pipeline the store encodes with; its describe() is the spec a KV transfer must match.
@@ -77,6 +94,11 @@ class KvStore {
   };
   const Head& head_of(int layer, int head) const { return layers_[size_t(layer)].heads[size_t(head)]; }
   uint64_t block_seed(int layer, int head, int index) const;
+  // Where a block is sealed (a pool slot, or the offload tier's scratch), and where it then stays.
+  uint8_t* seal_destination() { return offload_ ? offload_->scratch() : pool_.allocate(); }
+  const uint8_t* keep_sealed(uint8_t* block) { return offload_ ? offload_->slow_block(offload_->write(block)) : block; }
+  // Brings the sealed blocks a layer's attention will read into the fast tier (offload only).
+  void stage_blocks(int layer, const std::vector<HeadSelection>& selection);
 
   KvShape shape_;
   KvPipeline pipeline_;
@@ -84,6 +106,9 @@ class KvStore {
   BlockPool pool_;
   bool requantizes_open_;  // the codec's answer, asked once
   std::vector<Layer> layers_;
+  std::unique_ptr<OffloadTier> offload_;                 // kv/tier: null for the fast tier
+  std::unique_ptr<Selector> selector_;                   // kv/select: all, pq, oracle
+  std::vector<std::vector<HeadSelection>> selections_;  // [layer][kv head], from the last select()
 };
 
 }  // namespace slimkv

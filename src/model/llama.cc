@@ -106,7 +106,8 @@ void LlamaModel::forward(std::span<const int32_t> tokens, KvStore& kv, bool all_
     rope_.rotate(s.k.data(), n, int(c.num_kv_heads), s.cos, s.sin);
     if (observer) observer->on_qkv(l, s.q.data(), s.k.data(), s.v.data(), n);
     kv.append(l, s.k.data(), s.v.data(), n);
-    attend(kv, l, s.q.data(), n, first_position, attention_params, s.att.data());
+    const std::vector<HeadSelection>& selection = kv.select(l, s.q.data(), n, int(c.num_heads), pool);
+    attend(kv, l, s.q.data(), n, first_position, attention_params, s.att.data(), &selection);
     if (observer) observer->on_attention_output(l, s.att.data(), n);
     matmul(s.att.data(), n, w.wo, s.proj.data(), pool);
     add_to(s.x.data(), s.proj.data(), s.x.size());

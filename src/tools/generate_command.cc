@@ -103,6 +103,10 @@ CommandRunner add_generate_command(CLI::App& app) {
                  generated > 1 ? double(generated - 1) / decode_s : 0.0, stop_reason.c_str(),
                  engine->kv_description().c_str(), memory.sealed_bytes, memory.open_bytes,
                  memory.sealed_bytes_per_token());
+    if (const TierStats tier = session->kv().tier_stats(); tier.hits + tier.misses > 0) {
+      std::fprintf(stderr, "[slimkv] offload tier: block cache hit rate %.3f, %zu bytes moved, %zu written\n",
+                   tier.hit_rate(), tier.bytes_moved, tier.bytes_written);
+    }
     return Status::ok();
   };
 }

@@ -47,5 +47,9 @@ TEST(BundledModel, HackFourBitStaysCoherentAndRetrievesThePassKey) {
   EXPECT_EQ(greedy_answer("hack:bits=4,pi=64", 6).substr(0, 6), " 52445");
 }
 
+TEST(BundledModel, PqAtOneTenthOfTokensFromTheOffloadTierRetrievesThePassKey) {
+  EXPECT_EQ(greedy_answer("pq:m=2,b=6,topk=0.1+hack:bits=4@offload:cache=1024", 6).substr(0, 6), " 52445");
+}
+
 }  // namespace
 }  // namespace slimkv

@@ -1,5 +1,6 @@
 #include "kv/codec/codec.h"
 
+#include <cstring>
 #include <vector>
 
 #include "attention/cpu/dense_block_attention.h"
@@ -13,6 +14,20 @@ void attend_decoded(const Codec& codec, const BlockShape& shape, const uint8_t* 
   v.resize(size_t(shape.block_tokens) * size_t(shape.v_dim));
   codec.decode(shape, block, k.data(), v.data());
   attend_block_f32(tile, k.data(), v.data(), shape.k_dim, shape.v_dim, partials, first_partial);
+}
+
+void Codec::decode_tokens(const BlockShape& shape, const uint8_t* block, const int* tokens, int n, float* k,
+                          float* v) const {
+  thread_local std::vector<float> block_k, block_v;
+  block_k.resize(size_t(shape.block_tokens) * size_t(shape.k_dim));
+  block_v.resize(size_t(shape.block_tokens) * size_t(shape.v_dim));
+  decode(shape, block, block_k.data(), block_v.data());
+  for (int i = 0; i < n; ++i) {
+    std::memcpy(k + size_t(i) * shape.k_dim, block_k.data() + size_t(tokens[i]) * shape.k_dim,
+                size_t(shape.k_dim) * sizeof(float));
+    std::memcpy(v + size_t(i) * shape.v_dim, block_v.data() + size_t(tokens[i]) * shape.v_dim,
+                size_t(shape.v_dim) * sizeof(float));
+  }
 }
 
 }  // namespace slimkv

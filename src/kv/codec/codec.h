@@ -66,6 +66,11 @@ class Codec {
   // Decodes a sealed block back to FP32 k [block_tokens, k_dim], v [block_tokens, v_dim]: for tests,
   // for moving blocks between codecs, and for fidelity measurements.
   virtual void decode(const BlockShape& shape, const uint8_t* block, float* k, float* v) const = 0;
+
+  // Decodes only some tokens (ascending indices into the block): k [n, k_dim], v [n, v_dim]. What
+  // attention over a token selection reads (kv/select). By default the whole block, then the rows.
+  virtual void decode_tokens(const BlockShape& shape, const uint8_t* block, const int* tokens, int n, float* k,
+                             float* v) const;
 };
 
 // Attention over a block through its decoded FP32 form: codec.decode() into this thread's buffers,

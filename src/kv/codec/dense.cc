@@ -40,6 +40,18 @@ void DenseCodec::decode(const BlockShape& shape, const uint8_t* block, float* k,
   widen_to_f32(block + nk * element, dtype_, v, nv);
 }
 
+void DenseCodec::decode_tokens(const BlockShape& shape, const uint8_t* block, const int* tokens, int n, float* k,
+                               float* v) const {
+  const size_t element = dtype_size_bytes(dtype_);
+  const uint8_t* v_block = block + size_t(shape.block_tokens) * size_t(shape.k_dim) * element;
+  for (int i = 0; i < n; ++i) {
+    widen_to_f32(block + size_t(tokens[i]) * size_t(shape.k_dim) * element, dtype_, k + size_t(i) * shape.k_dim,
+                 size_t(shape.k_dim));
+    widen_to_f32(v_block + size_t(tokens[i]) * size_t(shape.v_dim) * element, dtype_, v + size_t(i) * shape.v_dim,
+                 size_t(shape.v_dim));
+  }
+}
+
 void DenseCodec::attend(const BlockShape& shape, const uint8_t* block, const QueryTile& tile,
                         AttentionPartials& partials, int first_partial) const {
   if (dtype_ == DType::kF32) {

@@ -18,6 +18,8 @@ class DenseCodec final : public Codec {
   void attend(const BlockShape& shape, const uint8_t* block, const QueryTile& tile, AttentionPartials& partials,
               int first_partial) const override;
   void decode(const BlockShape& shape, const uint8_t* block, float* k, float* v) const override;
+  void decode_tokens(const BlockShape& shape, const uint8_t* block, const int* tokens, int n, float* k,
+                     float* v) const override;  // reads only those rows
 
  private:
   DType dtype_;

@@ -1,0 +1,40 @@
+// A product quantizer (Jégou et al. 2011; PQCache §3.1 step 2): a `dim`-vector is split into m
+// sub-vectors of dim/m, each replaced by the index of its nearest of 2^b centroids (one byte per
+// sub-space, b <= 8). Inner products with a query come from a table of q·centroid per sub-space
+// (asymmetric distance computation, ADC): q·k ≈ Σ_s table[s][code_s].
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace slimkv {
+
+class PqCodebook {
+ public:
+  PqCodebook(int dim, int m, int bits) : dim_(dim), m_(m), bits_(bits) {}
+
+  int dim() const { return dim_; }
+  int m() const { return m_; }
+  int centroids_per_space() const { return 1 << bits_; }
+  int sub_dim() const { return dim_ / m_; }
+  bool trained() const { return !centroids_.empty(); }
+
+  // K-means per sub-space on vectors [n, dim] (n >= 2^b); sub-space s is seeded by hash(seed, s).
+  void train(const float* vectors, int n, int max_iters, uint64_t seed);
+  // codes [n, m]
+  void encode(const float* vectors, int n, uint8_t* codes) const;
+  // table [m, 2^b] of q·centroid
+  void score_table(const float* q, float* table) const;
+  // scores[i] = Σ_s table[s][codes[i, s]] for n codes
+  void score_codes(const float* table, const uint8_t* codes, int n, float* scores) const;
+  // The vector a code stands for: centroids concatenated. out [dim]
+  void reconstruct(const uint8_t* code, float* out) const;
+
+  const std::vector<float>& centroids() const { return centroids_; }  // [m, 2^b, dim/m]
+
+ private:
+  int dim_, m_, bits_;
+  std::vector<float> centroids_;
+};
+
+}  // namespace slimkv

@@ -1,0 +1,37 @@
+// The `pq` selector (PQCache §3): per layer and KV head, a product quantizer over the keys of sealed
+// tokens, trained by k-means when a prefill chunk is appended (on a background thread, overlapped with
+// the rest of the forward pass; the layer's next prompt chunk or first decode step waits for it:
+// Algorithm 1), and again whenever the sealed tokens have doubled since (tokens decoded one by one
+// would otherwise all be coded with centroids of the first few blocks; §5 suggests periodic
+// rebuilding). Tokens sealed later get the codes of their nearest centroids. Decode scores the middle
+// tokens by ADC and keeps the top-k (topk_selector.h).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "kv/select/selector.h"
+#include "kv/select/topk_selector.h"
+
+namespace slimkv {
+
+struct PqOptions {
+  TopkWindow window;
+  int m = 2;           // sub-spaces
+  int bits = 6;        // b: 2^b centroids per sub-space
+  int max_iters = 0;   // k-means iteration cap; 0: auto (kmeans_iteration_cap)
+  int cache_tokens = 4096;  // the offload tier's block cache, in tokens
+  std::string policy = "lru";
+  bool overlap = true;      // off: cluster at the first decode step instead (for measuring the overlap)
+  std::string describe() const;
+};
+
+// Eq. 3: the largest k-means iteration count whose clustering of s tokens (one layer: every KV head and
+// sub-space) takes no longer than the forward pass of one layer over them, from Eq. 1 and 2 with
+// coefficients fitted on this machine (bench/bench_pq); clipped to [2, 32].
+int kmeans_iteration_cap(int tokens, int num_kv_heads, int m, int bits, int sub_dim);
+
+std::shared_ptr<const SelectorFactory> make_pq_selector_factory(const PqOptions& options);
+std::shared_ptr<const SelectorFactory> make_oracle_selector_factory(const TopkWindow& window);
+
+}  // namespace slimkv

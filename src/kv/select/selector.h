@@ -1,0 +1,72 @@
+// A selector decides which tokens a decode query attends to (ARCHITECTURE.md: `sel = kv.select(layer, q)`,
+// then attention over the selection). Selectors: `all` (the default: every token), `pq` (PQCache:
+// initial tokens + PQ-approximate top-k + local window) and `oracle` (the same window with the exact
+// top-k by true scores: the upper bound `pq` is measured against).
+//
+// Selection is per (layer, KV head), at token granularity. Query heads of a GQA group share their KV
+// head's selection: a token's score is the sum of its scores over the group's query heads, which is the
+// score of the summed query (q₁ + q₂)·k, so a group costs one scoring pass (and for PQ one table).
+// Prefill (several queries in one call) attends to every token: PQCache selects only while decoding.
+//
+// A selector object belongs to one sequence (it lives in the KvStore): the store hands it the FP32 keys
+// of every block it seals, in the basis the store keeps them (Hadamard-rotated when the codec rotates;
+// the store rotates queries alike, and rotation keeps q·k).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "slimkv/status.h"
+
+namespace slimkv {
+
+class ThreadPool;
+class StageOptions;
+struct OffloadConfig;
+
+// The tokens one KV head attends to at the last decode step: every token, or these, ascending.
+struct HeadSelection {
+  bool all = true;
+  std::vector<int> tokens;
+};
+
+class Selector {
+ public:
+  virtual ~Selector() = default;
+
+  // Keys of a block the store just sealed: k [block_tokens, k_dim] of (layer, head), the block after
+  // those it sealed before.
+  virtual void on_seal(int layer, int head, const float* k) = 0;
+  // The store appended a prefill chunk (n > 1 tokens) to `layer`: PQ starts clustering its keys here,
+  // on a background thread, overlapped with the rest of the forward pass (PQCache Algorithm 1).
+  virtual void on_prefill(int /*layer*/) {}
+  // Selects for one decode query per head of `layer`. q: [num_heads, k_dim], in the store's basis;
+  // num_tokens: tokens the layer holds (this query's included); sealed_tokens: those in sealed blocks
+  // (the rest, the open block, is always attended). Fills selection [num_kv_heads].
+  virtual void select(int layer, const float* q, int num_heads, int num_tokens, int sealed_tokens,
+                      ThreadPool& pool, std::vector<HeadSelection>& selection) = 0;
+  virtual void clear() = 0;  // back to an empty sequence
+};
+
+// What a selector spec stage names; makes one Selector per sequence.
+class SelectorFactory {
+ public:
+  virtual ~SelectorFactory() = default;
+  virtual std::string describe() const = 0;  // canonical spec stage, every option spelled out
+  // Whether keys of k_dim dims can be selected on (pq: m must divide them); checked when a model loads.
+  virtual Status check_shape(int /*k_dim*/) const { return Status::ok(); }
+  virtual std::unique_ptr<Selector> make(int num_layers, int num_kv_heads, int k_dim, int block_tokens,
+                                         uint64_t seed) const = 0;
+};
+
+std::shared_ptr<const SelectorFactory> make_all_selector_factory();
+// Whether `name` is a selector stage (all, pq, oracle).
+bool is_selector_stage(const std::string& name);
+// Builds the factory of a selector stage from its options (read from `options`; the caller finishes them).
+// pq's cache and policy options set the offload tier's block cache (`cache`).
+std::shared_ptr<const SelectorFactory> make_selector_factory(const std::string& name, StageOptions& options,
+                                                             OffloadConfig& cache);
+
+}  // namespace slimkv

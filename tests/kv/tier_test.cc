@@ -1,0 +1,91 @@
+// The offload tier (kv/tier): the block cache's eviction order under LRU and LFU, blocks of the current
+// step never evicted, and a store whose sealed blocks live in the file attending exactly as one in RAM,
+// with hits, misses and bytes moved counted.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "attention/attention.h"
+#include "kv/tier/block_cache.h"
+
+namespace slimkv {
+namespace {
+
+// Uses each id in its own step; returns what each miss evicted (-1: nothing, or a hit).
+std::vector<int64_t> evictions(BlockCache& cache, const std::vector<int64_t>& ids) {
+  std::vector<int64_t> evicted;
+  for (int64_t id : ids) {
+    cache.unpin_all();
+    evicted.push_back(cache.use(id).evicted);
+  }
+  return evicted;
+}
+
+TEST(BlockCache, LruEvictsTheLeastRecentlyUsed) {
+  BlockCache cache(3, CachePolicy::kLru);
+  EXPECT_EQ(evictions(cache, {1, 2, 3, 1, 4, 5, 1, 2}), (std::vector<int64_t>{-1, -1, -1, -1, 2, 3, -1, 4}));
+  EXPECT_EQ(cache.hits(), 2);
+  EXPECT_EQ(cache.misses(), 6);
+}
+
+TEST(BlockCache, LfuEvictsTheLeastOftenUsedThenTheOldest) {
+  BlockCache cache(3, CachePolicy::kLfu);
+  // Uses: 1 ×3, 2 ×2, 3 ×1 -> 4 evicts 3; then 4 (×1) is the least used -> 5 evicts 4; 6 evicts 5.
+  EXPECT_EQ(evictions(cache, {1, 1, 1, 2, 2, 3, 4, 5, 6}), (std::vector<int64_t>{-1, -1, -1, -1, -1, -1, 3, 4, 5}));
+}
+
+TEST(BlockCache, NeverEvictsABlockOfTheCurrentStep) {
+  BlockCache cache(2, CachePolicy::kLru);
+  cache.unpin_all();
+  EXPECT_EQ(cache.use(1).slot, 0);
+  EXPECT_EQ(cache.use(2).slot, 1);
+  EXPECT_EQ(cache.use(3).slot, -1) << "both slots hold blocks this step reads";
+  cache.unpin_all();
+  EXPECT_EQ(cache.use(3).evicted, 1);
+}
+
+// Decode steps over random K/V with a token selection, the same in both stores.
+TEST(OffloadTier, AttendsExactlyAsTheFastTierAndCountsTraffic) {
+  constexpr int kHeads = 4, kKvHeads = 2, d = 64, kPrompt = 640, kSteps = 8;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  auto random = [&](size_t n) {
+    std::vector<float> x(n);
+    for (float& value : x) value = normal(rng);
+    return x;
+  };
+  const std::vector<float> k = random(size_t(kPrompt + kSteps) * kKvHeads * d), v = random(k.size());
+  const std::vector<float> q = random(size_t(kSteps) * kHeads * d);
+  ThreadPool pool(2);
+  const AttentionParams params{kHeads, 1.0f / std::sqrt(float(d)), &pool};
+  auto run = [&](const std::string& spec, TierStats* stats) {
+    auto pipeline = make_kv_pipeline(spec);
+    EXPECT_TRUE(pipeline) << pipeline.status().message();
+    KvStore store({1, kKvHeads, d, d, kPrompt + kSteps}, *pipeline);
+    store.append(0, k.data(), v.data(), kPrompt);
+    std::vector<float> out(size_t(kSteps) * kHeads * d);
+    for (int step = 0; step < kSteps; ++step) {
+      const size_t row = size_t(kPrompt + step) * kKvHeads * d;
+      store.append(0, k.data() + row, v.data() + row, 1);
+      const float* q_step = q.data() + size_t(step) * kHeads * d;
+      const std::vector<HeadSelection>& selection = store.select(0, q_step, 1, kHeads, pool);
+      attend(store, 0, q_step, 1, kPrompt + step, params, out.data() + size_t(step) * kHeads * d, &selection);
+    }
+    if (stats) *stats = store.tier_stats();
+    return out;
+  };
+  TierStats stats;
+  const std::string selector = "oracle:topk=64,local=64+hack:bits=4";
+  EXPECT_EQ(run(selector + "@offload:cache=256", &stats), run(selector, nullptr));
+  EXPECT_GT(stats.hits, 0);
+  EXPECT_GT(stats.misses, 0);
+  const size_t block_bytes = stats.bytes_written / (kPrompt / 64 * kKvHeads);
+  EXPECT_EQ(stats.bytes_moved, size_t(stats.misses) * block_bytes);
+  EXPECT_EQ(run("hack:bits=4@offload:cache=64,policy=lfu", nullptr), run("hack:bits=4", nullptr)) << "everything";
+  EXPECT_FALSE(make_kv_pipeline("dense@offload:dir=/nonexistent/dir"));
+  EXPECT_FALSE(make_kv_pipeline("dense@offload:policy=mru"));
+}
+
+}  // namespace
+}  // namespace slimkv
