@@ -9,7 +9,7 @@
 namespace slimkv {
 namespace {
 
-constexpr const char* kKnownStages = "dense, hack, quant";
+constexpr const char* kKnownStages = "zack, dense, hack, quant";
 constexpr const char* kKnownTiers = "fast";
 
 DType parse_dtype_name(const std::string& name) {
@@ -36,10 +36,30 @@ QuantizationConfig read_quantization(StageOptions& options, KvPipeline& pipeline
   return config;
 }
 
+bool has_option(const KvStage& stage, std::string_view key) {
+  for (const auto& [name, unused] : stage.options) {
+    if (name == key) return true;
+  }
+  return false;
+}
+
+// zack:r=0.05 (Eq. 6's removal rate) or zack:rate=0.5 (overall KV compression, §5.2), align, calib.
+Expected<ZackOptions> read_zack(StageOptions& options, const KvStage& stage, const std::string& spec) {
+  if (has_option(stage, "r") && has_option(stage, "rate")) {
+    return error("KV spec '", spec, "': zack takes r (singular-value removal rate) or rate (KV compression), not both");
+  }
+  ZackOptions zack;
+  zack.removal_rate = options.number("r", zack.removal_rate, 0.0, 1.0);
+  zack.target_compression = options.number("rate", 0.0, 0.0, 0.999);
+  zack.align = options.integer("align", 1, {}, 1, 1024);
+  zack.calibration_path = options.text("calib", "");
+  return zack;
+}
+
 }  // namespace
 
 std::string KvPipeline::describe() const {
-  return str_cat(codec->describe(), codec->describe().starts_with("dense") ? ",block=" : ",pi=", block_tokens,
+  return str_cat(zack ? zack->describe() + "+" : std::string(), codec->describe(), codec->describe().starts_with("dense") ? ",block=" : ",pi=", block_tokens,
                  seed ? str_cat(",seed=", seed) : std::string(), hadamard ? ",rot=hadamard" : ",rot=none");
 }
 
@@ -47,6 +67,12 @@ Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
   KvPipeline pipeline;
   for (const KvStage& stage : config.stages) {
     StageOptions options(stage, config.spec);
+    if (stage.name == "zack") {  // a stage that changes dims; the codec after it encodes the reduced vectors
+      if (pipeline.zack || pipeline.codec) return error("KV spec '", config.spec, "': zack must come first, once");
+      SLIMKV_ASSIGN_OR_RETURN(pipeline.zack, read_zack(options, stage, config.spec));
+      SLIMKV_RETURN_IF_ERROR(options.finish());
+      continue;
+    }
     // Quantized codecs rotate by default: on the bundled model at 2 bits the rotation cuts held-out
     // perplexity from 78.7 to 51.6 (stochastic rounding) and 37.4 to 35.4 (nearest); see README.
     const bool quantized = stage.name == "hack" || stage.name == "quant";
@@ -70,6 +96,7 @@ Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
     }
     SLIMKV_RETURN_IF_ERROR(options.finish());
   }
+  if (!pipeline.codec && pipeline.zack) pipeline.codec = std::make_shared<DenseCodec>(DType::kF32);  // zack alone
   if (!pipeline.codec) return error("KV spec '", config.spec, "': no codec stage (e.g. 'dense')");
   if (config.tier.name != "fast" || !config.tier.options.empty()) {
     return error("KV spec '", config.spec, "': unknown tier '", config.tier.name, "' (known: ", kKnownTiers, ")");

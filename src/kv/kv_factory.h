@@ -4,8 +4,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "kv/codec/codec.h"
+#include "kv/zack/ranks.h"
 #include "slimkv/kv_config.h"
 
 namespace slimkv {
@@ -15,6 +17,9 @@ struct KvPipeline {
   int block_tokens = 64;               // tokens per block (HACK's partition size Π when hack is used)
   uint64_t seed = 0;                   // for stochastic rounding and clustering
   bool hadamard = false;               // rot=hadamard: K, V, q rotated per head, outputs rotated back
+  // The zack stage: each head keeps fewer dims (its ZACK rank), which the codec then encodes. Applied
+  // when the model loads (LlamaModel::enable_zack), where the calibration and the weights are.
+  std::optional<ZackOptions> zack;
   std::string describe() const;        // the canonical spec, every option spelled out
 };
 
