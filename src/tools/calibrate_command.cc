@@ -40,7 +40,9 @@ CommandRunner add_calibrate_command(CLI::App& app) {
     ZackCalibrationRun run;
     run.source = str_cat(options->text, " (first ", ids.size(), " tokens)");
     run.progress = [](int64_t done, int64_t all) {
-      std::fprintf(stderr, "\rcalibrate: %lld / %lld tokens", static_cast<long long>(done), static_cast<long long>(all));
+      const int width = 40, filled = int(width * done / all);
+      std::fprintf(stderr, "\rcalibrate [%.*s%*s] %lld / %lld tokens", filled, "########################################",
+                   width - filled, "", static_cast<long long>(done), static_cast<long long>(all));
       if (done == all) std::fprintf(stderr, "\n");
     };
     SLIMKV_ASSIGN_OR_RETURN(ZackCalibration calibration, run_zack_calibration(*engine, ids, run));
@@ -51,10 +53,12 @@ CommandRunner add_calibrate_command(CLI::App& app) {
     if (!options->compare.empty()) {
       SLIMKV_ASSIGN_OR_RETURN(ZackCalibration other, ZackCalibration::load(options->compare));
       SLIMKV_ASSIGN_OR_RETURN(RotationAgreement agreement, compare_rotations(other, calibration));
-      std::printf("against %s: Q-K eps %.4g delta %.4g (delta/eps %.3f%%), V-W_O eps %.4g delta %.4g (%.3f%%)\n",
+      std::printf("against %s:\n  Q-K   eps %.4g delta %.4g (delta/eps %.1f%%), energy captured %.4f\n"
+                  "  V-W_O eps %.4g delta %.4g (delta/eps %.1f%%), energy captured %.4f\n",
                   options->compare.c_str(), agreement.qk_epsilon, agreement.qk_delta,
-                  100 * agreement.qk_delta / agreement.qk_epsilon, agreement.vw_epsilon, agreement.vw_delta,
-                  100 * agreement.vw_delta / agreement.vw_epsilon);
+                  100 * agreement.qk_delta / agreement.qk_epsilon, agreement.qk_energy_captured,
+                  agreement.vw_epsilon, agreement.vw_delta, 100 * agreement.vw_delta / agreement.vw_epsilon,
+                  agreement.vw_energy_captured);
     }
     return Status::ok();
   };

@@ -66,6 +66,31 @@ void mean_abs_and_difference(const std::vector<float>& a, const std::vector<floa
   delta = sum_diff / double(a.size());
 }
 
+// Mean over heads of: energy of b's stack (basis rows b_i, singular values s_i) along a's first k rows,
+// over the energy along b's own first k rows (the most any k directions hold).
+double energy_captured(const std::vector<float>& a, const std::vector<float>& b, const std::vector<float>& s,
+                       int head_dim) {
+  const size_t d = size_t(head_dim), k = d / 2, heads = s.size() / d;
+  double sum = 0;
+  for (size_t head = 0; head < heads; ++head) {
+    const float* a_rows = a.data() + head * d * d;
+    const float* b_rows = b.data() + head * d * d;
+    const float* values = s.data() + head * d;
+    double captured = 0, best = 0;
+    for (size_t i = 0; i < d; ++i) {
+      const double energy = double(values[i]) * double(values[i]);
+      if (i < k) best += energy;
+      for (size_t j = 0; j < k; ++j) {
+        double dot = 0;
+        for (size_t c = 0; c < d; ++c) dot += double(a_rows[j * d + c]) * double(b_rows[i * d + c]);
+        captured += energy * dot * dot;
+      }
+    }
+    sum += best > 0 ? captured / best : 1.0;
+  }
+  return sum / double(heads);
+}
+
 }  // namespace
 
 Status ZackCalibration::write(const std::string& path) const {
@@ -128,6 +153,8 @@ Expected<RotationAgreement> compare_rotations(const ZackCalibration& a, const Za
   RotationAgreement agreement;
   mean_abs_and_difference(a.qk_basis, b.qk_basis, a.head_dim, agreement.qk_epsilon, agreement.qk_delta);
   mean_abs_and_difference(a.vw_basis, b.vw_basis, a.head_dim, agreement.vw_epsilon, agreement.vw_delta);
+  agreement.qk_energy_captured = energy_captured(a.qk_basis, b.qk_basis, b.qk_singular_values, a.head_dim);
+  agreement.vw_energy_captured = energy_captured(a.vw_basis, b.vw_basis, b.vw_singular_values, a.head_dim);
   return agreement;
 }
 

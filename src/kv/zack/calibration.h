@@ -56,10 +56,13 @@ struct ZackCalibration {
 // How much two calibrations' rotations differ (ZACK §4.3, Tables 4–5): ε = mean |element| of a's
 // bases, δ = mean |a − b| element-wise, averaged over layers and heads; §6.6 asks δ/ε < 0.5%.
 // A singular direction is defined up to its sign, so each of b's rows is first given the sign that
-// agrees with a's (positive dot product).
+// agrees with a's (positive dot product). Where singular values are close (a flat spectrum, as in
+// small models) the directions among them are ill-defined and δ is large even when the subspaces
+// agree, so the energy measure says what ZACK depends on: of b's stack energy (Σ s²) in b's own
+// leading head_dim/2 directions, the fraction that a's leading head_dim/2 directions capture (1 = as good).
 struct RotationAgreement {
-  double qk_epsilon = 0, qk_delta = 0;
-  double vw_epsilon = 0, vw_delta = 0;
+  double qk_epsilon = 0, qk_delta = 0, qk_energy_captured = 0;
+  double vw_epsilon = 0, vw_delta = 0, vw_energy_captured = 0;
 };
 Expected<RotationAgreement> compare_rotations(const ZackCalibration& a, const ZackCalibration& b);
 
