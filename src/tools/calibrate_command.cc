@@ -2,9 +2,11 @@
 // Runs the model over the first N tokens of the text in windows of its context and writes the ZACK
 // calibration (kv/zack/calibration.h): per layer and KV head, the Q–K and V–W_O rotations and singular
 // values. --compare prints how far the rotations are from another calibration's (δ/ε, ZACK §4.3).
+#include <algorithm>
 #include <cstdio>
 
 #include "engine/zack_calibration_run.h"
+#include "kv/zack/ranks.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/commands.h"
 #include "util/mapped_file.h"
@@ -50,6 +52,14 @@ CommandRunner add_calibrate_command(CLI::App& app) {
     std::printf("wrote %s: %d layers x %d KV heads, head_dim %d, %lld tokens\n", options->out.c_str(),
                 calibration.num_layers, calibration.num_kv_heads, calibration.head_dim,
                 static_cast<long long>(calibration.calibration_tokens));
+    // What r (Eq. 6) will give: the ranks' spread and the KV compression, before any quantization.
+    std::printf("%8s %16s %16s %14s\n", "r", "K ranks min-max", "V ranks min-max", "compression");
+    for (const double r : {0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5}) {
+      const ZackRanks ranks = select_zack_ranks(calibration, r, 1);
+      const auto [k_min, k_max] = std::minmax_element(ranks.k_ranks.begin(), ranks.k_ranks.end());
+      const auto [v_min, v_max] = std::minmax_element(ranks.v_ranks.begin(), ranks.v_ranks.end());
+      std::printf("%8.2f %9d - %4d %9d - %4d %14.3f\n", r, *k_min, *k_max, *v_min, *v_max, ranks.kv_compression());
+    }
     if (!options->compare.empty()) {
       SLIMKV_ASSIGN_OR_RETURN(ZackCalibration other, ZackCalibration::load(options->compare));
       SLIMKV_ASSIGN_OR_RETURN(RotationAgreement agreement, compare_rotations(other, calibration));
