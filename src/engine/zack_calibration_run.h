@@ -16,7 +16,7 @@ struct ZackCalibrationRun {
   int window_tokens = 0;  // tokens per forward run; 0 = the model's context
   std::string source;     // what the tokens are, recorded in the file
   // Called after each window with (tokens done, tokens in all); may be empty.
-  std::function<void(int64_t, int64_t)> progress;
+  std::function<void(int64_t, int64_t)> progress = nullptr;
 };
 
 // The engine must be a plain one (no zack stage: calibration needs the model's own q, k, v).

@@ -39,6 +39,7 @@ KvShape LlamaModel::kv_shape() const {
 Expected<std::string> LlamaModel::identity() const { return model_identity(model_dir_, store_); }
 
 Status LlamaModel::enable_zack(const ZackOptions& options) {
+  if (zack_) return error("ZACK is already enabled on this model (weights are folded once)");
   const std::string path = options.calibration_path.empty() ? model_dir_ + "/zack.safetensors" : options.calibration_path;
   SLIMKV_ASSIGN_OR_RETURN(std::string model, identity());
   SLIMKV_ASSIGN_OR_RETURN(ZackCalibration calibration, ZackCalibration::load(path, model));

@@ -16,6 +16,7 @@
 #include "attention/attention.h"
 #include "attention/reference.h"
 #include "engine/zack_calibration_run.h"
+#include "kv/transfer.h"
 #include "kv/zack/calibrator.h"
 #include "kv/zack/ranks.h"
 #include "model/llama.h"
@@ -85,6 +86,35 @@ TEST(ZackRanks, TargetCompressionPicksTheSmallestSufficientRemovalRate) {
     EXPECT_LT(select_zack_ranks(c, ranks->removal_rate * 0.999, 1).kv_compression(), target) << "not minimal";
   }
   EXPECT_FALSE(ranks_for_compression(c, 0.9, 1));  // one dim per head is 87.5%
+}
+
+// ----------------------------------------------------------------------------------------------
+// The spec
+
+TEST(ZackSpec, ParsesAsAStageBeforeTheCodec) {
+  auto alone = make_kv_pipeline("zack:r=0.1");
+  ASSERT_TRUE(alone) << alone.status().message();
+  ASSERT_TRUE(alone->zack);
+  EXPECT_DOUBLE_EQ(alone->zack->removal_rate, 0.1);
+  EXPECT_EQ(alone->describe(), "zack:r=0.1,align=1+dense:dtype=f32,block=64,rot=none");  // dense by default
+  auto composed = make_kv_pipeline("zack:rate=0.5,align=16,calib=/x/z.safetensors+hack:bits=4");
+  ASSERT_TRUE(composed) << composed.status().message();
+  EXPECT_DOUBLE_EQ(composed->zack->target_compression, 0.5);
+  EXPECT_EQ(composed->zack->align, 16);
+  EXPECT_EQ(composed->zack->calibration_path, "/x/z.safetensors");
+  EXPECT_TRUE(composed->describe().starts_with("zack:rate=0.5,align=16,calib=/x/z.safetensors+hack:"));
+  for (const auto& [spec, message] : std::vector<std::pair<std::string, std::string>>{
+           {"zack:r=0.1,rate=0.5", "not both"},
+           {"dense+zack", "zack must come first"},
+           {"zack+zack", "zack must come first"},
+           {"zack:r=2", "r=2"},
+           {"zack:align=0", "align=0"},
+           {"zack:rank=3", "rank"}}) {
+    auto pipeline = make_kv_pipeline(spec);
+    ASSERT_FALSE(pipeline) << spec;
+    EXPECT_NE(pipeline.status().message().find(message), std::string::npos) << pipeline.status().message();
+    EXPECT_NE(pipeline.status().message().find(spec), std::string::npos) << "quotes the spec";
+  }
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -261,7 +291,7 @@ std::vector<int32_t> heldout_tokens(const Engine& engine, size_t first_byte, siz
 // A calibration of the bundled model from `tokens` held-out tokens starting at byte first_byte.
 std::string calibrate(const Engine& dense, size_t first_byte, size_t tokens, const std::string& name) {
   const std::vector<int32_t> ids = heldout_tokens(dense, first_byte, tokens * 8, tokens);
-  auto calibration = run_zack_calibration(dense, ids, {.window_tokens = 512, .source = name, .progress = {}});
+  auto calibration = run_zack_calibration(dense, ids, {.window_tokens = 512, .source = name});
   EXPECT_TRUE(calibration) << calibration.status().message();
   const std::string path = temp_path(name + ".safetensors");
   EXPECT_TRUE(calibration->write(path).is_ok());
@@ -338,6 +368,9 @@ TEST_F(ZackBundledModel, StoredBytesEqualTheRanks) {
     }
     EXPECT_TRUE(heads_differ);
     EXPECT_EQ(session->kv().memory().sealed_bytes, expected);
+    std::vector<uint8_t> transfer;  // format version 1 has one k_dim/v_dim: refused, not garbled
+    const Status written = write_kv_transfer(session->kv(), "model", transfer);
+    EXPECT_NE(written.message().find("heads differ"), std::string::npos) << written.message();
   }
 }
 
