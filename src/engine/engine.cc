@@ -72,7 +72,7 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
     for (int g = 0; g < kv_shape.num_kv_heads; ++g) {
       const BlockShape block{engine->pipeline_->block_tokens, kv_shape.k_dim_of(l, g), kv_shape.v_dim_of(l, g)};
       const std::string where = kv_shape.heads_differ()
-                                    ? str_cat(kv_context, ", layer ", l, " KV head ", g, " (ZACK ranks: try align=16)")
+                                    ? str_cat(kv_context, ", layer ", l, " KV head ", g, " (ZACK ranks: round them with align=4 or 16)")
                                     : kv_context;
       SLIMKV_RETURN_IF_ERROR(engine->pipeline_->codec->check_shape(block).with_context(where));
     }

@@ -59,7 +59,8 @@ Expected<ZackOptions> read_zack(StageOptions& options, const KvStage& stage, con
 }  // namespace
 
 std::string KvPipeline::describe() const {
-  return str_cat(zack ? zack->describe() + "+" : std::string(), codec->describe(), codec->describe().starts_with("dense") ? ",block=" : ",pi=", block_tokens,
+  return str_cat(zack ? zack->describe() + "+" : std::string(), codec->describe(),
+                 codec->describe().starts_with("dense") ? ",block=" : ",pi=", block_tokens,
                  seed ? str_cat(",seed=", seed) : std::string(), hadamard ? ",rot=hadamard" : ",rot=none");
 }
 

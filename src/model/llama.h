@@ -53,7 +53,8 @@ class LlamaModel {
   // Runs `tokens` at positions kv.num_tokens(0) ... through the model, appending their K/V to `kv`.
   // Writes logits [n, vocab] when all_logits, else [1, vocab] for the last token. Token ids and the
   // context length are checked by the caller (engine/session.h). The observer, when given, sees each
-  // layer's q/k/v (before ZACK's projection) and attention output (in ZACK's reduced V space).
+  // layer's q/k/v and attention output. Under ZACK, q and k are seen before their projection, but v and
+  // the attention output are already in the reduced V space (W_V is folded): [n, Σ heads' v ranks].
   void forward(std::span<const int32_t> tokens, KvStore& kv, bool all_logits, float* logits, RunState& state,
                ThreadPool& pool, ForwardObserver* observer = nullptr) const;
 
