@@ -6,6 +6,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config git
   clang                    # libFuzzer targets (clang -fsanitize=fuzzer)
   libopenblas-dev          # BLAS GEMM
+  liblapacke-dev           # LAPACK's C interface: ZACK calibration's eigendecomposition (LAPACK from OpenBLAS)
   libhwy-dev               # portable SIMD with runtime dispatch (Highway)
   libpcre2-dev             # pre-tokenizer regex with Unicode properties
   libutf8proc-dev          # Unicode normalization (NFC/NFKC) for tokenizer.json normalizers

@@ -42,6 +42,12 @@ expect_error no-tokenizer "tokenizer.json" "$slimkv" generate --model "$models/q
 expect_error empty-prompt "empty" "$slimkv" generate --model "$models/qwen2_bias_tied" --prompt ""
 expect_error unknown-option "--frobnicate" "$slimkv" generate --model "$models/qwen2_bias_tied" --frobnicate
 expect_error no-subcommand "subcommand" "$slimkv"
+# ZACK: the calibration a spec names must exist and be this model's.
+bundled=$src/models/slimkv-llama-14m
+expect_error zack-no-calibration "zack.safetensors" "$slimkv" logits --model "$models/qwen2_bias_tied" --tokens "1" --kv zack:r=0.05 --out "$work/c.npy"
+expect_error zack-foreign-calibration "another model" "$slimkv" logits --model "$models/llama_gqa_bf16" --tokens "1" --kv "zack:r=0.05,calib=$bundled/zack.safetensors" --out "$work/c.npy"
+expect_error calibrate-no-text "missing.txt" "$slimkv" calibrate --model "$bundled" --text "$work/missing.txt" --out "$work/z.safetensors"
+expect_error calibrate-short-text "fewer than --tokens" "$slimkv" calibrate --model "$bundled" --text "$bundled/passkey_prompt.txt" --tokens 100000 --out "$work/z.safetensors"
 mkdir -p "$work/weird" && cp "$models/qwen2_bias_tied/"* "$work/weird/" &&
   sed -i 's/Qwen2ForCausalLM/GPTNeoXForCausalLM/' "$work/weird/config.json"
 expect_error unknown-architecture "GPTNeoXForCausalLM" "$slimkv" logits --model "$work/weird" --tokens "1" --out "$work/c.npy"

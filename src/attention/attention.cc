@@ -32,7 +32,7 @@ void prefetch(const uint8_t* block, size_t bytes) {
 // The sealed blocks' part of one decode query tile over the selected tokens (ascending) of KV head g.
 void attend_selected_sealed(const KvStore& store, int layer, int g, const std::vector<int>& tokens, QueryTile tile,
                             int* visible, AttentionPartials& partials) {
-  const BlockShape& shape = store.block_shape();
+  const BlockShape& shape = store.block_shape(layer, g);
   const int block_tokens = shape.block_tokens;
   const int sealed_tokens = store.num_sealed_blocks(layer) * block_tokens;
   thread_local std::vector<float> gathered_k, gathered_v;
@@ -68,20 +68,56 @@ void attend_selected_sealed(const KvStore& store, int layer, int g, const std::v
   if (gathered > 0) flush();
 }
 
+// Where each KV head's group of query heads starts in a row of q / out, and the rows' widths.
+struct HeadOffsets {
+  std::vector<int> q, out;  // [num_kv_heads]
+  int q_row = 0, out_row = 0;
+};
+
+HeadOffsets head_offsets(const KvShape& shape, int layer, int group) {
+  HeadOffsets offsets;
+  for (int g = 0; g < shape.num_kv_heads; ++g) {
+    offsets.q.push_back(offsets.q_row);
+    offsets.out.push_back(offsets.out_row);
+    offsets.q_row += group * shape.k_dim_of(layer, g);
+    offsets.out_row += group * shape.v_dim_of(layer, g);
+  }
+  return offsets;
+}
+
+// Task indices (task = tile · num_kv_heads + head) by decreasing work, ties in index order (ZACK §5.3's
+// longest-processing-time-first: the pool hands tasks out in this order to whichever thread is free).
+std::vector<int> longest_first_order(const KvShape& shape, int layer, int tiles, int n, int first_position) {
+  std::vector<int64_t> work(size_t(tiles) * size_t(shape.num_kv_heads));
+  for (int t = 0; t < tiles; ++t) {
+    const int positions = std::min(kTilePositions, n - t * kTilePositions);
+    const int64_t tokens = first_position + int64_t(t) * kTilePositions + positions;  // seen by its last query
+    for (int g = 0; g < shape.num_kv_heads; ++g) {
+      work[size_t(t) * shape.num_kv_heads + g] = int64_t(shape.k_dim_of(layer, g) + shape.v_dim_of(layer, g) + 1) *
+                                                 positions * tokens;
+    }
+  }
+  std::vector<int> order(work.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int(i);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return work[size_t(a)] > work[size_t(b)]; });
+  return order;
+}
+
 }  // namespace
 
 void attend(const KvStore& store, int layer, const float* q, int n, int first_position,
             const AttentionParams& params, float* out, const std::vector<HeadSelection>* selection) {
   const KvShape& shape = store.shape();
   const int group = params.num_heads / shape.num_kv_heads;
-  const int k_dim = shape.k_dim, v_dim = shape.v_dim;
   const int block_tokens = store.block_tokens();
   const int sealed = store.num_sealed_blocks(layer);
   const int open_tokens = store.open_tokens(layer);
-  const size_t block_bytes = store.codec().block_bytes(store.block_shape());
   assert(store.num_tokens(layer) == first_position + n);
   const int tiles = (n + kTilePositions - 1) / kTilePositions;
   const int tasks = shape.num_kv_heads * tiles;
+  const HeadOffsets offsets = head_offsets(shape, layer, group);
+  std::vector<int> order;
+  if (params.longest_task_first) order = longest_first_order(shape, layer, tiles, n, first_position);
 
   params.pool->run(tasks, [&](int64_t task_index, int) {
     // This thread's scratch, reused from task to task.
@@ -89,23 +125,26 @@ void attend(const KvStore& store, int layer, const float* q, int n, int first_po
     thread_local std::vector<int> visible;
     thread_local std::vector<uint8_t> prepared;
     thread_local AttentionPartials partials(0, 0);
+    const int task = order.empty() ? int(task_index) : order[size_t(task_index)];
+    const int g = task % shape.num_kv_heads;
+    const BlockShape& block_shape = store.block_shape(layer, g);
+    const int k_dim = block_shape.k_dim, v_dim = block_shape.v_dim;
+    const size_t block_bytes = store.block_bytes(layer, g);
     q_tile.resize(size_t(kTilePositions) * group * k_dim);
     visible.resize(size_t(kTilePositions) * group);
-    const int task = int(task_index);
-    const int g = task % shape.num_kv_heads;
     const int first = (task / shape.num_kv_heads) * kTilePositions;  // first query (row of q) in the tile
     const int positions = std::min(kTilePositions, n - first);
     const int rows = positions * group;
     // Gather the group's queries, scaled: row r = (position r / group, head g·group + r % group).
     for (int r = 0; r < rows; ++r) {
-      const float* src = q + (size_t(first + r / group) * params.num_heads + size_t(g * group + r % group)) * k_dim;
+      const float* src = q + size_t(first + r / group) * offsets.q_row + offsets.q[size_t(g)] + size_t(r % group) * k_dim;
       float* dst = q_tile.data() + size_t(r) * k_dim;
       for (int c = 0; c < k_dim; ++c) dst[c] = src[c] * params.scale;
       if (store.rotated()) hadamard_rotate(dst, k_dim);
     }
     partials.reset(rows, v_dim);
     QueryTile tile{q_tile.data(), rows, visible.data()};
-    store.codec().prepare_queries(store.block_shape(), tile, prepared);
+    store.codec().prepare_queries(block_shape, tile, prepared);
     tile.prepared = prepared.data();
     const int first_tile_position = first_position + first;
     const int last_tile_position = first_tile_position + positions - 1;
@@ -116,14 +155,14 @@ void attend(const KvStore& store, int layer, const float* q, int n, int first_po
     for (int b = 0; !selected && b < sealed && b * block_tokens <= last_tile_position; ++b) {
       if (b + 1 < sealed) prefetch(store.sealed_block(layer, g, b + 1), block_bytes);
       visible_tokens(first_tile_position, group, rows, b * block_tokens, block_tokens, visible.data());
-      store.codec().attend(store.block_shape(), store.sealed_block(layer, g, b), tile, partials, 0);
+      store.codec().attend(block_shape, store.sealed_block(layer, g, b), tile, partials, 0);
     }
     if (open_tokens > 0) {
       visible_tokens(first_tile_position, group, rows, sealed * block_tokens, open_tokens, visible.data());
       attend_block_f32(tile, store.open_k(layer, g), store.open_v(layer, g), k_dim, v_dim, partials, 0);
     }
     for (int r = 0; r < rows; ++r) {
-      float* dst = out + (size_t(first + r / group) * params.num_heads + size_t(g * group + r % group)) * v_dim;
+      float* dst = out + size_t(first + r / group) * offsets.out_row + offsets.out[size_t(g)] + size_t(r % group) * v_dim;
       partials.write_output(r, dst);
       if (store.rotated()) hadamard_rotate(dst, v_dim);  // back from the rotated basis
     }

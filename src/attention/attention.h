@@ -12,6 +12,10 @@ struct AttentionParams {
   int num_heads = 0;       // query heads; num_heads / store's num_kv_heads share a KV head (GQA)
   float scale = 1.0f;      // softmax scale, 1/sqrt(head_dim)
   ThreadPool* pool = nullptr;  // tasks are (KV head, query tile) pairs
+  // Longest task first (ZACK §5.3): tasks are handed out by decreasing work, (k_dim + v_dim + 1) × rows ×
+  // tokens, so heads of unequal rank (and late prefill tiles) do not leave threads idle at the end.
+  // false: in (tile, head) order, the unbalanced schedule bench/bench_zack.cc compares with.
+  bool longest_task_first = true;
 };
 
 // q: [n, num_heads, k_dim] for positions first_position .. first_position + n - 1, whose K/V the store
@@ -22,6 +26,8 @@ struct AttentionParams {
 // block only the selected tokens are decoded (Codec::decode_tokens) and gathered into FP32 chunks for
 // the FP32 kernel: PQCache fetches tokens, not blocks, and a masked variant of every codec kernel
 // would cost more code than it saves at top-k fractions of 1/5 or less. The open block is always whole.
+// When the store's heads differ in dims (ZACK), a row of q holds each head's k_dim_of(layer, its KV
+// head) dims back to back, and a row of out each head's v_dim_of.
 void attend(const KvStore& store, int layer, const float* q, int n, int first_position,
             const AttentionParams& params, float* out, const std::vector<HeadSelection>* selection = nullptr);
 

@@ -62,13 +62,23 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
   SLIMKV_ASSIGN_OR_RETURN(KvPipeline pipeline, make_kv_pipeline(config.kv_spec));  // bad specs fail before loading
   engine->pipeline_ = std::make_unique<KvPipeline>(std::move(pipeline));
   SLIMKV_ASSIGN_OR_RETURN(engine->model_, LlamaModel::load(config.model_dir));
+  const std::string kv_context = str_cat("KV spec '", config.kv_spec, "' for ", config.model_dir);
+  if (std::optional<ZackOptions>& zack = engine->pipeline_->zack) {
+    if (zack->calibration_path.empty()) zack->calibration_path = config.model_dir + "/zack.safetensors";
+    SLIMKV_RETURN_IF_ERROR(engine->model_->enable_zack(*zack).with_context(kv_context));
+  }
   const KvShape kv_shape = engine->model_->kv_shape();
-  SLIMKV_RETURN_IF_ERROR(engine->pipeline_->codec
-                             ->check_shape({engine->pipeline_->block_tokens, kv_shape.k_dim, kv_shape.v_dim})
-                             .with_context(str_cat("KV spec '", config.kv_spec, "' for ", config.model_dir)));
+  for (int l = 0; l < kv_shape.num_layers; ++l) {
+    for (int g = 0; g < kv_shape.num_kv_heads; ++g) {
+      const BlockShape block{engine->pipeline_->block_tokens, kv_shape.k_dim_of(l, g), kv_shape.v_dim_of(l, g)};
+      const std::string where = kv_shape.heads_differ()
+                                    ? str_cat(kv_context, ", layer ", l, " KV head ", g, " (ZACK ranks: round them with align=4 or 16)")
+                                    : kv_context;
+      SLIMKV_RETURN_IF_ERROR(engine->pipeline_->codec->check_shape(block).with_context(where));
+    }
+  }
   if (engine->pipeline_->selector) {
-    SLIMKV_RETURN_IF_ERROR(engine->pipeline_->selector->check_shape(kv_shape.k_dim)
-                               .with_context(str_cat("KV spec '", config.kv_spec, "' for ", config.model_dir)));
+    SLIMKV_RETURN_IF_ERROR(engine->pipeline_->selector->check_shape(kv_shape.k_dim).with_context(kv_context));
   }
   const std::string tokenizer_path = config.model_dir + "/tokenizer.json";
   if (std::filesystem::exists(tokenizer_path)) {

@@ -7,7 +7,9 @@
 // answers the layer's query through the spec's own attention kernels, and that output is compared with
 // the reference model's: rel_l2 = sqrt(sum |o_spec - o|^2 / sum |o|^2) over the decode steps and heads of
 // the layer. All specs see the same q, k, v (the reference's), so the figure isolates the KV encoding's
-// (and selection's) error; the reference spec against a store of its own is exactly 0.
+// (and selection's) error; the reference spec against a store of its own is exactly 0. A zack spec gets
+// the reference's q, k, v projected into its reduced bases (what its folded weights and q/k projection
+// produce) and its output lifted back (what its folded W_O reads), so rank truncation is measured too.
 //
 // recall (specs with a selector): for each KV head and step, the S sealed tokens the selector chose
 // against the S sealed tokens with the highest exact scores sum_h q_h . k over the head's query group
@@ -36,7 +38,10 @@ class FidelityObserver : public ForwardObserver {
     num_kv_heads_ = int(config.num_kv_heads);
     out_size_ = size_t(config.num_heads) * size_t(head_dim_);
     for (const EvalSubject& subject : context.subjects) {
-      stores_.push_back(std::make_unique<KvStore>(model.kv_shape(), subject.engine->kv_pipeline()));
+      // A zack spec's store holds reduced vectors: its model's shape, and its projection to get there.
+      const LlamaModel& subject_model = subject.engine->model();
+      stores_.push_back(std::make_unique<KvStore>(subject_model.kv_shape(), subject.engine->kv_pipeline()));
+      projections_.push_back(subject_model.zack());
     }
     const size_t layers = size_t(config.num_layers);
     keys_.resize(layers);
@@ -55,8 +60,24 @@ class FidelityObserver : public ForwardObserver {
     keys.insert(keys.end(), k, k + size_t(n) * size_t(num_kv_heads_) * size_t(head_dim_));
     for (size_t s = 0; s < stores_.size(); ++s) {
       KvStore& store = *stores_[s];
-      store.append(layer, k, v, n);
+      const ZackProjection* zack = projections_[s];
+      if (zack) {  // ZACK: q, k, v into each head's reduced basis, and the output back (Lemma 2)
+        reduced_q_.assign(q, q + size_t(n) * out_size_);
+        reduced_k_.assign(k, k + size_t(n) * size_t(num_kv_heads_) * size_t(head_dim_));
+        reduced_v_.assign(v, v + size_t(n) * size_t(num_kv_heads_) * size_t(head_dim_));
+        zack->project_qk(layer, reduced_q_.data(), reduced_k_.data(), n);
+        zack->project_v(layer, reduced_v_.data(), n);
+        store.append(layer, reduced_k_.data(), reduced_v_.data(), n);
+      } else {
+        store.append(layer, k, v, n);
+      }
       if (!measuring_) continue;
+      if (zack) {
+        reduced_out_.resize(out_size_);
+        attend(store, layer, reduced_q_.data(), 1, store.num_tokens(layer) - 1, params_, reduced_out_.data());
+        zack->lift_output(layer, reduced_out_.data(), 1, outputs_[s].data());
+        continue;
+      }
       const std::vector<HeadSelection>& selection = store.select(layer, q, 1, params_.num_heads, pool_);
       attend(store, layer, q, 1, store.num_tokens(layer) - 1, params_, outputs_[s].data(), &selection);
       for (int g = 0; g < num_kv_heads_; ++g) {
@@ -124,6 +145,8 @@ class FidelityObserver : public ForwardObserver {
   size_t out_size_ = 0;
   bool measuring_ = false;
   std::vector<std::unique_ptr<KvStore>> stores_;    // one per subject
+  std::vector<const ZackProjection*> projections_;  // per subject: its ZACK projection, or null
+  std::vector<float> reduced_q_, reduced_k_, reduced_v_, reduced_out_;  // a zack subject's operands
   std::vector<std::vector<float>> keys_;            // [layer][tokens, num_kv_heads, head_dim], the reference's
   std::vector<std::vector<float>> outputs_;         // [subject][num_heads * head_dim] of the current step
   std::vector<std::vector<double>> squared_error_;  // [subject][layer]

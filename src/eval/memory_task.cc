@@ -5,10 +5,12 @@
 // KV takes anywhere); ratio_fp16 compares it with an FP16 cache (2 bytes per K and V element).
 #include "eval/tasks.h"
 #include "kv/store.h"
+#include "model/model_config.h"
 
 namespace slimkv {
 
 Status run_memory_task(EvalContext& context) {
+  const ModelConfig& config = context.subjects[0].engine->model_config();
   const std::vector<int32_t> ids = context.text_prefix(context.context_tokens);
   context.progress.start(str_cat("memory: ", context.subjects.size(), " specs at ", ids.size(), " tokens"),
                          int64_t(context.subjects.size()));
@@ -22,7 +24,7 @@ Status run_memory_task(EvalContext& context) {
     const double fast_bytes = double(memory.fast_bytes()) / per_layer_token;
     const double slow_bytes = double(memory.slow_bytes()) / per_layer_token;
     const double total_bytes = double(memory.sealed_bytes + memory.open_bytes) / per_layer_token;
-    const double fp16_bytes = 2.0 * double(shape.num_kv_heads) * double(shape.k_dim + shape.v_dim);
+    const double fp16_bytes = 2.0 * 2.0 * double(config.num_kv_heads) * double(config.head_dim);  // the model's K and V
     context.results.add(subject.spec, "memory", "kv_bytes_per_token", fast_bytes).tier = "fast";
     if (memory.sealed_in_slow_tier) context.results.add(subject.spec, "memory", "kv_bytes_per_token", slow_bytes).tier = "slow";
     context.results.add(subject.spec, "memory", "kv_bytes_per_token", total_bytes);

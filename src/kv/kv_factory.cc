@@ -9,7 +9,7 @@
 namespace slimkv {
 namespace {
 
-constexpr const char* kKnownStages = "all, pq, oracle, dense, hack, quant";
+constexpr const char* kKnownStages = "all, pq, oracle, zack, dense, hack, quant";
 constexpr const char* kKnownTiers = "fast, offload";
 
 DType parse_dtype_name(const std::string& name) {
@@ -36,11 +36,31 @@ QuantizationConfig read_quantization(StageOptions& options, KvPipeline& pipeline
   return config;
 }
 
+bool has_option(const KvStage& stage, std::string_view key) {
+  for (const auto& [name, unused] : stage.options) {
+    if (name == key) return true;
+  }
+  return false;
+}
+
+// zack:r=0.05 (Eq. 6's removal rate) or zack:rate=0.5 (overall KV compression, §5.2), align, calib.
+Expected<ZackOptions> read_zack(StageOptions& options, const KvStage& stage, const std::string& spec) {
+  if (has_option(stage, "r") && has_option(stage, "rate")) {
+    return error("KV spec '", spec, "': zack takes r (singular-value removal rate) or rate (KV compression), not both");
+  }
+  ZackOptions zack;
+  zack.removal_rate = options.number("r", zack.removal_rate, 0.0, 1.0);
+  zack.target_compression = options.number("rate", 0.0, 0.0, 0.999);
+  zack.align = options.integer("align", 1, {}, 1, 1024);
+  zack.calibration_path = options.text("calib", "");
+  return zack;
+}
+
 }  // namespace
 
 std::string KvPipeline::describe() const {
-  return str_cat(selector ? selector->describe() + "+" : std::string(), codec->describe(),
-                 codec->describe().starts_with("dense") ? ",block=" : ",pi=", block_tokens,
+  return str_cat(selector ? selector->describe() + "+" : std::string(), zack ? zack->describe() + "+" : std::string(),
+                 codec->describe(), codec->describe().starts_with("dense") ? ",block=" : ",pi=", block_tokens,
                  seed ? str_cat(",seed=", seed) : std::string(), hadamard ? ",rot=hadamard" : ",rot=none",
                  offload ? str_cat("@offload:cache=", offload->cache_tokens, ",policy=",
                                    offload->policy == CachePolicy::kLfu ? "lfu" : "lru")
@@ -53,10 +73,18 @@ Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
   for (const KvStage& stage : config.stages) {
     StageOptions options(stage, config.spec);
     if (is_selector_stage(stage.name)) {
-      if (pipeline.selector || pipeline.codec) {
+      if (pipeline.selector || pipeline.zack || pipeline.codec) {
         return error("KV spec '", config.spec, "': the selector comes first, once");
       }
       if (stage.name != "all") pipeline.selector = make_selector_factory(stage.name, options, offload);
+      SLIMKV_RETURN_IF_ERROR(options.finish());
+      continue;
+    }
+    if (stage.name == "zack") {  // a stage that changes dims; the codec after it encodes the reduced vectors
+      if (pipeline.zack || pipeline.codec) return error("KV spec '", config.spec, "': zack must come before the codec, once");
+      // The PQ index is built over keys of one width; ZACK gives every head its own.
+      if (pipeline.selector) return error("KV spec '", config.spec, "': a selector with zack is not supported yet");
+      SLIMKV_ASSIGN_OR_RETURN(pipeline.zack, read_zack(options, stage, config.spec));
       SLIMKV_RETURN_IF_ERROR(options.finish());
       continue;
     }
@@ -83,7 +111,9 @@ Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
     }
     SLIMKV_RETURN_IF_ERROR(options.finish());
   }
-  if (!pipeline.codec && pipeline.selector) pipeline.codec = std::make_shared<DenseCodec>(DType::kF32);  // "pq" alone
+  if (!pipeline.codec && (pipeline.selector || pipeline.zack)) {
+    pipeline.codec = std::make_shared<DenseCodec>(DType::kF32);  // "pq" or "zack" alone
+  }
   if (!pipeline.codec) return error("KV spec '", config.spec, "': no codec stage (e.g. 'dense')");
   if (config.tier.name == "offload") {
     StageOptions options(config.tier, config.spec);
@@ -96,6 +126,8 @@ Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
     if (auto probe = OffloadTier::open(offload, 1, 1, 1); !probe) {
       return error("KV spec '", config.spec, "': ", probe.status().message());
     }
+    // The slow tier stores blocks of one size; ZACK gives every head its own.
+    if (pipeline.zack) return error("KV spec '", config.spec, "': the offload tier with zack is not supported yet");
     pipeline.offload = offload;
   } else if (config.tier.name != "fast" || !config.tier.options.empty()) {
     return error("KV spec '", config.spec, "': unknown tier '", config.tier.name, "' (known: ", kKnownTiers, ")");

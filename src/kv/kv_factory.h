@@ -9,6 +9,7 @@
 #include "kv/codec/codec.h"
 #include "kv/select/selector.h"
 #include "kv/tier/offload_tier.h"
+#include "kv/zack/ranks.h"
 #include "slimkv/kv_config.h"
 
 namespace slimkv {
@@ -20,6 +21,9 @@ struct KvPipeline {
   uint64_t seed = 0;                   // for stochastic rounding and clustering
   bool hadamard = false;               // rot=hadamard: K, V, q rotated per head, outputs rotated back
   std::optional<OffloadConfig> offload;  // @offload: sealed blocks in a file, hot ones cached; else all in RAM
+  // The zack stage: each head keeps fewer dims (its ZACK rank), which the codec then encodes. Applied
+  // when the model loads (LlamaModel::enable_zack), where the calibration and the weights are.
+  std::optional<ZackOptions> zack;
   std::string describe() const;        // the canonical spec, every option spelled out
 };
 

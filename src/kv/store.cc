@@ -11,32 +11,46 @@
 
 namespace slimkv {
 
+int KvShape::layer_k_dims(int layer) const {
+  int dims = 0;
+  for (int g = 0; g < num_kv_heads; ++g) dims += k_dim_of(layer, g);
+  return dims;
+}
+
+int KvShape::layer_v_dims(int layer) const {
+  int dims = 0;
+  for (int g = 0; g < num_kv_heads; ++g) dims += v_dim_of(layer, g);
+  return dims;
+}
+
 KvStore::KvStore(const KvShape& shape, const KvPipeline& pipeline)
     : shape_(shape),
       pipeline_(pipeline),
-      block_shape_{pipeline.block_tokens, shape.k_dim, shape.v_dim},
-      pool_(pipeline.codec->block_bytes(block_shape_)),
       requantizes_open_(pipeline.codec->requantizes_open_block()),
       layers_(size_t(shape.num_layers)),
       selector_((pipeline.selector ? *pipeline.selector : *make_all_selector_factory())
                     .make(shape.num_layers, shape.num_kv_heads, shape.k_dim, pipeline.block_tokens, pipeline.seed)),
       selections_(size_t(shape.num_layers), std::vector<HeadSelection>(size_t(shape.num_kv_heads))) {
-  if (pipeline.offload) {
+  for (int l = 0; l < shape.num_layers; ++l) {
+    layers_[size_t(l)].heads.resize(size_t(shape.num_kv_heads));
+    for (int g = 0; g < shape.num_kv_heads; ++g) {
+      Head& head = layers_[size_t(l)].heads[size_t(g)];
+      head.block_shape = {pipeline.block_tokens, shape.k_dim_of(l, g), shape.v_dim_of(l, g)};
+      head.block_bytes = pipeline.codec->block_bytes(head.block_shape);
+      head.pool = &pools_.try_emplace(head.block_bytes, head.block_bytes).first->second;
+      head.open_k.assign(size_t(block_tokens()) * size_t(head.block_shape.k_dim), 0.0f);
+      head.open_v.assign(size_t(block_tokens()) * size_t(head.block_shape.v_dim), 0.0f);
+    }
+  }
+  if (pipeline.offload) {  // every head's blocks the same size: make_kv_pipeline refuses zack@offload
     const size_t max_blocks = size_t(shape.num_layers) * size_t(shape.num_kv_heads) *
                               size_t((shape.max_tokens + block_tokens() - 1) / block_tokens());
     const int cache_blocks =
         std::max(1, pipeline.offload->cache_tokens / block_tokens()) * shape.num_layers * shape.num_kv_heads;
-    auto tier = OffloadTier::open(*pipeline.offload, cache_blocks, pool_.block_bytes(), max_blocks);
+    auto tier = OffloadTier::open(*pipeline.offload, cache_blocks, layers_[0].heads[0].block_bytes, max_blocks);
     // make_kv_pipeline made a file in that directory already; failing now is the disk filling up.
     if (!tier) throw std::runtime_error(tier.status().message());
     offload_ = std::move(*tier);
-  }
-  for (Layer& layer : layers_) {
-    layer.heads.resize(size_t(shape.num_kv_heads));
-    for (Head& head : layer.heads) {
-      head.open_k.assign(size_t(block_tokens()) * size_t(shape.k_dim), 0.0f);
-      head.open_v.assign(size_t(block_tokens()) * size_t(shape.v_dim), 0.0f);
-    }
   }
 }
 
@@ -50,26 +64,28 @@ uint64_t KvStore::block_seed(int layer, int head, int index) const {
 void KvStore::append(int layer_index, const float* k, const float* v, int n) {
   Layer& layer = layers_[size_t(layer_index)];
   assert(layer.num_tokens + n <= shape_.max_tokens);
-  const size_t k_dim = size_t(shape_.k_dim), v_dim = size_t(shape_.v_dim);
+  const size_t k_row = size_t(shape_.layer_k_dims(layer_index)), v_row = size_t(shape_.layer_v_dims(layer_index));
   for (int t = 0; t < n; ++t) {
     const int slot = layer.num_tokens - int(layer.heads[0].sealed.size()) * block_tokens();
-    for (int g = 0; g < shape_.num_kv_heads; ++g) {
-      Head& head = layer.heads[size_t(g)];
-      std::memcpy(head.open_k.data() + size_t(slot) * k_dim, k + (size_t(t) * shape_.num_kv_heads + g) * k_dim,
-                  k_dim * sizeof(float));
-      std::memcpy(head.open_v.data() + size_t(slot) * v_dim, v + (size_t(t) * shape_.num_kv_heads + g) * v_dim,
-                  v_dim * sizeof(float));
-    }
-    if (pipeline_.hadamard) {
-      for (Head& head : layer.heads) {
-        hadamard_rotate(head.open_k.data() + size_t(slot) * k_dim, shape_.k_dim);
-        hadamard_rotate(head.open_v.data() + size_t(slot) * v_dim, shape_.v_dim);
+    size_t k_offset = 0, v_offset = 0;  // of head g within the token's row
+    for (Head& head : layer.heads) {
+      const size_t k_dim = size_t(head.block_shape.k_dim), v_dim = size_t(head.block_shape.v_dim);
+      float* open_k = head.open_k.data() + size_t(slot) * k_dim;
+      float* open_v = head.open_v.data() + size_t(slot) * v_dim;
+      std::memcpy(open_k, k + size_t(t) * k_row + k_offset, k_dim * sizeof(float));
+      std::memcpy(open_v, v + size_t(t) * v_row + v_offset, v_dim * sizeof(float));
+      k_offset += k_dim;
+      v_offset += v_dim;
+      if (pipeline_.hadamard) {
+        hadamard_rotate(open_k, int(k_dim));
+        hadamard_rotate(open_v, int(v_dim));
       }
     }
     if (requantizes_open_) {  // the HACK/RQE ablation: the partial block is kept quantized
       for (int g = 0; g < shape_.num_kv_heads; ++g) {
         Head& head = layer.heads[size_t(g)];
-        pipeline_.codec->requantize_open_block(block_shape_, head.open_k.data(), head.open_v.data(), slot, slot + 1,
+        pipeline_.codec->requantize_open_block(head.block_shape, head.open_k.data(), head.open_v.data(), slot,
+                                               slot + 1,
                                                block_seed(layer_index, g, int(head.sealed.size())) ^ uint64_t(slot));
       }
     }
@@ -77,8 +93,8 @@ void KvStore::append(int layer_index, const float* k, const float* v, int n) {
     if (slot + 1 == block_tokens()) {  // the open block is full: seal it
       for (int g = 0; g < shape_.num_kv_heads; ++g) {
         Head& head = layer.heads[size_t(g)];
-        uint8_t* block = seal_destination();
-        pipeline_.codec->seal(block_shape_, head.open_k.data(), head.open_v.data(),
+        uint8_t* block = seal_destination(head);
+        pipeline_.codec->seal(head.block_shape, head.open_k.data(), head.open_v.data(),
                               block_seed(layer_index, g, int(head.sealed.size())), block);
         head.sealed.push_back(keep_sealed(block));
         selector_->on_seal(layer_index, g, head.open_k.data());
@@ -128,26 +144,33 @@ void KvStore::stage_blocks(int layer, const std::vector<HeadSelection>& selectio
 
 KvMemory KvStore::memory() const {
   KvMemory memory;
-  memory.sealed_blocks = offload_ ? size_t(offload_->blocks()) : pool_.blocks_in_use();  // in RAM or on disk
-  memory.sealed_bytes = memory.sealed_blocks * pool_.block_bytes();
+  for (const auto& [unused, pool] : pools_) {
+    memory.sealed_blocks += pool.blocks_in_use();
+    memory.sealed_bytes += pool.bytes_in_use();
+  }
+  if (offload_) {  // sealed blocks are in the slow tier, all of one size
+    memory.sealed_blocks = size_t(offload_->blocks());
+    memory.sealed_bytes = memory.sealed_blocks * layers_[0].heads[0].block_bytes;
+    memory.sealed_in_slow_tier = true;
+    memory.cache_bytes = offload_->cache_bytes();
+  }
   memory.sealed_tokens = layers_.empty() ? 0 : size_t(num_sealed_blocks(0)) * size_t(block_tokens());
-  memory.sealed_in_slow_tier = offload_ != nullptr;
-  memory.cache_bytes = offload_ ? offload_->cache_bytes() : 0;
-  memory.open_bytes = size_t(shape_.num_layers) * size_t(shape_.num_kv_heads) * size_t(block_tokens()) *
-                      size_t(shape_.k_dim + shape_.v_dim) * sizeof(float);
+  for (const Layer& layer : layers_) {
+    for (const Head& head : layer.heads) memory.open_bytes += (head.open_k.size() + head.open_v.size()) * sizeof(float);
+  }
   return memory;
 }
 
 void KvStore::restore_sealed_block(int layer, int head, const uint8_t* block) {
   Head& target = layers_[size_t(layer)].heads[size_t(head)];
   assert(layers_[size_t(layer)].num_tokens == 0);  // sealed blocks come before the open tokens
-  uint8_t* slot = seal_destination();
-  std::memcpy(slot, block, pipeline_.codec->block_bytes(block_shape_));
+  uint8_t* slot = seal_destination(target);
+  std::memcpy(slot, block, target.block_bytes);
   target.sealed.push_back(keep_sealed(slot));
   thread_local std::vector<float> k, v;  // the selector indexes the keys as sealed
-  k.resize(size_t(block_tokens()) * size_t(shape_.k_dim));
-  v.resize(size_t(block_tokens()) * size_t(shape_.v_dim));
-  pipeline_.codec->decode(block_shape_, block, k.data(), v.data());
+  k.resize(size_t(block_tokens()) * size_t(target.block_shape.k_dim));
+  v.resize(size_t(block_tokens()) * size_t(target.block_shape.v_dim));
+  pipeline_.codec->decode(target.block_shape, block, k.data(), v.data());
   selector_->on_seal(layer, head, k.data());
 }
 
@@ -157,14 +180,14 @@ void KvStore::restore_open_tokens(int layer_index, int head, const float* k, con
   assert(n >= 0 && n < block_tokens());
   assert(target.sealed.size() == layer.heads[0].sealed.size());
   if (n > 0) {
-    std::memcpy(target.open_k.data(), k, size_t(n) * size_t(shape_.k_dim) * sizeof(float));
-    std::memcpy(target.open_v.data(), v, size_t(n) * size_t(shape_.v_dim) * sizeof(float));
+    std::memcpy(target.open_k.data(), k, size_t(n) * size_t(target.block_shape.k_dim) * sizeof(float));
+    std::memcpy(target.open_v.data(), v, size_t(n) * size_t(target.block_shape.v_dim) * sizeof(float));
   }
   layer.num_tokens = int(target.sealed.size()) * block_tokens() + n;  // the same for every head
 }
 
 void KvStore::clear() {
-  pool_.clear();
+  for (auto& [unused, pool] : pools_) pool.clear();
   if (offload_) offload_->clear();
   selector_->clear();
   for (Layer& layer : layers_) {

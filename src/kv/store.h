@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "kv/block_pool.h"
@@ -16,11 +17,28 @@
 namespace slimkv {
 
 struct KvShape {
+  KvShape() = default;
+  KvShape(int num_layers, int num_kv_heads, int k_dim, int v_dim, int max_tokens)
+      : num_layers(num_layers), num_kv_heads(num_kv_heads), k_dim(k_dim), v_dim(v_dim), max_tokens(max_tokens) {}
+
   int num_layers = 0;
   int num_kv_heads = 0;
-  int k_dim = 0;        // per-head dims of stored keys
-  int v_dim = 0;        // per-head dims of stored values
+  int k_dim = 0;        // per-head dims of stored keys (the widest head when heads differ)
+  int v_dim = 0;        // per-head dims of stored values (likewise)
   int max_tokens = 0;   // the context length
+  // Dims of each (layer, KV head) when heads differ (ZACK's per-head ranks, §5.2), [num_layers *
+  // num_kv_heads] each; empty when every head stores k_dim and v_dim.
+  std::vector<int> head_k_dims, head_v_dims;
+
+  bool heads_differ() const { return !head_k_dims.empty(); }
+  int k_dim_of(int layer, int head) const { return heads_differ() ? head_k_dims[head_index(layer, head)] : k_dim; }
+  int v_dim_of(int layer, int head) const { return heads_differ() ? head_v_dims[head_index(layer, head)] : v_dim; }
+  // A token's row of one layer's keys / values: its heads' vectors back to back, Σ_g k_dim_of(layer, g).
+  int layer_k_dims(int layer) const;
+  int layer_v_dims(int layer) const;
+
+ private:
+  size_t head_index(int layer, int head) const { return size_t(layer) * size_t(num_kv_heads) + size_t(head); }
 };
 
 struct KvMemory {
@@ -40,13 +58,15 @@ class KvStore {
   KvStore(const KvShape& shape, const KvPipeline& pipeline);
 
   const KvShape& shape() const { return shape_; }
-  const BlockShape& block_shape() const { return block_shape_; }
+  const BlockShape& block_shape(int layer, int head) const { return head_of(layer, head).block_shape; }
+  size_t block_bytes(int layer, int head) const { return head_of(layer, head).block_bytes; }
   const Codec& codec() const { return *pipeline_.codec; }
-  int block_tokens() const { return block_shape_.block_tokens; }
+  int block_tokens() const { return pipeline_.block_tokens; }
   // K and V are stored Hadamard-rotated (kv/rotation.h): queries must be rotated alike, and outputs back.
   bool rotated() const { return pipeline_.hadamard; }
 
-  // Appends n tokens to `layer`: k [n, num_kv_heads, k_dim], v [n, num_kv_heads, v_dim].
+  // Appends n tokens to `layer`: k [n, layer_k_dims(layer)], v [n, layer_v_dims(layer)] (each row the
+  // heads' vectors back to back: [num_kv_heads, k_dim] when heads do not differ).
   // Every block that fills is sealed by the codec. The caller keeps num_tokens <= max_tokens.
   void append(int layer, const float* k, const float* v, int n);
 
@@ -57,8 +77,8 @@ class KvStore {
     return offload_ ? offload_->read(block) : block;
   }
   int open_tokens(int layer) const { return num_tokens(layer) - num_sealed_blocks(layer) * block_tokens(); }
-  const float* open_k(int layer, int head) const { return head_of(layer, head).open_k.data(); }  // [block_tokens, k_dim]
-  const float* open_v(int layer, int head) const { return head_of(layer, head).open_v.data(); }  // [block_tokens, v_dim]
+  const float* open_k(int layer, int head) const { return head_of(layer, head).open_k.data(); }  // [block_tokens, k_dim_of]
+  const float* open_v(int layer, int head) const { return head_of(layer, head).open_v.data(); }  // [block_tokens, v_dim_of]
 
   // The selector's choice for one decode query per head (q: [num_heads, k_dim], as attention gets it),
   // one HeadSelection per KV head; every token for a prefill chunk (n > 1) and for the `all` selector.
@@ -79,12 +99,15 @@ class KvStore {
   // Into a cleared store, per layer: restore_sealed_block for each block of each head, in order (every
   // head the same number), then restore_open_tokens for each head, n = 0 included: it sets the layer's
   // token count. The store then holds exactly what the sender's did, and appending continues as there.
-  // block: codec().block_bytes(block_shape()) bytes, copied. k: [n, k_dim], v: [n, v_dim], n < block_tokens.
+  // block: block_bytes(layer, head) bytes, copied. k: [n, k_dim_of], v: [n, v_dim_of], n < block_tokens.
   void restore_sealed_block(int layer, int head, const uint8_t* block);
   void restore_open_tokens(int layer, int head, const float* k, const float* v, int n);
 
  private:
   struct Head {
+    BlockShape block_shape;  // this head's dims
+    size_t block_bytes = 0;  // codec().block_bytes(block_shape)
+    BlockPool* pool = nullptr;  // the pool of blocks of that size
     std::vector<const uint8_t*> sealed;
     std::vector<float> open_k, open_v;
   };
@@ -95,15 +118,14 @@ class KvStore {
   const Head& head_of(int layer, int head) const { return layers_[size_t(layer)].heads[size_t(head)]; }
   uint64_t block_seed(int layer, int head, int index) const;
   // Where a block is sealed (a pool slot, or the offload tier's scratch), and where it then stays.
-  uint8_t* seal_destination() { return offload_ ? offload_->scratch() : pool_.allocate(); }
+  uint8_t* seal_destination(Head& head) { return offload_ ? offload_->scratch() : head.pool->allocate(); }
   const uint8_t* keep_sealed(uint8_t* block) { return offload_ ? offload_->slow_block(offload_->write(block)) : block; }
   // Brings the sealed blocks a layer's attention will read into the fast tier (offload only).
   void stage_blocks(int layer, const std::vector<HeadSelection>& selection);
 
   KvShape shape_;
   KvPipeline pipeline_;
-  BlockShape block_shape_;
-  BlockPool pool_;
+  std::map<size_t, BlockPool> pools_;  // by block bytes: one for all heads unless ZACK's ranks differ
   bool requantizes_open_;  // the codec's answer, asked once
   std::vector<Layer> layers_;
   std::unique_ptr<OffloadTier> offload_;                 // kv/tier: null for the fast tier

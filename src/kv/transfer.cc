@@ -401,6 +401,10 @@ Status write_kv_transfer(const KvStore& store, std::string_view model_id, std::v
     return error("writing a kv transfer: the KV spec '", spec, "' is longer than ", kKvTransferMaxStringBytes, " bytes");
   }
   const KvShape& shape = store.shape();
+  if (shape.heads_differ()) {
+    return error("writing a kv transfer: format version ", kKvTransferVersion,
+                 " holds one k_dim/v_dim for every head; this store's heads differ (ZACK ranks, KV spec '", spec, "')");
+  }
   Layout layout;
   layout.num_layers = uint32_t(shape.num_layers);
   layout.num_kv_heads = uint32_t(shape.num_kv_heads);
@@ -408,7 +412,7 @@ Status write_kv_transfer(const KvStore& store, std::string_view model_id, std::v
   layout.v_dim = uint32_t(shape.v_dim);
   layout.max_tokens = uint32_t(shape.max_tokens);
   layout.block_tokens = uint32_t(store.block_tokens());
-  layout.sealed_block_bytes = store.codec().block_bytes(store.block_shape());
+  layout.sealed_block_bytes = store.block_bytes(0, 0);
   checked_align(layout.sealed_block_bytes, &layout.sealed_block_stride);
   layout.spec_bytes = uint32_t(spec.size());
   layout.model_id_bytes = uint32_t(model_id.size());
@@ -513,6 +517,10 @@ Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view sourc
                  "' (start the receiver with the sender's --kv spec)");
   }
   const KvShape& shape = into.shape();
+  if (shape.heads_differ()) {
+    return error(where, ": format version ", kKvTransferVersion, " holds one k_dim/v_dim for every head; this store's "
+                 "heads differ (ZACK ranks, KV spec '", spec, "')");
+  }
   if (info.shape.num_layers != shape.num_layers || info.shape.num_kv_heads != shape.num_kv_heads ||
       info.shape.k_dim != shape.k_dim || info.shape.v_dim != shape.v_dim) {
     return error(where, ": KV shape mismatch (layers × KV heads × k_dim × v_dim): the sender's is ",
@@ -521,7 +529,7 @@ Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view sourc
                  " × ", shape.v_dim);
   }
   // Implied by spec and shape; checked so that no block is read past its end whatever the codec does.
-  const size_t block_bytes = into.codec().block_bytes(into.block_shape());
+  const size_t block_bytes = into.block_bytes(0, 0);
   if (info.block_tokens != into.block_tokens() || info.sealed_block_bytes != block_bytes) {
     return error(where, ": block mismatch: the sender's blocks are ", info.block_tokens, " tokens in ",
                  info.sealed_block_bytes, " bytes, this store's ", into.block_tokens(), " tokens in ", block_bytes);

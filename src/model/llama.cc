@@ -4,6 +4,7 @@
 
 #include "attention/attention.h"
 #include "backend/cpu/vec_ops.h"
+#include "model/model_identity.h"
 
 namespace slimkv {
 
@@ -26,8 +27,31 @@ LlamaModel::LlamaModel(std::string model_dir, ModelConfig config, WeightStore st
       rope_(config_) {}
 
 KvShape LlamaModel::kv_shape() const {
-  return {int(config_.num_layers), int(config_.num_kv_heads), int(config_.head_dim), int(config_.head_dim),
-          int(config_.max_position_embeddings)};
+  KvShape shape{int(config_.num_layers), int(config_.num_kv_heads), int(config_.head_dim), int(config_.head_dim),
+                int(config_.max_position_embeddings)};
+  if (zack_) {
+    shape.head_k_dims = zack_->ranks().k_ranks;
+    shape.head_v_dims = zack_->ranks().v_ranks;
+  }
+  return shape;
+}
+
+Expected<std::string> LlamaModel::identity() const { return model_identity(model_dir_, store_); }
+
+Status LlamaModel::enable_zack(const ZackOptions& options) {
+  if (zack_) return error("ZACK is already enabled on this model (weights are folded once)");
+  const std::string path = options.calibration_path.empty() ? model_dir_ + "/zack.safetensors" : options.calibration_path;
+  SLIMKV_ASSIGN_OR_RETURN(std::string model, identity());
+  SLIMKV_ASSIGN_OR_RETURN(ZackCalibration calibration, ZackCalibration::load(path, model));
+  if (calibration.num_layers != config_.num_layers || calibration.num_kv_heads != config_.num_kv_heads ||
+      calibration.head_dim != config_.head_dim) {
+    return error(path, ": calibration of ", calibration.num_layers, " layers x ", calibration.num_kv_heads,
+                 " KV heads x head_dim ", calibration.head_dim, " does not fit the model's ", config_.num_layers, " x ",
+                 config_.num_kv_heads, " x ", config_.head_dim);
+  }
+  SLIMKV_ASSIGN_OR_RETURN(ZackRanks ranks, select_zack_ranks(calibration, options));
+  zack_ = ZackProjection::fold(calibration, ranks, config_, weights_);
+  return Status::ok();
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -105,6 +129,7 @@ void LlamaModel::forward(std::span<const int32_t> tokens, KvStore& kv, bool all_
     rope_.rotate(s.q.data(), n, int(c.num_heads), s.cos, s.sin);
     rope_.rotate(s.k.data(), n, int(c.num_kv_heads), s.cos, s.sin);
     if (observer) observer->on_qkv(l, s.q.data(), s.k.data(), s.v.data(), n);
+    if (zack_) zack_->project_qk(l, s.q.data(), s.k.data(), n);  // ZACK: q, k to each head's rank (v, o folded)
     kv.append(l, s.k.data(), s.v.data(), n);
     const std::vector<HeadSelection>& selection = kv.select(l, s.q.data(), n, int(c.num_heads), pool);
     attend(kv, l, s.q.data(), n, first_position, attention_params, s.att.data(), &selection);

@@ -8,11 +8,13 @@
 #include <vector>
 
 #include "kv/store.h"
+#include "kv/zack/ranks.h"
 #include "model/forward_observer.h"
 #include "model/llama_weights.h"
 #include "model/model_config.h"
 #include "model/rope.h"
 #include "model/weight_store.h"
+#include "model/zack_projection.h"
 #include "util/thread_pool.h"
 
 namespace slimkv {
@@ -37,12 +39,22 @@ class LlamaModel {
 
   const ModelConfig& config() const { return config_; }
   const std::string& model_dir() const { return model_dir_; }
-  KvShape kv_shape() const;  // the store this model needs, full context
+  KvShape kv_shape() const;  // the store this model needs, full context (ZACK: each head's ranks)
+  const LlamaWeights& weights() const { return weights_; }
+  // The model's fingerprint (model/model_identity.h), which files computed from it carry.
+  Expected<std::string> identity() const;
+
+  // ZACK (model/zack_projection.h): loads the calibration (refused if made for another model), picks
+  // the ranks the options ask for and folds W_V / W_O. From then on q and k are projected after RoPE
+  // and the store keeps each head's ranks. Once, before any forward.
+  Status enable_zack(const ZackOptions& options);
+  const ZackProjection* zack() const { return zack_.get(); }  // nullptr without
 
   // Runs `tokens` at positions kv.num_tokens(0) ... through the model, appending their K/V to `kv`.
   // Writes logits [n, vocab] when all_logits, else [1, vocab] for the last token. Token ids and the
   // context length are checked by the caller (engine/session.h). The observer, when given, sees each
-  // layer's q/k/v and attention output.
+  // layer's q/k/v and attention output. Under ZACK, q and k are seen before their projection, but v and
+  // the attention output are already in the reduced V space (W_V is folded): [n, Σ heads' v ranks].
   void forward(std::span<const int32_t> tokens, KvStore& kv, bool all_logits, float* logits, RunState& state,
                ThreadPool& pool, ForwardObserver* observer = nullptr) const;
 
@@ -54,6 +66,7 @@ class LlamaModel {
   WeightStore store_;  // owns the mappings that weights_ points into
   LlamaWeights weights_;
   Rope rope_;
+  std::unique_ptr<ZackProjection> zack_;  // owns the folded W_V / W_O that weights_ points into
 };
 
 }  // namespace slimkv

@@ -23,6 +23,7 @@ struct CommonOptions {
 
 using CommandRunner = std::function<Status()>;
 
+CommandRunner add_calibrate_command(CLI::App& app);
 CommandRunner add_generate_command(CLI::App& app);
 CommandRunner add_logits_command(CLI::App& app);
 CommandRunner add_tokenize_command(CLI::App& app);
