@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -267,7 +268,9 @@ void check_decode(const DecodeCase& c) {
   }
   // FP16 output rounding is ~3e-4 relative; FP32 arithmetic and the odd 8-bit P' code that rounds the
   // other way (the running max differs from the reference's) add little.
-  EXPECT_LT(std::sqrt(error_sq / reference_sq), 2e-3);
+  const double relative = std::sqrt(error_sq / reference_sq);
+  std::printf("  %s: relative error %.2e\n", c.name().c_str(), relative);
+  EXPECT_LT(relative, 2e-3);
 }
 
 TEST_F(CudaTest, QuantizedDecodeAttentionMatchesReference) {

@@ -270,9 +270,10 @@ Expected<std::unique_ptr<CudaPagedAttention>> CudaPagedAttention::create(const P
                            : (attention->rows_per_tile_ == 4 ? resident_ctas_per_multiprocessor<128, 4>()
                                                              : resident_ctas_per_multiprocessor<128, 8>());
   attention->target_ctas_ = resident * multiprocessor_count();
-  // Tiles never outnumber queries; splits are added only while tiles × KV heads is under the target.
-  attention->partial_rows_capacity_ =
-      (size_t(shape.max_queries) * shape.num_kv_heads + size_t(attention->target_ctas_)) * attention->rows_per_tile_;
+  // Tiles never outnumber queries; splits are added only while tiles × KV heads is under the target
+  // (the quantized kernels' targets included: at most kMaxResidentCtas per multiprocessor).
+  const size_t max_target = size_t(std::max(resident, kMaxResidentCtas)) * multiprocessor_count();
+  attention->partial_rows_capacity_ = (size_t(shape.max_queries) * shape.num_kv_heads + max_target) * attention->rows_per_tile_;
   SLIMKV_ASSIGN_OR_RETURN(attention->metadata_,
                           DeviceArray<int>::allocate(size_t(attention->tiles_offset() + 2 * shape.max_queries), "attention metadata"));
   SLIMKV_ASSIGN_OR_RETURN(attention->partial_acc_,
@@ -322,12 +323,17 @@ Status CudaPagedAttention::plan(const PagedAttentionBatch& batch) {
 
   batch_size_ = batch_size;
   num_tiles_ = int(metadata.size() - size_t(tiles_offset())) / 2;
-  const int max_blocks = (max_kv_len + kCudaBlockTokens - 1) / kCudaBlockTokens;
-  const int independent_ctas = num_tiles_ * shape_.num_kv_heads;
-  num_splits_ = std::clamp(target_ctas_ / independent_ctas, 1, max_blocks);
-  blocks_per_split_ = (max_blocks + num_splits_ - 1) / num_splits_;
-  num_splits_ = (max_blocks + blocks_per_split_ - 1) / blocks_per_split_;
+  max_blocks_ = (max_kv_len + kCudaBlockTokens - 1) / kCudaBlockTokens;
+  split_blocks(target_ctas_);
   return metadata_.upload(metadata.data(), metadata.size());
+}
+
+void CudaPagedAttention::split_blocks(int target_ctas) {
+  const int independent_ctas = num_tiles_ * shape_.num_kv_heads;
+  const int most_splits = int(partial_rows_capacity_ / (size_t(independent_ctas) * rows_per_tile_));
+  num_splits_ = std::clamp(target_ctas / independent_ctas, 1, std::max(1, std::min(max_blocks_, most_splits)));
+  blocks_per_split_ = (max_blocks_ + num_splits_ - 1) / num_splits_;
+  num_splits_ = (max_blocks_ + blocks_per_split_ - 1) / blocks_per_split_;
 }
 
 Status CudaPagedAttention::check_run(const PagedKvView& kv) const {
@@ -371,6 +377,7 @@ AttentionLaunch CudaPagedAttention::launch_params(const PagedKvView& kv, const u
 
 Status CudaPagedAttention::run(const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out) {
   SLIMKV_RETURN_IF_ERROR(check_run(kv));
+  split_blocks(target_ctas_);  // run_quantized may have split for its own kernel
   const AttentionLaunch p = launch_params(kv, q, scale, out);
   // One switch turns the run-time shape into the kernel's compile-time one (create() checked it).
   if (shape_.head_dim == 64) {

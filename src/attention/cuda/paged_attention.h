@@ -61,6 +61,8 @@ class CudaPagedAttention {
  private:
   explicit CudaPagedAttention(const PagedAttentionShape& shape) : shape_(shape) {}
   Status check_run(const PagedKvView& kv) const;
+  // Splits the planned blocks so that about target_ctas CTAs run (one wave of the kernel at hand).
+  void split_blocks(int target_ctas);
   AttentionLaunch launch_params(const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out) const;
   // Where the tiles start in metadata_: after the per-sequence arrays, rounded up for int2 loads.
   int tiles_offset() const { return (3 * shape_.max_batch + 2) / 2 * 2; }
@@ -76,6 +78,7 @@ class CudaPagedAttention {
   int num_tiles_ = 0;
   int num_splits_ = 1;
   int max_query_count_ = 0;     // the most queries of one sequence in the planned step
+  int max_blocks_ = 0;          // the most blocks of one sequence in the planned step
   int blocks_per_split_ = 1;
   // Device: the batch's metadata [sequence_ids B | kv_lens B | query_starts B+1 | pad | tiles 2·max_queries],
   // and the partials [tile, kv head, row, split] of (max, sum) and [.., head_dim] of weighted V.

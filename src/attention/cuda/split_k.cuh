@@ -13,6 +13,7 @@ namespace slimkv::cuda {
 
 constexpr int kWarps = 4;  // per CTA; each warp takes every kWarps-th block of the CTA's range
 constexpr int kThreads = kWarps * 32;
+constexpr int kMaxResidentCtas = 8;  // per multiprocessor, of any attention kernel (sizes the partials)
 constexpr float kLog2e = 1.4426950408889634f;  // scores are kept in base 2: exp2f is one instruction
 
 struct AttentionLaunch {
