@@ -42,6 +42,7 @@ struct Measurement {
   double kv_gb_per_s;
   double tflop_per_s;
   int splits;
+  double seal_us_per_block;  // hack / quant: sealing one block of one KV head (FP16 in, packed out)
 };
 
 Status check(const Status& status) {
@@ -72,14 +73,30 @@ Expected<Measurement> measure(const Options& o, int context) {
     SLIMKV_ASSIGN_OR_RETURN(int id, cache->add_sequence());
     ids.push_back(id);
   }
+  cudaEvent_t seal_start, seal_stop;
+  SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&seal_start));
+  SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&seal_stop));
+  double seal_ms = 0;
   for (int filled = 0, chunk = 0; filled < context; filled += chunk_tokens, ++chunk) {
     const int n = std::min(chunk_tokens, context - filled);
     SLIMKV_RETURN_IF_ERROR(cache->begin_step(ids, std::vector<int>(size_t(o.batch), n)));
     SLIMKV_RETURN_IF_ERROR(fill_random_fp16(k_step.data(), step_elements, 2 * chunk + 1, 2.0f));
     SLIMKV_RETURN_IF_ERROR(fill_random_fp16(v_step.data(), step_elements, 2 * chunk + 2, 1.0f));
     SLIMKV_RETURN_IF_ERROR(cache->append(0, k_step.data(), v_step.data()));
-    if (quantized) SLIMKV_RETURN_IF_ERROR(pool->seal_filled_blocks(0, *cache, ids, std::vector<int>(size_t(o.batch), n)));
+    if (quantized) {
+      SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(seal_start));
+      SLIMKV_RETURN_IF_ERROR(pool->seal_filled_blocks(0, *cache, ids, std::vector<int>(size_t(o.batch), n)));
+      SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(seal_stop));
+      SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(seal_stop));
+      float chunk_ms = 0;
+      SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&chunk_ms, seal_start, seal_stop));
+      seal_ms += chunk_ms;
+    }
   }
+  cudaEventDestroy(seal_start);
+  cudaEventDestroy(seal_stop);
+  const double sealed_block_heads = double(o.batch) * (context / kCudaBlockTokens) * o.kv_heads;
+  const double seal_us_per_block = quantized ? seal_ms * 1e3 / sealed_block_heads : 0.0;
   const size_t q_elements = size_t(o.batch) * o.new_tokens * o.heads * o.head_dim;
   SLIMKV_ASSIGN_OR_RETURN(auto q, DeviceArray<uint16_t>::allocate(q_elements, "queries"));
   SLIMKV_ASSIGN_OR_RETURN(auto out, DeviceArray<uint16_t>::allocate(q_elements, "outputs"));
@@ -123,7 +140,7 @@ Expected<Measurement> measure(const Options& o, int context) {
   const double visible = double(o.new_tokens) * context - 0.5 * double(o.new_tokens) * (o.new_tokens - 1);
   const double flops = 4.0 * o.batch * o.heads * o.head_dim * visible;
   return Measurement{context, median_ms, kv_bytes / (median_ms * 1e-3) / 1e9, flops / (median_ms * 1e-3) / 1e12,
-                     attention->num_splits()};
+                     attention->num_splits(), seal_us_per_block};
 }
 
 int run(int argc, char** argv) {
@@ -145,12 +162,13 @@ int run(int argc, char** argv) {
   std::printf("attention, paged %s%s: batch %d, %d new tokens each, %d q / %d kv heads, d %d\n", o.kv.c_str(),
               o.kv == "dense" ? " FP16" : str_cat(" ", o.bits, "-bit").c_str(), o.batch, o.new_tokens, o.heads, o.kv_heads,
               o.head_dim);
-  std::printf("%10s %12s %12s %10s %8s\n", "context", "ms/step", "KV GB/s", "TFLOP/s", "splits");
+  std::printf("%10s %12s %12s %10s %8s %16s\n", "context", "ms/step", "KV GB/s", "TFLOP/s", "splits", "seal us/block");
   std::vector<Measurement> results;
   for (int context : o.contexts) {
     auto m = measure(o, context);
     if (!check(m.status())) return 1;
-    std::printf("%10d %12.4f %12.1f %10.2f %8d\n", m->context, m->ms_per_step, m->kv_gb_per_s, m->tflop_per_s, m->splits);
+    std::printf("%10d %12.4f %12.1f %10.2f %8d %16.4f\n", m->context, m->ms_per_step, m->kv_gb_per_s, m->tflop_per_s,
+                m->splits, m->seal_us_per_block);
     results.push_back(*m);
   }
   if (!o.json.empty()) {
