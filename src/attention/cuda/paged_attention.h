@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/paged_kv_cache.h"
@@ -85,6 +86,8 @@ class CudaPagedAttention {
   DeviceArray<int> metadata_;
   DeviceArray<float> partial_acc_;
   DeviceArray<float> partial_max_sum_;
+  // The quantized kernels set up so far: (kernel, (staging bytes, CTAs resident per multiprocessor)).
+  std::vector<std::pair<const void*, std::pair<size_t, int>>> quantized_residency_;
 };
 
 }  // namespace slimkv::cuda

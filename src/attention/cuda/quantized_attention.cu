@@ -558,10 +558,19 @@ Status CudaPagedAttention::run_quantized(const PagedKvView& kv, const QuantizedK
   // The staging buffers, which also hold the warps' partials at the end.
   const size_t staging_bytes = std::max(size_t(kWarps) * 2 * sealed.block_bytes,
                                         size_t(kWarps) * rows_per_tile_ * shape_.head_dim * sizeof(float));
-  SLIMKV_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(staging_bytes)));
-  // One wave of this kernel: its residency differs from the dense kernel's.
+  // Once per kernel and staging size: its shared-memory limit, and its residency (one wave of this
+  // kernel differs from one of the dense kernel).
+  const auto known = std::find_if(quantized_residency_.begin(), quantized_residency_.end(), [&](const auto& entry) {
+    return entry.first == reinterpret_cast<const void*>(kernel) && entry.second.first == staging_bytes;
+  });
   int resident = 1;
-  SLIMKV_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, staging_bytes));
+  if (known != quantized_residency_.end()) {
+    resident = known->second.second;
+  } else {
+    SLIMKV_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(staging_bytes)));
+    SLIMKV_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, staging_bytes));
+    quantized_residency_.push_back({reinterpret_cast<const void*>(kernel), {staging_bytes, resident}});
+  }
   split_blocks(std::max(resident, 1) * multiprocessor_count());
 
   QuantizedLaunch L{};
