@@ -6,9 +6,9 @@
 //     codes unpacked in registers from the block staged in shared memory; Eq. 4's corrections with the
 //     stored Σk'; softmax in FP32; P quantized to 8 bits over the block (one V partition); Σ p'v' with
 //     dp4a, corrected with the stored Σv'. Held to attend_hack_block_reference (FP64).
-//   quant (the KIVI-style baseline at its best): the same staging and unpacking, each code converted
-//     to FP32 in registers and multiplied with FP32 q and p; the scale and min applied once per
-//     partition (s·Σ q k' + m·Σ q), so no dequantized value is ever stored.
+//   quant (the KIVI-style fused baseline): the same staging and unpacking, each code converted to FP32
+//     in registers and multiplied with FP32 q and p (FFMA on CUDA cores); the scale and min applied once
+//     per partition (s·Σ q k' + m·Σ q), so no dequantized value is ever stored.
 // The open block is read in FP16 and computed in FP32, as the dense kernel does.
 #include <cuda_fp16.h>
 
@@ -143,7 +143,7 @@ struct alignas(16) CtaShared {
   static constexpr int kPartitions = kHeadDim / T;  // K partitions of Π = T dims
   alignas(16) float q[kRows][kHeadDim];                         // the scaled queries
   alignas(16) uint32_t q_codes[kRows][kHeadDim / 4];            // hack: Q', 4 codes per word
-  float3 q_meta[kRows][kPartitions];                // hack: (scale, min, Σq'); quant: (Σq, 0, 0)
+  float3 q_meta[kRows][kPartitions];                // hack: (s, m, s Σq' + T m); quant: (Σq, 0, 0)
   alignas(16) float p[kWarps][kRows][T];                        // quant and open blocks: the block's weights
   alignas(16) uint32_t p_codes[kWarps][kRows][T / 4];           // hack: P', 4 tokens per word
   float2 warp_max_sum[kWarps][kRows];
@@ -164,10 +164,10 @@ struct BlockLanes {
 
 __device__ __forceinline__ uint32_t word_at(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
-// Eq. 4 for one token and K partition: s_q s_k Σq'k' + m_k s_q Σq' + m_q s_k Σk' + Z m_q m_k, with the
-// stored Σk' (q = (s_q, m_q, Σq'), Z = T dims).
+// Eq. 4 for one token and K partition: s_q s_k Σq'k' + m_q s_k Σk' + m_k (s_q Σq' + Z m_q), with the
+// stored Σk' (q = (s_q, m_q, s_q Σq' + Z m_q), Z = T dims).
 __device__ __forceinline__ float hack_score(float3 q, uint32_t dot, float k_scale, float k_min, float k_sum) {
-  return k_scale * fmaf(q.x, float(dot), q.y * k_sum) + k_min * fmaf(q.x, q.z, float(T) * q.y);
+  return fmaf(k_scale, fmaf(q.x, float(dot), q.y * k_sum), k_min * q.z);
 }
 
 // Scores (natural units) of the lane's tokens 2·lane, 2·lane + 1 for a sealed block staged at `b`.
@@ -476,7 +476,7 @@ __global__ __launch_bounds__(kThreads) void quantized_attention_partials(Quantiz
         sum += code;
         codes[BlockLanes<kBits, kHack>::operand_byte(part * T + i)] = uint8_t(code);
       }
-      s.q_meta[r][part] = make_float3(scale, lo, float(sum));
+      s.q_meta[r][part] = make_float3(scale, lo, fmaf(scale, float(sum), float(T) * lo));
     } else {
       float sum = 0.0f;
       for (int i = 0; i < T; ++i) sum += x[i];
