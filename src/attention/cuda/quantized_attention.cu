@@ -461,26 +461,33 @@ __global__ __launch_bounds__(kThreads) void quantized_attention_partials(Quantiz
     s.q[r][c] = x;
   }
   __syncthreads();
-  if (threadIdx.x < kRows * kPartitions) {
-    const int r = threadIdx.x / kPartitions, part = threadIdx.x % kPartitions;
-    const float* x = &s.q[r][part * T];
-    if constexpr (kHack) {  // quantize_operand8 (attention/hack_operands.h): the same IEEE operations
-      float lo = x[0], hi = x[0];
-      for (int i = 1; i < T; ++i) lo = x[i] < lo ? x[i] : lo, hi = hi < x[i] ? x[i] : hi;
+  // Per (row, K partition), one warp each, 2 values per lane: hack quantizes to Q' (quantize_operand8
+  // in attention/hack_operands.h, the same IEEE operations; a zero's sign in the min cannot change
+  // a code or a sum), quant sums the row.
+  for (int item = warp; item < kRows * kPartitions; item += kWarps) {
+    const int r = item / kPartitions, part = item % kPartitions;
+    const float x0 = s.q[r][part * T + 2 * lane], x1 = s.q[r][part * T + 2 * lane + 1];
+    if constexpr (kHack) {
+      const float lo = warp_min(fminf(x0, x1)), hi = warp_max(fmaxf(x0, x1));
       const float scale = __fdiv_rn(__fsub_rn(hi, lo), 255.0f);
       const float inverse = scale > 0.0f ? __fdiv_rn(1.0f, scale) : 0.0f;
-      int sum = 0;
       uint8_t* codes = reinterpret_cast<uint8_t*>(s.q_codes[r]);
-      for (int i = 0; i < T; ++i) {
-        const int code = min(max(__float2int_rn(__fmul_rn(__fsub_rn(x[i], lo), inverse)), 0), 255);
+      int sum = 0;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float x = j == 0 ? x0 : x1;
+        const int code = min(max(__float2int_rn(__fmul_rn(__fsub_rn(x, lo), inverse)), 0), 255);
         sum += code;
-        codes[BlockLanes<kBits, kHack>::operand_byte(part * T + i)] = uint8_t(code);
+        codes[BlockLanes<kBits, kHack>::operand_byte(part * T + 2 * lane + j)] = uint8_t(code);
       }
-      s.q_meta[r][part] = make_float3(scale, lo, fmaf(scale, float(sum), float(T) * lo));
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
+      if (lane == 0) s.q_meta[r][part] = make_float3(scale, lo, fmaf(scale, float(sum), float(T) * lo));
     } else {
-      float sum = 0.0f;
-      for (int i = 0; i < T; ++i) sum += x[i];
-      s.q_meta[r][part] = make_float3(sum, 0.0f, 0.0f);
+      float sum = x0 + x1;
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
+      if (lane == 0) s.q_meta[r][part] = make_float3(sum, 0.0f, 0.0f);
     }
   }
   __syncthreads();
