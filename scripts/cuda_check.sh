@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU: the CUDA tests, compute-sanitizer (memcheck, racecheck) over them,
-# and decode attention against PyTorch SDPA in the same run (needs python3 with torch).
+# and decode attention (dense FP16, quant 2-bit, hack 2-bit) against PyTorch SDPA in the same run
+# (needs python3 with torch).
 #   scripts/cuda_check.sh [BUILD_DIR=build/release] [LOG_DIR=.]
 set -uo pipefail
 build="${1:-build/release}"
@@ -15,6 +16,7 @@ for tool in memcheck racecheck; do
   tail -1 "$logs/cuda_$tool.log"
 done
 echo "== decode attention vs SDPA"
-python3 "$here/bench/cuda/decode_attention_vs_sdpa.py" --slimkv "$build/bench_decode_attention_cuda" 2>&1 |
+python3 "$here/bench/cuda/decode_attention_vs_sdpa.py" --slimkv "$build/bench_decode_attention_cuda" \
+  --kvs dense,quant,hack --bits 2 2>&1 |
   tee "$logs/cuda_bench.log" || status=1
 exit $status

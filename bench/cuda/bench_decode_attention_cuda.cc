@@ -1,22 +1,26 @@
-// Decode attention on the GPU: one new query per sequence over a paged FP16 KV cache, batch of
-// sequences of equal context, per context length (--new-tokens N: a causal prefill chunk of N queries
-// per sequence at the end of the context instead). Prints time per step, GB/s of KV read and TFLOP/s, and
-// writes them as JSON for bench/cuda/decode_attention_vs_sdpa.py, which runs PyTorch's SDPA on the
-// same shapes in the same process run and prints both side by side.
+// Decode attention on the GPU: one new query per sequence over a paged KV cache, batch of sequences
+// of equal context, per context length (--new-tokens N: a causal prefill chunk of N queries per
+// sequence at the end of the context instead). --kv dense reads FP16 blocks; --kv hack / quant reads
+// blocks sealed at --bits (backend/cuda/quantized_kv_pool.h; decode only), the open block in FP16.
+// Prints time per step, GB/s of KV read (the bytes the kernel must read: sealed blocks as stored, the
+// open block in FP16) and TFLOP/s, and writes them as JSON for bench/cuda/decode_attention_vs_sdpa.py,
+// which runs PyTorch's SDPA on the same shapes in the same process run and prints all side by side.
 //
-//   bench_decode_attention_cuda --batch 8 --heads 32 --kv-heads 8 --head-dim 128
+//   bench_decode_attention_cuda --batch 8 --heads 32 --kv-heads 8 --head-dim 128 --kv hack --bits 2
 //       --contexts 4096,16384,65536,131072 --json decode.json
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "attention/cuda/paged_attention.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/paged_kv_cache.h"
+#include "backend/cuda/quantized_kv_pool.h"
 #include "backend/cuda/random_fill.h"
 
 namespace slimkv::cuda {
@@ -26,6 +30,8 @@ struct Options {
   int batch = 8, heads = 32, kv_heads = 8, head_dim = 128;
   std::vector<int> contexts = {4096, 8192, 16384, 32768, 65536, 131072};
   int new_tokens = 1;    // queries per sequence: 1 is decode
+  std::string kv = "dense";  // dense, hack or quant
+  int bits = 2;              // hack / quant
   int repetitions = 30;  // timed groups; the median is reported
   std::string json;
 };
@@ -36,6 +42,7 @@ struct Measurement {
   double kv_gb_per_s;
   double tflop_per_s;
   int splits;
+  double seal_us_per_block;  // hack / quant: sealing one block of one KV head (FP16 in, packed out)
 };
 
 Status check(const Status& status) {
@@ -49,6 +56,15 @@ Expected<Measurement> measure(const Options& o, int context) {
   SLIMKV_ASSIGN_OR_RETURN(auto cache, CudaPagedKvCache::create({1, o.kv_heads, o.head_dim, o.batch * blocks_per_sequence,
                                                                  o.batch, blocks_per_sequence, o.batch * chunk_tokens}));
   SLIMKV_ASSIGN_OR_RETURN(auto attention, CudaPagedAttention::create({o.heads, o.kv_heads, o.head_dim, o.batch, o.batch * o.new_tokens}));
+  const bool quantized = o.kv != "dense";
+  std::unique_ptr<CudaQuantizedKvPool> pool;
+  if (quantized) {
+    QuantizationConfig config;
+    config.k_bits = config.v_bits = o.bits;
+    SLIMKV_ASSIGN_OR_RETURN(pool, CudaQuantizedKvPool::create({1, o.kv_heads, o.head_dim, o.batch * blocks_per_sequence, o.batch,
+                                                               blocks_per_sequence, o.batch * chunk_tokens},
+                                                              config, o.kv == "hack", 7));
+  }
   const size_t step_elements = size_t(o.batch) * chunk_tokens * o.kv_heads * o.head_dim;
   SLIMKV_ASSIGN_OR_RETURN(auto k_step, DeviceArray<uint16_t>::allocate(step_elements, "K chunk"));
   SLIMKV_ASSIGN_OR_RETURN(auto v_step, DeviceArray<uint16_t>::allocate(step_elements, "V chunk"));
@@ -57,13 +73,30 @@ Expected<Measurement> measure(const Options& o, int context) {
     SLIMKV_ASSIGN_OR_RETURN(int id, cache->add_sequence());
     ids.push_back(id);
   }
+  cudaEvent_t seal_start, seal_stop;
+  SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&seal_start));
+  SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&seal_stop));
+  double seal_ms = 0;
   for (int filled = 0, chunk = 0; filled < context; filled += chunk_tokens, ++chunk) {
     const int n = std::min(chunk_tokens, context - filled);
     SLIMKV_RETURN_IF_ERROR(cache->begin_step(ids, std::vector<int>(size_t(o.batch), n)));
     SLIMKV_RETURN_IF_ERROR(fill_random_fp16(k_step.data(), step_elements, 2 * chunk + 1, 2.0f));
     SLIMKV_RETURN_IF_ERROR(fill_random_fp16(v_step.data(), step_elements, 2 * chunk + 2, 1.0f));
     SLIMKV_RETURN_IF_ERROR(cache->append(0, k_step.data(), v_step.data()));
+    if (quantized) {
+      SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(seal_start));
+      SLIMKV_RETURN_IF_ERROR(pool->seal_filled_blocks(0, *cache, ids, std::vector<int>(size_t(o.batch), n)));
+      SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(seal_stop));
+      SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(seal_stop));
+      float chunk_ms = 0;
+      SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&chunk_ms, seal_start, seal_stop));
+      seal_ms += chunk_ms;
+    }
   }
+  cudaEventDestroy(seal_start);
+  cudaEventDestroy(seal_stop);
+  const double sealed_block_heads = double(o.batch) * (context / kCudaBlockTokens) * o.kv_heads;
+  const double seal_us_per_block = quantized ? seal_ms * 1e3 / sealed_block_heads : 0.0;
   const size_t q_elements = size_t(o.batch) * o.new_tokens * o.heads * o.head_dim;
   SLIMKV_ASSIGN_OR_RETURN(auto q, DeviceArray<uint16_t>::allocate(q_elements, "queries"));
   SLIMKV_ASSIGN_OR_RETURN(auto out, DeviceArray<uint16_t>::allocate(q_elements, "outputs"));
@@ -71,7 +104,11 @@ Expected<Measurement> measure(const Options& o, int context) {
   SLIMKV_RETURN_IF_ERROR(attention->plan({ids, std::vector<int>(size_t(o.batch), context), std::vector<int>(size_t(o.batch), o.new_tokens)}));
   const float scale = 1.0f / std::sqrt(float(o.head_dim));
   const PagedKvView view = cache->view(0);
-  for (int warm = 0; warm < 5; ++warm) SLIMKV_RETURN_IF_ERROR(attention->run(view, q.data(), scale, out.data()));
+  const auto step = [&]() {
+    return quantized ? attention->run_quantized(view, pool->view(0), q.data(), scale, out.data())
+                     : attention->run(view, q.data(), scale, out.data());
+  };
+  for (int warm = 0; warm < 5; ++warm) SLIMKV_RETURN_IF_ERROR(step());
   SLIMKV_RETURN_IF_ERROR(device_synchronize("warm-up"));
 
   // Events around groups of launches; the median group.
@@ -82,7 +119,7 @@ Expected<Measurement> measure(const Options& o, int context) {
   std::vector<double> ms;
   for (int rep = 0; rep < o.repetitions; ++rep) {
     SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(start));
-    for (int i = 0; i < launches_per_group; ++i) SLIMKV_RETURN_IF_ERROR(attention->run(view, q.data(), scale, out.data()));
+    for (int i = 0; i < launches_per_group; ++i) SLIMKV_RETURN_IF_ERROR(step());
     SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop));
     SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop));
     float group_ms = 0;
@@ -94,12 +131,16 @@ Expected<Measurement> measure(const Options& o, int context) {
   SLIMKV_RETURN_IF_ERROR(device_synchronize("timed runs"));
   std::sort(ms.begin(), ms.end());
   const double median_ms = ms[ms.size() / 2];
-  const double kv_bytes = 2.0 * o.batch * o.kv_heads * double(context) * o.head_dim * 2;  // K and V, FP16
+  const int sealed_blocks = quantized ? context / kCudaBlockTokens : 0;
+  const double open_tokens = double(context - sealed_blocks * kCudaBlockTokens);
+  const double kv_bytes = double(o.batch) * o.kv_heads *
+                          (double(sealed_blocks) * (quantized ? double(pool->layout().block_bytes) : 0.0) +
+                           2.0 * open_tokens * o.head_dim * 2);  // open (or dense) K and V in FP16
   // q·k and p·v: 4·d flops per (query head, visible token); query i of the chunk sees context - N + 1 + i.
   const double visible = double(o.new_tokens) * context - 0.5 * double(o.new_tokens) * (o.new_tokens - 1);
   const double flops = 4.0 * o.batch * o.heads * o.head_dim * visible;
   return Measurement{context, median_ms, kv_bytes / (median_ms * 1e-3) / 1e9, flops / (median_ms * 1e-3) / 1e12,
-                     attention->num_splits()};
+                     attention->num_splits(), seal_us_per_block};
 }
 
 int run(int argc, char** argv) {
@@ -112,18 +153,22 @@ int run(int argc, char** argv) {
   app.add_option("--contexts", o.contexts)->delimiter(',');
   app.add_option("--new-tokens", o.new_tokens, "queries per sequence (1: decode)")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--repetitions", o.repetitions)->capture_default_str();
+  app.add_option("--kv", o.kv, "dense, hack or quant")->check(CLI::IsMember({"dense", "hack", "quant"}))->capture_default_str();
+  app.add_option("--bits", o.bits, "hack / quant bits (K and V)")->check(CLI::IsMember({2, 4, 8}))->capture_default_str();
   app.add_option("--json", o.json, "write the measurements here");
   CLI11_PARSE(app, argc, argv);
   if (!check(device_usable())) return 1;
 
-  std::printf("attention, paged FP16: batch %d, %d new tokens each, %d q / %d kv heads, d %d\n", o.batch, o.new_tokens,
-              o.heads, o.kv_heads, o.head_dim);
-  std::printf("%10s %12s %12s %10s %8s\n", "context", "ms/step", "KV GB/s", "TFLOP/s", "splits");
+  std::printf("attention, paged %s%s: batch %d, %d new tokens each, %d q / %d kv heads, d %d\n", o.kv.c_str(),
+              o.kv == "dense" ? " FP16" : str_cat(" ", o.bits, "-bit").c_str(), o.batch, o.new_tokens, o.heads, o.kv_heads,
+              o.head_dim);
+  std::printf("%10s %12s %12s %10s %8s %16s\n", "context", "ms/step", "KV GB/s", "TFLOP/s", "splits", "seal us/block");
   std::vector<Measurement> results;
   for (int context : o.contexts) {
     auto m = measure(o, context);
     if (!check(m.status())) return 1;
-    std::printf("%10d %12.4f %12.1f %10.2f %8d\n", m->context, m->ms_per_step, m->kv_gb_per_s, m->tflop_per_s, m->splits);
+    std::printf("%10d %12.4f %12.1f %10.2f %8d %16.4f\n", m->context, m->ms_per_step, m->kv_gb_per_s, m->tflop_per_s,
+                m->splits, m->seal_us_per_block);
     results.push_back(*m);
   }
   if (!o.json.empty()) {

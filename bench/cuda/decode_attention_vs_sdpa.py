@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Decode attention, slimkv's paged FP16 kernel vs PyTorch's scaled_dot_product_attention (FP16), on
-the same GPU in the same run: runs bench_decode_attention_cuda, then SDPA on the same shapes
-(q [batch, heads, new tokens, d], K/V [batch, kv_heads, context, d], enable_gqa; with --new-tokens N > 1
-a causal prefill chunk at the end of the context, masked lower-right), and prints both with the ratio,
-GB/s of KV read and TFLOP/s.
+"""Decode attention, slimkv's paged kernels vs PyTorch's scaled_dot_product_attention (FP16), on the
+same GPU in the same run: runs bench_decode_attention_cuda once per KV codec (--kvs: dense FP16, and
+`quant` / `hack` sealed at --bits), then SDPA on the same shapes (q [batch, heads, new tokens, d], K/V
+[batch, kv_heads, context, d], enable_gqa; with --new-tokens N > 1 a causal prefill chunk at the end of
+the context, masked lower-right), and prints them side by side: time, SDPA's time over each (the
+speed-up), hack over quant, and GB/s of KV read (each codec's own bytes).
 
-  python3 bench/cuda/decode_attention_vs_sdpa.py --slimkv build/release/bench_decode_attention_cuda
+  python3 bench/cuda/decode_attention_vs_sdpa.py --slimkv build/release/bench_decode_attention_cuda \
+      --kvs dense,quant,hack --bits 2
 """
 import argparse
 import json
@@ -60,27 +62,40 @@ def main():
     parser.add_argument("--contexts", default="4096,8192,16384,32768,65536,131072")
     parser.add_argument("--new-tokens", type=int, default=1, help="queries per sequence (1: decode)")
     parser.add_argument("--repetitions", type=int, default=30)
+    parser.add_argument("--kvs", default="dense", help="slimkv codecs to run: dense, quant, hack")
+    parser.add_argument("--bits", type=int, default=2, help="bits of quant / hack")
     args = parser.parse_args()
     shape = ["--batch", str(args.batch), "--heads", str(args.heads), "--kv-heads", str(args.kv_heads),
              "--head-dim", str(args.head_dim), "--new-tokens", str(args.new_tokens),
              "--repetitions", str(args.repetitions)]
-    with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        subprocess.run([args.slimkv, *shape, "--contexts", args.contexts, "--json", out.name], check=True)
-        slimkv = {row["context"]: row for row in json.load(open(out.name))}
+    kvs = args.kvs.split(",")
+    slimkv = {}
+    for kv in kvs:
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            subprocess.run([args.slimkv, *shape, "--kv", kv, "--bits", str(args.bits), "--contexts", args.contexts,
+                            "--json", out.name], check=True)
+            slimkv[kv] = {row["context"]: row for row in json.load(open(out.name))}
 
     print(f"\nattention on {torch.cuda.get_device_name()}: batch {args.batch}, {args.new_tokens} new tokens each, "
-          f"{args.heads} q / {args.kv_heads} kv heads, d {args.head_dim}, FP16 (torch {torch.__version__})")
-    print(f"{'context':>8} {'slimkv ms':>10} {'SDPA ms':>9} {'slimkv GB/s':>12} {'SDPA GB/s':>10} "
-          f"{'slimkv TFLOP/s':>15} {'SDPA TFLOP/s':>13} {'slimkv/SDPA throughput':>23}")
+          f"{args.heads} q / {args.kv_heads} kv heads, d {args.head_dim}; SDPA FP16 (torch {torch.__version__}); "
+          f"slimkv {', '.join(kv if kv == 'dense' else f'{kv} {args.bits}-bit' for kv in kvs)}")
+    header = f"{'context':>8} {'SDPA ms':>9}" + "".join(f" {kv + ' ms':>10}" for kv in kvs)
+    header += "".join(f" {'SDPA/' + kv:>11}" for kv in kvs)
+    if "hack" in kvs and "quant" in kvs:
+        header += f" {'quant/hack':>11}"
+    header += f" {'SDPA GB/s':>10}" + "".join(f" {kv + ' GB/s':>11}" for kv in kvs)
+    print(header)
     for context in (int(c) for c in args.contexts.split(",")):
         kv_bytes = 2 * args.batch * args.kv_heads * context * args.head_dim * 2
         n = args.new_tokens
-        flops = 4 * args.batch * args.heads * args.head_dim * (n * context - n * (n - 1) / 2)
-        ours = slimkv[context]["ms"]
         theirs = sdpa_ms(args.batch, args.heads, args.kv_heads, args.head_dim, context, n, args.repetitions)
-        print(f"{context:>8} {ours:>10.4f} {theirs:>9.4f} {kv_bytes / ours / 1e6:>12.0f} "
-              f"{kv_bytes / theirs / 1e6:>10.0f} {flops / ours / 1e9:>15.1f} {flops / theirs / 1e9:>13.1f} "
-              f"{theirs / ours:>22.2f}x")
+        ours = {kv: slimkv[kv][context]["ms"] for kv in kvs}
+        line = f"{context:>8} {theirs:>9.4f}" + "".join(f" {ours[kv]:>10.4f}" for kv in kvs)
+        line += "".join(f" {theirs / ours[kv]:>10.2f}x" for kv in kvs)
+        if "hack" in kvs and "quant" in kvs:
+            line += f" {ours['quant'] / ours['hack']:>10.2f}x"
+        line += f" {kv_bytes / theirs / 1e6:>10.0f}" + "".join(f" {slimkv[kv][context]['gb_per_s']:>11.0f}" for kv in kvs)
+        print(line)
 
 
 if __name__ == "__main__":

@@ -4,15 +4,35 @@
 
 #include <cstdint>
 
+// These functions are also compiled for the GPU (CUDA kernels draw the same numbers).
+#ifdef __CUDACC__
+#define SLIMKV_HOST_DEVICE __host__ __device__
+#else
+#define SLIMKV_HOST_DEVICE
+#endif
+
 namespace slimkv {
 
 // splitmix64's finalizer: a bijective mix of 64 bits, the standard way to turn a counter (or any
 // identity packed into 64 bits) into independent-looking random bits.
-constexpr uint64_t splitmix64(uint64_t x) {
+SLIMKV_HOST_DEVICE constexpr uint64_t splitmix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
+}
+
+// A uniform number in [0, 1) from a counter: reproducible stochastic rounding (kv/codec/quantized_block.h),
+// the same on every backend.
+SLIMKV_HOST_DEVICE constexpr float counter_uniform(uint64_t seed, uint64_t counter) {
+  const uint64_t z = splitmix64(seed + 0x9e3779b97f4a7c15ull * counter);  // the counter-th draw from seed
+  return float(z >> 40) * (1.0f / 16777216.0f);                          // 24 random bits
+}
+
+// The seed a KV store seals block `index` of (layer, head) with: splitmix64 of the block's identity,
+// reproducible and independent between blocks; the CPU store and the GPU cache derive it alike.
+SLIMKV_HOST_DEVICE constexpr uint64_t block_seal_seed(uint64_t store_seed, int layer, int head, int index) {
+  return splitmix64(store_seed ^ (uint64_t(layer) << 40) ^ (uint64_t(head) << 24) ^ uint64_t(index));
 }
 
 // A stream of random numbers from a seed (the splitmix64 generator).

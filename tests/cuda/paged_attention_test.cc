@@ -14,18 +14,11 @@
 #include "attention/cuda/paged_attention.h"
 #include "attention/reference.h"
 #include "backend/cuda/paged_kv_cache.h"
+#include "cuda_test_util.h"
 #include "util/half.h"
 
 namespace slimkv::cuda {
 namespace {
-
-class CudaTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const Status usable = device_usable();
-    if (!usable) GTEST_SKIP() << "CUDA tests skipped: " << usable.message();
-  }
-};
 
 struct PagedCase {
   std::vector<int> lengths;  // tokens of each sequence
@@ -38,24 +31,6 @@ struct PagedCase {
                    num_kv_heads, ",d=", head_dim, ")");
   }
 };
-
-// FP16-rounded normal values: both sides see exactly what the GPU stores.
-std::vector<uint16_t> random_halves(size_t n, float stddev, std::mt19937& rng, std::vector<float>& as_float) {
-  std::normal_distribution<float> normal(0.0f, stddev);
-  std::vector<uint16_t> halves(n);
-  as_float.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    halves[i] = float_to_fp16(normal(rng));
-    as_float[i] = fp16_to_float(halves[i]);
-  }
-  return halves;
-}
-
-template <typename T>
-T take(Expected<T> value) {
-  EXPECT_TRUE(value.has_value()) << value.status().message();
-  return value.take();
-}
 
 void check(const PagedCase& c) {
   SCOPED_TRACE(c.name());

@@ -6,50 +6,11 @@
 #include <cmath>
 #include <utility>
 
+#include "attention/cuda/split_k.cuh"
 #include "backend/cuda/cuda_check.h"
 
 namespace slimkv::cuda {
 namespace {
-
-constexpr int kWarps = 4;  // per CTA; each warp takes every kWarps-th block of the CTA's range
-constexpr int kThreads = kWarps * 32;
-constexpr float kLog2e = 1.4426950408889634f;  // scores are kept in base 2: exp2f is one instruction
-
-struct AttentionLaunch {
-  const __half* q;                 // [queries, num_heads, head_dim]
-  __half* out;                     // [queries, num_heads, head_dim]
-  const __half* k_pool;            // [num_blocks, num_kv_heads, kCudaBlockTokens, head_dim]
-  const __half* v_pool;
-  const int* block_tables;         // [sequences, block_table_stride]
-  int block_table_stride;
-  const int* sequence_ids;         // [batch]
-  const int* kv_lens;              // [batch]
-  const int* query_starts;         // [batch + 1]
-  const int2* tiles;               // [num_tiles]: (batch index, first query of the sequence's)
-  int num_heads, num_kv_heads, head_dim, group, positions_per_tile, rows_per_tile;
-  int blocks_per_split, num_splits, num_tiles;
-  float scale_log2;                // softmax scale · log2(e)
-  float* partial_acc;              // [num_tiles, num_kv_heads, rows_per_tile, num_splits, head_dim]
-  float2* partial_max_sum;         // [num_tiles, num_kv_heads, rows_per_tile, num_splits]
-};
-
-// Where a tile's queries sit: rows r < active_rows are query head kv_head·group + r % group at query
-// first_query + r / group of the sequence, whose position is first_position + that query.
-struct TileQueries {
-  int batch_index, first_query, query_begin, first_position, active_rows, kv_end;
-
-  __device__ TileQueries(const AttentionLaunch& p, int tile) {
-    const int2 t = p.tiles[tile];
-    batch_index = t.x;
-    first_query = t.y;
-    query_begin = p.query_starts[batch_index];
-    const int n_queries = p.query_starts[batch_index + 1] - query_begin;
-    first_position = p.kv_lens[batch_index] - n_queries;
-    const int tile_queries = min(p.positions_per_tile, n_queries - first_query);
-    active_rows = p.group * tile_queries;
-    kv_end = first_position + first_query + tile_queries;  // the tokens its last query sees (causal)
-  }
-};
 
 __device__ inline void halves_to_floats(const uint4& raw, float (&out)[8]) {
   const __half2* pairs = reinterpret_cast<const __half2*>(&raw);
@@ -228,24 +189,7 @@ __global__ __launch_bounds__(kThreads) void paged_attention_partials(AttentionLa
     for (int r = 0; r < kRows; ++r) warp_max_sum[warp][r] = make_float2(running_max[r], sum[r]);
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < kRows * kHeadDim; i += kThreads) {
-    const int r = i / kHeadDim, c = i % kHeadDim;
-    if (r >= tq.active_rows) continue;
-    float max_all = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) max_all = fmaxf(max_all, warp_max_sum[w][r].x);
-    const float reference = max_all == -INFINITY ? 0.0f : max_all;
-    float total = 0.0f, weighted = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float factor = exp2f(warp_max_sum[w][r].x - reference);
-      total += factor * warp_max_sum[w][r].y;
-      weighted += factor * warp_acc[w][r][c];
-    }
-    const size_t row = (size_t(tile) * p.num_kv_heads + kv_head) * kRows + r;
-    p.partial_acc[(row * p.num_splits + split) * kHeadDim + c] = weighted;
-    if (c == 0) p.partial_max_sum[row * p.num_splits + split] = make_float2(max_all, total);
-  }
+  store_cta_partial<kHeadDim, kRows>(p, tq.active_rows, warp_acc, warp_max_sum);
 }
 
 // One warp per (tile, KV head, row): merges the row's split partials and writes acc / sum as FP16.
@@ -273,6 +217,15 @@ __global__ __launch_bounds__(kThreads) void merge_split_partials(AttentionLaunch
     out[c] = __float2half(weighted * inverse);
   }
 }
+
+}  // namespace
+
+void launch_merge_split_partials(const AttentionLaunch& p) {
+  const int rows = p.num_tiles * p.num_kv_heads * p.rows_per_tile;
+  merge_split_partials<<<unsigned((rows + kWarps - 1) / kWarps), kThreads>>>(p);
+}
+
+namespace {
 
 template <int kHeadDim, int kRows>
 void launch_partials(const AttentionLaunch& p) {
@@ -317,9 +270,10 @@ Expected<std::unique_ptr<CudaPagedAttention>> CudaPagedAttention::create(const P
                            : (attention->rows_per_tile_ == 4 ? resident_ctas_per_multiprocessor<128, 4>()
                                                              : resident_ctas_per_multiprocessor<128, 8>());
   attention->target_ctas_ = resident * multiprocessor_count();
-  // Tiles never outnumber queries; splits are added only while tiles × KV heads is under the target.
-  attention->partial_rows_capacity_ =
-      (size_t(shape.max_queries) * shape.num_kv_heads + size_t(attention->target_ctas_)) * attention->rows_per_tile_;
+  // Tiles never outnumber queries; splits are added only while tiles × KV heads is under the target
+  // (the quantized kernels' targets included: at most kMaxResidentCtas per multiprocessor).
+  const size_t max_target = size_t(std::max(resident, kMaxResidentCtas)) * multiprocessor_count();
+  attention->partial_rows_capacity_ = (size_t(shape.max_queries) * shape.num_kv_heads + max_target) * attention->rows_per_tile_;
   SLIMKV_ASSIGN_OR_RETURN(attention->metadata_,
                           DeviceArray<int>::allocate(size_t(attention->tiles_offset() + 2 * shape.max_queries), "attention metadata"));
   SLIMKV_ASSIGN_OR_RETURN(attention->partial_acc_,
@@ -343,6 +297,7 @@ Status CudaPagedAttention::plan(const PagedAttentionBatch& batch) {
   int* kv_lens = sequence_ids + shape_.max_batch;
   int* query_starts = kv_lens + shape_.max_batch;
   int max_kv_len = 0;
+  max_query_count_ = 0;
   for (int b = 0; b < batch_size; ++b) {
     const int n = batch.query_counts[size_t(b)], kv_len = batch.kv_lens[size_t(b)];
     if (n < 1 || n > kv_len) {
@@ -353,6 +308,7 @@ Status CudaPagedAttention::plan(const PagedAttentionBatch& batch) {
     kv_lens[b] = kv_len;
     query_starts[b + 1] = query_starts[b] + n;
     max_kv_len = std::max(max_kv_len, kv_len);
+    max_query_count_ = std::max(max_query_count_, n);
   }
   if (query_starts[batch_size] > shape_.max_queries) {
     return error("CUDA paged attention: ", query_starts[batch_size], " queries in one step, over max_queries ",
@@ -367,20 +323,30 @@ Status CudaPagedAttention::plan(const PagedAttentionBatch& batch) {
 
   batch_size_ = batch_size;
   num_tiles_ = int(metadata.size() - size_t(tiles_offset())) / 2;
-  const int max_blocks = (max_kv_len + kCudaBlockTokens - 1) / kCudaBlockTokens;
-  const int independent_ctas = num_tiles_ * shape_.num_kv_heads;
-  num_splits_ = std::clamp(target_ctas_ / independent_ctas, 1, max_blocks);
-  blocks_per_split_ = (max_blocks + num_splits_ - 1) / num_splits_;
-  num_splits_ = (max_blocks + blocks_per_split_ - 1) / blocks_per_split_;
+  max_blocks_ = (max_kv_len + kCudaBlockTokens - 1) / kCudaBlockTokens;
+  split_blocks(target_ctas_);
   return metadata_.upload(metadata.data(), metadata.size());
 }
 
-Status CudaPagedAttention::run(const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out) {
+void CudaPagedAttention::split_blocks(int target_ctas) {
+  const int independent_ctas = num_tiles_ * shape_.num_kv_heads;
+  const int most_splits = int(partial_rows_capacity_ / (size_t(independent_ctas) * rows_per_tile_));
+  num_splits_ = std::clamp(target_ctas / independent_ctas, 1, std::max(1, std::min(max_blocks_, most_splits)));
+  blocks_per_split_ = (max_blocks_ + num_splits_ - 1) / num_splits_;
+  num_splits_ = (max_blocks_ + blocks_per_split_ - 1) / blocks_per_split_;
+}
+
+Status CudaPagedAttention::check_run(const PagedKvView& kv) const {
   if (batch_size_ == 0) return error("CUDA paged attention: run before plan");
   if (kv.head_dim != shape_.head_dim || kv.num_kv_heads != shape_.num_kv_heads) {
     return error("CUDA paged attention: the KV cache has ", kv.num_kv_heads, " heads of ", kv.head_dim,
                  " dims, the attention ", shape_.num_kv_heads, " of ", shape_.head_dim);
   }
+  return Status::ok();
+}
+
+AttentionLaunch CudaPagedAttention::launch_params(const PagedKvView& kv, const uint16_t* q, float scale,
+                                                  uint16_t* out) const {
   const int* metadata = metadata_.data();
   AttentionLaunch p{};
   p.q = reinterpret_cast<const __half*>(q);
@@ -402,10 +368,17 @@ Status CudaPagedAttention::run(const PagedKvView& kv, const uint16_t* q, float s
   p.blocks_per_split = blocks_per_split_;
   p.num_splits = num_splits_;
   p.num_tiles = num_tiles_;
+  p.scale = scale;
   p.scale_log2 = scale * kLog2e;
-  p.partial_acc = partial_acc_.data();
-  p.partial_max_sum = reinterpret_cast<float2*>(partial_max_sum_.data());
+  p.partial_acc = const_cast<float*>(partial_acc_.data());
+  p.partial_max_sum = reinterpret_cast<float2*>(const_cast<float*>(partial_max_sum_.data()));
+  return p;
+}
 
+Status CudaPagedAttention::run(const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out) {
+  SLIMKV_RETURN_IF_ERROR(check_run(kv));
+  split_blocks(target_ctas_);  // run_quantized may have split for its own kernel
+  const AttentionLaunch p = launch_params(kv, q, scale, out);
   // One switch turns the run-time shape into the kernel's compile-time one (create() checked it).
   if (shape_.head_dim == 64) {
     rows_per_tile_ == 4 ? launch_partials<64, 4>(p) : launch_partials<64, 8>(p);
@@ -413,8 +386,7 @@ Status CudaPagedAttention::run(const PagedKvView& kv, const uint16_t* q, float s
     rows_per_tile_ == 4 ? launch_partials<128, 4>(p) : launch_partials<128, 8>(p);
   }
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
-  const int rows = num_tiles_ * shape_.num_kv_heads * rows_per_tile_;
-  merge_split_partials<<<unsigned((rows + kWarps - 1) / kWarps), kThreads>>>(p);
+  launch_merge_split_partials(p);
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   return Status::ok();
 }

@@ -11,11 +11,15 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/paged_kv_cache.h"
+#include "backend/cuda/quantized_kv_pool.h"
 
 namespace slimkv::cuda {
+
+struct AttentionLaunch;  // attention/cuda/split_k.cuh
 
 // One step's batch: sequence i (cache id sequence_ids[i]) holds kv_lens[i] tokens, of which the last
 // query_counts[i] are the new ones whose queries attend (1 for decode). Queries are laid out sequence
@@ -45,11 +49,22 @@ class CudaPagedAttention {
   // q: FP16 [total queries, num_heads, head_dim] (device), out likewise; scores are scale · q·k.
   Status run(const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out);
 
+  // Decode (one query per sequence) over sealed `hack` or `quant` blocks (quantized_kv_pool.h) and
+  // each sequence's open block, its last kv_len % kCudaBlockTokens tokens, in FP16 from `kv`
+  // (attention/cuda/quantized_attention.cu). `hack` computes on the integer codes (HACK Eq. 4),
+  // `quant` dequantizes in the kernel and computes in FP32.
+  Status run_quantized(const PagedKvView& kv, const QuantizedKvView& sealed, const uint16_t* q, float scale,
+                       uint16_t* out);
+
   int num_splits() const { return num_splits_; }
   int num_tiles() const { return num_tiles_; }
 
  private:
   explicit CudaPagedAttention(const PagedAttentionShape& shape) : shape_(shape) {}
+  Status check_run(const PagedKvView& kv) const;
+  // Splits the planned blocks so that about target_ctas CTAs run (one wave of the kernel at hand).
+  void split_blocks(int target_ctas);
+  AttentionLaunch launch_params(const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out) const;
   // Where the tiles start in metadata_: after the per-sequence arrays, rounded up for int2 loads.
   int tiles_offset() const { return (3 * shape_.max_batch + 2) / 2 * 2; }
 
@@ -63,12 +78,16 @@ class CudaPagedAttention {
   int batch_size_ = 0;
   int num_tiles_ = 0;
   int num_splits_ = 1;
+  int max_query_count_ = 0;     // the most queries of one sequence in the planned step
+  int max_blocks_ = 0;          // the most blocks of one sequence in the planned step
   int blocks_per_split_ = 1;
   // Device: the batch's metadata [sequence_ids B | kv_lens B | query_starts B+1 | pad | tiles 2·max_queries],
   // and the partials [tile, kv head, row, split] of (max, sum) and [.., head_dim] of weighted V.
   DeviceArray<int> metadata_;
   DeviceArray<float> partial_acc_;
   DeviceArray<float> partial_max_sum_;
+  // The quantized kernels set up so far: (kernel, (staging bytes, CTAs resident per multiprocessor)).
+  std::vector<std::pair<const void*, std::pair<size_t, int>>> quantized_residency_;
 };
 
 }  // namespace slimkv::cuda

@@ -52,6 +52,8 @@ class CudaPagedKvCache {
   // Returns the sequence's blocks to the pool; its id may be reused.
   void remove_sequence(int sequence);
   int num_tokens(int sequence) const { return sequences_[size_t(sequence)].num_tokens; }
+  // The sequence's blocks, in order (indices into the pool).
+  const std::vector<int>& blocks(int sequence) const { return sequences_[size_t(sequence)].blocks; }
   int free_blocks() const { return int(free_blocks_.size()); }
 
   // Makes room for new_tokens[i] more tokens of sequences[i] (taking blocks from the pool), records

@@ -71,11 +71,6 @@ const T* at(const uint8_t* block, size_t offset) {
 
 }  // namespace
 
-float counter_uniform(uint64_t seed, uint64_t counter) {
-  const uint64_t z = splitmix64(seed + 0x9e3779b97f4a7c15ull * counter);  // the counter-th draw from seed
-  return float(z >> 40) * (1.0f / 16777216.0f);  // 24 random bits
-}
-
 QuantizedBlockLayout::QuantizedBlockLayout(const QuantizationConfig& config_in, const BlockShape& shape_in)
     : config(config_in), shape(shape_in) {
   const size_t tokens = size_t(shape.block_tokens);

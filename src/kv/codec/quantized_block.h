@@ -21,6 +21,7 @@
 
 #include "kv/codec/codec.h"
 #include "slimkv/status.h"
+#include "util/random.h"  // counter_uniform: the rounding noise, the same on every backend
 
 namespace slimkv {
 
@@ -68,9 +69,5 @@ void unpack_block_codes(const QuantizedBlockLayout& layout, const uint8_t* block
 // [first_new, tokens) per K partition, and every V column over rows [0, tokens).
 void requantize_partial_block(const QuantizedBlockLayout& layout, float* k, float* v, int first_new, int tokens,
                               uint64_t seed);
-
-// A uniform number in [0, 1) from a counter: reproducible stochastic rounding, the same on every
-// backend (a CUDA kernel computes the same hash of the same counter).
-float counter_uniform(uint64_t seed, uint64_t counter);
 
 }  // namespace slimkv

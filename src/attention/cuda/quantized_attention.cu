@@ -1,0 +1,602 @@
+// Decode attention over sealed `hack` / `quant` blocks (backend/cuda/quantized_kv_pool.h) plus each
+// sequence's open FP16 block: CudaPagedAttention::run_quantized. The work split, the tiles (a GQA group
+// reads each KV block once) and the merge of the splits are the dense kernel's (split_k.cuh); what
+// differs is how a warp reads one block:
+//   hack (HACK §5.2–5.3): Q quantized to 8 bits per K partition once per CTA; Σ q'k' with dp4a on
+//     codes unpacked in registers from the block staged in shared memory; Eq. 4's corrections with the
+//     stored Σk'; softmax in FP32; P quantized to 8 bits over the block (one V partition); Σ p'v' with
+//     dp4a, corrected with the stored Σv'. Held to attend_hack_block_reference (FP64).
+//   quant (the KIVI-style fused baseline): the same staging and unpacking, each code converted to FP32
+//     in registers and multiplied with FP32 q and p (FFMA on CUDA cores); the scale and min applied once
+//     per partition (s·Σ q k' + m·Σ q), so no dequantized value is ever stored.
+// The open block is read in FP16 and computed in FP32, as the dense kernel does.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "attention/cuda/paged_attention.h"
+#include "attention/cuda/split_k.cuh"
+#include "backend/cuda/cuda_check.h"
+
+namespace slimkv::cuda {
+namespace {
+
+constexpr int T = kCudaBlockTokens;  // tokens per block: one V partition (HACK's Π)
+constexpr unsigned kFullMask = 0xffffffffu;
+
+struct QuantizedLaunch {
+  AttentionLaunch a;
+  const uint8_t* blocks;  // [num_blocks, num_kv_heads, block_bytes]
+  int block_bytes;
+  int k_mins, k_scales, k_sums, v_codes, v_mins, v_scales, v_sums;
+};
+
+// 4 codes of kBits each (the low 4·kBits bits of `field`) spread to one byte each.
+template <int kBits>
+__device__ __forceinline__ uint32_t spread_codes(uint32_t field) {
+  if constexpr (kBits == 2) {
+    const uint32_t x = field & 0xffu;
+    return (x | (x << 6) | (x << 12) | (x << 18)) & 0x03030303u;
+  } else if constexpr (kBits == 4) {
+    // bytes (c0 | c1 << 4, c2 | c3 << 4) and, shifted by 4, (c1 | .., c3): pick c0, c1, c2, c3.
+    return __byte_perm(field, field >> 4, 0x5140) & 0x0f0f0f0fu;
+  } else {
+    return field;
+  }
+}
+
+// Byte i of w as a float: 2^23 + byte, less 2^23 (one PRMT and one FADD).
+__device__ __forceinline__ float byte_to_float(uint32_t w, int i) {
+  return __uint_as_float(__byte_perm(w, 0x4b00u, 0x5440u | unsigned(i))) - 8388608.0f;
+}
+
+// The packed fields of kFields consecutive groups of kBits codes (kFields · kBits / 2 bytes, aligned).
+template <int kBits, int kFields>
+struct Fields {
+  static constexpr int kBytes = kFields * kBits / 2;
+  static constexpr int kWords = kBytes >= 4 ? kBytes / 4 : 1;
+  uint32_t words[kWords];
+  __device__ __forceinline__ explicit Fields(const uint8_t* p) {
+    if constexpr (kBytes == 2) {
+      words[0] = *reinterpret_cast<const uint16_t*>(p);
+    } else if constexpr (kBytes == 4) {
+      words[0] = *reinterpret_cast<const uint32_t*>(p);
+    } else if constexpr (kBytes == 8) {
+      const uint2 v = *reinterpret_cast<const uint2*>(p);
+      words[0] = v.x, words[1] = v.y;
+    } else {
+      static_assert(kBytes == 16, "1 to 4 fields");
+      const uint4 v = *reinterpret_cast<const uint4*>(p);
+      words[0] = v.x, words[1] = v.y, words[2] = v.z, words[3] = v.w;
+    }
+  }
+  // Field i's codes, one per byte.
+  __device__ __forceinline__ uint32_t codes(int i) const {
+    constexpr int kFieldBits = 4 * kBits;
+    const uint32_t word = words[i * kFieldBits / 32];
+    const uint32_t field = kFieldBits == 32 ? word : (word >> (i * kFieldBits % 32)) & ((1u << kFieldBits) - 1u);
+    return spread_codes<kBits>(field);
+  }
+};
+
+__device__ __forceinline__ void copy_block_async(uint8_t* shared, const uint8_t* global, int bytes, int lane) {
+  for (int i = lane * 16; i < bytes; i += 32 * 16) {
+    const unsigned destination = unsigned(__cvta_generic_to_shared(shared + i));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(destination), "l"(global + i));
+  }
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int kPending>
+__device__ __forceinline__ void wait_copies() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// 2^x, approximate (2 ulp), subnormals flushed: softmax weights need no more.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, offset));
+  return x;
+}
+__device__ __forceinline__ float warp_min(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) x = fminf(x, __shfl_xor_sync(kFullMask, x, offset));
+  return x;
+}
+
+// The warp's running partial (attention/partial.h), base-2 max; lane l holds columns l·kCols.. of acc.
+template <int kRows, int kCols>
+struct WarpPartial {
+  float max[kRows], sum[kRows], acc[kRows][kCols];
+
+  __device__ WarpPartial() {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      max[r] = -INFINITY;
+      sum[r] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) acc[r][i] = 0.0f;
+    }
+  }
+  // Moves row r to the running max including block_max; returns the reference the block's weights
+  // are taken against (0 while everything is masked, so exp2 gives 0, not NaN).
+  __device__ __forceinline__ float rescale(int r, float block_max) {
+    const float new_max = fmaxf(max[r], block_max);
+    const float reference = new_max == -INFINITY ? 0.0f : new_max;
+    const float factor = fast_exp2(max[r] - reference);
+    max[r] = new_max;
+    sum[r] *= factor;
+#pragma unroll
+    for (int i = 0; i < kCols; ++i) acc[r][i] *= factor;
+    return reference;
+  }
+};
+
+template <int kHeadDim, int kRows>
+struct alignas(16) CtaShared {
+  static constexpr int kPartitions = kHeadDim / T;  // K partitions of Π = T dims
+  alignas(16) float q[kRows][kHeadDim];                         // the scaled queries
+  alignas(16) uint32_t q_codes[kRows][kHeadDim / 4];            // hack: Q', 4 codes per word
+  float3 q_meta[kRows][kPartitions];                // hack: (s, m, s Σq' + T m); quant: (Σq, 0, 0)
+  alignas(16) float p[kWarps][kRows][T];                        // quant and open blocks: the block's weights
+  alignas(16) uint32_t p_codes[kWarps][kRows][T / 4];           // hack: P', 4 tokens per word
+  float2 warp_max_sum[kWarps][kRows];
+};
+
+// How a lane reads codes. Each lane holds 2 tokens for the scores and kHeadDim / 32 columns for P·V.
+// The 2-bit hack path is "transposed": a lane gathers 4 packed bytes of one token (4 dim groups) or of
+// one V column (4 token groups); the codes at bits 2i of the 4 bytes are then 4 terms of one dot
+// product, ready for dp4a after one AND (and a shift), instead of each byte being spread to 4 codes.
+// Q' and P' are stored permuted to match: operand word (quad, i) holds the codes of 16·quad + 4j + i,
+// j = 0..3. The other paths (4/8-bit, and `quant`) spread each packed group to one code per byte.
+template <int kBits, bool kHack>
+struct BlockLanes {
+  static constexpr bool kTransposed = kHack && kBits == 2;
+  // The byte of code x (a dim of Q', a token of P') in the 8-bit operand words.
+  __device__ static int operand_byte(int x) { return kTransposed ? x / 16 * 16 + x % 4 * 4 + x % 16 / 4 : x; }
+};
+
+__device__ __forceinline__ uint32_t word_at(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+// Eq. 4 for one token and K partition: s_q s_k Σq'k' + m_q s_k Σk' + m_k (s_q Σq' + Z m_q), with the
+// stored Σk' (q = (s_q, m_q, s_q Σq' + Z m_q), Z = T dims).
+__device__ __forceinline__ float hack_score(float3 q, uint32_t dot, float k_scale, float k_min, float k_sum) {
+  return fmaf(k_scale, fmaf(q.x, float(dot), q.y * k_sum), k_min * q.z);
+}
+
+// Scores (natural units) of the lane's tokens 2·lane, 2·lane + 1 for a sealed block staged at `b`.
+template <int kHeadDim, int kRows, int kBits, bool kHack>
+__device__ __forceinline__ void block_scores(const QuantizedLaunch& L, const uint8_t* b, const CtaShared<kHeadDim, kRows>& s,
+                                             int lane, float (&score)[2][kRows]) {
+  constexpr int kPartitions = kHeadDim / T, kBytes = kBits / 2;
+  const __half* k_mins = reinterpret_cast<const __half*>(b + L.k_mins);
+  const __half* k_scales = reinterpret_cast<const __half*>(b + L.k_scales);
+  const int16_t* k_sums = reinterpret_cast<const int16_t*>(b + L.k_sums);
+  const int t0 = 2 * lane;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) score[0][r] = score[1][r] = 0.0f;
+#pragma unroll
+  for (int part = 0; part < kPartitions; ++part) {
+    uint32_t dot[2][kRows];
+    float dot_f[2][kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) dot[0][r] = dot[1][r] = 0u, dot_f[0][r] = dot_f[1][r] = 0.0f;
+    if constexpr (BlockLanes<kBits, kHack>::kTransposed) {
+#pragma unroll
+      for (int quad = part * T / 16; quad < (part + 1) * T / 16; ++quad) {  // dim groups 4·quad + k
+        uint32_t w[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) w[k] = *reinterpret_cast<const uint16_t*>(b + (4 * quad + k) * T + t0);
+        const uint32_t low01 = __byte_perm(w[0], w[1], 0x5140), low23 = __byte_perm(w[2], w[3], 0x5140);
+        const uint32_t x[2] = {__byte_perm(low01, low23, 0x5410), __byte_perm(low01, low23, 0x7632)};  // per token
+        uint4 q[kRows];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) q[r] = *reinterpret_cast<const uint4*>(&s.q_codes[r][4 * quad]);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const uint32_t codes = (x[j] >> (2 * i)) & 0x03030303u;  // dims 16·quad + 4k + i
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) dot[j][r] = __dp4a(codes, word_at(q[r], i), dot[j][r]);
+          }
+        }
+      }
+    } else {
+#pragma unroll 4
+      for (int g = part * T / 4; g < (part + 1) * T / 4; ++g) {
+        const Fields<kBits, 2> fields(b + (g * T + t0) * kBytes);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const uint32_t k = fields.codes(j);
+          if constexpr (kHack) {
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) dot[j][r] = __dp4a(k, s.q_codes[r][g], dot[j][r]);
+          } else {
+            const float k0 = byte_to_float(k, 0), k1 = byte_to_float(k, 1), k2 = byte_to_float(k, 2), k3 = byte_to_float(k, 3);
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) {
+              const float4 q = *reinterpret_cast<const float4*>(&s.q[r][4 * g]);
+              dot_f[j][r] = fmaf(q.x, k0, fmaf(q.y, k1, fmaf(q.z, k2, fmaf(q.w, k3, dot_f[j][r]))));
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int slot = part * T + t0 + j;
+      const float k_min = __half2float(k_mins[slot]), k_scale = __half2float(k_scales[slot]), k_sum = float(k_sums[slot]);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        if constexpr (kHack) {
+          score[j][r] += hack_score(s.q_meta[r][part], dot[j][r], k_scale, k_min, k_sum);
+        } else {  // Σ q (m + s k') = s Σ q k' + m Σ q
+          score[j][r] += fmaf(k_scale, dot_f[j][r], k_min * s.q_meta[r][part].x);
+        }
+      }
+    }
+  }
+}
+
+// The block's softmax weights (base 2) against the running max. hack: P quantized to 8 bits over the
+// block's tokens (quantize_operand8, nearest) into s.p_codes, with (scale, min, Σp') per row; quant:
+// P in FP32 into s.p, with Σp.
+template <int kHeadDim, int kRows, int kBits, bool kHack>
+__device__ __forceinline__ void block_weights(const float (&score)[2][kRows],
+                                              CtaShared<kHeadDim, kRows>& s, int warp, int lane,
+                                              WarpPartial<kRows, kHeadDim / 32>& partial, float (&p_scale)[kRows],
+                                              float (&p_min)[kRows], float (&p_sum)[kRows]) {
+  constexpr int kTokens = 2;
+  const int t0 = 2 * lane;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    float s2[kTokens], local_max = -INFINITY, local_min = INFINITY;
+#pragma unroll
+    for (int j = 0; j < kTokens; ++j) {
+      s2[j] = score[j][r] * kLog2e;
+      local_max = fmaxf(local_max, s2[j]);
+      local_min = fminf(local_min, s2[j]);
+    }
+    const float block_max = warp_max(local_max);
+    const float reference = partial.rescale(r, block_max);
+    float sum = 0.0f;
+    if constexpr (kHack) {
+      // exp2 is monotonic: the block's least and greatest weights are those of its extreme scores.
+      const float lo = fast_exp2(warp_min(local_min) - reference), hi = fast_exp2(block_max - reference);
+      p_min[r] = lo;
+      p_scale[r] = (hi - lo) * (1.0f / 255.0f);
+      // Fast division: P' needs no bit-exact twin (the reference quantizes against another running max).
+      const float inverse = hi > lo ? __fdividef(255.0f, hi - lo) : 0.0f;
+      uint8_t* codes = reinterpret_cast<uint8_t*>(s.p_codes[warp][r]);
+#pragma unroll
+      for (int j = 0; j < kTokens; ++j) {
+        const int code = min(max(__float2int_rn((fast_exp2(s2[j] - reference) - lo) * inverse), 0), 255);
+        codes[BlockLanes<kBits, kHack>::operand_byte(t0 + j)] = uint8_t(code);
+        sum += float(code);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kTokens; ++j) {
+        const float weight = fast_exp2(s2[j] - reference);
+        s.p[warp][r][t0 + j] = weight;
+        sum += weight;
+      }
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
+    p_sum[r] = sum;  // exact for hack: at most 255 · T
+  }
+  __syncwarp();
+}
+
+// One sealed block, staged at `b`, folded into the warp's partial.
+template <int kHeadDim, int kRows, int kBits, bool kHack>
+__device__ __forceinline__ void attend_sealed(const QuantizedLaunch& L, const uint8_t* b, CtaShared<kHeadDim, kRows>& s,
+                                              int warp, int lane, WarpPartial<kRows, kHeadDim / 32>& partial) {
+  constexpr int kCols = kHeadDim / 32, kBytes = kBits / 2;
+  float score[2][kRows];
+  block_scores<kHeadDim, kRows, kBits, kHack>(L, b, s, lane, score);
+  float p_scale[kRows], p_min[kRows], p_sum[kRows];
+  block_weights<kHeadDim, kRows, kBits, kHack>(score, s, warp, lane, partial, p_scale, p_min, p_sum);
+
+  // P·V for the lane's kCols columns.
+  const int c0 = lane * kCols;
+  uint32_t pv[kRows][kCols];
+  float pv_f[kRows][kCols];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int i = 0; i < kCols; ++i) pv[r][i] = 0u, pv_f[r][i] = 0.0f;
+  }
+  if constexpr (BlockLanes<kBits, kHack>::kTransposed) {
+#pragma unroll
+    for (int quad = 0; quad < T / 16; ++quad) {  // token groups u = 4·quad + k
+      uint32_t w[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) w[k] = Fields<2, kCols>(b + L.v_codes + (4 * quad + k) * kHeadDim + c0).words[0];
+      uint4 p[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) p[r] = *reinterpret_cast<const uint4*>(&s.p_codes[warp][r][4 * quad]);
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        const unsigned pick = unsigned(c) | unsigned(c + 4) << 4;  // byte c of two words
+        const uint32_t x = __byte_perm(__byte_perm(w[0], w[1], pick), __byte_perm(w[2], w[3], pick), 0x5410);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t codes = (x >> (2 * i)) & 0x03030303u;  // tokens 16·quad + 4k + i of column c0 + c
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) pv[r][c] = __dp4a(codes, word_at(p[r], i), pv[r][c]);
+        }
+      }
+    }
+  } else {
+#pragma unroll 4
+    for (int u = 0; u < T / 4; ++u) {
+      const Fields<kBits, kCols> fields(b + L.v_codes + (u * kHeadDim + c0) * kBytes);
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) {
+        const uint32_t v = fields.codes(i);  // tokens 4u..4u+3 of column c0 + i
+        if constexpr (kHack) {
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) pv[r][i] = __dp4a(v, s.p_codes[warp][r][u], pv[r][i]);
+        } else {
+          const float v0 = byte_to_float(v, 0), v1 = byte_to_float(v, 1), v2 = byte_to_float(v, 2), v3 = byte_to_float(v, 3);
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            const float4 p = *reinterpret_cast<const float4*>(&s.p[warp][r][4 * u]);
+            pv_f[r][i] = fmaf(p.x, v0, fmaf(p.y, v1, fmaf(p.z, v2, fmaf(p.w, v3, pv_f[r][i]))));
+          }
+        }
+      }
+    }
+  }
+  const __half* v_mins = reinterpret_cast<const __half*>(b + L.v_mins);
+  const __half* v_scales = reinterpret_cast<const __half*>(b + L.v_scales);
+  const int16_t* v_sums = reinterpret_cast<const int16_t*>(b + L.v_sums);
+#pragma unroll
+  for (int i = 0; i < kCols; ++i) {
+    const float v_min = __half2float(v_mins[c0 + i]), v_scale = __half2float(v_scales[c0 + i]);
+    const float v_sum = float(v_sums[c0 + i]);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if constexpr (kHack) {  // Eq. 4 over the block's tokens (Z = T)
+        partial.acc[r][i] += v_scale * fmaf(p_scale[r], float(pv[r][i]), p_min[r] * v_sum) +
+                             v_min * fmaf(p_scale[r], p_sum[r], float(T) * p_min[r]);
+      } else {
+        partial.acc[r][i] += fmaf(v_scale, pv_f[r][i], v_min * p_sum[r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if constexpr (kHack) {
+      partial.sum[r] += fmaf(p_scale[r], p_sum[r], float(T) * p_min[r]);
+    } else {
+      partial.sum[r] += p_sum[r];
+    }
+  }
+}
+
+// The open block: tokens [first, kv_end) in FP16 from the dense pool, in FP32 (unquantized q and p).
+template <int kHeadDim, int kRows>
+__device__ __forceinline__ void attend_open(const AttentionLaunch& p, const __half* k, const __half* v, int n,
+                                            CtaShared<kHeadDim, kRows>& s, int warp, int lane,
+                                            WarpPartial<kRows, kHeadDim / 32>& partial) {
+  constexpr int kCols = kHeadDim / 32;
+  float score[2][kRows];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int t = 2 * lane + j;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) score[j][r] = 0.0f;
+    if (t < n) {
+      for (int c = 0; c < kHeadDim; c += 8) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(k + t * kHeadDim + c);
+        const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          const float2 kk = __half22float2(h[x]);
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) score[j][r] = fmaf(s.q[r][c + 2 * x], kk.x, fmaf(s.q[r][c + 2 * x + 1], kk.y, score[j][r]));
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const float s0 = 2 * lane < n ? score[0][r] * kLog2e : -INFINITY;
+    const float s1 = 2 * lane + 1 < n ? score[1][r] * kLog2e : -INFINITY;
+    const float reference = partial.rescale(r, warp_max(fmaxf(s0, s1)));
+    *reinterpret_cast<float2*>(&s.p[warp][r][2 * lane]) = make_float2(fast_exp2(s0 - reference), fast_exp2(s1 - reference));
+  }
+  __syncwarp();
+  const int c0 = lane * kCols;
+  for (int t = 0; t < n; ++t) {
+    float values[kCols];
+#pragma unroll
+    for (int i = 0; i < kCols; i += 2) {
+      const float2 pair = __half22float2(*reinterpret_cast<const __half2*>(v + t * kHeadDim + c0 + i));
+      values[i] = pair.x, values[i + 1] = pair.y;
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float weight = s.p[warp][r][t];
+      partial.sum[r] += weight;
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) partial.acc[r][i] = fmaf(weight, values[i], partial.acc[r][i]);
+    }
+  }
+  __syncwarp();
+}
+
+// The attention partial of one decode tile (a sequence's GQA group) over one split of its blocks.
+template <int kHeadDim, int kRows, int kBits, bool kHack>
+__global__ __launch_bounds__(kThreads) void quantized_attention_partials(QuantizedLaunch L) {
+  constexpr int kCols = kHeadDim / 32, kPartitions = kHeadDim / T;
+  static_assert(kCols % 2 == 0, "head dims of 64 or 128");
+  // [kWarps][2][block_bytes]: each warp's blocks, double-buffered (measured on H100 at 64K: 0.174 ms
+  // against 0.181 single-buffered); after the loop, the warps' partials.
+  extern __shared__ uint4 staging[];
+  __shared__ CtaShared<kHeadDim, kRows> s;
+  const AttentionLaunch& p = L.a;
+  const int split = blockIdx.x, kv_head = blockIdx.y, tile = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const TileQueries tq(p, tile);
+
+  // The tile's queries, times the softmax scale (rows past the group stay 0 and are never written).
+  for (int i = threadIdx.x; i < kRows * kHeadDim; i += kThreads) {
+    const int r = i / kHeadDim, c = i % kHeadDim;
+    float x = 0.0f;
+    if (r < tq.active_rows) {
+      const int head = kv_head * p.group + r % p.group, query = tq.first_query + r / p.group;
+      x = __fmul_rn(__half2float(p.q[(size_t(tq.query_begin + query) * p.num_heads + head) * kHeadDim + c]), p.scale);
+    }
+    s.q[r][c] = x;
+  }
+  __syncthreads();
+  // Per (row, K partition), one warp each, 2 values per lane: hack quantizes to Q' (quantize_operand8
+  // in attention/hack_operands.h, the same IEEE operations; a zero's sign in the min cannot change
+  // a code or a sum), quant sums the row.
+  for (int item = warp; item < kRows * kPartitions; item += kWarps) {
+    const int r = item / kPartitions, part = item % kPartitions;
+    const float x0 = s.q[r][part * T + 2 * lane], x1 = s.q[r][part * T + 2 * lane + 1];
+    if constexpr (kHack) {
+      const float lo = warp_min(fminf(x0, x1)), hi = warp_max(fmaxf(x0, x1));
+      const float scale = __fdiv_rn(__fsub_rn(hi, lo), 255.0f);
+      const float inverse = scale > 0.0f ? __fdiv_rn(1.0f, scale) : 0.0f;
+      uint8_t* codes = reinterpret_cast<uint8_t*>(s.q_codes[r]);
+      int sum = 0;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float x = j == 0 ? x0 : x1;
+        const int code = min(max(__float2int_rn(__fmul_rn(__fsub_rn(x, lo), inverse)), 0), 255);
+        sum += code;
+        codes[BlockLanes<kBits, kHack>::operand_byte(part * T + 2 * lane + j)] = uint8_t(code);
+      }
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
+      if (lane == 0) s.q_meta[r][part] = make_float3(scale, lo, fmaf(scale, float(sum), float(T) * lo));
+    } else {
+      float sum = x0 + x1;
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
+      if (lane == 0) s.q_meta[r][part] = make_float3(sum, 0.0f, 0.0f);
+    }
+  }
+  __syncthreads();
+
+  // The warp's blocks: block_begin + warp + kWarps·j; those before n_sealed are sealed, the last one
+  // may be the open block.
+  const int num_blocks = (tq.kv_end + T - 1) / T, n_sealed = tq.kv_end / T;
+  const int block_begin = split * p.blocks_per_split;
+  const int block_end = min(block_begin + p.blocks_per_split, num_blocks);
+  const int sealed_end = min(block_end, n_sealed);
+  const int* table = p.block_tables + size_t(p.sequence_ids[tq.batch_index]) * p.block_table_stride;
+  const auto sealed_block = [&](int block) {
+    return L.blocks + (size_t(table[block]) * p.num_kv_heads + kv_head) * L.block_bytes;
+  };
+  uint8_t* stage = reinterpret_cast<uint8_t*>(staging) + size_t(warp) * 2 * L.block_bytes;
+  WarpPartial<kRows, kCols> partial;
+  int buffer = 0;
+  if (block_begin + warp < sealed_end) copy_block_async(stage, sealed_block(block_begin + warp), L.block_bytes, lane);
+  for (int block = block_begin + warp; block < block_end; block += kWarps) {
+    if (block < n_sealed) {
+      if (block + kWarps < sealed_end) {  // the next block's copy is in flight while this one is read
+        copy_block_async(stage + (buffer ^ 1) * L.block_bytes, sealed_block(block + kWarps), L.block_bytes, lane);
+        wait_copies<1>();
+      } else {
+        wait_copies<0>();
+      }
+      __syncwarp();
+      attend_sealed<kHeadDim, kRows, kBits, kHack>(L, stage + buffer * L.block_bytes, s, warp, lane, partial);
+      __syncwarp();  // every lane is done with the buffer before it is refilled
+      buffer ^= 1;
+    } else {
+      const size_t offset = (size_t(table[block]) * p.num_kv_heads + kv_head) * T * kHeadDim;
+      attend_open<kHeadDim, kRows>(p, p.k_pool + offset, p.v_pool + offset, tq.kv_end - block * T, s, warp, lane, partial);
+    }
+  }
+
+  __syncthreads();  // every warp is done with the staging buffers
+  auto& warp_acc = *reinterpret_cast<float(*)[kWarps][kRows][kHeadDim]>(staging);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int i = 0; i < kCols; ++i) warp_acc[warp][r][lane * kCols + i] = partial.acc[r][i];
+    if (lane == 0) s.warp_max_sum[warp][r] = make_float2(partial.max[r], partial.sum[r]);
+  }
+  __syncthreads();
+  store_cta_partial<kHeadDim, kRows>(p, tq.active_rows, warp_acc, s.warp_max_sum);
+}
+
+using QuantizedKernel = void (*)(QuantizedLaunch);
+
+template <int kHeadDim, int kRows>
+QuantizedKernel pick(int bits, bool hack) {
+  switch (bits) {
+    case 2: return hack ? quantized_attention_partials<kHeadDim, kRows, 2, true> : quantized_attention_partials<kHeadDim, kRows, 2, false>;
+    case 4: return hack ? quantized_attention_partials<kHeadDim, kRows, 4, true> : quantized_attention_partials<kHeadDim, kRows, 4, false>;
+    default: return hack ? quantized_attention_partials<kHeadDim, kRows, 8, true> : quantized_attention_partials<kHeadDim, kRows, 8, false>;
+  }
+}
+
+}  // namespace
+
+Status CudaPagedAttention::run_quantized(const PagedKvView& kv, const QuantizedKvView& sealed, const uint16_t* q,
+                                         float scale, uint16_t* out) {
+  SLIMKV_RETURN_IF_ERROR(check_run(kv));
+  if (max_query_count_ != 1) {
+    return error("CUDA quantized attention: decode only (one query per sequence), the plan has ", max_query_count_);
+  }
+  if (sealed.k_bits != sealed.v_bits) {
+    return error("CUDA quantized attention: K and V bits must match on the GPU, got ", sealed.k_bits, " and ", sealed.v_bits);
+  }
+  const bool four_rows = rows_per_tile_ == 4;
+  const int bits = sealed.k_bits;
+  const QuantizedKernel kernel = shape_.head_dim == 64 ? (four_rows ? pick<64, 4>(bits, sealed.hack) : pick<64, 8>(bits, sealed.hack))
+                                                       : (four_rows ? pick<128, 4>(bits, sealed.hack) : pick<128, 8>(bits, sealed.hack));
+  // The staging buffers, which also hold the warps' partials at the end.
+  const size_t staging_bytes = std::max(size_t(kWarps) * 2 * sealed.block_bytes,
+                                        size_t(kWarps) * rows_per_tile_ * shape_.head_dim * sizeof(float));
+  // Once per kernel and staging size: its shared-memory limit, and its residency (one wave of this
+  // kernel differs from one of the dense kernel).
+  const auto known = std::find_if(quantized_residency_.begin(), quantized_residency_.end(), [&](const auto& entry) {
+    return entry.first == reinterpret_cast<const void*>(kernel) && entry.second.first == staging_bytes;
+  });
+  int resident = 1;
+  if (known != quantized_residency_.end()) {
+    resident = known->second.second;
+  } else {
+    SLIMKV_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(staging_bytes)));
+    SLIMKV_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, staging_bytes));
+    quantized_residency_.push_back({reinterpret_cast<const void*>(kernel), {staging_bytes, resident}});
+  }
+  split_blocks(std::max(resident, 1) * multiprocessor_count());
+
+  QuantizedLaunch L{};
+  L.a = launch_params(kv, q, scale, out);
+  L.blocks = sealed.blocks;
+  L.block_bytes = sealed.block_bytes;
+  L.k_mins = sealed.k_mins;
+  L.k_scales = sealed.k_scales;
+  L.k_sums = sealed.k_sums;
+  L.v_codes = sealed.v_codes;
+  L.v_mins = sealed.v_mins;
+  L.v_scales = sealed.v_scales;
+  L.v_sums = sealed.v_sums;
+  const dim3 grid(unsigned(L.a.num_splits), unsigned(L.a.num_kv_heads), unsigned(L.a.num_tiles));
+  kernel<<<grid, kThreads, staging_bytes>>>(L);
+  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  launch_merge_split_partials(L.a);
+  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return Status::ok();
+}
+
+}  // namespace slimkv::cuda

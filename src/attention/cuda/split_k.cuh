@@ -1,0 +1,86 @@
+// What the paged attention kernels share (attention/cuda/paged_attention.h): the launch parameters,
+// where a query tile's rows sit, and how a CTA's warps combine their partials into the CTA's split
+// partial, which merge_split_partials (paged_attention.cu) then merges over the splits. The dense FP16
+// kernel (paged_attention.cu) and the quantized ones (quantized_attention.cu) differ only in how a
+// warp reads a block.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include "backend/cuda/paged_kv_cache.h"
+
+namespace slimkv::cuda {
+
+constexpr int kWarps = 4;  // per CTA; each warp takes every kWarps-th block of the CTA's range
+constexpr int kThreads = kWarps * 32;
+constexpr int kMaxResidentCtas = 8;  // per multiprocessor, of any attention kernel (sizes the partials)
+constexpr float kLog2e = 1.4426950408889634f;  // scores are kept in base 2: exp2f is one instruction
+
+struct AttentionLaunch {
+  const __half* q;                 // [queries, num_heads, head_dim]
+  __half* out;                     // [queries, num_heads, head_dim]
+  const __half* k_pool;            // [num_blocks, num_kv_heads, kCudaBlockTokens, head_dim]
+  const __half* v_pool;
+  const int* block_tables;         // [sequences, block_table_stride]
+  int block_table_stride;
+  const int* sequence_ids;         // [batch]
+  const int* kv_lens;              // [batch]
+  const int* query_starts;         // [batch + 1]
+  const int2* tiles;               // [num_tiles]: (batch index, first query of the sequence's)
+  int num_heads, num_kv_heads, head_dim, group, positions_per_tile, rows_per_tile;
+  int blocks_per_split, num_splits, num_tiles;
+  float scale;                     // softmax scale
+  float scale_log2;                // softmax scale · log2(e)
+  float* partial_acc;              // [num_tiles, num_kv_heads, rows_per_tile, num_splits, head_dim]
+  float2* partial_max_sum;         // [num_tiles, num_kv_heads, rows_per_tile, num_splits]: base-2 max, sum
+};
+
+// Where a tile's queries sit: rows r < active_rows are query head kv_head·group + r % group at query
+// first_query + r / group of the sequence, whose position is first_position + that query.
+struct TileQueries {
+  int batch_index, first_query, query_begin, first_position, active_rows, kv_end;
+
+  __device__ TileQueries(const AttentionLaunch& p, int tile) {
+    const int2 t = p.tiles[tile];
+    batch_index = t.x;
+    first_query = t.y;
+    query_begin = p.query_starts[batch_index];
+    const int n_queries = p.query_starts[batch_index + 1] - query_begin;
+    first_position = p.kv_lens[batch_index] - n_queries;
+    const int tile_queries = min(p.positions_per_tile, n_queries - first_query);
+    active_rows = p.group * tile_queries;
+    kv_end = first_position + first_query + tile_queries;  // the tokens its last query sees (causal)
+  }
+};
+
+// After __syncthreads: merges the warps' partials (warp_acc[w][r][c], warp_max_sum[w][r] = (base-2
+// max, sum)) of the CTA (split blockIdx.x, KV head blockIdx.y, tile blockIdx.z) and stores them as the
+// CTA's split partial.
+template <int kHeadDim, int kRows>
+__device__ void store_cta_partial(const AttentionLaunch& p, int active_rows, const float (&warp_acc)[kWarps][kRows][kHeadDim],
+                                  const float2 (&warp_max_sum)[kWarps][kRows]) {
+  const int split = blockIdx.x, kv_head = blockIdx.y, tile = blockIdx.z;
+  for (int i = threadIdx.x; i < kRows * kHeadDim; i += kThreads) {
+    const int r = i / kHeadDim, c = i % kHeadDim;
+    if (r >= active_rows) continue;
+    float max_all = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) max_all = fmaxf(max_all, warp_max_sum[w][r].x);
+    const float reference = max_all == -INFINITY ? 0.0f : max_all;
+    float total = 0.0f, weighted = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float factor = exp2f(warp_max_sum[w][r].x - reference);
+      total += factor * warp_max_sum[w][r].y;
+      weighted += factor * warp_acc[w][r][c];
+    }
+    const size_t row = (size_t(tile) * p.num_kv_heads + kv_head) * kRows + r;
+    p.partial_acc[(row * p.num_splits + split) * kHeadDim + c] = weighted;
+    if (c == 0) p.partial_max_sum[row * p.num_splits + split] = make_float2(max_all, total);
+  }
+}
+
+// Merges the split partials of every row and writes the attention output (paged_attention.cu).
+void launch_merge_split_partials(const AttentionLaunch& p);
+
+}  // namespace slimkv::cuda

@@ -1,0 +1,61 @@
+// Sealed `hack` / `quant` KV blocks on the GPU (HACK §5.2–5.3, §6): per layer a pool
+// [num_blocks, num_kv_heads, block_bytes] of blocks in exactly the CPU codec's byte layout
+// (kv/codec/quantized_block.h), so a sequence moves between backends, and over the transfer format,
+// unchanged. It is indexed by the block indices of the FP16 CudaPagedKvCache, which holds each
+// sequence's open block (HACK's requantization elimination: the partial block is never quantized)
+// and from which a block is sealed once full. (The FP16 pool is still allocated for every block:
+// only the open blocks need it, which is left for when the engine runs quantized KV on the GPU.)
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/cuda/device_memory.h"
+#include "backend/cuda/paged_kv_cache.h"
+#include "kv/codec/quantized_block.h"
+
+namespace slimkv::cuda {
+
+// What attention reads of one layer's sealed blocks.
+struct QuantizedKvView {
+  const uint8_t* blocks = nullptr;  // [num_blocks, num_kv_heads, block_bytes]
+  bool hack = true;                 // integer attention (HACK Eq. 4); false: `quant`, dequantized in FP32
+  int k_bits = 2, v_bits = 2;
+  int block_bytes = 0;
+  // Byte offsets of the layout's sections (K codes at 0).
+  int k_mins = 0, k_scales = 0, k_sums = 0, v_codes = 0, v_mins = 0, v_scales = 0, v_sums = 0;
+};
+
+class CudaQuantizedKvPool {
+ public:
+  // `hack` or `quant` blocks of config's bits and rounding for the cache's shape (kCudaBlockTokens
+  // tokens per block, HACK's Π); blocks are sealed with the seeds block_seal_seed(seed, layer, head,
+  // block ordinal), as the CPU store seals them. The GPU kernels read the stored sums and keep the open
+  // block exact: store_sums and keep_open_exact must be on.
+  static Expected<std::unique_ptr<CudaQuantizedKvPool>> create(const CudaKvShape& shape, const QuantizationConfig& config,
+                                                               bool hack, uint64_t seed);
+
+  // Seals in `layer` every block of the step's sequences that the step filled: call after the cache's
+  // begin_step(sequences, new_tokens) and append(layer, ...).
+  Status seal_filled_blocks(int layer, const CudaPagedKvCache& cache, const std::vector<int>& sequences,
+                            const std::vector<int>& new_tokens);
+
+  QuantizedKvView view(int layer) const;
+  const QuantizedBlockLayout& layout() const { return layout_; }
+
+ private:
+  CudaQuantizedKvPool(const CudaKvShape& shape, const QuantizationConfig& config, bool hack, uint64_t seed)
+      : shape_(shape), layout_(config, BlockShape{kCudaBlockTokens, shape.head_dim, shape.head_dim}), hack_(hack),
+        seed_(seed) {}
+
+  CudaKvShape shape_;
+  QuantizedBlockLayout layout_;
+  bool hack_;
+  uint64_t seed_;
+  DeviceArray<uint8_t> pool_;        // [num_layers, num_blocks, num_kv_heads, block_bytes]
+  DeviceArray<int> seal_list_;       // [capacity, 2]: (block index, ordinal in its sequence)
+  std::vector<int> host_seal_list_;
+};
+
+}  // namespace slimkv::cuda

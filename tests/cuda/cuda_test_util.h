@@ -1,0 +1,42 @@
+// What the CUDA tests share: a fixture that skips without a usable GPU, FP16-rounded random data and
+// unwrapping Expected values.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/device_memory.h"
+#include "util/half.h"
+
+namespace slimkv::cuda {
+
+class CudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const Status usable = device_usable();
+    if (!usable) GTEST_SKIP() << "CUDA tests skipped: " << usable.message();
+  }
+};
+
+// FP16-rounded normal values: both sides see exactly what the GPU stores.
+inline std::vector<uint16_t> random_halves(size_t n, float stddev, std::mt19937& rng, std::vector<float>& as_float) {
+  std::normal_distribution<float> normal(0.0f, stddev);
+  std::vector<uint16_t> halves(n);
+  as_float.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    halves[i] = float_to_fp16(normal(rng));
+    as_float[i] = fp16_to_float(halves[i]);
+  }
+  return halves;
+}
+
+template <typename T>
+T take(Expected<T> value) {
+  EXPECT_TRUE(value.has_value()) << value.status().message();
+  return value.take();
+}
+
+}  // namespace slimkv::cuda
