@@ -57,8 +57,7 @@ KvStore::KvStore(const KvShape& shape, const KvPipeline& pipeline)
 int KvStore::num_sealed_blocks(int layer) const { return int(layers_[size_t(layer)].heads[0].sealed.size()); }
 
 uint64_t KvStore::block_seed(int layer, int head, int index) const {
-  // splitmix64 of the block's identity: reproducible, and independent between blocks.
-  return splitmix64(pipeline_.seed ^ (uint64_t(layer) << 40) ^ (uint64_t(head) << 24) ^ uint64_t(index));
+  return block_seal_seed(pipeline_.seed, layer, head, index);  // as the GPU cache derives it
 }
 
 void KvStore::append(int layer_index, const float* k, const float* v, int n) {

@@ -28,7 +28,7 @@ TEST(BlockSealSeed, CpuStoreSealsWithTheSharedDerivation) {
   for (float& x : v) x = normal(rng);
   for (int layer = 0; layer < layers; ++layer) store.append(layer, k.data(), v.data(), tokens);
 
-  const QuantizedBlockLayout layout(QuantizationConfig{}, store.block_shape());
+  const QuantizedBlockLayout layout(QuantizationConfig{}, store.block_shape(0, 0));
   const int block_tokens = store.block_tokens();
   ASSERT_EQ(store.num_sealed_blocks(0), tokens / block_tokens);
   std::vector<float> block_k(size_t(block_tokens) * dim), block_v(block_k.size());
