@@ -112,9 +112,9 @@ std::string tradeoff(const EvalResults& results, const std::vector<std::string>&
   }
   if (data.empty()) return "";
   return "$tradeoff << EOD\n" + data +
-         "EOD\nset xlabel 'KV bytes per token per layer'\nset ylabel 'perplexity (decode path)'\nset logscale x\n"
+         "EOD\nset xlabel 'KV bytes per token per layer'\nset ylabel 'perplexity (decode path)'\nset logscale xy\n"
          "plot $tradeoff using 1:2 with points pt 7 notitle, $tradeoff using 1:2:3 with labels offset 0,1 font ',8' "
-         "notitle\nunset logscale x\n";
+         "notitle\nunset logscale xy\n";
 }
 
 // Runs plots.gp in `dir`, where its images go.
