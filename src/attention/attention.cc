@@ -124,6 +124,7 @@ void attend(const KvStore& store, int layer, const float* q, int n, int first_po
     thread_local std::vector<float> q_tile;
     thread_local std::vector<int> visible;
     thread_local std::vector<uint8_t> prepared;
+    thread_local std::vector<float> open_k, open_v;  // the open block widened from FP16
     thread_local AttentionPartials partials(0, 0);
     const int task = order.empty() ? int(task_index) : order[size_t(task_index)];
     const int g = task % shape.num_kv_heads;
@@ -159,7 +160,10 @@ void attend(const KvStore& store, int layer, const float* q, int n, int first_po
     }
     if (open_tokens > 0) {
       visible_tokens(first_tile_position, group, rows, sealed * block_tokens, open_tokens, visible.data());
-      attend_block_f32(tile, store.open_k(layer, g), store.open_v(layer, g), k_dim, v_dim, partials, 0);
+      open_k.resize(size_t(open_tokens) * size_t(k_dim));
+      open_v.resize(size_t(open_tokens) * size_t(v_dim));
+      store.widen_open(layer, g, open_tokens, open_k.data(), open_v.data());
+      attend_block_f32(tile, open_k.data(), open_v.data(), k_dim, v_dim, partials, 0);
     }
     for (int r = 0; r < rows; ++r) {
       float* dst = out + size_t(first + r / group) * offsets.out_row + offsets.out[size_t(g)] + size_t(r % group) * v_dim;

@@ -1,5 +1,5 @@
 // Attention of a layer's new queries over the KV store: for each KV head and tile of queries, every
-// block's partial comes from its codec's kernel (the open block's from the FP32 kernel), merged with
+// block's partial comes from its codec's kernel (the open block's from the FP32 kernel, widened from FP16), merged with
 // the online-softmax rule. Causal: the query at position p sees tokens at positions <= p.
 #pragma once
 

@@ -5,7 +5,9 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "backend/cpu/vec_ops.h"
 #include "kv/rotation.h"
+#include "util/half.h"
 #include "util/random.h"
 #include "util/thread_pool.h"
 
@@ -27,6 +29,7 @@ KvStore::KvStore(const KvShape& shape, const KvPipeline& pipeline)
     : shape_(shape),
       pipeline_(pipeline),
       requantizes_open_(pipeline.codec->requantizes_open_block()),
+      open_dtype_(pipeline.codec->open_block_dtype()),
       layers_(size_t(shape.num_layers)),
       selector_((pipeline.selector ? *pipeline.selector : *make_all_selector_factory())
                     .make(shape.num_layers, shape.num_kv_heads, shape.k_dim, pipeline.block_tokens, pipeline.seed)),
@@ -38,8 +41,9 @@ KvStore::KvStore(const KvShape& shape, const KvPipeline& pipeline)
       head.block_shape = {pipeline.block_tokens, shape.k_dim_of(l, g), shape.v_dim_of(l, g)};
       head.block_bytes = pipeline.codec->block_bytes(head.block_shape);
       head.pool = &pools_.try_emplace(head.block_bytes, head.block_bytes).first->second;
-      head.open_k.assign(size_t(block_tokens()) * size_t(head.block_shape.k_dim), 0.0f);
-      head.open_v.assign(size_t(block_tokens()) * size_t(head.block_shape.v_dim), 0.0f);
+      const size_t element = dtype_size_bytes(open_dtype_);
+      head.open_k.assign(size_t(block_tokens()) * size_t(head.block_shape.k_dim) * element, 0);
+      head.open_v.assign(size_t(block_tokens()) * size_t(head.block_shape.v_dim) * element, 0);
     }
   }
   if (pipeline.offload) {  // every head's blocks the same size: make_kv_pipeline refuses zack@offload
@@ -56,6 +60,27 @@ KvStore::KvStore(const KvShape& shape, const KvPipeline& pipeline)
 
 int KvStore::num_sealed_blocks(int layer) const { return int(layers_[size_t(layer)].heads[0].sealed.size()); }
 
+void KvStore::widen_open(const Head& head, int n, float* k, float* v) const {
+  widen_to_f32(head.open_k.data(), open_dtype_, k, size_t(n) * size_t(head.block_shape.k_dim));
+  widen_to_f32(head.open_v.data(), open_dtype_, v, size_t(n) * size_t(head.block_shape.v_dim));
+}
+
+void KvStore::narrow_open(const float* k, const float* v, int first, int n, Head& head) const {
+  const auto narrow = [&](const float* in, size_t dim, std::vector<uint8_t>& open) {
+    const size_t count = size_t(n) * dim, offset = size_t(first) * dim;
+    if (open_dtype_ == DType::kF32) {
+      std::memcpy(open.data() + offset * sizeof(float), in, count * sizeof(float));
+      return;
+    }
+    for (size_t i = 0; i < count; ++i) {
+      const uint16_t half = float_to_fp16(in[i]);
+      std::memcpy(open.data() + (offset + i) * sizeof(half), &half, sizeof(half));
+    }
+  };
+  narrow(k, size_t(head.block_shape.k_dim), head.open_k);
+  narrow(v, size_t(head.block_shape.v_dim), head.open_v);
+}
+
 uint64_t KvStore::block_seed(int layer, int head, int index) const {
   return block_seal_seed(pipeline_.seed, layer, head, index);  // as the GPU cache derives it
 }
@@ -64,39 +89,44 @@ void KvStore::append(int layer_index, const float* k, const float* v, int n) {
   Layer& layer = layers_[size_t(layer_index)];
   assert(layer.num_tokens + n <= shape_.max_tokens);
   const size_t k_row = size_t(shape_.layer_k_dims(layer_index)), v_row = size_t(shape_.layer_v_dims(layer_index));
+  // FP32 rows for the codec (the open block widened) and for rotating a new token before it is narrowed.
+  thread_local std::vector<float> open_k, open_v;
+  open_k.resize(size_t(block_tokens()) * size_t(shape_.k_dim));
+  open_v.resize(size_t(block_tokens()) * size_t(shape_.v_dim));
   for (int t = 0; t < n; ++t) {
     const int slot = layer.num_tokens - int(layer.heads[0].sealed.size()) * block_tokens();
     size_t k_offset = 0, v_offset = 0;  // of head g within the token's row
     for (Head& head : layer.heads) {
       const size_t k_dim = size_t(head.block_shape.k_dim), v_dim = size_t(head.block_shape.v_dim);
-      float* open_k = head.open_k.data() + size_t(slot) * k_dim;
-      float* open_v = head.open_v.data() + size_t(slot) * v_dim;
-      std::memcpy(open_k, k + size_t(t) * k_row + k_offset, k_dim * sizeof(float));
-      std::memcpy(open_v, v + size_t(t) * v_row + v_offset, v_dim * sizeof(float));
+      std::memcpy(open_k.data(), k + size_t(t) * k_row + k_offset, k_dim * sizeof(float));
+      std::memcpy(open_v.data(), v + size_t(t) * v_row + v_offset, v_dim * sizeof(float));
       k_offset += k_dim;
       v_offset += v_dim;
       if (pipeline_.hadamard) {
-        hadamard_rotate(open_k, int(k_dim));
-        hadamard_rotate(open_v, int(v_dim));
+        hadamard_rotate(open_k.data(), int(k_dim));
+        hadamard_rotate(open_v.data(), int(v_dim));
       }
+      narrow_open(open_k.data(), open_v.data(), slot, 1, head);
     }
     if (requantizes_open_) {  // the HACK/RQE ablation: the partial block is kept quantized
       for (int g = 0; g < shape_.num_kv_heads; ++g) {
         Head& head = layer.heads[size_t(g)];
-        pipeline_.codec->requantize_open_block(head.block_shape, head.open_k.data(), head.open_v.data(), slot,
-                                               slot + 1,
+        widen_open(head, slot + 1, open_k.data(), open_v.data());
+        pipeline_.codec->requantize_open_block(head.block_shape, open_k.data(), open_v.data(), slot, slot + 1,
                                                block_seed(layer_index, g, int(head.sealed.size())) ^ uint64_t(slot));
+        narrow_open(open_k.data(), open_v.data(), 0, slot + 1, head);
       }
     }
     ++layer.num_tokens;
     if (slot + 1 == block_tokens()) {  // the open block is full: seal it
       for (int g = 0; g < shape_.num_kv_heads; ++g) {
         Head& head = layer.heads[size_t(g)];
+        widen_open(head, block_tokens(), open_k.data(), open_v.data());
         uint8_t* block = seal_destination(head);
-        pipeline_.codec->seal(head.block_shape, head.open_k.data(), head.open_v.data(),
+        pipeline_.codec->seal(head.block_shape, open_k.data(), open_v.data(),
                               block_seed(layer_index, g, int(head.sealed.size())), block);
         head.sealed.push_back(keep_sealed(block));
-        selector_->on_seal(layer_index, g, head.open_k.data());
+        selector_->on_seal(layer_index, g, open_k.data());
       }
     }
   }
@@ -155,7 +185,7 @@ KvMemory KvStore::memory() const {
   }
   memory.sealed_tokens = layers_.empty() ? 0 : size_t(num_sealed_blocks(0)) * size_t(block_tokens());
   for (const Layer& layer : layers_) {
-    for (const Head& head : layer.heads) memory.open_bytes += (head.open_k.size() + head.open_v.size()) * sizeof(float);
+    for (const Head& head : layer.heads) memory.open_bytes += head.open_k.size() + head.open_v.size();
   }
   return memory;
 }
@@ -178,10 +208,7 @@ void KvStore::restore_open_tokens(int layer_index, int head, const float* k, con
   Head& target = layer.heads[size_t(head)];
   assert(n >= 0 && n < block_tokens());
   assert(target.sealed.size() == layer.heads[0].sealed.size());
-  if (n > 0) {
-    std::memcpy(target.open_k.data(), k, size_t(n) * size_t(target.block_shape.k_dim) * sizeof(float));
-    std::memcpy(target.open_v.data(), v, size_t(n) * size_t(target.block_shape.v_dim) * sizeof(float));
-  }
+  if (n > 0) narrow_open(k, v, 0, n, target);
   layer.num_tokens = int(target.sealed.size()) * block_tokens() + n;  // the same for every head
 }
 

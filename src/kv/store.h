@@ -1,8 +1,14 @@
 // The paged KV store of one sequence: for every layer and KV head, a list of sealed blocks (encoded by
-// the codec) and one open block of the newest tokens in FP32.
+// the codec) and one open block of the newest tokens in FP16.
 //
 //   layer l, kv head g:  [ block 0 | block 1 | ... | block n-1 ] [ open: < block_tokens tokens ]
-//                          sealed, codec-encoded, from the pool      FP32, appended to
+//                          sealed, codec-encoded, from the pool      FP16, appended to
+//
+// The open block is FP16 as in HACK (requantization elimination): the newest tokens stay
+// unquantized, but at half the bytes of FP32, which is most of the store's memory at 2 bits and a few
+// thousand tokens. A codec whose sealed blocks are FP32 (dense) keeps its open block in FP32
+// (Codec::open_block_dtype). Codecs and the attention kernel take FP32: the store widens the open rows
+// (at most block_tokens of them) into scratch where they are read.
 #pragma once
 
 #include <cstddef>
@@ -43,7 +49,7 @@ struct KvShape {
 
 struct KvMemory {
   size_t sealed_bytes = 0;  // sealed blocks, as the codec encodes them (in the pool, or the slow tier)
-  size_t open_bytes = 0;    // the open blocks' FP32 buffers (allocated once, full size)
+  size_t open_bytes = 0;    // the open blocks' FP16 (dense FP32: FP32) buffers (allocated once, full size)
   bool sealed_in_slow_tier = false;  // offload: sealed blocks live in the slow tier...
   size_t cache_bytes = 0;            // ...and this much fast memory caches them
   size_t fast_bytes() const { return (sealed_in_slow_tier ? cache_bytes : sealed_bytes) + open_bytes; }
@@ -77,8 +83,10 @@ class KvStore {
     return offload_ ? offload_->read(block) : block;
   }
   int open_tokens(int layer) const { return num_tokens(layer) - num_sealed_blocks(layer) * block_tokens(); }
-  const float* open_k(int layer, int head) const { return head_of(layer, head).open_k.data(); }  // [block_tokens, k_dim_of]
-  const float* open_v(int layer, int head) const { return head_of(layer, head).open_v.data(); }  // [block_tokens, v_dim_of]
+  // The open block's first n tokens of one head, widened to FP32: k [n, k_dim_of], v [n, v_dim_of].
+  void widen_open(int layer, int head, int n, float* k, float* v) const {
+    widen_open(head_of(layer, head), n, k, v);
+  }
 
   // The selector's choice for one decode query per head (q: [num_heads, k_dim], as attention gets it),
   // one HeadSelection per KV head; every token for a prefill chunk (n > 1) and for the `all` selector.
@@ -99,7 +107,8 @@ class KvStore {
   // Into a cleared store, per layer: restore_sealed_block for each block of each head, in order (every
   // head the same number), then restore_open_tokens for each head, n = 0 included: it sets the layer's
   // token count. The store then holds exactly what the sender's did, and appending continues as there.
-  // block: block_bytes(layer, head) bytes, copied. k: [n, k_dim_of], v: [n, v_dim_of], n < block_tokens.
+  // block: block_bytes(layer, head) bytes, copied. k: [n, k_dim_of], v: [n, v_dim_of], n < block_tokens,
+  // in FP32 as widen_open gives them: rounding them back to the open block's FP16 is exact.
   void restore_sealed_block(int layer, int head, const uint8_t* block);
   void restore_open_tokens(int layer, int head, const float* k, const float* v, int n);
 
@@ -109,13 +118,16 @@ class KvStore {
     size_t block_bytes = 0;  // codec().block_bytes(block_shape)
     BlockPool* pool = nullptr;  // the pool of blocks of that size
     std::vector<const uint8_t*> sealed;
-    std::vector<float> open_k, open_v;
+    std::vector<uint8_t> open_k, open_v;  // [block_tokens, k_dim] and [block_tokens, v_dim] in open_dtype_
   };
   struct Layer {
     std::vector<Head> heads;
     int num_tokens = 0;
   };
   const Head& head_of(int layer, int head) const { return layers_[size_t(layer)].heads[size_t(head)]; }
+  void widen_open(const Head& head, int n, float* k, float* v) const;
+  // Rounds FP32 rows to open_dtype_ into the open block from token `first`: k [n, k_dim], v [n, v_dim].
+  void narrow_open(const float* k, const float* v, int first, int n, Head& head) const;
   uint64_t block_seed(int layer, int head, int index) const;
   // Where a block is sealed (a pool slot, or the offload tier's scratch), and where it then stays.
   uint8_t* seal_destination(Head& head) { return offload_ ? offload_->scratch() : head.pool->allocate(); }
@@ -127,6 +139,7 @@ class KvStore {
   KvPipeline pipeline_;
   std::map<size_t, BlockPool> pools_;  // by block bytes: one for all heads unless ZACK's ranks differ
   bool requantizes_open_;  // the codec's answer, asked once
+  DType open_dtype_;       // likewise: FP16, or FP32 for the dense FP32 codec
   std::vector<Layer> layers_;
   std::unique_ptr<OffloadTier> offload_;                 // kv/tier: null for the fast tier
   std::unique_ptr<Selector> selector_;                   // kv/select: all, pq, oracle

@@ -464,16 +464,21 @@ Status write_kv_transfer(const KvStore& store, std::string_view model_id, std::v
       }
     }
   }
-  // Open tokens in FP32: per layer and head, K [open, k_dim] then V [open, v_dim], each padded to 64.
+  // Open tokens in FP32 (the store's FP16 widened): per layer and head, K [open, k_dim] then V [open,
+  // v_dim], each padded to 64.
+  std::vector<float> open_k, open_v;
   for (int l = 0; l < shape.num_layers; ++l) {
     const size_t open = size_t(store.open_tokens(l));
     uint64_t k_record = 0, v_record = 0;
     open_record_bytes(open, layout.k_dim, &k_record);
     open_record_bytes(open, layout.v_dim, &v_record);
+    open_k.resize(open * layout.k_dim);
+    open_v.resize(open * layout.v_dim);
     for (int g = 0; g < shape.num_kv_heads; ++g) {
       if (open > 0) {
-        std::memcpy(cursor, store.open_k(l, g), open * layout.k_dim * sizeof(float));
-        std::memcpy(cursor + k_record, store.open_v(l, g), open * layout.v_dim * sizeof(float));
+        store.widen_open(l, g, int(open), open_k.data(), open_v.data());
+        std::memcpy(cursor, open_k.data(), open_k.size() * sizeof(float));
+        std::memcpy(cursor + k_record, open_v.data(), open_v.size() * sizeof(float));
       }
       cursor += k_record + v_record;
     }

@@ -24,6 +24,11 @@ struct AttentionCase {
   }
 };
 
+// What the open block holds: FP16, but FP32 for dense FP32 (Codec::open_block_dtype).
+float held_open(float x, const std::string& spec) {
+  return spec.find("dtype=") == std::string::npos ? x : fp16_to_float(float_to_fp16(x));
+}
+
 // What the stored value is after the codec's rounding (dense only).
 float stored(float x, const std::string& spec) {
   if (spec.find("dtype=f16") != std::string::npos) return fp16_to_float(float_to_fp16(x));
@@ -54,20 +59,24 @@ void check(const AttentionCase& c) {
     attend(store, 0, q.data() + size_t(first) * c.num_heads * d, m, first, params,
            out.data() + size_t(first) * c.num_heads * d);
   }
-  // The reference sees the values as stored: sealed blocks rounded by the codec, the open block exact.
+  // The reference sees the values as stored: the open block as it holds them, sealed blocks rounded
+  // by the codec from that.
   const int sealed_tokens = store.num_sealed_blocks(0) * store.block_tokens();
-  std::vector<float> k_seen(k), v_seen(v);
+  std::vector<float> k_open(k), v_open(v);
+  for (float& x : k_open) x = held_open(x, c.spec);
+  for (float& x : v_open) x = held_open(x, c.spec);
+  std::vector<float> k_seen(k_open), v_seen(v_open);
   for (size_t i = 0; i < size_t(sealed_tokens) * c.num_kv_heads * d; ++i) {
-    k_seen[i] = stored(k[i], c.spec);
-    v_seen[i] = stored(v[i], c.spec);
+    k_seen[i] = stored(k_open[i], c.spec);
+    v_seen[i] = stored(v_open[i], c.spec);
   }
-  // ...but a query that was answered before its block sealed saw the exact values. Recompute the
-  // reference per chunk to mirror that.
+  // ...but a query that was answered before its block sealed saw the open block's values. Recompute
+  // the reference per chunk to mirror that.
   std::vector<float> expected(out.size());
   for (int first = 0; first < n; first += c.chunk) {
     const int m = std::min(c.chunk, n - first);
     const int sealed_then = ((first + m) / store.block_tokens()) * store.block_tokens();
-    std::vector<float> k_then(k), v_then(v);
+    std::vector<float> k_then(k_open), v_then(v_open);
     for (size_t i = 0; i < size_t(sealed_then) * c.num_kv_heads * d; ++i) {
       k_then[i] = k_seen[i];
       v_then[i] = v_seen[i];
@@ -147,6 +156,7 @@ TEST(KvStore, MemoryIsWhatWasAllocated) {
   const KvMemory memory = store.memory();
   EXPECT_EQ(memory.sealed_blocks, 2u * 2u * 2u);                 // 2 full blocks × 2 layers × 2 heads
   EXPECT_EQ(memory.sealed_bytes, 8u * 64u * 256u * 2u);          // K+V of 64 tokens × 128 dims in FP16
+  EXPECT_EQ(memory.open_bytes, 4u * 64u * 256u * 2u);            // 2 layers × 2 heads, FP16, full size
   EXPECT_EQ(store.open_tokens(0), 2);
 }
 

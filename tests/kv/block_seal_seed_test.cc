@@ -10,6 +10,7 @@
 #include "kv/codec/quantized_block.h"
 #include "kv/kv_factory.h"
 #include "kv/store.h"
+#include "util/half.h"
 #include "util/random.h"
 
 namespace slimkv {
@@ -39,8 +40,8 @@ TEST(BlockSealSeed, CpuStoreSealsWithTheSharedDerivation) {
         for (int t = 0; t < block_tokens; ++t) {
           for (int d = 0; d < dim; ++d) {
             const size_t from = (size_t(index * block_tokens + t) * heads + head) * dim + d;
-            block_k[size_t(t) * dim + d] = k[from];
-            block_v[size_t(t) * dim + d] = v[from];
+            block_k[size_t(t) * dim + d] = fp16_to_float(float_to_fp16(k[from]));  // as the open block held it
+            block_v[size_t(t) * dim + d] = fp16_to_float(float_to_fp16(v[from]));
           }
         }
         quantize_block(layout, block_k.data(), block_v.data(), block_seal_seed(pipeline->seed, layer, head, index),

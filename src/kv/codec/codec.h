@@ -1,7 +1,7 @@
 // A codec says how a sealed KV block is encoded and how attention reads it. A block holds the keys and
 // values of `block_tokens` consecutive tokens of one layer and one KV head. The newest tokens sit in
-// the store's open block in FP32 until it fills; then the codec seals it (HACK's requantization
-// elimination is exactly this: the partial block is never quantized).
+// the store's open block, in FP16 (open_block_dtype), until it fills; then the codec seals it (HACK's
+// requantization elimination is exactly this: the partial block is never quantized).
 //
 // Implementations: dense (kv/codec/dense.h); hack, quant and zack come with their issues.
 #pragma once
@@ -13,6 +13,7 @@
 
 #include "attention/partial.h"
 #include "slimkv/status.h"
+#include "tensor/dtype.h"
 
 namespace slimkv {
 
@@ -32,6 +33,10 @@ class Codec {
   // Whether this codec can encode blocks of this shape (e.g. head dims a multiple of 4); checked
   // once when a store is made for a model, so that attend() never meets a shape it cannot read.
   virtual Status check_shape(const BlockShape& /*shape*/) const { return Status::ok(); }
+
+  // What the store keeps the open block in: FP16, as HACK specifies (half the memory of FP32, and
+  // precision to spare for a codec that quantizes); a codec whose sealed blocks keep more says so.
+  virtual DType open_block_dtype() const { return DType::kF16; }
 
   // Bytes of one sealed block of this shape: what the store allocates, and what is sent.
   virtual size_t block_bytes(const BlockShape& shape) const = 0;

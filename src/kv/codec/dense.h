@@ -13,6 +13,8 @@ class DenseCodec final : public Codec {
   explicit DenseCodec(DType dtype) : dtype_(dtype) {}
 
   std::string describe() const override;
+  // FP32 blocks are the lossless baseline: an FP16 open block would round every token before sealing.
+  DType open_block_dtype() const override { return dtype_ == DType::kF32 ? DType::kF32 : DType::kF16; }
   size_t block_bytes(const BlockShape& shape) const override;
   void seal(const BlockShape& shape, const float* k, const float* v, uint64_t seed, uint8_t* block) const override;
   void attend(const BlockShape& shape, const uint8_t* block, const QueryTile& tile, AttentionPartials& partials,

@@ -3,7 +3,7 @@
 //
 //   tokens:  [0, init) | middle: top-k by score | [middle_end, num_tokens)
 //   middle_end = min(num_tokens - local, sealed_tokens): the open block is always attended (it is the
-//   newest tokens, FP32, in the fast tier), so the local window is at least the open block.
+//   newest tokens, unquantized, in the fast tier), so the local window is at least the open block.
 #pragma once
 
 #include <vector>
