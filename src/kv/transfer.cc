@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "util/atomic_file.h"
+#include "util/half.h"
 #include "util/mapped_file.h"
 
 namespace slimkv {
@@ -543,6 +544,33 @@ Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view sourc
     if (info.layer_tokens[size_t(l)] > shape.max_tokens) {
       return error(where, ": layer ", l, " holds ", info.layer_tokens[size_t(l)],
                    " tokens, more than this store's max_tokens ", shape.max_tokens);
+    }
+  }
+
+  // The open rows are FP32 in the format, but a store whose open block is FP16 (every sender with this
+  // spec) only ever writes FP16 values: anything else was not written by such a sender, and restoring it
+  // would round it, so the bytes would not come back as they were.
+  if (into.codec().open_block_dtype() == DType::kF16) {
+    const auto all_fp16 = [](const uint8_t* values, size_t count) {
+      for (size_t i = 0; i < count; ++i) {
+        uint32_t bits = 0;
+        std::memcpy(&bits, values + 4 * i, 4);
+        if (float_bits(fp16_to_float(float_to_fp16(bits_float(bits)))) != bits) return false;
+      }
+      return true;
+    };
+    const uint8_t* record = data + layout.open_offset;
+    for (int l = 0; l < shape.num_layers; ++l) {
+      const int open = info.layer_tokens[size_t(l)] % info.block_tokens;
+      uint64_t k_record = 0, v_record = 0;
+      open_record_bytes(uint64_t(open), layout.k_dim, &k_record);
+      open_record_bytes(uint64_t(open), layout.v_dim, &v_record);
+      for (int g = 0; g < shape.num_kv_heads; ++g, record += k_record + v_record) {
+        if (!all_fp16(record, size_t(open) * layout.k_dim) || !all_fp16(record + k_record, size_t(open) * layout.v_dim)) {
+          return error(where, ": layer ", l, " KV head ", g, ": the open block holds values that are not FP16, "
+                       "and this spec's open block is FP16 (no sender with this spec wrote them)");
+        }
+      }
     }
   }
 
