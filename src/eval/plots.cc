@@ -35,7 +35,9 @@ std::vector<const ResultRow*> select(const EvalResults& results, const std::stri
 
 // One image: a gnuplot "set output" and the commands drawing it.
 struct Figure {
-  std::string file, commands;
+  std::string file;
+  int width = 0, height = 0;  // pixels
+  std::string commands;       // what draws it, after the terminal and output are set
 };
 
 std::string passkey_heatmaps(const EvalResults& results, const std::vector<std::string>& specs, int& panels) {
@@ -114,7 +116,7 @@ std::string tradeoff(const EvalResults& results, const std::vector<std::string>&
   return "$tradeoff << EOD\n" + data +
          "EOD\nset xlabel 'KV bytes per token per layer'\nset ylabel 'perplexity (decode path)'\nset logscale xy\n"
          "plot $tradeoff using 1:2 with points pt 7 notitle, $tradeoff using 1:2:3 with labels offset 0,1 font ',8' "
-         "notitle\nunset logscale xy\n";
+         "notitle\n";
 }
 
 // Runs plots.gp in `dir`, where its images go.
@@ -141,8 +143,8 @@ Status write_plots(const EvalResults& results, const std::vector<std::string>& s
   const std::string heatmaps = passkey_heatmaps(results, specs, panels);
   if (panels > 0) {
     const int columns = 2, rows = (panels + 1) / 2;
-    figures.push_back({"passkey.png", "set terminal pngcairo size 1000," + std::to_string(320 * rows) +
-                                          "\nset multiplot layout " + std::to_string(rows) + "," + std::to_string(columns) +
+    figures.push_back({"passkey.png", 1000, 320 * rows,
+                       "set multiplot layout " + std::to_string(rows) + "," + std::to_string(columns) +
                                           "\nset xlabel 'depth (%)'\nset ylabel 'length (tokens)'\nset cbrange [0:1]\n"
                                           "set palette defined (0 '#b2182b', 0.5 '#f7f7f7', 1 '#2166ac')\n" +
                                           heatmaps + "unset multiplot\n"});
@@ -153,29 +155,28 @@ Status write_plots(const EvalResults& results, const std::vector<std::string>& s
     if (!lines.empty()) kvret += "set title 'question " + std::string(placement) + "'\n" + lines;
   }
   if (!kvret.empty()) {
-    figures.push_back({"kvret.png", "set terminal pngcairo size 1000,420\nset multiplot layout 1,2\nset xlabel "
+    figures.push_back({"kvret.png", 1000, 420, "set multiplot layout 1,2\nset xlabel "
                                     "'length (tokens)'\nset ylabel 'accuracy'\nset yrange [0:1.05]\nset key bottom left\n" +
-                                        kvret + "unset multiplot\nset yrange [*:*]\n"});
+                                        kvret + "unset multiplot\n"});
   }
   const std::string fidelity = lines_by_key(results, specs, "fidelity", "rel_l2", true, "");
   if (!fidelity.empty()) {
-    figures.push_back({"fidelity.png", "set terminal pngcairo size 800,500\nset title 'attention output error against "
+    figures.push_back({"fidelity.png", 800, 500, "set title 'attention output error against "
                                        "the reference'\nset xlabel 'layer'\nset ylabel 'relative L2 error'\nset logscale "
                                        "y\nset key outside right\n" +
-                                           fidelity + "unset logscale y\nunset key\nset key default\n"});
+                                           fidelity});
   }
   const std::string points = tradeoff(results, specs);
   if (!points.empty()) {
-    figures.push_back({"tradeoff.png", "set terminal pngcairo size 800,500\nset title 'KV memory against quality'\n" + points});
+    figures.push_back({"tradeoff.png", 800, 500, "set title 'KV memory against quality'\n" + points});
   }
   if (figures.empty()) return Status::ok();
 
   std::string script = "# Drawn by slimkv eval; run `gnuplot plots.gp` in this folder to redraw.\nset encoding utf8\n";
-  for (const Figure& figure : figures) {
-    // The terminal first (its first line), then where it draws, then the rest.
-    const size_t first_line = figure.commands.find('\n') + 1;
-    script += "\nreset\n" + figure.commands.substr(0, first_line) + "set termoption noenhanced\nset output " +
-              quoted(figure.file) + "\n" + figure.commands.substr(first_line) + "unset output\n";
+  for (const Figure& figure : figures) {  // each from a clean state: reset
+    script += str_cat("\nreset\nset terminal pngcairo size ", figure.width, ",", figure.height,
+                      "\nset termoption noenhanced\nset output ", quoted(figure.file), "\n", figure.commands,
+                      "unset output\n");
   }
   SLIMKV_RETURN_IF_ERROR(write_file_atomically(out_dir + "/plots.gp", {std::span(reinterpret_cast<const uint8_t*>(script.data()), script.size())}));
   return run_gnuplot(out_dir);
