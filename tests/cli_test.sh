@@ -42,6 +42,10 @@ expect_error no-tokenizer "tokenizer.json" "$slimkv" generate --model "$models/q
 expect_error empty-prompt "empty" "$slimkv" generate --model "$models/qwen2_bias_tied" --prompt ""
 expect_error unknown-option "--frobnicate" "$slimkv" generate --model "$models/qwen2_bias_tied" --frobnicate
 expect_error no-subcommand "subcommand" "$slimkv"
+# --device cuda where no GPU is usable (CI) is a clear error; on a GPU machine tests/cuda run it.
+if ! nvidia-smi >/dev/null 2>&1; then
+  expect_error no-gpu "CUDA" "$slimkv" logits --model "$models/llama_gqa_bf16" --tokens "1" --device cuda --out "$work/c.npy"
+fi
 # ZACK: the calibration a spec names must exist and be this model's.
 bundled=$src/models/slimkv-llama-14m
 expect_error zack-no-calibration "zack.safetensors" "$slimkv" logits --model "$models/qwen2_bias_tied" --tokens "1" --kv zack:r=0.05 --out "$work/c.npy"

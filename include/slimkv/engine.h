@@ -26,16 +26,22 @@ struct RunState;
 struct ModelConfig;
 struct KvMemory;
 struct ForwardObserver;
+class DeviceModel;
+class DeviceSequence;
 
 struct EngineConfig {
   std::string model_dir;
   std::string kv_spec = "dense";
-  std::string device = "cpu";
+  std::string device = "cpu";  // "cpu", or "cuda" (builds with the CUDA backend, a usable GPU)
   int threads = 0;              // 0: every core
   int prefill_chunk_tokens = 512;  // prompts run through the model this many tokens at a time
   // Workers to run on, shared by engines used one at a time (slimkv eval holds one per KV spec);
   // nullptr: the engine starts its own `threads` workers.
   std::shared_ptr<ThreadPool> pool = nullptr;
+  // device "cuda": sessions alive at once (each holds a sequence of the GPU's KV cache), and the GPU
+  // memory for KV blocks (0: every session's full context, within 90% of what is free).
+  int gpu_max_sessions = 16;
+  size_t gpu_kv_cache_bytes = 0;
 };
 
 // generation_config.json, where present (all optional).
@@ -72,6 +78,7 @@ class Engine {
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<KvPipeline> pipeline_;
+  std::unique_ptr<DeviceModel> device_model_;  // device "cuda": the model and KV cache on the GPU
   std::shared_ptr<ThreadPool> pool_;  // shared by this engine's sessions: run them one at a time
   friend class Session;
   GenerationDefaults generation_;
@@ -90,10 +97,11 @@ class Session {
 
   int num_tokens() const;
   int context_tokens() const;
-  const KvStore& kv() const { return *kv_; }
+  bool on_gpu() const { return kv_ == nullptr; }  // device "cuda"
+  const KvStore& kv() const { return *kv_; }  // CPU sessions (!on_gpu()) only
 
   // Later calls show each layer's buffers to `observer` (model/forward_observer.h); nullptr stops it.
-  // The observer must outlive those calls.
+  // The observer must outlive those calls. CPU sessions only: a GPU session's prefill refuses.
   void set_observer(ForwardObserver* observer) { observer_ = observer; }
 
  private:
@@ -101,6 +109,9 @@ class Session {
   std::unique_ptr<KvStore> kv_;
   std::unique_ptr<RunState> state_;
   ForwardObserver* observer_ = nullptr;
+  // On the GPU: the sequence in the engine's cache, taken at the first prefill (an error there when
+  // gpu_max_sessions sessions hold one).
+  std::unique_ptr<DeviceSequence> device_sequence_;
 };
 
 }  // namespace slimkv

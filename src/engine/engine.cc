@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/device_model.h"
 #include "kv/kv_factory.h"
 #include "model/llama.h"
 #include "slimkv/engine.h"
@@ -48,12 +49,24 @@ Expected<GenerationDefaults> load_generation_defaults(const std::string& model_d
   return defaults;
 }
 
+// What the CUDA backend runs so far: the dense codec with FP16 blocks of its block size, every token attended.
+Status check_gpu_kv(const KvPipeline& pipeline, const std::string& spec) {
+  const std::string codec = pipeline.codec->describe();
+  if (codec == "dense:dtype=bf16" || !codec.starts_with("dense") || pipeline.selector || pipeline.zack ||
+      pipeline.offload || pipeline.hadamard || pipeline.block_tokens != 64) {
+    return error("KV spec '", spec, "' is not supported on device 'cuda' yet: there the KV cache is `dense` ",
+                 "(FP16 blocks of 64 tokens, no selector, tier or rotation)");
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
-  if (config.device != "cpu") {
-    return error("device '", config.device, "' is not available in this build (known: cpu)");
+  if (config.device != "cpu" && config.device != "cuda") {
+    return error("device '", config.device, "' is not known (expected cpu or cuda)");
   }
+  if (config.gpu_max_sessions < 1) return error("gpu_max_sessions must be >= 1, got ", config.gpu_max_sessions);
   if (config.threads < 0) return error("threads must be >= 0 (0 = every core), got ", config.threads);
   if (config.prefill_chunk_tokens < 1) return error("prefill chunk must be >= 1 token");
   std::unique_ptr<Engine> engine(new Engine());
@@ -61,6 +74,7 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
   const int threads = config.threads > 0 ? config.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   SLIMKV_ASSIGN_OR_RETURN(KvPipeline pipeline, make_kv_pipeline(config.kv_spec));  // bad specs fail before loading
   engine->pipeline_ = std::make_unique<KvPipeline>(std::move(pipeline));
+  if (config.device == "cuda") SLIMKV_RETURN_IF_ERROR(check_gpu_kv(*engine->pipeline_, config.kv_spec));
   SLIMKV_ASSIGN_OR_RETURN(engine->model_, LlamaModel::load(config.model_dir));
   const std::string kv_context = str_cat("KV spec '", config.kv_spec, "' for ", config.model_dir);
   if (std::optional<ZackOptions>& zack = engine->pipeline_->zack) {
@@ -87,6 +101,14 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
   }
   SLIMKV_ASSIGN_OR_RETURN(engine->generation_, load_generation_defaults(config.model_dir, engine->model_->config()));
   engine->pool_ = config.pool ? config.pool : std::make_shared<ThreadPool>(threads);
+  if (config.device == "cuda") {
+#ifdef SLIMKV_HAVE_CUDA
+    SLIMKV_ASSIGN_OR_RETURN(engine->device_model_, load_cuda_model(*engine->model_, config));
+#else
+    return error("device 'cuda': this build has no CUDA backend (nvcc was not found when it was configured; ",
+                 "install the CUDA toolkit and rebuild, or configure with -DSLIMKV_CUDA=ON to insist)");
+#endif
+  }
   return engine;
 }
 
@@ -100,16 +122,23 @@ std::unique_ptr<Session> Engine::new_session() const { return std::make_unique<S
 
 // ----------------------------------------------------------------------------------------------
 
-Session::Session(const Engine& engine)
-    : engine_(engine),
-      kv_(std::make_unique<KvStore>(engine.model().kv_shape(), engine.kv_pipeline())),
-      state_(std::make_unique<RunState>()) {}
+Session::Session(const Engine& engine) : engine_(engine) {
+  if (!engine.device_model_) {
+    kv_ = std::make_unique<KvStore>(engine.model().kv_shape(), engine.kv_pipeline());
+    state_ = std::make_unique<RunState>();
+  }
+}
 
 Session::~Session() = default;
 
-int Session::num_tokens() const { return kv_->num_tokens(0); }
+int Session::num_tokens() const {
+  if (kv_) return kv_->num_tokens(0);
+  return device_sequence_ ? device_sequence_->num_tokens() : 0;
+}
 
-int Session::context_tokens() const { return kv_->shape().max_tokens; }
+int Session::context_tokens() const {
+  return kv_ ? kv_->shape().max_tokens : engine_.device_model_->context_tokens();
+}
 
 Expected<std::vector<float>> Session::prefill(std::span<const int32_t> tokens, bool all_logits) {
   const ModelConfig& config = engine_.model_config();
@@ -124,18 +153,25 @@ Expected<std::vector<float>> Session::prefill(std::span<const int32_t> tokens, b
                  " already + ", tokens.size(), " new), more than the model's context of ", context_tokens(),
                  " tokens (max_position_embeddings)");
   }
+  if (on_gpu() && observer_ != nullptr) {
+    return error("observing the forward pass (fidelity, calibration) runs on device 'cpu' only");
+  }
+  if (on_gpu() && !device_sequence_) {
+    SLIMKV_ASSIGN_OR_RETURN(device_sequence_, engine_.device_model_->new_sequence());
+  }
   const size_t vocab = size_t(config.vocab_size);
   std::vector<float> logits(all_logits ? tokens.size() * vocab : vocab);
   const size_t chunk = size_t(engine_.config().prefill_chunk_tokens);
   for (size_t first = 0; first < tokens.size(); first += chunk) {
     const auto part = tokens.subspan(first, std::min(chunk, tokens.size() - first));
     const bool last_part = first + part.size() == tokens.size();
-    if (!all_logits && !last_part) {
-      thread_local std::vector<float> discarded;
-      discarded.resize(vocab);
-      engine_.model().forward(part, *kv_, false, discarded.data(), *state_, *engine_.pool_, observer_);
+    // The last token's logits of a chunk before the last are not wanted, but are written somewhere.
+    thread_local std::vector<float> discarded;
+    discarded.resize(vocab);
+    float* out = all_logits ? logits.data() + first * vocab : last_part ? logits.data() : discarded.data();
+    if (device_sequence_) {
+      SLIMKV_RETURN_IF_ERROR(device_sequence_->run(part, all_logits, out));
     } else {
-      float* out = all_logits ? logits.data() + first * vocab : logits.data();
       engine_.model().forward(part, *kv_, all_logits, out, *state_, *engine_.pool_, observer_);
     }
   }

@@ -95,12 +95,15 @@ CommandRunner add_generate_command(CLI::App& app) {
     std::fputs(stream.finish().c_str(), stdout);
     std::fputs("\n", stdout);
     const double decode_s = std::chrono::duration<double>(Clock::now() - decode_start).count();
-    const KvMemory memory = session->kv().memory();
-    std::fprintf(stderr,
-                 "\n[slimkv] prompt: %zu tokens, %.1f tok/s | decode: %d tokens, %.1f tok/s (%s) | KV %s: %zu bytes "
-                 "sealed + %zu open, %.0f bytes/token sealed\n",
+    std::fprintf(stderr, "\n[slimkv] prompt: %zu tokens, %.1f tok/s | decode: %d tokens, %.1f tok/s (%s) | ",
                  prompt_ids.size(), double(prompt_ids.size()) / prefill_s, generated,
-                 generated > 1 ? double(generated - 1) / decode_s : 0.0, stop_reason.c_str(),
+                 generated > 1 ? double(generated - 1) / decode_s : 0.0, stop_reason.c_str());
+    if (session->on_gpu()) {
+      std::fprintf(stderr, "KV %s on the GPU (FP16 blocks)\n", engine->kv_description().c_str());
+      return Status::ok();
+    }
+    const KvMemory memory = session->kv().memory();
+    std::fprintf(stderr, "KV %s: %zu bytes sealed + %zu open, %.0f bytes/token sealed\n",
                  engine->kv_description().c_str(), memory.sealed_bytes, memory.open_bytes,
                  memory.sealed_bytes_per_token());
     if (const TierStats tier = session->kv().tier_stats(); tier.hits + tier.misses > 0) {

@@ -9,7 +9,7 @@ namespace slimkv {
 void CommonOptions::add_to(CLI::App& command) {
   command.add_option("--model", model_dir, "Hugging Face model directory (config.json, *.safetensors)")->required();
   command.add_option("--kv", kv_spec, "KV cache spec, e.g. dense, dense:dtype=f16, hack:bits=4, zack:r=0.05+hack:bits=4")->capture_default_str();
-  command.add_option("--device", device, "cpu")->capture_default_str();
+  command.add_option("--device", device, "cpu, or cuda (a build with the CUDA backend and a usable GPU)")->capture_default_str();
   command.add_option("--threads", threads, "worker threads (0 = every core)")->capture_default_str();
 }
 

@@ -33,6 +33,13 @@ inline std::vector<uint16_t> random_halves(size_t n, float stddev, std::mt19937&
   return halves;
 }
 
+// Asserts that a Status is ok, showing its message when not.
+#define SLIMKV_ASSERT_OK(expr)                          \
+  do {                                                  \
+    const ::slimkv::Status slimkv_status_ = (expr);     \
+    ASSERT_TRUE(slimkv_status_.is_ok()) << slimkv_status_.message(); \
+  } while (0)
+
 template <typename T>
 T take(Expected<T> value) {
   EXPECT_TRUE(value.has_value()) << value.status().message();

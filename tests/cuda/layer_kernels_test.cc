@@ -13,6 +13,8 @@
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/layer_kernels.h"
+#include "model/model_config.h"
+#include "model/rope.h"
 #include "util/half.h"
 
 namespace slimkv::cuda {
@@ -90,7 +92,7 @@ TEST_F(CudaLayerTest, GemmMatchesMatmulReference) {
   }
 }
 
-TEST_F(CudaLayerTest, EmbedRmsnormSwigluMatchLoops) {
+TEST_F(CudaLayerTest, EmbedAndRmsnormMatchLoops) {
   std::mt19937 rng(7);
   const int n = 5, hidden = 384, vocab = 50;
   const DType dtype = DType::kBF16;
@@ -129,51 +131,87 @@ TEST_F(CudaLayerTest, EmbedRmsnormSwigluMatchLoops) {
     EXPECT_LT(relative_error(got, want), out_dtype == DType::kBF16 ? 5e-3 : 1e-3) << dtype_name(out_dtype);
   }
 
-  // SwiGLU and the residual add.
-  const size_t size = 1000;
-  const auto gate = normal_floats(size, rng), up = normal_floats(size, rng);
-  auto gate_device = on_device(gate), up_device = on_device(up);
-  auto swiglu_device = on_device(std::vector<uint16_t>(size, 0xffff));
-  ASSERT_TRUE(swiglu(gate_device.data(), up_device.data(), size, swiglu_device.data(), DType::kF16).is_ok());
-  ASSERT_TRUE(add(gate_device.data(), up_device.data(), size).is_ok());
-  const auto swiglu_out = on_host(swiglu_device);
-  const auto sums = on_host(gate_device);
-  std::vector<float> got(size);
-  std::vector<double> want(size);
-  for (size_t i = 0; i < size; ++i) {
-    got[i] = fp16_to_float(swiglu_out[i]);
-    want[i] = gate[i] / (1.0 + std::exp(-double(gate[i]))) * up[i];
-    ASSERT_EQ(sums[i], gate[i] + up[i]);
+  // RMSNorm of chosen rows (the tokens whose logits are wanted).
+  const std::vector<int32_t> rows = {4, 1};
+  auto rows_device = on_device(rows);
+  auto picked_device = on_device(std::vector<uint16_t>(rows.size() * hidden, 0xffff));
+  auto all_device = on_device(std::vector<uint16_t>(size_t(n) * hidden, 0xffff));
+  ASSERT_TRUE(rmsnorm(x_device.data(), weight_device.data(), 1e-5f, 2, hidden, picked_device.data(), DType::kF16,
+                      rows_device.data()).is_ok());
+  ASSERT_TRUE(rmsnorm(x_device.data(), weight_device.data(), 1e-5f, n, hidden, all_device.data(), DType::kF16).is_ok());
+  const auto picked = on_host(picked_device), all = on_host(all_device);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    for (int c = 0; c < hidden; ++c) ASSERT_EQ(picked[r * hidden + c], all[size_t(rows[r]) * hidden + c]);
   }
-  EXPECT_LT(relative_error(got, want), 1e-3);
 }
 
-TEST_F(CudaLayerTest, RopeMatchesRotateHalf) {
-  std::mt19937 rng(11);
-  const int n = 3, heads = 4, head_dim = 128, half = head_dim / 2;
-  const auto x = normal_floats(size_t(n) * heads * head_dim, rng);
-  std::vector<float> cos(size_t(n) * half), sin(cos.size());
-  std::uniform_real_distribution<float> angle(-3.14f, 3.14f);
-  for (size_t i = 0; i < cos.size(); ++i) {
-    const float a = angle(rng);
-    cos[i] = std::cos(a);
-    sin[i] = std::sin(a);
+TEST_F(CudaLayerTest, SwigluOfFusedGateUpMatchesLoop) {
+  std::mt19937 rng(5);
+  const int n = 3, intermediate = 333;
+  const auto gate_up = normal_floats(size_t(n) * 2 * intermediate, rng);
+  auto gate_up_device = on_device(gate_up);
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    auto out_device = on_device(std::vector<uint16_t>(size_t(n) * intermediate, 0xffff));
+    ASSERT_TRUE(swiglu(gate_up_device.data(), n, intermediate, out_device.data(), dtype).is_ok());
+    const auto out = on_host(out_device);
+    std::vector<float> got(out.size());
+    std::vector<double> want(out.size());
+    for (int t = 0; t < n; ++t) {
+      for (int i = 0; i < intermediate; ++i) {
+        const double g = gate_up[size_t(t) * 2 * intermediate + i], u = gate_up[size_t(t) * 2 * intermediate + intermediate + i];
+        want[size_t(t) * intermediate + i] = g / (1.0 + std::exp(-g)) * u;
+        got[size_t(t) * intermediate + i] = from_half(out[size_t(t) * intermediate + i], dtype);
+      }
+    }
+    EXPECT_LT(relative_error(got, want), dtype == DType::kBF16 ? 5e-3 : 1e-3) << dtype_name(dtype);
   }
-  auto x_device = on_device(x), cos_device = on_device(cos), sin_device = on_device(sin);
-  ASSERT_TRUE(rope(x_device.data(), n, heads, head_dim, cos_device.data(), sin_device.data()).is_ok());
-  const auto got = on_host(x_device);
-  std::vector<double> want(x.size());
-  for (int t = 0; t < n; ++t) {
-    for (int h = 0; h < heads; ++h) {
-      const size_t row = (size_t(t) * heads + h) * head_dim;
-      for (int i = 0; i < half; ++i) {
-        const double c = cos[size_t(t) * half + i], s = sin[size_t(t) * half + i];
-        want[row + i] = x[row + i] * c - x[row + i + half] * s;
-        want[row + i + half] = x[row + i + half] * c + x[row + i] * s;
+}
+
+// Bias, RoPE and the FP16 split against the CPU's Rope (default and llama3 inverse frequencies), at
+// positions far apart (the angles' FP32 product and double cos/sin must agree with model/rope.cc).
+TEST_F(CudaLayerTest, AttentionInputsMatchCpuRope) {
+  for (const char* rope_type : {"default", "llama3"}) {
+    SCOPED_TRACE(rope_type);
+    ModelConfig config;
+    config.head_dim = 64;
+    config.rope.theta = 500000.0;
+    if (std::string(rope_type) == "llama3") {
+      config.rope.type = RopeType::kLlama3;
+      config.rope.factor = 8.0;
+      config.rope.original_max_position_embeddings = 8192;
+    }
+    const Rope rope(config);
+    const AttentionHeads heads{4, 2, 64};
+    const int n = 3, width = (heads.num_heads + 2 * heads.num_kv_heads) * heads.head_dim;
+    const std::vector<int32_t> positions = {0, 17, 100000};
+    std::mt19937 rng(11);
+    const auto qkv = normal_floats(size_t(n) * width, rng), bias = normal_floats(size_t(width), rng);
+    auto qkv_device = on_device(qkv), bias_device = on_device(bias);
+    auto positions_device = on_device(positions);
+    auto inv_freq_device = on_device(rope.inverse_frequencies());
+    auto q_device = on_device(std::vector<uint16_t>(size_t(n) * 4 * 64, 0xffff));
+    auto k_device = on_device(std::vector<uint16_t>(size_t(n) * 2 * 64, 0xffff));
+    auto v_device = on_device(std::vector<uint16_t>(size_t(n) * 2 * 64, 0xffff));
+    ASSERT_TRUE(attention_inputs(qkv_device.data(), n, heads, bias_device.data(), positions_device.data(),
+                                 inv_freq_device.data(), q_device.data(), k_device.data(), v_device.data()).is_ok());
+    const auto q = on_host(q_device), k = on_host(k_device), v = on_host(v_device);
+    for (int t = 0; t < n; ++t) {
+      std::vector<float> row(qkv.begin() + ptrdiff_t(t) * width, qkv.begin() + ptrdiff_t(t + 1) * width);
+      for (int i = 0; i < width; ++i) row[size_t(i)] += bias[size_t(i)];
+      std::vector<float> cos, sin;
+      rope.angles(positions[size_t(t)], 1, cos, sin);
+      rope.rotate(row.data(), 1, heads.num_heads + heads.num_kv_heads, cos, sin);  // q and k heads are adjacent
+      // The GPU may fuse a·c − b·s into one FMA: the FP16 results agree to a rounding step.
+      const auto expect_half = [](uint16_t got, float want, const char* what, int i) {
+        ASSERT_NEAR(fp16_to_float(got), want, std::fabs(want) * 1e-3 + 1e-6) << what << " " << i;
+      };
+      for (int i = 0; i < 4 * 64; ++i) expect_half(q[size_t(t) * 256 + i], row[size_t(i)], "q", i);
+      for (int i = 0; i < 2 * 64; ++i) {
+        expect_half(k[size_t(t) * 128 + i], row[size_t(256 + i)], "k", i);
+        expect_half(v[size_t(t) * 128 + i], row[size_t(384 + i)], "v", i);
       }
     }
   }
-  EXPECT_LT(relative_error(got, want), 1e-6);
 }
 
 TEST_F(CudaLayerTest, ArgmaxPicksTheFirstOfEqualMaxima) {
@@ -190,18 +228,14 @@ TEST_F(CudaLayerTest, ArgmaxPicksTheFirstOfEqualMaxima) {
   EXPECT_EQ(out[1], vocab - 1);
 }
 
-TEST_F(CudaLayerTest, ConvertRoundTrips) {
+TEST_F(CudaLayerTest, ConvertHalfMatchesHostRounding) {
   std::mt19937 rng(17);
-  const auto x = normal_floats(777, rng);
+  const auto x = halves(normal_floats(777, rng), DType::kF16);
   auto x_device = on_device(x);
-  auto half_device = on_device(std::vector<uint16_t>(x.size(), 0));
-  auto back_device = on_device(std::vector<float>(x.size(), NAN));
-  for (DType dtype : {DType::kF16, DType::kBF16}) {
-    ASSERT_TRUE(convert(x_device.data(), x.size(), half_device.data(), dtype).is_ok());
-    ASSERT_TRUE(widen(half_device.data(), dtype, x.size(), back_device.data()).is_ok());
-    const auto back = on_host(back_device);
-    for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(back[i], from_half(to_half(x[i], dtype), dtype)) << dtype_name(dtype);
-  }
+  auto out_device = on_device(std::vector<uint16_t>(x.size(), 0));
+  ASSERT_TRUE(convert_half(x_device.data(), DType::kF16, x.size(), out_device.data(), DType::kBF16).is_ok());
+  const auto out = on_host(out_device);
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(out[i], float_to_bf16(fp16_to_float(x[i])));
 }
 
 }  // namespace

@@ -149,6 +149,8 @@ TEST_F(CudaTest, PagedAttentionMatchesReference) {
       {{50, 20}, 7, 8, 4, 64},                   // GQA 2, short prefill then many decode steps
       {{3000}, 2995, 8, 2, 128},                 // many blocks: several splits in prefill and decode
       {{2100, 1500, 9}, 2048, 32, 8, 128},       // the benchmark's heads, unequal lengths
+      {{150, 70}, 80, 4, 2, 32},                 // head_dim 32 (small models)
+      {{150, 5}, 70, 4, 2, 16},                  // head_dim 16: 16 tokens per warp load
   };
   for (const PagedCase& c : cases) check(c);
 }

@@ -167,6 +167,11 @@ TEST(Session, RefusesBadInputWithClearErrors) {
   auto bad_device = Engine::load(config);
   ASSERT_FALSE(bad_device);
   EXPECT_NE(bad_device.status().message().find("tpu"), std::string::npos);
+  // device "cuda" runs where the build has the backend and a GPU is usable; elsewhere it says why.
+  config.device = "cuda";
+  if (auto gpu = Engine::load(config); !gpu) {
+    EXPECT_NE(gpu.status().message().find("CUDA"), std::string::npos) << gpu.status().message();
+  }
   config.device = "cpu";
   config.model_dir = kModels + "/does_not_exist";
   auto missing = Engine::load(config);

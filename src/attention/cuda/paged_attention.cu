@@ -32,7 +32,9 @@ __global__ __launch_bounds__(kThreads) void paged_attention_partials(AttentionLa
   // Loads per chunk, bounded by registers (two chunks are held, and kSteps × kRows scores). Measured on
   // H100, batch 8, 32/8 heads, d 128: 8 rather than 4 took 16K from 0.206 to 0.190 ms (SDPA 0.185):
   // the per-chunk max, rescale and shuffles are paid half as often.
-  constexpr int kSteps = kRows >= 8 ? 4 : 8;
+  // (At most a block: small heads put many tokens in one step.)
+  constexpr int kWantedSteps = kRows >= 8 ? 4 : 8;
+  constexpr int kSteps = kWantedSteps * kTokensPerStep <= kCudaBlockTokens ? kWantedSteps : kCudaBlockTokens / kTokensPerStep;
   constexpr int kChunkTokens = kTokensPerStep * kSteps;
   static_assert(kCudaBlockTokens % kChunkTokens == 0, "a chunk must not straddle blocks");
   constexpr unsigned kFullMask = 0xffffffffu;
@@ -240,6 +242,29 @@ int resident_ctas_per_multiprocessor() {
   return std::max(ctas, 1);
 }
 
+struct ResidentCtas {
+  template <int kHeadDim, int kRows>
+  int operator()() const { return resident_ctas_per_multiprocessor<kHeadDim, kRows>(); }
+};
+struct LaunchPartials {
+  const AttentionLaunch& p;
+  template <int kHeadDim, int kRows>
+  void operator()() const { launch_partials<kHeadDim, kRows>(p); }
+};
+
+// Calls f.template operator()<kHeadDim, kRows>() for the run-time shape: the one switch from it to the
+// kernel's compile-time shape (create() checked that head_dim is one of these).
+template <typename F>
+auto with_kernel_shape(int head_dim, int rows, F&& f) {
+  const bool four = rows == 4;
+  switch (head_dim) {
+    case 16: return four ? f.template operator()<16, 4>() : f.template operator()<16, 8>();
+    case 32: return four ? f.template operator()<32, 4>() : f.template operator()<32, 8>();
+    case 64: return four ? f.template operator()<64, 4>() : f.template operator()<64, 8>();
+    default: return four ? f.template operator()<128, 4>() : f.template operator()<128, 8>();
+  }
+}
+
 }  // namespace
 
 Expected<std::unique_ptr<CudaPagedAttention>> CudaPagedAttention::create(const PagedAttentionShape& shape) {
@@ -249,8 +274,8 @@ Expected<std::unique_ptr<CudaPagedAttention>> CudaPagedAttention::create(const P
   }
   const int group = shape.num_heads / shape.num_kv_heads;
   if (group > 8) return error("CUDA paged attention: GQA group ", group, " (heads per KV head) is over the supported 8");
-  if (shape.head_dim != 64 && shape.head_dim != 128) {
-    return error("CUDA paged attention: head_dim ", shape.head_dim, " is not supported (64 or 128)");
+  if (shape.head_dim != 16 && shape.head_dim != 32 && shape.head_dim != 64 && shape.head_dim != 128) {
+    return error("CUDA paged attention: head_dim ", shape.head_dim, " is not supported (16, 32, 64 or 128)");
   }
   if (shape.max_batch <= 0 || shape.max_queries < shape.max_batch) {
     return error("CUDA paged attention: max_batch ", shape.max_batch, " and max_queries ", shape.max_queries,
@@ -264,11 +289,7 @@ Expected<std::unique_ptr<CudaPagedAttention>> CudaPagedAttention::create(const P
   attention->positions_per_tile_ = attention->rows_per_tile_ / group;
   // As many CTAs as are resident at once: split-K fills one wave of the GPU (a second, partial wave
   // would leave most multiprocessors idle while it runs: measured 0.77x of SDPA with 2.2 waves).
-  const int resident = shape.head_dim == 64
-                           ? (attention->rows_per_tile_ == 4 ? resident_ctas_per_multiprocessor<64, 4>()
-                                                             : resident_ctas_per_multiprocessor<64, 8>())
-                           : (attention->rows_per_tile_ == 4 ? resident_ctas_per_multiprocessor<128, 4>()
-                                                             : resident_ctas_per_multiprocessor<128, 8>());
+  const int resident = with_kernel_shape(shape.head_dim, attention->rows_per_tile_, ResidentCtas{});
   attention->target_ctas_ = resident * multiprocessor_count();
   // Tiles never outnumber queries; splits are added only while tiles × KV heads is under the target
   // (the quantized kernels' targets included: at most kMaxResidentCtas per multiprocessor).
@@ -379,12 +400,7 @@ Status CudaPagedAttention::run(const PagedKvView& kv, const uint16_t* q, float s
   SLIMKV_RETURN_IF_ERROR(check_run(kv));
   split_blocks(target_ctas_);  // run_quantized may have split for its own kernel
   const AttentionLaunch p = launch_params(kv, q, scale, out);
-  // One switch turns the run-time shape into the kernel's compile-time one (create() checked it).
-  if (shape_.head_dim == 64) {
-    rows_per_tile_ == 4 ? launch_partials<64, 4>(p) : launch_partials<64, 8>(p);
-  } else {
-    rows_per_tile_ == 4 ? launch_partials<128, 4>(p) : launch_partials<128, 8>(p);
-  }
+  with_kernel_shape(shape_.head_dim, rows_per_tile_, LaunchPartials{p});
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   launch_merge_split_partials(p);
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();

@@ -33,7 +33,7 @@ struct PagedAttentionBatch {
 struct PagedAttentionShape {
   int num_heads = 0;     // query heads; num_heads / num_kv_heads (at most 8) share a KV head
   int num_kv_heads = 0;
-  int head_dim = 0;      // 64 or 128
+  int head_dim = 0;      // 16, 32, 64 or 128
   int max_batch = 0;     // sequences per step
   int max_queries = 0;   // queries per step, over all sequences
 };

@@ -36,6 +36,12 @@ int multiprocessor_count() {
   return count;
 }
 
+Expected<size_t> device_free_memory() {
+  size_t free_bytes = 0, total_bytes = 0;
+  SLIMKV_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return free_bytes;
+}
+
 Expected<void*> device_allocate(size_t bytes, const char* what) {
   void* pointer = nullptr;
   const cudaError_t status = cudaMalloc(&pointer, bytes);

@@ -17,6 +17,9 @@ Status device_usable();
 // The number of streaming multiprocessors of the current device (sizes split-K grids).
 int multiprocessor_count();
 
+// Bytes of device memory free now (sizes the KV block pool).
+Expected<size_t> device_free_memory();
+
 // Allocation, copies and errors: every CUDA call is checked and turned into a Status naming the call.
 Expected<void*> device_allocate(size_t bytes, const char* what);
 void device_free(void* pointer);

@@ -18,8 +18,10 @@ class CublasGemm {
   CublasGemm(const CublasGemm&) = delete;
   CublasGemm& operator=(const CublasGemm&) = delete;
 
-  // y[n, rows] = x[n, cols] · Wᵀ. x and w are device arrays of `dtype` (kF16 or kBF16), y FP32.
-  Status multiply(const void* x, int64_t n, const void* w, DType dtype, int64_t rows, int64_t cols, float* y);
+  // y[n, rows] = x[n, cols] · Wᵀ, or y += x · Wᵀ when accumulate (the residual adds after o_proj and
+  // down_proj, folded into the product). x and w are device arrays of `dtype` (kF16 or kBF16), y FP32.
+  Status multiply(const void* x, int64_t n, const void* w, DType dtype, int64_t rows, int64_t cols, float* y,
+                  bool accumulate = false);
 
  private:
   CublasGemm() = default;

@@ -50,8 +50,9 @@ __global__ void embed_kernel(const int32_t* tokens, int n, const void* table, bo
 }
 
 // One block per row: the mean square in FP32, as the CPU's rmsnorm.
-__global__ void rmsnorm_kernel(const float* x, const float* weight, float eps, int dim, void* out, bool bf16) {
-  const float* row = x + size_t(blockIdx.x) * dim;
+__global__ void rmsnorm_kernel(const float* x, const int32_t* rows, const float* weight, float eps, int dim, void* out,
+                               bool bf16) {
+  const float* row = x + size_t(rows != nullptr ? rows[blockIdx.x] : blockIdx.x) * dim;
   float square_sum = 0.0f;
   for (int i = threadIdx.x; i < dim; i += blockDim.x) square_sum += row[i] * row[i];
   const float inv_rms = rsqrtf(block_sum(square_sum) / float(dim) + eps);
@@ -60,40 +61,51 @@ __global__ void rmsnorm_kernel(const float* x, const float* weight, float eps, i
   }
 }
 
-__global__ void rope_kernel(float* x, int n, int num_heads, int head_dim, const float* cos, const float* sin) {
-  const int half = head_dim / 2;
+// One thread per (token, head, i < head_dim / 2): the pair (i, i + head_dim / 2) of a query or key
+// head is rotated ("rotate half"); value heads are copied.
+__global__ void attention_inputs_kernel(const float* qkv, int n, AttentionHeads heads, const float* bias,
+                                        const int32_t* positions, const float* inv_freq, __half* q, __half* k,
+                                        __half* v) {
+  const int half = heads.head_dim / 2;
+  const int row_heads = heads.num_heads + 2 * heads.num_kv_heads;
   const size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
-  if (i >= size_t(n) * num_heads * half) return;
+  if (i >= size_t(n) * row_heads * half) return;
   const int pair = int(i % half);
-  const size_t head_row = i / half;  // t · num_heads + h
-  const size_t t = head_row / num_heads;
-  float* v = x + head_row * head_dim;
-  const float c = cos[t * half + pair], s = sin[t * half + pair];
-  const float a = v[pair], b = v[pair + half];
-  v[pair] = a * c - b * s;
-  v[pair + half] = b * c + a * s;
+  const int head = int(i / half % row_heads);
+  const size_t t = i / half / row_heads;
+  const size_t column = size_t(head) * heads.head_dim + pair;
+  const float* row = qkv + t * row_heads * heads.head_dim;
+  float a = row[column], b = row[column + half];
+  if (bias != nullptr) a += bias[column], b += bias[column + half];
+  __half* out;
+  if (head < heads.num_heads) {
+    out = q + (t * heads.num_heads + head) * heads.head_dim;
+  } else if (head < heads.num_heads + heads.num_kv_heads) {
+    out = k + (t * heads.num_kv_heads + head - heads.num_heads) * heads.head_dim;
+  } else {
+    out = v + (t * heads.num_kv_heads + head - heads.num_heads - heads.num_kv_heads) * heads.head_dim;
+  }
+  if (head < heads.num_heads + heads.num_kv_heads) {
+    const float angle = float(positions[t]) * inv_freq[pair];  // an FP32 product, as model/rope.cc
+    const float c = float(cos(double(angle))), s = float(sin(double(angle)));
+    const float rotated_a = a * c - b * s, rotated_b = b * c + a * s;
+    a = rotated_a, b = rotated_b;
+  }
+  out[pair] = __float2half(a);
+  out[pair + half] = __float2half(b);
 }
 
-__global__ void swiglu_kernel(const float* gate, const float* up, size_t size, void* out, bool bf16) {
+__global__ void swiglu_kernel(const float* gate_up, int n, int intermediate, void* out, bool bf16) {
   const size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
-  if (i >= size) return;
-  const float g = gate[i];
-  store_half(out, bf16, i, g / (1.0f + expf(-g)) * up[i]);
+  if (i >= size_t(n) * intermediate) return;
+  const size_t t = i / intermediate, c = i % intermediate;
+  const float g = gate_up[t * 2 * intermediate + c], u = gate_up[t * 2 * intermediate + intermediate + c];
+  store_half(out, bf16, i, g / (1.0f + expf(-g)) * u);
 }
 
-__global__ void add_kernel(float* x, const float* delta, size_t size) {
+__global__ void convert_half_kernel(const void* x, bool bf16, size_t size, void* out, bool out_bf16) {
   const size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
-  if (i < size) x[i] += delta[i];
-}
-
-__global__ void convert_kernel(const float* x, size_t size, void* out, bool bf16) {
-  const size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
-  if (i < size) store_half(out, bf16, i, x[i]);
-}
-
-__global__ void widen_kernel(const void* x, bool bf16, size_t size, float* out) {
-  const size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
-  if (i < size) out[i] = load_half(x, bf16, i);
+  if (i < size) store_half(out, out_bf16, i, load_half(x, bf16, i));
 }
 
 // One block per row: each thread's best (value, first index), then a block-wide reduction.
@@ -133,49 +145,41 @@ Status embed(const int32_t* tokens, int n, const void* table, DType dtype, int h
   return Status::ok();
 }
 
-Status rmsnorm(const float* x, const float* weight, float eps, int n, int dim, void* out, DType out_dtype) {
+Status rmsnorm(const float* x, const float* weight, float eps, int n, int dim, void* out, DType out_dtype,
+               const int32_t* rows) {
   SLIMKV_RETURN_IF_ERROR(check_half(out_dtype, "RMSNorm output"));
   if (n == 0) return Status::ok();
-  rmsnorm_kernel<<<unsigned(n), kThreads>>>(x, weight, eps, dim, out, out_dtype == DType::kBF16);
+  rmsnorm_kernel<<<unsigned(n), kThreads>>>(x, rows, weight, eps, dim, out, out_dtype == DType::kBF16);
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   return Status::ok();
 }
 
-Status rope(float* x, int n, int num_heads, int head_dim, const float* cos, const float* sin) {
-  const size_t pairs = size_t(n) * num_heads * (head_dim / 2);
+Status attention_inputs(const float* qkv, int n, const AttentionHeads& heads, const float* bias,
+                        const int32_t* positions, const float* inv_freq, uint16_t* q, uint16_t* k, uint16_t* v) {
+  if (heads.head_dim % 2 != 0) return error("RoPE over an odd head_dim ", heads.head_dim);
+  const size_t pairs = size_t(n) * (heads.num_heads + 2 * heads.num_kv_heads) * (heads.head_dim / 2);
   if (pairs == 0) return Status::ok();
-  rope_kernel<<<blocks_for(pairs), kThreads>>>(x, n, num_heads, head_dim, cos, sin);
+  attention_inputs_kernel<<<blocks_for(pairs), kThreads>>>(qkv, n, heads, bias, positions, inv_freq,
+                                                           reinterpret_cast<__half*>(q), reinterpret_cast<__half*>(k),
+                                                           reinterpret_cast<__half*>(v));
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   return Status::ok();
 }
 
-Status swiglu(const float* gate, const float* up, size_t size, void* out, DType out_dtype) {
+Status swiglu(const float* gate_up, int n, int intermediate, void* out, DType out_dtype) {
   SLIMKV_RETURN_IF_ERROR(check_half(out_dtype, "SwiGLU output"));
+  const size_t size = size_t(n) * intermediate;
   if (size == 0) return Status::ok();
-  swiglu_kernel<<<blocks_for(size), kThreads>>>(gate, up, size, out, out_dtype == DType::kBF16);
+  swiglu_kernel<<<blocks_for(size), kThreads>>>(gate_up, n, intermediate, out, out_dtype == DType::kBF16);
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   return Status::ok();
 }
 
-Status add(float* x, const float* delta, size_t size) {
+Status convert_half(const void* x, DType dtype, size_t size, void* out, DType out_dtype) {
+  SLIMKV_RETURN_IF_ERROR(check_half(dtype, "conversion input"));
+  SLIMKV_RETURN_IF_ERROR(check_half(out_dtype, "conversion output"));
   if (size == 0) return Status::ok();
-  add_kernel<<<blocks_for(size), kThreads>>>(x, delta, size);
-  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
-  return Status::ok();
-}
-
-Status convert(const float* x, size_t size, void* out, DType out_dtype) {
-  SLIMKV_RETURN_IF_ERROR(check_half(out_dtype, "conversion"));
-  if (size == 0) return Status::ok();
-  convert_kernel<<<blocks_for(size), kThreads>>>(x, size, out, out_dtype == DType::kBF16);
-  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
-  return Status::ok();
-}
-
-Status widen(const void* x, DType dtype, size_t size, float* out) {
-  SLIMKV_RETURN_IF_ERROR(check_half(dtype, "widening"));
-  if (size == 0) return Status::ok();
-  widen_kernel<<<blocks_for(size), kThreads>>>(x, dtype == DType::kBF16, size, out);
+  convert_half_kernel<<<blocks_for(size), kThreads>>>(x, dtype == DType::kBF16, size, out, out_dtype == DType::kBF16);
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   return Status::ok();
 }

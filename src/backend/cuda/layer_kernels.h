@@ -1,6 +1,7 @@
 // The forward pass's steps between the matrix products, on the GPU (ARCHITECTURE.md "The forward
-// pass"): embedding, RMSNorm, RoPE, SwiGLU, residual adds, and greedy sampling. The residual stream
-// and projections are FP32; what feeds a matrix product is written in the weights' dtype (F16/BF16).
+// pass"): embedding, RMSNorm, bias + RoPE into the attention's FP16 inputs, SwiGLU, and greedy
+// sampling (the residual adds ride on the GEMMs: backend/cuda/gemm.h). The residual stream and the
+// projections are FP32; what feeds a matrix product is written in the weights' dtype (F16/BF16).
 // Each mirrors a CPU step of model/llama.cc and is tested against a scalar reference.
 #pragma once
 
@@ -15,22 +16,32 @@ namespace slimkv::cuda {
 // x[t, :] = table[tokens[t], :] widened to FP32. table [vocab, hidden] in dtype; tokens on the device.
 Status embed(const int32_t* tokens, int n, const void* table, DType dtype, int hidden, float* x);
 
-// out[t, :] = x[t, :] / rms(x[t, :]) · weight, written in out_dtype (transformers' LlamaRMSNorm).
-Status rmsnorm(const float* x, const float* weight, float eps, int n, int dim, void* out, DType out_dtype);
+// out[r, :] = x[i, :] / rms(x[i, :]) · weight for r < n, i = rows[r] (rows: device, nullptr = r), written
+// in out_dtype (transformers' LlamaRMSNorm). `rows` picks the tokens whose logits are wanted.
+Status rmsnorm(const float* x, const float* weight, float eps, int n, int dim, void* out, DType out_dtype,
+               const int32_t* rows = nullptr);
 
-// Rotates x [n, num_heads, head_dim] in place, "rotate half" layout, with the angles of model/rope.h:
-// cos, sin [n, head_dim / 2] (default and llama3 scaling differ only in those).
-Status rope(float* x, int n, int num_heads, int head_dim, const float* cos, const float* sin);
+// The attention's inputs from the fused q/k/v projection (ARCHITECTURE.md: project, rope, append):
+// qkv [n, (num_heads + 2·num_kv_heads) · head_dim] FP32 holds each token's query heads, then key heads,
+// then value heads. Adds the bias (nullptr: none), rotates q and k by RoPE at each token's position
+// with the angles of model/rope.h (FP32 position · inverse frequency, cos/sin in double, so the GPU
+// and CPU rotate alike; default and llama3 scaling differ only in inv_freq [head_dim / 2]), and
+// writes q [n, num_heads, head_dim], k and v [n, num_kv_heads, head_dim] in FP16 for attention and
+// the KV cache.
+struct AttentionHeads {
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+};
+Status attention_inputs(const float* qkv, int n, const AttentionHeads& heads, const float* bias,
+                        const int32_t* positions, const float* inv_freq, uint16_t* q, uint16_t* k, uint16_t* v);
 
-// out = silu(gate) · up, elementwise, written in out_dtype (SwiGLU).
-Status swiglu(const float* gate, const float* up, size_t size, void* out, DType out_dtype);
+// out[t, i] = silu(gate[t, i]) · up[t, i] from the fused gate/up projection gate_up [n, 2·intermediate]
+// (each row its gate, then its up), written [n, intermediate] in out_dtype (SwiGLU).
+Status swiglu(const float* gate_up, int n, int intermediate, void* out, DType out_dtype);
 
-// x += delta (residual adds; biases with n rows).
-Status add(float* x, const float* delta, size_t size);
-
-// out = x in out_dtype (queries and K/V for the FP16 attention; an attention output for o_proj).
-Status convert(const float* x, size_t size, void* out, DType out_dtype);
-Status widen(const void* x, DType dtype, size_t size, float* out);
+// out = x converted between the half dtypes (the FP16 attention output into a BF16 model's o_proj).
+Status convert_half(const void* x, DType dtype, size_t size, void* out, DType out_dtype);
 
 // out[t] = the index of the largest of logits[t, :] (the first of equals, as the CPU sampler).
 Status argmax_rows(const float* logits, int n, int vocab, int32_t* out);

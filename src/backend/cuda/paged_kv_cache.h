@@ -24,7 +24,7 @@ constexpr int kCudaBlockTokens = 64;  // HACK's Π, like the CPU store's default
 struct CudaKvShape {
   int num_layers = 0;
   int num_kv_heads = 0;
-  int head_dim = 0;                 // 64 or 128 (the attention kernels' instantiations)
+  int head_dim = 0;                 // 16, 32, 64 or 128 (the attention kernels' instantiations)
   int num_blocks = 0;               // the pool, shared by all sequences
   int max_sequences = 0;
   int max_blocks_per_sequence = 0;  // the longest context, in blocks
@@ -51,6 +51,9 @@ class CudaPagedKvCache {
   Expected<int> add_sequence();
   // Returns the sequence's blocks to the pool; its id may be reused.
   void remove_sequence(int sequence);
+  bool is_live(int sequence) const {
+    return sequence >= 0 && sequence < shape_.max_sequences && sequences_[size_t(sequence)].live;
+  }
   int num_tokens(int sequence) const { return sequences_[size_t(sequence)].num_tokens; }
   // The sequence's blocks, in order (indices into the pool).
   const std::vector<int>& blocks(int sequence) const { return sequences_[size_t(sequence)].blocks; }

@@ -1,0 +1,139 @@
+// A Llama-family model on the GPU (issue 9): the forward pass of model/llama.cc with the weights in
+// FP16/BF16 on the device, the GEMMs in cuBLAS, the KV cache in the GPU's paged block pool with the
+// `dense` codec (FP16 blocks), and several sequences of different lengths through the layers in one
+// step (batched decode, prefill chunks, or both mixed: the basis of continuous batching).
+//
+//   x = embed(tokens)
+//   for each layer:
+//       h = rmsnorm(x);  qkv = h · W_qkvᵀ (one GEMM)
+//       q, k, v = rope(qkv + bias) in FP16;  cache.append(layer, k, v)
+//       o = paged_attention(q, cache)            x += o · W_oᵀ (the add rides on the GEMM)
+//       h = rmsnorm(x);  gu = h · W_gate_upᵀ;   x += swiglu(gu) · W_downᵀ
+//   logits = lm_head(rmsnorm(x)) for the rows asked for
+//
+// Kernels and their references: backend/cuda/layer_kernels.h, attention/cuda/paged_attention.h.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "attention/cuda/paged_attention.h"
+#include "backend/cuda/device_memory.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/paged_kv_cache.h"
+#include "model/llama_weights.h"
+#include "model/model_config.h"
+
+namespace slimkv::cuda {
+
+struct CudaModelOptions {
+  int max_sequences = 16;      // sequences held at once
+  int max_step_tokens = 512;   // tokens through the model in one step, all sequences together
+  int max_context_tokens = 0;  // per sequence; 0: the model's max_position_embeddings
+  // GPU memory for the KV block pool; 0: room for max_sequences full contexts, or what fits in 90% of
+  // the memory left after the weights and activations, whichever is less.
+  size_t kv_cache_bytes = 0;
+};
+
+// One sequence's part of a step: its new tokens, run at the end of what it holds.
+struct SequenceTokens {
+  int sequence = 0;
+  std::span<const int32_t> tokens;
+};
+
+class CudaLlamaModel {
+ public:
+  // The weights of a loaded model, uploaded in FP16 when every value fits FP16's range (F32 weights
+  // rounded; BF16 ones exact in FP16's normal range), else in BF16. FP16 keeps 3 more mantissa bits
+  // of the activations that feed the GEMMs, which are rounded to the weights' dtype.
+  static Expected<std::unique_ptr<CudaLlamaModel>> upload(const ModelConfig& config, const LlamaWeights& weights,
+                                                          const CudaModelOptions& options);
+  // Random FP16 weights of config's shape generated on the GPU (benchmarks at shapes not at hand, such
+  // as Llama-3-8B's, without downloading them). Each matrix is uniform with unit-variance products.
+  static Expected<std::unique_ptr<CudaLlamaModel>> random(const ModelConfig& config, uint64_t seed,
+                                                          const CudaModelOptions& options);
+  ~CudaLlamaModel();
+
+  const ModelConfig& config() const { return config_; }
+  DType weight_dtype() const { return dtype_; }
+  int context_tokens() const { return context_tokens_; }
+  size_t weight_bytes() const { return weights_.bytes(); }
+  size_t kv_cache_bytes() const;  // the block pool
+  int kv_cache_blocks() const { return cache_->shape().num_blocks; }
+  int free_kv_blocks() const { return cache_->free_blocks(); }
+
+  // A new, empty sequence (an id for steps), or an error when max_sequences are held.
+  Expected<int> add_sequence();
+  void remove_sequence(int sequence);  // frees its KV blocks
+  int num_tokens(int sequence) const { return cache_->num_tokens(sequence); }
+
+  // Runs each sequence's tokens through the model in one pass over the layers. logits: every new
+  // token's row [Σ tokens, vocab] when all_logits, else each sequence's last token's [batch, vocab].
+  // Everything is checked before any work (ids, sequences, vocabulary, context, step size, free
+  // blocks): an error leaves every sequence as it was.
+  Status step(std::span<const SequenceTokens> batch, bool all_logits, std::vector<float>& logits);
+  // The same pass, returning each sequence's greedy next token; the argmax runs on the GPU, so only
+  // the ids come back to the host.
+  Status step_greedy(std::span<const SequenceTokens> batch, std::vector<int32_t>& next_tokens);
+
+ private:
+  // A contiguous device allocation cut into the matrices and vectors of the model.
+  class WeightArena {
+   public:
+    Status reserve(size_t bytes);
+    // The next `bytes` of the arena, 256-byte aligned.
+    void* take(size_t bytes);
+    size_t bytes() const { return memory_.bytes(); }
+
+   private:
+    DeviceArray<uint8_t> memory_;
+    size_t used_ = 0;
+  };
+  struct LayerOnDevice {
+    float* attention_norm = nullptr;  // [hidden]
+    void* w_qkv = nullptr;            // [q_dim + 2·kv_dim, hidden]: W_q, W_k, W_v stacked
+    float* b_qkv = nullptr;           // [q_dim + 2·kv_dim] or nullptr
+    void* w_o = nullptr;              // [hidden, q_dim]
+    float* mlp_norm = nullptr;        // [hidden]
+    void* w_gate_up = nullptr;        // [2·intermediate, hidden]: W_gate, W_up stacked
+    void* w_down = nullptr;           // [hidden, intermediate]
+  };
+
+  CudaLlamaModel(const ModelConfig& config, DType dtype, const CudaModelOptions& options);
+  // Lays the weights out in the arena (sizes only: the callers fill them).
+  Status allocate_weights();
+  // Activations, the KV cache and the attention plan, sized by the options.
+  Status allocate_runtime(const CudaModelOptions& options);
+  Status check_batch(std::span<const SequenceTokens> batch) const;
+  // The pass shared by step and step_greedy: leaves logits [rows, vocab] on the device.
+  Expected<int> forward(std::span<const SequenceTokens> batch, bool all_logits);
+
+  ModelConfig config_;
+  DType dtype_;  // of the weights and of every GEMM input
+  int context_tokens_ = 0;
+  int max_step_tokens_ = 0;
+  int max_sequences_ = 0;
+
+  WeightArena weights_;
+  void* embedding_ = nullptr;  // [vocab, hidden]
+  void* lm_head_ = nullptr;    // [vocab, hidden] (the embedding when tied)
+  float* final_norm_ = nullptr;
+  float* inv_freq_ = nullptr;  // RoPE's inverse frequencies [head_dim / 2] (model/rope.h)
+  std::vector<LayerOnDevice> layers_;
+
+  std::unique_ptr<CublasGemm> gemm_;
+  std::unique_ptr<CudaPagedKvCache> cache_;
+  std::unique_ptr<CudaPagedAttention> attention_;
+  // Activations of one step, for max_step_tokens rows.
+  DeviceArray<int32_t> step_ints_;   // tokens [T] | positions [T] | logit rows [T] | next tokens [batch]
+  DeviceArray<float> x_;             // [T, hidden] the residual stream
+  DeviceArray<uint16_t> h_;          // [T, max(hidden, q_dim, intermediate)] GEMM inputs in dtype_
+  DeviceArray<float> projected_;     // [T, max(q_dim + 2·kv_dim, 2·intermediate)] qkv, gate/up
+  DeviceArray<uint16_t> q_, k_, v_;  // FP16 [T, heads, head_dim] attention inputs
+  DeviceArray<uint16_t> attended_;   // FP16 [T, q_dim] attention output
+  DeviceArray<float> logits_;        // [T, vocab]
+};
+
+}  // namespace slimkv::cuda

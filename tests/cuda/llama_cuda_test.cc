@@ -1,0 +1,246 @@
+// The whole forward pass on the GPU (model/cuda/llama_cuda.h, `--device cuda`) against Hugging Face
+// transformers' golden logits (tests/data/models, scripts/golden/make_golden.py) and against the CPU
+// backend; greedy generation on the bundled model against the CPU's; batches of unequal sequences
+// against the same sequences run alone; and bad input refused with the state kept.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cuda_test_util.h"
+#include "engine/sampler.h"
+#include "tokenizer/tokenizer.h"
+#include "model/cuda/llama_cuda.h"
+#include "model/llama.h"
+#include "slimkv/engine.h"
+#include "util/npy.h"
+
+namespace slimkv::cuda {
+namespace {
+
+const std::string kSource = SLIMKV_SOURCE_DIR;
+const std::string kGoldenModels = kSource + "/tests/data/models";
+const std::string kBundled = kSource + "/models/slimkv-llama-14m";
+
+std::vector<std::string> golden_models() {
+  std::vector<std::string> dirs;
+  for (const auto& entry : std::filesystem::directory_iterator(kGoldenModels)) {
+    if (std::filesystem::exists(entry.path() / "golden_logits.npy")) dirs.push_back(entry.path().string());
+  }
+  std::sort(dirs.begin(), dirs.end());
+  return dirs;
+}
+
+std::vector<int32_t> golden_tokens(const std::string& dir) {
+  std::ifstream in(dir + "/golden_tokens.txt");
+  std::vector<int32_t> ids;
+  std::string piece;
+  while (std::getline(in, piece, ',')) ids.push_back(std::stoi(piece));
+  return ids;
+}
+
+// max |a − b| / max |b|
+double relative_max_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    err = std::max(err, double(std::fabs(a[i] - b[i])));
+    ref = std::max(ref, double(std::fabs(b[i])));
+  }
+  return err / ref;
+}
+
+std::unique_ptr<Engine> load(const std::string& dir, const std::string& device, int chunk = 512) {
+  EngineConfig config;
+  config.model_dir = dir;
+  config.device = device;
+  config.threads = 2;
+  config.prefill_chunk_tokens = chunk;
+  config.gpu_max_sessions = 4;
+  return take(Engine::load(config));
+}
+
+using CudaModelTest = CudaTest;
+
+// BF16 tolerance (the bar for half-precision weights on the GPU: 2e-2 of max |logit|): the GPU
+// rounds activations to the weights' half dtype before every GEMM, the CPU keeps them in FP32.
+TEST_F(CudaModelTest, LogitsMatchTransformersAndTheCpuInPrefillDecodeAndChunks) {
+  const auto dirs = golden_models();
+  ASSERT_GE(dirs.size(), 3u);
+  for (const std::string& dir : dirs) {
+    SCOPED_TRACE(dir);
+    auto golden = take(read_npy_f32(dir + "/golden_logits.npy"));
+    const auto tokens = golden_tokens(dir);
+    auto gpu = load(dir, "cuda"), cpu = load(dir, "cpu");
+    const auto cpu_logits = take(cpu->new_session()->prefill(tokens, true));
+    const auto prefill = take(gpu->new_session()->prefill(tokens, true));
+    auto session = gpu->new_session();
+    std::vector<float> incremental;
+    for (int32_t id : tokens) {
+      const auto row = take(session->decode(id));
+      incremental.insert(incremental.end(), row.begin(), row.end());
+    }
+    const auto chunked = take(load(dir, "cuda", 7)->new_session()->prefill(tokens, true));
+    const double prefill_error = relative_max_error(prefill, golden.values);
+    EXPECT_LT(prefill_error, 2e-2) << "prefill vs transformers";
+    EXPECT_LT(relative_max_error(incremental, golden.values), 2e-2) << "decode vs transformers";
+    EXPECT_LT(relative_max_error(chunked, golden.values), 2e-2) << "chunked prefill vs transformers";
+    EXPECT_LT(relative_max_error(prefill, cpu_logits), 2e-2) << "prefill vs the CPU";
+    std::printf("%s: max error / max|logit| vs transformers: prefill %.2e, decode %.2e, chunks of 7 %.2e\n",
+                std::filesystem::path(dir).filename().c_str(), prefill_error,
+                relative_max_error(incremental, golden.values), relative_max_error(chunked, golden.values));
+  }
+}
+
+TEST_F(CudaModelTest, GreedyContinuationMatchesTransformers) {
+  for (const std::string& dir : golden_models()) {
+    SCOPED_TRACE(dir);
+    std::ifstream in(dir + "/golden_greedy.json");
+    const auto golden = nlohmann::json::parse(in);
+    const auto prompt = golden["prompt"].get<std::vector<int32_t>>();
+    const auto expected = golden["generated"].get<std::vector<int32_t>>();
+    auto engine = load(dir, "cuda");
+    auto session = engine->new_session();
+    auto logits = take(session->prefill(prompt));
+    std::vector<int32_t> generated;
+    for (size_t i = 0; i < expected.size(); ++i) {
+      generated.push_back(argmax(logits));
+      logits = take(session->decode(generated.back()));
+    }
+    EXPECT_EQ(generated, expected);
+  }
+}
+
+// The bundled model (BF16 weights, head_dim 128) generates the CPU's greedy tokens over 64 steps from
+// the held-out text, or the first divergence is a near-tie: the CPU's top two logits within what BF16
+// rounding of the activations moves them.
+TEST_F(CudaModelTest, BundledModelGreedyMatchesTheCpu) {
+  auto gpu = load(kBundled, "cuda"), cpu = load(kBundled, "cpu");
+  std::ifstream in(kBundled + "/heldout.txt");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  text.resize(2000);
+  const auto prompt = cpu->tokenizer()->encode(text, true);
+  auto gpu_session = gpu->new_session(), cpu_session = cpu->new_session();
+  auto gpu_logits = take(gpu_session->prefill(prompt)), cpu_logits = take(cpu_session->prefill(prompt));
+  for (int step = 0; step < 64; ++step) {
+    const int32_t gpu_next = argmax(gpu_logits), cpu_next = argmax(cpu_logits);
+    if (gpu_next != cpu_next) {
+      std::vector<float> sorted = cpu_logits;
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+      const float margin = sorted[0] - sorted[1];
+      std::printf("first divergence at step %d: CPU top-2 margin %.4f\n", step, margin);
+      EXPECT_LT(margin, 0.05f * std::fabs(sorted[0]) + 0.05f) << "a divergence that is not a near-tie, step " << step;
+      return;
+    }
+    gpu_logits = take(gpu_session->decode(gpu_next));
+    cpu_logits = take(cpu_session->decode(cpu_next));
+  }
+  std::printf("64 greedy tokens identical on the GPU and the CPU\n");
+}
+
+// Sequences of different lengths in one step (prefill chunks and decode tokens mixed) give the logits
+// each gives alone; a sequence's blocks come back to the pool when it is removed.
+TEST_F(CudaModelTest, BatchOfUnequalSequencesMatchesEachAlone) {
+  auto cpu_model = take(LlamaModel::load(kBundled));
+  CudaModelOptions options;
+  options.max_sequences = 4;
+  options.max_step_tokens = 512;
+  options.max_context_tokens = 1024;
+  auto model = take(CudaLlamaModel::upload(cpu_model->config(), cpu_model->weights(), options));
+  const int free_at_start = model->free_kv_blocks();
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int32_t> id(0, int32_t(cpu_model->config().vocab_size) - 1);
+  const std::vector<int> prompt_lengths = {1, 63, 64, 130};
+  std::vector<std::vector<int32_t>> prompts;
+  for (int n : prompt_lengths) {
+    prompts.emplace_back(size_t(n));
+    for (int32_t& t : prompts.back()) t = id(rng);
+  }
+  // Alone: each prompt, then one more token.
+  std::vector<std::vector<float>> alone;
+  for (const auto& prompt : prompts) {
+    const int s = take(model->add_sequence());
+    std::vector<float> logits;
+    SLIMKV_ASSERT_OK(model->step(std::vector<SequenceTokens>{{s, prompt}}, false, logits));
+    const std::vector<int32_t> next = {7};
+    SLIMKV_ASSERT_OK(model->step(std::vector<SequenceTokens>{{s, next}}, false, logits));
+    alone.push_back(logits);
+    model->remove_sequence(s);
+  }
+  EXPECT_EQ(model->free_kv_blocks(), free_at_start);
+  // Together: the prompts in one step, then every sequence's next token in one decode step.
+  std::vector<int> ids;
+  std::vector<SequenceTokens> prefill;
+  for (const auto& prompt : prompts) {
+    ids.push_back(take(model->add_sequence()));
+    prefill.push_back({ids.back(), prompt});
+  }
+  std::vector<float> logits;
+  SLIMKV_ASSERT_OK(model->step(prefill, false, logits));
+  const std::vector<int32_t> next = {7};
+  std::vector<SequenceTokens> decode;
+  for (int s : ids) decode.push_back({s, next});
+  SLIMKV_ASSERT_OK(model->step(decode, false, logits));
+  const size_t vocab = size_t(cpu_model->config().vocab_size);
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    const std::vector<float> row(logits.begin() + ptrdiff_t(b * vocab), logits.begin() + ptrdiff_t((b + 1) * vocab));
+    // GEMMs of other shapes may sum in another order: equal to FP32 rounding of BF16 products.
+    EXPECT_LT(relative_max_error(row, alone[b]), 1e-3) << "sequence of " << prompt_lengths[b] << " tokens";
+  }
+  std::vector<int32_t> greedy;
+  SLIMKV_ASSERT_OK(model->step_greedy(decode, greedy));
+  ASSERT_EQ(greedy.size(), prompts.size());
+}
+
+TEST_F(CudaModelTest, BadStepsAreRefusedAndChangeNothing) {
+  auto cpu_model = take(LlamaModel::load(kBundled));
+  CudaModelOptions options;
+  options.max_sequences = 2;
+  options.max_step_tokens = 80;
+  options.max_context_tokens = 128;
+  options.kv_cache_bytes = size_t(3) * 7 * 2 * 2 * 64 * 128 * 2;  // 3 blocks of the bundled model
+  auto model = take(CudaLlamaModel::upload(cpu_model->config(), cpu_model->weights(), options));
+  ASSERT_EQ(model->kv_cache_blocks(), 3);
+  const int a = take(model->add_sequence()), b = take(model->add_sequence());
+  EXPECT_FALSE(model->add_sequence().has_value());
+  std::vector<float> logits;
+  const std::vector<int32_t> ok(40, 5), too_long(81, 5), bad_id = {5, 8192};
+  const auto refused = [&](std::vector<SequenceTokens> batch, const char* expected) {
+    const Status status = model->step(batch, false, logits);
+    ASSERT_FALSE(status.is_ok());
+    EXPECT_NE(status.message().find(expected), std::string::npos) << status.message();
+  };
+  refused({{a, bad_id}}, "outside the vocabulary");
+  refused({{a, too_long}}, "max_step_tokens");
+  refused({{a, ok}, {a, ok}}, "twice in one step");
+  refused({{5, ok}}, "not a sequence");
+  SLIMKV_ASSERT_OK(model->step(std::vector<SequenceTokens>{{a, ok}, {b, ok}}, false, logits));  // 2 blocks
+  SLIMKV_ASSERT_OK(model->step(std::vector<SequenceTokens>{{a, ok}}, false, logits));           // a: 80 tokens, 3rd block
+  refused({{b, ok}}, "KV cache is full");
+  refused({{a, std::vector<int32_t>(49, 5)}}, "more than the context");
+  EXPECT_EQ(model->num_tokens(a), 80);
+  EXPECT_EQ(model->num_tokens(b), 40);
+  // The sequences still run after the refusals: b's tokens fill its block exactly.
+  SLIMKV_ASSERT_OK(model->step(std::vector<SequenceTokens>{{b, std::vector<int32_t>(24, 5)}}, false, logits));
+  EXPECT_EQ(model->num_tokens(b), 64);
+}
+
+TEST_F(CudaModelTest, EngineRefusesWhatTheGpuDoesNotRun) {
+  EngineConfig config;
+  config.model_dir = kBundled;
+  config.device = "cuda";
+  config.kv_spec = "hack:bits=2";
+  const auto engine = Engine::load(config);
+  ASSERT_FALSE(engine.has_value());
+  EXPECT_NE(engine.status().message().find("not supported on device 'cuda'"), std::string::npos);
+  config.kv_spec = "dense";
+  config.device = "tpu";
+  EXPECT_FALSE(Engine::load(config).has_value());
+}
+
+}  // namespace
+}  // namespace slimkv::cuda
