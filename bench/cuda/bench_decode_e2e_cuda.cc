@@ -1,12 +1,16 @@
-// End-to-end decode on the GPU (issue 9): the whole forward pass (model/cuda/llama_cuda.h) of a batch
-// of sequences, each first prefilled with --prompt random tokens, then --steps greedy decode steps.
+// End-to-end decode on the GPU (issues 9, 10): the whole forward pass (model/cuda/llama_cuda.h) of a
+// batch of sequences, each first prefilled with --prompt random tokens (or, with --context C, given C
+// tokens of random K/V without running the layers: long contexts in milliseconds), then --steps
+// greedy decode steps, for each KV codec of --kvs (dense FP16; hack / quant sealed at --bits).
 // Models: a directory (--model, e.g. the bundled one) and/or --random llama3-8b (random FP16 weights
 // of Llama-3-8B's shape generated on the GPU: nothing to download). Prints per model and batch size:
-// prefill tokens/s, decode ms per step, decode tokens/s (all sequences), and the step's time against
-// the memory roofline (weights + KV read once per step at --bandwidth GB/s): decode at small batch is
-// a weight-streaming problem, so that ratio says how much launch and kernel overhead costs.
+// prefill tokens/s, decode ms per step, decode tokens/s (all sequences), the ratio to the first
+// codec's decode tokens/s, and the step's time against the memory roofline (weights + the KV that
+// attention must read, as each codec stores it, once per step at --bandwidth GB/s): decode at small
+// batch is a weight-streaming problem, so that ratio says how much launch and kernel overhead costs.
 //
 //   bench_decode_e2e_cuda --model models/slimkv-llama-14m --random llama3-8b --batches 1,16 --prompt 1024
+//   bench_decode_e2e_cuda --random llama3-8b --kvs dense,hack,quant --bits 2 --batches 8 --context 32768
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -28,7 +32,10 @@ struct Options {
   std::string model_dir;
   std::string random;  // "llama3-8b"
   std::vector<int> batches = {1, 16};
+  std::vector<std::string> kvs = {"dense"};
+  int bits = 2;
   int prompt = 1024;
+  int context = 0;  // > 0: random K/V of this many tokens instead of a prompt
   int steps = 64;
   double bandwidth_gb_s = 3000;  // H100 HBM3, device-to-device copy (../shared/GPU.md)
 };
@@ -51,34 +58,42 @@ ModelConfig llama3_8b_config() {
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
-Status run_batch(CudaLlamaModel& model, const Options& o, int batch) {
+struct Row {
+  double prefill_tokens_per_s = 0;  // 0: no prefill (random context)
+  double step_ms = 0;
+};
+
+Expected<Row> run_batch(CudaLlamaModel& model, const Options& o, int batch) {
   const ModelConfig& c = model.config();
   std::vector<int> sequences;
   for (int b = 0; b < batch; ++b) {
     SLIMKV_ASSIGN_OR_RETURN(int s, model.add_sequence());
     sequences.push_back(s);
   }
-  std::mt19937 rng(1);
-  std::uniform_int_distribution<int32_t> id(0, int32_t(c.vocab_size) - 1);
-  std::vector<std::vector<int32_t>> prompts(size_t(batch), std::vector<int32_t>(size_t(o.prompt)));
-  for (auto& p : prompts) {
-    for (int32_t& t : p) t = id(rng);
-  }
-  // Prefill: each sequence in chunks that fill a step.
-  std::vector<int32_t> next(static_cast<size_t>(batch));
-  const int chunk = 512;
-  SLIMKV_RETURN_IF_ERROR(device_synchronize("before prefill"));
-  const auto prefill_start = Clock::now();
-  for (int b = 0; b < batch; ++b) {
-    std::vector<int32_t> last;
-    for (int first = 0; first < o.prompt; first += chunk) {
-      const std::span<const int32_t> part(prompts[size_t(b)].data() + first, size_t(std::min(chunk, o.prompt - first)));
-      const SequenceTokens step{sequences[size_t(b)], part};
-      SLIMKV_RETURN_IF_ERROR(model.step_greedy(std::span(&step, 1), last));
+  Row row;
+  std::vector<int32_t> next(static_cast<size_t>(batch), 1);
+  if (o.context > 0) {
+    for (int b = 0; b < batch; ++b) SLIMKV_RETURN_IF_ERROR(model.append_random_kv(sequences[size_t(b)], o.context, uint64_t(b)));
+  } else {
+    // Prefill: each sequence's random prompt in chunks that fill a step.
+    std::mt19937 rng(1);
+    std::uniform_int_distribution<int32_t> id(0, int32_t(c.vocab_size) - 1);
+    std::vector<int32_t> prompt(static_cast<size_t>(o.prompt));
+    const int chunk = 512;
+    SLIMKV_RETURN_IF_ERROR(device_synchronize("before prefill"));
+    const auto prefill_start = Clock::now();
+    for (int b = 0; b < batch; ++b) {
+      for (int32_t& t : prompt) t = id(rng);
+      std::vector<int32_t> last;
+      for (int first = 0; first < o.prompt; first += chunk) {
+        const std::span<const int32_t> part(prompt.data() + first, size_t(std::min(chunk, o.prompt - first)));
+        const SequenceTokens step{sequences[size_t(b)], part};
+        SLIMKV_RETURN_IF_ERROR(model.step_greedy(std::span(&step, 1), last));
+      }
+      next[size_t(b)] = last[0];
     }
-    next[size_t(b)] = last[0];
+    row.prefill_tokens_per_s = double(batch) * o.prompt / seconds_since(prefill_start);
   }
-  const double prefill_s = seconds_since(prefill_start);
   // Decode: every sequence one token per step; the first steps warm up.
   constexpr int kWarmup = 4;
   Clock::time_point decode_start;
@@ -90,54 +105,85 @@ Status run_batch(CudaLlamaModel& model, const Options& o, int batch) {
     SLIMKV_RETURN_IF_ERROR(model.step_greedy(tokens, greedy));
     next = greedy;
   }
-  const double decode_s = seconds_since(decode_start);
-  const double step_ms = decode_s / o.steps * 1e3;
-  const double context = o.prompt + kWarmup + o.steps / 2.0;  // the average over the timed steps
-  const double kv_bytes = double(batch) * context * double(c.num_layers) * 2 * double(c.kv_dim()) * 2;
-  const double roofline_ms = (double(model.weight_bytes()) + kv_bytes) / (o.bandwidth_gb_s * 1e9) * 1e3;
-  std::printf("%-34s %5d %8d %12.0f %10.3f %12.1f %10.3f %9.2f\n", c.architecture_name.c_str(), batch, o.prompt,
-              double(batch) * o.prompt / prefill_s, step_ms, batch / (step_ms / 1e3), roofline_ms, roofline_ms / step_ms);
+  row.step_ms = seconds_since(decode_start) / o.steps * 1e3;
   for (int s : sequences) model.remove_sequence(s);
-  return Status::ok();
+  return row;
 }
 
-Status run_model(CudaLlamaModel& model, const Options& o) {
-  std::printf("# %s: %.2f GB of %s weights on the GPU, KV pool %.2f GB (%d blocks of 64 tokens)\n",
-              model.config().architecture_name.c_str(), model.weight_bytes() / 1e9,
-              model.weight_dtype() == DType::kBF16 ? "BF16" : "FP16", model.kv_cache_bytes() / 1e9,
-              model.kv_cache_blocks());
-  for (int batch : o.batches) SLIMKV_RETURN_IF_ERROR(run_batch(model, o, batch));
-  return Status::ok();
-}
-
-CudaModelOptions model_options(const Options& o, const ModelConfig& config) {
+CudaModelOptions model_options(const Options& o, const ModelConfig& config, const std::string& kv) {
   CudaModelOptions options;
   options.max_sequences = 1;
   for (int b : o.batches) options.max_sequences = std::max(options.max_sequences, b);
   options.max_step_tokens = std::max(512, options.max_sequences);
-  options.max_context_tokens = int(std::min<int64_t>(config.max_position_embeddings, o.prompt + o.steps + 64));
+  const int tokens = (o.context > 0 ? o.context : o.prompt) + o.steps + 64;
+  options.max_context_tokens = int(std::min<int64_t>(config.max_position_embeddings, tokens));
+  if (kv != "dense") {
+    QuantizationConfig quantization;
+    quantization.k_bits = quantization.v_bits = o.bits;
+    options.quantized_kv = QuantizedKvOptions{quantization, kv == "hack", 0};
+  }
   return options;
+}
+
+// KV bytes one decode step's attention reads per token of context: sealed blocks as stored.
+double kv_bytes_per_token(const ModelConfig& c, const std::string& kv, int bits) {
+  if (kv == "dense") return double(c.num_layers) * 2 * double(c.kv_dim()) * 2;
+  QuantizationConfig quantization;
+  quantization.k_bits = quantization.v_bits = bits;
+  const QuantizedBlockLayout layout(quantization, BlockShape{kCudaBlockTokens, int(c.head_dim), int(c.head_dim)});
+  return double(c.num_layers) * double(c.num_kv_heads) * double(layout.block_bytes) / kCudaBlockTokens;
+}
+
+// Every codec of --kvs on one model (made by make_model), each batch size, side by side.
+template <typename MakeModel>
+Status run_model(const Options& o, const ModelConfig& config, MakeModel make_model) {
+  std::vector<double> first_codec_tokens_per_s(o.batches.size(), 0);
+  for (const std::string& kv : o.kvs) {
+    SLIMKV_ASSIGN_OR_RETURN(std::unique_ptr<CudaLlamaModel> model, make_model(model_options(o, config, kv)));
+    std::printf("# %s, kv %s: %.2f GB of %s weights on the GPU, KV pools %.2f GB (%d blocks of 64 tokens)\n",
+                config.architecture_name.c_str(), kv.c_str(), model->weight_bytes() / 1e9,
+                model->weight_dtype() == DType::kBF16 ? "BF16" : "FP16", model->kv_cache_bytes() / 1e9,
+                model->kv_cache_blocks());
+    for (size_t i = 0; i < o.batches.size(); ++i) {
+      const int batch = o.batches[i];
+      SLIMKV_ASSIGN_OR_RETURN(Row row, run_batch(*model, o, batch));
+      const double tokens_per_s = batch / (row.step_ms / 1e3);
+      if (first_codec_tokens_per_s[i] == 0) first_codec_tokens_per_s[i] = tokens_per_s;
+      const int context = o.context > 0 ? o.context : o.prompt;
+      const double kv_gb = double(batch) * (context + o.steps / 2.0) * kv_bytes_per_token(config, kv, o.bits) / 1e9;
+      const double roofline_ms = (double(model->weight_bytes()) / 1e9 + kv_gb) / o.bandwidth_gb_s * 1e3;
+      std::printf("%-34s %-6s %5d %8d %12.0f %10.3f %12.1f %8.2fx %8.2f %9.3f %8.2f\n", config.architecture_name.c_str(),
+                  kv.c_str(), batch, context, row.prefill_tokens_per_s, row.step_ms, tokens_per_s,
+                  tokens_per_s / first_codec_tokens_per_s[i], kv_gb, roofline_ms, roofline_ms / row.step_ms);
+    }
+  }
+  return Status::ok();
 }
 
 Status run(const Options& o) {
   SLIMKV_RETURN_IF_ERROR(device_usable());
-  std::printf("%-34s %5s %8s %12s %10s %12s %10s %9s\n", "model", "batch", "prompt", "prefill t/s", "step ms",
-              "decode t/s", "roof ms", "of roof");
+  for (const std::string& kv : o.kvs) {
+    if (kv != "dense" && kv != "hack" && kv != "quant") return error("--kvs ", kv, ": expected dense, hack or quant");
+  }
+  std::printf("%-34s %-6s %5s %8s %12s %10s %12s %9s %8s %9s %8s\n", "model", "kv", "batch", "context", "prefill t/s",
+              "step ms", "decode t/s", "vs first", "KV GB", "roof ms", "of roof");
   if (!o.model_dir.empty()) {
     SLIMKV_ASSIGN_OR_RETURN(auto cpu_model, LlamaModel::load(o.model_dir));
-    if (o.prompt + o.steps + 4 > cpu_model->config().max_position_embeddings) {
-      return error("--prompt ", o.prompt, " + --steps ", o.steps, " is over the model's context");
-    }
     ModelConfig config = cpu_model->config();
     config.architecture_name = o.model_dir;
-    SLIMKV_ASSIGN_OR_RETURN(auto model, CudaLlamaModel::upload(config, cpu_model->weights(), model_options(o, config)));
-    SLIMKV_RETURN_IF_ERROR(run_model(*model, o));
+    if ((o.context > 0 ? o.context : o.prompt) + o.steps + 4 > config.max_position_embeddings) {
+      return error("the context and --steps ", o.steps, " are over the model's context");
+    }
+    SLIMKV_RETURN_IF_ERROR(run_model(o, config, [&](const CudaModelOptions& options) {
+      return CudaLlamaModel::upload(config, cpu_model->weights(), options);
+    }));
   }
   if (!o.random.empty()) {
     if (o.random != "llama3-8b") return error("--random ", o.random, ": known shapes are llama3-8b");
     const ModelConfig config = llama3_8b_config();
-    SLIMKV_ASSIGN_OR_RETURN(auto model, CudaLlamaModel::random(config, 42, model_options(o, config)));
-    SLIMKV_RETURN_IF_ERROR(run_model(*model, o));
+    SLIMKV_RETURN_IF_ERROR(run_model(o, config, [&](const CudaModelOptions& options) {
+      return CudaLlamaModel::random(config, 42, options);
+    }));
   }
   return Status::ok();
 }
@@ -151,7 +197,10 @@ int main(int argc, char** argv) {
   app.add_option("--model", o.model_dir, "a Hugging Face model directory");
   app.add_option("--random", o.random, "a random-weight model of a known shape: llama3-8b");
   app.add_option("--batches", o.batches, "batch sizes")->delimiter(',');
+  app.add_option("--kvs", o.kvs, "KV codecs: dense, hack, quant")->delimiter(',');
+  app.add_option("--bits", o.bits, "hack / quant bits (2, 4, 8)");
   app.add_option("--prompt", o.prompt, "prompt tokens per sequence before decoding")->check(CLI::PositiveNumber);
+  app.add_option("--context", o.context, "random K/V tokens per sequence instead of a prompt (0: the prompt)");
   app.add_option("--steps", o.steps, "timed decode steps")->check(CLI::PositiveNumber);
   app.add_option("--bandwidth", o.bandwidth_gb_s, "memory bandwidth for the roofline, GB/s");
   CLI11_PARSE(app, argc, argv);

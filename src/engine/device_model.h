@@ -12,6 +12,7 @@
 namespace slimkv {
 
 struct EngineConfig;
+struct KvPipeline;
 class LlamaModel;
 
 // One session's sequence in the device's KV cache; destroying it frees its blocks.
@@ -32,7 +33,9 @@ class DeviceModel {
   virtual Expected<std::unique_ptr<DeviceSequence>> new_sequence() = 0;
 };
 
-// The CUDA backend's (defined only in builds with it: the engine asks under SLIMKV_HAVE_CUDA).
-Expected<std::unique_ptr<DeviceModel>> load_cuda_model(const LlamaModel& model, const EngineConfig& config);
+// The CUDA backend's (defined only in builds with it: the engine asks under SLIMKV_HAVE_CUDA). An
+// error names what of the KV pipeline the GPU does not run yet.
+Expected<std::unique_ptr<DeviceModel>> load_cuda_model(const LlamaModel& model, const KvPipeline& pipeline,
+                                                       const EngineConfig& config);
 
 }  // namespace slimkv

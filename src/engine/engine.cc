@@ -49,17 +49,6 @@ Expected<GenerationDefaults> load_generation_defaults(const std::string& model_d
   return defaults;
 }
 
-// What the CUDA backend runs so far: the dense codec with FP16 blocks of its block size, every token attended.
-Status check_gpu_kv(const KvPipeline& pipeline, const std::string& spec) {
-  const std::string codec = pipeline.codec->describe();
-  if (codec == "dense:dtype=bf16" || !codec.starts_with("dense") || pipeline.selector || pipeline.zack ||
-      pipeline.offload || pipeline.hadamard || pipeline.block_tokens != 64) {
-    return error("KV spec '", spec, "' is not supported on device 'cuda' yet: there the KV cache is `dense` ",
-                 "(FP16 blocks of 64 tokens, no selector, tier or rotation)");
-  }
-  return Status::ok();
-}
-
 }  // namespace
 
 Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
@@ -74,7 +63,6 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
   const int threads = config.threads > 0 ? config.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   SLIMKV_ASSIGN_OR_RETURN(KvPipeline pipeline, make_kv_pipeline(config.kv_spec));  // bad specs fail before loading
   engine->pipeline_ = std::make_unique<KvPipeline>(std::move(pipeline));
-  if (config.device == "cuda") SLIMKV_RETURN_IF_ERROR(check_gpu_kv(*engine->pipeline_, config.kv_spec));
   SLIMKV_ASSIGN_OR_RETURN(engine->model_, LlamaModel::load(config.model_dir));
   const std::string kv_context = str_cat("KV spec '", config.kv_spec, "' for ", config.model_dir);
   if (std::optional<ZackOptions>& zack = engine->pipeline_->zack) {
@@ -103,7 +91,7 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
   engine->pool_ = config.pool ? config.pool : std::make_shared<ThreadPool>(threads);
   if (config.device == "cuda") {
 #ifdef SLIMKV_HAVE_CUDA
-    SLIMKV_ASSIGN_OR_RETURN(engine->device_model_, load_cuda_model(*engine->model_, config));
+    SLIMKV_ASSIGN_OR_RETURN(engine->device_model_, load_cuda_model(*engine->model_, *engine->pipeline_, config));
 #else
     return error("device 'cuda': this build has no CUDA backend (nvcc was not found when it was configured; ",
                  "install the CUDA toolkit and rebuild, or configure with -DSLIMKV_CUDA=ON to insist)");

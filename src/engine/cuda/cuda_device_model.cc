@@ -5,6 +5,9 @@
 #include <vector>
 
 #include "engine/device_model.h"
+#include "kv/codec/hack.h"
+#include "kv/codec/quant.h"
+#include "kv/kv_factory.h"
 #include "model/cuda/llama_cuda.h"
 #include "model/llama.h"
 #include "slimkv/engine.h"
@@ -47,10 +50,36 @@ class CudaDeviceModel : public DeviceModel {
   std::unique_ptr<cuda::CudaLlamaModel> model_;
 };
 
+// What the GPU runs of a KV pipeline: `dense` (FP16 blocks), `hack` and `quant` with equal K/V bits,
+// in blocks of 64 tokens, every token attended, all in GPU memory, no rotation.
+Expected<std::optional<cuda::QuantizedKvOptions>> gpu_kv(const KvPipeline& pipeline, const std::string& spec) {
+  const auto refuse = [&](const std::string& what) {
+    return error("KV spec '", spec, "': ", what, " does not run on device 'cuda' yet (there: dense, or hack / quant ",
+                 "with kbits = vbits, pi=64, rot=none; no selector, zack or tier)");
+  };
+  if (pipeline.selector) return refuse("a selector");
+  if (pipeline.zack) return refuse("zack");
+  if (pipeline.offload) return refuse("the offload tier");
+  if (pipeline.hadamard) return refuse("rot=hadamard");
+  if (pipeline.block_tokens != cuda::kCudaBlockTokens) return refuse(str_cat("a block of ", pipeline.block_tokens, " tokens"));
+  const Codec* codec = pipeline.codec.get();
+  if (codec->describe() == "dense:dtype=bf16") return refuse("dtype=bf16 (the GPU keeps FP16 blocks)");
+  if (codec->describe().starts_with("dense")) return std::optional<cuda::QuantizedKvOptions>();
+  const auto* hack = dynamic_cast<const HackCodec*>(codec);
+  const auto* quant = dynamic_cast<const QuantCodec*>(codec);
+  if (hack == nullptr && quant == nullptr) return refuse(codec->describe());
+  const QuantizationConfig& config = hack ? hack->config() : quant->config();
+  if (config.k_bits != config.v_bits) return refuse("kbits != vbits");
+  if (!config.store_sums || !config.keep_open_exact) return refuse("the se=off / rqe=off ablations");
+  return std::optional<cuda::QuantizedKvOptions>(cuda::QuantizedKvOptions{config, hack != nullptr, pipeline.seed});
+}
+
 }  // namespace
 
-Expected<std::unique_ptr<DeviceModel>> load_cuda_model(const LlamaModel& model, const EngineConfig& config) {
+Expected<std::unique_ptr<DeviceModel>> load_cuda_model(const LlamaModel& model, const KvPipeline& pipeline,
+                                                       const EngineConfig& config) {
   cuda::CudaModelOptions options;
+  SLIMKV_ASSIGN_OR_RETURN(options.quantized_kv, gpu_kv(pipeline, config.kv_spec));
   options.max_sequences = config.gpu_max_sessions;
   options.max_step_tokens = std::max(config.prefill_chunk_tokens, config.gpu_max_sessions);
   options.kv_cache_bytes = config.gpu_kv_cache_bytes;

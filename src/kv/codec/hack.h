@@ -13,6 +13,7 @@ namespace slimkv {
 class HackCodec final : public Codec {
  public:
   explicit HackCodec(const QuantizationConfig& config) : config_(config) {}
+  const QuantizationConfig& config() const { return config_; }
 
   std::string describe() const override;
   Status check_shape(const BlockShape& shape) const override { return check_quantized_shape(config_, shape); }

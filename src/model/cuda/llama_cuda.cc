@@ -151,7 +151,11 @@ Status CudaLlamaModel::allocate_runtime(const CudaModelOptions& options) {
 
   // The block pool: what was asked for, or the full contexts of every sequence within 90% of what is free.
   const int blocks_per_sequence = (context_tokens_ + kCudaBlockTokens - 1) / kCudaBlockTokens;
-  const size_t block_bytes = size_t(c.num_layers) * 2 * size_t(c.num_kv_heads) * kCudaBlockTokens * size_t(c.head_dim) * 2;
+  size_t block_bytes = size_t(c.num_layers) * 2 * size_t(c.num_kv_heads) * kCudaBlockTokens * size_t(c.head_dim) * 2;
+  if (options.quantized_kv) {
+    const QuantizedBlockLayout layout(options.quantized_kv->config, BlockShape{kCudaBlockTokens, int(c.head_dim), int(c.head_dim)});
+    block_bytes += size_t(c.num_layers) * size_t(c.num_kv_heads) * layout.block_bytes;
+  }
   size_t blocks = size_t(options.max_sequences) * size_t(blocks_per_sequence);
   if (options.kv_cache_bytes > 0) {
     blocks = options.kv_cache_bytes / block_bytes;
@@ -166,6 +170,9 @@ Status CudaLlamaModel::allocate_runtime(const CudaModelOptions& options) {
   const CudaKvShape kv_shape{int(c.num_layers),  int(c.num_kv_heads), int(c.head_dim),   int(std::min<size_t>(blocks, 1u << 30)),
                              max_sequences_,     blocks_per_sequence,   max_step_tokens_};
   SLIMKV_ASSIGN_OR_RETURN(cache_, CudaPagedKvCache::create(kv_shape));
+  if (const auto& q = options.quantized_kv) {
+    SLIMKV_ASSIGN_OR_RETURN(quantized_, CudaQuantizedKvPool::create(kv_shape, q->config, q->hack, q->seed));
+  }
   return Status::ok();
 }
 
@@ -243,7 +250,9 @@ Expected<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::random(const ModelConf
 
 size_t CudaLlamaModel::kv_cache_bytes() const {
   const CudaKvShape& s = cache_->shape();
-  return size_t(s.num_layers) * 2 * size_t(s.num_blocks) * size_t(s.num_kv_heads) * kCudaBlockTokens * size_t(s.head_dim) * 2;
+  const size_t sealed_block_bytes = quantized_ ? quantized_->layout().block_bytes : 0;
+  return size_t(s.num_layers) * size_t(s.num_blocks) * size_t(s.num_kv_heads) *
+         (2 * kCudaBlockTokens * size_t(s.head_dim) * 2 + sealed_block_bytes);
 }
 
 Expected<int> CudaLlamaModel::add_sequence() { return cache_->add_sequence(); }
@@ -315,6 +324,7 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, boo
     attention_batch.query_counts.push_back(n);
   }
   const int n = int(tokens.size()), rows = int(logit_rows.size());
+  const bool decode_only = n == int(batch.size());
   std::vector<int32_t> ids = tokens;
   ids.insert(ids.end(), positions.begin(), positions.end());
   ids.insert(ids.end(), logit_rows.begin(), logit_rows.end());
@@ -338,7 +348,15 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, boo
     SLIMKV_RETURN_IF_ERROR(attention_inputs(projected_.data(), n, heads, w.b_qkv, token_positions, inv_freq_, q_.data(),
                                             k_.data(), v_.data()));
     SLIMKV_RETURN_IF_ERROR(cache_->append(l, k_.data(), v_.data()));
-    SLIMKV_RETURN_IF_ERROR(attention_->run(cache_->view(l), q_.data(), scale, attended_.data()));
+    if (quantized_) {
+      SLIMKV_RETURN_IF_ERROR(quantized_->seal_filled_blocks(l, *cache_, sequences, counts));
+    }
+    if (quantized_ && decode_only) {
+      SLIMKV_RETURN_IF_ERROR(
+          attention_->run_quantized(cache_->view(l), quantized_->view(l), q_.data(), scale, attended_.data()));
+    } else {
+      SLIMKV_RETURN_IF_ERROR(attention_->run(cache_->view(l), q_.data(), scale, attended_.data()));
+    }
     if (dtype_ != DType::kF16) {
       SLIMKV_RETURN_IF_ERROR(
           convert_half(attended_.data(), DType::kF16, size_t(n) * q_dim, attention_output_in_dtype, dtype_));
@@ -355,6 +373,34 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, boo
   SLIMKV_RETURN_IF_ERROR(rmsnorm(x_.data(), final_norm_, eps, rows, hidden, h_.data(), dtype_, rows_wanted));
   SLIMKV_RETURN_IF_ERROR(gemm_->multiply(h_.data(), rows, lm_head_, dtype_, c.vocab_size, hidden, logits_.data()));
   return rows;
+}
+
+Status CudaLlamaModel::append_random_kv(int sequence, int tokens, uint64_t seed) {
+  if (!cache_->is_live(sequence)) return error("sequence ", sequence, " is not a sequence of this model");
+  if (num_tokens(sequence) + int64_t(tokens) > context_tokens_) {
+    return error("sequence would have ", num_tokens(sequence) + int64_t(tokens), " tokens, more than the context of ",
+                 context_tokens_);
+  }
+  const int held = num_tokens(sequence);
+  const size_t blocks_needed = size_t((held + tokens + kCudaBlockTokens - 1) / kCudaBlockTokens) - cache_->blocks(sequence).size();
+  if (blocks_needed > size_t(cache_->free_blocks())) {
+    return error("the GPU KV cache is full: ", blocks_needed, " more blocks needed, ", cache_->free_blocks(), " free");
+  }
+  const size_t kv_width = size_t(config_.kv_dim());
+  for (int done = 0; done < tokens;) {
+    const int n = std::min(tokens - done, max_step_tokens_);
+    const std::vector<int> sequences = {sequence}, counts = {n};
+    SLIMKV_RETURN_IF_ERROR(cache_->begin_step(sequences, counts));
+    for (int l = 0; l < int(config_.num_layers); ++l) {
+      const uint64_t stream = seed + 0x9e3779b97f4a7c15ull * uint64_t(1 + 2 * (size_t(done) * 997 + size_t(l)));
+      SLIMKV_RETURN_IF_ERROR(fill_random_fp16(k_.data(), size_t(n) * kv_width, stream, 1.732f));
+      SLIMKV_RETURN_IF_ERROR(fill_random_fp16(v_.data(), size_t(n) * kv_width, stream + 1, 1.732f));
+      SLIMKV_RETURN_IF_ERROR(cache_->append(l, k_.data(), v_.data()));
+      if (quantized_) SLIMKV_RETURN_IF_ERROR(quantized_->seal_filled_blocks(l, *cache_, sequences, counts));
+    }
+    done += n;
+  }
+  return Status::ok();
 }
 
 Status CudaLlamaModel::step(std::span<const SequenceTokens> batch, bool all_logits, std::vector<float>& logits) {

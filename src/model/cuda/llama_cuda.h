@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -23,10 +24,22 @@
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/paged_kv_cache.h"
+#include "backend/cuda/quantized_kv_pool.h"
 #include "model/llama_weights.h"
 #include "model/model_config.h"
 
 namespace slimkv::cuda {
+
+// KV blocks sealed by the `hack` codec, or the `quant` baseline, in the CPU codec's byte layout
+// (backend/cuda/quantized_kv_pool.h). Decode steps attend through them (HACK's integer attention, or
+// quant's fused dequantization) and the FP16 open block; steps with prefill chunks attend to the FP16
+// copy of every token (exact) until the INT8 prefill kernel lands (issue 10). The FP16 copy of sealed
+// blocks is kept, so the GPU memory of the KV is not yet smaller than dense's.
+struct QuantizedKvOptions {
+  QuantizationConfig config;
+  bool hack = true;  // false: quant
+  uint64_t seed = 0;
+};
 
 struct CudaModelOptions {
   int max_sequences = 16;      // sequences held at once
@@ -35,6 +48,7 @@ struct CudaModelOptions {
   // GPU memory for the KV block pool; 0: room for max_sequences full contexts, or what fits in 90% of
   // the memory left after the weights and activations, whichever is less.
   size_t kv_cache_bytes = 0;
+  std::optional<QuantizedKvOptions> quantized_kv;  // none: the `dense` codec (FP16 blocks)
 };
 
 // One sequence's part of a step: its new tokens, run at the end of what it holds.
@@ -60,7 +74,7 @@ class CudaLlamaModel {
   DType weight_dtype() const { return dtype_; }
   int context_tokens() const { return context_tokens_; }
   size_t weight_bytes() const { return weights_.bytes(); }
-  size_t kv_cache_bytes() const;  // the block pool
+  size_t kv_cache_bytes() const;  // the block pools (FP16, and sealed quantized blocks)
   int kv_cache_blocks() const { return cache_->shape().num_blocks; }
   int free_kv_blocks() const { return cache_->free_blocks(); }
 
@@ -74,6 +88,10 @@ class CudaLlamaModel {
   // Everything is checked before any work (ids, sequences, vocabulary, context, step size, free
   // blocks): an error leaves every sequence as it was.
   Status step(std::span<const SequenceTokens> batch, bool all_logits, std::vector<float>& logits);
+  // Appends `tokens` tokens of random K/V (uniform, unit variance) to the sequence in every layer,
+  // sealed as decode seals them, without running the layers: long contexts for decode benchmarks,
+  // where what the keys hold does not change the work, in milliseconds instead of a long prefill.
+  Status append_random_kv(int sequence, int tokens, uint64_t seed);
   // The same pass, returning each sequence's greedy next token; the argmax runs on the GPU, so only
   // the ids come back to the host.
   Status step_greedy(std::span<const SequenceTokens> batch, std::vector<int32_t>& next_tokens);
@@ -125,6 +143,7 @@ class CudaLlamaModel {
 
   std::unique_ptr<CublasGemm> gemm_;
   std::unique_ptr<CudaPagedKvCache> cache_;
+  std::unique_ptr<CudaQuantizedKvPool> quantized_;  // options.quantized_kv: the sealed blocks
   std::unique_ptr<CudaPagedAttention> attention_;
   // Activations of one step, for max_step_tokens rows.
   DeviceArray<int32_t> step_ints_;   // tokens [T] | positions [T] | logit rows [T] | next tokens [batch]
