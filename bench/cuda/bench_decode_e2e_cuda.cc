@@ -1,7 +1,7 @@
 // End-to-end decode on the GPU (issues 9, 10): the whole forward pass (model/cuda/llama_cuda.h) of a
 // batch of sequences, each first prefilled with --prompt random tokens (or, with --context C, given C
 // tokens of random K/V without running the layers: long contexts in milliseconds), then --steps
-// greedy decode steps, for each KV codec of --kvs (dense FP16; hack / quant sealed at --bits).
+// decode steps (greedy, or sampled on the GPU with --temperature / --top-k / --top-p), for each KV codec of --kvs (dense FP16; hack / quant sealed at --bits).
 // Models: a directory (--model, e.g. the bundled one) and/or --random llama3-8b (random FP16 weights
 // of Llama-3-8B's shape generated on the GPU: nothing to download). Prints per model and batch size:
 // prefill tokens/s, decode ms per step, decode tokens/s (all sequences), the ratio to the first
@@ -36,6 +36,7 @@ struct Options {
   int bits = 2;
   int prompt = 1024;
   int context = 0;  // > 0: random K/V of this many tokens instead of a prompt
+  RowSampling sampling;  // of every decode step (temperature 0: greedy)
   int steps = 64;
   double bandwidth_gb_s = 3000;  // H100 HBM3, device-to-device copy (../shared/GPU.md)
 };
@@ -101,9 +102,17 @@ Expected<Row> run_batch(CudaLlamaModel& model, const Options& o, int batch) {
     if (step == kWarmup) decode_start = Clock::now();
     std::vector<SequenceTokens> tokens;
     for (int b = 0; b < batch; ++b) tokens.push_back({sequences[size_t(b)], std::span(&next[size_t(b)], 1)});
-    std::vector<int32_t> greedy;
-    SLIMKV_RETURN_IF_ERROR(model.step_greedy(tokens, greedy));
-    next = greedy;
+    std::vector<RowSampling> sampling;
+    if (o.sampling.temperature > 0) {
+      for (int b = 0; b < batch; ++b) {
+        sampling.push_back(o.sampling);
+        sampling.back().seed = uint64_t(b);
+        sampling.back().counter = uint64_t(step);
+      }
+    }
+    std::vector<int32_t> chosen;
+    SLIMKV_RETURN_IF_ERROR(model.step_sample(tokens, sampling, chosen));
+    next = chosen;
   }
   row.step_ms = seconds_since(decode_start) / o.steps * 1e3;
   for (int s : sequences) model.remove_sequence(s);
@@ -202,6 +211,9 @@ int main(int argc, char** argv) {
   app.add_option("--prompt", o.prompt, "prompt tokens per sequence before decoding")->check(CLI::PositiveNumber);
   app.add_option("--context", o.context, "random K/V tokens per sequence instead of a prompt (0: the prompt)");
   app.add_option("--steps", o.steps, "timed decode steps")->check(CLI::PositiveNumber);
+  app.add_option("--temperature", o.sampling.temperature, "decode by sampling at this temperature (0: greedy)");
+  app.add_option("--top-k", o.sampling.top_k, "sampling: the top-k logits (0: all)");
+  app.add_option("--top-p", o.sampling.top_p, "sampling: the top-p probability mass");
   app.add_option("--bandwidth", o.bandwidth_gb_s, "memory bandwidth for the roofline, GB/s");
   CLI11_PARSE(app, argc, argv);
   if (o.model_dir.empty() && o.random.empty()) {

@@ -214,20 +214,6 @@ TEST_F(CudaLayerTest, AttentionInputsMatchCpuRope) {
   }
 }
 
-TEST_F(CudaLayerTest, ArgmaxPicksTheFirstOfEqualMaxima) {
-  std::mt19937 rng(13);
-  const int vocab = 5000;
-  std::vector<float> logits = normal_floats(size_t(2) * vocab, rng);
-  logits[5] = logits[700] = 100.0f;               // row 0: a tie, the first wins (as std::max_element)
-  logits[size_t(vocab) + vocab - 1] = 50.0f;      // row 1: the last entry
-  auto logits_device = on_device(logits);
-  auto out_device = on_device(std::vector<int32_t>(2, -1));
-  ASSERT_TRUE(argmax_rows(logits_device.data(), 2, vocab, out_device.data()).is_ok());
-  const auto out = on_host(out_device);
-  EXPECT_EQ(out[0], 5);
-  EXPECT_EQ(out[1], vocab - 1);
-}
-
 TEST_F(CudaLayerTest, ConvertHalfMatchesHostRounding) {
   std::mt19937 rng(17);
   const auto x = halves(normal_floats(777, rng), DType::kF16);

@@ -108,33 +108,6 @@ __global__ void convert_half_kernel(const void* x, bool bf16, size_t size, void*
   if (i < size) store_half(out, out_bf16, i, load_half(x, bf16, i));
 }
 
-// One block per row: each thread's best (value, first index), then a block-wide reduction.
-__global__ void argmax_kernel(const float* logits, int vocab, int32_t* out) {
-  const float* row = logits + size_t(blockIdx.x) * vocab;
-  float best = -INFINITY;
-  int best_index = vocab;  // beaten by any index of a value >= -inf, so NaN-free rows always pick one
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-    if (row[i] > best || (best_index == vocab)) best = row[i], best_index = i;
-  }
-  __shared__ float values[kThreads];
-  __shared__ int indices[kThreads];
-  values[threadIdx.x] = best;
-  indices[threadIdx.x] = best_index;
-  __syncthreads();
-  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) {
-      const float v = values[threadIdx.x + stride];
-      const int j = indices[threadIdx.x + stride];
-      if (v > values[threadIdx.x] || (v == values[threadIdx.x] && j < indices[threadIdx.x])) {
-        values[threadIdx.x] = v;
-        indices[threadIdx.x] = j;
-      }
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) out[blockIdx.x] = indices[0];
-}
-
 }  // namespace
 
 Status embed(const int32_t* tokens, int n, const void* table, DType dtype, int hidden, float* x) {
@@ -180,14 +153,6 @@ Status convert_half(const void* x, DType dtype, size_t size, void* out, DType ou
   SLIMKV_RETURN_IF_ERROR(check_half(out_dtype, "conversion output"));
   if (size == 0) return Status::ok();
   convert_half_kernel<<<blocks_for(size), kThreads>>>(x, dtype == DType::kBF16, size, out, out_dtype == DType::kBF16);
-  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
-  return Status::ok();
-}
-
-Status argmax_rows(const float* logits, int n, int vocab, int32_t* out) {
-  if (n == 0) return Status::ok();
-  if (vocab <= 0) return error("argmax over ", vocab, " logits");
-  argmax_kernel<<<unsigned(n), kThreads>>>(logits, vocab, out);
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   return Status::ok();
 }

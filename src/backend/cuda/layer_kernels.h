@@ -1,6 +1,6 @@
 // The forward pass's steps between the matrix products, on the GPU (ARCHITECTURE.md "The forward
-// pass"): embedding, RMSNorm, bias + RoPE into the attention's FP16 inputs, SwiGLU, and greedy
-// sampling (the residual adds ride on the GEMMs: backend/cuda/gemm.h). The residual stream and the
+// pass"): embedding, RMSNorm, bias + RoPE into the attention's FP16 inputs, and SwiGLU (the residual
+// adds ride on the GEMMs: backend/cuda/gemm.h; choosing tokens is backend/cuda/sampling.h). The residual stream and the
 // projections are FP32; what feeds a matrix product is written in the weights' dtype (F16/BF16).
 // Each mirrors a CPU step of model/llama.cc and is tested against a scalar reference.
 #pragma once
@@ -42,8 +42,5 @@ Status swiglu(const float* gate_up, int n, int intermediate, void* out, DType ou
 
 // out = x converted between the half dtypes (the FP16 attention output into a BF16 model's o_proj).
 Status convert_half(const void* x, DType dtype, size_t size, void* out, DType out_dtype);
-
-// out[t] = the index of the largest of logits[t, :] (the first of equals, as the CPU sampler).
-Status argmax_rows(const float* logits, int n, int vocab, int32_t* out);
 
 }  // namespace slimkv::cuda

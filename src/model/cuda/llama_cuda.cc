@@ -144,6 +144,7 @@ Status CudaLlamaModel::allocate_runtime(const CudaModelOptions& options) {
   SLIMKV_ASSIGN_OR_RETURN(v_, DeviceArray<uint16_t>::allocate(T * size_t(c.kv_dim()), "values"));
   SLIMKV_ASSIGN_OR_RETURN(attended_, DeviceArray<uint16_t>::allocate(T * size_t(c.q_dim()), "attention outputs"));
   SLIMKV_ASSIGN_OR_RETURN(logits_, DeviceArray<float>::allocate(T * size_t(c.vocab_size), "logits"));
+  SLIMKV_ASSIGN_OR_RETURN(sampling_, DeviceArray<RowSampling>::allocate(size_t(max_sequences_), "sampling settings"));
 
   const PagedAttentionShape attention_shape{int(c.num_heads), int(c.num_kv_heads), int(c.head_dim), max_sequences_,
                                             max_step_tokens_};
@@ -409,10 +410,19 @@ Status CudaLlamaModel::step(std::span<const SequenceTokens> batch, bool all_logi
   return logits_.download(logits.data(), logits.size());
 }
 
-Status CudaLlamaModel::step_greedy(std::span<const SequenceTokens> batch, std::vector<int32_t>& next_tokens) {
+Status CudaLlamaModel::step_sample(std::span<const SequenceTokens> batch, std::span<const RowSampling> sampling,
+                                   std::vector<int32_t>& next_tokens) {
+  if (!sampling.empty() && sampling.size() != batch.size()) {
+    return error("sampling settings for ", sampling.size(), " sequences in a step of ", batch.size());
+  }
   SLIMKV_ASSIGN_OR_RETURN(int rows, forward(batch, /*all_logits=*/false));
   int32_t* next = step_ints_.data() + 3 * max_step_tokens_;
-  SLIMKV_RETURN_IF_ERROR(argmax_rows(logits_.data(), rows, int(config_.vocab_size), next));
+  if (sampling.empty()) {
+    SLIMKV_RETURN_IF_ERROR(argmax_rows(logits_.data(), rows, int(config_.vocab_size), next));
+  } else {
+    SLIMKV_RETURN_IF_ERROR(sampling_.upload(sampling.data(), sampling.size()));
+    SLIMKV_RETURN_IF_ERROR(sample_rows(logits_.data(), rows, int(config_.vocab_size), sampling_.data(), next));
+  }
   next_tokens.resize(size_t(rows));
   return copy_to_host(next_tokens.data(), next, size_t(rows) * sizeof(int32_t));
 }

@@ -25,6 +25,7 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/paged_kv_cache.h"
 #include "backend/cuda/quantized_kv_pool.h"
+#include "backend/cuda/sampling.h"
 #include "model/llama_weights.h"
 #include "model/model_config.h"
 
@@ -92,9 +93,14 @@ class CudaLlamaModel {
   // sealed as decode seals them, without running the layers: long contexts for decode benchmarks,
   // where what the keys hold does not change the work, in milliseconds instead of a long prefill.
   Status append_random_kv(int sequence, int tokens, uint64_t seed);
-  // The same pass, returning each sequence's greedy next token; the argmax runs on the GPU, so only
-  // the ids come back to the host.
-  Status step_greedy(std::span<const SequenceTokens> batch, std::vector<int32_t>& next_tokens);
+  // The same pass, returning each sequence's next token chosen on the GPU (backend/cuda/sampling.h),
+  // so only the ids come back to the host: as sampling[i] says for sequence i, or greedy when
+  // sampling is empty.
+  Status step_sample(std::span<const SequenceTokens> batch, std::span<const RowSampling> sampling,
+                     std::vector<int32_t>& next_tokens);
+  Status step_greedy(std::span<const SequenceTokens> batch, std::vector<int32_t>& next_tokens) {
+    return step_sample(batch, {}, next_tokens);
+  }
 
  private:
   // A contiguous device allocation cut into the matrices and vectors of the model.
@@ -153,6 +159,7 @@ class CudaLlamaModel {
   DeviceArray<uint16_t> q_, k_, v_;  // FP16 [T, heads, head_dim] attention inputs
   DeviceArray<uint16_t> attended_;   // FP16 [T, q_dim] attention output
   DeviceArray<float> logits_;        // [T, vocab]
+  DeviceArray<RowSampling> sampling_;  // [max_sequences] how each row of a step is sampled
 };
 
 }  // namespace slimkv::cuda
