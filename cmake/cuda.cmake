@@ -55,6 +55,7 @@ target_link_libraries(slimkv_core PUBLIC CUDA::cudart_static CUDA::cublas)
 file(GLOB SLIMKV_CUDA_TEST_SOURCES CONFIGURE_DEPENDS tests/cuda/*_test.cc)
 add_executable(slimkv_cuda_tests ${SLIMKV_CUDA_TEST_SOURCES})
 target_link_libraries(slimkv_cuda_tests PRIVATE slimkv_core GTest::gtest GTest::gtest_main)
+target_include_directories(slimkv_cuda_tests PRIVATE tests)
 target_compile_definitions(slimkv_cuda_tests PRIVATE SLIMKV_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 gtest_discover_tests(slimkv_cuda_tests DISCOVERY_TIMEOUT 60)
 

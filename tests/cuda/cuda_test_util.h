@@ -46,4 +46,21 @@ T take(Expected<T> value) {
   return value.take();
 }
 
+// A device copy of `host` (the test fails if it cannot be made).
+template <typename T>
+DeviceArray<T> on_device(const std::vector<T>& host) {
+  auto array = take(DeviceArray<T>::allocate(host.size(), "test"));
+  EXPECT_TRUE(array.upload(host.data(), host.size()).is_ok());
+  return array;
+}
+
+// The device array's values, after the kernels launched so far have finished.
+template <typename T>
+std::vector<T> on_host(const DeviceArray<T>& device) {
+  std::vector<T> host(device.size());
+  EXPECT_TRUE(device_synchronize("test kernels").is_ok());
+  EXPECT_TRUE(device.download(host.data(), host.size()).is_ok());
+  return host;
+}
+
 }  // namespace slimkv::cuda

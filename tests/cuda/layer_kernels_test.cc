@@ -13,6 +13,7 @@
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/layer_kernels.h"
+#include "cuda_test_util.h"
 #include "model/model_config.h"
 #include "model/rope.h"
 #include "util/half.h"
@@ -20,13 +21,7 @@
 namespace slimkv::cuda {
 namespace {
 
-class CudaLayerTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const Status usable = device_usable();
-    if (!usable) GTEST_SKIP() << "CUDA tests skipped: " << usable.message();
-  }
-};
+using CudaLayerTest = CudaTest;
 
 uint16_t to_half(float x, DType dtype) { return dtype == DType::kBF16 ? float_to_bf16(x) : float_to_fp16(x); }
 float from_half(uint16_t h, DType dtype) { return dtype == DType::kBF16 ? bf16_to_float(h) : fp16_to_float(h); }
@@ -44,21 +39,6 @@ std::vector<uint16_t> halves(const std::vector<float>& x, DType dtype) {
   return h;
 }
 
-template <typename T>
-DeviceArray<T> on_device(const std::vector<T>& host) {
-  auto array = DeviceArray<T>::allocate(host.size(), "test");
-  EXPECT_TRUE(array.has_value());
-  EXPECT_TRUE(array->upload(host.data(), host.size()).is_ok());
-  return array.take();
-}
-
-template <typename T>
-std::vector<T> on_host(const DeviceArray<T>& device) {
-  std::vector<T> host(device.size());
-  EXPECT_TRUE(device_synchronize("test kernels").is_ok());
-  EXPECT_TRUE(device.download(host.data(), host.size()).is_ok());
-  return host;
-}
 
 // ‖got − want‖ / ‖want‖, with NaN failing.
 double relative_error(const std::vector<float>& got, const std::vector<double>& want) {

@@ -18,45 +18,19 @@
 #include "model/llama.h"
 #include "slimkv/engine.h"
 #include "util/npy.h"
+#include "golden_models.h"
 
 namespace slimkv::cuda {
 namespace {
 
 const std::string kSource = SLIMKV_SOURCE_DIR;
-const std::string kGoldenModels = kSource + "/tests/data/models";
 const std::string kBundled = kSource + "/models/slimkv-llama-14m";
 
-std::vector<std::string> golden_models() {
-  std::vector<std::string> dirs;
-  for (const auto& entry : std::filesystem::directory_iterator(kGoldenModels)) {
-    if (std::filesystem::exists(entry.path() / "golden_logits.npy")) dirs.push_back(entry.path().string());
-  }
-  std::sort(dirs.begin(), dirs.end());
-  return dirs;
-}
-
-std::vector<int32_t> golden_tokens(const std::string& dir) {
-  std::ifstream in(dir + "/golden_tokens.txt");
-  std::vector<int32_t> ids;
-  std::string piece;
-  while (std::getline(in, piece, ',')) ids.push_back(std::stoi(piece));
-  return ids;
-}
-
-// max |a − b| / max |b|
-double relative_max_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double err = 0, ref = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    err = std::max(err, double(std::fabs(a[i] - b[i])));
-    ref = std::max(ref, double(std::fabs(b[i])));
-  }
-  return err / ref;
-}
-
-std::unique_ptr<Engine> load(const std::string& dir, const std::string& device, int chunk = 512) {
+std::unique_ptr<Engine> load(const std::string& dir, const std::string& device, int chunk = 512,
+                             const std::string& kv = "dense") {
   EngineConfig config;
   config.model_dir = dir;
+  config.kv_spec = kv;
   config.device = device;
   config.threads = 2;
   config.prefill_chunk_tokens = chunk;
@@ -99,19 +73,9 @@ TEST_F(CudaModelTest, LogitsMatchTransformersAndTheCpuInPrefillDecodeAndChunks) 
 TEST_F(CudaModelTest, GreedyContinuationMatchesTransformers) {
   for (const std::string& dir : golden_models()) {
     SCOPED_TRACE(dir);
-    std::ifstream in(dir + "/golden_greedy.json");
-    const auto golden = nlohmann::json::parse(in);
-    const auto prompt = golden["prompt"].get<std::vector<int32_t>>();
-    const auto expected = golden["generated"].get<std::vector<int32_t>>();
+    const GoldenGreedy golden = golden_greedy(dir);
     auto engine = load(dir, "cuda");
-    auto session = engine->new_session();
-    auto logits = take(session->prefill(prompt));
-    std::vector<int32_t> generated;
-    for (size_t i = 0; i < expected.size(); ++i) {
-      generated.push_back(argmax(logits));
-      logits = take(session->decode(generated.back()));
-    }
-    EXPECT_EQ(generated, expected);
+    EXPECT_EQ(take(greedy_continuation(*engine->new_session(), golden.prompt, golden.generated.size())), golden.generated);
   }
 }
 
@@ -257,20 +221,11 @@ TEST_F(CudaModelTest, QuantizedKvDecodesLikeTheCpuCodec) {
   std::ifstream in(kBundled + "/heldout.txt");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   text.resize(1500);
-  const auto engine = [&](const std::string& spec, const std::string& device) {
-    EngineConfig config;
-    config.model_dir = kBundled;
-    config.kv_spec = spec;
-    config.threads = 2;
-    config.device = device;
-    config.gpu_max_sessions = 2;
-    return take(Engine::load(config));
-  };
-  auto dense = engine("dense", "cpu");
+  auto dense = load(kBundled, "cpu");
   const auto prompt = dense->tokenizer()->encode(text, true);
   for (const char* spec : {"hack:bits=4,rot=none", "quant:bits=4,rot=none", "hack:bits=2,rot=none,round=nearest"}) {
     SCOPED_TRACE(spec);
-    auto gpu = engine(spec, "cuda"), cpu = engine(spec, "cpu");
+    auto gpu = load(kBundled, "cuda", 512, spec), cpu = load(kBundled, "cpu", 512, spec);
     auto gpu_session = gpu->new_session(), cpu_session = cpu->new_session(), dense_session = dense->new_session();
     // One token at a time, so both sessions seal the same blocks at the same steps; mean over tokens
     // of max |a − b| / max |b|.

@@ -16,20 +16,6 @@ namespace {
 
 using CudaSamplingTest = CudaTest;
 
-template <typename T>
-DeviceArray<T> on_device(const std::vector<T>& host) {
-  auto array = take(DeviceArray<T>::allocate(host.size(), "test"));
-  EXPECT_TRUE(array.upload(host.data(), host.size()).is_ok());
-  return array;
-}
-
-template <typename T>
-std::vector<T> on_host(const DeviceArray<T>& device) {
-  std::vector<T> host(device.size());
-  EXPECT_TRUE(device_synchronize("sampling").is_ok());
-  EXPECT_TRUE(device.download(host.data(), host.size()).is_ok());
-  return host;
-}
 
 // The probabilities engine/sampler.h draws from: the top_k largest logits, softmax at the temperature,
 // then the smallest prefix (by descending logit) whose mass reaches top_p.

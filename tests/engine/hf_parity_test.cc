@@ -14,38 +14,12 @@
 #include "model/model_config.h"
 #include "slimkv/engine.h"
 #include "util/npy.h"
+#include "golden_models.h"
 
 namespace slimkv {
 namespace {
 
-const std::string kModels = std::string(SLIMKV_SOURCE_DIR) + "/tests/data/models";
-
-std::vector<std::string> golden_models() {
-  std::vector<std::string> dirs;
-  for (const auto& entry : std::filesystem::directory_iterator(kModels)) {
-    if (std::filesystem::exists(entry.path() / "golden_logits.npy")) dirs.push_back(entry.path().string());
-  }
-  std::sort(dirs.begin(), dirs.end());
-  return dirs;
-}
-
-std::vector<int32_t> golden_tokens(const std::string& dir) {
-  std::ifstream in(dir + "/golden_tokens.txt");
-  std::vector<int32_t> ids;
-  std::string piece;
-  while (std::getline(in, piece, ',')) ids.push_back(std::stoi(piece));
-  return ids;
-}
-
-// max |a - b| / max |b|
-double relative_max_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double err = 0, ref = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    err = std::max(err, double(std::fabs(a[i] - b[i])));
-    ref = std::max(ref, double(std::fabs(b[i])));
-  }
-  return err / ref;
-}
+const std::string& kModels = kGoldenModels;
 
 std::unique_ptr<Engine> load(const std::string& dir, const std::string& kv = "dense", int chunk = 512) {
   EngineConfig config;
@@ -101,22 +75,12 @@ TEST(HfParity, LogitsMatchTransformersInPrefillAndIncrementalModes) {
 TEST(HfParity, GreedyContinuationMatchesTransformers) {
   for (const std::string& dir : golden_models()) {
     SCOPED_TRACE(dir);
-    std::ifstream in(dir + "/golden_greedy.json");
-    const auto golden = nlohmann::json::parse(in);
-    const auto prompt = golden["prompt"].get<std::vector<int32_t>>();
-    const auto expected = golden["generated"].get<std::vector<int32_t>>();
+    const GoldenGreedy golden = golden_greedy(dir);
     auto engine = load(dir);
     ASSERT_TRUE(engine);
-    auto session = engine->new_session();
-    auto logits = session->prefill(prompt);
-    ASSERT_TRUE(logits);
-    std::vector<int32_t> generated;
-    for (size_t i = 0; i < expected.size(); ++i) {
-      generated.push_back(int32_t(std::max_element(logits->begin(), logits->end()) - logits->begin()));
-      logits = session->decode(generated.back());
-      ASSERT_TRUE(logits);
-    }
-    EXPECT_EQ(generated, expected);
+    auto generated = greedy_continuation(*engine->new_session(), golden.prompt, golden.generated.size());
+    ASSERT_TRUE(generated) << generated.status().message();
+    EXPECT_EQ(*generated, golden.generated);
   }
 }
 
