@@ -93,8 +93,8 @@ Filled fill(const std::vector<int>& lengths, int step_tokens, int num_kv_heads, 
 std::vector<uint8_t> download_block(const Filled& f, int b, int h, int ordinal) {
   const QuantizedKvView view = f.pool->view(kLayer);
   const int index = f.cache->blocks(f.ids[size_t(b)])[size_t(ordinal)];
-  std::vector<uint8_t> block(size_t(view.block_bytes));
-  const size_t offset = (size_t(index) * f.cache->shape().num_kv_heads + h) * view.block_bytes;
+  std::vector<uint8_t> block(size_t(view.offsets.block_bytes));
+  const size_t offset = (size_t(index) * f.cache->shape().num_kv_heads + h) * view.offsets.block_bytes;
   EXPECT_TRUE(copy_to_host(block.data(), view.blocks + offset, block.size()).is_ok());
   return block;
 }

@@ -28,8 +28,7 @@ constexpr unsigned kFullMask = 0xffffffffu;
 struct QuantizedLaunch {
   AttentionLaunch a;
   const uint8_t* blocks;  // [num_blocks, num_kv_heads, block_bytes]
-  int block_bytes;
-  int k_mins, k_scales, k_sums, v_codes, v_mins, v_scales, v_sums;
+  QuantizedBlockOffsets o;
 };
 
 // 4 codes of kBits each (the low 4·kBits bits of `field`) spread to one byte each.
@@ -175,9 +174,9 @@ template <int kHeadDim, int kRows, int kBits, bool kHack>
 __device__ __forceinline__ void block_scores(const QuantizedLaunch& L, const uint8_t* b, const CtaShared<kHeadDim, kRows>& s,
                                              int lane, float (&score)[2][kRows]) {
   constexpr int kPartitions = kHeadDim / T, kBytes = kBits / 2;
-  const __half* k_mins = reinterpret_cast<const __half*>(b + L.k_mins);
-  const __half* k_scales = reinterpret_cast<const __half*>(b + L.k_scales);
-  const int16_t* k_sums = reinterpret_cast<const int16_t*>(b + L.k_sums);
+  const __half* k_mins = reinterpret_cast<const __half*>(b + L.o.k_mins);
+  const __half* k_scales = reinterpret_cast<const __half*>(b + L.o.k_scales);
+  const int16_t* k_sums = reinterpret_cast<const int16_t*>(b + L.o.k_sums);
   const int t0 = 2 * lane;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) score[0][r] = score[1][r] = 0.0f;
@@ -320,7 +319,7 @@ __device__ __forceinline__ void attend_sealed(const QuantizedLaunch& L, const ui
     for (int quad = 0; quad < T / 16; ++quad) {  // token groups u = 4·quad + k
       uint32_t w[4];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) w[k] = Fields<2, kCols>(b + L.v_codes + (4 * quad + k) * kHeadDim + c0).words[0];
+      for (int k = 0; k < 4; ++k) w[k] = Fields<2, kCols>(b + L.o.v_codes + (4 * quad + k) * kHeadDim + c0).words[0];
       uint4 p[kRows];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) p[r] = *reinterpret_cast<const uint4*>(&s.p_codes[warp][r][4 * quad]);
@@ -339,7 +338,7 @@ __device__ __forceinline__ void attend_sealed(const QuantizedLaunch& L, const ui
   } else {
 #pragma unroll 4
     for (int u = 0; u < T / 4; ++u) {
-      const Fields<kBits, kCols> fields(b + L.v_codes + (u * kHeadDim + c0) * kBytes);
+      const Fields<kBits, kCols> fields(b + L.o.v_codes + (u * kHeadDim + c0) * kBytes);
 #pragma unroll
       for (int i = 0; i < kCols; ++i) {
         const uint32_t v = fields.codes(i);  // tokens 4u..4u+3 of column c0 + i
@@ -357,9 +356,9 @@ __device__ __forceinline__ void attend_sealed(const QuantizedLaunch& L, const ui
       }
     }
   }
-  const __half* v_mins = reinterpret_cast<const __half*>(b + L.v_mins);
-  const __half* v_scales = reinterpret_cast<const __half*>(b + L.v_scales);
-  const int16_t* v_sums = reinterpret_cast<const int16_t*>(b + L.v_sums);
+  const __half* v_mins = reinterpret_cast<const __half*>(b + L.o.v_mins);
+  const __half* v_scales = reinterpret_cast<const __half*>(b + L.o.v_scales);
+  const int16_t* v_sums = reinterpret_cast<const int16_t*>(b + L.o.v_sums);
 #pragma unroll
   for (int i = 0; i < kCols; ++i) {
     const float v_min = __half2float(v_mins[c0 + i]), v_scale = __half2float(v_scales[c0 + i]);
@@ -500,22 +499,22 @@ __global__ __launch_bounds__(kThreads) void quantized_attention_partials(Quantiz
   const int sealed_end = min(block_end, n_sealed);
   const int* table = p.block_tables + size_t(p.sequence_ids[tq.batch_index]) * p.block_table_stride;
   const auto sealed_block = [&](int block) {
-    return L.blocks + (size_t(table[block]) * p.num_kv_heads + kv_head) * L.block_bytes;
+    return L.blocks + (size_t(table[block]) * p.num_kv_heads + kv_head) * L.o.block_bytes;
   };
-  uint8_t* stage = reinterpret_cast<uint8_t*>(staging) + size_t(warp) * 2 * L.block_bytes;
+  uint8_t* stage = reinterpret_cast<uint8_t*>(staging) + size_t(warp) * 2 * L.o.block_bytes;
   WarpPartial<kRows, kCols> partial;
   int buffer = 0;
-  if (block_begin + warp < sealed_end) copy_block_async(stage, sealed_block(block_begin + warp), L.block_bytes, lane);
+  if (block_begin + warp < sealed_end) copy_block_async(stage, sealed_block(block_begin + warp), L.o.block_bytes, lane);
   for (int block = block_begin + warp; block < block_end; block += kWarps) {
     if (block < n_sealed) {
       if (block + kWarps < sealed_end) {  // the next block's copy is in flight while this one is read
-        copy_block_async(stage + (buffer ^ 1) * L.block_bytes, sealed_block(block + kWarps), L.block_bytes, lane);
+        copy_block_async(stage + (buffer ^ 1) * L.o.block_bytes, sealed_block(block + kWarps), L.o.block_bytes, lane);
         wait_copies<1>();
       } else {
         wait_copies<0>();
       }
       __syncwarp();
-      attend_sealed<kHeadDim, kRows, kBits, kHack>(L, stage + buffer * L.block_bytes, s, warp, lane, partial);
+      attend_sealed<kHeadDim, kRows, kBits, kHack>(L, stage + buffer * L.o.block_bytes, s, warp, lane, partial);
       __syncwarp();  // every lane is done with the buffer before it is refilled
       buffer ^= 1;
     } else {
@@ -563,7 +562,7 @@ Status CudaPagedAttention::run_quantized(const PagedKvView& kv, const QuantizedK
   const QuantizedKernel kernel = shape_.head_dim == 64 ? (four_rows ? pick<64, 4>(bits, sealed.hack) : pick<64, 8>(bits, sealed.hack))
                                                        : (four_rows ? pick<128, 4>(bits, sealed.hack) : pick<128, 8>(bits, sealed.hack));
   // The staging buffers, which also hold the warps' partials at the end.
-  const size_t staging_bytes = std::max(size_t(kWarps) * 2 * sealed.block_bytes,
+  const size_t staging_bytes = std::max(size_t(kWarps) * 2 * sealed.offsets.block_bytes,
                                         size_t(kWarps) * rows_per_tile_ * shape_.head_dim * sizeof(float));
   // Once per kernel and staging size: its shared-memory limit, and its residency (one wave of this
   // kernel differs from one of the dense kernel).
@@ -583,14 +582,7 @@ Status CudaPagedAttention::run_quantized(const PagedKvView& kv, const QuantizedK
   QuantizedLaunch L{};
   L.a = launch_params(kv, q, scale, out);
   L.blocks = sealed.blocks;
-  L.block_bytes = sealed.block_bytes;
-  L.k_mins = sealed.k_mins;
-  L.k_scales = sealed.k_scales;
-  L.k_sums = sealed.k_sums;
-  L.v_codes = sealed.v_codes;
-  L.v_mins = sealed.v_mins;
-  L.v_scales = sealed.v_scales;
-  L.v_sums = sealed.v_sums;
+  L.o = sealed.offsets;
   const dim3 grid(unsigned(L.a.num_splits), unsigned(L.a.num_kv_heads), unsigned(L.a.num_tiles));
   kernel<<<grid, kThreads, staging_bytes>>>(L);
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();

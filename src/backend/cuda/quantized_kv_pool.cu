@@ -18,8 +18,8 @@ struct SealLaunch {
   const __half* v_pool;
   const int2* list;      // (block index, ordinal in its sequence)
   uint8_t* blocks;       // [num_blocks, num_kv_heads, block_bytes]
-  int num_kv_heads, head_dim, k_bits, v_bits, k_partition, block_bytes;
-  int k_mins, k_scales, k_sums, v_codes, v_mins, v_scales, v_sums;
+  int num_kv_heads, head_dim, k_bits, v_bits, k_partition;
+  QuantizedBlockOffsets o;
   bool stochastic;
   uint64_t seed;
   int layer;
@@ -74,12 +74,12 @@ __global__ __launch_bounds__(kSealThreads) void seal_blocks(SealLaunch p) {
   const int head = blockIdx.y, d = p.head_dim;
   const uint64_t seed = block_seal_seed(p.seed, p.layer, head, entry.y);
   const size_t source = (size_t(entry.x) * p.num_kv_heads + head) * T * d;
-  uint8_t* block = p.blocks + (size_t(entry.x) * p.num_kv_heads + head) * p.block_bytes;
+  uint8_t* block = p.blocks + (size_t(entry.x) * p.num_kv_heads + head) * p.o.block_bytes;
   for (int i = threadIdx.x; i < T * d; i += kSealThreads) {
     k[i] = p.k_pool[source + i];
     v[i] = p.v_pool[source + i];
   }
-  for (int i = threadIdx.x; i < p.block_bytes / 16; i += kSealThreads) reinterpret_cast<uint4*>(block)[i] = make_uint4(0, 0, 0, 0);
+  for (int i = threadIdx.x; i < p.o.block_bytes / 16; i += kSealThreads) reinterpret_cast<uint4*>(block)[i] = make_uint4(0, 0, 0, 0);
   __syncthreads();
 
   // K: partitions of k_partition dims along each token's head (element counter: its index in [T, d]).
@@ -89,9 +89,9 @@ __global__ __launch_bounds__(kSealThreads) void seal_blocks(SealLaunch p) {
     const int first = t * d + part * p.k_partition;
     const Partition q = quantize_partition(k + first, p.k_partition, 1, p.k_bits, p.stochastic, seed, uint64_t(first), codes + first);
     const int slot = part * T + t;
-    reinterpret_cast<__half*>(block + p.k_mins)[slot] = q.min;
-    reinterpret_cast<__half*>(block + p.k_scales)[slot] = q.scale;
-    reinterpret_cast<int16_t*>(block + p.k_sums)[slot] = int16_t(q.sum);
+    reinterpret_cast<__half*>(block + p.o.k_mins)[slot] = q.min;
+    reinterpret_cast<__half*>(block + p.o.k_scales)[slot] = q.scale;
+    reinterpret_cast<int16_t*>(block + p.o.k_sums)[slot] = int16_t(q.sum);
   }
   __syncthreads();
   for (int i = threadIdx.x; i < d / 4 * T; i += kSealThreads) {  // group g of dims, token t
@@ -105,15 +105,15 @@ __global__ __launch_bounds__(kSealThreads) void seal_blocks(SealLaunch p) {
   for (int c = threadIdx.x; c < d; c += kSealThreads) {
     const Partition q = quantize_partition(v + c, T, d, p.v_bits, p.stochastic, seed, uint64_t(T) * uint64_t(d) + uint64_t(c),
                                            codes + c);
-    reinterpret_cast<__half*>(block + p.v_mins)[c] = q.min;
-    reinterpret_cast<__half*>(block + p.v_scales)[c] = q.scale;
-    reinterpret_cast<int16_t*>(block + p.v_sums)[c] = int16_t(q.sum);
+    reinterpret_cast<__half*>(block + p.o.v_mins)[c] = q.min;
+    reinterpret_cast<__half*>(block + p.o.v_scales)[c] = q.scale;
+    reinterpret_cast<int16_t*>(block + p.o.v_sums)[c] = int16_t(q.sum);
   }
   __syncthreads();
   for (int i = threadIdx.x; i < T / 4 * d; i += kSealThreads) {  // tokens 4u..4u+3 of column c
     const int u = i / d, c = i % d;
     const uint8_t* x = codes + 4 * u * d + c;
-    write_group(block + p.v_codes + size_t(i) * (p.v_bits / 2), x[0], x[d], x[2 * d], x[3 * d], p.v_bits);
+    write_group(block + p.o.v_codes + size_t(i) * (p.v_bits / 2), x[0], x[d], x[2 * d], x[3 * d], p.v_bits);
   }
 }
 
@@ -168,14 +168,7 @@ Status CudaQuantizedKvPool::seal_filled_blocks(int layer, const CudaPagedKvCache
   p.k_bits = layout_.config.k_bits;
   p.v_bits = layout_.config.v_bits;
   p.k_partition = layout_.k_partition;
-  p.block_bytes = int(layout_.block_bytes);
-  p.k_mins = sealed.k_mins;
-  p.k_scales = sealed.k_scales;
-  p.k_sums = sealed.k_sums;
-  p.v_codes = sealed.v_codes;
-  p.v_mins = sealed.v_mins;
-  p.v_scales = sealed.v_scales;
-  p.v_sums = sealed.v_sums;
+  p.o = sealed.offsets;
   p.stochastic = layout_.config.rounding == Rounding::kStochastic;
   p.seed = seed_;
   p.layer = layer;
@@ -190,14 +183,8 @@ QuantizedKvView CudaQuantizedKvPool::view(int layer) const {
   view.hack = hack_;
   view.k_bits = layout_.config.k_bits;
   view.v_bits = layout_.config.v_bits;
-  view.block_bytes = int(layout_.block_bytes);
-  view.k_mins = int(layout_.k_mins);
-  view.k_scales = int(layout_.k_scales);
-  view.k_sums = int(layout_.k_sums);
-  view.v_codes = int(layout_.v_codes);
-  view.v_mins = int(layout_.v_mins);
-  view.v_scales = int(layout_.v_scales);
-  view.v_sums = int(layout_.v_sums);
+  view.offsets = {int(layout_.block_bytes), int(layout_.k_mins),  int(layout_.k_scales), int(layout_.k_sums),
+                  int(layout_.v_codes),     int(layout_.v_mins),  int(layout_.v_scales), int(layout_.v_sums)};
   return view;
 }
 

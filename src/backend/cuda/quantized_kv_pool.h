@@ -17,14 +17,19 @@
 
 namespace slimkv::cuda {
 
+// A block's size and the byte offsets of its layout's sections (K codes at 0), as the kernels that
+// seal and read blocks take them (QuantizedBlockLayout's, in ints).
+struct QuantizedBlockOffsets {
+  int block_bytes = 0;
+  int k_mins = 0, k_scales = 0, k_sums = 0, v_codes = 0, v_mins = 0, v_scales = 0, v_sums = 0;
+};
+
 // What attention reads of one layer's sealed blocks.
 struct QuantizedKvView {
   const uint8_t* blocks = nullptr;  // [num_blocks, num_kv_heads, block_bytes]
   bool hack = true;                 // integer attention (HACK Eq. 4); false: `quant`, dequantized in FP32
   int k_bits = 2, v_bits = 2;
-  int block_bytes = 0;
-  // Byte offsets of the layout's sections (K codes at 0).
-  int k_mins = 0, k_scales = 0, k_sums = 0, v_codes = 0, v_mins = 0, v_scales = 0, v_sums = 0;
+  QuantizedBlockOffsets offsets;
 };
 
 class CudaQuantizedKvPool {
