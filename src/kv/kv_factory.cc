@@ -43,13 +43,18 @@ bool has_option(const KvStage& stage, std::string_view key) {
   return false;
 }
 
-// zack:r=0.05 (Eq. 6's removal rate) or zack:rate=0.5 (overall KV compression, §5.2), align, calib.
+// zack:r=0.05 (Eq. 6's removal rate; vr=R: V–W_O's own) or zack:rate=0.5 (overall KV compression,
+// §5.2), align, calib.
 Expected<ZackOptions> read_zack(StageOptions& options, const KvStage& stage, const std::string& spec) {
   if (has_option(stage, "r") && has_option(stage, "rate")) {
     return error("KV spec '", spec, "': zack takes r (singular-value removal rate) or rate (KV compression), not both");
   }
   ZackOptions zack;
+  if (has_option(stage, "vr") && has_option(stage, "rate")) {
+    return error("KV spec '", spec, "': zack's vr (V–W_O removal rate) goes with r, not with rate");
+  }
   zack.removal_rate = options.number("r", zack.removal_rate, 0.0, 1.0);
+  zack.v_removal_rate = options.number("vr", -1.0, 0.0, 1.0);
   zack.target_compression = options.number("rate", 0.0, 0.0, 0.999);
   zack.align = options.integer("align", 1, {}, 1, 1024);
   zack.calibration_path = options.text("calib", "");

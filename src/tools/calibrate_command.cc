@@ -55,7 +55,7 @@ CommandRunner add_calibrate_command(CLI::App& app) {
     // What r (Eq. 6) will give: the ranks' spread and the KV compression, before any quantization.
     std::printf("%8s %16s %16s %14s\n", "r", "K ranks min-max", "V ranks min-max", "compression");
     for (const double r : {0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5}) {
-      const ZackRanks ranks = select_zack_ranks(calibration, r, 1);
+      const ZackRanks ranks = select_zack_ranks(calibration, r, r, 1);
       const auto [k_min, k_max] = std::minmax_element(ranks.k_ranks.begin(), ranks.k_ranks.end());
       const auto [v_min, v_max] = std::minmax_element(ranks.v_ranks.begin(), ranks.v_ranks.end());
       std::printf("%8.2f %9d - %4d %9d - %4d %14.3f\n", r, *k_min, *k_max, *v_min, *v_max, ranks.kv_compression());

@@ -70,11 +70,29 @@ TEST(ZackRanks, Eq6OnHandMadeSpectra) {
 TEST(ZackRanks, HeadsWithDifferentSpectraGetDifferentRanks) {
   // Head 0 peaked (most energy in 2 dims), head 1 flat: one shared r removes far more of head 0.
   const ZackCalibration c = hand_made({{50, 40, 3, 2, 2, 1, 1, 1}, {10, 10, 9, 9, 8, 8, 7, 7}});
-  const ZackRanks ranks = select_zack_ranks(c, 0.11, 1);
+  const ZackRanks ranks = select_zack_ranks(c, 0.11, 0.11, 1);
   EXPECT_EQ(ranks.k_rank(0, 0), 2);  // 3+2+2+1+1+1 = 10 <= 11% of 100
   EXPECT_EQ(ranks.k_rank(0, 1), 7);  // only the last 7 <= 11% of 68
   EXPECT_EQ(ranks.v_rank(0, 0), 2);
   EXPECT_DOUBLE_EQ(ranks.kv_compression(), 1.0 - (2 + 7 + 2 + 7) / 32.0);
+}
+
+TEST(ZackRanks, ValuesTakeTheirOwnRemovalRate) {
+  const ZackCalibration c = hand_made({{50, 40, 3, 2, 2, 1, 1, 1}, {10, 10, 9, 9, 8, 8, 7, 7}});
+  const ZackRanks keys_only = select_zack_ranks(c, 0.11, 0.0, 1);  // vr=0: values keep every dim
+  EXPECT_EQ(keys_only.k_rank(0, 0), 2);
+  EXPECT_EQ(keys_only.k_rank(0, 1), 7);
+  EXPECT_EQ(keys_only.v_rank(0, 0), 8);
+  EXPECT_EQ(keys_only.v_rank(0, 1), 8);
+  EXPECT_DOUBLE_EQ(keys_only.kv_compression(), 1.0 - (2 + 7 + 8 + 8) / 32.0);
+  ZackOptions options;
+  options.removal_rate = 0.11;
+  options.v_removal_rate = 0.0;
+  auto selected = select_zack_ranks(c, options);
+  ASSERT_TRUE(selected) << selected.status().message();
+  EXPECT_EQ(selected->v_ranks, keys_only.v_ranks);
+  options.v_removal_rate = -1;  // unset: the same r for both
+  EXPECT_EQ(select_zack_ranks(c, options)->v_ranks, select_zack_ranks(c, 0.11, 0.11, 1).v_ranks);
 }
 
 TEST(ZackRanks, TargetCompressionPicksTheSmallestSufficientRemovalRate) {
@@ -83,7 +101,7 @@ TEST(ZackRanks, TargetCompressionPicksTheSmallestSufficientRemovalRate) {
     auto ranks = ranks_for_compression(c, target, 1);
     ASSERT_TRUE(ranks) << ranks.status().message();
     EXPECT_GE(ranks->kv_compression(), target);
-    EXPECT_LT(select_zack_ranks(c, ranks->removal_rate * 0.999, 1).kv_compression(), target) << "not minimal";
+    EXPECT_LT(select_zack_ranks(c, ranks->removal_rate * 0.999, ranks->removal_rate * 0.999, 1).kv_compression(), target) << "not minimal";
   }
   EXPECT_FALSE(ranks_for_compression(c, 0.9, 1));  // one dim per head is 87.5%
 }
@@ -96,6 +114,10 @@ TEST(ZackSpec, ParsesAsAStageBeforeTheCodec) {
   ASSERT_TRUE(alone) << alone.status().message();
   ASSERT_TRUE(alone->zack);
   EXPECT_DOUBLE_EQ(alone->zack->removal_rate, 0.1);
+  auto keys_only = make_kv_pipeline("zack:r=0.1,vr=0");
+  ASSERT_TRUE(keys_only) << keys_only.status().message();
+  EXPECT_DOUBLE_EQ(keys_only->zack->v_removal_rate, 0.0);
+  EXPECT_TRUE(keys_only->describe().starts_with("zack:r=0.1,vr=0,align=1+")) << keys_only->describe();
   EXPECT_EQ(alone->describe(), "zack:r=0.1,align=1+dense:dtype=f32,block=64,rot=none");  // dense by default
   auto composed = make_kv_pipeline("zack:rate=0.5,align=16,calib=/x/z.safetensors+hack:bits=4");
   ASSERT_TRUE(composed) << composed.status().message();
@@ -105,6 +127,8 @@ TEST(ZackSpec, ParsesAsAStageBeforeTheCodec) {
   EXPECT_TRUE(composed->describe().starts_with("zack:rate=0.5,align=16,calib=/x/z.safetensors+hack:"));
   for (const auto& [spec, message] : std::vector<std::pair<std::string, std::string>>{
            {"zack:r=0.1,rate=0.5", "not both"},
+           {"zack:rate=0.5,vr=0", "not with rate"},
+           {"zack:r=0.1,vr=-1", "vr=-1"},
            {"dense+zack", "zack must come before the codec"},
            {"zack+zack", "zack must come before the codec"},
            {"pq+zack", "selector with zack"},
