@@ -49,6 +49,7 @@ expect_error samples-value "is not N or task=N" --kv dense --tasks ppl --samples
 expect_error long-context "outside the model's context" --kv dense --tasks ppl --context 100000
 expect_error short-context "too short" --kv dense --tasks passkey --context 40
 expect_error missing-text "nope.txt" --kv dense --tasks ppl --text "$work/nope.txt"
+expect_error gpu-memory "runs on --device cpu only" --kv dense --tasks ppl,memory --device cuda
 
 echo "eval_cli_test: $passes passed, $failures failed"
 [ "$failures" -eq 0 ]

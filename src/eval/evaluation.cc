@@ -22,15 +22,16 @@ struct TaskInfo {
   int default_samples;  // what one sample is differs by task: docs/eval.md
   bool needs_text;      // runs on the evaluation text
   bool needs_retrieval_length;
+  bool runs_on_gpu;     // fidelity observes the forward pass and memory reads the CPU store: CPU only
 };
 
 constexpr TaskInfo kTasks[] = {
-    {"ppl", run_ppl_task, 4, true, false},             // windows
-    {"passkey", run_passkey_task, 2, false, true},     // prompts per (length, depth, placement)
-    {"kvret", run_kvret_task, 8, false, true},         // prompts per (length, placement)
-    {"fidelity", run_fidelity_task, 32, true, false},  // decode steps after the prefix
-    {"memory", run_memory_task, 1, true, false},
-    {"speed", run_speed_task, 3, true, false},  // repetitions (the median is reported)
+    {"ppl", run_ppl_task, 4, true, false, true},              // windows
+    {"passkey", run_passkey_task, 2, false, true, true},      // prompts per (length, depth, placement)
+    {"kvret", run_kvret_task, 8, false, true, true},          // prompts per (length, placement)
+    {"fidelity", run_fidelity_task, 32, true, false, false},  // decode steps after the prefix
+    {"memory", run_memory_task, 1, true, false, false},
+    {"speed", run_speed_task, 3, true, false, true},  // repetitions (the median is reported)
 };
 
 const TaskInfo* find_task(const std::string& name) {
@@ -86,6 +87,9 @@ Expected<std::unique_ptr<Evaluation>> Evaluation::prepare(const EvalSettings& se
     const TaskInfo* task = find_task(name);
     if (!task) return error("unknown task '", name, "' (known: ", join(eval_task_names(), ","), ")");
     if (std::count(s.tasks.begin(), s.tasks.end(), name) > 1) return error("task '", name, "' is given twice");
+    if (s.device != "cpu" && !task->runs_on_gpu) {
+      return error("task '", name, "' runs on --device cpu only (the GPU runs ppl, passkey, kvret and speed)");
+    }
     needs_text |= task->needs_text;
     needs_retrieval_length |= task->needs_retrieval_length;
   }
@@ -126,6 +130,7 @@ Expected<std::unique_ptr<Evaluation>> Evaluation::prepare(const EvalSettings& se
     config.model_dir = s.model_dir;
     config.kv_spec = spec;
     config.pool = pool;
+    config.device = s.device;
     SLIMKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::load(config));
     if (!engine->tokenizer()) return error(s.model_dir, ": no tokenizer.json; slimkv eval needs the model's tokenizer");
     evaluation->subjects_.push_back({spec, std::move(engine)});
@@ -205,7 +210,8 @@ nlohmann::json Evaluation::to_json() const {
            {{"context", context_tokens_},
             {"samples", samples},
             {"text", settings_.text_file},
-            {"threads", settings_.threads}}},
+            {"threads", settings_.threads},
+            {"device", settings_.device}}},
           {"results", rows}};
 }
 

@@ -32,6 +32,7 @@ struct EvalSettings {
   std::string text_file;           // ppl/fidelity/memory/speed text; "": MODEL/heldout.txt
   int threads = 0;                 // 0: every core
   bool plots = true;               // PNG plots (needs gnuplot)
+  std::string device = "cpu";      // or "cuda": every spec's engine on the GPU (ppl, passkey, kvret, speed)
 };
 
 std::vector<std::string> eval_task_names();
