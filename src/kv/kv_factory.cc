@@ -62,6 +62,9 @@ std::string KvPipeline::describe() const {
   return str_cat(selector ? selector->describe() + "+" : std::string(), zack ? zack->describe() + "+" : std::string(),
                  codec->describe(), codec->describe().starts_with("dense") ? ",block=" : ",pi=", block_tokens,
                  seed ? str_cat(",seed=", seed) : std::string(), hadamard ? ",rot=hadamard" : ",rot=none",
+                 // How a prefill chunk reads the store, not what it stores: spelled out only when not the
+                 // default, so that KV transfers (which match stores by this spec) keep their format.
+                 codec->describe().starts_with("dense") || exact_prefill ? "" : ",prefill=quantized",
                  offload ? str_cat("@offload:cache=", offload->cache_tokens, ",policy=",
                                    offload->policy == CachePolicy::kLfu ? "lfu" : "lru")
                          : std::string());
@@ -101,6 +104,9 @@ Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
       if (pipeline.codec) return error("KV spec '", config.spec, "': more than one codec stage");
       const bool hack = stage.name == "hack";
       const QuantizationConfig quantization = read_quantization(options, pipeline, hack);
+      // Exact by default: a prefill chunk then sees its newest tokens as decode does (from the open
+      // block, unquantized) instead of through the blocks it just sealed; README, "Quality".
+      pipeline.exact_prefill = options.choice("prefill", "exact", {"exact", "quantized"}) == "exact";
       if (hack) {
         pipeline.codec = std::make_shared<HackCodec>(quantization);
       } else {
