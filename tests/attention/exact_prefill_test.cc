@@ -109,7 +109,7 @@ TEST(ExactPrefill, IsTheDefaultAndTheOtherChoiceIsSpelledOut) {
   EXPECT_TRUE(make_kv_pipeline("hack:bits=2")->exact_prefill);
   EXPECT_EQ(make_kv_pipeline("hack:bits=2,prefill=exact")->describe(), make_kv_pipeline("hack:bits=2")->describe());
   EXPECT_EQ(make_kv_pipeline("quant:bits=4,pi=32,prefill=quantized")->describe(),
-            "quant:kbits=4,vbits=4,round=stochastic,se=on,rqe=on,pi=32,rot=hadamard,prefill=quantized");
+            "quant:kbits=4,vbits=4,round=nearest,se=on,rqe=on,pi=32,rot=hadamard,prefill=quantized");
   EXPECT_FALSE(make_kv_pipeline("dense:prefill=exact")) << "dense reads its own blocks exactly anyway";
   const auto bad = make_kv_pipeline("hack:bits=2,prefill=fp16");
   ASSERT_FALSE(bad.has_value());
