@@ -402,10 +402,6 @@ Status write_kv_transfer(const KvStore& store, std::string_view model_id, std::v
     return error("writing a kv transfer: the KV spec '", spec, "' is longer than ", kKvTransferMaxStringBytes, " bytes");
   }
   const KvShape& shape = store.shape();
-  if (store.pipeline().sink) {  // the FP16 copy of block 0 has no place in version 1
-    return error("writing a kv transfer: format version ", kKvTransferVersion, " does not carry the FP16 sink block of KV "
-                 "spec '", spec, "' (drop sink= to transfer)");
-  }
   if (shape.heads_differ()) {
     return error("writing a kv transfer: format version ", kKvTransferVersion,
                  " holds one k_dim/v_dim for every head; this store's heads differ (ZACK ranks, KV spec '", spec, "')");

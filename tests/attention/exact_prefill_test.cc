@@ -73,10 +73,6 @@ ChunkResult attend_second_chunk(const std::string& spec, int history, int chunk)
       }
     };
     for (int b = 0; b < store.num_sealed_blocks(0); ++b) {
-      if (b == 0 && store.widen_sink(0, g, block_k.data(), block_v.data())) {  // sink: block 0 in FP16
-        put(0, block_tokens);
-        continue;
-      }
       store.codec().decode(store.block_shape(0, g), store.sealed_block(0, g, b), block_k.data(), block_v.data());
       put(b * block_tokens, block_tokens);
     }
@@ -104,9 +100,6 @@ TEST(ExactPrefill, ChunkReadsItsOwnTokensExactlyAndTheHistoryFromTheStore) {
   // prefill=quantized reads the chunk's sealed blocks quantized: far from this reference.
   const ChunkResult quantized = attend_second_chunk("quant:bits=2,pi=32,rot=none,prefill=quantized", 70, 90);
   EXPECT_GT(nmse(quantized.out, quantized.reference), 1e-3);
-  // sink: block 0 is read from its FP16 copy (the reference takes block 0 from there too).
-  const ChunkResult sink = attend_second_chunk("quant:bits=2,pi=32,rot=none,sink=32", 70, 90);
-  EXPECT_LT(nmse(sink.out, sink.reference), 1e-10);
   // A rotated store: the chunk is kept rotated and the output rotated back, as for every other block.
   const ChunkResult rotated = attend_second_chunk("quant:bits=2,pi=32,rot=hadamard,prefill=exact", 0, 150);
   EXPECT_LT(nmse(rotated.out, rotated.reference), 1e-10);
@@ -118,8 +111,6 @@ TEST(ExactPrefill, IsTheDefaultAndTheOtherChoiceIsSpelledOut) {
   EXPECT_EQ(make_kv_pipeline("quant:bits=4,pi=32,prefill=quantized")->describe(),
             "quant:kbits=4,vbits=4,round=nearest,se=on,rqe=on,pi=32,rot=hadamard,prefill=quantized");
   EXPECT_FALSE(make_kv_pipeline("dense:prefill=exact")) << "dense reads its own blocks exactly anyway";
-  EXPECT_FALSE(make_kv_pipeline("hack:bits=2,pi=32,sink=64")) << "the sink is one block";
-  EXPECT_TRUE(make_kv_pipeline("hack:bits=2,pi=32,sink=32")->sink);
   const auto bad = make_kv_pipeline("hack:bits=2,prefill=fp16");
   ASSERT_FALSE(bad.has_value());
   EXPECT_NE(bad.status().message().find("prefill"), std::string::npos) << bad.status().message();

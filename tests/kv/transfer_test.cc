@@ -389,16 +389,6 @@ TEST(KvTransfer, DISABLED_WriteFuzzSeeds) {
   }
 }
 
-TEST(KvTransfer, SinkBlocksAreRefused) {
-  KvStore store({2, 2, 16, 16, 64}, pipeline_of("hack:bits=2,pi=32,sink=32"));
-  std::mt19937 rng(4);
-  append_random(store, {40, 33}, rng);
-  std::vector<uint8_t> bytes;
-  const Status status = write_kv_transfer(store, kFuzzModel, bytes);
-  ASSERT_FALSE(status.is_ok());
-  EXPECT_NE(status.message().find("sink"), std::string::npos) << status.message();
-}
-
 TEST(KvTransfer, FuzzSeedsAreValidTransfers) {
   int seeds = 0;
   for (const auto& entry : std::filesystem::directory_iterator(kSeedDir)) {
