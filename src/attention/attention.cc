@@ -134,8 +134,6 @@ void attend(const KvStore& store, int layer, const float* q, int n, int first_po
     const int k_dim = block_shape.k_dim, v_dim = block_shape.v_dim;
     const size_t block_bytes = store.block_bytes(layer, g);
     q_tile.resize(size_t(kTilePositions) * group * k_dim);
-    open_k.resize(size_t(block_tokens) * size_t(k_dim));
-    open_v.resize(size_t(block_tokens) * size_t(v_dim));
     visible.resize(size_t(kTilePositions) * group);
     const int first = (task / shape.num_kv_heads) * kTilePositions;  // first query (row of q) in the tile
     const int positions = std::min(kTilePositions, n - first);
@@ -164,14 +162,12 @@ void attend(const KvStore& store, int layer, const float* q, int n, int first_po
     for (int b = 0; !selected && b < sealed && b * block_tokens < store_end; ++b) {
       if (b + 1 < sealed) prefetch(store.sealed_block(layer, g, b + 1), block_bytes);
       visible_tokens(first_tile_position, group, rows, b * block_tokens, block_tokens, store_end, visible.data());
-      if (b == 0 && store.widen_sink(layer, g, open_k.data(), open_v.data())) {  // sink: read in FP16
-        attend_block_f32(tile, open_k.data(), open_v.data(), k_dim, v_dim, partials, 0);
-        continue;
-      }
       store.codec().attend(block_shape, store.sealed_block(layer, g, b), tile, partials, 0);
     }
     if (open_tokens > 0 && sealed * block_tokens < store_end) {
       visible_tokens(first_tile_position, group, rows, sealed * block_tokens, open_tokens, store_end, visible.data());
+      open_k.resize(size_t(open_tokens) * size_t(k_dim));
+      open_v.resize(size_t(open_tokens) * size_t(v_dim));
       store.widen_open(layer, g, open_tokens, open_k.data(), open_v.data());
       attend_block_f32(tile, open_k.data(), open_v.data(), k_dim, v_dim, partials, 0);
     }

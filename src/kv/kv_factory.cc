@@ -25,7 +25,7 @@ QuantizationConfig read_quantization(StageOptions& options, KvPipeline& pipeline
   pipeline.block_tokens = options.integer("pi", 64, {32, 64, 128});
   // Nearest by default, where HACK rounds stochastically: on the bundled model at 2 bits nearest
   // rounding costs +19% decode perplexity against stochastic's +88% (KL divergence 0.37 vs 1.07) and
-  // keeps more pass keys; README, "Quality". Stochastic rounding is unbiased per value, but attention
+  // keeps more pass keys (docs/hack.md). Stochastic rounding is unbiased per value, but attention
   // is a softmax over many values, where its extra variance costs more than rounding's bias.
   config.rounding = options.choice("round", "nearest", {"stochastic", "nearest"}) == "stochastic"
                         ? Rounding::kStochastic
@@ -69,7 +69,6 @@ std::string KvPipeline::describe() const {
                  // How a prefill chunk reads the store, not what it stores: spelled out only when not the
                  // default, so that KV transfers (which match stores by this spec) keep their format.
                  codec->describe().starts_with("dense") || exact_prefill ? "" : ",prefill=quantized",
-                 sink ? str_cat(",sink=", block_tokens) : std::string(),
                  offload ? str_cat("@offload:cache=", offload->cache_tokens, ",policy=",
                                    offload->policy == CachePolicy::kLfu ? "lfu" : "lru")
                          : std::string());
@@ -112,11 +111,6 @@ Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
       // Exact by default: a prefill chunk then sees its newest tokens as decode does (from the open
       // block, unquantized) instead of through the blocks it just sealed; README, "Quality".
       pipeline.exact_prefill = options.choice("prefill", "exact", {"exact", "quantized"}) == "exact";
-      const int sink = options.integer("sink", 0, {}, 0, 1 << 30);
-      if (sink != 0 && sink != pipeline.block_tokens) {
-        return error("KV spec '", config.spec, "': sink=", sink, " must be 0 or the block size pi=", pipeline.block_tokens);
-      }
-      pipeline.sink = sink != 0;
       if (hack) {
         pipeline.codec = std::make_shared<HackCodec>(quantization);
       } else {

@@ -23,9 +23,6 @@ struct KvPipeline {
   // prefill=exact (hack, quant): a prefill chunk's queries read the chunk's own K/V as appended (FP32),
   // not through the blocks they were just sealed into; earlier tokens come from the store as always.
   bool exact_prefill = false;
-  // sink=<block tokens> (hack, quant): the first block (the attention-sink tokens) is also kept in
-  // FP16 and attention reads it from there; 0: off.
-  bool sink = false;
   std::optional<OffloadConfig> offload;  // @offload: sealed blocks in a file, hot ones cached; else all in RAM
   // The zack stage: each head keeps fewer dims (its ZACK rank), which the codec then encodes. Applied
   // when the model loads (LlamaModel::enable_zack), where the calibration and the weights are.

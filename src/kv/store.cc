@@ -139,10 +139,6 @@ void KvStore::append(int layer_index, const float* k, const float* v, int n) {
       for (int g = 0; g < shape_.num_kv_heads; ++g) {
         Head& head = layer.heads[size_t(g)];
         widen_open(head, block_tokens(), open_k.data(), open_v.data());
-        if (pipeline_.sink && head.sealed.empty()) {
-          head.sink_k = head.open_k;
-          head.sink_v = head.open_v;
-        }
         uint8_t* block = seal_destination(head);
         pipeline_.codec->seal(head.block_shape, open_k.data(), open_v.data(),
                               block_seed(layer_index, g, int(head.sealed.size())), block);
@@ -152,14 +148,6 @@ void KvStore::append(int layer_index, const float* k, const float* v, int n) {
     }
   }
   if (n > 1) selector_->on_prefill(layer_index);
-}
-
-bool KvStore::widen_sink(int layer, int head, float* k, float* v) const {
-  const Head& h = head_of(layer, head);
-  if (h.sink_k.empty()) return false;
-  widen_to_f32(h.sink_k.data(), open_dtype_, k, size_t(block_tokens()) * size_t(h.block_shape.k_dim));
-  widen_to_f32(h.sink_v.data(), open_dtype_, v, size_t(block_tokens()) * size_t(h.block_shape.v_dim));
-  return true;
 }
 
 KvStore::ExactChunk KvStore::exact_chunk(int layer, int head) const {
@@ -219,10 +207,7 @@ KvMemory KvStore::memory() const {
   }
   memory.sealed_tokens = layers_.empty() ? 0 : size_t(num_sealed_blocks(0)) * size_t(block_tokens());
   for (const Layer& layer : layers_) {
-    for (const Head& head : layer.heads) {
-      memory.open_bytes += head.open_k.size() + head.open_v.size();
-      memory.sealed_bytes += head.sink_k.size() + head.sink_v.size();  // FP16 beside its sealed block
-    }
+    for (const Head& head : layer.heads) memory.open_bytes += head.open_k.size() + head.open_v.size();
   }
   return memory;
 }
@@ -256,11 +241,7 @@ void KvStore::clear() {
   chunk_.layer = -1;
   for (Layer& layer : layers_) {
     layer.num_tokens = 0;
-    for (Head& head : layer.heads) {
-      head.sealed.clear();
-      head.sink_k.clear();
-      head.sink_v.clear();
-    }
+    for (Head& head : layer.heads) head.sealed.clear();
   }
 }
 

@@ -88,10 +88,6 @@ class KvStore {
     widen_open(head_of(layer, head), n, k, v);
   }
 
-  // sink: the first block as the open block held it, widened to FP32 (k [block_tokens, k_dim_of], v
-  // likewise); false when the store keeps no sink (or has not sealed a block yet).
-  bool widen_sink(int layer, int head, float* k, float* v) const;
-
   // prefill=exact: the last append of more than one token (a prefill chunk) as appended, FP32 and
   // rotated as the store keeps K/V, so that the chunk's queries can read their own tokens exactly
   // (attention/attention.h). Scratch of one chunk, like the model's activations: each such append
@@ -134,7 +130,6 @@ class KvStore {
     BlockPool* pool = nullptr;  // the pool of blocks of that size
     std::vector<const uint8_t*> sealed;
     std::vector<uint8_t> open_k, open_v;  // [block_tokens, k_dim] and [block_tokens, v_dim] in open_dtype_
-    std::vector<uint8_t> sink_k, sink_v;  // sink: block 0 as the open block held it; else empty
   };
   struct Layer {
     std::vector<Head> heads;
