@@ -109,7 +109,7 @@ Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
       const bool hack = stage.name == "hack";
       const QuantizationConfig quantization = read_quantization(options, pipeline, hack);
       // Exact by default: a prefill chunk then sees its newest tokens as decode does (from the open
-      // block, unquantized) instead of through the blocks it just sealed; README, "Quality".
+      // block, unquantized) instead of through the blocks it just sealed (docs/hack.md).
       pipeline.exact_prefill = options.choice("prefill", "exact", {"exact", "quantized"}) == "exact";
       if (hack) {
         pipeline.codec = std::make_shared<HackCodec>(quantization);
