@@ -63,10 +63,12 @@ void bench_attention(const std::vector<int>& contexts, ThreadPool& pool) {
 }
 
 // Prefill: every query of a prompt against the causal prefix, through the same block kernels on tiles.
+// prefill=quantized: the prompt is appended in one chunk, which prefill=exact would read whole in FP32.
 void bench_prefill_attention(int tokens, ThreadPool& pool) {
   const int threads = pool.threads();
   const int num_heads = 32, num_kv_heads = 8, d = 128;
-  const std::vector<std::string> specs = {"dense", "dense:dtype=f16", "quant:bits=2,pi=64", "hack:bits=2,pi=64"};
+  const std::vector<std::string> specs = {"dense", "dense:dtype=f16", "quant:bits=2,pi=64,prefill=quantized",
+                                          "hack:bits=2,pi=64,prefill=quantized"};
   std::printf("\n== prefill attention, %d tokens causal, %d/%d heads, d=%d, %d threads ==\n", tokens, num_heads,
               num_kv_heads, d, threads);
   std::mt19937 rng(43);

@@ -18,7 +18,8 @@ namespace {
 constexpr const char* kModel = "fuzz-model";
 
 const slimkv::KvPipeline& receiver_pipeline() {
-  static const slimkv::KvPipeline pipeline = *slimkv::make_kv_pipeline("hack:bits=2,pi=32");
+  // The spec the seed corpus (fuzz/corpus/kv_transfer_fuzz) was written with.
+  static const slimkv::KvPipeline pipeline = *slimkv::make_kv_pipeline("hack:bits=2,pi=32,round=stochastic");
   return pipeline;
 }
 

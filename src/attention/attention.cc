@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <climits>
 #include <vector>
 
 #include "attention/cpu/dense_block_attention.h"
@@ -14,12 +15,13 @@ namespace {
 // so each block is read once for all of them.
 constexpr int kTilePositions = 16;
 
-// Tokens [block_start, block_start + block_len) as seen by each query of the tile.
-void visible_tokens(int first_tile_position, int group, int n_rows, int block_start, int block_len,
+// Tokens [block_start, block_start + block_len) as seen by each query of the tile, of those before
+// `end` (a query at position p sees positions <= p).
+void visible_tokens(int first_tile_position, int group, int n_rows, int block_start, int block_len, int end,
                     int* visible) {
   for (int r = 0; r < n_rows; ++r) {
     const int position = first_tile_position + r / group;
-    visible[r] = std::clamp(position + 1 - block_start, 0, block_len);
+    visible[r] = std::clamp(std::min(position + 1, end) - block_start, 0, block_len);
   }
 }
 
@@ -153,17 +155,26 @@ void attend(const KvStore& store, int layer, const float* q, int n, int first_po
     if (selected) {
       attend_selected_sealed(store, layer, g, (*selection)[size_t(g)].tokens, tile, visible.data(), partials);
     }
-    for (int b = 0; !selected && b < sealed && b * block_tokens <= last_tile_position; ++b) {
+    // prefill=exact: the store's tokens up to the chunk, then the chunk's own as appended.
+    const KvStore::ExactChunk chunk = store.exact_chunk(layer, g);
+    const bool exact = chunk.n == n && chunk.first_token == first_position;
+    const int store_end = exact ? first_position : last_tile_position + 1;  // tokens read from the store
+    for (int b = 0; !selected && b < sealed && b * block_tokens < store_end; ++b) {
       if (b + 1 < sealed) prefetch(store.sealed_block(layer, g, b + 1), block_bytes);
-      visible_tokens(first_tile_position, group, rows, b * block_tokens, block_tokens, visible.data());
+      visible_tokens(first_tile_position, group, rows, b * block_tokens, block_tokens, store_end, visible.data());
       store.codec().attend(block_shape, store.sealed_block(layer, g, b), tile, partials, 0);
     }
-    if (open_tokens > 0) {
-      visible_tokens(first_tile_position, group, rows, sealed * block_tokens, open_tokens, visible.data());
+    if (open_tokens > 0 && sealed * block_tokens < store_end) {
+      visible_tokens(first_tile_position, group, rows, sealed * block_tokens, open_tokens, store_end, visible.data());
       open_k.resize(size_t(open_tokens) * size_t(k_dim));
       open_v.resize(size_t(open_tokens) * size_t(v_dim));
       store.widen_open(layer, g, open_tokens, open_k.data(), open_v.data());
       attend_block_f32(tile, open_k.data(), open_v.data(), k_dim, v_dim, partials, 0);
+    }
+    for (int t = 0; exact && t < chunk.n && first_position + t <= last_tile_position; t += block_tokens) {
+      const int piece = std::min(block_tokens, chunk.n - t);
+      visible_tokens(first_tile_position, group, rows, first_position + t, piece, INT_MAX, visible.data());
+      attend_block_f32(tile, chunk.k + size_t(t) * k_dim, chunk.v + size_t(t) * v_dim, k_dim, v_dim, partials, 0);
     }
     for (int r = 0; r < rows; ++r) {
       float* dst = out + size_t(first + r / group) * offsets.out_row + offsets.out[size_t(g)] + size_t(r % group) * v_dim;

@@ -20,6 +20,8 @@ struct AttentionParams {
 
 // q: [n, num_heads, k_dim] for positions first_position .. first_position + n - 1, whose K/V the store
 // already holds (store.num_tokens(layer) == first_position + n). out: [n, num_heads, v_dim].
+// prefill=exact: when these n tokens were the store's last append (store.exact_chunk), the queries
+// read them as appended, and only the tokens before first_position from the store's blocks.
 // selection (from store.select, one per KV head; null: every token): for a decode query (n == 1), the
 // tokens each KV head's group attends to. A sealed block whose tokens are all selected is read by its
 // codec's kernel as always (so a selection of everything is exactly dense attention); from any other

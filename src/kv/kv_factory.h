@@ -20,6 +20,9 @@ struct KvPipeline {
   int block_tokens = 64;               // tokens per block (HACK's partition size Π when hack is used)
   uint64_t seed = 0;                   // for stochastic rounding and clustering
   bool hadamard = false;               // rot=hadamard: K, V, q rotated per head, outputs rotated back
+  // prefill=exact (hack, quant): a prefill chunk's queries read the chunk's own K/V as appended (FP32),
+  // not through the blocks they were just sealed into; earlier tokens come from the store as always.
+  bool exact_prefill = false;
   std::optional<OffloadConfig> offload;  // @offload: sealed blocks in a file, hot ones cached; else all in RAM
   // The zack stage: each head keeps fewer dims (its ZACK rank), which the codec then encodes. Applied
   // when the model loads (LlamaModel::enable_zack), where the calibration and the weights are.

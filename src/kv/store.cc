@@ -93,6 +93,18 @@ void KvStore::append(int layer_index, const float* k, const float* v, int n) {
   thread_local std::vector<float> open_k, open_v;
   open_k.resize(size_t(block_tokens()) * size_t(shape_.k_dim));
   open_v.resize(size_t(block_tokens()) * size_t(shape_.v_dim));
+  const bool keep_chunk = pipeline_.exact_prefill && n > 1;
+  if (keep_chunk) {
+    chunk_ = {layer_index, layer.num_tokens, n, std::move(chunk_.k), std::move(chunk_.v)};
+    chunk_.k.resize(layer.heads.size());
+    chunk_.v.resize(layer.heads.size());
+    for (size_t g = 0; g < layer.heads.size(); ++g) {
+      chunk_.k[g].resize(size_t(n) * size_t(layer.heads[g].block_shape.k_dim));
+      chunk_.v[g].resize(size_t(n) * size_t(layer.heads[g].block_shape.v_dim));
+    }
+  } else if (chunk_.layer == layer_index) {
+    chunk_.layer = -1;
+  }
   for (int t = 0; t < n; ++t) {
     const int slot = layer.num_tokens - int(layer.heads[0].sealed.size()) * block_tokens();
     size_t k_offset = 0, v_offset = 0;  // of head g within the token's row
@@ -105,6 +117,11 @@ void KvStore::append(int layer_index, const float* k, const float* v, int n) {
       if (pipeline_.hadamard) {
         hadamard_rotate(open_k.data(), int(k_dim));
         hadamard_rotate(open_v.data(), int(v_dim));
+      }
+      if (keep_chunk) {
+        const size_t g = size_t(&head - layer.heads.data());
+        std::memcpy(chunk_.k[g].data() + size_t(t) * k_dim, open_k.data(), k_dim * sizeof(float));
+        std::memcpy(chunk_.v[g].data() + size_t(t) * v_dim, open_v.data(), v_dim * sizeof(float));
       }
       narrow_open(open_k.data(), open_v.data(), slot, 1, head);
     }
@@ -131,6 +148,11 @@ void KvStore::append(int layer_index, const float* k, const float* v, int n) {
     }
   }
   if (n > 1) selector_->on_prefill(layer_index);
+}
+
+KvStore::ExactChunk KvStore::exact_chunk(int layer, int head) const {
+  if (chunk_.layer != layer) return {};
+  return {chunk_.first_token, chunk_.n, chunk_.k[size_t(head)].data(), chunk_.v[size_t(head)].data()};
 }
 
 const std::vector<HeadSelection>& KvStore::select(int layer, const float* q, int n, int num_heads, ThreadPool& pool) {
@@ -216,6 +238,7 @@ void KvStore::clear() {
   for (auto& [unused, pool] : pools_) pool.clear();
   if (offload_) offload_->clear();
   selector_->clear();
+  chunk_.layer = -1;
   for (Layer& layer : layers_) {
     layer.num_tokens = 0;
     for (Head& head : layer.heads) head.sealed.clear();

@@ -88,6 +88,17 @@ class KvStore {
     widen_open(head_of(layer, head), n, k, v);
   }
 
+  // prefill=exact: the last append of more than one token (a prefill chunk) as appended, FP32 and
+  // rotated as the store keeps K/V, so that the chunk's queries can read their own tokens exactly
+  // (attention/attention.h). Scratch of one chunk, like the model's activations: each such append
+  // replaces it, any other append to its layer drops it, and memory() does not count it.
+  struct ExactChunk {
+    int first_token = 0, n = 0;  // tokens [first_token, first_token + n) of the layer; n = 0: none
+    const float* k = nullptr;    // [n, k_dim_of(layer, head)]
+    const float* v = nullptr;    // [n, v_dim_of(layer, head)]
+  };
+  ExactChunk exact_chunk(int layer, int head) const;
+
   // The selector's choice for one decode query per head (q: [num_heads, k_dim], as attention gets it),
   // one HeadSelection per KV head; every token for a prefill chunk (n > 1) and for the `all` selector.
   const std::vector<HeadSelection>& select(int layer, const float* q, int n, int num_heads, ThreadPool& pool);
@@ -141,6 +152,10 @@ class KvStore {
   bool requantizes_open_;  // the codec's answer, asked once
   DType open_dtype_;       // likewise: FP16, or FP32 for the dense FP32 codec
   std::vector<Layer> layers_;
+  struct Chunk {  // what exact_chunk() returns, for every head of one layer
+    int layer = -1, first_token = 0, n = 0;
+    std::vector<std::vector<float>> k, v;  // [num_kv_heads][n, k_dim_of / v_dim_of]
+  } chunk_;
   std::unique_ptr<OffloadTier> offload_;                 // kv/tier: null for the fast tier
   std::unique_ptr<Selector> selector_;                   // kv/select: all, pq, oracle
   std::vector<std::vector<HeadSelection>> selections_;  // [layer][kv head], from the last select()

@@ -212,8 +212,9 @@ TEST(HackCodec, AttentionOverTheStoreTracksQuantAndExact) {
     }
     return e / r;
   };
-  const auto hack4 = run("hack:bits=4"), quant4 = run("quant:bits=4"), hack2 = run("hack:bits=2"),
-             quant2 = run("quant:bits=2");
+  // prefill=quantized: the queries read every token through the quantized blocks.
+  const auto hack4 = run("hack:bits=4,prefill=quantized"), quant4 = run("quant:bits=4,prefill=quantized"),
+             hack2 = run("hack:bits=2,prefill=quantized"), quant2 = run("quant:bits=2,prefill=quantized");
   EXPECT_LT(nmse(hack4, exact), 0.05);  // Gaussian K/V with a peaky softmax: a hard case (measured 0.029)
   EXPECT_LT(nmse(quant4, exact), 0.05);
   EXPECT_LT(nmse(hack2, quant2), 0.1 * nmse(quant2, exact)) << "hack must add little to quant's error";

@@ -90,8 +90,10 @@ TEST(Hadamard, RotatedDenseStoreGivesTheSameAttention) {
 
 TEST(Hadamard, LowersTwoBitErrorWhenKeysHaveOutlierChannels) {
   const Data data = make_data(8.0f);
-  const double plain = nmse_vs_exact(data, "hack:bits=2,rot=none"), rotated = nmse_vs_exact(data, "hack:bits=2,rot=hadamard");
-  const double plain4 = nmse_vs_exact(data, "hack:bits=4,rot=none"), rotated4 = nmse_vs_exact(data, "hack:bits=4,rot=hadamard");
+  const double plain = nmse_vs_exact(data, "hack:bits=2,rot=none,prefill=quantized"),
+               rotated = nmse_vs_exact(data, "hack:bits=2,rot=hadamard,prefill=quantized");
+  const double plain4 = nmse_vs_exact(data, "hack:bits=4,rot=none,prefill=quantized"),
+               rotated4 = nmse_vs_exact(data, "hack:bits=4,rot=hadamard,prefill=quantized");
   std::printf("NMSE vs exact with outlier K channels: 2-bit %.3e → rotated %.3e; 4-bit %.3e → rotated %.3e\n", plain,
               rotated, plain4, rotated4);
   EXPECT_LT(rotated, 0.7 * plain);

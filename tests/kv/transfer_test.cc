@@ -179,8 +179,11 @@ void check_round_trip(const TransferCase& c) {
 }
 
 TEST(KvTransfer, RoundTripIsLosslessForEveryCodecAndLength) {
-  const std::vector<std::string> specs = {"dense", "dense:dtype=f16", "hack:bits=2,pi=64", "quant:bits=4,pi=32",
-                                            "hack:bits=2,pi=64,rot=hadamard"};
+  // prefill=quantized: attention then reads only what the stores hold (with prefill=exact the sender
+  // would read its last appended chunk from scratch, which is not part of the KV and is not sent).
+  const std::vector<std::string> specs = {"dense", "dense:dtype=f16", "hack:bits=2,pi=64,prefill=quantized",
+                                          "quant:bits=4,pi=32,prefill=quantized",
+                                          "hack:bits=2,pi=64,rot=hadamard,prefill=quantized"};
   struct Shape {
     int num_layers, num_heads, num_kv_heads, head_dim;
   };
@@ -351,7 +354,10 @@ TEST(KvTransfer, WrongModelSpecOrShapeNamesBothSides) {
 // --- the fuzz seeds --------------------------------------------------------------------------------
 
 // The receiver fuzz/kv_transfer_fuzz.cc reads into; keep the two in step.
-KvStore fuzz_receiver(int max_tokens) { return KvStore({2, 2, 16, 16, max_tokens}, pipeline_of("hack:bits=2,pi=32")); }
+// The receiver of the fuzz target (fuzz/kv_transfer_fuzz.cc), the spec its seeds are written with.
+KvStore fuzz_receiver(int max_tokens) {
+  return KvStore({2, 2, 16, 16, max_tokens}, pipeline_of("hack:bits=2,pi=32,round=stochastic"));
+}
 constexpr const char* kFuzzModel = "fuzz-model";
 const std::filesystem::path kSeedDir = std::filesystem::path(SLIMKV_SOURCE_DIR) / "fuzz/corpus/kv_transfer_fuzz";
 
