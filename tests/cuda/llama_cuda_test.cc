@@ -200,6 +200,7 @@ TEST_F(CudaModelTest, EngineRefusesWhatTheGpuDoesNotRun) {
   for (const auto& [spec, named] : std::vector<std::pair<std::string, std::string>>{
            {"hack:bits=2", "rot=hadamard"},
            {"hack:kbits=4,vbits=2,rot=none", "kbits != vbits"},
+           {"hack:bits=4,rot=none,prefill=quantized", "prefill=quantized"},
            {"pq:topk=0.2+dense", "selector"},
            {"dense@offload", "offload"},
            {"dense:dtype=bf16", "bf16"}}) {

@@ -71,6 +71,7 @@ Expected<std::optional<cuda::QuantizedKvOptions>> gpu_kv(const KvPipeline& pipel
   const QuantizationConfig& config = hack ? hack->config() : quant->config();
   if (config.k_bits != config.v_bits) return refuse("kbits != vbits");
   if (!config.store_sums || !config.keep_open_exact) return refuse("the se=off / rqe=off ablations");
+  if (!pipeline.exact_prefill) return refuse("prefill=quantized (the GPU's prefill attends exactly)");
   return std::optional<cuda::QuantizedKvOptions>(cuda::QuantizedKvOptions{config, hack != nullptr, pipeline.seed});
 }
 
