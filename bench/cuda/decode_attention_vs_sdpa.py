@@ -60,7 +60,7 @@ def main():
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--contexts", default="4096,8192,16384,32768,65536,131072")
-    parser.add_argument("--new-tokens", type=int, default=1, help="queries per sequence (1: decode)")
+    parser.add_argument("--new-tokens", type=int, default=1, help="queries per sequence (1: decode, 0: the whole context)")
     parser.add_argument("--repetitions", type=int, default=30)
     parser.add_argument("--kvs", default="dense", help="slimkv codecs to run: dense, quant, hack")
     parser.add_argument("--bits", type=int, default=2, help="bits of quant / hack")
@@ -87,7 +87,7 @@ def main():
     print(header)
     for context in (int(c) for c in args.contexts.split(",")):
         kv_bytes = 2 * args.batch * args.kv_heads * context * args.head_dim * 2
-        n = args.new_tokens
+        n = args.new_tokens or context
         theirs = sdpa_ms(args.batch, args.heads, args.kv_heads, args.head_dim, context, n, args.repetitions)
         ours = {kv: slimkv[kv][context]["ms"] for kv in kvs}
         line = f"{context:>8} {theirs:>9.4f}" + "".join(f" {ours[kv]:>10.4f}" for kv in kvs)
