@@ -26,7 +26,7 @@ namespace slimkv::cuda {
 struct AttentionLaunch;  // attention/cuda/split_k.cuh
 
 // The default of PagedAttentionShape::tensor_core_min_queries (paged_attention.cu says why).
-constexpr int kPrefillMinQueries = 16;
+constexpr int kPrefillMinQueries = 2;
 
 // One step's batch: sequence i (cache id sequence_ids[i]) holds kv_lens[i] tokens, of which the last
 // query_counts[i] are the new ones whose queries attend (1 for decode). Queries are laid out sequence

@@ -62,11 +62,15 @@ __device__ inline int swizzled(int row, int chunk) {
 // --- the kernel ---
 
 // The attention of one tile of kPrefillTileRows query rows (row r: query head kv_head·group + r % group
-// at query first_query + r / group) over one split of its KV blocks. Warp w owns rows 16w..16w+15; a
-// lane holds rows g = lane / 4 and g + 8 of them, and columns 2(lane % 4), +1 of every 8-column tile
-// of S and O (the mma accumulator layout).
+// at query first_query + r / group) over one split of its KV blocks. Warp w owns kRowTiles m16 tiles
+// of rows, 16·kRowTiles·w onwards: sharing each K/V fragment loaded from shared memory between them
+// halves that traffic per mma (the bound with one tile: a fragment per two mma). In tile m a lane
+// holds rows g = lane / 4 and g + 8, and columns 2(lane % 4), +1 of every 8-column tile of S and O
+// (the mma accumulator layout); its row h = 2m + (0 or 1).
 template <int kHeadDim>
 __global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(AttentionLaunch p) {
+  constexpr int kRowTiles = kPrefillRowTilesPerWarp;
+  constexpr int kRows = 2 * kRowTiles;                  // rows of S and O a lane holds
   constexpr int kChunks = kHeadDim / 8;                 // 16-byte chunks per row
   constexpr int kKSteps = kHeadDim / 16;                // k16 steps of Q·Kᵀ
   constexpr int kTokenTiles = kCudaBlockTokens / 8;     // n8 tiles of S per block
@@ -112,18 +116,23 @@ __global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(At
   // This lane's rows: their positions (inactive rows attend like the tile's last query and are never
   // written) and the online-softmax state, in base 2 (scores · scale · log2 e).
   const int group_row = lane / 4, column = 2 * (lane % 4);
-  int position[2];
-  float running_max[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
+  const int warp_row = warp * 16 * kRowTiles;
+  int position[kRows];
+  float running_max[kRows], sum[kRows];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = warp * 16 + group_row + 8 * h;
+  for (int h = 0; h < kRows; ++h) {
+    const int r = warp_row + 16 * (h / 2) + group_row + 8 * (h % 2);
     position[h] = r < tq.active_rows ? tq.first_position + tq.first_query + r / p.group : tq.kv_end - 1;
+    running_max[h] = -INFINITY;
+    sum[h] = 0.0f;
   }
   const int first_position = tq.first_position + tq.first_query;  // the tile's; later blocks need the mask
-  float o[kDimTiles][4];
+  float o[kRowTiles][kDimTiles][4];
 #pragma unroll
-  for (int d = 0; d < kDimTiles; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
-  unsigned q_fragments[kKSteps][4];
+  for (int m = 0; m < kRowTiles; ++m) {
+#pragma unroll
+    for (int d = 0; d < kDimTiles; ++d) o[m][d][0] = o[m][d][1] = o[m][d][2] = o[m][d][3] = 0.0f;
+  }
 
   for (int block = block_begin; block < block_end; ++block) {
     const int stage = (block - block_begin) & 1;
@@ -135,47 +144,59 @@ __global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(At
       cp_async_wait<0>();
     }
     __syncthreads();
-    if (block == block_begin) {
-#pragma unroll
-      for (int kk = 0; kk < kKSteps; ++kk) {
-        const int r = warp * 16 + lane % 8 + (lane / 8 % 2) * 8;
-        ldmatrix_x4(q_fragments[kk], q_shared + swizzled<kHeadDim>(r, 2 * kk + lane / 16));
-      }
-    }
     const __half* k_block = k_shared + stage * kBlockHalves;
     const __half* v_block = v_shared + stage * kBlockHalves;
 
-    // S = Q · Kᵀ for the warp's 16 rows × the block's 64 tokens (K rows are Kᵀ's columns).
-    float s[kTokenTiles][4];
+    // S = Q · Kᵀ for the warp's rows × the block's 64 tokens (K rows are Kᵀ's columns), two k16 steps
+    // at a time; Q's fragments come from shared memory each time (registers hold S and O).
+    float s[kRowTiles][kTokenTiles][4];
 #pragma unroll
-    for (int j = 0; j < kTokenTiles; ++j) {
-      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    for (int m = 0; m < kRowTiles; ++m) {
 #pragma unroll
-      for (int kk = 0; kk < kKSteps; kk += 2) {
+      for (int j = 0; j < kTokenTiles; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; kk += 2) {
+      unsigned a[kRowTiles][2][4];
+#pragma unroll
+      for (int m = 0; m < kRowTiles; ++m) {
+        const int r = warp_row + 16 * m + lane % 8 + (lane / 8 % 2) * 8;
+        ldmatrix_x4(a[m][0], q_shared + swizzled<kHeadDim>(r, 2 * kk + lane / 16));
+        ldmatrix_x4(a[m][1], q_shared + swizzled<kHeadDim>(r, 2 * kk + 2 + lane / 16));
+      }
+#pragma unroll
+      for (int j = 0; j < kTokenTiles; ++j) {
         unsigned b[4];
         ldmatrix_x4(b, k_block + swizzled<kHeadDim>(8 * j + lane % 8, 2 * kk + lane / 8));
-        mma_16816(s[j], q_fragments[kk], b[0], b[1]);
-        mma_16816(s[j], q_fragments[kk + 1], b[2], b[3]);
+#pragma unroll
+        for (int m = 0; m < kRowTiles; ++m) {
+          mma_16816(s[m][j], a[m][0], b[0], b[1]);
+          mma_16816(s[m][j], a[m][1], b[2], b[3]);
+        }
       }
     }
     // Causal mask (and the sequence's end) only where the block reaches past the tile's first position.
     if ((block + 1) * kCudaBlockTokens - 1 > first_position) {
 #pragma unroll
-      for (int j = 0; j < kTokenTiles; ++j) {
-        const int token = block * kCudaBlockTokens + 8 * j + column;
+      for (int m = 0; m < kRowTiles; ++m) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (token + e % 2 > position[e / 2]) s[j][e] = -INFINITY;
+        for (int j = 0; j < kTokenTiles; ++j) {
+          const int token = block * kCudaBlockTokens + 8 * j + column;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if (token + e % 2 > position[2 * m + e / 2]) s[m][j][e] = -INFINITY;
+          }
         }
       }
     }
     // Online softmax (FlashAttention-2 Algorithm 1, lines 9-10): a new row max rescales O and the sum.
-    float reference[2];
+    float reference[kRows];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < kRows; ++h) {
+      const int m = h / 2, e0 = 2 * (h % 2);
       float block_max = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < kTokenTiles; ++j) block_max = fmaxf(block_max, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
+      for (int j = 0; j < kTokenTiles; ++j) block_max = fmaxf(block_max, fmaxf(s[m][j][e0], s[m][j][e0 + 1]));
       block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 1));
       block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 2));
       const float new_max = fmaxf(running_max[h], block_max * p.scale_log2);
@@ -185,32 +206,39 @@ __global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(At
       sum[h] *= rescale;
 #pragma unroll
       for (int d = 0; d < kDimTiles; ++d) {
-        o[d][2 * h] *= rescale;
-        o[d][2 * h + 1] *= rescale;
+        o[m][d][e0] *= rescale;
+        o[m][d][e0 + 1] *= rescale;
       }
     }
     // O += P · V, 16 tokens at a time: S's accumulators for token tiles 2t, 2t+1 are exactly the A
     // fragment of P for k-step t (rounded to FP16).
 #pragma unroll
     for (int t = 0; t < kTokenTiles / 2; ++t) {
-      unsigned a[4];
+      unsigned a[kRowTiles][4];
 #pragma unroll
-      for (int half_tile = 0; half_tile < 2; ++half_tile) {
-        float weight[4];
+      for (int m = 0; m < kRowTiles; ++m) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          weight[e] = exp2f(fmaf(s[2 * t + half_tile][e], p.scale_log2, -reference[e / 2]));
-          sum[e / 2] += weight[e];
+        for (int half_tile = 0; half_tile < 2; ++half_tile) {
+          float weight[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int h = 2 * m + e / 2;
+            weight[e] = exp2f(fmaf(s[m][2 * t + half_tile][e], p.scale_log2, -reference[h]));
+            sum[h] += weight[e];
+          }
+          a[m][2 * half_tile] = pack_halves(weight[0], weight[1]);
+          a[m][2 * half_tile + 1] = pack_halves(weight[2], weight[3]);
         }
-        a[2 * half_tile] = pack_halves(weight[0], weight[1]);
-        a[2 * half_tile + 1] = pack_halves(weight[2], weight[3]);
       }
 #pragma unroll
       for (int d = 0; d < kDimTiles; d += 2) {
         unsigned b[4];
         ldmatrix_x4_trans(b, v_block + swizzled<kHeadDim>(16 * t + lane % 8 + (lane / 8 % 2) * 8, d + lane / 16));
-        mma_16816(o[d], a, b[0], b[1]);
-        mma_16816(o[d + 1], a, b[2], b[3]);
+#pragma unroll
+        for (int m = 0; m < kRowTiles; ++m) {
+          mma_16816(o[m][d], a[m], b[0], b[1]);
+          mma_16816(o[m][d + 1], a[m], b[2], b[3]);
+        }
       }
     }
     __syncthreads();  // the stage is refilled by the next iteration
@@ -219,13 +247,14 @@ __global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(At
 
   // Each row's sum over its quad of lanes; the max is already uniform over the quad.
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < kRows; ++h) {
     sum[h] += __shfl_xor_sync(kFullMask, sum[h], 1);
     sum[h] += __shfl_xor_sync(kFullMask, sum[h], 2);
   }
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = warp * 16 + group_row + 8 * h;
+  for (int h = 0; h < kRows; ++h) {
+    const int m = h / 2, e0 = 2 * (h % 2);
+    const int r = warp_row + 16 * m + group_row + 8 * (h % 2);
     if (r >= tq.active_rows) continue;
     if (p.num_splits == 1) {
       const float inverse = sum[h] > 0.0f ? 1.0f / sum[h] : 0.0f;
@@ -233,13 +262,13 @@ __global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(At
       __half* out = p.out + (size_t(tq.query_begin + tq.first_query + r / p.group) * p.num_heads + head) * kHeadDim + column;
 #pragma unroll
       for (int d = 0; d < kDimTiles; ++d) {
-        *reinterpret_cast<__half2*>(out + 8 * d) = __floats2half2_rn(o[d][2 * h] * inverse, o[d][2 * h + 1] * inverse);
+        *reinterpret_cast<__half2*>(out + 8 * d) = __floats2half2_rn(o[m][d][e0] * inverse, o[m][d][e0 + 1] * inverse);
       }
     } else {
       const size_t row = (size_t(tile) * p.num_kv_heads + kv_head) * kPrefillTileRows + r;
       float* acc = p.partial_acc + (row * p.num_splits + split) * kHeadDim + column;
 #pragma unroll
-      for (int d = 0; d < kDimTiles; ++d) *reinterpret_cast<float2*>(acc + 8 * d) = make_float2(o[d][2 * h], o[d][2 * h + 1]);
+      for (int d = 0; d < kDimTiles; ++d) *reinterpret_cast<float2*>(acc + 8 * d) = make_float2(o[m][d][e0], o[m][d][e0 + 1]);
       if (lane % 4 == 0) p.partial_max_sum[row * p.num_splits + split] = make_float2(running_max[h], sum[h]);
     }
   }

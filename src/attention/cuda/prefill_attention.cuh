@@ -12,7 +12,8 @@ namespace slimkv::cuda {
 
 constexpr int kPrefillWarps = 4;
 constexpr int kPrefillThreads = kPrefillWarps * 32;
-constexpr int kPrefillTileRows = kPrefillWarps * 16;  // one m16 row tile per warp
+constexpr int kPrefillRowTilesPerWarp = 2;  // m16 row tiles per warp
+constexpr int kPrefillTileRows = kPrefillWarps * 16 * kPrefillRowTilesPerWarp;
 
 inline bool prefill_head_dim_supported(int head_dim) { return head_dim == 64 || head_dim == 128; }
 
