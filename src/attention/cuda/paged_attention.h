@@ -25,7 +25,9 @@ namespace slimkv::cuda {
 
 struct AttentionLaunch;  // attention/cuda/split_k.cuh
 
-// The default of PagedAttentionShape::tensor_core_min_queries (paged_attention.cu says why).
+// The default of PagedAttentionShape::tensor_core_min_queries. Measured on H100, batch 8, 32 q / 8 kv
+// heads, d 128, 16K context: the tensor-core kernel is faster from 2 queries per sequence on (0.238 vs
+// 0.265 ms; 16 queries: 0.243 vs 1.95 ms); one query (decode) keeps the CUDA-core kernel.
 constexpr int kPrefillMinQueries = 2;
 
 // One step's batch: sequence i (cache id sequence_ids[i]) holds kv_lens[i] tokens, of which the last

@@ -2,8 +2,15 @@
 // split-K and partials as the CUDA-core kernel (split_k.cuh), but a tile holds kPrefillTileRows query
 // rows (positions × the GQA group sharing one KV head), and Q·Kᵀ and P·V run as mma.sync m16n8k16
 // (FP16 in, FP32 accumulation) in the FlashAttention-2 structure (Dao 2023, Algorithm 1): each warp
-// owns 16 rows, S and the online softmax stay in registers, K/V blocks are staged in shared memory
-// with cp.async double buffering.
+// owns 32 rows, S and the online softmax stay in registers, K/V blocks (64 tokens) are staged in shared
+// memory with cp.async double buffering; the causal mask is applied only where a block reaches past
+// the tile's first position.
+//
+// Measured on H100 (batch 1, 32 q / 8 kv heads, d 128; README "Prefill attention"): one m16 tile per
+// warp (64-row tiles) reached 250 TFLOP/s on a full 8K prefill, two (128-row tiles) 312; 8 warps
+// (256-row tiles) 314 at 16K but slower at 4K; 32-token steps within a block 289; skipping O's
+// rescale when no row max changed 284 (more spills). The kernel sits at ~300 TFLOP/s, FA2-class;
+// past that needs Hopper's wgmma.
 #pragma once
 
 #include "attention/cuda/split_k.cuh"
