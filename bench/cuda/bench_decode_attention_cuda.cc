@@ -164,8 +164,9 @@ int run(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (!check(device_usable())) return 1;
 
-  std::printf("attention, paged %s%s: batch %d, %d new tokens each, %d q / %d kv heads, d %d\n", o.kv.c_str(),
-              o.kv == "dense" ? " FP16" : str_cat(" ", o.bits, "-bit").c_str(), o.batch, o.new_tokens, o.heads, o.kv_heads,
+  const std::string new_tokens = o.new_tokens == 0 ? "the whole context" : str_cat(o.new_tokens);
+  std::printf("attention, paged %s%s: batch %d, %s new tokens each, %d q / %d kv heads, d %d\n", o.kv.c_str(),
+              o.kv == "dense" ? " FP16" : str_cat(" ", o.bits, "-bit").c_str(), o.batch, new_tokens.c_str(), o.heads, o.kv_heads,
               o.head_dim);
   std::printf("%10s %12s %12s %10s %8s %16s\n", "context", "ms/step", "KV GB/s", "TFLOP/s", "splits", "seal us/block");
   std::vector<Measurement> results;

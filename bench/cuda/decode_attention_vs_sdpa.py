@@ -3,7 +3,7 @@
 same GPU in the same run: runs bench_decode_attention_cuda once per KV codec (--kvs: dense FP16, and
 `quant` / `hack` sealed at --bits), then SDPA on the same shapes (q [batch, heads, new tokens, d], K/V
 [batch, kv_heads, context, d], enable_gqa; with --new-tokens N > 1 a causal prefill chunk at the end of
-the context, masked lower-right), and prints them side by side: time, SDPA's time over each (the
+the context, masked lower-right; --new-tokens 0: the whole context, a full causal prefill), and prints them side by side: time, SDPA's time over each (the
 speed-up), hack over quant, and GB/s of KV read (each codec's own bytes).
 
   python3 bench/cuda/decode_attention_vs_sdpa.py --slimkv build/release/bench_decode_attention_cuda \
@@ -76,7 +76,7 @@ def main():
                             "--json", out.name], check=True)
             slimkv[kv] = {row["context"]: row for row in json.load(open(out.name))}
 
-    print(f"\nattention on {torch.cuda.get_device_name()}: batch {args.batch}, {args.new_tokens} new tokens each, "
+    print(f"\nattention on {torch.cuda.get_device_name()}: batch {args.batch}, {args.new_tokens or 'the whole context as'} new tokens each, "
           f"{args.heads} q / {args.kv_heads} kv heads, d {args.head_dim}; SDPA FP16 (torch {torch.__version__}); "
           f"slimkv {', '.join(kv if kv == 'dense' else f'{kv} {args.bits}-bit' for kv in kvs)}")
     header = f"{'context':>8} {'SDPA ms':>9}" + "".join(f" {kv + ' ms':>10}" for kv in kvs)
