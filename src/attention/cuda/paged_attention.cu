@@ -343,11 +343,11 @@ Status CudaPagedAttention::plan(const PagedAttentionBatch& batch) {
     max_kv_len = std::max(max_kv_len, kv_len);
     max_query_count_ = std::max(max_query_count_, n);
   }
-  tensor_cores_ = prefill_target_ctas_ > 0 && max_query_count_ >= std::max(2, shape_.tensor_core_min_queries);
   if (query_starts[batch_size] > shape_.max_queries) {
     return error("CUDA paged attention: ", query_starts[batch_size], " queries in one step, over max_queries ",
                  shape_.max_queries);
   }
+  tensor_cores_ = prefill_target_ctas_ > 0 && max_query_count_ >= std::max(2, shape_.tensor_core_min_queries);
   for (int b = 0; b < batch_size; ++b) {
     for (int first = 0; first < batch.query_counts[size_t(b)]; first += tile_positions()) {
       metadata.push_back(b);

@@ -8,9 +8,9 @@
 // sum, weighted V: attention/partial.h) of its tile over its range of blocks; a second kernel merges
 // the splits' partials with the online-softmax rule and writes acc / sum.
 //
-// A step with many queries of one sequence (prefill) takes the tensor-core kernel instead
-// (attention/cuda/prefill_attention.cuh: 64-row tiles, mma.sync, FlashAttention-2 style); decode and
-// short chunks take the CUDA-core one (4 or 8 rows, at the memory roofline for decode).
+// A step with several queries of one sequence (prefill) takes the tensor-core kernel instead
+// (attention/cuda/prefill_attention.cuh: 128-row tiles, mma.sync, FlashAttention-2 style); decode
+// takes the CUDA-core one (4 or 8 rows, at the memory roofline).
 #pragma once
 
 #include <cstdint>
