@@ -1,6 +1,6 @@
 // Decode attention on the GPU: one new query per sequence over a paged KV cache, batch of sequences
 // of equal context, per context length (--new-tokens N: a causal prefill chunk of N queries per
-// sequence at the end of the context instead). --kv dense reads FP16 blocks; --kv hack / quant reads
+// sequence at the end of the context instead; --new-tokens 0: the whole context, a full prefill). --kv dense reads FP16 blocks; --kv hack / quant reads
 // blocks sealed at --bits (backend/cuda/quantized_kv_pool.h; decode only), the open block in FP16.
 // Prints time per step, GB/s of KV read (the bytes the kernel must read: sealed blocks as stored, the
 // open block in FP16) and TFLOP/s, and writes them as JSON for bench/cuda/decode_attention_vs_sdpa.py,
@@ -29,7 +29,8 @@ namespace {
 struct Options {
   int batch = 8, heads = 32, kv_heads = 8, head_dim = 128;
   std::vector<int> contexts = {4096, 8192, 16384, 32768, 65536, 131072};
-  int new_tokens = 1;    // queries per sequence: 1 is decode
+  int new_tokens = 1;    // queries per sequence: 1 is decode, 0 the whole context
+  int tensor_core_min_queries = kPrefillMinQueries;  // 0: the CUDA-core kernel only
   std::string kv = "dense";  // dense, hack or quant
   int bits = 2;              // hack / quant
   int repetitions = 30;  // timed groups; the median is reported
@@ -55,7 +56,9 @@ Expected<Measurement> measure(const Options& o, int context) {
   const int chunk_tokens = std::min(context, 8192);  // filled a chunk at a time: small step buffers
   SLIMKV_ASSIGN_OR_RETURN(auto cache, CudaPagedKvCache::create({1, o.kv_heads, o.head_dim, o.batch * blocks_per_sequence,
                                                                  o.batch, blocks_per_sequence, o.batch * chunk_tokens}));
-  SLIMKV_ASSIGN_OR_RETURN(auto attention, CudaPagedAttention::create({o.heads, o.kv_heads, o.head_dim, o.batch, o.batch * o.new_tokens}));
+  const int new_tokens = o.new_tokens == 0 ? context : o.new_tokens;
+  SLIMKV_ASSIGN_OR_RETURN(auto attention, CudaPagedAttention::create({o.heads, o.kv_heads, o.head_dim, o.batch, o.batch * new_tokens,
+                                                                        o.tensor_core_min_queries}));
   const bool quantized = o.kv != "dense";
   std::unique_ptr<CudaQuantizedKvPool> pool;
   if (quantized) {
@@ -97,11 +100,11 @@ Expected<Measurement> measure(const Options& o, int context) {
   cudaEventDestroy(seal_stop);
   const double sealed_block_heads = double(o.batch) * (context / kCudaBlockTokens) * o.kv_heads;
   const double seal_us_per_block = quantized ? seal_ms * 1e3 / sealed_block_heads : 0.0;
-  const size_t q_elements = size_t(o.batch) * o.new_tokens * o.heads * o.head_dim;
+  const size_t q_elements = size_t(o.batch) * new_tokens * o.heads * o.head_dim;
   SLIMKV_ASSIGN_OR_RETURN(auto q, DeviceArray<uint16_t>::allocate(q_elements, "queries"));
   SLIMKV_ASSIGN_OR_RETURN(auto out, DeviceArray<uint16_t>::allocate(q_elements, "outputs"));
   SLIMKV_RETURN_IF_ERROR(fill_random_fp16(q.data(), q_elements, 99, 1.0f));
-  SLIMKV_RETURN_IF_ERROR(attention->plan({ids, std::vector<int>(size_t(o.batch), context), std::vector<int>(size_t(o.batch), o.new_tokens)}));
+  SLIMKV_RETURN_IF_ERROR(attention->plan({ids, std::vector<int>(size_t(o.batch), context), std::vector<int>(size_t(o.batch), new_tokens)}));
   const float scale = 1.0f / std::sqrt(float(o.head_dim));
   const PagedKvView view = cache->view(0);
   const auto step = [&]() {
@@ -137,7 +140,7 @@ Expected<Measurement> measure(const Options& o, int context) {
                           (double(sealed_blocks) * (quantized ? double(pool->layout().block_bytes) : 0.0) +
                            2.0 * open_tokens * o.head_dim * 2);  // open (or dense) K and V in FP16
   // q·k and p·v: 4·d flops per (query head, visible token); query i of the chunk sees context - N + 1 + i.
-  const double visible = double(o.new_tokens) * context - 0.5 * double(o.new_tokens) * (o.new_tokens - 1);
+  const double visible = double(new_tokens) * context - 0.5 * double(new_tokens) * (new_tokens - 1);
   const double flops = 4.0 * o.batch * o.heads * o.head_dim * visible;
   return Measurement{context, median_ms, kv_bytes / (median_ms * 1e-3) / 1e9, flops / (median_ms * 1e-3) / 1e12,
                      attention->num_splits(), seal_us_per_block};
@@ -151,7 +154,9 @@ int run(int argc, char** argv) {
   app.add_option("--kv-heads", o.kv_heads)->capture_default_str();
   app.add_option("--head-dim", o.head_dim)->capture_default_str();
   app.add_option("--contexts", o.contexts)->delimiter(',');
-  app.add_option("--new-tokens", o.new_tokens, "queries per sequence (1: decode)")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--new-tokens", o.new_tokens, "queries per sequence (1: decode, 0: the whole context)")->check(CLI::Range(0, 1 << 20))->capture_default_str();
+  app.add_option("--tensor-core-min-queries", o.tensor_core_min_queries,
+                 "queries of a sequence from which a step runs on tensor cores (0: never)")->capture_default_str();
   app.add_option("--repetitions", o.repetitions)->capture_default_str();
   app.add_option("--kv", o.kv, "dense, hack or quant")->check(CLI::IsMember({"dense", "hack", "quant"}))->capture_default_str();
   app.add_option("--bits", o.bits, "hack / quant bits (K and V)")->check(CLI::IsMember({2, 4, 8}))->capture_default_str();
@@ -159,8 +164,9 @@ int run(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (!check(device_usable())) return 1;
 
-  std::printf("attention, paged %s%s: batch %d, %d new tokens each, %d q / %d kv heads, d %d\n", o.kv.c_str(),
-              o.kv == "dense" ? " FP16" : str_cat(" ", o.bits, "-bit").c_str(), o.batch, o.new_tokens, o.heads, o.kv_heads,
+  const std::string new_tokens = o.new_tokens == 0 ? "the whole context" : str_cat(o.new_tokens);
+  std::printf("attention, paged %s%s: batch %d, %s new tokens each, %d q / %d kv heads, d %d\n", o.kv.c_str(),
+              o.kv == "dense" ? " FP16" : str_cat(" ", o.bits, "-bit").c_str(), o.batch, new_tokens.c_str(), o.heads, o.kv_heads,
               o.head_dim);
   std::printf("%10s %12s %12s %10s %8s %16s\n", "context", "ms/step", "KV GB/s", "TFLOP/s", "splits", "seal us/block");
   std::vector<Measurement> results;

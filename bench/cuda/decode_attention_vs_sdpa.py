@@ -3,19 +3,21 @@
 same GPU in the same run: runs bench_decode_attention_cuda once per KV codec (--kvs: dense FP16, and
 `quant` / `hack` sealed at --bits), then SDPA on the same shapes (q [batch, heads, new tokens, d], K/V
 [batch, kv_heads, context, d], enable_gqa; with --new-tokens N > 1 a causal prefill chunk at the end of
-the context, masked lower-right), and prints them side by side: time, SDPA's time over each (the
+the context, masked lower-right; --new-tokens 0: the whole context, a full causal prefill), and prints them side by side: time, SDPA's time over each (the
 speed-up), hack over quant, and GB/s of KV read (each codec's own bytes).
 
   python3 bench/cuda/decode_attention_vs_sdpa.py --slimkv build/release/bench_decode_attention_cuda \
       --kvs dense,quant,hack --bits 2
 """
 import argparse
+import contextlib
 import json
 import subprocess
 import tempfile
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 
@@ -52,6 +54,12 @@ def sdpa_ms(batch, heads, kv_heads, head_dim, context, new_tokens, repetitions):
     return sorted(times)[len(times) // 2]
 
 
+def backend_context(name):
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    return sdpa_kernel(backends[name]) if name in backends else contextlib.nullcontext()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--slimkv", required=True, help="path of bench_decode_attention_cuda")
@@ -60,10 +68,12 @@ def main():
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--contexts", default="4096,8192,16384,32768,65536,131072")
-    parser.add_argument("--new-tokens", type=int, default=1, help="queries per sequence (1: decode)")
+    parser.add_argument("--new-tokens", type=int, default=1, help="queries per sequence (1: decode, 0: the whole context)")
     parser.add_argument("--repetitions", type=int, default=30)
     parser.add_argument("--kvs", default="dense", help="slimkv codecs to run: dense, quant, hack")
     parser.add_argument("--bits", type=int, default=2, help="bits of quant / hack")
+    parser.add_argument("--sdpa-backend", default="default", choices=["default", "flash", "cudnn", "efficient"],
+                        help="pin SDPA to one backend (default: PyTorch's choice)")
     args = parser.parse_args()
     shape = ["--batch", str(args.batch), "--heads", str(args.heads), "--kv-heads", str(args.kv_heads),
              "--head-dim", str(args.head_dim), "--new-tokens", str(args.new_tokens),
@@ -76,8 +86,8 @@ def main():
                             "--json", out.name], check=True)
             slimkv[kv] = {row["context"]: row for row in json.load(open(out.name))}
 
-    print(f"\nattention on {torch.cuda.get_device_name()}: batch {args.batch}, {args.new_tokens} new tokens each, "
-          f"{args.heads} q / {args.kv_heads} kv heads, d {args.head_dim}; SDPA FP16 (torch {torch.__version__}); "
+    print(f"\nattention on {torch.cuda.get_device_name()}: batch {args.batch}, {args.new_tokens or 'the whole context as'} new tokens each, "
+          f"{args.heads} q / {args.kv_heads} kv heads, d {args.head_dim}; SDPA FP16 (torch {torch.__version__}, backend {args.sdpa_backend}); "
           f"slimkv {', '.join(kv if kv == 'dense' else f'{kv} {args.bits}-bit' for kv in kvs)}")
     header = f"{'context':>8} {'SDPA ms':>9}" + "".join(f" {kv + ' ms':>10}" for kv in kvs)
     header += "".join(f" {'SDPA/' + kv:>11}" for kv in kvs)
@@ -87,8 +97,9 @@ def main():
     print(header)
     for context in (int(c) for c in args.contexts.split(",")):
         kv_bytes = 2 * args.batch * args.kv_heads * context * args.head_dim * 2
-        n = args.new_tokens
-        theirs = sdpa_ms(args.batch, args.heads, args.kv_heads, args.head_dim, context, n, args.repetitions)
+        n = args.new_tokens or context
+        with backend_context(args.sdpa_backend):
+            theirs = sdpa_ms(args.batch, args.heads, args.kv_heads, args.head_dim, context, n, args.repetitions)
         ours = {kv: slimkv[kv][context]["ms"] for kv in kvs}
         line = f"{context:>8} {theirs:>9.4f}" + "".join(f" {ours[kv]:>10.4f}" for kv in kvs)
         line += "".join(f" {theirs / ours[kv]:>10.2f}x" for kv in kvs)

@@ -1,7 +1,9 @@
 // The GPU's paged FP16 attention (attention/cuda/paged_attention.h over backend/cuda/paged_kv_cache.h)
 // against the FP64 reference (attention/reference.h) on the same FP16-rounded inputs: one token,
 // partial blocks, many blocks and splits, GQA ratios 1..8, head dims 64/128, batches of sequences of
-// unequal lengths stepping together (a prefill chunk, then decode steps). Skips without a usable GPU.
+// unequal lengths stepping together (a prefill chunk, then decode steps or further chunks). Every case
+// runs twice: on the CUDA-core kernel alone, and with every multi-query step on the tensor-core prefill
+// kernel (attention/cuda/prefill_attention.cuh). Skips without a usable GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,17 +24,21 @@ namespace {
 
 struct PagedCase {
   std::vector<int> lengths;  // tokens of each sequence
-  int prefill_tokens;        // the first step's tokens per sequence; then one token per step
+  int prefill_tokens;        // the first step's tokens per sequence
   int num_heads, num_kv_heads, head_dim;
+  int later_tokens = 1;      // each later step's tokens per sequence (1: decode)
   std::string name() const {
     std::string lens;
     for (int n : lengths) lens += (lens.empty() ? "" : ",") + std::to_string(n);
-    return str_cat("paged_attention(lengths=", lens, ",prefill=", prefill_tokens, ",heads=", num_heads, "/",
-                   num_kv_heads, ",d=", head_dim, ")");
+    return str_cat("paged_attention(lengths=", lens, ",prefill=", prefill_tokens, ",later=", later_tokens,
+                   ",heads=", num_heads, "/", num_kv_heads, ",d=", head_dim, ")");
   }
 };
 
-void check(const PagedCase& c) {
+// tensor_core_min_queries: 0 keeps every step on the CUDA-core kernel, 2 takes every multi-query step
+// to the tensor-core one (where head_dim allows).
+void check(const PagedCase& c, int tensor_core_min_queries) {
+  SCOPED_TRACE(str_cat("tensor_core_min_queries ", tensor_core_min_queries));
   SCOPED_TRACE(c.name());
   const unsigned seed = 20261123u + unsigned(c.lengths.size() * 131 + c.lengths[0] * 7 + c.head_dim + c.num_heads);
   SCOPED_TRACE(str_cat("seed ", seed));
@@ -40,13 +46,13 @@ void check(const PagedCase& c) {
   const int batch = int(c.lengths.size()), d = c.head_dim, kv_width = c.num_kv_heads * d, q_width = c.num_heads * d;
   int max_len = 0, total_len = 0;
   for (int n : c.lengths) max_len = std::max(max_len, n), total_len += n;
-  const int max_step = c.prefill_tokens * batch;
+  const int max_step = std::max(c.prefill_tokens, c.later_tokens) * batch;
 
   // Two layers: the test writes and reads layer 1 (the pool's offset per layer is exercised).
   const int blocks_per_sequence = (max_len + kCudaBlockTokens - 1) / kCudaBlockTokens;
   auto cache = take(CudaPagedKvCache::create({2, c.num_kv_heads, d, batch * blocks_per_sequence + 3, batch + 1,
                                               blocks_per_sequence, max_step}));
-  auto attention = take(CudaPagedAttention::create({c.num_heads, c.num_kv_heads, d, batch, max_step}));
+  auto attention = take(CudaPagedAttention::create({c.num_heads, c.num_kv_heads, d, batch, max_step, tensor_core_min_queries}));
   ASSERT_TRUE(cache && attention);
   // A sequence added and removed first: the real ones get recycled, non-contiguous blocks.
   const int scratch = take(cache->add_sequence());
@@ -71,7 +77,7 @@ void check(const PagedCase& c) {
     std::vector<float> q_float, k_float, v_float;
     for (int b = 0; b < batch; ++b) {
       const int have = int(k_all[size_t(b)].size()) / kv_width;
-      const int n = std::min(first_step ? c.prefill_tokens : 1, c.lengths[size_t(b)] - have);
+      const int n = std::min(first_step ? c.prefill_tokens : c.later_tokens, c.lengths[size_t(b)] - have);
       if (n == 0) continue;
       step.sequence_ids.push_back(ids[size_t(b)]);
       step.kv_lens.push_back(have + n);
@@ -93,6 +99,8 @@ void check(const PagedCase& c) {
     ASSERT_TRUE(q_step.upload(q_new.data(), q_new.size()).is_ok());
     ASSERT_TRUE(cache->append(1, k_step.data(), v_step.data()).is_ok());
     ASSERT_TRUE(attention->plan(step).is_ok());
+    const int most_queries = *std::max_element(step.query_counts.begin(), step.query_counts.end());
+    EXPECT_EQ(attention->tensor_cores(), tensor_core_min_queries > 0 && most_queries > 1 && (d == 64 || d == 128));
     ASSERT_TRUE(device_fill_bytes(out_step.data(), 0xff, out_step.bytes()).is_ok());  // NaN: unwritten shows
     const Status ran = attention->run(cache->view(1), q_step.data(), scale, out_step.data());
     ASSERT_TRUE(ran.is_ok()) << ran.message();
@@ -151,8 +159,16 @@ TEST_F(CudaTest, PagedAttentionMatchesReference) {
       {{2100, 1500, 9}, 2048, 32, 8, 128},       // the benchmark's heads, unequal lengths
       {{150, 70}, 80, 4, 2, 32},                 // head_dim 32 (small models)
       {{150, 5}, 70, 4, 2, 16},                  // head_dim 16: 16 tokens per warp load
+      {{700}, 100, 32, 8, 128, 150},             // prefill chunks starting mid-block, at a long context
+      {{333, 260, 90}, 37, 24, 4, 64, 101},      // GQA 6, unequal chunked batch, d 64
+      {{500, 190}, 130, 12, 4, 128, 70},         // GQA 3: 21 positions of a 64-row tile
+      {{260}, 260, 16, 16, 64, 1},               // GQA 1: 64 positions per tile, d 64
+      {{4100}, 512, 8, 2, 128, 512},             // long chunks, few tiles: split-K on the tensor-core kernel
   };
-  for (const PagedCase& c : cases) check(c);
+  for (const PagedCase& c : cases) {
+    check(c, 0);
+    check(c, 2);
+  }
 }
 
 TEST_F(CudaTest, UnsupportedShapesAreErrors) {

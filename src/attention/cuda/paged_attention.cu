@@ -6,6 +6,7 @@
 #include <cmath>
 #include <utility>
 
+#include "attention/cuda/prefill_attention.cuh"
 #include "attention/cuda/split_k.cuh"
 #include "backend/cuda/cuda_check.h"
 
@@ -291,10 +292,21 @@ Expected<std::unique_ptr<CudaPagedAttention>> CudaPagedAttention::create(const P
   // would leave most multiprocessors idle while it runs: measured 0.77x of SDPA with 2.2 waves).
   const int resident = with_kernel_shape(shape.head_dim, attention->rows_per_tile_, ResidentCtas{});
   attention->target_ctas_ = resident * multiprocessor_count();
+  if (shape.tensor_core_min_queries > 0 && prefill_head_dim_supported(shape.head_dim)) {
+    const int prefill_resident = prefill_attention_setup(shape.head_dim);
+    if (prefill_resident == 0) {
+      return error("CUDA paged attention: the tensor-core prefill kernel (head_dim ", shape.head_dim,
+                   ") cannot run: its shared memory does not fit");
+    }
+    attention->prefill_target_ctas_ = prefill_resident * multiprocessor_count();
+  }
   // Tiles never outnumber queries; splits are added only while tiles × KV heads is under the target
   // (the quantized kernels' targets included: at most kMaxResidentCtas per multiprocessor).
   const size_t max_target = size_t(std::max(resident, kMaxResidentCtas)) * multiprocessor_count();
-  attention->partial_rows_capacity_ = (size_t(shape.max_queries) * shape.num_kv_heads + max_target) * attention->rows_per_tile_;
+  // The tensor-core kernel splits only up to its own target (each split of a tile is kPrefillTileRows rows).
+  attention->partial_rows_capacity_ =
+      std::max((size_t(shape.max_queries) * shape.num_kv_heads + max_target) * attention->rows_per_tile_,
+               size_t(attention->prefill_target_ctas_) * kPrefillTileRows);
   SLIMKV_ASSIGN_OR_RETURN(attention->metadata_,
                           DeviceArray<int>::allocate(size_t(attention->tiles_offset() + 2 * shape.max_queries), "attention metadata"));
   SLIMKV_ASSIGN_OR_RETURN(attention->partial_acc_,
@@ -335,8 +347,9 @@ Status CudaPagedAttention::plan(const PagedAttentionBatch& batch) {
     return error("CUDA paged attention: ", query_starts[batch_size], " queries in one step, over max_queries ",
                  shape_.max_queries);
   }
+  tensor_cores_ = prefill_target_ctas_ > 0 && max_query_count_ >= std::max(2, shape_.tensor_core_min_queries);
   for (int b = 0; b < batch_size; ++b) {
-    for (int first = 0; first < batch.query_counts[size_t(b)]; first += positions_per_tile_) {
+    for (int first = 0; first < batch.query_counts[size_t(b)]; first += tile_positions()) {
       metadata.push_back(b);
       metadata.push_back(first);
     }
@@ -349,9 +362,13 @@ Status CudaPagedAttention::plan(const PagedAttentionBatch& batch) {
   return metadata_.upload(metadata.data(), metadata.size());
 }
 
+int CudaPagedAttention::tile_rows() const { return tensor_cores_ ? kPrefillTileRows : rows_per_tile_; }
+
+int CudaPagedAttention::tile_positions() const { return tensor_cores_ ? kPrefillTileRows / group_ : positions_per_tile_; }
+
 void CudaPagedAttention::split_blocks(int target_ctas) {
   const int independent_ctas = num_tiles_ * shape_.num_kv_heads;
-  const int most_splits = int(partial_rows_capacity_ / (size_t(independent_ctas) * rows_per_tile_));
+  const int most_splits = int(partial_rows_capacity_ / (size_t(independent_ctas) * tile_rows()));
   num_splits_ = std::clamp(target_ctas / independent_ctas, 1, std::max(1, std::min(max_blocks_, most_splits)));
   blocks_per_split_ = (max_blocks_ + num_splits_ - 1) / num_splits_;
   num_splits_ = (max_blocks_ + blocks_per_split_ - 1) / blocks_per_split_;
@@ -384,8 +401,8 @@ AttentionLaunch CudaPagedAttention::launch_params(const PagedKvView& kv, const u
   p.num_kv_heads = shape_.num_kv_heads;
   p.head_dim = shape_.head_dim;
   p.group = group_;
-  p.positions_per_tile = positions_per_tile_;
-  p.rows_per_tile = rows_per_tile_;
+  p.positions_per_tile = tile_positions();
+  p.rows_per_tile = tile_rows();
   p.blocks_per_split = blocks_per_split_;
   p.num_splits = num_splits_;
   p.num_tiles = num_tiles_;
@@ -398,12 +415,18 @@ AttentionLaunch CudaPagedAttention::launch_params(const PagedKvView& kv, const u
 
 Status CudaPagedAttention::run(const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out) {
   SLIMKV_RETURN_IF_ERROR(check_run(kv));
-  split_blocks(target_ctas_);  // run_quantized may have split for its own kernel
+  split_blocks(tensor_cores_ ? prefill_target_ctas_ : target_ctas_);  // run_quantized may have split for its own kernel
   const AttentionLaunch p = launch_params(kv, q, scale, out);
-  with_kernel_shape(shape_.head_dim, rows_per_tile_, LaunchPartials{p});
+  if (tensor_cores_) {
+    launch_prefill_attention(p);  // one split writes the output itself
+  } else {
+    with_kernel_shape(shape_.head_dim, rows_per_tile_, LaunchPartials{p});
+  }
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
-  launch_merge_split_partials(p);
-  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  if (!tensor_cores_ || num_splits_ > 1) {
+    launch_merge_split_partials(p);
+    SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  }
   return Status::ok();
 }
 

@@ -7,6 +7,10 @@
 // block of K/V is read once for all of them. Each CTA computes the attention partial (running max,
 // sum, weighted V: attention/partial.h) of its tile over its range of blocks; a second kernel merges
 // the splits' partials with the online-softmax rule and writes acc / sum.
+//
+// A step with several queries of one sequence (prefill) takes the tensor-core kernel instead
+// (attention/cuda/prefill_attention.cuh: 128-row tiles, mma.sync, FlashAttention-2 style); decode
+// takes the CUDA-core one (4 or 8 rows, at the memory roofline).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +24,11 @@
 namespace slimkv::cuda {
 
 struct AttentionLaunch;  // attention/cuda/split_k.cuh
+
+// The default of PagedAttentionShape::tensor_core_min_queries. Measured on H100, batch 8, 32 q / 8 kv
+// heads, d 128, 16K context: the tensor-core kernel is faster from 2 queries per sequence on (0.238 vs
+// 0.265 ms; 16 queries: 0.243 vs 1.95 ms); one query (decode) keeps the CUDA-core kernel.
+constexpr int kPrefillMinQueries = 2;
 
 // One step's batch: sequence i (cache id sequence_ids[i]) holds kv_lens[i] tokens, of which the last
 // query_counts[i] are the new ones whose queries attend (1 for decode). Queries are laid out sequence
@@ -36,6 +45,10 @@ struct PagedAttentionShape {
   int head_dim = 0;      // 16, 32, 64 or 128
   int max_batch = 0;     // sequences per step
   int max_queries = 0;   // queries per step, over all sequences
+  // A step in which some sequence has at least this many queries (at least 2: decode keeps the
+  // CUDA-core kernel's tiles, which the quantized kernels share) runs on the tensor-core kernel
+  // (head_dim 64 or 128; 0: never).
+  int tensor_core_min_queries = kPrefillMinQueries;
 };
 
 class CudaPagedAttention {
@@ -58,12 +71,16 @@ class CudaPagedAttention {
 
   int num_splits() const { return num_splits_; }
   int num_tiles() const { return num_tiles_; }
+  bool tensor_cores() const { return tensor_cores_; }  // the planned step's kernel
 
  private:
   explicit CudaPagedAttention(const PagedAttentionShape& shape) : shape_(shape) {}
   Status check_run(const PagedKvView& kv) const;
   // Splits the planned blocks so that about target_ctas CTAs run (one wave of the kernel at hand).
   void split_blocks(int target_ctas);
+  // The planned kernel's tile: query rows (a multiple of the group, or the tensor-core tile) and positions.
+  int tile_rows() const;
+  int tile_positions() const;
   AttentionLaunch launch_params(const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out) const;
   // Where the tiles start in metadata_: after the per-sequence arrays, rounded up for int2 loads.
   int tiles_offset() const { return (3 * shape_.max_batch + 2) / 2 * 2; }
@@ -73,11 +90,13 @@ class CudaPagedAttention {
   int rows_per_tile_ = 0;       // the kernel's query rows: 4 or 8 (an instantiation)
   int positions_per_tile_ = 0;  // rows_per_tile / group
   int target_ctas_ = 0;         // enough CTAs to keep every multiprocessor busy
+  int prefill_target_ctas_ = 0; // the same for the tensor-core kernel (0: head_dim not supported)
   size_t partial_rows_capacity_ = 0;
   // Planned:
   int batch_size_ = 0;
   int num_tiles_ = 0;
   int num_splits_ = 1;
+  bool tensor_cores_ = false;   // the step runs on the tensor-core kernel
   int max_query_count_ = 0;     // the most queries of one sequence in the planned step
   int max_blocks_ = 0;          // the most blocks of one sequence in the planned step
   int blocks_per_split_ = 1;
