@@ -149,11 +149,13 @@ class PqSelector final : public TopkSelector {
   // Each segment is clustered on its own tokens, so a codebook only sees keys of nearby positions: RoPE
   // turns the low-frequency dims of the keys slowly with position, and a codebook trained on the first
   // half of a 4K context codes the second half badly (recall 0.43 against 0.67 when trained on all).
-  // A segment is trained once it holds a few points per centroid, again each time its tokens double,
-  // and a last time when it is full; a segment not trained yet borrows the latest trained codebook.
+  // A segment is trained once it holds a point per centroid, again each time its tokens double, and a
+  // last time when it is full; a segment not trained yet borrows the latest trained codebook. (Training
+  // early matters on the decode path: the newest tokens past the local window are the most attended of
+  // the middle ones, and a borrowed codebook codes them worst.)
   std::vector<TrainingJob> due_training(int layer) const {
     const int n = sealed_tokens(layer), segment_tokens = options_.segment_tokens;
-    const int min_tokens = std::min(segment_tokens, 4 << options_.bits);  // a few points per centroid
+    const int min_tokens = 1 << options_.bits;  // k-means needs a point per centroid
     const std::vector<PqSegment>& segments = layers_[size_t(layer)].heads[0];
     std::vector<TrainingJob> jobs;
     for (int s = 0; s * segment_tokens < n; ++s) {

@@ -22,7 +22,7 @@ struct PqOptions {
   int m = 2;           // sub-spaces
   int bits = 6;        // b: 2^b centroids per sub-space
   int max_iters = 0;   // k-means iteration cap; 0: auto (kmeans_iteration_cap)
-  int segment_tokens = 1024;  // tokens per codebook (>= 2^b)
+  int segment_tokens = 256;  // tokens per codebook (>= 2^b)
   int cache_tokens = 4096;  // the offload tier's block cache, in tokens
   std::string policy = "lru";
   bool overlap = true;      // off: cluster at the first decode step instead (for measuring the overlap)
