@@ -280,11 +280,10 @@ double recall_on_bundled_model(const std::string& spec, Feed feed) {
 }
 
 TEST(PqSelector, RecallsTheExactTopKOnRealKeys) {
-  // 1024 tokens of held-out text keep the test fast (the eval's fidelity task measures 4096).
-  // Measured RECALL_PROMPT here: below the 0.8, which m=2, b=6 does not reach on this model's
-  // keys (README). The bound guards against regressions.
+  // 1024 tokens of held-out text keep the test fast (the eval's fidelity task measures 4096). Measured
+  // 0.809 (one codebook over all the keys instead of 256-token segments: 0.73).
   const double recall = recall_on_bundled_model("pq:m=2,b=6,topk=0.2", Feed::kPrompt);
-  EXPECT_GE(recall, 0.72);
+  EXPECT_GE(recall, 0.8) << "the issue's target";
   RecordProperty("recall", std::to_string(recall));
   std::printf("PQ m=2 b=6 recall of the oracle's selection: %.3f\n", recall);
 }
@@ -295,7 +294,7 @@ TEST(PqSelector, SegmentCodebooksFollowTheKeysAsTheyCome) {
   const double segmented = recall_on_bundled_model("pq:topk=0.2", Feed::kBlockByBlock);
   const double single = recall_on_bundled_model("pq:topk=0.2,segment=4096", Feed::kBlockByBlock);
   std::printf("PQ recall, blocks one by one: %.3f with segments, %.3f with one codebook\n", segmented, single);
-  EXPECT_GE(segmented, 0.72);
+  EXPECT_GE(segmented, 0.78);
   EXPECT_GT(segmented, single + 0.03);
 }
 
