@@ -91,9 +91,10 @@ double decode_step_ms(const std::string& spec, int context, int steps) {
 }
 
 void scaling() {
-  const std::vector<std::string> specs = {"dense", "pq:topk=0.2,iters=8", "pq:topk=1024,iters=8"};
+  const std::vector<std::string> specs = {"dense", "pq:topk=0.2,iters=8", "pq:topk=1024,iters=8",
+                                         "pq:topk=1024,iters=8,segment=1024"};
   std::printf("decode step, one layer (4 q / 2 KV heads, d=128), ms; ratio to dense\n%-8s", "context");
-  for (const std::string& spec : specs) std::printf(" %22s", spec.c_str());
+  for (const std::string& spec : specs) std::printf(" %34s", spec.c_str());
   std::printf("\n");
   for (int context = 2048; context <= 65536; context *= 2) {
     std::printf("%-8d", context);
@@ -101,7 +102,7 @@ void scaling() {
     for (const std::string& spec : specs) {
       const double ms = decode_step_ms(spec, context, 31);
       if (spec == "dense") dense = ms;
-      std::printf(" %13.3f (%5.2fx)", ms, ms / dense);
+      std::printf(" %25.3f (%5.2fx)", ms, ms / dense);
     }
     std::printf("\n");
     std::fflush(stdout);
