@@ -224,7 +224,7 @@ double recall_on_bundled_model(const std::string& spec, Feed feed) {
   const int tokens = kRecallTokens, block_tokens = 64, sealed = tokens / block_tokens * block_tokens;
   ThreadPool pool(2);
   // The selections for each query: [query][KV head].
-  auto selections = [&](const std::string& selector_spec, int layer) {
+  auto selections = [&](const std::string& selector_spec, Feed how, int layer) {
     auto pipeline = make_kv_pipeline(selector_spec);
     EXPECT_TRUE(pipeline) << pipeline.status().message();
     auto selector = pipeline->selector->make(shape.num_layers, shape.num_kv_heads, shape.k_dim, block_tokens, 0);
@@ -239,13 +239,13 @@ double recall_on_bundled_model(const std::string& spec, Feed feed) {
         }
         selector->on_seal(layer, g, block.data());
       }
-      if (feed == Feed::kBlockByBlock) {  // a decode step with this block's query stand-in
+      if (how == Feed::kBlockByBlock) {  // a decode step with this block's query stand-in
         const int held = first + block_tokens + 1;
         selector->select(layer, recorder.last_q[size_t(layer)].data(), num_heads, held, first + block_tokens, pool,
                          selection);
       }
     }
-    if (feed == Feed::kPrompt) selector->on_prefill(layer);
+    if (how == Feed::kPrompt) selector->on_prefill(layer);
     std::vector<std::vector<HeadSelection>> per_query(kRecallQueries);
     for (int query = 0; query < kRecallQueries; ++query) {
       selector->select(layer, recorder.last_q[size_t(layer)].data() + size_t(query) * recorder.q_width, num_heads,
@@ -256,8 +256,8 @@ double recall_on_bundled_model(const std::string& spec, Feed feed) {
   double recall = 0.0;
   int counted = 0;
   for (int layer = 0; layer < shape.num_layers; ++layer) {
-    const std::vector<std::vector<HeadSelection>> approximate_all = selections(spec, layer);
-    const std::vector<std::vector<HeadSelection>> exact_all = selections("oracle:topk=0.2", layer);
+    const std::vector<std::vector<HeadSelection>> approximate_all = selections(spec, feed, layer);
+    const std::vector<std::vector<HeadSelection>> exact_all = selections("oracle:topk=0.2", Feed::kPrompt, layer);
     for (int query = 0; query < kRecallQueries; ++query) {
       const std::vector<HeadSelection>& approximate = approximate_all[size_t(query)];
       const std::vector<HeadSelection>& exact = exact_all[size_t(query)];
