@@ -301,7 +301,9 @@ TEST(PqSelector, SegmentCodebooksFollowTheKeysAsTheyCome) {
 TEST(PqSelector, SpecsAreCheckedAndDescribed) {
   auto pipeline = make_kv_pipeline("pq:m=2,b=6,topk=0.2+hack:bits=2");
   ASSERT_TRUE(pipeline) << pipeline.status().message();
-  EXPECT_EQ(pipeline->describe().substr(0, 73), "pq:m=2,b=6,topk=0.2,init=4,local=64,iters=auto,segment=256,cache=4096,pol");
+  EXPECT_EQ(pipeline->describe().substr(0, 73),
+            "pq:m=2,b=6,topk=0.2,init=4,local=64,iters=auto,segment=256,cache=4096,pol");
+  EXPECT_FALSE(make_kv_pipeline("pq:segment=32")) << "fewer tokens than centroids";
   EXPECT_FALSE(make_kv_pipeline("pq:m=3"));
   EXPECT_FALSE(make_kv_pipeline("pq:policy=fifo"));
   EXPECT_FALSE(make_kv_pipeline("hack+pq")) << "the selector comes first";

@@ -17,15 +17,15 @@ constexpr double kCostAlpha2 = -1.041e-02, kCostBeta2 = 8.470e-05, kCostGamma2 =
 
 std::string PqOptions::describe() const {
   return str_cat("pq:m=", m, ",b=", bits, ",", window.describe(), ",iters=",
-                 max_iters ? std::to_string(max_iters) : std::string("auto"), ",segment=", segment_tokens, ",cache=", cache_tokens,
-                 ",policy=", policy, overlap ? "" : ",overlap=off");
+                 max_iters ? std::to_string(max_iters) : std::string("auto"), ",segment=", segment_tokens,
+                 ",cache=", cache_tokens, ",policy=", policy, overlap ? "" : ",overlap=off");
 }
 
 namespace {
 
 uint64_t mix(uint64_t seed, int layer, int head, int segment) {
-  return seed ^ (uint64_t(layer + 1) << 40) ^ (uint64_t(head + 1) << 20) ^ (uint64_t(segment + 1) * 0x9e3779b97f4a7c15ull) ^
-         0x5851f42d4c957f2dull;
+  return seed ^ (uint64_t(layer + 1) << 40) ^ (uint64_t(head + 1) << 20) ^
+         (uint64_t(segment + 1) * 0x9e3779b97f4a7c15ull) ^ 0x5851f42d4c957f2dull;
 }
 
 // The tokens [s · segment, (s + 1) · segment) of one (layer, KV head) and the codebook trained on them.
@@ -76,11 +76,12 @@ class PqSelector final : public TopkSelector {
       const float* first = segment_keys(layer_index, job);
       keys.emplace_back(first, first + size_t(job.tokens) * size_t(k_dim()));
     }
-    layer.training = std::async(std::launch::async, [this, layer_index, jobs = std::move(jobs), keys = std::move(keys)] {
-      std::vector<TrainedSegment> trained;
-      for (size_t j = 0; j < jobs.size(); ++j) trained.push_back(train(layer_index, jobs[j], keys[j].data()));
-      return trained;
-    });
+    layer.training =
+        std::async(std::launch::async, [this, layer_index, jobs = std::move(jobs), keys = std::move(keys)] {
+          std::vector<TrainedSegment> trained;
+          for (size_t j = 0; j < jobs.size(); ++j) trained.push_back(train(layer_index, jobs[j], keys[j].data()));
+          return trained;
+        });
   }
 
   void clear() override {
