@@ -91,9 +91,10 @@ double decode_step_ms(const std::string& spec, int context, int steps) {
 }
 
 void scaling() {
-  const std::vector<std::string> specs = {"dense", "pq:topk=0.2,iters=8", "pq:topk=1024,iters=8"};
+  const std::vector<std::string> specs = {"dense", "pq:topk=0.2,iters=8", "pq:topk=1024,iters=8",
+                                         "pq:topk=1024,iters=8,segment=1024"};
   std::printf("decode step, one layer (4 q / 2 KV heads, d=128), ms; ratio to dense\n%-8s", "context");
-  for (const std::string& spec : specs) std::printf(" %22s", spec.c_str());
+  for (const std::string& spec : specs) std::printf(" %34s", spec.c_str());
   std::printf("\n");
   for (int context = 2048; context <= 65536; context *= 2) {
     std::printf("%-8d", context);
@@ -101,18 +102,40 @@ void scaling() {
     for (const std::string& spec : specs) {
       const double ms = decode_step_ms(spec, context, 31);
       if (spec == "dense") dense = ms;
-      std::printf(" %13.3f (%5.2fx)", ms, ms / dense);
+      std::printf(" %25.3f (%5.2fx)", ms, ms / dense);
     }
     std::printf("\n");
     std::fflush(stdout);
   }
 }
 
+// The bytes of the sealed tokens the last decode step selected (K and V as the codec stores them, every
+// layer and KV head): what a token-granular transfer would move with no cache, where the tier moves
+// whole blocks (PQCache fetches tokens).
+double selected_sealed_bytes(const KvStore& kv) {
+  const KvMemory memory = kv.memory();
+  const int layers = kv.shape().num_layers, heads = kv.shape().num_kv_heads;
+  if (memory.sealed_tokens == 0) return 0.0;
+  // sealed_bytes_per_token covers every layer and KV head
+  const double bytes_per_token = memory.sealed_bytes_per_token() / double(layers * heads);
+  size_t tokens = 0;
+  for (int layer = 0; layer < layers; ++layer) {
+    const int sealed = kv.num_sealed_blocks(layer) * kv.block_tokens();
+    for (int g = 0; g < heads; ++g) {
+      const HeadSelection& selection = kv.last_selection(layer, g);
+      if (selection.all) tokens += size_t(sealed);
+      for (size_t i = 0; !selection.all && i < selection.tokens.size() && selection.tokens[i] < sealed; ++i) ++tokens;
+    }
+  }
+  return double(tokens) * bytes_per_token;
+}
+
 void cache(const std::string& model_dir, double topk) {
   constexpr int kPrompt = 3968, kDecode = 32;
   std::printf("block cache, pq:topk=%g@offload, %d-token prompt then %d decode steps (bundled model)\n", topk,
               kPrompt, kDecode);
-  std::printf("%-12s %-6s %10s %18s\n", "cache tokens", "policy", "hit rate", "KiB moved / step");
+  std::printf("%-12s %-6s %10s %18s %26s\n", "cache tokens", "policy", "hit rate", "KiB moved / step",
+              "KiB selected tokens / step");
   for (const char* policy : {"lru", "lfu"}) {
     for (int cache_tokens : {256, 512, 1024, 2048, 4096}) {
       auto engine =
@@ -120,11 +143,15 @@ void cache(const std::string& model_dir, double topk) {
       auto session = engine->new_session();
       auto logits = session->prefill(heldout(*engine, model_dir, kPrompt));
       const TierStats before = session->kv().tier_stats();
-      for (int i = 0; i < kDecode && logits; ++i) logits = session->decode(argmax(*logits));
+      double selected_bytes = 0.0;
+      for (int i = 0; i < kDecode && logits; ++i) {
+        logits = session->decode(argmax(*logits));
+        selected_bytes += selected_sealed_bytes(session->kv());
+      }
       const TierStats after = session->kv().tier_stats();
       const double hits = double(after.hits - before.hits), misses = double(after.misses - before.misses);
-      std::printf("%-12d %-6s %10.3f %18.1f\n", cache_tokens, policy, hits / (hits + misses),
-                  double(after.bytes_moved - before.bytes_moved) / 1024.0 / kDecode);
+      std::printf("%-12d %-6s %10.3f %18.1f %26.1f\n", cache_tokens, policy, hits / (hits + misses),
+                  double(after.bytes_moved - before.bytes_moved) / 1024.0 / kDecode, selected_bytes / 1024.0 / kDecode);
     }
   }
 }

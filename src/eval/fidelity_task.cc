@@ -11,10 +11,12 @@
 // the reference's q, k, v projected into its reduced bases (what its folded weights and q/k projection
 // produce) and its output lifted back (what its folded W_O reads), so rank truncation is measured too.
 //
-// recall (specs with a selector): for each KV head and step, the S sealed tokens the selector chose
-// against the S sealed tokens with the highest exact scores sum_h q_h . k over the head's query group
-// (the score selectors rank by): |chosen ∩ exact| / S, averaged over heads and steps. The overall rows
-// are means over layers.
+// recall (specs with a selector): for each KV head and step, the selector's top-k against the exact
+// top-k (PQCache's question: does the approximate search find the tokens the exact one would?): over
+// the tokens the selector ranked (HeadSelection::ranked_first/last: the forced initial and local
+// tokens are neither), the k it chose against the k with the highest exact scores sum_h q_h . k over
+// the head's query group (the score selectors rank by): |chosen ∩ exact| / k, averaged over heads and
+// steps. The oracle's is 1 (up to ties). The overall rows are means over layers.
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -82,8 +84,7 @@ class FidelityObserver : public ForwardObserver {
       attend(store, layer, q, 1, store.num_tokens(layer) - 1, params_, outputs_[s].data(), &selection);
       for (int g = 0; g < num_kv_heads_; ++g) {
         if (selection[size_t(g)].all) continue;
-        recall_sum_[s][size_t(layer)] += recall(layer, g, q, selection[size_t(g)].tokens,
-                                                store.num_sealed_blocks(layer) * store.block_tokens());
+        recall_sum_[s][size_t(layer)] += recall(layer, g, q, selection[size_t(g)]);
         recall_count_[s][size_t(layer)] += 1;
       }
     }
@@ -112,27 +113,28 @@ class FidelityObserver : public ForwardObserver {
   }
 
  private:
-  // |chosen ∩ exact top-S| / S over the sealed tokens, S = chosen sealed tokens, scores summed over the group.
-  double recall(int layer, int head, const float* q, const std::vector<int>& chosen, int sealed_tokens) const {
+  // |chosen ∩ exact top-k| / k over the ranked tokens, k = those chosen, scores summed over the group.
+  double recall(int layer, int head, const float* q, const HeadSelection& selection) const {
+    const int first = selection.ranked_first, last = selection.ranked_last;
     std::vector<int> picked;
-    for (int token : chosen) {
-      if (token < sealed_tokens) picked.push_back(token);
+    for (int token : selection.tokens) {
+      if (token >= first && token < last) picked.push_back(token);
     }
     if (picked.empty()) return 1.0;
     const int group = params_.num_heads / num_kv_heads_;
     const float* keys = keys_[size_t(layer)].data();
-    std::vector<std::pair<double, int>> scores(static_cast<size_t>(sealed_tokens));
-    for (int t = 0; t < sealed_tokens; ++t) {
+    std::vector<std::pair<double, int>> scores;
+    for (int t = first; t < last; ++t) {
       const float* k = keys + (size_t(t) * size_t(num_kv_heads_) + size_t(head)) * size_t(head_dim_);
       double score = 0.0;
       for (int h = head * group; h < (head + 1) * group; ++h) {
         const float* qh = q + size_t(h) * size_t(head_dim_);
         for (int c = 0; c < head_dim_; ++c) score += double(qh[c]) * k[c];
       }
-      scores[size_t(t)] = {-score, t};  // ascending order = highest score first, ties by position
+      scores.emplace_back(-score, t);  // ascending order = highest score first, ties by position
     }
     std::nth_element(scores.begin(), scores.begin() + ptrdiff_t(picked.size() - 1), scores.end());
-    std::vector<char> exact(static_cast<size_t>(sealed_tokens), 0);
+    std::vector<char> exact(size_t(last), 0);
     for (size_t i = 0; i < picked.size(); ++i) exact[size_t(scores[i].second)] = 1;
     size_t hits = 0;
     for (int token : picked) hits += exact[size_t(token)];

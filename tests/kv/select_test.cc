@@ -178,90 +178,132 @@ TEST(KMeans, GemmAssignmentMatchesThePlainNearestCentroid) {
   }
 }
 
-// Keys of every layer and the last token's queries, as the model computed them.
+constexpr int kRecallTokens = 1024, kRecallQueries = 16;
+
+// Keys of every layer and the last tokens' queries, as the model computed them.
 struct Recorder : ForwardObserver {
-  std::vector<std::vector<float>> keys, last_q;
+  std::vector<std::vector<float>> keys, last_q;  // last_q: [kRecallQueries, q_width] per layer
   int kv_width = 0, q_width = 0;
   void on_qkv(int layer, const float* q, const float* k, const float*, int n) override {
     if (keys.size() <= size_t(layer)) keys.resize(size_t(layer) + 1), last_q.resize(size_t(layer) + 1);
     keys[size_t(layer)].insert(keys[size_t(layer)].end(), k, k + size_t(n) * kv_width);
-    last_q[size_t(layer)].assign(q + size_t(n - 1) * q_width, q + size_t(n) * q_width);
+    last_q[size_t(layer)].assign(q + size_t(n - kRecallQueries) * q_width, q + size_t(n) * q_width);
   }
 };
 
-// Recall of `spec`'s middle tokens (top-k) against the oracle's, over every layer and KV head.
-double recall_on_bundled_model(const std::string& spec, int tokens) {
-  EngineConfig config;
-  config.model_dir = kModel;
-  config.threads = 2;
-  auto engine = Engine::load(config);
-  EXPECT_TRUE(engine) << engine.status().message();
-  const KvShape shape = (*engine)->model().kv_shape();
-  Recorder recorder;
-  recorder.kv_width = shape.num_kv_heads * shape.k_dim;
-  recorder.q_width = int((*engine)->model().config().num_heads) * shape.k_dim;
-  auto session = (*engine)->new_session();
-  session->set_observer(&recorder);
-  EXPECT_TRUE(session->prefill(heldout_ids(**engine, tokens)));
+// The bundled model over 1024 tokens of held-out text, recorded once for the recall tests.
+const Recorder& recorded_bundled_model(KvShape& shape) {
+  static Recorder recorder;
+  static KvShape recorded_shape;
+  if (recorder.keys.empty()) {
+    EngineConfig config;
+    config.model_dir = kModel;
+    config.threads = 2;
+    auto engine = Engine::load(config);
+    EXPECT_TRUE(engine) << engine.status().message();
+    recorded_shape = (*engine)->model().kv_shape();
+    recorder.kv_width = recorded_shape.num_kv_heads * recorded_shape.k_dim;
+    recorder.q_width = int((*engine)->model().config().num_heads) * recorded_shape.k_dim;
+    auto session = (*engine)->new_session();
+    session->set_observer(&recorder);
+    EXPECT_TRUE(session->prefill(heldout_ids(**engine, kRecallTokens)));
+  }
+  shape = recorded_shape;
+  return recorder;
+}
 
-  const int block_tokens = 64, sealed = tokens / block_tokens * block_tokens;
+// How the selector learns the keys: all sealed blocks and then one prefill call (a prompt), or one
+// block at a time with a decode step after each (generated tokens: PQ clusters as blocks come).
+enum class Feed { kPrompt, kBlockByBlock };
+
+// Recall of `spec`'s middle tokens (top-k) against the oracle's, over every layer and KV head, for the
+// queries of the last 16 tokens (one query is a noisy measure) over the same sealed keys.
+double recall_on_bundled_model(const std::string& spec, Feed feed) {
+  KvShape shape;
+  const Recorder& recorder = recorded_bundled_model(shape);
+  const int tokens = kRecallTokens, block_tokens = 64, sealed = tokens / block_tokens * block_tokens;
   ThreadPool pool(2);
-  auto selections = [&](const std::string& selector_spec, int layer) {
+  // The selections for each query: [query][KV head].
+  auto selections = [&](const std::string& selector_spec, Feed how, int layer) {
     auto pipeline = make_kv_pipeline(selector_spec);
     EXPECT_TRUE(pipeline) << pipeline.status().message();
     auto selector = pipeline->selector->make(shape.num_layers, shape.num_kv_heads, shape.k_dim, block_tokens, 0);
+    const int num_heads = recorder.q_width / shape.k_dim;
     std::vector<float> block(size_t(block_tokens) * shape.k_dim);
-    for (int g = 0; g < shape.num_kv_heads; ++g) {
-      for (int first = 0; first < sealed; first += block_tokens) {
+    std::vector<HeadSelection> selection;
+    for (int first = 0; first < sealed; first += block_tokens) {
+      for (int g = 0; g < shape.num_kv_heads; ++g) {
         for (int t = 0; t < block_tokens; ++t) {
           const size_t row = (size_t(first + t) * shape.num_kv_heads + size_t(g)) * shape.k_dim;
           std::copy_n(recorder.keys[size_t(layer)].data() + row, shape.k_dim, block.data() + size_t(t) * shape.k_dim);
         }
         selector->on_seal(layer, g, block.data());
       }
+      if (how == Feed::kBlockByBlock) {  // a decode step with this block's query stand-in
+        const int held = first + block_tokens + 1;
+        selector->select(layer, recorder.last_q[size_t(layer)].data(), num_heads, held, first + block_tokens, pool,
+                         selection);
+      }
     }
-    selector->on_prefill(layer);
-    std::vector<HeadSelection> selection;
-    selector->select(layer, recorder.last_q[size_t(layer)].data(), recorder.q_width / shape.k_dim, tokens, sealed,
-                     pool, selection);
-    return selection;
+    if (how == Feed::kPrompt) selector->on_prefill(layer);
+    std::vector<std::vector<HeadSelection>> per_query(kRecallQueries);
+    for (int query = 0; query < kRecallQueries; ++query) {
+      selector->select(layer, recorder.last_q[size_t(layer)].data() + size_t(query) * recorder.q_width, num_heads,
+                       tokens, sealed, pool, per_query[size_t(query)]);
+    }
+    return per_query;
   };
   double recall = 0.0;
   int counted = 0;
   for (int layer = 0; layer < shape.num_layers; ++layer) {
-    const std::vector<HeadSelection> approximate = selections(spec, layer);
-    const std::vector<HeadSelection> exact = selections("oracle:topk=0.2", layer);
-    for (int g = 0; g < shape.num_kv_heads; ++g) {
-      EXPECT_FALSE(exact[size_t(g)].all);
-      // The top-k part only: initial and local tokens are in both selections by construction.
-      std::set<int> truth;
-      for (int t : exact[size_t(g)].tokens) {
-        if (t >= 4 && t < tokens - 64) truth.insert(t);
+    const std::vector<std::vector<HeadSelection>> approximate_all = selections(spec, feed, layer);
+    const std::vector<std::vector<HeadSelection>> exact_all = selections("oracle:topk=0.2", Feed::kPrompt, layer);
+    for (int query = 0; query < kRecallQueries; ++query) {
+      const std::vector<HeadSelection>& approximate = approximate_all[size_t(query)];
+      const std::vector<HeadSelection>& exact = exact_all[size_t(query)];
+      for (int g = 0; g < shape.num_kv_heads; ++g) {
+        EXPECT_FALSE(exact[size_t(g)].all);
+        // The top-k part only: initial and local tokens are in both selections by construction.
+        std::set<int> truth;
+        for (int t : exact[size_t(g)].tokens) {
+          if (t >= exact[size_t(g)].ranked_first && t < exact[size_t(g)].ranked_last) truth.insert(t);
+        }
+        EXPECT_EQ(truth.size(), size_t(205)) << "20 % of 1024 tokens";
+        int hits = 0;
+        for (int t : approximate[size_t(g)].tokens) hits += truth.count(t) ? 1 : 0;
+        recall += double(hits) / double(truth.size());
+        ++counted;
       }
-      int hits = 0;
-      for (int t : approximate[size_t(g)].tokens) hits += truth.count(t) ? 1 : 0;
-      recall += double(hits) / double(truth.size());
-      ++counted;
     }
   }
   return recall / counted;
 }
 
 TEST(PqSelector, RecallsTheExactTopKOnRealKeys) {
-  // 1024 tokens of held-out text keep the test fast (bench_pq measures the model's whole context).
-  // Measured 0.738 here (0.686 at 4000 tokens; b=8: 0.794): below the 0.8, which this plain
-  // PQ does not reach on this model (more k-means iterations, m=4 and Hadamard-rotated keys did not
-  // help, README). The bound guards against regressions.
-  const double recall = recall_on_bundled_model("pq:m=2,b=6,topk=0.2", 1024);
-  EXPECT_GE(recall, 0.72);
+  // 1024 tokens of held-out text keep the test fast (the eval's fidelity task measures 4096). Measured
+  // 0.809 (one codebook over all the keys instead of 256-token segments: 0.73).
+  const double recall = recall_on_bundled_model("pq:m=2,b=6,topk=0.2", Feed::kPrompt);
+  EXPECT_GE(recall, 0.8) << "the issue's target";
   RecordProperty("recall", std::to_string(recall));
   std::printf("PQ m=2 b=6 recall of the oracle's selection: %.3f\n", recall);
+}
+
+TEST(PqSelector, SegmentCodebooksFollowTheKeysAsTheyCome) {
+  // Tokens sealed one block at a time: a single codebook, trained on the first blocks, codes the later
+  // keys badly (RoPE turns them with position); a codebook per segment keeps up.
+  const double segmented = recall_on_bundled_model("pq:topk=0.2", Feed::kBlockByBlock);
+  const double single = recall_on_bundled_model("pq:topk=0.2,segment=4096", Feed::kBlockByBlock);
+  std::printf("PQ recall, blocks one by one: %.3f with segments, %.3f with one codebook\n", segmented, single);
+  EXPECT_GE(segmented, 0.78);
+  EXPECT_GT(segmented, single + 0.03);
 }
 
 TEST(PqSelector, SpecsAreCheckedAndDescribed) {
   auto pipeline = make_kv_pipeline("pq:m=2,b=6,topk=0.2+hack:bits=2");
   ASSERT_TRUE(pipeline) << pipeline.status().message();
-  EXPECT_EQ(pipeline->describe().substr(0, 60), "pq:m=2,b=6,topk=0.2,init=4,local=64,iters=auto,cache=4096,po");
+  EXPECT_EQ(pipeline->describe().substr(0, 73),
+            "pq:m=2,b=6,topk=0.2,init=4,local=64,iters=auto,segment=256,cache=4096,pol");
+  EXPECT_FALSE(make_kv_pipeline("pq:segment=32")) << "fewer tokens than centroids";
   EXPECT_FALSE(make_kv_pipeline("pq:m=3"));
   EXPECT_FALSE(make_kv_pipeline("pq:policy=fifo"));
   EXPECT_FALSE(make_kv_pipeline("hack+pq")) << "the selector comes first";

@@ -1,10 +1,12 @@
-// The `pq` selector (PQCache §3): per layer and KV head, a product quantizer over the keys of sealed
-// tokens, trained by k-means when a prefill chunk is appended (on a background thread, overlapped with
-// the rest of the forward pass; the layer's next prompt chunk or first decode step waits for it:
-// Algorithm 1), and again whenever the sealed tokens have doubled since (tokens decoded one by one
-// would otherwise all be coded with centroids of the first few blocks; §5 suggests periodic
-// rebuilding). Tokens sealed later get the codes of their nearest centroids. Decode scores the middle
-// tokens by ADC and keeps the top-k (topk_selector.h).
+// The `pq` selector (PQCache §3): per layer and KV head, product quantizers over the keys of sealed
+// tokens, one per segment of `segment` tokens (positions [s·segment, (s+1)·segment)), trained by k-means
+// when a prefill chunk is appended (on a background thread, overlapped with the rest of the forward
+// pass; the layer's next prompt chunk or first decode step waits for it: Algorithm 1), and again while
+// a segment fills (tokens decoded one by one would otherwise all be coded with centroids of the first
+// few blocks; §5 suggests periodic rebuilding). Per-segment codebooks follow the keys' drift with
+// position (RoPE, pq_selector.cc). Tokens sealed later get the codes of their nearest centroids. Decode
+// scores the middle tokens by ADC, one q·centroid table per segment, and keeps the top-k
+// (topk_selector.h).
 #pragma once
 
 #include <memory>
@@ -20,6 +22,7 @@ struct PqOptions {
   int m = 2;           // sub-spaces
   int bits = 6;        // b: 2^b centroids per sub-space
   int max_iters = 0;   // k-means iteration cap; 0: auto (kmeans_iteration_cap)
+  int segment_tokens = 256;  // tokens per codebook (>= 2^b)
   int cache_tokens = 4096;  // the offload tier's block cache, in tokens
   std::string policy = "lru";
   bool overlap = true;      // off: cluster at the first decode step instead (for measuring the overlap)

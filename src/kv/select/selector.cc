@@ -39,6 +39,7 @@ std::shared_ptr<const SelectorFactory> make_selector_factory(const std::string& 
     pq.window = read_topk_window(options);
     const std::string iters = options.text("iters", "auto");
     pq.max_iters = iters == "auto" ? 0 : options.integer("iters", 0, {}, 1, 1000);
+    pq.segment_tokens = options.integer("segment", pq.segment_tokens, {}, 1 << pq.bits);
     pq.cache_tokens = options.integer("cache", pq.cache_tokens, {});
     pq.policy = options.choice("policy", pq.policy, {"lru", "lfu"});
     pq.overlap = options.choice("overlap", "on", {"on", "off"}) == "on";

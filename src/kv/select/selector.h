@@ -30,6 +30,9 @@ struct OffloadConfig;
 struct HeadSelection {
   bool all = true;
   std::vector<int> tokens;
+  // The candidates the selector ranked: the selected tokens in [ranked_first, ranked_last) are its
+  // top-k, those outside are forced (initial tokens, local window). What recall is measured on.
+  int ranked_first = 0, ranked_last = 0;
 };
 
 class Selector {

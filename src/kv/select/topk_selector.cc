@@ -74,6 +74,8 @@ void TopkSelector::select(int layer, const float* q, int num_heads, int num_toke
     std::sort(order.begin(), order.begin() + k);
     HeadSelection& out = selection[size_t(g)];
     out.all = false;
+    out.ranked_first = init_end;
+    out.ranked_last = middle_end;
     out.tokens.clear();
     out.tokens.reserve(size_t(init_end + k + num_tokens - middle_end));
     for (int t = 0; t < init_end; ++t) out.tokens.push_back(t);
