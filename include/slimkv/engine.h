@@ -95,6 +95,12 @@ class Session {
   Expected<std::vector<float>> prefill(std::span<const int32_t> tokens, bool all_logits = false);
   Expected<std::vector<float>> decode(int32_t token) { return prefill(std::span<const int32_t>(&token, 1)); }
 
+  // One decode step of several sessions of one engine: sessions[i] takes tokens[i]. On the GPU it is one
+  // batched pass through the model (sequences of different lengths together: the basis of continuous
+  // batching); on the CPU the sessions run one after another. Returns logits [sessions, vocab]. Every
+  // session is checked first (as decode does; distinct sessions of one engine): a refused step runs none.
+  static Expected<std::vector<float>> decode_batch(std::span<Session* const> sessions, std::span<const int32_t> tokens);
+
   int num_tokens() const;
   int context_tokens() const;
   bool on_gpu() const { return kv_ == nullptr; }  // device "cuda"
@@ -105,6 +111,9 @@ class Session {
   void set_observer(ForwardObserver* observer) { observer_ = observer; }
 
  private:
+  // Checks tokens against the vocabulary and the context (and takes the GPU sequence when there is none).
+  Status prepare_run(std::span<const int32_t> tokens);
+
   const Engine& engine_;
   std::unique_ptr<KvStore> kv_;
   std::unique_ptr<RunState> state_;

@@ -31,6 +31,10 @@ class DeviceModel {
   virtual int context_tokens() const = 0;
   // A new, empty sequence; an error when the cache holds as many as the engine allows.
   virtual Expected<std::unique_ptr<DeviceSequence>> new_sequence() = 0;
+  // One decode step of several of its sequences in one pass: sequences[i] takes tokens[i]; logits
+  // [sequences, vocab]. Inputs checked by the caller (Session::decode_batch).
+  virtual Status decode_batch(std::span<DeviceSequence* const> sequences, std::span<const int32_t> tokens,
+                              float* logits) = 0;
 };
 
 // The CUDA backend's (defined only in builds with it: the engine asks under SLIMKV_HAVE_CUDA). An

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <filesystem>
 #include <thread>
 
@@ -128,7 +129,7 @@ int Session::context_tokens() const {
   return kv_ ? kv_->shape().max_tokens : engine_.device_model_->context_tokens();
 }
 
-Expected<std::vector<float>> Session::prefill(std::span<const int32_t> tokens, bool all_logits) {
+Status Session::prepare_run(std::span<const int32_t> tokens) {
   const ModelConfig& config = engine_.model_config();
   if (tokens.empty()) return error("no tokens to run: the prompt is empty");
   for (size_t i = 0; i < tokens.size(); ++i) {
@@ -147,6 +148,12 @@ Expected<std::vector<float>> Session::prefill(std::span<const int32_t> tokens, b
   if (on_gpu() && !device_sequence_) {
     SLIMKV_ASSIGN_OR_RETURN(device_sequence_, engine_.device_model_->new_sequence());
   }
+  return Status::ok();
+}
+
+Expected<std::vector<float>> Session::prefill(std::span<const int32_t> tokens, bool all_logits) {
+  SLIMKV_RETURN_IF_ERROR(prepare_run(tokens));
+  const ModelConfig& config = engine_.model_config();
   const size_t vocab = size_t(config.vocab_size);
   std::vector<float> logits(all_logits ? tokens.size() * vocab : vocab);
   const size_t chunk = size_t(engine_.config().prefill_chunk_tokens);
@@ -163,6 +170,36 @@ Expected<std::vector<float>> Session::prefill(std::span<const int32_t> tokens, b
       engine_.model().forward(part, *kv_, all_logits, out, *state_, *engine_.pool_, observer_);
     }
   }
+  return logits;
+}
+
+Expected<std::vector<float>> Session::decode_batch(std::span<Session* const> sessions, std::span<const int32_t> tokens) {
+  if (sessions.empty() || sessions.size() != tokens.size()) {
+    return error("a batched decode step of ", sessions.size(), " sessions and ", tokens.size(), " tokens");
+  }
+  const Engine& engine = sessions[0]->engine_;
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    if (&sessions[i]->engine_ != &engine) return error("a batched decode step takes sessions of one engine");
+    if (std::count(sessions.begin(), sessions.end(), sessions[i]) > 1) {
+      return error("session ", i, " is twice in one batched decode step");
+    }
+  }
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    SLIMKV_RETURN_IF_ERROR(sessions[i]->prepare_run(tokens.subspan(i, 1)).with_context(str_cat("session ", i)));
+  }
+  const size_t vocab = size_t(engine.model_config().vocab_size);
+  std::vector<float> logits(sessions.size() * vocab);
+  if (!engine.device_model_) {
+    // The CPU runs them one after another (each decode is already spread over the threads).
+    for (size_t i = 0; i < sessions.size(); ++i) {
+      SLIMKV_ASSIGN_OR_RETURN(std::vector<float> row, sessions[i]->decode(tokens[i]));
+      std::copy(row.begin(), row.end(), logits.begin() + ptrdiff_t(i * vocab));
+    }
+    return logits;
+  }
+  std::vector<DeviceSequence*> sequences;
+  for (Session* session : sessions) sequences.push_back(session->device_sequence_.get());
+  SLIMKV_RETURN_IF_ERROR(engine.device_model_->decode_batch(sequences, tokens, logits.data()));
   return logits;
 }
 

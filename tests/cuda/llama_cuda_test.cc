@@ -34,7 +34,7 @@ std::unique_ptr<Engine> load(const std::string& dir, const std::string& device, 
   config.device = device;
   config.threads = 2;
   config.prefill_chunk_tokens = chunk;
-  config.gpu_max_sessions = 4;
+  config.gpu_max_sessions = 8;
   return take(Engine::load(config));
 }
 
@@ -158,6 +158,28 @@ TEST_F(CudaModelTest, BatchOfUnequalSequencesMatchesEachAlone) {
   std::vector<int32_t> greedy;
   SLIMKV_ASSERT_OK(model->step_greedy(decode, greedy));
   ASSERT_EQ(greedy.size(), prompts.size());
+}
+
+// Session::decode_batch on the GPU: one batched step of sessions of different lengths gives each
+// session's own decode logits.
+TEST_F(CudaModelTest, EngineDecodeBatchMatchesEachSessionAlone) {
+  auto engine = load(kBundled, "cuda");
+  std::vector<std::unique_ptr<Session>> batched, alone;
+  for (size_t length : {size_t(1), size_t(64), size_t(130)}) {
+    const std::vector<int32_t> prompt(length, 42);
+    for (auto* sessions : {&batched, &alone}) {
+      sessions->push_back(engine->new_session());
+      take(sessions->back()->prefill(prompt));
+    }
+  }
+  const std::vector<Session*> step = {batched[0].get(), batched[1].get(), batched[2].get()};
+  const std::vector<int32_t> next = {5, 6, 7};
+  const auto logits = take(Session::decode_batch(step, next));
+  const size_t vocab = size_t(engine->model_config().vocab_size);
+  for (size_t i = 0; i < step.size(); ++i) {
+    const std::vector<float> row(logits.begin() + ptrdiff_t(i * vocab), logits.begin() + ptrdiff_t((i + 1) * vocab));
+    EXPECT_LT(relative_max_error(row, take(alone[i]->decode(next[i]))), 1e-3) << "session " << i;
+  }
 }
 
 TEST_F(CudaModelTest, BadStepsAreRefusedAndChangeNothing) {

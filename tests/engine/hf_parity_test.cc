@@ -101,6 +101,42 @@ TEST(HfParity, HalfPrecisionKvStaysClose) {
   }
 }
 
+// A batched decode step equals each session's own decode; a refused one changes no session.
+TEST(Session, DecodeBatchMatchesEachSessionAlone) {
+  auto engine = load(kModels + "/llama_gqa_bf16");
+  ASSERT_TRUE(engine);
+  const auto tokens = golden_tokens(kModels + "/llama_gqa_bf16");
+  std::vector<std::unique_ptr<Session>> batched, alone;
+  for (size_t length : {size_t(1), size_t(9), size_t(70)}) {
+    for (auto* sessions : {&batched, &alone}) {
+      sessions->push_back(engine->new_session());
+      ASSERT_TRUE(sessions->back()->prefill(std::vector<int32_t>(tokens.begin(), tokens.begin() + ptrdiff_t(length))));
+    }
+  }
+  std::vector<Session*> step = {batched[0].get(), batched[1].get(), batched[2].get()};
+  const std::vector<int32_t> next = {5, 6, 7};
+  auto logits = Session::decode_batch(step, next);
+  ASSERT_TRUE(logits) << logits.status().message();
+  const size_t vocab = size_t(engine->model_config().vocab_size);
+  for (size_t i = 0; i < step.size(); ++i) {
+    auto row = alone[i]->decode(next[i]);
+    ASSERT_TRUE(row);
+    EXPECT_EQ(std::vector<float>(logits->begin() + ptrdiff_t(i * vocab), logits->begin() + ptrdiff_t((i + 1) * vocab)), *row);
+  }
+  const auto refused = [&](std::vector<Session*> sessions, std::vector<int32_t> ids, const char* expected) {
+    auto result = Session::decode_batch(sessions, ids);
+    ASSERT_FALSE(result);
+    EXPECT_NE(result.status().message().find(expected), std::string::npos) << result.status().message();
+    for (size_t i = 0; i < batched.size(); ++i) EXPECT_EQ(batched[i]->num_tokens(), alone[i]->num_tokens());
+  };
+  refused({step[0], step[0]}, {1, 2}, "twice");
+  refused({step[0], step[1]}, {1, 99999}, "outside the vocabulary");
+  refused({step[0]}, {1, 2}, "1 sessions and 2 tokens");
+  auto other = load(kModels + "/llama_gqa_bf16");
+  auto stranger = other->new_session();
+  refused({step[0], stranger.get()}, {1, 2}, "one engine");
+}
+
 TEST(Session, RefusesBadInputWithClearErrors) {
   auto engine = load(kModels + "/qwen2_bias_tied");
   ASSERT_TRUE(engine);

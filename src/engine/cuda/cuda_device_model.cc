@@ -21,6 +21,7 @@ class CudaSequence : public DeviceSequence {
   ~CudaSequence() override { model_.remove_sequence(sequence_); }
 
   int num_tokens() const override { return model_.num_tokens(sequence_); }
+  int sequence() const { return sequence_; }
 
   Status run(std::span<const int32_t> tokens, bool all_logits, float* logits) override {
     const cuda::SequenceTokens step{sequence_, tokens};
@@ -46,8 +47,21 @@ class CudaDeviceModel : public DeviceModel {
     return std::unique_ptr<DeviceSequence>(new CudaSequence(*model_, sequence));
   }
 
+  Status decode_batch(std::span<DeviceSequence* const> sequences, std::span<const int32_t> tokens,
+                      float* logits) override {
+    std::vector<cuda::SequenceTokens> step;
+    for (size_t i = 0; i < sequences.size(); ++i) {
+      // This model made every DeviceSequence of its engine.
+      step.push_back({static_cast<const CudaSequence*>(sequences[i])->sequence(), tokens.subspan(i, 1)});
+    }
+    SLIMKV_RETURN_IF_ERROR(model_->step(step, /*all_logits=*/false, logits_));
+    std::memcpy(logits, logits_.data(), logits_.size() * sizeof(float));
+    return Status::ok();
+  }
+
  private:
   std::unique_ptr<cuda::CudaLlamaModel> model_;
+  std::vector<float> logits_;
 };
 
 // What the GPU runs of a KV pipeline: `dense` (FP16 blocks), `hack` and `quant` with equal K/V bits,
