@@ -14,6 +14,7 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/layer_kernels.h"
 #include "cuda_test_util.h"
+#include "kv/rotation.h"
 #include "model/model_config.h"
 #include "model/rope.h"
 #include "util/half.h"
@@ -147,15 +148,17 @@ TEST_F(CudaLayerTest, SwigluOfFusedGateUpMatchesLoop) {
   }
 }
 
-// Bias, RoPE and the FP16 split against the CPU's Rope (default and llama3 inverse frequencies), at
-// positions far apart (the angles' FP32 product and double cos/sin must agree with model/rope.cc).
-TEST_F(CudaLayerTest, AttentionInputsMatchCpuRope) {
-  for (const char* rope_type : {"default", "llama3"}) {
-    SCOPED_TRACE(rope_type);
+// Bias, RoPE, rot=hadamard and the FP16 split against the CPU's Rope (default and llama3 inverse
+// frequencies) and hadamard_rotate, at positions far apart (the angles' FP32 product and double cos/sin
+// must agree with model/rope.cc).
+TEST_F(CudaLayerTest, AttentionInputsMatchCpuRopeAndRotation) {
+  for (const auto& [rope_type, rotate] : std::vector<std::pair<std::string, bool>>{
+           {"default", false}, {"llama3", false}, {"llama3", true}}) {
+    SCOPED_TRACE(str_cat(rope_type, rotate ? " rot=hadamard" : ""));
     ModelConfig config;
     config.head_dim = 64;
     config.rope.theta = 500000.0;
-    if (std::string(rope_type) == "llama3") {
+    if (rope_type == "llama3") {
       config.rope.type = RopeType::kLlama3;
       config.rope.factor = 8.0;
       config.rope.original_max_position_embeddings = 8192;
@@ -173,7 +176,8 @@ TEST_F(CudaLayerTest, AttentionInputsMatchCpuRope) {
     auto k_device = on_device(std::vector<uint16_t>(size_t(n) * 2 * 64, 0xffff));
     auto v_device = on_device(std::vector<uint16_t>(size_t(n) * 2 * 64, 0xffff));
     ASSERT_TRUE(attention_inputs(qkv_device.data(), n, heads, bias_device.data(), positions_device.data(),
-                                 inv_freq_device.data(), q_device.data(), k_device.data(), v_device.data()).is_ok());
+                                 inv_freq_device.data(), rotate, q_device.data(), k_device.data(), v_device.data())
+                    .is_ok());
     const auto q = on_host(q_device), k = on_host(k_device), v = on_host(v_device);
     for (int t = 0; t < n; ++t) {
       std::vector<float> row(qkv.begin() + ptrdiff_t(t) * width, qkv.begin() + ptrdiff_t(t + 1) * width);
@@ -181,9 +185,12 @@ TEST_F(CudaLayerTest, AttentionInputsMatchCpuRope) {
       std::vector<float> cos, sin;
       rope.angles(positions[size_t(t)], 1, cos, sin);
       rope.rotate(row.data(), 1, heads.num_heads + heads.num_kv_heads, cos, sin);  // q and k heads are adjacent
+      if (rotate) {
+        for (int h = 0; h < heads.num_heads + 2 * heads.num_kv_heads; ++h) hadamard_rotate(row.data() + h * 64, 64);
+      }
       // The GPU may fuse a·c − b·s into one FMA: the FP16 results agree to a rounding step.
       const auto expect_half = [](uint16_t got, float want, const char* what, int i) {
-        ASSERT_NEAR(fp16_to_float(got), want, std::fabs(want) * 1e-3 + 1e-6) << what << " " << i;
+        ASSERT_NEAR(fp16_to_float(got), want, std::fabs(want) * 1e-3 + 1e-5) << what << " " << i;
       };
       for (int i = 0; i < 4 * 64; ++i) expect_half(q[size_t(t) * 256 + i], row[size_t(i)], "q", i);
       for (int i = 0; i < 2 * 64; ++i) {
@@ -192,6 +199,30 @@ TEST_F(CudaLayerTest, AttentionInputsMatchCpuRope) {
       }
     }
   }
+}
+
+TEST_F(CudaLayerTest, RotateHeadsMatchesTheCpuRotation) {
+  std::mt19937 rng(19);
+  for (int head_dim : {16, 64, 128}) {
+    const size_t rows = 5;
+    const auto x = halves(normal_floats(rows * size_t(head_dim), rng), DType::kF16);
+    auto x_device = on_device(x);
+    SLIMKV_ASSERT_OK(rotate_heads(x_device.data(), rows, head_dim));
+    const auto once = on_host(x_device);
+    SLIMKV_ASSERT_OK(rotate_heads(x_device.data(), rows, head_dim));
+    const auto twice = on_host(x_device);
+    for (size_t r = 0; r < rows; ++r) {
+      std::vector<float> want(static_cast<size_t>(head_dim));
+      for (int i = 0; i < head_dim; ++i) want[size_t(i)] = fp16_to_float(x[r * size_t(head_dim) + size_t(i)]);
+      hadamard_rotate(want.data(), head_dim);
+      for (int i = 0; i < head_dim; ++i) {
+        const size_t at = r * size_t(head_dim) + size_t(i);
+        ASSERT_EQ(once[at], float_to_fp16(want[size_t(i)])) << "d " << head_dim << " row " << r << " dim " << i;
+        ASSERT_NEAR(fp16_to_float(twice[at]), fp16_to_float(x[at]), 2e-3 * (1 + std::fabs(fp16_to_float(x[at]))));
+      }
+    }
+  }
+  EXPECT_FALSE(rotate_heads(nullptr, 1, 96).is_ok());  // not a power of two
 }
 
 TEST_F(CudaLayerTest, ConvertHalfMatchesHostRounding) {

@@ -220,7 +220,7 @@ TEST_F(CudaModelTest, EngineRefusesWhatTheGpuDoesNotRun) {
   config.model_dir = kBundled;
   config.device = "cuda";
   for (const auto& [spec, named] : std::vector<std::pair<std::string, std::string>>{
-           {"hack:bits=2", "rot=hadamard"},
+           {"zack:r=0.1,align=4+hack:bits=4", "zack"},
            {"hack:kbits=4,vbits=2,rot=none", "kbits != vbits"},
            {"hack:bits=4,rot=none,prefill=quantized", "prefill=quantized"},
            {"pq:topk=0.2+dense", "selector"},
@@ -246,7 +246,8 @@ TEST_F(CudaModelTest, QuantizedKvDecodesLikeTheCpuCodec) {
   text.resize(1500);
   auto dense = load(kBundled, "cpu");
   const auto prompt = dense->tokenizer()->encode(text, true);
-  for (const char* spec : {"hack:bits=4,rot=none", "quant:bits=4,rot=none", "hack:bits=2,rot=none,round=nearest"}) {
+  for (const char* spec : {"hack:bits=4,rot=none", "quant:bits=4,rot=none", "hack:bits=2,rot=none,round=nearest",
+                           "hack:bits=2"}) {  // the default: rot=hadamard, round=nearest
     SCOPED_TRACE(spec);
     auto gpu = load(kBundled, "cuda", 512, spec), cpu = load(kBundled, "cpu", 512, spec);
     auto gpu_session = gpu->new_session(), cpu_session = cpu->new_session(), dense_session = dense->new_session();

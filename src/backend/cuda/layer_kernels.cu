@@ -61,38 +61,62 @@ __global__ void rmsnorm_kernel(const float* x, const int32_t* rows, const float*
   }
 }
 
-// One thread per (token, head, i < head_dim / 2): the pair (i, i + head_dim / 2) of a query or key
-// head is rotated ("rotate half"); value heads are copied.
-__global__ void attention_inputs_kernel(const float* qkv, int n, AttentionHeads heads, const float* bias,
-                                        const int32_t* positions, const float* inv_freq, __half* q, __half* k,
-                                        __half* v) {
-  const int half = heads.head_dim / 2;
+// rot=hadamard (kv/rotation.h): x ← H x over a head's head_dim values in shared memory, one thread
+// per value, the same butterflies and scale as the CPU's walsh_hadamard (head_dim a power of two).
+__device__ void walsh_hadamard_in_shared(float* x, int head_dim) {
+  const int i = threadIdx.x;
+  for (int half = 1; half < head_dim; half *= 2) {
+    __syncthreads();
+    float value = 0.0f;
+    if (i < head_dim) value = (i & half) ? x[i - half] - x[i] : x[i] + x[i + half];
+    __syncthreads();
+    if (i < head_dim) x[i] = value;
+  }
+  __syncthreads();
+  if (i < head_dim) x[i] *= 1.0f / sqrtf(float(head_dim));
+  __syncthreads();
+}
+
+// One CTA per (token, head of the qkv row), a thread per dim: bias, then RoPE on query and key heads
+// (thread i < head_dim / 2 turns the pair (i, i + head_dim / 2)), then rot=hadamard, then FP16.
+__global__ void attention_inputs_kernel(const float* qkv, AttentionHeads heads, const float* bias,
+                                        const int32_t* positions, const float* inv_freq, bool rotate, __half* q,
+                                        __half* k, __half* v) {
+  extern __shared__ float head_values[];
+  const int d = heads.head_dim, half = d / 2, i = threadIdx.x;
   const int row_heads = heads.num_heads + 2 * heads.num_kv_heads;
-  const size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
-  if (i >= size_t(n) * row_heads * half) return;
-  const int pair = int(i % half);
-  const int head = int(i / half % row_heads);
-  const size_t t = i / half / row_heads;
-  const size_t column = size_t(head) * heads.head_dim + pair;
-  const float* row = qkv + t * row_heads * heads.head_dim;
-  float a = row[column], b = row[column + half];
-  if (bias != nullptr) a += bias[column], b += bias[column + half];
+  const int head = int(blockIdx.x % row_heads);
+  const size_t t = blockIdx.x / row_heads;
+  const size_t column = size_t(head) * d + i;
+  head_values[i] = qkv[t * row_heads * d + column] + (bias != nullptr ? bias[column] : 0.0f);
+  __syncthreads();
+  if (head < heads.num_heads + heads.num_kv_heads && i < half) {
+    const float angle = float(positions[t]) * inv_freq[i];  // an FP32 product, as model/rope.cc
+    const float c = float(cos(double(angle))), s = float(sin(double(angle)));
+    const float a = head_values[i], b = head_values[i + half];
+    head_values[i] = a * c - b * s;
+    head_values[i + half] = b * c + a * s;
+  }
+  if (rotate) walsh_hadamard_in_shared(head_values, d);
+  __syncthreads();
   __half* out;
   if (head < heads.num_heads) {
-    out = q + (t * heads.num_heads + head) * heads.head_dim;
+    out = q + (t * heads.num_heads + head) * d;
   } else if (head < heads.num_heads + heads.num_kv_heads) {
-    out = k + (t * heads.num_kv_heads + head - heads.num_heads) * heads.head_dim;
+    out = k + (t * heads.num_kv_heads + head - heads.num_heads) * d;
   } else {
-    out = v + (t * heads.num_kv_heads + head - heads.num_heads - heads.num_kv_heads) * heads.head_dim;
+    out = v + (t * heads.num_kv_heads + head - heads.num_heads - heads.num_kv_heads) * d;
   }
-  if (head < heads.num_heads + heads.num_kv_heads) {
-    const float angle = float(positions[t]) * inv_freq[pair];  // an FP32 product, as model/rope.cc
-    const float c = float(cos(double(angle))), s = float(sin(double(angle)));
-    const float rotated_a = a * c - b * s, rotated_b = b * c + a * s;
-    a = rotated_a, b = rotated_b;
-  }
-  out[pair] = __float2half(a);
-  out[pair + half] = __float2half(b);
+  out[i] = __float2half(head_values[i]);
+}
+
+// One CTA per head row of x (FP16, in place), a thread per dim.
+__global__ void rotate_heads_kernel(__half* x, int head_dim) {
+  extern __shared__ float head_values[];
+  __half* row = x + size_t(blockIdx.x) * head_dim;
+  head_values[threadIdx.x] = __half2float(row[threadIdx.x]);
+  walsh_hadamard_in_shared(head_values, head_dim);
+  row[threadIdx.x] = __float2half(head_values[threadIdx.x]);
 }
 
 __global__ void swiglu_kernel(const float* gate_up, int n, int intermediate, void* out, bool bf16) {
@@ -128,13 +152,28 @@ Status rmsnorm(const float* x, const float* weight, float eps, int n, int dim, v
 }
 
 Status attention_inputs(const float* qkv, int n, const AttentionHeads& heads, const float* bias,
-                        const int32_t* positions, const float* inv_freq, uint16_t* q, uint16_t* k, uint16_t* v) {
-  if (heads.head_dim % 2 != 0) return error("RoPE over an odd head_dim ", heads.head_dim);
-  const size_t pairs = size_t(n) * (heads.num_heads + 2 * heads.num_kv_heads) * (heads.head_dim / 2);
-  if (pairs == 0) return Status::ok();
-  attention_inputs_kernel<<<blocks_for(pairs), kThreads>>>(qkv, n, heads, bias, positions, inv_freq,
-                                                           reinterpret_cast<__half*>(q), reinterpret_cast<__half*>(k),
-                                                           reinterpret_cast<__half*>(v));
+                        const int32_t* positions, const float* inv_freq, bool rotate, uint16_t* q, uint16_t* k,
+                        uint16_t* v) {
+  const int d = heads.head_dim;
+  if (d < 2 || d > 1024 || d % 2 != 0 || (rotate && (d & (d - 1)) != 0)) {
+    return error("attention inputs: head_dim ", d, " (expected even, at most 1024; a power of two to rotate)");
+  }
+  const size_t rows = size_t(n) * (heads.num_heads + 2 * heads.num_kv_heads);
+  if (rows == 0) return Status::ok();
+  attention_inputs_kernel<<<unsigned(rows), unsigned(d), size_t(d) * sizeof(float)>>>(
+      qkv, heads, bias, positions, inv_freq, rotate, reinterpret_cast<__half*>(q), reinterpret_cast<__half*>(k),
+      reinterpret_cast<__half*>(v));
+  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return Status::ok();
+}
+
+Status rotate_heads(uint16_t* x, size_t rows, int head_dim) {
+  if (head_dim < 1 || head_dim > 1024 || (head_dim & (head_dim - 1)) != 0) {
+    return error("rot=hadamard over head_dim ", head_dim, " (expected a power of two, at most 1024)");
+  }
+  if (rows == 0) return Status::ok();
+  rotate_heads_kernel<<<unsigned(rows), unsigned(head_dim), size_t(head_dim) * sizeof(float)>>>(
+      reinterpret_cast<__half*>(x), head_dim);
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   return Status::ok();
 }

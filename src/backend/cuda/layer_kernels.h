@@ -25,16 +25,22 @@ Status rmsnorm(const float* x, const float* weight, float eps, int n, int dim, v
 // qkv [n, (num_heads + 2·num_kv_heads) · head_dim] FP32 holds each token's query heads, then key heads,
 // then value heads. Adds the bias (nullptr: none), rotates q and k by RoPE at each token's position
 // with the angles of model/rope.h (FP32 position · inverse frequency, cos/sin in double, so the GPU
-// and CPU rotate alike; default and llama3 scaling differ only in inv_freq [head_dim / 2]), and
-// writes q [n, num_heads, head_dim], k and v [n, num_kv_heads, head_dim] in FP16 for attention and
-// the KV cache.
+// and CPU rotate alike; default and llama3 scaling differ only in inv_freq [head_dim / 2]), with
+// `rotate` turns every head by the Walsh–Hadamard H of kv/rotation.h (rot=hadamard: q, k, v in the
+// rotated basis, as the CPU store keeps them), and writes q [n, num_heads, head_dim], k and v
+// [n, num_kv_heads, head_dim] in FP16 for attention and the KV cache.
 struct AttentionHeads {
   int num_heads = 0;
   int num_kv_heads = 0;
   int head_dim = 0;
 };
 Status attention_inputs(const float* qkv, int n, const AttentionHeads& heads, const float* bias,
-                        const int32_t* positions, const float* inv_freq, uint16_t* q, uint16_t* k, uint16_t* v);
+                        const int32_t* positions, const float* inv_freq, bool rotate, uint16_t* q, uint16_t* k,
+                        uint16_t* v);
+
+// x ← H x for each of `rows` FP16 head vectors of head_dim (a power of two): turns the attention output
+// of rotated q, k, v back (H is its own inverse).
+Status rotate_heads(uint16_t* x, size_t rows, int head_dim);
 
 // out[t, i] = silu(gate[t, i]) · up[t, i] from the fused gate/up projection gate_up [n, 2·intermediate]
 // (each row its gate, then its up), written [n, intermediate] in out_dtype (SwiGLU).

@@ -65,16 +65,15 @@ class CudaDeviceModel : public DeviceModel {
 };
 
 // What the GPU runs of a KV pipeline: `dense` (FP16 blocks), `hack` and `quant` with equal K/V bits,
-// in blocks of 64 tokens, every token attended, all in GPU memory, no rotation.
+// in blocks of 64 tokens, every token attended, all in GPU memory; rot=hadamard or none.
 Expected<std::optional<cuda::QuantizedKvOptions>> gpu_kv(const KvPipeline& pipeline, const std::string& spec) {
   const auto refuse = [&](const std::string& what) {
     return error("KV spec '", spec, "': ", what, " does not run on device 'cuda' yet (there: dense, or hack / quant ",
-                 "with kbits = vbits, pi=64, rot=none; no selector, zack or tier)");
+                 "with kbits = vbits, pi=64; no selector, zack or tier)");
   };
   if (pipeline.selector) return refuse("a selector");
   if (pipeline.zack) return refuse("zack");
   if (pipeline.offload) return refuse("the offload tier");
-  if (pipeline.hadamard) return refuse("rot=hadamard");
   if (pipeline.block_tokens != cuda::kCudaBlockTokens) return refuse(str_cat("a block of ", pipeline.block_tokens, " tokens"));
   const Codec* codec = pipeline.codec.get();
   if (codec->describe() == "dense:dtype=bf16") return refuse("dtype=bf16 (the GPU keeps FP16 blocks)");
@@ -95,6 +94,7 @@ Expected<std::unique_ptr<DeviceModel>> load_cuda_model(const LlamaModel& model, 
                                                        const EngineConfig& config) {
   cuda::CudaModelOptions options;
   SLIMKV_ASSIGN_OR_RETURN(options.quantized_kv, gpu_kv(pipeline, config.kv_spec));
+  options.rotate_heads = pipeline.hadamard;
   options.max_sequences = config.gpu_max_sessions;
   options.max_step_tokens = std::max(config.prefill_chunk_tokens, config.gpu_max_sessions);
   options.kv_cache_bytes = config.gpu_kv_cache_bytes;

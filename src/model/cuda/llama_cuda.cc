@@ -92,7 +92,8 @@ CudaLlamaModel::CudaLlamaModel(const ModelConfig& config, DType dtype, const Cud
                                                                              config.max_position_embeddings))
                                                      : int(config.max_position_embeddings)),
       max_step_tokens_(options.max_step_tokens),
-      max_sequences_(options.max_sequences) {}
+      max_sequences_(options.max_sequences),
+      rotate_heads_(options.rotate_heads) {}
 
 CudaLlamaModel::~CudaLlamaModel() = default;
 
@@ -346,8 +347,8 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, boo
     const LayerOnDevice& w = layers_[size_t(l)];
     SLIMKV_RETURN_IF_ERROR(rmsnorm(x_.data(), w.attention_norm, eps, n, hidden, h_.data(), dtype_));
     SLIMKV_RETURN_IF_ERROR(gemm_->multiply(h_.data(), n, w.w_qkv, dtype_, qkv_rows, hidden, projected_.data()));
-    SLIMKV_RETURN_IF_ERROR(attention_inputs(projected_.data(), n, heads, w.b_qkv, token_positions, inv_freq_, q_.data(),
-                                            k_.data(), v_.data()));
+    SLIMKV_RETURN_IF_ERROR(attention_inputs(projected_.data(), n, heads, w.b_qkv, token_positions, inv_freq_,
+                                            rotate_heads_, q_.data(), k_.data(), v_.data()));
     SLIMKV_RETURN_IF_ERROR(cache_->append(l, k_.data(), v_.data()));
     if (quantized_) {
       SLIMKV_RETURN_IF_ERROR(quantized_->seal_filled_blocks(l, *cache_, sequences, counts));
@@ -358,6 +359,7 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, boo
     } else {
       SLIMKV_RETURN_IF_ERROR(attention_->run(cache_->view(l), q_.data(), scale, attended_.data()));
     }
+    if (rotate_heads_) SLIMKV_RETURN_IF_ERROR(rotate_heads(attended_.data(), size_t(n) * c.num_heads, int(c.head_dim)));
     if (dtype_ != DType::kF16) {
       SLIMKV_RETURN_IF_ERROR(
           convert_half(attended_.data(), DType::kF16, size_t(n) * q_dim, attention_output_in_dtype, dtype_));

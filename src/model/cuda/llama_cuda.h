@@ -50,6 +50,9 @@ struct CudaModelOptions {
   // the memory left after the weights and activations, whichever is less.
   size_t kv_cache_bytes = 0;
   std::optional<QuantizedKvOptions> quantized_kv;  // none: the `dense` codec (FP16 blocks)
+  // rot=hadamard (kv/rotation.h): q, k, v turned by H per head before attention and the cache, the
+  // attention output turned back; scores are unchanged, the quantized blocks hold rotated values.
+  bool rotate_heads = false;
 };
 
 // One sequence's part of a step: its new tokens, run at the end of what it holds.
@@ -139,6 +142,7 @@ class CudaLlamaModel {
   int context_tokens_ = 0;
   int max_step_tokens_ = 0;
   int max_sequences_ = 0;
+  bool rotate_heads_ = false;
 
   WeightArena weights_;
   void* embedding_ = nullptr;  // [vocab, hidden]
