@@ -1,8 +1,9 @@
 // memory: what the KV store allocates per token, after the text prefix of the full context has run
 // through the model, per layer, split by tier: the fast tier holds the open blocks' buffers (allocated
 // in full) and the sealed blocks as their codec encodes them, or, with offloading, the block cache; the
-// slow tier holds offloaded sealed blocks. kv_bytes_per_token is the total of both (what the sequence's
-// KV takes anywhere); ratio_fp16 compares it with an FP16 cache (2 bytes per K and V element).
+// slow tier holds offloaded sealed blocks. A selector's keys and index (pq, oracle) count in the fast
+// tier, and alone as selector_bytes_per_token. kv_bytes_per_token is the total of both tiers (what the
+// sequence's KV takes anywhere); ratio_fp16 compares it with an FP16 cache (2 bytes per K and V element).
 #include "eval/tasks.h"
 #include "kv/store.h"
 #include "model/model_config.h"
@@ -23,12 +24,15 @@ Status run_memory_task(EvalContext& context) {
     const double per_layer_token = double(shape.num_layers) * double(ids.size());
     const double fast_bytes = double(memory.fast_bytes()) / per_layer_token;
     const double slow_bytes = double(memory.slow_bytes()) / per_layer_token;
-    const double total_bytes = double(memory.sealed_bytes + memory.open_bytes) / per_layer_token;
+    const double total_bytes = double(memory.sealed_bytes + memory.open_bytes + memory.selector_bytes) / per_layer_token;
     const double fp16_bytes = 2.0 * 2.0 * double(config.num_kv_heads) * double(config.head_dim);  // the model's K and V
     context.results.add(subject.spec, "memory", "kv_bytes_per_token", fast_bytes).tier = "fast";
     if (memory.sealed_in_slow_tier) context.results.add(subject.spec, "memory", "kv_bytes_per_token", slow_bytes).tier = "slow";
     context.results.add(subject.spec, "memory", "kv_bytes_per_token", total_bytes);
     context.results.add(subject.spec, "memory", "ratio_fp16", total_bytes / fp16_bytes);
+    if (memory.selector_bytes > 0) {
+      context.results.add(subject.spec, "memory", "selector_bytes_per_token", double(memory.selector_bytes) / per_layer_token);
+    }
     context.progress.advance();
   }
   context.progress.finish();

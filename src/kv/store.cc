@@ -209,6 +209,7 @@ KvMemory KvStore::memory() const {
   for (const Layer& layer : layers_) {
     for (const Head& head : layer.heads) memory.open_bytes += head.open_k.size() + head.open_v.size();
   }
+  memory.selector_bytes = selector_->memory_bytes();
   return memory;
 }
 

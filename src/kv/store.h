@@ -52,7 +52,10 @@ struct KvMemory {
   size_t open_bytes = 0;    // the open blocks' FP16 (dense FP32: FP32) buffers (allocated once, full size)
   bool sealed_in_slow_tier = false;  // offload: sealed blocks live in the slow tier...
   size_t cache_bytes = 0;            // ...and this much fast memory caches them
-  size_t fast_bytes() const { return (sealed_in_slow_tier ? cache_bytes : sealed_bytes) + open_bytes; }
+  size_t selector_bytes = 0;  // what the selector keeps (kv/select: pq's keys and index; 0 without one)
+  size_t fast_bytes() const {
+    return (sealed_in_slow_tier ? cache_bytes : sealed_bytes) + open_bytes + selector_bytes;
+  }
   size_t slow_bytes() const { return sealed_in_slow_tier ? sealed_bytes : 0; }
   size_t sealed_blocks = 0;
   size_t sealed_tokens = 0;  // tokens whose K/V sit in sealed blocks (each layer holds them all)

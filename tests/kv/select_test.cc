@@ -150,6 +150,27 @@ TEST(Selection, TheLastDecodeStepsSelectionIsReportedPerLayerAndKvHead) {
   }
 }
 
+// What a selector keeps beside the blocks is counted in the store's memory: pq and oracle an FP32 copy
+// of the sealed keys; pq also its index (a codebook of 2^b centroids per segment begun, m code bytes per
+// token), per KV head.
+TEST(Selection, SelectorMemoryIsCounted) {
+  SelectionCase c;
+  const size_t sealed = 256, keys = sealed * SelectionCase::kKvHeads * SelectionCase::kDim * sizeof(float);
+  for (const auto& [spec, expected] : std::vector<std::pair<std::string, size_t>>{
+           {"dense", 0},
+           {"oracle:topk=0.2+dense", keys},
+           {"pq:m=2,b=6,segment=128,topk=0.2+dense",
+            keys + SelectionCase::kKvHeads * (2 * 64 * SelectionCase::kDim * sizeof(float) + sealed * 2)}}) {
+    auto pipeline = make_kv_pipeline(spec);
+    ASSERT_TRUE(pipeline) << pipeline.status().message();
+    KvStore store({1, SelectionCase::kKvHeads, SelectionCase::kDim, SelectionCase::kDim, SelectionCase::kTokens}, *pipeline);
+    store.append(0, c.k.data(), c.v.data(), SelectionCase::kTokens);
+    const KvMemory memory = store.memory();
+    EXPECT_EQ(memory.selector_bytes, expected) << spec;
+    EXPECT_EQ(memory.fast_bytes(), memory.sealed_bytes + memory.open_bytes + expected) << spec;
+  }
+}
+
 TEST(KMeans, IsDeterministicForASeed) {
   const std::vector<float> points = normal_vector(500 * 16, 9);
   const std::vector<float> a = kmeans(points.data(), 500, 8, 16, 32, 20, 42);

@@ -84,6 +84,19 @@ class PqSelector final : public TopkSelector {
         });
   }
 
+  // The keys, and the index as it is once it covers every sealed token: per (layer, KV head) a codebook
+  // of 2^b centroids [m, 2^b, d/m] FP32 per segment begun, and m one-byte codes per token.
+  size_t memory_bytes() const override {
+    size_t index = 0;
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const size_t tokens = size_t(sealed_tokens(int(l)));
+      const size_t segments = (tokens + size_t(options_.segment_tokens) - 1) / size_t(options_.segment_tokens);
+      index += size_t(num_kv_heads()) * (segments * (size_t(1) << options_.bits) * size_t(k_dim()) * sizeof(float) +
+                                         tokens * size_t(options_.m));
+    }
+    return TopkSelector::memory_bytes() + index;
+  }
+
   void clear() override {
     TopkSelector::clear();
     for (PqLayer& layer : layers_) {

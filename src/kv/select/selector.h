@@ -51,6 +51,9 @@ class Selector {
   virtual void select(int layer, const float* q, int num_heads, int num_tokens, int sealed_tokens,
                       ThreadPool& pool, std::vector<HeadSelection>& selection) = 0;
   virtual void clear() = 0;  // back to an empty sequence
+  // Bytes the selector keeps beside the store's blocks (in RAM on the CPU): the keys it scores or
+  // clusters, and its index once it covers the sealed tokens (PQ: centroids and codes).
+  virtual size_t memory_bytes() const { return 0; }
 };
 
 // What a selector spec stage names; makes one Selector per sequence.

@@ -41,6 +41,12 @@ void TopkSelector::clear() {
   for (std::vector<float>& keys : keys_) keys.clear();
 }
 
+size_t TopkSelector::memory_bytes() const {
+  size_t bytes = 0;
+  for (const std::vector<float>& keys : keys_) bytes += keys.size() * sizeof(float);
+  return bytes;
+}
+
 void TopkSelector::select(int layer, const float* q, int num_heads, int num_tokens, int sealed_tokens,
                           ThreadPool& pool, std::vector<HeadSelection>& selection) {
   selection.resize(size_t(num_kv_heads_));

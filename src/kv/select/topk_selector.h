@@ -30,6 +30,7 @@ class TopkSelector : public Selector {
   // Keeps the keys (the slow tier's FP32 copy that scoring and clustering read).
   void on_seal(int layer, int head, const float* k) override;
   void clear() override;
+  size_t memory_bytes() const override;  // the FP32 copy of the sealed keys
   void select(int layer, const float* q, int num_heads, int num_tokens, int sealed_tokens, ThreadPool& pool,
               std::vector<HeadSelection>& selection) final;
 
