@@ -16,23 +16,31 @@ constexpr size_t kArenaAlignment = 256;
 
 size_t aligned(size_t bytes) { return (bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment; }
 
-// Uploads `w` to `device` in `dtype`: as stored when the dtypes agree, else converted a slice at a time.
-Status upload_matrix(const WeightMatrix& w, DType dtype, void* device) {
-  const size_t count = size_t(w.rows) * size_t(w.cols);
-  if (w.dtype == dtype) return copy_to_device(device, w.data, count * dtype_size_bytes(dtype));
+// Calls f(first, values, n) for consecutive slices of w's elements widened to FP32 (bounded scratch:
+// a BF16 checkpoint never needs an FP32 copy of itself); stops at the first non-ok Status.
+template <typename F>
+Status for_each_widened_slice(const WeightMatrix& w, F&& f) {
   constexpr size_t kSlice = size_t(1) << 22;
+  const size_t count = size_t(w.rows) * size_t(w.cols), in_bytes = dtype_size_bytes(w.dtype);
   std::vector<float> wide;
-  std::vector<uint16_t> narrow;
-  const size_t in_bytes = dtype_size_bytes(w.dtype);
   for (size_t first = 0; first < count; first += kSlice) {
     const size_t n = std::min(kSlice, count - first);
     wide.resize(n);
-    narrow.resize(n);
     widen_to_f32(static_cast<const uint8_t*>(w.data) + first * in_bytes, w.dtype, wide.data(), n);
-    for (size_t i = 0; i < n; ++i) narrow[i] = dtype == DType::kBF16 ? float_to_bf16(wide[i]) : float_to_fp16(wide[i]);
-    SLIMKV_RETURN_IF_ERROR(copy_to_device(static_cast<uint16_t*>(device) + first, narrow.data(), n * 2));
+    SLIMKV_RETURN_IF_ERROR(f(first, wide.data(), n));
   }
   return Status::ok();
+}
+
+// Uploads `w` to `device` in `dtype`: as stored when the dtypes agree, else converted a slice at a time.
+Status upload_matrix(const WeightMatrix& w, DType dtype, void* device) {
+  if (w.dtype == dtype) return copy_to_device(device, w.data, size_t(w.rows) * size_t(w.cols) * dtype_size_bytes(dtype));
+  std::vector<uint16_t> narrow;
+  return for_each_widened_slice(w, [&](size_t first, const float* wide, size_t n) {
+    narrow.resize(n);
+    for (size_t i = 0; i < n; ++i) narrow[i] = dtype == DType::kBF16 ? float_to_bf16(wide[i]) : float_to_fp16(wide[i]);
+    return copy_to_device(static_cast<uint16_t*>(device) + first, narrow.data(), n * 2);
+  });
 }
 
 Status upload_floats(const std::vector<float>& values, float* device) {
@@ -42,25 +50,22 @@ Status upload_floats(const std::vector<float>& values, float* device) {
 // FP16 when every matrix fits its range (FP16 keeps 10 mantissa bits to BF16's 7, and a BF16 weight
 // in FP16's normal range converts exactly), else BF16. Measured on the HF golden models: BF16
 // activations put logits 2.5e-2 of max |logit| from transformers' FP32 ones, FP16 ones 3e-3.
+constexpr float kFp16Max = 65504.0f;
+
 DType upload_dtype(const LlamaWeights& weights) {
-  constexpr float kFp16Max = 65504.0f;
   std::vector<const WeightMatrix*> matrices = {&weights.embedding, &weights.lm_head};
   for (const LayerWeights& l : weights.layers) {
     for (const WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) matrices.push_back(w);
   }
-  std::vector<float> wide;
   for (const WeightMatrix* w : matrices) {
     if (w->dtype == DType::kF16) continue;
-    const size_t count = size_t(w->rows) * size_t(w->cols), in_bytes = dtype_size_bytes(w->dtype);
-    constexpr size_t kSlice = size_t(1) << 22;
-    for (size_t first = 0; first < count; first += kSlice) {
-      const size_t n = std::min(kSlice, count - first);
-      wide.resize(n);
-      widen_to_f32(static_cast<const uint8_t*>(w->data) + first * in_bytes, w->dtype, wide.data(), n);
-      for (float x : wide) {
-        if (!(std::fabs(x) < kFp16Max)) return DType::kBF16;
+    const Status fits = for_each_widened_slice(*w, [](size_t, const float* wide, size_t n) {
+      for (size_t i = 0; i < n; ++i) {
+        if (!(std::fabs(wide[i]) < kFp16Max)) return error("outside FP16's range");
       }
-    }
+      return Status::ok();
+    });
+    if (!fits) return DType::kBF16;
   }
   return DType::kF16;
 }
@@ -309,8 +314,7 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, boo
   const int q_dim = int(c.q_dim()), qkv_rows = int(c.q_dim() + 2 * c.kv_dim());
 
   // The step's ids in one upload: tokens, positions, and the rows whose logits are wanted.
-  std::vector<int> sequences, counts;
-  PagedAttentionBatch attention_batch;
+  PagedAttentionBatch attention_batch;  // also the cache's step: sequence_ids and their query (new token) counts
   std::vector<int32_t> tokens, positions, logit_rows;
   for (const SequenceTokens& s : batch) {
     const int held = num_tokens(s.sequence), n = int(s.tokens.size());
@@ -319,8 +323,6 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, boo
       tokens.push_back(s.tokens[size_t(i)]);
       positions.push_back(held + i);
     }
-    sequences.push_back(s.sequence);
-    counts.push_back(n);
     attention_batch.sequence_ids.push_back(s.sequence);
     attention_batch.kv_lens.push_back(held + n);
     attention_batch.query_counts.push_back(n);
@@ -334,6 +336,8 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, boo
   const int32_t* token_ids = step_ints_.data();
   const int32_t* token_positions = token_ids + n;
   const int32_t* rows_wanted = token_positions + n;
+  const std::vector<int>& sequences = attention_batch.sequence_ids;
+  const std::vector<int>& counts = attention_batch.query_counts;
   SLIMKV_RETURN_IF_ERROR(cache_->begin_step(sequences, counts));
   SLIMKV_RETURN_IF_ERROR(attention_->plan(attention_batch));
 
@@ -349,10 +353,7 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, boo
     SLIMKV_RETURN_IF_ERROR(gemm_->multiply(h_.data(), n, w.w_qkv, dtype_, qkv_rows, hidden, projected_.data()));
     SLIMKV_RETURN_IF_ERROR(attention_inputs(projected_.data(), n, heads, w.b_qkv, token_positions, inv_freq_,
                                             rotate_heads_, q_.data(), k_.data(), v_.data()));
-    SLIMKV_RETURN_IF_ERROR(cache_->append(l, k_.data(), v_.data()));
-    if (quantized_) {
-      SLIMKV_RETURN_IF_ERROR(quantized_->seal_filled_blocks(l, *cache_, sequences, counts));
-    }
+    SLIMKV_RETURN_IF_ERROR(append_kv(l, sequences, counts));
     if (quantized_ && decode_only) {
       SLIMKV_RETURN_IF_ERROR(
           attention_->run_quantized(cache_->view(l), quantized_->view(l), q_.data(), scale, attended_.data()));
@@ -378,6 +379,12 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, boo
   return rows;
 }
 
+Status CudaLlamaModel::append_kv(int layer, const std::vector<int>& sequences, const std::vector<int>& counts) {
+  SLIMKV_RETURN_IF_ERROR(cache_->append(layer, k_.data(), v_.data()));
+  if (quantized_) SLIMKV_RETURN_IF_ERROR(quantized_->seal_filled_blocks(layer, *cache_, sequences, counts));
+  return Status::ok();
+}
+
 Status CudaLlamaModel::append_random_kv(int sequence, int tokens, uint64_t seed) {
   if (!cache_->is_live(sequence)) return error("sequence ", sequence, " is not a sequence of this model");
   if (num_tokens(sequence) + int64_t(tokens) > context_tokens_) {
@@ -398,8 +405,7 @@ Status CudaLlamaModel::append_random_kv(int sequence, int tokens, uint64_t seed)
       const uint64_t stream = seed + 0x9e3779b97f4a7c15ull * uint64_t(1 + 2 * (size_t(done) * 997 + size_t(l)));
       SLIMKV_RETURN_IF_ERROR(fill_random_fp16(k_.data(), size_t(n) * kv_width, stream, 1.732f));
       SLIMKV_RETURN_IF_ERROR(fill_random_fp16(v_.data(), size_t(n) * kv_width, stream + 1, 1.732f));
-      SLIMKV_RETURN_IF_ERROR(cache_->append(l, k_.data(), v_.data()));
-      if (quantized_) SLIMKV_RETURN_IF_ERROR(quantized_->seal_filled_blocks(l, *cache_, sequences, counts));
+      SLIMKV_RETURN_IF_ERROR(append_kv(l, sequences, counts));
     }
     done += n;
   }

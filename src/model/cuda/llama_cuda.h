@@ -134,7 +134,9 @@ class CudaLlamaModel {
   // Activations, the KV cache and the attention plan, sized by the options.
   Status allocate_runtime(const CudaModelOptions& options);
   Status check_batch(std::span<const SequenceTokens> batch) const;
-  // The pass shared by step and step_greedy: leaves logits [rows, vocab] on the device.
+  // Writes layer's new K/V (k_, v_, in begin_step's order) into the cache, sealing the blocks they fill.
+  Status append_kv(int layer, const std::vector<int>& sequences, const std::vector<int>& counts);
+  // The pass shared by step and step_sample: leaves logits [rows, vocab] on the device.
   Expected<int> forward(std::span<const SequenceTokens> batch, bool all_logits);
 
   ModelConfig config_;
