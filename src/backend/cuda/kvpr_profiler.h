@@ -21,8 +21,9 @@ struct KvprProfile {
 
 // Measures the current device: copies of pinned host memory to it (64, 128 and 256 MiB, after a
 // warm-up, the median of repeats) and the recompute GEMM through CublasGemm at 1024, 4096 and 16384
-// rows, reporting the rate at the largest (see kvpr_profiler.cc for why). Takes well under a second on
-// an H100 and holds 256 MiB of pinned host memory and a few hundred MiB of device memory meanwhile.
+// rows, reporting the rate at the largest (see kvpr_profiler.cc for why). Copies 2.6 GiB and runs 180
+// GEMMs (a fraction of a second at GPU.md's H100 rates, 54 GB/s and ~760 TFLOP/s), holding 256 MiB of
+// pinned host memory and a few hundred MiB of device memory meanwhile.
 Expected<KvprProfile> measure_kvpr_profile(int hidden, int kv_rows, DType dtype);
 
 // The profile cached in `path` when the file holds one for this device, shape and dtype and not
