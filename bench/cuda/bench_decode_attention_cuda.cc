@@ -73,7 +73,7 @@ Expected<Measurement> measure(const Options& o, int context) {
   SLIMKV_ASSIGN_OR_RETURN(auto v_step, DeviceArray<uint16_t>::allocate(step_elements, "V chunk"));
   std::vector<int> ids;
   for (int b = 0; b < o.batch; ++b) {
-    SLIMKV_ASSIGN_OR_RETURN(int id, cache->add_sequence());
+    SLIMKV_ASSIGN_OR_RETURN(int id, cache->sequences().add_sequence());
     ids.push_back(id);
   }
   cudaEvent_t seal_start, seal_stop;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backend/cuda/device_memory.h"
+#include "random_shapes.h"
 #include "model/cuda/llama_cuda.h"
 #include "model/llama.h"
 
@@ -40,22 +41,6 @@ struct Options {
   int steps = 64;
   double bandwidth_gb_s = 3000;  // H100 HBM3, device-to-device copy (../shared/GPU.md)
 };
-
-ModelConfig llama3_8b_config() {
-  ModelConfig c;
-  c.architecture_name = "LlamaForCausalLM (random weights)";
-  c.vocab_size = 128256;
-  c.hidden_size = 4096;
-  c.intermediate_size = 14336;
-  c.num_layers = 32;
-  c.num_heads = 32;
-  c.num_kv_heads = 8;
-  c.head_dim = 128;
-  c.max_position_embeddings = 131072;
-  c.rms_norm_eps = 1e-5;
-  c.rope = {RopeType::kLlama3, 500000.0, 8.0, 1.0, 4.0, 8192};
-  return c;
-}
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
@@ -188,8 +173,7 @@ Status run(const Options& o) {
     }));
   }
   if (!o.random.empty()) {
-    if (o.random != "llama3-8b") return error("--random ", o.random, ": known shapes are llama3-8b");
-    const ModelConfig config = llama3_8b_config();
+    SLIMKV_ASSIGN_OR_RETURN(const ModelConfig config, random_shape(o.random));
     SLIMKV_RETURN_IF_ERROR(run_model(o, config, [&](const CudaModelOptions& options) {
       return CudaLlamaModel::random(config, 42, options);
     }));
@@ -204,7 +188,7 @@ int main(int argc, char** argv) {
   slimkv::cuda::Options o;
   CLI::App app{"End-to-end decode tokens/s on the GPU"};
   app.add_option("--model", o.model_dir, "a Hugging Face model directory");
-  app.add_option("--random", o.random, "a random-weight model of a known shape: llama3-8b");
+  app.add_option("--random", o.random, "a random-weight model of a known shape: llama3-8b, llama2-7b");
   app.add_option("--batches", o.batches, "batch sizes")->delimiter(',');
   app.add_option("--kvs", o.kvs, "KV codecs: dense, hack, quant")->delimiter(',');
   app.add_option("--bits", o.bits, "hack / quant bits (2, 4, 8)");
@@ -217,7 +201,7 @@ int main(int argc, char** argv) {
   app.add_option("--bandwidth", o.bandwidth_gb_s, "memory bandwidth for the roofline, GB/s");
   CLI11_PARSE(app, argc, argv);
   if (o.model_dir.empty() && o.random.empty()) {
-    std::fprintf(stderr, "error: give --model DIR and/or --random llama3-8b\n");
+    std::fprintf(stderr, "error: give --model DIR and/or --random SHAPE (llama3-8b, llama2-7b)\n");
     return 2;
   }
   const slimkv::Status status = slimkv::cuda::run(o);

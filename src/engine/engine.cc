@@ -64,6 +64,10 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
   const int threads = config.threads > 0 ? config.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   SLIMKV_ASSIGN_OR_RETURN(KvPipeline pipeline, make_kv_pipeline(config.kv_spec));  // bad specs fail before loading
   engine->pipeline_ = std::make_unique<KvPipeline>(std::move(pipeline));
+  if (engine->pipeline_->kvpr && config.device != "cuda") {
+    return error("KV spec '", config.kv_spec, "': the kvpr tier runs on device 'cuda' only (it recomputes K/V on ",
+                 "the GPU while the rest crosses from host memory)");
+  }
   SLIMKV_ASSIGN_OR_RETURN(engine->model_, LlamaModel::load(config.model_dir));
   const std::string kv_context = str_cat("KV spec '", config.kv_spec, "' for ", config.model_dir);
   if (std::optional<ZackOptions>& zack = engine->pipeline_->zack) {

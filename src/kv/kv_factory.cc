@@ -10,7 +10,7 @@ namespace slimkv {
 namespace {
 
 constexpr const char* kKnownStages = "all, pq, oracle, zack, dense, hack, quant";
-constexpr const char* kKnownTiers = "fast, offload";
+constexpr const char* kKnownTiers = "fast, offload, kvpr";
 
 DType parse_dtype_name(const std::string& name) {
   return name == "f16" ? DType::kF16 : name == "bf16" ? DType::kBF16 : DType::kF32;
@@ -76,7 +76,10 @@ std::string KvPipeline::describe() const {
                  codec->describe().starts_with("dense") || exact_prefill ? "" : ",prefill=quantized",
                  offload ? str_cat("@offload:cache=", offload->cache_tokens, ",policy=",
                                    offload->policy == CachePolicy::kLfu ? "lfu" : "lru")
-                         : std::string());
+                         : std::string(),
+                 kvpr ? str_cat("@kvpr:split=", kvpr->split < 0 ? std::string("auto") : str_cat(kvpr->split),
+                                kvpr->micro_batches == 1 ? ",schedule=row" : str_cat(",schedule=column,batches=", kvpr->micro_batches))
+                      : std::string());
 }
 
 Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
@@ -144,6 +147,19 @@ Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
     // The slow tier stores blocks of one size; ZACK gives every head its own.
     if (pipeline.zack) return error("KV spec '", config.spec, "': the offload tier with zack is not supported yet");
     pipeline.offload = offload;
+  } else if (config.tier.name == "kvpr") {
+    StageOptions options(config.tier, config.spec);
+    KvprConfig kvpr;
+    kvpr.split = options.text("split", "auto") == "auto" ? -1.0 : options.number("split", 0.0, 0.0, 1.0);
+    const bool column = options.choice("schedule", "row", {"row", "column"}) == "column";
+    kvpr.micro_batches = column ? options.integer("batches", 0, {}, 0, 1024) : 1;
+    kvpr.profile = options.text("profile", "");
+    kvpr.reprofile = options.choice("reprofile", "off", {"off", "on"}) == "on";
+    SLIMKV_RETURN_IF_ERROR(options.finish());
+    if (pipeline.zack || pipeline.selector) {
+      return error("KV spec '", config.spec, "': the kvpr tier keeps every token's K/V (no selector or zack)");
+    }
+    pipeline.kvpr = kvpr;
   } else if (config.tier.name != "fast" || !config.tier.options.empty()) {
     return error("KV spec '", config.spec, "': unknown tier '", config.tier.name, "' (known: ", kKnownTiers, ")");
   }

@@ -14,6 +14,15 @@
 
 namespace slimkv {
 
+// The `kvpr` tier (issue 11; runs on device cuda): K/V and attention inputs X in pinned host memory,
+// part of the K/V recomputed from X on the GPU while the rest streams in (model/cuda/llama_cuda.h).
+struct KvprConfig {
+  double split = -1;       // the fraction of tokens recomputed; negative: auto (the cost model, Eq. 10)
+  int micro_batches = 1;   // schedule=row: 1; schedule=column: batches (0: as the GPU KV budget needs)
+  std::string profile;     // the profiler's cache file; empty: backend/cuda/kvpr_profiler.h's default
+  bool reprofile = false;  // measure again even when the file has this machine's figures
+};
+
 struct KvPipeline {
   std::shared_ptr<const Codec> codec;  // encodes sealed blocks
   std::shared_ptr<const SelectorFactory> selector;  // which tokens decode attends to; null: all
@@ -24,6 +33,7 @@ struct KvPipeline {
   // not through the blocks they were just sealed into; earlier tokens come from the store as always.
   bool exact_prefill = false;
   std::optional<OffloadConfig> offload;  // @offload: sealed blocks in a file, hot ones cached; else all in RAM
+  std::optional<KvprConfig> kvpr;        // @kvpr (device cuda)
   // The zack stage: each head keeps fewer dims (its ZACK rank), which the codec then encodes. Applied
   // when the model loads (LlamaModel::enable_zack), where the calibration and the weights are.
   std::optional<ZackOptions> zack;

@@ -122,7 +122,8 @@ Json read_json(const std::string& path) { return Json::parse(take(read_text_file
 
 // The file's entry for this shape and dtype (nullopt when it has none).
 std::optional<Json> entry_for(const std::string& path, int hidden, int kv_rows, const std::string& dtype) {
-  for (const Json& entry : read_json(path)["profiles"]) {
+  const Json file = read_json(path);  // named: a temporary's member would dangle in the loop (C++20)
+  for (const Json& entry : file["profiles"]) {
     if (entry["hidden"] == hidden && entry["kv_rows"] == kv_rows && entry["dtype"] == dtype) return entry;
   }
   return std::nullopt;

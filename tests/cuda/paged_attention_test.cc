@@ -55,11 +55,11 @@ void check(const PagedCase& c, int tensor_core_min_queries) {
   auto attention = take(CudaPagedAttention::create({c.num_heads, c.num_kv_heads, d, batch, max_step, tensor_core_min_queries}));
   ASSERT_TRUE(cache && attention);
   // A sequence added and removed first: the real ones get recycled, non-contiguous blocks.
-  const int scratch = take(cache->add_sequence());
+  const int scratch = take(cache->sequences().add_sequence());
   ASSERT_TRUE(cache->begin_step({scratch}, {1}).is_ok());
   std::vector<int> ids;
-  for (int b = 0; b < batch; ++b) ids.push_back(take(cache->add_sequence()));
-  cache->remove_sequence(scratch);
+  for (int b = 0; b < batch; ++b) ids.push_back(take(cache->sequences().add_sequence()));
+  cache->sequences().remove_sequence(scratch);
 
   // Every sequence's whole K/V (as floats, for the reference) and the step buffers on the device.
   std::vector<std::vector<float>> k_all(static_cast<size_t>(batch)), v_all(static_cast<size_t>(batch));
@@ -183,13 +183,13 @@ TEST_F(CudaTest, UnsupportedShapesAreErrors) {
 TEST_F(CudaTest, FullPoolIsAnError) {
   auto cache = take(CudaPagedKvCache::create({1, 2, 64, 2, 2, 4, 256}));
   ASSERT_TRUE(cache);
-  const int a = take(cache->add_sequence());
+  const int a = take(cache->sequences().add_sequence());
   EXPECT_TRUE(cache->begin_step({a}, {128}).is_ok());
   const Status full = cache->begin_step({a}, {1});
   ASSERT_FALSE(full.is_ok());
   EXPECT_NE(full.message().find("2 blocks are all in use"), std::string::npos) << full.message();
-  cache->remove_sequence(a);
-  EXPECT_EQ(cache->free_blocks(), 2);
+  cache->sequences().remove_sequence(a);
+  EXPECT_EQ(cache->sequences().free_blocks(), 2);
 }
 
 }  // namespace

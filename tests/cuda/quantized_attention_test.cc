@@ -52,10 +52,10 @@ Filled fill(const std::vector<int>& lengths, int step_tokens, int num_kv_heads, 
   f.cache = take(CudaPagedKvCache::create(shape));
   f.pool = take(CudaQuantizedKvPool::create(shape, config, hack, kStoreSeed));
   if (!f.cache || !f.pool) return f;
-  const int scratch = take(f.cache->add_sequence());  // recycled, non-contiguous blocks for the real ones
+  const int scratch = take(f.cache->sequences().add_sequence());  // recycled, non-contiguous blocks for the real ones
   EXPECT_TRUE(f.cache->begin_step({scratch}, {1}).is_ok());
-  for (int b = 0; b < batch; ++b) f.ids.push_back(take(f.cache->add_sequence()));
-  f.cache->remove_sequence(scratch);
+  for (int b = 0; b < batch; ++b) f.ids.push_back(take(f.cache->sequences().add_sequence()));
+  f.cache->sequences().remove_sequence(scratch);
   f.k.resize(size_t(batch));
   f.v.resize(size_t(batch));
   auto k_step = take(DeviceArray<uint16_t>::allocate(size_t(shape.max_step_tokens) * width, "test"));
@@ -92,7 +92,7 @@ Filled fill(const std::vector<int>& lengths, int step_tokens, int num_kv_heads, 
 // Block `ordinal` of sequence b, head h, as the GPU sealed it.
 std::vector<uint8_t> download_block(const Filled& f, int b, int h, int ordinal) {
   const QuantizedKvView view = f.pool->view(kLayer);
-  const int index = f.cache->blocks(f.ids[size_t(b)])[size_t(ordinal)];
+  const int index = f.cache->sequences().blocks(f.ids[size_t(b)])[size_t(ordinal)];
   std::vector<uint8_t> block(size_t(view.offsets.block_bytes));
   const size_t offset = (size_t(index) * f.cache->shape().num_kv_heads + h) * view.offsets.block_bytes;
   EXPECT_TRUE(copy_to_host(block.data(), view.blocks + offset, block.size()).is_ok());
@@ -309,7 +309,7 @@ TEST_F(CudaTest, QuantizedAttentionRejectsWhatItCannotRun) {
   auto pool = take(CudaQuantizedKvPool::create(shape, QuantizationConfig{}, true, 1));
   auto attention = take(CudaPagedAttention::create({8, 2, 128, 2, 4}));
   ASSERT_TRUE(cache && pool && attention);
-  const int a = take(cache->add_sequence());
+  const int a = take(cache->sequences().add_sequence());
   ASSERT_TRUE(cache->begin_step({a}, {3}).is_ok());
   ASSERT_TRUE(attention->plan({{a}, {3}, {2}}).is_ok());  // two queries: a prefill chunk
   const Status prefill = attention->run_quantized(cache->view(0), pool->view(0), nullptr, 1.0f, nullptr);

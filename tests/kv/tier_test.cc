@@ -8,6 +8,7 @@
 
 #include "attention/attention.h"
 #include "kv/tier/block_cache.h"
+#include "slimkv/engine.h"
 
 namespace slimkv {
 namespace {
@@ -85,6 +86,35 @@ TEST(OffloadTier, AttendsExactlyAsTheFastTierAndCountsTraffic) {
   EXPECT_EQ(run("hack:bits=4@offload:cache=64,policy=lfu", nullptr), run("hack:bits=4", nullptr)) << "everything";
   EXPECT_FALSE(make_kv_pipeline("dense@offload:dir=/nonexistent/dir"));
   EXPECT_FALSE(make_kv_pipeline("dense@offload:policy=mru"));
+}
+
+// `@kvpr` (device cuda: tests/cuda/kv_tier_test.cc runs it): its options and their errors.
+TEST(KvprSpec, OptionsParseAndBadOnesAreRefused) {
+  auto parsed = make_kv_pipeline("dense:dtype=f16@kvpr");
+  ASSERT_TRUE(parsed.has_value()) << parsed.status().message();
+  const KvPipeline automatic = parsed.take();
+  ASSERT_TRUE(automatic.kvpr.has_value());
+  EXPECT_LT(automatic.kvpr->split, 0);
+  EXPECT_EQ(automatic.kvpr->micro_batches, 1);
+  EXPECT_NE(automatic.describe().find("@kvpr:split=auto,schedule=row"), std::string::npos) << automatic.describe();
+  parsed = make_kv_pipeline("dense@kvpr:split=0.25,schedule=column,batches=3,reprofile=on");
+  ASSERT_TRUE(parsed.has_value()) << parsed.status().message();
+  const KvPipeline column = parsed.take();
+  EXPECT_DOUBLE_EQ(column.kvpr->split, 0.25);
+  EXPECT_EQ(column.kvpr->micro_batches, 3);
+  EXPECT_TRUE(column.kvpr->reprofile);
+  EXPECT_NE(column.describe().find("schedule=column,batches=3"), std::string::npos) << column.describe();
+  for (const char* bad : {"dense@kvpr:split=1.5", "dense@kvpr:schedule=diagonal", "dense@kvpr:bogus=1",
+                          "pq:topk=0.2+dense@kvpr", "dense@kvpr:batches=-1"}) {
+    EXPECT_FALSE(make_kv_pipeline(bad).has_value()) << bad;
+  }
+  // The CPU engine refuses it by name.
+  EngineConfig config;
+  config.model_dir = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-14m";
+  config.kv_spec = "dense@kvpr";
+  const auto engine = Engine::load(config);
+  ASSERT_FALSE(engine.has_value());
+  EXPECT_NE(engine.status().message().find("device 'cuda' only"), std::string::npos) << engine.status().message();
 }
 
 }  // namespace

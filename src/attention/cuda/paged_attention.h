@@ -69,6 +69,7 @@ class CudaPagedAttention {
   Status run_quantized(const PagedKvView& kv, const QuantizedKvView& sealed, const uint16_t* q, float scale,
                        uint16_t* out);
 
+  const PagedAttentionShape& shape() const { return shape_; }
   int num_splits() const { return num_splits_; }
   int num_tiles() const { return num_tiles_; }
   bool tensor_cores() const { return tensor_cores_; }  // the planned step's kernel

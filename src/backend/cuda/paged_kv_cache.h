@@ -16,10 +16,9 @@
 #include <vector>
 
 #include "backend/cuda/device_memory.h"
+#include "backend/cuda/sequence_blocks.h"
 
 namespace slimkv::cuda {
-
-constexpr int kCudaBlockTokens = 64;  // HACK's Π, like the CPU store's default
 
 struct CudaKvShape {
   int num_layers = 0;
@@ -47,17 +46,9 @@ class CudaPagedKvCache {
 
   const CudaKvShape& shape() const { return shape_; }
 
-  // A new, empty sequence; its id indexes the block tables.
-  Expected<int> add_sequence();
-  // Returns the sequence's blocks to the pool; its id may be reused.
-  void remove_sequence(int sequence);
-  bool is_live(int sequence) const {
-    return sequence >= 0 && sequence < shape_.max_sequences && sequences_[size_t(sequence)].live;
-  }
-  int num_tokens(int sequence) const { return sequences_[size_t(sequence)].num_tokens; }
-  // The sequence's blocks, in order (indices into the pool).
-  const std::vector<int>& blocks(int sequence) const { return sequences_[size_t(sequence)].blocks; }
-  int free_blocks() const { return int(free_blocks_.size()); }
+  // The sequences and their blocks (indices into the pool); a sequence's id indexes the block tables.
+  SequenceBlocks& sequences() { return sequences_; }
+  const SequenceBlocks& sequences() const { return sequences_; }
 
   // Makes room for new_tokens[i] more tokens of sequences[i] (taking blocks from the pool), records
   // the slot of each new token and uploads the tables. Errors when the pool or a table is full.
@@ -69,12 +60,8 @@ class CudaPagedKvCache {
   PagedKvView view(int layer) const;
 
  private:
-  struct Sequence {
-    bool live = false;
-    int num_tokens = 0;
-    std::vector<int> blocks;
-  };
-  explicit CudaPagedKvCache(const CudaKvShape& shape) : shape_(shape) {}
+  explicit CudaPagedKvCache(const CudaKvShape& shape)
+      : shape_(shape), sequences_(shape.num_blocks, shape.max_sequences, shape.max_blocks_per_sequence) {}
   size_t layer_elements() const;
 
   CudaKvShape shape_;
@@ -83,8 +70,7 @@ class CudaPagedKvCache {
   DeviceArray<int> step_slots_;             // [max_step_tokens]: block index · kCudaBlockTokens + offset
   std::vector<int> host_block_tables_;
   std::vector<int> host_step_slots_;
-  std::vector<Sequence> sequences_;
-  std::vector<int> free_blocks_;  // a stack: the most recently freed block is reused first
+  SequenceBlocks sequences_;
 };
 
 }  // namespace slimkv::cuda

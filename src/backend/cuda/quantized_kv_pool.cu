@@ -143,8 +143,8 @@ Status CudaQuantizedKvPool::seal_filled_blocks(int layer, const CudaPagedKvCache
                                                const std::vector<int>& new_tokens) {
   host_seal_list_.clear();
   for (size_t i = 0; i < sequences.size(); ++i) {
-    const int after = cache.num_tokens(sequences[i]), before = after - new_tokens[i];
-    const std::vector<int>& blocks = cache.blocks(sequences[i]);
+    const int after = cache.sequences().num_tokens(sequences[i]), before = after - new_tokens[i];
+    const std::vector<int>& blocks = cache.sequences().blocks(sequences[i]);
     for (int ordinal = before / kCudaBlockTokens; ordinal < after / kCudaBlockTokens; ++ordinal) {
       host_seal_list_.push_back(blocks[size_t(ordinal)]);
       host_seal_list_.push_back(ordinal);

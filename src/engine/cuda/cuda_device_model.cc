@@ -7,6 +7,7 @@
 #include "engine/device_model.h"
 #include "kv/codec/hack.h"
 #include "kv/codec/quant.h"
+#include "backend/cuda/kvpr_profiler.h"
 #include "kv/kv_factory.h"
 #include "model/cuda/llama_cuda.h"
 #include "model/llama.h"
@@ -65,19 +66,20 @@ class CudaDeviceModel : public DeviceModel {
 };
 
 // What the GPU runs of a KV pipeline: `dense` (FP16 blocks), `hack` and `quant` with equal K/V bits,
-// in blocks of 64 tokens, every token attended, all in GPU memory; rot=hadamard or none.
+// in blocks of 64 tokens, every token attended, in GPU memory or (dense) in a host tier; rot=hadamard
+// or none.
 Expected<std::optional<cuda::QuantizedKvOptions>> gpu_kv(const KvPipeline& pipeline, const std::string& spec) {
   const auto refuse = [&](const std::string& what) {
     return error("KV spec '", spec, "': ", what, " does not run on device 'cuda' yet (there: dense, or hack / quant ",
-                 "with kbits = vbits, pi=64; no selector, zack or tier)");
+                 "with kbits = vbits, pi=64; no selector or zack; the offload and kvpr tiers with dense)");
   };
   if (pipeline.selector) return refuse("a selector");
   if (pipeline.zack) return refuse("zack");
-  if (pipeline.offload) return refuse("the offload tier");
   if (pipeline.block_tokens != cuda::kCudaBlockTokens) return refuse(str_cat("a block of ", pipeline.block_tokens, " tokens"));
   const Codec* codec = pipeline.codec.get();
   if (codec->describe() == "dense:dtype=bf16") return refuse("dtype=bf16 (the GPU keeps FP16 blocks)");
   if (codec->describe().starts_with("dense")) return std::optional<cuda::QuantizedKvOptions>();
+  if (pipeline.offload || pipeline.kvpr) return refuse(str_cat(codec->describe(), " with a host tier"));
   const auto* hack = dynamic_cast<const HackCodec*>(codec);
   const auto* quant = dynamic_cast<const QuantCodec*>(codec);
   if (hack == nullptr && quant == nullptr) return refuse(codec->describe());
@@ -88,12 +90,34 @@ Expected<std::optional<cuda::QuantizedKvOptions>> gpu_kv(const KvPipeline& pipel
   return std::optional<cuda::QuantizedKvOptions>(cuda::QuantizedKvOptions{config, hack != nullptr, pipeline.seed});
 }
 
+// The host tiers: @offload (streamed, row by row) or @kvpr, whose automatic split needs this machine's
+// link and GEMM rates (the profiler's, cached in a file).
+Expected<std::optional<cuda::KvTierOptions>> gpu_tier(const KvPipeline& pipeline, const ModelConfig& model) {
+  if (!pipeline.offload && !pipeline.kvpr) return std::optional<cuda::KvTierOptions>();
+  cuda::KvTierOptions tier;
+  if (const std::optional<KvprConfig>& kvpr = pipeline.kvpr) {
+    tier.recompute = true;
+    tier.split = kvpr->split;
+    tier.micro_batches = kvpr->micro_batches;
+    if (kvpr->split < 0) {
+      const std::string path = kvpr->profile.empty() ? cuda::default_kvpr_profile_path() : kvpr->profile;
+      SLIMKV_ASSIGN_OR_RETURN(cuda::KvprProfile profile,
+                              cuda::load_or_measure_kvpr_profile(path, int(model.hidden_size), int(2 * model.kv_dim()),
+                                                                 DType::kF16, kvpr->reprofile));
+      tier.link_bytes_per_s = profile.link_bytes_per_s;
+      tier.gemm_flops_per_s = profile.gemm_flops_per_s;
+    }
+  }
+  return std::optional<cuda::KvTierOptions>(tier);
+}
+
 }  // namespace
 
 Expected<std::unique_ptr<DeviceModel>> load_cuda_model(const LlamaModel& model, const KvPipeline& pipeline,
                                                        const EngineConfig& config) {
   cuda::CudaModelOptions options;
   SLIMKV_ASSIGN_OR_RETURN(options.quantized_kv, gpu_kv(pipeline, config.kv_spec));
+  SLIMKV_ASSIGN_OR_RETURN(options.tier, gpu_tier(pipeline, model.config()));
   options.rotate_heads = pipeline.hadamard;
   options.max_sequences = config.gpu_max_sessions;
   options.max_step_tokens = std::max(config.prefill_chunk_tokens, config.gpu_max_sessions);

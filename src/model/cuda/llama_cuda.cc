@@ -154,10 +154,15 @@ Status CudaLlamaModel::allocate_runtime(const CudaModelOptions& options) {
 
   const PagedAttentionShape attention_shape{int(c.num_heads), int(c.num_kv_heads), int(c.head_dim), max_sequences_,
                                             max_step_tokens_};
-  SLIMKV_ASSIGN_OR_RETURN(attention_, CudaPagedAttention::create(attention_shape));
+  attention_.resize(1);
+  SLIMKV_ASSIGN_OR_RETURN(attention_[0], CudaPagedAttention::create(attention_shape));
+  const int blocks_per_sequence = (context_tokens_ + kCudaBlockTokens - 1) / kCudaBlockTokens;
+  if (options.tier) {
+    if (options.quantized_kv) return error("CUDA model: the host KV tiers keep FP16 blocks (hack/quant with a tier: not yet)");
+    return allocate_tier(*options.tier, options.kv_cache_bytes, blocks_per_sequence);
+  }
 
   // The block pool: what was asked for, or the full contexts of every sequence within 90% of what is free.
-  const int blocks_per_sequence = (context_tokens_ + kCudaBlockTokens - 1) / kCudaBlockTokens;
   size_t block_bytes = size_t(c.num_layers) * 2 * size_t(c.num_kv_heads) * kCudaBlockTokens * size_t(c.head_dim) * 2;
   if (options.quantized_kv) {
     const QuantizedBlockLayout layout(options.quantized_kv->config, BlockShape{kCudaBlockTokens, int(c.head_dim), int(c.head_dim)});
@@ -179,6 +184,58 @@ Status CudaLlamaModel::allocate_runtime(const CudaModelOptions& options) {
   SLIMKV_ASSIGN_OR_RETURN(cache_, CudaPagedKvCache::create(kv_shape));
   if (const auto& q = options.quantized_kv) {
     SLIMKV_ASSIGN_OR_RETURN(quantized_, CudaQuantizedKvPool::create(kv_shape, q->config, q->hack, q->seed));
+  }
+  return Status::ok();
+}
+
+KvprCostModel kvpr_cost_model(const ModelConfig& config, DType dtype, double link_bytes_per_s, double gemm_flops_per_s) {
+  return KvprCostModel{link_bytes_per_s,
+                       gemm_flops_per_s,
+                       double(size_t(config.hidden_size) * dtype_size_bytes(dtype)),
+                       2.0 * double(config.kv_dim()) * 2.0,
+                       2.0 * double(config.hidden_size) * 2.0 * double(config.kv_dim()),
+                       /*x_crosses_link=*/true};
+}
+
+// KVPR recomputes this many rows of X at a time (bounded scratch; 2048 rows of an 8B model are a
+// GEMM of 69 GFLOP, long enough to run near the GPU's peak).
+constexpr int kRecomputeChunkRows = 2048;
+
+Status CudaLlamaModel::allocate_tier(const KvTierOptions& options, size_t gpu_kv_bytes, int blocks_per_sequence) {
+  const ModelConfig& c = config_;
+  const size_t kv_block_bytes = 2 * size_t(c.num_kv_heads) * kCudaBlockTokens * size_t(c.head_dim) * 2;
+  const size_t x_block_bytes = size_t(kCudaBlockTokens) * size_t(c.hidden_size) * dtype_size_bytes(dtype_);
+  const size_t per_token_all_layers = size_t(c.num_layers) * (kv_block_bytes + (options.recompute ? x_block_bytes : 0)) /
+                                      kCudaBlockTokens;
+  const size_t host_blocks = options.host_bytes > 0
+                                 ? options.host_bytes / (per_token_all_layers * kCudaBlockTokens)
+                                 : size_t(max_sequences_) * size_t(blocks_per_sequence);
+  // Staging: two buffers of K|V (and X rows for kvpr) of one layer.
+  const size_t staging_block_bytes = 2 * (kv_block_bytes + (options.recompute ? x_block_bytes : 0));
+  size_t staging_blocks = size_t(max_sequences_) * size_t(blocks_per_sequence);
+  if (gpu_kv_bytes > 0) {
+    staging_blocks = gpu_kv_bytes / (2 * kv_block_bytes);
+  } else {
+    SLIMKV_ASSIGN_OR_RETURN(size_t free_bytes, device_free_memory());
+    staging_blocks = std::min(staging_blocks, free_bytes / 10 * 8 / staging_block_bytes);
+  }
+  if (host_blocks == 0 || staging_blocks == 0) {
+    return error("CUDA model: the KV tier has no room (host pool ", options.host_bytes, " bytes, GPU KV budget ",
+                 gpu_kv_bytes, " bytes: a block of 64 tokens takes ", per_token_all_layers * kCudaBlockTokens,
+                 " bytes of host memory, ", 2 * kv_block_bytes, " of GPU memory)");
+  }
+  const HostKvTierShape shape{int(c.num_layers), int(c.num_kv_heads), int(c.head_dim), int(c.hidden_size), dtype_,
+                              max_sequences_, blocks_per_sequence, max_step_tokens_,
+                              int(std::min<size_t>(host_blocks, 1u << 30)), int(std::min<size_t>(staging_blocks, 1u << 30)),
+                              options.recompute, options.micro_batches};
+  SLIMKV_ASSIGN_OR_RETURN(tier_, CudaHostKvTier::create(shape));
+  tier_options_ = options;
+  kvpr_cost_ = cuda::kvpr_cost_model(c, dtype_, options.link_bytes_per_s, options.gemm_flops_per_s);
+  if (options.recompute) {
+    const size_t rows = kRecomputeChunkRows, kv = size_t(c.kv_dim());
+    SLIMKV_ASSIGN_OR_RETURN(recompute_projected_, DeviceArray<float>::allocate(rows * 2 * kv, "recomputed projections"));
+    SLIMKV_ASSIGN_OR_RETURN(recompute_k_, DeviceArray<uint16_t>::allocate(rows * kv, "recomputed keys"));
+    SLIMKV_ASSIGN_OR_RETURN(recompute_v_, DeviceArray<uint16_t>::allocate(rows * kv, "recomputed values"));
   }
   return Status::ok();
 }
@@ -256,15 +313,17 @@ Expected<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::random(const ModelConf
 }
 
 size_t CudaLlamaModel::kv_cache_bytes() const {
+  if (tier_) return tier_->staging_bytes();
   const CudaKvShape& s = cache_->shape();
   const size_t sealed_block_bytes = quantized_ ? quantized_->layout().block_bytes : 0;
   return size_t(s.num_layers) * size_t(s.num_blocks) * size_t(s.num_kv_heads) *
          (2 * kCudaBlockTokens * size_t(s.head_dim) * 2 + sealed_block_bytes);
 }
 
-Expected<int> CudaLlamaModel::add_sequence() { return cache_->add_sequence(); }
-
-void CudaLlamaModel::remove_sequence(int sequence) { cache_->remove_sequence(sequence); }
+size_t CudaLlamaModel::recompute_bytes() const {
+  if (!tier_) return 0;
+  return tier_->staging_x_bytes() + recompute_projected_.bytes() + recompute_k_.bytes() + recompute_v_.bytes();
+}
 
 // ----------------------------------------------------------------------------------------------
 // Steps
@@ -276,8 +335,9 @@ Status CudaLlamaModel::check_batch(std::span<const SequenceTokens> batch) const 
   }
   size_t total = 0, blocks_needed = 0;
   std::vector<bool> seen(size_t(max_sequences_), false);
+  std::vector<int> sequences, counts;
   for (const SequenceTokens& s : batch) {
-    if (!cache_->is_live(s.sequence) || seen[size_t(s.sequence)]) {
+    if (!held().is_live(s.sequence) || seen[size_t(s.sequence)]) {
       return error("sequence ", s.sequence, " is not a sequence of this model, or is twice in one step");
     }
     seen[size_t(s.sequence)] = true;
@@ -292,18 +352,20 @@ Status CudaLlamaModel::check_batch(std::span<const SequenceTokens> batch) const 
       return error("sequence would have ", held + int64_t(s.tokens.size()), " tokens (", held, " already + ",
                    s.tokens.size(), " new), more than the context of ", context_tokens_, " tokens");
     }
-    const int blocks_after = (held + int(s.tokens.size()) + kCudaBlockTokens - 1) / kCudaBlockTokens;
-    blocks_needed += size_t(blocks_after) - cache_->blocks(s.sequence).size();
+    blocks_needed += size_t(this->held().blocks_to_grow(s.sequence, held + int(s.tokens.size())));
     total += s.tokens.size();
+    sequences.push_back(s.sequence);
+    counts.push_back(int(s.tokens.size()));
   }
   if (total > size_t(max_step_tokens_)) {
     return error("a step of ", total, " tokens, over the model's max_step_tokens ", max_step_tokens_,
                  " (run long prompts in chunks)");
   }
-  if (blocks_needed > size_t(cache_->free_blocks())) {
-    return error("the GPU KV cache is full: the step needs ", blocks_needed, " more blocks of ", kCudaBlockTokens,
-                 " tokens, ", cache_->free_blocks(), " are free (of ", cache_->shape().num_blocks, ")");
+  if (blocks_needed > size_t(held().free_blocks())) {
+    return error("the ", tier_ ? "host" : "GPU", " KV cache is full: the step needs ", blocks_needed, " more blocks of ",
+                 kCudaBlockTokens, " tokens, ", held().free_blocks(), " are free (of ", held().num_blocks(), ")");
   }
+  if (tier_) return tier_->plan_micro_batches(sequences, counts).status();
   return Status::ok();
 }
 
@@ -338,10 +400,9 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, boo
   const int32_t* rows_wanted = token_positions + n;
   const std::vector<int>& sequences = attention_batch.sequence_ids;
   const std::vector<int>& counts = attention_batch.query_counts;
-  SLIMKV_RETURN_IF_ERROR(cache_->begin_step(sequences, counts));
-  SLIMKV_RETURN_IF_ERROR(attention_->plan(attention_batch));
+  SLIMKV_RETURN_IF_ERROR(begin_kv_step(attention_batch));
 
-  const float eps = float(c.rms_norm_eps), scale = 1.0f / std::sqrt(float(c.head_dim));
+  const float eps = float(c.rms_norm_eps);
   const AttentionHeads heads{int(c.num_heads), int(c.num_kv_heads), int(c.head_dim)};
   // o_proj reads the FP16 attention output; a BF16 model's gets a BF16 copy.
   void* attention_output_in_dtype = dtype_ == DType::kF16 ? static_cast<void*>(attended_.data()) : h_.data();
@@ -350,16 +411,11 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, boo
   for (int l = 0; l < int(c.num_layers); ++l) {
     const LayerOnDevice& w = layers_[size_t(l)];
     SLIMKV_RETURN_IF_ERROR(rmsnorm(x_.data(), w.attention_norm, eps, n, hidden, h_.data(), dtype_));
+    if (tier_) SLIMKV_RETURN_IF_ERROR(tier_->store_x(l, h_.data()));
     SLIMKV_RETURN_IF_ERROR(gemm_->multiply(h_.data(), n, w.w_qkv, dtype_, qkv_rows, hidden, projected_.data()));
     SLIMKV_RETURN_IF_ERROR(attention_inputs(projected_.data(), n, heads, w.b_qkv, token_positions, inv_freq_,
                                             rotate_heads_, q_.data(), k_.data(), v_.data()));
-    SLIMKV_RETURN_IF_ERROR(append_kv(l, sequences, counts));
-    if (quantized_ && decode_only) {
-      SLIMKV_RETURN_IF_ERROR(
-          attention_->run_quantized(cache_->view(l), quantized_->view(l), q_.data(), scale, attended_.data()));
-    } else {
-      SLIMKV_RETURN_IF_ERROR(attention_->run(cache_->view(l), q_.data(), scale, attended_.data()));
-    }
+    SLIMKV_RETURN_IF_ERROR(attend(l, sequences, counts, decode_only));
     if (rotate_heads_) SLIMKV_RETURN_IF_ERROR(rotate_heads(attended_.data(), size_t(n) * c.num_heads, int(c.head_dim)));
     if (dtype_ != DType::kF16) {
       SLIMKV_RETURN_IF_ERROR(
@@ -379,6 +435,88 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, boo
   return rows;
 }
 
+Status CudaLlamaModel::begin_kv_step(const PagedAttentionBatch& batch) {
+  if (!tier_) {
+    SLIMKV_RETURN_IF_ERROR(cache_->begin_step(batch.sequence_ids, batch.query_counts));
+    return attention_[0]->plan(batch);
+  }
+  // KVPR's split: the cost model's (Eq. 10 over the step's held tokens, which it treats as one batch),
+  // or the one asked for.
+  last_recompute_fraction_ = 0;
+  if (tier_options_->recompute) {
+    if (tier_options_->split >= 0) {
+      last_recompute_fraction_ = tier_options_->split;
+    } else {
+      long held_tokens = 0;
+      for (size_t i = 0; i < batch.kv_lens.size(); ++i) held_tokens += batch.kv_lens[i] - batch.query_counts[i];
+      if (held_tokens > 0) last_recompute_fraction_ = double(kvpr_cost_.best_split(held_tokens)) / double(held_tokens);
+    }
+  }
+  SLIMKV_RETURN_IF_ERROR(tier_->begin_step(batch.sequence_ids, batch.query_counts, last_recompute_fraction_));
+  // One attention plan per micro-batch; its sequences are named by step index (the tier's tables).
+  const std::vector<MicroBatch>& micro_batches = tier_->micro_batches();
+  while (attention_.size() < micro_batches.size()) {
+    SLIMKV_ASSIGN_OR_RETURN(auto attention, CudaPagedAttention::create(attention_[0]->shape()));
+    attention_.push_back(std::move(attention));
+  }
+  for (size_t m = 0; m < micro_batches.size(); ++m) {
+    const MicroBatch& mb = micro_batches[m];
+    PagedAttentionBatch part;
+    for (int i = mb.first_sequence; i < mb.first_sequence + mb.num_sequences; ++i) {
+      part.sequence_ids.push_back(i);
+      part.kv_lens.push_back(batch.kv_lens[size_t(i)]);
+      part.query_counts.push_back(batch.query_counts[size_t(i)]);
+    }
+    SLIMKV_RETURN_IF_ERROR(attention_[m]->plan(part));
+  }
+  return Status::ok();
+}
+
+Status CudaLlamaModel::attend(int layer, const std::vector<int>& sequences, const std::vector<int>& counts,
+                              bool decode_only) {
+  const float scale = 1.0f / std::sqrt(float(config_.head_dim));
+  if (!tier_) {
+    SLIMKV_RETURN_IF_ERROR(append_kv(layer, sequences, counts));
+    if (quantized_ && decode_only) {
+      return attention_[0]->run_quantized(cache_->view(layer), quantized_->view(layer), q_.data(), scale, attended_.data());
+    }
+    return attention_[0]->run(cache_->view(layer), q_.data(), scale, attended_.data());
+  }
+  // The tier's units of this layer, one per micro-batch: the next unit's copies go out first, so the
+  // link stays busy while this one recomputes and attends.
+  const std::vector<MicroBatch>& micro_batches = tier_->micro_batches();
+  const size_t q_width = size_t(config_.q_dim());
+  for (size_t m = 0; m < micro_batches.size(); ++m) {
+    const int unit = layer * int(micro_batches.size()) + int(m);
+    if (unit + 1 < tier_->num_units()) SLIMKV_RETURN_IF_ERROR(tier_->prefetch(unit + 1));
+    SLIMKV_RETURN_IF_ERROR(recompute_kv(unit, layers_[size_t(layer)]));
+    SLIMKV_RETURN_IF_ERROR(tier_->append(unit, k_.data(), v_.data()));
+    const size_t first = size_t(micro_batches[m].first_query) * q_width;
+    SLIMKV_RETURN_IF_ERROR(attention_[m]->run(tier_->view(unit), q_.data() + first, scale, attended_.data() + first));
+    SLIMKV_RETURN_IF_ERROR(tier_->release(unit));
+  }
+  return Status::ok();
+}
+
+Status CudaLlamaModel::recompute_kv(int unit, const LayerOnDevice& w) {
+  SLIMKV_ASSIGN_OR_RETURN(RecomputeRows rows, tier_->recompute_rows(unit));
+  const ModelConfig& c = config_;
+  const size_t half = dtype_size_bytes(dtype_), hidden = size_t(c.hidden_size), q_dim = size_t(c.q_dim());
+  // W_k and W_v are the rows of W_qkv after W_q's; their biases follow likewise.
+  const void* w_kv = static_cast<const uint8_t*>(w.w_qkv) + q_dim * hidden * half;
+  const float* b_kv = w.b_qkv != nullptr ? w.b_qkv + q_dim : nullptr;
+  const AttentionHeads kv_heads{0, int(c.num_kv_heads), int(c.head_dim)};
+  for (int first = 0; first < rows.rows; first += kRecomputeChunkRows) {
+    const int n = std::min(kRecomputeChunkRows, rows.rows - first);
+    SLIMKV_RETURN_IF_ERROR(gemm_->multiply(static_cast<const uint8_t*>(rows.x) + size_t(first) * hidden * half, n, w_kv,
+                                           dtype_, 2 * c.kv_dim(), c.hidden_size, recompute_projected_.data()));
+    SLIMKV_RETURN_IF_ERROR(attention_inputs(recompute_projected_.data(), n, kv_heads, b_kv, rows.positions + first,
+                                            inv_freq_, rotate_heads_, nullptr, recompute_k_.data(), recompute_v_.data()));
+    SLIMKV_RETURN_IF_ERROR(tier_->write_recomputed(unit, recompute_k_.data(), recompute_v_.data(), rows.slots + first, n));
+  }
+  return Status::ok();
+}
+
 Status CudaLlamaModel::append_kv(int layer, const std::vector<int>& sequences, const std::vector<int>& counts) {
   SLIMKV_RETURN_IF_ERROR(cache_->append(layer, k_.data(), v_.data()));
   if (quantized_) SLIMKV_RETURN_IF_ERROR(quantized_->seal_filled_blocks(layer, *cache_, sequences, counts));
@@ -386,26 +524,37 @@ Status CudaLlamaModel::append_kv(int layer, const std::vector<int>& sequences, c
 }
 
 Status CudaLlamaModel::append_random_kv(int sequence, int tokens, uint64_t seed) {
-  if (!cache_->is_live(sequence)) return error("sequence ", sequence, " is not a sequence of this model");
-  if (num_tokens(sequence) + int64_t(tokens) > context_tokens_) {
-    return error("sequence would have ", num_tokens(sequence) + int64_t(tokens), " tokens, more than the context of ",
+  if (!held().is_live(sequence)) return error("sequence ", sequence, " is not a sequence of this model");
+  const int held_tokens = num_tokens(sequence);
+  if (held_tokens + int64_t(tokens) > context_tokens_) {
+    return error("sequence would have ", held_tokens + int64_t(tokens), " tokens, more than the context of ",
                  context_tokens_);
   }
-  const int held = num_tokens(sequence);
-  const size_t blocks_needed = size_t((held + tokens + kCudaBlockTokens - 1) / kCudaBlockTokens) - cache_->blocks(sequence).size();
-  if (blocks_needed > size_t(cache_->free_blocks())) {
-    return error("the GPU KV cache is full: ", blocks_needed, " more blocks needed, ", cache_->free_blocks(), " free");
+  const int blocks_needed = held().blocks_to_grow(sequence, held_tokens + tokens);
+  if (blocks_needed > held().free_blocks()) {
+    return error("the KV cache is full: ", blocks_needed, " more blocks needed, ", held().free_blocks(), " free");
   }
-  const size_t kv_width = size_t(config_.kv_dim());
+  const size_t kv_width = size_t(config_.kv_dim()), hidden = size_t(config_.hidden_size);
   for (int done = 0; done < tokens;) {
     const int n = std::min(tokens - done, max_step_tokens_);
     const std::vector<int> sequences = {sequence}, counts = {n};
-    SLIMKV_RETURN_IF_ERROR(cache_->begin_step(sequences, counts));
+    if (tier_) {
+      SLIMKV_RETURN_IF_ERROR(tier_->begin_step(sequences, counts, 0, /*stage=*/false));
+    } else {
+      SLIMKV_RETURN_IF_ERROR(cache_->begin_step(sequences, counts));
+    }
     for (int l = 0; l < int(config_.num_layers); ++l) {
       const uint64_t stream = seed + 0x9e3779b97f4a7c15ull * uint64_t(1 + 2 * (size_t(done) * 997 + size_t(l)));
       SLIMKV_RETURN_IF_ERROR(fill_random_fp16(k_.data(), size_t(n) * kv_width, stream, 1.732f));
       SLIMKV_RETURN_IF_ERROR(fill_random_fp16(v_.data(), size_t(n) * kv_width, stream + 1, 1.732f));
-      SLIMKV_RETURN_IF_ERROR(append_kv(l, sequences, counts));
+      if (!tier_) {
+        SLIMKV_RETURN_IF_ERROR(append_kv(l, sequences, counts));
+        continue;
+      }
+      // The tier keeps X too (kvpr): random rows of the same bytes, which recomputation reads.
+      SLIMKV_RETURN_IF_ERROR(fill_random_fp16(h_.data(), size_t(n) * hidden, stream + 2, 1.0f));
+      SLIMKV_RETURN_IF_ERROR(tier_->store_x(l, h_.data()));
+      SLIMKV_RETURN_IF_ERROR(tier_->store_kv(l, k_.data(), v_.data()));
     }
     done += n;
   }

@@ -23,9 +23,11 @@
 #include "attention/cuda/paged_attention.h"
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/host_kv_tier.h"
 #include "backend/cuda/paged_kv_cache.h"
 #include "backend/cuda/quantized_kv_pool.h"
 #include "backend/cuda/sampling.h"
+#include "kv/tier/kvpr_cost_model.h"
 #include "model/llama_weights.h"
 #include "model/model_config.h"
 
@@ -42,17 +44,42 @@ struct QuantizedKvOptions {
   uint64_t seed = 0;
 };
 
+// The slow tiers (issue 11, backend/cuda/host_kv_tier.h): every token's K/V in pinned host memory,
+// streamed to the GPU layer by layer (`offload`); with `recompute` (KVPR) part of it recomputed from
+// the attention inputs X kept beside it, while the rest streams in.
+struct KvTierOptions {
+  bool recompute = false;  // kvpr; false: offload
+  // The fraction of the tokens each sequence holds whose K/V is recomputed (rounded to blocks of 64;
+  // 1: all); negative: chosen each step by the cost model (Eq. 10, kv/tier/kvpr_cost_model.h).
+  double split = -1;
+  // 1: the row-by-row schedule (the whole batch through a layer, the next layer's KV loading meanwhile);
+  // 0: column-by-column, in as few micro-batches as the GPU KV budget holds (at least 2); n: n of them.
+  int micro_batches = 1;
+  size_t host_bytes = 0;  // the pinned host pool; 0: room for max_sequences full contexts
+  // The machine's host→device bytes/s and GEMM FLOP/s (backend/cuda/kvpr_profiler.h); the per-token
+  // figures are the model's, filled in at upload.
+  double link_bytes_per_s = 0;
+  double gemm_flops_per_s = 0;
+};
+
+// Eq. 10's figures for a model (kv/tier/kvpr_cost_model.h), per token of the batch: X crosses the link
+// in the weights' dtype before its recomputation (X is never resident here, in either schedule), the
+// K/V it replaces is FP16, recomputing it is 2 · hidden · 2·kv_dim FLOPs.
+KvprCostModel kvpr_cost_model(const ModelConfig& config, DType dtype, double link_bytes_per_s, double gemm_flops_per_s);
+
 struct CudaModelOptions {
   int max_sequences = 16;      // sequences held at once
   int max_step_tokens = 512;   // tokens through the model in one step, all sequences together
   int max_context_tokens = 0;  // per sequence; 0: the model's max_position_embeddings
-  // GPU memory for the KV block pool; 0: room for max_sequences full contexts, or what fits in 90% of
-  // the memory left after the weights and activations, whichever is less.
+  // GPU memory for the KV block pool (with a tier: its two staging buffers); 0: room for max_sequences
+  // full contexts (a tier: one layer's of them in each buffer), or what fits in 90% of the memory left
+  // after the weights and activations, whichever is less.
   size_t kv_cache_bytes = 0;
   std::optional<QuantizedKvOptions> quantized_kv;  // none: the `dense` codec (FP16 blocks)
   // rot=hadamard (kv/rotation.h): q, k, v turned by H per head before attention and the cache, the
   // attention output turned back; scores are unchanged, the quantized blocks hold rotated values.
   bool rotate_heads = false;
+  std::optional<KvTierOptions> tier;  // none: every block in GPU memory
 };
 
 // One sequence's part of a step: its new tokens, run at the end of what it holds.
@@ -78,14 +105,21 @@ class CudaLlamaModel {
   DType weight_dtype() const { return dtype_; }
   int context_tokens() const { return context_tokens_; }
   size_t weight_bytes() const { return weights_.bytes(); }
-  size_t kv_cache_bytes() const;  // the block pools (FP16, and sealed quantized blocks)
-  int kv_cache_blocks() const { return cache_->shape().num_blocks; }
-  int free_kv_blocks() const { return cache_->free_blocks(); }
+  // GPU memory of the KV: the block pools (FP16, and sealed quantized blocks), or a tier's staging buffers.
+  size_t kv_cache_bytes() const;
+  // GPU memory KVPR adds beside the KV: X's staging and the recomputation's scratch (0 without kvpr).
+  size_t recompute_bytes() const;
+  size_t host_kv_bytes() const { return tier_ ? tier_->host_bytes() : 0; }
+  int kv_cache_blocks() const { return held().num_blocks(); }
+  int free_kv_blocks() const { return held().free_blocks(); }
+  // The fraction of held tokens the last step recomputed (kvpr), and the cost model that chose it.
+  double last_recompute_fraction() const { return last_recompute_fraction_; }
+  const KvprCostModel& kvpr_cost_model() const { return kvpr_cost_; }
 
   // A new, empty sequence (an id for steps), or an error when max_sequences are held.
-  Expected<int> add_sequence();
-  void remove_sequence(int sequence);  // frees its KV blocks
-  int num_tokens(int sequence) const { return cache_->num_tokens(sequence); }
+  Expected<int> add_sequence() { return held().add_sequence(); }
+  void remove_sequence(int sequence) { held().remove_sequence(sequence); }  // frees its KV blocks
+  int num_tokens(int sequence) const { return held().num_tokens(sequence); }
 
   // Runs each sequence's tokens through the model in one pass over the layers. logits: every new
   // token's row [Σ tokens, vocab] when all_logits, else each sequence's last token's [batch, vocab].
@@ -133,9 +167,20 @@ class CudaLlamaModel {
   Status allocate_weights();
   // Activations, the KV cache and the attention plan, sized by the options.
   Status allocate_runtime(const CudaModelOptions& options);
+  // The host tier instead of the GPU's block pool: its pool, staging within gpu_kv_bytes, the cost model.
+  Status allocate_tier(const KvTierOptions& options, size_t gpu_kv_bytes, int blocks_per_sequence);
+  // The sequences and their blocks: the GPU pool's, or the host tier's.
+  SequenceBlocks& held() { return tier_ ? tier_->sequences() : cache_->sequences(); }
+  const SequenceBlocks& held() const { return tier_ ? tier_->sequences() : cache_->sequences(); }
   Status check_batch(std::span<const SequenceTokens> batch) const;
+  // Starts a step in the KV cache (or tier) and plans its attention.
+  Status begin_kv_step(const PagedAttentionBatch& batch);
   // Writes layer's new K/V (k_, v_, in begin_step's order) into the cache, sealing the blocks they fill.
   Status append_kv(int layer, const std::vector<int>& sequences, const std::vector<int>& counts);
+  // Layer's attention of the step's queries q_ into attended_, with the new K/V appended first.
+  Status attend(int layer, const std::vector<int>& sequences, const std::vector<int>& counts, bool decode_only);
+  // With a tier: unit's recomputed K/V (KVPR), from its X rows, into its staging buffer.
+  Status recompute_kv(int unit, const LayerOnDevice& w);
   // The pass shared by step and step_sample: leaves logits [rows, vocab] on the device.
   Expected<int> forward(std::span<const SequenceTokens> batch, bool all_logits);
 
@@ -156,7 +201,12 @@ class CudaLlamaModel {
   std::unique_ptr<CublasGemm> gemm_;
   std::unique_ptr<CudaPagedKvCache> cache_;
   std::unique_ptr<CudaQuantizedKvPool> quantized_;  // options.quantized_kv: the sealed blocks
-  std::unique_ptr<CudaPagedAttention> attention_;
+  std::unique_ptr<CudaHostKvTier> tier_;            // options.tier: instead of cache_
+  std::optional<KvTierOptions> tier_options_;
+  KvprCostModel kvpr_cost_;
+  double last_recompute_fraction_ = 0;
+  // Attention plans: one per micro-batch of a step (one without a tier).
+  std::vector<std::unique_ptr<CudaPagedAttention>> attention_;
   // Activations of one step, for max_step_tokens rows.
   DeviceArray<int32_t> step_ints_;   // tokens [T] | positions [T] | logit rows [T] | next tokens [batch]
   DeviceArray<float> x_;             // [T, hidden] the residual stream
@@ -166,6 +216,9 @@ class CudaLlamaModel {
   DeviceArray<uint16_t> attended_;   // FP16 [T, q_dim] attention output
   DeviceArray<float> logits_;        // [T, vocab]
   DeviceArray<RowSampling> sampling_;  // [max_sequences] how each row of a step is sampled
+  // KVPR's recomputation, kRecomputeChunkRows rows at a time: K|V projections, then K and V in FP16.
+  DeviceArray<float> recompute_projected_;
+  DeviceArray<uint16_t> recompute_k_, recompute_v_;
 };
 
 }  // namespace slimkv::cuda

@@ -1,0 +1,55 @@
+// Which blocks of a pool each sequence holds, kept on the host (ARCHITECTURE.md "paged KV store"): the
+// bookkeeping shared by the GPU's block pool (paged_kv_cache.h) and the host pool of the offload tiers
+// (host_kv_tier.h). A block index addresses the same slot in every layer, as the tokens of a sequence
+// are the same in each layer.
+#pragma once
+
+#include <set>
+#include <vector>
+
+#include "slimkv/status.h"
+
+namespace slimkv::cuda {
+
+constexpr int kCudaBlockTokens = 64;  // HACK's Π, like the CPU store's default
+
+class SequenceBlocks {
+ public:
+  SequenceBlocks(int num_blocks, int max_sequences, int max_blocks_per_sequence);
+
+  int num_blocks() const { return num_blocks_; }
+  int max_sequences() const { return int(sequences_.size()); }
+  int max_blocks_per_sequence() const { return max_blocks_per_sequence_; }
+
+  // A new, empty sequence (its id), or an error when every id is taken.
+  Expected<int> add_sequence();
+  // Returns the sequence's blocks to the pool; its id may be reused.
+  void remove_sequence(int sequence);
+  bool is_live(int sequence) const {
+    return sequence >= 0 && sequence < max_sequences() && sequences_[size_t(sequence)].live;
+  }
+  int num_tokens(int sequence) const { return sequences_[size_t(sequence)].num_tokens; }
+  // The sequence's blocks, in order.
+  const std::vector<int>& blocks(int sequence) const { return sequences_[size_t(sequence)].blocks; }
+  int free_blocks() const { return int(free_.size()); }
+
+  // Blocks the sequence needs to hold `tokens` tokens in all (0 when it has them).
+  int blocks_to_grow(int sequence, int tokens) const;
+  // Lets the sequence hold `tokens` tokens, taking the blocks it lacks: the block after its last one
+  // when free (a sequence's blocks then tend to be consecutive, which the offload tiers move in one
+  // copy), else the lowest free one. Errors (changing nothing) when the pool or its table is too small.
+  Status grow(int sequence, int tokens);
+
+ private:
+  struct Sequence {
+    bool live = false;
+    int num_tokens = 0;
+    std::vector<int> blocks;
+  };
+  int num_blocks_;
+  int max_blocks_per_sequence_;
+  std::vector<Sequence> sequences_;
+  std::set<int> free_;
+};
+
+}  // namespace slimkv::cuda
