@@ -3,13 +3,14 @@
 // sequences hold --configs CONTEXTxBATCH tokens of random K/V (and X), side by side:
 //   dense    every block resident in GPU memory (skipped when it does not fit)
 //   offload  every token's K/V streamed from pinned host memory, layer by layer (FlexGen's way)
-//   kvpr     the same with the split of the cost model (Eq. 10, the profiler's rates): the K/V of the
-//            first l tokens recomputed from X while the rest streams in
+//   kvpr     the same with the cost model's split (kv/tier/kvpr_cost_model.h, the profiler's rates):
+//            the K/V of the first l tokens recomputed from X while the rest streams in
 // with each one's GPU memory for KV (staging), kvpr's extra GPU memory (X staging + scratch) and the
-// pinned host memory; in the row-by-row schedule and/or (--schedules column, "/c") the column-by-column
-// one, whose micro-batches let a batch exceed the staging budget (--gpu-kv-gb). Then, for --sweep
-// configs, row-by-row kvpr at forced splits 0, 1/8, ..., 1: the best against the automatic split, and the cost model's predicted time per layer against the measured
-// one (the step's time over the layers, less dense's step: what the tier adds), written to --csv.
+// pinned host memory; in the row-by-row schedule and/or (--schedules column, "/c") the column-by-
+// column one, whose micro-batches let a batch exceed the staging budget (--gpu-kv-gb). Then, for
+// --sweep configs, row-by-row kvpr at forced splits 0, 1/8, ..., 1: the best against the automatic
+// split, and the cost model's time per layer against the measured one (the step's time over the
+// layers, less dense's step: what the tier adds), written to --csv.
 //
 //   bench_kvpr_cuda --shapes llama2-7b,llama3-8b --configs 4096x1,16384x1,65536x1,4096x8 --sweep 16384x1
 //       --csv kvpr_sweep.csv
@@ -163,8 +164,8 @@ Status run(const Options& o) {
       }
       if (!sweep) return Status::ok();
       if (row_streamed.step_ms == 0) return error("--sweep needs the row schedule in --schedules");
-      // Forced splits: the best measured against the automatic one; Eq. 10's time per layer (the
-      // model's own cost model, per token of the batch) against the measured step less dense's.
+      // Forced splits: the best measured against the automatic one; the model's own cost model's time
+      // per layer against the measured step less dense's.
       const KvprCostModel cost = kvpr_cost_model(shape, DType::kF16, profile.link_bytes_per_s, profile.gemm_flops_per_s);
       const long held = long(c.batch) * (c.context + 1);
       double best_ms = 1e30, best_split = 0;
@@ -176,7 +177,7 @@ Status run(const Options& o) {
         if (m.step_ms < best_ms) best_ms = m.step_ms, best_split = forced.split;
         const double measured_layer = (m.step_ms - dense.step_ms) / double(shape.num_layers);
         const double predicted_layer = cost.layer_seconds(std::lround(forced.split * double(held)), held) * 1e3;
-        std::printf("#   split %.3f: per layer measured %.3f ms%s, Eq. 10 predicts %.3f ms\n", forced.split, measured_layer,
+        std::printf("#   split %.3f: per layer measured %.3f ms%s, the cost model predicts %.3f ms\n", forced.split, measured_layer,
                     fits ? "" : " (no dense: whole step)", predicted_layer);
         if (csv) {
           std::fprintf(csv, "%s,%d,%d,%.4f,%.4f,%.4f,%.4f\n", name.c_str(), c.context, c.batch, forced.split, m.step_ms,
@@ -218,6 +219,7 @@ int main(int argc, char** argv) {
   app.add_option("--profile", o.profile, "the KVPR profiler's cache file (default: $XDG_CACHE_HOME/slimkv/...)");
   app.add_option("--csv", o.csv, "write the sweep's predicted and measured times per layer here");
   CLI11_PARSE(app, argc, argv);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // rows as they are measured: runs are long
   const slimkv::Status status = slimkv::cuda::run(o);
   if (!status.is_ok()) {
     std::fprintf(stderr, "error: %s\n", status.message().c_str());

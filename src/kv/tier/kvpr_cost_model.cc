@@ -6,21 +6,30 @@
 namespace slimkv {
 
 double KvprCostModel::layer_seconds(long l, long s) const {
-  const double x_transfer = x_crosses_link ? double(l) * x_bytes_per_token / link_bytes_per_s : 0.0;
+  const double x = double(l) * x_bytes_per_token / link_bytes_per_s;
   const double recompute = double(l) * recompute_flops_per_token / gemm_flops_per_s;
-  const double kv_transfer = double(s - l) * kv_bytes_per_token / link_bytes_per_s;
-  return x_transfer + std::max(recompute, kv_transfer);
+  const double kv = double(s - l) * kv_bytes_per_token / link_bytes_per_s;
+  switch (overlap) {
+    case Overlap::kXFirst: return x + std::max(recompute, kv);
+    case Overlap::kXResident: return std::max(recompute, kv);
+    case Overlap::kPipelined: return std::max(recompute, x + kv);
+  }
+  return 0;
 }
 
 long KvprCostModel::best_split(long s) const {
-  // Per token, in seconds: moving X, recomputing, moving KV.
-  const double x = x_crosses_link ? x_bytes_per_token / link_bytes_per_s : 0.0;
+  if (s <= 0) return 0;
+  // Per token, in seconds: moving X (where it is paid), recomputing, moving KV.
+  const double x = overlap == Overlap::kXResident ? 0.0 : x_bytes_per_token / link_bytes_per_s;
   const double recompute = recompute_flops_per_token / gemm_flops_per_s;
   const double kv = kv_bytes_per_token / link_bytes_per_s;
-  // Below the crossing t(l) = x·l + kv·(s − l) has slope x − kv; above it (x + recompute)·l rises.
-  if (x >= kv || s <= 0) return 0;
-  const double crossing = double(s) * kv / (kv + recompute);
-  const long below = std::clamp(long(std::floor(crossing)), 0L, s), above = std::clamp(below + 1, 0L, s);
+  // Below the crossing the link's side falls with l (slope x − kv) only when X is cheaper than KV.
+  if (x >= kv) return 0;
+  // The GPU's side (slope r, or x + r for kXFirst) meets the link's: kXFirst and kXResident at
+  // l·r = (s − l)·kv, kPipelined at l·r = l·x + (s − l)·kv.
+  const double crossing = overlap == Overlap::kPipelined ? double(s) * kv / (kv - x + recompute)
+                                                         : double(s) * kv / (kv + recompute);
+  const long below = std::clamp(long(std::floor(crossing)), 0L, s), above = std::min(below + 1, s);
   return layer_seconds(above, s) < layer_seconds(below, s) ? above : below;
 }
 

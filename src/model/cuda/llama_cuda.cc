@@ -194,7 +194,7 @@ KvprCostModel kvpr_cost_model(const ModelConfig& config, DType dtype, double lin
                        double(size_t(config.hidden_size) * dtype_size_bytes(dtype)),
                        2.0 * double(config.kv_dim()) * 2.0,
                        2.0 * double(config.hidden_size) * 2.0 * double(config.kv_dim()),
-                       /*x_crosses_link=*/true};
+                       KvprCostModel::Overlap::kPipelined};
 }
 
 // KVPR recomputes this many rows of X at a time (bounded scratch; 2048 rows of an 8B model are a

@@ -62,9 +62,10 @@ struct KvTierOptions {
   double gemm_flops_per_s = 0;
 };
 
-// Eq. 10's figures for a model (kv/tier/kvpr_cost_model.h), per token of the batch: X crosses the link
-// in the weights' dtype before its recomputation (X is never resident here, in either schedule), the
-// K/V it replaces is FP16, recomputing it is 2 · hidden · 2·kv_dim FLOPs.
+// The cost model of a model's split (kv/tier/kvpr_cost_model.h), per token of the batch: X crosses the
+// link in the weights' dtype (it is never resident here), the K/V it replaces is FP16, recomputing it
+// is 2 · hidden · 2·kv_dim FLOPs. Pipelined in both schedules: a unit's X and K/V stream while the
+// unit before it computes, so X shares the link with the K/V instead of delaying recomputation.
 KvprCostModel kvpr_cost_model(const ModelConfig& config, DType dtype, double link_bytes_per_s, double gemm_flops_per_s);
 
 struct CudaModelOptions {
