@@ -12,6 +12,8 @@
 // split, and the cost model's time per layer against the measured one (the step's time over the
 // layers, less dense's step: what the tier adds), written to --csv.
 //
+// --codec hack (--bits 2) runs every variant with the hack codec (decode steps move sealed blocks).
+//
 //   bench_kvpr_cuda --shapes llama2-7b,llama3-8b --configs 4096x1,16384x1,65536x1,4096x8 --sweep 16384x1
 //       --csv kvpr_sweep.csv
 #include <CLI/CLI.hpp>
@@ -37,6 +39,8 @@ struct Options {
   std::vector<std::string> sweep = {"16384x1"};
   std::vector<std::string> schedules = {"row"};  // row, column
   double gpu_kv_gb = 0;  // the tiers' staging budget; 0: one layer of every sequence per buffer
+  std::string codec = "dense";  // dense, hack, quant (at --bits)
+  int bits = 2;
   int steps = 4;
   std::string profile;  // the profiler's cache; empty: the default path
   std::string csv;
@@ -62,6 +66,7 @@ struct Measured {
   double step_ms = 0;
   double split = 0;
   size_t gpu_kv_bytes = 0, gpu_extra_bytes = 0, host_bytes = 0;
+  double kv_bytes_per_token = 0;  // per layer, what a decode step moves of a token not recomputed
 };
 
 // Makes the model with `tier` (none: resident), fills the batch's contexts and times --steps decode
@@ -73,11 +78,19 @@ Expected<Measured> measure(const ModelConfig& shape, const Config& config, const
   options.max_step_tokens = std::max(512, config.batch);
   options.max_context_tokens = config.context + o.steps + 2;
   options.tier = tier;
+  double sealed_bytes_per_token = 0;  // per layer
+  if (o.codec != "dense") {
+    QuantizationConfig quantization;
+    quantization.k_bits = quantization.v_bits = o.bits;
+    options.quantized_kv = QuantizedKvOptions{quantization, o.codec == "hack", 0};
+    const QuantizedBlockLayout layout(quantization, BlockShape{kCudaBlockTokens, int(shape.head_dim), int(shape.head_dim)});
+    sealed_bytes_per_token = double(shape.num_kv_heads) * double(layout.block_bytes) / kCudaBlockTokens;
+  }
   if (tier) {
     options.kv_cache_bytes = size_t(o.gpu_kv_gb * 1e9);
     // The host pool holds exactly the batch's contexts.
-    const double per_token = double(shape.num_layers) *
-                             (4.0 * double(shape.kv_dim()) + (tier->recompute ? 2.0 * double(shape.hidden_size) : 0.0));
+    const double per_token = double(shape.num_layers) * (4.0 * double(shape.kv_dim()) + sealed_bytes_per_token +
+                                                         (tier->recompute ? 2.0 * double(shape.hidden_size) : 0.0));
     options.tier->host_bytes = size_t(per_token * config.batch * (options.max_context_tokens + 64));
   }
   SLIMKV_ASSIGN_OR_RETURN(std::unique_ptr<CudaLlamaModel> model, CudaLlamaModel::random(shape, 42, options));
@@ -101,6 +114,7 @@ Expected<Measured> measure(const ModelConfig& shape, const Config& config, const
   m.gpu_kv_bytes = model->kv_cache_bytes();
   m.gpu_extra_bytes = model->recompute_bytes();
   m.host_bytes = model->host_kv_bytes();
+  m.kv_bytes_per_token = model->kvpr_cost_model().kv_bytes_per_token;
   return m;
 }
 
@@ -166,7 +180,8 @@ Status run(const Options& o) {
       if (row_streamed.step_ms == 0) return error("--sweep needs the row schedule in --schedules");
       // Forced splits: the best measured against the automatic one; the model's own cost model's time
       // per layer against the measured step less dense's.
-      const KvprCostModel cost = kvpr_cost_model(shape, DType::kF16, profile.link_bytes_per_s, profile.gemm_flops_per_s);
+      const KvprCostModel cost = kvpr_cost_model(shape, DType::kF16, row_recomputed.kv_bytes_per_token,
+                                                 profile.link_bytes_per_s, profile.gemm_flops_per_s);
       const long held = long(c.batch) * (c.context + 1);
       double best_ms = 1e30, best_split = 0;
       for (int eighth = 0; eighth <= 8; ++eighth) {
@@ -194,6 +209,7 @@ Status run(const Options& o) {
       SLIMKV_RETURN_IF_ERROR(compare(c, false));
     }
     for (const std::string& text : o.sweep) {
+      if (text.empty()) continue;  // --sweep "": none
       SLIMKV_ASSIGN_OR_RETURN(const Config c, parse_config(text));
       SLIMKV_RETURN_IF_ERROR(compare(c, true));
     }
@@ -215,6 +231,9 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::IsMember({"row", "column"}));
   app.add_option("--gpu-kv-gb", o.gpu_kv_gb, "the tiers' GPU staging budget in GB (0: a layer of every sequence per buffer)");
+  app.add_option("--codec", o.codec, "the KV codec of every variant: dense, hack or quant")
+      ->check(CLI::IsMember({"dense", "hack", "quant"}));
+  app.add_option("--bits", o.bits, "hack / quant bits (K and V)")->check(CLI::IsMember({2, 4, 8}));
   app.add_option("--steps", o.steps, "decode steps timed per run (after one warm-up)")->check(CLI::PositiveNumber);
   app.add_option("--profile", o.profile, "the KVPR profiler's cache file (default: $XDG_CACHE_HOME/slimkv/...)");
   app.add_option("--csv", o.csv, "write the sweep's predicted and measured times per layer here");

@@ -94,6 +94,50 @@ TEST_F(CudaTierTest, OffloadAndKvprGiveTheLogitsOfResidentDenseForAnySplitAndSch
   }
 }
 
+// hack / quant blocks in the tiers: decode steps move sealed blocks and attend through them (the open
+// block in FP16), recomputed and filled blocks are sealed on the GPU. Offload seals the same FP16 K/V
+// into the same bytes as the resident quantized cache; kvpr's recomputed K/V may differ by an FP16
+// rounding, which can flip a code: its logits must still be far closer to the resident codec's than
+// the codec's are to dense.
+TEST_F(CudaTierTest, QuantizedBlocksInTheTiersDecodeLikeTheResidentCodec) {
+  auto cpu_model = take(LlamaModel::load(kBundled));
+  const StepLogits dense = take(run_batch(*cpu_model, base_options()));
+  for (const bool hack : {true, false}) {
+    for (const int bits : {2, 4}) {
+      CudaModelOptions quantized = base_options();
+      QuantizationConfig config;
+      config.k_bits = config.v_bits = bits;
+      quantized.quantized_kv = QuantizedKvOptions{config, hack, 7};
+      const StepLogits resident = take(run_batch(*cpu_model, quantized));
+      struct Case {
+        bool recompute;
+        double split;
+        int micro_batches;
+      };
+      for (const Case& c : std::vector<Case>{{false, 0, 1}, {true, 0.5, 1}, {true, 1, 3}}) {
+        SCOPED_TRACE(testing::Message() << (hack ? "hack " : "quant ") << bits << " bits, "
+                                        << (c.recompute ? "kvpr split " : "offload ") << c.split << ", micro-batches "
+                                        << c.micro_batches);
+        CudaModelOptions options = quantized;
+        options.tier = KvTierOptions{c.recompute, c.split, c.micro_batches};
+        const StepLogits tiered = take(run_batch(*cpu_model, options));
+        for (size_t step = 1; step < resident.logits.size(); ++step) {  // the decode steps
+          const double to_resident = relative_max_error(tiered.logits[step], resident.logits[step]);
+          const double codec_to_dense = relative_max_error(resident.logits[step], dense.logits[step]);
+          if (!c.recompute) {
+            EXPECT_LT(to_resident, 1e-3) << "step " << step;
+          } else {
+            EXPECT_LT(to_resident, 0.25 * codec_to_dense) << "step " << step;
+          }
+          std::printf("%s %d-bit %s split %.1f step %zu: vs resident codec %.2e (codec vs dense %.2e)\n",
+                      hack ? "hack" : "quant", bits, c.recompute ? "kvpr" : "offload", c.split, step, to_resident,
+                      codec_to_dense);
+        }
+      }
+    }
+  }
+}
+
 // The automatic split is the cost model's best l over the step's held tokens (Eq. 10, closed form).
 TEST_F(CudaTierTest, AutomaticSplitFollowsTheCostModel) {
   auto cpu_model = take(LlamaModel::load(kBundled));
@@ -103,7 +147,8 @@ TEST_F(CudaTierTest, AutomaticSplitFollowsTheCostModel) {
     double fraction = -1;
     take(run_batch(*cpu_model, options, &fraction));
     // The last step's sequences held 1+2, 63+2, 64+2 and 130+2 tokens.
-    const KvprCostModel cost = kvpr_cost_model(cpu_model->config(), DType::kF16, link, gemm);
+    const KvprCostModel cost =
+        kvpr_cost_model(cpu_model->config(), DType::kF16, 4.0 * double(cpu_model->config().kv_dim()), link, gemm);
     const long held = 3 + 65 + 66 + 132;
     EXPECT_NEAR(fraction, double(cost.best_split_by_sweep(held)) / double(held), 1e-12) << link << " " << gemm;
   }

@@ -224,7 +224,6 @@ TEST_F(CudaModelTest, EngineRefusesWhatTheGpuDoesNotRun) {
            {"hack:kbits=4,vbits=2,rot=none", "kbits != vbits"},
            {"hack:bits=4,rot=none,prefill=quantized", "prefill=quantized"},
            {"pq:topk=0.2+dense", "selector"},
-           {"hack:bits=4@kvpr", "host tier"},
            {"dense:dtype=bf16", "bf16"}}) {
     config.kv_spec = spec;
     const auto engine = Engine::load(config);

@@ -29,6 +29,7 @@ struct QuantizedLaunch {
   AttentionLaunch a;
   const uint8_t* blocks;  // [num_blocks, num_kv_heads, block_bytes]
   QuantizedBlockOffsets o;
+  int table_shift;        // block table entries name block entry >> table_shift of `blocks`
 };
 
 // 4 codes of kBits each (the low 4·kBits bits of `field`) spread to one byte each.
@@ -499,7 +500,7 @@ __global__ __launch_bounds__(kThreads) void quantized_attention_partials(Quantiz
   const int sealed_end = min(block_end, n_sealed);
   const int* table = p.block_tables + size_t(p.sequence_ids[tq.batch_index]) * p.block_table_stride;
   const auto sealed_block = [&](int block) {
-    return L.blocks + (size_t(table[block]) * p.num_kv_heads + kv_head) * L.o.block_bytes;
+    return L.blocks + (size_t(table[block] >> L.table_shift) * p.num_kv_heads + kv_head) * L.o.block_bytes;
   };
   uint8_t* stage = reinterpret_cast<uint8_t*>(staging) + size_t(warp) * 2 * L.o.block_bytes;
   WarpPartial<kRows, kCols> partial;
@@ -583,6 +584,7 @@ Status CudaPagedAttention::run_quantized(const PagedKvView& kv, const QuantizedK
   L.a = launch_params(kv, q, scale, out);
   L.blocks = sealed.blocks;
   L.o = sealed.offsets;
+  L.table_shift = sealed.table_shift;
   const dim3 grid(unsigned(L.a.num_splits), unsigned(L.a.num_kv_heads), unsigned(L.a.num_tiles));
   kernel<<<grid, kThreads, staging_bytes>>>(L);
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();

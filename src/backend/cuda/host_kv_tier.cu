@@ -46,8 +46,8 @@ std::vector<int> packed_ends(const std::vector<int>& sizes, int capacity) {
 
 }  // namespace
 
-CudaHostKvTier::CudaHostKvTier(const HostKvTierShape& shape)
-    : shape_(shape), sequences_(shape.host_blocks, shape.max_sequences, shape.max_blocks_per_sequence) {}
+CudaHostKvTier::CudaHostKvTier(const HostKvTierShape& shape, const std::optional<QuantizedBlockSealer>& sealer)
+    : shape_(shape), sequences_(shape.host_blocks, shape.max_sequences, shape.max_blocks_per_sequence), sealer_(sealer) {}
 
 CudaHostKvTier::~CudaHostKvTier() {
   if (copy_stream_ != nullptr) {
@@ -59,10 +59,19 @@ CudaHostKvTier::~CudaHostKvTier() {
   }
   cudaFreeHost(host_kv_);
   cudaFreeHost(host_x_);
+  cudaFreeHost(host_sealed_);
 }
 
 size_t CudaHostKvTier::kv_block_bytes() const {
   return 2 * size_t(shape_.num_kv_heads) * kCudaBlockTokens * size_t(shape_.head_dim) * 2;
+}
+
+size_t CudaHostKvTier::sealed_block_bytes() const {
+  return sealer_ ? size_t(shape_.num_kv_heads) * sealer_->layout().block_bytes : 0;
+}
+
+double CudaHostKvTier::kv_bytes_per_token() const {
+  return double(sealer_ ? sealed_block_bytes() : kv_block_bytes()) / kCudaBlockTokens;
 }
 
 size_t CudaHostKvTier::x_block_bytes() const {
@@ -70,16 +79,20 @@ size_t CudaHostKvTier::x_block_bytes() const {
 }
 
 size_t CudaHostKvTier::host_bytes() const {
-  return size_t(shape_.num_layers) * size_t(shape_.host_blocks) * (kv_block_bytes() + (shape_.keep_x ? x_block_bytes() : 0));
+  return size_t(shape_.num_layers) * size_t(shape_.host_blocks) *
+         (kv_block_bytes() + sealed_block_bytes() + (shape_.keep_x ? x_block_bytes() : 0));
 }
 
-size_t CudaHostKvTier::staging_bytes() const { return 2 * size_t(shape_.staging_blocks) * kv_block_bytes(); }
+size_t CudaHostKvTier::staging_bytes() const {
+  return 2 * size_t(shape_.staging_blocks) * (kv_block_bytes() + sealed_block_bytes());
+}
 
 size_t CudaHostKvTier::staging_x_bytes() const {
   return shape_.keep_x ? 2 * size_t(shape_.staging_blocks) * x_block_bytes() : 0;
 }
 
-Expected<std::unique_ptr<CudaHostKvTier>> CudaHostKvTier::create(const HostKvTierShape& shape) {
+Expected<std::unique_ptr<CudaHostKvTier>> CudaHostKvTier::create(const HostKvTierShape& shape,
+                                                                  const std::optional<QuantizedBlockSealer>& sealer) {
   if (shape.num_layers <= 0 || shape.num_kv_heads <= 0 || shape.head_dim % 8 != 0 || shape.hidden % 8 != 0 ||
       shape.max_sequences <= 0 || shape.max_blocks_per_sequence <= 0 || shape.max_step_tokens <= 0 ||
       shape.host_blocks <= 0 || shape.staging_blocks <= 0 || shape.micro_batches < 0) {
@@ -88,7 +101,7 @@ Expected<std::unique_ptr<CudaHostKvTier>> CudaHostKvTier::create(const HostKvTie
                  shape.max_sequences, ", host blocks ", shape.host_blocks, ", staging blocks ", shape.staging_blocks,
                  ", micro-batches ", shape.micro_batches, ")");
   }
-  std::unique_ptr<CudaHostKvTier> tier(new CudaHostKvTier(shape));
+  std::unique_ptr<CudaHostKvTier> tier(new CudaHostKvTier(shape, sealer));
   const auto pin = [](size_t bytes, const char* what, void*& pointer) -> Status {
     const cudaError_t status = cudaHostAlloc(&pointer, bytes, cudaHostAllocMapped);
     if (status != cudaSuccess) {
@@ -101,10 +114,16 @@ Expected<std::unique_ptr<CudaHostKvTier>> CudaHostKvTier::create(const HostKvTie
   const size_t layer_blocks = size_t(shape.num_layers) * size_t(shape.host_blocks);
   SLIMKV_RETURN_IF_ERROR(pin(layer_blocks * tier->kv_block_bytes(), "the KV tier", tier->host_kv_));
   if (shape.keep_x) SLIMKV_RETURN_IF_ERROR(pin(layer_blocks * tier->x_block_bytes(), "the kept X", tier->host_x_));
+  if (sealer) SLIMKV_RETURN_IF_ERROR(pin(layer_blocks * tier->sealed_block_bytes(), "the sealed blocks", tier->host_sealed_));
   for (int b = 0; b < 2; ++b) {
     SLIMKV_ASSIGN_OR_RETURN(tier->staging_kv_[b], DeviceArray<uint8_t>::allocate(size_t(shape.staging_blocks) *
                                                                                       tier->kv_block_bytes(),
                                                                                   "a KV staging buffer"));
+    if (sealer) {
+      SLIMKV_ASSIGN_OR_RETURN(tier->staging_sealed_[b],
+                              DeviceArray<uint8_t>::allocate(size_t(shape.staging_blocks) * tier->sealed_block_bytes(),
+                                                             "a sealed-block staging buffer"));
+    }
     if (shape.keep_x) {
       SLIMKV_ASSIGN_OR_RETURN(tier->staging_x_[b], DeviceArray<uint8_t>::allocate(size_t(shape.staging_blocks) *
                                                                                        tier->x_block_bytes(),
@@ -199,21 +218,27 @@ Status CudaHostKvTier::begin_step(const std::vector<int>& sequences, const std::
 
   const int stride = shape_.max_blocks_per_sequence, T = shape_.max_step_tokens;
   std::vector<int> tables(size_t(int(sequences.size()) * stride), 0), slots(3 * size_t(T), -1);
-  std::vector<int> positions, recompute_slots;
-  copies_.assign(batches.size(), UnitCopies{});
+  std::vector<int> positions, recompute_slots, seals;
+  decode_step_ = std::all_of(new_tokens.begin(), new_tokens.end(), [](int n) { return n == 1; });
+  const bool move_sealed = sealer_.has_value() && decode_step_;
+  plans_.assign(batches.size(), UnitPlan{});
   int query = 0;
   for (size_t m = 0; m < batches.size(); ++m) {
     MicroBatch& batch = batches[m];
-    UnitCopies& copies = copies_[m];
+    UnitPlan& plan = plans_[m];
     batch.first_recompute_row = int(positions.size());
+    // Seal lists (FP16 staging block, destination block, ordinal): recomputed full blocks (decode
+    // steps, into staging), blocks the step fills (into staging, and into the host pool).
+    std::vector<int> recompute_seals, staging_seals, host_seals;
     int staging_block = 0;
     for (int i = batch.first_sequence; i < batch.first_sequence + batch.num_sequences; ++i) {
       const std::vector<int>& blocks = sequences_.blocks(sequences[size_t(i)]);
-      const int held_blocks = blocks_for_tokens(held[size_t(i)]);
+      const int held_tokens = held[size_t(i)], held_blocks = blocks_for_tokens(held_tokens);
+      const int full_blocks = held_tokens / kCudaBlockTokens;
       int recomputed = 0;
       if (shape_.keep_x && recompute_fraction > 0) {
         recomputed = recompute_fraction >= 1 ? held_blocks
-                                             : std::min(held_blocks, int(std::lround(recompute_fraction * held[size_t(i)] /
+                                             : std::min(held_blocks, int(std::lround(recompute_fraction * held_tokens /
                                                                                      kCudaBlockTokens)));
       }
       for (size_t j = 0; j < blocks.size(); ++j) tables[size_t(i) * stride + j] = 2 * (staging_block + int(j));
@@ -229,16 +254,30 @@ Status CudaHostKvTier::begin_step(const std::vector<int>& sequences, const std::
           }
         }
       };
-      add_runs(0, recomputed, batch.recompute_rows / kCudaBlockTokens, copies.x);
-      add_runs(recomputed, held_blocks, staging_block + recomputed, copies.kv);
+      add_runs(0, recomputed, batch.recompute_rows / kCudaBlockTokens, plan.x);
+      if (move_sealed) {  // full blocks sealed, the open one in FP16
+        add_runs(recomputed, full_blocks, staging_block + recomputed, plan.sealed);
+        add_runs(std::max(recomputed, full_blocks), held_blocks, staging_block + std::max(recomputed, full_blocks), plan.kv);
+        for (int j = 0; j < std::min(recomputed, full_blocks); ++j) {
+          recompute_seals.insert(recompute_seals.end(), {2 * (staging_block + j), staging_block + j, j});
+        }
+      } else {
+        add_runs(recomputed, held_blocks, staging_block + recomputed, plan.kv);
+      }
+      if (sealer_) {
+        for (int j = full_blocks; j < (held_tokens + new_tokens[size_t(i)]) / kCudaBlockTokens; ++j) {
+          staging_seals.insert(staging_seals.end(), {2 * (staging_block + j), staging_block + j, j});
+          host_seals.insert(host_seals.end(), {2 * (staging_block + j), blocks[size_t(j)], j});
+        }
+      }
       for (int r = 0; r < recomputed * kCudaBlockTokens; ++r) {
         positions.push_back(r);
-        recompute_slots.push_back(r < held[size_t(i)] ? 2 * (staging_block + r / kCudaBlockTokens) * kCudaBlockTokens +
-                                                            r % kCudaBlockTokens
-                                                      : -1);
+        recompute_slots.push_back(r < held_tokens ? 2 * (staging_block + r / kCudaBlockTokens) * kCudaBlockTokens +
+                                                        r % kCudaBlockTokens
+                                                  : -1);
       }
       batch.recompute_rows += recomputed * kCudaBlockTokens;
-      for (int p = held[size_t(i)]; p < held[size_t(i)] + new_tokens[size_t(i)]; ++p, ++query) {
+      for (int p = held_tokens; p < held_tokens + new_tokens[size_t(i)]; ++p, ++query) {
         const int block = p / kCudaBlockTokens, offset = p % kCudaBlockTokens;
         slots[size_t(query)] = 2 * (staging_block + block) * kCudaBlockTokens + offset;
         slots[size_t(T + query)] = 2 * blocks[size_t(block)] * kCudaBlockTokens + offset;
@@ -246,7 +285,19 @@ Status CudaHostKvTier::begin_step(const std::vector<int>& sequences, const std::
       }
       staging_block += int(blocks.size());
     }
+    plan.recompute_seals = int(recompute_seals.size() / 3);
+    plan.filled_seals = int(staging_seals.size() / 3);
+    plan.first_recompute_seal = int(seals.size() / 3);
+    seals.insert(seals.end(), recompute_seals.begin(), recompute_seals.end());
+    plan.first_staging_seal = int(seals.size() / 3);
+    seals.insert(seals.end(), staging_seals.begin(), staging_seals.end());
+    plan.first_host_seal = int(seals.size() / 3);
+    seals.insert(seals.end(), host_seals.begin(), host_seals.end());
   }
+  if (seals.size() > seal_lists_.size()) {
+    SLIMKV_ASSIGN_OR_RETURN(seal_lists_, DeviceArray<int>::allocate(seals.size(), "the blocks to seal"));
+  }
+  if (!seals.empty()) SLIMKV_RETURN_IF_ERROR(seal_lists_.upload(seals.data(), seals.size()));
   micro_batches_ = std::move(batches);
   step_tokens_ = step_tokens;
   SLIMKV_RETURN_IF_ERROR(tables_.upload(tables.data(), tables.size()));
@@ -276,9 +327,11 @@ Status CudaHostKvTier::prefetch(int unit) {
     }
     return Status::ok();
   };
-  SLIMKV_RETURN_IF_ERROR(copy(copies_[size_t(m)].x, host_x_, staging_x_[b].data(), x_block_bytes()));
+  const UnitPlan& plan = plans_[size_t(m)];
+  SLIMKV_RETURN_IF_ERROR(copy(plan.x, host_x_, staging_x_[b].data(), x_block_bytes()));
   SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(as_event(x_ready_[b]), stream));
-  SLIMKV_RETURN_IF_ERROR(copy(copies_[size_t(m)].kv, host_kv_, staging_kv_[b].data(), kv_block_bytes()));
+  SLIMKV_RETURN_IF_ERROR(copy(plan.kv, host_kv_, staging_kv_[b].data(), kv_block_bytes()));
+  SLIMKV_RETURN_IF_ERROR(copy(plan.sealed, host_sealed_, staging_sealed_[b].data(), sealed_block_bytes()));
   SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(as_event(kv_ready_[b]), stream));
   return Status::ok();
 }
@@ -298,6 +351,13 @@ Status CudaHostKvTier::write_recomputed(int unit, const uint16_t* k, const uint1
                         const_cast<uint16_t*>(staging.v));
 }
 
+Status CudaHostKvTier::seal_recomputed(int unit) {
+  const UnitPlan& plan = plans_[size_t(unit % int(micro_batches_.size()))];
+  if (plan.recompute_seals == 0) return Status::ok();
+  return sealer_->seal(unit / int(micro_batches_.size()), view(unit), seal_lists_.data() + 3 * plan.first_recompute_seal,
+                       plan.recompute_seals, staging_sealed_[buffer(unit)].data());
+}
+
 Status CudaHostKvTier::store_x(int layer, const void* x) {
   if (!shape_.keep_x) return Status::ok();
   auto* layer_x = static_cast<uint8_t*>(host_x_) + size_t(layer) * shape_.host_blocks * x_block_bytes();
@@ -313,7 +373,15 @@ Status CudaHostKvTier::append(int unit, const uint16_t* k, const uint16_t* v) {
   SLIMKV_RETURN_IF_ERROR(write_kv_slots(k + first, v + first, step_slots_.data() + batch.first_query, batch.num_queries,
                                         shape_.num_kv_heads, shape_.head_dim, const_cast<uint16_t*>(staging.k),
                                         const_cast<uint16_t*>(staging.v)));
-  return write_host_kv(unit / int(micro_batches_.size()), batch.first_query, batch.num_queries, k, v);
+  const int layer = unit / int(micro_batches_.size());
+  SLIMKV_RETURN_IF_ERROR(write_host_kv(layer, batch.first_query, batch.num_queries, k, v));
+  const UnitPlan& plan = plans_[size_t(unit % int(micro_batches_.size()))];
+  if (plan.filled_seals == 0) return Status::ok();
+  // The blocks the step filled, sealed for this step's attention and kept sealed on the host.
+  SLIMKV_RETURN_IF_ERROR(sealer_->seal(layer, staging, seal_lists_.data() + 3 * plan.first_staging_seal,
+                                       plan.filled_seals, staging_sealed_[buffer(unit)].data()));
+  auto* host = static_cast<uint8_t*>(host_sealed_) + size_t(layer) * shape_.host_blocks * sealed_block_bytes();
+  return sealer_->seal(layer, staging, seal_lists_.data() + 3 * plan.first_host_seal, plan.filled_seals, host);
 }
 
 Status CudaHostKvTier::store_kv(int layer, const uint16_t* k, const uint16_t* v) {
@@ -332,6 +400,10 @@ PagedKvView CudaHostKvTier::view(int unit) const {
   const auto* k = reinterpret_cast<const uint16_t*>(staging_kv_[buffer(unit)].data());
   return PagedKvView{k, k + kv_block_bytes() / 4, tables_.data(), shape_.max_blocks_per_sequence, shape_.num_kv_heads,
                      shape_.head_dim};
+}
+
+QuantizedKvView CudaHostKvTier::sealed_view(int unit) const {
+  return sealer_->view(staging_sealed_[buffer(unit)].data(), /*table_shift=*/1);
 }
 
 Status CudaHostKvTier::release(int unit) {

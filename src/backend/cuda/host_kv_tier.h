@@ -19,6 +19,12 @@
 // The new tokens' K/V (and X) are written by kernels straight into the host pool through its device
 // mapping (tens of KB a step), and into the staging buffer for this step's attention.
 //
+// With a quantized codec (`hack`, `quant`: a QuantizedBlockSealer) the host also keeps every full
+// block sealed, and decode steps move those sealed bytes (2-bit: a fifth of FP16's) and only the open
+// block in FP16; recomputed blocks and blocks a step fills are sealed on the GPU (into the staging
+// buffer, and the filled ones into the host through the mapping). Prefill steps attend exactly, over
+// FP16 copies of every token, as the resident quantized cache does.
+//
 // A staging (or host) block of K|V is two blocks of the paged layout of paged_kv_cache.h: K in block
 // 2s, V in block 2s + 1, the view's v pointer one block after k. The attention kernels read the staging
 // buffer unchanged, through block tables naming 2s.
@@ -26,10 +32,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/paged_kv_cache.h"
+#include "backend/cuda/quantized_kv_pool.h"
 #include "backend/cuda/sequence_blocks.h"
 #include "tensor/dtype.h"
 
@@ -72,14 +80,19 @@ struct RecomputeRows {
 
 class CudaHostKvTier {
  public:
-  static Expected<std::unique_ptr<CudaHostKvTier>> create(const HostKvTierShape& shape);
+  // sealer: the codec's sealing (hack, quant), or none (dense).
+  static Expected<std::unique_ptr<CudaHostKvTier>> create(const HostKvTierShape& shape,
+                                                          const std::optional<QuantizedBlockSealer>& sealer);
   ~CudaHostKvTier();
 
   const HostKvTierShape& shape() const { return shape_; }
   SequenceBlocks& sequences() { return sequences_; }
   const SequenceBlocks& sequences() const { return sequences_; }
-  size_t host_bytes() const;     // the pinned pool: KV (and X)
-  size_t staging_bytes() const;  // GPU: the two staging buffers of K|V
+  size_t host_bytes() const;     // the pinned pool: KV (sealed blocks too, and X)
+  size_t staging_bytes() const;  // GPU: the two staging buffers of K|V (and sealed blocks)
+  // Per token and layer, the bytes a decode step moves for a token not recomputed: FP16 K|V, or its
+  // sealed block's share.
+  double kv_bytes_per_token() const;
   size_t staging_x_bytes() const;  // GPU: their X rows (kvpr)
 
   // The step's micro-batches when sequences[i] gains new_tokens[i], or an error naming the sequence
@@ -102,6 +115,8 @@ class CudaHostKvTier {
   Expected<RecomputeRows> recompute_rows(int unit);
   // Writes recomputed K/V (FP16 [n, kv_heads, head_dim]) of unit u into the slots `slots` of its buffer.
   Status write_recomputed(int unit, const uint16_t* k, const uint16_t* v, const int* slots, int n);
+  // After the last write_recomputed of unit u: seals its recomputed full blocks (quantized decode steps).
+  Status seal_recomputed(int unit);
   // kvpr: keeps the step's new X of `layer` (rows [step tokens, hidden] on the GPU) on the host.
   Status store_x(int layer, const void* x);
   // Makes the GPU wait for unit u's K/V, then writes its micro-batch's new K/V (rows of the step's k, v
@@ -111,6 +126,9 @@ class CudaHostKvTier {
   Status store_kv(int layer, const uint16_t* k, const uint16_t* v);
   // What unit u's attention reads; the batch's sequence ids are the step indices of its micro-batch.
   PagedKvView view(int unit) const;
+  // A quantized codec's decode step: the sealed blocks unit u's attention reads beside view(u)'s open ones.
+  bool attends_sealed() const { return sealer_.has_value() && decode_step_; }
+  QuantizedKvView sealed_view(int unit) const;
   // Marks unit u's buffer free once the work queued so far (its attention) is done.
   Status release(int unit);
 
@@ -118,11 +136,16 @@ class CudaHostKvTier {
   struct CopyRun {
     int host_block, staging_block, count;
   };
-  struct UnitCopies {
-    std::vector<CopyRun> x, kv;
+  // A micro-batch's copies and blocks to seal (list entries of QuantizedBlockSealer::seal, 3 ints each),
+  // the same for every layer.
+  struct UnitPlan {
+    std::vector<CopyRun> x, kv, sealed;
+    int recompute_seals = 0, filled_seals = 0;  // counts; first of each list: the offsets below
+    int first_recompute_seal = 0, first_staging_seal = 0, first_host_seal = 0;
   };
-  explicit CudaHostKvTier(const HostKvTierShape& shape);
-  size_t kv_block_bytes() const;  // one block of K|V
+  CudaHostKvTier(const HostKvTierShape& shape, const std::optional<QuantizedBlockSealer>& sealer);
+  size_t kv_block_bytes() const;      // one block of K|V
+  size_t sealed_block_bytes() const;  // one sealed block of every KV head
   size_t x_block_bytes() const;
   int buffer(int unit) const { return unit % 2; }
   // The step's new K/V rows [first, first + n) of `layer` into the host pool.
@@ -132,7 +155,10 @@ class CudaHostKvTier {
   SequenceBlocks sequences_;
   void* host_kv_ = nullptr;  // pinned, mapped: [layers][host_blocks] K|V
   void* host_x_ = nullptr;   // pinned, mapped: [layers][host_blocks][64, hidden] (kvpr)
+  void* host_sealed_ = nullptr;  // pinned, mapped: [layers][host_blocks][num_kv_heads, block_bytes] (quantized)
+  std::optional<QuantizedBlockSealer> sealer_;
   DeviceArray<uint8_t> staging_kv_[2];
+  DeviceArray<uint8_t> staging_sealed_[2];
   DeviceArray<uint8_t> staging_x_[2];
   void* copy_stream_ = nullptr;  // cudaStream_t
   void* x_ready_[2] = {};        // cudaEvent_t per buffer
@@ -140,8 +166,10 @@ class CudaHostKvTier {
   void* free_[2] = {};
   // The planned step.
   std::vector<MicroBatch> micro_batches_;
-  std::vector<UnitCopies> copies_;  // per micro-batch, the same for every layer
+  std::vector<UnitPlan> plans_;  // per micro-batch
   int step_tokens_ = 0;
+  bool decode_step_ = false;     // every sequence has one new token
+  DeviceArray<int> seal_lists_;  // the plans' seal lists
   DeviceArray<int> tables_;         // [max_sequences (step index), max_blocks_per_sequence]: 2·staging block
   DeviceArray<int> step_slots_;     // [3, max_step_tokens]: new tokens' staging, host KV and host X slots
   DeviceArray<int> recompute_;      // [2, capacity]: recomputed rows' positions and staging slots

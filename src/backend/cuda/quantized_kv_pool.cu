@@ -16,8 +16,8 @@ constexpr int kMaxHeadDim = 128;
 struct SealLaunch {
   const __half* k_pool;  // the FP16 cache's layer: [num_blocks, num_kv_heads, kCudaBlockTokens, head_dim]
   const __half* v_pool;
-  const int2* list;      // (block index, ordinal in its sequence)
-  uint8_t* blocks;       // [num_blocks, num_kv_heads, block_bytes]
+  const int* list;       // per block to seal: (FP16 block, destination block, ordinal in its sequence)
+  uint8_t* blocks;       // [destination blocks, num_kv_heads, block_bytes]
   int num_kv_heads, head_dim, k_bits, v_bits, k_partition;
   QuantizedBlockOffsets o;
   bool stochastic;
@@ -70,11 +70,11 @@ __global__ __launch_bounds__(kSealThreads) void seal_blocks(SealLaunch p) {
   constexpr int T = kCudaBlockTokens;
   __shared__ __half k[T * kMaxHeadDim], v[T * kMaxHeadDim];
   __shared__ uint8_t codes[T * kMaxHeadDim];
-  const int2 entry = p.list[blockIdx.x];
+  const int* entry = p.list + 3 * blockIdx.x;
   const int head = blockIdx.y, d = p.head_dim;
-  const uint64_t seed = block_seal_seed(p.seed, p.layer, head, entry.y);
-  const size_t source = (size_t(entry.x) * p.num_kv_heads + head) * T * d;
-  uint8_t* block = p.blocks + (size_t(entry.x) * p.num_kv_heads + head) * p.o.block_bytes;
+  const uint64_t seed = block_seal_seed(p.seed, p.layer, head, entry[2]);
+  const size_t source = (size_t(entry[0]) * p.num_kv_heads + head) * T * d;
+  uint8_t* block = p.blocks + (size_t(entry[1]) * p.num_kv_heads + head) * p.o.block_bytes;
   for (int i = threadIdx.x; i < T * d; i += kSealThreads) {
     k[i] = p.k_pool[source + i];
     v[i] = p.v_pool[source + i];
@@ -119,23 +119,63 @@ __global__ __launch_bounds__(kSealThreads) void seal_blocks(SealLaunch p) {
 
 }  // namespace
 
-Expected<std::unique_ptr<CudaQuantizedKvPool>> CudaQuantizedKvPool::create(const CudaKvShape& shape,
-                                                                           const QuantizationConfig& config, bool hack,
-                                                                           uint64_t seed) {
-  const BlockShape block_shape{kCudaBlockTokens, shape.head_dim, shape.head_dim};
+Expected<QuantizedBlockSealer> QuantizedBlockSealer::create(const QuantizationConfig& config, bool hack, uint64_t seed,
+                                                          int num_kv_heads, int head_dim) {
+  const BlockShape block_shape{kCudaBlockTokens, head_dim, head_dim};
   SLIMKV_RETURN_IF_ERROR(check_quantized_shape(config, block_shape));
-  if (shape.head_dim != 64 && shape.head_dim != 128) {
-    return error("CUDA quantized KV: head_dim ", shape.head_dim, " is not supported (64 or 128)");
+  if (head_dim != 64 && head_dim != 128) {
+    return error("CUDA quantized KV: head_dim ", head_dim, " is not supported (64 or 128)");
   }
   if (!config.store_sums || !config.keep_open_exact) {
     return error("CUDA quantized KV: the se=off and rqe=off ablations run on the CPU only");
   }
-  std::unique_ptr<CudaQuantizedKvPool> pool(new CudaQuantizedKvPool(shape, config, hack, seed));
-  const size_t bytes = size_t(shape.num_layers) * shape.num_blocks * shape.num_kv_heads * pool->layout_.block_bytes;
+  return QuantizedBlockSealer(QuantizedBlockLayout(config, block_shape), hack, seed, num_kv_heads);
+}
+
+Status QuantizedBlockSealer::seal(int layer, const PagedKvView& fp16, const int* list, int n, uint8_t* blocks) const {
+  if (n == 0) return Status::ok();
+  SealLaunch p{};
+  p.k_pool = reinterpret_cast<const __half*>(fp16.k);
+  p.v_pool = reinterpret_cast<const __half*>(fp16.v);
+  p.list = list;
+  p.blocks = blocks;
+  p.num_kv_heads = num_kv_heads_;
+  p.head_dim = layout_.shape.k_dim;
+  p.k_bits = layout_.config.k_bits;
+  p.v_bits = layout_.config.v_bits;
+  p.k_partition = layout_.k_partition;
+  p.o = view(nullptr).offsets;
+  p.stochastic = layout_.config.rounding == Rounding::kStochastic;
+  p.seed = seed_;
+  p.layer = layer;
+  seal_blocks<<<dim3(unsigned(n), unsigned(num_kv_heads_)), kSealThreads>>>(p);
+  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return Status::ok();
+}
+
+QuantizedKvView QuantizedBlockSealer::view(const uint8_t* blocks, int table_shift) const {
+  QuantizedKvView view;
+  view.blocks = blocks;
+  view.hack = hack_;
+  view.k_bits = layout_.config.k_bits;
+  view.v_bits = layout_.config.v_bits;
+  view.offsets = {int(layout_.block_bytes), int(layout_.k_mins),  int(layout_.k_scales), int(layout_.k_sums),
+                  int(layout_.v_codes),     int(layout_.v_mins),  int(layout_.v_scales), int(layout_.v_sums)};
+  view.table_shift = table_shift;
+  return view;
+}
+
+Expected<std::unique_ptr<CudaQuantizedKvPool>> CudaQuantizedKvPool::create(const CudaKvShape& shape,
+                                                                           const QuantizationConfig& config, bool hack,
+                                                                           uint64_t seed) {
+  SLIMKV_ASSIGN_OR_RETURN(QuantizedBlockSealer sealer,
+                          QuantizedBlockSealer::create(config, hack, seed, shape.num_kv_heads, shape.head_dim));
+  std::unique_ptr<CudaQuantizedKvPool> pool(new CudaQuantizedKvPool(shape, sealer));
+  const size_t bytes = size_t(shape.num_layers) * shape.num_blocks * shape.num_kv_heads * sealer.layout().block_bytes;
   SLIMKV_ASSIGN_OR_RETURN(pool->pool_, DeviceArray<uint8_t>::allocate(bytes, "the sealed block pool"));
   // A step fills at most max_step_tokens / block tokens blocks, plus one per sequence it ends in.
   const size_t capacity = size_t(shape.max_step_tokens) / kCudaBlockTokens + size_t(shape.max_sequences);
-  SLIMKV_ASSIGN_OR_RETURN(pool->seal_list_, DeviceArray<int>::allocate(2 * capacity, "the blocks to seal"));
+  SLIMKV_ASSIGN_OR_RETURN(pool->seal_list_, DeviceArray<int>::allocate(3 * capacity, "the blocks to seal"));
   return Expected<std::unique_ptr<CudaQuantizedKvPool>>(std::move(pool));
 }
 
@@ -146,46 +186,20 @@ Status CudaQuantizedKvPool::seal_filled_blocks(int layer, const CudaPagedKvCache
     const int after = cache.sequences().num_tokens(sequences[i]), before = after - new_tokens[i];
     const std::vector<int>& blocks = cache.sequences().blocks(sequences[i]);
     for (int ordinal = before / kCudaBlockTokens; ordinal < after / kCudaBlockTokens; ++ordinal) {
-      host_seal_list_.push_back(blocks[size_t(ordinal)]);
-      host_seal_list_.push_back(ordinal);
+      host_seal_list_.insert(host_seal_list_.end(), {blocks[size_t(ordinal)], blocks[size_t(ordinal)], ordinal});
     }
   }
-  const int n = int(host_seal_list_.size() / 2);
+  const int n = int(host_seal_list_.size() / 3);
   if (n == 0) return Status::ok();
-  if (size_t(2 * n) > seal_list_.size()) {
-    return error("CUDA quantized KV: ", n, " blocks to seal in one step, over the ", seal_list_.size() / 2, " planned");
+  if (host_seal_list_.size() > seal_list_.size()) {
+    return error("CUDA quantized KV: ", n, " blocks to seal in one step, over the ", seal_list_.size() / 3, " planned");
   }
   SLIMKV_RETURN_IF_ERROR(seal_list_.upload(host_seal_list_.data(), host_seal_list_.size()));
-  const PagedKvView fp16 = cache.view(layer);
-  const QuantizedKvView sealed = view(layer);
-  SealLaunch p{};
-  p.k_pool = reinterpret_cast<const __half*>(fp16.k);
-  p.v_pool = reinterpret_cast<const __half*>(fp16.v);
-  p.list = reinterpret_cast<const int2*>(seal_list_.data());
-  p.blocks = const_cast<uint8_t*>(sealed.blocks);
-  p.num_kv_heads = shape_.num_kv_heads;
-  p.head_dim = shape_.head_dim;
-  p.k_bits = layout_.config.k_bits;
-  p.v_bits = layout_.config.v_bits;
-  p.k_partition = layout_.k_partition;
-  p.o = sealed.offsets;
-  p.stochastic = layout_.config.rounding == Rounding::kStochastic;
-  p.seed = seed_;
-  p.layer = layer;
-  seal_blocks<<<dim3(unsigned(n), unsigned(shape_.num_kv_heads)), kSealThreads>>>(p);
-  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
-  return Status::ok();
+  return sealer_.seal(layer, cache.view(layer), seal_list_.data(), n, const_cast<uint8_t*>(view(layer).blocks));
 }
 
 QuantizedKvView CudaQuantizedKvPool::view(int layer) const {
-  QuantizedKvView view;
-  view.blocks = pool_.data() + size_t(layer) * shape_.num_blocks * shape_.num_kv_heads * layout_.block_bytes;
-  view.hack = hack_;
-  view.k_bits = layout_.config.k_bits;
-  view.v_bits = layout_.config.v_bits;
-  view.offsets = {int(layout_.block_bytes), int(layout_.k_mins),  int(layout_.k_scales), int(layout_.k_sums),
-                  int(layout_.v_codes),     int(layout_.v_mins),  int(layout_.v_scales), int(layout_.v_sums)};
-  return view;
+  return sealer_.view(pool_.data() + size_t(layer) * shape_.num_blocks * shape_.num_kv_heads * sealer_.layout().block_bytes);
 }
 
 }  // namespace slimkv::cuda

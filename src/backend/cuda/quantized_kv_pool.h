@@ -30,14 +30,37 @@ struct QuantizedKvView {
   bool hack = true;                 // integer attention (HACK Eq. 4); false: `quant`, dequantized in FP32
   int k_bits = 2, v_bits = 2;
   QuantizedBlockOffsets offsets;
+  // Block table entries name block entry >> table_shift here (1: the host tiers' staging, whose tables
+  // name FP16 blocks 2s for staging slot s, backend/cuda/host_kv_tier.h).
+  int table_shift = 0;
+};
+
+// Seals full FP16 blocks of kCudaBlockTokens tokens into `hack` / `quant` blocks of config's bits and
+// rounding, with the seeds block_seal_seed(seed, layer, head, block ordinal), as the CPU store seals
+// them. The GPU kernels read the stored sums and keep the open block exact: store_sums and
+// keep_open_exact must be on.
+class QuantizedBlockSealer {
+ public:
+  static Expected<QuantizedBlockSealer> create(const QuantizationConfig& config, bool hack, uint64_t seed,
+                                               int num_kv_heads, int head_dim);
+  // Seals n blocks of `layer`: list (device) holds, per block, (its FP16 block in fp16, its block in
+  // `blocks` [.., num_kv_heads, block_bytes], its ordinal in its sequence).
+  Status seal(int layer, const PagedKvView& fp16, const int* list, int n, uint8_t* blocks) const;
+  QuantizedKvView view(const uint8_t* blocks, int table_shift = 0) const;
+  const QuantizedBlockLayout& layout() const { return layout_; }
+
+ private:
+  QuantizedBlockSealer(const QuantizedBlockLayout& layout, bool hack, uint64_t seed, int num_kv_heads)
+      : layout_(layout), hack_(hack), seed_(seed), num_kv_heads_(num_kv_heads) {}
+  QuantizedBlockLayout layout_;
+  bool hack_;
+  uint64_t seed_;
+  int num_kv_heads_;
 };
 
 class CudaQuantizedKvPool {
  public:
-  // `hack` or `quant` blocks of config's bits and rounding for the cache's shape (kCudaBlockTokens
-  // tokens per block, HACK's Π); blocks are sealed with the seeds block_seal_seed(seed, layer, head,
-  // block ordinal), as the CPU store seals them. The GPU kernels read the stored sums and keep the open
-  // block exact: store_sums and keep_open_exact must be on.
+  // `hack` or `quant` blocks for the cache's shape, sealed as QuantizedBlockSealer seals them.
   static Expected<std::unique_ptr<CudaQuantizedKvPool>> create(const CudaKvShape& shape, const QuantizationConfig& config,
                                                                bool hack, uint64_t seed);
 
@@ -47,19 +70,15 @@ class CudaQuantizedKvPool {
                             const std::vector<int>& new_tokens);
 
   QuantizedKvView view(int layer) const;
-  const QuantizedBlockLayout& layout() const { return layout_; }
+  const QuantizedBlockLayout& layout() const { return sealer_.layout(); }
 
  private:
-  CudaQuantizedKvPool(const CudaKvShape& shape, const QuantizationConfig& config, bool hack, uint64_t seed)
-      : shape_(shape), layout_(config, BlockShape{kCudaBlockTokens, shape.head_dim, shape.head_dim}), hack_(hack),
-        seed_(seed) {}
+  CudaQuantizedKvPool(const CudaKvShape& shape, const QuantizedBlockSealer& sealer) : shape_(shape), sealer_(sealer) {}
 
   CudaKvShape shape_;
-  QuantizedBlockLayout layout_;
-  bool hack_;
-  uint64_t seed_;
+  QuantizedBlockSealer sealer_;
   DeviceArray<uint8_t> pool_;        // [num_layers, num_blocks, num_kv_heads, block_bytes]
-  DeviceArray<int> seal_list_;       // [capacity, 2]: (block index, ordinal in its sequence)
+  DeviceArray<int> seal_list_;       // [capacity, 3]: (block index, block index, ordinal in its sequence)
   std::vector<int> host_seal_list_;
 };
 

@@ -66,12 +66,11 @@ class CudaDeviceModel : public DeviceModel {
 };
 
 // What the GPU runs of a KV pipeline: `dense` (FP16 blocks), `hack` and `quant` with equal K/V bits,
-// in blocks of 64 tokens, every token attended, in GPU memory or (dense) in a host tier; rot=hadamard
-// or none.
+// in blocks of 64 tokens, every token attended, in GPU memory or in a host tier; rot=hadamard or none.
 Expected<std::optional<cuda::QuantizedKvOptions>> gpu_kv(const KvPipeline& pipeline, const std::string& spec) {
   const auto refuse = [&](const std::string& what) {
     return error("KV spec '", spec, "': ", what, " does not run on device 'cuda' yet (there: dense, or hack / quant ",
-                 "with kbits = vbits, pi=64; no selector or zack; the offload and kvpr tiers with dense)");
+                 "with kbits = vbits, pi=64; no selector or zack; the offload and kvpr tiers)");
   };
   if (pipeline.selector) return refuse("a selector");
   if (pipeline.zack) return refuse("zack");
@@ -79,7 +78,6 @@ Expected<std::optional<cuda::QuantizedKvOptions>> gpu_kv(const KvPipeline& pipel
   const Codec* codec = pipeline.codec.get();
   if (codec->describe() == "dense:dtype=bf16") return refuse("dtype=bf16 (the GPU keeps FP16 blocks)");
   if (codec->describe().starts_with("dense")) return std::optional<cuda::QuantizedKvOptions>();
-  if (pipeline.offload || pipeline.kvpr) return refuse(str_cat(codec->describe(), " with a host tier"));
   const auto* hack = dynamic_cast<const HackCodec*>(codec);
   const auto* quant = dynamic_cast<const QuantCodec*>(codec);
   if (hack == nullptr && quant == nullptr) return refuse(codec->describe());

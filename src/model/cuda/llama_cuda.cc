@@ -157,10 +157,7 @@ Status CudaLlamaModel::allocate_runtime(const CudaModelOptions& options) {
   attention_.resize(1);
   SLIMKV_ASSIGN_OR_RETURN(attention_[0], CudaPagedAttention::create(attention_shape));
   const int blocks_per_sequence = (context_tokens_ + kCudaBlockTokens - 1) / kCudaBlockTokens;
-  if (options.tier) {
-    if (options.quantized_kv) return error("CUDA model: the host KV tiers keep FP16 blocks (hack/quant with a tier: not yet)");
-    return allocate_tier(*options.tier, options.kv_cache_bytes, blocks_per_sequence);
-  }
+  if (options.tier) return allocate_tier(options, blocks_per_sequence);
 
   // The block pool: what was asked for, or the full contexts of every sequence within 90% of what is free.
   size_t block_bytes = size_t(c.num_layers) * 2 * size_t(c.num_kv_heads) * kCudaBlockTokens * size_t(c.head_dim) * 2;
@@ -188,11 +185,12 @@ Status CudaLlamaModel::allocate_runtime(const CudaModelOptions& options) {
   return Status::ok();
 }
 
-KvprCostModel kvpr_cost_model(const ModelConfig& config, DType dtype, double link_bytes_per_s, double gemm_flops_per_s) {
+KvprCostModel kvpr_cost_model(const ModelConfig& config, DType dtype, double kv_bytes_per_token, double link_bytes_per_s,
+                              double gemm_flops_per_s) {
   return KvprCostModel{link_bytes_per_s,
                        gemm_flops_per_s,
                        double(size_t(config.hidden_size) * dtype_size_bytes(dtype)),
-                       2.0 * double(config.kv_dim()) * 2.0,
+                       kv_bytes_per_token,
                        2.0 * double(config.hidden_size) * 2.0 * double(config.kv_dim()),
                        KvprCostModel::Overlap::kPipelined};
 }
@@ -201,9 +199,17 @@ KvprCostModel kvpr_cost_model(const ModelConfig& config, DType dtype, double lin
 // GEMM of 69 GFLOP, long enough to run near the GPU's peak).
 constexpr int kRecomputeChunkRows = 2048;
 
-Status CudaLlamaModel::allocate_tier(const KvTierOptions& options, size_t gpu_kv_bytes, int blocks_per_sequence) {
+Status CudaLlamaModel::allocate_tier(const CudaModelOptions& model_options, int blocks_per_sequence) {
   const ModelConfig& c = config_;
-  const size_t kv_block_bytes = 2 * size_t(c.num_kv_heads) * kCudaBlockTokens * size_t(c.head_dim) * 2;
+  const KvTierOptions& options = *model_options.tier;
+  const size_t gpu_kv_bytes = model_options.kv_cache_bytes;
+  std::optional<QuantizedBlockSealer> sealer;
+  if (const auto& q = model_options.quantized_kv) {
+    SLIMKV_ASSIGN_OR_RETURN(sealer, QuantizedBlockSealer::create(q->config, q->hack, q->seed, int(c.num_kv_heads),
+                                                                 int(c.head_dim)));
+  }
+  const size_t sealed_block_bytes = sealer ? size_t(c.num_kv_heads) * sealer->layout().block_bytes : 0;
+  const size_t kv_block_bytes = 2 * size_t(c.num_kv_heads) * kCudaBlockTokens * size_t(c.head_dim) * 2 + sealed_block_bytes;
   const size_t x_block_bytes = size_t(kCudaBlockTokens) * size_t(c.hidden_size) * dtype_size_bytes(dtype_);
   const size_t per_token_all_layers = size_t(c.num_layers) * (kv_block_bytes + (options.recompute ? x_block_bytes : 0)) /
                                       kCudaBlockTokens;
@@ -228,9 +234,10 @@ Status CudaLlamaModel::allocate_tier(const KvTierOptions& options, size_t gpu_kv
                               max_sequences_, blocks_per_sequence, max_step_tokens_,
                               int(std::min<size_t>(host_blocks, 1u << 30)), int(std::min<size_t>(staging_blocks, 1u << 30)),
                               options.recompute, options.micro_batches};
-  SLIMKV_ASSIGN_OR_RETURN(tier_, CudaHostKvTier::create(shape));
+  SLIMKV_ASSIGN_OR_RETURN(tier_, CudaHostKvTier::create(shape, sealer));
   tier_options_ = options;
-  kvpr_cost_ = cuda::kvpr_cost_model(c, dtype_, options.link_bytes_per_s, options.gemm_flops_per_s);
+  kvpr_cost_ = cuda::kvpr_cost_model(c, dtype_, tier_->kv_bytes_per_token(), options.link_bytes_per_s,
+                                     options.gemm_flops_per_s);
   if (options.recompute) {
     const size_t rows = kRecomputeChunkRows, kv = size_t(c.kv_dim());
     SLIMKV_ASSIGN_OR_RETURN(recompute_projected_, DeviceArray<float>::allocate(rows * 2 * kv, "recomputed projections"));
@@ -492,7 +499,13 @@ Status CudaLlamaModel::attend(int layer, const std::vector<int>& sequences, cons
     SLIMKV_RETURN_IF_ERROR(recompute_kv(unit, layers_[size_t(layer)]));
     SLIMKV_RETURN_IF_ERROR(tier_->append(unit, k_.data(), v_.data()));
     const size_t first = size_t(micro_batches[m].first_query) * q_width;
-    SLIMKV_RETURN_IF_ERROR(attention_[m]->run(tier_->view(unit), q_.data() + first, scale, attended_.data() + first));
+    const uint16_t* q = q_.data() + first;
+    uint16_t* out = attended_.data() + first;
+    if (tier_->attends_sealed()) {
+      SLIMKV_RETURN_IF_ERROR(attention_[m]->run_quantized(tier_->view(unit), tier_->sealed_view(unit), q, scale, out));
+    } else {
+      SLIMKV_RETURN_IF_ERROR(attention_[m]->run(tier_->view(unit), q, scale, out));
+    }
     SLIMKV_RETURN_IF_ERROR(tier_->release(unit));
   }
   return Status::ok();
@@ -514,7 +527,7 @@ Status CudaLlamaModel::recompute_kv(int unit, const LayerOnDevice& w) {
                                             inv_freq_, rotate_heads_, nullptr, recompute_k_.data(), recompute_v_.data()));
     SLIMKV_RETURN_IF_ERROR(tier_->write_recomputed(unit, recompute_k_.data(), recompute_v_.data(), rows.slots + first, n));
   }
-  return Status::ok();
+  return tier_->seal_recomputed(unit);
 }
 
 Status CudaLlamaModel::append_kv(int layer, const std::vector<int>& sequences, const std::vector<int>& counts) {

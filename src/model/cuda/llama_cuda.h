@@ -63,10 +63,12 @@ struct KvTierOptions {
 };
 
 // The cost model of a model's split (kv/tier/kvpr_cost_model.h), per token of the batch: X crosses the
-// link in the weights' dtype (it is never resident here), the K/V it replaces is FP16, recomputing it
-// is 2 · hidden · 2·kv_dim FLOPs. Pipelined in both schedules: a unit's X and K/V stream while the
-// unit before it computes, so X shares the link with the K/V instead of delaying recomputation.
-KvprCostModel kvpr_cost_model(const ModelConfig& config, DType dtype, double link_bytes_per_s, double gemm_flops_per_s);
+// link in the weights' dtype (it is never resident here), the K/V it replaces takes kv_bytes_per_token
+// (FP16, or the codec's sealed bytes), recomputing it is 2 · hidden · 2·kv_dim FLOPs. Pipelined in both
+// schedules: a unit's X and K/V stream while the unit before it computes, so X shares the link with
+// the K/V instead of delaying recomputation.
+KvprCostModel kvpr_cost_model(const ModelConfig& config, DType dtype, double kv_bytes_per_token, double link_bytes_per_s,
+                              double gemm_flops_per_s);
 
 struct CudaModelOptions {
   int max_sequences = 16;      // sequences held at once
@@ -168,8 +170,8 @@ class CudaLlamaModel {
   Status allocate_weights();
   // Activations, the KV cache and the attention plan, sized by the options.
   Status allocate_runtime(const CudaModelOptions& options);
-  // The host tier instead of the GPU's block pool: its pool, staging within gpu_kv_bytes, the cost model.
-  Status allocate_tier(const KvTierOptions& options, size_t gpu_kv_bytes, int blocks_per_sequence);
+  // The host tier instead of the GPU's block pool: its pool, staging within kv_cache_bytes, the cost model.
+  Status allocate_tier(const CudaModelOptions& options, int blocks_per_sequence);
   // The sequences and their blocks: the GPU pool's, or the host tier's.
   SequenceBlocks& held() { return tier_ ? tier_->sequences() : cache_->sequences(); }
   const SequenceBlocks& held() const { return tier_ ? tier_->sequences() : cache_->sequences(); }
