@@ -139,6 +139,7 @@ Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
     const std::string lru = offload.policy == CachePolicy::kLfu ? "lfu" : "lru";
     offload.policy = options.choice("policy", lru, {"lru", "lfu"}) == "lfu" ? CachePolicy::kLfu : CachePolicy::kLru;
     offload.dir = options.text("dir", "");
+    offload.options_given = !config.tier.options.empty();
     SLIMKV_RETURN_IF_ERROR(options.finish());
     // The file is made when a sequence starts; a directory that cannot hold one fails here instead.
     if (auto probe = OffloadTier::open(offload, 1, 1, 1); !probe) {

@@ -187,7 +187,8 @@ TEST_F(CudaTierTest, StepsBeyondTheBudgetsAreRefusedAndChangeNothing) {
   EXPECT_EQ(model->num_tokens(s), 200);
 }
 
-// Through the engine and the KV spec: greedy generation with `@offload` and `@kvpr` is dense's.
+// Through the engine and the KV spec: greedy generation with `@offload` and `@kvpr` is the resident
+// cache's, for dense and hack.
 TEST_F(CudaTierTest, EngineGreedyTokensWithTiersAreDenses) {
   const auto generate = [](const std::string& kv) {
     EngineConfig config;
@@ -205,6 +206,10 @@ TEST_F(CudaTierTest, EngineGreedyTokensWithTiersAreDenses) {
   EXPECT_EQ(generate("dense@offload"), dense);
   EXPECT_EQ(generate("dense@kvpr:split=0.5"), dense);
   EXPECT_EQ(generate("dense@kvpr:split=1,schedule=column"), dense);
+  // hack with its defaults (rot=hadamard: the recomputed K/V are rotated as the appended ones).
+  const std::vector<int32_t> hack = generate("hack:bits=4");
+  EXPECT_EQ(generate("hack:bits=4@offload"), hack);
+  EXPECT_EQ(generate("hack:bits=4@kvpr:split=1"), hack);
 }
 
 }  // namespace

@@ -224,6 +224,7 @@ TEST_F(CudaModelTest, EngineRefusesWhatTheGpuDoesNotRun) {
            {"hack:kbits=4,vbits=2,rot=none", "kbits != vbits"},
            {"hack:bits=4,rot=none,prefill=quantized", "prefill=quantized"},
            {"pq:topk=0.2+dense", "selector"},
+           {"dense@offload:cache=128", "do not apply"},
            {"dense:dtype=bf16", "bf16"}}) {
     config.kv_spec = spec;
     const auto engine = Engine::load(config);

@@ -92,6 +92,10 @@ Expected<std::optional<cuda::QuantizedKvOptions>> gpu_kv(const KvPipeline& pipel
 // link and GEMM rates (the profiler's, cached in a file).
 Expected<std::optional<cuda::KvTierOptions>> gpu_tier(const KvPipeline& pipeline, const ModelConfig& model) {
   if (!pipeline.offload && !pipeline.kvpr) return std::optional<cuda::KvTierOptions>();
+  if (pipeline.offload && pipeline.offload->options_given) {
+    return error("the offload tier on device 'cuda' streams every block from pinned host memory: its CPU options ",
+                 "(cache, policy, dir) do not apply there; write '@offload'");
+  }
   cuda::KvTierOptions tier;
   if (const std::optional<KvprConfig>& kvpr = pipeline.kvpr) {
     tier.recompute = true;

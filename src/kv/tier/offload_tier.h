@@ -30,6 +30,9 @@ struct OffloadConfig {
   int cache_tokens = 4096;
   CachePolicy policy = CachePolicy::kLru;
   std::string dir;  // where the file goes; empty: the system's temporary directory
+  // Whether the spec gave any of the above (the GPU's offload tier, which streams every block from
+  // pinned host memory, takes none of them and refuses them).
+  bool options_given = false;
 };
 
 class OffloadTier {
