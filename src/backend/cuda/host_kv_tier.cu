@@ -46,6 +46,19 @@ std::vector<int> packed_ends(const std::vector<int>& sizes, int capacity) {
 
 }  // namespace
 
+void CudaHostKvTier::add_runs(const std::vector<int>& blocks, int first, int last, int staging_block,
+                              std::vector<CopyRun>& runs) {
+  for (int j = first; j < last; ++j) {
+    const int from = blocks[size_t(j)], to = staging_block + j - first;
+    if (!runs.empty() && runs.back().host_block + runs.back().count == from &&
+        runs.back().staging_block + runs.back().count == to) {
+      ++runs.back().count;
+    } else {
+      runs.push_back(CopyRun{from, to, 1});
+    }
+  }
+}
+
 CudaHostKvTier::CudaHostKvTier(const HostKvTierShape& shape, const std::optional<QuantizedBlockSealer>& sealer)
     : shape_(shape), sequences_(shape.host_blocks, shape.max_sequences, shape.max_blocks_per_sequence), sealer_(sealer) {}
 
@@ -235,34 +248,22 @@ Status CudaHostKvTier::begin_step(const std::vector<int>& sequences, const std::
       const std::vector<int>& blocks = sequences_.blocks(sequences[size_t(i)]);
       const int held_tokens = held[size_t(i)], held_blocks = blocks_for_tokens(held_tokens);
       const int full_blocks = held_tokens / kCudaBlockTokens;
-      int recomputed = 0;
-      if (shape_.keep_x && recompute_fraction > 0) {
-        recomputed = recompute_fraction >= 1 ? held_blocks
-                                             : std::min(held_blocks, int(std::lround(recompute_fraction * held_tokens /
-                                                                                     kCudaBlockTokens)));
-      }
+      // Blocks [0, recomputed) come from X: the fraction of the held tokens, rounded to blocks (1: all).
+      const int recomputed = !shape_.keep_x || recompute_fraction <= 0 ? 0
+                             : recompute_fraction >= 1
+                                 ? held_blocks
+                                 : std::min(held_blocks, int(std::lround(recompute_fraction * held_tokens / kCudaBlockTokens)));
       for (size_t j = 0; j < blocks.size(); ++j) tables[size_t(i) * stride + j] = 2 * (staging_block + int(j));
-      // One copy per run of blocks consecutive in the host pool.
-      const auto add_runs = [&](int first, int last, int destination, std::vector<CopyRun>& runs) {
-        for (int j = first; j < last; ++j) {
-          const int from = blocks[size_t(j)], to = destination + j - first;
-          if (!runs.empty() && runs.back().host_block + runs.back().count == from &&
-              runs.back().staging_block + runs.back().count == to) {
-            ++runs.back().count;
-          } else {
-            runs.push_back(CopyRun{from, to, 1});
-          }
-        }
-      };
-      add_runs(0, recomputed, batch.recompute_rows / kCudaBlockTokens, plan.x);
+      add_runs(blocks, 0, recomputed, batch.recompute_rows / kCudaBlockTokens, plan.x);
       if (move_sealed) {  // full blocks sealed, the open one in FP16
-        add_runs(recomputed, full_blocks, staging_block + recomputed, plan.sealed);
-        add_runs(std::max(recomputed, full_blocks), held_blocks, staging_block + std::max(recomputed, full_blocks), plan.kv);
+        const int open_first = std::max(recomputed, full_blocks);
+        add_runs(blocks, recomputed, full_blocks, staging_block + recomputed, plan.sealed);
+        add_runs(blocks, open_first, held_blocks, staging_block + open_first, plan.kv);
         for (int j = 0; j < std::min(recomputed, full_blocks); ++j) {
           recompute_seals.insert(recompute_seals.end(), {2 * (staging_block + j), staging_block + j, j});
         }
       } else {
-        add_runs(recomputed, held_blocks, staging_block + recomputed, plan.kv);
+        add_runs(blocks, recomputed, held_blocks, staging_block + recomputed, plan.kv);
       }
       if (sealer_) {
         for (int j = full_blocks; j < (held_tokens + new_tokens[size_t(i)]) / kCudaBlockTokens; ++j) {

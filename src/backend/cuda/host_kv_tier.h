@@ -148,6 +148,10 @@ class CudaHostKvTier {
   size_t sealed_block_bytes() const;  // one sealed block of every KV head
   size_t x_block_bytes() const;
   int buffer(int unit) const { return unit % 2; }
+  // Copies of blocks[first, last) to staging blocks from staging_block on: one per run of blocks
+  // consecutive in the host pool.
+  static void add_runs(const std::vector<int>& blocks, int first, int last, int staging_block,
+                       std::vector<CopyRun>& runs);
   // The step's new K/V rows [first, first + n) of `layer` into the host pool.
   Status write_host_kv(int layer, int first, int n, const uint16_t* k, const uint16_t* v);
 
