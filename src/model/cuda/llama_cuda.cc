@@ -354,12 +354,12 @@ Status CudaLlamaModel::check_batch(std::span<const SequenceTokens> batch) const 
         return error("token id ", s.tokens[i], " at index ", i, " is outside the vocabulary [0, ", config_.vocab_size, ")");
       }
     }
-    const int held = num_tokens(s.sequence);
-    if (held + int64_t(s.tokens.size()) > context_tokens_) {
-      return error("sequence would have ", held + int64_t(s.tokens.size()), " tokens (", held, " already + ",
+    const int held_tokens = num_tokens(s.sequence);
+    if (held_tokens + int64_t(s.tokens.size()) > context_tokens_) {
+      return error("sequence would have ", held_tokens + int64_t(s.tokens.size()), " tokens (", held_tokens, " already + ",
                    s.tokens.size(), " new), more than the context of ", context_tokens_, " tokens");
     }
-    blocks_needed += size_t(this->held().blocks_to_grow(s.sequence, held + int(s.tokens.size())));
+    blocks_needed += size_t(held().blocks_to_grow(s.sequence, held_tokens + int(s.tokens.size())));
     total += s.tokens.size();
     sequences.push_back(s.sequence);
     counts.push_back(int(s.tokens.size()));
