@@ -83,12 +83,21 @@ struct SharedLayout {
   static constexpr int kPartitions = kHeadDim / T;
   static constexpr int kQWords = row_words(kHeadDim);  // Q' rows and K' token rows, u8 codes
   static constexpr int kVWords = row_words(T);         // V' column rows: a column's 64 token codes
+  static constexpr int kCorrectionWords = 12;          // rows of 16 FP16 correction factors, padded as above
   static constexpr size_t kQCodes = 0;                                        // [kTileRows][kQWords]
-  static constexpr size_t kQMeta = kQCodes + size_t(kTileRows) * kQWords * 4;  // float3 [kTileRows][kPartitions]
-  static constexpr size_t kKCodes = kQMeta + size_t(kTileRows) * kPartitions * 12;  // [T][kQWords]
+  static constexpr size_t kQScales = kQCodes + size_t(kTileRows) * kQWords * 4;  // float [kTileRows][kPartitions]: s_q
+  static constexpr size_t kQCorrection = kQScales + size_t(kTileRows) * kPartitions * 4;  // [kTileRows][kCorrectionWords]
+  static constexpr size_t kKCodes = kQCorrection + size_t(kTileRows) * kCorrectionWords * 4;  // [T][kQWords]
   static constexpr size_t kVCodes = kKCodes + size_t(T) * kQWords * 4;        // [kHeadDim][kVWords]
-  static constexpr size_t kStaged = kVCodes + size_t(kHeadDim) * kVWords * 4;  // 2 stages of a packed block
-  static_assert(kKCodes % 16 == 0 && kVCodes % 16 == 0 && kStaged % 16 == 0, "16-byte aligned sections");
+  static constexpr int kKSlots = kPartitions * T;                              // (K partition, token)
+  static constexpr size_t kKScales = kVCodes + size_t(kHeadDim) * kVWords * 4;    // float [kKSlots]: s_k
+  static constexpr size_t kVScales = kKScales + size_t(kKSlots) * 4;               // float [kHeadDim]: s_v
+  static constexpr size_t kKCorrection = kVScales + size_t(kHeadDim) * 4;          // [T][kCorrectionWords]
+  static constexpr size_t kVCorrection = kKCorrection + size_t(T) * kCorrectionWords * 4;  // [kHeadDim][4 words]
+  static constexpr size_t kStaged = kVCorrection + size_t(kHeadDim) * 16;          // 2 stages of a packed block
+  static_assert(kQCorrection % 16 == 0 && kKCodes % 16 == 0 && kVCodes % 16 == 0 && kKScales % 16 == 0 &&
+                    kKCorrection % 16 == 0 && kVCorrection % 16 == 0 && kStaged % 16 == 0,
+                "16-byte aligned sections");
 };
 
 // K' of a staged block to u8 rows [token][dim]: the B fragment of Q'·K'ᵀ (column = token, k = dims) is a
@@ -117,6 +126,64 @@ __device__ __forceinline__ void unpack_v(const uint8_t* v_packed, uint32_t* v_co
     const uint4 words = make_uint4(__byte_perm(w[0], w[2], 0x5410), __byte_perm(w[0], w[2], 0x7632), __byte_perm(w[1], w[3], 0x5410),
                                    __byte_perm(w[1], w[3], 0x7632));
     *reinterpret_cast<uint4*>(v_codes + column * SharedLayout<kHeadDim>::kVWords + 4 * sixteen) = words;
+  }
+}
+
+// Eq. 4's terms without Q'·K' (and P'·V') are sums of products of a row factor and a column factor:
+//   Σ_partitions m_q Σk' s_k + (s_q Σq' + n m_q) m_k     (S: 4 products for 2 K partitions)
+//   m_p s_v Σv' + Σp m_v                                 (O: 2 products)
+// which one FP16 mma m16n8k16 per 16×8 tile computes into the FP32 accumulators (S's, O's), instead
+// of 2 FMAs per product and element. Each factor x is split into FP16 x_hi + x_lo (22 bits), and a
+// product takes 3 of the 16 k slots: A = (a_hi, a_hi, a_lo), B = (b_hi, b_lo, b_hi), so that
+// a·b is a_hi b_hi + a_hi b_lo + a_lo b_hi, off by a_lo b_lo ~ 2^-22 |a b| (FP32-like).
+__device__ __forceinline__ __half half_high(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half half_low(float x) { return __float2half_rn(x - __half2float(__float2half_rn(x))); }
+// Writes the 3 A-side (row) or B-side (column) slots of one product at `out`.
+__device__ __forceinline__ void write_row_factor(__half* out, float x) {
+  out[0] = out[1] = half_high(x);
+  out[2] = half_low(x);
+}
+__device__ __forceinline__ void write_column_factor(__half* out, float x) {
+  out[0] = out[2] = half_high(x);
+  out[1] = half_low(x);
+}
+
+// d += a · b for a 16×16 FP16 A (row-major fragment), a 16×8 FP16 B (column-major), FP32 d.
+__device__ __forceinline__ void mma_16816_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The block's partition parameters, converted once per block for all the CTA's warps: s_k per (K
+// partition, token) and s_v per column in FP32, and the column factors of the corrections: per token,
+// for each K partition p, slots 6p.. hold (s_k Σk', m_k); per V column, slots 0..5 hold (s_v Σv', m_v).
+template <int kHeadDim>
+__device__ __forceinline__ void unpack_meta(const uint8_t* block, const QuantizedBlockOffsets& o, float* k_scales_out,
+                                            float* v_scales_out, __half* k_correction, __half* v_correction) {
+  using Layout = SharedLayout<kHeadDim>;
+  constexpr int kKSlots = Layout::kKSlots;
+  for (int i = threadIdx.x; i < kKSlots + kHeadDim; i += kHackPrefillThreads) {
+    const bool is_k = i < kKSlots;
+    const int slot = is_k ? i : i - kKSlots;
+    const __half* mins = reinterpret_cast<const __half*>(block + (is_k ? o.k_mins : o.v_mins));
+    const __half* scales = reinterpret_cast<const __half*>(block + (is_k ? o.k_scales : o.v_scales));
+    const int16_t* sums = reinterpret_cast<const int16_t*>(block + (is_k ? o.k_sums : o.v_sums));
+    const float scale = __half2float(scales[slot]), scaled_sum = scale * float(sums[slot]), min_value = __half2float(mins[slot]);
+    if (is_k) {
+      k_scales_out[slot] = scale;
+      __half* out = k_correction + (slot % T) * 2 * Layout::kCorrectionWords + 6 * (slot / T);
+      write_column_factor(out, scaled_sum);
+      write_column_factor(out + 3, min_value);
+    } else {
+      v_scales_out[slot] = scale;
+      __half* out = v_correction + slot * 8;
+      write_column_factor(out, scaled_sum);
+      write_column_factor(out + 3, min_value);
+      out[6] = out[7] = __float2half_rn(0.0f);
+    }
   }
 }
 
@@ -153,7 +220,6 @@ __device__ __forceinline__ float group_max(float x) {
 constexpr int kFloatTwo23Bits = 0x4b000000;
 constexpr float kTwo23 = 8388608.0f;
 constexpr float kRoundMagic = 12582912.0f;  // 1.5 · 2^23
-constexpr uint32_t kRoundMagicBits = 0x4b400000u;
 
 // 2^x, approximate (2 ulp), subnormals flushed: the softmax weights need no more.
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -162,7 +228,8 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// quantize_operand8's code of x (attention/hack_operands.h: the same IEEE operations, nearest-even).
+// Q' as quantize_operand8 makes it (attention/hack_operands.h: the same IEEE operations, nearest-even),
+// so that the kernel and the reference see identical Q' codes.
 __device__ __forceinline__ int operand8_code(float x, float lo, float inverse) {
   return min(max(__float2int_rn(__fmul_rn(__fsub_rn(x, lo), inverse)), 0), 255);
 }
@@ -179,12 +246,18 @@ __global__ __launch_bounds__(kHackPrefillThreads) void hack_prefill_partials(Hac
   constexpr int kRowTiles = kHackPrefillRowTilesPerWarp, kRows = 2 * kRowTiles;
   constexpr int kPartitions = Layout::kPartitions, kQWords = Layout::kQWords, kVWords = Layout::kVWords;
   constexpr int kTokenTiles = T / 8, kDimTiles = kHeadDim / 8;
+  constexpr int kCorrectionWords = Layout::kCorrectionWords;
   extern __shared__ uint4 shared_raw[];
   uint8_t* shared = reinterpret_cast<uint8_t*>(shared_raw);
   uint32_t* q_codes = reinterpret_cast<uint32_t*>(shared + Layout::kQCodes);
-  float3* q_meta = reinterpret_cast<float3*>(shared + Layout::kQMeta);
+  float* q_scales = reinterpret_cast<float*>(shared + Layout::kQScales);
+  __half* q_correction = reinterpret_cast<__half*>(shared + Layout::kQCorrection);
   uint32_t* k_codes = reinterpret_cast<uint32_t*>(shared + Layout::kKCodes);
   uint32_t* v_codes = reinterpret_cast<uint32_t*>(shared + Layout::kVCodes);
+  float* k_scales = reinterpret_cast<float*>(shared + Layout::kKScales);
+  float* v_scales = reinterpret_cast<float*>(shared + Layout::kVScales);
+  __half* k_correction = reinterpret_cast<__half*>(shared + Layout::kKCorrection);
+  __half* v_correction = reinterpret_cast<__half*>(shared + Layout::kVCorrection);
   uint8_t* staged = shared + Layout::kStaged;
 
   const AttentionLaunch& p = L.a;
@@ -205,7 +278,8 @@ __global__ __launch_bounds__(kHackPrefillThreads) void hack_prefill_partials(Hac
 
   // Q' per (row, K partition), a warp each, 2 dims per lane (T = 64 dims = 32 lanes): the queries
   // times the softmax scale, as the reference takes them; zeros for inactive rows (never written).
-  // q_meta holds (s_q, m_q, s_q Σq' + n m_q) times log2 e: scores come out in base 2.
+  // s_q and the row factors of S's corrections (m_q, s_q Σq' + n m_q), times log2 e: scores come out
+  // in base 2. The correction slots past the products stay zero.
   for (int item = warp; item < kTileRows * kPartitions; item += kHackPrefillWarps) {
     const int r = item / kPartitions, part = item % kPartitions;
     float x0 = 0.0f, x1 = 0.0f;
@@ -224,9 +298,14 @@ __global__ __launch_bounds__(kHackPrefillThreads) void hack_prefill_partials(Hac
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
     reinterpret_cast<uint16_t*>(q_codes + r * kQWords)[part * T / 2 + lane] = uint16_t(c0 | (c1 << 8));
+    __half* correction = q_correction + r * 2 * kCorrectionWords;
     if (lane == 0) {
-      q_meta[r * kPartitions + part] = make_float3(scale * kLog2e, lo * kLog2e, fmaf(scale, float(sum), float(T) * lo) * kLog2e);
+      q_scales[r * kPartitions + part] = scale * kLog2e;
+      write_row_factor(correction + 6 * part, lo * kLog2e);
+      write_row_factor(correction + 6 * part + 3, fmaf(scale, float(sum), float(T) * lo) * kLog2e);
     }
+    if (part == 0 && lane >= 6 * kPartitions && lane < 16) correction[lane] = __float2half_rn(0.0f);
+    if (part == 0 && lane >= 6 * kPartitions && lane < 16 && r < T) k_correction[r * 2 * kCorrectionWords + lane] = __float2half_rn(0.0f);
   }
 
   const int g = lane / 4, quad_lane = lane % 4;
@@ -254,12 +333,11 @@ __global__ __launch_bounds__(kHackPrefillThreads) void hack_prefill_partials(Hac
     const uint8_t* b = staged + stage * block_bytes;
     unpack_k<kHeadDim, kBits>(b, k_codes);
     unpack_v<kHeadDim, kBits>(b + L.o.v_codes, v_codes);
+    unpack_meta<kHeadDim>(b, L.o, k_scales, v_scales, k_correction, v_correction);
     __syncthreads();
 
     // S (base 2) = Σ over K partitions of Eq. 4, Q'·K'ᵀ on tensor cores 32 dims at a time.
-    const __half* k_mins = reinterpret_cast<const __half*>(b + L.o.k_mins);
-    const __half* k_scales = reinterpret_cast<const __half*>(b + L.o.k_scales);
-    const int16_t* k_sums = reinterpret_cast<const int16_t*>(b + L.o.k_sums);
+    // S = s_q s_k Q'·K'ᵀ per partition, plus the corrections (FP16 mma, see write_row_factor).
     float s[kRowTiles][kTokenTiles][4];
 #pragma unroll
     for (int m = 0; m < kRowTiles; ++m) {
@@ -269,7 +347,7 @@ __global__ __launch_bounds__(kHackPrefillThreads) void hack_prefill_partials(Hac
 #pragma unroll
     for (int part = 0; part < kPartitions; ++part) {
       uint32_t a[kRowTiles][2][4];
-      float3 q[kRows];
+      float q_scale[kRows];
 #pragma unroll
       for (int m = 0; m < kRowTiles; ++m) {
         const int row = warp_row + 16 * m + g;
@@ -281,8 +359,8 @@ __global__ __launch_bounds__(kHackPrefillThreads) void hack_prefill_partials(Hac
           a[m][kk][2] = q_codes[row * kQWords + word + 4];
           a[m][kk][3] = q_codes[(row + 8) * kQWords + word + 4];
         }
-        q[2 * m] = q_meta[row * kPartitions + part];
-        q[2 * m + 1] = q_meta[(row + 8) * kPartitions + part];
+        q_scale[2 * m] = q_scales[row * kPartitions + part];
+        q_scale[2 * m + 1] = q_scales[(row + 8) * kPartitions + part];
       }
 #pragma unroll
       for (int j = 0; j < kTokenTiles; ++j) {
@@ -297,82 +375,104 @@ __global__ __launch_bounds__(kHackPrefillThreads) void hack_prefill_partials(Hac
           for (int m = 0; m < kRowTiles; ++m) mma_16832_u8(dot[m], a[m][kk], b0, b1);
         }
         const int slot = part * T + 8 * j + 2 * quad_lane;  // this lane's tokens: slot, slot + 1
-        const float2 k_min = __half22float2(*reinterpret_cast<const __half2*>(k_mins + slot));
-        const float2 k_scale = __half22float2(*reinterpret_cast<const __half2*>(k_scales + slot));
-        const uint32_t sums = *reinterpret_cast<const uint32_t*>(k_sums + slot);
-        // Per token: s_k, s_k Σk', m_k; per row: s_q, m_q, s_q Σq' + n m_q (q_meta, base 2).
-        const float k_scaled_sum[2] = {k_scale.x * float(int16_t(sums & 0xffffu)), k_scale.y * float(int16_t(sums >> 16))};
+        const float2 k_scale = *reinterpret_cast<const float2*>(k_scales + slot);
 #pragma unroll
         for (int m = 0; m < kRowTiles; ++m) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const float3 qh = q[2 * m + e / 2];
-            const float ks = e % 2 ? k_scale.y : k_scale.x, km = e % 2 ? k_min.y : k_min.x;
-            const float q_dot = fmaf(qh.x, __int_as_float(dot[m][e]), -qh.x * kTwo23);  // s_q Σq'k'
-            s[m][j][e] = fmaf(km, qh.z, fmaf(qh.y, k_scaled_sum[e % 2], fmaf(ks, q_dot, s[m][j][e])));
+            const float qs = q_scale[2 * m + e / 2];
+            const float q_dot = fmaf(qs, __int_as_float(dot[m][e]), -qs * kTwo23);  // s_q Σq'k'
+            s[m][j][e] = fmaf(e % 2 ? k_scale.y : k_scale.x, q_dot, s[m][j][e]);
           }
         }
+      }
+    }
+
+    {
+      const uint32_t* rows = reinterpret_cast<const uint32_t*>(q_correction);
+      uint32_t a[kRowTiles][4];
+#pragma unroll
+      for (int m = 0; m < kRowTiles; ++m) {
+        const int row = warp_row + 16 * m + g;
+        a[m][0] = rows[row * kCorrectionWords + quad_lane];
+        a[m][1] = rows[(row + 8) * kCorrectionWords + quad_lane];
+        a[m][2] = rows[row * kCorrectionWords + quad_lane + 4];
+        a[m][3] = rows[(row + 8) * kCorrectionWords + quad_lane + 4];
+      }
+      const uint32_t* tokens = reinterpret_cast<const uint32_t*>(k_correction);
+#pragma unroll
+      for (int j = 0; j < kTokenTiles; ++j) {
+        const uint32_t b0 = tokens[(8 * j + g) * kCorrectionWords + quad_lane], b1 = tokens[(8 * j + g) * kCorrectionWords + quad_lane + 4];
+#pragma unroll
+        for (int m = 0; m < kRowTiles; ++m) mma_16816_f16(s[m][j], a[m], b0, b1);
       }
     }
 
     // Online softmax, and P' per row over the block (quantize_operand8 over its 64 weights) packed
     // straight into the A fragments of P'·V': a[m][kk] takes the lane's tokens of n8 tiles 4kk..4kk+3.
+    // P' deviates from quantize_operand8 in its last bits, as the P values themselves do (exp2 in FP32,
+    // another running max with other splits): 255 / (hi - lo) by fast division, and (p - lo) · that
+    // rounded once (an FMA onto the magic number) rather than twice. The codes are in [0, 255] without
+    // a clamp: exp2 is monotonic, so the block's least and greatest weights are those of its extreme
+    // scores, and p - lo in [0, hi - lo].
     uint32_t a[kRowTiles][2][4];
-    float p_scale[kRows], p_min[kRows], p_total[kRows];  // p_total = Σp = s_p Σp' + T m_p
+    uint32_t p_correction[kRows];  // this lane's k slots 2i, 2i + 1 (i = lane % 4) of O's correction rows
+    float p_scale[kRows], p_total[kRows];  // p_total = Σp = s_p Σp' + T m_p
 #pragma unroll
     for (int h = 0; h < kRows; ++h) {
       const int m = h / 2, e0 = 2 * (h % 2);
-      float block_max = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kTokenTiles; ++j) block_max = fmaxf(block_max, fmaxf(s[m][j][e0], s[m][j][e0 + 1]));
-      const float new_max = fmaxf(running_max[h], quad_max(block_max));
-      const float rescale = fast_exp2(running_max[h] - new_max);
-      running_max[h] = new_max;
-      sum[h] *= rescale;
-#pragma unroll
-      for (int d = 0; d < kDimTiles; ++d) o[m][d][e0] *= rescale, o[m][d][e0 + 1] *= rescale;
-      float lo = INFINITY, hi = -INFINITY;
+      float block_max = -INFINITY, block_min = INFINITY;
 #pragma unroll
       for (int j = 0; j < kTokenTiles; ++j) {
-#pragma unroll
-        for (int e = e0; e < e0 + 2; ++e) {
-          s[m][j][e] = fast_exp2(s[m][j][e] - new_max);
-          lo = fminf(lo, s[m][j][e]);
-          hi = fmaxf(hi, s[m][j][e]);
-        }
+        block_max = fmaxf(block_max, fmaxf(s[m][j][e0], s[m][j][e0 + 1]));
+        block_min = fminf(block_min, fminf(s[m][j][e0], s[m][j][e0 + 1]));
       }
-      lo = quad_min(lo);
-      hi = quad_max(hi);
-      const float scale = operand8_scale(lo, hi), inverse = operand8_inverse(scale);
-      // (p - lo) · inverse lies in [0, 255] (up to an ulp): its rounding needs no clamp, and the code
-      // is the low byte of its magic-rounded bits.
-      uint32_t code_bits_sum = 0;  // Σ (magic bits + code), mod 2^32
+      block_max = quad_max(block_max);
+      block_min = quad_min(block_min);
+      const float new_max = fmaxf(running_max[h], block_max);
+      const float rescale = fast_exp2(running_max[h] - new_max);
+      const bool moved = new_max != running_max[h];
+      running_max[h] = new_max;
+      sum[h] *= rescale;
+      if (__any_sync(kFullMask, moved)) {  // warp-uniform: O's rows are rescaled only when some max moved
+#pragma unroll
+        for (int d = 0; d < kDimTiles; ++d) o[m][d][e0] *= rescale, o[m][d][e0 + 1] *= rescale;
+      }
+      const float lo = fast_exp2(block_min - new_max), hi = fast_exp2(block_max - new_max);
+      const float inverse = hi > lo ? __fdividef(255.0f, hi - lo) : 0.0f;
+      uint32_t code_sum = 0;
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) {
 #pragma unroll
         for (int pair = 0; pair < 2; ++pair) {
           const int j = 4 * kk + 2 * pair;
-          uint32_t c[4];
+          uint32_t c[4];  // magic-rounded bits: the code is the low byte
 #pragma unroll
           for (int x = 0; x < 4; ++x) {
-            const float y = __fmul_rn(__fsub_rn(s[m][j + x / 2][e0 + x % 2], lo), inverse);
-            c[x] = __float_as_uint(__fadd_rn(y, kRoundMagic));
-            code_bits_sum += c[x];
+            const float weight = fast_exp2(s[m][j + x / 2][e0 + x % 2] - new_max);
+            c[x] = __float_as_uint(fmaf(weight - lo, inverse, kRoundMagic));
           }
-          a[m][kk][h % 2 + 2 * pair] = __byte_perm(__byte_perm(c[0], c[1], 0x0040), __byte_perm(c[2], c[3], 0x0040), 0x5410);
+          const uint32_t word = __byte_perm(__byte_perm(c[0], c[1], 0x0040), __byte_perm(c[2], c[3], 0x0040), 0x5410);
+          a[m][kk][h % 2 + 2 * pair] = word;
+          code_sum = __dp4a(word, 0x01010101u, code_sum);
         }
       }
-      const int code_sum = int(code_bits_sum - 16u * kRoundMagicBits);  // 16 codes: the lane's tokens of the row
-      p_scale[h] = scale;
-      p_min[h] = lo;
-      p_total[h] = fmaf(scale, float(quad_sum(code_sum)), float(T) * lo);
+      p_scale[h] = (hi - lo) * (1.0f / 255.0f);
+      p_total[h] = fmaf(p_scale[h], float(quad_sum(int(code_sum))), float(T) * lo);
       sum[h] += p_total[h];
+      // The row's factors (m_p, Σp) in slots (hi, hi, lo, hi, hi, lo, 0, ..): lane i holds slots 2i, 2i + 1.
+      const __half min_high = half_high(lo), min_low = half_low(lo);
+      const __half total_high = half_high(p_total[h]), total_low = half_low(p_total[h]);
+      const __half zero = __float2half_rn(0.0f);
+      const __half2 pair = quad_lane == 0   ? __halves2half2(min_high, min_high)
+                           : quad_lane == 1 ? __halves2half2(min_low, total_high)
+                           : quad_lane == 2 ? __halves2half2(total_high, total_low)
+                                            : __halves2half2(zero, zero);
+      p_correction[h] = *reinterpret_cast<const uint32_t*>(&pair);
     }
 
-    // O += P·V = s_v (s_p P'·V' + m_p Σv') + m_v Σp, per n8 tile of columns.
-    const __half* v_mins = reinterpret_cast<const __half*>(b + L.o.v_mins);
-    const __half* v_scales = reinterpret_cast<const __half*>(b + L.o.v_scales);
-    const int16_t* v_sums = reinterpret_cast<const int16_t*>(b + L.o.v_sums);
+    // O += P·V = s_v (s_p P'·V' + m_p Σv') + m_v Σp, per n8 tile of columns: the corrections by an FP16
+    // mma onto O, then s_v s_p P'·V'.
 #pragma unroll
     for (int d = 0; d < kDimTiles; ++d) {
       int dot[kRowTiles][4];
@@ -385,19 +485,21 @@ __global__ __launch_bounds__(kHackPrefillThreads) void hack_prefill_partials(Hac
 #pragma unroll
         for (int m = 0; m < kRowTiles; ++m) mma_16832_u8(dot[m], a[m][kk], b0, b1);
       }
+      const uint32_t correction = reinterpret_cast<const uint32_t*>(v_correction)[(8 * d + g) * 4 + quad_lane];
+#pragma unroll
+      for (int m = 0; m < kRowTiles; ++m) {
+        const uint32_t rows[4] = {p_correction[2 * m], p_correction[2 * m + 1], 0u, 0u};
+        mma_16816_f16(o[m][d], rows, correction, 0u);
+      }
       const int column = 8 * d + 2 * quad_lane;  // this lane's columns: column, column + 1
-      const float2 v_min = __half22float2(*reinterpret_cast<const __half2*>(v_mins + column));
-      const float2 v_scale = __half22float2(*reinterpret_cast<const __half2*>(v_scales + column));
-      const uint32_t sums = *reinterpret_cast<const uint32_t*>(v_sums + column);
-      const float v_scaled_sum[2] = {v_scale.x * float(int16_t(sums & 0xffffu)), v_scale.y * float(int16_t(sums >> 16))};
+      const float2 v_scale = *reinterpret_cast<const float2*>(v_scales + column);
 #pragma unroll
       for (int m = 0; m < kRowTiles; ++m) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int h = 2 * m + e / 2;
-          const float vs = e % 2 ? v_scale.y : v_scale.x, vm = e % 2 ? v_min.y : v_min.x;
-          const float p_dot = fmaf(p_scale[h], __int_as_float(dot[m][e]), -p_scale[h] * kTwo23);  // s_p Σp'v'
-          o[m][d][e] = fmaf(vm, p_total[h], fmaf(p_min[h], v_scaled_sum[e % 2], fmaf(vs, p_dot, o[m][d][e])));
+          const float ps = p_scale[2 * m + e / 2];
+          const float p_dot = fmaf(ps, __int_as_float(dot[m][e]), -ps * kTwo23);  // s_p Σp'v'
+          o[m][d][e] = fmaf(e % 2 ? v_scale.y : v_scale.x, p_dot, o[m][d][e]);
         }
       }
     }

@@ -15,7 +15,20 @@
 // per (row, block) (quantize_operand8 again, over the block's 64 tokens: one V partition) in registers,
 // straight into the A fragments; P'·V' on the same mma and V's corrections with the stored Σv':
 //   P·V = s_p s_v (P'·V') + s_p m_v Σp' + m_p s_v Σv' + T m_p m_v.
-// Each CTA writes its split partial (base-2 max, sum, weighted V); launch_merge_split_partials merges.
+// The correction terms that are not integer products (rank 4 in S, rank 2 in O) run as one FP16 mma
+// per tile on hi/lo-split factors (see write_row_factor in the .cu). Each CTA writes its split partial
+// (base-2 max, sum, weighted V); launch_merge_split_partials merges.
+//
+// Measured on H100 (32 q / 8 kv heads, d 128, 2 bits; bench/cuda/bench_hack_prefill_cuda): 130–186
+// TFLOP/s-equivalent against the FP16 tensor-core kernel's 245–318 over the same tokens, i.e. 0.5–0.6x
+// its work rate (the issue's target is 1.3x). The first version spent ~2700 instructions per warp and
+// block; removing the int-to-float conversions (magic-number accumulators), converting the block's
+// parameters once per CTA, P' without division or clamp, and the FP16-mma corrections brought that to
+// ~1700 but the time by only ~8%: the kernel is bound by latency (8 resident warps per multiprocessor
+// at 255 registers, long mma → fold → softmax → mma chains, two barriers per block around the
+// unpacking), not by issue or by the tensor cores (~180 of H100's INT8 TOPS). Next: 8 warps of one m16
+// tile each (half the registers, twice the resident warps), unpacking overlapped with compute
+// (producer warps), or wgmma on sm_90a.
 // This header is host C++ (the kernel and its launch parameters live in the .cu).
 #pragma once
 
