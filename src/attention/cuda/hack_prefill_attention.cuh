@@ -1,0 +1,83 @@
+// HACK prefill attention on INT8 tensor cores (HACK §5.1–5.3, Eq. 4): for a prefill step (many new
+// queries per sequence), the attention of every query over the sequence's sealed `hack` blocks that lie
+// wholly before the step's first new token. Every query of the step sees every token of those blocks,
+// so no causal mask is needed; the rest of the step (the open block and the step's own tokens) is
+// exact FP16 attention, whose partials merge with these (split_k.cuh's format) — wiring that into
+// CudaPagedAttention is a follow-up.
+//
+// Per CTA: 128 query rows (positions × the GQA group sharing one KV head, as prefill_attention.cuh),
+// 4 warps of 2 m16 row tiles. Q is quantized once per CTA to 8 bits per K partition
+// (quantize_operand8's operations, attention/hack_operands.h). Each block (64 tokens) is staged in
+// shared memory with cp.async double buffering, its K and V codes unpacked there to u8 (never to
+// global memory), and
+//   S  = Σ_partitions s_q s_k (Q'·K'ᵀ) + s_q m_k Σq' + m_q s_k Σk' + n m_q m_k   (Eq. 4, stored Σk')
+// with Q'·K'ᵀ on mma.sync m16n8k32 u8×u8→s32; online softmax in FP32, base 2; P quantized to 8 bits
+// per (row, block) (quantize_operand8 again, over the block's 64 tokens: one V partition) in registers,
+// straight into the A fragments; P'·V' on the same mma and V's corrections with the stored Σv':
+//   P·V = s_p s_v (P'·V') + s_p m_v Σp' + m_p s_v Σv' + T m_p m_v.
+// The correction terms that are not integer products (rank 4 in S, rank 2 in O) run as one FP16 mma
+// per tile on hi/lo-split factors (see write_row_factor in the .cu). Each CTA writes its split partial
+// (base-2 max, sum, weighted V); launch_merge_split_partials merges.
+//
+// Measured on H100 (32 q / 8 kv heads, d 128, 2 bits; bench/cuda/bench_hack_prefill_cuda): 130–186
+// TFLOP/s-equivalent against the FP16 tensor-core kernel's 245–318 over the same tokens, i.e. 0.5–0.6x
+// its work rate (the issue's target is 1.3x). The first version spent ~2700 instructions per warp and
+// block; removing the int-to-float conversions (magic-number accumulators), converting the block's
+// parameters once per CTA, P' without division or clamp, and the FP16-mma corrections brought that to
+// ~1700 but the time by only ~8%: the kernel is bound by latency (8 resident warps per multiprocessor
+// at 255 registers, long mma → fold → softmax → mma chains, two barriers per block around the
+// unpacking), not by issue or by the tensor cores (~180 of H100's INT8 TOPS). Next: 8 warps of one m16
+// tile each (half the registers, twice the resident warps), unpacking overlapped with compute
+// (producer warps), or wgmma on sm_90a.
+// This header is host C++ (the kernel and its launch parameters live in the .cu).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "attention/cuda/paged_attention.h"
+#include "backend/cuda/quantized_kv_pool.h"
+
+namespace slimkv::cuda {
+
+constexpr int kHackPrefillWarps = 4;
+constexpr int kHackPrefillThreads = kHackPrefillWarps * 32;
+constexpr int kHackPrefillRowTilesPerWarp = 2;  // m16 row tiles per warp: each K/V fragment serves both
+constexpr int kHackPrefillTileRows = kHackPrefillWarps * 16 * kHackPrefillRowTilesPerWarp;
+
+// The host side for one shape and bit width: plans a prefill step's tiles and splits, runs the kernel
+// and the merge. Outputs are the attention over the sealed blocks before each sequence's first new
+// token only (zeros for a sequence that has none).
+class CudaHackPrefillAttention {
+ public:
+  // shape: heads (GQA group at most 8), head_dim 64 or 128, max_batch, max_queries; bits of K and V.
+  static Expected<std::unique_ptr<CudaHackPrefillAttention>> create(const PagedAttentionShape& shape, int bits);
+
+  Status plan(const PagedAttentionBatch& batch);
+  // q, out: FP16 [total queries, num_heads, head_dim] (device); scores are scale · q·k. kv gives the block
+  // tables; sealed must be `hack` blocks of this bit width and head dim.
+  Status run(const PagedKvView& kv, const QuantizedKvView& sealed, const uint16_t* q, float scale, uint16_t* out);
+
+  int num_splits() const { return num_splits_; }
+  int num_tiles() const { return num_tiles_; }
+
+ private:
+  CudaHackPrefillAttention(const PagedAttentionShape& shape, int bits) : shape_(shape), bits_(bits) {}
+
+  PagedAttentionShape shape_;
+  int bits_;
+  int group_ = 0;
+  int block_bytes_ = 0;
+  size_t shared_bytes_ = 0;
+  int target_ctas_ = 0;  // one wave of the kernel
+  // Planned:
+  int batch_size_ = 0, num_tiles_ = 0, num_splits_ = 1, blocks_per_split_ = 1;
+  // Device: [sequence_ids B | kv_lens B | query_starts B+1 | pad | tiles], and the partials.
+  DeviceArray<int> metadata_;
+  int tiles_offset_ = 0;
+  DeviceArray<float> partial_acc_;
+  DeviceArray<float> partial_max_sum_;
+};
+
+}  // namespace slimkv::cuda
