@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "attention/cuda/device_ops.cuh"
 #include "attention/cuda/split_k.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "kv/codec/quantized_block.h"
@@ -30,29 +31,6 @@ struct HackPrefillLaunch {
 // different groups of 4 banks (row strides ≡ 4 words mod 8).
 constexpr int row_words(int bytes) { return (bytes + 16) / 4; }
 
-// --- PTX wrappers (sm_80+) ---
-
-__device__ __forceinline__ void cp_async_16(void* shared, const void* global) {
-  const unsigned address = unsigned(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(global));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
-
-// d += a · b for a 16×32 u8 A (row-major fragment), a 32×8 u8 B (column-major fragment), s32 d. Lane
-// (g = lane / 4, i = lane % 4): a0 = row g, k 4i..4i+3; a1 = row g + 8; a2, a3 the same at k + 16;
-// b0 = column g, k 4i..4i+3, b1 at k + 16; d0, d1 = row g, columns 2i, 2i + 1; d2, d3 = row g + 8.
-__device__ __forceinline__ void mma_16832_u8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // --- reading packed codes (kv/codec/quantized_block.h: 4 codes of b bits in a field of b/2 bytes) ---
 
 template <int kBits>
@@ -63,18 +41,6 @@ __device__ __forceinline__ uint32_t read_field(const uint8_t* p) {
     return *reinterpret_cast<const uint16_t*>(p);
   } else {
     return *reinterpret_cast<const uint32_t*>(p);
-  }
-}
-
-// A field's 4 codes, one per byte.
-template <int kBits>
-__device__ __forceinline__ uint32_t spread_codes(uint32_t field) {
-  if constexpr (kBits == 2) {
-    return (field | (field << 6) | (field << 12) | (field << 18)) & 0x03030303u;
-  } else if constexpr (kBits == 4) {
-    return __byte_perm(field, field >> 4, 0x5140) & 0x0f0f0f0fu;
-  } else {
-    return field;
   }
 }
 
@@ -146,15 +112,6 @@ __device__ __forceinline__ void write_row_factor(__half* out, float x) {
 __device__ __forceinline__ void write_column_factor(__half* out, float x) {
   out[0] = out[2] = half_high(x);
   out[1] = half_low(x);
-}
-
-// d += a · b for a 16×16 FP16 A (row-major fragment), a 16×8 FP16 B (column-major), FP32 d.
-__device__ __forceinline__ void mma_16816_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // The block's partition parameters, converted once per block for all the CTA's warps: s_k per (K
@@ -404,7 +361,7 @@ __global__ __launch_bounds__(kHackPrefillThreads) void hack_prefill_partials(Hac
       for (int j = 0; j < kTokenTiles; ++j) {
         const uint32_t b0 = tokens[(8 * j + g) * kCorrectionWords + quad_lane], b1 = tokens[(8 * j + g) * kCorrectionWords + quad_lane + 4];
 #pragma unroll
-        for (int m = 0; m < kRowTiles; ++m) mma_16816_f16(s[m][j], a[m], b0, b1);
+        for (int m = 0; m < kRowTiles; ++m) mma_16816(s[m][j], a[m], b0, b1);
       }
     }
 
@@ -489,7 +446,7 @@ __global__ __launch_bounds__(kHackPrefillThreads) void hack_prefill_partials(Hac
 #pragma unroll
       for (int m = 0; m < kRowTiles; ++m) {
         const uint32_t rows[4] = {p_correction[2 * m], p_correction[2 * m + 1], 0u, 0u};
-        mma_16816_f16(o[m][d], rows, correction, 0u);
+        mma_16816(o[m][d], rows, correction, 0u);
       }
       const int column = 8 * d + 2 * quad_lane;  // this lane's columns: column, column + 1
       const float2 v_scale = *reinterpret_cast<const float2*>(v_scales + column);

@@ -5,23 +5,12 @@
 #include <algorithm>
 #include <cmath>
 
+#include "attention/cuda/device_ops.cuh"
+
 namespace slimkv::cuda {
 namespace {
 
-// --- PTX wrappers (sm_80+) ---
-
-// Copies 16 bytes global → shared without passing through registers; fills zeros instead when
-// !valid (src-size 0): tokens past a sequence's end are never read, and their zero V times a zero
-// weight stays zero (whatever sits in the pool could be NaN).
-__device__ inline void cp_async_16(void* shared, const void* global, bool valid) {
-  const unsigned address = unsigned(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(global), "r"(valid ? 16 : 0));
-}
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ inline void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
+// --- PTX wrappers (sm_80+; the shared ones: device_ops.cuh) ---
 
 // Four 8×8 FP16 matrices from shared memory; lane l gives the address of row l % 8 of matrix l / 8.
 // Lane t receives row t / 4, columns 2(t % 4) and +1 of each (transposed with .trans).
@@ -36,15 +25,6 @@ __device__ inline void ldmatrix_x4_trans(unsigned (&r)[4], const void* shared) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(address));
-}
-
-// d += a · b for a 16×16 A (row-major fragment), a 16×8 B (column-major fragment), FP32 d.
-__device__ inline void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 __device__ inline unsigned pack_halves(float low, float high) {

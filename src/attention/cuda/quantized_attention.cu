@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "attention/cuda/device_ops.cuh"
 #include "attention/cuda/paged_attention.h"
 #include "attention/cuda/split_k.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -31,20 +32,6 @@ struct QuantizedLaunch {
   QuantizedBlockOffsets o;
   int table_shift;        // block table entries name block entry >> table_shift of `blocks`
 };
-
-// 4 codes of kBits each (the low 4·kBits bits of `field`) spread to one byte each.
-template <int kBits>
-__device__ __forceinline__ uint32_t spread_codes(uint32_t field) {
-  if constexpr (kBits == 2) {
-    const uint32_t x = field & 0xffu;
-    return (x | (x << 6) | (x << 12) | (x << 18)) & 0x03030303u;
-  } else if constexpr (kBits == 4) {
-    // bytes (c0 | c1 << 4, c2 | c3 << 4) and, shifted by 4, (c1 | .., c3): pick c0, c1, c2, c3.
-    return __byte_perm(field, field >> 4, 0x5140) & 0x0f0f0f0fu;
-  } else {
-    return field;
-  }
-}
 
 // Byte i of w as a float: 2^23 + byte, less 2^23 (one PRMT and one FADD).
 __device__ __forceinline__ float byte_to_float(uint32_t w, int i) {

@@ -1,0 +1,57 @@
+// The PTX wrappers and code unpacking the attention kernels share (sm_80+): asynchronous copies to
+// shared memory, the tensor-core mma shapes, and a packed field's codes spread one per byte.
+#pragma once
+
+#include <cstdint>
+
+namespace slimkv::cuda {
+
+// Copies 16 bytes global → shared without passing through registers; fills zeros instead when
+// !valid (src-size 0): tokens past a sequence's end are never read, and their zero V times a zero
+// weight stays zero (whatever sits in the pool could be NaN).
+__device__ __forceinline__ void cp_async_16(void* shared, const void* global, bool valid = true) {
+  const unsigned address = unsigned(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(global), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// d += a · b for a 16×16 FP16 A (row-major fragment), a 16×8 FP16 B (column-major fragment), FP32 d.
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// d += a · b for a 16×32 u8 A (row-major fragment), a 32×8 u8 B (column-major fragment), s32 d. Lane
+// (g = lane / 4, i = lane % 4): a0 = row g, k 4i..4i+3; a1 = row g + 8; a2, a3 the same at k + 16;
+// b0 = column g, k 4i..4i+3, b1 at k + 16; d0, d1 = row g, columns 2i, 2i + 1; d2, d3 = row g + 8.
+__device__ __forceinline__ void mma_16832_u8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 4 codes of kBits each (the low 4·kBits bits of `field`, kv/codec/quantized_block.h's packing)
+// spread to one byte each.
+template <int kBits>
+__device__ __forceinline__ uint32_t spread_codes(uint32_t field) {
+  if constexpr (kBits == 2) {
+    const uint32_t x = field & 0xffu;
+    return (x | (x << 6) | (x << 12) | (x << 18)) & 0x03030303u;
+  } else if constexpr (kBits == 4) {
+    // bytes (c0 | c1 << 4, c2 | c3 << 4) and, shifted by 4, (c1 | .., c3): pick c0, c1, c2, c3.
+    return __byte_perm(field, field >> 4, 0x5140) & 0x0f0f0f0fu;
+  } else {
+    return field;
+  }
+}
+
+}  // namespace slimkv::cuda
