@@ -22,6 +22,7 @@
 #include "backend/cuda/paged_kv_cache.h"
 #include "backend/cuda/quantized_kv_pool.h"
 #include "backend/cuda/random_fill.h"
+#include "gpu_timing.h"
 
 namespace slimkv::cuda {
 namespace {
@@ -111,29 +112,8 @@ Expected<Measurement> measure(const Options& o, int context) {
     return quantized ? attention->run_quantized(view, pool->view(0), q.data(), scale, out.data())
                      : attention->run(view, q.data(), scale, out.data());
   };
-  for (int warm = 0; warm < 5; ++warm) SLIMKV_RETURN_IF_ERROR(step());
-  SLIMKV_RETURN_IF_ERROR(device_synchronize("warm-up"));
-
-  // Events around groups of launches; the median group.
-  const int launches_per_group = 10;
-  cudaEvent_t start, stop;
-  SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
-  SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
-  std::vector<double> ms;
-  for (int rep = 0; rep < o.repetitions; ++rep) {
-    SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(start));
-    for (int i = 0; i < launches_per_group; ++i) SLIMKV_RETURN_IF_ERROR(step());
-    SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop));
-    SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop));
-    float group_ms = 0;
-    SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&group_ms, start, stop));
-    ms.push_back(double(group_ms) / launches_per_group);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  SLIMKV_RETURN_IF_ERROR(device_synchronize("timed runs"));
-  std::sort(ms.begin(), ms.end());
-  const double median_ms = ms[ms.size() / 2];
+  SLIMKV_ASSIGN_OR_RETURN(const double median_ms,
+                          median_launch_ms(step, o.repetitions, /*launches_per_group=*/10, /*warm_up=*/5));
   const int sealed_blocks = quantized ? context / kCudaBlockTokens : 0;
   const double open_tokens = double(context - sealed_blocks * kCudaBlockTokens);
   const double kv_bytes = double(o.batch) * o.kv_heads *

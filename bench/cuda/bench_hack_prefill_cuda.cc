@@ -27,6 +27,7 @@
 #include "backend/cuda/paged_kv_cache.h"
 #include "backend/cuda/quantized_kv_pool.h"
 #include "backend/cuda/random_fill.h"
+#include "gpu_timing.h"
 
 namespace slimkv::cuda {
 namespace {
@@ -46,27 +47,7 @@ Status check(const Status& status) {
 
 // The median over groups of launches of the time of one `step`, in ms.
 Expected<double> time_ms(const std::function<Status()>& step, int repetitions) {
-  for (int warm = 0; warm < 2; ++warm) SLIMKV_RETURN_IF_ERROR(step());
-  SLIMKV_RETURN_IF_ERROR(device_synchronize("warm-up"));
-  const int launches_per_group = 5;
-  cudaEvent_t start, stop;
-  SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
-  SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
-  std::vector<double> ms;
-  for (int rep = 0; rep < repetitions; ++rep) {
-    SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(start));
-    for (int i = 0; i < launches_per_group; ++i) SLIMKV_RETURN_IF_ERROR(step());
-    SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop));
-    SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop));
-    float group_ms = 0;
-    SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&group_ms, start, stop));
-    ms.push_back(double(group_ms) / launches_per_group);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  SLIMKV_RETURN_IF_ERROR(device_synchronize("timed runs"));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return median_launch_ms(step, repetitions, /*launches_per_group=*/5);
 }
 
 struct Measurement {
