@@ -21,6 +21,9 @@ struct PqOptions {
   TopkWindow window;
   int m = 2;           // sub-spaces
   int bits = 6;        // b: 2^b centroids per sub-space
+  // Candidates per selected token re-scored exactly from their keys as stored (topk_selector.h): PQ's
+  // misses sit just below the top-k boundary, so a few more candidates recover most of them.
+  double rerank = 1.25;
   int max_iters = 0;   // k-means iteration cap; 0: auto (kmeans_iteration_cap)
   int segment_tokens = 256;  // tokens per codebook (>= 2^b)
   int cache_tokens = 4096;  // the offload tier's block cache, in tokens
