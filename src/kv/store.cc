@@ -166,14 +166,12 @@ class StoreSealedKeys final : public SealedKeys {
     const BlockShape& shape = store_.block_shape(layer, head);
     const int block_tokens = store_.block_tokens();
     thread_local std::vector<int> rows;
-    thread_local std::vector<float> v;
-    v.resize(size_t(block_tokens) * size_t(shape.v_dim));
     for (int i = 0; i < n;) {  // the tokens of one block at a time
       const int block = tokens[i] / block_tokens;
       rows.clear();
       for (; i < n && tokens[i] / block_tokens == block; ++i) rows.push_back(tokens[i] - block * block_tokens);
       store_.codec().decode_tokens(shape, store_.sealed_block(layer, head, block), rows.data(), int(rows.size()), k,
-                                   v.data());
+                                   nullptr);
       k += rows.size() * size_t(shape.k_dim);
     }
   }
