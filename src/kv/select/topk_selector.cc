@@ -45,6 +45,7 @@ void TopkSelector::select(int layer, const float* q, int num_heads, int num_toke
   pool.run(num_kv_heads_, [&](int64_t g, int) {
     thread_local std::vector<float> summed_q, scores, candidate_keys;
     thread_local std::vector<int> order, candidate_tokens;
+    thread_local std::vector<char> is_candidate;
     // One query per group: Σ_h q_h·k = (Σ_h q_h)·k (GQA heads share a selection; see selector.h).
     summed_q.assign(size_t(k_dim_), 0.0f);
     for (int h = 0; h < group; ++h) {
@@ -61,9 +62,15 @@ void TopkSelector::select(int layer, const float* q, int num_heads, int num_toke
     };
     std::nth_element(order.begin(), order.begin() + candidates, order.end(), higher);
     if (candidates > k) {  // re-rank the candidates by their exact scores
-      std::sort(order.begin(), order.begin() + candidates);
-      candidate_tokens.resize(size_t(candidates));
-      for (int i = 0; i < candidates; ++i) candidate_tokens[size_t(i)] = init_end + order[size_t(i)];
+      // In token order (the keys are read block by block): a pass over flags, cheaper than a sort.
+      is_candidate.assign(size_t(middle), 0);
+      for (int i = 0; i < candidates; ++i) is_candidate[size_t(order[size_t(i)])] = 1;
+      candidate_tokens.clear();
+      for (int i = 0; i < middle; ++i) {
+        if (is_candidate[size_t(i)]) candidate_tokens.push_back(i);
+      }
+      std::copy(candidate_tokens.begin(), candidate_tokens.end(), order.begin());
+      for (int& token : candidate_tokens) token += init_end;
       candidate_keys.resize(size_t(candidates) * size_t(k_dim_));
       sealed_keys.read(layer, int(g), candidate_tokens.data(), candidates, candidate_keys.data());
       for (int i = 0; i < candidates; ++i) {
