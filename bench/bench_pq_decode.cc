@@ -91,8 +91,8 @@ double decode_step_ms(const std::string& spec, int context, int steps) {
 }
 
 void scaling() {
-  const std::vector<std::string> specs = {"dense", "pq:topk=0.2,iters=8", "pq:topk=1024,iters=8",
-                                         "pq:topk=1024,iters=8,segment=1024"};
+  const std::vector<std::string> specs = {"dense", "pq:topk=0.2,iters=8", "pq:topk=0.2,iters=8,rerank=1",
+                                         "pq:topk=1024,iters=8", "pq:topk=1024,iters=8,segment=1024"};
   std::printf("decode step, one layer (4 q / 2 KV heads, d=128), ms; ratio to dense\n%-8s", "context");
   for (const std::string& spec : specs) std::printf(" %34s", spec.c_str());
   std::printf("\n");

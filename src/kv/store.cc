@@ -155,6 +155,33 @@ KvStore::ExactChunk KvStore::exact_chunk(int layer, int head) const {
   return {chunk_.first_token, chunk_.n, chunk_.k[size_t(head)].data(), chunk_.v[size_t(head)].data()};
 }
 
+namespace {
+
+// A selector's reads of sealed keys, decoded from the blocks as the store holds them (from the slow tier
+// when offloaded, as a KV transfer reads them: not counted as tier traffic).
+class StoreSealedKeys final : public SealedKeys {
+ public:
+  explicit StoreSealedKeys(const KvStore& store) : store_(store) {}
+  void read(int layer, int head, const int* tokens, int n, float* k) const override {
+    const BlockShape& shape = store_.block_shape(layer, head);
+    const int block_tokens = store_.block_tokens();
+    thread_local std::vector<int> rows;
+    for (int i = 0; i < n;) {  // the tokens of one block at a time
+      const int block = tokens[i] / block_tokens;
+      rows.clear();
+      for (; i < n && tokens[i] / block_tokens == block; ++i) rows.push_back(tokens[i] - block * block_tokens);
+      store_.codec().decode_tokens(shape, store_.sealed_block(layer, head, block), rows.data(), int(rows.size()), k,
+                                   nullptr);
+      k += rows.size() * size_t(shape.k_dim);
+    }
+  }
+
+ private:
+  const KvStore& store_;
+};
+
+}  // namespace
+
 const std::vector<HeadSelection>& KvStore::select(int layer, const float* q, int n, int num_heads, ThreadPool& pool) {
   std::vector<HeadSelection>& selection = selections_[size_t(layer)];
   if (n > 1) {  // prefill attends to everything (PQCache selects while decoding)
@@ -168,7 +195,9 @@ const std::vector<HeadSelection>& KvStore::select(int layer, const float* q, int
     for (int h = 0; h < num_heads; ++h) hadamard_rotate(rotated.data() + size_t(h) * shape_.k_dim, shape_.k_dim);
     q = rotated.data();
   }
-  selector_->select(layer, q, num_heads, num_tokens(layer), num_sealed_blocks(layer) * block_tokens(), pool, selection);
+  const StoreSealedKeys sealed_keys(*this);
+  selector_->select(layer, q, num_heads, num_tokens(layer), num_sealed_blocks(layer) * block_tokens(), sealed_keys,
+                    pool, selection);
   stage_blocks(layer, selection);
   return selection;
 }

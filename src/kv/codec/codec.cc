@@ -25,8 +25,10 @@ void Codec::decode_tokens(const BlockShape& shape, const uint8_t* block, const i
   for (int i = 0; i < n; ++i) {
     std::memcpy(k + size_t(i) * shape.k_dim, block_k.data() + size_t(tokens[i]) * shape.k_dim,
                 size_t(shape.k_dim) * sizeof(float));
-    std::memcpy(v + size_t(i) * shape.v_dim, block_v.data() + size_t(tokens[i]) * shape.v_dim,
-                size_t(shape.v_dim) * sizeof(float));
+    if (v) {
+      std::memcpy(v + size_t(i) * shape.v_dim, block_v.data() + size_t(tokens[i]) * shape.v_dim,
+                  size_t(shape.v_dim) * sizeof(float));
+    }
   }
 }
 

@@ -47,8 +47,10 @@ void DenseCodec::decode_tokens(const BlockShape& shape, const uint8_t* block, co
   for (int i = 0; i < n; ++i) {
     widen_to_f32(block + size_t(tokens[i]) * size_t(shape.k_dim) * element, dtype_, k + size_t(i) * shape.k_dim,
                  size_t(shape.k_dim));
-    widen_to_f32(v_block + size_t(tokens[i]) * size_t(shape.v_dim) * element, dtype_, v + size_t(i) * shape.v_dim,
-                 size_t(shape.v_dim));
+    if (v) {
+      widen_to_f32(v_block + size_t(tokens[i]) * size_t(shape.v_dim) * element, dtype_, v + size_t(i) * shape.v_dim,
+                   size_t(shape.v_dim));
+    }
   }
 }
 

@@ -16,7 +16,7 @@ constexpr double kCostAlpha1 = 2.468e-02, kCostBeta1 = 1.644e-10;
 constexpr double kCostAlpha2 = -1.041e-02, kCostBeta2 = 8.470e-05, kCostGamma2 = 6.101e-08;
 
 std::string PqOptions::describe() const {
-  return str_cat("pq:m=", m, ",b=", bits, ",", window.describe(), ",iters=",
+  return str_cat("pq:m=", m, ",b=", bits, ",", window.describe(), ",rerank=", rerank, ",iters=",
                  max_iters ? std::to_string(max_iters) : std::string("auto"), ",segment=", segment_tokens,
                  ",cache=", cache_tokens, ",policy=", policy, overlap ? "" : ",overlap=off");
 }
@@ -34,6 +34,9 @@ struct PqSegment {
   int trained_on = 0;          // the segment's first tokens the codebook was trained on; 0: not trained yet
   int coded_with = -1;         // the segment whose codebook `codes` index (a segment not trained yet borrows)
   std::vector<uint8_t> codes;  // [tokens coded so far, m]
+  // The segment's keys [sealed so far, k_dim], FP32 as sealed, kept only until it is clustered full:
+  // then its codes are final and the keys are dropped (re-ranking reads them from the blocks).
+  std::vector<float> keys;
 };
 
 // Train segment `segment` of KV head `head` on its first `tokens` tokens.
@@ -55,13 +58,25 @@ struct PqLayer {
 class PqSelector final : public TopkSelector {
  public:
   PqSelector(const PqOptions& options, int num_layers, int num_kv_heads, int k_dim, int block_tokens, uint64_t seed)
-      : TopkSelector(options.window, num_layers, num_kv_heads, k_dim, block_tokens),
+      : TopkSelector(options.window, options.rerank, num_kv_heads, k_dim),
         options_(options),
         seed_(seed),
-        layers_(size_t(num_layers)) {
+        block_tokens_(block_tokens),
+        layers_(size_t(num_layers)),
+        sealed_tokens_(size_t(num_layers) * size_t(num_kv_heads)) {
     for (PqLayer& layer : layers_) layer.heads.resize(size_t(num_kv_heads));
   }
   ~PqSelector() override { clear(); }
+
+  void on_seal(int layer, int head, const float* k) override {
+    std::vector<PqSegment>& segments = layers_[size_t(layer)].heads[size_t(head)];
+    int& sealed = sealed_tokens_[size_t(layer) * size_t(num_kv_heads()) + size_t(head)];
+    for (int t = 0; t < block_tokens_; ++t, ++sealed) {  // a block may straddle two segments
+      const size_t s = size_t(sealed / options_.segment_tokens);
+      if (segments.size() <= s) segments.resize(s + 1);
+      segments[s].keys.insert(segments[s].keys.end(), k + size_t(t) * k_dim(), k + size_t(t + 1) * k_dim());
+    }
+  }
 
   void on_prefill(int layer_index) override {
     PqLayer& layer = layers_[size_t(layer_index)];
@@ -84,21 +99,23 @@ class PqSelector final : public TopkSelector {
         });
   }
 
-  // The keys, and the index as it is once it covers every sealed token: per (layer, KV head) a codebook
-  // of 2^b centroids [m, 2^b, d/m] FP32 per segment begun, and m one-byte codes per token.
+  // The index and keys as they are once every segment's clustering has landed, per (layer, KV head): a
+  // codebook of 2^b centroids [m, 2^b, d/m] FP32 per segment begun, m one-byte codes per token, and
+  // the FP32 keys of the last segment while it fills (a full segment's keys go when its codes are final).
   size_t memory_bytes() const override {
-    size_t index = 0;
+    size_t bytes = 0;
     for (size_t l = 0; l < layers_.size(); ++l) {
-      const size_t tokens = size_t(sealed_tokens(int(l)));
-      const size_t segments = (tokens + size_t(options_.segment_tokens) - 1) / size_t(options_.segment_tokens);
-      index += size_t(num_kv_heads()) * (segments * (size_t(1) << options_.bits) * size_t(k_dim()) * sizeof(float) +
-                                         tokens * size_t(options_.m));
+      const size_t tokens = size_t(sealed_tokens(int(l))), segment_tokens = size_t(options_.segment_tokens);
+      const size_t segments = (tokens + segment_tokens - 1) / segment_tokens;
+      bytes += size_t(num_kv_heads()) * (segments * (size_t(1) << options_.bits) * size_t(k_dim()) * sizeof(float) +
+                                         tokens * size_t(options_.m) +
+                                         tokens % segment_tokens * size_t(k_dim()) * sizeof(float));
     }
-    return TopkSelector::memory_bytes() + index;
+    return bytes;
   }
 
   void clear() override {
-    TopkSelector::clear();
+    std::fill(sealed_tokens_.begin(), sealed_tokens_.end(), 0);
     for (PqLayer& layer : layers_) {
       if (layer.training.valid()) layer.training.wait();
       layer = PqLayer{};
@@ -137,7 +154,7 @@ class PqSelector final : public TopkSelector {
         const int wanted = std::min(segment_tokens, scored_tokens - s * segment_tokens);
         if (coded >= wanted) continue;
         segment.codes.resize(size_t(wanted) * size_t(options_.m));
-        const float* k = keys(layer_index, g).data() + (size_t(s) * segment_tokens + size_t(coded)) * k_dim();
+        const float* k = segment.keys.data() + size_t(coded) * size_t(k_dim());
         segments[size_t(owner)].codebook.encode(k, wanted - coded, segment.codes.data() + size_t(coded) * options_.m);
       }
     }
@@ -182,8 +199,10 @@ class PqSelector final : public TopkSelector {
     return jobs;
   }
 
+  int sealed_tokens(int layer) const { return sealed_tokens_[size_t(layer) * size_t(num_kv_heads())]; }
+
   const float* segment_keys(int layer, const TrainingJob& job) const {
-    return keys(layer, job.head).data() + size_t(job.segment) * size_t(options_.segment_tokens) * size_t(k_dim());
+    return layers_[size_t(layer)].heads[size_t(job.head)][size_t(job.segment)].keys.data();
   }
 
   TrainedSegment train(int layer, const TrainingJob& job, const float* keys) const {
@@ -197,7 +216,7 @@ class PqSelector final : public TopkSelector {
     return trained;
   }
 
-  static void adopt(PqLayer& layer, std::vector<TrainedSegment> trained) {
+  void adopt(PqLayer& layer, std::vector<TrainedSegment> trained) const {
     for (TrainedSegment& result : trained) {
       std::vector<PqSegment>& segments = layer.heads[size_t(result.job.head)];
       if (int(segments.size()) <= result.job.segment) segments.resize(size_t(result.job.segment) + 1);
@@ -209,25 +228,49 @@ class PqSelector final : public TopkSelector {
       segment.codes = std::move(result.codes);
       segment.trained_on = result.job.tokens;
       segment.coded_with = result.job.segment;
+      if (segment.trained_on == options_.segment_tokens) segment.keys = {};  // its codes are final
     }
   }
 
   PqOptions options_;
   uint64_t seed_;
+  int block_tokens_;
   std::vector<PqLayer> layers_;
+  std::vector<int> sealed_tokens_;  // [layer · num_kv_heads + head]
 };
 
-// The upper bound: exact scores q·k of every middle token from the FP32 keys.
+// The upper bound: exact scores q·k of every middle token from a copy of the FP32 keys (before a
+// codec rounds them).
 class OracleSelector final : public TopkSelector {
  public:
-  using TopkSelector::TopkSelector;
+  OracleSelector(const TopkWindow& window, int num_layers, int num_kv_heads, int k_dim, int block_tokens)
+      : TopkSelector(window, 1.0, num_kv_heads, k_dim),
+        block_tokens_(block_tokens),
+        keys_(size_t(num_layers) * size_t(num_kv_heads)) {}
+
+  void on_seal(int layer, int head, const float* k) override {
+    std::vector<float>& keys = keys_[size_t(layer) * size_t(num_kv_heads()) + size_t(head)];
+    keys.insert(keys.end(), k, k + size_t(block_tokens_) * size_t(k_dim()));
+  }
+  void clear() override {
+    for (std::vector<float>& keys : keys_) keys.clear();
+  }
+  size_t memory_bytes() const override {
+    size_t bytes = 0;
+    for (const std::vector<float>& keys : keys_) bytes += keys.size() * sizeof(float);
+    return bytes;
+  }
 
  protected:
   bool prepare(int, int, ThreadPool&) override { return true; }
   void score(int layer, int head, const float* q, int first, int last, float* scores) const override {
-    const float* k = keys(layer, head).data();
+    const float* k = keys_[size_t(layer) * size_t(num_kv_heads()) + size_t(head)].data();
     for (int t = first; t < last; ++t) scores[t - first] = dot(q, k + size_t(t) * k_dim(), size_t(k_dim()));
   }
+
+ private:
+  int block_tokens_;
+  std::vector<std::vector<float>> keys_;  // [layer · num_kv_heads + head]: [sealed tokens, k_dim]
 };
 
 class PqSelectorFactory final : public SelectorFactory {

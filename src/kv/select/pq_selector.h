@@ -4,9 +4,10 @@
 // pass; the layer's next prompt chunk or first decode step waits for it: Algorithm 1), and again while
 // a segment fills (tokens decoded one by one would otherwise all be coded with centroids of the first
 // few blocks; §5 suggests periodic rebuilding). Per-segment codebooks follow the keys' drift with
-// position (RoPE, pq_selector.cc). Tokens sealed later get the codes of their nearest centroids. Decode
-// scores the middle tokens by ADC, one q·centroid table per segment, and keeps the top-k
-// (topk_selector.h).
+// position (RoPE, pq_selector.cc). Tokens sealed later get the codes of their nearest centroids. A
+// segment's keys are kept only until it is clustered full: then the index (centroids and codes) is all
+// pq keeps. Decode scores the middle tokens by ADC, one q·centroid table per segment, re-ranks the top
+// rerank·k exactly with their keys read back from the blocks, and keeps the top-k (topk_selector.h).
 #pragma once
 
 #include <memory>
@@ -21,6 +22,9 @@ struct PqOptions {
   TopkWindow window;
   int m = 2;           // sub-spaces
   int bits = 6;        // b: 2^b centroids per sub-space
+  // Candidates per selected token re-scored exactly from their keys as stored (topk_selector.h): PQ's
+  // misses sit just below the top-k boundary, so a few more candidates recover most of them.
+  double rerank = 1.25;
   int max_iters = 0;   // k-means iteration cap; 0: auto (kmeans_iteration_cap)
   int segment_tokens = 256;  // tokens per codebook (>= 2^b)
   int cache_tokens = 4096;  // the offload tier's block cache, in tokens

@@ -10,7 +10,8 @@ namespace {
 class AllSelector final : public Selector {
  public:
   void on_seal(int, int, const float*) override {}
-  void select(int, const float*, int, int, int, ThreadPool&, std::vector<HeadSelection>& selection) override {
+  void select(int, const float*, int, int, int, const SealedKeys&, ThreadPool&,
+              std::vector<HeadSelection>& selection) override {
     for (HeadSelection& head : selection) head = {true, {}};
   }
   void clear() override {}
@@ -37,6 +38,7 @@ std::shared_ptr<const SelectorFactory> make_selector_factory(const std::string& 
     pq.m = options.integer("m", pq.m, {1, 2, 4, 8, 16, 32});
     pq.bits = options.integer("b", pq.bits, {}, 1, 8);
     pq.window = read_topk_window(options);
+    pq.rerank = options.number("rerank", pq.rerank, 1.0, 100.0);
     const std::string iters = options.text("iters", "auto");
     pq.max_iters = iters == "auto" ? 0 : options.integer("iters", 0, {}, 1, 1000);
     pq.segment_tokens = options.integer("segment", pq.segment_tokens, {}, 1 << pq.bits);

@@ -10,7 +10,8 @@
 //
 // A selector object belongs to one sequence (it lives in the KvStore): the store hands it the FP32 keys
 // of every block it seals, in the basis the store keeps them (Hadamard-rotated when the codec rotates;
-// the store rotates queries alike, and rotation keeps q·k).
+// the store rotates queries alike, and rotation keeps q·k), and, at select time, reads it the keys of
+// chosen sealed tokens back from the blocks as stored (SealedKeys: pq's exact re-rank of its candidates).
 #pragma once
 
 #include <cstdint>
@@ -35,6 +36,14 @@ struct HeadSelection {
   int ranked_first = 0, ranked_last = 0;
 };
 
+// The keys of sealed tokens as the store holds them (decoded from their blocks, in the store's basis).
+class SealedKeys {
+ public:
+  virtual ~SealedKeys() = default;
+  // k [n, k_dim]: the keys of tokens (ascending, all sealed) of (layer, head).
+  virtual void read(int layer, int head, const int* tokens, int n, float* k) const = 0;
+};
+
 class Selector {
  public:
   virtual ~Selector() = default;
@@ -47,12 +56,14 @@ class Selector {
   virtual void on_prefill(int /*layer*/) {}
   // Selects for one decode query per head of `layer`. q: [num_heads, k_dim], in the store's basis;
   // num_tokens: tokens the layer holds (this query's included); sealed_tokens: those in sealed blocks
-  // (the rest, the open block, is always attended). Fills selection [num_kv_heads].
+  // (the rest, the open block, is always attended); sealed_keys reads their keys back (called
+  // concurrently for different heads). Fills selection [num_kv_heads].
   virtual void select(int layer, const float* q, int num_heads, int num_tokens, int sealed_tokens,
-                      ThreadPool& pool, std::vector<HeadSelection>& selection) = 0;
+                      const SealedKeys& sealed_keys, ThreadPool& pool, std::vector<HeadSelection>& selection) = 0;
   virtual void clear() = 0;  // back to an empty sequence
-  // Bytes the selector keeps beside the store's blocks (in RAM on the CPU): the keys it scores or
-  // clusters, and its index once it covers the sealed tokens (PQ: centroids and codes).
+  // Bytes the selector keeps beside the store's blocks (in RAM on the CPU): the keys it keeps (oracle:
+  // all; pq: those of segments not clustered in full yet), and its index once it covers the sealed
+  // tokens (pq: centroids and codes).
   virtual size_t memory_bytes() const { return 0; }
 };
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "backend/cpu/vec_ops.h"
 #include "kv/stage_options.h"
 #include "util/thread_pool.h"
 
@@ -25,30 +26,11 @@ TopkWindow read_topk_window(StageOptions& options) {
   return window;
 }
 
-TopkSelector::TopkSelector(const TopkWindow& window, int num_layers, int num_kv_heads, int k_dim, int block_tokens)
-    : window_(window),
-      num_kv_heads_(num_kv_heads),
-      k_dim_(k_dim),
-      block_tokens_(block_tokens),
-      keys_(size_t(num_layers) * size_t(num_kv_heads)) {}
-
-void TopkSelector::on_seal(int layer, int head, const float* k) {
-  std::vector<float>& keys = keys_[size_t(layer) * size_t(num_kv_heads_) + size_t(head)];
-  keys.insert(keys.end(), k, k + size_t(block_tokens_) * size_t(k_dim_));
-}
-
-void TopkSelector::clear() {
-  for (std::vector<float>& keys : keys_) keys.clear();
-}
-
-size_t TopkSelector::memory_bytes() const {
-  size_t bytes = 0;
-  for (const std::vector<float>& keys : keys_) bytes += keys.size() * sizeof(float);
-  return bytes;
-}
+TopkSelector::TopkSelector(const TopkWindow& window, double rerank, int num_kv_heads, int k_dim)
+    : window_(window), rerank_(rerank), num_kv_heads_(num_kv_heads), k_dim_(k_dim) {}
 
 void TopkSelector::select(int layer, const float* q, int num_heads, int num_tokens, int sealed_tokens,
-                          ThreadPool& pool, std::vector<HeadSelection>& selection) {
+                          const SealedKeys& sealed_keys, ThreadPool& pool, std::vector<HeadSelection>& selection) {
   selection.resize(size_t(num_kv_heads_));
   const int init_end = std::min(window_.init_tokens, num_tokens);
   const int middle_end = std::max(init_end, std::min(num_tokens - window_.local_tokens, sealed_tokens));
@@ -58,10 +40,12 @@ void TopkSelector::select(int layer, const float* q, int num_heads, int num_toke
     for (HeadSelection& head : selection) head = {true, {}};
     return;
   }
+  const int candidates = std::min(middle, int(std::ceil(double(k) * rerank_)));
   const int group = num_heads / num_kv_heads_;
   pool.run(num_kv_heads_, [&](int64_t g, int) {
-    thread_local std::vector<float> summed_q, scores;
-    thread_local std::vector<int> order;
+    thread_local std::vector<float> summed_q, scores, candidate_keys;
+    thread_local std::vector<int> order, candidate_tokens;
+    thread_local std::vector<char> is_candidate;
     // One query per group: Σ_h q_h·k = (Σ_h q_h)·k (GQA heads share a selection; see selector.h).
     summed_q.assign(size_t(k_dim_), 0.0f);
     for (int h = 0; h < group; ++h) {
@@ -76,7 +60,25 @@ void TopkSelector::select(int layer, const float* q, int num_heads, int num_toke
     const auto higher = [&](int a, int b) {
       return scores[size_t(a)] != scores[size_t(b)] ? scores[size_t(a)] > scores[size_t(b)] : a < b;
     };
-    std::nth_element(order.begin(), order.begin() + k, order.end(), higher);
+    std::nth_element(order.begin(), order.begin() + candidates, order.end(), higher);
+    if (candidates > k) {  // re-rank the candidates by their exact scores
+      // In token order (the keys are read block by block): a pass over flags, cheaper than a sort.
+      is_candidate.assign(size_t(middle), 0);
+      for (int i = 0; i < candidates; ++i) is_candidate[size_t(order[size_t(i)])] = 1;
+      candidate_tokens.clear();
+      for (int i = 0; i < middle; ++i) {
+        if (is_candidate[size_t(i)]) candidate_tokens.push_back(i);
+      }
+      std::copy(candidate_tokens.begin(), candidate_tokens.end(), order.begin());
+      for (int& token : candidate_tokens) token += init_end;
+      candidate_keys.resize(size_t(candidates) * size_t(k_dim_));
+      sealed_keys.read(layer, int(g), candidate_tokens.data(), candidates, candidate_keys.data());
+      for (int i = 0; i < candidates; ++i) {
+        scores[size_t(order[size_t(i)])] =
+            dot(summed_q.data(), candidate_keys.data() + size_t(i) * size_t(k_dim_), size_t(k_dim_));
+      }
+      std::nth_element(order.begin(), order.begin() + k, order.begin() + candidates, higher);
+    }
     std::sort(order.begin(), order.begin() + k);
     HeadSelection& out = selection[size_t(g)];
     out.all = false;

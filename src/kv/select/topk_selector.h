@@ -4,6 +4,11 @@
 //   tokens:  [0, init) | middle: top-k by score | [middle_end, num_tokens)
 //   middle_end = min(num_tokens - local, sealed_tokens): the open block is always attended (it is the
 //   newest tokens, unquantized, in the fast tier), so the local window is at least the open block.
+//
+// With rerank > 1 (pq), the top ⌈rerank·k⌉ middle tokens by score are candidates: their keys are read
+// back from the blocks as stored and the k with the highest exact scores are kept. It costs reading
+// those keys (rerank·k rows of K per KV head and step, most of them read by attention anyway) and buys
+// PQ's boundary misses back: they rank just below the top k.
 #pragma once
 
 #include <vector>
@@ -25,14 +30,12 @@ TopkWindow read_topk_window(StageOptions& options);
 
 class TopkSelector : public Selector {
  public:
-  TopkSelector(const TopkWindow& window, int num_layers, int num_kv_heads, int k_dim, int block_tokens);
+  // rerank >= 1: candidates ranked by score per token kept. Above 1, the top ⌈rerank·k⌉ middle tokens by
+  // score are scored again exactly, from their keys as stored (SealedKeys), and the top k of those kept.
+  TopkSelector(const TopkWindow& window, double rerank, int num_kv_heads, int k_dim);
 
-  // Keeps the keys (the slow tier's FP32 copy that scoring and clustering read).
-  void on_seal(int layer, int head, const float* k) override;
-  void clear() override;
-  size_t memory_bytes() const override;  // the FP32 copy of the sealed keys
-  void select(int layer, const float* q, int num_heads, int num_tokens, int sealed_tokens, ThreadPool& pool,
-              std::vector<HeadSelection>& selection) final;
+  void select(int layer, const float* q, int num_heads, int num_tokens, int sealed_tokens,
+              const SealedKeys& sealed_keys, ThreadPool& pool, std::vector<HeadSelection>& selection) final;
 
  protected:
   // Before scoring tokens [0, scored_tokens) of `layer` (PQ: brings its index up to date).
@@ -44,18 +47,12 @@ class TopkSelector : public Selector {
 
   int num_kv_heads() const { return num_kv_heads_; }
   int k_dim() const { return k_dim_; }
-  // The keys of the sealed tokens of (layer, head): [sealed_tokens(layer), k_dim].
-  const std::vector<float>& keys(int layer, int head) const {
-    return keys_[size_t(layer) * size_t(num_kv_heads_) + size_t(head)];
-  }
-  int sealed_tokens(int layer) const { return int(keys(layer, 0).size()) / k_dim_; }
 
  private:
   TopkWindow window_;
+  double rerank_;
   int num_kv_heads_;
   int k_dim_;
-  int block_tokens_;
-  std::vector<std::vector<float>> keys_;  // [layer · num_kv_heads + head]
 };
 
 }  // namespace slimkv
