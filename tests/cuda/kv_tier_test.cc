@@ -185,6 +185,11 @@ TEST_F(CudaTierTest, StepsBeyondTheBudgetsAreRefusedAndChangeNothing) {
   ASSERT_FALSE(status.is_ok());
   EXPECT_NE(status.message().find("host KV cache is full"), std::string::npos) << status.message();
   EXPECT_EQ(model->num_tokens(s), 200);
+  // A host pool larger than the machine's RAM (a petabyte) is refused at once, naming the sizes.
+  options.tier->host_bytes = size_t(1) << 50;
+  const auto huge = CudaLlamaModel::upload(cpu_model->config(), cpu_model->weights(), options);
+  ASSERT_FALSE(huge.has_value());
+  EXPECT_NE(huge.status().message().find("bytes of RAM"), std::string::npos) << huge.status().message();
 }
 
 // Through the engine and the KV spec: greedy generation with `@offload` and `@kvpr` is the resident

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numeric>
 
+#include <unistd.h>
+
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kv_slots.h"
 
@@ -115,6 +117,12 @@ Expected<std::unique_ptr<CudaHostKvTier>> CudaHostKvTier::create(const HostKvTie
                  ", micro-batches ", shape.micro_batches, ")");
   }
   std::unique_ptr<CudaHostKvTier> tier(new CudaHostKvTier(shape, sealer));
+  // Pinning more than the machine has can only fail, and the driver may take minutes to say so.
+  const double physical_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  if (double(tier->host_bytes()) > physical_bytes) {
+    return error("the host KV pool needs ", tier->host_bytes(), " bytes of pinned memory, more than this machine's ",
+                 size_t(physical_bytes), " bytes of RAM (lower the host pool, the context or the sequences)");
+  }
   const auto pin = [](size_t bytes, const char* what, void*& pointer) -> Status {
     const cudaError_t status = cudaHostAlloc(&pointer, bytes, cudaHostAllocMapped);
     if (status != cudaSuccess) {

@@ -5,9 +5,7 @@
 namespace slimkv::cuda {
 
 SequenceBlocks::SequenceBlocks(int num_blocks, int max_sequences, int max_blocks_per_sequence)
-    : num_blocks_(num_blocks), max_blocks_per_sequence_(max_blocks_per_sequence), sequences_(size_t(max_sequences)) {
-  for (int block = 0; block < num_blocks; ++block) free_.insert(free_.end(), block);
-}
+    : num_blocks_(num_blocks), max_blocks_per_sequence_(max_blocks_per_sequence), sequences_(size_t(max_sequences)) {}
 
 Expected<int> SequenceBlocks::add_sequence() {
   for (size_t id = 0; id < sequences_.size(); ++id) {
@@ -21,7 +19,7 @@ Expected<int> SequenceBlocks::add_sequence() {
 
 void SequenceBlocks::remove_sequence(int sequence) {
   Sequence& s = sequences_[size_t(sequence)];
-  free_.insert(s.blocks.begin(), s.blocks.end());
+  returned_.insert(s.blocks.begin(), s.blocks.end());
   s = Sequence{};
 }
 
@@ -42,13 +40,25 @@ Status SequenceBlocks::grow(int sequence, int tokens) {
                  " tokens needed, ", free_blocks(), " free)");
   }
   for (int i = 0; i < more; ++i) {
-    auto next = s.blocks.empty() ? free_.end() : free_.find(s.blocks.back() + 1);
-    if (next == free_.end()) next = free_.begin();
-    s.blocks.push_back(*next);
-    free_.erase(next);
+    // The block after the sequence's last when free, else the lowest free one.
+    if (!s.blocks.empty() && take(s.blocks.back() + 1)) {
+      s.blocks.push_back(s.blocks.back() + 1);
+      continue;
+    }
+    const int lowest = returned_.empty() ? next_fresh_ : std::min(*returned_.begin(), next_fresh_);
+    take(lowest);
+    s.blocks.push_back(lowest);
   }
   s.num_tokens = std::max(s.num_tokens, tokens);
   return Status::ok();
+}
+
+bool SequenceBlocks::take(int block) {
+  if (block == next_fresh_ && next_fresh_ < num_blocks_) {
+    ++next_fresh_;
+    return true;
+  }
+  return returned_.erase(block) > 0;
 }
 
 }  // namespace slimkv::cuda

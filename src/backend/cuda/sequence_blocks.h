@@ -31,7 +31,7 @@ class SequenceBlocks {
   int num_tokens(int sequence) const { return sequences_[size_t(sequence)].num_tokens; }
   // The sequence's blocks, in order.
   const std::vector<int>& blocks(int sequence) const { return sequences_[size_t(sequence)].blocks; }
-  int free_blocks() const { return int(free_.size()); }
+  int free_blocks() const { return int(returned_.size()) + (num_blocks_ - next_fresh_); }
 
   // Blocks the sequence needs to hold `tokens` tokens in all (0 when it has them).
   int blocks_to_grow(int sequence, int tokens) const;
@@ -49,7 +49,12 @@ class SequenceBlocks {
   int num_blocks_;
   int max_blocks_per_sequence_;
   std::vector<Sequence> sequences_;
-  std::set<int> free_;
+  // Free blocks: those returned by removed sequences, and [next_fresh_, num_blocks) never used (a pool
+  // of millions of host blocks costs nothing until used).
+  std::set<int> returned_;
+  int next_fresh_ = 0;
+  // Takes `block` if free (false if not).
+  bool take(int block);
 };
 
 }  // namespace slimkv::cuda
