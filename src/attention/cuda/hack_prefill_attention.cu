@@ -21,10 +21,8 @@ constexpr unsigned kFullMask = 0xffffffffu;
 // sealed blocks.
 struct HackPrefillLaunch {
   AttentionLaunch a;
-  const uint8_t* blocks;  // [num_blocks, num_kv_heads, block_bytes]
-  QuantizedBlockOffsets o;
-  int table_shift;        // block table entries name block entry >> table_shift of `blocks`
-  int bits;               // K and V bits: 2, 4 or 8
+  QuantizedKvView sealed;  // the sealed blocks (their tables: a.block_tables)
+  int bits;                // K and V bits: 2, 4 or 8
 };
 
 // Shared memory rows are padded by 16 bytes so that the 8 rows one fragment load touches fall in 8
@@ -225,9 +223,9 @@ __global__ __launch_bounds__(kHackPrefillThreads) void hack_prefill_partials(Hac
   const int block_begin = split * p.blocks_per_split;
   const int block_end = min(block_begin + p.blocks_per_split, sealed_blocks);
   const int* table = p.block_tables + size_t(p.sequence_ids[tq.batch_index]) * p.block_table_stride;
-  const int block_bytes = L.o.block_bytes;
+  const int block_bytes = L.sealed.offsets.block_bytes;
   const auto load_block = [&](int block, int stage) {
-    const uint8_t* source = L.blocks + (size_t(table[block] >> L.table_shift) * p.num_kv_heads + kv_head) * block_bytes;
+    const uint8_t* source = sealed_block_address(L.sealed, table[block], p.num_kv_heads, kv_head);
     for (int i = threadIdx.x * 16; i < block_bytes; i += kHackPrefillThreads * 16) cp_async_16(staged + stage * block_bytes + i, source + i);
   };
   if (block_begin < block_end) load_block(block_begin, 0);
@@ -289,8 +287,8 @@ __global__ __launch_bounds__(kHackPrefillThreads) void hack_prefill_partials(Hac
     __syncthreads();  // the staged block (and, the first time, Q') is visible to all
     const uint8_t* b = staged + stage * block_bytes;
     unpack_k<kHeadDim, kBits>(b, k_codes);
-    unpack_v<kHeadDim, kBits>(b + L.o.v_codes, v_codes);
-    unpack_meta<kHeadDim>(b, L.o, k_scales, v_scales, k_correction, v_correction);
+    unpack_v<kHeadDim, kBits>(b + L.sealed.offsets.v_codes, v_codes);
+    unpack_meta<kHeadDim>(b, L.sealed.offsets, k_scales, v_scales, k_correction, v_correction);
     __syncthreads();
 
     // S (base 2) = Σ over K partitions of Eq. 4, Q'·K'ᵀ on tensor cores 32 dims at a time.
@@ -629,9 +627,7 @@ Status CudaHackPrefillAttention::run(const PagedKvView& kv, const QuantizedKvVie
   p.scale_log2 = scale * kLog2e;
   p.partial_acc = partial_acc_.data();
   p.partial_max_sum = reinterpret_cast<float2*>(partial_max_sum_.data());
-  L.blocks = sealed.blocks;
-  L.o = sealed.offsets;
-  L.table_shift = sealed.table_shift;
+  L.sealed = sealed;
   L.bits = bits_;
   launch_hack_prefill_attention(L, shared_bytes_);
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();

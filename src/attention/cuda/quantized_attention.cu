@@ -28,9 +28,7 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 struct QuantizedLaunch {
   AttentionLaunch a;
-  const uint8_t* blocks;  // [num_blocks, num_kv_heads, block_bytes]
-  QuantizedBlockOffsets o;
-  int table_shift;        // block table entries name block entry >> table_shift of `blocks`
+  QuantizedKvView sealed;  // the sealed blocks (their tables: a.block_tables)
 };
 
 // Byte i of w as a float: 2^23 + byte, less 2^23 (one PRMT and one FADD).
@@ -162,9 +160,9 @@ template <int kHeadDim, int kRows, int kBits, bool kHack>
 __device__ __forceinline__ void block_scores(const QuantizedLaunch& L, const uint8_t* b, const CtaShared<kHeadDim, kRows>& s,
                                              int lane, float (&score)[2][kRows]) {
   constexpr int kPartitions = kHeadDim / T, kBytes = kBits / 2;
-  const __half* k_mins = reinterpret_cast<const __half*>(b + L.o.k_mins);
-  const __half* k_scales = reinterpret_cast<const __half*>(b + L.o.k_scales);
-  const int16_t* k_sums = reinterpret_cast<const int16_t*>(b + L.o.k_sums);
+  const __half* k_mins = reinterpret_cast<const __half*>(b + L.sealed.offsets.k_mins);
+  const __half* k_scales = reinterpret_cast<const __half*>(b + L.sealed.offsets.k_scales);
+  const int16_t* k_sums = reinterpret_cast<const int16_t*>(b + L.sealed.offsets.k_sums);
   const int t0 = 2 * lane;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) score[0][r] = score[1][r] = 0.0f;
@@ -307,7 +305,7 @@ __device__ __forceinline__ void attend_sealed(const QuantizedLaunch& L, const ui
     for (int quad = 0; quad < T / 16; ++quad) {  // token groups u = 4·quad + k
       uint32_t w[4];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) w[k] = Fields<2, kCols>(b + L.o.v_codes + (4 * quad + k) * kHeadDim + c0).words[0];
+      for (int k = 0; k < 4; ++k) w[k] = Fields<2, kCols>(b + L.sealed.offsets.v_codes + (4 * quad + k) * kHeadDim + c0).words[0];
       uint4 p[kRows];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) p[r] = *reinterpret_cast<const uint4*>(&s.p_codes[warp][r][4 * quad]);
@@ -326,7 +324,7 @@ __device__ __forceinline__ void attend_sealed(const QuantizedLaunch& L, const ui
   } else {
 #pragma unroll 4
     for (int u = 0; u < T / 4; ++u) {
-      const Fields<kBits, kCols> fields(b + L.o.v_codes + (u * kHeadDim + c0) * kBytes);
+      const Fields<kBits, kCols> fields(b + L.sealed.offsets.v_codes + (u * kHeadDim + c0) * kBytes);
 #pragma unroll
       for (int i = 0; i < kCols; ++i) {
         const uint32_t v = fields.codes(i);  // tokens 4u..4u+3 of column c0 + i
@@ -344,9 +342,9 @@ __device__ __forceinline__ void attend_sealed(const QuantizedLaunch& L, const ui
       }
     }
   }
-  const __half* v_mins = reinterpret_cast<const __half*>(b + L.o.v_mins);
-  const __half* v_scales = reinterpret_cast<const __half*>(b + L.o.v_scales);
-  const int16_t* v_sums = reinterpret_cast<const int16_t*>(b + L.o.v_sums);
+  const __half* v_mins = reinterpret_cast<const __half*>(b + L.sealed.offsets.v_mins);
+  const __half* v_scales = reinterpret_cast<const __half*>(b + L.sealed.offsets.v_scales);
+  const int16_t* v_sums = reinterpret_cast<const int16_t*>(b + L.sealed.offsets.v_sums);
 #pragma unroll
   for (int i = 0; i < kCols; ++i) {
     const float v_min = __half2float(v_mins[c0 + i]), v_scale = __half2float(v_scales[c0 + i]);
@@ -487,22 +485,22 @@ __global__ __launch_bounds__(kThreads) void quantized_attention_partials(Quantiz
   const int sealed_end = min(block_end, n_sealed);
   const int* table = p.block_tables + size_t(p.sequence_ids[tq.batch_index]) * p.block_table_stride;
   const auto sealed_block = [&](int block) {
-    return L.blocks + (size_t(table[block] >> L.table_shift) * p.num_kv_heads + kv_head) * L.o.block_bytes;
+    return sealed_block_address(L.sealed, table[block], p.num_kv_heads, kv_head);
   };
-  uint8_t* stage = reinterpret_cast<uint8_t*>(staging) + size_t(warp) * 2 * L.o.block_bytes;
+  uint8_t* stage = reinterpret_cast<uint8_t*>(staging) + size_t(warp) * 2 * L.sealed.offsets.block_bytes;
   WarpPartial<kRows, kCols> partial;
   int buffer = 0;
-  if (block_begin + warp < sealed_end) copy_block_async(stage, sealed_block(block_begin + warp), L.o.block_bytes, lane);
+  if (block_begin + warp < sealed_end) copy_block_async(stage, sealed_block(block_begin + warp), L.sealed.offsets.block_bytes, lane);
   for (int block = block_begin + warp; block < block_end; block += kWarps) {
     if (block < n_sealed) {
       if (block + kWarps < sealed_end) {  // the next block's copy is in flight while this one is read
-        copy_block_async(stage + (buffer ^ 1) * L.o.block_bytes, sealed_block(block + kWarps), L.o.block_bytes, lane);
+        copy_block_async(stage + (buffer ^ 1) * L.sealed.offsets.block_bytes, sealed_block(block + kWarps), L.sealed.offsets.block_bytes, lane);
         wait_copies<1>();
       } else {
         wait_copies<0>();
       }
       __syncwarp();
-      attend_sealed<kHeadDim, kRows, kBits, kHack>(L, stage + buffer * L.o.block_bytes, s, warp, lane, partial);
+      attend_sealed<kHeadDim, kRows, kBits, kHack>(L, stage + buffer * L.sealed.offsets.block_bytes, s, warp, lane, partial);
       __syncwarp();  // every lane is done with the buffer before it is refilled
       buffer ^= 1;
     } else {
@@ -569,9 +567,7 @@ Status CudaPagedAttention::run_quantized(const PagedKvView& kv, const QuantizedK
 
   QuantizedLaunch L{};
   L.a = launch_params(kv, q, scale, out);
-  L.blocks = sealed.blocks;
-  L.o = sealed.offsets;
-  L.table_shift = sealed.table_shift;
+  L.sealed = sealed;
   const dim3 grid(unsigned(L.a.num_splits), unsigned(L.a.num_kv_heads), unsigned(L.a.num_tiles));
   kernel<<<grid, kThreads, staging_bytes>>>(L);
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();

@@ -8,6 +8,7 @@
 #include <cuda_fp16.h>
 
 #include "backend/cuda/paged_kv_cache.h"
+#include "backend/cuda/quantized_kv_pool.h"
 
 namespace slimkv::cuda {
 
@@ -78,6 +79,13 @@ __device__ void store_cta_partial(const AttentionLaunch& p, int active_rows, con
     p.partial_acc[(row * p.num_splits + split) * kHeadDim + c] = weighted;
     if (c == 0) p.partial_max_sum[row * p.num_splits + split] = make_float2(max_all, total);
   }
+}
+
+// Where KV head kv_head's part of the sealed block named by block table entry `entry` starts (the
+// quantized kernels: decode and HACK prefill).
+__device__ __forceinline__ const uint8_t* sealed_block_address(const QuantizedKvView& sealed, int entry, int num_kv_heads,
+                                                               int kv_head) {
+  return sealed.blocks + (size_t(entry >> sealed.table_shift) * num_kv_heads + kv_head) * sealed.offsets.block_bytes;
 }
 
 // Merges the split partials of every row and writes the attention output (paged_attention.cu).
