@@ -109,7 +109,7 @@ Expected<Measurement> measure(const Options& o, int context) {
   const float scale = 1.0f / std::sqrt(float(o.head_dim));
   const PagedKvView view = cache->view(0);
   const auto step = [&]() {
-    return quantized ? attention->run_quantized(view, pool->view(0), q.data(), scale, out.data())
+    return quantized ? attention->run_quantized(view, pool->view(0, view.block_tables), q.data(), scale, out.data())
                      : attention->run(view, q.data(), scale, out.data());
   };
   SLIMKV_ASSIGN_OR_RETURN(const double median_ms,

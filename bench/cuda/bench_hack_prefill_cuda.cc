@@ -95,7 +95,7 @@ Expected<Measurement> measure(const Options& o, int batch, int context, int n) {
   SLIMKV_ASSIGN_OR_RETURN(const double fp16_ms, time_ms([&] { return fp16->run(view, q.data(), scale, out.data()); }, o.repetitions));
   SLIMKV_ASSIGN_OR_RETURN(auto hack, CudaHackPrefillAttention::create(attention_shape, o.bits));
   SLIMKV_RETURN_IF_ERROR(hack->plan(step));
-  const QuantizedKvView sealed = pool->view(0);
+  const QuantizedKvView sealed = pool->view(0, view.block_tables);
   SLIMKV_ASSIGN_OR_RETURN(const double hack_ms,
                           time_ms([&] { return hack->run(view, sealed, q.data(), scale, out.data()); }, o.repetitions));
 

@@ -91,7 +91,7 @@ Filled fill(const std::vector<int>& lengths, int step_tokens, int num_kv_heads, 
 
 // Block `ordinal` of sequence b, head h, as the GPU sealed it.
 std::vector<uint8_t> download_block(const Filled& f, int b, int h, int ordinal) {
-  const QuantizedKvView view = f.pool->view(kLayer);
+  const QuantizedKvView view = f.pool->view(kLayer, f.cache->view(kLayer).block_tables);
   const int index = f.cache->sequences().blocks(f.ids[size_t(b)])[size_t(ordinal)];
   std::vector<uint8_t> block(size_t(view.offsets.block_bytes));
   const size_t offset = (size_t(index) * f.cache->shape().num_kv_heads + h) * view.offsets.block_bytes;
@@ -248,7 +248,7 @@ void check_decode(const DecodeCase& c) {
   ASSERT_TRUE(attention->plan({f.ids, c.lengths, std::vector<int>(size_t(batch), 1)}).is_ok());
   ASSERT_TRUE(device_fill_bytes(out_device.data(), 0xff, out_device.bytes()).is_ok());  // NaN: unwritten shows
   const float scale = 1.0f / std::sqrt(float(d));
-  const Status ran = attention->run_quantized(f.cache->view(kLayer), f.pool->view(kLayer), q_device.data(), scale,
+  const Status ran = attention->run_quantized(f.cache->view(kLayer), f.pool->view(kLayer, f.cache->view(kLayer).block_tables), q_device.data(), scale,
                                               out_device.data());
   ASSERT_TRUE(ran.is_ok()) << ran.message();
   ASSERT_TRUE(device_synchronize("quantized attention").is_ok());
@@ -312,7 +312,7 @@ TEST_F(CudaTest, QuantizedAttentionRejectsWhatItCannotRun) {
   const int a = take(cache->sequences().add_sequence());
   ASSERT_TRUE(cache->begin_step({a}, {3}).is_ok());
   ASSERT_TRUE(attention->plan({{a}, {3}, {2}}).is_ok());  // two queries: a prefill chunk
-  const Status prefill = attention->run_quantized(cache->view(0), pool->view(0), nullptr, 1.0f, nullptr);
+  const Status prefill = attention->run_quantized(cache->view(0), pool->view(0, cache->view(0).block_tables), nullptr, 1.0f, nullptr);
   ASSERT_FALSE(prefill.is_ok());
   EXPECT_NE(prefill.message().find("decode only"), std::string::npos) << prefill.message();
 }

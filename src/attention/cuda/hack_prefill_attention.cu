@@ -222,10 +222,10 @@ __global__ __launch_bounds__(kHackPrefillThreads) void hack_prefill_partials(Hac
   const int sealed_blocks = tq.first_position / T;  // wholly before the step's first new token
   const int block_begin = split * p.blocks_per_split;
   const int block_end = min(block_begin + p.blocks_per_split, sealed_blocks);
-  const int* table = p.block_tables + size_t(p.sequence_ids[tq.batch_index]) * p.block_table_stride;
+  const int sequence = p.sequence_ids[tq.batch_index];
   const int block_bytes = L.sealed.offsets.block_bytes;
   const auto load_block = [&](int block, int stage) {
-    const uint8_t* source = sealed_block_address(L.sealed, table[block], p.num_kv_heads, kv_head);
+    const uint8_t* source = sealed_block_address(L.sealed, p, sequence, block, kv_head);
     for (int i = threadIdx.x * 16; i < block_bytes; i += kHackPrefillThreads * 16) cp_async_16(staged + stage * block_bytes + i, source + i);
   };
   if (block_begin < block_end) load_block(block_begin, 0);
@@ -469,10 +469,10 @@ __global__ __launch_bounds__(kHackPrefillThreads) void hack_prefill_partials(Hac
     const int r = warp_row + 16 * m + g + 8 * (h % 2);
     if (r >= tq.active_rows) continue;
     const size_t row = (size_t(tile) * p.num_kv_heads + kv_head) * kTileRows + r;
-    float* acc = p.partial_acc + (row * p.num_splits + split) * kHeadDim + 2 * quad_lane;
+    float* acc = p.partial_acc + (row * p.split_stride + split) * kHeadDim + 2 * quad_lane;
 #pragma unroll
     for (int d = 0; d < kDimTiles; ++d) *reinterpret_cast<float2*>(acc + 8 * d) = make_float2(o[m][d][e0], o[m][d][e0 + 1]);
-    if (quad_lane == 0) p.partial_max_sum[row * p.num_splits + split] = make_float2(running_max[h], sum[h]);
+    if (quad_lane == 0) p.partial_max_sum[row * p.split_stride + split] = make_float2(running_max[h], sum[h]);
   }
 }
 
@@ -508,6 +508,14 @@ void launch_hack_prefill_attention(const HackPrefillLaunch& L, size_t shared_byt
 }  // namespace
 
 // --- the host side ---
+
+int hack_prefill_kernel_setup(int head_dim, int bits, int block_bytes) {
+  return hack_prefill_setup(head_dim, bits, hack_prefill_shared_bytes(head_dim, block_bytes));
+}
+
+void launch_hack_prefill_kernel(const AttentionLaunch& p, const QuantizedKvView& sealed) {
+  launch_hack_prefill_attention(HackPrefillLaunch{p, sealed, sealed.k_bits}, hack_prefill_shared_bytes(p.head_dim, sealed.offsets.block_bytes));
+}
 
 Expected<std::unique_ptr<CudaHackPrefillAttention>> CudaHackPrefillAttention::create(const PagedAttentionShape& shape, int bits) {
   if (shape.num_heads <= 0 || shape.num_kv_heads <= 0 || shape.num_heads % shape.num_kv_heads != 0 ||
@@ -621,7 +629,7 @@ Status CudaHackPrefillAttention::run(const PagedKvView& kv, const QuantizedKvVie
   p.positions_per_tile = kTileRows / group_;
   p.rows_per_tile = kTileRows;
   p.blocks_per_split = blocks_per_split_;
-  p.num_splits = num_splits_;
+  p.num_splits = p.split_stride = num_splits_;
   p.num_tiles = num_tiles_;
   p.scale = scale;
   p.scale_log2 = scale * kLog2e;

@@ -46,6 +46,14 @@ constexpr int kHackPrefillThreads = kHackPrefillWarps * 32;
 constexpr int kHackPrefillRowTilesPerWarp = 2;  // m16 row tiles per warp: each K/V fragment serves both
 constexpr int kHackPrefillTileRows = kHackPrefillWarps * 16 * kHackPrefillRowTilesPerWarp;
 
+// The kernel alone, for CudaPagedAttention's prefill steps over `hack` blocks (the open block and the
+// step's own tokens go to the FP16 kernel, whose partials take other splits of the same rows): opts it
+// into its shared memory for (head_dim, bits, block_bytes) and returns its CTAs resident per
+// multiprocessor (0 on an error); launches it over p's tiles and splits, writing partials only (at
+// p.split_stride) for launch_merge_split_partials.
+int hack_prefill_kernel_setup(int head_dim, int bits, int block_bytes);
+void launch_hack_prefill_kernel(const AttentionLaunch& p, const QuantizedKvView& sealed);
+
 // The host side for one shape and bit width: plans a prefill step's tiles and splits, runs the kernel
 // and the merge. Outputs are the attention over the sealed blocks before each sequence's first new
 // token only (zeros for a sequence that has none).

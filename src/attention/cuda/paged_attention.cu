@@ -204,19 +204,19 @@ __global__ __launch_bounds__(kThreads) void merge_split_partials(AttentionLaunch
   const int tile = row / p.rows_per_tile / p.num_kv_heads;
   const TileQueries tq(p, tile);
   if (r >= tq.active_rows) return;
-  const float2* max_sum = p.partial_max_sum + size_t(row) * p.num_splits;
+  const float2* max_sum = p.partial_max_sum + size_t(row) * p.split_stride;
   float max_all = -INFINITY;
-  for (int s = 0; s < p.num_splits; ++s) max_all = fmaxf(max_all, max_sum[s].x);
+  for (int s = 0; s < p.split_stride; ++s) max_all = fmaxf(max_all, max_sum[s].x);
   const float reference = max_all == -INFINITY ? 0.0f : max_all;
   float total = 0.0f;
-  for (int s = 0; s < p.num_splits; ++s) total += exp2f(max_sum[s].x - reference) * max_sum[s].y;
+  for (int s = 0; s < p.split_stride; ++s) total += exp2f(max_sum[s].x - reference) * max_sum[s].y;
   const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
   const int head = kv_head * p.group + r % p.group;
   __half* out = p.out + (size_t(tq.query_begin + tq.first_query + r / p.group) * p.num_heads + head) * p.head_dim;
-  const float* acc = p.partial_acc + size_t(row) * p.num_splits * p.head_dim;
+  const float* acc = p.partial_acc + size_t(row) * p.split_stride * p.head_dim;
   for (int c = lane; c < p.head_dim; c += 32) {
     float weighted = 0.0f;
-    for (int s = 0; s < p.num_splits; ++s) weighted += exp2f(max_sum[s].x - reference) * acc[size_t(s) * p.head_dim + c];
+    for (int s = 0; s < p.split_stride; ++s) weighted += exp2f(max_sum[s].x - reference) * acc[size_t(s) * p.head_dim + c];
     out[c] = __float2half(weighted * inverse);
   }
 }
@@ -404,7 +404,7 @@ AttentionLaunch CudaPagedAttention::launch_params(const PagedKvView& kv, const u
   p.positions_per_tile = tile_positions();
   p.rows_per_tile = tile_rows();
   p.blocks_per_split = blocks_per_split_;
-  p.num_splits = num_splits_;
+  p.num_splits = p.split_stride = num_splits_;
   p.num_tiles = num_tiles_;
   p.scale = scale;
   p.scale_log2 = scale * kLog2e;

@@ -236,7 +236,7 @@ __global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(At
     const int m = h / 2, e0 = 2 * (h % 2);
     const int r = warp_row + 16 * m + group_row + 8 * (h % 2);
     if (r >= tq.active_rows) continue;
-    if (p.num_splits == 1) {
+    if (p.split_stride == 1) {
       const float inverse = sum[h] > 0.0f ? 1.0f / sum[h] : 0.0f;
       const int head = kv_head * p.group + r % p.group;
       __half* out = p.out + (size_t(tq.query_begin + tq.first_query + r / p.group) * p.num_heads + head) * kHeadDim + column;
@@ -246,10 +246,10 @@ __global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(At
       }
     } else {
       const size_t row = (size_t(tile) * p.num_kv_heads + kv_head) * kPrefillTileRows + r;
-      float* acc = p.partial_acc + (row * p.num_splits + split) * kHeadDim + column;
+      float* acc = p.partial_acc + (row * p.split_stride + split) * kHeadDim + column;
 #pragma unroll
       for (int d = 0; d < kDimTiles; ++d) *reinterpret_cast<float2*>(acc + 8 * d) = make_float2(o[m][d][e0], o[m][d][e0 + 1]);
-      if (lane % 4 == 0) p.partial_max_sum[row * p.num_splits + split] = make_float2(running_max[h], sum[h]);
+      if (lane % 4 == 0) p.partial_max_sum[row * p.split_stride + split] = make_float2(running_max[h], sum[h]);
     }
   }
 }

@@ -485,7 +485,7 @@ __global__ __launch_bounds__(kThreads) void quantized_attention_partials(Quantiz
   const int sealed_end = min(block_end, n_sealed);
   const int* table = p.block_tables + size_t(p.sequence_ids[tq.batch_index]) * p.block_table_stride;
   const auto sealed_block = [&](int block) {
-    return sealed_block_address(L.sealed, table[block], p.num_kv_heads, kv_head);
+    return sealed_block_address(L.sealed, p, p.sequence_ids[tq.batch_index], block, kv_head);
   };
   uint8_t* stage = reinterpret_cast<uint8_t*>(staging) + size_t(warp) * 2 * L.sealed.offsets.block_bytes;
   WarpPartial<kRows, kCols> partial;

@@ -30,10 +30,15 @@ struct AttentionLaunch {
   const int2* tiles;               // [num_tiles]: (batch index, first query of the sequence's)
   int num_heads, num_kv_heads, head_dim, group, positions_per_tile, rows_per_tile;
   int blocks_per_split, num_splits, num_tiles;
+  // Partials per row (>= num_splits): the merge's splits. Two kernels whose blocks of one row differ
+  // (sealed blocks on INT8 tensor cores, the rest in FP16) write disjoint splits of the same rows, each
+  // launched with its partial pointers advanced to its first split. With one split in all (and a kernel
+  // that can), the kernel writes the output itself.
+  int split_stride;
   float scale;                     // softmax scale
   float scale_log2;                // softmax scale · log2(e)
-  float* partial_acc;              // [num_tiles, num_kv_heads, rows_per_tile, num_splits, head_dim]
-  float2* partial_max_sum;         // [num_tiles, num_kv_heads, rows_per_tile, num_splits]: base-2 max, sum
+  float* partial_acc;              // [num_tiles, num_kv_heads, rows_per_tile, split_stride, head_dim]
+  float2* partial_max_sum;         // [num_tiles, num_kv_heads, rows_per_tile, split_stride]: base-2 max, sum
 };
 
 // Where a tile's queries sit: rows r < active_rows are query head kv_head·group + r % group at query
@@ -76,16 +81,17 @@ __device__ void store_cta_partial(const AttentionLaunch& p, int active_rows, con
       weighted += factor * warp_acc[w][r][c];
     }
     const size_t row = (size_t(tile) * p.num_kv_heads + kv_head) * kRows + r;
-    p.partial_acc[(row * p.num_splits + split) * kHeadDim + c] = weighted;
-    if (c == 0) p.partial_max_sum[row * p.num_splits + split] = make_float2(max_all, total);
+    p.partial_acc[(row * p.split_stride + split) * kHeadDim + c] = weighted;
+    if (c == 0) p.partial_max_sum[row * p.split_stride + split] = make_float2(max_all, total);
   }
 }
 
-// Where KV head kv_head's part of the sealed block named by block table entry `entry` starts (the
-// quantized kernels: decode and HACK prefill).
-__device__ __forceinline__ const uint8_t* sealed_block_address(const QuantizedKvView& sealed, int entry, int num_kv_heads,
-                                                               int kv_head) {
-  return sealed.blocks + (size_t(entry >> sealed.table_shift) * num_kv_heads + kv_head) * sealed.offsets.block_bytes;
+// Where KV head kv_head's part of block `block` of sequence `sequence` starts among the sealed blocks
+// (the quantized kernels: decode and prefill), through the sealed blocks' own tables.
+__device__ __forceinline__ const uint8_t* sealed_block_address(const QuantizedKvView& sealed, const AttentionLaunch& p,
+                                                               int sequence, int block, int kv_head) {
+  const int entry = sealed.block_tables[size_t(sequence) * p.block_table_stride + block];
+  return sealed.blocks + (size_t(entry >> sealed.table_shift) * p.num_kv_heads + kv_head) * sealed.offsets.block_bytes;
 }
 
 // Merges the split partials of every row and writes the attention output (paged_attention.cu).

@@ -412,7 +412,7 @@ PagedKvView CudaHostKvTier::view(int unit) const {
 }
 
 QuantizedKvView CudaHostKvTier::sealed_view(int unit) const {
-  return sealer_->view(staging_sealed_[buffer(unit)].data(), /*table_shift=*/1);
+  return sealer_->view(staging_sealed_[buffer(unit)].data(), tables_.data(), /*table_shift=*/1);
 }
 
 Status CudaHostKvTier::release(int unit) {

@@ -144,7 +144,7 @@ Status QuantizedBlockSealer::seal(int layer, const PagedKvView& fp16, const int*
   p.k_bits = layout_.config.k_bits;
   p.v_bits = layout_.config.v_bits;
   p.k_partition = layout_.k_partition;
-  p.o = view(nullptr).offsets;
+  p.o = view(nullptr, nullptr).offsets;
   p.stochastic = layout_.config.rounding == Rounding::kStochastic;
   p.seed = seed_;
   p.layer = layer;
@@ -153,9 +153,10 @@ Status QuantizedBlockSealer::seal(int layer, const PagedKvView& fp16, const int*
   return Status::ok();
 }
 
-QuantizedKvView QuantizedBlockSealer::view(const uint8_t* blocks, int table_shift) const {
+QuantizedKvView QuantizedBlockSealer::view(const uint8_t* blocks, const int* block_tables, int table_shift) const {
   QuantizedKvView view;
   view.blocks = blocks;
+  view.block_tables = block_tables;
   view.hack = hack_;
   view.k_bits = layout_.config.k_bits;
   view.v_bits = layout_.config.v_bits;
@@ -195,11 +196,12 @@ Status CudaQuantizedKvPool::seal_filled_blocks(int layer, const CudaPagedKvCache
     return error("CUDA quantized KV: ", n, " blocks to seal in one step, over the ", seal_list_.size() / 3, " planned");
   }
   SLIMKV_RETURN_IF_ERROR(seal_list_.upload(host_seal_list_.data(), host_seal_list_.size()));
-  return sealer_.seal(layer, cache.view(layer), seal_list_.data(), n, const_cast<uint8_t*>(view(layer).blocks));
+  return sealer_.seal(layer, cache.view(layer), seal_list_.data(), n, const_cast<uint8_t*>(view(layer, nullptr).blocks));
 }
 
-QuantizedKvView CudaQuantizedKvPool::view(int layer) const {
-  return sealer_.view(pool_.data() + size_t(layer) * shape_.num_blocks * shape_.num_kv_heads * sealer_.layout().block_bytes);
+QuantizedKvView CudaQuantizedKvPool::view(int layer, const int* block_tables) const {
+  return sealer_.view(pool_.data() + size_t(layer) * shape_.num_blocks * shape_.num_kv_heads * sealer_.layout().block_bytes,
+                      block_tables);
 }
 
 }  // namespace slimkv::cuda

@@ -27,11 +27,14 @@ struct QuantizedBlockOffsets {
 // What attention reads of one layer's sealed blocks.
 struct QuantizedKvView {
   const uint8_t* blocks = nullptr;  // [num_blocks, num_kv_heads, block_bytes]
+  // [sequences, the FP16 view's block_table_stride]: sequence s's block j is sealed block
+  // block_tables[s·stride + j] >> table_shift.
+  const int* block_tables = nullptr;
   bool hack = true;                 // integer attention (HACK Eq. 4); false: `quant`, dequantized in FP32
   int k_bits = 2, v_bits = 2;
   QuantizedBlockOffsets offsets;
-  // Block table entries name block entry >> table_shift here (1: the host tiers' staging, whose tables
-  // name FP16 blocks 2s for staging slot s, backend/cuda/host_kv_tier.h).
+  // 1: the host tiers' staging, whose tables (shared with the FP16 view) name FP16 blocks 2s for
+  // staging slot s (backend/cuda/host_kv_tier.h).
   int table_shift = 0;
 };
 
@@ -46,7 +49,7 @@ class QuantizedBlockSealer {
   // Seals n blocks of `layer`: list (device) holds, per block, (its FP16 block in fp16, its block in
   // `blocks` [.., num_kv_heads, block_bytes], its ordinal in its sequence).
   Status seal(int layer, const PagedKvView& fp16, const int* list, int n, uint8_t* blocks) const;
-  QuantizedKvView view(const uint8_t* blocks, int table_shift = 0) const;
+  QuantizedKvView view(const uint8_t* blocks, const int* block_tables, int table_shift = 0) const;
   const QuantizedBlockLayout& layout() const { return layout_; }
 
  private:
@@ -69,7 +72,8 @@ class CudaQuantizedKvPool {
   Status seal_filled_blocks(int layer, const CudaPagedKvCache& cache, const std::vector<int>& sequences,
                             const std::vector<int>& new_tokens);
 
-  QuantizedKvView view(int layer) const;
+  // The sealed blocks of `layer`, named by block_tables (the FP16 cache's, whose block indices they share).
+  QuantizedKvView view(int layer, const int* block_tables) const;
   const QuantizedBlockLayout& layout() const { return sealer_.layout(); }
 
  private:

@@ -485,7 +485,8 @@ Status CudaLlamaModel::attend(int layer, const std::vector<int>& sequences, cons
   if (!tier_) {
     SLIMKV_RETURN_IF_ERROR(append_kv(layer, sequences, counts));
     if (quantized_ && decode_only) {
-      return attention_[0]->run_quantized(cache_->view(layer), quantized_->view(layer), q_.data(), scale, attended_.data());
+      const PagedKvView kv = cache_->view(layer);
+      return attention_[0]->run_quantized(kv, quantized_->view(layer, kv.block_tables), q_.data(), scale, attended_.data());
     }
     return attention_[0]->run(cache_->view(layer), q_.data(), scale, attended_.data());
   }
