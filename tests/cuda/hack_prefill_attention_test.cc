@@ -95,6 +95,7 @@ void check_prefill(const PrefillCase& c) {
   kv.head_dim = d;
   QuantizedKvView sealed;
   sealed.blocks = pool_device.data();
+  sealed.block_tables = tables_device.data();
   sealed.k_bits = sealed.v_bits = c.bits;
   sealed.offsets = {int(layout.block_bytes), int(layout.k_mins),   int(layout.k_scales), int(layout.k_sums),
                     int(layout.v_codes),     int(layout.v_mins), int(layout.v_scales), int(layout.v_sums)};
@@ -164,6 +165,8 @@ TEST_F(CudaTest, HackPrefillAttentionMatchesReference) {
       {{6, 1}, {300, 200}, 32, 8, 128, 2},                       // many tiles, few splits
       {{5, 1}, {33, 200}, 4, 2, 64, 8},                          // d 64, GQA 2, 8 bits
       {{7, 30}, {64, 3}, 16, 2, 64, 2},                          // d 64, GQA 8
+      {{3, 20}, {100, 64}, 16, 4, 128, 8},                       // 8 bits at d 128 (64-byte V lane runs)
+      {{9}, {150}, 8, 4, 64, 4},                                 // 4 bits at d 64
   };
   for (const PrefillCase& c : cases) check_prefill(c);
 }

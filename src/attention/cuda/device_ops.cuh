@@ -39,6 +39,15 @@ __device__ __forceinline__ void mma_16832_u8(int (&d)[4], const uint32_t (&a)[4]
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// d = a · b + c, the u8 mma above with one s32 c for all four accumulators (held in registers once,
+// not copied into d before every mma).
+__device__ __forceinline__ void mma_16832_u8_plus(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, int c) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%10, %10, %10, %10};\n"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c));
+}
+
 // 4 codes of kBits each (the low 4·kBits bits of `field`, kv/codec/quantized_block.h's packing)
 // spread to one byte each.
 template <int kBits>

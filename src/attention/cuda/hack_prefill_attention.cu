@@ -15,6 +15,8 @@ namespace {
 
 constexpr int T = kCudaBlockTokens;  // tokens per block: one V partition, and the K partition's dims
 constexpr int kTileRows = kHackPrefillTileRows;
+constexpr int kMinCtas = 2;  // per multiprocessor (registers: 65536 / (2 CTAs · threads) per thread at most)
+constexpr int kStages = 4;   // packed blocks in shared memory: one computed, one converted, two landing
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // What the kernel reads: the split-K launch (q, out, tiles, partials; k_pool / v_pool unused) and the
@@ -25,71 +27,145 @@ struct HackPrefillLaunch {
   int bits;                // K and V bits: 2, 4 or 8
 };
 
-// Shared memory rows are padded by 16 bytes so that the 8 rows one fragment load touches fall in 8
-// different groups of 4 banks (row strides ≡ 4 words mod 8).
-constexpr int row_words(int bytes) { return (bytes + 16) / 4; }
-
-// --- reading packed codes (kv/codec/quantized_block.h: 4 codes of b bits in a field of b/2 bytes) ---
-
+// --- which codes a lane's operand registers hold (the header's "Operands") ---
+//
+// A lane (g = lane / 4, i = lane % 4) reads 4 rows m = 0..3 of a packed section: K dim groups
+// 16p + i + 4m of K partition p, V token groups 4i + m. Its register r (= 2kk + half: the fragment
+// register of k step kk) holds in byte b code c of row m, where (m, c) = (r, b) for 4 and 8 bits (a
+// register is one packed field, spread) and (b, r) for 2 bits (code r of four fields: the 4×4 byte
+// transpose of four packed words yields four registers at once, where spreading one byte costs five
+// instructions). The Q' and P' A fragments use the same order.
 template <int kBits>
-__device__ __forceinline__ uint32_t read_field(const uint8_t* p) {
+__device__ __forceinline__ constexpr int slot_row(int r, int b) { return kBits == 2 ? b : r; }
+template <int kBits>
+__device__ __forceinline__ constexpr int slot_code(int r, int b) { return kBits == 2 ? r : b; }
+
+// Where Q' stores the code of dim x (0..63) of a partition: word 4r + i, byte b (a0 of k step kk reads
+// word 8kk + i, a2 word 8kk + 4 + i).
+template <int kBits>
+__device__ __forceinline__ int q_code_byte(int x) {
+  const int i = (x / 4) % 4, m = x / 16, c = x % 4;
+  const int r = kBits == 2 ? c : m, b = kBits == 2 ? m : c;
+  return 4 * (4 * r + i) + b;
+}
+
+// The token (0..15 of the lane's 16: token groups 4i..4i+3) in byte b of P' register r.
+template <int kBits>
+__device__ __forceinline__ constexpr int p_token(int r, int b) { return 4 * slot_row<kBits>(r, b) + slot_code<kBits>(r, b); }
+
+// The 4 registers of each field of one 32-bit word of the lane's 4 rows (w[m] from row m): 8 / kBits
+// fields per word, in byte order.
+template <int kBits>
+__device__ __forceinline__ void decode_word(const uint32_t (&w)[4], uint32_t (&b)[8 / kBits][4]) {
   if constexpr (kBits == 2) {
-    return *p;
+    // x[f] = field f of rows 0..3 (bytes f of the 4 words), then code r of each: (x >> 2r) & 3 per byte.
+    const uint32_t t0 = __byte_perm(w[0], w[1], 0x5140), t1 = __byte_perm(w[0], w[1], 0x7362);
+    const uint32_t t2 = __byte_perm(w[2], w[3], 0x5140), t3 = __byte_perm(w[2], w[3], 0x7362);
+    const uint32_t x[4] = {__byte_perm(t0, t2, 0x5410), __byte_perm(t0, t2, 0x7632), __byte_perm(t1, t3, 0x5410),
+                           __byte_perm(t1, t3, 0x7632)};
+#pragma unroll
+    for (int f = 0; f < 4; ++f) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) b[f][r] = (x[f] >> (2 * r)) & 0x03030303u;
+    }
   } else if constexpr (kBits == 4) {
-    return *reinterpret_cast<const uint16_t*>(p);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {  // spread_codes<4> of the low and the high 16-bit field
+      const uint32_t shifted = w[r] >> 4;
+      b[0][r] = __byte_perm(w[r], shifted, 0x5140) & 0x0f0f0f0fu;
+      b[1][r] = __byte_perm(w[r], shifted, 0x7362) & 0x0f0f0f0fu;
+    }
   } else {
-    return *reinterpret_cast<const uint32_t*>(p);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) b[0][r] = w[r];
   }
 }
 
-template <int kHeadDim>
+// Staged K' and V' rows keep their 16-byte chunks XOR-swizzled within the row by a key of the row's
+// quad lane i (K dim group G: i = G % 4; V token group u: i = u / 4), so that the four rows one load
+// instruction's lanes read (one per i, kLaneBytes each at byte kLaneBytes·g) fall in different banks.
+// A row is 8·kLaneBytes bytes; 8-byte loads serve half warps, 16-byte ones quarter warps.
+template <int kLaneBytes>
+__host__ __device__ constexpr int chunk_key(int i) {
+  return kLaneBytes == 8 ? 2 * ((i >> 1) & 1) : kLaneBytes == 16 ? 2 * i : kLaneBytes == 32 ? (i & 1) | ((i & 2) << 1) : i;
+}
+
+template <int kWords>
+__device__ __forceinline__ void load_words(const uint8_t* p, uint32_t (&w)[kWords]) {
+  if constexpr (kWords == 2) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    w[0] = v.x, w[1] = v.y;
+  } else {
+    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+  }
+}
+
+// Calls use(n, b) for each of the lane's 2·kLaneBytes / kBits packed fields n (the B fragment
+// registers b of its column in n8 tile n) of its 4 staged rows, reading 16 bytes per row at a time.
+template <int kBits, int kLaneBytes, typename Use>
+__device__ __forceinline__ void for_each_operand(const uint8_t* const (&rows)[4], int g, int key, Use&& use) {
+  constexpr int kPieceBytes = kLaneBytes < 16 ? kLaneBytes : 16, kPieces = kLaneBytes / kPieceBytes;
+  constexpr int kWords = kPieceBytes / 4, kFields = 8 / kBits;
+#pragma unroll
+  for (int piece = 0; piece < kPieces; ++piece) {
+    const int x = kLaneBytes * g + kPieceBytes * piece;  // the logical byte in the row
+    const int offset = ((x / 16) ^ key) * 16 + x % 16;
+    uint32_t w[4][kWords];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) load_words<kWords>(rows[m] + offset, w[m]);
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) {
+      uint32_t b[kFields][4];
+      decode_word<kBits>({w[0][k], w[1][k], w[2][k], w[3][k]}, b);
+#pragma unroll
+      for (int f = 0; f < kFields; ++f) use((piece * kWords + k) * kFields + f, b[f]);
+    }
+  }
+}
+
+template <int kHeadDim, int kBits>
 struct SharedLayout {
   static constexpr int kPartitions = kHeadDim / T;
-  static constexpr int kQWords = row_words(kHeadDim);  // Q' rows and K' token rows, u8 codes
-  static constexpr int kVWords = row_words(T);         // V' column rows: a column's 64 token codes
+  static constexpr int kDimTiles = kHeadDim / 8;
+  static constexpr int kKRowBytes = T * kBits / 2, kVRowBytes = kHeadDim * kBits / 2;  // packed rows
+  static constexpr int kKLaneBytes = kKRowBytes / 8, kVLaneBytes = kVRowBytes / 8;
+  static constexpr int kQWords = (kHeadDim + 16) / 4;  // Q' rows, padded so 8 rows fall in 8 bank groups
   static constexpr int kCorrectionWords = 12;          // rows of 16 FP16 correction factors, padded as above
   static constexpr size_t kQCodes = 0;                                        // [kTileRows][kQWords]
   static constexpr size_t kQScales = kQCodes + size_t(kTileRows) * kQWords * 4;  // float [kTileRows][kPartitions]: s_q
   static constexpr size_t kQCorrection = kQScales + size_t(kTileRows) * kPartitions * 4;  // [kTileRows][kCorrectionWords]
-  static constexpr size_t kKCodes = kQCorrection + size_t(kTileRows) * kCorrectionWords * 4;  // [T][kQWords]
-  static constexpr size_t kVCodes = kKCodes + size_t(T) * kQWords * 4;        // [kHeadDim][kVWords]
-  static constexpr int kKSlots = kPartitions * T;                              // (K partition, token)
-  static constexpr size_t kKScales = kVCodes + size_t(kHeadDim) * kVWords * 4;    // float [kKSlots]: s_k
-  static constexpr size_t kVScales = kKScales + size_t(kKSlots) * 4;               // float [kHeadDim]: s_v
-  static constexpr size_t kKCorrection = kVScales + size_t(kHeadDim) * 4;          // [T][kCorrectionWords]
+  // A block's converted parameters, two buffers (the computed block's, the next one's), positions in
+  // operand order: token t of K at 8(t % 8) + t / 8 (n8 tile t % 8, column t / 8), V column c at
+  // 8(c % kDimTiles) + c / kDimTiles.
+  static constexpr size_t kMeta = kQCorrection + size_t(kTileRows) * kCorrectionWords * 4;
+  static constexpr size_t kKScales = 0;                                       // float [kPartitions][T]: s_k
+  static constexpr size_t kVScales = kKScales + size_t(kPartitions) * T * 4;   // float [kHeadDim]: s_v
+  static constexpr size_t kKCorrection = kVScales + size_t(kHeadDim) * 4;      // [T][kCorrectionWords]
   static constexpr size_t kVCorrection = kKCorrection + size_t(T) * kCorrectionWords * 4;  // [kHeadDim][4 words]
-  static constexpr size_t kStaged = kVCorrection + size_t(kHeadDim) * 16;          // 2 stages of a packed block
-  static_assert(kQCorrection % 16 == 0 && kKCodes % 16 == 0 && kVCodes % 16 == 0 && kKScales % 16 == 0 &&
-                    kKCorrection % 16 == 0 && kVCorrection % 16 == 0 && kStaged % 16 == 0,
+  static constexpr size_t kMetaBytes = kVCorrection + size_t(kHeadDim) * 16;
+  static constexpr size_t kStaged = kMeta + 2 * kMetaBytes;                  // kStages packed blocks
+  static_assert(kQCorrection % 16 == 0 && kMeta % 16 == 0 && kKCorrection % 16 == 0 && kVCorrection % 16 == 0 &&
+                    kMetaBytes % 16 == 0 && kStaged % 16 == 0,
                 "16-byte aligned sections");
 };
 
-// K' of a staged block to u8 rows [token][dim]: the B fragment of Q'·K'ᵀ (column = token, k = dims) is a
-// word of a row. A warp unpacks 8 tokens × 4 dim groups, one word each: the 32 stores hit 32 banks.
-template <int kHeadDim, int kBits>
-__device__ __forceinline__ void unpack_k(const uint8_t* block, uint32_t* k_codes) {
-  constexpr int kGroups = kHeadDim / 4, kQuads = kGroups / 4;
-  for (int i = threadIdx.x; i < kGroups * T; i += kHackPrefillThreads) {
-    const int lane = i % 32, w = i / 32;
-    const int group = 4 * (w % kQuads) + lane % 4, token = 8 * (w / kQuads) + lane / 4;
-    k_codes[token * SharedLayout<kHeadDim>::kQWords + group] = spread_codes<kBits>(read_field<kBits>(block + (group * T + token) * kBits / 2));
-  }
-}
-
-// V' of a staged block to u8 rows [column][token], tokens permuted within each 16 so that a word of a
-// row is the B fragment of P'·V' that matches the A fragment of P' built from S's accumulators: word i
-// of 16 tokens holds tokens 2i, 2i + 1, 2i + 8, 2i + 9 (the tokens a lane's accumulators hold in two
-// neighbouring n8 tiles). The order of the k dimension is free as long as A and B agree.
-template <int kHeadDim, int kBits>
-__device__ __forceinline__ void unpack_v(const uint8_t* v_packed, uint32_t* v_codes) {
-  for (int i = threadIdx.x; i < kHeadDim * (T / 16); i += kHackPrefillThreads) {
-    const int column = i % kHeadDim, sixteen = i / kHeadDim;
-    uint32_t w[4];  // tokens 16·sixteen + 4k .. + 3
-#pragma unroll
-    for (int k = 0; k < 4; ++k) w[k] = spread_codes<kBits>(read_field<kBits>(v_packed + ((4 * sixteen + k) * kHeadDim + column) * kBits / 2));
-    const uint4 words = make_uint4(__byte_perm(w[0], w[2], 0x5410), __byte_perm(w[0], w[2], 0x7632), __byte_perm(w[1], w[3], 0x5410),
-                                   __byte_perm(w[1], w[3], 0x7632));
-    *reinterpret_cast<uint4*>(v_codes + column * SharedLayout<kHeadDim>::kVWords + 4 * sixteen) = words;
+// Copies a packed block to shared memory (asynchronously), swizzling K' and V' rows (chunk_key).
+template <int kHeadDim, int kBits, int kThreads>
+__device__ __forceinline__ void stage_block(const uint8_t* source, uint8_t* staged, const QuantizedBlockOffsets& o) {
+  using Layout = SharedLayout<kHeadDim, kBits>;
+  constexpr int kKChunks = kHeadDim / 4 * Layout::kKRowBytes / 16, kKRowChunks = Layout::kKRowBytes / 16;
+  constexpr int kVChunks = T / 4 * Layout::kVRowBytes / 16, kVRowChunks = Layout::kVRowBytes / 16;
+  const int v_begin = o.v_codes / 16;
+  for (int chunk = threadIdx.x; chunk < o.block_bytes / 16; chunk += kThreads) {
+    int target = chunk;
+    if (chunk < kKChunks) {
+      target = chunk ^ chunk_key<Layout::kKLaneBytes>((chunk / kKRowChunks) % 4);
+    } else if (chunk >= v_begin && chunk < v_begin + kVChunks) {
+      const int relative = chunk - v_begin;
+      target = v_begin + (relative ^ chunk_key<Layout::kVLaneBytes>((relative / kVRowChunks / 4) % 4));
+    }
+    cp_async_16(staged + target * 16, source + chunk * 16);
   }
 }
 
@@ -112,33 +188,38 @@ __device__ __forceinline__ void write_column_factor(__half* out, float x) {
   out[1] = half_low(x);
 }
 
-// The block's partition parameters, converted once per block for all the CTA's warps: s_k per (K
-// partition, token) and s_v per column in FP32, and the column factors of the corrections: per token,
-// for each K partition p, slots 6p.. hold (s_k Σk', m_k); per V column, slots 0..5 hold (s_v Σv', m_v).
-template <int kHeadDim>
-__device__ __forceinline__ void unpack_meta(const uint8_t* block, const QuantizedBlockOffsets& o, float* k_scales_out,
-                                            float* v_scales_out, __half* k_correction, __half* v_correction) {
-  using Layout = SharedLayout<kHeadDim>;
-  constexpr int kKSlots = Layout::kKSlots;
-  for (int i = threadIdx.x; i < kKSlots + kHeadDim; i += kHackPrefillThreads) {
+// The block's partition parameters, converted once per block for all the CTA's warps (into a meta
+// buffer, positions as SharedLayout says): s_k per (K partition, token) and s_v per column in FP32,
+// and the column factors of the corrections: per token, for each K partition p, slots 6p.. hold
+// (s_k Σk', m_k); per V column, slots 0..5 hold (s_v Σv', m_v).
+template <int kHeadDim, int kBits, int kThreads>
+__device__ __forceinline__ void convert_meta(const uint8_t* block, const QuantizedBlockOffsets& o, uint8_t* meta) {
+  using Layout = SharedLayout<kHeadDim, kBits>;
+  constexpr int kKSlots = Layout::kPartitions * T, kDimTiles = Layout::kDimTiles;
+  constexpr int kItems = kKSlots + kHeadDim;
+#pragma unroll
+  for (int pass = 0; pass < (kItems + kThreads - 1) / kThreads; ++pass) {
+    const int i = threadIdx.x + pass * kThreads;
+    if (kItems % kThreads != 0 && i >= kItems) break;
     const bool is_k = i < kKSlots;
     const int slot = is_k ? i : i - kKSlots;
     const __half* mins = reinterpret_cast<const __half*>(block + (is_k ? o.k_mins : o.v_mins));
     const __half* scales = reinterpret_cast<const __half*>(block + (is_k ? o.k_scales : o.v_scales));
     const int16_t* sums = reinterpret_cast<const int16_t*>(block + (is_k ? o.k_sums : o.v_sums));
     const float scale = __half2float(scales[slot]), scaled_sum = scale * float(sums[slot]), min_value = __half2float(mins[slot]);
+    __half* out;
     if (is_k) {
-      k_scales_out[slot] = scale;
-      __half* out = k_correction + (slot % T) * 2 * Layout::kCorrectionWords + 6 * (slot / T);
-      write_column_factor(out, scaled_sum);
-      write_column_factor(out + 3, min_value);
+      const int part = slot / T, t = slot % T, position = 8 * (t % 8) + t / 8;
+      reinterpret_cast<float*>(meta + Layout::kKScales)[part * T + position] = scale;
+      out = reinterpret_cast<__half*>(meta + Layout::kKCorrection) + position * 2 * Layout::kCorrectionWords + 6 * part;
     } else {
-      v_scales_out[slot] = scale;
-      __half* out = v_correction + slot * 8;
-      write_column_factor(out, scaled_sum);
-      write_column_factor(out + 3, min_value);
+      const int position = 8 * (slot % kDimTiles) + slot / kDimTiles;
+      reinterpret_cast<float*>(meta + Layout::kVScales)[position] = scale;
+      out = reinterpret_cast<__half*>(meta + Layout::kVCorrection) + position * 8;
       out[6] = out[7] = __float2half_rn(0.0f);
     }
+    write_column_factor(out, scaled_sum);
+    write_column_factor(out + 3, min_value);
   }
 }
 
@@ -193,49 +274,53 @@ __device__ __forceinline__ float operand8_inverse(float scale) { return scale > 
 
 // The partial of one tile of kTileRows query rows (row r: query head kv_head·group + r % group at query
 // first_query + r / group) over one split of the sealed blocks before its sequence's first new token.
-// Warp w owns rows 32w.. as two m16 tiles; in tile m a lane holds rows g = lane / 4 and g + 8 (its
-// rows h = 2m, 2m + 1) and columns 2(lane % 4), +1 of every n8 tile of S and O.
-template <int kHeadDim, int kBits>
-__global__ __launch_bounds__(kHackPrefillThreads) void hack_prefill_partials(HackPrefillLaunch L) {
-  using Layout = SharedLayout<kHeadDim>;
-  constexpr int kRowTiles = kHackPrefillRowTilesPerWarp, kRows = 2 * kRowTiles;
-  constexpr int kPartitions = Layout::kPartitions, kQWords = Layout::kQWords, kVWords = Layout::kVWords;
-  constexpr int kTokenTiles = T / 8, kDimTiles = kHeadDim / 8;
+// Warp w owns kRowTiles m16 row tiles from row 16·kRowTiles·w; in tile m a lane holds rows g = lane / 4
+// and g + 8 (its rows h = 2m, 2m + 1) and columns 2i, 2i + 1 (i = lane % 4) of every n8 tile of S
+// and O. Column n of S's tile j is token 8n + j (a lane's K fields are one run of 8 tokens), column n
+// of O's tile d is dim kDimTiles·n + d (a lane's V fields one run of kDimTiles columns); so the lane's
+// S accumulators are tokens 16i..16i+15 of its rows, the very tokens of its P' A fragments (token
+// groups 4i..4i+3).
+template <int kHeadDim, int kBits, int kRowTiles>
+__global__ __launch_bounds__(kTileRows * 2 / kRowTiles, kMinCtas) void hack_prefill_partials(HackPrefillLaunch L) {
+  using Layout = SharedLayout<kHeadDim, kBits>;
+  constexpr int kWarps = kTileRows / 16 / kRowTiles, kThreads = kWarps * 32, kRows = 2 * kRowTiles;
+  constexpr int kPartitions = Layout::kPartitions, kQWords = Layout::kQWords, kDimTiles = Layout::kDimTiles;
+  constexpr int kTokenTiles = T / 8;
   constexpr int kCorrectionWords = Layout::kCorrectionWords;
   extern __shared__ uint4 shared_raw[];
   uint8_t* shared = reinterpret_cast<uint8_t*>(shared_raw);
   uint32_t* q_codes = reinterpret_cast<uint32_t*>(shared + Layout::kQCodes);
   float* q_scales = reinterpret_cast<float*>(shared + Layout::kQScales);
   __half* q_correction = reinterpret_cast<__half*>(shared + Layout::kQCorrection);
-  uint32_t* k_codes = reinterpret_cast<uint32_t*>(shared + Layout::kKCodes);
-  uint32_t* v_codes = reinterpret_cast<uint32_t*>(shared + Layout::kVCodes);
-  float* k_scales = reinterpret_cast<float*>(shared + Layout::kKScales);
-  float* v_scales = reinterpret_cast<float*>(shared + Layout::kVScales);
-  __half* k_correction = reinterpret_cast<__half*>(shared + Layout::kKCorrection);
-  __half* v_correction = reinterpret_cast<__half*>(shared + Layout::kVCorrection);
+  uint8_t* meta = shared + Layout::kMeta;
   uint8_t* staged = shared + Layout::kStaged;
 
   const AttentionLaunch& p = L.a;
+  const QuantizedBlockOffsets& offsets = L.sealed.offsets;
   const int split = blockIdx.x, kv_head = blockIdx.y, tile = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const TileQueries tq(p, tile);
   const int sealed_blocks = tq.first_position / T;  // wholly before the step's first new token
   const int block_begin = split * p.blocks_per_split;
-  const int block_end = min(block_begin + p.blocks_per_split, sealed_blocks);
+  const int blocks = max(0, min(block_begin + p.blocks_per_split, sealed_blocks) - block_begin);
   const int sequence = p.sequence_ids[tq.batch_index];
-  const int block_bytes = L.sealed.offsets.block_bytes;
-  const auto load_block = [&](int block, int stage) {
-    const uint8_t* source = sealed_block_address(L.sealed, p, sequence, block, kv_head);
-    for (int i = threadIdx.x * 16; i < block_bytes; i += kHackPrefillThreads * 16) cp_async_16(staged + stage * block_bytes + i, source + i);
+  const int block_bytes = offsets.block_bytes;
+  const auto staged_block = [&](int k) { return staged + (k % kStages) * block_bytes; };
+  // Block k of the split into its stage; a group is committed even when there is none, so that the
+  // waits count the same groups in every CTA.
+  const auto load_block = [&](int k) {
+    if (k < blocks) {
+      stage_block<kHeadDim, kBits, kThreads>(sealed_block_address(L.sealed, p, sequence, block_begin + k, kv_head), staged_block(k), offsets);
+    }
+    cp_async_commit();
   };
-  if (block_begin < block_end) load_block(block_begin, 0);
-  cp_async_commit();
+  for (int k = 0; k < kStages - 1; ++k) load_block(k);
 
   // Q' per (row, K partition), a warp each, 2 dims per lane (T = 64 dims = 32 lanes): the queries
   // times the softmax scale, as the reference takes them; zeros for inactive rows (never written).
   // s_q and the row factors of S's corrections (m_q, s_q Σq' + n m_q), times log2 e: scores come out
   // in base 2. The correction slots past the products stay zero.
-  for (int item = warp; item < kTileRows * kPartitions; item += kHackPrefillWarps) {
+  for (int item = warp; item < kTileRows * kPartitions; item += kWarps) {
     const int r = item / kPartitions, part = item % kPartitions;
     float x0 = 0.0f, x1 = 0.0f;
     if (r < tq.active_rows) {
@@ -252,7 +337,9 @@ __global__ __launch_bounds__(kHackPrefillThreads) void hack_prefill_partials(Hac
     int sum = c0 + c1;
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
-    reinterpret_cast<uint16_t*>(q_codes + r * kQWords)[part * T / 2 + lane] = uint16_t(c0 | (c1 << 8));
+    uint8_t* row_codes = reinterpret_cast<uint8_t*>(q_codes + r * kQWords) + part * T;
+    row_codes[q_code_byte<kBits>(2 * lane)] = uint8_t(c0);
+    row_codes[q_code_byte<kBits>(2 * lane + 1)] = uint8_t(c1);
     __half* correction = q_correction + r * 2 * kCorrectionWords;
     if (lane == 0) {
       q_scales[r * kPartitions + part] = scale * kLog2e;
@@ -260,8 +347,16 @@ __global__ __launch_bounds__(kHackPrefillThreads) void hack_prefill_partials(Hac
       write_row_factor(correction + 6 * part + 3, fmaf(scale, float(sum), float(T) * lo) * kLog2e);
     }
     if (part == 0 && lane >= 6 * kPartitions && lane < 16) correction[lane] = __float2half_rn(0.0f);
-    if (part == 0 && lane >= 6 * kPartitions && lane < 16 && r < T) k_correction[r * 2 * kCorrectionWords + lane] = __float2half_rn(0.0f);
   }
+  // The K correction slots past the products, zero in both meta buffers (convert_meta leaves them).
+  for (int i = threadIdx.x; i < 2 * T * 16; i += kThreads) {
+    const int buffer = i / (T * 16), position = i / 16 % T, slot = i % 16;
+    __half* k_correction = reinterpret_cast<__half*>(meta + buffer * Layout::kMetaBytes + Layout::kKCorrection);
+    if (slot >= 6 * kPartitions) k_correction[position * 2 * kCorrectionWords + slot] = __float2half_rn(0.0f);
+  }
+  cp_async_wait<kStages - 2>();
+  __syncthreads();  // block 0 (and Q') visible to all
+  if (blocks > 0) convert_meta<kHeadDim, kBits, kThreads>(staged_block(0), offsets, meta);
 
   const int g = lane / 4, quad_lane = lane % 4;
   const int warp_row = warp * 16 * kRowTiles;
@@ -275,24 +370,23 @@ __global__ __launch_bounds__(kHackPrefillThreads) void hack_prefill_partials(Hac
     for (int d = 0; d < kDimTiles; ++d) o[m][d][0] = o[m][d][1] = o[m][d][2] = o[m][d][3] = 0.0f;
   }
 
-  for (int block = block_begin; block < block_end; ++block) {
-    const int stage = (block - block_begin) & 1;
-    if (block + 1 < block_end) {
-      load_block(block + 1, stage ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
+  for (int k = 0; k < blocks; ++k) {
+    cp_async_wait<kStages - 3>();  // block k + 1 has landed
+    __syncthreads();  // ... for all, the meta of block k is converted, block k - 1's stage and meta are free
+    load_block(k + kStages - 1);
+    if (k + 1 < blocks) {
+      convert_meta<kHeadDim, kBits, kThreads>(staged_block(k + 1), offsets, meta + ((k + 1) % 2) * Layout::kMetaBytes);
     }
-    __syncthreads();  // the staged block (and, the first time, Q') is visible to all
-    const uint8_t* b = staged + stage * block_bytes;
-    unpack_k<kHeadDim, kBits>(b, k_codes);
-    unpack_v<kHeadDim, kBits>(b + L.sealed.offsets.v_codes, v_codes);
-    unpack_meta<kHeadDim>(b, L.sealed.offsets, k_scales, v_scales, k_correction, v_correction);
-    __syncthreads();
+    const uint8_t* block = staged_block(k);
+    const uint8_t* block_meta = meta + (k % 2) * Layout::kMetaBytes;
+    const float* k_scales = reinterpret_cast<const float*>(block_meta + Layout::kKScales);
+    const float* v_scales = reinterpret_cast<const float*>(block_meta + Layout::kVScales);
+    const uint32_t* k_correction = reinterpret_cast<const uint32_t*>(block_meta + Layout::kKCorrection);
+    const uint32_t* v_correction = reinterpret_cast<const uint32_t*>(block_meta + Layout::kVCorrection);
 
-    // S (base 2) = Σ over K partitions of Eq. 4, Q'·K'ᵀ on tensor cores 32 dims at a time.
-    // S = s_q s_k Q'·K'ᵀ per partition, plus the corrections (FP16 mma, see write_row_factor).
+    // S (base 2) = Σ over K partitions of Eq. 4, Q'·K'ᵀ on tensor cores 32 dims at a time straight
+    // from the packed fields: S = s_q s_k Q'·K'ᵀ per partition, plus the corrections (FP16 mma, see
+    // write_row_factor).
     float s[kRowTiles][kTokenTiles][4];
 #pragma unroll
     for (int m = 0; m < kRowTiles; ++m) {
@@ -317,32 +411,25 @@ __global__ __launch_bounds__(kHackPrefillThreads) void hack_prefill_partials(Hac
         q_scale[2 * m] = q_scales[row * kPartitions + part];
         q_scale[2 * m + 1] = q_scales[(row + 8) * kPartitions + part];
       }
-#pragma unroll
-      for (int j = 0; j < kTokenTiles; ++j) {
-        int dot[kRowTiles][4];
-#pragma unroll
-        for (int m = 0; m < kRowTiles; ++m) dot[m][0] = dot[m][1] = dot[m][2] = dot[m][3] = kFloatTwo23Bits;
-#pragma unroll
-        for (int kk = 0; kk < 2; ++kk) {
-          const uint32_t* k_row = k_codes + (8 * j + g) * kQWords + part * T / 4 + 8 * kk + quad_lane;
-          const uint32_t b0 = k_row[0], b1 = k_row[4];
-#pragma unroll
-          for (int m = 0; m < kRowTiles; ++m) mma_16832_u8(dot[m], a[m][kk], b0, b1);
-        }
-        const int slot = part * T + 8 * j + 2 * quad_lane;  // this lane's tokens: slot, slot + 1
-        const float2 k_scale = *reinterpret_cast<const float2*>(k_scales + slot);
+      const uint8_t* const rows[4] = {block + (16 * part + quad_lane) * Layout::kKRowBytes, block + (16 * part + quad_lane + 4) * Layout::kKRowBytes,
+                                      block + (16 * part + quad_lane + 8) * Layout::kKRowBytes,
+                                      block + (16 * part + quad_lane + 12) * Layout::kKRowBytes};
+      for_each_operand<kBits, Layout::kKLaneBytes>(rows, g, chunk_key<Layout::kKLaneBytes>(quad_lane), [&](int j, const uint32_t(&b)[4]) {
+        const float2 k_scale = *reinterpret_cast<const float2*>(k_scales + part * T + 8 * j + 2 * quad_lane);
 #pragma unroll
         for (int m = 0; m < kRowTiles; ++m) {
+          int dot[4];
+          mma_16832_u8_plus(dot, a[m][0], b[0], b[1], kFloatTwo23Bits);
+          mma_16832_u8(dot, a[m][1], b[2], b[3]);
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const float qs = q_scale[2 * m + e / 2];
-            const float q_dot = fmaf(qs, __int_as_float(dot[m][e]), -qs * kTwo23);  // s_q Σq'k'
+            const float q_dot = fmaf(qs, __int_as_float(dot[e]), -qs * kTwo23);  // s_q Σq'k'
             s[m][j][e] = fmaf(e % 2 ? k_scale.y : k_scale.x, q_dot, s[m][j][e]);
           }
         }
-      }
+      });
     }
-
     {
       const uint32_t* rows = reinterpret_cast<const uint32_t*>(q_correction);
       uint32_t a[kRowTiles][4];
@@ -354,25 +441,25 @@ __global__ __launch_bounds__(kHackPrefillThreads) void hack_prefill_partials(Hac
         a[m][2] = rows[row * kCorrectionWords + quad_lane + 4];
         a[m][3] = rows[(row + 8) * kCorrectionWords + quad_lane + 4];
       }
-      const uint32_t* tokens = reinterpret_cast<const uint32_t*>(k_correction);
 #pragma unroll
       for (int j = 0; j < kTokenTiles; ++j) {
-        const uint32_t b0 = tokens[(8 * j + g) * kCorrectionWords + quad_lane], b1 = tokens[(8 * j + g) * kCorrectionWords + quad_lane + 4];
+        const uint32_t* column = k_correction + (8 * j + g) * kCorrectionWords;
+        const uint32_t b0 = column[quad_lane], b1 = column[quad_lane + 4];
 #pragma unroll
         for (int m = 0; m < kRowTiles; ++m) mma_16816(s[m][j], a[m], b0, b1);
       }
     }
 
     // Online softmax, and P' per row over the block (quantize_operand8 over its 64 weights) packed
-    // straight into the A fragments of P'·V': a[m][kk] takes the lane's tokens of n8 tiles 4kk..4kk+3.
-    // P' deviates from quantize_operand8 in its last bits, as the P values themselves do (exp2 in FP32,
-    // another running max with other splits): 255 / (hi - lo) by fast division, and (p - lo) · that
-    // rounded once (an FMA onto the magic number) rather than twice. The codes are in [0, 255] without
-    // a clamp: exp2 is monotonic, so the block's least and greatest weights are those of its extreme
-    // scores, and p - lo in [0, hi - lo].
-    uint32_t a[kRowTiles][2][4];
-    uint32_t p_correction[kRows];  // this lane's k slots 2i, 2i + 1 (i = lane % 4) of O's correction rows
-    float p_scale[kRows], p_total[kRows];  // p_total = Σp = s_p Σp' + T m_p
+    // straight into the A fragments of P'·V' (p_token's order). P' deviates from quantize_operand8 in
+    // its last bits, as the P values themselves do (exp2 in FP32, another running max with other
+    // splits): 255 / (hi - lo) by fast division, and (p - lo) · that rounded once (an FMA onto the
+    // magic number) rather than twice. The codes are in [0, 255] without a clamp: exp2 is monotonic,
+    // so the block's least and greatest weights are those of its extreme scores, and p - lo in
+    // [0, hi - lo].
+    uint32_t p_codes[kRows][4];  // [row h][register r]
+    uint32_t p_correction[kRows];  // this lane's k slots 2i, 2i + 1 of O's correction rows
+    float p_scale[kRows];
 #pragma unroll
     for (int h = 0; h < kRows; ++h) {
       const int m = h / 2, e0 = 2 * (h % 2);
@@ -395,29 +482,26 @@ __global__ __launch_bounds__(kHackPrefillThreads) void hack_prefill_partials(Hac
       }
       const float lo = fast_exp2(block_min - new_max), hi = fast_exp2(block_max - new_max);
       const float inverse = hi > lo ? __fdividef(255.0f, hi - lo) : 0.0f;
+      uint32_t c[16];  // magic-rounded bits of the lane's 16 tokens: the code is the low byte
+#pragma unroll
+      for (int t = 0; t < 16; ++t) {
+        const float weight = fast_exp2(s[m][t % 8][e0 + t / 8] - new_max);
+        c[t] = __float_as_uint(fmaf(weight - lo, inverse, kRoundMagic));
+      }
       uint32_t code_sum = 0;
 #pragma unroll
-      for (int kk = 0; kk < 2; ++kk) {
-#pragma unroll
-        for (int pair = 0; pair < 2; ++pair) {
-          const int j = 4 * kk + 2 * pair;
-          uint32_t c[4];  // magic-rounded bits: the code is the low byte
-#pragma unroll
-          for (int x = 0; x < 4; ++x) {
-            const float weight = fast_exp2(s[m][j + x / 2][e0 + x % 2] - new_max);
-            c[x] = __float_as_uint(fmaf(weight - lo, inverse, kRoundMagic));
-          }
-          const uint32_t word = __byte_perm(__byte_perm(c[0], c[1], 0x0040), __byte_perm(c[2], c[3], 0x0040), 0x5410);
-          a[m][kk][h % 2 + 2 * pair] = word;
-          code_sum = __dp4a(word, 0x01010101u, code_sum);
-        }
+      for (int r = 0; r < 4; ++r) {
+        const uint32_t word = __byte_perm(__byte_perm(c[p_token<kBits>(r, 0)], c[p_token<kBits>(r, 1)], 0x0040),
+                                          __byte_perm(c[p_token<kBits>(r, 2)], c[p_token<kBits>(r, 3)], 0x0040), 0x5410);
+        p_codes[h][r] = word;
+        code_sum = __dp4a(word, 0x01010101u, code_sum);
       }
       p_scale[h] = (hi - lo) * (1.0f / 255.0f);
-      p_total[h] = fmaf(p_scale[h], float(quad_sum(int(code_sum))), float(T) * lo);
-      sum[h] += p_total[h];
+      const float p_total = fmaf(p_scale[h], float(quad_sum(int(code_sum))), float(T) * lo);  // Σp = s_p Σp' + T m_p
+      sum[h] += p_total;
       // The row's factors (m_p, Σp) in slots (hi, hi, lo, hi, hi, lo, 0, ..): lane i holds slots 2i, 2i + 1.
       const __half min_high = half_high(lo), min_low = half_low(lo);
-      const __half total_high = half_high(p_total[h]), total_low = half_low(p_total[h]);
+      const __half total_high = half_high(p_total), total_low = half_low(p_total);
       const __half zero = __float2half_rn(0.0f);
       const __half2 pair = quad_lane == 0   ? __halves2half2(min_high, min_high)
                            : quad_lane == 1 ? __halves2half2(min_low, total_high)
@@ -426,52 +510,61 @@ __global__ __launch_bounds__(kHackPrefillThreads) void hack_prefill_partials(Hac
       p_correction[h] = *reinterpret_cast<const uint32_t*>(&pair);
     }
 
-    // O += P·V = s_v (s_p P'·V' + m_p Σv') + m_v Σp, per n8 tile of columns: the corrections by an FP16
-    // mma onto O, then s_v s_p P'·V'.
+    // O += P·V = s_v (s_p P'·V' + m_p Σv') + m_v Σp, per n8 tile of columns straight from the packed
+    // fields: the corrections by an FP16 mma onto O, then s_v s_p P'·V'. Row tile m's A fragments of
+    // k step kk: registers 2kk (k 4i..) and 2kk + 1 (k 16 + 4i..) of its rows.
+    uint32_t a[kRowTiles][2][4];
 #pragma unroll
-    for (int d = 0; d < kDimTiles; ++d) {
-      int dot[kRowTiles][4];
-#pragma unroll
-      for (int m = 0; m < kRowTiles; ++m) dot[m][0] = dot[m][1] = dot[m][2] = dot[m][3] = kFloatTwo23Bits;
+    for (int m = 0; m < kRowTiles; ++m) {
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) {
-        const uint32_t* v_row = v_codes + (8 * d + g) * kVWords + 8 * kk + quad_lane;
-        const uint32_t b0 = v_row[0], b1 = v_row[4];
-#pragma unroll
-        for (int m = 0; m < kRowTiles; ++m) mma_16832_u8(dot[m], a[m][kk], b0, b1);
+        a[m][kk][0] = p_codes[2 * m][2 * kk];
+        a[m][kk][1] = p_codes[2 * m + 1][2 * kk];
+        a[m][kk][2] = p_codes[2 * m][2 * kk + 1];
+        a[m][kk][3] = p_codes[2 * m + 1][2 * kk + 1];
       }
-      const uint32_t correction = reinterpret_cast<const uint32_t*>(v_correction)[(8 * d + g) * 4 + quad_lane];
+    }
+    const uint8_t* v_block = block + offsets.v_codes;
+    const uint8_t* const rows[4] = {v_block + (4 * quad_lane) * Layout::kVRowBytes, v_block + (4 * quad_lane + 1) * Layout::kVRowBytes,
+                                    v_block + (4 * quad_lane + 2) * Layout::kVRowBytes, v_block + (4 * quad_lane + 3) * Layout::kVRowBytes};
+    for_each_operand<kBits, Layout::kVLaneBytes>(rows, g, chunk_key<Layout::kVLaneBytes>(quad_lane), [&](int d, const uint32_t(&b)[4]) {
+      const uint32_t correction = v_correction[(8 * d + g) * 4 + quad_lane];
+      const float2 v_scale = *reinterpret_cast<const float2*>(v_scales + 8 * d + 2 * quad_lane);
 #pragma unroll
       for (int m = 0; m < kRowTiles; ++m) {
-        const uint32_t rows[4] = {p_correction[2 * m], p_correction[2 * m + 1], 0u, 0u};
-        mma_16816(o[m][d], rows, correction, 0u);
-      }
-      const int column = 8 * d + 2 * quad_lane;  // this lane's columns: column, column + 1
-      const float2 v_scale = *reinterpret_cast<const float2*>(v_scales + column);
-#pragma unroll
-      for (int m = 0; m < kRowTiles; ++m) {
+        int dot[4];
+        mma_16832_u8_plus(dot, a[m][0], b[0], b[1], kFloatTwo23Bits);
+        mma_16832_u8(dot, a[m][1], b[2], b[3]);
+        const uint32_t correction_rows[4] = {p_correction[2 * m], p_correction[2 * m + 1], 0u, 0u};
+        mma_16816(o[m][d], correction_rows, correction, 0u);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float ps = p_scale[2 * m + e / 2];
-          const float p_dot = fmaf(ps, __int_as_float(dot[m][e]), -ps * kTwo23);  // s_p Σp'v'
+          const float p_dot = fmaf(ps, __int_as_float(dot[e]), -ps * kTwo23);  // s_p Σp'v'
           o[m][d][e] = fmaf(e % 2 ? v_scale.y : v_scale.x, p_dot, o[m][d][e]);
         }
       }
-    }
-    __syncthreads();  // the unpacked codes and this stage are refilled by the next iteration
+    });
   }
-  cp_async_wait<0>();  // a CTA with no blocks has nothing in flight, but the group was committed
+  cp_async_wait<0>();  // the trailing groups (empty past the split's blocks)
 
-  // The split partial of each active row (an empty split: max -inf, sum 0, acc 0).
+  // The split partial of each active row (an empty split: max -inf, sum 0, acc 0): the lane's dims
+  // are kDimTiles·(2i + e) + d.
 #pragma unroll
   for (int h = 0; h < kRows; ++h) {
     const int m = h / 2, e0 = 2 * (h % 2);
     const int r = warp_row + 16 * m + g + 8 * (h % 2);
     if (r >= tq.active_rows) continue;
     const size_t row = (size_t(tile) * p.num_kv_heads + kv_head) * kTileRows + r;
-    float* acc = p.partial_acc + (row * p.split_stride + split) * kHeadDim + 2 * quad_lane;
+    float* acc = p.partial_acc + (row * p.split_stride + split) * kHeadDim;
 #pragma unroll
-    for (int d = 0; d < kDimTiles; ++d) *reinterpret_cast<float2*>(acc + 8 * d) = make_float2(o[m][d][e0], o[m][d][e0 + 1]);
+    for (int e = 0; e < 2; ++e) {
+#pragma unroll
+      for (int d = 0; d < kDimTiles; d += 4) {
+        *reinterpret_cast<float4*>(acc + kDimTiles * (2 * quad_lane + e) + d) =
+            make_float4(o[m][d][e0 + e], o[m][d + 1][e0 + e], o[m][d + 2][e0 + e], o[m][d + 3][e0 + e]);
+      }
+    }
     if (quad_lane == 0) p.partial_max_sum[row * p.split_stride + split] = make_float2(running_max[h], sum[h]);
   }
 }
@@ -480,14 +573,18 @@ using HackPrefillKernel = void (*)(HackPrefillLaunch);
 
 template <int kHeadDim>
 HackPrefillKernel pick_bits(int bits) {
-  return bits == 2 ? hack_prefill_partials<kHeadDim, 2> : bits == 4 ? hack_prefill_partials<kHeadDim, 4> : hack_prefill_partials<kHeadDim, 8>;
+  constexpr int kRowTiles = kHackPrefillRowTilesPerWarp;
+  return bits == 2   ? hack_prefill_partials<kHeadDim, 2, kRowTiles>
+         : bits == 4 ? hack_prefill_partials<kHeadDim, 4, kRowTiles>
+                     : hack_prefill_partials<kHeadDim, 8, kRowTiles>;
 }
 HackPrefillKernel pick(int head_dim, int bits) { return head_dim == 64 ? pick_bits<64>(bits) : pick_bits<128>(bits); }
 
-// The kernel's dynamic shared memory for a head dim and block size.
+// The kernel's dynamic shared memory for a head dim and block size (its fixed part is the same for
+// every bit width).
 size_t hack_prefill_shared_bytes(int head_dim, int block_bytes) {
-  const size_t fixed = head_dim == 64 ? SharedLayout<64>::kStaged : SharedLayout<128>::kStaged;
-  return fixed + 2 * size_t(block_bytes);
+  const size_t fixed = head_dim == 64 ? SharedLayout<64, 2>::kStaged : SharedLayout<128, 2>::kStaged;
+  return fixed + kStages * size_t(block_bytes);
 }
 
 // Opts the kernel into `shared_bytes`; returns its CTAs resident per multiprocessor (0 on an error).
@@ -610,6 +707,9 @@ Status CudaHackPrefillAttention::run(const PagedKvView& kv, const QuantizedKvVie
     return error("CUDA HACK prefill attention: expected hack blocks of ", bits_, " bits (", block_bytes_, " bytes), got ",
                  sealed.hack ? "hack" : "quant", " of ", sealed.k_bits, "/", sealed.v_bits, " bits (",
                  sealed.offsets.block_bytes, " bytes)");
+  }
+  if (sealed.blocks == nullptr || sealed.block_tables == nullptr) {
+    return error("CUDA HACK prefill attention: the sealed blocks or their block tables are missing");
   }
   const int* metadata = metadata_.data();
   HackPrefillLaunch L{};

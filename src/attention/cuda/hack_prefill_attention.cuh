@@ -6,10 +6,9 @@
 // CudaPagedAttention is a follow-up.
 //
 // Per CTA: 128 query rows (positions × the GQA group sharing one KV head, as prefill_attention.cuh),
-// 4 warps of 2 m16 row tiles. Q is quantized once per CTA to 8 bits per K partition
-// (quantize_operand8's operations, attention/hack_operands.h). Each block (64 tokens) is staged in
-// shared memory with cp.async double buffering, its K and V codes unpacked there to u8 (never to
-// global memory), and
+// 4 warps of 2 m16 row tiles (each K/V fragment serves both). Q is quantized once per CTA to 8 bits
+// per K partition (quantize_operand8's operations, attention/hack_operands.h). Each block (64 tokens)
+// is staged packed in shared memory by cp.async, 4 stages deep, and
 //   S  = Σ_partitions s_q s_k (Q'·K'ᵀ) + s_q m_k Σq' + m_q s_k Σk' + n m_q m_k   (Eq. 4, stored Σk')
 // with Q'·K'ᵀ on mma.sync m16n8k32 u8×u8→s32; online softmax in FP32, base 2; P quantized to 8 bits
 // per (row, block) (quantize_operand8 again, over the block's 64 tokens: one V partition) in registers,
@@ -19,16 +18,21 @@
 // per tile on hi/lo-split factors (see write_row_factor in the .cu). Each CTA writes its split partial
 // (base-2 max, sum, weighted V); launch_merge_split_partials merges.
 //
-// Measured on H100 (32 q / 8 kv heads, d 128, 2 bits; bench/cuda/bench_hack_prefill_cuda): 130–186
-// TFLOP/s-equivalent against the FP16 tensor-core kernel's 245–318 over the same tokens, i.e. 0.5–0.6x
-// its work rate (the issue's target is 1.3x). The first version spent ~2700 instructions per warp and
-// block; removing the int-to-float conversions (magic-number accumulators), converting the block's
-// parameters once per CTA, P' without division or clamp, and the FP16-mma corrections brought that to
-// ~1700 but the time by only ~8%: the kernel is bound by latency (8 resident warps per multiprocessor
-// at 255 registers, long mma → fold → softmax → mma chains, two barriers per block around the
-// unpacking), not by issue or by the tensor cores (~180 of H100's INT8 TOPS). Next: 8 warps of one m16
-// tile each (half the registers, twice the resident warps), unpacking overlapped with compute
-// (producer warps), or wgmma on sm_90a.
+// Operands straight from the packed block (kv/codec/quantized_block.h), no unpacking pass: a B
+// fragment register of m16n8k32 is 4 k values of one column, and a packed K field is 4 dims of one
+// token, a V field 4 tokens of one column. The k order inside an mma is free as long as A and B agree,
+// and so is which token (dim) each n column of S (O) is: column n of S's tile j is token 8n + j, so a
+// lane's K fields for all 8 tiles are one run of 8 tokens in each of its 4 dim-group rows (one 8- to
+// 32-byte load per row); column n of O's tile d is dim (head_dim / 8)·n + d, likewise one run of V
+// columns per token-group row. Then a lane's S accumulators are the tokens 16i..16i+15 (i = lane % 4)
+// of its two rows, exactly the tokens its P' A fragments need when it reads V's token groups
+// 4i..4i+3: P' is packed from the lane's own registers, no shuffles. 4- and 8-bit registers are
+// spread fields; 2-bit ones take code r of 4 fields (a 4×4 byte transpose of 4 packed words), Q' and
+// P' stored in the matching k order. Staged rows are chunk-swizzled so those loads are free of bank
+// conflicts. A block's parameters (scales, correction factors) are converted once per CTA one block
+// ahead, so a block costs one __syncthreads.
+//
+// Measured: see below (to be filled).
 // This header is host C++ (the kernel and its launch parameters live in the .cu).
 #pragma once
 
@@ -41,9 +45,9 @@
 
 namespace slimkv::cuda {
 
+constexpr int kHackPrefillRowTilesPerWarp = 2;  // m16 row tiles per warp: each K/V fragment serves both
 constexpr int kHackPrefillWarps = 4;
 constexpr int kHackPrefillThreads = kHackPrefillWarps * 32;
-constexpr int kHackPrefillRowTilesPerWarp = 2;  // m16 row tiles per warp: each K/V fragment serves both
 constexpr int kHackPrefillTileRows = kHackPrefillWarps * 16 * kHackPrefillRowTilesPerWarp;
 
 // The kernel alone, for CudaPagedAttention's prefill steps over `hack` blocks (the open block and the
