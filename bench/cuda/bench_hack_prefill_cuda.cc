@@ -9,9 +9,10 @@
 //
 //   bench_hack_prefill_cuda --batches 1,8 --contexts 4096,8192,16384,32768 --queries 512,4096 --bits 2
 //
-// Measured on H100 (the defaults, one run, --repetitions 5): speedup 0.50–0.62x, time ratio 0.53–0.77x
-// (e.g. batch 8, 512 queries at 32K: FP16 7.30 ms, 304 TFLOP/s; HACK 12.2 ms, 180 TFLOP/s); 4 bits the
-// same as 2 (the kernel is not bound by reading KV). See hack_prefill_attention.cuh for why.
+// Measured on H100 (one run; bench_hack_prefill_cuda --batches 1,8 --contexts 4096,32768 --queries 512
+// --repetitions 3): speedup 0.60–0.67x, time ratio 0.64–0.68x (batch 8, 512 queries at 32K: FP16
+// 7.16 ms, 310 TFLOP/s; HACK 10.6 ms, 207 TFLOP/s; before the packed-operand kernel 12.2 ms, 180);
+// --bits 4: 0.65x, --bits 8: 0.63x there. See hack_prefill_attention.cuh for what bounds the kernel.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>

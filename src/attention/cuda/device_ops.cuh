@@ -19,6 +19,31 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
+// mbarriers in shared memory (sm_80+): a phase completes when `count` arrivals have been made; a
+// waiter names the phase by its parity. cp_async_arrive makes the arrival when all of this thread's
+// earlier cp.async copies have landed (noinc: it is one of the `count`).
+__device__ __forceinline__ void mbarrier_init(uint64_t* barrier, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(unsigned(__cvta_generic_to_shared(barrier))), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* barrier) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(unsigned(__cvta_generic_to_shared(barrier))) : "memory");
+}
+__device__ __forceinline__ void cp_async_arrive(uint64_t* barrier) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(unsigned(__cvta_generic_to_shared(barrier))) : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(uint64_t* barrier, unsigned parity) {
+  const unsigned address = unsigned(__cvta_generic_to_shared(barrier));
+  unsigned done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred complete;\n mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, complete;\n}\n"
+        : "=r"(done)
+        : "r"(address), "r"(parity)
+        : "memory");
+  }
+}
+
 // d += a · b for a 16×16 FP16 A (row-major fragment), a 16×8 FP16 B (column-major fragment), FP32 d.
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(

@@ -16,7 +16,11 @@ namespace {
 constexpr int T = kCudaBlockTokens;  // tokens per block: one V partition, and the K partition's dims
 constexpr int kTileRows = kHackPrefillTileRows;
 constexpr int kMinCtas = 2;  // per multiprocessor (registers: 65536 / (2 CTAs · threads) per thread at most)
-constexpr int kStages = 4;   // packed blocks in shared memory: one computed, one converted, two landing
+// The block pipeline (see the kernel): packed blocks staged in shared memory, and buffers of converted
+// block parameters. A stage or buffer is refilled only once every warp is done with the block it held
+// two blocks back, so warps run up to a block apart instead of meeting at a barrier every block.
+constexpr int kStages = 4;       // one computed, one converted, one landing, one the slowest warp may still read
+constexpr int kMetaBuffers = 3;  // one computed, one converted, one the slowest warp may still read
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // What the kernel reads: the split-K launch (q, out, tiles, partials; k_pool / v_pool unused) and the
@@ -130,13 +134,12 @@ struct SharedLayout {
   static constexpr int kDimTiles = kHeadDim / 8;
   static constexpr int kKRowBytes = T * kBits / 2, kVRowBytes = kHeadDim * kBits / 2;  // packed rows
   static constexpr int kKLaneBytes = kKRowBytes / 8, kVLaneBytes = kVRowBytes / 8;
-  static constexpr int kQWords = (kHeadDim + 16) / 4;  // Q' rows, padded so 8 rows fall in 8 bank groups
+  // Q' rows, padded so 8 rows fall in 8 bank groups; the padding holds the row's s_q per partition.
+  static constexpr int kQWords = (kHeadDim + 16) / 4, kQScaleWord = kHeadDim / 4;
   static constexpr int kCorrectionWords = 12;          // rows of 16 FP16 correction factors, padded as above
   static constexpr size_t kQCodes = 0;                                        // [kTileRows][kQWords]
-  static constexpr size_t kQScales = kQCodes + size_t(kTileRows) * kQWords * 4;  // float [kTileRows][kPartitions]: s_q
-  static constexpr size_t kQCorrection = kQScales + size_t(kTileRows) * kPartitions * 4;  // [kTileRows][kCorrectionWords]
-  // A block's converted parameters, two buffers (the computed block's, the next one's), positions in
-  // operand order: token t of K at 8(t % 8) + t / 8 (n8 tile t % 8, column t / 8), V column c at
+  static constexpr size_t kQCorrection = kQCodes + size_t(kTileRows) * kQWords * 4;  // [kTileRows][kCorrectionWords]
+  // A block's converted parameters, kMetaBuffers buffers, positions in operand order: token t of K at 8(t % 8) + t / 8 (n8 tile t % 8, column t / 8), V column c at
   // 8(c % kDimTiles) + c / kDimTiles.
   static constexpr size_t kMeta = kQCorrection + size_t(kTileRows) * kCorrectionWords * 4;
   static constexpr size_t kKScales = 0;                                       // float [kPartitions][T]: s_k
@@ -144,7 +147,11 @@ struct SharedLayout {
   static constexpr size_t kKCorrection = kVScales + size_t(kHeadDim) * 4;      // [T][kCorrectionWords]
   static constexpr size_t kVCorrection = kKCorrection + size_t(T) * kCorrectionWords * 4;  // [kHeadDim][4 words]
   static constexpr size_t kMetaBytes = kVCorrection + size_t(kHeadDim) * 16;
-  static constexpr size_t kStaged = kMeta + 2 * kMetaBytes;                  // kStages packed blocks
+  // mbarriers: landed[kStages] (a stage's copies), consumed[kStages] (every warp done with a stage),
+  // converted[kMetaBuffers] (a meta buffer written by every thread).
+  static constexpr size_t kBarriers = kMeta + kMetaBuffers * kMetaBytes;
+  static constexpr size_t kStaged = kBarriers + 16 * 8;                      // kStages packed blocks
+  static_assert(2 * kStages + kMetaBuffers <= 16 && kPartitions <= 4, "barriers and s_q fit");
   static_assert(kQCorrection % 16 == 0 && kMeta % 16 == 0 && kKCorrection % 16 == 0 && kVCorrection % 16 == 0 &&
                     kMetaBytes % 16 == 0 && kStaged % 16 == 0,
                 "16-byte aligned sections");
@@ -280,20 +287,27 @@ __device__ __forceinline__ float operand8_inverse(float scale) { return scale > 
 // of O's tile d is dim kDimTiles·n + d (a lane's V fields one run of kDimTiles columns); so the lane's
 // S accumulators are tokens 16i..16i+15 of its rows, the very tokens of its P' A fragments (token
 // groups 4i..4i+3).
-template <int kHeadDim, int kBits, int kRowTiles>
-__global__ __launch_bounds__(kTileRows * 2 / kRowTiles, kMinCtas) void hack_prefill_partials(HackPrefillLaunch L) {
+template <int kHeadDim, int kBits>
+__global__ __launch_bounds__(kHackPrefillThreads, kMinCtas) void hack_prefill_partials(HackPrefillLaunch L) {
   using Layout = SharedLayout<kHeadDim, kBits>;
-  constexpr int kWarps = kTileRows / 16 / kRowTiles, kThreads = kWarps * 32, kRows = 2 * kRowTiles;
+  constexpr int kRowTiles = kHackPrefillRowTilesPerWarp, kWarps = kHackPrefillWarps, kThreads = kHackPrefillThreads;
+  constexpr int kRows = 2 * kRowTiles;
   constexpr int kPartitions = Layout::kPartitions, kQWords = Layout::kQWords, kDimTiles = Layout::kDimTiles;
   constexpr int kTokenTiles = T / 8;
   constexpr int kCorrectionWords = Layout::kCorrectionWords;
   extern __shared__ uint4 shared_raw[];
   uint8_t* shared = reinterpret_cast<uint8_t*>(shared_raw);
   uint32_t* q_codes = reinterpret_cast<uint32_t*>(shared + Layout::kQCodes);
-  float* q_scales = reinterpret_cast<float*>(shared + Layout::kQScales);
   __half* q_correction = reinterpret_cast<__half*>(shared + Layout::kQCorrection);
   uint8_t* meta = shared + Layout::kMeta;
   uint8_t* staged = shared + Layout::kStaged;
+  uint64_t* landed = reinterpret_cast<uint64_t*>(shared + Layout::kBarriers);
+  uint64_t* consumed = landed + kStages;
+  uint64_t* converted = consumed + kStages;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < 2 * kStages + kMetaBuffers; ++i) mbarrier_init(landed + i, kThreads);
+  }
+  __syncthreads();  // the barriers are initialized before any arrives
 
   const AttentionLaunch& p = L.a;
   const QuantizedBlockOffsets& offsets = L.sealed.offsets;
@@ -306,15 +320,25 @@ __global__ __launch_bounds__(kTileRows * 2 / kRowTiles, kMinCtas) void hack_pref
   const int sequence = p.sequence_ids[tq.batch_index];
   const int block_bytes = offsets.block_bytes;
   const auto staged_block = [&](int k) { return staged + (k % kStages) * block_bytes; };
-  // Block k of the split into its stage; a group is committed even when there is none, so that the
-  // waits count the same groups in every CTA.
+  const auto block_meta = [&](int k) { return meta + (k % kMetaBuffers) * Layout::kMetaBytes; };
+  // Phase parity of block k's use of its stage (buffer).
+  const auto stage_parity = [](int k) { return unsigned(k / kStages) & 1u; };
+  const auto meta_parity = [](int k) { return unsigned(k / kMetaBuffers) & 1u; };
+  // Block k of the split into its stage (none past the split's blocks).
   const auto load_block = [&](int k) {
-    if (k < blocks) {
-      stage_block<kHeadDim, kBits, kThreads>(sealed_block_address(L.sealed, p, sequence, block_begin + k, kv_head), staged_block(k), offsets);
-    }
-    cp_async_commit();
+    if (k >= blocks) return;
+    stage_block<kHeadDim, kBits, kThreads>(sealed_block_address(L.sealed, p, sequence, block_begin + k, kv_head), staged_block(k), offsets);
+    cp_async_arrive(landed + k % kStages);
   };
-  for (int k = 0; k < kStages - 1; ++k) load_block(k);
+  // Block k's parameters into its meta buffer, once its copies have landed.
+  const auto convert_block_meta = [&](int k) {
+    if (k >= blocks) return;
+    mbarrier_wait(landed + k % kStages, stage_parity(k));
+    convert_meta<kHeadDim, kBits, kThreads>(staged_block(k), offsets, block_meta(k));
+    mbarrier_arrive(converted + k % kMetaBuffers);
+  };
+  load_block(0);
+  load_block(1);
 
   // Q' per (row, K partition), a warp each, 2 dims per lane (T = 64 dims = 32 lanes): the queries
   // times the softmax scale, as the reference takes them; zeros for inactive rows (never written).
@@ -338,25 +362,25 @@ __global__ __launch_bounds__(kTileRows * 2 / kRowTiles, kMinCtas) void hack_pref
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
     uint8_t* row_codes = reinterpret_cast<uint8_t*>(q_codes + r * kQWords) + part * T;
+    float* row_scales = reinterpret_cast<float*>(q_codes + r * kQWords + Layout::kQScaleWord);
     row_codes[q_code_byte<kBits>(2 * lane)] = uint8_t(c0);
     row_codes[q_code_byte<kBits>(2 * lane + 1)] = uint8_t(c1);
     __half* correction = q_correction + r * 2 * kCorrectionWords;
     if (lane == 0) {
-      q_scales[r * kPartitions + part] = scale * kLog2e;
+      row_scales[part] = scale * kLog2e;
       write_row_factor(correction + 6 * part, lo * kLog2e);
       write_row_factor(correction + 6 * part + 3, fmaf(scale, float(sum), float(T) * lo) * kLog2e);
     }
     if (part == 0 && lane >= 6 * kPartitions && lane < 16) correction[lane] = __float2half_rn(0.0f);
   }
-  // The K correction slots past the products, zero in both meta buffers (convert_meta leaves them).
-  for (int i = threadIdx.x; i < 2 * T * 16; i += kThreads) {
+  // The K correction slots past the products, zero in every meta buffer (convert_meta leaves them).
+  for (int i = threadIdx.x; i < kMetaBuffers * T * 16; i += kThreads) {
     const int buffer = i / (T * 16), position = i / 16 % T, slot = i % 16;
     __half* k_correction = reinterpret_cast<__half*>(meta + buffer * Layout::kMetaBytes + Layout::kKCorrection);
     if (slot >= 6 * kPartitions) k_correction[position * 2 * kCorrectionWords + slot] = __float2half_rn(0.0f);
   }
-  cp_async_wait<kStages - 2>();
-  __syncthreads();  // block 0 (and Q') visible to all
-  if (blocks > 0) convert_meta<kHeadDim, kBits, kThreads>(staged_block(0), offsets, meta);
+  __syncthreads();  // Q' and the zeros visible to all
+  convert_block_meta(0);
 
   const int g = lane / 4, quad_lane = lane % 4;
   const int warp_row = warp * 16 * kRowTiles;
@@ -370,19 +394,19 @@ __global__ __launch_bounds__(kTileRows * 2 / kRowTiles, kMinCtas) void hack_pref
     for (int d = 0; d < kDimTiles; ++d) o[m][d][0] = o[m][d][1] = o[m][d][2] = o[m][d][3] = 0.0f;
   }
 
+  // Block k: refill the stage and meta buffer of block k - 2 (once every warp is done with it) with
+  // block k + 2's copies and block k + 1's parameters, then compute block k once every thread has
+  // converted its parameters (which each did after seeing its copies land).
   for (int k = 0; k < blocks; ++k) {
-    cp_async_wait<kStages - 3>();  // block k + 1 has landed
-    __syncthreads();  // ... for all, the meta of block k is converted, block k - 1's stage and meta are free
-    load_block(k + kStages - 1);
-    if (k + 1 < blocks) {
-      convert_meta<kHeadDim, kBits, kThreads>(staged_block(k + 1), offsets, meta + ((k + 1) % 2) * Layout::kMetaBytes);
-    }
+    if (k >= 2) mbarrier_wait(consumed + (k - 2) % kStages, stage_parity(k - 2));
+    load_block(k + 2);
+    convert_block_meta(k + 1);
+    mbarrier_wait(converted + k % kMetaBuffers, meta_parity(k));
     const uint8_t* block = staged_block(k);
-    const uint8_t* block_meta = meta + (k % 2) * Layout::kMetaBytes;
-    const float* k_scales = reinterpret_cast<const float*>(block_meta + Layout::kKScales);
-    const float* v_scales = reinterpret_cast<const float*>(block_meta + Layout::kVScales);
-    const uint32_t* k_correction = reinterpret_cast<const uint32_t*>(block_meta + Layout::kKCorrection);
-    const uint32_t* v_correction = reinterpret_cast<const uint32_t*>(block_meta + Layout::kVCorrection);
+    const float* k_scales = reinterpret_cast<const float*>(block_meta(k) + Layout::kKScales);
+    const float* v_scales = reinterpret_cast<const float*>(block_meta(k) + Layout::kVScales);
+    const uint32_t* k_correction = reinterpret_cast<const uint32_t*>(block_meta(k) + Layout::kKCorrection);
+    const uint32_t* v_correction = reinterpret_cast<const uint32_t*>(block_meta(k) + Layout::kVCorrection);
 
     // S (base 2) = Σ over K partitions of Eq. 4, Q'·K'ᵀ on tensor cores 32 dims at a time straight
     // from the packed fields: S = s_q s_k Q'·K'ᵀ per partition, plus the corrections (FP16 mma, see
@@ -408,8 +432,8 @@ __global__ __launch_bounds__(kTileRows * 2 / kRowTiles, kMinCtas) void hack_pref
           a[m][kk][2] = q_codes[row * kQWords + word + 4];
           a[m][kk][3] = q_codes[(row + 8) * kQWords + word + 4];
         }
-        q_scale[2 * m] = q_scales[row * kPartitions + part];
-        q_scale[2 * m + 1] = q_scales[(row + 8) * kPartitions + part];
+        q_scale[2 * m] = reinterpret_cast<const float*>(q_codes + row * kQWords + Layout::kQScaleWord)[part];
+        q_scale[2 * m + 1] = reinterpret_cast<const float*>(q_codes + (row + 8) * kQWords + Layout::kQScaleWord)[part];
       }
       const uint8_t* const rows[4] = {block + (16 * part + quad_lane) * Layout::kKRowBytes, block + (16 * part + quad_lane + 4) * Layout::kKRowBytes,
                                       block + (16 * part + quad_lane + 8) * Layout::kKRowBytes,
@@ -545,8 +569,8 @@ __global__ __launch_bounds__(kTileRows * 2 / kRowTiles, kMinCtas) void hack_pref
         }
       }
     });
+    mbarrier_arrive(consumed + k % kStages);
   }
-  cp_async_wait<0>();  // the trailing groups (empty past the split's blocks)
 
   // The split partial of each active row (an empty split: max -inf, sum 0, acc 0): the lane's dims
   // are kDimTiles·(2i + e) + d.
@@ -573,10 +597,7 @@ using HackPrefillKernel = void (*)(HackPrefillLaunch);
 
 template <int kHeadDim>
 HackPrefillKernel pick_bits(int bits) {
-  constexpr int kRowTiles = kHackPrefillRowTilesPerWarp;
-  return bits == 2   ? hack_prefill_partials<kHeadDim, 2, kRowTiles>
-         : bits == 4 ? hack_prefill_partials<kHeadDim, 4, kRowTiles>
-                     : hack_prefill_partials<kHeadDim, 8, kRowTiles>;
+  return bits == 2 ? hack_prefill_partials<kHeadDim, 2> : bits == 4 ? hack_prefill_partials<kHeadDim, 4> : hack_prefill_partials<kHeadDim, 8>;
 }
 HackPrefillKernel pick(int head_dim, int bits) { return head_dim == 64 ? pick_bits<64>(bits) : pick_bits<128>(bits); }
 

@@ -6,9 +6,9 @@
 // CudaPagedAttention is a follow-up.
 //
 // Per CTA: 128 query rows (positions × the GQA group sharing one KV head, as prefill_attention.cuh),
-// 4 warps of 2 m16 row tiles (each K/V fragment serves both). Q is quantized once per CTA to 8 bits
-// per K partition (quantize_operand8's operations, attention/hack_operands.h). Each block (64 tokens)
-// is staged packed in shared memory by cp.async, 4 stages deep, and
+// 8 warps of one m16 row tile (128 registers: 16 warps per multiprocessor). Q is quantized once per
+// CTA to 8 bits per K partition (quantize_operand8's operations, attention/hack_operands.h). Each
+// block (64 tokens) is staged packed in shared memory by cp.async, 4 stages deep, and
 //   S  = Σ_partitions s_q s_k (Q'·K'ᵀ) + s_q m_k Σq' + m_q s_k Σk' + n m_q m_k   (Eq. 4, stored Σk')
 // with Q'·K'ᵀ on mma.sync m16n8k32 u8×u8→s32; online softmax in FP32, base 2; P quantized to 8 bits
 // per (row, block) (quantize_operand8 again, over the block's 64 tokens: one V partition) in registers,
@@ -30,9 +30,25 @@
 // spread fields; 2-bit ones take code r of 4 fields (a 4×4 byte transpose of 4 packed words), Q' and
 // P' stored in the matching k order. Staged rows are chunk-swizzled so those loads are free of bank
 // conflicts. A block's parameters (scales, correction factors) are converted once per CTA one block
-// ahead, so a block costs one __syncthreads.
+// ahead. No __syncthreads per block: mbarriers say when a stage has landed, when a block's parameters
+// are converted and when every warp is done with a stage, which is refilled two blocks later, so the
+// warps drift up to a block apart (softmax of one overlapping the mma of another).
 //
-// Measured: see below (to be filled).
+// Measured on H100 (32 q / 8 kv heads, d 128, 512 queries; bench/cuda/bench_hack_prefill_cuda
+// --batches 1,8 --contexts 4096,32768 --queries 512 --repetitions 3, one run): 2 bits 153–207
+// TFLOP/s-equivalent against the FP16 kernel's 240–310, i.e. 0.60–0.67x its work rate (was 0.50–0.62x;
+// batch 8 at 32K: FP16 7.16 ms, HACK 10.6 ms, was 12.2); 4 bits 0.65x, 8 bits 0.63x (batch 8, 32K).
+// The issue's 1.3x is not reached. Steps (batch 8 at 32K / at 4K, 2 bits): no unpacking pass, 8 warps
+// of one tile, __syncthreads per block 0.63x / 0.55x; 4 warps of 2 tiles 0.66x / 0.55x (255
+// registers, 8 warps); mbarriers instead of the block barrier: 2 tiles 0.65x / 0.55x (8 bits 0.57x),
+// 1 tile 0.67x / 0.60x (kept). ncu (batch 8, 32K): issue slots 61% busy, stalls mostly fixed-latency
+// dependencies and pipe throttles, not barriers or memory: the kernel is bound by issue. A warp runs
+// ~1600 instructions per block (for 64 mma): ~290 FFMA for Eq. 4's folds (s_q s_k per S element and
+// K partition, s_p s_v per O element: the per-token, per-partition scales leave no integer sum to
+// share), ~240 for the softmax and P', ~290 to pull 2-bit codes out of their fields, ~120 shared loads,
+// ~70 register moves, 96 bytes of spills. Next: fewer instructions per block (2 row tiles per warp
+// share the decoding and the loads but need 255 registers here; wgmma would take the mma and their
+// operand registers off the warps, not the folds).
 // This header is host C++ (the kernel and its launch parameters live in the .cu).
 #pragma once
 
@@ -45,8 +61,10 @@
 
 namespace slimkv::cuda {
 
-constexpr int kHackPrefillRowTilesPerWarp = 2;  // m16 row tiles per warp: each K/V fragment serves both
-constexpr int kHackPrefillWarps = 4;
+// m16 row tiles per warp: 1 (128 registers, 16 warps per multiprocessor) measured ahead of 2 (each
+// K/V fragment serving both, but 255 registers and 8 warps).
+constexpr int kHackPrefillRowTilesPerWarp = 1;
+constexpr int kHackPrefillWarps = 8;
 constexpr int kHackPrefillThreads = kHackPrefillWarps * 32;
 constexpr int kHackPrefillTileRows = kHackPrefillWarps * 16 * kHackPrefillRowTilesPerWarp;
 
