@@ -95,6 +95,7 @@ void check_prefill(const PrefillCase& c) {
   kv.head_dim = d;
   QuantizedKvView sealed;
   sealed.blocks = pool_device.data();
+  sealed.block_tables = tables_device.data();
   sealed.k_bits = sealed.v_bits = c.bits;
   sealed.offsets = {int(layout.block_bytes), int(layout.k_mins),   int(layout.k_scales), int(layout.k_sums),
                     int(layout.v_codes),     int(layout.v_mins), int(layout.v_scales), int(layout.v_sums)};

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "attention/cuda/device_ops.cuh"
+#include "kv/codec/quantized_block.h"
 
 namespace slimkv::cuda {
 namespace {
@@ -39,6 +40,36 @@ __device__ inline int swizzled(int row, int chunk) {
   return row * kHeadDim + ((chunk ^ (row % 8)) * 8);
 }
 
+// Writes a sealed block (kv/codec/quantized_block.h's layout, K and V of kBits) dequantized,
+// x = min + scale · x', into the FP16 tiles k and v [token][dim] (swizzled as the FP16 blocks are
+// staged). Each thread takes whole packed fields: 4 dims of a token (K) or 4 tokens of a column (V).
+template <int kHeadDim, int kBits>
+__device__ inline void dequantize_sealed_block(const uint8_t* block, const QuantizedBlockOffsets& o, __half* k, __half* v) {
+  constexpr int T = kCudaBlockTokens;
+  constexpr int kPartition = kHeadDim < T ? kHeadDim : T;  // K partition dims: min(Π, head_dim)
+  const __half* k_mins = reinterpret_cast<const __half*>(block + o.k_mins);
+  const __half* k_scales = reinterpret_cast<const __half*>(block + o.k_scales);
+  const __half* v_mins = reinterpret_cast<const __half*>(block + o.v_mins);
+  const __half* v_scales = reinterpret_cast<const __half*>(block + o.v_scales);
+  for (int i = threadIdx.x; i < kHeadDim / 4 * T; i += kPrefillThreads) {  // dim group g = i / T, token t = i % T
+    const int dim = 4 * (i / T), t = i % T, slot = dim / kPartition * T + t;
+    const uint32_t codes = spread_codes<kBits>(load_field<kBits>(block + i * kBits / 2));
+    const float lo = __half2float(k_mins[slot]), scale = __half2float(k_scales[slot]);
+    const uint2 values = make_uint2(pack_halves(fmaf(scale, float(codes & 0xff), lo), fmaf(scale, float(codes >> 8 & 0xff), lo)),
+                                    pack_halves(fmaf(scale, float(codes >> 16 & 0xff), lo), fmaf(scale, float(codes >> 24), lo)));
+    *reinterpret_cast<uint2*>(k + swizzled<kHeadDim>(t, dim / 8) + dim % 8) = values;
+  }
+  for (int i = threadIdx.x; i < T / 4 * kHeadDim; i += kPrefillThreads) {  // tokens 4u.. of column c: u = i / d, c = i % d
+    const int first = 4 * (i / kHeadDim), c = i % kHeadDim;
+    const uint32_t codes = spread_codes<kBits>(load_field<kBits>(block + o.v_codes + i * kBits / 2));
+    const float lo = __half2float(v_mins[c]), scale = __half2float(v_scales[c]);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      v[swizzled<kHeadDim>(first + j, c / 8) + c % 8] = __float2half_rn(fmaf(scale, float(codes >> (8 * j) & 0xff), lo));
+    }
+  }
+}
+
 // --- the kernel ---
 
 // The attention of one tile of kPrefillTileRows query rows (row r: query head kv_head·group + r % group
@@ -47,8 +78,10 @@ __device__ inline int swizzled(int row, int chunk) {
 // halves that traffic per mma (the bound with one tile: a fragment per two mma). In tile m a lane
 // holds rows g = lane / 4 and g + 8, and columns 2(lane % 4), +1 of every 8-column tile of S and O
 // (the mma accumulator layout); its row h = 2m + (0 or 1).
-template <int kHeadDim>
-__global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(AttentionLaunch p) {
+// kPrefix, kBits: what it does with the sealed blocks before each sequence's step (SealedPrefix; kBits
+// for kDequantize).
+template <int kHeadDim, SealedPrefix kPrefix, int kBits>
+__global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(AttentionLaunch p, QuantizedKvView sealed) {
   constexpr int kRowTiles = kPrefillRowTilesPerWarp;
   constexpr int kRows = 2 * kRowTiles;                  // rows of S and O a lane holds
   constexpr int kChunks = kHeadDim / 8;                 // 16-byte chunks per row
@@ -67,9 +100,11 @@ __global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(At
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const TileQueries tq(p, tile);
   const int num_blocks = (tq.kv_end + kCudaBlockTokens - 1) / kCudaBlockTokens;
-  const int block_begin = split * p.blocks_per_split;
+  const int sealed_blocks = kPrefix == SealedPrefix::kNone ? 0 : tq.first_position / kCudaBlockTokens;
+  const int block_begin = (kPrefix == SealedPrefix::kSkip ? sealed_blocks : 0) + split * p.blocks_per_split;
   const int block_end = min(block_begin + p.blocks_per_split, num_blocks);
-  const int* table = p.block_tables + size_t(p.sequence_ids[tq.batch_index]) * p.block_table_stride;
+  const int sequence = p.sequence_ids[tq.batch_index];
+  const int* table = p.block_tables + size_t(sequence) * p.block_table_stride;
 
   // Q rows (zeros for inactive rows) and K/V blocks go to shared memory through cp.async.
   for (int i = threadIdx.x; i < kPrefillTileRows * kChunks; i += kPrefillThreads) {
@@ -80,7 +115,16 @@ __global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(At
     cp_async_16(q_shared + swizzled<kHeadDim>(r, chunk), p.q + (query * p.num_heads + (active ? head : 0)) * kHeadDim + chunk * 8,
                 active);
   }
+  // A sealed block (kDequantize) arrives packed in `packed`, and is dequantized into its stage once in.
+  uint8_t* packed = reinterpret_cast<uint8_t*>(v_shared + 2 * kBlockHalves);
   const auto load_block = [&](int block, int stage) {
+    if constexpr (kPrefix == SealedPrefix::kDequantize) {
+      if (block < sealed_blocks) {
+        const uint8_t* source = sealed_block_address(sealed, p, sequence, block, kv_head);
+        for (int i = threadIdx.x * 16; i < sealed.offsets.block_bytes; i += kPrefillThreads * 16) cp_async_16(packed + i, source + i);
+        return;
+      }
+    }
     const size_t offset = (size_t(table[block]) * p.num_kv_heads + kv_head) * kBlockHalves;
     for (int i = threadIdx.x; i < kCudaBlockTokens * kChunks; i += kPrefillThreads) {
       const int token = i / kChunks, chunk = i % kChunks;
@@ -115,15 +159,21 @@ __global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(At
   }
 
   for (int block = block_begin; block < block_end; ++block) {
+    // The block is in (its stage, or packed); the next one's copy then runs while this one is computed.
     const int stage = (block - block_begin) & 1;
+    cp_async_wait<0>();
+    __syncthreads();
+    if constexpr (kPrefix == SealedPrefix::kDequantize) {
+      if (block < sealed_blocks) {
+        dequantize_sealed_block<kHeadDim, kBits>(packed, sealed.offsets, k_shared + stage * kBlockHalves,
+                                                 v_shared + stage * kBlockHalves);
+        __syncthreads();  // the stage is written and `packed` free for the next block
+      }
+    }
     if (block + 1 < block_end) {
       load_block(block + 1, stage ^ 1);
       cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
     }
-    __syncthreads();
     const __half* k_block = k_shared + stage * kBlockHalves;
     const __half* v_block = v_shared + stage * kBlockHalves;
 
@@ -259,29 +309,54 @@ constexpr size_t prefill_shared_bytes() {
   return size_t(kPrefillTileRows + 4 * kCudaBlockTokens) * kHeadDim * sizeof(__half);  // Q, 2 stages of K and V
 }
 
+using PrefillKernel = void (*)(AttentionLaunch, QuantizedKvView);
+
 template <int kHeadDim>
-int setup() {
-  const auto kernel = prefill_attention_partials<kHeadDim>;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prefill_shared_bytes<kHeadDim>())) != cudaSuccess) {
-    return 0;
+PrefillKernel pick(SealedPrefix prefix, int bits) {
+  switch (prefix) {
+    case SealedPrefix::kNone: return prefill_attention_partials<kHeadDim, SealedPrefix::kNone, 0>;
+    case SealedPrefix::kSkip: return prefill_attention_partials<kHeadDim, SealedPrefix::kSkip, 0>;
+    default:
+      return bits == 2   ? prefill_attention_partials<kHeadDim, SealedPrefix::kDequantize, 2>
+             : bits == 4 ? prefill_attention_partials<kHeadDim, SealedPrefix::kDequantize, 4>
+                         : prefill_attention_partials<kHeadDim, SealedPrefix::kDequantize, 8>;
   }
+}
+PrefillKernel pick(int head_dim, SealedPrefix prefix, int bits) {
+  return head_dim == 64 ? pick<64>(prefix, bits) : pick<128>(prefix, bits);
+}
+// Q and two stages of K and V; with kDequantize, a packed sealed block too.
+size_t shared_bytes(int head_dim, SealedPrefix prefix, int bits) {
+  const size_t fp16 = head_dim == 64 ? prefill_shared_bytes<64>() : prefill_shared_bytes<128>();
+  if (prefix != SealedPrefix::kDequantize) return fp16;
+  QuantizationConfig config;
+  config.k_bits = config.v_bits = bits;
+  return fp16 + QuantizedBlockLayout(config, BlockShape{kCudaBlockTokens, head_dim, head_dim}).block_bytes;
+}
+
+}  // namespace
+
+int prefill_attention_setup(int head_dim) {
+  for (const SealedPrefix prefix : {SealedPrefix::kNone, SealedPrefix::kSkip, SealedPrefix::kDequantize}) {
+    for (const int bits : {2, 4, 8}) {
+      if (cudaFuncSetAttribute(pick(head_dim, prefix, bits), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(shared_bytes(head_dim, prefix, bits))) != cudaSuccess) {
+        return 0;
+      }
+    }
+  }
+  // The dense kernel's residency sizes the waves (the 2- and 4-bit dequantizing ones have the same).
   int ctas = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kPrefillThreads, prefill_shared_bytes<kHeadDim>()) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, pick(head_dim, SealedPrefix::kNone, 0), kPrefillThreads,
+                                                    shared_bytes(head_dim, SealedPrefix::kNone, 0)) != cudaSuccess) {
     return 0;
   }
   return ctas;
 }
 
-template <int kHeadDim>
-void launch(const AttentionLaunch& p) {
+void launch_prefill_attention(const AttentionLaunch& p, SealedPrefix prefix, const QuantizedKvView& sealed) {
   const dim3 grid(unsigned(p.num_splits), unsigned(p.num_kv_heads), unsigned(p.num_tiles));
-  prefill_attention_partials<kHeadDim><<<grid, kPrefillThreads, prefill_shared_bytes<kHeadDim>()>>>(p);
+  pick(p.head_dim, prefix, sealed.k_bits)<<<grid, kPrefillThreads, shared_bytes(p.head_dim, prefix, sealed.k_bits)>>>(p, sealed);
 }
-
-}  // namespace
-
-int prefill_attention_setup(int head_dim) { return head_dim == 64 ? setup<64>() : setup<128>(); }
-
-void launch_prefill_attention(const AttentionLaunch& p) { p.head_dim == 64 ? launch<64>(p) : launch<128>(p); }
 
 }  // namespace slimkv::cuda
