@@ -40,6 +40,14 @@ std::unique_ptr<Engine> load(const std::string& dir, const std::string& device, 
 
 using CudaModelTest = CudaTest;
 
+// The bundled model's held-out text, its first `chars` characters, as the engine tokenizes a prompt.
+std::vector<int32_t> heldout_prompt(const Engine& engine, size_t chars) {
+  std::ifstream in(kBundled + "/heldout.txt");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  text.resize(chars);
+  return engine.tokenizer()->encode(text, true);
+}
+
 // BF16 tolerance (the bar for half-precision weights on the GPU: 2e-2 of max |logit|): the GPU
 // rounds activations to the weights' half dtype before every GEMM, the CPU keeps them in FP32.
 TEST_F(CudaModelTest, LogitsMatchTransformersAndTheCpuInPrefillDecodeAndChunks) {
@@ -241,11 +249,8 @@ TEST_F(CudaModelTest, EngineRefusesWhatTheGpuDoesNotRun) {
 // from the CPU's by FP16 rounding, which flips some codes, so logits are compared by distance: the
 // GPU codec's must be much closer to the CPU codec's than dense logits are (the quantization itself).
 TEST_F(CudaModelTest, QuantizedKvDecodesLikeTheCpuCodec) {
-  std::ifstream in(kBundled + "/heldout.txt");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  text.resize(1500);
   auto dense = load(kBundled, "cpu");
-  const auto prompt = dense->tokenizer()->encode(text, true);
+  const auto prompt = heldout_prompt(*dense, 1500);
   for (const char* spec : {"hack:bits=4,rot=none", "quant:bits=4,rot=none", "hack:bits=2,rot=none,round=nearest",
                            "hack:bits=2"}) {  // the default: rot=hadamard, round=nearest
     SCOPED_TRACE(spec);
@@ -273,11 +278,8 @@ TEST_F(CudaModelTest, QuantizedKvDecodesLikeTheCpuCodec) {
 // the chunk fills it; the GPU's logits must then lie closer to the CPU codec's than dense ones do, and
 // closer to dense than the CPU codec's do (fewer tokens read quantized).
 TEST_F(CudaModelTest, QuantizedKvPrefillsInChunksLikeTheCpuCodec) {
-  std::ifstream in(kBundled + "/heldout.txt");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  text.resize(2500);
   auto dense = load(kBundled, "cpu");
-  const auto prompt = dense->tokenizer()->encode(text, true);
+  const auto prompt = heldout_prompt(*dense, 2500);
   const auto dense_logits = take(dense->new_session()->prefill(prompt, true));
   const size_t vocab = dense_logits.size() / prompt.size();
   const auto row = [&](const std::vector<float>& all, size_t t) {
