@@ -1,7 +1,8 @@
 // Decode attention on the GPU: one new query per sequence over a paged KV cache, batch of sequences
 // of equal context, per context length (--new-tokens N: a causal prefill chunk of N queries per
 // sequence at the end of the context instead; --new-tokens 0: the whole context, a full prefill). --kv dense reads FP16 blocks; --kv hack / quant reads
-// blocks sealed at --bits (backend/cuda/quantized_kv_pool.h; decode only), the open block in FP16.
+// blocks sealed at --bits (backend/cuda/quantized_kv_cache.h), the open block in FP16 (a prefill chunk:
+// the sealed blocks before it, then FP16).
 // Prints time per step, GB/s of KV read (the bytes the kernel must read: sealed blocks as stored, the
 // open block in FP16) and TFLOP/s, and writes them as JSON for bench/cuda/decode_attention_vs_sdpa.py,
 // which runs PyTorch's SDPA on the same shapes in the same process run and prints all side by side.
@@ -19,10 +20,9 @@
 
 #include "attention/cuda/paged_attention.h"
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/paged_kv_cache.h"
-#include "backend/cuda/quantized_kv_pool.h"
 #include "backend/cuda/random_fill.h"
 #include "gpu_timing.h"
+#include "random_kv.h"
 
 namespace slimkv::cuda {
 namespace {
@@ -44,7 +44,7 @@ struct Measurement {
   double kv_gb_per_s;
   double tflop_per_s;
   int splits;
-  double seal_us_per_block;  // hack / quant: sealing one block of one KV head (FP16 in, packed out)
+  double seal_us_per_block;  // hack / quant: writing and sealing one block of one KV head (FP16 in, packed out)
 };
 
 Status check(const Status& status) {
@@ -53,71 +53,31 @@ Status check(const Status& status) {
 }
 
 Expected<Measurement> measure(const Options& o, int context) {
-  const int blocks_per_sequence = (context + kCudaBlockTokens - 1) / kCudaBlockTokens;
-  const int chunk_tokens = std::min(context, 8192);  // filled a chunk at a time: small step buffers
-  SLIMKV_ASSIGN_OR_RETURN(auto cache, CudaPagedKvCache::create({1, o.kv_heads, o.head_dim, o.batch * blocks_per_sequence,
-                                                                 o.batch, blocks_per_sequence, o.batch * chunk_tokens}));
   const int new_tokens = o.new_tokens == 0 ? context : o.new_tokens;
+  SLIMKV_ASSIGN_OR_RETURN(const RandomKv kv, random_kv({o.batch, context, new_tokens, o.kv_heads, o.head_dim, o.kv, o.bits}));
   SLIMKV_ASSIGN_OR_RETURN(auto attention, CudaPagedAttention::create({o.heads, o.kv_heads, o.head_dim, o.batch, o.batch * new_tokens,
                                                                         o.tensor_core_min_queries}));
-  const bool quantized = o.kv != "dense";
-  std::unique_ptr<CudaQuantizedKvPool> pool;
-  if (quantized) {
-    QuantizationConfig config;
-    config.k_bits = config.v_bits = o.bits;
-    SLIMKV_ASSIGN_OR_RETURN(pool, CudaQuantizedKvPool::create({1, o.kv_heads, o.head_dim, o.batch * blocks_per_sequence, o.batch,
-                                                               blocks_per_sequence, o.batch * chunk_tokens},
-                                                              config, o.kv == "hack", 7));
-  }
-  const size_t step_elements = size_t(o.batch) * chunk_tokens * o.kv_heads * o.head_dim;
-  SLIMKV_ASSIGN_OR_RETURN(auto k_step, DeviceArray<uint16_t>::allocate(step_elements, "K chunk"));
-  SLIMKV_ASSIGN_OR_RETURN(auto v_step, DeviceArray<uint16_t>::allocate(step_elements, "V chunk"));
-  std::vector<int> ids;
-  for (int b = 0; b < o.batch; ++b) {
-    SLIMKV_ASSIGN_OR_RETURN(int id, cache->sequences().add_sequence());
-    ids.push_back(id);
-  }
-  cudaEvent_t seal_start, seal_stop;
-  SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&seal_start));
-  SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&seal_stop));
-  double seal_ms = 0;
-  for (int filled = 0, chunk = 0; filled < context; filled += chunk_tokens, ++chunk) {
-    const int n = std::min(chunk_tokens, context - filled);
-    SLIMKV_RETURN_IF_ERROR(cache->begin_step(ids, std::vector<int>(size_t(o.batch), n)));
-    SLIMKV_RETURN_IF_ERROR(fill_random_fp16(k_step.data(), step_elements, 2 * chunk + 1, 2.0f));
-    SLIMKV_RETURN_IF_ERROR(fill_random_fp16(v_step.data(), step_elements, 2 * chunk + 2, 1.0f));
-    SLIMKV_RETURN_IF_ERROR(cache->append(0, k_step.data(), v_step.data()));
-    if (quantized) {
-      SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(seal_start));
-      SLIMKV_RETURN_IF_ERROR(pool->seal_filled_blocks(0, *cache, ids, std::vector<int>(size_t(o.batch), n)));
-      SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(seal_stop));
-      SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(seal_stop));
-      float chunk_ms = 0;
-      SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&chunk_ms, seal_start, seal_stop));
-      seal_ms += chunk_ms;
-    }
-  }
-  cudaEventDestroy(seal_start);
-  cudaEventDestroy(seal_stop);
+  const bool quantized = kv.quantized != nullptr;
   const double sealed_block_heads = double(o.batch) * (context / kCudaBlockTokens) * o.kv_heads;
-  const double seal_us_per_block = quantized ? seal_ms * 1e3 / sealed_block_heads : 0.0;
+  const double seal_us_per_block = quantized ? kv.append_ms * 1e3 / sealed_block_heads : 0.0;
   const size_t q_elements = size_t(o.batch) * new_tokens * o.heads * o.head_dim;
   SLIMKV_ASSIGN_OR_RETURN(auto q, DeviceArray<uint16_t>::allocate(q_elements, "queries"));
   SLIMKV_ASSIGN_OR_RETURN(auto out, DeviceArray<uint16_t>::allocate(q_elements, "outputs"));
   SLIMKV_RETURN_IF_ERROR(fill_random_fp16(q.data(), q_elements, 99, 1.0f));
-  SLIMKV_RETURN_IF_ERROR(attention->plan({ids, std::vector<int>(size_t(o.batch), context), std::vector<int>(size_t(o.batch), new_tokens)}));
+  SLIMKV_RETURN_IF_ERROR(attention->plan({kv.ids, std::vector<int>(size_t(o.batch), context), std::vector<int>(size_t(o.batch), new_tokens)}));
   const float scale = 1.0f / std::sqrt(float(o.head_dim));
-  const PagedKvView view = cache->view(0);
+  const PagedKvView view = kv.view();
   const auto step = [&]() {
-    return quantized ? attention->run_quantized(view, pool->view(0, view.block_tables), q.data(), scale, out.data())
+    return quantized ? attention->run_quantized(view, kv.quantized->sealed_view(0), q.data(), scale, out.data())
                      : attention->run(view, q.data(), scale, out.data());
   };
   SLIMKV_ASSIGN_OR_RETURN(const double median_ms,
                           median_launch_ms(step, o.repetitions, /*launches_per_group=*/10, /*warm_up=*/5));
-  const int sealed_blocks = quantized ? context / kCudaBlockTokens : 0;
+  // Decode reads every full block sealed; a prefill chunk the blocks wholly before it.
+  const int sealed_blocks = quantized ? (new_tokens == 1 ? context : context - new_tokens) / kCudaBlockTokens : 0;
   const double open_tokens = double(context - sealed_blocks * kCudaBlockTokens);
   const double kv_bytes = double(o.batch) * o.kv_heads *
-                          (double(sealed_blocks) * (quantized ? double(pool->layout().block_bytes) : 0.0) +
+                          (double(sealed_blocks) * (quantized ? double(kv.quantized->layout().block_bytes) : 0.0) +
                            2.0 * open_tokens * o.head_dim * 2);  // open (or dense) K and V in FP16
   // q·k and p·v: 4·d flops per (query head, visible token); query i of the chunk sees context - N + 1 + i.
   const double visible = double(new_tokens) * context - 0.5 * double(new_tokens) * (new_tokens - 1);

@@ -9,14 +9,21 @@
 // attention must read, as each codec stores it, once per step at --bandwidth GB/s): decode at small
 // batch is a weight-streaming problem, so that ratio says how much launch and kernel overhead costs.
 //
+// --fit: instead of --batches, each codec's largest batch whose contexts fit in the GPU's KV memory (the
+// default budget: 90% of what is free after the weights and activations; found by bisection over
+// max_sequences, each probe a fresh model), decoded at that batch.
+//
 //   bench_decode_e2e_cuda --model models/slimkv-llama-14m --random llama3-8b --batches 1,16 --prompt 1024
 //   bench_decode_e2e_cuda --random llama3-8b --kvs dense,hack,quant --bits 2 --batches 8 --context 32768
+//   bench_decode_e2e_cuda --random llama3-8b --kvs dense,hack,quant --bits 2 --fit --context 32768
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/device_memory.h"
@@ -40,6 +47,7 @@ struct Options {
   RowSampling sampling;  // of every decode step (temperature 0: greedy)
   int steps = 64;
   double bandwidth_gb_s = 3000;  // H100 HBM3, device-to-device copy (../shared/GPU.md)
+  bool fit = false;  // each codec at its largest batch instead of --batches
 };
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
@@ -104,10 +112,9 @@ Expected<Row> run_batch(CudaLlamaModel& model, const Options& o, int batch) {
   return row;
 }
 
-CudaModelOptions model_options(const Options& o, const ModelConfig& config, const std::string& kv) {
+CudaModelOptions model_options(const Options& o, const ModelConfig& config, const std::string& kv, int max_sequences) {
   CudaModelOptions options;
-  options.max_sequences = 1;
-  for (int b : o.batches) options.max_sequences = std::max(options.max_sequences, b);
+  options.max_sequences = max_sequences;
   options.max_step_tokens = std::max(512, options.max_sequences);
   const int tokens = (o.context > 0 ? o.context : o.prompt) + o.steps + 64;
   options.max_context_tokens = int(std::min<int64_t>(config.max_position_embeddings, tokens));
@@ -128,18 +135,64 @@ double kv_bytes_per_token(const ModelConfig& c, const std::string& kv, int bits)
   return double(c.num_layers) * double(c.num_kv_heads) * double(layout.block_bytes) / kCudaBlockTokens;
 }
 
-// Every codec of --kvs on one model (made by make_model), each batch size, side by side.
+// The largest batch of sequences of the run's context whose KV fits the model's default GPU budget
+// with codec kv, and the model that holds it: bisection over max_sequences (the budget depends on it
+// through the activations and, for quantized KV, the FP16 window).
+template <typename MakeModel>
+Expected<std::pair<int, std::unique_ptr<CudaLlamaModel>>> largest_batch(const Options& o, const ModelConfig& config,
+                                                                       const std::string& kv, MakeModel make_model) {
+  const int tokens = (o.context > 0 ? o.context : o.prompt) + o.steps;
+  const int blocks_per_sequence = (tokens + kCudaBlockTokens - 1) / kCudaBlockTokens;
+  Status last_refusal = Status::ok();  // a model too big to make does not fit either
+  const auto fits = [&](int batch) -> Expected<bool> {
+    auto model = make_model(model_options(o, config, kv, batch));
+    if (!model) {
+      last_refusal = model.status();
+      return false;
+    }
+    return size_t((*model)->kv_cache_blocks()) >= size_t(batch) * blocks_per_sequence;
+  };
+  int lo = 0, hi = 1;  // fits(lo) (0 trivially), !fits(hi) once found
+  for (;; hi *= 2) {
+    SLIMKV_ASSIGN_OR_RETURN(const bool ok, fits(hi));
+    if (!ok) break;
+    lo = hi;
+    if (hi >= 4096) return error("over 4096 sequences fit: use --batches");
+  }
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    SLIMKV_ASSIGN_OR_RETURN(const bool ok, fits(mid));
+    (ok ? lo : hi) = mid;
+  }
+  if (lo == 0) {
+    return error("not one sequence of ", tokens, " tokens fits with kv ", kv,
+                 last_refusal ? std::string() : " (" + last_refusal.message() + ")");
+  }
+  SLIMKV_ASSIGN_OR_RETURN(auto model, make_model(model_options(o, config, kv, lo)));
+  return std::make_pair(lo, std::move(model));
+}
+
+// Every codec of --kvs on one model (made by make_model), each batch size (or its largest), side by side.
 template <typename MakeModel>
 Status run_model(const Options& o, const ModelConfig& config, MakeModel make_model) {
-  std::vector<double> first_codec_tokens_per_s(o.batches.size(), 0);
+  const size_t columns = o.fit ? 1 : o.batches.size();
+  std::vector<double> first_codec_tokens_per_s(columns, 0);
   for (const std::string& kv : o.kvs) {
-    SLIMKV_ASSIGN_OR_RETURN(std::unique_ptr<CudaLlamaModel> model, make_model(model_options(o, config, kv)));
+    std::unique_ptr<CudaLlamaModel> model;
+    std::vector<int> batches = o.batches;
+    if (o.fit) {
+      SLIMKV_ASSIGN_OR_RETURN(auto fitted, largest_batch(o, config, kv, make_model));
+      batches = {fitted.first};
+      model = std::move(fitted.second);
+    } else {
+      SLIMKV_ASSIGN_OR_RETURN(model, make_model(model_options(o, config, kv, *std::max_element(batches.begin(), batches.end()))));
+    }
     std::printf("# %s, kv %s: %.2f GB of %s weights on the GPU, KV pools %.2f GB (%d blocks of 64 tokens)\n",
                 config.architecture_name.c_str(), kv.c_str(), model->weight_bytes() / 1e9,
                 model->weight_dtype() == DType::kBF16 ? "BF16" : "FP16", model->kv_cache_bytes() / 1e9,
                 model->kv_cache_blocks());
-    for (size_t i = 0; i < o.batches.size(); ++i) {
-      const int batch = o.batches[i];
+    for (size_t i = 0; i < batches.size(); ++i) {
+      const int batch = batches[i];
       SLIMKV_ASSIGN_OR_RETURN(Row row, run_batch(*model, o, batch));
       const double tokens_per_s = batch / (row.step_ms / 1e3);
       if (first_codec_tokens_per_s[i] == 0) first_codec_tokens_per_s[i] = tokens_per_s;
@@ -199,6 +252,7 @@ int main(int argc, char** argv) {
   app.add_option("--top-k", o.sampling.top_k, "sampling: the top-k logits (0: all)");
   app.add_option("--top-p", o.sampling.top_p, "sampling: the top-p probability mass");
   app.add_option("--bandwidth", o.bandwidth_gb_s, "memory bandwidth for the roofline, GB/s");
+  app.add_flag("--fit", o.fit, "each codec at the largest batch whose KV fits in GPU memory (instead of --batches)");
   CLI11_PARSE(app, argc, argv);
   if (o.model_dir.empty() && o.random.empty()) {
     std::fprintf(stderr, "error: give --model DIR and/or --random SHAPE (llama3-8b, llama2-7b)\n");

@@ -1,11 +1,12 @@
-// Prefill attention over a sealed context on the GPU: HACK on INT8 tensor cores over `hack` blocks
-// (attention/cuda/hack_prefill_attention.cuh) against the FP16 tensor-core kernel over the same tokens
-// in FP16 blocks (attention/cuda/prefill_attention.cuh), side by side. Each sequence holds `context`
-// tokens, then a step of N new queries (a 512-query chunk, or a whole 4K prompt). The HACK kernel
-// attends the sealed context only; the FP16 kernel attends the context and, causally, the step's own
-// tokens (the rest of a prefill step, which HACK leaves to FP16 too): its extra N(N+1)/2 token visits
-// per query head are counted in its TFLOP/s, and "speedup" compares work rates (TFLOP/s), "time
-// ratio" the raw times.
+// Prefill attention over a sealed context on the GPU, side by side in one run: each sequence holds
+// `context` tokens, then a step of N new queries (a 512-query chunk, or a whole 4K prompt).
+//   FP16:  the dense step, the FP16 tensor-core kernel (attention/cuda/prefill_attention.cuh) over FP16 blocks;
+//   INT8:  HACK's INT8 tensor-core kernel alone (attention/cuda/hack_prefill_attention.cuh) over the
+//          sealed context only ("rate": its TFLOP/s over FP16's, the kernel's work rate);
+//   hack:  the whole `hack` step (CudaPagedAttention::run_quantized): INT8 over the sealed blocks, FP16
+//          over the step's own tokens, merged ("x FP16": FP16 ms / hack ms);
+//   quant: the whole `quant` step: the sealed blocks dequantized inside the FP16 kernel (KIVI-style).
+// FP16's TFLOP/s counts the step's own N(N+1)/2 token visits per query head too.
 //
 //   bench_hack_prefill_cuda --batches 1,8 --contexts 4096,8192,16384,32768 --queries 512,4096 --bits 2
 //
@@ -25,10 +26,9 @@
 #include "attention/cuda/hack_prefill_attention.cuh"
 #include "attention/cuda/paged_attention.h"
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/paged_kv_cache.h"
-#include "backend/cuda/quantized_kv_pool.h"
 #include "backend/cuda/random_fill.h"
 #include "gpu_timing.h"
+#include "random_kv.h"
 
 namespace slimkv::cuda {
 namespace {
@@ -52,59 +52,44 @@ Expected<double> time_ms(const std::function<Status()>& step, int repetitions) {
 }
 
 struct Measurement {
-  double fp16_ms, hack_ms, fp16_tflops, hack_tflops;
-  int hack_splits;
+  double fp16_ms, kernel_ms, hack_ms, quant_ms;  // dense step; the INT8 kernel alone; hack and quant steps
+  double fp16_tflops, kernel_tflops;
+  int kernel_splits;
 };
 
 Expected<Measurement> measure(const Options& o, int batch, int context, int n) {
   const int kv_len = context + n;
-  const int blocks_per_sequence = (kv_len + kCudaBlockTokens - 1) / kCudaBlockTokens;
-  const int chunk_tokens = std::min(kv_len, 8192);  // filled a chunk at a time: small step buffers
-  const CudaKvShape shape{1, o.kv_heads, o.head_dim, batch * blocks_per_sequence, batch, blocks_per_sequence, batch * chunk_tokens};
-  SLIMKV_ASSIGN_OR_RETURN(auto cache, CudaPagedKvCache::create(shape));
-  QuantizationConfig config;
-  config.k_bits = config.v_bits = o.bits;
-  SLIMKV_ASSIGN_OR_RETURN(auto pool, CudaQuantizedKvPool::create(shape, config, true, 7));
-  const size_t step_elements = size_t(batch) * chunk_tokens * o.kv_heads * o.head_dim;
-  SLIMKV_ASSIGN_OR_RETURN(auto k_step, DeviceArray<uint16_t>::allocate(step_elements, "K chunk"));
-  SLIMKV_ASSIGN_OR_RETURN(auto v_step, DeviceArray<uint16_t>::allocate(step_elements, "V chunk"));
-  std::vector<int> ids;
-  for (int b = 0; b < batch; ++b) {
-    SLIMKV_ASSIGN_OR_RETURN(int id, cache->sequences().add_sequence());
-    ids.push_back(id);
-  }
-  for (int filled = 0, chunk = 0; filled < kv_len; filled += chunk_tokens, ++chunk) {
-    const int tokens = std::min(chunk_tokens, kv_len - filled);
-    const std::vector<int> counts(size_t(batch), tokens);
-    SLIMKV_RETURN_IF_ERROR(cache->begin_step(ids, counts));
-    SLIMKV_RETURN_IF_ERROR(fill_random_fp16(k_step.data(), step_elements, 2 * chunk + 1, 2.0f));
-    SLIMKV_RETURN_IF_ERROR(fill_random_fp16(v_step.data(), step_elements, 2 * chunk + 2, 1.0f));
-    SLIMKV_RETURN_IF_ERROR(cache->append(0, k_step.data(), v_step.data()));
-    SLIMKV_RETURN_IF_ERROR(pool->seal_filled_blocks(0, *cache, ids, counts));
-  }
+  SLIMKV_ASSIGN_OR_RETURN(const RandomKv dense, random_kv({batch, kv_len, n, o.kv_heads, o.head_dim, "dense", o.bits}));
+  SLIMKV_ASSIGN_OR_RETURN(const RandomKv hack, random_kv({batch, kv_len, n, o.kv_heads, o.head_dim, "hack", o.bits}));
+  SLIMKV_ASSIGN_OR_RETURN(const RandomKv quant, random_kv({batch, kv_len, n, o.kv_heads, o.head_dim, "quant", o.bits}));
   const size_t q_elements = size_t(batch) * n * o.heads * o.head_dim;
   SLIMKV_ASSIGN_OR_RETURN(auto q, DeviceArray<uint16_t>::allocate(q_elements, "queries"));
   SLIMKV_ASSIGN_OR_RETURN(auto out, DeviceArray<uint16_t>::allocate(q_elements, "outputs"));
   SLIMKV_RETURN_IF_ERROR(fill_random_fp16(q.data(), q_elements, 99, 1.0f));
   const PagedAttentionShape attention_shape{o.heads, o.kv_heads, o.head_dim, batch, batch * n};
-  const PagedAttentionBatch step{ids, std::vector<int>(size_t(batch), kv_len), std::vector<int>(size_t(batch), n)};
+  const PagedAttentionBatch step{dense.ids, std::vector<int>(size_t(batch), kv_len), std::vector<int>(size_t(batch), n)};
   const float scale = 1.0f / std::sqrt(float(o.head_dim));
-  const PagedKvView view = cache->view(0);
-
-  SLIMKV_ASSIGN_OR_RETURN(auto fp16, CudaPagedAttention::create(attention_shape));
-  SLIMKV_RETURN_IF_ERROR(fp16->plan(step));
-  SLIMKV_ASSIGN_OR_RETURN(const double fp16_ms, time_ms([&] { return fp16->run(view, q.data(), scale, out.data()); }, o.repetitions));
-  SLIMKV_ASSIGN_OR_RETURN(auto hack, CudaHackPrefillAttention::create(attention_shape, o.bits));
-  SLIMKV_RETURN_IF_ERROR(hack->plan(step));
-  const QuantizedKvView sealed = pool->view(0, view.block_tables);
-  SLIMKV_ASSIGN_OR_RETURN(const double hack_ms,
-                          time_ms([&] { return hack->run(view, sealed, q.data(), scale, out.data()); }, o.repetitions));
-
+  SLIMKV_ASSIGN_OR_RETURN(auto attention, CudaPagedAttention::create(attention_shape));
+  SLIMKV_RETURN_IF_ERROR(attention->plan(step));  // the same ids in the three caches
+  Measurement m{};
+  SLIMKV_ASSIGN_OR_RETURN(m.fp16_ms, time_ms([&] { return attention->run(dense.view(), q.data(), scale, out.data()); }, o.repetitions));
+  for (const RandomKv* kv : {&hack, &quant}) {
+    SLIMKV_ASSIGN_OR_RETURN((kv == &hack ? m.hack_ms : m.quant_ms), time_ms([&] {
+      return attention->run_quantized(kv->view(), kv->quantized->sealed_view(0), q.data(), scale, out.data());
+    }, o.repetitions));
+  }
+  SLIMKV_ASSIGN_OR_RETURN(auto kernel, CudaHackPrefillAttention::create(attention_shape, o.bits));
+  SLIMKV_RETURN_IF_ERROR(kernel->plan(step));
+  const QuantizedKvView sealed = hack.quantized->sealed_view(0);
+  SLIMKV_ASSIGN_OR_RETURN(m.kernel_ms, time_ms([&] { return kernel->run(hack.view(), sealed, q.data(), scale, out.data()); },
+                                               o.repetitions));
   // q·k and p·v: 4·d flops per (query head, visible token).
   const double per_visit = 4.0 * batch * o.heads * o.head_dim;
-  const double fp16_visits = double(n) * context + 0.5 * double(n) * (n + 1), hack_visits = double(n) * context;
-  return Measurement{fp16_ms, hack_ms, per_visit * fp16_visits / (fp16_ms * 1e9), per_visit * hack_visits / (hack_ms * 1e9),
-                     hack->num_splits()};
+  const double fp16_visits = double(n) * context + 0.5 * double(n) * (n + 1), kernel_visits = double(n) * context;
+  m.fp16_tflops = per_visit * fp16_visits / (m.fp16_ms * 1e9);
+  m.kernel_tflops = per_visit * kernel_visits / (m.kernel_ms * 1e9);
+  m.kernel_splits = kernel->num_splits();
+  return m;
 }
 
 int run(int argc, char** argv) {
@@ -121,18 +106,19 @@ int run(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (!check(device_usable())) return 1;
 
-  std::printf("prefill attention over a sealed context: %d q / %d kv heads, d %d; FP16 tensor cores vs HACK %d-bit INT8\n",
+  std::printf("prefill attention over a sealed context: %d q / %d kv heads, d %d; dense FP16 vs %d-bit hack and quant\n",
               o.heads, o.kv_heads, o.head_dim, o.bits);
-  std::printf("%6s %8s %8s | %10s %8s | %10s %8s %7s | %8s %10s\n", "batch", "queries", "context", "FP16 ms", "TFLOP/s",
-              "HACK ms", "TFLOP/s", "splits", "speedup", "time ratio");
+  std::printf("%6s %7s %7s | %9s %7s | %9s %7s %6s %7s | %9s %7s | %9s %7s | %8s\n", "batch", "queries", "context", "FP16 ms",
+              "TFLOP/s", "INT8 ms", "TFLOP/s", "splits", "rate", "hack ms", "x FP16", "quant ms", "x FP16", "hack/q");
   for (int n : o.queries) {
     for (int batch : o.batches) {
       for (int context : o.contexts) {
         auto m = measure(o, batch, context, n);
         if (!check(m.status())) return 1;
-        std::printf("%6d %8d %8d | %10.4f %8.1f | %10.4f %8.1f %7d | %7.2fx %9.2fx\n", batch, n, context, m->fp16_ms,
-                    m->fp16_tflops, m->hack_ms, m->hack_tflops, m->hack_splits, m->hack_tflops / m->fp16_tflops,
-                    m->fp16_ms / m->hack_ms);
+        std::printf("%6d %7d %7d | %9.4f %7.1f | %9.4f %7.1f %6d %6.2fx | %9.4f %6.2fx | %9.4f %6.2fx | %7.2fx\n", batch, n,
+                    context, m->fp16_ms, m->fp16_tflops, m->kernel_ms, m->kernel_tflops, m->kernel_splits,
+                    m->kernel_tflops / m->fp16_tflops, m->hack_ms, m->fp16_ms / m->hack_ms, m->quant_ms, m->fp16_ms / m->quant_ms,
+                    m->quant_ms / m->hack_ms);
         std::fflush(stdout);
       }
     }

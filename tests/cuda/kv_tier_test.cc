@@ -53,6 +53,13 @@ Expected<StepLogits> run_batch(const LlamaModel& cpu_model, const CudaModelOptio
     SLIMKV_RETURN_IF_ERROR(model->step(step, false, logits));
     run.logits.push_back(logits);
   }
+  // A prefill chunk of 70 tokens each, after what the sequences hold: with a quantized codec it reads
+  // their sealed blocks.
+  const std::vector<int32_t> chunk(70, 7);
+  step.clear();
+  for (int s : ids) step.push_back({s, chunk});
+  SLIMKV_RETURN_IF_ERROR(model->step(step, false, logits));
+  run.logits.push_back(logits);
   if (fraction != nullptr) *fraction = model->last_recompute_fraction();
   return run;
 }
@@ -94,8 +101,9 @@ TEST_F(CudaTierTest, OffloadAndKvprGiveTheLogitsOfResidentDenseForAnySplitAndSch
   }
 }
 
-// hack / quant blocks in the tiers: decode steps move sealed blocks and attend through them (the open
-// block in FP16), recomputed and filled blocks are sealed on the GPU. Offload seals the same FP16 K/V
+// hack / quant blocks in the tiers: steps move sealed blocks and attend through them (decode: the open
+// block in FP16; a prefill chunk: the blocks from the one it starts in), recomputed and filled blocks
+// are sealed on the GPU. Offload seals the same FP16 K/V
 // into the same bytes as the resident quantized cache; kvpr's recomputed K/V may differ by an FP16
 // rounding, which can flip a code: its logits must still be far closer to the resident codec's than
 // the codec's are to dense.
@@ -121,7 +129,7 @@ TEST_F(CudaTierTest, QuantizedBlocksInTheTiersDecodeLikeTheResidentCodec) {
         CudaModelOptions options = quantized;
         options.tier = KvTierOptions{c.recompute, c.split, c.micro_batches};
         const StepLogits tiered = take(run_batch(*cpu_model, options));
-        for (size_t step = 1; step < resident.logits.size(); ++step) {  // the decode steps
+        for (size_t step = 1; step < resident.logits.size(); ++step) {  // the decode steps and the chunk
           const double to_resident = relative_max_error(tiered.logits[step], resident.logits[step]);
           const double codec_to_dense = relative_max_error(resident.logits[step], dense.logits[step]);
           if (!c.recompute) {
@@ -146,10 +154,10 @@ TEST_F(CudaTierTest, AutomaticSplitFollowsTheCostModel) {
     options.tier = KvTierOptions{true, -1, 1, 0, link, gemm};
     double fraction = -1;
     take(run_batch(*cpu_model, options, &fraction));
-    // The last step's sequences held 1+2, 63+2, 64+2 and 130+2 tokens.
+    // The last step's sequences held 1+3, 63+3, 64+3 and 130+3 tokens.
     const KvprCostModel cost =
         kvpr_cost_model(cpu_model->config(), DType::kF16, 4.0 * double(cpu_model->config().kv_dim()), link, gemm);
-    const long held = 3 + 65 + 66 + 132;
+    const long held = 4 + 66 + 67 + 133;
     EXPECT_NEAR(fraction, double(cost.best_split_by_sweep(held)) / double(held), 1e-12) << link << " " << gemm;
   }
 }

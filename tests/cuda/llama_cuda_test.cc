@@ -40,6 +40,14 @@ std::unique_ptr<Engine> load(const std::string& dir, const std::string& device, 
 
 using CudaModelTest = CudaTest;
 
+// The bundled model's held-out text, its first `chars` characters, as the engine tokenizes a prompt.
+std::vector<int32_t> heldout_prompt(const Engine& engine, size_t chars) {
+  std::ifstream in(kBundled + "/heldout.txt");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  text.resize(chars);
+  return engine.tokenizer()->encode(text, true);
+}
+
 // BF16 tolerance (the bar for half-precision weights on the GPU: 2e-2 of max |logit|): the GPU
 // rounds activations to the weights' half dtype before every GEMM, the CPU keeps them in FP32.
 TEST_F(CudaModelTest, LogitsMatchTransformersAndTheCpuInPrefillDecodeAndChunks) {
@@ -241,11 +249,8 @@ TEST_F(CudaModelTest, EngineRefusesWhatTheGpuDoesNotRun) {
 // from the CPU's by FP16 rounding, which flips some codes, so logits are compared by distance: the
 // GPU codec's must be much closer to the CPU codec's than dense logits are (the quantization itself).
 TEST_F(CudaModelTest, QuantizedKvDecodesLikeTheCpuCodec) {
-  std::ifstream in(kBundled + "/heldout.txt");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  text.resize(1500);
   auto dense = load(kBundled, "cpu");
-  const auto prompt = dense->tokenizer()->encode(text, true);
+  const auto prompt = heldout_prompt(*dense, 1500);
   for (const char* spec : {"hack:bits=4,rot=none", "quant:bits=4,rot=none", "hack:bits=2,rot=none,round=nearest",
                            "hack:bits=2"}) {  // the default: rot=hadamard, round=nearest
     SCOPED_TRACE(spec);
@@ -262,6 +267,49 @@ TEST_F(CudaModelTest, QuantizedKvDecodesLikeTheCpuCodec) {
     std::printf("%s over %zu tokens, mean max error / max|logit| against the CPU codec: GPU codec %.2e, dense %.2e\n",
                 spec, prompt.size(), gpu_vs_cpu, dense_vs_cpu);
     EXPECT_LT(gpu_vs_cpu, 0.5 * dense_vs_cpu);
+  }
+}
+
+// Prefill in chunks over quantized KV: each chunk reads the sealed blocks before it (hack: on INT8
+// tensor cores; quant: dequantized in the FP16 kernel) and its own tokens exactly, as the CPU codec's
+// prefill=exact does. Chunks of 64 start at block boundaries, and every token's logits must be much
+// closer to the CPU codec's than dense logits are. Chunks of 100 do not: the GPU then also reads the
+// block a chunk starts in exactly (it is still in the FP16 window), where the CPU reads it sealed once
+// the chunk fills it; the GPU's logits must then lie closer to the CPU codec's than dense ones do, and
+// closer to dense than the CPU codec's do (fewer tokens read quantized).
+TEST_F(CudaModelTest, QuantizedKvPrefillsInChunksLikeTheCpuCodec) {
+  auto dense = load(kBundled, "cpu");
+  const auto prompt = heldout_prompt(*dense, 2500);
+  const auto dense_logits = take(dense->new_session()->prefill(prompt, true));
+  const size_t vocab = dense_logits.size() / prompt.size();
+  const auto row = [&](const std::vector<float>& all, size_t t) {
+    return std::vector<float>(all.begin() + ptrdiff_t(t * vocab), all.begin() + ptrdiff_t((t + 1) * vocab));
+  };
+  for (const char* spec : {"hack:bits=4,rot=none", "quant:bits=4,rot=none", "hack:bits=2", "quant:bits=2,rot=none"}) {
+    for (const int chunk : {64, 100}) {
+      SCOPED_TRACE(str_cat(spec, ", chunks of ", chunk));
+      auto gpu = load(kBundled, "cuda", chunk, spec), cpu = load(kBundled, "cpu", chunk, spec);
+      const auto g = take(gpu->new_session()->prefill(prompt, true));
+      const auto c = take(cpu->new_session()->prefill(prompt, true));
+      ASSERT_EQ(g.size(), dense_logits.size());
+      double gpu_vs_cpu = 0, dense_vs_cpu = 0, gpu_vs_dense = 0, cpu_vs_dense = 0;
+      for (size_t t = 0; t < prompt.size(); ++t) {
+        const auto d = row(dense_logits, t);
+        gpu_vs_cpu += relative_max_error(row(g, t), row(c, t)) / double(prompt.size());
+        dense_vs_cpu += relative_max_error(d, row(c, t)) / double(prompt.size());
+        gpu_vs_dense += relative_max_error(row(g, t), d) / double(prompt.size());
+        cpu_vs_dense += relative_max_error(row(c, t), d) / double(prompt.size());
+      }
+      std::printf("%s, chunks of %d, %zu tokens: mean max error / max|logit| against the CPU codec: GPU codec %.2e, "
+                  "dense %.2e; against dense: GPU codec %.2e, CPU codec %.2e\n", spec, chunk, prompt.size(), gpu_vs_cpu,
+                  dense_vs_cpu, gpu_vs_dense, cpu_vs_dense);
+      if (chunk % kCudaBlockTokens == 0) {
+        EXPECT_LT(gpu_vs_cpu, 0.5 * dense_vs_cpu);
+      } else {
+        EXPECT_LT(gpu_vs_cpu, dense_vs_cpu);
+        EXPECT_LT(gpu_vs_dense, cpu_vs_dense);
+      }
+    }
   }
 }
 

@@ -1,10 +1,15 @@
-// `hack` and `quant` KV on the GPU (backend/cuda/quantized_kv_pool.h, attention/cuda/quantized_attention.cu):
+// `hack` and `quant` KV on the GPU (backend/cuda/quantized_kv_cache.h, backend/cuda/quantized_kv_pool.h,
+// CudaPagedAttention::run_quantized):
 //   sealing: byte-identical to the CPU codec (quantize_block) for the same seeds: stochastic and nearest
 //     rounding, 2/4/8 bits, head dims 64/128, blocks filled over several steps;
 //   decode attention: hack against the FP64 HACK reference (attend_hack_block_reference over the sealed
 //     blocks, exact attention over the open FP16 block), quant against FP64 attention over the
 //     dequantized blocks; one token, whole and partial blocks, GQA 1..8, batches of unequal lengths,
-//     many splits. Skips without a usable GPU.
+//     many splits;
+//   prefill attention (steps of many queries): the same references over the sealed blocks before each
+//     sequence's step, exact causal attention from there on (prefill=exact);
+//   the cache: FP16 only for unsealed tokens, a full sealed pool refused with nothing changed.
+// Skips without a usable GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,7 +26,7 @@
 #include "attention/hack_reference.h"
 #include "attention/reference.h"
 #include "backend/cuda/paged_kv_cache.h"
-#include "backend/cuda/quantized_kv_pool.h"
+#include "backend/cuda/quantized_kv_cache.h"
 #include "cuda_test_util.h"
 #include "util/half.h"
 #include "util/random.h"
@@ -32,41 +37,46 @@ namespace {
 constexpr uint64_t kStoreSeed = 0x5eed5eedull;
 constexpr int kLayer = 1;  // of two: the per-layer offsets are exercised
 
-// A cache and a sealed pool filled with random FP16 K/V: sequence b holds lengths[b] tokens, written
-// in steps of at most `step_tokens` per sequence, sealing after each step.
+// A quantized cache filled with random FP16 K/V: sequence b holds lengths[b] tokens, written in steps
+// of at most `step_tokens` per sequence up to lengths[b] - last_step[b], then one step of last_step[b]
+// tokens (the step attention then runs for), sealing as they fill blocks.
 struct Filled {
-  std::unique_ptr<CudaPagedKvCache> cache;
-  std::unique_ptr<CudaQuantizedKvPool> pool;
+  std::unique_ptr<CudaQuantizedKvCache> cache;
   std::vector<int> ids;
   std::vector<std::vector<float>> k, v;  // per sequence [tokens, kv_heads, d], as stored (FP16-rounded)
 };
 
-Filled fill(const std::vector<int>& lengths, int step_tokens, int num_kv_heads, int d, const QuantizationConfig& config,
-            bool hack, std::mt19937& rng) {
+Filled fill(const std::vector<int>& lengths, const std::vector<int>& last_step, int step_tokens, int num_kv_heads, int d,
+            const QuantizationConfig& config, bool hack, std::mt19937& rng) {
   Filled f;
   const int batch = int(lengths.size()), width = num_kv_heads * d;
   const int max_len = *std::max_element(lengths.begin(), lengths.end());
   const int blocks_per_sequence = (max_len + kCudaBlockTokens - 1) / kCudaBlockTokens;
+  int last_tokens = 0;
+  for (int n : last_step) last_tokens += n;
   const CudaKvShape shape{2, num_kv_heads, d, batch * blocks_per_sequence + 3, batch + 1, blocks_per_sequence,
-                          step_tokens * batch};
-  f.cache = take(CudaPagedKvCache::create(shape));
-  f.pool = take(CudaQuantizedKvPool::create(shape, config, hack, kStoreSeed));
-  if (!f.cache || !f.pool) return f;
-  const int scratch = take(f.cache->sequences().add_sequence());  // recycled, non-contiguous blocks for the real ones
+                          std::max(step_tokens * batch, last_tokens)};
+  f.cache = take(CudaQuantizedKvCache::create(shape, config, hack, kStoreSeed));
+  if (!f.cache) return f;
+  const int scratch = take(f.cache->add_sequence());  // recycled, non-contiguous blocks for the real ones
   EXPECT_TRUE(f.cache->begin_step({scratch}, {1}).is_ok());
-  for (int b = 0; b < batch; ++b) f.ids.push_back(take(f.cache->sequences().add_sequence()));
-  f.cache->sequences().remove_sequence(scratch);
+  for (int b = 0; b < batch; ++b) f.ids.push_back(take(f.cache->add_sequence()));
+  f.cache->remove_sequence(scratch);
   f.k.resize(size_t(batch));
   f.v.resize(size_t(batch));
   auto k_step = take(DeviceArray<uint16_t>::allocate(size_t(shape.max_step_tokens) * width, "test"));
   auto v_step = take(DeviceArray<uint16_t>::allocate(size_t(shape.max_step_tokens) * width, "test"));
-  for (;;) {
+  for (bool last = false; !last;) {
     std::vector<int> sequences, counts;
     std::vector<uint16_t> k_new, v_new;
     std::vector<float> k_float, v_float;
+    const auto held = [&](int b) { return int(f.k[size_t(b)].size()) / width; };
+    bool filling = false;  // some sequence is short of lengths - last_step
+    for (int b = 0; b < batch; ++b) filling = filling || held(b) < lengths[size_t(b)] - last_step[size_t(b)];
     for (int b = 0; b < batch; ++b) {
-      const int have = int(f.k[size_t(b)].size()) / width;
-      const int n = std::min(step_tokens, lengths[size_t(b)] - have);
+      const int have = held(b);
+      const int n = filling ? std::min(step_tokens, std::max(0, lengths[size_t(b)] - last_step[size_t(b)] - have))
+                            : lengths[size_t(b)] - have;
       if (n == 0) continue;
       sequences.push_back(f.ids[size_t(b)]);
       counts.push_back(n);
@@ -77,13 +87,14 @@ Filled fill(const std::vector<int>& lengths, int step_tokens, int num_kv_heads, 
       f.k[size_t(b)].insert(f.k[size_t(b)].end(), k_float.begin(), k_float.end());
       f.v[size_t(b)].insert(f.v[size_t(b)].end(), v_float.begin(), v_float.end());
     }
+    last = !filling;  // the step of last_step's tokens ends it
     if (sequences.empty()) break;
-    EXPECT_TRUE(f.cache->begin_step(sequences, counts).is_ok());
+    const Status began = f.cache->begin_step(sequences, counts);
+    EXPECT_TRUE(began.is_ok()) << began.message();
     EXPECT_TRUE(k_step.upload(k_new.data(), k_new.size()).is_ok());
     EXPECT_TRUE(v_step.upload(v_new.data(), v_new.size()).is_ok());
-    EXPECT_TRUE(f.cache->append(kLayer, k_step.data(), v_step.data()).is_ok());
-    const Status sealed = f.pool->seal_filled_blocks(kLayer, *f.cache, sequences, counts);
-    EXPECT_TRUE(sealed.is_ok()) << sealed.message();
+    const Status appended = f.cache->append(kLayer, k_step.data(), v_step.data());
+    EXPECT_TRUE(appended.is_ok()) << appended.message();
   }
   EXPECT_TRUE(device_synchronize("fill").is_ok());
   return f;
@@ -91,7 +102,7 @@ Filled fill(const std::vector<int>& lengths, int step_tokens, int num_kv_heads, 
 
 // Block `ordinal` of sequence b, head h, as the GPU sealed it.
 std::vector<uint8_t> download_block(const Filled& f, int b, int h, int ordinal) {
-  const QuantizedKvView view = f.pool->view(kLayer, f.cache->view(kLayer).block_tables);
+  const QuantizedKvView view = f.cache->sealed_view(kLayer);
   const int index = f.cache->sequences().blocks(f.ids[size_t(b)])[size_t(ordinal)];
   std::vector<uint8_t> block(size_t(view.offsets.block_bytes));
   const size_t offset = (size_t(index) * f.cache->shape().num_kv_heads + h) * view.offsets.block_bytes;
@@ -127,9 +138,9 @@ TEST_F(CudaTest, SealingMatchesTheCpuCodecByteForByte) {
     config.rounding = c.rounding;
     const int kv_heads = 3;
     const std::vector<int> lengths = {200, 64, 131};
-    Filled f = fill(lengths, 50, kv_heads, c.head_dim, config, true, rng);
-    ASSERT_TRUE(f.cache && f.pool);
-    const QuantizedBlockLayout& layout = f.pool->layout();
+    Filled f = fill(lengths, {1, 1, 1}, 50, kv_heads, c.head_dim, config, true, rng);
+    ASSERT_TRUE(f.cache);
+    const QuantizedBlockLayout& layout = f.cache->layout();
     std::vector<uint8_t> expected(layout.block_bytes);
     int compared = 0;
     for (size_t b = 0; b < lengths.size(); ++b) {
@@ -151,26 +162,35 @@ TEST_F(CudaTest, SealingMatchesTheCpuCodecByteForByte) {
   }
 }
 
-struct DecodeCase {
+// A step's attention: sequence b holds lengths[b] tokens after the step, of which queries[b] are the
+// step's (empty: decode, one each).
+struct AttentionCase {
   std::vector<int> lengths;
   int num_heads, num_kv_heads, head_dim, bits;
   bool hack;
+  std::vector<int> queries = {};
+  std::vector<int> step() const { return queries.empty() ? std::vector<int>(lengths.size(), 1) : queries; }
   std::string name() const {
-    std::string lens;
-    for (int n : lengths) lens += (lens.empty() ? "" : ",") + std::to_string(n);
-    return str_cat(hack ? "hack" : "quant", "(lengths=", lens, ",heads=", num_heads, "/", num_kv_heads, ",d=", head_dim,
-                   ",bits=", bits, ")");
+    const auto list = [](const std::vector<int>& values) {
+      std::string text;
+      for (int n : values) text += (text.empty() ? "" : ",") + std::to_string(n);
+      return text;
+    };
+    return str_cat(hack ? "hack" : "quant", "(lengths=", list(lengths), ",queries=", list(step()), ",heads=", num_heads, "/",
+                   num_kv_heads, ",d=", head_dim, ",bits=", bits, ")");
   }
 };
 
-// The FP64 reference of one sequence's decode query (all heads) over its sealed blocks and open tokens.
-std::vector<float> reference_output(const DecodeCase& c, const Filled& f, int b, const std::vector<float>& q,
-                                    float scale) {
+// The FP64 reference of sequence b's n queries (positions kv_len - n onwards; q [n, num_heads, d]): its
+// first `sealed` blocks through the codec (hack: attend_hack_block_reference; quant: dequantized), the
+// tokens after them exact, causal.
+std::vector<float> reference_output(const AttentionCase& c, const Filled& f, int b, const std::vector<float>& q, int n,
+                                    int sealed, float scale) {
   const int d = c.head_dim, group = c.num_heads / c.num_kv_heads, kv_len = c.lengths[size_t(b)];
-  const int sealed = kv_len / kCudaBlockTokens, open_first = sealed * kCudaBlockTokens;
-  const QuantizedBlockLayout& layout = f.pool->layout();
-  std::vector<float> out(size_t(c.num_heads) * d);
-  if (!c.hack) {  // quant: plain attention over the dequantized blocks and the open tokens
+  const int exact_first = sealed * kCudaBlockTokens, first_position = kv_len - n;
+  const QuantizedBlockLayout& layout = f.cache->layout();
+  std::vector<float> out(size_t(n) * c.num_heads * d);
+  if (!c.hack) {  // quant: plain attention over the dequantized blocks and the exact tokens
     std::vector<float> k = f.k[size_t(b)], v = f.v[size_t(b)], k_block(size_t(kCudaBlockTokens) * d), v_block(k_block.size());
     for (int ordinal = 0; ordinal < sealed; ++ordinal) {
       for (int h = 0; h < c.num_kv_heads; ++h) {
@@ -183,72 +203,85 @@ std::vector<float> reference_output(const DecodeCase& c, const Filled& f, int b,
         }
       }
     }
-    const int position = kv_len - 1;
-    attention_reference(q.data(), 1, &position, k.data(), v.data(), kv_len, c.num_heads, c.num_kv_heads, d, d, scale,
+    std::vector<int> positions(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) positions[size_t(i)] = first_position + i;
+    attention_reference(q.data(), n, positions.data(), k.data(), v.data(), kv_len, c.num_heads, c.num_kv_heads, d, d, scale,
                         out.data());
     return out;
   }
-  for (int h = 0; h < c.num_kv_heads; ++h) {  // hack: the reference per sealed block, exact over the open block
-    std::vector<float> q_rows(size_t(group) * d);
-    for (int i = 0; i < group * d; ++i) q_rows[size_t(i)] = q[size_t(h) * group * d + size_t(i)] * scale;
-    const std::vector<int> visible(size_t(group), kCudaBlockTokens);
-    AttentionPartials partials(group, d);
+  // hack: row r of KV head h is query r / group, head h·group + r % group.
+  const int rows = n * group;
+  for (int h = 0; h < c.num_kv_heads; ++h) {
+    std::vector<float> q_rows(size_t(rows) * d);
+    for (int r = 0; r < rows; ++r) {
+      const float* from = &q[(size_t(r / group) * c.num_heads + size_t(h) * group + size_t(r % group)) * d];
+      for (int x = 0; x < d; ++x) q_rows[size_t(r) * d + x] = from[x] * scale;
+    }
+    const std::vector<int> visible(size_t(rows), kCudaBlockTokens);
+    AttentionPartials partials(rows, d);
     for (int ordinal = 0; ordinal < sealed; ++ordinal) {
       const auto block = download_block(f, b, h, ordinal);
-      const QueryTile tile{q_rows.data(), group, visible.data(), nullptr};
+      const QueryTile tile{q_rows.data(), rows, visible.data(), nullptr};
       attend_hack_block_reference(layout, block.data(), tile, partials, 0);
     }
-    const int n_open = kv_len - open_first;
-    if (n_open > 0) {
-      AttentionPartials open(group, d);
-      const auto k = head_rows(f.k[size_t(b)], c.num_kv_heads, d, h, open_first, n_open);
-      const auto v = head_rows(f.v[size_t(b)], c.num_kv_heads, d, h, open_first, n_open);
-      for (int r = 0; r < group; ++r) {
-        std::vector<double> scores(static_cast<size_t>(n_open));
-        double max_score = -std::numeric_limits<double>::infinity();
-        for (int t = 0; t < n_open; ++t) {
-          double dot = 0;
-          for (int x = 0; x < d; ++x) dot += double(q_rows[size_t(r) * d + x]) * double(k[size_t(t) * d + x]);
-          scores[size_t(t)] = dot;
-          max_score = std::max(max_score, dot);
-        }
-        double sum = 0;
-        std::vector<double> acc(size_t(d), 0.0);
-        for (int t = 0; t < n_open; ++t) {
-          const double weight = std::exp(scores[size_t(t)] - max_score);
-          sum += weight;
-          for (int x = 0; x < d; ++x) acc[size_t(x)] += weight * double(v[size_t(t) * d + x]);
-        }
-        open.max(r) = float(max_score);
-        open.sum(r) = float(sum);
-        for (int x = 0; x < d; ++x) open.acc(r)[x] = float(acc[size_t(x)]);
-        partials.merge(r, open, r);
+    const int n_exact = kv_len - exact_first;
+    const auto k = head_rows(f.k[size_t(b)], c.num_kv_heads, d, h, exact_first, n_exact);
+    const auto v = head_rows(f.v[size_t(b)], c.num_kv_heads, d, h, exact_first, n_exact);
+    AttentionPartials exact(rows, d);
+    for (int r = 0; r < rows; ++r) {
+      const int seen = first_position + r / group + 1 - exact_first;  // causal
+      if (seen <= 0) continue;
+      std::vector<double> scores(static_cast<size_t>(seen));
+      double max_score = -std::numeric_limits<double>::infinity();
+      for (int t = 0; t < seen; ++t) {
+        double dot = 0;
+        for (int x = 0; x < d; ++x) dot += double(q_rows[size_t(r) * d + x]) * double(k[size_t(t) * d + x]);
+        scores[size_t(t)] = dot;
+        max_score = std::max(max_score, dot);
       }
+      double sum = 0;
+      std::vector<double> acc(size_t(d), 0.0);
+      for (int t = 0; t < seen; ++t) {
+        const double weight = std::exp(scores[size_t(t)] - max_score);
+        sum += weight;
+        for (int x = 0; x < d; ++x) acc[size_t(x)] += weight * double(v[size_t(t) * d + x]);
+      }
+      exact.max(r) = float(max_score);
+      exact.sum(r) = float(sum);
+      for (int x = 0; x < d; ++x) exact.acc(r)[x] = float(acc[size_t(x)]);
+      partials.merge(r, exact, r);
     }
-    for (int r = 0; r < group; ++r) partials.write_output(r, &out[(size_t(h) * group + r) * d]);
+    for (int r = 0; r < rows; ++r) {
+      partials.write_output(r, &out[(size_t(r / group) * c.num_heads + size_t(h) * group + size_t(r % group)) * d]);
+    }
   }
   return out;
 }
 
-void check_decode(const DecodeCase& c) {
+void check_attention(const AttentionCase& c) {
   SCOPED_TRACE(c.name());
   const unsigned seed = 777u + unsigned(c.lengths.size() * 131 + c.lengths[0] * 7 + c.head_dim + c.num_heads + c.bits);
   std::mt19937 rng(seed);
   QuantizationConfig config;
   config.k_bits = config.v_bits = c.bits;
+  const std::vector<int> step = c.step();
+  const bool decode = c.queries.empty();
   const int batch = int(c.lengths.size()), d = c.head_dim, q_width = c.num_heads * d;
-  Filled f = fill(c.lengths, 512, c.num_kv_heads, d, config, c.hack, rng);
-  auto attention = take(CudaPagedAttention::create({c.num_heads, c.num_kv_heads, d, batch, batch}));
-  ASSERT_TRUE(f.cache && f.pool && attention);
+  int total_queries = 0;
+  for (int n : step) total_queries += n;
+  Filled f = fill(c.lengths, step, 512, c.num_kv_heads, d, config, c.hack, rng);
+  auto attention = take(CudaPagedAttention::create({c.num_heads, c.num_kv_heads, d, batch, total_queries}));
+  ASSERT_TRUE(f.cache && attention);
   std::vector<float> q_float;
-  const auto q = random_halves(size_t(batch) * q_width, 1.0f, rng, q_float);
+  const auto q = random_halves(size_t(total_queries) * q_width, 1.0f, rng, q_float);
   auto q_device = take(DeviceArray<uint16_t>::allocate(q.size(), "test"));
   auto out_device = take(DeviceArray<uint16_t>::allocate(q.size(), "test"));
   ASSERT_TRUE(q_device.upload(q.data(), q.size()).is_ok());
-  ASSERT_TRUE(attention->plan({f.ids, c.lengths, std::vector<int>(size_t(batch), 1)}).is_ok());
+  ASSERT_TRUE(attention->plan({f.ids, c.lengths, step}).is_ok());
+  ASSERT_EQ(attention->tensor_cores(), !decode);
   ASSERT_TRUE(device_fill_bytes(out_device.data(), 0xff, out_device.bytes()).is_ok());  // NaN: unwritten shows
   const float scale = 1.0f / std::sqrt(float(d));
-  const Status ran = attention->run_quantized(f.cache->view(kLayer), f.pool->view(kLayer, f.cache->view(kLayer).block_tables), q_device.data(), scale,
+  const Status ran = attention->run_quantized(f.cache->view(kLayer), f.cache->sealed_view(kLayer), q_device.data(), scale,
                                               out_device.data());
   ASSERT_TRUE(ran.is_ok()) << ran.message();
   ASSERT_TRUE(device_synchronize("quantized attention").is_ok());
@@ -256,25 +289,33 @@ void check_decode(const DecodeCase& c) {
   ASSERT_TRUE(out_device.download(out.data(), out.size()).is_ok());
 
   double error_sq = 0, reference_sq = 0;
+  size_t first = 0;  // the sequence's first query
   for (int b = 0; b < batch; ++b) {
-    const std::vector<float> q_b(q_float.begin() + size_t(b) * q_width, q_float.begin() + size_t(b + 1) * q_width);
-    const std::vector<float> want = reference_output(c, f, b, q_b, scale);
-    for (int x = 0; x < q_width; ++x) {
-      const float got = fp16_to_float(out[size_t(b) * q_width + size_t(x)]);
+    const int n = step[size_t(b)], kv_len = c.lengths[size_t(b)];
+    // Decode reads every full block sealed (the step sealed the one it filled); prefill the blocks
+    // wholly before the step.
+    const int sealed = (decode ? kv_len : kv_len - n) / kCudaBlockTokens;
+    const std::vector<float> q_b(q_float.begin() + ptrdiff_t(first * q_width),
+                                 q_float.begin() + ptrdiff_t((first + size_t(n)) * q_width));
+    const std::vector<float> want = reference_output(c, f, b, q_b, n, sealed, scale);
+    for (size_t x = 0; x < want.size(); ++x) {
+      const float got = fp16_to_float(out[first * q_width + x]);
       ASSERT_TRUE(std::isfinite(got)) << "sequence " << b << ", element " << x;
-      error_sq += double(got - want[size_t(x)]) * double(got - want[size_t(x)]);
-      reference_sq += double(want[size_t(x)]) * double(want[size_t(x)]);
+      error_sq += double(got - want[x]) * double(got - want[x]);
+      reference_sq += double(want[x]) * double(want[x]);
     }
+    first += size_t(n);
   }
-  // FP16 output rounding is ~3e-4 relative; FP32 arithmetic and the odd 8-bit P' code that rounds the
-  // other way (the running max differs from the reference's) add little.
+  // FP16 output rounding is ~3e-4 relative; FP32 arithmetic, the odd 8-bit P' code that rounds the other
+  // way (the running max differs from the reference's) and, in prefill, FP16 P and dequantized K/V in
+  // the FP16 kernel's mma (rounded to 11 bits) add little.
   const double relative = std::sqrt(error_sq / reference_sq);
   std::printf("  %s: relative error %.2e\n", c.name().c_str(), relative);
   EXPECT_LT(relative, 2e-3);
 }
 
 TEST_F(CudaTest, QuantizedDecodeAttentionMatchesReference) {
-  const std::vector<DecodeCase> cases = {
+  const std::vector<AttentionCase> cases = {
       {{1}, 4, 4, 64, 2, true},                     // one token: only the open block
       {{64}, 8, 2, 128, 2, true},                   // exactly one sealed block, nothing open
       {{65}, 32, 8, 128, 2, true},                  // one block and one token
@@ -291,30 +332,79 @@ TEST_F(CudaTest, QuantizedDecodeAttentionMatchesReference) {
       {{100, 3}, 12, 4, 64, 8, false},
       {{3000}, 8, 2, 128, 2, false},
   };
-  for (const DecodeCase& c : cases) check_decode(c);
+  for (const AttentionCase& c : cases) check_attention(c);
+}
+
+// Prefill steps: the sealed blocks before each sequence's step (hack: INT8 tensor cores; quant:
+// dequantized into the FP16 kernel's tiles), then its open block and the step's tokens exact, causal.
+TEST_F(CudaTest, QuantizedPrefillAttentionMatchesReference) {
+  const std::vector<AttentionCase> cases = {
+      {{1000}, 32, 8, 128, 2, true, {200}},                  // 12 sealed blocks, the step starts mid-block
+      {{1216}, 32, 8, 128, 2, true, {64}},                   // the step is exactly one block
+      {{130, 700, 64}, 16, 4, 128, 4, true, {66, 100, 1}},   // a decode row in a prefill step, 4 bits
+      {{2100, 37}, 8, 1, 64, 2, true, {37, 37}},             // GQA 8, d 64; the short one has nothing sealed
+      {{3000, 2000}, 32, 8, 128, 8, true, {128, 300}},       // many blocks: splits of both kernels, 8 bits
+      {{150}, 8, 2, 128, 2, true, {150}},                    // a first chunk: nothing sealed before it
+      {{1000}, 32, 8, 128, 2, false, {200}},
+      {{130, 700, 64}, 16, 4, 128, 4, false, {66, 100, 1}},
+      {{2100, 37}, 8, 1, 64, 8, false, {37, 37}},
+      {{3000, 2000}, 32, 8, 128, 2, false, {128, 300}},
+  };
+  for (const AttentionCase& c : cases) check_attention(c);
+}
+
+TEST_F(CudaTest, QuantizedKvCacheKeepsFp16OnlyForUnsealedTokens) {
+  // A window pool of 64 / 64 + 2 · 2 = 5 FP16 blocks holds a sequence of 30 blocks written 64 tokens
+  // at a time: FP16 blocks go back once sealed.
+  const CudaKvShape shape{1, 2, 128, 31, 2, 40, 64};
+  EXPECT_EQ(CudaQuantizedKvCache::window_blocks(shape), 5);
+  auto cache = take(CudaQuantizedKvCache::create(shape, QuantizationConfig{}, true, 1));
+  ASSERT_TRUE(cache);
+  const int a = take(cache->add_sequence()), b = take(cache->add_sequence());
+  auto kv = take(DeviceArray<uint16_t>::allocate(size_t(64) * 2 * 128, "test"));
+  ASSERT_TRUE(device_fill_bytes(kv.data(), 0, kv.bytes()).is_ok());
+  for (int step = 0; step < 30; ++step) {
+    const int sequence = step % 3 == 2 ? b : a, n = step == 0 ? 7 : 64;  // steps start mid-block
+    const Status began = cache->begin_step({sequence}, {n});
+    ASSERT_TRUE(began.is_ok()) << "step " << step << ": " << began.message();
+    ASSERT_TRUE(cache->append(0, kv.data(), kv.data()).is_ok());
+  }
+  EXPECT_EQ(cache->sequences().free_blocks(), 31 - int(cache->sequences().blocks(a).size() + cache->sequences().blocks(b).size()));
+  // The sealed pool is full: refused, naming it, nothing changed.
+  const int tokens = cache->sequences().num_tokens(a), free_blocks = cache->sequences().free_blocks();
+  const Status full = cache->begin_step({a}, {64 * (free_blocks + 1)});
+  ASSERT_FALSE(full.is_ok());
+  EXPECT_NE(full.message().find("sealed KV pool is full"), std::string::npos) << full.message();
+  EXPECT_EQ(cache->sequences().num_tokens(a), tokens);
+  EXPECT_EQ(cache->sequences().free_blocks(), free_blocks);
+  cache->remove_sequence(a);
+  cache->remove_sequence(b);
+  EXPECT_EQ(cache->sequences().free_blocks(), 31);
+  EXPECT_GT(cache->bytes(), size_t(31) * 2 * cache->layout().block_bytes);
 }
 
 TEST_F(CudaTest, QuantizedAttentionRejectsWhatItCannotRun) {
   const CudaKvShape shape{1, 2, 128, 4, 2, 2, 128};
   QuantizationConfig ablation;
   ablation.store_sums = false;
-  auto no_sums = CudaQuantizedKvPool::create(shape, ablation, true, 1);
+  auto no_sums = CudaQuantizedKvCache::create(shape, ablation, true, 1);
   ASSERT_FALSE(no_sums.has_value());
   EXPECT_NE(no_sums.status().message().find("ablations"), std::string::npos) << no_sums.status().message();
   QuantizationConfig odd;
   odd.k_bits = 3;
-  EXPECT_FALSE(CudaQuantizedKvPool::create(shape, odd, true, 1).has_value());
+  EXPECT_FALSE(CudaQuantizedKvCache::create(shape, odd, true, 1).has_value());
 
-  auto cache = take(CudaPagedKvCache::create(shape));
-  auto pool = take(CudaQuantizedKvPool::create(shape, QuantizationConfig{}, true, 1));
-  auto attention = take(CudaPagedAttention::create({8, 2, 128, 2, 4}));
-  ASSERT_TRUE(cache && pool && attention);
-  const int a = take(cache->sequences().add_sequence());
+  auto cache = take(CudaQuantizedKvCache::create(shape, QuantizationConfig{}, true, 1));
+  PagedAttentionShape no_tensor_cores{8, 2, 128, 2, 4};
+  no_tensor_cores.tensor_core_min_queries = 0;
+  auto attention = take(CudaPagedAttention::create(no_tensor_cores));
+  ASSERT_TRUE(cache && attention);
+  const int a = take(cache->add_sequence());
   ASSERT_TRUE(cache->begin_step({a}, {3}).is_ok());
-  ASSERT_TRUE(attention->plan({{a}, {3}, {2}}).is_ok());  // two queries: a prefill chunk
-  const Status prefill = attention->run_quantized(cache->view(0), pool->view(0, cache->view(0).block_tables), nullptr, 1.0f, nullptr);
+  ASSERT_TRUE(attention->plan({{a}, {3}, {2}}).is_ok());  // two queries on the CUDA-core kernel
+  const Status prefill = attention->run_quantized(cache->view(0), cache->sealed_view(0), nullptr, 1.0f, nullptr);
   ASSERT_FALSE(prefill.is_ok());
-  EXPECT_NE(prefill.message().find("decode only"), std::string::npos) << prefill.message();
+  EXPECT_NE(prefill.message().find("tensor-core"), std::string::npos) << prefill.message();
 }
 
 }  // namespace

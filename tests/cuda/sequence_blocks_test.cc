@@ -54,5 +54,26 @@ TEST(SequenceBlocks, FullPoolOrTableIsAnErrorThatChangesNothing) {
   EXPECT_EQ(huge.free_blocks(), 1 << 30);
 }
 
+TEST(SequenceBlocks, ReleasedLeadingBlocksGoBackWhileTheTokensStay) {
+  SequenceBlocks pool(6, 2, 8);
+  const int a = pool.add_sequence().take();
+  ASSERT_TRUE(pool.grow(a, 3 * kCudaBlockTokens + 5).is_ok());  // a: 0 1 2 3
+  pool.release_leading(a, 3);
+  EXPECT_EQ(pool.blocks(a), (std::vector<int>{SequenceBlocks::kReleased, SequenceBlocks::kReleased,
+                                              SequenceBlocks::kReleased, 3}));
+  EXPECT_EQ(pool.num_tokens(a), 3 * kCudaBlockTokens + 5);
+  EXPECT_EQ(pool.free_blocks(), 5);
+  pool.release_leading(a, 3);  // twice changes nothing
+  EXPECT_EQ(pool.free_blocks(), 5);
+  ASSERT_TRUE(pool.grow(a, 5 * kCudaBlockTokens).is_ok());  // after 3: 4
+  EXPECT_EQ(pool.blocks(a).back(), 4);
+  pool.release_leading(a, 5);
+  EXPECT_EQ(pool.free_blocks(), 6);
+  ASSERT_TRUE(pool.grow(a, 5 * kCudaBlockTokens + 1).is_ok());  // every block released: the lowest free
+  EXPECT_EQ(pool.blocks(a).back(), 0);
+  pool.remove_sequence(a);
+  EXPECT_EQ(pool.free_blocks(), 6);
+}
+
 }  // namespace
 }  // namespace slimkv::cuda

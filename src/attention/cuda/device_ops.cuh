@@ -88,4 +88,16 @@ __device__ __forceinline__ uint32_t spread_codes(uint32_t field) {
   }
 }
 
+// The packed field of 4 codes of kBits each at p (kBits / 2 bytes, aligned to its size).
+template <int kBits>
+__device__ __forceinline__ uint32_t load_field(const uint8_t* p) {
+  if constexpr (kBits == 2) {
+    return *p;
+  } else if constexpr (kBits == 4) {
+    return *reinterpret_cast<const uint16_t*>(p);
+  } else {
+    return *reinterpret_cast<const uint32_t*>(p);
+  }
+}
+
 }  // namespace slimkv::cuda

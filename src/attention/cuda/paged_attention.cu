@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <utility>
 
+#include "attention/cuda/hack_prefill_attention.cuh"
 #include "attention/cuda/prefill_attention.cuh"
 #include "attention/cuda/split_k.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -330,7 +332,7 @@ Status CudaPagedAttention::plan(const PagedAttentionBatch& batch) {
   int* kv_lens = sequence_ids + shape_.max_batch;
   int* query_starts = kv_lens + shape_.max_batch;
   int max_kv_len = 0;
-  max_query_count_ = 0;
+  max_query_count_ = max_prefix_blocks_ = max_window_blocks_ = 0;
   for (int b = 0; b < batch_size; ++b) {
     const int n = batch.query_counts[size_t(b)], kv_len = batch.kv_lens[size_t(b)];
     if (n < 1 || n > kv_len) {
@@ -342,6 +344,9 @@ Status CudaPagedAttention::plan(const PagedAttentionBatch& batch) {
     query_starts[b + 1] = query_starts[b] + n;
     max_kv_len = std::max(max_kv_len, kv_len);
     max_query_count_ = std::max(max_query_count_, n);
+    const int prefix_blocks = (kv_len - n) / kCudaBlockTokens;
+    max_prefix_blocks_ = std::max(max_prefix_blocks_, prefix_blocks);
+    max_window_blocks_ = std::max(max_window_blocks_, (kv_len + kCudaBlockTokens - 1) / kCudaBlockTokens - prefix_blocks);
   }
   if (query_starts[batch_size] > shape_.max_queries) {
     return error("CUDA paged attention: ", query_starts[batch_size], " queries in one step, over max_queries ",
@@ -366,12 +371,30 @@ int CudaPagedAttention::tile_rows() const { return tensor_cores_ ? kPrefillTileR
 
 int CudaPagedAttention::tile_positions() const { return tensor_cores_ ? kPrefillTileRows / group_ : positions_per_tile_; }
 
+namespace {
+
+// `blocks` (at least 1) cut into about `wanted` splits (at least 1, at most most_splits) of equal
+// size: (splits, blocks per split).
+std::pair<int, int> divide_blocks(int blocks, int wanted, int most_splits) {
+  const int splits = std::clamp(wanted, 1, std::max(1, std::min(blocks, most_splits)));
+  const int per_split = (blocks + splits - 1) / splits;
+  return {(blocks + per_split - 1) / per_split, per_split};
+}
+
+}  // namespace
+
 void CudaPagedAttention::split_blocks(int target_ctas) {
   const int independent_ctas = num_tiles_ * shape_.num_kv_heads;
   const int most_splits = int(partial_rows_capacity_ / (size_t(independent_ctas) * tile_rows()));
-  num_splits_ = std::clamp(target_ctas / independent_ctas, 1, std::max(1, std::min(max_blocks_, most_splits)));
-  blocks_per_split_ = (max_blocks_ + num_splits_ - 1) / num_splits_;
-  num_splits_ = (max_blocks_ + blocks_per_split_ - 1) / blocks_per_split_;
+  std::tie(num_splits_, blocks_per_split_) = divide_blocks(max_blocks_, target_ctas / independent_ctas, most_splits);
+}
+
+Status CudaPagedAttention::reserve_partials(size_t slots) {
+  if (slots <= partial_rows_capacity_) return Status::ok();
+  SLIMKV_ASSIGN_OR_RETURN(partial_acc_, DeviceArray<float>::allocate(slots * shape_.head_dim, "attention partials"));
+  SLIMKV_ASSIGN_OR_RETURN(partial_max_sum_, DeviceArray<float>::allocate(slots * 2, "attention partials"));
+  partial_rows_capacity_ = slots;
+  return Status::ok();
 }
 
 Status CudaPagedAttention::check_run(const PagedKvView& kv) const {
@@ -411,6 +434,59 @@ AttentionLaunch CudaPagedAttention::launch_params(const PagedKvView& kv, const u
   p.partial_acc = const_cast<float*>(partial_acc_.data());
   p.partial_max_sum = reinterpret_cast<float2*>(const_cast<float*>(partial_max_sum_.data()));
   return p;
+}
+
+static_assert(kHackPrefillTileRows == kPrefillTileRows, "the INT8 and FP16 prefill kernels share the plan's tiles");
+
+Status CudaPagedAttention::run_quantized_prefill(const PagedKvView& kv, const QuantizedKvView& sealed, const uint16_t* q,
+                                                 float scale, uint16_t* out) {
+  if (max_prefix_blocks_ == 0) return run(kv, q, scale, out);  // nothing sealed before the step: all FP16
+  if (!sealed.hack) {  // quant: one kernel, the sealed blocks dequantized into its tiles
+    split_blocks(prefill_target_ctas_);
+    const AttentionLaunch p = launch_params(kv, q, scale, out);
+    launch_prefill_attention(p, SealedPrefix::kDequantize, sealed);
+    SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+    if (num_splits_ > 1) {
+      launch_merge_split_partials(p);
+      SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+    }
+    return Status::ok();
+  }
+  // hack: the INT8 kernel over the sealed blocks and the FP16 kernel over the rest write disjoint
+  // splits of the same rows (each split to fill one wave of its kernel), merged once.
+  const int bits = sealed.k_bits;
+  if (sealed.v_bits != bits || (bits != 2 && bits != 4 && bits != 8)) {
+    return error("CUDA HACK prefill: K and V bits must be equal (2, 4 or 8), got ", sealed.k_bits, " and ", sealed.v_bits);
+  }
+  if (hack_prefill_resident_[bits] == 0) {
+    hack_prefill_resident_[bits] = hack_prefill_kernel_setup(shape_.head_dim, bits, sealed.offsets.block_bytes);
+    if (hack_prefill_resident_[bits] == 0) {
+      return error("CUDA HACK prefill: the INT8 kernel (head_dim ", shape_.head_dim, ", ", bits, " bits) cannot run");
+    }
+  }
+  const int independent_ctas = num_tiles_ * shape_.num_kv_heads;
+  const size_t rows = size_t(independent_ctas) * kPrefillTileRows;
+  const auto [sealed_splits, sealed_per_split] = divide_blocks(
+      max_prefix_blocks_, hack_prefill_resident_[bits] * multiprocessor_count() / independent_ctas, max_prefix_blocks_);
+  const auto [window_splits, window_per_split] =
+      divide_blocks(max_window_blocks_, prefill_target_ctas_ / independent_ctas, max_window_blocks_);
+  SLIMKV_RETURN_IF_ERROR(reserve_partials(rows * size_t(sealed_splits + window_splits)));
+  AttentionLaunch p = launch_params(kv, q, scale, out);
+  p.split_stride = sealed_splits + window_splits;
+  AttentionLaunch sealed_part = p, window_part = p;
+  sealed_part.num_splits = sealed_splits;
+  sealed_part.blocks_per_split = sealed_per_split;
+  launch_hack_prefill_kernel(sealed_part, sealed);
+  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  window_part.num_splits = window_splits;
+  window_part.blocks_per_split = window_per_split;
+  window_part.partial_acc += size_t(sealed_splits) * shape_.head_dim;
+  window_part.partial_max_sum += sealed_splits;
+  launch_prefill_attention(window_part, SealedPrefix::kSkip);
+  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  launch_merge_split_partials(p);
+  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return Status::ok();
 }
 
 Status CudaPagedAttention::run(const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out) {

@@ -62,10 +62,14 @@ class CudaPagedAttention {
   // q: FP16 [total queries, num_heads, head_dim] (device), out likewise; scores are scale · q·k.
   Status run(const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out);
 
-  // Decode (one query per sequence) over sealed `hack` or `quant` blocks (quantized_kv_pool.h) and
-  // each sequence's open block, its last kv_len % kCudaBlockTokens tokens, in FP16 from `kv`
-  // (attention/cuda/quantized_attention.cu). `hack` computes on the integer codes (HACK Eq. 4),
-  // `quant` dequantizes in the kernel and computes in FP32.
+  // Attention over quantized KV (backend/cuda/quantized_kv_cache.h): sealed `hack` or `quant` blocks
+  // and FP16 for the rest. Decode (one query per sequence; attention/cuda/quantized_attention.cu): the
+  // sealed blocks, then the open block (the last kv_len % kCudaBlockTokens tokens) in FP16; `hack`
+  // computes on the integer codes (HACK Eq. 4), `quant` dequantizes in the kernel and computes in FP32.
+  // Prefill (the tensor-core plan): the sealed blocks wholly before each sequence's first new token,
+  // `hack` on INT8 tensor cores (hack_prefill_attention.cuh), `quant` dequantized into the FP16
+  // kernel's tiles; from the first unsealed block on, FP16 (prefill=exact: the step's own tokens as
+  // computed). Other multi-query steps (head dims without the tensor-core kernel) are refused.
   Status run_quantized(const PagedKvView& kv, const QuantizedKvView& sealed, const uint16_t* q, float scale,
                        uint16_t* out);
 
@@ -79,6 +83,10 @@ class CudaPagedAttention {
   Status check_run(const PagedKvView& kv) const;
   // Splits the planned blocks so that about target_ctas CTAs run (one wave of the kernel at hand).
   void split_blocks(int target_ctas);
+  Status run_quantized_prefill(const PagedKvView& kv, const QuantizedKvView& sealed, const uint16_t* q, float scale,
+                               uint16_t* out);
+  // Makes the partials hold at least `slots` (rows × splits).
+  Status reserve_partials(size_t slots);
   // The planned kernel's tile: query rows (a multiple of the group, or the tensor-core tile) and positions.
   int tile_rows() const;
   int tile_positions() const;
@@ -100,6 +108,8 @@ class CudaPagedAttention {
   bool tensor_cores_ = false;   // the step runs on the tensor-core kernel
   int max_query_count_ = 0;     // the most queries of one sequence in the planned step
   int max_blocks_ = 0;          // the most blocks of one sequence in the planned step
+  // The most blocks of one sequence wholly before the step (sealed, with quantized KV), and from there on.
+  int max_prefix_blocks_ = 0, max_window_blocks_ = 0;
   int blocks_per_split_ = 1;
   // Device: the batch's metadata [sequence_ids B | kv_lens B | query_starts B+1 | pad | tiles 2·max_queries],
   // and the partials [tile, kv head, row, split] of (max, sum) and [.., head_dim] of weighted V.
@@ -108,6 +118,7 @@ class CudaPagedAttention {
   DeviceArray<float> partial_max_sum_;
   // The quantized kernels set up so far: (kernel, (staging bytes, CTAs resident per multiprocessor)).
   std::vector<std::pair<const void*, std::pair<size_t, int>>> quantized_residency_;
+  int hack_prefill_resident_[9] = {};  // the INT8 prefill kernel's CTAs per multiprocessor, by bits (0: not set up)
 };
 
 }  // namespace slimkv::cuda

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "attention/cuda/device_ops.cuh"
+#include "kv/codec/quantized_block.h"
 
 namespace slimkv::cuda {
 namespace {
@@ -39,6 +40,50 @@ __device__ inline int swizzled(int row, int chunk) {
   return row * kHeadDim + ((chunk ^ (row % 8)) * 8);
 }
 
+// Byte kA of x and byte kB of y, two codes below 1024, as the FP16 pair (x_A, y_B): each put in the low
+// mantissa bits of 1024.0 (0x6400), exact, then 1024 taken off: two integer operations and one FP16
+// subtraction instead of two quarter-rate int-to-float conversions.
+template <int kA, int kB>
+__device__ __forceinline__ __half2 code_pair(uint32_t x, uint32_t y) {
+  const uint32_t bits = (__byte_perm(x, y, unsigned(kA | (4 + kB) << 8)) & 0x00ff00ffu) | 0x64006400u;
+  return __hsub2(*reinterpret_cast<const __half2*>(&bits), __float2half2_rn(1024.0f));
+}
+
+// Writes a sealed block (kv/codec/quantized_block.h's layout, K and V of kBits) dequantized,
+// x = min + scale · x' (one FP16 FMA: the nearest FP16 to the exact value), into the FP16 tiles k and v
+// [token][dim] (swizzled as the FP16 blocks are staged). A thread takes a K field (4 dims of a token:
+// one 8-byte store) or the V fields of two neighbouring columns (4 tokens each: four 4-byte stores).
+template <int kHeadDim, int kBits>
+__device__ inline void dequantize_sealed_block(const uint8_t* block, const QuantizedBlockOffsets& o, __half* k, __half* v) {
+  constexpr int T = kCudaBlockTokens;
+  constexpr int kPartition = kHeadDim < T ? kHeadDim : T;  // K partition dims: min(Π, head_dim)
+  const __half* k_mins = reinterpret_cast<const __half*>(block + o.k_mins);
+  const __half* k_scales = reinterpret_cast<const __half*>(block + o.k_scales);
+  const __half2* v_mins = reinterpret_cast<const __half2*>(block + o.v_mins);
+  const __half2* v_scales = reinterpret_cast<const __half2*>(block + o.v_scales);
+  for (int i = threadIdx.x; i < kHeadDim / 4 * T; i += kPrefillThreads) {  // dim group g = i / T, token t = i % T
+    const int dim = 4 * (i / T), t = i % T, slot = dim / kPartition * T + t;
+    const uint32_t codes = spread_codes<kBits>(load_field<kBits>(block + i * kBits / 2));
+    const __half2 lo = __half2half2(k_mins[slot]), scale = __half2half2(k_scales[slot]);
+    const __half2 low = __hfma2(scale, code_pair<0, 1>(codes, codes), lo), high = __hfma2(scale, code_pair<2, 3>(codes, codes), lo);
+    *reinterpret_cast<uint2*>(k + swizzled<kHeadDim>(t, dim / 8) + dim % 8) =
+        make_uint2(*reinterpret_cast<const uint32_t*>(&low), *reinterpret_cast<const uint32_t*>(&high));
+  }
+  for (int i = threadIdx.x; i < T / 4 * kHeadDim / 2; i += kPrefillThreads) {  // tokens 4u.. of columns c, c + 1
+    const int first = 4 * (i / (kHeadDim / 2)), c = 2 * (i % (kHeadDim / 2));
+    const uint8_t* fields = block + o.v_codes + (first / 4 * kHeadDim + c) * kBits / 2;
+    const uint32_t left = spread_codes<kBits>(load_field<kBits>(fields));
+    const uint32_t right = spread_codes<kBits>(load_field<kBits>(fields + kBits / 2));
+    const __half2 lo = v_mins[c / 2], scale = v_scales[c / 2];
+    const __half2 values[4] = {__hfma2(scale, code_pair<0, 0>(left, right), lo), __hfma2(scale, code_pair<1, 1>(left, right), lo),
+                               __hfma2(scale, code_pair<2, 2>(left, right), lo), __hfma2(scale, code_pair<3, 3>(left, right), lo)};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      *reinterpret_cast<__half2*>(v + swizzled<kHeadDim>(first + j, c / 8) + c % 8) = values[j];
+    }
+  }
+}
+
 // --- the kernel ---
 
 // The attention of one tile of kPrefillTileRows query rows (row r: query head kv_head·group + r % group
@@ -47,8 +92,10 @@ __device__ inline int swizzled(int row, int chunk) {
 // halves that traffic per mma (the bound with one tile: a fragment per two mma). In tile m a lane
 // holds rows g = lane / 4 and g + 8, and columns 2(lane % 4), +1 of every 8-column tile of S and O
 // (the mma accumulator layout); its row h = 2m + (0 or 1).
-template <int kHeadDim>
-__global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(AttentionLaunch p) {
+// kPrefix, kBits: what it does with the sealed blocks before each sequence's step (SealedPrefix; kBits
+// for kDequantize).
+template <int kHeadDim, SealedPrefix kPrefix, int kBits>
+__global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(AttentionLaunch p, QuantizedKvView sealed) {
   constexpr int kRowTiles = kPrefillRowTilesPerWarp;
   constexpr int kRows = 2 * kRowTiles;                  // rows of S and O a lane holds
   constexpr int kChunks = kHeadDim / 8;                 // 16-byte chunks per row
@@ -67,9 +114,11 @@ __global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(At
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const TileQueries tq(p, tile);
   const int num_blocks = (tq.kv_end + kCudaBlockTokens - 1) / kCudaBlockTokens;
-  const int block_begin = split * p.blocks_per_split;
+  const int sealed_blocks = kPrefix == SealedPrefix::kNone ? 0 : tq.first_position / kCudaBlockTokens;
+  const int block_begin = (kPrefix == SealedPrefix::kSkip ? sealed_blocks : 0) + split * p.blocks_per_split;
   const int block_end = min(block_begin + p.blocks_per_split, num_blocks);
-  const int* table = p.block_tables + size_t(p.sequence_ids[tq.batch_index]) * p.block_table_stride;
+  const int sequence = p.sequence_ids[tq.batch_index];
+  const int* table = p.block_tables + size_t(sequence) * p.block_table_stride;
 
   // Q rows (zeros for inactive rows) and K/V blocks go to shared memory through cp.async.
   for (int i = threadIdx.x; i < kPrefillTileRows * kChunks; i += kPrefillThreads) {
@@ -80,7 +129,16 @@ __global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(At
     cp_async_16(q_shared + swizzled<kHeadDim>(r, chunk), p.q + (query * p.num_heads + (active ? head : 0)) * kHeadDim + chunk * 8,
                 active);
   }
+  // A sealed block (kDequantize) arrives packed in `packed`, and is dequantized into its stage once in.
+  uint8_t* packed = reinterpret_cast<uint8_t*>(v_shared + 2 * kBlockHalves);
   const auto load_block = [&](int block, int stage) {
+    if constexpr (kPrefix == SealedPrefix::kDequantize) {
+      if (block < sealed_blocks) {
+        const uint8_t* source = sealed_block_address(sealed, p, sequence, block, kv_head);
+        for (int i = threadIdx.x * 16; i < sealed.offsets.block_bytes; i += kPrefillThreads * 16) cp_async_16(packed + i, source + i);
+        return;
+      }
+    }
     const size_t offset = (size_t(table[block]) * p.num_kv_heads + kv_head) * kBlockHalves;
     for (int i = threadIdx.x; i < kCudaBlockTokens * kChunks; i += kPrefillThreads) {
       const int token = i / kChunks, chunk = i % kChunks;
@@ -115,15 +173,21 @@ __global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(At
   }
 
   for (int block = block_begin; block < block_end; ++block) {
+    // The block is in (its stage, or packed); the next one's copy then runs while this one is computed.
     const int stage = (block - block_begin) & 1;
+    cp_async_wait<0>();
+    __syncthreads();
+    if constexpr (kPrefix == SealedPrefix::kDequantize) {
+      if (block < sealed_blocks) {
+        dequantize_sealed_block<kHeadDim, kBits>(packed, sealed.offsets, k_shared + stage * kBlockHalves,
+                                                 v_shared + stage * kBlockHalves);
+        __syncthreads();  // the stage is written and `packed` free for the next block
+      }
+    }
     if (block + 1 < block_end) {
       load_block(block + 1, stage ^ 1);
       cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
     }
-    __syncthreads();
     const __half* k_block = k_shared + stage * kBlockHalves;
     const __half* v_block = v_shared + stage * kBlockHalves;
 
@@ -259,29 +323,54 @@ constexpr size_t prefill_shared_bytes() {
   return size_t(kPrefillTileRows + 4 * kCudaBlockTokens) * kHeadDim * sizeof(__half);  // Q, 2 stages of K and V
 }
 
+using PrefillKernel = void (*)(AttentionLaunch, QuantizedKvView);
+
 template <int kHeadDim>
-int setup() {
-  const auto kernel = prefill_attention_partials<kHeadDim>;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prefill_shared_bytes<kHeadDim>())) != cudaSuccess) {
-    return 0;
+PrefillKernel pick(SealedPrefix prefix, int bits) {
+  switch (prefix) {
+    case SealedPrefix::kNone: return prefill_attention_partials<kHeadDim, SealedPrefix::kNone, 0>;
+    case SealedPrefix::kSkip: return prefill_attention_partials<kHeadDim, SealedPrefix::kSkip, 0>;
+    default:
+      return bits == 2   ? prefill_attention_partials<kHeadDim, SealedPrefix::kDequantize, 2>
+             : bits == 4 ? prefill_attention_partials<kHeadDim, SealedPrefix::kDequantize, 4>
+                         : prefill_attention_partials<kHeadDim, SealedPrefix::kDequantize, 8>;
   }
+}
+PrefillKernel pick(int head_dim, SealedPrefix prefix, int bits) {
+  return head_dim == 64 ? pick<64>(prefix, bits) : pick<128>(prefix, bits);
+}
+// Q and two stages of K and V; with kDequantize, a packed sealed block too.
+size_t shared_bytes(int head_dim, SealedPrefix prefix, int bits) {
+  const size_t fp16 = head_dim == 64 ? prefill_shared_bytes<64>() : prefill_shared_bytes<128>();
+  if (prefix != SealedPrefix::kDequantize) return fp16;
+  QuantizationConfig config;
+  config.k_bits = config.v_bits = bits;
+  return fp16 + QuantizedBlockLayout(config, BlockShape{kCudaBlockTokens, head_dim, head_dim}).block_bytes;
+}
+
+}  // namespace
+
+int prefill_attention_setup(int head_dim) {
+  for (const SealedPrefix prefix : {SealedPrefix::kNone, SealedPrefix::kSkip, SealedPrefix::kDequantize}) {
+    for (const int bits : {2, 4, 8}) {
+      if (cudaFuncSetAttribute(pick(head_dim, prefix, bits), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(shared_bytes(head_dim, prefix, bits))) != cudaSuccess) {
+        return 0;
+      }
+    }
+  }
+  // The dense kernel's residency sizes the waves (the 2- and 4-bit dequantizing ones have the same).
   int ctas = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kPrefillThreads, prefill_shared_bytes<kHeadDim>()) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, pick(head_dim, SealedPrefix::kNone, 0), kPrefillThreads,
+                                                    shared_bytes(head_dim, SealedPrefix::kNone, 0)) != cudaSuccess) {
     return 0;
   }
   return ctas;
 }
 
-template <int kHeadDim>
-void launch(const AttentionLaunch& p) {
+void launch_prefill_attention(const AttentionLaunch& p, SealedPrefix prefix, const QuantizedKvView& sealed) {
   const dim3 grid(unsigned(p.num_splits), unsigned(p.num_kv_heads), unsigned(p.num_tiles));
-  prefill_attention_partials<kHeadDim><<<grid, kPrefillThreads, prefill_shared_bytes<kHeadDim>()>>>(p);
+  pick(p.head_dim, prefix, sealed.k_bits)<<<grid, kPrefillThreads, shared_bytes(p.head_dim, prefix, sealed.k_bits)>>>(p, sealed);
 }
-
-}  // namespace
-
-int prefill_attention_setup(int head_dim) { return head_dim == 64 ? setup<64>() : setup<128>(); }
-
-void launch_prefill_attention(const AttentionLaunch& p) { p.head_dim == 64 ? launch<64>(p) : launch<128>(p); }
 
 }  // namespace slimkv::cuda

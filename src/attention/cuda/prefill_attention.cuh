@@ -11,6 +11,12 @@
 // (256-row tiles) 314 at 16K but slower at 4K; 32-token steps within a block 289; skipping O's
 // rescale when no row max changed 284 (more spills). The kernel sits at ~300 TFLOP/s, FA2-class;
 // past that needs Hopper's wgmma.
+//
+// With quantized KV (backend/cuda/quantized_kv_cache.h) the blocks of a sequence wholly before its
+// step's first new token are sealed: the kernel then either dequantizes them into its shared-memory
+// tiles (the `quant` baseline: KIVI-style fused dequantization, so `quant` prefill runs at FP16
+// tensor-core speed with 2-bit reads) or skips them (`hack`: the INT8 kernel,
+// hack_prefill_attention.cuh, attends them and writes other splits of the same rows).
 #pragma once
 
 #include "attention/cuda/split_k.cuh"
@@ -28,8 +34,17 @@ inline bool prefill_head_dim_supported(int head_dim) { return head_dim == 64 || 
 // per multiprocessor (0 on an error, which the launch then reports).
 int prefill_attention_setup(int head_dim);
 
+// What the kernel does with each sequence's blocks before first_position / kCudaBlockTokens (the
+// sealed ones, when the KV is quantized): its splits cover the blocks it reads.
+enum class SealedPrefix {
+  kNone,        // every block is FP16 (dense KV)
+  kDequantize,  // read the sealed blocks of `sealed` (quant), dequantized into the FP16 tiles
+  kSkip,        // leave them to another kernel: blocks_per_split counts from the first unsealed block
+};
+
 // Grid (split, KV head, tile) as the CUDA-core kernel; with one split it writes the output directly,
-// with several the split partials, for launch_merge_split_partials.
-void launch_prefill_attention(const AttentionLaunch& p);
+// with several the split partials, for launch_merge_split_partials. sealed: for kDequantize.
+void launch_prefill_attention(const AttentionLaunch& p, SealedPrefix prefix = SealedPrefix::kNone,
+                              const QuantizedKvView& sealed = {});
 
 }  // namespace slimkv::cuda

@@ -537,8 +537,10 @@ QuantizedKernel pick(int bits, bool hack) {
 Status CudaPagedAttention::run_quantized(const PagedKvView& kv, const QuantizedKvView& sealed, const uint16_t* q,
                                          float scale, uint16_t* out) {
   SLIMKV_RETURN_IF_ERROR(check_run(kv));
+  if (tensor_cores_) return run_quantized_prefill(kv, sealed, q, scale, out);
   if (max_query_count_ != 1) {
-    return error("CUDA quantized attention: decode only (one query per sequence), the plan has ", max_query_count_);
+    return error("CUDA quantized attention: steps of several queries per sequence need the tensor-core kernel (head_dim 64 ",
+                 "or 128, tensor_core_min_queries > 0); the plan has ", max_query_count_);
   }
   if (sealed.k_bits != sealed.v_bits) {
     return error("CUDA quantized attention: K and V bits must match on the GPU, got ", sealed.k_bits, " and ", sealed.v_bits);

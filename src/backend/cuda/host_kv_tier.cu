@@ -240,16 +240,15 @@ Status CudaHostKvTier::begin_step(const std::vector<int>& sequences, const std::
   const int stride = shape_.max_blocks_per_sequence, T = shape_.max_step_tokens;
   std::vector<int> tables(size_t(int(sequences.size()) * stride), 0), slots(3 * size_t(T), -1);
   std::vector<int> positions, recompute_slots, seals;
-  decode_step_ = std::all_of(new_tokens.begin(), new_tokens.end(), [](int n) { return n == 1; });
-  const bool move_sealed = sealer_.has_value() && decode_step_;
+  const bool move_sealed = sealer_.has_value();
   plans_.assign(batches.size(), UnitPlan{});
   int query = 0;
   for (size_t m = 0; m < batches.size(); ++m) {
     MicroBatch& batch = batches[m];
     UnitPlan& plan = plans_[m];
     batch.first_recompute_row = int(positions.size());
-    // Seal lists (FP16 staging block, destination block, ordinal): recomputed full blocks (decode
-    // steps, into staging), blocks the step fills (into staging, and into the host pool).
+    // Seal lists (FP16 staging block, destination block, ordinal): recomputed full blocks (into
+    // staging), blocks the step fills (into staging, and into the host pool).
     std::vector<int> recompute_seals, staging_seals, host_seals;
     int staging_block = 0;
     for (int i = batch.first_sequence; i < batch.first_sequence + batch.num_sequences; ++i) {
@@ -263,7 +262,7 @@ Status CudaHostKvTier::begin_step(const std::vector<int>& sequences, const std::
                                  : std::min(held_blocks, int(std::lround(recompute_fraction * held_tokens / kCudaBlockTokens)));
       for (size_t j = 0; j < blocks.size(); ++j) tables[size_t(i) * stride + j] = 2 * (staging_block + int(j));
       add_runs(blocks, 0, recomputed, batch.recompute_rows / kCudaBlockTokens, plan.x);
-      if (move_sealed) {  // full blocks sealed, the open one in FP16
+      if (move_sealed) {  // full blocks sealed, from the open one on FP16
         const int open_first = std::max(recomputed, full_blocks);
         add_runs(blocks, recomputed, full_blocks, staging_block + recomputed, plan.sealed);
         add_runs(blocks, open_first, held_blocks, staging_block + open_first, plan.kv);

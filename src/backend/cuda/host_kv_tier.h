@@ -20,10 +20,11 @@
 // mapping (tens of KB a step), and into the staging buffer for this step's attention.
 //
 // With a quantized codec (`hack`, `quant`: a QuantizedBlockSealer) the host also keeps every full
-// block sealed, and decode steps move those sealed bytes (2-bit: a fifth of FP16's) and only the open
-// block in FP16; recomputed blocks and blocks a step fills are sealed on the GPU (into the staging
-// buffer, and the filled ones into the host through the mapping). Prefill steps attend exactly, over
-// FP16 copies of every token, as the resident quantized cache does.
+// block sealed, and steps move those sealed bytes (2-bit: a fifth of FP16's) for the blocks before
+// each sequence's open block, and FP16 from there on; recomputed blocks and blocks a step fills are
+// sealed on the GPU (into the staging buffer, and the filled ones into the host through the mapping).
+// Attention reads them as it reads the resident quantized cache (CudaPagedAttention::run_quantized:
+// decode, and prefill over the sealed blocks before the step, prefill=exact for the rest).
 //
 // A staging (or host) block of K|V is two blocks of the paged layout of paged_kv_cache.h: K in block
 // 2s, V in block 2s + 1, the view's v pointer one block after k. The attention kernels read the staging
@@ -115,7 +116,7 @@ class CudaHostKvTier {
   Expected<RecomputeRows> recompute_rows(int unit);
   // Writes recomputed K/V (FP16 [n, kv_heads, head_dim]) of unit u into the slots `slots` of its buffer.
   Status write_recomputed(int unit, const uint16_t* k, const uint16_t* v, const int* slots, int n);
-  // After the last write_recomputed of unit u: seals its recomputed full blocks (quantized decode steps).
+  // After the last write_recomputed of unit u: seals its recomputed full blocks (quantized codecs).
   Status seal_recomputed(int unit);
   // kvpr: keeps the step's new X of `layer` (rows [step tokens, hidden] on the GPU) on the host.
   Status store_x(int layer, const void* x);
@@ -126,8 +127,8 @@ class CudaHostKvTier {
   Status store_kv(int layer, const uint16_t* k, const uint16_t* v);
   // What unit u's attention reads; the batch's sequence ids are the step indices of its micro-batch.
   PagedKvView view(int unit) const;
-  // A quantized codec's decode step: the sealed blocks unit u's attention reads beside view(u)'s open ones.
-  bool attends_sealed() const { return sealer_.has_value() && decode_step_; }
+  // A quantized codec: the sealed blocks unit u's attention reads beside view(u)'s unsealed ones.
+  bool attends_sealed() const { return sealer_.has_value(); }
   QuantizedKvView sealed_view(int unit) const;
   // Marks unit u's buffer free once the work queued so far (its attention) is done.
   Status release(int unit);
@@ -172,7 +173,6 @@ class CudaHostKvTier {
   std::vector<MicroBatch> micro_batches_;
   std::vector<UnitPlan> plans_;  // per micro-batch
   int step_tokens_ = 0;
-  bool decode_step_ = false;     // every sequence has one new token
   DeviceArray<int> seal_lists_;  // the plans' seal lists
   DeviceArray<int> tables_;         // [max_sequences (step index), max_blocks_per_sequence]: 2·staging block
   DeviceArray<int> step_slots_;     // [3, max_step_tokens]: new tokens' staging, host KV and host X slots

@@ -41,7 +41,7 @@ Status CudaPagedKvCache::begin_step(const std::vector<int>& sequences, const std
     SLIMKV_RETURN_IF_ERROR(sequences_.grow(sequences[i], total).with_context("CUDA KV cache step"));
     const std::vector<int>& blocks = sequences_.blocks(sequences[i]);
     for (size_t b = 0; b < blocks.size(); ++b) {
-      host_block_tables_[size_t(sequences[i]) * shape_.max_blocks_per_sequence + b] = blocks[b];
+      if (blocks[b] != SequenceBlocks::kReleased) host_block_tables_[size_t(sequences[i]) * shape_.max_blocks_per_sequence + b] = blocks[b];
     }
     for (int position = held; position < total; ++position) {
       host_step_slots_.push_back(blocks[size_t(position / kCudaBlockTokens)] * kCudaBlockTokens +

@@ -166,42 +166,4 @@ QuantizedKvView QuantizedBlockSealer::view(const uint8_t* blocks, const int* blo
   return view;
 }
 
-Expected<std::unique_ptr<CudaQuantizedKvPool>> CudaQuantizedKvPool::create(const CudaKvShape& shape,
-                                                                           const QuantizationConfig& config, bool hack,
-                                                                           uint64_t seed) {
-  SLIMKV_ASSIGN_OR_RETURN(QuantizedBlockSealer sealer,
-                          QuantizedBlockSealer::create(config, hack, seed, shape.num_kv_heads, shape.head_dim));
-  std::unique_ptr<CudaQuantizedKvPool> pool(new CudaQuantizedKvPool(shape, sealer));
-  const size_t bytes = size_t(shape.num_layers) * shape.num_blocks * shape.num_kv_heads * sealer.layout().block_bytes;
-  SLIMKV_ASSIGN_OR_RETURN(pool->pool_, DeviceArray<uint8_t>::allocate(bytes, "the sealed block pool"));
-  // A step fills at most max_step_tokens / block tokens blocks, plus one per sequence it ends in.
-  const size_t capacity = size_t(shape.max_step_tokens) / kCudaBlockTokens + size_t(shape.max_sequences);
-  SLIMKV_ASSIGN_OR_RETURN(pool->seal_list_, DeviceArray<int>::allocate(3 * capacity, "the blocks to seal"));
-  return Expected<std::unique_ptr<CudaQuantizedKvPool>>(std::move(pool));
-}
-
-Status CudaQuantizedKvPool::seal_filled_blocks(int layer, const CudaPagedKvCache& cache, const std::vector<int>& sequences,
-                                               const std::vector<int>& new_tokens) {
-  host_seal_list_.clear();
-  for (size_t i = 0; i < sequences.size(); ++i) {
-    const int after = cache.sequences().num_tokens(sequences[i]), before = after - new_tokens[i];
-    const std::vector<int>& blocks = cache.sequences().blocks(sequences[i]);
-    for (int ordinal = before / kCudaBlockTokens; ordinal < after / kCudaBlockTokens; ++ordinal) {
-      host_seal_list_.insert(host_seal_list_.end(), {blocks[size_t(ordinal)], blocks[size_t(ordinal)], ordinal});
-    }
-  }
-  const int n = int(host_seal_list_.size() / 3);
-  if (n == 0) return Status::ok();
-  if (host_seal_list_.size() > seal_list_.size()) {
-    return error("CUDA quantized KV: ", n, " blocks to seal in one step, over the ", seal_list_.size() / 3, " planned");
-  }
-  SLIMKV_RETURN_IF_ERROR(seal_list_.upload(host_seal_list_.data(), host_seal_list_.size()));
-  return sealer_.seal(layer, cache.view(layer), seal_list_.data(), n, const_cast<uint8_t*>(view(layer, nullptr).blocks));
-}
-
-QuantizedKvView CudaQuantizedKvPool::view(int layer, const int* block_tables) const {
-  return sealer_.view(pool_.data() + size_t(layer) * shape_.num_blocks * shape_.num_kv_heads * sealer_.layout().block_bytes,
-                      block_tables);
-}
-
 }  // namespace slimkv::cuda

@@ -8,8 +8,6 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
-#include <vector>
 
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/paged_kv_cache.h"
@@ -59,31 +57,6 @@ class QuantizedBlockSealer {
   bool hack_;
   uint64_t seed_;
   int num_kv_heads_;
-};
-
-class CudaQuantizedKvPool {
- public:
-  // `hack` or `quant` blocks for the cache's shape, sealed as QuantizedBlockSealer seals them.
-  static Expected<std::unique_ptr<CudaQuantizedKvPool>> create(const CudaKvShape& shape, const QuantizationConfig& config,
-                                                               bool hack, uint64_t seed);
-
-  // Seals in `layer` every block of the step's sequences that the step filled: call after the cache's
-  // begin_step(sequences, new_tokens) and append(layer, ...).
-  Status seal_filled_blocks(int layer, const CudaPagedKvCache& cache, const std::vector<int>& sequences,
-                            const std::vector<int>& new_tokens);
-
-  // The sealed blocks of `layer`, named by block_tables (the FP16 cache's, whose block indices they share).
-  QuantizedKvView view(int layer, const int* block_tables) const;
-  const QuantizedBlockLayout& layout() const { return sealer_.layout(); }
-
- private:
-  CudaQuantizedKvPool(const CudaKvShape& shape, const QuantizedBlockSealer& sealer) : shape_(shape), sealer_(sealer) {}
-
-  CudaKvShape shape_;
-  QuantizedBlockSealer sealer_;
-  DeviceArray<uint8_t> pool_;        // [num_layers, num_blocks, num_kv_heads, block_bytes]
-  DeviceArray<int> seal_list_;       // [capacity, 3]: (block index, block index, ordinal in its sequence)
-  std::vector<int> host_seal_list_;
 };
 
 }  // namespace slimkv::cuda

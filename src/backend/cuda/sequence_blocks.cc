@@ -1,6 +1,7 @@
 #include "backend/cuda/sequence_blocks.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace slimkv::cuda {
 
@@ -18,9 +19,15 @@ Expected<int> SequenceBlocks::add_sequence() {
 }
 
 void SequenceBlocks::remove_sequence(int sequence) {
-  Sequence& s = sequences_[size_t(sequence)];
-  returned_.insert(s.blocks.begin(), s.blocks.end());
-  s = Sequence{};
+  release_leading(sequence, int(sequences_[size_t(sequence)].blocks.size()));
+  sequences_[size_t(sequence)] = Sequence{};
+}
+
+void SequenceBlocks::release_leading(int sequence, int count) {
+  std::vector<int>& blocks = sequences_[size_t(sequence)].blocks;
+  for (size_t b = 0; b < std::min(blocks.size(), size_t(std::max(count, 0))); ++b) {
+    if (blocks[b] != kReleased) returned_.insert(std::exchange(blocks[b], kReleased));
+  }
 }
 
 int SequenceBlocks::blocks_to_grow(int sequence, int tokens) const {
@@ -41,7 +48,7 @@ Status SequenceBlocks::grow(int sequence, int tokens) {
   }
   for (int i = 0; i < more; ++i) {
     // The block after the sequence's last when free, else the lowest free one.
-    if (!s.blocks.empty() && take(s.blocks.back() + 1)) {
+    if (!s.blocks.empty() && s.blocks.back() != kReleased && take(s.blocks.back() + 1)) {
       s.blocks.push_back(s.blocks.back() + 1);
       continue;
     }

@@ -29,8 +29,9 @@ class SequenceBlocks {
     return sequence >= 0 && sequence < max_sequences() && sequences_[size_t(sequence)].live;
   }
   int num_tokens(int sequence) const { return sequences_[size_t(sequence)].num_tokens; }
-  // The sequence's blocks, in order.
+  // The sequence's blocks, in order (kReleased for those release_leading gave back).
   const std::vector<int>& blocks(int sequence) const { return sequences_[size_t(sequence)].blocks; }
+  static constexpr int kReleased = -1;
   int free_blocks() const { return int(returned_.size()) + (num_blocks_ - next_fresh_); }
 
   // Blocks the sequence needs to hold `tokens` tokens in all (0 when it has them).
@@ -39,6 +40,9 @@ class SequenceBlocks {
   // when free (a sequence's blocks then tend to be consecutive, which the offload tiers move in one
   // copy), else the lowest free one. Errors (changing nothing) when the pool or its table is too small.
   Status grow(int sequence, int tokens);
+  // Returns the sequence's first `count` blocks to the pool while it keeps its tokens: a pool that holds
+  // only a window of each sequence (the FP16 blocks of quantized KV, which are dropped once sealed).
+  void release_leading(int sequence, int count);
 
  private:
   struct Sequence {

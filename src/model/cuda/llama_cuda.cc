@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "backend/cpu/vec_ops.h"
 #include "backend/cuda/layer_kernels.h"
@@ -159,29 +160,35 @@ Status CudaLlamaModel::allocate_runtime(const CudaModelOptions& options) {
   const int blocks_per_sequence = (context_tokens_ + kCudaBlockTokens - 1) / kCudaBlockTokens;
   if (options.tier) return allocate_tier(options, blocks_per_sequence);
 
-  // The block pool: what was asked for, or the full contexts of every sequence within 90% of what is free.
-  size_t block_bytes = size_t(c.num_layers) * 2 * size_t(c.num_kv_heads) * kCudaBlockTokens * size_t(c.head_dim) * 2;
-  if (options.quantized_kv) {
-    const QuantizedBlockLayout layout(options.quantized_kv->config, BlockShape{kCudaBlockTokens, int(c.head_dim), int(c.head_dim)});
-    block_bytes += size_t(c.num_layers) * size_t(c.num_kv_heads) * layout.block_bytes;
+  // The block pool: what was asked for, or the full contexts of every sequence within 90% of what is
+  // free. Quantized KV: the FP16 window (sized by the step, not the context) first, sealed blocks in the rest.
+  CudaKvShape kv_shape{int(c.num_layers), int(c.num_kv_heads), int(c.head_dim), 0, max_sequences_, blocks_per_sequence,
+                       max_step_tokens_};
+  const size_t fp16_block_bytes = size_t(c.num_layers) * 2 * size_t(c.num_kv_heads) * kCudaBlockTokens * size_t(c.head_dim) * 2;
+  size_t block_bytes = fp16_block_bytes, window_bytes = 0;
+  if (const auto& q = options.quantized_kv) {
+    SLIMKV_ASSIGN_OR_RETURN(block_bytes, CudaQuantizedKvCache::sealed_block_bytes(kv_shape, q->config));
+    window_bytes = size_t(CudaQuantizedKvCache::window_blocks(kv_shape)) * fp16_block_bytes;
   }
-  size_t blocks = size_t(options.max_sequences) * size_t(blocks_per_sequence);
-  if (options.kv_cache_bytes > 0) {
-    blocks = options.kv_cache_bytes / block_bytes;
-  } else {
+  size_t budget = options.kv_cache_bytes;
+  if (budget == 0) {
     SLIMKV_ASSIGN_OR_RETURN(size_t free_bytes, device_free_memory());
-    blocks = std::min(blocks, free_bytes / 10 * 9 / block_bytes);
+    budget = free_bytes / 10 * 9;
   }
+  const size_t fitting = budget > window_bytes ? (budget - window_bytes) / block_bytes : 0;
+  const size_t blocks = options.kv_cache_bytes > 0 ? fitting
+                                                   : std::min(size_t(options.max_sequences) * size_t(blocks_per_sequence), fitting);
   if (blocks == 0) {
     return error("CUDA model: no room for a single KV block of ", block_bytes, " bytes (kv_cache_bytes ",
-                 options.kv_cache_bytes, ")");
+                 options.kv_cache_bytes, window_bytes > 0 ? ", after the quantized KV's FP16 window of " : "",
+                 window_bytes > 0 ? std::to_string(window_bytes) + " bytes" : "", ")");
   }
-  const CudaKvShape kv_shape{int(c.num_layers),  int(c.num_kv_heads), int(c.head_dim),   int(std::min<size_t>(blocks, 1u << 30)),
-                             max_sequences_,     blocks_per_sequence,   max_step_tokens_};
-  SLIMKV_ASSIGN_OR_RETURN(cache_, CudaPagedKvCache::create(kv_shape));
+  kv_shape.num_blocks = int(std::min<size_t>(blocks, 1u << 30));
   if (const auto& q = options.quantized_kv) {
-    SLIMKV_ASSIGN_OR_RETURN(quantized_, CudaQuantizedKvPool::create(kv_shape, q->config, q->hack, q->seed));
+    SLIMKV_ASSIGN_OR_RETURN(quantized_, CudaQuantizedKvCache::create(kv_shape, q->config, q->hack, q->seed));
+    return Status::ok();
   }
+  SLIMKV_ASSIGN_OR_RETURN(cache_, CudaPagedKvCache::create(kv_shape));
   return Status::ok();
 }
 
@@ -321,10 +328,21 @@ Expected<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::random(const ModelConf
 
 size_t CudaLlamaModel::kv_cache_bytes() const {
   if (tier_) return tier_->staging_bytes();
+  if (quantized_) return quantized_->bytes();
   const CudaKvShape& s = cache_->shape();
-  const size_t sealed_block_bytes = quantized_ ? quantized_->layout().block_bytes : 0;
-  return size_t(s.num_layers) * size_t(s.num_blocks) * size_t(s.num_kv_heads) *
-         (2 * kCudaBlockTokens * size_t(s.head_dim) * 2 + sealed_block_bytes);
+  return size_t(s.num_layers) * size_t(s.num_blocks) * size_t(s.num_kv_heads) * 2 * kCudaBlockTokens * size_t(s.head_dim) * 2;
+}
+
+Expected<int> CudaLlamaModel::add_sequence() {
+  if (tier_) return tier_->sequences().add_sequence();
+  if (quantized_) return quantized_->add_sequence();
+  return cache_->sequences().add_sequence();
+}
+
+void CudaLlamaModel::remove_sequence(int sequence) {
+  if (tier_) return tier_->sequences().remove_sequence(sequence);
+  if (quantized_) return quantized_->remove_sequence(sequence);
+  cache_->sequences().remove_sequence(sequence);
 }
 
 size_t CudaLlamaModel::recompute_bytes() const {
@@ -368,6 +386,7 @@ Status CudaLlamaModel::check_batch(std::span<const SequenceTokens> batch) const 
     return error("a step of ", total, " tokens, over the model's max_step_tokens ", max_step_tokens_,
                  " (run long prompts in chunks)");
   }
+  if (quantized_) return quantized_->check_step(sequences, counts);
   if (blocks_needed > size_t(held().free_blocks())) {
     return error("the ", tier_ ? "host" : "GPU", " KV cache is full: the step needs ", blocks_needed, " more blocks of ",
                  kCudaBlockTokens, " tokens, ", held().free_blocks(), " are free (of ", held().num_blocks(), ")");
@@ -397,7 +416,6 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, boo
     attention_batch.query_counts.push_back(n);
   }
   const int n = int(tokens.size()), rows = int(logit_rows.size());
-  const bool decode_only = n == int(batch.size());
   std::vector<int32_t> ids = tokens;
   ids.insert(ids.end(), positions.begin(), positions.end());
   ids.insert(ids.end(), logit_rows.begin(), logit_rows.end());
@@ -405,8 +423,6 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, boo
   const int32_t* token_ids = step_ints_.data();
   const int32_t* token_positions = token_ids + n;
   const int32_t* rows_wanted = token_positions + n;
-  const std::vector<int>& sequences = attention_batch.sequence_ids;
-  const std::vector<int>& counts = attention_batch.query_counts;
   SLIMKV_RETURN_IF_ERROR(begin_kv_step(attention_batch));
 
   const float eps = float(c.rms_norm_eps);
@@ -422,7 +438,7 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, boo
     SLIMKV_RETURN_IF_ERROR(gemm_->multiply(h_.data(), n, w.w_qkv, dtype_, qkv_rows, hidden, projected_.data()));
     SLIMKV_RETURN_IF_ERROR(attention_inputs(projected_.data(), n, heads, w.b_qkv, token_positions, inv_freq_,
                                             rotate_heads_, q_.data(), k_.data(), v_.data()));
-    SLIMKV_RETURN_IF_ERROR(attend(l, sequences, counts, decode_only));
+    SLIMKV_RETURN_IF_ERROR(attend(l));
     if (rotate_heads_) SLIMKV_RETURN_IF_ERROR(rotate_heads(attended_.data(), size_t(n) * c.num_heads, int(c.head_dim)));
     if (dtype_ != DType::kF16) {
       SLIMKV_RETURN_IF_ERROR(
@@ -444,7 +460,7 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, boo
 
 Status CudaLlamaModel::begin_kv_step(const PagedAttentionBatch& batch) {
   if (!tier_) {
-    SLIMKV_RETURN_IF_ERROR(cache_->begin_step(batch.sequence_ids, batch.query_counts));
+    SLIMKV_RETURN_IF_ERROR(begin_resident_step(batch.sequence_ids, batch.query_counts));
     return attention_[0]->plan(batch);
   }
   // KVPR's split: the cost model's (Eq. 10 over the step's held tokens, which it treats as one batch),
@@ -479,14 +495,13 @@ Status CudaLlamaModel::begin_kv_step(const PagedAttentionBatch& batch) {
   return Status::ok();
 }
 
-Status CudaLlamaModel::attend(int layer, const std::vector<int>& sequences, const std::vector<int>& counts,
-                              bool decode_only) {
+Status CudaLlamaModel::attend(int layer) {
   const float scale = 1.0f / std::sqrt(float(config_.head_dim));
   if (!tier_) {
-    SLIMKV_RETURN_IF_ERROR(append_kv(layer, sequences, counts));
-    if (quantized_ && decode_only) {
-      const PagedKvView kv = cache_->view(layer);
-      return attention_[0]->run_quantized(kv, quantized_->view(layer, kv.block_tables), q_.data(), scale, attended_.data());
+    SLIMKV_RETURN_IF_ERROR(append_kv(layer));
+    if (quantized_) {
+      return attention_[0]->run_quantized(quantized_->view(layer), quantized_->sealed_view(layer), q_.data(), scale,
+                                          attended_.data());
     }
     return attention_[0]->run(cache_->view(layer), q_.data(), scale, attended_.data());
   }
@@ -531,10 +546,12 @@ Status CudaLlamaModel::recompute_kv(int unit, const LayerOnDevice& w) {
   return tier_->seal_recomputed(unit);
 }
 
-Status CudaLlamaModel::append_kv(int layer, const std::vector<int>& sequences, const std::vector<int>& counts) {
-  SLIMKV_RETURN_IF_ERROR(cache_->append(layer, k_.data(), v_.data()));
-  if (quantized_) SLIMKV_RETURN_IF_ERROR(quantized_->seal_filled_blocks(layer, *cache_, sequences, counts));
-  return Status::ok();
+Status CudaLlamaModel::begin_resident_step(const std::vector<int>& sequences, const std::vector<int>& counts) {
+  return quantized_ ? quantized_->begin_step(sequences, counts) : cache_->begin_step(sequences, counts);
+}
+
+Status CudaLlamaModel::append_kv(int layer) {
+  return quantized_ ? quantized_->append(layer, k_.data(), v_.data()) : cache_->append(layer, k_.data(), v_.data());
 }
 
 Status CudaLlamaModel::append_random_kv(int sequence, int tokens, uint64_t seed) {
@@ -555,14 +572,14 @@ Status CudaLlamaModel::append_random_kv(int sequence, int tokens, uint64_t seed)
     if (tier_) {
       SLIMKV_RETURN_IF_ERROR(tier_->begin_step(sequences, counts, 0, /*stage=*/false));
     } else {
-      SLIMKV_RETURN_IF_ERROR(cache_->begin_step(sequences, counts));
+      SLIMKV_RETURN_IF_ERROR(begin_resident_step(sequences, counts));
     }
     for (int l = 0; l < int(config_.num_layers); ++l) {
       const uint64_t stream = seed + 0x9e3779b97f4a7c15ull * uint64_t(1 + 2 * (size_t(done) * 997 + size_t(l)));
       SLIMKV_RETURN_IF_ERROR(fill_random_fp16(k_.data(), size_t(n) * kv_width, stream, 1.732f));
       SLIMKV_RETURN_IF_ERROR(fill_random_fp16(v_.data(), size_t(n) * kv_width, stream + 1, 1.732f));
       if (!tier_) {
-        SLIMKV_RETURN_IF_ERROR(append_kv(l, sequences, counts));
+        SLIMKV_RETURN_IF_ERROR(append_kv(l));
         continue;
       }
       // The tier keeps X too (kvpr): random rows of the same bytes, which recomputation reads.

@@ -25,7 +25,7 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/host_kv_tier.h"
 #include "backend/cuda/paged_kv_cache.h"
-#include "backend/cuda/quantized_kv_pool.h"
+#include "backend/cuda/quantized_kv_cache.h"
 #include "backend/cuda/sampling.h"
 #include "kv/tier/kvpr_cost_model.h"
 #include "model/llama_weights.h"
@@ -33,11 +33,10 @@
 
 namespace slimkv::cuda {
 
-// KV blocks sealed by the `hack` codec, or the `quant` baseline, in the CPU codec's byte layout
-// (backend/cuda/quantized_kv_pool.h). Decode steps attend through them (HACK's integer attention, or
-// quant's fused dequantization) and the FP16 open block; steps with prefill chunks attend to the FP16
-// copy of every token (exact) until the INT8 prefill kernel lands (issue 10). The FP16 copy of sealed
-// blocks is kept, so the GPU memory of the KV is not yet smaller than dense's.
+// KV blocks sealed by the `hack` codec, or the `quant` baseline, in the CPU codec's byte layout, with
+// FP16 only for what is not sealed yet (backend/cuda/quantized_kv_cache.h). Attention reads the sealed
+// blocks before the step (hack: on integers, decode on CUDA cores, prefill on INT8 tensor cores; quant:
+// dequantized in the kernel) and the step's own tokens and open blocks in FP16 (prefill=exact).
 struct QuantizedKvOptions {
   QuantizationConfig config;
   bool hack = true;  // false: quant
@@ -74,9 +73,9 @@ struct CudaModelOptions {
   int max_sequences = 16;      // sequences held at once
   int max_step_tokens = 512;   // tokens through the model in one step, all sequences together
   int max_context_tokens = 0;  // per sequence; 0: the model's max_position_embeddings
-  // GPU memory for the KV block pool (with a tier: its two staging buffers); 0: room for max_sequences
-  // full contexts (a tier: one layer's of them in each buffer), or what fits in 90% of the memory left
-  // after the weights and activations, whichever is less.
+  // GPU memory for the KV block pool (quantized: the sealed pool and the FP16 window; with a tier: its
+  // two staging buffers); 0: room for max_sequences full contexts (a tier: one layer's of them in each
+  // buffer), or what fits in 90% of the memory left after the weights and activations, whichever is less.
   size_t kv_cache_bytes = 0;
   std::optional<QuantizedKvOptions> quantized_kv;  // none: the `dense` codec (FP16 blocks)
   // rot=hadamard (kv/rotation.h): q, k, v turned by H per head before attention and the cache, the
@@ -120,8 +119,8 @@ class CudaLlamaModel {
   const KvprCostModel& kvpr_cost_model() const { return kvpr_cost_; }
 
   // A new, empty sequence (an id for steps), or an error when max_sequences are held.
-  Expected<int> add_sequence() { return held().add_sequence(); }
-  void remove_sequence(int sequence) { held().remove_sequence(sequence); }  // frees its KV blocks
+  Expected<int> add_sequence();
+  void remove_sequence(int sequence);  // frees its KV blocks
   int num_tokens(int sequence) const { return held().num_tokens(sequence); }
 
   // Runs each sequence's tokens through the model in one pass over the layers. logits: every new
@@ -172,16 +171,19 @@ class CudaLlamaModel {
   Status allocate_runtime(const CudaModelOptions& options);
   // The host tier instead of the GPU's block pool: its pool, staging within kv_cache_bytes, the cost model.
   Status allocate_tier(const CudaModelOptions& options, int blocks_per_sequence);
-  // The sequences and their blocks: the GPU pool's, or the host tier's.
-  SequenceBlocks& held() { return tier_ ? tier_->sequences() : cache_->sequences(); }
-  const SequenceBlocks& held() const { return tier_ ? tier_->sequences() : cache_->sequences(); }
+  // The sequences and their blocks: the GPU pool's (quantized: the sealed blocks'), or the host tier's.
+  const SequenceBlocks& held() const {
+    return tier_ ? tier_->sequences() : quantized_ ? quantized_->sequences() : cache_->sequences();
+  }
   Status check_batch(std::span<const SequenceTokens> batch) const;
   // Starts a step in the KV cache (or tier) and plans its attention.
   Status begin_kv_step(const PagedAttentionBatch& batch);
-  // Writes layer's new K/V (k_, v_, in begin_step's order) into the cache, sealing the blocks they fill.
-  Status append_kv(int layer, const std::vector<int>& sequences, const std::vector<int>& counts);
+  // Starts a step in the GPU's KV cache (dense or quantized).
+  Status begin_resident_step(const std::vector<int>& sequences, const std::vector<int>& counts);
+  // Writes layer's new K/V (k_, v_, in begin_step's order) into the GPU's cache, sealing the blocks they fill.
+  Status append_kv(int layer);
   // Layer's attention of the step's queries q_ into attended_, with the new K/V appended first.
-  Status attend(int layer, const std::vector<int>& sequences, const std::vector<int>& counts, bool decode_only);
+  Status attend(int layer);
   // With a tier: unit's recomputed K/V (KVPR), from its X rows, into its staging buffer.
   Status recompute_kv(int unit, const LayerOnDevice& w);
   // The pass shared by step and step_sample: leaves logits [rows, vocab] on the device.
@@ -202,8 +204,8 @@ class CudaLlamaModel {
   std::vector<LayerOnDevice> layers_;
 
   std::unique_ptr<CublasGemm> gemm_;
-  std::unique_ptr<CudaPagedKvCache> cache_;
-  std::unique_ptr<CudaQuantizedKvPool> quantized_;  // options.quantized_kv: the sealed blocks
+  std::unique_ptr<CudaPagedKvCache> cache_;         // dense
+  std::unique_ptr<CudaQuantizedKvCache> quantized_;  // options.quantized_kv: instead of cache_
   std::unique_ptr<CudaHostKvTier> tier_;            // options.tier: instead of cache_
   std::optional<KvTierOptions> tier_options_;
   KvprCostModel kvpr_cost_;

@@ -1,0 +1,130 @@
+#include "backend/cuda/quantized_kv_cache.h"
+
+#include <utility>
+
+namespace slimkv::cuda {
+
+Expected<size_t> CudaQuantizedKvCache::sealed_block_bytes(const CudaKvShape& shape, const QuantizationConfig& config) {
+  const BlockShape block{kCudaBlockTokens, shape.head_dim, shape.head_dim};
+  SLIMKV_RETURN_IF_ERROR(check_quantized_shape(config, block));
+  return size_t(shape.num_layers) * shape.num_kv_heads * QuantizedBlockLayout(config, block).block_bytes;
+}
+
+Expected<std::unique_ptr<CudaQuantizedKvCache>> CudaQuantizedKvCache::create(const CudaKvShape& shape,
+                                                                             const QuantizationConfig& config, bool hack,
+                                                                             uint64_t seed) {
+  SLIMKV_ASSIGN_OR_RETURN(QuantizedBlockSealer sealer,
+                          QuantizedBlockSealer::create(config, hack, seed, shape.num_kv_heads, shape.head_dim));
+  std::unique_ptr<CudaQuantizedKvCache> cache(new CudaQuantizedKvCache(shape, sealer));
+  CudaKvShape window_shape = shape;
+  window_shape.num_blocks = window_blocks(shape);
+  SLIMKV_ASSIGN_OR_RETURN(cache->window_, CudaPagedKvCache::create(window_shape));
+  SLIMKV_ASSIGN_OR_RETURN(cache->pool_,
+                          DeviceArray<uint8_t>::allocate(size_t(shape.num_layers) * cache->layer_bytes(), "the sealed block pool"));
+  const size_t table_entries = size_t(shape.max_sequences) * shape.max_blocks_per_sequence;
+  SLIMKV_ASSIGN_OR_RETURN(cache->sealed_tables_, DeviceArray<int>::allocate(table_entries, "the sealed block tables"));
+  cache->host_sealed_tables_.assign(table_entries, 0);
+  SLIMKV_RETURN_IF_ERROR(cache->sealed_tables_.upload(cache->host_sealed_tables_.data(), table_entries));
+  // A step fills at most max_step_tokens / block tokens blocks, plus one per sequence it ends in.
+  const size_t capacity = size_t(shape.max_step_tokens) / kCudaBlockTokens + size_t(shape.max_sequences);
+  SLIMKV_ASSIGN_OR_RETURN(cache->seal_list_, DeviceArray<int>::allocate(3 * capacity, "the blocks to seal"));
+  return Expected<std::unique_ptr<CudaQuantizedKvCache>>(std::move(cache));
+}
+
+Expected<int> CudaQuantizedKvCache::add_sequence() {
+  SLIMKV_ASSIGN_OR_RETURN(const int id, sealed_.add_sequence());
+  // Both pools hand out the lowest free id, and sequences come and go in both together.
+  SLIMKV_ASSIGN_OR_RETURN(const int window_id, window_->sequences().add_sequence());
+  if (window_id != id) return error("CUDA quantized KV: sequence ids of the two pools differ (", id, ", ", window_id, ")");
+  return id;
+}
+
+void CudaQuantizedKvCache::remove_sequence(int sequence) {
+  sealed_.remove_sequence(sequence);
+  window_->sequences().remove_sequence(sequence);
+}
+
+int CudaQuantizedKvCache::window_blocks_to_grow(const std::vector<int>& sequences, const std::vector<int>& new_tokens) const {
+  const SequenceBlocks& window = window_->sequences();
+  int needed = 0;
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    needed += window.blocks_to_grow(sequences[i], window.num_tokens(sequences[i]) + new_tokens[i]);
+  }
+  // What begin_step gives back first: every sequence's FP16 blocks before its open block.
+  for (int s = 0; s < window.max_sequences(); ++s) {
+    if (!window.is_live(s)) continue;
+    const std::vector<int>& blocks = window.blocks(s);
+    for (int b = 0; b < window.num_tokens(s) / kCudaBlockTokens; ++b) needed -= blocks[size_t(b)] != SequenceBlocks::kReleased;
+  }
+  return needed;
+}
+
+Status CudaQuantizedKvCache::check_step(const std::vector<int>& sequences, const std::vector<int>& new_tokens) const {
+  if (sequences.size() != new_tokens.size()) {
+    return error("CUDA quantized KV step: ", sequences.size(), " sequences but ", new_tokens.size(), " token counts");
+  }
+  int sealed_needed = 0;
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    if (!sealed_.is_live(sequences[i])) return error("CUDA quantized KV step: sequence ", sequences[i], " does not exist");
+    const int total = sealed_.num_tokens(sequences[i]) + new_tokens[i];
+    if ((total + kCudaBlockTokens - 1) / kCudaBlockTokens > shape_.max_blocks_per_sequence) {
+      return error("CUDA quantized KV step: sequence ", sequences[i], " would hold ", total, " tokens, over the ",
+                   shape_.max_blocks_per_sequence * kCudaBlockTokens, " its block table allows");
+    }
+    sealed_needed += sealed_.blocks_to_grow(sequences[i], total);
+  }
+  if (sealed_needed > sealed_.free_blocks()) {
+    return error("the GPU's sealed KV pool is full: the step needs ", sealed_needed, " more blocks of ", kCudaBlockTokens,
+                 " tokens, ", sealed_.free_blocks(), " are free (of ", sealed_.num_blocks(), ")");
+  }
+  const int window_needed = window_blocks_to_grow(sequences, new_tokens);
+  if (window_needed > window_->sequences().free_blocks()) {
+    return error("the GPU's FP16 window of quantized KV is full: the step needs ", window_needed, " more blocks, ",
+                 window_->sequences().free_blocks(), " are free (of ", window_->sequences().num_blocks(),
+                 "; max_step_tokens and max_sequences size it)");
+  }
+  return Status::ok();
+}
+
+Status CudaQuantizedKvCache::begin_step(const std::vector<int>& sequences, const std::vector<int>& new_tokens) {
+  SLIMKV_RETURN_IF_ERROR(check_step(sequences, new_tokens));
+  SequenceBlocks& window = window_->sequences();
+  for (int s = 0; s < window.max_sequences(); ++s) {
+    if (window.is_live(s)) window.release_leading(s, window.num_tokens(s) / kCudaBlockTokens);
+  }
+  SLIMKV_RETURN_IF_ERROR(window_->begin_step(sequences, new_tokens));
+  std::vector<int> seal_list;
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    const int s = sequences[i], held = sealed_.num_tokens(s), total = held + new_tokens[i];
+    SLIMKV_RETURN_IF_ERROR(sealed_.grow(s, total).with_context("CUDA quantized KV step"));
+    const std::vector<int>& blocks = sealed_.blocks(s);
+    for (size_t b = 0; b < blocks.size(); ++b) host_sealed_tables_[size_t(s) * shape_.max_blocks_per_sequence + b] = blocks[b];
+    for (int ordinal = held / kCudaBlockTokens; ordinal < total / kCudaBlockTokens; ++ordinal) {
+      seal_list.insert(seal_list.end(), {window.blocks(s)[size_t(ordinal)], blocks[size_t(ordinal)], ordinal});
+    }
+  }
+  seal_count_ = int(seal_list.size() / 3);
+  SLIMKV_RETURN_IF_ERROR(sealed_tables_.upload(host_sealed_tables_.data(), host_sealed_tables_.size()));
+  if (seal_count_ == 0) return Status::ok();
+  if (seal_list.size() > seal_list_.size()) {
+    return error("CUDA quantized KV: ", seal_count_, " blocks to seal in one step, over the ", seal_list_.size() / 3, " planned");
+  }
+  return seal_list_.upload(seal_list.data(), seal_list.size());
+}
+
+Status CudaQuantizedKvCache::append(int layer, const uint16_t* k, const uint16_t* v) {
+  SLIMKV_RETURN_IF_ERROR(window_->append(layer, k, v));
+  if (seal_count_ == 0) return Status::ok();
+  return sealer_.seal(layer, window_->view(layer), seal_list_.data(), seal_count_, pool_.data() + size_t(layer) * layer_bytes());
+}
+
+QuantizedKvView CudaQuantizedKvCache::sealed_view(int layer) const {
+  return sealer_.view(pool_.data() + size_t(layer) * layer_bytes(), sealed_tables_.data());
+}
+
+size_t CudaQuantizedKvCache::bytes() const {
+  const CudaKvShape& w = window_->shape();
+  return pool_.bytes() + size_t(w.num_layers) * w.num_blocks * w.num_kv_heads * 2 * kCudaBlockTokens * w.head_dim * 2;
+}
+
+}  // namespace slimkv::cuda

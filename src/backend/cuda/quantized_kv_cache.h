@@ -1,0 +1,81 @@
+// The KV store on the GPU with the `hack` codec or the `quant` baseline (HACK §5.2–5.3): every full
+// block of kCudaBlockTokens tokens is sealed into a pool of quantized blocks (the CPU codec's byte
+// layout, backend/cuda/quantized_kv_pool.h), and FP16 is kept only for what is not sealed yet: each
+// sequence's open block (HACK's requantization elimination) and, during a step, the blocks the step
+// fills. So the KV's GPU memory is the sealed bytes (≈ 0.14 of FP16's at 2 bits) plus a small FP16
+// pool whose size depends on the step, not the context:
+//
+//   sealed pool (layer l): [sealed blocks, num_kv_heads, block_bytes]; sequence s's block j at
+//       sealed_tables[s][j] (one is reserved for the open block, so that sealing it needs no block)
+//   FP16 window pool (a CudaPagedKvCache): blocks j >= floor(tokens held before the step / 64) of each
+//       sequence; older ones are given back at the next step (they are sealed by then)
+//
+// A step: begin_step(sequences, new_tokens) gives back the FP16 blocks that are sealed, makes room in
+// both pools and plans which blocks the step fills; append(layer, k, v) writes the new K/V into the
+// FP16 window and seals the blocks they fill. Attention then reads sealed blocks for what lies before
+// the step (decode: before the open block) and the FP16 window for the rest (prefill=exact: a prefill
+// step's queries read their own tokens as computed, attention/cuda/paged_attention.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/cuda/device_memory.h"
+#include "backend/cuda/paged_kv_cache.h"
+#include "backend/cuda/quantized_kv_pool.h"
+
+namespace slimkv::cuda {
+
+class CudaQuantizedKvCache {
+ public:
+  // shape.num_blocks sealed blocks; the FP16 window pool takes window_blocks(shape) blocks.
+  static Expected<std::unique_ptr<CudaQuantizedKvCache>> create(const CudaKvShape& shape, const QuantizationConfig& config,
+                                                                bool hack, uint64_t seed);
+  // FP16 blocks that hold every window: a step of n_i new tokens of sequence i spans at most
+  // floor(n_i / 64) + 2 blocks from the block it starts in, and every other sequence keeps one.
+  static int window_blocks(const CudaKvShape& shape) {
+    return shape.max_step_tokens / kCudaBlockTokens + 2 * shape.max_sequences;
+  }
+  // GPU bytes of one sealed block of every layer and KV head, for sizing the pool.
+  static Expected<size_t> sealed_block_bytes(const CudaKvShape& shape, const QuantizationConfig& config);
+
+  const CudaKvShape& shape() const { return shape_; }
+  // The sequences (ids, tokens) and their sealed blocks.
+  const SequenceBlocks& sequences() const { return sealed_; }
+  Expected<int> add_sequence();
+  void remove_sequence(int sequence);
+
+  // An error naming the pool that cannot hold new_tokens[i] more tokens of sequences[i] (begin_step's
+  // check, changing nothing).
+  Status check_step(const std::vector<int>& sequences, const std::vector<int>& new_tokens) const;
+  Status begin_step(const std::vector<int>& sequences, const std::vector<int>& new_tokens);
+  // Writes the step's new K/V of `layer` (FP16 [step tokens, num_kv_heads, head_dim], begin_step's
+  // order) and seals the blocks they fill.
+  Status append(int layer, const uint16_t* k, const uint16_t* v);
+
+  PagedKvView view(int layer) const { return window_->view(layer); }
+  QuantizedKvView sealed_view(int layer) const;
+  const QuantizedBlockLayout& layout() const { return sealer_.layout(); }
+  size_t bytes() const;  // GPU memory of both pools
+
+ private:
+  CudaQuantizedKvCache(const CudaKvShape& shape, const QuantizedBlockSealer& sealer)
+      : shape_(shape), sealer_(sealer), sealed_(shape.num_blocks, shape.max_sequences, shape.max_blocks_per_sequence) {}
+  size_t layer_bytes() const { return size_t(shape_.num_blocks) * shape_.num_kv_heads * sealer_.layout().block_bytes; }
+  // FP16 blocks the window pool would need for the step beyond what it holds, after giving back the sealed ones.
+  int window_blocks_to_grow(const std::vector<int>& sequences, const std::vector<int>& new_tokens) const;
+
+  CudaKvShape shape_;
+  QuantizedBlockSealer sealer_;
+  SequenceBlocks sealed_;
+  std::unique_ptr<CudaPagedKvCache> window_;  // the FP16 blocks not sealed yet (same sequence ids)
+  DeviceArray<uint8_t> pool_;                 // [num_layers, num_blocks, num_kv_heads, block_bytes]
+  DeviceArray<int> sealed_tables_;            // [max_sequences, max_blocks_per_sequence]
+  std::vector<int> host_sealed_tables_;
+  // The step's blocks to seal: (FP16 block, sealed block, ordinal in its sequence); the same in every layer.
+  DeviceArray<int> seal_list_;
+  int seal_count_ = 0;
+};
+
+}  // namespace slimkv::cuda
