@@ -10,10 +10,11 @@
 //
 //   bench_hack_prefill_cuda --batches 1,8 --contexts 4096,8192,16384,32768 --queries 512,4096 --bits 2
 //
-// Measured on H100 (one run; bench_hack_prefill_cuda --batches 1,8 --contexts 4096,32768 --queries 512
-// --repetitions 3): speedup 0.60–0.67x, time ratio 0.64–0.68x (batch 8, 512 queries at 32K: FP16
-// 7.16 ms, 310 TFLOP/s; HACK 10.6 ms, 207 TFLOP/s; before the packed-operand kernel 12.2 ms, 180);
-// --bits 4: 0.65x, --bits 8: 0.63x there. See hack_prefill_attention.cuh for what bounds the kernel.
+// Measured on H100, the INT8 kernel alone (one run, this bench before its hack and quant columns:
+// --batches 1,8 --contexts 4096,32768 --queries 512 --repetitions 3): rate 0.60–0.67x (batch 8, 512
+// queries at 32K: FP16 7.16 ms, 310 TFLOP/s; INT8 10.6 ms, 207 TFLOP/s; the kernel before operands
+// straight from the packed blocks 12.2 ms, 180); --bits 4: 0.65x, --bits 8: 0.63x there. The whole
+// hack step was not re-measured with it. See hack_prefill_attention.cuh for what bounds the kernel.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>

@@ -2,8 +2,8 @@
 // queries per sequence), the attention of every query over the sequence's sealed `hack` blocks that lie
 // wholly before the step's first new token. Every query of the step sees every token of those blocks,
 // so no causal mask is needed; the rest of the step (the open block and the step's own tokens) is
-// exact FP16 attention, whose partials merge with these (split_k.cuh's format) — wiring that into
-// CudaPagedAttention is a follow-up.
+// exact FP16 attention, whose partials merge with these (split_k.cuh's format;
+// CudaPagedAttention::run_quantized does both).
 //
 // Per CTA: 128 query rows (positions × the GQA group sharing one KV head, as prefill_attention.cuh),
 // 8 warps of one m16 row tile (128 registers: 16 warps per multiprocessor). Q is quantized once per
