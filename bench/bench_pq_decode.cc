@@ -5,7 +5,8 @@
 //   --tt2t:    time to second token (prefill + first decode) with k-means overlapped or not;
 //   --fit:     the cost model of iters=auto (PQCache Eq. 1-3): k-means time vs s·T, one layer's
 //              prefill time vs s, least-squares coefficients to paste into kv/select/pq_selector.cc.
-//   bench_pq_decode --model DIR [--scaling] [--cache [--cache-topk 0.2]] [--tt2t] [--fit]
+//   bench_pq_decode --model DIR [--scaling [--specs "dense;pq:topk=0.2"] [--contexts 16384,65536]
+//                   [--steps 31]] [--cache [--cache-topk 0.2]] [--tt2t] [--fit]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -90,19 +91,17 @@ double decode_step_ms(const std::string& spec, int context, int steps) {
   return ms[ms.size() / 2];
 }
 
-void scaling() {
-  const std::vector<std::string> specs = {"dense", "pq:topk=0.2,iters=8", "pq:topk=0.2,iters=8,rerank=1",
-                                         "pq:topk=1024,iters=8", "pq:topk=1024,iters=8,segment=1024"};
-  std::printf("decode step, one layer (4 q / 2 KV heads, d=128), ms; ratio to dense\n%-8s", "context");
+void scaling(const std::vector<std::string>& specs, const std::vector<int>& contexts, int steps) {
+  std::printf("decode step, one layer (4 q / 2 KV heads, d=128), ms; ratio to the first spec\n%-8s", "context");
   for (const std::string& spec : specs) std::printf(" %34s", spec.c_str());
   std::printf("\n");
-  for (int context = 2048; context <= 65536; context *= 2) {
+  for (int context : contexts) {
     std::printf("%-8d", context);
-    double dense = 0;
+    double first = 0;
     for (const std::string& spec : specs) {
-      const double ms = decode_step_ms(spec, context, 31);
-      if (spec == "dense") dense = ms;
-      std::printf(" %25.3f (%5.2fx)", ms, ms / dense);
+      const double ms = decode_step_ms(spec, context, steps);
+      if (first == 0) first = ms;
+      std::printf(" %25.3f (%5.2fx)", ms, ms / first);
     }
     std::printf("\n");
     std::fflush(stdout);
@@ -256,15 +255,25 @@ int main(int argc, char** argv) {
   std::string model_dir;
   bool run_scaling = false, run_cache = false, run_tt2t = false, run_fit = false;
   double cache_topk = 0.2;
+  std::vector<std::string> specs = {"dense", "pq:topk=0.2,iters=8", "pq:topk=0.2,iters=8,rerank=1",
+                                    "pq:topk=1024,iters=8", "pq:topk=1024,iters=8,segment=1024"};
+  std::vector<int> contexts = {2048, 4096, 8192, 16384, 32768, 65536};
+  int steps = 31;
   app.add_option("--model", model_dir, "model directory")->required();
   app.add_flag("--scaling", run_scaling, "decode time per step, 2K -> 64K tokens");
+  app.add_option("--specs", specs, "the KV specs of --scaling (the first is the ratios' base)")
+      ->delimiter(';')
+      ->capture_default_str();
+  app.add_option("--contexts", contexts, "the context lengths of --scaling")->delimiter(',')->capture_default_str();
+  app.add_option("--steps", steps, "decode steps timed per spec and context (the median is shown)")
+      ->capture_default_str();
   app.add_flag("--cache", run_cache, "block cache hit rate by size");
   app.add_option("--cache-topk", cache_topk, "the pq topk of --cache")->capture_default_str();
   app.add_flag("--tt2t", run_tt2t, "time to second token with and without overlap");
   app.add_flag("--fit", run_fit, "fit the iters=auto cost model");
   CLI11_PARSE(app, argc, argv);
   if (run_fit) fit(model_dir);
-  if (run_scaling) scaling();
+  if (run_scaling) scaling(specs, contexts, steps);
   if (run_cache) cache(model_dir, cache_topk);
   if (run_tt2t) tt2t(model_dir);
   return 0;

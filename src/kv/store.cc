@@ -157,22 +157,24 @@ KvStore::ExactChunk KvStore::exact_chunk(int layer, int head) const {
 
 namespace {
 
-// A selector's reads of sealed keys, decoded from the blocks as the store holds them (from the slow tier
-// when offloaded, as a KV transfer reads them: not counted as tier traffic).
+// A selector's exact scores of sealed tokens, by their keys decoded from the blocks as the store holds
+// them (from the slow tier when offloaded, as a KV transfer reads them: not counted as tier traffic).
 class StoreSealedKeys final : public SealedKeys {
  public:
   explicit StoreSealedKeys(const KvStore& store) : store_(store) {}
-  void read(int layer, int head, const int* tokens, int n, float* k) const override {
+  void score(int layer, int head, const float* q, const int* tokens, int n, float* scores) const override {
     const BlockShape& shape = store_.block_shape(layer, head);
     const int block_tokens = store_.block_tokens();
     thread_local std::vector<int> rows;
+    thread_local std::vector<float> k;  // one block's chosen keys [rows, k_dim]: stays in cache
+    k.resize(size_t(block_tokens) * size_t(shape.k_dim));
     for (int i = 0; i < n;) {  // the tokens of one block at a time
       const int block = tokens[i] / block_tokens;
       rows.clear();
       for (; i < n && tokens[i] / block_tokens == block; ++i) rows.push_back(tokens[i] - block * block_tokens);
-      store_.codec().decode_tokens(shape, store_.sealed_block(layer, head, block), rows.data(), int(rows.size()), k,
-                                   nullptr);
-      k += rows.size() * size_t(shape.k_dim);
+      store_.codec().decode_tokens(shape, store_.sealed_block(layer, head, block), rows.data(), int(rows.size()),
+                                   k.data(), nullptr);
+      for (size_t r = 0; r < rows.size(); ++r) *scores++ = dot(q, k.data() + r * size_t(shape.k_dim), size_t(shape.k_dim));
     }
   }
 

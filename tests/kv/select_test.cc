@@ -12,6 +12,7 @@
 
 #include "attention/attention.h"
 #include "attention/reference.h"
+#include "backend/cpu/vec_ops.h"
 #include "kv/select/kmeans.h"
 #include "kv/select/pq_selector.h"
 #include "model/llama.h"
@@ -257,16 +258,17 @@ const Recorder& recorded_bundled_model(KvShape& shape) {
   return recorder;
 }
 
-// The recorded keys of sealed tokens, as a store would read them back for pq's re-rank.
+// The recorded keys of sealed tokens, scoring them as a store would for pq's re-rank.
 struct RecordedKeys : SealedKeys {
   const Recorder& recorder;
   int num_kv_heads, k_dim;
   RecordedKeys(const Recorder& recorder, const KvShape& shape)
       : recorder(recorder), num_kv_heads(shape.num_kv_heads), k_dim(shape.k_dim) {}
-  void read(int layer, int head, const int* tokens, int n, float* k) const override {
+  void score(int layer, int head, const float* q, const int* tokens, int n, float* scores) const override {
     for (int i = 0; i < n; ++i) {
-      const size_t row = (size_t(tokens[i]) * size_t(num_kv_heads) + size_t(head)) * size_t(k_dim);
-      std::copy_n(recorder.keys[size_t(layer)].data() + row, k_dim, k + size_t(i) * size_t(k_dim));
+      const float* k = recorder.keys[size_t(layer)].data() +
+                       (size_t(tokens[i]) * size_t(num_kv_heads) + size_t(head)) * size_t(k_dim);
+      scores[i] = dot(q, k, size_t(k_dim));
     }
   }
 };
