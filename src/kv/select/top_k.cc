@@ -1,6 +1,7 @@
 #include "kv/select/top_k.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <numeric>
 #include <utility>
 #include <vector>
@@ -30,24 +31,44 @@ void top_k_indices(const float* scores, int n, int k, int* out) {
     std::iota(out, out + n, 0);
     return;
   }
-  float low = scores[0], high = scores[0];
-  for (int i = 1; i < n; ++i) {
-    low = std::min(low, scores[i]);
-    high = std::max(high, scores[i]);
+  float low[4] = {scores[0], scores[0], scores[0], scores[0]}, high[4] = {low[0], low[0], low[0], low[0]};
+  int i = 0;
+  for (; i + 4 <= n; i += 4) {  // four independent chains: a min/max chain is latency-bound
+    for (int j = 0; j < 4; ++j) {
+      low[j] = std::min(low[j], scores[i + j]);
+      high[j] = std::max(high[j], scores[i + j]);
+    }
   }
+  for (; i < n; ++i) low[0] = std::min(low[0], scores[i]), high[0] = std::max(high[0], scores[i]);
+  const float lowest = std::min(std::min(low[0], low[1]), std::min(low[2], low[3]));
+  const float range = std::max(std::max(high[0], high[1]), std::max(high[2], high[3])) - lowest;
   // Equal scores (or a range too wide for a float scale) put everything in bin 0: still exact, by comparison.
-  const float range = high - low;
-  const Binning bin{low, range > 0.0f && range < 1e30f ? float(kBins) / range : 0.0f};
-  thread_local std::vector<int> count;
+  const Binning bin{lowest, range > 0.0f && range < 1e30f ? float(kBins) / range : 0.0f};
+  thread_local std::vector<uint16_t> bins;  // [n]: each score's bin, computed once
+  thread_local std::vector<int> count, chosen;
+  bins.resize(size_t(n));
   count.assign(kBins, 0);
-  for (int i = 0; i < n; ++i) ++count[size_t(bin(scores[i]))];
+  uint16_t* bin_of = bins.data();
+  int* counts = count.data();
+  for (i = 0; i < n; ++i) {
+    bin_of[i] = uint16_t(bin(scores[i]));
+    ++counts[bin_of[i]];
+  }
   int boundary = kBins - 1, above = 0;  // the bin of the k-th highest, and how many rank above that bin
-  for (; above + count[size_t(boundary)] < k; --boundary) above += count[size_t(boundary)];
+  for (; above + counts[boundary] < k; --boundary) above += counts[boundary];
+  // Every index from the boundary bin up, ascending (a branch-free pass: most land in the lower bins).
+  chosen.resize(size_t(n));
+  int* candidate = chosen.data();
+  int candidates = 0;
+  for (i = 0; i < n; ++i) {
+    candidate[candidates] = i;
+    candidates += bin_of[i] >= boundary;
+  }
   // Rank the boundary bin's scores: the (k - above)-th of them is the last one kept.
   thread_local std::vector<std::pair<float, int>> tied;
   tied.clear();
-  for (int i = 0; i < n; ++i) {
-    if (bin(scores[i]) == boundary) tied.emplace_back(scores[i], i);
+  for (int c = 0; c < candidates; ++c) {
+    if (bin_of[candidate[c]] == boundary) tied.emplace_back(scores[candidate[c]], candidate[c]);
   }
   const auto ranks_higher = [](const std::pair<float, int>& a, const std::pair<float, int>& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
@@ -56,9 +77,9 @@ void top_k_indices(const float* scores, int n, int k, int* out) {
   std::nth_element(tied.begin(), last, tied.end(), ranks_higher);
   const std::pair<float, int> last_kept = *last;
   int written = 0;
-  for (int i = 0; i < n; ++i) {
-    const int b = bin(scores[i]);
-    if (b > boundary || (b == boundary && !ranks_higher(last_kept, {scores[i], i}))) out[written++] = i;
+  for (int c = 0; c < candidates; ++c) {
+    const int index = candidate[c];
+    if (bin_of[index] > boundary || !ranks_higher(last_kept, {scores[index], index})) out[written++] = index;
   }
 }
 
