@@ -175,7 +175,7 @@ TEST(Selection, PqReRankingEveryTokenIsTheOracle) {
 }
 
 // What a selector keeps beside the blocks is counted in the store's memory: oracle an FP32 copy of the
-// sealed keys; pq its index (a codebook of 2^b centroids per segment begun, m code bytes per token) and
+// sealed keys; pq its index (an FP16 codebook of 2^b centroids per segment begun, m code bytes per token) and
 // the FP32 keys of the segment still filling (here 64 of 192 tokens), per KV head.
 TEST(Selection, SelectorMemoryIsCounted) {
   SelectionCase c;
@@ -184,7 +184,7 @@ TEST(Selection, SelectorMemoryIsCounted) {
            {"dense", 0},
            {"oracle:topk=0.2+dense", keys},
            {"pq:m=2,b=6,segment=192,topk=0.2+dense",
-            SelectionCase::kKvHeads * (2 * 64 * SelectionCase::kDim * sizeof(float) + sealed * 2 +
+            SelectionCase::kKvHeads * (2 * 64 * SelectionCase::kDim * sizeof(uint16_t) + sealed * 2 +
                                        64 * SelectionCase::kDim * sizeof(float))}}) {
     auto pipeline = make_kv_pipeline(spec);
     ASSERT_TRUE(pipeline) << pipeline.status().message();
