@@ -162,19 +162,22 @@ namespace {
 class StoreSealedKeys final : public SealedKeys {
  public:
   explicit StoreSealedKeys(const KvStore& store) : store_(store) {}
-  void score(int layer, int head, const float* q, const int* tokens, int n, float* scores) const override {
+  void score(int layer, int head, const float* q, int rows, const int* tokens, int n, float* scores) const override {
     const BlockShape& shape = store_.block_shape(layer, head);
     const int block_tokens = store_.block_tokens();
-    thread_local std::vector<int> rows;
-    thread_local std::vector<float> k;  // one block's chosen keys [rows, k_dim]: stays in cache
-    k.resize(size_t(block_tokens) * size_t(shape.k_dim));
+    const size_t k_dim = size_t(shape.k_dim);
+    thread_local std::vector<int> block_rows;
+    thread_local std::vector<float> k;  // one block's chosen keys [block_rows, k_dim]: stays in cache
+    k.resize(size_t(block_tokens) * k_dim);
     for (int i = 0; i < n;) {  // the tokens of one block at a time
       const int block = tokens[i] / block_tokens;
-      rows.clear();
-      for (; i < n && tokens[i] / block_tokens == block; ++i) rows.push_back(tokens[i] - block * block_tokens);
-      store_.codec().decode_tokens(shape, store_.sealed_block(layer, head, block), rows.data(), int(rows.size()),
-                                   k.data(), nullptr);
-      for (size_t r = 0; r < rows.size(); ++r) *scores++ = dot(q, k.data() + r * size_t(shape.k_dim), size_t(shape.k_dim));
+      block_rows.clear();
+      for (; i < n && tokens[i] / block_tokens == block; ++i) block_rows.push_back(tokens[i] - block * block_tokens);
+      store_.codec().decode_tokens(shape, store_.sealed_block(layer, head, block), block_rows.data(),
+                                   int(block_rows.size()), k.data(), nullptr);
+      for (size_t t = 0; t < block_rows.size(); ++t) {
+        for (int r = 0; r < rows; ++r) *scores++ = dot(q + size_t(r) * k_dim, k.data() + t * k_dim, k_dim);
+      }
     }
   }
 

@@ -73,8 +73,9 @@ class Codec {
   virtual void decode(const BlockShape& shape, const uint8_t* block, float* k, float* v) const = 0;
 
   // Decodes only some tokens (ascending indices into the block): k [n, k_dim], v [n, v_dim] (v null:
-  // the keys only, what pq's re-rank reads). What attention over a token selection reads (kv/select).
-  // By default the whole block, then the rows.
+  // the keys only, what pq's re-rank reads; k null: the values only, what attention reads of tokens pq
+  // has scored). What attention over a token selection reads (kv/select). By default the whole block,
+  // then the rows.
   virtual void decode_tokens(const BlockShape& shape, const uint8_t* block, const int* tokens, int n, float* k,
                              float* v) const;
 };

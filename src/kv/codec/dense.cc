@@ -47,12 +47,13 @@ void DenseCodec::decode_tokens(const BlockShape& shape, const uint8_t* block, co
   // Scattered rows: ask for all of them first, so their cache misses overlap instead of queuing.
   const size_t k_row_bytes = size_t(shape.k_dim) * element, v_row_bytes = size_t(shape.v_dim) * element;
   for (int i = 0; i < n; ++i) {
-    for (size_t b = 0; b < k_row_bytes; b += 64) __builtin_prefetch(block + size_t(tokens[i]) * k_row_bytes + b);
+    for (size_t b = 0; k && b < k_row_bytes; b += 64) __builtin_prefetch(block + size_t(tokens[i]) * k_row_bytes + b);
     for (size_t b = 0; v && b < v_row_bytes; b += 64) __builtin_prefetch(v_block + size_t(tokens[i]) * v_row_bytes + b);
   }
   for (int i = 0; i < n; ++i) {
-    widen_to_f32(block + size_t(tokens[i]) * size_t(shape.k_dim) * element, dtype_, k + size_t(i) * shape.k_dim,
-                 size_t(shape.k_dim));
+    if (k) {
+      widen_to_f32(block + size_t(tokens[i]) * k_row_bytes, dtype_, k + size_t(i) * shape.k_dim, size_t(shape.k_dim));
+    }
     if (v) {
       widen_to_f32(v_block + size_t(tokens[i]) * size_t(shape.v_dim) * element, dtype_, v + size_t(i) * shape.v_dim,
                    size_t(shape.v_dim));

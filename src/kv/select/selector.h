@@ -35,6 +35,11 @@ struct HeadSelection {
   // The candidates the selector ranked: the selected tokens in [ranked_first, ranked_last) are its
   // top-k, those outside are forced (initial tokens, local window). What recall is measured on.
   int ranked_first = 0, ranked_last = 0;
+  // After an exact re-rank (pq): q_h·k of each selected token in [ranked_first, ranked_last), in order,
+  // for each query head h of the group (unscaled, in the store's basis), [those tokens, group]; empty
+  // otherwise. Attention weighs these tokens' values by them instead of reading their keys again: the
+  // re-rank has just read them (PQCache's top-k are scored twice otherwise).
+  std::vector<float> scores = {};
 };
 
 // Exact scores of sealed tokens by their keys as the store holds them (decoded from their blocks, in the
@@ -42,9 +47,10 @@ struct HeadSelection {
 class SealedKeys {
  public:
   virtual ~SealedKeys() = default;
-  // scores[i] = q·k of tokens[i] (ascending, all sealed) of (layer, head); q [k_dim]. The keys are read a
-  // block at a time into scratch that stays in cache: the scores are all a re-rank needs of them.
-  virtual void score(int layer, int head, const float* q, const int* tokens, int n, float* scores) const = 0;
+  // scores[i, r] = q_r·k of tokens[i] (ascending, all sealed) of (layer, head) for `rows` queries
+  // q [rows, k_dim]; scores [n, rows]. The keys are read a block at a time into scratch that stays in
+  // cache: scores are all a re-rank needs of them.
+  virtual void score(int layer, int head, const float* q, int rows, const int* tokens, int n, float* scores) const = 0;
 };
 
 class Selector {

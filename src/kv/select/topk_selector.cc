@@ -42,16 +42,18 @@ void TopkSelector::select(int layer, const float* q, int num_heads, int num_toke
   const int candidates = std::min(middle, int(std::ceil(double(k) * rerank_)));
   const int group = num_heads / num_kv_heads_;
   pool.run(num_kv_heads_, [&](int64_t g, int) {
-    thread_local std::vector<float> summed_q, scores, exact_scores;
+    // queries [1 + group, k_dim]: the group's summed query, then its heads' own (for the re-rank's scores).
+    thread_local std::vector<float> queries, scores, exact_scores, summed_exact;
     thread_local std::vector<int> candidate_tokens, kept;
+    const float* group_q = q + size_t(g) * size_t(group) * size_t(k_dim_);
+    queries.assign(size_t(k_dim_), 0.0f);
+    queries.insert(queries.end(), group_q, group_q + size_t(group) * size_t(k_dim_));
     // One query per group: Σ_h q_h·k = (Σ_h q_h)·k (GQA heads share a selection; see selector.h).
-    summed_q.assign(size_t(k_dim_), 0.0f);
     for (int h = 0; h < group; ++h) {
-      const float* qh = q + (size_t(g) * group + size_t(h)) * size_t(k_dim_);
-      for (int c = 0; c < k_dim_; ++c) summed_q[size_t(c)] += qh[c];
+      for (int c = 0; c < k_dim_; ++c) queries[size_t(c)] += group_q[size_t(h) * size_t(k_dim_) + size_t(c)];
     }
     scores.resize(size_t(middle));
-    score(layer, int(g), summed_q.data(), init_end, middle_end, scores.data());
+    score(layer, int(g), queries.data(), init_end, middle_end, scores.data());
     // The candidates, highest scores first and ties to the earlier token (the same selection on every
     // run), as ascending tokens: the order the keys are read in, block by block, and attention's.
     candidate_tokens.resize(size_t(candidates));
@@ -64,12 +66,21 @@ void TopkSelector::select(int layer, const float* q, int num_heads, int num_toke
     out.tokens.clear();
     out.tokens.reserve(size_t(init_end + k + num_tokens - middle_end));
     for (int t = 0; t < init_end; ++t) out.tokens.push_back(t);
+    out.scores.clear();
     if (candidates > k) {  // re-rank the candidates by their exact scores (ties again to the earlier token)
-      exact_scores.resize(size_t(candidates));
-      sealed_keys.score(layer, int(g), summed_q.data(), candidate_tokens.data(), candidates, exact_scores.data());
+      const int rows = 1 + group;
+      exact_scores.resize(size_t(candidates) * size_t(rows));  // [candidates, summed query + group heads]
+      sealed_keys.score(layer, int(g), queries.data(), rows, candidate_tokens.data(), candidates, exact_scores.data());
+      summed_exact.resize(size_t(candidates));
+      for (int i = 0; i < candidates; ++i) summed_exact[size_t(i)] = exact_scores[size_t(i) * size_t(rows)];
       kept.resize(size_t(k));
-      top_k_indices(exact_scores.data(), candidates, k, kept.data());
-      for (int i : kept) out.tokens.push_back(candidate_tokens[size_t(i)]);
+      top_k_indices(summed_exact.data(), candidates, k, kept.data());
+      out.scores.reserve(size_t(k) * size_t(group));
+      for (int i : kept) {  // the kept tokens, and their heads' scores for attention (selector.h)
+        out.tokens.push_back(candidate_tokens[size_t(i)]);
+        const float* head_scores = exact_scores.data() + size_t(i) * size_t(rows) + 1;
+        out.scores.insert(out.scores.end(), head_scores, head_scores + group);
+      }
     } else {
       out.tokens.insert(out.tokens.end(), candidate_tokens.begin(), candidate_tokens.end());
     }
