@@ -45,7 +45,6 @@ void attend_selected_sealed(const KvStore& store, int layer, int g, const HeadSe
   const int rows_per_token = tile.n_queries;
   assert(selection.scores.empty() || selection.scores.size() % size_t(rows_per_token) == 0);
   thread_local std::vector<float> gathered_k, gathered_v, scored_v, gathered_scores;
-  thread_local std::vector<int> rows, scored_rows;
   gathered_k.resize(size_t(block_tokens) * size_t(shape.k_dim));
   gathered_v.resize(size_t(block_tokens) * size_t(shape.v_dim));
   scored_v.resize(size_t(block_tokens) * size_t(shape.v_dim));
@@ -60,17 +59,36 @@ void attend_selected_sealed(const KvStore& store, int layer, int g, const HeadSe
     attend_scored_f32(gathered_scores.data(), scale, rows_per_token, scored_v.data(), scored, shape.v_dim, partials, 0);
     scored = 0;
   };
-  const float* next_scores = selection.scores.data();  // the scores of the next scored token
-  for (size_t i = 0; i < tokens.size() && tokens[i] < sealed_tokens;) {
-    const int b = tokens[i] / block_tokens;
-    rows.clear();
-    scored_rows.clear();
-    for (; i < tokens.size() && tokens[i] < (b + 1) * block_tokens; ++i) {
+  // One block's selected rows, apart by whether their scores are given; the next block's are asked for
+  // while this one's are read (its rows are scattered: Codec::prefetch_tokens).
+  struct BlockRows {
+    int block = -1;  // -1: past the sealed blocks
+    size_t end = 0;  // the index in `tokens` after the block's last
+    std::vector<int> rows, scored_rows;
+  };
+  thread_local BlockRows current, next;
+  const auto rows_of_block = [&](size_t first, BlockRows& out) {
+    out.rows.clear();
+    out.scored_rows.clear();
+    out.block = first < tokens.size() && tokens[first] < sealed_tokens ? tokens[first] / block_tokens : -1;
+    size_t i = first;
+    for (; out.block >= 0 && i < tokens.size() && tokens[i] < (out.block + 1) * block_tokens; ++i) {
       const bool given = !selection.scores.empty() && tokens[i] >= selection.ranked_first &&
                          tokens[i] < selection.ranked_last;
-      (given ? scored_rows : rows).push_back(tokens[i] - b * block_tokens);
+      (given ? out.scored_rows : out.rows).push_back(tokens[i] - out.block * block_tokens);
     }
-    const uint8_t* block = store.sealed_block(layer, g, b);
+    out.end = i;
+    if (out.block < 0) return;
+    const uint8_t* block = store.sealed_block(layer, g, out.block);
+    store.codec().prefetch_tokens(shape, block, out.rows.data(), int(out.rows.size()), true, true);
+    store.codec().prefetch_tokens(shape, block, out.scored_rows.data(), int(out.scored_rows.size()), false, true);
+  };
+  const float* next_scores = selection.scores.data();  // the scores of the next scored token
+  for (rows_of_block(0, current); current.block >= 0; std::swap(current, next)) {
+    rows_of_block(current.end, next);
+    const std::vector<int>& rows = current.rows;
+    const std::vector<int>& scored_rows = current.scored_rows;
+    const uint8_t* block = store.sealed_block(layer, g, current.block);
     if (int(rows.size()) == block_tokens) {
       std::fill(visible, visible + tile.n_queries, block_tokens);
       store.codec().attend(shape, block, tile, partials, 0);

@@ -166,18 +166,32 @@ class StoreSealedKeys final : public SealedKeys {
     const BlockShape& shape = store_.block_shape(layer, head);
     const int block_tokens = store_.block_tokens();
     const size_t k_dim = size_t(shape.k_dim);
-    thread_local std::vector<int> block_rows;
+    thread_local std::vector<int> block_rows, next_rows;
     thread_local std::vector<float> k;  // one block's chosen keys [block_rows, k_dim]: stays in cache
     k.resize(size_t(block_tokens) * k_dim);
-    for (int i = 0; i < n;) {  // the tokens of one block at a time
-      const int block = tokens[i] / block_tokens;
-      block_rows.clear();
-      for (; i < n && tokens[i] / block_tokens == block; ++i) block_rows.push_back(tokens[i] - block * block_tokens);
+    // The tokens of one block at a time, the next block's keys asked for while this one's are scored.
+    const auto rows_of_block = [&](int first, std::vector<int>& block_rows_out) {
+      const int block = tokens[first] / block_tokens;
+      block_rows_out.clear();
+      for (int i = first; i < n && tokens[i] / block_tokens == block; ++i) block_rows_out.push_back(tokens[i] - block * block_tokens);
+      return block;
+    };
+    int block = n > 0 ? rows_of_block(0, block_rows) : 0;
+    for (int i = 0; i < n;) {
+      const int next = i + int(block_rows.size());
+      const int next_block = next < n ? rows_of_block(next, next_rows) : -1;
+      if (next_block >= 0) {
+        store_.codec().prefetch_tokens(shape, store_.sealed_block(layer, head, next_block), next_rows.data(),
+                                       int(next_rows.size()), true, false);
+      }
       store_.codec().decode_tokens(shape, store_.sealed_block(layer, head, block), block_rows.data(),
                                    int(block_rows.size()), k.data(), nullptr);
       for (size_t t = 0; t < block_rows.size(); ++t) {
         for (int r = 0; r < rows; ++r) *scores++ = dot(q + size_t(r) * k_dim, k.data() + t * k_dim, k_dim);
       }
+      i = next;
+      block = next_block;
+      block_rows.swap(next_rows);
     }
   }
 

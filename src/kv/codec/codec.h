@@ -78,6 +78,11 @@ class Codec {
   // then the rows.
   virtual void decode_tokens(const BlockShape& shape, const uint8_t* block, const int* tokens, int n, float* k,
                              float* v) const;
+  // Asks for the rows decode_tokens will read of these tokens (keys, values or both) ahead of time: a
+  // selection's rows are scattered, so the hardware prefetcher does not see them coming, and callers
+  // ask a block ahead to overlap the misses. A hint: by default nothing.
+  virtual void prefetch_tokens(const BlockShape& /*shape*/, const uint8_t* /*block*/, const int* /*tokens*/,
+                               int /*n*/, bool /*keys*/, bool /*values*/) const {}
 };
 
 // Attention over a block through its decoded FP32 form: codec.decode() into this thread's buffers,
