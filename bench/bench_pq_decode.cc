@@ -74,11 +74,16 @@ double decode_step_ms(const std::string& spec, int context, int steps) {
   }
   ThreadPool pool(2);
   const AttentionParams params{kHeads, 1.0f / std::sqrt(float(d)), &pool};
+  std::vector<double> select_ms, attend_ms;
   auto step = [&](int position) {
     for (float& x : q) x = normal(rng);
     store.append(0, k.data(), v.data(), 1);
+    auto t0 = Clock::now();
     const std::vector<HeadSelection>& selection = store.select(0, q.data(), 1, kHeads, pool);
+    auto t1 = Clock::now();
     attend(store, 0, q.data(), 1, position, params, out.data(), &selection);
+    select_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    attend_ms.push_back(ms_since(t1));
   };
   step(context);
   std::vector<double> ms;  // the median step: robust to other work on a shared machine
@@ -88,6 +93,8 @@ double decode_step_ms(const std::string& spec, int context, int steps) {
     ms.push_back(ms_since(start));
   }
   std::nth_element(ms.begin(), ms.begin() + ptrdiff_t(ms.size() / 2), ms.end());
+  std::sort(select_ms.begin(), select_ms.end()); std::sort(attend_ms.begin(), attend_ms.end());
+  fprintf(stderr, "[%s %d: select %.3f attend %.3f]\n", spec.c_str(), context, select_ms[select_ms.size()/2], attend_ms[attend_ms.size()/2]);
   return ms[ms.size() / 2];
 }
 

@@ -186,9 +186,8 @@ class StoreSealedKeys final : public SealedKeys {
       }
       store_.codec().decode_tokens(shape, store_.sealed_block(layer, head, block), block_rows.data(),
                                    int(block_rows.size()), k.data(), nullptr);
-      for (size_t t = 0; t < block_rows.size(); ++t) {
-        for (int r = 0; r < rows; ++r) *scores++ = dot(q + size_t(r) * k_dim, k.data() + t * k_dim, k_dim);
-      }
+      dots(q, rows, k.data(), int(block_rows.size()), k_dim, scores);
+      scores += block_rows.size() * size_t(rows);
       i = next;
       block = next_block;
       block_rows.swap(next_rows);
