@@ -158,10 +158,10 @@ KvStore::ExactChunk KvStore::exact_chunk(int layer, int head) const {
 namespace {
 
 // A selector's exact scores of sealed tokens, by their keys decoded from the blocks as the store holds
-// them (from the slow tier when offloaded, as a KV transfer reads them: not counted as tier traffic).
+// them: offloaded, from the cache or where they lie in the slow tier (those reads count as tier traffic).
 class StoreSealedKeys final : public SealedKeys {
  public:
-  explicit StoreSealedKeys(const KvStore& store) : store_(store) {}
+  StoreSealedKeys(const KvStore& store, const OffloadTier* offload) : store_(store), offload_(offload) {}
   void score(int layer, int head, const float* q, int rows, const int* tokens, int n, float* scores) const override {
     const BlockShape& shape = store_.block_shape(layer, head);
     const int block_tokens = store_.block_tokens();
@@ -184,8 +184,11 @@ class StoreSealedKeys final : public SealedKeys {
         store_.codec().prefetch_tokens(shape, store_.sealed_block(layer, head, next_block), next_rows.data(),
                                        int(next_rows.size()), true, false);
       }
-      store_.codec().decode_tokens(shape, store_.sealed_block(layer, head, block), block_rows.data(),
-                                   int(block_rows.size()), k.data(), nullptr);
+      const uint8_t* data = store_.sealed_block(layer, head, block);
+      if (offload_ && offload_->in_slow_tier(data)) {
+        offload_->count_direct_read(store_.codec().token_read_bytes(shape, int(block_rows.size()), true, false));
+      }
+      store_.codec().decode_tokens(shape, data, block_rows.data(), int(block_rows.size()), k.data(), nullptr);
       dots(q, rows, k.data(), int(block_rows.size()), k_dim, scores);
       scores += block_rows.size() * size_t(rows);
       i = next;
@@ -196,6 +199,7 @@ class StoreSealedKeys final : public SealedKeys {
 
  private:
   const KvStore& store_;
+  const OffloadTier* offload_;  // null: the fast tier
 };
 
 }  // namespace
@@ -213,7 +217,7 @@ const std::vector<HeadSelection>& KvStore::select(int layer, const float* q, int
     for (int h = 0; h < num_heads; ++h) hadamard_rotate(rotated.data() + size_t(h) * shape_.k_dim, shape_.k_dim);
     q = rotated.data();
   }
-  const StoreSealedKeys sealed_keys(*this);
+  const StoreSealedKeys sealed_keys(*this, offload_.get());
   selector_->select(layer, q, num_heads, num_tokens(layer), num_sealed_blocks(layer) * block_tokens(), sealed_keys,
                     pool, selection);
   stage_blocks(layer, selection);

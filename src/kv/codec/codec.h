@@ -78,6 +78,12 @@ class Codec {
   // then the rows.
   virtual void decode_tokens(const BlockShape& shape, const uint8_t* block, const int* tokens, int n, float* k,
                              float* v) const;
+  // Bytes of the block decode_tokens reads for n tokens' keys and/or values: what such a read moves out
+  // of a slower tier (the offload tier counts pq's re-rank reads by it). By default (the whole block
+  // decoded, then the rows) the block.
+  virtual size_t token_read_bytes(const BlockShape& shape, int /*n*/, bool /*keys*/, bool /*values*/) const {
+    return block_bytes(shape);
+  }
   // Asks for the rows decode_tokens will read of these tokens (keys, values or both) ahead of time: a
   // selection's rows are scattered, so the hardware prefetcher does not see them coming, and callers
   // ask a block ahead to overlap the misses. A hint: by default nothing.

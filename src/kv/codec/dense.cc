@@ -56,6 +56,10 @@ void DenseCodec::decode_tokens(const BlockShape& shape, const uint8_t* block, co
   }
 }
 
+size_t DenseCodec::token_read_bytes(const BlockShape& shape, int n, bool keys, bool values) const {
+  return size_t(n) * size_t((keys ? shape.k_dim : 0) + (values ? shape.v_dim : 0)) * dtype_size_bytes(dtype_);
+}
+
 void DenseCodec::prefetch_tokens(const BlockShape& shape, const uint8_t* block, const int* tokens, int n, bool keys,
                                  bool values) const {
   const size_t element = dtype_size_bytes(dtype_);
