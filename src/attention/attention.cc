@@ -59,36 +59,38 @@ void attend_selected_sealed(const KvStore& store, int layer, int g, const HeadSe
     attend_scored_f32(gathered_scores.data(), scale, rows_per_token, scored_v.data(), scored, shape.v_dim, partials, 0);
     scored = 0;
   };
-  // One block's selected rows, apart by whether their scores are given; the next block's are asked for
-  // while this one's are read (its rows are scattered: Codec::prefetch_tokens).
-  struct BlockRows {
-    int block = -1;  // -1: past the sealed blocks
-    size_t end = 0;  // the index in `tokens` after the block's last
-    std::vector<int> rows, scored_rows;
+  // Tokens [scored_begin, scored_end) of the list have scores given (the ranked ones: tokens ascend).
+  const bool scores_given = !selection.scores.empty();
+  const auto index_of = [&](int token) {
+    return size_t(std::lower_bound(tokens.begin(), tokens.end(), token) - tokens.begin());
   };
-  thread_local BlockRows current, next;
-  const auto rows_of_block = [&](size_t first, BlockRows& out) {
-    out.rows.clear();
-    out.scored_rows.clear();
-    out.block = first < tokens.size() && tokens[first] < sealed_tokens ? tokens[first] / block_tokens : -1;
-    size_t i = first;
-    for (; out.block >= 0 && i < tokens.size() && tokens[i] < (out.block + 1) * block_tokens; ++i) {
-      const bool given = !selection.scores.empty() && tokens[i] >= selection.ranked_first &&
-                         tokens[i] < selection.ranked_last;
-      (given ? out.scored_rows : out.rows).push_back(tokens[i] - out.block * block_tokens);
+  const size_t sealed_end = index_of(sealed_tokens);
+  const size_t scored_begin = scores_given ? index_of(selection.ranked_first) : 0;
+  const size_t scored_end = scores_given ? index_of(selection.ranked_last) : 0;
+  // Asks for the rows of tokens [first, last) of the list: values, and keys unless scores are given.
+  const auto prefetch = [&](size_t first, size_t last) {
+    last = std::min(last, sealed_end);
+    for (size_t begin = first; begin < last;) {
+      const bool scored = begin >= scored_begin && begin < scored_end;
+      const size_t end = std::min(last, scored ? scored_end : begin < scored_begin ? scored_begin : last);
+      store.prefetch_sealed_tokens(layer, g, tokens.data() + begin, int(end - begin), !scored, true);
+      begin = end;
     }
-    out.end = i;
-    if (out.block < 0) return;
-    const uint8_t* block = store.sealed_block(layer, g, out.block);
-    store.codec().prefetch_tokens(shape, block, out.rows.data(), int(out.rows.size()), true, true);
-    store.codec().prefetch_tokens(shape, block, out.scored_rows.data(), int(out.scored_rows.size()), false, true);
   };
+  constexpr size_t ahead = KvStore::kPrefetchTokens;
+  thread_local std::vector<int> rows, scored_rows;
   const float* next_scores = selection.scores.data();  // the scores of the next scored token
-  for (rows_of_block(0, current); current.block >= 0; std::swap(current, next)) {
-    rows_of_block(current.end, next);
-    const std::vector<int>& rows = current.rows;
-    const std::vector<int>& scored_rows = current.scored_rows;
-    const uint8_t* block = store.sealed_block(layer, g, current.block);
+  prefetch(0, ahead);
+  for (size_t i = 0; i < sealed_end;) {
+    const int b = tokens[i] / block_tokens;
+    const size_t first = i;
+    rows.clear();
+    scored_rows.clear();
+    for (; i < sealed_end && tokens[i] < (b + 1) * block_tokens; ++i) {
+      (i >= scored_begin && i < scored_end ? scored_rows : rows).push_back(tokens[i] - b * block_tokens);
+    }
+    prefetch(first + ahead, i + ahead);  // the rows `ahead` tokens past this block's
+    const uint8_t* block = store.sealed_block(layer, g, b);
     if (int(rows.size()) == block_tokens) {
       std::fill(visible, visible + tile.n_queries, block_tokens);
       store.codec().attend(shape, block, tile, partials, 0);

@@ -150,6 +150,17 @@ void KvStore::append(int layer_index, const float* k, const float* v, int n) {
   if (n > 1) selector_->on_prefill(layer_index);
 }
 
+void KvStore::prefetch_sealed_tokens(int layer, int head, const int* tokens, int n, bool keys, bool values) const {
+  const BlockShape& shape = block_shape(layer, head);
+  thread_local std::vector<int> rows;
+  for (int i = 0; i < n;) {  // one block at a time
+    const int block = tokens[i] / block_tokens();
+    rows.clear();
+    for (; i < n && tokens[i] / block_tokens() == block; ++i) rows.push_back(tokens[i] - block * block_tokens());
+    codec().prefetch_tokens(shape, sealed_block(layer, head, block), rows.data(), int(rows.size()), keys, values);
+  }
+}
+
 KvStore::ExactChunk KvStore::exact_chunk(int layer, int head) const {
   if (chunk_.layer != layer) return {};
   return {chunk_.first_token, chunk_.n, chunk_.k[size_t(head)].data(), chunk_.v[size_t(head)].data()};
@@ -166,23 +177,18 @@ class StoreSealedKeys final : public SealedKeys {
     const BlockShape& shape = store_.block_shape(layer, head);
     const int block_tokens = store_.block_tokens();
     const size_t k_dim = size_t(shape.k_dim);
-    thread_local std::vector<int> block_rows, next_rows;
+    constexpr int ahead = KvStore::kPrefetchTokens;
+    thread_local std::vector<int> block_rows;
     thread_local std::vector<float> k;  // one block's chosen keys [block_rows, k_dim]: stays in cache
     k.resize(size_t(block_tokens) * k_dim);
-    // The tokens of one block at a time, the next block's keys asked for while this one's are scored.
-    const auto rows_of_block = [&](int first, std::vector<int>& block_rows_out) {
-      const int block = tokens[first] / block_tokens;
-      block_rows_out.clear();
-      for (int i = first; i < n && tokens[i] / block_tokens == block; ++i) block_rows_out.push_back(tokens[i] - block * block_tokens);
-      return block;
-    };
-    int block = n > 0 ? rows_of_block(0, block_rows) : 0;
-    for (int i = 0; i < n;) {
-      const int next = i + int(block_rows.size());
-      const int next_block = next < n ? rows_of_block(next, next_rows) : -1;
-      if (next_block >= 0) {
-        store_.codec().prefetch_tokens(shape, store_.sealed_block(layer, head, next_block), next_rows.data(),
-                                       int(next_rows.size()), true, false);
+    store_.prefetch_sealed_tokens(layer, head, tokens, std::min(n, ahead), true, false);
+    for (int i = 0; i < n;) {  // the tokens of one block at a time
+      const int block = tokens[i] / block_tokens, first = i;
+      block_rows.clear();
+      for (; i < n && tokens[i] / block_tokens == block; ++i) block_rows.push_back(tokens[i] - block * block_tokens);
+      const int prefetch_end = std::min(n, i + ahead);  // the keys `ahead` tokens past this block's
+      if (first + ahead < prefetch_end) {
+        store_.prefetch_sealed_tokens(layer, head, tokens + first + ahead, prefetch_end - first - ahead, true, false);
       }
       const uint8_t* data = store_.sealed_block(layer, head, block);
       if (offload_ && offload_->in_slow_tier(data)) {
@@ -191,9 +197,6 @@ class StoreSealedKeys final : public SealedKeys {
       store_.codec().decode_tokens(shape, data, block_rows.data(), int(block_rows.size()), k.data(), nullptr);
       dots(q, rows, k.data(), int(block_rows.size()), k_dim, scores);
       scores += block_rows.size() * size_t(rows);
-      i = next;
-      block = next_block;
-      block_rows.swap(next_rows);
     }
   }
 
