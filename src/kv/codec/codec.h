@@ -86,7 +86,8 @@ class Codec {
   }
   // Asks for the rows decode_tokens will read of these tokens (keys, values or both) ahead of time: a
   // selection's rows are scattered, so the hardware prefetcher does not see them coming, and callers
-  // ask a block ahead to overlap the misses. A hint: by default nothing.
+  // ask a few tokens ahead to overlap the misses (KvStore::prefetch_sealed_tokens). A hint: by default
+  // nothing.
   virtual void prefetch_tokens(const BlockShape& /*shape*/, const uint8_t* /*block*/, const int* /*tokens*/,
                                int /*n*/, bool /*keys*/, bool /*values*/) const {}
 };
