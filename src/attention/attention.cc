@@ -43,7 +43,6 @@ void attend_selected_sealed(const KvStore& store, int layer, int g, const HeadSe
   const int sealed_tokens = store.num_sealed_blocks(layer) * block_tokens;
   const std::vector<int>& tokens = selection.tokens;
   const int rows_per_token = tile.n_queries;
-  assert(selection.scores.empty() || selection.scores.size() % size_t(rows_per_token) == 0);
   thread_local std::vector<float> gathered_k, gathered_v, scored_v, gathered_scores;
   gathered_k.resize(size_t(block_tokens) * size_t(shape.k_dim));
   gathered_v.resize(size_t(block_tokens) * size_t(shape.v_dim));
@@ -67,6 +66,7 @@ void attend_selected_sealed(const KvStore& store, int layer, int g, const HeadSe
   const size_t sealed_end = index_of(sealed_tokens);
   const size_t scored_begin = scores_given ? index_of(selection.ranked_first) : 0;
   const size_t scored_end = scores_given ? index_of(selection.ranked_last) : 0;
+  assert(selection.scores.size() == (scored_end - scored_begin) * size_t(rows_per_token));
   // Asks for the rows of tokens [first, last) of the list: values, and keys unless scores are given.
   const auto prefetch = [&](size_t first, size_t last) {
     last = std::min(last, sealed_end);
