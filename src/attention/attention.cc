@@ -110,7 +110,8 @@ void attend_selected_sealed(const KvStore& store, int layer, int g, const HeadSe
       store.codec().decode_tokens(shape, block, scored_rows.data() + done, take, nullptr,
                                   scored_v.data() + size_t(scored) * shape.v_dim);
       const size_t score_count = size_t(take) * size_t(rows_per_token);
-      std::copy(next_scores, next_scores + score_count, gathered_scores.data() + size_t(scored) * size_t(rows_per_token));
+      std::copy(next_scores, next_scores + score_count,
+                gathered_scores.data() + size_t(scored) * size_t(rows_per_token));
       next_scores += score_count;
       scored += take;
       done += size_t(take);

@@ -90,7 +90,8 @@ TEST(OffloadTier, AttendsExactlyAsTheFastTierAndCountsTraffic) {
   EXPECT_GT(stats.misses, 0);
   const size_t block_bytes = stats.bytes_written / (DecodeSteps::kPrompt / 64 * DecodeSteps::kKvHeads);
   EXPECT_EQ(stats.bytes_moved, size_t(stats.misses) * block_bytes);
-  EXPECT_EQ(steps.run("hack:bits=4@offload:cache=64,policy=lfu", nullptr), steps.run("hack:bits=4", nullptr)) << "everything";
+  EXPECT_EQ(steps.run("hack:bits=4@offload:cache=64,policy=lfu", nullptr), steps.run("hack:bits=4", nullptr))
+      << "everything";
   EXPECT_FALSE(make_kv_pipeline("dense@offload:dir=/nonexistent/dir"));
   EXPECT_FALSE(make_kv_pipeline("dense@offload:policy=mru"));
 }

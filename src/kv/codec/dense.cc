@@ -66,10 +66,10 @@ void DenseCodec::prefetch_tokens(const BlockShape& shape, const uint8_t* block, 
   const size_t k_row_bytes = size_t(shape.k_dim) * element, v_row_bytes = size_t(shape.v_dim) * element;
   const uint8_t* v_block = block + size_t(shape.block_tokens) * k_row_bytes;
   for (int i = 0; i < n; ++i) {
-    for (size_t b = 0; keys && b < k_row_bytes; b += 64) __builtin_prefetch(block + size_t(tokens[i]) * k_row_bytes + b);
-    for (size_t b = 0; values && b < v_row_bytes; b += 64) {
-      __builtin_prefetch(v_block + size_t(tokens[i]) * v_row_bytes + b);
-    }
+    const uint8_t* k_row = block + size_t(tokens[i]) * k_row_bytes;
+    const uint8_t* v_row = v_block + size_t(tokens[i]) * v_row_bytes;
+    for (size_t b = 0; keys && b < k_row_bytes; b += 64) __builtin_prefetch(k_row + b);
+    for (size_t b = 0; values && b < v_row_bytes; b += 64) __builtin_prefetch(v_row + b);
   }
 }
 

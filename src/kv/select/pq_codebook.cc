@@ -45,7 +45,9 @@ void ScoreTable(const float* q, const uint16_t* centroids, int m, int d, int k, 
     }
     for (; c + lanes <= k; c += lanes) {
       auto a = hn::Zero(df);
-      for (int j = 0; j < d; ++j) a = hn::MulAdd(hn::Set(df, qs[j]), hn::PromoteTo(df, hn::LoadU(dh, cs + size_t(j) * k + c)), a);
+      for (int j = 0; j < d; ++j) {
+        a = hn::MulAdd(hn::Set(df, qs[j]), hn::PromoteTo(df, hn::LoadU(dh, cs + size_t(j) * k + c)), a);
+      }
       hn::StoreU(a, df, out + c);
     }
     for (; c < k; ++c) {  // fewer centroids than lanes (b < 4 on AVX-512)

@@ -86,7 +86,8 @@ void top_k_indices(const float* scores, int n, int k, int* out) {
 void top_k_indices_reference(const float* scores, int n, int k, int* out) {
   std::vector<int> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int a, int b) { return scores[a] != scores[b] ? scores[a] > scores[b] : a < b; });
+  std::sort(order.begin(), order.end(),
+            [&](int a, int b) { return scores[a] != scores[b] ? scores[a] > scores[b] : a < b; });
   order.resize(size_t(std::max(0, std::min(k, n))));
   std::sort(order.begin(), order.end());
   std::copy(order.begin(), order.end(), out);
