@@ -89,8 +89,9 @@ TEST(QuantizedBlock, RoundTripWithinOneStepAndSumsMatchCodes) {
 // dequantize_block gives them.
 TEST(QuantizedBlock, SomeTokensDecodeToTheirRowsOfTheBlock) {
   std::mt19937 rng(6);
-  for (const FormatCase c : {FormatCase{2, 64, 128, 128, Rounding::kNearest}, FormatCase{4, 32, 80, 64, Rounding::kNearest},
-                             FormatCase{8, 128, 64, 96, Rounding::kStochastic}, FormatCase{2, 64, 32, 16, Rounding::kStochastic}}) {
+  for (const FormatCase c :
+       {FormatCase{2, 64, 128, 128, Rounding::kNearest}, FormatCase{4, 32, 80, 64, Rounding::kNearest},
+        FormatCase{8, 128, 64, 96, Rounding::kStochastic}, FormatCase{2, 64, 32, 16, Rounding::kStochastic}}) {
     SCOPED_TRACE(c.name());
     const QuantizationConfig config{c.bits, c.bits, c.rounding, true};
     const QuantizedBlockLayout layout(config, {c.tokens, c.k_dim, c.v_dim});
@@ -108,11 +109,13 @@ TEST(QuantizedBlock, SomeTokensDecodeToTheirRowsOfTheBlock) {
     dequantize_tokens(layout, block.data(), tokens.data(), n, nullptr, values_only.data());
     for (int i = 0; i < n; ++i) {
       for (int d = 0; d < c.k_dim; ++d) {
-        ASSERT_EQ(some_k[size_t(i) * c.k_dim + d], all_k[size_t(tokens[size_t(i)]) * c.k_dim + d]) << "token " << tokens[size_t(i)];
+        ASSERT_EQ(some_k[size_t(i) * c.k_dim + d], all_k[size_t(tokens[size_t(i)]) * c.k_dim + d])
+            << "token " << tokens[size_t(i)];
         ASSERT_EQ(keys_only[size_t(i) * c.k_dim + d], some_k[size_t(i) * c.k_dim + d]);
       }
       for (int col = 0; col < c.v_dim; ++col) {
-        ASSERT_EQ(some_v[size_t(i) * c.v_dim + col], all_v[size_t(tokens[size_t(i)]) * c.v_dim + col]) << "token " << tokens[size_t(i)];
+        ASSERT_EQ(some_v[size_t(i) * c.v_dim + col], all_v[size_t(tokens[size_t(i)]) * c.v_dim + col])
+            << "token " << tokens[size_t(i)];
         ASSERT_EQ(values_only[size_t(i) * c.v_dim + col], some_v[size_t(i) * c.v_dim + col]);
       }
     }
@@ -120,7 +123,7 @@ TEST(QuantizedBlock, SomeTokensDecodeToTheirRowsOfTheBlock) {
     EXPECT_EQ(some_v.back(), -7.0f) << "wrote past the values";
     EXPECT_EQ(keys_only.back(), -7.0f);
     EXPECT_EQ(values_only.back(), -7.0f);
-    EXPECT_LT(dequantized_token_bytes(layout, n, true, true), layout.block_bytes) << "a few tokens read less than the block";
+    EXPECT_LT(dequantized_token_bytes(layout, n, true, true), layout.block_bytes) << "a few tokens read less";
   }
 }
 

@@ -234,7 +234,10 @@ void dequantize_tokens(const QuantizedBlockLayout& layout, const uint8_t* block,
       v_scale[size_t(c)] = fp16_to_float(at<uint16_t>(block, layout.v_scales)[c]);
     }
   }
-  uint8_t group[4];
+  // Value j of a packed group of 4 sits in bits [j·b, j·b + b), within one byte (b is 2, 4 or 8).
+  const auto code = [](const uint8_t* group, int j, int bits) {
+    return float((group[(j * bits) >> 3] >> ((j * bits) & 7)) & ((1 << bits) - 1));
+  };
   for (int i = 0; i < n; ++i) {
     const int t = tokens[i];
     for (int p = 0; k && p < layout.k_partitions; ++p) {  // a K partition's dims share a min and a scale
@@ -243,13 +246,16 @@ void dequantize_tokens(const QuantizedBlockLayout& layout, const uint8_t* block,
       const float scale = fp16_to_float(at<uint16_t>(block, layout.k_scales)[slot]);
       const int first = p * layout.k_partition, end = first + layout.k_partition_dims(p);
       for (int d = first; d < end; d += 4) {
-        read_group(block + layout.k_codes + (size_t(d / 4) * block_tokens + size_t(t)) * kg, config.k_bits, group);
-        for (int j = 0; j < 4; ++j) k[size_t(i) * k_dim + size_t(d + j)] = min_value + scale * float(group[j]);
+        const uint8_t* group = block + layout.k_codes + (size_t(d / 4) * block_tokens + size_t(t)) * kg;
+        float* out = k + size_t(i) * k_dim + size_t(d);
+        for (int j = 0; j < 4; ++j) out[j] = min_value + scale * code(group, j, config.k_bits);
       }
     }
+    // Token t's value of column c: value t % 4 of the group of tokens 4⌊t/4⌋.. of that column.
+    const uint8_t* v_groups = block + layout.v_codes + size_t(t / 4) * v_dim * vg;
     for (int c = 0; v && c < v_dim; ++c) {
-      read_group(block + layout.v_codes + (size_t(t / 4) * v_dim + size_t(c)) * vg, config.v_bits, group);
-      v[size_t(i) * v_dim + size_t(c)] = v_min[size_t(c)] + v_scale[size_t(c)] * float(group[t % 4]);
+      const float value_code = code(v_groups + size_t(c) * vg, t % 4, config.v_bits);
+      v[size_t(i) * v_dim + size_t(c)] = v_min[size_t(c)] + v_scale[size_t(c)] * value_code;
     }
   }
 }
