@@ -5,7 +5,8 @@
 //   --tt2t:    time to second token (prefill + first decode) with k-means overlapped or not;
 //   --fit:     the cost model of iters=auto (PQCache Eq. 1-3): k-means time vs s·T, one layer's
 //              prefill time vs s, least-squares coefficients to paste into kv/select/pq_selector.cc.
-//   bench_pq_decode --model DIR [--scaling] [--cache [--cache-topk 0.2]] [--tt2t] [--fit]
+//   bench_pq_decode --model DIR [--scaling [--specs "dense;pq:topk=0.2"] [--contexts 16384,65536]
+//                   [--steps 31] [--split]] [--cache [--cache-topk 0.2]] [--tt2t] [--fit]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -56,9 +57,18 @@ int32_t argmax(const std::vector<float>& logits) {
   return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
-// One layer, random K/V: ms per decode step (append + select + attend), the median of `steps` after a
-// first step (which waits for clustering).
-double decode_step_ms(const std::string& spec, int context, int steps) {
+double median(std::vector<double> values) {  // robust to other work on a shared machine
+  std::nth_element(values.begin(), values.begin() + ptrdiff_t(values.size() / 2), values.end());
+  return values[values.size() / 2];
+}
+
+// Medians of one layer's decode steps, ms: the whole step (append + select + attend) and its parts.
+struct StepTimes {
+  double step = 0, select = 0, attend = 0;
+};
+
+// One layer, random K/V: the median of `steps` decode steps after a first one (which waits for clustering).
+StepTimes decode_step_ms(const std::string& spec, int context, int steps) {
   constexpr int kHeads = 4, kKvHeads = 2, d = 128;
   auto pipeline = make_kv_pipeline(spec);
   if (!pipeline) std::exit(1);
@@ -73,38 +83,49 @@ double decode_step_ms(const std::string& spec, int context, int steps) {
   }
   ThreadPool pool(2);
   const AttentionParams params{kHeads, 1.0f / std::sqrt(float(d)), &pool};
+  std::vector<double> step_ms, select_ms, attend_ms;
   auto step = [&](int position) {
     for (float& x : q) x = normal(rng);
+    const auto start = Clock::now();
     store.append(0, k.data(), v.data(), 1);
+    const auto selecting = Clock::now();
     const std::vector<HeadSelection>& selection = store.select(0, q.data(), 1, kHeads, pool);
+    const auto attending = Clock::now();
     attend(store, 0, q.data(), 1, position, params, out.data(), &selection);
+    step_ms.push_back(ms_since(start));
+    select_ms.push_back(std::chrono::duration<double, std::milli>(attending - selecting).count());
+    attend_ms.push_back(ms_since(attending));
   };
   step(context);
-  std::vector<double> ms;  // the median step: robust to other work on a shared machine
-  for (int i = 1; i <= steps; ++i) {
-    const auto start = Clock::now();
-    step(context + i);
-    ms.push_back(ms_since(start));
-  }
-  std::nth_element(ms.begin(), ms.begin() + ptrdiff_t(ms.size() / 2), ms.end());
-  return ms[ms.size() / 2];
+  step_ms.clear(), select_ms.clear(), attend_ms.clear();
+  for (int i = 1; i <= steps; ++i) step(context + i);
+  return {median(step_ms), median(select_ms), median(attend_ms)};
 }
 
-void scaling() {
-  const std::vector<std::string> specs = {"dense", "pq:topk=0.2,iters=8", "pq:topk=0.2,iters=8,rerank=1",
-                                         "pq:topk=1024,iters=8", "pq:topk=1024,iters=8,segment=1024"};
-  std::printf("decode step, one layer (4 q / 2 KV heads, d=128), ms; ratio to dense\n%-8s", "context");
+// split: also each spec's select and attend medians, on a line after each context's.
+void scaling(const std::vector<std::string>& specs, const std::vector<int>& contexts, int steps, bool split) {
+  std::printf("decode step, one layer (4 q / 2 KV heads, d=128), ms; ratio to the first spec\n%-8s", "context");
   for (const std::string& spec : specs) std::printf(" %34s", spec.c_str());
   std::printf("\n");
-  for (int context = 2048; context <= 65536; context *= 2) {
+  for (int context : contexts) {
     std::printf("%-8d", context);
-    double dense = 0;
+    double first = 0;
+    std::vector<StepTimes> times;
     for (const std::string& spec : specs) {
-      const double ms = decode_step_ms(spec, context, 31);
-      if (spec == "dense") dense = ms;
-      std::printf(" %25.3f (%5.2fx)", ms, ms / dense);
+      times.push_back(decode_step_ms(spec, context, steps));
+      if (first == 0) first = times.back().step;
+      std::printf(" %25.3f (%5.2fx)", times.back().step, times.back().step / first);
     }
     std::printf("\n");
+    if (split) {
+      std::printf("%-8s", "  sel/att");
+      for (const StepTimes& t : times) {
+        char parts[64];
+        std::snprintf(parts, sizeof(parts), "%.3f / %.3f", t.select, t.attend);
+        std::printf(" %34s", parts);
+      }
+      std::printf("\n");
+    }
     std::fflush(stdout);
   }
 }
@@ -256,15 +277,27 @@ int main(int argc, char** argv) {
   std::string model_dir;
   bool run_scaling = false, run_cache = false, run_tt2t = false, run_fit = false;
   double cache_topk = 0.2;
+  std::vector<std::string> specs = {"dense", "pq:topk=0.2,iters=8", "pq:topk=0.2,iters=8,rerank=1",
+                                    "pq:topk=1024,iters=8", "pq:topk=1024,iters=8,segment=1024"};
+  std::vector<int> contexts = {2048, 4096, 8192, 16384, 32768, 65536};
+  int steps = 31;
+  bool split = false;
   app.add_option("--model", model_dir, "model directory")->required();
   app.add_flag("--scaling", run_scaling, "decode time per step, 2K -> 64K tokens");
+  app.add_option("--specs", specs, "the KV specs of --scaling (the first is the ratios' base)")
+      ->delimiter(';')
+      ->capture_default_str();
+  app.add_option("--contexts", contexts, "the context lengths of --scaling")->delimiter(',')->capture_default_str();
+  app.add_option("--steps", steps, "decode steps timed per spec and context (the median is shown)")
+      ->capture_default_str();
+  app.add_flag("--split", split, "--scaling: each spec's select and attend medians too (ms)");
   app.add_flag("--cache", run_cache, "block cache hit rate by size");
   app.add_option("--cache-topk", cache_topk, "the pq topk of --cache")->capture_default_str();
   app.add_flag("--tt2t", run_tt2t, "time to second token with and without overlap");
   app.add_flag("--fit", run_fit, "fit the iters=auto cost model");
   CLI11_PARSE(app, argc, argv);
   if (run_fit) fit(model_dir);
-  if (run_scaling) scaling();
+  if (run_scaling) scaling(specs, contexts, steps, split);
   if (run_cache) cache(model_dir, cache_topk);
   if (run_tt2t) tt2t(model_dir);
   return 0;

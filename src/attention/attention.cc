@@ -31,26 +31,65 @@ void prefetch(const uint8_t* block, size_t bytes) {
   for (size_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(block + offset);
 }
 
-// The sealed blocks' part of one decode query tile over the selected tokens (ascending) of KV head g.
-void attend_selected_sealed(const KvStore& store, int layer, int g, const std::vector<int>& tokens, QueryTile tile,
-                            int* visible, AttentionPartials& partials) {
+// The sealed blocks' part of one decode query tile (one position: a row per query head of the group) over
+// the selected tokens (ascending) of KV head g. A block whose tokens are all selected, none with given
+// scores, is read by its codec's kernel; from the others the selected tokens are decoded and gathered
+// into FP32 chunks: keys and values, or only values for tokens whose scores the selector gives (its exact
+// re-rank read their keys a moment ago: HeadSelection::scores).
+void attend_selected_sealed(const KvStore& store, int layer, int g, const HeadSelection& selection, float scale,
+                            QueryTile tile, int* visible, AttentionPartials& partials) {
   const BlockShape& shape = store.block_shape(layer, g);
   const int block_tokens = shape.block_tokens;
   const int sealed_tokens = store.num_sealed_blocks(layer) * block_tokens;
-  thread_local std::vector<float> gathered_k, gathered_v;
-  thread_local std::vector<int> rows;
+  const std::vector<int>& tokens = selection.tokens;
+  const int rows_per_token = tile.n_queries;
+  thread_local std::vector<float> gathered_k, gathered_v, scored_v, gathered_scores;
   gathered_k.resize(size_t(block_tokens) * size_t(shape.k_dim));
   gathered_v.resize(size_t(block_tokens) * size_t(shape.v_dim));
-  int gathered = 0;
+  scored_v.resize(size_t(block_tokens) * size_t(shape.v_dim));
+  gathered_scores.resize(size_t(block_tokens) * size_t(rows_per_token));
+  int gathered = 0, scored = 0;
   const auto flush = [&] {
     std::fill(visible, visible + tile.n_queries, gathered);
     attend_block_f32(tile, gathered_k.data(), gathered_v.data(), shape.k_dim, shape.v_dim, partials, 0);
     gathered = 0;
   };
-  for (size_t i = 0; i < tokens.size() && tokens[i] < sealed_tokens;) {
+  const auto flush_scored = [&] {
+    attend_scored_f32(gathered_scores.data(), scale, rows_per_token, scored_v.data(), scored, shape.v_dim, partials, 0);
+    scored = 0;
+  };
+  // Tokens [scored_begin, scored_end) of the list have scores given (the ranked ones: tokens ascend).
+  const bool scores_given = !selection.scores.empty();
+  const auto index_of = [&](int token) {
+    return size_t(std::lower_bound(tokens.begin(), tokens.end(), token) - tokens.begin());
+  };
+  const size_t sealed_end = index_of(sealed_tokens);
+  const size_t scored_begin = scores_given ? index_of(selection.ranked_first) : 0;
+  const size_t scored_end = scores_given ? index_of(selection.ranked_last) : 0;
+  assert(selection.scores.size() == (scored_end - scored_begin) * size_t(rows_per_token));
+  // Asks for the rows of tokens [first, last) of the list: values, and keys unless scores are given.
+  const auto prefetch = [&](size_t first, size_t last) {
+    last = std::min(last, sealed_end);
+    for (size_t begin = first; begin < last;) {
+      const bool scored = begin >= scored_begin && begin < scored_end;
+      const size_t end = std::min(last, scored ? scored_end : begin < scored_begin ? scored_begin : last);
+      store.prefetch_sealed_tokens(layer, g, tokens.data() + begin, int(end - begin), !scored, true);
+      begin = end;
+    }
+  };
+  constexpr size_t ahead = KvStore::kPrefetchTokens;
+  thread_local std::vector<int> rows, scored_rows;
+  const float* next_scores = selection.scores.data();  // the scores of the next scored token
+  prefetch(0, ahead);
+  for (size_t i = 0; i < sealed_end;) {
     const int b = tokens[i] / block_tokens;
+    const size_t first = i;
     rows.clear();
-    for (; i < tokens.size() && tokens[i] < (b + 1) * block_tokens; ++i) rows.push_back(tokens[i] - b * block_tokens);
+    scored_rows.clear();
+    for (; i < sealed_end && tokens[i] < (b + 1) * block_tokens; ++i) {
+      (i >= scored_begin && i < scored_end ? scored_rows : rows).push_back(tokens[i] - b * block_tokens);
+    }
+    prefetch(first + ahead, i + ahead);  // the rows `ahead` tokens past this block's
     const uint8_t* block = store.sealed_block(layer, g, b);
     if (int(rows.size()) == block_tokens) {
       std::fill(visible, visible + tile.n_queries, block_tokens);
@@ -66,8 +105,21 @@ void attend_selected_sealed(const KvStore& store, int layer, int g, const std::v
       done += size_t(take);
       if (gathered == block_tokens) flush();
     }
+    for (size_t done = 0; done < scored_rows.size();) {
+      const int take = std::min(int(scored_rows.size() - done), block_tokens - scored);
+      store.codec().decode_tokens(shape, block, scored_rows.data() + done, take, nullptr,
+                                  scored_v.data() + size_t(scored) * shape.v_dim);
+      const size_t score_count = size_t(take) * size_t(rows_per_token);
+      std::copy(next_scores, next_scores + score_count,
+                gathered_scores.data() + size_t(scored) * size_t(rows_per_token));
+      next_scores += score_count;
+      scored += take;
+      done += size_t(take);
+      if (scored == block_tokens) flush_scored();
+    }
   }
   if (gathered > 0) flush();
+  if (scored > 0) flush_scored();
 }
 
 // Where each KV head's group of query heads starts in a row of q / out, and the rows' widths.
@@ -153,7 +205,7 @@ void attend(const KvStore& store, int layer, const float* q, int n, int first_po
     const int last_tile_position = first_tile_position + positions - 1;
     const bool selected = selection && n == 1 && !(*selection)[size_t(g)].all;
     if (selected) {
-      attend_selected_sealed(store, layer, g, (*selection)[size_t(g)].tokens, tile, visible.data(), partials);
+      attend_selected_sealed(store, layer, g, (*selection)[size_t(g)], params.scale, tile, visible.data(), partials);
     }
     // prefill=exact: the store's tokens up to the chunk, then the chunk's own as appended.
     const KvStore::ExactChunk chunk = store.exact_chunk(layer, g);

@@ -27,7 +27,9 @@ struct AttentionParams {
 // codec's kernel as always (so a selection of everything is exactly dense attention); from any other
 // block only the selected tokens are decoded (Codec::decode_tokens) and gathered into FP32 chunks for
 // the FP32 kernel: PQCache fetches tokens, not blocks, and a masked variant of every codec kernel
-// would cost more code than it saves at top-k fractions of 1/5 or less. The open block is always whole.
+// would cost more code than it saves at top-k fractions of 1/5 or less. Tokens whose exact scores the
+// selection carries (HeadSelection::scores: pq's re-rank) are weighed by them, and only their values
+// are decoded. The open block is always whole.
 // When the store's heads differ in dims (ZACK), a row of q holds each head's k_dim_of(layer, its KV
 // head) dims back to back, and a row of out each head's v_dim_of.
 void attend(const KvStore& store, int layer, const float* q, int n, int first_position,

@@ -150,6 +150,17 @@ void KvStore::append(int layer_index, const float* k, const float* v, int n) {
   if (n > 1) selector_->on_prefill(layer_index);
 }
 
+void KvStore::prefetch_sealed_tokens(int layer, int head, const int* tokens, int n, bool keys, bool values) const {
+  const BlockShape& shape = block_shape(layer, head);
+  thread_local std::vector<int> rows;
+  for (int i = 0; i < n;) {  // one block at a time
+    const int block = tokens[i] / block_tokens();
+    rows.clear();
+    for (; i < n && tokens[i] / block_tokens() == block; ++i) rows.push_back(tokens[i] - block * block_tokens());
+    codec().prefetch_tokens(shape, sealed_block(layer, head, block), rows.data(), int(rows.size()), keys, values);
+  }
+}
+
 KvStore::ExactChunk KvStore::exact_chunk(int layer, int head) const {
   if (chunk_.layer != layer) return {};
   return {chunk_.first_token, chunk_.n, chunk_.k[size_t(head)].data(), chunk_.v[size_t(head)].data()};
@@ -157,27 +168,41 @@ KvStore::ExactChunk KvStore::exact_chunk(int layer, int head) const {
 
 namespace {
 
-// A selector's reads of sealed keys, decoded from the blocks as the store holds them (from the slow tier
-// when offloaded, as a KV transfer reads them: not counted as tier traffic).
+// A selector's exact scores of sealed tokens, by their keys decoded from the blocks as the store holds
+// them: offloaded, from the cache or where they lie in the slow tier (those reads count as tier traffic).
 class StoreSealedKeys final : public SealedKeys {
  public:
-  explicit StoreSealedKeys(const KvStore& store) : store_(store) {}
-  void read(int layer, int head, const int* tokens, int n, float* k) const override {
+  StoreSealedKeys(const KvStore& store, const OffloadTier* offload) : store_(store), offload_(offload) {}
+  void score(int layer, int head, const float* q, int rows, const int* tokens, int n, float* scores) const override {
     const BlockShape& shape = store_.block_shape(layer, head);
     const int block_tokens = store_.block_tokens();
-    thread_local std::vector<int> rows;
+    const size_t k_dim = size_t(shape.k_dim);
+    constexpr int ahead = KvStore::kPrefetchTokens;
+    thread_local std::vector<int> block_rows;
+    thread_local std::vector<float> k;  // one block's chosen keys [block_rows, k_dim]: stays in cache
+    k.resize(size_t(block_tokens) * k_dim);
+    store_.prefetch_sealed_tokens(layer, head, tokens, std::min(n, ahead), true, false);
     for (int i = 0; i < n;) {  // the tokens of one block at a time
-      const int block = tokens[i] / block_tokens;
-      rows.clear();
-      for (; i < n && tokens[i] / block_tokens == block; ++i) rows.push_back(tokens[i] - block * block_tokens);
-      store_.codec().decode_tokens(shape, store_.sealed_block(layer, head, block), rows.data(), int(rows.size()), k,
-                                   nullptr);
-      k += rows.size() * size_t(shape.k_dim);
+      const int block = tokens[i] / block_tokens, first = i;
+      block_rows.clear();
+      for (; i < n && tokens[i] / block_tokens == block; ++i) block_rows.push_back(tokens[i] - block * block_tokens);
+      const int prefetch_end = std::min(n, i + ahead);  // the keys `ahead` tokens past this block's
+      if (first + ahead < prefetch_end) {
+        store_.prefetch_sealed_tokens(layer, head, tokens + first + ahead, prefetch_end - first - ahead, true, false);
+      }
+      const uint8_t* data = store_.sealed_block(layer, head, block);
+      if (offload_ && offload_->in_slow_tier(data)) {
+        offload_->count_direct_read(store_.codec().token_read_bytes(shape, int(block_rows.size()), true, false));
+      }
+      store_.codec().decode_tokens(shape, data, block_rows.data(), int(block_rows.size()), k.data(), nullptr);
+      dots(q, rows, k.data(), int(block_rows.size()), k_dim, scores);
+      scores += block_rows.size() * size_t(rows);
     }
   }
 
  private:
   const KvStore& store_;
+  const OffloadTier* offload_;  // null: the fast tier
 };
 
 }  // namespace
@@ -195,7 +220,7 @@ const std::vector<HeadSelection>& KvStore::select(int layer, const float* q, int
     for (int h = 0; h < num_heads; ++h) hadamard_rotate(rotated.data() + size_t(h) * shape_.k_dim, shape_.k_dim);
     q = rotated.data();
   }
-  const StoreSealedKeys sealed_keys(*this);
+  const StoreSealedKeys sealed_keys(*this, offload_.get());
   selector_->select(layer, q, num_heads, num_tokens(layer), num_sealed_blocks(layer) * block_tokens(), sealed_keys,
                     pool, selection);
   stage_blocks(layer, selection);

@@ -86,6 +86,12 @@ class KvStore {
     return offload_ ? offload_->read(block) : block;
   }
   int open_tokens(int layer) const { return num_tokens(layer) - num_sealed_blocks(layer) * block_tokens(); }
+  // Asks for the rows (keys, values or both) of sealed tokens of one head ahead of reading them: a token
+  // selection's rows are scattered, and asked for a few tokens ahead (kPrefetchTokens) their cache misses
+  // overlap (measured on this machine, 512-byte rows: 87 ns a row without, 41 at 8-16 rows ahead, 45 at
+  // 64; a block ahead at once queued them and gained less). tokens: ascending, all sealed.
+  static constexpr int kPrefetchTokens = 16;
+  void prefetch_sealed_tokens(int layer, int head, const int* tokens, int n, bool keys, bool values) const;
   // The open block's first n tokens of one head, widened to FP32: k [n, k_dim_of], v [n, v_dim_of].
   void widen_open(int layer, int head, int n, float* k, float* v) const {
     widen_open(head_of(layer, head), n, k, v);

@@ -85,6 +85,48 @@ TEST(QuantizedBlock, RoundTripWithinOneStepAndSumsMatchCodes) {
   }
 }
 
+// What a token selection reads (pq): some tokens' rows, keys and values or either alone, exactly as
+// dequantize_block gives them.
+TEST(QuantizedBlock, SomeTokensDecodeToTheirRowsOfTheBlock) {
+  std::mt19937 rng(6);
+  for (const FormatCase c :
+       {FormatCase{2, 64, 128, 128, Rounding::kNearest}, FormatCase{4, 32, 80, 64, Rounding::kNearest},
+        FormatCase{8, 128, 64, 96, Rounding::kStochastic}, FormatCase{2, 64, 32, 16, Rounding::kStochastic}}) {
+    SCOPED_TRACE(c.name());
+    const QuantizationConfig config{c.bits, c.bits, c.rounding, true};
+    const QuantizedBlockLayout layout(config, {c.tokens, c.k_dim, c.v_dim});
+    auto k = random_values(size_t(c.tokens) * c.k_dim, rng, 2.0f), v = random_values(size_t(c.tokens) * c.v_dim, rng);
+    std::vector<uint8_t> block(layout.block_bytes);
+    quantize_block(layout, k.data(), v.data(), 7, block.data());
+    std::vector<float> all_k(k.size()), all_v(v.size());
+    dequantize_block(layout, block.data(), all_k.data(), all_v.data());
+    const std::vector<int> tokens = {0, 1, 5, 6, 7, c.tokens / 2 + 3, c.tokens - 1};
+    const int n = int(tokens.size());
+    std::vector<float> some_k(size_t(n) * c.k_dim + 1, -7.0f), some_v(size_t(n) * c.v_dim + 1, -7.0f);
+    std::vector<float> keys_only(some_k.size(), -7.0f), values_only(some_v.size(), -7.0f);
+    dequantize_tokens(layout, block.data(), tokens.data(), n, some_k.data(), some_v.data());
+    dequantize_tokens(layout, block.data(), tokens.data(), n, keys_only.data(), nullptr);
+    dequantize_tokens(layout, block.data(), tokens.data(), n, nullptr, values_only.data());
+    for (int i = 0; i < n; ++i) {
+      for (int d = 0; d < c.k_dim; ++d) {
+        ASSERT_EQ(some_k[size_t(i) * c.k_dim + d], all_k[size_t(tokens[size_t(i)]) * c.k_dim + d])
+            << "token " << tokens[size_t(i)];
+        ASSERT_EQ(keys_only[size_t(i) * c.k_dim + d], some_k[size_t(i) * c.k_dim + d]);
+      }
+      for (int col = 0; col < c.v_dim; ++col) {
+        ASSERT_EQ(some_v[size_t(i) * c.v_dim + col], all_v[size_t(tokens[size_t(i)]) * c.v_dim + col])
+            << "token " << tokens[size_t(i)];
+        ASSERT_EQ(values_only[size_t(i) * c.v_dim + col], some_v[size_t(i) * c.v_dim + col]);
+      }
+    }
+    EXPECT_EQ(some_k.back(), -7.0f) << "wrote past the keys";
+    EXPECT_EQ(some_v.back(), -7.0f) << "wrote past the values";
+    EXPECT_EQ(keys_only.back(), -7.0f);
+    EXPECT_EQ(values_only.back(), -7.0f);
+    EXPECT_LT(dequantized_token_bytes(layout, n, true, true), layout.block_bytes) << "a few tokens read less";
+  }
+}
+
 TEST(QuantizedBlock, StochasticRoundingIsUnbiased) {
   std::mt19937 rng(8);
   const QuantizationConfig config{2, 2, Rounding::kStochastic, true};

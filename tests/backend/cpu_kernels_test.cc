@@ -1,4 +1,4 @@
-// CPU kernels against their references: vector ops at every length 0..2·(widest vector) and
+// CPU kernels against their references: vector ops (dot, dots, ...) at every length 0..2·(widest vector) and
 // misaligned starts; matmul for F32/F16/BF16 weights on both paths (in-register widening for few
 // inputs, widen-then-BLAS for many) with odd sizes.
 #include <gtest/gtest.h>
@@ -36,6 +36,16 @@ TEST(VecOps, EveryLengthAndOffsetMatchesScalar) {
         expected_fp += double(a[offset + i]) * fp16_to_float(fp[offset + i]);
       }
       EXPECT_NEAR(dot(&a[offset], &b[offset], n), expected, 1e-5);
+      std::vector<float> scores(3 * 2 + 1, -1.0f);  // 3 queries (rows of a) · 2 rows of b, n apart
+      dots(&a[offset], 3, &b[offset], 2, n, scores.data());
+      for (size_t i = 0; i < 2; ++i) {
+        for (size_t r = 0; r < 3; ++r) {
+          double expected_dot = 0;
+          for (size_t j = 0; j < n; ++j) expected_dot += double(a[offset + r * n + j]) * b[offset + i * n + j];
+          EXPECT_NEAR(scores[i * 3 + r], expected_dot, 1e-5) << "dots row " << i << " query " << r;
+        }
+      }
+      EXPECT_EQ(scores[6], -1.0f) << "dots wrote past the end";
       float y_bf = 0, y_fp = 0;
       matvec_half(&a[offset], 1, &bf[offset], DType::kBF16, 1, int64_t(n), 0, 1, &y_bf);
       matvec_half(&a[offset], 1, &fp[offset], DType::kF16, 1, int64_t(n), 0, 1, &y_fp);

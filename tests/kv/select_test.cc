@@ -6,12 +6,14 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <numeric>
 #include <random>
 #include <set>
 #include <sstream>
 
 #include "attention/attention.h"
 #include "attention/reference.h"
+#include "backend/cpu/vec_ops.h"
 #include "kv/select/kmeans.h"
 #include "kv/select/pq_selector.h"
 #include "model/llama.h"
@@ -62,36 +64,75 @@ TEST(Selection, AllTokensListedIsDenseExactly) {
   }
 }
 
+// Without scores, and with the exact scores of the ranked tokens given (as pq's re-rank gives them:
+// attention then reads only their values).
 TEST(Selection, AttentionOverSelectedTokensMatchesTheReferenceOverThem) {
+  for (const bool scores_given : {false, true}) {
+    SCOPED_TRACE(scores_given ? "scores given" : "keys read");
+    SelectionCase c;
+    constexpr int kHeads = SelectionCase::kHeads, kKvHeads = SelectionCase::kKvHeads, d = SelectionCase::kDim;
+    // Head 0: a scatter over every block, one whole block, and more than a block's worth gathered.
+    // Head 1: a few tokens only. Both end with the open block (always attended whole).
+    std::vector<HeadSelection> selection(kKvHeads, HeadSelection{false, {}});
+    for (int t = 0; t < 256; ++t) {
+      if (t % 3 == 0 || (t >= 64 && t < 128)) selection[0].tokens.push_back(t);
+    }
+    selection[1].tokens = {0, 1, 2, 3, 77, 200, 255};
+    for (int g = 0; g < kKvHeads && scores_given; ++g) {
+      HeadSelection& head = selection[size_t(g)];
+      head.ranked_first = 4;  // the first 4 and the last 50 tokens are read whole: mixed blocks
+      head.ranked_last = 250;
+      for (int t : head.tokens) {
+        for (int h = 0; t >= head.ranked_first && t < head.ranked_last && h < kHeads / kKvHeads; ++h) {
+          const float* q = c.q.data() + size_t(g * (kHeads / kKvHeads) + h) * d;
+          const float* k = c.k.data() + (size_t(t) * kKvHeads + size_t(g)) * d;
+          head.scores.push_back(float(std::inner_product(q, q + d, k, 0.0)));
+        }
+      }
+    }
+    for (HeadSelection& head : selection) {
+      for (int t = 256; t < SelectionCase::kTokens; ++t) head.tokens.push_back(t);
+    }
+    const std::vector<float> out = c.attend_with("dense", &selection);
+    for (int g = 0; g < kKvHeads; ++g) {
+      const std::vector<int>& tokens = selection[size_t(g)].tokens;
+      std::vector<float> k, v;  // the selected tokens of KV head g, as one head
+      for (int t : tokens) {
+        const size_t row = (size_t(t) * kKvHeads + size_t(g)) * d;
+        k.insert(k.end(), c.k.begin() + ptrdiff_t(row), c.k.begin() + ptrdiff_t(row + d));
+        v.insert(v.end(), c.v.begin() + ptrdiff_t(row), c.v.begin() + ptrdiff_t(row + d));
+      }
+      const int group = kHeads / kKvHeads, position = int(tokens.size()) - 1;
+      std::vector<float> expected(size_t(group) * d);
+      attention_reference(c.q.data() + size_t(g) * group * d, 1, &position, k.data(), v.data(), int(tokens.size()),
+                          group, 1, d, d, c.params.scale, expected.data());
+      for (int i = 0; i < group * d; ++i) {
+        EXPECT_NEAR(out[size_t(g) * group * d + size_t(i)], expected[size_t(i)], 2e-5) << "kv head " << g << " " << i;
+      }
+    }
+  }
+}
+
+// The scores pq's re-rank hands to attention are each query head's own q·k: attention over its selection
+// is the same with them as with the keys read again.
+TEST(Selection, PqReRankScoresAreEachHeadsExactScores) {
   SelectionCase c;
-  constexpr int kHeads = SelectionCase::kHeads, kKvHeads = SelectionCase::kKvHeads, d = SelectionCase::kDim;
-  // Head 0: a scatter over every block, one whole block, and more than a block's worth gathered.
-  // Head 1: a few tokens only. Both end with the open block (always attended whole).
-  std::vector<HeadSelection> selection(kKvHeads, HeadSelection{false, {}});
-  for (int t = 0; t < 256; ++t) {
-    if (t % 3 == 0 || (t >= 64 && t < 128)) selection[0].tokens.push_back(t);
+  auto pipeline = make_kv_pipeline("pq:topk=0.2,local=16,rerank=2");
+  ASSERT_TRUE(pipeline) << pipeline.status().message();
+  KvStore store({1, SelectionCase::kKvHeads, SelectionCase::kDim, SelectionCase::kDim, SelectionCase::kTokens},
+                *pipeline);
+  store.append(0, c.k.data(), c.v.data(), SelectionCase::kTokens);
+  std::vector<HeadSelection> selection = store.select(0, c.q.data(), 1, SelectionCase::kHeads, c.pool);
+  std::vector<HeadSelection> keys_read = selection;
+  const int group = SelectionCase::kHeads / SelectionCase::kKvHeads, k = 60;  // 20 % of 300 tokens
+  for (HeadSelection& head : keys_read) {
+    ASSERT_EQ(head.scores.size(), size_t(k * group));
+    head.scores.clear();
   }
-  selection[1].tokens = {0, 1, 2, 3, 77, 200, 255};
-  for (HeadSelection& head : selection) {
-    for (int t = 256; t < SelectionCase::kTokens; ++t) head.tokens.push_back(t);
-  }
-  const std::vector<float> out = c.attend_with("dense", &selection);
-  for (int g = 0; g < kKvHeads; ++g) {
-    const std::vector<int>& tokens = selection[size_t(g)].tokens;
-    std::vector<float> k, v;  // the selected tokens of KV head g, as one head
-    for (int t : tokens) {
-      const size_t row = (size_t(t) * kKvHeads + size_t(g)) * d;
-      k.insert(k.end(), c.k.begin() + ptrdiff_t(row), c.k.begin() + ptrdiff_t(row + d));
-      v.insert(v.end(), c.v.begin() + ptrdiff_t(row), c.v.begin() + ptrdiff_t(row + d));
-    }
-    const int group = kHeads / kKvHeads, position = int(tokens.size()) - 1;
-    std::vector<float> expected(size_t(group) * d);
-    attention_reference(c.q.data() + size_t(g) * group * d, 1, &position, k.data(), v.data(), int(tokens.size()),
-                        group, 1, d, d, c.params.scale, expected.data());
-    for (int i = 0; i < group * d; ++i) {
-      EXPECT_NEAR(out[size_t(g) * group * d + size_t(i)], expected[size_t(i)], 2e-5) << "kv head " << g << " " << i;
-    }
-  }
+  std::vector<float> with_scores(size_t(SelectionCase::kHeads) * SelectionCase::kDim), with_keys(with_scores.size());
+  attend(store, 0, c.q.data(), 1, SelectionCase::kTokens - 1, c.params, with_scores.data(), &selection);
+  attend(store, 0, c.q.data(), 1, SelectionCase::kTokens - 1, c.params, with_keys.data(), &keys_read);
+  for (size_t i = 0; i < with_scores.size(); ++i) EXPECT_NEAR(with_scores[i], with_keys[i], 1e-5) << i;
 }
 
 std::vector<int32_t> heldout_ids(const Engine& engine, int tokens) {
@@ -174,7 +215,7 @@ TEST(Selection, PqReRankingEveryTokenIsTheOracle) {
 }
 
 // What a selector keeps beside the blocks is counted in the store's memory: oracle an FP32 copy of the
-// sealed keys; pq its index (a codebook of 2^b centroids per segment begun, m code bytes per token) and
+// sealed keys; pq its index (an FP16 codebook of 2^b centroids per segment begun, m code bytes per token) and
 // the FP32 keys of the segment still filling (here 64 of 192 tokens), per KV head.
 TEST(Selection, SelectorMemoryIsCounted) {
   SelectionCase c;
@@ -183,7 +224,7 @@ TEST(Selection, SelectorMemoryIsCounted) {
            {"dense", 0},
            {"oracle:topk=0.2+dense", keys},
            {"pq:m=2,b=6,segment=192,topk=0.2+dense",
-            SelectionCase::kKvHeads * (2 * 64 * SelectionCase::kDim * sizeof(float) + sealed * 2 +
+            SelectionCase::kKvHeads * (2 * 64 * SelectionCase::kDim * sizeof(uint16_t) + sealed * 2 +
                                        64 * SelectionCase::kDim * sizeof(float))}}) {
     auto pipeline = make_kv_pipeline(spec);
     ASSERT_TRUE(pipeline) << pipeline.status().message();
@@ -257,16 +298,17 @@ const Recorder& recorded_bundled_model(KvShape& shape) {
   return recorder;
 }
 
-// The recorded keys of sealed tokens, as a store would read them back for pq's re-rank.
+// The recorded keys of sealed tokens, scoring them as a store would for pq's re-rank.
 struct RecordedKeys : SealedKeys {
   const Recorder& recorder;
   int num_kv_heads, k_dim;
   RecordedKeys(const Recorder& recorder, const KvShape& shape)
       : recorder(recorder), num_kv_heads(shape.num_kv_heads), k_dim(shape.k_dim) {}
-  void read(int layer, int head, const int* tokens, int n, float* k) const override {
+  void score(int layer, int head, const float* q, int rows, const int* tokens, int n, float* scores) const override {
     for (int i = 0; i < n; ++i) {
-      const size_t row = (size_t(tokens[i]) * size_t(num_kv_heads) + size_t(head)) * size_t(k_dim);
-      std::copy_n(recorder.keys[size_t(layer)].data() + row, k_dim, k + size_t(i) * size_t(k_dim));
+      const float* k = recorder.keys[size_t(layer)].data() +
+                       (size_t(tokens[i]) * size_t(num_kv_heads) + size_t(head)) * size_t(k_dim);
+      for (int r = 0; r < rows; ++r) *scores++ = dot(q + size_t(r) * size_t(k_dim), k, size_t(k_dim));
     }
   }
 };

@@ -46,21 +46,24 @@ TEST(BlockCache, NeverEvictsABlockOfTheCurrentStep) {
   EXPECT_EQ(cache.use(3).evicted, 1);
 }
 
-// Decode steps over random K/V with a token selection, the same in both stores.
-TEST(OffloadTier, AttendsExactlyAsTheFastTierAndCountsTraffic) {
-  constexpr int kHeads = 4, kKvHeads = 2, d = 64, kPrompt = 640, kSteps = 8;
-  std::mt19937 rng(7);
-  std::normal_distribution<float> normal;
-  auto random = [&](size_t n) {
+// Decode steps over random K/V with a token selection (what a store of `spec` attends to), and the
+// tier's counters after them.
+struct DecodeSteps {
+  static constexpr int kHeads = 4, kKvHeads = 2, d = 64, kPrompt = 640, kSteps = 8;
+  std::vector<float> k = random(size_t(kPrompt + kSteps) * kKvHeads * d, 1), v = random(k.size(), 2);
+  std::vector<float> q = random(size_t(kSteps) * kHeads * d, 3);
+  ThreadPool pool{2};
+  AttentionParams params{kHeads, 1.0f / std::sqrt(float(d)), &pool};
+
+  static std::vector<float> random(size_t n, unsigned seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal;
     std::vector<float> x(n);
     for (float& value : x) value = normal(rng);
     return x;
-  };
-  const std::vector<float> k = random(size_t(kPrompt + kSteps) * kKvHeads * d), v = random(k.size());
-  const std::vector<float> q = random(size_t(kSteps) * kHeads * d);
-  ThreadPool pool(2);
-  const AttentionParams params{kHeads, 1.0f / std::sqrt(float(d)), &pool};
-  auto run = [&](const std::string& spec, TierStats* stats) {
+  }
+
+  std::vector<float> run(const std::string& spec, TierStats* stats) {
     auto pipeline = make_kv_pipeline(spec);
     EXPECT_TRUE(pipeline) << pipeline.status().message();
     KvStore store({1, kKvHeads, d, d, kPrompt + kSteps}, *pipeline);
@@ -75,17 +78,45 @@ TEST(OffloadTier, AttendsExactlyAsTheFastTierAndCountsTraffic) {
     }
     if (stats) *stats = store.tier_stats();
     return out;
-  };
+  }
+};
+
+TEST(OffloadTier, AttendsExactlyAsTheFastTierAndCountsTraffic) {
+  DecodeSteps steps;
   TierStats stats;
   const std::string selector = "oracle:topk=64,local=64+hack:bits=4";
-  EXPECT_EQ(run(selector + "@offload:cache=256", &stats), run(selector, nullptr));
+  EXPECT_EQ(steps.run(selector + "@offload:cache=256", &stats), steps.run(selector, nullptr));
   EXPECT_GT(stats.hits, 0);
   EXPECT_GT(stats.misses, 0);
-  const size_t block_bytes = stats.bytes_written / (kPrompt / 64 * kKvHeads);
+  const size_t block_bytes = stats.bytes_written / (DecodeSteps::kPrompt / 64 * DecodeSteps::kKvHeads);
   EXPECT_EQ(stats.bytes_moved, size_t(stats.misses) * block_bytes);
-  EXPECT_EQ(run("hack:bits=4@offload:cache=64,policy=lfu", nullptr), run("hack:bits=4", nullptr)) << "everything";
+  EXPECT_EQ(steps.run("hack:bits=4@offload:cache=64,policy=lfu", nullptr), steps.run("hack:bits=4", nullptr))
+      << "everything";
   EXPECT_FALSE(make_kv_pipeline("dense@offload:dir=/nonexistent/dir"));
   EXPECT_FALSE(make_kv_pipeline("dense@offload:policy=mru"));
+}
+
+// pq's re-rank reads its candidates' keys before the step's blocks are staged: those not in the cache
+// are read where they lie in the slow tier, key rows only (dense: d FP32 each), and counted as moved.
+TEST(OffloadTier, CountsTheReRanksKeyReadsAsTraffic) {
+  DecodeSteps steps;
+  const size_t key_bytes = DecodeSteps::d * sizeof(float);
+  for (const double rerank : {1.0, 2.0}) {
+    TierStats stats;
+    steps.run(str_cat("pq:topk=64,local=64,rerank=", rerank, "+dense@offload:cache=64"), &stats);
+    const size_t block_bytes = stats.bytes_written / (DecodeSteps::kPrompt / 64 * DecodeSteps::kKvHeads);
+    const size_t staged = size_t(stats.misses) * block_bytes;
+    ASSERT_GE(stats.bytes_moved, staged);
+    const size_t direct = stats.bytes_moved - staged;
+    if (rerank == 1.0) {
+      EXPECT_EQ(direct, 0u) << "codes alone read no keys";
+      continue;
+    }
+    // At most every candidate's key (2 · 64 per KV head and step), and some of them from the slow tier.
+    EXPECT_GT(direct, 0u);
+    EXPECT_LE(direct, size_t(DecodeSteps::kSteps) * DecodeSteps::kKvHeads * 128 * key_bytes);
+    EXPECT_EQ(direct % key_bytes, 0u) << "key rows, not blocks";
+  }
 }
 
 // `@kvpr` (device cuda: tests/cuda/kv_tier_test.cc runs it): its options and their errors.

@@ -14,4 +14,10 @@ inline constexpr int kMaxBlockTokens = 256;
 void attend_block_f32(const QueryTile& tile, const float* k, const float* v, int k_dim, int v_dim,
                       AttentionPartials& partials, int first_partial = 0);
 
+// The same fold with the scores given instead of keys (tokens a selector has scored exactly: the keys
+// need not be read again). scores [n, n_queries]: q_i·k_j, unscaled (multiplied by `scale` here);
+// v [n, v_dim]; every query sees all n tokens. n <= kMaxBlockTokens.
+void attend_scored_f32(const float* scores, float scale, int n_queries, const float* v, int n, int v_dim,
+                       AttentionPartials& partials, int first_partial = 0);
+
 }  // namespace slimkv

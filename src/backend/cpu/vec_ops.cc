@@ -14,6 +14,11 @@ namespace slimkv {
 namespace HWY_NAMESPACE {
 
 float DotExport(const float* a, const float* b, size_t n) { return Dot(a, b, n); }
+void DotsExport(const float* q, int n_queries, const float* x, int n_rows, size_t n, float* out) {
+  for (int i = 0; i < n_rows; ++i) {
+    for (int r = 0; r < n_queries; ++r) *out++ = Dot(q + size_t(r) * n, x + size_t(i) * n, n);
+  }
+}
 void MulAddToExport(float alpha, const float* x, float* y, size_t n) { MulAddTo(alpha, x, y, n); }
 void MatVecHalfExport(const float* x, int64_t n, const uint16_t* w, bool is_bf16, int64_t rows, int64_t cols,
                       int64_t row_begin, int64_t row_end, float* y) {
@@ -32,6 +37,7 @@ HWY_AFTER_NAMESPACE();
 namespace slimkv {
 
 HWY_EXPORT(DotExport);
+HWY_EXPORT(DotsExport);
 HWY_EXPORT(MulAddToExport);
 HWY_EXPORT(WidenHalfExport);
 HWY_EXPORT(MatVecHalfExport);
@@ -42,6 +48,10 @@ void matvec_half(const float* x, int64_t n, const uint16_t* w, DType dtype, int6
 }
 
 float dot(const float* a, const float* b, size_t n) { return HWY_DYNAMIC_DISPATCH(DotExport)(a, b, n); }
+
+void dots(const float* q, int n_queries, const float* x, int n_rows, size_t n, float* out) {
+  HWY_DYNAMIC_DISPATCH(DotsExport)(q, n_queries, x, n_rows, n, out);
+}
 
 void mul_add_to(float alpha, const float* x, float* y, size_t n) {
   HWY_DYNAMIC_DISPATCH(MulAddToExport)(alpha, x, y, n);

@@ -10,6 +10,9 @@
 namespace slimkv {
 
 float dot(const float* a, const float* b, size_t n);
+// out[i, r] = q_r · x_i for queries q [n_queries, n] and rows x [n_rows, n]; out [n_rows, n_queries]. One
+// dispatch for all of them (pq's re-rank scores a few queries against each key it reads).
+void dots(const float* q, int n_queries, const float* x, int n_rows, size_t n, float* out);
 void mul_add_to(float alpha, const float* x, float* y, size_t n);  // y += alpha · x
 // y[i, o] = Σ_c x[i, c] · float(w[o, c]) for rows o in [row_begin, row_end) of half-precision weights
 // w [rows, cols] (BF16 or F16): a matrix-vector product that widens the weights in registers.

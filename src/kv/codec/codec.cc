@@ -23,8 +23,10 @@ void Codec::decode_tokens(const BlockShape& shape, const uint8_t* block, const i
   block_v.resize(size_t(shape.block_tokens) * size_t(shape.v_dim));
   decode(shape, block, block_k.data(), block_v.data());
   for (int i = 0; i < n; ++i) {
-    std::memcpy(k + size_t(i) * shape.k_dim, block_k.data() + size_t(tokens[i]) * shape.k_dim,
-                size_t(shape.k_dim) * sizeof(float));
+    if (k) {
+      std::memcpy(k + size_t(i) * shape.k_dim, block_k.data() + size_t(tokens[i]) * shape.k_dim,
+                  size_t(shape.k_dim) * sizeof(float));
+    }
     if (v) {
       std::memcpy(v + size_t(i) * shape.v_dim, block_v.data() + size_t(tokens[i]) * shape.v_dim,
                   size_t(shape.v_dim) * sizeof(float));

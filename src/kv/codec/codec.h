@@ -73,10 +73,23 @@ class Codec {
   virtual void decode(const BlockShape& shape, const uint8_t* block, float* k, float* v) const = 0;
 
   // Decodes only some tokens (ascending indices into the block): k [n, k_dim], v [n, v_dim] (v null:
-  // the keys only, what pq's re-rank reads). What attention over a token selection reads (kv/select).
-  // By default the whole block, then the rows.
+  // the keys only, what pq's re-rank reads; k null: the values only, what attention reads of tokens pq
+  // has scored). What attention over a token selection reads (kv/select). By default the whole block,
+  // then the rows.
   virtual void decode_tokens(const BlockShape& shape, const uint8_t* block, const int* tokens, int n, float* k,
                              float* v) const;
+  // Bytes of the block decode_tokens reads for n tokens' keys and/or values: what such a read moves out
+  // of a slower tier (the offload tier counts pq's re-rank reads by it). By default (the whole block
+  // decoded, then the rows) the block.
+  virtual size_t token_read_bytes(const BlockShape& shape, int /*n*/, bool /*keys*/, bool /*values*/) const {
+    return block_bytes(shape);
+  }
+  // Asks for the rows decode_tokens will read of these tokens (keys, values or both) ahead of time: a
+  // selection's rows are scattered, so the hardware prefetcher does not see them coming, and callers
+  // ask a few tokens ahead to overlap the misses (KvStore::prefetch_sealed_tokens). A hint: by default
+  // nothing.
+  virtual void prefetch_tokens(const BlockShape& /*shape*/, const uint8_t* /*block*/, const int* /*tokens*/,
+                               int /*n*/, bool /*keys*/, bool /*values*/) const {}
 };
 
 // Attention over a block through its decoded FP32 form: codec.decode() into this thread's buffers,

@@ -45,12 +45,31 @@ void DenseCodec::decode_tokens(const BlockShape& shape, const uint8_t* block, co
   const size_t element = dtype_size_bytes(dtype_);
   const uint8_t* v_block = block + size_t(shape.block_tokens) * size_t(shape.k_dim) * element;
   for (int i = 0; i < n; ++i) {
-    widen_to_f32(block + size_t(tokens[i]) * size_t(shape.k_dim) * element, dtype_, k + size_t(i) * shape.k_dim,
-                 size_t(shape.k_dim));
+    if (k) {
+      widen_to_f32(block + size_t(tokens[i]) * size_t(shape.k_dim) * element, dtype_, k + size_t(i) * shape.k_dim,
+                   size_t(shape.k_dim));
+    }
     if (v) {
       widen_to_f32(v_block + size_t(tokens[i]) * size_t(shape.v_dim) * element, dtype_, v + size_t(i) * shape.v_dim,
                    size_t(shape.v_dim));
     }
+  }
+}
+
+size_t DenseCodec::token_read_bytes(const BlockShape& shape, int n, bool keys, bool values) const {
+  return size_t(n) * size_t((keys ? shape.k_dim : 0) + (values ? shape.v_dim : 0)) * dtype_size_bytes(dtype_);
+}
+
+void DenseCodec::prefetch_tokens(const BlockShape& shape, const uint8_t* block, const int* tokens, int n, bool keys,
+                                 bool values) const {
+  const size_t element = dtype_size_bytes(dtype_);
+  const size_t k_row_bytes = size_t(shape.k_dim) * element, v_row_bytes = size_t(shape.v_dim) * element;
+  const uint8_t* v_block = block + size_t(shape.block_tokens) * k_row_bytes;
+  for (int i = 0; i < n; ++i) {
+    const uint8_t* k_row = block + size_t(tokens[i]) * k_row_bytes;
+    const uint8_t* v_row = v_block + size_t(tokens[i]) * v_row_bytes;
+    for (size_t b = 0; keys && b < k_row_bytes; b += 64) __builtin_prefetch(k_row + b);
+    for (size_t b = 0; values && b < v_row_bytes; b += 64) __builtin_prefetch(v_row + b);
   }
 }
 

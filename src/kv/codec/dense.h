@@ -22,6 +22,9 @@ class DenseCodec final : public Codec {
   void decode(const BlockShape& shape, const uint8_t* block, float* k, float* v) const override;
   void decode_tokens(const BlockShape& shape, const uint8_t* block, const int* tokens, int n, float* k,
                      float* v) const override;  // reads only those rows
+  size_t token_read_bytes(const BlockShape& shape, int n, bool keys, bool values) const override;
+  void prefetch_tokens(const BlockShape& shape, const uint8_t* block, const int* tokens, int n, bool keys,
+                       bool values) const override;
 
  private:
   DType dtype_;

@@ -220,4 +220,51 @@ void dequantize_block(const QuantizedBlockLayout& layout, const uint8_t* block, 
   }
 }
 
+void dequantize_tokens(const QuantizedBlockLayout& layout, const uint8_t* block, const int* tokens, int n, float* k,
+                       float* v) {
+  const QuantizationConfig& config = layout.config;
+  const int block_tokens = layout.shape.block_tokens, k_dim = layout.shape.k_dim, v_dim = layout.shape.v_dim;
+  const size_t kg = group_bytes(config.k_bits), vg = group_bytes(config.v_bits);
+  thread_local std::vector<float> v_min, v_scale;  // per column, widened once for all the tokens
+  if (v) {
+    v_min.resize(size_t(v_dim));
+    v_scale.resize(size_t(v_dim));
+    for (int c = 0; c < v_dim; ++c) {
+      v_min[size_t(c)] = fp16_to_float(at<uint16_t>(block, layout.v_mins)[c]);
+      v_scale[size_t(c)] = fp16_to_float(at<uint16_t>(block, layout.v_scales)[c]);
+    }
+  }
+  // Value j of a packed group of 4 sits in bits [j·b, j·b + b), within one byte (b is 2, 4 or 8).
+  const auto code = [](const uint8_t* group, int j, int bits) {
+    return float((group[(j * bits) >> 3] >> ((j * bits) & 7)) & ((1 << bits) - 1));
+  };
+  for (int i = 0; i < n; ++i) {
+    const int t = tokens[i];
+    for (int p = 0; k && p < layout.k_partitions; ++p) {  // a K partition's dims share a min and a scale
+      const size_t slot = size_t(p) * block_tokens + size_t(t);
+      const float min_value = fp16_to_float(at<uint16_t>(block, layout.k_mins)[slot]);
+      const float scale = fp16_to_float(at<uint16_t>(block, layout.k_scales)[slot]);
+      const int first = p * layout.k_partition, end = first + layout.k_partition_dims(p);
+      for (int d = first; d < end; d += 4) {
+        const uint8_t* group = block + layout.k_codes + (size_t(d / 4) * block_tokens + size_t(t)) * kg;
+        float* out = k + size_t(i) * k_dim + size_t(d);
+        for (int j = 0; j < 4; ++j) out[j] = min_value + scale * code(group, j, config.k_bits);
+      }
+    }
+    // Token t's value of column c: value t % 4 of the group of tokens 4⌊t/4⌋.. of that column.
+    const uint8_t* v_groups = block + layout.v_codes + size_t(t / 4) * v_dim * vg;
+    for (int c = 0; v && c < v_dim; ++c) {
+      const float value_code = code(v_groups + size_t(c) * vg, t % 4, config.v_bits);
+      v[size_t(i) * v_dim + size_t(c)] = v_min[size_t(c)] + v_scale[size_t(c)] * value_code;
+    }
+  }
+}
+
+size_t dequantized_token_bytes(const QuantizedBlockLayout& layout, int n, bool keys, bool values) {
+  const QuantizationConfig& config = layout.config;
+  const size_t k_row = size_t(layout.shape.k_dim) * size_t(config.k_bits) / 8 + size_t(layout.k_partitions) * 4;
+  const size_t v_row = size_t(layout.shape.v_dim) * size_t(config.v_bits) / 8;
+  return (keys ? size_t(n) * k_row : 0) + (values ? size_t(n) * v_row + size_t(layout.shape.v_dim) * 4 : 0);
+}
+
 }  // namespace slimkv

@@ -61,6 +61,16 @@ void quantize_block(const QuantizedBlockLayout& layout, const float* k, const fl
 // Dequantizes to FP32: k [Π, k_dim], v [Π, v_dim].
 void dequantize_block(const QuantizedBlockLayout& layout, const uint8_t* block, float* k, float* v);
 
+// Dequantizes only some tokens (indices into the block): k [n, k_dim], v [n, v_dim], either null to
+// skip it; the rows of dequantize_block exactly. What a token selection reads (pq): a fifth of a block
+// costs a fifth of decoding all of it.
+void dequantize_tokens(const QuantizedBlockLayout& layout, const uint8_t* block, const int* tokens, int n, float* k,
+                       float* v);
+
+// Bytes of the block dequantize_tokens reads for n tokens: their codes and K partitions' metadata, and
+// for values the per-column metadata once.
+size_t dequantized_token_bytes(const QuantizedBlockLayout& layout, int n, bool keys, bool values);
+
 // The integer codes of a block, unpacked: k_codes [Π, k_dim], v_codes [Π, v_dim], and the sums of
 // each partition recomputed from them (what the SE ablation does at every step).
 void unpack_block_codes(const QuantizedBlockLayout& layout, const uint8_t* block, uint8_t* k_codes, uint8_t* v_codes);

@@ -100,14 +100,15 @@ class PqSelector final : public TopkSelector {
   }
 
   // The index and keys as they are once every segment's clustering has landed, per (layer, KV head): a
-  // codebook of 2^b centroids [m, 2^b, d/m] FP32 per segment begun, m one-byte codes per token, and
-  // the FP32 keys of the last segment while it fills (a full segment's keys go when its codes are final).
+  // codebook of 2^b centroids per sub-space, FP16 (pq_codebook.h), per segment begun, m one-byte codes per
+  // token, and the FP32 keys of the last segment while it fills (a full segment's keys go when its codes
+  // are final).
   size_t memory_bytes() const override {
     size_t bytes = 0;
     for (size_t l = 0; l < layers_.size(); ++l) {
       const size_t tokens = size_t(sealed_tokens(int(l))), segment_tokens = size_t(options_.segment_tokens);
       const size_t segments = (tokens + segment_tokens - 1) / segment_tokens;
-      bytes += size_t(num_kv_heads()) * (segments * (size_t(1) << options_.bits) * size_t(k_dim()) * sizeof(float) +
+      bytes += size_t(num_kv_heads()) * (segments * (size_t(1) << options_.bits) * size_t(k_dim()) * sizeof(uint16_t) +
                                          tokens * size_t(options_.m) +
                                          tokens % segment_tokens * size_t(k_dim()) * sizeof(float));
     }

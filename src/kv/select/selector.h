@@ -11,7 +11,8 @@
 // A selector object belongs to one sequence (it lives in the KvStore): the store hands it the FP32 keys
 // of every block it seals, in the basis the store keeps them (Hadamard-rotated when the codec rotates;
 // the store rotates queries alike, and rotation keeps q·k), and, at select time, reads it the keys of
-// chosen sealed tokens back from the blocks as stored (SealedKeys: pq's exact re-rank of its candidates).
+// chosen sealed tokens back from the blocks as stored, to score them (SealedKeys: pq's exact re-rank of its
+// candidates).
 #pragma once
 
 #include <cstdint>
@@ -34,14 +35,22 @@ struct HeadSelection {
   // The candidates the selector ranked: the selected tokens in [ranked_first, ranked_last) are its
   // top-k, those outside are forced (initial tokens, local window). What recall is measured on.
   int ranked_first = 0, ranked_last = 0;
+  // After an exact re-rank (pq): q_h·k of each selected token in [ranked_first, ranked_last), in order,
+  // for each query head h of the group (unscaled, in the store's basis), [those tokens, group]; empty
+  // otherwise. Attention weighs these tokens' values by them instead of reading their keys again: the
+  // re-rank has just read them (PQCache's top-k are scored twice otherwise).
+  std::vector<float> scores = {};
 };
 
-// The keys of sealed tokens as the store holds them (decoded from their blocks, in the store's basis).
+// Exact scores of sealed tokens by their keys as the store holds them (decoded from their blocks, in the
+// store's basis).
 class SealedKeys {
  public:
   virtual ~SealedKeys() = default;
-  // k [n, k_dim]: the keys of tokens (ascending, all sealed) of (layer, head).
-  virtual void read(int layer, int head, const int* tokens, int n, float* k) const = 0;
+  // scores[i, r] = q_r·k of tokens[i] (ascending, all sealed) of (layer, head) for `rows` queries
+  // q [rows, k_dim]; scores [n, rows]. The keys are read a block at a time into scratch that stays in
+  // cache: scores are all a re-rank needs of them.
+  virtual void score(int layer, int head, const float* q, int rows, const int* tokens, int n, float* scores) const = 0;
 };
 
 class Selector {
@@ -56,7 +65,7 @@ class Selector {
   virtual void on_prefill(int /*layer*/) {}
   // Selects for one decode query per head of `layer`. q: [num_heads, k_dim], in the store's basis;
   // num_tokens: tokens the layer holds (this query's included); sealed_tokens: those in sealed blocks
-  // (the rest, the open block, is always attended); sealed_keys reads their keys back (called
+  // (the rest, the open block, is always attended); sealed_keys scores them by their keys (called
   // concurrently for different heads). Fills selection [num_kv_heads].
   virtual void select(int layer, const float* q, int num_heads, int num_tokens, int sealed_tokens,
                       const SealedKeys& sealed_keys, ThreadPool& pool, std::vector<HeadSelection>& selection) = 0;

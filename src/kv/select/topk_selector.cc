@@ -2,9 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
-#include "backend/cpu/vec_ops.h"
+#include "kv/select/top_k.h"
 #include "kv/stage_options.h"
 #include "util/thread_pool.h"
 
@@ -43,43 +42,23 @@ void TopkSelector::select(int layer, const float* q, int num_heads, int num_toke
   const int candidates = std::min(middle, int(std::ceil(double(k) * rerank_)));
   const int group = num_heads / num_kv_heads_;
   pool.run(num_kv_heads_, [&](int64_t g, int) {
-    thread_local std::vector<float> summed_q, scores, candidate_keys;
-    thread_local std::vector<int> order, candidate_tokens;
-    thread_local std::vector<char> is_candidate;
+    // queries [1 + group, k_dim]: the group's summed query, then its heads' own (for the re-rank's scores).
+    thread_local std::vector<float> queries, scores, exact_scores, summed_exact;
+    thread_local std::vector<int> candidate_tokens, kept;
+    const float* group_q = q + size_t(g) * size_t(group) * size_t(k_dim_);
+    queries.assign(size_t(k_dim_), 0.0f);
+    queries.insert(queries.end(), group_q, group_q + size_t(group) * size_t(k_dim_));
     // One query per group: Σ_h q_h·k = (Σ_h q_h)·k (GQA heads share a selection; see selector.h).
-    summed_q.assign(size_t(k_dim_), 0.0f);
     for (int h = 0; h < group; ++h) {
-      const float* qh = q + (size_t(g) * group + size_t(h)) * size_t(k_dim_);
-      for (int c = 0; c < k_dim_; ++c) summed_q[size_t(c)] += qh[c];
+      for (int c = 0; c < k_dim_; ++c) queries[size_t(c)] += group_q[size_t(h) * size_t(k_dim_) + size_t(c)];
     }
     scores.resize(size_t(middle));
-    score(layer, int(g), summed_q.data(), init_end, middle_end, scores.data());
-    order.resize(size_t(middle));
-    std::iota(order.begin(), order.end(), 0);
-    // Highest scores first, ties to the earlier token: the same selection on every run.
-    const auto higher = [&](int a, int b) {
-      return scores[size_t(a)] != scores[size_t(b)] ? scores[size_t(a)] > scores[size_t(b)] : a < b;
-    };
-    std::nth_element(order.begin(), order.begin() + candidates, order.end(), higher);
-    if (candidates > k) {  // re-rank the candidates by their exact scores
-      // In token order (the keys are read block by block): a pass over flags, cheaper than a sort.
-      is_candidate.assign(size_t(middle), 0);
-      for (int i = 0; i < candidates; ++i) is_candidate[size_t(order[size_t(i)])] = 1;
-      candidate_tokens.clear();
-      for (int i = 0; i < middle; ++i) {
-        if (is_candidate[size_t(i)]) candidate_tokens.push_back(i);
-      }
-      std::copy(candidate_tokens.begin(), candidate_tokens.end(), order.begin());
-      for (int& token : candidate_tokens) token += init_end;
-      candidate_keys.resize(size_t(candidates) * size_t(k_dim_));
-      sealed_keys.read(layer, int(g), candidate_tokens.data(), candidates, candidate_keys.data());
-      for (int i = 0; i < candidates; ++i) {
-        scores[size_t(order[size_t(i)])] =
-            dot(summed_q.data(), candidate_keys.data() + size_t(i) * size_t(k_dim_), size_t(k_dim_));
-      }
-      std::nth_element(order.begin(), order.begin() + k, order.begin() + candidates, higher);
-    }
-    std::sort(order.begin(), order.begin() + k);
+    score(layer, int(g), queries.data(), init_end, middle_end, scores.data());
+    // The candidates, highest scores first and ties to the earlier token (the same selection on every
+    // run), as ascending tokens: the order the keys are read in, block by block, and attention's.
+    candidate_tokens.resize(size_t(candidates));
+    top_k_indices(scores.data(), middle, candidates, candidate_tokens.data());
+    for (int& token : candidate_tokens) token += init_end;
     HeadSelection& out = selection[size_t(g)];
     out.all = false;
     out.ranked_first = init_end;
@@ -87,7 +66,24 @@ void TopkSelector::select(int layer, const float* q, int num_heads, int num_toke
     out.tokens.clear();
     out.tokens.reserve(size_t(init_end + k + num_tokens - middle_end));
     for (int t = 0; t < init_end; ++t) out.tokens.push_back(t);
-    for (int i = 0; i < k; ++i) out.tokens.push_back(init_end + order[size_t(i)]);
+    out.scores.clear();
+    if (candidates > k) {  // re-rank the candidates by their exact scores (ties again to the earlier token)
+      const int rows = 1 + group;
+      exact_scores.resize(size_t(candidates) * size_t(rows));  // [candidates, summed query + group heads]
+      sealed_keys.score(layer, int(g), queries.data(), rows, candidate_tokens.data(), candidates, exact_scores.data());
+      summed_exact.resize(size_t(candidates));
+      for (int i = 0; i < candidates; ++i) summed_exact[size_t(i)] = exact_scores[size_t(i) * size_t(rows)];
+      kept.resize(size_t(k));
+      top_k_indices(summed_exact.data(), candidates, k, kept.data());
+      out.scores.reserve(size_t(k) * size_t(group));
+      for (int i : kept) {  // the kept tokens, and their heads' scores for attention (selector.h)
+        out.tokens.push_back(candidate_tokens[size_t(i)]);
+        const float* head_scores = exact_scores.data() + size_t(i) * size_t(rows) + 1;
+        out.scores.insert(out.scores.end(), head_scores, head_scores + group);
+      }
+    } else {
+      out.tokens.insert(out.tokens.end(), candidate_tokens.begin(), candidate_tokens.end());
+    }
     for (int t = middle_end; t < num_tokens; ++t) out.tokens.push_back(t);
   });
 }

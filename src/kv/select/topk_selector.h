@@ -7,8 +7,9 @@
 //
 // With rerank > 1 (pq), the top ⌈rerank·k⌉ middle tokens by score are candidates: their keys are read
 // back from the blocks as stored and the k with the highest exact scores are kept. It costs reading
-// those keys (rerank·k rows of K per KV head and step, most of them read by attention anyway) and buys
-// PQ's boundary misses back: they rank just below the top k.
+// those keys (rerank·k rows of K per KV head and step) and buys PQ's boundary misses back: they rank
+// just below the top k. The kept tokens' keys are not read again: the re-rank scores them for each query
+// head of the group too, and attention takes those scores (HeadSelection::scores).
 #pragma once
 
 #include <vector>

@@ -78,7 +78,7 @@ void OffloadTier::stage(const std::vector<int64_t>& ids) {
 }
 
 TierStats OffloadTier::stats() const {
-  return {cache_.hits(), cache_.misses(), bytes_moved_, bytes_written_};
+  return {cache_.hits(), cache_.misses(), bytes_moved_ + direct_bytes_.load(std::memory_order_relaxed), bytes_written_};
 }
 
 void OffloadTier::clear() {
@@ -86,6 +86,7 @@ void OffloadTier::clear() {
   std::fill(resident_.begin(), resident_.end(), nullptr);
   blocks_ = 0;
   bytes_moved_ = bytes_written_ = 0;
+  direct_bytes_ = 0;
 }
 
 }  // namespace slimkv

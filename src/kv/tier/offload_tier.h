@@ -6,6 +6,7 @@
 // mapping (counted as misses and as bytes moved). Bytes moved and written are counted and reported.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -19,7 +20,9 @@ namespace slimkv {
 
 struct TierStats {
   int64_t hits = 0, misses = 0;
-  size_t bytes_moved = 0;    // slow tier -> fast tier (block copies on misses, and streamed blocks)
+  // slow tier -> fast tier: block copies on misses, streamed blocks, and what is read where it lies
+  // outside staging (pq's re-rank reads its candidates' keys)
+  size_t bytes_moved = 0;
   size_t bytes_written = 0;  // fast -> slow (sealed blocks written to the file)
   double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 0.0; }
 };
@@ -58,6 +61,13 @@ class OffloadTier {
     const uint8_t* fast = resident_[size_t((slow - mapping_) / ptrdiff_t(block_bytes_))];
     return fast ? fast : slow;
   }
+  // Whether read() gave the block where it lies in the slow tier (it is not in the cache this step).
+  bool in_slow_tier(const uint8_t* block) const {
+    return block >= mapping_ && block < mapping_ + max_blocks_ * block_bytes_;
+  }
+  // Counts bytes read where they lie in the slow tier outside stage(): pq's re-rank reads its candidates'
+  // keys before the step's blocks are staged. Safe from concurrent threads (heads are scored in parallel).
+  void count_direct_read(size_t bytes) const { direct_bytes_.fetch_add(bytes, std::memory_order_relaxed); }
   // The id of a block from where write() put it.
   int64_t id_of(const uint8_t* slow) const { return (slow - mapping_) / ptrdiff_t(block_bytes_); }
   const uint8_t* slow_block(int64_t id) const { return mapping_ + size_t(id) * block_bytes_; }
@@ -79,6 +89,7 @@ class OffloadTier {
   BlockCache cache_;
   int64_t blocks_ = 0;
   size_t bytes_moved_ = 0, bytes_written_ = 0;
+  mutable std::atomic<size_t> direct_bytes_{0};  // count_direct_read's
 };
 
 }  // namespace slimkv
