@@ -661,49 +661,22 @@ Expected<std::unique_ptr<CudaHackPrefillAttention>> CudaHackPrefillAttention::cr
                  attention->shared_bytes_, " bytes of shared memory) cannot run");
   }
   attention->target_ctas_ = resident * multiprocessor_count();
-  attention->tiles_offset_ = (3 * shape.max_batch + 2) / 2 * 2;  // int2 tiles: 8-byte aligned
-  SLIMKV_ASSIGN_OR_RETURN(attention->metadata_, DeviceArray<int>::allocate(size_t(attention->tiles_offset_ + 2 * shape.max_queries),
+  SLIMKV_ASSIGN_OR_RETURN(attention->metadata_, DeviceArray<int>::allocate(size_t(attention_tiles_offset(shape.max_batch) + 2 * shape.max_queries),
                                                                            "HACK prefill metadata"));
   return Expected<std::unique_ptr<CudaHackPrefillAttention>>(std::move(attention));
 }
 
 Status CudaHackPrefillAttention::plan(const PagedAttentionBatch& batch) {
+  auto laid_out = lay_out_attention_batch(batch, shape_.max_batch, shape_.max_queries, kTileRows / group_);
+  if (!laid_out) return laid_out.status().with_context("CUDA HACK prefill attention");
+  const std::vector<int>& metadata = *laid_out;
   const int batch_size = int(batch.sequence_ids.size());
-  if (batch_size == 0 || batch_size > shape_.max_batch || int(batch.kv_lens.size()) != batch_size ||
-      int(batch.query_counts.size()) != batch_size) {
-    return error("CUDA HACK prefill attention: a batch of ", batch_size, " sequences (at most ", shape_.max_batch, "), ",
-                 batch.kv_lens.size(), " kv_lens and ", batch.query_counts.size(), " query_counts");
-  }
-  // Laid out as CudaPagedAttention's metadata (split_k.cuh's AttentionLaunch reads it).
-  std::vector<int> metadata(size_t(tiles_offset_), 0);
-  int* sequence_ids = metadata.data();
-  int* kv_lens = sequence_ids + shape_.max_batch;
-  int* query_starts = kv_lens + shape_.max_batch;
   int max_sealed_blocks = 0;
   for (int b = 0; b < batch_size; ++b) {
-    const int n = batch.query_counts[size_t(b)], kv_len = batch.kv_lens[size_t(b)];
-    if (n < 1 || n > kv_len) {
-      return error("CUDA HACK prefill attention: sequence ", b, " has ", n, " queries over ", kv_len,
-                   " tokens (expected 1 <= queries <= tokens)");
-    }
-    sequence_ids[b] = batch.sequence_ids[size_t(b)];
-    kv_lens[b] = kv_len;
-    query_starts[b + 1] = query_starts[b] + n;
-    max_sealed_blocks = std::max(max_sealed_blocks, (kv_len - n) / T);
-  }
-  if (query_starts[batch_size] > shape_.max_queries) {
-    return error("CUDA HACK prefill attention: ", query_starts[batch_size], " queries in one step, over max_queries ",
-                 shape_.max_queries);
-  }
-  const int positions = kTileRows / group_;
-  for (int b = 0; b < batch_size; ++b) {
-    for (int first = 0; first < batch.query_counts[size_t(b)]; first += positions) {
-      metadata.push_back(b);
-      metadata.push_back(first);
-    }
+    max_sealed_blocks = std::max(max_sealed_blocks, (batch.kv_lens[size_t(b)] - batch.query_counts[size_t(b)]) / T);
   }
   batch_size_ = batch_size;
-  num_tiles_ = int(metadata.size() - size_t(tiles_offset_)) / 2;
+  num_tiles_ = int(metadata.size() - size_t(attention_tiles_offset(shape_.max_batch))) / 2;
   // Splits fill one wave of the kernel when tiles × KV heads alone do not.
   const int independent_ctas = num_tiles_ * shape_.num_kv_heads;
   num_splits_ = std::clamp(target_ctas_ / independent_ctas, 1, std::max(1, max_sealed_blocks));
@@ -732,17 +705,13 @@ Status CudaHackPrefillAttention::run(const PagedKvView& kv, const QuantizedKvVie
   if (sealed.blocks == nullptr || sealed.block_tables == nullptr) {
     return error("CUDA HACK prefill attention: the sealed blocks or their block tables are missing");
   }
-  const int* metadata = metadata_.data();
   HackPrefillLaunch L{};
   AttentionLaunch& p = L.a;
   p.q = reinterpret_cast<const __half*>(q);
   p.out = reinterpret_cast<__half*>(out);
   p.block_tables = kv.block_tables;
   p.block_table_stride = kv.block_table_stride;
-  p.sequence_ids = metadata;
-  p.kv_lens = metadata + shape_.max_batch;
-  p.query_starts = metadata + 2 * shape_.max_batch;
-  p.tiles = reinterpret_cast<const int2*>(metadata + tiles_offset_);
+  point_at_batch(p, metadata_.data(), shape_.max_batch);
   p.num_heads = shape_.num_heads;
   p.num_kv_heads = shape_.num_kv_heads;
   p.head_dim = shape_.head_dim;

@@ -105,7 +105,6 @@ class CudaHackPrefillAttention {
   int batch_size_ = 0, num_tiles_ = 0, num_splits_ = 1, blocks_per_split_ = 1;
   // Device: [sequence_ids B | kv_lens B | query_starts B+1 | pad | tiles], and the partials.
   DeviceArray<int> metadata_;
-  int tiles_offset_ = 0;
   DeviceArray<float> partial_acc_;
   DeviceArray<float> partial_max_sum_;
 };

@@ -310,7 +310,7 @@ Expected<std::unique_ptr<CudaPagedAttention>> CudaPagedAttention::create(const P
       std::max((size_t(shape.max_queries) * shape.num_kv_heads + max_target) * attention->rows_per_tile_,
                size_t(attention->prefill_target_ctas_) * kPrefillTileRows);
   SLIMKV_ASSIGN_OR_RETURN(attention->metadata_,
-                          DeviceArray<int>::allocate(size_t(attention->tiles_offset() + 2 * shape.max_queries), "attention metadata"));
+                          DeviceArray<int>::allocate(size_t(attention_tiles_offset(shape.max_batch) + 2 * shape.max_queries), "attention metadata"));
   SLIMKV_ASSIGN_OR_RETURN(attention->partial_acc_,
                           DeviceArray<float>::allocate(attention->partial_rows_capacity_ * shape.head_dim, "attention partials"));
   SLIMKV_ASSIGN_OR_RETURN(attention->partial_max_sum_,
@@ -318,53 +318,63 @@ Expected<std::unique_ptr<CudaPagedAttention>> CudaPagedAttention::create(const P
   return Expected<std::unique_ptr<CudaPagedAttention>>(std::move(attention));
 }
 
-Status CudaPagedAttention::plan(const PagedAttentionBatch& batch) {
+Expected<std::vector<int>> lay_out_attention_batch(const PagedAttentionBatch& batch, int max_batch, int max_queries,
+                                                   int tile_positions) {
   const int batch_size = int(batch.sequence_ids.size());
-  if (batch_size == 0 || batch_size > shape_.max_batch || int(batch.kv_lens.size()) != batch_size ||
+  if (batch_size == 0 || batch_size > max_batch || int(batch.kv_lens.size()) != batch_size ||
       int(batch.query_counts.size()) != batch_size) {
-    return error("CUDA paged attention: a batch of ", batch_size, " sequences (at most ", shape_.max_batch, "), ",
-                 batch.kv_lens.size(), " kv_lens and ", batch.query_counts.size(), " query_counts");
+    return error("a batch of ", batch_size, " sequences (at most ", max_batch, "), ", batch.kv_lens.size(), " kv_lens and ",
+                 batch.query_counts.size(), " query_counts");
   }
-  // Laid out as metadata_ says; the per-sequence arrays padded to max_batch, so the tiles sit at a
-  // fixed, 8-byte aligned offset.
-  std::vector<int> metadata(size_t(tiles_offset()), 0);
+  // The per-sequence arrays padded to max_batch, so the tiles sit at a fixed, 8-byte aligned offset.
+  std::vector<int> metadata(size_t(attention_tiles_offset(max_batch)), 0);
   int* sequence_ids = metadata.data();
-  int* kv_lens = sequence_ids + shape_.max_batch;
-  int* query_starts = kv_lens + shape_.max_batch;
-  int max_kv_len = 0;
-  max_query_count_ = max_prefix_blocks_ = max_window_blocks_ = 0;
+  int* kv_lens = sequence_ids + max_batch;
+  int* query_starts = kv_lens + max_batch;
   for (int b = 0; b < batch_size; ++b) {
     const int n = batch.query_counts[size_t(b)], kv_len = batch.kv_lens[size_t(b)];
     if (n < 1 || n > kv_len) {
-      return error("CUDA paged attention: sequence ", b, " has ", n, " queries over ", kv_len,
-                   " tokens (expected 1 <= queries <= tokens)");
+      return error("sequence ", b, " has ", n, " queries over ", kv_len, " tokens (expected 1 <= queries <= tokens)");
     }
     sequence_ids[b] = batch.sequence_ids[size_t(b)];
     kv_lens[b] = kv_len;
     query_starts[b + 1] = query_starts[b] + n;
-    max_kv_len = std::max(max_kv_len, kv_len);
-    max_query_count_ = std::max(max_query_count_, n);
-    const int prefix_blocks = (kv_len - n) / kCudaBlockTokens;
-    max_prefix_blocks_ = std::max(max_prefix_blocks_, prefix_blocks);
-    max_window_blocks_ = std::max(max_window_blocks_, (kv_len + kCudaBlockTokens - 1) / kCudaBlockTokens - prefix_blocks);
   }
-  if (query_starts[batch_size] > shape_.max_queries) {
-    return error("CUDA paged attention: ", query_starts[batch_size], " queries in one step, over max_queries ",
-                 shape_.max_queries);
+  if (query_starts[batch_size] > max_queries) {
+    return error(query_starts[batch_size], " queries in one step, over max_queries ", max_queries);
   }
-  tensor_cores_ = prefill_target_ctas_ > 0 && max_query_count_ >= std::max(2, shape_.tensor_core_min_queries);
   for (int b = 0; b < batch_size; ++b) {
-    for (int first = 0; first < batch.query_counts[size_t(b)]; first += tile_positions()) {
+    for (int first = 0; first < batch.query_counts[size_t(b)]; first += tile_positions) {
       metadata.push_back(b);
       metadata.push_back(first);
     }
   }
+  return metadata;
+}
 
-  batch_size_ = batch_size;
-  num_tiles_ = int(metadata.size() - size_t(tiles_offset())) / 2;
+Status CudaPagedAttention::plan(const PagedAttentionBatch& batch) {
+  // The kernel, and so the tile, follows the most queries of one sequence.
+  int max_query_count = 0;
+  for (int n : batch.query_counts) max_query_count = std::max(max_query_count, n);
+  const bool tensor_cores = prefill_target_ctas_ > 0 && max_query_count >= std::max(2, shape_.tensor_core_min_queries);
+  const int positions = tensor_cores ? kPrefillTileRows / group_ : positions_per_tile_;
+  auto metadata = lay_out_attention_batch(batch, shape_.max_batch, shape_.max_queries, positions);
+  if (!metadata) return metadata.status().with_context("CUDA paged attention");
+  int max_kv_len = 0;
+  max_prefix_blocks_ = max_window_blocks_ = 0;
+  for (size_t b = 0; b < batch.kv_lens.size(); ++b) {
+    const int kv_len = batch.kv_lens[b], prefix_blocks = (kv_len - batch.query_counts[b]) / kCudaBlockTokens;
+    max_kv_len = std::max(max_kv_len, kv_len);
+    max_prefix_blocks_ = std::max(max_prefix_blocks_, prefix_blocks);
+    max_window_blocks_ = std::max(max_window_blocks_, (kv_len + kCudaBlockTokens - 1) / kCudaBlockTokens - prefix_blocks);
+  }
+  max_query_count_ = max_query_count;
+  tensor_cores_ = tensor_cores;
+  batch_size_ = int(batch.sequence_ids.size());
+  num_tiles_ = int(metadata->size() - size_t(attention_tiles_offset(shape_.max_batch))) / 2;
   max_blocks_ = (max_kv_len + kCudaBlockTokens - 1) / kCudaBlockTokens;
   split_blocks(target_ctas_);
-  return metadata_.upload(metadata.data(), metadata.size());
+  return metadata_.upload(metadata->data(), metadata->size());
 }
 
 int CudaPagedAttention::tile_rows() const { return tensor_cores_ ? kPrefillTileRows : rows_per_tile_; }
@@ -408,7 +418,6 @@ Status CudaPagedAttention::check_run(const PagedKvView& kv) const {
 
 AttentionLaunch CudaPagedAttention::launch_params(const PagedKvView& kv, const uint16_t* q, float scale,
                                                   uint16_t* out) const {
-  const int* metadata = metadata_.data();
   AttentionLaunch p{};
   p.q = reinterpret_cast<const __half*>(q);
   p.out = reinterpret_cast<__half*>(out);
@@ -416,10 +425,7 @@ AttentionLaunch CudaPagedAttention::launch_params(const PagedKvView& kv, const u
   p.v_pool = reinterpret_cast<const __half*>(kv.v);
   p.block_tables = kv.block_tables;
   p.block_table_stride = kv.block_table_stride;
-  p.sequence_ids = metadata;
-  p.kv_lens = metadata + shape_.max_batch;
-  p.query_starts = metadata + 2 * shape_.max_batch;
-  p.tiles = reinterpret_cast<const int2*>(metadata + tiles_offset());
+  point_at_batch(p, metadata_.data(), shape_.max_batch);
   p.num_heads = shape_.num_heads;
   p.num_kv_heads = shape_.num_kv_heads;
   p.head_dim = shape_.head_dim;

@@ -39,6 +39,17 @@ struct PagedAttentionBatch {
   std::vector<int> query_counts;
 };
 
+// Where the tiles start in a step's metadata: after the per-sequence arrays, rounded up for int2 loads.
+inline int attention_tiles_offset(int max_batch) { return (3 * max_batch + 2) / 2 * 2; }
+
+// A step's batch as the attention kernels read it (split_k.cuh's AttentionLaunch, point_at_batch):
+// [sequence ids | kv_lens, each padded to max_batch | query_starts, max_batch + 1 | pad |
+// tiles: (batch index, first query) every tile_positions queries of each sequence]. The planners of
+// CudaPagedAttention and of the INT8 prefill kernel (hack_prefill_attention.cuh) share it. Errors
+// name what is out of range: the batch's size, a query count, the step's queries.
+Expected<std::vector<int>> lay_out_attention_batch(const PagedAttentionBatch& batch, int max_batch, int max_queries,
+                                                   int tile_positions);
+
 struct PagedAttentionShape {
   int num_heads = 0;     // query heads; num_heads / num_kv_heads (at most 8) share a KV head
   int num_kv_heads = 0;
@@ -91,8 +102,6 @@ class CudaPagedAttention {
   int tile_rows() const;
   int tile_positions() const;
   AttentionLaunch launch_params(const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out) const;
-  // Where the tiles start in metadata_: after the per-sequence arrays, rounded up for int2 loads.
-  int tiles_offset() const { return (3 * shape_.max_batch + 2) / 2 * 2; }
 
   PagedAttentionShape shape_;
   int group_ = 0;               // query heads per KV head

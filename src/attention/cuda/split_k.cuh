@@ -7,6 +7,7 @@
 
 #include <cuda_fp16.h>
 
+#include "attention/cuda/paged_attention.h"
 #include "backend/cuda/paged_kv_cache.h"
 #include "backend/cuda/quantized_kv_pool.h"
 
@@ -40,6 +41,14 @@ struct AttentionLaunch {
   float* partial_acc;              // [num_tiles, num_kv_heads, rows_per_tile, split_stride, head_dim]
   float2* partial_max_sum;         // [num_tiles, num_kv_heads, rows_per_tile, split_stride]: base-2 max, sum
 };
+
+// Points p's per-step arrays at a step's metadata on the device (lay_out_attention_batch's layout).
+inline void point_at_batch(AttentionLaunch& p, const int* metadata, int max_batch) {
+  p.sequence_ids = metadata;
+  p.kv_lens = metadata + max_batch;
+  p.query_starts = metadata + 2 * max_batch;
+  p.tiles = reinterpret_cast<const int2*>(metadata + attention_tiles_offset(max_batch));
+}
 
 // Where a tile's queries sit: rows r < active_rows are query head kv_head·group + r % group at query
 // first_query + r / group of the sequence, whose position is first_position + that query.

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <string>
 
 #include "backend/cpu/vec_ops.h"
 #include "backend/cuda/layer_kernels.h"
@@ -180,8 +179,7 @@ Status CudaLlamaModel::allocate_runtime(const CudaModelOptions& options) {
                                                    : std::min(size_t(options.max_sequences) * size_t(blocks_per_sequence), fitting);
   if (blocks == 0) {
     return error("CUDA model: no room for a single KV block of ", block_bytes, " bytes (kv_cache_bytes ",
-                 options.kv_cache_bytes, window_bytes > 0 ? ", after the quantized KV's FP16 window of " : "",
-                 window_bytes > 0 ? std::to_string(window_bytes) + " bytes" : "", ")");
+                 options.kv_cache_bytes, ", of which the quantized KV's FP16 window takes ", window_bytes, ")");
   }
   kv_shape.num_blocks = int(std::min<size_t>(blocks, 1u << 30));
   if (const auto& q = options.quantized_kv) {
