@@ -62,6 +62,7 @@ TEST(SequenceBlocks, ReleasedLeadingBlocksGoBackWhileTheTokensStay) {
   EXPECT_EQ(pool.blocks(a), (std::vector<int>{SequenceBlocks::kReleased, SequenceBlocks::kReleased,
                                               SequenceBlocks::kReleased, 3}));
   EXPECT_EQ(pool.num_tokens(a), 3 * kCudaBlockTokens + 5);
+  EXPECT_EQ(pool.released_blocks(a), 3);
   EXPECT_EQ(pool.free_blocks(), 5);
   pool.release_leading(a, 3);  // twice changes nothing
   EXPECT_EQ(pool.free_blocks(), 5);

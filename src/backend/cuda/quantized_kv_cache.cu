@@ -1,5 +1,6 @@
 #include "backend/cuda/quantized_kv_cache.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace slimkv::cuda {
@@ -52,9 +53,7 @@ int CudaQuantizedKvCache::window_blocks_to_grow(const std::vector<int>& sequence
   }
   // What begin_step gives back first: every sequence's FP16 blocks before its open block.
   for (int s = 0; s < window.max_sequences(); ++s) {
-    if (!window.is_live(s)) continue;
-    const std::vector<int>& blocks = window.blocks(s);
-    for (int b = 0; b < window.num_tokens(s) / kCudaBlockTokens; ++b) needed -= blocks[size_t(b)] != SequenceBlocks::kReleased;
+    if (window.is_live(s)) needed -= std::max(0, window.num_tokens(s) / kCudaBlockTokens - window.released_blocks(s));
   }
   return needed;
 }

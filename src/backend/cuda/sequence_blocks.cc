@@ -11,7 +11,7 @@ SequenceBlocks::SequenceBlocks(int num_blocks, int max_sequences, int max_blocks
 Expected<int> SequenceBlocks::add_sequence() {
   for (size_t id = 0; id < sequences_.size(); ++id) {
     if (!sequences_[id].live) {
-      sequences_[id] = Sequence{true, 0, {}};
+      sequences_[id] = Sequence{true, 0, {}, 0};
       return int(id);
     }
   }
@@ -24,9 +24,9 @@ void SequenceBlocks::remove_sequence(int sequence) {
 }
 
 void SequenceBlocks::release_leading(int sequence, int count) {
-  std::vector<int>& blocks = sequences_[size_t(sequence)].blocks;
-  for (size_t b = 0; b < std::min(blocks.size(), size_t(std::max(count, 0))); ++b) {
-    if (blocks[b] != kReleased) returned_.insert(std::exchange(blocks[b], kReleased));
+  Sequence& s = sequences_[size_t(sequence)];
+  for (; s.released < std::min(int(s.blocks.size()), count); ++s.released) {
+    returned_.insert(std::exchange(s.blocks[size_t(s.released)], kReleased));
   }
 }
 

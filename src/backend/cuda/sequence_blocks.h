@@ -43,12 +43,15 @@ class SequenceBlocks {
   // Returns the sequence's first `count` blocks to the pool while it keeps its tokens: a pool that holds
   // only a window of each sequence (the FP16 blocks of quantized KV, which are dropped once sealed).
   void release_leading(int sequence, int count);
+  // How many of the sequence's first blocks release_leading has given back.
+  int released_blocks(int sequence) const { return sequences_[size_t(sequence)].released; }
 
  private:
   struct Sequence {
     bool live = false;
     int num_tokens = 0;
     std::vector<int> blocks;
+    int released = 0;  // blocks[0, released) are kReleased
   };
   int num_blocks_;
   int max_blocks_per_sequence_;
