@@ -1,7 +1,7 @@
 #include "backend/cuda/kv_slots.h"
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/sequence_blocks.h"
+#include "backend/cuda/kv_slots.cuh"
 
 namespace slimkv::cuda {
 namespace {
@@ -21,8 +21,7 @@ __global__ void write_kv_slots_kernel(const uint4* k, const uint4* v, const int*
   const int token = int(index / vectors_per_head / num_kv_heads);
   const int slot = slots[token];
   if (slot < 0) return;
-  const int block = slot / kCudaBlockTokens, offset = slot % kCudaBlockTokens;
-  const size_t destination = ((size_t(block) * num_kv_heads + head) * kCudaBlockTokens + offset) * vectors_per_head + vector;
+  const size_t destination = kv_slot_vector(slot, head, num_kv_heads, vectors_per_head, vector);
   k_pool[destination] = k[index];
   v_pool[destination] = v[index];
 }

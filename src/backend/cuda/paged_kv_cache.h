@@ -56,6 +56,9 @@ class CudaPagedKvCache {
   // Writes the step's new K/V of `layer`: k, v FP16 device arrays [step tokens, num_kv_heads, head_dim],
   // the tokens in begin_step's order (sequence by sequence).
   Status append(int layer, const uint16_t* k, const uint16_t* v);
+  // The step's slots (device, begin_step's order) and how many: for writers other than append.
+  const int* step_slots() const { return step_slots_.data(); }
+  int step_tokens() const { return int(host_step_slots_.size()); }
 
   PagedKvView view(int layer) const;
 

@@ -29,6 +29,7 @@ Expected<std::unique_ptr<CudaQuantizedKvCache>> CudaQuantizedKvCache::create(con
   // A step fills at most max_step_tokens / block tokens blocks, plus one per sequence it ends in.
   const size_t capacity = size_t(shape.max_step_tokens) / kCudaBlockTokens + size_t(shape.max_sequences);
   SLIMKV_ASSIGN_OR_RETURN(cache->seal_list_, DeviceArray<int>::allocate(3 * capacity, "the blocks to seal"));
+  SLIMKV_ASSIGN_OR_RETURN(cache->block_rows_, DeviceArray<int>::allocate(2 * capacity, "the step rows of the blocks to seal"));
   return Expected<std::unique_ptr<CudaQuantizedKvCache>>(std::move(cache));
 }
 
@@ -92,7 +93,8 @@ Status CudaQuantizedKvCache::begin_step(const std::vector<int>& sequences, const
     if (window.is_live(s)) window.release_leading(s, window.num_tokens(s) / kCudaBlockTokens);
   }
   SLIMKV_RETURN_IF_ERROR(window_->begin_step(sequences, new_tokens));
-  std::vector<int> seal_list;
+  std::vector<int> seal_list, block_rows;  // block_rows: QuantizedBlockSealer::StepRows's
+  int first_row = 0;                      // the sequence's first row in the step
   for (size_t i = 0; i < sequences.size(); ++i) {
     const int s = sequences[i], held = sealed_.num_tokens(s), total = held + new_tokens[i];
     SLIMKV_RETURN_IF_ERROR(sealed_.grow(s, total).with_context("CUDA quantized KV step"));
@@ -100,7 +102,10 @@ Status CudaQuantizedKvCache::begin_step(const std::vector<int>& sequences, const
     for (size_t b = 0; b < blocks.size(); ++b) host_sealed_tables_[size_t(s) * shape_.max_blocks_per_sequence + b] = blocks[b];
     for (int ordinal = held / kCudaBlockTokens; ordinal < total / kCudaBlockTokens; ++ordinal) {
       seal_list.insert(seal_list.end(), {window.blocks(s)[size_t(ordinal)], blocks[size_t(ordinal)], ordinal});
+      const int first_new = std::max(held, ordinal * kCudaBlockTokens);
+      block_rows.insert(block_rows.end(), {first_new - ordinal * kCudaBlockTokens, first_row + first_new - held});
     }
+    first_row += new_tokens[i];
   }
   seal_count_ = int(seal_list.size() / 3);
   SLIMKV_RETURN_IF_ERROR(sealed_tables_.upload(host_sealed_tables_.data(), host_sealed_tables_.size()));
@@ -108,13 +113,15 @@ Status CudaQuantizedKvCache::begin_step(const std::vector<int>& sequences, const
   if (seal_list.size() > seal_list_.size()) {
     return error("CUDA quantized KV: ", seal_count_, " blocks to seal in one step, over the ", seal_list_.size() / 3, " planned");
   }
+  SLIMKV_RETURN_IF_ERROR(block_rows_.upload(block_rows.data(), block_rows.size()));
   return seal_list_.upload(seal_list.data(), seal_list.size());
 }
 
 Status CudaQuantizedKvCache::append(int layer, const uint16_t* k, const uint16_t* v) {
-  SLIMKV_RETURN_IF_ERROR(window_->append(layer, k, v));
-  if (seal_count_ == 0) return Status::ok();
-  return sealer_.seal(layer, window_->view(layer), seal_list_.data(), seal_count_, pool_.data() + size_t(layer) * layer_bytes());
+  if (seal_count_ == 0) return window_->append(layer, k, v);
+  const QuantizedBlockSealer::StepRows rows{k, v, window_->step_slots(), window_->step_tokens(), block_rows_.data()};
+  return sealer_.append_and_seal(layer, window_->view(layer), rows, seal_list_.data(), seal_count_,
+                                 pool_.data() + size_t(layer) * layer_bytes());
 }
 
 QuantizedKvView CudaQuantizedKvCache::sealed_view(int layer) const {

@@ -51,7 +51,7 @@ class CudaQuantizedKvCache {
   Status check_step(const std::vector<int>& sequences, const std::vector<int>& new_tokens) const;
   Status begin_step(const std::vector<int>& sequences, const std::vector<int>& new_tokens);
   // Writes the step's new K/V of `layer` (FP16 [step tokens, num_kv_heads, head_dim], begin_step's
-  // order) and seals the blocks they fill.
+  // order) and seals the blocks they fill, in one launch (QuantizedBlockSealer::append_and_seal).
   Status append(int layer, const uint16_t* k, const uint16_t* v);
 
   PagedKvView view(int layer) const { return window_->view(layer); }
@@ -75,6 +75,7 @@ class CudaQuantizedKvCache {
   std::vector<int> host_sealed_tables_;
   // The step's blocks to seal: (FP16 block, sealed block, ordinal in its sequence); the same in every layer.
   DeviceArray<int> seal_list_;
+  DeviceArray<int> block_rows_;  // per block to seal: (offset of its first step row, that row)
   int seal_count_ = 0;
 };
 

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kv_slots.cuh"
 #include "util/random.h"
 
 namespace slimkv::cuda {
@@ -12,11 +13,18 @@ namespace {
 
 constexpr int kSealThreads = 128;
 constexpr int kMaxHeadDim = 128;
+constexpr int kWriteTokens = 32;  // step rows per writing CTA (and KV head)
 
 struct SealLaunch {
-  const __half* k_pool;  // the FP16 cache's layer: [num_blocks, num_kv_heads, kCudaBlockTokens, head_dim]
-  const __half* v_pool;
-  const int* list;       // per block to seal: (FP16 block, destination block, ordinal in its sequence)
+  uint4* k_pool;  // the FP16 cache's layer: [num_blocks, num_kv_heads, kCudaBlockTokens, head_dim]
+  uint4* v_pool;
+  const uint4* step_k;  // the step's rows [step_tokens, num_kv_heads, head_dim] (append_and_seal), or none
+  const uint4* step_v;
+  const int* step_slots;  // their slots in the pool (negative: none)
+  int step_tokens;
+  const int* block_rows;  // per block to seal: (offset of its first step row, that row); none: all in the pool
+  int seal_ctas;          // blockIdx.x below: a block to seal; from there: kWriteTokens step rows to write
+  const int* list;        // per block to seal: (FP16 block, destination block, ordinal in its sequence)
   uint8_t* blocks;       // [destination blocks, num_kv_heads, block_bytes]
   int num_kv_heads, head_dim, k_bits, v_bits, k_partition;
   QuantizedBlockOffsets o;
@@ -25,18 +33,19 @@ struct SealLaunch {
   int layer;
 };
 
-// One partition of n values x[i·stride], quantized exactly as quantize_partition in
+// One partition of n values x[i·x_stride], quantized exactly as quantize_partition in
 // kv/codec/quantized_block.cc: the same comparisons, the same IEEE-rounded float operations (no
-// contraction into FMA), the same counter-based noise; codes go to codes[i·stride].
+// contraction into FMA), the same counter-based noise (value i's counter: first_counter +
+// i·counter_stride); codes go to codes[i·code_stride].
 struct Partition {
   __half min, scale;
   int sum;
 };
-__device__ Partition quantize_partition(const __half* x, int n, int stride, int bits, bool stochastic, uint64_t seed,
-                                        uint64_t first_counter, uint8_t* codes) {
+__device__ Partition quantize_partition(const __half* x, int x_stride, int n, int bits, bool stochastic, uint64_t seed,
+                                        uint64_t first_counter, uint64_t counter_stride, uint8_t* codes, int code_stride) {
   float lo = __half2float(x[0]), hi = lo;
   for (int i = 1; i < n; ++i) {
-    const float value = __half2float(x[i * stride]);
+    const float value = __half2float(x[i * x_stride]);
     lo = value < lo ? value : lo;  // std::min / std::max: the first of equals (signed zeros) stays
     hi = hi < value ? value : hi;
   }
@@ -49,10 +58,10 @@ __device__ Partition quantize_partition(const __half* x, int n, int stride, int 
   const float inverse = scale > 0.0f ? __fdiv_rn(1.0f, scale) : 0.0f;
   p.sum = 0;
   for (int i = 0; i < n; ++i) {
-    const float y = __fmul_rn(__fsub_rn(__half2float(x[i * stride]), min_value), inverse);
-    const float noise = stochastic ? counter_uniform(seed, first_counter + uint64_t(i) * uint64_t(stride)) : 0.5f;
+    const float y = __fmul_rn(__fsub_rn(__half2float(x[i * x_stride]), min_value), inverse);
+    const float noise = stochastic ? counter_uniform(seed, first_counter + uint64_t(i) * counter_stride) : 0.5f;
     const int code = min(max(int(floorf(__fadd_rn(y, noise))), 0), levels);
-    codes[i * stride] = uint8_t(code);
+    codes[i * code_stride] = uint8_t(code);
     p.sum += code;
   }
   return p;
@@ -64,20 +73,54 @@ __device__ void write_group(uint8_t* out, uint8_t c0, uint8_t c1, uint8_t c2, ui
   for (int b = 0; b < bits / 2; ++b) out[b] = uint8_t(field >> (8 * b));
 }
 
+// CTA (c, head) of a launch with c past seal_ctas: the step rows [kWriteTokens·c', +kWriteTokens)
+// (c' = c - seal_ctas) of the head into their slots.
+__device__ void write_step_rows(const SealLaunch& p, int c, int head) {
+  const int vectors = p.head_dim / 8;
+  for (int i = threadIdx.x; i < kWriteTokens * vectors; i += kSealThreads) {
+    const int token = c * kWriteTokens + i / vectors, vector = i % vectors;
+    if (token >= p.step_tokens) break;
+    const int slot = p.step_slots[token];
+    if (slot < 0) continue;
+    const size_t row = (size_t(token) * p.num_kv_heads + head) * vectors + vector;
+    const size_t destination = kv_slot_vector(slot, head, p.num_kv_heads, vectors, vector);
+    p.k_pool[destination] = p.step_k[row];
+    p.v_pool[destination] = p.step_v[row];
+  }
+}
+
 // One CTA per (block to seal, KV head): the layout of quantize_block (kv/codec/quantized_block.cc),
-// byte for byte, padding zeroed. Sealing happens once per kCudaBlockTokens tokens: clarity over speed.
+// byte for byte, padding zeroed. A thread quantizes a whole partition (a token's K partition, a
+// column of V); the staged rows are padded (by 2 halves, 4 code bytes) so that threads walking along
+// different rows fall in different banks.
+// The rows of the block that the step writes are read from the step's rows (block_rows says which),
+// the others from the pool; CTAs past seal_ctas write the step's rows instead.
 __global__ __launch_bounds__(kSealThreads) void seal_blocks(SealLaunch p) {
   constexpr int T = kCudaBlockTokens;
-  __shared__ __half k[T * kMaxHeadDim], v[T * kMaxHeadDim];
-  __shared__ uint8_t codes[T * kMaxHeadDim];
-  const int* entry = p.list + 3 * blockIdx.x;
   const int head = blockIdx.y, d = p.head_dim;
+  if (int(blockIdx.x) >= p.seal_ctas) return write_step_rows(p, int(blockIdx.x) - p.seal_ctas, head);
+  __shared__ uint32_t k_words[T * (kMaxHeadDim + 2) / 2], v_words[T * (kMaxHeadDim + 2) / 2];
+  __shared__ uint8_t codes[T * (kMaxHeadDim + 4)];
+  const int row_halves = d + 2, code_row = d + 4;
+  const __half* k = reinterpret_cast<const __half*>(k_words);
+  const __half* v = reinterpret_cast<const __half*>(v_words);
+  const int* entry = p.list + 3 * blockIdx.x;
   const uint64_t seed = block_seal_seed(p.seed, p.layer, head, entry[2]);
-  const size_t source = (size_t(entry[0]) * p.num_kv_heads + head) * T * d;
   uint8_t* block = p.blocks + (size_t(entry[1]) * p.num_kv_heads + head) * p.o.block_bytes;
-  for (int i = threadIdx.x; i < T * d; i += kSealThreads) {
-    k[i] = p.k_pool[source + i];
-    v[i] = p.v_pool[source + i];
+  const int first_step_offset = p.block_rows ? p.block_rows[2 * blockIdx.x] : T;
+  const int first_step_row = p.block_rows ? p.block_rows[2 * blockIdx.x + 1] : 0;
+  const int vectors = d / 8;
+  for (int i = threadIdx.x; i < T * vectors; i += kSealThreads) {
+    const int t = i / vectors, vector = i % vectors;
+    const int r = t >= first_step_offset ? first_step_row + t - first_step_offset : -1;  // the step row, or the pool's
+    const size_t source = r >= 0 ? (size_t(r) * p.num_kv_heads + head) * vectors + vector
+                                 : kv_slot_vector(entry[0] * T + t, head, p.num_kv_heads, vectors, vector);
+    const uint4 k_vector = r >= 0 ? p.step_k[source] : p.k_pool[source];
+    const uint4 v_vector = r >= 0 ? p.step_v[source] : p.v_pool[source];
+    uint32_t* k_row = k_words + (t * row_halves + 8 * vector) / 2;
+    uint32_t* v_row = v_words + (t * row_halves + 8 * vector) / 2;
+    k_row[0] = k_vector.x, k_row[1] = k_vector.y, k_row[2] = k_vector.z, k_row[3] = k_vector.w;
+    v_row[0] = v_vector.x, v_row[1] = v_vector.y, v_row[2] = v_vector.z, v_row[3] = v_vector.w;
   }
   for (int i = threadIdx.x; i < p.o.block_bytes / 16; i += kSealThreads) reinterpret_cast<uint4*>(block)[i] = make_uint4(0, 0, 0, 0);
   __syncthreads();
@@ -86,8 +129,9 @@ __global__ __launch_bounds__(kSealThreads) void seal_blocks(SealLaunch p) {
   const int k_partitions = d / p.k_partition;
   for (int i = threadIdx.x; i < T * k_partitions; i += kSealThreads) {
     const int t = i / k_partitions, part = i % k_partitions;
-    const int first = t * d + part * p.k_partition;
-    const Partition q = quantize_partition(k + first, p.k_partition, 1, p.k_bits, p.stochastic, seed, uint64_t(first), codes + first);
+    const int first = t * d + part * p.k_partition;  // the element's index (its noise counter)
+    const Partition q = quantize_partition(k + t * row_halves + part * p.k_partition, 1, p.k_partition, p.k_bits, p.stochastic, seed,
+                                           uint64_t(first), 1, codes + t * code_row + part * p.k_partition, 1);
     const int slot = part * T + t;
     reinterpret_cast<__half*>(block + p.o.k_mins)[slot] = q.min;
     reinterpret_cast<__half*>(block + p.o.k_scales)[slot] = q.scale;
@@ -96,15 +140,15 @@ __global__ __launch_bounds__(kSealThreads) void seal_blocks(SealLaunch p) {
   __syncthreads();
   for (int i = threadIdx.x; i < d / 4 * T; i += kSealThreads) {  // group g of dims, token t
     const int g = i / T, t = i % T;
-    const uint8_t* c = codes + t * d + 4 * g;
+    const uint8_t* c = codes + t * code_row + 4 * g;
     write_group(block + size_t(i) * (p.k_bits / 2), c[0], c[1], c[2], c[3], p.k_bits);
   }
   __syncthreads();
 
   // V: one partition of the block's T tokens per column (element counter after K's T·d).
   for (int c = threadIdx.x; c < d; c += kSealThreads) {
-    const Partition q = quantize_partition(v + c, T, d, p.v_bits, p.stochastic, seed, uint64_t(T) * uint64_t(d) + uint64_t(c),
-                                           codes + c);
+    const Partition q = quantize_partition(v + c, row_halves, T, p.v_bits, p.stochastic, seed, uint64_t(T) * uint64_t(d) + uint64_t(c),
+                                           uint64_t(d), codes + c, code_row);
     reinterpret_cast<__half*>(block + p.o.v_mins)[c] = q.min;
     reinterpret_cast<__half*>(block + p.o.v_scales)[c] = q.scale;
     reinterpret_cast<int16_t*>(block + p.o.v_sums)[c] = int16_t(q.sum);
@@ -112,8 +156,8 @@ __global__ __launch_bounds__(kSealThreads) void seal_blocks(SealLaunch p) {
   __syncthreads();
   for (int i = threadIdx.x; i < T / 4 * d; i += kSealThreads) {  // tokens 4u..4u+3 of column c
     const int u = i / d, c = i % d;
-    const uint8_t* x = codes + 4 * u * d + c;
-    write_group(block + p.o.v_codes + size_t(i) * (p.v_bits / 2), x[0], x[d], x[2 * d], x[3 * d], p.v_bits);
+    const uint8_t* x = codes + 4 * u * code_row + c;
+    write_group(block + p.o.v_codes + size_t(i) * (p.v_bits / 2), x[0], x[code_row], x[2 * code_row], x[3 * code_row], p.v_bits);
   }
 }
 
@@ -133,10 +177,28 @@ Expected<QuantizedBlockSealer> QuantizedBlockSealer::create(const QuantizationCo
 }
 
 Status QuantizedBlockSealer::seal(int layer, const PagedKvView& fp16, const int* list, int n, uint8_t* blocks) const {
-  if (n == 0) return Status::ok();
+  return launch(layer, fp16, StepRows{}, list, n, blocks);
+}
+
+Status QuantizedBlockSealer::append_and_seal(int layer, const PagedKvView& fp16, const StepRows& rows, const int* list, int n,
+                                             uint8_t* blocks) const {
+  return launch(layer, fp16, rows, list, n, blocks);
+}
+
+Status QuantizedBlockSealer::launch(int layer, const PagedKvView& fp16, const StepRows& rows, const int* list, int n,
+                                    uint8_t* blocks) const {
+  const int write_ctas = (rows.n + kWriteTokens - 1) / kWriteTokens;
+  if (n + write_ctas == 0) return Status::ok();
   SealLaunch p{};
-  p.k_pool = reinterpret_cast<const __half*>(fp16.k);
-  p.v_pool = reinterpret_cast<const __half*>(fp16.v);
+  // The pool is the cache's own device memory, written by append: the view is const for attention.
+  p.k_pool = reinterpret_cast<uint4*>(const_cast<uint16_t*>(fp16.k));
+  p.v_pool = reinterpret_cast<uint4*>(const_cast<uint16_t*>(fp16.v));
+  p.step_k = reinterpret_cast<const uint4*>(rows.k);
+  p.step_v = reinterpret_cast<const uint4*>(rows.v);
+  p.step_slots = rows.slots;
+  p.step_tokens = rows.n;
+  p.block_rows = rows.block_rows;
+  p.seal_ctas = n;
   p.list = list;
   p.blocks = blocks;
   p.num_kv_heads = num_kv_heads_;
@@ -148,7 +210,7 @@ Status QuantizedBlockSealer::seal(int layer, const PagedKvView& fp16, const int*
   p.stochastic = layout_.config.rounding == Rounding::kStochastic;
   p.seed = seed_;
   p.layer = layer;
-  seal_blocks<<<dim3(unsigned(n), unsigned(num_kv_heads_)), kSealThreads>>>(p);
+  seal_blocks<<<dim3(unsigned(n + write_ctas), unsigned(num_kv_heads_)), kSealThreads>>>(p);
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   return Status::ok();
 }

@@ -47,10 +47,25 @@ class QuantizedBlockSealer {
   // Seals n blocks of `layer`: list (device) holds, per block, (its FP16 block in fp16, its block in
   // `blocks` [.., num_kv_heads, block_bytes], its ordinal in its sequence).
   Status seal(int layer, const PagedKvView& fp16, const int* list, int n, uint8_t* blocks) const;
+  // A step's new K/V rows (FP16 [n, num_kv_heads, head_dim], device), their slots in the FP16 pool
+  // (write_kv_slots's) and, per block to seal (list's order), (the offset in the block of its first
+  // row of the step, that row): the block's tokens from that offset on are the step's next rows.
+  struct StepRows {
+    const uint16_t* k = nullptr;
+    const uint16_t* v = nullptr;
+    const int* slots = nullptr;
+    int n = 0;
+    const int* block_rows = nullptr;
+  };
+  // Writes the step's rows into fp16's pool and seals the n blocks of list in the same launch (HACK
+  // quantizes the new KV as it is produced, §5.3): a block's rows of this step are quantized from
+  // `rows`, the rest from the pool, so no kernel waits for another and the rows are read once.
+  Status append_and_seal(int layer, const PagedKvView& fp16, const StepRows& rows, const int* list, int n, uint8_t* blocks) const;
   QuantizedKvView view(const uint8_t* blocks, const int* block_tables, int table_shift = 0) const;
   const QuantizedBlockLayout& layout() const { return layout_; }
 
  private:
+  Status launch(int layer, const PagedKvView& fp16, const StepRows& rows, const int* list, int n, uint8_t* blocks) const;
   QuantizedBlockSealer(const QuantizedBlockLayout& layout, bool hack, uint64_t seed, int num_kv_heads)
       : layout_(layout), hack_(hack), seed_(seed), num_kv_heads_(num_kv_heads) {}
   QuantizedBlockLayout layout_;
