@@ -49,6 +49,13 @@
 // ~70 register moves, 96 bytes of spills. Next: fewer instructions per block (2 row tiles per warp
 // share the decoding and the loads but need 255 registers here; wgmma would take the mma and their
 // operand registers off the warps, not the folds).
+// Also measured, not kept (2026-11-23, docs/results/cuda/prefill_instruction_mix_h100.txt): decoding
+// each block once per CTA into shared memory as 16-byte B fragments per lane cut the instructions to
+// 1375 per warp and block but not the time (10.93 vs 10.53 ms: unpacked operands are 4x the packed
+// bytes, so shared-memory traffic per warp quadruples, and the CTA-wide unpack ties the warps); with
+// 4 warps of 2 tiles on it 10.49 ms. The FP16 kernel issues 796 per 16 rows and block in all; Eq. 4's
+// element-wise FP32 work here is ~600 of those, so 1.3x needs the B operands shared across warps
+// (wgmma), whose in-place accumulators must then be preset every block (~128 moves per thread).
 // This header is host C++ (the kernel and its launch parameters live in the .cu).
 #pragma once
 
