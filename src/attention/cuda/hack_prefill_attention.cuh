@@ -54,8 +54,9 @@
 // 1375 per warp and block but not the time (10.93 vs 10.53 ms: unpacked operands are 4x the packed
 // bytes, so shared-memory traffic per warp quadruples, and the CTA-wide unpack ties the warps); with
 // 4 warps of 2 tiles on it 10.49 ms. The FP16 kernel issues 796 per 16 rows and block in all; Eq. 4's
-// element-wise FP32 work here is ~600 of those, so 1.3x needs the B operands shared across warps
-// (wgmma), whose in-place accumulators must then be preset every block (~128 moves per thread).
+// element-wise FP32 work here is ~600 of those. A wgmma version (branch int8-wgmma: operands unpacked
+// once per CTA into wgmma's layout, two warpgroups) is as exact but slower, 12.5 ms: 227 registers
+// (one CTA per SM), accumulators preset every block, 1372 instructions per 16 rows and block.
 // This header is host C++ (the kernel and its launch parameters live in the .cu).
 #pragma once
 
