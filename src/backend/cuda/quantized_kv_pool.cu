@@ -177,16 +177,11 @@ Expected<QuantizedBlockSealer> QuantizedBlockSealer::create(const QuantizationCo
 }
 
 Status QuantizedBlockSealer::seal(int layer, const PagedKvView& fp16, const int* list, int n, uint8_t* blocks) const {
-  return launch(layer, fp16, StepRows{}, list, n, blocks);
+  return append_and_seal(layer, fp16, StepRows{}, list, n, blocks);  // no step rows: every row from the pool
 }
 
 Status QuantizedBlockSealer::append_and_seal(int layer, const PagedKvView& fp16, const StepRows& rows, const int* list, int n,
                                              uint8_t* blocks) const {
-  return launch(layer, fp16, rows, list, n, blocks);
-}
-
-Status QuantizedBlockSealer::launch(int layer, const PagedKvView& fp16, const StepRows& rows, const int* list, int n,
-                                    uint8_t* blocks) const {
   const int write_ctas = (rows.n + kWriteTokens - 1) / kWriteTokens;
   if (n + write_ctas == 0) return Status::ok();
   SealLaunch p{};

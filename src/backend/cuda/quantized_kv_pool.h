@@ -65,7 +65,6 @@ class QuantizedBlockSealer {
   const QuantizedBlockLayout& layout() const { return layout_; }
 
  private:
-  Status launch(int layer, const PagedKvView& fp16, const StepRows& rows, const int* list, int n, uint8_t* blocks) const;
   QuantizedBlockSealer(const QuantizedBlockLayout& layout, bool hack, uint64_t seed, int num_kv_heads)
       : layout_(layout), hack_(hack), seed_(seed), num_kv_heads_(num_kv_heads) {}
   QuantizedBlockLayout layout_;
