@@ -57,6 +57,9 @@
 // element-wise FP32 work here is ~600 of those. A wgmma version (branch int8-wgmma: operands unpacked
 // once per CTA into wgmma's layout, two warpgroups) is as exact but slower, 12.5 ms: 227 registers
 // (one CTA per SM), accumulators preset every block, 1372 instructions per 16 rows and block.
+// Ablation (branch ablate-prefill, docs/results/cuda/prefill_ablation_h100.txt): deleting Eq. 4's
+// folds, P's quantization, the 2-bit decoding and the exponent leaves this pipeline at 1.04x FP16
+// (862 instructions per unit at IPC 2.24): the required work, not the mma rate, bounds the kernel.
 // This header is host C++ (the kernel and its launch parameters live in the .cu).
 #pragma once
 
