@@ -21,6 +21,7 @@
 #include "attention/cuda/paged_attention.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/random_fill.h"
+#include "bench_errors.h"
 #include "gpu_timing.h"
 #include "random_kv.h"
 
@@ -46,11 +47,6 @@ struct Measurement {
   int splits;
   double seal_us_per_block;  // hack / quant: writing and sealing one block of one KV head (FP16 in, packed out)
 };
-
-Status check(const Status& status) {
-  if (!status) std::fprintf(stderr, "error: %s\n", status.message().c_str());
-  return status;
-}
 
 Expected<Measurement> measure(const Options& o, int context) {
   const int new_tokens = o.new_tokens == 0 ? context : o.new_tokens;
@@ -102,7 +98,7 @@ int run(int argc, char** argv) {
   app.add_option("--bits", o.bits, "hack / quant bits (K and V)")->check(CLI::IsMember({2, 4, 8}))->capture_default_str();
   app.add_option("--json", o.json, "write the measurements here");
   CLI11_PARSE(app, argc, argv);
-  if (!check(device_usable())) return 1;
+  if (failed(device_usable())) return 1;
 
   const std::string new_tokens = o.new_tokens == 0 ? "the whole context" : str_cat(o.new_tokens);
   std::printf("attention, paged %s%s: batch %d, %s new tokens each, %d q / %d kv heads, d %d\n", o.kv.c_str(),
@@ -112,7 +108,7 @@ int run(int argc, char** argv) {
   std::vector<Measurement> results;
   for (int context : o.contexts) {
     auto m = measure(o, context);
-    if (!check(m.status())) return 1;
+    if (failed(m.status())) return 1;
     std::printf("%10d %12.4f %12.1f %10.2f %8d %16.4f\n", m->context, m->ms_per_step, m->kv_gb_per_s, m->tflop_per_s,
                 m->splits, m->seal_us_per_block);
     results.push_back(*m);

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "backend/cuda/device_memory.h"
+#include "bench_errors.h"
 #include "random_shapes.h"
 #include "model/cuda/llama_cuda.h"
 #include "model/llama.h"
@@ -259,9 +260,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   const slimkv::Status status = slimkv::cuda::run(o);
-  if (!status) {
-    std::fprintf(stderr, "error: %s\n", status.message().c_str());
-    return 1;
-  }
+  if (slimkv::cuda::failed(status)) return 1;
   return 0;
 }

@@ -28,6 +28,7 @@
 #include "attention/cuda/paged_attention.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/random_fill.h"
+#include "bench_errors.h"
 #include "gpu_timing.h"
 #include "random_kv.h"
 
@@ -41,11 +42,6 @@ struct Options {
   int heads = 32, kv_heads = 8, head_dim = 128, bits = 2;
   int repetitions = 7;  // timed groups; the median is reported
 };
-
-Status check(const Status& status) {
-  if (!status) std::fprintf(stderr, "error: %s\n", status.message().c_str());
-  return status;
-}
 
 // The median over groups of launches of the time of one `step`, in ms.
 Expected<double> time_ms(const std::function<Status()>& step, int repetitions) {
@@ -105,7 +101,7 @@ int run(int argc, char** argv) {
   app.add_option("--bits", o.bits, "hack bits (K and V)")->check(CLI::IsMember({2, 4, 8}))->capture_default_str();
   app.add_option("--repetitions", o.repetitions)->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  if (!check(device_usable())) return 1;
+  if (failed(device_usable())) return 1;
 
   std::printf("prefill attention over a sealed context: %d q / %d kv heads, d %d; dense FP16 vs %d-bit hack and quant\n",
               o.heads, o.kv_heads, o.head_dim, o.bits);
@@ -115,7 +111,7 @@ int run(int argc, char** argv) {
     for (int batch : o.batches) {
       for (int context : o.contexts) {
         auto m = measure(o, batch, context, n);
-        if (!check(m.status())) return 1;
+        if (failed(m.status())) return 1;
         std::printf("%6d %7d %7d | %9.4f %7.1f | %9.4f %7.1f %6d %6.2fx | %9.4f %6.2fx | %9.4f %6.2fx | %7.2fx\n", batch, n,
                     context, m->fp16_ms, m->fp16_tflops, m->kernel_ms, m->kernel_tflops, m->kernel_splits,
                     m->kernel_tflops / m->fp16_tflops, m->hack_ms, m->fp16_ms / m->hack_ms, m->quant_ms, m->fp16_ms / m->quant_ms,

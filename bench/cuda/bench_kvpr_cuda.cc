@@ -26,6 +26,7 @@
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/kvpr_profiler.h"
 #include "model/cuda/llama_cuda.h"
+#include "bench_errors.h"
 #include "random_shapes.h"
 
 namespace slimkv::cuda {
@@ -240,9 +241,6 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // rows as they are measured: runs are long
   const slimkv::Status status = slimkv::cuda::run(o);
-  if (!status.is_ok()) {
-    std::fprintf(stderr, "error: %s\n", status.message().c_str());
-    return 1;
-  }
+  if (slimkv::cuda::failed(status)) return 1;
   return 0;
 }

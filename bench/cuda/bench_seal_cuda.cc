@@ -17,6 +17,7 @@
 #include "backend/cuda/paged_kv_cache.h"
 #include "backend/cuda/quantized_kv_pool.h"
 #include "backend/cuda/random_fill.h"
+#include "bench_errors.h"
 #include "gpu_timing.h"
 
 namespace slimkv::cuda {
@@ -29,11 +30,6 @@ struct Options {
   int kv_heads = 8, head_dim = 128;
   int repetitions = 7;
 };
-
-Status check(const Status& status) {
-  if (!status) std::fprintf(stderr, "error: %s\n", status.message().c_str());
-  return status;
-}
 
 struct Measurement {
   double separate_ms, fused_ms;
@@ -99,7 +95,7 @@ int run(int argc, char** argv) {
   app.add_option("--head-dim", o.head_dim)->capture_default_str();
   app.add_option("--repetitions", o.repetitions)->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  if (!check(device_usable())) return 1;
+  if (failed(device_usable())) return 1;
   std::printf("write a step's KV and seal the blocks it fills, one layer: %d kv heads, d %d (µs per layer)\n", o.kv_heads,
               o.head_dim);
   std::printf("%5s %6s %6s %7s | %10s %10s %8s | %s\n", "bits", "batch", "tokens", "blocks", "separate", "fused", "speedup",
@@ -112,7 +108,7 @@ int run(int argc, char** argv) {
           return 1;
         }
         auto m = measure(o, batch, tokens, bits);
-        if (!check(m.status())) return 1;
+        if (failed(m.status())) return 1;
         std::printf("%5d %6d %6d %7d | %10.2f %10.2f %7.2fx | %s\n", bits, batch, tokens, batch * tokens / kCudaBlockTokens,
                     m->separate_ms * 1e3, m->fused_ms * 1e3, m->separate_ms / m->fused_ms, m->same_bytes ? "yes" : "NO");
         std::fflush(stdout);

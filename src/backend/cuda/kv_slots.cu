@@ -19,11 +19,7 @@ __global__ void write_kv_slots_kernel(const uint4* k, const uint4* v, const int*
   const int vector = int(index % vectors_per_head);
   const int head = int(index / vectors_per_head % num_kv_heads);
   const int token = int(index / vectors_per_head / num_kv_heads);
-  const int slot = slots[token];
-  if (slot < 0) return;
-  const size_t destination = kv_slot_vector(slot, head, num_kv_heads, vectors_per_head, vector);
-  k_pool[destination] = k[index];
-  v_pool[destination] = v[index];
+  write_kv_vector(k, v, slots, token, head, num_kv_heads, vectors_per_head, vector, k_pool, v_pool);
 }
 
 __global__ void write_row_slots_kernel(const uint4* rows, const int* slots, int n, int vectors_per_row, uint4* out) {

@@ -80,12 +80,7 @@ __device__ void write_step_rows(const SealLaunch& p, int c, int head) {
   for (int i = threadIdx.x; i < kWriteTokens * vectors; i += kSealThreads) {
     const int token = c * kWriteTokens + i / vectors, vector = i % vectors;
     if (token >= p.step_tokens) break;
-    const int slot = p.step_slots[token];
-    if (slot < 0) continue;
-    const size_t row = (size_t(token) * p.num_kv_heads + head) * vectors + vector;
-    const size_t destination = kv_slot_vector(slot, head, p.num_kv_heads, vectors, vector);
-    p.k_pool[destination] = p.step_k[row];
-    p.v_pool[destination] = p.step_v[row];
+    write_kv_vector(p.step_k, p.step_v, p.step_slots, token, head, p.num_kv_heads, vectors, vector, p.k_pool, p.v_pool);
   }
 }
 
