@@ -13,15 +13,10 @@
 
 #include "attention/partial.h"
 #include "slimkv/status.h"
+#include "tensor/block_shape.h"
 #include "tensor/dtype.h"
 
 namespace slimkv {
-
-struct BlockShape {
-  int block_tokens = 64;
-  int k_dim = 0;  // per-head key dims as stored (ZACK stores fewer than head_dim)
-  int v_dim = 0;  // per-head value dims as stored
-};
 
 class Codec {
  public:

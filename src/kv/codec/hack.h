@@ -6,7 +6,8 @@
 // kv/rotation.h), seed.
 #pragma once
 
-#include "kv/codec/quantized_block.h"
+#include "kv/codec/codec.h"
+#include "tensor/quantized_block.h"
 
 namespace slimkv {
 

@@ -4,7 +4,8 @@
 // Spec: quant:bits=2,pi=64 with kbits, vbits, pi, round, seed.
 #pragma once
 
-#include "kv/codec/quantized_block.h"
+#include "kv/codec/codec.h"
+#include "tensor/quantized_block.h"
 
 namespace slimkv {
 
