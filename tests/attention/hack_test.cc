@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "attention/attention.h"
 #include "attention/cpu/hack_block_attention.h"
 #include "attention/hack_reference.h"
 #include "attention/reference.h"
 #include "kv/kv_factory.h"
+#include "kv/store_attention.h"
 #include "tensor/quantized_block.h"
 #include "util/half.h"
 #include "util/thread_pool.h"

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "attention/attention.h"
 #include "attention/reference.h"
 #include "engine/zack_calibration_run.h"
+#include "kv/store_attention.h"
 #include "kv/transfer.h"
 #include "kv/zack/calibrator.h"
 #include "kv/zack/ranks.h"

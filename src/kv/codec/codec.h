@@ -42,7 +42,8 @@ class Codec {
                     uint8_t* block) const = 0;
 
   // Work that depends only on the queries (HACK quantizes Q), done once per tile instead of once per
-  // block: the attention driver calls this, then passes `prepared` as tile.prepared to attend().
+  // block: the store's read path (kv/store_attention.cc) calls this, then passes `prepared` as
+  // tile.prepared to attend().
   virtual void prepare_queries(const BlockShape& /*shape*/, const QueryTile& /*tile*/,
                                std::vector<uint8_t>& prepared) const {
     prepared.clear();
