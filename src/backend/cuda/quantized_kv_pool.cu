@@ -67,7 +67,7 @@ __device__ Partition quantize_partition(const __half* x, int x_stride, int n, in
   return p;
 }
 
-// Packs 4 codes at `bits` each into `bits / 2` bytes (write_group in quantized_block.cc).
+// Packs 4 codes at `bits` each into `bits / 2` bytes (write_group in tensor/quantized_block.cc).
 __device__ void write_group(uint8_t* out, uint8_t c0, uint8_t c1, uint8_t c2, uint8_t c3, int bits) {
   const uint32_t field = uint32_t(c0) | uint32_t(c1) << bits | uint32_t(c2) << (2 * bits) | uint32_t(c3) << (3 * bits);
   for (int b = 0; b < bits / 2; ++b) out[b] = uint8_t(field >> (8 * b));
