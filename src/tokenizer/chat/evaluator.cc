@@ -109,6 +109,7 @@ class Evaluator {
     if (node.filter) {
       ValueList kept;
       for (const Value& item : items) {
+        count_step(where(node));
         ScopeGuard scope(*this);
         assign(node.targets, item, where(node));
         if (eval(*node.filter).truthy()) kept.push_back(item);
@@ -124,6 +125,7 @@ class Evaluator {
     }
     const auto length = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < length; ++i) {
+      count_step(where(node));  // an empty body still costs a step, so nested empty loops stay bounded
       ScopeGuard scope(*this);
       ValueDict loop;
       loop.set("index", Value::integer(i + 1));
@@ -137,11 +139,6 @@ class Evaluator {
       loop.set("depth0", Value::integer(0));
       loop.set("previtem", i > 0 ? items[static_cast<size_t>(i - 1)] : Value::undefined("there is no previous item"));
       loop.set("nextitem", i + 1 < length ? items[static_cast<size_t>(i + 1)] : Value::undefined("there is no next item"));
-      const int64_t index = i;
-      loop.set("cycle", Value::callable("loop.cycle", [index](const CallArgs& args) {
-                 if (args.positional.empty()) return Value::undefined("loop.cycle() needs at least one value");
-                 return args.positional[static_cast<size_t>(index) % args.positional.size()];
-               }));
       scopes_.back()->set("loop", Value::dict(std::move(loop)));
       assign(node.targets, items[static_cast<size_t>(i)], where(node));
       if (run_body(node.bodies[0], out) == Flow::kBreak) break;
@@ -230,6 +227,7 @@ class Evaluator {
           fail_at(where(expr), callee.undefined_what().empty() ? "called an undefined value" : callee.undefined_what() + " (called as a function)");
         }
         if (!callee.is_callable()) fail_at(where(expr), "'" + callee.type_name() + "' object is not callable");
+        current_ = where(expr);  // errors raised inside a global (raise_exception, range) point at the call
         Value result = callee.as_callable()(args);
         check_size(result, where(expr));
         return result;

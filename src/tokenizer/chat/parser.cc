@@ -198,15 +198,18 @@ class ExpressionParser {
     }
     return left;
   }
-  ExprPtr parse_unary() {
+  // As in Jinja2, filters bind to the whole signed operand: `-1 | abs` is abs(-1).
+  ExprPtr parse_unary(bool with_filters = true) {
     DepthGuard guard(*this);
+    ExprPtr node;
     if (is_operator("-") || is_operator("+")) {
-      ExprPtr node = make(Expr::Kind::kUnary, peek());
+      node = make(Expr::Kind::kUnary, peek());
       node->name = next().text;
-      node->children.push_back(parse_unary());
-      return parse_filters_and_tests(std::move(node));
+      node->children.push_back(parse_unary(false));
+    } else {
+      node = parse_postfix(parse_primary());
     }
-    return parse_filters_and_tests(parse_postfix(parse_primary()));
+    return with_filters ? parse_filters_and_tests(std::move(node)) : std::move(node);
   }
 
   ExprPtr parse_primary() {
