@@ -267,6 +267,15 @@ TEST(ChatTemplateInterpreter, ErrorsNameThePlaceAndWhatWasExpected) {
   }
 }
 
+TEST(ChatTemplateInterpreter, UnknownFiltersAndTestsFailWhenLoaded) {
+  // Even in a branch that never runs: Jinja2 rejects them when it compiles the template.
+  const Expected<ChatTemplate> chat = ChatTemplate::from_source("{% if false %}\n  {{ x | shout }}{% endif %}");
+  ASSERT_FALSE(chat.has_value());
+  EXPECT_EQ(chat.status().message().rfind("chat template line 2, column 8: unknown filter 'shout'", 0), 0u)
+      << chat.status().message();
+  EXPECT_FALSE(ChatTemplate::from_source("{{ x is prime }}").has_value());
+}
+
 TEST(ChatTemplateInterpreter, DeepNestingIsAnErrorNotACrash) {
   const std::string parens = "{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}";
   Expected<std::string> rendered = render_source(parens);

@@ -3,6 +3,8 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <cctype>
+#include <iterator>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -517,6 +519,43 @@ std::string indent_lines(const std::string& text, const Value& width, bool first
 
 }  // namespace
 
+namespace {
+
+constexpr std::string_view kFilters[] = {
+    "abs",   "capitalize", "count", "d",    "default", "e",      "escape",  "first",      "float",  "forceescape",
+    "indent", "int",       "items", "join", "last",    "length", "list",    "lower",      "map",    "reject",
+    "rejectattr", "replace", "reverse", "safe", "select", "selectattr", "string", "title", "tojson", "trim",
+    "unique", "upper"};
+constexpr std::string_view kTests[] = {
+    "!=", "<", "<=", "==", ">", ">=", "boolean", "callable", "defined", "divisibleby", "eq", "equalto", "even",
+    "false", "float", "ge", "gt", "in", "integer", "iterable", "le", "lower", "lt", "mapping", "ne", "none",
+    "number", "odd", "sameas", "sequence", "string", "true", "undefined", "upper"};
+
+template <size_t N>
+std::string supported(const std::string_view (&names)[N]) {
+  std::string out;
+  for (const std::string_view name : names) {
+    if (name == "d" || name == "forceescape" || !std::isalpha(static_cast<unsigned char>(name[0]))) continue;  // aliases
+    out += (out.empty() ? "" : ", ") + std::string(name);
+  }
+  return out;
+}
+
+}  // namespace
+
+bool is_known_filter(std::string_view name) {
+  return std::find(std::begin(kFilters), std::end(kFilters), name) != std::end(kFilters);
+}
+bool is_known_test(std::string_view name) {
+  return std::find(std::begin(kTests), std::end(kTests), name) != std::end(kTests);
+}
+std::string unknown_filter_message(std::string_view name) {
+  return "unknown filter '" + std::string(name) + "' (supported: " + supported(kFilters) + ")";
+}
+std::string unknown_test_message(std::string_view name) {
+  return "unknown test '" + std::string(name) + "' (supported: " + supported(kTests) + ")";
+}
+
 std::vector<std::string> code_points(std::string_view text) {
   std::vector<std::string> out;
   size_t i = 0;
@@ -774,10 +813,7 @@ Value apply_filter(std::string_view name, const Value& input, const CallArgs& ar
     return Value::string(indent_lines(as_text(input), argument(args, 0, "width"), argument(args, 1, "first").truthy(),
                                       argument(args, 2, "blank").truthy()));
   }
-  fail_at(at, "unknown filter '" + std::string(name) +
-                  "' (supported: abs, capitalize, count, default, e, escape, first, float, indent, int, items, join, last, "
-                  "length, list, lower, map, reject, rejectattr, replace, reverse, safe, select, selectattr, string, "
-                  "title, tojson, trim, unique, upper)");
+  fail_at(at, unknown_filter_message(name));
 }
 
 bool apply_test(std::string_view name, const Value& input, const CallArgs& args, const Location& at) {
@@ -840,10 +876,7 @@ bool apply_test(std::string_view name, const Value& input, const CallArgs& args,
     if (name == "le" || name == "<=") return a <= b;
     return a >= b;
   }
-  fail_at(at, "unknown test '" + std::string(name) +
-                  "' (supported: boolean, callable, defined, divisibleby, eq, equalto, even, false, float, ge, gt, in, "
-                  "integer, iterable, le, lower, lt, mapping, ne, none, number, odd, sameas, sequence, string, true, "
-                  "undefined, upper)");
+  fail_at(at, unknown_test_message(name));
 }
 
 }  // namespace slimkv::chat

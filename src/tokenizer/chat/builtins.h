@@ -18,6 +18,14 @@ struct Location {
 
 [[noreturn]] void fail_at(const Location& at, const std::string& message);
 
+// Whether a filter or test of that name exists: the parser rejects unknown ones when the template
+// loads, as Jinja2 does when it compiles, so a model's bad template fails at startup.
+bool is_known_filter(std::string_view name);
+bool is_known_test(std::string_view name);
+// "unknown filter 'x' (supported: ...)" / "unknown test 'x' (supported: ...)".
+std::string unknown_filter_message(std::string_view name);
+std::string unknown_test_message(std::string_view name);
+
 // input | name(args). Unknown names fail with the list of supported filters.
 Value apply_filter(std::string_view name, const Value& input, const CallArgs& args, const Location& at);
 

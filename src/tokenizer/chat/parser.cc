@@ -2,6 +2,7 @@
 
 #include <initializer_list>
 
+#include "tokenizer/chat/builtins.h"
 #include "tokenizer/chat/lexer.h"
 
 namespace slimkv::chat {
@@ -368,6 +369,7 @@ class ExpressionParser {
         next();
         ExprPtr filter = make(Expr::Kind::kFilter, at);
         filter->name = expect_name("a filter name after '|'");
+        if (!is_known_filter(filter->name)) throw TemplateError(at.line, at.column, unknown_filter_message(filter->name));
         filter->children.push_back(std::move(node));
         if (is_operator("(")) parse_call_arguments(*filter);
         node = std::move(filter);
@@ -379,6 +381,7 @@ class ExpressionParser {
           test->negated = true;
         }
         test->name = expect_name("a test name after 'is'");
+        if (!is_known_test(test->name)) throw TemplateError(at.line, at.column, unknown_test_message(test->name));
         test->children.push_back(std::move(node));
         if (is_operator("(")) {
           parse_call_arguments(*test);
