@@ -162,8 +162,9 @@ def render_with_jinja2(template, bos, eos, _tokenizer_file):
 
     def render(messages, add_generation_prompt, extra):
         variables = dict(extra)
-        if variables.get("tools") is None:
-            variables.pop("tools", None)
+        # transformers always passes tools and documents, None when the request has none.
+        variables.setdefault("tools", None)
+        variables.setdefault("documents", None)
         special = {}
         if bos is not None:
             special["bos_token"] = bos

@@ -142,6 +142,21 @@ y|hihihi|TrueTrue|bba|a+b)~~"},
     {"chained_filters_precedence",
      R"~~({{ -1 | abs }}{{ 1 + 2 * 3 }}{{ (1 + 2) * 3 }}{{ 'a' ~ 'b' | upper }}{{ not true == false }})~~",
      R"~~(179aBTrue)~~"},
+    {"filter_block",
+     R"~~({% filter upper %}ab{{ name }}{% endfilter %}|{%- filter trim -%}  x  {%- endfilter %}|{% filter replace('a', 'o') | upper %}banana{% endfilter %})~~",
+     R"~~(ABWÖRLD|x|BONONO)~~"},
+    {"generators",
+     R"~~({% if messages | selectattr('role', 'equalto', 'nobody') %}gen-true{% endif %}{{ messages | map(attribute='role') | list }}{{ none | map(attribute='x') | list }}{{ messages | selectattr('role', 'equalto', 'user') | first }})~~",
+     R"~~(gen-true['system', 'user', 'assistant'][]{'role': 'user', 'content': 'Hi'})~~"},
+    {"markup",
+     R"~~({{ '<b>'|safe + '<i>' }}{{ '<x>' | e }}{{ ('a'|safe) ~ '<' }}{{ ('<'|e|e) }})~~",
+     R"~~(<b>&lt;i&gt;&lt;x&gt;a<&lt;)~~"},
+    {"dictsort",
+     R"~~({{ {'b': 1, 'A': 2, 'c': 0} | dictsort }}{{ {'b': 'y', 'a': 'x'} | dictsort(by='value', reverse=true) }})~~",
+     R"~~([('A', 2), ('b', 1), ('c', 0)][('b', 'y'), ('a', 'x')])~~"},
+    {"tuples",
+     R"~~({{ (1, 'a') }}{{ {'k': 1}.items() | list }}{{ (1,) }}{% for k, v in {'x': 1}|items %}{{ k }}{{ v }}{% endfor %})~~",
+     R"~~((1, 'a')[('k', 1)](1,)x1)~~"},
 };
 
 OrderedJson case_messages() {
@@ -222,13 +237,13 @@ const ErrorCase kErrors[] = {
     {"stray_end", "{% endfor %}", "chat template line 1, column 1: unexpected '{% endfor %}' with no open block it could close"},
     {"unknown_statement", "{% include 'other.jinja' %}",
      "chat template line 1, column 1: unknown statement '{% include %}' (supported: if, elif, else, for, set, macro, "
-     "break, continue, raw, generation)"},
+     "filter, break, continue, raw, generation)"},
     {"empty_expression", "{{ }}", "chat template line 1, column 4: expected an expression inside '{{ }}', found the end of the tag"},
     {"extra_token", "{{ a b }}", "chat template line 1, column 6: expected the end of the tag, found 'b'"},
     {"bad_character", "{{ a ! b }}", "chat template line 1, column 6: unexpected character '!' in a tag"},
     {"unknown_filter", "{{ 'x' | shout }}",
-     "chat template line 1, column 8: unknown filter 'shout' (supported: abs, capitalize, count, default, e, escape, "
-     "first, float, indent, int, items, join, last, length, list, lower, map, reject, rejectattr, replace, reverse, "
+     "chat template line 1, column 8: unknown filter 'shout' (supported: abs, capitalize, count, default, dictsort, e, "
+     "escape, first, float, indent, int, items, join, last, length, list, lower, map, reject, rejectattr, replace, reverse, "
      "safe, select, selectattr, string, title, tojson, trim, unique, upper)"},
     {"unknown_test", "{{ 1 is prime }}",
      "chat template line 1, column 6: unknown test 'prime' (supported: boolean, callable, defined, divisibleby, eq, "

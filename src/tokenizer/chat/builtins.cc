@@ -111,6 +111,25 @@ std::string title(std::string_view text) {
   return out;
 }
 
+}  // namespace
+
+std::string html_escape(std::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&#34;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+namespace {
+
 std::string replace_all(std::string text, const std::string& from, const std::string& to, int64_t count) {
   std::string out;
   if (from.empty()) {  // Python inserts `to` between every character (and at both ends)
@@ -279,7 +298,7 @@ Value dict_method(const Value& dict, std::string_view name) {
     return Value::callable("dict." + method, [dict, method](const CallArgs&) {
       ValueList out;
       for (const auto& [key, value] : dict.as_dict().entries) {
-        if (method == "items") out.push_back(Value::list({Value::string(key), value}));
+        if (method == "items") out.push_back(Value::tuple({Value::string(key), value}));
         else if (method == "keys") out.push_back(Value::string(key));
         else out.push_back(value);
       }
@@ -380,6 +399,7 @@ void append_json(const Value& value, const JsonStyle& style, int depth, const Lo
     }
     case Value::Kind::kString: append_json_string(value.as_string(), style.ensure_ascii, out); return;
     case Value::Kind::kList: {
+      if (value.is_generator()) fail_at(at, "tojson: Object of type generator is not JSON serializable");
       const ValueList& items = value.as_list();
       if (items.empty()) {
         out += "[]";
@@ -429,7 +449,7 @@ void append_json(const Value& value, const JsonStyle& style, int depth, const Lo
 
 int64_t length_of(const Value& value, const Location& at) {
   if (value.is_string()) return static_cast<int64_t>(code_points(value.as_string()).size());
-  if (value.is_list()) return static_cast<int64_t>(value.as_list().size());
+  if (value.is_list() && !value.is_generator()) return static_cast<int64_t>(value.as_list().size());
   if (value.is_dict()) return static_cast<int64_t>(value.as_dict().entries.size());
   if (value.is_undefined()) return 0;
   fail_at(at, "object of type '" + value.type_name() + "' has no len()");
@@ -485,13 +505,14 @@ Value select_items(const Value& input, const CallArgs& args, bool by_attribute, 
   CallArgs test_args = shift_arguments(args, next + 1);
   test_args.keyword.clear();
   ValueList out;
+  if (!input.truthy()) return Value::generator({});  // Jinja2 iterates only a true value
   for (const Value& item : iterate(input, at, "select")) {
     const Value subject = by_attribute ? attribute_path(item, attribute, at) : item;
     const bool passed = test.is_undefined() ? subject.truthy()
                                             : apply_test(require_string(test, at, "select"), subject, test_args, at);
     if (passed == keep) out.push_back(item);
   }
-  return Value::list(std::move(out));
+  return Value::generator(std::move(out));
 }
 
 std::string indent_lines(const std::string& text, const Value& width, bool first, bool blank) {
@@ -521,11 +542,11 @@ std::string indent_lines(const std::string& text, const Value& width, bool first
 
 namespace {
 
-constexpr std::string_view kFilters[] = {
-    "abs",   "capitalize", "count", "d",    "default", "e",      "escape",  "first",      "float",  "forceescape",
-    "indent", "int",       "items", "join", "last",    "length", "list",    "lower",      "map",    "reject",
-    "rejectattr", "replace", "reverse", "safe", "select", "selectattr", "string", "title", "tojson", "trim",
-    "unique", "upper"};
+constexpr std::string_view kFilters[] = {  // sorted: the error message lists them in this order
+    "abs",  "capitalize", "count",   "d",    "default", "dictsort", "e",          "escape", "first",  "float",
+    "forceescape", "indent", "int",  "items", "join",   "last",     "length",     "list",   "lower",  "map",
+    "reject", "rejectattr", "replace", "reverse", "safe", "select", "selectattr", "string", "title",  "tojson",
+    "trim", "unique", "upper"};
 constexpr std::string_view kTests[] = {
     "!=", "<", "<=", "==", ">", ">=", "boolean", "callable", "defined", "divisibleby", "eq", "equalto", "even",
     "false", "float", "ge", "gt", "in", "integer", "iterable", "le", "lower", "lt", "mapping", "ne", "none",
@@ -619,6 +640,7 @@ Value get_item(const Value& object, const Value& key, const Location& at) {
     }
     return Value::undefined("'dict object' has no attribute '" + key.as_string() + "'");
   }
+  if (object.is_generator()) return Value::undefined("'generator object' is not subscriptable");
   if ((object.is_list() || object.is_string()) && (key.is_int() || key.is_bool())) {
     int64_t index = key.as_int();
     if (object.is_list()) {
@@ -693,19 +715,25 @@ Value apply_filter(std::string_view name, const Value& input, const CallArgs& ar
   if (name == "capitalize") return Value::string(capitalize(as_text(input)));
   if (name == "title") return Value::string(title(as_text(input)));
   if (name == "safe" || name == "e" || name == "escape" || name == "forceescape") {
-    if (name == "safe") return input;
-    std::string out;
-    for (const char c : as_text(input)) {
-      switch (c) {
-        case '&': out += "&amp;"; break;
-        case '<': out += "&lt;"; break;
-        case '>': out += "&gt;"; break;
-        case '"': out += "&#34;"; break;
-        case '\'': out += "&#39;"; break;
-        default: out += c;
-      }
-    }
-    return Value::string(std::move(out));
+    if (name == "safe" || (input.is_markup() && name != "forceescape")) return Value::markup(as_text(input));
+    return Value::markup(html_escape(as_text(input)));
+  }
+  if (name == "dictsort") {
+    if (!input.is_dict()) fail_at(at, "dictsort expects a mapping, got " + input.type_name());
+    const bool case_sensitive = argument(args, 0, "case_sensitive").truthy();
+    const bool by_value = argument(args, 1, "by").is_string() && argument(args, 1, "by").as_string() == "value";
+    const bool reverse = argument(args, 2, "reverse").truthy();
+    ValueList pairs;
+    for (const auto& [key, value] : input.as_dict().entries) pairs.push_back(Value::tuple({Value::string(key), value}));
+    auto sort_key = [&](const Value& pair) {
+      const Value& v = pair.as_list()[by_value ? 1 : 0];
+      if (!v.is_string()) fail_at(at, "dictsort: can only sort string keys and values here");
+      return case_sensitive ? v.as_string() : map_case(v.as_string(), false);
+    };
+    std::stable_sort(pairs.begin(), pairs.end(), [&](const Value& a, const Value& b) {
+      return reverse ? sort_key(b) < sort_key(a) : sort_key(a) < sort_key(b);
+    });
+    return Value::list(std::move(pairs));
   }
   if (name == "replace") {
     const Value count = argument(args, 2, "count");
@@ -728,7 +756,7 @@ Value apply_filter(std::string_view name, const Value& input, const CallArgs& ar
     if (input.is_undefined()) return Value::list();
     if (!input.is_dict()) fail_at(at, "items filter expects a mapping, got " + input.type_name());
     ValueList out;
-    for (const auto& [key, value] : input.as_dict().entries) out.push_back(Value::list({Value::string(key), value}));
+    for (const auto& [key, value] : input.as_dict().entries) out.push_back(Value::tuple({Value::string(key), value}));
     return Value::list(std::move(out));
   }
   if (name == "list") return Value::list(iterate(input, at, "list"));
@@ -753,6 +781,7 @@ Value apply_filter(std::string_view name, const Value& input, const CallArgs& ar
   if (name == "map") {
     const Value attribute = argument(args, 0x7fffffff, "attribute");
     ValueList out;
+    if (!input.truthy()) return Value::generator({});
     for (const Value& item : iterate(input, at, "map")) {
       if (!attribute.is_undefined()) {
         Value mapped = attribute_path(item, as_text(attribute), at);
@@ -766,7 +795,7 @@ Value apply_filter(std::string_view name, const Value& input, const CallArgs& ar
         out.push_back(apply_filter(filter, item, shift_arguments(args, 1), at));
       }
     }
-    return Value::list(std::move(out));
+    return Value::generator(std::move(out));
   }
   if (name == "unique") {
     ValueList out;

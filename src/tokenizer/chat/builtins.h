@@ -6,6 +6,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "tokenizer/chat/value.h"
 
@@ -45,6 +46,9 @@ Value get_slice(const Value& object, const Value& start, const Value& stop, cons
 // transformers' tojson: json.dumps(value, ensure_ascii=False, indent=indent, separators=...,
 // sort_keys=...).
 std::string to_json(const Value& value, const CallArgs& args, const Location& at);
+
+// markupsafe's escape(): & < > " ' as HTML entities.
+std::string html_escape(std::string_view text);
 
 // The code points of valid UTF-8 text, each as its UTF-8 bytes (how Python indexes a str).
 std::vector<std::string> code_points(std::string_view text);

@@ -76,6 +76,12 @@ class Evaluator {
         return Flow::kNormal;
       }
       case Node::Kind::kMacro: scopes_.back()->set(node.name, make_macro(node)); return Flow::kNormal;
+      case Node::Kind::kFilterBlock: {
+        std::string captured;
+        const Flow flow = run_body(node.bodies[0], captured);
+        append(out, filter_chain(*node.expr, Value::string(std::move(captured))).to_output(), where(node));
+        return flow;
+      }
       case Node::Kind::kBreak: return Flow::kBreak;
       case Node::Kind::kContinue: return Flow::kContinue;
     }
@@ -202,7 +208,7 @@ class Evaluator {
       case Expr::Kind::kTuple: {
         ValueList items;
         for (const ExprPtr& child : expr.children) items.push_back(eval(*child));
-        return Value::list(std::move(items));
+        return expr.kind == Expr::Kind::kTuple ? Value::tuple(std::move(items)) : Value::list(std::move(items));
       }
       case Expr::Kind::kDict: {
         ValueDict dict;
@@ -274,6 +280,13 @@ class Evaluator {
     fail_at(where(expr), "unsupported expression");
   }
 
+  // A {% filter %} head (parser: a chain of kFilter over a placeholder) applied to `input`.
+  Value filter_chain(const Expr& filter, Value input) {
+    if (filter.kind != Expr::Kind::kFilter) return input;
+    Value inner = filter_chain(*filter.children[0], std::move(input));
+    return apply_filter(filter.name, inner, eval_arguments(filter, 1), where(filter));
+  }
+
   CallArgs eval_arguments(const Expr& expr, size_t first) {
     CallArgs args;
     for (size_t i = first; i < expr.children.size(); ++i) args.positional.push_back(eval(*expr.children[i]));
@@ -325,6 +338,12 @@ class Evaluator {
       return Value::boolean(order >= 0);
     }
     if (op == "+") {
+      if (a.is_markup() || b.is_markup()) {  // Markup + str escapes the plain side
+        if (a.is_string() && b.is_string()) {
+          return Value::markup((a.is_markup() ? a.as_string() : html_escape(a.as_string())) +
+                               (b.is_markup() ? b.as_string() : html_escape(b.as_string())));
+        }
+      }
       if (a.is_string() && b.is_string()) return Value::string(a.as_string() + b.as_string());
       if (a.is_list() && b.is_list()) {
         ValueList items = a.as_list();

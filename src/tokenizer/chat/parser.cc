@@ -76,6 +76,25 @@ class ExpressionParser {
     return value;
   }
 
+  // The `name(args) | name2` of {% filter ... %}: filters applied to a placeholder input (a
+  // literal none, replaced by the block's text when it runs).
+  ExprPtr parse_filter_block_head() {
+    ExprPtr placeholder = make(Expr::Kind::kLiteral, peek());
+    placeholder->literal = Value::none();
+    ExprPtr node = std::move(placeholder);
+    do {
+      const Token& at = peek();
+      if (is_operator("|")) next();
+      ExprPtr filter = make(Expr::Kind::kFilter, at);
+      filter->name = expect_name("a filter name after 'filter'");
+      if (!is_known_filter(filter->name)) throw TemplateError(at.line, at.column, unknown_filter_message(filter->name));
+      filter->children.push_back(std::move(node));
+      if (is_operator("(")) parse_call_arguments(*filter);
+      node = std::move(filter);
+    } while (is_operator("|"));
+    return node;
+  }
+
   // `a, b` (for targets and `set a, b = ...`) or one expression; `with_condition` false stops
   // before `if` (the for statement's filter).
   ExprPtr parse_tuple(bool with_condition) {
@@ -588,6 +607,16 @@ class TemplateParser {
       ExpressionParser close_tokens(pieces_[index_++].tokens);
       close_tokens.next();
       close_tokens.expect_end();
+    } else if (keyword == "filter") {
+      // {% filter trim %}...{% endfilter %}: the body's text goes through the filter.
+      node.kind = Node::Kind::kFilterBlock;
+      node.expr = tokens.parse_filter_block_head();
+      tokens.expect_end();
+      node.bodies.emplace_back();
+      parse_body(node.bodies.back(), {"endfilter"}, "filter", &piece);
+      ExpressionParser close_tokens(pieces_[index_++].tokens);
+      close_tokens.next();
+      close_tokens.expect_end();
     } else if (keyword == "break" || keyword == "continue") {
       node.kind = keyword == "break" ? Node::Kind::kBreak : Node::Kind::kContinue;
       tokens.expect_end();
@@ -604,7 +633,7 @@ class TemplateParser {
     } else {
       throw TemplateError(piece.line, piece.column,
                           "unknown statement '{% " + keyword +
-                              " %}' (supported: if, elif, else, for, set, macro, break, continue, raw, generation)");
+                              " %}' (supported: if, elif, else, for, set, macro, filter, break, continue, raw, generation)");
     }
     body.push_back(std::move(node));
   }
