@@ -270,6 +270,8 @@ const ErrorCase kErrors[] = {
      "chat template line 1, column 53: template ran more than 1000000 steps (a runaway loop?)"},
     {"runaway_recursion", "{% macro f(x) %}{{ f(x) }}{% endmacro %}{{ f(1) }}",
      "chat template line 1, column 1: macro 'f' nested deeper than 64 calls (runaway recursion?)"},
+    {"break_outside_loop", "{% if true %}{% break %}{% endif %}",
+     "chat template line 1, column 14: '{% break %}' outside a for loop"},
     {"recursive_loop", "{% for x in messages recursive %}{% endfor %}",
      "chat template line 1, column 1: recursive for loops are not supported"},
 };
@@ -301,6 +303,19 @@ TEST(ChatTemplateInterpreter, DeepNestingIsAnErrorNotACrash) {
   rendered = render_source(ifs);
   ASSERT_FALSE(rendered.has_value());
   EXPECT_NE(rendered.status().message().find("nested deeper than"), std::string::npos) << rendered.status().message();
+}
+
+TEST(ChatTemplateInterpreter, DeeplyNestedInputIsRefused) {
+  OrderedJson deep = "leaf";
+  for (int i = 0; i < 1000; ++i) deep = OrderedJson::array({deep});
+  Expected<ChatTemplate> chat = ChatTemplate::from_source("{{ messages[0].content | tojson }}");
+  ASSERT_TRUE(chat.has_value());
+  OrderedJson messages = OrderedJson::array({{{"role", "user"}, {"content", deep}}});
+  EXPECT_EQ(chat->render(messages, true).status().message(), "messages: nested deeper than 128 levels");
+  OrderedJson shallow = "leaf";
+  for (int i = 0; i < 100; ++i) shallow = OrderedJson::array({shallow});
+  messages[0]["content"] = shallow;
+  EXPECT_EQ(*chat->render(messages, true), std::string(100, '[') + "\"leaf\"" + std::string(100, ']'));
 }
 
 TEST(ChatTemplateInterpreter, RefusesEmptyAndMalformedConversations) {

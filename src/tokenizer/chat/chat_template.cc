@@ -59,6 +59,16 @@ Expected<OrderedJson> read_json(const std::filesystem::path& path) {
   return json;
 }
 
+// Whether `json` holds arrays/objects nested more than `limit` deep (recursion stops at the limit).
+bool nesting_exceeds(const OrderedJson& json, int limit) {
+  if (!json.is_structured()) return false;
+  if (limit == 0) return true;
+  for (const auto& item : json) {
+    if (nesting_exceeds(item, limit - 1)) return true;
+  }
+  return false;
+}
+
 std::tm local_now() {
   const std::time_t now = std::time(nullptr);
   std::tm local{};
@@ -134,6 +144,13 @@ Expected<std::string> ChatTemplate::render(const nlohmann::ordered_json& message
     if (!messages[i].is_object()) return error("messages[", i, "]: expected an object, found a ", messages[i].type_name());
   }
   if (!extra.is_null() && !extra.is_object()) return error("chat template variables: expected an object, found a ", extra.type_name());
+  // Values are converted and compared recursively: bound the nesting a client can send.
+  if (nesting_exceeds(messages, chat::Value::kMaxNesting)) {
+    return error("messages: nested deeper than ", chat::Value::kMaxNesting, " levels");
+  }
+  if (nesting_exceeds(extra, chat::Value::kMaxNesting)) {
+    return error("chat template variables: nested deeper than ", chat::Value::kMaxNesting, " levels");
+  }
 
   chat::ValueDict variables;
   variables.set("messages", chat::Value::from_json(messages));
@@ -153,6 +170,8 @@ Expected<std::string> ChatTemplate::render(const nlohmann::ordered_json& message
     return error("chat template ", describe_error(e));
   } catch (const std::bad_alloc&) {
     return error("chat template: out of memory while rendering");
+  } catch (const std::exception& e) {  // nothing else is expected; still an error, never a crash
+    return error("chat template: ", e.what());
   }
 }
 

@@ -548,7 +548,9 @@ class TemplateParser {
       }
       tokens.expect_end();
       node.bodies.emplace_back();
+      ++loop_depth_;
       const std::string end = parse_body(node.bodies.back(), {"else", "endfor"}, "for", &piece);
+      --loop_depth_;
       ExpressionParser close_tokens(pieces_[index_++].tokens);
       close_tokens.next();
       close_tokens.expect_end();
@@ -603,7 +605,10 @@ class TemplateParser {
       tokens.expect_operator(")");
       tokens.expect_end();
       node.bodies.emplace_back();
+      const int enclosing_loops = loop_depth_;
+      loop_depth_ = 0;  // a macro body is not inside the loop it is defined in
       parse_body(node.bodies.back(), {"endmacro"}, "macro", &piece);
+      loop_depth_ = enclosing_loops;
       ExpressionParser close_tokens(pieces_[index_++].tokens);
       close_tokens.next();
       close_tokens.expect_end();
@@ -619,6 +624,7 @@ class TemplateParser {
       close_tokens.expect_end();
     } else if (keyword == "break" || keyword == "continue") {
       node.kind = keyword == "break" ? Node::Kind::kBreak : Node::Kind::kContinue;
+      if (loop_depth_ == 0) throw TemplateError(piece.line, piece.column, "'{% " + keyword + " %}' outside a for loop");
       tokens.expect_end();
     } else if (keyword == "generation") {
       // transformers' {% generation %} marks assistant text for masks; it renders its body as is.
@@ -641,6 +647,7 @@ class TemplateParser {
   std::vector<TemplatePiece> pieces_;
   size_t index_ = 0;
   int depth_ = 0;
+  int loop_depth_ = 0;  // for bodies around the statement being parsed
 };
 
 }  // namespace

@@ -119,11 +119,12 @@ class Value {
   // Jinja2's {{ value }}: Python's str(); undefined prints nothing.
   std::string to_output() const;
   // Python's repr(): how a list or dict prints its items. A namespace can hold itself, so nesting
-  // deeper than kMaxNesting prints "..." as Python does for a cycle.
+  // deeper than kMaxNesting prints "..." as Python does for a cycle. ChatTemplate refuses inputs
+  // nested deeper than that, so only such cycles reach it.
   std::string repr(int depth = 0) const;
   // Python's ==, deep for lists and dicts (1 == 1.0 == True); false past kMaxNesting.
   bool equals(const Value& other, int depth = 0) const;
-  static constexpr int kMaxNesting = 64;
+  static constexpr int kMaxNesting = 128;
 
  private:
   explicit Value(Kind kind) : kind_(kind) {}
