@@ -352,11 +352,11 @@ class ChatTemplateLoad : public ::testing::Test {
 };
 
 TEST_F(ChatTemplateLoad, StringTemplateAndAddedTokenDicts) {
-  write("tokenizer_config.json", R"({"chat_template": "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}",
-      "bos_token": {"content": "<s>", "lstrip": false}, "eos_token": "</s>"})");
+  write("tokenizer_config.json", R"({"chat_template": "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}{{ pad_token }}",
+      "bos_token": {"content": "<s>", "lstrip": false}, "eos_token": "</s>", "pad_token": "<pad>", "unk_token": null})");
   Expected<ChatTemplate> chat = ChatTemplate::load(dir_);
   ASSERT_TRUE(chat.has_value()) << chat.status().message();
-  EXPECT_EQ(render_user(*chat), "<s>hi</s>");
+  EXPECT_EQ(render_user(*chat), "<s>hi</s><pad>");
 }
 
 TEST_F(ChatTemplateLoad, NamedTemplatesUseDefault) {

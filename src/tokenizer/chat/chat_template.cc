@@ -112,6 +112,10 @@ Expected<ChatTemplate> ChatTemplate::load(const std::filesystem::path& model_dir
   SLIMKV_ASSIGN_OR_RETURN(std::optional<std::string> eos, special_token(config, "eos_token", config_path.string()));
   Expected<ChatTemplate> loaded = from_source(std::move(*source), std::move(bos), std::move(eos));
   if (!loaded) return loaded.status().with_context(origin);
+  for (const char* key : {"unk_token", "pad_token", "sep_token", "cls_token", "mask_token"}) {
+    SLIMKV_ASSIGN_OR_RETURN(std::optional<std::string> token, special_token(config, key, config_path.string()));
+    if (token) loaded->other_special_tokens_.emplace_back(key, std::move(*token));
+  }
   return loaded;
 }
 
@@ -159,6 +163,7 @@ Expected<std::string> ChatTemplate::render(const nlohmann::ordered_json& message
   variables.set("documents", chat::Value::none());
   if (bos_token_) variables.set("bos_token", chat::Value::string(*bos_token_));
   if (eos_token_) variables.set("eos_token", chat::Value::string(*eos_token_));
+  for (const auto& [name, token] : other_special_tokens_) variables.set(name, chat::Value::string(token));
   variables.set("add_generation_prompt", chat::Value::boolean(add_generation_prompt));
   if (extra.is_object()) {
     for (const auto& [key, value] : extra.items()) variables.set(key, chat::Value::from_json(value));
