@@ -33,6 +33,14 @@ Value argument(const CallArgs& args, size_t index, std::string_view name) {
   return Value();
 }
 
+// A keyword-only argument (map's attribute= and default=), or undefined.
+Value keyword_argument(const CallArgs& args, std::string_view name) {
+  for (const auto& [key, value] : args.keyword) {
+    if (key == name) return value;
+  }
+  return Value();
+}
+
 std::string require_string(const Value& value, const Location& at, std::string_view what) {
   if (!value.is_string()) fail_at(at, std::string(what) + " expects a string, got " + value.type_name());
   return value.as_string();
@@ -779,14 +787,14 @@ Value apply_filter(std::string_view name, const Value& input, const CallArgs& ar
   if (name == "select" || name == "reject") return select_items(input, args, false, name == "select", at);
   if (name == "selectattr" || name == "rejectattr") return select_items(input, args, true, name == "selectattr", at);
   if (name == "map") {
-    const Value attribute = argument(args, 0x7fffffff, "attribute");
+    const Value attribute = keyword_argument(args, "attribute");
     ValueList out;
     if (!input.truthy()) return Value::generator({});
     for (const Value& item : iterate(input, at, "map")) {
       if (!attribute.is_undefined()) {
         Value mapped = attribute_path(item, as_text(attribute), at);
         if (mapped.is_undefined()) {
-          const Value fallback = argument(args, 0x7fffffff, "default");
+          const Value fallback = keyword_argument(args, "default");
           if (!fallback.is_undefined()) mapped = fallback;
         }
         out.push_back(std::move(mapped));
