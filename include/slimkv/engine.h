@@ -29,6 +29,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "slimkv/kv_memory.h"
 #include "slimkv/status.h"
 
@@ -42,6 +44,7 @@ struct KvPipeline;
 struct ModelConfig;
 struct ForwardObserver;
 class DeviceModel;
+class ChatTemplate;
 
 struct EngineConfig {
   std::string model_dir;
@@ -132,6 +135,15 @@ class Engine {
   std::string kv_description() const;
   const KvPipeline& kv_pipeline() const { return *pipeline_; }
   int context_tokens() const;  // the most tokens a sequence holds
+
+  // The model's chat template (chat_template.jinja, else tokenizer_config.json's), rendered as
+  // transformers' apply_chat_template(messages, tokenize=False, add_generation_prompt=...): messages a
+  // JSON array of {role, content, ...} in the client's key order; extra adds template variables (tools,
+  // enable_thinking, ...). Errors: the model has no template (has_chat_template() is false), the template
+  // refuses the conversation (its raise_exception message), or fails (its line and column).
+  Expected<std::string> apply_chat_template(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                            const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
+  bool has_chat_template() const { return chat_template_ != nullptr; }
   int64_t vocab_size() const;  // the model's (token ids are in [0, vocab_size))
 
   // --- Sequences and steps ---
@@ -176,6 +188,8 @@ class Engine {
   EngineConfig config_;
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<ChatTemplate> chat_template_;  // nullptr: the model has none
+  Status chat_template_status_;                   // why not, when it has none
   std::unique_ptr<KvPipeline> pipeline_;
   std::shared_ptr<ThreadPool> pool_;
   GenerationDefaults generation_;

@@ -12,6 +12,7 @@
 #include "model/llama.h"
 #include "slimkv/engine.h"
 #include "slimkv/tokenizer.h"
+#include "tokenizer/chat/chat_template.h"
 #include "util/mapped_file.h"
 #include "util/thread_pool.h"
 
@@ -95,6 +96,15 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
     SLIMKV_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load(tokenizer_path));
     engine->tokenizer_ = std::make_unique<Tokenizer>(std::move(tokenizer));
   }
+  // A model without a chat template still serves completions; a broken template is an error now.
+  Expected<ChatTemplate> chat = ChatTemplate::load(config.model_dir);
+  if (chat) {
+    engine->chat_template_ = std::make_unique<ChatTemplate>(std::move(*chat));
+  } else if (ChatTemplate::is_no_chat_template(chat.status())) {
+    engine->chat_template_status_ = chat.status();
+  } else {
+    return chat.status();
+  }
   SLIMKV_ASSIGN_OR_RETURN(engine->generation_, load_generation_defaults(config.model_dir, engine->model_->config()));
   SLIMKV_ASSIGN_OR_RETURN(engine->identity_, engine->model_->identity());
   engine->pool_ = config.pool ? config.pool : std::make_shared<ThreadPool>(threads);
@@ -120,6 +130,12 @@ std::string Engine::kv_description() const { return device_->kv_description(); }
 int Engine::context_tokens() const { return device_->context_tokens(); }
 
 int64_t Engine::vocab_size() const { return model_->config().vocab_size; }
+
+Expected<std::string> Engine::apply_chat_template(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                                  const nlohmann::ordered_json& extra) const {
+  if (!chat_template_) return chat_template_status_;
+  return chat_template_->render(messages, add_generation_prompt, extra);
+}
 
 // ----------------------------------------------------------------------------------------------
 // Sequences and steps
