@@ -1,4 +1,4 @@
-// Decode attention over sealed `hack` / `quant` blocks (backend/cuda/quantized_kv_pool.h) plus each
+// Decode attention over sealed `hack` / `quant` blocks (kv/cuda/quantized_kv_pool.h) plus each
 // sequence's open FP16 block: CudaPagedAttention::run_quantized. The work split, the tiles (a GQA group
 // reads each KV block once) and the merge of the splits are the dense kernel's (split_k.cuh); what
 // differs is how a warp reads one block:

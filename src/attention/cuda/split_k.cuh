@@ -8,8 +8,7 @@
 #include <cuda_fp16.h>
 
 #include "attention/cuda/paged_attention.h"
-#include "backend/cuda/paged_kv_cache.h"
-#include "backend/cuda/quantized_kv_pool.h"
+#include "attention/cuda/kv_views.h"
 
 namespace slimkv::cuda {
 

@@ -4,6 +4,7 @@
 // Spec: quant:bits=2,pi=64 with kbits, vbits, pi, round, seed.
 #pragma once
 
+#include "kv/codec/gpu_block_format.h"
 #include "kv/codec/quantized_block.h"
 
 namespace slimkv {
@@ -14,6 +15,7 @@ class QuantCodec final : public Codec {
   const QuantizationConfig& config() const { return config_; }
 
   std::string describe() const override;
+  GpuBlockFormat gpu_block_format() const override;
   Status check_shape(const BlockShape& shape) const override { return check_quantized_shape(config_, shape); }
   size_t block_bytes(const BlockShape& shape) const override { return QuantizedBlockLayout(config_, shape).block_bytes; }
   void seal(const BlockShape& shape, const float* k, const float* v, uint64_t seed, uint8_t* block) const override;

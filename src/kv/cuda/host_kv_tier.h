@@ -37,9 +37,9 @@
 #include <vector>
 
 #include "backend/cuda/device_memory.h"
-#include "backend/cuda/paged_kv_cache.h"
-#include "backend/cuda/quantized_kv_pool.h"
-#include "backend/cuda/sequence_blocks.h"
+#include "kv/cuda/paged_kv_cache.h"
+#include "kv/cuda/quantized_kv_pool.h"
+#include "kv/cuda/sequence_blocks.h"
 #include "tensor/dtype.h"
 
 namespace slimkv::cuda {
