@@ -1,11 +1,15 @@
-// The engine's device "cuda": the model uploaded to the GPU (model/cuda/llama_cuda.h), a session's
-// sequence a sequence of its paged KV cache.
+// The engine's device "cuda" (engine/device_model.h): the model uploaded to the GPU
+// (model/cuda/llama_cuda.h), each engine sequence a sequence of its KV cache (kv/cuda/gpu_kv_cache.h),
+// steps of mixed items with logits rows or tokens sampled on the GPU, the cache's block budget, and KV
+// export/import in the transfer format through a host KvStore (kv/transfer.h).
 #include <algorithm>
-#include <cstring>
+#include <map>
 #include <vector>
 
 #include "engine/device_model.h"
 #include "kv/cuda/gpu_kv_plan.h"
+#include "kv/store.h"
+#include "kv/transfer.h"
 #include "model/cuda/llama_cuda.h"
 #include "model/llama.h"
 #include "slimkv/engine.h"
@@ -13,71 +17,130 @@
 namespace slimkv {
 namespace {
 
-class CudaSequence : public DeviceSequence {
- public:
-  CudaSequence(cuda::CudaLlamaModel& model, int sequence) : model_(model), sequence_(sequence) {}
-  ~CudaSequence() override { model_.remove_sequence(sequence_); }
-
-  int num_tokens() const override { return model_.num_tokens(sequence_); }
-  int sequence() const { return sequence_; }
-
-  Status run(std::span<const int32_t> tokens, bool all_logits, float* logits) override {
-    const cuda::SequenceTokens step{sequence_, tokens};
-    SLIMKV_RETURN_IF_ERROR(model_.step(std::span(&step, 1), all_logits, logits_));
-    std::memcpy(logits, logits_.data(), logits_.size() * sizeof(float));
-    return Status::ok();
+cuda::StepRows rows_of(StepOutput output) {
+  switch (output) {
+    case StepOutput::kNone:
+      return cuda::StepRows::kNone;
+    case StepOutput::kLastLogits:
+      return cuda::StepRows::kLast;
+    case StepOutput::kAllLogits:
+      return cuda::StepRows::kAll;
+    case StepOutput::kSample:
+      return cuda::StepRows::kSample;
   }
+  return cuda::StepRows::kLast;
+}
 
- private:
-  cuda::CudaLlamaModel& model_;
-  int sequence_;
-  std::vector<float> logits_;
-};
-
-class CudaDeviceModel : public DeviceModel {
+class CudaDeviceModel final : public DeviceModel {
  public:
-  explicit CudaDeviceModel(std::unique_ptr<cuda::CudaLlamaModel> model) : model_(std::move(model)) {}
+  CudaDeviceModel(std::unique_ptr<cuda::CudaLlamaModel> model, const KvPipeline& pipeline)
+      : model_(std::move(model)), pipeline_(pipeline) {
+    const ModelConfig& c = model_->config();
+    shape_ = KvShape(int(c.num_layers), int(c.num_kv_heads), int(c.head_dim), int(c.head_dim), model_->context_tokens());
+  }
 
   int context_tokens() const override { return model_->context_tokens(); }
+  std::string kv_description() const override { return pipeline_.describe(); }
 
-  Expected<std::unique_ptr<DeviceSequence>> new_sequence() override {
-    SLIMKV_ASSIGN_OR_RETURN(int sequence, model_->add_sequence());
-    return std::unique_ptr<DeviceSequence>(new CudaSequence(*model_, sequence));
+  Status add_sequence(SequenceId sequence, const SamplingParams& sampling) override {
+    if (sequences_.contains(sequence)) return error("sequence ", sequence, " is already on the GPU");
+    SLIMKV_ASSIGN_OR_RETURN(const int id, model_->add_sequence());
+    sequences_[sequence] = {id, sampling};
+    return Status::ok();
   }
+  void remove_sequence(SequenceId sequence) override {
+    const auto it = sequences_.find(sequence);
+    if (it == sequences_.end()) return;
+    model_->remove_sequence(it->second.id);
+    sequences_.erase(it);
+  }
+  int num_tokens(SequenceId sequence) const override { return model_->num_tokens(id_of(sequence)); }
 
-  Status decode_batch(std::span<DeviceSequence* const> sequences, std::span<const int32_t> tokens,
-                      float* logits) override {
-    std::vector<cuda::SequenceTokens> step;
-    for (size_t i = 0; i < sequences.size(); ++i) {
-      // This model made every DeviceSequence of its engine.
-      step.push_back({static_cast<const CudaSequence*>(sequences[i])->sequence(), tokens.subspan(i, 1)});
+  // A kSample item's draw: its parameters, counter = the position of the token drawn (so the same
+  // whatever the batch, and after an export and import).
+  Status step(std::span<const DeviceStepItem> items, StepResult& result) override {
+    std::vector<cuda::SequenceStep> steps;
+    for (const DeviceStepItem& item : items) {
+      const Held& held = held_of(item.sequence);
+      const SamplingParams& p = held.sampling;
+      const uint64_t position = uint64_t(model_->num_tokens(held.id)) + item.tokens.size();
+      steps.push_back({held.id, item.tokens, rows_of(item.output),
+                       cuda::RowSampling{p.temperature, p.top_k, p.top_p, p.seed, position}});
     }
-    SLIMKV_RETURN_IF_ERROR(model_->step(step, /*all_logits=*/false, logits_));
-    std::memcpy(logits, logits_.data(), logits_.size() * sizeof(float));
+    cuda::StepOutputs out;
+    SLIMKV_RETURN_IF_ERROR(model_->run_step(steps, out));
+    result.vocab = int(model_->config().vocab_size);
+    result.logits = std::move(out.logits);
+    result.first_row = std::move(out.first_row);
+    result.tokens = std::move(out.tokens);
     return Status::ok();
   }
 
+  KvBudget kv_budget() const override {
+    const cuda::GpuKvCache& kv = model_->kv();
+    return KvBudget{cuda::kCudaBlockTokens, kv.sequences().num_blocks(), kv.sequences().free_blocks(),
+                    kv.bytes_per_block()};
+  }
+  int64_t sequence_blocks(SequenceId sequence) const override {
+    return int64_t(model_->kv().sequences().blocks(id_of(sequence)).size());
+  }
+
+  Status export_kv(SequenceId sequence, std::string_view model_id, std::vector<uint8_t>& out) const override {
+    KvStore store(shape_, pipeline_);
+    SLIMKV_RETURN_IF_ERROR(model_->kv().export_sequence(id_of(sequence), store));
+    return write_kv_transfer(store, model_id, out);
+  }
+  // The transfer's reader checks it against this device's spec (kv_description), model and shape into
+  // a host store; the cache then takes the blocks as they are.
+  Status import_kv(SequenceId sequence, std::span<const uint8_t> transfer, std::string_view source,
+                   std::string_view model_id) override {
+    const int id = id_of(sequence);
+    if (model_->num_tokens(id) != 0) {
+      return error("kv transfer '", source, "': sequence ", sequence, " holds ", model_->num_tokens(id),
+                   " tokens; a transfer is imported into an empty sequence");
+    }
+    KvStore store(shape_, pipeline_);
+    SLIMKV_RETURN_IF_ERROR(read_kv_transfer(transfer.data(), transfer.size(), source, model_id, store));
+    return model_->kv().import_sequence(id, store).with_context(str_cat("kv transfer '", source, "'"));
+  }
+
+  const KvStore* kv_store(SequenceId) const override { return nullptr; }
+  Status set_observer(SequenceId, ForwardObserver*) override {
+    return error("observing the forward pass (fidelity, calibration) runs on device 'cpu' only");
+  }
+
  private:
+  struct Held {
+    int id = 0;  // in the GPU's KV cache
+    SamplingParams sampling;
+  };
+  // The engine checks ids before calling.
+  const Held& held_of(SequenceId sequence) const { return sequences_.at(sequence); }
+  int id_of(SequenceId sequence) const { return held_of(sequence).id; }
+
   std::unique_ptr<cuda::CudaLlamaModel> model_;
-  std::vector<float> logits_;
+  KvPipeline pipeline_;  // as the GPU runs it: its describe() is kv_description()
+  KvShape shape_;        // of a host store of one sequence (export, import)
+  std::map<SequenceId, Held> sequences_;
 };
 
 }  // namespace
 
 Expected<std::unique_ptr<DeviceModel>> load_cuda_model(const LlamaModel& model, const KvPipeline& pipeline,
                                                        const EngineConfig& config) {
-  SLIMKV_ASSIGN_OR_RETURN(cuda::GpuKvPlan plan, cuda::plan_gpu_kv(pipeline, config.kv_spec, int(model.config().hidden_size),
-                                                                  int(model.config().kv_dim())));
+  const ModelConfig& c = model.config();
+  SLIMKV_ASSIGN_OR_RETURN(cuda::GpuKvPlan plan,
+                          cuda::plan_gpu_kv(pipeline, config.kv_spec, int(c.hidden_size), int(c.kv_dim())));
   cuda::CudaModelOptions options;
   options.quantized_kv = plan.options.quantized;
   options.tier = plan.options.tier;
   options.rotate_heads = plan.rotate_heads;
-  options.max_sequences = config.gpu_max_sessions;
-  options.max_step_tokens = std::max(config.prefill_chunk_tokens, config.gpu_max_sessions);
-  options.kv_cache_bytes = config.gpu_kv_cache_bytes;
+  options.max_sequences = config.max_sequences;
+  options.max_step_tokens = std::max(config.prefill_chunk_tokens, config.max_sequences);
+  options.kv_cache_bytes = config.kv_cache_bytes;
   SLIMKV_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaLlamaModel> gpu_model,
-                          cuda::CudaLlamaModel::upload(model.config(), model.weights(), options));
-  return std::unique_ptr<DeviceModel>(new CudaDeviceModel(std::move(gpu_model)));
+                          cuda::CudaLlamaModel::upload(c, model.weights(), options));
+  return std::unique_ptr<DeviceModel>(new CudaDeviceModel(std::move(gpu_model), plan.pipeline));
 }
 
 }  // namespace slimkv
