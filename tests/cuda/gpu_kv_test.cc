@@ -39,6 +39,7 @@ GpuModel upload(const LlamaModel& cpu, const std::string& spec, size_t kv_cache_
   options.max_context_tokens = 1024;
   options.kv_cache_bytes = kv_cache_bytes;
   options.quantized_kv = plan.options.quantized;
+  options.tier = plan.options.tier;
   options.rotate_heads = plan.rotate_heads;
   return {take(CudaLlamaModel::upload(cpu.config(), cpu.weights(), options)), plan.pipeline};
 }
@@ -172,7 +173,7 @@ TEST_F(GpuKvTest, ExportedSequenceContinuesIdenticallyInAnotherModel) {
   auto cpu = take(LlamaModel::load(kBundled));
   const ModelConfig& config = cpu->config();
   const KvShape shape(int(config.num_layers), int(config.num_kv_heads), int(config.head_dim), int(config.head_dim), 1024);
-  for (const char* spec : {"dense", "hack:bits=2", "quant:bits=4,rot=none"}) {
+  for (const char* spec : {"dense", "hack:bits=2", "quant:bits=4,rot=none", "dense@offload", "hack:bits=2@offload"}) {
     for (const int prompt_tokens : {150, 128, 20}) {
       SCOPED_TRACE(std::string(spec) + ", prompt " + std::to_string(prompt_tokens));
       GpuModel sender = upload(*cpu, spec), receiver = upload(*cpu, spec, 0, /*max_step_tokens=*/48);
@@ -236,6 +237,17 @@ TEST_F(GpuKvTest, ImportIsRefusedOnMismatchOrWithoutRoom) {
   const Status model = read_kv_transfer(bytes.data(), bytes.size(), "test", "other model", hack_store);
   ASSERT_FALSE(model.is_ok());
   EXPECT_NE(model.message().find("model mismatch"), std::string::npos) << model.message();
+  // kvpr exports, but takes no import: it recomputes K/V from X, which a transfer does not carry.
+  GpuModel kvpr = upload(*cpu, "hack:bits=2@kvpr:split=0.5");
+  const int k = take(kvpr.model->add_sequence());
+  SLIMKV_ASSERT_OK(kvpr.model->step(std::vector<SequenceTokens>{{k, random_tokens(200, int(config.vocab_size), 5)}}, false, logits));
+  KvStore kvpr_store(shape, kvpr.pipeline);
+  SLIMKV_ASSERT_OK(kvpr.model->kv().export_sequence(k, kvpr_store));
+  EXPECT_EQ(kvpr_store.num_tokens(0), 200);
+  const int k2 = take(kvpr.model->add_sequence());
+  const Status recompute = kvpr.model->kv().import_sequence(k2, kvpr_store);
+  ASSERT_FALSE(recompute.is_ok());
+  EXPECT_NE(recompute.message().find("kvpr"), std::string::npos) << recompute.message();
   // A budget of 2 blocks cannot hold 200 tokens: refused, the sequence still empty.
   const size_t two_blocks = 2 * hack.model->kv().bytes_per_block() +
                             size_t(512 / 64 + 2 * 4) * size_t(config.num_layers) * 2 * size_t(config.kv_dim()) * 64 * 2;

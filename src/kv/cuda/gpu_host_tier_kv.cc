@@ -2,10 +2,13 @@
 // pinned host memory, staged to the GPU a unit (layer × micro-batch) at a time; kvpr recomputes the
 // K/V of each sequence's first tokens from X through the model's KvProjection while the rest streams in.
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "kv/cuda/gpu_kv_cache.h"
 #include "kv/cuda/host_kv_tier.h"
+#include "kv/cuda/kv_store_copy.h"
+#include "kv/store.h"
 
 namespace slimkv::cuda {
 namespace {
@@ -110,6 +113,92 @@ class GpuHostTierKv final : public GpuKvCache {
   Status fill(int layer, const uint16_t* k, const uint16_t* v, const void* x) override {
     SLIMKV_RETURN_IF_ERROR(tier_->store_x(layer, x));
     return tier_->store_kv(layer, k, v);
+  }
+
+  // From the pinned host pool (the GPU's writes through its mapping done first): sealed blocks as the
+  // host keeps them (quantized codecs), or FP16 K/V as `dense:dtype=f16` blocks; the open block's FP16.
+  Status export_sequence(int sequence, KvStore& into) const override {
+    SLIMKV_RETURN_IF_ERROR(device_synchronize("exporting a sequence from the host KV tier"));
+    const int tokens = sequences().num_tokens(sequence), full = tokens / kCudaBlockTokens;
+    const std::vector<int>& blocks = sequences().blocks(sequence);
+    const size_t head_page = size_t(kCudaBlockTokens) * size_t(shape_.head_dim);
+    const size_t k_halves = size_t(shape_.num_kv_heads) * head_page;  // K's half of a K|V block
+    const auto& sealer = tier_->sealer();
+    std::vector<uint16_t> dense_block(2 * head_page), k, v;
+    into.clear();
+    for (int l = 0; l < shape_.num_layers; ++l) {
+      for (int g = 0; g < shape_.num_kv_heads; ++g) {
+        for (int b = 0; b < full; ++b) {
+          if (sealer) {
+            into.restore_sealed_block(l, g, tier_->host_sealed_block(l, blocks[size_t(b)]) + size_t(g) * sealer->layout().block_bytes);
+            continue;
+          }
+          const uint16_t* kv = tier_->host_kv_block(l, blocks[size_t(b)]);
+          std::memcpy(dense_block.data(), kv + size_t(g) * head_page, head_page * 2);
+          std::memcpy(dense_block.data() + head_page, kv + k_halves + size_t(g) * head_page, head_page * 2);
+          into.restore_sealed_block(l, g, reinterpret_cast<const uint8_t*>(dense_block.data()));
+        }
+      }
+      const int open = tokens - full * kCudaBlockTokens;
+      if (open > 0) {
+        const uint16_t* kv = tier_->host_kv_block(l, blocks[size_t(full)]);
+        k.assign(kv, kv + k_halves);
+        v.assign(kv + k_halves, kv + 2 * k_halves);
+      }
+      restore_open_tokens_from_page(into, l, k, v, open);
+    }
+    return Status::ok();
+  }
+
+  // Into the pinned host pool: sealed blocks as they come (quantized codecs; their FP16 is never read
+  // again: steps move a sealed block's bytes), or dense blocks' FP16; the open tokens in FP16. Not into
+  // kvpr, which recomputes K/V from the attention inputs X that a transfer does not carry.
+  Status import_sequence(int sequence, const KvStore& from) override {
+    if (options_.recompute) {
+      return error("importing KV into the kvpr tier: it recomputes K/V from each token's attention inputs X, which ",
+                   "a KV transfer does not carry (import into @offload or a resident cache)");
+    }
+    const int tokens = from.num_tokens(0), full = tokens / kCudaBlockTokens;
+    const int needed = sequences().blocks_to_grow(sequence, tokens);
+    if (needed > sequences().free_blocks()) {
+      return error("the host KV pool has no room for the imported sequence: ", needed, " blocks of ", kCudaBlockTokens,
+                   " tokens needed, ", sequences().free_blocks(), " free");
+    }
+    SLIMKV_RETURN_IF_ERROR(device_synchronize("importing a sequence into the host KV tier"));
+    SLIMKV_RETURN_IF_ERROR(tier_->sequences().grow(sequence, tokens).with_context("importing KV into the host tier"));
+    const std::vector<int>& blocks = sequences().blocks(sequence);
+    const size_t head_page = size_t(kCudaBlockTokens) * size_t(shape_.head_dim);
+    const size_t k_halves = size_t(shape_.num_kv_heads) * head_page;
+    const auto& sealer = tier_->sealer();
+    std::vector<uint16_t> k, v;
+    for (int l = 0; l < shape_.num_layers; ++l) {
+      for (int g = 0; g < shape_.num_kv_heads; ++g) {
+        for (int b = 0; b < full; ++b) {
+          if (sealer) {
+            std::memcpy(tier_->host_sealed_block(l, blocks[size_t(b)]) + size_t(g) * sealer->layout().block_bytes,
+                        from.sealed_block(l, g, b), sealer->layout().block_bytes);
+            continue;
+          }
+          const auto* block = reinterpret_cast<const uint16_t*>(from.sealed_block(l, g, b));
+          uint16_t* kv = tier_->host_kv_block(l, blocks[size_t(b)]);
+          std::memcpy(kv + size_t(g) * head_page, block, head_page * 2);
+          std::memcpy(kv + k_halves + size_t(g) * head_page, block + head_page, head_page * 2);
+        }
+      }
+      const int open = tokens - full * kCudaBlockTokens;
+      if (open == 0) continue;
+      store_rows(from, l, full * kCudaBlockTokens, open, k, v);  // [open, heads, head_dim]
+      uint16_t* kv = tier_->host_kv_block(l, blocks[size_t(full)]);
+      for (int t = 0; t < open; ++t) {
+        for (int g = 0; g < shape_.num_kv_heads; ++g) {
+          const size_t row = (size_t(t) * size_t(shape_.num_kv_heads) + size_t(g)) * size_t(shape_.head_dim);
+          const size_t at = size_t(g) * head_page + size_t(t) * size_t(shape_.head_dim);
+          std::memcpy(kv + at, k.data() + row, size_t(shape_.head_dim) * 2);
+          std::memcpy(kv + k_halves + at, v.data() + row, size_t(shape_.head_dim) * 2);
+        }
+      }
+    }
+    return Status::ok();
   }
 
  private:

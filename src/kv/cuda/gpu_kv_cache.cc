@@ -17,14 +17,6 @@ KvprCostModel kvpr_cost_model(int hidden, int kv_dim, DType x_dtype, double kv_b
                        KvprCostModel::Overlap::kPipelined};
 }
 
-Status GpuKvCache::export_sequence(int /*sequence*/, KvStore& /*into*/) const {
-  return error("exporting a sequence's KV from a GPU host tier (@offload, @kvpr) is not supported yet");
-}
-
-Status GpuKvCache::import_sequence(int /*sequence*/, const KvStore& /*from*/) {
-  return error("importing a sequence's KV into a GPU host tier (@offload, @kvpr) is not supported yet");
-}
-
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_kv_cache(const GpuKvShape& shape, const GpuKvOptions& options,
                                                         KvProjection* projection) {
   if (shape.max_sequences < 1 || shape.max_step_tokens < shape.max_sequences) {

@@ -145,10 +145,10 @@ class GpuKvCache {
   // --- A sequence's blocks out and in (the transfer format goes through a host KvStore, kv/transfer.h) ---
   // Restores into the cleared `into` (made with the pipeline this cache runs, kv_description) the
   // sequence's sealed blocks, as the codec encodes them, and its open tokens.
-  virtual Status export_sequence(int sequence, KvStore& into) const;
+  virtual Status export_sequence(int sequence, KvStore& into) const = 0;
   // Makes the empty `sequence` hold what `from` holds (the same pipeline, checked by the transfer's
   // reader): sealed blocks copied as they are, open tokens in FP16. An error when the budget lacks room.
-  virtual Status import_sequence(int sequence, const KvStore& from);
+  virtual Status import_sequence(int sequence, const KvStore& from) = 0;
 };
 
 // The cache for `options`. projection: the model's, for a tier that recomputes (kvpr); it must outlive
