@@ -4,7 +4,7 @@
 //
 //   FP16 pages (PagedKvView), layer l: K, V [num_blocks, num_kv_heads, kCudaBlockTokens, head_dim]
 //   sealed blocks (QuantizedKvView):   [num_blocks, num_kv_heads, block_bytes] in the CPU codec's byte
-//                                      layout (kv/codec/quantized_block.h)
+//                                      layout (tensor/quantized_block.h)
 #pragma once
 
 #include <cstdint>

@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "kv/codec/quantized_block.h"
+#include "tensor/quantized_block.h"
 
 namespace slimkv {
 

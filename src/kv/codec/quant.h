@@ -4,8 +4,9 @@
 // Spec: quant:bits=2,pi=64 with kbits, vbits, pi, round, seed.
 #pragma once
 
+#include "kv/codec/codec.h"
 #include "kv/codec/gpu_block_format.h"
-#include "kv/codec/quantized_block.h"
+#include "tensor/quantized_block.h"
 
 namespace slimkv {
 
@@ -22,7 +23,7 @@ class QuantCodec final : public Codec {
   void attend(const BlockShape& shape, const uint8_t* block, const QueryTile& tile, AttentionPartials& partials,
               int first_partial) const override;
   void decode(const BlockShape& shape, const uint8_t* block, float* k, float* v) const override;
-  // A token selection's rows: only those tokens' codes are read (quantized_block.h).
+  // A token selection's rows: only those tokens' codes are read (tensor/quantized_block.h).
   void decode_tokens(const BlockShape& shape, const uint8_t* block, const int* tokens, int n, float* k,
                      float* v) const override {
     dequantize_tokens(QuantizedBlockLayout(config_, shape), block, tokens, n, k, v);

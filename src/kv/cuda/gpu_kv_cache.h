@@ -21,7 +21,7 @@
 #include <optional>
 
 #include "attention/cuda/paged_attention.h"
-#include "kv/codec/quantized_block.h"
+#include "tensor/quantized_block.h"
 #include "kv/cuda/sequence_blocks.h"
 #include "kv/tier/kvpr_cost_model.h"
 #include "slimkv/status.h"
