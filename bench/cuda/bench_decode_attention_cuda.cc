@@ -1,7 +1,7 @@
 // Decode attention on the GPU: one new query per sequence over a paged KV cache, batch of sequences
 // of equal context, per context length (--new-tokens N: a causal prefill chunk of N queries per
 // sequence at the end of the context instead; --new-tokens 0: the whole context, a full prefill). --kv dense reads FP16 blocks; --kv hack / quant reads
-// blocks sealed at --bits (backend/cuda/quantized_kv_cache.h), the open block in FP16 (a prefill chunk:
+// blocks sealed at --bits (kv/cuda/quantized_kv_cache.h), the open block in FP16 (a prefill chunk:
 // the sealed blocks before it, then FP16).
 // Prints time per step, GB/s of KV read (the bytes the kernel must read: sealed blocks as stored, the
 // open block in FP16) and TFLOP/s, and writes them as JSON for bench/cuda/decode_attention_vs_sdpa.py,

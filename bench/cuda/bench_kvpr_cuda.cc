@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "backend/cuda/device_memory.h"
-#include "backend/cuda/kvpr_profiler.h"
+#include "kv/cuda/kvpr_profiler.h"
 #include "model/cuda/llama_cuda.h"
 #include "bench_errors.h"
 #include "random_shapes.h"

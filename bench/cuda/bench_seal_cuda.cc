@@ -13,9 +13,9 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_memory.h"
-#include "backend/cuda/kv_slots.h"
-#include "backend/cuda/paged_kv_cache.h"
-#include "backend/cuda/quantized_kv_pool.h"
+#include "kv/cuda/kv_slots.h"
+#include "kv/cuda/paged_kv_cache.h"
+#include "kv/cuda/quantized_kv_pool.h"
 #include "backend/cuda/random_fill.h"
 #include "bench_errors.h"
 #include "gpu_timing.h"

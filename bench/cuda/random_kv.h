@@ -1,6 +1,6 @@
 // A one-layer KV cache of random K/V for the attention benchmarks: `batch` sequences of `context`
-// tokens, dense (FP16 blocks, backend/cuda/paged_kv_cache.h) or quantized (`hack` / `quant` blocks
-// sealed as steps seal them and an FP16 window, backend/cuda/quantized_kv_cache.h). Written a chunk at
+// tokens, dense (FP16 blocks, kv/cuda/paged_kv_cache.h) or quantized (`hack` / `quant` blocks
+// sealed as steps seal them and an FP16 window, kv/cuda/quantized_kv_cache.h). Written a chunk at
 // a time, the last `last_step` tokens of each sequence as one step of their own: the step whose
 // attention is timed (a prefill step reads them from the FP16 window). The same options give the same
 // values in either cache.
@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/paged_kv_cache.h"
-#include "backend/cuda/quantized_kv_cache.h"
+#include "kv/cuda/paged_kv_cache.h"
+#include "kv/cuda/quantized_kv_cache.h"
 #include "backend/cuda/random_fill.h"
 
 namespace slimkv::cuda {

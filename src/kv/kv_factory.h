@@ -19,7 +19,7 @@ namespace slimkv {
 struct KvprConfig {
   double split = -1;       // the fraction of tokens recomputed; negative: auto (the cost model, Eq. 10)
   int micro_batches = 1;   // schedule=row: 1; schedule=column: batches (0: as the GPU KV budget needs)
-  std::string profile;     // the profiler's cache file; empty: backend/cuda/kvpr_profiler.h's default
+  std::string profile;     // the profiler's cache file; empty: kv/cuda/kvpr_profiler.h's default
   bool reprofile = false;  // measure again even when the file has this machine's figures
 };
 

@@ -1,4 +1,4 @@
-// The GPU's host KV tiers (backend/cuda/host_kv_tier.h, issue 11): `offload` streams every token's
+// The GPU's host KV tiers (kv/cuda/host_kv_tier.h, issue 11): `offload` streams every token's
 // K/V from pinned host memory, `kvpr` recomputes part of it from the kept attention inputs X. Both
 // must give the logits of the all-resident `dense` cache: offload moves the same FP16 bytes, kvpr's
 // recomputed K/V come from the same FP16 X through a GEMM of another shape (W_k|W_v alone, other row

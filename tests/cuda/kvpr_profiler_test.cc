@@ -1,4 +1,4 @@
-// KVPR's profiler (backend/cuda/kvpr_profiler.h): its two rates against the same work timed here with
+// KVPR's profiler (kv/cuda/kvpr_profiler.h): its two rates against the same work timed here with
 // the host's clock (a synchronous cudaMemcpy; cuBLAS called directly, not through CublasGemm), and its
 // cache file: reused without measuring, one entry per device/shape/dtype, re-measured on demand, and
 // a broken file reported by name and left as it was (those cases need no GPU: the file is read first).
@@ -18,7 +18,7 @@
 #include <optional>
 #include <string>
 
-#include "backend/cuda/kvpr_profiler.h"
+#include "kv/cuda/kvpr_profiler.h"
 #include "backend/cuda/random_fill.h"
 #include "cuda_test_util.h"
 #include "util/mapped_file.h"

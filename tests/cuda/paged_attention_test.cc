@@ -1,4 +1,4 @@
-// The GPU's paged FP16 attention (attention/cuda/paged_attention.h over backend/cuda/paged_kv_cache.h)
+// The GPU's paged FP16 attention (attention/cuda/paged_attention.h over kv/cuda/paged_kv_cache.h)
 // against the FP64 reference (attention/reference.h) on the same FP16-rounded inputs: one token,
 // partial blocks, many blocks and splits, GQA ratios 1..8, head dims 64/128, batches of sequences of
 // unequal lengths stepping together (a prefill chunk, then decode steps or further chunks). Every case
@@ -15,7 +15,7 @@
 
 #include "attention/cuda/paged_attention.h"
 #include "attention/reference.h"
-#include "backend/cuda/paged_kv_cache.h"
+#include "kv/cuda/paged_kv_cache.h"
 #include "cuda_test_util.h"
 #include "util/half.h"
 

@@ -1,4 +1,4 @@
-// `hack` and `quant` KV on the GPU (backend/cuda/quantized_kv_cache.h, backend/cuda/quantized_kv_pool.h,
+// `hack` and `quant` KV on the GPU (kv/cuda/quantized_kv_cache.h, kv/cuda/quantized_kv_pool.h,
 // CudaPagedAttention::run_quantized):
 //   sealing: byte-identical to the CPU codec (quantize_block) for the same seeds: stochastic and nearest
 //     rounding, 2/4/8 bits, head dims 64/128, blocks filled over several steps;
@@ -25,8 +25,8 @@
 #include "attention/cuda/paged_attention.h"
 #include "attention/hack_reference.h"
 #include "attention/reference.h"
-#include "backend/cuda/paged_kv_cache.h"
-#include "backend/cuda/quantized_kv_cache.h"
+#include "kv/cuda/paged_kv_cache.h"
+#include "kv/cuda/quantized_kv_cache.h"
 #include "cuda_test_util.h"
 #include "util/half.h"
 #include "util/random.h"

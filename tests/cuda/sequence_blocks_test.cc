@@ -1,4 +1,4 @@
-// Which blocks sequences hold (backend/cuda/sequence_blocks.h): a sequence's blocks are consecutive
+// Which blocks sequences hold (kv/cuda/sequence_blocks.h): a sequence's blocks are consecutive
 // when they can be (the host tiers copy a run of them at once), the lowest free block otherwise, every
 // block is handed out once, and a full pool or table is an error that changes nothing. Host code only:
 // runs without a GPU.
@@ -6,7 +6,7 @@
 
 #include <set>
 
-#include "backend/cuda/sequence_blocks.h"
+#include "kv/cuda/sequence_blocks.h"
 
 namespace slimkv::cuda {
 namespace {

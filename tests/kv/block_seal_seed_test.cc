@@ -1,5 +1,5 @@
 // The seeds a KV store seals its blocks with are block_seal_seed(store seed, layer, head, block index)
-// (util/random.h), the derivation the GPU's sealing kernel uses (backend/cuda/quantized_kv_pool.h):
+// (util/random.h), the derivation the GPU's sealing kernel uses (kv/cuda/quantized_kv_pool.h):
 // every sealed block of a CPU store (unrotated) equals quantize_block of its tokens with that seed.
 #include <gtest/gtest.h>
 

@@ -68,7 +68,7 @@
 #include <vector>
 
 #include "attention/cuda/paged_attention.h"
-#include "backend/cuda/quantized_kv_pool.h"
+#include "attention/cuda/kv_views.h"
 
 namespace slimkv::cuda {
 

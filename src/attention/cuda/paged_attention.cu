@@ -10,6 +10,7 @@
 #include "attention/cuda/hack_prefill_attention.cuh"
 #include "attention/cuda/prefill_attention.cuh"
 #include "attention/cuda/split_k.cuh"
+#include "attention/cuda/softmax_state.cuh"
 #include "backend/cuda/cuda_check.h"
 
 namespace slimkv::cuda {
@@ -22,6 +23,79 @@ __device__ inline void halves_to_floats(const uint4& raw, float (&out)[8]) {
     const float2 f = __half22float2(pairs[i]);
     out[2 * i] = f.x;
     out[2 * i + 1] = f.y;
+  }
+}
+
+// The three steps of a chunk in the decode kernel below (FlashInfer's decode.cuh names them so). A
+// lane holds 8 dims of one token of each of kSteps loads (kHeadDim / 8 lanes per token).
+
+// Scores (base 2) of the chunk's tokens against each row's query, reduced over the lanes that hold one
+// token; masked by causality (a token after the row's position scores −∞).
+template <int kHeadDim, int kRows, int kSteps>
+__device__ __forceinline__ void compute_qk(const float (&q)[kRows][8], const uint4 (&k_raw)[kSteps], int chunk_first,
+                                           int token_in_step, const int (&position)[kRows],
+                                           float (&score)[kSteps][kRows]) {
+  constexpr int kLanesPerToken = kHeadDim / 8;
+  constexpr int kTokensPerStep = 32 / kLanesPerToken;
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    float k[8];
+    halves_to_floats(k_raw[s], k);
+    const int token = chunk_first + s * kTokensPerStep + token_in_step;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float dot = 0.0f;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) dot = fmaf(q[r][c], k[c], dot);
+#pragma unroll
+      for (int offset = kLanesPerToken / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+      score[s][r] = token <= position[r] ? dot : -INFINITY;
+    }
+  }
+}
+
+// Online softmax (softmax_state.cuh): each row's running max takes the chunk's (uniform over the warp),
+// and what was summed is rescaled to it; reference: what the chunk's weights are taken against.
+template <int kHeadDim, int kRows, int kSteps>
+__device__ __forceinline__ void update_mdo_states(const float (&score)[kSteps][kRows], float (&running_max)[kRows],
+                                                  float (&sum)[kRows], float (&acc)[kRows][8],
+                                                  float (&reference)[kRows]) {
+  constexpr int kLanesPerToken = kHeadDim / 8;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    float chunk_max = score[0][r];
+#pragma unroll
+    for (int s = 1; s < kSteps; ++s) chunk_max = fmaxf(chunk_max, score[s][r]);
+#pragma unroll
+    for (int offset = kLanesPerToken; offset < 32; offset *= 2) {
+      chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, offset));
+    }
+    const float new_max = fmaxf(running_max[r], chunk_max);
+    reference[r] = softmax_reference(new_max);  // all masked so far: exp2 gives 0, not NaN
+    const float rescale = exp2f(running_max[r] - reference[r]);
+    running_max[r] = new_max;
+    sum[r] *= rescale;
+#pragma unroll
+    for (int c = 0; c < 8; ++c) acc[r][c] *= rescale;
+  }
+}
+
+// The chunk's softmax weights times V, into each row's sum and weighted V.
+template <int kRows, int kSteps>
+__device__ __forceinline__ void compute_sfm_v(const float (&score)[kSteps][kRows], const float (&reference)[kRows],
+                                              const uint4 (&v_raw)[kSteps], float (&sum)[kRows],
+                                              float (&acc)[kRows][8]) {
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    float v[8];
+    halves_to_floats(v_raw[s], v);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float weight = exp2f(score[s][r] - reference[r]);
+      sum[r] += weight;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) acc[r][c] = fmaf(weight, v[c], acc[r][c]);
+    }
   }
 }
 
@@ -114,54 +188,10 @@ __global__ __launch_bounds__(kThreads) void paged_attention_partials(AttentionLa
   int chunk_first = num_chunks > 0 ? load_chunk(0, k_raw, v_raw) : 0;
   for (int i = 0; i < num_chunks; ++i) {
     const int next_first = i + 1 < num_chunks ? load_chunk(i + 1, k_next, v_next) : 0;
-    // Scores (base 2), reduced over the lanes that hold one token; masked by causality.
-    float score[kSteps][kRows];
-#pragma unroll
-    for (int s = 0; s < kSteps; ++s) {
-      float k[8];
-      halves_to_floats(k_raw[s], k);
-      const int token = chunk_first + s * kTokensPerStep + token_in_step;
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        float dot = 0.0f;
-#pragma unroll
-        for (int c = 0; c < 8; ++c) dot = fmaf(q[r][c], k[c], dot);
-#pragma unroll
-        for (int offset = kLanesPerToken / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(kFullMask, dot, offset);
-        score[s][r] = token <= position[r] ? dot : -INFINITY;
-      }
-    }
-    // Online softmax: a new running max rescales what was summed (attention/partial.h).
-    float reference[kRows];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      float chunk_max = score[0][r];
-#pragma unroll
-      for (int s = 1; s < kSteps; ++s) chunk_max = fmaxf(chunk_max, score[s][r]);
-#pragma unroll
-      for (int offset = kLanesPerToken; offset < 32; offset *= 2) {
-        chunk_max = fmaxf(chunk_max, __shfl_xor_sync(kFullMask, chunk_max, offset));
-      }
-      const float new_max = fmaxf(running_max[r], chunk_max);
-      reference[r] = new_max == -INFINITY ? 0.0f : new_max;  // all masked so far: exp2 gives 0, not NaN
-      const float rescale = exp2f(running_max[r] - reference[r]);
-      running_max[r] = new_max;
-      sum[r] *= rescale;
-#pragma unroll
-      for (int c = 0; c < 8; ++c) acc[r][c] *= rescale;
-    }
-#pragma unroll
-    for (int s = 0; s < kSteps; ++s) {
-      float v[8];
-      halves_to_floats(v_raw[s], v);
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const float weight = exp2f(score[s][r] - reference[r]);
-        sum[r] += weight;
-#pragma unroll
-        for (int c = 0; c < 8; ++c) acc[r][c] = fmaf(weight, v[c], acc[r][c]);
-      }
-    }
+    float score[kSteps][kRows], reference[kRows];
+    compute_qk<kHeadDim, kRows, kSteps>(q, k_raw, chunk_first, token_in_step, position, score);
+    update_mdo_states<kHeadDim, kRows, kSteps>(score, running_max, sum, acc, reference);
+    compute_sfm_v<kRows, kSteps>(score, reference, v_raw, sum, acc);
 #pragma unroll
     for (int s = 0; s < kSteps; ++s) {
       k_raw[s] = k_next[s];
@@ -209,7 +239,7 @@ __global__ __launch_bounds__(kThreads) void merge_split_partials(AttentionLaunch
   const float2* max_sum = p.partial_max_sum + size_t(row) * p.split_stride;
   float max_all = -INFINITY;
   for (int s = 0; s < p.split_stride; ++s) max_all = fmaxf(max_all, max_sum[s].x);
-  const float reference = max_all == -INFINITY ? 0.0f : max_all;
+  const float reference = softmax_reference(max_all);
   float total = 0.0f;
   for (int s = 0; s < p.split_stride; ++s) total += exp2f(max_sum[s].x - reference) * max_sum[s].y;
   const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
@@ -264,7 +294,7 @@ auto with_kernel_shape(int head_dim, int rows, F&& f) {
     case 16: return four ? f.template operator()<16, 4>() : f.template operator()<16, 8>();
     case 32: return four ? f.template operator()<32, 4>() : f.template operator()<32, 8>();
     case 64: return four ? f.template operator()<64, 4>() : f.template operator()<64, 8>();
-    default: return four ? f.template operator()<128, 4>() : f.template operator()<128, 8>();
+    default: return four ? f.template operator()<128, 4>() : f.template operator()<128, 8>();  // 128: create() refuses others
   }
 }
 

@@ -1,4 +1,4 @@
-// Attention over the GPU's paged FP16 KV store (backend/cuda/paged_kv_cache.h), for a batch of
+// Attention over the GPU's paged FP16 KV store (kv/cuda/paged_kv_cache.h), for a batch of
 // sequences of different lengths in one launch: decode (one new query per sequence) and prefill
 // (many new queries per sequence, causal) are the same kernel.
 //
@@ -18,8 +18,8 @@
 #include <utility>
 #include <vector>
 
-#include "backend/cuda/paged_kv_cache.h"
-#include "backend/cuda/quantized_kv_pool.h"
+#include "attention/cuda/kv_views.h"
+#include "backend/cuda/device_memory.h"
 
 namespace slimkv::cuda {
 
@@ -73,7 +73,7 @@ class CudaPagedAttention {
   // q: FP16 [total queries, num_heads, head_dim] (device), out likewise; scores are scale · q·k.
   Status run(const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out);
 
-  // Attention over quantized KV (backend/cuda/quantized_kv_cache.h): sealed `hack` or `quant` blocks
+  // Attention over quantized KV (kv/cuda/quantized_kv_cache.h): sealed `hack` or `quant` blocks
   // and FP16 for the rest. Decode (one query per sequence; attention/cuda/quantized_attention.cu): the
   // sealed blocks, then the open block (the last kv_len % kCudaBlockTokens tokens) in FP16; `hack`
   // computes on the integer codes (HACK Eq. 4), `quant` dequantizes in the kernel and computes in FP32.

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "attention/cuda/device_ops.cuh"
+#include "attention/cuda/softmax_state.cuh"
 #include "tensor/quantized_block.h"
 
 namespace slimkv::cuda {
@@ -244,7 +245,7 @@ __global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(At
       block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 1));
       block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 2));
       const float new_max = fmaxf(running_max[h], block_max * p.scale_log2);
-      reference[h] = new_max == -INFINITY ? 0.0f : new_max;  // all masked so far: exp2 gives 0, not NaN
+      reference[h] = softmax_reference(new_max);  // all masked so far: exp2 gives 0, not NaN
       const float rescale = exp2f(running_max[h] - reference[h]);
       running_max[h] = new_max;
       sum[h] *= rescale;

@@ -12,7 +12,7 @@
 // rescale when no row max changed 284 (more spills). The kernel sits at ~300 TFLOP/s, FA2-class;
 // past that needs Hopper's wgmma.
 //
-// With quantized KV (backend/cuda/quantized_kv_cache.h) the blocks of a sequence wholly before its
+// With quantized KV (kv/cuda/quantized_kv_cache.h) the blocks of a sequence wholly before its
 // step's first new token are sealed: the kernel then either dequantizes them into its shared-memory
 // tiles (the `quant` baseline: KIVI-style fused dequantization, so `quant` prefill runs at FP16
 // tensor-core speed with 2-bit reads) or skips them (`hack`: the INT8 kernel,

@@ -1,4 +1,4 @@
-// Decode attention over sealed `hack` / `quant` blocks (backend/cuda/quantized_kv_pool.h) plus each
+// Decode attention over sealed `hack` / `quant` blocks (kv/cuda/quantized_kv_pool.h) plus each
 // sequence's open FP16 block: CudaPagedAttention::run_quantized. The work split, the tiles (a GQA group
 // reads each KV block once) and the merge of the splits are the dense kernel's (split_k.cuh); what
 // differs is how a warp reads one block:
@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "attention/cuda/softmax_state.cuh"
 #include "attention/cuda/device_ops.cuh"
 #include "attention/cuda/paged_attention.h"
 #include "attention/cuda/split_k.cuh"
@@ -113,7 +114,7 @@ struct WarpPartial {
   // are taken against (0 while everything is masked, so exp2 gives 0, not NaN).
   __device__ __forceinline__ float rescale(int r, float block_max) {
     const float new_max = fmaxf(max[r], block_max);
-    const float reference = new_max == -INFINITY ? 0.0f : new_max;
+    const float reference = softmax_reference(new_max);
     const float factor = fast_exp2(max[r] - reference);
     max[r] = new_max;
     sum[r] *= factor;
@@ -528,7 +529,20 @@ QuantizedKernel pick(int bits, bool hack) {
   switch (bits) {
     case 2: return hack ? quantized_attention_partials<kHeadDim, kRows, 2, true> : quantized_attention_partials<kHeadDim, kRows, 2, false>;
     case 4: return hack ? quantized_attention_partials<kHeadDim, kRows, 4, true> : quantized_attention_partials<kHeadDim, kRows, 4, false>;
-    default: return hack ? quantized_attention_partials<kHeadDim, kRows, 8, true> : quantized_attention_partials<kHeadDim, kRows, 8, false>;
+    case 8: return hack ? quantized_attention_partials<kHeadDim, kRows, 8, true> : quantized_attention_partials<kHeadDim, kRows, 8, false>;
+    default: return nullptr;
+  }
+}
+
+// The one switch from the run-time shape to the decode kernel's template parameters; null when no
+// kernel has it (run_quantized's error names the values).
+QuantizedKernel pick_kernel(int head_dim, int rows, int bits, bool hack) {
+  const bool four = rows == 4;
+  if (rows != 4 && rows != 8) return nullptr;
+  switch (head_dim) {
+    case 64: return four ? pick<64, 4>(bits, hack) : pick<64, 8>(bits, hack);
+    case 128: return four ? pick<128, 4>(bits, hack) : pick<128, 8>(bits, hack);
+    default: return nullptr;
   }
 }
 
@@ -545,10 +559,11 @@ Status CudaPagedAttention::run_quantized(const PagedKvView& kv, const QuantizedK
   if (sealed.k_bits != sealed.v_bits) {
     return error("CUDA quantized attention: K and V bits must match on the GPU, got ", sealed.k_bits, " and ", sealed.v_bits);
   }
-  const bool four_rows = rows_per_tile_ == 4;
-  const int bits = sealed.k_bits;
-  const QuantizedKernel kernel = shape_.head_dim == 64 ? (four_rows ? pick<64, 4>(bits, sealed.hack) : pick<64, 8>(bits, sealed.hack))
-                                                       : (four_rows ? pick<128, 4>(bits, sealed.hack) : pick<128, 8>(bits, sealed.hack));
+  const QuantizedKernel kernel = pick_kernel(shape_.head_dim, rows_per_tile_, sealed.k_bits, sealed.hack);
+  if (kernel == nullptr) {
+    return error("CUDA quantized attention: no decode kernel for head_dim ", shape_.head_dim, ", ", rows_per_tile_,
+                 " rows per tile, ", sealed.k_bits, " bits (there: head_dim 64 or 128, 4 or 8 rows, 2, 4 or 8 bits)");
+  }
   // The staging buffers, which also hold the warps' partials at the end.
   const size_t staging_bytes = std::max(size_t(kWarps) * 2 * sealed.offsets.block_bytes,
                                         size_t(kWarps) * rows_per_tile_ * shape_.head_dim * sizeof(float));

@@ -8,8 +8,8 @@
 #include <cuda_fp16.h>
 
 #include "attention/cuda/paged_attention.h"
-#include "backend/cuda/paged_kv_cache.h"
-#include "backend/cuda/quantized_kv_pool.h"
+#include "attention/cuda/kv_views.h"
+#include "attention/cuda/softmax_state.cuh"
 
 namespace slimkv::cuda {
 
@@ -81,7 +81,7 @@ __device__ void store_cta_partial(const AttentionLaunch& p, int active_rows, con
     float max_all = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) max_all = fmaxf(max_all, warp_max_sum[w][r].x);
-    const float reference = max_all == -INFINITY ? 0.0f : max_all;
+    const float reference = softmax_reference(max_all);
     float total = 0.0f, weighted = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {

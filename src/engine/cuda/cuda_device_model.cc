@@ -1,15 +1,15 @@
-// The engine's device "cuda": the model uploaded to the GPU (model/cuda/llama_cuda.h), a session's
-// sequence a sequence of its paged KV cache.
+// The engine's device "cuda" (engine/device_model.h): the model uploaded to the GPU
+// (model/cuda/llama_cuda.h), each engine sequence a sequence of its KV cache (kv/cuda/gpu_kv_cache.h),
+// steps of mixed items with logits rows or tokens sampled on the GPU, the cache's block budget, and KV
+// export/import in the transfer format through a host KvStore (kv/transfer.h).
 #include <algorithm>
 #include <map>
 #include <vector>
 
 #include "engine/device_model.h"
-#include "engine/sampler.h"
-#include "kv/codec/hack.h"
-#include "kv/codec/quant.h"
-#include "backend/cuda/kvpr_profiler.h"
-#include "kv/kv_factory.h"
+#include "kv/cuda/gpu_kv_plan.h"
+#include "kv/store.h"
+#include "kv/transfer.h"
 #include "model/cuda/llama_cuda.h"
 #include "model/llama.h"
 #include "slimkv/engine.h"
@@ -17,88 +17,91 @@
 namespace slimkv {
 namespace {
 
-class CudaDeviceModel : public DeviceModel {
+cuda::StepRows rows_of(StepOutput output) {
+  switch (output) {
+    case StepOutput::kNone:
+      return cuda::StepRows::kNone;
+    case StepOutput::kLastLogits:
+      return cuda::StepRows::kLast;
+    case StepOutput::kAllLogits:
+      return cuda::StepRows::kAll;
+    case StepOutput::kSample:
+      return cuda::StepRows::kSample;
+  }
+  return cuda::StepRows::kLast;
+}
+
+class CudaDeviceModel final : public DeviceModel {
  public:
-  CudaDeviceModel(std::unique_ptr<cuda::CudaLlamaModel> model, std::string kv_description)
-      : model_(std::move(model)), kv_description_(std::move(kv_description)) {}
+  CudaDeviceModel(std::unique_ptr<cuda::CudaLlamaModel> model, const KvPipeline& pipeline)
+      : model_(std::move(model)), pipeline_(pipeline) {
+    const ModelConfig& c = model_->config();
+    shape_ = KvShape(int(c.num_layers), int(c.num_kv_heads), int(c.head_dim), int(c.head_dim), model_->context_tokens());
+  }
 
   int context_tokens() const override { return model_->context_tokens(); }
-  std::string kv_description() const override { return kv_description_; }
+  std::string kv_description() const override { return pipeline_.describe(); }
 
-  Status add_sequence(SequenceId id, const SamplingParams& sampling) override {
-    SLIMKV_ASSIGN_OR_RETURN(int sequence, model_->add_sequence());
-    sequences_[id] = {sequence, sampling};
+  Status add_sequence(SequenceId sequence, const SamplingParams& sampling) override {
+    if (sequences_.contains(sequence)) return error("sequence ", sequence, " is already on the GPU");
+    SLIMKV_ASSIGN_OR_RETURN(const int id, model_->add_sequence());
+    sequences_[sequence] = {id, sampling};
     return Status::ok();
   }
-  void remove_sequence(SequenceId id) override {
-    model_->remove_sequence(sequences_.at(id).index);
-    sequences_.erase(id);
+  void remove_sequence(SequenceId sequence) override {
+    const auto it = sequences_.find(sequence);
+    if (it == sequences_.end()) return;
+    model_->remove_sequence(it->second.id);
+    sequences_.erase(it);
   }
-  int num_tokens(SequenceId id) const override { return model_->num_tokens(sequences_.at(id).index); }
+  int num_tokens(SequenceId sequence) const override { return model_->num_tokens(id_of(sequence)); }
 
+  // A kSample item's draw: its parameters, counter = the position of the token drawn (so the same
+  // whatever the batch, and after an export and import).
   Status step(std::span<const DeviceStepItem> items, StepResult& result) override {
-    std::vector<cuda::SequenceTokens> batch;
-    bool all_logits = false, all_sample = true;
+    std::vector<cuda::SequenceStep> steps;
     for (const DeviceStepItem& item : items) {
-      batch.push_back({sequences_.at(item.sequence).index, item.tokens});
-      all_logits = all_logits || item.output == StepOutput::kAllLogits;
-      all_sample = all_sample && item.output == StepOutput::kSample;
+      const Held& held = held_of(item.sequence);
+      const SamplingParams& p = held.sampling;
+      const uint64_t position = uint64_t(model_->num_tokens(held.id)) + item.tokens.size();
+      steps.push_back({held.id, item.tokens, rows_of(item.output),
+                       cuda::RowSampling{p.temperature, p.top_k, p.top_p, p.seed, position}});
     }
-    const size_t vocab = size_t(model_->config().vocab_size);
-    result.vocab = int(vocab);
-    result.first_row.assign(items.size(), -1);
-    result.tokens.assign(items.size(), -1);
-    result.logits.clear();
-    if (all_sample) {  // only the ids come back from the GPU
-      std::vector<cuda::RowSampling> sampling;
-      for (const DeviceStepItem& item : items) {
-        const SamplingParams& p = sequences_.at(item.sequence).sampling;
-        const int position = num_tokens(item.sequence) + int(item.tokens.size());
-        sampling.push_back({p.temperature, p.top_k, p.top_p, p.seed, uint64_t(position)});
-      }
-      return model_->step_sample(batch, sampling, result.tokens);
-    }
-    SLIMKV_RETURN_IF_ERROR(model_->step(batch, all_logits, logits_));
-    // logits_: every token's row (all_logits) or each item's last row; keep the rows asked for.
-    size_t device_row = 0;
-    int64_t rows = 0;
-    for (size_t i = 0; i < items.size(); ++i) {
-      const DeviceStepItem& item = items[i];
-      const size_t item_rows = all_logits ? item.tokens.size() : 1;
-      const size_t keep = item.output == StepOutput::kAllLogits ? item_rows : item.output == StepOutput::kNone ? 0 : 1;
-      const size_t first = device_row + item_rows - keep;
-      if (keep > 0) {
-        result.first_row[i] = rows;
-        result.logits.insert(result.logits.end(), logits_.begin() + ptrdiff_t(first * vocab),
-                             logits_.begin() + ptrdiff_t((first + keep) * vocab));
-        rows += int64_t(keep);
-      }
-      if (item.output == StepOutput::kSample) {
-        result.tokens[i] = sampler_.sample(result.logits_of(i), sequences_.at(item.sequence).sampling,
-                                           num_tokens(item.sequence));
-      }
-      device_row += item_rows;
-    }
+    cuda::StepOutputs out;
+    SLIMKV_RETURN_IF_ERROR(model_->run_step(steps, out));
+    result.vocab = int(model_->config().vocab_size);
+    result.logits = std::move(out.logits);
+    result.first_row = std::move(out.first_row);
+    result.tokens = std::move(out.tokens);
     return Status::ok();
   }
 
   KvBudget kv_budget() const override {
-    KvBudget budget;
-    budget.block_tokens = cuda::kCudaBlockTokens;
-    budget.total_blocks = model_->kv_cache_blocks();
-    budget.free_blocks = model_->free_kv_blocks();
-    budget.bytes_per_block = budget.total_blocks ? model_->kv_cache_bytes() / size_t(budget.total_blocks) : 0;
-    return budget;
+    const cuda::GpuKvCache& kv = model_->kv();
+    return KvBudget{cuda::kCudaBlockTokens, kv.sequences().num_blocks(), kv.sequences().free_blocks(),
+                    kv.bytes_per_block()};
   }
-  int64_t sequence_blocks(SequenceId id) const override {
-    return (num_tokens(id) + cuda::kCudaBlockTokens - 1) / cuda::kCudaBlockTokens;
+  int64_t sequence_blocks(SequenceId sequence) const override {
+    return int64_t(model_->kv().sequences().blocks(id_of(sequence)).size());
   }
 
-  Status export_kv(SequenceId, std::string_view, std::vector<uint8_t>&) const override {
-    return error("exporting a sequence's KV runs on device 'cpu' only in this build");
+  Status export_kv(SequenceId sequence, std::string_view model_id, std::vector<uint8_t>& out) const override {
+    KvStore store(shape_, pipeline_);
+    SLIMKV_RETURN_IF_ERROR(model_->kv().export_sequence(id_of(sequence), store));
+    return write_kv_transfer(store, model_id, out);
   }
-  Status import_kv(SequenceId, std::span<const uint8_t>, std::string_view source, std::string_view) override {
-    return error("kv transfer '", source, "': importing KV runs on device 'cpu' only in this build");
+  // The transfer's reader checks it against this device's spec (kv_description), model and shape into
+  // a host store; the cache then takes the blocks as they are.
+  Status import_kv(SequenceId sequence, std::span<const uint8_t> transfer, std::string_view source,
+                   std::string_view model_id) override {
+    const int id = id_of(sequence);
+    if (model_->num_tokens(id) != 0) {
+      return error("kv transfer '", source, "': sequence ", sequence, " holds ", model_->num_tokens(id),
+                   " tokens; a transfer is imported into an empty sequence");
+    }
+    KvStore store(shape_, pipeline_);
+    SLIMKV_RETURN_IF_ERROR(read_kv_transfer(transfer.data(), transfer.size(), source, model_id, store));
+    return model_->kv().import_sequence(id, store).with_context(str_cat("kv transfer '", source, "'"));
   }
 
   const KvStore* kv_store(SequenceId) const override { return nullptr; }
@@ -107,83 +110,37 @@ class CudaDeviceModel : public DeviceModel {
   }
 
  private:
-  struct Sequence {
-    int index = 0;  // in the GPU model
+  struct Held {
+    int id = 0;  // in the GPU's KV cache
     SamplingParams sampling;
   };
+  // The engine checks ids before calling.
+  const Held& held_of(SequenceId sequence) const { return sequences_.at(sequence); }
+  int id_of(SequenceId sequence) const { return held_of(sequence).id; }
+
   std::unique_ptr<cuda::CudaLlamaModel> model_;
-  std::string kv_description_;
-  std::map<SequenceId, Sequence> sequences_;
-  std::vector<float> logits_;
-  Sampler sampler_;
+  KvPipeline pipeline_;  // as the GPU runs it: its describe() is kv_description()
+  KvShape shape_;        // of a host store of one sequence (export, import)
+  std::map<SequenceId, Held> sequences_;
 };
-
-// What the GPU runs of a KV pipeline: `dense` (FP16 blocks), `hack` and `quant` with equal K/V bits,
-// in blocks of 64 tokens, every token attended, in GPU memory or in a host tier; rot=hadamard or none.
-Expected<std::optional<cuda::QuantizedKvOptions>> gpu_kv(const KvPipeline& pipeline, const std::string& spec) {
-  const auto refuse = [&](const std::string& what) {
-    return error("KV spec '", spec, "': ", what, " does not run on device 'cuda' yet (there: dense, or hack / quant ",
-                 "with kbits = vbits, pi=64; no selector or zack; the offload and kvpr tiers)");
-  };
-  if (pipeline.selector) return refuse("a selector");
-  if (pipeline.zack) return refuse("zack");
-  if (pipeline.block_tokens != cuda::kCudaBlockTokens) return refuse(str_cat("a block of ", pipeline.block_tokens, " tokens"));
-  const Codec* codec = pipeline.codec.get();
-  if (codec->describe() == "dense:dtype=bf16") return refuse("dtype=bf16 (the GPU keeps FP16 blocks)");
-  if (codec->describe().starts_with("dense")) return std::optional<cuda::QuantizedKvOptions>();
-  const auto* hack = dynamic_cast<const HackCodec*>(codec);
-  const auto* quant = dynamic_cast<const QuantCodec*>(codec);
-  if (hack == nullptr && quant == nullptr) return refuse(codec->describe());
-  const QuantizationConfig& config = hack ? hack->config() : quant->config();
-  if (config.k_bits != config.v_bits) return refuse("kbits != vbits");
-  if (!config.store_sums || !config.keep_open_exact) return refuse("the se=off / rqe=off ablations");
-  if (!pipeline.exact_prefill) return refuse("prefill=quantized (the GPU's prefill attends exactly)");
-  return std::optional<cuda::QuantizedKvOptions>(cuda::QuantizedKvOptions{config, hack != nullptr, pipeline.seed});
-}
-
-// The host tiers: @offload (streamed, row by row) or @kvpr, whose automatic split needs this machine's
-// link and GEMM rates (the profiler's, cached in a file).
-Expected<std::optional<cuda::KvTierOptions>> gpu_tier(const KvPipeline& pipeline, const ModelConfig& model) {
-  if (!pipeline.offload && !pipeline.kvpr) return std::optional<cuda::KvTierOptions>();
-  if (pipeline.offload && pipeline.offload->options_given) {
-    return error("the offload tier on device 'cuda' streams every block from pinned host memory: its CPU options ",
-                 "(cache, policy, dir) do not apply there; write '@offload'");
-  }
-  cuda::KvTierOptions tier;
-  if (const std::optional<KvprConfig>& kvpr = pipeline.kvpr) {
-    tier.recompute = true;
-    tier.split = kvpr->split;
-    tier.micro_batches = kvpr->micro_batches;
-    if (kvpr->split < 0) {
-      const std::string path = kvpr->profile.empty() ? cuda::default_kvpr_profile_path() : kvpr->profile;
-      SLIMKV_ASSIGN_OR_RETURN(cuda::KvprProfile profile,
-                              cuda::load_or_measure_kvpr_profile(path, int(model.hidden_size), int(2 * model.kv_dim()),
-                                                                 DType::kF16, kvpr->reprofile));
-      tier.link_bytes_per_s = profile.link_bytes_per_s;
-      tier.gemm_flops_per_s = profile.gemm_flops_per_s;
-    }
-  }
-  return std::optional<cuda::KvTierOptions>(tier);
-}
 
 }  // namespace
 
 Expected<std::unique_ptr<DeviceModel>> load_cuda_model(const LlamaModel& model, const KvPipeline& pipeline,
                                                        const EngineConfig& config) {
+  const ModelConfig& c = model.config();
+  SLIMKV_ASSIGN_OR_RETURN(cuda::GpuKvPlan plan,
+                          cuda::plan_gpu_kv(pipeline, config.kv_spec, int(c.hidden_size), int(c.kv_dim())));
   cuda::CudaModelOptions options;
-  SLIMKV_ASSIGN_OR_RETURN(options.quantized_kv, gpu_kv(pipeline, config.kv_spec));
-  SLIMKV_ASSIGN_OR_RETURN(options.tier, gpu_tier(pipeline, model.config()));
-  options.rotate_heads = pipeline.hadamard;
+  options.quantized_kv = plan.options.quantized;
+  options.tier = plan.options.tier;
+  options.rotate_heads = plan.rotate_heads;
   options.max_sequences = config.max_sequences;
   options.max_step_tokens = std::max(config.prefill_chunk_tokens, config.max_sequences);
   options.kv_cache_bytes = config.kv_cache_bytes;
   SLIMKV_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaLlamaModel> gpu_model,
-                          cuda::CudaLlamaModel::upload(model.config(), model.weights(), options));
-  // The GPU keeps dense blocks in FP16, whatever dtype the CPU's dense codec would use.
-  const std::string description = pipeline.codec->describe().starts_with("dense")
-                                      ? str_cat("dense:dtype=f16", pipeline.describe().substr(pipeline.codec->describe().size()))
-                                      : pipeline.describe();
-  return std::unique_ptr<DeviceModel>(new CudaDeviceModel(std::move(gpu_model), description));
+                          cuda::CudaLlamaModel::upload(c, model.weights(), options));
+  return std::unique_ptr<DeviceModel>(new CudaDeviceModel(std::move(gpu_model), plan.pipeline));
 }
 
 }  // namespace slimkv

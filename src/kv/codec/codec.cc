@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "attention/cpu/dense_block_attention.h"
+#include "kv/codec/gpu_block_format.h"
 
 namespace slimkv {
 
@@ -32,6 +33,26 @@ void Codec::decode_tokens(const BlockShape& shape, const uint8_t* block, const i
                   size_t(shape.v_dim) * sizeof(float));
     }
   }
+}
+
+GpuBlockFormat Codec::gpu_block_format() const {
+  GpuBlockFormat format;
+  format.unsupported = describe();
+  return format;
+}
+
+GpuBlockFormat quantized_gpu_block_format(const QuantizationConfig& config, bool integer_attention) {
+  GpuBlockFormat format;
+  if (config.k_bits != config.v_bits) {
+    format.unsupported = "kbits != vbits";
+  } else if (!config.store_sums || !config.keep_open_exact) {
+    format.unsupported = "the se=off / rqe=off ablations";
+  } else {
+    format.kind = GpuBlockFormat::Kind::kQuantized;
+    format.quantization = config;
+    format.integer_attention = integer_attention;
+  }
+  return format;
 }
 
 }  // namespace slimkv

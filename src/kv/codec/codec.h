@@ -18,6 +18,8 @@
 
 namespace slimkv {
 
+struct GpuBlockFormat;  // kv/codec/gpu_block_format.h
+
 class Codec {
  public:
   virtual ~Codec() = default;
@@ -29,6 +31,8 @@ class Codec {
   // once when a store is made for a model, so that attend() never meets a shape it cannot read.
   virtual Status check_shape(const BlockShape& /*shape*/) const { return Status::ok(); }
 
+  // What the GPU's KV caches run of this codec (kv/codec/gpu_block_format.h); by default nothing.
+  virtual GpuBlockFormat gpu_block_format() const;
   // What the store keeps the open block in: FP16, as HACK specifies (half the memory of FP32, and
   // precision to spare for a codec that quantizes); a codec whose sealed blocks keep more says so.
   virtual DType open_block_dtype() const { return DType::kF16; }

@@ -1,12 +1,25 @@
 #include "kv/codec/dense.h"
 
 #include <cstring>
+#include <memory>
 
 #include "attention/cpu/dense_block_attention.h"
 #include "backend/cpu/vec_ops.h"
+#include "kv/codec/gpu_block_format.h"
 #include "util/half.h"
 
 namespace slimkv {
+
+GpuBlockFormat DenseCodec::gpu_block_format() const {
+  GpuBlockFormat format;
+  if (dtype_ == DType::kBF16) {
+    format.unsupported = "dtype=bf16 (the GPU keeps FP16 blocks)";
+    return format;
+  }
+  format.kind = GpuBlockFormat::Kind::kFp16;
+  if (dtype_ != DType::kF16) format.runs_as = std::make_shared<DenseCodec>(DType::kF16);
+  return format;
+}
 
 std::string DenseCodec::describe() const {
   const char* names[] = {"f32", "f16", "bf16"};

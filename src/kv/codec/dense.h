@@ -13,6 +13,9 @@ class DenseCodec final : public Codec {
   explicit DenseCodec(DType dtype) : dtype_(dtype) {}
 
   std::string describe() const override;
+  // FP16 pages on the GPU: dtype=f16 as it is, dtype=f32 as `dense:dtype=f16` (the GPU keeps no FP32
+  // blocks); bf16 not yet.
+  GpuBlockFormat gpu_block_format() const override;
   // FP32 blocks are the lossless baseline: an FP16 open block would round every token before sealing.
   DType open_block_dtype() const override { return dtype_ == DType::kF32 ? DType::kF32 : DType::kF16; }
   size_t block_bytes(const BlockShape& shape) const override;

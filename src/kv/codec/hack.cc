@@ -12,6 +12,10 @@ std::string describe_quantization(const QuantizationConfig& config) {
 
 std::string HackCodec::describe() const { return "hack:" + describe_quantization(config_); }
 
+GpuBlockFormat HackCodec::gpu_block_format() const {
+  return quantized_gpu_block_format(config_, /*integer_attention=*/true);
+}
+
 void HackCodec::seal(const BlockShape& shape, const float* k, const float* v, uint64_t seed, uint8_t* block) const {
   quantize_block(QuantizedBlockLayout(config_, shape), k, v, seed, block);
 }

@@ -7,6 +7,10 @@ namespace slimkv {
 
 std::string QuantCodec::describe() const { return "quant:" + describe_quantization(config_); }
 
+GpuBlockFormat QuantCodec::gpu_block_format() const {
+  return quantized_gpu_block_format(config_, /*integer_attention=*/false);
+}
+
 void QuantCodec::seal(const BlockShape& shape, const float* k, const float* v, uint64_t seed, uint8_t* block) const {
   quantize_block(QuantizedBlockLayout(config_, shape), k, v, seed, block);
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "kv/codec/codec.h"
+#include "kv/codec/gpu_block_format.h"
 #include "tensor/quantized_block.h"
 
 namespace slimkv {
@@ -15,6 +16,7 @@ class QuantCodec final : public Codec {
   const QuantizationConfig& config() const { return config_; }
 
   std::string describe() const override;
+  GpuBlockFormat gpu_block_format() const override;
   Status check_shape(const BlockShape& shape) const override { return check_quantized_shape(config_, shape); }
   size_t block_bytes(const BlockShape& shape) const override { return QuantizedBlockLayout(config_, shape).block_bytes; }
   void seal(const BlockShape& shape, const float* k, const float* v, uint64_t seed, uint8_t* block) const override;

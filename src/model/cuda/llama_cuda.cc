@@ -131,6 +131,10 @@ Status CudaLlamaModel::allocate_weights() {
   return upload_floats(rope.inverse_frequencies(), inv_freq_);
 }
 
+// KVPR recomputes this many rows of X at a time (bounded scratch; 2048 rows of an 8B model are a
+// GEMM of 69 GFLOP, long enough to run near the GPU's peak).
+constexpr int kRecomputeChunkRows = 2048;
+
 Status CudaLlamaModel::allocate_runtime(const CudaModelOptions& options) {
   const ModelConfig& c = config_;
   if (options.max_sequences < 1 || options.max_step_tokens < options.max_sequences) {
@@ -151,105 +155,22 @@ Status CudaLlamaModel::allocate_runtime(const CudaModelOptions& options) {
   SLIMKV_ASSIGN_OR_RETURN(attended_, DeviceArray<uint16_t>::allocate(T * size_t(c.q_dim()), "attention outputs"));
   SLIMKV_ASSIGN_OR_RETURN(logits_, DeviceArray<float>::allocate(T * size_t(c.vocab_size), "logits"));
   SLIMKV_ASSIGN_OR_RETURN(sampling_, DeviceArray<RowSampling>::allocate(size_t(max_sequences_), "sampling settings"));
-
-  const PagedAttentionShape attention_shape{int(c.num_heads), int(c.num_kv_heads), int(c.head_dim), max_sequences_,
-                                            max_step_tokens_};
-  attention_.resize(1);
-  SLIMKV_ASSIGN_OR_RETURN(attention_[0], CudaPagedAttention::create(attention_shape));
-  const int blocks_per_sequence = (context_tokens_ + kCudaBlockTokens - 1) / kCudaBlockTokens;
-  if (options.tier) return allocate_tier(options, blocks_per_sequence);
-
-  // The block pool: what was asked for, or the full contexts of every sequence within 90% of what is
-  // free. Quantized KV: the FP16 window (sized by the step, not the context) first, sealed blocks in the rest.
-  CudaKvShape kv_shape{int(c.num_layers), int(c.num_kv_heads), int(c.head_dim), 0, max_sequences_, blocks_per_sequence,
-                       max_step_tokens_};
-  const size_t fp16_block_bytes = size_t(c.num_layers) * 2 * size_t(c.num_kv_heads) * kCudaBlockTokens * size_t(c.head_dim) * 2;
-  size_t block_bytes = fp16_block_bytes, window_bytes = 0;
-  if (const auto& q = options.quantized_kv) {
-    SLIMKV_ASSIGN_OR_RETURN(block_bytes, CudaQuantizedKvCache::sealed_block_bytes(kv_shape, q->config));
-    window_bytes = size_t(CudaQuantizedKvCache::window_blocks(kv_shape)) * fp16_block_bytes;
-  }
-  size_t budget = options.kv_cache_bytes;
-  if (budget == 0) {
-    SLIMKV_ASSIGN_OR_RETURN(size_t free_bytes, device_free_memory());
-    budget = free_bytes / 10 * 9;
-  }
-  const size_t fitting = budget > window_bytes ? (budget - window_bytes) / block_bytes : 0;
-  const size_t blocks = options.kv_cache_bytes > 0 ? fitting
-                                                   : std::min(size_t(options.max_sequences) * size_t(blocks_per_sequence), fitting);
-  if (blocks == 0) {
-    return error("CUDA model: no room for a single KV block of ", block_bytes, " bytes (kv_cache_bytes ",
-                 options.kv_cache_bytes, ", of which the quantized KV's FP16 window takes ", window_bytes, ")");
-  }
-  kv_shape.num_blocks = int(std::min<size_t>(blocks, 1u << 30));
-  if (const auto& q = options.quantized_kv) {
-    SLIMKV_ASSIGN_OR_RETURN(quantized_, CudaQuantizedKvCache::create(kv_shape, q->config, q->hack, q->seed));
-    return Status::ok();
-  }
-  SLIMKV_ASSIGN_OR_RETURN(cache_, CudaPagedKvCache::create(kv_shape));
-  return Status::ok();
-}
-
-KvprCostModel kvpr_cost_model(const ModelConfig& config, DType dtype, double kv_bytes_per_token, double link_bytes_per_s,
-                              double gemm_flops_per_s) {
-  return KvprCostModel{link_bytes_per_s,
-                       gemm_flops_per_s,
-                       double(size_t(config.hidden_size) * dtype_size_bytes(dtype)),
-                       kv_bytes_per_token,
-                       2.0 * double(config.hidden_size) * 2.0 * double(config.kv_dim()),
-                       KvprCostModel::Overlap::kPipelined};
-}
-
-// KVPR recomputes this many rows of X at a time (bounded scratch; 2048 rows of an 8B model are a
-// GEMM of 69 GFLOP, long enough to run near the GPU's peak).
-constexpr int kRecomputeChunkRows = 2048;
-
-Status CudaLlamaModel::allocate_tier(const CudaModelOptions& model_options, int blocks_per_sequence) {
-  const ModelConfig& c = config_;
-  const KvTierOptions& options = *model_options.tier;
-  const size_t gpu_kv_bytes = model_options.kv_cache_bytes;
-  std::optional<QuantizedBlockSealer> sealer;
-  if (const auto& q = model_options.quantized_kv) {
-    SLIMKV_ASSIGN_OR_RETURN(sealer, QuantizedBlockSealer::create(q->config, q->hack, q->seed, int(c.num_kv_heads),
-                                                                 int(c.head_dim)));
-  }
-  const size_t sealed_block_bytes = sealer ? size_t(c.num_kv_heads) * sealer->layout().block_bytes : 0;
-  const size_t kv_block_bytes = 2 * size_t(c.num_kv_heads) * kCudaBlockTokens * size_t(c.head_dim) * 2 + sealed_block_bytes;
-  const size_t x_block_bytes = size_t(kCudaBlockTokens) * size_t(c.hidden_size) * dtype_size_bytes(dtype_);
-  const size_t per_token_all_layers = size_t(c.num_layers) * (kv_block_bytes + (options.recompute ? x_block_bytes : 0)) /
-                                      kCudaBlockTokens;
-  const size_t host_blocks = options.host_bytes > 0
-                                 ? options.host_bytes / (per_token_all_layers * kCudaBlockTokens)
-                                 : size_t(max_sequences_) * size_t(blocks_per_sequence);
-  // Staging: two buffers of K|V (and X rows for kvpr) of one layer.
-  const size_t staging_block_bytes = 2 * (kv_block_bytes + (options.recompute ? x_block_bytes : 0));
-  size_t staging_blocks = size_t(max_sequences_) * size_t(blocks_per_sequence);
-  if (gpu_kv_bytes > 0) {
-    staging_blocks = gpu_kv_bytes / (2 * kv_block_bytes);
-  } else {
-    SLIMKV_ASSIGN_OR_RETURN(size_t free_bytes, device_free_memory());
-    staging_blocks = std::min(staging_blocks, free_bytes / 10 * 8 / staging_block_bytes);
-  }
-  if (host_blocks == 0 || staging_blocks == 0) {
-    return error("CUDA model: the KV tier has no room (host pool ", options.host_bytes, " bytes, GPU KV budget ",
-                 gpu_kv_bytes, " bytes: a block of 64 tokens takes ", per_token_all_layers * kCudaBlockTokens,
-                 " bytes of host memory, ", 2 * kv_block_bytes, " of GPU memory)");
-  }
-  const HostKvTierShape shape{int(c.num_layers), int(c.num_kv_heads), int(c.head_dim), int(c.hidden_size), dtype_,
-                              max_sequences_, blocks_per_sequence, max_step_tokens_,
-                              int(std::min<size_t>(host_blocks, 1u << 30)), int(std::min<size_t>(staging_blocks, 1u << 30)),
-                              options.recompute, options.micro_batches};
-  SLIMKV_ASSIGN_OR_RETURN(tier_, CudaHostKvTier::create(shape, sealer));
-  tier_options_ = options;
-  kvpr_cost_ = cuda::kvpr_cost_model(c, dtype_, tier_->kv_bytes_per_token(), options.link_bytes_per_s,
-                                     options.gemm_flops_per_s);
-  if (options.recompute) {
+  if (options.tier && options.tier->recompute) {
     const size_t rows = kRecomputeChunkRows, kv = size_t(c.kv_dim());
     SLIMKV_ASSIGN_OR_RETURN(recompute_projected_, DeviceArray<float>::allocate(rows * 2 * kv, "recomputed projections"));
     SLIMKV_ASSIGN_OR_RETURN(recompute_k_, DeviceArray<uint16_t>::allocate(rows * kv, "recomputed keys"));
     SLIMKV_ASSIGN_OR_RETURN(recompute_v_, DeviceArray<uint16_t>::allocate(rows * kv, "recomputed values"));
   }
+  const GpuKvShape shape{int(c.num_layers), int(c.num_heads), int(c.num_kv_heads), int(c.head_dim), int(c.hidden_size),
+                         dtype_, max_sequences_, max_step_tokens_, context_tokens_};
+  SLIMKV_ASSIGN_OR_RETURN(kv_, make_gpu_kv_cache(shape, {options.quantized_kv, options.tier, options.kv_cache_bytes}, this));
   return Status::ok();
+}
+
+KvprCostModel kvpr_cost_model(const ModelConfig& config, DType dtype, double kv_bytes_per_token, double link_bytes_per_s,
+                              double gemm_flops_per_s) {
+  return kvpr_cost_model(int(config.hidden_size), int(config.kv_dim()), dtype, kv_bytes_per_token, link_bytes_per_s,
+                         gemm_flops_per_s);
 }
 
 Expected<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::upload(const ModelConfig& config, const LlamaWeights& weights,
@@ -324,41 +245,39 @@ Expected<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::random(const ModelConf
   return Expected<std::unique_ptr<CudaLlamaModel>>(std::move(model));
 }
 
-size_t CudaLlamaModel::kv_cache_bytes() const {
-  if (tier_) return tier_->staging_bytes();
-  if (quantized_) return quantized_->bytes();
-  const CudaKvShape& s = cache_->shape();
-  return size_t(s.num_layers) * size_t(s.num_blocks) * size_t(s.num_kv_heads) * 2 * kCudaBlockTokens * size_t(s.head_dim) * 2;
-}
-
-Expected<int> CudaLlamaModel::add_sequence() {
-  if (tier_) return tier_->sequences().add_sequence();
-  if (quantized_) return quantized_->add_sequence();
-  return cache_->sequences().add_sequence();
-}
-
-void CudaLlamaModel::remove_sequence(int sequence) {
-  if (tier_) return tier_->sequences().remove_sequence(sequence);
-  if (quantized_) return quantized_->remove_sequence(sequence);
-  cache_->sequences().remove_sequence(sequence);
-}
+size_t CudaLlamaModel::kv_cache_bytes() const { return kv_->device_bytes(); }
 
 size_t CudaLlamaModel::recompute_bytes() const {
-  if (!tier_) return 0;
-  return tier_->staging_x_bytes() + recompute_projected_.bytes() + recompute_k_.bytes() + recompute_v_.bytes();
+  if (recompute_k_.size() == 0) return 0;
+  return kv_->kvpr().x_staging_bytes + recompute_projected_.bytes() + recompute_k_.bytes() + recompute_v_.bytes();
 }
 
 // ----------------------------------------------------------------------------------------------
 // Steps
+
+namespace {
+
+// The step as the KV cache and attention plan it: each sequence's tokens after the step and new ones.
+PagedAttentionBatch kv_step(std::span<const SequenceTokens> batch, const GpuKvCache& kv) {
+  PagedAttentionBatch step;
+  for (const SequenceTokens& s : batch) {
+    const int held = kv.sequences().num_tokens(s.sequence), n = int(s.tokens.size());
+    step.sequence_ids.push_back(s.sequence);
+    step.kv_lens.push_back(held + n);
+    step.query_counts.push_back(n);
+  }
+  return step;
+}
+
+}  // namespace
 
 Status CudaLlamaModel::check_batch(std::span<const SequenceTokens> batch) const {
   if (batch.empty()) return error("a step of no sequences");
   if (int(batch.size()) > max_sequences_) {
     return error("a step of ", batch.size(), " sequences, over the model's max_sequences ", max_sequences_);
   }
-  size_t total = 0, blocks_needed = 0;
+  size_t total = 0;
   std::vector<bool> seen(size_t(max_sequences_), false);
-  std::vector<int> sequences, counts;
   for (const SequenceTokens& s : batch) {
     if (!held().is_live(s.sequence) || seen[size_t(s.sequence)]) {
       return error("sequence ", s.sequence, " is not a sequence of this model, or is twice in one step");
@@ -375,43 +294,44 @@ Status CudaLlamaModel::check_batch(std::span<const SequenceTokens> batch) const 
       return error("sequence would have ", held_tokens + int64_t(s.tokens.size()), " tokens (", held_tokens, " already + ",
                    s.tokens.size(), " new), more than the context of ", context_tokens_, " tokens");
     }
-    blocks_needed += size_t(held().blocks_to_grow(s.sequence, held_tokens + int(s.tokens.size())));
     total += s.tokens.size();
-    sequences.push_back(s.sequence);
-    counts.push_back(int(s.tokens.size()));
   }
   if (total > size_t(max_step_tokens_)) {
     return error("a step of ", total, " tokens, over the model's max_step_tokens ", max_step_tokens_,
                  " (run long prompts in chunks)");
   }
-  if (quantized_) return quantized_->check_step(sequences, counts);
-  if (blocks_needed > size_t(held().free_blocks())) {
-    return error("the ", tier_ ? "host" : "GPU", " KV cache is full: the step needs ", blocks_needed, " more blocks of ",
-                 kCudaBlockTokens, " tokens, ", held().free_blocks(), " are free (of ", held().num_blocks(), ")");
-  }
-  if (tier_) return tier_->plan_micro_batches(sequences, counts).status();
-  return Status::ok();
+  return kv_->check_step(kv_step(batch, *kv_));
 }
 
-Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, bool all_logits) {
+Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, std::span<const StepRows> wanted,
+                                      std::vector<int64_t>& first_row) {
   SLIMKV_RETURN_IF_ERROR(check_batch(batch));
   const ModelConfig& c = config_;
   const int hidden = int(c.hidden_size), inter = int(c.intermediate_size);
   const int q_dim = int(c.q_dim()), qkv_rows = int(c.q_dim() + 2 * c.kv_dim());
 
-  // The step's ids in one upload: tokens, positions, and the rows whose logits are wanted.
-  PagedAttentionBatch attention_batch;  // also the cache's step: sequence_ids and their query (new token) counts
+  // The step's ids in one upload: tokens, positions, and the rows whose logits are wanted (sampled
+  // items' first, so that the sampler reads one run of rows).
   std::vector<int32_t> tokens, positions, logit_rows;
+  first_row.assign(batch.size(), -1);
+  for (const bool sampled : {true, false}) {
+    int32_t row = 0;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const int n = int(batch[i].tokens.size());
+      const StepRows w = wanted[i];
+      if ((w == StepRows::kSample) == sampled && w != StepRows::kNone) {
+        first_row[i] = int64_t(logit_rows.size());
+        for (int t = w == StepRows::kAll ? 0 : n - 1; t < n; ++t) logit_rows.push_back(row + t);
+      }
+      row += n;
+    }
+  }
   for (const SequenceTokens& s : batch) {
     const int held = num_tokens(s.sequence), n = int(s.tokens.size());
     for (int i = 0; i < n; ++i) {
-      if (all_logits || i == n - 1) logit_rows.push_back(int32_t(tokens.size()));
       tokens.push_back(s.tokens[size_t(i)]);
       positions.push_back(held + i);
     }
-    attention_batch.sequence_ids.push_back(s.sequence);
-    attention_batch.kv_lens.push_back(held + n);
-    attention_batch.query_counts.push_back(n);
   }
   const int n = int(tokens.size()), rows = int(logit_rows.size());
   std::vector<int32_t> ids = tokens;
@@ -421,9 +341,9 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, boo
   const int32_t* token_ids = step_ints_.data();
   const int32_t* token_positions = token_ids + n;
   const int32_t* rows_wanted = token_positions + n;
-  SLIMKV_RETURN_IF_ERROR(begin_kv_step(attention_batch));
+  SLIMKV_RETURN_IF_ERROR(kv_->begin_step(kv_step(batch, *kv_)));
 
-  const float eps = float(c.rms_norm_eps);
+  const float eps = float(c.rms_norm_eps), scale = 1.0f / std::sqrt(float(c.head_dim));
   const AttentionHeads heads{int(c.num_heads), int(c.num_kv_heads), int(c.head_dim)};
   // o_proj reads the FP16 attention output; a BF16 model's gets a BF16 copy.
   void* attention_output_in_dtype = dtype_ == DType::kF16 ? static_cast<void*>(attended_.data()) : h_.data();
@@ -432,11 +352,11 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, boo
   for (int l = 0; l < int(c.num_layers); ++l) {
     const LayerOnDevice& w = layers_[size_t(l)];
     SLIMKV_RETURN_IF_ERROR(rmsnorm(x_.data(), w.attention_norm, eps, n, hidden, h_.data(), dtype_));
-    if (tier_) SLIMKV_RETURN_IF_ERROR(tier_->store_x(l, h_.data()));
+    SLIMKV_RETURN_IF_ERROR(kv_->keep_layer_input(l, h_.data()));
     SLIMKV_RETURN_IF_ERROR(gemm_->multiply(h_.data(), n, w.w_qkv, dtype_, qkv_rows, hidden, projected_.data()));
     SLIMKV_RETURN_IF_ERROR(attention_inputs(projected_.data(), n, heads, w.b_qkv, token_positions, inv_freq_,
                                             rotate_heads_, q_.data(), k_.data(), v_.data()));
-    SLIMKV_RETURN_IF_ERROR(attend(l));
+    SLIMKV_RETURN_IF_ERROR(kv_->attend(l, q_.data(), k_.data(), v_.data(), scale, attended_.data()));
     if (rotate_heads_) SLIMKV_RETURN_IF_ERROR(rotate_heads(attended_.data(), size_t(n) * c.num_heads, int(c.head_dim)));
     if (dtype_ != DType::kF16) {
       SLIMKV_RETURN_IF_ERROR(
@@ -451,105 +371,30 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, boo
     SLIMKV_RETURN_IF_ERROR(
         gemm_->multiply(h_.data(), n, w.w_down, dtype_, hidden, inter, x_.data(), /*accumulate=*/true));
   }
+  if (rows == 0) return 0;
   SLIMKV_RETURN_IF_ERROR(rmsnorm(x_.data(), final_norm_, eps, rows, hidden, h_.data(), dtype_, rows_wanted));
   SLIMKV_RETURN_IF_ERROR(gemm_->multiply(h_.data(), rows, lm_head_, dtype_, c.vocab_size, hidden, logits_.data()));
   return rows;
 }
 
-Status CudaLlamaModel::begin_kv_step(const PagedAttentionBatch& batch) {
-  if (!tier_) {
-    SLIMKV_RETURN_IF_ERROR(begin_resident_step(batch.sequence_ids, batch.query_counts));
-    return attention_[0]->plan(batch);
-  }
-  // KVPR's split: the cost model's (Eq. 10 over the step's held tokens, which it treats as one batch),
-  // or the one asked for.
-  last_recompute_fraction_ = 0;
-  if (tier_options_->recompute) {
-    if (tier_options_->split >= 0) {
-      last_recompute_fraction_ = tier_options_->split;
-    } else {
-      long held_tokens = 0;
-      for (size_t i = 0; i < batch.kv_lens.size(); ++i) held_tokens += batch.kv_lens[i] - batch.query_counts[i];
-      if (held_tokens > 0) last_recompute_fraction_ = double(kvpr_cost_.best_split(held_tokens)) / double(held_tokens);
-    }
-  }
-  SLIMKV_RETURN_IF_ERROR(tier_->begin_step(batch.sequence_ids, batch.query_counts, last_recompute_fraction_));
-  // One attention plan per micro-batch; its sequences are named by step index (the tier's tables).
-  const std::vector<MicroBatch>& micro_batches = tier_->micro_batches();
-  while (attention_.size() < micro_batches.size()) {
-    SLIMKV_ASSIGN_OR_RETURN(auto attention, CudaPagedAttention::create(attention_[0]->shape()));
-    attention_.push_back(std::move(attention));
-  }
-  for (size_t m = 0; m < micro_batches.size(); ++m) {
-    const MicroBatch& mb = micro_batches[m];
-    PagedAttentionBatch part;
-    for (int i = mb.first_sequence; i < mb.first_sequence + mb.num_sequences; ++i) {
-      part.sequence_ids.push_back(i);
-      part.kv_lens.push_back(batch.kv_lens[size_t(i)]);
-      part.query_counts.push_back(batch.query_counts[size_t(i)]);
-    }
-    SLIMKV_RETURN_IF_ERROR(attention_[m]->plan(part));
-  }
-  return Status::ok();
-}
+int CudaLlamaModel::max_rows() const { return kRecomputeChunkRows; }
 
-Status CudaLlamaModel::attend(int layer) {
-  const float scale = 1.0f / std::sqrt(float(config_.head_dim));
-  if (!tier_) {
-    SLIMKV_RETURN_IF_ERROR(append_kv(layer));
-    if (quantized_) {
-      return attention_[0]->run_quantized(quantized_->view(layer), quantized_->sealed_view(layer), q_.data(), scale,
-                                          attended_.data());
-    }
-    return attention_[0]->run(cache_->view(layer), q_.data(), scale, attended_.data());
-  }
-  // The tier's units of this layer, one per micro-batch: the next unit's copies go out first, so the
-  // link stays busy while this one recomputes and attends.
-  const std::vector<MicroBatch>& micro_batches = tier_->micro_batches();
-  const size_t q_width = size_t(config_.q_dim());
-  for (size_t m = 0; m < micro_batches.size(); ++m) {
-    const int unit = layer * int(micro_batches.size()) + int(m);
-    if (unit + 1 < tier_->num_units()) SLIMKV_RETURN_IF_ERROR(tier_->prefetch(unit + 1));
-    SLIMKV_RETURN_IF_ERROR(recompute_kv(unit, layers_[size_t(layer)]));
-    SLIMKV_RETURN_IF_ERROR(tier_->append(unit, k_.data(), v_.data()));
-    const size_t first = size_t(micro_batches[m].first_query) * q_width;
-    const uint16_t* q = q_.data() + first;
-    uint16_t* out = attended_.data() + first;
-    if (tier_->attends_sealed()) {
-      SLIMKV_RETURN_IF_ERROR(attention_[m]->run_quantized(tier_->view(unit), tier_->sealed_view(unit), q, scale, out));
-    } else {
-      SLIMKV_RETURN_IF_ERROR(attention_[m]->run(tier_->view(unit), q, scale, out));
-    }
-    SLIMKV_RETURN_IF_ERROR(tier_->release(unit));
-  }
-  return Status::ok();
-}
-
-Status CudaLlamaModel::recompute_kv(int unit, const LayerOnDevice& w) {
-  SLIMKV_ASSIGN_OR_RETURN(RecomputeRows rows, tier_->recompute_rows(unit));
+Status CudaLlamaModel::project_kv(int layer, const void* x, int n, const int32_t* positions, const uint16_t** k,
+                                  const uint16_t** v) {
   const ModelConfig& c = config_;
+  const LayerOnDevice& w = layers_[size_t(layer)];
   const size_t half = dtype_size_bytes(dtype_), hidden = size_t(c.hidden_size), q_dim = size_t(c.q_dim());
   // W_k and W_v are the rows of W_qkv after W_q's; their biases follow likewise.
   const void* w_kv = static_cast<const uint8_t*>(w.w_qkv) + q_dim * hidden * half;
   const float* b_kv = w.b_qkv != nullptr ? w.b_qkv + q_dim : nullptr;
   const AttentionHeads kv_heads{0, int(c.num_kv_heads), int(c.head_dim)};
-  for (int first = 0; first < rows.rows; first += kRecomputeChunkRows) {
-    const int n = std::min(kRecomputeChunkRows, rows.rows - first);
-    SLIMKV_RETURN_IF_ERROR(gemm_->multiply(static_cast<const uint8_t*>(rows.x) + size_t(first) * hidden * half, n, w_kv,
-                                           dtype_, 2 * c.kv_dim(), c.hidden_size, recompute_projected_.data()));
-    SLIMKV_RETURN_IF_ERROR(attention_inputs(recompute_projected_.data(), n, kv_heads, b_kv, rows.positions + first,
-                                            inv_freq_, rotate_heads_, nullptr, recompute_k_.data(), recompute_v_.data()));
-    SLIMKV_RETURN_IF_ERROR(tier_->write_recomputed(unit, recompute_k_.data(), recompute_v_.data(), rows.slots + first, n));
-  }
-  return tier_->seal_recomputed(unit);
-}
-
-Status CudaLlamaModel::begin_resident_step(const std::vector<int>& sequences, const std::vector<int>& counts) {
-  return quantized_ ? quantized_->begin_step(sequences, counts) : cache_->begin_step(sequences, counts);
-}
-
-Status CudaLlamaModel::append_kv(int layer) {
-  return quantized_ ? quantized_->append(layer, k_.data(), v_.data()) : cache_->append(layer, k_.data(), v_.data());
+  SLIMKV_RETURN_IF_ERROR(
+      gemm_->multiply(x, n, w_kv, dtype_, 2 * c.kv_dim(), c.hidden_size, recompute_projected_.data()));
+  SLIMKV_RETURN_IF_ERROR(attention_inputs(recompute_projected_.data(), n, kv_heads, b_kv, positions, inv_freq_,
+                                          rotate_heads_, nullptr, recompute_k_.data(), recompute_v_.data()));
+  *k = recompute_k_.data();
+  *v = recompute_v_.data();
+  return Status::ok();
 }
 
 Status CudaLlamaModel::append_random_kv(int sequence, int tokens, uint64_t seed) {
@@ -566,24 +411,14 @@ Status CudaLlamaModel::append_random_kv(int sequence, int tokens, uint64_t seed)
   const size_t kv_width = size_t(config_.kv_dim()), hidden = size_t(config_.hidden_size);
   for (int done = 0; done < tokens;) {
     const int n = std::min(tokens - done, max_step_tokens_);
-    const std::vector<int> sequences = {sequence}, counts = {n};
-    if (tier_) {
-      SLIMKV_RETURN_IF_ERROR(tier_->begin_step(sequences, counts, 0, /*stage=*/false));
-    } else {
-      SLIMKV_RETURN_IF_ERROR(begin_resident_step(sequences, counts));
-    }
+    SLIMKV_RETURN_IF_ERROR(kv_->begin_fill(sequence, n));
     for (int l = 0; l < int(config_.num_layers); ++l) {
       const uint64_t stream = seed + 0x9e3779b97f4a7c15ull * uint64_t(1 + 2 * (size_t(done) * 997 + size_t(l)));
       SLIMKV_RETURN_IF_ERROR(fill_random_fp16(k_.data(), size_t(n) * kv_width, stream, 1.732f));
       SLIMKV_RETURN_IF_ERROR(fill_random_fp16(v_.data(), size_t(n) * kv_width, stream + 1, 1.732f));
-      if (!tier_) {
-        SLIMKV_RETURN_IF_ERROR(append_kv(l));
-        continue;
-      }
-      // The tier keeps X too (kvpr): random rows of the same bytes, which recomputation reads.
-      SLIMKV_RETURN_IF_ERROR(fill_random_fp16(h_.data(), size_t(n) * hidden, stream + 2, 1.0f));
-      SLIMKV_RETURN_IF_ERROR(tier_->store_x(l, h_.data()));
-      SLIMKV_RETURN_IF_ERROR(tier_->store_kv(l, k_.data(), v_.data()));
+      // A tier keeps X too (kvpr): random rows of the same bytes, which recomputation reads.
+      if (kv_->keeps_layer_input()) SLIMKV_RETURN_IF_ERROR(fill_random_fp16(h_.data(), size_t(n) * hidden, stream + 2, 1.0f));
+      SLIMKV_RETURN_IF_ERROR(kv_->fill(l, k_.data(), v_.data(), h_.data()));
     }
     done += n;
   }
@@ -591,7 +426,9 @@ Status CudaLlamaModel::append_random_kv(int sequence, int tokens, uint64_t seed)
 }
 
 Status CudaLlamaModel::step(std::span<const SequenceTokens> batch, bool all_logits, std::vector<float>& logits) {
-  SLIMKV_ASSIGN_OR_RETURN(int rows, forward(batch, all_logits));
+  const std::vector<StepRows> wanted(batch.size(), all_logits ? StepRows::kAll : StepRows::kLast);
+  std::vector<int64_t> first_row;
+  SLIMKV_ASSIGN_OR_RETURN(int rows, forward(batch, wanted, first_row));
   logits.resize(size_t(rows) * size_t(config_.vocab_size));
   return logits_.download(logits.data(), logits.size());
 }
@@ -601,7 +438,9 @@ Status CudaLlamaModel::step_sample(std::span<const SequenceTokens> batch, std::s
   if (!sampling.empty() && sampling.size() != batch.size()) {
     return error("sampling settings for ", sampling.size(), " sequences in a step of ", batch.size());
   }
-  SLIMKV_ASSIGN_OR_RETURN(int rows, forward(batch, /*all_logits=*/false));
+  const std::vector<StepRows> wanted(batch.size(), StepRows::kSample);
+  std::vector<int64_t> first_row;
+  SLIMKV_ASSIGN_OR_RETURN(int rows, forward(batch, wanted, first_row));
   int32_t* next = step_ints_.data() + 3 * max_step_tokens_;
   if (sampling.empty()) {
     SLIMKV_RETURN_IF_ERROR(argmax_rows(logits_.data(), rows, int(config_.vocab_size), next));
@@ -611,6 +450,38 @@ Status CudaLlamaModel::step_sample(std::span<const SequenceTokens> batch, std::s
   }
   next_tokens.resize(size_t(rows));
   return copy_to_host(next_tokens.data(), next, size_t(rows) * sizeof(int32_t));
+}
+
+Status CudaLlamaModel::run_step(std::span<const SequenceStep> items, StepOutputs& out) {
+  std::vector<SequenceTokens> batch;
+  std::vector<StepRows> wanted;
+  std::vector<RowSampling> sampling;  // of the sampled items, in order: their rows lead the logits
+  for (const SequenceStep& item : items) {
+    batch.push_back({item.sequence, item.tokens});
+    wanted.push_back(item.rows);
+    if (item.rows == StepRows::kSample) sampling.push_back(item.sampling);
+  }
+  SLIMKV_ASSIGN_OR_RETURN(int rows, forward(batch, wanted, out.first_row));
+  const int vocab = int(config_.vocab_size), sampled = int(sampling.size());
+  out.tokens.assign(items.size(), -1);
+  if (sampled > 0) {
+    int32_t* next = step_ints_.data() + 3 * max_step_tokens_;
+    std::vector<int32_t> drawn(static_cast<size_t>(sampled));
+    SLIMKV_RETURN_IF_ERROR(sampling_.upload(sampling.data(), sampling.size()));
+    SLIMKV_RETURN_IF_ERROR(sample_rows(logits_.data(), sampled, vocab, sampling_.data(), next));
+    SLIMKV_RETURN_IF_ERROR(copy_to_host(drawn.data(), next, drawn.size() * sizeof(int32_t)));
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (items[i].rows == StepRows::kSample) out.tokens[i] = drawn[size_t(out.first_row[i])];
+    }
+  }
+  // The logits rows asked for follow the sampled ones: only those come back.
+  out.logits.resize(size_t(rows - sampled) * size_t(vocab));
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].rows == StepRows::kSample) out.first_row[i] = -1;
+    else if (out.first_row[i] >= 0) out.first_row[i] -= sampled;
+  }
+  if (rows == sampled) return Status::ok();
+  return copy_to_host(out.logits.data(), logits_.data() + size_t(sampled) * size_t(vocab), out.logits.size() * sizeof(float));
 }
 
 }  // namespace slimkv::cuda

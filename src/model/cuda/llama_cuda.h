@@ -1,13 +1,16 @@
 // A Llama-family model on the GPU (issue 9): the forward pass of model/llama.cc with the weights in
-// FP16/BF16 on the device, the GEMMs in cuBLAS, the KV cache in the GPU's paged block pool with the
-// `dense` codec (FP16 blocks), and several sequences of different lengths through the layers in one
-// step (batched decode, prefill chunks, or both mixed: the basis of continuous batching).
+// FP16/BF16 on the device, the GEMMs in cuBLAS, the KV in one GPU KV cache (kv/cuda/gpu_kv_cache.h:
+// dense FP16 pages, sealed hack/quant blocks, or a host tier, as the options say; the model knows none
+// of them), and several sequences of different lengths through the layers in one step (batched decode,
+// prefill chunks, or both mixed: the basis of continuous batching), each bringing back logits rows or a
+// token sampled on the GPU.
 //
 //   x = embed(tokens)
 //   for each layer:
-//       h = rmsnorm(x);  qkv = h · W_qkvᵀ (one GEMM)
-//       q, k, v = rope(qkv + bias) in FP16;  cache.append(layer, k, v)
-//       o = paged_attention(q, cache)            x += o · W_oᵀ (the add rides on the GEMM)
+//       h = rmsnorm(x);  kv.keep_layer_input(layer, h)      (kvpr keeps X)
+//       qkv = h · W_qkvᵀ (one GEMM);  q, k, v = rope(qkv + bias) in FP16
+//       o = kv.attend(layer, q, k, v)             (appends k, v, then attention)
+//       x += o · W_oᵀ (the add rides on the GEMM)
 //       h = rmsnorm(x);  gu = h · W_gate_upᵀ;   x += swiglu(gu) · W_downᵀ
 //   logits = lm_head(rmsnorm(x)) for the rows asked for
 //
@@ -20,52 +23,17 @@
 #include <span>
 #include <vector>
 
-#include "attention/cuda/paged_attention.h"
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/gemm.h"
-#include "backend/cuda/host_kv_tier.h"
-#include "backend/cuda/paged_kv_cache.h"
-#include "backend/cuda/quantized_kv_cache.h"
 #include "backend/cuda/sampling.h"
-#include "kv/tier/kvpr_cost_model.h"
+#include "kv/cuda/gpu_kv_cache.h"
 #include "model/llama_weights.h"
 #include "model/model_config.h"
 
 namespace slimkv::cuda {
 
-// KV blocks sealed by the `hack` codec, or the `quant` baseline, in the CPU codec's byte layout, with
-// FP16 only for what is not sealed yet (backend/cuda/quantized_kv_cache.h). Attention reads the sealed
-// blocks before the step (hack: on integers, decode on CUDA cores, prefill on INT8 tensor cores; quant:
-// dequantized in the kernel) and the step's own tokens and open blocks in FP16 (prefill=exact).
-struct QuantizedKvOptions {
-  QuantizationConfig config;
-  bool hack = true;  // false: quant
-  uint64_t seed = 0;
-};
-
-// The slow tiers (issue 11, backend/cuda/host_kv_tier.h): every token's K/V in pinned host memory,
-// streamed to the GPU layer by layer (`offload`); with `recompute` (KVPR) part of it recomputed from
-// the attention inputs X kept beside it, while the rest streams in.
-struct KvTierOptions {
-  bool recompute = false;  // kvpr; false: offload
-  // The fraction of the tokens each sequence holds whose K/V is recomputed (rounded to blocks of 64;
-  // 1: all); negative: chosen each step by the cost model (Eq. 10, kv/tier/kvpr_cost_model.h).
-  double split = -1;
-  // 1: the row-by-row schedule (the whole batch through a layer, the next layer's KV loading meanwhile);
-  // 0: column-by-column, in as few micro-batches as the GPU KV budget holds (at least 2); n: n of them.
-  int micro_batches = 1;
-  size_t host_bytes = 0;  // the pinned host pool; 0: room for max_sequences full contexts
-  // The machine's host→device bytes/s and GEMM FLOP/s (backend/cuda/kvpr_profiler.h); the per-token
-  // figures are the model's, filled in at upload.
-  double link_bytes_per_s = 0;
-  double gemm_flops_per_s = 0;
-};
-
-// The cost model of a model's split (kv/tier/kvpr_cost_model.h), per token of the batch: X crosses the
-// link in the weights' dtype (it is never resident here), the K/V it replaces takes kv_bytes_per_token
-// (FP16, or the codec's sealed bytes), recomputing it is 2 · hidden · 2·kv_dim FLOPs. Pipelined in both
-// schedules: a unit's X and K/V stream while the unit before it computes, so X shares the link with
-// the K/V instead of delaying recomputation.
+// The cost model of a model's split (kv/cuda/gpu_kv_cache.h's, for this model's shape; X in the
+// weights' dtype).
 KvprCostModel kvpr_cost_model(const ModelConfig& config, DType dtype, double kv_bytes_per_token, double link_bytes_per_s,
                               double gemm_flops_per_s);
 
@@ -90,7 +58,26 @@ struct SequenceTokens {
   std::span<const int32_t> tokens;
 };
 
-class CudaLlamaModel {
+// What a sequence's part of a step brings back to the host.
+enum class StepRows {
+  kNone,    // nothing
+  kLast,    // the logits of its last token [vocab]
+  kAll,     // the logits of every token it ran [n, vocab]
+  kSample,  // its next token, drawn on the GPU as `sampling` says (backend/cuda/sampling.h)
+};
+struct SequenceStep {
+  int sequence = 0;
+  std::span<const int32_t> tokens;
+  StepRows rows = StepRows::kLast;
+  RowSampling sampling;  // kSample
+};
+struct StepOutputs {
+  std::vector<float> logits;       // the rows asked for, items in order [rows, vocab]
+  std::vector<int64_t> first_row;  // per item: its first row in logits, -1 when none
+  std::vector<int32_t> tokens;     // per item: the sampled token (kSample), else -1
+};
+
+class CudaLlamaModel final : private KvProjection {
  public:
   // The weights of a loaded model, uploaded in FP16 when every value fits FP16's range (F32 weights
   // rounded; BF16 ones exact in FP16's normal range), else in BF16. FP16 keeps 3 more mantissa bits
@@ -111,17 +98,24 @@ class CudaLlamaModel {
   size_t kv_cache_bytes() const;
   // GPU memory KVPR adds beside the KV: X's staging and the recomputation's scratch (0 without kvpr).
   size_t recompute_bytes() const;
-  size_t host_kv_bytes() const { return tier_ ? tier_->host_bytes() : 0; }
+  size_t host_kv_bytes() const { return kv_->host_bytes(); }
   int kv_cache_blocks() const { return held().num_blocks(); }
   int free_kv_blocks() const { return held().free_blocks(); }
   // The fraction of held tokens the last step recomputed (kvpr), and the cost model that chose it.
-  double last_recompute_fraction() const { return last_recompute_fraction_; }
-  const KvprCostModel& kvpr_cost_model() const { return kvpr_cost_; }
+  double last_recompute_fraction() const { return kv_->kvpr().last_recompute_fraction; }
+  KvprCostModel kvpr_cost_model() const { return kv_->kvpr().cost; }
+  // The KV cache: its sequences and budget, and a sequence's blocks out and in (export/import).
+  const GpuKvCache& kv() const { return *kv_; }
+  GpuKvCache& kv() { return *kv_; }
 
   // A new, empty sequence (an id for steps), or an error when max_sequences are held.
-  Expected<int> add_sequence();
-  void remove_sequence(int sequence);  // frees its KV blocks
+  Expected<int> add_sequence() { return kv_->add_sequence(); }
+  void remove_sequence(int sequence) { kv_->remove_sequence(sequence); }  // frees its KV blocks
   int num_tokens(int sequence) const { return held().num_tokens(sequence); }
+
+  // Runs each item's tokens through the model in one pass, bringing back what each asks for (logits
+  // rows, or a token sampled on the GPU: only those rows or ids cross to the host). Checked as step().
+  Status run_step(std::span<const SequenceStep> items, StepOutputs& out);
 
   // Runs each sequence's tokens through the model in one pass over the layers. logits: every new
   // token's row [Σ tokens, vocab] when all_logits, else each sequence's last token's [batch, vocab].
@@ -167,27 +161,19 @@ class CudaLlamaModel {
   CudaLlamaModel(const ModelConfig& config, DType dtype, const CudaModelOptions& options);
   // Lays the weights out in the arena (sizes only: the callers fill them).
   Status allocate_weights();
-  // Activations, the KV cache and the attention plan, sized by the options.
+  // Activations and the KV cache, sized by the options.
   Status allocate_runtime(const CudaModelOptions& options);
-  // The host tier instead of the GPU's block pool: its pool, staging within kv_cache_bytes, the cost model.
-  Status allocate_tier(const CudaModelOptions& options, int blocks_per_sequence);
-  // The sequences and their blocks: the GPU pool's (quantized: the sealed blocks'), or the host tier's.
-  const SequenceBlocks& held() const {
-    return tier_ ? tier_->sequences() : quantized_ ? quantized_->sequences() : cache_->sequences();
-  }
+  const SequenceBlocks& held() const { return kv_->sequences(); }
   Status check_batch(std::span<const SequenceTokens> batch) const;
-  // Starts a step in the KV cache (or tier) and plans its attention.
-  Status begin_kv_step(const PagedAttentionBatch& batch);
-  // Starts a step in the GPU's KV cache (dense or quantized).
-  Status begin_resident_step(const std::vector<int>& sequences, const std::vector<int>& counts);
-  // Writes layer's new K/V (k_, v_, in begin_step's order) into the GPU's cache, sealing the blocks they fill.
-  Status append_kv(int layer);
-  // Layer's attention of the step's queries q_ into attended_, with the new K/V appended first.
-  Status attend(int layer);
-  // With a tier: unit's recomputed K/V (KVPR), from its X rows, into its staging buffer.
-  Status recompute_kv(int unit, const LayerOnDevice& w);
-  // The pass shared by step and step_sample: leaves logits [rows, vocab] on the device.
-  Expected<int> forward(std::span<const SequenceTokens> batch, bool all_logits);
+  // KvProjection (a tier that recomputes, KVPR): K/V of X rows through layer's W_k, W_v and RoPE.
+  int max_rows() const override;
+  Status project_kv(int layer, const void* x, int n, const int32_t* positions, const uint16_t** k,
+                    const uint16_t** v) override;
+  // The pass shared by the steps: leaves the logits of the rows asked for on the device [rows, vocab],
+  // the rows of sampled items first (in item order), then the others' (likewise); first_row: per item,
+  // its first row (-1: none). Returns the number of rows.
+  Expected<int> forward(std::span<const SequenceTokens> batch, std::span<const StepRows> rows,
+                        std::vector<int64_t>& first_row);
 
   ModelConfig config_;
   DType dtype_;  // of the weights and of every GEMM input
@@ -204,14 +190,7 @@ class CudaLlamaModel {
   std::vector<LayerOnDevice> layers_;
 
   std::unique_ptr<CublasGemm> gemm_;
-  std::unique_ptr<CudaPagedKvCache> cache_;         // dense
-  std::unique_ptr<CudaQuantizedKvCache> quantized_;  // options.quantized_kv: instead of cache_
-  std::unique_ptr<CudaHostKvTier> tier_;            // options.tier: instead of cache_
-  std::optional<KvTierOptions> tier_options_;
-  KvprCostModel kvpr_cost_;
-  double last_recompute_fraction_ = 0;
-  // Attention plans: one per micro-batch of a step (one without a tier).
-  std::vector<std::unique_ptr<CudaPagedAttention>> attention_;
+  std::unique_ptr<GpuKvCache> kv_;  // kv/cuda: dense, quantized, or a host tier, as the options say
   // Activations of one step, for max_step_tokens rows.
   DeviceArray<int32_t> step_ints_;   // tokens [T] | positions [T] | logit rows [T] | next tokens [batch]
   DeviceArray<float> x_;             // [T, hidden] the residual stream
@@ -220,7 +199,7 @@ class CudaLlamaModel {
   DeviceArray<uint16_t> q_, k_, v_;  // FP16 [T, heads, head_dim] attention inputs
   DeviceArray<uint16_t> attended_;   // FP16 [T, q_dim] attention output
   DeviceArray<float> logits_;        // [T, vocab]
-  DeviceArray<RowSampling> sampling_;  // [max_sequences] how each row of a step is sampled
+  DeviceArray<RowSampling> sampling_;  // [max_sequences] how each sampled row of a step is drawn
   // KVPR's recomputation, kRecomputeChunkRows rows at a time: K|V projections, then K and V in FP16.
   DeviceArray<float> recompute_projected_;
   DeviceArray<uint16_t> recompute_k_, recompute_v_;

@@ -1,8 +1,8 @@
-#include "backend/cuda/paged_kv_cache.h"
+#include "kv/cuda/paged_kv_cache.h"
 
 #include <utility>
 
-#include "backend/cuda/kv_slots.h"
+#include "kv/cuda/kv_slots.h"
 
 namespace slimkv::cuda {
 

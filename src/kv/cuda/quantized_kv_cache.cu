@@ -1,4 +1,4 @@
-#include "backend/cuda/quantized_kv_cache.h"
+#include "kv/cuda/quantized_kv_cache.h"
 
 #include <algorithm>
 #include <utility>
@@ -122,6 +122,22 @@ Status CudaQuantizedKvCache::append(int layer, const uint16_t* k, const uint16_t
   const QuantizedBlockSealer::StepRows rows{k, v, window_->step_slots(), window_->step_tokens(), block_rows_.data()};
   return sealer_.append_and_seal(layer, window_->view(layer), rows, seal_list_.data(), seal_count_,
                                  pool_.data() + size_t(layer) * layer_bytes());
+}
+
+Status CudaQuantizedKvCache::restore_sealed(int sequence, int blocks, const uint8_t* sealed) {
+  if (sealed_.num_tokens(sequence) != 0) return error("CUDA quantized KV: restoring into sequence ", sequence, ", which is not empty");
+  SLIMKV_RETURN_IF_ERROR(sealed_.grow(sequence, blocks * kCudaBlockTokens).with_context("restoring sealed KV blocks"));
+  window_->sequences().skip_leading(sequence, blocks);
+  const size_t bytes = size_t(shape_.num_kv_heads) * sealer_.layout().block_bytes;
+  const std::vector<int>& ids = sealed_.blocks(sequence);
+  for (int l = 0; l < shape_.num_layers; ++l) {
+    for (int b = 0; b < blocks; ++b) {
+      SLIMKV_RETURN_IF_ERROR(copy_to_device(pool_.data() + size_t(l) * layer_bytes() + size_t(ids[size_t(b)]) * bytes,
+                                            sealed + (size_t(l) * size_t(blocks) + size_t(b)) * bytes, bytes));
+    }
+  }
+  for (size_t b = 0; b < ids.size(); ++b) host_sealed_tables_[size_t(sequence) * shape_.max_blocks_per_sequence + b] = ids[b];
+  return sealed_tables_.upload(host_sealed_tables_.data(), host_sealed_tables_.size());
 }
 
 QuantizedKvView CudaQuantizedKvCache::sealed_view(int layer) const {

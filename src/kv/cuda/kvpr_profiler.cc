@@ -1,4 +1,4 @@
-#include "backend/cuda/kvpr_profiler.h"
+#include "kv/cuda/kvpr_profiler.h"
 
 #include <algorithm>
 #include <climits>

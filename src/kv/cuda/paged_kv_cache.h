@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "backend/cuda/device_memory.h"
-#include "backend/cuda/sequence_blocks.h"
+#include "kv/cuda/sequence_blocks.h"
 
 namespace slimkv::cuda {
 
@@ -28,16 +28,6 @@ struct CudaKvShape {
   int max_sequences = 0;
   int max_blocks_per_sequence = 0;  // the longest context, in blocks
   int max_step_tokens = 0;          // tokens appended in one step, over all sequences
-};
-
-// What attention reads of one layer: device pointers and the table layout.
-struct PagedKvView {
-  const uint16_t* k = nullptr;  // FP16 [num_blocks, num_kv_heads, kCudaBlockTokens, head_dim]
-  const uint16_t* v = nullptr;
-  const int* block_tables = nullptr;  // [max_sequences, block_table_stride]
-  int block_table_stride = 0;
-  int num_kv_heads = 0;
-  int head_dim = 0;
 };
 
 class CudaPagedKvCache {

@@ -1,6 +1,6 @@
 // The KV store on the GPU with the `hack` codec or the `quant` baseline (HACK §5.2–5.3): every full
 // block of kCudaBlockTokens tokens is sealed into a pool of quantized blocks (the CPU codec's byte
-// layout, backend/cuda/quantized_kv_pool.h), and FP16 is kept only for what is not sealed yet: each
+// layout, kv/cuda/quantized_kv_pool.h), and FP16 is kept only for what is not sealed yet: each
 // sequence's open block (HACK's requantization elimination) and, during a step, the blocks the step
 // fills. So the KV's GPU memory is the sealed bytes (≈ 0.14 of FP16's at 2 bits) plus a small FP16
 // pool whose size depends on the step, not the context:
@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "backend/cuda/device_memory.h"
-#include "backend/cuda/paged_kv_cache.h"
-#include "backend/cuda/quantized_kv_pool.h"
+#include "kv/cuda/paged_kv_cache.h"
+#include "kv/cuda/quantized_kv_pool.h"
 
 namespace slimkv::cuda {
 
@@ -54,7 +54,14 @@ class CudaQuantizedKvCache {
   // order) and seals the blocks they fill, in one launch (QuantizedBlockSealer::append_and_seal).
   Status append(int layer, const uint16_t* k, const uint16_t* v);
 
+  // Restoring a sequence (GpuKvCache::import_sequence): the empty `sequence` takes `blocks` full sealed
+  // blocks, sealed [num_layers, blocks, num_kv_heads, block_bytes] (host), with no FP16 behind them; its
+  // open tokens then come by begin_step and append, as new tokens do.
+  Status restore_sealed(int sequence, int blocks, const uint8_t* sealed);
+
   PagedKvView view(int layer) const { return window_->view(layer); }
+  // The FP16 window's blocks of each sequence (those before the open block given back: kReleased).
+  const SequenceBlocks& window_sequences() const { return window_->sequences(); }
   QuantizedKvView sealed_view(int layer) const;
   const QuantizedBlockLayout& layout() const { return sealer_.layout(); }
   size_t bytes() const;  // GPU memory of both pools

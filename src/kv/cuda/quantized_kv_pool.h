@@ -10,31 +10,10 @@
 #include <cstdint>
 
 #include "backend/cuda/device_memory.h"
-#include "backend/cuda/paged_kv_cache.h"
+#include "kv/cuda/paged_kv_cache.h"
 #include "tensor/quantized_block.h"
 
 namespace slimkv::cuda {
-
-// A block's size and the byte offsets of its layout's sections (K codes at 0), as the kernels that
-// seal and read blocks take them (QuantizedBlockLayout's, in ints).
-struct QuantizedBlockOffsets {
-  int block_bytes = 0;
-  int k_mins = 0, k_scales = 0, k_sums = 0, v_codes = 0, v_mins = 0, v_scales = 0, v_sums = 0;
-};
-
-// What attention reads of one layer's sealed blocks.
-struct QuantizedKvView {
-  const uint8_t* blocks = nullptr;  // [num_blocks, num_kv_heads, block_bytes]
-  // [sequences, the FP16 view's block_table_stride]: sequence s's block j is sealed block
-  // block_tables[s·stride + j] >> table_shift.
-  const int* block_tables = nullptr;
-  bool hack = true;                 // integer attention (HACK Eq. 4); false: `quant`, dequantized in FP32
-  int k_bits = 2, v_bits = 2;
-  QuantizedBlockOffsets offsets;
-  // 1: the host tiers' staging, whose tables (shared with the FP16 view) name FP16 blocks 2s for
-  // staging slot s (backend/cuda/host_kv_tier.h).
-  int table_shift = 0;
-};
 
 // Seals full FP16 blocks of kCudaBlockTokens tokens into `hack` / `quant` blocks of config's bits and
 // rounding, with the seeds block_seal_seed(seed, layer, head, block ordinal), as the CPU store seals

@@ -1,4 +1,4 @@
-#include "backend/cuda/host_kv_tier.h"
+#include "kv/cuda/host_kv_tier.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/kv_slots.h"
+#include "kv/cuda/kv_slots.h"
 
 namespace slimkv::cuda {
 namespace {

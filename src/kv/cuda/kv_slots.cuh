@@ -5,7 +5,7 @@
 
 #include <cstddef>
 
-#include "backend/cuda/sequence_blocks.h"
+#include "kv/cuda/sequence_blocks.h"
 
 namespace slimkv::cuda {
 

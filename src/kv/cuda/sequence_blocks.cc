@@ -1,4 +1,4 @@
-#include "backend/cuda/sequence_blocks.h"
+#include "kv/cuda/sequence_blocks.h"
 
 #include <algorithm>
 #include <utility>
@@ -28,6 +28,13 @@ void SequenceBlocks::release_leading(int sequence, int count) {
   for (; s.released < std::min(int(s.blocks.size()), count); ++s.released) {
     returned_.insert(std::exchange(s.blocks[size_t(s.released)], kReleased));
   }
+}
+
+void SequenceBlocks::skip_leading(int sequence, int count) {
+  Sequence& s = sequences_[size_t(sequence)];
+  s.blocks.assign(size_t(count), kReleased);
+  s.released = count;
+  s.num_tokens = count * kCudaBlockTokens;
 }
 
 int SequenceBlocks::blocks_to_grow(int sequence, int tokens) const {

@@ -1,11 +1,11 @@
-#include "backend/cuda/quantized_kv_pool.h"
+#include "kv/cuda/quantized_kv_pool.h"
 
 #include <cuda_fp16.h>
 
 #include <utility>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/kv_slots.cuh"
+#include "kv/cuda/kv_slots.cuh"
 #include "util/random.h"
 
 namespace slimkv::cuda {

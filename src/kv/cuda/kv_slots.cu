@@ -1,7 +1,7 @@
-#include "backend/cuda/kv_slots.h"
+#include "kv/cuda/kv_slots.h"
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/kv_slots.cuh"
+#include "kv/cuda/kv_slots.cuh"
 
 namespace slimkv::cuda {
 namespace {

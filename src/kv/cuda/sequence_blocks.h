@@ -7,11 +7,10 @@
 #include <set>
 #include <vector>
 
+#include "attention/cuda/kv_views.h"  // kCudaBlockTokens
 #include "slimkv/status.h"
 
 namespace slimkv::cuda {
-
-constexpr int kCudaBlockTokens = 64;  // HACK's Π, like the CPU store's default
 
 class SequenceBlocks {
  public:
@@ -43,6 +42,9 @@ class SequenceBlocks {
   // Returns the sequence's first `count` blocks to the pool while it keeps its tokens: a pool that holds
   // only a window of each sequence (the FP16 blocks of quantized KV, which are dropped once sealed).
   void release_leading(int sequence, int count);
+  // Makes the empty sequence hold count · kCudaBlockTokens tokens whose blocks this pool never held (as
+  // if taken and given back by release_leading): a window pool's part of a restored sequence.
+  void skip_leading(int sequence, int count);
   // How many of the sequence's first blocks release_leading has given back.
   int released_blocks(int sequence) const { return sequences_[size_t(sequence)].released; }
 

@@ -37,9 +37,9 @@
 #include <vector>
 
 #include "backend/cuda/device_memory.h"
-#include "backend/cuda/paged_kv_cache.h"
-#include "backend/cuda/quantized_kv_pool.h"
-#include "backend/cuda/sequence_blocks.h"
+#include "kv/cuda/paged_kv_cache.h"
+#include "kv/cuda/quantized_kv_pool.h"
+#include "kv/cuda/sequence_blocks.h"
 #include "tensor/dtype.h"
 
 namespace slimkv::cuda {
@@ -132,6 +132,18 @@ class CudaHostKvTier {
   QuantizedKvView sealed_view(int unit) const;
   // Marks unit u's buffer free once the work queued so far (its attention) is done.
   Status release(int unit);
+
+  // The host pool of one block, for moving a sequence in and out (GpuKvCache::export_sequence and
+  // import_sequence) once the GPU is done with it: K|V of host block `block` of `layer` (K [num_kv_heads,
+  // 64, head_dim] FP16, then V), and its sealed form [num_kv_heads, block_bytes] (null without a sealer).
+  uint16_t* host_kv_block(int layer, int block) const {
+    return static_cast<uint16_t*>(host_kv_) + (size_t(layer) * shape_.host_blocks + size_t(block)) * kv_block_bytes() / 2;
+  }
+  uint8_t* host_sealed_block(int layer, int block) const {
+    if (!sealer_) return nullptr;
+    return static_cast<uint8_t*>(host_sealed_) + (size_t(layer) * shape_.host_blocks + size_t(block)) * sealed_block_bytes();
+  }
+  const std::optional<QuantizedBlockSealer>& sealer() const { return sealer_; }
 
  private:
   struct CopyRun {

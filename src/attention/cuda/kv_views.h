@@ -1,0 +1,47 @@
+// What the GPU attention kernels read of a KV cache: plain views of device memory (pointers, strides and
+// block tables), filled by the caches of kv/cuda/ and never a cache itself, so that attention/ knows no
+// store (ARCHITECTURE.md: "each reading a plain view struct").
+//
+//   FP16 pages (PagedKvView), layer l: K, V [num_blocks, num_kv_heads, kCudaBlockTokens, head_dim]
+//   sealed blocks (QuantizedKvView):   [num_blocks, num_kv_heads, block_bytes] in the CPU codec's byte
+//                                      layout (tensor/quantized_block.h)
+#pragma once
+
+#include <cstdint>
+
+namespace slimkv::cuda {
+
+constexpr int kCudaBlockTokens = 64;  // tokens of a GPU KV block: HACK's Π, like the CPU store's default
+
+// One layer's FP16 pages.
+struct PagedKvView {
+  const uint16_t* k = nullptr;  // FP16 [num_blocks, num_kv_heads, kCudaBlockTokens, head_dim]
+  const uint16_t* v = nullptr;
+  const int* block_tables = nullptr;  // [sequences, block_table_stride]: sequence s's block j
+  int block_table_stride = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+};
+
+// A quantized block's size and the byte offsets of its layout's sections (K codes at 0), as the kernels
+// that seal and read blocks take them (QuantizedBlockLayout's, in ints).
+struct QuantizedBlockOffsets {
+  int block_bytes = 0;
+  int k_mins = 0, k_scales = 0, k_sums = 0, v_codes = 0, v_mins = 0, v_scales = 0, v_sums = 0;
+};
+
+// One layer's sealed `hack` / `quant` blocks.
+struct QuantizedKvView {
+  const uint8_t* blocks = nullptr;  // [num_blocks, num_kv_heads, block_bytes]
+  // [sequences, the FP16 view's block_table_stride]: sequence s's block j is sealed block
+  // block_tables[s·stride + j] >> table_shift.
+  const int* block_tables = nullptr;
+  bool hack = true;                 // integer attention (HACK Eq. 4); false: `quant`, dequantized in FP32
+  int k_bits = 2, v_bits = 2;
+  QuantizedBlockOffsets offsets;
+  // 1: the host tiers' staging, whose tables (shared with the FP16 view) name FP16 blocks 2s for
+  // staging slot s (kv/cuda/host_kv_tier.h).
+  int table_shift = 0;
+};
+
+}  // namespace slimkv::cuda

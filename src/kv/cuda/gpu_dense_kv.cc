@@ -1,0 +1,115 @@
+// The `dense` codec on the GPU: every token's K/V in FP16 pages (paged_kv_cache.h), attention by the
+// paged FP16 kernels. In the transfer format its sealed blocks are `dense:dtype=f16` blocks.
+#include <cstring>
+#include <vector>
+
+#include "kv/cuda/gpu_kv_cache.h"
+#include "kv/cuda/kv_store_copy.h"
+#include "kv/cuda/paged_kv_cache.h"
+#include "kv/store.h"
+
+namespace slimkv::cuda {
+namespace {
+
+class GpuDenseKv final : public GpuKvCache {
+ public:
+  GpuDenseKv(const GpuKvShape& shape, std::unique_ptr<CudaPagedKvCache> cache,
+             std::unique_ptr<CudaPagedAttention> attention)
+      : shape_(shape), cache_(std::move(cache)), attention_(std::move(attention)) {}
+
+  const SequenceBlocks& sequences() const override { return cache_->sequences(); }
+  Expected<int> add_sequence() override { return cache_->sequences().add_sequence(); }
+  void remove_sequence(int sequence) override { cache_->sequences().remove_sequence(sequence); }
+  size_t device_bytes() const override { return size_t(cache_->shape().num_blocks) * bytes_per_block(); }
+  size_t bytes_per_block() const override {
+    return size_t(shape_.num_layers) * size_t(shape_.num_kv_heads) * 2 * kCudaBlockTokens * size_t(shape_.head_dim) * 2;
+  }
+
+  Status check_step(const PagedAttentionBatch& batch) const override {
+    const SequenceBlocks& held = sequences();
+    size_t needed = 0;
+    for (size_t i = 0; i < batch.sequence_ids.size(); ++i) {
+      needed += size_t(held.blocks_to_grow(batch.sequence_ids[i], batch.kv_lens[i]));
+    }
+    if (needed > size_t(held.free_blocks())) {
+      return error("the GPU KV cache is full: the step needs ", needed, " more blocks of ", kCudaBlockTokens,
+                   " tokens, ", held.free_blocks(), " are free (of ", held.num_blocks(), ")");
+    }
+    return Status::ok();
+  }
+  Status begin_step(const PagedAttentionBatch& batch) override {
+    SLIMKV_RETURN_IF_ERROR(cache_->begin_step(batch.sequence_ids, batch.query_counts));
+    return attention_->plan(batch);
+  }
+  Status attend(int layer, const uint16_t* q, const uint16_t* k, const uint16_t* v, float scale,
+                uint16_t* out) override {
+    SLIMKV_RETURN_IF_ERROR(cache_->append(layer, k, v));
+    return attention_->run(cache_->view(layer), q, scale, out);
+  }
+
+  Status begin_fill(int sequence, int tokens) override { return cache_->begin_step({sequence}, {tokens}); }
+  Status fill(int layer, const uint16_t* k, const uint16_t* v, const void* /*x*/) override {
+    return cache_->append(layer, k, v);
+  }
+
+  // Pages to blocks: a full page is a `dense:dtype=f16` block per head (K [64, d] then V [64, d]).
+  Status export_sequence(int sequence, KvStore& into) const override {
+    const int tokens = sequences().num_tokens(sequence), full = tokens / kCudaBlockTokens;
+    const int d = shape_.head_dim;
+    const size_t head_page = size_t(kCudaBlockTokens) * size_t(d);
+    std::vector<uint16_t> k, v, block(2 * head_page);
+    into.clear();
+    for (int l = 0; l < shape_.num_layers; ++l) {
+      const PagedKvView view = cache_->view(l);
+      const std::vector<int>& blocks = sequences().blocks(sequence);
+      std::vector<std::vector<uint8_t>> sealed(size_t(shape_.num_kv_heads));  // [head][blocks · bytes]
+      for (int b = 0; b < full; ++b) {
+        SLIMKV_RETURN_IF_ERROR(download_page(view, blocks[size_t(b)], k, v));
+        for (int g = 0; g < shape_.num_kv_heads; ++g) {
+          std::memcpy(block.data(), k.data() + size_t(g) * head_page, head_page * 2);
+          std::memcpy(block.data() + head_page, v.data() + size_t(g) * head_page, head_page * 2);
+          const auto* bytes = reinterpret_cast<const uint8_t*>(block.data());
+          sealed[size_t(g)].insert(sealed[size_t(g)].end(), bytes, bytes + block.size() * 2);
+        }
+      }
+      for (int g = 0; g < shape_.num_kv_heads; ++g) {
+        for (int b = 0; b < full; ++b) into.restore_sealed_block(l, g, sealed[size_t(g)].data() + size_t(b) * head_page * 4);
+      }
+      const int open = tokens - full * kCudaBlockTokens;
+      if (open > 0) SLIMKV_RETURN_IF_ERROR(download_page(view, blocks[size_t(full)], k, v));
+      restore_open_tokens_from_page(into, l, k, v, open);
+    }
+    return Status::ok();
+  }
+
+  Status import_sequence(int sequence, const KvStore& from) override {
+    const int tokens = from.num_tokens(0);
+    const int needed = sequences().blocks_to_grow(sequence, tokens);
+    if (needed > sequences().free_blocks()) {
+      return error("the GPU KV cache has no room for the imported sequence: ", needed, " blocks of ", kCudaBlockTokens,
+                   " tokens needed, ", sequences().free_blocks(), " free");
+    }
+    return append_store_rows(
+        from, 0, tokens, shape_.max_step_tokens, [&](int n) { return cache_->begin_step({sequence}, {n}); },
+        [&](int layer, const uint16_t* k, const uint16_t* v) { return cache_->append(layer, k, v); });
+  }
+
+ private:
+  GpuKvShape shape_;
+  std::unique_ptr<CudaPagedKvCache> cache_;
+  std::unique_ptr<CudaPagedAttention> attention_;
+};
+
+}  // namespace
+
+Expected<std::unique_ptr<GpuKvCache>> make_gpu_dense_kv(const GpuKvShape& shape, int num_blocks) {
+  const CudaKvShape kv_shape{shape.num_layers,    shape.num_kv_heads,         shape.head_dim, num_blocks,
+                             shape.max_sequences, shape.blocks_per_sequence(), shape.max_step_tokens};
+  SLIMKV_ASSIGN_OR_RETURN(auto cache, CudaPagedKvCache::create(kv_shape));
+  SLIMKV_ASSIGN_OR_RETURN(auto attention,
+                          CudaPagedAttention::create({shape.num_heads, shape.num_kv_heads, shape.head_dim,
+                                                      shape.max_sequences, shape.max_step_tokens}));
+  return std::unique_ptr<GpuKvCache>(new GpuDenseKv(shape, std::move(cache), std::move(attention)));
+}
+
+}  // namespace slimkv::cuda

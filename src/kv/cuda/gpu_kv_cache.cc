@@ -1,0 +1,58 @@
+#include "kv/cuda/gpu_kv_cache.h"
+
+#include <algorithm>
+
+#include "backend/cuda/device_memory.h"
+#include "kv/cuda/quantized_kv_cache.h"
+
+namespace slimkv::cuda {
+
+KvprCostModel kvpr_cost_model(int hidden, int kv_dim, DType x_dtype, double kv_bytes_per_token,
+                              double link_bytes_per_s, double gemm_flops_per_s) {
+  return KvprCostModel{link_bytes_per_s,
+                       gemm_flops_per_s,
+                       double(size_t(hidden) * dtype_size_bytes(x_dtype)),
+                       kv_bytes_per_token,
+                       2.0 * double(hidden) * 2.0 * double(kv_dim),
+                       KvprCostModel::Overlap::kPipelined};
+}
+
+Expected<std::unique_ptr<GpuKvCache>> make_gpu_kv_cache(const GpuKvShape& shape, const GpuKvOptions& options,
+                                                        KvProjection* projection) {
+  if (shape.max_sequences < 1 || shape.max_step_tokens < shape.max_sequences) {
+    return error("GPU KV cache: max_sequences ", shape.max_sequences, " and max_step_tokens ", shape.max_step_tokens,
+                 " must be positive, max_step_tokens >= max_sequences");
+  }
+  if (options.tier) return make_gpu_host_tier_kv(shape, options, projection);
+
+  // The block pool: what was asked for, or the full contexts of every sequence within 90% of what is
+  // free. Quantized KV: the FP16 window (sized by the step, not the context) first, sealed blocks in the rest.
+  const CudaKvShape kv_shape{shape.num_layers,    shape.num_kv_heads,         shape.head_dim, 0,
+                             shape.max_sequences, shape.blocks_per_sequence(), shape.max_step_tokens};
+  const size_t fp16_block_bytes =
+      size_t(shape.num_layers) * 2 * size_t(shape.num_kv_heads) * kCudaBlockTokens * size_t(shape.head_dim) * 2;
+  size_t block_bytes = fp16_block_bytes, window_bytes = 0;
+  if (const auto& q = options.quantized) {
+    SLIMKV_ASSIGN_OR_RETURN(block_bytes, CudaQuantizedKvCache::sealed_block_bytes(kv_shape, q->config));
+    window_bytes = size_t(CudaQuantizedKvCache::window_blocks(kv_shape)) * fp16_block_bytes;
+  }
+  size_t budget = options.kv_cache_bytes;
+  if (budget == 0) {
+    SLIMKV_ASSIGN_OR_RETURN(size_t free_bytes, device_free_memory());
+    budget = free_bytes / 10 * 9;
+  }
+  const size_t fitting = budget > window_bytes ? (budget - window_bytes) / block_bytes : 0;
+  const size_t blocks =
+      options.kv_cache_bytes > 0
+          ? fitting
+          : std::min(size_t(shape.max_sequences) * size_t(shape.blocks_per_sequence()), fitting);
+  if (blocks == 0) {
+    return error("CUDA model: no room for a single KV block of ", block_bytes, " bytes (kv_cache_bytes ",
+                 options.kv_cache_bytes, ", of which the quantized KV's FP16 window takes ", window_bytes, ")");
+  }
+  const int num_blocks = int(std::min<size_t>(blocks, 1u << 30));
+  if (const auto& q = options.quantized) return make_gpu_quantized_kv(shape, *q, num_blocks);
+  return make_gpu_dense_kv(shape, num_blocks);
+}
+
+}  // namespace slimkv::cuda

@@ -1,0 +1,166 @@
+// The GPU's KV store as the model sees it (ARCHITECTURE.md: `kv.append`, `attention` as single calls):
+// one interface over the caches of kv/cuda/, so that model/cuda/llama_cuda.cc holds the model and no
+// KV policy, and a GPU technique is one new implementation of this class plus a line in
+// make_gpu_kv_cache. Implementations:
+//
+//   FP16 pages (`dense`)                     gpu_dense_kv.cc        over paged_kv_cache.h
+//   sealed quantized blocks (`hack`, `quant`) gpu_quantized_kv.cc    over quantized_kv_cache.h
+//   a host tier (`@offload`, `@kvpr`)         gpu_host_tier_kv.cc    over host_kv_tier.h
+//
+// A step of several sequences (prefill chunks and decode tokens mixed):
+//   check_step(batch)            an error naming what cannot hold the step; changes nothing
+//   begin_step(batch)            grows the sequences, plans the step's attention
+//   per layer: keep_layer_input(layer, x)                  kvpr keeps X, the others nothing
+//              attend(layer, q, k, v, scale, out)          appends the layer's new K/V, then attention
+// Sequences are small ids (rows of the block tables), given out by add_sequence.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "attention/cuda/paged_attention.h"
+#include "tensor/quantized_block.h"
+#include "kv/cuda/sequence_blocks.h"
+#include "kv/tier/kvpr_cost_model.h"
+#include "slimkv/status.h"
+#include "tensor/dtype.h"
+
+namespace slimkv {
+class KvStore;
+}
+
+namespace slimkv::cuda {
+
+// The model's shape, as the KV caches need it.
+struct GpuKvShape {
+  int num_layers = 0;
+  int num_heads = 0;     // query heads (attention plans)
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int hidden = 0;        // a row of attention inputs X (kvpr)
+  DType x_dtype = DType::kF16;  // the model's activations and weights (X, the recomputation GEMM)
+  int max_sequences = 0;
+  int max_step_tokens = 0;
+  int context_tokens = 0;  // per sequence
+  int kv_dim() const { return num_kv_heads * head_dim; }
+  int blocks_per_sequence() const { return (context_tokens + kCudaBlockTokens - 1) / kCudaBlockTokens; }
+};
+
+// KV blocks sealed by the `hack` codec, or the `quant` baseline, in the CPU codec's byte layout, with
+// FP16 only for what is not sealed yet (quantized_kv_cache.h). Attention reads the sealed blocks before
+// the step (hack: on integers, decode on CUDA cores, prefill on INT8 tensor cores; quant: dequantized in
+// the kernel) and the step's own tokens and open blocks in FP16 (prefill=exact).
+struct QuantizedKvOptions {
+  QuantizationConfig config;
+  bool hack = true;  // false: quant
+  uint64_t seed = 0;
+};
+
+// The slow tiers (issue 11, host_kv_tier.h): every token's K/V in pinned host memory, streamed to the
+// GPU layer by layer (`offload`); with `recompute` (KVPR) part of it recomputed from the attention
+// inputs X kept beside it, while the rest streams in.
+struct KvTierOptions {
+  bool recompute = false;  // kvpr; false: offload
+  // The fraction of the tokens each sequence holds whose K/V is recomputed (rounded to blocks of 64;
+  // 1: all); negative: chosen each step by the cost model (Eq. 10, kv/tier/kvpr_cost_model.h).
+  double split = -1;
+  // 1: the row-by-row schedule (the whole batch through a layer, the next layer's KV loading meanwhile);
+  // 0: column-by-column, in as few micro-batches as the GPU KV budget holds (at least 2); n: n of them.
+  int micro_batches = 1;
+  size_t host_bytes = 0;  // the pinned host pool; 0: room for max_sequences full contexts
+  // The machine's host→device bytes/s and GEMM FLOP/s (kv/cuda/kvpr_profiler.h).
+  double link_bytes_per_s = 0;
+  double gemm_flops_per_s = 0;
+};
+
+struct GpuKvOptions {
+  std::optional<QuantizedKvOptions> quantized;  // none: the `dense` codec (FP16 blocks)
+  std::optional<KvTierOptions> tier;            // none: every block in GPU memory
+  // GPU memory for KV (quantized: the sealed pool and the FP16 window; a tier: its two staging
+  // buffers); 0: room for max_sequences full contexts (a tier: one layer's of them in each buffer), or
+  // what fits in 90% of the free memory, whichever is less.
+  size_t kv_cache_bytes = 0;
+};
+
+// KVPR's cost model for a model of this shape, per token of the batch: X crosses the link in the
+// activations' dtype, the K/V it replaces takes kv_bytes_per_token (FP16, or the codec's sealed bytes),
+// recomputing it is 2 · hidden · 2·kv_dim FLOPs; pipelined (a unit's X and K/V stream while the unit
+// before it computes).
+KvprCostModel kvpr_cost_model(int hidden, int kv_dim, DType x_dtype, double kv_bytes_per_token,
+                              double link_bytes_per_s, double gemm_flops_per_s);
+
+// The model's part of KVPR: the K/V of rows of attention inputs X, as the layer's projection and RoPE
+// make them (the tier holds X; the model holds the weights).
+class KvProjection {
+ public:
+  virtual ~KvProjection() = default;
+  virtual int max_rows() const = 0;
+  // k, v: FP16 [n, num_kv_heads, head_dim] (device, valid until the next call) of layer's X rows x
+  // [n, hidden] (device, x_dtype) at positions [n] (device); n <= max_rows().
+  virtual Status project_kv(int layer, const void* x, int n, const int32_t* positions, const uint16_t** k,
+                            const uint16_t** v) = 0;
+};
+
+// What a host tier with recomputation reports of its last step (zeros elsewhere).
+struct KvprReport {
+  double last_recompute_fraction = 0;  // of the held tokens
+  KvprCostModel cost;                  // the model that chose it
+  size_t x_staging_bytes = 0;          // GPU memory of X's staging
+};
+
+class GpuKvCache {
+ public:
+  virtual ~GpuKvCache() = default;
+
+  // --- Sequences and memory ---
+  // The sequences (ids, tokens) and the blocks of the budget: 64 tokens of every layer and KV head each.
+  virtual const SequenceBlocks& sequences() const = 0;
+  virtual Expected<int> add_sequence() = 0;  // an error when max_sequences are held
+  virtual void remove_sequence(int sequence) = 0;
+  virtual size_t device_bytes() const = 0;  // GPU memory of the KV
+  virtual size_t host_bytes() const { return 0; }
+  virtual size_t bytes_per_block() const = 0;  // memory of one budget block (where the budget lives)
+  virtual KvprReport kvpr() const { return {}; }
+
+  // --- Steps ---
+  // batch: sequence_ids, kv_lens (held + new), query_counts (new), as attention plans them.
+  virtual Status check_step(const PagedAttentionBatch& batch) const = 0;
+  virtual Status begin_step(const PagedAttentionBatch& batch) = 0;
+  // The layer's attention inputs x [step tokens, hidden] (kvpr keeps them; the others need nothing).
+  virtual Status keep_layer_input(int /*layer*/, const void* /*x*/) { return Status::ok(); }
+  // Appends the layer's new k, v (FP16 [step tokens, num_kv_heads, head_dim], begin_step's order),
+  // then attention of the step's queries q (FP16 [step tokens, num_heads, head_dim]) into out (likewise).
+  virtual Status attend(int layer, const uint16_t* q, const uint16_t* k, const uint16_t* v, float scale,
+                        uint16_t* out) = 0;
+
+  // --- Contexts written without attention (benchmarks' random K/V: append_random_kv) ---
+  virtual bool keeps_layer_input() const { return false; }
+  // Starts appending `tokens` (at most max_step_tokens) to the sequence; fill() then writes each layer's
+  // k, v [tokens, num_kv_heads, head_dim] (and x [tokens, hidden] when keeps_layer_input()).
+  virtual Status begin_fill(int sequence, int tokens) = 0;
+  virtual Status fill(int layer, const uint16_t* k, const uint16_t* v, const void* x) = 0;
+
+  // --- A sequence's blocks out and in (the transfer format goes through a host KvStore, kv/transfer.h) ---
+  // Restores into the cleared `into` (made with the pipeline this cache runs, kv_description) the
+  // sequence's sealed blocks, as the codec encodes them, and its open tokens.
+  virtual Status export_sequence(int sequence, KvStore& into) const = 0;
+  // Makes the empty `sequence` hold what `from` holds (the same pipeline, checked by the transfer's
+  // reader): sealed blocks copied as they are, open tokens in FP16. An error when the budget lacks room.
+  virtual Status import_sequence(int sequence, const KvStore& from) = 0;
+};
+
+// The cache for `options`. projection: the model's, for a tier that recomputes (kvpr); it must outlive
+// the cache.
+Expected<std::unique_ptr<GpuKvCache>> make_gpu_kv_cache(const GpuKvShape& shape, const GpuKvOptions& options,
+                                                        KvProjection* projection);
+
+// The implementations (one file each).
+Expected<std::unique_ptr<GpuKvCache>> make_gpu_dense_kv(const GpuKvShape& shape, int num_blocks);
+Expected<std::unique_ptr<GpuKvCache>> make_gpu_quantized_kv(const GpuKvShape& shape, const QuantizedKvOptions& options,
+                                                            int num_blocks);
+Expected<std::unique_ptr<GpuKvCache>> make_gpu_host_tier_kv(const GpuKvShape& shape, const GpuKvOptions& options,
+                                                            KvProjection* projection);
+
+}  // namespace slimkv::cuda

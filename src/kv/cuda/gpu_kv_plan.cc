@@ -1,0 +1,62 @@
+#include "kv/cuda/gpu_kv_plan.h"
+
+#include "kv/codec/gpu_block_format.h"
+#include "kv/cuda/kvpr_profiler.h"
+
+namespace slimkv::cuda {
+namespace {
+
+// The host tiers: @offload (streamed, row by row) or @kvpr, whose automatic split needs this machine's
+// link and GEMM rates (the profiler's, cached in a file).
+Expected<std::optional<KvTierOptions>> tier_options(const KvPipeline& pipeline, int hidden, int kv_dim) {
+  if (!pipeline.offload && !pipeline.kvpr) return std::optional<KvTierOptions>();
+  if (pipeline.offload && pipeline.offload->options_given) {
+    return error("the offload tier on device 'cuda' streams every block from pinned host memory: its CPU options ",
+                 "(cache, policy, dir) do not apply there; write '@offload'");
+  }
+  KvTierOptions tier;
+  if (const std::optional<KvprConfig>& kvpr = pipeline.kvpr) {
+    tier.recompute = true;
+    tier.split = kvpr->split;
+    tier.micro_batches = kvpr->micro_batches;
+    if (kvpr->split < 0) {
+      const std::string path = kvpr->profile.empty() ? default_kvpr_profile_path() : kvpr->profile;
+      SLIMKV_ASSIGN_OR_RETURN(KvprProfile profile,
+                              load_or_measure_kvpr_profile(path, hidden, 2 * kv_dim, DType::kF16, kvpr->reprofile));
+      tier.link_bytes_per_s = profile.link_bytes_per_s;
+      tier.gemm_flops_per_s = profile.gemm_flops_per_s;
+    }
+  }
+  return std::optional<KvTierOptions>(tier);
+}
+
+}  // namespace
+
+Expected<GpuKvPlan> plan_gpu_kv(const KvPipeline& pipeline, const std::string& spec, int hidden, int kv_dim) {
+  const auto refuse = [&](const std::string& what) {
+    return error("KV spec '", spec, "': ", what, " does not run on device 'cuda' yet (there: dense, or hack / quant ",
+                 "with kbits = vbits, pi=64; no selector or zack; the offload and kvpr tiers)");
+  };
+  if (pipeline.selector) return refuse("a selector");
+  if (pipeline.zack) return refuse("zack");
+  if (pipeline.block_tokens != kCudaBlockTokens) return refuse(str_cat("a block of ", pipeline.block_tokens, " tokens"));
+  const GpuBlockFormat format = pipeline.codec->gpu_block_format();
+  GpuKvPlan plan;
+  plan.pipeline = pipeline;
+  plan.rotate_heads = pipeline.hadamard;
+  switch (format.kind) {
+    case GpuBlockFormat::Kind::kNone:
+      return refuse(format.unsupported);
+    case GpuBlockFormat::Kind::kFp16:
+      break;
+    case GpuBlockFormat::Kind::kQuantized:
+      if (!pipeline.exact_prefill) return refuse("prefill=quantized (the GPU's prefill attends exactly)");
+      plan.options.quantized = QuantizedKvOptions{format.quantization, format.integer_attention, pipeline.seed};
+      break;
+  }
+  if (format.runs_as) plan.pipeline.codec = format.runs_as;
+  SLIMKV_ASSIGN_OR_RETURN(plan.options.tier, tier_options(pipeline, hidden, kv_dim));
+  return plan;
+}
+
+}  // namespace slimkv::cuda

@@ -1,0 +1,117 @@
+// The `hack` and `quant` codecs on the GPU: sealed blocks in the CPU codec's byte layout, FP16 only for
+// what is not sealed yet (quantized_kv_cache.h); attention by run_quantized. In the transfer format its
+// sealed blocks are the pool's bytes as they are.
+#include <cstring>
+#include <vector>
+
+#include "kv/cuda/gpu_kv_cache.h"
+#include "kv/cuda/kv_store_copy.h"
+#include "kv/cuda/quantized_kv_cache.h"
+#include "kv/store.h"
+
+namespace slimkv::cuda {
+namespace {
+
+class GpuQuantizedKv final : public GpuKvCache {
+ public:
+  GpuQuantizedKv(const GpuKvShape& shape, std::unique_ptr<CudaQuantizedKvCache> cache,
+                 std::unique_ptr<CudaPagedAttention> attention)
+      : shape_(shape), cache_(std::move(cache)), attention_(std::move(attention)) {}
+
+  const SequenceBlocks& sequences() const override { return cache_->sequences(); }
+  Expected<int> add_sequence() override { return cache_->add_sequence(); }
+  void remove_sequence(int sequence) override { cache_->remove_sequence(sequence); }
+  size_t device_bytes() const override { return cache_->bytes(); }
+  size_t bytes_per_block() const override {
+    return size_t(shape_.num_layers) * size_t(shape_.num_kv_heads) * cache_->layout().block_bytes;
+  }
+
+  Status check_step(const PagedAttentionBatch& batch) const override {
+    return cache_->check_step(batch.sequence_ids, batch.query_counts);
+  }
+  Status begin_step(const PagedAttentionBatch& batch) override {
+    SLIMKV_RETURN_IF_ERROR(cache_->begin_step(batch.sequence_ids, batch.query_counts));
+    return attention_->plan(batch);
+  }
+  Status attend(int layer, const uint16_t* q, const uint16_t* k, const uint16_t* v, float scale,
+                uint16_t* out) override {
+    SLIMKV_RETURN_IF_ERROR(cache_->append(layer, k, v));
+    return attention_->run_quantized(cache_->view(layer), cache_->sealed_view(layer), q, scale, out);
+  }
+
+  Status begin_fill(int sequence, int tokens) override { return cache_->begin_step({sequence}, {tokens}); }
+  Status fill(int layer, const uint16_t* k, const uint16_t* v, const void* /*x*/) override {
+    return cache_->append(layer, k, v);
+  }
+
+  // Sealed blocks as the pool holds them (the codec's bytes), the open block from the FP16 window.
+  Status export_sequence(int sequence, KvStore& into) const override {
+    const int tokens = sequences().num_tokens(sequence), full = tokens / kCudaBlockTokens;
+    const size_t block_bytes = cache_->layout().block_bytes;
+    const size_t page_bytes = size_t(shape_.num_kv_heads) * block_bytes;
+    std::vector<uint8_t> blocks(size_t(full) * page_bytes);
+    std::vector<uint16_t> k, v;
+    into.clear();
+    for (int l = 0; l < shape_.num_layers; ++l) {
+      const QuantizedKvView sealed = cache_->sealed_view(l);
+      const std::vector<int>& ids = sequences().blocks(sequence);
+      for (int b = 0; b < full; ++b) {
+        SLIMKV_RETURN_IF_ERROR(copy_to_host(blocks.data() + size_t(b) * page_bytes,
+                                            sealed.blocks + size_t(ids[size_t(b)]) * page_bytes, page_bytes));
+      }
+      for (int g = 0; g < shape_.num_kv_heads; ++g) {
+        for (int b = 0; b < full; ++b) into.restore_sealed_block(l, g, blocks.data() + size_t(b) * page_bytes + size_t(g) * block_bytes);
+      }
+      const int open = tokens - full * kCudaBlockTokens;
+      if (open > 0) {
+        SLIMKV_RETURN_IF_ERROR(download_page(cache_->view(l), cache_->window_sequences().blocks(sequence)[size_t(full)], k, v));
+      }
+      restore_open_tokens_from_page(into, l, k, v, open);
+    }
+    return Status::ok();
+  }
+
+  Status import_sequence(int sequence, const KvStore& from) override {
+    const int tokens = from.num_tokens(0), full = tokens / kCudaBlockTokens;
+    const int needed = sequences().blocks_to_grow(sequence, tokens);
+    if (needed > sequences().free_blocks()) {
+      return error("the GPU's sealed KV pool has no room for the imported sequence: ", needed, " blocks of ",
+                   kCudaBlockTokens, " tokens needed, ", sequences().free_blocks(), " free");
+    }
+    const size_t block_bytes = cache_->layout().block_bytes;
+    std::vector<uint8_t> sealed(size_t(shape_.num_layers) * size_t(full) * size_t(shape_.num_kv_heads) * block_bytes);
+    for (int l = 0; l < shape_.num_layers; ++l) {
+      for (int b = 0; b < full; ++b) {
+        for (int g = 0; g < shape_.num_kv_heads; ++g) {
+          const size_t at = ((size_t(l) * size_t(full) + size_t(b)) * size_t(shape_.num_kv_heads) + size_t(g)) * block_bytes;
+          std::memcpy(sealed.data() + at, from.sealed_block(l, g, b), block_bytes);
+        }
+      }
+    }
+    SLIMKV_RETURN_IF_ERROR(cache_->restore_sealed(sequence, full, sealed.data()));
+    return append_store_rows(
+        from, full * kCudaBlockTokens, tokens - full * kCudaBlockTokens, shape_.max_step_tokens,
+        [&](int n) { return cache_->begin_step({sequence}, {n}); },
+        [&](int layer, const uint16_t* k, const uint16_t* v) { return cache_->append(layer, k, v); });
+  }
+
+ private:
+  GpuKvShape shape_;
+  std::unique_ptr<CudaQuantizedKvCache> cache_;
+  std::unique_ptr<CudaPagedAttention> attention_;
+};
+
+}  // namespace
+
+Expected<std::unique_ptr<GpuKvCache>> make_gpu_quantized_kv(const GpuKvShape& shape, const QuantizedKvOptions& options,
+                                                            int num_blocks) {
+  const CudaKvShape kv_shape{shape.num_layers,    shape.num_kv_heads,         shape.head_dim, num_blocks,
+                             shape.max_sequences, shape.blocks_per_sequence(), shape.max_step_tokens};
+  SLIMKV_ASSIGN_OR_RETURN(auto cache, CudaQuantizedKvCache::create(kv_shape, options.config, options.hack, options.seed));
+  SLIMKV_ASSIGN_OR_RETURN(auto attention,
+                          CudaPagedAttention::create({shape.num_heads, shape.num_kv_heads, shape.head_dim,
+                                                      shape.max_sequences, shape.max_step_tokens}));
+  return std::unique_ptr<GpuKvCache>(new GpuQuantizedKv(shape, std::move(cache), std::move(attention)));
+}
+
+}  // namespace slimkv::cuda

@@ -1,0 +1,266 @@
+// The GPU KV cache behind its one interface (kv/cuda/gpu_kv_cache.h) and the model's step API over it
+// (model/cuda/llama_cuda.h run_step): items of mixed lengths each bringing back what it asks (no rows,
+// the last row, every row, a token sampled on the GPU), sampled tokens that do not depend on the batch,
+// the budget's blocks, and a sequence exported in the transfer format (kv/transfer.h) and imported into
+// another GPU model, continuing with identical logits and greedy tokens.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <set>
+
+#include "cuda_test_util.h"
+#include "golden_models.h"
+#include "kv/cuda/gpu_kv_plan.h"
+#include "kv/kv_factory.h"
+#include "kv/store.h"
+#include "kv/transfer.h"
+#include "model/cuda/llama_cuda.h"
+#include "model/llama.h"
+
+namespace slimkv::cuda {
+namespace {
+
+const std::string kBundled = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-14m";
+
+using GpuKvTest = CudaTest;
+
+struct GpuModel {
+  std::unique_ptr<CudaLlamaModel> model;
+  KvPipeline pipeline;  // as the GPU runs it
+};
+
+GpuModel upload(const LlamaModel& cpu, const std::string& spec, size_t kv_cache_bytes = 0, int max_step_tokens = 512) {
+  const KvPipeline pipeline = take(make_kv_pipeline(spec));
+  const GpuKvPlan plan = take(plan_gpu_kv(pipeline, spec, int(cpu.config().hidden_size), int(cpu.config().kv_dim())));
+  CudaModelOptions options;
+  options.max_sequences = 4;
+  options.max_step_tokens = max_step_tokens;
+  options.max_context_tokens = 1024;
+  options.kv_cache_bytes = kv_cache_bytes;
+  options.quantized_kv = plan.options.quantized;
+  options.tier = plan.options.tier;
+  options.rotate_heads = plan.rotate_heads;
+  return {take(CudaLlamaModel::upload(cpu.config(), cpu.weights(), options)), plan.pipeline};
+}
+
+std::vector<int32_t> random_tokens(int n, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> id(0, vocab - 1);
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  for (int32_t& t : tokens) t = id(rng);
+  return tokens;
+}
+
+int32_t argmax(std::span<const float> row) { return int32_t(std::max_element(row.begin(), row.end()) - row.begin()); }
+
+// One item's step alone through step(): its logits, all rows or the last.
+std::vector<float> alone(CudaLlamaModel& model, const std::vector<int32_t>& tokens, bool all) {
+  const int s = take(model.add_sequence());
+  std::vector<float> logits;
+  EXPECT_TRUE(model.step(std::vector<SequenceTokens>{{s, tokens}}, all, logits).is_ok());
+  model.remove_sequence(s);
+  return logits;
+}
+
+TEST_F(GpuKvTest, RunStepBringsBackWhatEachItemAsks) {
+  auto cpu = take(LlamaModel::load(kBundled));
+  const int vocab = int(cpu->config().vocab_size);
+  for (const char* spec : {"dense", "hack:bits=4,rot=none"}) {
+    SCOPED_TRACE(spec);
+    GpuModel gpu = upload(*cpu, spec);
+    CudaLlamaModel& model = *gpu.model;
+    const auto a = random_tokens(70, vocab, 1), b = random_tokens(30, vocab, 2), c = random_tokens(1, vocab, 3),
+               d = random_tokens(65, vocab, 4);
+    const auto a_alone = alone(model, a, true), c_alone = alone(model, c, false), d_alone = alone(model, d, false);
+    std::vector<int> ids;
+    for (int i = 0; i < 4; ++i) ids.push_back(take(model.add_sequence()));
+    const std::vector<SequenceStep> items = {{ids[0], a, StepRows::kAll, {}},
+                                             {ids[1], b, StepRows::kNone, {}},
+                                             {ids[2], c, StepRows::kLast, {}},
+                                             {ids[3], d, StepRows::kSample, {}}};  // greedy
+    StepOutputs out;
+    SLIMKV_ASSERT_OK(model.run_step(items, out));
+    ASSERT_EQ(out.logits.size(), size_t(71) * size_t(vocab));  // a's 70 rows and c's one: nothing else
+    EXPECT_EQ(out.first_row, (std::vector<int64_t>{0, -1, 70, -1}));
+    EXPECT_EQ(out.tokens, (std::vector<int32_t>{-1, -1, -1, argmax(d_alone)}));
+    const std::vector<float> a_rows(out.logits.begin(), out.logits.begin() + 70 * vocab);
+    const std::vector<float> c_row(out.logits.begin() + 70 * vocab, out.logits.end());
+    // GEMMs of other shapes may sum in another order: equal to FP32 rounding of BF16 products.
+    EXPECT_LT(relative_max_error(a_rows, a_alone), 1e-3);
+    EXPECT_LT(relative_max_error(c_row, c_alone), 1e-3);
+    EXPECT_EQ(model.num_tokens(ids[1]), 30);
+    // Only sampled items: no logits at all.
+    const std::vector<int32_t> next = {5};
+    SLIMKV_ASSERT_OK(model.run_step(std::vector<SequenceStep>{{ids[1], next, StepRows::kSample, {}}}, out));
+    EXPECT_TRUE(out.logits.empty());
+    EXPECT_GE(out.tokens[0], 0);
+    // Nothing asked: the step still runs.
+    SLIMKV_ASSERT_OK(model.run_step(std::vector<SequenceStep>{{ids[1], next, StepRows::kNone, {}}}, out));
+    EXPECT_EQ(model.num_tokens(ids[1]), 32);
+  }
+}
+
+// A draw is a function of the logits, the sequence's sampling parameters and its position: a sequence
+// samples the same tokens alone and beside others.
+TEST_F(GpuKvTest, SampledTokensDoNotDependOnTheBatch) {
+  auto cpu = take(LlamaModel::load(kBundled));
+  const int vocab = int(cpu->config().vocab_size);
+  GpuModel gpu = upload(*cpu, "dense");
+  CudaLlamaModel& model = *gpu.model;
+  const RowSampling sampling{0.9f, 40, 0.95f, 1234, 0};
+  const auto prompt = random_tokens(40, vocab, 7);
+  const auto run = [&](bool with_others) {
+    const int s = take(model.add_sequence());
+    std::vector<int> others;
+    if (with_others) {
+      for (int i = 0; i < 2; ++i) others.push_back(take(model.add_sequence()));
+    }
+    std::vector<int32_t> drawn;
+    std::vector<int32_t> input = prompt;
+    for (int step = 0; step < 24; ++step) {
+      std::vector<SequenceStep> items;
+      std::vector<std::vector<int32_t>> other_inputs;
+      for (size_t i = 0; i < others.size(); ++i) other_inputs.push_back(random_tokens(step == 0 ? 17 + int(i) : 1, vocab, 100 + step));
+      for (size_t i = 0; i < others.size(); ++i) {
+        items.push_back({others[i], other_inputs[i], StepRows::kSample, RowSampling{0.7f, 0, 1.0f, 9, uint64_t(step)}});
+      }
+      RowSampling mine = sampling;
+      mine.counter = uint64_t(model.num_tokens(s)) + input.size();  // the position of the token drawn
+      items.insert(items.begin() + (step % 2 ? 0 : ptrdiff_t(items.size())), SequenceStep{s, input, StepRows::kSample, mine});
+      StepOutputs out;
+      EXPECT_TRUE(model.run_step(items, out).is_ok());
+      const size_t at = size_t(std::find_if(items.begin(), items.end(), [&](const SequenceStep& it) { return it.sequence == s; }) - items.begin());
+      drawn.push_back(out.tokens[at]);
+      input = {drawn.back()};
+    }
+    model.remove_sequence(s);
+    for (int o : others) model.remove_sequence(o);
+    return drawn;
+  };
+  const auto by_itself = run(false), in_a_batch = run(true);
+  EXPECT_EQ(by_itself, in_a_batch);
+  EXPECT_GT(std::set<int32_t>(by_itself.begin(), by_itself.end()).size(), 1u) << "a sampler that samples";
+}
+
+TEST_F(GpuKvTest, BudgetCountsBlocksOfEverySequence) {
+  auto cpu = take(LlamaModel::load(kBundled));
+  const int vocab = int(cpu->config().vocab_size);
+  for (const char* spec : {"dense", "hack:bits=2"}) {
+    SCOPED_TRACE(spec);
+    GpuModel gpu = upload(*cpu, spec);
+    CudaLlamaModel& model = *gpu.model;
+    const SequenceBlocks& blocks = model.kv().sequences();
+    const int total = blocks.num_blocks(), free_at_start = blocks.free_blocks();
+    EXPECT_EQ(total, free_at_start);
+    EXPECT_GT(model.kv().bytes_per_block(), 0u);
+    const int s = take(model.add_sequence()), t = take(model.add_sequence());
+    std::vector<float> logits;
+    SLIMKV_ASSERT_OK(model.step(std::vector<SequenceTokens>{{s, random_tokens(130, vocab, 1)}, {t, random_tokens(64, vocab, 2)}},
+                                false, logits));
+    EXPECT_EQ(blocks.blocks(s).size(), 3u);
+    EXPECT_EQ(blocks.blocks(t).size(), 1u);
+    EXPECT_EQ(blocks.free_blocks(), free_at_start - 4);
+    model.remove_sequence(s);
+    model.remove_sequence(t);
+    EXPECT_EQ(blocks.free_blocks(), free_at_start);
+  }
+}
+
+// Export → transfer bytes → import into another GPU model: the same bytes exported again, and the
+// sequence goes on with bit-identical logits (the same kernels over the same blocks) and greedy tokens.
+TEST_F(GpuKvTest, ExportedSequenceContinuesIdenticallyInAnotherModel) {
+  auto cpu = take(LlamaModel::load(kBundled));
+  const ModelConfig& config = cpu->config();
+  const KvShape shape(int(config.num_layers), int(config.num_kv_heads), int(config.head_dim), int(config.head_dim), 1024);
+  for (const char* spec : {"dense", "hack:bits=2", "quant:bits=4,rot=none", "dense@offload", "hack:bits=2@offload"}) {
+    for (const int prompt_tokens : {150, 128, 20}) {
+      SCOPED_TRACE(std::string(spec) + ", prompt " + std::to_string(prompt_tokens));
+      GpuModel sender = upload(*cpu, spec), receiver = upload(*cpu, spec, 0, /*max_step_tokens=*/48);
+      const int s = take(sender.model->add_sequence());
+      std::vector<float> logits;
+      SLIMKV_ASSERT_OK(sender.model->step(std::vector<SequenceTokens>{{s, random_tokens(prompt_tokens, int(config.vocab_size), 5)}},
+                                          false, logits));
+      int32_t next = argmax(logits);
+
+      KvStore exported(shape, sender.pipeline);
+      SLIMKV_ASSERT_OK(sender.model->kv().export_sequence(s, exported));
+      EXPECT_EQ(exported.num_tokens(0), prompt_tokens);
+      std::vector<uint8_t> bytes;
+      SLIMKV_ASSERT_OK(write_kv_transfer(exported, "model", bytes));
+
+      KvStore imported(shape, receiver.pipeline);
+      SLIMKV_ASSERT_OK(read_kv_transfer(bytes.data(), bytes.size(), "test", "model", imported));
+      const int r = take(receiver.model->add_sequence());
+      SLIMKV_ASSERT_OK(receiver.model->kv().import_sequence(r, imported));
+      EXPECT_EQ(receiver.model->num_tokens(r), prompt_tokens);
+      KvStore again(shape, receiver.pipeline);
+      SLIMKV_ASSERT_OK(receiver.model->kv().export_sequence(r, again));
+      std::vector<uint8_t> bytes_again;
+      SLIMKV_ASSERT_OK(write_kv_transfer(again, "model", bytes_again));
+      EXPECT_TRUE(bytes_again == bytes) << "the receiver holds the sender's bytes";
+
+      for (int step = 0; step < 70; ++step) {  // across a block boundary: sealing goes on alike
+        const std::vector<int32_t> token = {next};
+        std::vector<float> sent, received;
+        SLIMKV_ASSERT_OK(sender.model->step(std::vector<SequenceTokens>{{s, token}}, false, sent));
+        SLIMKV_ASSERT_OK(receiver.model->step(std::vector<SequenceTokens>{{r, token}}, false, received));
+        ASSERT_TRUE(sent == received) << "step " << step;
+        next = argmax(sent);
+      }
+    }
+  }
+}
+
+TEST_F(GpuKvTest, ImportIsRefusedOnMismatchOrWithoutRoom) {
+  auto cpu = take(LlamaModel::load(kBundled));
+  const ModelConfig& config = cpu->config();
+  const KvShape shape(int(config.num_layers), int(config.num_kv_heads), int(config.head_dim), int(config.head_dim), 1024);
+  GpuModel hack = upload(*cpu, "hack:bits=2");
+  const int s = take(hack.model->add_sequence());
+  std::vector<float> logits;
+  SLIMKV_ASSERT_OK(hack.model->step(std::vector<SequenceTokens>{{s, random_tokens(200, int(config.vocab_size), 5)}}, false, logits));
+  KvStore exported(shape, hack.pipeline);
+  SLIMKV_ASSERT_OK(hack.model->kv().export_sequence(s, exported));
+  std::vector<uint8_t> bytes;
+  SLIMKV_ASSERT_OK(write_kv_transfer(exported, "model", bytes));
+  // Another spec: the dense GPU store runs dense:dtype=f16 and says so.
+  GpuModel dense = upload(*cpu, "dense");
+  EXPECT_EQ(dense.pipeline.describe().substr(0, 16), "dense:dtype=f16,");
+  KvStore dense_store(shape, dense.pipeline);
+  const Status spec = read_kv_transfer(bytes.data(), bytes.size(), "test", "model", dense_store);
+  ASSERT_FALSE(spec.is_ok());
+  EXPECT_NE(spec.message().find(hack.pipeline.describe()), std::string::npos) << spec.message();
+  EXPECT_NE(spec.message().find(dense.pipeline.describe()), std::string::npos) << spec.message();
+  // Another model.
+  KvStore hack_store(shape, hack.pipeline);
+  const Status model = read_kv_transfer(bytes.data(), bytes.size(), "test", "other model", hack_store);
+  ASSERT_FALSE(model.is_ok());
+  EXPECT_NE(model.message().find("model mismatch"), std::string::npos) << model.message();
+  // kvpr exports, but takes no import: it recomputes K/V from X, which a transfer does not carry.
+  GpuModel kvpr = upload(*cpu, "hack:bits=2@kvpr:split=0.5");
+  const int k = take(kvpr.model->add_sequence());
+  SLIMKV_ASSERT_OK(kvpr.model->step(std::vector<SequenceTokens>{{k, random_tokens(200, int(config.vocab_size), 5)}}, false, logits));
+  KvStore kvpr_store(shape, kvpr.pipeline);
+  SLIMKV_ASSERT_OK(kvpr.model->kv().export_sequence(k, kvpr_store));
+  EXPECT_EQ(kvpr_store.num_tokens(0), 200);
+  const int k2 = take(kvpr.model->add_sequence());
+  const Status recompute = kvpr.model->kv().import_sequence(k2, kvpr_store);
+  ASSERT_FALSE(recompute.is_ok());
+  EXPECT_NE(recompute.message().find("kvpr"), std::string::npos) << recompute.message();
+  // A budget of 2 blocks cannot hold 200 tokens: refused, the sequence still empty.
+  const size_t two_blocks = 2 * hack.model->kv().bytes_per_block() +
+                            size_t(512 / 64 + 2 * 4) * size_t(config.num_layers) * 2 * size_t(config.kv_dim()) * 64 * 2;
+  GpuModel small = upload(*cpu, "hack:bits=2", two_blocks);
+  ASSERT_EQ(small.model->kv().sequences().num_blocks(), 2);
+  SLIMKV_ASSERT_OK(read_kv_transfer(bytes.data(), bytes.size(), "test", "model", hack_store));
+  const int r = take(small.model->add_sequence());
+  const Status room = small.model->kv().import_sequence(r, hack_store);
+  ASSERT_FALSE(room.is_ok());
+  EXPECT_NE(room.message().find("no room"), std::string::npos) << room.message();
+  EXPECT_EQ(small.model->num_tokens(r), 0);
+  EXPECT_EQ(small.model->kv().sequences().free_blocks(), 2);
+}
+
+}  // namespace
+}  // namespace slimkv::cuda
