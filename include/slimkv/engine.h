@@ -1,16 +1,31 @@
 // The engine: a model loaded once (weights memory-mapped, tokenizer if the directory has one, the KV
-// pipeline from the spec), and sessions, each a sequence with its own KV store.
+// pipeline from the spec) and the sequences it holds, on the CPU or the GPU.
 //
-//   auto engine = Engine::load({.model_dir = "models/x", .kv_spec = "dense"});
-//   auto session = (*engine)->new_session();
-//   auto logits = session->prefill(prompt_ids);      // logits of the last token
-//   logits = session->decode(next_id);               // one more token through the KV cache
+// Serving drives it by steps: each step runs many sequences of any lengths through the model together
+// (prefill chunks and decode tokens mixed; one pass over the weights for all of them), each asking for
+// logits or for a sampled token. The KV of every sequence lives in one bounded block budget
+// (kv_budget()), and a sequence's KV can be exported and imported (the transfer format of
+// docs/kv_transfer_format.md): prefill→decode hand-off, and preemption to host memory.
+//
+//   auto engine = Engine::load({.model_dir = "models/x", .kv_spec = "hack:bits=2"});
+//   SequenceId a = *(*engine)->add_sequence(), b = *(*engine)->add_sequence({.temperature = 0.7f, .seed = 1});
+//   StepResult out;
+//   (*engine)->step({{a, prompt_a, StepOutput::kSample}, {b, prompt_b, StepOutput::kSample}}, out);
+//   // out.tokens[0], out.tokens[1]: each sequence's next token; feed them to the next step.
+//
+// Sessions (below) are the one-sequence convenience over the same calls: prefill(ids) / decode(id).
+//
+// Threads and lifetimes: an Engine is driven by one thread at a time (the scheduler's, or a tool's):
+// add_sequence, remove_sequence, step, import_kv and the Session calls mutate it; the accessors of what
+// was loaded (model_config, tokenizer, generation_defaults, config, kv_description) are safe from any
+// thread. Sequences and Sessions must not outlive their Engine.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "slimkv/status.h"
@@ -22,26 +37,24 @@ class Tokenizer;
 class KvStore;
 class ThreadPool;
 struct KvPipeline;
-struct RunState;
 struct ModelConfig;
-struct KvMemory;
 struct ForwardObserver;
-class DeviceModel;
-class DeviceSequence;
+class SequenceTable;
 
 struct EngineConfig {
   std::string model_dir;
   std::string kv_spec = "dense";
   std::string device = "cpu";  // "cpu", or "cuda" (builds with the CUDA backend, a usable GPU)
   int threads = 0;              // 0: every core
-  int prefill_chunk_tokens = 512;  // prompts run through the model this many tokens at a time
+  int prefill_chunk_tokens = 512;  // rows a step may hold at most (a longer prompt runs in chunks)
   // Workers to run on, shared by engines used one at a time (slimkv eval holds one per KV spec);
   // nullptr: the engine starts its own `threads` workers.
   std::shared_ptr<ThreadPool> pool = nullptr;
-  // device "cuda": sessions alive at once (each holds a sequence of the GPU's KV cache), and the GPU
-  // memory for KV blocks (0: every session's full context, within 90% of what is free).
-  int gpu_max_sessions = 16;
-  size_t gpu_kv_cache_bytes = 0;
+  int max_sequences = 16;  // sequences held at once
+  // Memory for KV blocks, every sequence together (on the GPU: device memory; on the CPU: host memory,
+  // with a slow tier: the fast tier's share). 0: max_sequences full contexts, within 90% of what the
+  // device has free.
+  size_t kv_cache_bytes = 0;
 };
 
 // generation_config.json, where present (all optional).
@@ -50,6 +63,54 @@ struct GenerationDefaults {
   float temperature = 0.0f;
   int top_k = 0;
   float top_p = 1.0f;
+};
+
+// How a sequence's next tokens are drawn. A draw is a function of the logits, these parameters and the
+// token's position alone (counter-based randomness), so a sequence samples the same tokens whatever
+// runs beside it, and after being exported and imported (preemption) it goes on as it would have.
+struct SamplingParams {
+  float temperature = 0.0f;  // 0: greedy (argmax)
+  int top_k = 0;             // 0: no limit
+  float top_p = 1.0f;        // 1: no limit
+  uint64_t seed = 0;
+};
+
+using SequenceId = int64_t;  // unique within an engine, never reused
+
+// The KV block budget. A block here is block_tokens tokens of one sequence in every layer and KV head
+// (the unit a sequence grows by); a sequence of n tokens holds ceil(n / block_tokens) of them.
+struct KvBudget {
+  int block_tokens = 0;
+  int64_t total_blocks = 0;
+  int64_t free_blocks = 0;
+  size_t bytes_per_block = 0;  // memory one block takes (the codec's sealed bytes, every layer and head)
+  int64_t blocks_for_tokens(int64_t tokens) const { return (tokens + block_tokens - 1) / block_tokens; }
+  double usage() const { return total_blocks ? double(total_blocks - free_blocks) / double(total_blocks) : 0.0; }
+};
+
+// What one sequence's part of a step asks for.
+enum class StepOutput {
+  kNone,        // nothing (a prefill chunk before the last)
+  kLastLogits,  // logits of its last token [vocab]
+  kAllLogits,   // logits of every token it ran [n, vocab]
+  kSample,      // its next token, drawn as the sequence's SamplingParams say (on the GPU, on the device)
+};
+
+struct StepItem {
+  SequenceId sequence = 0;
+  std::span<const int32_t> tokens;  // run at the end of what the sequence holds
+  StepOutput output = StepOutput::kLastLogits;
+};
+
+struct StepResult {
+  std::vector<float> logits;       // the rows asked for, items in order: [rows, vocab]
+  std::vector<int64_t> first_row;  // per item: its first row in logits, -1 when it asked for none
+  std::vector<int32_t> tokens;     // per item: the sampled token (kSample), else -1
+  int vocab = 0;
+  // Row `row` of item `item`'s logits.
+  std::span<const float> logits_of(size_t item, int64_t row = 0) const {
+    return std::span<const float>(logits).subspan(size_t(first_row[item] + row) * size_t(vocab), size_t(vocab));
+  }
 };
 
 class Session;
@@ -64,63 +125,90 @@ class Engine {
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }  // nullptr without tokenizer.json
   const GenerationDefaults& generation_defaults() const { return generation_; }
   const EngineConfig& config() const { return config_; }
-  std::string kv_description() const;  // the KV spec with every option spelled out
+  bool on_gpu() const { return config_.device == "cuda"; }
+  // The KV spec with every option spelled out, as this device runs it (the key a KV transfer matches).
+  std::string kv_description() const;
   const KvPipeline& kv_pipeline() const { return *pipeline_; }
+  int context_tokens() const;  // the most tokens a sequence holds
 
-  std::unique_ptr<Session> new_session() const;
+  // --- Sequences and steps ---
+  // A new, empty sequence; an error when max_sequences are held.
+  Expected<SequenceId> add_sequence(const SamplingParams& sampling = {});
+  // Frees the sequence's KV blocks; an unknown id is an error.
+  Status remove_sequence(SequenceId sequence);
+  Expected<int> num_tokens(SequenceId sequence) const;
 
-  // The workers sessions run on, for tools that run kernels beside a session (eval's fidelity task).
+  // Runs every item's tokens through the model in one pass (items name distinct sequences; at most
+  // prefill_chunk_tokens rows together). Everything is checked first — ids, vocabulary, context, the
+  // step's size, the KV budget — and a refused step changes nothing; the error names the item.
+  Status step(std::span<const StepItem> items, StepResult& result);
+
+  // --- The KV budget ---
+  KvBudget kv_budget() const;
+  Expected<int64_t> sequence_blocks(SequenceId sequence) const;  // budget blocks the sequence holds
+
+  // --- KV export and import (docs/kv_transfer_format.md: the same bytes on both devices) ---
+  // The sequence's KV as a transfer (sealed blocks as the codec encodes them, open tokens in FP32).
+  Expected<std::vector<uint8_t>> export_kv(SequenceId sequence) const;
+  // Replaces an empty sequence's KV with a transfer's; refused (naming both sides) when the transfer was
+  // made by another model or KV spec (kv_description()), or does not fit the budget. `source` names the
+  // bytes in errors.
+  Status import_kv(SequenceId sequence, std::span<const uint8_t> transfer, std::string_view source);
+  // The model identity transfers carry (model/model_identity.h).
+  const std::string& model_identity() const { return identity_; }
+
+  // --- One-sequence convenience ---
+  std::unique_ptr<Session> new_session();
+
+  // The workers sequences run on, for tools that run kernels beside a session (eval's fidelity task).
   ThreadPool& pool() const { return *pool_; }
 
  private:
   Engine() = default;
+  friend class Session;
+
   EngineConfig config_;
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<KvPipeline> pipeline_;
-  std::unique_ptr<DeviceModel> device_model_;  // device "cuda": the model and KV cache on the GPU
-  std::shared_ptr<ThreadPool> pool_;  // shared by this engine's sessions: run them one at a time
-  friend class Session;
+  std::shared_ptr<ThreadPool> pool_;
   GenerationDefaults generation_;
+  std::string identity_;
+  std::unique_ptr<SequenceTable> sequences_;  // the sequences, their KV and the budget, on the device
 };
 
+// One sequence of an engine, run by itself: a prompt, then tokens one at a time. The sequence is
+// removed with the session.
 class Session {
  public:
-  explicit Session(const Engine& engine);
   ~Session();
 
-  // Runs tokens through the model at the end of the sequence. Returns logits [n, vocab] when
-  // all_logits, else [vocab] of the last token. Errors: empty input, ids outside the vocabulary,
-  // or more tokens than the context holds.
+  // Runs tokens through the model at the end of the sequence (in chunks of prefill_chunk_tokens).
+  // Returns logits [n, vocab] when all_logits, else [vocab] of the last token. Errors: empty input, ids
+  // outside the vocabulary, more tokens than the context holds, or no room in the KV budget.
   Expected<std::vector<float>> prefill(std::span<const int32_t> tokens, bool all_logits = false);
   Expected<std::vector<float>> decode(int32_t token) { return prefill(std::span<const int32_t>(&token, 1)); }
 
-  // One decode step of several sessions of one engine: sessions[i] takes tokens[i]. On the GPU it is one
-  // batched pass through the model (sequences of different lengths together: the basis of continuous
-  // batching); on the CPU the sessions run one after another. Returns logits [sessions, vocab]. Every
-  // session is checked first (as decode does; distinct sessions of one engine): a refused step runs none.
+  // One decode step of several sessions of one engine (sessions[i] takes tokens[i]) as one engine step.
+  // Returns logits [sessions, vocab]. A refused step runs none.
   static Expected<std::vector<float>> decode_batch(std::span<Session* const> sessions, std::span<const int32_t> tokens);
 
+  SequenceId sequence() const { return sequence_; }
   int num_tokens() const;
-  int context_tokens() const;
-  bool on_gpu() const { return kv_ == nullptr; }  // device "cuda"
-  const KvStore& kv() const { return *kv_; }  // CPU sessions (!on_gpu()) only
+  int context_tokens() const { return engine_.context_tokens(); }
+  bool on_gpu() const { return engine_.on_gpu(); }
+  // The sequence's CPU KV store (device "cpu" only: on the GPU, nullptr).
+  const KvStore* kv() const;
 
   // Later calls show each layer's buffers to `observer` (model/forward_observer.h); nullptr stops it.
-  // The observer must outlive those calls. CPU sessions only: a GPU session's prefill refuses.
-  void set_observer(ForwardObserver* observer) { observer_ = observer; }
+  // The observer must outlive those calls. Device "cpu" only: a GPU session's prefill refuses.
+  void set_observer(ForwardObserver* observer);
 
  private:
-  // Checks tokens against the vocabulary and the context (and takes the GPU sequence when there is none).
-  Status prepare_run(std::span<const int32_t> tokens);
-
-  const Engine& engine_;
-  std::unique_ptr<KvStore> kv_;
-  std::unique_ptr<RunState> state_;
-  ForwardObserver* observer_ = nullptr;
-  // On the GPU: the sequence in the engine's cache, taken at the first prefill (an error there when
-  // gpu_max_sessions sessions hold one).
-  std::unique_ptr<DeviceSequence> device_sequence_;
+  friend class Engine;
+  Session(Engine& engine, SequenceId sequence) : engine_(engine), sequence_(sequence) {}
+  Engine& engine_;
+  SequenceId sequence_;
 };
 
 }  // namespace slimkv
