@@ -17,6 +17,8 @@ packages=(
   gnuplot-nox              # slimkv eval's PNG plots
   python3-jsonschema       # tests: results.json checked against docs/eval_results.schema.json
   libfaiss-dev             # bench_pq: the reference product quantizer slimkv's PQ is compared with
+  libcpp-httplib-dev       # slimkv serve's HTTP server
+  nodejs npm               # tests: the openai npm package against slimkv serve (skipped without the registry)
 )
 
 missing=()
