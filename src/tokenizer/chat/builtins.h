@@ -1,0 +1,44 @@
+// What a chat template can call by name: Jinja2's filters (`x | trim`) and tests (`x is string`),
+// the methods of Python's str and dict that templates call (`content.split('</think>')`,
+// `message.items()`), and transformers' `tojson`. Each follows the Python/Jinja2 behaviour that
+// transformers renders with; errors throw TemplateError at `at`.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "tokenizer/chat/value.h"
+
+namespace slimkv::chat {
+
+struct Location {
+  int line = 0;
+  int column = 0;
+};
+
+[[noreturn]] void fail_at(const Location& at, const std::string& message);
+
+// input | name(args). Unknown names fail with the list of supported filters.
+Value apply_filter(std::string_view name, const Value& input, const CallArgs& args, const Location& at);
+
+// input is name(args). Unknown names fail with the list of supported tests.
+bool apply_test(std::string_view name, const Value& input, const CallArgs& args, const Location& at);
+
+// object.name as Jinja2's getattr does it: a Python attribute first (a bound str/dict method),
+// then the dict key. Missing gives undefined (which fails only when used).
+Value get_attribute(const Value& object, std::string_view name, const Location& at);
+
+// object[key] as Jinja2's getitem does it: the item first, then a str key as an attribute.
+Value get_item(const Value& object, const Value& key, const Location& at);
+
+// object[start:stop:step] for lists and strings (code points), Python's slice rules.
+Value get_slice(const Value& object, const Value& start, const Value& stop, const Value& step, const Location& at);
+
+// transformers' tojson: json.dumps(value, ensure_ascii=False, indent=indent, separators=...,
+// sort_keys=...).
+std::string to_json(const Value& value, const CallArgs& args, const Location& at);
+
+// The code points of valid UTF-8 text, each as its UTF-8 bytes (how Python indexes a str).
+std::vector<std::string> code_points(std::string_view text);
+
+}  // namespace slimkv::chat

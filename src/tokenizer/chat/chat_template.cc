@@ -1,0 +1,159 @@
+#include "tokenizer/chat/chat_template.h"
+
+#include <ctime>
+#include <system_error>
+
+#include "tokenizer/chat/lexer.h"
+#include "tokenizer/chat/parser.h"
+#include "tokenizer/utf8.h"
+#include "util/mapped_file.h"
+
+namespace slimkv {
+namespace {
+
+constexpr std::string_view kNoChatTemplate = "no chat template: ";
+
+using OrderedJson = nlohmann::ordered_json;
+
+std::string describe_error(const chat::TemplateError& error) {
+  return str_cat("line ", error.line, ", column ", error.column, ": ", error.what());
+}
+
+// A special token as tokenizer_config.json writes it: "<s>", {"content": "<s>", ...} or null.
+Expected<std::optional<std::string>> special_token(const OrderedJson& config, const char* key, const std::string& file) {
+  const auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return std::optional<std::string>();
+  if (it->is_string()) return std::optional<std::string>(it->get<std::string>());
+  if (it->is_object()) {
+    const auto content = it->find("content");
+    if (content != it->end() && content->is_string()) return std::optional<std::string>(content->get<std::string>());
+  }
+  return error(file, ": \"", key, "\": expected a string or an object with a string \"content\", found ", it->dump());
+}
+
+// tokenizer_config.json's "chat_template": a string, or named templates of which "default" is used.
+Expected<std::optional<std::string>> config_template(const OrderedJson& config, const std::string& file) {
+  const auto it = config.find("chat_template");
+  if (it == config.end() || it->is_null()) return std::optional<std::string>();
+  if (it->is_string()) return std::optional<std::string>(it->get<std::string>());
+  if (it->is_array()) {
+    std::string names;
+    for (const auto& entry : *it) {
+      if (!entry.is_object() || !entry.contains("name") || !entry.contains("template") || !entry["name"].is_string() ||
+          !entry["template"].is_string()) {
+        return error(file, ": \"chat_template\": expected a list of {\"name\": string, \"template\": string}, found ",
+                     entry.dump());
+      }
+      if (entry["name"] == "default") return std::optional<std::string>(entry["template"].get<std::string>());
+      names += (names.empty() ? "" : ", ") + entry["name"].get<std::string>();
+    }
+    return error(file, ": \"chat_template\" lists templates (", names, ") but none named \"default\"");
+  }
+  return error(file, ": \"chat_template\": expected a string or a list of named templates, found ", it->dump());
+}
+
+Expected<OrderedJson> read_json(const std::filesystem::path& path) {
+  SLIMKV_ASSIGN_OR_RETURN(const std::string text, read_text_file(path.string()));
+  OrderedJson json = OrderedJson::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object()) return error(path.string(), ": expected a JSON object");
+  return json;
+}
+
+std::tm local_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  return local;
+}
+
+}  // namespace
+
+Expected<ChatTemplate> ChatTemplate::load(const std::filesystem::path& model_dir) {
+  std::error_code ignored;
+  const std::filesystem::path jinja_path = model_dir / "chat_template.jinja";
+  const std::filesystem::path config_path = model_dir / "tokenizer_config.json";
+  const std::filesystem::path processor_path = model_dir / "chat_template.json";
+
+  OrderedJson config = OrderedJson::object();
+  if (std::filesystem::exists(config_path, ignored)) {
+    SLIMKV_ASSIGN_OR_RETURN(config, read_json(config_path));
+  }
+  std::optional<std::string> source;
+  std::string origin;
+  if (std::filesystem::exists(jinja_path, ignored)) {
+    SLIMKV_ASSIGN_OR_RETURN(std::string text, read_text_file(jinja_path.string()));
+    source = std::move(text);
+    origin = jinja_path.string();
+  } else {
+    SLIMKV_ASSIGN_OR_RETURN(source, config_template(config, config_path.string()));
+    origin = config_path.string();
+    if (!source && std::filesystem::exists(processor_path, ignored)) {
+      SLIMKV_ASSIGN_OR_RETURN(const OrderedJson processor, read_json(processor_path));
+      SLIMKV_ASSIGN_OR_RETURN(source, config_template(processor, processor_path.string()));
+      origin = processor_path.string();
+    }
+  }
+  if (!source) {
+    return error(kNoChatTemplate, model_dir.string(),
+                 " has neither chat_template.jinja nor a \"chat_template\" in tokenizer_config.json; chat requests "
+                 "need one (send a prompt to /v1/completions instead, or add the model's template)");
+  }
+  SLIMKV_ASSIGN_OR_RETURN(std::optional<std::string> bos, special_token(config, "bos_token", config_path.string()));
+  SLIMKV_ASSIGN_OR_RETURN(std::optional<std::string> eos, special_token(config, "eos_token", config_path.string()));
+  Expected<ChatTemplate> loaded = from_source(std::move(*source), std::move(bos), std::move(eos));
+  if (!loaded) return loaded.status().with_context(origin);
+  return loaded;
+}
+
+Expected<ChatTemplate> ChatTemplate::from_source(std::string source, std::optional<std::string> bos_token,
+                                                 std::optional<std::string> eos_token) {
+  ChatTemplate chat_template;
+  chat_template.source_ = utf8::make_valid_utf8(source);
+  try {
+    chat_template.program_ =
+        std::make_shared<const std::vector<chat::Node>>(chat::parse_template(chat_template.source_));
+  } catch (const chat::TemplateError& e) {
+    return error("chat template ", describe_error(e));
+  }
+  chat_template.bos_token_ = std::move(bos_token);
+  chat_template.eos_token_ = std::move(eos_token);
+  chat_template.clock_ = local_now;
+  return chat_template;
+}
+
+bool ChatTemplate::is_no_chat_template(const Status& status) {
+  return !status.is_ok() && status.message().rfind(kNoChatTemplate, 0) == 0;
+}
+
+Expected<std::string> ChatTemplate::render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                           const nlohmann::ordered_json& extra) const {
+  if (!messages.is_array()) return error("messages: expected an array of {\"role\", \"content\"} objects, found a ", messages.type_name());
+  // transformers refuses an empty conversation before rendering.
+  if (messages.empty()) return error("messages: Cannot apply chat template to an empty conversation. Provide at least one message.");
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (!messages[i].is_object()) return error("messages[", i, "]: expected an object, found a ", messages[i].type_name());
+  }
+  if (!extra.is_null() && !extra.is_object()) return error("chat template variables: expected an object, found a ", extra.type_name());
+
+  chat::ValueDict variables;
+  variables.set("messages", chat::Value::from_json(messages));
+  // transformers always passes tools and documents (None when the request has none).
+  variables.set("tools", chat::Value::none());
+  variables.set("documents", chat::Value::none());
+  if (bos_token_) variables.set("bos_token", chat::Value::string(*bos_token_));
+  if (eos_token_) variables.set("eos_token", chat::Value::string(*eos_token_));
+  variables.set("add_generation_prompt", chat::Value::boolean(add_generation_prompt));
+  if (extra.is_object()) {
+    for (const auto& [key, value] : extra.items()) variables.set(key, chat::Value::from_json(value));
+  }
+  try {
+    return chat::render_template(*program_, variables, limits_, clock_ ? clock_ : chat::Clock(local_now));
+  } catch (const chat::TemplateError& e) {
+    if (e.raised) return error("chat template refused the conversation (line ", e.line, "): ", e.what());
+    return error("chat template ", describe_error(e));
+  } catch (const std::bad_alloc&) {
+    return error("chat template: out of memory while rendering");
+  }
+}
+
+}  // namespace slimkv
