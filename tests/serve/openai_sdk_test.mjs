@@ -1,5 +1,5 @@
-// slimkv serve through the official `openai` npm package: completions, streaming, the chat endpoint's
-// refusal for a model without a template, errors as the SDK's typed exceptions.
+// slimkv serve through the official `openai` npm package: completions, chat (the bundled model with a
+// ChatML template beside it), streaming of both, stop strings, errors as the SDK's typed exceptions.
 // Usage: node openai_sdk_test.mjs BASE_URL (the package is resolved from NODE_PATH's folder).
 import assert from "node:assert/strict";
 import OpenAI from "openai";
@@ -35,8 +35,19 @@ const stopped = await client.completions.create({
 assert.equal(stopped.choices[0].text, whole.choices[0].text.slice(0, whole.choices[0].text.indexOf(whole.choices[0].text.slice(4, 7))));
 assert.equal(stopped.choices[0].finish_reason, "stop");
 
-await assert.rejects(client.chat.completions.create({ model, messages: [{ role: "user", content: "hi" }] }),
-  (e) => e instanceof OpenAI.BadRequestError && e.param === "messages" && /chat template/.test(e.message));
+const messages = [{ role: "system", content: "You are brief." }, { role: "user", content: "Tell me a story" }];
+const chat = await client.chat.completions.create({ model, messages, max_completion_tokens: 10, temperature: 0 });
+assert.equal(chat.choices[0].message.role, "assistant");
+assert.equal(chat.usage.completion_tokens, 10);
+let chatStreamed = "", role = null;
+for await (const chunk of await client.chat.completions.create({ model, messages, max_completion_tokens: 10, temperature: 0, stream: true })) {
+  role = chunk.choices[0]?.delta?.role ?? role;
+  chatStreamed += chunk.choices[0]?.delta?.content ?? "";
+}
+assert.equal(role, "assistant");
+assert.equal(chatStreamed, chat.choices[0].message.content, "chat: streaming and non-streaming agree");
+await assert.rejects(client.chat.completions.create({ model, messages: [{ role: "wizard", content: "hi" }] }),
+  (e) => e instanceof OpenAI.BadRequestError && e.param === "messages[0].role");
 await assert.rejects(client.completions.create({ model, prompt: "x", n: 2 }),
   (e) => e instanceof OpenAI.BadRequestError && e.param === "n");
 await assert.rejects(client.completions.create({ model: "gpt-4o", prompt: "x" }), (e) => e instanceof OpenAI.NotFoundError);

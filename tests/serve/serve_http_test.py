@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -185,6 +186,48 @@ class ServeTest(unittest.TestCase):
         for name in ["num_requests_waiting", "num_preemptions_total", "time_to_first_token_seconds_bucket",
                      "inter_token_latency_seconds_sum", "e2e_request_latency_seconds_count", "kv_cache_info"]:
             self.assertIn("slimkv:" + name, text.decode())
+
+
+def model_with_chat_template(folder):
+    """The bundled model's files, linked, beside a ChatML chat_template.jinja (it has no template)."""
+    for name in os.listdir(MODEL):
+        os.symlink(os.path.join(MODEL, name), os.path.join(folder, name))
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "chatml_template.jinja")) as f:
+        template = f.read()
+    with open(os.path.join(folder, "chat_template.jinja"), "w") as f:
+        f.write(template)
+    return folder
+
+
+class ChatTest(unittest.TestCase):
+    def test_chat_renders_the_models_template(self):
+        messages = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "Tell me a story"}]
+        rendered = ("<|im_start|>system\nYou are brief.<|im_end|>\n<|im_start|>user\nTell me a story<|im_end|>\n"
+                    "<|im_start|>assistant\n")
+        with tempfile.TemporaryDirectory() as folder, Server(SLIMKV, model_with_chat_template(folder),
+                                                             ["--served-model-name", NAME]) as server:
+            status, _, by_messages = server.post("/tokenize", {"messages": messages})
+            self.assertEqual(status, 200, by_messages)
+            _, _, by_text = server.post("/tokenize", {"prompt": rendered, "add_special_tokens": False})
+            self.assertEqual(by_messages["tokens"], by_text["tokens"])
+
+            status, _, chat = server.post("/v1/chat/completions", {"messages": messages, "max_completion_tokens": 12,
+                                                                   "temperature": 0})
+            self.assertEqual(status, 200, chat)
+            self.assertEqual(chat["object"], "chat.completion")
+            self.assertEqual(chat["choices"][0]["message"]["role"], "assistant")
+            plain = completion(server, by_messages["tokens"], max_tokens=12)
+            self.assertEqual(chat["choices"][0]["message"]["content"], plain["choices"][0]["text"])
+            self.assertEqual(chat["usage"]["prompt_tokens"], by_messages["count"])
+
+            status, events = server.stream("/v1/chat/completions", {"messages": messages, "max_completion_tokens": 12,
+                                                                    "temperature": 0, "stream": True})
+            self.assertEqual(status, 200)
+            self.assertEqual(events[0]["choices"][0]["delta"]["role"], "assistant")
+            self.assertEqual(events[0]["object"], "chat.completion.chunk")
+            text, finish = stream_text(events)
+            self.assertEqual(text, chat["choices"][0]["message"]["content"])
+            self.assertEqual(finish, chat["choices"][0]["finish_reason"])
 
 
 class AuthAndShutdownTest(unittest.TestCase):
