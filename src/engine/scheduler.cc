@@ -68,8 +68,13 @@ StepPlan plan_step(std::span<const PlannedRequest> running, std::span<const Plan
   for (size_t j = 0; j < waiting.size(); ++j) {
     if (running_count >= max_running || tokens_left == 0) break;
     const PlannedRequest& request = waiting[j];
+    const int64_t blocks_needed = blocks(request.held_tokens + request.tokens_to_run);
+    if (running_count == 0 && blocks_needed > budget.total_blocks) {
+      plan.waiting_out_of_kv.push_back(j);  // preempted at the budget's end: it could never run again
+      continue;
+    }
     // Admitted when its tokens' blocks + 1 fit (the first generated tokens have room).
-    const int64_t want = blocks(request.held_tokens + request.tokens_to_run) + 1;
+    const int64_t want = blocks_needed + (running_count == 0 ? 0 : 1);
     if (want > available) break;  // in order: a large request is not overtaken forever
     const int64_t tokens = std::min(request.tokens_to_run, tokens_left);
     available -= want;
@@ -250,10 +255,6 @@ void Scheduler::Impl::step_once() {
     Request* request = item.from_waiting ? waiting[item.index].get() : running[item.index].get();
     scheduled.push_back({request, item.tokens});
   }
-  std::vector<Request*> leaving;  // preempted (to waiting) or out of KV (finished)
-  for (size_t index : plan.preempt) leaving.push_back(running[index].get());
-  for (size_t index : plan.out_of_kv) leaving.push_back(running[index].get());
-
   // Preempt, newest first, so the oldest preempted request ends up at the front of waiting.
   for (size_t index : plan.preempt) {
     preempt(*running[index]);
@@ -265,19 +266,23 @@ void Scheduler::Impl::step_once() {
     running[index].reset();
   }
   std::erase_if(running, [](const RequestPtr& request) { return request == nullptr; });
+  for (size_t index : plan.waiting_out_of_kv) end_early(*waiting[index], FinishReason::kLength);
+  std::erase_if(waiting, [](const RequestPtr& request) { return request->done; });
 
-  // Admit: the admitted are the front of waiting, in order.
-  for (const StepPlan::Item& item : plan.items) {
-    if (!item.from_waiting) continue;
-    RequestPtr request = std::move(waiting.front());
-    waiting.pop_front();
+  // Admit, in order.
+  for (size_t i = 0; i < plan.items.size(); ++i) {
+    if (!plan.items[i].from_waiting) continue;
+    const auto it = std::find_if(waiting.begin(), waiting.end(),
+                                 [&](const RequestPtr& request) { return request.get() == scheduled[i].request; });
+    RequestPtr request = std::move(*it);
+    waiting.erase(it);
     if (Status status = admit(*request); !status.is_ok()) {
       end_early(*request, FinishReason::kError, status.message());
-      std::erase_if(scheduled, [&](const Scheduled& s) { return s.request == request.get(); });
-      continue;
+      continue;  // its item is dropped below
     }
     running.push_back(std::move(request));
   }
+  std::erase_if(scheduled, [](const Scheduled& s) { return s.request->done; });
   if (scheduled.empty()) return;
 
   // The step: each request's next chunk; the last chunk of what it has to run samples its next token.

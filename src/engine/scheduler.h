@@ -26,8 +26,10 @@ struct StepPlan {
   };
   std::vector<size_t> preempt;  // indices into running, newest first, to preempt before the step
   std::vector<Item> items;      // what the step runs: running ones in order, then admitted ones
-  // Running requests that cannot grow even alone (they hold the whole budget): finish with kLength.
+  // Requests that cannot grow even alone (they would need more than the whole budget): they end with
+  // kLength, as at a full context. Indices into running, and into waiting (a preempted one).
   std::vector<size_t> out_of_kv;
+  std::vector<size_t> waiting_out_of_kv;
 };
 
 // Plans one step. `running` and `waiting` are in arrival order (the oldest first; preempted requests
@@ -35,7 +37,8 @@ struct StepPlan {
 // budget; when one needs a block that is not free, the newest running request not yet served this step
 // is preempted (or the request itself, when it is the newest). Waiting requests are then admitted in
 // order (no overtaking, so none starves) while fewer than `max_running` run, tokens are left and the
-// blocks for their tokens + 1 fit beside what running prefills will still need.
+// blocks for their tokens + 1 fit beside what running prefills will still need (when nothing runs, the
+// "+ 1" is not asked: nobody else could need that block).
 StepPlan plan_step(std::span<const PlannedRequest> running, std::span<const PlannedRequest> waiting,
                    const KvBudget& budget, int64_t step_tokens, int max_running);
 

@@ -93,15 +93,16 @@ TEST(PlanStep, ALoneRequestThatHoldsTheWholeBudgetRunsOutOfKv) {
 }
 
 TEST(PlanStep, AdmissionNeedsThePromptsBlocksPlusOneAndKeepsArrivalOrder) {
-  // 4 free blocks of 16: the head (64 tokens: 4 + 1 blocks) does not fit, and the small one behind it
-  // does not overtake it.
+  // Beside a running request, 4 free blocks of 16: the head (64 tokens: 4 + 1 blocks) does not fit,
+  // and the small one behind it does not overtake it.
+  const std::vector<PlannedRequest> running = {{.held_tokens = 5, .tokens_to_run = 1}};
   const std::vector<PlannedRequest> waiting = {{.held_tokens = 0, .tokens_to_run = 64},
                                                {.held_tokens = 0, .tokens_to_run = 3}};
-  EXPECT_TRUE(plan_step({}, waiting, budget_of(10, 4), 512, 8).items.empty());
+  EXPECT_EQ(plan_step(running, waiting, budget_of(10, 4), 512, 8).items.size(), 1u);
   // With 5 free blocks the head is admitted and takes them all: the next one waits.
-  const StepPlan plan = plan_step({}, waiting, budget_of(10, 5), 512, 8);
-  ASSERT_EQ(plan.items.size(), 1u);
-  EXPECT_EQ(plan.items[0].tokens, 64);
+  const StepPlan plan = plan_step(running, waiting, budget_of(10, 5), 512, 8);
+  ASSERT_EQ(plan.items.size(), 2u);
+  EXPECT_EQ(plan.items[1].tokens, 64);
 }
 
 TEST(PlanStep, AdmissionLeavesTheBlockARunningPrefillStillNeeds) {
@@ -114,6 +115,22 @@ TEST(PlanStep, AdmissionLeavesTheBlockARunningPrefillStillNeeds) {
   ASSERT_EQ(plan.items.size(), 2u);
   EXPECT_TRUE(plan.items[1].from_waiting);
   EXPECT_EQ(plan.items[1].tokens, 20);
+}
+
+TEST(PlanStep, APreemptedRequestThatCanNeverFitAgainRunsOutOfKv) {
+  // Preempted when it held all 4 blocks and needed a fifth: alone, it still cannot run.
+  const std::vector<PlannedRequest> waiting = {{.held_tokens = 64, .tokens_to_run = 1},
+                                               {.held_tokens = 0, .tokens_to_run = 20}};
+  const StepPlan plan = plan_step({}, waiting, budget_of(4, 4), 64, 8);
+  ASSERT_EQ(plan.waiting_out_of_kv.size(), 1u);
+  EXPECT_EQ(plan.waiting_out_of_kv[0], 0u);
+  ASSERT_EQ(plan.items.size(), 1u);
+  EXPECT_EQ(plan.items[0].index, 1u);
+}
+
+TEST(PlanStep, AloneARequestMayTakeTheWholeBudget) {
+  const std::vector<PlannedRequest> waiting = {{.held_tokens = 0, .tokens_to_run = 64}};
+  EXPECT_EQ(plan_step({}, waiting, budget_of(4, 4), 64, 8).items.size(), 1u);
 }
 
 TEST(PlanStep, AtMostMaxRunningRun) {
