@@ -20,7 +20,7 @@ struct ServerConfig {
   size_t max_body_bytes = size_t(32) << 20;
   // HTTP worker threads. cpp-httplib holds one thread per open connection for as long as it streams,
   // and a queued request holds one too: 0 sizes the pool for every running request plus three times as
-  // many waiting ones (at least 64).
+  // many waiting ones, and 64 more for keep-alive connections and metrics scrapes (at least 128).
   int http_threads = 0;
 };
 

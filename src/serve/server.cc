@@ -376,7 +376,7 @@ Status run_server(const EngineConfig& engine_config, const SchedulerConfig& sche
   signal(SIGPIPE, SIG_IGN);
 
   const int max_running = scheduler_config.max_running > 0 ? scheduler_config.max_running : engine_config.max_sequences;
-  const int http_threads = config.http_threads > 0 ? config.http_threads : std::max(64, 4 * max_running);
+  const int http_threads = config.http_threads > 0 ? config.http_threads : std::max(128, 4 * max_running + 64);
   HttpApi api(config, engine_config.model_dir);
   httplib::Server http;
   http.new_task_queue = [http_threads] { return new httplib::ThreadPool(size_t(http_threads)); };
