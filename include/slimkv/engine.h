@@ -23,11 +23,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "slimkv/kv_memory.h"
 #include "slimkv/status.h"
 
 namespace slimkv {
@@ -39,7 +41,7 @@ class ThreadPool;
 struct KvPipeline;
 struct ModelConfig;
 struct ForwardObserver;
-class SequenceTable;
+class DeviceModel;
 
 struct EngineConfig {
   std::string model_dir;
@@ -146,6 +148,8 @@ class Engine {
   // --- The KV budget ---
   KvBudget kv_budget() const;
   Expected<int64_t> sequence_blocks(SequenceId sequence) const;  // budget blocks the sequence holds
+  // What the sequence's KV takes and where (device "cpu"; the GPU reports its blocks through kv_budget).
+  Expected<KvMemory> kv_memory(SequenceId sequence) const;
 
   // --- KV export and import (docs/kv_transfer_format.md: the same bytes on both devices) ---
   // The sequence's KV as a transfer (sealed blocks as the codec encodes them, open tokens in FP32).
@@ -166,6 +170,7 @@ class Engine {
  private:
   Engine() = default;
   friend class Session;
+  Status check_sequence(SequenceId sequence) const;  // an error naming an id this engine does not hold
 
   EngineConfig config_;
   std::unique_ptr<LlamaModel> model_;
@@ -174,11 +179,14 @@ class Engine {
   std::shared_ptr<ThreadPool> pool_;
   GenerationDefaults generation_;
   std::string identity_;
-  std::unique_ptr<SequenceTable> sequences_;  // the sequences, their KV and the budget, on the device
+  std::unique_ptr<DeviceModel> device_;  // the model on the device, the sequences' KV and the budget
+  std::set<SequenceId> sequences_;
+  SequenceId next_sequence_ = 0;
 };
 
 // One sequence of an engine, run by itself: a prompt, then tokens one at a time. The sequence is
-// removed with the session.
+// added with the session (an engine holding max_sequences gives a session whose calls say so) and
+// removed with it.
 class Session {
  public:
   ~Session();
@@ -197,18 +205,21 @@ class Session {
   int num_tokens() const;
   int context_tokens() const { return engine_.context_tokens(); }
   bool on_gpu() const { return engine_.on_gpu(); }
-  // The sequence's CPU KV store (device "cpu" only: on the GPU, nullptr).
-  const KvStore* kv() const;
+  // The sequence's KV store: device "cpu" only (a GPU session has none to show).
+  const KvStore& kv() const;
 
   // Later calls show each layer's buffers to `observer` (model/forward_observer.h); nullptr stops it.
   // The observer must outlive those calls. Device "cpu" only: a GPU session's prefill refuses.
-  void set_observer(ForwardObserver* observer);
+  Status set_observer(ForwardObserver* observer);
 
  private:
   friend class Engine;
-  Session(Engine& engine, SequenceId sequence) : engine_(engine), sequence_(sequence) {}
+  Session(Engine& engine, SequenceId sequence, Status status)
+      : engine_(engine), sequence_(sequence), status_(std::move(status)) {}
   Engine& engine_;
-  SequenceId sequence_;
+  SequenceId sequence_;  // -1 when the engine had no room for it...
+  Status status_;        // ...and why: every call reports it
+
 };
 
 }  // namespace slimkv

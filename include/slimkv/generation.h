@@ -6,7 +6,7 @@
 // A Generation is one request's state. The caller runs the model (Engine::step, one sequence or many)
 // and hands each sampled token to accept(); the Delta it returns is what to show now.
 //
-//   Generation generation(engine, request);
+//   Generation generation = *Generation::start(engine, request);
 //   int32_t token = ...;  // sampled after the prompt
 //   while (true) {
 //     Generation::Delta delta = generation.accept(token);
@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -63,7 +64,8 @@ class Generation {
   // The tokens the model has to run for this request: the prompt, then every accepted token but the
   // last (its logits give the next one). A preempted request resumes from it.
   std::vector<int32_t> tokens_to_resume() const;
-  bool finished() const { return finished_; }
+  bool finished() const { return finish_reason_.has_value(); }
+  std::optional<FinishReason> finish_reason() const { return finish_reason_; }
 
   Generation(Generation&&) noexcept;
   Generation& operator=(Generation&&) noexcept;
@@ -82,7 +84,15 @@ class Generation {
   struct Decoder;
   std::unique_ptr<Decoder> decoder_;  // the streaming detokenizer
   std::string pending_;  // decoded text not shown yet (it may be the start of a stop string)
-  bool finished_ = false;
+  std::optional<FinishReason> finish_reason_;
 };
+
+// The generation loop for one request run by itself (tools; the server's scheduler batches many):
+// runs the prompt on `sequence` (an empty sequence of the engine, added with the request's sampling)
+// in chunks, then one token per step, handing each Delta to on_delta as it comes (the last one carries
+// `finish`). on_delta returns false to end the request there (finish kCancelled, delivered too). The
+// sequence keeps its KV afterwards: the caller removes it.
+Status generate(Engine& engine, SequenceId sequence, Generation& generation,
+                const std::function<bool(const Generation::Delta&)>& on_delta);
 
 }  // namespace slimkv

@@ -1,41 +1,66 @@
-// A model on an accelerator, as the engine sees it (device "cuda": engine/cuda/cuda_device_model.cc):
-// it holds the weights and one KV cache that every session's sequence lives in. An interface, so that
-// the engine needs no accelerator headers and a build without the backend links.
+// The model and the KV of every sequence on one device, as the engine sees it: the CPU's
+// (engine/cpu_device_model.h) and the CUDA backend's (engine/cuda/cuda_device_model.cc). An interface,
+// so that the engine needs no accelerator headers and a build without the backend links.
+//
+// The engine checks what it can before calling (sequence ids exist and are distinct, token ids are in
+// the vocabulary, the context holds them, the step's rows fit); a device checks its own limits (the KV
+// budget) and must leave every sequence as it was when it refuses a step.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
+#include <string_view>
+#include <vector>
 
-#include "slimkv/status.h"
+#include "slimkv/engine.h"
 
 namespace slimkv {
 
-struct EngineConfig;
 struct KvPipeline;
 class LlamaModel;
 
-// One session's sequence in the device's KV cache; destroying it frees its blocks.
-class DeviceSequence {
- public:
-  virtual ~DeviceSequence() = default;
-  virtual int num_tokens() const = 0;
-  // Runs tokens (at most the engine's prefill chunk) at the end of the sequence; writes logits
-  // [n, vocab] when all_logits, else [vocab] of the last token. Checked inputs, as Session::prefill.
-  virtual Status run(std::span<const int32_t> tokens, bool all_logits, float* logits) = 0;
+// One sequence's part of a step, as the device gets it.
+struct DeviceStepItem {
+  SequenceId sequence = 0;
+  std::span<const int32_t> tokens;
+  StepOutput output = StepOutput::kLastLogits;
 };
 
 class DeviceModel {
  public:
   virtual ~DeviceModel() = default;
+
   virtual int context_tokens() const = 0;
-  // A new, empty sequence; an error when the cache holds as many as the engine allows.
-  virtual Expected<std::unique_ptr<DeviceSequence>> new_sequence() = 0;
-  // One decode step of several of its sequences in one pass: sequences[i] takes tokens[i]; logits
-  // [sequences, vocab]. Inputs checked by the caller (Session::decode_batch).
-  virtual Status decode_batch(std::span<DeviceSequence* const> sequences, std::span<const int32_t> tokens,
-                              float* logits) = 0;
+  // The KV spec as this device runs it (the GPU keeps dense blocks in FP16: dense:dtype=f16).
+  virtual std::string kv_description() const = 0;
+
+  // A new, empty sequence under the engine's id; an error when max_sequences are held.
+  virtual Status add_sequence(SequenceId sequence, const SamplingParams& sampling) = 0;
+  virtual void remove_sequence(SequenceId sequence) = 0;  // frees its blocks; the id exists
+  virtual int num_tokens(SequenceId sequence) const = 0;
+
+  // One pass of every item through the model (see Engine::step). result: filled as StepResult says.
+  virtual Status step(std::span<const DeviceStepItem> items, StepResult& result) = 0;
+
+  virtual KvBudget kv_budget() const = 0;
+  virtual int64_t sequence_blocks(SequenceId sequence) const = 0;
+
+  // The transfer format (kv/transfer.h) of one sequence, and back into an empty one.
+  virtual Status export_kv(SequenceId sequence, std::string_view model_id, std::vector<uint8_t>& out) const = 0;
+  virtual Status import_kv(SequenceId sequence, std::span<const uint8_t> transfer, std::string_view source,
+                           std::string_view model_id) = 0;
+
+  // The sequence's CPU store and forward-pass observer (device "cpu"); the GPU answers nullptr / an error.
+  virtual const KvStore* kv_store(SequenceId sequence) const = 0;
+  virtual Status set_observer(SequenceId sequence, ForwardObserver* observer) = 0;
 };
+
+// The CPU's: the model's forward pass over every item's rows at once, each sequence a KvStore whose
+// blocks come from one budget (engine/cpu_device_model.cc).
+Expected<std::unique_ptr<DeviceModel>> make_cpu_model(const LlamaModel& model, const KvPipeline& pipeline,
+                                                      const EngineConfig& config, ThreadPool& pool);
 
 // The CUDA backend's (defined only in builds with it: the engine asks under SLIMKV_HAVE_CUDA). An
 // error names what of the KV pipeline the GPU does not run yet.

@@ -1,11 +1,14 @@
 #include <algorithm>
 #include <filesystem>
+#include <set>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "engine/device_model.h"
 #include "kv/kv_factory.h"
+#include "kv/store.h"
+#include "model/model_identity.h"
 #include "model/llama.h"
 #include "slimkv/engine.h"
 #include "tokenizer/tokenizer.h"
@@ -56,7 +59,7 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
   if (config.device != "cpu" && config.device != "cuda") {
     return error("device '", config.device, "' is not known (expected cpu or cuda)");
   }
-  if (config.gpu_max_sessions < 1) return error("gpu_max_sessions must be >= 1, got ", config.gpu_max_sessions);
+  if (config.max_sequences < 1) return error("max_sequences must be >= 1, got ", config.max_sequences);
   if (config.threads < 0) return error("threads must be >= 0 (0 = every core), got ", config.threads);
   if (config.prefill_chunk_tokens < 1) return error("prefill chunk must be >= 1 token");
   std::unique_ptr<Engine> engine(new Engine());
@@ -93,14 +96,17 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
     engine->tokenizer_ = std::make_unique<Tokenizer>(std::move(tokenizer));
   }
   SLIMKV_ASSIGN_OR_RETURN(engine->generation_, load_generation_defaults(config.model_dir, engine->model_->config()));
+  SLIMKV_ASSIGN_OR_RETURN(engine->identity_, engine->model_->identity());
   engine->pool_ = config.pool ? config.pool : std::make_shared<ThreadPool>(threads);
   if (config.device == "cuda") {
 #ifdef SLIMKV_HAVE_CUDA
-    SLIMKV_ASSIGN_OR_RETURN(engine->device_model_, load_cuda_model(*engine->model_, *engine->pipeline_, config));
+    SLIMKV_ASSIGN_OR_RETURN(engine->device_, load_cuda_model(*engine->model_, *engine->pipeline_, config));
 #else
     return error("device 'cuda': this build has no CUDA backend (nvcc was not found when it was configured; ",
                  "install the CUDA toolkit and rebuild, or configure with -DSLIMKV_CUDA=ON to insist)");
 #endif
+  } else {
+    SLIMKV_ASSIGN_OR_RETURN(engine->device_, make_cpu_model(*engine->model_, *engine->pipeline_, config, *engine->pool_));
   }
   return engine;
 }
@@ -109,36 +115,133 @@ Engine::~Engine() = default;
 
 const ModelConfig& Engine::model_config() const { return model_->config(); }
 
-std::string Engine::kv_description() const { return pipeline_->describe(); }
+std::string Engine::kv_description() const { return device_->kv_description(); }
 
-std::unique_ptr<Session> Engine::new_session() const { return std::make_unique<Session>(*this); }
+int Engine::context_tokens() const { return device_->context_tokens(); }
 
 // ----------------------------------------------------------------------------------------------
+// Sequences and steps
 
-Session::Session(const Engine& engine) : engine_(engine) {
-  if (!engine.device_model_) {
-    kv_ = std::make_unique<KvStore>(engine.model().kv_shape(), engine.kv_pipeline());
-    state_ = std::make_unique<RunState>();
+Status Engine::check_sequence(SequenceId sequence) const {
+  if (sequences_.count(sequence) == 0) return error("sequence ", sequence, " is not held by this engine");
+  return Status::ok();
+}
+
+Expected<SequenceId> Engine::add_sequence(const SamplingParams& sampling) {
+  if (sampling.temperature < 0) return error("temperature must be >= 0, got ", sampling.temperature);
+  if (sampling.top_k < 0) return error("top_k must be >= 0 (0: no limit), got ", sampling.top_k);
+  if (!(sampling.top_p > 0.0f && sampling.top_p <= 1.0f)) return error("top_p must be in (0, 1], got ", sampling.top_p);
+  const SequenceId id = next_sequence_++;
+  SLIMKV_RETURN_IF_ERROR(device_->add_sequence(id, sampling));
+  sequences_.insert(id);
+  return id;
+}
+
+Status Engine::remove_sequence(SequenceId sequence) {
+  SLIMKV_RETURN_IF_ERROR(check_sequence(sequence));
+  device_->remove_sequence(sequence);
+  sequences_.erase(sequence);
+  return Status::ok();
+}
+
+Expected<int> Engine::num_tokens(SequenceId sequence) const {
+  SLIMKV_RETURN_IF_ERROR(check_sequence(sequence));
+  return device_->num_tokens(sequence);
+}
+
+Status Engine::step(std::span<const StepItem> items, StepResult& result) {
+  if (items.empty()) return error("a step of no sequences");
+  const int64_t vocab = model_config().vocab_size;
+  int64_t rows = 0;
+  std::set<SequenceId> seen;
+  std::vector<DeviceStepItem> device_items;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const StepItem& item = items[i];
+    const std::string where = str_cat("step item ", i, " (sequence ", item.sequence, ")");
+    SLIMKV_RETURN_IF_ERROR(check_sequence(item.sequence).with_context(where));
+    if (!seen.insert(item.sequence).second) return error(where, ": the sequence is twice in one step");
+    if (item.tokens.empty()) return error(where, ": no tokens to run");
+    for (size_t t = 0; t < item.tokens.size(); ++t) {
+      if (item.tokens[t] < 0 || item.tokens[t] >= vocab) {
+        return error(where, ": token id ", item.tokens[t], " at index ", t, " is outside the vocabulary [0, ", vocab, ")");
+      }
+    }
+    const int held = device_->num_tokens(item.sequence);
+    if (held + int64_t(item.tokens.size()) > context_tokens()) {
+      return error(where, ": the sequence would have ", held + int64_t(item.tokens.size()), " tokens (", held,
+                   " already + ", item.tokens.size(), " new), more than the model's context of ", context_tokens(),
+                   " tokens (max_position_embeddings)");
+    }
+    rows += int64_t(item.tokens.size());
+    device_items.push_back({item.sequence, item.tokens, item.output});
   }
+  if (rows > config_.prefill_chunk_tokens) {
+    return error("a step of ", rows, " tokens; the engine runs at most ", config_.prefill_chunk_tokens,
+                 " at once (prefill_chunk_tokens)");
+  }
+  return device_->step(device_items, result);
 }
 
-Session::~Session() = default;
+KvBudget Engine::kv_budget() const { return device_->kv_budget(); }
 
-int Session::num_tokens() const {
-  if (kv_) return kv_->num_tokens(0);
-  return device_sequence_ ? device_sequence_->num_tokens() : 0;
+Expected<int64_t> Engine::sequence_blocks(SequenceId sequence) const {
+  SLIMKV_RETURN_IF_ERROR(check_sequence(sequence));
+  return device_->sequence_blocks(sequence);
 }
 
-int Session::context_tokens() const {
-  return kv_ ? kv_->shape().max_tokens : engine_.device_model_->context_tokens();
+Expected<KvMemory> Engine::kv_memory(SequenceId sequence) const {
+  SLIMKV_RETURN_IF_ERROR(check_sequence(sequence));
+  const KvStore* store = device_->kv_store(sequence);
+  if (!store) return error("the KV memory report of a sequence is for device 'cpu' (on the GPU: kv_budget)");
+  return store->memory();
 }
 
-Status Session::prepare_run(std::span<const int32_t> tokens) {
-  const ModelConfig& config = engine_.model_config();
+Expected<std::vector<uint8_t>> Engine::export_kv(SequenceId sequence) const {
+  SLIMKV_RETURN_IF_ERROR(check_sequence(sequence));
+  std::vector<uint8_t> out;
+  SLIMKV_RETURN_IF_ERROR(device_->export_kv(sequence, identity_, out));
+  return out;
+}
+
+Status Engine::import_kv(SequenceId sequence, std::span<const uint8_t> transfer, std::string_view source) {
+  SLIMKV_RETURN_IF_ERROR(check_sequence(sequence));
+  if (device_->num_tokens(sequence) != 0) {
+    return error("kv transfer '", source, "': sequence ", sequence, " already holds ", device_->num_tokens(sequence),
+                 " tokens; KV is imported into an empty sequence");
+  }
+  return device_->import_kv(sequence, transfer, source, identity_);
+}
+
+// ----------------------------------------------------------------------------------------------
+// Sessions
+
+std::unique_ptr<Session> Engine::new_session() {
+  // An engine full of sequences gives a session whose first run reports it (as the GPU always did).
+  Expected<SequenceId> sequence = add_sequence();
+  return std::unique_ptr<Session>(new Session(*this, sequence.has_value() ? *sequence : -1, sequence.status()));
+}
+
+Session::~Session() {
+  if (sequence_ >= 0) (void)engine_.remove_sequence(sequence_);
+}
+
+int Session::num_tokens() const { return sequence_ >= 0 ? engine_.device_->num_tokens(sequence_) : 0; }
+
+const KvStore& Session::kv() const { return *engine_.device_->kv_store(sequence_); }
+
+Status Session::set_observer(ForwardObserver* observer) {
+  SLIMKV_RETURN_IF_ERROR(status_);
+  return engine_.device_->set_observer(sequence_, observer);
+}
+
+Expected<std::vector<float>> Session::prefill(std::span<const int32_t> tokens, bool all_logits) {
+  SLIMKV_RETURN_IF_ERROR(status_);
   if (tokens.empty()) return error("no tokens to run: the prompt is empty");
+  // Checked whole first, so that a prompt refused for its length or an id runs no chunk.
+  const int64_t vocab = engine_.model_config().vocab_size;
   for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || tokens[i] >= config.vocab_size) {
-      return error("token id ", tokens[i], " at index ", i, " is outside the vocabulary [0, ", config.vocab_size, ")");
+    if (tokens[i] < 0 || tokens[i] >= vocab) {
+      return error("token id ", tokens[i], " at index ", i, " is outside the vocabulary [0, ", vocab, ")");
     }
   }
   if (num_tokens() + int64_t(tokens.size()) > context_tokens()) {
@@ -146,33 +249,16 @@ Status Session::prepare_run(std::span<const int32_t> tokens) {
                  " already + ", tokens.size(), " new), more than the model's context of ", context_tokens(),
                  " tokens (max_position_embeddings)");
   }
-  if (on_gpu() && observer_ != nullptr) {
-    return error("observing the forward pass (fidelity, calibration) runs on device 'cpu' only");
-  }
-  if (on_gpu() && !device_sequence_) {
-    SLIMKV_ASSIGN_OR_RETURN(device_sequence_, engine_.device_model_->new_sequence());
-  }
-  return Status::ok();
-}
-
-Expected<std::vector<float>> Session::prefill(std::span<const int32_t> tokens, bool all_logits) {
-  SLIMKV_RETURN_IF_ERROR(prepare_run(tokens));
-  const ModelConfig& config = engine_.model_config();
-  const size_t vocab = size_t(config.vocab_size);
-  std::vector<float> logits(all_logits ? tokens.size() * vocab : vocab);
+  std::vector<float> logits;
   const size_t chunk = size_t(engine_.config().prefill_chunk_tokens);
+  StepResult result;
   for (size_t first = 0; first < tokens.size(); first += chunk) {
     const auto part = tokens.subspan(first, std::min(chunk, tokens.size() - first));
     const bool last_part = first + part.size() == tokens.size();
-    // The last token's logits of a chunk before the last are not wanted, but are written somewhere.
-    thread_local std::vector<float> discarded;
-    discarded.resize(vocab);
-    float* out = all_logits ? logits.data() + first * vocab : last_part ? logits.data() : discarded.data();
-    if (device_sequence_) {
-      SLIMKV_RETURN_IF_ERROR(device_sequence_->run(part, all_logits, out));
-    } else {
-      engine_.model().forward(part, *kv_, all_logits, out, *state_, *engine_.pool_, observer_);
-    }
+    const StepOutput output = all_logits ? StepOutput::kAllLogits : last_part ? StepOutput::kLastLogits : StepOutput::kNone;
+    const StepItem item{sequence_, part, output};
+    SLIMKV_RETURN_IF_ERROR(engine_.step(std::span(&item, 1), result));
+    logits.insert(logits.end(), result.logits.begin(), result.logits.end());
   }
   return logits;
 }
@@ -181,30 +267,16 @@ Expected<std::vector<float>> Session::decode_batch(std::span<Session* const> ses
   if (sessions.empty() || sessions.size() != tokens.size()) {
     return error("a batched decode step of ", sessions.size(), " sessions and ", tokens.size(), " tokens");
   }
-  const Engine& engine = sessions[0]->engine_;
+  Engine& engine = sessions[0]->engine_;
+  std::vector<StepItem> items;
   for (size_t i = 0; i < sessions.size(); ++i) {
     if (&sessions[i]->engine_ != &engine) return error("a batched decode step takes sessions of one engine");
-    if (std::count(sessions.begin(), sessions.end(), sessions[i]) > 1) {
-      return error("session ", i, " is twice in one batched decode step");
-    }
+    SLIMKV_RETURN_IF_ERROR(sessions[i]->status_.with_context(str_cat("session ", i)));
+    items.push_back({sessions[i]->sequence_, tokens.subspan(i, 1), StepOutput::kLastLogits});
   }
-  for (size_t i = 0; i < sessions.size(); ++i) {
-    SLIMKV_RETURN_IF_ERROR(sessions[i]->prepare_run(tokens.subspan(i, 1)).with_context(str_cat("session ", i)));
-  }
-  const size_t vocab = size_t(engine.model_config().vocab_size);
-  std::vector<float> logits(sessions.size() * vocab);
-  if (!engine.device_model_) {
-    // The CPU runs them one after another (each decode is already spread over the threads).
-    for (size_t i = 0; i < sessions.size(); ++i) {
-      SLIMKV_ASSIGN_OR_RETURN(std::vector<float> row, sessions[i]->decode(tokens[i]));
-      std::copy(row.begin(), row.end(), logits.begin() + ptrdiff_t(i * vocab));
-    }
-    return logits;
-  }
-  std::vector<DeviceSequence*> sequences;
-  for (Session* session : sessions) sequences.push_back(session->device_sequence_.get());
-  SLIMKV_RETURN_IF_ERROR(engine.device_model_->decode_batch(sequences, tokens, logits.data()));
-  return logits;
+  StepResult result;
+  SLIMKV_RETURN_IF_ERROR(engine.step(items, result));
+  return std::move(result.logits);
 }
 
 }  // namespace slimkv

@@ -1,30 +1,25 @@
 // Picks the next token from logits: greedy (temperature 0), or sampling with temperature, top-k and
-// top-p (nucleus), seeded so that a run can be repeated.
+// top-p (nucleus). A draw is counter_uniform(seed, position) (util/random.h), a function of the
+// sequence's seed and the new token's position alone, as on the GPU (backend/cuda/sampling.h): a
+// sequence samples the same tokens whatever runs beside it, and after a preemption.
 #pragma once
 
 #include <cstdint>
-#include <random>
 #include <span>
+#include <utility>
 #include <vector>
+
+#include "slimkv/engine.h"
 
 namespace slimkv {
 
-struct SamplerConfig {
-  float temperature = 0.0f;  // 0: greedy (argmax)
-  int top_k = 0;             // 0: no limit
-  float top_p = 1.0f;        // 1: no limit
-  uint64_t seed = 0;
-};
-
 class Sampler {
  public:
-  explicit Sampler(const SamplerConfig& config) : config_(config), rng_(config.seed) {}
-  int32_t sample(std::span<const float> logits);
+  // The token at `position` (the index it takes in its sequence) drawn from logits [vocab].
+  int32_t sample(std::span<const float> logits, const SamplingParams& params, int64_t position);
 
  private:
-  SamplerConfig config_;
-  std::mt19937_64 rng_;
-  std::vector<std::pair<float, int32_t>> candidates_;
+  std::vector<std::pair<float, int32_t>> candidates_;  // scratch, reused between calls
 };
 
 int32_t argmax(std::span<const float> logits);

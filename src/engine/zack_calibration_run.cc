@@ -9,7 +9,7 @@
 
 namespace slimkv {
 
-Expected<ZackCalibration> run_zack_calibration(const Engine& engine, std::span<const int32_t> tokens,
+Expected<ZackCalibration> run_zack_calibration(Engine& engine, std::span<const int32_t> tokens,
                                                const ZackCalibrationRun& run) {
   if (engine.kv_pipeline().zack) return error("calibrating ZACK needs an engine without a zack KV stage");
   if (tokens.empty()) return error("calibrating ZACK: no tokens");
@@ -19,7 +19,7 @@ Expected<ZackCalibration> run_zack_calibration(const Engine& engine, std::span<c
   const size_t window = size_t(run.window_tokens > 0 ? run.window_tokens : config.max_position_embeddings);
   for (size_t first = 0; first < tokens.size(); first += window) {
     auto session = engine.new_session();  // each window is a sequence of its own
-    session->set_observer(&calibrator);
+    SLIMKV_RETURN_IF_ERROR(session->set_observer(&calibrator));
     SLIMKV_RETURN_IF_ERROR(session->prefill(tokens.subspan(first, std::min(window, tokens.size() - first))).status());
     if (run.progress) run.progress(int64_t(std::min(first + window, tokens.size())), int64_t(tokens.size()));
   }

@@ -20,7 +20,7 @@ struct ZackCalibrationRun {
 };
 
 // The engine must be a plain one (no zack stage: calibration needs the model's own q, k, v).
-Expected<ZackCalibration> run_zack_calibration(const Engine& engine, std::span<const int32_t> tokens,
+Expected<ZackCalibration> run_zack_calibration(Engine& engine, std::span<const int32_t> tokens,
                                                const ZackCalibrationRun& run);
 
 }  // namespace slimkv

@@ -160,7 +160,7 @@ class FidelityObserver : public ForwardObserver {
 }  // namespace
 
 Status run_fidelity_task(EvalContext& context) {
-  const Engine& reference = *context.subjects[0].engine;
+  Engine& reference = *context.subjects[0].engine;
   const int steps = std::min(context.samples, context.context_tokens - 1);
   const std::vector<int32_t> ids = context.text_prefix(context.context_tokens);
   const int prefix = context.context_tokens - steps;
@@ -169,7 +169,7 @@ Status run_fidelity_task(EvalContext& context) {
                          steps + 1);
   FidelityObserver observer(context, reference.pool());
   auto session = reference.new_session();
-  session->set_observer(&observer);
+  SLIMKV_RETURN_IF_ERROR(session->set_observer(&observer));
   SLIMKV_RETURN_IF_ERROR(session->prefill(std::span(ids).first(size_t(prefix))).status());
   context.progress.advance();
   observer.measure(true);

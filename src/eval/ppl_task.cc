@@ -54,7 +54,7 @@ Status run_ppl_task(EvalContext& context) {
     const size_t scored = ids.size() - 1;  // every token predicts the next; the last predicts nothing
 
     for (size_t s = 0; s < n_subjects; ++s) {  // prefill path
-      const Engine& engine = *context.subjects[s].engine;
+      Engine& engine = *context.subjects[s].engine;
       const size_t vocab = size_t(engine.model_config().vocab_size);
       SLIMKV_ASSIGN_OR_RETURN(std::vector<float> logits, engine.new_session()->prefill(ids, /*all_logits=*/true));
       for (size_t t = 0; t < scored; ++t) {

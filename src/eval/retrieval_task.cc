@@ -4,6 +4,7 @@
 #include <tuple>
 
 #include "eval/tasks.h"
+#include "slimkv/generation.h"
 #include "model/model_config.h"
 #include "util/random.h"
 
@@ -21,28 +22,24 @@ std::vector<int> grid_lengths(const RetrievalPrompts& prompts, int context_token
   return lengths;
 }
 
-// The model's greedy continuation, stopped as soon as it cannot be right any more, at an end-of-sequence
-// token, or once it is longer than the answer.
-Expected<std::string> greedy_answer(const Engine& engine, const RetrievalSample& sample) {
-  auto session = engine.new_session();
-  SLIMKV_ASSIGN_OR_RETURN(std::vector<float> logits, session->prefill(sample.prompt));
-  const std::vector<int64_t>& eos = engine.generation_defaults().eos_token_ids;
-  const std::vector<int64_t>& config_eos = engine.model_config().eos_token_ids;
-  StreamingDecoder decoder(*engine.tokenizer(), /*skip_special_tokens=*/true);
+// The model's greedy continuation (the engine's generation loop), stopped as soon as it cannot be right
+// any more, at an end-of-sequence token, or once it is longer than the answer.
+Expected<std::string> greedy_answer(Engine& engine, const RetrievalSample& sample) {
+  GenerationRequest request;
+  request.prompt = sample.prompt;
+  request.max_tokens = sample.answer_tokens + 2;
+  SLIMKV_ASSIGN_OR_RETURN(Generation generation, Generation::start(engine, std::move(request)));
+  SLIMKV_ASSIGN_OR_RETURN(const SequenceId sequence, engine.add_sequence());
   std::string text;
-  const int room = session->context_tokens() - session->num_tokens();
-  const int max_tokens = std::min(sample.answer_tokens + 2, room);
-  for (int i = 0; i < max_tokens; ++i) {
-    const int32_t token = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    if (std::count(eos.begin(), eos.end(), token) || std::count(config_eos.begin(), config_eos.end(), token)) break;
-    text += decoder.push(token);
-    if (!answer_still_possible(text, sample.answer)) break;
+  const Status status = generate(engine, sequence, generation, [&](const Generation::Delta& delta) {
+    text += delta.text;
     const size_t leading = text.find_first_not_of(" \t\n\r");
-    if (leading != std::string::npos && text.size() - leading > sample.answer.size()) break;
-    if (i + 1 == max_tokens) break;
-    SLIMKV_ASSIGN_OR_RETURN(logits, session->decode(token));
-  }
-  return text + decoder.finish();
+    return answer_still_possible(text, sample.answer) &&
+           (leading == std::string::npos || text.size() - leading <= sample.answer.size());
+  });
+  SLIMKV_RETURN_IF_ERROR(engine.remove_sequence(sequence));
+  SLIMKV_RETURN_IF_ERROR(status);
+  return text;
 }
 
 Status run_retrieval_task(EvalContext& context, const std::string& task, const std::vector<RetrievalCase>& cases) {

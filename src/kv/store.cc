@@ -264,6 +264,7 @@ KvMemory KvStore::memory() const {
     for (const Head& head : layer.heads) memory.open_bytes += head.open_k.size() + head.open_v.size();
   }
   memory.selector_bytes = selector_->memory_bytes();
+  memory.tier = tier_stats();
   return memory;
 }
 

@@ -19,6 +19,7 @@
 #include "kv/block_pool.h"
 #include "kv/kv_factory.h"
 #include "kv/select/selector.h"
+#include "slimkv/kv_memory.h"
 
 namespace slimkv {
 
@@ -47,20 +48,6 @@ struct KvShape {
   size_t head_index(int layer, int head) const { return size_t(layer) * size_t(num_kv_heads) + size_t(head); }
 };
 
-struct KvMemory {
-  size_t sealed_bytes = 0;  // sealed blocks, as the codec encodes them (in the pool, or the slow tier)
-  size_t open_bytes = 0;    // the open blocks' FP16 (dense FP32: FP32) buffers (allocated once, full size)
-  bool sealed_in_slow_tier = false;  // offload: sealed blocks live in the slow tier...
-  size_t cache_bytes = 0;            // ...and this much fast memory caches them
-  size_t selector_bytes = 0;  // what the selector keeps (kv/select: pq's keys and index; 0 without one)
-  size_t fast_bytes() const {
-    return (sealed_in_slow_tier ? cache_bytes : sealed_bytes) + open_bytes + selector_bytes;
-  }
-  size_t slow_bytes() const { return sealed_in_slow_tier ? sealed_bytes : 0; }
-  size_t sealed_blocks = 0;
-  size_t sealed_tokens = 0;  // tokens whose K/V sit in sealed blocks (each layer holds them all)
-  double sealed_bytes_per_token() const { return sealed_tokens ? double(sealed_bytes) / double(sealed_tokens) : 0.0; }
-};
 
 class KvStore {
  public:

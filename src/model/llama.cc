@@ -86,13 +86,34 @@ void add_to(float* x, const float* delta, size_t size) { mul_add_to(1.0f, delta,
 // ----------------------------------------------------------------------------------------------
 // The forward pass
 
-void LlamaModel::forward(std::span<const int32_t> tokens, KvStore& kv, bool all_logits, float* logits,
-                         RunState& s, ThreadPool& pool, ForwardObserver* observer) const {
+namespace {
+
+// Row widths of one layer's q and attention output: each query head's k / v dims back to back (ZACK's
+// ranks differ per KV head; without ZACK they are q_dim both).
+int query_dims(const KvShape& shape, int layer, int num_heads) {
+  const int group = num_heads / shape.num_kv_heads;
+  int dims = 0;
+  for (int h = 0; h < num_heads; ++h) dims += shape.k_dim_of(layer, h / group);
+  return dims;
+}
+
+int output_dims(const KvShape& shape, int layer, int num_heads) {
+  const int group = num_heads / shape.num_kv_heads;
+  int dims = 0;
+  for (int h = 0; h < num_heads; ++h) dims += shape.v_dim_of(layer, h / group);
+  return dims;
+}
+
+}  // namespace
+
+void LlamaModel::forward(std::span<const ForwardSequence> batch, float* logits, RunState& s, ThreadPool& pool) const {
   const ModelConfig& c = config_;
-  const int n = int(tokens.size());
+  // The batch's rows back to back: sequence i owns rows [first_row[i], first_row[i] + its tokens).
+  std::vector<int> first_row(batch.size() + 1, 0);
+  for (size_t i = 0; i < batch.size(); ++i) first_row[i + 1] = first_row[i] + int(batch[i].tokens.size());
+  const int n = first_row.back();
   const int hidden = int(c.hidden_size), inter = int(c.intermediate_size);
   const int q_dim = int(c.q_dim()), kv_dim = int(c.kv_dim());
-  const int first_position = kv.num_tokens(0);
   const float eps = float(c.rms_norm_eps);
   s.x.resize(size_t(n) * hidden);
   s.xb.resize(size_t(n) * hidden);
@@ -104,13 +125,23 @@ void LlamaModel::forward(std::span<const int32_t> tokens, KvStore& kv, bool all_
   s.gate.resize(size_t(n) * inter);
   s.up.resize(size_t(n) * inter);
 
-  // x = embed(tokens)
+  // x = embed(tokens); each sequence's RoPE angles from its own first position
   const size_t row_bytes = size_t(hidden) * dtype_size_bytes(weights_.embedding.dtype);
-  for (int t = 0; t < n; ++t) {
-    const auto* row = static_cast<const uint8_t*>(weights_.embedding.data) + size_t(tokens[size_t(t)]) * row_bytes;
-    widen_to_f32(row, weights_.embedding.dtype, s.x.data() + size_t(t) * hidden, size_t(hidden));
+  const size_t half = size_t(c.head_dim) / 2;
+  s.cos.resize(size_t(n) * half);
+  s.sin.resize(size_t(n) * half);
+  std::vector<int> first_position(batch.size());
+  thread_local std::vector<float> cos, sin;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    for (size_t t = 0; t < batch[i].tokens.size(); ++t) {
+      const auto* row = static_cast<const uint8_t*>(weights_.embedding.data) + size_t(batch[i].tokens[t]) * row_bytes;
+      widen_to_f32(row, weights_.embedding.dtype, s.x.data() + (size_t(first_row[i]) + t) * hidden, size_t(hidden));
+    }
+    first_position[i] = batch[i].kv->num_tokens(0);
+    rope_.angles(first_position[i], int(batch[i].tokens.size()), cos, sin);
+    std::copy(cos.begin(), cos.end(), s.cos.begin() + ptrdiff_t(size_t(first_row[i]) * half));
+    std::copy(sin.begin(), sin.end(), s.sin.begin() + ptrdiff_t(size_t(first_row[i]) * half));
   }
-  rope_.angles(first_position, n, s.cos, s.sin);
   const AttentionParams attention_params{int(c.num_heads), 1.0f / std::sqrt(float(c.head_dim)), &pool};
 
   for (int l = 0; l < int(c.num_layers); ++l) {
@@ -128,29 +159,51 @@ void LlamaModel::forward(std::span<const int32_t> tokens, KvStore& kv, bool all_
     }
     rope_.rotate(s.q.data(), n, int(c.num_heads), s.cos, s.sin);
     rope_.rotate(s.k.data(), n, int(c.num_kv_heads), s.cos, s.sin);
-    if (observer) observer->on_qkv(l, s.q.data(), s.k.data(), s.v.data(), n);
+    const KvShape& shape = batch[0].kv->shape();
+    const int v_dims = shape.layer_v_dims(l), out_dims = output_dims(shape, l, int(c.num_heads));
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (ForwardObserver* observer = batch[i].observer) {
+        const size_t row = size_t(first_row[i]);
+        observer->on_qkv(l, s.q.data() + row * q_dim, s.k.data() + row * kv_dim, s.v.data() + row * v_dims,
+                         int(batch[i].tokens.size()));
+      }
+    }
     if (zack_) zack_->project_qk(l, s.q.data(), s.k.data(), n);  // ZACK: q, k to each head's rank (v, o folded)
-    kv.append(l, s.k.data(), s.v.data(), n);
-    const std::vector<HeadSelection>& selection = kv.select(l, s.q.data(), n, int(c.num_heads), pool);
-    attend(kv, l, s.q.data(), n, first_position, attention_params, s.att.data(), &selection);
-    if (observer) observer->on_attention_output(l, s.att.data(), n);
+    const int q_dims = query_dims(shape, l, int(c.num_heads)), k_dims = shape.layer_k_dims(l);
+    for (size_t i = 0; i < batch.size(); ++i) {  // each sequence appends to and attends over its own store
+      KvStore& kv = *batch[i].kv;
+      const size_t row = size_t(first_row[i]);
+      const int rows = int(batch[i].tokens.size());
+      const float* q = s.q.data() + row * size_t(q_dims);
+      kv.append(l, s.k.data() + row * size_t(k_dims), s.v.data() + row * size_t(v_dims), rows);
+      const std::vector<HeadSelection>& selection = kv.select(l, q, rows, int(c.num_heads), pool);
+      float* out = s.att.data() + row * size_t(out_dims);
+      attend(kv, l, q, rows, first_position[i], attention_params, out, &selection);
+      if (batch[i].observer) batch[i].observer->on_attention_output(l, out, rows);
+    }
     matmul(s.att.data(), n, w.wo, s.proj.data(), pool);
-    add_to(s.x.data(), s.proj.data(), s.x.size());
+    add_to(s.x.data(), s.proj.data(), size_t(n) * hidden);
 
     // MLP block: x += down(silu(gate(h)) · up(h)), h = rmsnorm(x)
     rmsnorm(s.x.data(), w.mlp_norm, eps, n, hidden, s.xb.data());
     matmul(s.xb.data(), n, w.w_gate, s.gate.data(), pool);
     matmul(s.xb.data(), n, w.w_up, s.up.data(), pool);
-    swiglu(s.gate.data(), s.up.data(), s.gate.size());
+    swiglu(s.gate.data(), s.up.data(), size_t(n) * inter);
     matmul(s.gate.data(), n, w.w_down, s.proj.data(), pool);
-    add_to(s.x.data(), s.proj.data(), s.x.size());
+    add_to(s.x.data(), s.proj.data(), size_t(n) * hidden);
   }
 
-  // logits = lm_head(rmsnorm(x)), for every token or only the last
-  const int first_row = all_logits ? 0 : n - 1;
-  const int rows = n - first_row;
-  rmsnorm(s.x.data() + size_t(first_row) * hidden, weights_.final_norm, eps, rows, hidden, s.xb.data());
-  matmul(s.xb.data(), rows, weights_.lm_head, logits, pool);
+  // logits = lm_head(rmsnorm(x)) for the rows the sequences ask for, gathered in order
+  int rows = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const int count = batch[i].logits == LogitRows::kAll ? int(batch[i].tokens.size())
+                      : batch[i].logits == LogitRows::kLast ? 1 : 0;
+    const int first = first_row[i + 1] - count;
+    rmsnorm(s.x.data() + size_t(first) * hidden, weights_.final_norm, eps, count, hidden,
+            s.xb.data() + size_t(rows) * hidden);
+    rows += count;
+  }
+  if (rows > 0) matmul(s.xb.data(), rows, weights_.lm_head, logits, pool);
 }
 
 }  // namespace slimkv

@@ -33,6 +33,17 @@ struct RunState {
   std::vector<float> cos, sin; // (n, head_dim / 2)  RoPE angles of the n positions
 };
 
+// Which logits a sequence of a forward pass wants.
+enum class LogitRows { kNone, kLast, kAll };
+
+// One sequence's part of a forward pass.
+struct ForwardSequence {
+  std::span<const int32_t> tokens;
+  KvStore* kv = nullptr;
+  LogitRows logits = LogitRows::kLast;
+  ForwardObserver* observer = nullptr;
+};
+
 class LlamaModel {
  public:
   static Expected<std::unique_ptr<LlamaModel>> load(const std::string& model_dir);
@@ -50,13 +61,15 @@ class LlamaModel {
   Status enable_zack(const ZackOptions& options);
   const ZackProjection* zack() const { return zack_.get(); }  // nullptr without
 
-  // Runs `tokens` at positions kv.num_tokens(0) ... through the model, appending their K/V to `kv`.
-  // Writes logits [n, vocab] when all_logits, else [1, vocab] for the last token. Token ids and the
-  // context length are checked by the caller (engine/session.h). The observer, when given, sees each
-  // layer's q/k/v and attention output. Under ZACK, q and k are seen before their projection, but v and
-  // the attention output are already in the reduced V space (W_V is folded): [n, Σ heads' v ranks].
-  void forward(std::span<const int32_t> tokens, KvStore& kv, bool all_logits, float* logits, RunState& state,
-               ThreadPool& pool, ForwardObserver* observer = nullptr) const;
+  // Runs every sequence's tokens at the end of its KV store (positions kv->num_tokens(0) ...) through the
+  // model in one pass: every row of the batch goes through each weight matrix together (one pass over
+  // the weights for B sequences), and each sequence attends to its own store. Appends their K/V.
+  // logits: the rows the sequences ask for, in order ([n, vocab] for kAll, [vocab] for kLast). Token
+  // ids, context lengths and distinct stores are checked by the caller (engine/cpu_device_model.cc).
+  // An observer, when given, sees that sequence's q/k/v and attention output per layer. Under ZACK, q
+  // and k are seen before their projection, but v and the attention output are already in the reduced
+  // V space (W_V is folded): [n, Σ heads' v ranks].
+  void forward(std::span<const ForwardSequence> batch, float* logits, RunState& state, ThreadPool& pool) const;
 
  private:
   LlamaModel(std::string model_dir, ModelConfig config, WeightStore store, LlamaWeights weights);

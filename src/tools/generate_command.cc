@@ -5,9 +5,7 @@
 #include <chrono>
 #include <cstdio>
 
-#include "engine/sampler.h"
-#include "kv/store.h"
-#include "model/model_config.h"
+#include "slimkv/generation.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/commands.h"
 #include "util/mapped_file.h"
@@ -49,64 +47,46 @@ CommandRunner add_generate_command(CLI::App& app) {
     SLIMKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::load(options->common.engine_config()));
     const Tokenizer* tokenizer = engine->tokenizer();
     if (!tokenizer) return error(options->common.model_dir, " has no tokenizer.json; generate needs one (logits takes ids)");
-    const std::vector<int32_t> prompt_ids = tokenizer->encode(text);
-    if (prompt_ids.empty()) return error("the prompt encodes to no tokens");
-    auto session = engine->new_session();
-    if (int64_t(prompt_ids.size()) >= session->context_tokens()) {
-      return error("the prompt has ", prompt_ids.size(), " tokens; the model's context holds ", session->context_tokens(),
-                   " (prompt plus at least one generated token)");
-    }
-
+    GenerationRequest request;
+    request.prompt = tokenizer->encode(text);
+    if (request.prompt.empty()) return error("the prompt encodes to no tokens");
+    request.max_tokens = options->max_tokens;
     const GenerationDefaults& defaults = engine->generation_defaults();
-    SamplerConfig sampling;
-    sampling.temperature = options->temperature >= 0 ? options->temperature : defaults.temperature;
-    sampling.top_k = options->top_k >= 0 ? options->top_k : defaults.top_k;
-    sampling.top_p = options->top_p >= 0 ? options->top_p : defaults.top_p;
-    sampling.seed = options->seed;
-    Sampler sampler(sampling);
+    request.sampling.temperature = options->temperature >= 0 ? options->temperature : defaults.temperature;
+    request.sampling.top_k = options->top_k >= 0 ? options->top_k : defaults.top_k;
+    request.sampling.top_p = options->top_p >= 0 ? options->top_p : defaults.top_p;
+    request.sampling.seed = options->seed;
+    SLIMKV_ASSIGN_OR_RETURN(Generation generation, Generation::start(*engine, std::move(request)));
 
     using Clock = std::chrono::steady_clock;
     const auto prefill_start = Clock::now();
-    SLIMKV_ASSIGN_OR_RETURN(std::vector<float> logits, session->prefill(prompt_ids));
-    const double prefill_s = std::chrono::duration<double>(Clock::now() - prefill_start).count();
-
-    StreamingDecoder stream(*tokenizer);
-    const int budget = std::min<int>(options->max_tokens, session->context_tokens() - session->num_tokens());
-    int generated = 0;
-    const auto decode_start = Clock::now();
-    std::string stop_reason = "max tokens";
-    while (true) {
-      const int32_t next = sampler.sample(logits);
-      ++generated;
-      const bool eos = std::find(defaults.eos_token_ids.begin(), defaults.eos_token_ids.end(), next) !=
-                       defaults.eos_token_ids.end();
-      if (eos) {
-        stop_reason = "end of sequence";
-        break;
-      }
-      std::fputs(stream.push(next).c_str(), stdout);
+    double prefill_s = 0;
+    SLIMKV_ASSIGN_OR_RETURN(const SequenceId sequence, engine->add_sequence(generation.request().sampling));
+    const Status status = generate(*engine, sequence, generation, [&](const Generation::Delta& delta) {
+      if (prefill_s == 0) prefill_s = std::chrono::duration<double>(Clock::now() - prefill_start).count();
+      std::fputs(delta.text.c_str(), stdout);
       std::fflush(stdout);
-      if (generated >= budget) {
-        if (budget < options->max_tokens) stop_reason = "context full";
-        break;
-      }
-      SLIMKV_ASSIGN_OR_RETURN(logits, session->decode(next));
-    }
-    std::fputs(stream.finish().c_str(), stdout);
+      return true;
+    });
+    SLIMKV_RETURN_IF_ERROR(status);
     std::fputs("\n", stdout);
-    const double decode_s = std::chrono::duration<double>(Clock::now() - decode_start).count();
+    const double decode_s = std::chrono::duration<double>(Clock::now() - prefill_start).count() - prefill_s;
+    const int generated = int(generation.generated().size());
+    const FinishReason finish = *generation.finish_reason();
+    const char* stop_reason = finish == FinishReason::kStop ? "end of sequence"
+                              : generated < options->max_tokens ? "context full" : "max tokens";
     std::fprintf(stderr, "\n[slimkv] prompt: %zu tokens, %.1f tok/s | decode: %d tokens, %.1f tok/s (%s) | ",
-                 prompt_ids.size(), double(prompt_ids.size()) / prefill_s, generated,
-                 generated > 1 ? double(generated - 1) / decode_s : 0.0, stop_reason.c_str());
-    if (session->on_gpu()) {
-      std::fprintf(stderr, "KV %s on the GPU (FP16 blocks)\n", engine->kv_description().c_str());
+                 generation.request().prompt.size(), double(generation.request().prompt.size()) / prefill_s, generated,
+                 generated > 1 ? double(generated - 1) / decode_s : 0.0, stop_reason);
+    if (engine->on_gpu()) {
+      std::fprintf(stderr, "KV %s on the GPU\n", engine->kv_description().c_str());
       return Status::ok();
     }
-    const KvMemory memory = session->kv().memory();
+    SLIMKV_ASSIGN_OR_RETURN(const KvMemory memory, engine->kv_memory(sequence));
     std::fprintf(stderr, "KV %s: %zu bytes sealed + %zu open, %.0f bytes/token sealed\n",
                  engine->kv_description().c_str(), memory.sealed_bytes, memory.open_bytes,
                  memory.sealed_bytes_per_token());
-    if (const TierStats tier = session->kv().tier_stats(); tier.hits + tier.misses > 0) {
+    if (const TierStats& tier = memory.tier; tier.hits + tier.misses > 0) {
       std::fprintf(stderr, "[slimkv] offload tier: block cache hit rate %.3f, %zu bytes moved, %zu written\n",
                    tier.hit_rate(), tier.bytes_moved, tier.bytes_written);
     }

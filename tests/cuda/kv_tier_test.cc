@@ -209,7 +209,7 @@ TEST_F(CudaTierTest, EngineGreedyTokensWithTiersAreDenses) {
     config.kv_spec = kv;
     config.device = "cuda";
     config.prefill_chunk_tokens = 256;
-    config.gpu_max_sessions = 2;
+    config.max_sequences = 2;
     auto engine = take(Engine::load(config));
     std::vector<int32_t> prompt(700);
     for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 37 + 11) % 8000);

@@ -34,7 +34,7 @@ std::unique_ptr<Engine> load(const std::string& dir, const std::string& device, 
   config.device = device;
   config.threads = 2;
   config.prefill_chunk_tokens = chunk;
-  config.gpu_max_sessions = 8;
+  config.max_sequences = 8;
   return take(Engine::load(config));
 }
 

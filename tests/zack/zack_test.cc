@@ -315,7 +315,7 @@ std::vector<int32_t> heldout_tokens(const Engine& engine, size_t first_byte, siz
 }
 
 // A calibration of the bundled model from `tokens` held-out tokens starting at byte first_byte.
-std::string calibrate(const Engine& dense, size_t first_byte, size_t tokens, const std::string& name) {
+std::string calibrate(Engine& dense, size_t first_byte, size_t tokens, const std::string& name) {
   const std::vector<int32_t> ids = heldout_tokens(dense, first_byte, tokens * 8, tokens);
   auto calibration = run_zack_calibration(dense, ids, {.window_tokens = 512, .source = name});
   EXPECT_TRUE(calibration) << calibration.status().message();

@@ -1,10 +1,11 @@
 // The engine's device "cuda": the model uploaded to the GPU (model/cuda/llama_cuda.h), a session's
 // sequence a sequence of its paged KV cache.
 #include <algorithm>
-#include <cstring>
+#include <map>
 #include <vector>
 
 #include "engine/device_model.h"
+#include "engine/sampler.h"
 #include "kv/codec/hack.h"
 #include "kv/codec/quant.h"
 #include "backend/cuda/kvpr_profiler.h"
@@ -16,53 +17,105 @@
 namespace slimkv {
 namespace {
 
-class CudaSequence : public DeviceSequence {
- public:
-  CudaSequence(cuda::CudaLlamaModel& model, int sequence) : model_(model), sequence_(sequence) {}
-  ~CudaSequence() override { model_.remove_sequence(sequence_); }
-
-  int num_tokens() const override { return model_.num_tokens(sequence_); }
-  int sequence() const { return sequence_; }
-
-  Status run(std::span<const int32_t> tokens, bool all_logits, float* logits) override {
-    const cuda::SequenceTokens step{sequence_, tokens};
-    SLIMKV_RETURN_IF_ERROR(model_.step(std::span(&step, 1), all_logits, logits_));
-    std::memcpy(logits, logits_.data(), logits_.size() * sizeof(float));
-    return Status::ok();
-  }
-
- private:
-  cuda::CudaLlamaModel& model_;
-  int sequence_;
-  std::vector<float> logits_;
-};
-
 class CudaDeviceModel : public DeviceModel {
  public:
-  explicit CudaDeviceModel(std::unique_ptr<cuda::CudaLlamaModel> model) : model_(std::move(model)) {}
+  CudaDeviceModel(std::unique_ptr<cuda::CudaLlamaModel> model, std::string kv_description)
+      : model_(std::move(model)), kv_description_(std::move(kv_description)) {}
 
   int context_tokens() const override { return model_->context_tokens(); }
+  std::string kv_description() const override { return kv_description_; }
 
-  Expected<std::unique_ptr<DeviceSequence>> new_sequence() override {
+  Status add_sequence(SequenceId id, const SamplingParams& sampling) override {
     SLIMKV_ASSIGN_OR_RETURN(int sequence, model_->add_sequence());
-    return std::unique_ptr<DeviceSequence>(new CudaSequence(*model_, sequence));
+    sequences_[id] = {sequence, sampling};
+    return Status::ok();
   }
+  void remove_sequence(SequenceId id) override {
+    model_->remove_sequence(sequences_.at(id).index);
+    sequences_.erase(id);
+  }
+  int num_tokens(SequenceId id) const override { return model_->num_tokens(sequences_.at(id).index); }
 
-  Status decode_batch(std::span<DeviceSequence* const> sequences, std::span<const int32_t> tokens,
-                      float* logits) override {
-    std::vector<cuda::SequenceTokens> step;
-    for (size_t i = 0; i < sequences.size(); ++i) {
-      // This model made every DeviceSequence of its engine.
-      step.push_back({static_cast<const CudaSequence*>(sequences[i])->sequence(), tokens.subspan(i, 1)});
+  Status step(std::span<const DeviceStepItem> items, StepResult& result) override {
+    std::vector<cuda::SequenceTokens> batch;
+    bool all_logits = false, all_sample = true;
+    for (const DeviceStepItem& item : items) {
+      batch.push_back({sequences_.at(item.sequence).index, item.tokens});
+      all_logits = all_logits || item.output == StepOutput::kAllLogits;
+      all_sample = all_sample && item.output == StepOutput::kSample;
     }
-    SLIMKV_RETURN_IF_ERROR(model_->step(step, /*all_logits=*/false, logits_));
-    std::memcpy(logits, logits_.data(), logits_.size() * sizeof(float));
+    const size_t vocab = size_t(model_->config().vocab_size);
+    result.vocab = int(vocab);
+    result.first_row.assign(items.size(), -1);
+    result.tokens.assign(items.size(), -1);
+    result.logits.clear();
+    if (all_sample) {  // only the ids come back from the GPU
+      std::vector<cuda::RowSampling> sampling;
+      for (const DeviceStepItem& item : items) {
+        const SamplingParams& p = sequences_.at(item.sequence).sampling;
+        const int position = num_tokens(item.sequence) + int(item.tokens.size());
+        sampling.push_back({p.temperature, p.top_k, p.top_p, p.seed, uint64_t(position)});
+      }
+      return model_->step_sample(batch, sampling, result.tokens);
+    }
+    SLIMKV_RETURN_IF_ERROR(model_->step(batch, all_logits, logits_));
+    // logits_: every token's row (all_logits) or each item's last row; keep the rows asked for.
+    size_t device_row = 0;
+    int64_t rows = 0;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const DeviceStepItem& item = items[i];
+      const size_t item_rows = all_logits ? item.tokens.size() : 1;
+      const size_t keep = item.output == StepOutput::kAllLogits ? item_rows : item.output == StepOutput::kNone ? 0 : 1;
+      const size_t first = device_row + item_rows - keep;
+      if (keep > 0) {
+        result.first_row[i] = rows;
+        result.logits.insert(result.logits.end(), logits_.begin() + ptrdiff_t(first * vocab),
+                             logits_.begin() + ptrdiff_t((first + keep) * vocab));
+        rows += int64_t(keep);
+      }
+      if (item.output == StepOutput::kSample) {
+        result.tokens[i] = sampler_.sample(result.logits_of(i), sequences_.at(item.sequence).sampling,
+                                           num_tokens(item.sequence));
+      }
+      device_row += item_rows;
+    }
     return Status::ok();
   }
 
+  KvBudget kv_budget() const override {
+    KvBudget budget;
+    budget.block_tokens = cuda::kCudaBlockTokens;
+    budget.total_blocks = model_->kv_cache_blocks();
+    budget.free_blocks = model_->free_kv_blocks();
+    budget.bytes_per_block = budget.total_blocks ? model_->kv_cache_bytes() / size_t(budget.total_blocks) : 0;
+    return budget;
+  }
+  int64_t sequence_blocks(SequenceId id) const override {
+    return (num_tokens(id) + cuda::kCudaBlockTokens - 1) / cuda::kCudaBlockTokens;
+  }
+
+  Status export_kv(SequenceId, std::string_view, std::vector<uint8_t>&) const override {
+    return error("exporting a sequence's KV runs on device 'cpu' only in this build");
+  }
+  Status import_kv(SequenceId, std::span<const uint8_t>, std::string_view source, std::string_view) override {
+    return error("kv transfer '", source, "': importing KV runs on device 'cpu' only in this build");
+  }
+
+  const KvStore* kv_store(SequenceId) const override { return nullptr; }
+  Status set_observer(SequenceId, ForwardObserver*) override {
+    return error("observing the forward pass (fidelity, calibration) runs on device 'cpu' only");
+  }
+
  private:
+  struct Sequence {
+    int index = 0;  // in the GPU model
+    SamplingParams sampling;
+  };
   std::unique_ptr<cuda::CudaLlamaModel> model_;
+  std::string kv_description_;
+  std::map<SequenceId, Sequence> sequences_;
   std::vector<float> logits_;
+  Sampler sampler_;
 };
 
 // What the GPU runs of a KV pipeline: `dense` (FP16 blocks), `hack` and `quant` with equal K/V bits,
@@ -121,12 +174,16 @@ Expected<std::unique_ptr<DeviceModel>> load_cuda_model(const LlamaModel& model, 
   SLIMKV_ASSIGN_OR_RETURN(options.quantized_kv, gpu_kv(pipeline, config.kv_spec));
   SLIMKV_ASSIGN_OR_RETURN(options.tier, gpu_tier(pipeline, model.config()));
   options.rotate_heads = pipeline.hadamard;
-  options.max_sequences = config.gpu_max_sessions;
-  options.max_step_tokens = std::max(config.prefill_chunk_tokens, config.gpu_max_sessions);
-  options.kv_cache_bytes = config.gpu_kv_cache_bytes;
+  options.max_sequences = config.max_sequences;
+  options.max_step_tokens = std::max(config.prefill_chunk_tokens, config.max_sequences);
+  options.kv_cache_bytes = config.kv_cache_bytes;
   SLIMKV_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaLlamaModel> gpu_model,
                           cuda::CudaLlamaModel::upload(model.config(), model.weights(), options));
-  return std::unique_ptr<DeviceModel>(new CudaDeviceModel(std::move(gpu_model)));
+  // The GPU keeps dense blocks in FP16, whatever dtype the CPU's dense codec would use.
+  const std::string description = pipeline.codec->describe().starts_with("dense")
+                                      ? str_cat("dense:dtype=f16", pipeline.describe().substr(pipeline.codec->describe().size()))
+                                      : pipeline.describe();
+  return std::unique_ptr<DeviceModel>(new CudaDeviceModel(std::move(gpu_model), description));
 }
 
 }  // namespace slimkv

@@ -14,18 +14,11 @@
 #include <vector>
 
 #include "kv/tier/block_cache.h"
+#include "slimkv/kv_memory.h"
 #include "slimkv/status.h"
 
 namespace slimkv {
 
-struct TierStats {
-  int64_t hits = 0, misses = 0;
-  // slow tier -> fast tier: block copies on misses, streamed blocks, and what is read where it lies
-  // outside staging (pq's re-rank reads its candidates' keys)
-  size_t bytes_moved = 0;
-  size_t bytes_written = 0;  // fast -> slow (sealed blocks written to the file)
-  double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 0.0; }
-};
 
 struct OffloadConfig {
   // The block cache's size in tokens: room for the K and V of that many tokens in every layer and KV

@@ -1,0 +1,19 @@
+#include "util/system_memory.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+namespace slimkv {
+
+size_t available_memory_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string line;
+  while (std::getline(meminfo, line)) {
+    if (line.starts_with("MemAvailable:")) return std::stoull(line.substr(13)) * 1024;  // "...  123 kB"
+  }
+  return size_t(sysconf(_SC_AVPHYS_PAGES)) * size_t(sysconf(_SC_PAGESIZE));
+}
+
+}  // namespace slimkv
