@@ -61,7 +61,8 @@ struct LatencyHistogram {
   double sum_s = 0.0;
   uint64_t count = 0;
 
-  explicit LatencyHistogram(std::vector<double> upper_bounds = {});
+  LatencyHistogram() : counts(1, 0) {}  // the +Inf bucket only
+  explicit LatencyHistogram(std::vector<double> upper_bounds);
   void observe(double seconds);
 };
 

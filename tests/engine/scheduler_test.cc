@@ -307,15 +307,20 @@ TEST(Scheduler, ThirtyTwoConcurrentGreedyRequestsEqualTheSameRunOneByOne) {
   EXPECT_LT(stats.steps_total, 32u * 50u) << "requests ran one after another, not batched";
 }
 
-// A KV budget of a few blocks: requests preempt one another, and their outputs stay the same.
+// kv_cache_bytes for a budget of `blocks` blocks: the engine first sets aside every sequence's open block
+// (a size the public API does not show), so probe it with a large budget and take whole blocks off.
 size_t small_kv_bytes(int blocks) {
-  std::unique_ptr<Engine> probe = load_engine();
-  return probe ? probe->kv_budget().bytes_per_block * size_t(blocks) : 0;
+  constexpr size_t kProbeBytes = size_t(1) << 30;
+  std::unique_ptr<Engine> probe = load_engine(kProbeBytes);
+  if (!probe) return 0;
+  const KvBudget budget = probe->kv_budget();
+  return kProbeBytes - size_t(budget.total_blocks - blocks) * budget.bytes_per_block;
 }
 
 TEST(Scheduler, PreemptionToHostMemoryKeepsGreedyAndSampledOutputs) {
   std::unique_ptr<Engine> engine = load_engine(small_kv_bytes(10));
   ASSERT_TRUE(engine);
+  ASSERT_EQ(engine->kv_budget().total_blocks, 10);
   std::vector<GenerationRequest> batch = requests(*engine, 12, 0.8f);
   for (GenerationRequest& request : batch) request.max_tokens = 120, request.ignore_eos = true;
   const SchedulerStats stats = expect_same_as_alone(std::move(engine), batch);
