@@ -318,21 +318,21 @@ size_t small_kv_bytes(int blocks) {
 }
 
 TEST(Scheduler, PreemptionToHostMemoryKeepsGreedyAndSampledOutputs) {
-  std::unique_ptr<Engine> engine = load_engine(small_kv_bytes(10));
+  std::unique_ptr<Engine> engine = load_engine(small_kv_bytes(6));
   ASSERT_TRUE(engine);
-  ASSERT_EQ(engine->kv_budget().total_blocks, 10);
-  std::vector<GenerationRequest> batch = requests(*engine, 12, 0.8f);
-  for (GenerationRequest& request : batch) request.max_tokens = 120, request.ignore_eos = true;
+  ASSERT_EQ(engine->kv_budget().total_blocks, 6);
+  std::vector<GenerationRequest> batch = requests(*engine, 8, 0.8f);
+  for (GenerationRequest& request : batch) request.max_tokens = 72, request.ignore_eos = true;
   const SchedulerStats stats = expect_same_as_alone(std::move(engine), batch);
   EXPECT_GT(stats.preemptions_total, 0u) << "the test's KV budget must force preemption";
   EXPECT_EQ(stats.preemptions_recomputed_total, 0u);
 }
 
 TEST(Scheduler, PreemptionWithoutHostMemoryRecomputesTheSameOutputs) {
-  std::unique_ptr<Engine> engine = load_engine(small_kv_bytes(10));
+  std::unique_ptr<Engine> engine = load_engine(small_kv_bytes(6));
   ASSERT_TRUE(engine);
-  std::vector<GenerationRequest> batch = requests(*engine, 12);
-  for (GenerationRequest& request : batch) request.max_tokens = 120, request.ignore_eos = true;
+  std::vector<GenerationRequest> batch = requests(*engine, 8);
+  for (GenerationRequest& request : batch) request.max_tokens = 72, request.ignore_eos = true;
   const SchedulerStats stats = expect_same_as_alone(std::move(engine), batch, {.host_kv_bytes = 0});
   EXPECT_GT(stats.preemptions_recomputed_total, 0u);
 }
