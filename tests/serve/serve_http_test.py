@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from slimkv_server import Server, stream_text  # noqa: E402
 
 SLIMKV, SOURCE = sys.argv[1], sys.argv[2]
-MODEL = os.path.join(SOURCE, "models", "slimkv-llama-14m")
+MODEL = os.path.abspath(os.path.join(SOURCE, "models", "slimkv-llama-14m"))
 NAME = "slimkv-llama-14m"
 PROMPTS = ["The history of the city", "Once upon a time, there was a little", "In mathematics, a prime number",
            "The river flows", "Scientists have discovered"]
