@@ -304,7 +304,8 @@ TEST(Scheduler, ThirtyTwoConcurrentGreedyRequestsEqualTheSameRunOneByOne) {
                 stats.requests_finished_total[size_t(FinishReason::kLength)],
             32u);
   EXPECT_EQ(stats.time_to_first_token.count, 32u);
-  EXPECT_LT(stats.steps_total, 32u * 50u) << "requests ran one after another, not batched";
+  // Batched: far fewer steps than tokens generated (one after another, a step per token and more).
+  EXPECT_LT(stats.steps_total * 4, stats.generation_tokens_total) << stats.steps_total << " steps";
 }
 
 // kv_cache_bytes for a budget of `blocks` blocks: the engine first sets aside every sequence's open block
