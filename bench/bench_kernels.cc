@@ -12,11 +12,11 @@
 
 #include <CLI/CLI.hpp>
 
-#include "attention/attention.h"
 #include "attention/cpu/hack_block_attention.h"
 #include "attention/reference.h"
 #include "backend/cpu/matmul.h"
 #include "benchmark_runner.h"
+#include "kv/store_attention.h"
 #include "slimkv/status.h"
 #include "util/half.h"
 

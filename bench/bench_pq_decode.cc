@@ -17,8 +17,8 @@
 
 #include <CLI/CLI.hpp>
 
-#include "attention/attention.h"
 #include "kv/select/pq_codebook.h"
+#include "kv/store_attention.h"
 #include "model/llama.h"
 #include "slimkv/engine.h"
 #include "tokenizer/tokenizer.h"

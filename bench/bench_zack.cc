@@ -14,8 +14,8 @@
 
 #include <CLI/CLI.hpp>
 
-#include "attention/attention.h"
 #include "benchmark_runner.h"
+#include "kv/store_attention.h"
 
 namespace slimkv {
 namespace {

@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "attention/attention.h"
+#include "kv/store_attention.h"
 #include "kv/transfer.h"
 
 namespace {

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "model/safetensors.h"
+#include "tensor/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto result = slimkv::parse_safetensors(data, size, "fuzz.safetensors");

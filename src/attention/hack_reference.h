@@ -5,7 +5,7 @@
 #pragma once
 
 #include "attention/partial.h"
-#include "kv/codec/quantized_block.h"
+#include "tensor/quantized_block.h"
 
 namespace slimkv {
 

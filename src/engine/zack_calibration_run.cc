@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "backend/cpu/vec_ops.h"
+#include "engine/zack_calibrator.h"
 #include "kv/kv_factory.h"
-#include "kv/zack/calibrator.h"
 #include "model/llama.h"
 
 namespace slimkv {

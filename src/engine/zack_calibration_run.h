@@ -1,5 +1,5 @@
 // `slimkv calibrate`'s work (ZACK §4.3, §6.6): runs an engine's model over calibration tokens in
-// windows of the model's context and gathers the ZACK calibration (kv/zack/calibrator.h).
+// windows of the model's context and gathers the ZACK calibration (engine/zack_calibrator.h).
 #pragma once
 
 #include <cstdint>

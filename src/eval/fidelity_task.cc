@@ -21,11 +21,11 @@
 #include <cmath>
 #include <optional>
 
-#include "attention/attention.h"
 #include "eval/tasks.h"
-#include "model/model_config.h"
+#include "kv/store_attention.h"
 #include "model/forward_observer.h"
 #include "model/llama.h"
+#include "model/model_config.h"
 
 namespace slimkv {
 namespace {

@@ -86,7 +86,7 @@ class KvStore {
 
   // prefill=exact: the last append of more than one token (a prefill chunk) as appended, FP32 and
   // rotated as the store keeps K/V, so that the chunk's queries can read their own tokens exactly
-  // (attention/attention.h). Scratch of one chunk, like the model's activations: each such append
+  // (kv/store_attention.h). Scratch of one chunk, like the model's activations: each such append
   // replaces it, any other append to its layer drops it, and memory() does not count it.
   struct ExactChunk {
     int first_token = 0, n = 0;  // tokens [first_token, first_token + n) of the layer; n = 0: none

@@ -2,8 +2,8 @@
 
 #include <cmath>
 
-#include "attention/attention.h"
 #include "backend/cpu/vec_ops.h"
+#include "kv/store_attention.h"
 #include "model/model_identity.h"
 
 namespace slimkv {

@@ -15,8 +15,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "model/safetensors.h"
 #include "slimkv/status.h"
+#include "tensor/safetensors.h"
 
 namespace slimkv {
 

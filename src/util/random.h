@@ -22,7 +22,7 @@ SLIMKV_HOST_DEVICE constexpr uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// A uniform number in [0, 1) from a counter: reproducible stochastic rounding (kv/codec/quantized_block.h),
+// A uniform number in [0, 1) from a counter: reproducible stochastic rounding (tensor/quantized_block.h),
 // the same on every backend.
 SLIMKV_HOST_DEVICE constexpr float counter_uniform(uint64_t seed, uint64_t counter) {
   const uint64_t z = splitmix64(seed + 0x9e3779b97f4a7c15ull * counter);  // the counter-th draw from seed

@@ -64,6 +64,31 @@ TEST(VecOps, EveryLengthAndOffsetMatchesScalar) {
   }
 }
 
+// A batched decode must give each sequence the bits it gets alone: matvec_half of n inputs (grouped four
+// at a time inside) writes, for every input, exactly what a call with that input alone writes.
+TEST(CpuKernels, MatVecHalfOfManyInputsGivesEachInputItsBitsAlone) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    for (const int64_t cols : {1, 7, 16, 33, 384}) {
+      const int64_t rows = 5, n = 11;
+      std::vector<uint16_t> w(size_t(rows * cols));
+      for (uint16_t& value : w) value = dtype == DType::kBF16 ? float_to_bf16(normal(rng)) : float_to_fp16(normal(rng));
+      std::vector<float> x(size_t(n * cols));
+      for (float& value : x) value = normal(rng);
+      std::vector<float> together(size_t(n * rows));
+      matvec_half(x.data(), n, w.data(), dtype, rows, cols, 0, rows, together.data());
+      for (int64_t i = 0; i < n; ++i) {
+        std::vector<float> alone(static_cast<size_t>(rows));
+        matvec_half(x.data() + i * cols, 1, w.data(), dtype, rows, cols, 0, rows, alone.data());
+        for (int64_t o = 0; o < rows; ++o) {
+          EXPECT_EQ(together[size_t(i * rows + o)], alone[size_t(o)]) << dtype_name(dtype) << " cols " << cols << " input " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST(HalfConversion, RoundsToNearestEvenAndKeepsSpecials) {
   EXPECT_EQ(float_to_fp16(1.0f), 0x3c00);
   EXPECT_EQ(float_to_fp16(65504.0f), 0x7bff);

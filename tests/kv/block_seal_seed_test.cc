@@ -7,9 +7,9 @@
 #include <random>
 #include <vector>
 
-#include "kv/codec/quantized_block.h"
 #include "kv/kv_factory.h"
 #include "kv/store.h"
+#include "tensor/quantized_block.h"
 #include "util/half.h"
 #include "util/random.h"
 

@@ -11,11 +11,11 @@
 #include <set>
 #include <sstream>
 
-#include "attention/attention.h"
 #include "attention/reference.h"
 #include "backend/cpu/vec_ops.h"
 #include "kv/select/kmeans.h"
 #include "kv/select/pq_selector.h"
+#include "kv/store_attention.h"
 #include "model/llama.h"
 #include "slimkv/engine.h"
 #include "tokenizer/tokenizer.h"

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <random>
 
-#include "attention/attention.h"
+#include "kv/store_attention.h"
 #include "kv/tier/block_cache.h"
 #include "slimkv/engine.h"
 

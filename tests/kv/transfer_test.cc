@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/attention.h"
+#include "kv/store_attention.h"
 
 namespace slimkv {
 namespace {

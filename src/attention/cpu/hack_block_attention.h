@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "attention/partial.h"
-#include "kv/codec/quantized_block.h"
+#include "tensor/quantized_block.h"
 
 namespace slimkv {
 

@@ -73,7 +73,7 @@ __device__ __forceinline__ void mma_16832_u8_plus(int (&d)[4], const uint32_t (&
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c));
 }
 
-// 4 codes of kBits each (the low 4·kBits bits of `field`, kv/codec/quantized_block.h's packing)
+// 4 codes of kBits each (the low 4·kBits bits of `field`, tensor/quantized_block.h's packing)
 // spread to one byte each.
 template <int kBits>
 __device__ __forceinline__ uint32_t spread_codes(uint32_t field) {

@@ -8,7 +8,7 @@
 #include "attention/cuda/device_ops.cuh"
 #include "attention/cuda/split_k.cuh"
 #include "backend/cuda/cuda_check.h"
-#include "kv/codec/quantized_block.h"
+#include "tensor/quantized_block.h"
 
 namespace slimkv::cuda {
 namespace {

@@ -18,7 +18,7 @@
 // per tile on hi/lo-split factors (see write_row_factor in the .cu). Each CTA writes its split partial
 // (base-2 max, sum, weighted V); launch_merge_split_partials merges.
 //
-// Operands straight from the packed block (kv/codec/quantized_block.h), no unpacking pass: a B
+// Operands straight from the packed block (tensor/quantized_block.h), no unpacking pass: a B
 // fragment register of m16n8k32 is 4 k values of one column, and a packed K field is 4 dims of one
 // token, a V field 4 tokens of one column. The k order inside an mma is free as long as A and B agree,
 // and so is which token (dim) each n column of S (O) is: column n of S's tile j is token 8n + j, so a

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "attention/cuda/device_ops.cuh"
-#include "kv/codec/quantized_block.h"
+#include "tensor/quantized_block.h"
 
 namespace slimkv::cuda {
 namespace {
@@ -49,7 +49,7 @@ __device__ __forceinline__ __half2 code_pair(uint32_t x, uint32_t y) {
   return __hsub2(*reinterpret_cast<const __half2*>(&bits), __float2half2_rn(1024.0f));
 }
 
-// Writes a sealed block (kv/codec/quantized_block.h's layout, K and V of kBits) dequantized,
+// Writes a sealed block (tensor/quantized_block.h's layout, K and V of kBits) dequantized,
 // x = min + scale · x' (one FP16 FMA: the nearest FP16 to the exact value), into the FP16 tiles k and v
 // [token][dim] (swizzled as the FP16 blocks are staged). A thread takes a K field (4 dims of a token:
 // one 8-byte store) or the V fields of two neighbouring columns (4 tokens each: four 4-byte stores).

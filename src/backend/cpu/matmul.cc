@@ -11,8 +11,10 @@
 namespace slimkv {
 namespace {
 
-// Up to this many inputs, half-precision weights are multiplied in place rather than widened for BLAS.
-constexpr int64_t kMatVecMaxInputs = 4;
+// Up to this many inputs (a decode step of that many sequences), half-precision weights are multiplied in
+// place, each row widened once in registers for all inputs, rather than widened for BLAS: the inputs'
+// rows still fit L1/L2 beside the weight row, and each input gets the bits it would get alone.
+constexpr int64_t kMatVecMaxInputs = 16;
 // FP32 elements widened per BLAS call: large enough for efficient GEMM, small enough for L2/L3.
 constexpr int64_t kChunkElements = int64_t(1) << 18;
 // Weight elements per task: below this, handing work to another thread costs more than it saves.

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "hwy/highway.h"
 #include "util/half.h"
@@ -55,33 +56,41 @@ HWY_INLINE void ScaleBy(float alpha, float* HWY_RESTRICT y, size_t n) {
   for (; i < n; ++i) y[i] *= alpha;
 }
 
-// Σ x[i]·float(w[i]) for BF16 (is_bf16) or FP16 weights, widened in registers.
-HWY_INLINE float DotHalf(const float* HWY_RESTRICT x, const uint16_t* HWY_RESTRICT w, bool is_bf16, size_t n) {
+// out[j] = Σ x_j[i]·float(w[i]) for kInputs inputs x_j = x + j·x_stride against one row of BF16 or FP16
+// weights (dh: the half type's tag), widened in registers once for all of them. Each input's sum runs
+// in the same order whatever kInputs is (two vector chains, then the scalar tail), so a row's result
+// for an input does not depend on how many inputs share the call: a batched decode gives each sequence
+// the bits it gets alone.
+template <int kInputs, class HalfTag>
+HWY_INLINE void DotsHalfRow(const float* HWY_RESTRICT x, size_t x_stride, const uint16_t* HWY_RESTRICT w, HalfTag dh,
+                            size_t n, float* HWY_RESTRICT out) {
   const hn::ScalableTag<float> d;
   const size_t lanes = hn::Lanes(d);
-  auto sum0 = hn::Zero(d);
-  auto sum1 = hn::Zero(d);
+  using V = decltype(hn::Zero(d));
+  V sum0[kInputs], sum1[kInputs];
+  for (int j = 0; j < kInputs; ++j) sum0[j] = sum1[j] = hn::Zero(d);
+  const auto* src = reinterpret_cast<const hn::TFromD<HalfTag>*>(w);
   size_t i = 0;
-  if (is_bf16) {
-    const hn::Rebind<hwy::bfloat16_t, decltype(d)> dh;
-    const auto* src = reinterpret_cast<const hwy::bfloat16_t*>(w);
-    for (; i + 2 * lanes <= n; i += 2 * lanes) {
-      sum0 = hn::MulAdd(hn::LoadU(d, x + i), hn::PromoteTo(d, hn::LoadU(dh, src + i)), sum0);
-      sum1 = hn::MulAdd(hn::LoadU(d, x + i + lanes), hn::PromoteTo(d, hn::LoadU(dh, src + i + lanes)), sum1);
+  for (; i + 2 * lanes <= n; i += 2 * lanes) {
+    const auto w0 = hn::PromoteTo(d, hn::LoadU(dh, src + i));
+    const auto w1 = hn::PromoteTo(d, hn::LoadU(dh, src + i + lanes));
+    for (int j = 0; j < kInputs; ++j) {
+      sum0[j] = hn::MulAdd(hn::LoadU(d, x + j * x_stride + i), w0, sum0[j]);
+      sum1[j] = hn::MulAdd(hn::LoadU(d, x + j * x_stride + i + lanes), w1, sum1[j]);
     }
-    for (; i + lanes <= n; i += lanes) sum0 = hn::MulAdd(hn::LoadU(d, x + i), hn::PromoteTo(d, hn::LoadU(dh, src + i)), sum0);
-  } else {
-    const hn::Rebind<hwy::float16_t, decltype(d)> dh;
-    const auto* src = reinterpret_cast<const hwy::float16_t*>(w);
-    for (; i + 2 * lanes <= n; i += 2 * lanes) {
-      sum0 = hn::MulAdd(hn::LoadU(d, x + i), hn::PromoteTo(d, hn::LoadU(dh, src + i)), sum0);
-      sum1 = hn::MulAdd(hn::LoadU(d, x + i + lanes), hn::PromoteTo(d, hn::LoadU(dh, src + i + lanes)), sum1);
-    }
-    for (; i + lanes <= n; i += lanes) sum0 = hn::MulAdd(hn::LoadU(d, x + i), hn::PromoteTo(d, hn::LoadU(dh, src + i)), sum0);
   }
-  float total = hn::GetLane(hn::SumOfLanes(d, hn::Add(sum0, sum1)));
-  for (; i < n; ++i) total += x[i] * (is_bf16 ? bf16_to_float(w[i]) : fp16_to_float(w[i]));
-  return total;
+  for (; i + lanes <= n; i += lanes) {
+    const auto w0 = hn::PromoteTo(d, hn::LoadU(dh, src + i));
+    for (int j = 0; j < kInputs; ++j) sum0[j] = hn::MulAdd(hn::LoadU(d, x + j * x_stride + i), w0, sum0[j]);
+  }
+  for (int j = 0; j < kInputs; ++j) {
+    float total = hn::GetLane(hn::SumOfLanes(d, hn::Add(sum0[j], sum1[j])));
+    for (size_t t = i; t < n; ++t) {
+      const float weight = std::is_same_v<hn::TFromD<HalfTag>, hwy::bfloat16_t> ? bf16_to_float(w[t]) : fp16_to_float(w[t]);
+      total += x[j * x_stride + t] * weight;
+    }
+    out[j] = total;
+  }
 }
 
 // out[i] = float(in[i]) for BF16 (is_bf16) or IEEE FP16 bits.

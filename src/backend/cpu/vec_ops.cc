@@ -20,11 +20,33 @@ void DotsExport(const float* q, int n_queries, const float* x, int n_rows, size_
   }
 }
 void MulAddToExport(float alpha, const float* x, float* y, size_t n) { MulAddTo(alpha, x, y, n); }
-void MatVecHalfExport(const float* x, int64_t n, const uint16_t* w, bool is_bf16, int64_t rows, int64_t cols,
-                      int64_t row_begin, int64_t row_end, float* y) {
+// Inputs four at a time (eight accumulator chains), the rest one by one.
+template <class HalfTag>
+void MatVecHalfRows(const float* x, int64_t n, const uint16_t* w, HalfTag dh, int64_t rows, int64_t cols,
+                    int64_t row_begin, int64_t row_end, float* y) {
+  constexpr int kGroup = 4;
+  float out[kGroup];
   for (int64_t o = row_begin; o < row_end; ++o) {
     const uint16_t* row = w + size_t(o) * size_t(cols);
-    for (int64_t i = 0; i < n; ++i) y[i * rows + o] = DotHalf(x + i * cols, row, is_bf16, size_t(cols));
+    int64_t i = 0;
+    for (; i + kGroup <= n; i += kGroup) {
+      DotsHalfRow<kGroup>(x + i * cols, size_t(cols), row, dh, size_t(cols), out);
+      for (int j = 0; j < kGroup; ++j) y[(i + j) * rows + o] = out[j];
+    }
+    for (; i < n; ++i) {
+      DotsHalfRow<1>(x + i * cols, size_t(cols), row, dh, size_t(cols), out);
+      y[i * rows + o] = out[0];
+    }
+  }
+}
+
+void MatVecHalfExport(const float* x, int64_t n, const uint16_t* w, bool is_bf16, int64_t rows, int64_t cols,
+                      int64_t row_begin, int64_t row_end, float* y) {
+  const hn::ScalableTag<float> d;
+  if (is_bf16) {
+    MatVecHalfRows(x, n, w, hn::Rebind<hwy::bfloat16_t, decltype(d)>(), rows, cols, row_begin, row_end, y);
+  } else {
+    MatVecHalfRows(x, n, w, hn::Rebind<hwy::float16_t, decltype(d)>(), rows, cols, row_begin, row_end, y);
   }
 }
 void WidenHalfExport(const uint16_t* in, bool is_bf16, float* out, size_t n) { WidenHalf(in, is_bf16, out, n); }

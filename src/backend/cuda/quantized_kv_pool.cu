@@ -34,7 +34,7 @@ struct SealLaunch {
 };
 
 // One partition of n values x[i·x_stride], quantized exactly as quantize_partition in
-// kv/codec/quantized_block.cc: the same comparisons, the same IEEE-rounded float operations (no
+// tensor/quantized_block.cc: the same comparisons, the same IEEE-rounded float operations (no
 // contraction into FMA), the same counter-based noise (value i's counter: first_counter +
 // i·counter_stride); codes go to codes[i·code_stride].
 struct Partition {
@@ -67,7 +67,7 @@ __device__ Partition quantize_partition(const __half* x, int x_stride, int n, in
   return p;
 }
 
-// Packs 4 codes at `bits` each into `bits / 2` bytes (write_group in quantized_block.cc).
+// Packs 4 codes at `bits` each into `bits / 2` bytes (write_group in tensor/quantized_block.cc).
 __device__ void write_group(uint8_t* out, uint8_t c0, uint8_t c1, uint8_t c2, uint8_t c3, int bits) {
   const uint32_t field = uint32_t(c0) | uint32_t(c1) << bits | uint32_t(c2) << (2 * bits) | uint32_t(c3) << (3 * bits);
   for (int b = 0; b < bits / 2; ++b) out[b] = uint8_t(field >> (8 * b));
@@ -84,7 +84,7 @@ __device__ void write_step_rows(const SealLaunch& p, int c, int head) {
   }
 }
 
-// One CTA per (block to seal, KV head): the layout of quantize_block (kv/codec/quantized_block.cc),
+// One CTA per (block to seal, KV head): the layout of quantize_block (tensor/quantized_block.cc),
 // byte for byte, padding zeroed. A thread quantizes a whole partition (a token's K partition, a
 // column of V); the staged rows are padded (by 2 halves, 4 code bytes) so that threads walking along
 // different rows fall in different banks.

@@ -1,6 +1,6 @@
 // Sealed `hack` / `quant` KV blocks on the GPU (HACK §5.2–5.3, §6): per layer a pool
 // [num_blocks, num_kv_heads, block_bytes] of blocks in exactly the CPU codec's byte layout
-// (kv/codec/quantized_block.h), so a sequence moves between backends, and over the transfer format,
+// (tensor/quantized_block.h), so a sequence moves between backends, and over the transfer format,
 // unchanged. It is indexed by the block indices of the FP16 CudaPagedKvCache, which holds each
 // sequence's open block (HACK's requantization elimination: the partial block is never quantized)
 // and from which a block is sealed once full. (The FP16 pool is still allocated for every block:
@@ -11,7 +11,7 @@
 
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/paged_kv_cache.h"
-#include "kv/codec/quantized_block.h"
+#include "tensor/quantized_block.h"
 
 namespace slimkv::cuda {
 

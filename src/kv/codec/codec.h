@@ -13,15 +13,10 @@
 
 #include "attention/partial.h"
 #include "slimkv/status.h"
+#include "tensor/block_shape.h"
 #include "tensor/dtype.h"
 
 namespace slimkv {
-
-struct BlockShape {
-  int block_tokens = 64;
-  int k_dim = 0;  // per-head key dims as stored (ZACK stores fewer than head_dim)
-  int v_dim = 0;  // per-head value dims as stored
-};
 
 class Codec {
  public:
@@ -47,7 +42,8 @@ class Codec {
                     uint8_t* block) const = 0;
 
   // Work that depends only on the queries (HACK quantizes Q), done once per tile instead of once per
-  // block: the attention driver calls this, then passes `prepared` as tile.prepared to attend().
+  // block: the store's read path (kv/store_attention.cc) calls this, then passes `prepared` as
+  // tile.prepared to attend().
   virtual void prepare_queries(const BlockShape& /*shape*/, const QueryTile& /*tile*/,
                                std::vector<uint8_t>& prepared) const {
     prepared.clear();

@@ -1,4 +1,4 @@
-// The `hack` codec (HACK §5.2–5.3): blocks quantized to b bits (quantized_block.h), and attention
+// The `hack` codec (HACK §5.2–5.3): blocks quantized to b bits (tensor/quantized_block.h), and attention
 // computed on the quantized integers with no dequantization (attention/cpu/hack_block_attention.h).
 // Spec: hack:bits=2,pi=64 with kbits, vbits (2/4/8), pi (32/64/128: the block size),
 // round=stochastic|nearest, se=on|off (summation elimination), rqe=on|off (requantization
@@ -6,7 +6,8 @@
 // kv/rotation.h), seed.
 #pragma once
 
-#include "kv/codec/quantized_block.h"
+#include "kv/codec/codec.h"
+#include "tensor/quantized_block.h"
 
 namespace slimkv {
 
@@ -26,7 +27,7 @@ class HackCodec final : public Codec {
   void attend(const BlockShape& shape, const uint8_t* block, const QueryTile& tile, AttentionPartials& partials,
               int first_partial) const override;
   void decode(const BlockShape& shape, const uint8_t* block, float* k, float* v) const override;
-  // A token selection's rows: only those tokens' codes are read (quantized_block.h).
+  // A token selection's rows: only those tokens' codes are read (tensor/quantized_block.h).
   void decode_tokens(const BlockShape& shape, const uint8_t* block, const int* tokens, int n, float* k,
                      float* v) const override {
     dequantize_tokens(QuantizedBlockLayout(config_, shape), block, tokens, n, k, v);

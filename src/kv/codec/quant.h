@@ -4,7 +4,8 @@
 // Spec: quant:bits=2,pi=64 with kbits, vbits, pi, round, seed.
 #pragma once
 
-#include "kv/codec/quantized_block.h"
+#include "kv/codec/codec.h"
+#include "tensor/quantized_block.h"
 
 namespace slimkv {
 
@@ -20,7 +21,7 @@ class QuantCodec final : public Codec {
   void attend(const BlockShape& shape, const uint8_t* block, const QueryTile& tile, AttentionPartials& partials,
               int first_partial) const override;
   void decode(const BlockShape& shape, const uint8_t* block, float* k, float* v) const override;
-  // A token selection's rows: only those tokens' codes are read (quantized_block.h).
+  // A token selection's rows: only those tokens' codes are read (tensor/quantized_block.h).
   void decode_tokens(const BlockShape& shape, const uint8_t* block, const int* tokens, int n, float* k,
                      float* v) const override {
     dequantize_tokens(QuantizedBlockLayout(config_, shape), block, tokens, n, k, v);

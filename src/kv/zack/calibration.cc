@@ -5,7 +5,7 @@
 #include <map>
 #include <span>
 
-#include "model/safetensors.h"
+#include "tensor/safetensors.h"
 
 namespace slimkv {
 namespace {

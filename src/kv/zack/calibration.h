@@ -6,7 +6,7 @@
 //       W_V and its transpose into W_O (§4.2, §5.1).
 // Keeping the first r rows of a basis keeps the r directions of largest singular value (§5.2).
 //
-// The file is safetensors (written by kv/zack/calibration.cc, read with model/safetensors.h):
+// The file is safetensors (written by kv/zack/calibration.cc, read with tensor/safetensors.h):
 //   qk_basis, vw_basis                     F32 [num_layers, num_kv_heads, head_dim, head_dim]
 //                                          (row i = the i-th singular direction)
 //   qk_singular_values, vw_singular_values F32 [num_layers, num_kv_heads, head_dim]

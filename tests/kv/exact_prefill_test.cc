@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "attention/attention.h"
 #include "attention/reference.h"
 #include "kv/kv_factory.h"
+#include "kv/store_attention.h"
 #include "slimkv/status.h"
 #include "util/thread_pool.h"
 

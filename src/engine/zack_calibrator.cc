@@ -1,4 +1,4 @@
-#include "kv/zack/calibrator.h"
+#include "engine/zack_calibrator.h"
 
 #include <cblas.h>
 #include <lapacke.h>

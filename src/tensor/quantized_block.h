@@ -19,8 +19,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kv/codec/codec.h"
 #include "slimkv/status.h"
+#include "tensor/block_shape.h"
 #include "util/random.h"  // counter_uniform: the rounding noise, the same on every backend
 
 namespace slimkv {

@@ -1,4 +1,4 @@
-#include "attention/attention.h"
+#include "kv/store_attention.h"
 
 #include <algorithm>
 #include <cassert>

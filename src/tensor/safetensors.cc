@@ -1,4 +1,4 @@
-#include "model/safetensors.h"
+#include "tensor/safetensors.h"
 
 
 #include <algorithm>

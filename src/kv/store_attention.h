@@ -1,6 +1,8 @@
 // Attention of a layer's new queries over the KV store: for each KV head and tile of queries, every
 // block's partial comes from its codec's kernel (the open block's from the FP32 kernel, widened from FP16), merged with
 // the online-softmax rule. Causal: the query at position p sees tokens at positions <= p.
+// The store's read path: it walks KvStore's blocks, so it lives with the store in kv/, above the
+// kernels and the partial state of attention/ that it calls.
 #pragma once
 
 #include "kv/store.h"

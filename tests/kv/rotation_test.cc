@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "attention/attention.h"
 #include "attention/reference.h"
 #include "kv/kv_factory.h"
 #include "kv/rotation.h"
+#include "kv/store_attention.h"
 
 namespace slimkv {
 namespace {

@@ -1,4 +1,4 @@
-#include "kv/codec/quantized_block.h"
+#include "tensor/quantized_block.h"
 
 #include <algorithm>
 #include <cmath>

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "attention/attention.h"
 #include "attention/reference.h"
+#include "kv/store_attention.h"
 #include "util/half.h"
 
 namespace slimkv {

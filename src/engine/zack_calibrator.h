@@ -7,13 +7,15 @@
 // of a stack are the eigenvectors of its Gram matrix and its singular values the square roots of the
 // eigenvalues, so the SVD needs only these head_dim² numbers per head, however many tokens were run.
 // Deterministic: sums in a fixed order, eigenvectors signed so their largest component is positive.
+// It observes the model's forward pass (a ForwardObserver), so it lives in engine/ beside the run that
+// drives it (engine/zack_calibration_run.h); what the calibration is and how it is stored stay in kv/zack.
 #pragma once
 
 #include <string>
 #include <vector>
 
-#include "model/forward_observer.h"
 #include "kv/zack/calibration.h"
+#include "model/forward_observer.h"
 
 namespace slimkv {
 

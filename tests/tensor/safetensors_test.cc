@@ -1,6 +1,6 @@
 // safetensors parsing, writing and validation: a round trip through the writer, then every way a
 // file can be corrupt, each expected to fail with a message naming the file (and the tensor).
-#include "model/safetensors.h"
+#include "tensor/safetensors.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
