@@ -107,9 +107,8 @@ class Scheduler {
   // Stops accepting, then finishes or cancels what was accepted and joins the thread. Idempotent.
   void shutdown(ShutdownMode mode);
 
-  struct Impl;
-
  private:
+  struct Impl;  // the thread, the queues and the requests (src/engine/scheduler.cc)
   explicit Scheduler(std::unique_ptr<Engine> engine);
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Impl> impl_;
