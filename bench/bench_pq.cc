@@ -19,7 +19,7 @@
 #include "kv/select/pq_codebook.h"
 #include "model/llama.h"
 #include "slimkv/engine.h"
-#include "tokenizer/tokenizer.h"
+#include "slimkv/tokenizer.h"
 
 namespace {
 

@@ -21,7 +21,7 @@
 #include "kv/store_attention.h"
 #include "model/llama.h"
 #include "slimkv/engine.h"
-#include "tokenizer/tokenizer.h"
+#include "slimkv/tokenizer.h"
 
 namespace {
 

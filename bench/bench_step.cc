@@ -13,7 +13,7 @@
 #include <CLI/CLI.hpp>
 
 #include "slimkv/engine.h"
-#include "tokenizer/tokenizer.h"
+#include "slimkv/tokenizer.h"
 
 namespace {
 

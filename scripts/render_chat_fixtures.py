@@ -32,6 +32,19 @@ TEMPLATES = {
     "google-gemma-3-it.jinja": ("<bos>", "<eos>"),
     "microsoft-Phi-3.5-mini-instruct.jinja": ("<s>", "<|endoftext|>"),
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
+    # Further templates of llama.cpp's collection, for breadth (tool use, Markup, {% filter %}).
+    "deepseek-ai-DeepSeek-V3.1.jinja": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
+    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja": ("<|begin_of_text|>", "<|im_end|>"),
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": ("<|begin_of_text|>", "<|im_end|>"),
+    "CohereForAI-c4ai-command-r-plus-tool_use.jinja": ("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"),
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": ("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"),
+    "ibm-granite-granite-3.3-2B-Instruct.jinja": ("<|end_of_text|>", "<|end_of_text|>"),
+    "meetkai-functionary-medium-v3.1.jinja": ("<|begin_of_text|>", "<|eot_id|>"),
+    "meetkai-functionary-medium-v3.2.jinja": ("<|begin_of_text|>", "<|eot_id|>"),
+    "fireworks-ai-llama-3-firefunction-v2.jinja": ("<|begin_of_text|>", "<|eot_id|>"),
+    "openai-gpt-oss-120b.jinja": ("<|startoftext|>", "<|return|>"),
+    "moonshotai-Kimi-K2.jinja": ("[BOS]", "[EOS]"),
+    "unsloth-mistral-Devstral-Small-2507.jinja": ("<s>", "</s>"),
 }
 
 WEATHER_TOOL = {
@@ -103,6 +116,20 @@ def cases():
         ("think_in_content",
          [USER1, {"role": "assistant", "content": "<think>\nadd them\n</think>\n\n4."}], False, {}),
         ("empty_messages", [], True, {}),
+        # As OpenAI clients send tool calls: content null, arguments a JSON string, two calls at once.
+        ("tools_openai_style",
+         [{"role": "user", "content": "Weather in Zürich and Bern?"},
+          {"role": "assistant", "content": None, "tool_calls": [
+              {"id": "call12345", "type": "function",
+               "function": {"name": "get_weather", "arguments": "{\"city\": \"Zürich\"}"}},
+              {"id": "call67890", "type": "function",
+               "function": {"name": "get_weather", "arguments": "{\"city\": \"Bern\"}"}}]},
+          {"role": "tool", "tool_call_id": "call12345", "content": "21"},
+          {"role": "tool", "tool_call_id": "call67890", "content": "19"}], True, {"tools": [WEATHER_TOOL]}),
+        ("system_thinking_multi_turn",
+         [SYSTEM, USER1, {"role": "assistant", "content": "<think>\nsum\n</think>\n\n4."}, USER2,
+          {"role": "assistant", "content": "Still 4.", "reasoning_content": "same sum"}], False,
+         {"enable_thinking": True}),
     ]
     return out
 
@@ -162,8 +189,9 @@ def render_with_jinja2(template, bos, eos, _tokenizer_file):
 
     def render(messages, add_generation_prompt, extra):
         variables = dict(extra)
-        if variables.get("tools") is None:
-            variables.pop("tools", None)
+        # transformers always passes tools and documents, None when the request has none.
+        variables.setdefault("tools", None)
+        variables.setdefault("documents", None)
         special = {}
         if bos is not None:
             special["bos_token"] = bos

@@ -132,6 +132,7 @@ class Engine {
   std::string kv_description() const;
   const KvPipeline& kv_pipeline() const { return *pipeline_; }
   int context_tokens() const;  // the most tokens a sequence holds
+  int64_t vocab_size() const;  // the model's (token ids are in [0, vocab_size))
 
   // --- Sequences and steps ---
   // A new, empty sequence; an error when max_sequences are held.

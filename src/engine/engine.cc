@@ -11,7 +11,7 @@
 #include "model/model_identity.h"
 #include "model/llama.h"
 #include "slimkv/engine.h"
-#include "tokenizer/tokenizer.h"
+#include "slimkv/tokenizer.h"
 #include "util/mapped_file.h"
 #include "util/thread_pool.h"
 
@@ -118,6 +118,8 @@ const ModelConfig& Engine::model_config() const { return model_->config(); }
 std::string Engine::kv_description() const { return device_->kv_description(); }
 
 int Engine::context_tokens() const { return device_->context_tokens(); }
+
+int64_t Engine::vocab_size() const { return model_->config().vocab_size; }
 
 // ----------------------------------------------------------------------------------------------
 // Sequences and steps

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "model/model_config.h"
-#include "tokenizer/tokenizer.h"
+#include "slimkv/tokenizer.h"
 
 namespace slimkv {
 

@@ -1,4 +1,4 @@
-#include "engine/zack_calibration_run.h"
+#include "slimkv/zack_calibration_run.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-// Gathers a ZACK calibration (kv/zack/calibration.h) from a model run over calibration text.
+// Gathers a ZACK calibration (slimkv/zack_calibration.h) from a model run over calibration text.
 //
 // Memory is bounded by streaming: instead of stacking every q/k/v vector (Fig. 9), it accumulates, per
 // layer and KV head, the Gram matrices of the stacks, in FP64:
@@ -8,13 +8,13 @@
 // eigenvalues, so the SVD needs only these head_dim² numbers per head, however many tokens were run.
 // Deterministic: sums in a fixed order, eigenvectors signed so their largest component is positive.
 // It observes the model's forward pass (a ForwardObserver), so it lives in engine/ beside the run that
-// drives it (engine/zack_calibration_run.h); what the calibration is and how it is stored stay in kv/zack.
+// drives it (slimkv/zack_calibration_run.h); what the calibration is and how it is stored: the public slimkv/zack_calibration.h.
 #pragma once
 
 #include <string>
 #include <vector>
 
-#include "kv/zack/calibration.h"
+#include "slimkv/zack_calibration.h"
 #include "model/forward_observer.h"
 
 namespace slimkv {

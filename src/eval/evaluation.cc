@@ -1,4 +1,4 @@
-#include "eval/evaluation.h"
+#include "slimkv/evaluation.h"
 
 #include <algorithm>
 #include <cstdlib>

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "eval/results.h"
+#include "slimkv/eval_results.h"
 #include "slimkv/status.h"
 
 namespace slimkv {

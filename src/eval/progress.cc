@@ -1,4 +1,4 @@
-#include "eval/progress.h"
+#include "slimkv/eval_progress.h"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "eval/results.h"
+#include "slimkv/eval_results.h"
 
 #include <cmath>
 #include <cstdio>

@@ -17,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-#include "tokenizer/tokenizer.h"
+#include "slimkv/tokenizer.h"
 #include "util/random.h"
 
 namespace slimkv {

@@ -6,7 +6,7 @@
 
 #include <functional>
 
-#include "eval/evaluation.h"
+#include "slimkv/evaluation.h"
 #include "eval/retrieval_prompts.h"
 
 namespace slimkv {

@@ -2,7 +2,7 @@
 // every subject of the context on the same inputs and adds its rows to context.results.
 #pragma once
 
-#include "eval/evaluation.h"
+#include "slimkv/evaluation.h"
 
 namespace slimkv {
 

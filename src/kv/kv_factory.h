@@ -9,7 +9,7 @@
 #include "kv/codec/codec.h"
 #include "kv/select/selector.h"
 #include "kv/tier/offload_tier.h"
-#include "kv/zack/ranks.h"
+#include "slimkv/zack_ranks.h"
 #include "slimkv/kv_config.h"
 
 namespace slimkv {

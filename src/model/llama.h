@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "kv/store.h"
-#include "kv/zack/ranks.h"
+#include "slimkv/zack_ranks.h"
 #include "model/forward_observer.h"
 #include "model/llama_weights.h"
 #include "model/model_config.h"

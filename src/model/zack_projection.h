@@ -12,8 +12,8 @@
 #include <memory>
 #include <vector>
 
-#include "kv/zack/calibration.h"
-#include "kv/zack/ranks.h"
+#include "slimkv/zack_calibration.h"
+#include "slimkv/zack_ranks.h"
 #include "model/llama_weights.h"
 #include "model/model_config.h"
 

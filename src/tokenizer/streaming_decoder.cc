@@ -1,5 +1,5 @@
 // StreamingDecoder: HF's DecodeStream (step_decode_stream), which emits the text a new id completes.
-#include "tokenizer/tokenizer.h"
+#include "slimkv/tokenizer.h"
 #include "tokenizer/utf8.h"
 
 namespace slimkv {

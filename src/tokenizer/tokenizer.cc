@@ -1,4 +1,4 @@
-#include "tokenizer/tokenizer.h"
+#include "slimkv/tokenizer.h"
 
 #include <nlohmann/json.hpp>
 

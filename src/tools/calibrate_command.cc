@@ -1,15 +1,15 @@
 // slimkv calibrate --model DIR --text FILE [--tokens N] --out FILE [--compare FILE]
 // Runs the model over the first N tokens of the text in windows of its context and writes the ZACK
-// calibration (kv/zack/calibration.h): per layer and KV head, the Q–K and V–W_O rotations and singular
+// calibration (slimkv/zack_calibration.h): per layer and KV head, the Q–K and V–W_O rotations and singular
 // values. --compare prints how far the rotations are from another calibration's (δ/ε, ZACK §4.3).
 #include <algorithm>
 #include <cstdio>
 
-#include "engine/zack_calibration_run.h"
-#include "kv/zack/ranks.h"
-#include "tokenizer/tokenizer.h"
+#include "slimkv/zack_calibration_run.h"
+#include "slimkv/zack_ranks.h"
+#include "slimkv/tokenizer.h"
 #include "tools/commands.h"
-#include "util/mapped_file.h"
+#include "slimkv/files.h"
 
 namespace slimkv {
 

@@ -1,8 +1,8 @@
 // slimkv eval --model DIR --kv SPEC[,SPEC...] --tasks TASK[,TASK...] [--context N] [--samples N] [--seed S]
 //             [--text FILE] [--threads N] [--device cpu|cuda] [--no-plots] --out DIR
 // Runs every task for every KV spec and writes DIR/results.json, DIR/results.md and PNG plots
-// (eval/evaluation.h; the tasks are documented in docs/eval.md).
-#include "eval/evaluation.h"
+// (slimkv/evaluation.h; the tasks are documented in docs/eval.md).
+#include "slimkv/evaluation.h"
 #include "tools/commands.h"
 
 namespace slimkv {

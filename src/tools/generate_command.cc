@@ -6,9 +6,9 @@
 #include <cstdio>
 
 #include "slimkv/generation.h"
-#include "tokenizer/tokenizer.h"
+#include "slimkv/tokenizer.h"
 #include "tools/commands.h"
-#include "util/mapped_file.h"
+#include "slimkv/files.h"
 
 namespace slimkv {
 

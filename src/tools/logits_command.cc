@@ -3,10 +3,9 @@
 // them one at a time through the KV cache, the decode path.
 #include <cctype>
 
-#include "model/model_config.h"
 #include "tools/commands.h"
-#include "util/mapped_file.h"
-#include "util/npy.h"
+#include "slimkv/files.h"
+#include "slimkv/npy.h"
 
 namespace slimkv {
 namespace {
@@ -68,7 +67,7 @@ CommandRunner add_logits_command(CLI::App& app) {
       return error("give the token ids with --tokens or --tokens-file");
     }
     SLIMKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::load(options->common.engine_config()));
-    const int64_t vocab = engine->model_config().vocab_size;
+    const int64_t vocab = engine->vocab_size();
     auto session = engine->new_session();
     std::vector<float> logits;
     if (options->mode == "prefill") {

@@ -1,9 +1,9 @@
 // slimkv tokenize --model DIR (--text T | --file F): prints the token ids, comma-separated.
 #include <cstdio>
 
-#include "tokenizer/tokenizer.h"
+#include "slimkv/tokenizer.h"
 #include "tools/commands.h"
-#include "util/mapped_file.h"
+#include "slimkv/files.h"
 
 namespace slimkv {
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "slimkv/files.h"
 #include "slimkv/status.h"
 
 namespace slimkv {
@@ -30,7 +31,5 @@ class MappedFile {
   size_t size_bytes_ = 0;
 };
 
-// Reads a whole (small) file into a string; the error names the file.
-Expected<std::string> read_text_file(const std::string& path);
 
 }  // namespace slimkv

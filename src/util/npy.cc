@@ -1,4 +1,4 @@
-#include "util/npy.h"
+#include "slimkv/npy.h"
 
 #include <cerrno>
 #include <cstring>

@@ -13,11 +13,11 @@
 
 #include "cuda_test_util.h"
 #include "engine/sampler.h"
-#include "tokenizer/tokenizer.h"
+#include "slimkv/tokenizer.h"
 #include "model/cuda/llama_cuda.h"
 #include "model/llama.h"
 #include "slimkv/engine.h"
-#include "util/npy.h"
+#include "slimkv/npy.h"
 #include "golden_models.h"
 
 namespace slimkv::cuda {

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "slimkv/generation.h"
-#include "tokenizer/tokenizer.h"
+#include "slimkv/tokenizer.h"
 
 namespace slimkv {
 namespace {

@@ -13,7 +13,7 @@
 
 #include "model/model_config.h"
 #include "slimkv/engine.h"
-#include "util/npy.h"
+#include "slimkv/npy.h"
 #include "golden_models.h"
 
 namespace slimkv {

@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "slimkv/engine.h"
-#include "tokenizer/tokenizer.h"
+#include "slimkv/tokenizer.h"
 
 namespace slimkv {
 namespace {

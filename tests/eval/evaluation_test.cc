@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 
-#include "eval/evaluation.h"
+#include "slimkv/evaluation.h"
 
 namespace slimkv {
 namespace {

@@ -18,7 +18,7 @@
 #include "kv/store_attention.h"
 #include "model/llama.h"
 #include "slimkv/engine.h"
-#include "tokenizer/tokenizer.h"
+#include "slimkv/tokenizer.h"
 
 namespace slimkv {
 namespace {

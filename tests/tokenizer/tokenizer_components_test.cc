@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "tokenizer/regex.h"
-#include "tokenizer/tokenizer.h"
+#include "slimkv/tokenizer.h"
 #include "tokenizer/utf8.h"
 #include "util/mapped_file.h"
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "tokenizer/tokenizer.h"
+#include "slimkv/tokenizer.h"
 #include "util/mapped_file.h"
 
 namespace slimkv {

@@ -12,13 +12,13 @@
 #include <vector>
 
 #include "attention/reference.h"
-#include "engine/zack_calibration_run.h"
+#include "slimkv/zack_calibration_run.h"
 #include "kv/store_attention.h"
 #include "kv/transfer.h"
-#include "kv/zack/ranks.h"
+#include "slimkv/zack_ranks.h"
 #include "model/llama.h"
 #include "slimkv/engine.h"
-#include "tokenizer/tokenizer.h"
+#include "slimkv/tokenizer.h"
 #include "util/mapped_file.h"
 
 namespace slimkv {

@@ -1,4 +1,4 @@
-#include "kv/zack/calibration.h"
+#include "slimkv/zack_calibration.h"
 
 #include <cmath>
 #include <cstring>

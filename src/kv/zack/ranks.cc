@@ -1,4 +1,4 @@
-#include "kv/zack/ranks.h"
+#include "slimkv/zack_ranks.h"
 
 #include <algorithm>
 

@@ -52,6 +52,7 @@ struct Node {
     kSet,       // set targets = expr, or set targets[0].attribute = expr
     kSetBlock,  // set targets[0] %} bodies[0] {% endset
     kMacro,     // macro name(params = defaults): bodies[0]
+    kFilterBlock,  // filter expr %} bodies[0] {% endfilter: expr is a kFilter whose input is the body
     kBreak,
     kContinue,
   };

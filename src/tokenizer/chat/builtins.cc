@@ -3,6 +3,8 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <cctype>
+#include <iterator>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +27,14 @@ namespace {
 // The argument at `index`, or the keyword `name`, or undefined when neither was given.
 Value argument(const CallArgs& args, size_t index, std::string_view name) {
   if (index < args.positional.size()) return args.positional[index];
+  for (const auto& [key, value] : args.keyword) {
+    if (key == name) return value;
+  }
+  return Value();
+}
+
+// A keyword-only argument (map's attribute= and default=), or undefined.
+Value keyword_argument(const CallArgs& args, std::string_view name) {
   for (const auto& [key, value] : args.keyword) {
     if (key == name) return value;
   }
@@ -108,6 +118,25 @@ std::string title(std::string_view text) {
   flush();
   return out;
 }
+
+}  // namespace
+
+std::string html_escape(std::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&#34;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+namespace {
 
 std::string replace_all(std::string text, const std::string& from, const std::string& to, int64_t count) {
   std::string out;
@@ -277,7 +306,7 @@ Value dict_method(const Value& dict, std::string_view name) {
     return Value::callable("dict." + method, [dict, method](const CallArgs&) {
       ValueList out;
       for (const auto& [key, value] : dict.as_dict().entries) {
-        if (method == "items") out.push_back(Value::list({Value::string(key), value}));
+        if (method == "items") out.push_back(Value::tuple({Value::string(key), value}));
         else if (method == "keys") out.push_back(Value::string(key));
         else out.push_back(value);
       }
@@ -378,6 +407,7 @@ void append_json(const Value& value, const JsonStyle& style, int depth, const Lo
     }
     case Value::Kind::kString: append_json_string(value.as_string(), style.ensure_ascii, out); return;
     case Value::Kind::kList: {
+      if (value.is_generator()) fail_at(at, "tojson: Object of type generator is not JSON serializable");
       const ValueList& items = value.as_list();
       if (items.empty()) {
         out += "[]";
@@ -427,7 +457,7 @@ void append_json(const Value& value, const JsonStyle& style, int depth, const Lo
 
 int64_t length_of(const Value& value, const Location& at) {
   if (value.is_string()) return static_cast<int64_t>(code_points(value.as_string()).size());
-  if (value.is_list()) return static_cast<int64_t>(value.as_list().size());
+  if (value.is_list() && !value.is_generator()) return static_cast<int64_t>(value.as_list().size());
   if (value.is_dict()) return static_cast<int64_t>(value.as_dict().entries.size());
   if (value.is_undefined()) return 0;
   fail_at(at, "object of type '" + value.type_name() + "' has no len()");
@@ -483,13 +513,14 @@ Value select_items(const Value& input, const CallArgs& args, bool by_attribute, 
   CallArgs test_args = shift_arguments(args, next + 1);
   test_args.keyword.clear();
   ValueList out;
+  if (!input.truthy()) return Value::generator({});  // Jinja2 iterates only a true value
   for (const Value& item : iterate(input, at, "select")) {
     const Value subject = by_attribute ? attribute_path(item, attribute, at) : item;
     const bool passed = test.is_undefined() ? subject.truthy()
                                             : apply_test(require_string(test, at, "select"), subject, test_args, at);
     if (passed == keep) out.push_back(item);
   }
-  return Value::list(std::move(out));
+  return Value::generator(std::move(out));
 }
 
 std::string indent_lines(const std::string& text, const Value& width, bool first, bool blank) {
@@ -516,6 +547,43 @@ std::string indent_lines(const std::string& text, const Value& width, bool first
 }
 
 }  // namespace
+
+namespace {
+
+constexpr std::string_view kFilters[] = {  // sorted: the error message lists them in this order
+    "abs",  "capitalize", "count",   "d",    "default", "dictsort", "e",          "escape", "first",  "float",
+    "forceescape", "indent", "int",  "items", "join",   "last",     "length",     "list",   "lower",  "map",
+    "reject", "rejectattr", "replace", "reverse", "safe", "select", "selectattr", "string", "title",  "tojson",
+    "trim", "unique", "upper"};
+constexpr std::string_view kTests[] = {
+    "!=", "<", "<=", "==", ">", ">=", "boolean", "callable", "defined", "divisibleby", "eq", "equalto", "even",
+    "false", "float", "ge", "gt", "in", "integer", "iterable", "le", "lower", "lt", "mapping", "ne", "none",
+    "number", "odd", "sameas", "sequence", "string", "true", "undefined", "upper"};
+
+template <size_t N>
+std::string supported(const std::string_view (&names)[N]) {
+  std::string out;
+  for (const std::string_view name : names) {
+    if (name == "d" || name == "forceescape" || !std::isalpha(static_cast<unsigned char>(name[0]))) continue;  // aliases
+    out += (out.empty() ? "" : ", ") + std::string(name);
+  }
+  return out;
+}
+
+}  // namespace
+
+bool is_known_filter(std::string_view name) {
+  return std::find(std::begin(kFilters), std::end(kFilters), name) != std::end(kFilters);
+}
+bool is_known_test(std::string_view name) {
+  return std::find(std::begin(kTests), std::end(kTests), name) != std::end(kTests);
+}
+std::string unknown_filter_message(std::string_view name) {
+  return "unknown filter '" + std::string(name) + "' (supported: " + supported(kFilters) + ")";
+}
+std::string unknown_test_message(std::string_view name) {
+  return "unknown test '" + std::string(name) + "' (supported: " + supported(kTests) + ")";
+}
 
 std::vector<std::string> code_points(std::string_view text) {
   std::vector<std::string> out;
@@ -580,6 +648,7 @@ Value get_item(const Value& object, const Value& key, const Location& at) {
     }
     return Value::undefined("'dict object' has no attribute '" + key.as_string() + "'");
   }
+  if (object.is_generator()) return Value::undefined("'generator object' is not subscriptable");
   if ((object.is_list() || object.is_string()) && (key.is_int() || key.is_bool())) {
     int64_t index = key.as_int();
     if (object.is_list()) {
@@ -654,19 +723,25 @@ Value apply_filter(std::string_view name, const Value& input, const CallArgs& ar
   if (name == "capitalize") return Value::string(capitalize(as_text(input)));
   if (name == "title") return Value::string(title(as_text(input)));
   if (name == "safe" || name == "e" || name == "escape" || name == "forceescape") {
-    if (name == "safe") return input;
-    std::string out;
-    for (const char c : as_text(input)) {
-      switch (c) {
-        case '&': out += "&amp;"; break;
-        case '<': out += "&lt;"; break;
-        case '>': out += "&gt;"; break;
-        case '"': out += "&#34;"; break;
-        case '\'': out += "&#39;"; break;
-        default: out += c;
-      }
-    }
-    return Value::string(std::move(out));
+    if (name == "safe" || (input.is_markup() && name != "forceescape")) return Value::markup(as_text(input));
+    return Value::markup(html_escape(as_text(input)));
+  }
+  if (name == "dictsort") {
+    if (!input.is_dict()) fail_at(at, "dictsort expects a mapping, got " + input.type_name());
+    const bool case_sensitive = argument(args, 0, "case_sensitive").truthy();
+    const bool by_value = argument(args, 1, "by").is_string() && argument(args, 1, "by").as_string() == "value";
+    const bool reverse = argument(args, 2, "reverse").truthy();
+    ValueList pairs;
+    for (const auto& [key, value] : input.as_dict().entries) pairs.push_back(Value::tuple({Value::string(key), value}));
+    auto sort_key = [&](const Value& pair) {
+      const Value& v = pair.as_list()[by_value ? 1 : 0];
+      if (!v.is_string()) fail_at(at, "dictsort: can only sort string keys and values here");
+      return case_sensitive ? v.as_string() : map_case(v.as_string(), false);
+    };
+    std::stable_sort(pairs.begin(), pairs.end(), [&](const Value& a, const Value& b) {
+      return reverse ? sort_key(b) < sort_key(a) : sort_key(a) < sort_key(b);
+    });
+    return Value::list(std::move(pairs));
   }
   if (name == "replace") {
     const Value count = argument(args, 2, "count");
@@ -689,7 +764,7 @@ Value apply_filter(std::string_view name, const Value& input, const CallArgs& ar
     if (input.is_undefined()) return Value::list();
     if (!input.is_dict()) fail_at(at, "items filter expects a mapping, got " + input.type_name());
     ValueList out;
-    for (const auto& [key, value] : input.as_dict().entries) out.push_back(Value::list({Value::string(key), value}));
+    for (const auto& [key, value] : input.as_dict().entries) out.push_back(Value::tuple({Value::string(key), value}));
     return Value::list(std::move(out));
   }
   if (name == "list") return Value::list(iterate(input, at, "list"));
@@ -712,13 +787,14 @@ Value apply_filter(std::string_view name, const Value& input, const CallArgs& ar
   if (name == "select" || name == "reject") return select_items(input, args, false, name == "select", at);
   if (name == "selectattr" || name == "rejectattr") return select_items(input, args, true, name == "selectattr", at);
   if (name == "map") {
-    const Value attribute = argument(args, 0x7fffffff, "attribute");
+    const Value attribute = keyword_argument(args, "attribute");
     ValueList out;
+    if (!input.truthy()) return Value::generator({});
     for (const Value& item : iterate(input, at, "map")) {
       if (!attribute.is_undefined()) {
         Value mapped = attribute_path(item, as_text(attribute), at);
         if (mapped.is_undefined()) {
-          const Value fallback = argument(args, 0x7fffffff, "default");
+          const Value fallback = keyword_argument(args, "default");
           if (!fallback.is_undefined()) mapped = fallback;
         }
         out.push_back(std::move(mapped));
@@ -727,7 +803,7 @@ Value apply_filter(std::string_view name, const Value& input, const CallArgs& ar
         out.push_back(apply_filter(filter, item, shift_arguments(args, 1), at));
       }
     }
-    return Value::list(std::move(out));
+    return Value::generator(std::move(out));
   }
   if (name == "unique") {
     ValueList out;
@@ -774,10 +850,7 @@ Value apply_filter(std::string_view name, const Value& input, const CallArgs& ar
     return Value::string(indent_lines(as_text(input), argument(args, 0, "width"), argument(args, 1, "first").truthy(),
                                       argument(args, 2, "blank").truthy()));
   }
-  fail_at(at, "unknown filter '" + std::string(name) +
-                  "' (supported: abs, capitalize, count, default, e, escape, first, float, indent, int, items, join, last, "
-                  "length, list, lower, map, reject, rejectattr, replace, reverse, safe, select, selectattr, string, "
-                  "title, tojson, trim, unique, upper)");
+  fail_at(at, unknown_filter_message(name));
 }
 
 bool apply_test(std::string_view name, const Value& input, const CallArgs& args, const Location& at) {
@@ -840,10 +913,7 @@ bool apply_test(std::string_view name, const Value& input, const CallArgs& args,
     if (name == "le" || name == "<=") return a <= b;
     return a >= b;
   }
-  fail_at(at, "unknown test '" + std::string(name) +
-                  "' (supported: boolean, callable, defined, divisibleby, eq, equalto, even, false, float, ge, gt, in, "
-                  "integer, iterable, le, lower, lt, mapping, ne, none, number, odd, sameas, sequence, string, true, "
-                  "undefined, upper)");
+  fail_at(at, unknown_test_message(name));
 }
 
 }  // namespace slimkv::chat

@@ -6,6 +6,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "tokenizer/chat/value.h"
 
@@ -17,6 +18,14 @@ struct Location {
 };
 
 [[noreturn]] void fail_at(const Location& at, const std::string& message);
+
+// Whether a filter or test of that name exists: the parser rejects unknown ones when the template
+// loads, as Jinja2 does when it compiles, so a model's bad template fails at startup.
+bool is_known_filter(std::string_view name);
+bool is_known_test(std::string_view name);
+// "unknown filter 'x' (supported: ...)" / "unknown test 'x' (supported: ...)".
+std::string unknown_filter_message(std::string_view name);
+std::string unknown_test_message(std::string_view name);
 
 // input | name(args). Unknown names fail with the list of supported filters.
 Value apply_filter(std::string_view name, const Value& input, const CallArgs& args, const Location& at);
@@ -37,6 +46,9 @@ Value get_slice(const Value& object, const Value& start, const Value& stop, cons
 // transformers' tojson: json.dumps(value, ensure_ascii=False, indent=indent, separators=...,
 // sort_keys=...).
 std::string to_json(const Value& value, const CallArgs& args, const Location& at);
+
+// markupsafe's escape(): & < > " ' as HTML entities.
+std::string html_escape(std::string_view text);
 
 // The code points of valid UTF-8 text, each as its UTF-8 bytes (how Python indexes a str).
 std::vector<std::string> code_points(std::string_view text);

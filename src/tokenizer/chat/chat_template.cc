@@ -59,6 +59,16 @@ Expected<OrderedJson> read_json(const std::filesystem::path& path) {
   return json;
 }
 
+// Whether `json` holds arrays/objects nested more than `limit` deep (recursion stops at the limit).
+bool nesting_exceeds(const OrderedJson& json, int limit) {
+  if (!json.is_structured()) return false;
+  if (limit == 0) return true;
+  for (const auto& item : json) {
+    if (nesting_exceeds(item, limit - 1)) return true;
+  }
+  return false;
+}
+
 std::tm local_now() {
   const std::time_t now = std::time(nullptr);
   std::tm local{};
@@ -102,6 +112,10 @@ Expected<ChatTemplate> ChatTemplate::load(const std::filesystem::path& model_dir
   SLIMKV_ASSIGN_OR_RETURN(std::optional<std::string> eos, special_token(config, "eos_token", config_path.string()));
   Expected<ChatTemplate> loaded = from_source(std::move(*source), std::move(bos), std::move(eos));
   if (!loaded) return loaded.status().with_context(origin);
+  for (const char* key : {"unk_token", "pad_token", "sep_token", "cls_token", "mask_token"}) {
+    SLIMKV_ASSIGN_OR_RETURN(std::optional<std::string> token, special_token(config, key, config_path.string()));
+    if (token) loaded->other_special_tokens_.emplace_back(key, std::move(*token));
+  }
   return loaded;
 }
 
@@ -134,6 +148,13 @@ Expected<std::string> ChatTemplate::render(const nlohmann::ordered_json& message
     if (!messages[i].is_object()) return error("messages[", i, "]: expected an object, found a ", messages[i].type_name());
   }
   if (!extra.is_null() && !extra.is_object()) return error("chat template variables: expected an object, found a ", extra.type_name());
+  // Values are converted and compared recursively: bound the nesting a client can send.
+  if (nesting_exceeds(messages, chat::Value::kMaxNesting)) {
+    return error("messages: nested deeper than ", chat::Value::kMaxNesting, " levels");
+  }
+  if (nesting_exceeds(extra, chat::Value::kMaxNesting)) {
+    return error("chat template variables: nested deeper than ", chat::Value::kMaxNesting, " levels");
+  }
 
   chat::ValueDict variables;
   variables.set("messages", chat::Value::from_json(messages));
@@ -142,6 +163,7 @@ Expected<std::string> ChatTemplate::render(const nlohmann::ordered_json& message
   variables.set("documents", chat::Value::none());
   if (bos_token_) variables.set("bos_token", chat::Value::string(*bos_token_));
   if (eos_token_) variables.set("eos_token", chat::Value::string(*eos_token_));
+  for (const auto& [name, token] : other_special_tokens_) variables.set(name, chat::Value::string(token));
   variables.set("add_generation_prompt", chat::Value::boolean(add_generation_prompt));
   if (extra.is_object()) {
     for (const auto& [key, value] : extra.items()) variables.set(key, chat::Value::from_json(value));
@@ -153,6 +175,8 @@ Expected<std::string> ChatTemplate::render(const nlohmann::ordered_json& message
     return error("chat template ", describe_error(e));
   } catch (const std::bad_alloc&) {
     return error("chat template: out of memory while rendering");
+  } catch (const std::exception& e) {  // nothing else is expected; still an error, never a crash
+    return error("chat template: ", e.what());
   }
 }
 

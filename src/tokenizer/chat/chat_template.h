@@ -9,6 +9,31 @@
 // A folder without a template gives an error that is_no_chat_template() recognises (the server
 // answers chat requests with a 400 then). render() errors name the template line and column; a
 // conversation the template refuses through raise_exception() gives its own message.
+//
+// The Jinja2 subset (src/tokenizer/chat/: lexer, parser, value, builtins, evaluator), enough for the
+// templates under tests/data/chat_templates/ (Llama 3.x, Qwen 2.5/3/QwQ, Mistral, Gemma 2/3, Phi,
+// DeepSeek, Hermes, Command-R, granite, functionary, gpt-oss, Kimi-K2, ...):
+//   statements  if/elif/else, for (tuple targets, `if` filter, else, loop.index/index0/revindex/
+//               revindex0/first/last/length/previtem/nextitem/depth), set (incl. ns.attr and
+//               {% set %}...{% endset %}), macro (defaults, keyword args, recursion), filter blocks,
+//               break/continue, raw, generation; {%- -%} {{- -}} {#- -#} and {%+; comments
+//   expressions literals (str escapes, int, float, true/True/none/None, lists, dicts, tuples), ~,
+//               + - * / // % **, comparisons, in / not in, and/or/not, `a if c else b`, is [not]
+//               tests, .attr / [key] / [a:b:c] slices, calls with keyword arguments
+//   filters     abs capitalize count default(d) dictsort e/escape first float indent int items join
+//               last length list lower map reject rejectattr replace reverse safe select selectattr
+//               string title tojson trim unique upper
+//   tests       boolean callable defined divisibleby eq/equalto/== even false float ge gt in integer
+//               iterable le lower lt mapping ne none number odd sameas sequence string true
+//               undefined upper
+//   methods     str: strip lstrip rstrip split upper lower title capitalize startswith endswith
+//               replace find count join isdigit isalpha isspace; dict: items keys values get
+//   globals     raise_exception strftime_now namespace range dict
+// Python semantics where templates see them: None/True/False print as Python does, lists and dicts
+// print as repr(), select/map give generators (always true, no length), |safe gives Markup.
+// Not supported (an error names them): include/import/extends/block, call blocks, recursive loops,
+// loop.cycle, non-string dict keys, list.append and other mutating methods (transformers' sandbox
+// forbids them too).
 #pragma once
 
 #include <filesystem>
@@ -16,6 +41,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "slimkv/status.h"
@@ -27,8 +53,9 @@ class ChatTemplate {
  public:
   // Reads `model_dir`/chat_template.jinja (what transformers 4.4x+ saves), else the
   // "chat_template" of tokenizer_config.json (a string, or a list of {name, template} from which
-  // "default" is taken), else chat_template.json's; bos_token/eos_token come from
-  // tokenizer_config.json (a string or an AddedToken {"content": ...}) when it has them.
+  // "default" is taken), else chat_template.json's; bos_token/eos_token (and unk/pad/sep/cls/mask,
+  // all of which transformers hands the template) come from tokenizer_config.json, each a string or
+  // an AddedToken {"content": ...}, when it has them.
   static Expected<ChatTemplate> load(const std::filesystem::path& model_dir);
 
   // A template from its text; the special tokens are the template's bos_token/eos_token variables
@@ -62,6 +89,7 @@ class ChatTemplate {
   std::shared_ptr<const std::vector<chat::Node>> program_;  // shared: a ChatTemplate copies cheaply
   std::optional<std::string> bos_token_;
   std::optional<std::string> eos_token_;
+  std::vector<std::pair<std::string, std::string>> other_special_tokens_;  // ("pad_token", "<pad>"), ...
   chat::Clock clock_;
   chat::RenderLimits limits_;
 };

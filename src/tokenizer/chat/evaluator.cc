@@ -26,8 +26,7 @@ class Evaluator {
 
   std::string render(const std::vector<Node>& program) {
     std::string out;
-    const Flow flow = run_body(program, out);
-    (void)flow;  // break/continue outside a loop are parse-time legal in Jinja2 only inside loops; ignored here
+    run_body(program, out);  // break/continue only occur inside loops (the parser checks)
     return out;
   }
 
@@ -76,6 +75,12 @@ class Evaluator {
         return Flow::kNormal;
       }
       case Node::Kind::kMacro: scopes_.back()->set(node.name, make_macro(node)); return Flow::kNormal;
+      case Node::Kind::kFilterBlock: {
+        std::string captured;
+        const Flow flow = run_body(node.bodies[0], captured);
+        append(out, filter_chain(*node.expr, Value::string(std::move(captured))).to_output(), where(node));
+        return flow;
+      }
       case Node::Kind::kBreak: return Flow::kBreak;
       case Node::Kind::kContinue: return Flow::kContinue;
     }
@@ -109,6 +114,7 @@ class Evaluator {
     if (node.filter) {
       ValueList kept;
       for (const Value& item : items) {
+        count_step(where(node));
         ScopeGuard scope(*this);
         assign(node.targets, item, where(node));
         if (eval(*node.filter).truthy()) kept.push_back(item);
@@ -124,6 +130,7 @@ class Evaluator {
     }
     const auto length = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < length; ++i) {
+      count_step(where(node));  // an empty body still costs a step, so nested empty loops stay bounded
       ScopeGuard scope(*this);
       ValueDict loop;
       loop.set("index", Value::integer(i + 1));
@@ -137,11 +144,6 @@ class Evaluator {
       loop.set("depth0", Value::integer(0));
       loop.set("previtem", i > 0 ? items[static_cast<size_t>(i - 1)] : Value::undefined("there is no previous item"));
       loop.set("nextitem", i + 1 < length ? items[static_cast<size_t>(i + 1)] : Value::undefined("there is no next item"));
-      const int64_t index = i;
-      loop.set("cycle", Value::callable("loop.cycle", [index](const CallArgs& args) {
-                 if (args.positional.empty()) return Value::undefined("loop.cycle() needs at least one value");
-                 return args.positional[static_cast<size_t>(index) % args.positional.size()];
-               }));
       scopes_.back()->set("loop", Value::dict(std::move(loop)));
       assign(node.targets, items[static_cast<size_t>(i)], where(node));
       if (run_body(node.bodies[0], out) == Flow::kBreak) break;
@@ -205,7 +207,7 @@ class Evaluator {
       case Expr::Kind::kTuple: {
         ValueList items;
         for (const ExprPtr& child : expr.children) items.push_back(eval(*child));
-        return Value::list(std::move(items));
+        return expr.kind == Expr::Kind::kTuple ? Value::tuple(std::move(items)) : Value::list(std::move(items));
       }
       case Expr::Kind::kDict: {
         ValueDict dict;
@@ -230,6 +232,7 @@ class Evaluator {
           fail_at(where(expr), callee.undefined_what().empty() ? "called an undefined value" : callee.undefined_what() + " (called as a function)");
         }
         if (!callee.is_callable()) fail_at(where(expr), "'" + callee.type_name() + "' object is not callable");
+        current_ = where(expr);  // errors raised inside a global (raise_exception, range) point at the call
         Value result = callee.as_callable()(args);
         check_size(result, where(expr));
         return result;
@@ -274,6 +277,13 @@ class Evaluator {
       }
     }
     fail_at(where(expr), "unsupported expression");
+  }
+
+  // A {% filter %} head (parser: a chain of kFilter over a placeholder) applied to `input`.
+  Value filter_chain(const Expr& filter, Value input) {
+    if (filter.kind != Expr::Kind::kFilter) return input;
+    Value inner = filter_chain(*filter.children[0], std::move(input));
+    return apply_filter(filter.name, inner, eval_arguments(filter, 1), where(filter));
   }
 
   CallArgs eval_arguments(const Expr& expr, size_t first) {
@@ -327,6 +337,12 @@ class Evaluator {
       return Value::boolean(order >= 0);
     }
     if (op == "+") {
+      if (a.is_markup() || b.is_markup()) {  // Markup + str escapes the plain side
+        if (a.is_string() && b.is_string()) {
+          return Value::markup((a.is_markup() ? a.as_string() : html_escape(a.as_string())) +
+                               (b.is_markup() ? b.as_string() : html_escape(b.as_string())));
+        }
+      }
       if (a.is_string() && b.is_string()) return Value::string(a.as_string() + b.as_string());
       if (a.is_list() && b.is_list()) {
         ValueList items = a.as_list();

@@ -18,10 +18,10 @@
 namespace slimkv::chat {
 
 struct RenderLimits {
-  uint64_t max_steps = 10'000'000;           // statements and expressions evaluated
-  size_t max_output_bytes = 64u << 20;       // the rendered text (and any one string built)
-  int max_call_depth = 64;                   // nested macro calls
-  int64_t max_range_items = 1'000'000;       // range(n)
+  uint64_t max_steps = 1'000'000;  // statements, expressions and loop iterations (real templates: ~10^4)
+  size_t max_output_bytes = 64u << 20;  // the rendered text (and any one string built)
+  int max_call_depth = 64;              // nested macro calls
+  int64_t max_range_items = 1'000'000;  // range(n)
 };
 
 // The local time strftime_now() formats; tests pass a fixed one.

@@ -2,6 +2,7 @@
 
 #include <initializer_list>
 
+#include "tokenizer/chat/builtins.h"
 #include "tokenizer/chat/lexer.h"
 
 namespace slimkv::chat {
@@ -73,6 +74,25 @@ class ExpressionParser {
       value = std::move(node);
     }
     return value;
+  }
+
+  // The `name(args) | name2` of {% filter ... %}: filters applied to a placeholder input (a
+  // literal none, replaced by the block's text when it runs).
+  ExprPtr parse_filter_block_head() {
+    ExprPtr placeholder = make(Expr::Kind::kLiteral, peek());
+    placeholder->literal = Value::none();
+    ExprPtr node = std::move(placeholder);
+    do {
+      const Token& at = peek();
+      if (is_operator("|")) next();
+      ExprPtr filter = make(Expr::Kind::kFilter, at);
+      filter->name = expect_name("a filter name after 'filter'");
+      if (!is_known_filter(filter->name)) throw TemplateError(at.line, at.column, unknown_filter_message(filter->name));
+      filter->children.push_back(std::move(node));
+      if (is_operator("(")) parse_call_arguments(*filter);
+      node = std::move(filter);
+    } while (is_operator("|"));
+    return node;
   }
 
   // `a, b` (for targets and `set a, b = ...`) or one expression; `with_condition` false stops
@@ -198,15 +218,18 @@ class ExpressionParser {
     }
     return left;
   }
-  ExprPtr parse_unary() {
+  // As in Jinja2, filters bind to the whole signed operand: `-1 | abs` is abs(-1).
+  ExprPtr parse_unary(bool with_filters = true) {
     DepthGuard guard(*this);
+    ExprPtr node;
     if (is_operator("-") || is_operator("+")) {
-      ExprPtr node = make(Expr::Kind::kUnary, peek());
+      node = make(Expr::Kind::kUnary, peek());
       node->name = next().text;
-      node->children.push_back(parse_unary());
-      return parse_filters_and_tests(std::move(node));
+      node->children.push_back(parse_unary(false));
+    } else {
+      node = parse_postfix(parse_primary());
     }
-    return parse_filters_and_tests(parse_postfix(parse_primary()));
+    return with_filters ? parse_filters_and_tests(std::move(node)) : std::move(node);
   }
 
   ExprPtr parse_primary() {
@@ -365,6 +388,7 @@ class ExpressionParser {
         next();
         ExprPtr filter = make(Expr::Kind::kFilter, at);
         filter->name = expect_name("a filter name after '|'");
+        if (!is_known_filter(filter->name)) throw TemplateError(at.line, at.column, unknown_filter_message(filter->name));
         filter->children.push_back(std::move(node));
         if (is_operator("(")) parse_call_arguments(*filter);
         node = std::move(filter);
@@ -376,6 +400,7 @@ class ExpressionParser {
           test->negated = true;
         }
         test->name = expect_name("a test name after 'is'");
+        if (!is_known_test(test->name)) throw TemplateError(at.line, at.column, unknown_test_message(test->name));
         test->children.push_back(std::move(node));
         if (is_operator("(")) {
           parse_call_arguments(*test);
@@ -523,7 +548,9 @@ class TemplateParser {
       }
       tokens.expect_end();
       node.bodies.emplace_back();
+      ++loop_depth_;
       const std::string end = parse_body(node.bodies.back(), {"else", "endfor"}, "for", &piece);
+      --loop_depth_;
       ExpressionParser close_tokens(pieces_[index_++].tokens);
       close_tokens.next();
       close_tokens.expect_end();
@@ -578,12 +605,26 @@ class TemplateParser {
       tokens.expect_operator(")");
       tokens.expect_end();
       node.bodies.emplace_back();
+      const int enclosing_loops = loop_depth_;
+      loop_depth_ = 0;  // a macro body is not inside the loop it is defined in
       parse_body(node.bodies.back(), {"endmacro"}, "macro", &piece);
+      loop_depth_ = enclosing_loops;
+      ExpressionParser close_tokens(pieces_[index_++].tokens);
+      close_tokens.next();
+      close_tokens.expect_end();
+    } else if (keyword == "filter") {
+      // {% filter trim %}...{% endfilter %}: the body's text goes through the filter.
+      node.kind = Node::Kind::kFilterBlock;
+      node.expr = tokens.parse_filter_block_head();
+      tokens.expect_end();
+      node.bodies.emplace_back();
+      parse_body(node.bodies.back(), {"endfilter"}, "filter", &piece);
       ExpressionParser close_tokens(pieces_[index_++].tokens);
       close_tokens.next();
       close_tokens.expect_end();
     } else if (keyword == "break" || keyword == "continue") {
       node.kind = keyword == "break" ? Node::Kind::kBreak : Node::Kind::kContinue;
+      if (loop_depth_ == 0) throw TemplateError(piece.line, piece.column, "'{% " + keyword + " %}' outside a for loop");
       tokens.expect_end();
     } else if (keyword == "generation") {
       // transformers' {% generation %} marks assistant text for masks; it renders its body as is.
@@ -598,7 +639,7 @@ class TemplateParser {
     } else {
       throw TemplateError(piece.line, piece.column,
                           "unknown statement '{% " + keyword +
-                              " %}' (supported: if, elif, else, for, set, macro, break, continue, raw, generation)");
+                              " %}' (supported: if, elif, else, for, set, macro, filter, break, continue, raw, generation)");
     }
     body.push_back(std::move(node));
   }
@@ -606,6 +647,7 @@ class TemplateParser {
   std::vector<TemplatePiece> pieces_;
   size_t index_ = 0;
   int depth_ = 0;
+  int loop_depth_ = 0;  // for bodies around the statement being parsed
 };
 
 }  // namespace

@@ -36,6 +36,18 @@ Value Value::list(ValueList items) {
   return v;
 }
 
+Value Value::generator(ValueList items) {
+  Value v = list(std::move(items));
+  v.is_generator_ = true;
+  return v;
+}
+
+Value Value::tuple(ValueList items) {
+  Value v = list(std::move(items));
+  v.is_tuple_ = true;
+  return v;
+}
+
 Value Value::dict(ValueDict dict) {
   Value v(Kind::kDict);
   v.dict_ = std::make_shared<ValueDict>(std::move(dict));
@@ -98,7 +110,7 @@ bool Value::truthy() const {
     case Kind::kInt: return int_ != 0;
     case Kind::kFloat: return float_ != 0;
     case Kind::kString: return !text_.empty();
-    case Kind::kList: return !list_->empty();
+    case Kind::kList: return is_generator_ || !list_->empty();
     case Kind::kDict: return is_namespace_ || !dict_->entries.empty();
     case Kind::kCallable: return true;
   }
@@ -113,7 +125,7 @@ std::string Value::type_name() const {
     case Kind::kInt: return "int";
     case Kind::kFloat: return "float";
     case Kind::kString: return "str";
-    case Kind::kList: return "list";
+    case Kind::kList: return is_generator_ ? "generator" : "list";
     case Kind::kDict: return is_namespace_ ? "Namespace" : "dict";
     case Kind::kCallable: return "function";
   }
@@ -203,11 +215,13 @@ std::string Value::repr(int depth) const {
   switch (kind_) {
     case Kind::kString: return python_string_repr(text_);
     case Kind::kList: {
-      std::string out = "[";
+      if (is_generator_) return "<generator object>";
+      std::string out = is_tuple_ ? "(" : "[";
       for (size_t i = 0; i < list_->size(); ++i) {
         if (i) out += ", ";
         out += (*list_)[i].repr(depth + 1);
       }
+      if (is_tuple_) return out + (list_->size() == 1 ? ",)" : ")");
       return out + "]";
     }
     case Kind::kDict: {
@@ -239,6 +253,7 @@ bool Value::equals(const Value& other, int depth) const {
     case Kind::kNone: return true;
     case Kind::kString: return text_ == other.text_;
     case Kind::kList: {
+      if (is_generator_ || other.is_generator_) return list_ == other.list_;  // generators compare by identity
       if (list_->size() != other.list_->size()) return false;
       for (size_t i = 0; i < list_->size(); ++i) {
         if (!(*list_)[i].equals((*other.list_)[i], depth + 1)) return false;

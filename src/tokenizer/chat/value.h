@@ -65,6 +65,19 @@ class Value {
     return v;
   }
   static Value list(ValueList items = {});
+  // What Jinja2's select/reject/map filters return: a generator. It iterates like a list, but is
+  // always true, has no len() and is not JSON serializable (so `x|selectattr(...)|length` fails as
+  // it does under transformers; templates write `|list` first).
+  static Value generator(ValueList items);
+  // A Python tuple (dict.items() pairs, dictsort, `(a, b)`): a list that prints as (a, b).
+  static Value tuple(ValueList items);
+  // Markup (what `|safe` and `|e` return): `markup + str` HTML-escapes the str side, as
+  // markupsafe's Markup.__add__ does (functionary's template relies on it).
+  static Value markup(std::string s) {
+    Value v = string(std::move(s));
+    v.is_markup_ = true;
+    return v;
+  }
   static Value dict(ValueDict dict = {});
   // A namespace() object: a dict whose attributes `{% set ns.x = ... %}` may assign.
   static Value name_space(ValueDict dict = {});
@@ -83,6 +96,8 @@ class Value {
   bool is_list() const { return kind_ == Kind::kList; }
   bool is_dict() const { return kind_ == Kind::kDict; }
   bool is_namespace() const { return kind_ == Kind::kDict && is_namespace_; }
+  bool is_generator() const { return kind_ == Kind::kList && is_generator_; }
+  bool is_markup() const { return kind_ == Kind::kString && is_markup_; }
   bool is_callable() const { return kind_ == Kind::kCallable; }
 
   bool as_bool() const { return int_ != 0; }
@@ -104,17 +119,21 @@ class Value {
   // Jinja2's {{ value }}: Python's str(); undefined prints nothing.
   std::string to_output() const;
   // Python's repr(): how a list or dict prints its items. A namespace can hold itself, so nesting
-  // deeper than kMaxNesting prints "..." as Python does for a cycle.
+  // deeper than kMaxNesting prints "..." as Python does for a cycle. ChatTemplate refuses inputs
+  // nested deeper than that, so only such cycles reach it.
   std::string repr(int depth = 0) const;
   // Python's ==, deep for lists and dicts (1 == 1.0 == True); false past kMaxNesting.
   bool equals(const Value& other, int depth = 0) const;
-  static constexpr int kMaxNesting = 64;
+  static constexpr int kMaxNesting = 128;
 
  private:
   explicit Value(Kind kind) : kind_(kind) {}
 
   Kind kind_ = Kind::kUndefined;
   bool is_namespace_ = false;
+  bool is_generator_ = false;
+  bool is_tuple_ = false;
+  bool is_markup_ = false;
   int64_t int_ = 0;
   double float_ = 0;
   std::string text_;

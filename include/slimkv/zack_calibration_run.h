@@ -7,7 +7,7 @@
 #include <span>
 #include <string>
 
-#include "kv/zack/calibration.h"
+#include "slimkv/zack_calibration.h"
 #include "slimkv/engine.h"
 
 namespace slimkv {

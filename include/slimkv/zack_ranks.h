@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "kv/zack/calibration.h"
+#include "slimkv/zack_calibration.h"
 
 namespace slimkv {
 

@@ -1,5 +1,5 @@
 // slimkv eval: every task for every KV spec in one run, the same way for every spec, into one long
-// table of results (eval/results.h) written as results.json, results.md and PNG plots.
+// table of results (slimkv/eval_results.h) written as results.json, results.md and PNG plots.
 // The tasks and how each is scored: docs/eval.md.
 //
 //   auto evaluation = Evaluation::prepare(settings);   // checks everything, loads an engine per spec
@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "eval/progress.h"
-#include "eval/results.h"
+#include "slimkv/eval_progress.h"
+#include "slimkv/eval_results.h"
 #include "slimkv/engine.h"
-#include "tokenizer/tokenizer.h"
+#include "slimkv/tokenizer.h"
 
 namespace slimkv {
 
