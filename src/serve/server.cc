@@ -9,12 +9,12 @@
 #include <deque>
 #include <filesystem>
 #include <mutex>
+#include <random>
 #include <thread>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
-#include "model/model_config.h"
 #include "serve/api_error.h"
 #include "serve/auth.h"
 #include "serve/chat_prompt.h"
@@ -23,7 +23,7 @@
 #include "serve/openai_response.h"
 #include "serve/sse.h"
 #include "slimkv/server.h"
-#include "tokenizer/tokenizer.h"
+#include "slimkv/tokenizer.h"
 
 namespace slimkv {
 namespace {
@@ -409,7 +409,7 @@ Status run_server(const EngineConfig& engine_config, const SchedulerConfig& sche
     return error("--max-model-len ", config.max_model_len, " is larger than the model's context of ", served.max_model_len, " tokens");
   }
   if (config.max_model_len > 0) served.max_model_len = config.max_model_len;
-  served.vocab_size = (*engine)->model_config().vocab_size;  // the ids the model has rows for
+  served.vocab_size = (*engine)->vocab_size();  // the ids the model has rows for
   served.defaults = (*engine)->generation_defaults();
   const MetricsLabels labels{.model_name = served.name, .kv_spec = (*engine)->kv_description(), .device = engine_config.device};
   Expected<std::unique_ptr<Scheduler>> scheduler = Scheduler::start(engine.take(), scheduler_config);

@@ -10,7 +10,7 @@
 #include "engine/scheduler.h"
 #include "slimkv/generation.h"
 #include "slimkv/scheduler.h"
-#include "tokenizer/tokenizer.h"
+#include "slimkv/tokenizer.h"
 
 namespace slimkv {
 namespace {
