@@ -17,12 +17,16 @@ packages=(
   gnuplot-nox              # slimkv eval's PNG plots
   python3-jsonschema       # tests: results.json checked against docs/eval_results.schema.json
   libfaiss-dev             # bench_pq: the reference product quantizer slimkv's PQ is compared with
+  libcpp-httplib-dev       # slimkv serve's HTTP server
+  nodejs                   # tests: the openai npm package against slimkv serve (npm: below)
 )
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# npm: Debian's package, unless a Node.js that bundles its own (NodeSource's) is installed already.
+command -v npm >/dev/null || missing+=(npm)
 if ((${#missing[@]})); then
   echo "install_deps: installing ${missing[*]}"
   sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"

@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   add(slimkv::add_logits_command);
   add(slimkv::add_tokenize_command);
   add(slimkv::add_eval_command);
+  add(slimkv::add_serve_command);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,117 @@
+// The scheduler: continuous batching of many generation requests on one Engine.
+//
+// A Scheduler owns an Engine and a thread that drives it by Engine::step. Requests are submitted from
+// any thread with a callback for their updates (text deltas, token ids, the finish reason, usage
+// counts); they join and leave the running batch at step boundaries. Each step holds at most
+// EngineConfig::prefill_chunk_tokens rows: the running requests first (a decode token each, or the next
+// chunk of their prompt), then waiting requests in arrival order while the token budget and the KV
+// budget last. When the KV budget runs out mid-decode the newest running request is preempted: its KV
+// is exported to host memory (within SchedulerConfig::host_kv_bytes) or, when that is full, dropped
+// and recomputed from its tokens later. Either way its output does not change (sampling is
+// counter-based per position). Requests queue, never fail, for lack of KV.
+//
+//   auto scheduler = Scheduler::start(std::move(engine), {});
+//   auto id = (*scheduler)->submit(request, [](const RequestUpdate& update) { ... });
+//   (*scheduler)->cancel(*id);          // a client that left: its sequence is freed at the next step
+//   (*scheduler)->shutdown(ShutdownMode::kFinishAccepted);
+//
+// Threads: submit, cancel, stats and shutdown are safe from any thread. Callbacks run on the
+// scheduler's thread, in order per request, with no lock held: they must be quick (queue the update,
+// never wait on a client) and may call cancel() but not shutdown().
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "slimkv/engine.h"
+#include "slimkv/generation.h"
+#include "slimkv/status.h"
+
+namespace slimkv {
+
+struct SchedulerConfig {
+  int max_running = 0;  // requests running at once (0: EngineConfig::max_sequences; never more)
+  // Host memory for the KV of preempted requests, all together; a request whose export does not fit is
+  // recomputed instead.
+  size_t host_kv_bytes = size_t(4) << 30;
+};
+
+using RequestId = uint64_t;
+
+// What a request produced since its last update.
+struct RequestUpdate {
+  std::string text;                    // newly visible text (stop strings held back and cut)
+  std::vector<int32_t> token_ids;      // tokens generated since the last update
+  std::optional<FinishReason> finish;  // set in the last update of the request
+  std::string error;                   // why, when finish is kError
+  int prompt_tokens = 0;
+  int completion_tokens = 0;           // tokens generated so far
+};
+using UpdateCallback = std::function<void(const RequestUpdate&)>;
+
+// A latency histogram in Prometheus's shape: counts per upper bound (cumulative when exported).
+struct LatencyHistogram {
+  std::vector<double> upper_bounds_s;  // ascending; an implicit +Inf bucket follows
+  std::vector<uint64_t> counts;        // per bucket, upper_bounds_s.size() + 1 (not cumulative)
+  double sum_s = 0.0;
+  uint64_t count = 0;
+
+  LatencyHistogram() : counts(1, 0) {}  // the +Inf bucket only
+  explicit LatencyHistogram(std::vector<double> upper_bounds);
+  void observe(double seconds);
+};
+
+struct SchedulerStats {
+  int running = 0;  // requests holding a sequence in the engine
+  int waiting = 0;  // queued, preempted ones included
+  int preempted_in_host = 0;           // waiting with their KV in host memory
+  size_t host_kv_bytes = 0;            // host memory their KV takes
+  KvBudget kv;                         // the engine's budget after the last step
+  uint64_t preemptions_total = 0;      // to host memory and to recompute together
+  uint64_t preemptions_recomputed_total = 0;  // of which dropped and recomputed
+  uint64_t prompt_tokens_total = 0;    // prompt tokens prefilled (a recomputed prompt counts once)
+  uint64_t generation_tokens_total = 0;
+  uint64_t steps_total = 0;
+  uint64_t requests_finished_total[4] = {};  // per FinishReason: stop, length, cancelled, error
+  LatencyHistogram time_to_first_token, inter_token_latency, e2e_request_latency;
+};
+
+enum class ShutdownMode {
+  kFinishAccepted,  // run every accepted request to its end, then stop
+  kCancelAll,       // cancel everything at the next step boundary
+};
+
+class Scheduler {
+ public:
+  // Starts the thread. The engine must hold no sequences.
+  static Expected<std::unique_ptr<Scheduler>> start(std::unique_ptr<Engine> engine, SchedulerConfig config = {});
+  ~Scheduler();  // shutdown(kCancelAll) unless already shut down
+
+  // Checks the request (Generation::start: errors name the field), and that its prompt can ever fit the
+  // KV budget (blocks for the prompt + 1), then queues it. `on_update` receives every update; its last
+  // one has `finish`. Errors: the request's, or the scheduler is shutting down.
+  Expected<RequestId> submit(GenerationRequest request, UpdateCallback on_update);
+  // Ends the request with kCancelled at the next step boundary and frees its sequence. Unknown or
+  // finished ids are ignored (a client may leave after the end).
+  void cancel(RequestId id);
+
+  SchedulerStats stats() const;
+  // The loaded engine, for what is safe from any thread (tokenizer, model_config, config, ...).
+  const Engine& engine() const { return *engine_; }
+
+  // Stops accepting, then finishes or cancels what was accepted and joins the thread. Idempotent.
+  void shutdown(ShutdownMode mode);
+
+ private:
+  struct Impl;  // the thread, the queues and the requests (src/engine/scheduler.cc)
+  explicit Scheduler(std::unique_ptr<Engine> engine);
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace slimkv

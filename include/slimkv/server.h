@@ -1,0 +1,33 @@
+// slimkv serve: an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /v1/models,
+// /health, /tokenize, /detokenize, /metrics) over a Scheduler. docs/serving.md is its manual.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "slimkv/engine.h"
+#include "slimkv/scheduler.h"
+#include "slimkv/status.h"
+
+namespace slimkv {
+
+struct ServerConfig {
+  std::string host = "127.0.0.1";
+  int port = 8000;  // 0: any free port (the one taken is printed)
+  std::string api_key;            // "": no authentication
+  std::string served_model_name;  // "": the model directory's name
+  int max_model_len = 0;          // prompt + generated tokens at most; 0: the model's context
+  size_t max_body_bytes = size_t(32) << 20;
+  // HTTP worker threads. cpp-httplib holds one thread per open connection for as long as it streams,
+  // and a queued request holds one too: 0 sizes the pool for every running request plus three times as
+  // many waiting ones, and 64 more for keep-alive connections and metrics scrapes (at least 128).
+  int http_threads = 0;
+};
+
+// Listens at once (answering /health with 503 while the engine loads), loads the engine, serves until
+// SIGINT or SIGTERM, then shuts down gracefully: new requests get 503, accepted ones run to their end,
+// and it returns ok. Errors: the address cannot be bound, or the engine does not load.
+Status run_server(const EngineConfig& engine_config, const SchedulerConfig& scheduler_config,
+                  const ServerConfig& server_config);
+
+}  // namespace slimkv

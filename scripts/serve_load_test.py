@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""A bounded load test of slimkv serve on loopback: N requests from C concurrent clients (completions
+and chat-free prompts of mixed lengths, streamed and whole, some clients leaving mid-stream), then
+checks: no request failed, no sequence leaked (num_requests_running and KV usage back to 0), and the
+server's memory did not keep growing (RSS after the second half within 10% + 32 MiB of after the first).
+
+  scripts/serve_load_test.py --slimkv build/release/slimkv --requests 1000 --concurrency 64
+ctest runs a short version (tests/serve: --requests 64 --concurrency 16)."""
+import argparse
+import json
+import os
+import random
+import sys
+import threading
+import time
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "serve"))
+from slimkv_server import Server, stream_text  # noqa: E402
+
+
+def rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--slimkv", required=True)
+    parser.add_argument("--model", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models",
+                                                        "slimkv-llama-14m"))
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=48, help="outputs are 1..this")
+    parser.add_argument("--server-args", default="--max-num-seqs 16", help="extra slimkv serve flags")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    rng = random.Random(args.seed)
+    words = "the of a river city story time number light sound water people small great old new world".split()
+    jobs = []
+    for i in range(args.requests):
+        prompt = " ".join(rng.choice(words) for _ in range(rng.randint(1, 300)))
+        jobs.append({"prompt": prompt, "max_tokens": rng.randint(1, args.max_tokens), "temperature": rng.choice([0, 0.8]),
+                     "seed": i, "stream": i % 2 == 0, "leave": i % 10 == 3})
+
+    failures, lock, next_job = [], threading.Lock(), [0]
+    finished = {"stop": 0, "length": 0, "left": 0}
+
+    with Server(args.slimkv, args.model, args.server_args.split()) as server:
+        def client():
+            while True:
+                with lock:
+                    if next_job[0] >= len(jobs):
+                        return
+                    job = jobs[next_job[0]]
+                    next_job[0] += 1
+                body = {k: job[k] for k in ("prompt", "max_tokens", "temperature", "seed")}
+                try:
+                    if job["leave"]:
+                        # Reads two events of a long stream, then hangs up.
+                        connection = server.connection()
+                        connection.request("POST", "/v1/completions", json.dumps(dict(body, max_tokens=400, ignore_eos=True, stream=True)),
+                                           {"Content-Type": "application/json"})
+                        response = connection.getresponse()
+                        events = 0
+                        for line in response:
+                            events += line.startswith(b"data: ")
+                            if events == 2:
+                                break
+                        connection.close()
+                        with lock:
+                            finished["left"] += 1
+                        continue
+                    if job["stream"]:
+                        status, events = server.stream("/v1/completions", dict(body, stream=True))
+                        ok = status == 200 and events[-1] == "[DONE]"
+                        finish = stream_text(events)[1] if ok else None
+                    else:
+                        status, _, response = server.post("/v1/completions", body)
+                        ok = status == 200
+                        finish = response["choices"][0]["finish_reason"] if ok else None
+                    if not ok or finish not in ("stop", "length"):
+                        raise RuntimeError(f"status {status}, finish {finish}")
+                    with lock:
+                        finished[finish] += 1
+                except Exception as e:  # every failure is reported, none stops the run
+                    with lock:
+                        failures.append(f"request {jobs.index(job)}: {e!r}")
+
+        start = time.time()
+        threads = [threading.Thread(target=client) for _ in range(args.concurrency)]
+        for t in threads:
+            t.start()
+        rss_half = None
+        while any(t.is_alive() for t in threads):
+            time.sleep(0.2)
+            if rss_half is None and next_job[0] >= len(jobs) // 2:
+                rss_half = rss_bytes(server.process.pid)
+        duration = time.time() - start
+        deadline = time.time() + 30
+        while (server.metric("slimkv:num_requests_running") or server.metric("slimkv:num_requests_waiting")) \
+                and time.time() < deadline:
+            time.sleep(0.1)
+        running = server.metric("slimkv:num_requests_running")
+        waiting = server.metric("slimkv:num_requests_waiting")
+        kv_usage = server.metric("slimkv:kv_cache_usage_perc")
+        rss_end = rss_bytes(server.process.pid)
+        rss_half = rss_half or rss_end
+        exit_code = server.stop()
+
+    print(f"{args.requests} requests, {args.concurrency} concurrent, {duration:.1f} s "
+          f"({args.requests / duration:.1f} req/s): finished {finished}, {len(failures)} failures")
+    print(f"after: running {running:g}, waiting {waiting:g}, KV usage {kv_usage:g}; "
+          f"server RSS {rss_half / 2**20:.1f} MiB at half, {rss_end / 2**20:.1f} MiB at the end; exit code {exit_code}")
+    for failure in failures[:10]:
+        print("FAIL:", failure)
+    problems = []
+    if failures:
+        problems.append(f"{len(failures)} requests failed")
+    if running or waiting or kv_usage:
+        problems.append("a sequence leaked")
+    if rss_end > rss_half * 1.10 + (32 << 20):
+        problems.append("server memory kept growing")
+    if exit_code != 0:
+        problems.append(f"exit code {exit_code} after SIGTERM")
+    print("PASS" if not problems else "FAIL: " + "; ".join(problems))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,461 @@
+// Continuous batching on one Engine: plan_step (the decision) and the Scheduler thread that carries it
+// out (preemption, admission, the engine step, the generation rules, the callbacks).
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+namespace slimkv {
+
+// ---------------------------------------------------------------------------------------------------
+// plan_step
+// ---------------------------------------------------------------------------------------------------
+
+StepPlan plan_step(std::span<const PlannedRequest> running, std::span<const PlannedRequest> waiting,
+                   const KvBudget& budget, int64_t step_tokens, int max_running) {
+  StepPlan plan;
+  const auto blocks = [&](int64_t tokens) { return budget.blocks_for_tokens(tokens); };
+  int64_t free_blocks = budget.free_blocks;
+  int64_t tokens_left = step_tokens;
+  size_t live = running.size();  // running[0, live) are not preempted; preemption takes from the back
+
+  // Running requests first, oldest first: each runs a chunk cut to the tokens left.
+  std::vector<int64_t> scheduled_tokens(running.size(), 0);
+  for (size_t i = 0; i < live; ++i) {
+    const PlannedRequest& request = running[i];
+    const int64_t tokens = std::min(request.tokens_to_run, tokens_left);
+    if (tokens == 0) continue;  // the budget is spent: it waits for the next step, keeping its blocks
+    const int64_t need = blocks(request.held_tokens + tokens) - blocks(request.held_tokens);
+    // Not enough free blocks: preempt the newest request not served yet (vLLM's rule: the newest has
+    // the least work to lose); when this request is itself the newest, it is the one to go.
+    while (need > free_blocks && live - 1 > i) {
+      --live;
+      plan.preempt.push_back(live);
+      free_blocks += blocks(running[live].held_tokens);
+    }
+    if (need > free_blocks) {
+      if (i == 0) {
+        plan.out_of_kv.push_back(i);  // alone and still no room: the KV budget is its context
+      } else {
+        plan.preempt.push_back(i);
+      }
+      live = i;
+      break;
+    }
+    free_blocks -= need;
+    tokens_left -= tokens;
+    scheduled_tokens[i] = tokens;
+    plan.items.push_back({.from_waiting = false, .index = i, .tokens = tokens});
+  }
+  // A preemption means the budget is short: admit nobody now (the preempted one goes first later).
+  if (!plan.preempt.empty() || !plan.out_of_kv.empty()) return plan;
+
+  // Blocks running prefills will still need for their prompt + 1: admissions must leave them free, or
+  // a new request would preempt an older one as soon as that one's next chunk comes.
+  int64_t reserved = 0;
+  for (size_t i = 0; i < live; ++i) {
+    const PlannedRequest& request = running[i];
+    if (request.tokens_to_run <= 1) continue;  // decoding: grows a block at a time, preempting if need be
+    const int64_t after_step = blocks(request.held_tokens + scheduled_tokens[i]);
+    reserved += std::max<int64_t>(0, blocks(request.held_tokens + request.tokens_to_run) + 1 - after_step);
+  }
+  int64_t available = free_blocks - reserved;
+  int running_count = int(live);
+  for (size_t j = 0; j < waiting.size(); ++j) {
+    if (running_count >= max_running || tokens_left == 0) break;
+    const PlannedRequest& request = waiting[j];
+    const int64_t blocks_needed = blocks(request.held_tokens + request.tokens_to_run);
+    if (running_count == 0 && blocks_needed > budget.total_blocks) {
+      plan.waiting_out_of_kv.push_back(j);  // preempted at the budget's end: it could never run again
+      continue;
+    }
+    // Admitted when its tokens' blocks + 1 fit (the first generated tokens have room).
+    const int64_t want = blocks_needed + (running_count == 0 ? 0 : 1);
+    if (want > available) break;  // in order: a large request is not overtaken forever
+    const int64_t tokens = std::min(request.tokens_to_run, tokens_left);
+    available -= want;
+    tokens_left -= tokens;
+    ++running_count;
+    plan.items.push_back({.from_waiting = true, .index = j, .tokens = tokens});
+  }
+  return plan;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// LatencyHistogram
+// ---------------------------------------------------------------------------------------------------
+
+LatencyHistogram::LatencyHistogram(std::vector<double> upper_bounds)
+    : upper_bounds_s(std::move(upper_bounds)), counts(upper_bounds_s.size() + 1, 0) {}
+
+void LatencyHistogram::observe(double seconds) {
+  const size_t bucket =
+      size_t(std::lower_bound(upper_bounds_s.begin(), upper_bounds_s.end(), seconds) - upper_bounds_s.begin());
+  ++counts[bucket];
+  sum_s += seconds;
+  ++count;
+}
+
+namespace {
+
+// Bucket bounds spanning a fast GPU token (ms) to a long CPU request (minutes).
+LatencyHistogram first_token_histogram() {
+  return LatencyHistogram({0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 60, 120, 300});
+}
+LatencyHistogram inter_token_histogram() {
+  return LatencyHistogram({0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10});
+}
+LatencyHistogram request_histogram() {
+  return LatencyHistogram({0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800});
+}
+
+using Clock = std::chrono::steady_clock;
+double seconds_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------
+// The scheduler's thread
+// ---------------------------------------------------------------------------------------------------
+
+struct Scheduler::Impl {
+  // One request's state, owned by the scheduler's thread once it has left the inbox.
+  struct Request {
+    RequestId id = 0;
+    Generation generation;
+    UpdateCallback on_update;
+    SequenceId sequence = -1;          // the engine's sequence while running, else -1
+    int64_t held_tokens = 0;           // tokens its KV holds (in the engine, or in host_kv)
+    std::vector<int32_t> tokens_to_run;  // the rest of the prompt, or the last sampled token
+    std::vector<uint8_t> host_kv;      // its exported KV while preempted to host memory
+    Clock::time_point submitted, last_token;
+    bool has_token = false;
+    bool done = false;  // its last update was sent
+
+    Request(RequestId id_, Generation generation_, UpdateCallback on_update_)
+        : id(id_), generation(std::move(generation_)), on_update(std::move(on_update_)) {}
+    PlannedRequest planned() const { return {.held_tokens = held_tokens, .tokens_to_run = int64_t(tokens_to_run.size())}; }
+  };
+  using RequestPtr = std::unique_ptr<Request>;
+
+  Impl(Engine& engine_, SchedulerConfig config_) : engine(engine_), config(config_) {
+    max_running = config.max_running > 0 ? std::min(config.max_running, engine.config().max_sequences)
+                                         : engine.config().max_sequences;
+    step_tokens = engine.config().prefill_chunk_tokens;
+    budget_at_start = engine.kv_budget();
+    local.kv = budget_at_start;
+    local.time_to_first_token = first_token_histogram();
+    local.inter_token_latency = inter_token_histogram();
+    local.e2e_request_latency = request_histogram();
+    shared = local;
+  }
+
+  Engine& engine;
+  const SchedulerConfig config;
+  int max_running = 1;
+  int64_t step_tokens = 1;
+  KvBudget budget_at_start;  // total_blocks and block_tokens never change: submit() checks against them
+
+  // Shared with submitting threads, under `mutex`.
+  mutable std::mutex mutex;
+  std::condition_variable wake;
+  std::vector<RequestPtr> inbox;
+  std::vector<RequestId> cancels;
+  bool accepting = true;
+  std::optional<ShutdownMode> stopping;
+  RequestId next_id = 1;
+  SchedulerStats shared;
+
+  // The scheduler thread's own.
+  std::vector<RequestPtr> running;  // arrival order
+  std::deque<RequestPtr> waiting;   // arrival order, preempted ones put back at the front
+  size_t host_bytes = 0;
+  SchedulerStats local;
+  std::thread thread;
+
+  void run();
+  void step_once();
+  void take_cancels(const std::vector<RequestId>& ids);
+  void preempt(Request& request);
+  Status admit(Request& request);
+  // Sends the request's last update, frees what it holds; the caller drops it.
+  void finish(Request& request, Generation::Delta delta, std::vector<int32_t> tokens = {}, std::string error = {});
+  // Ends a request before the generation rules did (cancelled, out of KV, an error).
+  void end_early(Request& request, FinishReason reason, std::string error = {}) {
+    Generation::Delta delta = request.generation.finish(reason);
+    delta.finish = reason;
+    finish(request, std::move(delta), {}, std::move(error));
+  }
+  void send(Request& request, Generation::Delta delta, std::vector<int32_t> tokens, std::string error = {});
+  void publish();
+};
+
+void Scheduler::Impl::run() {
+  for (;;) {
+    std::vector<RequestPtr> arrived;
+    std::vector<RequestId> cancelled;
+    std::optional<ShutdownMode> stop;
+    {
+      std::unique_lock lock(mutex);
+      wake.wait(lock, [&] {
+        return !inbox.empty() || !cancels.empty() || stopping || !running.empty() || !waiting.empty();
+      });
+      arrived.swap(inbox);
+      cancelled.swap(cancels);
+      stop = stopping;
+    }
+    for (RequestPtr& request : arrived) waiting.push_back(std::move(request));
+    if (stop == ShutdownMode::kCancelAll) {
+      for (const RequestPtr& request : running) cancelled.push_back(request->id);
+      for (const RequestPtr& request : waiting) cancelled.push_back(request->id);
+    }
+    take_cancels(cancelled);
+    if (running.empty() && waiting.empty()) {
+      publish();
+      if (stop) return;
+      continue;
+    }
+    step_once();
+    publish();
+  }
+}
+
+void Scheduler::Impl::take_cancels(const std::vector<RequestId>& ids) {
+  for (RequestId id : ids) {
+    const auto matches = [id](const RequestPtr& request) { return request->id == id; };
+    if (auto it = std::find_if(running.begin(), running.end(), matches); it != running.end()) {
+      end_early(**it, FinishReason::kCancelled);
+      running.erase(it);
+    } else if (auto wit = std::find_if(waiting.begin(), waiting.end(), matches); wit != waiting.end()) {
+      end_early(**wit, FinishReason::kCancelled);
+      waiting.erase(wit);
+    }
+  }
+}
+
+void Scheduler::Impl::step_once() {
+  std::vector<PlannedRequest> running_view, waiting_view;
+  for (const RequestPtr& request : running) running_view.push_back(request->planned());
+  for (const RequestPtr& request : waiting) waiting_view.push_back(request->planned());
+  const StepPlan plan = plan_step(running_view, waiting_view, engine.kv_budget(), step_tokens, max_running);
+
+  // Resolve the plan's indices to requests before anything moves.
+  struct Scheduled {
+    Request* request;
+    int64_t tokens;
+  };
+  std::vector<Scheduled> scheduled;
+  for (const StepPlan::Item& item : plan.items) {
+    Request* request = item.from_waiting ? waiting[item.index].get() : running[item.index].get();
+    scheduled.push_back({request, item.tokens});
+  }
+  // Preempt, newest first, so the oldest preempted request ends up at the front of waiting.
+  for (size_t index : plan.preempt) {
+    preempt(*running[index]);
+    waiting.push_front(std::move(running[index]));
+  }
+  for (size_t index : plan.out_of_kv) {
+    // It holds the whole budget and needs more: the KV budget ends it as a full context would.
+    end_early(*running[index], FinishReason::kLength);
+    running[index].reset();
+  }
+  std::erase_if(running, [](const RequestPtr& request) { return request == nullptr; });
+  for (size_t index : plan.waiting_out_of_kv) end_early(*waiting[index], FinishReason::kLength);
+  std::erase_if(waiting, [](const RequestPtr& request) { return request->done; });
+
+  // Admit, in order.
+  for (size_t i = 0; i < plan.items.size(); ++i) {
+    if (!plan.items[i].from_waiting) continue;
+    const auto it = std::find_if(waiting.begin(), waiting.end(),
+                                 [&](const RequestPtr& request) { return request.get() == scheduled[i].request; });
+    RequestPtr request = std::move(*it);
+    waiting.erase(it);
+    if (Status status = admit(*request); !status.is_ok()) {
+      end_early(*request, FinishReason::kError, status.message());
+      continue;  // its item is dropped below
+    }
+    running.push_back(std::move(request));
+  }
+  std::erase_if(scheduled, [](const Scheduled& s) { return s.request->done; });
+  if (scheduled.empty()) return;
+
+  // The step: each request's next chunk; the last chunk of what it has to run samples its next token.
+  std::vector<StepItem> items;
+  for (const Scheduled& s : scheduled) {
+    const bool last = s.tokens == int64_t(s.request->tokens_to_run.size());
+    items.push_back({.sequence = s.request->sequence,
+                     .tokens = std::span<const int32_t>(s.request->tokens_to_run).first(size_t(s.tokens)),
+                     .output = last ? StepOutput::kSample : StepOutput::kNone});
+  }
+  StepResult result;
+  const Status status = engine.step(items, result);
+  const Clock::time_point now = Clock::now();
+  ++local.steps_total;
+  if (!status.is_ok()) {
+    // A refused step names its item but changes nothing; the requests in it cannot go on reliably.
+    for (const Scheduled& s : scheduled) {
+      end_early(*s.request, FinishReason::kError, "engine step: " + status.message());
+    }
+    std::erase_if(running, [](const RequestPtr& request) { return request->done; });
+    return;
+  }
+
+  for (size_t i = 0; i < scheduled.size(); ++i) {
+    Request& request = *scheduled[i].request;
+    request.tokens_to_run.erase(request.tokens_to_run.begin(), request.tokens_to_run.begin() + scheduled[i].tokens);
+    request.held_tokens += scheduled[i].tokens;
+    if (items[i].output != StepOutput::kSample) continue;
+    const int32_t token = result.tokens[i];
+    if (!request.has_token) {
+      local.prompt_tokens_total += request.generation.request().prompt.size();
+      local.time_to_first_token.observe(seconds_between(request.submitted, now));
+    } else {
+      local.inter_token_latency.observe(seconds_between(request.last_token, now));
+    }
+    request.has_token = true;
+    request.last_token = now;
+    ++local.generation_tokens_total;
+    Generation::Delta delta = request.generation.accept(token);
+    if (delta.finish) {
+      finish(request, std::move(delta), {token});
+    } else {
+      request.tokens_to_run.assign(1, token);
+      send(request, std::move(delta), {token});
+    }
+  }
+  std::erase_if(running, [](const RequestPtr& request) { return request->done; });
+}
+
+void Scheduler::Impl::preempt(Request& request) {
+  ++local.preemptions_total;
+  // To host memory when it fits the limit; else drop the KV and recompute it from the tokens later.
+  Expected<std::vector<uint8_t>> exported = engine.export_kv(request.sequence);
+  if (exported && host_bytes + exported->size() <= config.host_kv_bytes) {
+    request.host_kv = exported.take();
+    host_bytes += request.host_kv.size();
+  } else {
+    ++local.preemptions_recomputed_total;
+    request.held_tokens = 0;
+    request.tokens_to_run = request.generation.tokens_to_resume();
+    if (!request.generation.generated().empty()) request.tokens_to_run.push_back(request.generation.generated().back());
+  }
+  (void)engine.remove_sequence(request.sequence);
+  request.sequence = -1;
+}
+
+Status Scheduler::Impl::admit(Request& request) {
+  SLIMKV_ASSIGN_OR_RETURN(request.sequence, engine.add_sequence(request.generation.request().sampling));
+  if (request.host_kv.empty()) return Status::ok();
+  const Status imported = engine.import_kv(request.sequence, request.host_kv, str_cat("preempted request ", request.id));
+  host_bytes -= request.host_kv.size();
+  request.host_kv = {};
+  return imported;
+}
+
+void Scheduler::Impl::send(Request& request, Generation::Delta delta, std::vector<int32_t> tokens, std::string error) {
+  RequestUpdate update;
+  update.text = std::move(delta.text);
+  update.token_ids = std::move(tokens);
+  update.finish = delta.finish;
+  update.error = std::move(error);
+  update.prompt_tokens = int(request.generation.request().prompt.size());
+  update.completion_tokens = int(request.generation.generated().size());
+  if (request.on_update) request.on_update(update);
+}
+
+void Scheduler::Impl::finish(Request& request, Generation::Delta delta, std::vector<int32_t> tokens, std::string error) {
+  const FinishReason reason = delta.finish.value_or(FinishReason::kError);
+  delta.finish = reason;
+  send(request, std::move(delta), std::move(tokens), std::move(error));
+  if (request.sequence >= 0) (void)engine.remove_sequence(request.sequence);
+  request.sequence = -1;
+  host_bytes -= request.host_kv.size();
+  request.host_kv = {};
+  request.done = true;
+  ++local.requests_finished_total[size_t(reason)];
+  local.e2e_request_latency.observe(seconds_between(request.submitted, Clock::now()));
+}
+
+void Scheduler::Impl::publish() {
+  local.running = int(running.size());
+  local.waiting = int(waiting.size());
+  local.preempted_in_host = int(std::count_if(waiting.begin(), waiting.end(),
+                                              [](const RequestPtr& request) { return !request->host_kv.empty(); }));
+  local.host_kv_bytes = host_bytes;
+  local.kv = engine.kv_budget();
+  std::lock_guard lock(mutex);
+  shared = local;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Scheduler
+// ---------------------------------------------------------------------------------------------------
+
+Scheduler::Scheduler(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {}
+
+Expected<std::unique_ptr<Scheduler>> Scheduler::start(std::unique_ptr<Engine> engine, SchedulerConfig config) {
+  if (!engine) return error("Scheduler::start: no engine");
+  if (engine->kv_budget().free_blocks != engine->kv_budget().total_blocks) {
+    return error("Scheduler::start: the engine already holds sequences; a scheduler needs all of its KV budget");
+  }
+  std::unique_ptr<Scheduler> scheduler(new Scheduler(std::move(engine)));
+  scheduler->impl_ = std::make_unique<Impl>(*scheduler->engine_, config);
+  Impl* impl = scheduler->impl_.get();
+  impl->thread = std::thread([impl] { impl->run(); });
+  return scheduler;
+}
+
+Scheduler::~Scheduler() { shutdown(ShutdownMode::kCancelAll); }
+
+Expected<RequestId> Scheduler::submit(GenerationRequest request, UpdateCallback on_update) {
+  const int64_t prompt_tokens = int64_t(request.prompt.size());
+  SLIMKV_ASSIGN_OR_RETURN(Generation generation, Generation::start(*engine_, std::move(request)));
+  const KvBudget& budget = impl_->budget_at_start;
+  const int64_t need = budget.blocks_for_tokens(prompt_tokens) + 1;
+  if (need > budget.total_blocks) {
+    return error("prompt: ", prompt_tokens, " tokens need ", need, " KV blocks of ", budget.block_tokens,
+                 " tokens (the prompt's and one more), but the whole KV cache holds ", budget.total_blocks,
+                 ": shorten the prompt or give the KV cache more memory (kv_cache_bytes)");
+  }
+  std::lock_guard lock(impl_->mutex);
+  if (!impl_->accepting) return error("the scheduler is shutting down and accepts no new requests");
+  const RequestId id = impl_->next_id++;
+  auto queued = std::make_unique<Impl::Request>(id, std::move(generation), std::move(on_update));
+  queued->tokens_to_run = queued->generation.request().prompt;
+  queued->submitted = Clock::now();
+  impl_->inbox.push_back(std::move(queued));
+  impl_->wake.notify_one();
+  return id;
+}
+
+void Scheduler::cancel(RequestId id) {
+  std::lock_guard lock(impl_->mutex);
+  impl_->cancels.push_back(id);
+  impl_->wake.notify_one();
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard lock(impl_->mutex);
+  SchedulerStats stats = impl_->shared;
+  stats.waiting += int(impl_->inbox.size());  // submitted, not yet seen by the thread
+  return stats;
+}
+
+void Scheduler::shutdown(ShutdownMode mode) {
+  if (!impl_) return;
+  {
+    std::lock_guard lock(impl_->mutex);
+    impl_->accepting = false;
+    if (!impl_->stopping || mode == ShutdownMode::kCancelAll) impl_->stopping = mode;
+    impl_->wake.notify_one();
+  }
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+}  // namespace slimkv

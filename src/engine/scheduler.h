@@ -1,0 +1,45 @@
+// The scheduler's one decision per step, as a pure function of what the requests hold and need: which
+// requests run, how many tokens each, which waiting requests are admitted and which running ones are
+// preempted. Scheduler (include/slimkv/scheduler.h) carries the plan out; tests assert on it directly.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "slimkv/engine.h"
+#include "slimkv/scheduler.h"
+
+namespace slimkv {
+
+// What the planner sees of one request.
+struct PlannedRequest {
+  int64_t held_tokens = 0;  // tokens its KV holds (in the engine, or in host memory when swapped out)
+  int64_t tokens_to_run = 0;  // tokens it must run next: the rest of its prompt, or its last sampled token
+};
+
+struct StepPlan {
+  struct Item {
+    bool from_waiting = false;  // index into waiting (admitted now) or running
+    size_t index = 0;
+    int64_t tokens = 0;         // the first `tokens` of its tokens_to_run
+  };
+  std::vector<size_t> preempt;  // indices into running, newest first, to preempt before the step
+  std::vector<Item> items;      // what the step runs: running ones in order, then admitted ones
+  // Requests that cannot grow even alone (they would need more than the whole budget): they end with
+  // kLength, as at a full context. Indices into running, and into waiting (a preempted one).
+  std::vector<size_t> out_of_kv;
+  std::vector<size_t> waiting_out_of_kv;
+};
+
+// Plans one step. `running` and `waiting` are in arrival order (the oldest first; preempted requests
+// go back to the front of waiting). Running requests are served first, a chunk each cut to the token
+// budget; when one needs a block that is not free, the newest running request not yet served this step
+// is preempted (or the request itself, when it is the newest). Waiting requests are then admitted in
+// order (no overtaking, so none starves) while fewer than `max_running` run, tokens are left and the
+// blocks for their tokens + 1 fit beside what running prefills will still need (when nothing runs, the
+// "+ 1" is not asked: nobody else could need that block).
+StepPlan plan_step(std::span<const PlannedRequest> running, std::span<const PlannedRequest> waiting,
+                   const KvBudget& budget, int64_t step_tokens, int max_running);
+
+}  // namespace slimkv

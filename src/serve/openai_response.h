@@ -1,0 +1,37 @@
+// The JSON slimkv answers with, in OpenAI's shapes: a whole completion / chat completion, and the chunks
+// of a streamed one (text_completion / chat.completion.chunk), with usage.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "slimkv/generation.h"
+
+namespace slimkv {
+
+struct Usage {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+};
+
+// Identifies one response: every chunk of a stream carries the same id, created and model.
+struct ResponseHeader {
+  bool chat = false;
+  std::string id;       // "cmpl-..." or "chatcmpl-..."
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+};
+
+// A whole (non-streamed) response. finish_reason is "stop" or "length".
+std::string completion_json(const ResponseHeader& header, const std::string& text, FinishReason finish, const Usage& usage);
+
+// One chunk of a stream: `text` is the delta; `finish` set in the last one. Chat's first chunk
+// (`first`) carries the assistant role. `with_usage`: the chunk has "usage": null, as OpenAI sends when
+// stream_options.include_usage is on.
+std::string chunk_json(const ResponseHeader& header, const std::string& text, std::optional<FinishReason> finish,
+                       bool first, bool with_usage);
+// The chunk after the last choice when include_usage is on: no choices, the usage.
+std::string usage_chunk_json(const ResponseHeader& header, const Usage& usage);
+
+}  // namespace slimkv

@@ -1,0 +1,439 @@
+// slimkv serve: the HTTP layer. It only translates: parse and check a request (completion_request),
+// hand it to the Scheduler, and send back what the scheduler's updates say, whole or as SSE chunks.
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <filesystem>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "serve/api_error.h"
+#include "serve/auth.h"
+#include "serve/chat_prompt.h"
+#include "serve/completion_request.h"
+#include "serve/metrics.h"
+#include "serve/openai_response.h"
+#include "serve/sse.h"
+#include "slimkv/server.h"
+#include "slimkv/tokenizer.h"
+
+namespace slimkv {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// A request's updates, from the scheduler's thread to the HTTP thread that answers it.
+class UpdateQueue {
+ public:
+  void push(const RequestUpdate& update) {
+    std::lock_guard lock(mutex_);
+    updates_.push_back(update);
+    ready_.notify_one();
+  }
+  // The updates so far; waits up to `timeout` for one.
+  std::deque<RequestUpdate> take(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_);
+    ready_.wait_for(lock, timeout, [&] { return !updates_.empty(); });
+    return std::exchange(updates_, {});
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<RequestUpdate> updates_;
+};
+
+void send_error(httplib::Response& response, const ApiError& error) {
+  response.status = error.status;
+  response.set_content(error.body(), "application/json");
+}
+
+std::string random_hex(size_t digits) {
+  static thread_local std::mt19937_64 generator{std::random_device()()};
+  std::string out;
+  for (size_t i = 0; i < digits; ++i) out += "0123456789abcdef"[generator() % 16];
+  return out;
+}
+
+int64_t unix_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// The endpoints, with what they share: the scheduler once loaded, the served model's limits.
+class HttpApi {
+ public:
+  HttpApi(const ServerConfig& config, std::string model_dir) : config_(config), model_dir_(std::move(model_dir)) {}
+
+  // Called once the engine is loaded: the endpoints start answering.
+  void set_ready(Scheduler& scheduler, ServedModel served, MetricsLabels labels, ChatPrompt chat) {
+    served_ = std::move(served);
+    chat_ = std::move(chat);
+    labels_ = std::move(labels);
+    tokenizer_ = scheduler.engine().tokenizer();
+    scheduler_.store(&scheduler);
+  }
+  // Shutdown begins: new requests get 503, accepted ones go on.
+  void set_draining() { draining_ = true; }
+  // Waits until every accepted completion has written its answer (or `timeout` passed).
+  void wait_for_answers(std::chrono::seconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    while (in_flight_.load() > 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+
+  void route(httplib::Server& server) {
+    server.Get("/health", [this](const httplib::Request&, httplib::Response& response) {
+      if (!scheduler_.load()) return send_error(response, ApiError::unavailable("the model is loading"));
+      if (draining_) return send_error(response, ApiError::unavailable("the server is shutting down"));
+      response.status = 200;
+    });
+    server.Get("/v1/models", [this](const httplib::Request& request, httplib::Response& response) {
+      if (!admit(request, response)) return;
+      const json model = {{"id", served_.name}, {"object", "model"}, {"created", started_},
+                          {"owned_by", "slimkv"}, {"root", model_dir_}, {"parent", nullptr},
+                          {"max_model_len", served_.max_model_len}};
+      response.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(), "application/json");
+    });
+    server.Post("/v1/completions", [this](const httplib::Request& request, httplib::Response& response) {
+      complete(request, response, /*chat=*/false);
+    });
+    server.Post("/v1/chat/completions", [this](const httplib::Request& request, httplib::Response& response) {
+      complete(request, response, /*chat=*/true);
+    });
+    server.Post("/tokenize", [this](const httplib::Request& request, httplib::Response& response) {
+      if (!ready(response)) return;
+      tokenize(request, response);
+    });
+    server.Post("/detokenize", [this](const httplib::Request& request, httplib::Response& response) {
+      if (!ready(response)) return;
+      detokenize(request, response);
+    });
+    server.Get("/metrics", [this](const httplib::Request&, httplib::Response& response) {
+      Scheduler* scheduler = scheduler_.load();
+      if (!scheduler) return send_error(response, ApiError::unavailable("the model is loading"));
+      response.set_content(prometheus_text(scheduler->stats(), labels_), "text/plain; version=0.0.4; charset=utf-8");
+    });
+    // Errors cpp-httplib answers itself (no route, a body over the limit, a malformed request) get
+    // OpenAI's envelope too; responses that already have a body are left alone.
+    server.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& request, httplib::Response& response) {
+      if (!response.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+      if (response.status == 404) send_error(response, ApiError::not_found(request.path));
+      else if (response.status == 413) send_error(response, ApiError::body_too_large(config_.max_body_bytes));
+      else send_error(response, ApiError::malformed_http(response.status));
+      return httplib::Server::HandlerResponse::Handled;
+    }));
+    server.set_exception_handler([](const httplib::Request&, httplib::Response& response, std::exception_ptr error) {
+      std::string what = "unknown exception";
+      try {
+        std::rethrow_exception(error);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      send_error(response, ApiError::internal("the server failed this request: " + what));
+    });
+  }
+
+ private:
+  // The engine is loaded and the server is not shutting down; else a 503.
+  bool ready(httplib::Response& response) {
+    if (!scheduler_.load()) {
+      send_error(response, ApiError::unavailable("the model is loading; retry when GET /health answers 200"));
+      return false;
+    }
+    if (draining_) {
+      send_error(response, ApiError::unavailable("the server is shutting down"));
+      return false;
+    }
+    return true;
+  }
+  // /v1/ endpoints: the API key, then ready().
+  bool admit(const httplib::Request& request, httplib::Response& response) {
+    if (!bearer_key_matches(request.get_header_value("Authorization"), config_.api_key)) {
+      send_error(response, ApiError::unauthorized());
+      return false;
+    }
+    return ready(response);
+  }
+
+  // The prompt's tokens: the ids given, the text encoded, or the chat rendered with its template.
+  std::optional<ApiError> prompt_tokens(CompletionRequest& request) {
+    std::vector<int32_t> ids;
+    std::string field = "prompt";
+    if (request.chat) {
+      field = "messages";
+      Expected<std::string> text = chat_.render(request.messages, /*add_generation_prompt=*/true);
+      if (!text) return ApiError::bad_field("messages", "messages: " + text.status().message());
+      // The template writes the special tokens itself (apply_chat_template's tokenize does the same).
+      ids = tokenizer_->encode(*text, /*add_special_tokens=*/false);
+    } else if (request.prompt_text) {
+      ids = tokenizer_->encode(*request.prompt_text);  // as slimkv generate and vLLM: with BOS
+    } else {
+      ids = request.prompt_ids;
+    }
+    return finish_completion_request(request, std::move(ids), served_, field);
+  }
+
+  void complete(const httplib::Request& http_request, httplib::Response& response, bool chat) {
+    if (!admit(http_request, response)) return;
+    CompletionRequest request;
+    if (auto error = parse_completion_request(http_request.body, chat, request)) return send_error(response, *error);
+    if (auto error = check_model_name(request.model, served_)) return send_error(response, *error);
+    if (auto error = prompt_tokens(request)) return send_error(response, *error);
+
+    auto updates = std::make_shared<UpdateQueue>();
+    Scheduler& scheduler = *scheduler_.load();
+    // Counted until the answer is written: shutdown waits for it (a stream's count ends in its releaser).
+    auto in_flight = std::shared_ptr<void>(nullptr, [this](void*) { --in_flight_; });
+    ++in_flight_;
+    Expected<RequestId> id =
+        scheduler.submit(request.generation, [updates](const RequestUpdate& update) { updates->push(update); });
+    if (!id) {
+      if (draining_) return send_error(response, ApiError::unavailable(id.status().message()));
+      return send_error(response, ApiError::bad_field(chat ? "messages" : "prompt", id.status().message()));
+    }
+    const ResponseHeader header{.chat = chat, .id = (chat ? "chatcmpl-" : "cmpl-") + random_hex(24),
+                                .created = unix_seconds(), .model = served_.name};
+    if (request.stream) return stream(response, scheduler, *id, updates, header, request.include_usage, in_flight);
+
+    // Whole: wait for the end. (A client that leaves now is noticed only when the answer is written.)
+    std::string text;
+    RequestUpdate last;
+    while (!last.finish) {
+      for (RequestUpdate& update : updates->take(std::chrono::milliseconds(500))) {
+        text += update.text;
+        last = std::move(update);
+      }
+    }
+    if (*last.finish == FinishReason::kError) return send_error(response, ApiError::internal(last.error));
+    if (*last.finish == FinishReason::kCancelled) {
+      return send_error(response, ApiError::unavailable("the request was cancelled: the server is shutting down"));
+    }
+    response.set_content(completion_json(header, text, *last.finish, {last.prompt_tokens, last.completion_tokens}),
+                         "application/json");
+  }
+
+  // SSE: one chunk per update with text, the finish chunk, the usage chunk if asked, then [DONE]. A write
+  // that fails (the client left) cancels the request, which frees its sequence at the next step.
+  void stream(httplib::Response& response, Scheduler& scheduler, RequestId id, std::shared_ptr<UpdateQueue> updates,
+              ResponseHeader header, bool include_usage, std::shared_ptr<void> in_flight) {
+    struct StreamState {
+      bool started = false, finished = false;
+    };
+    auto state = std::make_shared<StreamState>();
+    response.set_header("Cache-Control", "no-cache");
+    response.set_header("X-Accel-Buffering", "no");  // proxies must not buffer the stream
+    response.set_chunked_content_provider(
+        "text/event-stream",
+        [&scheduler, id, updates, header, include_usage, state](size_t, httplib::DataSink& sink) -> bool {
+          std::string out;
+          if (!state->started && header.chat) out += sse_event(chunk_json(header, "", std::nullopt, true, include_usage));
+          state->started = true;
+          std::deque<RequestUpdate> batch = updates->take(std::chrono::milliseconds(1000));
+          for (const RequestUpdate& update : batch) {
+            if (update.finish) {
+              state->finished = true;
+              if (*update.finish == FinishReason::kError || *update.finish == FinishReason::kCancelled) {
+                const ApiError error = *update.finish == FinishReason::kError
+                                           ? ApiError::internal(update.error)
+                                           : ApiError::unavailable("the request was cancelled: the server is shutting down");
+                out += sse_event(error.body());
+              } else {
+                out += sse_event(chunk_json(header, update.text, update.finish, false, include_usage));
+                if (include_usage) {
+                  out += sse_event(usage_chunk_json(header, {update.prompt_tokens, update.completion_tokens}));
+                }
+              }
+              out += sse_done();
+            } else if (!update.text.empty()) {
+              out += sse_event(chunk_json(header, update.text, std::nullopt, false, include_usage));
+            }
+          }
+          // Nothing new for a second (a queue, a long prefill): an SSE comment, which clients skip, so
+          // that a client that left is noticed by the failed write.
+          if (out.empty()) out = ": waiting\n\n";
+          if (!sink.write(out.data(), out.size())) {
+            scheduler.cancel(id);
+            return false;
+          }
+          if (state->finished) sink.done();
+          return true;
+        },
+        [&scheduler, id, state, in_flight](bool success) {
+          if (!success || !state->finished) scheduler.cancel(id);
+        });
+  }
+
+  void tokenize(const httplib::Request& http_request, httplib::Response& response) {
+    json body = json::parse(http_request.body, nullptr, /*allow_exceptions=*/false);
+    if (body.is_discarded() || !body.is_object()) {
+      return send_error(response, ApiError::bad_field("", "the body must be a JSON object"));
+    }
+    if (body.contains("model") && !body["model"].is_null()) {
+      if (!body["model"].is_string()) return send_error(response, ApiError::bad_field("model", "model: must be a string"));
+      if (auto error = check_model_name(body["model"].get<std::string>(), served_)) return send_error(response, *error);
+    }
+    const auto flag = [&](const char* key, bool fallback) -> std::optional<bool> {
+      if (!body.contains(key) || body[key].is_null()) return fallback;
+      if (!body[key].is_boolean()) return std::nullopt;
+      return body[key].get<bool>();
+    };
+    const std::optional<bool> return_token_strs = flag("return_token_strs", false);
+    if (!return_token_strs) return send_error(response, ApiError::bad_field("return_token_strs", "return_token_strs: must be true or false"));
+    std::vector<int32_t> ids;
+    if (body.contains("messages")) {
+      // The chat form: the messages as /v1/chat/completions would prompt the model.
+      CompletionRequest request;
+      json chat_body = {{"messages", body["messages"]}};
+      if (auto error = parse_completion_request(chat_body.dump(), true, request)) return send_error(response, *error);
+      const std::optional<bool> generation_prompt = flag("add_generation_prompt", true);
+      const std::optional<bool> special = flag("add_special_tokens", false);
+      if (!generation_prompt || !special) {
+        return send_error(response, ApiError::bad_field(!generation_prompt ? "add_generation_prompt" : "add_special_tokens",
+                                                        "add_generation_prompt and add_special_tokens must be true or false"));
+      }
+      Expected<std::string> text = chat_.render(request.messages, *generation_prompt);
+      if (!text) return send_error(response, ApiError::bad_field("messages", "messages: " + text.status().message()));
+      ids = tokenizer_->encode(*text, *special);
+    } else if (body.contains("prompt") && body["prompt"].is_string()) {
+      const std::optional<bool> special = flag("add_special_tokens", true);
+      if (!special) return send_error(response, ApiError::bad_field("add_special_tokens", "add_special_tokens: must be true or false"));
+      ids = tokenizer_->encode(body["prompt"].get<std::string>(), *special);
+    } else {
+      return send_error(response, ApiError::bad_field("prompt", "prompt: is required (a string), or give messages"));
+    }
+    json out = {{"count", ids.size()}, {"max_model_len", served_.max_model_len}, {"tokens", ids}, {"token_strs", nullptr}};
+    if (*return_token_strs) {
+      json strs = json::array();
+      for (int32_t id : ids) strs.push_back(tokenizer_->token_text(id).value_or(""));
+      out["token_strs"] = strs;
+    }
+    response.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+  }
+
+  void detokenize(const httplib::Request& http_request, httplib::Response& response) {
+    json body = json::parse(http_request.body, nullptr, /*allow_exceptions=*/false);
+    if (body.is_discarded() || !body.is_object()) {
+      return send_error(response, ApiError::bad_field("", "the body must be a JSON object"));
+    }
+    if (body.contains("model") && !body["model"].is_null()) {
+      if (!body["model"].is_string()) return send_error(response, ApiError::bad_field("model", "model: must be a string"));
+      if (auto error = check_model_name(body["model"].get<std::string>(), served_)) return send_error(response, *error);
+    }
+    if (!body.contains("tokens") || !body["tokens"].is_array()) {
+      return send_error(response, ApiError::bad_field("tokens", "tokens: is required, a list of token ids"));
+    }
+    std::vector<int32_t> ids;
+    for (const json& id : body["tokens"]) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= served_.vocab_size) {
+        return send_error(response, ApiError::bad_field("tokens", "tokens: " + id.dump() + " is not a token id in [0, " +
+                                                                      std::to_string(served_.vocab_size) + ")"));
+      }
+      ids.push_back(id.get<int32_t>());
+    }
+    response.set_content(json{{"prompt", tokenizer_->decode(ids)}}.dump(-1, ' ', false, json::error_handler_t::replace),
+                         "application/json");
+  }
+
+  const ServerConfig& config_;
+  const std::string model_dir_;
+  const int64_t started_ = unix_seconds();
+  std::atomic<Scheduler*> scheduler_{nullptr};
+  std::atomic<bool> draining_{false};
+  std::atomic<int> in_flight_{0};
+  // Written once by set_ready before scheduler_ is published, read only after it.
+  ServedModel served_;
+  MetricsLabels labels_;
+  ChatPrompt chat_;
+  const Tokenizer* tokenizer_ = nullptr;
+};
+
+std::string default_model_name(const std::string& model_dir) {
+  std::filesystem::path path(model_dir);
+  if (path.filename().empty()) path = path.parent_path();  // "models/x/"
+  return path.filename().string();
+}
+
+}  // namespace
+
+Status run_server(const EngineConfig& engine_config, const SchedulerConfig& scheduler_config,
+                  const ServerConfig& config) {
+  // SIGINT/SIGTERM are taken by sigwait below, not by a handler: block them before any thread starts so
+  // that every thread inherits the mask. A client gone mid-write must not kill the server (SIGPIPE).
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  const int max_running = scheduler_config.max_running > 0 ? scheduler_config.max_running : engine_config.max_sequences;
+  const int http_threads = config.http_threads > 0 ? config.http_threads : std::max(128, 4 * max_running + 64);
+  HttpApi api(config, engine_config.model_dir);
+  httplib::Server http;
+  http.new_task_queue = [http_threads] { return new httplib::ThreadPool(size_t(http_threads)); };
+  http.set_payload_max_length(config.max_body_bytes);
+  api.route(http);
+  const int port = config.port == 0 ? http.bind_to_any_port(config.host) : (http.bind_to_port(config.host, config.port) ? config.port : -1);
+  if (port < 0) return error("cannot listen on ", config.host, ":", config.port, " (in use, or not an address of this machine)");
+  std::thread listener([&http] { http.listen_after_bind(); });
+  std::fprintf(stderr, "slimkv serve: listening on http://%s:%d (loading %s)\n", config.host.c_str(), port,
+               engine_config.model_dir.c_str());
+  const auto stop_listening = [&] {
+    http.stop();
+    listener.join();
+  };
+
+  Expected<std::unique_ptr<Engine>> engine = Engine::load(engine_config);
+  if (!engine) {
+    stop_listening();
+    return engine.status();
+  }
+  if (!(*engine)->tokenizer()) {
+    stop_listening();
+    return error(engine_config.model_dir, " has no tokenizer.json; slimkv serve needs one");
+  }
+  ServedModel served;
+  served.name = config.served_model_name.empty() ? default_model_name(engine_config.model_dir) : config.served_model_name;
+  served.max_model_len = (*engine)->context_tokens();
+  if (config.max_model_len > served.max_model_len) {
+    stop_listening();
+    return error("--max-model-len ", config.max_model_len, " is larger than the model's context of ", served.max_model_len, " tokens");
+  }
+  if (config.max_model_len > 0) served.max_model_len = config.max_model_len;
+  served.vocab_size = (*engine)->vocab_size();  // the ids the model has rows for
+  served.defaults = (*engine)->generation_defaults();
+  const MetricsLabels labels{.model_name = served.name, .kv_spec = (*engine)->kv_description(), .device = engine_config.device};
+  Expected<std::unique_ptr<Scheduler>> scheduler = Scheduler::start(engine.take(), scheduler_config);
+  if (!scheduler) {
+    stop_listening();
+    return scheduler.status();
+  }
+  ChatPrompt chat = ChatPrompt::load(engine_config.model_dir);
+  if (!chat.has_template()) {
+    std::fprintf(stderr, "slimkv serve: chat requests will be refused: %s\n", chat.load_error().message().c_str());
+  }
+  api.set_ready(**scheduler, std::move(served), labels, std::move(chat));
+  std::fprintf(stderr, "slimkv serve: ready (KV %s on %s)\n", labels.kv_spec.c_str(), labels.device.c_str());
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  std::fprintf(stderr, "slimkv serve: %s: finishing the accepted requests, then exiting\n",
+               signal_number == SIGINT ? "SIGINT" : "SIGTERM");
+  api.set_draining();
+  (*scheduler)->shutdown(ShutdownMode::kFinishAccepted);
+  api.wait_for_answers(std::chrono::seconds(30));
+  stop_listening();  // the streams have written their last chunk: their providers are done
+  std::fprintf(stderr, "slimkv serve: stopped\n");
+  return Status::ok();
+}
+
+}  // namespace slimkv

@@ -1,0 +1,53 @@
+// slimkv serve --model DIR [--host 127.0.0.1] [--port 8000] [--kv SPEC] [--device cpu|cuda] [--threads N]
+//              [--api-key KEY] [--max-model-len N] [--max-num-seqs N] [--kv-cache-bytes N]
+//              [--served-model-name NAME]
+// An OpenAI-compatible server with continuous batching (docs/serving.md). Exits 0 after SIGINT/SIGTERM.
+#include "slimkv/server.h"
+#include "tools/commands.h"
+
+namespace slimkv {
+
+CommandRunner add_serve_command(CLI::App& app) {
+  struct Options {
+    CommonOptions common;
+    ServerConfig server;
+    int max_num_seqs = 16;
+    size_t kv_cache_bytes = 0;
+    size_t host_kv_bytes = size_t(4) << 30;
+    int prefill_chunk_tokens = 512;
+  };
+  auto options = std::make_shared<Options>();
+  CLI::App* command = app.add_subcommand("serve", "Serve the model over an OpenAI-compatible HTTP API");
+  options->common.add_to(*command);
+  command->add_option("--host", options->server.host, "address to listen on (0.0.0.0: every interface)")->capture_default_str();
+  command->add_option("--port", options->server.port, "port to listen on (0: any free port, printed)")
+      ->check(CLI::Range(0, 65535))->capture_default_str();
+  command->add_option("--api-key", options->server.api_key, "require 'Authorization: Bearer KEY' on /v1/ endpoints");
+  command->add_option("--served-model-name", options->server.served_model_name,
+                      "the model's name in the API (default: the model directory's name)");
+  command->add_option("--max-model-len", options->server.max_model_len,
+                      "prompt + generated tokens at most (default: the model's context)")->check(CLI::Range(2, 1 << 30));
+  command->add_option("--max-num-seqs", options->max_num_seqs, "requests running at once (more wait in a queue)")
+      ->check(CLI::Range(1, 4096))->capture_default_str();
+  command->add_option("--kv-cache-bytes", options->kv_cache_bytes,
+                      "memory for KV blocks, all requests together (0: max-num-seqs full contexts, within 90% of free memory)")
+      ->capture_default_str();
+  command->add_option("--host-kv-bytes", options->host_kv_bytes,
+                      "host memory for the KV of preempted requests (beyond it they are recomputed)")->capture_default_str();
+  command->add_option("--prefill-chunk-tokens", options->prefill_chunk_tokens,
+                      "tokens one engine step runs at most (prompt chunks and decode tokens together)")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+
+  return [options]() -> Status {
+    EngineConfig engine = options->common.engine_config();
+    engine.max_sequences = options->max_num_seqs;
+    engine.kv_cache_bytes = options->kv_cache_bytes;
+    engine.prefill_chunk_tokens = options->prefill_chunk_tokens;
+    SchedulerConfig scheduler;
+    scheduler.max_running = options->max_num_seqs;
+    scheduler.host_kv_bytes = options->host_kv_bytes;
+    return run_server(engine, scheduler, options->server);
+  };
+}
+
+}  // namespace slimkv

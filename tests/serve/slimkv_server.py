@@ -1,0 +1,128 @@
+"""Starts `slimkv serve` on a free loopback port for a test and stops it; small HTTP helpers on
+http.client. Used by tests/serve/*.py and scripts/serve_load_test.py (Debian's python3 only)."""
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+
+
+class Server:
+    """`with Server(slimkv, model, ["--kv", "dense"]) as server:` runs one server for the block."""
+
+    def __init__(self, slimkv, model, args=(), host="127.0.0.1", ready_timeout_s=120):
+        self.slimkv, self.model, self.args, self.host = slimkv, model, list(args), host
+        self.ready_timeout_s = ready_timeout_s
+        self.process = None
+        self.port = None
+        self.exit_code = None
+
+    def __enter__(self):
+        self.log = tempfile.NamedTemporaryFile(prefix="slimkv-serve-", suffix=".log", delete=False)
+        # --port 0: the kernel picks a free port and the server prints it; no race with other tests.
+        command = [self.slimkv, "serve", "--model", self.model, "--host", self.host, "--port", "0",
+                   "--threads", "2"] + self.args
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + self.ready_timeout_s
+        while self.port is None:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"slimkv serve exited with {self.process.returncode}:\n{self.output()}")
+            if time.time() > deadline:
+                raise RuntimeError(f"slimkv serve did not print its port:\n{self.output()}")
+            match = re.search(r"listening on http://\S+?:(\d+)", self.output())
+            if match:
+                self.port = int(match.group(1))
+            time.sleep(0.05)
+        while self.get("/health")[0] != 200:  # 503 while the engine loads
+            if self.process.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"slimkv serve never became healthy:\n{self.output()}")
+            time.sleep(0.1)
+        return self
+
+    def __exit__(self, *exc):
+        if self.process.poll() is None:
+            self.stop()
+        os.unlink(self.log.name)
+
+    def stop(self, timeout_s=60):
+        """SIGTERM, then the exit code (the server drains first)."""
+        self.process.send_signal(signal.SIGTERM)
+        self.exit_code = self.process.wait(timeout=timeout_s)
+        return self.exit_code
+
+    def output(self):
+        with open(self.log.name, errors="replace") as f:
+            return f.read()
+
+    def connection(self, timeout_s=120):
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout_s)
+
+    def request(self, method, path, body=None, headers=None, raw=False):
+        """Returns (status, headers dict, body bytes or parsed JSON)."""
+        connection = self.connection()
+        try:
+            data = body if (raw or body is None) else json.dumps(body)
+            all_headers = {"Content-Type": "application/json"}
+            all_headers.update(headers or {})
+            connection.request(method, path, body=data, headers=all_headers)
+            response = connection.getresponse()
+            payload = response.read()
+            if "application/json" in response.getheader("Content-Type", ""):
+                payload = json.loads(payload)
+            return response.status, dict(response.getheaders()), payload
+        finally:
+            connection.close()
+
+    def get(self, path, headers=None):
+        try:
+            return self.request("GET", path, headers=headers)
+        except (ConnectionError, OSError):
+            return 0, {}, b""
+
+    def post(self, path, body, headers=None, raw=False):
+        return self.request("POST", path, body, headers, raw)
+
+    def stream(self, path, body, headers=None):
+        """POSTs a streaming request; returns (status, [event payloads as parsed JSON or "[DONE]"])."""
+        connection = self.connection()
+        try:
+            all_headers = {"Content-Type": "application/json"}
+            all_headers.update(headers or {})
+            connection.request("POST", path, body=json.dumps(body), headers=all_headers)
+            response = connection.getresponse()
+            if response.status != 200:
+                return response.status, [json.loads(response.read())]
+            events = []
+            for line in response:  # http.client undoes the chunked encoding
+                line = line.decode().rstrip("\n")
+                if not line.startswith("data: "):
+                    continue  # blank separators and ": comment" keep-alives
+                data = line[len("data: "):]
+                events.append(data if data == "[DONE]" else json.loads(data))
+            return response.status, events
+        finally:
+            connection.close()
+
+    def metric(self, name):
+        """The value of an unlabelled-but-for-model_name sample of /metrics."""
+        status, _, text = self.get("/metrics")
+        assert status == 200, status
+        for line in text.decode().splitlines():
+            if line.startswith(name + "{") and "le=" not in line:
+                return float(line.rsplit(" ", 1)[1])
+        raise KeyError(name)
+
+
+def stream_text(events):
+    """The text of a completions or chat stream, and its last choice's finish_reason."""
+    text, finish = "", None
+    for event in events:
+        if event == "[DONE]" or not event.get("choices"):
+            continue
+        choice = event["choices"][0]
+        text += choice.get("text") or choice.get("delta", {}).get("content") or ""
+        finish = choice.get("finish_reason") or finish
+    return text, finish
