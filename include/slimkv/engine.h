@@ -17,8 +17,8 @@
 //
 // Threads and lifetimes: an Engine is driven by one thread at a time (the scheduler's, or a tool's):
 // add_sequence, remove_sequence, step, import_kv and the Session calls mutate it; the accessors of what
-// was loaded (model_config, tokenizer, generation_defaults, config, kv_description) are safe from any
-// thread. Sequences and Sessions must not outlive their Engine.
+// was loaded (model_config, tokenizer, generation_defaults, config, kv_description, apply_chat_template)
+// are safe from any thread. Sequences and Sessions must not outlive their Engine.
 #pragma once
 
 #include <cstdint>
@@ -139,8 +139,9 @@ class Engine {
   // The model's chat template (chat_template.jinja, else tokenizer_config.json's), rendered as
   // transformers' apply_chat_template(messages, tokenize=False, add_generation_prompt=...): messages a
   // JSON array of {role, content, ...} in the client's key order; extra adds template variables (tools,
-  // enable_thinking, ...). Errors: the model has no template (has_chat_template() is false), the template
-  // refuses the conversation (its raise_exception message), or fails (its line and column).
+  // enable_thinking, ...). Errors: the model has no template, or one this renderer cannot parse
+  // (has_chat_template() is false: the engine still runs completions), the template refuses the
+  // conversation (its raise_exception message), or fails (its line and column). Safe from any thread.
   Expected<std::string> apply_chat_template(const nlohmann::ordered_json& messages, bool add_generation_prompt,
                                             const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
   bool has_chat_template() const { return chat_template_ != nullptr; }

@@ -96,14 +96,15 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
     SLIMKV_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load(tokenizer_path));
     engine->tokenizer_ = std::make_unique<Tokenizer>(std::move(tokenizer));
   }
-  // A model without a chat template still serves completions; a broken template is an error now.
+  // A model without a chat template, or with one this renderer cannot parse, still runs completions:
+  // only rendering a chat reports why it cannot.
   Expected<ChatTemplate> chat = ChatTemplate::load(config.model_dir);
   if (chat) {
     engine->chat_template_ = std::make_unique<ChatTemplate>(std::move(*chat));
   } else if (ChatTemplate::is_no_chat_template(chat.status())) {
-    engine->chat_template_status_ = chat.status();
+    engine->chat_template_status_ = error("this model has no chat template (", chat.status().message(), ")");
   } else {
-    return chat.status();
+    engine->chat_template_status_ = error("this model's chat template cannot be used: ", chat.status().message());
   }
   SLIMKV_ASSIGN_OR_RETURN(engine->generation_, load_generation_defaults(config.model_dir, engine->model_->config()));
   SLIMKV_ASSIGN_OR_RETURN(engine->identity_, engine->model_->identity());

@@ -74,9 +74,8 @@ class HttpApi {
   HttpApi(const ServerConfig& config, std::string model_dir) : config_(config), model_dir_(std::move(model_dir)) {}
 
   // Called once the engine is loaded: the endpoints start answering.
-  void set_ready(Scheduler& scheduler, ServedModel served, MetricsLabels labels, ChatPrompt chat) {
+  void set_ready(Scheduler& scheduler, ServedModel served, MetricsLabels labels) {
     served_ = std::move(served);
-    chat_ = std::move(chat);
     labels_ = std::move(labels);
     tokenizer_ = scheduler.engine().tokenizer();
     scheduler_.store(&scheduler);
@@ -170,7 +169,7 @@ class HttpApi {
     std::string field = "prompt";
     if (request.chat) {
       field = "messages";
-      Expected<std::string> text = chat_.render(request.messages, /*add_generation_prompt=*/true);
+      Expected<std::string> text = render_chat_prompt(scheduler_.load()->engine(), request.messages, /*add_generation_prompt=*/true);
       if (!text) return ApiError::bad_field("messages", "messages: " + text.status().message());
       // The template writes the special tokens itself (apply_chat_template's tokenize does the same).
       ids = tokenizer_->encode(*text, /*add_special_tokens=*/false);
@@ -300,7 +299,7 @@ class HttpApi {
         return send_error(response, ApiError::bad_field(!generation_prompt ? "add_generation_prompt" : "add_special_tokens",
                                                         "add_generation_prompt and add_special_tokens must be true or false"));
       }
-      Expected<std::string> text = chat_.render(request.messages, *generation_prompt);
+      Expected<std::string> text = render_chat_prompt(scheduler_.load()->engine(), request.messages, *generation_prompt);
       if (!text) return send_error(response, ApiError::bad_field("messages", "messages: " + text.status().message()));
       ids = tokenizer_->encode(*text, *special);
     } else if (body.contains("prompt") && body["prompt"].is_string()) {
@@ -352,7 +351,6 @@ class HttpApi {
   // Written once by set_ready before scheduler_ is published, read only after it.
   ServedModel served_;
   MetricsLabels labels_;
-  ChatPrompt chat_;
   const Tokenizer* tokenizer_ = nullptr;
 };
 
@@ -417,11 +415,11 @@ Status run_server(const EngineConfig& engine_config, const SchedulerConfig& sche
     stop_listening();
     return scheduler.status();
   }
-  ChatPrompt chat = ChatPrompt::load(engine_config.model_dir);
-  if (!chat.has_template()) {
-    std::fprintf(stderr, "slimkv serve: chat requests will be refused: %s\n", chat.load_error().message().c_str());
+  if (!(*scheduler)->engine().has_chat_template()) {
+    const Status chat = (*scheduler)->engine().apply_chat_template(nlohmann::ordered_json::array(), true).status();
+    std::fprintf(stderr, "slimkv serve: chat requests will be refused: %s\n", chat.message().c_str());
   }
-  api.set_ready(**scheduler, std::move(served), labels, std::move(chat));
+  api.set_ready(**scheduler, std::move(served), labels);
   std::fprintf(stderr, "slimkv serve: ready (KV %s on %s)\n", labels.kv_spec.c_str(), labels.device.c_str());
 
   int signal_number = 0;
