@@ -17,6 +17,11 @@ packages=(
   gnuplot-nox              # slimkv eval's PNG plots
   python3-jsonschema       # tests: results.json checked against docs/eval_results.schema.json
   libfaiss-dev             # bench_pq: the reference product quantizer slimkv's PQ is compared with
+  python3-dev pybind11-dev  # the Python module `slimkv` (src/python/, docs/python.md)
+  python3-numpy            # its logits and KV as NumPy arrays
+  python3-pytest           # its tests (tests/python/, run by ctest)
+  python3-pandas           # slimkv.evaluate's DataFrame (optional: a list of dicts without it)
+  python3-matplotlib       # examples/compare_kv.py's plot
 )
 
 missing=()
