@@ -51,5 +51,6 @@ nlohmann::ordered_json to_json(const py::handle& value, const std::string& what)
 void bind_engine(py::module_& module);   // engine.cc: Engine, generate, stream, tokenizer, chat template
 void bind_session(py::module_& module);  // session.cc: Session, its KV
 void bind_evaluate(py::module_& module);  // evaluate.cc: evaluate, KvSpec
+void bind_codecs(py::module_& module);    // codecs.cc: slimkv.codecs
 
 }  // namespace slimkv::python

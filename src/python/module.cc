@@ -49,4 +49,5 @@ PYBIND11_MODULE(slimkv, module) {
   bind_engine(module);
   bind_session(module);
   bind_evaluate(module);
+  bind_codecs(module);
 }
