@@ -144,7 +144,8 @@ class TextStream {
 
   std::optional<std::string> finish_reason() {
     std::lock_guard lock(mutex_);
-    if (!done_) return std::nullopt;
+    // None while running, and after an engine error (the error is raised by __next__ instead).
+    if (!done_ || !generation_.finish_reason()) return std::nullopt;
     return finish_reason_name(*generation_.finish_reason());
   }
 
