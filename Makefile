@@ -6,6 +6,12 @@ CMAKE_FLAGS ?=
 ifeq ($(CI),true)
   CMAKE_FLAGS += -DSLIMKV_WERROR=ON
 endif
+# The Python module is built for, and tested with, Debian's python3 (its python3-numpy, python3-pytest...),
+# not another python3 found first on PATH (pyenv, conda).
+PYTHON ?= /usr/bin/python3
+ifneq ($(wildcard $(PYTHON)),)
+  CMAKE_FLAGS += -DPython3_EXECUTABLE=$(PYTHON)
+endif
 RELEASE := build/release
 ASAN := build/asan
 FUZZ := build/fuzz

@@ -6,8 +6,8 @@ folder missing from the order (a new folder must be placed before it can be chec
 
 Usage: check_layers.py [--tools-public-only] [ROOT]     ROOT: the repository (default: this script's)
        check_layers.py --self-test                      plants violations in a temporary tree
---tools-public-only also fails on an include of src/tools/ outside include/slimkv/ and src/tools/: the CLI
-is a client of the public API, like the server and the Python module.
+--tools-public-only also fails on an include of src/tools/ or src/python/ outside include/slimkv/ and the
+including folder itself: the CLI and the Python module are clients of the public API, like the server.
 """
 import argparse
 import os
@@ -18,7 +18,7 @@ import tempfile
 
 # Top to bottom; the folders of one entry share a rank and may include each other.
 LAYER_ORDER = [
-    ("tools",),
+    ("tools", "python"),
     ("serve", "transfer"),
     ("eval",),
     ("engine",),
@@ -31,6 +31,7 @@ LAYER_ORDER = [
 ]
 RANK = {folder: len(LAYER_ORDER) - i for i, entry in enumerate(LAYER_ORDER) for folder in entry}
 PUBLIC_API = "slimkv"  # include/slimkv/: the public API, includable from every layer
+PUBLIC_ONLY = ("tools", "python")  # clients of the public API alone (--tools-public-only)
 
 INCLUDE = re.compile(r'\s*#\s*include\s*"([^"]+)"')
 
@@ -60,8 +61,8 @@ def check(root, tools_public_only):
                         if target in RANK and RANK[target] > RANK[folder]:
                             problems.append(f'{shown}:{number}: {folder}/ includes "{match.group(1)}" of {target}/, '
                                             f"a layer above it")
-                        elif tools_public_only and folder == "tools" and target not in (PUBLIC_API, "tools"):
-                            problems.append(f'{shown}:{number}: tools/ includes "{match.group(1)}" of {target}/, '
+                        elif tools_public_only and folder in PUBLIC_ONLY and target not in (PUBLIC_API, folder):
+                            problems.append(f'{shown}:{number}: {folder}/ includes "{match.group(1)}" of {target}/, '
                                             f"outside the public API (include/slimkv/)")
     return problems
 
@@ -84,6 +85,7 @@ def self_test():
         "src/kv/codec/codec.h": '#include "tensor/block_shape.h"\n#include <vector>\n',
         "src/attention/partial.h": '#include "util/half.h"\n',
         "src/tools/main.cc": '#include "slimkv/engine.h"\n#include "tools/commands.h"\n#include "commands.h"\n',
+        "src/python/module.cc": '#include <pybind11/pybind11.h>\n#include "python/binding.h"\n#include "slimkv/engine.h"\n',
     }
     cases = [  # (name, files, options, expected exit code, texts the output must contain)
         ("clean tree", clean, [], 0, []),
@@ -96,6 +98,11 @@ def self_test():
         ("tools leak", {**clean, "src/tools/main.cc": '#include "slimkv/engine.h"\n#include "kv/store.h"\n'},
          ["--tools-public-only"], 1, ["src/tools/main.cc:2:", "tools/", "kv/"]),
         ("tools public only, clean", clean, ["--tools-public-only"], 0, []),
+        ("python leak", {**clean, "src/python/module.cc": '#include "slimkv/engine.h"\n#include "engine/sampler.h"\n'},
+         ["--tools-public-only"], 1, ["src/python/module.cc:2:", "python/", "engine/"]),
+        ("python includes tools", {**clean, "src/python/module.cc": '#include "tools/commands.h"\n'},
+         ["--tools-public-only"], 1, ["src/python/module.cc:1:", "python/", "tools/"]),
+        ("python leak, unchecked", {**clean, "src/python/module.cc": '#include "kv/store.h"\n'}, [], 0, []),
     ]
     failures = 0
     for name, files, options, expected_code, texts in cases:
@@ -112,7 +119,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("root", nargs="?", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     parser.add_argument("--tools-public-only", action="store_true",
-                        help="also fail on src/tools/ includes outside include/slimkv/ and src/tools/")
+                        help="also fail on src/tools/ and src/python/ includes outside include/slimkv/ and their own folder")
     parser.add_argument("--self-test", action="store_true", help="check this script on planted violations")
     args = parser.parse_args()
     if args.self_test:

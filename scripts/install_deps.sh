@@ -19,6 +19,11 @@ packages=(
   libfaiss-dev             # bench_pq: the reference product quantizer slimkv's PQ is compared with
   libcpp-httplib-dev       # slimkv serve's HTTP server
   nodejs                   # tests: the openai npm package against slimkv serve (npm: below)
+  python3-dev pybind11-dev  # the Python module `slimkv` (src/python/, docs/python.md)
+  python3-numpy            # its logits and KV as NumPy arrays
+  python3-pytest           # its tests (tests/python/, run by ctest)
+  python3-pandas           # slimkv.evaluate's DataFrame (optional: a list of dicts without it)
+  python3-matplotlib       # examples/compare_kv.py's plot
 )
 
 missing=()

@@ -29,4 +29,10 @@ struct KvConfig {
 
 Expected<KvConfig> parse_kv_spec(std::string_view spec);
 
+// The spec checked whole (the grammar, then every stage's name and options, as an engine would build it)
+// and written with every option spelled out: "hack:bits=2" -> "hack:bits=2,...,pi=64,...". Two specs
+// that run the same pipeline have the same canonical form. Needs no model: shape checks (head dims a
+// codec can encode) come when an engine loads.
+Expected<std::string> canonical_kv_spec(std::string_view spec);
+
 }  // namespace slimkv

@@ -172,4 +172,9 @@ Expected<KvPipeline> make_kv_pipeline(std::string_view spec) {
   return make_kv_pipeline(config);
 }
 
+Expected<std::string> canonical_kv_spec(std::string_view spec) {
+  SLIMKV_ASSIGN_OR_RETURN(KvPipeline pipeline, make_kv_pipeline(spec));
+  return pipeline.describe();
+}
+
 }  // namespace slimkv

@@ -1,0 +1,110 @@
+"""Sessions: logits as NumPy arrays equal to the CLI's, prefill against stepwise decode, and the KV cache
+read per (layer, KV head)."""
+import numpy as np
+import pytest
+
+import slimkv
+from conftest import MODEL, THREADS
+
+
+def test_logits_equal_the_cli(engine, cli, heldout_ids, tmp_path):
+    ids = heldout_ids[:70]
+    tokens = ",".join(map(str, ids))
+    for mode in ("prefill", "incremental"):
+        cli("logits", "--model", MODEL, "--tokens", tokens, "--out", str(tmp_path / f"{mode}.npy"), "--mode", mode,
+            "--threads", str(THREADS))
+    session = engine.session()
+    logits = session.prefill(ids, all_logits=True)
+    assert logits.dtype == np.float32 and logits.shape == (70, engine.vocab_size)
+    np.testing.assert_array_equal(logits, np.load(tmp_path / "prefill.npy"))
+    stepwise = engine.session()
+    rows = np.stack([stepwise.decode(i) for i in ids])
+    np.testing.assert_array_equal(rows, np.load(tmp_path / "incremental.npy"))
+
+
+def test_prefill_rows_equal_stepwise_decode(engine, heldout_ids):
+    ids = heldout_ids[:100]  # one sealed block and an open one
+    whole = engine.session()
+    all_rows = whole.prefill(ids, all_logits=True)
+    assert all_rows.shape == (100, engine.vocab_size) and whole.num_tokens == 100
+    last = engine.session().prefill(ids)
+    assert last.shape == (engine.vocab_size,)
+    # The lm_head GEMM of one row and of 100 round differently: FP32 rounding apart.
+    np.testing.assert_allclose(last, all_rows[-1], rtol=0, atol=1e-4)
+    stepwise = engine.session()
+    first = stepwise.prefill(ids[:1])
+    rows = [first] + [stepwise.decode(i) for i in ids[1:]]
+    assert all(row.shape == (engine.vocab_size,) and row.dtype == np.float32 for row in rows)
+    np.testing.assert_allclose(np.stack(rows), all_rows, rtol=0, atol=2e-4)
+    # The array owns the engine's buffer: it stays valid and writable after the session is gone.
+    del whole
+    all_rows[0, 0] = 1.0
+    assert all_rows.flags.writeable and all_rows.flags.c_contiguous
+
+
+def test_dense_blocks_hold_the_kv_exactly_and_hack_within_its_error(engine, heldout_ids):
+    ids = heldout_ids[:150]  # two sealed blocks of 64 and 22 open tokens
+    dense = engine.session()
+    dense.prefill(ids)
+    layout = dense.kv.layout
+    assert (layout.num_layers, layout.num_kv_heads, layout.block_tokens) == (7, 2, 64)
+    head = dense.kv[0, 1]
+    assert [(b.first_token, b.last_token) for b in head.blocks] == [(0, 64), (64, 128)]
+    assert head.open_tokens == 22 and head.blocks[0].tier == "fast" and head.blocks[0].codec.startswith("dense")
+    k0, v0 = head.blocks[0].decode()
+    assert k0.shape == (64, head.k_dim) and v0.shape == (64, head.v_dim) and k0.dtype == np.float32
+    # Dense seals exactly what the model appended: a sequence's open block (its K/V in FP32, as the model
+    # computed them) equals the block it becomes once one more token fills it.
+    short = engine.session()
+    short.prefill(ids[:63])
+    k_open, v_open = short.kv[0, 1].open()
+    assert k_open.shape == (63, head.k_dim) and short.kv[0, 1].blocks == []
+    short.decode(ids[63])
+    [sealed] = short.kv[0, 1].blocks
+    k_sealed, v_sealed = sealed.decode()
+    np.testing.assert_array_equal(k_sealed[:63], k_open)
+    np.testing.assert_array_equal(v_sealed[:63], v_open)
+    assert short.kv[0, 1].open_tokens == 0
+    # And a longer prefill computes the same K/V, within FP32 rounding (GEMMs of other sizes).
+    np.testing.assert_allclose(k0[:63], k_open, rtol=0, atol=1e-5)
+
+    # Layer 0's K/V depend on the tokens alone: hack's blocks decode to them within 4-bit error (no rotation: the
+    # same basis as dense's).
+    hack_engine = slimkv.Engine(MODEL, kv="hack:bits=4,rot=none", threads=THREADS)
+    hack = hack_engine.session()
+    hack.prefill(ids)
+    hk, hv = hack.kv[0, 1].blocks[0].decode()
+    assert not hack.kv.layout.rotated
+    for exact, approx in ((k0, hk), (v0, hv)):
+        error = np.linalg.norm(approx - exact) / np.linalg.norm(exact)
+        assert 0 < error < 0.15, error
+    assert hack.kv[0, 1].blocks[0].bytes < head.blocks[0].bytes / 4
+    assert hack.kv.memory()["sealed_bytes"] < dense.kv.memory()["sealed_bytes"] / 4
+
+
+def test_memory_and_selection(engine, heldout_ids):
+    session = engine.session()
+    session.prefill(heldout_ids[:150])
+    memory = session.kv.memory()
+    assert memory["sealed_tokens"] == 128 and memory["sealed_blocks"] > 0
+    assert memory["fast_bytes"] == memory["sealed_bytes"] + memory["open_bytes"] + memory["selector_bytes"]
+    assert memory["tier"]["hits"] == 0 and not memory["sealed_in_slow_tier"]
+    session.decode(heldout_ids[150])
+    assert session.kv[3, 0].last_selection() is None  # dense attends to every token
+
+    pq = slimkv.Engine(MODEL, kv="pq:topk=0.1", threads=THREADS).session()
+    pq.prefill(heldout_ids[:400])
+    pq.decode(heldout_ids[400])
+    chosen = pq.kv[3, 0].last_selection()
+    assert chosen is not None and 0 < len(chosen) < 401
+    assert len(set(chosen.tolist())) == len(chosen) and chosen.min() >= 0 and chosen.max() <= 400
+    assert pq.kv.memory()["selector_bytes"] > 0
+
+
+def test_kv_spec_parses_and_canonicalizes():
+    spec = slimkv.KvSpec("pq:topk=0.2+hack:bits=2")
+    assert spec.spec == "pq:topk=0.2+hack:bits=2"
+    assert [name for name, _ in spec.stages] == ["pq", "hack"] and spec.stages[1][1] == {"bits": "2"}
+    assert spec.tier == "fast" and "bits=2" in spec.canonical and "topk=0.2" in spec.canonical
+    assert slimkv.KvSpec(spec.canonical) == spec and str(spec) == spec.canonical
+    assert slimkv.KvSpec("dense@offload").tier == "offload"
