@@ -166,6 +166,15 @@ std::unique_ptr<Engine> load_engine(size_t kv_cache_bytes = 0, int max_sequences
   return engine ? engine.take() : nullptr;
 }
 
+// The ASan+UBSan build is a Debug build, ~20x slower on the model: there the model-running tests take
+// fewer and shorter requests through the same paths (batching, preemption to host memory and by
+// recomputation), so that `make test` stays within CI's time.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr int kConcurrentRequests = 8, kPreemptedRequestTokens = 40, kTokensPerStep = 3;
+#else
+constexpr int kConcurrentRequests = 32, kPreemptedRequestTokens = 72, kTokensPerStep = 4;
+#endif
+
 // Prompts of different lengths: slices of the held-out text.
 std::vector<std::vector<int32_t>> prompts(const Engine& engine, int count) {
   std::ifstream in(kModel + "/heldout.txt");
@@ -298,14 +307,14 @@ SchedulerStats expect_same_as_alone(std::unique_ptr<Engine> engine, const std::v
 TEST(Scheduler, ThirtyTwoConcurrentGreedyRequestsEqualTheSameRunOneByOne) {
   std::unique_ptr<Engine> engine = load_engine();
   ASSERT_TRUE(engine);
-  const std::vector<GenerationRequest> batch = requests(*engine, 32);
+  const std::vector<GenerationRequest> batch = requests(*engine, kConcurrentRequests);
   const SchedulerStats stats = expect_same_as_alone(std::move(engine), batch);
   EXPECT_EQ(stats.requests_finished_total[size_t(FinishReason::kStop)] +
                 stats.requests_finished_total[size_t(FinishReason::kLength)],
-            32u);
-  EXPECT_EQ(stats.time_to_first_token.count, 32u);
+            size_t(kConcurrentRequests));
+  EXPECT_EQ(stats.time_to_first_token.count, size_t(kConcurrentRequests));
   // Batched: far fewer steps than tokens generated (one after another, a step per token and more).
-  EXPECT_LT(stats.steps_total * 4, stats.generation_tokens_total) << stats.steps_total << " steps";
+  EXPECT_LT(stats.steps_total * kTokensPerStep, stats.generation_tokens_total) << stats.steps_total << " steps";
 }
 
 // kv_cache_bytes for a budget of `blocks` blocks: the engine first sets aside every sequence's open block
@@ -323,7 +332,7 @@ TEST(Scheduler, PreemptionToHostMemoryKeepsGreedyAndSampledOutputs) {
   ASSERT_TRUE(engine);
   ASSERT_EQ(engine->kv_budget().total_blocks, 6);
   std::vector<GenerationRequest> batch = requests(*engine, 8, 0.8f);
-  for (GenerationRequest& request : batch) request.max_tokens = 72, request.ignore_eos = true;
+  for (GenerationRequest& request : batch) request.max_tokens = kPreemptedRequestTokens, request.ignore_eos = true;
   const SchedulerStats stats = expect_same_as_alone(std::move(engine), batch);
   EXPECT_GT(stats.preemptions_total, 0u) << "the test's KV budget must force preemption";
   EXPECT_EQ(stats.preemptions_recomputed_total, 0u);
@@ -333,7 +342,7 @@ TEST(Scheduler, PreemptionWithoutHostMemoryRecomputesTheSameOutputs) {
   std::unique_ptr<Engine> engine = load_engine(small_kv_bytes(6));
   ASSERT_TRUE(engine);
   std::vector<GenerationRequest> batch = requests(*engine, 8);
-  for (GenerationRequest& request : batch) request.max_tokens = 72, request.ignore_eos = true;
+  for (GenerationRequest& request : batch) request.max_tokens = kPreemptedRequestTokens, request.ignore_eos = true;
   const SchedulerStats stats = expect_same_as_alone(std::move(engine), batch, {.host_kv_bytes = 0});
   EXPECT_GT(stats.preemptions_recomputed_total, 0u);
 }
