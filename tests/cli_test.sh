@@ -59,5 +59,32 @@ mkdir -p "$work/truncated" && cp "$models/mistral_f16/"* "$work/truncated/" &&
   truncate -s 5000 "$work/truncated/model.safetensors"
 expect_error truncated-weights "model.safetensors" "$slimkv" logits --model "$work/truncated" --tokens "1" --out "$work/c.npy"
 
+# Paths of the wrong kind are named for what they are, by every command that reads a file (never read as
+# empty text, never a hang on a FIFO: `timeout` turns a hang into a failure).
+mkdir -p "$work/a_dir"; mkfifo "$work/a_fifo"; echo "1,2" >"$work/secret.txt"; chmod 000 "$work/secret.txt"
+bad_path_cases() {  # kind, path, what the error must say
+  local kind=$1 path=$2 text=$3 m=$models/llama_gqa_bf16
+  expect_error "generate-prompt-file-$kind" "$text" timeout 20 "$slimkv" generate --model "$m" --prompt-file "$path" --max-tokens 1
+  expect_error "logits-tokens-file-$kind" "$text" timeout 20 "$slimkv" logits --model "$m" --tokens-file "$path" --out "$work/x.npy"
+  expect_error "tokenize-file-$kind" "$text" timeout 20 "$slimkv" tokenize --model "$m" --file "$path"
+  expect_error "calibrate-text-$kind" "$text" timeout 20 "$slimkv" calibrate --model "$m" --text "$path" --out "$work/calib_$kind"
+}
+bad_path_cases directory "$work/a_dir" "a_dir: is a directory, expected a file"
+bad_path_cases fifo "$work/a_fifo" "a_fifo: is a FIFO (named pipe), expected a regular file"
+bad_path_cases missing "$work/nothing_here" "nothing_here: does not exist"
+bad_path_cases device /dev/null "/dev/null: is a device, expected a regular file"
+if [ "$(id -u)" -eq 0 ]; then
+  echo "cli: skipping the unreadable-file cases: running as root, which reads a chmod 000 file"
+else
+  bad_path_cases unreadable "$work/secret.txt" "secret.txt: not readable"
+fi
+# The model folder's files: each replaced by a directory.
+for name in config.json generation_config.json model.safetensors.index.json model-00003-of-00012.safetensors; do
+  rm -rf "$work/m_$name"; cp -r "$models/llama_gqa_bf16" "$work/m_$name"
+  rm -f "$work/m_$name/$name"; mkdir "$work/m_$name/$name"
+  expect_error "model-dir-$name-is-directory" "$name: is a directory, expected a file" \
+    timeout 20 "$slimkv" logits --model "$work/m_$name" --tokens "1" --out "$work/x.npy"
+done
+
 echo "cli: $passes passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -24,7 +24,8 @@ Expected<GenerationDefaults> load_generation_defaults(const std::string& model_d
   GenerationDefaults defaults;
   defaults.eos_token_ids = config.eos_token_ids;
   const std::string path = model_dir + "/generation_config.json";
-  if (!std::filesystem::exists(path)) return defaults;
+  std::error_code ignored;  // a dangling link or a directory is reported by read_text_file
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ignored))) return defaults;
   SLIMKV_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
   const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!json.is_object()) return error(path, ": not a JSON object");
