@@ -86,5 +86,28 @@ for name in config.json generation_config.json model.safetensors.index.json mode
     timeout 20 "$slimkv" logits --model "$work/m_$name" --tokens "1" --out "$work/x.npy"
 done
 
+# Broken weights are refused at load, naming the tensor: a copy of a small model with one NaN (and one
+# -Inf) planted in a tensor's raw bits (F16 here; the BF16/F32 bit patterns are covered by finite_test).
+plant() {  # model dir, tensor name, element index, 16-bit pattern
+  /usr/bin/python3 - "$@" <<'PY'
+import json, struct, sys
+path, name, index, bits = sys.argv[1] + "/model.safetensors", sys.argv[2], int(sys.argv[3]), int(sys.argv[4], 16)
+with open(path, "r+b") as f:
+    header_len = struct.unpack("<Q", f.read(8))[0]
+    begin = json.loads(f.read(header_len))[name]["data_offsets"][0]
+    f.seek(8 + header_len + begin + 2 * index)
+    f.write(struct.pack("<H", bits))
+PY
+}
+for case in "nan 7e00 NaN" "neginf fc00 -Inf"; do
+  set -- $case
+  rm -rf "$work/broken_$1"; cp -r "$models/mistral_f16" "$work/broken_$1"
+  plant "$work/broken_$1" model.layers.1.mlp.up_proj.weight 37 "$2"
+  expect_error "weights-$1" "tensor 'model.layers.1.mlp.up_proj.weight' (F16) holds $3 at element 37 (row 0, column 37)" \
+    "$slimkv" logits --model "$work/broken_$1" --tokens "1,2" --out "$work/x.npy"
+  expect_error "weights-$1-generate" "model.layers.1.mlp.up_proj.weight" \
+    "$slimkv" generate --model "$work/broken_$1" --prompt "hi" --max-tokens 2
+done
+
 echo "cli: $passes passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <set>
 #include <thread>
@@ -198,7 +199,26 @@ Status Engine::step(std::span<const StepItem> items, StepResult& result) {
     return error("a step of ", rows, " tokens; the engine runs at most ", config_.prefill_chunk_tokens,
                  " at once (prefill_chunk_tokens)");
   }
-  return device_->step(device_items, result);
+  std::vector<int> held_before(items.size());
+  for (size_t i = 0; i < items.size(); ++i) held_before[i] = device_->num_tokens(items[i].sequence);
+  SLIMKV_RETURN_IF_ERROR(device_->step(device_items, result));
+  // Non-finite logits mean broken arithmetic or weights: an error naming the place, never garbage
+  // text with exit code 0. One pass over the rows returned (vocab floats each), cheap beside the step.
+  for (size_t i = 0; i < items.size() && i < result.first_row.size(); ++i) {
+    if (result.first_row[i] < 0) continue;
+    const int64_t rows_of_item = items[i].output == StepOutput::kAllLogits ? int64_t(items[i].tokens.size()) : 1;
+    const int64_t first_position = held_before[i] + int64_t(items[i].tokens.size()) - rows_of_item;
+    for (int64_t row = 0; row < rows_of_item; ++row) {
+      const std::span<const float> logits = result.logits_of(i, row);
+      for (size_t v = 0; v < logits.size(); ++v) {
+        if (!std::isfinite(logits[v])) {
+          return error("sequence ", items[i].sequence, ", position ", first_position + row, ": logit of token ", v,
+                       " is ", logits[v], " (non-finite: broken weights or an overflow in the forward pass)");
+        }
+      }
+    }
+  }
+  return Status::ok();
 }
 
 KvBudget Engine::kv_budget() const { return device_->kv_budget(); }
