@@ -16,20 +16,24 @@
 #include "tokenizer/chat/chat_template.h"
 #include "util/mapped_file.h"
 #include "util/thread_pool.h"
+#include "util/json_error.h"
+#include "slimkv/untrusted_text.h"
 
 namespace slimkv {
-namespace {
 
-// generation_config.json is optional; when present it must be valid, and its sampling defaults apply.
-Expected<GenerationDefaults> load_generation_defaults(const std::string& model_dir, const ModelConfig& config) {
+Expected<GenerationDefaults> parse_generation_config(const std::string& text, const std::string& path,
+                                                     const std::vector<int64_t>& config_eos_token_ids) {
   GenerationDefaults defaults;
-  defaults.eos_token_ids = config.eos_token_ids;
-  const std::string path = model_dir + "/generation_config.json";
-  std::error_code ignored;  // a dangling link or a directory is reported by read_text_file
-  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ignored))) return defaults;
-  SLIMKV_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
-  const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!json.is_object()) return error(path, ": not a JSON object");
+  defaults.eos_token_ids = config_eos_token_ids;
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    return Status::error(json_syntax_error(path, text, e.byte, e.what()));
+  } catch (const std::exception& e) {  // e.g. out of memory
+    return error(path, ": cannot parse JSON: ", e.what());
+  }
+  if (!json.is_object()) return error(path, ": is a JSON ", json.type_name(), ", expected an object");
   if (json.contains("eos_token_id")) {
     const auto& eos = json["eos_token_id"];
     if (eos.is_number_integer()) {
@@ -41,19 +45,48 @@ Expected<GenerationDefaults> load_generation_defaults(const std::string& model_d
         defaults.eos_token_ids.push_back(id.get<int64_t>());
       }
     } else if (!eos.is_null()) {
-      return error(path, ": eos_token_id must be an integer or a list, found ", eos.dump());
+      return error(path, ": eos_token_id must be an integer or a list, found ", quote_untrusted(eos.dump()));
     }
   }
-  const bool sample = json.value("do_sample", false);
-  if (sample) {
-    const auto number = [&](const char* key, double fallback) {
-      return json.contains(key) && json[key].is_number() ? json[key].get<double>() : fallback;
+  const auto do_sample = json.find("do_sample");
+  if (do_sample != json.end() && !do_sample->is_boolean() && !do_sample->is_null()) {
+    return error(path, ": do_sample must be true or false, found ", quote_untrusted(do_sample->dump()));
+  }
+  if (do_sample != json.end() && do_sample->is_boolean() && do_sample->get<bool>()) {
+    // Ranges checked here (a double cast to int out of range is undefined), naming the key.
+    const auto number = [&](const char* key, double fallback, double low, double high) -> Expected<double> {
+      const auto it = json.find(key);
+      if (it == json.end() || it->is_null()) return fallback;
+      if (!it->is_number()) return error(path, ": ", key, " must be a number, found ", quote_untrusted(it->dump()));
+      const double value = it->get<double>();
+      if (!(value >= low && value <= high)) {
+        return error(path, ": ", key, " must be in [", low, ", ", high, "], found ", it->dump());
+      }
+      return value;
     };
-    defaults.temperature = float(number("temperature", 1.0));
-    defaults.top_k = int(number("top_k", 50));
-    defaults.top_p = float(number("top_p", 1.0));
+    SLIMKV_ASSIGN_OR_RETURN(const double temperature, number("temperature", 1.0, 0.0, 1e6));
+    SLIMKV_ASSIGN_OR_RETURN(const double top_k, number("top_k", 50, 0, 1 << 30));
+    SLIMKV_ASSIGN_OR_RETURN(const double top_p, number("top_p", 1.0, 0.0, 1.0));
+    defaults.temperature = float(temperature);
+    defaults.top_k = int(top_k);
+    defaults.top_p = float(top_p);
   }
   return defaults;
+}
+
+namespace {
+
+// generation_config.json is optional; when present it must be valid, and its sampling defaults apply.
+Expected<GenerationDefaults> load_generation_defaults(const std::string& model_dir, const ModelConfig& config) {
+  const std::string path = model_dir + "/generation_config.json";
+  std::error_code ignored;  // a dangling link or a directory is reported by read_text_file
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ignored))) {
+    GenerationDefaults defaults;
+    defaults.eos_token_ids = config.eos_token_ids;
+    return defaults;
+  }
+  SLIMKV_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
+  return parse_generation_config(text, path, config.eos_token_ids);
 }
 
 }  // namespace

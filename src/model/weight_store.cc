@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "util/mapped_file.h"
+#include "util/json_error.h"
 
 namespace slimkv {
 namespace {
@@ -79,6 +80,8 @@ Expected<std::map<std::string, std::string>> read_weight_map(const std::string& 
   Json index;
   try {
     index = Json::parse(text);
+  } catch (const Json::parse_error& e) {
+    return Status::error(json_syntax_error(index_path, text, e.byte, e.what()));
   } catch (const Json::exception& e) {
     return error(index_path, ": not valid JSON: ", e.what());
   }

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -32,6 +33,49 @@ Status check_input_file(const std::string& path) {
   if (!S_ISREG(info.st_mode)) return error(path, ": is not a regular file");
   if (::access(path.c_str(), R_OK) != 0) {
     return error(path, ": not readable (", std::strerror(errno), "; check its permissions)");
+  }
+  return Status::ok();
+}
+
+Status check_output_file(const std::string& path) {
+  if (path.empty()) return error("empty output path (expected a file name)");
+  struct stat info {};
+  if (::stat(path.c_str(), &info) == 0) {
+    if (S_ISDIR(info.st_mode)) return error(path, ": is a directory, expected a file name to write");
+    if (!S_ISREG(info.st_mode)) return error(path, ": exists and is not a regular file (a FIFO or device?)");
+    if (::access(path.c_str(), W_OK) != 0) return error(path, ": not writable (", std::strerror(errno), ")");
+    return Status::ok();
+  }
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  const std::string folder = parent.empty() ? "." : parent.string();
+  if (::stat(folder.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+    return error(path, ": cannot be written: its folder ", folder, " does not exist");
+  }
+  if (::access(folder.c_str(), W_OK | X_OK) != 0) {
+    return error(path, ": cannot be written: its folder ", folder, " is not writable (", std::strerror(errno), ")");
+  }
+  return Status::ok();
+}
+
+Status check_output_directory(const std::string& path) {
+  if (path.empty()) return error("empty output directory (expected a directory name)");
+  std::filesystem::path existing = std::filesystem::path(path);
+  struct stat info {};
+  // The nearest existing ancestor decides: create_directories makes the rest.
+  while (::stat(existing.c_str(), &info) != 0) {
+    if (!existing.has_parent_path() || existing.parent_path() == existing) {
+      existing = ".";
+      if (::stat(".", &info) != 0) return error(path, ": cannot find a folder to create it in");
+      break;
+    }
+    existing = existing.parent_path();
+  }
+  if (!S_ISDIR(info.st_mode)) {
+    return error(path, ": cannot be an output directory: ", existing.string(),
+                 existing.string() == path ? " is" : " (part of the path) is", " not a directory");
+  }
+  if (::access(existing.c_str(), W_OK | X_OK) != 0) {
+    return error(path, ": cannot be written: ", existing.string(), " is not writable (", std::strerror(errno), ")");
   }
   return Status::ok();
 }
