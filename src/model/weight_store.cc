@@ -74,9 +74,9 @@ bool is_plain_file_name(const std::string& name) {
          name.find('\0') == std::string::npos;
 }
 
-// The weight_map of an index file: tensor name -> shard file name, validated.
-Expected<std::map<std::string, std::string>> read_weight_map(const std::string& index_path) {
-  SLIMKV_ASSIGN_OR_RETURN(const std::string text, read_text_file(index_path));
+}  // namespace
+
+Expected<std::map<std::string, std::string>> parse_shard_index(const std::string& text, const std::string& index_path) {
   Json index;
   try {
     index = Json::parse(text);
@@ -112,6 +112,13 @@ Expected<std::map<std::string, std::string>> read_weight_map(const std::string& 
     weight_map.emplace(name, shard_name);
   }
   return weight_map;
+}
+
+namespace {
+
+Expected<std::map<std::string, std::string>> read_weight_map(const std::string& index_path) {
+  SLIMKV_ASSIGN_OR_RETURN(const std::string text, read_text_file(index_path));
+  return parse_shard_index(text, index_path);
 }
 
 }  // namespace
