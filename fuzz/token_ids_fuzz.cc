@@ -12,7 +12,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   auto ids = slimkv::parse_token_ids(text, "fuzz/tokens.txt");
   if (!ids.has_value()) {
-    const std::string& message = ids.status().message();
+    const std::string message = ids.status().message();  // a copy: status() returns by value
     if (message.find("fuzz/tokens.txt") == std::string::npos) std::abort();
     for (char c : message) {
       if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7F) std::abort();
