@@ -24,7 +24,17 @@ packages=(
   python3-pytest           # its tests (tests/python/, run by ctest)
   python3-pandas           # slimkv.evaluate's DataFrame (optional: a list of dicts without it)
   python3-matplotlib       # examples/compare_kv.py's plot
+  python3                  # scripts/check_layers.py (ctest), tests/eval_cli_test.sh
+  python3-jinja2           # scripts/render_chat_fixtures.py (reference chat-template renderings)
+  python3-regex            # scripts/train/reference_cpu.py (GPT-2 pre-tokenizer pattern)
+  coreutils                # tests: mkfifo, timeout, mktemp
 )
+# Not from apt (Debian 12 has no packages): torch, transformers and tokenizers, used only to make
+# reference data (scripts/golden/, scripts/train/, bench/cuda/*.py): pip install torch transformers tokenizers.
+
+# apt on a machine that just booted often finds the dpkg lock held by unattended-upgrades: wait for it
+# (up to 10 minutes) instead of failing at once.
+apt_wait=(-o DPkg::Lock::Timeout=600)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -35,6 +45,11 @@ command -v npm >/dev/null || missing+=(npm)
 if ((${#missing[@]})); then
   echo "install_deps: installing ${missing[*]}"
   sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # A mirror hiccup fails `apt-get update` now and then: one retry after a pause.
+  if ! $sudo apt-get "${apt_wait[@]}" update -qq; then
+    echo "install_deps: apt-get update failed; retrying once in 10 s" >&2
+    sleep 10
+    $sudo apt-get "${apt_wait[@]}" update -qq
+  fi
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get "${apt_wait[@]}" install -y -qq --no-install-recommends "${missing[@]}"
 fi

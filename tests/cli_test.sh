@@ -33,7 +33,7 @@ expect_ok tokenize "$slimkv" tokenize --model "$src/tests/data/tokenizers/llama3
 grep -qE '^[0-9]+(,[0-9]+)+$' "$work/out" && passes=$((passes + 1)) || { echo "FAIL tokenize output: $(cat "$work/out")"; failures=$((failures + 1)); }
 
 # Bad input: one clear line naming the problem, non-zero exit.
-expect_error bad-token "'x'" "$slimkv" logits --model "$models/llama_gqa_bf16" --tokens "1,x,3" --out "$work/c.npy"
+expect_error bad-token '"x" (at byte 2) is not a token id' "$slimkv" logits --model "$models/llama_gqa_bf16" --tokens "1,x,3" --out "$work/c.npy"
 expect_error token-range "outside the vocabulary" "$slimkv" logits --model "$models/llama_gqa_bf16" --tokens "1,99999" --out "$work/c.npy"
 expect_error bad-kv "nosuch" "$slimkv" logits --model "$models/llama_gqa_bf16" --tokens "1" --kv nosuch --out "$work/c.npy"
 expect_error bad-mode "incremental" "$slimkv" logits --model "$models/llama_gqa_bf16" --tokens "1" --mode sideways --out "$work/c.npy"
@@ -58,6 +58,80 @@ expect_error unknown-architecture "GPTNeoXForCausalLM" "$slimkv" logits --model 
 mkdir -p "$work/truncated" && cp "$models/mistral_f16/"* "$work/truncated/" &&
   truncate -s 5000 "$work/truncated/model.safetensors"
 expect_error truncated-weights "model.safetensors" "$slimkv" logits --model "$work/truncated" --tokens "1" --out "$work/c.npy"
+
+# Paths of the wrong kind are named for what they are, by every command that reads a file (never read as
+# empty text, never a hang on a FIFO: `timeout` turns a hang into a failure).
+mkdir -p "$work/a_dir"; mkfifo "$work/a_fifo"; echo "1,2" >"$work/secret.txt"; chmod 000 "$work/secret.txt"
+bad_path_cases() {  # kind, path, what the error must say
+  local kind=$1 path=$2 text=$3 m=$models/llama_gqa_bf16
+  expect_error "generate-prompt-file-$kind" "$text" timeout 20 "$slimkv" generate --model "$m" --prompt-file "$path" --max-tokens 1
+  expect_error "logits-tokens-file-$kind" "$text" timeout 20 "$slimkv" logits --model "$m" --tokens-file "$path" --out "$work/x.npy"
+  expect_error "tokenize-file-$kind" "$text" timeout 20 "$slimkv" tokenize --model "$m" --file "$path"
+  expect_error "calibrate-text-$kind" "$text" timeout 20 "$slimkv" calibrate --model "$m" --text "$path" --out "$work/calib_$kind"
+}
+bad_path_cases directory "$work/a_dir" "a_dir: is a directory, expected a file"
+bad_path_cases fifo "$work/a_fifo" "a_fifo: is a FIFO (named pipe), expected a regular file"
+bad_path_cases missing "$work/nothing_here" "nothing_here: does not exist"
+bad_path_cases device /dev/null "/dev/null: is a device, expected a regular file"
+if [ "$(id -u)" -eq 0 ]; then
+  echo "cli: skipping the unreadable-file cases: running as root, which reads a chmod 000 file"
+else
+  bad_path_cases unreadable "$work/secret.txt" "secret.txt: not readable"
+fi
+# The model folder's files: each replaced by a directory.
+for name in config.json generation_config.json model.safetensors.index.json model-00003-of-00012.safetensors; do
+  rm -rf "$work/m_$name"; cp -r "$models/llama_gqa_bf16" "$work/m_$name"
+  rm -f "$work/m_$name/$name"; mkdir "$work/m_$name/$name"
+  expect_error "model-dir-$name-is-directory" "$name: is a directory, expected a file" \
+    timeout 20 "$slimkv" logits --model "$work/m_$name" --tokens "1" --out "$work/x.npy"
+done
+
+# Broken weights are refused at load, naming the tensor: a copy of a small model with one NaN (and one
+# -Inf) planted in a tensor's raw bits (F16 here; the BF16/F32 bit patterns are covered by finite_test).
+plant() {  # model dir, tensor name, element index, 16-bit pattern
+  /usr/bin/python3 - "$@" <<'PY'
+import json, struct, sys
+path, name, index, bits = sys.argv[1] + "/model.safetensors", sys.argv[2], int(sys.argv[3]), int(sys.argv[4], 16)
+with open(path, "r+b") as f:
+    header_len = struct.unpack("<Q", f.read(8))[0]
+    begin = json.loads(f.read(header_len))[name]["data_offsets"][0]
+    f.seek(8 + header_len + begin + 2 * index)
+    f.write(struct.pack("<H", bits))
+PY
+}
+for case in "nan 7e00 NaN" "neginf fc00 -Inf"; do
+  set -- $case
+  rm -rf "$work/broken_$1"; cp -r "$models/mistral_f16" "$work/broken_$1"
+  plant "$work/broken_$1" model.layers.1.mlp.up_proj.weight 37 "$2"
+  expect_error "weights-$1" "tensor 'model.layers.1.mlp.up_proj.weight' (F16) holds $3 at element 37 (row 0, column 37)" \
+    "$slimkv" logits --model "$work/broken_$1" --tokens "1,2" --out "$work/x.npy"
+  expect_error "weights-$1-generate" "model.layers.1.mlp.up_proj.weight" \
+    "$slimkv" generate --model "$work/broken_$1" --prompt "hi" --max-tokens 2
+done
+
+# Messages: untrusted bytes escaped and cut, JSON errors with line and column, unknown commands named,
+# outputs checked before the work, control characters in a spec refused, zack's r and rate agree.
+m14=$src/models/slimkv-llama-14m
+expect_error unknown-command 'unknown command "frobnicate" (commands: calibrate, generate, logits, tokenize, eval' "$slimkv" frobnicate
+expect_error unknown-option "--bogus" "$slimkv" logits --model "$m14" --tokens 1 --bogus 3 --out "$work/x.npy"
+expect_error tokens-binary-junk '--tokens: "\x01\xFF" (at byte 4) is not a token id' "$slimkv" logits --model "$m14" --tokens $'1,2,\x01\xff' --out "$work/x.npy"
+head -c 3000 /dev/zero | tr '\0' 'x' >"$work/long_token.txt"
+expect_error tokens-long-piece-cut '(2936 more bytes)' "$slimkv" logits --model "$m14" --tokens-file "$work/long_token.txt" --out "$work/x.npy"
+expect_error tokens-overflow '"99999999999" (at byte 0) is not a token id' "$slimkv" logits --model "$m14" --tokens 99999999999 --out "$work/x.npy"
+expect_error logits-out-directory "--out: $work: is a directory, expected a file name to write" "$slimkv" logits --model "$m14" --tokens 1 --out "$work"
+expect_error calibrate-out-missing-folder "--out: $work/no/x.safetensors: cannot be written: its folder $work/no does not exist" \
+  "$slimkv" calibrate --model "$m14" --text "$m14/heldout.txt" --out "$work/no/x.safetensors"
+echo x >"$work/plain_file"
+expect_error eval-out-under-file "--out: $work/plain_file/out: cannot be an output directory: $work/plain_file (part of the path) is not a directory" \
+  "$slimkv" eval --model "$m14" --tasks ppl --out "$work/plain_file/out"
+expect_error spec-control-character 'KV spec "dense\x07": control character "\x07" at byte 5' "$slimkv" generate --model "$m14" --prompt hi --max-tokens 1 --kv $'dense\x07'
+expect_error spec-zack-r-1 "zack option r=1 is invalid: expected a number in [0, 0.999]" "$slimkv" generate --model "$m14" --prompt hi --max-tokens 1 --kv zack:r=1
+expect_error spec-zack-rate-1 "zack option rate=1 is invalid: expected a number in [0, 0.999]" "$slimkv" generate --model "$m14" --prompt hi --max-tokens 1 --kv zack:rate=1
+for name in config.json generation_config.json tokenizer.json tokenizer_config.json model.safetensors.index.json; do
+  rm -rf "$work/json_$name"; cp -r "$m14" "$work/json_$name"
+  printf '{\n  "a": 1,\n  \x01\n}\n' >"$work/json_$name/$name"
+  expect_error "json-syntax-$name" "$name:3:3: not valid JSON" "$slimkv" generate --model "$work/json_$name" --prompt hi --max-tokens 1
+done
 
 echo "cli: $passes passed, $failures failed"
 [ "$failures" -eq 0 ]

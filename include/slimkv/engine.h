@@ -70,6 +70,11 @@ struct GenerationDefaults {
   float top_p = 1.0f;
 };
 
+// generation_config.json's text (from `path`, named in errors with line and column) on top of
+// config.json's eos_token_ids; fuzzed (fuzz/generation_config_fuzz.cc).
+Expected<GenerationDefaults> parse_generation_config(const std::string& text, const std::string& path,
+                                                     const std::vector<int64_t>& config_eos_token_ids);
+
 // How a sequence's next tokens are drawn. A draw is a function of the logits, these parameters and the
 // token's position alone (counter-based randomness), so a sequence samples the same tokens whatever
 // runs beside it, and after being exported and imported (preemption) it goes on as it would have.

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <set>
 #include <thread>
@@ -17,41 +18,20 @@
 #include "util/thread_pool.h"
 
 namespace slimkv {
+
 namespace {
 
 // generation_config.json is optional; when present it must be valid, and its sampling defaults apply.
 Expected<GenerationDefaults> load_generation_defaults(const std::string& model_dir, const ModelConfig& config) {
-  GenerationDefaults defaults;
-  defaults.eos_token_ids = config.eos_token_ids;
   const std::string path = model_dir + "/generation_config.json";
-  if (!std::filesystem::exists(path)) return defaults;
+  std::error_code ignored;  // a dangling link or a directory is reported by read_text_file
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ignored))) {
+    GenerationDefaults defaults;
+    defaults.eos_token_ids = config.eos_token_ids;
+    return defaults;
+  }
   SLIMKV_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
-  const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!json.is_object()) return error(path, ": not a JSON object");
-  if (json.contains("eos_token_id")) {
-    const auto& eos = json["eos_token_id"];
-    if (eos.is_number_integer()) {
-      defaults.eos_token_ids = {eos.get<int64_t>()};
-    } else if (eos.is_array()) {
-      defaults.eos_token_ids.clear();
-      for (const auto& id : eos) {
-        if (!id.is_number_integer()) return error(path, ": eos_token_id must hold integers, found ", id.dump());
-        defaults.eos_token_ids.push_back(id.get<int64_t>());
-      }
-    } else if (!eos.is_null()) {
-      return error(path, ": eos_token_id must be an integer or a list, found ", eos.dump());
-    }
-  }
-  const bool sample = json.value("do_sample", false);
-  if (sample) {
-    const auto number = [&](const char* key, double fallback) {
-      return json.contains(key) && json[key].is_number() ? json[key].get<double>() : fallback;
-    };
-    defaults.temperature = float(number("temperature", 1.0));
-    defaults.top_k = int(number("top_k", 50));
-    defaults.top_p = float(number("top_p", 1.0));
-  }
-  return defaults;
+  return parse_generation_config(text, path, config.eos_token_ids);
 }
 
 }  // namespace
@@ -198,7 +178,26 @@ Status Engine::step(std::span<const StepItem> items, StepResult& result) {
     return error("a step of ", rows, " tokens; the engine runs at most ", config_.prefill_chunk_tokens,
                  " at once (prefill_chunk_tokens)");
   }
-  return device_->step(device_items, result);
+  std::vector<int> held_before(items.size());
+  for (size_t i = 0; i < items.size(); ++i) held_before[i] = device_->num_tokens(items[i].sequence);
+  SLIMKV_RETURN_IF_ERROR(device_->step(device_items, result));
+  // Non-finite logits mean broken arithmetic or weights: an error naming the place, never garbage
+  // text with exit code 0. One pass over the rows returned (vocab floats each), cheap beside the step.
+  for (size_t i = 0; i < items.size() && i < result.first_row.size(); ++i) {
+    if (result.first_row[i] < 0) continue;
+    const int64_t rows_of_item = items[i].output == StepOutput::kAllLogits ? int64_t(items[i].tokens.size()) : 1;
+    const int64_t first_position = held_before[i] + int64_t(items[i].tokens.size()) - rows_of_item;
+    for (int64_t row = 0; row < rows_of_item; ++row) {
+      const std::span<const float> logits = result.logits_of(i, row);
+      for (size_t v = 0; v < logits.size(); ++v) {
+        if (!std::isfinite(logits[v])) {
+          return error("sequence ", items[i].sequence, ", position ", first_position + row, ": logit of token ", v,
+                       " is ", logits[v], " (non-finite: broken weights or an overflow in the forward pass)");
+        }
+      }
+    }
+  }
+  return Status::ok();
 }
 
 KvBudget Engine::kv_budget() const { return device_->kv_budget(); }

@@ -57,8 +57,9 @@ Expected<ZackOptions> read_zack(StageOptions& options, const KvStage& stage, con
   if (has_option(stage, "vr") && has_option(stage, "rate")) {
     return error("KV spec '", spec, "': zack's vr (V–W_O removal rate) goes with r, not with rate");
   }
-  zack.removal_rate = options.number("r", zack.removal_rate, 0.0, 1.0);
-  zack.v_removal_rate = options.number("vr", -1.0, 0.0, 1.0);
+  // r, vr and rate share one range: 1 would remove every singular value (rank 0), for each form alike.
+  zack.removal_rate = options.number("r", zack.removal_rate, 0.0, 0.999);
+  zack.v_removal_rate = options.number("vr", -1.0, 0.0, 0.999);
   zack.target_compression = options.number("rate", 0.0, 0.0, 0.999);
   zack.align = options.integer("align", 1, {}, 1, 1024);
   zack.calibration_path = options.text("calib", "");

@@ -1,6 +1,7 @@
 #include <cctype>
 
 #include "slimkv/kv_config.h"
+#include "slimkv/untrusted_text.h"
 
 namespace slimkv {
 namespace {
@@ -63,6 +64,15 @@ Expected<KvStage> parse_stage(std::string_view text, std::string_view spec) {
 Expected<KvConfig> parse_kv_spec(std::string_view spec) {
   KvConfig config;
   config.spec = std::string(spec);
+  // Control characters are refused, not skipped as whitespace: a spec holding one came from a broken
+  // script or a hostile client, and echoing it raw in later errors would reach the terminal.
+  for (size_t i = 0; i < spec.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(spec[i]);
+    if ((c < 0x20 && c != ' ') || c == 0x7F) {
+      return error("KV spec ", quote_untrusted(spec), ": control character ", quote_untrusted(spec.substr(i, 1)),
+                   " at byte ", i, " (a spec is printable text, e.g. 'hack:bits=2,pi=64')");
+    }
+  }
   if (trim(spec).empty()) return error("KV spec is empty: expected e.g. 'dense' or 'hack:bits=2,pi=64'");
   const size_t at = spec.find('@');
   if (at != std::string_view::npos) {

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "util/mapped_file.h"
+#include "util/json_error.h"
 
 namespace slimkv {
 namespace {
@@ -348,6 +349,8 @@ Expected<ModelConfig> parse_model_config(const std::string& json_text, const std
   Json json;
   try {
     json = Json::parse(json_text);
+  } catch (const Json::parse_error& e) {
+    return Status::error(json_syntax_error(source, json_text, e.byte, e.what()));
   } catch (const Json::exception& e) {
     return error(source, ": not valid JSON: ", e.what());
   } catch (const std::bad_alloc&) {

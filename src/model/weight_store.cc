@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "util/mapped_file.h"
+#include "util/json_error.h"
 
 namespace slimkv {
 namespace {
@@ -73,12 +74,14 @@ bool is_plain_file_name(const std::string& name) {
          name.find('\0') == std::string::npos;
 }
 
-// The weight_map of an index file: tensor name -> shard file name, validated.
-Expected<std::map<std::string, std::string>> read_weight_map(const std::string& index_path) {
-  SLIMKV_ASSIGN_OR_RETURN(const std::string text, read_text_file(index_path));
+}  // namespace
+
+Expected<std::map<std::string, std::string>> parse_shard_index(const std::string& text, const std::string& index_path) {
   Json index;
   try {
     index = Json::parse(text);
+  } catch (const Json::parse_error& e) {
+    return Status::error(json_syntax_error(index_path, text, e.byte, e.what()));
   } catch (const Json::exception& e) {
     return error(index_path, ": not valid JSON: ", e.what());
   }
@@ -111,6 +114,13 @@ Expected<std::map<std::string, std::string>> read_weight_map(const std::string& 
   return weight_map;
 }
 
+namespace {
+
+Expected<std::map<std::string, std::string>> read_weight_map(const std::string& index_path) {
+  SLIMKV_ASSIGN_OR_RETURN(const std::string text, read_text_file(index_path));
+  return parse_shard_index(text, index_path);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -123,8 +133,11 @@ Expected<WeightStore> WeightStore::open(const std::string& model_dir) {
   const std::string index_path = join_path(model_dir, kIndexFileName);
   const std::string single_path = join_path(model_dir, kSingleFileName);
 
-  if (!is_regular_file(index_path)) {
-    if (!is_regular_file(single_path)) return explain_missing_weights(model_dir);
+  // Anything at the index path (also a directory or a FIFO) makes the model sharded, so that
+  // read_text_file names what is wrong with it rather than "no weights".
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(index_path, ec))) {
+    if (!fs::exists(fs::symlink_status(single_path, ec))) return explain_missing_weights(model_dir);
     SLIMKV_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open(single_path));
     for (const TensorInfo& info : file.tensors()) store.tensors_.emplace(info.name, info);
     store.files_.push_back(std::move(file));
@@ -140,10 +153,10 @@ Expected<WeightStore> WeightStore::open(const std::string& model_dir) {
   std::map<std::string, std::vector<std::string>> shards_holding;  // tensor -> shards that hold it
   for (const auto& [shard, listed] : tensors_by_shard) {
     const std::string shard_path = join_path(model_dir, shard);
-    if (!is_regular_file(shard_path)) {
+    if (const Status readable = check_input_file(shard_path); !readable) {
       return error(index_path, ": weight_map puts ", listed.size(), " tensor(s) (e.g. '",
-                   listed.front(), "') in shard ", shard, ", but ", shard_path,
-                   " does not exist (incomplete download?)");
+                   listed.front(), "') in shard ", shard, ", but ", readable.message(),
+                   is_regular_file(shard_path) ? "" : " (incomplete download?)");
     }
     SLIMKV_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open(shard_path));
     for (const TensorInfo& info : file.tensors()) shards_holding[info.name].push_back(shard);

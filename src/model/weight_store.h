@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -19,6 +20,11 @@
 #include "tensor/safetensors.h"
 
 namespace slimkv {
+
+// The weight_map of model.safetensors.index.json's text: tensor name -> shard file name, each a plain
+// file name in the model directory; errors name `index_path` (with line and column for bad JSON).
+// Fuzzed (fuzz/shard_index_fuzz.cc).
+Expected<std::map<std::string, std::string>> parse_shard_index(const std::string& text, const std::string& index_path);
 
 class WeightStore {
  public:

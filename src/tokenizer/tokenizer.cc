@@ -11,6 +11,7 @@
 #include "tokenizer/text_piece.h"
 #include "tokenizer/utf8.h"
 #include "util/mapped_file.h"
+#include "util/json_error.h"
 
 namespace slimkv {
 
@@ -90,6 +91,8 @@ Expected<Tokenizer> Tokenizer::from_json(const std::string& json_text, const std
   Json root;
   try {
     root = Json::parse(json_text);
+  } catch (const Json::parse_error& e) {
+    return Status::error(json_syntax_error(source, json_text, e.byte, e.what()));
   } catch (const Json::exception& e) {
     return error(source, ": invalid JSON: ", e.what());
   } catch (const std::exception& e) {  // e.g. out of memory

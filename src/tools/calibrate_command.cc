@@ -30,10 +30,12 @@ CommandRunner add_calibrate_command(CLI::App& app) {
   command->add_option("--compare", options->compare, "another calibration: print the rotations' δ/ε against it");
   command->add_option("--threads", options->threads, "worker threads (0 = every core)")->capture_default_str();
   return [options]() -> Status {
+    // Input and output paths first: a bad one is reported before the model loads and the work runs.
+    SLIMKV_RETURN_IF_ERROR(check_output_file(options->out).with_context("--out"));
+    SLIMKV_ASSIGN_OR_RETURN(std::string text, read_text_file(options->text));
     SLIMKV_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                             Engine::load({.model_dir = options->model_dir, .threads = options->threads}));
     if (!engine->tokenizer()) return error(options->model_dir, ": no tokenizer.json to tokenize the text with");
-    SLIMKV_ASSIGN_OR_RETURN(std::string text, read_text_file(options->text));
     std::vector<int32_t> ids = engine->tokenizer()->encode(text);
     if (int64_t(ids.size()) < options->tokens) {
       return error(options->text, " has ", ids.size(), " tokens, fewer than --tokens ", options->tokens);

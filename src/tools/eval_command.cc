@@ -4,6 +4,7 @@
 // (slimkv/evaluation.h; the tasks are documented in docs/eval.md).
 #include "slimkv/evaluation.h"
 #include "tools/commands.h"
+#include "slimkv/files.h"
 
 namespace slimkv {
 namespace {
@@ -92,6 +93,7 @@ CommandRunner add_eval_command(CLI::App& app) {
   command->add_flag("--no-plots", options->no_plots, "skip the PNG plots (they need gnuplot)");
   command->add_option("--out", options->out, "output directory")->required();
   return [options]() -> Status {
+    SLIMKV_RETURN_IF_ERROR(check_output_directory(options->out).with_context("--out"));  // before the work
     EvalSettings settings = options->settings;
     settings.specs = split_specs(options->specs);
     settings.tasks = split_list(options->tasks);

@@ -1,45 +1,12 @@
 // slimkv logits --model DIR (--tokens 1,2,3 | --tokens-file F) --out FILE.npy [--mode prefill|incremental]
 // Writes float32 logits [n_tokens, vocab]. `prefill` runs every token in one call; `incremental` feeds
 // them one at a time through the KV cache, the decode path.
-#include <cctype>
-
 #include "tools/commands.h"
 #include "slimkv/files.h"
 #include "slimkv/npy.h"
+#include "slimkv/token_ids.h"
 
 namespace slimkv {
-namespace {
-
-// Ids separated by commas and/or whitespace.
-Expected<std::vector<int32_t>> parse_token_ids(const std::string& text, const std::string& source) {
-  std::vector<int32_t> ids;
-  size_t i = 0;
-  while (i < text.size()) {
-    if (text[i] == ',' || std::isspace(static_cast<unsigned char>(text[i]))) {
-      ++i;
-      continue;
-    }
-    size_t end = i;
-    while (end < text.size() && text[end] != ',' && !std::isspace(static_cast<unsigned char>(text[end]))) ++end;
-    const std::string piece = text.substr(i, end - i);
-    size_t used = 0;
-    long long value = -1;
-    try {
-      value = std::stoll(piece, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != piece.size() || value < 0 || value > INT32_MAX) {
-      return error(source, ": '", piece, "' is not a token id (expected non-negative integers separated by commas or spaces)");
-    }
-    ids.push_back(int32_t(value));
-    i = end;
-  }
-  if (ids.empty()) return error(source, ": no token ids");
-  return ids;
-}
-
-}  // namespace
 
 CommandRunner add_logits_command(CLI::App& app) {
   struct Options {
@@ -57,6 +24,7 @@ CommandRunner add_logits_command(CLI::App& app) {
       ->check(CLI::IsMember({"prefill", "incremental"}))
       ->capture_default_str();
   return [options, tokens, tokens_file]() -> Status {
+    SLIMKV_RETURN_IF_ERROR(check_output_file(options->out).with_context("--out"));  // before the work
     std::vector<int32_t> ids;
     if (tokens->count()) {
       SLIMKV_ASSIGN_OR_RETURN(ids, parse_token_ids(options->tokens, "--tokens"));

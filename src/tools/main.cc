@@ -1,7 +1,9 @@
 // slimkv: an LLM inference engine whose KV cache is compressed, tiered and transferable.
 #include <cstdio>
+#include <string>
 #include <vector>
 
+#include "slimkv/untrusted_text.h"
 #include "tools/commands.h"
 
 namespace slimkv {
@@ -40,6 +42,18 @@ int main(int argc, char** argv) {
   add(slimkv::add_tokenize_command);
   add(slimkv::add_eval_command);
   add(slimkv::add_serve_command);
+  // CLI11 reports a mistyped command as "A subcommand is required"; name it and list the commands.
+  bool known = false;
+  std::string names;
+  for (const auto& [command, run] : commands) {
+    known = known || (argc > 1 && command->check_name(argv[1]));
+    names += (names.empty() ? "" : ", ") + command->get_name();
+  }
+  if (argc > 1 && argv[1][0] != '-' && !known) {
+    std::fprintf(stderr, "slimkv: unknown command %s (commands: %s; slimkv --help lists them)\n",
+                 slimkv::quote_untrusted(argv[1]).c_str(), names.c_str());
+    return 106;  // CLI11's exit code for a parse error
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -7,19 +7,88 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <utility>
 
 namespace slimkv {
 
-Expected<MappedFile> MappedFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return error("cannot open ", path, ": ", std::strerror(errno));
+Status check_input_file(const std::string& path) {
+  if (path.empty()) return error("empty file path (expected a file name)");
   struct stat info {};
+  if (::stat(path.c_str(), &info) != 0) {
+    const int saved = errno;
+    if (saved == ENOENT) return error(path, ": does not exist");
+    if (saved == ENOTDIR) return error(path, ": does not exist (a parent in the path is not a directory)");
+    if (saved == EACCES) return error(path, ": not readable (permission denied on a parent directory)");
+    return error(path, ": cannot be opened: ", std::strerror(saved));
+  }
+  if (S_ISDIR(info.st_mode)) return error(path, ": is a directory, expected a file");
+  if (S_ISFIFO(info.st_mode)) return error(path, ": is a FIFO (named pipe), expected a regular file");
+  if (S_ISCHR(info.st_mode) || S_ISBLK(info.st_mode)) {
+    return error(path, ": is a device, expected a regular file");
+  }
+  if (S_ISSOCK(info.st_mode)) return error(path, ": is a socket, expected a regular file");
+  if (!S_ISREG(info.st_mode)) return error(path, ": is not a regular file");
+  if (::access(path.c_str(), R_OK) != 0) {
+    return error(path, ": not readable (", std::strerror(errno), "; check its permissions)");
+  }
+  return Status::ok();
+}
+
+Status check_output_file(const std::string& path) {
+  if (path.empty()) return error("empty output path (expected a file name)");
+  struct stat info {};
+  if (::stat(path.c_str(), &info) == 0) {
+    if (S_ISDIR(info.st_mode)) return error(path, ": is a directory, expected a file name to write");
+    if (!S_ISREG(info.st_mode)) return error(path, ": exists and is not a regular file (a FIFO or device?)");
+    if (::access(path.c_str(), W_OK) != 0) return error(path, ": not writable (", std::strerror(errno), ")");
+    return Status::ok();
+  }
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  const std::string folder = parent.empty() ? "." : parent.string();
+  if (::stat(folder.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+    return error(path, ": cannot be written: its folder ", folder, " does not exist");
+  }
+  if (::access(folder.c_str(), W_OK | X_OK) != 0) {
+    return error(path, ": cannot be written: its folder ", folder, " is not writable (", std::strerror(errno), ")");
+  }
+  return Status::ok();
+}
+
+Status check_output_directory(const std::string& path) {
+  if (path.empty()) return error("empty output directory (expected a directory name)");
+  std::filesystem::path existing = std::filesystem::path(path);
+  struct stat info {};
+  // The nearest existing ancestor decides: create_directories makes the rest.
+  while (::stat(existing.c_str(), &info) != 0) {
+    if (!existing.has_parent_path() || existing.parent_path() == existing) {
+      existing = ".";
+      if (::stat(".", &info) != 0) return error(path, ": cannot find a folder to create it in");
+      break;
+    }
+    existing = existing.parent_path();
+  }
+  if (!S_ISDIR(info.st_mode)) {
+    return error(path, ": cannot be an output directory: ", existing.string(),
+                 existing.string() == path ? " is" : " (part of the path) is", " not a directory");
+  }
+  if (::access(existing.c_str(), W_OK | X_OK) != 0) {
+    return error(path, ": cannot be written: ", existing.string(), " is not writable (", std::strerror(errno), ")");
+  }
+  return Status::ok();
+}
+
+Expected<MappedFile> MappedFile::open(const std::string& path) {
+  SLIMKV_RETURN_IF_ERROR(check_input_file(path));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return error(path, ": cannot be opened: ", std::strerror(errno));
+  struct stat info {};
+  // Checked again on the descriptor: the path may have been replaced since check_input_file.
   if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
     ::close(fd);
-    return error("cannot map ", path, ": not a regular file");
+    return error(path, ": is not a regular file");
   }
   MappedFile file;
   file.path_ = path;
@@ -54,11 +123,12 @@ MappedFile::~MappedFile() {
 }
 
 Expected<std::string> read_text_file(const std::string& path) {
+  SLIMKV_RETURN_IF_ERROR(check_input_file(path));
   std::ifstream in(path, std::ios::binary);
-  if (!in) return error("cannot open ", path, ": ", std::strerror(errno));
+  if (!in) return error(path, ": cannot be opened: ", std::strerror(errno));
   std::ostringstream contents;
   contents << in.rdbuf();
-  if (in.bad()) return error("cannot read ", path);
+  if (in.bad()) return error(path, ": read failed");
   return contents.str();
 }
 

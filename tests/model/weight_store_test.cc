@@ -1,10 +1,14 @@
 // WeightStore: single-file and sharded model directories built in a temp dir, and every way the
 // index and the shards can disagree.
 #include "model/weight_store.h"
+#include "util/mapped_file.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cstdio>
 
 #include <cstring>
 #include <filesystem>
@@ -255,6 +259,68 @@ TEST(WeightStore, MissingShardFile) {
   ASSERT_FALSE(store.has_value());
   EXPECT_THAT(store.status().message(), AllOf(HasSubstr(kShard2), HasSubstr("model.norm.weight"),
                                               HasSubstr("does not exist")));
+}
+
+// Paths of the wrong kind are named for what they are, by the loaders too (not "missing shard" or
+// "invalid JSON").
+TEST(WeightStore, ShardOrIndexOfTheWrongKind) {
+  {
+    ModelDir dir;
+    Tensors tensors;
+    write_sharded(dir, tensors);
+    std::filesystem::remove(dir.file(kShard2));
+    std::filesystem::create_directory(dir.file(kShard2));
+    auto store = WeightStore::open(dir.path());
+    ASSERT_FALSE(store.has_value());
+    EXPECT_THAT(store.status().message(), AllOf(HasSubstr(kShard2), HasSubstr("is a directory, expected a file")));
+  }
+  {
+    ModelDir dir;
+    Tensors tensors;
+    write_sharded(dir, tensors);
+    std::filesystem::remove(dir.file(kShard2));
+    ASSERT_EQ(::mkfifo(dir.file(kShard2).c_str(), 0600), 0);
+    auto store = WeightStore::open(dir.path());  // must not block on the FIFO
+    ASSERT_FALSE(store.has_value());
+    EXPECT_THAT(store.status().message(), HasSubstr("is a FIFO (named pipe), expected a regular file"));
+  }
+  {
+    ModelDir dir;
+    std::filesystem::create_directory(dir.file("model.safetensors.index.json"));
+    auto store = WeightStore::open(dir.path());
+    ASSERT_FALSE(store.has_value());
+    EXPECT_THAT(store.status().message(),
+                AllOf(HasSubstr("model.safetensors.index.json"), HasSubstr("is a directory, expected a file")));
+  }
+  {
+    ModelDir dir;
+    dir.write_text("model.safetensors", "x");
+    ::chmod(dir.file("model.safetensors").c_str(), 0);
+    auto store = WeightStore::open(dir.path());
+    ASSERT_FALSE(store.has_value());
+    if (::geteuid() == 0) {
+      std::printf("skipping the unreadable case: running as root, which reads a chmod 000 file\n");
+    } else {
+      EXPECT_THAT(store.status().message(), HasSubstr("not readable"));
+    }
+  }
+}
+
+TEST(ReadTextFile, NamesWhatThePathIs) {
+  ModelDir dir;
+  std::filesystem::create_directory(dir.file("sub"));
+  ASSERT_EQ(::mkfifo(dir.file("pipe").c_str(), 0600), 0);
+  dir.write_text("ok.txt", "hello");
+  EXPECT_THAT(read_text_file(dir.file("sub")).status().message(), HasSubstr("sub: is a directory"));
+  EXPECT_THAT(read_text_file(dir.file("pipe")).status().message(), HasSubstr("pipe: is a FIFO"));
+  EXPECT_THAT(read_text_file(dir.file("none")).status().message(), HasSubstr("none: does not exist"));
+  EXPECT_THAT(read_text_file(dir.file("ok.txt/x")).status().message(), HasSubstr("does not exist"));
+  EXPECT_THAT(read_text_file("/dev/null").status().message(), HasSubstr("is a device"));
+  EXPECT_THAT(read_text_file("").status().message(), HasSubstr("empty file path"));
+  EXPECT_THAT(MappedFile::open(dir.file("sub")).status().message(), HasSubstr("sub: is a directory"));
+  auto text = read_text_file(dir.file("ok.txt"));
+  ASSERT_TRUE(text.has_value()) << text.status().message();
+  EXPECT_EQ(*text, "hello");
 }
 
 TEST(WeightStore, TensorListedForShardThatLacksIt) {

@@ -415,7 +415,7 @@ void expect_error_mentions(const Json& spec, const std::vector<std::string>& fra
 TEST(TokenizerLoadErrors, InvalidJsonNamesTheSource) {
   Expected<Tokenizer> tokenizer = Tokenizer::from_json("{\"model\": ", "tok.json");
   ASSERT_FALSE(tokenizer.has_value());
-  EXPECT_NE(tokenizer.status().message().find("tok.json: invalid JSON"), std::string::npos);
+  EXPECT_NE(tokenizer.status().message().find("tok.json:1:11: not valid JSON"), std::string::npos);
   Expected<Tokenizer> missing = Tokenizer::load("/nonexistent/tokenizer.json");
   ASSERT_FALSE(missing.has_value());
   EXPECT_NE(missing.status().message().find("/nonexistent/tokenizer.json"), std::string::npos);

@@ -7,6 +7,7 @@
 #include "tokenizer/chat/parser.h"
 #include "tokenizer/utf8.h"
 #include "util/mapped_file.h"
+#include "util/json_error.h"
 
 namespace slimkv {
 namespace {
@@ -54,8 +55,15 @@ Expected<std::optional<std::string>> config_template(const OrderedJson& config, 
 
 Expected<OrderedJson> read_json(const std::filesystem::path& path) {
   SLIMKV_ASSIGN_OR_RETURN(const std::string text, read_text_file(path.string()));
-  OrderedJson json = OrderedJson::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.is_object()) return error(path.string(), ": expected a JSON object");
+  OrderedJson json;
+  try {
+    json = OrderedJson::parse(text);
+  } catch (const OrderedJson::parse_error& e) {
+    return Status::error(json_syntax_error(path.string(), text, e.byte, e.what()));
+  } catch (const std::exception& e) {  // e.g. out of memory
+    return error(path.string(), ": cannot parse JSON: ", e.what());
+  }
+  if (!json.is_object()) return error(path.string(), ": is a JSON ", json.type_name(), ", expected an object");
   return json;
 }
 
