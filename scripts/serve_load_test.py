@@ -37,6 +37,9 @@ def main():
     parser.add_argument("--max-tokens", type=int, default=48, help="outputs are 1..this")
     parser.add_argument("--server-args", default="--max-num-seqs 16", help="extra slimkv serve flags")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-memory-check", action="store_true",
+                        help="skip the RSS growth check (an ASan build holds freed memory in quarantine, so its RSS "
+                             "grows without a leak; LeakSanitizer checks the server at exit instead)")
     args = parser.parse_args()
 
     rng = random.Random(args.seed)
@@ -123,7 +126,7 @@ def main():
         problems.append(f"{len(failures)} requests failed")
     if running or waiting or kv_usage:
         problems.append("a sequence leaked")
-    if rss_end > rss_half * 1.10 + (32 << 20):
+    if not args.no_memory_check and rss_end > rss_half * 1.10 + (32 << 20):
         problems.append("server memory kept growing")
     if exit_code != 0:
         problems.append(f"exit code {exit_code} after SIGTERM")

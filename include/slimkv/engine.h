@@ -144,8 +144,9 @@ class Engine {
   // The model's chat template (chat_template.jinja, else tokenizer_config.json's), rendered as
   // transformers' apply_chat_template(messages, tokenize=False, add_generation_prompt=...): messages a
   // JSON array of {role, content, ...} in the client's key order; extra adds template variables (tools,
-  // enable_thinking, ...). Errors: the model has no template, or one this renderer cannot parse
-  // (has_chat_template() is false: the engine still runs completions), the template refuses the
+  // enable_thinking, ...). Errors: the model has no template, or one outside this renderer's subset
+  // (has_chat_template() is false: the engine still runs completions; unreadable or malformed files
+  // fail Engine::load), the template refuses the
   // conversation (its raise_exception message), or fails (its line and column). Safe from any thread.
   Expected<std::string> apply_chat_template(const nlohmann::ordered_json& messages, bool add_generation_prompt,
                                             const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;

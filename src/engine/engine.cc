@@ -76,15 +76,17 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
     SLIMKV_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load(tokenizer_path));
     engine->tokenizer_ = std::make_unique<Tokenizer>(std::move(tokenizer));
   }
-  // A model without a chat template, or with one this renderer cannot parse, still runs completions:
-  // only rendering a chat reports why it cannot.
+  // A model without a chat template, or with one outside this renderer's subset, still runs completions:
+  // only rendering a chat reports why it cannot. Unreadable or malformed files are load errors.
   Expected<ChatTemplate> chat = ChatTemplate::load(config.model_dir);
   if (chat) {
     engine->chat_template_ = std::make_unique<ChatTemplate>(std::move(*chat));
   } else if (ChatTemplate::is_no_chat_template(chat.status())) {
     engine->chat_template_status_ = error("this model has no chat template (", chat.status().message(), ")");
-  } else {
+  } else if (ChatTemplate::is_unsupported_template(chat.status())) {
     engine->chat_template_status_ = error("this model's chat template cannot be used: ", chat.status().message());
+  } else {
+    return chat.status();
   }
   SLIMKV_ASSIGN_OR_RETURN(engine->generation_, load_generation_defaults(config.model_dir, engine->model_->config()));
   SLIMKV_ASSIGN_OR_RETURN(engine->identity_, engine->model_->identity());

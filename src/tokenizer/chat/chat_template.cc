@@ -13,6 +13,7 @@ namespace slimkv {
 namespace {
 
 constexpr std::string_view kNoChatTemplate = "no chat template: ";
+constexpr std::string_view kUnusableTemplate = "chat template not supported: ";
 
 using OrderedJson = nlohmann::ordered_json;
 
@@ -119,7 +120,7 @@ Expected<ChatTemplate> ChatTemplate::load(const std::filesystem::path& model_dir
   SLIMKV_ASSIGN_OR_RETURN(std::optional<std::string> bos, special_token(config, "bos_token", config_path.string()));
   SLIMKV_ASSIGN_OR_RETURN(std::optional<std::string> eos, special_token(config, "eos_token", config_path.string()));
   Expected<ChatTemplate> loaded = from_source(std::move(*source), std::move(bos), std::move(eos));
-  if (!loaded) return loaded.status().with_context(origin);
+  if (!loaded) return error(kUnusableTemplate, origin, ": ", loaded.status().message());
   for (const char* key : {"unk_token", "pad_token", "sep_token", "cls_token", "mask_token"}) {
     SLIMKV_ASSIGN_OR_RETURN(std::optional<std::string> token, special_token(config, key, config_path.string()));
     if (token) loaded->other_special_tokens_.emplace_back(key, std::move(*token));
@@ -145,6 +146,10 @@ Expected<ChatTemplate> ChatTemplate::from_source(std::string source, std::option
 
 bool ChatTemplate::is_no_chat_template(const Status& status) {
   return !status.is_ok() && status.message().rfind(kNoChatTemplate, 0) == 0;
+}
+
+bool ChatTemplate::is_unsupported_template(const Status& status) {
+  return !status.is_ok() && status.message().rfind(kUnusableTemplate, 0) == 0;
 }
 
 Expected<std::string> ChatTemplate::render(const nlohmann::ordered_json& messages, bool add_generation_prompt,

@@ -65,6 +65,9 @@ class ChatTemplate {
 
   // True for load()'s "this model has no chat template" error.
   static bool is_no_chat_template(const Status& status);
+  // True for load()'s error of a template this renderer cannot compile (a construct outside its subset),
+  // as opposed to unreadable or malformed files: a model can still run without its chat.
+  static bool is_unsupported_template(const Status& status);
 
   // Renders `messages` (a JSON array of {role, content, ...}; content a string, null or a list of
   // parts such as {"type": "text", "text": ...}; assistant tool_calls as OpenAI sends them).
