@@ -271,15 +271,31 @@ class HttpApi {
         });
   }
 
-  void tokenize(const httplib::Request& http_request, httplib::Response& response) {
+  // /tokenize's and /detokenize's body: a JSON object, naming this model if it names one. Otherwise the
+  // error is sent and nothing returned.
+  std::optional<json> object_body(const httplib::Request& http_request, httplib::Response& response) {
     json body = json::parse(http_request.body, nullptr, /*allow_exceptions=*/false);
     if (body.is_discarded() || !body.is_object()) {
-      return send_error(response, ApiError::bad_field("", "the body must be a JSON object"));
+      send_error(response, ApiError::bad_field("", "the body must be a JSON object"));
+      return std::nullopt;
     }
     if (body.contains("model") && !body["model"].is_null()) {
-      if (!body["model"].is_string()) return send_error(response, ApiError::bad_field("model", "model: must be a string"));
-      if (auto error = check_model_name(body["model"].get<std::string>(), served_)) return send_error(response, *error);
+      if (!body["model"].is_string()) {
+        send_error(response, ApiError::bad_field("model", "model: must be a string"));
+        return std::nullopt;
+      }
+      if (auto error = check_model_name(body["model"].get<std::string>(), served_)) {
+        send_error(response, *error);
+        return std::nullopt;
+      }
     }
+    return body;
+  }
+
+  void tokenize(const httplib::Request& http_request, httplib::Response& response) {
+    std::optional<json> parsed = object_body(http_request, response);
+    if (!parsed) return;
+    json& body = *parsed;
     const auto flag = [&](const char* key, bool fallback) -> std::optional<bool> {
       if (!body.contains(key) || body[key].is_null()) return fallback;
       if (!body[key].is_boolean()) return std::nullopt;
@@ -319,14 +335,9 @@ class HttpApi {
   }
 
   void detokenize(const httplib::Request& http_request, httplib::Response& response) {
-    json body = json::parse(http_request.body, nullptr, /*allow_exceptions=*/false);
-    if (body.is_discarded() || !body.is_object()) {
-      return send_error(response, ApiError::bad_field("", "the body must be a JSON object"));
-    }
-    if (body.contains("model") && !body["model"].is_null()) {
-      if (!body["model"].is_string()) return send_error(response, ApiError::bad_field("model", "model: must be a string"));
-      if (auto error = check_model_name(body["model"].get<std::string>(), served_)) return send_error(response, *error);
-    }
+    std::optional<json> parsed = object_body(http_request, response);
+    if (!parsed) return;
+    json& body = *parsed;
     if (!body.contains("tokens") || !body["tokens"].is_array()) {
       return send_error(response, ApiError::bad_field("tokens", "tokens: is required, a list of token ids"));
     }

@@ -179,6 +179,11 @@ class ServeTest(unittest.TestCase):
     def test_metrics_count_tokens(self):
         before = self.server.metric("slimkv:generation_tokens_total")
         completion(self.server, PROMPTS[3], max_tokens=5)
+        # The scheduler publishes its counters after the step that finished the request, which may come
+        # after the response: wait for them (bounded).
+        deadline = time.time() + 10
+        while self.server.metric("slimkv:generation_tokens_total") != before + 5 and time.time() < deadline:
+            time.sleep(0.05)
         self.assertEqual(self.server.metric("slimkv:generation_tokens_total"), before + 5)
         self.assertGreater(self.server.metric("slimkv:prompt_tokens_total"), 0)
         self.assertGreater(self.server.metric("slimkv:kv_cache_bytes_per_token"), 0)

@@ -26,16 +26,7 @@ class GpuDenseKv final : public GpuKvCache {
   }
 
   Status check_step(const PagedAttentionBatch& batch) const override {
-    const SequenceBlocks& held = sequences();
-    size_t needed = 0;
-    for (size_t i = 0; i < batch.sequence_ids.size(); ++i) {
-      needed += size_t(held.blocks_to_grow(batch.sequence_ids[i], batch.kv_lens[i]));
-    }
-    if (needed > size_t(held.free_blocks())) {
-      return error("the GPU KV cache is full: the step needs ", needed, " more blocks of ", kCudaBlockTokens,
-                   " tokens, ", held.free_blocks(), " are free (of ", held.num_blocks(), ")");
-    }
-    return Status::ok();
+    return check_blocks_for_step(sequences(), batch, "GPU");
   }
   Status begin_step(const PagedAttentionBatch& batch) override {
     SLIMKV_RETURN_IF_ERROR(cache_->begin_step(batch.sequence_ids, batch.query_counts));

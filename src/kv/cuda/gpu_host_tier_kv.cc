@@ -34,15 +34,7 @@ class GpuHostTierKv final : public GpuKvCache {
   bool keeps_layer_input() const override { return true; }  // store_x keeps it for kvpr, ignores it otherwise
 
   Status check_step(const PagedAttentionBatch& batch) const override {
-    const SequenceBlocks& held = sequences();
-    size_t needed = 0;
-    for (size_t i = 0; i < batch.sequence_ids.size(); ++i) {
-      needed += size_t(held.blocks_to_grow(batch.sequence_ids[i], batch.kv_lens[i]));
-    }
-    if (needed > size_t(held.free_blocks())) {
-      return error("the host KV cache is full: the step needs ", needed, " more blocks of ", kCudaBlockTokens,
-                   " tokens, ", held.free_blocks(), " are free (of ", held.num_blocks(), ")");
-    }
+    SLIMKV_RETURN_IF_ERROR(check_blocks_for_step(sequences(), batch, "host"));
     return tier_->plan_micro_batches(batch.sequence_ids, batch.query_counts).status();
   }
 

@@ -17,6 +17,18 @@ KvprCostModel kvpr_cost_model(int hidden, int kv_dim, DType x_dtype, double kv_b
                        KvprCostModel::Overlap::kPipelined};
 }
 
+Status check_blocks_for_step(const SequenceBlocks& held, const PagedAttentionBatch& batch, const char* cache) {
+  size_t needed = 0;
+  for (size_t i = 0; i < batch.sequence_ids.size(); ++i) {
+    needed += size_t(held.blocks_to_grow(batch.sequence_ids[i], batch.kv_lens[i]));
+  }
+  if (needed > size_t(held.free_blocks())) {
+    return error("the ", cache, " KV cache is full: the step needs ", needed, " more blocks of ", kCudaBlockTokens,
+                 " tokens, ", held.free_blocks(), " are free (of ", held.num_blocks(), ")");
+  }
+  return Status::ok();
+}
+
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_kv_cache(const GpuKvShape& shape, const GpuKvOptions& options,
                                                         KvProjection* projection) {
   if (shape.max_sequences < 1 || shape.max_step_tokens < shape.max_sequences) {

@@ -156,6 +156,10 @@ class GpuKvCache {
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_kv_cache(const GpuKvShape& shape, const GpuKvOptions& options,
                                                         KvProjection* projection);
 
+// Whether `held` has the blocks the step's sequences grow into; else an error naming `cache` ("GPU",
+// "host") and the counts. Shared by the caches that grow by SequenceBlocks alone.
+Status check_blocks_for_step(const SequenceBlocks& held, const PagedAttentionBatch& batch, const char* cache);
+
 // The implementations (one file each).
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_dense_kv(const GpuKvShape& shape, int num_blocks);
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_quantized_kv(const GpuKvShape& shape, const QuantizedKvOptions& options,
