@@ -72,11 +72,10 @@ class Generation {
   ~Generation();
 
  private:
-  Generation(const Engine& engine, GenerationRequest request);
+  explicit Generation(GenerationRequest request);
   // Text ready to show: everything but a tail that could still become a stop string.
   std::string release_text(bool at_end);
 
-  const Engine* engine_;
   GenerationRequest request_;
   std::vector<int64_t> eos_ids_;
   int token_budget_ = 0;  // min(max_tokens, context - prompt)

@@ -21,8 +21,7 @@ struct Generation::Decoder {
   StreamingDecoder stream;
 };
 
-Generation::Generation(const Engine& engine, GenerationRequest request)
-    : engine_(&engine), request_(std::move(request)) {}
+Generation::Generation(GenerationRequest request) : request_(std::move(request)) {}
 Generation::Generation(Generation&&) noexcept = default;
 Generation& Generation::operator=(Generation&&) noexcept = default;
 Generation::~Generation() = default;
@@ -45,7 +44,7 @@ Expected<Generation> Generation::start(const Engine& engine, GenerationRequest r
   for (const std::string& stop : request.stop) {
     if (stop.empty()) return error("stop: a stop string is empty");
   }
-  Generation generation(engine, std::move(request));
+  Generation generation(std::move(request));
   if (!generation.request_.ignore_eos) {  // generation_config.json's end-of-sequence ids and the model's
     generation.eos_ids_ = engine.generation_defaults().eos_token_ids;
     for (int64_t id : engine.model_config().eos_token_ids) {
