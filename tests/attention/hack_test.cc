@@ -16,16 +16,10 @@
 #include "tensor/quantized_block.h"
 #include "util/half.h"
 #include "util/thread_pool.h"
+#include "random_values.h"
 
 namespace slimkv {
 namespace {
-
-std::vector<float> random_values(size_t n, std::mt19937& rng, float spread = 1.0f) {
-  std::normal_distribution<float> normal(0.0f, spread);
-  std::vector<float> x(n);
-  for (float& e : x) e = normal(rng);
-  return x;
-}
 
 struct KernelCase {
   int k_bits, v_bits, tokens, head_dim, n_queries;

@@ -11,16 +11,10 @@
 
 #include "slimkv/status.h"
 #include "tensor/quantized_block.h"
+#include "random_values.h"
 
 namespace slimkv {
 namespace {
-
-std::vector<float> random_values(size_t n, std::mt19937& rng, float spread = 1.0f) {
-  std::normal_distribution<float> normal(0.0f, spread);
-  std::vector<float> x(n);
-  for (float& e : x) e = normal(rng);
-  return x;
-}
 
 struct FormatCase {
   int bits, tokens, k_dim, v_dim;
