@@ -3,8 +3,9 @@
 of vLLM's benchmark_serving: requests arrive as a Poisson process at --request-rate, prompts of random
 token ids with lengths drawn uniformly around --input-len, outputs of lengths around --output-len
 (ignore_eos, so each request generates exactly its length), every request streamed so that each token's
-arrival is timed. Prints TTFT, TPOT, ITL and end-to-end percentiles, request and token throughput;
---json writes them. Python 3 standard library only (http.client + threads).
+arrival is timed. Prints TTFT, TPOT, ITL and end-to-end percentiles, request and token throughput, and
+(from the server's /metrics, read every half second) the most requests it ran at once and its peak KV
+usage; --json writes them. Python 3 standard library only (http.client + threads).
 
   bench/serving_benchmark.py --url http://127.0.0.1:8000 --num-prompts 64 --request-rate 4 \
       --input-len 1024 --output-len 64
@@ -63,6 +64,25 @@ def run_request(url, model, prompt, max_tokens, timeout_s):
         connection.close()
 
 
+def sample_metrics(url, names, peaks, stop):
+    """Until `stop` is set, reads the server's Prometheus /metrics twice a second and keeps each gauge's
+    maximum in `peaks` (a server without them leaves `peaks` empty)."""
+    parts = urllib.parse.urlsplit(url)
+    while not stop.wait(0.5):
+        try:
+            connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=5)
+            connection.request("GET", "/metrics")
+            text = connection.getresponse().read().decode()
+            connection.close()
+        except (OSError, http.client.HTTPException):
+            continue
+        for line in text.splitlines():
+            series, _, value = line.rpartition(" ")
+            name = series.partition("{")[0]  # the name without its labels
+            if name in names:
+                peaks[name] = max(peaks.get(name, 0.0), float(value))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default="http://127.0.0.1:8000")
@@ -103,6 +123,10 @@ def main():
         results[i] = run_request(args.url, args.model, requests[i][0], requests[i][1], args.timeout_s)
         results[i] = results[i] + (time.perf_counter(),)
 
+    peaks, stop_sampling = {}, threading.Event()
+    gauges = ("slimkv:num_requests_running", "slimkv:kv_cache_usage_perc")
+    sampler = threading.Thread(target=sample_metrics, args=(args.url, gauges, peaks, stop_sampling))
+    sampler.start()
     threads = []
     start = time.perf_counter()
     for i, gap in enumerate(gaps):
@@ -114,6 +138,8 @@ def main():
     for thread, _ in threads:
         thread.join()
     duration = time.perf_counter() - start
+    stop_sampling.set()
+    sampler.join()
 
     ttft, tpot, itl, e2e, errors = [], [], [], [], []
     output_tokens = input_tokens = 0
@@ -136,6 +162,7 @@ def main():
         "request_throughput": completed / duration, "output_throughput": output_tokens / duration,
         "total_token_throughput": (input_tokens + output_tokens) / duration,
         "total_input_tokens": input_tokens, "total_output_tokens": output_tokens,
+        "max_running": peaks.get(gauges[0], float("nan")), "max_kv_usage": peaks.get(gauges[1], float("nan")),
     }
     for name, values in [("ttft_ms", ttft), ("tpot_ms", tpot), ("itl_ms", itl), ("e2el_ms", e2e)]:
         ms = [v * 1000 for v in values]
@@ -152,6 +179,8 @@ def main():
     print(f"{'Request throughput (req/s):':<40}{summary['request_throughput']:>12.2f}")
     print(f"{'Output token throughput (tok/s):':<40}{summary['output_throughput']:>12.2f}")
     print(f"{'Total token throughput (tok/s):':<40}{summary['total_token_throughput']:>12.2f}")
+    print(f"{'Most requests running at once:':<40}{summary['max_running']:>12.0f}")
+    print(f"{'Peak KV cache usage:':<40}{summary['max_kv_usage']:>12.2f}")
     for title, name in [("Time to First Token", "ttft_ms"), ("Time per Output Token (excl. 1st token)", "tpot_ms"),
                         ("Inter-token Latency", "itl_ms"), ("End-to-end Latency", "e2el_ms")]:
         print(f"{'-' * 15}{title}{'-' * 15}")
