@@ -7,47 +7,118 @@
 #define HWY_TARGET_INCLUDE "attention/cpu/dense_block_attention.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
-#include "backend/cpu/vec_ops-inl.h"
+#include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace slimkv {
 namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
 
-// Folds n tokens of scores [n] (scaled) and values v [n, v_dim] into partial p.
-HWY_INLINE void FoldScores(const float* scores, const float* v, int n, int v_dim, AttentionPartials& partials, int p) {
-  float block_max = -INFINITY;
-  for (int j = 0; j < n; ++j) block_max = std::max(block_max, scores[j]);
-  partials.rescale(p, std::max(partials.max(p), block_max));
-  const float running_max = partials.max(p);
-  float* acc = partials.acc(p);
-  float sum = 0.0f;
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+// Queries folded together: each key and value row is loaded once for all of them (a GQA group in
+// decode; a tile of positions in prefill). Four keep their accumulators in registers on every target.
+constexpr int kQueryBatch = 4;
+// A query's scores, with room to round the block up to whole vectors (the widest target's 16 lanes).
+constexpr int kScoreSlots = kMaxBlockTokens + 16;
+
+// Scores of `batch` queries (rows of q, k_dim apart) against tokens [0, n) of k: scores[r][j] = q_r·k_j.
+// A key row is read once for the batch: whole vectors of dims, then a scalar tail.
+HWY_INLINE void BlockScores(const float* q, int batch, const float* k, int n, int k_dim,
+                            float (*scores)[kScoreSlots]) {
+  const DF df;
+  const int lanes = int(hn::Lanes(df));
+  const int body = k_dim / lanes * lanes;
   for (int j = 0; j < n; ++j) {
-    const float weight = std::exp(scores[j] - running_max);
-    sum += weight;
-    MulAddTo(weight, v + size_t(j) * size_t(v_dim), acc, size_t(v_dim));
+    const float* key = k + size_t(j) * size_t(k_dim);
+    VF acc[kQueryBatch];
+    for (int r = 0; r < batch; ++r) acc[r] = hn::Zero(df);
+    for (int c = 0; c < body; c += lanes) {
+      const VF key_part = hn::LoadU(df, key + c);
+      for (int r = 0; r < batch; ++r) acc[r] = hn::MulAdd(hn::LoadU(df, q + size_t(r) * size_t(k_dim) + c), key_part, acc[r]);
+    }
+    for (int r = 0; r < batch; ++r) {
+      float score = hn::GetLane(hn::SumOfLanes(df, acc[r]));
+      for (int c = body; c < k_dim; ++c) score += q[size_t(r) * size_t(k_dim) + size_t(c)] * key[c];
+      scores[r][j] = score;
+    }
   }
-  partials.sum(p) += sum;
+}
+
+// The online-softmax fold of a batch of queries over tokens [0, visible[r]) of a block whose scores
+// are given: each partial is rescaled to its new running max, the scores become their weights
+// exp(s - max) in place (0 past a query's visible tokens), then acc += Σ_j weight_j · v_j runs over
+// value columns a vector at a time with the batch's accumulators in registers, each value row loaded
+// once for the whole batch.
+HWY_INLINE void FoldScores(float (*scores)[kScoreSlots], const int* visible, int batch, const float* v, int v_dim,
+                           AttentionPartials& partials, int first_partial) {
+  const DF df;
+  const int lanes = int(hn::Lanes(df));
+  int seen = 0;  // tokens any query of the batch sees
+  for (int r = 0; r < batch; ++r) seen = std::max(seen, visible[r]);
+  const int slots = (seen + lanes - 1) / lanes * lanes;  // whole vectors of scores
+  for (int r = 0; r < batch; ++r) std::fill(scores[r] + std::max(visible[r], 0), scores[r] + slots, -INFINITY);
+  for (int r = 0; r < batch; ++r) {
+    if (visible[r] <= 0) continue;
+    float* s = scores[r];
+    VF maxima = hn::Set(df, -INFINITY);
+    for (int j = 0; j < slots; j += lanes) maxima = hn::Max(maxima, hn::LoadU(df, s + j));
+    const int index = first_partial + r;
+    partials.rescale(index, std::max(partials.max(index), hn::GetLane(hn::MaxOfLanes(df, maxima))));
+    const VF running_max = hn::Set(df, partials.max(index));
+    VF sums = hn::Zero(df);
+    for (int j = 0; j < slots; j += lanes) {
+      const VF weight = hn::Exp(df, hn::Sub(hn::LoadU(df, s + j), running_max));  // exp(-inf) = 0
+      sums = hn::Add(sums, weight);
+      hn::StoreU(weight, df, s + j);
+    }
+    partials.sum(index) += hn::GetLane(hn::SumOfLanes(df, sums));
+  }
+  for (int r = 0; r < batch; ++r) {
+    if (visible[r] <= 0) std::fill(scores[r], scores[r] + slots, 0.0f);  // a query that sees nothing adds 0
+  }
+  const int body = v_dim / lanes * lanes;
+  for (int c = 0; c < body; c += lanes) {
+    VF acc[kQueryBatch];
+    for (int r = 0; r < batch; ++r) acc[r] = hn::LoadU(df, partials.acc(first_partial + r) + c);
+    for (int j = 0; j < seen; ++j) {
+      const VF value = hn::LoadU(df, v + size_t(j) * size_t(v_dim) + c);
+      for (int r = 0; r < batch; ++r) acc[r] = hn::MulAdd(hn::Set(df, scores[r][j]), value, acc[r]);
+    }
+    for (int r = 0; r < batch; ++r) hn::StoreU(acc[r], df, partials.acc(first_partial + r) + c);
+  }
+  for (int r = 0; r < batch; ++r) {
+    float* acc = partials.acc(first_partial + r);
+    for (int j = 0; j < seen; ++j) {
+      for (int c = body; c < v_dim; ++c) acc[c] += scores[r][j] * v[size_t(j) * size_t(v_dim) + size_t(c)];
+    }
+  }
 }
 
 void AttendBlockF32(const QueryTile& tile, const float* k, const float* v, int k_dim, int v_dim,
                     AttentionPartials& partials, int first_partial) {
-  float scores[kMaxBlockTokens];
-  for (int i = 0; i < tile.n_queries; ++i) {
-    const int n = tile.visible[i];
-    if (n <= 0) continue;
-    const float* q = tile.q + size_t(i) * size_t(k_dim);
-    for (int j = 0; j < n; ++j) scores[j] = Dot(q, k + size_t(j) * size_t(k_dim), size_t(k_dim));
-    FoldScores(scores, v, n, v_dim, partials, first_partial + i);
+  HWY_ALIGN float scores[kQueryBatch][kScoreSlots];
+  for (int first = 0; first < tile.n_queries; first += kQueryBatch) {
+    const int batch = std::min(kQueryBatch, tile.n_queries - first);
+    const int seen = *std::max_element(tile.visible + first, tile.visible + first + batch);
+    if (seen <= 0) continue;
+    BlockScores(tile.q + size_t(first) * size_t(k_dim), batch, k, seen, k_dim, scores);
+    FoldScores(scores, tile.visible + first, batch, v, v_dim, partials, first_partial + first);
   }
 }
 
 void AttendScoredF32(const float* given, float scale, int n_queries, const float* v, int n, int v_dim,
                      AttentionPartials& partials, int first_partial) {
-  float scores[kMaxBlockTokens];
-  for (int i = 0; n > 0 && i < n_queries; ++i) {
-    for (int j = 0; j < n; ++j) scores[j] = given[size_t(j) * size_t(n_queries) + size_t(i)] * scale;
-    FoldScores(scores, v, n, v_dim, partials, first_partial + i);
+  HWY_ALIGN float scores[kQueryBatch][kScoreSlots];
+  const int visible[kQueryBatch] = {n, n, n, n};
+  for (int first = 0; n > 0 && first < n_queries; first += kQueryBatch) {
+    const int batch = std::min(kQueryBatch, n_queries - first);
+    for (int r = 0; r < batch; ++r) {
+      for (int j = 0; j < n; ++j) scores[r][j] = given[size_t(j) * size_t(n_queries) + size_t(first + r)] * scale;
+    }
+    FoldScores(scores, visible, batch, v, v_dim, partials, first_partial + first);
   }
 }
 

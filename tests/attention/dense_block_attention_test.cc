@@ -1,0 +1,118 @@
+// The FP32 block kernel (every dense block and every codec's open block) against the online-softmax
+// fold computed in FP64 from its definition: tiles wider than the kernel's query batch, queries that
+// see nothing, part or all of the block, head dims with and without a vector tail, all-negative scores,
+// and partials that already hold earlier tokens.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "attention/cpu/dense_block_attention.h"
+#include "attention/partial.h"
+
+namespace slimkv {
+namespace {
+
+struct Fold {  // one query's state in FP64
+  double max = -INFINITY, sum = 0;
+  std::vector<double> acc;
+};
+
+void fold(Fold& f, const std::vector<double>& scores, const float* v, int v_dim) {
+  double block_max = -INFINITY;
+  for (double s : scores) block_max = std::max(block_max, s);
+  if (scores.empty()) return;
+  const double new_max = std::max(f.max, block_max);
+  const double factor = std::isinf(f.max) ? 0.0 : std::exp(f.max - new_max);
+  f.sum *= factor;
+  for (double& a : f.acc) a *= factor;
+  for (size_t j = 0; j < scores.size(); ++j) {
+    const double w = std::exp(scores[j] - new_max);
+    f.sum += w;
+    for (int c = 0; c < v_dim; ++c) f.acc[size_t(c)] += w * v[j * size_t(v_dim) + size_t(c)];
+  }
+  f.max = new_max;
+}
+
+void check(int tokens, int k_dim, int v_dim, const std::vector<int>& visible, float score_shift, bool scored) {
+  SCOPED_TRACE(testing::Message() << "tokens " << tokens << " k_dim " << k_dim << " v_dim " << v_dim
+                                  << " shift " << score_shift << (scored ? " (scores given)" : ""));
+  const int queries = int(visible.size());
+  std::mt19937 rng(uint32_t(tokens * 131 + k_dim * 7 + v_dim));
+  std::normal_distribution<float> normal;
+  auto fill = [&](size_t n) {
+    std::vector<float> x(n);
+    for (float& e : x) e = normal(rng);
+    return x;
+  };
+  std::vector<float> q = fill(size_t(queries) * k_dim), k = fill(size_t(tokens) * k_dim),
+                     v = fill(size_t(tokens) * v_dim), earlier_v = fill(size_t(5) * v_dim);
+  // One appended constant dim shifts every score by score_shift (e.g. all far below 0).
+  for (int i = 0; i < queries; ++i) q[size_t(i) * k_dim + size_t(k_dim - 1)] = score_shift;
+  for (int j = 0; j < tokens; ++j) k[size_t(j) * k_dim + size_t(k_dim - 1)] = 1.0f;
+
+  AttentionPartials partials(queries, v_dim);
+  std::vector<Fold> expected(size_t(queries), Fold{-INFINITY, 0, std::vector<double>(size_t(v_dim), 0.0)});
+  for (int i = 0; i < queries; i += 2) {  // every other partial already holds 5 earlier tokens
+    std::vector<double> earlier = {0.5, -1.0, 2.0, 0.0, 1.5};
+    fold(expected[size_t(i)], earlier, earlier_v.data(), v_dim);
+    partials.max(i) = float(expected[size_t(i)].max);
+    partials.sum(i) = float(expected[size_t(i)].sum);
+    for (int c = 0; c < v_dim; ++c) partials.acc(i)[c] = float(expected[size_t(i)].acc[size_t(c)]);
+  }
+  std::vector<double> dots(size_t(queries) * tokens);
+  for (int i = 0; i < queries; ++i) {
+    for (int j = 0; j < tokens; ++j) {
+      double dot = 0;
+      for (int c = 0; c < k_dim; ++c) dot += double(q[size_t(i) * k_dim + size_t(c)]) * k[size_t(j) * k_dim + size_t(c)];
+      dots[size_t(i) * tokens + size_t(j)] = dot;
+    }
+    const int n = scored ? tokens : visible[size_t(i)];
+    std::vector<double> scores(dots.begin() + i * tokens, dots.begin() + i * tokens + std::max(n, 0));
+    fold(expected[size_t(i)], scores, v.data(), v_dim);
+  }
+
+  if (scored) {
+    std::vector<float> given(size_t(tokens) * queries);  // [tokens, queries], unscaled
+    for (int i = 0; i < queries; ++i) {
+      for (int j = 0; j < tokens; ++j) given[size_t(j) * queries + size_t(i)] = float(dots[size_t(i) * tokens + size_t(j)] / 0.5);
+    }
+    attend_scored_f32(given.data(), 0.5f, queries, v.data(), tokens, v_dim, partials);
+  } else {
+    const QueryTile tile{q.data(), queries, visible.data()};
+    attend_block_f32(tile, k.data(), v.data(), k_dim, v_dim, partials);
+  }
+
+  // FP32 scores of magnitude |shift| carry an absolute error of about |shift|·2^-24 per term, which the
+  // softmax weights inherit relatively.
+  const double tolerance = 1e-5 + 5e-7 * std::abs(score_shift);
+  for (int i = 0; i < queries; ++i) {
+    const Fold& f = expected[size_t(i)];
+    if (f.sum == 0) {
+      EXPECT_EQ(partials.sum(i), 0.0f) << "query " << i << " saw nothing";
+      continue;
+    }
+    EXPECT_NEAR(partials.max(i), f.max, 1e-4 * (1 + std::abs(f.max))) << "query " << i;
+    EXPECT_NEAR(partials.sum(i) / f.sum, 1.0, tolerance) << "query " << i;
+    for (int c = 0; c < v_dim; ++c) {
+      EXPECT_NEAR(partials.acc(i)[c] / f.sum, f.acc[size_t(c)] / f.sum, tolerance) << "query " << i << " column " << c;
+    }
+  }
+}
+
+TEST(DenseBlockAttention, MatchesTheFoldInDoubles) {
+  const std::vector<int> mixed = {0, 1, 64, 5, 0, 63, 17, 64, 33};  // 9 queries: batches of 4, 4 and 1
+  check(64, 128, 128, mixed, 0.0f, false);
+  check(64, 40, 24, mixed, 0.0f, false);     // vector tails in both dims
+  check(64, 128, 128, mixed, -300.0f, false);  // every score far below 0
+  check(64, 20, 72, mixed, 40.0f, false);
+  check(1, 16, 16, {1, 0, 1}, 0.0f, false);
+  check(256, 64, 80, {256, 200, 0, 1, 255}, -5.0f, false);
+  check(3, 8, 4, {3, 2, 1, 0}, 0.0f, false);  // narrower than a vector
+  check(64, 128, 128, std::vector<int>(7, 64), 0.0f, true);
+  check(37, 24, 40, std::vector<int>(5, 37), -200.0f, true);
+}
+
+}  // namespace
+}  // namespace slimkv
