@@ -16,6 +16,7 @@ Usage: check_docs.py SLIMKV ROOT        SLIMKV: the built CLI; ROOT: the reposit
        check_docs.py --self-test SLIMKV plants a bad flag, subcommand, link, anchor and path in a
                                         temporary tree and expects each to be reported
 """
+import concurrent.futures
 import os
 import re
 import shlex
@@ -206,17 +207,19 @@ def check_links(root, path, text):
 
 
 def check(slimkv, root):
-    problems, commands = [], 0
+    problems, quoted = [], []
     for path in markdown_files(root):
         text = open(path, encoding="utf-8").read()
         problems += check_links(root, path, text)
-        for number, arguments, fragment in quoted_commands(text):
-            commands += 1
-            error = check_command(slimkv, arguments, fragment)
+        quoted += [(path, number, arguments, fragment) for number, arguments, fragment in quoted_commands(text)]
+    # A slimkv process spends most of its short life loading its libraries: a few at a time hide that.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        errors = pool.map(lambda q: check_command(slimkv, q[2], q[3]), quoted)
+        for (path, number, arguments, _), error in zip(quoted, errors):
             if error:
                 shown = " ".join(shlex.quote(word) for word in arguments)
                 problems.append(f"{os.path.relpath(path, root)}:{number}: slimkv {shown}: {error}")
-    return problems, commands
+    return problems, len(quoted)
 
 
 def self_test(slimkv):
