@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The layer check (README.md "Layout"): an #include "x/..." in src/<folder>/ may point only to its
+"""The layer check (docs/design.md "Layers"): an #include "x/..." in src/<folder>/ may point only to its
 own folder or to one below it in LAYER_ORDER, so that each layer can be read, tested and replaced without
 those above it. Fails, naming file:line and both folders, on an include that points up, and on a src/ top
 folder missing from the order (a new folder must be placed before it can be checked).

@@ -105,7 +105,8 @@ Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
       continue;
     }
     // Quantized codecs rotate by default: on the bundled model at 2 bits the rotation cuts held-out
-    // perplexity from 78.7 to 51.6 (stochastic rounding) and 37.4 to 35.4 (nearest); see README.
+    // perplexity from 78.7 to 51.6 (stochastic rounding) and 37.4 to 35.4 (nearest); the current
+    // ablation (decode perplexity +188% without, +89% with): docs/results/hack/README.md.
     const bool quantized = stage.name == "hack" || stage.name == "quant";
     pipeline.hadamard = options.choice("rot", quantized ? "hadamard" : "none", {"none", "hadamard"}) == "hadamard";
     if (stage.name == "dense") {

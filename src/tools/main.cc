@@ -30,6 +30,11 @@ int main(int argc, char** argv) {
   CLI::App app{"slimkv: LLM inference with a compressed, tiered, transferable KV cache"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("slimkv ") + SLIMKV_VERSION);
+  // --dry-parse: check a command line against the options and stop before any work. The docs check
+  // (scripts/check_docs.py) runs every command the docs quote this way, so a renamed flag fails a test.
+  bool dry_parse = false;
+  app.add_flag("--dry-parse", dry_parse, "parse and validate the command line, then exit without running it")
+      ->group("");
   std::vector<std::pair<CLI::App*, slimkv::CommandRunner>> commands;
   const auto add = [&](slimkv::CommandRunner (*adder)(CLI::App&)) {
     const size_t before = app.get_subcommands({}).size();
@@ -43,15 +48,16 @@ int main(int argc, char** argv) {
   add(slimkv::add_eval_command);
   add(slimkv::add_serve_command);
   // CLI11 reports a mistyped command as "A subcommand is required"; name it and list the commands.
+  const int first = argc > 1 && std::string(argv[1]) == "--dry-parse" ? 2 : 1;  // the command's argv index
   bool known = false;
   std::string names;
   for (const auto& [command, run] : commands) {
-    known = known || (argc > 1 && command->check_name(argv[1]));
+    known = known || (argc > first && command->check_name(argv[first]));
     names += (names.empty() ? "" : ", ") + command->get_name();
   }
-  if (argc > 1 && argv[1][0] != '-' && !known) {
+  if (argc > first && argv[first][0] != '-' && !known) {
     std::fprintf(stderr, "slimkv: unknown command %s (commands: %s; slimkv --help lists them)\n",
-                 slimkv::quote_untrusted(argv[1]).c_str(), names.c_str());
+                 slimkv::quote_untrusted(argv[first]).c_str(), names.c_str());
     return 106;  // CLI11's exit code for a parse error
   }
   try {
@@ -61,6 +67,7 @@ int main(int argc, char** argv) {
   }
   for (auto& [command, run] : commands) {
     if (!command->parsed()) continue;
+    if (dry_parse) return 0;
     const slimkv::Status status = run();
     if (!status.is_ok()) {
       std::fprintf(stderr, "slimkv %s: error: %s\n", command->get_name().c_str(), status.message().c_str());

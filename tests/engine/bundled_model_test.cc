@@ -51,7 +51,7 @@ TEST(BundledModel, HackFourBitStaysCoherentAndRetrievesThePassKey) {
 // sits on a knife edge for this prompt: at 1/10 of the tokens storing the open block in FP16 instead
 // of FP32 flipped its fourth digit, and at 1/5 so does nearest rounding with exact prefill (the
 // defaults since; " 52448", while seed=1 or rot=none give " 52445"). So the codec here keeps the
-// rounding the test was written with; slimkv eval measures pq over many prompts instead (README).
+// rounding the test was written with; slimkv eval measures pq over many prompts instead (docs/results/pq/README.md).
 TEST(BundledModel, PqAtOneFifthOfTokensFromTheOffloadTierRetrievesThePassKey) {
   EXPECT_EQ(greedy_answer("pq:m=2,b=6,topk=0.2+hack:bits=4,round=stochastic@offload:cache=1024", 6).substr(0, 6),
             " 52445");
