@@ -64,14 +64,14 @@ TEST(VecOps, EveryLengthAndOffsetMatchesScalar) {
   }
 }
 
-// A batched decode must give each sequence the bits it gets alone: matvec_half of n inputs (grouped four
-// at a time inside) writes, for every input, exactly what a call with that input alone writes.
+// A batched decode must give each sequence the bits it gets alone: matvec_half of n inputs (grouped eight,
+// then four, then one at a time inside: 15 takes every path) writes, for every input, exactly what a call with that input alone writes.
 TEST(CpuKernels, MatVecHalfOfManyInputsGivesEachInputItsBitsAlone) {
   std::mt19937 rng(3);
   std::normal_distribution<float> normal;
   for (const DType dtype : {DType::kBF16, DType::kF16}) {
     for (const int64_t cols : {1, 7, 16, 33, 384}) {
-      const int64_t rows = 5, n = 11;
+      const int64_t rows = 5, n = 15;
       std::vector<uint16_t> w(size_t(rows * cols));
       for (uint16_t& value : w) value = dtype == DType::kBF16 ? float_to_bf16(normal(rng)) : float_to_fp16(normal(rng));
       std::vector<float> x(size_t(n * cols));

@@ -24,14 +24,18 @@ void MulAddToExport(float alpha, const float* x, float* y, size_t n) { MulAddTo(
 template <class HalfTag>
 void MatVecHalfRows(const float* x, int64_t n, const uint16_t* w, HalfTag dh, int64_t rows, int64_t cols,
                     int64_t row_begin, int64_t row_end, float* y) {
-  constexpr int kGroup = 4;
-  float out[kGroup];
+  // Inputs in groups of 8 (16 accumulators and the widened weights fill AVX-512's 32 registers), then 4.
+  float out[8];
   for (int64_t o = row_begin; o < row_end; ++o) {
     const uint16_t* row = w + size_t(o) * size_t(cols);
     int64_t i = 0;
-    for (; i + kGroup <= n; i += kGroup) {
-      DotsHalfRow<kGroup>(x + i * cols, size_t(cols), row, dh, size_t(cols), out);
-      for (int j = 0; j < kGroup; ++j) y[(i + j) * rows + o] = out[j];
+    for (; i + 8 <= n; i += 8) {
+      DotsHalfRow<8>(x + i * cols, size_t(cols), row, dh, size_t(cols), out);
+      for (int j = 0; j < 8; ++j) y[(i + j) * rows + o] = out[j];
+    }
+    for (; i + 4 <= n; i += 4) {
+      DotsHalfRow<4>(x + i * cols, size_t(cols), row, dh, size_t(cols), out);
+      for (int j = 0; j < 4; ++j) y[(i + j) * rows + o] = out[j];
     }
     for (; i < n; ++i) {
       DotsHalfRow<1>(x + i * cols, size_t(cols), row, dh, size_t(cols), out);
