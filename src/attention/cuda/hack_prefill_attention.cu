@@ -279,6 +279,282 @@ __device__ __forceinline__ int operand8_code(float x, float lo, float inverse) {
 __device__ __forceinline__ float operand8_scale(float lo, float hi) { return __fdiv_rn(__fsub_rn(hi, lo), 255.0f); }
 __device__ __forceinline__ float operand8_inverse(float scale) { return scale > 0.0f ? __fdiv_rn(1.0f, scale) : 0.0f; }
 
+// --- the kernel's parts (FlashInfer's compute_qk / update_mdo_states / compute_sfm_v shape) ---
+
+constexpr int kRowTiles = kHackPrefillRowTilesPerWarp;
+constexpr int kRows = 2 * kRowTiles;  // rows of S and O a lane holds
+constexpr int kTokenTiles = T / 8;    // n8 tiles of S per block
+
+// What a lane holds of its warp's rows across blocks: O and the online-softmax state (base 2; sum is
+// the row's, the same in the quad's 4 lanes).
+template <int kDimTiles>
+struct RowState {
+  float running_max[kRows], sum[kRows];
+  float o[kRowTiles][kDimTiles][4];
+};
+using Scores = float[kRowTiles][kTokenTiles][4];  // S (base 2) of the warp's rows × one block
+
+// P' of the lane's rows over one block, as A fragments of P'·V', with s_p and this lane's k slots 2i,
+// 2i + 1 of O's correction rows (m_p, Σp).
+struct RowWeights {
+  uint32_t codes[kRows][4];  // [row h][register r]
+  uint32_t correction[kRows];
+  float scale[kRows];
+};
+
+// Q' per (row, K partition), a warp each, 2 dims per lane (T = 64 dims = 32 lanes): the queries times
+// the softmax scale, as the reference takes them; zeros for inactive rows (never written). s_q and
+// the row factors of S's corrections (m_q, s_q Σq' + n m_q), times log2 e: scores come out in base 2.
+// The correction slots past the products stay zero.
+template <int kHeadDim, int kBits>
+__device__ __forceinline__ void quantize_queries(const AttentionLaunch& p, const TileQueries& tq, int kv_head, int warp,
+                                                 int lane, uint32_t* q_codes, __half* q_correction) {
+  using Layout = SharedLayout<kHeadDim, kBits>;
+  constexpr int kPartitions = Layout::kPartitions, kQWords = Layout::kQWords, kCorrectionWords = Layout::kCorrectionWords;
+  for (int item = warp; item < kTileRows * kPartitions; item += kHackPrefillWarps) {
+    const int r = item / kPartitions, part = item % kPartitions;
+    float x0 = 0.0f, x1 = 0.0f;
+    if (r < tq.active_rows) {
+      const int head = kv_head * p.group + r % p.group, query = tq.first_query + r / p.group;
+      const __half2 pair = *reinterpret_cast<const __half2*>(p.q + (size_t(tq.query_begin + query) * p.num_heads + head) * kHeadDim +
+                                                              part * T + 2 * lane);
+      const float2 f = __half22float2(pair);
+      x0 = __fmul_rn(f.x, p.scale);
+      x1 = __fmul_rn(f.y, p.scale);
+    }
+    const float lo = group_min<32>(fminf(x0, x1)), hi = group_max<32>(fmaxf(x0, x1));
+    const float scale = operand8_scale(lo, hi), inverse = operand8_inverse(scale);
+    const int c0 = operand8_code(x0, lo, inverse), c1 = operand8_code(x1, lo, inverse);
+    int sum = c0 + c1;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
+    uint8_t* row_codes = reinterpret_cast<uint8_t*>(q_codes + r * kQWords) + part * T;
+    float* row_scales = reinterpret_cast<float*>(q_codes + r * kQWords + Layout::kQScaleWord);
+    row_codes[q_code_byte<kBits>(2 * lane)] = uint8_t(c0);
+    row_codes[q_code_byte<kBits>(2 * lane + 1)] = uint8_t(c1);
+    __half* correction = q_correction + r * 2 * kCorrectionWords;
+    if (lane == 0) {
+      row_scales[part] = scale * kLog2e;
+      write_row_factor(correction + 6 * part, lo * kLog2e);
+      write_row_factor(correction + 6 * part + 3, fmaf(scale, float(sum), float(T) * lo) * kLog2e);
+    }
+    if (part == 0 && lane >= 6 * kPartitions && lane < 16) correction[lane] = __float2half_rn(0.0f);
+  }
+}
+
+// The K correction slots past the products, zero in every meta buffer (convert_meta leaves them).
+template <int kHeadDim, int kBits>
+__device__ __forceinline__ void zero_k_correction_tails(uint8_t* meta) {
+  using Layout = SharedLayout<kHeadDim, kBits>;
+  for (int i = threadIdx.x; i < kMetaBuffers * T * 16; i += kHackPrefillThreads) {
+    const int buffer = i / (T * 16), position = i / 16 % T, slot = i % 16;
+    __half* k_correction = reinterpret_cast<__half*>(meta + buffer * Layout::kMetaBytes + Layout::kKCorrection);
+    if (slot >= 6 * Layout::kPartitions) k_correction[position * 2 * Layout::kCorrectionWords + slot] = __float2half_rn(0.0f);
+  }
+}
+
+// S (base 2) = Σ over K partitions of Eq. 4, Q'·K'ᵀ on tensor cores 32 dims at a time straight from
+// the packed fields: S = s_q s_k Q'·K'ᵀ per partition, plus the corrections (FP16 mma, see
+// write_row_factor).
+template <int kHeadDim, int kBits>
+__device__ __forceinline__ void compute_qk(const uint32_t* q_codes, const uint32_t* q_correction_words, const uint8_t* block,
+                                           const uint8_t* meta, int warp_row, int lane, Scores& s) {
+  using Layout = SharedLayout<kHeadDim, kBits>;
+  constexpr int kPartitions = Layout::kPartitions, kQWords = Layout::kQWords, kCorrectionWords = Layout::kCorrectionWords;
+  const int g = lane / 4, quad_lane = lane % 4;
+  const float* k_scales = reinterpret_cast<const float*>(meta + Layout::kKScales);
+  const uint32_t* k_correction = reinterpret_cast<const uint32_t*>(meta + Layout::kKCorrection);
+#pragma unroll
+  for (int m = 0; m < kRowTiles; ++m) {
+#pragma unroll
+    for (int j = 0; j < kTokenTiles; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.0f;
+  }
+#pragma unroll
+  for (int part = 0; part < kPartitions; ++part) {
+    uint32_t a[kRowTiles][2][4];
+    float q_scale[kRows];
+#pragma unroll
+    for (int m = 0; m < kRowTiles; ++m) {
+      const int row = warp_row + 16 * m + g;
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+        const int word = part * T / 4 + 8 * kk + quad_lane;
+        a[m][kk][0] = q_codes[row * kQWords + word];
+        a[m][kk][1] = q_codes[(row + 8) * kQWords + word];
+        a[m][kk][2] = q_codes[row * kQWords + word + 4];
+        a[m][kk][3] = q_codes[(row + 8) * kQWords + word + 4];
+      }
+      q_scale[2 * m] = reinterpret_cast<const float*>(q_codes + row * kQWords + Layout::kQScaleWord)[part];
+      q_scale[2 * m + 1] = reinterpret_cast<const float*>(q_codes + (row + 8) * kQWords + Layout::kQScaleWord)[part];
+    }
+    const uint8_t* const rows[4] = {block + (16 * part + quad_lane) * Layout::kKRowBytes, block + (16 * part + quad_lane + 4) * Layout::kKRowBytes,
+                                    block + (16 * part + quad_lane + 8) * Layout::kKRowBytes,
+                                    block + (16 * part + quad_lane + 12) * Layout::kKRowBytes};
+    for_each_operand<kBits, Layout::kKLaneBytes>(rows, g, chunk_key<Layout::kKLaneBytes>(quad_lane), [&](int j, const uint32_t(&b)[4]) {
+      const float2 k_scale = *reinterpret_cast<const float2*>(k_scales + part * T + 8 * j + 2 * quad_lane);
+#pragma unroll
+      for (int m = 0; m < kRowTiles; ++m) {
+        int dot[4];
+        mma_16832_u8_plus(dot, a[m][0], b[0], b[1], kFloatTwo23Bits);
+        mma_16832_u8(dot, a[m][1], b[2], b[3]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float qs = q_scale[2 * m + e / 2];
+          const float q_dot = fmaf(qs, __int_as_float(dot[e]), -qs * kTwo23);  // s_q Σq'k'
+          s[m][j][e] = fmaf(e % 2 ? k_scale.y : k_scale.x, q_dot, s[m][j][e]);
+        }
+      }
+    });
+  }
+  uint32_t a[kRowTiles][4];
+#pragma unroll
+  for (int m = 0; m < kRowTiles; ++m) {
+    const int row = warp_row + 16 * m + g;
+    a[m][0] = q_correction_words[row * kCorrectionWords + quad_lane];
+    a[m][1] = q_correction_words[(row + 8) * kCorrectionWords + quad_lane];
+    a[m][2] = q_correction_words[row * kCorrectionWords + quad_lane + 4];
+    a[m][3] = q_correction_words[(row + 8) * kCorrectionWords + quad_lane + 4];
+  }
+#pragma unroll
+  for (int j = 0; j < kTokenTiles; ++j) {
+    const uint32_t* column = k_correction + (8 * j + g) * kCorrectionWords;
+    const uint32_t b0 = column[quad_lane], b1 = column[quad_lane + 4];
+#pragma unroll
+    for (int m = 0; m < kRowTiles; ++m) mma_16816(s[m][j], a[m], b0, b1);
+  }
+}
+
+// Online softmax, and P' per row over the block (quantize_operand8 over its 64 weights) packed straight
+// into the A fragments of P'·V' (p_token's order). P' deviates from quantize_operand8 in its last
+// bits, as the P values themselves do (exp2 in FP32, another running max with other splits):
+// 255 / (hi - lo) by fast division, and (p - lo) · that rounded once (an FMA onto the magic number)
+// rather than twice. The codes are in [0, 255] without a clamp: exp2 is monotonic, so the block's
+// least and greatest weights are those of its extreme scores, and p - lo in [0, hi - lo].
+template <int kBits, int kDimTiles>
+__device__ __forceinline__ void update_mdo_states(const Scores& s, int quad_lane, RowState<kDimTiles>& state, RowWeights& p) {
+#pragma unroll
+  for (int h = 0; h < kRows; ++h) {
+    const int m = h / 2, e0 = 2 * (h % 2);
+    float block_max = -INFINITY, block_min = INFINITY;
+#pragma unroll
+    for (int j = 0; j < kTokenTiles; ++j) {
+      block_max = fmaxf(block_max, fmaxf(s[m][j][e0], s[m][j][e0 + 1]));
+      block_min = fminf(block_min, fminf(s[m][j][e0], s[m][j][e0 + 1]));
+    }
+    block_max = quad_max(block_max);
+    block_min = quad_min(block_min);
+    const float new_max = fmaxf(state.running_max[h], block_max);
+    const float rescale = fast_exp2(state.running_max[h] - new_max);
+    const bool moved = new_max != state.running_max[h];
+    state.running_max[h] = new_max;
+    state.sum[h] *= rescale;
+    if (__any_sync(kFullMask, moved)) {  // warp-uniform: O's rows are rescaled only when some max moved
+#pragma unroll
+      for (int d = 0; d < kDimTiles; ++d) state.o[m][d][e0] *= rescale, state.o[m][d][e0 + 1] *= rescale;
+    }
+    const float lo = fast_exp2(block_min - new_max), hi = fast_exp2(block_max - new_max);
+    const float inverse = hi > lo ? __fdividef(255.0f, hi - lo) : 0.0f;
+    uint32_t c[16];  // magic-rounded bits of the lane's 16 tokens: the code is the low byte
+#pragma unroll
+    for (int t = 0; t < 16; ++t) {
+      const float weight = fast_exp2(s[m][t % 8][e0 + t / 8] - new_max);
+      c[t] = __float_as_uint(fmaf(weight - lo, inverse, kRoundMagic));
+    }
+    uint32_t code_sum = 0;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const uint32_t word = __byte_perm(__byte_perm(c[p_token<kBits>(r, 0)], c[p_token<kBits>(r, 1)], 0x0040),
+                                        __byte_perm(c[p_token<kBits>(r, 2)], c[p_token<kBits>(r, 3)], 0x0040), 0x5410);
+      p.codes[h][r] = word;
+      code_sum = __dp4a(word, 0x01010101u, code_sum);
+    }
+    p.scale[h] = (hi - lo) * (1.0f / 255.0f);
+    const float p_total = fmaf(p.scale[h], float(quad_sum(int(code_sum))), float(T) * lo);  // Σp = s_p Σp' + T m_p
+    state.sum[h] += p_total;
+    // The row's factors (m_p, Σp) in slots (hi, hi, lo, hi, hi, lo, 0, ..): lane i holds slots 2i, 2i + 1.
+    const __half min_high = half_high(lo), min_low = half_low(lo);
+    const __half total_high = half_high(p_total), total_low = half_low(p_total);
+    const __half zero = __float2half_rn(0.0f);
+    const __half2 pair = quad_lane == 0   ? __halves2half2(min_high, min_high)
+                         : quad_lane == 1 ? __halves2half2(min_low, total_high)
+                         : quad_lane == 2 ? __halves2half2(total_high, total_low)
+                                          : __halves2half2(zero, zero);
+    p.correction[h] = *reinterpret_cast<const uint32_t*>(&pair);
+  }
+}
+
+// O += P·V = s_v (s_p P'·V' + m_p Σv') + m_v Σp, per n8 tile of columns straight from the packed
+// fields: the corrections by an FP16 mma onto O, then s_v s_p P'·V'. Row tile m's A fragments of k
+// step kk: registers 2kk (k 4i..) and 2kk + 1 (k 16 + 4i..) of its rows.
+template <int kHeadDim, int kBits>
+__device__ __forceinline__ void compute_sfm_v(const RowWeights& p, const uint8_t* block, const uint8_t* meta,
+                                              const QuantizedBlockOffsets& offsets, int lane,
+                                              RowState<SharedLayout<kHeadDim, kBits>::kDimTiles>& state) {
+  using Layout = SharedLayout<kHeadDim, kBits>;
+  const int g = lane / 4, quad_lane = lane % 4;
+  const float* v_scales = reinterpret_cast<const float*>(meta + Layout::kVScales);
+  const uint32_t* v_correction = reinterpret_cast<const uint32_t*>(meta + Layout::kVCorrection);
+  uint32_t a[kRowTiles][2][4];
+#pragma unroll
+  for (int m = 0; m < kRowTiles; ++m) {
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      a[m][kk][0] = p.codes[2 * m][2 * kk];
+      a[m][kk][1] = p.codes[2 * m + 1][2 * kk];
+      a[m][kk][2] = p.codes[2 * m][2 * kk + 1];
+      a[m][kk][3] = p.codes[2 * m + 1][2 * kk + 1];
+    }
+  }
+  const uint8_t* v_block = block + offsets.v_codes;
+  const uint8_t* const rows[4] = {v_block + (4 * quad_lane) * Layout::kVRowBytes, v_block + (4 * quad_lane + 1) * Layout::kVRowBytes,
+                                  v_block + (4 * quad_lane + 2) * Layout::kVRowBytes, v_block + (4 * quad_lane + 3) * Layout::kVRowBytes};
+  for_each_operand<kBits, Layout::kVLaneBytes>(rows, g, chunk_key<Layout::kVLaneBytes>(quad_lane), [&](int d, const uint32_t(&b)[4]) {
+    const uint32_t correction = v_correction[(8 * d + g) * 4 + quad_lane];
+    const float2 v_scale = *reinterpret_cast<const float2*>(v_scales + 8 * d + 2 * quad_lane);
+#pragma unroll
+    for (int m = 0; m < kRowTiles; ++m) {
+      int dot[4];
+      mma_16832_u8_plus(dot, a[m][0], b[0], b[1], kFloatTwo23Bits);
+      mma_16832_u8(dot, a[m][1], b[2], b[3]);
+      const uint32_t correction_rows[4] = {p.correction[2 * m], p.correction[2 * m + 1], 0u, 0u};
+      mma_16816(state.o[m][d], correction_rows, correction, 0u);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float ps = p.scale[2 * m + e / 2];
+        const float p_dot = fmaf(ps, __int_as_float(dot[e]), -ps * kTwo23);  // s_p Σp'v'
+        state.o[m][d][e] = fmaf(e % 2 ? v_scale.y : v_scale.x, p_dot, state.o[m][d][e]);
+      }
+    }
+  });
+}
+
+// The split partial of each of the lane's active rows (an empty split: max -inf, sum 0, acc 0): the
+// lane's dims are kDimTiles·(2i + e) + d.
+template <int kHeadDim, int kDimTiles>
+__device__ __forceinline__ void write_partials(const AttentionLaunch& p, const TileQueries& tq, int tile, int kv_head, int split,
+                                               int warp_row, int lane, const RowState<kDimTiles>& state) {
+  const int g = lane / 4, quad_lane = lane % 4;
+#pragma unroll
+  for (int h = 0; h < kRows; ++h) {
+    const int m = h / 2, e0 = 2 * (h % 2);
+    const int r = warp_row + 16 * m + g + 8 * (h % 2);
+    if (r >= tq.active_rows) continue;
+    const size_t row = (size_t(tile) * p.num_kv_heads + kv_head) * kTileRows + r;
+    float* acc = p.partial_acc + (row * p.split_stride + split) * kHeadDim;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+#pragma unroll
+      for (int d = 0; d < kDimTiles; d += 4) {
+        *reinterpret_cast<float4*>(acc + kDimTiles * (2 * quad_lane + e) + d) =
+            make_float4(state.o[m][d][e0 + e], state.o[m][d + 1][e0 + e], state.o[m][d + 2][e0 + e], state.o[m][d + 3][e0 + e]);
+      }
+    }
+    if (quad_lane == 0) p.partial_max_sum[row * p.split_stride + split] = make_float2(state.running_max[h], state.sum[h]);
+  }
+}
+
+// --- the kernel ---
+
 // The partial of one tile of kTileRows query rows (row r: query head kv_head·group + r % group at query
 // first_query + r / group) over one split of the sealed blocks before its sequence's first new token.
 // Warp w owns kRowTiles m16 row tiles from row 16·kRowTiles·w; in tile m a lane holds rows g = lane / 4
@@ -286,15 +562,12 @@ __device__ __forceinline__ float operand8_inverse(float scale) { return scale > 
 // and O. Column n of S's tile j is token 8n + j (a lane's K fields are one run of 8 tokens), column n
 // of O's tile d is dim kDimTiles·n + d (a lane's V fields one run of kDimTiles columns); so the lane's
 // S accumulators are tokens 16i..16i+15 of its rows, the very tokens of its P' A fragments (token
-// groups 4i..4i+3).
+// groups 4i..4i+3). Blocks flow through kStages stages (cp.async, mbarriers): block k + 2 lands and
+// block k + 1's parameters are converted while block k is computed.
 template <int kHeadDim, int kBits>
 __global__ __launch_bounds__(kHackPrefillThreads, kMinCtas) void hack_prefill_partials(HackPrefillLaunch L) {
   using Layout = SharedLayout<kHeadDim, kBits>;
-  constexpr int kRowTiles = kHackPrefillRowTilesPerWarp, kWarps = kHackPrefillWarps, kThreads = kHackPrefillThreads;
-  constexpr int kRows = 2 * kRowTiles;
-  constexpr int kPartitions = Layout::kPartitions, kQWords = Layout::kQWords, kDimTiles = Layout::kDimTiles;
-  constexpr int kTokenTiles = T / 8;
-  constexpr int kCorrectionWords = Layout::kCorrectionWords;
+  constexpr int kThreads = kHackPrefillThreads, kDimTiles = Layout::kDimTiles;
   extern __shared__ uint4 shared_raw[];
   uint8_t* shared = reinterpret_cast<uint8_t*>(shared_raw);
   uint32_t* q_codes = reinterpret_cast<uint32_t*>(shared + Layout::kQCodes);
@@ -339,59 +612,19 @@ __global__ __launch_bounds__(kHackPrefillThreads, kMinCtas) void hack_prefill_pa
   };
   load_block(0);
   load_block(1);
-
-  // Q' per (row, K partition), a warp each, 2 dims per lane (T = 64 dims = 32 lanes): the queries
-  // times the softmax scale, as the reference takes them; zeros for inactive rows (never written).
-  // s_q and the row factors of S's corrections (m_q, s_q Σq' + n m_q), times log2 e: scores come out
-  // in base 2. The correction slots past the products stay zero.
-  for (int item = warp; item < kTileRows * kPartitions; item += kWarps) {
-    const int r = item / kPartitions, part = item % kPartitions;
-    float x0 = 0.0f, x1 = 0.0f;
-    if (r < tq.active_rows) {
-      const int head = kv_head * p.group + r % p.group, query = tq.first_query + r / p.group;
-      const __half2 pair = *reinterpret_cast<const __half2*>(p.q + (size_t(tq.query_begin + query) * p.num_heads + head) * kHeadDim +
-                                                              part * T + 2 * lane);
-      const float2 f = __half22float2(pair);
-      x0 = __fmul_rn(f.x, p.scale);
-      x1 = __fmul_rn(f.y, p.scale);
-    }
-    const float lo = group_min<32>(fminf(x0, x1)), hi = group_max<32>(fmaxf(x0, x1));
-    const float scale = operand8_scale(lo, hi), inverse = operand8_inverse(scale);
-    const int c0 = operand8_code(x0, lo, inverse), c1 = operand8_code(x1, lo, inverse);
-    int sum = c0 + c1;
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
-    uint8_t* row_codes = reinterpret_cast<uint8_t*>(q_codes + r * kQWords) + part * T;
-    float* row_scales = reinterpret_cast<float*>(q_codes + r * kQWords + Layout::kQScaleWord);
-    row_codes[q_code_byte<kBits>(2 * lane)] = uint8_t(c0);
-    row_codes[q_code_byte<kBits>(2 * lane + 1)] = uint8_t(c1);
-    __half* correction = q_correction + r * 2 * kCorrectionWords;
-    if (lane == 0) {
-      row_scales[part] = scale * kLog2e;
-      write_row_factor(correction + 6 * part, lo * kLog2e);
-      write_row_factor(correction + 6 * part + 3, fmaf(scale, float(sum), float(T) * lo) * kLog2e);
-    }
-    if (part == 0 && lane >= 6 * kPartitions && lane < 16) correction[lane] = __float2half_rn(0.0f);
-  }
-  // The K correction slots past the products, zero in every meta buffer (convert_meta leaves them).
-  for (int i = threadIdx.x; i < kMetaBuffers * T * 16; i += kThreads) {
-    const int buffer = i / (T * 16), position = i / 16 % T, slot = i % 16;
-    __half* k_correction = reinterpret_cast<__half*>(meta + buffer * Layout::kMetaBytes + Layout::kKCorrection);
-    if (slot >= 6 * kPartitions) k_correction[position * 2 * kCorrectionWords + slot] = __float2half_rn(0.0f);
-  }
+  quantize_queries<kHeadDim, kBits>(p, tq, kv_head, warp, lane, q_codes, q_correction);
+  zero_k_correction_tails<kHeadDim, kBits>(meta);
   __syncthreads();  // Q' and the zeros visible to all
   convert_block_meta(0);
 
-  const int g = lane / 4, quad_lane = lane % 4;
   const int warp_row = warp * 16 * kRowTiles;
-  float running_max[kRows], sum[kRows];  // base 2; sum is the row's (the same in the quad's 4 lanes)
+  RowState<kDimTiles> state;
 #pragma unroll
-  for (int h = 0; h < kRows; ++h) running_max[h] = -INFINITY, sum[h] = 0.0f;
-  float o[kRowTiles][kDimTiles][4];
+  for (int h = 0; h < kRows; ++h) state.running_max[h] = -INFINITY, state.sum[h] = 0.0f;
 #pragma unroll
   for (int m = 0; m < kRowTiles; ++m) {
 #pragma unroll
-    for (int d = 0; d < kDimTiles; ++d) o[m][d][0] = o[m][d][1] = o[m][d][2] = o[m][d][3] = 0.0f;
+    for (int d = 0; d < kDimTiles; ++d) state.o[m][d][0] = state.o[m][d][1] = state.o[m][d][2] = state.o[m][d][3] = 0.0f;
   }
 
   // Block k: refill the stage and meta buffer of block k - 2 (once every warp is done with it) with
@@ -402,195 +635,15 @@ __global__ __launch_bounds__(kHackPrefillThreads, kMinCtas) void hack_prefill_pa
     load_block(k + 2);
     convert_block_meta(k + 1);
     mbarrier_wait(converted + k % kMetaBuffers, meta_parity(k));
-    const uint8_t* block = staged_block(k);
-    const float* k_scales = reinterpret_cast<const float*>(block_meta(k) + Layout::kKScales);
-    const float* v_scales = reinterpret_cast<const float*>(block_meta(k) + Layout::kVScales);
-    const uint32_t* k_correction = reinterpret_cast<const uint32_t*>(block_meta(k) + Layout::kKCorrection);
-    const uint32_t* v_correction = reinterpret_cast<const uint32_t*>(block_meta(k) + Layout::kVCorrection);
-
-    // S (base 2) = Σ over K partitions of Eq. 4, Q'·K'ᵀ on tensor cores 32 dims at a time straight
-    // from the packed fields: S = s_q s_k Q'·K'ᵀ per partition, plus the corrections (FP16 mma, see
-    // write_row_factor).
-    float s[kRowTiles][kTokenTiles][4];
-#pragma unroll
-    for (int m = 0; m < kRowTiles; ++m) {
-#pragma unroll
-      for (int j = 0; j < kTokenTiles; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.0f;
-    }
-#pragma unroll
-    for (int part = 0; part < kPartitions; ++part) {
-      uint32_t a[kRowTiles][2][4];
-      float q_scale[kRows];
-#pragma unroll
-      for (int m = 0; m < kRowTiles; ++m) {
-        const int row = warp_row + 16 * m + g;
-#pragma unroll
-        for (int kk = 0; kk < 2; ++kk) {
-          const int word = part * T / 4 + 8 * kk + quad_lane;
-          a[m][kk][0] = q_codes[row * kQWords + word];
-          a[m][kk][1] = q_codes[(row + 8) * kQWords + word];
-          a[m][kk][2] = q_codes[row * kQWords + word + 4];
-          a[m][kk][3] = q_codes[(row + 8) * kQWords + word + 4];
-        }
-        q_scale[2 * m] = reinterpret_cast<const float*>(q_codes + row * kQWords + Layout::kQScaleWord)[part];
-        q_scale[2 * m + 1] = reinterpret_cast<const float*>(q_codes + (row + 8) * kQWords + Layout::kQScaleWord)[part];
-      }
-      const uint8_t* const rows[4] = {block + (16 * part + quad_lane) * Layout::kKRowBytes, block + (16 * part + quad_lane + 4) * Layout::kKRowBytes,
-                                      block + (16 * part + quad_lane + 8) * Layout::kKRowBytes,
-                                      block + (16 * part + quad_lane + 12) * Layout::kKRowBytes};
-      for_each_operand<kBits, Layout::kKLaneBytes>(rows, g, chunk_key<Layout::kKLaneBytes>(quad_lane), [&](int j, const uint32_t(&b)[4]) {
-        const float2 k_scale = *reinterpret_cast<const float2*>(k_scales + part * T + 8 * j + 2 * quad_lane);
-#pragma unroll
-        for (int m = 0; m < kRowTiles; ++m) {
-          int dot[4];
-          mma_16832_u8_plus(dot, a[m][0], b[0], b[1], kFloatTwo23Bits);
-          mma_16832_u8(dot, a[m][1], b[2], b[3]);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float qs = q_scale[2 * m + e / 2];
-            const float q_dot = fmaf(qs, __int_as_float(dot[e]), -qs * kTwo23);  // s_q Σq'k'
-            s[m][j][e] = fmaf(e % 2 ? k_scale.y : k_scale.x, q_dot, s[m][j][e]);
-          }
-        }
-      });
-    }
-    {
-      const uint32_t* rows = reinterpret_cast<const uint32_t*>(q_correction);
-      uint32_t a[kRowTiles][4];
-#pragma unroll
-      for (int m = 0; m < kRowTiles; ++m) {
-        const int row = warp_row + 16 * m + g;
-        a[m][0] = rows[row * kCorrectionWords + quad_lane];
-        a[m][1] = rows[(row + 8) * kCorrectionWords + quad_lane];
-        a[m][2] = rows[row * kCorrectionWords + quad_lane + 4];
-        a[m][3] = rows[(row + 8) * kCorrectionWords + quad_lane + 4];
-      }
-#pragma unroll
-      for (int j = 0; j < kTokenTiles; ++j) {
-        const uint32_t* column = k_correction + (8 * j + g) * kCorrectionWords;
-        const uint32_t b0 = column[quad_lane], b1 = column[quad_lane + 4];
-#pragma unroll
-        for (int m = 0; m < kRowTiles; ++m) mma_16816(s[m][j], a[m], b0, b1);
-      }
-    }
-
-    // Online softmax, and P' per row over the block (quantize_operand8 over its 64 weights) packed
-    // straight into the A fragments of P'·V' (p_token's order). P' deviates from quantize_operand8 in
-    // its last bits, as the P values themselves do (exp2 in FP32, another running max with other
-    // splits): 255 / (hi - lo) by fast division, and (p - lo) · that rounded once (an FMA onto the
-    // magic number) rather than twice. The codes are in [0, 255] without a clamp: exp2 is monotonic,
-    // so the block's least and greatest weights are those of its extreme scores, and p - lo in
-    // [0, hi - lo].
-    uint32_t p_codes[kRows][4];  // [row h][register r]
-    uint32_t p_correction[kRows];  // this lane's k slots 2i, 2i + 1 of O's correction rows
-    float p_scale[kRows];
-#pragma unroll
-    for (int h = 0; h < kRows; ++h) {
-      const int m = h / 2, e0 = 2 * (h % 2);
-      float block_max = -INFINITY, block_min = INFINITY;
-#pragma unroll
-      for (int j = 0; j < kTokenTiles; ++j) {
-        block_max = fmaxf(block_max, fmaxf(s[m][j][e0], s[m][j][e0 + 1]));
-        block_min = fminf(block_min, fminf(s[m][j][e0], s[m][j][e0 + 1]));
-      }
-      block_max = quad_max(block_max);
-      block_min = quad_min(block_min);
-      const float new_max = fmaxf(running_max[h], block_max);
-      const float rescale = fast_exp2(running_max[h] - new_max);
-      const bool moved = new_max != running_max[h];
-      running_max[h] = new_max;
-      sum[h] *= rescale;
-      if (__any_sync(kFullMask, moved)) {  // warp-uniform: O's rows are rescaled only when some max moved
-#pragma unroll
-        for (int d = 0; d < kDimTiles; ++d) o[m][d][e0] *= rescale, o[m][d][e0 + 1] *= rescale;
-      }
-      const float lo = fast_exp2(block_min - new_max), hi = fast_exp2(block_max - new_max);
-      const float inverse = hi > lo ? __fdividef(255.0f, hi - lo) : 0.0f;
-      uint32_t c[16];  // magic-rounded bits of the lane's 16 tokens: the code is the low byte
-#pragma unroll
-      for (int t = 0; t < 16; ++t) {
-        const float weight = fast_exp2(s[m][t % 8][e0 + t / 8] - new_max);
-        c[t] = __float_as_uint(fmaf(weight - lo, inverse, kRoundMagic));
-      }
-      uint32_t code_sum = 0;
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const uint32_t word = __byte_perm(__byte_perm(c[p_token<kBits>(r, 0)], c[p_token<kBits>(r, 1)], 0x0040),
-                                          __byte_perm(c[p_token<kBits>(r, 2)], c[p_token<kBits>(r, 3)], 0x0040), 0x5410);
-        p_codes[h][r] = word;
-        code_sum = __dp4a(word, 0x01010101u, code_sum);
-      }
-      p_scale[h] = (hi - lo) * (1.0f / 255.0f);
-      const float p_total = fmaf(p_scale[h], float(quad_sum(int(code_sum))), float(T) * lo);  // Σp = s_p Σp' + T m_p
-      sum[h] += p_total;
-      // The row's factors (m_p, Σp) in slots (hi, hi, lo, hi, hi, lo, 0, ..): lane i holds slots 2i, 2i + 1.
-      const __half min_high = half_high(lo), min_low = half_low(lo);
-      const __half total_high = half_high(p_total), total_low = half_low(p_total);
-      const __half zero = __float2half_rn(0.0f);
-      const __half2 pair = quad_lane == 0   ? __halves2half2(min_high, min_high)
-                           : quad_lane == 1 ? __halves2half2(min_low, total_high)
-                           : quad_lane == 2 ? __halves2half2(total_high, total_low)
-                                            : __halves2half2(zero, zero);
-      p_correction[h] = *reinterpret_cast<const uint32_t*>(&pair);
-    }
-
-    // O += P·V = s_v (s_p P'·V' + m_p Σv') + m_v Σp, per n8 tile of columns straight from the packed
-    // fields: the corrections by an FP16 mma onto O, then s_v s_p P'·V'. Row tile m's A fragments of
-    // k step kk: registers 2kk (k 4i..) and 2kk + 1 (k 16 + 4i..) of its rows.
-    uint32_t a[kRowTiles][2][4];
-#pragma unroll
-    for (int m = 0; m < kRowTiles; ++m) {
-#pragma unroll
-      for (int kk = 0; kk < 2; ++kk) {
-        a[m][kk][0] = p_codes[2 * m][2 * kk];
-        a[m][kk][1] = p_codes[2 * m + 1][2 * kk];
-        a[m][kk][2] = p_codes[2 * m][2 * kk + 1];
-        a[m][kk][3] = p_codes[2 * m + 1][2 * kk + 1];
-      }
-    }
-    const uint8_t* v_block = block + offsets.v_codes;
-    const uint8_t* const rows[4] = {v_block + (4 * quad_lane) * Layout::kVRowBytes, v_block + (4 * quad_lane + 1) * Layout::kVRowBytes,
-                                    v_block + (4 * quad_lane + 2) * Layout::kVRowBytes, v_block + (4 * quad_lane + 3) * Layout::kVRowBytes};
-    for_each_operand<kBits, Layout::kVLaneBytes>(rows, g, chunk_key<Layout::kVLaneBytes>(quad_lane), [&](int d, const uint32_t(&b)[4]) {
-      const uint32_t correction = v_correction[(8 * d + g) * 4 + quad_lane];
-      const float2 v_scale = *reinterpret_cast<const float2*>(v_scales + 8 * d + 2 * quad_lane);
-#pragma unroll
-      for (int m = 0; m < kRowTiles; ++m) {
-        int dot[4];
-        mma_16832_u8_plus(dot, a[m][0], b[0], b[1], kFloatTwo23Bits);
-        mma_16832_u8(dot, a[m][1], b[2], b[3]);
-        const uint32_t correction_rows[4] = {p_correction[2 * m], p_correction[2 * m + 1], 0u, 0u};
-        mma_16816(o[m][d], correction_rows, correction, 0u);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float ps = p_scale[2 * m + e / 2];
-          const float p_dot = fmaf(ps, __int_as_float(dot[e]), -ps * kTwo23);  // s_p Σp'v'
-          o[m][d][e] = fmaf(e % 2 ? v_scale.y : v_scale.x, p_dot, o[m][d][e]);
-        }
-      }
-    });
+    Scores s;
+    compute_qk<kHeadDim, kBits>(q_codes, reinterpret_cast<const uint32_t*>(q_correction), staged_block(k), block_meta(k),
+                                warp_row, lane, s);
+    RowWeights weights;
+    update_mdo_states<kBits>(s, lane % 4, state, weights);
+    compute_sfm_v<kHeadDim, kBits>(weights, staged_block(k), block_meta(k), offsets, lane, state);
     mbarrier_arrive(consumed + k % kStages);
   }
-
-  // The split partial of each active row (an empty split: max -inf, sum 0, acc 0): the lane's dims
-  // are kDimTiles·(2i + e) + d.
-#pragma unroll
-  for (int h = 0; h < kRows; ++h) {
-    const int m = h / 2, e0 = 2 * (h % 2);
-    const int r = warp_row + 16 * m + g + 8 * (h % 2);
-    if (r >= tq.active_rows) continue;
-    const size_t row = (size_t(tile) * p.num_kv_heads + kv_head) * kTileRows + r;
-    float* acc = p.partial_acc + (row * p.split_stride + split) * kHeadDim;
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-#pragma unroll
-      for (int d = 0; d < kDimTiles; d += 4) {
-        *reinterpret_cast<float4*>(acc + kDimTiles * (2 * quad_lane + e) + d) =
-            make_float4(o[m][d][e0 + e], o[m][d + 1][e0 + e], o[m][d + 2][e0 + e], o[m][d + 3][e0 + e]);
-      }
-    }
-    if (quad_lane == 0) p.partial_max_sum[row * p.split_stride + split] = make_float2(running_max[h], sum[h]);
-  }
+  write_partials<kHeadDim>(p, tq, tile, kv_head, split, warp_row, lane, state);
 }
 
 using HackPrefillKernel = void (*)(HackPrefillLaunch);
