@@ -47,12 +47,12 @@ std::string greedy_answer(const std::string& kv_spec, int tokens) {
 // below (this prompt through the engine, with a hack:bits=4 codec). docs/testing.md: "CI time".
 
 TEST(BundledModel, DenseRetrievesThePassKeyAsTransformersDoes) {
-  SKIP_UNDER_ASAN();
+  SKIP_UNDER_ASAN("quality only");
   EXPECT_EQ(greedy_answer("dense", 6).substr(0, 6), " 52445");
 }
 
 TEST(BundledModel, HackFourBitStaysCoherentAndRetrievesThePassKey) {
-  SKIP_UNDER_ASAN();
+  SKIP_UNDER_ASAN("quality only");
   EXPECT_EQ(greedy_answer("hack:bits=4,pi=64", 6).substr(0, 6), " 52445");
 }
 
