@@ -1,6 +1,7 @@
 # slimkv — the two set-up commands on a fresh Debian 12 machine:
 #   make run    installs what is missing, builds, and generates text with the bundled model
 #   make test   builds and runs every test (release build, then an ASan+UBSan build, then the fuzzers briefly)
+# CI runs `make test` on 2 cores and must stay under ~25 minutes: docs/testing.md says where the time goes.
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 ifeq ($(CI),true)
@@ -13,8 +14,10 @@ ifneq ($(wildcard $(PYTHON)),)
   CMAKE_FLAGS += -DPython3_EXECUTABLE=$(PYTHON)
 endif
 RELEASE := build/release
-ASAN := build/asan
-FUZZ := build/fuzz
+# One sanitized build serves the ASan+UBSan tests and the fuzzers (one compile of the library, not two):
+# clang (libFuzzer), -O1 for the engine library and -O0 for the rest (CMakeLists.txt says why), line
+# tables only (full debug info makes compiles and links slower; reports still name file and line).
+SANITIZE := build/sanitize
 MODEL ?= models/slimkv-llama-14m
 # The main job: long-context retrieval — a pass key hidden at 40% depth of ~1900 tokens of filler.
 PROMPT_FILE ?= $(MODEL)/passkey_prompt.txt
@@ -38,19 +41,16 @@ run: build
 test-release: build
 	cd $(RELEASE) && ctest --output-on-failure -j $(JOBS)
 
-$(ASAN)/build.ninja:
-	cmake -S . -B $(ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSLIMKV_SANITIZE=ON -DSLIMKV_BENCH=OFF $(CMAKE_FLAGS)
+$(SANITIZE)/build.ninja:
+	CC=clang CXX=clang++ cmake -S . -B $(SANITIZE) -G Ninja -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -gline-tables-only" -DSLIMKV_SANITIZE=ON -DSLIMKV_FUZZ=ON -DSLIMKV_BENCH=OFF $(CMAKE_FLAGS)
 
-test-asan: deps $(ASAN)/build.ninja
-	cmake --build $(ASAN) -j $(JOBS)
-	cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
+test-asan: deps $(SANITIZE)/build.ninja
+	cmake --build $(SANITIZE) -j $(JOBS)
+	cd $(SANITIZE) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 
-$(FUZZ)/build.ninja:
-	CC=clang CXX=clang++ cmake -S . -B $(FUZZ) -G Ninja -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -gline-tables-only" -DSLIMKV_FUZZ=ON -DSLIMKV_SANITIZE=ON -DSLIMKV_BENCH=OFF $(CMAKE_FLAGS)
-
-# Each fuzz target runs briefly from its seed corpus (fuzz/corpus/<name>/); a crash fails the test.
-test-fuzz: deps $(FUZZ)/build.ninja
-	bash scripts/run_fuzzers.sh $(FUZZ) $(JOBS)
+# Each fuzz target runs briefly (20 s) from its seed corpus (fuzz/corpus/<name>/), JOBS at a time; a crash fails the test.
+test-fuzz: deps $(SANITIZE)/build.ninja
+	bash scripts/run_fuzzers.sh $(SANITIZE) $(JOBS) 20
 
 test: test-release test-asan test-fuzz
 

@@ -88,26 +88,41 @@ done
 
 # Broken weights are refused at load, naming the tensor: a copy of a small model with one NaN (and one
 # -Inf) planted in a tensor's raw bits (F16 here; the BF16/F32 bit patterns are covered by finite_test).
-plant() {  # model dir, tensor name, element index, 16-bit pattern
+plant() {  # model dir, tensor name, element index or "all", struct format of one element, value
   /usr/bin/python3 - "$@" <<'PY'
-import json, struct, sys
-path, name, index, bits = sys.argv[1] + "/model.safetensors", sys.argv[2], int(sys.argv[3]), int(sys.argv[4], 16)
+import json, os, struct, sys
+model, name, index, fmt = sys.argv[1:5]
+path = model + "/model.safetensors"
+if not os.path.exists(path):  # sharded: the index names the tensor's file
+    path = model + "/" + json.load(open(model + "/model.safetensors.index.json"))["weight_map"][name]
+value = float(sys.argv[5]) if fmt.endswith("f") else int(sys.argv[5], 16)
+size = struct.calcsize(fmt)
 with open(path, "r+b") as f:
     header_len = struct.unpack("<Q", f.read(8))[0]
-    begin = json.loads(f.read(header_len))[name]["data_offsets"][0]
-    f.seek(8 + header_len + begin + 2 * index)
-    f.write(struct.pack("<H", bits))
+    begin, end = json.loads(f.read(header_len))[name]["data_offsets"]
+    first, count = (0, (end - begin) // size) if index == "all" else (int(index), 1)
+    f.seek(8 + header_len + begin + size * first)
+    f.write(struct.pack(fmt, value) * count)
 PY
 }
 for case in "nan 7e00 NaN" "neginf fc00 -Inf"; do
   set -- $case
   rm -rf "$work/broken_$1"; cp -r "$models/mistral_f16" "$work/broken_$1"
-  plant "$work/broken_$1" model.layers.1.mlp.up_proj.weight 37 "$2"
+  plant "$work/broken_$1" model.layers.1.mlp.up_proj.weight 37 "<H" "$2"
   expect_error "weights-$1" "tensor 'model.layers.1.mlp.up_proj.weight' (F16) holds $3 at element 37 (row 0, column 37)" \
     "$slimkv" logits --model "$work/broken_$1" --tokens "1,2" --out "$work/x.npy"
   expect_error "weights-$1-generate" "model.layers.1.mlp.up_proj.weight" \
     "$slimkv" generate --model "$work/broken_$1" --prompt "hi" --max-tokens 2
 done
+# Finite weights whose forward pass overflows: every weight passes the load check, but a final norm of
+# BF16's largest value (0x7f7f, 3.39e38) makes the normalised hidden state, and so the logits, infinite
+# or NaN. The step is refused naming sequence, position and token, never sampled into text with exit 0.
+rm -rf "$work/overflow"; cp -r "$src/models/slimkv-llama-14m" "$work/overflow"
+plant "$work/overflow" model.norm.weight all "<H" 7f7f
+expect_error logits-overflow "position 0: logit of token" \
+  "$slimkv" logits --model "$work/overflow" --tokens "1,2" --out "$work/x.npy"
+expect_error logits-overflow-generate "(non-finite: broken weights or an overflow in the forward pass)" \
+  "$slimkv" generate --model "$work/overflow" --prompt "hi" --max-tokens 2
 
 # Messages: untrusted bytes escaped and cut, JSON errors with line and column, unknown commands named,
 # outputs checked before the work, control characters in a spec refused, zack's r and rate agree.

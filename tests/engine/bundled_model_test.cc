@@ -10,6 +10,8 @@
 #include "slimkv/engine.h"
 #include "slimkv/tokenizer.h"
 
+#include "sanitizer.h"
+
 namespace slimkv {
 namespace {
 
@@ -39,11 +41,18 @@ std::string greedy_answer(const std::string& kv_spec, int tokens) {
   return tokenizer.decode(answer);
 }
 
+// Under ASan+UBSan (~3.5x slower than release on the model) the dense and hack answers are left to the release
+// build: they test the answer, and the same paths are checked for memory errors there by HfParity (the
+// forward pass, prefill, incremental and chunked), the hack codec and kernel tests, and the pq test
+// below (this prompt through the engine, with a hack:bits=4 codec). docs/testing.md: "CI time".
+
 TEST(BundledModel, DenseRetrievesThePassKeyAsTransformersDoes) {
+  SKIP_UNDER_ASAN("quality only");
   EXPECT_EQ(greedy_answer("dense", 6).substr(0, 6), " 52445");
 }
 
 TEST(BundledModel, HackFourBitStaysCoherentAndRetrievesThePassKey) {
+  SKIP_UNDER_ASAN("quality only");
   EXPECT_EQ(greedy_answer("hack:bits=4,pi=64", 6).substr(0, 6), " 52445");
 }
 

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "sanitizer.h"
 #include "tokenizer/chat/chat_template.h"
 
 namespace slimkv {
@@ -265,9 +266,6 @@ const ErrorCase kErrors[] = {
      "chat template refused the conversation (line 2): System role not supported"},
     {"range_too_long", "{% for x in range(100000000) %}{% endfor %}",
      "chat template line 1, column 18: range() longer than 1000000 items"},
-    {"runaway_loop",
-     "{% for a in range(1000) %}{% for b in range(1000) %}{% for c in range(1000) %}{% endfor %}{% endfor %}{% endfor %}",
-     "chat template line 1, column 53: template ran more than 1000000 steps (a runaway loop?)"},
     {"runaway_recursion", "{% macro f(x) %}{{ f(x) }}{% endmacro %}{{ f(1) }}",
      "chat template line 1, column 1: macro 'f' nested deeper than 64 calls (runaway recursion?)"},
     {"break_outside_loop", "{% if true %}{% break %}{% endif %}",
@@ -282,6 +280,17 @@ TEST(ChatTemplateInterpreter, ErrorsNameThePlaceAndWhatWasExpected) {
     ASSERT_FALSE(rendered.has_value()) << c.name << " rendered: " << *rendered;
     EXPECT_EQ(rendered.status().message(), c.expected_message) << c.name;
   }
+}
+
+TEST(ChatTemplateInterpreter, ARunawayLoopStopsAtTheStepLimit) {
+  // A million interpreter steps: 0.6 s in release, 21 s of CPU under ASan, where the loops above and
+  // the fixtures already run the same code.
+  SKIP_UNDER_ASAN("a million steps of one loop test the limit, not memory safety");
+  const Expected<std::string> rendered = render_source(
+      "{% for a in range(1000) %}{% for b in range(1000) %}{% for c in range(1000) %}{% endfor %}{% endfor %}{% endfor %}");
+  ASSERT_FALSE(rendered.has_value());
+  EXPECT_EQ(rendered.status().message(),
+            "chat template line 1, column 53: template ran more than 1000000 steps (a runaway loop?)");
 }
 
 TEST(ChatTemplateInterpreter, UnknownFiltersAndTestsFailWhenLoaded) {
