@@ -71,15 +71,15 @@ def blocks(text):
     """Stripped text -> list of blocks: re-flowed prose paragraphs and verbatim code."""
     out = []
     for k, segment in enumerate(re.split("[%s%s]" % (VERBATIM_START, VERBATIM_END),
-                                         text.replace("\r", "").replace("\t", "    "))):
-        if k % 2:  # inside VERBATIM_START ... VERBATIM_END
+                                         text.replace("\r", ""))):
+        if k % 2:  # inside VERBATIM_START ... VERBATIM_END: code keeps its tabs
             block = dedent(segment.split("\n"))
             block = re.sub(r"\n{3,}", "\n\n", block)
             if block.strip():
                 out.append(block)
             continue
         current = []
-        for line in segment.split("\n") + [""]:
+        for line in segment.replace("\t", "    ").split("\n") + [""]:
             if line.strip():
                 current.append(line)
             elif current:
@@ -271,6 +271,7 @@ def roff_inline(s):
     s = s.replace("\\-", "-").replace("\\e", "\\").replace("\\&", "").replace("\\|", "")
     s = s.replace("\\^", "").replace("\\~", " ").replace("\\ ", " ").replace("\\c", "")
     s = s.replace("\\0", " ").replace("\\%", "").replace("\\:", "").replace("\\(", "(")
+    s = s.replace("\\,", "").replace("\\/", "")                    # italic corrections
     return s
 
 

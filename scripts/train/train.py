@@ -455,10 +455,12 @@ def train(args, tok, config, device):
     last_ckpt = time.time()
     loader_seq, synth_iter = None, None
     loss_acc, loss_n, t_window, tok_window = 0.0, 0, time.time(), 0
+    look_for_parts = True
     model.train()
     while state["elapsed_s"] < budget_s:
         t0 = time.time()
-        if state["step"] % 20 == 0:
+        if look_for_parts or state["step"] % 20 == 0:
+            look_for_parts = False
             shards.refresh()
             total_tokens, n_parts = expected_tokens(args, shard_stats(args.data_dir))
             max_tokens = args.max_passes * total_tokens
@@ -478,6 +480,7 @@ def train(args, tok, config, device):
                 break
             time.sleep(2.0)  # parts still arriving: wait (not counted as training time)
             state["waited_s"] += time.time() - t0
+            look_for_parts = True
             continue
         batch = batch.to(device, non_blocking=True)
         lr = lr_at(args, state["step"], frac)
