@@ -55,6 +55,10 @@ struct SubmitOptions {
     std::vector<int32_t> generated;
   };
   std::optional<Resume> resume;
+  // Tokens run after the prompt one decode step each, as if the request had generated them, and not
+  // reported: a prefill worker rebuilding the KV of a request resumed elsewhere leaves the KV (and then
+  // samples the token) that decoding them left, bit for bit, where one prefill of them could differ.
+  std::vector<int32_t> forced_tokens;
   // The update that carries the first sampled token also carries the request's KV right after that
   // step (its prompt; a prefill worker sends it on).
   bool export_kv_at_first_token = false;

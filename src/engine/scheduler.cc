@@ -137,6 +137,8 @@ struct Scheduler::Impl {
     Clock::time_point submitted, last_token;
     bool has_token = false;
     bool export_kv = false;  // SubmitOptions::export_kv_at_first_token
+    std::vector<int32_t> forced;  // SubmitOptions::forced_tokens...
+    size_t forced_used = 0;       // ...of which run so far
     std::shared_ptr<const std::vector<uint8_t>> exported;  // the KV, for the next update
     std::optional<Generation::Delta> resumed;  // a resumed request's delta for its last token, not sent yet
     bool done = false;  // its last update was sent
@@ -327,6 +329,11 @@ void Scheduler::Impl::step_once() {
     request.tokens_to_run.erase(request.tokens_to_run.begin(), request.tokens_to_run.begin() + scheduled[i].tokens);
     request.held_tokens += scheduled[i].tokens;
     if (items[i].output != StepOutput::kSample) continue;
+    if (request.forced_used < request.forced.size()) {
+      // A forced token replaces the sample and runs next, as a generated one would.
+      request.tokens_to_run.assign(1, request.forced[request.forced_used++]);
+      continue;
+    }
     const int32_t token = result.tokens[i];
     if (!request.has_token && request.export_kv) {
       Expected<std::vector<uint8_t>> kv = engine.export_kv(request.sequence);
@@ -366,6 +373,7 @@ void Scheduler::Impl::preempt(Request& request) {
   } else {
     ++local.preemptions_recomputed_total;
     request.held_tokens = 0;
+    request.forced_used = 0;  // before any generated token: the forced ones run again after the prompt
     request.tokens_to_run = request.generation.tokens_to_resume();
     if (!request.generation.generated().empty()) request.tokens_to_run.push_back(request.generation.generated().back());
   }
@@ -457,7 +465,17 @@ Expected<RequestId> Scheduler::submit(GenerationRequest request, UpdateCallback 
       resumed = generation.accept(generated[i]);
     }
   }
-  const int64_t held_tokens = prompt_tokens + (options.resume ? int64_t(options.resume->generated.size()) - 1 : 0);
+  const int64_t held_tokens = prompt_tokens + (options.resume ? int64_t(options.resume->generated.size()) - 1 : 0) +
+                              int64_t(options.forced_tokens.size());
+  if (!options.forced_tokens.empty() && held_tokens + 1 > engine_->context_tokens()) {
+    return error("prompt: ", prompt_tokens, " tokens and ", options.forced_tokens.size(), " resumed ones leave no room in the ",
+                 engine_->context_tokens(), "-token context");
+  }
+  for (size_t i = 0; i < options.forced_tokens.size(); ++i) {
+    if (options.forced_tokens[i] < 0 || options.forced_tokens[i] >= engine_->vocab_size()) {
+      return error("forced token ", i, " is ", options.forced_tokens[i], ", not an id of the vocabulary");
+    }
+  }
   const KvBudget& budget = impl_->budget_at_start;
   const int64_t need = budget.blocks_for_tokens(held_tokens) + 1;
   if (need > budget.total_blocks) {
@@ -472,6 +490,7 @@ Expected<RequestId> Scheduler::submit(GenerationRequest request, UpdateCallback 
   queued->tokens_to_run = queued->generation.request().prompt;
   queued->submitted = Clock::now();
   queued->export_kv = options.export_kv_at_first_token;
+  queued->forced = std::move(options.forced_tokens);
   if (options.resume) {
     queued->host_kv = std::move(options.resume->kv);
     queued->held_tokens = held_tokens;

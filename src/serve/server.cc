@@ -309,7 +309,6 @@ class HttpApi {
                                                                                   " tokens already reach the request's max_tokens of ",
                                                                                   generation.max_tokens)));
     }
-    generation.prompt.insert(generation.prompt.end(), resume.begin(), resume.end());
     generation.max_tokens = 1;  // the next token; the decode worker generates the rest
 
     bool refused = false;
@@ -324,7 +323,7 @@ class HttpApi {
     auto in_flight = std::shared_ptr<void>(nullptr, [this](void*) { --in_flight_; });
     ++in_flight_;
     Expected<RequestId> id = scheduler_.load()->submit(
-        generation, [updates](const RequestUpdate& update) { updates->push(update); }, {.resume = std::nullopt, .export_kv_at_first_token = true});
+        generation, [updates](const RequestUpdate& update) { updates->push(update); }, {.resume = std::nullopt, .forced_tokens = resume, .export_kv_at_first_token = true});
     if (!id) {
       if (draining_) return send_error(response, ApiError::unavailable(id.status().message()));
       return send_error(response, ApiError::bad_field(ask.chat ? "messages" : "prompt", id.status().message()));
@@ -341,7 +340,7 @@ class HttpApi {
     const Clock::time_point start = Clock::now();
     const Status sent = (*sender)->send_transfer(*last.kv, stream_request);
     if (!sent.is_ok()) return send_error(response, ApiError::kv_transfer_failed(sent.message()));
-    const json answer = {{"request_id", ask.request_id}, {"prompt_tokens", generation.prompt.size()},
+    const json answer = {{"request_id", ask.request_id}, {"prompt_tokens", prompt.size() + resume.size()},
                          {"kv_bytes", (*sender)->bytes_sent()}, {"transfer_bytes", last.kv->size()},
                          {"transfer_seconds", std::chrono::duration<double>(Clock::now() - start).count()},
                          {"next_token", stream_request.next_token}};
