@@ -388,7 +388,28 @@ Expected<ParsedTransfer> parse_transfer(const uint8_t* data, size_t size, std::s
 
 // --- CRC32C --------------------------------------------------------------------------------------
 
+#if defined(__x86_64__)
+// SSE 4.2's crc32 instruction computes exactly this CRC, 8 bytes per instruction: about 10x the tables
+// (the KV stream checks every byte it sends and receives). Compiled for the target, called only where
+// the CPU has it.
+__attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(const uint8_t* data, size_t size, uint32_t crc) {
+  uint64_t state = ~crc;
+  for (; size >= 8; data += 8, size -= 8) {
+    uint64_t word;
+    std::memcpy(&word, data, 8);
+    state = __builtin_ia32_crc32di(state, word);
+  }
+  uint32_t state32 = uint32_t(state);
+  for (; size > 0; ++data, --size) state32 = __builtin_ia32_crc32qi(state32, *data);
+  return ~state32;
+}
+#endif
+
 uint32_t crc32c(const uint8_t* data, size_t size, uint32_t crc) {
+#if defined(__x86_64__)
+  static const bool has_sse42 = __builtin_cpu_supports("sse4.2");
+  if (has_sse42) return crc32c_sse42(data, size, crc);
+#endif
   const auto& table = kCrc32c.table;
   crc = ~crc;
   for (; size >= 8; data += 8, size -= 8) {  // 8 bytes per step: the 8 table lookups are independent

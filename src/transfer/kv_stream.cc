@@ -191,7 +191,11 @@ Status KvStreamSender::finish(std::span<const uint8_t> transfer_trailer, const K
 }
 
 Status KvStreamSender::send_transfer(std::span<const uint8_t> transfer, const KvStreamRequest& request) {
-  SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, inspect_kv_transfer(transfer.data(), transfer.size(), "the KV to send"));
+  // The head's checks suffice here (the transfer is this worker's own export); the receiver checks it all.
+  SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, inspect_kv_transfer_head(transfer.data(), transfer.size(), "the KV to send"));
+  if (info.total_bytes != transfer.size()) {
+    return error("the KV to send: ", transfer.size(), " bytes, its header declares ", info.total_bytes);
+  }
   SLIMKV_RETURN_IF_ERROR(send_head(transfer.first(info.sealed_offset)));
   const std::vector<KvTransferLayerRanges> ranges = kv_transfer_layer_ranges(info);
   for (size_t l = 0; l < ranges.size(); ++l) {
