@@ -43,6 +43,28 @@ struct SchedulerConfig {
 
 using RequestId = uint64_t;
 
+// How a request starts, beyond its GenerationRequest (disaggregated serving, docs/disaggregated.md).
+struct SubmitOptions {
+  // A request another worker began: the KV of its prompt and of every generated token but the last
+  // (the transfer format, as Engine::export_kv writes it), and the tokens generated so far (at least
+  // one). The scheduler imports the KV instead of running the prompt and goes on from the last token;
+  // the updates report only tokens after those already generated, except the last one, which no update
+  // has carried yet; completion_tokens counts them all.
+  struct Resume {
+    std::vector<uint8_t> kv;
+    std::vector<int32_t> generated;
+  };
+  std::optional<Resume> resume;
+  // Tokens run after the prompt one decode step each, as if the request had generated them, and not
+  // reported: a prefill worker rebuilding the KV of a request resumed elsewhere leaves the KV (and then
+  // samples the token) that decoding them left, bit for bit, where one prefill of them could differ.
+  std::vector<int32_t> forced_tokens;
+  // The request's KV as of its first sampled token, piece by piece while the step that samples it runs
+  // (Engine::stream_kv_in_next_step: each layer as soon as it is final); a prefill worker sends them on.
+  // Called on the scheduler's thread, before the update carrying that token: it must be quick.
+  KvPieceCallback stream_kv;
+};
+
 // What a request produced since its last update.
 struct RequestUpdate {
   std::string text;                    // newly visible text (stop strings held back and cut)
@@ -94,8 +116,9 @@ class Scheduler {
 
   // Checks the request (Generation::start: errors name the field), and that its prompt can ever fit the
   // KV budget (blocks for the prompt + 1), then queues it. `on_update` receives every update; its last
-  // one has `finish`. Errors: the request's, or the scheduler is shutting down.
-  Expected<RequestId> submit(GenerationRequest request, UpdateCallback on_update);
+  // one has `finish`. Errors: the request's, a resume whose generated tokens already end the request,
+  // or the scheduler is shutting down.
+  Expected<RequestId> submit(GenerationRequest request, UpdateCallback on_update, SubmitOptions options = {});
   // Ends the request with kCancelled at the next step boundary and frees its sequence. Unknown or
   // finished ids are ignored (a client may leave after the end).
   void cancel(RequestId id);

@@ -133,9 +133,13 @@ struct Scheduler::Impl {
     SequenceId sequence = -1;          // the engine's sequence while running, else -1
     int64_t held_tokens = 0;           // tokens its KV holds (in the engine, or in host_kv)
     std::vector<int32_t> tokens_to_run;  // the rest of the prompt, or the last sampled token
-    std::vector<uint8_t> host_kv;      // its exported KV while preempted to host memory
+    std::vector<uint8_t> host_kv;      // its exported KV while preempted to host memory (or imported)
     Clock::time_point submitted, last_token;
     bool has_token = false;
+    KvPieceCallback stream_kv;  // SubmitOptions::stream_kv, until the first token
+    std::vector<int32_t> forced;  // SubmitOptions::forced_tokens...
+    size_t forced_used = 0;       // ...of which run so far
+    std::optional<Generation::Delta> resumed;  // a resumed request's delta for its last token, not sent yet
     bool done = false;  // its last update was sent
 
     Request(RequestId id_, Generation generation_, UpdateCallback on_update_)
@@ -210,7 +214,20 @@ void Scheduler::Impl::run() {
       cancelled.swap(cancels);
       stop = stopping;
     }
-    for (RequestPtr& request : arrived) waiting.push_back(std::move(request));
+    for (RequestPtr& request : arrived) {
+      host_bytes += request->host_kv.size();  // an imported KV waits in host memory like a preempted one
+      if (request->resumed) {
+        // Resumed: the other worker's last token is news to the client.
+        Generation::Delta delta = *std::exchange(request->resumed, std::nullopt);
+        const int32_t token = request->tokens_to_run.front();
+        if (delta.finish) {
+          finish(*request, std::move(delta), {token});
+          continue;
+        }
+        send(*request, std::move(delta), {token});
+      }
+      waiting.push_back(std::move(request));
+    }
     if (stop == ShutdownMode::kCancelAll) {
       for (const RequestPtr& request : running) cancelled.push_back(request->id);
       for (const RequestPtr& request : waiting) cancelled.push_back(request->id);
@@ -269,7 +286,9 @@ void Scheduler::Impl::step_once() {
   for (size_t index : plan.waiting_out_of_kv) end_early(*waiting[index], FinishReason::kLength);
   std::erase_if(waiting, [](const RequestPtr& request) { return request->done; });
 
-  // Admit, in order.
+  // Admit, in order. One that fails to be admitted is kept alive to the end of the step: `scheduled`
+  // still points to it.
+  std::vector<RequestPtr> not_admitted;
   for (size_t i = 0; i < plan.items.size(); ++i) {
     if (!plan.items[i].from_waiting) continue;
     const auto it = std::find_if(waiting.begin(), waiting.end(),
@@ -278,10 +297,23 @@ void Scheduler::Impl::step_once() {
     waiting.erase(it);
     if (Status status = admit(*request); !status.is_ok()) {
       end_early(*request, FinishReason::kError, status.message());
+      not_admitted.push_back(std::move(request));
       continue;  // its item is dropped below
     }
     running.push_back(std::move(request));
   }
+  // The step that samples a streamed request's first token (its prompt and forced tokens all run)
+  // streams its KV as the layers finish.
+  for (const Scheduled& s : scheduled) {
+    Request& request = *s.request;
+    const bool samples = s.tokens == int64_t(request.tokens_to_run.size());
+    if (request.done || !samples || !request.stream_kv || request.forced_used < request.forced.size()) continue;
+    if (Status streaming = engine.stream_kv_in_next_step(request.sequence, std::exchange(request.stream_kv, nullptr));
+        !streaming.is_ok()) {
+      end_early(request, FinishReason::kError, "streaming the KV: " + streaming.message());
+    }
+  }
+  std::erase_if(running, [](const RequestPtr& request) { return request->done; });
   std::erase_if(scheduled, [](const Scheduled& s) { return s.request->done; });
   if (scheduled.empty()) return;
 
@@ -311,6 +343,11 @@ void Scheduler::Impl::step_once() {
     request.tokens_to_run.erase(request.tokens_to_run.begin(), request.tokens_to_run.begin() + scheduled[i].tokens);
     request.held_tokens += scheduled[i].tokens;
     if (items[i].output != StepOutput::kSample) continue;
+    if (request.forced_used < request.forced.size()) {
+      // A forced token replaces the sample and runs next, as a generated one would.
+      request.tokens_to_run.assign(1, request.forced[request.forced_used++]);
+      continue;
+    }
     const int32_t token = result.tokens[i];
     if (!request.has_token) {
       local.prompt_tokens_total += request.generation.request().prompt.size();
@@ -342,6 +379,7 @@ void Scheduler::Impl::preempt(Request& request) {
   } else {
     ++local.preemptions_recomputed_total;
     request.held_tokens = 0;
+    request.forced_used = 0;  // before any generated token: the forced ones run again after the prompt
     request.tokens_to_run = request.generation.tokens_to_resume();
     if (!request.generation.generated().empty()) request.tokens_to_run.push_back(request.generation.generated().back());
   }
@@ -413,13 +451,40 @@ Expected<std::unique_ptr<Scheduler>> Scheduler::start(std::unique_ptr<Engine> en
 
 Scheduler::~Scheduler() { shutdown(ShutdownMode::kCancelAll); }
 
-Expected<RequestId> Scheduler::submit(GenerationRequest request, UpdateCallback on_update) {
+Expected<RequestId> Scheduler::submit(GenerationRequest request, UpdateCallback on_update, SubmitOptions options) {
   const int64_t prompt_tokens = int64_t(request.prompt.size());
   SLIMKV_ASSIGN_OR_RETURN(Generation generation, Generation::start(*engine_, std::move(request)));
+  // A resumed request: its generation state as it was where it began, the last token's delta kept.
+  std::optional<Generation::Delta> resumed;
+  if (options.resume) {
+    const std::vector<int32_t>& generated = options.resume->generated;
+    if (generated.empty()) return error("resume: no generated token to go on from");
+    for (size_t i = 0; i < generated.size(); ++i) {
+      if (generation.finished()) {
+        return error("resume: the request already ended at generated token ", i - 1, " of ", generated.size());
+      }
+      if (generated[i] < 0 || generated[i] >= engine_->vocab_size()) {
+        return error("resume: generated token ", i, " is ", generated[i], ", not an id of the vocabulary [0, ",
+                     engine_->vocab_size(), ")");
+      }
+      resumed = generation.accept(generated[i]);
+    }
+  }
+  const int64_t held_tokens = prompt_tokens + (options.resume ? int64_t(options.resume->generated.size()) - 1 : 0) +
+                              int64_t(options.forced_tokens.size());
+  if (!options.forced_tokens.empty() && held_tokens + 1 > engine_->context_tokens()) {
+    return error("prompt: ", prompt_tokens, " tokens and ", options.forced_tokens.size(), " resumed ones leave no room in the ",
+                 engine_->context_tokens(), "-token context");
+  }
+  for (size_t i = 0; i < options.forced_tokens.size(); ++i) {
+    if (options.forced_tokens[i] < 0 || options.forced_tokens[i] >= engine_->vocab_size()) {
+      return error("forced token ", i, " is ", options.forced_tokens[i], ", not an id of the vocabulary");
+    }
+  }
   const KvBudget& budget = impl_->budget_at_start;
-  const int64_t need = budget.blocks_for_tokens(prompt_tokens) + 1;
+  const int64_t need = budget.blocks_for_tokens(held_tokens) + 1;
   if (need > budget.total_blocks) {
-    return error("prompt: ", prompt_tokens, " tokens need ", need, " KV blocks of ", budget.block_tokens,
+    return error("prompt: ", held_tokens, " tokens need ", need, " KV blocks of ", budget.block_tokens,
                  " tokens (the prompt's and one more), but the whole KV cache holds ", budget.total_blocks,
                  ": shorten the prompt or give the KV cache more memory (kv_cache_bytes)");
   }
@@ -429,6 +494,16 @@ Expected<RequestId> Scheduler::submit(GenerationRequest request, UpdateCallback 
   auto queued = std::make_unique<Impl::Request>(id, std::move(generation), std::move(on_update));
   queued->tokens_to_run = queued->generation.request().prompt;
   queued->submitted = Clock::now();
+  queued->stream_kv = std::move(options.stream_kv);
+  queued->forced = std::move(options.forced_tokens);
+  if (options.resume) {
+    queued->host_kv = std::move(options.resume->kv);
+    queued->held_tokens = held_tokens;
+    queued->tokens_to_run.assign(1, options.resume->generated.back());
+    queued->resumed = std::move(resumed);
+    queued->has_token = true;  // its first token came from the other worker: no time to first token here
+    queued->last_token = queued->submitted;
+  }
   impl_->inbox.push_back(std::move(queued));
   impl_->wake.notify_one();
   return id;

@@ -10,6 +10,7 @@
 // Canonical: one store and model id give one byte string, so write → read → write gives the same bytes.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -40,6 +41,17 @@ Status write_kv_transfer(const KvStore& store, std::string_view model_id, std::v
 Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view source, std::string_view model_id,
                         KvStore& into);
 
+// The transfer in pieces, for a sender that ships each layer as soon as it is final (src/transfer/'s
+// KV stream): the head (header and metadata: bytes [0, sealed_offset)) of the transfer `store` will
+// have once every layer holds `tokens_per_layer` tokens; one layer's bytes as the transfer holds them
+// (its sealed blocks, `sealed_bytes` of them, then its open tokens: KvTransferLayerRanges); and the
+// 16-byte trailer for the CRC32C of everything before it (the head, every layer's sealed bytes in
+// order, then every layer's open bytes). Concatenated in that order they are write_kv_transfer's bytes.
+Status write_kv_transfer_head(const KvStore& store, std::string_view model_id, int tokens_per_layer,
+                              std::vector<uint8_t>& out);
+Status write_kv_transfer_layer(const KvStore& store, int layer, std::vector<uint8_t>& out, size_t& sealed_bytes);
+std::array<uint8_t, kKvTransferTrailerBytes> kv_transfer_trailer(uint32_t crc);
+
 // The same through a file (written to a temporary name and renamed, so no reader sees half a file).
 Status write_kv_transfer_file(const KvStore& store, std::string_view model_id, const std::string& path);
 Status read_kv_transfer_file(const std::string& path, std::string_view model_id, KvStore& into);
@@ -55,8 +67,22 @@ struct KvTransferInfo {
   uint64_t sealed_block_bytes = 0;  // Codec::block_bytes of the sender's block shape
   std::vector<int> layer_tokens;    // tokens held by each layer [num_layers]
   uint64_t total_bytes = 0;
+  uint64_t sealed_offset = 0, open_offset = 0, trailer_offset = 0;  // where the sections start
 };
 Expected<KvTransferInfo> inspect_kv_transfer(const uint8_t* data, size_t size, std::string_view source);
+
+// The same for a transfer's head alone: the header and metadata, bytes [0, sealed_offset) of data [size
+// bytes], with every check of the full reader that needs no later byte. For a receiver that gets the
+// rest in pieces (src/transfer/'s KV stream sends a layer at a time); the full transfer is checked once
+// assembled.
+Expected<KvTransferInfo> inspect_kv_transfer_head(const uint8_t* data, size_t size, std::string_view source);
+
+// Where each layer's bytes lie in a transfer [num_layers]: its sealed blocks (every KV head's, one
+// range) and its open tokens (every head's K and V records, one range).
+struct KvTransferLayerRanges {
+  uint64_t sealed_offset = 0, sealed_bytes = 0, open_offset = 0, open_bytes = 0;
+};
+std::vector<KvTransferLayerRanges> kv_transfer_layer_ranges(const KvTransferInfo& info);
 
 // CRC32C (Castagnoli: reflected polynomial 0x82F63B78, initial value and final xor 0xFFFFFFFF), the
 // format's checksum. Chains: crc32c(b, nb, crc32c(a, na)) is the CRC of a followed by b.
