@@ -9,7 +9,6 @@
 #include <deque>
 #include <filesystem>
 #include <mutex>
-#include <random>
 #include <thread>
 
 #include <httplib.h>
@@ -19,6 +18,7 @@
 #include "serve/auth.h"
 #include "serve/chat_prompt.h"
 #include "serve/completion_request.h"
+#include "serve/http_errors.h"
 #include "serve/metrics.h"
 #include "serve/openai_response.h"
 #include "serve/sse.h"
@@ -51,22 +51,6 @@ class UpdateQueue {
   std::condition_variable ready_;
   std::deque<RequestUpdate> updates_;
 };
-
-void send_error(httplib::Response& response, const ApiError& error) {
-  response.status = error.status;
-  response.set_content(error.body(), "application/json");
-}
-
-std::string random_hex(size_t digits) {
-  static thread_local std::mt19937_64 generator{std::random_device()()};
-  std::string out;
-  for (size_t i = 0; i < digits; ++i) out += "0123456789abcdef"[generator() % 16];
-  return out;
-}
-
-int64_t unix_seconds() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 // The endpoints, with what they share: the scheduler once loaded, the served model's limits.
 class HttpApi {
@@ -120,25 +104,7 @@ class HttpApi {
       if (!scheduler) return send_error(response, ApiError::unavailable("the model is loading"));
       response.set_content(prometheus_text(scheduler->stats(), labels_), "text/plain; version=0.0.4; charset=utf-8");
     });
-    // Errors cpp-httplib answers itself (no route, a body over the limit, a malformed request) get
-    // OpenAI's envelope too; responses that already have a body are left alone.
-    server.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& request, httplib::Response& response) {
-      if (!response.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-      if (response.status == 404) send_error(response, ApiError::not_found(request.path));
-      else if (response.status == 413) send_error(response, ApiError::body_too_large(config_.max_body_bytes));
-      else send_error(response, ApiError::malformed_http(response.status));
-      return httplib::Server::HandlerResponse::Handled;
-    }));
-    server.set_exception_handler([](const httplib::Request&, httplib::Response& response, std::exception_ptr error) {
-      std::string what = "unknown exception";
-      try {
-        std::rethrow_exception(error);
-      } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
-      }
-      send_error(response, ApiError::internal("the server failed this request: " + what));
-    });
+    install_error_handlers(server, config_.max_body_bytes);
   }
 
  private:
@@ -199,8 +165,7 @@ class HttpApi {
       if (draining_) return send_error(response, ApiError::unavailable(id.status().message()));
       return send_error(response, ApiError::bad_field(chat ? "messages" : "prompt", id.status().message()));
     }
-    const ResponseHeader header{.chat = chat, .id = (chat ? "chatcmpl-" : "cmpl-") + random_hex(24),
-                                .created = unix_seconds(), .model = served_.name};
+    const ResponseHeader header = new_response_header(chat, served_.name);
     if (request.stream) return stream(response, scheduler, *id, updates, header, request.include_usage, in_flight);
 
     // Whole: wait for the end. (A client that leaves now is noticed only when the answer is written.)

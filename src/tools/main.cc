@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
   add(slimkv::add_tokenize_command);
   add(slimkv::add_eval_command);
   add(slimkv::add_serve_command);
+  add(slimkv::add_router_command);
   // CLI11 reports a mistyped command as "A subcommand is required"; name it and list the commands.
   bool known = false;
   std::string names;
