@@ -1,7 +1,5 @@
 // slimkv router: the HTTP front. Like serve's, it only translates: check the request as serve would,
 // hand it to a RequestRelay, and send back what the relay's sink receives, as SSE chunks or one JSON.
-#include <signal.h>
-
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -21,6 +19,7 @@
 #include "serve/http_errors.h"
 #include "serve/openai_response.h"
 #include "serve/sse.h"
+#include "serve/stop_signals.h"
 #include "slimkv/router.h"
 
 namespace slimkv {
@@ -295,14 +294,7 @@ Status run_router(const RouterConfig& config) {
       addresses->push_back(*address);
     }
   }
-  // As serve: SIGINT/SIGTERM are taken by sigwait, blocked before any thread starts; a client gone
-  // mid-write must not kill the router (SIGPIPE).
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  const sigset_t stop_signals = block_stop_signals();  // before any thread starts
 
   const HttpTimeouts probe_timeouts{std::min(config.connect_timeout_s, 1.0), std::min(config.read_timeout_s, 2.0)};
   WorkerPool pool(std::move(prefill), std::move(decode), probe_timeouts);
@@ -322,10 +314,8 @@ Status run_router(const RouterConfig& config) {
   std::fprintf(stderr, "slimkv router: listening on http://%s:%d (%zu prefill, %zu decode workers)\n", config.host.c_str(),
                port, config.prefill_urls.size(), config.decode_urls.size());
 
-  int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
   std::fprintf(stderr, "slimkv router: %s: finishing the requests in flight, then exiting\n",
-               signal_number == SIGINT ? "SIGINT" : "SIGTERM");
+               wait_for_stop_signal(stop_signals));
   api.set_draining();
   api.wait_for_answers(std::chrono::seconds(30));
   http.stop();

@@ -1,7 +1,5 @@
 // slimkv serve: the HTTP layer. It only translates: parse and check a request (completion_request),
 // hand it to the Scheduler, and send back what the scheduler's updates say, whole or as SSE chunks.
-#include <signal.h>
-
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -22,6 +20,7 @@
 #include "serve/metrics.h"
 #include "serve/openai_response.h"
 #include "serve/sse.h"
+#include "serve/stop_signals.h"
 #include "slimkv/server.h"
 #include "slimkv/tokenizer.h"
 
@@ -340,14 +339,7 @@ std::string default_model_name(const std::string& model_dir) {
 
 Status run_server(const EngineConfig& engine_config, const SchedulerConfig& scheduler_config,
                   const ServerConfig& config) {
-  // SIGINT/SIGTERM are taken by sigwait below, not by a handler: block them before any thread starts so
-  // that every thread inherits the mask. A client gone mid-write must not kill the server (SIGPIPE).
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  const sigset_t stop_signals = block_stop_signals();  // before any thread starts
 
   const int max_running = scheduler_config.max_running > 0 ? scheduler_config.max_running : engine_config.max_sequences;
   const int http_threads = config.http_threads > 0 ? config.http_threads : std::max(128, 4 * max_running + 64);
@@ -398,10 +390,8 @@ Status run_server(const EngineConfig& engine_config, const SchedulerConfig& sche
   api.set_ready(**scheduler, std::move(served), labels);
   std::fprintf(stderr, "slimkv serve: ready (KV %s on %s)\n", labels.kv_spec.c_str(), labels.device.c_str());
 
-  int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
   std::fprintf(stderr, "slimkv serve: %s: finishing the accepted requests, then exiting\n",
-               signal_number == SIGINT ? "SIGINT" : "SIGTERM");
+               wait_for_stop_signal(stop_signals));
   api.set_draining();
   (*scheduler)->shutdown(ShutdownMode::kFinishAccepted);
   api.wait_for_answers(std::chrono::seconds(30));
