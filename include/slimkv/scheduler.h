@@ -43,6 +43,23 @@ struct SchedulerConfig {
 
 using RequestId = uint64_t;
 
+// How a request starts, beyond its GenerationRequest (disaggregated serving, docs/disaggregated.md).
+struct SubmitOptions {
+  // A request another worker began: the KV of its prompt and of every generated token but the last
+  // (the transfer format, as Engine::export_kv writes it), and the tokens generated so far (at least
+  // one). The scheduler imports the KV instead of running the prompt and goes on from the last token;
+  // the updates report only tokens after those already generated, except the last one, which no update
+  // has carried yet; completion_tokens counts them all.
+  struct Resume {
+    std::vector<uint8_t> kv;
+    std::vector<int32_t> generated;
+  };
+  std::optional<Resume> resume;
+  // The update that carries the first sampled token also carries the request's KV right after that
+  // step (its prompt; a prefill worker sends it on).
+  bool export_kv_at_first_token = false;
+};
+
 // What a request produced since its last update.
 struct RequestUpdate {
   std::string text;                    // newly visible text (stop strings held back and cut)
@@ -51,6 +68,8 @@ struct RequestUpdate {
   std::string error;                   // why, when finish is kError
   int prompt_tokens = 0;
   int completion_tokens = 0;           // tokens generated so far
+  // SubmitOptions::export_kv_at_first_token: the KV, in the update of the first token; else null.
+  std::shared_ptr<const std::vector<uint8_t>> kv;
 };
 using UpdateCallback = std::function<void(const RequestUpdate&)>;
 
@@ -94,8 +113,9 @@ class Scheduler {
 
   // Checks the request (Generation::start: errors name the field), and that its prompt can ever fit the
   // KV budget (blocks for the prompt + 1), then queues it. `on_update` receives every update; its last
-  // one has `finish`. Errors: the request's, or the scheduler is shutting down.
-  Expected<RequestId> submit(GenerationRequest request, UpdateCallback on_update);
+  // one has `finish`. Errors: the request's, a resume whose generated tokens already end the request,
+  // or the scheduler is shutting down.
+  Expected<RequestId> submit(GenerationRequest request, UpdateCallback on_update, SubmitOptions options = {});
   // Ends the request with kCancelled at the next step boundary and frees its sequence. Unknown or
   // finished ids are ignored (a client may leave after the end).
   void cancel(RequestId id);

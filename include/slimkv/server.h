@@ -22,6 +22,12 @@ struct ServerConfig {
   // and a queued request holds one too: 0 sizes the pool for every running request plus three times as
   // many waiting ones, and 64 more for keep-alive connections and metrics scrapes (at least 128).
   int http_threads = 0;
+  // Disaggregated serving (docs/disaggregated.md): "both" (the colocated server), "prefill" (also answers
+  // POST /internal/v1/prefill: prefill a request and stream its KV to a decode worker) or "decode" (also
+  // takes completion requests with "kv_transfer": generate from a KV stream received on kv_port).
+  std::string role = "both";
+  int kv_port = -1;              // decode: the KV stream's port; -1: the HTTP port + 1; 0: any free port
+  double kv_bandwidth_gbps = 0;  // prefill: token-bucket cap on the KV stream it sends (Gbit/s); 0: none
 };
 
 // Listens at once (answering /health with 503 while the engine loads), loads the engine, serves until

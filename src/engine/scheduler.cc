@@ -133,9 +133,12 @@ struct Scheduler::Impl {
     SequenceId sequence = -1;          // the engine's sequence while running, else -1
     int64_t held_tokens = 0;           // tokens its KV holds (in the engine, or in host_kv)
     std::vector<int32_t> tokens_to_run;  // the rest of the prompt, or the last sampled token
-    std::vector<uint8_t> host_kv;      // its exported KV while preempted to host memory
+    std::vector<uint8_t> host_kv;      // its exported KV while preempted to host memory (or imported)
     Clock::time_point submitted, last_token;
     bool has_token = false;
+    bool export_kv = false;  // SubmitOptions::export_kv_at_first_token
+    std::shared_ptr<const std::vector<uint8_t>> exported;  // the KV, for the next update
+    std::optional<Generation::Delta> resumed;  // a resumed request's delta for its last token, not sent yet
     bool done = false;  // its last update was sent
 
     Request(RequestId id_, Generation generation_, UpdateCallback on_update_)
@@ -210,7 +213,20 @@ void Scheduler::Impl::run() {
       cancelled.swap(cancels);
       stop = stopping;
     }
-    for (RequestPtr& request : arrived) waiting.push_back(std::move(request));
+    for (RequestPtr& request : arrived) {
+      host_bytes += request->host_kv.size();  // an imported KV waits in host memory like a preempted one
+      if (request->resumed) {
+        // Resumed: the other worker's last token is news to the client.
+        Generation::Delta delta = *std::exchange(request->resumed, std::nullopt);
+        const int32_t token = request->tokens_to_run.front();
+        if (delta.finish) {
+          finish(*request, std::move(delta), {token});
+          continue;
+        }
+        send(*request, std::move(delta), {token});
+      }
+      waiting.push_back(std::move(request));
+    }
     if (stop == ShutdownMode::kCancelAll) {
       for (const RequestPtr& request : running) cancelled.push_back(request->id);
       for (const RequestPtr& request : waiting) cancelled.push_back(request->id);
@@ -312,6 +328,14 @@ void Scheduler::Impl::step_once() {
     request.held_tokens += scheduled[i].tokens;
     if (items[i].output != StepOutput::kSample) continue;
     const int32_t token = result.tokens[i];
+    if (!request.has_token && request.export_kv) {
+      Expected<std::vector<uint8_t>> kv = engine.export_kv(request.sequence);
+      if (!kv) {
+        end_early(request, FinishReason::kError, "exporting the KV: " + kv.status().message());
+        continue;
+      }
+      request.exported = std::make_shared<const std::vector<uint8_t>>(kv.take());
+    }
     if (!request.has_token) {
       local.prompt_tokens_total += request.generation.request().prompt.size();
       local.time_to_first_token.observe(seconds_between(request.submitted, now));
@@ -366,6 +390,7 @@ void Scheduler::Impl::send(Request& request, Generation::Delta delta, std::vecto
   update.error = std::move(error);
   update.prompt_tokens = int(request.generation.request().prompt.size());
   update.completion_tokens = int(request.generation.generated().size());
+  update.kv = std::move(request.exported);
   if (request.on_update) request.on_update(update);
 }
 
@@ -413,13 +438,30 @@ Expected<std::unique_ptr<Scheduler>> Scheduler::start(std::unique_ptr<Engine> en
 
 Scheduler::~Scheduler() { shutdown(ShutdownMode::kCancelAll); }
 
-Expected<RequestId> Scheduler::submit(GenerationRequest request, UpdateCallback on_update) {
+Expected<RequestId> Scheduler::submit(GenerationRequest request, UpdateCallback on_update, SubmitOptions options) {
   const int64_t prompt_tokens = int64_t(request.prompt.size());
   SLIMKV_ASSIGN_OR_RETURN(Generation generation, Generation::start(*engine_, std::move(request)));
+  // A resumed request: its generation state as it was where it began, the last token's delta kept.
+  std::optional<Generation::Delta> resumed;
+  if (options.resume) {
+    const std::vector<int32_t>& generated = options.resume->generated;
+    if (generated.empty()) return error("resume: no generated token to go on from");
+    for (size_t i = 0; i < generated.size(); ++i) {
+      if (generation.finished()) {
+        return error("resume: the request already ended at generated token ", i - 1, " of ", generated.size());
+      }
+      if (generated[i] < 0 || generated[i] >= engine_->vocab_size()) {
+        return error("resume: generated token ", i, " is ", generated[i], ", not an id of the vocabulary [0, ",
+                     engine_->vocab_size(), ")");
+      }
+      resumed = generation.accept(generated[i]);
+    }
+  }
+  const int64_t held_tokens = prompt_tokens + (options.resume ? int64_t(options.resume->generated.size()) - 1 : 0);
   const KvBudget& budget = impl_->budget_at_start;
-  const int64_t need = budget.blocks_for_tokens(prompt_tokens) + 1;
+  const int64_t need = budget.blocks_for_tokens(held_tokens) + 1;
   if (need > budget.total_blocks) {
-    return error("prompt: ", prompt_tokens, " tokens need ", need, " KV blocks of ", budget.block_tokens,
+    return error("prompt: ", held_tokens, " tokens need ", need, " KV blocks of ", budget.block_tokens,
                  " tokens (the prompt's and one more), but the whole KV cache holds ", budget.total_blocks,
                  ": shorten the prompt or give the KV cache more memory (kv_cache_bytes)");
   }
@@ -429,6 +471,15 @@ Expected<RequestId> Scheduler::submit(GenerationRequest request, UpdateCallback 
   auto queued = std::make_unique<Impl::Request>(id, std::move(generation), std::move(on_update));
   queued->tokens_to_run = queued->generation.request().prompt;
   queued->submitted = Clock::now();
+  queued->export_kv = options.export_kv_at_first_token;
+  if (options.resume) {
+    queued->host_kv = std::move(options.resume->kv);
+    queued->held_tokens = held_tokens;
+    queued->tokens_to_run.assign(1, options.resume->generated.back());
+    queued->resumed = std::move(resumed);
+    queued->has_token = true;  // its first token came from the other worker: no time to first token here
+    queued->last_token = queued->submitted;
+  }
   impl_->inbox.push_back(std::move(queued));
   impl_->wake.notify_one();
   return id;

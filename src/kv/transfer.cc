@@ -285,39 +285,19 @@ Status truncation_error(const Layout& layout, size_t size, const std::string& wh
   return error(where, ": truncated");  // not reached: size < total_bytes
 }
 
-Expected<ParsedTransfer> parse_transfer(const uint8_t* data, size_t size, std::string_view source) {
-  const std::string where = where_of(source);
-  SLIMKV_RETURN_IF_ERROR(check_identity(data, size, where));
-  ParsedTransfer parsed;
-  Layout& layout = parsed.layout;
-  SLIMKV_RETURN_IF_ERROR(parse_header(data, where, layout));
-  if (size < layout.total_bytes) return truncation_error(layout, size, where);
-  if (size > layout.total_bytes) {
-    return error(where, ": ", size - layout.total_bytes, " bytes follow the end of the transfer (the header declares ",
-                 layout.total_bytes, " bytes, the input has ", size, ")");
-  }
-
-  // The trailer: its checksum covers every byte before it, so nothing below reads corrupt data.
-  const uint8_t* trailer = data + layout.trailer_offset;
-  if (std::memcmp(trailer + at::kEndMagic, kEndMagic.data(), kEndMagic.size()) != 0) {
-    return error(where, ": the trailer's end magic is wrong (corrupt, or not where the header says it ends)");
-  }
-  if (load_u32(trailer + at::kTrailerReserved) != 0) return error(where, ": trailer field reserved is not 0");
-  const uint32_t stored_crc = load_u32(trailer + at::kTrailerCrc);
-  const uint32_t computed_crc = crc32c(data, layout.trailer_offset);
-  if (stored_crc != computed_crc) {
-    return error(where, ": checksum mismatch (stored CRC32C 0x", std::hex, stored_crc, ", computed 0x", computed_crc,
-                 std::dec, " over ", layout.trailer_offset, " bytes): the transfer is corrupt");
-  }
-
-  // Metadata: token counts, spec, model id.
-  KvTransferInfo& info = parsed.info;
+// The metadata (token counts, spec, model id) into `info`, with the header's fields, checked: padding
+// zero, and the sealed and open sections exactly the sizes the token counts need. data holds at least
+// the bytes before sealed_offset.
+Status parse_metadata(const uint8_t* data, const Layout& layout, const std::string& where, KvTransferInfo& info) {
   info.version = load_u32(data + at::kVersion);
   info.shape = {int(layout.num_layers), int(layout.num_kv_heads), int(layout.k_dim), int(layout.v_dim),
                 int(layout.max_tokens)};
   info.block_tokens = int(layout.block_tokens);
   info.sealed_block_bytes = layout.sealed_block_bytes;
   info.total_bytes = layout.total_bytes;
+  info.sealed_offset = layout.sealed_offset;
+  info.open_offset = layout.open_offset;
+  info.trailer_offset = layout.trailer_offset;
   const uint8_t* metadata = data + layout.metadata_offset;
   info.layer_tokens.resize(layout.num_layers);  // bounded by the input: 4 bytes each lie inside it
   for (uint32_t l = 0; l < layout.num_layers; ++l) {
@@ -346,6 +326,36 @@ Expected<ParsedTransfer> parse_transfer(const uint8_t* data, size_t size, std::s
                  " bytes of open tokens (", layout.block_tokens, " tokens per block), but the header declares ",
                  layout.sealed_bytes, " and ", layout.open_bytes);
   }
+  return Status::ok();
+}
+
+Expected<ParsedTransfer> parse_transfer(const uint8_t* data, size_t size, std::string_view source) {
+  const std::string where = where_of(source);
+  SLIMKV_RETURN_IF_ERROR(check_identity(data, size, where));
+  ParsedTransfer parsed;
+  Layout& layout = parsed.layout;
+  SLIMKV_RETURN_IF_ERROR(parse_header(data, where, layout));
+  if (size < layout.total_bytes) return truncation_error(layout, size, where);
+  if (size > layout.total_bytes) {
+    return error(where, ": ", size - layout.total_bytes, " bytes follow the end of the transfer (the header declares ",
+                 layout.total_bytes, " bytes, the input has ", size, ")");
+  }
+
+  // The trailer: its checksum covers every byte before it, so nothing below reads corrupt data.
+  const uint8_t* trailer = data + layout.trailer_offset;
+  if (std::memcmp(trailer + at::kEndMagic, kEndMagic.data(), kEndMagic.size()) != 0) {
+    return error(where, ": the trailer's end magic is wrong (corrupt, or not where the header says it ends)");
+  }
+  if (load_u32(trailer + at::kTrailerReserved) != 0) return error(where, ": trailer field reserved is not 0");
+  const uint32_t stored_crc = load_u32(trailer + at::kTrailerCrc);
+  const uint32_t computed_crc = crc32c(data, layout.trailer_offset);
+  if (stored_crc != computed_crc) {
+    return error(where, ": checksum mismatch (stored CRC32C 0x", std::hex, stored_crc, ", computed 0x", computed_crc,
+                 std::dec, " over ", layout.trailer_offset, " bytes): the transfer is corrupt");
+  }
+
+  SLIMKV_RETURN_IF_ERROR(parse_metadata(data, layout, where, parsed.info));
+  const KvTransferInfo& info = parsed.info;
   // Padding is zero, so that the format stays canonical (write → read → write gives the same bytes).
   const uint64_t block_padding = layout.sealed_block_stride - layout.sealed_block_bytes;
   for (uint64_t offset = layout.sealed_offset; offset < layout.open_offset; offset += layout.sealed_block_stride) {
@@ -503,6 +513,39 @@ Status write_kv_transfer_file(const KvStore& store, std::string_view model_id, c
 Expected<KvTransferInfo> inspect_kv_transfer(const uint8_t* data, size_t size, std::string_view source) {
   SLIMKV_ASSIGN_OR_RETURN(ParsedTransfer parsed, parse_transfer(data, size, source));
   return std::move(parsed.info);
+}
+
+Expected<KvTransferInfo> inspect_kv_transfer_head(const uint8_t* data, size_t size, std::string_view source) {
+  const std::string where = where_of(source);
+  SLIMKV_RETURN_IF_ERROR(check_identity(data, size, where));
+  Layout layout;
+  SLIMKV_RETURN_IF_ERROR(parse_header(data, where, layout));
+  if (size < layout.sealed_offset) return truncation_error(layout, size, where);
+  KvTransferInfo info;
+  SLIMKV_RETURN_IF_ERROR(parse_metadata(data, layout, where, info));
+  return info;
+}
+
+std::vector<KvTransferLayerRanges> kv_transfer_layer_ranges(const KvTransferInfo& info) {
+  Layout layout;
+  layout.num_kv_heads = uint32_t(info.shape.num_kv_heads);
+  layout.k_dim = uint32_t(info.shape.k_dim);
+  layout.v_dim = uint32_t(info.shape.v_dim);
+  layout.block_tokens = uint32_t(info.block_tokens);
+  checked_align(info.sealed_block_bytes, &layout.sealed_block_stride);
+  std::vector<KvTransferLayerRanges> ranges;
+  uint64_t sealed = info.sealed_offset, open = info.open_offset;
+  for (const int tokens : info.layer_tokens) {
+    KvTransferLayerRanges range;
+    // The sizes fit: parse_metadata checked that the sections these counts need are the header's.
+    sequence_section_bytes(layout, {tokens}, &range.sealed_bytes, &range.open_bytes);
+    range.sealed_offset = sealed;
+    range.open_offset = open;
+    sealed += range.sealed_bytes;
+    open += range.open_bytes;
+    ranges.push_back(range);
+  }
+  return ranges;
 }
 
 Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view source, std::string_view model_id,

@@ -55,8 +55,22 @@ struct KvTransferInfo {
   uint64_t sealed_block_bytes = 0;  // Codec::block_bytes of the sender's block shape
   std::vector<int> layer_tokens;    // tokens held by each layer [num_layers]
   uint64_t total_bytes = 0;
+  uint64_t sealed_offset = 0, open_offset = 0, trailer_offset = 0;  // where the sections start
 };
 Expected<KvTransferInfo> inspect_kv_transfer(const uint8_t* data, size_t size, std::string_view source);
+
+// The same for a transfer's head alone: the header and metadata, bytes [0, sealed_offset) of data [size
+// bytes], with every check of the full reader that needs no later byte. For a receiver that gets the
+// rest in pieces (src/transfer/'s KV stream sends a layer at a time); the full transfer is checked once
+// assembled.
+Expected<KvTransferInfo> inspect_kv_transfer_head(const uint8_t* data, size_t size, std::string_view source);
+
+// Where each layer's bytes lie in a transfer [num_layers]: its sealed blocks (every KV head's, one
+// range) and its open tokens (every head's K and V records, one range).
+struct KvTransferLayerRanges {
+  uint64_t sealed_offset = 0, sealed_bytes = 0, open_offset = 0, open_bytes = 0;
+};
+std::vector<KvTransferLayerRanges> kv_transfer_layer_ranges(const KvTransferInfo& info);
 
 // CRC32C (Castagnoli: reflected polynomial 0x82F63B78, initial value and final xor 0xFFFFFFFF), the
 // format's checksum. Chains: crc32c(b, nb, crc32c(a, na)) is the CRC of a followed by b.

@@ -60,4 +60,14 @@ ApiError ApiError::malformed_http(int status) {
               "bad_http");
 }
 
+ApiError ApiError::timeout(std::string message) { return make(504, std::move(message), "timeout", "", "timeout"); }
+
+ApiError ApiError::kv_refused(std::string message) {
+  return make(409, std::move(message), "kv_refused", "", "kv_refused");
+}
+
+ApiError ApiError::kv_transfer_failed(std::string message) {
+  return make(502, std::move(message), "kv_transfer_failed", "", "kv_transfer_failed");
+}
+
 }  // namespace slimkv

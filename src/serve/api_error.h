@@ -25,6 +25,10 @@ struct ApiError {
   static ApiError unavailable(std::string message);           // 503: loading or shutting down
   static ApiError internal(std::string message);              // 500: the engine failed the request
   static ApiError malformed_http(int status);                  // what cpp-httplib refused itself
+  // Disaggregated serving (docs/disaggregated.md):
+  static ApiError timeout(std::string message);             // 504: the request's KV stream never arrived
+  static ApiError kv_refused(std::string message);          // 409: the decode worker refused the KV stream
+  static ApiError kv_transfer_failed(std::string message);  // 502: the KV stream to the decode worker failed
 };
 
 }  // namespace slimkv

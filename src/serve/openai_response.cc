@@ -56,7 +56,7 @@ std::string completion_json(const ResponseHeader& header, const std::string& tex
 }
 
 std::string chunk_json(const ResponseHeader& header, const std::string& text, std::optional<FinishReason> finish,
-                       bool first, bool with_usage) {
+                       bool first, bool with_usage, const std::vector<int32_t>* token_ids) {
   json chunk = envelope(header, header.chat ? "chat.completion.chunk" : "text_completion");
   json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_json(finish)}};
   if (header.chat) {
@@ -67,6 +67,7 @@ std::string chunk_json(const ResponseHeader& header, const std::string& text, st
   } else {
     choice["text"] = text;
   }
+  if (token_ids) choice["token_ids"] = *token_ids;
   chunk["choices"] = json::array({choice});
   if (with_usage) chunk["usage"] = nullptr;
   return chunk.dump(-1, ' ', false, json::error_handler_t::replace);

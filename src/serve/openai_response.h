@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "slimkv/generation.h"
 
@@ -35,9 +36,10 @@ std::string completion_json(const ResponseHeader& header, const std::string& tex
 
 // One chunk of a stream: `text` is the delta; `finish` set in the last one. Chat's first chunk
 // (`first`) carries the assistant role. `with_usage`: the chunk has "usage": null, as OpenAI sends when
-// stream_options.include_usage is on.
+// stream_options.include_usage is on. `token_ids`, when given, go in the choice as "token_ids": the
+// tokens whose text the chunk carries (a kv_transfer request's chunks: a router resumes from them).
 std::string chunk_json(const ResponseHeader& header, const std::string& text, std::optional<FinishReason> finish,
-                       bool first, bool with_usage);
+                       bool first, bool with_usage, const std::vector<int32_t>* token_ids = nullptr);
 // The chunk after the last choice when include_usage is on: no choices, the usage.
 std::string usage_chunk_json(const ResponseHeader& header, const Usage& usage);
 

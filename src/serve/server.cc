@@ -1,5 +1,7 @@
 // slimkv serve: the HTTP layer. It only translates: parse and check a request (completion_request),
 // hand it to the Scheduler, and send back what the scheduler's updates say, whole or as SSE chunks.
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -17,12 +19,14 @@
 #include "serve/chat_prompt.h"
 #include "serve/completion_request.h"
 #include "serve/http_errors.h"
+#include "serve/kv_transfer_request.h"
 #include "serve/metrics.h"
 #include "serve/openai_response.h"
 #include "serve/sse.h"
 #include "serve/stop_signals.h"
 #include "slimkv/server.h"
 #include "slimkv/tokenizer.h"
+#include "transfer/kv_stream.h"
 
 namespace slimkv {
 namespace {
@@ -51,13 +55,36 @@ class UpdateQueue {
   std::deque<RequestUpdate> updates_;
 };
 
+// Takes a request's updates until its last one; `text` gets every delta's text appended.
+RequestUpdate wait_for_finish(UpdateQueue& updates, std::string& text) {
+  RequestUpdate last;
+  while (!last.finish) {
+    for (RequestUpdate& update : updates.take(std::chrono::milliseconds(500))) {
+      text += update.text;
+      if (update.kv) last.kv = update.kv;  // the first token's update carries it; the last may not
+      std::shared_ptr<const std::vector<uint8_t>> kv = std::move(last.kv);
+      last = std::move(update);
+      last.kv = std::move(kv);
+    }
+  }
+  return last;
+}
+
+// What a prefill or decode worker has beyond a colocated one.
+struct Disaggregation {
+  KvStreamIdentity identity;            // what this worker's KV streams must agree on
+  KvStreamReceiver* receiver = nullptr;  // decode: where streams arrive
+  std::string kv_address;               // decode: the receiver's host:port, as /health gives it
+};
+
 // The endpoints, with what they share: the scheduler once loaded, the served model's limits.
 class HttpApi {
  public:
   HttpApi(const ServerConfig& config, std::string model_dir) : config_(config), model_dir_(std::move(model_dir)) {}
 
   // Called once the engine is loaded: the endpoints start answering.
-  void set_ready(Scheduler& scheduler, ServedModel served, MetricsLabels labels) {
+  void set_ready(Scheduler& scheduler, ServedModel served, MetricsLabels labels, Disaggregation disaggregation) {
+    disaggregation_ = std::move(disaggregation);
     served_ = std::move(served);
     labels_ = std::move(labels);
     tokenizer_ = scheduler.engine().tokenizer();
@@ -73,9 +100,15 @@ class HttpApi {
 
   void route(httplib::Server& server) {
     server.Get("/health", [this](const httplib::Request&, httplib::Response& response) {
-      if (!scheduler_.load()) return send_error(response, ApiError::unavailable("the model is loading"));
+      Scheduler* scheduler = scheduler_.load();
+      if (!scheduler) return send_error(response, ApiError::unavailable("the model is loading"));
       if (draining_) return send_error(response, ApiError::unavailable("the server is shutting down"));
-      response.status = 200;
+      // What a router needs to place requests: the role, what KV streams must match, the load.
+      const SchedulerStats stats = scheduler->stats();
+      json health = {{"status", "ok"}, {"role", config_.role}, {"model", served_.name}, {"kv_spec", labels_.kv_spec},
+                     {"running", stats.running}, {"waiting", stats.waiting}};
+      if (disaggregation_.receiver) health["kv_address"] = disaggregation_.kv_address;
+      response.set_content(health.dump(), "application/json");
     });
     server.Get("/v1/models", [this](const httplib::Request& request, httplib::Response& response) {
       if (!admit(request, response)) return;
@@ -89,6 +122,9 @@ class HttpApi {
     });
     server.Post("/v1/chat/completions", [this](const httplib::Request& request, httplib::Response& response) {
       complete(request, response, /*chat=*/true);
+    });
+    server.Post("/internal/v1/prefill", [this](const httplib::Request& request, httplib::Response& response) {
+      prefill(request, response);
     });
     server.Post("/tokenize", [this](const httplib::Request& request, httplib::Response& response) {
       if (!ready(response)) return;
@@ -151,6 +187,8 @@ class HttpApi {
     CompletionRequest request;
     if (auto error = parse_completion_request(http_request.body, chat, request)) return send_error(response, *error);
     if (auto error = check_model_name(request.model, served_)) return send_error(response, *error);
+    std::optional<KvTransferField> kv_transfer;
+    if (auto error = parse_kv_transfer_field(http_request.body, kv_transfer)) return send_error(response, *error);
     if (auto error = prompt_tokens(request)) return send_error(response, *error);
 
     auto updates = std::make_shared<UpdateQueue>();
@@ -158,24 +196,24 @@ class HttpApi {
     // Counted until the answer is written: shutdown waits for it (a stream's count ends in its releaser).
     auto in_flight = std::shared_ptr<void>(nullptr, [this](void*) { --in_flight_; });
     ++in_flight_;
-    Expected<RequestId> id =
-        scheduler.submit(request.generation, [updates](const RequestUpdate& update) { updates->push(update); });
+    SubmitOptions options;
+    if (kv_transfer) {
+      if (auto error = receive_kv(*kv_transfer, request.generation.prompt, options)) return send_error(response, *error);
+    }
+    Expected<RequestId> id = scheduler.submit(
+        request.generation, [updates](const RequestUpdate& update) { updates->push(update); }, std::move(options));
     if (!id) {
       if (draining_) return send_error(response, ApiError::unavailable(id.status().message()));
       return send_error(response, ApiError::bad_field(chat ? "messages" : "prompt", id.status().message()));
     }
     const ResponseHeader header = new_response_header(chat, served_.name);
-    if (request.stream) return stream(response, scheduler, *id, updates, header, request.include_usage, in_flight);
+    if (request.stream) {
+      return stream(response, scheduler, *id, updates, header, request.include_usage, kv_transfer.has_value(), in_flight);
+    }
 
     // Whole: wait for the end. (A client that leaves now is noticed only when the answer is written.)
     std::string text;
-    RequestUpdate last;
-    while (!last.finish) {
-      for (RequestUpdate& update : updates->take(std::chrono::milliseconds(500))) {
-        text += update.text;
-        last = std::move(update);
-      }
-    }
+    const RequestUpdate last = wait_for_finish(*updates, text);
     if (*last.finish == FinishReason::kError) return send_error(response, ApiError::internal(last.error));
     if (*last.finish == FinishReason::kCancelled) {
       return send_error(response, ApiError::unavailable("the request was cancelled: the server is shutting down"));
@@ -184,10 +222,101 @@ class HttpApi {
                          "application/json");
   }
 
+  // A decode worker's request with kv_transfer: waits for its KV stream, checks it is this request's,
+  // and sets `options` to resume from it.
+  std::optional<ApiError> receive_kv(const KvTransferField& field, const std::vector<int32_t>& prompt, SubmitOptions& options) {
+    if (!disaggregation_.receiver) {
+      return ApiError::bad_field("kv_transfer", "kv_transfer: this worker's role is " + config_.role +
+                                                    "; only a decode worker (slimkv serve --role decode) receives KV streams");
+    }
+    Expected<ReceivedKv> received = disaggregation_.receiver->wait_for(field.request_id, field.timeout);
+    if (!received) return ApiError::timeout(received.status().message());
+    if (received->request.prompt_token_ids != prompt) {
+      return ApiError::kv_transfer_failed(str_cat(
+          "the KV stream for request ", field.request_id, " holds a prompt of ", received->request.prompt_token_ids.size(),
+          " tokens that is not this request's (", prompt.size(), " tokens): the prefill worker was sent another request"));
+    }
+    std::vector<int32_t> generated = std::move(received->request.resume_token_ids);
+    generated.push_back(received->request.next_token);
+    options.resume = SubmitOptions::Resume{.kv = std::move(received->transfer), .generated = std::move(generated)};
+    return std::nullopt;
+  }
+
+  // POST /internal/v1/prefill (a prefill worker): the client's request checked as its endpoint checks it,
+  // its prompt (+ resume_token_ids) prefilled and its next token sampled, and the KV streamed to the
+  // decode worker, handshake first so that a mismatch costs no prefill.
+  void prefill(const httplib::Request& http_request, httplib::Response& response) {
+    if (!admit(http_request, response)) return;
+    if (config_.role != "prefill") {
+      return send_error(response, ApiError{.status = 404,
+                                           .message = "POST /internal/v1/prefill: this worker's role is " + config_.role +
+                                                      "; start it with --role prefill",
+                                           .type = "invalid_request_error", .param = "", .code = "not_found"});
+    }
+    PrefillRequest ask;
+    if (auto error = parse_prefill_request(http_request.body, ask)) return send_error(response, *error);
+    CompletionRequest request;
+    if (auto error = parse_completion_request(ask.request.dump(), ask.chat, request)) return send_error(response, *error);
+    if (auto error = check_model_name(request.model, served_)) return send_error(response, *error);
+    if (auto error = prompt_tokens(request)) return send_error(response, *error);
+    GenerationRequest generation = request.generation;
+    const std::vector<int32_t> prompt = generation.prompt;
+    std::vector<int32_t> resume;
+    for (const int64_t id : ask.resume_token_ids) {
+      if (id < 0 || id >= served_.vocab_size) {
+        return send_error(response, ApiError::bad_field("resume_token_ids", str_cat("resume_token_ids: ", id,
+                                                                                    " is not a token id in [0, ", served_.vocab_size, ")")));
+      }
+      resume.push_back(int32_t(id));
+    }
+    if (int64_t(resume.size()) >= int64_t(generation.max_tokens)) {
+      return send_error(response, ApiError::bad_field("resume_token_ids", str_cat("resume_token_ids: ", resume.size(),
+                                                                                  " tokens already reach the request's max_tokens of ",
+                                                                                  generation.max_tokens)));
+    }
+    generation.prompt.insert(generation.prompt.end(), resume.begin(), resume.end());
+    generation.max_tokens = 1;  // the next token; the decode worker generates the rest
+
+    bool refused = false;
+    Expected<std::unique_ptr<KvStreamSender>> sender =
+        KvStreamSender::open(ask.decode_kv_address, disaggregation_.identity, ask.request_id, ask.attempt,
+                             {.bandwidth_gbps = config_.kv_bandwidth_gbps}, &refused);
+    if (!sender) {
+      return send_error(response, refused ? ApiError::kv_refused(sender.status().message())
+                                          : ApiError::kv_transfer_failed(sender.status().message()));
+    }
+    auto updates = std::make_shared<UpdateQueue>();
+    auto in_flight = std::shared_ptr<void>(nullptr, [this](void*) { --in_flight_; });
+    ++in_flight_;
+    Expected<RequestId> id = scheduler_.load()->submit(
+        generation, [updates](const RequestUpdate& update) { updates->push(update); }, {.resume = std::nullopt, .export_kv_at_first_token = true});
+    if (!id) {
+      if (draining_) return send_error(response, ApiError::unavailable(id.status().message()));
+      return send_error(response, ApiError::bad_field(ask.chat ? "messages" : "prompt", id.status().message()));
+    }
+    std::string text;
+    const RequestUpdate last = wait_for_finish(*updates, text);
+    if (*last.finish == FinishReason::kError) return send_error(response, ApiError::internal(last.error));
+    if (*last.finish == FinishReason::kCancelled || !last.kv || last.token_ids.empty()) {
+      return send_error(response, ApiError::unavailable("the prefill was cancelled: the server is shutting down"));
+    }
+    const KvStreamRequest stream_request{.request_id = ask.request_id, .attempt = ask.attempt, .prompt_token_ids = prompt,
+                                         .resume_token_ids = resume, .next_token = last.token_ids.front(),
+                                         .endpoint = ask.endpoint, .request = ask.request};
+    const Clock::time_point start = Clock::now();
+    const Status sent = (*sender)->send_transfer(*last.kv, stream_request);
+    if (!sent.is_ok()) return send_error(response, ApiError::kv_transfer_failed(sent.message()));
+    const json answer = {{"request_id", ask.request_id}, {"prompt_tokens", generation.prompt.size()},
+                         {"kv_bytes", (*sender)->bytes_sent()}, {"transfer_bytes", last.kv->size()},
+                         {"transfer_seconds", std::chrono::duration<double>(Clock::now() - start).count()},
+                         {"next_token", stream_request.next_token}};
+    response.set_content(answer.dump(), "application/json");
+  }
+
   // SSE: one chunk per update with text, the finish chunk, the usage chunk if asked, then [DONE]. A write
   // that fails (the client left) cancels the request, which frees its sequence at the next step.
   void stream(httplib::Response& response, Scheduler& scheduler, RequestId id, std::shared_ptr<UpdateQueue> updates,
-              ResponseHeader header, bool include_usage, std::shared_ptr<void> in_flight) {
+              ResponseHeader header, bool include_usage, bool with_token_ids, std::shared_ptr<void> in_flight) {
     struct StreamState {
       bool started = false, finished = false;
     };
@@ -196,9 +325,13 @@ class HttpApi {
     response.set_header("X-Accel-Buffering", "no");  // proxies must not buffer the stream
     response.set_chunked_content_provider(
         "text/event-stream",
-        [&scheduler, id, updates, header, include_usage, state](size_t, httplib::DataSink& sink) -> bool {
+        [&scheduler, id, updates, header, include_usage, with_token_ids, state](size_t, httplib::DataSink& sink) -> bool {
           std::string out;
-          if (!state->started && header.chat) out += sse_event(chunk_json(header, "", std::nullopt, true, include_usage));
+          const std::vector<int32_t> no_tokens;
+          const auto ids = [&](const std::vector<int32_t>& tokens) { return with_token_ids ? &tokens : nullptr; };
+          if (!state->started && header.chat) {
+            out += sse_event(chunk_json(header, "", std::nullopt, true, include_usage, ids(no_tokens)));
+          }
           state->started = true;
           std::deque<RequestUpdate> batch = updates->take(std::chrono::milliseconds(1000));
           for (const RequestUpdate& update : batch) {
@@ -210,14 +343,15 @@ class HttpApi {
                                            : ApiError::unavailable("the request was cancelled: the server is shutting down");
                 out += sse_event(error.body());
               } else {
-                out += sse_event(chunk_json(header, update.text, update.finish, false, include_usage));
+                out += sse_event(chunk_json(header, update.text, update.finish, false, include_usage, ids(update.token_ids)));
                 if (include_usage) {
                   out += sse_event(usage_chunk_json(header, {update.prompt_tokens, update.completion_tokens}));
                 }
               }
               out += sse_done();
-            } else if (!update.text.empty()) {
-              out += sse_event(chunk_json(header, update.text, std::nullopt, false, include_usage));
+            } else if (!update.text.empty() || (with_token_ids && !update.token_ids.empty())) {
+              // With token ids every token is reported, even one whose text is held back for now.
+              out += sse_event(chunk_json(header, update.text, std::nullopt, false, include_usage, ids(update.token_ids)));
             }
           }
           // Nothing new for a second (a queue, a long prefill): an SSE comment, which clients skip, so
@@ -324,10 +458,23 @@ class HttpApi {
   std::atomic<bool> draining_{false};
   std::atomic<int> in_flight_{0};
   // Written once by set_ready before scheduler_ is published, read only after it.
+  Disaggregation disaggregation_;
   ServedModel served_;
   MetricsLabels labels_;
   const Tokenizer* tokenizer_ = nullptr;
 };
+
+// host:port as other machines reach this one: the host listened on, or this machine's name when that is
+// every interface.
+std::string advertised_address(const std::string& host, int port) {
+  std::string name = host;
+  if (host == "0.0.0.0" || host == "::" || host.empty()) {
+    char hostname[256] = {};
+    name = gethostname(hostname, sizeof(hostname) - 1) == 0 ? hostname : "127.0.0.1";
+  }
+  if (name.find(':') != std::string::npos) name = "[" + name + "]";
+  return name + ":" + std::to_string(port);
+}
 
 std::string default_model_name(const std::string& model_dir) {
   std::filesystem::path path(model_dir);
@@ -378,6 +525,30 @@ Status run_server(const EngineConfig& engine_config, const SchedulerConfig& sche
   served.vocab_size = (*engine)->vocab_size();  // the ids the model has rows for
   served.defaults = (*engine)->generation_defaults();
   const MetricsLabels labels{.model_name = served.name, .kv_spec = (*engine)->kv_description(), .device = engine_config.device};
+  // A prefill or decode worker: what its KV streams must agree on, and a decode worker's receiver.
+  Disaggregation disaggregation;
+  std::unique_ptr<KvStreamReceiver> receiver;
+  if (config.role != "both") {
+    Expected<KvStreamIdentity> identity = engine_kv_identity(**engine);
+    if (!identity) {
+      stop_listening();
+      return identity.status();
+    }
+    disaggregation.identity = *identity;
+  }
+  if (config.role == "decode") {
+    const int kv_port = config.kv_port < 0 ? port + 1 : config.kv_port;
+    Expected<std::unique_ptr<KvStreamReceiver>> started =
+        KvStreamReceiver::start(disaggregation.identity, {.host = config.host, .port = kv_port});
+    if (!started) {
+      stop_listening();
+      return started.status().with_context("--kv-port");
+    }
+    receiver = started.take();
+    disaggregation.receiver = receiver.get();
+    disaggregation.kv_address = advertised_address(config.host, receiver->port());
+    std::fprintf(stderr, "slimkv serve: KV stream listening on %s\n", disaggregation.kv_address.c_str());
+  }
   Expected<std::unique_ptr<Scheduler>> scheduler = Scheduler::start(engine.take(), scheduler_config);
   if (!scheduler) {
     stop_listening();
@@ -387,14 +558,16 @@ Status run_server(const EngineConfig& engine_config, const SchedulerConfig& sche
     const Status chat = (*scheduler)->engine().apply_chat_template(nlohmann::ordered_json::array(), true).status();
     std::fprintf(stderr, "slimkv serve: chat requests will be refused: %s\n", chat.message().c_str());
   }
-  api.set_ready(**scheduler, std::move(served), labels);
-  std::fprintf(stderr, "slimkv serve: ready (KV %s on %s)\n", labels.kv_spec.c_str(), labels.device.c_str());
+  api.set_ready(**scheduler, std::move(served), labels, std::move(disaggregation));
+  std::fprintf(stderr, "slimkv serve: ready (KV %s on %s, role %s)\n", labels.kv_spec.c_str(), labels.device.c_str(),
+               config.role.c_str());
 
   std::fprintf(stderr, "slimkv serve: %s: finishing the accepted requests, then exiting\n",
                wait_for_stop_signal(stop_signals));
   api.set_draining();
   (*scheduler)->shutdown(ShutdownMode::kFinishAccepted);
   api.wait_for_answers(std::chrono::seconds(30));
+  if (receiver) receiver->stop();  // requests still waiting for a stream are answered: shutting down
   stop_listening();  // the streams have written their last chunk: their providers are done
   std::fprintf(stderr, "slimkv serve: stopped\n");
   return Status::ok();

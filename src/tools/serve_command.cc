@@ -1,6 +1,6 @@
 // slimkv serve --model DIR [--host 127.0.0.1] [--port 8000] [--kv SPEC] [--device cpu|cuda] [--threads N]
 //              [--api-key KEY] [--max-model-len N] [--max-num-seqs N] [--kv-cache-bytes N]
-//              [--served-model-name NAME]
+//              [--served-model-name NAME] [--role both|prefill|decode] [--kv-port N] [--kv-bandwidth-gbps X]
 // An OpenAI-compatible server with continuous batching (docs/serving.md). Exits 0 after SIGINT/SIGTERM.
 #include "slimkv/server.h"
 #include "tools/commands.h"
@@ -34,6 +34,16 @@ CommandRunner add_serve_command(CLI::App& app) {
       ->capture_default_str();
   command->add_option("--host-kv-bytes", options->host_kv_bytes,
                       "host memory for the KV of preempted requests (beyond it they are recomputed)")->capture_default_str();
+  command->add_option("--role", options->server.role,
+                      "both: the colocated server; prefill: also prefills for decode workers (POST /internal/v1/prefill) "
+                      "and streams them the KV; decode: also generates from KV streams (requests with kv_transfer)")
+      ->check(CLI::IsMember({"both", "prefill", "decode"}))->capture_default_str();
+  command->add_option("--kv-port", options->server.kv_port,
+                      "decode: the port the KV stream listens on (default: the HTTP port + 1; 0: any free port, printed)")
+      ->check(CLI::Range(0, 65535));
+  command->add_option("--kv-bandwidth-gbps", options->server.kv_bandwidth_gbps,
+                      "prefill: cap on the rate of the KV streams it sends, in Gbit/s (token bucket; 0: none)")
+      ->check(CLI::Range(0.0, 1e6))->capture_default_str();
   command->add_option("--prefill-chunk-tokens", options->prefill_chunk_tokens,
                       "tokens one engine step runs at most (prompt chunks and decode tokens together)")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();

@@ -1,0 +1,51 @@
+// The KV stream's framing (docs/kv_stream_protocol.md, "Frames"): every message is a 16-byte frame
+// header and a payload, checked by a CRC32C over both, so that a corrupt or truncated frame is refused
+// rather than imported.
+//
+//   offset 0  u8[4]  magic "SKVS"
+//          4  u8     type (KvFrameType)
+//          5  u8[3]  reserved, 0
+//          8  u32    payload_bytes (little-endian), at most kKvFrameMaxPayloadBytes
+//         12  u32    crc32c of header bytes [0, 12) followed by the payload
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "slimkv/status.h"
+#include "transfer/tcp_connection.h"
+#include "transfer/token_bucket.h"
+
+namespace slimkv {
+
+enum class KvFrameType : uint8_t {
+  kHello = 1,    // sender → receiver: JSON, the sender's identity and the request (handshake)
+  kAccept = 2,   // receiver → sender: JSON, the receiver's identity (it matches)
+  kRefuse = 3,   // receiver → sender: JSON {"error"}: identities differ, or the receiver cannot take it
+  kKvHead = 4,   // sender → receiver: the transfer's header and metadata (bytes [0, sealed_offset))
+  kKvLayer = 5,  // sender → receiver: u32 layer, u32 0, the layer's sealed blocks then its open tokens
+  kFinish = 6,   // sender → receiver: the transfer's 16-byte trailer, then JSON (tokens, request)
+  kDone = 7,     // receiver → sender: JSON: the whole stream arrived and checks out
+  kFailed = 8,   // receiver → sender: JSON {"error"}: the stream arrived but does not check out
+};
+const char* kv_frame_type_name(KvFrameType type);
+
+inline constexpr size_t kKvFrameHeaderBytes = 16;
+inline constexpr uint32_t kKvFrameMaxPayloadBytes = uint32_t(1) << 30;
+
+struct KvFrame {
+  KvFrameType type = KvFrameType::kHello;
+  std::vector<uint8_t> payload;
+};
+
+// Writes one frame whose payload is the concatenation of `parts`, taking every byte from `bucket`
+// (nullptr: no cap) as it goes out.
+Status write_kv_frame(TcpConnection& connection, KvFrameType type, std::span<const std::span<const uint8_t>> parts,
+                      TokenBucket* bucket, SteadyClock::time_point deadline);
+
+// Reads one frame: magic, reserved bytes, size and CRC checked; errors name the peer and what was wrong.
+Expected<KvFrame> read_kv_frame(TcpConnection& connection, SteadyClock::time_point deadline);
+
+}  // namespace slimkv

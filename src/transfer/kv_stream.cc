@@ -1,0 +1,447 @@
+// The KV stream's two ends (docs/kv_stream_protocol.md).
+#include "transfer/kv_stream.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kv/transfer.h"
+
+namespace slimkv {
+namespace {
+
+using nlohmann::json;
+
+std::span<const uint8_t> bytes_of(const std::string& text) {
+  return {reinterpret_cast<const uint8_t*>(text.data()), text.size()};
+}
+
+// A JSON payload, or an error naming the frame.
+Expected<json> parse_json_payload(const KvFrame& frame, size_t offset, const std::string& where) {
+  json parsed = json::parse(frame.payload.begin() + ptrdiff_t(offset), frame.payload.end(), nullptr, false);
+  if (parsed.is_discarded() || !parsed.is_object()) {
+    return error(where, ": the ", kv_frame_type_name(frame.type), " frame's payload is not a JSON object");
+  }
+  return parsed;
+}
+
+// An error unless `frame` is of the expected type, saying which came instead (a REFUSE or FAILED
+// quotes the receiver's error).
+Status check_frame_type(const KvFrame& frame, KvFrameType expected, const std::string& where) {
+  if (frame.type == expected) return Status::ok();
+  if (frame.type == KvFrameType::kRefuse || frame.type == KvFrameType::kFailed) {
+    Expected<json> body = parse_json_payload(frame, 0, where);
+    const std::string message = body && (*body)["error"].is_string() ? (*body)["error"].get<std::string>() : "no reason given";
+    return error(where, ": the receiver ", frame.type == KvFrameType::kRefuse ? "refused" : "failed", " the stream: ", message);
+  }
+  return error(where, ": expected a ", kv_frame_type_name(expected), " frame, got ", kv_frame_type_name(frame.type));
+}
+
+// The frame that must come next.
+Expected<KvFrame> expect_frame(TcpConnection& connection, KvFrameType expected, SteadyClock::time_point deadline,
+                               const std::string& where) {
+  Expected<KvFrame> frame = read_kv_frame(connection, deadline);
+  if (!frame) return frame.status().with_context(where);
+  SLIMKV_RETURN_IF_ERROR(check_frame_type(*frame, expected, where));
+  return frame;
+}
+
+Expected<std::vector<int32_t>> token_ids_field(const json& body, const char* key, const std::string& where) {
+  if (!body.contains(key) || !body[key].is_array()) return error(where, ": ", key, " must be an array of token ids");
+  std::vector<int32_t> ids;
+  for (const json& id : body[key]) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
+      return error(where, ": ", key, " holds ", id.dump(), ", not a token id");
+    }
+    ids.push_back(id.get<int32_t>());
+  }
+  return ids;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------
+// Identity
+// ---------------------------------------------------------------------------------------------------
+
+json kv_identity_json(const KvStreamIdentity& identity) {
+  return {{"model_id", identity.model_id},
+          {"kv_spec", identity.kv_spec},
+          {"transfer_format_version", identity.transfer_format_version},
+          {"block_tokens", identity.block_tokens},
+          {"sealed_block_bytes", identity.sealed_block_bytes},
+          {"num_layers", identity.num_layers},
+          {"num_kv_heads", identity.num_kv_heads},
+          {"k_dim", identity.k_dim},
+          {"v_dim", identity.v_dim}};
+}
+
+Expected<KvStreamIdentity> parse_kv_identity(const json& body, const std::string& where) {
+  if (!body.is_object()) return error(where, ": identity must be a JSON object");
+  KvStreamIdentity identity;
+  const auto text = [&](const char* key, std::string& out) -> Status {
+    if (!body.contains(key) || !body[key].is_string()) return error(where, ": identity field ", key, " must be a string");
+    out = body[key].get<std::string>();
+    return Status::ok();
+  };
+  const auto count = [&](const char* key, auto& out) -> Status {
+    if (!body.contains(key) || !body[key].is_number_unsigned()) {
+      return error(where, ": identity field ", key, " must be a non-negative integer");
+    }
+    out = body[key].get<std::remove_reference_t<decltype(out)>>();
+    return Status::ok();
+  };
+  SLIMKV_RETURN_IF_ERROR(text("model_id", identity.model_id));
+  SLIMKV_RETURN_IF_ERROR(text("kv_spec", identity.kv_spec));
+  SLIMKV_RETURN_IF_ERROR(count("transfer_format_version", identity.transfer_format_version));
+  SLIMKV_RETURN_IF_ERROR(count("block_tokens", identity.block_tokens));
+  SLIMKV_RETURN_IF_ERROR(count("sealed_block_bytes", identity.sealed_block_bytes));
+  SLIMKV_RETURN_IF_ERROR(count("num_layers", identity.num_layers));
+  SLIMKV_RETURN_IF_ERROR(count("num_kv_heads", identity.num_kv_heads));
+  SLIMKV_RETURN_IF_ERROR(count("k_dim", identity.k_dim));
+  SLIMKV_RETURN_IF_ERROR(count("v_dim", identity.v_dim));
+  return identity;
+}
+
+std::string kv_identity_mismatch(const KvStreamIdentity& sender, const KvStreamIdentity& receiver) {
+  const json a = kv_identity_json(sender), b = kv_identity_json(receiver);
+  std::string out;
+  for (const auto& [key, value] : a.items()) {
+    if (b[key] == value) continue;
+    if (!out.empty()) out += "; ";
+    out += str_cat(key, ": the prefill worker's ", value.dump(), ", this decode worker's ", b[key].dump());
+  }
+  return out;
+}
+
+Expected<KvStreamIdentity> engine_kv_identity(Engine& engine) {
+  SLIMKV_ASSIGN_OR_RETURN(const SequenceId sequence, engine.add_sequence());
+  Expected<std::vector<uint8_t>> empty = engine.export_kv(sequence);
+  (void)engine.remove_sequence(sequence);
+  if (!empty) return empty.status().with_context("the KV stream identity");
+  SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, inspect_kv_transfer(empty->data(), empty->size(), "an empty sequence"));
+  return KvStreamIdentity{.model_id = info.model_id,
+                          .kv_spec = info.spec,
+                          .transfer_format_version = info.version,
+                          .block_tokens = info.block_tokens,
+                          .sealed_block_bytes = info.sealed_block_bytes,
+                          .num_layers = info.shape.num_layers,
+                          .num_kv_heads = info.shape.num_kv_heads,
+                          .k_dim = info.shape.k_dim,
+                          .v_dim = info.shape.v_dim};
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The sender
+// ---------------------------------------------------------------------------------------------------
+
+KvStreamSender::KvStreamSender(TcpConnection connection, const KvStreamSendOptions& options)
+    : connection_(std::move(connection)), options_(options), bucket_(options.bandwidth_gbps * 1e9) {}
+
+Status KvStreamSender::send(KvFrameType type, std::span<const std::span<const uint8_t>> parts) {
+  SLIMKV_RETURN_IF_ERROR(write_kv_frame(connection_, type, parts, &bucket_, SteadyClock::now() + options_.io_timeout));
+  bytes_sent_ += kKvFrameHeaderBytes;
+  for (const auto& part : parts) bytes_sent_ += part.size();
+  return Status::ok();
+}
+
+Expected<std::unique_ptr<KvStreamSender>> KvStreamSender::open(const std::string& address,
+                                                               const KvStreamIdentity& identity,
+                                                               const std::string& request_id, int attempt,
+                                                               const KvStreamSendOptions& options, bool* refused) {
+  *refused = false;
+  SLIMKV_ASSIGN_OR_RETURN(TcpConnection connection, TcpConnection::connect(address, options.connect_timeout));
+  std::unique_ptr<KvStreamSender> sender(new KvStreamSender(std::move(connection), options));
+  const std::string hello = json{{"stream_version", kKvStreamVersion},
+                                 {"request_id", request_id},
+                                 {"attempt", attempt},
+                                 {"identity", kv_identity_json(identity)}}.dump();
+  const std::span<const uint8_t> parts[] = {bytes_of(hello)};
+  SLIMKV_RETURN_IF_ERROR(sender->send(KvFrameType::kHello, parts));
+  const std::string where = str_cat("KV stream to ", address);
+  Expected<KvFrame> answer = read_kv_frame(sender->connection_, SteadyClock::now() + options.io_timeout);
+  if (!answer) return answer.status().with_context(where);
+  *refused = answer->type == KvFrameType::kRefuse;
+  SLIMKV_RETURN_IF_ERROR(check_frame_type(*answer, KvFrameType::kAccept, where));
+  return sender;
+}
+
+Status KvStreamSender::send_head(std::span<const uint8_t> head) {
+  const std::span<const uint8_t> parts[] = {head};
+  return send(KvFrameType::kKvHead, parts);
+}
+
+Status KvStreamSender::send_layer(int layer, std::span<const uint8_t> sealed, std::span<const uint8_t> open) {
+  uint8_t prefix[8] = {};
+  for (int i = 0; i < 4; ++i) prefix[i] = uint8_t(uint32_t(layer) >> (8 * i));
+  const std::span<const uint8_t> parts[] = {prefix, sealed, open};
+  return send(KvFrameType::kKvLayer, parts);
+}
+
+Status KvStreamSender::finish(std::span<const uint8_t> transfer_trailer, const KvStreamRequest& request) {
+  const std::string body = json{{"prompt_token_ids", request.prompt_token_ids},
+                                {"resume_token_ids", request.resume_token_ids},
+                                {"next_token", request.next_token},
+                                {"endpoint", request.endpoint},
+                                {"request", request.request}}.dump(-1, ' ', false, json::error_handler_t::replace);
+  const std::span<const uint8_t> parts[] = {transfer_trailer, bytes_of(body)};
+  SLIMKV_RETURN_IF_ERROR(send(KvFrameType::kFinish, parts));
+  return expect_frame(connection_, KvFrameType::kDone, SteadyClock::now() + options_.io_timeout,
+                      str_cat("KV stream to ", connection_.peer()))
+      .status();
+}
+
+Status KvStreamSender::send_transfer(std::span<const uint8_t> transfer, const KvStreamRequest& request) {
+  SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, inspect_kv_transfer(transfer.data(), transfer.size(), "the KV to send"));
+  SLIMKV_RETURN_IF_ERROR(send_head(transfer.first(info.sealed_offset)));
+  const std::vector<KvTransferLayerRanges> ranges = kv_transfer_layer_ranges(info);
+  for (size_t l = 0; l < ranges.size(); ++l) {
+    SLIMKV_RETURN_IF_ERROR(send_layer(int(l), transfer.subspan(ranges[l].sealed_offset, ranges[l].sealed_bytes),
+                                      transfer.subspan(ranges[l].open_offset, ranges[l].open_bytes)));
+  }
+  return finish(transfer.subspan(info.trailer_offset), request);
+}
+
+KvStreamSendResult send_kv_transfer(const std::string& address, const KvStreamIdentity& identity,
+                                    std::span<const uint8_t> transfer, const KvStreamRequest& request,
+                                    const KvStreamSendOptions& options) {
+  KvStreamSendResult result;
+  const SteadyClock::time_point start = SteadyClock::now();
+  Expected<std::unique_ptr<KvStreamSender>> sender =
+      KvStreamSender::open(address, identity, request.request_id, request.attempt, options, &result.refused);
+  if (!sender) {
+    result.status = sender.status();
+    return result;
+  }
+  result.status = (*sender)->send_transfer(transfer, request);
+  result.bytes_sent = (*sender)->bytes_sent();
+  result.seconds = std::chrono::duration<double>(SteadyClock::now() - start).count();
+  return result;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The receiver
+// ---------------------------------------------------------------------------------------------------
+
+KvStreamReceiver::KvStreamReceiver(const KvStreamIdentity& identity, const KvStreamReceiverOptions& options,
+                                   TcpListener listener)
+    : identity_(identity), options_(options), listener_(std::move(listener)), port_(listener_.port()) {}
+
+Expected<std::unique_ptr<KvStreamReceiver>> KvStreamReceiver::start(const KvStreamIdentity& identity,
+                                                                   const KvStreamReceiverOptions& options) {
+  SLIMKV_ASSIGN_OR_RETURN(TcpListener listener, TcpListener::listen(options.host, options.port));
+  std::unique_ptr<KvStreamReceiver> receiver(new KvStreamReceiver(identity, options, std::move(listener)));
+  KvStreamReceiver* self = receiver.get();
+  receiver->acceptor_ = std::thread([self] { self->accept_loop(); });
+  return receiver;
+}
+
+KvStreamReceiver::~KvStreamReceiver() { stop(); }
+
+void KvStreamReceiver::stop() {
+  stopping_ = true;
+  if (acceptor_.joinable()) acceptor_.join();
+  for (Worker& worker : workers_) worker.thread.join();  // their reads see stopping_ within ~100 ms
+  workers_.clear();
+  arrived_.notify_all();
+}
+
+void KvStreamReceiver::accept_loop() {
+  while (!stopping_) {
+    Expected<TcpConnection> connection = listener_.accept(std::chrono::milliseconds(100));
+    // Reap the connections that ended (only this thread adds to workers_ until stop() joins it).
+    std::erase_if(workers_, [](Worker& worker) {
+      if (!worker.done->load()) return false;
+      worker.thread.join();
+      return true;
+    });
+    {
+      std::lock_guard lock(mutex_);
+      drop_stale_locked();
+    }
+    if (!connection || !connection->is_open()) continue;
+    connection->set_cancel_flag(&stopping_);
+    if (int(workers_.size()) >= options_.max_connections) {
+      const std::string refusal =
+          json{{"error", str_cat("this decode worker receives ", options_.max_connections, " KV streams at once; retry")}}.dump();
+      const std::span<const uint8_t> parts[] = {bytes_of(refusal)};
+      (void)write_kv_frame(*connection, KvFrameType::kFailed, parts, nullptr, SteadyClock::now() + std::chrono::seconds(1));
+      continue;
+    }
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    workers_.push_back({std::thread([this, done, c = std::make_shared<TcpConnection>(connection.take())]() mutable {
+                          receive(std::move(*c));
+                          *done = true;
+                        }),
+                        done});
+  }
+}
+
+void KvStreamReceiver::drop_stale_locked() {
+  const SteadyClock::time_point now = SteadyClock::now();
+  // Complete and never claimed, or never completed (a sender that failed): either way, nobody will.
+  std::erase_if(slots_, [&](const auto& entry) { return now - entry.second.since > options_.keep_unclaimed; });
+}
+
+void KvStreamReceiver::receive(TcpConnection connection) {
+  ReceivedKv received;
+  uint64_t serial = 0;
+  const Status status = receive_stream(connection, received, serial);
+  const int attempt = received.request.attempt;
+  const std::string& id = received.request.request_id;
+  std::string answer_error;
+  if (status.is_ok()) {
+    std::lock_guard lock(mutex_);
+    auto slot = slots_.find(id);
+    if (slot == slots_.end() || slot->second.serial != serial) {
+      answer_error = slot == slots_.end()
+                         ? str_cat("KV stream for request ", id, " attempt ", attempt, ": it took longer than the receiver keeps streams")
+                         : str_cat("KV stream for request ", id, " attempt ", attempt, ": superseded by a later stream (attempt ",
+                                   slot->second.received.request.attempt, ")");
+    } else {
+      slot->second.complete = true;
+      slot->second.since = SteadyClock::now();
+      slot->second.received = std::move(received);
+      arrived_.notify_all();
+    }
+  } else {
+    answer_error = status.message();
+  }
+  if (serial == 0 && !status.is_ok()) {
+    // Refused at the handshake (receive_stream answered REFUSE itself), or the sender vanished.
+    return;
+  }
+  const std::string body = answer_error.empty()
+                               ? json{{"kv_bytes", received.transfer.size()}}.dump()
+                               : json{{"error", answer_error}}.dump(-1, ' ', false, json::error_handler_t::replace);
+  const std::span<const uint8_t> parts[] = {bytes_of(body)};
+  (void)write_kv_frame(connection, answer_error.empty() ? KvFrameType::kDone : KvFrameType::kFailed, parts, nullptr,
+                       SteadyClock::now() + options_.io_timeout);
+}
+
+Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& received, uint64_t& serial) {
+  const auto deadline = [&] { return SteadyClock::now() + options_.io_timeout; };
+  std::string where = str_cat("KV stream from ", connection.peer());
+  const auto refuse = [&](const std::string& message) {
+    const std::string body = json{{"error", message}}.dump(-1, ' ', false, json::error_handler_t::replace);
+    const std::span<const uint8_t> parts[] = {bytes_of(body)};
+    (void)write_kv_frame(connection, KvFrameType::kRefuse, parts, nullptr, deadline());
+    return error(where, ": refused: ", message);
+  };
+
+  // The handshake.
+  SLIMKV_ASSIGN_OR_RETURN(const KvFrame hello_frame, expect_frame(connection, KvFrameType::kHello, deadline(), where));
+  SLIMKV_ASSIGN_OR_RETURN(const json hello, parse_json_payload(hello_frame, 0, where));
+  if (!hello.contains("stream_version") || !hello["stream_version"].is_number_unsigned() ||
+      hello["stream_version"].get<uint64_t>() != kKvStreamVersion) {
+    return refuse(str_cat("KV stream protocol version: the prefill worker's ", hello.value("stream_version", json()).dump(),
+                          ", this decode worker's ", kKvStreamVersion));
+  }
+  if (!hello.contains("request_id") || !hello["request_id"].is_string() || hello["request_id"].get<std::string>().empty() ||
+      hello["request_id"].get<std::string>().size() > 256) {
+    return refuse("HELLO: request_id must be a string of 1 to 256 characters");
+  }
+  if (!hello.contains("attempt") || !hello["attempt"].is_number_unsigned() || hello["attempt"].get<uint64_t>() > INT32_MAX) {
+    return refuse("HELLO: attempt must be a non-negative integer");
+  }
+  Expected<KvStreamIdentity> sender = parse_kv_identity(hello.value("identity", json()), "HELLO");
+  if (!sender) return refuse(sender.status().message());
+  if (const std::string mismatch = kv_identity_mismatch(*sender, identity_); !mismatch.empty()) {
+    return refuse("the prefill and decode workers disagree: " + mismatch);
+  }
+  received.request.request_id = hello["request_id"].get<std::string>();
+  received.request.attempt = hello["attempt"].get<int>();
+  where = str_cat(where, " (request ", received.request.request_id, " attempt ", received.request.attempt, ")");
+  {
+    // This attempt replaces any earlier one for the id (an earlier stream still arriving is discarded
+    // when it ends; a complete one nobody claimed yet is dropped now).
+    std::lock_guard lock(mutex_);
+    serial = next_serial_++;
+    Slot& slot = slots_[received.request.request_id];
+    slot = Slot{.serial = serial, .complete = false, .received = {}, .since = SteadyClock::now()};
+    slot.received.request.attempt = received.request.attempt;  // for the message to a superseded stream
+  }
+  const std::string accept = json{{"identity", kv_identity_json(identity_)}}.dump();
+  const std::span<const uint8_t> accept_parts[] = {bytes_of(accept)};
+  SLIMKV_RETURN_IF_ERROR(write_kv_frame(connection, KvFrameType::kAccept, accept_parts, nullptr, deadline()));
+
+  // The head: it sizes the transfer.
+  SLIMKV_ASSIGN_OR_RETURN(const KvFrame head, expect_frame(connection, KvFrameType::kKvHead,
+                                                           SteadyClock::now() + options_.head_timeout, where));
+  SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, inspect_kv_transfer_head(head.payload.data(), head.payload.size(), where));
+  if (head.payload.size() != info.sealed_offset) {
+    return error(where, ": the KV_HEAD frame holds ", head.payload.size(), " bytes, the transfer's head is ", info.sealed_offset);
+  }
+  if (info.spec != identity_.kv_spec || info.model_id != identity_.model_id) {
+    return error(where, ": the transfer's head names spec '", info.spec, "' and model '", info.model_id,
+                 "', not the handshake's");
+  }
+  std::vector<uint8_t>& transfer = received.transfer;
+  transfer.assign(info.total_bytes, 0);
+  std::memcpy(transfer.data(), head.payload.data(), head.payload.size());
+  received.wire_bytes = kKvFrameHeaderBytes * 2 + hello_frame.payload.size() + head.payload.size();
+
+  // The layers, in order, each exactly its ranges' bytes.
+  const std::vector<KvTransferLayerRanges> ranges = kv_transfer_layer_ranges(info);
+  for (size_t l = 0; l < ranges.size(); ++l) {
+    SLIMKV_ASSIGN_OR_RETURN(const KvFrame layer, expect_frame(connection, KvFrameType::kKvLayer, deadline(), where));
+    const KvTransferLayerRanges& range = ranges[l];
+    const uint64_t expected = 8 + range.sealed_bytes + range.open_bytes;
+    const uint32_t index = layer.payload.size() >= 4 ? uint32_t(layer.payload[0]) | uint32_t(layer.payload[1]) << 8 |
+                                                           uint32_t(layer.payload[2]) << 16 | uint32_t(layer.payload[3]) << 24
+                                                     : UINT32_MAX;
+    if (index != l || layer.payload.size() != expected) {
+      return error(where, ": expected layer ", l, " in ", expected, " bytes, got a KV_LAYER frame for layer ",
+                   int64_t(index == UINT32_MAX ? -1 : int64_t(index)), " of ", layer.payload.size(), " bytes");
+    }
+    std::memcpy(transfer.data() + range.sealed_offset, layer.payload.data() + 8, range.sealed_bytes);
+    std::memcpy(transfer.data() + range.open_offset, layer.payload.data() + 8 + range.sealed_bytes, range.open_bytes);
+    received.wire_bytes += kKvFrameHeaderBytes + layer.payload.size();
+  }
+
+  // The trailer and the request; then the whole transfer is checked end to end (its own CRC).
+  SLIMKV_ASSIGN_OR_RETURN(const KvFrame finish, expect_frame(connection, KvFrameType::kFinish, deadline(), where));
+  if (finish.payload.size() < kKvTransferTrailerBytes) return error(where, ": the FINISH frame is shorter than a trailer");
+  std::memcpy(transfer.data() + info.trailer_offset, finish.payload.data(), kKvTransferTrailerBytes);
+  received.wire_bytes += kKvFrameHeaderBytes + finish.payload.size();
+  SLIMKV_RETURN_IF_ERROR(inspect_kv_transfer(transfer.data(), transfer.size(), where).status());
+  SLIMKV_ASSIGN_OR_RETURN(const json body, parse_json_payload(finish, kKvTransferTrailerBytes, where));
+  KvStreamRequest& request = received.request;
+  SLIMKV_ASSIGN_OR_RETURN(request.prompt_token_ids, token_ids_field(body, "prompt_token_ids", where));
+  SLIMKV_ASSIGN_OR_RETURN(request.resume_token_ids, token_ids_field(body, "resume_token_ids", where));
+  if (!body.contains("next_token") || !body["next_token"].is_number_integer() || body["next_token"].get<int64_t>() < 0 ||
+      body["next_token"].get<int64_t>() > INT32_MAX) {
+    return error(where, ": FINISH: next_token must be a token id");
+  }
+  request.next_token = body["next_token"].get<int32_t>();
+  if (!body.contains("endpoint") || !body["endpoint"].is_string()) return error(where, ": FINISH: endpoint must be a string");
+  request.endpoint = body["endpoint"].get<std::string>();
+  request.request = body.value("request", json::object());
+  const size_t tokens = request.prompt_token_ids.size() + request.resume_token_ids.size();
+  for (size_t l = 0; l < info.layer_tokens.size(); ++l) {
+    if (size_t(info.layer_tokens[l]) != tokens) {
+      return error(where, ": layer ", l, " holds ", info.layer_tokens[l], " tokens, but the prompt and resumed tokens are ",
+                   tokens);
+    }
+  }
+  return Status::ok();
+}
+
+Expected<ReceivedKv> KvStreamReceiver::wait_for(const std::string& request_id, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  const bool arrived = arrived_.wait_for(lock, timeout, [&] {
+    if (stopping_) return true;
+    auto slot = slots_.find(request_id);
+    return slot != slots_.end() && slot->second.complete;
+  });
+  auto slot = slots_.find(request_id);
+  if (!arrived || slot == slots_.end() || !slot->second.complete) {
+    if (stopping_) return error("the KV stream for request ", request_id, " did not arrive: the worker is shutting down");
+    return error("the KV stream for request ", request_id, " did not arrive within ",
+                 std::chrono::duration<double>(timeout).count(), " s");
+  }
+  ReceivedKv received = std::move(slot->second.received);
+  slots_.erase(slot);
+  return received;
+}
+
+}  // namespace slimkv

@@ -1,0 +1,182 @@
+// The KV stream: how a prefill worker hands one request's KV to a decode worker over TCP
+// (docs/kv_stream_protocol.md is the specification). The KV travels in the transfer format of
+// docs/kv_transfer_format.md, cut into a frame per layer (sealed blocks still encoded by the codec, then
+// the open block), after a handshake that refuses, before any KV byte moves, a receiver whose model,
+// KV spec, format version, block size or shape differ, naming both sides' values:
+//
+//   sender                                   receiver (listens on the decode worker's --kv-port)
+//   HELLO {identity, request_id, attempt} ─►
+//                                          ◄─ ACCEPT {identity}  |  REFUSE {error}
+//   KV_HEAD (header + metadata)           ─►
+//   KV_LAYER 0, 1, ..., num_layers - 1     ─►  (each as soon as the layer is ready)
+//   FINISH (trailer + tokens + request)   ─►
+//                                          ◄─ DONE {kv_bytes}  |  FAILED {error}
+//
+// Every frame is checked by a CRC32C (transfer/kv_frame.h); every read and write has a deadline.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "slimkv/engine.h"
+#include "slimkv/status.h"
+#include "transfer/kv_frame.h"
+#include "transfer/tcp_connection.h"
+#include "transfer/token_bucket.h"
+
+namespace slimkv {
+
+inline constexpr uint32_t kKvStreamVersion = 1;  // this protocol's version (HELLO's stream_version)
+
+// What the two sides must agree on before any KV byte moves.
+struct KvStreamIdentity {
+  std::string model_id;  // Engine::model_identity(): the weights that computed the KV
+  std::string kv_spec;   // the canonical spec (Engine::kv_description())
+  uint32_t transfer_format_version = 0;
+  int block_tokens = 0;
+  uint64_t sealed_block_bytes = 0;
+  int num_layers = 0, num_kv_heads = 0, k_dim = 0, v_dim = 0;  // per-head dims as stored
+};
+nlohmann::json kv_identity_json(const KvStreamIdentity& identity);
+Expected<KvStreamIdentity> parse_kv_identity(const nlohmann::json& json, const std::string& where);
+// "" when they agree; else every field that differs with both values ("kv_spec: the prefill worker's
+// 'a', this decode worker's 'b'; ...").
+std::string kv_identity_mismatch(const KvStreamIdentity& sender, const KvStreamIdentity& receiver);
+// The identity of the transfers `engine` writes (read from the transfer of an empty sequence). The
+// engine must have room for one more sequence (call it before a scheduler takes the engine).
+Expected<KvStreamIdentity> engine_kv_identity(Engine& engine);
+
+// What travels beside the KV: the request, so that the receiver continues it exactly.
+struct KvStreamRequest {
+  std::string request_id;  // the router's (HELLO)
+  int attempt = 0;         // a later attempt for the same id replaces an earlier one (HELLO)
+  std::vector<int32_t> prompt_token_ids;  // the prompt as the sender tokenized it (FINISH)
+  std::vector<int32_t> resume_token_ids;  // tokens already generated elsewhere, run after the prompt
+  int32_t next_token = -1;  // sampled by the sender after prompt + resume: the next generated token
+  std::string endpoint;     // "/v1/completions" or "/v1/chat/completions"
+  nlohmann::json request;   // the client's request body
+};
+
+// --- the sender ---
+
+struct KvStreamSendOptions {
+  double bandwidth_gbps = 0;  // token-bucket cap on what goes out (Gbit/s); 0: none
+  std::chrono::milliseconds connect_timeout{5000};
+  std::chrono::milliseconds io_timeout{30000};  // per frame, and for the receiver's answers
+};
+
+// One stream, driven frame by frame: open() (the handshake), send_head(), send_layer() for every layer
+// in order (a producer calls it as each layer is ready), finish(). After an error the stream is dead.
+class KvStreamSender {
+ public:
+  // Connects to `address` and does the handshake. An error when the receiver refused (refused() is
+  // then true on the sender given back through `refused`) or could not be reached.
+  static Expected<std::unique_ptr<KvStreamSender>> open(const std::string& address, const KvStreamIdentity& identity,
+                                                        const std::string& request_id, int attempt,
+                                                        const KvStreamSendOptions& options, bool* refused);
+  // Bytes [0, sealed_offset) of the transfer: its header and metadata.
+  Status send_head(std::span<const uint8_t> head);
+  Status send_layer(int layer, std::span<const uint8_t> sealed, std::span<const uint8_t> open);
+  // The transfer's 16-byte trailer and the request; waits for the receiver's DONE (an error quotes its
+  // FAILED).
+  Status finish(std::span<const uint8_t> transfer_trailer, const KvStreamRequest& request);
+  // All of the above for a whole transfer (an export_kv result), a layer at a time.
+  Status send_transfer(std::span<const uint8_t> transfer, const KvStreamRequest& request);
+  uint64_t bytes_sent() const { return bytes_sent_; }
+
+ private:
+  KvStreamSender(TcpConnection connection, const KvStreamSendOptions& options);
+  Status send(KvFrameType type, std::span<const std::span<const uint8_t>> parts);
+  TcpConnection connection_;
+  KvStreamSendOptions options_;
+  TokenBucket bucket_;
+  uint64_t bytes_sent_ = 0;
+};
+
+struct KvStreamSendResult {
+  Status status;
+  bool refused = false;  // the receiver refused the handshake (identities differ): no retry helps
+  uint64_t bytes_sent = 0;  // on the wire, frame headers and handshake included
+  double seconds = 0;       // from connecting to the receiver's DONE
+};
+// Sends a whole transfer (an export_kv result) a layer at a time, with `request` beside it.
+KvStreamSendResult send_kv_transfer(const std::string& address, const KvStreamIdentity& identity,
+                                    std::span<const uint8_t> transfer, const KvStreamRequest& request,
+                                    const KvStreamSendOptions& options);
+
+// --- the receiver ---
+
+struct ReceivedKv {
+  KvStreamRequest request;
+  std::vector<uint8_t> transfer;  // the sender's transfer, byte for byte, checked (CRC, structure)
+  uint64_t wire_bytes = 0;
+};
+
+struct KvStreamReceiverOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;  // 0: any free port (port() says which)
+  std::chrono::milliseconds io_timeout{30000};  // per frame
+  // Between the handshake and the KV head the sender prefills the prompt: a longer wait.
+  std::chrono::milliseconds head_timeout{600000};
+  // A stream that arrived but that no request claims (wait_for) within this time is dropped.
+  std::chrono::milliseconds keep_unclaimed{120000};
+  int max_connections = 64;  // streams received at once; more are refused
+};
+
+// Listens for streams on a thread of its own, one thread per connection; completed streams wait in a
+// mailbox, by request id, for the request that claims them.
+class KvStreamReceiver {
+ public:
+  static Expected<std::unique_ptr<KvStreamReceiver>> start(const KvStreamIdentity& identity,
+                                                           const KvStreamReceiverOptions& options);
+  ~KvStreamReceiver();  // stop()
+  int port() const { return port_; }
+
+  // Waits up to `timeout` for the stream tagged `request_id` to have arrived whole, and takes it.
+  Expected<ReceivedKv> wait_for(const std::string& request_id, std::chrono::milliseconds timeout);
+  // Stops listening, fails the streams in progress and joins every thread. Idempotent.
+  void stop();
+
+ private:
+  KvStreamReceiver(const KvStreamIdentity& identity, const KvStreamReceiverOptions& options, TcpListener listener);
+  void accept_loop();
+  void receive(TcpConnection connection);
+  // Receives one stream; `serial` is set (> 0) once it holds the slot of its request id.
+  Status receive_stream(TcpConnection& connection, ReceivedKv& received, uint64_t& serial);
+  void drop_stale_locked();
+
+  const KvStreamIdentity identity_;
+  const KvStreamReceiverOptions options_;
+  TcpListener listener_;
+  int port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::thread acceptor_;
+
+  struct Slot {
+    uint64_t serial = 0;         // the latest stream whose HELLO arrived for the id
+    bool complete = false;
+    ReceivedKv received;         // when complete
+    SteadyClock::time_point since;
+  };
+  std::mutex mutex_;
+  std::condition_variable arrived_;
+  std::map<std::string, Slot> slots_;
+  uint64_t next_serial_ = 1;
+  struct Worker {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<Worker> workers_;
+};
+
+}  // namespace slimkv

@@ -1,0 +1,267 @@
+// The KV stream on loopback (src/transfer/kv_stream.h): what arrives is the sender's export_kv byte for
+// byte, mismatched workers are refused with both values, corrupt and truncated frames are refused, a
+// peer that dies or stalls fails the other side within its timeout, and the bandwidth cap holds.
+#include "transfer/kv_stream.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <future>
+#include <thread>
+
+#include "kv/transfer.h"
+#include "transfer/kv_frame.h"
+
+namespace slimkv {
+namespace {
+
+using namespace std::chrono_literals;
+const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-14m";
+
+std::string loopback(int port) { return "127.0.0.1:" + std::to_string(port); }
+
+// An engine of the bundled model holding one sequence of `tokens` prompt tokens; its export.
+struct Prefilled {
+  std::unique_ptr<Engine> engine;
+  KvStreamIdentity identity;
+  std::vector<uint8_t> transfer;
+  std::vector<int32_t> prompt;
+};
+Prefilled prefill(const std::string& spec, int tokens) {
+  Prefilled out;
+  auto engine = Engine::load({.model_dir = kModel, .kv_spec = spec, .threads = 2, .max_sequences = 2});
+  EXPECT_TRUE(engine) << engine.status().message();
+  out.engine = engine.take();
+  Expected<KvStreamIdentity> identity = engine_kv_identity(*out.engine);
+  EXPECT_TRUE(identity) << identity.status().message();
+  if (identity) out.identity = *identity;
+  for (int i = 0; i < tokens; ++i) out.prompt.push_back(int32_t(5 + (i * 37) % 900));
+  auto session = out.engine->new_session();
+  EXPECT_TRUE(session->prefill(out.prompt));
+  out.transfer = *out.engine->export_kv(session->sequence());
+  return out;
+}
+
+KvStreamRequest request_for(const Prefilled& p, const std::string& id) {
+  return {.request_id = id, .attempt = 0, .prompt_token_ids = p.prompt, .resume_token_ids = {}, .next_token = 7,
+          .endpoint = "/v1/completions", .request = {{"prompt", "x"}, {"max_tokens", 3}}};
+}
+
+class KvStreamRoundTrip : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(KvStreamRoundTrip, ArrivesAsExported) {
+  // 150 tokens: two sealed 64-token blocks and an open block of 22 in every layer.
+  Prefilled p = prefill(GetParam(), 150);
+  auto receiver = KvStreamReceiver::start(p.identity, {.port = 0});
+  ASSERT_TRUE(receiver) << receiver.status().message();
+  const KvStreamSendResult sent = send_kv_transfer(loopback((*receiver)->port()), p.identity, p.transfer,
+                                                   request_for(p, "r1"), {});
+  ASSERT_TRUE(sent.status) << sent.status.message();
+  Expected<ReceivedKv> got = (*receiver)->wait_for("r1", 5s);
+  ASSERT_TRUE(got) << got.status().message();
+  EXPECT_EQ(got->transfer, p.transfer) << "spec " << GetParam();
+  EXPECT_EQ(got->request.prompt_token_ids, p.prompt);
+  EXPECT_EQ(got->request.next_token, 7);
+  EXPECT_EQ(got->request.endpoint, "/v1/completions");
+  EXPECT_EQ(got->request.request["max_tokens"], 3);
+  EXPECT_EQ(got->wire_bytes, sent.bytes_sent);
+  EXPECT_GT(sent.bytes_sent, p.transfer.size());
+  EXPECT_LT(sent.bytes_sent, p.transfer.size() + 2048 + 16 * size_t(p.identity.num_layers + 4));
+  // Imports into a fresh sequence and exports the same bytes again.
+  const SequenceId sequence = *p.engine->add_sequence();
+  ASSERT_TRUE(p.engine->import_kv(sequence, got->transfer, "the stream"));
+  EXPECT_EQ(*p.engine->export_kv(sequence), p.transfer);
+  // Taken: a second wait finds nothing.
+  EXPECT_FALSE((*receiver)->wait_for("r1", 50ms));
+}
+
+INSTANTIATE_TEST_SUITE_P(Specs, KvStreamRoundTrip,
+                         ::testing::Values("dense", "dense:dtype=f16", "hack:bits=2,pi=64", "hack:bits=4"));
+
+// ZACK's per-head ranks differ, and transfer format version 1 holds one k_dim/v_dim: such a worker
+// cannot stream its KV, and says so before any stream starts.
+TEST(KvStream, ZackWithPerHeadRanksHasNoStreamIdentity) {
+  auto engine = Engine::load({.model_dir = kModel, .kv_spec = "zack:rate=0.5,align=16+hack:bits=4", .threads = 2});
+  ASSERT_TRUE(engine) << engine.status().message();
+  Expected<KvStreamIdentity> identity = engine_kv_identity(**engine);
+  ASSERT_FALSE(identity);
+  EXPECT_NE(identity.status().message().find("heads differ"), std::string::npos) << identity.status().message();
+}
+
+TEST(KvStream, MismatchIsRefusedNamingBothSides) {
+  Prefilled p = prefill("hack:bits=2,pi=64", 70);
+  KvStreamIdentity receiver_identity = p.identity;
+  receiver_identity.kv_spec = "hack:kbits=4,vbits=4,round=stochastic,se=on,pi=64";
+  receiver_identity.block_tokens = 32;
+  auto receiver = KvStreamReceiver::start(receiver_identity, {.port = 0});
+  ASSERT_TRUE(receiver);
+  const KvStreamSendResult sent = send_kv_transfer(loopback((*receiver)->port()), p.identity, p.transfer,
+                                                   request_for(p, "r2"), {});
+  ASSERT_FALSE(sent.status);
+  EXPECT_TRUE(sent.refused);
+  const std::string& message = sent.status.message();
+  EXPECT_NE(message.find("kv_spec: the prefill worker's \"" + p.identity.kv_spec + "\", this decode worker's \"" +
+                         receiver_identity.kv_spec + "\""), std::string::npos) << message;
+  EXPECT_NE(message.find("block_tokens: the prefill worker's 64, this decode worker's 32"), std::string::npos) << message;
+  // No KV byte moved: the handshake alone.
+  EXPECT_LT(sent.bytes_sent, 1024u);
+  EXPECT_FALSE((*receiver)->wait_for("r2", 50ms));
+}
+
+// A hand-driven sender for the fault cases: the handshake, then whatever the test writes.
+struct RawSender {
+  TcpConnection connection;
+  explicit RawSender(int port, const KvStreamIdentity& identity, const std::string& id) {
+    connection = TcpConnection::connect(loopback(port), 2s).take();
+    const std::string hello = nlohmann::json{{"stream_version", kKvStreamVersion}, {"request_id", id}, {"attempt", 0},
+                                             {"identity", kv_identity_json(identity)}}.dump();
+    write(KvFrameType::kHello, {reinterpret_cast<const uint8_t*>(hello.data()), hello.size()});
+    EXPECT_EQ(read_kv_frame(connection, SteadyClock::now() + 5s)->type, KvFrameType::kAccept);
+  }
+  void write(KvFrameType type, std::span<const uint8_t> payload) {
+    const std::span<const uint8_t> parts[] = {payload};
+    ASSERT_TRUE(write_kv_frame(connection, type, parts, nullptr, SteadyClock::now() + 5s));
+  }
+  // What the receiver answers (its FAILED error), or the read's error.
+  std::string answer() {
+    Expected<KvFrame> frame = read_kv_frame(connection, SteadyClock::now() + 5s);
+    if (!frame) return frame.status().message();
+    return std::string(frame->payload.begin(), frame->payload.end());
+  }
+};
+
+TEST(KvStream, CorruptFrameIsRefused) {
+  Prefilled p = prefill("hack:bits=2,pi=64", 100);
+  auto receiver = KvStreamReceiver::start(p.identity, {.port = 0});
+  RawSender sender((*receiver)->port(), p.identity, "r3");
+  const auto info = *inspect_kv_transfer(p.transfer.data(), p.transfer.size(), "t");
+  // A KV_HEAD frame whose payload is flipped after its CRC was computed: write the header by hand.
+  std::vector<uint8_t> head(p.transfer.begin(), p.transfer.begin() + ptrdiff_t(info.sealed_offset));
+  uint8_t header[kKvFrameHeaderBytes] = {'S', 'K', 'V', 'S', uint8_t(KvFrameType::kKvHead)};
+  const uint32_t size = uint32_t(head.size()), crc = crc32c(head.data(), head.size(), crc32c(header, 12));
+  std::memcpy(header + 8, &size, 4);
+  std::memcpy(header + 12, &crc, 4);
+  head[head.size() / 2] ^= 0x10;
+  ASSERT_TRUE(sender.connection.write_all(header, sizeof(header), SteadyClock::now() + 2s));
+  ASSERT_TRUE(sender.connection.write_all(head.data(), head.size(), SteadyClock::now() + 2s));
+  const std::string answer = sender.answer();
+  EXPECT_NE(answer.find("KV_HEAD frame checksum mismatch"), std::string::npos) << answer;
+  EXPECT_FALSE((*receiver)->wait_for("r3", 50ms));
+}
+
+TEST(KvStream, CorruptLayerInsideAValidFrameFailsTheTransferChecksum) {
+  // A sender that corrupts its own bytes before framing them: the frames check out, the transfer's
+  // end-to-end CRC does not.
+  Prefilled p = prefill("dense", 80);
+  std::vector<uint8_t> corrupt = p.transfer;
+  const auto info = *inspect_kv_transfer(p.transfer.data(), p.transfer.size(), "t");
+  corrupt[info.sealed_offset + 100] ^= 1;
+  auto receiver = KvStreamReceiver::start(p.identity, {.port = 0});
+  RawSender sender((*receiver)->port(), p.identity, "r4");
+  sender.write(KvFrameType::kKvHead, std::span<const uint8_t>(corrupt).first(info.sealed_offset));
+  const auto ranges = kv_transfer_layer_ranges(info);
+  for (size_t l = 0; l < ranges.size(); ++l) {
+    std::vector<uint8_t> payload(8, 0);
+    payload[0] = uint8_t(l);
+    payload.insert(payload.end(), corrupt.begin() + ptrdiff_t(ranges[l].sealed_offset),
+                   corrupt.begin() + ptrdiff_t(ranges[l].sealed_offset + ranges[l].sealed_bytes));
+    payload.insert(payload.end(), corrupt.begin() + ptrdiff_t(ranges[l].open_offset),
+                   corrupt.begin() + ptrdiff_t(ranges[l].open_offset + ranges[l].open_bytes));
+    sender.write(KvFrameType::kKvLayer, payload);
+  }
+  std::vector<uint8_t> finish(corrupt.begin() + ptrdiff_t(info.trailer_offset), corrupt.end());
+  const std::string body = R"({"prompt_token_ids":[],"resume_token_ids":[],"next_token":1,"endpoint":"/v1/completions"})";
+  finish.insert(finish.end(), body.begin(), body.end());
+  sender.write(KvFrameType::kFinish, finish);
+  const std::string answer = sender.answer();
+  EXPECT_NE(answer.find("checksum mismatch"), std::string::npos) << answer;
+  EXPECT_FALSE((*receiver)->wait_for("r4", 50ms));
+}
+
+TEST(KvStream, TruncatedFrameAndDeadSenderFailWithinTheTimeout) {
+  Prefilled p = prefill("hack:bits=4", 70);
+  auto receiver = KvStreamReceiver::start(p.identity, {.port = 0, .io_timeout = 300ms, .head_timeout = 300ms});
+  {
+    // A frame header that promises 1000 bytes, 10 of them sent, then the sender goes quiet.
+    RawSender sender((*receiver)->port(), p.identity, "r5");
+    uint8_t header[kKvFrameHeaderBytes] = {'S', 'K', 'V', 'S', uint8_t(KvFrameType::kKvHead)};
+    const uint32_t size = 1000;
+    std::memcpy(header + 8, &size, 4);
+    const uint8_t some[10] = {};
+    ASSERT_TRUE(sender.connection.write_all(header, sizeof(header), SteadyClock::now() + 1s));
+    ASSERT_TRUE(sender.connection.write_all(some, sizeof(some), SteadyClock::now() + 1s));
+    const auto start = SteadyClock::now();
+    const std::string answer = sender.answer();  // the receiver gives up after io_timeout and says why
+    EXPECT_NE(answer.find("timed out"), std::string::npos) << answer;
+    EXPECT_LT(SteadyClock::now() - start, 3s);
+  }
+  {
+    // A sender that dies mid-frame: the receiver sees the connection close.
+    RawSender sender((*receiver)->port(), p.identity, "r6");
+    uint8_t header[kKvFrameHeaderBytes] = {'S', 'K', 'V', 'S', uint8_t(KvFrameType::kKvHead)};
+    const uint32_t size = 1000;
+    std::memcpy(header + 8, &size, 4);
+    ASSERT_TRUE(sender.connection.write_all(header, sizeof(header), SteadyClock::now() + 1s));
+    sender.connection.close();
+  }
+  EXPECT_FALSE((*receiver)->wait_for("r5", 50ms));
+  EXPECT_FALSE((*receiver)->wait_for("r6", 300ms));
+}
+
+TEST(KvStream, DeadReceiverFailsTheSenderWithinTheTimeout) {
+  Prefilled p = prefill("dense:dtype=f16", 200);
+  // A "receiver" that accepts, answers the handshake, then never reads again.
+  auto listener = TcpListener::listen("127.0.0.1", 0);
+  ASSERT_TRUE(listener);
+  std::promise<void> release;
+  std::thread stalled([&] {
+    TcpConnection connection = listener->accept(5s).take();
+    const KvFrame hello = *read_kv_frame(connection, SteadyClock::now() + 5s);
+    EXPECT_EQ(hello.type, KvFrameType::kHello);
+    const std::string accept = "{}";
+    const std::span<const uint8_t> parts[] = {{reinterpret_cast<const uint8_t*>(accept.data()), accept.size()}};
+    ASSERT_TRUE(write_kv_frame(connection, KvFrameType::kAccept, parts, nullptr, SteadyClock::now() + 5s));
+    release.get_future().wait_for(10s);
+  });
+  const auto start = SteadyClock::now();
+  const KvStreamSendResult sent =
+      send_kv_transfer(loopback(listener->port()), p.identity, p.transfer, request_for(p, "r7"), {.io_timeout = 300ms});
+  release.set_value();
+  stalled.join();
+  ASSERT_FALSE(sent.status);
+  EXPECT_NE(sent.status.message().find("timed out"), std::string::npos) << sent.status.message();
+  EXPECT_LT(SteadyClock::now() - start, 3s);
+  // Nobody listening at all: a connection error, at once.
+  const KvStreamSendResult nobody = send_kv_transfer("127.0.0.1:1", p.identity, p.transfer, request_for(p, "r8"), {});
+  EXPECT_FALSE(nobody.status);
+  EXPECT_FALSE(nobody.refused);
+}
+
+TEST(KvStream, BandwidthCapHoldsWithinTenPercent) {
+  Prefilled p = prefill("dense", 600);  // ~2.7 MB of KV in FP32-open + FP16 blocks
+  auto receiver = KvStreamReceiver::start(p.identity, {.port = 0});
+  const double gbps = 0.2;
+  const KvStreamSendResult sent = send_kv_transfer(loopback((*receiver)->port()), p.identity, p.transfer,
+                                                   request_for(p, "r9"), {.bandwidth_gbps = gbps});
+  ASSERT_TRUE(sent.status) << sent.status.message();
+  const double achieved = double(sent.bytes_sent) * 8 / sent.seconds / 1e9;
+  EXPECT_NEAR(achieved, gbps, 0.1 * gbps) << sent.bytes_sent << " bytes in " << sent.seconds << " s";
+  EXPECT_TRUE((*receiver)->wait_for("r9", 5s));
+}
+
+TEST(KvStream, LaterAttemptReplacesAnEarlierOne) {
+  Prefilled p = prefill("dense", 70);
+  auto receiver = KvStreamReceiver::start(p.identity, {.port = 0});
+  KvStreamRequest first = request_for(p, "r10"), second = request_for(p, "r10");
+  second.attempt = 1;
+  second.next_token = 9;
+  ASSERT_TRUE(send_kv_transfer(loopback((*receiver)->port()), p.identity, p.transfer, first, {}).status);
+  ASSERT_TRUE(send_kv_transfer(loopback((*receiver)->port()), p.identity, p.transfer, second, {}).status);
+  Expected<ReceivedKv> got = (*receiver)->wait_for("r10", 1s);
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->request.attempt, 1);
+  EXPECT_EQ(got->request.next_token, 9);
+}
+
+}  // namespace
+}  // namespace slimkv
