@@ -181,8 +181,16 @@ RequestRelay::AttemptResult RequestRelay::attempt(WorkerLease& decode, WorkerLea
   bool d_started = false;
   std::optional<PrefillResult> prefill_result;
   bool cut_for_prefill = false;  // P failed before D sent a token: D was cut
+  // P's body is made here: the thread must not read token_ids_, which this one appends to.
+  const std::string prefill_body = json{{"request_id", request_id},
+                                        {"endpoint", request_.endpoint},
+                                        {"request", request_.body},
+                                        {"decode_kv_address", decode.worker().kv_address},
+                                        {"resume_token_ids", token_ids_}}
+                                       .dump();
+  const bool first_attempt = token_ids_.empty();
   std::thread prefill_thread([&] {
-    PrefillResult result = prefill(prefill_call, request_id, decode.worker().kv_address);
+    PrefillResult result = prefill(prefill_call, prefill_body, first_attempt);
     bool cut = false;
     {
       std::lock_guard lock(mutex);
@@ -280,18 +288,12 @@ RequestRelay::AttemptResult RequestRelay::attempt(WorkerLease& decode, WorkerLea
   return end;
 }
 
-RequestRelay::PrefillResult RequestRelay::prefill(UpstreamCall& call, const std::string& request_id,
-                                                  const std::string& kv_address) {
-  const json body = {{"request_id", request_id},
-                     {"endpoint", request_.endpoint},
-                     {"request", request_.body},
-                     {"decode_kv_address", kv_address},
-                     {"resume_token_ids", token_ids_}};
+RequestRelay::PrefillResult RequestRelay::prefill(UpstreamCall& call, const std::string& body, bool first_attempt) {
   httplib::Request request;
   request.method = "POST";
   request.path = "/internal/v1/prefill";
   request.headers = headers();
-  request.body = body.dump();
+  request.body = body;
   request.set_header("Content-Type", "application/json");
   const httplib::Result result = call.send(request);
   PrefillResult out;
@@ -308,7 +310,7 @@ RequestRelay::PrefillResult RequestRelay::prefill(UpstreamCall& call, const std:
     out.ok = true;
     const json answer = json::parse(result->body, nullptr, /*allow_exceptions=*/false);
     if (answer.is_object()) {
-      if (token_ids_.empty() && answer.contains("prompt_tokens") && answer["prompt_tokens"].is_number_integer()) {
+      if (first_attempt && answer.contains("prompt_tokens") && answer["prompt_tokens"].is_number_integer()) {
         prompt_tokens_ = answer["prompt_tokens"].get<int>();
       }
       if (answer.contains("transfer_seconds") && answer["transfer_seconds"].is_number() && answer.contains("kv_bytes") &&

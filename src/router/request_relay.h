@@ -76,7 +76,8 @@ class RequestRelay {
   };
   struct PrefillResult;
   AttemptResult attempt(WorkerLease& decode, WorkerLease& prefill, RelaySink& sink);
-  PrefillResult prefill(UpstreamCall& call, const std::string& request_id, const std::string& kv_address);
+  // POST /internal/v1/prefill (on P's thread). `first_attempt`: no resume ids, P's prompt_tokens is the usage's.
+  PrefillResult prefill(UpstreamCall& call, const std::string& body, bool first_attempt);
   httplib::Headers headers() const;
 
   WorkerPool& pool_;
@@ -91,7 +92,8 @@ class RequestRelay {
   bool committed_ = false;
   std::optional<FinishReason> finish_;
   std::optional<Usage> usage_;
-  int prompt_tokens_ = 0;  // P's count for the first attempt (usage when D's usage chunk is lost)
+  int prompt_tokens_ = 0;  // P's count for the first attempt (usage when D's usage chunk is lost); P's thread
+                           // writes it, this one reads it after joining
 
   std::atomic<bool> cancelled_{false};
   std::mutex calls_mutex_;  // the calls of the running attempt, for cancel()
