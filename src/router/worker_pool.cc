@@ -9,19 +9,13 @@
 namespace slimkv {
 namespace {
 
-bool is_loopback_or_any(const std::string& host) {
-  return host == "0.0.0.0" || host == "::" || host == "127.0.0.1" || host == "::1" || host == "localhost";
-}
-
-// A decode worker reports the address its KV transport listens on. One that listens on every interface
-// or on loopback names an address only its own host can use; a prefill worker elsewhere must reach it
-// the way the router does, so its host becomes the one in the worker's URL (the port stays).
+// P must reach D's KV transport, and the one name of D known to work is the host of D's URL (the router
+// reaches D by it): a worker's own idea of its address (its hostname, 0.0.0.0, 127.0.0.1) may not
+// resolve elsewhere, e.g. a pod's short hostname in Kubernetes. So the KV address is D's URL host with
+// the port D's /health reports; the transport must listen where the HTTP server is reached.
 std::string reachable_kv_address(const std::string& reported, const WorkerAddress& worker) {
   const size_t colon = reported.rfind(':');
   if (colon == std::string::npos) return reported;
-  std::string host = reported.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
-  if (!is_loopback_or_any(host) || is_loopback_or_any(worker.host)) return reported;
   const bool ipv6 = worker.host.find(':') != std::string::npos;
   return (ipv6 ? "[" + worker.host + "]" : worker.host) + reported.substr(colon);
 }
