@@ -22,6 +22,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <span>
@@ -123,6 +125,15 @@ struct StepResult {
   }
 };
 
+// A piece of a sequence's KV transfer (docs/kv_transfer_format.md) handed out while a step runs: the
+// head first, then each layer as soon as it is final (Engine::stream_kv_in_next_step).
+struct KvTransferPiece {
+  int layer = -1;              // -1: the head (header and metadata); else the layer
+  std::vector<uint8_t> bytes;  // the head; or the layer's sealed blocks, then its open tokens
+  size_t sealed_bytes = 0;     // a layer's: where its open tokens start in `bytes`
+};
+using KvPieceCallback = std::function<void(KvTransferPiece)>;
+
 class Session;
 
 class Engine {
@@ -178,6 +189,12 @@ class Engine {
   // made by another model or KV spec (kv_description()), or does not fit the budget. `source` names the
   // bytes in errors.
   Status import_kv(SequenceId sequence, std::span<const uint8_t> transfer, std::string_view source);
+  // During the sequence's next step only (whatever it is), `on_piece` receives the transfer the sequence
+  // will hold after that step, piece by piece: on the CPU each layer right after its attention, while
+  // later layers compute (a prefill worker sends layer l meanwhile); on the GPU every piece after the
+  // step. Their bytes, in the transfer's order with kv_transfer_trailer, are export_kv's after the step.
+  // The calls run on the stepping thread. Errors: an unknown sequence, or KV the format cannot hold.
+  Status stream_kv_in_next_step(SequenceId sequence, KvPieceCallback on_piece);
   // The model identity transfers carry (model/model_identity.h).
   const std::string& model_identity() const { return identity_; }
 
@@ -203,6 +220,7 @@ class Engine {
   std::string identity_;
   std::unique_ptr<DeviceModel> device_;  // the model on the device, the sequences' KV and the budget
   std::set<SequenceId> sequences_;
+  std::map<SequenceId, KvPieceCallback> kv_streams_;  // stream_kv_in_next_step's, until that step
   SequenceId next_sequence_ = 0;
 };
 

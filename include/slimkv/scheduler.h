@@ -55,9 +55,14 @@ struct SubmitOptions {
     std::vector<int32_t> generated;
   };
   std::optional<Resume> resume;
-  // The update that carries the first sampled token also carries the request's KV right after that
-  // step (its prompt; a prefill worker sends it on).
-  bool export_kv_at_first_token = false;
+  // Tokens run after the prompt one decode step each, as if the request had generated them, and not
+  // reported: a prefill worker rebuilding the KV of a request resumed elsewhere leaves the KV (and then
+  // samples the token) that decoding them left, bit for bit, where one prefill of them could differ.
+  std::vector<int32_t> forced_tokens;
+  // The request's KV as of its first sampled token, piece by piece while the step that samples it runs
+  // (Engine::stream_kv_in_next_step: each layer as soon as it is final); a prefill worker sends them on.
+  // Called on the scheduler's thread, before the update carrying that token: it must be quick.
+  KvPieceCallback stream_kv;
 };
 
 // What a request produced since its last update.
@@ -68,8 +73,6 @@ struct RequestUpdate {
   std::string error;                   // why, when finish is kError
   int prompt_tokens = 0;
   int completion_tokens = 0;           // tokens generated so far
-  // SubmitOptions::export_kv_at_first_token: the KV, in the update of the first token; else null.
-  std::shared_ptr<const std::vector<uint8_t>> kv;
 };
 using UpdateCallback = std::function<void(const RequestUpdate&)>;
 

@@ -7,8 +7,10 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/device_model.h"
+#include "engine/kv_layer_stream.h"
 #include "kv/kv_factory.h"
 #include "kv/store.h"
+#include "kv/transfer.h"
 #include "model/model_identity.h"
 #include "model/llama.h"
 #include "slimkv/engine.h"
@@ -142,6 +144,7 @@ Status Engine::remove_sequence(SequenceId sequence) {
   SLIMKV_RETURN_IF_ERROR(check_sequence(sequence));
   device_->remove_sequence(sequence);
   sequences_.erase(sequence);
+  kv_streams_.erase(sequence);
   return Status::ok();
 }
 
@@ -182,7 +185,32 @@ Status Engine::step(std::span<const StepItem> items, StepResult& result) {
   }
   std::vector<int> held_before(items.size());
   for (size_t i = 0; i < items.size(); ++i) held_before[i] = device_->num_tokens(items[i].sequence);
-  SLIMKV_RETURN_IF_ERROR(device_->step(device_items, result));
+  // KV streamed layer by layer during this step: an observer per sequence where the device has a store
+  // (the CPU); the others get their pieces after the step.
+  std::vector<std::unique_ptr<KvLayerStream>> layer_streams;
+  std::vector<std::pair<SequenceId, KvPieceCallback>> after_step_streams;
+  for (size_t i = 0; i < items.size(); ++i) {
+    auto stream = kv_streams_.find(items[i].sequence);
+    if (stream == kv_streams_.end()) continue;
+    if (const KvStore* store = device_->kv_store(items[i].sequence)) {
+      layer_streams.push_back(std::make_unique<KvLayerStream>(
+          *store, identity_, held_before[i] + int(items[i].tokens.size()), std::move(stream->second)));
+      (void)device_->set_observer(items[i].sequence, layer_streams.back().get());
+    } else {
+      after_step_streams.emplace_back(items[i].sequence, std::move(stream->second));
+    }
+    kv_streams_.erase(stream);
+  }
+  const Status stepped = device_->step(device_items, result);
+  for (const StepItem& item : items) {
+    if (device_->kv_store(item.sequence)) (void)device_->set_observer(item.sequence, nullptr);
+  }
+  SLIMKV_RETURN_IF_ERROR(stepped);
+  for (const auto& [sequence, on_piece] : after_step_streams) {
+    std::vector<uint8_t> transfer;
+    SLIMKV_RETURN_IF_ERROR(device_->export_kv(sequence, identity_, transfer));
+    SLIMKV_RETURN_IF_ERROR(transfer_pieces(transfer, on_piece));
+  }
   // Non-finite logits mean broken arithmetic or weights: an error naming the place, never garbage
   // text with exit code 0. One pass over the rows returned (vocab floats each), cheap beside the step.
   for (size_t i = 0; i < items.size() && i < result.first_row.size(); ++i) {
@@ -221,6 +249,17 @@ Expected<std::vector<uint8_t>> Engine::export_kv(SequenceId sequence) const {
   std::vector<uint8_t> out;
   SLIMKV_RETURN_IF_ERROR(device_->export_kv(sequence, identity_, out));
   return out;
+}
+
+Status Engine::stream_kv_in_next_step(SequenceId sequence, KvPieceCallback on_piece) {
+  SLIMKV_RETURN_IF_ERROR(check_sequence(sequence));
+  if (const KvStore* store = device_->kv_store(sequence)) {
+    // What the layer writers could refuse (ZACK's unequal heads, sizes) is refused now, not mid-step.
+    std::vector<uint8_t> head;
+    SLIMKV_RETURN_IF_ERROR(write_kv_transfer_head(*store, identity_, store->num_tokens(0), head));
+  }
+  kv_streams_[sequence] = std::move(on_piece);
+  return Status::ok();
 }
 
 Status Engine::import_kv(SequenceId sequence, std::span<const uint8_t> transfer, std::string_view source) {

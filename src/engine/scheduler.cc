@@ -136,8 +136,9 @@ struct Scheduler::Impl {
     std::vector<uint8_t> host_kv;      // its exported KV while preempted to host memory (or imported)
     Clock::time_point submitted, last_token;
     bool has_token = false;
-    bool export_kv = false;  // SubmitOptions::export_kv_at_first_token
-    std::shared_ptr<const std::vector<uint8_t>> exported;  // the KV, for the next update
+    KvPieceCallback stream_kv;  // SubmitOptions::stream_kv, until the first token
+    std::vector<int32_t> forced;  // SubmitOptions::forced_tokens...
+    size_t forced_used = 0;       // ...of which run so far
     std::optional<Generation::Delta> resumed;  // a resumed request's delta for its last token, not sent yet
     bool done = false;  // its last update was sent
 
@@ -298,6 +299,18 @@ void Scheduler::Impl::step_once() {
     }
     running.push_back(std::move(request));
   }
+  // The step that samples a streamed request's first token (its prompt and forced tokens all run)
+  // streams its KV as the layers finish.
+  for (const Scheduled& s : scheduled) {
+    Request& request = *s.request;
+    const bool samples = s.tokens == int64_t(request.tokens_to_run.size());
+    if (request.done || !samples || !request.stream_kv || request.forced_used < request.forced.size()) continue;
+    if (Status streaming = engine.stream_kv_in_next_step(request.sequence, std::exchange(request.stream_kv, nullptr));
+        !streaming.is_ok()) {
+      end_early(request, FinishReason::kError, "streaming the KV: " + streaming.message());
+    }
+  }
+  std::erase_if(running, [](const RequestPtr& request) { return request->done; });
   std::erase_if(scheduled, [](const Scheduled& s) { return s.request->done; });
   if (scheduled.empty()) return;
 
@@ -327,15 +340,12 @@ void Scheduler::Impl::step_once() {
     request.tokens_to_run.erase(request.tokens_to_run.begin(), request.tokens_to_run.begin() + scheduled[i].tokens);
     request.held_tokens += scheduled[i].tokens;
     if (items[i].output != StepOutput::kSample) continue;
-    const int32_t token = result.tokens[i];
-    if (!request.has_token && request.export_kv) {
-      Expected<std::vector<uint8_t>> kv = engine.export_kv(request.sequence);
-      if (!kv) {
-        end_early(request, FinishReason::kError, "exporting the KV: " + kv.status().message());
-        continue;
-      }
-      request.exported = std::make_shared<const std::vector<uint8_t>>(kv.take());
+    if (request.forced_used < request.forced.size()) {
+      // A forced token replaces the sample and runs next, as a generated one would.
+      request.tokens_to_run.assign(1, request.forced[request.forced_used++]);
+      continue;
     }
+    const int32_t token = result.tokens[i];
     if (!request.has_token) {
       local.prompt_tokens_total += request.generation.request().prompt.size();
       local.time_to_first_token.observe(seconds_between(request.submitted, now));
@@ -366,6 +376,7 @@ void Scheduler::Impl::preempt(Request& request) {
   } else {
     ++local.preemptions_recomputed_total;
     request.held_tokens = 0;
+    request.forced_used = 0;  // before any generated token: the forced ones run again after the prompt
     request.tokens_to_run = request.generation.tokens_to_resume();
     if (!request.generation.generated().empty()) request.tokens_to_run.push_back(request.generation.generated().back());
   }
@@ -390,7 +401,6 @@ void Scheduler::Impl::send(Request& request, Generation::Delta delta, std::vecto
   update.error = std::move(error);
   update.prompt_tokens = int(request.generation.request().prompt.size());
   update.completion_tokens = int(request.generation.generated().size());
-  update.kv = std::move(request.exported);
   if (request.on_update) request.on_update(update);
 }
 
@@ -457,7 +467,17 @@ Expected<RequestId> Scheduler::submit(GenerationRequest request, UpdateCallback 
       resumed = generation.accept(generated[i]);
     }
   }
-  const int64_t held_tokens = prompt_tokens + (options.resume ? int64_t(options.resume->generated.size()) - 1 : 0);
+  const int64_t held_tokens = prompt_tokens + (options.resume ? int64_t(options.resume->generated.size()) - 1 : 0) +
+                              int64_t(options.forced_tokens.size());
+  if (!options.forced_tokens.empty() && held_tokens + 1 > engine_->context_tokens()) {
+    return error("prompt: ", prompt_tokens, " tokens and ", options.forced_tokens.size(), " resumed ones leave no room in the ",
+                 engine_->context_tokens(), "-token context");
+  }
+  for (size_t i = 0; i < options.forced_tokens.size(); ++i) {
+    if (options.forced_tokens[i] < 0 || options.forced_tokens[i] >= engine_->vocab_size()) {
+      return error("forced token ", i, " is ", options.forced_tokens[i], ", not an id of the vocabulary");
+    }
+  }
   const KvBudget& budget = impl_->budget_at_start;
   const int64_t need = budget.blocks_for_tokens(held_tokens) + 1;
   if (need > budget.total_blocks) {
@@ -471,7 +491,8 @@ Expected<RequestId> Scheduler::submit(GenerationRequest request, UpdateCallback 
   auto queued = std::make_unique<Impl::Request>(id, std::move(generation), std::move(on_update));
   queued->tokens_to_run = queued->generation.request().prompt;
   queued->submitted = Clock::now();
-  queued->export_kv = options.export_kv_at_first_token;
+  queued->stream_kv = std::move(options.stream_kv);
+  queued->forced = std::move(options.forced_tokens);
   if (options.resume) {
     queued->host_kv = std::move(options.resume->kv);
     queued->held_tokens = held_tokens;

@@ -10,6 +10,7 @@
 // Canonical: one store and model id give one byte string, so write → read → write gives the same bytes.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -39,6 +40,17 @@ Status write_kv_transfer(const KvStore& store, std::string_view model_id, std::v
 // Errors start with "kv transfer '<source>'" and name both sides of any mismatch.
 Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view source, std::string_view model_id,
                         KvStore& into);
+
+// The transfer in pieces, for a sender that ships each layer as soon as it is final (src/transfer/'s
+// KV stream): the head (header and metadata: bytes [0, sealed_offset)) of the transfer `store` will
+// have once every layer holds `tokens_per_layer` tokens; one layer's bytes as the transfer holds them
+// (its sealed blocks, `sealed_bytes` of them, then its open tokens: KvTransferLayerRanges); and the
+// 16-byte trailer for the CRC32C of everything before it (the head, every layer's sealed bytes in
+// order, then every layer's open bytes). Concatenated in that order they are write_kv_transfer's bytes.
+Status write_kv_transfer_head(const KvStore& store, std::string_view model_id, int tokens_per_layer,
+                              std::vector<uint8_t>& out);
+Status write_kv_transfer_layer(const KvStore& store, int layer, std::vector<uint8_t>& out, size_t& sealed_bytes);
+std::array<uint8_t, kKvTransferTrailerBytes> kv_transfer_trailer(uint32_t crc);
 
 // The same through a file (written to a temporary name and renamed, so no reader sees half a file).
 Status write_kv_transfer_file(const KvStore& store, std::string_view model_id, const std::string& path);

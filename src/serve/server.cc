@@ -48,11 +48,25 @@ class UpdateQueue {
     ready_.wait_for(lock, timeout, [&] { return !updates_.empty(); });
     return std::exchange(updates_, {});
   }
+  // A prefill worker's request also gets its KV's pieces (SubmitOptions::stream_kv), all before the
+  // update of its token.
+  void push_piece(KvTransferPiece piece) {
+    std::lock_guard lock(mutex_);
+    pieces_.push_back(std::move(piece));
+    ready_.notify_one();
+  }
+  // The pieces and updates so far; waits up to `timeout` for either.
+  std::pair<std::deque<KvTransferPiece>, std::deque<RequestUpdate>> take_with_pieces(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_);
+    ready_.wait_for(lock, timeout, [&] { return !updates_.empty() || !pieces_.empty(); });
+    return {std::exchange(pieces_, {}), std::exchange(updates_, {})};
+  }
 
  private:
   std::mutex mutex_;
   std::condition_variable ready_;
   std::deque<RequestUpdate> updates_;
+  std::deque<KvTransferPiece> pieces_;
 };
 
 // Takes a request's updates until its last one; `text` gets every delta's text appended.
@@ -61,10 +75,7 @@ RequestUpdate wait_for_finish(UpdateQueue& updates, std::string& text) {
   while (!last.finish) {
     for (RequestUpdate& update : updates.take(std::chrono::milliseconds(500))) {
       text += update.text;
-      if (update.kv) last.kv = update.kv;  // the first token's update carries it; the last may not
-      std::shared_ptr<const std::vector<uint8_t>> kv = std::move(last.kv);
       last = std::move(update);
-      last.kv = std::move(kv);
     }
   }
   return last;
@@ -274,7 +285,6 @@ class HttpApi {
                                                                                   " tokens already reach the request's max_tokens of ",
                                                                                   generation.max_tokens)));
     }
-    generation.prompt.insert(generation.prompt.end(), resume.begin(), resume.end());
     generation.max_tokens = 1;  // the next token; the decode worker generates the rest
 
     bool refused = false;
@@ -288,26 +298,49 @@ class HttpApi {
     auto updates = std::make_shared<UpdateQueue>();
     auto in_flight = std::shared_ptr<void>(nullptr, [this](void*) { --in_flight_; });
     ++in_flight_;
+    SubmitOptions options{.resume = std::nullopt, .forced_tokens = resume,
+                          .stream_kv = [updates](KvTransferPiece piece) { updates->push_piece(std::move(piece)); }};
     Expected<RequestId> id = scheduler_.load()->submit(
-        generation, [updates](const RequestUpdate& update) { updates->push(update); }, {.resume = std::nullopt, .export_kv_at_first_token = true});
+        generation, [updates](const RequestUpdate& update) { updates->push(update); }, std::move(options));
     if (!id) {
       if (draining_) return send_error(response, ApiError::unavailable(id.status().message()));
       return send_error(response, ApiError::bad_field(ask.chat ? "messages" : "prompt", id.status().message()));
     }
-    std::string text;
-    const RequestUpdate last = wait_for_finish(*updates, text);
+    // Each piece goes out as it comes, while the scheduler computes the next layers; the token's update
+    // comes after the last piece.
+    const int num_layers = disaggregation_.identity.num_layers;
+    int pieces = 0;
+    Status sent;
+    RequestUpdate last;
+    Clock::time_point start;
+    while (!last.finish) {
+      auto [new_pieces, new_updates] = updates->take_with_pieces(std::chrono::milliseconds(500));
+      for (KvTransferPiece& piece : new_pieces) {
+        if (pieces++ == 0) start = Clock::now();
+        if (!sent.is_ok()) continue;
+        const std::span<const uint8_t> bytes(piece.bytes);
+        sent = piece.layer < 0 ? (*sender)->send_head(bytes)
+                               : (*sender)->send_layer(piece.layer, bytes.first(piece.sealed_bytes), bytes.subspan(piece.sealed_bytes));
+      }
+      for (RequestUpdate& update : new_updates) {
+        if (update.finish) last = std::move(update);
+      }
+    }
     if (*last.finish == FinishReason::kError) return send_error(response, ApiError::internal(last.error));
-    if (*last.finish == FinishReason::kCancelled || !last.kv || last.token_ids.empty()) {
+    if (*last.finish == FinishReason::kCancelled || last.token_ids.empty()) {
       return send_error(response, ApiError::unavailable("the prefill was cancelled: the server is shutting down"));
+    }
+    if (pieces != num_layers + 1) {
+      return send_error(response, ApiError::internal(str_cat("the prefill produced ", pieces, " pieces of the KV, expected the head and ",
+                                                             num_layers, " layers")));
     }
     const KvStreamRequest stream_request{.request_id = ask.request_id, .attempt = ask.attempt, .prompt_token_ids = prompt,
                                          .resume_token_ids = resume, .next_token = last.token_ids.front(),
                                          .endpoint = ask.endpoint, .request = ask.request};
-    const Clock::time_point start = Clock::now();
-    const Status sent = (*sender)->send_transfer(*last.kv, stream_request);
+    if (sent.is_ok()) sent = (*sender)->finish(stream_request);
     if (!sent.is_ok()) return send_error(response, ApiError::kv_transfer_failed(sent.message()));
-    const json answer = {{"request_id", ask.request_id}, {"prompt_tokens", generation.prompt.size()},
-                         {"kv_bytes", (*sender)->bytes_sent()}, {"transfer_bytes", last.kv->size()},
+    const json answer = {{"request_id", ask.request_id}, {"prompt_tokens", prompt.size() + resume.size()},
+                         {"kv_bytes", (*sender)->bytes_sent()},
                          {"transfer_seconds", std::chrono::duration<double>(Clock::now() - start).count()},
                          {"next_token", stream_request.next_token}};
     response.set_content(answer.dump(), "application/json");

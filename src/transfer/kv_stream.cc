@@ -166,6 +166,7 @@ Expected<std::unique_ptr<KvStreamSender>> KvStreamSender::open(const std::string
 }
 
 Status KvStreamSender::send_head(std::span<const uint8_t> head) {
+  crc_ = crc32c(head.data(), head.size());
   const std::span<const uint8_t> parts[] = {head};
   return send(KvFrameType::kKvHead, parts);
 }
@@ -173,11 +174,15 @@ Status KvStreamSender::send_head(std::span<const uint8_t> head) {
 Status KvStreamSender::send_layer(int layer, std::span<const uint8_t> sealed, std::span<const uint8_t> open) {
   uint8_t prefix[8] = {};
   for (int i = 0; i < 4; ++i) prefix[i] = uint8_t(uint32_t(layer) >> (8 * i));
+  crc_ = crc32c(sealed.data(), sealed.size(), crc_);
+  open_parts_.emplace_back(open.begin(), open.end());
   const std::span<const uint8_t> parts[] = {prefix, sealed, open};
   return send(KvFrameType::kKvLayer, parts);
 }
 
-Status KvStreamSender::finish(std::span<const uint8_t> transfer_trailer, const KvStreamRequest& request) {
+Status KvStreamSender::finish(const KvStreamRequest& request) {
+  for (const std::vector<uint8_t>& open : open_parts_) crc_ = crc32c(open.data(), open.size(), crc_);
+  const std::array<uint8_t, kKvTransferTrailerBytes> transfer_trailer = kv_transfer_trailer(crc_);
   const std::string body = json{{"prompt_token_ids", request.prompt_token_ids},
                                 {"resume_token_ids", request.resume_token_ids},
                                 {"next_token", request.next_token},
@@ -191,14 +196,18 @@ Status KvStreamSender::finish(std::span<const uint8_t> transfer_trailer, const K
 }
 
 Status KvStreamSender::send_transfer(std::span<const uint8_t> transfer, const KvStreamRequest& request) {
-  SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, inspect_kv_transfer(transfer.data(), transfer.size(), "the KV to send"));
+  // The head's checks suffice here (the transfer is this worker's own export); the receiver checks it all.
+  SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, inspect_kv_transfer_head(transfer.data(), transfer.size(), "the KV to send"));
+  if (info.total_bytes != transfer.size()) {
+    return error("the KV to send: ", transfer.size(), " bytes, its header declares ", info.total_bytes);
+  }
   SLIMKV_RETURN_IF_ERROR(send_head(transfer.first(info.sealed_offset)));
   const std::vector<KvTransferLayerRanges> ranges = kv_transfer_layer_ranges(info);
   for (size_t l = 0; l < ranges.size(); ++l) {
     SLIMKV_RETURN_IF_ERROR(send_layer(int(l), transfer.subspan(ranges[l].sealed_offset, ranges[l].sealed_bytes),
                                       transfer.subspan(ranges[l].open_offset, ranges[l].open_bytes)));
   }
-  return finish(transfer.subspan(info.trailer_offset), request);
+  return finish(request);
 }
 
 KvStreamSendResult send_kv_transfer(const std::string& address, const KvStreamIdentity& identity,

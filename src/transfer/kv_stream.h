@@ -8,7 +8,7 @@
 //   HELLO {identity, request_id, attempt} ─►
 //                                          ◄─ ACCEPT {identity}  |  REFUSE {error}
 //   KV_HEAD (header + metadata)           ─►
-//   KV_LAYER 0, 1, ..., num_layers - 1     ─►  (each as soon as the layer is ready)
+//   KV_LAYER 0, 1, ..., num_layers - 1     ─►  (each as soon as the layer is ready: Engine::stream_kv_in_next_step)
 //   FINISH (trailer + tokens + request)   ─►
 //                                          ◄─ DONE {kv_bytes}  |  FAILED {error}
 //
@@ -87,9 +87,9 @@ class KvStreamSender {
   // Bytes [0, sealed_offset) of the transfer: its header and metadata.
   Status send_head(std::span<const uint8_t> head);
   Status send_layer(int layer, std::span<const uint8_t> sealed, std::span<const uint8_t> open);
-  // The transfer's 16-byte trailer and the request; waits for the receiver's DONE (an error quotes its
-  // FAILED).
-  Status finish(std::span<const uint8_t> transfer_trailer, const KvStreamRequest& request);
+  // The transfer's trailer (its CRC32C over the head and layers sent, in the transfer's order) and the
+  // request; waits for the receiver's DONE (an error quotes its FAILED).
+  Status finish(const KvStreamRequest& request);
   // All of the above for a whole transfer (an export_kv result), a layer at a time.
   Status send_transfer(std::span<const uint8_t> transfer, const KvStreamRequest& request);
   uint64_t bytes_sent() const { return bytes_sent_; }
@@ -101,6 +101,10 @@ class KvStreamSender {
   KvStreamSendOptions options_;
   TokenBucket bucket_;
   uint64_t bytes_sent_ = 0;
+  // The transfer's CRC so far (the head, then each layer's sealed blocks), and the open tokens of every
+  // layer sent, which the transfer's order puts after all sealed blocks (less than a block per head).
+  uint32_t crc_ = 0;
+  std::vector<std::vector<uint8_t>> open_parts_;
 };
 
 struct KvStreamSendResult {

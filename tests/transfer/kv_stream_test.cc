@@ -78,6 +78,43 @@ TEST_P(KvStreamRoundTrip, ArrivesAsExported) {
 INSTANTIATE_TEST_SUITE_P(Specs, KvStreamRoundTrip,
                          ::testing::Values("dense", "dense:dtype=f16", "hack:bits=2,pi=64", "hack:bits=4"));
 
+// Engine::stream_kv_in_next_step: the pieces handed out during a step (head, then layers in order) are
+// the export after the step, for a first chunk and for a later one.
+TEST(KvStream, LayersStreamedDuringAStepAreTheExportAfterIt) {
+  for (const std::string spec : {"dense", "hack:bits=2,pi=64"}) {
+    auto engine = Engine::load({.model_dir = kModel, .kv_spec = spec, .threads = 2, .max_sequences = 2});
+    ASSERT_TRUE(engine) << engine.status().message();
+    const SequenceId sequence = *(*engine)->add_sequence();
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < 200; ++i) tokens.push_back(int32_t(11 + (i * 53) % 800));
+    size_t done = 0;
+    std::vector<KvTransferPiece> pieces;
+    for (const size_t chunk : {size_t(130), size_t(70)}) {
+      pieces.clear();
+      ASSERT_TRUE((*engine)->stream_kv_in_next_step(sequence, [&](KvTransferPiece piece) { pieces.push_back(std::move(piece)); }));
+      const StepItem item{sequence, std::span<const int32_t>(tokens).subspan(done, chunk), StepOutput::kSample};
+      StepResult result;
+      ASSERT_TRUE((*engine)->step({&item, 1}, result));
+      done += chunk;
+      const std::vector<uint8_t> exported = *(*engine)->export_kv(sequence);
+      ASSERT_EQ(pieces.size(), size_t((*engine)->model_config().num_layers) + 1) << spec;
+      std::vector<uint8_t> sealed, open;
+      for (size_t p = 1; p < pieces.size(); ++p) {
+        ASSERT_EQ(pieces[p].layer, int(p - 1));
+        sealed.insert(sealed.end(), pieces[p].bytes.begin(), pieces[p].bytes.begin() + ptrdiff_t(pieces[p].sealed_bytes));
+        open.insert(open.end(), pieces[p].bytes.begin() + ptrdiff_t(pieces[p].sealed_bytes), pieces[p].bytes.end());
+      }
+      std::vector<uint8_t> assembled = pieces[0].bytes;
+      EXPECT_EQ(pieces[0].layer, -1);
+      assembled.insert(assembled.end(), sealed.begin(), sealed.end());
+      assembled.insert(assembled.end(), open.begin(), open.end());
+      const auto trailer = kv_transfer_trailer(crc32c(assembled.data(), assembled.size()));
+      assembled.insert(assembled.end(), trailer.begin(), trailer.end());
+      EXPECT_EQ(assembled, exported) << spec << " after " << done << " tokens";
+    }
+  }
+}
+
 // ZACK's per-head ranks differ, and transfer format version 1 holds one k_dim/v_dim: such a worker
 // cannot stream its KV, and says so before any stream starts.
 TEST(KvStream, ZackWithPerHeadRanksHasNoStreamIdentity) {
@@ -86,6 +123,8 @@ TEST(KvStream, ZackWithPerHeadRanksHasNoStreamIdentity) {
   Expected<KvStreamIdentity> identity = engine_kv_identity(**engine);
   ASSERT_FALSE(identity);
   EXPECT_NE(identity.status().message().find("heads differ"), std::string::npos) << identity.status().message();
+  const SequenceId sequence = *(*engine)->add_sequence();
+  EXPECT_FALSE((*engine)->stream_kv_in_next_step(sequence, [](KvTransferPiece) {}));
 }
 
 TEST(KvStream, MismatchIsRefusedNamingBothSides) {
