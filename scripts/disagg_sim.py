@@ -12,6 +12,7 @@ The model, as slimkv runs it:
   (kv_bytes_per_token[codec] * n / num_layers bytes) is ready when layer l is computed, at
   start + prefill_s(n) * (l + 1) / num_layers; the link sends the layers in order, one after another.
   A worker's transfers queue on its link, so one prompt's transfer can overlap the next prompt's compute.
+  overlap_layers false: every layer is sent after the whole prefill (slimkv's prefill worker today).
 - Decode worker: continuous batching, at most max_batch sequences; a request joins at the next step
   boundary after its whole KV has arrived, and its first token (sampled by the prefill worker) is out
   then (TTFT). Each step gives every running sequence one token and takes
@@ -38,6 +39,7 @@ class Config:
 
     DEFAULTS = {
         "prefill_workers": 1, "decode_workers": 1, "link_gbps": 10.0, "num_layers": 32,
+        "overlap_layers": True,    # send layer l as soon as it is computed; False: all after the prefill
         "arrival_rate_per_s": 1.0, "num_requests": 1000, "seed": 0,
         "prompt_tokens": [1024],   # each request draws one uniformly
         "output_tokens": [128],
@@ -66,6 +68,8 @@ class Config:
             values = getattr(self, key)
             if not isinstance(values, list) or not values or not all(isinstance(v, int) and v >= 1 for v in values):
                 raise ValueError(f"{key}: must be a non-empty list of integers >= 1, got {values!r}")
+        if not isinstance(self.overlap_layers, bool):
+            raise ValueError(f"overlap_layers: must be true or false, got {self.overlap_layers!r}")
         if not isinstance(self.kv_bytes_per_token, dict) or not self.kv_bytes_per_token:
             raise ValueError("kv_bytes_per_token: must map codec names to bytes per token")
 
@@ -151,7 +155,7 @@ def simulate(config, codec):
             layer_bytes = bytes_per_token * request.prompt / config.num_layers
             link = link_free[p]
             for layer in range(config.num_layers):
-                ready = start + compute * (layer + 1) / config.num_layers
+                ready = start + compute * ((layer + 1) / config.num_layers if config.overlap_layers else 1)
                 link = max(link, ready) + layer_bytes / bytes_per_s
             link_free[p] = link
             push(link, "kv_arrived", (request, d))

@@ -31,6 +31,11 @@ class DisaggSimTest(unittest.TestCase):
         _, [request] = run(num_requests=1, prompt_tokens=[1000], output_tokens=[1], num_layers=10,
                            prefill_s_per_token=1e-4, link_gbps=1000, kv_bytes_per_token={"c": 100000})
         self.assertAlmostEqual(request.last_token - request.arrival, 0.1 + 1e7 * 8 / 1e12, places=9)
+        # Without layer overlap (every layer sent after the prefill): compute + the whole transfer.
+        _, [request] = run(num_requests=1, prompt_tokens=[1000], output_tokens=[1], num_layers=10,
+                           prefill_s_per_token=1e-4, link_gbps=1, kv_bytes_per_token={"c": 100000},
+                           overlap_layers=False)
+        self.assertAlmostEqual(request.last_token - request.arrival, 0.1 + 0.8, places=9)
         # No link cost at all (link_gbps 0 = infinite) and a quadratic prefill term.
         _, [request] = run(num_requests=1, prompt_tokens=[2000], output_tokens=[1], prefill_base_s=0.5,
                            prefill_s_per_token=1e-4, prefill_s_per_token2=1e-7, link_gbps=0)
