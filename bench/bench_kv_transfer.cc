@@ -20,16 +20,8 @@ namespace {
 
 using namespace slimkv;
 
-std::vector<std::string> split(const std::string& text, char separator) {
-  std::vector<std::string> parts;
-  std::stringstream stream(text);
-  for (std::string part; std::getline(stream, part, separator);) {
-    if (!part.empty()) parts.push_back(part);
-  }
-  return parts;
-}
-
-[[noreturn]] void fail(const std::string& message) {
+// Ends the benchmark with `message` (an error of the setup, not a measurement).
+[[noreturn]] void stop_with(const std::string& message) {
   std::fprintf(stderr, "bench_kv_transfer: %s\n", message.c_str());
   std::exit(1);
 }
@@ -44,12 +36,14 @@ struct Row {
 
 int main(int argc, char** argv) {
   CLI::App app("KV stream: bytes on the wire per prompt token and transfer time per bandwidth cap");
-  std::string model, specs = "dense:dtype=f16;hack:bits=4;hack:bits=2,pi=64", caps = "1,10,25,100,0";
+  std::string model;
+  std::vector<std::string> specs = {"dense:dtype=f16", "hack:bits=4", "hack:bits=2,pi=64"};
+  std::vector<double> gbps = {1, 10, 25, 100, 0};
   int prompt_tokens = 2048, repeats = 5, threads = 2;
   app.add_option("--model", model, "model directory (with tokenizer.json and heldout.txt)")->required();
-  app.add_option("--specs", specs, "KV specs, ';'-separated; the first is the ratios' base");
+  app.add_option("--specs", specs, "KV specs, ';'-separated; the first is the ratios' base")->delimiter(';');
   app.add_option("--prompt-tokens", prompt_tokens, "prompt length (tokens of the model's heldout.txt)");
-  app.add_option("--gbps", caps, "bandwidth caps in Gbit/s, ','-separated (0: uncapped)");
+  app.add_option("--gbps", gbps, "bandwidth caps in Gbit/s, ','-separated (0: uncapped)")->delimiter(',');
   app.add_option("--repeats", repeats, "timed sends per cap (after one warm-up); the median is printed");
   app.add_option("--threads", threads, "engine threads for the prefill");
   CLI11_PARSE(app, argc, argv);
@@ -57,24 +51,22 @@ int main(int argc, char** argv) {
   std::ifstream file(model + "/heldout.txt");
   std::stringstream text;
   text << file.rdbuf();
-  std::vector<double> gbps;
-  for (const std::string& cap : split(caps, ',')) gbps.push_back(std::stod(cap));
 
   std::vector<Row> rows;
-  for (const std::string& spec : split(specs, ';')) {
+  for (const std::string& spec : specs) {
     auto engine = Engine::load({.model_dir = model, .kv_spec = spec, .threads = threads, .max_sequences = 2});
-    if (!engine) fail(engine.status().message());
-    if (!(*engine)->tokenizer()) fail(model + " has no tokenizer.json");
+    if (!engine) stop_with(engine.status().message());
+    if (!(*engine)->tokenizer()) stop_with(model + " has no tokenizer.json");
     std::vector<int32_t> prompt = (*engine)->tokenizer()->encode(text.str());
-    if (int(prompt.size()) < prompt_tokens) fail(model + "/heldout.txt has fewer tokens than --prompt-tokens");
+    if (int(prompt.size()) < prompt_tokens) stop_with(model + "/heldout.txt has fewer tokens than --prompt-tokens");
     prompt.resize(size_t(prompt_tokens));
     Expected<KvStreamIdentity> identity = engine_kv_identity(**engine);
-    if (!identity) fail(identity.status().message());
+    if (!identity) stop_with(identity.status().message());
     auto session = (*engine)->new_session();
-    if (auto prefilled = session->prefill(prompt); !prefilled) fail(prefilled.status().message());
+    if (auto prefilled = session->prefill(prompt); !prefilled) stop_with(prefilled.status().message());
     const std::vector<uint8_t> transfer = *(*engine)->export_kv(session->sequence());
     auto receiver = KvStreamReceiver::start(*identity, {.port = 0});
-    if (!receiver) fail(receiver.status().message());
+    if (!receiver) stop_with(receiver.status().message());
     const std::string address = "127.0.0.1:" + std::to_string((*receiver)->port());
 
     Row row;
@@ -86,8 +78,8 @@ int main(int argc, char** argv) {
                                     .prompt_token_ids = prompt, .resume_token_ids = {}, .next_token = 0,
                                     .endpoint = "/v1/completions", .request = nlohmann::json::object()};
       const KvStreamSendResult sent = send_kv_transfer(address, *identity, transfer, request, {.bandwidth_gbps = cap});
-      if (!sent.status.is_ok()) fail(sent.status.message());
-      if (!(*receiver)->wait_for(request.request_id, std::chrono::seconds(10))) fail("the receiver lost a stream");
+      if (!sent.status.is_ok()) stop_with(sent.status.message());
+      if (!(*receiver)->wait_for(request.request_id, std::chrono::seconds(10))) stop_with("the receiver lost a stream");
       row.wire_bytes = sent.bytes_sent;
       return sent.seconds;
     };

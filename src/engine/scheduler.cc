@@ -286,7 +286,9 @@ void Scheduler::Impl::step_once() {
   for (size_t index : plan.waiting_out_of_kv) end_early(*waiting[index], FinishReason::kLength);
   std::erase_if(waiting, [](const RequestPtr& request) { return request->done; });
 
-  // Admit, in order.
+  // Admit, in order. One that fails to be admitted is kept alive to the end of the step: `scheduled`
+  // still points to it.
+  std::vector<RequestPtr> not_admitted;
   for (size_t i = 0; i < plan.items.size(); ++i) {
     if (!plan.items[i].from_waiting) continue;
     const auto it = std::find_if(waiting.begin(), waiting.end(),
@@ -295,6 +297,7 @@ void Scheduler::Impl::step_once() {
     waiting.erase(it);
     if (Status status = admit(*request); !status.is_ok()) {
       end_early(*request, FinishReason::kError, status.message());
+      not_admitted.push_back(std::move(request));
       continue;  // its item is dropped below
     }
     running.push_back(std::move(request));

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "kv/transfer.h"
+#include "model/model_config.h"
 #include "transfer/kv_frame.h"
 
 namespace slimkv {
