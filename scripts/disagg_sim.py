@@ -12,7 +12,7 @@ The model, as slimkv runs it:
   (kv_bytes_per_token[codec] * n / num_layers bytes) is ready when layer l is computed, at
   start + prefill_s(n) * (l + 1) / num_layers; the link sends the layers in order, one after another.
   A worker's transfers queue on its link, so one prompt's transfer can overlap the next prompt's compute.
-  overlap_layers false: every layer is sent after the whole prefill (slimkv's prefill worker today).
+  overlap_layers false: every layer is sent after the whole prefill (slimkv's GPU prefill worker today).
 - Decode worker: continuous batching, at most max_batch sequences; a request joins at the next step
   boundary after its whole KV has arrived, and its first token (sampled by the prefill worker) is out
   then (TTFT). Each step gives every running sequence one token and takes
