@@ -193,7 +193,9 @@ class Engine {
   // will hold after that step, piece by piece: on the CPU each layer right after its attention, while
   // later layers compute (a prefill worker sends layer l meanwhile); on the GPU every piece after the
   // step. Their bytes, in the transfer's order with kv_transfer_trailer, are export_kv's after the step.
-  // The calls run on the stepping thread. Errors: an unknown sequence, or KV the format cannot hold.
+  // The calls run on the stepping thread; on the CPU the stream is the sequence's forward observer for
+  // that step (a session's observer is replaced). Errors: an unknown sequence, or KV the format cannot
+  // hold.
   Status stream_kv_in_next_step(SequenceId sequence, KvPieceCallback on_piece);
   // The model identity transfers carry (model/model_identity.h).
   const std::string& model_identity() const { return identity_; }

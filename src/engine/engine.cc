@@ -187,7 +187,10 @@ Status Engine::step(std::span<const StepItem> items, StepResult& result) {
   for (size_t i = 0; i < items.size(); ++i) held_before[i] = device_->num_tokens(items[i].sequence);
   // KV streamed layer by layer during this step: an observer per sequence where the device has a store
   // (the CPU); the others get their pieces after the step.
+  // (A streamed sequence's observer is this one for the step: sequences run by sessions with their
+  // own observers are not streamed.)
   std::vector<std::unique_ptr<KvLayerStream>> layer_streams;
+  std::vector<SequenceId> observed;
   std::vector<std::pair<SequenceId, KvPieceCallback>> after_step_streams;
   for (size_t i = 0; i < items.size(); ++i) {
     auto stream = kv_streams_.find(items[i].sequence);
@@ -196,15 +199,14 @@ Status Engine::step(std::span<const StepItem> items, StepResult& result) {
       layer_streams.push_back(std::make_unique<KvLayerStream>(
           *store, identity_, held_before[i] + int(items[i].tokens.size()), std::move(stream->second)));
       (void)device_->set_observer(items[i].sequence, layer_streams.back().get());
+      observed.push_back(items[i].sequence);
     } else {
       after_step_streams.emplace_back(items[i].sequence, std::move(stream->second));
     }
     kv_streams_.erase(stream);
   }
   const Status stepped = device_->step(device_items, result);
-  for (const StepItem& item : items) {
-    if (device_->kv_store(item.sequence)) (void)device_->set_observer(item.sequence, nullptr);
-  }
+  for (const SequenceId sequence : observed) (void)device_->set_observer(sequence, nullptr);
   SLIMKV_RETURN_IF_ERROR(stepped);
   for (const auto& [sequence, on_piece] : after_step_streams) {
     std::vector<uint8_t> transfer;
