@@ -81,14 +81,18 @@ class RouterEndToEndTest(unittest.TestCase):
         self.assertEqual(status, 200, response)
         return response
 
-    def test_greedy_outputs_equal_colocated(self):
+    def on_each_spec(self, check):
+        """Runs check(deployment) on a fresh deployment of each KV spec."""
         for kv_spec in ("dense", "hack:bits=2,pi=64"):
             deployment = Deployment(self.model, kv_spec)
             try:
                 with self.subTest(kv=kv_spec):
-                    self.check_equal_outputs(deployment)
+                    check(deployment)
             finally:
                 deployment.close()
+
+    def test_greedy_outputs_equal_colocated(self):
+        self.on_each_spec(self.check_equal_outputs)
 
     def check_equal_outputs(self, deployment):
         router, reference = deployment.router, deployment.reference
@@ -138,13 +142,7 @@ class RouterEndToEndTest(unittest.TestCase):
         # The new decode worker's KV of the tokens already generated comes from the prefill worker running
         # them as forced decode steps, bit for bit what decoding left, so the response is identical for
         # 2-bit KV too (a prefill of them was not: greedy tokens differed ~55 tokens later).
-        for kv_spec in ("dense", "hack:bits=2,pi=64"):
-            deployment = Deployment(self.model, kv_spec)
-            try:
-                with self.subTest(kv=kv_spec):
-                    self.kill_mid_generation(deployment)
-            finally:
-                deployment.close()
+        self.on_each_spec(self.kill_mid_generation)
 
     def kill_mid_generation(self, deployment):
         body = {"model": NAME, "prompt": PROMPTS[1], "max_tokens": 160, "temperature": 0, "ignore_eos": True}
