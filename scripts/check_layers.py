@@ -19,6 +19,7 @@ import tempfile
 # Top to bottom; the folders of one entry share a rank and may include each other.
 LAYER_ORDER = [
     ("tools", "python"),
+    ("router",),
     ("serve", "transfer"),
     ("eval",),
     ("engine",),

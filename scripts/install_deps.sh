@@ -28,9 +28,11 @@ packages=(
   python3-jinja2           # scripts/render_chat_fixtures.py (reference chat-template renderings)
   python3-regex            # scripts/train/bpe.py (GPT-2 pre-tokenizer pattern): reference_cpu.py, build_corpus.py
   coreutils                # tests: mkfifo, timeout, mktemp
+  python3-yaml             # tests/deploy/k8s_render_test.py reads kubectl kustomize's output
 )
 # Not from apt (Debian 12 has no packages): torch, transformers and tokenizers, used only to make
 # reference data (scripts/golden/, scripts/train/, bench/cuda/*.py): pip install torch transformers tokenizers.
+# kubectl (no Debian 12 package; tests/deploy/k8s_render_test.py is skipped without it) renders deploy/k8s.
 
 # apt on a machine that just booted often finds the dpkg lock held by unattended-upgrades: wait for it
 # (up to 10 minutes) instead of failing at once.

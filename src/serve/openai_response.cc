@@ -1,5 +1,8 @@
 #include "serve/openai_response.h"
 
+#include <chrono>
+#include <random>
+
 #include <nlohmann/json.hpp>
 
 namespace slimkv {
@@ -22,6 +25,22 @@ json envelope(const ResponseHeader& header, const char* object) {
 }
 
 }  // namespace
+
+std::string random_hex(size_t digits) {
+  static thread_local std::mt19937_64 generator{std::random_device()()};
+  std::string out;
+  for (size_t i = 0; i < digits; ++i) out += "0123456789abcdef"[generator() % 16];
+  return out;
+}
+
+int64_t unix_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+ResponseHeader new_response_header(bool chat, std::string model) {
+  return ResponseHeader{.chat = chat, .id = (chat ? "chatcmpl-" : "cmpl-") + random_hex(24), .created = unix_seconds(),
+                        .model = std::move(model)};
+}
 
 std::string completion_json(const ResponseHeader& header, const std::string& text, FinishReason finish, const Usage& usage) {
   json response = envelope(header, header.chat ? "chat.completion" : "text_completion");

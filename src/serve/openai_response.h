@@ -2,6 +2,7 @@
 // of a streamed one (text_completion / chat.completion.chunk), with usage.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -23,6 +24,12 @@ struct ResponseHeader {
   int64_t created = 0;  // Unix seconds
   std::string model;
 };
+
+// A fresh header: id "cmpl-" or "chatcmpl-" and 24 random hex digits, created now.
+ResponseHeader new_response_header(bool chat, std::string model);
+// `digits` random hex digits (ids of responses and of the router's requests).
+std::string random_hex(size_t digits);
+int64_t unix_seconds();
 
 // A whole (non-streamed) response. finish_reason is "stop" or "length".
 std::string completion_json(const ResponseHeader& header, const std::string& text, FinishReason finish, const Usage& usage);

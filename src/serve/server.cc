@@ -1,6 +1,5 @@
 // slimkv serve: the HTTP layer. It only translates: parse and check a request (completion_request),
 // hand it to the Scheduler, and send back what the scheduler's updates say, whole or as SSE chunks.
-#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -10,7 +9,6 @@
 #include <deque>
 #include <filesystem>
 #include <mutex>
-#include <random>
 #include <thread>
 
 #include <httplib.h>
@@ -20,10 +18,12 @@
 #include "serve/auth.h"
 #include "serve/chat_prompt.h"
 #include "serve/completion_request.h"
+#include "serve/http_errors.h"
 #include "serve/kv_transfer_request.h"
 #include "serve/metrics.h"
 #include "serve/openai_response.h"
 #include "serve/sse.h"
+#include "serve/stop_signals.h"
 #include "slimkv/server.h"
 #include "slimkv/tokenizer.h"
 #include "transfer/kv_stream.h"
@@ -69,11 +69,6 @@ class UpdateQueue {
   std::deque<KvTransferPiece> pieces_;
 };
 
-void send_error(httplib::Response& response, const ApiError& error) {
-  response.status = error.status;
-  response.set_content(error.body(), "application/json");
-}
-
 // Takes a request's updates until its last one; `text` gets every delta's text appended.
 RequestUpdate wait_for_finish(UpdateQueue& updates, std::string& text) {
   RequestUpdate last;
@@ -84,17 +79,6 @@ RequestUpdate wait_for_finish(UpdateQueue& updates, std::string& text) {
     }
   }
   return last;
-}
-
-std::string random_hex(size_t digits) {
-  static thread_local std::mt19937_64 generator{std::random_device()()};
-  std::string out;
-  for (size_t i = 0; i < digits; ++i) out += "0123456789abcdef"[generator() % 16];
-  return out;
-}
-
-int64_t unix_seconds() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // What a prefill or decode worker has beyond a colocated one.
@@ -166,25 +150,7 @@ class HttpApi {
       if (!scheduler) return send_error(response, ApiError::unavailable("the model is loading"));
       response.set_content(prometheus_text(scheduler->stats(), labels_), "text/plain; version=0.0.4; charset=utf-8");
     });
-    // Errors cpp-httplib answers itself (no route, a body over the limit, a malformed request) get
-    // OpenAI's envelope too; responses that already have a body are left alone.
-    server.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& request, httplib::Response& response) {
-      if (!response.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-      if (response.status == 404) send_error(response, ApiError::not_found(request.path));
-      else if (response.status == 413) send_error(response, ApiError::body_too_large(config_.max_body_bytes));
-      else send_error(response, ApiError::malformed_http(response.status));
-      return httplib::Server::HandlerResponse::Handled;
-    }));
-    server.set_exception_handler([](const httplib::Request&, httplib::Response& response, std::exception_ptr error) {
-      std::string what = "unknown exception";
-      try {
-        std::rethrow_exception(error);
-      } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
-      }
-      send_error(response, ApiError::internal("the server failed this request: " + what));
-    });
+    install_error_handlers(server, config_.max_body_bytes);
   }
 
  private:
@@ -251,8 +217,7 @@ class HttpApi {
       if (draining_) return send_error(response, ApiError::unavailable(id.status().message()));
       return send_error(response, ApiError::bad_field(chat ? "messages" : "prompt", id.status().message()));
     }
-    const ResponseHeader header{.chat = chat, .id = (chat ? "chatcmpl-" : "cmpl-") + random_hex(24),
-                                .created = unix_seconds(), .model = served_.name};
+    const ResponseHeader header = new_response_header(chat, served_.name);
     if (request.stream) {
       return stream(response, scheduler, *id, updates, header, request.include_usage, kv_transfer.has_value(), in_flight);
     }
@@ -554,14 +519,7 @@ std::string default_model_name(const std::string& model_dir) {
 
 Status run_server(const EngineConfig& engine_config, const SchedulerConfig& scheduler_config,
                   const ServerConfig& config) {
-  // SIGINT/SIGTERM are taken by sigwait below, not by a handler: block them before any thread starts so
-  // that every thread inherits the mask. A client gone mid-write must not kill the server (SIGPIPE).
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  const sigset_t stop_signals = block_stop_signals();  // before any thread starts
 
   const int max_running = scheduler_config.max_running > 0 ? scheduler_config.max_running : engine_config.max_sequences;
   const int http_threads = config.http_threads > 0 ? config.http_threads : std::max(128, 4 * max_running + 64);
@@ -637,10 +595,8 @@ Status run_server(const EngineConfig& engine_config, const SchedulerConfig& sche
   std::fprintf(stderr, "slimkv serve: ready (KV %s on %s, role %s)\n", labels.kv_spec.c_str(), labels.device.c_str(),
                config.role.c_str());
 
-  int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
   std::fprintf(stderr, "slimkv serve: %s: finishing the accepted requests, then exiting\n",
-               signal_number == SIGINT ? "SIGINT" : "SIGTERM");
+               wait_for_stop_signal(stop_signals));
   api.set_draining();
   (*scheduler)->shutdown(ShutdownMode::kFinishAccepted);
   api.wait_for_answers(std::chrono::seconds(30));

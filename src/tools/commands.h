@@ -29,5 +29,6 @@ CommandRunner add_logits_command(CLI::App& app);
 CommandRunner add_tokenize_command(CLI::App& app);
 CommandRunner add_eval_command(CLI::App& app);
 CommandRunner add_serve_command(CLI::App& app);
+CommandRunner add_router_command(CLI::App& app);
 
 }  // namespace slimkv

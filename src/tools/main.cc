@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   add(slimkv::add_tokenize_command);
   add(slimkv::add_eval_command);
   add(slimkv::add_serve_command);
+  add(slimkv::add_router_command);
   // CLI11 reports a mistyped command as "A subcommand is required"; name it and list the commands.
   const int first = argc > 1 && std::string(argv[1]) == "--dry-parse" ? 2 : 1;  // the command's argv index
   bool known = false;

@@ -1,5 +1,6 @@
-"""Starts `slimkv serve` on a free loopback port for a test and stops it; small HTTP helpers on
-http.client. Used by tests/serve/*.py and scripts/serve_load_test.py (Debian's python3 only)."""
+"""Starts `slimkv serve` (or another server: the router, a test's fake worker) on a free loopback port for
+a test and stops it; small HTTP helpers on http.client. Used by tests/serve/*.py, tests/router/*.py and
+scripts/serve_load_test.py (Debian's python3 only)."""
 import http.client
 import json
 import os
@@ -10,37 +11,47 @@ import tempfile
 import time
 
 
-class Server:
-    """`with Server(slimkv, model, ["--kv", "dense"]) as server:` runs one server for the block."""
+class Process:
+    """A server process for a test: `command` must print "listening on http://HOST:PORT" (it binds port 0,
+    so the kernel picks a free one: no race with other tests); ready once GET `health_path` answers 200.
+    `with Process([...]) as server:` runs it for the block; the HTTP helpers below talk to it."""
 
-    def __init__(self, slimkv, model, args=(), host="127.0.0.1", ready_timeout_s=120):
-        self.slimkv, self.model, self.args, self.host = slimkv, model, list(args), host
+    def __init__(self, command, host="127.0.0.1", ready_timeout_s=120, health_path="/health", name=None):
+        self.command, self.host, self.health_path = list(command), host, health_path
+        self.name = name or os.path.basename(self.command[0])
         self.ready_timeout_s = ready_timeout_s
         self.process = None
         self.port = None
         self.exit_code = None
 
     def __enter__(self):
-        self.log = tempfile.NamedTemporaryFile(prefix="slimkv-serve-", suffix=".log", delete=False)
-        # --port 0: the kernel picks a free port and the server prints it; no race with other tests.
-        command = [self.slimkv, "serve", "--model", self.model, "--host", self.host, "--port", "0",
-                   "--threads", "2"] + self.args
-        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+        self.log = tempfile.NamedTemporaryFile(prefix=f"{self.name}-", suffix=".log", delete=False)
+        self.process = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + self.ready_timeout_s
         while self.port is None:
             if self.process.poll() is not None:
-                raise RuntimeError(f"slimkv serve exited with {self.process.returncode}:\n{self.output()}")
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.output()}")
             if time.time() > deadline:
-                raise RuntimeError(f"slimkv serve did not print its port:\n{self.output()}")
+                raise RuntimeError(f"{self.name} did not print its port:\n{self.output()}")
             match = re.search(r"listening on http://\S+?:(\d+)", self.output())
             if match:
                 self.port = int(match.group(1))
             time.sleep(0.05)
-        while self.get("/health")[0] != 200:  # 503 while the engine loads
+        while self.health_path and self.get(self.health_path)[0] != 200:  # 503 while the engine loads
             if self.process.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"slimkv serve never became healthy:\n{self.output()}")
+                raise RuntimeError(f"{self.name} never became healthy:\n{self.output()}")
             time.sleep(0.1)
         return self
+
+    @property
+    def url(self):
+        return f"http://{self.host}:{self.port}"
+
+    def kill(self):
+        """SIGKILL: the process dies at once, its connections reset (a crashed worker)."""
+        self.process.kill()
+        self.exit_code = self.process.wait(timeout=30)
+
 
     def __exit__(self, *exc):
         if self.process.poll() is None:
@@ -114,6 +125,15 @@ class Server:
             if line.startswith(name + "{") and "le=" not in line:
                 return float(line.rsplit(" ", 1)[1])
         raise KeyError(name)
+
+
+class Server(Process):
+    """`with Server(slimkv, model, ["--kv", "dense"]) as server:` runs one `slimkv serve` for the block."""
+
+    def __init__(self, slimkv, model, args=(), host="127.0.0.1", ready_timeout_s=120):
+        self.slimkv, self.model, self.args = slimkv, model, list(args)
+        super().__init__([slimkv, "serve", "--model", model, "--host", host, "--port", "0", "--threads", "2"] + self.args,
+                         host=host, ready_timeout_s=ready_timeout_s, name="slimkv-serve")
 
 
 def stream_text(events):

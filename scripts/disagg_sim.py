@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""A discrete-event simulator of disaggregated serving (docs/disaggregated.md, "Simulator"): N prefill
+and M decode workers behind a router, Poisson arrivals, each prompt's KV sent prefill -> decode over a
+link of given bandwidth, layer by layer as the prefill advances; predicts JCT, TTFT and TPOT per KV codec.
+
+The model, as slimkv runs it:
+- Router: at arrival, picks the decode worker with the fewest requests (running + waiting + in transfer)
+  and the prefill worker that frees up first (the least in flight), as `slimkv router` does.
+- Prefill worker: one prompt at a time, FIFO; a prompt of n tokens takes
+  prefill_s(n) = prefill_base_s + prefill_s_per_token * n + prefill_s_per_token2 * n^2 (attention's share).
+- Link: each prefill worker sends over its own link of link_gbps (a NIC; 0 = infinite). Layer l's KV
+  (kv_bytes_per_token[codec] * n / num_layers bytes) is ready when layer l is computed, at
+  start + prefill_s(n) * (l + 1) / num_layers; the link sends the layers in order, one after another.
+  A worker's transfers queue on its link, so one prompt's transfer can overlap the next prompt's compute.
+  overlap_layers false: every layer is sent after the whole prefill (slimkv's GPU prefill worker today).
+- Decode worker: continuous batching, at most max_batch sequences; a request joins at the next step
+  boundary after its whole KV has arrived, and its first token (sampled by the prefill worker) is out
+  then (TTFT). Each step gives every running sequence one token and takes
+  decode_step_s = step_base_s + step_s_per_seq * batch + step_s_per_context_token * (tokens in the batch's contexts).
+- JCT = last token - arrival; TPOT = (last token - first token) / (output tokens - 1).
+
+Costs come from measurements (bench/ and the router's metrics: prefill time per token, decode step time
+vs batch and context, KV bytes per token of each codec); scripts/disagg_sim_example.json shows the
+inputs. Validation against measured single-machine runs is to be done when those measurements exist.
+
+Usage: disagg_sim.py CONFIG.json [--json OUT.json]      (Debian's python3 only)
+"""
+import argparse
+import heapq
+import json
+import math
+import random
+import statistics
+import sys
+
+
+class Config:
+    """The inputs, with their defaults; unknown keys are refused by name."""
+
+    DEFAULTS = {
+        "prefill_workers": 1, "decode_workers": 1, "link_gbps": 10.0, "num_layers": 32,
+        "overlap_layers": True,    # send layer l as soon as it is computed; False: all after the prefill
+        "arrival_rate_per_s": 1.0, "num_requests": 1000, "seed": 0,
+        "prompt_tokens": [1024],   # each request draws one uniformly
+        "output_tokens": [128],
+        "prefill_base_s": 0.0, "prefill_s_per_token": 1e-4, "prefill_s_per_token2": 0.0,
+        "step_base_s": 0.01, "step_s_per_seq": 0.0, "step_s_per_context_token": 0.0,
+        "max_batch": 64,
+        "kv_bytes_per_token": {"dense:dtype=f16": 131072},  # codec -> bytes of one token's KV, all layers
+    }
+
+    def __init__(self, values):
+        unknown = set(values) - set(self.DEFAULTS)
+        if unknown:
+            raise ValueError(f"unknown config keys {sorted(unknown)}; expected some of {sorted(self.DEFAULTS)}")
+        merged = dict(self.DEFAULTS, **values)
+        for key, value in merged.items():
+            setattr(self, key, value)
+        for key in ("prefill_workers", "decode_workers", "num_layers", "num_requests", "max_batch"):
+            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
+                raise ValueError(f"{key}: must be an integer >= 1, got {getattr(self, key)!r}")
+        for key in ("link_gbps", "arrival_rate_per_s"):
+            if not isinstance(getattr(self, key), (int, float)) or getattr(self, key) < 0:
+                raise ValueError(f"{key}: must be a number >= 0, got {getattr(self, key)!r}")
+        if self.arrival_rate_per_s <= 0:
+            raise ValueError("arrival_rate_per_s: must be > 0")
+        for key in ("prompt_tokens", "output_tokens"):
+            values = getattr(self, key)
+            if not isinstance(values, list) or not values or not all(isinstance(v, int) and v >= 1 for v in values):
+                raise ValueError(f"{key}: must be a non-empty list of integers >= 1, got {values!r}")
+        if not isinstance(self.overlap_layers, bool):
+            raise ValueError(f"overlap_layers: must be true or false, got {self.overlap_layers!r}")
+        if not isinstance(self.kv_bytes_per_token, dict) or not self.kv_bytes_per_token:
+            raise ValueError("kv_bytes_per_token: must map codec names to bytes per token")
+
+    def prefill_s(self, tokens):
+        return self.prefill_base_s + self.prefill_s_per_token * tokens + self.prefill_s_per_token2 * tokens * tokens
+
+    def step_s(self, batch, context_tokens):
+        return self.step_base_s + self.step_s_per_seq * batch + self.step_s_per_context_token * context_tokens
+
+
+class Request:
+    def __init__(self, index, arrival, prompt, output):
+        self.index, self.arrival, self.prompt, self.output = index, arrival, prompt, output
+        self.first_token = self.last_token = None
+        self.generated = 0
+
+
+def workload(config):
+    """The same arrivals and lengths for every codec (one seed)."""
+    rng = random.Random(config.seed)
+    t, requests = 0.0, []
+    for i in range(config.num_requests):
+        t += rng.expovariate(config.arrival_rate_per_s)
+        requests.append(Request(i, t, rng.choice(config.prompt_tokens), rng.choice(config.output_tokens)))
+    return requests
+
+
+class DecodeWorker:
+    def __init__(self):
+        self.assigned = 0    # requests sent here and not finished (the router's load)
+        self.ready = []      # KV arrived, waiting to join the batch
+        self.running = []
+        self.stepping = False
+
+
+def simulate(config, codec):
+    """Runs the workload with one codec's KV size; returns the requests with their times."""
+    bytes_per_token = config.kv_bytes_per_token[codec]
+    bytes_per_s = config.link_gbps * 1e9 / 8 if config.link_gbps > 0 else math.inf
+    requests = workload(config)
+    prefill_free = [0.0] * config.prefill_workers  # when each prefill worker's compute is free
+    link_free = [0.0] * config.prefill_workers     # when each prefill worker's link is free
+    decoders = [DecodeWorker() for _ in range(config.decode_workers)]
+    events = []  # (time, order, kind, payload): a heap; `order` keeps ties in insertion order
+    order = 0
+
+    def push(time, kind, payload):
+        nonlocal order
+        heapq.heappush(events, (time, order, kind, payload))
+        order += 1
+
+    def start_step(d, now):
+        """A step boundary of decode worker d: waiting requests join (their first token is out), then the
+        next step starts if anything runs."""
+        worker = decoders[d]
+        room = config.max_batch - len(worker.running)
+        joining, worker.ready = worker.ready[:room], worker.ready[room:]
+        for request in joining:
+            request.first_token, request.generated = now, 1
+            if request.generated >= request.output:
+                request.last_token = now
+                worker.assigned -= 1
+            else:
+                worker.running.append(request)
+        worker.stepping = bool(worker.running)
+        if worker.running:
+            context = sum(r.prompt + r.generated for r in worker.running)
+            push(now + config.step_s(len(worker.running), context), "step", d)
+
+    for request in requests:
+        push(request.arrival, "arrive", request)
+    while events:
+        now, _, kind, payload = heapq.heappop(events)
+        if kind == "arrive":
+            request = payload
+            d = min(range(len(decoders)), key=lambda i: decoders[i].assigned)
+            decoders[d].assigned += 1
+            p = min(range(len(prefill_free)), key=lambda i: prefill_free[i])
+            start = max(now, prefill_free[p])
+            compute = config.prefill_s(request.prompt)
+            prefill_free[p] = start + compute
+            # Layer by layer: layer l is sendable when computed; the link sends in order.
+            layer_bytes = bytes_per_token * request.prompt / config.num_layers
+            link = link_free[p]
+            for layer in range(config.num_layers):
+                ready = start + compute * ((layer + 1) / config.num_layers if config.overlap_layers else 1)
+                link = max(link, ready) + layer_bytes / bytes_per_s
+            link_free[p] = link
+            push(link, "kv_arrived", (request, d))
+        elif kind == "kv_arrived":
+            request, d = payload
+            worker = decoders[d]
+            worker.ready.append(request)
+            if not worker.stepping:
+                start_step(d, now)
+        elif kind == "step":
+            d = payload
+            worker = decoders[d]
+            still = []
+            for request in worker.running:
+                request.generated += 1
+                if request.generated >= request.output:
+                    request.last_token = now
+                    worker.assigned -= 1
+                else:
+                    still.append(request)
+            worker.running = still
+            start_step(d, now)
+    return requests
+
+
+def summarize(requests):
+    def stats(values):
+        values = sorted(values)
+        if not values:
+            return {"mean": None, "p50": None, "p99": None}
+        return {"mean": statistics.fmean(values), "p50": values[len(values) // 2],
+                "p99": values[min(len(values) - 1, math.ceil(0.99 * len(values)) - 1)]}
+    tpot = [(r.last_token - r.first_token) / (r.output - 1) for r in requests if r.output > 1]
+    return {"jct_s": stats([r.last_token - r.arrival for r in requests]),
+            "ttft_s": stats([r.first_token - r.arrival for r in requests]),
+            "tpot_s": stats(tpot)}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("config", help="a JSON file of inputs (scripts/disagg_sim_example.json)")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    with open(args.config) as f:
+        config = Config(json.load(f))
+    results = {codec: summarize(simulate(config, codec)) for codec in config.kv_bytes_per_token}
+    first = next(iter(results))
+    print(f"{config.prefill_workers} prefill + {config.decode_workers} decode workers, {config.link_gbps} Gbit/s links, "
+          f"{config.arrival_rate_per_s} req/s, {config.num_requests} requests")
+    print(f"{'codec':<24}{'KV B/token':>12}{'JCT mean s':>12}{'JCT p99 s':>11}{'TTFT mean s':>13}{'TPOT mean ms':>14}  "
+          f"{'JCT vs ' + first}")
+    for codec, result in results.items():
+        ratio = result["jct_s"]["mean"] / results[first]["jct_s"]["mean"]
+        print(f"{codec:<24}{config.kv_bytes_per_token[codec]:>12}{result['jct_s']['mean']:>12.4f}"
+              f"{result['jct_s']['p99']:>11.4f}{result['ttft_s']['mean']:>13.4f}"
+              f"{(result['tpot_s']['mean'] or 0) * 1e3:>14.3f}  {ratio:.3f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"config": vars(config), "results": results}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except ValueError as e:
+        print(f"disagg_sim: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,36 @@
+// GET /metrics of the router, in Prometheus text: requests by outcome, re-dispatches by the role of the
+// worker that failed, each worker's up/down, load and in-flight gauges, and latency histograms as the
+// client sees them (first token, whole request) plus the KV transfers the prefill workers report.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "router/worker_pool.h"
+#include "slimkv/scheduler.h"
+
+namespace slimkv {
+
+enum class RequestOutcome { kOk, kClientError, kFailed, kCancelled };
+
+class RouterMetrics {
+ public:
+  RouterMetrics();
+  void finished(RequestOutcome outcome);
+  void retried(WorkerRole failed_role);
+  void first_token(double seconds);    // from the request's arrival
+  void request_latency(double seconds);  // arrival to the last byte, successful requests
+  void kv_transfer(double seconds, double bytes);  // a prefill worker's report of one transfer
+  std::string text(const WorkerPool& pool) const;
+
+ private:
+  mutable std::mutex mutex_;
+  uint64_t outcomes_[4] = {};
+  uint64_t retries_[2] = {};  // prefill, decode
+  double kv_bytes_total_ = 0;
+  LatencyHistogram time_to_first_token_, e2e_request_latency_, kv_transfer_;
+};
+
+}  // namespace slimkv
