@@ -81,8 +81,9 @@ void check(const ZackCase& c, ZackSchedule schedule) {
   cache->sequences().remove_sequence(scratch);
 
   // Per sequence and KV head, the reduced keys and values so far: [tokens, rank].
-  std::vector<std::vector<std::vector<float>>> keys(size_t(batch), std::vector<std::vector<float>>(size_t(G)));
-  std::vector<std::vector<std::vector<float>>> values = keys;
+  using PerHead = std::vector<std::vector<float>>;
+  std::vector<PerHead> keys(static_cast<size_t>(batch), PerHead(static_cast<size_t>(G)));
+  std::vector<PerHead> values = keys;
   std::vector<int> held(size_t(batch), 0);
   auto q_dev = take(DeviceArray<uint16_t>::allocate(size_t(max_step) * H * d, "q"));
   auto k_dev = take(DeviceArray<uint16_t>::allocate(size_t(max_step) * G * d, "k"));

@@ -15,9 +15,10 @@ constexpr int kZackWarps = 4;  // per CTA; each warp takes its own tasks
 constexpr int kZackThreads = kZackWarps * 32;
 constexpr int kMaxRank = 128;
 constexpr float kLog2e = 1.4426950408889634f;
-// A task's cost per block and row, beside its k_rank + v_rank multiply-adds: the softmax and the
-// block's table lookup (measured order of magnitude; it keeps rank-1 heads from getting huge ranges).
-constexpr int kBlockOverheadDims = 16;
+// A task's cost per block and row, beside its K dims and the V dims its lanes cover: the softmax's warp
+// reductions and the block's table lookup, in dims' worth (an estimate; it keeps rank-1 heads from
+// getting huge ranges).
+constexpr int kBlockOverheadDims = 32;
 
 struct ZackLaunch {
   const __half* q;  // [queries, num_heads, head_dim]
@@ -69,9 +70,18 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-// One warp's task: the partial (base-2 max, sum, weighted V) of its tile's rows over its blocks. Lane
-// reads tokens 2·lane, 2·lane + 1 of each K dim (dim-major) and V dims 2·lane + {0, 1} and 64 + 2·lane
-// + {0, 1} of each token (token-major): every load is a coalesced half2 whatever the ranks.
+// The lanes that cover a head's V dims, two each: a power of two (so token subsets split the warp evenly),
+// 32 past 64 dims (each lane then takes 2 + 2 dims).
+__host__ __device__ inline int value_lanes(const ZackHeadLayout& head) {
+  int lanes = 1;
+  while (lanes < 32 && 2 * lanes < head.v_stride) lanes *= 2;
+  return lanes;
+}
+
+// One warp's task: the partial (base-2 max, sum, weighted V) of its tile's rows over its blocks. A lane
+// reads tokens 2·lane, 2·lane + 1 of each K dim (dim-major), and dims 2·pair + {0, 1} (and 64 + 2·pair +
+// {0, 1} past 64 dims) of its subset's tokens of V (token-major): every load is a coalesced half2
+// whatever the ranks.
 template <int kRows>
 __device__ void run_task(const ZackLaunch& p, int task_index, float (&q_rows)[kRows][kMaxRank],
                          float (&p_rows)[kRows][kCudaBlockTokens]) {
@@ -96,6 +106,8 @@ __device__ void run_task(const ZackLaunch& p, int task_index, float (&q_rows)[kR
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc[r][c] = 0.0f;
   }
+  const int pairs = value_lanes(head), pair = lane % pairs, subset = lane / pairs;
+  const bool low = 2 * pair < head.v_rank, high = 64 + 2 * pair < head.v_rank;
   const int* table = p.block_tables + size_t(tile.sequence) * p.block_table_stride;
   for (int block = task.block_begin; block < task.block_end; ++block) {
     const __half* base = p.blocks + size_t(table[block]) * size_t(p.block_elements);
@@ -103,7 +115,7 @@ __device__ void run_task(const ZackLaunch& p, int task_index, float (&q_rows)[kR
     float s[kRows][2];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) s[r][0] = s[r][1] = 0.0f;
-#pragma unroll 4
+#pragma unroll 8  // loads in flight: the kernel is bound by memory latency, not bandwidth, without them
     for (int j = 0; j < head.k_rank; ++j) {
       const float2 kk = __half22float2(k[j * (kCudaBlockTokens / 2)]);
 #pragma unroll
@@ -132,12 +144,14 @@ __device__ void run_task(const ZackLaunch& p, int task_index, float (&q_rows)[kR
       p_rows[r][2 * lane + 1] = e1;
     }
     __syncwarp();
+    // V: lanes split into (token subset, dim pair), `pairs` lanes covering the head's dims, so a low-rank
+    // head costs what its dims cost (the subsets' sums are added once, at the end of the task).
     const __half* v = base + head.v_offset;
-    const bool low = 2 * lane < head.v_rank, high = 64 + 2 * lane < head.v_rank;
-    for (int t = 0; t < kCudaBlockTokens; ++t) {
+#pragma unroll 4
+    for (int t = subset; t < kCudaBlockTokens; t += 32 / pairs) {
       const __half2* row = reinterpret_cast<const __half2*>(v + t * head.v_stride);
-      const float2 v0 = low ? __half22float2(row[lane]) : make_float2(0.0f, 0.0f);
-      const float2 v1 = high ? __half22float2(row[32 + lane]) : make_float2(0.0f, 0.0f);
+      const float2 v0 = low ? __half22float2(row[pair]) : make_float2(0.0f, 0.0f);
+      const float2 v1 = high ? __half22float2(row[32 + pair]) : make_float2(0.0f, 0.0f);
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         const float weight = p_rows[r][t];
@@ -149,13 +163,21 @@ __device__ void run_task(const ZackLaunch& p, int task_index, float (&q_rows)[kR
     }
     __syncwarp();
   }
-  const int dims[4] = {2 * lane, 2 * lane + 1, 64 + 2 * lane, 65 + 2 * lane};
+  for (int offset = pairs; offset < 32; offset <<= 1) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[r][c] += __shfl_xor_sync(0xffffffffu, acc[r][c], offset);
+    }
+  }
+  const int dims[4] = {2 * pair, 2 * pair + 1, 64 + 2 * pair, 65 + 2 * pair};
+  const bool writes = subset == 0;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const size_t row = size_t(task_index) * kRows + r;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      if (dims[c] < p.head_dim) p.partial_acc[row * p.head_dim + dims[c]] = acc[r][c];
+      if (writes && dims[c] < p.head_dim) p.partial_acc[row * p.head_dim + dims[c]] = acc[r][c];
     }
     if (lane == 0) {
       p.partial_max_sum[2 * row] = row_max[r];
@@ -190,9 +212,9 @@ __global__ void zack_merge_kernel(ZackLaunch p) {
   if (unit == 0 && threadIdx.x == 0) *p.counter = 0;  // the attention kernel is done with it: the next run's
   const int first = p.unit_tasks[unit], end = p.unit_tasks[unit + 1];
   const int v_rank = p.heads[kv_head].v_rank;
-  for (int i = threadIdx.x; i < kRows * p.head_dim; i += blockDim.x) {
-    const int r = i / p.head_dim, c = i % p.head_dim;
-    if (r >= tile.active_rows) continue;
+  const int r = blockIdx.y;
+  if (r >= tile.active_rows) return;
+  for (int c = threadIdx.x; c < p.head_dim; c += blockDim.x) {
     float value = 0.0f;
     if (c < v_rank) {
       float max_all = -INFINITY;
@@ -263,9 +285,9 @@ Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedule sc
     tile_blocks[size_t(t)] = (kv_end + kCudaBlockTokens - 1) / kCudaBlockTokens;
     max_tile_blocks = std::max(max_tile_blocks, tile_blocks[size_t(t)]);
   }
-  // Twice the resident warps: a warp finishing early takes another task (balanced), and a one-wave
-  // static split would leave the last wave's idle warps idle.
-  const int target_tasks = 2 * resident_warps_;
+  // About one task per resident warp: every partial costs a write and a read in the merge, which at short
+  // contexts outweighs the split's gain.
+  const int target_tasks = resident_warps_;
   const int G = shape_.num_kv_heads, units = num_tiles_ * G;
   std::vector<ZackTask> tasks;
   std::vector<int> order, unit_tasks;
@@ -274,7 +296,9 @@ Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedule sc
   for (int l = 0; l < shape_.num_layers; ++l) {
     const auto cost = [&](int g) {
       const size_t i = size_t(l) * G + size_t(g);
-      return double(shape_.k_ranks[i] + shape_.v_ranks[i] + kBlockOverheadDims);
+      const int v_rank = shape_.v_ranks[i];
+      const int v_work = v_rank > 64 ? 128 : 2 * value_lanes({0, 0, 0, v_rank, v_rank + (v_rank & 1)});
+      return double(shape_.k_ranks[i] + v_work + kBlockOverheadDims);
     };
     double total_cost = 0;
     for (int t = 0; t < num_tiles_; ++t) {
@@ -368,11 +392,11 @@ Status CudaZackAttention::run(int layer, const ZackKvView& kv, const uint16_t* q
   if (rows_per_tile_ == 4) {
     zack_attention_kernel<4><<<ctas, kZackThreads>>>(p);
     SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
-    zack_merge_kernel<4><<<units, 128>>>(p);
+    zack_merge_kernel<4><<<dim3(unsigned(units), 4), 128>>>(p);
   } else {
     zack_attention_kernel<8><<<ctas, kZackThreads>>>(p);
     SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
-    zack_merge_kernel<8><<<units, 128>>>(p);
+    zack_merge_kernel<8><<<dim3(unsigned(units), 8), 128>>>(p);
   }
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   return Status::ok();
