@@ -37,6 +37,7 @@ struct Options {
   double spread = 0.5;
   bool skewed = false;
   int repetitions = 20;
+  int tasks_per_warp = 2;
   unsigned seed = 26;
 };
 
@@ -106,7 +107,7 @@ Expected<ZackTimes> zack_ms(const Options& o, int context, const Ranks& r) {
     }
   }
   SLIMKV_ASSIGN_OR_RETURN(auto cache, CudaZackKvCache::create(shape));
-  SLIMKV_ASSIGN_OR_RETURN(auto attention, CudaZackAttention::create({1, o.heads, o.kv_heads, d, o.batch, o.batch, r.k, r.v}));
+  SLIMKV_ASSIGN_OR_RETURN(auto attention, CudaZackAttention::create({1, o.heads, o.kv_heads, d, o.batch, o.batch, r.k, r.v, o.tasks_per_warp}));
   const size_t chunk = size_t(shape.max_step_tokens) * o.kv_heads * d;
   SLIMKV_ASSIGN_OR_RETURN(auto k, DeviceArray<uint16_t>::allocate(chunk, "K chunk"));
   SLIMKV_ASSIGN_OR_RETURN(auto v, DeviceArray<uint16_t>::allocate(chunk, "V chunk"));
@@ -150,6 +151,8 @@ int run(int argc, char** argv) {
   app.add_option("--spread", o.spread, "log-normal sigma of the ranks around their mean")->capture_default_str();
   app.add_flag("--skewed", o.skewed, "also heads alternating between rank d and rank 8");
   app.add_option("--repetitions", o.repetitions)->capture_default_str();
+  app.add_option("--tasks-per-warp", o.tasks_per_warp, "ZACK attention tasks per resident warp")
+      ->check(CLI::Range(1, 64))->capture_default_str();
   app.add_option("--seed", o.seed)->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (failed(device_usable())) return 1;
@@ -167,8 +170,8 @@ int run(int argc, char** argv) {
     }
     variants.push_back(skewed);
   }
-  std::printf("decode attention: batch %d, %d q / %d KV heads, d %d; dense FP16 vs zack (balanced | uniform schedule)\n",
-              o.batch, o.heads, o.kv_heads, o.head_dim);
+  std::printf("decode attention: batch %d, %d q / %d KV heads, d %d; dense FP16 vs zack (balanced | uniform schedule), "
+              "%d tasks per resident warp\n", o.batch, o.heads, o.kv_heads, o.head_dim, o.tasks_per_warp);
   for (const Ranks& r : variants) {
     std::string k, v;
     for (int g = 0; g < o.kv_heads; ++g) k += str_cat(g ? "," : "", r.k[size_t(g)]), v += str_cat(g ? "," : "", r.v[size_t(g)]);

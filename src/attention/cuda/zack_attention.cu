@@ -115,7 +115,7 @@ __device__ void run_task(const ZackLaunch& p, int task_index, float (&q_rows)[kR
     float s[kRows][2];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) s[r][0] = s[r][1] = 0.0f;
-#pragma unroll 8  // loads in flight: the kernel is bound by memory latency, not bandwidth, without them
+#pragma unroll 4
     for (int j = 0; j < head.k_rank; ++j) {
       const float2 kk = __half22float2(k[j * (kCudaBlockTokens / 2)]);
 #pragma unroll
@@ -147,7 +147,6 @@ __device__ void run_task(const ZackLaunch& p, int task_index, float (&q_rows)[kR
     // V: lanes split into (token subset, dim pair), `pairs` lanes covering the head's dims, so a low-rank
     // head costs what its dims cost (the subsets' sums are added once, at the end of the task).
     const __half* v = base + head.v_offset;
-#pragma unroll 4
     for (int t = subset; t < kCudaBlockTokens; t += 32 / pairs) {
       const __half2* row = reinterpret_cast<const __half2*>(v + t * head.v_stride);
       const float2 v0 = low ? __half22float2(row[pair]) : make_float2(0.0f, 0.0f);
@@ -240,10 +239,11 @@ Expected<std::unique_ptr<CudaZackAttention>> CudaZackAttention::create(const Zac
   const size_t heads = size_t(shape.num_layers) * size_t(shape.num_kv_heads);
   if (shape.num_layers < 1 || shape.num_kv_heads < 1 || shape.num_heads % shape.num_kv_heads != 0 ||
       shape.num_heads / shape.num_kv_heads > 8 || shape.head_dim < 2 || shape.head_dim > kMaxRank ||
-      shape.head_dim % 2 != 0 || shape.max_batch < 1 || shape.max_queries < 1) {
+      shape.head_dim % 2 != 0 || shape.max_batch < 1 || shape.max_queries < 1 || shape.tasks_per_warp < 1) {
     return error("CUDA ZACK attention: ", shape.num_heads, " query heads over ", shape.num_kv_heads,
                  " KV heads (a group of at most 8), head_dim ", shape.head_dim, " (even, at most ", kMaxRank, "), ",
-                 shape.num_layers, " layers, batch ", shape.max_batch, ", queries ", shape.max_queries,
+                 shape.num_layers, " layers, batch ", shape.max_batch, ", queries ", shape.max_queries, ", tasks per warp ",
+                 shape.tasks_per_warp,
                  ": every size must be positive");
   }
   if (shape.k_ranks.size() != heads || shape.v_ranks.size() != heads) {
@@ -285,9 +285,7 @@ Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedule sc
     tile_blocks[size_t(t)] = (kv_end + kCudaBlockTokens - 1) / kCudaBlockTokens;
     max_tile_blocks = std::max(max_tile_blocks, tile_blocks[size_t(t)]);
   }
-  // About one task per resident warp: every partial costs a write and a read in the merge, which at short
-  // contexts outweighs the split's gain.
-  const int target_tasks = resident_warps_;
+  const int target_tasks = shape_.tasks_per_warp * resident_warps_;
   const int G = shape_.num_kv_heads, units = num_tiles_ * G;
   std::vector<ZackTask> tasks;
   std::vector<int> order, unit_tasks;
