@@ -40,8 +40,8 @@ struct ZackAttentionShape {
   // [num_layers · num_kv_heads]: each (layer, KV head)'s Q–K and V–W_O ranks, 1..head_dim.
   std::vector<int> k_ranks, v_ranks;
   // Tasks per warp resident on the GPU: more evens out the warps' ends, fewer costs fewer partials to merge.
-  // H100, batch 8, Llama-3-8B shape, skewed ranks: 2 is 1.2–1.3× faster than 1 at 32K–64K, even below
-  // (docs/results/cuda/zack_attention.txt; bench_zack_attention_cuda --tasks-per-warp).
+  // H100, batch 8, Llama-3-8B shape, skewed ranks: 2 is 1.2–1.3× faster than 1 at 32K–64K, 1 up to 1.3×
+  // faster at 8K–16K (docs/results/cuda/zack_attention.txt; bench_zack_attention_cuda --tasks-per-warp).
   int tasks_per_warp = 2;
 };
 
