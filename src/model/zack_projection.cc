@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "backend/cpu/vec_ops.h"
@@ -30,6 +31,7 @@ std::unique_ptr<ZackProjection> ZackProjection::fold(const ZackCalibration& cali
   const int d = int(config.head_dim), hidden = int(config.hidden_size);
   const int heads = int(config.num_heads), kv_heads = int(config.num_kv_heads), group = heads / kv_heads;
   std::unique_ptr<ZackProjection> zack(new ZackProjection(ranks, heads, d));
+  zack->hidden_ = hidden;
   zack->layers_.resize(size_t(config.num_layers));
   for (int l = 0; l < int(config.num_layers); ++l) {
     Layer& layer = zack->layers_[size_t(l)];
@@ -119,6 +121,47 @@ void ZackProjection::lift_output(int l, const float* reduced, int n, float* out)
                 layer.vw_bases.data() + basis_offset, d, 0.0f, out + size_t(h) * d, num_heads_ * d);
     column += r;
   }
+}
+
+std::vector<float> ZackProjection::full_width_wv(int l) const {
+  const Layer& layer = layers_[size_t(l)];
+  const int kv_heads = ranks_.num_kv_heads;
+  std::vector<float> wv(size_t(kv_heads) * head_dim_ * hidden_, 0.0f);
+  size_t folded_row = 0;
+  for (int g = 0; g < kv_heads; ++g) {
+    const size_t r = size_t(ranks_.v_rank(l, g));
+    std::copy_n(layer.wv.data() + folded_row * hidden_, r * hidden_, wv.data() + size_t(g) * head_dim_ * hidden_);
+    folded_row += r;
+  }
+  return wv;
+}
+
+std::vector<float> ZackProjection::full_width_bv(int l, const std::vector<float>& folded_bv) const {
+  std::vector<float> bv(size_t(ranks_.num_kv_heads) * head_dim_, 0.0f);
+  size_t folded = 0;
+  for (int g = 0; g < ranks_.num_kv_heads; ++g) {
+    const size_t r = size_t(ranks_.v_rank(l, g));
+    std::copy_n(folded_bv.data() + folded, r, bv.data() + size_t(g) * head_dim_);
+    folded += r;
+  }
+  return bv;
+}
+
+std::vector<float> ZackProjection::full_width_wo(int l) const {
+  const Layer& layer = layers_[size_t(l)];
+  const int group = num_heads_ / ranks_.num_kv_heads;
+  const size_t folded_width = layer.wo.size() / size_t(hidden_), width = size_t(num_heads_) * head_dim_;
+  std::vector<float> wo(size_t(hidden_) * width, 0.0f);
+  size_t folded_column = 0;
+  for (int h = 0; h < num_heads_; ++h) {
+    const size_t r = size_t(ranks_.v_rank(l, h / group));
+    for (int row = 0; row < hidden_; ++row) {
+      std::copy_n(layer.wo.data() + size_t(row) * folded_width + folded_column, r,
+                  wo.data() + size_t(row) * width + size_t(h) * head_dim_);
+    }
+    folded_column += r;
+  }
+  return wo;
 }
 
 }  // namespace slimkv

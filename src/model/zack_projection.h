@@ -31,6 +31,16 @@ class ZackProjection {
   void project_qk(int layer, float* q, float* k, int n) const;
 
   const ZackRanks& ranks() const { return ranks_; }
+  // Each KV head g's B_g[:k_rank] [k_rank, head_dim] of the layer, back to back (what project_qk applies).
+  const std::vector<float>& qk_bases(int layer) const { return layers_[size_t(layer)].qk_bases; }
+
+  // The folded W_V, b_V and W_O at the model's full width, for a backend whose GEMMs keep the model's
+  // shapes (CUDA): head g's rows of W_V [num_kv_heads · head_dim, hidden] are its v_rank folded rows then
+  // zeros, and query head h's columns of W_O [hidden, num_heads · head_dim] its v_rank folded columns then
+  // zeros; values come out reduced, padded with zeros, and o_proj reads only the reduced dims.
+  std::vector<float> full_width_wv(int layer) const;
+  std::vector<float> full_width_bv(int layer, const std::vector<float>& folded_bv) const;
+  std::vector<float> full_width_wo(int layer) const;
 
   // For measuring ZACK against full-width attention (eval's fidelity task), outside the forward pass:
   // v [n, num_kv_heads, head_dim] → [n, Σ_g v_rank(layer, g)] in place (what the folded W_V gives), and
@@ -54,6 +64,7 @@ class ZackProjection {
 
   ZackRanks ranks_;
   int num_heads_, head_dim_;
+  int hidden_ = 0;
   std::vector<Layer> layers_;
 };
 

@@ -5,6 +5,7 @@
 //   FP16 pages (PagedKvView), layer l: K, V [num_blocks, num_kv_heads, kCudaBlockTokens, head_dim]
 //   sealed blocks (QuantizedKvView):   [num_blocks, num_kv_heads, block_bytes] in the CPU codec's byte
 //                                      layout (tensor/quantized_block.h)
+//   ZACK blocks (ZackKvView), layer l: [num_blocks, block_elements] FP16, each KV head at its own ranks
 #pragma once
 
 #include <cstdint>
@@ -42,6 +43,24 @@ struct QuantizedKvView {
   // 1: the host tiers' staging, whose tables (shared with the FP16 view) name FP16 blocks 2s for
   // staging slot s (kv/cuda/host_kv_tier.h).
   int table_shift = 0;
+};
+
+// Where one KV head's part of a ZACK block sits (ZACK §5.2: every (layer, KV head) keeps its own
+// ranks), in FP16 elements from the block's start. K is dim-major [k_rank, kCudaBlockTokens] (a lane reads
+// two tokens of one dim: coalesced whatever the rank); V token-major [kCudaBlockTokens, v_stride] with
+// v_stride = v_rank rounded up to even (two dims per lane); both start on a multiple of 64 elements.
+struct ZackHeadLayout {
+  int k_offset = 0, k_rank = 0, v_offset = 0, v_rank = 0, v_stride = 0;
+};
+
+// One layer's ZACK blocks: [num_blocks, block_elements] FP16, head g at heads[g].
+struct ZackKvView {
+  const uint16_t* blocks = nullptr;
+  long long block_elements = 0;
+  const ZackHeadLayout* heads = nullptr;  // device [num_kv_heads]
+  const int* block_tables = nullptr;      // [sequences, block_table_stride]: sequence s's block j
+  int block_table_stride = 0;
+  int num_kv_heads = 0;
 };
 
 }  // namespace slimkv::cuda

@@ -133,13 +133,35 @@ Expected<std::unique_ptr<DeviceModel>> load_cuda_model(const LlamaModel& model, 
                           cuda::plan_gpu_kv(pipeline, config.kv_spec, int(c.hidden_size), int(c.kv_dim())));
   cuda::CudaModelOptions options;
   options.quantized_kv = plan.options.quantized;
+  options.zack = plan.options.zack;
   options.tier = plan.options.tier;
   options.rotate_heads = plan.rotate_heads;
   options.max_sequences = config.max_sequences;
   options.max_step_tokens = std::max(config.prefill_chunk_tokens, config.max_sequences);
   options.kv_cache_bytes = config.kv_cache_bytes;
+  // ZACK: the folded W_V / W_O at full width (the GPU's GEMMs keep the model's shapes), and the ranks and
+  // Q–K bases the cache projects q and k onto.
+  LlamaWeights weights = model.weights();
+  std::vector<std::vector<float>> full_width;  // owns what weights' wv, wo point into until the upload
+  if (options.zack) {
+    full_width.reserve(2 * size_t(c.num_layers));
+    const ZackProjection* zack = model.zack();
+    if (zack == nullptr) return error("KV spec '", config.kv_spec, "': the model has not folded its ZACK weights");
+    options.zack->k_ranks = zack->ranks().k_ranks;
+    options.zack->v_ranks = zack->ranks().v_ranks;
+    for (int l = 0; l < int(c.num_layers); ++l) {
+      const std::vector<float>& bases = zack->qk_bases(l);
+      options.zack->qk_bases.insert(options.zack->qk_bases.end(), bases.begin(), bases.end());
+      LayerWeights& w = weights.layers[size_t(l)];
+      full_width.push_back(zack->full_width_wv(l));
+      w.wv = {full_width.back().data(), DType::kF32, int64_t(c.kv_dim()), int64_t(c.hidden_size)};
+      full_width.push_back(zack->full_width_wo(l));
+      w.wo = {full_width.back().data(), DType::kF32, int64_t(c.hidden_size), int64_t(c.q_dim())};
+      if (!w.bv.empty()) w.bv = zack->full_width_bv(l, w.bv);
+    }
+  }
   SLIMKV_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaLlamaModel> gpu_model,
-                          cuda::CudaLlamaModel::upload(c, model.weights(), options));
+                          cuda::CudaLlamaModel::upload(c, weights, options));
   return std::unique_ptr<DeviceModel>(new CudaDeviceModel(std::move(gpu_model), plan.pipeline));
 }
 

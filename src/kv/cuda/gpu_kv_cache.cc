@@ -4,6 +4,7 @@
 
 #include "backend/cuda/device_memory.h"
 #include "kv/cuda/quantized_kv_cache.h"
+#include "kv/cuda/zack_kv_cache.h"
 
 namespace slimkv::cuda {
 
@@ -35,6 +36,9 @@ Expected<std::unique_ptr<GpuKvCache>> make_gpu_kv_cache(const GpuKvShape& shape,
     return error("GPU KV cache: max_sequences ", shape.max_sequences, " and max_step_tokens ", shape.max_step_tokens,
                  " must be positive, max_step_tokens >= max_sequences");
   }
+  if (options.zack && (options.quantized || options.tier)) {
+    return error("GPU KV cache: zack with a quantizing codec or a host tier does not run on device 'cuda' yet");
+  }
   if (options.tier) return make_gpu_host_tier_kv(shape, options, projection);
 
   // The block pool: what was asked for, or the full contexts of every sequence within 90% of what is
@@ -48,6 +52,7 @@ Expected<std::unique_ptr<GpuKvCache>> make_gpu_kv_cache(const GpuKvShape& shape,
     SLIMKV_ASSIGN_OR_RETURN(block_bytes, CudaQuantizedKvCache::sealed_block_bytes(kv_shape, q->config));
     window_bytes = size_t(CudaQuantizedKvCache::window_blocks(kv_shape)) * fp16_block_bytes;
   }
+  if (const auto& z = options.zack) block_bytes = CudaZackKvCache::block_bytes(z->k_ranks, z->v_ranks);
   size_t budget = options.kv_cache_bytes;
   if (budget == 0) {
     SLIMKV_ASSIGN_OR_RETURN(size_t free_bytes, device_free_memory());
@@ -64,6 +69,7 @@ Expected<std::unique_ptr<GpuKvCache>> make_gpu_kv_cache(const GpuKvShape& shape,
   }
   const int num_blocks = int(std::min<size_t>(blocks, 1u << 30));
   if (const auto& q = options.quantized) return make_gpu_quantized_kv(shape, *q, num_blocks);
+  if (const auto& z = options.zack) return make_gpu_zack_kv(shape, *z, num_blocks);
   return make_gpu_dense_kv(shape, num_blocks);
 }
 

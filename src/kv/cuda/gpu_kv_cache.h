@@ -6,6 +6,7 @@
 //   FP16 pages (`dense`)                     gpu_dense_kv.cc        over paged_kv_cache.h
 //   sealed quantized blocks (`hack`, `quant`) gpu_quantized_kv.cc    over quantized_kv_cache.h
 //   a host tier (`@offload`, `@kvpr`)         gpu_host_tier_kv.cc    over host_kv_tier.h
+//   ZACK's per-head ranks (`zack`)            gpu_zack_kv.cc         over zack_kv_cache.h
 //
 // A step of several sequences (prefill chunks and decode tokens mixed):
 //   check_step(batch)            an error naming what cannot hold the step; changes nothing
@@ -19,8 +20,10 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "attention/cuda/paged_attention.h"
+#include "attention/cuda/zack_attention.h"
 #include "tensor/quantized_block.h"
 #include "kv/cuda/sequence_blocks.h"
 #include "kv/tier/kvpr_cost_model.h"
@@ -75,8 +78,17 @@ struct KvTierOptions {
   double gemm_flops_per_s = 0;
 };
 
+// ZACK (zack_kv_cache.h): each (layer, KV head) stored at its own ranks, q and k projected onto its Q–K
+// basis after RoPE; the model's W_V / W_O are folded (V arrives reduced, the output is read reduced).
+struct ZackKvOptions {
+  std::vector<int> k_ranks, v_ranks;  // [num_layers · num_kv_heads]
+  std::vector<float> qk_bases;        // each (layer, KV head)'s B_g[:k_rank] [k_rank, head_dim], in order
+  ZackSchedule schedule = ZackSchedule::kBalanced;
+};
+
 struct GpuKvOptions {
   std::optional<QuantizedKvOptions> quantized;  // none: the `dense` codec (FP16 blocks)
+  std::optional<ZackKvOptions> zack;            // reduced dims (FP16 blocks, no codec or tier with it yet)
   std::optional<KvTierOptions> tier;            // none: every block in GPU memory
   // GPU memory for KV (quantized: the sealed pool and the FP16 window; a tier: its two staging
   // buffers); 0: room for max_sequences full contexts (a tier: one layer's of them in each buffer), or
@@ -164,6 +176,8 @@ Status check_blocks_for_step(const SequenceBlocks& held, const PagedAttentionBat
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_dense_kv(const GpuKvShape& shape, int num_blocks);
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_quantized_kv(const GpuKvShape& shape, const QuantizedKvOptions& options,
                                                             int num_blocks);
+Expected<std::unique_ptr<GpuKvCache>> make_gpu_zack_kv(const GpuKvShape& shape, const ZackKvOptions& options,
+                                                       int num_blocks);
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_host_tier_kv(const GpuKvShape& shape, const GpuKvOptions& options,
                                                             KvProjection* projection);
 

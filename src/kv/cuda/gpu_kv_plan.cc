@@ -35,10 +35,9 @@ Expected<std::optional<KvTierOptions>> tier_options(const KvPipeline& pipeline, 
 Expected<GpuKvPlan> plan_gpu_kv(const KvPipeline& pipeline, const std::string& spec, int hidden, int kv_dim) {
   const auto refuse = [&](const std::string& what) {
     return error("KV spec '", spec, "': ", what, " does not run on device 'cuda' yet (there: dense, or hack / quant ",
-                 "with kbits = vbits, pi=64; no selector or zack; the offload and kvpr tiers)");
+                 "with kbits = vbits, pi=64, or zack over dense; no selector; the offload and kvpr tiers)");
   };
   if (pipeline.selector) return refuse("a selector");
-  if (pipeline.zack) return refuse("zack");
   if (pipeline.block_tokens != kCudaBlockTokens) return refuse(str_cat("a block of ", pipeline.block_tokens, " tokens"));
   const GpuBlockFormat format = pipeline.codec->gpu_block_format();
   GpuKvPlan plan;
@@ -53,6 +52,12 @@ Expected<GpuKvPlan> plan_gpu_kv(const KvPipeline& pipeline, const std::string& s
       if (!pipeline.exact_prefill) return refuse("prefill=quantized (the GPU's prefill attends exactly)");
       plan.options.quantized = QuantizedKvOptions{format.quantization, format.integer_attention, pipeline.seed};
       break;
+  }
+  if (pipeline.zack) {
+    if (plan.options.quantized) return refuse("zack followed by a quantizing codec");
+    if (pipeline.offload || pipeline.kvpr) return refuse("zack with a host tier");
+    if (pipeline.hadamard) return refuse("zack with rot=hadamard");
+    plan.options.zack = ZackKvOptions{};  // the ranks and bases: the model's, once it has folded them
   }
   if (format.runs_as) plan.pipeline.codec = format.runs_as;
   SLIMKV_ASSIGN_OR_RETURN(plan.options.tier, tier_options(pipeline, hidden, kv_dim));

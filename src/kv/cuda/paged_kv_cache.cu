@@ -31,27 +31,8 @@ Expected<std::unique_ptr<CudaPagedKvCache>> CudaPagedKvCache::create(const CudaK
 }
 
 Status CudaPagedKvCache::begin_step(const std::vector<int>& sequences, const std::vector<int>& new_tokens) {
-  if (sequences.size() != new_tokens.size()) {
-    return error("CUDA KV cache step: ", sequences.size(), " sequences but ", new_tokens.size(), " token counts");
-  }
-  host_step_slots_.clear();
-  for (size_t i = 0; i < sequences.size(); ++i) {
-    if (!sequences_.is_live(sequences[i])) return error("CUDA KV cache step: sequence ", sequences[i], " does not exist");
-    const int held = sequences_.num_tokens(sequences[i]), total = held + new_tokens[i];
-    SLIMKV_RETURN_IF_ERROR(sequences_.grow(sequences[i], total).with_context("CUDA KV cache step"));
-    const std::vector<int>& blocks = sequences_.blocks(sequences[i]);
-    for (size_t b = 0; b < blocks.size(); ++b) {
-      if (blocks[b] != SequenceBlocks::kReleased) host_block_tables_[size_t(sequences[i]) * shape_.max_blocks_per_sequence + b] = blocks[b];
-    }
-    for (int position = held; position < total; ++position) {
-      host_step_slots_.push_back(blocks[size_t(position / kCudaBlockTokens)] * kCudaBlockTokens +
-                                 position % kCudaBlockTokens);
-    }
-  }
-  if (int(host_step_slots_.size()) > shape_.max_step_tokens) {
-    return error("CUDA KV cache step: ", host_step_slots_.size(), " new tokens, over max_step_tokens ",
-                 shape_.max_step_tokens);
-  }
+  SLIMKV_RETURN_IF_ERROR(
+      grow_for_step(sequences_, sequences, new_tokens, shape_.max_step_tokens, host_block_tables_, host_step_slots_));
   SLIMKV_RETURN_IF_ERROR(block_tables_.upload(host_block_tables_.data(), host_block_tables_.size()));
   return step_slots_.upload(host_step_slots_.data(), host_step_slots_.size());
 }

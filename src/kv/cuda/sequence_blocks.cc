@@ -75,4 +75,29 @@ bool SequenceBlocks::take(int block) {
   return returned_.erase(block) > 0;
 }
 
+Status grow_for_step(SequenceBlocks& held, const std::vector<int>& sequences, const std::vector<int>& new_tokens,
+                     int max_step_tokens, std::vector<int>& host_tables, std::vector<int>& slots) {
+  if (sequences.size() != new_tokens.size()) {
+    return error("CUDA KV cache step: ", sequences.size(), " sequences but ", new_tokens.size(), " token counts");
+  }
+  slots.clear();
+  const size_t stride = size_t(held.max_blocks_per_sequence());
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    if (!held.is_live(sequences[i])) return error("CUDA KV cache step: sequence ", sequences[i], " does not exist");
+    const int before = held.num_tokens(sequences[i]), total = before + new_tokens[i];
+    SLIMKV_RETURN_IF_ERROR(held.grow(sequences[i], total).with_context("CUDA KV cache step"));
+    const std::vector<int>& blocks = held.blocks(sequences[i]);
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      if (blocks[b] != SequenceBlocks::kReleased) host_tables[size_t(sequences[i]) * stride + b] = blocks[b];
+    }
+    for (int position = before; position < total; ++position) {
+      slots.push_back(blocks[size_t(position / kCudaBlockTokens)] * kCudaBlockTokens + position % kCudaBlockTokens);
+    }
+  }
+  if (int(slots.size()) > max_step_tokens) {
+    return error("CUDA KV cache step: ", slots.size(), " new tokens, over max_step_tokens ", max_step_tokens);
+  }
+  return Status::ok();
+}
+
 }  // namespace slimkv::cuda

@@ -66,4 +66,11 @@ class SequenceBlocks {
   bool take(int block);
 };
 
+// A step's growth of a paged cache's sequences (the FP16 pages, ZACK's blocks): each sequences[i] grows by
+// new_tokens[i] tokens, its blocks are written into its row of host_tables ([max_sequences,
+// max_blocks_per_sequence]) and each new token's slot (block · kCudaBlockTokens + offset) appended to
+// slots, sequence by sequence. Errors name the sequence, a full pool or more than max_step_tokens.
+Status grow_for_step(SequenceBlocks& held, const std::vector<int>& sequences, const std::vector<int>& new_tokens,
+                     int max_step_tokens, std::vector<int>& host_tables, std::vector<int>& slots);
+
 }  // namespace slimkv::cuda

@@ -46,6 +46,9 @@ struct CudaModelOptions {
   // buffer), or what fits in 90% of the memory left after the weights and activations, whichever is less.
   size_t kv_cache_bytes = 0;
   std::optional<QuantizedKvOptions> quantized_kv;  // none: the `dense` codec (FP16 blocks)
+  // ZACK's ranks and Q–K bases; the weights given to upload() must have W_V / W_O folded at full width
+  // (model/zack_projection.h full_width_*).
+  std::optional<ZackKvOptions> zack;
   // rot=hadamard (kv/rotation.h): q, k, v turned by H per head before attention and the cache, the
   // attention output turned back; scores are unchanged, the quantized blocks hold rotated values.
   bool rotate_heads = false;

@@ -1,0 +1,204 @@
+// ZACK decode attention on the GPU (attention/cuda/zack_attention.h over kv/cuda/zack_kv_cache.h) against
+// dense FP16 paged attention (attention/cuda/paged_attention.h): one new query per sequence, a batch of
+// equal contexts, one layer of the given shape (default Llama-3-8B's: 32 q / 8 KV heads, d 128).
+//
+// Ranks: per KV head, K and V ranks drawn around the mean that each KV compression gives (1 − stored dims
+// / full dims), log-normally spread (sigma --spread) and clipped to 8..d, then nudged so the layer's total
+// matches the compression exactly. They are synthetic: a Llama-3-8B calibration needs its weights, which
+// this machine lacks, and random weights have flat spectra (every head the same rank). --skewed adds a row
+// whose heads alternate between rank d and rank 8 (K and V): the balancing's worst case.
+// Each zack row runs both schedules: balanced (ZACK §5.3: cost-sized ranges, longest first, dynamic) and
+// uniform (equal block ranges, static order).
+//
+//   bench_zack_attention_cuda --batch 8 --contexts 4096,16384,65536 --compressions 0.3,0.5,0.7 --skewed
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attention/cuda/paged_attention.h"
+#include "attention/cuda/zack_attention.h"
+#include "backend/cuda/random_fill.h"
+#include "bench_errors.h"
+#include "gpu_timing.h"
+#include "kv/cuda/zack_kv_cache.h"
+#include "random_kv.h"
+
+namespace slimkv::cuda {
+namespace {
+
+struct Options {
+  int batch = 8, heads = 32, kv_heads = 8, head_dim = 128;
+  std::vector<int> contexts = {4096, 8192, 16384, 32768, 65536};
+  std::vector<double> compressions = {0.3, 0.5, 0.7};
+  double spread = 0.5;
+  bool skewed = false;
+  int repetitions = 20;
+  int tasks_per_warp = 2;
+  unsigned seed = 26;
+};
+
+struct Ranks {
+  std::string name;
+  std::vector<int> k, v;
+};
+
+Ranks ranks_for(const Options& o, double compression, std::mt19937& rng) {
+  const int d = o.head_dim, min_rank = std::min(8, d);
+  const double mean = (1.0 - compression) * d;
+  std::lognormal_distribution<double> spread(0.0, o.spread);
+  Ranks r{str_cat("zack ", compression), {}, {}};
+  for (int g = 0; g < o.kv_heads; ++g) {
+    r.k.push_back(std::clamp(int(std::lround(mean * spread(rng))), min_rank, d));
+    r.v.push_back(std::clamp(int(std::lround(mean * spread(rng))), min_rank, d));
+  }
+  // Nudge one dim at a time until the total is the compression's.
+  const int want = int(std::lround(2.0 * o.kv_heads * mean));
+  for (int guard = 0; guard < 4 * o.kv_heads * d; ++guard) {
+    int total = 0;
+    for (int g = 0; g < o.kv_heads; ++g) total += r.k[size_t(g)] + r.v[size_t(g)];
+    if (total == want) break;
+    std::vector<int>& side = guard % 2 ? r.k : r.v;
+    int& rank = side[size_t(rng() % side.size())];
+    rank = std::clamp(rank + (total < want ? 1 : -1), min_rank, d);
+  }
+  return r;
+}
+
+double compression_of(const Options& o, const Ranks& r) {
+  int total = 0;
+  for (int g = 0; g < o.kv_heads; ++g) total += r.k[size_t(g)] + r.v[size_t(g)];
+  return 1.0 - double(total) / (2.0 * o.kv_heads * o.head_dim);
+}
+
+// ms per decode step of dense FP16 paged attention.
+Expected<double> dense_ms(const Options& o, int context) {
+  SLIMKV_ASSIGN_OR_RETURN(const RandomKv kv, random_kv({o.batch, context, 1, o.kv_heads, o.head_dim, "dense", 2}));
+  SLIMKV_ASSIGN_OR_RETURN(auto attention,
+                          CudaPagedAttention::create({o.heads, o.kv_heads, o.head_dim, o.batch, o.batch}));
+  const size_t q_elements = size_t(o.batch) * o.heads * o.head_dim;
+  SLIMKV_ASSIGN_OR_RETURN(auto q, DeviceArray<uint16_t>::allocate(q_elements, "queries"));
+  SLIMKV_ASSIGN_OR_RETURN(auto out, DeviceArray<uint16_t>::allocate(q_elements, "outputs"));
+  SLIMKV_RETURN_IF_ERROR(fill_random_fp16(q.data(), q_elements, 99, 1.0f));
+  SLIMKV_RETURN_IF_ERROR(attention->plan({kv.ids, std::vector<int>(size_t(o.batch), context), std::vector<int>(size_t(o.batch), 1)}));
+  const float scale = 1.0f / std::sqrt(float(o.head_dim));
+  return median_launch_ms([&] { return attention->run(kv.view(), q.data(), scale, out.data()); }, o.repetitions, 10, 5);
+}
+
+struct ZackTimes {
+  double balanced_ms, uniform_ms, padding;
+};
+
+// ms per decode step of ZACK attention at these ranks, both schedules.
+Expected<ZackTimes> zack_ms(const Options& o, int context, const Ranks& r) {
+  constexpr int kChunkTokens = 4096;
+  const int d = o.head_dim, blocks_per_sequence = (context + kCudaBlockTokens - 1) / kCudaBlockTokens;
+  ZackKvShape shape;
+  shape.num_layers = 1, shape.num_heads = o.heads, shape.num_kv_heads = o.kv_heads, shape.head_dim = d;
+  shape.num_blocks = o.batch * blocks_per_sequence, shape.max_sequences = o.batch;
+  shape.max_blocks_per_sequence = blocks_per_sequence, shape.max_step_tokens = std::min(context, kChunkTokens);
+  shape.k_ranks = r.k, shape.v_ranks = r.v;
+  for (int g = 0; g < o.kv_heads; ++g) {  // the identity's first rows: k' is k's first k_rank dims
+    for (int row = 0; row < r.k[size_t(g)]; ++row) {
+      for (int c = 0; c < d; ++c) shape.qk_bases.push_back(row == c ? 1.0f : 0.0f);
+    }
+  }
+  SLIMKV_ASSIGN_OR_RETURN(auto cache, CudaZackKvCache::create(shape));
+  SLIMKV_ASSIGN_OR_RETURN(auto attention, CudaZackAttention::create({1, o.heads, o.kv_heads, d, o.batch, o.batch, r.k, r.v, o.tasks_per_warp}));
+  const size_t chunk = size_t(shape.max_step_tokens) * o.kv_heads * d;
+  SLIMKV_ASSIGN_OR_RETURN(auto k, DeviceArray<uint16_t>::allocate(chunk, "K chunk"));
+  SLIMKV_ASSIGN_OR_RETURN(auto v, DeviceArray<uint16_t>::allocate(chunk, "V chunk"));
+  std::vector<int> ids;
+  for (int b = 0; b < o.batch; ++b) {
+    SLIMKV_ASSIGN_OR_RETURN(int id, cache->sequences().add_sequence());
+    ids.push_back(id);
+    for (int at = 0, n = 0; at < context; at += n) {
+      n = std::min(shape.max_step_tokens, context - at);
+      SLIMKV_RETURN_IF_ERROR(fill_random_fp16(k.data(), chunk, 1000 + uint64_t(b) * 7919 + uint64_t(at), 1.0f));
+      SLIMKV_RETURN_IF_ERROR(fill_random_fp16(v.data(), chunk, 2000 + uint64_t(b) * 7919 + uint64_t(at), 1.0f));
+      SLIMKV_RETURN_IF_ERROR(cache->begin_step({id}, {n}));
+      SLIMKV_RETURN_IF_ERROR(cache->append(0, k.data(), v.data()));
+    }
+  }
+  const size_t q_elements = size_t(o.batch) * o.heads * d;
+  SLIMKV_ASSIGN_OR_RETURN(auto q, DeviceArray<uint16_t>::allocate(q_elements, "queries"));
+  SLIMKV_ASSIGN_OR_RETURN(auto out, DeviceArray<uint16_t>::allocate(q_elements, "outputs"));
+  SLIMKV_RETURN_IF_ERROR(fill_random_fp16(q.data(), q_elements, 99, 1.0f));
+  const PagedAttentionBatch batch{ids, std::vector<int>(size_t(o.batch), context), std::vector<int>(size_t(o.batch), 1)};
+  const float scale = 1.0f / std::sqrt(float(d));
+  ZackTimes times{0, 0, cache->padding_fraction()};
+  for (ZackSchedule schedule : {ZackSchedule::kBalanced, ZackSchedule::kUniform}) {
+    SLIMKV_RETURN_IF_ERROR(attention->plan(batch, schedule));
+    SLIMKV_ASSIGN_OR_RETURN(double ms, median_launch_ms([&] { return attention->run(0, cache->view(0), q.data(), scale, out.data()); },
+                                                        o.repetitions, 10, 5));
+    (schedule == ZackSchedule::kBalanced ? times.balanced_ms : times.uniform_ms) = ms;
+  }
+  return times;
+}
+
+int run(int argc, char** argv) {
+  Options o;
+  CLI::App app{"slimkv ZACK decode attention on the GPU vs dense FP16"};
+  app.add_option("--batch", o.batch)->capture_default_str();
+  app.add_option("--heads", o.heads)->capture_default_str();
+  app.add_option("--kv-heads", o.kv_heads)->capture_default_str();
+  app.add_option("--head-dim", o.head_dim)->check(CLI::IsMember({64, 128}))->capture_default_str();
+  app.add_option("--contexts", o.contexts)->delimiter(',');
+  app.add_option("--compressions", o.compressions, "KV compressions (1 - kept dims / full dims)")->delimiter(',');
+  app.add_option("--spread", o.spread, "log-normal sigma of the ranks around their mean")->capture_default_str();
+  app.add_flag("--skewed", o.skewed, "also heads alternating between rank d and rank 8");
+  app.add_option("--repetitions", o.repetitions)->capture_default_str();
+  app.add_option("--tasks-per-warp", o.tasks_per_warp, "ZACK attention tasks per resident warp")
+      ->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--seed", o.seed)->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  if (failed(device_usable())) return 1;
+  for (double c : o.compressions) {
+    if (!(c >= 0.0 && c < 1.0)) return failed(error("--compressions: ", c, " is not in [0, 1)")), 1;
+  }
+  std::mt19937 rng(o.seed);
+  std::vector<Ranks> variants;
+  for (double c : o.compressions) variants.push_back(ranks_for(o, c, rng));
+  if (o.skewed) {
+    Ranks skewed{"skewed", {}, {}};
+    for (int g = 0; g < o.kv_heads; ++g) {
+      skewed.k.push_back(g % 2 ? 8 : o.head_dim);
+      skewed.v.push_back(g % 2 ? 8 : o.head_dim);
+    }
+    variants.push_back(skewed);
+  }
+  std::printf("decode attention: batch %d, %d q / %d KV heads, d %d; dense FP16 vs zack (balanced | uniform schedule), "
+              "%d tasks per resident warp\n", o.batch, o.heads, o.kv_heads, o.head_dim, o.tasks_per_warp);
+  for (const Ranks& r : variants) {
+    std::string k, v;
+    for (int g = 0; g < o.kv_heads; ++g) k += str_cat(g ? "," : "", r.k[size_t(g)]), v += str_cat(g ? "," : "", r.v[size_t(g)]);
+    std::printf("  %-10s compression %.3f  K ranks %s  V ranks %s\n", r.name.c_str(), compression_of(o, r), k.c_str(), v.c_str());
+  }
+  std::printf("%8s %10s", "context", "dense ms");
+  for (const Ranks& r : variants) std::printf(" | %-10s %8s %8s %7s %7s", r.name.c_str(), "bal ms", "uni ms", "x dense", "bal/uni");
+  std::printf("\n");
+  for (int context : o.contexts) {
+    auto dense = dense_ms(o, context);
+    if (failed(dense.status())) return 1;
+    std::printf("%8d %10.4f", context, *dense);
+    double padding = 0;
+    for (const Ranks& r : variants) {
+      auto z = zack_ms(o, context, r);
+      if (failed(z.status())) return 1;
+      padding = std::max(padding, z->padding);
+      std::printf(" | %-10s %8.4f %8.4f %7.2f %7.2f", "", z->balanced_ms, z->uniform_ms, *dense / z->balanced_ms,
+                  z->uniform_ms / z->balanced_ms);
+    }
+    std::printf("   (padding <= %.2f%%)\n", 100.0 * padding);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace slimkv::cuda
+
+int main(int argc, char** argv) { return slimkv::cuda::run(argc, argv); }

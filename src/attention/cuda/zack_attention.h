@@ -1,0 +1,85 @@
+// Attention over ZACK's reduced KV (ZACK §5.1–5.3) on the GPU: every (layer, KV head) at its own K and V
+// ranks (kv_views.h ZackKvView), scores q'·k' on the head's k_rank dims and outputs on its v_rank dims,
+// with no decompression (Lemma 2: the rotations are folded into W_V / W_O and applied to q, k after RoPE).
+//
+// One kernel serves decode and prefill (causal query tiles of the GQA group, as the dense CUDA-core
+// kernel): the work of a step is cut into tasks (query tile, KV head, range of blocks), each computed by
+// one warp into an online-softmax partial, then merged per row. A task's cost is blocks · (k_rank +
+// v_rank), so with adaptive ranks equal block ranges take unequal time. ZACK §5.3 balances them:
+//   kBalanced: each head's blocks are cut into ranges of about equal cost (fewer blocks per task for
+//              high-rank heads), and the tasks run longest first, each warp taking the next one when it
+//              is free (the paper's descending sort, then "the SM with the smallest cumulative time").
+//   kUniform:  the same number of blocks per task for every head, in head order (what a kernel blind
+//              to ranks does; kept to measure the balancing against).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "attention/cuda/kv_views.h"
+#include "attention/cuda/paged_attention.h"
+#include "backend/cuda/device_memory.h"
+
+namespace slimkv::cuda {
+
+enum class ZackSchedule { kBalanced, kUniform };
+
+// One warp's work: the query tile's rows of one KV head over blocks [block_begin, block_end).
+struct ZackTask {
+  int tile = 0, kv_head = 0, block_begin = 0, block_end = 0;
+};
+
+struct ZackAttentionShape {
+  int num_layers = 0;
+  int num_heads = 0;     // query heads; num_heads / num_kv_heads (at most 8) share a KV head
+  int num_kv_heads = 0;
+  int head_dim = 0;      // the full head dim (q and out rows), at most 128
+  int max_batch = 0;     // sequences per step
+  int max_queries = 0;   // queries per step, over all sequences
+  // [num_layers · num_kv_heads]: each (layer, KV head)'s Q–K and V–W_O ranks, 1..head_dim.
+  std::vector<int> k_ranks, v_ranks;
+  // Tasks per warp resident on the GPU: more evens out the warps' ends, fewer costs fewer partials to merge.
+  // H100, batch 8, Llama-3-8B shape, skewed ranks: 2 is 1.2–1.3× faster than 1 at 32K–64K, 1 up to 1.3×
+  // faster at 8K–16K (docs/results/cuda/zack_attention.txt; bench_zack_attention_cuda --tasks-per-warp).
+  int tasks_per_warp = 2;
+};
+
+class CudaZackAttention {
+ public:
+  static Expected<std::unique_ptr<CudaZackAttention>> create(const ZackAttentionShape& shape);
+
+  // Lays out the step's tasks for every layer (their ranks differ) and uploads them once; the plan holds
+  // until the next call.
+  Status plan(const PagedAttentionBatch& batch, ZackSchedule schedule = ZackSchedule::kBalanced);
+
+  // q: FP16 [queries, num_heads, head_dim] whose head h holds its reduced query in the first
+  // k_rank(layer, h's KV head) entries; out likewise: the first v_rank entries of each head are the
+  // attention output in the reduced V space, the rest 0. Scores are scale · q'·k'.
+  Status run(int layer, const ZackKvView& kv, const uint16_t* q, float scale, uint16_t* out);
+
+  const ZackAttentionShape& shape() const { return shape_; }
+  int num_tasks(int layer) const { return layer_tasks_[size_t(layer) + 1] - layer_tasks_[size_t(layer)]; }
+
+ private:
+  explicit CudaZackAttention(const ZackAttentionShape& shape) : shape_(shape) {}
+
+  ZackAttentionShape shape_;
+  int group_ = 0, rows_per_tile_ = 0, positions_per_tile_ = 0;
+  int resident_warps_ = 0;  // warps of the kernel resident on the whole GPU at once
+  int resident_ctas_ = 0;
+  // Planned: the batch's metadata (lay_out_attention_batch), per layer the tasks (canonical order:
+  // unit by unit, a unit being a (query tile, KV head)), their execution order, each unit's first task.
+  int num_tiles_ = 0;
+  ZackSchedule schedule_ = ZackSchedule::kBalanced;
+  std::vector<int> layer_tasks_;  // [num_layers + 1]: each layer's first task
+  DeviceArray<int> metadata_;
+  DeviceArray<ZackTask> tasks_;
+  DeviceArray<int> order_;        // [tasks]: canonical task index, in the order warps take them
+  DeviceArray<int> unit_tasks_;   // [num_layers, units + 1]: each unit's first task (within its layer)
+  DeviceArray<int> counters_;     // [num_layers]: the next task to take
+  DeviceArray<float> partial_acc_;       // [tasks of a layer, rows_per_tile, head_dim]
+  DeviceArray<float> partial_max_sum_;  // [tasks of a layer, rows_per_tile, 2]: base-2 max, sum
+};
+
+}  // namespace slimkv::cuda

@@ -1,0 +1,186 @@
+#include "kv/cuda/zack_kv_cache.h"
+
+#include <cuda_fp16.h>
+
+#include <utility>
+
+#include "backend/cuda/cuda_check.h"
+
+namespace slimkv::cuda {
+namespace {
+
+constexpr int kProjectTokens = 8;   // tokens per CTA of the projection: each basis element read once for them
+constexpr int kMaxHeadDim = 128;
+
+// out[t, h, :k_rank] = B_g[:k_rank] · x[t, h, :] with g = h / heads_per_basis, in FP32 from FP16 rows;
+// out[t, h, k_rank:] = 0. Thread j computes output dim j, reading the transposed basis [head_dim, k_rank]
+// along j (coalesced). grid (heads, ceil(n / kProjectTokens)), head_dim threads.
+__global__ void project_heads_kernel(const __half* x, int n, int heads, int heads_per_basis, int head_dim,
+                                     const float* bases_t, const int* basis_offsets, const ZackHeadLayout* layout,
+                                     __half* out) {
+  __shared__ float rows[kProjectTokens][kMaxHeadDim];
+  const int h = blockIdx.x, g = h / heads_per_basis, first = blockIdx.y * kProjectTokens;
+  const int tokens = min(kProjectTokens, n - first), rank = layout[g].k_rank;
+  for (int i = threadIdx.x; i < tokens * head_dim; i += blockDim.x) {
+    const int t = i / head_dim, c = i % head_dim;
+    rows[t][c] = __half2float(x[(size_t(first + t) * heads + h) * head_dim + c]);
+  }
+  __syncthreads();
+  const int j = threadIdx.x;
+  float acc[kProjectTokens] = {};
+  if (j < rank) {
+    const float* basis = bases_t + basis_offsets[g];
+    for (int i = 0; i < head_dim; ++i) {
+      const float b = basis[i * rank + j];
+#pragma unroll
+      for (int t = 0; t < kProjectTokens; ++t) acc[t] = fmaf(rows[t][i], b, acc[t]);
+    }
+  }
+  for (int t = 0; t < tokens; ++t) out[(size_t(first + t) * heads + h) * head_dim + j] = __float2half(acc[t]);
+}
+
+// Token t's k' (first k_rank dims) and v (first v_rank dims, 0 in the even row's padding) into its slot;
+// grid (n tokens, num_kv_heads), head_dim threads.
+__global__ void write_zack_slots_kernel(const __half* k, const __half* v, const int* slots, int num_kv_heads,
+                                        int head_dim, const ZackHeadLayout* layout, long long block_elements,
+                                        __half* pool) {
+  const int t = blockIdx.x, g = blockIdx.y, j = threadIdx.x;
+  const int slot = slots[t];
+  if (slot < 0) return;
+  const ZackHeadLayout head = layout[g];
+  __half* block = pool + size_t(slot / kCudaBlockTokens) * size_t(block_elements);
+  const int offset = slot % kCudaBlockTokens;
+  const size_t row = (size_t(t) * num_kv_heads + g) * head_dim;
+  if (j < head.k_rank) block[head.k_offset + j * kCudaBlockTokens + offset] = k[row + j];
+  if (j < head.v_stride) block[head.v_offset + offset * head.v_stride + j] = j < head.v_rank ? v[row + j] : __half(0.0f);
+}
+
+}  // namespace
+
+size_t CudaZackKvCache::block_bytes(const std::vector<int>& k_ranks, const std::vector<int>& v_ranks) {
+  size_t elements = 0;
+  for (size_t i = 0; i < k_ranks.size(); ++i) elements += size_t(k_ranks[i] + v_ranks[i] + (v_ranks[i] & 1));
+  return elements * kCudaBlockTokens * 2;
+}
+
+Expected<std::unique_ptr<CudaZackKvCache>> CudaZackKvCache::create(const ZackKvShape& shape) {
+  const size_t heads = size_t(shape.num_layers) * size_t(shape.num_kv_heads);
+  if (shape.num_layers <= 0 || shape.num_kv_heads <= 0 || shape.num_heads % shape.num_kv_heads != 0 ||
+      shape.num_blocks <= 0 || shape.max_sequences <= 0 || shape.max_blocks_per_sequence <= 0 ||
+      shape.max_step_tokens <= 0 || shape.head_dim <= 0 || shape.head_dim > kMaxHeadDim || shape.head_dim % 2 != 0) {
+    return error("CUDA ZACK KV cache: every size must be positive, query heads a multiple of KV heads, head_dim even ",
+                 "and at most ", kMaxHeadDim, " (layers ", shape.num_layers, ", heads ", shape.num_heads, "/",
+                 shape.num_kv_heads, ", head_dim ", shape.head_dim, ", blocks ", shape.num_blocks, ", sequences ",
+                 shape.max_sequences, ", blocks per sequence ", shape.max_blocks_per_sequence, ", step tokens ",
+                 shape.max_step_tokens, ")");
+  }
+  if (shape.k_ranks.size() != heads || shape.v_ranks.size() != heads) {
+    return error("CUDA ZACK KV cache: ", shape.k_ranks.size(), " K and ", shape.v_ranks.size(),
+                 " V ranks, expected one per layer and KV head (", heads, ")");
+  }
+  std::unique_ptr<CudaZackKvCache> cache(new CudaZackKvCache(shape));
+  cache->basis_offsets_.assign(1, 0);
+  size_t layer_offset = 0;
+  for (int l = 0; l < shape.num_layers; ++l) {
+    int at = 0;  // elements of the block so far
+    for (int g = 0; g < shape.num_kv_heads; ++g) {
+      const size_t i = size_t(l) * shape.num_kv_heads + size_t(g);
+      const int k_rank = shape.k_ranks[i], v_rank = shape.v_ranks[i];
+      if (k_rank < 1 || k_rank > shape.head_dim || v_rank < 1 || v_rank > shape.head_dim) {
+        return error("CUDA ZACK KV cache: layer ", l, " KV head ", g, " has ranks ", k_rank, "/", v_rank,
+                     ", expected 1..", shape.head_dim);
+      }
+      ZackHeadLayout head{at, k_rank, at + k_rank * kCudaBlockTokens, v_rank, v_rank + (v_rank & 1)};
+      at = head.v_offset + head.v_stride * kCudaBlockTokens;
+      cache->host_heads_.push_back(head);
+      cache->basis_offsets_.push_back(cache->basis_offsets_.back() + k_rank * shape.head_dim);
+    }
+    cache->block_elements_.push_back(at);
+    cache->layer_offsets_.push_back(layer_offset);
+    layer_offset += size_t(at) * size_t(shape.num_blocks);
+  }
+  if (shape.qk_bases.size() != size_t(cache->basis_offsets_.back())) {
+    return error("CUDA ZACK KV cache: ", shape.qk_bases.size(), " basis values, expected ", cache->basis_offsets_.back(),
+                 " (k_rank · head_dim for each layer and KV head)");
+  }
+  std::vector<float> transposed(shape.qk_bases.size());
+  for (size_t i = 0; i < heads; ++i) {
+    const int rank = shape.k_ranks[i], offset = cache->basis_offsets_[i];
+    for (int r = 0; r < rank; ++r) {
+      for (int c = 0; c < shape.head_dim; ++c) {
+        transposed[size_t(offset + c * rank + r)] = shape.qk_bases[size_t(offset + r * shape.head_dim + c)];
+      }
+    }
+  }
+  const size_t table_entries = size_t(shape.max_sequences) * shape.max_blocks_per_sequence;
+  const size_t step = size_t(shape.max_step_tokens) * size_t(shape.head_dim);
+  SLIMKV_ASSIGN_OR_RETURN(cache->pool_, DeviceArray<uint16_t>::allocate(layer_offset, "the ZACK block pool"));
+  SLIMKV_ASSIGN_OR_RETURN(cache->heads_, DeviceArray<ZackHeadLayout>::allocate(heads, "the ZACK head layouts"));
+  SLIMKV_ASSIGN_OR_RETURN(cache->bases_t_, DeviceArray<float>::allocate(std::max<size_t>(1, transposed.size()), "the ZACK Q-K bases"));
+  SLIMKV_ASSIGN_OR_RETURN(cache->basis_offsets_device_, DeviceArray<int>::allocate(heads + 1, "the ZACK basis offsets"));
+  SLIMKV_ASSIGN_OR_RETURN(cache->block_tables_, DeviceArray<int>::allocate(table_entries, "the block tables"));
+  SLIMKV_ASSIGN_OR_RETURN(cache->step_slots_, DeviceArray<int>::allocate(size_t(shape.max_step_tokens), "the step's slots"));
+  SLIMKV_ASSIGN_OR_RETURN(cache->q_reduced_, DeviceArray<uint16_t>::allocate(step * shape.num_heads, "the reduced queries"));
+  SLIMKV_ASSIGN_OR_RETURN(cache->k_reduced_, DeviceArray<uint16_t>::allocate(step * shape.num_kv_heads, "the reduced keys"));
+  SLIMKV_RETURN_IF_ERROR(cache->heads_.upload(cache->host_heads_.data(), heads));
+  SLIMKV_RETURN_IF_ERROR(cache->bases_t_.upload(transposed.data(), transposed.size()));
+  SLIMKV_RETURN_IF_ERROR(cache->basis_offsets_device_.upload(cache->basis_offsets_.data(), heads + 1));
+  cache->host_block_tables_.assign(table_entries, 0);  // unused entries point at block 0: never read
+  SLIMKV_RETURN_IF_ERROR(cache->block_tables_.upload(cache->host_block_tables_.data(), table_entries));
+  return Expected<std::unique_ptr<CudaZackKvCache>>(std::move(cache));
+}
+
+double CudaZackKvCache::padding_fraction() const {
+  size_t padding = 0, total = 0;
+  for (const ZackHeadLayout& head : host_heads_) {
+    padding += size_t(head.v_stride - head.v_rank);
+    total += size_t(head.k_rank + head.v_stride);
+  }
+  return total == 0 ? 0.0 : double(padding) / double(total);
+}
+
+Status CudaZackKvCache::begin_step(const std::vector<int>& sequences, const std::vector<int>& new_tokens) {
+  SLIMKV_RETURN_IF_ERROR(
+      grow_for_step(sequences_, sequences, new_tokens, shape_.max_step_tokens, host_block_tables_, host_step_slots_));
+  SLIMKV_RETURN_IF_ERROR(block_tables_.upload(host_block_tables_.data(), host_block_tables_.size()));
+  return step_slots_.upload(host_step_slots_.data(), host_step_slots_.size());
+}
+
+Expected<const uint16_t*> CudaZackKvCache::project_queries(int layer, const uint16_t* q) {
+  const int n = int(host_step_slots_.size());
+  if (n > 0) {
+    const size_t first = size_t(layer) * shape_.num_kv_heads;
+    const dim3 grid(unsigned(shape_.num_heads), unsigned((n + kProjectTokens - 1) / kProjectTokens));
+    project_heads_kernel<<<grid, shape_.head_dim>>>(
+        reinterpret_cast<const __half*>(q), n, shape_.num_heads, shape_.num_heads / shape_.num_kv_heads, shape_.head_dim,
+        bases_t_.data(), basis_offsets_device_.data() + first, heads_.data() + first,
+        reinterpret_cast<__half*>(q_reduced_.data()));
+    SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  }
+  return static_cast<const uint16_t*>(q_reduced_.data());
+}
+
+Status CudaZackKvCache::append(int layer, const uint16_t* k, const uint16_t* v) {
+  const int n = int(host_step_slots_.size());
+  if (n == 0) return Status::ok();
+  const size_t first = size_t(layer) * shape_.num_kv_heads;
+  const dim3 project_grid(unsigned(shape_.num_kv_heads), unsigned((n + kProjectTokens - 1) / kProjectTokens));
+  project_heads_kernel<<<project_grid, shape_.head_dim>>>(
+      reinterpret_cast<const __half*>(k), n, shape_.num_kv_heads, 1, shape_.head_dim, bases_t_.data(),
+      basis_offsets_device_.data() + first, heads_.data() + first, reinterpret_cast<__half*>(k_reduced_.data()));
+  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  write_zack_slots_kernel<<<dim3(unsigned(n), unsigned(shape_.num_kv_heads)), shape_.head_dim>>>(
+      reinterpret_cast<const __half*>(k_reduced_.data()), reinterpret_cast<const __half*>(v), step_slots_.data(),
+      shape_.num_kv_heads, shape_.head_dim, heads_.data() + first, block_elements_[size_t(layer)],
+      reinterpret_cast<__half*>(pool_.data() + layer_offsets_[size_t(layer)]));
+  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return Status::ok();
+}
+
+ZackKvView CudaZackKvCache::view(int layer) const {
+  return ZackKvView{pool_.data() + layer_offsets_[size_t(layer)], block_elements_[size_t(layer)],
+                    heads_.data() + size_t(layer) * shape_.num_kv_heads, block_tables_.data(),
+                    shape_.max_blocks_per_sequence, shape_.num_kv_heads};
+}
+
+}  // namespace slimkv::cuda

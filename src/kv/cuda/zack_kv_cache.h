@@ -1,0 +1,82 @@
+// ZACK's KV on the GPU (ZACK §5.1–5.2): a paged pool whose blocks keep every (layer, KV head) at its own K
+// and V ranks, and the projection of q and k onto each head's Q–K basis after RoPE.
+//
+//   layer l, block b: [block_elements(l)] FP16, KV head g at heads(l)[g] (kv_views.h ZackHeadLayout):
+//                     K' dim-major [k_rank, 64], then V' token-major [64, v_rank rounded up to even]
+//   block table of sequence s: [max_blocks_per_sequence] block indices, shared by every layer
+//
+// Blocks are all the same size, whatever the ranks, so one pool and one block table serve every layer
+// and head; the only padding is the even V row (padding_fraction(): < 1 / (2 · mean rank)).
+// V arrives reduced already (the folded W_V, model/zack_projection.h, padded to head_dim with zeros):
+// its first v_rank dims are stored. K is projected here: k' = B_g[:k_rank] · k.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "attention/cuda/kv_views.h"
+#include "backend/cuda/device_memory.h"
+#include "kv/cuda/sequence_blocks.h"
+
+namespace slimkv::cuda {
+
+struct ZackKvShape {
+  int num_layers = 0;
+  int num_heads = 0;     // query heads (project_queries)
+  int num_kv_heads = 0;
+  int head_dim = 0;      // even, at most 128
+  int num_blocks = 0;
+  int max_sequences = 0;
+  int max_blocks_per_sequence = 0;
+  int max_step_tokens = 0;
+  std::vector<int> k_ranks, v_ranks;  // [num_layers · num_kv_heads], 1..head_dim
+  // FP32, for each (layer, KV head) in order: its Q–K basis B_g[:k_rank] [k_rank, head_dim] (row-major).
+  std::vector<float> qk_bases;
+};
+
+class CudaZackKvCache {
+ public:
+  static Expected<std::unique_ptr<CudaZackKvCache>> create(const ZackKvShape& shape);
+  // FP16 bytes of one block of every layer and head at these ranks (sizes the pool before creating it).
+  static size_t block_bytes(const std::vector<int>& k_ranks, const std::vector<int>& v_ranks);
+
+  const ZackKvShape& shape() const { return shape_; }
+  SequenceBlocks& sequences() { return sequences_; }
+  const SequenceBlocks& sequences() const { return sequences_; }
+  size_t device_bytes() const { return pool_.bytes(); }
+  // Of the pool, the share of padding (the even V rows).
+  double padding_fraction() const;
+
+  // As CudaPagedKvCache::begin_step: room for the new tokens, their slots, the tables uploaded.
+  Status begin_step(const std::vector<int>& sequences, const std::vector<int>& new_tokens);
+  // q FP16 [step tokens, num_heads, head_dim] after RoPE → each head's B_g[:k_rank] · q in the first
+  // k_rank entries of the returned rows (device, same shape, the rest 0; valid until the next call).
+  Expected<const uint16_t*> project_queries(int layer, const uint16_t* q);
+  // Writes the step's k (FP16 [step tokens, num_kv_heads, head_dim] after RoPE, projected here) and v (the
+  // folded W_V's: the first v_rank dims of each head) of `layer` into the step's slots.
+  Status append(int layer, const uint16_t* k, const uint16_t* v);
+
+  ZackKvView view(int layer) const;
+
+ private:
+  explicit CudaZackKvCache(const ZackKvShape& shape)
+      : shape_(shape), sequences_(shape.num_blocks, shape.max_sequences, shape.max_blocks_per_sequence) {}
+
+  ZackKvShape shape_;
+  std::vector<ZackHeadLayout> host_heads_;   // [num_layers, num_kv_heads]
+  std::vector<long long> block_elements_;    // [num_layers]
+  std::vector<size_t> layer_offsets_;        // [num_layers]: elements before the layer's region of the pool
+  std::vector<int> basis_offsets_;           // [num_layers · num_kv_heads + 1]: floats before each basis
+  DeviceArray<uint16_t> pool_;
+  DeviceArray<ZackHeadLayout> heads_;
+  DeviceArray<float> bases_t_;               // each basis transposed: [head_dim, k_rank]
+  DeviceArray<int> basis_offsets_device_;
+  DeviceArray<int> block_tables_;            // [max_sequences, max_blocks_per_sequence]
+  DeviceArray<int> step_slots_;              // [max_step_tokens]
+  DeviceArray<uint16_t> q_reduced_, k_reduced_;  // [max_step_tokens, heads, head_dim]
+  std::vector<int> host_block_tables_, host_step_slots_;
+  SequenceBlocks sequences_;
+};
+
+}  // namespace slimkv::cuda
