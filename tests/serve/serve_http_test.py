@@ -183,6 +183,12 @@ class ServeTest(unittest.TestCase):
                and time.time() < deadline):
             time.sleep(0.05)
         before = self.server.metric("slimkv:generation_tokens_total")
+        while time.time() < deadline:  # and whose counters the scheduler has published (it does so after a step)
+            time.sleep(0.2)
+            now = self.server.metric("slimkv:generation_tokens_total")
+            if now == before:
+                break
+            before = now
         completion(self.server, PROMPTS[3], max_tokens=5)
         # The scheduler publishes its counters after the step that finished the request, which may come
         # after the response: wait for them (bounded).
