@@ -6,9 +6,12 @@
 
 #include <cstdint>
 #include <random>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "backend/cuda/device_memory.h"
+#include "slimkv/status.h"
 #include "util/half.h"
 
 namespace slimkv::cuda {
@@ -18,6 +21,21 @@ class CudaTest : public ::testing::Test {
   void SetUp() override {
     const Status usable = device_usable();
     if (!usable) GTEST_SKIP() << "CUDA tests skipped: " << usable.message();
+  }
+};
+
+// A batch of sequences run through an attention kernel as the engine steps them: a first step of
+// prefill_tokens per sequence, then steps of later_tokens (1: decode) until each holds its length.
+struct AttentionStepCase {
+  std::vector<int> lengths;  // tokens of each sequence
+  int prefill_tokens;        // the first step's tokens per sequence
+  int num_heads, num_kv_heads, head_dim;
+  int later_tokens = 1;      // each later step's tokens per sequence (1: decode)
+  std::string name(std::string_view kernel) const {
+    std::string lens;
+    for (int n : lengths) lens += (lens.empty() ? "" : ",") + std::to_string(n);
+    return str_cat(kernel, "(lengths=", lens, ",prefill=", prefill_tokens, ",later=", later_tokens,
+                   ",heads=", num_heads, "/", num_kv_heads, ",d=", head_dim, ")");
   }
 };
 

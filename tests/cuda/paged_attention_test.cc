@@ -22,24 +22,13 @@
 namespace slimkv::cuda {
 namespace {
 
-struct PagedCase {
-  std::vector<int> lengths;  // tokens of each sequence
-  int prefill_tokens;        // the first step's tokens per sequence
-  int num_heads, num_kv_heads, head_dim;
-  int later_tokens = 1;      // each later step's tokens per sequence (1: decode)
-  std::string name() const {
-    std::string lens;
-    for (int n : lengths) lens += (lens.empty() ? "" : ",") + std::to_string(n);
-    return str_cat("paged_attention(lengths=", lens, ",prefill=", prefill_tokens, ",later=", later_tokens,
-                   ",heads=", num_heads, "/", num_kv_heads, ",d=", head_dim, ")");
-  }
-};
+using PagedCase = AttentionStepCase;
 
 // tensor_core_min_queries: 0 keeps every step on the CUDA-core kernel, 2 takes every multi-query step
 // to the tensor-core one (where head_dim allows).
 void check(const PagedCase& c, int tensor_core_min_queries) {
   SCOPED_TRACE(str_cat("tensor_core_min_queries ", tensor_core_min_queries));
-  SCOPED_TRACE(c.name());
+  SCOPED_TRACE(c.name("paged_attention"));
   const unsigned seed = 20261123u + unsigned(c.lengths.size() * 131 + c.lengths[0] * 7 + c.head_dim + c.num_heads);
   SCOPED_TRACE(str_cat("seed ", seed));
   std::mt19937 rng(seed);

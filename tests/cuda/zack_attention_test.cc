@@ -21,18 +21,7 @@
 namespace slimkv::cuda {
 namespace {
 
-struct ZackCase {
-  std::vector<int> lengths;  // tokens of each sequence
-  int prefill_tokens;        // the first step's tokens per sequence
-  int num_heads, num_kv_heads, head_dim;
-  int later_tokens = 1;      // each later step's tokens per sequence (1: decode)
-  std::string name() const {
-    std::string lens;
-    for (int n : lengths) lens += (lens.empty() ? "" : ",") + std::to_string(n);
-    return str_cat("zack_attention(lengths=", lens, ",prefill=", prefill_tokens, ",later=", later_tokens,
-                   ",heads=", num_heads, "/", num_kv_heads, ",d=", head_dim, ")");
-  }
-};
+using ZackCase = AttentionStepCase;
 
 // FP16-rounded B · x for one head: basis [rank, d] row-major.
 std::vector<float> project(const float* basis, int rank, int d, const float* x) {
@@ -46,7 +35,7 @@ std::vector<float> project(const float* basis, int rank, int d, const float* x) 
 }
 
 void check(const ZackCase& c, ZackSchedule schedule) {
-  SCOPED_TRACE(c.name() + (schedule == ZackSchedule::kBalanced ? " balanced" : " uniform"));
+  SCOPED_TRACE(c.name("zack_attention") + (schedule == ZackSchedule::kBalanced ? " balanced" : " uniform"));
   const unsigned seed = 20261126u + unsigned(c.lengths.size() * 131 + c.lengths[0] * 7 + c.head_dim + c.num_heads);
   SCOPED_TRACE(str_cat("seed ", seed));
   std::mt19937 rng(seed);
