@@ -18,7 +18,7 @@ RELEASE := build/release
 # clang (libFuzzer), -O1 for the engine library and -O0 for the rest (CMakeLists.txt says why), line
 # tables only (full debug info makes compiles and links slower; reports still name file and line).
 SANITIZE := build/sanitize
-MODEL ?= models/slimkv-llama-14m
+MODEL ?= models/slimkv-llama-15m
 # The main job: long-context retrieval — a pass key hidden at 40% depth of ~1900 tokens of filler.
 PROMPT_FILE ?= $(MODEL)/passkey_prompt.txt
 KV ?= dense

@@ -8,7 +8,7 @@ set -euo pipefail
 slimkv=$1 out=$2
 shift 2
 here=$(cd "$(dirname "$0")" && pwd)
-model=${MODEL:-$here/../models/slimkv-llama-14m}
+model=${MODEL:-$here/../models/slimkv-llama-15m}
 IFS=';' read -ra specs <<<"${SPECS:-dense;hack:bits=4;hack:bits=2,pi=64}"
 mkdir -p "$out"
 for spec in "${specs[@]}"; do

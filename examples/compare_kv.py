@@ -22,7 +22,7 @@ SPECS = ["dense", "hack:bits=2", "pq:topk=0.1"]
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default=os.path.join(ROOT, "models", "slimkv-llama-14m"))
+    parser.add_argument("--model", default=os.path.join(ROOT, "models", "slimkv-llama-15m"))
     parser.add_argument("--context", type=int, default=512, help="tokens of the longest prompt")
     parser.add_argument("--samples", type=int, default=1, help="pass-key prompts per (placement, length, depth) cell")
     parser.add_argument("--threads", type=int, default=0)

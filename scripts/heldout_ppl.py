@@ -4,7 +4,7 @@ transformers figure there: encode the text as one string without special tokens,
 consecutive chunks of L-1 tokens (remainder dropped), prepend BOS to each, exp(mean NLL over all chunk
 tokens). Runs `slimkv logits --mode prefill` per window. (A stand-in until `slimkv eval`, issue 5.)
 
-    /usr/bin/python3 scripts/heldout_ppl.py --model models/slimkv-llama-14m --context 1024 [--kv dense]
+    /usr/bin/python3 scripts/heldout_ppl.py --model models/slimkv-llama-15m --context 1024 [--kv dense]
 Needs numpy (Debian: python3-numpy).
 """
 import argparse

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tokens=${1:-2048}; shift
-model=models/slimkv-llama-14m
+model=models/slimkv-llama-15m
 bin=build/release/slimkv
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

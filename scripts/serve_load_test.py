@@ -31,7 +31,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--slimkv", required=True)
     parser.add_argument("--model", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models",
-                                                        "slimkv-llama-14m"))
+                                                        "slimkv-llama-15m"))
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=48, help="outputs are 1..this")

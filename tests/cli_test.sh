@@ -47,7 +47,7 @@ if ! nvidia-smi >/dev/null 2>&1; then
   expect_error no-gpu "CUDA" "$slimkv" logits --model "$models/llama_gqa_bf16" --tokens "1" --device cuda --out "$work/c.npy"
 fi
 # ZACK: the calibration a spec names must exist and be this model's.
-bundled=$src/models/slimkv-llama-14m
+bundled=$src/models/slimkv-llama-15m
 expect_error zack-no-calibration "zack.safetensors" "$slimkv" logits --model "$models/qwen2_bias_tied" --tokens "1" --kv zack:r=0.05 --out "$work/c.npy"
 expect_error zack-foreign-calibration "another model" "$slimkv" logits --model "$models/llama_gqa_bf16" --tokens "1" --kv "zack:r=0.05,calib=$bundled/zack.safetensors" --out "$work/c.npy"
 expect_error calibrate-no-text "missing.txt" "$slimkv" calibrate --model "$bundled" --text "$work/missing.txt" --out "$work/z.safetensors"
@@ -117,7 +117,7 @@ done
 # Finite weights whose forward pass overflows: every weight passes the load check, but a final norm of
 # BF16's largest value (0x7f7f, 3.39e38) makes the normalised hidden state, and so the logits, infinite
 # or NaN. The step is refused naming sequence, position and token, never sampled into text with exit 0.
-rm -rf "$work/overflow"; cp -r "$src/models/slimkv-llama-14m" "$work/overflow"
+rm -rf "$work/overflow"; cp -r "$src/models/slimkv-llama-15m" "$work/overflow"
 plant "$work/overflow" model.norm.weight all "<H" 7f7f
 expect_error logits-overflow "position 0: logit of token" \
   "$slimkv" logits --model "$work/overflow" --tokens "1,2" --out "$work/x.npy"
@@ -126,24 +126,24 @@ expect_error logits-overflow-generate "(non-finite: broken weights or an overflo
 
 # Messages: untrusted bytes escaped and cut, JSON errors with line and column, unknown commands named,
 # outputs checked before the work, control characters in a spec refused, zack's r and rate agree.
-m14=$src/models/slimkv-llama-14m
+bundled=$src/models/slimkv-llama-15m
 expect_error unknown-command 'unknown command "frobnicate" (commands: calibrate, generate, logits, tokenize, eval' "$slimkv" frobnicate
-expect_error unknown-option "--bogus" "$slimkv" logits --model "$m14" --tokens 1 --bogus 3 --out "$work/x.npy"
-expect_error tokens-binary-junk '--tokens: "\x01\xFF" (at byte 4) is not a token id' "$slimkv" logits --model "$m14" --tokens $'1,2,\x01\xff' --out "$work/x.npy"
+expect_error unknown-option "--bogus" "$slimkv" logits --model "$bundled" --tokens 1 --bogus 3 --out "$work/x.npy"
+expect_error tokens-binary-junk '--tokens: "\x01\xFF" (at byte 4) is not a token id' "$slimkv" logits --model "$bundled" --tokens $'1,2,\x01\xff' --out "$work/x.npy"
 head -c 3000 /dev/zero | tr '\0' 'x' >"$work/long_token.txt"
-expect_error tokens-long-piece-cut '(2936 more bytes)' "$slimkv" logits --model "$m14" --tokens-file "$work/long_token.txt" --out "$work/x.npy"
-expect_error tokens-overflow '"99999999999" (at byte 0) is not a token id' "$slimkv" logits --model "$m14" --tokens 99999999999 --out "$work/x.npy"
-expect_error logits-out-directory "--out: $work: is a directory, expected a file name to write" "$slimkv" logits --model "$m14" --tokens 1 --out "$work"
+expect_error tokens-long-piece-cut '(2936 more bytes)' "$slimkv" logits --model "$bundled" --tokens-file "$work/long_token.txt" --out "$work/x.npy"
+expect_error tokens-overflow '"99999999999" (at byte 0) is not a token id' "$slimkv" logits --model "$bundled" --tokens 99999999999 --out "$work/x.npy"
+expect_error logits-out-directory "--out: $work: is a directory, expected a file name to write" "$slimkv" logits --model "$bundled" --tokens 1 --out "$work"
 expect_error calibrate-out-missing-folder "--out: $work/no/x.safetensors: cannot be written: its folder $work/no does not exist" \
-  "$slimkv" calibrate --model "$m14" --text "$m14/heldout.txt" --out "$work/no/x.safetensors"
+  "$slimkv" calibrate --model "$bundled" --text "$bundled/heldout.txt" --out "$work/no/x.safetensors"
 echo x >"$work/plain_file"
 expect_error eval-out-under-file "--out: $work/plain_file/out: cannot be an output directory: $work/plain_file (part of the path) is not a directory" \
-  "$slimkv" eval --model "$m14" --tasks ppl --out "$work/plain_file/out"
-expect_error spec-control-character 'KV spec "dense\x07": control character "\x07" at byte 5' "$slimkv" generate --model "$m14" --prompt hi --max-tokens 1 --kv $'dense\x07'
-expect_error spec-zack-r-1 "zack option r=1 is invalid: expected a number in [0, 0.999]" "$slimkv" generate --model "$m14" --prompt hi --max-tokens 1 --kv zack:r=1
-expect_error spec-zack-rate-1 "zack option rate=1 is invalid: expected a number in [0, 0.999]" "$slimkv" generate --model "$m14" --prompt hi --max-tokens 1 --kv zack:rate=1
+  "$slimkv" eval --model "$bundled" --tasks ppl --out "$work/plain_file/out"
+expect_error spec-control-character 'KV spec "dense\x07": control character "\x07" at byte 5' "$slimkv" generate --model "$bundled" --prompt hi --max-tokens 1 --kv $'dense\x07'
+expect_error spec-zack-r-1 "zack option r=1 is invalid: expected a number in [0, 0.999]" "$slimkv" generate --model "$bundled" --prompt hi --max-tokens 1 --kv zack:r=1
+expect_error spec-zack-rate-1 "zack option rate=1 is invalid: expected a number in [0, 0.999]" "$slimkv" generate --model "$bundled" --prompt hi --max-tokens 1 --kv zack:rate=1
 for name in config.json generation_config.json tokenizer.json tokenizer_config.json model.safetensors.index.json; do
-  rm -rf "$work/json_$name"; cp -r "$m14" "$work/json_$name"
+  rm -rf "$work/json_$name"; cp -r "$bundled" "$work/json_$name"
   printf '{\n  "a": 1,\n  \x01\n}\n' >"$work/json_$name/$name"
   expect_error "json-syntax-$name" "$name:3:3: not valid JSON" "$slimkv" generate --model "$work/json_$name" --prompt hi --max-tokens 1
 done

@@ -5,7 +5,7 @@
 # Usage: eval_cli_test.sh SLIMKV_BINARY SOURCE_DIR
 set -u
 slimkv=$1 src=$2
-model=$src/models/slimkv-llama-14m
+model=$src/models/slimkv-llama-15m
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failures=0 passes=0

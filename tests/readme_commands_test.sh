@@ -2,7 +2,7 @@
 # The README's set-up commands from a fresh clone (issue 31): in a copy of the tracked files only (what
 # `git clone` gives), each `make ...` the README's "Set-up" section quotes must parse (`make -n`), every
 # repository path its commands use must exist there, and `make run`'s generate command, run with the
-# built CLI from the copy, must answer with the pass key (models/slimkv-llama-14m/passkey_prompt.json).
+# built CLI from the copy, must answer with the pass key (models/slimkv-llama-15m/passkey_prompt.json).
 # Not run: the package installation and the build themselves (no network, and minutes: CI's own
 # `make test` from a clean clone does those). Usage: readme_commands_test.sh SLIMKV_BINARY SOURCE_DIR
 set -u
@@ -22,7 +22,7 @@ mapfile -t commands < <({ grep -oE '^make [^#]*' <<<"$setup"; grep -oE '`make [^
                         sed 's/ *$//' | sort -u)
 ((${#commands[@]} >= 2)) || fail "README's Set-up section quotes ${#commands[@]} make commands, expected make run and make test"
 expected=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["expected_answer"])' \
-           "$clone/models/slimkv-llama-14m/passkey_prompt.json")
+           "$clone/models/slimkv-llama-15m/passkey_prompt.json")
 
 for command in "${commands[@]}"; do
   read -ra args <<<"$command"

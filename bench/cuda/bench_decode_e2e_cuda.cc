@@ -13,7 +13,7 @@
 // default budget: 90% of what is free after the weights and activations; found by bisection over
 // max_sequences, each probe a fresh model), decoded at that batch.
 //
-//   bench_decode_e2e_cuda --model models/slimkv-llama-14m --random llama3-8b --batches 1,16 --prompt 1024
+//   bench_decode_e2e_cuda --model models/slimkv-llama-15m --random llama3-8b --batches 1,16 --prompt 1024
 //   bench_decode_e2e_cuda --random llama3-8b --kvs dense,hack,quant --bits 2 --batches 8 --context 32768
 //   bench_decode_e2e_cuda --random llama3-8b --kvs dense,hack,quant --bits 2 --fit --context 32768
 #include <CLI/CLI.hpp>

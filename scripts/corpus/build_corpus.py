@@ -312,7 +312,7 @@ def main():
     ap.add_argument("--skip-fetch", action="store_true", help="reuse <work>/root as unpacked")
     ap.add_argument("--part-mb", type=float, default=64.0, help="text per part (MB)")
     ap.add_argument("--max-part-mib", type=float, default=18.0, help="largest compressed part")
-    ap.add_argument("--count-tokenizer", default="models/slimkv-llama-14m/tokenizer.json")
+    ap.add_argument("--count-tokenizer", default="models/slimkv-llama-15m/tokenizer.json")
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
 

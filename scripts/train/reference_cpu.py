@@ -11,7 +11,7 @@ Needs python3 with torch, numpy and the `regex` module (Debian: python3-torch py
     python3 scripts/train/reference_cpu.py ppl --windows 1000 --context 1024 --record
     python3 scripts/train/reference_cpu.py ppl --windows 1000 --context 4096 --record
     python3 scripts/train/reference_cpu.py passkey --tokens 2000 --depth 0.4 --record \
-        --out models/slimkv-llama-14m/passkey_prompt.txt
+        --out models/slimkv-llama-15m/passkey_prompt.txt
 """
 import argparse
 import json
@@ -165,8 +165,8 @@ def record(args, key, value, **extra):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("command", choices=["ppl", "passkey"])
-    ap.add_argument("--model-dir", default="models/slimkv-llama-14m")
-    ap.add_argument("--heldout", default="models/slimkv-llama-14m/heldout.txt")
+    ap.add_argument("--model-dir", default="models/slimkv-llama-15m")
+    ap.add_argument("--heldout", default="models/slimkv-llama-15m/heldout.txt")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--windows", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=2000)

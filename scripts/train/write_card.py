@@ -5,7 +5,7 @@ Reads <model-dir>/eval.json and config.json (written by train.py on the GPU mach
 scripts/corpus/manifest.json (written by build_corpus.py); adds the token counts to the manifest.
 Runs anywhere with plain Python 3 (no torch needed):
 
-    python3 scripts/train/write_card.py --model-dir models/slimkv-llama-14m --gpu-minutes 13
+    python3 scripts/train/write_card.py --model-dir models/slimkv-llama-15m --gpu-minutes 13
 """
 import argparse
 import json
@@ -56,7 +56,7 @@ def reference_section(model_dir, p1, p4):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model-dir", default="models/slimkv-llama-14m")
+    ap.add_argument("--model-dir", default="models/slimkv-llama-15m")
     ap.add_argument("--gpu-minutes", type=float, required=True,
                     help="GPU time spent on the run(s) that made this model, for the card")
     ap.add_argument("--notes", default="", help="extra text for the 'Limitations' section")

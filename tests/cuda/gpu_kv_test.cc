@@ -21,7 +21,7 @@
 namespace slimkv::cuda {
 namespace {
 
-const std::string kBundled = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-14m";
+const std::string kBundled = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
 
 using GpuKvTest = CudaTest;
 

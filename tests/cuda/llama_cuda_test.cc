@@ -24,7 +24,7 @@ namespace slimkv::cuda {
 namespace {
 
 const std::string kSource = SLIMKV_SOURCE_DIR;
-const std::string kBundled = kSource + "/models/slimkv-llama-14m";
+const std::string kBundled = kSource + "/models/slimkv-llama-15m";
 
 std::unique_ptr<Engine> load(const std::string& dir, const std::string& device, int chunk = 512,
                              const std::string& kv = "dense") {

@@ -13,7 +13,7 @@
 namespace slimkv::cuda {
 namespace {
 
-const std::string kBundled = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-14m";
+const std::string kBundled = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
 
 std::unique_ptr<Engine> load(const std::string& device, const std::string& kv) {
   EngineConfig config;

@@ -1,6 +1,6 @@
 // The bundled model through the whole engine: tokenizer.json, sharded BF16 weights, and the KV
 // codecs on a long-context retrieval prompt (a pass key hidden at 40% of ~1900 tokens of filler,
-// models/slimkv-llama-14m/passkey_prompt.*). transformers' greedy answer is " 52445.".
+// models/slimkv-llama-15m/passkey_prompt.*). transformers' greedy answer is " 52445.".
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,7 +15,7 @@
 namespace slimkv {
 namespace {
 
-const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-14m";
+const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
 
 std::string greedy_answer(const std::string& kv_spec, int tokens) {
   EngineConfig config;

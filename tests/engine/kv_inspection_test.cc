@@ -12,7 +12,7 @@
 namespace slimkv {
 namespace {
 
-const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-14m";
+const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
 
 TEST(KvInspection, DenseSealsExactlyWhatTheOpenBlockHeld) {
   auto engine = Engine::load({.model_dir = kModel, .threads = 1});

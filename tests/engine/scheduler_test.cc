@@ -152,7 +152,7 @@ TEST(PlanStep, APreemptionAdmitsNobodyThatStep) {
 // The Scheduler on the bundled model
 // ---------------------------------------------------------------------------------------------------
 
-const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-14m";
+const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
 
 std::unique_ptr<Engine> load_engine(size_t kv_cache_bytes = 0, int max_sequences = 16) {
   EngineConfig config;

@@ -15,7 +15,7 @@
 namespace slimkv {
 namespace {
 
-const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-14m";
+const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
 
 std::unique_ptr<Engine> load(const std::string& spec, size_t kv_cache_bytes = 0, int max_sequences = 16) {
   EngineConfig config;

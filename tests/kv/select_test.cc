@@ -25,7 +25,7 @@
 namespace slimkv {
 namespace {
 
-const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-14m";
+const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
 
 std::vector<float> normal_vector(size_t n, unsigned seed, float sigma = 1.0f) {
   std::mt19937 rng(seed);

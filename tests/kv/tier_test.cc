@@ -141,7 +141,7 @@ TEST(KvprSpec, OptionsParseAndBadOnesAreRefused) {
   }
   // The CPU engine refuses it by name.
   EngineConfig config;
-  config.model_dir = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-14m";
+  config.model_dir = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
   config.kv_spec = "dense@kvpr";
   const auto engine = Engine::load(config);
   ASSERT_FALSE(engine.has_value());

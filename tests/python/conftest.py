@@ -10,7 +10,7 @@ import pytest
 import slimkv
 
 SOURCE_DIR = os.environ.get("SLIMKV_SOURCE_DIR", os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-MODEL = os.path.join(SOURCE_DIR, "models", "slimkv-llama-14m")
+MODEL = os.path.join(SOURCE_DIR, "models", "slimkv-llama-15m")
 THREADS = 2  # the tests run beside each other on small machines
 
 

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "serve"))
 from slimkv_server import Process, Server, stream_text  # noqa: E402
 
 SLIMKV, SOURCE, NPM_FOLDER = sys.argv[1], os.path.abspath(sys.argv[2]), sys.argv[3]
-NAME = "slimkv-llama-14m"
+NAME = "slimkv-llama-15m"
 KEY = {"Authorization": "Bearer sk-node"}  # the key openai_sdk_test.mjs uses
 PROMPTS = ["The history of the city", "Once upon a time, there was a little", "In mathematics, a prime number"]
 MESSAGES = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "Tell me a story"}]

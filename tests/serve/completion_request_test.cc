@@ -140,9 +140,9 @@ TEST(CompletionRequest, ThePromptIsCheckedAgainstTheVocabularyAndTheContext) {
 }
 
 TEST(CompletionRequest, AnotherModelNameIsA404) {
-  const ServedModel served{.name = "slimkv-llama-14m", .max_model_len = 10, .vocab_size = 50, .defaults = {}};
+  const ServedModel served{.name = "slimkv-llama-15m", .max_model_len = 10, .vocab_size = 50, .defaults = {}};
   EXPECT_FALSE(check_model_name("", served));
-  EXPECT_FALSE(check_model_name("slimkv-llama-14m", served));
+  EXPECT_FALSE(check_model_name("slimkv-llama-15m", served));
   const auto error = check_model_name("gpt-4", served);
   ASSERT_TRUE(error);
   EXPECT_EQ(error->status, 404);

@@ -7,7 +7,7 @@ work=$(mktemp -d)
 trap 'kill $server 2>/dev/null || true; rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; echo "--- server log:"; cat "$work/log"; exit 1; }
 
-"$slimkv" serve --model "$source/models/slimkv-llama-14m" --port 0 --threads 2 --api-key sk-curl >"$work/log" 2>&1 &
+"$slimkv" serve --model "$source/models/slimkv-llama-15m" --port 0 --threads 2 --api-key sk-curl >"$work/log" 2>&1 &
 server=$!
 for _ in $(seq 600); do grep -q "listening on" "$work/log" && break; sleep 0.05; done
 port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$work/log")
@@ -39,7 +39,7 @@ code=$(curl -s -o "$work/body" -w '%{http_code}' "${auth[@]}" "$url/v1/completio
 [ "$code" = 413 ] || fail "oversized body gave $code"
 
 # Still serving; then SIGTERM: exit 0.
-curl -sf "${auth[@]}" "$url/v1/models" | grep -q '"slimkv-llama-14m"' || fail "/v1/models"
+curl -sf "${auth[@]}" "$url/v1/models" | grep -q '"slimkv-llama-15m"' || fail "/v1/models"
 kill -TERM $server
 wait $server || fail "exit code $? after SIGTERM"
 grep -q "stopped" "$work/log" || fail "no graceful stop in the log"

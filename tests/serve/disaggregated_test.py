@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from slimkv_server import Server, stream_text  # noqa: E402
 
 SLIMKV, SOURCE = sys.argv[1], sys.argv[2]
-MODEL = os.path.join(SOURCE, "models", "slimkv-llama-14m")
+MODEL = os.path.join(SOURCE, "models", "slimkv-llama-15m")
 PROMPTS = [
     "The history of the river begins in the mountains, where",
     # Long enough for sealed blocks (64 tokens) and an open block in every layer.

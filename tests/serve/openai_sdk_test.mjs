@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import OpenAI from "openai";
 
 const client = new OpenAI({ baseURL: process.argv[2], apiKey: "sk-node", maxRetries: 0 });
-const model = "slimkv-llama-14m";
+const model = "slimkv-llama-15m";
 
 const models = await client.models.list();
 assert.equal(models.data[0].id, model);

@@ -23,9 +23,9 @@ work=$(mktemp -d)
 trap 'kill $server 2>/dev/null || true; rm -rf "$work"' EXIT
 # The bundled model has no chat template: serve its files beside a ChatML one.
 mkdir "$work/model"
-ln -s "$source"/models/slimkv-llama-14m/* "$work/model/"
+ln -s "$source"/models/slimkv-llama-15m/* "$work/model/"
 cp "$(dirname "$0")/chatml_template.jinja" "$work/model/chat_template.jinja"
-"$slimkv" serve --model "$work/model" --served-model-name slimkv-llama-14m --port 0 --threads 2 --api-key sk-node >"$work/log" 2>&1 &
+"$slimkv" serve --model "$work/model" --served-model-name slimkv-llama-15m --port 0 --threads 2 --api-key sk-node >"$work/log" 2>&1 &
 server=$!
 for _ in $(seq 600); do grep -q "listening on" "$work/log" && break; sleep 0.05; done
 port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$work/log")

@@ -17,8 +17,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from slimkv_server import Server, stream_text  # noqa: E402
 
 SLIMKV, SOURCE = sys.argv[1], sys.argv[2]
-MODEL = os.path.abspath(os.path.join(SOURCE, "models", "slimkv-llama-14m"))
-NAME = "slimkv-llama-14m"
+MODEL = os.path.abspath(os.path.join(SOURCE, "models", "slimkv-llama-15m"))
+NAME = "slimkv-llama-15m"
 PROMPTS = ["The history of the city", "Once upon a time, there was a little", "In mathematics, a prime number",
            "The river flows", "Scientists have discovered"]
 
@@ -172,7 +172,7 @@ class ServeTest(unittest.TestCase):
         self.assertEqual(self.server.metric("slimkv:num_requests_running"), 0)
         self.assertEqual(self.server.metric("slimkv:kv_cache_usage_perc"), 0)
         status, _, metrics = self.server.get("/metrics")
-        self.assertIn('slimkv:request_success_total{model_name="slimkv-llama-14m",finished_reason="abort"}',
+        self.assertIn('slimkv:request_success_total{model_name="slimkv-llama-15m",finished_reason="abort"}',
                       metrics.decode())
         self.assert_serving()
 

@@ -17,7 +17,7 @@ namespace slimkv {
 namespace {
 
 using namespace std::chrono_literals;
-const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-14m";
+const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
 
 std::string loopback(int port) { return "127.0.0.1:" + std::to_string(port); }
 

@@ -24,7 +24,7 @@
 namespace slimkv {
 namespace {
 
-const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-14m";
+const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
 
 std::string temp_path(const std::string& name) {
   return (std::filesystem::temp_directory_path() / (name + "." + std::to_string(::getpid()))).string();

@@ -11,7 +11,7 @@
 namespace slimkv {
 
 // Cost-model coefficients of kmeans_iteration_cap, fitted on this machine (2 cores, shared) by
-// `bench_pq_decode --model models/slimkv-llama-14m --fit`, bundled model, m=2, b=6.
+// `bench_pq_decode --model models/slimkv-llama-15m --fit`, bundled model, m=2, b=6.
 constexpr double kCostAlpha1 = 2.468e-02, kCostBeta1 = 1.644e-10;
 constexpr double kCostAlpha2 = -1.041e-02, kCostBeta2 = 8.470e-05, kCostGamma2 = 6.101e-08;
 
