@@ -29,7 +29,8 @@ struct EvalSettings {
   int samples = 0;                 // every task's sample count; 0: each task's default (docs/eval.md)
   std::map<std::string, int> task_samples;  // per-task counts, over `samples`
   uint64_t seed = 0;
-  std::string text_file;           // ppl/fidelity/memory/speed text; "": MODEL/heldout.txt
+  std::string text_file;           // ppl/fidelity/memory/speed text, passkey's filler; "": MODEL/heldout.txt
+  std::string filler = "text";     // passkey filler: "text" (cut from the text) or "classic" (repeated sentences)
   int threads = 0;                 // 0: every core
   bool plots = true;               // PNG plots (needs gnuplot)
   std::string device = "cpu";      // or "cuda": every spec's engine on the GPU (ppl, passkey, kvret, speed)

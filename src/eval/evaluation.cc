@@ -108,6 +108,8 @@ Expected<std::unique_ptr<Evaluation>> Evaluation::prepare(const EvalSettings& se
   } else {
     std::rotate(s.specs.begin(), s.specs.begin() + reference, s.specs.begin() + reference + 1);
   }
+  if (s.filler != "text" && s.filler != "classic") return error("--filler must be text or classic, got '", s.filler, "'");
+  if (s.filler == "text" && std::count(s.tasks.begin(), s.tasks.end(), "passkey") > 0) needs_text = true;
   if (s.samples < 0) return error("--samples must be >= 0 (0: each task's default), got ", s.samples);
   for (const auto& [task, count] : s.task_samples) {
     if (std::count(s.tasks.begin(), s.tasks.end(), task) == 0) {
@@ -156,7 +158,7 @@ Expected<std::unique_ptr<Evaluation>> Evaluation::prepare(const EvalSettings& se
     evaluation->text_ = engine.tokenizer()->encode(text, /*add_special_tokens=*/false);
     if (int(evaluation->text_.size()) < context) {
       return error(s.text_file, ": ", evaluation->text_.size(), " tokens, fewer than the --context of ", context,
-                   " that ppl/fidelity/memory/speed run on (give a longer --text or a shorter --context)");
+                   " that ppl/fidelity/memory/speed and passkey's filler use (give a longer --text or a shorter --context)");
     }
   }
   return evaluation;
@@ -210,6 +212,7 @@ nlohmann::json Evaluation::to_json() const {
            {{"context", context_tokens_},
             {"samples", samples},
             {"text", settings_.text_file},
+            {"filler", settings_.filler},
             {"threads", settings_.threads},
             {"device", settings_.device}}},
           {"results", rows}};

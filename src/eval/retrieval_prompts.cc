@@ -44,8 +44,18 @@ const char* placement_name(QuestionPlacement placement) {
   return placement == QuestionPlacement::kAfter ? "after" : "before";
 }
 
-RetrievalPrompts::RetrievalPrompts(const Tokenizer& tokenizer, std::optional<int32_t> bos)
-    : tokenizer_(tokenizer), bos_(bos), filler_(encode(kClassicFiller)) {}
+RetrievalPrompts::RetrievalPrompts(const Tokenizer& tokenizer, std::optional<int32_t> bos,
+                                   std::span<const int32_t> natural_filler)
+    : tokenizer_(tokenizer), bos_(bos), classic_(encode(kClassicFiller)), natural_(natural_filler) {}
+
+std::vector<int32_t> RetrievalPrompts::filler(size_t tokens, SeededRng& rng) const {
+  const std::span<const int32_t> source = natural_.empty() ? std::span<const int32_t>(classic_) : natural_;
+  // Natural text starts anywhere (wrapping at its end); the classic period starts at its beginning.
+  size_t offset = natural_.empty() ? 0 : size_t(rng.uniform_int(0, int64_t(source.size()) - 1));
+  std::vector<int32_t> fill(tokens);
+  for (int32_t& token : fill) token = source[offset++ % source.size()];
+  return fill;
+}
 
 std::vector<int32_t> RetrievalPrompts::start() const { return bos_ ? std::vector<int32_t>{*bos_} : std::vector<int32_t>{}; }
 
@@ -73,8 +83,7 @@ RetrievalSample RetrievalPrompts::passkey(int length, double depth, QuestionPlac
   }
   sample.answer_tokens = int(encode(" " + key).size());
   const int fill_tokens = std::max(16, length - int(head.size() + needle.size() + question.size()) - sample.answer_tokens);
-  std::vector<int32_t> fill(static_cast<size_t>(fill_tokens));
-  for (size_t i = 0; i < fill.size(); ++i) fill[i] = filler_[i % filler_.size()];
+  const std::vector<int32_t> fill = filler(size_t(fill_tokens), rng);
   const auto cut = fill.begin() + std::lround(std::clamp(depth, 0.0, 1.0) * double(fill.size()));
 
   sample.prompt = std::move(head);

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -33,8 +34,10 @@ struct RetrievalSample {
 
 class RetrievalPrompts {
  public:
-  // bos: prepended to every prompt when the model has one.
-  RetrievalPrompts(const Tokenizer& tokenizer, std::optional<int32_t> bos);
+  // bos: prepended to every prompt when the model has one. natural_filler: encoded text that pass-key
+  // filler is cut from (a span at a random offset per prompt, so the model must find the needle in
+  // text it may never have seen); empty: the classic repeated sentences. Must outlive the prompts.
+  RetrievalPrompts(const Tokenizer& tokenizer, std::optional<int32_t> bos, std::span<const int32_t> natural_filler = {});
 
   // depth: where the needle goes, 0 (start of the filler) .. 1 (end).
   RetrievalSample passkey(int length, double depth, QuestionPlacement placement, SeededRng& rng) const;
@@ -47,9 +50,12 @@ class RetrievalPrompts {
   std::vector<int32_t> encode(std::string_view text) const { return tokenizer_.encode(text, false); }
   std::vector<int32_t> start() const;  // BOS or nothing
 
+  std::vector<int32_t> filler(size_t tokens, SeededRng& rng) const;
+
   const Tokenizer& tokenizer_;
   std::optional<int32_t> bos_;
-  std::vector<int32_t> filler_;  // one period of the classic filler
+  std::vector<int32_t> classic_;  // one period of the classic filler
+  std::span<const int32_t> natural_;
 };
 
 // Scoring a greedy continuation `generated` (text) against the expected key: leading whitespace is

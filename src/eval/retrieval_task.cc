@@ -1,6 +1,7 @@
 #include "eval/retrieval_task.h"
 
 #include <map>
+#include <span>
 #include <tuple>
 
 #include "eval/tasks.h"
@@ -115,7 +116,8 @@ Status score_retrieval(const std::vector<RetrievalCase>& cases, const std::strin
 }
 
 Status run_passkey_task(EvalContext& context) {
-  const RetrievalPrompts prompts(context.tokenizer, context.bos);
+  const bool natural = context.settings.filler == "text";
+  const RetrievalPrompts prompts(context.tokenizer, context.bos, natural ? std::span<const int32_t>(context.text) : std::span<const int32_t>());
   return run_retrieval_task(context, "passkey", passkey_cases(prompts, context.context_tokens, context.samples, context.settings.seed));
 }
 

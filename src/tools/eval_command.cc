@@ -1,5 +1,5 @@
 // slimkv eval --model DIR --kv SPEC[,SPEC...] --tasks TASK[,TASK...] [--context N] [--samples N] [--seed S]
-//             [--text FILE] [--threads N] [--device cpu|cuda] [--no-plots] --out DIR
+//             [--text FILE] [--filler text|classic] [--threads N] [--device cpu|cuda] [--no-plots] --out DIR
 // Runs every task for every KV spec and writes DIR/results.json, DIR/results.md and PNG plots
 // (slimkv/evaluation.h; the tasks are documented in docs/eval.md).
 #include "slimkv/evaluation.h"
@@ -87,6 +87,8 @@ CommandRunner add_eval_command(CLI::App& app) {
       ->capture_default_str();
   command->add_option("--seed", options->settings.seed, "seed of the retrieval prompts")->capture_default_str();
   command->add_option("--text", options->settings.text_file, "evaluation text (default: MODEL/heldout.txt)");
+  command->add_option("--filler", options->settings.filler, "passkey filler: text (cut from --text) or classic")
+      ->capture_default_str();
   command->add_option("--threads", options->settings.threads, "worker threads (0 = every core)")->capture_default_str();
   command->add_option("--device", options->settings.device, "cpu, or cuda (tasks ppl, passkey, kvret, speed)")
       ->capture_default_str();

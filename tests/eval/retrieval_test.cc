@@ -1,6 +1,9 @@
 // The retrieval tasks' prompts and scoring, held to what a perfect reader of the prompt would answer,
 // and (on the bundled model) to what the model itself answers.
+#include <algorithm>
+#include <fstream>
 #include <regex>
+#include <set>
 
 #include <gtest/gtest.h>
 
@@ -75,6 +78,33 @@ TEST_F(RetrievalTest, PromptsHaveTheGridLengthAndTheKeyWhereAsked) {
     EXPECT_LE(int(c.sample.prompt.size()) + c.sample.answer_tokens, c.length);
     EXPECT_GT(int(c.sample.prompt.size()) + c.sample.answer_tokens, c.length - 40);  // records fill the length
   }
+}
+
+// Natural filler: a span of the evaluation text at a random offset per prompt, the needle inside it.
+TEST_F(RetrievalTest, NaturalFillerIsASpanOfTheTextAtItsOwnOffsetPerPrompt) {
+  std::ifstream file(kModel + "/heldout.txt");
+  std::string text(200'000, '\0');
+  file.read(text.data(), std::streamsize(text.size()));
+  const std::vector<int32_t> ids = tokenizer_->encode(text.substr(0, size_t(file.gcount())), false);
+  const RetrievalPrompts prompts(*tokenizer_, 0, ids);
+  const RetrievalAnswerer reader = [&](const RetrievalSample& sample) { return perfect_reader(*tokenizer_, sample); };
+  const auto cases = passkey_cases(prompts, 1024, 1, 5);
+  EvalResults results;
+  Progress quiet = Progress::silent();
+  ASSERT_TRUE(score_retrieval(cases, "t", "s", reader, quiet, results).is_ok());
+  EXPECT_EQ(overall_accuracy(results), 1.0);
+  const size_t header = tokenizer_->encode("There is an important pass key hidden inside a lot of irrelevant text. Find it and "
+                                           "memorize it. I will quiz you about the pass key.\n\n", false).size();
+  std::set<std::vector<int32_t>> openings;
+  for (const RetrievalCase& c : cases) {
+    EXPECT_EQ(int(c.sample.prompt.size()) + c.sample.answer_tokens, c.length);
+    if (c.placement != QuestionPlacement::kAfter || *c.depth < 0.5) continue;
+    // With the needle in the second half, the first 64 filler tokens come straight from the text.
+    const std::vector<int32_t> opening(c.sample.prompt.begin() + ptrdiff_t(1 + header), c.sample.prompt.begin() + ptrdiff_t(1 + header + 64));
+    EXPECT_NE(std::search(ids.begin(), ids.end(), opening.begin(), opening.end()), ids.end());
+    openings.insert(opening);
+  }
+  EXPECT_GT(openings.size(), 5u);  // 2 depths x 4 lengths: each prompt cut from its own place
 }
 
 TEST_F(RetrievalTest, SameSeedSamePromptsOtherSeedOthers) {
