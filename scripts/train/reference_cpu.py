@@ -71,7 +71,9 @@ class Llama:
         return x * cos + rotated * sin
 
     @torch.no_grad()
-    def logits(self, ids):
+    def logits(self, ids, observe=None):
+        """observe(layer, k, probs), when given, sees each layer's post-RoPE keys as the KV cache
+        holds them, (KV heads, T, D), and its attention probabilities, (heads, T, T)."""
         c, w = self.cfg, self.w
         T, H, KV, D = len(ids), c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
         pos = torch.arange(T)
@@ -83,11 +85,15 @@ class Llama:
             k = (h @ w[p + "self_attn.k_proj.weight"].T).view(T, KV, D).transpose(0, 1)
             v = (h @ w[p + "self_attn.v_proj.weight"].T).view(T, KV, D).transpose(0, 1)
             q, k = self.rope(q, pos), self.rope(k, pos)
+            cached_k = k
             k = k.repeat_interleave(H // KV, 0)                                 # (H, T, D)
             v = v.repeat_interleave(H // KV, 0)
             scores = (q @ k.transpose(1, 2)) / math.sqrt(D)                     # (H, T, T)
             scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
-            o = torch.softmax(scores, -1) @ v                                   # (H, T, D)
+            probs = torch.softmax(scores, -1)
+            if observe:
+                observe(l, cached_k, probs)
+            o = probs @ v                                                       # (H, T, D)
             x = x + o.transpose(0, 1).reshape(T, H * D) @ w[p + "self_attn.o_proj.weight"].T
             h = self.rms_norm(x, w[p + "post_attention_layernorm.weight"])
             gate = F.silu(h @ w[p + "mlp.gate_proj.weight"].T)
