@@ -42,9 +42,9 @@ case_ "--tokens-file is a device" "$slimkv" logits --model "$bundled" --tokens-f
 case_ "tokenize --file is a directory" "$slimkv" tokenize --model "$bundled" --file "$work/a_dir"
 case_ "eval --text is a directory" "$slimkv" eval --model "$bundled" --tasks ppl --text "$work/a_dir" --out "$work/e"
 case_ "--model missing" "$slimkv" generate --model "$work/no_model" --prompt hi
-copy_model shard_dir; rm "$work/shard_dir/model-00002-of-00002.safetensors"; mkdir "$work/shard_dir/model-00002-of-00002.safetensors"
+copy_model shard_dir; rm "$work/shard_dir/model-00002-of-00003.safetensors"; mkdir "$work/shard_dir/model-00002-of-00003.safetensors"
 case_ "a shard is a directory" "$slimkv" generate --model "$work/shard_dir" --prompt hi
-copy_model shard_gone; rm "$work/shard_gone/model-00002-of-00002.safetensors"
+copy_model shard_gone; rm "$work/shard_gone/model-00002-of-00003.safetensors"
 case_ "a shard is missing" "$slimkv" generate --model "$work/shard_gone" --prompt hi
 case_ "logits --out is a directory" "$slimkv" logits --model "$bundled" --tokens 1 --out "$work/a_dir"
 case_ "calibrate --out in a missing folder" "$slimkv" calibrate --model "$bundled" --text "$bundled/heldout.txt" --out "$work/no/c.safetensors"
@@ -75,7 +75,7 @@ copy_model nan; plant "$work/nan" model.layers.2.self_attn.k_proj.weight 300 7fc
 case_ "a NaN in a BF16 weight" "$slimkv" generate --model "$work/nan" --prompt hi
 copy_model inf; plant "$work/inf" model.norm.weight 3 7f80
 case_ "+Inf in a norm weight" "$slimkv" generate --model "$work/inf" --prompt hi
-copy_model truncated; truncate -s 1000 "$work/truncated/model-00001-of-00002.safetensors"
+copy_model truncated; truncate -s 1000 "$work/truncated/model-00001-of-00003.safetensors"
 case_ "a truncated shard" "$slimkv" generate --model "$work/truncated" --prompt hi
 
 section "Tokens"

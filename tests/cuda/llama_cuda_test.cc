@@ -196,7 +196,9 @@ TEST_F(CudaModelTest, BadStepsAreRefusedAndChangeNothing) {
   options.max_sequences = 2;
   options.max_step_tokens = 80;
   options.max_context_tokens = 128;
-  options.kv_cache_bytes = size_t(3) * 7 * 2 * 2 * 64 * 128 * 2;  // 3 blocks of the bundled model
+  const ModelConfig& config = cpu_model->config();
+  // 3 blocks of the bundled model: layers · KV heads · (K + V) · block tokens · head_dim · FP16.
+  options.kv_cache_bytes = size_t(3 * config.num_layers * config.num_kv_heads * 2 * 64 * config.head_dim * 2);
   auto model = take(CudaLlamaModel::upload(cpu_model->config(), cpu_model->weights(), options));
   ASSERT_EQ(model->kv_cache_blocks(), 3);
   const int a = take(model->add_sequence()), b = take(model->add_sequence());

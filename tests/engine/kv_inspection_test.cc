@@ -8,6 +8,7 @@
 
 #include "slimkv/codec.h"
 #include "slimkv/kv_inspection.h"
+#include "model/model_config.h"
 
 namespace slimkv {
 namespace {
@@ -23,7 +24,7 @@ TEST(KvInspection, DenseSealsExactlyWhatTheOpenBlockHeld) {
   ASSERT_TRUE(session->prefill(ids));
   auto layout = kv_layout(*session);
   ASSERT_TRUE(layout) << layout.status().message();
-  EXPECT_EQ(layout->num_layers, 7);
+  EXPECT_EQ(layout->num_layers, (*engine)->model_config().num_layers);
   EXPECT_EQ(layout->num_kv_heads, 2);
   EXPECT_EQ(layout->block_tokens, 64);
   std::vector<float> open_k, open_v, k, v;
@@ -46,7 +47,9 @@ TEST(KvInspection, DenseSealsExactlyWhatTheOpenBlockHeld) {
   ASSERT_TRUE(selection);
   EXPECT_TRUE(selection->all);
 
-  EXPECT_NE(kv_head_layout(*session, 7, 0).status().message().find("layer 7 is out of range"), std::string::npos);
+  EXPECT_NE(kv_head_layout(*session, layout->num_layers, 0).status().message().find(
+                "layer " + std::to_string(layout->num_layers) + " is out of range"),
+            std::string::npos);
   EXPECT_NE(kv_head_layout(*session, 0, -1).status().message().find("KV head -1"), std::string::npos);
   EXPECT_NE(decode_kv_block(*session, 0, 0, 1, k, v).message().find("block 1 is out of range"), std::string::npos);
 }

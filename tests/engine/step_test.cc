@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "slimkv/engine.h"
+#include "model/model_config.h"
 #include "slimkv/tokenizer.h"
 
 namespace slimkv {
@@ -163,9 +164,10 @@ TEST(EngineStep, BudgetIsCountedAndAStepBeyondItIsRefusedChangingNothing) {
   const KvBudget full = probe->kv_budget();
   EXPECT_EQ(full.block_tokens, 64);
   EXPECT_EQ(full.total_blocks, full.free_blocks);
-  EXPECT_EQ(full.total_blocks, 16 * (4096 / 64));  // max_sequences full contexts by default
-  // 10 blocks and the open blocks of 2 sequences.
-  const size_t open_per_sequence = 7 * 2 * 64 * 256 * 2;  // layers · KV heads · tokens · (k + v dims) · FP16
+  const ModelConfig& model = probe->model_config();
+  EXPECT_EQ(full.total_blocks, 16 * (model.max_position_embeddings / 64));  // max_sequences full contexts by default
+  // 10 blocks and the open blocks of 2 sequences: layers · KV heads · tokens · (k + v dims) · FP16.
+  const size_t open_per_sequence = size_t(model.num_layers * model.num_kv_heads * 64 * 2 * model.head_dim * 2);
   auto engine = load("hack:bits=2,pi=64", 2 * open_per_sequence + 10 * full.bytes_per_block, 2);
   ASSERT_TRUE(engine);
   EXPECT_EQ(engine->kv_budget().total_blocks, 10);

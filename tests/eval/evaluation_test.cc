@@ -100,8 +100,8 @@ TEST(Evaluation, BadSettingsFailBeforeWork) {
   s.specs = {"dense", "hack:bits=5"};
   EXPECT_NE(message(s).find("hack:bits=5"), std::string::npos) << message(s);
   s = settings;
-  s.context_tokens = 5000;
-  EXPECT_NE(message(s).find("--context 5000"), std::string::npos) << message(s);
+  s.context_tokens = 9000;  // the bundled model's context is 8192
+  EXPECT_NE(message(s).find("--context 9000"), std::string::npos) << message(s);
   s = settings;
   s.model_dir = kModel + "/missing";
   EXPECT_NE(message(s).find("missing"), std::string::npos) << message(s);

@@ -393,7 +393,7 @@ double recall_on_bundled_model(const std::string& spec, Feed feed) {
 // Recall on the bundled model's keys is a quality figure: under ASan+UBSan (~3.5x slower than release on the model) it
 // is left to the release build. The same code is checked for memory errors there by the Selection and
 // KMeans tests above (pq with every token re-ranked is the oracle, top-k of all tokens is dense),
-// BundledModel.PqAtOneFifthOfTokensFromTheOffloadTierRetrievesThePassKey (pq on 1905 tokens, segments
+// BundledModel.PqAtOneFifthOfTokensFromTheOffloadTierRetrievesThePassKey (pq on 1818 tokens, segments
 // and offload tier) and kv_spec_fuzz (the factory). docs/testing.md: "CI time".
 
 TEST(PqSelector, RecallsTheExactTopKOnRealKeys) {

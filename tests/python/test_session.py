@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import slimkv
-from conftest import MODEL, THREADS
+from conftest import CONFIG, MODEL, THREADS
 
 
 def test_logits_equal_the_cli(engine, cli, heldout_ids, tmp_path):
@@ -47,7 +47,8 @@ def test_dense_blocks_hold_the_kv_exactly_and_hack_within_its_error(engine, held
     dense = engine.session()
     dense.prefill(ids)
     layout = dense.kv.layout
-    assert (layout.num_layers, layout.num_kv_heads, layout.block_tokens) == (7, 2, 64)
+    assert (layout.num_layers, layout.num_kv_heads, layout.block_tokens) == (
+        CONFIG["num_hidden_layers"], CONFIG["num_key_value_heads"], 64)
     head = dense.kv[0, 1]
     assert [(b.first_token, b.last_token) for b in head.blocks] == [(0, 64), (64, 128)]
     assert head.open_tokens == 22 and head.blocks[0].tier == "fast" and head.blocks[0].codec.startswith("dense")

