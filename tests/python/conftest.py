@@ -2,6 +2,7 @@
 build's python/ folder and SLIMKV_CLI to the build's `slimkv` binary; by hand:
     PYTHONPATH=build/release/python SLIMKV_CLI=build/release/slimkv python3 -m pytest tests/python
 """
+import json
 import os
 import subprocess
 
@@ -12,6 +13,9 @@ import slimkv
 SOURCE_DIR = os.environ.get("SLIMKV_SOURCE_DIR", os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 MODEL = os.path.join(SOURCE_DIR, "models", "slimkv-llama-15m")
 THREADS = 2  # the tests run beside each other on small machines
+with open(os.path.join(MODEL, "config.json")) as config_file:
+    CONFIG = json.load(config_file)  # the model's shape, as transformers reads it
+CONTEXT = CONFIG["max_position_embeddings"]
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 import pytest
 
 import slimkv
-from conftest import MODEL, THREADS
+from conftest import CONFIG, CONTEXT, MODEL, THREADS
 
 
 def test_error_is_a_runtime_error():
@@ -44,8 +44,8 @@ def test_bad_generation_keywords(engine, keywords, exception, text):
 
 
 def test_bad_prompts(engine):
-    with pytest.raises(slimkv.Error, match="prompt: 4097 tokens; the model's context holds 4096"):
-        engine.generate(" a" * 4096)  # BOS + 4096 tokens
+    with pytest.raises(slimkv.Error, match=f"prompt: {CONTEXT + 1} tokens; the model's context holds {CONTEXT}"):
+        engine.generate(" a" * CONTEXT)  # BOS + CONTEXT tokens
     with pytest.raises(TypeError):
         engine.generate([1, 2, 3])
 
@@ -60,14 +60,15 @@ def test_bad_session_calls(engine):
         session.decode(-3)
     with pytest.raises(TypeError):
         session.prefill("some text")
-    with pytest.raises(slimkv.Error, match="more than the model's context of 4096"):
-        session.prefill([5] * 4097)
+    with pytest.raises(slimkv.Error, match=f"more than the model's context of {CONTEXT}"):
+        session.prefill([5] * (CONTEXT + 1))
     assert session.num_tokens == 0  # a refused call runs nothing
     session.prefill([5, 6, 7])
-    with pytest.raises(slimkv.Error, match="layer 7 is out of range: the model has 7 layers"):
-        session.kv[7, 0]
-    with pytest.raises(slimkv.Error, match="KV head 2 is out of range: the model has 2 KV heads"):
-        session.kv.head(0, 2)
+    layers, kv_heads = CONFIG["num_hidden_layers"], CONFIG["num_key_value_heads"]
+    with pytest.raises(slimkv.Error, match=f"layer {layers} is out of range: the model has {layers} layers"):
+        session.kv[layers, 0]
+    with pytest.raises(slimkv.Error, match=f"KV head {kv_heads} is out of range: the model has {kv_heads} KV heads"):
+        session.kv.head(0, kv_heads)
 
 
 def test_a_full_engine_gives_sessions_that_say_so():
