@@ -4,7 +4,7 @@ error each spec's KV encoding causes per layer (eval's fidelity task), pass-key 
 passkey task) and the bytes each spec's sealed KV takes per token, plotted into one PNG.
 
     PYTHONPATH=build/release/python python3 examples/compare_kv.py [--out compare_kv.png] [--context 512]
-(about a minute and a quarter on 2 cores with the defaults).
+(about a minute of CPU time with the defaults; docs/python.md shows its output).
 """
 import argparse
 import os

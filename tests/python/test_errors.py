@@ -103,3 +103,7 @@ def test_evaluate_errors():
         slimkv.evaluate(MODEL, "dense", "ppl", samples={"ppl": -1}, progress=False)
     with pytest.raises(ValueError, match="context must be >= 0"):
         slimkv.evaluate(MODEL, "dense", "ppl", context=-5, progress=False)
+    with pytest.raises(ValueError, match="plots=True writes PNG files into out"):
+        slimkv.evaluate(MODEL, "dense", "ppl", plots=True, progress=False)
+    with pytest.raises(TypeError):
+        slimkv.evaluate(MODEL, "dense", "ppl", samples="ppl=2")

@@ -107,3 +107,11 @@ def test_evaluate_equals_the_cli(cli, tmp_path):
     else:
         assert isinstance(frame, pandas.DataFrame)
         assert frame["value"].tolist() == [row["value"] for row in table]
+
+
+def test_evaluate_draws_its_progress_on_python_stderr(capsys):
+    # Through sys.stderr (what a notebook shows), not C's stderr: pytest's capture sees it.
+    slimkv.evaluate(MODEL, "dense", "ppl", context=128, samples=1, threads=THREADS, dataframe=False)
+    captured = capsys.readouterr()
+    assert "eval: ppl" in captured.err and "done in" in captured.err, captured.err
+    assert captured.out == ""
