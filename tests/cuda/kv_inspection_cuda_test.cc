@@ -61,7 +61,9 @@ double largest_distance(const KvSnapshot& got, const KvSnapshot& want) {
       const KvHeadLayout other = *kv_head_layout(got, l, g);
       EXPECT_EQ(other.sealed_blocks, head.sealed_blocks);
       EXPECT_EQ(other.open_tokens, head.open_tokens);
-      if (same_codec) EXPECT_EQ(other.block_bytes, head.block_bytes);
+      if (same_codec) {
+        EXPECT_EQ(other.block_bytes, head.block_bytes);
+      }
       std::vector<float> gk, gv, wk, wv;
       for (int b = 0; b <= head.sealed_blocks; ++b) {
         const bool open = b == head.sealed_blocks;
