@@ -43,9 +43,11 @@ class CMakeBuild(build_ext):
         # configured for another Python would install a module this one cannot import.
         built = os.path.join(build_dir, "python", "slimkv" + sysconfig.get_config_var("EXT_SUFFIX"))
         if not os.path.exists(built):
-            found = sorted(os.listdir(os.path.join(build_dir, "python"))) if os.path.isdir(os.path.join(build_dir, "python")) else []
-            sys.exit(f"{built} was not built: {build_dir} is configured for another Python (it holds {found or 'no module'}) "
-                     f"or without pybind11-dev / python3-dev; configure it with -DPython3_EXECUTABLE={sys.executable}")
+            folder = os.path.dirname(built)
+            found = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+            sys.exit(f"{built} was not built: {build_dir} is configured for another Python (it holds "
+                     f"{found or 'no module'}) or without pybind11-dev / python3-dev; configure it with "
+                     f"-DPython3_EXECUTABLE={sys.executable}")
         target = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         shutil.copyfile(built, target)

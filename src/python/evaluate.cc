@@ -140,7 +140,8 @@ void bind_evaluate(py::module_& module) {
              "Runs `slimkv eval`: every task for every KV spec (dense, the reference, first). Returns the long "
              "table of results (spec, task, metric, value, length, depth, layer, placement, tier) as a pandas "
              "DataFrame when pandas imports and dataframe=True, else a list of dicts. samples: an int for every "
-             "task or a dict {task: count}; out: a directory for results.json and results.md (and, with plots=True, the CLI's PNG plots: gnuplot); progress: a bar on sys.stderr.");
+             "task or a dict {task: count}; out: a directory for results.json and results.md (and, with "
+             "plots=True, the CLI's PNG plots: gnuplot); progress: the CLI's bar, on sys.stderr.");
 
   py::class_<KvSpec>(module, "KvSpec", "A KV spec string, parsed and checked (slimkv/kv_config.h)")
       .def(py::init([](const std::string& spec) {

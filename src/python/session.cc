@@ -44,7 +44,8 @@ struct SessionHandle {
   }
 
   std::shared_ptr<const KvSnapshot> snapshot() {
-    Expected<std::shared_ptr<const KvSnapshot>> taken = with_engine_locked(*engine, [this]() -> Expected<std::shared_ptr<const KvSnapshot>> {
+    using Shared = std::shared_ptr<const KvSnapshot>;
+    Expected<Shared> taken = with_engine_locked(*engine, [this]() -> Expected<Shared> {
       if (!kv) {
         SLIMKV_ASSIGN_OR_RETURN(KvSnapshot snapshot, kv_snapshot(*engine->engine, *session));
         kv = std::make_shared<const KvSnapshot>(std::move(snapshot));
