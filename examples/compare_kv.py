@@ -4,7 +4,7 @@ error each spec's KV encoding causes per layer (eval's fidelity task), pass-key 
 passkey task) and the bytes each spec's sealed KV takes per token, plotted into one PNG.
 
     PYTHONPATH=build/release/python python3 examples/compare_kv.py [--out compare_kv.png] [--context 512]
-(about a minute and a quarter on 2 cores with the defaults).
+(about a minute of CPU time with the defaults; docs/python.md shows its output).
 """
 import argparse
 import os
@@ -51,21 +51,29 @@ def main():
     error_axes.set(title="attention-output error per layer", xlabel="layer", ylabel="rel. L2 vs dense")
     error_axes.legend()
 
-    # Placement "after" (the question ends the prompt): the bundled model was trained on those only and
-    # answers no "before" prompt even with a dense cache (docs/eval.md), so the overall mean halves it.
-    accuracy = [next(row["value"] for row in rows if row["spec"] == spec and row["task"] == "passkey"
-                     and row["metric"] == "accuracy" and row["placement"] == "after" and row["length"] is None
-                     and row["depth"] is None) for spec in SPECS]
-    accuracy_axes.bar(SPECS, accuracy, color=["C0", "C1", "C2"])
-    accuracy_axes.set(title=f"pass-key accuracy (question after, up to {args.context} tokens)", ylabel="accuracy",
-                      ylim=(0, 1))
+    # Pass-key accuracy per placement (the question after the text, or before it), each over every
+    # length and depth of the grid.
+    placements = ["after", "before"]
+    accuracy = {(spec, placement): next(row["value"] for row in rows if row["spec"] == spec
+                                        and row["task"] == "passkey" and row["metric"] == "accuracy"
+                                        and row["placement"] == placement and row["length"] is None
+                                        and row["depth"] is None)
+                for spec in SPECS for placement in placements}
+    width = 0.38
+    for offset, placement in zip((-width / 2, width / 2), placements):
+        accuracy_axes.bar([i + offset for i in range(len(SPECS))], [accuracy[spec, placement] for spec in SPECS],
+                          width, label=f"question {placement}")
+    accuracy_axes.set_xticks(range(len(SPECS)), SPECS)
+    accuracy_axes.set(title=f"pass-key accuracy (up to {args.context} tokens)", ylabel="accuracy", ylim=(0, 1.05))
+    accuracy_axes.legend(loc="lower right")
     bytes_axes.bar(SPECS, [bytes_per_token[spec] for spec in SPECS], color=["C0", "C1", "C2"])
     bytes_axes.set(title="sealed KV bytes per token", ylabel="bytes")
     figure.suptitle(f"slimkv: KV specs on {os.path.basename(args.model)}")
     figure.tight_layout()
     figure.savefig(args.out, dpi=110)
-    for spec, acc in zip(SPECS, accuracy):
-        print(f"{spec:14s} pass-key accuracy {acc:.2f}   sealed bytes/token {bytes_per_token[spec]:.0f}")
+    for spec in SPECS:
+        print(f"{spec:14s} pass-key accuracy {accuracy[spec, 'after']:.2f} (question after), "
+              f"{accuracy[spec, 'before']:.2f} (before)   sealed bytes/token {bytes_per_token[spec]:.0f}")
     print(f"wrote {args.out}")
 
 

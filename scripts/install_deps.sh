@@ -24,6 +24,7 @@ packages=(
   python3-pytest           # its tests (tests/python/, run by ctest)
   python3-pandas           # slimkv.evaluate's DataFrame (optional: a list of dicts without it)
   python3-matplotlib       # examples/compare_kv.py's plot
+  python3-pip python3-setuptools python3-wheel  # `pip install .` of the module, offline (pyproject.toml, setup.py)
   python3                  # scripts/check_layers.py (ctest), tests/eval_cli_test.sh
   python3-jinja2           # scripts/render_chat_fixtures.py (reference chat-template renderings)
   python3-regex            # scripts/train/bpe.py (GPT-2 pre-tokenizer pattern): reference_cpu.py, build_corpus.py

@@ -1,19 +1,48 @@
-// A session's KV cache read from outside the engine, as the store holds it (device "cpu"): per (layer,
-// KV head) its sealed blocks (codec-encoded) and its open tokens, each decodable to FP32, and what the
-// selector last chose. For researchers comparing codecs (the Python module's session.kv), and for tools
-// that measure fidelity without the internal KvStore.
+// A session's KV cache read from outside the engine, as the store holds it: per (layer, KV head) its
+// sealed blocks (codec-encoded) and its open tokens, each decodable to FP32, and what the selector last
+// chose. For researchers comparing codecs (the Python module's session.kv), and for tools that measure
+// fidelity without the internal KvStore.
+//
+//   auto kv = kv_snapshot(*engine, *session);   // device cpu: the live store; cuda: a host copy
+//   decode_kv_block(*kv, layer, head, block, k, v);
 //
 // K and V come back in the store's basis: per-head Hadamard-rotated when the spec says rot=hadamard
 // (KvLayout::rotated), with ZACK's reduced dims when the spec has a zack stage.
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "slimkv/engine.h"
 
 namespace slimkv {
+
+// What the functions below read. On device cpu: the session's own store, which the session's later
+// calls change (the snapshot must not outlive the session, nor be read while the engine runs a step).
+// On device cuda: a host copy of the GPU's KV taken by kv_snapshot — the sealed blocks' encoded bytes
+// and the open tokens' FP16 values, as Engine::export_kv moves them — which later calls do not change.
+class KvSnapshot {
+ public:
+  KvSnapshot(KvSnapshot&&) noexcept;
+  KvSnapshot& operator=(KvSnapshot&&) noexcept;
+  ~KvSnapshot();
+
+  const KvStore& store() const { return *store_; }
+  bool copied_from_gpu() const { return copy_ != nullptr; }
+
+ private:
+  friend Expected<KvSnapshot> kv_snapshot(const Engine& engine, const Session& session);
+  KvSnapshot(const KvStore* store, std::unique_ptr<KvStore> copy);
+  const KvStore* store_ = nullptr;
+  std::unique_ptr<KvStore> copy_;  // device cuda: what store_ points to
+};
+
+// `session` is one of `engine`'s (on device cuda its KV is read through the engine's export_kv).
+// Errors: a session the engine had no room for, or of another engine; on device cuda, KV the transfer
+// format cannot carry yet (the zack stage), naming it.
+Expected<KvSnapshot> kv_snapshot(const Engine& engine, const Session& session);
 
 struct KvLayout {
   int num_layers = 0;
@@ -40,15 +69,15 @@ struct KvSelection {
   std::vector<int> tokens;  // the chosen token indices when !all
 };
 
-// Errors (each names the bad value): a session the engine had no room for, a GPU session (its KV is on
-// the device), a layer, head or block out of range.
-Expected<KvLayout> kv_layout(const Session& session);
-Expected<KvHeadLayout> kv_head_layout(const Session& session, int layer, int head);
+// Errors (each names the bad value): a layer, head or block out of range; a selector's choice on
+// device cuda (not copied back).
+KvLayout kv_layout(const KvSnapshot& kv);
+Expected<KvHeadLayout> kv_head_layout(const KvSnapshot& kv, int layer, int head);
 // Sealed block `block` decoded by its codec: k [block_tokens, k_dim], v [block_tokens, v_dim].
-Status decode_kv_block(const Session& session, int layer, int head, int block, std::vector<float>& k,
+Status decode_kv_block(const KvSnapshot& kv, int layer, int head, int block, std::vector<float>& k,
                        std::vector<float>& v);
 // The open tokens widened to FP32: k [open_tokens, k_dim], v [open_tokens, v_dim].
-Status read_open_kv(const Session& session, int layer, int head, std::vector<float>& k, std::vector<float>& v);
-Expected<KvSelection> kv_last_selection(const Session& session, int layer, int head);
+Status read_open_kv(const KvSnapshot& kv, int layer, int head, std::vector<float>& k, std::vector<float>& v);
+Expected<KvSelection> kv_last_selection(const KvSnapshot& kv, int layer, int head);
 
 }  // namespace slimkv

@@ -188,10 +188,10 @@ void bind_engine(py::module_& module) {
   py::class_<TokenizerView>(module, "Tokenizer", "The model's tokenizer.json (exactly HF tokenizers' ids and text)")
       .def("encode", [](const TokenizerView& view, const std::string& text, bool add_special_tokens) {
         return view.tokenizer().encode(text, add_special_tokens);
-      }, py::arg("text"), py::arg("add_special_tokens") = true)
+      }, py::arg("text"), py::arg("add_special_tokens") = true, py::call_guard<py::gil_scoped_release>())
       .def("decode", [](const TokenizerView& view, const std::vector<int32_t>& ids, bool skip_special_tokens) {
         return view.tokenizer().decode(ids, skip_special_tokens);
-      }, py::arg("ids"), py::arg("skip_special_tokens") = false)
+      }, py::arg("ids"), py::arg("skip_special_tokens") = false, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("vocab_size", [](const TokenizerView& view) { return view.tokenizer().vocab_size(); });
 
   // stop: one string or several (vLLM's SamplingParams.stop).

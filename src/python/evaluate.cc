@@ -1,4 +1,5 @@
 // slimkv.evaluate (what `slimkv eval` runs, slimkv/evaluation.h) and slimkv.KvSpec (slimkv/kv_config.h).
+#include <cstdio>
 #include <map>
 #include <variant>
 
@@ -41,11 +42,45 @@ py::object to_python(const ResultRow& row) {
   return out;
 }
 
+// The progress bar on Python's sys.stderr, so that a notebook shows it (C's stderr goes to the kernel's
+// log): a FILE whose writes take the GIL and call sys.stderr.write. Redrawn in place on a terminal or
+// in a notebook (its output area takes carriage returns); plain lines elsewhere, as the CLI's.
+class PythonStderr {
+ public:
+  PythonStderr() {
+    cookie_io_functions_t io{};
+    io.write = [](void*, const char* data, size_t size) -> ssize_t {
+      py::gil_scoped_acquire gil;
+      try {
+        py::object stderr_ = py::module_::import("sys").attr("stderr");
+        stderr_.attr("write")(py::str(data, size));
+        stderr_.attr("flush")();
+        return ssize_t(size);
+      } catch (const py::error_already_set&) {
+        return -1;  // sys.stderr closed or replaced by something without write(): the bar is lost, not the run
+      }
+    };
+    file_ = fopencookie(nullptr, "w", io);
+    const py::module_ sys = py::module_::import("sys");
+    interactive_ = sys.attr("modules").contains("ipykernel") || sys.attr("stderr").attr("isatty")().cast<bool>();
+  }
+  ~PythonStderr() {
+    if (file_) std::fclose(file_);
+  }
+  PythonStderr(const PythonStderr&) = delete;
+  PythonStderr& operator=(const PythonStderr&) = delete;
+  Progress progress() const { return file_ ? Progress(file_, interactive_) : Progress::for_stderr(); }
+
+ private:
+  std::FILE* file_ = nullptr;
+  bool interactive_ = false;
+};
+
 py::object evaluate(const std::string& model, const std::variant<std::string, std::vector<std::string>>& specs,
                     const std::variant<std::string, std::vector<std::string>>& tasks, std::optional<int> context,
                     const std::optional<std::variant<int, std::map<std::string, int>>>& samples,
                     std::optional<std::string> text, const std::string& device, int threads, uint64_t seed,
-                    std::optional<std::string> out, bool progress, bool dataframe) {
+                    std::optional<std::string> out, bool plots, bool progress, bool dataframe) {
   EvalSettings settings;
   settings.model_dir = model;
   settings.specs = as_list(specs, false);
@@ -66,12 +101,14 @@ py::object evaluate(const std::string& model, const std::variant<std::string, st
   if (threads < 0) throw py::value_error("threads must be >= 0 (0: every core), got " + std::to_string(threads));
   settings.threads = threads;
   settings.seed = seed;
-  settings.plots = false;  // PNGs are the CLI's; from Python, plot the table
+  if (plots && !out) throw py::value_error("plots=True writes PNG files into out: give out a directory");
+  settings.plots = plots;
   std::unique_ptr<Evaluation> evaluation;
+  const PythonStderr stderr_;
   {
     py::gil_scoped_release release;
     evaluation = value_or_throw(Evaluation::prepare(settings));
-    Progress bar = progress ? Progress::for_stderr() : Progress::silent();
+    Progress bar = progress ? stderr_.progress() : Progress::silent();
     throw_if_error(evaluation->run(bar));
     if (out) throw_if_error(evaluation->write(*out));
   }
@@ -99,11 +136,12 @@ void bind_evaluate(py::module_& module) {
   module.def("evaluate", &evaluate, py::arg("model"), py::arg("specs"), py::arg("tasks"), py::kw_only(),
              py::arg("context") = py::none(), py::arg("samples") = py::none(), py::arg("text") = py::none(),
              py::arg("device") = "cpu", py::arg("threads") = 0, py::arg("seed") = 0, py::arg("out") = py::none(),
-             py::arg("progress") = true, py::arg("dataframe") = true,
+             py::arg("plots") = false, py::arg("progress") = true, py::arg("dataframe") = true,
              "Runs `slimkv eval`: every task for every KV spec (dense, the reference, first). Returns the long "
              "table of results (spec, task, metric, value, length, depth, layer, placement, tier) as a pandas "
              "DataFrame when pandas imports and dataframe=True, else a list of dicts. samples: an int for every "
-             "task or a dict {task: count}; out: a directory for results.json and results.md.");
+             "task or a dict {task: count}; out: a directory for results.json and results.md (and, with "
+             "plots=True, the CLI's PNG plots: gnuplot); progress: the CLI's bar, on sys.stderr.");
 
   py::class_<KvSpec>(module, "KvSpec", "A KV spec string, parsed and checked (slimkv/kv_config.h)")
       .def(py::init([](const std::string& spec) {

@@ -1,5 +1,7 @@
 // engine.session(): one sequence run by hand (prefill, decode) with NumPy logits, and its KV cache read
-// per (layer, KV head) through slimkv/kv_inspection.h.
+// per (layer, KV head) through slimkv/kv_inspection.h (on device cuda: a host copy of the GPU's KV).
+#include <span>
+
 #include <pybind11/stl.h>
 
 #include "python/binding.h"
@@ -21,12 +23,36 @@ auto with_engine_locked(EngineHandle& handle, F&& f) {
 struct SessionHandle {
   std::shared_ptr<EngineHandle> engine;
   std::unique_ptr<Session> session;
+  // The KV as session.kv last read it, until the next prefill or decode: on device cuda a host copy
+  // (taken once for every head and block read meanwhile), on device cpu the live store.
+  std::shared_ptr<const KvSnapshot> kv;
 
   ~SessionHandle() {  // removing the sequence mutates the engine: under its lock
     with_engine_locked(*engine, [this] {
+      kv.reset();
       session.reset();
       return 0;
     });
+  }
+
+  // Runs tokens (the GIL released, the engine locked); the KV read before is stale after.
+  std::vector<float> run(std::span<const int32_t> ids, bool all_logits) {
+    return value_or_throw(with_engine_locked(*engine, [&] {
+      kv.reset();
+      return session->prefill(ids, all_logits);
+    }));
+  }
+
+  std::shared_ptr<const KvSnapshot> snapshot() {
+    using Shared = std::shared_ptr<const KvSnapshot>;
+    Expected<Shared> taken = with_engine_locked(*engine, [this]() -> Expected<Shared> {
+      if (!kv) {
+        SLIMKV_ASSIGN_OR_RETURN(KvSnapshot snapshot, kv_snapshot(*engine->engine, *session));
+        kv = std::make_shared<const KvSnapshot>(std::move(snapshot));
+      }
+      return kv;
+    });
+    return value_or_throw(std::move(taken));
   }
 };
 
@@ -58,9 +84,10 @@ py::tuple kv_arrays(std::vector<float>&& k, std::vector<float>&& v, int k_dim, i
   return py::make_tuple(to_numpy(std::move(k), {tokens, k_dim}), to_numpy(std::move(v), {tokens, v_dim}));
 }
 
-// One sealed block of one (layer, KV head).
+// One sealed block of one (layer, KV head), of the snapshot it was listed from.
 struct KvBlock {
   std::shared_ptr<SessionHandle> owner;
+  std::shared_ptr<const KvSnapshot> kv;
   int layer = 0, head = 0, index = 0;
   int first_token = 0, last_token = 0;  // [first, last)
   int k_dim = 0, v_dim = 0;
@@ -70,7 +97,7 @@ struct KvBlock {
   py::tuple decode() const {
     std::vector<float> k, v;
     throw_if_error(with_engine_locked(*owner->engine, [&] {
-      return decode_kv_block(*owner->session, layer, head, index, k, v);
+      return decode_kv_block(*kv, layer, head, index, k, v);
     }));
     return kv_arrays(std::move(k), std::move(v), k_dim, v_dim);
   }
@@ -79,18 +106,19 @@ struct KvBlock {
 // One (layer, KV head) of the session's KV, as it was when asked for.
 struct KvHead {
   std::shared_ptr<SessionHandle> owner;
+  std::shared_ptr<const KvSnapshot> kv;
   int layer = 0, head = 0;
   KvHeadLayout layout;
   std::vector<KvBlock> blocks;
 
   py::tuple open() const {
     std::vector<float> k, v;
-    throw_if_error(with_engine_locked(*owner->engine, [&] { return read_open_kv(*owner->session, layer, head, k, v); }));
+    throw_if_error(with_engine_locked(*owner->engine, [&] { return read_open_kv(*kv, layer, head, k, v); }));
     return kv_arrays(std::move(k), std::move(v), layout.k_dim, layout.v_dim);
   }
   py::object last_selection() const {
     KvSelection selection = value_or_throw(with_engine_locked(*owner->engine, [&] {
-      return kv_last_selection(*owner->session, layer, head);
+      return kv_last_selection(*kv, layer, head);
     }));
     if (selection.all) return py::none();
     return py::array_t<int>(py::ssize_t(selection.tokens.size()), selection.tokens.data());
@@ -102,17 +130,18 @@ struct KvView {
   std::shared_ptr<SessionHandle> owner;
 
   KvLayout layout() const {
-    return value_or_throw(with_engine_locked(*owner->engine, [&] { return kv_layout(*owner->session); }));
+    const std::shared_ptr<const KvSnapshot> kv = owner->snapshot();
+    return with_engine_locked(*owner->engine, [&] { return kv_layout(*kv); });
   }
   KvHead head(int layer, int head) const {
-    KvHead out{owner, layer, head, {}, {}};
+    KvHead out{owner, owner->snapshot(), layer, head, {}, {}};
     KvLayout whole;
-    out.layout = value_or_throw(with_engine_locked(*owner->engine, [&]() -> Expected<KvHeadLayout> {
-      SLIMKV_ASSIGN_OR_RETURN(whole, kv_layout(*owner->session));
-      return kv_head_layout(*owner->session, layer, head);
+    out.layout = value_or_throw(with_engine_locked(*owner->engine, [&] {
+      whole = kv_layout(*out.kv);
+      return kv_head_layout(*out.kv, layer, head);
     }));
     for (int i = 0; i < out.layout.sealed_blocks; ++i) {
-      out.blocks.push_back({owner, layer, head, i, i * whole.block_tokens, (i + 1) * whole.block_tokens,
+      out.blocks.push_back({owner, out.kv, layer, head, i, i * whole.block_tokens, (i + 1) * whole.block_tokens,
                             out.layout.k_dim, out.layout.v_dim, out.layout.block_bytes, whole.codec,
                             whole.sealed_in_slow_tier ? "slow" : "fast"});
     }
@@ -165,7 +194,9 @@ void bind_session(py::module_& module) {
       .def_readonly("sealed_in_slow_tier", &KvLayout::sealed_in_slow_tier)
       .def_readonly("rotated", &KvLayout::rotated, "K/V stored Hadamard-rotated (rot=hadamard)");
 
-  py::class_<KvView>(module, "KvView", "A session's KV cache (device cpu), per (layer, KV head)")
+  py::class_<KvView>(module, "KvView",
+                    "A session's KV cache per (layer, KV head); on device cuda a host copy of it, taken once until the "
+                    "session's next prefill or decode")
       .def_property_readonly("layout", &KvView::layout)
       .def("head", &KvView::head, py::arg("layer"), py::arg("head"))
       .def("__getitem__", [](const KvView& view, std::pair<int, int> index) { return view.head(index.first, index.second); })
@@ -175,9 +206,7 @@ void bind_session(py::module_& module) {
                                                              "One sequence run by hand: prefill, then decode")
       .def("prefill",
            [](SessionHandle& handle, const std::vector<int32_t>& ids, bool all_logits) {
-             std::vector<float> logits = value_or_throw(with_engine_locked(*handle.engine, [&] {
-               return handle.session->prefill(ids, all_logits);
-             }));
+             std::vector<float> logits = handle.run(ids, all_logits);
              const py::ssize_t vocab = handle.engine->engine->vocab_size();
              if (all_logits) return to_numpy(std::move(logits), {py::ssize_t(ids.size()), vocab});
              return to_numpy(std::move(logits), {vocab});
@@ -186,8 +215,7 @@ void bind_session(py::module_& module) {
            "Runs token ids; returns float32 logits [vocab] of the last one, or [len(ids), vocab] with all_logits")
       .def("decode",
            [](SessionHandle& handle, int32_t id) {
-             std::vector<float> logits =
-                 value_or_throw(with_engine_locked(*handle.engine, [&] { return handle.session->decode(id); }));
+             std::vector<float> logits = handle.run(std::span<const int32_t>(&id, 1), false);
              return to_numpy(std::move(logits), {py::ssize_t(handle.engine->engine->vocab_size())});
            },
            py::arg("id"), "Runs one token; returns float32 logits [vocab]")

@@ -8,7 +8,6 @@
 
 #include "slimkv/codec.h"
 #include "slimkv/kv_inspection.h"
-#include "model/model_config.h"
 
 namespace slimkv {
 namespace {
@@ -22,36 +21,39 @@ TEST(KvInspection, DenseSealsExactlyWhatTheOpenBlockHeld) {
   std::vector<int32_t> ids(63);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(10 + 7 * i);
   ASSERT_TRUE(session->prefill(ids));
-  auto layout = kv_layout(*session);
-  ASSERT_TRUE(layout) << layout.status().message();
-  EXPECT_EQ(layout->num_layers, (*engine)->model_config().num_layers);
-  EXPECT_EQ(layout->num_kv_heads, 2);
-  EXPECT_EQ(layout->block_tokens, 64);
+  auto kv = kv_snapshot(**engine, *session);  // device cpu: the live store
+  ASSERT_TRUE(kv) << kv.status().message();
+  EXPECT_FALSE(kv->copied_from_gpu());
+  const KvLayout layout = kv_layout(*kv);
+  EXPECT_EQ(layout.num_layers, 8);  // config.json's num_hidden_layers, num_key_value_heads
+  EXPECT_EQ(layout.num_kv_heads, 2);
+  EXPECT_EQ(layout.block_tokens, 64);
   std::vector<float> open_k, open_v, k, v;
-  ASSERT_TRUE(read_open_kv(*session, 2, 1, open_k, open_v));
-  auto head = kv_head_layout(*session, 2, 1);
+  ASSERT_TRUE(read_open_kv(*kv, 2, 1, open_k, open_v));
+  auto head = kv_head_layout(*kv, 2, 1);
   ASSERT_TRUE(head);
   EXPECT_EQ(head->open_tokens, 63);
   EXPECT_EQ(head->sealed_blocks, 0);
   ASSERT_EQ(open_k.size(), size_t(63 * head->k_dim));
 
   ASSERT_TRUE(session->decode(5));  // the 64th token seals block 0
-  head = kv_head_layout(*session, 2, 1);
+  head = kv_head_layout(*kv, 2, 1);
   EXPECT_EQ(head->sealed_blocks, 1);
   EXPECT_EQ(head->open_tokens, 0);
-  ASSERT_TRUE(decode_kv_block(*session, 2, 1, 0, k, v));
+  ASSERT_TRUE(decode_kv_block(*kv, 2, 1, 0, k, v));
   ASSERT_EQ(k.size(), size_t(64 * head->k_dim));
   EXPECT_EQ(std::vector<float>(k.begin(), k.begin() + std::ptrdiff_t(open_k.size())), open_k);
   EXPECT_EQ(std::vector<float>(v.begin(), v.begin() + std::ptrdiff_t(open_v.size())), open_v);
-  auto selection = kv_last_selection(*session, 2, 1);
+  auto selection = kv_last_selection(*kv, 2, 1);
   ASSERT_TRUE(selection);
   EXPECT_TRUE(selection->all);
 
-  EXPECT_NE(kv_head_layout(*session, layout->num_layers, 0).status().message().find(
-                "layer " + std::to_string(layout->num_layers) + " is out of range"),
-            std::string::npos);
-  EXPECT_NE(kv_head_layout(*session, 0, -1).status().message().find("KV head -1"), std::string::npos);
-  EXPECT_NE(decode_kv_block(*session, 0, 0, 1, k, v).message().find("block 1 is out of range"), std::string::npos);
+  EXPECT_NE(kv_head_layout(*kv, 8, 0).status().message().find("layer 8 is out of range"), std::string::npos);
+  EXPECT_NE(kv_head_layout(*kv, 0, -1).status().message().find("KV head -1"), std::string::npos);
+  EXPECT_NE(decode_kv_block(*kv, 0, 0, 1, k, v).message().find("block 1 is out of range"), std::string::npos);
+  auto other = Engine::load({.model_dir = kModel, .threads = 1});
+  ASSERT_TRUE(other) << other.status().message();
+  EXPECT_NE(kv_snapshot(**other, *session).status().message().find("is not one of this engine's"), std::string::npos);
 }
 
 TEST(BlockCodec, AttendsAsAttentionOverItsDecodedBlock) {

@@ -13,7 +13,8 @@ import slimkv
 SOURCE_DIR = os.environ.get("SLIMKV_SOURCE_DIR", os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 MODEL = os.path.join(SOURCE_DIR, "models", "slimkv-llama-15m")
 THREADS = 2  # the tests run beside each other on small machines
-CONFIG = json.load(open(os.path.join(MODEL, "config.json")))
+with open(os.path.join(MODEL, "config.json")) as config_file:
+    CONFIG = json.load(config_file)  # the model's shape, as transformers reads it
 CONTEXT = CONFIG["max_position_embeddings"]
 
 

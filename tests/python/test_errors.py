@@ -2,7 +2,7 @@
 import pytest
 
 import slimkv
-from conftest import CONTEXT, MODEL, THREADS
+from conftest import CONFIG, CONTEXT, MODEL, THREADS
 
 
 def test_error_is_a_runtime_error():
@@ -64,10 +64,11 @@ def test_bad_session_calls(engine):
         session.prefill([5] * (CONTEXT + 1))
     assert session.num_tokens == 0  # a refused call runs nothing
     session.prefill([5, 6, 7])
-    with pytest.raises(slimkv.Error, match="layer 7 is out of range: the model has 7 layers"):
-        session.kv[7, 0]
-    with pytest.raises(slimkv.Error, match="KV head 2 is out of range: the model has 2 KV heads"):
-        session.kv.head(0, 2)
+    layers, kv_heads = CONFIG["num_hidden_layers"], CONFIG["num_key_value_heads"]
+    with pytest.raises(slimkv.Error, match=f"layer {layers} is out of range: the model has {layers} layers"):
+        session.kv[layers, 0]
+    with pytest.raises(slimkv.Error, match=f"KV head {kv_heads} is out of range: the model has {kv_heads} KV heads"):
+        session.kv.head(0, kv_heads)
 
 
 def test_a_full_engine_gives_sessions_that_say_so():
@@ -102,3 +103,7 @@ def test_evaluate_errors():
         slimkv.evaluate(MODEL, "dense", "ppl", samples={"ppl": -1}, progress=False)
     with pytest.raises(ValueError, match="context must be >= 0"):
         slimkv.evaluate(MODEL, "dense", "ppl", context=-5, progress=False)
+    with pytest.raises(ValueError, match="plots=True writes PNG files into out"):
+        slimkv.evaluate(MODEL, "dense", "ppl", plots=True, progress=False)
+    with pytest.raises(TypeError):
+        slimkv.evaluate(MODEL, "dense", "ppl", samples="ppl=2")

@@ -1,5 +1,9 @@
 """Sessions: logits as NumPy arrays equal to the CLI's, prefill against stepwise decode, and the KV cache
 read per (layer, KV head)."""
+import json
+import os
+import struct
+
 import numpy as np
 import pytest
 
@@ -47,8 +51,8 @@ def test_dense_blocks_hold_the_kv_exactly_and_hack_within_its_error(engine, held
     dense = engine.session()
     dense.prefill(ids)
     layout = dense.kv.layout
-    assert (layout.num_layers, layout.num_kv_heads, layout.block_tokens) == (
-        CONFIG["num_hidden_layers"], CONFIG["num_key_value_heads"], 64)
+    assert (layout.num_layers, layout.num_kv_heads) == (CONFIG["num_hidden_layers"], CONFIG["num_key_value_heads"])
+    assert layout.block_tokens == 64
     head = dense.kv[0, 1]
     assert [(b.first_token, b.last_token) for b in head.blocks] == [(0, 64), (64, 128)]
     assert head.open_tokens == 22 and head.blocks[0].tier == "fast" and head.blocks[0].codec.startswith("dense")
@@ -81,6 +85,57 @@ def test_dense_blocks_hold_the_kv_exactly_and_hack_within_its_error(engine, held
         assert 0 < error < 0.15, error
     assert hack.kv[0, 1].blocks[0].bytes < head.blocks[0].bytes / 4
     assert hack.kv.memory()["sealed_bytes"] < dense.kv.memory()["sealed_bytes"] / 4
+
+
+def read_tensor(name):
+    """A tensor of the model's safetensors files as float32 (NumPy only: the format's 8-byte header length,
+    JSON header, raw little-endian data)."""
+    with open(os.path.join(MODEL, "model.safetensors.index.json")) as index:
+        path = os.path.join(MODEL, json.load(index)["weight_map"][name])
+    with open(path, "rb") as file:
+        header = json.loads(file.read(struct.unpack("<Q", file.read(8))[0]))
+        entry = header[name]
+        begin, end = entry["data_offsets"]
+        file.seek(begin, os.SEEK_CUR)
+        raw = file.read(end - begin)
+    if entry["dtype"] == "BF16":  # the upper half of a float32
+        values = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+    else:
+        values = np.frombuffer(raw, dtype={"F32": "<f4", "F16": "<f2"}[entry["dtype"]]).astype(np.float32)
+    return values.reshape(entry["shape"])
+
+
+def reference_layer0_kv(ids):
+    """Layer 0's K (after RoPE) and V per KV head, as transformers' Llama computes them: K, V [kv_heads,
+    tokens, head_dim], in float64 from the checkpoint's weights."""
+    hidden = read_tensor("model.embed_tokens.weight")[ids].astype(np.float64)
+    norm = read_tensor("model.layers.0.input_layernorm.weight")
+    h = hidden / np.sqrt((hidden ** 2).mean(axis=-1, keepdims=True) + CONFIG["rms_norm_eps"]) * norm
+    kv_heads, head_dim = CONFIG["num_key_value_heads"], CONFIG["head_dim"]
+    k = (h @ read_tensor("model.layers.0.self_attn.k_proj.weight").T).reshape(len(ids), kv_heads, head_dim)
+    v = (h @ read_tensor("model.layers.0.self_attn.v_proj.weight").T).reshape(len(ids), kv_heads, head_dim)
+    inv_freq = 1.0 / CONFIG["rope_theta"] ** (np.arange(0, head_dim, 2) / head_dim)
+    angles = np.arange(len(ids))[:, None] * inv_freq[None, :]
+    cos, sin = np.cos(np.concatenate([angles] * 2, -1))[:, None], np.sin(np.concatenate([angles] * 2, -1))[:, None]
+    rotated_half = np.concatenate([-k[..., head_dim // 2:], k[..., :head_dim // 2]], -1)
+    return (k * cos + rotated_half * sin).transpose(1, 0, 2), v.transpose(1, 0, 2)
+
+
+def test_dense_blocks_equal_the_kv_transformers_computes(engine, heldout_ids):
+    # Against the model's arithmetic written in NumPy (not slimkv's): layer 0's K/V depend on the tokens alone.
+    ids = heldout_ids[:150]
+    session = engine.session()
+    session.prefill(ids)
+    want_k, want_v = reference_layer0_kv(ids)
+    for head in range(CONFIG["num_key_value_heads"]):
+        kv = session.kv[0, head]
+        pieces = [block.decode() for block in kv.blocks] + [kv.open()]
+        got_k, got_v = (np.concatenate([piece[i] for piece in pieces]) for i in (0, 1))
+        assert got_k.shape == want_k[head].shape == (150, CONFIG["head_dim"])
+        for got, want in ((got_k, want_k[head]), (got_v, want_v[head])):
+            # FP32 against FP64: the relative error of a float32 GEMM over hidden_size terms.
+            assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
 
 
 def test_memory_and_selection(engine, heldout_ids):

@@ -65,6 +65,29 @@ def test_the_gil_is_released_while_the_model_runs(heldout_ids):
     assert longest_pause < durations[0] / 4, (longest_pause, durations[0])
 
 
+def test_sessions_of_separate_engines_run_at_once(heldout_ids):
+    # A short prefill on one engine finishes while a long one on another engine is still running: neither
+    # the GIL nor a lock of the module serializes them (sessions of one engine do wait for each other:
+    # an engine runs one call at a time).
+    long_engine, short_engine = slimkv.Engine(MODEL, threads=1), slimkv.Engine(MODEL, threads=1)
+    started, finished = threading.Event(), {}
+
+    def long_prefill():
+        session = long_engine.session()
+        started.set()
+        session.prefill(heldout_ids[:1500])
+        finished["long"] = time.monotonic()
+
+    thread = threading.Thread(target=long_prefill)
+    thread.start()
+    started.wait()
+    time.sleep(0.05)  # the long prefill is inside the engine now
+    short_engine.session().prefill(heldout_ids[:20])
+    finished["short"] = time.monotonic()
+    thread.join()
+    assert finished["short"] < finished["long"], "the short prefill waited for the long one"
+
+
 def test_evaluate_equals_the_cli(cli, tmp_path):
     specs = ["dense", "hack:bits=2"]
     args = dict(context=128, samples={"ppl": 1}, threads=THREADS, progress=False)
@@ -84,3 +107,11 @@ def test_evaluate_equals_the_cli(cli, tmp_path):
     else:
         assert isinstance(frame, pandas.DataFrame)
         assert frame["value"].tolist() == [row["value"] for row in table]
+
+
+def test_evaluate_draws_its_progress_on_python_stderr(capsys):
+    # Through sys.stderr (what a notebook shows), not C's stderr: pytest's capture sees it.
+    slimkv.evaluate(MODEL, "dense", "ppl", context=128, samples=1, threads=THREADS, dataframe=False)
+    captured = capsys.readouterr()
+    assert "eval: ppl" in captured.err and "done in" in captured.err, captured.err
+    assert captured.out == ""
