@@ -57,7 +57,7 @@ double decode_ms(const std::string& spec, int context, const DecodeInputs& in, T
 // The scale layouts of issue 28 next to HACK's, on the integers (hack) and dequantized (quant, kivi).
 void bench_layouts(const std::vector<int>& contexts, ThreadPool& pool) {
   const std::vector<std::string> specs = {
-      "hack:bits=2,pi=64", "hack:bits=2,pi=64,klayout=channel,vlayout=token",
+      "hack:bits=2,pi=64", "hack:bits=2,pi=64,klayout=channel", "hack:bits=2,pi=64,klayout=channel,vlayout=token",
       "hack:bits=2,pi=128,klayout=channel,kgroup=32,vlayout=token,vgroup=32", "quant:bits=2,pi=64,klayout=channel,vlayout=token",
       "kivi:bits=2"};
   std::printf("\n== decode attention by scale layout, 1 query token, %d/%d heads, d=%d, %d threads, hack kernel on %s ==\n",
