@@ -25,6 +25,27 @@ struct FormatCase {
   }
 };
 
+// Stored sums equal the sums of the unpacked codes: per (K partition, token) and per V column.
+void expect_sums_match_codes(const QuantizedBlockLayout& layout, const uint8_t* block) {
+  const int tokens = layout.shape.block_tokens, k_dim = layout.shape.k_dim, v_dim = layout.shape.v_dim;
+  std::vector<uint8_t> kc(size_t(tokens) * k_dim), vc(size_t(tokens) * v_dim);
+  unpack_block_codes(layout, block, kc.data(), vc.data());
+  const auto* k_sums = reinterpret_cast<const int16_t*>(block + layout.k_sums);
+  const auto* v_sums = reinterpret_cast<const int16_t*>(block + layout.v_sums);
+  for (int t = 0; t < tokens; ++t) {
+    for (int p = 0; p < layout.k_partitions; ++p) {
+      int sum = 0;
+      for (int d = p * layout.k_partition; d < p * layout.k_partition + layout.k_partition_dims(p); ++d) sum += kc[size_t(t) * k_dim + d];
+      ASSERT_EQ(k_sums[size_t(p) * tokens + t], sum) << "token " << t << ", partition " << p;
+    }
+  }
+  for (int col = 0; col < v_dim; ++col) {
+    int sum = 0;
+    for (int t = 0; t < tokens; ++t) sum += vc[size_t(t) * v_dim + col];
+    ASSERT_EQ(v_sums[col], sum) << "column " << col;
+  }
+}
+
 TEST(QuantizedBlock, RoundTripWithinOneStepAndSumsMatchCodes) {
   std::mt19937 rng(5);
   for (const FormatCase c : {FormatCase{2, 64, 128, 128, Rounding::kNearest}, FormatCase{4, 32, 80, 64, Rounding::kNearest},
@@ -55,23 +76,7 @@ TEST(QuantizedBlock, RoundTripWithinOneStepAndSumsMatchCodes) {
         }
       }
     }
-    // Stored sums equal the sums of the unpacked codes.
-    std::vector<uint8_t> kc(k.size()), vc(v.size());
-    unpack_block_codes(layout, block.data(), kc.data(), vc.data());
-    const auto* k_sums = reinterpret_cast<const int16_t*>(block.data() + layout.k_sums);
-    const auto* v_sums = reinterpret_cast<const int16_t*>(block.data() + layout.v_sums);
-    for (int t = 0; t < c.tokens; ++t) {
-      for (int p = 0; p < layout.k_partitions; ++p) {
-        int sum = 0;
-        for (int d = p * layout.k_partition; d < p * layout.k_partition + layout.k_partition_dims(p); ++d) sum += kc[size_t(t) * c.k_dim + d];
-        ASSERT_EQ(k_sums[size_t(p) * c.tokens + t], sum);
-      }
-    }
-    for (int col = 0; col < c.v_dim; ++col) {
-      int sum = 0;
-      for (int t = 0; t < c.tokens; ++t) sum += vc[size_t(t) * c.v_dim + col];
-      ASSERT_EQ(v_sums[col], sum);
-    }
+    expect_sums_match_codes(layout, block.data());
   }
 }
 
@@ -165,22 +170,7 @@ TEST(QuantizedBlock, ChannelAndTokenLayoutsRoundTripWithinTheirGroupsStep) {
         ASSERT_LE(std::fabs(v2[size_t(t) * c.dim + d] - v[size_t(t) * c.dim + d]), v_step) << t << "," << d;
       }
     }
-    std::vector<uint8_t> kc(k.size()), vc(v.size());
-    unpack_block_codes(layout, block.data(), kc.data(), vc.data());
-    const auto* k_sums = reinterpret_cast<const int16_t*>(block.data() + layout.k_sums);
-    const auto* v_sums = reinterpret_cast<const int16_t*>(block.data() + layout.v_sums);
-    for (int t = 0; t < c.tokens; ++t) {
-      for (int p = 0; p < layout.k_partitions; ++p) {
-        int sum = 0;
-        for (int d = p * layout.k_partition; d < p * layout.k_partition + layout.k_partition_dims(p); ++d) sum += kc[size_t(t) * c.dim + d];
-        ASSERT_EQ(k_sums[size_t(p) * c.tokens + t], sum);
-      }
-    }
-    for (int col = 0; col < c.dim; ++col) {
-      int sum = 0;
-      for (int t = 0; t < c.tokens; ++t) sum += vc[size_t(t) * c.dim + col];
-      ASSERT_EQ(v_sums[col], sum);
-    }
+    expect_sums_match_codes(layout, block.data());
     const std::vector<int> tokens = {0, 3, 17, c.tokens - 1};
     std::vector<float> some_k(tokens.size() * size_t(c.dim)), some_v(some_k.size());
     dequantize_tokens(layout, block.data(), tokens.data(), int(tokens.size()), some_k.data(), some_v.data());
