@@ -1,11 +1,12 @@
 // Kernel benchmark: each optimized CPU kernel next to the plain reference it is tested against, and
 // the KV codecs next to each other. Google Benchmark times every variant (benchmark_runner.h).
-//   bench_kernels [--threads N] [--contexts 1024,4096,...]
+//   bench_kernels [--threads N] [--contexts 1024,4096,...] [--layouts]
 // Attention: decode (one query token) and prefill with the Llama-3-8B shape (32 query / 8 KV heads,
 // d = 128) over the paged store: dense FP32 and FP16, quant and hack 2-bit, and the FP64 reference. GEMM: y = x·Wᵀ for F32 and
 // BF16 weights, BLAS (+ widening) against the FP64 triple loop (at sizes where that finishes).
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -23,9 +24,62 @@
 namespace slimkv {
 namespace {
 
+constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128;
+
+// Random K, V (one sequence of `context` tokens) and one query token, the Llama-3-8B shape.
+struct DecodeInputs {
+  std::vector<float> k, v, q;
+  DecodeInputs(int context, std::mt19937& rng) : k(size_t(context) * kKvHeads * kHeadDim), v(k.size()), q(size_t(kHeads) * kHeadDim) {
+    std::normal_distribution<float> normal;
+    for (float& x : k) x = normal(rng);
+    for (float& x : v) x = normal(rng);
+    for (float& x : q) x = normal(rng);
+  }
+};
+
+// Times one decode step's attention over a store of `spec` holding the inputs; sealed_bytes: its size.
+double decode_ms(const std::string& spec, int context, const DecodeInputs& in, ThreadPool& pool, double* sealed_bytes) {
+  auto pipeline = make_kv_pipeline(spec);
+  if (!pipeline) {
+    std::fprintf(stderr, "%s\n", pipeline.status().message().c_str());
+    std::exit(2);
+  }
+  KvStore store({1, kKvHeads, kHeadDim, kHeadDim, context}, *pipeline);
+  store.append(0, in.k.data(), in.v.data(), context);
+  std::vector<float> out(size_t(kHeads) * kHeadDim);
+  const AttentionParams params{kHeads, 1.0f / std::sqrt(float(kHeadDim)), &pool};
+  const double ms = measure_ms("decode/" + spec + "/" + std::to_string(context),
+                               [&] { attend(store, 0, in.q.data(), 1, context - 1, params, out.data()); });
+  if (sealed_bytes) *sealed_bytes = double(store.memory().sealed_bytes);
+  return ms;
+}
+
+// The scale layouts of issue 28 next to HACK's, on the integers (hack) and dequantized (quant, kivi).
+void bench_layouts(const std::vector<int>& contexts, ThreadPool& pool) {
+  const std::vector<std::string> specs = {
+      "hack:bits=2,pi=64", "hack:bits=2,pi=64,klayout=channel", "hack:bits=2,pi=64,klayout=channel,vlayout=token",
+      "hack:bits=2,pi=128,klayout=channel,kgroup=32,vlayout=token,vgroup=32", "quant:bits=2,pi=64,klayout=channel,vlayout=token",
+      "kivi:bits=2"};
+  std::printf("\n== decode attention by scale layout, 1 query token, %d/%d heads, d=%d, %d threads, hack kernel on %s ==\n",
+              kHeads, kKvHeads, kHeadDim, pool.threads(), hack_kernel_target());
+  std::printf("%8s %-72s %10s %10s %10s\n", "context", "spec", "ms", "x hack", "B/token");
+  std::mt19937 rng(42);
+  for (int context : contexts) {
+    const DecodeInputs in(context, rng);
+    double base = 0;
+    for (const std::string& spec : specs) {
+      double bytes = 0;
+      const double ms = decode_ms(spec, context, in, pool, &bytes);
+      if (base == 0) base = ms;
+      std::printf("%8d %-72s %10.3f %10.2f %10.1f\n", context, spec.c_str(), ms, ms / base,
+                  bytes / context / kKvHeads);
+    }
+  }
+}
+
 void bench_attention(const std::vector<int>& contexts, ThreadPool& pool) {
   const int threads = pool.threads();
-  const int num_heads = 32, num_kv_heads = 8, d = 128;
+  const int num_heads = kHeads, num_kv_heads = kKvHeads, d = kHeadDim;
   const std::vector<std::string> specs = {"dense", "dense:dtype=f16", "quant:bits=2,pi=64", "hack:bits=2,pi=64"};
   std::printf("\n== decode attention, 1 query token, %d/%d heads, d=%d, %d threads, hack kernel on %s ==\n",
               num_heads, num_kv_heads, d, threads, hack_kernel_target());
@@ -33,24 +87,14 @@ void bench_attention(const std::vector<int>& contexts, ThreadPool& pool) {
   for (const std::string& spec : specs) std::printf(" %20s", (spec + " ms").c_str());
   std::printf(" %10s %10s %12s\n", "hack/f16", "hack/quant", "hack GB/s");
   std::mt19937 rng(42);
-  std::normal_distribution<float> normal;
   for (int context : contexts) {
-    std::vector<float> k(size_t(context) * num_kv_heads * d), v(k.size()), q(size_t(num_heads) * d);
-    for (float& x : k) x = normal(rng);
-    for (float& x : v) x = normal(rng);
-    for (float& x : q) x = normal(rng);
+    const DecodeInputs in(context, rng);
+    const std::vector<float>&k = in.k, &v = in.v, &q = in.q;
     std::vector<float> out(size_t(num_heads) * d);
     const AttentionParams params{num_heads, 1.0f / std::sqrt(float(d)), &pool};
     std::vector<double> ms;
     double hack_bytes = 0;
-    for (const std::string& spec : specs) {
-      auto pipeline = make_kv_pipeline(spec);
-      KvStore store({1, num_kv_heads, d, d, context}, *pipeline);
-      store.append(0, k.data(), v.data(), context);
-      ms.push_back(measure_ms("decode/" + spec + "/" + std::to_string(context),
-                              [&] { attend(store, 0, q.data(), 1, context - 1, params, out.data()); }));
-      hack_bytes = double(store.memory().sealed_bytes);
-    }
+    for (const std::string& spec : specs) ms.push_back(decode_ms(spec, context, in, pool, &hack_bytes));
     const int position = context - 1;
     const double ref_ms = context <= 8192 ? measure_ms("decode/reference/" + std::to_string(context), [&] {
       attention_reference(q.data(), 1, &position, k.data(), v.data(), context, num_heads, num_kv_heads, d, d,
@@ -131,8 +175,14 @@ int main(int argc, char** argv) {
   app.add_option("--contexts", contexts, "KV lengths for decode attention")->delimiter(',');
   int prefill_tokens = 4096;
   app.add_option("--prefill", prefill_tokens, "prompt length for prefill attention (0: skip)")->capture_default_str();
+  bool layouts_only = false;
+  app.add_flag("--layouts", layouts_only, "only decode attention by K/V scale layout (issue 28)");
   CLI11_PARSE(app, argc, argv);
   slimkv::ThreadPool pool(threads);
+  if (layouts_only) {
+    slimkv::bench_layouts(contexts, pool);
+    return 0;
+  }
   slimkv::bench_attention(contexts, pool);
   if (prefill_tokens > 0) slimkv::bench_prefill_attention(prefill_tokens, pool);
   slimkv::bench_gemm(pool);

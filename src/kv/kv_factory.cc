@@ -9,7 +9,7 @@
 namespace slimkv {
 namespace {
 
-constexpr const char* kKnownStages = "all, pq, oracle, zack, dense, hack, quant";
+constexpr const char* kKnownStages = "all, pq, oracle, zack, dense, hack, quant, kivi";
 constexpr const char* kKnownTiers = "fast, offload, kvpr";
 
 DType parse_dtype_name(const std::string& name) {
@@ -31,6 +31,13 @@ QuantizationConfig read_quantization(StageOptions& options, KvPipeline& pipeline
                         ? Rounding::kStochastic
                         : Rounding::kNearest;
   pipeline.seed = uint64_t(options.integer("seed", 0, {}, 0, 1 << 30));
+  // Which values share a min and a scale (tensor/quantized_block.h): HACK's layout by default; KIVI's
+  // (K per channel, V per token) keeps outlier channels of K from widening every token's range.
+  config.k_per_channel = options.choice("klayout", "token", {"token", "channel"}) == "channel";
+  config.v_per_token = options.choice("vlayout", "channel", {"channel", "token"}) == "token";
+  if (config.k_per_channel) config.k_group = options.integer("kgroup", 0, {0, 16, 32, 64, 128});
+  if (config.v_per_token) config.v_group = options.integer("vgroup", 0, {0, 16, 32, 64, 128});
+  config.symmetric = options.choice("range", "asym", {"asym", "sym"}) == "sym";
   if (with_ablations) {
     options.integer("qbits", 8, {8});  // Q and P are 8-bit, as in HACK; named so specs can say so
     options.integer("pbits", 8, {8});
@@ -114,10 +121,27 @@ Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
       const std::string dtype = options.choice("dtype", "f32", {"f32", "f16", "bf16"});
       pipeline.block_tokens = options.integer("block", 64, {}, 1, kMaxBlockTokens);
       pipeline.codec = std::make_shared<DenseCodec>(parse_dtype_name(dtype));
+    } else if (stage.name == "kivi") {
+      // KIVI (Liu et al., ICML 2024) as published: K per channel in groups of 32 tokens, V per token in
+      // groups of 32 channels, asymmetric, round to nearest, no rotation (rot=hadamard may add it), the newest tokens in FP16 (the
+      // open block: up to 127 here, KIVI's residual of R = 128), attention on the dequantized values.
+      if (pipeline.codec) return error("KV spec '", config.spec, "': more than one codec stage");
+      QuantizationConfig kivi;
+      kivi.k_bits = kivi.v_bits = options.integer("bits", 2, {2, 4, 8});
+      kivi.rounding = Rounding::kNearest;
+      kivi.k_per_channel = kivi.v_per_token = true;
+      kivi.k_group = kivi.v_group = 32;
+      pipeline.block_tokens = 128;
+      pipeline.exact_prefill = true;
+      pipeline.codec = std::make_shared<QuantCodec>(kivi);
     } else if (stage.name == "hack" || stage.name == "quant") {
       if (pipeline.codec) return error("KV spec '", config.spec, "': more than one codec stage");
       const bool hack = stage.name == "hack";
       const QuantizationConfig quantization = read_quantization(options, pipeline, hack);
+      if (!quantization.keep_open_exact && (quantization.k_per_channel || quantization.v_per_token)) {
+        return error("KV spec '", config.spec, "': rqe=off (the HACK/RQE ablation) requantizes HACK's layout only ",
+                     "(klayout=token, vlayout=channel)");
+      }
       // Exact by default: a prefill chunk then sees its newest tokens as decode does (from the open
       // block, unquantized) instead of through the blocks it just sealed (docs/hack.md).
       pipeline.exact_prefill = options.choice("prefill", "exact", {"exact", "quantized"}) == "exact";

@@ -29,18 +29,21 @@ void read_group(const uint8_t* in, int bits, uint8_t values[4]) {
   for (int i = 0; i < 4; ++i) values[i] = uint8_t((field >> (i * bits)) & mask);
 }
 
-// Quantizes n values read with `stride` (asymmetric, b bits); returns min, scale (FP16-exact, as
-// stored) and the sum of codes. Element i draws its rounding noise from counter first_counter + i·stride.
+// Quantizes n values read with `stride` (b bits, asymmetric or symmetric about 0); returns min and
+// scale (FP16-exact, as stored). Element i draws its rounding noise from counter first_counter + i·stride.
 struct Partition {
   uint16_t min_fp16, scale_fp16;
-  int sum;
 };
-Partition quantize_partition(const float* x, int n, size_t stride, int bits, Rounding rounding, uint64_t seed,
-                             uint64_t first_counter, uint8_t* codes, size_t code_stride) {
+Partition quantize_partition(const float* x, int n, size_t stride, int bits, Rounding rounding, bool symmetric,
+                             uint64_t seed, uint64_t first_counter, uint8_t* codes, size_t code_stride) {
   float lo = x[0], hi = x[0];
   for (int i = 1; i < n; ++i) {
     lo = std::min(lo, x[size_t(i) * stride]);
     hi = std::max(hi, x[size_t(i) * stride]);
+  }
+  if (symmetric) {
+    hi = std::max(hi, -lo);
+    lo = -hi;
   }
   const int levels = (1 << bits) - 1;
   Partition p;
@@ -49,13 +52,10 @@ Partition quantize_partition(const float* x, int n, size_t stride, int bits, Rou
   p.scale_fp16 = float_to_fp16((hi - min_value) / float(levels));
   const float scale = fp16_to_float(p.scale_fp16);
   const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
-  p.sum = 0;
   for (int i = 0; i < n; ++i) {
     const float y = (x[size_t(i) * stride] - min_value) * inverse;
     const float noise = rounding == Rounding::kStochastic ? counter_uniform(seed, first_counter + size_t(i) * stride) : 0.5f;
-    const int code = std::clamp(int(std::floor(y + noise)), 0, levels);
-    codes[size_t(i) * code_stride] = uint8_t(code);
-    p.sum += code;
+    codes[size_t(i) * code_stride] = uint8_t(std::clamp(int(std::floor(y + noise)), 0, levels));
   }
   return p;
 }
@@ -76,6 +76,12 @@ QuantizedBlockLayout::QuantizedBlockLayout(const QuantizationConfig& config_in, 
   const size_t tokens = size_t(shape.block_tokens);
   k_partition = std::min(shape.block_tokens, shape.k_dim);
   k_partitions = (shape.k_dim + k_partition - 1) / k_partition;
+  k_group_tokens = config.k_per_channel && config.k_group > 0 ? config.k_group : shape.block_tokens;
+  k_groups = config.k_per_channel ? std::max(1, shape.block_tokens / k_group_tokens) : 1;
+  v_group_dims = config.v_per_token && config.v_group > 0 ? config.v_group : shape.v_dim;
+  v_groups = config.v_per_token ? std::max(1, shape.v_dim / v_group_dims) : 1;
+  const size_t k_meta = config.k_per_channel ? size_t(k_groups) * size_t(shape.k_dim) : size_t(k_partitions) * tokens;
+  const size_t v_meta = config.v_per_token ? size_t(v_groups) * tokens : size_t(shape.v_dim);
   size_t offset = 0;
   const auto section = [&](size_t bytes) {
     const size_t start = offset;
@@ -84,18 +90,27 @@ QuantizedBlockLayout::QuantizedBlockLayout(const QuantizationConfig& config_in, 
   };
   const size_t sums = config.store_sums ? 1 : 0;
   k_codes = section(size_t(shape.k_dim) / 4 * tokens * group_bytes(config.k_bits));
-  k_mins = section(size_t(k_partitions) * tokens * 2);
-  k_scales = section(size_t(k_partitions) * tokens * 2);
+  k_mins = section(k_meta * 2);
+  k_scales = section(k_meta * 2);
   k_sums = section(sums * size_t(k_partitions) * tokens * 2);
   v_codes = section(tokens / 4 * size_t(shape.v_dim) * group_bytes(config.v_bits));
-  v_mins = section(size_t(shape.v_dim) * 2);
-  v_scales = section(size_t(shape.v_dim) * 2);
+  v_mins = section(v_meta * 2);
+  v_scales = section(v_meta * 2);
   v_sums = section(sums * size_t(shape.v_dim) * 2);
   block_bytes = offset;
 }
 
 int QuantizedBlockLayout::k_partition_dims(int p) const {
   return std::min(k_partition, shape.k_dim - p * k_partition);
+}
+
+size_t QuantizedBlockLayout::k_meta_slot(int t, int d) const {
+  return config.k_per_channel ? size_t(t / k_group_tokens) * size_t(shape.k_dim) + size_t(d)
+                              : size_t(d / k_partition) * size_t(shape.block_tokens) + size_t(t);
+}
+
+size_t QuantizedBlockLayout::v_meta_slot(int t, int c) const {
+  return config.v_per_token ? size_t(c / v_group_dims) * size_t(shape.block_tokens) + size_t(t) : size_t(c);
 }
 
 Status check_quantized_shape(const QuantizationConfig& config, const BlockShape& shape) {
@@ -109,6 +124,12 @@ Status check_quantized_shape(const QuantizationConfig& config, const BlockShape&
     return error("quantized KV needs a partition (block) of a multiple of 4 tokens, at most 128, got ",
                  shape.block_tokens);
   }
+  if (config.k_per_channel && config.k_group > 0 && shape.block_tokens % config.k_group != 0) {
+    return error("quantized KV: kgroup=", config.k_group, " must divide the block of ", shape.block_tokens, " tokens (pi)");
+  }
+  if (config.v_per_token && config.v_group > 0 && shape.v_dim % config.v_group != 0) {
+    return error("quantized KV: vgroup=", config.v_group, " must divide the value head dim ", shape.v_dim);
+  }
   return Status::ok();
 }
 
@@ -119,24 +140,64 @@ void quantize_block(const QuantizedBlockLayout& layout, const float* k, const fl
   std::memset(block, 0, layout.block_bytes);
   std::vector<uint8_t> k_codes(size_t(tokens) * k_dim), v_codes(size_t(tokens) * v_dim);
 
-  for (int t = 0; t < tokens; ++t) {  // K: partitions along each token's head dimension
-    for (int p = 0; p < layout.k_partitions; ++p) {
-      const size_t first = size_t(t) * k_dim + size_t(p) * layout.k_partition;
-      const Partition part = quantize_partition(k + first, layout.k_partition_dims(p), 1, config.k_bits,
-                                                config.rounding, seed, first, k_codes.data() + first, 1);
-      const size_t slot = size_t(p) * tokens + size_t(t);
-      at<uint16_t>(block, layout.k_mins)[slot] = part.min_fp16;
-      at<uint16_t>(block, layout.k_scales)[slot] = part.scale_fp16;
-      if (config.store_sums) at<int16_t>(block, layout.k_sums)[slot] = int16_t(part.sum);
+  // Value (t, d) draws its rounding noise from counter t·k_dim + d (K), then tokens·k_dim + t·v_dim + c
+  // (V), whichever values share its scale.
+  const auto store = [&](size_t mins, size_t scales, size_t slot, const Partition& part) {
+    at<uint16_t>(block, mins)[slot] = part.min_fp16;
+    at<uint16_t>(block, scales)[slot] = part.scale_fp16;
+  };
+  if (config.k_per_channel) {  // K: each dim over a group of tokens
+    for (int j = 0; j < layout.k_groups; ++j) {
+      for (int d = 0; d < k_dim; ++d) {
+        const size_t first = size_t(j) * layout.k_group_tokens * k_dim + size_t(d);
+        store(layout.k_mins, layout.k_scales, layout.k_meta_slot(j * layout.k_group_tokens, d),
+              quantize_partition(k + first, layout.k_group_tokens, size_t(k_dim), config.k_bits, config.rounding,
+                                 config.symmetric, seed, first, k_codes.data() + first, size_t(k_dim)));
+      }
+    }
+  } else {  // K: partitions along each token's head dimension
+    for (int t = 0; t < tokens; ++t) {
+      for (int p = 0; p < layout.k_partitions; ++p) {
+        const size_t first = size_t(t) * k_dim + size_t(p) * layout.k_partition;
+        store(layout.k_mins, layout.k_scales, layout.k_meta_slot(t, p * layout.k_partition),
+              quantize_partition(k + first, layout.k_partition_dims(p), 1, config.k_bits, config.rounding,
+                                 config.symmetric, seed, first, k_codes.data() + first, 1));
+      }
     }
   }
   const uint64_t v_counter = uint64_t(tokens) * uint64_t(k_dim);
-  for (int c = 0; c < v_dim; ++c) {  // V: one partition of all the block's tokens per column
-    const Partition part = quantize_partition(v + c, tokens, size_t(v_dim), config.v_bits, config.rounding, seed,
-                                              v_counter + uint64_t(c), v_codes.data() + c, size_t(v_dim));
-    at<uint16_t>(block, layout.v_mins)[c] = part.min_fp16;
-    at<uint16_t>(block, layout.v_scales)[c] = part.scale_fp16;
-    if (config.store_sums) at<int16_t>(block, layout.v_sums)[c] = int16_t(part.sum);
+  if (config.v_per_token) {  // V: each token's columns, in groups
+    for (int t = 0; t < tokens; ++t) {
+      for (int g = 0; g < layout.v_groups; ++g) {
+        const size_t first = size_t(t) * v_dim + size_t(g) * layout.v_group_dims;
+        store(layout.v_mins, layout.v_scales, layout.v_meta_slot(t, g * layout.v_group_dims),
+              quantize_partition(v + first, layout.v_group_dims, 1, config.v_bits, config.rounding, config.symmetric,
+                                 seed, v_counter + first, v_codes.data() + first, 1));
+      }
+    }
+  } else {  // V: one partition of all the block's tokens per column
+    for (int c = 0; c < v_dim; ++c) {
+      store(layout.v_mins, layout.v_scales, size_t(c),
+            quantize_partition(v + c, tokens, size_t(v_dim), config.v_bits, config.rounding, config.symmetric, seed,
+                               v_counter + uint64_t(c), v_codes.data() + c, size_t(v_dim)));
+    }
+  }
+  // Summation elimination's sums, the same in every layout: Σ K' per (partition, token), Σ V' per column.
+  if (config.store_sums) {
+    for (int p = 0; p < layout.k_partitions; ++p) {
+      for (int t = 0; t < tokens; ++t) {
+        int sum = 0;
+        for (int d = p * layout.k_partition; d < p * layout.k_partition + layout.k_partition_dims(p); ++d) {
+          sum += k_codes[size_t(t) * k_dim + d];
+        }
+        at<int16_t>(block, layout.k_sums)[size_t(p) * tokens + size_t(t)] = int16_t(sum);
+      }
+    }
+    for (int c = 0; c < v_dim; ++c) {
+      int sum = 0;
+      for (int t = 0; t < tokens; ++t) sum += v_codes[size_t(t) * v_dim + c];
+      at<int16_t>(block, layout.v_sums)[c] = int16_t(sum);
+    }
   }
 
   const size_t kg = group_bytes(config.k_bits), vg = group_bytes(config.v_bits);
@@ -169,15 +230,17 @@ void requantize_partial_block(const QuantizedBlockLayout& layout, float* k, floa
       float* x = k + size_t(t) * k_dim + size_t(p) * layout.k_partition;
       const int n = layout.k_partition_dims(p);
       const uint64_t counter = uint64_t(t) * uint64_t(k_dim) + uint64_t(p) * uint64_t(layout.k_partition);
-      restore(x, n, 1, quantize_partition(x, n, 1, config.k_bits, config.rounding, seed, counter, codes.data(), 1), codes.data());
+      restore(x, n, 1,
+              quantize_partition(x, n, 1, config.k_bits, config.rounding, config.symmetric, seed, counter, codes.data(), 1),
+              codes.data());
     }
   }
   // Each append re-draws the V noise (a new counter range), as re-quantizing anew would.
   const uint64_t v_counter = (uint64_t(layout.shape.block_tokens) + uint64_t(tokens)) * uint64_t(k_dim + v_dim);
   for (int c = 0; c < v_dim; ++c) {
     restore(v + c, tokens, size_t(v_dim),
-            quantize_partition(v + c, tokens, size_t(v_dim), config.v_bits, config.rounding, seed, v_counter + uint64_t(c),
-                               codes.data(), 1),
+            quantize_partition(v + c, tokens, size_t(v_dim), config.v_bits, config.rounding, config.symmetric, seed,
+                               v_counter + uint64_t(c), codes.data(), 1),
             codes.data());
   }
 }
@@ -207,14 +270,15 @@ void dequantize_block(const QuantizedBlockLayout& layout, const uint8_t* block, 
   unpack_block_codes(layout, block, k_codes.data(), v_codes.data());
   for (int t = 0; t < tokens; ++t) {
     for (int d = 0; d < k_dim; ++d) {
-      const size_t slot = size_t(d / layout.k_partition) * tokens + size_t(t);
+      const size_t slot = layout.k_meta_slot(t, d);
       const float min_value = fp16_to_float(at<uint16_t>(block, layout.k_mins)[slot]);
       const float scale = fp16_to_float(at<uint16_t>(block, layout.k_scales)[slot]);
       k[size_t(t) * k_dim + d] = min_value + scale * float(k_codes[size_t(t) * k_dim + d]);
     }
     for (int c = 0; c < v_dim; ++c) {
-      const float min_value = fp16_to_float(at<uint16_t>(block, layout.v_mins)[c]);
-      const float scale = fp16_to_float(at<uint16_t>(block, layout.v_scales)[c]);
+      const size_t slot = layout.v_meta_slot(t, c);
+      const float min_value = fp16_to_float(at<uint16_t>(block, layout.v_mins)[slot]);
+      const float scale = fp16_to_float(at<uint16_t>(block, layout.v_scales)[slot]);
       v[size_t(t) * v_dim + c] = min_value + scale * float(v_codes[size_t(t) * v_dim + c]);
     }
   }
@@ -225,13 +289,14 @@ void dequantize_tokens(const QuantizedBlockLayout& layout, const uint8_t* block,
   const QuantizationConfig& config = layout.config;
   const int block_tokens = layout.shape.block_tokens, k_dim = layout.shape.k_dim, v_dim = layout.shape.v_dim;
   const size_t kg = group_bytes(config.k_bits), vg = group_bytes(config.v_bits);
-  thread_local std::vector<float> v_min, v_scale;  // per column, widened once for all the tokens
-  if (v) {
+  const auto meta = [&](size_t section, size_t slot) { return fp16_to_float(at<uint16_t>(block, section)[slot]); };
+  thread_local std::vector<float> v_min, v_scale;  // per column (HACK's V layout), widened once for all the tokens
+  if (v && !config.v_per_token) {
     v_min.resize(size_t(v_dim));
     v_scale.resize(size_t(v_dim));
     for (int c = 0; c < v_dim; ++c) {
-      v_min[size_t(c)] = fp16_to_float(at<uint16_t>(block, layout.v_mins)[c]);
-      v_scale[size_t(c)] = fp16_to_float(at<uint16_t>(block, layout.v_scales)[c]);
+      v_min[size_t(c)] = meta(layout.v_mins, size_t(c));
+      v_scale[size_t(c)] = meta(layout.v_scales, size_t(c));
     }
   }
   // Value j of a packed group of 4 sits in bits [j·b, j·b + b), within one byte (b is 2, 4 or 8).
@@ -240,31 +305,36 @@ void dequantize_tokens(const QuantizedBlockLayout& layout, const uint8_t* block,
   };
   for (int i = 0; i < n; ++i) {
     const int t = tokens[i];
-    for (int p = 0; k && p < layout.k_partitions; ++p) {  // a K partition's dims share a min and a scale
-      const size_t slot = size_t(p) * block_tokens + size_t(t);
-      const float min_value = fp16_to_float(at<uint16_t>(block, layout.k_mins)[slot]);
-      const float scale = fp16_to_float(at<uint16_t>(block, layout.k_scales)[slot]);
-      const int first = p * layout.k_partition, end = first + layout.k_partition_dims(p);
-      for (int d = first; d < end; d += 4) {
-        const uint8_t* group = block + layout.k_codes + (size_t(d / 4) * block_tokens + size_t(t)) * kg;
-        float* out = k + size_t(i) * k_dim + size_t(d);
-        for (int j = 0; j < 4; ++j) out[j] = min_value + scale * code(group, j, config.k_bits);
+    for (int d = 0; k && d < k_dim; d += 4) {
+      const uint8_t* group = block + layout.k_codes + (size_t(d / 4) * block_tokens + size_t(t)) * kg;
+      float* out = k + size_t(i) * k_dim + size_t(d);
+      for (int j = 0; j < 4; ++j) {
+        const size_t slot = layout.k_meta_slot(t, d + j);
+        out[j] = meta(layout.k_mins, slot) + meta(layout.k_scales, slot) * code(group, j, config.k_bits);
       }
     }
     // Token t's value of column c: value t % 4 of the group of tokens 4⌊t/4⌋.. of that column.
     const uint8_t* v_groups = block + layout.v_codes + size_t(t / 4) * v_dim * vg;
     for (int c = 0; v && c < v_dim; ++c) {
       const float value_code = code(v_groups + size_t(c) * vg, t % 4, config.v_bits);
-      v[size_t(i) * v_dim + size_t(c)] = v_min[size_t(c)] + v_scale[size_t(c)] * value_code;
+      const size_t slot = layout.v_meta_slot(t, c);
+      v[size_t(i) * v_dim + size_t(c)] = config.v_per_token
+                                             ? meta(layout.v_mins, slot) + meta(layout.v_scales, slot) * value_code
+                                             : v_min[size_t(c)] + v_scale[size_t(c)] * value_code;
     }
   }
 }
 
 size_t dequantized_token_bytes(const QuantizedBlockLayout& layout, int n, bool keys, bool values) {
   const QuantizationConfig& config = layout.config;
-  const size_t k_row = size_t(layout.shape.k_dim) * size_t(config.k_bits) / 8 + size_t(layout.k_partitions) * 4;
-  const size_t v_row = size_t(layout.shape.v_dim) * size_t(config.v_bits) / 8;
-  return (keys ? size_t(n) * k_row : 0) + (values ? size_t(n) * v_row + size_t(layout.shape.v_dim) * 4 : 0);
+  // Per token: the codes, and the min/scale of a per-token side; per block: those of a per-channel side.
+  const size_t k_row = size_t(layout.shape.k_dim) * size_t(config.k_bits) / 8 +
+                       (config.k_per_channel ? 0 : size_t(layout.k_partitions) * 4);
+  const size_t k_block = config.k_per_channel ? size_t(layout.k_groups) * size_t(layout.shape.k_dim) * 4 : 0;
+  const size_t v_row = size_t(layout.shape.v_dim) * size_t(config.v_bits) / 8 +
+                       (config.v_per_token ? size_t(layout.v_groups) * 4 : 0);
+  const size_t v_block = config.v_per_token ? 0 : size_t(layout.shape.v_dim) * 4;
+  return (keys ? size_t(n) * k_row + k_block : 0) + (values ? size_t(n) * v_row + v_block : 0);
 }
 
 }  // namespace slimkv

@@ -14,6 +14,14 @@
 //        packed the same way.
 //   V meta: for column c: min (FP16); then scales (FP16); then sums (INT16).
 // Each section starts at a multiple of 64 bytes.
+//
+// Two other layouts of the scales (KIVI's, issue 28), chosen per side; the codes and sums are laid out
+// as above in every layout, only which values share a min and a scale changes:
+//   K per channel (k_per_channel): each dim d of a group of k_group consecutive tokens shares a min and
+//        scale; K meta: for token group j, for dim d: min; then scales. The sums stay per (partition, token).
+//   V per token (v_per_token): each token t's columns, in groups of v_group, share a min and scale; V
+//        meta: for column group g, for token t: min; then scales. The sums stay per column.
+// Symmetric ranges (`symmetric`) keep the same format with min = -max|x| (the grid centred on 0).
 #pragma once
 
 #include <cstddef>
@@ -33,6 +41,11 @@ struct QuantizationConfig {
   Rounding rounding = Rounding::kStochastic;
   bool store_sums = true;   // HACK summation elimination; off = the HACK/SE ablation
   bool keep_open_exact = true;  // HACK requantization elimination; off = the HACK/RQE ablation
+  bool k_per_channel = false;   // klayout=channel (KIVI) instead of HACK's per token
+  bool v_per_token = false;     // vlayout=token (KIVI) instead of HACK's per channel
+  int k_group = 0;              // K per channel: tokens per min/scale (divides Π); 0: the whole block
+  int v_group = 0;              // V per token: columns per min/scale (divides v_dim); 0: the whole head
+  bool symmetric = false;       // range=sym: min = -max|x| instead of the partition's min
 };
 
 // Where each section of one block lies, for one shape.
@@ -41,17 +54,24 @@ struct QuantizedBlockLayout {
 
   QuantizationConfig config;
   BlockShape shape;
-  int k_partition = 0;        // dims per K partition: min(Π, k_dim)
+  int k_partition = 0;        // dims per K partition: min(Π, k_dim) (per channel: Q·s's 8-bit partitions)
   int k_partitions = 0;       // ceil(k_dim / k_partition)
+  int k_group_tokens = 0;     // K per channel: tokens per group (k_group, or Π); per token: Π
+  int k_groups = 1;           // K per channel: Π / k_group_tokens; per token: 1
+  int v_group_dims = 0;       // V per token: columns per group (v_group, or v_dim); per channel: v_dim
+  int v_groups = 1;           // V per token: v_dim / v_group_dims; per channel: 1
   size_t k_codes = 0, k_mins = 0, k_scales = 0, k_sums = 0;  // byte offsets in the block
   size_t v_codes = 0, v_mins = 0, v_scales = 0, v_sums = 0;
   size_t block_bytes = 0;
 
   int k_partition_dims(int p) const;  // the last partition may be shorter
+  // Index of the min (and scale) that value (token t, dim or column d) uses, in its meta section.
+  size_t k_meta_slot(int t, int d) const;
+  size_t v_meta_slot(int t, int c) const;
 };
 
 // Shapes the format can hold: head dims that are multiples of 4, blocks of a multiple of 4 tokens,
-// at most 128 tokens when sums are 8-bit-safe in INT16.
+// at most 128 tokens when sums are 8-bit-safe in INT16; groups that divide the block or the head.
 Status check_quantized_shape(const QuantizationConfig& config, const BlockShape& shape);
 
 // Quantizes a full block: k [Π, k_dim], v [Π, v_dim] (FP32) into `block`.

@@ -3,6 +3,7 @@
 // format itself is held by tests/tensor/quantized_block_test.cc.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -25,9 +26,14 @@ struct KernelCase {
   int k_bits, v_bits, tokens, head_dim, n_queries;
   bool sums;
   std::vector<int> visible;  // per query; empty = all tokens
+  // KIVI's layouts (0: HACK's): K per channel in groups of k_group tokens, V per token in groups of
+  // v_group columns (-1: the whole block / head).
+  int k_group = 0, v_group = 0;
+  bool symmetric = false;
   std::string name() const {
     return str_cat("hack_block(k", k_bits, "v", v_bits, ",pi=", tokens, ",d=", head_dim, ",queries=", n_queries,
-                   sums ? ",se=on" : ",se=off", visible.empty() ? ",all visible" : ",causal", ")");
+                   sums ? ",se=on" : ",se=off", visible.empty() ? ",all visible" : ",causal", ",kgroup=", k_group,
+                   ",vgroup=", v_group, symmetric ? ",sym" : "", ")");
   }
 };
 
@@ -44,10 +50,25 @@ TEST(HackKernel, MatchesDequantizedReference) {
       {2, 2, 64, 128, 4, false, {}},
       {4, 8, 128, 64, 16, false, {}},
       {2, 2, 32, 32, 2, true, {}},
+      // K per channel / V per token (issue 28), alone and together, with groups, and where a group or a
+      // partition is not whole vectors (the generic path).
+      {2, 2, 64, 128, 4, true, {}, -1, 0},
+      {2, 2, 64, 128, 5, true, {64, 63, 0, 17, 1}, 0, -1},
+      {2, 2, 64, 128, 5, true, {64, 40, 0, 17, 1}, -1, -1},
+      {2, 2, 128, 128, 4, true, {128, 100, 3, 77}, 32, 32},
+      {4, 2, 64, 64, 3, false, {}, 16, 16, true},
+      {8, 4, 32, 96, 2, true, {}, -1, -1},
+      {2, 2, 64, 80, 3, true, {}, 32, 0},
+      {2, 2, 64, 128, 3, true, {}, 0, 0, true},
   };
   for (const KernelCase& c : cases) {
     SCOPED_TRACE(c.name());
-    const QuantizationConfig config{c.k_bits, c.v_bits, Rounding::kStochastic, c.sums};
+    QuantizationConfig config{c.k_bits, c.v_bits, Rounding::kStochastic, c.sums};
+    config.k_per_channel = c.k_group != 0;
+    config.k_group = std::max(c.k_group, 0);
+    config.v_per_token = c.v_group != 0;
+    config.v_group = std::max(c.v_group, 0);
+    config.symmetric = c.symmetric;
     const QuantizedBlockLayout layout(config, {c.tokens, c.head_dim, c.head_dim});
     auto k = random_values(size_t(c.tokens) * c.head_dim, rng, 1.5f), v = random_values(size_t(c.tokens) * c.head_dim, rng);
     std::vector<uint8_t> block(layout.block_bytes);
@@ -88,6 +109,28 @@ TEST(HackKernel, MatchesDequantizedReference) {
   }
 }
 
+// Prefill attention of n tokens (queries = keys) through a store of `spec`, one sequence.
+std::vector<float> attend_through_store(const std::string& spec, const std::vector<float>& q, const std::vector<float>& k,
+                                        const std::vector<float>& v, int n, int heads, int kv_heads, int d) {
+  auto pipeline = make_kv_pipeline(spec);
+  EXPECT_TRUE(pipeline) << pipeline.status().message();
+  KvStore store({1, kv_heads, d, d, n}, *pipeline);
+  store.append(0, k.data(), v.data(), n);
+  std::vector<float> out(size_t(n) * heads * d);
+  ThreadPool pool(2);
+  attend(store, 0, q.data(), n, 0, {heads, 1.0f / std::sqrt(float(d)), &pool}, out.data());
+  return out;
+}
+
+double nmse(const std::vector<float>& a, const std::vector<float>& b) {
+  double e = 0, r = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    e += double(a[i] - b[i]) * (a[i] - b[i]);
+    r += double(b[i]) * b[i];
+  }
+  return e / r;
+}
+
 TEST(HackCodec, AttentionOverTheStoreTracksQuantAndExact) {
   // hack and quant share the quantized K/V; they differ only by hack's 8-bit Q and P. Both stay
   // near exact attention at 4 bits, and hack stays near quant at 2 bits.
@@ -100,24 +143,7 @@ TEST(HackCodec, AttentionOverTheStoreTracksQuantAndExact) {
   std::vector<float> exact(size_t(n) * heads * d);
   const float scale = 1.0f / std::sqrt(float(d));
   attention_reference(q.data(), n, positions.data(), k.data(), v.data(), n, heads, kv_heads, d, d, scale, exact.data());
-  const auto run = [&](const std::string& spec) {
-    auto pipeline = make_kv_pipeline(spec);
-    EXPECT_TRUE(pipeline) << pipeline.status().message();
-    KvStore store({1, kv_heads, d, d, n}, *pipeline);
-    store.append(0, k.data(), v.data(), n);
-    std::vector<float> out(exact.size());
-    ThreadPool pool(2);
-    attend(store, 0, q.data(), n, 0, {heads, scale, &pool}, out.data());
-    return out;
-  };
-  const auto nmse = [](const std::vector<float>& a, const std::vector<float>& b) {
-    double e = 0, r = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      e += double(a[i] - b[i]) * (a[i] - b[i]);
-      r += double(b[i]) * b[i];
-    }
-    return e / r;
-  };
+  const auto run = [&](const std::string& spec) { return attend_through_store(spec, q, k, v, n, heads, kv_heads, d); };
   // prefill=quantized: the queries read every token through the quantized blocks.
   const auto hack4 = run("hack:bits=4,prefill=quantized"), quant4 = run("quant:bits=4,prefill=quantized"),
              hack2 = run("hack:bits=2,prefill=quantized"), quant2 = run("quant:bits=2,prefill=quantized");
@@ -126,6 +152,55 @@ TEST(HackCodec, AttentionOverTheStoreTracksQuantAndExact) {
   EXPECT_LT(nmse(hack2, quant2), 0.1 * nmse(quant2, exact)) << "hack must add little to quant's error";
   std::printf("NMSE vs exact: hack4 %.2e quant4 %.2e hack2 %.2e quant2 %.2e; hack2 vs quant2 %.2e\n",
               nmse(hack4, exact), nmse(quant4, exact), nmse(hack2, exact), nmse(quant2, exact), nmse(hack2, quant2));
+}
+
+TEST(HackCodec, ChannelLayoutKeepsOutlierChannelsAndQuantTracksHack) {
+  // Keys whose few outlier channels set every token's range (what K looks like in LLMs: KIVI, §3):
+  // per token, those channels leave 2 bits to the rest; per channel each channel has its own range.
+  // The same layouts dequantized (quant) differ from hack only by hack's 8-bit operands.
+  std::mt19937 rng(33);
+  const int n = 256, heads = 4, kv_heads = 2, d = 128;
+  auto q = random_values(size_t(n) * heads * d, rng), k = random_values(size_t(n) * kv_heads * d, rng),
+       v = random_values(size_t(n) * kv_heads * d, rng);
+  for (size_t t = 0; t < size_t(n) * kv_heads; ++t) {
+    for (int c : {5, 40, 77}) k[t * d + size_t(c)] = 12.0f + 2.0f * k[t * d + size_t(c)];
+  }
+  std::vector<int> positions(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) positions[size_t(i)] = i;
+  std::vector<float> exact(q.size());
+  attention_reference(q.data(), n, positions.data(), k.data(), v.data(), n, heads, kv_heads, d, d,
+                      1.0f / std::sqrt(float(d)), exact.data());
+  const auto run = [&](const std::string& spec) { return attend_through_store(spec, q, k, v, n, heads, kv_heads, d); };
+  const std::string kivi_layout = ",klayout=channel,vlayout=token,rot=none,prefill=quantized";
+  const auto per_token = run("hack:bits=2,rot=none,prefill=quantized"), per_channel = run("hack:bits=2" + kivi_layout),
+             quant_channel = run("quant:bits=2" + kivi_layout);
+  std::printf("NMSE vs exact, 2-bit: K per token %.3e, K per channel %.3e (quant %.3e); hack vs quant %.3e\n",
+              nmse(per_token, exact), nmse(per_channel, exact), nmse(quant_channel, exact), nmse(per_channel, quant_channel));
+  EXPECT_LT(nmse(per_channel, exact), 0.5 * nmse(per_token, exact));
+  EXPECT_LT(nmse(per_channel, quant_channel), 0.1 * nmse(quant_channel, exact)) << "hack must add little to quant's error";
+}
+
+TEST(HackCodec, LayoutOptionsAndKivi) {
+  // HACK's layout stays the default and keeps its canonical spec (KV transfers match stores by it).
+  const auto canonical = [](const std::string& spec) {
+    auto c = canonical_kv_spec(spec);
+    EXPECT_TRUE(c) << spec << ": " << c.status().message();
+    return c ? *c : std::string();
+  };
+  EXPECT_EQ(canonical("hack:bits=2,pi=64"), "hack:kbits=2,vbits=2,round=nearest,se=on,rqe=on,pi=64,rot=hadamard");
+  EXPECT_EQ(canonical("kivi:bits=2"),
+            "quant:kbits=2,vbits=2,round=nearest,se=on,rqe=on,klayout=channel,kgroup=32,vlayout=token,vgroup=32,pi=128,rot=none");
+  const std::string spec = "hack:bits=2,klayout=channel,kgroup=32,vlayout=token,vgroup=64,range=sym,rot=none";
+  EXPECT_EQ(canonical(canonical(spec)), canonical(spec));
+  const BlockShape shape{128, 128, 128};
+  auto kivi = make_kv_pipeline("kivi:bits=2");
+  ASSERT_TRUE(kivi);
+  // 2 × 32 B of codes + K: 4 groups × 128 dims × 4 B / 128 tokens + 2 B of sums; V: 4 groups × 4 B + 2 B
+  EXPECT_EQ(kivi->codec->block_bytes(shape) / 128, 100u);
+  for (const char* bad : {"hack:kgroup=32", "hack:vgroup=32", "hack:klayout=channel,rqe=off", "hack:klayout=rows",
+                          "kivi:bits=3", "hack:klayout=channel,kgroup=24", "quant:range=wide"}) {
+    EXPECT_FALSE(make_kv_pipeline(bad)) << bad;
+  }
 }
 
 TEST(HackCodec, TwoBitKvIsUnderAFifthOfFp16) {

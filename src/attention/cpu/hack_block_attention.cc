@@ -195,14 +195,34 @@ void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, c
   const auto* v_scales = reinterpret_cast<const uint16_t*>(block + layout.v_scales);
   const auto* v_sums = reinterpret_cast<const int16_t*>(block + layout.v_sums);
 
-  // Q' of the whole tile, from prepare_hack_queries.
+  const bool k_channel = layout.config.k_per_channel, v_token = layout.config.v_per_token;
+  const int k_groups = layout.k_groups, v_groups = layout.v_groups;
+  // Q' of the whole tile, from prepare_hack_queries (K per token).
   const auto* q_ops_all = reinterpret_cast<const int32_t*>(tile.prepared);
-  const auto* q_meta_all = reinterpret_cast<const Operand8*>(tile.prepared + size_t(tile.n_queries) * k_dim);
-  thread_local std::vector<int32_t> p_ops;  // packed signed P' operands [batch][tokens / 4]
-  thread_local std::vector<float> scores;   // [batch][tokens]
-  p_ops.resize(size_t(kQueryBatch) * (tokens / 4));
+  const auto* q_meta_all = k_channel ? nullptr : reinterpret_cast<const Operand8*>(tile.prepared + size_t(tile.n_queries) * k_dim);
+  // K per channel: U' = (q ∘ s)' per token group [batch][k_groups][k_dim / 4], its Operand8 per K
+  // partition [batch][k_groups][k_partitions], and the constant Σ_d q_d m_d [batch][k_groups].
+  thread_local std::vector<int32_t> u_ops;
+  thread_local std::vector<Operand8> u_meta;
+  thread_local std::vector<float> u_buffer, k_constant;
+  // P' (V per channel) or W' = (p ∘ s)' per column group (V per token): [batch][v_groups][tokens / 4], its
+  // Operand8 [batch][v_groups], and for V per token the constant Σ_t p_t m_t [batch][v_groups].
+  thread_local std::vector<int32_t> p_ops;
+  thread_local std::vector<Operand8> p_meta;
+  thread_local std::vector<float> scores, w_buffer, v_constant;  // scores: [batch][tokens]
+  p_ops.resize(size_t(kQueryBatch) * v_groups * (tokens / 4));
+  p_meta.resize(size_t(kQueryBatch) * v_groups);
   scores.resize(size_t(kQueryBatch) * tokens);
-  Operand8 p_meta[kQueryBatch];
+  if (k_channel) {
+    u_ops.resize(size_t(kQueryBatch) * k_groups * (k_dim / 4));
+    u_meta.resize(size_t(kQueryBatch) * k_groups * layout.k_partitions);
+    u_buffer.resize(size_t(k_dim));
+    k_constant.resize(size_t(kQueryBatch) * k_groups);
+  }
+  if (v_token) {
+    w_buffer.resize(size_t(tokens));
+    v_constant.resize(size_t(kQueryBatch) * v_groups);
+  }
 
   for (int first = 0; first < tile.n_queries; first += kQueryBatch) {
     const int batch = std::min(kQueryBatch, tile.n_queries - first);
@@ -210,29 +230,68 @@ void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, c
     for (int r = 0; r < batch; ++r) seen = std::max(seen, tile.visible[first + r]);
     if (seen == 0) continue;
     const int seen_chunks = (seen + lanes - 1) / lanes * lanes;
-    const int32_t* q_ops = q_ops_all + size_t(first) * (k_dim / 4);
-    const Operand8* q_meta = q_meta_all + size_t(first) * layout.k_partitions;
+    const int32_t* q_ops = k_channel ? nullptr : q_ops_all + size_t(first) * (k_dim / 4);
+    const Operand8* q_meta = k_channel ? nullptr : q_meta_all + size_t(first) * layout.k_partitions;
+    size_t q_ops_stride = size_t(k_dim / 4), q_meta_stride = size_t(layout.k_partitions);
+
+    // K per channel: the block's scales fold into the queries, once per token group (the derivation:
+    // attention/hack_reference.cc): U' = (q ∘ s)' per K partition, and the constant Σ_d q_d m_d.
+    if (k_channel) {
+      for (int r = 0; r < batch; ++r) {
+        const float* q = tile.q + size_t(first + r) * k_dim;
+        for (int j = 0; j * layout.k_group_tokens < seen; ++j) {
+          const size_t meta = size_t(j) * k_dim;
+          VF constant = hn::Zero(df);
+          for (int d = 0; d < k_dim; d += lanes) {
+            const VF qd = hn::LoadU(df, q + d);
+            hn::StoreU(hn::Mul(qd, LoadHalf(k_scales + meta + d)), df, u_buffer.data() + d);
+            constant = hn::MulAdd(qd, LoadHalf(k_mins + meta + d), constant);
+          }
+          const size_t row = size_t(r) * k_groups + size_t(j);
+          k_constant[row] = hn::GetLane(hn::SumOfLanes(df, constant));
+          for (int p = 0; p < layout.k_partitions; ++p) {
+            const int dim0 = p * layout.k_partition, dims = layout.k_partition_dims(p);
+            Operand8& op = u_meta[row * layout.k_partitions + p];
+            op = Operand8Range(u_buffer.data() + dim0, dims);
+            QuantizeOperand8(u_buffer.data() + dim0, dims, op, u_ops.data() + row * (k_dim / 4) + dim0 / 4);
+          }
+        }
+      }
+      q_ops_stride = size_t(k_groups) * (k_dim / 4);
+      q_meta_stride = size_t(k_groups) * layout.k_partitions;
+    }
 
     // Scores = Q'·K'ᵀ with Eq. 4's corrections, N tokens at a time, the batch's queries together.
     for (int t0 = 0; t0 < seen_chunks; t0 += lanes) {
+      const int j = k_channel ? t0 / layout.k_group_tokens : 0;
+      if (k_channel) {
+        q_ops = u_ops.data() + size_t(j) * (k_dim / 4);
+        q_meta = u_meta.data() + size_t(j) * layout.k_partitions;
+      }
       for (int p = 0; p < layout.k_partitions; ++p) {
         VI acc[kQueryBatch];
         VI code_sum;
         const int g_begin = p * layout.k_partition / 4, groups = layout.k_partition_dims(p) / 4;
         DotRunAnyBits(k_bits, batch, block + layout.k_codes + (size_t(g_begin) * tokens + t0) * (k_bits / 2),
-                      size_t(tokens) * (k_bits / 2), q_ops + g_begin, size_t(k_dim / 4), groups, !stored_sums, acc,
+                      size_t(tokens) * (k_bits / 2), q_ops + g_begin, q_ops_stride, groups, !stored_sums, acc,
                       code_sum);
         const size_t slot = size_t(p) * tokens + t0;
         const VI k_sum = stored_sums ? LoadInt16(k_sums + slot) : code_sum;
         const VF k_sum_f = hn::ConvertTo(df, k_sum);
-        const VF k_scale = LoadHalf(k_scales + slot), k_min = LoadHalf(k_mins + slot);
         const float dims = float(layout.k_partition_dims(p));
         for (int r = 0; r < batch; ++r) {
-          const Operand8& q = q_meta[size_t(r) * layout.k_partitions + p];
+          const Operand8& q = q_meta[size_t(r) * q_meta_stride + p];
           // Σ q'k' = Σ (q'-128) k' + 128 Σk'
           const VF dot = hn::ConvertTo(df, hn::Add(acc[r], hn::ShiftLeft<7>(k_sum)));
-          const VF term = hn::MulAdd(k_scale, hn::MulAdd(hn::Set(df, q.scale), dot, hn::Mul(hn::Set(df, q.min), k_sum_f)),
-                                     hn::Mul(k_min, hn::Set(df, q.scale * float(q.sum) + dims * q.min)));
+          VF term;
+          if (k_channel) {  // Σ_d u_d k'_d + (once) Σ_d q_d m_d
+            term = hn::MulAdd(hn::Set(df, q.scale), dot, hn::Mul(hn::Set(df, q.min), k_sum_f));
+            if (p == 0) term = hn::Add(term, hn::Set(df, k_constant[size_t(r) * k_groups + j]));
+          } else {
+            const VF k_scale = LoadHalf(k_scales + slot), k_min = LoadHalf(k_mins + slot);
+            term = hn::MulAdd(k_scale, hn::MulAdd(hn::Set(df, q.scale), dot, hn::Mul(hn::Set(df, q.min), k_sum_f)),
+                              hn::Mul(k_min, hn::Set(df, q.scale * float(q.sum) + dims * q.min)));
+          }
           float* s = scores.data() + size_t(r) * tokens + t0;
           hn::StoreU(p == 0 ? term : hn::Add(hn::LoadU(df, s), term), df, s);
         }
@@ -267,30 +326,64 @@ void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, c
         hn::StoreU(e, df, s + t0);
       }
     }
-    for (int r = 0; r < batch; ++r) p_meta[r] = Operand8Range(scores.data() + size_t(r) * tokens, tokens);
-    for (int r = 0; r < batch; ++r) {
-      QuantizeOperand8(scores.data() + size_t(r) * tokens, tokens, p_meta[r], p_ops.data() + size_t(r) * (tokens / 4));
-    }
-    for (int r = 0; r < batch; ++r) {
-      const int index = first_partial + first + r;
-      if (tile.visible[first + r] > 0) partials.sum(index) += float(tokens) * p_meta[r].min + p_meta[r].scale * float(p_meta[r].sum);
+    if (v_token) {
+      // V per token: the denominator Σ_t p_t and the constant Σ_t p_t m_t exact; W' = (p ∘ s)' per column
+      // group carries the codes' part (the derivation: attention/hack_reference.cc).
+      for (int r = 0; r < batch; ++r) {
+        const float* pr = scores.data() + size_t(r) * tokens;
+        VF total = hn::Zero(df);
+        for (int t0 = 0; t0 < tokens; t0 += lanes) total = hn::Add(total, hn::LoadU(df, pr + t0));
+        const int index = first_partial + first + r;
+        if (tile.visible[first + r] > 0) partials.sum(index) += hn::GetLane(hn::SumOfLanes(df, total));
+        for (int g = 0; g < v_groups; ++g) {
+          const size_t meta = size_t(g) * tokens, row = size_t(r) * v_groups + size_t(g);
+          VF constant = hn::Zero(df);
+          for (int t0 = 0; t0 < tokens; t0 += lanes) {
+            const VF pt = hn::LoadU(df, pr + t0);
+            hn::StoreU(hn::Mul(pt, LoadHalf(v_scales + meta + t0)), df, w_buffer.data() + t0);
+            constant = hn::MulAdd(pt, LoadHalf(v_mins + meta + t0), constant);
+          }
+          v_constant[row] = hn::GetLane(hn::SumOfLanes(df, constant));
+          p_meta[row] = Operand8Range(w_buffer.data(), tokens);
+          QuantizeOperand8(w_buffer.data(), tokens, p_meta[row], p_ops.data() + row * (tokens / 4));
+        }
+      }
+    } else {
+      for (int r = 0; r < batch; ++r) p_meta[size_t(r)] = Operand8Range(scores.data() + size_t(r) * tokens, tokens);
+      for (int r = 0; r < batch; ++r) {
+        QuantizeOperand8(scores.data() + size_t(r) * tokens, tokens, p_meta[size_t(r)], p_ops.data() + size_t(r) * (tokens / 4));
+      }
+      for (int r = 0; r < batch; ++r) {
+        const int index = first_partial + first + r;
+        const Operand8& p = p_meta[size_t(r)];
+        if (tile.visible[first + r] > 0) partials.sum(index) += float(tokens) * p.min + p.scale * float(p.sum);
+      }
     }
 
     // Output += P'·V' with Eq. 4's corrections, N columns at a time, the batch's queries together.
     for (int c0 = 0; c0 < v_dim; c0 += lanes) {
       VI acc[kQueryBatch];
       VI code_sum;
+      const int g = v_token ? c0 / layout.v_group_dims : 0;
       DotRunAnyBits(v_bits, batch, block + layout.v_codes + size_t(c0) * (v_bits / 2), size_t(v_dim) * (v_bits / 2),
-                    p_ops.data(), size_t(tokens / 4), tokens / 4, !stored_sums, acc, code_sum);
+                    p_ops.data() + size_t(g) * (tokens / 4), size_t(v_groups) * (tokens / 4), tokens / 4, !stored_sums,
+                    acc, code_sum);
       const VI v_sum = stored_sums ? LoadInt16(v_sums + c0) : code_sum;
       const VF v_sum_f = hn::ConvertTo(df, v_sum);
-      const VF v_scale = LoadHalf(v_scales + c0), v_min = LoadHalf(v_mins + c0);
       for (int r = 0; r < batch; ++r) {
         if (tile.visible[first + r] == 0) continue;
-        const Operand8& p = p_meta[r];
+        const size_t row = size_t(r) * v_groups + size_t(g);
+        const Operand8& p = p_meta[row];
         const VF dot = hn::ConvertTo(df, hn::Add(acc[r], hn::ShiftLeft<7>(v_sum)));
-        const VF term = hn::MulAdd(v_scale, hn::MulAdd(hn::Set(df, p.scale), dot, hn::Mul(hn::Set(df, p.min), v_sum_f)),
-                                   hn::Mul(v_min, hn::Set(df, p.scale * float(p.sum) + float(tokens) * p.min)));
+        VF term;
+        if (v_token) {  // Σ_t w_t v'_t + Σ_t p_t m_t
+          term = hn::Add(hn::MulAdd(hn::Set(df, p.scale), dot, hn::Mul(hn::Set(df, p.min), v_sum_f)),
+                         hn::Set(df, v_constant[row]));
+        } else {
+          const VF v_scale = LoadHalf(v_scales + c0), v_min = LoadHalf(v_mins + c0);
+          term = hn::MulAdd(v_scale, hn::MulAdd(hn::Set(df, p.scale), dot, hn::Mul(hn::Set(df, p.min), v_sum_f)),
+                            hn::Mul(v_min, hn::Set(df, p.scale * float(p.sum) + float(tokens) * p.min)));
+        }
         float* out = partials.acc(first_partial + first + r) + c0;
         hn::StoreU(hn::Add(hn::LoadU(df, out), term), df, out);
       }
@@ -304,7 +397,14 @@ void AttendHackBlock(const QuantizedBlockLayout& layout, const uint8_t* block, c
   // The vector loops need whole vectors of tokens and of value columns; other shapes take the
   // reference path (correct, slow). Every shape slimkv builds (Π in {32, 64, 128}, head dims that are
   // multiples of 16) takes the vector path.
-  if (layout.shape.block_tokens % lanes != 0 || layout.shape.v_dim % lanes != 0 || lanes < 4) {
+  // KIVI's layouts also need whole vectors per token group (K) and per column group (V), and K
+  // partitions of whole vectors (U' is quantized with the vector code).
+  const bool k_channel_fits = !layout.config.k_per_channel ||
+                              (layout.k_group_tokens % lanes == 0 && layout.k_partition % lanes == 0 &&
+                               layout.shape.k_dim % lanes == 0);
+  const bool v_token_fits = !layout.config.v_per_token || layout.v_group_dims % lanes == 0;
+  if (layout.shape.block_tokens % lanes != 0 || layout.shape.v_dim % lanes != 0 || lanes < 4 || !k_channel_fits ||
+      !v_token_fits) {
     attend_hack_block_reference(layout, block, tile, partials, first_partial);
     return;
   }
@@ -323,6 +423,10 @@ namespace slimkv {
 HWY_EXPORT(AttendHackBlock);
 
 void prepare_hack_queries(const QuantizedBlockLayout& layout, const QueryTile& tile, std::vector<uint8_t>& prepared) {
+  if (layout.config.k_per_channel) {  // Q' depends on each block's scales: made per block
+    prepared.clear();
+    return;
+  }
   const int k_dim = layout.shape.k_dim, groups = k_dim / 4;
   prepared.resize(size_t(tile.n_queries) * (size_t(k_dim) + layout.k_partitions * sizeof(Operand8)));
   auto* ops = reinterpret_cast<int32_t*>(prepared.data());

@@ -7,7 +7,12 @@ namespace slimkv {
 std::string describe_quantization(const QuantizationConfig& config) {
   return str_cat("kbits=", config.k_bits, ",vbits=", config.v_bits,
                  ",round=", config.rounding == Rounding::kStochastic ? "stochastic" : "nearest",
-                 ",se=", config.store_sums ? "on" : "off", ",rqe=", config.keep_open_exact ? "on" : "off");
+                 ",se=", config.store_sums ? "on" : "off", ",rqe=", config.keep_open_exact ? "on" : "off",
+                 // Spelled out only when not HACK's defaults, so that existing specs (and the KV transfers
+                 // that match stores by them) keep their form.
+                 config.k_per_channel ? str_cat(",klayout=channel,kgroup=", config.k_group) : std::string(),
+                 config.v_per_token ? str_cat(",vlayout=token,vgroup=", config.v_group) : std::string(),
+                 config.symmetric ? ",range=sym" : "");
 }
 
 std::string HackCodec::describe() const { return "hack:" + describe_quantization(config_); }
