@@ -70,12 +70,7 @@ Timing run_once(Engine& engine, const KvStreamIdentity& identity, KvStreamReceiv
       KvTransferPiece piece = std::move(queue.pieces.front());
       queue.pieces.pop_front();
       lock.unlock();
-      const std::span<const uint8_t> bytes(piece.bytes);
-      const Status sent = piece.layer < 0 ? (*sender)->send_head(bytes)
-                          : !piece.final  ? (*sender)->send_blocks(piece.layer, piece.first_block, bytes)
-                                          : (*sender)->send_layer(piece.layer, piece.first_block, bytes.first(piece.sealed_bytes),
-                                                                  bytes.subspan(piece.sealed_bytes));
-      if (!sent.is_ok()) stop_with(sent.message());
+      if (const Status sent = (*sender)->send_piece(piece); !sent.is_ok()) stop_with(sent.message());
     }
     const KvStreamRequest request{.request_id = id, .attempt = 0, .prompt_token_ids = prompt, .resume_token_ids = {},
                                   .next_token = 1, .endpoint = "/v1/completions", .request = nlohmann::json::object()};

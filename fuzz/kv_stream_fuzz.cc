@@ -6,8 +6,6 @@
 // parsing). Each input is sent twice: as it is, and with every frame's CRC32C repaired (frames walked
 // by their size fields), so that mutations reach the checks behind the checksums.
 // Seeds: fuzz/corpus/kv_stream_fuzz/ (fuzz/make_kv_stream_seeds.py).
-#include <sys/socket.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -47,15 +45,18 @@ void store_u32(uint8_t* p, uint32_t value) {
   for (int i = 0; i < 4; ++i) p[i] = uint8_t(value >> (8 * i));
 }
 
-// Sends `bytes` as a prefill worker, closes its sending side, and reads the receiver's answers to the end.
+// Sends `bytes` as a prefill worker, closes its sending side (so that the receiver sees the stream end
+// at once, not at its timeout), and reads the receiver's answers to the end.
 void send_stream(const std::vector<uint8_t>& bytes) {
-  auto connection = slimkv::TcpConnection::connect("127.0.0.1:" + std::to_string(receiver().port()), 2s);
-  if (!connection) std::abort();
+  auto connected = slimkv::TcpConnection::connect("127.0.0.1:" + std::to_string(receiver().port()), 2s);
+  if (!connected) std::abort();
+  slimkv::TcpConnection connection = connected.take();
   // The receiver may answer (REFUSE, FAILED) and close before reading everything: a failed write is fine.
-  (void)connection->write_all(bytes.data(), bytes.size(), slimkv::SteadyClock::now() + 2s);
+  (void)connection.write_all(bytes.data(), bytes.size(), slimkv::SteadyClock::now() + 2s);
+  connection.shutdown_write();
   bool done = false;
   for (;;) {
-    auto frame = slimkv::read_kv_frame(*connection, slimkv::SteadyClock::now() + 5s);
+    auto frame = slimkv::read_kv_frame(connection, slimkv::SteadyClock::now() + 5s);
     if (!frame) {
       // The receiver closed, or its answer timed out: it must never be silent longer than its timeouts.
       if (frame.status().message().find("timed out") != std::string::npos) std::abort();

@@ -327,12 +327,7 @@ class HttpApi {
       for (KvTransferPiece& piece : new_pieces) {
         if (!start) start = Clock::now();
         if (piece.layer < 0 || piece.final) ++pieces;
-        if (!sent.is_ok()) continue;
-        const std::span<const uint8_t> bytes(piece.bytes);
-        sent = piece.layer < 0 ? (*sender)->send_head(bytes)
-               : !piece.final  ? (*sender)->send_blocks(piece.layer, piece.first_block, bytes)
-                               : (*sender)->send_layer(piece.layer, piece.first_block, bytes.first(piece.sealed_bytes),
-                                                       bytes.subspan(piece.sealed_bytes));
+        if (sent.is_ok()) sent = (*sender)->send_piece(piece);
       }
       for (RequestUpdate& update : new_updates) {
         if (update.finish) last = std::move(update);

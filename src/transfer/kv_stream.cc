@@ -254,6 +254,13 @@ Status KvStreamSender::send_layer(int layer, int first_block, std::span<const ui
   return send(KvFrameType::kKvLayer, parts);
 }
 
+Status KvStreamSender::send_piece(const KvTransferPiece& piece) {
+  const std::span<const uint8_t> bytes(piece.bytes);
+  if (piece.layer < 0) return send_head(bytes);
+  if (!piece.final) return send_blocks(piece.layer, piece.first_block, bytes);
+  return send_layer(piece.layer, piece.first_block, bytes.first(piece.sealed_bytes), bytes.subspan(piece.sealed_bytes));
+}
+
 Status KvStreamSender::finish(const KvStreamRequest& request) {
   for (const std::vector<uint8_t>& open : open_parts_) crc_ = crc32c(open.data(), open.size(), crc_);
   const std::array<uint8_t, kKvTransferTrailerBytes> transfer_trailer = kv_transfer_trailer(crc_);
@@ -532,6 +539,13 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
   if (info.spec != identity_.kv_spec || info.model_id != identity_.model_id) {
     return error(where, ": the transfer's head names spec '", info.spec, "' and model '", info.model_id,
                  "', not the handshake's");
+  }
+  for (size_t l = 0; l < info.layer_tokens.size(); ++l) {
+    // Before the transfer is allocated: a head may declare far more than any prompt this worker takes.
+    if (int64_t(info.layer_tokens[l]) > options_.max_tokens) {
+      return error(where, ": the transfer's head declares ", info.layer_tokens[l], " tokens in layer ", l,
+                   ", more than this decode worker's context of ", options_.max_tokens);
+    }
   }
   std::vector<uint8_t>& transfer = received.transfer;
   transfer.assign(info.total_bytes, 0);

@@ -98,6 +98,9 @@ class KvStreamSender {
   Status send_head(std::span<const uint8_t> head);
   // The layer's sealed blocks from `first_block` on (skipping, as send_blocks, those sent), then its open tokens.
   Status send_layer(int layer, int first_block, std::span<const uint8_t> sealed, std::span<const uint8_t> open);
+  // One piece as an engine hands it out (Engine::stream_sealed_kv, stream_kv_in_next_step): the head,
+  // a layer's early blocks, or a layer's rest.
+  Status send_piece(const KvTransferPiece& piece);
   // The transfer's trailer (its CRC32C over the head and layers sent, in the transfer's order) and the
   // request; waits for the receiver's DONE (an error quotes its FAILED).
   Status finish(const KvStreamRequest& request);
@@ -156,7 +159,7 @@ struct KvStreamReceiverOptions {
   std::chrono::milliseconds keep_unclaimed{120000};
   uint64_t max_unclaimed_bytes = uint64_t(1) << 30;
   // A stream's tokens a layer at most (the decode worker's context): bounds the KV_BLOCKS buffered
-  // before the KV_HEAD that sizes the transfer.
+  // before the KV_HEAD, and what a head may declare (the transfer is allocated from it).
   int max_tokens = 1 << 20;
   int max_connections = 64;  // streams received at once; more are refused
 };

@@ -157,12 +157,7 @@ TEST(KvStream, ChunksStreamedAsComputedArriveAsExported) {
     auto sender = KvStreamSender::open(loopback((*receiver)->port()), identity, "c1", 0, {}, &refused);
     ASSERT_TRUE(sender) << sender.status().message();
     for (size_t i = 0; i < pieces.size(); ++i) {
-      const KvTransferPiece& piece = pieces[i];
-      const std::span<const uint8_t> bytes(piece.bytes);
-      const Status sent = piece.layer < 0 ? (*sender)->send_head(bytes)
-                          : !piece.final  ? (*sender)->send_blocks(piece.layer, piece.first_block, bytes)
-                                          : (*sender)->send_layer(piece.layer, piece.first_block, bytes.first(piece.sealed_bytes),
-                                                                  bytes.subspan(piece.sealed_bytes));
+      const Status sent = (*sender)->send_piece(pieces[i]);
       ASSERT_TRUE(sent) << sent.message();
       if (i == size_t(layers) - 1) {  // the first chunk's blocks again, as a recompute hands them out
         for (size_t j = 0; j < size_t(layers); ++j) {
@@ -182,6 +177,15 @@ TEST(KvStream, ChunksStreamedAsComputedArriveAsExported) {
     ASSERT_TRUE(other);
     EXPECT_FALSE((*other)->send_blocks(0, 2, pieces[0].bytes));
   }
+}
+
+// A head declaring more tokens than the decode worker's context is refused before anything is allocated.
+TEST(KvStream, HeadBeyondTheReceiversContextIsRefused) {
+  Prefilled p = prefill("dense", 150);
+  auto receiver = KvStreamReceiver::start(p.identity, {.port = 0, .max_tokens = 100});
+  const KvStreamSendResult sent = send_kv_transfer(loopback((*receiver)->port()), p.identity, p.transfer, request_for(p, "r12"), {});
+  EXPECT_NE(sent.status.message().find("150 tokens in layer 0, more than this decode worker's context of 100"), std::string::npos)
+      << sent.status.message();
 }
 
 // Streams received whole that no request claims hold at most max_unclaimed_bytes: the oldest are
