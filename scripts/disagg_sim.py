@@ -40,6 +40,11 @@ class Config:
     DEFAULTS = {
         "prefill_workers": 1, "decode_workers": 1, "link_gbps": 10.0, "num_layers": 32,
         "overlap_layers": True,    # send layer l as soon as it is computed; False: all after the prefill
+        # A prompt runs in steps of at most this many tokens (slimkv serve --prefill-chunk-tokens; 0: one
+        # step). overlap_chunks: every chunk's layers go out as computed; false: the earlier chunks' KV
+        # waits for the last chunk's step and goes out with its layers (slimkv's CPU worker before #23's
+        # chunk streaming).
+        "prefill_chunk_tokens": 0, "overlap_chunks": True,
         "arrival_rate_per_s": 1.0, "num_requests": 1000, "seed": 0,
         "prompt_tokens": [1024],   # each request draws one uniformly
         "output_tokens": [128],
@@ -47,6 +52,9 @@ class Config:
         "step_base_s": 0.01, "step_s_per_seq": 0.0, "step_s_per_context_token": 0.0,
         "max_batch": 64,
         "kv_bytes_per_token": {"dense:dtype=f16": 131072},  # codec -> bytes of one token's KV, all layers
+        # [[arrival s, prompt tokens, output tokens], ...]: a given workload (a measured run's) instead of
+        # num_requests Poisson arrivals at arrival_rate_per_s
+        "requests": None,
     }
 
     def __init__(self, values):
@@ -68,13 +76,45 @@ class Config:
             values = getattr(self, key)
             if not isinstance(values, list) or not values or not all(isinstance(v, int) and v >= 1 for v in values):
                 raise ValueError(f"{key}: must be a non-empty list of integers >= 1, got {values!r}")
-        if not isinstance(self.overlap_layers, bool):
-            raise ValueError(f"overlap_layers: must be true or false, got {self.overlap_layers!r}")
+        for key in ("overlap_layers", "overlap_chunks"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"{key}: must be true or false, got {getattr(self, key)!r}")
+        if not isinstance(self.prefill_chunk_tokens, int) or self.prefill_chunk_tokens < 0:
+            raise ValueError(f"prefill_chunk_tokens: must be an integer >= 0, got {self.prefill_chunk_tokens!r}")
         if not isinstance(self.kv_bytes_per_token, dict) or not self.kv_bytes_per_token:
             raise ValueError("kv_bytes_per_token: must map codec names to bytes per token")
+        if self.requests is not None:
+            if not isinstance(self.requests, list) or not self.requests:
+                raise ValueError(f"requests: must be a non-empty list of [arrival_s, prompt_tokens, output_tokens], got {self.requests!r}")
+            for i, r in enumerate(self.requests):
+                if (not isinstance(r, list) or len(r) != 3 or not isinstance(r[0], (int, float)) or r[0] < 0
+                        or not all(isinstance(v, int) and v >= 1 for v in r[1:])):
+                    raise ValueError(f"requests[{i}]: must be [arrival_s >= 0, prompt_tokens >= 1, output_tokens >= 1], got {r!r}")
+            self.num_requests = len(self.requests)
 
     def prefill_s(self, tokens):
         return self.prefill_base_s + self.prefill_s_per_token * tokens + self.prefill_s_per_token2 * tokens * tokens
+
+    def kv_pieces(self, start, tokens, bytes_per_token):
+        """[(ready time, bytes)] of one prompt's KV in the order the link sends them: per chunk, per
+        layer, each ready when its layer of its chunk is computed (a chunk costs prefill_s's increment)."""
+        chunk = self.prefill_chunk_tokens or tokens
+        bounds = list(range(0, tokens, chunk)) + [tokens]
+        end = start + self.prefill_s(tokens)
+        if not self.overlap_layers:
+            return [(end, bytes_per_token * tokens)]
+        pieces = []
+        for first, last in zip(bounds, bounds[1:]):
+            t0 = start + (self.prefill_s(first) if first else 0.0)
+            t1 = start + self.prefill_s(last)
+            final = last == tokens
+            for layer in range(self.num_layers):
+                ready = t0 + (t1 - t0) * (layer + 1) / self.num_layers
+                if self.overlap_chunks or final:
+                    # the last chunk's step carries every earlier chunk's KV too when chunks do not overlap
+                    sent = last - first if self.overlap_chunks else tokens
+                    pieces.append((ready, bytes_per_token * sent / self.num_layers))
+        return pieces
 
     def step_s(self, batch, context_tokens):
         return self.step_base_s + self.step_s_per_seq * batch + self.step_s_per_context_token * context_tokens
@@ -88,7 +128,9 @@ class Request:
 
 
 def workload(config):
-    """The same arrivals and lengths for every codec (one seed)."""
+    """The same arrivals and lengths for every codec (one seed, or the given requests)."""
+    if config.requests is not None:
+        return [Request(i, float(r[0]), r[1], r[2]) for i, r in enumerate(sorted(config.requests, key=lambda r: r[0]))]
     rng = random.Random(config.seed)
     t, requests = 0.0, []
     for i in range(config.num_requests):
@@ -151,12 +193,10 @@ def simulate(config, codec):
             start = max(now, prefill_free[p])
             compute = config.prefill_s(request.prompt)
             prefill_free[p] = start + compute
-            # Layer by layer: layer l is sendable when computed; the link sends in order.
-            layer_bytes = bytes_per_token * request.prompt / config.num_layers
+            # Layer by layer (chunk by chunk): each piece is sendable when computed; the link sends in order.
             link = link_free[p]
-            for layer in range(config.num_layers):
-                ready = start + compute * ((layer + 1) / config.num_layers if config.overlap_layers else 1)
-                link = max(link, ready) + layer_bytes / bytes_per_s
+            for ready, piece_bytes in config.kv_pieces(start, request.prompt, bytes_per_token):
+                link = max(link, ready) + piece_bytes / bytes_per_s
             link_free[p] = link
             push(link, "kv_arrived", (request, d))
         elif kind == "kv_arrived":

@@ -125,16 +125,20 @@ struct StepResult {
   }
 };
 
-// A piece of a sequence's KV transfer (docs/kv_transfer_format.md) handed out while a step runs: the
-// head first, then each layer as soon as it is final (Engine::stream_kv_in_next_step).
+// A piece of a sequence's KV transfer (docs/kv_transfer_format.md) handed out while a step runs: during
+// a prompt's earlier chunks each layer's newly sealed blocks (Engine::stream_sealed_kv), then, in the
+// step that finishes it, the head and each layer's rest as soon as it is final (stream_kv_in_next_step).
 struct KvTransferPiece {
   int layer = -1;              // -1: the head (header and metadata); else the layer
-  std::vector<uint8_t> bytes;  // the head; or the layer's sealed blocks, then its open tokens
+  std::vector<uint8_t> bytes;  // the head; or the layer's sealed blocks from first_block on, then (final) its open tokens
   size_t sealed_bytes = 0;     // a layer's: where its open tokens start in `bytes`
+  int first_block = 0;         // a layer's: its first sealed block in `bytes` (every head's, head by head)
+  bool final = true;           // a layer's: its last piece (with the open tokens); false: sealed blocks only
 };
 using KvPieceCallback = std::function<void(KvTransferPiece)>;
 
 class Session;
+class KvLayerStream;
 
 class Engine {
  public:
@@ -197,6 +201,13 @@ class Engine {
   // that step (a session's observer is replaced). Errors: an unknown sequence, or KV the format cannot
   // hold.
   Status stream_kv_in_next_step(SequenceId sequence, KvPieceCallback on_piece);
+  // From the sequence's next step until the step stream_kv_in_next_step streams: on the CPU, right after
+  // each layer's attention, the layer's blocks sealed since its last piece (pieces with final false), so
+  // that a prompt's earlier chunks travel while later ones compute; stream_kv_in_next_step's pieces then
+  // start at the first block not handed out. Calling it again keeps the stream going (the first call's
+  // callback). The GPU has no per-layer hook yet: there it hands out nothing, and the final pieces hold
+  // every block. Errors: an unknown sequence.
+  Status stream_sealed_kv(SequenceId sequence, KvPieceCallback on_piece);
   // The model identity transfers carry (model/model_identity.h).
   const std::string& model_identity() const { return identity_; }
 
@@ -222,7 +233,8 @@ class Engine {
   std::string identity_;
   std::unique_ptr<DeviceModel> device_;  // the model on the device, the sequences' KV and the budget
   std::set<SequenceId> sequences_;
-  std::map<SequenceId, KvPieceCallback> kv_streams_;  // stream_kv_in_next_step's, until that step
+  // stream_sealed_kv's and stream_kv_in_next_step's, until the step that finishes the stream.
+  std::map<SequenceId, std::unique_ptr<KvLayerStream>> kv_streams_;
   SequenceId next_sequence_ = 0;
 };
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "slimkv/engine.h"
@@ -28,6 +29,9 @@ struct ServerConfig {
   std::string role = "both";
   int kv_port = -1;              // decode: the KV stream's port; -1: the HTTP port + 1; 0: any free port
   double kv_bandwidth_gbps = 0;  // prefill: token-bucket cap on the KV stream it sends (Gbit/s); 0: none
+  // decode: KV streams received whole but not yet claimed by their request hold at most this many bytes
+  // (the oldest are dropped, counted in /metrics); each is also dropped after 120 s.
+  uint64_t kv_unclaimed_bytes = uint64_t(1) << 30;
 };
 
 // Listens at once (answering /health with 503 while the engine loads), loads the engine, serves until

@@ -185,34 +185,35 @@ Status Engine::step(std::span<const StepItem> items, StepResult& result) {
   }
   std::vector<int> held_before(items.size());
   for (size_t i = 0; i < items.size(); ++i) held_before[i] = device_->num_tokens(items[i].sequence);
-  // KV streamed layer by layer during this step: an observer per sequence where the device has a store
-  // (the CPU); the others get their pieces after the step.
-  // (A streamed sequence's observer is this one for the step: sequences run by sessions with their
-  // own observers are not streamed.)
-  std::vector<std::unique_ptr<KvLayerStream>> layer_streams;
-  std::vector<SequenceId> observed;
-  std::vector<std::pair<SequenceId, KvPieceCallback>> after_step_streams;
+  // KV streamed layer by layer during this step: each streamed sequence's stream observes its forward
+  // pass where the device has a store (the CPU); a finishing stream without one gets its pieces after
+  // the step. (A streamed sequence's observer is its stream for the step: sequences run by sessions
+  // with their own observers are not streamed.)
+  std::vector<SequenceId> observed, finishing;
   for (size_t i = 0; i < items.size(); ++i) {
     auto stream = kv_streams_.find(items[i].sequence);
     if (stream == kv_streams_.end()) continue;
-    if (const KvStore* store = device_->kv_store(items[i].sequence)) {
-      layer_streams.push_back(std::make_unique<KvLayerStream>(
-          *store, identity_, held_before[i] + int(items[i].tokens.size()), std::move(stream->second)));
-      (void)device_->set_observer(items[i].sequence, layer_streams.back().get());
+    const KvStore* store = device_->kv_store(items[i].sequence);
+    stream->second->begin_step(store, held_before[i] + int(items[i].tokens.size()));
+    if (store) {
+      (void)device_->set_observer(items[i].sequence, stream->second.get());
       observed.push_back(items[i].sequence);
-    } else {
-      after_step_streams.emplace_back(items[i].sequence, std::move(stream->second));
     }
-    kv_streams_.erase(stream);
+    if (stream->second->finishing()) finishing.push_back(items[i].sequence);
   }
   const Status stepped = device_->step(device_items, result);
   for (const SequenceId sequence : observed) (void)device_->set_observer(sequence, nullptr);
-  SLIMKV_RETURN_IF_ERROR(stepped);
-  for (const auto& [sequence, on_piece] : after_step_streams) {
+  Status streamed = Status::ok();
+  for (const SequenceId sequence : finishing) {
+    const std::unique_ptr<KvLayerStream> stream = std::move(kv_streams_.at(sequence));
+    kv_streams_.erase(sequence);
+    if (!stepped.is_ok() || device_->kv_store(sequence) || !streamed.is_ok()) continue;
     std::vector<uint8_t> transfer;
-    SLIMKV_RETURN_IF_ERROR(device_->export_kv(sequence, identity_, transfer));
-    SLIMKV_RETURN_IF_ERROR(transfer_pieces(transfer, on_piece));
+    streamed = device_->export_kv(sequence, identity_, transfer);
+    if (streamed.is_ok()) streamed = transfer_pieces(transfer, stream->on_piece());
   }
+  SLIMKV_RETURN_IF_ERROR(stepped);
+  SLIMKV_RETURN_IF_ERROR(streamed);
   // Non-finite logits mean broken arithmetic or weights: an error naming the place, never garbage
   // text with exit code 0. One pass over the rows returned (vocab floats each), cheap beside the step.
   for (size_t i = 0; i < items.size() && i < result.first_row.size(); ++i) {
@@ -260,7 +261,16 @@ Status Engine::stream_kv_in_next_step(SequenceId sequence, KvPieceCallback on_pi
     std::vector<uint8_t> head;
     SLIMKV_RETURN_IF_ERROR(write_kv_transfer_head(*store, identity_, store->num_tokens(0), head));
   }
-  kv_streams_[sequence] = std::move(on_piece);
+  std::unique_ptr<KvLayerStream>& stream = kv_streams_[sequence];
+  if (!stream) stream = std::make_unique<KvLayerStream>(identity_, nullptr);
+  stream->finish_in_next_step(std::move(on_piece));
+  return Status::ok();
+}
+
+Status Engine::stream_sealed_kv(SequenceId sequence, KvPieceCallback on_piece) {
+  SLIMKV_RETURN_IF_ERROR(check_sequence(sequence));
+  std::unique_ptr<KvLayerStream>& stream = kv_streams_[sequence];
+  if (!stream) stream = std::make_unique<KvLayerStream>(identity_, std::move(on_piece));
   return Status::ok();
 }
 

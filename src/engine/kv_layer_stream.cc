@@ -4,17 +4,34 @@
 
 namespace slimkv {
 
+void KvLayerStream::begin_step(const KvStore* store, int tokens_after_step) {
+  store_ = store;
+  tokens_after_step_ = tokens_after_step;
+  if (store) blocks_out_.resize(size_t(store->shape().num_layers), 0);
+}
+
 void KvLayerStream::on_attention_output(int layer, const float*, int) {
   // Errors cannot happen here: Engine::stream_kv_in_next_step wrote this store's head before the step,
-  // and the writers fail only for what the head already checked (ZACK's unequal heads, sizes).
+  // and the writers fail only for what the head already checked (ZACK's unequal heads, sizes) or for
+  // blocks the store does not hold (blocks_out_ counts only blocks it sealed: sealed blocks stay).
+  int& out = blocks_out_[size_t(layer)];
+  if (!finishing_) {
+    const int sealed = store_->num_sealed_blocks(layer);
+    if (sealed == out) return;
+    KvTransferPiece piece{.layer = layer, .bytes = {}, .sealed_bytes = 0, .first_block = out, .final = false};
+    (void)write_kv_transfer_blocks(*store_, layer, out, sealed, piece.bytes);
+    piece.sealed_bytes = piece.bytes.size();
+    out = sealed;
+    on_piece_(std::move(piece));
+    return;
+  }
   if (layer == 0) {
     KvTransferPiece head;
-    (void)write_kv_transfer_head(store_, model_id_, tokens_after_step_, head.bytes);
+    (void)write_kv_transfer_head(*store_, model_id_, tokens_after_step_, head.bytes);
     on_piece_(std::move(head));
   }
-  KvTransferPiece piece;
-  piece.layer = layer;
-  (void)write_kv_transfer_layer(store_, layer, piece.bytes, piece.sealed_bytes);
+  KvTransferPiece piece{.layer = layer, .bytes = {}, .sealed_bytes = 0, .first_block = out, .final = true};
+  (void)write_kv_transfer_layer(*store_, layer, out, piece.bytes, piece.sealed_bytes);
   on_piece_(std::move(piece));
 }
 

@@ -1,11 +1,14 @@
-// Engine::stream_kv_in_next_step's two ways: on the CPU an observer of the forward pass that writes each
-// layer's part of the transfer right after that layer's attention (the store's layer is final for the
-// step then, while later layers still compute); on the GPU, which has no per-layer hook yet, the pieces
-// of the whole transfer after the step.
+// Engine::stream_sealed_kv's and stream_kv_in_next_step's stream of one sequence: on the CPU an observer
+// of the forward pass that, right after each layer's attention (the store's layer is final for the step
+// then, while later layers still compute), hands out that layer's part of the transfer: during a
+// prompt's earlier chunks the blocks sealed since its last piece, and in the step that finishes the
+// stream the head and each layer's rest. On the GPU, which has no per-layer hook yet, the pieces of the
+// whole transfer after the finishing step.
 #pragma once
 
 #include <span>
 #include <string>
+#include <vector>
 
 #include "kv/store.h"
 #include "model/forward_observer.h"
@@ -15,17 +18,27 @@ namespace slimkv {
 
 class KvLayerStream : public ForwardObserver {
  public:
-  // `tokens_after_step`: what every layer of `store` holds once the step has run.
-  KvLayerStream(const KvStore& store, std::string model_id, int tokens_after_step, KvPieceCallback on_piece)
-      : store_(store), model_id_(std::move(model_id)), tokens_after_step_(tokens_after_step), on_piece_(std::move(on_piece)) {}
+  KvLayerStream(std::string model_id, KvPieceCallback on_piece) : model_id_(std::move(model_id)), on_piece_(std::move(on_piece)) {}
 
+  // The next step finishes the stream, its pieces going to `on_piece`: the head and every layer's rest.
+  void finish_in_next_step(KvPieceCallback on_piece) {
+    on_piece_ = std::move(on_piece);
+    finishing_ = true;
+  }
+  bool finishing() const { return finishing_; }
+  // A step begins, after which every layer of `store` holds `tokens_after_step` tokens (nullptr: the
+  // device has no store; nothing is handed out during the step).
+  void begin_step(const KvStore* store, int tokens_after_step);
   void on_attention_output(int layer, const float* out, int n) override;
+  const KvPieceCallback& on_piece() const { return on_piece_; }
 
  private:
-  const KvStore& store_;
   const std::string model_id_;
-  const int tokens_after_step_;
-  const KvPieceCallback on_piece_;
+  KvPieceCallback on_piece_;
+  const KvStore* store_ = nullptr;
+  bool finishing_ = false;
+  int tokens_after_step_ = 0;
+  std::vector<int> blocks_out_;  // per layer: the sealed blocks handed out so far
 };
 
 // The pieces of a whole transfer (head, then each layer), as KvLayerStream gives them one by one.

@@ -302,13 +302,15 @@ void Scheduler::Impl::step_once() {
     }
     running.push_back(std::move(request));
   }
-  // The step that samples a streamed request's first token (its prompt and forced tokens all run)
-  // streams its KV as the layers finish.
+  // A streamed request's KV goes out as its layers finish: the blocks sealed by every earlier step, then,
+  // in the step that samples its first token (its prompt and forced tokens all run), the rest.
   for (const Scheduled& s : scheduled) {
     Request& request = *s.request;
+    if (request.done || !request.stream_kv) continue;
     const bool samples = s.tokens == int64_t(request.tokens_to_run.size());
-    if (request.done || !samples || !request.stream_kv || request.forced_used < request.forced.size()) continue;
-    if (Status streaming = engine.stream_kv_in_next_step(request.sequence, std::exchange(request.stream_kv, nullptr));
+    const bool last = samples && request.forced_used >= request.forced.size();
+    if (Status streaming = last ? engine.stream_kv_in_next_step(request.sequence, std::exchange(request.stream_kv, nullptr))
+                                : engine.stream_sealed_kv(request.sequence, request.stream_kv);
         !streaming.is_ok()) {
       end_early(request, FinishReason::kError, "streaming the KV: " + streaming.message());
     }

@@ -494,15 +494,21 @@ void write_head(const Layout& layout, const std::string& spec, std::string_view 
   if (!model_id.empty()) std::memcpy(strings + spec.size(), model_id.data(), model_id.size());
 }
 
-// One layer's sealed blocks (into `sealed`) and open tokens (into `open`), both zeroed by the caller.
-void write_layer(const KvStore& store, const Layout& layout, int l, uint8_t* sealed, uint8_t* open) {
-  // Sealed blocks as stored: head by head, block by block, each in a 64-byte slot.
+// Layer l's sealed blocks [first_block, end_block) as stored: head by head, block by block, each in a
+// 64-byte slot of `sealed` (zeroed by the caller).
+void write_sealed_blocks(const KvStore& store, const Layout& layout, int l, int first_block, int end_block, uint8_t* sealed) {
   for (int g = 0; g < int(layout.num_kv_heads); ++g) {
-    for (int b = 0; b < store.num_sealed_blocks(l); ++b) {
+    for (int b = first_block; b < end_block; ++b) {
       std::memcpy(sealed, store.sealed_block(l, g, b), layout.sealed_block_bytes);
       sealed += layout.sealed_block_stride;
     }
   }
+}
+
+// One layer's sealed blocks from first_block on (into `sealed`) and open tokens (into `open`), both
+// zeroed by the caller.
+void write_layer(const KvStore& store, const Layout& layout, int l, int first_block, uint8_t* sealed, uint8_t* open) {
+  write_sealed_blocks(store, layout, l, first_block, store.num_sealed_blocks(l), sealed);
   // Open tokens in FP32 (the store's FP16 widened): per head, K [open, k_dim] then V [open, v_dim], each
   // padded to 64.
   const size_t tokens = size_t(store.open_tokens(l));
@@ -541,7 +547,7 @@ Status write_kv_transfer(const KvStore& store, std::string_view model_id, std::v
   write_head(layout, spec, model_id, layer_tokens, out.data());
   uint64_t sealed = layout.sealed_offset, open = layout.open_offset;
   for (uint32_t l = 0; l < layout.num_layers; ++l) {
-    write_layer(store, layout, int(l), out.data() + sealed, out.data() + open);
+    write_layer(store, layout, int(l), 0, out.data() + sealed, out.data() + open);
     uint64_t sealed_bytes = 0, open_bytes = 0;
     layer_bytes(layout, layer_tokens[l], &sealed_bytes, &open_bytes);
     sealed += sealed_bytes;
@@ -562,14 +568,32 @@ Status write_kv_transfer_head(const KvStore& store, std::string_view model_id, i
   return Status::ok();
 }
 
-Status write_kv_transfer_layer(const KvStore& store, int layer, std::vector<uint8_t>& out, size_t& sealed_bytes) {
+Status write_kv_transfer_layer(const KvStore& store, int layer, int first_block, std::vector<uint8_t>& out,
+                               size_t& sealed_bytes) {
   std::string spec;
   SLIMKV_ASSIGN_OR_RETURN(const Layout layout, writer_layout(store, "", store_layer_tokens(store), spec));
+  if (first_block < 0 || first_block > store.num_sealed_blocks(layer)) {
+    return error("writing a kv transfer: layer ", layer, " holds ", store.num_sealed_blocks(layer),
+                 " sealed blocks; its blocks from ", first_block, " on were asked for");
+  }
   uint64_t sealed = 0, open = 0;
   layer_bytes(layout, store.num_tokens(layer), &sealed, &open);
+  sealed -= uint64_t(first_block) * layout.num_kv_heads * layout.sealed_block_stride;
   out.assign(sealed + open, 0);
-  write_layer(store, layout, layer, out.data(), out.data() + sealed);
+  write_layer(store, layout, layer, first_block, out.data(), out.data() + sealed);
   sealed_bytes = sealed;
+  return Status::ok();
+}
+
+Status write_kv_transfer_blocks(const KvStore& store, int layer, int first_block, int end_block, std::vector<uint8_t>& out) {
+  std::string spec;
+  SLIMKV_ASSIGN_OR_RETURN(const Layout layout, writer_layout(store, "", store_layer_tokens(store), spec));
+  if (first_block < 0 || first_block > end_block || end_block > store.num_sealed_blocks(layer)) {
+    return error("writing a kv transfer: layer ", layer, " holds ", store.num_sealed_blocks(layer),
+                 " sealed blocks; blocks [", first_block, ", ", end_block, ") were asked for");
+  }
+  out.assign(uint64_t(end_block - first_block) * layout.num_kv_heads * layout.sealed_block_stride, 0);
+  write_sealed_blocks(store, layout, layer, first_block, end_block, out.data());
   return Status::ok();
 }
 

@@ -47,9 +47,15 @@ Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view sourc
 // (its sealed blocks, `sealed_bytes` of them, then its open tokens: KvTransferLayerRanges); and the
 // 16-byte trailer for the CRC32C of everything before it (the head, every layer's sealed bytes in
 // order, then every layer's open bytes). Concatenated in that order they are write_kv_transfer's bytes.
+// A sender may ship a layer's first sealed blocks earlier, while its later tokens are still being
+// computed (a prompt prefilled in chunks): write_kv_transfer_blocks gives blocks [first_block,
+// end_block) of every head (head by head, each block in its 64-byte slot), and write_kv_transfer_layer
+// with first_block > 0 leaves the blocks before it out of the layer's bytes. Sealed blocks never change.
 Status write_kv_transfer_head(const KvStore& store, std::string_view model_id, int tokens_per_layer,
                               std::vector<uint8_t>& out);
-Status write_kv_transfer_layer(const KvStore& store, int layer, std::vector<uint8_t>& out, size_t& sealed_bytes);
+Status write_kv_transfer_layer(const KvStore& store, int layer, int first_block, std::vector<uint8_t>& out,
+                               size_t& sealed_bytes);
+Status write_kv_transfer_blocks(const KvStore& store, int layer, int first_block, int end_block, std::vector<uint8_t>& out);
 std::array<uint8_t, kKvTransferTrailerBytes> kv_transfer_trailer(uint32_t crc);
 
 // The same through a file (written to a temporary name and renamed, so no reader sees half a file).

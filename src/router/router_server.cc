@@ -15,6 +15,7 @@
 #include "router/worker_pool.h"
 #include "serve/api_error.h"
 #include "serve/auth.h"
+#include "serve/client_watch.h"
 #include "serve/completion_request.h"
 #include "serve/http_errors.h"
 #include "serve/openai_response.h"
@@ -244,6 +245,8 @@ class RouterApi {
     if (!parsed.stream) {
       GatheringSink sink(header);
       RequestRelay relay(parts);
+      // A client that leaves before the answer is written cuts the workers' requests (they cancel).
+      ClientWatch watch(http_request, [&relay] { relay.cancel(); });
       metrics_.finished(relay.run(sink));
       return sink.send(response);
     }

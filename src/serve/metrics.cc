@@ -43,4 +43,17 @@ std::string prometheus_text(const SchedulerStats& stats, const MetricsLabels& la
   return out.text();
 }
 
+std::string prometheus_text(const KvStreamReceiver::Stats& stats, const MetricsLabels& labels) {
+  PrometheusText out(R"(model_name=")" + prometheus_escaped(labels.model_name) + '"');
+  out.metric("slimkv:kv_streams_unclaimed", "gauge", "KV streams received whole, waiting for their decode request.",
+             stats.unclaimed_streams);
+  out.metric("slimkv:kv_streams_unclaimed_bytes", "gauge", "Bytes of the KV streams waiting for their decode request.",
+             double(stats.unclaimed_bytes));
+  out.header("slimkv:kv_streams_dropped_total", "counter",
+             "KV streams received whole and dropped unclaimed: too old (age), or the oldest over the byte bound (bytes).");
+  out.sample("slimkv:kv_streams_dropped_total", double(stats.dropped_age_total), R"(reason="age")");
+  out.sample("slimkv:kv_streams_dropped_total", double(stats.dropped_bytes_total), R"(reason="bytes")");
+  return out.text();
+}
+
 }  // namespace slimkv

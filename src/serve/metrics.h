@@ -6,6 +6,7 @@
 #include <string>
 
 #include "slimkv/scheduler.h"
+#include "transfer/kv_stream.h"
 
 namespace slimkv {
 
@@ -16,5 +17,7 @@ struct MetricsLabels {
 };
 
 std::string prometheus_text(const SchedulerStats& stats, const MetricsLabels& labels);
+// A decode worker's KV streams waiting for their requests (docs/serving.md's metrics table).
+std::string prometheus_text(const KvStreamReceiver::Stats& stats, const MetricsLabels& labels);
 
 }  // namespace slimkv

@@ -17,6 +17,7 @@
 #include "serve/api_error.h"
 #include "serve/auth.h"
 #include "serve/chat_prompt.h"
+#include "serve/client_watch.h"
 #include "serve/completion_request.h"
 #include "serve/http_errors.h"
 #include "serve/kv_transfer_request.h"
@@ -148,7 +149,9 @@ class HttpApi {
     server.Get("/metrics", [this](const httplib::Request&, httplib::Response& response) {
       Scheduler* scheduler = scheduler_.load();
       if (!scheduler) return send_error(response, ApiError::unavailable("the model is loading"));
-      response.set_content(prometheus_text(scheduler->stats(), labels_), "text/plain; version=0.0.4; charset=utf-8");
+      std::string text = prometheus_text(scheduler->stats(), labels_);
+      if (disaggregation_.receiver) text += prometheus_text(disaggregation_.receiver->stats(), labels_);
+      response.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
     });
     install_error_handlers(server, config_.max_body_bytes);
   }
@@ -222,9 +225,15 @@ class HttpApi {
       return stream(response, scheduler, *id, updates, header, request.include_usage, kv_transfer.has_value(), in_flight);
     }
 
-    // Whole: wait for the end. (A client that leaves now is noticed only when the answer is written.)
+    // Whole: wait for the end; a client that leaves meanwhile cancels the request (its KV is freed at
+    // the next step).
     std::string text;
-    const RequestUpdate last = wait_for_finish(*updates, text);
+    RequestUpdate last;
+    {
+      ClientWatch watch(http_request, [&scheduler, id = *id] { scheduler.cancel(id); });
+      last = wait_for_finish(*updates, text);
+      if (watch.client_left()) return;  // nobody reads the answer
+    }
     if (*last.finish == FinishReason::kError) return send_error(response, ApiError::internal(last.error));
     if (*last.finish == FinishReason::kCancelled) {
       return send_error(response, ApiError::unavailable("the request was cancelled: the server is shutting down"));
@@ -306,21 +315,19 @@ class HttpApi {
       if (draining_) return send_error(response, ApiError::unavailable(id.status().message()));
       return send_error(response, ApiError::bad_field(ask.chat ? "messages" : "prompt", id.status().message()));
     }
-    // Each piece goes out as it comes, while the scheduler computes the next layers; the token's update
-    // comes after the last piece.
+    // Each piece goes out as it comes, while the scheduler computes the next layers (and, for a prompt
+    // longer than a step, the next chunks); the token's update comes after the last piece.
     const int num_layers = disaggregation_.identity.num_layers;
-    int pieces = 0;
+    int pieces = 0;  // the head and the layers' final pieces
     Status sent;
     RequestUpdate last;
-    Clock::time_point start;
+    std::optional<Clock::time_point> start;
     while (!last.finish) {
       auto [new_pieces, new_updates] = updates->take_with_pieces(std::chrono::milliseconds(500));
       for (KvTransferPiece& piece : new_pieces) {
-        if (pieces++ == 0) start = Clock::now();
-        if (!sent.is_ok()) continue;
-        const std::span<const uint8_t> bytes(piece.bytes);
-        sent = piece.layer < 0 ? (*sender)->send_head(bytes)
-                               : (*sender)->send_layer(piece.layer, bytes.first(piece.sealed_bytes), bytes.subspan(piece.sealed_bytes));
+        if (!start) start = Clock::now();
+        if (piece.layer < 0 || piece.final) ++pieces;
+        if (sent.is_ok()) sent = (*sender)->send_piece(piece);
       }
       for (RequestUpdate& update : new_updates) {
         if (update.finish) last = std::move(update);
@@ -341,7 +348,7 @@ class HttpApi {
     if (!sent.is_ok()) return send_error(response, ApiError::kv_transfer_failed(sent.message()));
     const json answer = {{"request_id", ask.request_id}, {"prompt_tokens", prompt.size() + resume.size()},
                          {"kv_bytes", (*sender)->bytes_sent()},
-                         {"transfer_seconds", std::chrono::duration<double>(Clock::now() - start).count()},
+                         {"transfer_seconds", std::chrono::duration<double>(Clock::now() - start.value_or(Clock::now())).count()},
                          {"next_token", stream_request.next_token}};
     response.set_content(answer.dump(), "application/json");
   }
@@ -572,7 +579,9 @@ Status run_server(const EngineConfig& engine_config, const SchedulerConfig& sche
   if (config.role == "decode") {
     const int kv_port = config.kv_port < 0 ? port + 1 : config.kv_port;
     Expected<std::unique_ptr<KvStreamReceiver>> started =
-        KvStreamReceiver::start(disaggregation.identity, {.host = config.host, .port = kv_port});
+        KvStreamReceiver::start(disaggregation.identity, {.host = config.host, .port = kv_port,
+                                                          .max_unclaimed_bytes = config.kv_unclaimed_bytes,
+                                                          .max_tokens = (*engine)->context_tokens()});
     if (!started) {
       stop_listening();
       return started.status().with_context("--kv-port");

@@ -44,6 +44,9 @@ CommandRunner add_serve_command(CLI::App& app) {
   command->add_option("--kv-bandwidth-gbps", options->server.kv_bandwidth_gbps,
                       "prefill: cap on the rate of the KV streams it sends, in Gbit/s (token bucket; 0: none)")
       ->check(CLI::Range(0.0, 1e6))->capture_default_str();
+  command->add_option("--kv-unclaimed-bytes", options->server.kv_unclaimed_bytes,
+                      "decode: bytes of received KV streams waiting for their request, at most (the oldest are dropped)")
+      ->capture_default_str();
   command->add_option("--prefill-chunk-tokens", options->prefill_chunk_tokens,
                       "tokens one engine step runs at most (prompt chunks and decode tokens together)")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();

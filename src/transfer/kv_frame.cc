@@ -29,6 +29,7 @@ const char* kv_frame_type_name(KvFrameType type) {
     case KvFrameType::kFinish: return "FINISH";
     case KvFrameType::kDone: return "DONE";
     case KvFrameType::kFailed: return "FAILED";
+    case KvFrameType::kKvBlocks: return "KV_BLOCKS";
   }
   return "unknown";
 }
@@ -79,16 +80,23 @@ Expected<KvFrame> read_kv_frame(TcpConnection& connection, SteadyClock::time_poi
   }
   KvFrame frame;
   frame.type = KvFrameType(header[4]);
-  frame.payload.resize(payload_bytes);
-  SLIMKV_RETURN_IF_ERROR(connection.read_exact(frame.payload.data(), payload_bytes, deadline)
-                             .with_context(str_cat("KV stream ", kv_frame_type_name(frame.type), " frame payload")));
+  // Read a MiB at a time, the buffer growing with what arrives: a header that declares a gigabyte and
+  // sends little costs what it sent, not a gigabyte (kv_stream_fuzz found the allocation up front).
+  constexpr size_t kPiece = size_t(1) << 20;
+  for (size_t got = 0; got < payload_bytes;) {
+    const size_t n = std::min(kPiece, payload_bytes - got);
+    frame.payload.resize(got + n);
+    SLIMKV_RETURN_IF_ERROR(connection.read_exact(frame.payload.data() + got, n, deadline)
+                               .with_context(str_cat("KV stream ", kv_frame_type_name(frame.type), " frame payload")));
+    got += n;
+  }
   const uint32_t computed = crc32c(frame.payload.data(), payload_bytes, crc32c(header, 12));
   if (computed != load_u32(header + 12)) {
     return error("KV stream from ", connection.peer(), ": ", kv_frame_type_name(frame.type), " frame checksum mismatch (stored CRC32C 0x",
                  std::hex, load_u32(header + 12), ", computed 0x", computed, std::dec, " over ", payload_bytes,
                  " payload bytes): the frame is corrupt");
   }
-  if (header[4] < uint8_t(KvFrameType::kHello) || header[4] > uint8_t(KvFrameType::kFailed)) {
+  if (header[4] < uint8_t(KvFrameType::kHello) || header[4] > uint8_t(KvFrameType::kKvBlocks)) {
     return error("KV stream from ", connection.peer(), ": unknown frame type ", int(header[4]));
   }
   return frame;

@@ -25,10 +25,11 @@ enum class KvFrameType : uint8_t {
   kAccept = 2,   // receiver → sender: JSON, the receiver's identity (it matches)
   kRefuse = 3,   // receiver → sender: JSON {"error"}: identities differ, or the receiver cannot take it
   kKvHead = 4,   // sender → receiver: the transfer's header and metadata (bytes [0, sealed_offset))
-  kKvLayer = 5,  // sender → receiver: u32 layer, u32 0, the layer's sealed blocks then its open tokens
+  kKvLayer = 5,  // sender → receiver: u32 layer, u32 first_block, the layer's sealed blocks from it, open tokens
   kFinish = 6,   // sender → receiver: the transfer's 16-byte trailer, then JSON (tokens, request)
   kDone = 7,     // receiver → sender: JSON: the whole stream arrived and checks out
   kFailed = 8,   // receiver → sender: JSON {"error"}: the stream arrived but does not check out
+  kKvBlocks = 9,  // sender → receiver, before KV_HEAD: u32 layer, u32 first_block, sealed blocks of every head
 };
 const char* kv_frame_type_name(KvFrameType type);
 

@@ -2,6 +2,7 @@
 #include "transfer/kv_stream.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "kv/transfer.h"
@@ -55,6 +56,31 @@ Expected<std::vector<int32_t>> token_ids_field(const json& body, const char* key
     ids.push_back(id.get<int32_t>());
   }
   return ids;
+}
+
+// A sealed block's slot in a transfer: its bytes padded to 64.
+uint64_t sealed_block_stride(const KvStreamIdentity& identity) { return (identity.sealed_block_bytes + 63) / 64 * 64; }
+
+// The number of blocks a head has in `bytes` (every head's sealed blocks, head by head), or an error.
+Expected<int> blocks_per_head(const KvStreamIdentity& identity, size_t bytes, const std::string& what) {
+  const uint64_t head_bytes = sealed_block_stride(identity) * uint64_t(identity.num_kv_heads);
+  if (head_bytes == 0 || bytes % head_bytes != 0) {
+    return error(what, " of ", bytes, " bytes is not a whole number of blocks for ", identity.num_kv_heads,
+                 " KV heads of ", sealed_block_stride(identity), "-byte block slots");
+  }
+  return int(bytes / head_bytes);
+}
+
+uint32_t load_u32_le(const uint8_t* p) { return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24; }
+
+// The 8 bytes before a KV_BLOCKS or KV_LAYER frame's blocks: u32 layer, u32 first block.
+std::array<uint8_t, 8> layer_prefix(int layer, int first_block) {
+  std::array<uint8_t, 8> prefix{};
+  for (int i = 0; i < 4; ++i) {
+    prefix[size_t(i)] = uint8_t(uint32_t(layer) >> (8 * i));
+    prefix[size_t(4 + i)] = uint8_t(uint32_t(first_block) >> (8 * i));
+  }
+  return prefix;
 }
 
 }  // namespace
@@ -118,7 +144,11 @@ Expected<KvStreamIdentity> engine_kv_identity(Engine& engine) {
   Expected<std::vector<uint8_t>> empty = engine.export_kv(sequence);
   (void)engine.remove_sequence(sequence);
   if (!empty) return empty.status().with_context("the KV stream identity");
-  SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, inspect_kv_transfer(empty->data(), empty->size(), "an empty sequence"));
+  return transfer_kv_identity(*empty);
+}
+
+Expected<KvStreamIdentity> transfer_kv_identity(std::span<const uint8_t> transfer) {
+  SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, inspect_kv_transfer(transfer.data(), transfer.size(), "an empty sequence"));
   return KvStreamIdentity{.model_id = info.model_id,
                           .kv_spec = info.spec,
                           .transfer_format_version = info.version,
@@ -134,8 +164,9 @@ Expected<KvStreamIdentity> engine_kv_identity(Engine& engine) {
 // The sender
 // ---------------------------------------------------------------------------------------------------
 
-KvStreamSender::KvStreamSender(TcpConnection connection, const KvStreamSendOptions& options)
-    : connection_(std::move(connection)), options_(options), bucket_(options.bandwidth_gbps * 1e9) {}
+KvStreamSender::KvStreamSender(TcpConnection connection, const KvStreamIdentity& identity, const KvStreamSendOptions& options)
+    : connection_(std::move(connection)), identity_(identity), options_(options), bucket_(options.bandwidth_gbps * 1e9),
+      blocks_sent_(size_t(identity.num_layers), 0), early_blocks_(size_t(identity.num_layers)) {}
 
 Status KvStreamSender::send(KvFrameType type, std::span<const std::span<const uint8_t>> parts) {
   SLIMKV_RETURN_IF_ERROR(write_kv_frame(connection_, type, parts, &bucket_, SteadyClock::now() + options_.io_timeout));
@@ -150,7 +181,7 @@ Expected<std::unique_ptr<KvStreamSender>> KvStreamSender::open(const std::string
                                                                const KvStreamSendOptions& options, bool* refused) {
   *refused = false;
   SLIMKV_ASSIGN_OR_RETURN(TcpConnection connection, TcpConnection::connect(address, options.connect_timeout));
-  std::unique_ptr<KvStreamSender> sender(new KvStreamSender(std::move(connection), options));
+  std::unique_ptr<KvStreamSender> sender(new KvStreamSender(std::move(connection), identity, options));
   const std::string hello = json{{"stream_version", kKvStreamVersion},
                                  {"request_id", request_id},
                                  {"attempt", attempt},
@@ -165,19 +196,69 @@ Expected<std::unique_ptr<KvStreamSender>> KvStreamSender::open(const std::string
   return sender;
 }
 
+std::vector<uint8_t> KvStreamSender::without_first_blocks(std::span<const uint8_t> blocks, int skip) const {
+  const size_t stride = sealed_block_stride(identity_), head_bytes = blocks.size() / size_t(identity_.num_kv_heads);
+  std::vector<uint8_t> out;
+  for (size_t g = 0; g < size_t(identity_.num_kv_heads); ++g) {
+    const auto first = blocks.begin() + ptrdiff_t(g * head_bytes + size_t(skip) * stride);
+    out.insert(out.end(), first, blocks.begin() + ptrdiff_t((g + 1) * head_bytes));
+  }
+  return out;
+}
+
+Status KvStreamSender::send_blocks(int layer, int first_block, std::span<const uint8_t> blocks) {
+  if (layer < 0 || layer >= identity_.num_layers) return error("KV stream: no layer ", layer, " to send blocks of");
+  SLIMKV_ASSIGN_OR_RETURN(const int count, blocks_per_head(identity_, blocks.size(), "KV stream: a layer's blocks"));
+  int& sent = blocks_sent_[size_t(layer)];
+  if (first_block > sent) {
+    return error("KV stream: layer ", layer, "'s blocks from ", first_block, " on come after only ", sent, " were sent");
+  }
+  if (first_block + count <= sent) return Status::ok();  // all sent already
+  std::vector<uint8_t> kept = without_first_blocks(blocks, sent - first_block);
+  const std::array<uint8_t, 8> prefix = layer_prefix(layer, sent);
+  const std::span<const uint8_t> parts[] = {prefix, kept};
+  SLIMKV_RETURN_IF_ERROR(send(KvFrameType::kKvBlocks, parts));
+  sent = first_block + count;
+  early_blocks_[size_t(layer)].push_back(std::move(kept));
+  return Status::ok();
+}
+
 Status KvStreamSender::send_head(std::span<const uint8_t> head) {
   crc_ = crc32c(head.data(), head.size());
   const std::span<const uint8_t> parts[] = {head};
   return send(KvFrameType::kKvHead, parts);
 }
 
-Status KvStreamSender::send_layer(int layer, std::span<const uint8_t> sealed, std::span<const uint8_t> open) {
-  uint8_t prefix[8] = {};
-  for (int i = 0; i < 4; ++i) prefix[i] = uint8_t(uint32_t(layer) >> (8 * i));
-  crc_ = crc32c(sealed.data(), sealed.size(), crc_);
+Status KvStreamSender::send_layer(int layer, int first_block, std::span<const uint8_t> sealed, std::span<const uint8_t> open) {
+  if (layer < 0 || layer >= identity_.num_layers) return error("KV stream: no layer ", layer, " to send");
+  SLIMKV_ASSIGN_OR_RETURN(const int count, blocks_per_head(identity_, sealed.size(), "KV stream: a layer's sealed blocks"));
+  const int sent = blocks_sent_[size_t(layer)];
+  if (first_block > sent || first_block + count < sent) {
+    return error("KV stream: layer ", layer, "'s blocks [", first_block, ", ", first_block + count, ") do not follow the ",
+                 sent, " sent");
+  }
+  const std::vector<uint8_t> rest = without_first_blocks(sealed, sent - first_block);
+  // The transfer's CRC takes the layer's blocks head by head: each head's early blocks, then its rest.
+  for (size_t g = 0; g < size_t(identity_.num_kv_heads); ++g) {
+    for (const std::vector<uint8_t>& early : early_blocks_[size_t(layer)]) {
+      const size_t head_bytes = early.size() / size_t(identity_.num_kv_heads);
+      crc_ = crc32c(early.data() + g * head_bytes, head_bytes, crc_);
+    }
+    const size_t head_bytes = rest.size() / size_t(identity_.num_kv_heads);
+    crc_ = crc32c(rest.data() + g * head_bytes, head_bytes, crc_);
+  }
+  early_blocks_[size_t(layer)].clear();
   open_parts_.emplace_back(open.begin(), open.end());
-  const std::span<const uint8_t> parts[] = {prefix, sealed, open};
+  const std::array<uint8_t, 8> prefix = layer_prefix(layer, sent);
+  const std::span<const uint8_t> parts[] = {prefix, rest, open};
   return send(KvFrameType::kKvLayer, parts);
+}
+
+Status KvStreamSender::send_piece(const KvTransferPiece& piece) {
+  const std::span<const uint8_t> bytes(piece.bytes);
+  if (piece.layer < 0) return send_head(bytes);
+  if (!piece.final) return send_blocks(piece.layer, piece.first_block, bytes);
+  return send_layer(piece.layer, piece.first_block, bytes.first(piece.sealed_bytes), bytes.subspan(piece.sealed_bytes));
 }
 
 Status KvStreamSender::finish(const KvStreamRequest& request) {
@@ -204,7 +285,7 @@ Status KvStreamSender::send_transfer(std::span<const uint8_t> transfer, const Kv
   SLIMKV_RETURN_IF_ERROR(send_head(transfer.first(info.sealed_offset)));
   const std::vector<KvTransferLayerRanges> ranges = kv_transfer_layer_ranges(info);
   for (size_t l = 0; l < ranges.size(); ++l) {
-    SLIMKV_RETURN_IF_ERROR(send_layer(int(l), transfer.subspan(ranges[l].sealed_offset, ranges[l].sealed_bytes),
+    SLIMKV_RETURN_IF_ERROR(send_layer(int(l), 0, transfer.subspan(ranges[l].sealed_offset, ranges[l].sealed_bytes),
                                       transfer.subspan(ranges[l].open_offset, ranges[l].open_bytes)));
   }
   return finish(request);
@@ -288,7 +369,42 @@ void KvStreamReceiver::accept_loop() {
 void KvStreamReceiver::drop_stale_locked() {
   const SteadyClock::time_point now = SteadyClock::now();
   // Complete and never claimed, or never completed (a sender that failed): either way, nobody will.
-  std::erase_if(slots_, [&](const auto& entry) { return now - entry.second.since > options_.keep_unclaimed; });
+  std::erase_if(slots_, [&](const auto& entry) {
+    if (now - entry.second.since <= options_.keep_unclaimed) return false;
+    dropped_age_total_ += entry.second.complete;
+    return true;
+  });
+}
+
+void KvStreamReceiver::bound_unclaimed_locked() {
+  // Memory: a router that sends prefills whose decode requests never come (or come late) must not make
+  // a decode worker hold their KV unbounded. Oldest first, as they are the likeliest abandoned.
+  uint64_t held = 0;
+  std::vector<std::map<std::string, Slot>::iterator> droppable;
+  for (auto it = slots_.begin(); it != slots_.end(); ++it) {
+    if (!it->second.complete) continue;
+    held += it->second.received.transfer.size();
+    if (!waiters_.contains(it->first)) droppable.push_back(it);
+  }
+  std::sort(droppable.begin(), droppable.end(), [](const auto& a, const auto& b) { return a->second.since < b->second.since; });
+  for (auto it : droppable) {
+    if (held <= options_.max_unclaimed_bytes) break;
+    held -= it->second.received.transfer.size();
+    slots_.erase(it);
+    ++dropped_bytes_total_;
+  }
+}
+
+KvStreamReceiver::Stats KvStreamReceiver::stats() {
+  std::lock_guard lock(mutex_);
+  Stats stats{.unclaimed_streams = 0, .unclaimed_bytes = 0, .dropped_age_total = dropped_age_total_,
+              .dropped_bytes_total = dropped_bytes_total_};
+  for (const auto& [id, slot] : slots_) {
+    if (!slot.complete) continue;
+    ++stats.unclaimed_streams;
+    stats.unclaimed_bytes += slot.received.transfer.size();
+  }
+  return stats;
 }
 
 void KvStreamReceiver::receive(TcpConnection connection) {
@@ -296,7 +412,8 @@ void KvStreamReceiver::receive(TcpConnection connection) {
   uint64_t serial = 0;
   const Status status = receive_stream(connection, received, serial);
   const int attempt = received.request.attempt;
-  const std::string& id = received.request.request_id;
+  const std::string id = received.request.request_id;  // a copy: `received` moves into the mailbox
+  const uint64_t kv_bytes = received.transfer.size();
   std::string answer_error;
   if (status.is_ok()) {
     std::lock_guard lock(mutex_);
@@ -310,7 +427,13 @@ void KvStreamReceiver::receive(TcpConnection connection) {
       slot->second.complete = true;
       slot->second.since = SteadyClock::now();
       slot->second.received = std::move(received);
-      arrived_.notify_all();
+      bound_unclaimed_locked();
+      if (slots_.contains(id)) {
+        arrived_.notify_all();
+      } else {
+        answer_error = str_cat("KV stream for request ", id, " attempt ", attempt, ": dropped at once: this decode worker's ",
+                               "unclaimed streams would hold more than ", options_.max_unclaimed_bytes, " bytes");
+      }
     }
   } else {
     answer_error = status.message();
@@ -320,7 +443,7 @@ void KvStreamReceiver::receive(TcpConnection connection) {
     return;
   }
   const std::string body = answer_error.empty()
-                               ? json{{"kv_bytes", received.transfer.size()}}.dump()
+                               ? json{{"kv_bytes", kv_bytes}}.dump()
                                : json{{"error", answer_error}}.dump(-1, ' ', false, json::error_handler_t::replace);
   const std::span<const uint8_t> parts[] = {bytes_of(body)};
   (void)write_kv_frame(connection, answer_error.empty() ? KvFrameType::kDone : KvFrameType::kFailed, parts, nullptr,
@@ -373,9 +496,42 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
   const std::span<const uint8_t> accept_parts[] = {bytes_of(accept)};
   SLIMKV_RETURN_IF_ERROR(write_kv_frame(connection, KvFrameType::kAccept, accept_parts, nullptr, deadline()));
 
-  // The head: it sizes the transfer.
-  SLIMKV_ASSIGN_OR_RETURN(const KvFrame head, expect_frame(connection, KvFrameType::kKvHead,
-                                                           SteadyClock::now() + options_.head_timeout, where));
+  // Sealed blocks of a long prompt's earlier chunks, as the sender computed them, then the head, which
+  // sizes the transfer. The sender computes between frames here: the head's longer wait.
+  struct EarlyBlocks {
+    int first_block = 0, count = 0;
+    std::vector<uint8_t> bytes;  // every head's, head by head
+  };
+  std::vector<std::vector<EarlyBlocks>> early(size_t(identity_.num_layers));
+  std::vector<int> early_count(size_t(identity_.num_layers), 0);
+  const uint64_t stride = sealed_block_stride(identity_);
+  const int max_blocks = options_.max_tokens / std::max(1, identity_.block_tokens);
+  KvFrame head;
+  for (;;) {
+    Expected<KvFrame> read = read_kv_frame(connection, SteadyClock::now() + options_.head_timeout);
+    if (!read) return read.status().with_context(where);
+    KvFrame frame = read.take();
+    received.wire_bytes += kKvFrameHeaderBytes + frame.payload.size();
+    if (frame.type != KvFrameType::kKvBlocks) {
+      SLIMKV_RETURN_IF_ERROR(check_frame_type(frame, KvFrameType::kKvHead, where));
+      head = std::move(frame);
+      break;
+    }
+    const uint32_t layer = frame.payload.size() >= 8 ? load_u32_le(frame.payload.data()) : UINT32_MAX;
+    const uint32_t first = frame.payload.size() >= 8 ? load_u32_le(frame.payload.data() + 4) : UINT32_MAX;
+    if (layer >= uint32_t(identity_.num_layers) || first != uint32_t(early_count[layer])) {
+      return error(where, ": a KV_BLOCKS frame for layer ", int64_t(layer == UINT32_MAX ? -1 : int64_t(layer)), " from block ",
+                   int64_t(first == UINT32_MAX ? -1 : int64_t(first)), "; expected a layer below ", identity_.num_layers,
+                   " continuing at its block ", layer < uint32_t(identity_.num_layers) ? early_count[layer] : 0);
+    }
+    SLIMKV_ASSIGN_OR_RETURN(const int count, blocks_per_head(identity_, frame.payload.size() - 8, where + ": a KV_BLOCKS frame"));
+    if (early_count[layer] + count > max_blocks) {
+      return error(where, ": KV_BLOCKS frames bring layer ", layer, " to ", early_count[layer] + count, " blocks, more than the ",
+                   max_blocks, " of this worker's context (", options_.max_tokens, " tokens)");
+    }
+    early[layer].push_back({.first_block = int(first), .count = count, .bytes = {frame.payload.begin() + 8, frame.payload.end()}});
+    early_count[layer] += count;
+  }
   SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, inspect_kv_transfer_head(head.payload.data(), head.payload.size(), where));
   if (head.payload.size() != info.sealed_offset) {
     return error(where, ": the KV_HEAD frame holds ", head.payload.size(), " bytes, the transfer's head is ", info.sealed_offset);
@@ -384,26 +540,44 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     return error(where, ": the transfer's head names spec '", info.spec, "' and model '", info.model_id,
                  "', not the handshake's");
   }
+  for (size_t l = 0; l < info.layer_tokens.size(); ++l) {
+    // Before the transfer is allocated: a head may declare far more than any prompt this worker takes.
+    if (int64_t(info.layer_tokens[l]) > options_.max_tokens) {
+      return error(where, ": the transfer's head declares ", info.layer_tokens[l], " tokens in layer ", l,
+                   ", more than this decode worker's context of ", options_.max_tokens);
+    }
+  }
   std::vector<uint8_t>& transfer = received.transfer;
   transfer.assign(info.total_bytes, 0);
   std::memcpy(transfer.data(), head.payload.data(), head.payload.size());
-  received.wire_bytes = kKvFrameHeaderBytes * 2 + hello_frame.payload.size() + head.payload.size();
+  received.wire_bytes += kKvFrameHeaderBytes + hello_frame.payload.size();
 
-  // The layers, in order, each exactly its ranges' bytes.
+  // The layers, in order, each exactly its ranges' bytes less the blocks that came early.
   const std::vector<KvTransferLayerRanges> ranges = kv_transfer_layer_ranges(info);
+  const uint64_t heads = uint64_t(identity_.num_kv_heads);
+  // Blocks [first, first + count) of every head, from `bytes` (head by head) into the layer's sealed range.
+  const auto place = [&](const KvTransferLayerRanges& range, uint64_t blocks, uint64_t first, uint64_t count, const uint8_t* bytes) {
+    for (uint64_t g = 0; g < heads; ++g) {
+      std::memcpy(transfer.data() + range.sealed_offset + (g * blocks + first) * stride, bytes + g * count * stride, count * stride);
+    }
+  };
   for (size_t l = 0; l < ranges.size(); ++l) {
     SLIMKV_ASSIGN_OR_RETURN(const KvFrame layer, expect_frame(connection, KvFrameType::kKvLayer, deadline(), where));
     const KvTransferLayerRanges& range = ranges[l];
-    const uint64_t expected = 8 + range.sealed_bytes + range.open_bytes;
-    const uint32_t index = layer.payload.size() >= 4 ? uint32_t(layer.payload[0]) | uint32_t(layer.payload[1]) << 8 |
-                                                           uint32_t(layer.payload[2]) << 16 | uint32_t(layer.payload[3]) << 24
-                                                     : UINT32_MAX;
-    if (index != l || layer.payload.size() != expected) {
-      return error(where, ": expected layer ", l, " in ", expected, " bytes, got a KV_LAYER frame for layer ",
-                   int64_t(index == UINT32_MAX ? -1 : int64_t(index)), " of ", layer.payload.size(), " bytes");
+    const uint64_t blocks = uint64_t(info.layer_tokens[l] / info.block_tokens);
+    const uint64_t sent = uint64_t(early_count[l]);
+    const uint64_t rest = blocks >= sent ? blocks - sent : 0;
+    const uint64_t expected = 8 + heads * rest * stride + range.open_bytes;
+    const uint32_t index = layer.payload.size() >= 8 ? load_u32_le(layer.payload.data()) : UINT32_MAX;
+    const uint32_t first = layer.payload.size() >= 8 ? load_u32_le(layer.payload.data() + 4) : UINT32_MAX;
+    if (index != l || first != sent || sent > blocks || layer.payload.size() != expected) {
+      return error(where, ": expected layer ", l, " from block ", sent, " (of ", blocks, ") in ", expected,
+                   " bytes, got a KV_LAYER frame for layer ", int64_t(index == UINT32_MAX ? -1 : int64_t(index)), " from block ",
+                   int64_t(first == UINT32_MAX ? -1 : int64_t(first)), " of ", layer.payload.size(), " bytes");
     }
-    std::memcpy(transfer.data() + range.sealed_offset, layer.payload.data() + 8, range.sealed_bytes);
-    std::memcpy(transfer.data() + range.open_offset, layer.payload.data() + 8 + range.sealed_bytes, range.open_bytes);
+    for (const EarlyBlocks& e : early[l]) place(range, blocks, uint64_t(e.first_block), uint64_t(e.count), e.bytes.data());
+    place(range, blocks, sent, rest, layer.payload.data() + 8);
+    std::memcpy(transfer.data() + range.open_offset, layer.payload.data() + 8 + heads * rest * stride, range.open_bytes);
     received.wire_bytes += kKvFrameHeaderBytes + layer.payload.size();
   }
 
@@ -437,11 +611,13 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
 
 Expected<ReceivedKv> KvStreamReceiver::wait_for(const std::string& request_id, std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
+  ++waiters_[request_id];
   const bool arrived = arrived_.wait_for(lock, timeout, [&] {
     if (stopping_) return true;
     auto slot = slots_.find(request_id);
     return slot != slots_.end() && slot->second.complete;
   });
+  if (--waiters_[request_id] == 0) waiters_.erase(request_id);
   auto slot = slots_.find(request_id);
   if (!arrived || slot == slots_.end() || !slot->second.complete) {
     if (stopping_) return error("the KV stream for request ", request_id, " did not arrive: the worker is shutting down");

@@ -7,8 +7,11 @@
 //   sender                                   receiver (listens on the decode worker's --kv-port)
 //   HELLO {identity, request_id, attempt} ─►
 //                                          ◄─ ACCEPT {identity}  |  REFUSE {error}
+//   KV_BLOCKS (layer, first block, blocks)─►  (zero or more: a long prompt's earlier chunks, as they are
+//                                               computed: Engine::stream_sealed_kv)
 //   KV_HEAD (header + metadata)           ─►
-//   KV_LAYER 0, 1, ..., num_layers - 1     ─►  (each as soon as the layer is ready: Engine::stream_kv_in_next_step)
+//   KV_LAYER 0, 1, ..., num_layers - 1     ─►  (each as soon as the layer is ready: Engine::stream_kv_in_next_step;
+//                                               the layer's sealed blocks after those sent in KV_BLOCKS)
 //   FINISH (trailer + tokens + request)   ─►
 //                                          ◄─ DONE {kv_bytes}  |  FAILED {error}
 //
@@ -36,7 +39,7 @@
 
 namespace slimkv {
 
-inline constexpr uint32_t kKvStreamVersion = 1;  // this protocol's version (HELLO's stream_version)
+inline constexpr uint32_t kKvStreamVersion = 2;  // this protocol's version (HELLO's stream_version)
 
 // What the two sides must agree on before any KV byte moves.
 struct KvStreamIdentity {
@@ -55,6 +58,8 @@ std::string kv_identity_mismatch(const KvStreamIdentity& sender, const KvStreamI
 // The identity of the transfers `engine` writes (read from the transfer of an empty sequence). The
 // engine must have room for one more sequence (call it before a scheduler takes the engine).
 Expected<KvStreamIdentity> engine_kv_identity(Engine& engine);
+// The identity a transfer declares (that of the store that wrote it).
+Expected<KvStreamIdentity> transfer_kv_identity(std::span<const uint8_t> transfer);
 
 // What travels beside the KV: the request, so that the receiver continues it exactly.
 struct KvStreamRequest {
@@ -75,8 +80,9 @@ struct KvStreamSendOptions {
   std::chrono::milliseconds io_timeout{30000};  // per frame, and for the receiver's answers
 };
 
-// One stream, driven frame by frame: open() (the handshake), send_head(), send_layer() for every layer
-// in order (a producer calls it as each layer is ready), finish(). After an error the stream is dead.
+// One stream, driven frame by frame: open() (the handshake), send_blocks() for sealed blocks ready early
+// (any layers, each layer's in order), send_head(), send_layer() for every layer in order (a producer
+// calls it as each layer is ready), finish(). After an error the stream is dead.
 class KvStreamSender {
  public:
   // Connects to `address` and does the handshake. An error when the receiver refused (refused() is
@@ -84,9 +90,17 @@ class KvStreamSender {
   static Expected<std::unique_ptr<KvStreamSender>> open(const std::string& address, const KvStreamIdentity& identity,
                                                         const std::string& request_id, int attempt,
                                                         const KvStreamSendOptions& options, bool* refused);
+  // Sealed blocks of `layer` from `first_block` on, every head's, head by head (write_kv_transfer_blocks),
+  // before the head. Blocks already sent are skipped (a prompt computed again after a preemption seals
+  // the same blocks again); a gap after the blocks sent is an error.
+  Status send_blocks(int layer, int first_block, std::span<const uint8_t> blocks);
   // Bytes [0, sealed_offset) of the transfer: its header and metadata.
   Status send_head(std::span<const uint8_t> head);
-  Status send_layer(int layer, std::span<const uint8_t> sealed, std::span<const uint8_t> open);
+  // The layer's sealed blocks from `first_block` on (skipping, as send_blocks, those sent), then its open tokens.
+  Status send_layer(int layer, int first_block, std::span<const uint8_t> sealed, std::span<const uint8_t> open);
+  // One piece as an engine hands it out (Engine::stream_sealed_kv, stream_kv_in_next_step): the head,
+  // a layer's early blocks, or a layer's rest.
+  Status send_piece(const KvTransferPiece& piece);
   // The transfer's trailer (its CRC32C over the head and layers sent, in the transfer's order) and the
   // request; waits for the receiver's DONE (an error quotes its FAILED).
   Status finish(const KvStreamRequest& request);
@@ -95,9 +109,12 @@ class KvStreamSender {
   uint64_t bytes_sent() const { return bytes_sent_; }
 
  private:
-  KvStreamSender(TcpConnection connection, const KvStreamSendOptions& options);
+  KvStreamSender(TcpConnection connection, const KvStreamIdentity& identity, const KvStreamSendOptions& options);
   Status send(KvFrameType type, std::span<const std::span<const uint8_t>> parts);
+  // `blocks` (every head's, head by head) less the first `skip` of each head's.
+  std::vector<uint8_t> without_first_blocks(std::span<const uint8_t> blocks, int skip) const;
   TcpConnection connection_;
+  const KvStreamIdentity identity_;
   KvStreamSendOptions options_;
   TokenBucket bucket_;
   uint64_t bytes_sent_ = 0;
@@ -105,6 +122,10 @@ class KvStreamSender {
   // layer sent, which the transfer's order puts after all sealed blocks (less than a block per head).
   uint32_t crc_ = 0;
   std::vector<std::vector<uint8_t>> open_parts_;
+  // Per layer: sealed blocks sent (each head's), and the KV_BLOCKS payloads sent, kept for the CRC,
+  // which takes a layer's blocks head by head once its last frame goes.
+  std::vector<int> blocks_sent_;
+  std::vector<std::vector<std::vector<uint8_t>>> early_blocks_;
 };
 
 struct KvStreamSendResult {
@@ -132,8 +153,14 @@ struct KvStreamReceiverOptions {
   std::chrono::milliseconds io_timeout{30000};  // per frame
   // Between the handshake and the KV head the sender prefills the prompt: a longer wait.
   std::chrono::milliseconds head_timeout{600000};
-  // A stream that arrived but that no request claims (wait_for) within this time is dropped.
+  // A stream that arrived but that no request claims (wait_for) within this time is dropped; and while
+  // the unclaimed streams hold more than max_unclaimed_bytes, the oldest are dropped (a stream whose
+  // request waits for it is claimed at once and never dropped).
   std::chrono::milliseconds keep_unclaimed{120000};
+  uint64_t max_unclaimed_bytes = uint64_t(1) << 30;
+  // A stream's tokens a layer at most (the decode worker's context): bounds the KV_BLOCKS buffered
+  // before the KV_HEAD, and what a head may declare (the transfer is allocated from it).
+  int max_tokens = 1 << 20;
   int max_connections = 64;  // streams received at once; more are refused
 };
 
@@ -151,6 +178,14 @@ class KvStreamReceiver {
   // Stops listening, fails the streams in progress and joins every thread. Idempotent.
   void stop();
 
+  struct Stats {
+    int unclaimed_streams = 0;     // complete, waiting for their request
+    uint64_t unclaimed_bytes = 0;  // their transfers' bytes
+    uint64_t dropped_age_total = 0;    // dropped after keep_unclaimed
+    uint64_t dropped_bytes_total = 0;  // dropped, oldest first, to stay within max_unclaimed_bytes
+  };
+  Stats stats();
+
  private:
   KvStreamReceiver(const KvStreamIdentity& identity, const KvStreamReceiverOptions& options, TcpListener listener);
   void accept_loop();
@@ -158,6 +193,8 @@ class KvStreamReceiver {
   // Receives one stream; `serial` is set (> 0) once it holds the slot of its request id.
   Status receive_stream(TcpConnection& connection, ReceivedKv& received, uint64_t& serial);
   void drop_stale_locked();
+  // Drops the oldest unclaimed complete streams nobody waits for while they hold more than the bound.
+  void bound_unclaimed_locked();
 
   const KvStreamIdentity identity_;
   const KvStreamReceiverOptions options_;
@@ -175,7 +212,9 @@ class KvStreamReceiver {
   std::mutex mutex_;
   std::condition_variable arrived_;
   std::map<std::string, Slot> slots_;
+  std::map<std::string, int> waiters_;  // request id -> wait_for calls waiting for it
   uint64_t next_serial_ = 1;
+  uint64_t dropped_age_total_ = 0, dropped_bytes_total_ = 0;
   struct Worker {
     std::thread thread;
     std::shared_ptr<std::atomic<bool>> done;

@@ -67,6 +67,10 @@ TcpConnection& TcpConnection::operator=(TcpConnection&& other) noexcept {
   return *this;
 }
 
+void TcpConnection::shutdown_write() {
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_WR);
+}
+
 void TcpConnection::close() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;

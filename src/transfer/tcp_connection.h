@@ -45,6 +45,8 @@ class TcpConnection {
   // server shutting down); nullptr: none. It must outlive the connection's calls.
   void set_cancel_flag(const std::atomic<bool>* cancel) { cancel_ = cancel; }
   bool is_open() const { return fd_ >= 0; }
+  // Ends this side's sending (the peer reads EOF) and keeps reading possible.
+  void shutdown_write();
   void close();
 
  private:

@@ -243,6 +243,21 @@ class RouterTest(unittest.TestCase):
             cluster.wait_for(lambda: cluster.metric("slimkv_router:requests_total", ['outcome="cancelled"']) == 1)
             self.assertEqual(cluster.metric("slimkv_router:worker_in_flight", [decode.url]), 0)
 
+    def test_client_leaving_a_whole_answer_cancels_upstream(self):
+        # stream false: nothing is written until the end, so the router watches the connection itself.
+        with Cluster(prefill=1, decode=1, decode_args=["--token-delay-s", "0.05"]) as cluster:
+            connection = socket.create_connection(("127.0.0.1", cluster.router.port), timeout=10)
+            body = json.dumps(request_body(COMPLETIONS, max_tokens=400)).encode()
+            connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                               b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            decode = cluster.decode[0]
+            cluster.wait_for(lambda: cluster.stats(decode)["streams"] == 1, what="the request on the decode worker")
+            time.sleep(0.3)  # a few tokens generated (400 take 20 s)
+            connection.close()
+            cluster.wait_for(lambda: cluster.stats(decode)["cancelled"] == 1, what="the decode worker's stream cancelled")
+            self.assertEqual(cluster.stats(decode)["completed"], 0)
+            cluster.wait_for(lambda: cluster.metric("slimkv_router:requests_total", ['outcome="cancelled"']) == 1)
+
     def test_retries_are_bounded(self):
         with Cluster(prefill=2, decode=1, router_args=["--max-retries", "1"]) as cluster:
             for worker in cluster.prefill:

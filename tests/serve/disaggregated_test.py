@@ -2,7 +2,8 @@
 """slimkv serve --role prefill|decode on loopback, driven with Python's http.client as the router of
 docs/disaggregated.md would drive them (no router here): the client request to the decode worker with
 kv_transfer, /internal/v1/prefill to the prefill worker at the same time. Greedy outputs equal a
---role both server's for dense, hack:bits=4 and hack:bits=2,pi=64; a resume from generated tokens
+--role both server's for dense, hack:bits=4 and hack:bits=2,pi=64, a long prompt streamed chunk by chunk;
+a resume from generated tokens
 continues the same completion; mismatched workers are refused naming both specs; a stream that never
 comes is a 504.
 
@@ -61,7 +62,9 @@ def usage_of(events):
 
 
 def check_spec(spec, failures):
-    args = ["--kv", spec]
+    # 64-token steps: the long prompt is prefilled in chunks, whose sealed blocks travel while the next
+    # chunks compute (KV_BLOCKS frames), as a long prompt's do at the default 512.
+    args = ["--kv", spec, "--prefill-chunk-tokens", "64"]
     with Server(SLIMKV, MODEL, args) as both, Server(SLIMKV, MODEL, args + ["--role", "prefill"]) as prefill, \
             Server(SLIMKV, MODEL, args + ["--role", "decode", "--kv-port", "0"]) as decode:
         health = decode.get("/health")[2]

@@ -176,6 +176,32 @@ class ServeTest(unittest.TestCase):
                       metrics.decode())
         self.assert_serving()
 
+    def aborted(self):
+        status, _, metrics = self.server.get("/metrics")
+        prefix = 'slimkv:request_success_total{model_name="slimkv-llama-15m",finished_reason="abort"} '
+        return next(float(line[len(prefix):]) for line in metrics.decode().splitlines() if line.startswith(prefix))
+
+    def test_a_client_that_leaves_a_whole_answer_frees_its_sequence(self):
+        # stream false: nothing is written before the end, yet the server notices the client's close and
+        # cancels (finish reason abort, not length), freeing the KV long before 900 tokens would be out.
+        aborted = self.aborted()
+        body = json.dumps({"prompt": PROMPTS[4], "max_tokens": 900, "ignore_eos": True, "temperature": 0}).encode()
+        with socket.create_connection(("127.0.0.1", self.server.port)) as client:
+            client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            deadline = time.time() + 20
+            while self.server.metric("slimkv:num_requests_running") != 1 and time.time() < deadline:
+                time.sleep(0.02)
+            self.assertEqual(self.server.metric("slimkv:num_requests_running"), 1)
+        deadline = time.time() + 20
+        while self.aborted() != aborted + 1 and time.time() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(self.aborted(), aborted + 1)
+        while self.server.metric("slimkv:kv_cache_usage_perc") != 0 and time.time() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(self.server.metric("slimkv:kv_cache_usage_perc"), 0)
+        self.assert_serving()
+
     def test_metrics_count_tokens(self):
         # Another test's request (a client that left) may still take its last step: count from an idle server.
         deadline = time.time() + 10

@@ -41,6 +41,20 @@ class DisaggSimTest(unittest.TestCase):
                            prefill_s_per_token=1e-4, prefill_s_per_token2=1e-7, link_gbps=0)
         self.assertAlmostEqual(request.last_token - request.arrival, 0.5 + 0.2 + 0.4, places=9)
 
+    def test_chunked_prefill_overlap(self):
+        # 1000 tokens in 4 chunks of 250, 10 layers, 0.1 s of compute (25 ms a chunk, 2.5 ms a chunk's
+        # layer); 100 KB/token at 10 Gbit/s: 2.5e6 bytes = 2 ms a chunk's layer, less than its compute.
+        common = dict(num_requests=1, prompt_tokens=[1000], output_tokens=[1], num_layers=10, prefill_s_per_token=1e-4,
+                      link_gbps=10, kv_bytes_per_token={"c": 100000}, prefill_chunk_tokens=250)
+        # Every chunk streams as computed: the link keeps up, the last piece leaves when the last layer
+        # of the last chunk is computed and takes 2 ms.
+        _, [request] = run(**common)
+        self.assertAlmostEqual(request.last_token - request.arrival, 0.1 + 0.002, places=9)
+        # Only the last chunk's step streams, each layer with every chunk's KV of it (8 ms a layer): the
+        # link is then the bottleneck from the last step's first layer on.
+        _, [request] = run(overlap_chunks=False, **common)
+        self.assertAlmostEqual(request.last_token - request.arrival, 0.075 + 0.0025 + 10 * 0.008, places=9)
+
     def test_batched_decode_tpot(self):
         # Two requests whose KV lands at once on one decode worker: the first starts a step at once, the
         # second joins at that step's end (continuous batching joins at step boundaries). Every step

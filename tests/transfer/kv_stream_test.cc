@@ -116,6 +116,107 @@ TEST(KvStream, LayersStreamedDuringAStepAreTheExportAfterIt) {
   }
 }
 
+// A prompt prefilled in chunks (Engine::stream_sealed_kv, then stream_kv_in_next_step for the last):
+// each earlier chunk's newly sealed blocks go out as KV_BLOCKS while later chunks are still to come, the
+// last step's pieces carry only the rest, and the receiver's transfer is the export byte for byte; a
+// recomputed prompt (a preemption) that hands out the same blocks again has them skipped by the sender.
+TEST(KvStream, ChunksStreamedAsComputedArriveAsExported) {
+  for (const std::string spec : {"dense:dtype=f16", "hack:bits=2,pi=64"}) {
+    auto engine = Engine::load({.model_dir = kModel, .kv_spec = spec, .threads = 2, .max_sequences = 2});
+    ASSERT_TRUE(engine) << engine.status().message();
+    const KvStreamIdentity identity = *engine_kv_identity(**engine);
+    const SequenceId sequence = *(*engine)->add_sequence();
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < 300; ++i) tokens.push_back(int32_t(11 + (i * 53) % 800));
+    std::vector<KvTransferPiece> pieces;
+    const KvPieceCallback keep = [&](KvTransferPiece piece) { pieces.push_back(std::move(piece)); };
+    size_t done = 0, early_pieces = 0;
+    for (const size_t chunk : {size_t(100), size_t(100), size_t(100)}) {  // 64-token blocks: 1, 3, then 4 sealed
+      const bool last = done + chunk == tokens.size();
+      ASSERT_TRUE(last ? (*engine)->stream_kv_in_next_step(sequence, keep) : (*engine)->stream_sealed_kv(sequence, keep));
+      const StepItem item{sequence, std::span<const int32_t>(tokens).subspan(done, chunk),
+                          last ? StepOutput::kSample : StepOutput::kNone};
+      StepResult result;
+      ASSERT_TRUE((*engine)->step({&item, 1}, result));
+      done += chunk;
+      if (!last) early_pieces = pieces.size();
+    }
+    const int layers = identity.num_layers;
+    ASSERT_EQ(early_pieces, size_t(2 * layers)) << spec;  // blocks sealed in each of the two earlier chunks
+    ASSERT_EQ(pieces.size(), size_t(3 * layers + 1)) << spec;
+    for (size_t i = 0; i < early_pieces; ++i) {
+      EXPECT_FALSE(pieces[i].final);
+      EXPECT_EQ(pieces[i].first_block, i < size_t(layers) ? 0 : 1);
+    }
+    EXPECT_EQ(pieces[early_pieces].layer, -1);
+    EXPECT_EQ(pieces.back().first_block, 3);
+
+    auto receiver = KvStreamReceiver::start(identity, {.port = 0});
+    ASSERT_TRUE(receiver) << receiver.status().message();
+    bool refused = false;
+    auto sender = KvStreamSender::open(loopback((*receiver)->port()), identity, "c1", 0, {}, &refused);
+    ASSERT_TRUE(sender) << sender.status().message();
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const Status sent = (*sender)->send_piece(pieces[i]);
+      ASSERT_TRUE(sent) << sent.message();
+      if (i == size_t(layers) - 1) {  // the first chunk's blocks again, as a recompute hands them out
+        for (size_t j = 0; j < size_t(layers); ++j) {
+          ASSERT_TRUE((*sender)->send_blocks(pieces[j].layer, pieces[j].first_block, pieces[j].bytes));
+        }
+      }
+    }
+    const KvStreamRequest request{.request_id = "c1", .attempt = 0, .prompt_token_ids = tokens, .resume_token_ids = {},
+                                  .next_token = 7, .endpoint = "/v1/completions", .request = {{"prompt", "x"}}};
+    ASSERT_TRUE((*sender)->finish(request));
+    Expected<ReceivedKv> got = (*receiver)->wait_for("c1", 5s);
+    ASSERT_TRUE(got) << got.status().message();
+    EXPECT_EQ(got->transfer, *(*engine)->export_kv(sequence)) << spec;
+    EXPECT_EQ(got->wire_bytes, (*sender)->bytes_sent());
+    // A gap (blocks from 5 on, after 4 sent) is the sender's error, before any byte goes out.
+    auto other = KvStreamSender::open(loopback((*receiver)->port()), identity, "c2", 0, {}, &refused);
+    ASSERT_TRUE(other);
+    EXPECT_FALSE((*other)->send_blocks(0, 2, pieces[0].bytes));
+  }
+}
+
+// A head declaring more tokens than the decode worker's context is refused before anything is allocated.
+TEST(KvStream, HeadBeyondTheReceiversContextIsRefused) {
+  Prefilled p = prefill("dense", 150);
+  auto receiver = KvStreamReceiver::start(p.identity, {.port = 0, .max_tokens = 100});
+  const KvStreamSendResult sent = send_kv_transfer(loopback((*receiver)->port()), p.identity, p.transfer, request_for(p, "r12"), {});
+  EXPECT_NE(sent.status.message().find("150 tokens in layer 0, more than this decode worker's context of 100"), std::string::npos)
+      << sent.status.message();
+}
+
+// Streams received whole that no request claims hold at most max_unclaimed_bytes: the oldest are
+// dropped (and counted); a stream whose request already waits is never dropped.
+TEST(KvStream, UnclaimedStreamsAreBoundedByBytes) {
+  Prefilled p = prefill("dense", 70);
+  const uint64_t one = p.transfer.size();
+  auto receiver = KvStreamReceiver::start(p.identity, {.port = 0, .max_unclaimed_bytes = one + one / 2});
+  for (const char* id : {"a", "b", "c"}) {
+    ASSERT_TRUE(send_kv_transfer(loopback((*receiver)->port()), p.identity, p.transfer, request_for(p, id), {}).status);
+  }
+  KvStreamReceiver::Stats stats = (*receiver)->stats();
+  EXPECT_EQ(stats.unclaimed_streams, 1);
+  EXPECT_EQ(stats.unclaimed_bytes, one);
+  EXPECT_EQ(stats.dropped_bytes_total, 2u);
+  EXPECT_FALSE((*receiver)->wait_for("a", 50ms));
+  EXPECT_FALSE((*receiver)->wait_for("b", 50ms));
+  EXPECT_TRUE((*receiver)->wait_for("c", 50ms));
+
+  auto small = KvStreamReceiver::start(p.identity, {.port = 0, .max_unclaimed_bytes = one / 2});
+  const KvStreamSendResult dropped = send_kv_transfer(loopback((*small)->port()), p.identity, p.transfer, request_for(p, "d"), {});
+  EXPECT_NE(dropped.status.message().find("dropped at once"), std::string::npos) << dropped.status.message();
+  std::future<Expected<ReceivedKv>> waiting = std::async(std::launch::async, [&] { return (*small)->wait_for("e", 10s); });
+  std::this_thread::sleep_for(100ms);  // the request waits first
+  ASSERT_TRUE(send_kv_transfer(loopback((*small)->port()), p.identity, p.transfer, request_for(p, "e"), {}).status);
+  Expected<ReceivedKv> claimed = waiting.get();
+  ASSERT_TRUE(claimed) << claimed.status().message();
+  EXPECT_EQ(claimed->transfer, p.transfer);
+  EXPECT_EQ((*small)->stats().dropped_bytes_total, 1u);
+}
+
 // ZACK's per-head ranks differ, and transfer format version 1 holds one k_dim/v_dim: such a worker
 // cannot stream its KV, and says so before any stream starts.
 TEST(KvStream, ZackWithPerHeadRanksHasNoStreamIdentity) {
@@ -304,6 +405,19 @@ TEST(KvStream, LaterAttemptReplacesAnEarlierOne) {
   ASSERT_TRUE(got);
   EXPECT_EQ(got->request.attempt, 1);
   EXPECT_EQ(got->request.next_token, 9);
+}
+
+// A KV_BLOCKS frame that does not continue its layer's blocks, or after the head, fails the stream.
+TEST(KvStream, BlocksOutOfOrderFailTheStream) {
+  Prefilled p = prefill("dense", 150);
+  auto receiver = KvStreamReceiver::start(p.identity, {.port = 0});
+  const uint64_t slot = (p.identity.sealed_block_bytes + 63) / 64 * 64;
+  std::vector<uint8_t> blocks(8 + slot * uint64_t(p.identity.num_kv_heads), 0);
+  blocks[4] = 1;  // from block 1, none sent
+  RawSender sender((*receiver)->port(), p.identity, "r11");
+  sender.write(KvFrameType::kKvBlocks, blocks);
+  const std::string answer = sender.answer();
+  EXPECT_NE(answer.find("continuing at its block 0"), std::string::npos) << answer;
 }
 
 }  // namespace

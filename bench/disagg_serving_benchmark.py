@@ -1,0 +1,381 @@
+#!/usr/bin/env python3
+"""Colocated vs disaggregated serving, measured end to end (issue 23; docs/disaggregated.md, "Measured").
+
+Starts, on loopback, a `slimkv serve --role both` server (colocated) and, for each KV spec, a prefill
+worker + a decode worker + `slimkv router`, all on one model. Then, for each arrival rate, drives the same
+workload through each deployment in turn: Poisson arrivals (seeded), prompts cut from a held-out text
+(token ids of its tokenization, lengths uniform in [len*(1-r), len*(1+r)]), outputs of exact lengths
+(ignore_eos), every request streamed so that TTFT, TPOT and JCT are timed as the client sees them. A run
+is bounded in count (--num-requests) and time (--max-send-s stops the arrivals; --timeout-s per request).
+Prints one table per rate with each deployment's ratio to the first disaggregated one, and (--calibrate)
+measures the per-step costs that scripts/disagg_sim.py takes, then compares its prediction of every
+disaggregated run (the same arrivals and lengths) with the measurement.
+
+Deployments get equal cores: the colocated server --threads 2*T, each worker --threads T.
+
+  bench/disagg_serving_benchmark.py --slimkv build/release/slimkv --model models/slimkv-llama-15m \\
+      --kv-bandwidth-gbps 1 --rates 0.5,1,2 --num-requests 24 --input-len 2048 --output-len 32 --calibrate
+
+Python 3 standard library only.
+"""
+import argparse
+import http.client
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "serve"))
+sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
+from slimkv_server import Process  # noqa: E402
+from serving_benchmark import run_request  # noqa: E402
+import disagg_sim  # noqa: E402
+
+
+class Deployment:
+    """A colocated server, or prefill + decode workers behind a router; `url` is where clients go."""
+
+    def __init__(self, args, spec, disaggregated):
+        self.spec, self.disaggregated = spec, disaggregated
+        self.name = f"disagg {spec}" if disaggregated else f"colocated {spec}"
+        common = [args.slimkv, "serve", "--model", args.model, "--kv", spec, "--host", "127.0.0.1", "--port", "0",
+                  "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
+                  "--prefill-chunk-tokens", str(args.prefill_chunk_tokens)]
+        self.processes = []
+        if not disaggregated:
+            self.front = self.start(common + ["--threads", str(2 * args.threads)], "colocated")
+            return
+        self.prefill = self.start(common + ["--threads", str(args.threads), "--role", "prefill",
+                                            "--kv-bandwidth-gbps", str(args.kv_bandwidth_gbps)], "prefill")
+        self.decode = self.start(common + ["--threads", str(args.threads), "--role", "decode", "--kv-port", "0"], "decode")
+        self.front = self.start([args.slimkv, "router", "--port", "0", "--prefill", self.prefill.url,
+                                 "--decode", self.decode.url, "--health-interval-s", "0.5"], "router")
+
+    def start(self, command, name):
+        process = Process(command, name=f"slimkv-{name}").__enter__()
+        self.processes.append(process)
+        return process
+
+    @property
+    def url(self):
+        return self.front.url
+
+    def close(self):
+        for process in reversed(self.processes):
+            process.__exit__(None, None, None)
+
+    def kv_bytes_sent(self):
+        """The KV bytes the prefill worker reported sending (the router's counter)."""
+        status, _, text = self.front.get("/metrics")
+        for line in text.decode().splitlines() if status == 200 else []:
+            if line.startswith("slimkv_router:kv_transfer_bytes_total"):
+                return float(line.rsplit(" ", 1)[1])
+        return None
+
+
+def heldout_token_ids(server, path, max_chars):
+    """The held-out text's token ids (tokenized by the server in pieces cut at line ends)."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read(max_chars)
+    ids, piece = [], ""
+    for line in text.splitlines(keepends=True):
+        piece += line
+        if len(piece) > 32768:
+            ids += tokenize(server, piece)
+            piece = ""
+    return ids + (tokenize(server, piece) if piece else [])
+
+
+def tokenize(server, text):
+    status, _, body = server.post("/tokenize", {"prompt": text, "add_special_tokens": False})
+    if status != 200:
+        raise RuntimeError(f"/tokenize answered {status}: {body}")
+    return body["tokens"]
+
+
+def workload(args, corpus, rate, seed):
+    """[(arrival offset s, prompt ids, output tokens)]: the same for every deployment at one rate."""
+    rng = random.Random(seed)
+
+    def length(mean):
+        return max(1, rng.randint(int(mean * (1 - args.range_ratio)), int(mean * (1 + args.range_ratio))))
+    requests, t = [], 0.0
+    for _ in range(args.num_requests):
+        t += rng.expovariate(rate)
+        n = length(args.input_len)
+        start = rng.randrange(0, len(corpus) - n)
+        requests.append((t, corpus[start:start + n], length(args.output_len)))
+    return requests
+
+
+def drive(deployment, model, requests, args):
+    """Sends the requests at their arrival times (stopping new ones after --max-send-s); returns a result
+    per request sent: {arrival, prompt, output, ttft, jct, tpot, ok, error}."""
+    results = [None] * len(requests)
+
+    def one(i, sent_at):
+        ok, error, arrivals, tokens = run_request(deployment.url, model, requests[i][1], requests[i][2], args.timeout_s)
+        results[i] = {"arrival": sent_at, "prompt": len(requests[i][1]), "output": requests[i][2], "ok": ok and bool(arrivals),
+                      "error": error, "tokens": tokens, "ttft": arrivals[0] if arrivals else None,
+                      "jct": arrivals[-1] if arrivals else None,
+                      "tpot": (arrivals[-1] - arrivals[0]) / (tokens - 1) if arrivals and tokens > 1 else None}
+    threads, start = [], time.perf_counter()
+    for i, (offset, _, _) in enumerate(requests):
+        if offset > args.max_send_s:
+            break
+        time.sleep(max(0.0, start + offset - time.perf_counter()))
+        thread = threading.Thread(target=one, args=(i, time.perf_counter() - start))
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join()
+    return [r for r in results if r is not None]
+
+
+def summarize(results):
+    ok = [r for r in results if r["ok"]]
+
+    def mean(key):
+        values = [r[key] for r in ok if r[key] is not None]
+        return statistics.fmean(values) if values else float("nan")
+
+    def p99(key):
+        values = sorted(r[key] for r in ok if r[key] is not None)
+        return values[min(len(values) - 1, int(0.99 * len(values)))] if values else float("nan")
+    return {"sent": len(results), "completed": len(ok), "errors": sorted({r["error"] for r in results if not r["ok"]})[:3],
+            "jct_mean_s": mean("jct"), "jct_p99_s": p99("jct"), "ttft_mean_s": mean("ttft"), "ttft_p99_s": p99("ttft"),
+            "tpot_mean_s": mean("tpot")}
+
+
+# --- the simulator's inputs, measured (--calibrate) ---
+
+def timed_request(server, model, prompt, max_tokens, timeout_s):
+    ok, error, arrivals, tokens = run_request(server.url, model, prompt, max_tokens, timeout_s)
+    if not ok:
+        raise RuntimeError(f"calibration request failed: {error}")
+    return arrivals, tokens
+
+
+def fit(xs, ys, columns):
+    """Least squares of ys on the feature columns (each a function of x), every coefficient >= 0: a
+    negative one (noise on a shared machine, a term too small to see) is set to 0 and the rest refit."""
+    active = list(range(len(columns)))
+    while True:
+        coefficients = least_squares(xs, ys, [columns[i] for i in active])
+        if all(c >= 0 for c in coefficients) or len(active) == 1:
+            out = [0.0] * len(columns)
+            for i, c in zip(active, coefficients):
+                out[i] = max(0.0, c)
+            return out
+        del active[min(range(len(active)), key=lambda k: coefficients[k])]
+
+
+def least_squares(xs, ys, columns):
+    """Least squares of ys on the given feature columns (each a function of x); returns the coefficients."""
+    rows = [[c(x) for c in columns] for x in xs]
+    k = len(columns)
+    a = [[sum(r[i] * r[j] for r in rows) for j in range(k)] for i in range(k)]
+    b = [sum(r[i] * y for r, y in zip(rows, ys)) for i in range(k)]
+    for i in range(k):  # Gaussian elimination with partial pivoting
+        p = max(range(i, k), key=lambda r: abs(a[r][i]))
+        a[i], a[p], b[i], b[p] = a[p], a[i], b[p], b[i]
+        for r in range(i + 1, k):
+            f = a[r][i] / a[i][i]
+            a[r] = [x - f * y for x, y in zip(a[r], a[i])]
+            b[r] -= f * b[i]
+    out = [0.0] * k
+    for i in reversed(range(k)):
+        out[i] = (b[i] - sum(a[i][j] * out[j] for j in range(i + 1, k))) / a[i][i]
+    return out
+
+
+def calibrate(args, corpus, model):
+    """One worker's costs, as scripts/disagg_sim.py takes them, measured on a `--role both` server with a
+    worker's threads: prefill time vs prompt length (TTFT of a 1-token request alone, repeated), and decode
+    step time vs batch and context (TPOT of `batch` equal requests sent together)."""
+    server = Process([args.slimkv, "serve", "--model", args.model, "--kv", "dense:dtype=f16", "--host", "127.0.0.1",
+                      "--port", "0", "--threads", str(args.threads), "--max-model-len", str(args.max_model_len),
+                      "--max-num-seqs", str(args.max_num_seqs), "--prefill-chunk-tokens", str(args.prefill_chunk_tokens)],
+                     name="slimkv-calibrate").__enter__()
+    try:
+        rng = random.Random(1)
+        lengths, seconds = [], []
+        for n in [int(args.input_len * f) for f in (0.25, 0.5, 1.0, 1.5)] * args.calibration_repeats:
+            start = rng.randrange(0, len(corpus) - n)
+            arrivals, _ = timed_request(server, model, corpus[start:start + n], 1, args.timeout_s)
+            lengths.append(n)
+            seconds.append(arrivals[0])
+        base, per_token, per_token2 = fit(lengths, seconds, [lambda n: 1.0, lambda n: n, lambda n: n * n])
+        steps = []  # (batch, context tokens of the batch, step seconds)
+        for batch in (1, 2, 4):
+            for n in (args.input_len // 2, args.input_len):
+                prompts = []
+                for _ in range(batch):
+                    start = rng.randrange(0, len(corpus) - n)
+                    prompts.append(corpus[start:start + n])
+                tpots = [None] * batch
+
+                def one(i):
+                    arrivals, tokens = timed_request(server, model, prompts[i], args.output_len, args.timeout_s)
+                    # the steps after every prompt of the batch is in: the second half of the output
+                    half = len(arrivals) // 2
+                    tpots[i] = (arrivals[-1] - arrivals[half]) / max(1, len(arrivals) - 1 - half)
+                threads = [threading.Thread(target=one, args=(i,)) for i in range(batch)]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+                steps.append((batch, batch * (n + args.output_len * 3 // 4), statistics.median(tpots)))
+        step_base, per_seq, per_context = fit(steps, [s[2] for s in steps],
+                                              [lambda s: 1.0, lambda s: s[0], lambda s: s[1]])
+    finally:
+        server.__exit__(None, None, None)
+    return {"prefill_base_s": base, "prefill_s_per_token": per_token, "prefill_s_per_token2": per_token2,
+            "step_base_s": step_base, "step_s_per_seq": per_seq, "step_s_per_context_token": per_context,
+            "prefill_points": list(zip(lengths, seconds)), "step_points": steps}
+
+
+def simulate(costs, results, bytes_per_token, args, num_layers):
+    """disagg_sim's prediction for one measured deployment: each round's arrivals and lengths as measured,
+    one prefill and one decode worker, the link at the cap; the rounds' requests pooled."""
+    config = {key: costs[key] for key in ("prefill_base_s", "prefill_s_per_token", "prefill_s_per_token2",
+                                          "step_base_s", "step_s_per_seq", "step_s_per_context_token")}
+    config.update({"prefill_workers": 1, "decode_workers": 1, "link_gbps": args.kv_bandwidth_gbps,
+                   "num_layers": num_layers, "max_batch": args.max_num_seqs, "overlap_layers": True,
+                   "prefill_chunk_tokens": args.prefill_chunk_tokens, "overlap_chunks": args.chunk_overlap,
+                   "kv_bytes_per_token": {"measured": bytes_per_token}})
+    pooled = []
+    for round_index in sorted({r["round"] for r in results}):
+        config["requests"] = [[r["arrival"], r["prompt"], r["output"]] for r in results if r["round"] == round_index]
+        pooled += disagg_sim.simulate(disagg_sim.Config(config), "measured")
+    return disagg_sim.summarize(pooled)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--slimkv", default="build/release/slimkv")
+    parser.add_argument("--model", default="models/slimkv-llama-15m")
+    parser.add_argument("--text", default=None, help="prompt text (default: the model's heldout.txt)")
+    parser.add_argument("--specs", default="dense:dtype=f16;hack:bits=2,pi=64;hack:bits=4",
+                        help="';'-separated KV specs of the disaggregated deployments; the first is the ratios' base")
+    parser.add_argument("--colocated-spec", default="dense:dtype=f16")
+    parser.add_argument("--kv-bandwidth-gbps", type=float, default=1.0)
+    parser.add_argument("--rates", default="0.5,1,2", help="arrival rates, requests/s")
+    parser.add_argument("--num-requests", type=int, default=24)
+    parser.add_argument("--max-send-s", type=float, default=120, help="no arrivals after this")
+    parser.add_argument("--input-len", type=int, default=2048)
+    parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--range-ratio", type=float, default=0.5)
+    parser.add_argument("--threads", type=int, default=1, help="per worker (the colocated server: twice this)")
+    parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--max-num-seqs", type=int, default=16)
+    parser.add_argument("--prefill-chunk-tokens", type=int, default=512, help="every server's")
+    parser.add_argument("--chunk-overlap", action=argparse.BooleanOptionalAction, default=True,
+                        help="the simulator's model of the prefill worker: every prompt chunk's KV streams as computed "
+                             "(--no-chunk-overlap: only the last chunk's step overlaps, as slimkv before issue 23's step 3)")
+    parser.add_argument("--timeout-s", type=float, default=300)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=2, help="repeats of each rate's workload, deployments rotated")
+    parser.add_argument("--calibrate", action="store_true", help="measure the simulator's costs and compare")
+    parser.add_argument("--calibration-repeats", type=int, default=3)
+    parser.add_argument("--json", help="write every run's results here")
+    args = parser.parse_args()
+    rates = [float(r) for r in args.rates.split(",")]
+    specs = [s for s in args.specs.split(";") if s]
+    text = args.text or os.path.join(args.model, "heldout.txt")
+    with open(os.path.join(args.model, "config.json")) as f:
+        num_layers = json.load(f)["num_hidden_layers"]
+
+    deployments = []
+    try:
+        deployments.append(Deployment(args, args.colocated_spec, disaggregated=False))
+        for spec in specs:
+            deployments.append(Deployment(args, spec, disaggregated=True))
+        front = deployments[0].front
+        model = front.get("/v1/models")[2]["data"][0]["id"]
+        corpus = heldout_token_ids(front, text, max_chars=400_000)
+        print(f"{len(corpus)} held-out tokens from {text}; {args.num_requests} requests a run, prompts "
+              f"{args.input_len}±{args.range_ratio:.0%}, outputs {args.output_len}±{args.range_ratio:.0%}, "
+              f"KV link cap {args.kv_bandwidth_gbps} Gbit/s, {args.threads} thread(s) a worker", flush=True)
+        # Each rate's workload runs --rounds times through every deployment, the order rotated each
+        # round, so that a load that drifts on a shared machine falls on every deployment alike.
+        runs = {(rate, d.name): {"rate": rate, "deployment": d.name, "spec": d.spec, "disaggregated": d.disaggregated,
+                                 "requests": [], "kv_bytes": 0.0} for rate in rates for d in deployments}
+        for rate in rates:
+            requests = workload(args, corpus, rate, seed=args.seed + int(rate * 1000))
+            for round_index in range(args.rounds):
+                shift = round_index % len(deployments)
+                for deployment in deployments[shift:] + deployments[:shift]:
+                    run = runs[(rate, deployment.name)]
+                    kv_before = deployment.kv_bytes_sent() if deployment.disaggregated else None
+                    results = drive(deployment, model, requests, args)
+                    for r in results:
+                        r["round"] = round_index
+                    run["requests"] += results
+                    if deployment.disaggregated:
+                        run["kv_bytes"] += deployment.kv_bytes_sent() - kv_before
+                    s = summarize(results)
+                    print(f"  rate {rate} round {round_index}: {deployment.name}: {s['completed']}/{s['sent']} done, "
+                          f"JCT {s['jct_mean_s']:.3f} s, TTFT {s['ttft_mean_s']:.3f} s, TPOT {s['tpot_mean_s'] * 1e3:.1f} ms",
+                          flush=True)
+        runs = list(runs.values())
+        for run in runs:
+            run["summary"] = summarize(run["requests"])
+            if run["disaggregated"]:
+                run["kv_bytes_per_token"] = run.pop("kv_bytes") / max(1, sum(r["prompt"] for r in run["requests"] if r["ok"]))
+            else:
+                run.pop("kv_bytes")
+        costs = calibrate(args, corpus, model) if args.calibrate else None
+    finally:
+        for deployment in deployments:
+            deployment.close()
+
+    base_name = deployments[1].name if len(deployments) > 1 else deployments[0].name
+    for rate in rates:
+        of_rate = [r for r in runs if r["rate"] == rate]
+        base = next(r for r in of_rate if r["deployment"] == base_name)["summary"]
+        print(f"\narrival rate {rate} req/s (ratios: to {base_name})")
+        print(f"{'deployment':<34}{'done':>7}{'JCT mean s':>12}{'JCT p99 s':>11}{'TTFT mean s':>13}{'TTFT p99 s':>12}"
+              f"{'TPOT ms':>9}{'KV B/tok':>10}{'JCT x':>8}{'TTFT x':>8}")
+        for run in of_rate:
+            s = run["summary"]
+            print(f"{run['deployment']:<34}{s['completed']:>3}/{s['sent']:<3}{s['jct_mean_s']:>12.3f}{s['jct_p99_s']:>11.3f}"
+                  f"{s['ttft_mean_s']:>13.3f}{s['ttft_p99_s']:>12.3f}{s['tpot_mean_s'] * 1e3:>9.1f}"
+                  f"{run.get('kv_bytes_per_token', float('nan')):>10.1f}{s['jct_mean_s'] / base['jct_mean_s']:>8.3f}"
+                  f"{s['ttft_mean_s'] / base['ttft_mean_s']:>8.3f}")
+            for error in s["errors"]:
+                print(f"    error: {error[:200]}")
+
+    if costs:
+        print(f"\nmeasured costs (one worker, {args.threads} thread(s)): prefill {costs['prefill_base_s'] * 1e3:.2f} ms + "
+              f"{costs['prefill_s_per_token'] * 1e6:.2f} us/token + {costs['prefill_s_per_token2'] * 1e9:.4f} ns/token^2; "
+              f"decode step {costs['step_base_s'] * 1e3:.2f} ms + {costs['step_s_per_seq'] * 1e3:.3f} ms/seq + "
+              f"{costs['step_s_per_context_token'] * 1e9:.1f} ns/context token")
+        print("simulator (scripts/disagg_sim.py, the same arrivals and lengths) vs measured, disaggregated runs:")
+        print(f"{'rate':>5}  {'spec':<22}{'JCT meas':>10}{'JCT sim':>9}{'err':>8}{'TTFT meas':>11}{'TTFT sim':>10}{'err':>8}"
+              f"{'TPOT meas':>11}{'TPOT sim':>10}")
+        for run in runs:
+            if not run["disaggregated"]:
+                continue
+            done = [r for r in run["requests"] if r["ok"]]
+            predicted = simulate(costs, done, run["kv_bytes_per_token"], args, num_layers)
+            run["simulated"] = predicted
+            s = run["summary"]
+            jct, ttft, tpot = (predicted[k]["mean"] for k in ("jct_s", "ttft_s", "tpot_s"))
+            print(f"{run['rate']:>5}  {run['spec']:<22}{s['jct_mean_s']:>10.3f}{jct:>9.3f}{jct / s['jct_mean_s'] - 1:>+8.1%}"
+                  f"{s['ttft_mean_s']:>11.3f}{ttft:>10.3f}{ttft / s['ttft_mean_s'] - 1:>+8.1%}"
+                  f"{s['tpot_mean_s'] * 1e3:>11.1f}{tpot * 1e3:>10.1f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "costs": costs, "runs": runs}, f, indent=1)
+    return 1 if any(r["summary"]["completed"] < r["summary"]["sent"] for r in runs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
