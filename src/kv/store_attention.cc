@@ -157,82 +157,115 @@ std::vector<int> longest_first_order(const KvShape& shape, int layer, int tiles,
   return order;
 }
 
-}  // namespace
+// What a call's tasks share: their count, the heads' offsets in q / out, the order they are taken in.
+struct CallPlan {
+  int tasks = 0;
+  HeadOffsets offsets;
+  std::vector<int> order;  // empty: index order
+};
 
-void attend(const KvStore& store, int layer, const float* q, int n, int first_position,
-            const AttentionParams& params, float* out, const std::vector<HeadSelection>* selection) {
+CallPlan plan_call(const AttendCall& call, int layer, const AttentionParams& params) {
+  const KvShape& shape = call.store->shape();
+  assert(call.store->num_tokens(layer) == call.first_position + call.n);
+  const int tiles = (call.n + kTilePositions - 1) / kTilePositions;
+  CallPlan plan;
+  plan.tasks = shape.num_kv_heads * tiles;
+  plan.offsets = head_offsets(shape, layer, params.num_heads / shape.num_kv_heads);
+  if (params.longest_task_first) plan.order = longest_first_order(shape, layer, tiles, call.n, call.first_position);
+  return plan;
+}
+
+// Task `task_index` of a call: one KV head over one tile of query positions.
+void attend_task(const AttendCall& call, int layer, const AttentionParams& params, const CallPlan& plan,
+                 int64_t task_index) {
+  const KvStore& store = *call.store;
   const KvShape& shape = store.shape();
+  const float* q = call.q;
+  const int n = call.n, first_position = call.first_position;
   const int group = params.num_heads / shape.num_kv_heads;
   const int block_tokens = store.block_tokens();
   const int sealed = store.num_sealed_blocks(layer);
   const int open_tokens = store.open_tokens(layer);
-  assert(store.num_tokens(layer) == first_position + n);
-  const int tiles = (n + kTilePositions - 1) / kTilePositions;
-  const int tasks = shape.num_kv_heads * tiles;
-  const HeadOffsets offsets = head_offsets(shape, layer, group);
-  std::vector<int> order;
-  if (params.longest_task_first) order = longest_first_order(shape, layer, tiles, n, first_position);
+  const HeadOffsets& offsets = plan.offsets;
+  // This thread's scratch, reused from task to task.
+  thread_local std::vector<float> q_tile;
+  thread_local std::vector<int> visible;
+  thread_local std::vector<uint8_t> prepared;
+  thread_local std::vector<float> open_k, open_v;  // the open block widened from FP16
+  thread_local AttentionPartials partials(0, 0);
+  const int task = plan.order.empty() ? int(task_index) : plan.order[size_t(task_index)];
+  const int g = task % shape.num_kv_heads;
+  const BlockShape& block_shape = store.block_shape(layer, g);
+  const int k_dim = block_shape.k_dim, v_dim = block_shape.v_dim;
+  const size_t block_bytes = store.block_bytes(layer, g);
+  q_tile.resize(size_t(kTilePositions) * group * k_dim);
+  visible.resize(size_t(kTilePositions) * group);
+  const int first = (task / shape.num_kv_heads) * kTilePositions;  // first query (row of q) in the tile
+  const int positions = std::min(kTilePositions, n - first);
+  const int rows = positions * group;
+  // Gather the group's queries, scaled: row r = (position r / group, head g·group + r % group).
+  for (int r = 0; r < rows; ++r) {
+    const float* src = q + size_t(first + r / group) * offsets.q_row + offsets.q[size_t(g)] + size_t(r % group) * k_dim;
+    float* dst = q_tile.data() + size_t(r) * k_dim;
+    for (int c = 0; c < k_dim; ++c) dst[c] = src[c] * params.scale;
+    if (store.rotated()) hadamard_rotate(dst, k_dim);
+  }
+  partials.reset(rows, v_dim);
+  QueryTile tile{q_tile.data(), rows, visible.data()};
+  store.codec().prepare_queries(block_shape, tile, prepared);
+  tile.prepared = prepared.data();
+  const int first_tile_position = first_position + first;
+  const int last_tile_position = first_tile_position + positions - 1;
+  const bool selected = call.selection && n == 1 && !(*call.selection)[size_t(g)].all;
+  if (selected) {
+    attend_selected_sealed(store, layer, g, (*call.selection)[size_t(g)], params.scale, tile, visible.data(), partials);
+  }
+  // prefill=exact: the store's tokens up to the chunk, then the chunk's own as appended.
+  const KvStore::ExactChunk chunk = store.exact_chunk(layer, g);
+  const bool exact = chunk.n == n && chunk.first_token == first_position;
+  const int store_end = exact ? first_position : last_tile_position + 1;  // tokens read from the store
+  for (int b = 0; !selected && b < sealed && b * block_tokens < store_end; ++b) {
+    if (b + 1 < sealed) prefetch(store.sealed_block(layer, g, b + 1), block_bytes);
+    visible_tokens(first_tile_position, group, rows, b * block_tokens, block_tokens, store_end, visible.data());
+    store.codec().attend(block_shape, store.sealed_block(layer, g, b), tile, partials, 0);
+  }
+  if (open_tokens > 0 && sealed * block_tokens < store_end) {
+    visible_tokens(first_tile_position, group, rows, sealed * block_tokens, open_tokens, store_end, visible.data());
+    open_k.resize(size_t(open_tokens) * size_t(k_dim));
+    open_v.resize(size_t(open_tokens) * size_t(v_dim));
+    store.widen_open(layer, g, open_tokens, open_k.data(), open_v.data());
+    attend_block_f32(tile, open_k.data(), open_v.data(), k_dim, v_dim, partials, 0);
+  }
+  for (int t = 0; exact && t < chunk.n && first_position + t <= last_tile_position; t += block_tokens) {
+    const int piece = std::min(block_tokens, chunk.n - t);
+    visible_tokens(first_tile_position, group, rows, first_position + t, piece, INT_MAX, visible.data());
+    attend_block_f32(tile, chunk.k + size_t(t) * k_dim, chunk.v + size_t(t) * v_dim, k_dim, v_dim, partials, 0);
+  }
+  for (int r = 0; r < rows; ++r) {
+    float* dst = call.out + size_t(first + r / group) * offsets.out_row + offsets.out[size_t(g)] + size_t(r % group) * v_dim;
+    partials.write_output(r, dst);
+    if (store.rotated()) hadamard_rotate(dst, v_dim);  // back from the rotated basis
+  }
+}
 
-  params.pool->run(tasks, [&](int64_t task_index, int) {
-    // This thread's scratch, reused from task to task.
-    thread_local std::vector<float> q_tile;
-    thread_local std::vector<int> visible;
-    thread_local std::vector<uint8_t> prepared;
-    thread_local std::vector<float> open_k, open_v;  // the open block widened from FP16
-    thread_local AttentionPartials partials(0, 0);
-    const int task = order.empty() ? int(task_index) : order[size_t(task_index)];
-    const int g = task % shape.num_kv_heads;
-    const BlockShape& block_shape = store.block_shape(layer, g);
-    const int k_dim = block_shape.k_dim, v_dim = block_shape.v_dim;
-    const size_t block_bytes = store.block_bytes(layer, g);
-    q_tile.resize(size_t(kTilePositions) * group * k_dim);
-    visible.resize(size_t(kTilePositions) * group);
-    const int first = (task / shape.num_kv_heads) * kTilePositions;  // first query (row of q) in the tile
-    const int positions = std::min(kTilePositions, n - first);
-    const int rows = positions * group;
-    // Gather the group's queries, scaled: row r = (position r / group, head g·group + r % group).
-    for (int r = 0; r < rows; ++r) {
-      const float* src = q + size_t(first + r / group) * offsets.q_row + offsets.q[size_t(g)] + size_t(r % group) * k_dim;
-      float* dst = q_tile.data() + size_t(r) * k_dim;
-      for (int c = 0; c < k_dim; ++c) dst[c] = src[c] * params.scale;
-      if (store.rotated()) hadamard_rotate(dst, k_dim);
-    }
-    partials.reset(rows, v_dim);
-    QueryTile tile{q_tile.data(), rows, visible.data()};
-    store.codec().prepare_queries(block_shape, tile, prepared);
-    tile.prepared = prepared.data();
-    const int first_tile_position = first_position + first;
-    const int last_tile_position = first_tile_position + positions - 1;
-    const bool selected = selection && n == 1 && !(*selection)[size_t(g)].all;
-    if (selected) {
-      attend_selected_sealed(store, layer, g, (*selection)[size_t(g)], params.scale, tile, visible.data(), partials);
-    }
-    // prefill=exact: the store's tokens up to the chunk, then the chunk's own as appended.
-    const KvStore::ExactChunk chunk = store.exact_chunk(layer, g);
-    const bool exact = chunk.n == n && chunk.first_token == first_position;
-    const int store_end = exact ? first_position : last_tile_position + 1;  // tokens read from the store
-    for (int b = 0; !selected && b < sealed && b * block_tokens < store_end; ++b) {
-      if (b + 1 < sealed) prefetch(store.sealed_block(layer, g, b + 1), block_bytes);
-      visible_tokens(first_tile_position, group, rows, b * block_tokens, block_tokens, store_end, visible.data());
-      store.codec().attend(block_shape, store.sealed_block(layer, g, b), tile, partials, 0);
-    }
-    if (open_tokens > 0 && sealed * block_tokens < store_end) {
-      visible_tokens(first_tile_position, group, rows, sealed * block_tokens, open_tokens, store_end, visible.data());
-      open_k.resize(size_t(open_tokens) * size_t(k_dim));
-      open_v.resize(size_t(open_tokens) * size_t(v_dim));
-      store.widen_open(layer, g, open_tokens, open_k.data(), open_v.data());
-      attend_block_f32(tile, open_k.data(), open_v.data(), k_dim, v_dim, partials, 0);
-    }
-    for (int t = 0; exact && t < chunk.n && first_position + t <= last_tile_position; t += block_tokens) {
-      const int piece = std::min(block_tokens, chunk.n - t);
-      visible_tokens(first_tile_position, group, rows, first_position + t, piece, INT_MAX, visible.data());
-      attend_block_f32(tile, chunk.k + size_t(t) * k_dim, chunk.v + size_t(t) * v_dim, k_dim, v_dim, partials, 0);
-    }
-    for (int r = 0; r < rows; ++r) {
-      float* dst = out + size_t(first + r / group) * offsets.out_row + offsets.out[size_t(g)] + size_t(r % group) * v_dim;
-      partials.write_output(r, dst);
-      if (store.rotated()) hadamard_rotate(dst, v_dim);  // back from the rotated basis
-    }
+}  // namespace
+
+void attend(const KvStore& store, int layer, const float* q, int n, int first_position,
+            const AttentionParams& params, float* out, const std::vector<HeadSelection>* selection) {
+  const AttendCall call{&store, q, n, first_position, out, selection};
+  attend_many({&call, 1}, layer, params);
+}
+
+void attend_many(std::span<const AttendCall> calls, int layer, const AttentionParams& params) {
+  std::vector<CallPlan> plans;
+  std::vector<int64_t> first_task{0};  // call i's tasks are [first_task[i], first_task[i + 1])
+  for (const AttendCall& call : calls) {
+    plans.push_back(plan_call(call, layer, params));
+    first_task.push_back(first_task.back() + plans.back().tasks);
+  }
+  params.pool->run(first_task.back(), [&](int64_t task, int) {
+    const size_t i = size_t(std::upper_bound(first_task.begin(), first_task.end(), task) - first_task.begin()) - 1;
+    attend_task(calls[i], layer, params, plans[i], task - first_task[i]);
   });
 }
 

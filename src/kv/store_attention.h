@@ -5,6 +5,8 @@
 // kernels and the partial state of attention/ that it calls.
 #pragma once
 
+#include <span>
+
 #include "kv/store.h"
 #include "util/thread_pool.h"
 
@@ -36,5 +38,19 @@ struct AttentionParams {
 // head) dims back to back, and a row of out each head's v_dim_of.
 void attend(const KvStore& store, int layer, const float* q, int n, int first_position,
             const AttentionParams& params, float* out, const std::vector<HeadSelection>* selection = nullptr);
+
+// One sequence's part of attend_many: attend()'s arguments for its own store.
+struct AttendCall {
+  const KvStore* store = nullptr;
+  const float* q = nullptr;
+  int n = 0;
+  int first_position = 0;
+  float* out = nullptr;
+  const std::vector<HeadSelection>* selection = nullptr;
+};
+
+// attend() for several sequences (distinct stores) of one layer, all their (KV head, query tile) tasks in
+// one pool loop: a batched decode step hands work to the threads once per layer, not once per sequence.
+void attend_many(std::span<const AttendCall> calls, int layer, const AttentionParams& params);
 
 }  // namespace slimkv

@@ -143,6 +143,7 @@ void LlamaModel::forward(std::span<const ForwardSequence> batch, float* logits, 
     std::copy(sin.begin(), sin.end(), s.sin.begin() + ptrdiff_t(size_t(first_row[i]) * half));
   }
   const AttentionParams attention_params{int(c.num_heads), 1.0f / std::sqrt(float(c.head_dim)), &pool};
+  std::vector<AttendCall> calls;  // [batch] one layer's attention, a call per sequence
 
   for (int l = 0; l < int(c.num_layers); ++l) {
     const LayerWeights& w = weights_.layers[size_t(l)];
@@ -170,6 +171,7 @@ void LlamaModel::forward(std::span<const ForwardSequence> batch, float* logits, 
     }
     if (zack_) zack_->project_qk(l, s.q.data(), s.k.data(), n);  // ZACK: q, k to each head's rank (v, o folded)
     const int q_dims = query_dims(shape, l, int(c.num_heads)), k_dims = shape.layer_k_dims(l);
+    calls.clear();
     for (size_t i = 0; i < batch.size(); ++i) {  // each sequence appends to and attends over its own store
       KvStore& kv = *batch[i].kv;
       const size_t row = size_t(first_row[i]);
@@ -177,9 +179,11 @@ void LlamaModel::forward(std::span<const ForwardSequence> batch, float* logits, 
       const float* q = s.q.data() + row * size_t(q_dims);
       kv.append(l, s.k.data() + row * size_t(k_dims), s.v.data() + row * size_t(v_dims), rows);
       const std::vector<HeadSelection>& selection = kv.select(l, q, rows, int(c.num_heads), pool);
-      float* out = s.att.data() + row * size_t(out_dims);
-      attend(kv, l, q, rows, first_position[i], attention_params, out, &selection);
-      if (batch[i].observer) batch[i].observer->on_attention_output(l, out, rows);
+      calls.push_back({&kv, q, rows, first_position[i], s.att.data() + row * size_t(out_dims), &selection});
+    }
+    attend_many(calls, l, attention_params);  // all sequences' attention in one pool loop
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (batch[i].observer) batch[i].observer->on_attention_output(l, calls[i].out, calls[i].n);
     }
     matmul(s.att.data(), n, w.wo, s.proj.data(), pool);
     add_to(s.x.data(), s.proj.data(), size_t(n) * hidden);

@@ -1,6 +1,6 @@
 // CPU kernels against their references: vector ops (dot, dots, ...) at every length 0..2·(widest vector) and
 // misaligned starts; matmul for F32/F16/BF16 weights on both paths (in-register widening for few
-// inputs, widen-then-BLAS for many) with odd sizes.
+// inputs, panel_gemm for many) with odd sizes, partial panels and several depth chunks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -64,25 +64,29 @@ TEST(VecOps, EveryLengthAndOffsetMatchesScalar) {
   }
 }
 
-// A batched decode must give each sequence the bits it gets alone: matvec_half of n inputs (grouped eight,
-// then four, then one at a time inside: 15 takes every path) writes, for every input, exactly what a call with that input alone writes.
+// A batched decode must give each sequence the bits it gets alone: matvec_half of n inputs (tiles of rows x
+// inputs, 15 inputs and 1, 6, 7 rows leave edge tiles of every size) writes, for every input, exactly what a call
+// with that input alone writes.
 TEST(CpuKernels, MatVecHalfOfManyInputsGivesEachInputItsBitsAlone) {
   std::mt19937 rng(3);
   std::normal_distribution<float> normal;
   for (const DType dtype : {DType::kBF16, DType::kF16}) {
     for (const int64_t cols : {1, 7, 16, 33, 384}) {
-      const int64_t rows = 5, n = 15;
-      std::vector<uint16_t> w(size_t(rows * cols));
-      for (uint16_t& value : w) value = dtype == DType::kBF16 ? float_to_bf16(normal(rng)) : float_to_fp16(normal(rng));
-      std::vector<float> x(size_t(n * cols));
-      for (float& value : x) value = normal(rng);
-      std::vector<float> together(size_t(n * rows));
-      matvec_half(x.data(), n, w.data(), dtype, rows, cols, 0, rows, together.data());
-      for (int64_t i = 0; i < n; ++i) {
-        std::vector<float> alone(static_cast<size_t>(rows));
-        matvec_half(x.data() + i * cols, 1, w.data(), dtype, rows, cols, 0, rows, alone.data());
-        for (int64_t o = 0; o < rows; ++o) {
-          EXPECT_EQ(together[size_t(i * rows + o)], alone[size_t(o)]) << dtype_name(dtype) << " cols " << cols << " input " << i;
+      for (const int64_t rows : {1, 6, 7}) {
+        const int64_t n = 15;
+        std::vector<uint16_t> w(size_t(rows * cols));
+        for (uint16_t& value : w) value = dtype == DType::kBF16 ? float_to_bf16(normal(rng)) : float_to_fp16(normal(rng));
+        std::vector<float> x(size_t(n * cols));
+        for (float& value : x) value = normal(rng);
+        std::vector<float> together(size_t(n * rows));
+        matvec_half(x.data(), n, w.data(), dtype, rows, cols, 0, rows, together.data());
+        for (int64_t i = 0; i < n; ++i) {
+          std::vector<float> alone(static_cast<size_t>(rows));
+          matvec_half(x.data() + i * cols, 1, w.data(), dtype, rows, cols, 0, rows, alone.data());
+          for (int64_t o = 0; o < rows; ++o) {
+            EXPECT_EQ(together[size_t(i * rows + o)], alone[size_t(o)])
+                << dtype_name(dtype) << " rows " << rows << " cols " << cols << " input " << i;
+          }
         }
       }
     }
@@ -108,9 +112,9 @@ TEST(Matmul, EveryDtypeAndPathMatchesReference) {
   std::mt19937 rng(11);
   std::normal_distribution<float> normal;
   for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
-    for (const int n : {1, 2, 4, 5, 17}) {
-      for (const int cols : {1, 37, 129}) {
-        const int rows = 70;
+    for (const int n : {1, 2, 4, 5, 17, 41}) {
+      for (const int cols : {1, 37, 129, 300}) {  // 300: two depth chunks of panel_gemm
+        const int rows = 70;  // two whole panels of 32 and a partial one
         SCOPED_TRACE(str_cat("matmul(dtype=", dtype_name(dtype), ",n=", n, ",rows=", rows, ",cols=", cols, ")"));
         std::vector<float> x(size_t(n) * cols), w32(size_t(rows) * cols);
         for (float& e : x) e = normal(rng);

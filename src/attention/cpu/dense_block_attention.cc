@@ -24,14 +24,56 @@ constexpr int kQueryBatch = 4;
 // A query's scores, with room to round the block up to whole vectors (the widest target's 16 lanes).
 constexpr int kScoreSlots = kMaxBlockTokens + 16;
 
+// Sums of kCount vectors in one: lane i = Σ lanes of v[i] for kCount = the vector's lane count, by halving
+// (pairwise sums of even and odd lanes keep each vector's partial sums contiguous and in order): a
+// transposing reduction that costs about two operations per score instead of a full reduction each.
+// (The scalar target, one lane, has no lanes to reduce and no ConcatEven.)
+#if HWY_TARGET != HWY_SCALAR
+template <size_t kCount>
+HWY_INLINE VF SumEachToLane(DF d, const VF* v) {
+  if constexpr (kCount == 1) {
+    return v[0];
+  } else {
+    VF half[kCount / 2];
+    for (size_t i = 0; i < kCount / 2; ++i) {
+      half[i] = hn::Add(hn::ConcatEven(d, v[2 * i + 1], v[2 * i]), hn::ConcatOdd(d, v[2 * i + 1], v[2 * i]));
+    }
+    return SumEachToLane<kCount / 2>(d, half);
+  }
+}
+#endif
+
 // Scores of `batch` queries (rows of q, k_dim apart) against tokens [0, n) of k: scores[r][j] = q_r·k_j.
-// A key row is read once for the batch: whole vectors of dims, then a scalar tail.
+// A vector's worth of keys at a time per query: one accumulator per key, reduced together into a vector
+// of scores; the keys past the last whole vector (and dims past the last whole vector) one by one.
 HWY_INLINE void BlockScores(const float* q, int batch, const float* k, int n, int k_dim,
                             float (*scores)[kScoreSlots]) {
   const DF df;
   const int lanes = int(hn::Lanes(df));
   const int body = k_dim / lanes * lanes;
-  for (int j = 0; j < n; ++j) {
+  int j = 0;
+#if HWY_TARGET != HWY_SCALAR
+  {
+    constexpr size_t kLanes = HWY_LANES(float);
+    for (; lanes == int(kLanes) && j + lanes <= n; j += lanes) {
+      const float* keys = k + size_t(j) * size_t(k_dim);
+      for (int r = 0; r < batch; ++r) {
+        const float* query = q + size_t(r) * size_t(k_dim);
+        VF acc[kLanes];
+        for (size_t t = 0; t < kLanes; ++t) acc[t] = hn::Zero(df);
+        for (int c = 0; c < body; c += lanes) {
+          const VF query_part = hn::LoadU(df, query + c);
+          for (size_t t = 0; t < kLanes; ++t) acc[t] = hn::MulAdd(query_part, hn::LoadU(df, keys + t * size_t(k_dim) + c), acc[t]);
+        }
+        hn::StoreU(SumEachToLane<kLanes>(df, acc), df, scores[r] + j);
+        for (int t = 0; t < lanes && body < k_dim; ++t) {
+          for (int c = body; c < k_dim; ++c) scores[r][j + t] += query[c] * keys[size_t(t) * size_t(k_dim) + size_t(c)];
+        }
+      }
+    }
+  }
+#endif
+  for (; j < n; ++j) {
     const float* key = k + size_t(j) * size_t(k_dim);
     VF acc[kQueryBatch];
     for (int r = 0; r < batch; ++r) acc[r] = hn::Zero(df);

@@ -6,19 +6,19 @@
 #include <mutex>
 #include <vector>
 
+#include "backend/cpu/panel_gemm.h"
 #include "backend/cpu/vec_ops.h"
 
 namespace slimkv {
 namespace {
 
 // Up to this many inputs (a decode step of that many sequences), half-precision weights are multiplied in
-// place, each row widened once in registers for all inputs, rather than widened for BLAS: the inputs'
-// rows still fit L1/L2 beside the weight row, and each input gets the bits it would get alone.
+// place, widened in registers (vec_ops.h matvec_half: memory-bound, each weight read once, each input
+// with the bits it would get alone); F32 weights go to BLAS. More inputs (prefill) go to panel_gemm.
 constexpr int64_t kMatVecMaxInputs = 16;
-// FP32 elements widened per BLAS call: large enough for efficient GEMM, small enough for L2/L3.
-constexpr int64_t kChunkElements = int64_t(1) << 18;
-// Weight elements per task: below this, handing work to another thread costs more than it saves.
-constexpr int64_t kTaskElements = int64_t(1) << 17;
+// Multiply-adds per task (weights x inputs): below this, handing work to another thread costs more than it
+// saves.
+constexpr int64_t kTaskMultiplyAdds = int64_t(1) << 17;
 
 const uint8_t* row_pointer(const WeightMatrix& w, int64_t row) {
   return static_cast<const uint8_t*>(w.data) + size_t(row) * size_t(w.cols) * dtype_size_bytes(w.dtype);
@@ -26,23 +26,14 @@ const uint8_t* row_pointer(const WeightMatrix& w, int64_t row) {
 
 // y[:, row0 : row0 + rows] for all n inputs, on the calling thread.
 void matmul_rows(const float* x, int64_t n, const WeightMatrix& w, int64_t row0, int64_t rows, float* y) {
-  if (w.dtype == DType::kF32) {
+  if (n > kMatVecMaxInputs) {
+    panel_gemm(x, n, w.data, w.dtype, w.rows, w.cols, row0, row0 + rows, y);
+  } else if (w.dtype == DType::kF32) {
+    const float* weights = static_cast<const float*>(w.data) + size_t(row0) * size_t(w.cols);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(rows), int(w.cols), 1.0f, x, int(w.cols),
-                reinterpret_cast<const float*>(row_pointer(w, row0)), int(w.cols), 0.0f, y + row0, int(w.rows));
-    return;
-  }
-  if (n <= kMatVecMaxInputs) {
-    matvec_half(x, n, reinterpret_cast<const uint16_t*>(w.data), w.dtype, w.rows, w.cols, row0, row0 + rows, y);
-    return;
-  }
-  thread_local std::vector<float> widened;  // this thread's chunk of FP32 rows
-  const int64_t chunk_rows = std::max<int64_t>(16, kChunkElements / w.cols);
-  widened.resize(size_t(std::min(chunk_rows, rows) * w.cols));
-  for (int64_t r0 = row0; r0 < row0 + rows; r0 += chunk_rows) {
-    const int64_t count = std::min(chunk_rows, row0 + rows - r0);
-    widen_to_f32(row_pointer(w, r0), w.dtype, widened.data(), size_t(count * w.cols));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(count), int(w.cols), 1.0f, x, int(w.cols),
-                widened.data(), int(w.cols), 0.0f, y + r0, int(w.rows));
+                weights, int(w.cols), 0.0f, y + row0, int(w.rows));
+  } else {
+    matvec_half(x, n, static_cast<const uint16_t*>(w.data), w.dtype, w.rows, w.cols, row0, row0 + rows, y);
   }
 }
 
@@ -51,10 +42,12 @@ void matmul_rows(const float* x, int64_t n, const WeightMatrix& w, int64_t row0,
 void matmul(const float* x, int64_t n, const WeightMatrix& w, float* y, ThreadPool& pool) {
   static std::once_flag single_threaded_blas;
   std::call_once(single_threaded_blas, [] { openblas_set_num_threads(1); });
-  // Split the output rows into tasks of at least kTaskElements weights, a few per thread.
-  const int64_t by_size = std::max<int64_t>(1, w.rows * w.cols / kTaskElements);
-  const int64_t tasks = std::min<int64_t>(by_size, 4 * pool.threads());
-  const int64_t rows_per_task = (w.rows + tasks - 1) / tasks;
+  // Split the output rows into tasks of at least kTaskMultiplyAdds, a few per thread, whole panels each
+  // (panel_gemm.h) so that only a matrix's last panel is partial.
+  const int64_t by_size = std::max<int64_t>(1, w.rows * w.cols * n / kTaskMultiplyAdds);
+  const int64_t panels = (w.rows + kPanelRowsMultiple - 1) / kPanelRowsMultiple;
+  const int64_t tasks = std::min({by_size, 4 * int64_t(pool.threads()), panels});
+  const int64_t rows_per_task = (w.rows + tasks * kPanelRowsMultiple - 1) / (tasks * kPanelRowsMultiple) * kPanelRowsMultiple;
   pool.run(tasks, [&](int64_t task, int) {
     const int64_t row0 = task * rows_per_task;
     const int64_t rows = std::min(rows_per_task, w.rows - row0);

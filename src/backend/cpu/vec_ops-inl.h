@@ -56,40 +56,42 @@ HWY_INLINE void ScaleBy(float alpha, float* HWY_RESTRICT y, size_t n) {
   for (; i < n; ++i) y[i] *= alpha;
 }
 
-// out[j] = Σ x_j[i]·float(w[i]) for kInputs inputs x_j = x + j·x_stride against one row of BF16 or FP16
-// weights (dh: the half type's tag), widened in registers once for all of them. Each input's sum runs
-// in the same order whatever kInputs is (two vector chains, then the scalar tail), so a row's result
-// for an input does not depend on how many inputs share the call: a batched decode gives each sequence
-// the bits it gets alone.
-template <int kInputs, class HalfTag>
-HWY_INLINE void DotsHalfRow(const float* HWY_RESTRICT x, size_t x_stride, const uint16_t* HWY_RESTRICT w, HalfTag dh,
-                            size_t n, float* HWY_RESTRICT out) {
+// y[j·y_stride + r] = Σ_i x_j[i]·float(w_r[i]) for a tile of kRows rows w_r = w + r·w_stride of BF16 or FP16
+// weights (dh: the half type's tag) and kInputs inputs x_j = x + j·x_stride: each weight vector is widened
+// in registers once for all inputs, each input vector loaded once for all rows (register blocking). Every
+// (row, input) sum runs in its own vector chain over whole vectors, then across lanes, then over the
+// scalar tail: the same order whatever the tile, so a batched decode gives each sequence the bits it gets
+// alone, and kRows independent chains hide the FMA latency even for one input.
+template <int kRows, int kInputs, class HalfTag>
+HWY_INLINE void HalfTile(const float* HWY_RESTRICT x, size_t x_stride, const uint16_t* HWY_RESTRICT w,
+                         size_t w_stride, HalfTag dh, size_t n, float* HWY_RESTRICT y, size_t y_stride) {
   const hn::ScalableTag<float> d;
   const size_t lanes = hn::Lanes(d);
   using V = decltype(hn::Zero(d));
-  V sum0[kInputs], sum1[kInputs];
-  for (int j = 0; j < kInputs; ++j) sum0[j] = sum1[j] = hn::Zero(d);
+  V sum[kRows][kInputs];
+  for (int r = 0; r < kRows; ++r) {
+    for (int j = 0; j < kInputs; ++j) sum[r][j] = hn::Zero(d);
+  }
   const auto* src = reinterpret_cast<const hn::TFromD<HalfTag>*>(w);
   size_t i = 0;
-  for (; i + 2 * lanes <= n; i += 2 * lanes) {
-    const auto w0 = hn::PromoteTo(d, hn::LoadU(dh, src + i));
-    const auto w1 = hn::PromoteTo(d, hn::LoadU(dh, src + i + lanes));
-    for (int j = 0; j < kInputs; ++j) {
-      sum0[j] = hn::MulAdd(hn::LoadU(d, x + j * x_stride + i), w0, sum0[j]);
-      sum1[j] = hn::MulAdd(hn::LoadU(d, x + j * x_stride + i + lanes), w1, sum1[j]);
-    }
-  }
   for (; i + lanes <= n; i += lanes) {
-    const auto w0 = hn::PromoteTo(d, hn::LoadU(dh, src + i));
-    for (int j = 0; j < kInputs; ++j) sum0[j] = hn::MulAdd(hn::LoadU(d, x + j * x_stride + i), w0, sum0[j]);
-  }
-  for (int j = 0; j < kInputs; ++j) {
-    float total = hn::GetLane(hn::SumOfLanes(d, hn::Add(sum0[j], sum1[j])));
-    for (size_t t = i; t < n; ++t) {
-      const float weight = std::is_same_v<hn::TFromD<HalfTag>, hwy::bfloat16_t> ? bf16_to_float(w[t]) : fp16_to_float(w[t]);
-      total += x[j * x_stride + t] * weight;
+    V wide[kRows];
+    for (int r = 0; r < kRows; ++r) wide[r] = hn::PromoteTo(d, hn::LoadU(dh, src + r * w_stride + i));
+    for (int j = 0; j < kInputs; ++j) {
+      const V input = hn::LoadU(d, x + j * x_stride + i);
+      for (int r = 0; r < kRows; ++r) sum[r][j] = hn::MulAdd(input, wide[r], sum[r][j]);
     }
-    out[j] = total;
+  }
+  for (int r = 0; r < kRows; ++r) {
+    for (int j = 0; j < kInputs; ++j) {
+      float total = hn::GetLane(hn::SumOfLanes(d, sum[r][j]));
+      for (size_t t = i; t < n; ++t) {
+        const uint16_t bits = w[r * w_stride + t];
+        const float weight = std::is_same_v<hn::TFromD<HalfTag>, hwy::bfloat16_t> ? bf16_to_float(bits) : fp16_to_float(bits);
+        total += x[j * x_stride + t] * weight;
+      }
+      y[j * y_stride + r] = total;
+    }
   }
 }
 

@@ -1,5 +1,6 @@
 #include "backend/cpu/vec_ops.h"
 
+#include <algorithm>
 #include <cstring>
 
 #undef HWY_TARGET_INCLUDE
@@ -20,26 +21,42 @@ void DotsExport(const float* q, int n_queries, const float* x, int n_rows, size_
   }
 }
 void MulAddToExport(float alpha, const float* x, float* y, size_t n) { MulAddTo(alpha, x, y, n); }
-// Inputs four at a time (eight accumulator chains), the rest one by one.
+// Tiles of kTileRows rows x kTileInputs inputs: their accumulators, the widened weights and one input
+// vector fill most of the registers (32 on AVX-512, 16 on AVX2 and below); the edges take smaller tiles.
+constexpr int kTileRows = 4;
+constexpr int kTileInputs = HWY_MAX_BYTES >= 64 ? 4 : 2;
+
+// The tile [rows, inputs] (each at most the full tile) at row o, input i.
+template <int kRows, class HalfTag>
+void HalfTileOfInputs(int inputs, const float* x, const uint16_t* w, HalfTag dh, int64_t rows, int64_t cols, int64_t o,
+                      int64_t i, float* y) {
+  const float* xi = x + i * cols;
+  const uint16_t* wo = w + o * cols;
+  float* yo = y + i * rows + o;
+  const size_t c = size_t(cols), r = size_t(rows);
+  switch (inputs) {
+    case 1: return HalfTile<kRows, 1>(xi, c, wo, c, dh, c, yo, r);
+    case 2: return HalfTile<kRows, 2>(xi, c, wo, c, dh, c, yo, r);
+#if HWY_MAX_BYTES >= 64
+    case 3: return HalfTile<kRows, 3>(xi, c, wo, c, dh, c, yo, r);
+    case 4: return HalfTile<kRows, 4>(xi, c, wo, c, dh, c, yo, r);
+#endif
+  }
+}
+
 template <class HalfTag>
 void MatVecHalfRows(const float* x, int64_t n, const uint16_t* w, HalfTag dh, int64_t rows, int64_t cols,
                     int64_t row_begin, int64_t row_end, float* y) {
-  // Inputs in groups of 8 (16 accumulators and the widened weights fill AVX-512's 32 registers), then 4.
-  float out[8];
-  for (int64_t o = row_begin; o < row_end; ++o) {
-    const uint16_t* row = w + size_t(o) * size_t(cols);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      DotsHalfRow<8>(x + i * cols, size_t(cols), row, dh, size_t(cols), out);
-      for (int j = 0; j < 8; ++j) y[(i + j) * rows + o] = out[j];
-    }
-    for (; i + 4 <= n; i += 4) {
-      DotsHalfRow<4>(x + i * cols, size_t(cols), row, dh, size_t(cols), out);
-      for (int j = 0; j < 4; ++j) y[(i + j) * rows + o] = out[j];
-    }
-    for (; i < n; ++i) {
-      DotsHalfRow<1>(x + i * cols, size_t(cols), row, dh, size_t(cols), out);
-      y[i * rows + o] = out[0];
+  for (int64_t o = row_begin; o < row_end; o += kTileRows) {
+    const int tile_rows = int(std::min<int64_t>(kTileRows, row_end - o));
+    for (int64_t i = 0; i < n; i += kTileInputs) {
+      const int inputs = int(std::min<int64_t>(kTileInputs, n - i));
+      switch (tile_rows) {
+        case 1: HalfTileOfInputs<1>(inputs, x, w, dh, rows, cols, o, i, y); break;
+        case 2: HalfTileOfInputs<2>(inputs, x, w, dh, rows, cols, o, i, y); break;
+        case 3: HalfTileOfInputs<3>(inputs, x, w, dh, rows, cols, o, i, y); break;
+        default: HalfTileOfInputs<kTileRows>(inputs, x, w, dh, rows, cols, o, i, y); break;
+      }
     }
   }
 }
