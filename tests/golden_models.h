@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/sampler.h"
+#include "model/model_config.h"
 #include "slimkv/engine.h"
 
 namespace slimkv {
@@ -27,6 +28,17 @@ inline std::vector<std::string> golden_models() {
     if (std::filesystem::exists(entry.path() / "golden_logits.npy")) dirs.push_back(entry.path().string());
   }
   std::sort(dirs.begin(), dirs.end());
+  return dirs;
+}
+
+// Those of golden_models() whose config uses the plain Llama layer only (Llama, Mistral, Qwen2): what
+// device cuda runs so far (ModelConfig::features_beyond_llama).
+inline std::vector<std::string> llama_layer_golden_models() {
+  std::vector<std::string> dirs;
+  for (const std::string& dir : golden_models()) {
+    const auto config = load_model_config(dir);
+    if (config && config->features_beyond_llama().empty()) dirs.push_back(dir);
+  }
   return dirs;
 }
 

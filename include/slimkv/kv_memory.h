@@ -27,9 +27,15 @@ struct KvMemory {
   }
   size_t slow_bytes() const { return sealed_in_slow_tier ? sealed_bytes : 0; }
   size_t sealed_blocks = 0;
-  size_t sealed_tokens = 0;  // tokens whose K/V sit in sealed blocks (each layer holds them all)
+  size_t sealed_tokens = 0;  // tokens whose K/V sit in sealed blocks (each full-attention layer holds them all)
+  // Of sealed_bytes, what sliding-window layers (Gemma 3) hold: their last window's blocks only, so it
+  // stops growing with the sequence; 0 for models without such layers.
+  size_t window_sealed_bytes = 0;
   TierStats tier;  // the offload tier's block cache (all zero for the fast tier)
-  double sealed_bytes_per_token() const { return sealed_tokens ? double(sealed_bytes) / double(sealed_tokens) : 0.0; }
+  // What each further token costs: the full-attention layers' sealed bytes per sealed token.
+  double sealed_bytes_per_token() const {
+    return sealed_tokens ? double(sealed_bytes - window_sealed_bytes) / double(sealed_tokens) : 0.0;
+  }
 };
 
 }  // namespace slimkv

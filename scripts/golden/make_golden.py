@@ -4,11 +4,14 @@
 Runs on the GPU machine (which has torch, transformers and tokenizers; see ../shared/GPU.md):
 
     python3 scripts/golden/make_golden.py --train-text DIR --out OUTDIR
+    python3 scripts/golden/make_golden.py --models qwen3_bf16_tied,gemma3_sliding --out OUTDIR  (models only)
 
 Writes under OUTDIR (mirroring tests/data/):
   tokenizers/<name>/tokenizer.json   byte-level BPE tokenizers trained by HF tokenizers on DIR's text
   tokenizers/<name>/golden.json      [{text, ids, ids_no_special, decoded, decoded_skip}] from HF
-  models/<name>/                     tiny random Llama/Qwen2/Mistral checkpoints saved by transformers,
+  models/<name>/                     tiny random Llama/Qwen2/Mistral/Qwen3/Qwen3-MoE/Gemma 3 checkpoints
+                                     saved by transformers (MoE experts one tensor per expert, as the Hub
+                                     stores them),
                                      config.json (as transformers writes it) and config.v4.json (the
                                      4.x layout of the same config), golden_tokens.txt (ids),
                                      golden_logits.npy (float32 [n_tokens, vocab], eager attention in
@@ -231,6 +234,51 @@ MODEL_SPECS = {
                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                     max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10000.0,
                     sliding_window=None, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)),
+    # Qwen3: per-head q/k RMSNorm before RoPE, head_dim 48 with hidden 96 and 4 heads (q_dim 192 != hidden),
+    # GQA 4:2, tied embeddings, BF16 weights.
+    "qwen3_bf16_tied": dict(
+        cls="Qwen3ForCausalLM", dtype="bfloat16", shard=None,
+        config=dict(model_type="qwen3", vocab_size=352, hidden_size=96, intermediate_size=224,
+                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=48,
+                    max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                    tie_word_embeddings=True, use_sliding_window=False, bos_token_id=None,
+                    eos_token_id=1)),
+    # Qwen3-MoE: 8 experts, top-2, norm_topk_prob, a dense layer among sparse ones (mlp_only_layers),
+    # untied embeddings, FP32.
+    "qwen3_moe": dict(
+        cls="Qwen3MoeForCausalLM", dtype="float32", shard=None,
+        config=dict(model_type="qwen3_moe", vocab_size=320, hidden_size=64, intermediate_size=160,
+                    moe_intermediate_size=48, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+                    decoder_sparse_step=1, mlp_only_layers=[2], num_hidden_layers=4,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                    max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                    tie_word_embeddings=False, use_sliding_window=False, bos_token_id=None,
+                    eos_token_id=1)),
+    # Qwen3-MoE variant: decoder_sparse_step 2 (layers 1 and 3 sparse), top-3 of 4 without renormalising.
+    "qwen3_moe_step2": dict(
+        cls="Qwen3MoeForCausalLM", dtype="float16", shard=None,
+        config=dict(model_type="qwen3_moe", vocab_size=256, hidden_size=64, intermediate_size=128,
+                    moe_intermediate_size=40, num_experts=4, num_experts_per_tok=3, norm_topk_prob=False,
+                    decoder_sparse_step=2, mlp_only_layers=[], num_hidden_layers=4,
+                    num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                    max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000.0,
+                    tie_word_embeddings=True, use_sliding_window=False, bos_token_id=None,
+                    eos_token_id=1)),
+    # Gemma 3 text: sliding layers (window 40, shorter than the 150 golden tokens and than a 64-token KV
+    # block) interleaved with global ones, their own RoPE bases, linear RoPE scaling on global layers,
+    # query_pre_attn_scalar 24 != head_dim, GQA 4:2, tied embeddings, FP32 (√hidden is then FP32 in both).
+    "gemma3_sliding": dict(
+        cls="Gemma3ForCausalLM", dtype="float32", shard=None, greedy_prompt=60,
+        config=dict(model_type="gemma3_text", vocab_size=384, hidden_size=96, intermediate_size=192,
+                    num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                    query_pre_attn_scalar=24, sliding_window=40,
+                    layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                                 "sliding_attention", "full_attention"],
+                    max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                    rope_local_base_freq=10000.0, rope_scaling=dict(rope_type="linear", factor=8.0),
+                    hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=None,
+                    attn_logit_softcapping=None, tie_word_embeddings=True, bos_token_id=2,
+                    eos_token_id=1, pad_token_id=0)),
 }
 
 N_TOKENS = 150  # crosses two 64-token KV blocks, so sealed blocks and the open block are both exercised
@@ -241,70 +289,133 @@ def v4_layout(config):
     torch_dtype)."""
     config = dict(config)
     rope = config.pop("rope_parameters", None)
+    if rope is not None and "full_attention" in rope:  # Gemma 3: one entry per layer type
+        config["rope_local_base_freq"] = rope.get("sliding_attention", {}).get("rope_theta", 10000.0)
+        rope = rope["full_attention"]
     if rope is not None:
         rope = dict(rope)
         config["rope_theta"] = rope.pop("rope_theta", 10000.0)
         config["rope_scaling"] = None if rope.get("rope_type", "default") == "default" else rope
     if "dtype" in config:
         config["torch_dtype"] = config.pop("dtype")
-    config["transformers_version"] = "4.46.0"
+    if "num_local_experts" in config and config.get("model_type") == "qwen3_moe":  # 4.x: "num_experts"
+        config["num_experts"] = config.pop("num_local_experts")
+    config["transformers_version"] = "4.46.0" if "gemma3" not in config.get("model_type", "") else "4.50.0"
     return config
 
 
-def make_models(out_dir):
+def config_class(transformers, cls):
+    name = cls.replace("ForCausalLM", "Config")
+    return getattr(transformers, "Gemma3TextConfig" if name == "Gemma3Config" else name)
+
+
+def experts_per_tensor(folder, config):
+    """Rewrites fused expert tensors (transformers 5.x keeps experts as one [E, ...] parameter and may save
+    it so) into one tensor per expert, as Qwen3-MoE checkpoints on the Hub are stored."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path = os.path.join(folder, "model.safetensors")
+    tensors = load_file(path)
+    inter = config.moe_intermediate_size
+    out, changed = {}, False
+    for key, value in tensors.items():
+        if key.endswith("mlp.experts.gate_up_proj"):  # [E, 2 * inter, hidden]: gate rows, then up rows
+            prefix = key[: -len("gate_up_proj")]
+            if value.shape[1] != 2 * inter:
+                value = value.transpose(1, 2)
+            for e in range(value.shape[0]):
+                out[f"{prefix}{e}.gate_proj.weight"] = value[e, :inter].contiguous()
+                out[f"{prefix}{e}.up_proj.weight"] = value[e, inter:].contiguous()
+            changed = True
+        elif key.endswith("mlp.experts.down_proj"):  # [E, hidden, inter]
+            prefix = key[: -len("down_proj")]
+            if value.shape[2] != inter:
+                value = value.transpose(1, 2)
+            for e in range(value.shape[0]):
+                out[f"{prefix}{e}.down_proj.weight"] = value[e].contiguous()
+            changed = True
+        else:
+            out[key] = value
+    if changed:
+        save_file(out, path, metadata={"format": "pt"})
+    print(f"  experts: {'rewritten one tensor per expert' if changed else 'saved per expert already'}; "
+          f"keys e.g. {sorted(k for k in out if 'experts' in k)[:3]}", flush=True)
+
+
+def make_models(out_dir, names):
     import torch
     import transformers
 
     torch.manual_seed(1234)
     for name, spec in MODEL_SPECS.items():
-        config_cls = getattr(transformers, spec["cls"].replace("ForCausalLM", "Config"))
-        config = config_cls(**spec["config"])
-        config.architectures = [spec["cls"]]
-        model = getattr(transformers, spec["cls"])(config).eval()
-        with torch.no_grad():  # larger weights than the 0.02 default init: peaky attention, varied norms
-            for pname, p in model.named_parameters():
-                if "norm" in pname:
-                    p.copy_(1.0 + 0.2 * torch.randn_like(p))
-                elif pname.endswith("bias"):
-                    p.copy_(0.3 * torch.randn_like(p))
-                else:
-                    p.copy_(torch.randn_like(p) * (1.0 / p.shape[-1] ** 0.5) * 1.5)
-        dtype = getattr(torch, spec["dtype"])
-        model = model.to(dtype)
-        folder = os.path.join(out_dir, "models", name)
-        os.makedirs(folder, exist_ok=True)
-        kwargs = {"safe_serialization": True}
-        if spec["shard"]:
-            kwargs["max_shard_size"] = spec["shard"]
-        model.save_pretrained(folder, **kwargs)
-        with open(os.path.join(folder, "config.json")) as f:
-            saved = json.load(f)
-        with open(os.path.join(folder, "config.v4.json"), "w") as f:
-            json.dump(v4_layout(saved), f, indent=2)
+        try:
+            make_model(out_dir, name, spec, torch, transformers, write=not names or name in names)
+        except Exception:
+            print(f"ERROR: model {name} not made:\n{traceback.format_exc()}", flush=True)
 
-        # Reference logits: reload exactly what was saved, compute in FP32 with eager attention.
-        ref = getattr(transformers, spec["cls"]).from_pretrained(folder, dtype=torch.float32,
-                                                                 attn_implementation="eager").eval()
-        rng = np.random.default_rng(7)
-        tokens = rng.integers(0, config.vocab_size, size=N_TOKENS).tolist()
-        with torch.no_grad():
-            logits = ref(torch.tensor([tokens])).logits[0].float().numpy()
-            greedy = list(tokens[:12])
-            for _ in range(24):
-                nxt = ref(torch.tensor([greedy])).logits[0, -1]
-                greedy.append(int(torch.argmax(nxt)))
-        np.save(os.path.join(folder, "golden_logits.npy"), logits.astype(np.float32))
-        with open(os.path.join(folder, "golden_tokens.txt"), "w") as f:
-            f.write(",".join(map(str, tokens)) + "\n")
-        with open(os.path.join(folder, "golden_greedy.json"), "w") as f:
-            json.dump({"prompt": greedy[:12], "generated": greedy[12:]}, f)
-        print(f"model {name}: files {sorted(os.listdir(folder))}, max|logit| {np.abs(logits).max():.3f}",
-              flush=True)
+
+def make_model(out_dir, name, spec, torch, transformers, write):
+    config_cls = config_class(transformers, spec["cls"])
+    # The 4.x spelling, as most Hub configs have it: transformers 5.x reads it and writes its own.
+    config = config_cls.from_dict(dict(spec["config"]))
+    config.architectures = [spec["cls"]]
+    model = getattr(transformers, spec["cls"])(config).eval()
+    with torch.no_grad():  # larger weights than the 0.02 default init: peaky attention, varied norms
+        for pname, p in model.named_parameters():
+            if "norm" in pname:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif pname.endswith("bias"):
+                p.copy_(0.3 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) * (1.0 / p.shape[-1] ** 0.5) * 1.5)
+    if not write:  # made only to draw the same random numbers as a full run, so every model is reproducible
+        return
+    dtype = getattr(torch, spec["dtype"])
+    model = model.to(dtype)
+    folder = os.path.join(out_dir, "models", name)
+    os.makedirs(folder, exist_ok=True)
+    kwargs = {"safe_serialization": True}
+    if spec["shard"]:
+        kwargs["max_shard_size"] = spec["shard"]
+    model.save_pretrained(folder, **kwargs)
+    if "Moe" in spec["cls"]:
+        experts_per_tensor(folder, config)
+    with open(os.path.join(folder, "config.json")) as f:
+        saved = json.load(f)
+    with open(os.path.join(folder, "config.v4.json"), "w") as f:
+        json.dump(v4_layout(saved), f, indent=2)
+
+    # Reference logits: reload exactly what was saved, compute in FP32 with eager attention.
+    ref = getattr(transformers, spec["cls"]).from_pretrained(folder, dtype=torch.float32,
+                                                             attn_implementation="eager").eval()
+    saved_state = {k: v.float() for k, v in model.state_dict().items()}
+    for k, v in ref.state_dict().items():  # the reloaded model is the one saved (experts included)
+        if k in saved_state and not torch.equal(saved_state[k], v):
+            raise RuntimeError(f"{name}: {k} differs after reloading")
+    rng = np.random.default_rng(7)
+    tokens = rng.integers(0, config.vocab_size, size=N_TOKENS).tolist()
+    with torch.no_grad():
+        logits = ref(torch.tensor([tokens])).logits[0].float().numpy()
+        prompt_len = spec.get("greedy_prompt", 12)
+        greedy = list(tokens[:prompt_len])
+        for _ in range(24):
+            nxt = ref(torch.tensor([greedy])).logits[0, -1]
+            greedy.append(int(torch.argmax(nxt)))
+    np.save(os.path.join(folder, "golden_logits.npy"), logits.astype(np.float32))
+    with open(os.path.join(folder, "golden_tokens.txt"), "w") as f:
+        f.write(",".join(map(str, tokens)) + "\n")
+    with open(os.path.join(folder, "golden_greedy.json"), "w") as f:
+        json.dump({"prompt": greedy[:prompt_len], "generated": greedy[prompt_len:]}, f)
+    print(f"model {name}: files {sorted(os.listdir(folder))}, max|logit| {np.abs(logits).max():.3f}",
+          flush=True)
+    print(json.dumps(saved, indent=1), flush=True)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--train-text", required=True, help="folder of text files to train tokenizers on")
+    parser.add_argument("--train-text", help="folder of text files to train tokenizers on (omit with --models)")
+    parser.add_argument("--models", help="comma-separated names of MODEL_SPECS to make, and nothing else")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     if os.path.exists(args.out):
@@ -317,8 +428,13 @@ def main():
     with open(os.path.join(args.out, "versions.json"), "w") as f:
         json.dump({"torch": torch.__version__, "transformers": transformers.__version__,
                    "tokenizers": tokenizers.__version__, "numpy": np.__version__}, f, indent=1)
+    if args.models:
+        make_models(args.out, set(args.models.split(",")))
+        return
+    if not args.train_text:
+        parser.error("--train-text is required unless --models is given")
     write_tokenizer_goldens(make_tokenizers(args.train_text), args.train_text, args.out)
-    make_models(args.out)
+    make_models(args.out, None)
 
 
 if __name__ == "__main__":

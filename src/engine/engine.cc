@@ -73,6 +73,10 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
   if (engine->pipeline_->selector) {
     SLIMKV_RETURN_IF_ERROR(engine->pipeline_->selector->check_shape(kv_shape.k_dim).with_context(kv_context));
   }
+  if (kv_shape.any_window() && (engine->pipeline_->offload || engine->pipeline_->kvpr)) {
+    return error(kv_context, ": the @offload and @kvpr tiers keep every block of every layer; this model's "
+                 "sliding-window layers free theirs as they leave the window (use the fast tier)");
+  }
   const std::string tokenizer_path = config.model_dir + "/tokenizer.json";
   if (std::filesystem::exists(tokenizer_path)) {
     SLIMKV_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load(tokenizer_path));

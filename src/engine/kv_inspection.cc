@@ -86,6 +86,10 @@ Status decode_kv_block(const KvSnapshot& kv, int layer, int head, int block, std
     return error("block ", block, " is out of range: layer ", layer, " has ", store.num_sealed_blocks(layer),
                  " sealed blocks");
   }
+  if (block < store.first_live_block(layer)) {
+    return error("block ", block, " of layer ", layer, " has left the layer's sliding window and is freed (blocks ",
+                 store.first_live_block(layer), " to ", store.num_sealed_blocks(layer) - 1, " are held)");
+  }
   const BlockShape& shape = store.block_shape(layer, head);
   k.assign(size_t(shape.block_tokens) * size_t(shape.k_dim), 0.0f);
   v.assign(size_t(shape.block_tokens) * size_t(shape.v_dim), 0.0f);

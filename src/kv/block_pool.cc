@@ -13,17 +13,32 @@ BlockPool::BlockPool(size_t block_bytes, size_t blocks_per_chunk)
       chunk_bytes_(block_bytes_ * blocks_per_chunk) {}
 
 uint8_t* BlockPool::allocate() {
-  const size_t chunk = in_use_ / blocks_per_chunk_;
+  ++in_use_;
+  if (!released_.empty()) {
+    uint8_t* slot = released_.back();
+    released_.pop_back();
+    return slot;
+  }
+  const size_t chunk = handed_out_ / blocks_per_chunk_;
   if (chunk == chunks_.size()) {
     void* memory = std::aligned_alloc(64, chunk_bytes_);
     if (!memory) throw std::bad_alloc();
     chunks_.emplace_back(static_cast<uint8_t*>(memory));
   }
-  uint8_t* slot = chunks_[chunk].get() + (in_use_ % blocks_per_chunk_) * block_bytes_;
-  ++in_use_;
+  uint8_t* slot = chunks_[chunk].get() + (handed_out_ % blocks_per_chunk_) * block_bytes_;
+  ++handed_out_;
   return slot;
 }
 
-void BlockPool::clear() { in_use_ = 0; }
+void BlockPool::release(uint8_t* slot) {
+  released_.push_back(slot);
+  --in_use_;
+}
+
+void BlockPool::clear() {
+  handed_out_ = 0;
+  released_.clear();
+  in_use_ = 0;
+}
 
 }  // namespace slimkv

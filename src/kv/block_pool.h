@@ -13,7 +13,8 @@ class BlockPool {
  public:
   explicit BlockPool(size_t block_bytes, size_t blocks_per_chunk = 64);
 
-  uint8_t* allocate();  // a slot of block_bytes(); never moves until clear()
+  uint8_t* allocate();  // a slot of block_bytes(); never moves until clear() or release()
+  void release(uint8_t* slot);  // gives one slot back (a sliding-window layer's block left its window)
   void clear();         // forgets every slot (they are reused by later allocations)
 
   size_t block_bytes() const { return block_bytes_; }
@@ -29,6 +30,8 @@ class BlockPool {
   size_t blocks_per_chunk_;
   size_t chunk_bytes_;
   std::vector<std::unique_ptr<uint8_t, FreeDeleter>> chunks_;
+  size_t handed_out_ = 0;          // slots ever taken from the chunks since clear()
+  std::vector<uint8_t*> released_;  // of those, the ones given back: allocate() takes these first
   size_t in_use_ = 0;
 };
 

@@ -19,6 +19,10 @@ int KvShape::layer_k_dims(int layer) const {
   return dims;
 }
 
+bool KvShape::any_window() const {
+  return std::any_of(window_tokens.begin(), window_tokens.end(), [](int w) { return w > 0; });
+}
+
 int KvShape::layer_v_dims(int layer) const {
   int dims = 0;
   for (int g = 0; g < num_kv_heads; ++g) dims += v_dim_of(layer, g);
@@ -143,11 +147,29 @@ void KvStore::append(int layer_index, const float* k, const float* v, int n) {
         pipeline_.codec->seal(head.block_shape, open_k.data(), open_v.data(),
                               block_seed(layer_index, g, int(head.sealed.size())), block);
         head.sealed.push_back(keep_sealed(block));
-        selector_->on_seal(layer_index, g, open_k.data());
+        // A sliding layer's window is its selection: the selector indexes only the other layers.
+        if (shape_.window_of(layer_index) == 0) selector_->on_seal(layer_index, g, open_k.data());
       }
     }
   }
-  if (n > 1) selector_->on_prefill(layer_index);
+  if (n > 1 && shape_.window_of(layer_index) == 0) selector_->on_prefill(layer_index);
+}
+
+void KvStore::release_outside_window(int layer_index) {
+  const int window = shape_.window_of(layer_index);
+  if (window == 0) return;
+  Layer& layer = layers_[size_t(layer_index)];
+  // The next query, at position num_tokens, sees tokens from num_tokens - window + 1 on.
+  const int first_needed = layer.num_tokens - window + 1;
+  const int sealed = int(layer.heads[0].sealed.size());
+  for (; layer.first_live_block < sealed && (layer.first_live_block + 1) * block_tokens() <= first_needed;
+       ++layer.first_live_block) {
+    for (Head& head : layer.heads) {
+      // The fast tier only: make_kv_pipeline's callers refuse slow tiers for sliding-window models.
+      head.pool->release(const_cast<uint8_t*>(head.sealed[size_t(layer.first_live_block)]));
+      head.sealed[size_t(layer.first_live_block)] = nullptr;
+    }
+  }
 }
 
 void KvStore::prefetch_sealed_tokens(int layer, int head, const int* tokens, int n, bool keys, bool values) const {
@@ -209,7 +231,8 @@ class StoreSealedKeys final : public SealedKeys {
 
 const std::vector<HeadSelection>& KvStore::select(int layer, const float* q, int n, int num_heads, ThreadPool& pool) {
   std::vector<HeadSelection>& selection = selections_[size_t(layer)];
-  if (n > 1) {  // prefill attends to everything (PQCache selects while decoding)
+  if (n > 1 || shape_.window_of(layer) > 0) {  // prefill attends to everything (PQCache selects while
+                                                // decoding); a sliding layer to its window
     for (HeadSelection& head : selection) head = {true, {}};
     stage_blocks(layer, selection);
     return selection;
@@ -259,7 +282,19 @@ KvMemory KvStore::memory() const {
     memory.sealed_in_slow_tier = true;
     memory.cache_bytes = offload_->cache_bytes();
   }
-  memory.sealed_tokens = layers_.empty() ? 0 : size_t(num_sealed_blocks(0)) * size_t(block_tokens());
+  // Tokens sealed in the layers that keep them all: a sliding layer's freed blocks are not held.
+  for (int l = 0; l < shape_.num_layers; ++l) {
+    if (shape_.window_of(l) > 0) continue;
+    memory.sealed_tokens = size_t(num_sealed_blocks(l)) * size_t(block_tokens());
+    break;
+  }
+  for (int l = 0; l < shape_.num_layers; ++l) {
+    if (shape_.window_of(l) == 0) continue;
+    const Layer& layer = layers_[size_t(l)];
+    for (const Head& head : layer.heads) {
+      memory.window_sealed_bytes += (head.sealed.size() - size_t(layer.first_live_block)) * head.pool->block_bytes();
+    }
+  }
   for (const Layer& layer : layers_) {
     for (const Head& head : layer.heads) memory.open_bytes += head.open_k.size() + head.open_v.size();
   }
@@ -297,6 +332,7 @@ void KvStore::clear() {
   chunk_.layer = -1;
   for (Layer& layer : layers_) {
     layer.num_tokens = 0;
+    layer.first_live_block = 0;
     for (Head& head : layer.heads) head.sealed.clear();
   }
 }

@@ -36,8 +36,14 @@ struct KvShape {
   // Dims of each (layer, KV head) when heads differ (ZACK's per-head ranks, §5.2), [num_layers *
   // num_kv_heads] each; empty when every head stores k_dim and v_dim.
   std::vector<int> head_k_dims, head_v_dims;
+  // Sliding-window layers (Gemma 3), [num_layers]: a query at position p of layer l sees only positions
+  // p - window_tokens[l] + 1 .. p, so the store keeps only the blocks some later query can still see.
+  // 0: the layer sees the whole context. Empty: no layer slides.
+  std::vector<int> window_tokens;
 
   bool heads_differ() const { return !head_k_dims.empty(); }
+  int window_of(int layer) const { return window_tokens.empty() ? 0 : window_tokens[size_t(layer)]; }
+  bool any_window() const;
   int k_dim_of(int layer, int head) const { return heads_differ() ? head_k_dims[head_index(layer, head)] : k_dim; }
   int v_dim_of(int layer, int head) const { return heads_differ() ? head_v_dims[head_index(layer, head)] : v_dim; }
   // A token's row of one layer's keys / values: its heads' vectors back to back, Σ_g k_dim_of(layer, g).
@@ -67,7 +73,15 @@ class KvStore {
   void append(int layer, const float* k, const float* v, int n);
 
   int num_tokens(int layer) const { return layers_[size_t(layer)].num_tokens; }
+  // Sealed blocks, freed ones included: indices 0 .. num_sealed_blocks - 1 name the same tokens as ever.
   int num_sealed_blocks(int layer) const;
+  // A sliding-window layer frees its oldest blocks: those before first_live_block are gone (sealed_block
+  // must not be asked for them). 0 for a layer that sees the whole context.
+  int first_live_block(int layer) const { return layers_[size_t(layer)].first_live_block; }
+  // Frees the sealed blocks of a sliding-window layer that no query after the last appended token can see
+  // (all their tokens before num_tokens - window + 1): called once the layer's queries have attended.
+  // Nothing for a layer without a window.
+  void release_outside_window(int layer);
   const uint8_t* sealed_block(int layer, int head, int index) const {
     const uint8_t* block = head_of(layer, head).sealed[size_t(index)];
     return offload_ ? offload_->read(block) : block;
@@ -130,6 +144,7 @@ class KvStore {
   struct Layer {
     std::vector<Head> heads;
     int num_tokens = 0;
+    int first_live_block = 0;  // sliding-window layers: the blocks before it are freed
   };
   const Head& head_of(int layer, int head) const { return layers_[size_t(layer)].heads[size_t(head)]; }
   void widen_open(const Head& head, int n, float* k, float* v) const;

@@ -25,6 +25,18 @@ void visible_tokens(int first_tile_position, int group, int n_rows, int block_st
   }
 }
 
+// FP32 rows of tokens [start, start + len) (the open block widened, or a prefill chunk's own) for a tile:
+// each query sees those before `end` and at its position or earlier, and none before `window_first` (the
+// first position of a one-position tile's window; 0 without a window).
+void attend_f32_range(QueryTile tile, int* visible, const float* k, const float* v, int k_dim, int v_dim,
+                      int first_tile_position, int group, int start, int len, int end, int window_first,
+                      AttentionPartials& partials) {
+  const int skip = std::clamp(window_first - start, 0, len);
+  if (skip == len) return;
+  visible_tokens(first_tile_position, group, tile.n_queries, start + skip, len - skip, end, visible);
+  attend_block_f32(tile, k + size_t(skip) * k_dim, v + size_t(skip) * v_dim, k_dim, v_dim, partials, 0);
+}
+
 // Asks for a block's cache lines ahead of use: a head's blocks are not adjacent in the pool, so the
 // hardware prefetcher would start cold on every block.
 void prefetch(const uint8_t* block, size_t bytes) {
@@ -141,11 +153,12 @@ HeadOffsets head_offsets(const KvShape& shape, int layer, int group) {
 
 // Task indices (task = tile · num_kv_heads + head) by decreasing work, ties in index order (ZACK §5.3's
 // longest-processing-time-first: the pool hands tasks out in this order to whichever thread is free).
-std::vector<int> longest_first_order(const KvShape& shape, int layer, int tiles, int n, int first_position) {
+std::vector<int> longest_first_order(const KvShape& shape, int layer, int tiles, int tile_positions, int n,
+                                     int first_position) {
   std::vector<int64_t> work(size_t(tiles) * size_t(shape.num_kv_heads));
   for (int t = 0; t < tiles; ++t) {
-    const int positions = std::min(kTilePositions, n - t * kTilePositions);
-    const int64_t tokens = first_position + int64_t(t) * kTilePositions + positions;  // seen by its last query
+    const int positions = std::min(tile_positions, n - t * tile_positions);
+    const int64_t tokens = first_position + int64_t(t) * tile_positions + positions;  // seen by its last query
     for (int g = 0; g < shape.num_kv_heads; ++g) {
       work[size_t(t) * shape.num_kv_heads + g] = int64_t(shape.k_dim_of(layer, g) + shape.v_dim_of(layer, g) + 1) *
                                                  positions * tokens;
@@ -157,9 +170,11 @@ std::vector<int> longest_first_order(const KvShape& shape, int layer, int tiles,
   return order;
 }
 
-// What a call's tasks share: their count, the heads' offsets in q / out, the order they are taken in.
+// What a call's tasks share: their count, the query positions per tile (one with a sliding window: each
+// query's window starts elsewhere), the heads' offsets in q / out, the order they are taken in.
 struct CallPlan {
   int tasks = 0;
+  int tile_positions = kTilePositions;
   HeadOffsets offsets;
   std::vector<int> order;  // empty: index order
 };
@@ -167,11 +182,14 @@ struct CallPlan {
 CallPlan plan_call(const AttendCall& call, int layer, const AttentionParams& params) {
   const KvShape& shape = call.store->shape();
   assert(call.store->num_tokens(layer) == call.first_position + call.n);
-  const int tiles = (call.n + kTilePositions - 1) / kTilePositions;
   CallPlan plan;
+  plan.tile_positions = params.window_tokens > 0 ? 1 : kTilePositions;
+  const int tiles = (call.n + plan.tile_positions - 1) / plan.tile_positions;
   plan.tasks = shape.num_kv_heads * tiles;
   plan.offsets = head_offsets(shape, layer, params.num_heads / shape.num_kv_heads);
-  if (params.longest_task_first) plan.order = longest_first_order(shape, layer, tiles, call.n, call.first_position);
+  if (params.longest_task_first) {
+    plan.order = longest_first_order(shape, layer, tiles, plan.tile_positions, call.n, call.first_position);
+  }
   return plan;
 }
 
@@ -192,6 +210,8 @@ void attend_task(const AttendCall& call, int layer, const AttentionParams& param
   thread_local std::vector<int> visible;
   thread_local std::vector<uint8_t> prepared;
   thread_local std::vector<float> open_k, open_v;  // the open block widened from FP16
+  thread_local std::vector<float> window_k, window_v;  // the window's part of the block it starts in
+  thread_local std::vector<int> window_rows;
   thread_local AttentionPartials partials(0, 0);
   const int task = plan.order.empty() ? int(task_index) : plan.order[size_t(task_index)];
   const int g = task % shape.num_kv_heads;
@@ -200,8 +220,8 @@ void attend_task(const AttendCall& call, int layer, const AttentionParams& param
   const size_t block_bytes = store.block_bytes(layer, g);
   q_tile.resize(size_t(kTilePositions) * group * k_dim);
   visible.resize(size_t(kTilePositions) * group);
-  const int first = (task / shape.num_kv_heads) * kTilePositions;  // first query (row of q) in the tile
-  const int positions = std::min(kTilePositions, n - first);
+  const int first = (task / shape.num_kv_heads) * plan.tile_positions;  // first query (row of q) in the tile
+  const int positions = std::min(plan.tile_positions, n - first);
   const int rows = positions * group;
   // Gather the group's queries, scaled: row r = (position r / group, head g·group + r % group).
   for (int r = 0; r < rows; ++r) {
@@ -216,6 +236,9 @@ void attend_task(const AttendCall& call, int layer, const AttentionParams& param
   tile.prepared = prepared.data();
   const int first_tile_position = first_position + first;
   const int last_tile_position = first_tile_position + positions - 1;
+  // With a window, the tile's one query sees tokens from window_first on (blocks before it are freed).
+  const int window = params.window_tokens;
+  const int window_first = window > 0 ? std::max(0, first_tile_position - window + 1) : 0;
   const bool selected = call.selection && n == 1 && !(*call.selection)[size_t(g)].all;
   if (selected) {
     attend_selected_sealed(store, layer, g, (*call.selection)[size_t(g)], params.scale, tile, visible.data(), partials);
@@ -224,22 +247,37 @@ void attend_task(const AttendCall& call, int layer, const AttentionParams& param
   const KvStore::ExactChunk chunk = store.exact_chunk(layer, g);
   const bool exact = chunk.n == n && chunk.first_token == first_position;
   const int store_end = exact ? first_position : last_tile_position + 1;  // tokens read from the store
-  for (int b = 0; !selected && b < sealed && b * block_tokens < store_end; ++b) {
+  const int first_block = std::max(store.first_live_block(layer), window_first / block_tokens);
+  for (int b = first_block; !selected && b < sealed && b * block_tokens < store_end; ++b) {
     if (b + 1 < sealed) prefetch(store.sealed_block(layer, g, b + 1), block_bytes);
+    if (b * block_tokens < window_first) {  // the window starts inside this block: its tokens in it only
+      const int skip = window_first - b * block_tokens;
+      const int count = std::clamp(std::min(last_tile_position + 1, store_end) - window_first, 0, block_tokens - skip);
+      if (count == 0) continue;
+      window_rows.resize(size_t(count));
+      for (int r = 0; r < count; ++r) window_rows[size_t(r)] = skip + r;
+      window_k.resize(size_t(count) * size_t(k_dim));
+      window_v.resize(size_t(count) * size_t(v_dim));
+      store.codec().decode_tokens(block_shape, store.sealed_block(layer, g, b), window_rows.data(), count,
+                                  window_k.data(), window_v.data());
+      std::fill(visible.begin(), visible.begin() + rows, count);
+      attend_block_f32(tile, window_k.data(), window_v.data(), k_dim, v_dim, partials, 0);
+      continue;
+    }
     visible_tokens(first_tile_position, group, rows, b * block_tokens, block_tokens, store_end, visible.data());
     store.codec().attend(block_shape, store.sealed_block(layer, g, b), tile, partials, 0);
   }
   if (open_tokens > 0 && sealed * block_tokens < store_end) {
-    visible_tokens(first_tile_position, group, rows, sealed * block_tokens, open_tokens, store_end, visible.data());
     open_k.resize(size_t(open_tokens) * size_t(k_dim));
     open_v.resize(size_t(open_tokens) * size_t(v_dim));
     store.widen_open(layer, g, open_tokens, open_k.data(), open_v.data());
-    attend_block_f32(tile, open_k.data(), open_v.data(), k_dim, v_dim, partials, 0);
+    attend_f32_range(tile, visible.data(), open_k.data(), open_v.data(), k_dim, v_dim, first_tile_position, group,
+                     sealed * block_tokens, open_tokens, store_end, window_first, partials);
   }
   for (int t = 0; exact && t < chunk.n && first_position + t <= last_tile_position; t += block_tokens) {
     const int piece = std::min(block_tokens, chunk.n - t);
-    visible_tokens(first_tile_position, group, rows, first_position + t, piece, INT_MAX, visible.data());
-    attend_block_f32(tile, chunk.k + size_t(t) * k_dim, chunk.v + size_t(t) * v_dim, k_dim, v_dim, partials, 0);
+    attend_f32_range(tile, visible.data(), chunk.k + size_t(t) * k_dim, chunk.v + size_t(t) * v_dim, k_dim, v_dim,
+                     first_tile_position, group, first_position + t, piece, INT_MAX, window_first, partials);
   }
   for (int r = 0; r < rows; ++r) {
     float* dst = call.out + size_t(first + r / group) * offsets.out_row + offsets.out[size_t(g)] + size_t(r % group) * v_dim;

@@ -20,6 +20,10 @@ struct AttentionParams {
   // tokens, so heads of unequal rank (and late prefill tiles) do not leave threads idle at the end.
   // false: in (tile, head) order, the unbalanced schedule bench/bench_zack.cc compares with.
   bool longest_task_first = true;
+  // Sliding-window layers (KvShape::window_tokens): a query at position p sees p - window_tokens + 1 .. p.
+  // Tiles are then one position each (each query's window starts elsewhere), and of the block where a
+  // window starts only the tokens inside it are decoded and read. 0: the whole causal context.
+  int window_tokens = 0;
 };
 
 // q: [n, num_heads, k_dim] for positions first_position .. first_position + n - 1, whose K/V the store

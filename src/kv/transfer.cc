@@ -438,6 +438,11 @@ Expected<Layout> writer_layout(const KvStore& store, std::string_view model_id, 
     return error("writing a kv transfer: the KV spec '", spec, "' is longer than ", kKvTransferMaxStringBytes, " bytes");
   }
   const KvShape& shape = store.shape();
+  if (shape.any_window()) {
+    return error("writing a kv transfer: format version ", kKvTransferVersion,
+                 " holds every token of every layer; this model's sliding-window layers have freed the blocks "
+                 "that left their window");
+  }
   if (shape.heads_differ()) {
     return error("writing a kv transfer: format version ", kKvTransferVersion,
                  " holds one k_dim/v_dim for every head; this store's heads differ (ZACK ranks, KV spec '", spec, "')");

@@ -1,10 +1,12 @@
 #include "model/llama.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cpu/vec_ops.h"
 #include "kv/store_attention.h"
 #include "model/model_identity.h"
+#include "util/half.h"
 
 namespace slimkv {
 
@@ -24,7 +26,8 @@ LlamaModel::LlamaModel(std::string model_dir, ModelConfig config, WeightStore st
       config_(std::move(config)),
       store_(std::move(store)),
       weights_(std::move(weights)),
-      rope_(config_) {}
+      rope_(config_.rope, int(config_.head_dim)),
+      sliding_rope_(config_.sliding_rope, int(config_.head_dim)) {}
 
 KvShape LlamaModel::kv_shape() const {
   KvShape shape{int(config_.num_layers), int(config_.num_kv_heads), int(config_.head_dim), int(config_.head_dim),
@@ -32,6 +35,12 @@ KvShape LlamaModel::kv_shape() const {
   if (zack_) {
     shape.head_k_dims = zack_->ranks().k_ranks;
     shape.head_v_dims = zack_->ranks().v_ranks;
+  }
+  if (!config_.sliding_layers.empty()) {
+    shape.window_tokens.assign(size_t(config_.num_layers), 0);
+    for (int l = 0; l < int(config_.num_layers); ++l) {
+      if (config_.is_sliding(l)) shape.window_tokens[size_t(l)] = int(config_.sliding_window);
+    }
   }
   return shape;
 }
@@ -74,9 +83,104 @@ void add_bias(float* x, const std::vector<float>& bias, int n) {
   for (int t = 0; t < n; ++t) mul_add_to(1.0f, bias.data(), x + size_t(t) * bias.size(), bias.size());
 }
 
-// gate = silu(gate) · up, elementwise (SwiGLU).
-void swiglu(float* gate, const float* up, size_t size) {
-  for (size_t i = 0; i < size; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+// gate = act(gate) · up, elementwise: silu (SwiGLU), or GELU's tanh approximation (GeGLU, as PyTorch's
+// gelu(approximate="tanh")).
+void gated_activation(Activation activation, float* gate, const float* up, size_t size) {
+  if (activation == Activation::kSilu) {
+    for (size_t i = 0; i < size; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+    return;
+  }
+  const float sqrt_2_over_pi = 0.7978845608028654f;
+  for (size_t i = 0; i < size; ++i) {
+    const float x = gate[i];
+    gate[i] = 0.5f * x * (1.0f + std::tanh(sqrt_2_over_pi * (x + 0.044715f * x * x * x))) * up[i];
+  }
+}
+
+// x = embed(token) (× √hidden rounded to the checkpoint's dtype where the family scales: transformers
+// multiplies by the scale in the weights' dtype).
+float embedding_scale(const ModelConfig& c) {
+  const float scale = std::sqrt(float(c.hidden_size));
+  if (!c.scale_embeddings) return 1.0f;
+  if (c.dtype == DType::kBF16) return bf16_to_float(float_to_bf16(scale));
+  if (c.dtype == DType::kF16) return fp16_to_float(float_to_fp16(scale));
+  return scale;
+}
+
+// The MLP of one layer over n rows of h, into out: dense, or routed to experts (Qwen3-MoE: softmax over
+// the router's logits, the top k, optionally renormalised; each expert runs once over the rows routed to
+// it, so only those rows are computed).
+void mlp(const ModelConfig& c, const LayerWeights& w, const float* h, int n, float* out, RunState& s,
+         ThreadPool& pool) {
+  const int hidden = int(c.hidden_size);
+  if (w.experts.empty()) {
+    const size_t inter = size_t(c.intermediate_size);
+    matmul(h, n, w.mlp.gate, s.gate.data(), pool);
+    matmul(h, n, w.mlp.up, s.up.data(), pool);
+    gated_activation(c.activation, s.gate.data(), s.up.data(), size_t(n) * inter);
+    matmul(s.gate.data(), n, w.mlp.down, out, pool);
+    return;
+  }
+  const MoeConfig& moe = c.moe;
+  const int experts = int(moe.num_experts), k = int(moe.experts_per_token);
+  s.router.resize(size_t(n) * experts);
+  s.expert_of.resize(size_t(n) * k);
+  s.expert_weight.resize(size_t(n) * k);
+  matmul(h, n, w.router, s.router.data(), pool);
+  for (int t = 0; t < n; ++t) {
+    float* p = s.router.data() + size_t(t) * experts;
+    const float max = *std::max_element(p, p + experts);
+    float sum = 0;
+    for (int e = 0; e < experts; ++e) sum += p[e] = std::exp(p[e] - max);
+    for (int e = 0; e < experts; ++e) p[e] /= sum;
+    int* chosen = s.expert_of.data() + size_t(t) * k;
+    float* weight = s.expert_weight.data() + size_t(t) * k;
+    for (int j = 0; j < k; ++j) {  // the k largest, the lower index first among equals (as torch.topk)
+      int best = -1;
+      for (int e = 0; e < experts; ++e) {
+        if (std::find(chosen, chosen + j, e) == chosen + j && (best < 0 || p[e] > p[best])) best = e;
+      }
+      chosen[j] = best;
+      weight[j] = p[best];
+    }
+    if (moe.normalize_top_k) {
+      float top = 0;
+      for (int j = 0; j < k; ++j) top += weight[j];
+      for (int j = 0; j < k; ++j) weight[j] /= top;
+    }
+  }
+  std::fill(out, out + size_t(n) * hidden, 0.0f);
+  const size_t inter = size_t(moe.expert_intermediate_size);
+  std::vector<int> rows;
+  std::vector<float> row_weight;
+  for (int e = 0; e < experts; ++e) {
+    rows.clear();
+    row_weight.clear();
+    for (int i = 0; i < n * k; ++i) {
+      if (s.expert_of[size_t(i)] == e) {
+        rows.push_back(i / k);
+        row_weight.push_back(s.expert_weight[size_t(i)]);
+      }
+    }
+    if (rows.empty()) continue;
+    const int m = int(rows.size());
+    s.expert_in.resize(size_t(m) * hidden);
+    s.expert_gate.resize(size_t(m) * inter);
+    s.expert_up.resize(size_t(m) * inter);
+    s.expert_out.resize(size_t(m) * hidden);
+    for (int r = 0; r < m; ++r) {
+      std::copy_n(h + size_t(rows[size_t(r)]) * hidden, hidden, s.expert_in.data() + size_t(r) * hidden);
+    }
+    const MlpWeights& expert = w.experts[size_t(e)];
+    matmul(s.expert_in.data(), m, expert.gate, s.expert_gate.data(), pool);
+    matmul(s.expert_in.data(), m, expert.up, s.expert_up.data(), pool);
+    gated_activation(c.activation, s.expert_gate.data(), s.expert_up.data(), size_t(m) * inter);
+    matmul(s.expert_gate.data(), m, expert.down, s.expert_out.data(), pool);
+    for (int r = 0; r < m; ++r) {
+      mul_add_to(row_weight[size_t(r)], s.expert_out.data() + size_t(r) * hidden,
+                 out + size_t(rows[size_t(r)]) * hidden, size_t(hidden));
+    }
+  }
 }
 
 void add_to(float* x, const float* delta, size_t size) { mul_add_to(1.0f, delta, x, size); }
@@ -112,7 +216,7 @@ void LlamaModel::forward(std::span<const ForwardSequence> batch, float* logits, 
   std::vector<int> first_row(batch.size() + 1, 0);
   for (size_t i = 0; i < batch.size(); ++i) first_row[i + 1] = first_row[i] + int(batch[i].tokens.size());
   const int n = first_row.back();
-  const int hidden = int(c.hidden_size), inter = int(c.intermediate_size);
+  const int hidden = int(c.hidden_size), inter = int(c.intermediate_size), head_dim = int(c.head_dim);
   const int q_dim = int(c.q_dim()), kv_dim = int(c.kv_dim());
   const float eps = float(c.rms_norm_eps);
   s.x.resize(size_t(n) * hidden);
@@ -128,25 +232,38 @@ void LlamaModel::forward(std::span<const ForwardSequence> batch, float* logits, 
   // x = embed(tokens); each sequence's RoPE angles from its own first position
   const size_t row_bytes = size_t(hidden) * dtype_size_bytes(weights_.embedding.dtype);
   const size_t half = size_t(c.head_dim) / 2;
-  s.cos.resize(size_t(n) * half);
-  s.sin.resize(size_t(n) * half);
+  const bool sliding = !c.sliding_layers.empty();
+  for (auto* angles : {&s.cos, &s.sin, &s.sliding_cos, &s.sliding_sin}) {
+    if (sliding || angles == &s.cos || angles == &s.sin) angles->resize(size_t(n) * half);
+  }
+  const float embed_scale = embedding_scale(c);
   std::vector<int> first_position(batch.size());
   thread_local std::vector<float> cos, sin;
+  const auto angles = [&](const Rope& rope, size_t i, std::vector<float>& all_cos, std::vector<float>& all_sin) {
+    rope.angles(first_position[i], int(batch[i].tokens.size()), cos, sin);
+    std::copy(cos.begin(), cos.end(), all_cos.begin() + ptrdiff_t(size_t(first_row[i]) * half));
+    std::copy(sin.begin(), sin.end(), all_sin.begin() + ptrdiff_t(size_t(first_row[i]) * half));
+  };
   for (size_t i = 0; i < batch.size(); ++i) {
     for (size_t t = 0; t < batch[i].tokens.size(); ++t) {
       const auto* row = static_cast<const uint8_t*>(weights_.embedding.data) + size_t(batch[i].tokens[t]) * row_bytes;
-      widen_to_f32(row, weights_.embedding.dtype, s.x.data() + (size_t(first_row[i]) + t) * hidden, size_t(hidden));
+      float* x = s.x.data() + (size_t(first_row[i]) + t) * hidden;
+      widen_to_f32(row, weights_.embedding.dtype, x, size_t(hidden));
+      if (c.scale_embeddings) {
+        for (int j = 0; j < hidden; ++j) x[j] *= embed_scale;
+      }
     }
     first_position[i] = batch[i].kv->num_tokens(0);
-    rope_.angles(first_position[i], int(batch[i].tokens.size()), cos, sin);
-    std::copy(cos.begin(), cos.end(), s.cos.begin() + ptrdiff_t(size_t(first_row[i]) * half));
-    std::copy(sin.begin(), sin.end(), s.sin.begin() + ptrdiff_t(size_t(first_row[i]) * half));
+    angles(rope_, i, s.cos, s.sin);
+    if (sliding) angles(sliding_rope_, i, s.sliding_cos, s.sliding_sin);
   }
-  const AttentionParams attention_params{int(c.num_heads), 1.0f / std::sqrt(float(c.head_dim)), &pool};
   std::vector<AttendCall> calls;  // [batch] one layer's attention, a call per sequence
 
   for (int l = 0; l < int(c.num_layers); ++l) {
     const LayerWeights& w = weights_.layers[size_t(l)];
+    const bool sliding_layer = c.is_sliding(l);
+    const AttentionParams attention_params{int(c.num_heads), float(c.attention_scale), &pool, true,
+                                           sliding_layer ? int(c.sliding_window) : 0};
 
     // Attention block: h = rmsnorm(x); q, k, v = project(h); rope(q, k); append; attend; x += o_proj(o)
     rmsnorm(s.x.data(), w.attention_norm, eps, n, hidden, s.xb.data());
@@ -158,8 +275,15 @@ void LlamaModel::forward(std::span<const ForwardSequence> batch, float* logits, 
       add_bias(s.k.data(), w.bk, n);
       add_bias(s.v.data(), w.bv, n);
     }
-    rope_.rotate(s.q.data(), n, int(c.num_heads), s.cos, s.sin);
-    rope_.rotate(s.k.data(), n, int(c.num_kv_heads), s.cos, s.sin);
+    if (c.qk_norm) {  // each head's q and k normed over head_dim (Qwen3, Gemma 3)
+      rmsnorm(s.q.data(), w.q_norm, eps, n * int(c.num_heads), head_dim, s.q.data());
+      rmsnorm(s.k.data(), w.k_norm, eps, n * int(c.num_kv_heads), head_dim, s.k.data());
+    }
+    const Rope& rope = sliding_layer ? sliding_rope_ : rope_;
+    const std::vector<float>& cos_l = sliding_layer ? s.sliding_cos : s.cos;
+    const std::vector<float>& sin_l = sliding_layer ? s.sliding_sin : s.sin;
+    rope.rotate(s.q.data(), n, int(c.num_heads), cos_l, sin_l);
+    rope.rotate(s.k.data(), n, int(c.num_kv_heads), cos_l, sin_l);
     const KvShape& shape = batch[0].kv->shape();
     const int v_dims = shape.layer_v_dims(l), out_dims = output_dims(shape, l, int(c.num_heads));
     for (size_t i = 0; i < batch.size(); ++i) {
@@ -183,17 +307,17 @@ void LlamaModel::forward(std::span<const ForwardSequence> batch, float* logits, 
     }
     attend_many(calls, l, attention_params);  // all sequences' attention in one pool loop
     for (size_t i = 0; i < batch.size(); ++i) {
+      batch[i].kv->release_outside_window(l);  // a sliding layer frees the blocks no later query can see
       if (batch[i].observer) batch[i].observer->on_attention_output(l, calls[i].out, calls[i].n);
     }
     matmul(s.att.data(), n, w.wo, s.proj.data(), pool);
+    if (c.sandwich_norms) rmsnorm(s.proj.data(), w.attention_out_norm, eps, n, hidden, s.proj.data());
     add_to(s.x.data(), s.proj.data(), size_t(n) * hidden);
 
-    // MLP block: x += down(silu(gate(h)) · up(h)), h = rmsnorm(x)
+    // MLP block: x += mlp(rmsnorm(x)) (Gemma 3: normed again before the add)
     rmsnorm(s.x.data(), w.mlp_norm, eps, n, hidden, s.xb.data());
-    matmul(s.xb.data(), n, w.w_gate, s.gate.data(), pool);
-    matmul(s.xb.data(), n, w.w_up, s.up.data(), pool);
-    swiglu(s.gate.data(), s.up.data(), size_t(n) * inter);
-    matmul(s.gate.data(), n, w.w_down, s.proj.data(), pool);
+    mlp(c, w, s.xb.data(), n, s.proj.data(), s, pool);
+    if (c.sandwich_norms) rmsnorm(s.proj.data(), w.mlp_out_norm, eps, n, hidden, s.proj.data());
     add_to(s.x.data(), s.proj.data(), size_t(n) * hidden);
   }
 
@@ -208,6 +332,10 @@ void LlamaModel::forward(std::span<const ForwardSequence> batch, float* logits, 
     rows += count;
   }
   if (rows > 0) matmul(s.xb.data(), rows, weights_.lm_head, logits, pool);
+  if (c.final_logit_softcap > 0) {  // Gemma: logits = cap · tanh(logits / cap)
+    const float cap = float(c.final_logit_softcap);
+    for (size_t i = 0; i < size_t(rows) * size_t(c.vocab_size); ++i) logits[i] = cap * std::tanh(logits[i] / cap);
+  }
 }
 
 }  // namespace slimkv

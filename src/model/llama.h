@@ -1,5 +1,7 @@
-// A Llama-family model (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) on the CPU, in FP32:
-// config, weights (memory-mapped) and the forward pass through the paged KV store.
+// A model of the Llama family and its descendants on the CPU, in FP32: config, weights (memory-mapped)
+// and the forward pass through the paged KV store. LlamaForCausalLM, MistralForCausalLM and
+// Qwen2ForCausalLM are the plain layer; Qwen3 adds q/k norms, Qwen3-MoE routed experts, Gemma 3 sandwich
+// norms, GeGLU and sliding-window layers. The pass reads those as ModelConfig's features.
 #pragma once
 
 #include <memory>
@@ -31,6 +33,12 @@ struct RunState {
   std::vector<float> gate;     // (n, intermediate)
   std::vector<float> up;       // (n, intermediate)
   std::vector<float> cos, sin; // (n, head_dim / 2)  RoPE angles of the n positions
+  std::vector<float> sliding_cos, sliding_sin;  // likewise for sliding layers' RoPE (Gemma 3)
+  // Experts (Qwen3-MoE): each row's chosen experts and weights, and one expert's rows gathered.
+  std::vector<float> router;   // (n, num_experts)
+  std::vector<int> expert_of;  // (n, experts_per_token)
+  std::vector<float> expert_weight;  // (n, experts_per_token)
+  std::vector<float> expert_in, expert_gate, expert_up, expert_out;
 };
 
 // Which logits a sequence of a forward pass wants.
@@ -79,6 +87,7 @@ class LlamaModel {
   WeightStore store_;  // owns the mappings that weights_ points into
   LlamaWeights weights_;
   Rope rope_;
+  Rope sliding_rope_;  // the sliding layers' (Gemma 3); unused otherwise
   std::unique_ptr<ZackProjection> zack_;  // owns the folded W_V / W_O that weights_ points into
 };
 

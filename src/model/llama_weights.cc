@@ -33,6 +33,25 @@ Expected<std::vector<float>> vector(const WeightStore& store, const std::string&
   return values;
 }
 
+// An RMSNorm weight as the forward pass multiplies by it: Gemma's stored w is an offset, it scales by 1 + w
+// (computed in FP32 as transformers does).
+Expected<std::vector<float>> norm(const WeightStore& store, const std::string& name, int64_t size,
+                                  const ModelConfig& config) {
+  SLIMKV_ASSIGN_OR_RETURN(std::vector<float> weight, vector(store, name, size));
+  if (config.norm_adds_one) {
+    for (float& w : weight) w = 1.0f + w;
+  }
+  return weight;
+}
+
+Expected<MlpWeights> mlp(const WeightStore& store, const std::string& prefix, int64_t hidden, int64_t inter) {
+  MlpWeights weights;
+  SLIMKV_ASSIGN_OR_RETURN(weights.gate, matrix(store, prefix + "gate_proj.weight", inter, hidden));
+  SLIMKV_ASSIGN_OR_RETURN(weights.up, matrix(store, prefix + "up_proj.weight", inter, hidden));
+  SLIMKV_ASSIGN_OR_RETURN(weights.down, matrix(store, prefix + "down_proj.weight", hidden, inter));
+  return weights;
+}
+
 }  // namespace
 
 Expected<LlamaWeights> LlamaWeights::load(const WeightStore& store, const ModelConfig& config) {
@@ -43,7 +62,7 @@ Expected<LlamaWeights> LlamaWeights::load(const WeightStore& store, const ModelC
   for (int64_t i = 0; i < config.num_layers; ++i) {
     const std::string prefix = str_cat("model.layers.", i, ".");
     LayerWeights layer;
-    SLIMKV_ASSIGN_OR_RETURN(layer.attention_norm, vector(store, prefix + "input_layernorm.weight", hidden));
+    SLIMKV_ASSIGN_OR_RETURN(layer.attention_norm, norm(store, prefix + "input_layernorm.weight", hidden, config));
     SLIMKV_ASSIGN_OR_RETURN(layer.wq, matrix(store, prefix + "self_attn.q_proj.weight", q_dim, hidden));
     SLIMKV_ASSIGN_OR_RETURN(layer.wk, matrix(store, prefix + "self_attn.k_proj.weight", kv_dim, hidden));
     SLIMKV_ASSIGN_OR_RETURN(layer.wv, matrix(store, prefix + "self_attn.v_proj.weight", kv_dim, hidden));
@@ -52,14 +71,34 @@ Expected<LlamaWeights> LlamaWeights::load(const WeightStore& store, const ModelC
       SLIMKV_ASSIGN_OR_RETURN(layer.bk, vector(store, prefix + "self_attn.k_proj.bias", kv_dim));
       SLIMKV_ASSIGN_OR_RETURN(layer.bv, vector(store, prefix + "self_attn.v_proj.bias", kv_dim));
     }
+    if (config.qk_norm) {
+      SLIMKV_ASSIGN_OR_RETURN(layer.q_norm, norm(store, prefix + "self_attn.q_norm.weight", config.head_dim, config));
+      SLIMKV_ASSIGN_OR_RETURN(layer.k_norm, norm(store, prefix + "self_attn.k_norm.weight", config.head_dim, config));
+    }
     SLIMKV_ASSIGN_OR_RETURN(layer.wo, matrix(store, prefix + "self_attn.o_proj.weight", hidden, q_dim));
-    SLIMKV_ASSIGN_OR_RETURN(layer.mlp_norm, vector(store, prefix + "post_attention_layernorm.weight", hidden));
-    SLIMKV_ASSIGN_OR_RETURN(layer.w_gate, matrix(store, prefix + "mlp.gate_proj.weight", inter, hidden));
-    SLIMKV_ASSIGN_OR_RETURN(layer.w_up, matrix(store, prefix + "mlp.up_proj.weight", inter, hidden));
-    SLIMKV_ASSIGN_OR_RETURN(layer.w_down, matrix(store, prefix + "mlp.down_proj.weight", hidden, inter));
+    if (config.sandwich_norms) {
+      SLIMKV_ASSIGN_OR_RETURN(layer.attention_out_norm,
+                              norm(store, prefix + "post_attention_layernorm.weight", hidden, config));
+      SLIMKV_ASSIGN_OR_RETURN(layer.mlp_norm, norm(store, prefix + "pre_feedforward_layernorm.weight", hidden, config));
+      SLIMKV_ASSIGN_OR_RETURN(layer.mlp_out_norm,
+                              norm(store, prefix + "post_feedforward_layernorm.weight", hidden, config));
+    } else {
+      SLIMKV_ASSIGN_OR_RETURN(layer.mlp_norm, norm(store, prefix + "post_attention_layernorm.weight", hidden, config));
+    }
+    if (config.is_sparse(i)) {  // the Hub's layout: a router and one tensor per expert
+      const MoeConfig& moe = config.moe;
+      SLIMKV_ASSIGN_OR_RETURN(layer.router, matrix(store, prefix + "mlp.gate.weight", moe.num_experts, hidden));
+      for (int64_t e = 0; e < moe.num_experts; ++e) {
+        SLIMKV_ASSIGN_OR_RETURN(MlpWeights expert, mlp(store, str_cat(prefix, "mlp.experts.", e, "."), hidden,
+                                                       moe.expert_intermediate_size));
+        layer.experts.push_back(expert);
+      }
+    } else {
+      SLIMKV_ASSIGN_OR_RETURN(layer.mlp, mlp(store, prefix + "mlp.", hidden, inter));
+    }
     weights.layers.push_back(std::move(layer));
   }
-  SLIMKV_ASSIGN_OR_RETURN(weights.final_norm, vector(store, "model.norm.weight", hidden));
+  SLIMKV_ASSIGN_OR_RETURN(weights.final_norm, norm(store, "model.norm.weight", hidden, config));
   if (config.tie_word_embeddings) {
     weights.lm_head = weights.embedding;  // transformers ties them even if lm_head.weight is also stored
   } else {

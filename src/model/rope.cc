@@ -5,13 +5,13 @@
 
 namespace slimkv {
 
-Rope::Rope(const ModelConfig& config) : head_dim_(int(config.head_dim)) {
+Rope::Rope(const RopeConfig& rope, int head_dim) : head_dim_(head_dim) {
   const int half = head_dim_ / 2;
   inv_freq_.resize(size_t(half));
-  const RopeConfig& rope = config.rope;
   for (int i = 0; i < half; ++i) {
     // transformers computes these in FP32; computing in FP64 and rounding once differs by < 1 ulp.
     double inv = 1.0 / std::pow(rope.theta, double(2 * i) / double(head_dim_));
+    if (rope.type == RopeType::kLinear) inv /= rope.factor;
     if (rope.type == RopeType::kLlama3) {
       const double old_context = double(rope.original_max_position_embeddings);
       const double low_freq_wavelength = old_context / rope.low_freq_factor;

@@ -1,6 +1,6 @@
 // Rotary position embeddings as Hugging Face's Llama computes them: the "rotate half" layout (dim i
-// pairs with i + head_dim/2), inverse frequencies theta^(-2i/d), optionally rescaled by the "llama3"
-// rule (long wavelengths divided by `factor`, a smooth ramp between low_freq and high_freq).
+// pairs with i + head_dim/2), inverse frequencies theta^(-2i/d), optionally rescaled: "linear" divides
+// them all by `factor`, "llama3" only the long wavelengths (a smooth ramp between low_freq and high_freq).
 #pragma once
 
 #include <vector>
@@ -11,7 +11,7 @@ namespace slimkv {
 
 class Rope {
  public:
-  explicit Rope(const ModelConfig& config);
+  Rope(const RopeConfig& rope, int head_dim);
 
   const std::vector<float>& inverse_frequencies() const { return inv_freq_; }  // [head_dim / 2]
 

@@ -163,7 +163,7 @@ TEST_F(CudaLayerTest, AttentionInputsMatchCpuRopeAndRotation) {
       config.rope.factor = 8.0;
       config.rope.original_max_position_embeddings = 8192;
     }
-    const Rope rope(config);
+    const Rope rope(config.rope, int(config.head_dim));
     const AttentionHeads heads{4, 2, 64};
     const int n = 3, width = (heads.num_heads + 2 * heads.num_kv_heads) * heads.head_dim;
     const std::vector<int32_t> positions = {0, 17, 100000};

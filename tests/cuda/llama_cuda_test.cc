@@ -51,7 +51,7 @@ std::vector<int32_t> heldout_prompt(const Engine& engine, size_t chars) {
 // BF16 tolerance (the bar for half-precision weights on the GPU: 2e-2 of max |logit|): the GPU
 // rounds activations to the weights' half dtype before every GEMM, the CPU keeps them in FP32.
 TEST_F(CudaModelTest, LogitsMatchTransformersAndTheCpuInPrefillDecodeAndChunks) {
-  const auto dirs = golden_models();
+  const auto dirs = llama_layer_golden_models();
   ASSERT_GE(dirs.size(), 3u);
   for (const std::string& dir : dirs) {
     SCOPED_TRACE(dir);
@@ -79,11 +79,24 @@ TEST_F(CudaModelTest, LogitsMatchTransformersAndTheCpuInPrefillDecodeAndChunks) 
 }
 
 TEST_F(CudaModelTest, GreedyContinuationMatchesTransformers) {
-  for (const std::string& dir : golden_models()) {
+  for (const std::string& dir : llama_layer_golden_models()) {
     SCOPED_TRACE(dir);
     const GoldenGreedy golden = golden_greedy(dir);
     auto engine = load(dir, "cuda");
     EXPECT_EQ(take(greedy_continuation(*engine->new_session(), golden.prompt, golden.generated.size())), golden.generated);
+  }
+}
+
+// Qwen3, Qwen3-MoE and Gemma 3 run on the CPU only so far: device cuda refuses them, saying what it lacks.
+TEST_F(CudaModelTest, FamiliesBeyondTheLlamaLayerAreRefusedWithWhatTheyNeed) {
+  for (const char* name : {"qwen3_bf16_tied", "qwen3_moe", "gemma3_sliding"}) {
+    EngineConfig config;
+    config.model_dir = kSource + "/tests/data/models/" + name;
+    config.device = "cuda";
+    auto engine = Engine::load(config);
+    ASSERT_FALSE(engine) << name;
+    EXPECT_NE(engine.status().message().find("does not run on device cuda yet"), std::string::npos)
+        << engine.status().message();
   }
 }
 

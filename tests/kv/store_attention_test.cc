@@ -18,9 +18,10 @@ namespace {
 struct AttentionCase {
   std::string spec;
   int n_tokens, num_heads, num_kv_heads, head_dim, chunk, threads;
+  int window = 0;  // a sliding-window layer (KvShape::window_tokens): each query sees its last `window`
   std::string name() const {
     return str_cat("attn(kv=", spec, ",tokens=", n_tokens, ",heads=", num_heads, "/", num_kv_heads,
-                   ",d=", head_dim, ",chunk=", chunk, ",threads=", threads, ")");
+                   ",d=", head_dim, ",chunk=", chunk, ",threads=", threads, ",window=", window, ")");
   }
 };
 
@@ -49,15 +50,18 @@ void check(const AttentionCase& c) {
 
   auto pipeline = make_kv_pipeline(c.spec);
   ASSERT_TRUE(pipeline) << pipeline.status().message();
-  KvStore store({1, c.num_kv_heads, d, d, n}, *pipeline);
+  KvShape shape(1, c.num_kv_heads, d, d, n);
+  if (c.window > 0) shape.window_tokens = {c.window};
+  KvStore store(shape, *pipeline);
   std::vector<float> out(size_t(n) * c.num_heads * d, NAN);
   ThreadPool pool(c.threads);
-  const AttentionParams params{c.num_heads, 1.0f / std::sqrt(float(d)), &pool};
+  const AttentionParams params{c.num_heads, 1.0f / std::sqrt(float(d)), &pool, true, c.window};
   for (int first = 0; first < n; first += c.chunk) {
     const int m = std::min(c.chunk, n - first);
     store.append(0, k.data() + size_t(first) * c.num_kv_heads * d, v.data() + size_t(first) * c.num_kv_heads * d, m);
     attend(store, 0, q.data() + size_t(first) * c.num_heads * d, m, first, params,
            out.data() + size_t(first) * c.num_heads * d);
+    store.release_outside_window(0);  // a later chunk's queries must not need what this frees
   }
   // The reference sees the values as stored: the open block as it holds them, sealed blocks rounded
   // by the codec from that.
@@ -81,11 +85,21 @@ void check(const AttentionCase& c) {
       k_then[i] = k_seen[i];
       v_then[i] = v_seen[i];
     }
-    std::vector<int> positions(static_cast<size_t>(m));
-    for (int i = 0; i < m; ++i) positions[size_t(i)] = first + i;
-    attention_reference(q.data() + size_t(first) * c.num_heads * d, m, positions.data(), k_then.data(), v_then.data(),
-                        first + m, c.num_heads, c.num_kv_heads, d, d, params.scale,
-                        expected.data() + size_t(first) * c.num_heads * d);
+    if (c.window == 0) {
+      std::vector<int> positions(static_cast<size_t>(m));
+      for (int i = 0; i < m; ++i) positions[size_t(i)] = first + i;
+      attention_reference(q.data() + size_t(first) * c.num_heads * d, m, positions.data(), k_then.data(),
+                          v_then.data(), first + m, c.num_heads, c.num_kv_heads, d, d, params.scale,
+                          expected.data() + size_t(first) * c.num_heads * d);
+      continue;
+    }
+    for (int p = first; p < first + m; ++p) {  // one query at a time over its window's keys
+      const int lo = std::max(0, p - c.window + 1), position = p - lo;
+      const size_t row = size_t(lo) * c.num_kv_heads * d;
+      attention_reference(q.data() + size_t(p) * c.num_heads * d, 1, &position, k_then.data() + row,
+                          v_then.data() + row, p + 1 - lo, c.num_heads, c.num_kv_heads, d, d, params.scale,
+                          expected.data() + size_t(p) * c.num_heads * d);
+    }
   }
   double err2 = 0, ref2 = 0;
   for (size_t i = 0; i < out.size(); ++i) {
@@ -111,6 +125,20 @@ TEST(Attention, DenseMatchesReferenceOnEdgeShapes) {
       {"dense:dtype=f16", 150, 8, 2, 128, 150, 2},
       {"dense:dtype=bf16,block=32", 150, 4, 4, 64, 1, 2},
       {"dense:dtype=f16,block=128", 300, 4, 2, 64, 100, 2},
+  };
+  for (const AttentionCase& c : cases) check(c);
+}
+
+// Sliding-window layers (Gemma 3): each query sees only its last `window` tokens, whether the window
+// starts inside a sealed block (read through the codec's decode_tokens), the open block or a prefill
+// chunk; the blocks that leave the window are freed between calls and never read again.
+TEST(Attention, SlidingWindowMatchesReference) {
+  const std::vector<AttentionCase> cases = {
+      {"dense", 150, 4, 2, 64, 150, 2, 40},         // window < block: starts in the open block and chunk
+      {"dense:block=16", 113, 8, 2, 64, 5, 2, 40},  // starts inside sealed blocks
+      {"dense:block=16", 100, 4, 1, 32, 1, 1, 16},  // window = block, token by token
+      {"dense:dtype=f16,block=32", 150, 4, 2, 64, 7, 2, 33},
+      {"dense:block=8", 90, 2, 2, 16, 90, 2, 1},    // only the token itself
   };
   for (const AttentionCase& c : cases) check(c);
 }

@@ -1,9 +1,11 @@
 // The golden model directories made by HF transformers (scripts/golden/make_golden.py): both config
-// layouts give the same ModelConfig, and every Llama-family weight is there with the shape the
-// config implies, in the dtype it declares, single-file and sharded alike.
+// layouts give the same ModelConfig (Gemma 3's per-layer-type RoPE and Qwen3-MoE's num_local_experts
+// included), and every weight of the family is there with the shape the config implies, in the dtype it
+// declares, single-file and sharded alike.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -73,6 +75,60 @@ TEST_P(GoldenModelLoad, ConfigLayoutsAgree) {
   EXPECT_EQ(v5->dtype, v4->dtype);
   EXPECT_EQ(v5->eos_token_ids, v4->eos_token_ids);
   EXPECT_EQ(v5->bos_token_id, v4->bos_token_id);
+  EXPECT_EQ(v5->qk_norm, v4->qk_norm);
+  EXPECT_EQ(v5->norm_adds_one, v4->norm_adds_one);
+  EXPECT_EQ(v5->sandwich_norms, v4->sandwich_norms);
+  EXPECT_EQ(v5->scale_embeddings, v4->scale_embeddings);
+  EXPECT_EQ(v5->activation, v4->activation);
+  EXPECT_EQ(v5->attention_scale, v4->attention_scale);
+  EXPECT_EQ(v5->final_logit_softcap, v4->final_logit_softcap);
+  EXPECT_EQ(v5->sliding_layers, v4->sliding_layers);
+  EXPECT_EQ(v5->sliding_window, v4->sliding_window);
+  EXPECT_EQ(v5->sliding_rope.type, v4->sliding_rope.type);
+  EXPECT_EQ(v5->sliding_rope.theta, v4->sliding_rope.theta);
+  EXPECT_EQ(v5->sliding_rope.factor, v4->sliding_rope.factor);
+  EXPECT_EQ(v5->moe.num_experts, v4->moe.num_experts);
+  EXPECT_EQ(v5->moe.experts_per_token, v4->moe.experts_per_token);
+  EXPECT_EQ(v5->moe.expert_intermediate_size, v4->moe.expert_intermediate_size);
+  EXPECT_EQ(v5->moe.normalize_top_k, v4->moe.normalize_top_k);
+  EXPECT_EQ(v5->moe.sparse_layers, v4->moe.sparse_layers);
+}
+
+// What each family's config says, read as transformers reads it (the values make_golden.py gave).
+TEST(GoldenModelFamilies, ConfigsSayWhatTheGoldenScriptMade) {
+  const std::string dir = std::string(SLIMKV_SOURCE_DIR) + "/tests/data/models/";
+  auto qwen3 = load_model_config(dir + "qwen3_bf16_tied");
+  ASSERT_TRUE(qwen3) << qwen3.status().message();
+  EXPECT_TRUE(qwen3->qk_norm);
+  EXPECT_EQ(qwen3->head_dim, 48);
+  EXPECT_EQ(qwen3->q_dim(), 192);  // != hidden_size 96
+  EXPECT_EQ(qwen3->features_beyond_llama(), "q/k norms");
+
+  auto moe = load_model_config(dir + "qwen3_moe");
+  ASSERT_TRUE(moe) << moe.status().message();
+  EXPECT_EQ(moe->moe.num_experts, 8);
+  EXPECT_EQ(moe->moe.experts_per_token, 2);
+  EXPECT_EQ(moe->moe.expert_intermediate_size, 48);
+  EXPECT_TRUE(moe->moe.normalize_top_k);
+  EXPECT_EQ(moe->moe.sparse_layers, (std::vector<bool>{true, true, false, true}));  // mlp_only_layers [2]
+  auto step2 = load_model_config(dir + "qwen3_moe_step2");
+  ASSERT_TRUE(step2) << step2.status().message();
+  EXPECT_EQ(step2->moe.sparse_layers, (std::vector<bool>{false, true, false, true}));  // decoder_sparse_step 2
+  EXPECT_FALSE(step2->moe.normalize_top_k);
+
+  auto gemma = load_model_config(dir + "gemma3_sliding");
+  ASSERT_TRUE(gemma) << gemma.status().message();
+  EXPECT_EQ(gemma->sliding_layers, (std::vector<bool>{true, true, false, true, false}));
+  EXPECT_EQ(gemma->sliding_window, 40);
+  EXPECT_EQ(gemma->rope.type, RopeType::kLinear);
+  EXPECT_EQ(gemma->rope.factor, 8.0);
+  EXPECT_EQ(gemma->rope.theta, 1000000.0);
+  EXPECT_EQ(gemma->sliding_rope.type, RopeType::kDefault);
+  EXPECT_EQ(gemma->sliding_rope.theta, 10000.0);
+  EXPECT_DOUBLE_EQ(gemma->attention_scale, 1.0 / std::sqrt(24.0));
+  EXPECT_EQ(gemma->activation, Activation::kGeluTanh);
+  EXPECT_TRUE(gemma->norm_adds_one && gemma->sandwich_norms && gemma->scale_embeddings && gemma->qk_norm);
+  EXPECT_TRUE(gemma->tie_word_embeddings);
 }
 
 TEST_P(GoldenModelLoad, EveryWeightHasTheConfigShape) {
@@ -94,17 +150,35 @@ TEST_P(GoldenModelLoad, EveryWeightHasTheConfigShape) {
   };
   if (!config->tie_word_embeddings)
     expected.push_back({"lm_head.weight", {config->vocab_size, hidden}});
+  const auto mlp = [&](const std::string& prefix, int64_t size) {
+    expected.push_back({prefix + "gate_proj.weight", {size, hidden}});
+    expected.push_back({prefix + "up_proj.weight", {size, hidden}});
+    expected.push_back({prefix + "down_proj.weight", {hidden, size}});
+  };
   for (int64_t layer = 0; layer < config->num_layers; ++layer) {
     const std::string prefix = "model.layers." + std::to_string(layer) + ".";
     expected.push_back({prefix + "input_layernorm.weight", {hidden}});
     expected.push_back({prefix + "post_attention_layernorm.weight", {hidden}});
+    if (config->sandwich_norms) {
+      expected.push_back({prefix + "pre_feedforward_layernorm.weight", {hidden}});
+      expected.push_back({prefix + "post_feedforward_layernorm.weight", {hidden}});
+    }
     expected.push_back({prefix + "self_attn.q_proj.weight", {config->q_dim(), hidden}});
     expected.push_back({prefix + "self_attn.k_proj.weight", {config->kv_dim(), hidden}});
     expected.push_back({prefix + "self_attn.v_proj.weight", {config->kv_dim(), hidden}});
     expected.push_back({prefix + "self_attn.o_proj.weight", {hidden, config->q_dim()}});
-    expected.push_back({prefix + "mlp.gate_proj.weight", {inter, hidden}});
-    expected.push_back({prefix + "mlp.up_proj.weight", {inter, hidden}});
-    expected.push_back({prefix + "mlp.down_proj.weight", {hidden, inter}});
+    if (config->qk_norm) {
+      expected.push_back({prefix + "self_attn.q_norm.weight", {config->head_dim}});
+      expected.push_back({prefix + "self_attn.k_norm.weight", {config->head_dim}});
+    }
+    if (config->is_sparse(layer)) {  // one tensor per expert, as on the Hub
+      expected.push_back({prefix + "mlp.gate.weight", {config->moe.num_experts, hidden}});
+      for (int64_t e = 0; e < config->moe.num_experts; ++e) {
+        mlp(prefix + "mlp.experts." + std::to_string(e) + ".", config->moe.expert_intermediate_size);
+      }
+    } else {
+      mlp(prefix + "mlp.", inter);
+    }
     if (config->attention_bias) {
       expected.push_back({prefix + "self_attn.q_proj.bias", {config->q_dim()}});
       expected.push_back({prefix + "self_attn.k_proj.bias", {config->kv_dim()}});
@@ -128,7 +202,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         GoldenModel{"llama_gqa_bf16", Architecture::kLlama, DType::kBF16, true, false},
         GoldenModel{"qwen2_bias_tied", Architecture::kQwen2, DType::kF32, false, true},
-        GoldenModel{"mistral_f16", Architecture::kMistral, DType::kF16, false, false}),
+        GoldenModel{"mistral_f16", Architecture::kMistral, DType::kF16, false, false},
+        GoldenModel{"qwen3_bf16_tied", Architecture::kQwen3, DType::kBF16, false, true},
+        GoldenModel{"qwen3_moe", Architecture::kQwen3Moe, DType::kF32, false, false},
+        GoldenModel{"qwen3_moe_step2", Architecture::kQwen3Moe, DType::kF16, false, true},
+        GoldenModel{"gemma3_sliding", Architecture::kGemma3, DType::kF32, false, true}),
     [](const ::testing::TestParamInfo<GoldenModel>& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -360,10 +360,10 @@ TEST(ModelConfig, RefusesUnsupportedLayers) {
 }
 
 TEST(ModelConfig, RefusesRopeTypes) {
-  for (const char* type : {"linear", "dynamic", "yarn", "longrope", "su", "mrope"}) {
+  for (const char* type : {"dynamic", "yarn", "longrope", "su", "mrope"}) {
     Json v5 = llama_v5();
     v5["rope_parameters"]["rope_type"] = type;
-    expect_refused(v5, {"rope_parameters.rope_type", type, "default, llama3"});
+    expect_refused(v5, {"rope_parameters.rope_type", type, "default, linear, llama3"});
     Json v4 = llama_v4();
     v4["rope_scaling"] = {{"type", type}, {"factor", 2.0}};
     expect_refused(v4, {"rope_scaling.type", type});
@@ -389,6 +389,149 @@ TEST(ModelConfig, RefusesRopeTypes) {
   config = llama_v5();
   config["partial_rotary_factor"] = 0.5;
   expect_refused(config, {"partial_rotary_factor", "0.5"});
+}
+
+// Gemma 3 as transformers 5.x writes it (rope_parameters per layer type), and its 4.x spelling
+// (rope_theta, rope_scaling and rope_local_base_freq at the top level).
+Json gemma3_v5() {
+  return Json::parse(R"({
+    "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "dtype": "bfloat16",
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 640, "intermediate_size": 2048,
+    "head_dim": 256, "num_attention_heads": 4, "num_key_value_heads": 1, "num_hidden_layers": 7,
+    "max_position_embeddings": 32768, "query_pre_attn_scalar": 256, "sliding_window": 512,
+    "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "sliding_attention",
+                    "sliding_attention", "full_attention", "sliding_attention"],
+    "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+    "final_logit_softcapping": null, "attn_logit_softcapping": null, "rms_norm_eps": 1e-06,
+    "use_bidirectional_attention": false, "vocab_size": 262144, "eos_token_id": [1, 106], "bos_token_id": 2
+  })");
+}
+
+Json gemma3_v4() {
+  Json config = gemma3_v5();
+  config.erase("rope_parameters");
+  config.erase("dtype");
+  config["rope_theta"] = 1000000.0;
+  config["rope_local_base_freq"] = 10000.0;
+  config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
+  config["torch_dtype"] = "bfloat16";
+  return config;
+}
+
+TEST(ModelConfig, Gemma3BothLayoutsAndItsFeatures) {
+  auto v5 = parse(gemma3_v5());
+  auto v4 = parse(gemma3_v4());
+  ASSERT_TRUE(v5) << v5.status().message();
+  ASSERT_TRUE(v4) << v4.status().message();
+  expect_same(*v5, *v4);
+  EXPECT_EQ(v5->architecture, Architecture::kGemma3);
+  EXPECT_EQ(v5->sliding_layers, v4->sliding_layers);
+  EXPECT_EQ(v5->sliding_layers, (std::vector<bool>{true, true, true, true, true, false, true}));
+  EXPECT_EQ(v5->sliding_window, 512);
+  EXPECT_EQ(v5->rope.type, RopeType::kLinear);
+  EXPECT_EQ(v5->rope.factor, 8.0);
+  EXPECT_EQ(v4->sliding_rope.type, RopeType::kDefault);
+  EXPECT_EQ(v5->sliding_rope.theta, 10000.0);
+  EXPECT_EQ(v4->sliding_rope.theta, 10000.0);
+  EXPECT_EQ(v5->attention_scale, 1.0 / 16.0);
+  EXPECT_TRUE(v5->tie_word_embeddings) << "Gemma ties by default";
+  EXPECT_EQ(v5->features_beyond_llama(),
+            "q/k norms, Gemma's norms, scaled embeddings, GeGLU, sliding-window layers");
+
+  // Absent fields take transformers' defaults: every 6th layer global, head_dim 256, window 4096.
+  Json bare = gemma3_v4();
+  for (const char* key : {"layer_types", "head_dim", "sliding_window", "query_pre_attn_scalar", "rope_scaling",
+                          "rope_local_base_freq", "rope_theta"}) {
+    bare.erase(key);
+  }
+  auto defaults = parse(bare);
+  ASSERT_TRUE(defaults) << defaults.status().message();
+  EXPECT_EQ(defaults->sliding_layers, (std::vector<bool>{true, true, true, true, true, false, true}));
+  EXPECT_EQ(defaults->head_dim, 256);
+  EXPECT_EQ(defaults->sliding_window, 4096);
+  EXPECT_EQ(defaults->rope.theta, 1000000.0);
+  EXPECT_EQ(defaults->sliding_rope.theta, 10000.0);
+  EXPECT_EQ(defaults->attention_scale, 1.0 / 16.0);
+
+  Json capped = gemma3_v5();
+  capped["final_logit_softcapping"] = 30.0;
+  EXPECT_EQ(parse(capped)->final_logit_softcap, 30.0);
+}
+
+TEST(ModelConfig, RefusesWhatGemma3DoesNotRun) {
+  Json config = gemma3_v5();
+  config["hidden_activation"] = "gelu";
+  expect_refused(config, {"hidden_activation", "gelu", "gelu_pytorch_tanh"});
+  config = gemma3_v5();
+  config["attn_logit_softcapping"] = 50.0;
+  expect_refused(config, {"attn_logit_softcapping", "50", "null"});
+  config = gemma3_v5();
+  config["use_bidirectional_attention"] = true;
+  expect_refused(config, {"use_bidirectional_attention", "causal"});
+  config = gemma3_v5();
+  config["layer_types"][2] = "chunked_attention";
+  expect_refused(config, {"layer_types", "chunked_attention"});
+  config = gemma3_v5();
+  config["layer_types"].erase(0);
+  expect_refused(config, {"layer_types", "7"});
+  config = gemma3_v5();
+  config["rope_parameters"]["sliding_attention"] = 10000;
+  expect_refused(config, {"rope_parameters.sliding_attention", "10000"});
+  config = gemma3_v5();
+  config["rope_parameters"]["full_attention"]["rope_type"] = "yarn";
+  expect_refused(config, {"rope_parameters.full_attention.rope_type", "yarn"});
+  config = gemma3_v5();
+  config["attention_bias"] = true;
+  expect_refused(config, {"attention_bias", "Gemma3ForCausalLM"});
+  config = gemma3_v5();
+  config["query_pre_attn_scalar"] = 0;
+  expect_refused(config, {"query_pre_attn_scalar", "0"});
+}
+
+Json qwen3_moe_v5() {
+  return Json::parse(R"({
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_act": "silu",
+    "dtype": "bfloat16", "hidden_size": 64, "intermediate_size": 160, "head_dim": 32,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 4,
+    "max_position_embeddings": 512, "moe_intermediate_size": 48, "num_local_experts": 8,
+    "num_experts_per_tok": 2, "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [2],
+    "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}, "sliding_window": null,
+    "use_sliding_window": false, "vocab_size": 320
+  })");
+}
+
+TEST(ModelConfig, Qwen3MoeExpertsAndTheirLayers) {
+  auto v5 = parse(qwen3_moe_v5());
+  ASSERT_TRUE(v5) << v5.status().message();
+  Json v4_json = qwen3_moe_v5();
+  v4_json.erase("num_local_experts");
+  v4_json["num_experts"] = 8;  // the 4.x name
+  auto v4 = parse(v4_json);
+  ASSERT_TRUE(v4) << v4.status().message();
+  expect_same(*v5, *v4);
+  EXPECT_EQ(v4->moe.num_experts, 8);
+  EXPECT_EQ(v5->moe.sparse_layers, (std::vector<bool>{true, true, false, true}));
+  EXPECT_TRUE(v5->qk_norm);
+  Json step = qwen3_moe_v5();
+  step["decoder_sparse_step"] = 2;
+  step["mlp_only_layers"] = Json::array();
+  EXPECT_EQ(parse(step)->moe.sparse_layers, (std::vector<bool>{false, true, false, true}));
+
+  Json config = qwen3_moe_v5();
+  config["num_experts_per_tok"] = 9;
+  expect_refused(config, {"num_experts_per_tok", "9", "num_local_experts (8)"});
+  config = qwen3_moe_v5();
+  config["mlp_only_layers"] = {4};
+  expect_refused(config, {"mlp_only_layers", "4", "0 to 3"});
+  config = qwen3_moe_v5();
+  config["decoder_sparse_step"] = 0;
+  expect_refused(config, {"decoder_sparse_step", "0"});
+  config = qwen3_moe_v5();
+  config["use_sliding_window"] = true;
+  config["sliding_window"] = 64;
+  config["max_window_layers"] = 0;
+  expect_refused(config, {"use_sliding_window", "not implemented"});
 }
 
 TEST(ModelConfig, RefusesSlidingWindows) {

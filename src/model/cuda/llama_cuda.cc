@@ -55,7 +55,7 @@ constexpr float kFp16Max = 65504.0f;
 DType upload_dtype(const LlamaWeights& weights) {
   std::vector<const WeightMatrix*> matrices = {&weights.embedding, &weights.lm_head};
   for (const LayerWeights& l : weights.layers) {
-    for (const WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) matrices.push_back(w);
+    for (const WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.mlp.gate, &l.mlp.up, &l.mlp.down}) matrices.push_back(w);
   }
   for (const WeightMatrix* w : matrices) {
     if (w->dtype == DType::kF16) continue;
@@ -127,7 +127,7 @@ Status CudaLlamaModel::allocate_weights() {
     l.w_gate_up = weights_.take(2 * inter * hidden * half);
     l.w_down = weights_.take(hidden * inter * half);
   }
-  const Rope rope(c);
+  const Rope rope(c.rope, int(c.head_dim));
   return upload_floats(rope.inverse_frequencies(), inv_freq_);
 }
 
@@ -175,6 +175,10 @@ KvprCostModel kvpr_cost_model(const ModelConfig& config, DType dtype, double kv_
 
 Expected<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::upload(const ModelConfig& config, const LlamaWeights& weights,
                                                                  const CudaModelOptions& options) {
+  if (const std::string beyond = config.features_beyond_llama(); !beyond.empty()) {
+    return error(config.architecture_name, " does not run on device cuda yet (the CUDA model has the Llama layer "
+                 "only; this model needs ", beyond, "): use --device cpu");
+  }
   SLIMKV_RETURN_IF_ERROR(device_usable());
   std::unique_ptr<CudaLlamaModel> model(new CudaLlamaModel(config, upload_dtype(weights), options));
   SLIMKV_RETURN_IF_ERROR(model->allocate_weights());
@@ -207,8 +211,8 @@ Expected<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::upload(const ModelConf
     }
     SLIMKV_RETURN_IF_ERROR(upload_matrix(w.wo, dtype, l.w_o));
     SLIMKV_RETURN_IF_ERROR(upload_floats(w.mlp_norm, l.mlp_norm));
-    SLIMKV_RETURN_IF_ERROR(upload_stacked({&w.w_gate, &w.w_up}, l.w_gate_up));
-    SLIMKV_RETURN_IF_ERROR(upload_matrix(w.w_down, dtype, l.w_down));
+    SLIMKV_RETURN_IF_ERROR(upload_stacked({&w.mlp.gate, &w.mlp.up}, l.w_gate_up));
+    SLIMKV_RETURN_IF_ERROR(upload_matrix(w.mlp.down, dtype, l.w_down));
   }
   SLIMKV_RETURN_IF_ERROR(model->allocate_runtime(options));
   return Expected<std::unique_ptr<CudaLlamaModel>>(std::move(model));
