@@ -2,6 +2,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+
 #include "backend/cuda/cuda_check.h"
 #include "kv/select/pq_codebook.h"
 #include "util/half.h"
@@ -64,28 +66,33 @@ Status CudaPqIndex::collect() {
   if (!staged_) return Status::ok();
   staged_ = false;
   SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(static_cast<cudaEvent_t>(copied_)));
-  // One task per layer: a long prompt's keys are a few GB of FP16.
   const size_t row = size_t(shape_.num_kv_heads) * size_t(shape_.head_dim), d = size_t(shape_.head_dim);
-  std::vector<std::future<void>> layers;
-  for (int l = 0; l < shape_.num_layers; ++l) {
-    layers.push_back(std::async(std::launch::async, [this, l, row, d] {
-      const uint16_t* keys = staging_.data() + size_t(l) * size_t(shape_.max_step_tokens) * row;
-      size_t first = 0;
-      for (const auto& [sequence, n] : step_) {
-        const size_t tokens = size_t(n < 0 ? -n : n);
-        for (int g = 0; n > 0 && g < shape_.num_kv_heads; ++g) {
-          std::vector<float>& out = tail(sequence, l, g);
-          size_t at = out.size();
-          out.resize(at + tokens * d);
-          for (size_t t = first; t < first + tokens; ++t) {
-            for (size_t c = 0; c < d; ++c) out[at++] = fp16_to_float(keys[t * row + size_t(g) * d + c]);
-          }
+  const auto collect_layer = [this, row, d](int l) {
+    const uint16_t* keys = staging_.data() + size_t(l) * size_t(shape_.max_step_tokens) * row;
+    size_t first = 0;
+    for (const auto& [sequence, n] : step_) {
+      const size_t tokens = size_t(n < 0 ? -n : n);
+      for (int g = 0; n > 0 && g < shape_.num_kv_heads; ++g) {
+        std::vector<float>& out = tail(sequence, l, g);
+        size_t at = out.size();
+        out.resize(at + tokens * d);
+        for (size_t t = first; t < first + tokens; ++t) {
+          for (size_t c = 0; c < d; ++c) out[at++] = fp16_to_float(keys[t * row + size_t(g) * d + c]);
         }
-        first += tokens;
       }
-    }));
+      first += tokens;
+    }
+  };
+  // A decode step's few keys here; a prompt chunk's (up to GBs of FP16 over a long prompt) on a task per layer.
+  size_t step_tokens = 0;
+  for (const auto& step : step_) step_tokens += size_t(std::abs(step.second));
+  if (step_tokens <= 64) {
+    for (int l = 0; l < shape_.num_layers; ++l) collect_layer(l);
+  } else {
+    std::vector<std::future<void>> layers;
+    for (int l = 0; l < shape_.num_layers; ++l) layers.push_back(std::async(std::launch::async, collect_layer, l));
+    for (auto& layer : layers) layer.get();
   }
-  for (auto& layer : layers) layer.get();
   for (const auto& [sequence, n] : step_) {
     if (n > 0) collected_[size_t(sequence)] += n;
   }
