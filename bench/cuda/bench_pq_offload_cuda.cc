@@ -7,7 +7,8 @@
 //                  read from pinned host memory (kv/cuda/gpu_pq_kv.cc)
 // with the K/V bytes a step moves over PCIe (offload: every token's; kvpr: the streamed part's K/V and
 // the recomputed part's X; pq: what the selection reads from the host pages), GPU memory held for KV
-// (pq: its index, selection buffer and scratch) and the pinned host memory.
+// (pq: its index, selection buffer and scratch), that per token of the batch's contexts, and the pinned
+// host memory.
 //
 //   bench_pq_offload_cuda --configs 8192x1,32768x1,131072x1,8192x8,32768x8 --topks 0.2,1024
 #include <CLI/CLI.hpp>
@@ -109,14 +110,21 @@ Expected<bool> resident_fits(const ModelConfig& shape, const Config& c) {
 
 Status run(const Options& o) {
   SLIMKV_RETURN_IF_ERROR(device_usable());
-  SLIMKV_ASSIGN_OR_RETURN(const ModelConfig shape, random_shape(o.shape));
+  SLIMKV_ASSIGN_OR_RETURN(ModelConfig shape, random_shape(o.shape));
+  // Random weights: positions past the shape's trained length are as good as any (a context of 128K
+  // and the steps after it).
+  for (const std::string& text : o.configs) {
+    SLIMKV_ASSIGN_OR_RETURN(const Config c, parse_config(text));
+    shape.max_position_embeddings = std::max<decltype(shape.max_position_embeddings)>(shape.max_position_embeddings,
+                                                                                       c.context + o.steps + 64);
+  }
   SLIMKV_ASSIGN_OR_RETURN(const KvprProfile profile,
                           load_or_measure_kvpr_profile(default_kvpr_profile_path(), int(shape.hidden_size),
                                                        int(2 * shape.kv_dim()), DType::kF16, false));
   std::printf("# %s, random weights; link %.1f GB/s, GEMM %.0f TFLOP/s\n", o.shape.c_str(), profile.link_bytes_per_s / 1e9,
               profile.gemm_flops_per_s / 1e12);
-  std::printf("%7s %5s  %-22s %9s %11s %9s %11s %9s %8s\n", "context", "batch", "variant", "ms/step", "vs offload",
-              "selected", "PCIe MB/st", "GPU KV GB", "host GB");
+  std::printf("%7s %5s  %-22s %9s %11s %9s %11s %9s %10s %8s\n", "context", "batch", "variant", "ms/step", "vs offload",
+              "selected", "PCIe MB/st", "GPU KV GB", "GPU KB/tok", "host GB");
   for (const std::string& text : o.configs) {
     SLIMKV_ASSIGN_OR_RETURN(const Config c, parse_config(text));
     std::vector<std::pair<std::string, CudaModelOptions>> variants;
@@ -142,9 +150,9 @@ Status run(const Options& o) {
         continue;
       }
       if (name == "dense@offload") offload_ms = m->step_ms;
-      std::printf("%7d %5d  %-22s %9.2f %10.2fx %9.3f %11.1f %9.2f %8.2f\n", c.context, c.batch, name.c_str(), m->step_ms,
-                  offload_ms > 0 ? offload_ms / m->step_ms : 0.0, m->selected, m->link_bytes / 1e6, m->gpu_kv_bytes / 1e9,
-                  m->host_bytes / 1e9);
+      std::printf("%7d %5d  %-22s %9.2f %10.2fx %9.3f %11.1f %9.2f %10.2f %8.2f\n", c.context, c.batch, name.c_str(),
+                  m->step_ms, offload_ms > 0 ? offload_ms / m->step_ms : 0.0, m->selected, m->link_bytes / 1e6,
+                  m->gpu_kv_bytes / 1e9, double(m->gpu_kv_bytes) / 1e3 / (double(c.batch) * c.context), m->host_bytes / 1e9);
     }
   }
   return Status::ok();

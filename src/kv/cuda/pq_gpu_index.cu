@@ -3,8 +3,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <future>
 
 #include "backend/cuda/cuda_check.h"
+#include "kv/select/kmeans.h"
 #include "kv/select/pq_codebook.h"
 #include "util/half.h"
 
@@ -18,7 +20,40 @@ CudaPqIndex::CudaPqIndex(const PqIndexShape& shape, const PqOptions& options, ui
       collected_(size_t(shape.max_sequences)),
       launched_(size_t(shape.max_sequences)),
       tails_(size_t(shape.max_sequences) * size_t(shape.num_layers) * size_t(shape.num_kv_heads)),
-      tasks_(size_t(shape.num_layers)) {}
+      done_(size_t(shape.num_layers)),
+      pending_(size_t(shape.num_layers)),
+      pool_(int(std::max(1u, std::thread::hardware_concurrency()))),
+      clusterer_([this] { cluster_batches(); }) {}
+
+void CudaPqIndex::cluster_batches() {
+  for (;;) {
+    Batch batch;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      changed_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      batch = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::vector<Trained> trained(batch.jobs.size());
+    pool_.run(int64_t(batch.jobs.size()), [&](int64_t j, int) { trained[size_t(j)] = train(batch.layer, batch.jobs[size_t(j)]); });
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (Trained& t : trained) done_[size_t(batch.layer)].push_back(std::move(t));
+    --pending_[size_t(batch.layer)];
+    changed_.notify_all();
+  }
+}
+
+CudaPqIndex::Trained CudaPqIndex::train(int layer, const Job& job) const {
+  PqCodebook codebook(shape_.head_dim, options_.m, options_.bits);
+  const int iters = options_.max_iters ? options_.max_iters
+                                       : kmeans_iteration_cap(options_.segment_tokens, shape_.num_kv_heads, options_.m,
+                                                              options_.bits, shape_.head_dim / options_.m);
+  codebook.train(job.keys.data(), options_.segment_tokens, iters, pq_segment_seed(seed_, layer, job.head, job.segment));
+  std::vector<uint8_t> codes(size_t(options_.segment_tokens) * size_t(options_.m));
+  codebook.encode(job.keys.data(), options_.segment_tokens, codes.data());
+  return Trained{job.sequence, job.head, job.segment, codebook.centroids(), std::move(codes)};
+}
 
 Expected<std::unique_ptr<CudaPqIndex>> CudaPqIndex::create(const PqIndexShape& shape, const PqOptions& options,
                                                             uint64_t seed) {
@@ -26,6 +61,7 @@ Expected<std::unique_ptr<CudaPqIndex>> CudaPqIndex::create(const PqIndexShape& s
     return error("pq on device 'cuda': m=", options.m, " must divide head_dim ", shape.head_dim, ", b=", options.bits,
                  " must be 1..8 and segment=", options.segment_tokens, " at least 2^b");
   }
+  use_single_threaded_blas();  // before the clustering threads start
   std::unique_ptr<CudaPqIndex> index(new CudaPqIndex(shape, options, seed));
   const size_t entries = size_t(shape.num_layers) * size_t(shape.max_sequences) * size_t(shape.num_kv_heads);
   SLIMKV_ASSIGN_OR_RETURN(index->centroids_, DeviceArray<uint16_t>::allocate(entries * size_t(index->max_segments_) *
@@ -43,9 +79,12 @@ Expected<std::unique_ptr<CudaPqIndex>> CudaPqIndex::create(const PqIndexShape& s
 }
 
 CudaPqIndex::~CudaPqIndex() {
-  for (auto& task : tasks_) {
-    if (task.valid()) task.wait();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+    changed_.notify_all();
   }
+  clusterer_.join();
   if (copied_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(copied_));
 }
 
@@ -101,7 +140,7 @@ Status CudaPqIndex::collect() {
 
 Status CudaPqIndex::begin_step(const std::vector<int>& sequences, const std::vector<int>& new_tokens) {
   SLIMKV_RETURN_IF_ERROR(collect());
-  // Full segments not clustered yet: their keys leave the tails for one task per layer.
+  // Full segments not clustered yet: their keys leave the tails for a batch per layer.
   const int segment = options_.segment_tokens, d = shape_.head_dim;
   std::vector<std::vector<Job>> jobs(size_t(shape_.num_layers));
   for (int s = 0; s < shape_.max_sequences; ++s) {
@@ -117,23 +156,14 @@ Status CudaPqIndex::begin_step(const std::vector<int>& sequences, const std::vec
       ++launched_[size_t(s)];
     }
   }
-  for (int l = 0; l < shape_.num_layers; ++l) {
-    if (jobs[size_t(l)].empty()) continue;
-    SLIMKV_RETURN_IF_ERROR(finish_layer(l));  // the layer's earlier task lands first
-    tasks_[size_t(l)] = std::async(std::launch::async, [this, l, jobs = std::move(jobs[size_t(l)])] {
-      std::vector<Trained> trained;
-      for (const Job& job : jobs) {
-        PqCodebook codebook(shape_.head_dim, options_.m, options_.bits);
-        const int iters = options_.max_iters ? options_.max_iters
-                                             : kmeans_iteration_cap(options_.segment_tokens, shape_.num_kv_heads,
-                                                                    options_.m, options_.bits, shape_.head_dim / options_.m);
-        codebook.train(job.keys.data(), options_.segment_tokens, iters, pq_segment_seed(seed_, l, job.head, job.segment));
-        std::vector<uint8_t> codes(size_t(options_.segment_tokens) * size_t(options_.m));
-        codebook.encode(job.keys.data(), options_.segment_tokens, codes.data());
-        trained.push_back(Trained{job.sequence, job.head, job.segment, codebook.centroids(), std::move(codes)});
-      }
-      return trained;
-    });
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int l = 0; l < shape_.num_layers; ++l) {
+      if (jobs[size_t(l)].empty()) continue;
+      queue_.push_back(Batch{l, std::move(jobs[size_t(l)])});
+      ++pending_[size_t(l)];
+    }
+    changed_.notify_all();
   }
   step_.clear();
   for (size_t i = 0; i < sequences.size(); ++i) step_.emplace_back(sequences[i], new_tokens[i]);
@@ -152,9 +182,12 @@ Status CudaPqIndex::keep_keys(int layer, const uint16_t* k) {
 }
 
 Status CudaPqIndex::finish_layer(int layer) {
-  auto& task = tasks_[size_t(layer)];
-  if (!task.valid()) return Status::ok();
-  const std::vector<Trained> trained = task.get();
+  std::vector<Trained> trained;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [&] { return pending_[size_t(layer)] == 0; });
+    trained.swap(done_[size_t(layer)]);
+  }
   const size_t heads = size_t(shape_.num_kv_heads), m = size_t(options_.m);
   for (const Trained& t : trained) {
     const size_t entry = (size_t(layer) * size_t(shape_.max_sequences) + size_t(t.sequence)) * heads + size_t(t.head);
