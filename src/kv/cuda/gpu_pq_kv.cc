@@ -67,6 +67,10 @@ class GpuPqKv final : public GpuKvCache {
                                shape_.max_sequences, shape_.blocks_per_sequence(), shape_.max_step_tokens,
                                options_.offload};
     SLIMKV_ASSIGN_OR_RETURN(cache_, CudaPagedKvCache::create(kv_shape));
+    const PagedAttentionShape attention{shape_.num_heads, shape_.num_kv_heads, shape_.head_dim, shape_.max_sequences,
+                                        shape_.max_step_tokens};
+    SLIMKV_ASSIGN_OR_RETURN(full_attention_, CudaPagedAttention::create(attention));
+    SLIMKV_ASSIGN_OR_RETURN(selected_attention_, CudaPagedAttention::create(attention));
     return Status::ok();
   }
 
