@@ -246,7 +246,8 @@ TEST_F(CudaModelTest, EngineRefusesWhatTheGpuDoesNotRun) {
            {"zack:r=0.1,align=4+hack:bits=4", "zack"},
            {"hack:kbits=4,vbits=2,rot=none", "kbits != vbits"},
            {"hack:bits=4,rot=none,prefill=quantized", "prefill=quantized"},
-           {"pq:topk=0.2+dense", "selector"},
+           {"oracle:topk=0.2", "selector"},
+           {"pq:topk=0.2+hack:bits=4,rot=none", "pq with a quantizing codec"},
            {"dense@offload:cache=128", "do not apply"},
            {"dense:dtype=bf16", "bf16"}}) {
     config.kv_spec = spec;

@@ -135,6 +135,7 @@ Expected<std::unique_ptr<DeviceModel>> load_cuda_model(const LlamaModel& model, 
   options.quantized_kv = plan.options.quantized;
   options.zack = plan.options.zack;
   options.tier = plan.options.tier;
+  options.pq = plan.options.pq;
   options.rotate_heads = plan.rotate_heads;
   options.max_sequences = config.max_sequences;
   options.max_step_tokens = std::max(config.prefill_chunk_tokens, config.max_sequences);

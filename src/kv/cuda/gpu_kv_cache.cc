@@ -39,6 +39,12 @@ Expected<std::unique_ptr<GpuKvCache>> make_gpu_kv_cache(const GpuKvShape& shape,
   if (options.zack && (options.quantized || options.tier)) {
     return error("GPU KV cache: zack with a quantizing codec or a host tier does not run on device 'cuda' yet");
   }
+  if (options.pq) {
+    if (options.zack || options.quantized || options.tier) {
+      return error("GPU KV cache: pq with zack, a quantizing codec or a host tier does not run on device 'cuda' yet");
+    }
+    return make_gpu_pq_kv(shape, *options.pq, options.kv_cache_bytes);
+  }
   if (options.tier) return make_gpu_host_tier_kv(shape, options, projection);
 
   // The block pool: what was asked for, or the full contexts of every sequence within 90% of what is

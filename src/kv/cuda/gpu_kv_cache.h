@@ -7,6 +7,7 @@
 //   sealed quantized blocks (`hack`, `quant`) gpu_quantized_kv.cc    over quantized_kv_cache.h
 //   a host tier (`@offload`, `@kvpr`)         gpu_host_tier_kv.cc    over host_kv_tier.h
 //   ZACK's per-head ranks (`zack`)            gpu_zack_kv.cc         over zack_kv_cache.h
+//   PQCache's selection (`pq`, `pq@offload`)   gpu_pq_kv.cc           over paged_kv_cache.h, pq_select.h
 //
 // A step of several sequences (prefill chunks and decode tokens mixed):
 //   check_step(batch)            an error naming what cannot hold the step; changes nothing
@@ -27,6 +28,7 @@
 #include "tensor/quantized_block.h"
 #include "kv/cuda/sequence_blocks.h"
 #include "kv/tier/kvpr_cost_model.h"
+#include "kv/select/pq_selector.h"
 #include "slimkv/status.h"
 #include "tensor/dtype.h"
 
@@ -86,10 +88,25 @@ struct ZackKvOptions {
   ZackSchedule schedule = ZackSchedule::kBalanced;
 };
 
+// PQCache (gpu_pq_kv.cc): the pq selector's options; the FP16 pages in pinned host memory (`@offload`),
+// only the selected tokens read from there, or resident in GPU memory.
+struct PqKvOptions {
+  PqOptions pq;
+  bool offload = false;
+  uint64_t seed = 0;  // k-means
+};
+
+// What a selecting cache (pq) reports of its last step (zeros elsewhere).
+struct SelectionReport {
+  long selected_tokens = 0, held_tokens = 0;  // over the step's decode rows (per KV head and layer)
+  size_t page_bytes_read = 0;  // K/V bytes the selection read from the pages (over PCIe with @offload)
+};
+
 struct GpuKvOptions {
   std::optional<QuantizedKvOptions> quantized;  // none: the `dense` codec (FP16 blocks)
   std::optional<ZackKvOptions> zack;            // reduced dims (FP16 blocks, no codec or tier with it yet)
   std::optional<KvTierOptions> tier;            // none: every block in GPU memory
+  std::optional<PqKvOptions> pq;                // PQCache's selection (FP16 pages, its own offload)
   // GPU memory for KV (quantized: the sealed pool and the FP16 window; a tier: its two staging
   // buffers); 0: room for max_sequences full contexts (a tier: one layer's of them in each buffer), or
   // what fits in 90% of the free memory, whichever is less.
@@ -135,6 +152,7 @@ class GpuKvCache {
   virtual size_t host_bytes() const { return 0; }
   virtual size_t bytes_per_block() const = 0;  // memory of one budget block (where the budget lives)
   virtual KvprReport kvpr() const { return {}; }
+  virtual SelectionReport selection() const { return {}; }
 
   // --- Steps ---
   // batch: sequence_ids, kv_lens (held + new), query_counts (new), as attention plans them.
@@ -178,6 +196,8 @@ Expected<std::unique_ptr<GpuKvCache>> make_gpu_quantized_kv(const GpuKvShape& sh
                                                             int num_blocks);
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_zack_kv(const GpuKvShape& shape, const ZackKvOptions& options,
                                                        int num_blocks);
+Expected<std::unique_ptr<GpuKvCache>> make_gpu_pq_kv(const GpuKvShape& shape, const PqKvOptions& options,
+                                                     size_t kv_cache_bytes);
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_host_tier_kv(const GpuKvShape& shape, const GpuKvOptions& options,
                                                             KvProjection* projection);
 

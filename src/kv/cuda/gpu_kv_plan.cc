@@ -35,9 +35,10 @@ Expected<std::optional<KvTierOptions>> tier_options(const KvPipeline& pipeline, 
 Expected<GpuKvPlan> plan_gpu_kv(const KvPipeline& pipeline, const std::string& spec, int hidden, int kv_dim) {
   const auto refuse = [&](const std::string& what) {
     return error("KV spec '", spec, "': ", what, " does not run on device 'cuda' yet (there: dense, or hack / quant ",
-                 "with kbits = vbits, pi=64, or zack over dense; no selector; the offload and kvpr tiers)");
+                 "with kbits = vbits, pi=64, or zack over dense; the pq selector over dense; the offload and kvpr tiers)");
   };
-  if (pipeline.selector) return refuse("a selector");
+  const PqOptions* pq = pipeline.selector ? pipeline.selector->pq_options() : nullptr;
+  if (pipeline.selector && pq == nullptr) return refuse(str_cat("the selector ", pipeline.selector->describe()));
   if (pipeline.block_tokens != kCudaBlockTokens) return refuse(str_cat("a block of ", pipeline.block_tokens, " tokens"));
   const GpuBlockFormat format = pipeline.codec->gpu_block_format();
   GpuKvPlan plan;
@@ -60,6 +61,13 @@ Expected<GpuKvPlan> plan_gpu_kv(const KvPipeline& pipeline, const std::string& s
     plan.options.zack = ZackKvOptions{};  // the ranks and bases: the model's, once it has folded them
   }
   if (format.runs_as) plan.pipeline.codec = format.runs_as;
+  if (pq != nullptr) {  // its own offload: the selected tokens read from pinned host memory
+    if (plan.options.quantized || pipeline.zack || pipeline.kvpr || pipeline.hadamard) {
+      return refuse("pq with a quantizing codec, zack, rot=hadamard or kvpr");
+    }
+    plan.options.pq = PqKvOptions{*pq, pipeline.offload.has_value(), pipeline.seed};
+    return plan;
+  }
   SLIMKV_ASSIGN_OR_RETURN(plan.options.tier, tier_options(pipeline, hidden, kv_dim));
   return plan;
 }

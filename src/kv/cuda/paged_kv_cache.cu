@@ -20,8 +20,17 @@ Expected<std::unique_ptr<CudaPagedKvCache>> CudaPagedKvCache::create(const CudaK
   if (shape.head_dim % 8 != 0) return error("CUDA KV cache: head_dim ", shape.head_dim, " is not a multiple of 8");
   std::unique_ptr<CudaPagedKvCache> cache(new CudaPagedKvCache(shape));
   const size_t pool_elements = size_t(shape.num_layers) * cache->layer_elements();
-  SLIMKV_ASSIGN_OR_RETURN(cache->k_pool_, DeviceArray<uint16_t>::allocate(pool_elements, "the K block pool"));
-  SLIMKV_ASSIGN_OR_RETURN(cache->v_pool_, DeviceArray<uint16_t>::allocate(pool_elements, "the V block pool"));
+  if (shape.host_memory) {
+    SLIMKV_ASSIGN_OR_RETURN(cache->host_k_pool_, PinnedArray<uint16_t>::allocate(pool_elements, "the K block pool"));
+    SLIMKV_ASSIGN_OR_RETURN(cache->host_v_pool_, PinnedArray<uint16_t>::allocate(pool_elements, "the V block pool"));
+    cache->k_ = cache->host_k_pool_.data();
+    cache->v_ = cache->host_v_pool_.data();
+  } else {
+    SLIMKV_ASSIGN_OR_RETURN(cache->k_pool_, DeviceArray<uint16_t>::allocate(pool_elements, "the K block pool"));
+    SLIMKV_ASSIGN_OR_RETURN(cache->v_pool_, DeviceArray<uint16_t>::allocate(pool_elements, "the V block pool"));
+    cache->k_ = cache->k_pool_.data();
+    cache->v_ = cache->v_pool_.data();
+  }
   const size_t table_entries = size_t(shape.max_sequences) * shape.max_blocks_per_sequence;
   SLIMKV_ASSIGN_OR_RETURN(cache->block_tables_, DeviceArray<int>::allocate(table_entries, "the block tables"));
   SLIMKV_ASSIGN_OR_RETURN(cache->step_slots_, DeviceArray<int>::allocate(size_t(shape.max_step_tokens), "the step's slots"));
@@ -41,13 +50,12 @@ Status CudaPagedKvCache::append(int layer, const uint16_t* k, const uint16_t* v)
   const int n_tokens = int(host_step_slots_.size());
   if (n_tokens == 0) return Status::ok();
   const size_t offset = size_t(layer) * layer_elements();
-  return write_kv_slots(k, v, step_slots_.data(), n_tokens, shape_.num_kv_heads, shape_.head_dim, k_pool_.data() + offset,
-                        v_pool_.data() + offset);
+  return write_kv_slots(k, v, step_slots_.data(), n_tokens, shape_.num_kv_heads, shape_.head_dim, k_ + offset, v_ + offset);
 }
 
 PagedKvView CudaPagedKvCache::view(int layer) const {
   const size_t offset = size_t(layer) * layer_elements();
-  return PagedKvView{k_pool_.data() + offset, v_pool_.data() + offset, block_tables_.data(),
+  return PagedKvView{k_ + offset, v_ + offset, block_tables_.data(),
                      shape_.max_blocks_per_sequence, shape_.num_kv_heads, shape_.head_dim};
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/cuda/device_memory.h"
+#include "backend/cuda/pinned_memory.h"
 #include "kv/cuda/sequence_blocks.h"
 
 namespace slimkv::cuda {
@@ -28,6 +29,9 @@ struct CudaKvShape {
   int max_sequences = 0;
   int max_blocks_per_sequence = 0;  // the longest context, in blocks
   int max_step_tokens = 0;          // tokens appended in one step, over all sequences
+  // The pools in pinned host memory mapped into the GPU (`pq:...@offload`: kernels read only the tokens
+  // they select, over PCIe); else GPU memory.
+  bool host_memory = false;
 };
 
 class CudaPagedKvCache {
@@ -59,6 +63,9 @@ class CudaPagedKvCache {
 
   CudaKvShape shape_;
   DeviceArray<uint16_t> k_pool_, v_pool_;   // [num_layers] × layer_elements()
+  PinnedArray<uint16_t> host_k_pool_, host_v_pool_;  // the same, host_memory
+  uint16_t* k_ = nullptr;                   // the pools in use
+  uint16_t* v_ = nullptr;
   DeviceArray<int> block_tables_;           // [max_sequences, max_blocks_per_sequence]
   DeviceArray<int> step_slots_;             // [max_step_tokens]: block index · kCudaBlockTokens + offset
   std::vector<int> host_block_tables_;

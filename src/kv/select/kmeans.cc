@@ -76,10 +76,14 @@ int nearest_centroid(const float* x, const float* centroids, int k, int dim) {
   return best;
 }
 
-void assign_nearest(const float* points, int n, int dim, int stride, const float* centroids, int k, int* nearest) {
-  constexpr int kChunk = 512;  // points per GEMM: the [chunk, k] products stay in cache
+void use_single_threaded_blas() {
   static std::once_flag single_threaded_blas;  // as in matmul: parallelism is ours, not BLAS's
   std::call_once(single_threaded_blas, [] { openblas_set_num_threads(1); });
+}
+
+void assign_nearest(const float* points, int n, int dim, int stride, const float* centroids, int k, int* nearest) {
+  constexpr int kChunk = 512;  // points per GEMM: the [chunk, k] products stay in cache
+  use_single_threaded_blas();
   thread_local std::vector<float> products, norms;
   products.resize(size_t(kChunk) * k);
   norms.resize(size_t(k));

@@ -21,6 +21,11 @@ int nearest_centroid(const float* x, const float* centroids, int k, int dim);
 // differently from nearest_centroid (float rounding); tests/kv/select_test.cc bounds the difference.
 void assign_nearest(const float* points, int n, int dim, int stride, const float* centroids, int k, int* nearest);
 
+// BLAS single-threaded (the parallelism is the callers': many clusterings side by side). Set once, before
+// any concurrent call: OpenBLAS changing its thread count while another thread runs a GEMM can crash,
+// which a caller that starts clustering threads before any other BLAS call (the GPU's pq) would risk.
+void use_single_threaded_blas();
+
 // A uniform double in [0, 1) from a splitmix64 state: the same stream on every platform.
 double next_uniform(uint64_t& state);
 

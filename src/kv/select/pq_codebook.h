@@ -24,6 +24,8 @@ class PqCodebook {
   int centroids_per_space() const { return 1 << bits_; }
   int sub_dim() const { return dim_ / m_; }
   bool trained() const { return !centroids_.empty(); }
+  // FP16 bits [m, dim/m, 2^b], as kept (the GPU's tables read them in this layout).
+  const std::vector<uint16_t>& centroids() const { return centroids_; }
 
   // K-means per sub-space on vectors [n, dim] (n >= 2^b); sub-space s is seeded by hash(seed, s).
   void train(const float* vectors, int n, int max_iters, uint64_t seed);

@@ -21,12 +21,12 @@ std::string PqOptions::describe() const {
                  ",cache=", cache_tokens, ",policy=", policy, overlap ? "" : ",overlap=off");
 }
 
-namespace {
-
-uint64_t mix(uint64_t seed, int layer, int head, int segment) {
+uint64_t pq_segment_seed(uint64_t seed, int layer, int head, int segment) {
   return seed ^ (uint64_t(layer + 1) << 40) ^ (uint64_t(head + 1) << 20) ^
          (uint64_t(segment + 1) * 0x9e3779b97f4a7c15ull) ^ 0x5851f42d4c957f2dull;
 }
+
+namespace {
 
 // The tokens [s · segment, (s + 1) · segment) of one (layer, KV head) and the codebook trained on them.
 struct PqSegment {
@@ -211,7 +211,7 @@ class PqSelector final : public TopkSelector {
     const int iters = options_.max_iters ? options_.max_iters
                                          : kmeans_iteration_cap(job.tokens, num_kv_heads(), options_.m, options_.bits,
                                                                 k_dim() / options_.m);
-    trained.codebook.train(keys, job.tokens, iters, mix(seed_, layer, job.head, job.segment));
+    trained.codebook.train(keys, job.tokens, iters, pq_segment_seed(seed_, layer, job.head, job.segment));
     trained.codes.resize(size_t(job.tokens) * options_.m);
     trained.codebook.encode(keys, job.tokens, trained.codes.data());
     return trained;
@@ -286,6 +286,7 @@ class PqSelectorFactory final : public SelectorFactory {
                                  uint64_t seed) const override {
     return std::make_unique<PqSelector>(options_, num_layers, num_kv_heads, k_dim, block_tokens, seed);
   }
+  const PqOptions* pq_options() const override { return &options_; }
 
  private:
   PqOptions options_;

@@ -38,6 +38,9 @@ struct PqOptions {
 // coefficients fitted on this machine (bench/bench_pq); clipped to [2, 32].
 int kmeans_iteration_cap(int tokens, int num_kv_heads, int m, int bits, int sub_dim);
 
+// The k-means seed of `segment` of (layer, KV head): every implementation of pq clusters alike.
+uint64_t pq_segment_seed(uint64_t seed, int layer, int head, int segment);
+
 std::shared_ptr<const SelectorFactory> make_pq_selector_factory(const PqOptions& options);
 std::shared_ptr<const SelectorFactory> make_oracle_selector_factory(const TopkWindow& window);
 

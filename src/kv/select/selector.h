@@ -27,6 +27,7 @@ namespace slimkv {
 class ThreadPool;
 class StageOptions;
 struct OffloadConfig;
+struct PqOptions;
 
 // The tokens one KV head attends to at the last decode step: every token, or these, ascending.
 struct HeadSelection {
@@ -85,6 +86,8 @@ class SelectorFactory {
   virtual Status check_shape(int /*k_dim*/) const { return Status::ok(); }
   virtual std::unique_ptr<Selector> make(int num_layers, int num_kv_heads, int k_dim, int block_tokens,
                                          uint64_t seed) const = 0;
+  // pq's options (the GPU runs its own implementation of them: kv/cuda/gpu_pq_kv.cc); null otherwise.
+  virtual const PqOptions* pq_options() const { return nullptr; }
 };
 
 std::shared_ptr<const SelectorFactory> make_all_selector_factory();

@@ -163,7 +163,7 @@ Status CudaLlamaModel::allocate_runtime(const CudaModelOptions& options) {
   }
   const GpuKvShape shape{int(c.num_layers), int(c.num_heads), int(c.num_kv_heads), int(c.head_dim), int(c.hidden_size),
                          dtype_, max_sequences_, max_step_tokens_, context_tokens_};
-  SLIMKV_ASSIGN_OR_RETURN(kv_, make_gpu_kv_cache(shape, {options.quantized_kv, options.zack, options.tier, options.kv_cache_bytes}, this));
+  SLIMKV_ASSIGN_OR_RETURN(kv_, make_gpu_kv_cache(shape, {options.quantized_kv, options.zack, options.tier, options.pq, options.kv_cache_bytes}, this));
   return Status::ok();
 }
 

@@ -53,6 +53,7 @@ struct CudaModelOptions {
   // attention output turned back; scores are unchanged, the quantized blocks hold rotated values.
   bool rotate_heads = false;
   std::optional<KvTierOptions> tier;  // none: every block in GPU memory
+  std::optional<PqKvOptions> pq;      // PQCache's token selection (kv/cuda/gpu_pq_kv.cc)
 };
 
 // One sequence's part of a step: its new tokens, run at the end of what it holds.

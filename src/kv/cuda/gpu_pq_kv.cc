@@ -1,0 +1,252 @@
+// `pq:...` on the GPU (issue 25; PQCache, ../shared/papers/002): FP16 pages as `dense` keeps them — in
+// GPU memory, or with `@offload` in pinned host memory mapped into the GPU — and the PQ index on the GPU
+// (pq_gpu_index.h). A decode step selects per (sequence, KV head) the CPU selector's way (pq_select.h:
+// init tokens, the top-k middle tokens by ADC score re-ranked exactly, the local window), gathers only
+// the selected tokens' K/V into a compact GPU buffer (from host memory: only they cross PCIe) and runs
+// the paged attention kernel over it. Steps with prefill chunks attend to every token (PQCache selects
+// only while decoding).
+#include <algorithm>
+#include <cmath>
+
+#include "kv/cuda/gpu_kv_cache.h"
+#include "kv/cuda/paged_kv_cache.h"
+#include "kv/cuda/pq_gpu_index.h"
+#include "kv/cuda/pq_select.h"
+
+namespace slimkv::cuda {
+namespace {
+
+class GpuPqKv final : public GpuKvCache {
+ public:
+  GpuPqKv(const GpuKvShape& shape, const PqKvOptions& options) : shape_(shape), options_(options) {}
+
+  // The index and the selection's buffers first; then the pages: in host memory (@offload) room for
+  // every sequence's full context, else what kv_cache_bytes says, or every full context within 90% of
+  // the free GPU memory.
+  Status init(size_t kv_cache_bytes) {
+    SLIMKV_ASSIGN_OR_RETURN(index_, CudaPqIndex::create({shape_.num_layers, shape_.num_kv_heads, shape_.head_dim,
+                                                         shape_.max_sequences, shape_.context_tokens, shape_.max_step_tokens},
+                                                        options_.pq, options_.seed));
+    // The most tokens a decode row attends to (topk_selector.h): init + k + the local window and the open
+    // block, and the segment not clustered yet; every token while k covers the middle.
+    const PqOptions& pq = options_.pq;
+    const int context = shape_.context_tokens, k = pq.window.topk_tokens(context);
+    max_candidates_ = std::min(context, int(std::ceil(double(k) * pq.rerank)));
+    const long bound = long(pq.window.init_tokens) + k + pq.window.local_tokens + pq.segment_tokens + 2 * kCudaBlockTokens;
+    selected_blocks_ = int((std::min<long>(context, bound) + kCudaBlockTokens - 1) / kCudaBlockTokens);
+    const size_t rows = size_t(shape_.max_sequences), heads = size_t(shape_.num_kv_heads), d = size_t(shape_.head_dim);
+    const size_t compact = rows * size_t(selected_blocks_) * heads * kCudaBlockTokens * d;
+    SLIMKV_ASSIGN_OR_RETURN(compact_k_, DeviceArray<uint16_t>::allocate(compact, "the selected keys"));
+    SLIMKV_ASSIGN_OR_RETURN(compact_v_, DeviceArray<uint16_t>::allocate(compact, "the selected values"));
+    std::vector<int> tables(rows * size_t(selected_blocks_));
+    for (size_t i = 0; i < tables.size(); ++i) tables[i] = int(i);
+    SLIMKV_ASSIGN_OR_RETURN(compact_tables_, DeviceArray<int>::allocate(tables.size(), "the selection's block tables"));
+    SLIMKV_RETURN_IF_ERROR(compact_tables_.upload(tables.data(), tables.size()));
+    const size_t segments = size_t((context + pq.segment_tokens - 1) / pq.segment_tokens);
+    const size_t candidates = size_t(std::max(1, max_candidates_));
+    SLIMKV_ASSIGN_OR_RETURN(tables_, DeviceArray<float>::allocate(rows * heads * segments * (size_t(pq.m) << pq.bits), "PQ tables"));
+    SLIMKV_ASSIGN_OR_RETURN(scores_, DeviceArray<float>::allocate(rows * heads * size_t(context), "ADC scores"));
+    SLIMKV_ASSIGN_OR_RETURN(ranked_, DeviceArray<int>::allocate(rows * heads * candidates, "PQ candidates"));
+    SLIMKV_ASSIGN_OR_RETURN(kept_, DeviceArray<int>::allocate(rows * heads * candidates, "re-ranked candidates"));
+    SLIMKV_ASSIGN_OR_RETURN(exact_, DeviceArray<float>::allocate(rows * heads * candidates, "exact scores"));
+    SLIMKV_ASSIGN_OR_RETURN(candidate_keys_, DeviceArray<uint16_t>::allocate(rows * heads * candidates * d, "candidate keys"));
+    SLIMKV_ASSIGN_OR_RETURN(lengths_, DeviceArray<int>::allocate(4 * rows, "selection lengths"));
+    SLIMKV_ASSIGN_OR_RETURN(rows_, DeviceArray<PqSelectRow>::allocate(rows, "selection rows"));
+    size_t num_blocks = size_t(shape_.max_sequences) * size_t(shape_.blocks_per_sequence());
+    if (!options_.offload) {
+      size_t budget = kv_cache_bytes;
+      if (budget == 0) {
+        SLIMKV_ASSIGN_OR_RETURN(const size_t free_bytes, device_free_memory());
+        budget = std::min(num_blocks * bytes_per_block(), free_bytes / 10 * 9);
+      }
+      num_blocks = budget / bytes_per_block();
+      if (num_blocks == 0) return error("pq on device 'cuda': no room for a single KV block of ", bytes_per_block(), " bytes");
+    }
+    const CudaKvShape kv_shape{shape_.num_layers,    shape_.num_kv_heads,          shape_.head_dim,
+                               int(std::min<size_t>(num_blocks, 1u << 30)),
+                               shape_.max_sequences, shape_.blocks_per_sequence(), shape_.max_step_tokens,
+                               options_.offload};
+    SLIMKV_ASSIGN_OR_RETURN(cache_, CudaPagedKvCache::create(kv_shape));
+    const PagedAttentionShape attention{shape_.num_heads, shape_.num_kv_heads, shape_.head_dim, shape_.max_sequences,
+                                        shape_.max_step_tokens};
+    SLIMKV_ASSIGN_OR_RETURN(full_attention_, CudaPagedAttention::create(attention));
+    SLIMKV_ASSIGN_OR_RETURN(selected_attention_, CudaPagedAttention::create(attention));
+    return Status::ok();
+  }
+
+  const SequenceBlocks& sequences() const override { return cache_->sequences(); }
+  Expected<int> add_sequence() override {
+    SLIMKV_ASSIGN_OR_RETURN(const int sequence, cache_->sequences().add_sequence());
+    SLIMKV_RETURN_IF_ERROR(index_->reset_sequence(sequence));
+    return sequence;
+  }
+  void remove_sequence(int sequence) override { cache_->sequences().remove_sequence(sequence); }
+  // GPU memory: the pages (unless offloaded), the index, the selection's buffer and scratch.
+  size_t device_bytes() const override {
+    return (options_.offload ? 0 : size_t(cache_->shape().num_blocks) * bytes_per_block()) + index_->device_bytes() +
+           compact_k_.bytes() + compact_v_.bytes() + tables_.bytes() + scores_.bytes() + ranked_.bytes() + kept_.bytes() +
+           exact_.bytes() + candidate_keys_.bytes();
+  }
+  size_t host_bytes() const override {
+    return (options_.offload ? size_t(cache_->shape().num_blocks) * bytes_per_block() : 0) + index_->host_bytes();
+  }
+  size_t bytes_per_block() const override {
+    return size_t(shape_.num_layers) * size_t(shape_.num_kv_heads) * 2 * kCudaBlockTokens * size_t(shape_.head_dim) * 2;
+  }
+  SelectionReport selection() const override { return report_; }
+
+  Status check_step(const PagedAttentionBatch& batch) const override {
+    return check_blocks_for_step(sequences(), batch, options_.offload ? "host" : "GPU");
+  }
+
+  Status begin_step(const PagedAttentionBatch& batch) override {
+    SLIMKV_RETURN_IF_ERROR(index_->begin_step(batch.sequence_ids, batch.query_counts));
+    SLIMKV_RETURN_IF_ERROR(cache_->begin_step(batch.sequence_ids, batch.query_counts));
+    select_ = std::all_of(batch.query_counts.begin(), batch.query_counts.end(), [](int n) { return n == 1; });
+    report_ = SelectionReport{};
+    if (!select_) return full_attention_->plan(batch);
+    plan_rows(batch);
+    // Resident pages attended whole need no copy.
+    if (!options_.offload && std::all_of(host_rows_.begin(), host_rows_.end(), [](const PqSelectRow& r) { return r.all; })) {
+      select_ = false;
+      return full_attention_->plan(batch);
+    }
+    const int rows = int(host_rows_.size());
+    std::vector<int> lengths(4 * size_t(rows));
+    PagedAttentionBatch selected;
+    for (int r = 0; r < rows; ++r) {
+      const PqSelectRow& row = host_rows_[size_t(r)];
+      if (row.selected > selected_blocks_ * kCudaBlockTokens) {
+        return error("pq on device 'cuda': sequence ", row.sequence, " attends to ", row.selected,
+                     " tokens, more than the selection buffer's ", selected_blocks_ * kCudaBlockTokens);
+      }
+      const bool ranks = !row.all;
+      lengths[size_t(r)] = ranks ? row.middle_end - row.init_end : 0;
+      lengths[size_t(rows + r)] = ranks ? row.candidates : 0;
+      lengths[size_t(2 * rows + r)] = ranks && row.candidates > row.k ? row.candidates : 0;
+      lengths[size_t(3 * rows + r)] = ranks ? row.k : 0;
+      selected.sequence_ids.push_back(r);
+      selected.kv_lens.push_back(row.selected);
+      selected.query_counts.push_back(1);
+    }
+    SLIMKV_RETURN_IF_ERROR(rows_.upload(host_rows_.data(), host_rows_.size()));
+    SLIMKV_RETURN_IF_ERROR(lengths_.upload(lengths.data(), lengths.size()));
+    return selected_attention_->plan(selected);
+  }
+
+  Status attend(int layer, const uint16_t* q, const uint16_t* k, const uint16_t* v, float scale,
+                uint16_t* out) override {
+    SLIMKV_RETURN_IF_ERROR(cache_->append(layer, k, v));
+    SLIMKV_RETURN_IF_ERROR(index_->keep_keys(layer, k));
+    if (!select_) return full_attention_->run(cache_->view(layer), q, scale, out);
+    SLIMKV_RETURN_IF_ERROR(index_->finish_layer(layer));
+    PqSelectLaunch launch;
+    launch.rows = rows_.data();
+    launch.num_rows = int(host_rows_.size());
+    for (const PqSelectRow& r : host_rows_) {
+      if (r.all) {
+        launch.max_selected = std::max(launch.max_selected, r.selected);
+        continue;
+      }
+      launch.max_trained_segments = std::max(launch.max_trained_segments, r.trained_segments);
+      launch.max_middle = std::max(launch.max_middle, r.middle_end - r.init_end);
+      if (r.candidates > r.k) launch.max_candidates = std::max(launch.max_candidates, r.candidates);
+      launch.max_selected = std::max(launch.max_selected, r.selected);
+    }
+    launch.q = q;
+    launch.num_heads = shape_.num_heads;
+    launch.num_kv_heads = shape_.num_kv_heads;
+    launch.index = index_->view(layer);
+    launch.source = cache_->view(layer);
+    launch.scratch = PqSelectScratch{tables_.data(), scores_.data(), ranked_.data(), exact_.data(), candidate_keys_.data(),
+                                     kept_.data(), lengths_.data(), shape_.context_tokens, std::max(1, max_candidates_)};
+    launch.out_k = compact_k_.data();
+    launch.out_v = compact_v_.data();
+    launch.out_blocks_per_row = selected_blocks_;
+    SLIMKV_RETURN_IF_ERROR(pq_select_and_gather(launch));
+    const PagedKvView compact{compact_k_.data(), compact_v_.data(), compact_tables_.data(), selected_blocks_,
+                              shape_.num_kv_heads, shape_.head_dim};
+    return selected_attention_->run(compact, q, scale, out);
+  }
+
+  Status begin_fill(int sequence, int tokens) override {
+    SLIMKV_RETURN_IF_ERROR(index_->begin_step({sequence}, {tokens}));
+    return cache_->begin_step({sequence}, {tokens});
+  }
+  Status fill(int layer, const uint16_t* k, const uint16_t* v, const void* /*x*/) override {
+    SLIMKV_RETURN_IF_ERROR(cache_->append(layer, k, v));
+    return index_->keep_keys(layer, k);
+  }
+
+  Status export_sequence(int, KvStore&) const override {
+    return error("exporting a sequence of pq on device 'cuda' is not supported yet (its PQ index is not in the "
+                 "transfer format)");
+  }
+  Status import_sequence(int, const KvStore&) override {
+    return error("importing a sequence into pq on device 'cuda' is not supported yet (its PQ index is not in the "
+                 "transfer format)");
+  }
+
+ private:
+  // The selection rule of topk_selector.h per decode row; the middle ends where the clustered segments
+  // do (later tokens have no codes yet and are attended).
+  void plan_rows(const PagedAttentionBatch& batch) {
+    const TopkWindow& w = options_.pq.window;
+    const size_t row_bytes = size_t(shape_.num_kv_heads) * size_t(shape_.head_dim) * 2 * 2;  // K and V
+    host_rows_.clear();
+    double link_rows = 0;
+    for (size_t i = 0; i < batch.sequence_ids.size(); ++i) {
+      PqSelectRow r;
+      r.sequence = batch.sequence_ids[i];
+      r.num_tokens = batch.kv_lens[i];
+      r.trained_segments = index_->clustered_segments(r.sequence);
+      const int sealed = r.num_tokens / kCudaBlockTokens * kCudaBlockTokens;
+      r.init_end = std::min(w.init_tokens, r.num_tokens);
+      r.middle_end = std::max(r.init_end, std::min({r.num_tokens - w.local_tokens, sealed,
+                                                    r.trained_segments * options_.pq.segment_tokens}));
+      const int middle = r.middle_end - r.init_end;
+      r.k = w.topk_tokens(r.num_tokens);
+      r.all = r.k >= middle || r.trained_segments == 0;
+      if (r.all) {
+        r.k = r.candidates = 0;
+        r.selected = r.num_tokens;
+        link_rows += r.num_tokens;
+      } else {
+        r.candidates = std::min(middle, int(std::ceil(double(r.k) * options_.pq.rerank)));
+        r.selected = r.init_end + r.k + (r.num_tokens - r.middle_end);
+        // Read from the pages: the candidates' keys, the kept tokens' values (keys too without a
+        // re-rank), and the rest's K and V.
+        link_rows += (r.candidates > r.k ? 0.5 * (r.candidates + r.k) : r.k) + (r.selected - r.k);
+      }
+      report_.selected_tokens += r.selected;
+      report_.held_tokens += r.num_tokens;
+      host_rows_.push_back(r);
+    }
+    report_.page_bytes_read = size_t(link_rows * double(row_bytes) * shape_.num_layers);
+  }
+
+  GpuKvShape shape_;
+  PqKvOptions options_;
+  std::unique_ptr<CudaPagedKvCache> cache_;
+  std::unique_ptr<CudaPqIndex> index_;
+  std::unique_ptr<CudaPagedAttention> full_attention_, selected_attention_;
+  int max_candidates_ = 0, selected_blocks_ = 0;
+  DeviceArray<uint16_t> compact_k_, compact_v_, candidate_keys_;
+  DeviceArray<int> compact_tables_, ranked_, kept_, lengths_;
+  DeviceArray<float> tables_, scores_, exact_;
+  DeviceArray<PqSelectRow> rows_;
+  std::vector<PqSelectRow> host_rows_;
+  bool select_ = false;
+  SelectionReport report_;
+};
+
+}  // namespace
+
+Expected<std::unique_ptr<GpuKvCache>> make_gpu_pq_kv(const GpuKvShape& shape, const PqKvOptions& options,
+                                                     size_t kv_cache_bytes) {
+  std::unique_ptr<GpuPqKv> cache(new GpuPqKv(shape, options));
+  SLIMKV_RETURN_IF_ERROR(cache->init(kv_cache_bytes));
+  return std::unique_ptr<GpuKvCache>(std::move(cache));
+}
+
+}  // namespace slimkv::cuda

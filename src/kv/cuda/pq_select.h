@@ -1,0 +1,86 @@
+// PQCache's token selection on the GPU (issue 25): the same rule as the CPU's `pq` selector
+// (kv/select/topk_selector.h, pq_selector.h), per (sequence, KV head), GQA query heads summed into one
+// query, for a step of decode rows:
+//
+//   1. tables    q·centroid per trained segment, sub-space and centroid ([m, 2^b] per segment; FP64
+//                accumulation rounded to FP32, as PqCodebook::score_table_reference)
+//   2. ADC       the middle tokens' scores Σ_s table[seg][s][code_s] (FP32, s ascending, as
+//                PqCodebook::score_codes); a segment not clustered yet scores with the latest codebook
+//   3. top-k     of the ADC scores: the `candidates` best, ties to the lower token (top_k_rows)
+//   4. re-rank   exact (Σ_h q_h)·k of the candidates from their stored FP16 keys (FP64, rounded to FP32),
+//                the keys kept in scratch, and the k best of those (top_k_rows again)
+//   5. gather    init tokens, the kept tokens, the local window and open tokens, ascending, each KV head
+//                its own, into a compact paged buffer that the paged attention kernel reads as one
+//                sequence per row (the order is the token order, so a selection of every token is the
+//                sequence itself: pq:topk=1.0 equals dense)
+//
+// The source of K/V (the paged view of `source`) may live in pinned host memory mapped into the GPU
+// (@offload): then only the candidates' keys and the selected tokens' K/V cross PCIe.
+#pragma once
+
+#include <cstdint>
+
+#include "attention/cuda/kv_views.h"
+#include "slimkv/status.h"
+
+namespace slimkv::cuda {
+
+// One decode row of a step: which tokens of which sequence it ranks and keeps.
+struct PqSelectRow {
+  int sequence = 0;           // the cache's id: the row of its block table, codes and centroids
+  int num_tokens = 0;         // held, this step's token included
+  int init_end = 0;           // [0, init_end) always
+  int middle_end = 0;         // [init_end, middle_end) ranked; [middle_end, num_tokens) always
+  int k = 0;                  // ranked tokens kept
+  int candidates = 0;         // ranked by ADC; > k: re-ranked exactly by their keys
+  int trained_segments = 0;   // segments [0, n) have codebooks; later ones borrow the last
+  int selected = 0;           // tokens attended: init_end + k + num_tokens - middle_end, or num_tokens
+  int all = 0;                // 1: every token (k covers the middle, or no codebook yet)
+};
+
+// The PQ index of one layer: codebooks and codes of every sequence and KV head.
+struct PqIndexView {
+  const uint16_t* centroids = nullptr;  // FP16 [sequences, kv_heads, max_segments, m, sub_dim, 2^b]
+  const uint8_t* codes = nullptr;       // [sequences, kv_heads, max_tokens, m]
+  int m = 2, bits = 6, head_dim = 128, segment_tokens = 256, max_segments = 0, max_tokens = 0;
+};
+
+// Scratch for a step of up to max_rows rows (pq_select.cu's sizes: max_middle scores, max_candidates).
+struct PqSelectScratch {
+  float* tables = nullptr;      // [rows, kv_heads, max_segments, m · 2^b]
+  float* scores = nullptr;      // [rows, kv_heads, max_middle]
+  int* ranked = nullptr;        // [rows, kv_heads, max_candidates]: ADC top candidates, relative to init_end
+  float* exact = nullptr;       // [rows, kv_heads, max_candidates]
+  uint16_t* keys = nullptr;     // [rows, kv_heads, max_candidates, head_dim]: the candidates' keys
+  int* kept = nullptr;          // [rows, kv_heads, max_candidates]: indices into ranked
+  int* lengths = nullptr;       // [4, rows]: the middle's length, candidates, those re-ranked (0: none), k
+  int max_middle = 0, max_candidates = 0;
+};
+
+struct PqSelectLaunch {
+  const PqSelectRow* rows = nullptr;  // device [num_rows]
+  int num_rows = 0;
+  int max_trained_segments = 0, max_middle = 0, max_candidates = 0, max_selected = 0;  // over the rows
+  const uint16_t* q = nullptr;  // FP16 [num_rows, num_heads, head_dim]: row r's decode query
+  int num_heads = 0, num_kv_heads = 0;
+  PqIndexView index;
+  PagedKvView source;           // the layer's K/V (device or mapped host memory), by PqSelectRow::sequence
+  PqSelectScratch scratch;
+  // Out: row r's selection at blocks [r · out_blocks_per_row, ...) of out, [blocks, kv_heads, 64, head_dim].
+  uint16_t* out_k = nullptr;
+  uint16_t* out_v = nullptr;
+  int out_blocks_per_row = 0;
+};
+
+// Steps 1–5 for one layer (on the default stream).
+Status pq_select_and_gather(const PqSelectLaunch& launch);
+
+// The k[r / per_length] highest of row r's n[r / per_length] scores, as ascending indices, ties to the
+// lower index (kv/select/top_k.h's rule), for `rows` rows: scores [rows, score_stride], out [rows,
+// out_stride]. One CTA per row: a 4-pass radix select over the scores' order-preserving 32-bit keys (a
+// histogram of 8 bits per pass finds the k-th's key), then one ordered pass writing the indices above it
+// and the first equal ones. Linear in n. n, k device arrays.
+Status top_k_rows(const float* scores, long long score_stride, const int* n, const int* k, int per_length, int rows,
+                  int* out, long long out_stride);
+
+}  // namespace slimkv::cuda

@@ -1,0 +1,240 @@
+// PQCache's selection on the GPU (kv/cuda/pq_select.h, gpu_pq_kv.cc): the radix top-k against a sort
+// (kv/select/top_k.h's reference) on random and tied scores; the whole selection (tables, ADC, top-k,
+// exact re-rank, gather) against the CPU selector's steps (PqCodebook's reference table and score_codes,
+// top_k_indices_reference, the exact re-rank of topk_selector.cc) on the same keys, queries and
+// codebooks; and the bundled model: pq:topk=1.0 equals dense, @offload equals resident.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include "cuda_test_util.h"
+#include "kv/cuda/pq_select.h"
+#include "kv/select/pq_codebook.h"
+#include "kv/select/top_k.h"
+#include "slimkv/engine.h"
+#include "slimkv/tokenizer.h"
+
+namespace slimkv::cuda {
+namespace {
+
+using PqSelectTest = CudaTest;
+
+TEST_F(PqSelectTest, TopKEqualsASortOnRandomAndTiedScores) {
+  std::mt19937 rng(7);
+  for (const bool tied : {false, true}) {
+    const std::vector<int> ns = {1, 5, 1000, 4097, 70000, 3000}, ks = {1, 5, 17, 4000, 1024, 0};
+    const int rows = int(ns.size()), stride = 70000;
+    std::vector<float> scores(size_t(rows) * stride);
+    std::normal_distribution<float> normal;
+    std::uniform_int_distribution<int> small(-3, 3);
+    for (float& s : scores) s = tied ? (small(rng) == 0 ? (rng() % 2 ? 0.0f : -0.0f) : float(small(rng))) : normal(rng);
+    auto d_scores = take(DeviceArray<float>::allocate(scores.size(), "scores"));
+    auto d_n = take(DeviceArray<int>::allocate(ns.size(), "n")), d_k = take(DeviceArray<int>::allocate(ks.size(), "k"));
+    auto d_out = take(DeviceArray<int>::allocate(size_t(rows) * stride, "out"));
+    SLIMKV_ASSERT_OK(d_scores.upload(scores.data(), scores.size()));
+    SLIMKV_ASSERT_OK(d_n.upload(ns.data(), ns.size()));
+    SLIMKV_ASSERT_OK(d_k.upload(ks.data(), ks.size()));
+    SLIMKV_ASSERT_OK(top_k_rows(d_scores.data(), stride, d_n.data(), d_k.data(), 1, rows, d_out.data(), stride));
+    std::vector<int> out(size_t(rows) * stride);
+    SLIMKV_ASSERT_OK(d_out.download(out.data(), out.size()));
+    for (int r = 0; r < rows; ++r) {
+      const int k = std::min(ks[size_t(r)], ns[size_t(r)]);
+      std::vector<int> expected(static_cast<size_t>(k));
+      top_k_indices_reference(scores.data() + size_t(r) * stride, ns[size_t(r)], k, expected.data());
+      EXPECT_EQ(std::vector<int>(out.begin() + ptrdiff_t(r) * stride, out.begin() + ptrdiff_t(r) * stride + k), expected)
+          << "row " << r << (tied ? " (tied)" : "");
+    }
+  }
+}
+
+// Random clustered keys (so that PQ ranks meaningfully), 2 sequences of unequal lengths, GQA groups of 2.
+TEST_F(PqSelectTest, SelectionEqualsTheCpuSelectorsOnTheSameCodebooks) {
+  const int heads = 4, kv_heads = 2, group = 2, d = 64, m = 2, bits = 6, segment = 256;
+  const std::vector<int> lengths = {1500, 900};
+  const int max_tokens = 1536, blocks_per_seq = max_tokens / kCudaBlockTokens, max_segments = max_tokens / segment;
+  const int K = 1 << bits, rows = int(lengths.size());
+  std::mt19937 rng(11);
+  std::vector<float> kf, vf, qf;
+  const size_t pool = size_t(rows) * blocks_per_seq * kv_heads * kCudaBlockTokens * d;
+  auto k_pool = random_halves(pool, 1.0f, rng, kf), v_pool = random_halves(pool, 1.0f, rng, vf);
+  auto q = random_halves(size_t(rows) * heads * d, 1.0f, rng, qf);
+  const auto at = [&](int s, int g, int t) {  // the paged layout, sequence s in blocks [s · blocks_per_seq, ...)
+    return ((size_t(s * blocks_per_seq + t / kCudaBlockTokens) * kv_heads + size_t(g)) * kCudaBlockTokens +
+            size_t(t % kCudaBlockTokens)) * d;
+  };
+  // Codebooks per (sequence, head, segment) trained on the CPU, as the cache's index does.
+  std::vector<uint16_t> centroids(size_t(rows) * kv_heads * max_segments * d * K);
+  std::vector<uint8_t> codes(size_t(rows) * kv_heads * max_tokens * m);
+  std::vector<std::vector<PqCodebook>> books(size_t(rows * kv_heads));
+  std::vector<PqSelectRow> host_rows;
+  for (int s = 0; s < rows; ++s) {
+    PqSelectRow r;
+    r.sequence = s;
+    r.num_tokens = lengths[size_t(s)];
+    r.trained_segments = (r.num_tokens - 64) / segment;
+    r.init_end = 4;
+    r.middle_end = std::min(r.num_tokens - 64, r.trained_segments * segment);
+    r.k = 100 + 50 * s;
+    r.candidates = int(std::ceil(r.k * 1.25));
+    r.selected = r.init_end + r.k + r.num_tokens - r.middle_end;
+    host_rows.push_back(r);
+    for (int g = 0; g < kv_heads; ++g) {
+      for (int seg = 0; seg < r.trained_segments; ++seg) {
+        std::vector<float> keys;
+        for (int t = seg * segment; t < (seg + 1) * segment; ++t) keys.insert(keys.end(), kf.begin() + ptrdiff_t(at(s, g, t)), kf.begin() + ptrdiff_t(at(s, g, t) + d));
+        PqCodebook book(d, m, bits);
+        book.train(keys.data(), segment, 4, uint64_t(seg + 1));
+        book.encode(keys.data(), segment, codes.data() + ((size_t(s) * kv_heads + g) * max_tokens + size_t(seg) * segment) * m);
+        std::copy(book.centroids().begin(), book.centroids().end(),
+                  centroids.begin() + ptrdiff_t(((size_t(s) * kv_heads + g) * max_segments + seg) * d * K));
+        books[size_t(s * kv_heads + g)].push_back(book);
+      }
+    }
+  }
+  // The GPU.
+  auto d_k = take(DeviceArray<uint16_t>::allocate(pool, "k")), d_v = take(DeviceArray<uint16_t>::allocate(pool, "v"));
+  auto d_q = take(DeviceArray<uint16_t>::allocate(q.size(), "q"));
+  auto d_centroids = take(DeviceArray<uint16_t>::allocate(centroids.size(), "c"));
+  auto d_codes = take(DeviceArray<uint8_t>::allocate(codes.size(), "codes"));
+  SLIMKV_ASSERT_OK(d_k.upload(k_pool.data(), pool));
+  SLIMKV_ASSERT_OK(d_v.upload(v_pool.data(), pool));
+  SLIMKV_ASSERT_OK(d_q.upload(q.data(), q.size()));
+  SLIMKV_ASSERT_OK(d_centroids.upload(centroids.data(), centroids.size()));
+  SLIMKV_ASSERT_OK(d_codes.upload(codes.data(), codes.size()));
+  std::vector<int> tables(size_t(rows) * blocks_per_seq);
+  for (size_t i = 0; i < tables.size(); ++i) tables[i] = int(i);
+  auto d_tables = take(DeviceArray<int>::allocate(tables.size(), "tables"));
+  SLIMKV_ASSERT_OK(d_tables.upload(tables.data(), tables.size()));
+  auto d_rows = take(DeviceArray<PqSelectRow>::allocate(host_rows.size(), "rows"));
+  SLIMKV_ASSERT_OK(d_rows.upload(host_rows.data(), host_rows.size()));
+  std::vector<int> lens(4 * size_t(rows));
+  for (int r = 0; r < rows; ++r) {
+    const PqSelectRow& x = host_rows[size_t(r)];
+    lens[size_t(r)] = x.middle_end - x.init_end;
+    lens[size_t(rows + r)] = lens[size_t(2 * rows + r)] = x.candidates;
+    lens[size_t(3 * rows + r)] = x.k;
+  }
+  auto d_lens = take(DeviceArray<int>::allocate(lens.size(), "lengths"));
+  SLIMKV_ASSERT_OK(d_lens.upload(lens.data(), lens.size()));
+  const int max_cand = 300, out_blocks = blocks_per_seq;
+  const size_t rh = size_t(rows) * kv_heads;
+  auto t_tables = take(DeviceArray<float>::allocate(rh * max_segments * m * K, "t"));
+  auto t_scores = take(DeviceArray<float>::allocate(rh * max_tokens, "s"));
+  auto t_ranked = take(DeviceArray<int>::allocate(rh * max_cand, "r")), t_kept = take(DeviceArray<int>::allocate(rh * max_cand, "k"));
+  auto t_exact = take(DeviceArray<float>::allocate(rh * max_cand, "e"));
+  auto t_keys = take(DeviceArray<uint16_t>::allocate(rh * max_cand * d, "keys"));
+  auto out_k = take(DeviceArray<uint16_t>::allocate(pool, "ok")), out_v = take(DeviceArray<uint16_t>::allocate(pool, "ov"));
+  PqSelectLaunch launch;
+  launch.rows = d_rows.data();
+  launch.num_rows = rows;
+  for (const PqSelectRow& r : host_rows) {
+    launch.max_trained_segments = std::max(launch.max_trained_segments, r.trained_segments);
+    launch.max_middle = std::max(launch.max_middle, r.middle_end - r.init_end);
+    launch.max_candidates = std::max(launch.max_candidates, r.candidates);
+    launch.max_selected = std::max(launch.max_selected, r.selected);
+  }
+  launch.q = d_q.data();
+  launch.num_heads = heads;
+  launch.num_kv_heads = kv_heads;
+  launch.index = PqIndexView{d_centroids.data(), d_codes.data(), m, bits, d, segment, max_segments, max_tokens};
+  launch.source = PagedKvView{d_k.data(), d_v.data(), d_tables.data(), blocks_per_seq, kv_heads, d};
+  launch.scratch = PqSelectScratch{t_tables.data(), t_scores.data(), t_ranked.data(), t_exact.data(), t_keys.data(),
+                                   t_kept.data(), d_lens.data(), max_tokens, max_cand};
+  launch.out_k = out_k.data();
+  launch.out_v = out_v.data();
+  launch.out_blocks_per_row = out_blocks;
+  SLIMKV_ASSERT_OK(pq_select_and_gather(launch));
+  std::vector<uint16_t> got_k(pool), got_v(pool);
+  SLIMKV_ASSERT_OK(out_k.download(got_k.data(), pool));
+  SLIMKV_ASSERT_OK(out_v.download(got_v.data(), pool));
+  // The CPU selector's steps.
+  for (int s = 0; s < rows; ++s) {
+    const PqSelectRow& r = host_rows[size_t(s)];
+    for (int g = 0; g < kv_heads; ++g) {
+      std::vector<float> qsum(size_t(d), 0.0f);
+      for (int h = 0; h < group; ++h) {
+        for (int c = 0; c < d; ++c) qsum[size_t(c)] += qf[(size_t(s) * heads + size_t(g * group + h)) * d + size_t(c)];
+      }
+      const int middle = r.middle_end - r.init_end;
+      std::vector<float> scores(static_cast<size_t>(middle)), table(static_cast<size_t>(m * K));
+      for (int seg = 0; seg * segment < r.middle_end; ++seg) {
+        const PqCodebook& book = books[size_t(s * kv_heads + g)][size_t(seg)];
+        book.score_table_reference(qsum.data(), table.data());
+        const int first = std::max(r.init_end, seg * segment), last = std::min(r.middle_end, (seg + 1) * segment);
+        book.score_codes(table.data(), codes.data() + ((size_t(s) * kv_heads + g) * max_tokens + size_t(first)) * m,
+                         last - first, scores.data() + (first - r.init_end));
+      }
+      std::vector<int> candidates(static_cast<size_t>(r.candidates)), kept(static_cast<size_t>(r.k));
+      top_k_indices_reference(scores.data(), middle, r.candidates, candidates.data());
+      std::vector<float> exact(static_cast<size_t>(r.candidates));
+      for (int i = 0; i < r.candidates; ++i) {
+        double sum = 0;
+        const size_t key = at(s, g, candidates[size_t(i)] + r.init_end);
+        for (int c = 0; c < d; ++c) sum += double(qsum[size_t(c)]) * double(kf[key + size_t(c)]);
+        exact[size_t(i)] = float(sum);
+      }
+      top_k_indices_reference(exact.data(), r.candidates, r.k, kept.data());
+      std::vector<int> expected;
+      for (int t = 0; t < r.init_end; ++t) expected.push_back(t);
+      for (int i : kept) expected.push_back(candidates[size_t(i)] + r.init_end);
+      for (int t = r.middle_end; t < r.num_tokens; ++t) expected.push_back(t);
+      ASSERT_EQ(int(expected.size()), r.selected);
+      int mismatches = 0;
+      for (int i = 0; i < r.selected; ++i) {
+        const size_t from = at(s, g, expected[size_t(i)]), to = at(s, g, i);
+        for (int c = 0; c < d; ++c) {
+          mismatches += got_k[to + size_t(c)] != k_pool[from + size_t(c)] || got_v[to + size_t(c)] != v_pool[from + size_t(c)];
+        }
+      }
+      EXPECT_EQ(mismatches, 0) << "sequence " << s << ", KV head " << g;
+    }
+  }
+}
+
+// The bundled model on the GPU: a prompt of 1200 held-out tokens (4 clustered segments), then greedy
+// decode steps. pq:topk=1.0 selects every token, through the selection's gather (@offload: from
+// host memory): logits equal dense's. pq:topk=0.3@offload equals pq:topk=0.3 resident (the same
+// selection, read from host memory instead), and selects about 0.3 of the tokens.
+TEST_F(PqSelectTest, BundledModelTopkOneEqualsDenseAndOffloadEqualsResident) {
+  const std::string dir = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
+  const auto load = [&](const std::string& kv) {
+    EngineConfig config;
+    config.model_dir = dir;
+    config.kv_spec = kv;
+    config.device = "cuda";
+    config.threads = 2;
+    config.max_sequences = 2;
+    return take(Engine::load(config));
+  };
+  auto dense = load("dense");
+  std::ifstream in(dir + "/heldout.txt");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  text.resize(6000);
+  std::vector<int32_t> prompt = dense->tokenizer()->encode(text, true);
+  prompt.resize(1200);
+  const auto run = [&](Engine& engine) {
+    auto session = engine.new_session();
+    std::vector<std::vector<float>> rows;
+    auto logits = take(session->prefill(prompt));
+    for (int step = 0; step < 12; ++step) {
+      const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      logits = take(session->decode(next));
+      rows.push_back(logits);
+    }
+    return rows;
+  };
+  const auto expected = run(*dense);
+  for (const char* spec : {"pq:topk=1.0", "pq:topk=1.0@offload"}) {
+    auto engine = load(spec);
+    EXPECT_TRUE(run(*engine) == expected) << spec;
+  }
+  auto resident = load("pq:topk=0.3"), offload = load("pq:topk=0.3@offload");
+  const auto selected = run(*resident);
+  EXPECT_TRUE(run(*offload) == selected);
+  EXPECT_FALSE(selected == expected);  // the selection changes the logits
+}
+
+}  // namespace
+}  // namespace slimkv::cuda
