@@ -25,6 +25,7 @@ Rope::Rope(const ModelConfig& config) : head_dim_(int(config.head_dim)) {
         inv = (1.0 - smooth) * inv / rope.factor + smooth * inv;
       }
     }
+    if (!rope.frequency_divisors.empty()) inv /= double(rope.frequency_divisors[size_t(i)]);
     inv_freq_[size_t(i)] = float(inv);
   }
 }
