@@ -1,25 +1,30 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Makes the GGUF test fixtures of tests/data/gguf/ with llama.cpp's own tools, and llama.cpp's logits
 and token ids on them as goldens.
 
   scripts/gguf/make_fixtures.py --llama-cpp SRC --tools BIN --out tests/data/gguf
 
-SRC: a llama.cpp source tree (convert_hf_to_gguf.py, gguf-py/); BIN: a folder with its llama-quantize
-and llama_logits (scripts/gguf/llama_logits.cpp built against its libllama, see build_llama_tools.sh).
+SRC: a llama.cpp source tree (convert_hf_to_gguf.py, gguf-py/); BIN: a folder with llama_ref
+(scripts/gguf/llama_ref.cpp built against its libllama by build_llama_tools.sh).
 Needs numpy and torch (Debian: python3-numpy, python3-torch).
 
 1. Tiny random Hugging Face models (scripts/make_random_model.py's weights; a byte-level tokenizer of
-   256 tokens, so the files stay small) are written to a scratch folder.
+   256 byte tokens and 64 merges of letter pairs, so the files stay small) are written to a scratch folder.
 2. convert_hf_to_gguf.py turns each into an F16 GGUF. The converter identifies a BPE pre-tokenizer by
    hashing the ids transformers' AutoTokenizer gives for a probe text, which needs transformers (not a
    Debian package) and knows only published tokenizers; so this script imports the converter and
    replaces only its vocabulary reader (`get_vocab_base`) by one that reads tokenizer.json directly
    and names the pre-tokenizer by its split regex. Weights, metadata, Q/K permutation, merges and
    special tokens are the converter's own.
-3. llama-quantize makes Q8_0, Q4_0 and Q4_K_M (Q4_K + Q6_K tensors) files from the F16 one.
-4. llama_logits writes llama.cpp's logits for a fixed token sequence (all positions) next to each file.
-5. Vocabulary-only GGUFs of tests/data/tokenizers/{llama3_style,qwen2_style} test the tokenizer read
-   from metadata; llama_logits --tokenize writes llama.cpp's ids for their golden texts.
+3. llama.cpp's quantizer (llama_model_quantize, what llama-quantize runs) makes Q8_0, Q4_0 and
+   Q4_K_M (Q4_K + Q6_K tensors) files from the F16 one.
+4. llama_ref writes llama.cpp's logits for a fixed token sequence (all positions) next to each file,
+   and those of each model's F16 file (the quantization's own error is measured against them).
+5. blocks.gguf: random blocks of each quantized type with gguf-py's own numpy dequantization of them
+   (an independent reference for slimkv's block layouts), and small GGUF files as fuzz seeds
+   (fuzz/corpus/gguf_fuzz/), all written by gguf-py's GGUFWriter.
+6. Vocabulary-only GGUFs of tests/data/tokenizers/{llama3_style,qwen2_style} test the tokenizer read
+   from metadata; llama_ref --tokenize writes llama.cpp's ids for their golden texts.
 """
 import argparse
 import importlib.util
@@ -38,13 +43,13 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 # The fixture models. Q4_K needs rows of 256 values, so the model quantized to Q4_K_M has 256-wide
 # matrices; the others are as small as a real multi-layer GQA model gets.
 MODELS = {
-    "llama_tiny": dict(arch="LlamaForCausalLM", model_type="llama", vocab_size=256, hidden_size=64,
+    "llama_tiny": dict(arch="LlamaForCausalLM", model_type="llama", vocab_size=320, hidden_size=64,
                        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                        head_dim=16, tie=False, bias=False, types=["F16", "Q8_0", "Q4_0"]),
-    "qwen2_tiny": dict(arch="Qwen2ForCausalLM", model_type="qwen2", vocab_size=256, hidden_size=64,
+    "qwen2_tiny": dict(arch="Qwen2ForCausalLM", model_type="qwen2", vocab_size=320, hidden_size=64,
                        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
                        head_dim=16, tie=True, bias=True, types=["Q8_0"]),
-    "llama_k": dict(arch="LlamaForCausalLM", model_type="llama", vocab_size=256, hidden_size=256,
+    "llama_k": dict(arch="LlamaForCausalLM", model_type="llama", vocab_size=320, hidden_size=256,
                     intermediate_size=256, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                     head_dim=128, tie=True, bias=False, types=["Q4_K_M"]),
 }
@@ -107,6 +112,10 @@ def write_model(out, spec, seed):
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
     alphabet = byte_level_alphabet()
+    vocab = {alphabet[b]: b for b in range(256)}
+    pairs = [a + b for a in "etaoinsh" for b in "etaoinsh"]  # 64 merges, llama.cpp wants at least one
+    for pair in pairs:
+        vocab[pair] = len(vocab)
     tokenizer = {
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
         "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
@@ -114,16 +123,70 @@ def write_model(out, spec, seed):
                                             "use_regex": True},
         "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                   "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                  "vocab": {alphabet[b]: b for b in range(256)}, "merges": []},
+                  "vocab": vocab, "merges": [f"{p[0]} {p[1]}" for p in pairs]},
     }
     with open(os.path.join(out, "tokenizer.json"), "w") as f:
         json.dump(tokenizer, f, ensure_ascii=False)
 
 
+class SafetensorsSlice:
+    """What the converter's lazy loader asks of a safetensors tensor: dtype name, shape, s[:]."""
+
+    def __init__(self, array, dtype):
+        self.array, self.dtype = array, dtype
+
+    def get_dtype(self):
+        return self.dtype
+
+    def get_shape(self):
+        return list(self.array.shape)
+
+    def __getitem__(self, key):
+        import torch
+        values = np.ascontiguousarray(self.array[key])
+        tensor = torch.from_numpy(values.view(np.int16) if self.dtype == "BF16" else values)
+        return tensor.view(torch.bfloat16) if self.dtype == "BF16" else tensor
+
+
+class SafeOpen:
+    """A stand-in for the `safetensors` package's safe_open (not packaged by Debian): the file mapped
+    with numpy, each tensor handed out as a slice (the converter's lazy path) or whole."""
+    NUMPY = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+
+    def __init__(self, path, framework="pt", device="cpu"):
+        with open(path, "rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            self.header = json.loads(f.read(length))
+        self.header.pop("__metadata__", None)
+        self.data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + length)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *args):
+        return False
+
+    def keys(self):
+        return list(self.header)
+
+    def get_slice(self, name):
+        info = self.header[name]
+        begin, end = info["data_offsets"]
+        array = self.data[begin:end].view(self.NUMPY[info["dtype"]]).reshape(info["shape"])
+        return SafetensorsSlice(array, info["dtype"])
+
+    def get_tensor(self, name):
+        return self.get_slice(name)[...]
+
+
 def import_converter(llama_cpp):
     """llama.cpp's convert_hf_to_gguf with stand-ins for the packages it imports but these models never
-    use (transformers' AutoConfig: the converter falls back to config.json; mistral_common)."""
+    use (transformers' AutoConfig: the converter falls back to config.json; mistral_common) or that
+    Debian does not package (safetensors: SafeOpen above)."""
     sys.path.insert(0, os.path.join(llama_cpp, "gguf-py"))
+    safetensors = types.ModuleType("safetensors")
+    safetensors.safe_open = SafeOpen
+    sys.modules["safetensors"] = safetensors
     transformers = types.ModuleType("transformers")
 
     class AutoConfig:
@@ -141,6 +204,12 @@ def import_converter(llama_cpp):
         for attr in attrs:
             setattr(module, attr, None)
         sys.modules[name] = module
+    # Debian's torch (1.13) predates the float8 dtypes the converter lists for other checkpoints'
+    # safetensors; these models hold none, so placeholders keep its dtype table importable.
+    import torch
+    for name in ["float8_e4m3fn", "float8_e5m2"]:
+        if not hasattr(torch, name):
+            setattr(torch, name, torch.uint8)
     conv = load_module("convert_hf_to_gguf", os.path.join(llama_cpp, "convert_hf_to_gguf.py"))
     gguf = sys.modules["gguf"]
 
@@ -176,6 +245,65 @@ def import_converter(llama_cpp):
     return conv
 
 
+def write_blocks(gguf, out_file, seed):
+    """Random raw blocks of each type slimkv reads (scales kept finite and modest) and, beside each,
+    gguf-py's dequantization of them as F32."""
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(out_file, "llama")
+    for qtype in [gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_K,
+                  gguf.GGMLQuantizationType.Q6_K]:
+        block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        rows, blocks_per_row = 2, 512 // block_size
+        raw = rng.integers(0, 256, size=(rows * blocks_per_row, type_size), dtype=np.uint8)
+        scale_bytes = {"Q8_0": [0], "Q4_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}[qtype.name]
+        for offset in scale_bytes:
+            scales = rng.uniform(0.001, 0.05, size=rows * blocks_per_row).astype(np.float16)
+            raw[:, offset:offset + 2] = scales.view(np.uint8).reshape(-1, 2)
+        raw = raw.reshape(rows, blocks_per_row * type_size)
+        writer.add_tensor(qtype.name, raw, raw_shape=(rows, blocks_per_row * type_size), raw_dtype=qtype)
+        writer.add_tensor(qtype.name + ".f32", gguf.quants.dequantize(raw, qtype).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def write_fuzz_seeds(gguf, folder, seed):
+    """Small valid files: every metadata value type (nested arrays too), each tensor type, alignment 64."""
+    os.makedirs(folder, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for name, alignment in [("all_types", None), ("aligned_64", 64)]:
+        writer = gguf.GGUFWriter(os.path.join(folder, name + ".gguf"), "llama")
+        if alignment:
+            writer.add_custom_alignment(alignment)
+        writer.add_uint8("u8", 7)
+        writer.add_int8("i8", -7)
+        writer.add_uint16("u16", 700)
+        writer.add_int16("i16", -700)
+        writer.add_uint32("u32", 70000)
+        writer.add_int32("i32", -70000)
+        writer.add_float32("f32", 0.5)
+        writer.add_uint64("u64", 1 << 40)
+        writer.add_int64("i64", -(1 << 40))
+        writer.add_float64("f64", 0.25)
+        writer.add_bool("bool", True)
+        writer.add_string("str", "tokens ▁Ġ")
+        writer.add_array("strings", ["a", "b"])
+        writer.add_array("ints", [1, 2, 3])
+        writer.add_array("nested", [[1, 2], [3]])
+        writer.add_tensor("f32", rng.standard_normal((2, 32)).astype(np.float32))
+        writer.add_tensor("f16", rng.standard_normal((2, 32)).astype(np.float16))
+        for qtype in [gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_K,
+                      gguf.GGMLQuantizationType.Q6_K]:
+            block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+            raw = rng.integers(0, 256, size=(1, type_size * (256 // block_size)), dtype=np.uint8)
+            writer.add_tensor(qtype.name, raw, raw_shape=raw.shape, raw_dtype=qtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+
+
 def convert(conv, model_dir, out_file, vocab_only=False):
     argv = [str(model_dir), "--outfile", str(out_file), "--outtype", "f16"] + (["--vocab-only"] if vocab_only else [])
     saved = sys.argv
@@ -189,14 +317,14 @@ def convert(conv, model_dir, out_file, vocab_only=False):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--llama-cpp", required=True, help="llama.cpp source tree")
-    parser.add_argument("--tools", required=True, help="folder with llama-quantize and llama_logits")
+    parser.add_argument("--tools", required=True, help="folder with llama_ref")
     parser.add_argument("--out", required=True)
     parser.add_argument("--work", default="/tmp/slimkv-gguf-fixtures")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     shutil.rmtree(args.work, ignore_errors=True)
     conv = import_converter(args.llama_cpp)
-    quantize, logits_tool = os.path.join(args.tools, "llama-quantize"), os.path.join(args.tools, "llama_logits")
+    logits_tool = os.path.join(args.tools, "llama_ref")
     manifest = {"tokens": TOKENS, "models": {}, "tokenizers": {}}
 
     for index, (name, spec) in enumerate(MODELS.items()):
@@ -204,16 +332,26 @@ def main():
         write_model(model_dir, spec, seed=100 + index)
         f16 = os.path.join(args.work, f"{name}-F16.gguf")
         convert(conv, model_dir, f16)
+        # llama.cpp's logits of the F16 file: how far a quantized file's logits are from them is the
+        # quantization's own error, the bar slimkv's distance to llama.cpp on that file is held to.
+        f16_logits = os.path.join(args.out, f"{name}-F16.logits.f32")
+        subprocess.run([logits_tool, f16, f16_logits] + [str(t) for t in TOKENS], check=True)
         for qtype in spec["types"]:
             out = os.path.join(args.out, f"{name}-{qtype}.gguf")
             if qtype == "F16":
                 shutil.copy(f16, out)
             else:
-                subprocess.run([quantize, f16, out, qtype], check=True, stdout=subprocess.DEVNULL)
+                subprocess.run([logits_tool, "--quantize", f16, out, qtype], check=True, stdout=subprocess.DEVNULL)
             golden = out.replace(".gguf", ".logits.f32")
-            subprocess.run([logits_tool, out, golden] + [str(t) for t in TOKENS], check=True)
+            if qtype != "F16":
+                subprocess.run([logits_tool, out, golden] + [str(t) for t in TOKENS], check=True)
             manifest["models"][os.path.basename(out)] = {"source": name, "type": qtype,
-                                                          "logits": os.path.basename(golden)}
+                                                          "logits": os.path.basename(golden),
+                                                          "f16_logits": os.path.basename(f16_logits)}
+
+    gguf = sys.modules["gguf"]
+    write_blocks(gguf, os.path.join(args.out, "blocks.gguf"), seed=7)
+    write_fuzz_seeds(gguf, os.path.join(REPO, "fuzz", "corpus", "gguf_fuzz"), seed=8)
 
     for name in ["llama3_style", "qwen2_style"]:
         src = os.path.join(REPO, "tests", "data", "tokenizers", name)
@@ -221,7 +359,9 @@ def main():
         os.makedirs(model_dir)
         shutil.copy(os.path.join(src, "tokenizer.json"), model_dir)
         with open(os.path.join(src, "tokenizer.json")) as f:
-            vocab_size = len(json.load(f)["model"]["vocab"])
+            tokenizer = json.load(f)
+        ids = list(tokenizer["model"]["vocab"].values()) + [t["id"] for t in tokenizer["added_tokens"]]
+        vocab_size = max(ids) + 1
         # The converter needs a config for the architecture; the vocabulary-only file holds no weights.
         arch = "LlamaForCausalLM" if name == "llama3_style" else "Qwen2ForCausalLM"
         with open(os.path.join(model_dir, "config.json"), "w") as f:
@@ -238,10 +378,10 @@ def main():
             result = subprocess.run([logits_tool, "--tokenize", out], input=text.encode(), check=True,
                                     capture_output=True)
             ids.append(json.loads(result.stdout))
-        manifest["tokenizers"][os.path.basename(out)] = {"source": name, "texts": texts, "llama_cpp_ids": ids}
+        manifest["tokenizers"][os.path.basename(out)] = {"source": name, "llama_cpp_ids": ids}
 
     with open(os.path.join(args.out, "manifest.json"), "w") as f:
-        json.dump(manifest, f, indent=1, ensure_ascii=False)
+        json.dump(manifest, f, ensure_ascii=False)
 
 
 if __name__ == "__main__":

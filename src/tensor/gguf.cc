@@ -254,11 +254,12 @@ Expected<GgufContents> parse_gguf(const uint8_t* bytes, size_t size, const std::
   uint64_t tensor_count = 0, kv_count = 0;
   SLIMKV_RETURN_IF_ERROR(reader.read(&tensor_count, "tensor_count"));
   SLIMKV_RETURN_IF_ERROR(reader.read(&kv_count, "metadata_kv_count"));
-  // Each key-value pair takes at least 13 bytes (key length, value type, one byte), each tensor info 28.
+  // Each key-value pair takes at least 13 bytes (key length, value type, one byte), each tensor info 24
+  // (name length, n_dims, type, offset).
   if (kv_count > reader.remaining() / 13) {
     return error(source, ": metadata_kv_count: ", kv_count, " pairs cannot fit in a file of ", size, " bytes");
   }
-  if (tensor_count > reader.remaining() / 28) {
+  if (tensor_count > reader.remaining() / 24) {
     return error(source, ": tensor_count: ", tensor_count, " tensor infos cannot fit in a file of ", size, " bytes");
   }
 

@@ -80,7 +80,11 @@ Expected<std::string> gguf_tokenizer_json(const GgufFile& file) {
                  model == "llama" ? " (SentencePiece files: use the model's tokenizer.json)" : "");
   }
   SLIMKV_ASSIGN_OR_RETURN(const std::vector<std::string>* tokens, file.get_strings("tokenizer.ggml.tokens"));
-  SLIMKV_ASSIGN_OR_RETURN(const std::vector<std::string>* merges, file.get_strings("tokenizer.ggml.merges"));
+  const std::vector<std::string> no_merges;  // a vocabulary of single bytes needs none
+  const std::vector<std::string>* merges = &no_merges;
+  if (file.find("tokenizer.ggml.merges")) {
+    SLIMKV_ASSIGN_OR_RETURN(merges, file.get_strings("tokenizer.ggml.merges"));
+  }
   const std::vector<int64_t> no_types;
   const std::vector<int64_t>* types = &no_types;
   if (file.find("tokenizer.ggml.token_type")) {

@@ -1,9 +1,11 @@
 // llama.cpp's answers on a GGUF file, for slimkv's goldens (scripts/gguf/make_fixtures.py). Built
 // against libllama by scripts/gguf/build_llama_tools.sh; not part of slimkv.
-//   llama_logits MODEL.gguf OUT.f32 TOKEN...   logits of every position of one prefill of TOKENs:
+//   llama_ref MODEL.gguf OUT.f32 TOKEN...   logits of every position of one prefill of TOKENs:
 //                                              [n_tokens, n_vocab] little-endian float32
-//   llama_logits --tokenize MODEL.gguf < TEXT  the ids of TEXT as a JSON list (no BOS/EOS added,
+//   llama_ref --tokenize MODEL.gguf < TEXT  the ids of TEXT as a JSON list (no BOS/EOS added,
 //                                              special tokens in the text matched)
+//   llama_ref --quantize IN.gguf OUT.gguf TYPE   llama_model_quantize (what llama-quantize runs) to
+//                                              Q8_0, Q4_0 or Q4_K_M
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -18,7 +20,7 @@ static llama_model* load(const char* path, bool vocab_only) {
   params.vocab_only = vocab_only;
   llama_model* model = llama_model_load_from_file(path, params);
   if (!model) {
-    std::fprintf(stderr, "llama_logits: cannot load %s\n", path);
+    std::fprintf(stderr, "llama_ref: cannot load %s\n", path);
     std::exit(1);
   }
   return model;
@@ -26,7 +28,19 @@ static llama_model* load(const char* path, bool vocab_only) {
 
 int main(int argc, char** argv) {
   llama_backend_init();
-  llama_log_set([](ggml_log_level, const char*, void*) {}, nullptr);
+  if (!std::getenv("LLAMA_LOGITS_VERBOSE")) llama_log_set([](ggml_log_level, const char*, void*) {}, nullptr);
+  if (argc == 5 && std::string(argv[1]) == "--quantize") {
+    llama_model_quantize_params params = llama_model_quantize_default_params();
+    const std::string type = argv[4];
+    params.ftype = type == "Q8_0" ? LLAMA_FTYPE_MOSTLY_Q8_0 : type == "Q4_0" ? LLAMA_FTYPE_MOSTLY_Q4_0
+                 : type == "Q4_K_M" ? LLAMA_FTYPE_MOSTLY_Q4_K_M : LLAMA_FTYPE_GUESSED;
+    if (params.ftype == LLAMA_FTYPE_GUESSED) {
+      std::fprintf(stderr, "llama_ref: unknown type %s (Q8_0, Q4_0, Q4_K_M)\n", argv[4]);
+      return 2;
+    }
+    params.nthread = 2;
+    return llama_model_quantize(argv[2], argv[3], &params) == 0 ? 0 : 1;
+  }
   if (argc == 3 && std::string(argv[1]) == "--tokenize") {
     llama_model* model = load(argv[2], true);
     const llama_vocab* vocab = llama_model_get_vocab(model);
@@ -41,7 +55,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc < 4) {
-    std::fprintf(stderr, "usage: llama_logits MODEL.gguf OUT.f32 TOKEN... | --tokenize MODEL.gguf < TEXT\n");
+    std::fprintf(stderr, "usage: llama_ref MODEL.gguf OUT.f32 TOKEN... | --tokenize MODEL.gguf < TEXT | --quantize IN OUT TYPE\n");
     return 2;
   }
   llama_model* model = load(argv[1], false);
@@ -62,7 +76,7 @@ int main(int argc, char** argv) {
   }
   batch.n_tokens = int(tokens.size());
   if (llama_decode(ctx, batch) != 0) {
-    std::fprintf(stderr, "llama_logits: llama_decode failed\n");
+    std::fprintf(stderr, "llama_ref: llama_decode failed\n");
     return 1;
   }
   const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
