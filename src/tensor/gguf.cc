@@ -228,9 +228,16 @@ std::string_view gguf_value_type_name(GgufValueType type) {
   return "?";
 }
 
-bool GgufValue::is_integer() const {
-  return type != GgufValueType::kString && type != GgufValueType::kArray && !is_real();
+namespace {
+
+bool is_integer_type(GgufValueType type) {
+  return type != GgufValueType::kString && type != GgufValueType::kArray && type != GgufValueType::kFloat32 &&
+         type != GgufValueType::kFloat64;
 }
+
+}  // namespace
+
+bool GgufValue::is_integer() const { return is_integer_type(type); }
 
 size_t GgufValue::array_size() const { return integers.size() + reals.size() + texts.size() + arrays.size(); }
 
@@ -370,11 +377,6 @@ Status wrong_type(const std::string& path, const std::string& key, std::string_v
   std::string found(gguf_value_type_name(value.type));
   if (value.type == GgufValueType::kArray) found += str_cat(" of ", gguf_value_type_name(value.element_type));
   return error(path, ": metadata '", key, "': expected ", expected, ", found ", found);
-}
-
-bool is_integer_type(GgufValueType type) {
-  return type != GgufValueType::kString && type != GgufValueType::kArray && type != GgufValueType::kFloat32 &&
-         type != GgufValueType::kFloat64;
 }
 
 }  // namespace
