@@ -70,20 +70,6 @@ def load_module(name, path):
     return module
 
 
-def byte_level_alphabet():
-    """GPT-2's byte -> printable character map (the ByteLevel pre-tokenizer's)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return chars
-
-
 def write_model(out, spec, seed):
     rm = load_module("make_random_model", os.path.join(REPO, "scripts", "make_random_model.py"))
     os.makedirs(out, exist_ok=True)
@@ -111,7 +97,8 @@ def write_model(out, spec, seed):
         config.pop("head_dim")
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
-    alphabet = byte_level_alphabet()
+    bpe = load_module("bpe", os.path.join(REPO, "scripts", "train", "bpe.py"))
+    alphabet = bpe.byte_to_unicode()
     vocab = {alphabet[b]: b for b in range(256)}
     pairs = [a + b for a in "etaoinsh" for b in "etaoinsh"]  # 64 merges, llama.cpp wants at least one
     for pair in pairs:
