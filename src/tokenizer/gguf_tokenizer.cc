@@ -7,7 +7,9 @@
 namespace slimkv {
 namespace {
 
-using Json = nlohmann::ordered_json;
+// nlohmann::json, not ordered_json: its objects are maps (ordered_json inserts in linear time, which
+// is quadratic over a 128k-token vocabulary); only arrays need their order here.
+using Json = nlohmann::json;
 
 // The split regexes of the pre-tokenizers llama.cpp names in tokenizer.ggml.pre (llama-vocab.cpp),
 // as their Hugging Face tokenizer.json files write them.
