@@ -27,6 +27,7 @@ packages=(
   python3-pip python3-setuptools python3-wheel  # `pip install .` of the module, offline (pyproject.toml, setup.py)
   python3                  # scripts/check_layers.py (ctest), tests/eval_cli_test.sh
   python3-jinja2           # scripts/render_chat_fixtures.py (reference chat-template renderings)
+  python3-tqdm python3-torch  # scripts/gguf/make_fixtures.py: llama.cpp's converter (its progress bar, its tensors)
   python3-regex            # scripts/train/bpe.py (GPT-2 pre-tokenizer pattern): reference_cpu.py, build_corpus.py
   coreutils                # tests: mkfifo, timeout, mktemp
   python3-yaml             # tests/deploy/k8s_render_test.py reads kubectl kustomize's output

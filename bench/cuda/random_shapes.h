@@ -22,7 +22,7 @@ inline ModelConfig llama3_8b_config() {
   c.head_dim = 128;
   c.max_position_embeddings = 131072;
   c.rms_norm_eps = 1e-5;
-  c.rope = {RopeType::kLlama3, 500000.0, 8.0, 1.0, 4.0, 8192};
+  c.rope = {RopeType::kLlama3, 500000.0, 8.0, 1.0, 4.0, 8192, {}};
   return c;
 }
 
@@ -41,7 +41,7 @@ inline ModelConfig llama2_7b_config() {
   c.head_dim = 128;
   c.max_position_embeddings = 131072;
   c.rms_norm_eps = 1e-5;
-  c.rope = {RopeType::kDefault, 10000.0, 1.0, 1.0, 4.0, 0};
+  c.rope = {RopeType::kDefault, 10000.0, 1.0, 1.0, 4.0, 0, {}};
   return c;
 }
 

@@ -15,7 +15,9 @@
 #include "model/llama.h"
 #include "slimkv/engine.h"
 #include "slimkv/tokenizer.h"
+#include "tensor/gguf.h"
 #include "tokenizer/chat/chat_template.h"
+#include "tokenizer/gguf_tokenizer.h"
 #include "util/mapped_file.h"
 #include "util/thread_pool.h"
 
@@ -78,7 +80,10 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
                  "sliding-window layers free theirs as they leave the window (use the fast tier)");
   }
   const std::string tokenizer_path = config.model_dir + "/tokenizer.json";
-  if (std::filesystem::exists(tokenizer_path)) {
+  if (has_gguf_magic(config.model_dir)) {
+    SLIMKV_ASSIGN_OR_RETURN(Tokenizer tokenizer, load_gguf_tokenizer(config.model_dir));
+    engine->tokenizer_ = std::make_unique<Tokenizer>(std::move(tokenizer));
+  } else if (std::filesystem::exists(tokenizer_path)) {
     SLIMKV_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load(tokenizer_path));
     engine->tokenizer_ = std::make_unique<Tokenizer>(std::move(tokenizer));
   }

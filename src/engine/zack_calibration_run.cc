@@ -28,7 +28,7 @@ Expected<ZackCalibration> run_zack_calibration(Engine& engine, std::span<const i
   std::vector<float> o_proj(size_t(hidden) * size_t(config.q_dim()));
   for (int l = 0; l < int(config.num_layers); ++l) {
     const WeightMatrix& wo = engine.model().weights().layers[size_t(l)].wo;
-    widen_to_f32(wo.data, wo.dtype, o_proj.data(), o_proj.size());
+    widen_rows(wo, 0, wo.rows, o_proj.data());
     calibrator.add_output_projection(l, o_proj.data(), hidden);
   }
   SLIMKV_ASSIGN_OR_RETURN(std::string identity, engine.model().identity());

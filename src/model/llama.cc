@@ -5,6 +5,7 @@
 
 #include "backend/cpu/vec_ops.h"
 #include "kv/store_attention.h"
+#include "model/gguf_model.h"
 #include "model/model_identity.h"
 #include "util/half.h"
 
@@ -14,6 +15,12 @@ namespace slimkv {
 // Loading
 
 Expected<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string& model_dir) {
+  if (has_gguf_magic(model_dir)) {
+    SLIMKV_ASSIGN_OR_RETURN(GgufModel gguf, load_gguf_model(model_dir));
+    SLIMKV_ASSIGN_OR_RETURN(LlamaWeights weights, LlamaWeights::load(gguf.weights, gguf.config));
+    return std::unique_ptr<LlamaModel>(
+        new LlamaModel(model_dir, std::move(gguf.config), std::move(gguf.weights), std::move(weights)));
+  }
   SLIMKV_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(model_dir));
   SLIMKV_ASSIGN_OR_RETURN(WeightStore store, WeightStore::open(model_dir));
   SLIMKV_ASSIGN_OR_RETURN(LlamaWeights weights, LlamaWeights::load(store, config));
@@ -230,7 +237,6 @@ void LlamaModel::forward(std::span<const ForwardSequence> batch, float* logits, 
   s.up.resize(size_t(n) * inter);
 
   // x = embed(tokens); each sequence's RoPE angles from its own first position
-  const size_t row_bytes = size_t(hidden) * dtype_size_bytes(weights_.embedding.dtype);
   const size_t half = size_t(c.head_dim) / 2;
   const bool sliding = !c.sliding_layers.empty();
   for (auto* angles : {&s.cos, &s.sin, &s.sliding_cos, &s.sliding_sin}) {
@@ -246,9 +252,8 @@ void LlamaModel::forward(std::span<const ForwardSequence> batch, float* logits, 
   };
   for (size_t i = 0; i < batch.size(); ++i) {
     for (size_t t = 0; t < batch[i].tokens.size(); ++t) {
-      const auto* row = static_cast<const uint8_t*>(weights_.embedding.data) + size_t(batch[i].tokens[t]) * row_bytes;
       float* x = s.x.data() + (size_t(first_row[i]) + t) * hidden;
-      widen_to_f32(row, weights_.embedding.dtype, x, size_t(hidden));
+      widen_rows(weights_.embedding, batch[i].tokens[t], 1, x);
       if (c.scale_embeddings) {
         for (int j = 0; j < hidden; ++j) x[j] *= embed_scale;
       }

@@ -54,6 +54,7 @@ struct ForwardSequence {
 
 class LlamaModel {
  public:
+  // model_dir: a Hugging Face directory, or a GGUF file (model/gguf_model.h).
   static Expected<std::unique_ptr<LlamaModel>> load(const std::string& model_dir);
 
   const ModelConfig& config() const { return config_; }

@@ -10,6 +10,14 @@ namespace {
 // Costs one read of the weights (docs/testing.md has the measured load time with and without it).
 // `cols` 0: a vector, no row/column in the message.
 Status check_finite(const TensorInfo& tensor, int64_t cols) {
+  if (tensor.quant != BlockQuant::kNone) {
+    const int64_t block = first_non_finite_block(tensor.quant, tensor.data, tensor.num_elements());
+    if (block < 0) return Status::ok();
+    const int64_t element = block * block_elements(tensor.quant);
+    return error(tensor.file, ": tensor '", tensor.name, "' (", block_quant_name(tensor.quant),
+                 ") has a NaN or Inf scale in block ", block, " (row ", element / cols, ", columns ", element % cols,
+                 " onwards): the file is broken (re-download or re-convert it)");
+  }
   const size_t count = tensor.size_bytes / dtype_size_bytes(tensor.dtype);
   const int64_t bad = first_non_finite(tensor.data, tensor.dtype, count);
   if (bad < 0) return Status::ok();
@@ -22,11 +30,15 @@ Status check_finite(const TensorInfo& tensor, int64_t cols) {
 Expected<WeightMatrix> matrix(const WeightStore& store, const std::string& name, int64_t rows, int64_t cols) {
   SLIMKV_ASSIGN_OR_RETURN(TensorInfo tensor, store.get(name, {rows, cols}));
   SLIMKV_RETURN_IF_ERROR(check_finite(tensor, cols));
-  return WeightMatrix{tensor.data, tensor.dtype, rows, cols};
+  return WeightMatrix{tensor.data, tensor.dtype, rows, cols, tensor.quant};
 }
 
 Expected<std::vector<float>> vector(const WeightStore& store, const std::string& name, int64_t size) {
   SLIMKV_ASSIGN_OR_RETURN(TensorInfo tensor, store.get(name, {size}));
+  if (tensor.quant != BlockQuant::kNone) {
+    return error(tensor.file, ": tensor '", name, "' is ", block_quant_name(tensor.quant),
+                 ", expected F32/F16/BF16 for a vector (llama.cpp's converter keeps them F32)");
+  }
   SLIMKV_RETURN_IF_ERROR(check_finite(tensor, /*cols=*/0));
   std::vector<float> values(static_cast<size_t>(size));
   widen_to_f32(tensor.data, tensor.dtype, values.data(), values.size());

@@ -31,6 +31,9 @@ struct RopeConfig {
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 0;
+  // GGUF files store llama3-style scaling as per-frequency divisors (tensor rope_freqs.weight, what
+  // llama.cpp divides each frequency by) instead of its parameters: [head_dim / 2], or empty.
+  std::vector<float> frequency_divisors;
 };
 
 // A sparse mixture-of-experts feed-forward (Qwen3-MoE): a router picks experts_per_token of num_experts

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "tensor/gguf.h"
 #include "util/mapped_file.h"
 
 namespace slimkv {
@@ -26,7 +27,11 @@ class Fnv1a64 {
 
 Expected<std::string> model_identity(const std::string& model_dir, const WeightStore& weights) {
   constexpr size_t kSampleBytes = 4096;
-  SLIMKV_ASSIGN_OR_RETURN(std::string config, read_text_file(model_dir + "/config.json"));
+  // A GGUF file's config is its metadata; its tensors (names, shapes, samples) stand for it here.
+  std::string config = "gguf";
+  if (!has_gguf_magic(model_dir)) {
+    SLIMKV_ASSIGN_OR_RETURN(config, read_text_file(model_dir + "/config.json"));
+  }
   Fnv1a64 hash;
   hash.add(config);
   for (const std::string& name : weights.names()) {

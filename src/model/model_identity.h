@@ -11,7 +11,8 @@
 
 namespace slimkv {
 
-// "fnv1a64:<16 hex digits>"; fails only when config.json cannot be read.
+// "fnv1a64:<16 hex digits>"; fails only when config.json cannot be read (a GGUF file has none: its
+// tensors alone are hashed).
 Expected<std::string> model_identity(const std::string& model_dir, const WeightStore& weights);
 
 }  // namespace slimkv

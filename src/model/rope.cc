@@ -25,6 +25,7 @@ Rope::Rope(const RopeConfig& rope, int head_dim) : head_dim_(head_dim) {
         inv = (1.0 - smooth) * inv / rope.factor + smooth * inv;
       }
     }
+    if (!rope.frequency_divisors.empty()) inv /= double(rope.frequency_divisors[size_t(i)]);
     inv_freq_[size_t(i)] = float(inv);
   }
 }

@@ -196,6 +196,15 @@ Expected<WeightStore> WeightStore::open(const std::string& model_dir) {
 // lookups
 // ---------------------------------------------------------------------------------------------
 
+WeightStore WeightStore::from_tensors(std::string source, std::vector<TensorInfo> tensors,
+                                      std::shared_ptr<const void> owner) {
+  WeightStore store;
+  store.model_dir_ = std::move(source);
+  store.owner_ = std::move(owner);
+  for (TensorInfo& info : tensors) store.tensors_.emplace(info.name, std::move(info));
+  return store;
+}
+
 const TensorInfo* WeightStore::find(const std::string& name) const {
   const auto it = tensors_.find(name);
   return it == tensors_.end() ? nullptr : &it->second;
@@ -219,7 +228,7 @@ Expected<TensorInfo> WeightStore::get(const std::string& name,
       if (prefix == best_prefix && prefix > 0 && similar.size() < 3) similar.push_back(candidate);
     }
     std::string message = str_cat(model_dir_, ": tensor '", name, "' not found (the model has ",
-                                  tensors_.size(), " tensors in ", files_.size(), " file(s))");
+                                  tensors_.size(), " tensors in ", std::max<size_t>(files_.size(), 1), " file(s))");
     if (!similar.empty()) {
       message += "; similar names: ";
       for (size_t i = 0; i < similar.size(); ++i) message += (i ? ", '" : "'") + similar[i] + "'";
@@ -228,8 +237,8 @@ Expected<TensorInfo> WeightStore::get(const std::string& name,
   }
   if (!info->dtype_supported) {
     return error(info->file, ": tensor '", name, "' has dtype ", info->stored_dtype,
-                 ", which slimkv does not compute with (supported: F32, F16, BF16); quantized "
-                 "checkpoints need to be dequantized first");
+                 ", which slimkv does not compute with (supported: F32, F16, BF16; in GGUF files also ",
+                 "Q8_0, Q4_0, Q4_K, Q6_K); re-quantize or dequantize the model");
   }
   if (info->shape != shape) {
     std::string hint;

@@ -6,12 +6,14 @@
 // lists is in the shard it names, no shard holds a tensor the index does not list or lists for
 // another shard, and no tensor is in two shards. Model code asks for each weight with the shape it
 // expects (`get`), so a checkpoint that does not fit the config fails at load with a message naming
-// the tensor, the file, and both shapes.
+// the tensor, the file, and both shapes. A GGUF file's tensors come in under the same names
+// (model/gguf_model.h), some in ggml's quantized blocks.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -31,8 +33,12 @@ class WeightStore {
   // Opens DIR/model.safetensors, or every shard named by DIR/model.safetensors.index.json
   // ("weight_map"); the index wins when both exist, as in transformers.
   static Expected<WeightStore> open(const std::string& model_dir);
+  // The tensors of another format (model/gguf_model.cc): `owner` keeps their data alive.
+  static WeightStore from_tensors(std::string source, std::vector<TensorInfo> tensors,
+                                  std::shared_ptr<const void> owner);
 
-  // The tensor with exactly this shape, in a dtype we compute with (F32/F16/BF16). The error names
+  // The tensor with exactly this shape, in a type we compute with (F32/F16/BF16, or a GGUF block
+  // type, tensor/ggml_type.h). The error names
   // the tensor, its file, and the expected and found shape (or the dtype).
   Expected<TensorInfo> get(const std::string& name, const std::vector<int64_t>& shape) const;
   // The tensor whatever its shape and dtype; nullptr when absent.
@@ -48,6 +54,7 @@ class WeightStore {
   std::string model_dir_;
   bool sharded_ = false;
   std::vector<SafetensorsFile> files_;                   // each mapped once
+  std::shared_ptr<const void> owner_;                    // from_tensors: what holds their data
   std::unordered_map<std::string, TensorInfo> tensors_;  // data points into files_
 };
 

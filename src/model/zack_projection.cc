@@ -11,11 +11,9 @@ namespace slimkv {
 namespace {
 
 // Rows [first_row, first_row + count) of a weight matrix, widened to FP32 [count, w.cols].
-std::vector<float> widen_rows(const WeightMatrix& w, int64_t first_row, int64_t count) {
+std::vector<float> widened_rows(const WeightMatrix& w, int64_t first_row, int64_t count) {
   std::vector<float> rows(size_t(count * w.cols));
-  const size_t element = dtype_size_bytes(w.dtype);
-  widen_to_f32(static_cast<const uint8_t*>(w.data) + size_t(first_row * w.cols) * element, w.dtype, rows.data(),
-               rows.size());
+  widen_rows(w, first_row, count, rows.data());
   return rows;
 }
 
@@ -38,7 +36,7 @@ std::unique_ptr<ZackProjection> ZackProjection::fold(const ZackCalibration& cali
     LayerWeights& w = weights.layers[size_t(l)];
     int v_dims = 0;  // Σ_g v_rank
     for (int g = 0; g < kv_heads; ++g) v_dims += ranks.v_rank(l, g);
-    const std::vector<float> wo = widen_rows(w.wo, 0, hidden);  // [hidden, heads · d]
+    const std::vector<float> wo = widened_rows(w.wo, 0, hidden);  // [hidden, heads · d]
     layer.wv.resize(size_t(v_dims) * hidden);
     layer.wo.resize(size_t(hidden) * group * v_dims);
     std::vector<float> bv;
@@ -47,7 +45,7 @@ std::unique_ptr<ZackProjection> ZackProjection::fold(const ZackCalibration& cali
       const int r = ranks.v_rank(l, g);
       const float* basis = calibration.vw_basis_of(l, g);  // the first r rows: B_g[:r] [r, d]
       // W_V,g' = B_g[:r] · W_V,g: [r, d] · [d, hidden]
-      const std::vector<float> wv = widen_rows(w.wv, int64_t(g) * d, d);
+      const std::vector<float> wv = widened_rows(w.wv, int64_t(g) * d, d);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r, hidden, d, 1.0f, basis, d, wv.data(), hidden, 0.0f,
                   layer.wv.data() + size_t(v_row) * hidden, hidden);
       if (config.attention_bias) {

@@ -27,6 +27,7 @@
 
 #include "slimkv/status.h"
 #include "tensor/dtype.h"
+#include "tensor/ggml_type.h"
 #include "util/mapped_file.h"
 
 namespace slimkv {
@@ -48,7 +49,9 @@ struct TensorInfo {
   // e.g. an I8 tensor can be inspected; WeightStore::get refuses them.
   std::string stored_dtype;
   bool dtype_supported = true;
-  size_t element_size_bytes = 0;  // of stored_dtype
+  size_t element_size_bytes = 0;  // of stored_dtype (a GGUF block type's: 0)
+  // GGUF files only: the tensor is in ggml's quantized blocks (then `dtype` is meaningless).
+  BlockQuant quant = BlockQuant::kNone;
   // Byte range within the file's data region, as the header said (for messages and tools).
   uint64_t data_begin = 0;
   uint64_t data_end = 0;

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <vector>
 
+#include "backend/cpu/dequantize.h"
 #include "backend/cpu/panel_gemm.h"
 #include "backend/cpu/vec_ops.h"
 
@@ -19,25 +20,52 @@ constexpr int64_t kMatVecMaxInputs = 16;
 // Multiply-adds per task (weights x inputs): below this, handing work to another thread costs more than it
 // saves.
 constexpr int64_t kTaskMultiplyAdds = int64_t(1) << 17;
+// Block-quantized weights (GGUF) for many inputs: FP32 elements dequantized per BLAS call, large enough
+// for an efficient GEMM, small enough for L2/L3.
+constexpr int64_t kChunkElements = int64_t(1) << 18;
 
 const uint8_t* row_pointer(const WeightMatrix& w, int64_t row) {
-  return static_cast<const uint8_t*>(w.data) + size_t(row) * size_t(w.cols) * dtype_size_bytes(w.dtype);
+  return static_cast<const uint8_t*>(w.data) + size_t(row) * weight_row_bytes(w);
 }
 
 // y[:, row0 : row0 + rows] for all n inputs, on the calling thread.
 void matmul_rows(const float* x, int64_t n, const WeightMatrix& w, int64_t row0, int64_t rows, float* y) {
-  if (n > kMatVecMaxInputs) {
+  if (w.quant != BlockQuant::kNone && n <= kMatVecMaxInputs) {
+    matvec_quantized(x, n, w.data, w.quant, w.rows, w.cols, row0, row0 + rows, y);
+  } else if (w.quant != BlockQuant::kNone) {
+    thread_local std::vector<float> widened;  // this thread's chunk of dequantized rows
+    const int64_t chunk_rows = std::max<int64_t>(16, kChunkElements / w.cols);
+    widened.resize(size_t(std::min(chunk_rows, rows) * w.cols));
+    for (int64_t r0 = row0; r0 < row0 + rows; r0 += chunk_rows) {
+      const int64_t count = std::min(chunk_rows, row0 + rows - r0);
+      widen_rows(w, r0, count, widened.data());
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(count), int(w.cols), 1.0f, x, int(w.cols),
+                  widened.data(), int(w.cols), 0.0f, y + r0, int(w.rows));
+    }
+  } else if (n > kMatVecMaxInputs) {
     panel_gemm(x, n, w.data, w.dtype, w.rows, w.cols, row0, row0 + rows, y);
   } else if (w.dtype == DType::kF32) {
-    const float* weights = static_cast<const float*>(w.data) + size_t(row0) * size_t(w.cols);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(rows), int(w.cols), 1.0f, x, int(w.cols),
-                weights, int(w.cols), 0.0f, y + row0, int(w.rows));
+                reinterpret_cast<const float*>(row_pointer(w, row0)), int(w.cols), 0.0f, y + row0, int(w.rows));
   } else {
     matvec_half(x, n, static_cast<const uint16_t*>(w.data), w.dtype, w.rows, w.cols, row0, row0 + rows, y);
   }
 }
 
 }  // namespace
+
+size_t weight_row_bytes(const WeightMatrix& w) {
+  if (w.quant == BlockQuant::kNone) return size_t(w.cols) * dtype_size_bytes(w.dtype);
+  return size_t(w.cols / block_elements(w.quant)) * block_bytes(w.quant);
+}
+
+void widen_rows(const WeightMatrix& w, int64_t row0, int64_t count, float* out) {
+  if (w.quant == BlockQuant::kNone) {
+    widen_to_f32(row_pointer(w, row0), w.dtype, out, size_t(count * w.cols));
+  } else {
+    dequantize(w.quant, row_pointer(w, row0), out, count * w.cols);
+  }
+}
 
 void matmul(const float* x, int64_t n, const WeightMatrix& w, float* y, ThreadPool& pool) {
   static std::once_flag single_threaded_blas;
@@ -58,7 +86,11 @@ void matmul(const float* x, int64_t n, const WeightMatrix& w, float* y, ThreadPo
 void matmul_reference(const float* x, int64_t n, const WeightMatrix& w, float* y) {
   std::vector<float> row(static_cast<size_t>(w.cols));
   for (int64_t o = 0; o < w.rows; ++o) {
-    widen_to_f32(row_pointer(w, o), w.dtype, row.data(), size_t(w.cols));
+    if (w.quant == BlockQuant::kNone) {
+      widen_to_f32(row_pointer(w, o), w.dtype, row.data(), size_t(w.cols));
+    } else {
+      dequantize_reference(w.quant, row_pointer(w, o), row.data(), w.cols);
+    }
     for (int64_t i = 0; i < n; ++i) {
       double acc = 0;
       for (int64_t c = 0; c < w.cols; ++c) acc += double(x[i * w.cols + c]) * double(row[size_t(c)]);

@@ -1,30 +1,39 @@
 // Matrix products with weights as checkpoints store them: y = x · Wᵀ with W [rows, cols] in F32, F16
-// or BF16, memory-mapped. The output rows are split into tasks on the thread pool:
+// or BF16, or in ggml's quantized blocks (GGUF files: Q8_0, Q4_0, Q4_K, Q6_K), memory-mapped. The output rows are split into tasks on the thread pool:
 //  - few inputs (decode): half-precision weights are multiplied in place, widened in registers
 //    (memory-bound: each weight is read once); F32 weights go to BLAS;
 //  - many inputs (prefill): half-precision rows are widened to FP32 a cache-sized chunk at a time and
 //    multiplied by BLAS, so a BF16 model never needs an FP32 copy of itself.
+// Quantized weights take the same two paths, each row dequantized where the half-precision ones are
+// widened (backend/cpu/dequantize.h): a Q4_K model stays Q4_K in memory.
 // BLAS runs single-threaded inside the tasks: all parallelism goes through the pool.
 #pragma once
 
 #include <cstdint>
 
 #include "tensor/dtype.h"
+#include "tensor/ggml_type.h"
 #include "util/thread_pool.h"
 
 namespace slimkv {
 
 struct WeightMatrix {
   const void* data = nullptr;  // [rows, cols] row-major in dtype
-  DType dtype = DType::kF32;
+  DType dtype = DType::kF32;  // when quant is kNone
   int64_t rows = 0;  // output features
   int64_t cols = 0;  // input features
+  BlockQuant quant = BlockQuant::kNone;  // else each row is cols / block_elements(quant) blocks (GGUF)
 };
+
+size_t weight_row_bytes(const WeightMatrix& w);
+// out[count, w.cols] = rows row0 .. row0 + count of W in FP32 (the fast kernels).
+void widen_rows(const WeightMatrix& w, int64_t row0, int64_t count, float* out);
 
 // y[n, w.rows] = x[n, w.cols] · Wᵀ
 void matmul(const float* x, int64_t n, const WeightMatrix& w, float* y, ThreadPool& pool);
 
-// Plain triple loop with FP64 accumulation: the reference matmul is tested against.
+// Plain triple loop with FP64 accumulation over rows widened by the scalar references
+// (dequantize_reference for quantized weights): the reference matmul is tested against.
 void matmul_reference(const float* x, int64_t n, const WeightMatrix& w, float* y);
 
 }  // namespace slimkv

@@ -20,21 +20,20 @@ size_t aligned(size_t bytes) { return (bytes + kArenaAlignment - 1) / kArenaAlig
 // a BF16 checkpoint never needs an FP32 copy of itself); stops at the first non-ok Status.
 template <typename F>
 Status for_each_widened_slice(const WeightMatrix& w, F&& f) {
-  constexpr size_t kSlice = size_t(1) << 22;
-  const size_t count = size_t(w.rows) * size_t(w.cols), in_bytes = dtype_size_bytes(w.dtype);
+  const int64_t slice_rows = std::max<int64_t>(1, (int64_t(1) << 22) / w.cols);
   std::vector<float> wide;
-  for (size_t first = 0; first < count; first += kSlice) {
-    const size_t n = std::min(kSlice, count - first);
-    wide.resize(n);
-    widen_to_f32(static_cast<const uint8_t*>(w.data) + first * in_bytes, w.dtype, wide.data(), n);
-    SLIMKV_RETURN_IF_ERROR(f(first, wide.data(), n));
+  for (int64_t row = 0; row < w.rows; row += slice_rows) {
+    const int64_t count = std::min(slice_rows, w.rows - row);
+    wide.resize(size_t(count * w.cols));
+    widen_rows(w, row, count, wide.data());  // quantized GGUF weights are dequantized here
+    SLIMKV_RETURN_IF_ERROR(f(size_t(row * w.cols), wide.data(), wide.size()));
   }
   return Status::ok();
 }
 
 // Uploads `w` to `device` in `dtype`: as stored when the dtypes agree, else converted a slice at a time.
 Status upload_matrix(const WeightMatrix& w, DType dtype, void* device) {
-  if (w.dtype == dtype) return copy_to_device(device, w.data, size_t(w.rows) * size_t(w.cols) * dtype_size_bytes(dtype));
+  if (w.quant == BlockQuant::kNone && w.dtype == dtype) return copy_to_device(device, w.data, size_t(w.rows) * size_t(w.cols) * dtype_size_bytes(dtype));
   std::vector<uint16_t> narrow;
   return for_each_widened_slice(w, [&](size_t first, const float* wide, size_t n) {
     narrow.resize(n);

@@ -3,6 +3,7 @@
 #include <ctime>
 #include <system_error>
 
+#include "tensor/gguf.h"
 #include "tokenizer/chat/lexer.h"
 #include "tokenizer/chat/parser.h"
 #include "tokenizer/utf8.h"
@@ -87,7 +88,30 @@ std::tm local_now() {
 
 }  // namespace
 
+Expected<ChatTemplate> ChatTemplate::load_gguf(const std::string& path) {
+  SLIMKV_ASSIGN_OR_RETURN(const GgufFile file, GgufFile::open(path));
+  if (!file.find("tokenizer.chat_template")) {
+    return error(kNoChatTemplate, path, " has no tokenizer.chat_template; chat requests need one (send a prompt to ",
+                 "/v1/completions instead)");
+  }
+  SLIMKV_ASSIGN_OR_RETURN(std::string source, file.get_string("tokenizer.chat_template"));
+  // The special tokens' texts, when the file names them.
+  const auto token_text = [&](const std::string& key) -> std::optional<std::string> {
+    const GgufValue* id = file.find(key);
+    const GgufValue* tokens = file.find("tokenizer.ggml.tokens");
+    if (!id || !id->is_integer() || !tokens || id->integer < 0 || size_t(id->integer) >= tokens->texts.size()) {
+      return std::nullopt;
+    }
+    return tokens->texts[size_t(id->integer)];
+  };
+  Expected<ChatTemplate> loaded =
+      from_source(std::move(source), token_text("tokenizer.ggml.bos_token_id"), token_text("tokenizer.ggml.eos_token_id"));
+  if (!loaded) return error(kUnusableTemplate, path, " (tokenizer.chat_template): ", loaded.status().message());
+  return loaded;
+}
+
 Expected<ChatTemplate> ChatTemplate::load(const std::filesystem::path& model_dir) {
+  if (has_gguf_magic(model_dir.string())) return load_gguf(model_dir.string());
   std::error_code ignored;
   const std::filesystem::path jinja_path = model_dir / "chat_template.jinja";
   const std::filesystem::path config_path = model_dir / "tokenizer_config.json";

@@ -56,6 +56,8 @@ class ChatTemplate {
   // "default" is taken), else chat_template.json's; bos_token/eos_token (and unk/pad/sep/cls/mask,
   // all of which transformers hands the template) come from tokenizer_config.json, each a string or
   // an AddedToken {"content": ...}, when it has them.
+  // A GGUF file instead of a directory: its tokenizer.chat_template, with the texts of
+  // tokenizer.ggml.bos/eos_token_id as bos_token/eos_token.
   static Expected<ChatTemplate> load(const std::filesystem::path& model_dir);
 
   // A template from its text; the special tokens are the template's bos_token/eos_token variables
@@ -86,6 +88,7 @@ class ChatTemplate {
   void set_limits(const chat::RenderLimits& limits) { limits_ = limits; }
 
  private:
+  static Expected<ChatTemplate> load_gguf(const std::string& path);
   ChatTemplate() = default;
 
   std::string source_;
