@@ -47,21 +47,7 @@ struct Options {
   std::string csv;
 };
 
-struct Config {
-  int context = 0, batch = 0;
-};
-
-Expected<Config> parse_config(const std::string& text) {
-  const size_t x = text.find('x');
-  try {
-    if (x != std::string::npos) {
-      const Config c{std::stoi(text.substr(0, x)), std::stoi(text.substr(x + 1))};
-      if (c.context > 0 && c.batch > 0) return c;
-    }
-  } catch (const std::exception&) {
-  }
-  return error("'", text, "': expected CONTEXTxBATCH, e.g. 16384x4");
-}
+using Config = ContextBatch;
 
 struct Measured {
   double step_ms = 0;
@@ -125,17 +111,6 @@ void print_row(const std::string& shape, const Config& c, const char* variant, c
               m.gpu_extra_bytes / 1e9, m.host_bytes / 1e9);
 }
 
-// Resident dense fits when its KV, the weights and some room for activations do.
-Expected<bool> resident_fits(const ModelConfig& shape, const Config& c) {
-  SLIMKV_ASSIGN_OR_RETURN(size_t free_bytes, device_free_memory());
-  const double kv = double(c.batch) * (c.context + 64) * double(shape.num_layers) * 4.0 * double(shape.kv_dim());
-  const double weights = 2.0 * (double(shape.num_layers) * (double(shape.hidden_size) * (shape.q_dim() + 2 * shape.kv_dim() +
-                                                                                            shape.q_dim()) +
-                                                            3.0 * double(shape.hidden_size) * shape.intermediate_size) +
-                                2.0 * double(shape.vocab_size) * shape.hidden_size);
-  return kv + weights + 4e9 < double(free_bytes);
-}
-
 Status run(const Options& o) {
   SLIMKV_RETURN_IF_ERROR(device_usable());
   std::FILE* csv = o.csv.empty() ? nullptr : std::fopen(o.csv.c_str(), "w");
@@ -155,7 +130,7 @@ Status run(const Options& o) {
     kvpr.recompute = true;
     kvpr.split = -1;
     const auto compare = [&](const Config& c, bool sweep) -> Status {
-      SLIMKV_ASSIGN_OR_RETURN(bool fits, resident_fits(shape, c));
+      SLIMKV_ASSIGN_OR_RETURN(bool fits, resident_dense_fits(shape, c));
       Measured dense, row_streamed, row_recomputed;
       if (fits) {
         SLIMKV_ASSIGN_OR_RETURN(dense, measure(shape, c, std::nullopt, o));
@@ -206,12 +181,12 @@ Status run(const Options& o) {
       return Status::ok();
     };
     for (const std::string& text : o.configs) {
-      SLIMKV_ASSIGN_OR_RETURN(const Config c, parse_config(text));
+      SLIMKV_ASSIGN_OR_RETURN(const Config c, parse_context_batch(text));
       SLIMKV_RETURN_IF_ERROR(compare(c, false));
     }
     for (const std::string& text : o.sweep) {
       if (text.empty()) continue;  // --sweep "": none
-      SLIMKV_ASSIGN_OR_RETURN(const Config c, parse_config(text));
+      SLIMKV_ASSIGN_OR_RETURN(const Config c, parse_context_batch(text));
       SLIMKV_RETURN_IF_ERROR(compare(c, true));
     }
   }

@@ -36,21 +36,7 @@ struct Options {
   int steps = 4;
 };
 
-struct Config {
-  int context = 0, batch = 0;
-};
-
-Expected<Config> parse_config(const std::string& text) {
-  const size_t x = text.find('x');
-  try {
-    if (x != std::string::npos) {
-      const Config c{std::stoi(text.substr(0, x)), std::stoi(text.substr(x + 1))};
-      if (c.context > 0 && c.batch > 0) return c;
-    }
-  } catch (const std::exception&) {
-  }
-  return error("'", text, "': expected CONTEXTxBATCH, e.g. 32768x8");
-}
+using Config = ContextBatch;
 
 struct Measured {
   double step_ms = 0, link_bytes = 0, selected = 1;
@@ -99,22 +85,13 @@ Expected<Measured> measure(const ModelConfig& shape, const Config& c, CudaModelO
   return m;
 }
 
-Expected<bool> resident_fits(const ModelConfig& shape, const Config& c) {
-  SLIMKV_ASSIGN_OR_RETURN(size_t free_bytes, device_free_memory());
-  const double kv = double(c.batch) * (c.context + 64) * double(shape.num_layers) * 4.0 * double(shape.kv_dim());
-  const double weights = 2.0 * (double(shape.num_layers) * (double(shape.hidden_size) * (2.0 * shape.q_dim() + 2 * shape.kv_dim()) +
-                                                            3.0 * double(shape.hidden_size) * shape.intermediate_size) +
-                                2.0 * double(shape.vocab_size) * shape.hidden_size);
-  return kv + weights + 4e9 < double(free_bytes);
-}
-
 Status run(const Options& o) {
   SLIMKV_RETURN_IF_ERROR(device_usable());
   SLIMKV_ASSIGN_OR_RETURN(ModelConfig shape, random_shape(o.shape));
   // Random weights: positions past the shape's trained length are as good as any (a context of 128K
   // and the steps after it).
   for (const std::string& text : o.configs) {
-    SLIMKV_ASSIGN_OR_RETURN(const Config c, parse_config(text));
+    SLIMKV_ASSIGN_OR_RETURN(const Config c, parse_context_batch(text));
     shape.max_position_embeddings = std::max<decltype(shape.max_position_embeddings)>(shape.max_position_embeddings,
                                                                                        c.context + o.steps + 64);
   }
@@ -126,9 +103,9 @@ Status run(const Options& o) {
   std::printf("%7s %5s  %-22s %9s %11s %9s %11s %9s %10s %8s\n", "context", "batch", "variant", "ms/step", "vs offload",
               "selected", "PCIe MB/st", "GPU KV GB", "GPU KB/tok", "host GB");
   for (const std::string& text : o.configs) {
-    SLIMKV_ASSIGN_OR_RETURN(const Config c, parse_config(text));
+    SLIMKV_ASSIGN_OR_RETURN(const Config c, parse_context_batch(text));
     std::vector<std::pair<std::string, CudaModelOptions>> variants;
-    SLIMKV_ASSIGN_OR_RETURN(const bool fits, resident_fits(shape, c));
+    SLIMKV_ASSIGN_OR_RETURN(const bool fits, resident_dense_fits(shape, c));
     if (fits) variants.emplace_back("dense", CudaModelOptions{});
     CudaModelOptions offload, kvpr;
     offload.tier = KvTierOptions{false, 0, 1, 0, profile.link_bytes_per_s, profile.gemm_flops_per_s};

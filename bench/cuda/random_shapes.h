@@ -2,8 +2,10 @@
 // models' sizes without downloading them.
 #pragma once
 
+#include <exception>
 #include <string>
 
+#include "backend/cuda/device_memory.h"
 #include "model/model_config.h"
 #include "slimkv/status.h"
 
@@ -49,6 +51,33 @@ inline Expected<ModelConfig> random_shape(const std::string& name) {
   if (name == "llama3-8b") return llama3_8b_config();
   if (name == "llama2-7b") return llama2_7b_config();
   return error("random model shape '", name, "': known shapes are llama3-8b, llama2-7b");
+}
+
+// A benchmark configuration "CONTEXTxBATCH" (e.g. 32768x8): `batch` sequences of `context` tokens each.
+struct ContextBatch {
+  int context = 0, batch = 0;
+};
+
+inline Expected<ContextBatch> parse_context_batch(const std::string& text) {
+  const size_t x = text.find('x');
+  try {
+    if (x != std::string::npos) {
+      const ContextBatch c{std::stoi(text.substr(0, x)), std::stoi(text.substr(x + 1))};
+      if (c.context > 0 && c.batch > 0) return c;
+    }
+  } catch (const std::exception&) {
+  }
+  return error("'", text, "': expected CONTEXTxBATCH, e.g. 32768x8");
+}
+
+// Whether resident dense (FP16 weights and KV) fits the GPU's free memory with 4 GB left for activations.
+inline Expected<bool> resident_dense_fits(const ModelConfig& shape, const ContextBatch& c) {
+  SLIMKV_ASSIGN_OR_RETURN(size_t free_bytes, device_free_memory());
+  const double kv = double(c.batch) * (c.context + 64) * double(shape.num_layers) * 4.0 * double(shape.kv_dim());
+  const double weights = 2.0 * (double(shape.num_layers) * (double(shape.hidden_size) * (2.0 * shape.q_dim() + 2 * shape.kv_dim()) +
+                                                            3.0 * double(shape.hidden_size) * shape.intermediate_size) +
+                                2.0 * double(shape.vocab_size) * shape.hidden_size);
+  return kv + weights + 4e9 < double(free_bytes);
 }
 
 }  // namespace slimkv::cuda

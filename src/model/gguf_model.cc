@@ -248,6 +248,7 @@ Expected<ModelConfig> gguf_model_config(const GgufFile& file) {
   if (config.head_dim % 2 != 0) {
     return error(file.path(), ": the head size is ", config.head_dim, ", expected an even number (RoPE rotates pairs)");
   }
+  config.attention_scale = 1.0 / std::sqrt(double(config.head_dim));  // the llama/qwen2 families' softmax scale
   SLIMKV_ASSIGN_OR_RETURN(config.rms_norm_eps, file.get_real(prefix + "attention.layer_norm_rms_epsilon"));
   if (!(config.rms_norm_eps > 0.0)) {
     return error(file.path(), ": metadata '", prefix, "attention.layer_norm_rms_epsilon' is ", config.rms_norm_eps,
