@@ -25,15 +25,22 @@ Expected<json> parse_json_payload(const KvFrame& frame, size_t offset, const std
   return parsed;
 }
 
+bool is_receiver_error(const KvFrame& frame) {
+  return frame.type == KvFrameType::kRefuse || frame.type == KvFrameType::kFailed;
+}
+
+// A REFUSE or FAILED frame as an error quoting the receiver's reason.
+Status receiver_error(const KvFrame& frame, const std::string& where) {
+  Expected<json> body = parse_json_payload(frame, 0, where);
+  const std::string message = body && (*body)["error"].is_string() ? (*body)["error"].get<std::string>() : "no reason given";
+  return error(where, ": the receiver ", frame.type == KvFrameType::kRefuse ? "refused" : "failed", " the stream: ", message);
+}
+
 // An error unless `frame` is of the expected type, saying which came instead (a REFUSE or FAILED
 // quotes the receiver's error).
 Status check_frame_type(const KvFrame& frame, KvFrameType expected, const std::string& where) {
   if (frame.type == expected) return Status::ok();
-  if (frame.type == KvFrameType::kRefuse || frame.type == KvFrameType::kFailed) {
-    Expected<json> body = parse_json_payload(frame, 0, where);
-    const std::string message = body && (*body)["error"].is_string() ? (*body)["error"].get<std::string>() : "no reason given";
-    return error(where, ": the receiver ", frame.type == KvFrameType::kRefuse ? "refused" : "failed", " the stream: ", message);
-  }
+  if (is_receiver_error(frame)) return receiver_error(frame, where);
   return error(where, ": expected a ", kv_frame_type_name(expected), " frame, got ", kv_frame_type_name(frame.type));
 }
 
@@ -169,7 +176,14 @@ KvStreamSender::KvStreamSender(TcpConnection connection, const KvStreamIdentity&
       blocks_sent_(size_t(identity.num_layers), 0), early_blocks_(size_t(identity.num_layers)) {}
 
 Status KvStreamSender::send(KvFrameType type, std::span<const std::span<const uint8_t>> parts) {
-  SLIMKV_RETURN_IF_ERROR(write_kv_frame(connection_, type, parts, &bucket_, SteadyClock::now() + options_.io_timeout));
+  const Status written = write_kv_frame(connection_, type, parts, &bucket_, SteadyClock::now() + options_.io_timeout);
+  if (!written.is_ok()) {
+    // The receiver may have ended the stream with a reason (a head beyond its context, say) before
+    // closing: that reason says more than the broken pipe.
+    Expected<KvFrame> answer = read_kv_frame(connection_, SteadyClock::now() + std::chrono::seconds(1));
+    if (answer && is_receiver_error(*answer)) return receiver_error(*answer, str_cat("KV stream to ", connection_.peer()));
+    return written;
+  }
   bytes_sent_ += kKvFrameHeaderBytes;
   for (const auto& part : parts) bytes_sent_ += part.size();
   return Status::ok();
@@ -448,6 +462,8 @@ void KvStreamReceiver::receive(TcpConnection connection) {
   const std::span<const uint8_t> parts[] = {bytes_of(body)};
   (void)write_kv_frame(connection, answer_error.empty() ? KvFrameType::kDone : KvFrameType::kFailed, parts, nullptr,
                        SteadyClock::now() + options_.io_timeout);
+  // A stream failed midway leaves the sender's bytes unread: drain them so that the FAILED frame is read.
+  if (!answer_error.empty()) connection.close_after_drain(SteadyClock::now() + std::chrono::seconds(2));
 }
 
 Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& received, uint64_t& serial) {

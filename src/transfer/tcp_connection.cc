@@ -71,6 +71,18 @@ void TcpConnection::shutdown_write() {
   if (fd_ >= 0) ::shutdown(fd_, SHUT_WR);
 }
 
+void TcpConnection::close_after_drain(SteadyClock::time_point deadline) {
+  shutdown_write();
+  uint8_t discard[16384];
+  for (;;) {
+    const ssize_t got = ::recv(fd_, discard, sizeof discard, 0);
+    if (got > 0 || (got < 0 && errno == EINTR)) continue;
+    if (got == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) break;
+    if (!wait_ready(POLLIN, deadline, "draining", 0).is_ok()) break;
+  }
+  close();
+}
+
 void TcpConnection::close() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;

@@ -47,6 +47,10 @@ class TcpConnection {
   bool is_open() const { return fd_ >= 0; }
   // Ends this side's sending (the peer reads EOF) and keeps reading possible.
   void shutdown_write();
+  // Ends our side and reads the peer's bytes away until it closes or `deadline`: a close with unread
+  // bytes would reset the connection, and a reset can discard the answer just written before the peer
+  // reads it (the "lingering close" of HTTP servers).
+  void close_after_drain(SteadyClock::time_point deadline);
   void close();
 
  private:
