@@ -27,13 +27,14 @@ packages=(
   python3-pip python3-setuptools python3-wheel  # `pip install .` of the module, offline (pyproject.toml, setup.py)
   python3                  # scripts/check_layers.py (ctest), tests/eval_cli_test.sh
   python3-jinja2           # scripts/render_chat_fixtures.py (reference chat-template renderings)
-  python3-tqdm python3-torch  # scripts/gguf/make_fixtures.py: llama.cpp's converter (its progress bar, its tensors)
   python3-regex            # scripts/train/bpe.py (GPT-2 pre-tokenizer pattern): reference_cpu.py, build_corpus.py
   coreutils                # tests: mkfifo, timeout, mktemp
   python3-yaml             # tests/deploy/k8s_render_test.py reads kubectl kustomize's output
 )
-# Not from apt (Debian 12 has no packages): torch, transformers and tokenizers, used only to make
-# reference data (scripts/golden/, scripts/train/, bench/cuda/*.py): pip install torch transformers tokenizers.
+# Only for making reference data, not for building or testing (so not installed here; CI stays light):
+# apt-get install python3-torch python3-tqdm — PyTorch 1.13 for scripts/train/reference_cpu.py and kv_stats.py
+# (the plain FP32 reference) and llama.cpp's converter in scripts/gguf/make_fixtures.py. Not in Debian 12:
+# transformers and tokenizers (scripts/golden/, scripts/train/train.py, bench/cuda/*.py): pip install them.
 # kubectl (no Debian 12 package; tests/deploy/k8s_render_test.py is skipped without it) renders deploy/k8s.
 
 # apt on a machine that just booted often finds the dpkg lock held by unattended-upgrades: wait for it
