@@ -100,6 +100,9 @@ TEST(Evaluation, BadSettingsFailBeforeWork) {
   s.specs = {"dense", "hack:bits=5"};
   EXPECT_NE(message(s).find("hack:bits=5"), std::string::npos) << message(s);
   s = settings;
+  s.filler = "lorem";
+  EXPECT_NE(message(s).find("--filler must be text or classic, got 'lorem'"), std::string::npos) << message(s);
+  s = settings;
   s.context_tokens = 9000;  // the bundled model's context is 8192
   EXPECT_NE(message(s).find("--context 9000"), std::string::npos) << message(s);
   s = settings;
