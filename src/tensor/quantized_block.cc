@@ -266,20 +266,38 @@ void unpack_block_codes(const QuantizedBlockLayout& layout, const uint8_t* block
 
 void dequantize_block(const QuantizedBlockLayout& layout, const uint8_t* block, float* k, float* v) {
   const int tokens = layout.shape.block_tokens, k_dim = layout.shape.k_dim, v_dim = layout.shape.v_dim;
-  std::vector<uint8_t> k_codes(size_t(tokens) * k_dim), v_codes(size_t(tokens) * v_dim);
+  // The quant baseline calls this for every block at every decode step: buffers are reused, and each
+  // slot's FP16 min and scale (one per partition or group) are widened once, not once per value.
+  thread_local std::vector<uint8_t> k_codes, v_codes;
+  thread_local std::vector<float> k_min, k_scale, v_min, v_scale;
+  k_codes.resize(size_t(tokens) * k_dim);
+  v_codes.resize(size_t(tokens) * v_dim);
   unpack_block_codes(layout, block, k_codes.data(), v_codes.data());
+  const auto widen = [&](size_t mins, size_t scales, size_t slots, std::vector<float>& min, std::vector<float>& scale) {
+    min.resize(slots);
+    scale.resize(slots);
+    for (size_t i = 0; i < slots; ++i) {
+      min[i] = fp16_to_float(at<uint16_t>(block, mins)[i]);
+      scale[i] = fp16_to_float(at<uint16_t>(block, scales)[i]);
+    }
+  };
+  widen(layout.k_mins, layout.k_scales, layout.k_meta_slot(tokens - 1, k_dim - 1) + 1, k_min, k_scale);
+  widen(layout.v_mins, layout.v_scales, layout.v_meta_slot(tokens - 1, v_dim - 1) + 1, v_min, v_scale);
+  // In every layout a value's slot is a token's term plus a dimension's: slot(t, d) = slot(t, 0) + slot(0, d).
+  thread_local std::vector<size_t> k_column, v_column;
+  k_column.resize(size_t(k_dim));
+  v_column.resize(size_t(v_dim));
+  for (int d = 0; d < k_dim; ++d) k_column[size_t(d)] = layout.k_meta_slot(0, d);
+  for (int c = 0; c < v_dim; ++c) v_column[size_t(c)] = layout.v_meta_slot(0, c);
   for (int t = 0; t < tokens; ++t) {
+    const size_t k_row = layout.k_meta_slot(t, 0), v_row = layout.v_meta_slot(t, 0);
     for (int d = 0; d < k_dim; ++d) {
-      const size_t slot = layout.k_meta_slot(t, d);
-      const float min_value = fp16_to_float(at<uint16_t>(block, layout.k_mins)[slot]);
-      const float scale = fp16_to_float(at<uint16_t>(block, layout.k_scales)[slot]);
-      k[size_t(t) * k_dim + d] = min_value + scale * float(k_codes[size_t(t) * k_dim + d]);
+      const size_t slot = k_row + k_column[size_t(d)];
+      k[size_t(t) * k_dim + d] = k_min[slot] + k_scale[slot] * float(k_codes[size_t(t) * k_dim + d]);
     }
     for (int c = 0; c < v_dim; ++c) {
-      const size_t slot = layout.v_meta_slot(t, c);
-      const float min_value = fp16_to_float(at<uint16_t>(block, layout.v_mins)[slot]);
-      const float scale = fp16_to_float(at<uint16_t>(block, layout.v_scales)[slot]);
-      v[size_t(t) * v_dim + c] = min_value + scale * float(v_codes[size_t(t) * v_dim + c]);
+      const size_t slot = v_row + v_column[size_t(c)];
+      v[size_t(t) * v_dim + c] = v_min[slot] + v_scale[slot] * float(v_codes[size_t(t) * v_dim + c]);
     }
   }
 }
