@@ -25,6 +25,9 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--slimkv", default="build/release/slimkv")
     parser.add_argument("--max-windows", type=int, default=0, help="0: all")
+    parser.add_argument("--record", metavar="REFERENCE_JSON",
+                        help="also write the result beside the plain reference's (scripts/train/reference_cpu.py) "
+                             "of the same context and windows, as its slimkv_ppl (the model card reads it)")
     args = parser.parse_args()
     text = args.text or os.path.join(args.model, "heldout.txt")
     bos = json.load(open(os.path.join(args.model, "config.json")))["bos_token_id"]
@@ -49,8 +52,24 @@ def main():
             logp -= np.log(np.exp(logp).sum(1, keepdims=True))
             total_nll -= logp[np.arange(chunk), window[1:]].sum()
             count += chunk
+    ppl = float(np.exp(total_nll / count))
     print(json.dumps({"model": args.model, "kv": args.kv, "context": args.context, "windows": windows,
-                      "tokens": count, "ppl": float(np.exp(total_nll / count))}))
+                      "tokens": count, "ppl": ppl}))
+    if args.record:
+        record(args.record, args.context, windows, args.kv, ppl)
+
+
+def record(path, context, windows, kv, ppl):
+    with open(path) as f:
+        reference = json.load(f)
+    entry = reference.get("ppl_%d" % context)
+    if not entry or entry["windows"] != windows:
+        raise SystemExit("heldout_ppl: %s has no reference perplexity over %d windows of %d tokens to record beside"
+                         % (path, windows, context))
+    entry["slimkv_ppl"], entry["slimkv_kv"] = ppl, kv
+    with open(path, "w") as f:
+        json.dump(reference, f, indent=1)
+        f.write("\n")
 
 
 if __name__ == "__main__":

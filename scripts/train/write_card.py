@@ -1,243 +1,207 @@
 #!/usr/bin/env python3
-"""Write the model card (models/<name>/README.md) from what the GPU run measured.
+"""Write the model card (models/<name>/README.md) from what the runs measured.
 
-Reads <model-dir>/eval.json and config.json (written by train.py on the GPU machine) and
-scripts/corpus/manifest.json (written by build_corpus.py); adds the token counts to the manifest.
-Runs anywhere with plain Python 3 (no torch needed):
+Every number on the card comes from a file in the model folder: eval.json (train.py's run and its
+evaluation on the GPU), config.json, reference_cpu.json (scripts/train/reference_cpu.py: the plain FP32
+reference against slimkv) and kv_stats.json (scripts/train/kv_stats.py: per-layer KV statistics, this
+model first, then the models it is compared with). Plain Python 3, no torch:
 
-    python3 scripts/train/write_card.py --model-dir models/slimkv-llama-15m --gpu-minutes 13
+    python3 scripts/train/write_card.py --model-dir models/slimkv-llama-15m --gpu-calls 8 --trained 2026-11-26 \
+        --replaces "slimkv-llama-14m, which had learned its 26M-token corpus by heart (51 passes) ..."
 """
 import argparse
+import datetime
 import json
 import os
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-MANIFEST = os.path.join(HERE, "..", "corpus", "manifest.json")
+MANIFEST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "corpus", "manifest.json")
+TEXT_ORDER = ("heldout-split", "heldout-sources")
+LENGTHS = (1024, 2048, 4096, 8192)
 
 
-def table(grid, filler):
-    lengths = (1024, 2048, 3072, 4096)
-    depths = (0, 25, 50, 75, 100)
-    rows = ["| length \\ depth | " + " | ".join("%d%%" % d for d in depths) + " | mean |",
-            "|---" * (len(depths) + 2) + "|"]
-    for L in lengths:
-        cells = [grid["%s/%d/%d" % (filler, L, d)] for d in depths]
-        rows.append("| %d | " % L + " | ".join("%.2f" % c for c in cells) +
-                    " | %.2f |" % (sum(cells) / len(cells)))
-    return "\n".join(rows)
+def load(model_dir, name):
+    path = os.path.join(model_dir, name)
+    return json.load(open(path)) if os.path.exists(path) else None
 
 
-def reference_section(model_dir, p1, p4):
-    """Numbers from scripts/train/reference_cpu.py (no transformers), if they were recorded."""
-    path = os.path.join(model_dir, "reference_cpu.json")
-    if not os.path.exists(path):
+def perplexity_table(ev):
+    texts = sorted({k.split("/")[0] for k in ev["perplexity"]},
+                   key=lambda t: (TEXT_ORDER.index(t) if t in TEXT_ORDER else len(TEXT_ORDER), t))
+    contexts = sorted({int(k.split("/")[1]) for k in ev["perplexity"]})
+    rows = ["| text | " + " | ".join("%dK" % (c // 1024) for c in contexts) + " | tokens |",
+            "|---" * (len(contexts) + 2) + "|"]
+    for t in texts:
+        cells = [ev["perplexity"].get("%s/%d" % (t, c)) for c in contexts]
+        tokens = next(c["tokens"] for c in cells if c)
+        rows.append("| %s | " % t + " | ".join("%.2f" % c["ppl"] if c else "—" for c in cells) +
+                    " | %d |" % tokens)
+    return "\n".join(rows), contexts[0]
+
+
+def generalization_gap(ev, context):
+    sources = ev["perplexity"].get("heldout-sources/%d" % context)
+    split = ev["perplexity"].get("heldout-split/%d" % context)
+    if not (sources and split):
         return ""
-    ref = json.load(open(path))
-    rows = []
-    for key, hf in (("ppl_1024", p1), ("ppl_4096", p4)):
-        if key in ref:
-            r = ref[key]
-            rows.append("| %d | %d | %.4f | %.4f | %+.3f%% |" % (
-                r["context"], r["windows"], hf["ppl"], r["ppl"], 100 * (r["ppl"] / hf["ppl"] - 1)))
-    text = ("\nThe same perplexity from `scripts/train/reference_cpu.py` (a plain FP32 PyTorch forward "
-            "and a Python BPE encoder read from this folder, no transformers or tokenizers; it "
-            "encodes `heldout.txt` to the same %d tokens):\n\n"
-            "| context | windows | HF transformers (BF16) | reference (FP32) | difference |\n"
-            "|---|---|---|---|---|\n" % ref.get("heldout_tokens", 0)) + "\n".join(rows) + "\n"
-    if "passkey_prompt" in ref:
-        pk = ref["passkey_prompt"]
-        text += ("\n`passkey_prompt.txt` (%d tokens with BOS, key at %d%% depth in held-out text; "
-                 "`passkey_prompt.json` has the expected answer) is the retrieval demo for "
-                 "`make run`: the reference's greedy continuation is `%s`.\n" % (
-                     pk["prompt_tokens"], int(100 * pk["depth"]),
-                     pk["reference_greedy_continuation"].strip()))
-    return text
+    gap = sources["ppl"] / split["ppl"]
+    verdict = "met" if gap <= 1.5 else "not met"
+    return ("\nheld-out sources vs held-out split of the training sources at %dK: %.1fx (issue 27 asks "
+            "≤ 1.5x: %s).\n" % (context // 1024, gap, verdict))
+
+
+def passkey_table(ev):
+    """The worst cell over depths, per question placement, filler and length (strict match)."""
+    grid = ev.get("passkey_strict") or ev["passkey"]
+    combos = []
+    for key in grid:
+        question, filler = key.split("/")[:2]
+        if (question, filler) not in combos:
+            combos.append((question, filler))
+    lengths = sorted({int(k.split("/")[2]) for k in grid})
+    rows = ["| question | filler | " + " | ".join("%dK" % (n // 1024) for n in lengths) + " |",
+            "|---" * (len(lengths) + 2) + "|"]
+    for question, filler in combos:
+        worst = [min(v for k, v in grid.items() if k.startswith("%s/%s/%d/" % (question, filler, n)))
+                 for n in lengths]
+        rows.append("| %s | %s | " % (question, filler) + " | ".join("%.1f" % w for w in worst) + " |")
+    return "\n".join(rows), ev.get("passkey_trials_per_cell", 0)
+
+
+def reference_section(model_dir, ev):
+    ref = load(model_dir, "reference_cpu.json")
+    if not ref or "ppl_1024" not in ref:
+        return ""
+    r = ref["ppl_1024"]
+    hf = ev["perplexity"].get("heldout-sources/%d" % r["context"])
+    text = ("\n## slimkv against a plain reference\n\n"
+            "The first %d windows of %d tokens of `heldout.txt` (the card's protocol: consecutive windows of %d\n"
+            "tokens, BOS first): the plain reference (`scripts/train/reference_cpu.py ppl --windows %d --context %d`:\n"
+            "a Python BPE encoder read from `tokenizer.json` and an FP32 PyTorch forward, no transformers) gives\n"
+            "perplexity %.5f" % (r["windows"], r["context"], r["context"] - 1, r["windows"], r["context"], r["ppl"]))
+    if "slimkv_ppl" in r:
+        text += ("; slimkv (`scripts/heldout_ppl.py --model %s --context %d\n--max-windows %d`, dense) gives %.5f"
+                 % (model_dir, r["context"], r["windows"], r["slimkv_ppl"]))
+    text += ". Both encode the text to {:,} tokens.".format(ref.get("heldout_tokens", r["heldout_tokens"]))
+    if hf:
+        text += (" (The table above is\ntransformers' BF16 evaluation over all %d windows: %.2f.)"
+                 % (hf["windows"], hf["ppl"]))
+    return text + "\n"
+
+
+def kv_stats_section(model_dir):
+    stats = load(model_dir, "kv_stats.json")
+    if not stats:
+        return ""
+    names = [s["model"] for s in stats]
+    short = [n.rsplit("-", 1)[-1] for n in names]
+    layers = max(len(s["layers"]) for s in stats)
+    pair = lambda fmt, key, l: " / ".join(fmt % s["layers"][l][key] if l < len(s["layers"]) else "—"
+                                          for s in stats)
+    rows = ["| layer | K largest/median channel RMS (%s) | sink mass on token 0 (%s) | attention entropy / log(n) (%s) |"
+            % ((" / ".join(short),) * 3), "|---|---|---|---|"]
+    for l in range(layers):
+        rows.append("| %d | %s | %s | %s |" % (l, pair("%.2f", "k_outlier_ratio", l), pair("%.3f", "sink_mass", l),
+                                               pair("%.3f", "normalized_entropy", l)))
+    first = stats[0]
+    extremes = lambda s, key: (min(x[key] for x in s["layers"]), max(x[key] for x in s["layers"]))
+    lo, hi = extremes(first, "k_outlier_ratio")
+    sink_layer = max(range(len(first["layers"])), key=lambda l: first["layers"][l]["sink_mass"])
+    summary = ("K largest/median channel RMS %.1f–%.1f; the largest attention mass on token 0 is %.1f%% (layer %d)"
+               % (lo, hi, 100 * first["layers"][sink_layer]["sink_mass"], sink_layer))
+    for other in stats[1:]:
+        olo, ohi = extremes(other, "k_outlier_ratio")
+        summary += "; %s: K channel RMS ratio %.1f–%.1f, largest sink mass %.1f%%" % (
+            other["model"], olo, ohi, 100 * extremes(other, "sink_mass")[1])
+    return ("\n## KV statistics per layer (what the codecs see)\n\n"
+            "`scripts/train/kv_stats.py` (the plain FP32 reference, %d windows of %d tokens of `heldout.txt`, queries\n"
+            "and keys after the first %d positions; `kv_stats.json`)%s:\n\n"
+            "![K outlier channels, attention sink mass and attention entropy per layer](kv_stats.png)\n\n%s\n\n%s.\n\n"
+            "```sh\n/usr/bin/python3 scripts/train/kv_stats.py --models %s \\\n"
+            "    --text %s/heldout.txt --windows %d --context %d \\\n"
+            "    --json %s/kv_stats.json --plot %s/kv_stats.png\n```\n"
+            % (first["windows"], first["context"], first["skip"],
+               ", beside " + ", ".join(names[1:]) + " on the same text" if len(names) > 1 else "",
+               "\n".join(rows), summary, " ".join([model_dir] + ["OTHER_MODEL_DIR"] * (len(names) - 1)),
+               model_dir, first["windows"], first["context"], model_dir, model_dir))
+
+
+def files_section(model_dir, ev, cfg):
+    ref = load(model_dir, "reference_cpu.json") or {}
+    shards = sorted(f for f in os.listdir(model_dir) if f.startswith("model-") and f.endswith(".safetensors"))
+    lines = ["\n## Files\n",
+             "The weights in %d shards with their index, `tokenizer*.json`, `config.json`, `generation_config.json`," % len(shards),
+             "`eval.json` (every number of the training run), `train_log.csv` and `loss.png`, `run.log` (the trainer's",
+             "log), and for slimkv:"]
+    heldout = os.path.join(model_dir, "heldout.txt")
+    if os.path.exists(heldout):
+        sources = [k for k, v in json.load(open(MANIFEST))["sources"].items() if v.get("role") == "heldout"]
+        lines.append("- `heldout.txt`: the held-out-sources evaluation text (`scripts/corpus/`: %s;" % ", ".join(sources))
+        lines.append("  %.1f MB, {:,} tokens), what `slimkv eval` reads by default."
+                     .format(ev["perplexity"]["heldout-sources/%d" % LENGTHS[0]]["tokens"]) % (os.path.getsize(heldout) / 1e6))
+    pk = ref.get("passkey_prompt")
+    if pk:
+        lines.append("- `%s` (%d tokens with BOS, the key at %d%% depth in held-out text; `passkey_prompt.json`"
+                     % (pk["prompt_file"], pk["prompt_tokens"], round(100 * pk["depth"])))
+        lines.append("  has the expected answer \"%s\") is the retrieval demo of `make run`; the plain reference answers"
+                     % pk["expected_answer"])
+        lines.append("  \"%s\"." % pk["reference_greedy_continuation"])
+    if os.path.exists(os.path.join(model_dir, "zack.safetensors")):
+        lines.append("- `zack.safetensors`: ZACK's calibration (`slimkv calibrate`; docs/zack.md).")
+    if ref:
+        lines.append("- `reference_cpu.json`: the plain reference's results (above, and the pass-key answer).")
+    return "\n".join(lines) + "\n"
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model-dir", default="models/slimkv-llama-15m")
-    ap.add_argument("--gpu-minutes", type=float, required=True,
-                    help="GPU time spent on the run(s) that made this model, for the card")
-    ap.add_argument("--notes", default="", help="extra text for the 'Limitations' section")
+    ap.add_argument("--gpu-calls", type=int, required=True, help="GPU calls that fed the training run")
+    ap.add_argument("--trained", required=True, help="the day training ended (YYYY-MM-DD)")
+    ap.add_argument("--replaces", default="", help="the model this one replaced, and why (a sentence)")
+    ap.add_argument("--notes", default="", help="extra paragraphs after the evaluation")
     args = ap.parse_args()
-
-    ev = json.load(open(os.path.join(args.model_dir, "eval.json")))
-    cfg = json.load(open(os.path.join(args.model_dir, "config.json")))
-    manifest = json.load(open(MANIFEST))
-    corpus = ev["corpus"]
-    manifest["tokens"] = {"train": corpus["train_tokens"], "heldout": ev["heldout_tokens"],
-                          "train_bytes_per_token": round(corpus["train_bytes"] /
-                                                         corpus["train_tokens"], 3)}
-    manifest["tokenizer"] = "models/%s/tokenizer.json" % os.path.basename(
-        os.path.normpath(args.model_dir))
-    with open(MANIFEST, "w") as f:
-        json.dump(manifest, f, indent=1)
-        f.write("\n")
-
-    a, st = ev["args"], ev["train_state"]
-    name = os.path.basename(os.path.normpath(args.model_dir))
-    weight_bytes = sum(os.path.getsize(os.path.join(args.model_dir, f))
-                       for f in os.listdir(args.model_dir) if f.endswith(".safetensors"))
-    shards = sorted(f for f in os.listdir(args.model_dir) if f.endswith(".safetensors"))
-    sources = manifest["sources"]
-    src_rows = "\n".join("| %s | %d | %.2f |" % (k, v["documents"], v["bytes"] / 1e6)
-                         for k, v in sources.items() if v["documents"])
+    model_dir = os.path.normpath(args.model_dir)
+    ev = load(model_dir, "eval.json")
+    cfg = load(model_dir, "config.json")
+    if not ev or not cfg:
+        raise SystemExit("write_card: %s needs eval.json and config.json" % model_dir)
+    name = os.path.basename(model_dir)
+    a, st, corpus = ev["args"], ev["train_state"], ev["corpus"]
+    trained = datetime.date.fromisoformat(args.trained)
     rope = cfg.get("rope_theta") or cfg.get("rope_parameters", {}).get("rope_theta")
-    p1, p4 = ev["heldout_ppl_1024"], ev["heldout_ppl_4096"]
-    grid = ev["passkey"]
-    mean = lambda f: sum(v for k, v in grid.items() if k.startswith(f)) / 20
-    epochs = st["tokens"] / corpus["train_tokens"]
-    card = f"""# {name}
+    curriculum = " → ".join("%dK" % (int(p.split(":")[1]) // 1024) for p in a["curriculum"].split(","))
+    ppl, first_context = perplexity_table(ev)
+    passkey, trials = passkey_table(ev)
+    records = ev.get("records_lookup", {})
+    tied = "tied embeddings" if cfg.get("tie_word_embeddings") else "untied embeddings"
+    card = f"""# {name}: slimkv's bundled model
 
-slimkv's bundled model: a small Llama-architecture causal LM trained from scratch by slimkv's own
-committed recipe (`scripts/corpus/`, `scripts/train/`), so that KV-cache compression can be
-measured on a model whose attention has real structure (sinks, local heads, retrieval heads).
-It is a research fixture, not a useful assistant: {ev['parameters']/1e6:.1f}M parameters trained
-for {st['train_seconds'] if 'train_seconds' in st else st['elapsed_s']/60:.1f} minutes on one GPU.
+Trained {trained} on one {ev['gpu']} by `scripts/train/train.py` ({args.gpu_calls} GPU calls feeding the
+{len(corpus['shards'])} corpus parts of `scripts/corpus/build_corpus.py` while it trained; the plan and commands are in
+`scripts/train/README.md`).{(" It replaced " + args.replaces) if args.replaces else ""}
 
-## Files (Hugging Face layout)
-- `config.json` (`LlamaForCausalLM`), `generation_config.json`
-- {', '.join('`%s`' % s for s in shards)} + `model.safetensors.index.json`: BF16 weights,
-  sharded with `max_shard_size="15MB"` ({weight_bytes/1e6:.1f} MB in all; the LM head is tied to
-  the embedding and not stored separately)
-- `tokenizer.json`, `tokenizer_config.json`, `special_tokens_map.json`: byte-level BPE
-- `heldout.txt`: the held-out evaluation text ({manifest['heldout']['bytes']/1e6:.2f} MB,
-  {manifest['heldout']['documents']} documents, {ev['heldout_tokens']} tokens)
-- `train_log.csv`, `loss.png`: the training curve; `eval.json`: every number on this card
-
-## Architecture
 | | |
 |---|---|
-| class | `LlamaForCausalLM` (transformers {ev['transformers']}) |
-| parameters | {ev['parameters']:,} ({2*ev['parameters']/1e6:.1f} MB in BF16) |
-| layers | {cfg['num_hidden_layers']} |
-| hidden size | {cfg['hidden_size']} |
-| attention | {cfg['num_attention_heads']} query heads, {cfg['num_key_value_heads']} KV heads (GQA {cfg['num_attention_heads']//cfg['num_key_value_heads']}:1), head_dim {cfg['head_dim']} |
-| MLP | SwiGLU, intermediate size {cfg['intermediate_size']} |
-| positions | RoPE, theta {rope:g}, context {cfg['max_position_embeddings']} |
-| norm | RMSNorm, eps {cfg['rms_norm_eps']} |
-| vocabulary | {cfg['vocab_size']} (byte-level BPE), tied input/output embeddings |
-| KV per token | {2*cfg['num_hidden_layers']*cfg['num_key_value_heads']*cfg['head_dim']*2} bytes in BF16 ({cfg['num_hidden_layers']} layers x K,V x {cfg['num_key_value_heads']} heads x {cfg['head_dim']}) |
+| class | `{cfg['architectures'][0]}` (transformers {ev['transformers']}), {ev['parameters']:,} parameters, BF16, {tied} |
+| shape | {cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, {cfg['num_attention_heads']} query heads over {cfg['num_key_value_heads']} KV heads (head_dim {cfg['head_dim']}), SwiGLU {cfg['intermediate_size']} |
+| context | {cfg['max_position_embeddings']} (RoPE theta {rope:g}); curriculum {curriculum} |
+| vocabulary | {cfg['vocab_size']} byte-level BPE trained on part 00 of the corpus |
+| corpus | {corpus['tokens']/1e6:.1f}M distinct training tokens ({len(corpus['shards'])} parts, deduplicated; sources and licenses in `scripts/corpus/manifest.json`) |
+| trained | {st['tokens']/1e6:.0f}M tokens in {st['elapsed_s']/60:.1f} min ({st['synthetic_tokens']/1e6:.0f}M of them synthetic retrieval rows), ≤ {a['max_passes']:g} passes per part, step {st['step']} |
 
-Tokenizer: HF `tokenizers` BPE, pre-tokenizer = `Split` with Llama-3's regex (isolated) followed by
-`ByteLevel(add_prefix_space=False, use_regex=False)`, `ByteLevel` decoder; special tokens
-`<|begin_of_text|>` (id {cfg['bos_token_id']}, BOS), `<|end_of_text|>` (id {cfg['eos_token_id']}, EOS),
-`<|pad|>` (id {cfg.get('pad_token_id')}); a `TemplateProcessing` post-processor prepends BOS.
+## Perplexity (train.py's evaluation, transformers on the GPU)
 
-## Data
-Built by `scripts/corpus/build_corpus.py` from the English documentation and texts in the Debian 12
-packages listed in `scripts/corpus/packages.txt` (exact versions and .deb hashes in
-`scripts/corpus/manifest.json`): markup stripped, code blocks and tables dropped, paragraphs
-re-flowed, documents and paragraphs deduplicated, split by document into train (99%) and held-out
-(1%, capped at 2 MB).
+{ppl}
+{generalization_gap(ev, first_context)}
+## Pass key (strict match, {trials} trials per cell, the worst of depths 0/25/50/75/100%)
 
-| source | documents | MB |
-|---|---|---|
-{src_rows}
+{passkey}
 
-Train split: {manifest['train']['documents']} documents, {manifest['train']['bytes']/1e6:.1f} MB,
-**{corpus['train_tokens']/1e6:.1f}M tokens** ({corpus['train_bytes']/corpus['train_tokens']:.2f} bytes/token);
-{manifest['train']['xz_bytes']/1e6:.1f} MB as xz. Held-out: {ev['heldout_tokens']} tokens.
-
-Synthetic long-context retrieval samples are generated during training (seeded, `train.py`
-`SyntheticSamples`): a pass key hidden in filler (repeated "The grass is green..." sentences or
-natural text) at a random depth, with or without an instruction header and with the question
-before and/or after the context; 2-6 "special magic number" needles with 1-3 questions; key-value
-record lookup with 1-3 queries. About {a['synthetic_fraction']*100:.0f}% of rows start with one
-({100*st['synthetic_tokens']/st['tokens']:.0f}% of all training tokens).
-
-## Training
-- Objective: next-token cross-entropy on every position; rows are random windows of the packed
-  token stream (`[BOS] doc [EOS] [BOS] doc ...`, no cross-document masking).
-- Curriculum by wall-clock fraction: `{a['curriculum']}` (fraction:sequence length),
-  {a['tokens_per_step']} tokens per step.
-- AdamW (betas 0.9/0.95, weight decay {a['weight_decay']} on matrices), peak LR {a['lr']},
-  {a['warmup_steps']} warmup steps, constant, then cosine decay to {a['min_lr_ratio']}x over the
-  last {a['decay_fraction']*100:.0f}% of the time budget (warmup-stable-decay); grad clip 1.0;
-  BF16 autocast with FP32 master weights; SDPA attention; `torch.compile`: {st.get('compiled')}.
-- {st['step']} steps, {st['tokens']/1e6:.0f}M tokens ({epochs:.1f} passes over the train split,
-  synthetic rows included), {st['elapsed_s']/60:.1f} minutes of training on one {ev['gpu']}
-  (torch {ev['torch']}); the whole run (tokenizer, tokenization, training, export, evaluation)
-  took {ev['wall_seconds']/60:.1f} minutes. GPU time for this model in all: about
-  {args.gpu_minutes:.0f} minutes.
-
-![loss curve](loss.png)
-
-## Evaluation (HF transformers on the GPU, reloading this folder in BF16)
-Held-out perplexity. Protocol: encode `heldout.txt` as one string without special tokens, cut the
-ids into consecutive chunks of L-1 tokens (remainder dropped), prepend BOS to each, and take
-exp(mean NLL over all chunk tokens).
-
-| context L | windows | perplexity |
-|---|---|---|
-| 1024 | {p1['windows']} | **{p1['ppl']:.3f}** |
-| 4096 | {p4['windows']} | **{p4['ppl']:.3f}** |
-
-""" + reference_section(args.model_dir, p1, p4) + f"""
-slimkv's perplexity on the same text: to be added once the engine's `eval` exists (must agree
-within 0.5%).
-
-Pass-key retrieval, accuracy over {ev['passkey_trials_per_cell']} random 3-7 digit keys per cell
-(teacher-forced greedy check, equal to greedy decoding: the argmax at every token of " N" must
-reproduce the key). The prompt, `prompt + answer` = L tokens: instruction header, filler with
-"The pass key is N. Remember it. N is the pass key." at the given depth, then "What is the pass
-key? The pass key is".
-
-Filler = repeated "The grass is green. The sky is blue. ..." (mean {mean('classic'):.2f}):
-
-{table(grid, 'classic')}
-
-Filler = natural text taken from `heldout.txt` (mean {mean('natural'):.2f}):
-
-{table(grid, 'natural')}
-
-Strict accuracy (the number *and* the "." after it): mean
-{sum(ev['passkey_strict'].values())/len(ev['passkey_strict']):.2f}. The model usually ends its answer with
-`<|end_of_text|>` instead of "." — an off-by-one in the sample generator of the run that trained
-it cut the final "." of every synthetic sample before the EOS (fixed in `train.py` since). Greedy
-continuations at 50% depth:
-
-""" + "\n".join("- %s: expected `%s`, generated `%s`" % (k, v['expected'].strip(), v['generated'].strip())
-                for k, v in ev.get("passkey_samples", {}).items()) + f"""
-
-Greedy retrieval sample ({ev['retrieval_sample']['prompt_tokens']}-token natural-filler prompt):
-expected `{ev['retrieval_sample']['expected'].strip()}`, generated
-`{ev['retrieval_sample']['generated'].strip()!r}`.
-
-Greedy text samples (repetition penalty 1.1):
-""" + "\n".join("- *%s* ... %s" % (k, v.replace("\n", " ")) for k, v in
-                ev["generation_sample"].items()) + f"""
-
-## Reproduce
-On a Debian 12 machine (root, apt sources reachable):
-```
-nice python3 scripts/corpus/build_corpus.py --work .carry --heldout models/{name}/heldout.txt
-```
-On one CUDA GPU with torch, transformers, tokenizers, matplotlib (here: `{ev['gpu']}`):
-```
-python3 scripts/train/train.py --compile --corpus .carry/corpus/train.txt.xz \\
-    --heldout models/{name}/heldout.txt --model-dir models/{name} --work /root/slimkv_work \\
-    --train-minutes {a['train_minutes']:g} --tokenizer-max-bytes {a['tokenizer_max_bytes']}
-# a run cut short: the same command with --resume continues from /root/slimkv_work/ckpt.pt
-# the evaluation alone, on this folder (what produced the numbers above):
-python3 scripts/train/train.py --eval-only --model-dir models/{name} --heldout models/{name}/heldout.txt
-python3 scripts/train/write_card.py --model-dir models/{name} --gpu-minutes N
-```
-The data pipeline is deterministic; training on a GPU is not bit-exact (a wall-clock budget, not a
-step count, ends it, and kernels are non-deterministic), so a rerun gives a close, not identical, model.
-
-## Limitations
-- Tiny and briefly trained: text is locally fluent at best; do not expect knowledge or reasoning.
-- The corpus is technical documentation (Linux, Python, PostgreSQL, Perl, Debian...), a
-  dictionary (GCIDE), the KJV Bible and Jane Austen's novels: narrow English.
-- Retrieval was trained with the same templates the evaluation uses; it shows that retrieval
-  heads exist, not that the model generalises to other needle formats.
-{args.notes}
-"""
-    with open(os.path.join(args.model_dir, "README.md"), "w") as f:
+Key–value records lookup (strict): {json.dumps(records)}.
+{reference_section(model_dir, ev)}{kv_stats_section(model_dir)}{args.notes and chr(10) + args.notes + chr(10)}{files_section(model_dir, ev, cfg)}"""
+    with open(os.path.join(model_dir, "README.md"), "w") as f:
         f.write(card)
-    print("wrote %s/README.md" % args.model_dir)
+    print("wrote %s/README.md" % model_dir)
 
 
 if __name__ == "__main__":
