@@ -19,7 +19,7 @@ RELEASE := build/release
 # tables only (full debug info makes compiles and links slower; reports still name file and line).
 # -march=native: Highway then compiles each SIMD kernel for this machine's best target alone, the one its
 # runtime dispatch would pick anyway (a release build compiles four: AVX-512 VNNI, AVX-512, AVX2,
-# baseline); the sanitized tests run the same kernels for a quarter of their compile. Its binaries run
+# baseline); the sanitized tests run the same kernels for a quarter or less of their compile. Its binaries run
 # only on a CPU like this one: for fuzz binaries to carry elsewhere, configure a fresh build/sanitize with
 # `make test-asan SANITIZE_ARCH=`.
 SANITIZE := build/sanitize
