@@ -17,11 +17,11 @@ RELEASE := build/release
 # One sanitized build serves the ASan+UBSan tests and the fuzzers (one compile of the library, not two):
 # clang (libFuzzer), -O1 for the engine library and -O0 for the rest (CMakeLists.txt says why), line
 # tables only (full debug info makes compiles and links slower; reports still name file and line).
-# -march=native: Highway then compiles each SIMD kernel for this machine's best target alone, the one its
-# runtime dispatch would pick anyway (a release build compiles four: AVX-512 VNNI, AVX-512, AVX2,
-# baseline); the sanitized tests run the same kernels for a quarter or less of their compile. Its binaries run
-# only on a CPU like this one: for fuzz binaries to carry elsewhere, configure a fresh build/sanitize with
-# `make test-asan SANITIZE_ARCH=`.
+# -march=native: Highway then compiles each SIMD kernel for this machine's best target alone, the one
+# its runtime dispatch would pick anyway (a release build compiles four: AVX-512 VNNI, AVX-512, AVX2,
+# baseline); the sanitized tests run the same kernels for a quarter or less of their compile
+# (docs/testing.md, "CI time"). Its binaries run only on a CPU like this one: for fuzz binaries to
+# carry elsewhere, configure a fresh build/sanitize with `make test-asan SANITIZE_ARCH=`.
 SANITIZE := build/sanitize
 SANITIZE_ARCH ?= -march=native
 MODEL ?= models/slimkv-llama-15m
