@@ -1,6 +1,7 @@
-# The CUDA backend: src/*/cuda/* (in slimkv_core), its test binary slimkv_cuda_tests
-# (tests/cuda/*_test.cc, skipping when no GPU is usable) and bench/cuda/*.cc. Built when SLIMKV_CUDA is
-# ON, or AUTO and nvcc is found; never in sanitizer or fuzz builds.
+# The CUDA backend: src/*/cuda/* as the plugin libslimkv_cuda.so (opened on `--device cuda`:
+# engine/cuda_backend.h), its test binary slimkv_cuda_tests (tests/cuda/*_test.cc, skipping when no GPU
+# is usable) and bench/cuda/*.cc. Built when SLIMKV_CUDA is ON, or AUTO and nvcc is found; never in
+# sanitizer or fuzz builds.
 if(SLIMKV_CUDA STREQUAL "AUTO" AND (SLIMKV_SANITIZE OR SLIMKV_FUZZ))
   set(SLIMKV_CUDA OFF)
 endif()
@@ -37,24 +38,54 @@ if(CCACHE)
 endif()
 message(STATUS "slimkv: CUDA backend for architectures ${CMAKE_CUDA_ARCHITECTURES}")
 
-# The backend's sources join slimkv_core, so the engine (and through it the CLI, tests and benchmarks)
-# can run on the GPU; SLIMKV_HAVE_CUDA tells the engine that `--device cuda` is built in.
+# The backend's sources as a static library of position-independent code: linked into the plugin, and
+# directly into the CUDA tests and benchmarks (which call its kernels). The engine library, and with it
+# the CLI, server, tests and Python module, links no CUDA library: a CPU run maps neither the CUDA runtime
+# nor cuBLAS (docs/cuda.md, "The backend as a plugin").
 file(GLOB_RECURSE SLIMKV_CUDA_SOURCES CONFIGURE_DEPENDS src/*/cuda/*.cu src/*/cuda/*.cc)
-target_sources(slimkv_core PRIVATE ${SLIMKV_CUDA_SOURCES})
-target_compile_definitions(slimkv_core PUBLIC SLIMKV_HAVE_CUDA=1)
+list(FILTER SLIMKV_CUDA_SOURCES EXCLUDE REGEX "src/engine/cuda/cuda_plugin.cc$")
+add_library(slimkv_cuda_backend STATIC ${SLIMKV_CUDA_SOURCES})
 # CMake 3.25 knows no C++20 flag for nvcc (it would take CUDA_STANDARD from CXX_STANDARD 20 and
 # fail): .cu files, and the headers they include, are C++17.
-# slimkv_core was made before the CUDA language was enabled: its architectures are set here.
-set_target_properties(slimkv_core PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON
-                      CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}")
-target_compile_options(slimkv_core PRIVATE
+set_target_properties(slimkv_cuda_backend PROPERTIES POSITION_INDEPENDENT_CODE ON CUDA_STANDARD 17
+                      CUDA_STANDARD_REQUIRED ON CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}")
+target_compile_options(slimkv_cuda_backend PRIVATE
   $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>
   $<$<AND:$<COMPILE_LANGUAGE:CUDA>,$<BOOL:${SLIMKV_WERROR}>>:-Werror=all-warnings>)
-target_link_libraries(slimkv_core PUBLIC CUDA::cudart_static CUDA::cublas)
+target_link_libraries(slimkv_cuda_backend PUBLIC slimkv_core CUDA::cudart_static CUDA::cublas)
+
+# The plugin and the engine's loader share a tag made once per build folder: the engine opens only the
+# plugin of its own build (they share C++ types by layout). Defined on these two files alone.
+if(NOT SLIMKV_CUDA_PLUGIN_TAG)
+  string(RANDOM LENGTH 16 ALPHABET 0123456789abcdef tag)
+  set(SLIMKV_CUDA_PLUGIN_TAG "${PROJECT_VERSION}-${tag}" CACHE INTERNAL "the CUDA plugin's build tag")
+endif()
+set_source_files_properties(${CMAKE_SOURCE_DIR}/src/engine/cuda_backend.cc ${CMAKE_SOURCE_DIR}/src/engine/cuda/cuda_plugin.cc
+                            PROPERTIES COMPILE_DEFINITIONS "SLIMKV_CUDA_PLUGIN_TAG=\"${SLIMKV_CUDA_PLUGIN_TAG}\"")
+# The plugin (a MODULE: only ever dlopen'ed) holds its own copy of what it uses of the engine library;
+# only its entry is exported (hidden visibility, and none of the static libraries' symbols), so nothing
+# in it interposes on the program's copy.
+add_library(slimkv_cuda MODULE src/engine/cuda/cuda_plugin.cc)
+target_link_libraries(slimkv_cuda PRIVATE slimkv_cuda_backend)
+set_target_properties(slimkv_cuda PROPERTIES CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON
+                      LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR})
+target_link_options(slimkv_cuda PRIVATE -Wl,--exclude-libs,ALL -Wl,--no-undefined)
+# Whatever can run `--device cuda` is rebuilt with its plugin, so the two never come from different sources.
+foreach(user slimkv slimkv_python)
+  if(TARGET ${user})
+    add_dependencies(${user} slimkv_cuda)
+  endif()
+endforeach()
+if(TARGET slimkv_python)  # the module looks beside itself (build/python/)
+  add_custom_command(TARGET slimkv_cuda POST_BUILD
+                     COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/python
+                     COMMAND ${CMAKE_COMMAND} -E copy_if_different $<TARGET_FILE:slimkv_cuda> ${CMAKE_BINARY_DIR}/python/)
+endif()
 
 file(GLOB SLIMKV_CUDA_TEST_SOURCES CONFIGURE_DEPENDS tests/cuda/*_test.cc)
 add_executable(slimkv_cuda_tests ${SLIMKV_CUDA_TEST_SOURCES})
-target_link_libraries(slimkv_cuda_tests PRIVATE slimkv_core GTest::gtest GTest::gtest_main)
+target_link_libraries(slimkv_cuda_tests PRIVATE slimkv_cuda_backend GTest::gtest GTest::gtest_main)
+add_dependencies(slimkv_cuda_tests slimkv_cuda)  # its engine tests open the plugin
 target_include_directories(slimkv_cuda_tests PRIVATE tests)
 target_compile_definitions(slimkv_cuda_tests PRIVATE SLIMKV_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 gtest_discover_tests(slimkv_cuda_tests DISCOVERY_TIMEOUT 60)
@@ -64,6 +95,7 @@ if(SLIMKV_BENCH)
   foreach(src ${SLIMKV_CUDA_BENCH_SOURCES})
     get_filename_component(name ${src} NAME_WE)
     add_executable(${name} ${src})
-    target_link_libraries(${name} PRIVATE slimkv_core CLI11::CLI11)
+    target_link_libraries(${name} PRIVATE slimkv_cuda_backend CLI11::CLI11)
+    add_dependencies(${name} slimkv_cuda)
   endforeach()
 endif()

@@ -62,8 +62,8 @@ class DeviceModel {
 Expected<std::unique_ptr<DeviceModel>> make_cpu_model(const LlamaModel& model, const KvPipeline& pipeline,
                                                       const EngineConfig& config, ThreadPool& pool);
 
-// The CUDA backend's (defined only in builds with it: the engine asks under SLIMKV_HAVE_CUDA). An
-// error names what of the KV pipeline the GPU does not run yet.
+// The CUDA backend's, defined in its plugin libslimkv_cuda.so (the engine reaches it through
+// engine/cuda_backend.h). An error names what of the KV pipeline the GPU does not run yet.
 Expected<std::unique_ptr<DeviceModel>> load_cuda_model(const LlamaModel& model, const KvPipeline& pipeline,
                                                        const EngineConfig& config);
 

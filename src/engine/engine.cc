@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/cuda_backend.h"
 #include "engine/device_model.h"
 #include "engine/kv_layer_stream.h"
 #include "kv/kv_factory.h"
@@ -103,12 +104,7 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
   SLIMKV_ASSIGN_OR_RETURN(engine->identity_, engine->model_->identity());
   engine->pool_ = config.pool ? config.pool : std::make_shared<ThreadPool>(threads);
   if (config.device == "cuda") {
-#ifdef SLIMKV_HAVE_CUDA
-    SLIMKV_ASSIGN_OR_RETURN(engine->device_, load_cuda_model(*engine->model_, *engine->pipeline_, config));
-#else
-    return error("device 'cuda': this build has no CUDA backend (nvcc was not found when it was configured; ",
-                 "install the CUDA toolkit and rebuild, or configure with -DSLIMKV_CUDA=ON to insist)");
-#endif
+    SLIMKV_ASSIGN_OR_RETURN(engine->device_, open_cuda_model(*engine->model_, *engine->pipeline_, config));
   } else {
     SLIMKV_ASSIGN_OR_RETURN(engine->device_, make_cpu_model(*engine->model_, *engine->pipeline_, config, *engine->pool_));
   }

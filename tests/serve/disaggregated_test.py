@@ -134,7 +134,13 @@ def check_mismatch(failures):
 
 def main():
     failures = []
-    for spec in ["dense", "hack:bits=4", "hack:bits=2,pi=64"]:
+    # Under ASan (ctest sets SLIMKV_SANITIZED) dense and 2-bit: hack:bits=4 crosses the same transfer code
+    # with another codec's blocks (KvTransfer.RoundTripIsLosslessForEveryCodecAndLength checks every codec
+    # under ASan); all three run in the release build.
+    specs = ["dense", "hack:bits=4", "hack:bits=2,pi=64"]
+    if os.environ.get("SLIMKV_SANITIZED"):
+        specs.remove("hack:bits=4")
+    for spec in specs:
         check_spec(spec, failures)
     check_mismatch(failures)
     for failure in failures:

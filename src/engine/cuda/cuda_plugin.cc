@@ -1,0 +1,12 @@
+// The one exported symbol of libslimkv_cuda.so (engine/cuda_backend.h): the build's tag, for the engine
+// to refuse a plugin of another build, and the backend's device model.
+#include "engine/cuda_backend.h"
+
+#ifndef SLIMKV_CUDA_PLUGIN_TAG
+#error "cmake/cuda.cmake defines SLIMKV_CUDA_PLUGIN_TAG for the plugin and the engine's loader"
+#endif
+
+extern "C" __attribute__((visibility("default"))) const slimkv::CudaPlugin* slimkv_cuda_plugin() {
+  static const slimkv::CudaPlugin plugin{SLIMKV_CUDA_PLUGIN_TAG, &slimkv::load_cuda_model};
+  return &plugin;
+}
