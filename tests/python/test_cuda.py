@@ -67,7 +67,7 @@ def test_a_cuda_session_equals_the_cpu_one_within_fp16(gpu, engine, heldout_ids)
                 assert relative_l2(x, y) < 2e-2
     # A host copy: the session's next token changes the GPU, not what was read; a new read has it.
     head = kv[0, 0]
-    session.decode(ids[150])
+    session.decode(heldout_ids[150])
     assert head.open_tokens == 22 and session.kv[0, 0].open_tokens == 23
     assert head.last_selection() is None  # no selector: every token
     with pytest.raises(slimkv.Error):
