@@ -174,6 +174,7 @@ class Engine {
   // Frees the sequence's KV blocks; an unknown id is an error.
   Status remove_sequence(SequenceId sequence);
   Expected<int> num_tokens(SequenceId sequence) const;
+  int num_sequences() const { return int(sequences_.size()); }  // held now (at most max_sequences)
 
   // Runs every item's tokens through the model in one pass (items name distinct sequences; at most
   // prefill_chunk_tokens rows together). Everything is checked first — ids, vocabulary, context, the

@@ -38,6 +38,10 @@ struct EvalSettings {
 
 std::vector<std::string> eval_task_names();
 
+// `slimkv eval --samples`' text into settings.samples and settings.task_samples: "N" for every task,
+// "task=N" for one, or a comma-separated mix ("2,ppl=8"). Errors name the item that is neither.
+Status parse_eval_samples(const std::string& text, EvalSettings& settings);
+
 struct EvalSubject {
   std::string spec;  // as written
   std::unique_ptr<Engine> engine;

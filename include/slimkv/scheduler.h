@@ -110,8 +110,13 @@ enum class ShutdownMode {
 
 class Scheduler {
  public:
-  // Starts the thread. The engine must hold no sequences.
+  // Starts the thread on an engine of its own.
   static Expected<std::unique_ptr<Scheduler>> start(std::unique_ptr<Engine> engine, SchedulerConfig config = {});
+  // Starts the thread on an engine the caller keeps (a library's batched generate() beside its open
+  // sessions): the engine must outlive the scheduler, and nobody else may drive it meanwhile. Either way
+  // the scheduler runs on what the engine has free at its start — sequences (max_sequences minus those
+  // held) and KV blocks — and leaves the sequences already held as they are. Errors: none is free.
+  static Expected<std::unique_ptr<Scheduler>> start(Engine& engine, SchedulerConfig config = {});
   ~Scheduler();  // shutdown(kCancelAll) unless already shut down
 
   // Checks the request (Generation::start: errors name the field), and that its prompt can ever fit the
@@ -125,15 +130,17 @@ class Scheduler {
 
   SchedulerStats stats() const;
   // The loaded engine, for what is safe from any thread (tokenizer, model_config, config, ...).
-  const Engine& engine() const { return *engine_; }
+  const Engine& engine() const { return engine_; }
 
   // Stops accepting, then finishes or cancels what was accepted and joins the thread. Idempotent.
   void shutdown(ShutdownMode mode);
 
  private:
   struct Impl;  // the thread, the queues and the requests (src/engine/scheduler.cc)
-  explicit Scheduler(std::unique_ptr<Engine> engine);
-  std::unique_ptr<Engine> engine_;
+  Scheduler(std::unique_ptr<Engine> owned_engine, Engine& engine);
+  static Expected<std::unique_ptr<Scheduler>> launch(std::unique_ptr<Scheduler> scheduler, SchedulerConfig config);
+  std::unique_ptr<Engine> owned_engine_;  // nullptr: the caller keeps it
+  Engine& engine_;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -149,10 +149,13 @@ struct Scheduler::Impl {
   using RequestPtr = std::unique_ptr<Request>;
 
   Impl(Engine& engine_, SchedulerConfig config_) : engine(engine_), config(config_) {
-    max_running = config.max_running > 0 ? std::min(config.max_running, engine.config().max_sequences)
-                                         : engine.config().max_sequences;
+    const int free_sequences = engine.config().max_sequences - engine.num_sequences();
+    max_running = config.max_running > 0 ? std::min(config.max_running, free_sequences) : free_sequences;
     step_tokens = engine.config().prefill_chunk_tokens;
     budget_at_start = engine.kv_budget();
+    // The blocks of sequences held before the start are not the scheduler's: to its plans the whole
+    // budget is what was free then (what the engine reports as free stays exact).
+    budget_at_start.total_blocks = budget_at_start.free_blocks;
     local.kv = budget_at_start;
     local.time_to_first_token = first_token_histogram();
     local.inter_token_latency = inter_token_histogram();
@@ -164,7 +167,7 @@ struct Scheduler::Impl {
   const SchedulerConfig config;
   int max_running = 1;
   int64_t step_tokens = 1;
-  KvBudget budget_at_start;  // total_blocks and block_tokens never change: submit() checks against them
+  KvBudget budget_at_start;  // total_blocks (the scheduler's) and block_tokens never change: submit() checks against them
 
   // Shared with submitting threads, under `mutex`.
   mutable std::mutex mutex;
@@ -260,7 +263,9 @@ void Scheduler::Impl::step_once() {
   std::vector<PlannedRequest> running_view, waiting_view;
   for (const RequestPtr& request : running) running_view.push_back(request->planned());
   for (const RequestPtr& request : waiting) waiting_view.push_back(request->planned());
-  const StepPlan plan = plan_step(running_view, waiting_view, engine.kv_budget(), step_tokens, max_running);
+  KvBudget budget = engine.kv_budget();
+  budget.total_blocks = budget_at_start.total_blocks;
+  const StepPlan plan = plan_step(running_view, waiting_view, budget, step_tokens, max_running);
 
   // Resolve the plan's indices to requests before anything moves.
   struct Scheduled {
@@ -437,15 +442,30 @@ void Scheduler::Impl::publish() {
 // Scheduler
 // ---------------------------------------------------------------------------------------------------
 
-Scheduler::Scheduler(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {}
+Scheduler::Scheduler(std::unique_ptr<Engine> owned_engine, Engine& engine)
+    : owned_engine_(std::move(owned_engine)), engine_(engine) {}
 
 Expected<std::unique_ptr<Scheduler>> Scheduler::start(std::unique_ptr<Engine> engine, SchedulerConfig config) {
   if (!engine) return error("Scheduler::start: no engine");
-  if (engine->kv_budget().free_blocks != engine->kv_budget().total_blocks) {
-    return error("Scheduler::start: the engine already holds sequences; a scheduler needs all of its KV budget");
+  Engine& kept = *engine;
+  return launch(std::unique_ptr<Scheduler>(new Scheduler(std::move(engine), kept)), config);
+}
+
+Expected<std::unique_ptr<Scheduler>> Scheduler::start(Engine& engine, SchedulerConfig config) {
+  return launch(std::unique_ptr<Scheduler>(new Scheduler(nullptr, engine)), config);
+}
+
+Expected<std::unique_ptr<Scheduler>> Scheduler::launch(std::unique_ptr<Scheduler> scheduler, SchedulerConfig config) {
+  const Engine& engine = scheduler->engine_;
+  if (engine.num_sequences() >= engine.config().max_sequences) {
+    return error("Scheduler::start: the engine holds all of its max_sequences (", engine.config().max_sequences,
+                 ") sequences: none is free to run requests on (close a session, or load it with more)");
   }
-  std::unique_ptr<Scheduler> scheduler(new Scheduler(std::move(engine)));
-  scheduler->impl_ = std::make_unique<Impl>(*scheduler->engine_, config);
+  if (engine.kv_budget().free_blocks == 0) {
+    return error("Scheduler::start: the sequences the engine holds take all of its ", engine.kv_budget().total_blocks,
+                 " KV blocks: none is free to run requests on");
+  }
+  scheduler->impl_ = std::make_unique<Impl>(scheduler->engine_, config);
   Impl* impl = scheduler->impl_.get();
   impl->thread = std::thread([impl] { impl->run(); });
   return scheduler;
@@ -455,7 +475,7 @@ Scheduler::~Scheduler() { shutdown(ShutdownMode::kCancelAll); }
 
 Expected<RequestId> Scheduler::submit(GenerationRequest request, UpdateCallback on_update, SubmitOptions options) {
   const int64_t prompt_tokens = int64_t(request.prompt.size());
-  SLIMKV_ASSIGN_OR_RETURN(Generation generation, Generation::start(*engine_, std::move(request)));
+  SLIMKV_ASSIGN_OR_RETURN(Generation generation, Generation::start(engine_, std::move(request)));
   // A resumed request: its generation state as it was where it began, the last token's delta kept.
   std::optional<Generation::Delta> resumed;
   if (options.resume) {
@@ -465,21 +485,21 @@ Expected<RequestId> Scheduler::submit(GenerationRequest request, UpdateCallback 
       if (generation.finished()) {
         return error("resume: the request already ended at generated token ", i - 1, " of ", generated.size());
       }
-      if (generated[i] < 0 || generated[i] >= engine_->vocab_size()) {
+      if (generated[i] < 0 || generated[i] >= engine_.vocab_size()) {
         return error("resume: generated token ", i, " is ", generated[i], ", not an id of the vocabulary [0, ",
-                     engine_->vocab_size(), ")");
+                     engine_.vocab_size(), ")");
       }
       resumed = generation.accept(generated[i]);
     }
   }
   const int64_t held_tokens = prompt_tokens + (options.resume ? int64_t(options.resume->generated.size()) - 1 : 0) +
                               int64_t(options.forced_tokens.size());
-  if (!options.forced_tokens.empty() && held_tokens + 1 > engine_->context_tokens()) {
+  if (!options.forced_tokens.empty() && held_tokens + 1 > engine_.context_tokens()) {
     return error("prompt: ", prompt_tokens, " tokens and ", options.forced_tokens.size(), " resumed ones leave no room in the ",
-                 engine_->context_tokens(), "-token context");
+                 engine_.context_tokens(), "-token context");
   }
   for (size_t i = 0; i < options.forced_tokens.size(); ++i) {
-    if (options.forced_tokens[i] < 0 || options.forced_tokens[i] >= engine_->vocab_size()) {
+    if (options.forced_tokens[i] < 0 || options.forced_tokens[i] >= engine_.vocab_size()) {
       return error("forced token ", i, " is ", options.forced_tokens[i], ", not an id of the vocabulary");
     }
   }

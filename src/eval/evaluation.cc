@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
+#include <string>
 
 #include "eval/plots.h"
 #include "eval/retrieval_prompts.h"
@@ -67,6 +69,33 @@ std::vector<std::string> eval_task_names() {
   std::vector<std::string> names;
   for (const TaskInfo& task : kTasks) names.emplace_back(task.name);
   return names;
+}
+
+Status parse_eval_samples(const std::string& text, EvalSettings& settings) {
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    start = comma + 1;
+    const size_t equals = item.find('=');
+    const std::string number = equals == std::string::npos ? item : item.substr(equals + 1);
+    size_t used = 0;
+    int count = -1;
+    try {
+      count = std::stoi(number, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != number.size() || count < 0) {
+      return error("'", item, "' is not N or task=N with N a non-negative integer");
+    }
+    if (equals == std::string::npos) {
+      settings.samples = count;
+    } else {
+      settings.task_samples[item.substr(0, equals)] = count;
+    }
+  }
+  return Status::ok();
 }
 
 std::vector<int32_t> EvalContext::text_prefix(int n) const {

@@ -1,5 +1,5 @@
-// slimkv.Engine: load, generate (the engine's generation loop, one request after another), stream,
-// the tokenizer and the chat template.
+// slimkv.Engine: load, generate (prompts batched by the scheduler), stream (one request by the engine's
+// generation loop), the tokenizer and the chat template.
 #include <condition_variable>
 #include <deque>
 #include <optional>
@@ -10,6 +10,7 @@
 
 #include "python/binding.h"
 #include "slimkv/generation.h"
+#include "slimkv/scheduler.h"
 #include "slimkv/tokenizer.h"
 
 namespace slimkv::python {
@@ -22,6 +23,7 @@ struct GenerationOutput {
   std::string text;
   std::vector<int32_t> token_ids;
   std::string finish_reason;  // "stop" or "length" (OpenAI's words)
+  std::string error;          // the engine's, when it failed the request (raised, never shown)
 };
 
 // Sampling keywords as the CLI takes them: None means generation_config.json's value, else greedy / no
@@ -70,29 +72,43 @@ Status run_request(Engine& engine, Generation& generation, const std::function<b
   return status;
 }
 
+// engine.generate(prompts): every prompt through the server's scheduler on this engine (continuous
+// batching: the prompts' steps run together, each output as the prompt would give alone), on the
+// sequences and KV blocks the engine's open sessions leave free.
 std::vector<GenerationOutput> generate_all(EngineHandle& handle, const std::vector<std::string>& prompts,
                                            const SamplingKeywords& keywords) {
-  std::vector<Generation> generations;
-  for (const std::string& prompt : prompts) {
-    generations.push_back(value_or_throw(Generation::start(*handle.engine, make_request(*handle.engine, prompt, keywords))));
+  // Errors name the prompt among several as Python indexes it.
+  const auto which = [&](size_t i) { return "prompts[" + std::to_string(i) + "]"; };
+  std::vector<GenerationRequest> requests;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    requests.push_back(make_request(*handle.engine, prompts[i], keywords));
+    // Every request checked before any runs (the scheduler checks again as each is submitted).
+    const Status checked = Generation::start(*handle.engine, requests.back()).status();
+    throw_if_error(prompts.size() > 1 ? checked.with_context(which(i)) : checked);
   }
   std::vector<GenerationOutput> outputs(prompts.size());
   {
     py::gil_scoped_release release;
     std::lock_guard lock(handle.mutex);
-    for (size_t i = 0; i < generations.size(); ++i) {
-      std::string& text = outputs[i].text;
-      throw_if_error(run_request(*handle.engine, generations[i], [&](const Generation::Delta& delta) {
-        text += delta.text;
-        return true;
-      }).with_context("prompt " + std::to_string(i)));
+    std::unique_ptr<Scheduler> scheduler = value_or_throw(Scheduler::start(*handle.engine));
+    for (size_t i = 0; i < requests.size(); ++i) {
+      // Updates of one request come in order on the scheduler's thread, and outputs[i] is read only
+      // after shutdown() has joined it.
+      GenerationOutput& output = outputs[i];
+      const Expected<RequestId> submitted = scheduler->submit(requests[i], [&output](const RequestUpdate& update) {
+        output.text += update.text;
+        output.token_ids.insert(output.token_ids.end(), update.token_ids.begin(), update.token_ids.end());
+        if (update.finish) output.finish_reason = finish_reason_name(*update.finish);
+        if (!update.error.empty()) output.error = update.error;
+      });
+      throw_if_error(prompts.size() > 1 ? submitted.status().with_context(which(i)) : submitted.status());
     }
+    scheduler->shutdown(ShutdownMode::kFinishAccepted);  // returns when every request has ended
   }
-  for (size_t i = 0; i < generations.size(); ++i) {
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!outputs[i].error.empty()) throw EngineError(which(i) + ": " + outputs[i].error);
     outputs[i].prompt = prompts[i];
-    outputs[i].prompt_token_ids = generations[i].request().prompt;
-    outputs[i].token_ids = generations[i].generated();
-    outputs[i].finish_reason = finish_reason_name(*generations[i].finish_reason());
+    outputs[i].prompt_token_ids = requests[i].prompt;
   }
   return outputs;
 }
@@ -234,8 +250,9 @@ void bind_engine(py::module_& module) {
            py::arg("prompts"), py::kw_only(), py::arg("max_tokens") = 16, py::arg("temperature") = py::none(),
            py::arg("top_p") = py::none(), py::arg("top_k") = py::none(), py::arg("seed") = 0,
            py::arg("stop") = py::none(), py::arg("ignore_eos") = false,
-           "Generates a continuation of each prompt (str or list of str); returns a list of GenerationOutput. "
-           "temperature/top_p/top_k None: generation_config.json's, else greedy / no limit.")
+           "Generates a continuation of each prompt (str or list of str), the prompts batched together (each "
+           "output equals the prompt's alone); returns a list of GenerationOutput. temperature/top_p/top_k "
+           "None: generation_config.json's, else greedy / no limit.")
       .def("stream",
            [keywords](const std::shared_ptr<EngineHandle>& handle, const std::string& prompt, int max_tokens,
                       std::optional<float> temperature, std::optional<float> top_p, std::optional<int> top_k,

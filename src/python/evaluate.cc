@@ -28,6 +28,27 @@ std::vector<std::string> as_list(const std::variant<std::string, std::vector<std
   return items;
 }
 
+// samples as `slimkv eval --samples` takes it (an int, {task: int}, or the CLI's own text such as "2,ppl=8"
+// for a default and per-task counts), read by the CLI's parser: the same rules and messages.
+using SamplesArgument = std::variant<int, std::string, std::map<std::string, int>>;
+
+void parse_samples(const SamplesArgument& samples, EvalSettings& settings) {
+  std::string text;
+  if (const int* count = std::get_if<int>(&samples)) text = std::to_string(*count);
+  if (const std::string* cli_text = std::get_if<std::string>(&samples)) text = *cli_text;
+  if (const auto* counts = std::get_if<std::map<std::string, int>>(&samples)) {
+    if (counts->empty()) return;  // no task named: every task's default
+    for (const auto& [task, count] : *counts) {
+      if (task.find_first_of(",=") != std::string::npos) {
+        throw py::value_error("samples: '" + task + "' is not a task name");
+      }
+      text += (text.empty() ? "" : ",") + task + "=" + std::to_string(count);
+    }
+  }
+  const Status parsed = parse_eval_samples(text, settings);
+  if (!parsed.is_ok()) throw py::value_error(parsed.with_context("samples").message());
+}
+
 py::object to_python(const ResultRow& row) {
   py::dict out;  // every key present (None when the row has no such grid key): one DataFrame column each
   out["spec"] = row.spec;
@@ -78,7 +99,7 @@ class PythonStderr {
 
 py::object evaluate(const std::string& model, const std::variant<std::string, std::vector<std::string>>& specs,
                     const std::variant<std::string, std::vector<std::string>>& tasks, std::optional<int> context,
-                    const std::optional<std::variant<int, std::map<std::string, int>>>& samples,
+                    const std::optional<SamplesArgument>& samples,
                     std::optional<std::string> text, const std::string& device, int threads, uint64_t seed,
                     std::optional<std::string> out, bool plots, bool progress, bool dataframe) {
   EvalSettings settings;
@@ -87,15 +108,7 @@ py::object evaluate(const std::string& model, const std::variant<std::string, st
   settings.tasks = as_list(tasks, true);
   if (context && *context < 0) throw py::value_error("context must be >= 0 (0: the model's), got " + std::to_string(*context));
   settings.context_tokens = context.value_or(0);
-  if (samples && std::holds_alternative<int>(*samples)) {
-    settings.samples = std::get<int>(*samples);
-    if (settings.samples < 0) throw py::value_error("samples must be >= 0 (0: each task's default), got " + std::to_string(settings.samples));
-  } else if (samples) {
-    settings.task_samples = std::get<std::map<std::string, int>>(*samples);
-    for (const auto& [task, count] : settings.task_samples) {
-      if (count < 0) throw py::value_error("samples['" + task + "'] must be >= 0, got " + std::to_string(count));
-    }
-  }
+  if (samples) parse_samples(*samples, settings);
   settings.text_file = text.value_or("");
   settings.device = device;
   if (threads < 0) throw py::value_error("threads must be >= 0 (0: every core), got " + std::to_string(threads));
@@ -140,8 +153,9 @@ void bind_evaluate(py::module_& module) {
              "Runs `slimkv eval`: every task for every KV spec (dense, the reference, first). Returns the long "
              "table of results (spec, task, metric, value, length, depth, layer, placement, tier) as a pandas "
              "DataFrame when pandas imports and dataframe=True, else a list of dicts. samples: an int for every "
-             "task or a dict {task: count}; out: a directory for results.json and results.md (and, with "
-             "plots=True, the CLI's PNG plots: gnuplot); progress: the CLI's bar, on sys.stderr.");
+             "task, a dict {task: count}, or the CLI's text ('2,ppl=8': 2 for every task, 8 for ppl); out: a "
+             "directory for results.json and results.md (and, with plots=True, the CLI's PNG plots: gnuplot); "
+             "progress: the CLI's bar, on sys.stderr.");
 
   py::class_<KvSpec>(module, "KvSpec", "A KV spec string, parsed and checked (slimkv/kv_config.h)")
       .def(py::init([](const std::string& spec) {

@@ -41,30 +41,6 @@ std::vector<std::string> split_list(const std::string& text) {
   return parts;
 }
 
-// "N", "task=N" or a comma-separated mix of them.
-Status parse_samples(const std::string& text, EvalSettings& settings) {
-  for (const std::string& item : split_list(text)) {
-    const size_t equals = item.find('=');
-    const std::string number = equals == std::string::npos ? item : item.substr(equals + 1);
-    size_t used = 0;
-    int count = -1;
-    try {
-      count = std::stoi(number, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != number.size() || count < 0) {
-      return error("--samples: '", item, "' is not N or task=N with N a non-negative integer");
-    }
-    if (equals == std::string::npos) {
-      settings.samples = count;
-    } else {
-      settings.task_samples[item.substr(0, equals)] = count;
-    }
-  }
-  return Status::ok();
-}
-
 }  // namespace
 
 CommandRunner add_eval_command(CLI::App& app) {
@@ -100,7 +76,7 @@ CommandRunner add_eval_command(CLI::App& app) {
     settings.specs = split_specs(options->specs);
     settings.tasks = split_list(options->tasks);
     settings.plots = !options->no_plots;
-    SLIMKV_RETURN_IF_ERROR(parse_samples(options->samples, settings));
+    SLIMKV_RETURN_IF_ERROR(parse_eval_samples(options->samples, settings).with_context("--samples"));
     SLIMKV_ASSIGN_OR_RETURN(std::unique_ptr<Evaluation> evaluation, Evaluation::prepare(settings));
     Progress progress = Progress::for_stderr();
     SLIMKV_RETURN_IF_ERROR(evaluation->run(progress));

@@ -408,6 +408,50 @@ TEST(Scheduler, APromptThatCanNeverFitIsRefusedWithAClearError) {
   EXPECT_EQ(outputs.wait()[0].tokens.size(), 3u);
 }
 
+TEST(Scheduler, OnAKeptEngineItRunsBesideTheSequencesHeldAndLeavesThemAsTheyWere) {
+  std::unique_ptr<Engine> engine = load_engine(small_kv_bytes(8), /*max_sequences=*/3);
+  ASSERT_TRUE(engine);
+  // A sequence held before the scheduler starts (a Python session), with a prompt of 119 tokens.
+  const auto held = engine->add_sequence();
+  ASSERT_TRUE(held) << held.status().message();
+  const std::vector<int32_t> prompt = prompts(*engine, 5)[4];
+  const StepItem item{*held, prompt, StepOutput::kLastLogits};
+  StepResult result;
+  ASSERT_TRUE(engine->step(std::span(&item, 1), result).is_ok());
+  const auto kv_before = engine->export_kv(*held);
+  ASSERT_TRUE(kv_before) << kv_before.status().message();
+  const int64_t free_before = engine->kv_budget().free_blocks;
+
+  const std::vector<GenerationRequest> batch = requests(*engine, 4);
+  std::vector<Output> alone;
+  for (const GenerationRequest& request : batch) alone.push_back(run_alone(*engine, request));
+  {
+    auto scheduler = Scheduler::start(*engine);
+    ASSERT_TRUE(scheduler) << scheduler.status().message();
+    Outputs outputs(batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) ASSERT_TRUE((*scheduler)->submit(batch[i], outputs.callback(i)));
+    (*scheduler)->shutdown(ShutdownMode::kFinishAccepted);
+    const std::vector<Output>& together = outputs.wait();
+    for (size_t i = 0; i < batch.size(); ++i) {
+      EXPECT_EQ(together[i].tokens, alone[i].tokens) << "request " << i << ": " << together[i].error;
+      EXPECT_EQ(together[i].text, alone[i].text) << "request " << i;
+    }
+    EXPECT_GT((*scheduler)->stats().steps_total, 0u);
+  }
+  EXPECT_EQ(engine->num_sequences(), 1);
+  EXPECT_EQ(engine->kv_budget().free_blocks, free_before);
+  const auto kv_after = engine->export_kv(*held);
+  ASSERT_TRUE(kv_after) << kv_after.status().message();
+  EXPECT_EQ(*kv_after, *kv_before) << "the held sequence's KV changed";
+
+  // Every sequence held: nothing is free to run requests on.
+  ASSERT_TRUE(engine->add_sequence());
+  ASSERT_TRUE(engine->add_sequence());
+  const auto full = Scheduler::start(*engine);
+  ASSERT_FALSE(full);
+  EXPECT_NE(full.status().message().find("max_sequences (3)"), std::string::npos) << full.status().message();
+}
+
 TEST(Scheduler, ShutdownFinishesAcceptedRequestsAndRefusesNewOnes) {
   auto scheduler = Scheduler::start(load_engine());
   ASSERT_TRUE(scheduler) << scheduler.status().message();

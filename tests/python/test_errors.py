@@ -46,6 +46,9 @@ def test_bad_generation_keywords(engine, keywords, exception, text):
 def test_bad_prompts(engine):
     with pytest.raises(slimkv.Error, match=f"prompt: {CONTEXT + 1} tokens; the model's context holds {CONTEXT}"):
         engine.generate(" a" * CONTEXT)  # BOS + CONTEXT tokens
+    # Among several prompts the bad one is named as Python indexes it, and none runs.
+    with pytest.raises(slimkv.Error, match=rf"prompts\[1\]: prompt: {CONTEXT + 1} tokens; the model's context"):
+        engine.generate(["Hello", " a" * CONTEXT])
     with pytest.raises(TypeError):
         engine.generate([1, 2, 3])
 
@@ -99,11 +102,19 @@ def test_evaluate_errors():
         slimkv.evaluate(MODEL, "dense", "nosuchtask", progress=False, threads=THREADS)
     with pytest.raises(slimkv.Error, match="hack:bitz=2"):
         slimkv.evaluate(MODEL, ["dense", "hack:bitz=2"], "ppl", progress=False, threads=THREADS)
-    with pytest.raises(ValueError, match=r"samples\['ppl'\] must be >= 0"):
-        slimkv.evaluate(MODEL, "dense", "ppl", samples={"ppl": -1}, progress=False)
+    # samples in any form is read by the CLI's parser: the CLI's messages (`--samples` there).
+    for samples, message in [({"ppl": -1}, "samples: 'ppl=-1' is not N or task=N with N a non-negative integer"),
+                             (-2, "samples: '-2' is not N or task=N"),
+                             ("2,ppl=many", "samples: 'ppl=many' is not N or task=N"),
+                             ("", "samples: '' is not N or task=N"),
+                             ({"ppl,memory": 1}, "samples: 'ppl,memory' is not a task name")]:
+        with pytest.raises(ValueError, match=message):
+            slimkv.evaluate(MODEL, "dense", "ppl", samples=samples, progress=False)
+    with pytest.raises(slimkv.Error, match="names task 'passkey', which is not among --tasks"):
+        slimkv.evaluate(MODEL, "dense", "ppl", samples="1,passkey=2", progress=False, threads=THREADS)
     with pytest.raises(ValueError, match="context must be >= 0"):
         slimkv.evaluate(MODEL, "dense", "ppl", context=-5, progress=False)
     with pytest.raises(ValueError, match="plots=True writes PNG files into out"):
         slimkv.evaluate(MODEL, "dense", "ppl", plots=True, progress=False)
     with pytest.raises(TypeError):
-        slimkv.evaluate(MODEL, "dense", "ppl", samples="ppl=2")
+        slimkv.evaluate(MODEL, "dense", "ppl", samples=2.5)

@@ -4,6 +4,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 import slimkv
 from conftest import MODEL, THREADS
@@ -90,23 +91,43 @@ def test_sessions_of_separate_engines_run_at_once(heldout_ids):
 
 def test_evaluate_equals_the_cli(cli, tmp_path):
     specs = ["dense", "hack:bits=2"]
-    args = dict(context=128, samples={"ppl": 1}, threads=THREADS, progress=False)
-    table = slimkv.evaluate(MODEL, specs, "ppl", dataframe=False, **args)
+    # samples in the CLI's mixed form: 2 for every task, 1 for ppl.
+    args = dict(context=128, samples="2,ppl=1", threads=THREADS, progress=False)
+    table = slimkv.evaluate(MODEL, specs, "ppl,memory", dataframe=False, out=str(tmp_path / "python"), **args)
     assert table and all(set(row) >= {"spec", "task", "metric", "value"} for row in table)
-    assert {row["spec"] for row in table} == set(specs) and {row["task"] for row in table} == {"ppl"}
-    cli("eval", "--model", MODEL, "--kv", ",".join(specs), "--tasks", "ppl", "--context", "128", "--samples", "ppl=1",
-        "--threads", str(THREADS), "--no-plots", "--out", str(tmp_path))
-    with open(tmp_path / "results.json") as results:
-        rows = json.load(results)["results"]
-    assert [{k: v for k, v in row.items() if v is not None} for row in table] == rows
+    assert {row["spec"] for row in table} == set(specs) and {row["task"] for row in table} == {"ppl", "memory"}
+    cli("eval", "--model", MODEL, "--kv", ",".join(specs), "--tasks", "ppl,memory", "--context", "128",
+        "--samples", "2,ppl=1", "--threads", str(THREADS), "--no-plots", "--out", str(tmp_path / "cli"))
+    results = {}
+    for name in ("python", "cli"):
+        with open(tmp_path / name / "results.json") as results_file:
+            results[name] = json.load(results_file)
+    assert [{k: v for k, v in row.items() if v is not None} for row in table] == results["cli"]["results"]
+    assert results["python"]["settings"]["samples"] == results["cli"]["settings"]["samples"] == {"ppl": 1, "memory": 2}
     frame = slimkv.evaluate(MODEL, specs, "ppl", **args)
     try:
         import pandas
     except ImportError:
-        assert frame == table
+        assert frame == [row for row in table if row["task"] == "ppl"]
     else:
         assert isinstance(frame, pandas.DataFrame)
-        assert frame["value"].tolist() == [row["value"] for row in table]
+        assert frame["value"].tolist() == [row["value"] for row in table if row["task"] == "ppl"]
+
+
+@pytest.mark.parametrize("samples, expected", [
+    (3, {"ppl": 3, "memory": 3}),
+    ({"ppl": 2}, {"ppl": 2, "memory": 1}),
+    ("ppl=2", {"ppl": 2, "memory": 1}),
+    ("3,memory=1", {"ppl": 3, "memory": 1}),
+    ({}, {"ppl": 4, "memory": 1}),
+])
+def test_evaluate_takes_samples_as_the_cli_does(tmp_path, samples, expected):
+    # What results.json records per task (each task's default where none is given: ppl 4, memory 1;
+    # docs/eval.md).
+    slimkv.evaluate(MODEL, "dense", ["ppl", "memory"], context=64, samples=samples, threads=THREADS, progress=False,
+                    dataframe=False, out=str(tmp_path))
+    with open(tmp_path / "results.json") as results:
+        assert json.load(results)["settings"]["samples"] == expected
 
 
 def test_evaluate_draws_its_progress_on_python_stderr(capsys):
