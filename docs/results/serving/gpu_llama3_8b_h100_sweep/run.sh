@@ -4,11 +4,11 @@
 # 16K-token prompts with 1,024 or 2,048 output tokens, prefill chunks (the per-step token budget) of 256,
 # 512 and 2,048 tokens, all requests at once and Poisson arrivals at 3x dense's measured throughput.
 # The bundle (bin/slimkv, its .so files, the bench and model scripts of the commit in commit.txt) is
-# unpacked from bundle.tar.xz; everything ends within the call's 600 s (bench/serving_sweep.py's deadline).
+# unpacked from bundle.tar.xz; everything ends within SWEEP_S (default 420) s of the call (bench/serving_sweep.py's deadline).
 set -uo pipefail
 begin=$(date +%s)
 w=$(cd "$(dirname "$0")" && pwd)
-(cd "$w" && tar -xJf bundle.tar.xz)
+(cd "$w" && tar -xJf bundle.tar.xz --exclude=./plan.json)  # plan.json lies beside the bundle
 export LD_LIBRARY_PATH=$w/lib:${LD_LIBRARY_PATH:-} XDG_CACHE_HOME=/tmp/xdg
 { nvidia-smi -L; nproc; date -u; cat "$w/commit.txt"; } | tee "$OUT/device.txt"
 M=/tmp/llama3-8b-random
@@ -19,4 +19,4 @@ echo "model generated in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/device.txt"
 python3 "$w/bench/serving_sweep.py" --slimkv "$w/bin/slimkv" --model $M --out "$OUT/sweep" --plan "$w/plan.json" \
   --serve-args "--device cuda --max-num-seqs 64 --max-model-len 18500" \
   --bench-args "--input-len 16384 --range-ratio 0 --vocab-high 128000 --timeout-s 300" \
-  --deadline-s $(( 580 - ($(date +%s) - begin) )) 2>&1 | tee "$OUT/sweep.txt"
+  --deadline-s $(( ${SWEEP_S:-420} - ($(date +%s) - begin) )) 2>&1 | tee "$OUT/sweep.txt"
