@@ -4,8 +4,9 @@ of vLLM's benchmark_serving: requests arrive as a Poisson process at --request-r
 token ids with lengths drawn uniformly around --input-len, outputs of lengths around --output-len
 (ignore_eos, so each request generates exactly its length), every request streamed so that each token's
 arrival is timed. Prints TTFT, TPOT, ITL and end-to-end percentiles, request and token throughput, and
-(from the server's /metrics, read every half second) the most requests it ran at once and its peak KV
-usage; --json writes them. Python 3 standard library only (http.client + threads).
+(from the server's /metrics, read every half second) the most requests it ran at once, the mean number
+running (the concurrency it sustained) and its peak KV usage; --json writes them. Python 3 standard
+library only (http.client + threads).
 
   bench/serving_benchmark.py --url http://127.0.0.1:8000 --num-prompts 64 --request-rate 4 \
       --input-len 1024 --output-len 64
@@ -64,9 +65,9 @@ def run_request(url, model, prompt, max_tokens, timeout_s):
         connection.close()
 
 
-def sample_metrics(url, names, peaks, stop):
-    """Until `stop` is set, reads the server's Prometheus /metrics twice a second and keeps each gauge's
-    maximum in `peaks` (a server without them leaves `peaks` empty)."""
+def sample_metrics(url, names, samples, stop):
+    """Until `stop` is set, reads the server's Prometheus /metrics twice a second and appends each gauge's
+    value to `samples[name]` (a server without them leaves `samples` empty)."""
     parts = urllib.parse.urlsplit(url)
     while not stop.wait(0.5):
         try:
@@ -80,7 +81,7 @@ def sample_metrics(url, names, peaks, stop):
             series, _, value = line.rpartition(" ")
             name = series.partition("{")[0]  # the name without its labels
             if name in names:
-                peaks[name] = max(peaks.get(name, 0.0), float(value))
+                samples.setdefault(name, []).append(float(value))
 
 
 def main():
@@ -123,9 +124,9 @@ def main():
         results[i] = run_request(args.url, args.model, requests[i][0], requests[i][1], args.timeout_s)
         results[i] = results[i] + (time.perf_counter(),)
 
-    peaks, stop_sampling = {}, threading.Event()
+    samples, stop_sampling = {}, threading.Event()
     gauges = ("slimkv:num_requests_running", "slimkv:kv_cache_usage_perc")
-    sampler = threading.Thread(target=sample_metrics, args=(args.url, gauges, peaks, stop_sampling))
+    sampler = threading.Thread(target=sample_metrics, args=(args.url, gauges, samples, stop_sampling))
     sampler.start()
     threads = []
     start = time.perf_counter()
@@ -162,7 +163,9 @@ def main():
         "request_throughput": completed / duration, "output_throughput": output_tokens / duration,
         "total_token_throughput": (input_tokens + output_tokens) / duration,
         "total_input_tokens": input_tokens, "total_output_tokens": output_tokens,
-        "max_running": peaks.get(gauges[0], float("nan")), "max_kv_usage": peaks.get(gauges[1], float("nan")),
+        "max_running": max(samples.get(gauges[0], [float("nan")])),
+        "mean_running": statistics.fmean(samples.get(gauges[0], [float("nan")])),
+        "max_kv_usage": max(samples.get(gauges[1], [float("nan")])),
     }
     for name, values in [("ttft_ms", ttft), ("tpot_ms", tpot), ("itl_ms", itl), ("e2el_ms", e2e)]:
         ms = [v * 1000 for v in values]
@@ -180,6 +183,7 @@ def main():
     print(f"{'Output token throughput (tok/s):':<40}{summary['output_throughput']:>12.2f}")
     print(f"{'Total token throughput (tok/s):':<40}{summary['total_token_throughput']:>12.2f}")
     print(f"{'Most requests running at once:':<40}{summary['max_running']:>12.0f}")
+    print(f"{'Mean requests running:':<40}{summary['mean_running']:>12.2f}")
     print(f"{'Peak KV cache usage:':<40}{summary['max_kv_usage']:>12.2f}")
     for title, name in [("Time to First Token", "ttft_ms"), ("Time per Output Token (excl. 1st token)", "tpot_ms"),
                         ("Inter-token Latency", "itl_ms"), ("End-to-end Latency", "e2el_ms")]:

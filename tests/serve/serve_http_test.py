@@ -1,6 +1,7 @@
 """slimkv serve through Python's http.client, as a client sees it: the endpoints, greedy output equal to
 `slimkv generate`, streaming equal to non-streaming, stop strings, bad inputs (each its documented
-status, the server serving on), auth, a client that leaves mid-stream, graceful SIGTERM.
+status, the server serving on), auth, a client that leaves (mid-stream, or a whole answer while it is
+generated or still queued), graceful SIGTERM.
 Usage: serve_http_test.py SLIMKV_BINARY SOURCE_DIR (ctest runs it; loopback only)."""
 import json
 import os
@@ -21,6 +22,32 @@ MODEL = os.path.abspath(os.path.join(SOURCE, "models", "slimkv-llama-15m"))
 NAME = "slimkv-llama-15m"
 PROMPTS = ["The history of the city", "Once upon a time, there was a little", "In mathematics, a prime number",
            "The river flows", "Scientists have discovered"]
+
+
+def post_and_leave(server, body):
+    """A raw client: sends `body` to /v1/completions over a socket it returns open (close it to leave)."""
+    data = json.dumps(body).encode()
+    client = socket.create_connection(("127.0.0.1", server.port))
+    client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+    return client
+
+
+def wait_until(condition, seconds=20):
+    """Polls `condition` every 20 ms until it holds or `seconds` pass; returns whether it held."""
+    deadline = time.time() + seconds
+    while not condition():
+        if time.time() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def aborted(server):
+    """Requests the server ended because their client left (vLLM's finished_reason="abort")."""
+    _, _, metrics = server.get("/metrics")
+    prefix = 'slimkv:request_success_total{model_name="slimkv-llama-15m",finished_reason="abort"} '
+    return next(float(line[len(prefix):]) for line in metrics.decode().splitlines() if line.startswith(prefix))
 
 
 def completion(server, prompt, max_tokens=24, **fields):
@@ -176,31 +203,48 @@ class ServeTest(unittest.TestCase):
                       metrics.decode())
         self.assert_serving()
 
-    def aborted(self):
-        status, _, metrics = self.server.get("/metrics")
-        prefix = 'slimkv:request_success_total{model_name="slimkv-llama-15m",finished_reason="abort"} '
-        return next(float(line[len(prefix):]) for line in metrics.decode().splitlines() if line.startswith(prefix))
-
     def test_a_client_that_leaves_a_whole_answer_frees_its_sequence(self):
         # stream false: nothing is written before the end, yet the server notices the client's close and
         # cancels (finish reason abort, not length), freeing the KV long before 900 tokens would be out.
-        aborted = self.aborted()
-        body = json.dumps({"prompt": PROMPTS[4], "max_tokens": 900, "ignore_eos": True, "temperature": 0}).encode()
-        with socket.create_connection(("127.0.0.1", self.server.port)) as client:
-            client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                           b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-            deadline = time.time() + 20
-            while self.server.metric("slimkv:num_requests_running") != 1 and time.time() < deadline:
-                time.sleep(0.02)
-            self.assertEqual(self.server.metric("slimkv:num_requests_running"), 1)
-        deadline = time.time() + 20
-        while self.aborted() != aborted + 1 and time.time() < deadline:
-            time.sleep(0.05)
-        self.assertEqual(self.aborted(), aborted + 1)
-        while self.server.metric("slimkv:kv_cache_usage_perc") != 0 and time.time() < deadline:
-            time.sleep(0.05)
-        self.assertEqual(self.server.metric("slimkv:kv_cache_usage_perc"), 0)
+        self.assertTrue(wait_until(lambda: self.server.metric("slimkv:num_requests_running") +
+                                   self.server.metric("slimkv:num_requests_waiting") == 0))
+        before, generated = aborted(self.server), self.server.metric("slimkv:generation_tokens_total")
+        body = {"prompt": PROMPTS[4], "max_tokens": 900, "ignore_eos": True, "temperature": 0}
+        with post_and_leave(self.server, body):
+            self.assertTrue(wait_until(lambda: self.server.metric("slimkv:num_requests_running") == 1))
+        self.assertTrue(wait_until(lambda: aborted(self.server) == before + 1))
+        self.assertTrue(wait_until(lambda: self.server.metric("slimkv:num_requests_running") == 0))
+        self.assertTrue(wait_until(lambda: self.server.metric("slimkv:kv_cache_usage_perc") == 0))
+        # Freed well before its end: it generated a fraction of its 900 tokens (the watch polls every 100 ms).
+        self.assertLess(self.server.metric("slimkv:generation_tokens_total") - generated, 450)
         self.assert_serving()
+
+    def test_a_client_that_leaves_a_queued_request_frees_its_place_and_others_run_on(self):
+        # One sequence at a time: A runs, B (stream false) waits behind it, and B's client leaves while B
+        # is queued. B ends (abort, nothing waiting) without ever running (A, 500 tokens, takes far longer
+        # than the 100 ms watch), and A's answer is the one it gives alone.
+        a = {"model": NAME, "prompt": PROMPTS[0], "max_tokens": 500, "ignore_eos": True, "temperature": 0}
+        with Server(SLIMKV, MODEL, ["--max-num-seqs", "1", "--max-model-len", "1024"]) as server:
+            answers = []
+            runner = threading.Thread(target=lambda: answers.append(server.post("/v1/completions", a)))
+            runner.start()
+            try:
+                self.assertTrue(wait_until(lambda: server.metric("slimkv:num_requests_running") == 1))
+                with post_and_leave(server, dict(a, prompt=PROMPTS[1])):
+                    self.assertTrue(wait_until(lambda: server.metric("slimkv:num_requests_waiting") == 1))
+                self.assertTrue(wait_until(lambda: aborted(server) == 1))
+                self.assertEqual(server.metric("slimkv:num_requests_waiting"), 0)
+            finally:
+                runner.join(timeout=120)
+            self.assertEqual(answers[0][0], 200, answers)
+            self.assertEqual(answers[0][2]["usage"]["completion_tokens"], 500)
+            alone = completion(server, a["prompt"], max_tokens=500, ignore_eos=True)
+            self.assertEqual(answers[0][2]["choices"][0]["text"], alone["choices"][0]["text"])
+            self.assertTrue(wait_until(lambda: server.metric("slimkv:generation_tokens_total") == 1000))
+            # B never ran: no prompt of its was prefilled, no token of its generated.
+            self.assertEqual(server.metric("slimkv:prompt_tokens_total"), 2 * alone["usage"]["prompt_tokens"])
+            self.assertEqual(server.metric("slimkv:num_requests_running"), 0)
+            self.assertEqual(server.metric("slimkv:kv_cache_usage_perc"), 0)
 
     def test_metrics_count_tokens(self):
         # Another test's request (a client that left) may still take its last step: count from an idle server.
