@@ -33,6 +33,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "slimkv/device_kv_transfer.h"
 #include "slimkv/kv_memory.h"
 #include "slimkv/status.h"
 
@@ -134,6 +135,9 @@ struct KvTransferPiece {
   size_t sealed_bytes = 0;     // a layer's: where its open tokens start in `bytes`
   int first_block = 0;         // a layer's: its first sealed block in `bytes` (every head's, head by head)
   bool final = true;           // a layer's: its last piece (with the open tokens); false: sealed blocks only
+  // stream_kv_in_next_step(..., on_device): the whole KV in this one piece, its sealed blocks in GPU
+  // memory (layer -1, bytes empty).
+  std::shared_ptr<const DeviceKvTransfer> device = nullptr;
 };
 using KvPieceCallback = std::function<void(KvTransferPiece)>;
 
@@ -201,7 +205,9 @@ class Engine {
   // The calls run on the stepping thread; on the CPU the stream is the sequence's forward observer for
   // that step (a session's observer is replaced). Errors: an unknown sequence, or KV the format cannot
   // hold.
-  Status stream_kv_in_next_step(SequenceId sequence, KvPieceCallback on_piece);
+  // With `on_device` on an engine whose KV can leave as a DeviceKvTransfer (export_kv_to_device), the
+  // stream is one piece after the step holding it (KvTransferPiece::device): the CUDA IPC path.
+  Status stream_kv_in_next_step(SequenceId sequence, KvPieceCallback on_piece, bool on_device = false);
   // From the sequence's next step until the step stream_kv_in_next_step streams: on the CPU, right after
   // each layer's attention, the layer's blocks sealed since its last piece (pieces with final false), so
   // that a prompt's earlier chunks travel while later ones compute; stream_kv_in_next_step's pieces then
@@ -209,6 +215,14 @@ class Engine {
   // callback). The GPU has no per-layer hook yet: there it hands out nothing, and the final pieces hold
   // every block. Errors: an unknown sequence.
   Status stream_sealed_kv(SequenceId sequence, KvPieceCallback on_piece);
+  // The sequence's KV with its sealed blocks copied, device to device, into an allocation of their own
+  // (device "cuda" with dense, hack or quant KV; elsewhere an error: that KV moves by export_kv).
+  Expected<DeviceKvTransfer> export_kv_to_device(SequenceId sequence) const;
+  bool exports_kv_to_device() const;  // whether export_kv_to_device can work here
+  // import_kv from a DeviceKvTransfer whose pages are in this process's memory of this GPU: the blocks
+  // are copied device to device into the paged cache. The open tokens' transfer is checked as import_kv
+  // checks a transfer (model, spec, shape); the pages' size against the spec's blocks.
+  Status import_kv_from_device(SequenceId sequence, const DeviceKvTransfer& transfer, std::string_view source);
   // The model identity transfers carry (model/model_identity.h).
   const std::string& model_identity() const { return identity_; }
 

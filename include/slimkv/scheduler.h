@@ -53,6 +53,8 @@ struct SubmitOptions {
   struct Resume {
     std::vector<uint8_t> kv;
     std::vector<int32_t> generated;
+    // Instead of kv: the KV in this GPU's memory (the CUDA IPC path; Engine::import_kv_from_device).
+    std::shared_ptr<const DeviceKvTransfer> device_kv = nullptr;
   };
   std::optional<Resume> resume;
   // Tokens run after the prompt one decode step each, as if the request had generated them, and not
@@ -63,6 +65,8 @@ struct SubmitOptions {
   // (Engine::stream_kv_in_next_step: each layer as soon as it is final); a prefill worker sends them on.
   // Called on the scheduler's thread, before the update carrying that token: it must be quick.
   KvPieceCallback stream_kv;
+  // stream_kv's KV as one piece in GPU memory (Engine::stream_kv_in_next_step's on_device).
+  bool stream_kv_on_device = false;
 };
 
 // What a request produced since its last update.

@@ -52,6 +52,13 @@ class DeviceModel {
   virtual Status import_kv(SequenceId sequence, std::span<const uint8_t> transfer, std::string_view source,
                            std::string_view model_id) = 0;
 
+  // The same with the sealed blocks staying in GPU memory (Engine::export_kv_to_device); devices
+  // without such blocks answer false / an error.
+  virtual bool exports_kv_to_device() const { return false; }
+  virtual Status export_kv_to_device(SequenceId sequence, std::string_view model_id, DeviceKvTransfer& out) const;
+  virtual Status import_kv_from_device(SequenceId sequence, const DeviceKvTransfer& transfer, std::string_view source,
+                                       std::string_view model_id);
+
   // The sequence's CPU store and forward-pass observer (device "cpu"); the GPU answers nullptr / an error.
   virtual const KvStore* kv_store(SequenceId sequence) const = 0;
   virtual Status set_observer(SequenceId sequence, ForwardObserver* observer) = 0;

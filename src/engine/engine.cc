@@ -213,6 +213,14 @@ Status Engine::step(std::span<const StepItem> items, StepResult& result) {
     const std::unique_ptr<KvLayerStream> stream = std::move(kv_streams_.at(sequence));
     kv_streams_.erase(sequence);
     if (!stepped.is_ok() || device_->kv_store(sequence) || !streamed.is_ok()) continue;
+    if (stream->on_device()) {
+      auto device = std::make_shared<DeviceKvTransfer>();
+      streamed = device_->export_kv_to_device(sequence, identity_, *device);
+      if (streamed.is_ok()) {
+        stream->on_piece()({.layer = -1, .bytes = {}, .sealed_bytes = 0, .first_block = 0, .final = true, .device = std::move(device)});
+      }
+      continue;
+    }
     std::vector<uint8_t> transfer;
     streamed = device_->export_kv(sequence, identity_, transfer);
     if (streamed.is_ok()) streamed = transfer_pieces(transfer, stream->on_piece());
@@ -259,8 +267,12 @@ Expected<std::vector<uint8_t>> Engine::export_kv(SequenceId sequence) const {
   return out;
 }
 
-Status Engine::stream_kv_in_next_step(SequenceId sequence, KvPieceCallback on_piece) {
+Status Engine::stream_kv_in_next_step(SequenceId sequence, KvPieceCallback on_piece, bool on_device) {
   SLIMKV_RETURN_IF_ERROR(check_sequence(sequence));
+  if (on_device && !device_->exports_kv_to_device()) {
+    return error("streaming KV in GPU memory: this engine's KV (device '", config_.device, "', '", kv_description(),
+                 "') leaves through host memory only");
+  }
   if (const KvStore* store = device_->kv_store(sequence)) {
     // What the layer writers could refuse (ZACK's unequal heads, sizes) is refused now, not mid-step.
     std::vector<uint8_t> head;
@@ -268,7 +280,7 @@ Status Engine::stream_kv_in_next_step(SequenceId sequence, KvPieceCallback on_pi
   }
   std::unique_ptr<KvLayerStream>& stream = kv_streams_[sequence];
   if (!stream) stream = std::make_unique<KvLayerStream>(identity_, nullptr);
-  stream->finish_in_next_step(std::move(on_piece));
+  stream->finish_in_next_step(std::move(on_piece), on_device);
   return Status::ok();
 }
 
@@ -277,6 +289,32 @@ Status Engine::stream_sealed_kv(SequenceId sequence, KvPieceCallback on_piece) {
   std::unique_ptr<KvLayerStream>& stream = kv_streams_[sequence];
   if (!stream) stream = std::make_unique<KvLayerStream>(identity_, std::move(on_piece));
   return Status::ok();
+}
+
+Status DeviceModel::export_kv_to_device(SequenceId, std::string_view, DeviceKvTransfer&) const {
+  return error("KV export into GPU memory runs on device 'cuda' with dense, hack or quant KV; this KV leaves by export_kv");
+}
+
+Status DeviceModel::import_kv_from_device(SequenceId, const DeviceKvTransfer&, std::string_view source, std::string_view) {
+  return error("kv transfer '", source, "': KV import from GPU memory runs on device 'cuda' with dense, hack or quant KV");
+}
+
+bool Engine::exports_kv_to_device() const { return device_->exports_kv_to_device(); }
+
+Expected<DeviceKvTransfer> Engine::export_kv_to_device(SequenceId sequence) const {
+  SLIMKV_RETURN_IF_ERROR(check_sequence(sequence));
+  DeviceKvTransfer out;
+  SLIMKV_RETURN_IF_ERROR(device_->export_kv_to_device(sequence, identity_, out));
+  return out;
+}
+
+Status Engine::import_kv_from_device(SequenceId sequence, const DeviceKvTransfer& transfer, std::string_view source) {
+  SLIMKV_RETURN_IF_ERROR(check_sequence(sequence));
+  if (device_->num_tokens(sequence) != 0) {
+    return error("kv transfer '", source, "': sequence ", sequence, " already holds ", device_->num_tokens(sequence),
+                 " tokens; KV is imported into an empty sequence");
+  }
+  return device_->import_kv_from_device(sequence, transfer, source, identity_);
 }
 
 Status Engine::import_kv(SequenceId sequence, std::span<const uint8_t> transfer, std::string_view source) {

@@ -20,12 +20,15 @@ class KvLayerStream : public ForwardObserver {
  public:
   KvLayerStream(std::string model_id, KvPieceCallback on_piece) : model_id_(std::move(model_id)), on_piece_(std::move(on_piece)) {}
 
-  // The next step finishes the stream, its pieces going to `on_piece`: the head and every layer's rest.
-  void finish_in_next_step(KvPieceCallback on_piece) {
+  // The next step finishes the stream, its pieces going to `on_piece`: the head and every layer's rest
+  // (on_device: one piece, the whole KV with its sealed blocks in GPU memory, after the step).
+  void finish_in_next_step(KvPieceCallback on_piece, bool on_device) {
     on_piece_ = std::move(on_piece);
     finishing_ = true;
+    on_device_ = on_device;
   }
   bool finishing() const { return finishing_; }
+  bool on_device() const { return on_device_; }
   // A step begins, after which every layer of `store` holds `tokens_after_step` tokens (nullptr: the
   // device has no store; nothing is handed out during the step).
   void begin_step(const KvStore* store, int tokens_after_step);
@@ -37,6 +40,7 @@ class KvLayerStream : public ForwardObserver {
   KvPieceCallback on_piece_;
   const KvStore* store_ = nullptr;
   bool finishing_ = false;
+  bool on_device_ = false;
   int tokens_after_step_ = 0;
   std::vector<int> blocks_out_;  // per layer: the sealed blocks handed out so far
 };

@@ -134,9 +134,11 @@ struct Scheduler::Impl {
     int64_t held_tokens = 0;           // tokens its KV holds (in the engine, or in host_kv)
     std::vector<int32_t> tokens_to_run;  // the rest of the prompt, or the last sampled token
     std::vector<uint8_t> host_kv;      // its exported KV while preempted to host memory (or imported)
+    std::shared_ptr<const DeviceKvTransfer> device_kv;  // its imported KV in GPU memory (CUDA IPC)
     Clock::time_point submitted, last_token;
     bool has_token = false;
     KvPieceCallback stream_kv;  // SubmitOptions::stream_kv, until the first token
+    bool stream_kv_on_device = false;
     std::vector<int32_t> forced;  // SubmitOptions::forced_tokens...
     size_t forced_used = 0;       // ...of which run so far
     std::optional<Generation::Delta> resumed;  // a resumed request's delta for its last token, not sent yet
@@ -314,7 +316,8 @@ void Scheduler::Impl::step_once() {
     if (request.done || !request.stream_kv) continue;
     const bool samples = s.tokens == int64_t(request.tokens_to_run.size());
     const bool last = samples && request.forced_used >= request.forced.size();
-    if (Status streaming = last ? engine.stream_kv_in_next_step(request.sequence, std::exchange(request.stream_kv, nullptr))
+    if (Status streaming = last ? engine.stream_kv_in_next_step(request.sequence, std::exchange(request.stream_kv, nullptr),
+                                                                request.stream_kv_on_device)
                                 : engine.stream_sealed_kv(request.sequence, request.stream_kv);
         !streaming.is_ok()) {
       end_early(request, FinishReason::kError, "streaming the KV: " + streaming.message());
@@ -396,6 +399,10 @@ void Scheduler::Impl::preempt(Request& request) {
 
 Status Scheduler::Impl::admit(Request& request) {
   SLIMKV_ASSIGN_OR_RETURN(request.sequence, engine.add_sequence(request.generation.request().sampling));
+  if (request.device_kv) {
+    const std::shared_ptr<const DeviceKvTransfer> device_kv = std::move(request.device_kv);
+    return engine.import_kv_from_device(request.sequence, *device_kv, str_cat("request ", request.id, "'s KV in GPU memory"));
+  }
   if (request.host_kv.empty()) return Status::ok();
   const Status imported = engine.import_kv(request.sequence, request.host_kv, str_cat("preempted request ", request.id));
   host_bytes -= request.host_kv.size();
@@ -422,6 +429,7 @@ void Scheduler::Impl::finish(Request& request, Generation::Delta delta, std::vec
   request.sequence = -1;
   host_bytes -= request.host_kv.size();
   request.host_kv = {};
+  request.device_kv = nullptr;
   request.done = true;
   ++local.requests_finished_total[size_t(reason)];
   local.e2e_request_latency.observe(seconds_between(request.submitted, Clock::now()));
@@ -517,9 +525,11 @@ Expected<RequestId> Scheduler::submit(GenerationRequest request, UpdateCallback 
   queued->tokens_to_run = queued->generation.request().prompt;
   queued->submitted = Clock::now();
   queued->stream_kv = std::move(options.stream_kv);
+  queued->stream_kv_on_device = options.stream_kv_on_device;
   queued->forced = std::move(options.forced_tokens);
   if (options.resume) {
     queued->host_kv = std::move(options.resume->kv);
+    queued->device_kv = std::move(options.resume->device_kv);
     queued->held_tokens = held_tokens;
     queued->tokens_to_run.assign(1, options.resume->generated.back());
     queued->resumed = std::move(resumed);

@@ -87,6 +87,7 @@ struct Disaggregation {
   KvStreamIdentity identity;            // what this worker's KV streams must agree on
   KvStreamReceiver* receiver = nullptr;  // decode: where streams arrive
   std::string kv_address;               // decode: the receiver's host:port, as /health gives it
+  std::string cuda_ipc_device;          // this worker's GPU when its KV may move by CUDA IPC; else ""
 };
 
 // The endpoints, with what they share: the scheduler once loaded, the served model's limits.
@@ -258,7 +259,8 @@ class HttpApi {
     }
     std::vector<int32_t> generated = std::move(received->request.resume_token_ids);
     generated.push_back(received->request.next_token);
-    options.resume = SubmitOptions::Resume{.kv = std::move(received->transfer), .generated = std::move(generated)};
+    options.resume = SubmitOptions::Resume{.kv = std::move(received->transfer), .generated = std::move(generated),
+                                           .device_kv = std::move(received->device_kv)};
     return std::nullopt;
   }
 
@@ -297,9 +299,11 @@ class HttpApi {
     generation.max_tokens = 1;  // the next token; the decode worker generates the rest
 
     bool refused = false;
+    // CUDA IPC when the decode worker is on this GPU (it says so in ACCEPT); a capped link is TCP's.
+    const std::string ipc_device = config_.kv_bandwidth_gbps > 0 ? "" : disaggregation_.cuda_ipc_device;
     Expected<std::unique_ptr<KvStreamSender>> sender =
         KvStreamSender::open(ask.decode_kv_address, disaggregation_.identity, ask.request_id, ask.attempt,
-                             {.bandwidth_gbps = config_.kv_bandwidth_gbps}, &refused);
+                             {.bandwidth_gbps = config_.kv_bandwidth_gbps, .cuda_ipc_device = ipc_device}, &refused);
     if (!sender) {
       return send_error(response, refused ? ApiError::kv_refused(sender.status().message())
                                           : ApiError::kv_transfer_failed(sender.status().message()));
@@ -307,8 +311,10 @@ class HttpApi {
     auto updates = std::make_shared<UpdateQueue>();
     auto in_flight = std::shared_ptr<void>(nullptr, [this](void*) { --in_flight_; });
     ++in_flight_;
+    const bool cuda_ipc = (*sender)->cuda_ipc();
     SubmitOptions options{.resume = std::nullopt, .forced_tokens = resume,
-                          .stream_kv = [updates](KvTransferPiece piece) { updates->push_piece(std::move(piece)); }};
+                          .stream_kv = [updates](KvTransferPiece piece) { updates->push_piece(std::move(piece)); },
+                          .stream_kv_on_device = cuda_ipc};
     Expected<RequestId> id = scheduler_.load()->submit(
         generation, [updates](const RequestUpdate& update) { updates->push(update); }, std::move(options));
     if (!id) {
@@ -316,8 +322,10 @@ class HttpApi {
       return send_error(response, ApiError::bad_field(ask.chat ? "messages" : "prompt", id.status().message()));
     }
     // Each piece goes out as it comes, while the scheduler computes the next layers (and, for a prompt
-    // longer than a step, the next chunks); the token's update comes after the last piece.
+    // longer than a step, the next chunks); the token's update comes after the last piece. Over CUDA IPC
+    // the KV is one piece after the step.
     const int num_layers = disaggregation_.identity.num_layers;
+    const int expected_pieces = cuda_ipc ? 1 : num_layers + 1;
     int pieces = 0;  // the head and the layers' final pieces
     Status sent;
     RequestUpdate last;
@@ -337,9 +345,9 @@ class HttpApi {
     if (*last.finish == FinishReason::kCancelled || last.token_ids.empty()) {
       return send_error(response, ApiError::unavailable("the prefill was cancelled: the server is shutting down"));
     }
-    if (pieces != num_layers + 1) {
-      return send_error(response, ApiError::internal(str_cat("the prefill produced ", pieces, " pieces of the KV, expected the head and ",
-                                                             num_layers, " layers")));
+    if (pieces != expected_pieces) {
+      return send_error(response, ApiError::internal(str_cat("the prefill produced ", pieces, " pieces of the KV, expected ",
+                                                             expected_pieces, cuda_ipc ? " (CUDA IPC)" : "")));
     }
     const KvStreamRequest stream_request{.request_id = ask.request_id, .attempt = ask.attempt, .prompt_token_ids = prompt,
                                          .resume_token_ids = resume, .next_token = last.token_ids.front(),
@@ -348,6 +356,7 @@ class HttpApi {
     if (!sent.is_ok()) return send_error(response, ApiError::kv_transfer_failed(sent.message()));
     const json answer = {{"request_id", ask.request_id}, {"prompt_tokens", prompt.size() + resume.size()},
                          {"kv_bytes", (*sender)->bytes_sent()},
+                         {"kv_transport", cuda_ipc ? "cuda_ipc" : "tcp"},
                          {"transfer_seconds", std::chrono::duration<double>(Clock::now() - start.value_or(Clock::now())).count()},
                          {"next_token", stream_request.next_token}};
     response.set_content(answer.dump(), "application/json");
@@ -575,13 +584,15 @@ Status run_server(const EngineConfig& engine_config, const SchedulerConfig& sche
       return identity.status();
     }
     disaggregation.identity = *identity;
+    if (config.kv_transport == "auto" && (*engine)->exports_kv_to_device()) disaggregation.cuda_ipc_device = cuda_ipc_device_id();
   }
   if (config.role == "decode") {
     const int kv_port = config.kv_port < 0 ? port + 1 : config.kv_port;
     Expected<std::unique_ptr<KvStreamReceiver>> started =
         KvStreamReceiver::start(disaggregation.identity, {.host = config.host, .port = kv_port,
                                                           .max_unclaimed_bytes = config.kv_unclaimed_bytes,
-                                                          .max_tokens = (*engine)->context_tokens()});
+                                                          .max_tokens = (*engine)->context_tokens(),
+                                                          .cuda_ipc_device = disaggregation.cuda_ipc_device});
     if (!started) {
       stop_listening();
       return started.status().with_context("--kv-port");

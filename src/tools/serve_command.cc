@@ -1,6 +1,7 @@
 // slimkv serve --model DIR [--host 127.0.0.1] [--port 8000] [--kv SPEC] [--device cpu|cuda] [--threads N]
 //              [--api-key KEY] [--max-model-len N] [--max-num-seqs N] [--kv-cache-bytes N]
 //              [--served-model-name NAME] [--role both|prefill|decode] [--kv-port N] [--kv-bandwidth-gbps X]
+//              [--kv-transport auto|tcp]
 // An OpenAI-compatible server with continuous batching (docs/serving.md). Exits 0 after SIGINT/SIGTERM.
 #include "slimkv/server.h"
 #include "tools/commands.h"
@@ -44,6 +45,10 @@ CommandRunner add_serve_command(CLI::App& app) {
   command->add_option("--kv-bandwidth-gbps", options->server.kv_bandwidth_gbps,
                       "prefill: cap on the rate of the KV streams it sends, in Gbit/s (token bucket; 0: none)")
       ->check(CLI::Range(0.0, 1e6))->capture_default_str();
+  command->add_option("--kv-transport", options->server.kv_transport,
+                      "prefill/decode: auto (CUDA IPC when both workers are on one GPU and no --kv-bandwidth-gbps is set, "
+                      "else TCP) or tcp")
+      ->check(CLI::IsMember({"auto", "tcp"}))->capture_default_str();
   command->add_option("--kv-unclaimed-bytes", options->server.kv_unclaimed_bytes,
                       "decode: bytes of received KV streams waiting for their request, at most (the oldest are dropped)")
       ->capture_default_str();

@@ -30,6 +30,7 @@ const char* kv_frame_type_name(KvFrameType type) {
     case KvFrameType::kDone: return "DONE";
     case KvFrameType::kFailed: return "FAILED";
     case KvFrameType::kKvBlocks: return "KV_BLOCKS";
+    case KvFrameType::kKvDevice: return "KV_DEVICE";
   }
   return "unknown";
 }
@@ -96,7 +97,7 @@ Expected<KvFrame> read_kv_frame(TcpConnection& connection, SteadyClock::time_poi
                  std::hex, load_u32(header + 12), ", computed 0x", computed, std::dec, " over ", payload_bytes,
                  " payload bytes): the frame is corrupt");
   }
-  if (header[4] < uint8_t(KvFrameType::kHello) || header[4] > uint8_t(KvFrameType::kKvBlocks)) {
+  if (header[4] < uint8_t(KvFrameType::kHello) || header[4] > uint8_t(KvFrameType::kKvDevice)) {
     return error("KV stream from ", connection.peer(), ": unknown frame type ", int(header[4]));
   }
   return frame;

@@ -30,6 +30,7 @@ enum class KvFrameType : uint8_t {
   kDone = 7,     // receiver → sender: JSON: the whole stream arrived and checks out
   kFailed = 8,   // receiver → sender: JSON {"error"}: the stream arrived but does not check out
   kKvBlocks = 9,  // sender → receiver, before KV_HEAD: u32 layer, u32 first_block, sealed blocks of every head
+  kKvDevice = 10,  // sender → receiver (CUDA IPC instead of KV_HEAD..KV_LAYER): u32 n, JSON [n bytes], open tokens' transfer
 };
 const char* kv_frame_type_name(KvFrameType type);
 

@@ -6,6 +6,9 @@
 #include <cstring>
 
 #include "kv/transfer.h"
+#ifdef SLIMKV_HAVE_CUDA
+#include "backend/cuda/ipc_memory.h"
+#endif
 
 namespace slimkv {
 namespace {
@@ -90,7 +93,43 @@ std::array<uint8_t, 8> layer_prefix(int layer, int first_block) {
   return prefix;
 }
 
+// A CUDA IPC handle as JSON carries it (hex), and back.
+#ifdef SLIMKV_HAVE_CUDA
+std::string hex_of(std::span<const uint8_t> bytes) {
+  static const char digits[] = "0123456789abcdef";
+  std::string out;
+  for (const uint8_t b : bytes) {
+    out += digits[b >> 4];
+    out += digits[b & 15];
+  }
+  return out;
+}
+#endif
+bool bytes_of_hex(const std::string& hex, std::span<uint8_t> out) {
+  if (hex.size() != 2 * out.size()) return false;
+  const auto digit = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; };
+  for (size_t i = 0; i < out.size(); ++i) {
+    const int high = digit(hex[2 * i]), low = digit(hex[2 * i + 1]);
+    if (high < 0 || low < 0) return false;
+    out[i] = uint8_t(high << 4 | low);
+  }
+  return true;
+}
+
 }  // namespace
+
+std::string cuda_ipc_device_id() {
+#ifdef SLIMKV_HAVE_CUDA
+  Expected<std::string> uuid = cuda::current_device_uuid();
+  return uuid ? *uuid : std::string();
+#else
+  return "";
+#endif
+}
+
+uint64_t ReceivedKv::kv_bytes() const {
+  return transfer.size() + (device_kv ? device_kv->open.size() + device_kv->pages_bytes() : 0);
+}
 
 // ---------------------------------------------------------------------------------------------------
 // Identity
@@ -196,10 +235,12 @@ Expected<std::unique_ptr<KvStreamSender>> KvStreamSender::open(const std::string
   *refused = false;
   SLIMKV_ASSIGN_OR_RETURN(TcpConnection connection, TcpConnection::connect(address, options.connect_timeout));
   std::unique_ptr<KvStreamSender> sender(new KvStreamSender(std::move(connection), identity, options));
-  const std::string hello = json{{"stream_version", kKvStreamVersion},
-                                 {"request_id", request_id},
-                                 {"attempt", attempt},
-                                 {"identity", kv_identity_json(identity)}}.dump();
+  json hello_body = {{"stream_version", kKvStreamVersion},
+                     {"request_id", request_id},
+                     {"attempt", attempt},
+                     {"identity", kv_identity_json(identity)}};
+  if (!options.cuda_ipc_device.empty()) hello_body["cuda_ipc"] = {{"device", options.cuda_ipc_device}};
+  const std::string hello = hello_body.dump();
   const std::span<const uint8_t> parts[] = {bytes_of(hello)};
   SLIMKV_RETURN_IF_ERROR(sender->send(KvFrameType::kHello, parts));
   const std::string where = str_cat("KV stream to ", address);
@@ -207,6 +248,8 @@ Expected<std::unique_ptr<KvStreamSender>> KvStreamSender::open(const std::string
   if (!answer) return answer.status().with_context(where);
   *refused = answer->type == KvFrameType::kRefuse;
   SLIMKV_RETURN_IF_ERROR(check_frame_type(*answer, KvFrameType::kAccept, where));
+  SLIMKV_ASSIGN_OR_RETURN(const json accept, parse_json_payload(*answer, 0, where));
+  sender->cuda_ipc_ = !options.cuda_ipc_device.empty() && accept.contains("cuda_ipc") && accept["cuda_ipc"] == true;
   return sender;
 }
 
@@ -268,7 +311,28 @@ Status KvStreamSender::send_layer(int layer, int first_block, std::span<const ui
   return send(KvFrameType::kKvLayer, parts);
 }
 
+Status KvStreamSender::send_device(std::shared_ptr<const DeviceKvTransfer> kv) {
+#ifdef SLIMKV_HAVE_CUDA
+  if (!cuda_ipc_) return error("KV stream to ", connection_.peer(), ": KV in GPU memory, but the receiver did not accept CUDA IPC");
+  SLIMKV_ASSIGN_OR_RETURN(const auto handle, cuda::ipc_handle_of(kv->pages.get()));
+  const std::string header = json{{"num_layers", kv->num_layers},
+                                  {"sealed_blocks", kv->sealed_blocks},
+                                  {"page_bytes", kv->page_bytes},
+                                  {"handle", hex_of(handle)}}.dump();
+  const std::array<uint8_t, 4> header_bytes = {uint8_t(header.size()), uint8_t(header.size() >> 8),
+                                               uint8_t(header.size() >> 16), uint8_t(header.size() >> 24)};
+  const std::span<const uint8_t> parts[] = {header_bytes, bytes_of(header), kv->open};
+  SLIMKV_RETURN_IF_ERROR(send(KvFrameType::kKvDevice, parts));
+  device_kv_ = std::move(kv);  // the receiver copies from it until it answers
+  return Status::ok();
+#else
+  (void)kv;
+  return error("KV stream: KV in GPU memory needs a build with CUDA");
+#endif
+}
+
 Status KvStreamSender::send_piece(const KvTransferPiece& piece) {
+  if (piece.device) return send_device(piece.device);
   const std::span<const uint8_t> bytes(piece.bytes);
   if (piece.layer < 0) return send_head(bytes);
   if (!piece.final) return send_blocks(piece.layer, piece.first_block, bytes);
@@ -277,7 +341,9 @@ Status KvStreamSender::send_piece(const KvTransferPiece& piece) {
 
 Status KvStreamSender::finish(const KvStreamRequest& request) {
   for (const std::vector<uint8_t>& open : open_parts_) crc_ = crc32c(open.data(), open.size(), crc_);
-  const std::array<uint8_t, kKvTransferTrailerBytes> transfer_trailer = kv_transfer_trailer(crc_);
+  // Over CUDA IPC the trailer is zeros: the open tokens' transfer carries its own.
+  std::array<uint8_t, kKvTransferTrailerBytes> transfer_trailer{};
+  if (!device_kv_) transfer_trailer = kv_transfer_trailer(crc_);
   const std::string body = json{{"prompt_token_ids", request.prompt_token_ids},
                                 {"resume_token_ids", request.resume_token_ids},
                                 {"next_token", request.next_token},
@@ -397,13 +463,13 @@ void KvStreamReceiver::bound_unclaimed_locked() {
   std::vector<std::map<std::string, Slot>::iterator> droppable;
   for (auto it = slots_.begin(); it != slots_.end(); ++it) {
     if (!it->second.complete) continue;
-    held += it->second.received.transfer.size();
+    held += it->second.received.kv_bytes();
     if (!waiters_.contains(it->first)) droppable.push_back(it);
   }
   std::sort(droppable.begin(), droppable.end(), [](const auto& a, const auto& b) { return a->second.since < b->second.since; });
   for (auto it : droppable) {
     if (held <= options_.max_unclaimed_bytes) break;
-    held -= it->second.received.transfer.size();
+    held -= it->second.received.kv_bytes();
     slots_.erase(it);
     ++dropped_bytes_total_;
   }
@@ -416,7 +482,7 @@ KvStreamReceiver::Stats KvStreamReceiver::stats() {
   for (const auto& [id, slot] : slots_) {
     if (!slot.complete) continue;
     ++stats.unclaimed_streams;
-    stats.unclaimed_bytes += slot.received.transfer.size();
+    stats.unclaimed_bytes += slot.received.kv_bytes();
   }
   return stats;
 }
@@ -427,7 +493,7 @@ void KvStreamReceiver::receive(TcpConnection connection) {
   const Status status = receive_stream(connection, received, serial);
   const int attempt = received.request.attempt;
   const std::string id = received.request.request_id;  // a copy: `received` moves into the mailbox
-  const uint64_t kv_bytes = received.transfer.size();
+  const uint64_t kv_bytes = received.kv_bytes();
   std::string answer_error;
   if (status.is_ok()) {
     std::lock_guard lock(mutex_);
@@ -508,9 +574,27 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     slot = Slot{.serial = serial, .complete = false, .received = {}, .since = SteadyClock::now()};
     slot.received.request.attempt = received.request.attempt;  // for the message to a superseded stream
   }
-  const std::string accept = json{{"identity", kv_identity_json(identity_)}}.dump();
+  // CUDA IPC when the sender offers it from this worker's GPU (and this worker takes it).
+  const json offer = hello.value("cuda_ipc", json());
+  const bool cuda_ipc = !options_.cuda_ipc_device.empty() && offer.is_object() && offer.contains("device") &&
+                        offer["device"] == options_.cuda_ipc_device;
+  const std::string accept = json{{"identity", kv_identity_json(identity_)}, {"cuda_ipc", cuda_ipc}}.dump();
   const std::span<const uint8_t> accept_parts[] = {bytes_of(accept)};
   SLIMKV_RETURN_IF_ERROR(write_kv_frame(connection, KvFrameType::kAccept, accept_parts, nullptr, deadline()));
+  if (cuda_ipc) {
+    received.wire_bytes += kKvFrameHeaderBytes + hello_frame.payload.size();
+    SLIMKV_ASSIGN_OR_RETURN(const int held, receive_device(connection, received, where));
+    std::array<uint8_t, kKvTransferTrailerBytes> trailer{};
+    SLIMKV_RETURN_IF_ERROR(receive_finish(connection, received, trailer.data(), where));
+    if (trailer != std::array<uint8_t, kKvTransferTrailerBytes>{}) {
+      return error(where, ": FINISH after KV_DEVICE must carry a zero trailer (the open tokens' transfer has its own)");
+    }
+    const size_t tokens = received.request.prompt_token_ids.size() + received.request.resume_token_ids.size();
+    if (size_t(held) != tokens) {
+      return error(where, ": the KV holds ", held, " tokens per layer, but the prompt and resumed tokens are ", tokens);
+    }
+    return Status::ok();
+  }
 
   // Sealed blocks of a long prompt's earlier chunks, as the sender computed them, then the head, which
   // sizes the transfer. The sender computes between frames here: the head's longer wait.
@@ -598,11 +682,25 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
   }
 
   // The trailer and the request; then the whole transfer is checked end to end (its own CRC).
-  SLIMKV_ASSIGN_OR_RETURN(const KvFrame finish, expect_frame(connection, KvFrameType::kFinish, deadline(), where));
-  if (finish.payload.size() < kKvTransferTrailerBytes) return error(where, ": the FINISH frame is shorter than a trailer");
-  std::memcpy(transfer.data() + info.trailer_offset, finish.payload.data(), kKvTransferTrailerBytes);
-  received.wire_bytes += kKvFrameHeaderBytes + finish.payload.size();
+  SLIMKV_RETURN_IF_ERROR(receive_finish(connection, received, transfer.data() + info.trailer_offset, where));
   SLIMKV_RETURN_IF_ERROR(inspect_kv_transfer(transfer.data(), transfer.size(), where).status());
+  const size_t tokens = received.request.prompt_token_ids.size() + received.request.resume_token_ids.size();
+  for (size_t l = 0; l < info.layer_tokens.size(); ++l) {
+    if (size_t(info.layer_tokens[l]) != tokens) {
+      return error(where, ": layer ", l, " holds ", info.layer_tokens[l], " tokens, but the prompt and resumed tokens are ",
+                   tokens);
+    }
+  }
+  return Status::ok();
+}
+
+Status KvStreamReceiver::receive_finish(TcpConnection& connection, ReceivedKv& received, uint8_t* trailer,
+                                        const std::string& where) {
+  SLIMKV_ASSIGN_OR_RETURN(const KvFrame finish, expect_frame(connection, KvFrameType::kFinish,
+                                                             SteadyClock::now() + options_.io_timeout, where));
+  if (finish.payload.size() < kKvTransferTrailerBytes) return error(where, ": the FINISH frame is shorter than a trailer");
+  std::memcpy(trailer, finish.payload.data(), kKvTransferTrailerBytes);
+  received.wire_bytes += kKvFrameHeaderBytes + finish.payload.size();
   SLIMKV_ASSIGN_OR_RETURN(const json body, parse_json_payload(finish, kKvTransferTrailerBytes, where));
   KvStreamRequest& request = received.request;
   SLIMKV_ASSIGN_OR_RETURN(request.prompt_token_ids, token_ids_field(body, "prompt_token_ids", where));
@@ -615,14 +713,62 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
   if (!body.contains("endpoint") || !body["endpoint"].is_string()) return error(where, ": FINISH: endpoint must be a string");
   request.endpoint = body["endpoint"].get<std::string>();
   request.request = body.value("request", json::object());
-  const size_t tokens = request.prompt_token_ids.size() + request.resume_token_ids.size();
-  for (size_t l = 0; l < info.layer_tokens.size(); ++l) {
-    if (size_t(info.layer_tokens[l]) != tokens) {
-      return error(where, ": layer ", l, " holds ", info.layer_tokens[l], " tokens, but the prompt and resumed tokens are ",
-                   tokens);
+  return Status::ok();
+}
+
+Expected<int> KvStreamReceiver::receive_device(TcpConnection& connection, ReceivedKv& received, const std::string& where) {
+  // The sender prefills between the handshake and this frame: the head's longer wait.
+  SLIMKV_ASSIGN_OR_RETURN(const KvFrame frame, expect_frame(connection, KvFrameType::kKvDevice,
+                                                            SteadyClock::now() + options_.head_timeout, where));
+  received.wire_bytes += kKvFrameHeaderBytes + frame.payload.size();
+  const size_t header_bytes = frame.payload.size() >= 4 ? load_u32_le(frame.payload.data()) : 0;
+  if (frame.payload.size() < 4 || header_bytes > frame.payload.size() - 4) {
+    return error(where, ": the KV_DEVICE frame of ", frame.payload.size(), " bytes does not hold the JSON it declares");
+  }
+  const auto json_begin = frame.payload.begin() + 4, json_end = json_begin + ptrdiff_t(header_bytes);
+  const json header = json::parse(json_begin, json_end, nullptr, false);
+  if (header.is_discarded() || !header.is_object()) return error(where, ": the KV_DEVICE frame's JSON is not an object");
+  const auto count = [&](const char* key) -> int64_t {
+    return header.contains(key) && header[key].is_number_unsigned() && header[key].get<uint64_t>() <= uint64_t(INT64_MAX)
+               ? header[key].get<int64_t>()
+               : -1;
+  };
+  const int64_t layers = count("num_layers"), blocks = count("sealed_blocks"), page_bytes = count("page_bytes");
+  const int64_t max_blocks = options_.max_tokens / std::max(1, identity_.block_tokens);
+  const uint64_t expected_page_bytes = uint64_t(identity_.num_kv_heads) * identity_.sealed_block_bytes;
+  if (layers != identity_.num_layers || blocks < 0 || blocks > max_blocks || page_bytes < 0 ||
+      uint64_t(page_bytes) != expected_page_bytes) {
+    return error(where, ": KV_DEVICE declares ", layers, " layers × ", blocks, " blocks × ", page_bytes,
+                 "-byte pages; expected ", identity_.num_layers, " layers, at most ", max_blocks, " blocks (",
+                 options_.max_tokens, " tokens), pages of ", expected_page_bytes, " bytes");
+  }
+  std::array<uint8_t, 64> handle{};
+  if (!header.contains("handle") || !header["handle"].is_string() || !bytes_of_hex(header["handle"].get<std::string>(), handle)) {
+    return error(where, ": KV_DEVICE's handle must be ", 2 * handle.size(), " hex digits");
+  }
+  auto kv = std::make_shared<DeviceKvTransfer>();
+  kv->open.assign(json_end, frame.payload.end());
+  kv->num_layers = int(layers);
+  kv->sealed_blocks = int(blocks);
+  kv->page_bytes = uint64_t(page_bytes);
+  SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo open, inspect_kv_transfer(kv->open.data(), kv->open.size(), where + ": the open tokens"));
+  if (open.spec != identity_.kv_spec || open.model_id != identity_.model_id) {
+    return error(where, ": the open tokens' transfer names spec '", open.spec, "' and model '", open.model_id,
+                 "', not the handshake's");
+  }
+  for (size_t l = 0; l < open.layer_tokens.size(); ++l) {
+    if (open.layer_tokens[l] != open.layer_tokens[0] || open.layer_tokens[l] >= identity_.block_tokens) {
+      return error(where, ": the open tokens' transfer holds ", open.layer_tokens[l], " tokens in layer ", l, " and ",
+                   open.layer_tokens[0], " in layer 0: expected one count below a block");
     }
   }
-  return Status::ok();
+#ifdef SLIMKV_HAVE_CUDA
+  SLIMKV_ASSIGN_OR_RETURN(kv->pages, cuda::copy_from_ipc_handle(handle, kv->pages_bytes()));
+  received.device_kv = std::move(kv);
+  return int(blocks) * identity_.block_tokens + open.layer_tokens.at(0);
+#else
+  return error(where, ": KV_DEVICE needs a build with CUDA");
+#endif
 }
 
 Expected<ReceivedKv> KvStreamReceiver::wait_for(const std::string& request_id, std::chrono::milliseconds timeout) {

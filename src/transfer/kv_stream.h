@@ -16,6 +16,12 @@
 //                                          ◄─ DONE {kv_bytes}  |  FAILED {error}
 //
 // Every frame is checked by a CRC32C (transfer/kv_frame.h); every read and write has a deadline.
+//
+// CUDA IPC (both workers on one GPU): a sender that offers it in HELLO (its GPU's UUID) and a receiver
+// on the same GPU that accepts it in ACCEPT replace KV_BLOCKS, KV_HEAD and KV_LAYER by one KV_DEVICE
+// frame: a cudaIpcMemHandle of the sender's copy of the sealed blocks (in GPU memory), which the
+// receiver copies device to device into its own memory, and the few open tokens as a transfer of
+// their own. Everything else (handshake, refusals, FINISH, DONE/FAILED) is unchanged.
 #pragma once
 
 #include <chrono>
@@ -72,10 +78,17 @@ struct KvStreamRequest {
   nlohmann::json request;   // the client's request body
 };
 
+// This process's GPU as the CUDA IPC path names it (its UUID); "" in builds without CUDA or with no
+// usable GPU: such a worker neither offers nor accepts CUDA IPC.
+std::string cuda_ipc_device_id();
+
 // --- the sender ---
 
 struct KvStreamSendOptions {
   double bandwidth_gbps = 0;  // token-bucket cap on what goes out (Gbit/s); 0: none
+  // cuda_ipc_device_id() of a sender whose KV is in GPU memory: offers the CUDA IPC path (used when the
+  // receiver is on the same GPU); "": the KV goes over TCP.
+  std::string cuda_ipc_device{};
   std::chrono::milliseconds connect_timeout{5000};
   std::chrono::milliseconds io_timeout{30000};  // per frame, and for the receiver's answers
 };
@@ -98,8 +111,13 @@ class KvStreamSender {
   Status send_head(std::span<const uint8_t> head);
   // The layer's sealed blocks from `first_block` on (skipping, as send_blocks, those sent), then its open tokens.
   Status send_layer(int layer, int first_block, std::span<const uint8_t> sealed, std::span<const uint8_t> open);
+  // The whole KV in GPU memory (CUDA IPC; only when cuda_ipc()): its sealed blocks stay where they
+  // are, shared by a handle, and `kv` is kept alive until finish() has the receiver's answer.
+  Status send_device(std::shared_ptr<const DeviceKvTransfer> kv);
+  // Whether the receiver accepted the CUDA IPC path: send the KV by send_device, not in pieces.
+  bool cuda_ipc() const { return cuda_ipc_; }
   // One piece as an engine hands it out (Engine::stream_sealed_kv, stream_kv_in_next_step): the head,
-  // a layer's early blocks, or a layer's rest.
+  // a layer's early blocks, a layer's rest, or (device) the whole KV in GPU memory.
   Status send_piece(const KvTransferPiece& piece);
   // The transfer's trailer (its CRC32C over the head and layers sent, in the transfer's order) and the
   // request; waits for the receiver's DONE (an error quotes its FAILED).
@@ -116,6 +134,8 @@ class KvStreamSender {
   TcpConnection connection_;
   const KvStreamIdentity identity_;
   KvStreamSendOptions options_;
+  bool cuda_ipc_ = false;
+  std::shared_ptr<const DeviceKvTransfer> device_kv_;  // send_device's, until the receiver's answer
   TokenBucket bucket_;
   uint64_t bytes_sent_ = 0;
   // The transfer's CRC so far (the head, then each layer's sealed blocks), and the open tokens of every
@@ -144,7 +164,11 @@ KvStreamSendResult send_kv_transfer(const std::string& address, const KvStreamId
 struct ReceivedKv {
   KvStreamRequest request;
   std::vector<uint8_t> transfer;  // the sender's transfer, byte for byte, checked (CRC, structure)
+  // Instead of transfer, over CUDA IPC: the KV with its sealed blocks copied into this process's GPU
+  // memory (its open tokens' transfer checked as transfer is).
+  std::shared_ptr<const DeviceKvTransfer> device_kv = nullptr;
   uint64_t wire_bytes = 0;
+  uint64_t kv_bytes() const;  // what it holds, in host and GPU memory
 };
 
 struct KvStreamReceiverOptions {
@@ -162,6 +186,9 @@ struct KvStreamReceiverOptions {
   // before the KV_HEAD, and what a head may declare (the transfer is allocated from it).
   int max_tokens = 1 << 20;
   int max_connections = 64;  // streams received at once; more are refused
+  // cuda_ipc_device_id() of a receiver whose KV lives in GPU memory: accepts the CUDA IPC path from a
+  // sender on the same GPU; "": every stream comes over TCP.
+  std::string cuda_ipc_device{};
 };
 
 // Listens for streams on a thread of its own, one thread per connection; completed streams wait in a
@@ -192,6 +219,11 @@ class KvStreamReceiver {
   void receive(TcpConnection connection);
   // Receives one stream; `serial` is set (> 0) once it holds the slot of its request id.
   Status receive_stream(TcpConnection& connection, ReceivedKv& received, uint64_t& serial);
+  // After an ACCEPT of the CUDA IPC path: the KV_DEVICE frame, its blocks copied out of the sender's
+  // memory; the tokens per layer it holds.
+  Expected<int> receive_device(TcpConnection& connection, ReceivedKv& received, const std::string& where);
+  // The stream's FINISH: the transfer's trailer (into `trailer`) and the request.
+  Status receive_finish(TcpConnection& connection, ReceivedKv& received, uint8_t* trailer, const std::string& where);
   void drop_stale_locked();
   // Drops the oldest unclaimed complete streams nobody waits for while they hold more than the bound.
   void bound_unclaimed_locked();

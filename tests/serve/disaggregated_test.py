@@ -7,7 +7,10 @@ a resume from generated tokens
 continues the same completion; mismatched workers are refused naming both specs; a stream that never
 comes is a 504.
 
-Usage: disaggregated_test.py SLIMKV_BINARY SOURCE_DIR"""
+Usage: disaggregated_test.py SLIMKV_BINARY SOURCE_DIR [SERVE_ARGS...]
+SERVE_ARGS go to every server, e.g. `--device cuda` (both workers on one GPU: the KV moves by CUDA IPC,
+which the prefill worker's answer must say) or `--device cuda --kv-transport tcp`; `--model DIR` among
+them replaces the bundled model."""
 import os
 import sys
 import threading
@@ -16,8 +19,15 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from slimkv_server import Server, stream_text  # noqa: E402
 
-SLIMKV, SOURCE = sys.argv[1], sys.argv[2]
+SLIMKV, SOURCE, EXTRA = sys.argv[1], sys.argv[2], sys.argv[3:]
 MODEL = os.path.join(SOURCE, "models", "slimkv-llama-15m")
+if "--model" in EXTRA:  # another model than the bundled one (the GPU run's Llama-3-8B-shaped one)
+    at = EXTRA.index("--model")
+    MODEL = EXTRA[at + 1]
+    del EXTRA[at:at + 2]
+# The transport the prefill workers must report: CUDA IPC between two workers of one GPU unless told tcp.
+ON_GPU = "cuda" in EXTRA and EXTRA[EXTRA.index("cuda") - 1] == "--device"
+WANT_TRANSPORT = "cuda_ipc" if ON_GPU and "tcp" not in EXTRA else "tcp"
 PROMPTS = [
     "The history of the river begins in the mountains, where",
     # Long enough for sealed blocks (64 tokens) and an open block in every layer.
@@ -64,7 +74,7 @@ def usage_of(events):
 def check_spec(spec, failures):
     # 64-token steps: the long prompt is prefilled in chunks, whose sealed blocks travel while the next
     # chunks compute (KV_BLOCKS frames), as a long prompt's do at the default 512.
-    args = ["--kv", spec, "--prefill-chunk-tokens", "64"]
+    args = ["--kv", spec, "--prefill-chunk-tokens", "64"] + EXTRA
     with Server(SLIMKV, MODEL, args) as both, Server(SLIMKV, MODEL, args + ["--role", "prefill"]) as prefill, \
             Server(SLIMKV, MODEL, args + ["--role", "decode", "--kv-port", "0"]) as decode:
         health = decode.get("/health")[2]
@@ -87,8 +97,8 @@ def check_spec(spec, failures):
                 failures.append(f"{spec}: disaggregated {text!r} ({finish}) != colocated {want_text!r}")
             if usage != expected["usage"] or len(ids) != usage["completion_tokens"]:
                 failures.append(f"{spec}: usage {usage} / {len(ids)} token ids != colocated {expected['usage']}")
-            if p_answer["next_token"] != ids[0] or p_answer["kv_bytes"] <= 0:
-                failures.append(f"{spec}: prefill answer {p_answer} vs first token {ids[0]}")
+            if p_answer["next_token"] != ids[0] or p_answer["kv_bytes"] <= 0 or p_answer["kv_transport"] != WANT_TRANSPORT:
+                failures.append(f"{spec}: prefill answer {p_answer} vs first token {ids[0]}, transport {WANT_TRANSPORT}")
             # Resumed after 5 tokens (as a router does when a decode worker dies): the rest is the same.
             k = 5
             status, events, (p_status, _, p_answer) = disaggregated(prefill, decode, body, resume=ids[:k])
@@ -120,8 +130,8 @@ def check_spec(spec, failures):
 
 
 def check_mismatch(failures):
-    with Server(SLIMKV, MODEL, ["--kv", "dense", "--role", "prefill"]) as prefill, \
-            Server(SLIMKV, MODEL, ["--kv", "hack:bits=2,pi=64", "--role", "decode", "--kv-port", "0"]) as decode:
+    with Server(SLIMKV, MODEL, ["--kv", "dense", "--role", "prefill"] + EXTRA) as prefill, \
+            Server(SLIMKV, MODEL, ["--kv", "hack:bits=2,pi=64", "--role", "decode", "--kv-port", "0"] + EXTRA) as decode:
         p_spec, d_spec = prefill.get("/health")[2]["kv_spec"], decode.get("/health")[2]["kv_spec"]
         body = {"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0}
         status, events, (p_status, _, p_answer) = disaggregated(prefill, decode, body, timeout_s=2)

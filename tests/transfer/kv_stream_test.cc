@@ -252,10 +252,12 @@ TEST(KvStream, MismatchIsRefusedNamingBothSides) {
 // A hand-driven sender for the fault cases: the handshake, then whatever the test writes.
 struct RawSender {
   TcpConnection connection;
-  explicit RawSender(int port, const KvStreamIdentity& identity, const std::string& id) {
+  explicit RawSender(int port, const KvStreamIdentity& identity, const std::string& id, const std::string& cuda_ipc_device = "") {
     connection = TcpConnection::connect(loopback(port), 2s).take();
-    const std::string hello = nlohmann::json{{"stream_version", kKvStreamVersion}, {"request_id", id}, {"attempt", 0},
-                                             {"identity", kv_identity_json(identity)}}.dump();
+    nlohmann::json body = {{"stream_version", kKvStreamVersion}, {"request_id", id}, {"attempt", 0},
+                           {"identity", kv_identity_json(identity)}};
+    if (!cuda_ipc_device.empty()) body["cuda_ipc"] = {{"device", cuda_ipc_device}};
+    const std::string hello = body.dump();
     write(KvFrameType::kHello, {reinterpret_cast<const uint8_t*>(hello.data()), hello.size()});
     EXPECT_EQ(read_kv_frame(connection, SteadyClock::now() + 5s)->type, KvFrameType::kAccept);
   }
@@ -418,6 +420,65 @@ TEST(KvStream, BlocksOutOfOrderFailTheStream) {
   sender.write(KvFrameType::kKvBlocks, blocks);
   const std::string answer = sender.answer();
   EXPECT_NE(answer.find("continuing at its block 0"), std::string::npos) << answer;
+}
+
+// CUDA IPC only between two workers that name the same GPU (the UUID in HELLO and in the receiver's
+// options); otherwise the stream is TCP's, unchanged.
+TEST(KvStream, CudaIpcIsAcceptedOnlyForTheReceiversOwnGpu) {
+  Prefilled p = prefill("dense", 70);
+  const auto accepted = [&](const std::string& receiver_gpu, const std::string& sender_gpu) {
+    auto receiver = KvStreamReceiver::start(p.identity, {.port = 0, .cuda_ipc_device = receiver_gpu});
+    bool refused = false;
+    auto sender = KvStreamSender::open(loopback((*receiver)->port()), p.identity, "ipc", 0,
+                                       {.cuda_ipc_device = sender_gpu}, &refused);
+    EXPECT_TRUE(sender) << sender.status().message();
+    if (!sender || (*sender)->cuda_ipc()) return sender.has_value();
+    // Not accepted: the TCP path, as before.
+    const Status sent = (*sender)->send_transfer(p.transfer, request_for(p, "ipc"));
+    EXPECT_TRUE(sent) << sent.message();
+    Expected<ReceivedKv> got = (*receiver)->wait_for("ipc", 5s);
+    EXPECT_TRUE(got && got->transfer == p.transfer && !got->device_kv);
+    return false;
+  };
+  EXPECT_TRUE(accepted("GPU-1234", "GPU-1234"));
+  EXPECT_FALSE(accepted("GPU-1234", "GPU-5678"));
+  EXPECT_FALSE(accepted("", "GPU-1234"));
+  EXPECT_FALSE(accepted("GPU-1234", ""));
+}
+
+// KV in GPU memory is the GPU's: a CPU engine says so instead of handing out anything.
+TEST(KvStream, KvInGpuMemoryIsRefusedOnTheCpu) {
+  Prefilled p = prefill("dense", 10);
+  const SequenceId sequence = *p.engine->add_sequence();
+  EXPECT_FALSE(p.engine->exports_kv_to_device());
+  const Status streamed = p.engine->stream_kv_in_next_step(sequence, [](KvTransferPiece) {}, true);
+  EXPECT_NE(streamed.message().find("leaves through host memory only"), std::string::npos) << streamed.message();
+  const Expected<DeviceKvTransfer> exported = p.engine->export_kv_to_device(sequence);
+  ASSERT_FALSE(exported);
+  EXPECT_NE(exported.status().message().find("device 'cuda'"), std::string::npos) << exported.status().message();
+}
+
+// A KV_DEVICE frame is checked before any GPU memory is touched: its JSON, the pages it declares
+// against the handshake's identity, the handle.
+TEST(KvStream, MalformedKvDeviceFramesAreRefusedNamingTheField) {
+  Prefilled p = prefill("hack:bits=2,pi=64", 70);
+  auto receiver = KvStreamReceiver::start(p.identity, {.port = 0, .cuda_ipc_device = "GPU-1234"});
+  const auto answer_to = [&](const std::string& json_text) {
+    RawSender sender((*receiver)->port(), p.identity, "bad-device", "GPU-1234");
+    std::vector<uint8_t> payload = {uint8_t(json_text.size()), uint8_t(json_text.size() >> 8), 0, 0};
+    payload.insert(payload.end(), json_text.begin(), json_text.end());
+    sender.write(KvFrameType::kKvDevice, payload);
+    return sender.answer();
+  };
+  const uint64_t page = uint64_t(p.identity.num_kv_heads) * p.identity.sealed_block_bytes;
+  const std::string handle(128, 'a');
+  EXPECT_NE(answer_to("[1, 2]").find("KV_DEVICE frame's JSON is not an object"), std::string::npos);
+  const std::string wrong_pages = answer_to(nlohmann::json{{"num_layers", p.identity.num_layers}, {"sealed_blocks", 1},
+                                                           {"page_bytes", page + 1}, {"handle", handle}}.dump());
+  EXPECT_NE(wrong_pages.find("pages of " + std::to_string(page) + " bytes"), std::string::npos) << wrong_pages;
+  const std::string bad_handle = answer_to(nlohmann::json{{"num_layers", p.identity.num_layers}, {"sealed_blocks", 1},
+                                                          {"page_bytes", page}, {"handle", "xyz"}}.dump());
+  EXPECT_NE(bad_handle.find("handle must be 128 hex digits"), std::string::npos) << bad_handle;
 }
 
 }  // namespace

@@ -1,15 +1,16 @@
 // The engine's device "cuda" (engine/device_model.h): the model uploaded to the GPU
 // (model/cuda/llama_cuda.h), each engine sequence a sequence of its KV cache (kv/cuda/gpu_kv_cache.h),
 // steps of mixed items with logits rows or tokens sampled on the GPU, the cache's block budget, and KV
-// export/import in the transfer format through a host KvStore (kv/transfer.h).
+// export/import in the transfer format (kv/cuda/gpu_kv_transfer.h: through a host KvStore, or with the
+// sealed blocks left in GPU memory).
 #include <algorithm>
 #include <map>
 #include <vector>
 
 #include "engine/device_model.h"
 #include "kv/cuda/gpu_kv_plan.h"
+#include "kv/cuda/gpu_kv_transfer.h"
 #include "kv/store.h"
-#include "kv/transfer.h"
 #include "model/cuda/llama_cuda.h"
 #include "model/llama.h"
 #include "slimkv/engine.h"
@@ -86,12 +87,8 @@ class CudaDeviceModel final : public DeviceModel {
   }
 
   Status export_kv(SequenceId sequence, std::string_view model_id, std::vector<uint8_t>& out) const override {
-    KvStore store(shape_, pipeline_);
-    SLIMKV_RETURN_IF_ERROR(model_->kv().export_sequence(id_of(sequence), store));
-    return write_kv_transfer(store, model_id, out);
+    return cuda::export_transfer(model_->kv(), id_of(sequence), context(model_id), out);
   }
-  // The transfer's reader checks it against this device's spec (kv_description), model and shape into
-  // a host store; the cache then takes the blocks as they are.
   Status import_kv(SequenceId sequence, std::span<const uint8_t> transfer, std::string_view source,
                    std::string_view model_id) override {
     const int id = id_of(sequence);
@@ -99,9 +96,17 @@ class CudaDeviceModel final : public DeviceModel {
       return error("kv transfer '", source, "': sequence ", sequence, " holds ", model_->num_tokens(id),
                    " tokens; a transfer is imported into an empty sequence");
     }
-    KvStore store(shape_, pipeline_);
-    SLIMKV_RETURN_IF_ERROR(read_kv_transfer(transfer.data(), transfer.size(), source, model_id, store));
-    return model_->kv().import_sequence(id, store).with_context(str_cat("kv transfer '", source, "'"));
+    return cuda::import_transfer(model_->kv(), id, context(model_id), transfer, source);
+  }
+
+  // The CUDA IPC path: the sealed blocks stay in GPU memory (dense, hack and quant caches).
+  bool exports_kv_to_device() const override { return model_->kv().device_page_bytes() > 0; }
+  Status export_kv_to_device(SequenceId sequence, std::string_view model_id, DeviceKvTransfer& out) const override {
+    return cuda::export_to_device(model_->kv(), id_of(sequence), context(model_id), out);
+  }
+  Status import_kv_from_device(SequenceId sequence, const DeviceKvTransfer& transfer, std::string_view source,
+                               std::string_view model_id) override {
+    return cuda::import_from_device(model_->kv(), id_of(sequence), context(model_id), transfer, source);
   }
 
   const KvStore* kv_store(SequenceId) const override { return nullptr; }
@@ -117,6 +122,9 @@ class CudaDeviceModel final : public DeviceModel {
   // The engine checks ids before calling.
   const Held& held_of(SequenceId sequence) const { return sequences_.at(sequence); }
   int id_of(SequenceId sequence) const { return held_of(sequence).id; }
+  cuda::GpuKvTransferContext context(std::string_view model_id) const {
+    return {.shape = shape_, .pipeline = pipeline_, .model_id = std::string(model_id)};
+  }
 
   std::unique_ptr<cuda::CudaLlamaModel> model_;
   KvPipeline pipeline_;  // as the GPU runs it: its describe() is kv_description()

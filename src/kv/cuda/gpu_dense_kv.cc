@@ -1,8 +1,10 @@
 // The `dense` codec on the GPU: every token's K/V in FP16 pages (paged_kv_cache.h), attention by the
 // paged FP16 kernels. In the transfer format its sealed blocks are `dense:dtype=f16` blocks.
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
+#include "backend/cuda/ipc_memory.h"
 #include "kv/cuda/gpu_kv_cache.h"
 #include "kv/cuda/kv_store_copy.h"
 #include "kv/cuda/paged_kv_cache.h"
@@ -66,9 +68,7 @@ class GpuDenseKv final : public GpuKvCache {
       for (int g = 0; g < shape_.num_kv_heads; ++g) {
         for (int b = 0; b < full; ++b) into.restore_sealed_block(l, g, sealed[size_t(g)].data() + size_t(b) * head_page * 4);
       }
-      const int open = tokens - full * kCudaBlockTokens;
-      if (open > 0) SLIMKV_RETURN_IF_ERROR(download_page(view, blocks[size_t(full)], k, v));
-      restore_open_tokens_from_page(into, l, k, v, open);
+      SLIMKV_RETURN_IF_ERROR(restore_open_layer(sequence, l, into));
     }
     return Status::ok();
   }
@@ -80,12 +80,69 @@ class GpuDenseKv final : public GpuKvCache {
       return error("the GPU KV cache has no room for the imported sequence: ", needed, " blocks of ", kCudaBlockTokens,
                    " tokens needed, ", sequences().free_blocks(), " free");
     }
-    return append_store_rows(
-        from, 0, tokens, shape_.max_step_tokens, [&](int n) { return cache_->begin_step({sequence}, {n}); },
-        [&](int layer, const uint16_t* k, const uint16_t* v) { return cache_->append(layer, k, v); });
+    return append_rows(sequence, from, 0, tokens);
+  }
+
+  // Device pages: [K of every head | V of every head] of one block, FP16.
+  size_t device_page_bytes() const override { return 2 * half_page_bytes(); }
+
+  Status export_pages(int sequence, int blocks, uint8_t* out) const override {
+    if (blocks > sequences().num_tokens(sequence) / kCudaBlockTokens) {
+      return error("exporting ", blocks, " blocks of a sequence of ", sequences().num_tokens(sequence), " tokens");
+    }
+    const auto* k = reinterpret_cast<const uint8_t*>(cache_->view(0).k);
+    const auto* v = reinterpret_cast<const uint8_t*>(cache_->view(0).v);
+    const std::vector<uint64_t> pool = pool_offsets(shape_.num_layers, sequences().blocks(sequence), blocks, layer_bytes(), half_page_bytes());
+    SLIMKV_RETURN_IF_ERROR(copy_device_pieces(out, page_offsets(shape_.num_layers, blocks, device_page_bytes(), 0), k, pool, half_page_bytes()));
+    return copy_device_pieces(out, page_offsets(shape_.num_layers, blocks, device_page_bytes(), half_page_bytes()), v, pool,
+                              half_page_bytes());
+  }
+
+  Status import_pages(int sequence, int blocks, const uint8_t* pages, const KvStore& open) override {
+    const int sealed_tokens = blocks * kCudaBlockTokens, tokens = sealed_tokens + open.num_tokens(0);
+    const int needed = sequences().blocks_to_grow(sequence, tokens);
+    if (needed > sequences().free_blocks()) {
+      return error("the GPU KV cache has no room for the imported sequence: ", needed, " blocks of ", kCudaBlockTokens,
+                   " tokens needed, ", sequences().free_blocks(), " free");
+    }
+    // The blocks are taken as steps take them (a step at most max_step_tokens), then filled at once.
+    for (int done = 0; done < sealed_tokens; done += shape_.max_step_tokens) {
+      SLIMKV_RETURN_IF_ERROR(cache_->begin_step({sequence}, {std::min(shape_.max_step_tokens, sealed_tokens - done)}));
+    }
+    auto* k = reinterpret_cast<uint8_t*>(cache_->layer_k(0));
+    auto* v = reinterpret_cast<uint8_t*>(cache_->layer_v(0));
+    const std::vector<uint64_t> pool = pool_offsets(shape_.num_layers, sequences().blocks(sequence), blocks, layer_bytes(), half_page_bytes());
+    SLIMKV_RETURN_IF_ERROR(copy_device_pieces(k, pool, pages, page_offsets(shape_.num_layers, blocks, device_page_bytes(), 0), half_page_bytes()));
+    SLIMKV_RETURN_IF_ERROR(copy_device_pieces(v, pool, pages, page_offsets(shape_.num_layers, blocks, device_page_bytes(), half_page_bytes()),
+                                              half_page_bytes()));
+    return append_rows(sequence, open, 0, open.num_tokens(0));
+  }
+
+  Status export_open_tokens(int sequence, KvStore& into) const override {
+    into.clear();
+    for (int l = 0; l < shape_.num_layers; ++l) SLIMKV_RETURN_IF_ERROR(restore_open_layer(sequence, l, into));
+    return Status::ok();
   }
 
  private:
+  // One block of one layer, K (or V) of every KV head.
+  size_t half_page_bytes() const { return size_t(shape_.num_kv_heads) * kCudaBlockTokens * size_t(shape_.head_dim) * 2; }
+  size_t layer_bytes() const { return size_t(cache_->shape().num_blocks) * half_page_bytes(); }
+
+  // The layer's tokens after the sequence's last full block, as `into`'s open tokens of the layer.
+  Status restore_open_layer(int sequence, int layer, KvStore& into) const {
+    const int tokens = sequences().num_tokens(sequence), full = tokens / kCudaBlockTokens;
+    const int open = tokens - full * kCudaBlockTokens;
+    return restore_open_page(cache_->view(layer), open > 0 ? sequences().blocks(sequence)[size_t(full)] : 0, open, into, layer);
+  }
+
+  // Tokens [first, first + tokens) of `from` appended to the sequence, as steps append them.
+  Status append_rows(int sequence, const KvStore& from, int first, int tokens) {
+    return append_store_rows(
+        from, first, tokens, shape_.max_step_tokens, [&](int n) { return cache_->begin_step({sequence}, {n}); },
+        [&](int layer, const uint16_t* k, const uint16_t* v) { return cache_->append(layer, k, v); });
+  }
+
   GpuKvShape shape_;
   std::unique_ptr<CudaPagedKvCache> cache_;
   std::unique_ptr<CudaPagedAttention> attention_;

@@ -30,6 +30,36 @@ Status check_blocks_for_step(const SequenceBlocks& held, const PagedAttentionBat
   return Status::ok();
 }
 
+// Caches without device pages (a host tier, PQ's, ZACK's) move sequences through the host alone.
+Status GpuKvCache::export_pages(int, int, uint8_t*) const {
+  return error("this GPU KV cache has no device pages to share (a host tier, pq or zack): its KV moves through host memory");
+}
+Status GpuKvCache::import_pages(int, int, const uint8_t*, const KvStore&) {
+  return error("this GPU KV cache has no device pages to fill (a host tier, pq or zack): its KV moves through host memory");
+}
+Status GpuKvCache::export_open_tokens(int, KvStore&) const {
+  return error("this GPU KV cache has no device pages (a host tier, pq or zack): its KV moves through host memory");
+}
+
+std::vector<uint64_t> page_offsets(int num_layers, int blocks, size_t page_bytes, size_t part_offset) {
+  std::vector<uint64_t> offsets;
+  offsets.reserve(size_t(num_layers) * size_t(blocks));
+  for (int l = 0; l < num_layers; ++l) {
+    for (int b = 0; b < blocks; ++b) offsets.push_back((uint64_t(l) * uint64_t(blocks) + uint64_t(b)) * page_bytes + part_offset);
+  }
+  return offsets;
+}
+
+std::vector<uint64_t> pool_offsets(int num_layers, const std::vector<int>& block_ids, int blocks, size_t layer_bytes,
+                                   size_t block_bytes) {
+  std::vector<uint64_t> offsets;
+  offsets.reserve(size_t(num_layers) * size_t(blocks));
+  for (int l = 0; l < num_layers; ++l) {
+    for (int b = 0; b < blocks; ++b) offsets.push_back(uint64_t(l) * layer_bytes + uint64_t(block_ids[size_t(b)]) * block_bytes);
+  }
+  return offsets;
+}
+
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_kv_cache(const GpuKvShape& shape, const GpuKvOptions& options,
                                                         KvProjection* projection) {
   if (shape.max_sequences < 1 || shape.max_step_tokens < shape.max_sequences) {

@@ -179,6 +179,21 @@ class GpuKvCache {
   // Makes the empty `sequence` hold what `from` holds (the same pipeline, checked by the transfer's
   // reader): sealed blocks copied as they are, open tokens in FP16. An error when the budget lacks room.
   virtual Status import_sequence(int sequence, const KvStore& from) = 0;
+
+  // --- The same with the sealed blocks kept in GPU memory (the CUDA IPC path, docs/kv_stream_protocol.md) ---
+  // Device layout of a sequence's first `blocks` full blocks: [num_layers, blocks, page] where a page
+  // is one block of every KV head as this cache stores it (dense: the FP16 K of every head, then V;
+  // hack/quant: every head's codec bytes). 0: this cache keeps no such pages (its sequences go through
+  // export_sequence / import_sequence only).
+  virtual size_t device_page_bytes() const { return 0; }
+  // Copies the sequence's first `blocks` full blocks, device to device, into `out` (device layout above).
+  virtual Status export_pages(int sequence, int blocks, uint8_t* out) const;
+  // Makes the empty `sequence` hold `blocks` full blocks copied device to device from `pages` (device
+  // layout above; the same cache kind and shape wrote them), then `open` (a store of the sequence's
+  // tokens after those blocks, fewer than a block per layer) appended. An error when the budget lacks room.
+  virtual Status import_pages(int sequence, int blocks, const uint8_t* pages, const KvStore& open);
+  // The sequence's tokens after its last full block into the cleared `into` (each layer's as open tokens).
+  virtual Status export_open_tokens(int sequence, KvStore& into) const;
 };
 
 // The cache for `options`. projection: the model's, for a tier that recomputes (kvpr); it must outlive
@@ -189,6 +204,13 @@ Expected<std::unique_ptr<GpuKvCache>> make_gpu_kv_cache(const GpuKvShape& shape,
 // Whether `held` has the blocks the step's sequences grow into; else an error naming `cache` ("GPU",
 // "host") and the counts. Shared by the caches that grow by SequenceBlocks alone.
 Status check_blocks_for_step(const SequenceBlocks& held, const PagedAttentionBatch& batch, const char* cache);
+
+// The device layout's offsets (GpuKvCache::export_pages) of part `part_offset` of every (layer, block)
+// [num_layers · blocks], layer by layer; and where the same pieces lie in a pool of `layer_bytes` per
+// layer whose block `id` starts at id · block_bytes (block_ids: the sequence's, in order).
+std::vector<uint64_t> page_offsets(int num_layers, int blocks, size_t page_bytes, size_t part_offset);
+std::vector<uint64_t> pool_offsets(int num_layers, const std::vector<int>& block_ids, int blocks, size_t layer_bytes,
+                                   size_t block_bytes);
 
 // The implementations (one file each).
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_dense_kv(const GpuKvShape& shape, int num_blocks);

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/cuda/ipc_memory.h"
 #include "kv/cuda/gpu_kv_cache.h"
 #include "kv/cuda/kv_store_copy.h"
 #include "kv/cuda/quantized_kv_cache.h"
@@ -50,7 +51,6 @@ class GpuQuantizedKv final : public GpuKvCache {
     const size_t block_bytes = cache_->layout().block_bytes;
     const size_t page_bytes = size_t(shape_.num_kv_heads) * block_bytes;
     std::vector<uint8_t> blocks(size_t(full) * page_bytes);
-    std::vector<uint16_t> k, v;
     into.clear();
     for (int l = 0; l < shape_.num_layers; ++l) {
       const QuantizedKvView sealed = cache_->sealed_view(l);
@@ -62,11 +62,7 @@ class GpuQuantizedKv final : public GpuKvCache {
       for (int g = 0; g < shape_.num_kv_heads; ++g) {
         for (int b = 0; b < full; ++b) into.restore_sealed_block(l, g, blocks.data() + size_t(b) * page_bytes + size_t(g) * block_bytes);
       }
-      const int open = tokens - full * kCudaBlockTokens;
-      if (open > 0) {
-        SLIMKV_RETURN_IF_ERROR(download_page(cache_->view(l), cache_->window_sequences().blocks(sequence)[size_t(full)], k, v));
-      }
-      restore_open_tokens_from_page(into, l, k, v, open);
+      SLIMKV_RETURN_IF_ERROR(restore_open_layer(sequence, l, into));
     }
     return Status::ok();
   }
@@ -89,13 +85,56 @@ class GpuQuantizedKv final : public GpuKvCache {
       }
     }
     SLIMKV_RETURN_IF_ERROR(cache_->restore_sealed(sequence, full, sealed.data()));
-    return append_store_rows(
-        from, full * kCudaBlockTokens, tokens - full * kCudaBlockTokens, shape_.max_step_tokens,
-        [&](int n) { return cache_->begin_step({sequence}, {n}); },
-        [&](int layer, const uint16_t* k, const uint16_t* v) { return cache_->append(layer, k, v); });
+    return append_rows(sequence, from, full * kCudaBlockTokens, tokens - full * kCudaBlockTokens);
+  }
+
+  // Device pages: every KV head's sealed block as the pool holds it (the codec's bytes).
+  size_t device_page_bytes() const override { return size_t(shape_.num_kv_heads) * cache_->layout().block_bytes; }
+
+  Status export_pages(int sequence, int blocks, uint8_t* out) const override {
+    if (blocks > sequences().num_tokens(sequence) / kCudaBlockTokens) {
+      return error("exporting ", blocks, " blocks of a sequence of ", sequences().num_tokens(sequence), " tokens");
+    }
+    const uint8_t* pool = cache_->sealed_view(0).blocks;
+    const size_t layer_bytes = size_t(cache_->shape().num_blocks) * device_page_bytes();  // the pool's layers
+    return copy_device_pieces(out, page_offsets(shape_.num_layers, blocks, device_page_bytes(), 0), pool,
+                              pool_offsets(shape_.num_layers, sequences().blocks(sequence), blocks, layer_bytes, device_page_bytes()),
+                              device_page_bytes());
+  }
+
+  Status import_pages(int sequence, int blocks, const uint8_t* pages, const KvStore& open) override {
+    const int tokens = blocks * kCudaBlockTokens + open.num_tokens(0);
+    const int needed = sequences().blocks_to_grow(sequence, tokens);
+    if (needed > sequences().free_blocks()) {
+      return error("the GPU's sealed KV pool has no room for the imported sequence: ", needed, " blocks of ",
+                   kCudaBlockTokens, " tokens needed, ", sequences().free_blocks(), " free");
+    }
+    SLIMKV_RETURN_IF_ERROR(cache_->restore_sealed(sequence, blocks, pages, /*on_device=*/true));
+    return append_rows(sequence, open, 0, open.num_tokens(0));
+  }
+
+  Status export_open_tokens(int sequence, KvStore& into) const override {
+    into.clear();
+    for (int l = 0; l < shape_.num_layers; ++l) SLIMKV_RETURN_IF_ERROR(restore_open_layer(sequence, l, into));
+    return Status::ok();
   }
 
  private:
+  // The layer's tokens after the sequence's last full block (in the FP16 window), as `into`'s open tokens.
+  Status restore_open_layer(int sequence, int layer, KvStore& into) const {
+    const int tokens = sequences().num_tokens(sequence), full = tokens / kCudaBlockTokens;
+    const int open = tokens - full * kCudaBlockTokens;
+    return restore_open_page(cache_->view(layer), open > 0 ? cache_->window_sequences().blocks(sequence)[size_t(full)] : 0,
+                             open, into, layer);
+  }
+
+  // Tokens [first, first + tokens) of `from` appended to the sequence, as steps append them.
+  Status append_rows(int sequence, const KvStore& from, int first, int tokens) {
+    return append_store_rows(
+        from, first, tokens, shape_.max_step_tokens, [&](int n) { return cache_->begin_step({sequence}, {n}); },
+        [&](int layer, const uint16_t* k, const uint16_t* v) { return cache_->append(layer, k, v); });
+  }
+
   GpuKvShape shape_;
   std::unique_ptr<CudaQuantizedKvCache> cache_;
   std::unique_ptr<CudaPagedAttention> attention_;

@@ -31,6 +31,13 @@ void restore_open_tokens_from_page(KvStore& into, int layer, const std::vector<u
   }
 }
 
+Status restore_open_page(const PagedKvView& view, int block, int open, KvStore& into, int layer) {
+  std::vector<uint16_t> k, v;
+  if (open > 0) SLIMKV_RETURN_IF_ERROR(download_page(view, block, k, v));
+  restore_open_tokens_from_page(into, layer, k, v, open);
+  return Status::ok();
+}
+
 void store_rows(const KvStore& from, int layer, int first, int n, std::vector<uint16_t>& k, std::vector<uint16_t>& v) {
   const KvShape& shape = from.shape();
   const int heads = shape.num_kv_heads, d = shape.k_dim, block_tokens = from.block_tokens();

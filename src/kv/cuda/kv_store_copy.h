@@ -23,6 +23,9 @@ Status download_page(const PagedKvView& view, int block, std::vector<uint16_t>& 
 // (KvStore::restore_open_tokens, FP32: FP16 widened exactly); n = 0 sets the layer's count.
 void restore_open_tokens_from_page(KvStore& into, int layer, const std::vector<uint16_t>& k,
                                    const std::vector<uint16_t>& v, int n);
+// The first `open` tokens of page `block` of `view` (one layer's) as that layer's open tokens in
+// `into` (download_page, then restore_open_tokens_from_page); open = 0 reads nothing.
+Status restore_open_page(const PagedKvView& view, int block, int open, KvStore& into, int layer);
 
 // Tokens [first, first + n) of one layer of `from` as step rows: k, v [n, num_kv_heads, head_dim] FP16
 // (the append kernels' input). Sealed tokens are read from dense FP16 blocks (`dense:dtype=f16`), open

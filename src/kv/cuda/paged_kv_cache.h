@@ -55,6 +55,11 @@ class CudaPagedKvCache {
   int step_tokens() const { return int(host_step_slots_.size()); }
 
   PagedKvView view(int layer) const;
+  // Layer `layer`'s pools, writable (K, V alike: [num_blocks, num_kv_heads, kCudaBlockTokens, head_dim]
+  // FP16): for whole blocks copied in on the device (GpuKvCache::import_pages), after begin_step grew
+  // the sequence into them.
+  uint16_t* layer_k(int layer) { return k_ + size_t(layer) * layer_elements(); }
+  uint16_t* layer_v(int layer) { return v_ + size_t(layer) * layer_elements(); }
 
  private:
   explicit CudaPagedKvCache(const CudaKvShape& shape)

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "backend/cuda/ipc_memory.h"
+
 namespace slimkv::cuda {
 
 Expected<size_t> CudaQuantizedKvCache::sealed_block_bytes(const CudaKvShape& shape, const QuantizationConfig& config) {
@@ -124,13 +126,23 @@ Status CudaQuantizedKvCache::append(int layer, const uint16_t* k, const uint16_t
                                  pool_.data() + size_t(layer) * layer_bytes());
 }
 
-Status CudaQuantizedKvCache::restore_sealed(int sequence, int blocks, const uint8_t* sealed) {
+Status CudaQuantizedKvCache::restore_sealed(int sequence, int blocks, const uint8_t* sealed, bool on_device) {
   if (sealed_.num_tokens(sequence) != 0) return error("CUDA quantized KV: restoring into sequence ", sequence, ", which is not empty");
   SLIMKV_RETURN_IF_ERROR(sealed_.grow(sequence, blocks * kCudaBlockTokens).with_context("restoring sealed KV blocks"));
   window_->sequences().skip_leading(sequence, blocks);
   const size_t bytes = size_t(shape_.num_kv_heads) * sealer_.layout().block_bytes;
   const std::vector<int>& ids = sealed_.blocks(sequence);
-  for (int l = 0; l < shape_.num_layers; ++l) {
+  if (on_device) {
+    std::vector<uint64_t> to, from;
+    for (int l = 0; l < shape_.num_layers; ++l) {
+      for (int b = 0; b < blocks; ++b) {
+        to.push_back(uint64_t(l) * layer_bytes() + uint64_t(ids[size_t(b)]) * bytes);
+        from.push_back((uint64_t(l) * uint64_t(blocks) + uint64_t(b)) * bytes);
+      }
+    }
+    SLIMKV_RETURN_IF_ERROR(copy_device_pieces(pool_.data(), to, sealed, from, bytes));
+  }
+  for (int l = 0; l < shape_.num_layers && !on_device; ++l) {
     for (int b = 0; b < blocks; ++b) {
       SLIMKV_RETURN_IF_ERROR(copy_to_device(pool_.data() + size_t(l) * layer_bytes() + size_t(ids[size_t(b)]) * bytes,
                                             sealed + (size_t(l) * size_t(blocks) + size_t(b)) * bytes, bytes));

@@ -55,9 +55,10 @@ class CudaQuantizedKvCache {
   Status append(int layer, const uint16_t* k, const uint16_t* v);
 
   // Restoring a sequence (GpuKvCache::import_sequence): the empty `sequence` takes `blocks` full sealed
-  // blocks, sealed [num_layers, blocks, num_kv_heads, block_bytes] (host), with no FP16 behind them; its
-  // open tokens then come by begin_step and append, as new tokens do.
-  Status restore_sealed(int sequence, int blocks, const uint8_t* sealed);
+  // blocks, sealed [num_layers, blocks, num_kv_heads, block_bytes] (host; device memory when `on_device`:
+  // the CUDA IPC path, copied in one kernel), with no FP16 behind them; its open tokens then come by
+  // begin_step and append, as new tokens do.
+  Status restore_sealed(int sequence, int blocks, const uint8_t* sealed, bool on_device = false);
 
   PagedKvView view(int layer) const { return window_->view(layer); }
   // The FP16 window's blocks of each sequence (those before the open block given back: kReleased).

@@ -1,0 +1,340 @@
+// Disaggregated serving's KV transfer on one GPU (issues 23/24; docs/kv_stream_protocol.md): one
+// prompt's KV moved from a prefill process's GPU KV cache into a decode process's, per KV spec and
+// prompt length, by each transport:
+//   cuda_ipc   the KV stream's CUDA IPC path: sealed blocks device → device, never in host memory
+//   tcp        the KV stream over loopback TCP: exported to host memory, sent, received, imported
+//   tcp@N      the same through the stream's token bucket at N Gbit/s (a link of that speed)
+// Each row: the KV's bytes, the time of each part — export (the GPU cache → what is sent), stream
+// (connecting to the receiver's DONE: the KV is in the decode process's memory), import (into its GPU
+// cache) — their sum, and the sum's ratio to cuda_ipc's (median of --repeats). The decode process is
+// this binary started again (--decode-side): CUDA IPC joins two processes, as the two workers are.
+// The KV is random FP16 K/V of the model's shape, written through the cache's own append (sealing
+// included): a transfer does not depend on weights, so none are loaded. After every import the decode
+// side's KV must be the prefill side's: the CRC32C of their transfer bytes is compared.
+//   bench_kv_transport_cuda --shape llama3-8b --specs "dense;hack:bits=4;hack:bits=2,pi=64"
+//                           --prompt-tokens 16384,32768,65536 --transports cuda_ipc,tcp,tcp@100,tcp@10 --repeats 3
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "backend/cuda/device_memory.h"
+#include "backend/cuda/random_fill.h"
+#include "bench_errors.h"
+#include "kv/cuda/gpu_kv_plan.h"
+#include "kv/cuda/gpu_kv_transfer.h"
+#include "kv/transfer.h"
+#include "random_shapes.h"
+#include "transfer/kv_stream.h"
+
+extern char** environ;
+
+namespace slimkv::cuda {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+struct Options {
+  std::string shape = "llama3-8b";
+  std::vector<std::string> specs = {"dense", "hack:bits=4", "hack:bits=2,pi=64"};
+  std::vector<int> prompt_tokens = {16384, 32768};
+  std::vector<std::string> transports = {"cuda_ipc", "tcp", "tcp@100", "tcp@10"};
+  int repeats = 3;
+  int step_tokens = 4096;
+  // The decode side's.
+  bool decode_side = false;
+  std::string spec;
+};
+
+// One side's GPU KV cache of the shape and spec, with what its transfers need.
+struct Side {
+  std::unique_ptr<GpuKvCache> cache;
+  GpuKvTransferContext context;
+  KvStreamIdentity identity;
+};
+
+Expected<Side> make_side(const ModelConfig& model, const std::string& spec, int context_tokens, int step_tokens) {
+  SLIMKV_ASSIGN_OR_RETURN(const KvPipeline pipeline, make_kv_pipeline(spec));
+  SLIMKV_ASSIGN_OR_RETURN(GpuKvPlan plan, plan_gpu_kv(pipeline, spec, int(model.hidden_size), int(model.kv_dim())));
+  const GpuKvShape shape{.num_layers = int(model.num_layers), .num_heads = int(model.num_heads),
+                         .num_kv_heads = int(model.num_kv_heads), .head_dim = int(model.head_dim),
+                         .hidden = int(model.hidden_size), .x_dtype = DType::kF16, .max_sequences = 1,
+                         .max_step_tokens = step_tokens, .context_tokens = context_tokens};
+  Side side{.cache = nullptr,
+            .context = {.shape = KvShape(shape.num_layers, shape.num_kv_heads, shape.head_dim, shape.head_dim, context_tokens),
+                        .pipeline = plan.pipeline,
+                        .model_id = "random " + model.architecture_name},
+            .identity = {}};
+  SLIMKV_ASSIGN_OR_RETURN(side.cache, make_gpu_kv_cache(shape, plan.options, nullptr));
+  KvStore empty(side.context.shape, side.context.pipeline);
+  std::vector<uint8_t> transfer;
+  SLIMKV_RETURN_IF_ERROR(write_kv_transfer(empty, side.context.model_id, transfer));
+  SLIMKV_ASSIGN_OR_RETURN(side.identity, transfer_kv_identity(transfer));
+  return side;
+}
+
+// `tokens` tokens of random K/V appended to a new sequence, as a prefill's steps append them.
+Expected<int> fill_sequence(GpuKvCache& cache, const ModelConfig& model, int tokens, int step_tokens) {
+  SLIMKV_ASSIGN_OR_RETURN(const int sequence, cache.add_sequence());
+  const size_t row = size_t(model.kv_dim());
+  SLIMKV_ASSIGN_OR_RETURN(auto k, DeviceArray<uint16_t>::allocate(size_t(step_tokens) * row, "random keys"));
+  SLIMKV_ASSIGN_OR_RETURN(auto v, DeviceArray<uint16_t>::allocate(size_t(step_tokens) * row, "random values"));
+  for (int done = 0; done < tokens; done += step_tokens) {
+    const int n = std::min(step_tokens, tokens - done);
+    SLIMKV_RETURN_IF_ERROR(cache.begin_fill(sequence, n));
+    for (int l = 0; l < int(model.num_layers); ++l) {
+      const uint64_t seed = uint64_t(done) * 1000003u + uint64_t(l) * 2;
+      SLIMKV_RETURN_IF_ERROR(fill_random_fp16(k.data(), size_t(n) * row, seed, 1.732f));
+      SLIMKV_RETURN_IF_ERROR(fill_random_fp16(v.data(), size_t(n) * row, seed + 1, 1.732f));
+      SLIMKV_RETURN_IF_ERROR(cache.fill(l, k.data(), v.data(), nullptr));
+    }
+  }
+  SLIMKV_RETURN_IF_ERROR(device_synchronize("filling random KV"));
+  return sequence;
+}
+
+// The CRC32C of a sequence's transfer bytes: what both sides compare.
+Expected<uint32_t> kv_crc(const Side& side, int sequence) {
+  std::vector<uint8_t> transfer;
+  SLIMKV_RETURN_IF_ERROR(export_transfer(*side.cache, sequence, side.context, transfer));
+  return crc32c(transfer.data(), transfer.size());
+}
+
+// --- The decode side: a receiver; for each request id read on stdin, the stream's KV imported ---
+// Answers on stdout, one line each: "port P" once, then "ID IMPORT_SECONDS CRC" (or "ID error MESSAGE").
+int run_decode_side(const Options& o, const ModelConfig& model) {
+  const int context = *std::max_element(o.prompt_tokens.begin(), o.prompt_tokens.end());
+  Expected<Side> side = make_side(model, o.spec, context, o.step_tokens);
+  if (failed(side.status())) return 1;
+  auto receiver = KvStreamReceiver::start(side->identity, {.port = 0, .max_unclaimed_bytes = uint64_t(1) << 40,
+                                                           .max_tokens = context, .cuda_ipc_device = cuda_ipc_device_id()});
+  if (failed(receiver.status())) return 1;
+  std::printf("port %d\n", (*receiver)->port());
+  std::fflush(stdout);
+  std::string id;
+  while (std::cin >> id && id != "quit") {
+    const auto answer = [&](const Status& status, double seconds, uint32_t crc) {
+      if (status) std::printf("%s %.6f %u\n", id.c_str(), seconds, crc);
+      else std::printf("%s error %s\n", id.c_str(), status.message().c_str());
+      std::fflush(stdout);
+    };
+    Expected<ReceivedKv> received = (*receiver)->wait_for(id, std::chrono::seconds(120));
+    if (!received) {
+      answer(received.status(), 0, 0);
+      continue;
+    }
+    Expected<int> sequence = side->cache->add_sequence();
+    if (!sequence) {
+      answer(sequence.status(), 0, 0);
+      continue;
+    }
+    const Clock::time_point start = Clock::now();
+    Status imported = received->device_kv
+                          ? import_from_device(*side->cache, *sequence, side->context, *received->device_kv, id)
+                          : import_transfer(*side->cache, *sequence, side->context, received->transfer, id);
+    if (imported) imported = device_synchronize("importing KV");
+    const double seconds = seconds_since(start);
+    *received = ReceivedKv{};  // frees the received KV before the next arrives
+    Expected<uint32_t> crc = imported ? kv_crc(*side, *sequence) : Expected<uint32_t>(imported);
+    side->cache->remove_sequence(*sequence);
+    answer(crc.status(), seconds, crc ? *crc : 0);
+  }
+  return 0;
+}
+
+// --- The prefill side ---
+
+// The decode side as a child process: its stdin to write ids to, its stdout to read answers from.
+struct DecodeSide {
+  pid_t pid = -1;
+  FILE* to = nullptr;
+  FILE* from = nullptr;
+  int port = 0;
+  std::string read_line() {
+    char line[4096];
+    return std::fgets(line, sizeof(line), from) ? std::string(line) : std::string();
+  }
+};
+
+Expected<DecodeSide> start_decode_side(const Options& o, const std::string& spec) {
+  int to_child[2], from_child[2];
+  if (pipe(to_child) != 0 || pipe(from_child) != 0) return error("pipe: ", std::strerror(errno));
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
+  posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
+  posix_spawn_file_actions_addclose(&actions, to_child[1]);
+  posix_spawn_file_actions_addclose(&actions, from_child[0]);
+  std::string tokens;
+  for (int n : o.prompt_tokens) tokens += (tokens.empty() ? "" : ",") + std::to_string(n);
+  std::vector<std::string> args = {std::filesystem::read_symlink("/proc/self/exe").string(), "--decode-side", "--spec", spec,
+                                   "--shape", o.shape, "--prompt-tokens", tokens, "--step-tokens",
+                                   std::to_string(o.step_tokens)};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  DecodeSide side;
+  const int spawned = posix_spawn(&side.pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(to_child[0]);
+  close(from_child[1]);
+  if (spawned != 0) return error("starting the decode side: ", std::strerror(spawned));
+  side.to = fdopen(to_child[1], "w");
+  side.from = fdopen(from_child[0], "r");
+  const std::string first = side.read_line();
+  if (std::sscanf(first.c_str(), "port %d", &side.port) != 1) return error("the decode side did not start: '", first, "'");
+  return side;
+}
+
+int stop_decode_side(DecodeSide& side) {
+  std::fprintf(side.to, "quit\n");
+  std::fclose(side.to);
+  std::fclose(side.from);
+  int status = 0;
+  waitpid(side.pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
+struct Timing {
+  double export_s = 0, stream_s = 0, import_s = 0;
+  double total() const { return export_s + stream_s + import_s; }
+};
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// One transfer of the sequence by `transport`; the decode side's import and CRC check.
+Status transfer_once(const Side& side, int sequence, const std::string& transport, int tokens, DecodeSide& decode,
+                     const std::string& id, uint32_t want_crc, Timing& timing, uint64_t& moved_bytes) {
+  const std::string address = "127.0.0.1:" + std::to_string(decode.port);
+  std::vector<int32_t> prompt(size_t(tokens), 1);
+  const KvStreamRequest request{.request_id = id, .attempt = 0, .prompt_token_ids = prompt, .resume_token_ids = {},
+                                .next_token = 1, .endpoint = "/v1/completions", .request = nlohmann::json::object()};
+  Clock::time_point start = Clock::now();
+  if (transport == "cuda_ipc") {
+    auto kv = std::make_shared<DeviceKvTransfer>();
+    SLIMKV_RETURN_IF_ERROR(export_to_device(*side.cache, sequence, side.context, *kv));
+    timing.export_s = seconds_since(start);
+    moved_bytes = kv->pages_bytes() + kv->open.size();
+    start = Clock::now();
+    bool refused = false;
+    SLIMKV_ASSIGN_OR_RETURN(auto sender, KvStreamSender::open(address, side.identity, id, 0,
+                                                              {.cuda_ipc_device = cuda_ipc_device_id()}, &refused));
+    if (!sender->cuda_ipc()) return error("the decode side did not accept CUDA IPC");
+    SLIMKV_RETURN_IF_ERROR(sender->send_device(std::move(kv)));
+    SLIMKV_RETURN_IF_ERROR(sender->finish(request));
+    timing.stream_s = seconds_since(start);
+  } else {
+    double gbps = 0;
+    if (transport != "tcp" && std::sscanf(transport.c_str(), "tcp@%lf", &gbps) != 1) {
+      return error("--transports: '", transport, "' is not cuda_ipc, tcp or tcp@GBPS");
+    }
+    std::vector<uint8_t> transfer;
+    SLIMKV_RETURN_IF_ERROR(export_transfer(*side.cache, sequence, side.context, transfer));
+    timing.export_s = seconds_since(start);
+    moved_bytes = transfer.size();
+    const KvStreamSendResult sent = send_kv_transfer(address, side.identity, transfer, request, {.bandwidth_gbps = gbps});
+    SLIMKV_RETURN_IF_ERROR(sent.status);
+    timing.stream_s = sent.seconds;
+  }
+  std::fprintf(decode.to, "%s\n", id.c_str());
+  std::fflush(decode.to);
+  const std::string answer = decode.read_line();
+  char answered_id[256] = {0};
+  double import_s = 0;
+  unsigned crc = 0;
+  if (std::sscanf(answer.c_str(), "%255s %lf %u", answered_id, &import_s, &crc) != 3 || answered_id != id) {
+    return error("the decode side answered '", answer, "' for ", id);
+  }
+  if (crc != want_crc) return error(id, ": the decode side's KV (CRC ", crc, ") is not the prefill side's (", want_crc, ")");
+  timing.import_s = import_s;
+  return Status::ok();
+}
+
+int run_prefill_side(const Options& o, const ModelConfig& model) {
+  const int context = *std::max_element(o.prompt_tokens.begin(), o.prompt_tokens.end());
+  std::printf("KV transfer between two processes of one GPU, %s shape (%d layers, %d KV heads of %d), random KV;\n"
+              "export: GPU cache -> what is sent; stream: connect -> DONE (KV in the decode process's memory); "
+              "import: into its GPU cache. Median of %d.\n\n",
+              o.shape.c_str(), int(model.num_layers), int(model.num_kv_heads), int(model.head_dim), o.repeats);
+  std::printf("%-32s %7s %-9s %10s %10s %10s %10s %10s %8s %9s\n", "spec", "tokens", "transport", "KV MB", "export ms",
+              "stream ms", "import ms", "total ms", "GB/s", "vs ipc");
+  int serial = 0;
+  for (const std::string& spec : o.specs) {
+    Expected<Side> side = make_side(model, spec, context, o.step_tokens);
+    if (failed(side.status())) return 1;
+    Expected<DecodeSide> decode = start_decode_side(o, spec);
+    if (failed(decode.status())) return 1;
+    for (const int tokens : o.prompt_tokens) {
+      Expected<int> sequence = fill_sequence(*side->cache, model, tokens, o.step_tokens);
+      if (failed(sequence.status())) return 1;
+      Expected<uint32_t> want = kv_crc(*side, *sequence);
+      if (failed(want.status())) return 1;
+      double ipc_total = 0;
+      for (const std::string& transport : o.transports) {
+        std::vector<double> exports, streams, imports, totals;
+        uint64_t moved = 0;
+        for (int r = 0; r < o.repeats; ++r) {
+          Timing timing;
+          const Status done = transfer_once(*side, *sequence, transport, tokens, *decode, "t" + std::to_string(serial++),
+                                            *want, timing, moved);
+          if (failed(done)) return 1;
+          exports.push_back(timing.export_s);
+          streams.push_back(timing.stream_s);
+          imports.push_back(timing.import_s);
+          totals.push_back(timing.total());
+        }
+        const double total = median(totals);
+        if (transport == "cuda_ipc") ipc_total = total;
+        std::printf("%-32s %7d %-9s %10.1f %10.2f %10.2f %10.2f %10.2f %8.2f %8.2fx\n",
+                    side->context.pipeline.describe().c_str(), tokens, transport.c_str(), double(moved) / 1e6,
+                    median(exports) * 1e3, median(streams) * 1e3, median(imports) * 1e3, total * 1e3,
+                    double(moved) / median(streams) / 1e9, ipc_total > 0 ? total / ipc_total : 0.0);
+        std::fflush(stdout);
+      }
+      side->cache->remove_sequence(*sequence);
+    }
+    if (stop_decode_side(*decode) != 0) {
+      std::fprintf(stderr, "error: the decode side of %s failed\n", spec.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace slimkv::cuda
+
+int main(int argc, char** argv) {
+  using namespace slimkv::cuda;
+  CLI::App app("KV transfer between a prefill and a decode process of one GPU: CUDA IPC vs TCP (capped or not)");
+  Options o;
+  app.add_option("--shape", o.shape, "model shape: llama3-8b, llama2-7b")->capture_default_str();
+  app.add_option("--specs", o.specs, "KV specs, ';'-separated")->delimiter(';');
+  app.add_option("--prompt-tokens", o.prompt_tokens, "prompt lengths, ','-separated")->delimiter(',');
+  app.add_option("--transports", o.transports, "cuda_ipc, tcp, tcp@GBPS, ','-separated (the first cuda_ipc is the ratios' base)")
+      ->delimiter(',');
+  app.add_option("--repeats", o.repeats, "transfers per row (the median is printed)")->check(CLI::Range(1, 100));
+  app.add_option("--step-tokens", o.step_tokens, "tokens appended per step while filling")->check(CLI::Range(64, 1 << 16));
+  app.add_flag("--decode-side", o.decode_side, "(internal) run as the decode process");
+  app.add_option("--spec", o.spec, "(internal) the decode process's KV spec");
+  CLI11_PARSE(app, argc, argv);
+  if (failed(device_usable())) return 1;
+  slimkv::Expected<slimkv::ModelConfig> model = random_shape(o.shape);
+  if (failed(model.status())) return 1;
+  return o.decode_side ? run_decode_side(o, *model) : run_prefill_side(o, *model);
+}

@@ -1,0 +1,102 @@
+#include "backend/cuda/ipc_memory.h"
+
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_memory.h"
+
+namespace slimkv::cuda {
+namespace {
+
+// One block per piece; each thread moves `Word`s (the widest unit every piece's start and length allow).
+template <typename Word>
+__global__ void copy_pieces_kernel(uint8_t* dst, const uint64_t* dst_offsets, const uint8_t* src,
+                                   const uint64_t* src_offsets, size_t piece_words) {
+  const size_t piece = blockIdx.x;
+  Word* to = reinterpret_cast<Word*>(dst + dst_offsets[piece]);
+  const Word* from = reinterpret_cast<const Word*>(src + src_offsets[piece]);
+  for (size_t i = threadIdx.x; i < piece_words; i += blockDim.x) to[i] = from[i];
+}
+
+template <typename Word>
+Status launch_copy_pieces(uint8_t* dst, const uint64_t* dst_offsets, const uint8_t* src, const uint64_t* src_offsets,
+                          size_t count, size_t piece_bytes) {
+  copy_pieces_kernel<Word><<<unsigned(count), 256>>>(dst, dst_offsets, src, src_offsets, piece_bytes / sizeof(Word));
+  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return device_synchronize("copying KV blocks on the device");
+}
+
+}  // namespace
+
+Expected<std::string> current_device_uuid() {
+  int device = 0;
+  SLIMKV_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  cudaDeviceProp properties{};
+  SLIMKV_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&properties, device));
+  // nvidia-smi's spelling: GPU-8-4-4-4-12 hex digits.
+  const auto* b = reinterpret_cast<const unsigned char*>(properties.uuid.bytes);
+  char text[64];
+  std::snprintf(text, sizeof(text), "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+                b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  return std::string(text);
+}
+
+Expected<std::array<uint8_t, kIpcHandleBytes>> ipc_handle_of(const void* base) {
+  static_assert(sizeof(cudaIpcMemHandle_t) == kIpcHandleBytes, "cudaIpcMemHandle_t is 64 bytes");
+  cudaIpcMemHandle_t handle{};
+  SLIMKV_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&handle, const_cast<void*>(base)));
+  std::array<uint8_t, kIpcHandleBytes> bytes{};
+  std::memcpy(bytes.data(), &handle, kIpcHandleBytes);
+  return bytes;
+}
+
+Expected<std::shared_ptr<void>> shared_device_allocation(size_t bytes, const char* what) {
+  SLIMKV_ASSIGN_OR_RETURN(void* pointer, device_allocate(bytes == 0 ? 1 : bytes, what));
+  return std::shared_ptr<void>(pointer, [](void* p) { device_free(p); });
+}
+
+Expected<std::shared_ptr<void>> copy_from_ipc_handle(const std::array<uint8_t, kIpcHandleBytes>& handle, uint64_t bytes) {
+  SLIMKV_ASSIGN_OR_RETURN(std::shared_ptr<void> copy, shared_device_allocation(bytes, "KV blocks received over CUDA IPC"));
+  if (bytes == 0) return copy;
+  cudaIpcMemHandle_t ipc{};
+  std::memcpy(&ipc, handle.data(), kIpcHandleBytes);
+  void* mapped = nullptr;
+  const cudaError_t opened = cudaIpcOpenMemHandle(&mapped, ipc, cudaIpcMemLazyEnablePeerAccess);
+  if (opened != cudaSuccess) {
+    cudaGetLastError();
+    return error("opening the sender's CUDA IPC handle: ", cudaGetErrorName(opened), " (", cudaGetErrorString(opened),
+                 "): is the sender's process on this GPU and alive?");
+  }
+  const cudaError_t copied = cudaMemcpy(copy.get(), mapped, bytes, cudaMemcpyDeviceToDevice);
+  const cudaError_t closed = cudaIpcCloseMemHandle(mapped);
+  SLIMKV_CUDA_RETURN_IF_ERROR(copied);
+  SLIMKV_CUDA_RETURN_IF_ERROR(closed);
+  return copy;
+}
+
+Status copy_device_pieces(uint8_t* dst, const std::vector<uint64_t>& dst_offsets, const uint8_t* src,
+                          const std::vector<uint64_t>& src_offsets, size_t piece_bytes) {
+  if (dst_offsets.size() != src_offsets.size()) {
+    return error("copy_device_pieces: ", dst_offsets.size(), " destinations for ", src_offsets.size(), " sources");
+  }
+  if (dst_offsets.empty() || piece_bytes == 0) return Status::ok();
+  // One upload of both offset tables.
+  std::vector<uint64_t> offsets(dst_offsets.begin(), dst_offsets.end());
+  offsets.insert(offsets.end(), src_offsets.begin(), src_offsets.end());
+  SLIMKV_ASSIGN_OR_RETURN(auto table, DeviceArray<uint64_t>::allocate(offsets.size(), "piece copy offsets"));
+  SLIMKV_RETURN_IF_ERROR(table.upload(offsets.data(), offsets.size()));
+  const uint64_t* d = table.data();
+  const uint64_t* s = table.data() + dst_offsets.size();
+  // The widest word every start and the length are multiples of (allocations are 256-byte aligned).
+  uint64_t alignment = piece_bytes | reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src);
+  for (const uint64_t offset : offsets) alignment |= offset;
+  const size_t count = dst_offsets.size();
+  if (alignment % 16 == 0) return launch_copy_pieces<uint4>(dst, d, src, s, count, piece_bytes);
+  if (alignment % 8 == 0) return launch_copy_pieces<uint2>(dst, d, src, s, count, piece_bytes);
+  if (alignment % 4 == 0) return launch_copy_pieces<uint32_t>(dst, d, src, s, count, piece_bytes);
+  return launch_copy_pieces<uint8_t>(dst, d, src, s, count, piece_bytes);
+}
+
+}  // namespace slimkv::cuda

@@ -1,0 +1,41 @@
+// Device memory shared between processes of one GPU (CUDA IPC: cudaIpcGetMemHandle /
+// cudaIpcOpenMemHandle), and device-to-device copies of many equal pieces, behind a header that needs no
+// CUDA headers. The KV stream's CUDA IPC path (docs/kv_stream_protocol.md, "CUDA IPC") is built on it:
+// a prefill worker shares a sequence's sealed blocks, a decode worker copies them into its own memory.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+#include <string>
+
+#include "slimkv/status.h"
+
+namespace slimkv::cuda {
+
+// The current device's UUID ("GPU-xxxxxxxx-..." as nvidia-smi -L prints it): two processes that
+// report the same one share a GPU, and CUDA IPC can join them.
+Expected<std::string> current_device_uuid();
+
+// A handle (cudaIpcMemHandle_t, 64 opaque bytes) another process of the same GPU opens to reach the
+// allocation `base` (a device_allocate result, never an address inside one).
+inline constexpr size_t kIpcHandleBytes = 64;
+Expected<std::array<uint8_t, kIpcHandleBytes>> ipc_handle_of(const void* base);
+
+// Opens `handle` (of another process), copies its first `bytes` into a new allocation of this process,
+// closes the handle again and returns the copy (freed when the last owner lets go). The copy is
+// device to device: nothing passes through host memory.
+Expected<std::shared_ptr<void>> copy_from_ipc_handle(const std::array<uint8_t, kIpcHandleBytes>& handle, uint64_t bytes);
+
+// An owned allocation as a shared_ptr (device_free when the last owner lets go).
+Expected<std::shared_ptr<void>> shared_device_allocation(size_t bytes, const char* what);
+
+// dst + dst_offsets[i] ← src + src_offsets[i], piece_bytes each, for every i, device to device in one
+// kernel (a sequence's blocks lie where its block table says, not in a row). Offsets: host arrays of
+// equal length; pieces must not overlap. Waits for the copy.
+Status copy_device_pieces(uint8_t* dst, const std::vector<uint64_t>& dst_offsets, const uint8_t* src,
+                          const std::vector<uint64_t>& src_offsets, size_t piece_bytes);
+
+}  // namespace slimkv::cuda
