@@ -3,12 +3,16 @@
 // sequence at the end of the context instead; --new-tokens 0: the whole context, a full prefill). --kv dense reads FP16 blocks; --kv hack / quant reads
 // blocks sealed at --bits (kv/cuda/quantized_kv_cache.h), the open block in FP16 (a prefill chunk:
 // the sealed blocks before it, then FP16).
+// --specs 'S1;S2;..' (hack / quant KV specs) instead of --kv/--bits: each spec's blocks (its layout:
+// klayout, vlayout, groups, range) on the same shapes, side by side with its time over the first's.
 // Prints time per step, GB/s of KV read (the bytes the kernel must read: sealed blocks as stored, the
 // open block in FP16) and TFLOP/s, and writes them as JSON for bench/cuda/decode_attention_vs_sdpa.py,
 // which runs PyTorch's SDPA on the same shapes in the same process run and prints all side by side.
 //
 //   bench_decode_attention_cuda --batch 8 --heads 32 --kv-heads 8 --head-dim 128 --kv hack --bits 2
 //       --contexts 4096,16384,65536,131072 --json decode.json
+//   bench_decode_attention_cuda --batch 1 --contexts 32768
+//       --specs 'hack:bits=2;hack:bits=2,klayout=channel,vlayout=token'
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
@@ -23,6 +27,9 @@
 #include "backend/cuda/random_fill.h"
 #include "bench_errors.h"
 #include "gpu_timing.h"
+#include "kv/codec/codec.h"
+#include "kv/codec/gpu_block_format.h"
+#include "kv/kv_factory.h"
 #include "random_kv.h"
 
 namespace slimkv::cuda {
@@ -35,9 +42,28 @@ struct Options {
   int tensor_core_min_queries = kPrefillMinQueries;  // 0: the CUDA-core kernel only
   std::string kv = "dense";  // dense, hack or quant
   int bits = 2;              // hack / quant
+  std::vector<std::string> specs;  // instead of kv/bits: hack / quant specs side by side
   int repetitions = 30;  // timed groups; the median is reported
   std::string json;
 };
+
+// What one row measures: --kv/--bits, or one of --specs.
+struct Variant {
+  std::string name;
+  std::string kv;  // dense, hack or quant
+  int bits = 2;
+  QuantizationConfig quantization;
+};
+
+Expected<Variant> spec_variant(const std::string& spec) {
+  SLIMKV_ASSIGN_OR_RETURN(const KvPipeline pipeline, make_kv_pipeline(spec));
+  const GpuBlockFormat format = pipeline.codec->gpu_block_format();
+  if (format.kind != GpuBlockFormat::Kind::kQuantized || pipeline.block_tokens != kCudaBlockTokens) {
+    return error("--specs: '", spec, "' is not a hack / quant spec the GPU runs (",
+                 format.unsupported.empty() ? str_cat("pi=", pipeline.block_tokens) : format.unsupported, ")");
+  }
+  return Variant{spec, format.integer_attention ? "hack" : "quant", format.quantization.k_bits, format.quantization};
+}
 
 struct Measurement {
   int context;
@@ -48,9 +74,10 @@ struct Measurement {
   double seal_us_per_block;  // hack / quant: writing and sealing one block of one KV head (FP16 in, packed out)
 };
 
-Expected<Measurement> measure(const Options& o, int context) {
+Expected<Measurement> measure(const Options& o, const Variant& variant, int context) {
   const int new_tokens = o.new_tokens == 0 ? context : o.new_tokens;
-  SLIMKV_ASSIGN_OR_RETURN(const RandomKv kv, random_kv({o.batch, context, new_tokens, o.kv_heads, o.head_dim, o.kv, o.bits}));
+  SLIMKV_ASSIGN_OR_RETURN(const RandomKv kv, random_kv({o.batch, context, new_tokens, o.kv_heads, o.head_dim, variant.kv,
+                                                        variant.bits, variant.quantization}));
   SLIMKV_ASSIGN_OR_RETURN(auto attention, CudaPagedAttention::create({o.heads, o.kv_heads, o.head_dim, o.batch, o.batch * new_tokens,
                                                                         o.tensor_core_min_queries}));
   const bool quantized = kv.quantized != nullptr;
@@ -96,22 +123,36 @@ int run(int argc, char** argv) {
   app.add_option("--repetitions", o.repetitions)->capture_default_str();
   app.add_option("--kv", o.kv, "dense, hack or quant")->check(CLI::IsMember({"dense", "hack", "quant"}))->capture_default_str();
   app.add_option("--bits", o.bits, "hack / quant bits (K and V)")->check(CLI::IsMember({2, 4, 8}))->capture_default_str();
+  app.add_option("--specs", o.specs, "hack / quant KV specs, ';'-separated, side by side (instead of --kv, --bits)")
+      ->delimiter(';');
   app.add_option("--json", o.json, "write the measurements here");
   CLI11_PARSE(app, argc, argv);
+  std::vector<Variant> variants;
+  for (const std::string& spec : o.specs) {
+    auto variant = spec_variant(spec);
+    if (failed(variant.status())) return 1;
+    variants.push_back(*variant);
+  }
+  if (variants.empty()) variants.push_back({o.kv, o.kv, o.bits, QuantizationConfig{}});
   if (failed(device_usable())) return 1;
 
   const std::string new_tokens = o.new_tokens == 0 ? "the whole context" : str_cat(o.new_tokens);
-  std::printf("attention, paged %s%s: batch %d, %s new tokens each, %d q / %d kv heads, d %d\n", o.kv.c_str(),
-              o.kv == "dense" ? " FP16" : str_cat(" ", o.bits, "-bit").c_str(), o.batch, new_tokens.c_str(), o.heads, o.kv_heads,
-              o.head_dim);
-  std::printf("%10s %12s %12s %10s %8s %16s\n", "context", "ms/step", "KV GB/s", "TFLOP/s", "splits", "seal us/block");
+  std::printf("attention, paged %s%s: batch %d, %s new tokens each, %d q / %d kv heads, d %d\n",
+              o.specs.empty() ? o.kv.c_str() : "specs below", o.specs.empty() && o.kv != "dense" ? str_cat(" ", o.bits, "-bit").c_str() : "",
+              o.batch, new_tokens.c_str(), o.heads, o.kv_heads, o.head_dim);
+  std::printf("%10s %12s %12s %10s %8s %16s %9s  %s\n", "context", "ms/step", "KV GB/s", "TFLOP/s", "splits", "seal us/block",
+              "vs first", "kv");
   std::vector<Measurement> results;
   for (int context : o.contexts) {
-    auto m = measure(o, context);
-    if (failed(m.status())) return 1;
-    std::printf("%10d %12.4f %12.1f %10.2f %8d %16.4f\n", m->context, m->ms_per_step, m->kv_gb_per_s, m->tflop_per_s,
-                m->splits, m->seal_us_per_block);
-    results.push_back(*m);
+    double first_ms = 0;
+    for (const Variant& variant : variants) {
+      auto m = measure(o, variant, context);
+      if (failed(m.status())) return 1;
+      if (first_ms == 0) first_ms = m->ms_per_step;
+      std::printf("%10d %12.4f %12.1f %10.2f %8d %16.4f %8.2fx  %s\n", m->context, m->ms_per_step, m->kv_gb_per_s,
+                  m->tflop_per_s, m->splits, m->seal_us_per_block, m->ms_per_step / first_ms, variant.name.c_str());
+      results.push_back(*m);
+    }
   }
   if (!o.json.empty()) {
     std::ofstream file(o.json);

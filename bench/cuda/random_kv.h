@@ -24,6 +24,7 @@ struct RandomKvOptions {
   int batch = 8, context = 4096, last_step = 1, kv_heads = 8, head_dim = 128;
   std::string kv = "dense";  // dense, hack or quant
   int bits = 2;              // hack / quant, K and V
+  QuantizationConfig quantization = {};  // hack / quant: the rest (layouts, groups, range, rounding)
 };
 
 struct RandomKv {
@@ -44,7 +45,7 @@ inline Expected<RandomKv> random_kv(const RandomKvOptions& o) {
   if (o.kv == "dense") {
     SLIMKV_ASSIGN_OR_RETURN(kv.dense, CudaPagedKvCache::create(shape));
   } else {
-    QuantizationConfig config;
+    QuantizationConfig config = o.quantization;
     config.k_bits = config.v_bits = o.bits;
     SLIMKV_ASSIGN_OR_RETURN(kv.quantized, CudaQuantizedKvCache::create(shape, config, o.kv == "hack", 7));
   }

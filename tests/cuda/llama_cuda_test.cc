@@ -248,6 +248,7 @@ TEST_F(CudaModelTest, EngineRefusesWhatTheGpuDoesNotRun) {
            {"hack:bits=4,rot=none,prefill=quantized", "prefill=quantized"},
            {"oracle:topk=0.2", "selector"},
            {"pq:topk=0.2+hack:bits=4,rot=none", "pq with a quantizing codec"},
+           {"quant:bits=2,klayout=channel,vlayout=token,rot=none", "quant with klayout=channel"},
            {"dense@offload:cache=128", "do not apply"},
            {"dense:dtype=bf16", "bf16"}}) {
     config.kv_spec = spec;
@@ -268,7 +269,9 @@ TEST_F(CudaModelTest, QuantizedKvDecodesLikeTheCpuCodec) {
   auto dense = load(kBundled, "cpu");
   const auto prompt = heldout_prompt(*dense, 1500);
   for (const char* spec : {"hack:bits=4,rot=none", "quant:bits=4,rot=none", "hack:bits=2,rot=none,round=nearest",
-                           "hack:bits=2"}) {  // the default: rot=hadamard, round=nearest
+                           "hack:bits=2",  // the default: rot=hadamard, round=nearest
+                           "hack:bits=2,klayout=channel,vlayout=token",  // KIVI's layouts (issue 28)
+                           "hack:bits=2,klayout=channel,kgroup=32,vlayout=token,vgroup=32,range=sym,rot=none"}) {
     SCOPED_TRACE(spec);
     auto gpu = load(kBundled, "cuda", 512, spec), cpu = load(kBundled, "cpu", 512, spec);
     auto gpu_session = gpu->new_session(), cpu_session = cpu->new_session(), dense_session = dense->new_session();
@@ -286,8 +289,8 @@ TEST_F(CudaModelTest, QuantizedKvDecodesLikeTheCpuCodec) {
   }
 }
 
-// Prefill in chunks over quantized KV: each chunk reads the sealed blocks before it (hack: on INT8
-// tensor cores; quant: dequantized in the FP16 kernel) and its own tokens exactly, as the CPU codec's
+// Prefill in chunks over quantized KV: each chunk reads the sealed blocks before it (hack over HACK's
+// layout: on INT8 tensor cores; quant, and hack over KIVI's: dequantized in the FP16 kernel) and its own tokens exactly, as the CPU codec's
 // prefill=exact does. Chunks of 64 start at block boundaries, and every token's logits must be much
 // closer to the CPU codec's than dense logits are. Chunks of 100 do not: the GPU then also reads the
 // block a chunk starts in exactly (it is still in the FP16 window), where the CPU reads it sealed once
@@ -301,7 +304,8 @@ TEST_F(CudaModelTest, QuantizedKvPrefillsInChunksLikeTheCpuCodec) {
   const auto row = [&](const std::vector<float>& all, size_t t) {
     return std::vector<float>(all.begin() + ptrdiff_t(t * vocab), all.begin() + ptrdiff_t((t + 1) * vocab));
   };
-  for (const char* spec : {"hack:bits=4,rot=none", "quant:bits=4,rot=none", "hack:bits=2", "quant:bits=2,rot=none"}) {
+  for (const char* spec : {"hack:bits=4,rot=none", "quant:bits=4,rot=none", "hack:bits=2", "quant:bits=2,rot=none",
+                           "hack:bits=2,klayout=channel,vlayout=token"}) {
     for (const int chunk : {64, 100}) {
       SCOPED_TRACE(str_cat(spec, ", chunks of ", chunk));
       auto gpu = load(kBundled, "cuda", chunk, spec), cpu = load(kBundled, "cpu", chunk, spec);

@@ -1,13 +1,15 @@
 // `hack` and `quant` KV on the GPU (kv/cuda/quantized_kv_cache.h, kv/cuda/quantized_kv_pool.h,
 // CudaPagedAttention::run_quantized):
 //   sealing: byte-identical to the CPU codec (quantize_block) for the same seeds: stochastic and nearest
-//     rounding, 2/4/8 bits, head dims 64/128, blocks filled over several steps;
+//     rounding, 2/4/8 bits, head dims 64/128, blocks filled over several steps, HACK's layout and KIVI's
+//     (K per channel, V per token, their groups, symmetric ranges);
 //   decode attention: hack against the FP64 HACK reference (attend_hack_block_reference over the sealed
-//     blocks, exact attention over the open FP16 block), quant against FP64 attention over the
-//     dequantized blocks; one token, whole and partial blocks, GQA 1..8, batches of unequal lengths,
-//     many splits;
+//     blocks, exact attention over the open FP16 block) in either layout, quant against FP64 attention
+//     over the dequantized blocks; one token, whole and partial blocks, GQA 1..8, batches of unequal
+//     lengths, many splits;
 //   prefill attention (steps of many queries): the same references over the sealed blocks before each
-//     sequence's step, exact causal attention from there on (prefill=exact);
+//     sequence's step (hack over KIVI's layouts: dequantized, as the GPU reads them there), exact causal
+//     attention from there on (prefill=exact);
 //   the cache: FP16 only for unsealed tokens, a full sealed pool refused with nothing changed.
 // Skips without a usable GPU.
 #include <gtest/gtest.h>
@@ -119,23 +121,53 @@ std::vector<float> head_rows(const std::vector<float>& all, int kv_heads, int d,
   return rows;
 }
 
+// Which values share a min and scale (QuantizationConfig's layout options); the default: HACK's.
+struct Layout {
+  bool k_per_channel = false;
+  int k_group = 0;
+  bool v_per_token = false;
+  int v_group = 0;
+  bool symmetric = false;
+
+  bool kivi() const { return k_per_channel || v_per_token; }
+  void apply(QuantizationConfig& config) const {
+    config.k_per_channel = k_per_channel;
+    config.k_group = k_group;
+    config.v_per_token = v_per_token;
+    config.v_group = v_group;
+    config.symmetric = symmetric;
+  }
+  std::string name() const {
+    return str_cat(k_per_channel ? str_cat(",klayout=channel,kgroup=", k_group) : "",
+                   v_per_token ? str_cat(",vlayout=token,vgroup=", v_group) : "", symmetric ? ",range=sym" : "");
+  }
+};
+const Layout kChannelToken{true, 0, true, 0, false};
+
 struct SealCase {
   int k_bits, v_bits, head_dim;
   Rounding rounding;
+  Layout layout = {};
 };
 
 TEST_F(CudaTest, SealingMatchesTheCpuCodecByteForByte) {
   const std::vector<SealCase> cases = {{2, 2, 128, Rounding::kStochastic}, {4, 4, 128, Rounding::kStochastic},
                                        {8, 8, 128, Rounding::kStochastic}, {2, 2, 64, Rounding::kStochastic},
-                                       {4, 8, 64, Rounding::kNearest},     {2, 2, 128, Rounding::kNearest}};
+                                       {4, 8, 64, Rounding::kNearest},     {2, 2, 128, Rounding::kNearest},
+                                       {2, 2, 128, Rounding::kStochastic, kChannelToken},
+                                       {4, 4, 64, Rounding::kNearest, {true, 16, true, 16, true}},
+                                       {2, 4, 128, Rounding::kStochastic, {true, 32, false, 0, false}},
+                                       {8, 8, 128, Rounding::kNearest, {false, 0, true, 32, true}},
+                                       {2, 2, 128, Rounding::kNearest, {false, 0, false, 0, true}}};
   for (const SealCase& c : cases) {
     SCOPED_TRACE(str_cat("kbits ", c.k_bits, " vbits ", c.v_bits, " d ", c.head_dim,
-                         c.rounding == Rounding::kStochastic ? " stochastic" : " nearest"));
+                         c.rounding == Rounding::kStochastic ? " stochastic" : " nearest", c.layout.name()));
     std::mt19937 rng(unsigned(c.k_bits * 1000 + c.v_bits * 100 + c.head_dim));
     QuantizationConfig config;
     config.k_bits = c.k_bits;
     config.v_bits = c.v_bits;
     config.rounding = c.rounding;
+    c.layout.apply(config);
     const int kv_heads = 3;
     const std::vector<int> lengths = {200, 64, 131};
     Filled f = fill(lengths, {1, 1, 1}, 50, kv_heads, c.head_dim, config, true, rng);
@@ -169,7 +201,10 @@ struct AttentionCase {
   int num_heads, num_kv_heads, head_dim, bits;
   bool hack;
   std::vector<int> queries = {};
+  Layout layout = {};
   std::vector<int> step() const { return queries.empty() ? std::vector<int>(lengths.size(), 1) : queries; }
+  // The GPU computes on the integers (HACK's Eq. 4) in decode, and in prefill over HACK's layout.
+  bool integer() const { return hack && (queries.empty() || !layout.kivi()); }
   std::string name() const {
     const auto list = [](const std::vector<int>& values) {
       std::string text;
@@ -177,20 +212,20 @@ struct AttentionCase {
       return text;
     };
     return str_cat(hack ? "hack" : "quant", "(lengths=", list(lengths), ",queries=", list(step()), ",heads=", num_heads, "/",
-                   num_kv_heads, ",d=", head_dim, ",bits=", bits, ")");
+                   num_kv_heads, ",d=", head_dim, ",bits=", bits, layout.name(), ")");
   }
 };
 
 // The FP64 reference of sequence b's n queries (positions kv_len - n onwards; q [n, num_heads, d]): its
-// first `sealed` blocks through the codec (hack: attend_hack_block_reference; quant: dequantized), the
-// tokens after them exact, causal.
+// first `sealed` blocks through the codec (on the integers: attend_hack_block_reference; else
+// dequantized), the tokens after them exact, causal.
 std::vector<float> reference_output(const AttentionCase& c, const Filled& f, int b, const std::vector<float>& q, int n,
                                     int sealed, float scale) {
   const int d = c.head_dim, group = c.num_heads / c.num_kv_heads, kv_len = c.lengths[size_t(b)];
   const int exact_first = sealed * kCudaBlockTokens, first_position = kv_len - n;
   const QuantizedBlockLayout& layout = f.cache->layout();
   std::vector<float> out(size_t(n) * c.num_heads * d);
-  if (!c.hack) {  // quant: plain attention over the dequantized blocks and the exact tokens
+  if (!c.integer()) {  // plain attention over the dequantized blocks and the exact tokens
     std::vector<float> k = f.k[size_t(b)], v = f.v[size_t(b)], k_block(size_t(kCudaBlockTokens) * d), v_block(k_block.size());
     for (int ordinal = 0; ordinal < sealed; ++ordinal) {
       for (int h = 0; h < c.num_kv_heads; ++h) {
@@ -264,6 +299,7 @@ void check_attention(const AttentionCase& c) {
   std::mt19937 rng(seed);
   QuantizationConfig config;
   config.k_bits = config.v_bits = c.bits;
+  c.layout.apply(config);
   const std::vector<int> step = c.step();
   const bool decode = c.queries.empty();
   const int batch = int(c.lengths.size()), d = c.head_dim, q_width = c.num_heads * d;
@@ -331,12 +367,21 @@ TEST_F(CudaTest, QuantizedDecodeAttentionMatchesReference) {
       {{97, 33}, 16, 2, 128, 4, false},
       {{100, 3}, 12, 4, 64, 8, false},
       {{3000}, 8, 2, 128, 2, false},
+      // KIVI's layouts on the integers: U' per K token group, W' per V column group.
+      {{130, 1, 77, 200, 64}, 32, 8, 128, 2, true, {}, kChannelToken},
+      {{97, 33}, 16, 2, 128, 2, true, {}, {true, 16, true, 16, true}},  // GQA 8, the smallest groups, symmetric
+      {{100, 3}, 12, 4, 64, 2, true, {}, {true, 32, true, 16, false}},  // GQA 3, d 64
+      {{300, 129}, 8, 8, 64, 4, true, {}, {true, 32, false, 0, false}},  // K per channel alone, 4 bits
+      {{3000}, 8, 2, 128, 2, true, {}, {false, 0, true, 32, false}},     // V per token alone, many splits
+      {{2100, 1500, 9}, 32, 8, 128, 8, true, {}, kChannelToken},
+      {{1000}, 32, 8, 128, 2, true, {}, {false, 0, false, 0, true}},     // HACK's layout, symmetric
   };
   for (const AttentionCase& c : cases) check_attention(c);
 }
 
-// Prefill steps: the sealed blocks before each sequence's step (hack: INT8 tensor cores; quant:
-// dequantized into the FP16 kernel's tiles), then its open block and the step's tokens exact, causal.
+// Prefill steps: the sealed blocks before each sequence's step (hack over HACK's layout: INT8 tensor
+// cores; quant, and hack over KIVI's: dequantized into the FP16 kernel's tiles), then its open block
+// and the step's tokens exact, causal.
 TEST_F(CudaTest, QuantizedPrefillAttentionMatchesReference) {
   const std::vector<AttentionCase> cases = {
       {{1000}, 32, 8, 128, 2, true, {200}},                  // 12 sealed blocks, the step starts mid-block
@@ -349,6 +394,9 @@ TEST_F(CudaTest, QuantizedPrefillAttentionMatchesReference) {
       {{130, 700, 64}, 16, 4, 128, 4, false, {66, 100, 1}},
       {{2100, 37}, 8, 1, 64, 8, false, {37, 37}},
       {{3000, 2000}, 32, 8, 128, 2, false, {128, 300}},
+      {{1000}, 32, 8, 128, 2, true, {200}, kChannelToken},
+      {{130, 700, 64}, 16, 4, 128, 4, true, {66, 100, 1}, {true, 16, true, 32, true}},
+      {{2100, 37}, 8, 1, 64, 2, true, {37, 37}, kChannelToken},
   };
   for (const AttentionCase& c : cases) check_attention(c);
 }
@@ -394,6 +442,20 @@ TEST_F(CudaTest, QuantizedAttentionRejectsWhatItCannotRun) {
   odd.k_bits = 3;
   EXPECT_FALSE(CudaQuantizedKvCache::create(shape, odd, true, 1).has_value());
 
+  // quant over KIVI's layouts has no decode kernel: refused by name.
+  {
+    QuantizationConfig kivi;
+    kChannelToken.apply(kivi);
+    auto quant = take(CudaQuantizedKvCache::create(shape, kivi, false, 1));
+    auto decode = take(CudaPagedAttention::create({8, 2, 128, 2, 4}));
+    ASSERT_TRUE(quant && decode);
+    const int a = take(quant->add_sequence());
+    ASSERT_TRUE(quant->begin_step({a}, {1}).is_ok());
+    ASSERT_TRUE(decode->plan({{a}, {1}, {1}}).is_ok());
+    const Status refused = decode->run_quantized(quant->view(0), quant->sealed_view(0), nullptr, 1.0f, nullptr);
+    ASSERT_FALSE(refused.is_ok());
+    EXPECT_NE(refused.message().find("klayout=channel"), std::string::npos) << refused.message();
+  }
   auto cache = take(CudaQuantizedKvCache::create(shape, QuantizationConfig{}, true, 1));
   PagedAttentionShape no_tensor_cores{8, 2, 128, 2, 4};
   no_tensor_cores.tensor_core_min_queries = 0;

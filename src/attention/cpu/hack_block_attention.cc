@@ -90,8 +90,16 @@ HWY_INLINE VF LoadHalf(const uint16_t* p) {
 }
 HWY_INLINE VI LoadInt16(const int16_t* p) { return hn::PromoteTo(DI(), hn::LoadU(hn::Rebind<int16_t, DI>(), p)); }
 
-// The range of x (n, a multiple of the vector length) as an 8-bit operand's min and scale, the
-// same as quantize_operand8 takes.
+// An 8-bit operand's min and scale (as quantize_operand8 takes them) from lane-wise minima and maxima.
+HWY_INLINE Operand8 Operand8FromLanes(VF lo, VF hi) {
+  const DF df;
+  Operand8 op;
+  op.min = hn::GetLane(hn::MinOfLanes(df, lo));
+  op.scale = (hn::GetLane(hn::MaxOfLanes(df, hi)) - op.min) / 255.0f;
+  return op;
+}
+
+// The range of x (n, a multiple of the vector length) as an 8-bit operand's min and scale.
 HWY_INLINE Operand8 Operand8Range(const float* x, int n) {
   const DF df;
   const size_t lanes = hn::Lanes(df);
@@ -100,10 +108,7 @@ HWY_INLINE Operand8 Operand8Range(const float* x, int n) {
     lo = hn::Min(lo, hn::LoadU(df, x + i));
     hi = hn::Max(hi, hn::LoadU(df, x + i));
   }
-  Operand8 op;
-  op.min = hn::GetLane(hn::MinOfLanes(df, lo));
-  op.scale = (hn::GetLane(hn::MaxOfLanes(df, hi)) - op.min) / 255.0f;
-  return op;
+  return Operand8FromLanes(lo, hi);
 }
 
 // x's 8-bit codes in op's range, packed 4 per int32 with the -128 offset (byte ^ 0x80); sets op.sum.
@@ -201,12 +206,14 @@ void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, c
   const auto* q_ops_all = reinterpret_cast<const int32_t*>(tile.prepared);
   const auto* q_meta_all = k_channel ? nullptr : reinterpret_cast<const Operand8*>(tile.prepared + size_t(tile.n_queries) * k_dim);
   // K per channel: U' = (q ∘ s)' per token group [batch][k_groups][k_dim / 4], its Operand8 per K
-  // partition [batch][k_groups][k_partitions], and the constant Σ_d q_d m_d [batch][k_groups].
+  // partition [batch][k_groups][k_partitions], and the constant Σ_d q_d m_d [batch][k_groups]; u itself
+  // [batch][k_dim] before it is quantized.
   thread_local std::vector<int32_t> u_ops;
   thread_local std::vector<Operand8> u_meta;
   thread_local std::vector<float> u_buffer, k_constant;
   // P' (V per channel) or W' = (p ∘ s)' per column group (V per token): [batch][v_groups][tokens / 4], its
-  // Operand8 [batch][v_groups], and for V per token the constant Σ_t p_t m_t [batch][v_groups].
+  // Operand8 [batch][v_groups], and for V per token the constant Σ_t p_t m_t [batch][v_groups] (w itself:
+  // [batch][tokens]).
   thread_local std::vector<int32_t> p_ops;
   thread_local std::vector<Operand8> p_meta;
   thread_local std::vector<float> scores, w_buffer, v_constant;  // scores: [batch][tokens]
@@ -216,11 +223,11 @@ void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, c
   if (k_channel) {
     u_ops.resize(size_t(kQueryBatch) * k_groups * (k_dim / 4));
     u_meta.resize(size_t(kQueryBatch) * k_groups * layout.k_partitions);
-    u_buffer.resize(size_t(k_dim));
+    u_buffer.resize(size_t(kQueryBatch) * k_dim);
     k_constant.resize(size_t(kQueryBatch) * k_groups);
   }
   if (v_token) {
-    w_buffer.resize(size_t(tokens));
+    w_buffer.resize(size_t(kQueryBatch) * tokens);
     v_constant.resize(size_t(kQueryBatch) * v_groups);
   }
 
@@ -235,27 +242,36 @@ void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, c
     size_t q_ops_stride = size_t(k_dim / 4), q_meta_stride = size_t(layout.k_partitions);
 
     // K per channel: the block's scales fold into the queries, once per token group (the derivation:
-    // attention/hack_reference.cc): U' = (q ∘ s)' per K partition, and the constant Σ_d q_d m_d.
+    // attention/hack_reference.cc): U' = (q ∘ s)' per K partition, and the constant Σ_d q_d m_d. The
+    // batch's queries go together: the group's scales and mins are widened once for all of them, and
+    // each u's range is taken as it is made.
     if (k_channel) {
-      for (int r = 0; r < batch; ++r) {
-        const float* q = tile.q + size_t(first + r) * k_dim;
-        for (int j = 0; j * layout.k_group_tokens < seen; ++j) {
-          const size_t meta = size_t(j) * k_dim;
-          VF constant = hn::Zero(df);
-          for (int d = 0; d < k_dim; d += lanes) {
-            const VF qd = hn::LoadU(df, q + d);
-            hn::StoreU(hn::Mul(qd, LoadHalf(k_scales + meta + d)), df, u_buffer.data() + d);
-            constant = hn::MulAdd(qd, LoadHalf(k_mins + meta + d), constant);
+      for (int j = 0; j * layout.k_group_tokens < seen; ++j) {
+        const size_t meta = size_t(j) * k_dim;
+        VF constant[kQueryBatch];
+        for (VF& c : constant) c = hn::Zero(df);
+        for (int p = 0; p < layout.k_partitions; ++p) {
+          const int dim0 = p * layout.k_partition, dims = layout.k_partition_dims(p);
+          VF lo[kQueryBatch], hi[kQueryBatch];
+          for (int r = 0; r < kQueryBatch; ++r) lo[r] = hn::Set(df, INFINITY), hi[r] = hn::Set(df, -INFINITY);
+          for (int d = dim0; d < dim0 + dims; d += lanes) {
+            const VF scale = LoadHalf(k_scales + meta + d), min = LoadHalf(k_mins + meta + d);
+            for (int r = 0; r < batch; ++r) {
+              const VF qd = hn::LoadU(df, tile.q + size_t(first + r) * k_dim + d), u = hn::Mul(qd, scale);
+              hn::StoreU(u, df, u_buffer.data() + size_t(r) * k_dim + d);
+              constant[r] = hn::MulAdd(qd, min, constant[r]);
+              lo[r] = hn::Min(lo[r], u);
+              hi[r] = hn::Max(hi[r], u);
+            }
           }
-          const size_t row = size_t(r) * k_groups + size_t(j);
-          k_constant[row] = hn::GetLane(hn::SumOfLanes(df, constant));
-          for (int p = 0; p < layout.k_partitions; ++p) {
-            const int dim0 = p * layout.k_partition, dims = layout.k_partition_dims(p);
+          for (int r = 0; r < batch; ++r) {
+            const size_t row = size_t(r) * k_groups + size_t(j);
             Operand8& op = u_meta[row * layout.k_partitions + p];
-            op = Operand8Range(u_buffer.data() + dim0, dims);
-            QuantizeOperand8(u_buffer.data() + dim0, dims, op, u_ops.data() + row * (k_dim / 4) + dim0 / 4);
+            op = Operand8FromLanes(lo[r], hi[r]);
+            QuantizeOperand8(u_buffer.data() + size_t(r) * k_dim + dim0, dims, op, u_ops.data() + row * (k_dim / 4) + dim0 / 4);
           }
         }
+        for (int r = 0; r < batch; ++r) k_constant[size_t(r) * k_groups + j] = hn::GetLane(hn::SumOfLanes(df, constant[r]));
       }
       q_ops_stride = size_t(k_groups) * (k_dim / 4);
       q_meta_stride = size_t(k_groups) * layout.k_partitions;
@@ -328,24 +344,38 @@ void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, c
     }
     if (v_token) {
       // V per token: the denominator Σ_t p_t and the constant Σ_t p_t m_t exact; W' = (p ∘ s)' per column
-      // group carries the codes' part (the derivation: attention/hack_reference.cc).
+      // group carries the codes' part (the derivation: attention/hack_reference.cc). As for U: the
+      // batch's queries together, the group's scales widened once, each w's range taken as it is made.
       for (int r = 0; r < batch; ++r) {
         const float* pr = scores.data() + size_t(r) * tokens;
         VF total = hn::Zero(df);
         for (int t0 = 0; t0 < tokens; t0 += lanes) total = hn::Add(total, hn::LoadU(df, pr + t0));
         const int index = first_partial + first + r;
         if (tile.visible[first + r] > 0) partials.sum(index) += hn::GetLane(hn::SumOfLanes(df, total));
-        for (int g = 0; g < v_groups; ++g) {
-          const size_t meta = size_t(g) * tokens, row = size_t(r) * v_groups + size_t(g);
-          VF constant = hn::Zero(df);
-          for (int t0 = 0; t0 < tokens; t0 += lanes) {
-            const VF pt = hn::LoadU(df, pr + t0);
-            hn::StoreU(hn::Mul(pt, LoadHalf(v_scales + meta + t0)), df, w_buffer.data() + t0);
-            constant = hn::MulAdd(pt, LoadHalf(v_mins + meta + t0), constant);
+      }
+      for (int g = 0; g < v_groups; ++g) {
+        const size_t meta = size_t(g) * tokens;
+        VF constant[kQueryBatch], lo[kQueryBatch], hi[kQueryBatch];
+        for (int r = 0; r < kQueryBatch; ++r) {
+          constant[r] = hn::Zero(df);
+          lo[r] = hn::Set(df, INFINITY);
+          hi[r] = hn::Set(df, -INFINITY);
+        }
+        for (int t0 = 0; t0 < tokens; t0 += lanes) {
+          const VF scale = LoadHalf(v_scales + meta + t0), min = LoadHalf(v_mins + meta + t0);
+          for (int r = 0; r < batch; ++r) {
+            const VF pt = hn::LoadU(df, scores.data() + size_t(r) * tokens + t0), w = hn::Mul(pt, scale);
+            hn::StoreU(w, df, w_buffer.data() + size_t(r) * tokens + t0);
+            constant[r] = hn::MulAdd(pt, min, constant[r]);
+            lo[r] = hn::Min(lo[r], w);
+            hi[r] = hn::Max(hi[r], w);
           }
-          v_constant[row] = hn::GetLane(hn::SumOfLanes(df, constant));
-          p_meta[row] = Operand8Range(w_buffer.data(), tokens);
-          QuantizeOperand8(w_buffer.data(), tokens, p_meta[row], p_ops.data() + row * (tokens / 4));
+        }
+        for (int r = 0; r < batch; ++r) {
+          const size_t row = size_t(r) * v_groups + size_t(g);
+          v_constant[row] = hn::GetLane(hn::SumOfLanes(df, constant[r]));
+          p_meta[row] = Operand8FromLanes(lo[r], hi[r]);
+          QuantizeOperand8(w_buffer.data() + size_t(r) * tokens, tokens, p_meta[row], p_ops.data() + row * (tokens / 4));
         }
       }
     } else {

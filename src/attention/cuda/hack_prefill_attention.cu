@@ -755,6 +755,9 @@ Status CudaHackPrefillAttention::run(const PagedKvView& kv, const QuantizedKvVie
                  sealed.hack ? "hack" : "quant", " of ", sealed.k_bits, "/", sealed.v_bits, " bits (",
                  sealed.offsets.block_bytes, " bytes)");
   }
+  if (sealed.k_per_channel || sealed.v_per_token) {
+    return error("CUDA HACK prefill attention: the INT8 kernel reads HACK's layout only (klayout=token, vlayout=channel)");
+  }
   if (sealed.blocks == nullptr || sealed.block_tables == nullptr) {
     return error("CUDA HACK prefill attention: the sealed blocks or their block tables are missing");
   }

@@ -40,6 +40,11 @@ struct QuantizedKvView {
   bool hack = true;                 // integer attention (HACK Eq. 4); false: `quant`, dequantized in FP32
   int k_bits = 2, v_bits = 2;
   QuantizedBlockOffsets offsets;
+  // Which values share a min and scale (QuantizationConfig's layouts, issue 28): HACK's K per (token,
+  // partition) and V per column, or K per channel over groups of k_group_tokens and V per token over
+  // groups of v_group_dims columns.
+  bool k_per_channel = false, v_per_token = false;
+  int k_group_tokens = kCudaBlockTokens, v_group_dims = 0;
   // 1: the host tiers' staging, whose tables (shared with the FP16 view) name FP16 blocks 2s for
   // staging slot s (kv/cuda/host_kv_tier.h).
   int table_shift = 0;

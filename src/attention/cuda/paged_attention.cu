@@ -477,7 +477,9 @@ static_assert(kHackPrefillTileRows == kPrefillTileRows, "the INT8 and FP16 prefi
 Status CudaPagedAttention::run_quantized_prefill(const PagedKvView& kv, const QuantizedKvView& sealed, const uint16_t* q,
                                                  float scale, uint16_t* out) {
   if (max_prefix_blocks_ == 0) return run(kv, q, scale, out);  // nothing sealed before the step: all FP16
-  if (!sealed.hack) {  // quant: one kernel, the sealed blocks dequantized into its tiles
+  // quant, and hack over KIVI's layouts (the INT8 kernel reads HACK's layout only): one kernel, the
+  // sealed blocks dequantized into its tiles.
+  if (!sealed.hack || sealed.k_per_channel || sealed.v_per_token) {
     split_blocks(prefill_target_ctas_);
     const AttentionLaunch p = launch_params(kv, q, scale, out);
     launch_prefill_attention(p, SealedPrefix::kDequantize, sealed);

@@ -7,7 +7,6 @@
 
 #include "attention/cuda/device_ops.cuh"
 #include "attention/cuda/softmax_state.cuh"
-#include "tensor/quantized_block.h"
 
 namespace slimkv::cuda {
 namespace {
@@ -54,19 +53,34 @@ __device__ __forceinline__ __half2 code_pair(uint32_t x, uint32_t y) {
 // x = min + scale · x' (one FP16 FMA: the nearest FP16 to the exact value), into the FP16 tiles k and v
 // [token][dim] (swizzled as the FP16 blocks are staged). A thread takes a K field (4 dims of a token:
 // one 8-byte store) or the V fields of two neighbouring columns (4 tokens each: four 4-byte stores).
+// KIVI's layouts (issue 28): K's 4 dims have a min and scale each (their channels' in the token's
+// group), V's 4 tokens each their own (the two columns are in one group).
 template <int kHeadDim, int kBits>
-__device__ inline void dequantize_sealed_block(const uint8_t* block, const QuantizedBlockOffsets& o, __half* k, __half* v) {
+__device__ inline void dequantize_sealed_block(const uint8_t* block, const QuantizedKvView& sealed, __half* k, __half* v) {
   constexpr int T = kCudaBlockTokens;
   constexpr int kPartition = kHeadDim < T ? kHeadDim : T;  // K partition dims: min(Π, head_dim)
+  const QuantizedBlockOffsets& o = sealed.offsets;
   const __half* k_mins = reinterpret_cast<const __half*>(block + o.k_mins);
   const __half* k_scales = reinterpret_cast<const __half*>(block + o.k_scales);
   const __half2* v_mins = reinterpret_cast<const __half2*>(block + o.v_mins);
   const __half2* v_scales = reinterpret_cast<const __half2*>(block + o.v_scales);
   for (int i = threadIdx.x; i < kHeadDim / 4 * T; i += kPrefillThreads) {  // dim group g = i / T, token t = i % T
-    const int dim = 4 * (i / T), t = i % T, slot = dim / kPartition * T + t;
+    const int dim = 4 * (i / T), t = i % T;
     const uint32_t codes = spread_codes<kBits>(load_field<kBits>(block + i * kBits / 2));
-    const __half2 lo = __half2half2(k_mins[slot]), scale = __half2half2(k_scales[slot]);
-    const __half2 low = __hfma2(scale, code_pair<0, 1>(codes, codes), lo), high = __hfma2(scale, code_pair<2, 3>(codes, codes), lo);
+    __half2 lo[2], scale[2];  // of dims (dim, dim + 1), (dim + 2, dim + 3)
+    if (sealed.k_per_channel) {
+      const int slot = t / sealed.k_group_tokens * kHeadDim + dim;
+      for (int x = 0; x < 2; ++x) {
+        lo[x] = *reinterpret_cast<const __half2*>(k_mins + slot + 2 * x);
+        scale[x] = *reinterpret_cast<const __half2*>(k_scales + slot + 2 * x);
+      }
+    } else {
+      const int slot = dim / kPartition * T + t;
+      lo[0] = lo[1] = __half2half2(k_mins[slot]);
+      scale[0] = scale[1] = __half2half2(k_scales[slot]);
+    }
+    const __half2 low = __hfma2(scale[0], code_pair<0, 1>(codes, codes), lo[0]);
+    const __half2 high = __hfma2(scale[1], code_pair<2, 3>(codes, codes), lo[1]);
     *reinterpret_cast<uint2*>(k + swizzled<kHeadDim>(t, dim / 8) + dim % 8) =
         make_uint2(*reinterpret_cast<const uint32_t*>(&low), *reinterpret_cast<const uint32_t*>(&high));
   }
@@ -75,9 +89,20 @@ __device__ inline void dequantize_sealed_block(const uint8_t* block, const Quant
     const uint8_t* fields = block + o.v_codes + (first / 4 * kHeadDim + c) * kBits / 2;
     const uint32_t left = spread_codes<kBits>(load_field<kBits>(fields));
     const uint32_t right = spread_codes<kBits>(load_field<kBits>(fields + kBits / 2));
-    const __half2 lo = v_mins[c / 2], scale = v_scales[c / 2];
-    const __half2 values[4] = {__hfma2(scale, code_pair<0, 0>(left, right), lo), __hfma2(scale, code_pair<1, 1>(left, right), lo),
-                               __hfma2(scale, code_pair<2, 2>(left, right), lo), __hfma2(scale, code_pair<3, 3>(left, right), lo)};
+    __half2 lo[4], scale[4];  // of token first + j's two values
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (sealed.v_per_token) {
+        const int slot = c / sealed.v_group_dims * T + first + j;
+        lo[j] = __half2half2(reinterpret_cast<const __half*>(v_mins)[slot]);
+        scale[j] = __half2half2(reinterpret_cast<const __half*>(v_scales)[slot]);
+      } else {
+        lo[j] = v_mins[c / 2];
+        scale[j] = v_scales[c / 2];
+      }
+    }
+    const __half2 values[4] = {__hfma2(scale[0], code_pair<0, 0>(left, right), lo[0]), __hfma2(scale[1], code_pair<1, 1>(left, right), lo[1]),
+                               __hfma2(scale[2], code_pair<2, 2>(left, right), lo[2]), __hfma2(scale[3], code_pair<3, 3>(left, right), lo[3])};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       *reinterpret_cast<__half2*>(v + swizzled<kHeadDim>(first + j, c / 8) + c % 8) = values[j];
@@ -348,7 +373,7 @@ __global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(At
     __syncthreads();
     if constexpr (kPrefix == SealedPrefix::kDequantize) {
       if (block < sealed_blocks) {
-        dequantize_sealed_block<kHeadDim, kBits>(packed, sealed.offsets, k_shared + index * kBlockHalves,
+        dequantize_sealed_block<kHeadDim, kBits>(packed, sealed, k_shared + index * kBlockHalves,
                                                  v_shared + index * kBlockHalves);
         __syncthreads();  // the stage is written and `packed` free for the next block
       }
@@ -390,22 +415,26 @@ PrefillKernel pick(SealedPrefix prefix, int bits) {
 PrefillKernel pick(int head_dim, SealedPrefix prefix, int bits) {
   return head_dim == 64 ? pick<64>(prefix, bits) : pick<128>(prefix, bits);
 }
-// Q and two stages of K and V; with kDequantize, a packed sealed block too.
-size_t shared_bytes(int head_dim, SealedPrefix prefix, int bits) {
+// Q and two stages of K and V; with kDequantize, a packed sealed block too (sealed_block_bytes).
+size_t shared_bytes(int head_dim, SealedPrefix prefix, int sealed_block_bytes) {
   const size_t fp16 = head_dim == 64 ? prefill_shared_bytes<64>() : prefill_shared_bytes<128>();
-  if (prefix != SealedPrefix::kDequantize) return fp16;
-  QuantizationConfig config;
-  config.k_bits = config.v_bits = bits;
-  return fp16 + QuantizedBlockLayout(config, BlockShape{kCudaBlockTokens, head_dim, head_dim}).block_bytes;
+  return prefix == SealedPrefix::kDequantize ? fp16 + size_t(sealed_block_bytes) : fp16;
 }
 
 }  // namespace
 
 int prefill_attention_setup(int head_dim) {
+  // The dequantizing kernels may take any sealed block (its bytes depend on the layout and groups): their
+  // limit is the device's, their launches take what the block needs.
+  int device = 0, most = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    return 0;
+  }
   for (const SealedPrefix prefix : {SealedPrefix::kNone, SealedPrefix::kSkip, SealedPrefix::kDequantize}) {
     for (const int bits : {2, 4, 8}) {
-      if (cudaFuncSetAttribute(pick(head_dim, prefix, bits), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               int(shared_bytes(head_dim, prefix, bits))) != cudaSuccess) {
+      const int bytes = prefix == SealedPrefix::kDequantize ? most : int(shared_bytes(head_dim, prefix, 0));
+      if (cudaFuncSetAttribute(pick(head_dim, prefix, bits), cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess) {
         return 0;
       }
     }
@@ -421,7 +450,8 @@ int prefill_attention_setup(int head_dim) {
 
 void launch_prefill_attention(const AttentionLaunch& p, SealedPrefix prefix, const QuantizedKvView& sealed) {
   const dim3 grid(unsigned(p.num_splits), unsigned(p.num_kv_heads), unsigned(p.num_tiles));
-  pick(p.head_dim, prefix, sealed.k_bits)<<<grid, kPrefillThreads, shared_bytes(p.head_dim, prefix, sealed.k_bits)>>>(p, sealed);
+  pick(p.head_dim, prefix, sealed.k_bits)<<<grid, kPrefillThreads, shared_bytes(p.head_dim, prefix, sealed.offsets.block_bytes)>>>(
+      p, sealed);
 }
 
 }  // namespace slimkv::cuda

@@ -9,6 +9,11 @@
 //   quant (the KIVI-style fused baseline): the same staging and unpacking, each code converted to FP32
 //     in registers and multiplied with FP32 q and p (FFMA on CUDA cores); the scale and min applied once
 //     per partition (s·Σ q k' + m·Σ q), so no dequantized value is ever stored.
+//   hack over KIVI's layouts (K per channel, V per token; issue 28, attend_hack_block_reference): the
+//     scales vary along the dot products, so they are folded into the operands per block and warp:
+//     u = q∘s per K token group, quantized to 8 bits per K partition (U'), Σ_d q_d m_d exact; w = p∘s
+//     per V column group, quantized to 8 bits over the block's tokens (W'), Σ_t p_t m_t and Σ_t p_t
+//     exact. The integer products are the same dp4a on U', W' instead of Q', P'.
 // The open block is read in FP16 and computed in FP32, as the dense kernel does.
 #include <cuda_fp16.h>
 
@@ -27,9 +32,21 @@ namespace {
 constexpr int T = kCudaBlockTokens;  // tokens per block: one V partition (HACK's Π)
 constexpr unsigned kFullMask = 0xffffffffu;
 
+// Per warp, after the staging buffers, for KIVI's layouts: the 8-bit operands of the block the warp
+// reads and their parameters (byte offsets in the warp's scratch).
+struct LayoutScratch {
+  int u_codes = 0;  // U': uint32 [k groups][kRows][head_dim / 4], 4 codes per word as Q'
+  int u_meta = 0;   // float4 [k groups][kRows][K partitions]: (scale, min, Σ q_d m_d over the partition, 0)
+  int w_codes = 0;  // W': uint32 [v groups][kRows][T / 4], 4 tokens per word as P'
+  int w_meta = 0;   // float4 [v groups][kRows]: (scale, min, Σ_t p_t m_t, 0)
+  int bytes = 0;    // per warp
+  int offset = 0;   // of warp 0's scratch in the dynamic shared memory
+};
+
 struct QuantizedLaunch {
   AttentionLaunch a;
   QuantizedKvView sealed;  // the sealed blocks (their tables: a.block_tables)
+  LayoutScratch scratch;
 };
 
 // Byte i of w as a float: 2^23 + byte, less 2^23 (one PRMT and one FADD).
@@ -156,15 +173,72 @@ __device__ __forceinline__ float hack_score(float3 q, uint32_t dot, float k_scal
   return fmaf(k_scale, fmaf(q.x, float(dot), q.y * k_sum), k_min * q.z);
 }
 
-// Scores (natural units) of the lane's tokens 2·lane, 2·lane + 1 for a sealed block staged at `b`.
+// K per channel: U' and its parameters for every (token group, row, K partition) of the block staged at
+// `b` into the warp's scratch. A K partition's T dims are spread over 32 / kPartitions lanes, so every
+// partition of a row is quantized at once (quantize_operand8's operations, as Q' is).
 template <int kHeadDim, int kRows, int kBits, bool kHack>
+__device__ __forceinline__ void quantize_u(const QuantizedLaunch& L, const uint8_t* b, const CtaShared<kHeadDim, kRows>& s,
+                                           uint8_t* scratch, int lane) {
+  constexpr int kPartitions = kHeadDim / T, kLanes = 32 / kPartitions, kValues = T / kLanes;
+  const __half* k_mins = reinterpret_cast<const __half*>(b + L.sealed.offsets.k_mins);
+  const __half* k_scales = reinterpret_cast<const __half*>(b + L.sealed.offsets.k_scales);
+  const int part = lane / kLanes, first = part * T + lane % kLanes * kValues;
+  for (int group = 0; group < T / L.sealed.k_group_tokens; ++group) {
+    float k_scale[kValues], k_min[kValues];
+#pragma unroll
+    for (int x = 0; x < kValues; ++x) {
+      k_scale[x] = __half2float(k_scales[group * kHeadDim + first + x]);
+      k_min[x] = __half2float(k_mins[group * kHeadDim + first + x]);
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float u[kValues], lo = INFINITY, hi = -INFINITY, constant = 0.0f;
+#pragma unroll
+      for (int x = 0; x < kValues; ++x) {
+        const float q = s.q[r][first + x];
+        u[x] = __fmul_rn(q, k_scale[x]);
+        constant = fmaf(q, k_min[x], constant);
+        lo = fminf(lo, u[x]);
+        hi = fmaxf(hi, u[x]);
+      }
+#pragma unroll
+      for (int offset = kLanes / 2; offset > 0; offset /= 2) {  // within the partition's lanes
+        lo = fminf(lo, __shfl_xor_sync(kFullMask, lo, offset));
+        hi = fmaxf(hi, __shfl_xor_sync(kFullMask, hi, offset));
+        constant += __shfl_xor_sync(kFullMask, constant, offset);
+      }
+      const float step = __fdiv_rn(__fsub_rn(hi, lo), 255.0f);
+      const float inverse = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
+      const int row = group * kRows + r;
+      uint8_t* codes = scratch + L.scratch.u_codes + row * kHeadDim;
+#pragma unroll
+      for (int x = 0; x < kValues; ++x) {
+        const int code = min(max(__float2int_rn(__fmul_rn(__fsub_rn(u[x], lo), inverse)), 0), 255);
+        codes[BlockLanes<kBits, kHack>::operand_byte(first + x)] = uint8_t(code);
+      }
+      if (lane % kLanes == 0) {
+        reinterpret_cast<float4*>(scratch + L.scratch.u_meta)[row * kPartitions + part] = make_float4(step, lo, constant, 0.0f);
+      }
+    }
+  }
+  __syncwarp();
+}
+
+// Scores (natural units) of the lane's tokens 2·lane, 2·lane + 1 for a sealed block staged at `b`
+// (K per channel: against U' in the warp's scratch, which quantize_u filled).
+template <int kHeadDim, int kRows, int kBits, bool kHack, bool kLayouts>
 __device__ __forceinline__ void block_scores(const QuantizedLaunch& L, const uint8_t* b, const CtaShared<kHeadDim, kRows>& s,
-                                             int lane, float (&score)[2][kRows]) {
+                                             const uint8_t* scratch, int lane, float (&score)[2][kRows]) {
   constexpr int kPartitions = kHeadDim / T, kBytes = kBits / 2;
   const __half* k_mins = reinterpret_cast<const __half*>(b + L.sealed.offsets.k_mins);
   const __half* k_scales = reinterpret_cast<const __half*>(b + L.sealed.offsets.k_scales);
   const int16_t* k_sums = reinterpret_cast<const int16_t*>(b + L.sealed.offsets.k_sums);
   const int t0 = 2 * lane;
+  // Row r's 8-bit operand: operand + r · kHeadDim / 4 (Q', or U' of the lane's token group).
+  const bool per_channel = kLayouts && L.sealed.k_per_channel;
+  const int k_group = per_channel ? t0 / L.sealed.k_group_tokens : 0;
+  const uint32_t* operand = per_channel ? reinterpret_cast<const uint32_t*>(scratch + L.scratch.u_codes) + k_group * kRows * (kHeadDim / 4)
+                                        : s.q_codes[0];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) score[0][r] = score[1][r] = 0.0f;
 #pragma unroll
@@ -183,7 +257,7 @@ __device__ __forceinline__ void block_scores(const QuantizedLaunch& L, const uin
         const uint32_t x[2] = {__byte_perm(low01, low23, 0x5410), __byte_perm(low01, low23, 0x7632)};  // per token
         uint4 q[kRows];
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) q[r] = *reinterpret_cast<const uint4*>(&s.q_codes[r][4 * quad]);
+        for (int r = 0; r < kRows; ++r) q[r] = *reinterpret_cast<const uint4*>(operand + r * (kHeadDim / 4) + 4 * quad);
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
 #pragma unroll
@@ -203,7 +277,7 @@ __device__ __forceinline__ void block_scores(const QuantizedLaunch& L, const uin
           const uint32_t k = fields.codes(j);
           if constexpr (kHack) {
 #pragma unroll
-            for (int r = 0; r < kRows; ++r) dot[j][r] = __dp4a(k, s.q_codes[r][g], dot[j][r]);
+            for (int r = 0; r < kRows; ++r) dot[j][r] = __dp4a(k, operand[r * (kHeadDim / 4) + g], dot[j][r]);
           } else {
             const float k0 = byte_to_float(k, 0), k1 = byte_to_float(k, 1), k2 = byte_to_float(k, 2), k3 = byte_to_float(k, 3);
 #pragma unroll
@@ -214,6 +288,19 @@ __device__ __forceinline__ void block_scores(const QuantizedLaunch& L, const uin
           }
         }
       }
+    }
+    if (per_channel) {  // Σ_d u_d k'_d + Σ_d q_d m_d = s_u Σu'k' + m_u Σk' + the constant
+      const float4* u_meta = reinterpret_cast<const float4*>(scratch + L.scratch.u_meta) + k_group * kRows * kPartitions;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float k_sum = float(k_sums[part * T + t0 + j]);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          const float4 u = u_meta[r * kPartitions + part];
+          score[j][r] += fmaf(u.x, float(dot[j][r]), fmaf(u.y, k_sum, u.z));
+        }
+      }
+      continue;
     }
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
@@ -231,12 +318,38 @@ __device__ __forceinline__ void block_scores(const QuantizedLaunch& L, const uin
   }
 }
 
-// The block's softmax weights (base 2) against the running max. hack: P quantized to 8 bits over the
-// block's tokens (quantize_operand8, nearest) into s.p_codes, with (scale, min, Σp') per row; quant:
-// P in FP32 into s.p, with Σp.
+// V per token: for each column group of the block staged at `b`, w = p∘s over the block's tokens (the
+// lane's two are p) quantized to 8 bits (quantize_operand8's operations, P' fast as above) into W' of
+// row r, with (scale, min, Σ_t p_t m_t).
 template <int kHeadDim, int kRows, int kBits, bool kHack>
-__device__ __forceinline__ void block_weights(const float (&score)[2][kRows],
-                                              CtaShared<kHeadDim, kRows>& s, int warp, int lane,
+__device__ __forceinline__ void weigh_v_groups(const QuantizedLaunch& L, const uint8_t* b, const float (&p)[2], int r,
+                                               uint8_t* scratch, int lane) {
+  const __half* v_mins = reinterpret_cast<const __half*>(b + L.sealed.offsets.v_mins);
+  const __half* v_scales = reinterpret_cast<const __half*>(b + L.sealed.offsets.v_scales);
+  const int t0 = 2 * lane;
+  for (int group = 0; group < kHeadDim / L.sealed.v_group_dims; ++group) {
+    const int slot = group * T + t0;
+    const float w0 = p[0] * __half2float(v_scales[slot]), w1 = p[1] * __half2float(v_scales[slot + 1]);
+    float constant = fmaf(p[0], __half2float(v_mins[slot]), p[1] * __half2float(v_mins[slot + 1]));
+    const float lo = warp_min(fminf(w0, w1)), hi = warp_max(fmaxf(w0, w1));
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) constant += __shfl_xor_sync(kFullMask, constant, offset);
+    const float inverse = hi > lo ? __fdividef(255.0f, hi - lo) : 0.0f;
+    const int row = group * kRows + r;
+    uint8_t* codes = scratch + L.scratch.w_codes + row * T;
+    codes[BlockLanes<kBits, kHack>::operand_byte(t0)] = uint8_t(min(max(__float2int_rn((w0 - lo) * inverse), 0), 255));
+    codes[BlockLanes<kBits, kHack>::operand_byte(t0 + 1)] = uint8_t(min(max(__float2int_rn((w1 - lo) * inverse), 0), 255));
+    if (lane == 0) reinterpret_cast<float4*>(scratch + L.scratch.w_meta)[row] = make_float4((hi - lo) * (1.0f / 255.0f), lo, constant, 0.0f);
+  }
+}
+
+// The block's softmax weights (base 2) against the running max. hack: P quantized to 8 bits over the
+// block's tokens (quantize_operand8, nearest) into s.p_codes, with (scale, min, Σp') per row; V per
+// token: W' per column group into the warp's scratch, with Σp per row; quant: P in FP32 into s.p,
+// with Σp.
+template <int kHeadDim, int kRows, int kBits, bool kHack, bool kLayouts>
+__device__ __forceinline__ void block_weights(const QuantizedLaunch& L, const uint8_t* b, const float (&score)[2][kRows],
+                                              CtaShared<kHeadDim, kRows>& s, uint8_t* scratch, int warp, int lane,
                                               WarpPartial<kRows, kHeadDim / 32>& partial, float (&p_scale)[kRows],
                                               float (&p_min)[kRows], float (&p_sum)[kRows]) {
   constexpr int kTokens = 2;
@@ -253,7 +366,11 @@ __device__ __forceinline__ void block_weights(const float (&score)[2][kRows],
     const float block_max = warp_max(local_max);
     const float reference = partial.rescale(r, block_max);
     float sum = 0.0f;
-    if constexpr (kHack) {
+    if (kLayouts && L.sealed.v_per_token) {
+      const float p[kTokens] = {fast_exp2(s2[0] - reference), fast_exp2(s2[1] - reference)};
+      sum = p[0] + p[1];
+      weigh_v_groups<kHeadDim, kRows, kBits, kHack>(L, b, p, r, scratch, lane);
+    } else if constexpr (kHack) {
       // exp2 is monotonic: the block's least and greatest weights are those of its extreme scores.
       const float lo = fast_exp2(warp_min(local_min) - reference), hi = fast_exp2(block_max - reference);
       p_min[r] = lo;
@@ -283,17 +400,23 @@ __device__ __forceinline__ void block_weights(const float (&score)[2][kRows],
 }
 
 // One sealed block, staged at `b`, folded into the warp's partial.
-template <int kHeadDim, int kRows, int kBits, bool kHack>
+template <int kHeadDim, int kRows, int kBits, bool kHack, bool kLayouts>
 __device__ __forceinline__ void attend_sealed(const QuantizedLaunch& L, const uint8_t* b, CtaShared<kHeadDim, kRows>& s,
-                                              int warp, int lane, WarpPartial<kRows, kHeadDim / 32>& partial) {
+                                              uint8_t* scratch, int warp, int lane, WarpPartial<kRows, kHeadDim / 32>& partial) {
   constexpr int kCols = kHeadDim / 32, kBytes = kBits / 2;
+  if (kLayouts && L.sealed.k_per_channel) quantize_u<kHeadDim, kRows, kBits, kHack>(L, b, s, scratch, lane);
   float score[2][kRows];
-  block_scores<kHeadDim, kRows, kBits, kHack>(L, b, s, lane, score);
+  block_scores<kHeadDim, kRows, kBits, kHack, kLayouts>(L, b, s, scratch, lane, score);
   float p_scale[kRows], p_min[kRows], p_sum[kRows];
-  block_weights<kHeadDim, kRows, kBits, kHack>(score, s, warp, lane, partial, p_scale, p_min, p_sum);
+  block_weights<kHeadDim, kRows, kBits, kHack, kLayouts>(L, b, score, s, scratch, warp, lane, partial, p_scale, p_min, p_sum);
 
-  // P·V for the lane's kCols columns.
+  // P·V for the lane's kCols columns, against row r's operand + r · T / 4 (P', or W' of the lanes'
+  // column group; a group holds whole lanes' columns).
   const int c0 = lane * kCols;
+  const bool per_token = kLayouts && L.sealed.v_per_token;
+  const int v_group = per_token ? c0 / L.sealed.v_group_dims : 0;
+  const uint32_t* operand = per_token ? reinterpret_cast<const uint32_t*>(scratch + L.scratch.w_codes) + v_group * kRows * (T / 4)
+                                      : s.p_codes[warp][0];
   uint32_t pv[kRows][kCols];
   float pv_f[kRows][kCols];
 #pragma unroll
@@ -309,7 +432,7 @@ __device__ __forceinline__ void attend_sealed(const QuantizedLaunch& L, const ui
       for (int k = 0; k < 4; ++k) w[k] = Fields<2, kCols>(b + L.sealed.offsets.v_codes + (4 * quad + k) * kHeadDim + c0).words[0];
       uint4 p[kRows];
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) p[r] = *reinterpret_cast<const uint4*>(&s.p_codes[warp][r][4 * quad]);
+      for (int r = 0; r < kRows; ++r) p[r] = *reinterpret_cast<const uint4*>(operand + r * (T / 4) + 4 * quad);
 #pragma unroll
       for (int c = 0; c < kCols; ++c) {
         const unsigned pick = unsigned(c) | unsigned(c + 4) << 4;  // byte c of two words
@@ -331,7 +454,7 @@ __device__ __forceinline__ void attend_sealed(const QuantizedLaunch& L, const ui
         const uint32_t v = fields.codes(i);  // tokens 4u..4u+3 of column c0 + i
         if constexpr (kHack) {
 #pragma unroll
-          for (int r = 0; r < kRows; ++r) pv[r][i] = __dp4a(v, s.p_codes[warp][r][u], pv[r][i]);
+          for (int r = 0; r < kRows; ++r) pv[r][i] = __dp4a(v, operand[r * (T / 4) + u], pv[r][i]);
         } else {
           const float v0 = byte_to_float(v, 0), v1 = byte_to_float(v, 1), v2 = byte_to_float(v, 2), v3 = byte_to_float(v, 3);
 #pragma unroll
@@ -346,6 +469,17 @@ __device__ __forceinline__ void attend_sealed(const QuantizedLaunch& L, const ui
   const __half* v_mins = reinterpret_cast<const __half*>(b + L.sealed.offsets.v_mins);
   const __half* v_scales = reinterpret_cast<const __half*>(b + L.sealed.offsets.v_scales);
   const int16_t* v_sums = reinterpret_cast<const int16_t*>(b + L.sealed.offsets.v_sums);
+  if (per_token) {  // Σ_t w_t v'_tc + Σ_t p_t m_t = s_w Σw'v' + m_w Σv' + the constant; the sum Σp
+    const float4* w_meta = reinterpret_cast<const float4*>(scratch + L.scratch.w_meta) + v_group * kRows;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float4 w = w_meta[r];
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) partial.acc[r][i] += fmaf(w.x, float(pv[r][i]), fmaf(w.y, float(v_sums[c0 + i]), w.z));
+      partial.sum[r] += p_sum[r];
+    }
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < kCols; ++i) {
     const float v_min = __half2float(v_mins[c0 + i]), v_scale = __half2float(v_scales[c0 + i]);
@@ -423,7 +557,8 @@ __device__ __forceinline__ void attend_open(const AttentionLaunch& p, const __ha
 }
 
 // The attention partial of one decode tile (a sequence's GQA group) over one split of its blocks.
-template <int kHeadDim, int kRows, int kBits, bool kHack>
+// kLayouts: also KIVI's layouts (L.sealed says which), the HACK layout's instances without their branches.
+template <int kHeadDim, int kRows, int kBits, bool kHack, bool kLayouts>
 __global__ __launch_bounds__(kThreads) void quantized_attention_partials(QuantizedLaunch L) {
   constexpr int kCols = kHeadDim / 32, kPartitions = kHeadDim / T;
   static_assert(kCols % 2 == 0, "head dims of 64 or 128");
@@ -489,6 +624,7 @@ __global__ __launch_bounds__(kThreads) void quantized_attention_partials(Quantiz
     return sealed_block_address(L.sealed, p, p.sequence_ids[tq.batch_index], block, kv_head);
   };
   uint8_t* stage = reinterpret_cast<uint8_t*>(staging) + size_t(warp) * 2 * L.sealed.offsets.block_bytes;
+  uint8_t* scratch = reinterpret_cast<uint8_t*>(staging) + L.scratch.offset + warp * L.scratch.bytes;
   WarpPartial<kRows, kCols> partial;
   int buffer = 0;
   if (block_begin + warp < sealed_end) copy_block_async(stage, sealed_block(block_begin + warp), L.sealed.offsets.block_bytes, lane);
@@ -501,7 +637,8 @@ __global__ __launch_bounds__(kThreads) void quantized_attention_partials(Quantiz
         wait_copies<0>();
       }
       __syncwarp();
-      attend_sealed<kHeadDim, kRows, kBits, kHack>(L, stage + buffer * L.sealed.offsets.block_bytes, s, warp, lane, partial);
+      attend_sealed<kHeadDim, kRows, kBits, kHack, kLayouts>(L, stage + buffer * L.sealed.offsets.block_bytes, s, scratch, warp,
+                                                            lane, partial);
       __syncwarp();  // every lane is done with the buffer before it is refilled
       buffer ^= 1;
     } else {
@@ -524,26 +661,55 @@ __global__ __launch_bounds__(kThreads) void quantized_attention_partials(Quantiz
 
 using QuantizedKernel = void (*)(QuantizedLaunch);
 
+// hack: HACK's layout, or KIVI's (`layouts`); quant: HACK's layout only.
+template <int kHeadDim, int kRows, int kBits>
+QuantizedKernel pick_kind(bool hack, bool layouts) {
+  if (!hack) return layouts ? nullptr : quantized_attention_partials<kHeadDim, kRows, kBits, false, false>;
+  return layouts ? quantized_attention_partials<kHeadDim, kRows, kBits, true, true>
+                 : quantized_attention_partials<kHeadDim, kRows, kBits, true, false>;
+}
+
 template <int kHeadDim, int kRows>
-QuantizedKernel pick(int bits, bool hack) {
+QuantizedKernel pick(int bits, bool hack, bool layouts) {
   switch (bits) {
-    case 2: return hack ? quantized_attention_partials<kHeadDim, kRows, 2, true> : quantized_attention_partials<kHeadDim, kRows, 2, false>;
-    case 4: return hack ? quantized_attention_partials<kHeadDim, kRows, 4, true> : quantized_attention_partials<kHeadDim, kRows, 4, false>;
-    case 8: return hack ? quantized_attention_partials<kHeadDim, kRows, 8, true> : quantized_attention_partials<kHeadDim, kRows, 8, false>;
+    case 2: return pick_kind<kHeadDim, kRows, 2>(hack, layouts);
+    case 4: return pick_kind<kHeadDim, kRows, 4>(hack, layouts);
+    case 8: return pick_kind<kHeadDim, kRows, 8>(hack, layouts);
     default: return nullptr;
   }
 }
 
 // The one switch from the run-time shape to the decode kernel's template parameters; null when no
 // kernel has it (run_quantized's error names the values).
-QuantizedKernel pick_kernel(int head_dim, int rows, int bits, bool hack) {
+QuantizedKernel pick_kernel(int head_dim, int rows, int bits, bool hack, bool layouts) {
   const bool four = rows == 4;
   if (rows != 4 && rows != 8) return nullptr;
   switch (head_dim) {
-    case 64: return four ? pick<64, 4>(bits, hack) : pick<64, 8>(bits, hack);
-    case 128: return four ? pick<128, 4>(bits, hack) : pick<128, 8>(bits, hack);
+    case 64: return four ? pick<64, 4>(bits, hack, layouts) : pick<64, 8>(bits, hack, layouts);
+    case 128: return four ? pick<128, 4>(bits, hack, layouts) : pick<128, 8>(bits, hack, layouts);
     default: return nullptr;
   }
+}
+
+// The warps' scratch for KIVI's layouts (LayoutScratch), after `offset` bytes of staging.
+LayoutScratch layout_scratch(const QuantizedKvView& sealed, int rows, int head_dim, size_t offset) {
+  LayoutScratch scratch;
+  if (!sealed.k_per_channel && !sealed.v_per_token) return scratch;
+  const int k_groups = sealed.k_per_channel ? kCudaBlockTokens / sealed.k_group_tokens : 0;
+  const int v_groups = sealed.v_per_token ? head_dim / sealed.v_group_dims : 0;
+  int bytes = 0;
+  const auto section = [&](int size) {
+    const int start = bytes;
+    bytes += (size + 15) / 16 * 16;
+    return start;
+  };
+  scratch.u_codes = section(k_groups * rows * head_dim);
+  scratch.u_meta = section(k_groups * rows * (head_dim / kCudaBlockTokens) * int(sizeof(float4)));
+  scratch.w_codes = section(v_groups * rows * kCudaBlockTokens);
+  scratch.w_meta = section(v_groups * rows * int(sizeof(float4)));
+  scratch.bytes = bytes;
+  scratch.offset = int(offset);
+  return scratch;
 }
 
 }  // namespace
@@ -559,14 +725,24 @@ Status CudaPagedAttention::run_quantized(const PagedKvView& kv, const QuantizedK
   if (sealed.k_bits != sealed.v_bits) {
     return error("CUDA quantized attention: K and V bits must match on the GPU, got ", sealed.k_bits, " and ", sealed.v_bits);
   }
-  const QuantizedKernel kernel = pick_kernel(shape_.head_dim, rows_per_tile_, sealed.k_bits, sealed.hack);
+  const bool layouts = sealed.k_per_channel || sealed.v_per_token;
+  if (layouts && !sealed.hack) {
+    return error("CUDA quantized attention: quant with klayout=channel or vlayout=token has no GPU decode kernel (hack has)");
+  }
+  if (layouts && sealed.v_per_token && sealed.v_group_dims % (shape_.head_dim / 32) != 0) {
+    return error("CUDA quantized attention: vgroup=", sealed.v_group_dims, " must hold whole lanes' columns (a multiple of ",
+                 shape_.head_dim / 32, ")");
+  }
+  const QuantizedKernel kernel = pick_kernel(shape_.head_dim, rows_per_tile_, sealed.k_bits, sealed.hack, layouts);
   if (kernel == nullptr) {
     return error("CUDA quantized attention: no decode kernel for head_dim ", shape_.head_dim, ", ", rows_per_tile_,
                  " rows per tile, ", sealed.k_bits, " bits (there: head_dim 64 or 128, 4 or 8 rows, 2, 4 or 8 bits)");
   }
-  // The staging buffers, which also hold the warps' partials at the end.
-  const size_t staging_bytes = std::max(size_t(kWarps) * 2 * sealed.offsets.block_bytes,
-                                        size_t(kWarps) * rows_per_tile_ * shape_.head_dim * sizeof(float));
+  // The staging buffers, which also hold the warps' partials at the end; then the warps' scratch.
+  const size_t buffers = std::max(size_t(kWarps) * 2 * sealed.offsets.block_bytes,
+                                  size_t(kWarps) * rows_per_tile_ * shape_.head_dim * sizeof(float));
+  const LayoutScratch scratch = layout_scratch(sealed, rows_per_tile_, shape_.head_dim, buffers);
+  const size_t staging_bytes = buffers + size_t(kWarps) * size_t(scratch.bytes);
   // Once per kernel and staging size: its shared-memory limit, and its residency (one wave of this
   // kernel differs from one of the dense kernel).
   const auto known = std::find_if(quantized_residency_.begin(), quantized_residency_.end(), [&](const auto& entry) {
@@ -585,6 +761,7 @@ Status CudaPagedAttention::run_quantized(const PagedKvView& kv, const QuantizedK
   QuantizedLaunch L{};
   L.a = launch_params(kv, q, scale, out);
   L.sealed = sealed;
+  L.scratch = scratch;
   const dim3 grid(unsigned(L.a.num_splits), unsigned(L.a.num_kv_heads), unsigned(L.a.num_tiles));
   kernel<<<grid, kThreads, staging_bytes>>>(L);
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();

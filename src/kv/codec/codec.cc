@@ -47,8 +47,8 @@ GpuBlockFormat quantized_gpu_block_format(const QuantizationConfig& config, bool
     format.unsupported = "kbits != vbits";
   } else if (!config.store_sums || !config.keep_open_exact) {
     format.unsupported = "the se=off / rqe=off ablations";
-  } else if (config.k_per_channel || config.v_per_token || config.symmetric) {
-    format.unsupported = "klayout=channel / vlayout=token / range=sym (kivi too): CPU only";
+  } else if (!integer_attention && (config.k_per_channel || config.v_per_token)) {
+    format.unsupported = "quant with klayout=channel / vlayout=token (kivi too): the GPU reads them with hack only";
   } else {
     format.kind = GpuBlockFormat::Kind::kQuantized;
     format.quantization = config;

@@ -28,26 +28,33 @@ struct SealLaunch {
   uint8_t* blocks;       // [destination blocks, num_kv_heads, block_bytes]
   int num_kv_heads, head_dim, k_bits, v_bits, k_partition;
   QuantizedBlockOffsets o;
-  bool stochastic;
+  bool k_per_channel, v_per_token;  // the layouts of tensor/quantized_block.h (k_group_tokens, v_group_dims)
+  int k_group_tokens, v_group_dims;
+  bool stochastic, symmetric;
   uint64_t seed;
   int layer;
 };
 
 // One partition of n values x[i·x_stride], quantized exactly as quantize_partition in
-// tensor/quantized_block.cc: the same comparisons, the same IEEE-rounded float operations (no
-// contraction into FMA), the same counter-based noise (value i's counter: first_counter +
-// i·counter_stride); codes go to codes[i·code_stride].
+// tensor/quantized_block.cc: the same comparisons (symmetric: the grid centred on 0), the same
+// IEEE-rounded float operations (no contraction into FMA), the same counter-based noise (value i's
+// counter: first_counter + i·counter_stride); codes go to codes[i·code_stride].
 struct Partition {
   __half min, scale;
   int sum;
 };
-__device__ Partition quantize_partition(const __half* x, int x_stride, int n, int bits, bool stochastic, uint64_t seed,
-                                        uint64_t first_counter, uint64_t counter_stride, uint8_t* codes, int code_stride) {
+__device__ Partition quantize_partition(const __half* x, int x_stride, int n, int bits, bool symmetric, bool stochastic,
+                                        uint64_t seed, uint64_t first_counter, uint64_t counter_stride, uint8_t* codes,
+                                        int code_stride) {
   float lo = __half2float(x[0]), hi = lo;
   for (int i = 1; i < n; ++i) {
     const float value = __half2float(x[i * x_stride]);
     lo = value < lo ? value : lo;  // std::min / std::max: the first of equals (signed zeros) stays
     hi = hi < value ? value : hi;
+  }
+  if (symmetric) {
+    hi = hi < -lo ? -lo : hi;
+    lo = -hi;
   }
   const int levels = (1 << bits) - 1;
   Partition p;
@@ -85,9 +92,9 @@ __device__ void write_step_rows(const SealLaunch& p, int c, int head) {
 }
 
 // One CTA per (block to seal, KV head): the layout of quantize_block (tensor/quantized_block.cc),
-// byte for byte, padding zeroed. A thread quantizes a whole partition (a token's K partition, a
-// column of V); the staged rows are padded (by 2 halves, 4 code bytes) so that threads walking along
-// different rows fall in different banks.
+// byte for byte, padding zeroed. A thread quantizes a whole partition (a token's K partition or a
+// channel's group of tokens, a column of V or a token's group of columns); the staged rows are padded
+// (by 2 halves, 4 code bytes) so that threads walking along different rows fall in different banks.
 // The rows of the block that the step writes are read from the step's rows (block_rows says which),
 // the others from the pool; CTAs past seal_ctas write the step's rows instead.
 __global__ __launch_bounds__(kSealThreads) void seal_blocks(SealLaunch p) {
@@ -120,17 +127,39 @@ __global__ __launch_bounds__(kSealThreads) void seal_blocks(SealLaunch p) {
   for (int i = threadIdx.x; i < p.o.block_bytes / 16; i += kSealThreads) reinterpret_cast<uint4*>(block)[i] = make_uint4(0, 0, 0, 0);
   __syncthreads();
 
-  // K: partitions of k_partition dims along each token's head (element counter: its index in [T, d]).
+  // K (element counter: its index in [T, d]): partitions of k_partition dims along each token's head,
+  // or per channel, each dim over a group of tokens; then the sums per (partition, token) in either.
   const int k_partitions = d / p.k_partition;
-  for (int i = threadIdx.x; i < T * k_partitions; i += kSealThreads) {
-    const int t = i / k_partitions, part = i % k_partitions;
-    const int first = t * d + part * p.k_partition;  // the element's index (its noise counter)
-    const Partition q = quantize_partition(k + t * row_halves + part * p.k_partition, 1, p.k_partition, p.k_bits, p.stochastic, seed,
-                                           uint64_t(first), 1, codes + t * code_row + part * p.k_partition, 1);
-    const int slot = part * T + t;
-    reinterpret_cast<__half*>(block + p.o.k_mins)[slot] = q.min;
-    reinterpret_cast<__half*>(block + p.o.k_scales)[slot] = q.scale;
-    reinterpret_cast<int16_t*>(block + p.o.k_sums)[slot] = int16_t(q.sum);
+  __half* k_mins = reinterpret_cast<__half*>(block + p.o.k_mins);
+  __half* k_scales = reinterpret_cast<__half*>(block + p.o.k_scales);
+  int16_t* k_sums = reinterpret_cast<int16_t*>(block + p.o.k_sums);
+  if (p.k_per_channel) {
+    for (int i = threadIdx.x; i < T / p.k_group_tokens * d; i += kSealThreads) {
+      const int group = i / d, dim = i % d, t = group * p.k_group_tokens;
+      const Partition q = quantize_partition(k + t * row_halves + dim, row_halves, p.k_group_tokens, p.k_bits, p.symmetric,
+                                             p.stochastic, seed, uint64_t(t * d + dim), uint64_t(d), codes + t * code_row + dim,
+                                             code_row);
+      k_mins[i] = q.min;  // slot group · d + dim
+      k_scales[i] = q.scale;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < T * k_partitions; i += kSealThreads) {
+      const int t = i / k_partitions, part = i % k_partitions;
+      int sum = 0;
+      for (int x = 0; x < p.k_partition; ++x) sum += codes[t * code_row + part * p.k_partition + x];
+      k_sums[part * T + t] = int16_t(sum);
+    }
+  } else {
+    for (int i = threadIdx.x; i < T * k_partitions; i += kSealThreads) {
+      const int t = i / k_partitions, part = i % k_partitions;
+      const int first = t * d + part * p.k_partition;  // the element's index (its noise counter)
+      const Partition q = quantize_partition(k + t * row_halves + part * p.k_partition, 1, p.k_partition, p.k_bits, p.symmetric,
+                                             p.stochastic, seed, uint64_t(first), 1, codes + t * code_row + part * p.k_partition, 1);
+      const int slot = part * T + t;
+      k_mins[slot] = q.min;
+      k_scales[slot] = q.scale;
+      k_sums[slot] = int16_t(q.sum);
+    }
   }
   __syncthreads();
   for (int i = threadIdx.x; i < d / 4 * T; i += kSealThreads) {  // group g of dims, token t
@@ -140,13 +169,35 @@ __global__ __launch_bounds__(kSealThreads) void seal_blocks(SealLaunch p) {
   }
   __syncthreads();
 
-  // V: one partition of the block's T tokens per column (element counter after K's T·d).
-  for (int c = threadIdx.x; c < d; c += kSealThreads) {
-    const Partition q = quantize_partition(v + c, row_halves, T, p.v_bits, p.stochastic, seed, uint64_t(T) * uint64_t(d) + uint64_t(c),
-                                           uint64_t(d), codes + c, code_row);
-    reinterpret_cast<__half*>(block + p.o.v_mins)[c] = q.min;
-    reinterpret_cast<__half*>(block + p.o.v_scales)[c] = q.scale;
-    reinterpret_cast<int16_t*>(block + p.o.v_sums)[c] = int16_t(q.sum);
+  // V (element counter after K's T·d): one partition of the block's T tokens per column, or per token,
+  // each token's columns in groups; then the sums per column in either.
+  __half* v_mins = reinterpret_cast<__half*>(block + p.o.v_mins);
+  __half* v_scales = reinterpret_cast<__half*>(block + p.o.v_scales);
+  int16_t* v_sums = reinterpret_cast<int16_t*>(block + p.o.v_sums);
+  const uint64_t v_counter = uint64_t(T) * uint64_t(d);
+  if (p.v_per_token) {
+    const int groups = d / p.v_group_dims;
+    for (int i = threadIdx.x; i < T * groups; i += kSealThreads) {
+      const int t = i / groups, group = i % groups, c = group * p.v_group_dims;
+      const Partition q = quantize_partition(v + t * row_halves + c, 1, p.v_group_dims, p.v_bits, p.symmetric, p.stochastic, seed,
+                                             v_counter + uint64_t(t * d + c), 1, codes + t * code_row + c, 1);
+      v_mins[group * T + t] = q.min;
+      v_scales[group * T + t] = q.scale;
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < d; c += kSealThreads) {
+      int sum = 0;
+      for (int t = 0; t < T; ++t) sum += codes[t * code_row + c];
+      v_sums[c] = int16_t(sum);
+    }
+  } else {
+    for (int c = threadIdx.x; c < d; c += kSealThreads) {
+      const Partition q = quantize_partition(v + c, row_halves, T, p.v_bits, p.symmetric, p.stochastic, seed, v_counter + uint64_t(c),
+                                             uint64_t(d), codes + c, code_row);
+      v_mins[c] = q.min;
+      v_scales[c] = q.scale;
+      v_sums[c] = int16_t(q.sum);
+    }
   }
   __syncthreads();
   for (int i = threadIdx.x; i < T / 4 * d; i += kSealThreads) {  // tokens 4u..4u+3 of column c
@@ -196,8 +247,14 @@ Status QuantizedBlockSealer::append_and_seal(int layer, const PagedKvView& fp16,
   p.k_bits = layout_.config.k_bits;
   p.v_bits = layout_.config.v_bits;
   p.k_partition = layout_.k_partition;
-  p.o = view(nullptr, nullptr).offsets;
+  const QuantizedKvView shape = view(nullptr, nullptr);
+  p.o = shape.offsets;
+  p.k_per_channel = shape.k_per_channel;
+  p.v_per_token = shape.v_per_token;
+  p.k_group_tokens = shape.k_group_tokens;
+  p.v_group_dims = shape.v_group_dims;
   p.stochastic = layout_.config.rounding == Rounding::kStochastic;
+  p.symmetric = layout_.config.symmetric;
   p.seed = seed_;
   p.layer = layer;
   seal_blocks<<<dim3(unsigned(n + write_ctas), unsigned(num_kv_heads_)), kSealThreads>>>(p);
@@ -214,6 +271,10 @@ QuantizedKvView QuantizedBlockSealer::view(const uint8_t* blocks, const int* blo
   view.v_bits = layout_.config.v_bits;
   view.offsets = {int(layout_.block_bytes), int(layout_.k_mins),  int(layout_.k_scales), int(layout_.k_sums),
                   int(layout_.v_codes),     int(layout_.v_mins),  int(layout_.v_scales), int(layout_.v_sums)};
+  view.k_per_channel = layout_.config.k_per_channel;
+  view.v_per_token = layout_.config.v_per_token;
+  view.k_group_tokens = layout_.k_group_tokens;
+  view.v_group_dims = layout_.v_group_dims;
   view.table_shift = table_shift;
   return view;
 }
