@@ -98,14 +98,18 @@ const char* cuda_plugin_build_tag() {
 #endif
 }
 
-Expected<std::unique_ptr<DeviceModel>> open_cuda_model(const LlamaModel& model, const KvPipeline& pipeline,
-                                                       const EngineConfig& config) {
+Expected<const CudaPlugin*> cuda_plugin() {
   const char* tag = cuda_plugin_build_tag();
   if (tag == nullptr) {
     return error("device 'cuda': this build has no CUDA backend (nvcc was not found when it was configured; ",
                  "install the CUDA toolkit and rebuild, or configure with -DSLIMKV_CUDA=ON to insist)");
   }
-  SLIMKV_ASSIGN_OR_RETURN(const CudaPlugin* plugin, load_plugin(tag));
+  return load_plugin(tag);
+}
+
+Expected<std::unique_ptr<DeviceModel>> open_cuda_model(const LlamaModel& model, const KvPipeline& pipeline,
+                                                       const EngineConfig& config) {
+  SLIMKV_ASSIGN_OR_RETURN(const CudaPlugin* plugin, cuda_plugin());
   return plugin->load_model(model, pipeline, config);
 }
 

@@ -12,6 +12,7 @@
 
 #include <memory>
 
+#include "backend/cuda/ipc_memory.h"
 #include "engine/device_model.h"
 
 namespace slimkv {
@@ -21,6 +22,10 @@ struct CudaPlugin {
   const char* build_tag;  // SLIMKV_CUDA_PLUGIN_TAG of the build that made the plugin
   Expected<std::unique_ptr<DeviceModel>> (*load_model)(const LlamaModel& model, const KvPipeline& pipeline,
                                                        const EngineConfig& config);
+  // CUDA IPC between processes of one GPU (backend/cuda/ipc_memory.h): the KV stream's device path.
+  decltype(&cuda::current_device_uuid) current_device_uuid;
+  decltype(&cuda::ipc_handle_of) ipc_handle_of;
+  decltype(&cuda::copy_from_ipc_handle) copy_from_ipc_handle;
 };
 
 inline constexpr const char* kCudaPluginFile = "libslimkv_cuda.so";
@@ -31,6 +36,10 @@ inline constexpr const char* kCudaPluginVariable = "SLIMKV_CUDA_LIBRARY";
 
 // The build tag this engine accepts; nullptr when the build has no CUDA backend (nvcc was not found).
 const char* cuda_plugin_build_tag();
+
+// The plugin, opened once per process by the first caller. The error names every place tried and why
+// each failed, or that the build has no CUDA backend.
+Expected<const CudaPlugin*> cuda_plugin();
 
 // Device "cuda": the plugin opened once per process and asked for the model. The error names every
 // place tried and why each failed (the dynamic loader's message, e.g. a missing libcublas).

@@ -5,10 +5,8 @@
 #include <array>
 #include <cstring>
 
+#include "engine/cuda_backend.h"
 #include "kv/transfer.h"
-#ifdef SLIMKV_HAVE_CUDA
-#include "backend/cuda/ipc_memory.h"
-#endif
 
 namespace slimkv {
 namespace {
@@ -94,7 +92,6 @@ std::array<uint8_t, 8> layer_prefix(int layer, int first_block) {
 }
 
 // A CUDA IPC handle as JSON carries it (hex), and back.
-#ifdef SLIMKV_HAVE_CUDA
 std::string hex_of(std::span<const uint8_t> bytes) {
   static const char digits[] = "0123456789abcdef";
   std::string out;
@@ -104,7 +101,7 @@ std::string hex_of(std::span<const uint8_t> bytes) {
   }
   return out;
 }
-#endif
+
 bool bytes_of_hex(const std::string& hex, std::span<uint8_t> out) {
   if (hex.size() != 2 * out.size()) return false;
   const auto digit = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; };
@@ -119,12 +116,10 @@ bool bytes_of_hex(const std::string& hex, std::span<uint8_t> out) {
 }  // namespace
 
 std::string cuda_ipc_device_id() {
-#ifdef SLIMKV_HAVE_CUDA
-  Expected<std::string> uuid = cuda::current_device_uuid();
+  Expected<const CudaPlugin*> plugin = cuda_plugin();
+  if (!plugin) return "";
+  Expected<std::string> uuid = (*plugin)->current_device_uuid();
   return uuid ? *uuid : std::string();
-#else
-  return "";
-#endif
 }
 
 uint64_t ReceivedKv::kv_bytes() const {
@@ -312,9 +307,9 @@ Status KvStreamSender::send_layer(int layer, int first_block, std::span<const ui
 }
 
 Status KvStreamSender::send_device(std::shared_ptr<const DeviceKvTransfer> kv) {
-#ifdef SLIMKV_HAVE_CUDA
   if (!cuda_ipc_) return error("KV stream to ", connection_.peer(), ": KV in GPU memory, but the receiver did not accept CUDA IPC");
-  SLIMKV_ASSIGN_OR_RETURN(const auto handle, cuda::ipc_handle_of(kv->pages.get()));
+  SLIMKV_ASSIGN_OR_RETURN(const CudaPlugin* plugin, cuda_plugin());
+  SLIMKV_ASSIGN_OR_RETURN(const auto handle, plugin->ipc_handle_of(kv->pages.get()));
   const std::string header = json{{"num_layers", kv->num_layers},
                                   {"sealed_blocks", kv->sealed_blocks},
                                   {"page_bytes", kv->page_bytes},
@@ -325,10 +320,6 @@ Status KvStreamSender::send_device(std::shared_ptr<const DeviceKvTransfer> kv) {
   SLIMKV_RETURN_IF_ERROR(send(KvFrameType::kKvDevice, parts));
   device_kv_ = std::move(kv);  // the receiver copies from it until it answers
   return Status::ok();
-#else
-  (void)kv;
-  return error("KV stream: KV in GPU memory needs a build with CUDA");
-#endif
 }
 
 Status KvStreamSender::send_piece(const KvTransferPiece& piece) {
@@ -762,13 +753,10 @@ Expected<int> KvStreamReceiver::receive_device(TcpConnection& connection, Receiv
                    open.layer_tokens[0], " in layer 0: expected one count below a block");
     }
   }
-#ifdef SLIMKV_HAVE_CUDA
-  SLIMKV_ASSIGN_OR_RETURN(kv->pages, cuda::copy_from_ipc_handle(handle, kv->pages_bytes()));
+  SLIMKV_ASSIGN_OR_RETURN(const CudaPlugin* plugin, cuda_plugin());
+  SLIMKV_ASSIGN_OR_RETURN(kv->pages, plugin->copy_from_ipc_handle(handle, kv->pages_bytes()));
   received.device_kv = std::move(kv);
   return int(blocks) * identity_.block_tokens + open.layer_tokens.at(0);
-#else
-  return error(where, ": KV_DEVICE needs a build with CUDA");
-#endif
 }
 
 Expected<ReceivedKv> KvStreamReceiver::wait_for(const std::string& request_id, std::chrono::milliseconds timeout) {

@@ -7,6 +7,8 @@
 #endif
 
 extern "C" __attribute__((visibility("default"))) const slimkv::CudaPlugin* slimkv_cuda_plugin() {
-  static const slimkv::CudaPlugin plugin{SLIMKV_CUDA_PLUGIN_TAG, &slimkv::load_cuda_model};
+  static const slimkv::CudaPlugin plugin{SLIMKV_CUDA_PLUGIN_TAG, &slimkv::load_cuda_model,
+                                         &slimkv::cuda::current_device_uuid, &slimkv::cuda::ipc_handle_of,
+                                         &slimkv::cuda::copy_from_ipc_handle};
   return &plugin;
 }
