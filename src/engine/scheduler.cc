@@ -3,11 +3,14 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <thread>
 #include <utility>
+
+#include "util/system_memory.h"
 
 namespace slimkv {
 
@@ -206,15 +209,27 @@ struct Scheduler::Impl {
 };
 
 void Scheduler::Impl::run() {
+  // After a second without work the heap's free pages go back to the OS (return_free_heap_to_os: the
+  // KV of the busiest moment otherwise stays resident); waiting that long first keeps a client that
+  // sends one request after another from paying the page faults again each time.
+  constexpr auto kIdleBeforeTrim = std::chrono::seconds(1);
+  bool heap_trimmed = true;
   for (;;) {
     std::vector<RequestPtr> arrived;
     std::vector<RequestId> cancelled;
     std::optional<ShutdownMode> stop;
     {
       std::unique_lock lock(mutex);
-      wake.wait(lock, [&] {
+      const auto has_work = [&] {
         return !inbox.empty() || !cancels.empty() || stopping || !running.empty() || !waiting.empty();
-      });
+      };
+      if (!heap_trimmed && !wake.wait_for(lock, kIdleBeforeTrim, has_work)) {
+        lock.unlock();
+        return_free_heap_to_os();
+        heap_trimmed = true;
+        lock.lock();
+      }
+      wake.wait(lock, has_work);
       arrived.swap(inbox);
       cancelled.swap(cancels);
       stop = stopping;
@@ -244,6 +259,7 @@ void Scheduler::Impl::run() {
       continue;
     }
     step_once();
+    heap_trimmed = false;
     publish();
   }
 }

@@ -1,5 +1,6 @@
-// How much memory the machine can give this process now: Linux's MemAvailable (free memory plus what
-// the kernel can reclaim without swapping), for budgets sized "within what is free" by default.
+// This process's memory beside the machine's: how much the machine can give it now (Linux's
+// MemAvailable: free memory plus what the kernel can reclaim without swapping), for budgets sized
+// "within what is free" by default; and giving back what the heap holds free.
 #pragma once
 
 #include <cstddef>
@@ -8,5 +9,11 @@ namespace slimkv {
 
 // MemAvailable from /proc/meminfo in bytes; where that cannot be read, the free physical pages.
 size_t available_memory_bytes();
+
+// Returns the heap's free pages to the operating system (glibc's malloc_trim, over every arena). A
+// server's heap keeps the high-water mark of its busiest moment (many long sequences at once) long after
+// they ended; an idle server calls this so that its resident memory is what it holds, not what it held.
+// A no-op where the C library has no such call.
+void return_free_heap_to_os();
 
 }  // namespace slimkv
