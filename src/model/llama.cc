@@ -122,8 +122,8 @@ void mlp(const ModelConfig& c, const LayerWeights& w, const float* h, int n, flo
   const int hidden = int(c.hidden_size);
   if (w.experts.empty()) {
     const size_t inter = size_t(c.intermediate_size);
-    matmul(h, n, w.mlp.gate, s.gate.data(), pool);
-    matmul(h, n, w.mlp.up, s.up.data(), pool);
+    const MatmulProduct gate_up[] = {{&w.mlp.gate, s.gate.data()}, {&w.mlp.up, s.up.data()}};
+    matmul_shared_input(h, n, gate_up, pool);
     gated_activation(c.activation, s.gate.data(), s.up.data(), size_t(n) * inter);
     matmul(s.gate.data(), n, w.mlp.down, out, pool);
     return;
@@ -179,8 +179,8 @@ void mlp(const ModelConfig& c, const LayerWeights& w, const float* h, int n, flo
       std::copy_n(h + size_t(rows[size_t(r)]) * hidden, hidden, s.expert_in.data() + size_t(r) * hidden);
     }
     const MlpWeights& expert = w.experts[size_t(e)];
-    matmul(s.expert_in.data(), m, expert.gate, s.expert_gate.data(), pool);
-    matmul(s.expert_in.data(), m, expert.up, s.expert_up.data(), pool);
+    const MatmulProduct gate_up[] = {{&expert.gate, s.expert_gate.data()}, {&expert.up, s.expert_up.data()}};
+    matmul_shared_input(s.expert_in.data(), m, gate_up, pool);
     gated_activation(c.activation, s.expert_gate.data(), s.expert_up.data(), size_t(m) * inter);
     matmul(s.expert_gate.data(), m, expert.down, s.expert_out.data(), pool);
     for (int r = 0; r < m; ++r) {
@@ -272,9 +272,8 @@ void LlamaModel::forward(std::span<const ForwardSequence> batch, float* logits, 
 
     // Attention block: h = rmsnorm(x); q, k, v = project(h); rope(q, k); append; attend; x += o_proj(o)
     rmsnorm(s.x.data(), w.attention_norm, eps, n, hidden, s.xb.data());
-    matmul(s.xb.data(), n, w.wq, s.q.data(), pool);
-    matmul(s.xb.data(), n, w.wk, s.k.data(), pool);
-    matmul(s.xb.data(), n, w.wv, s.v.data(), pool);
+    const MatmulProduct qkv[] = {{&w.wq, s.q.data()}, {&w.wk, s.k.data()}, {&w.wv, s.v.data()}};
+    matmul_shared_input(s.xb.data(), n, qkv, pool);
     if (c.attention_bias) {
       add_bias(s.q.data(), w.bq, n);
       add_bias(s.k.data(), w.bk, n);

@@ -131,5 +131,50 @@ TEST(Matmul, EveryDtypeAndPathMatchesReference) {
   }
 }
 
+// q, k and v (or gate and up) in one pool loop: each output as its own matmul gives it, whatever the
+// products' sizes (tasks numbered across products, one product's last task partial) and the threads.
+TEST(Matmul, SharedInputProductsEachMatchTheirOwnMatmul) {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> normal;
+  for (const int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    for (const DType dtype : {DType::kF32, DType::kBF16}) {
+      for (const int n : {1, 3, 20}) {
+        const int cols = 384;
+        const std::vector<int> rows = {512, 70, 256};  // several tasks, a single partial panel, several again
+        SCOPED_TRACE(str_cat("threads=", threads, ",dtype=", dtype_name(dtype), ",n=", n));
+        std::vector<float> x(size_t(n) * cols);
+        for (float& e : x) e = normal(rng);
+        std::vector<std::vector<float>> w32(rows.size());
+        std::vector<std::vector<uint16_t>> w16(rows.size());
+        std::vector<WeightMatrix> w(rows.size());
+        std::vector<std::vector<float>> y(rows.size()), alone(rows.size());
+        std::vector<MatmulProduct> products;
+        for (size_t m = 0; m < rows.size(); ++m) {
+          w32[m].resize(size_t(rows[m]) * cols);
+          for (float& e : w32[m]) e = normal(rng);
+          for (float e : w32[m]) w16[m].push_back(float_to_bf16(e));
+          w[m] = {dtype == DType::kF32 ? static_cast<const void*>(w32[m].data()) : w16[m].data(), dtype, rows[m], cols};
+          y[m].assign(size_t(n) * rows[m], NAN);
+          alone[m].resize(y[m].size());
+          products.push_back({&w[m], y[m].data()});
+        }
+        matmul_shared_input(x.data(), n, products, pool);
+        for (size_t m = 0; m < rows.size(); ++m) {
+          matmul(x.data(), n, w[m], alone[m].data(), pool);
+          std::vector<float> expected(y[m].size());
+          matmul_reference(x.data(), n, w[m], expected.data());
+          for (size_t i = 0; i < y[m].size(); ++i) {
+            if (dtype != DType::kF32) {
+              ASSERT_EQ(y[m][i], alone[m][i]) << "product " << m << " element " << i;
+            }
+            ASSERT_NEAR(y[m][i], expected[i], 1e-4 * std::sqrt(double(cols))) << "product " << m << " element " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace slimkv

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "tensor/dtype.h"
 #include "tensor/ggml_type.h"
@@ -31,6 +32,15 @@ void widen_rows(const WeightMatrix& w, int64_t row0, int64_t count, float* out);
 
 // y[n, w.rows] = x[n, w.cols] · Wᵀ
 void matmul(const float* x, int64_t n, const WeightMatrix& w, float* y, ThreadPool& pool);
+
+// Several products of one input in one pool loop: y_m[n, W_m.rows] = x · W_mᵀ for every (W_m, y_m). A
+// decode step's q, k and v (or gate and up) are each a few hundred kilobytes of weights: a loop per
+// product would keep the threads waiting for each other three times where once will do.
+struct MatmulProduct {
+  const WeightMatrix* w;
+  float* y;
+};
+void matmul_shared_input(const float* x, int64_t n, std::span<const MatmulProduct> products, ThreadPool& pool);
 
 // Plain triple loop with FP64 accumulation over rows widened by the scalar references
 // (dequantize_reference for quantized weights): the reference matmul is tested against.
