@@ -1,7 +1,7 @@
 // The FP32 block kernel (every dense block and every codec's open block) against the online-softmax
 // fold computed in FP64 from its definition: tiles wider than the kernel's query batch, queries that
 // see nothing, part or all of the block, head dims with and without a vector tail, all-negative scores,
-// and partials that already hold earlier tokens.
+// and partials that already hold earlier tokens; and the FP16/BF16 kernel against the FP32 one.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +10,8 @@
 
 #include "attention/cpu/dense_block_attention.h"
 #include "attention/partial.h"
+#include "tensor/dtype.h"
+#include "util/half.h"
 
 namespace slimkv {
 namespace {
@@ -112,6 +114,55 @@ TEST(DenseBlockAttention, MatchesTheFoldInDoubles) {
   check(3, 8, 4, {3, 2, 1, 0}, 0.0f, false);  // narrower than a vector
   check(64, 128, 128, std::vector<int>(7, 64), 0.0f, true);
   check(37, 24, 40, std::vector<int>(5, 37), -200.0f, true);
+}
+
+// FP16/BF16 blocks (dense:dtype=f16/bf16) read by the kernel that widens in registers: the very bits the
+// FP32 kernel (held to FP64 above) gives over the same rows widened first.
+TEST(DenseBlockAttention, HalfBlocksGiveTheBitsOfTheirWidenedRows) {
+  struct Shape {
+    int tokens, k_dim, v_dim;
+    std::vector<int> visible;
+  };
+  const std::vector<Shape> shapes = {{64, 128, 128, {0, 1, 64, 5, 0, 63, 17, 64, 33}},
+                                     {64, 40, 24, {64, 3, 0}},  // vector tails in both dims
+                                     {37, 24, 40, {37, 37, 20, 1, 37}},
+                                     {37, 128, 64, {37, 36, 0, 37, 5}},  // keys past the last whole vector of keys
+                                     {3, 8, 4, {3, 2, 1, 0}}};  // narrower than a vector
+  for (const DType dtype : {DType::kF16, DType::kBF16}) {
+    for (const Shape& shape : shapes) {
+      SCOPED_TRACE(testing::Message() << dtype_name(dtype) << " tokens " << shape.tokens << " k_dim " << shape.k_dim
+                                      << " v_dim " << shape.v_dim);
+      const int queries = int(shape.visible.size());
+      std::mt19937 rng(uint32_t(shape.tokens * 17 + shape.k_dim));
+      std::normal_distribution<float> normal;
+      const auto narrow = dtype == DType::kBF16 ? float_to_bf16 : float_to_fp16;
+      const auto widen = dtype == DType::kBF16 ? bf16_to_float : fp16_to_float;
+      std::vector<float> q(size_t(queries) * shape.k_dim);
+      for (float& e : q) e = normal(rng);
+      std::vector<uint16_t> k16(size_t(shape.tokens) * shape.k_dim), v16(size_t(shape.tokens) * shape.v_dim);
+      for (uint16_t& e : k16) e = narrow(normal(rng) * 3);
+      for (uint16_t& e : v16) e = narrow(normal(rng));
+      std::vector<float> k(k16.size()), v(v16.size());
+      for (size_t i = 0; i < k.size(); ++i) k[i] = widen(k16[i]);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = widen(v16[i]);
+      AttentionPartials half(queries, shape.v_dim), wide(queries, shape.v_dim);
+      for (int i = 0; i < queries; i += 2) {  // some partials already hold earlier tokens
+        for (AttentionPartials* p : {&half, &wide}) {
+          p->max(i) = 1.5f;
+          p->sum(i) = 2.0f;
+          for (int c = 0; c < shape.v_dim; ++c) p->acc(i)[c] = 0.25f * float(c % 7);
+        }
+      }
+      const QueryTile tile{q.data(), queries, shape.visible.data()};
+      attend_block_half(tile, k16.data(), v16.data(), dtype, shape.k_dim, shape.v_dim, half);
+      attend_block_f32(tile, k.data(), v.data(), shape.k_dim, shape.v_dim, wide);
+      for (int i = 0; i < queries; ++i) {
+        ASSERT_EQ(half.max(i), wide.max(i)) << "query " << i;
+        ASSERT_EQ(half.sum(i), wide.sum(i)) << "query " << i;
+        for (int c = 0; c < shape.v_dim; ++c) ASSERT_EQ(half.acc(i)[c], wide.acc(i)[c]) << "query " << i << " column " << c;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -1,7 +1,12 @@
 #include "attention/cpu/dense_block_attention.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attention/cpu/dense_block_attention.cc"
@@ -9,6 +14,7 @@
 
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
+#include "util/half.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace slimkv {
@@ -17,6 +23,29 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
+
+// Keys and values are read as FP32, or as FP16/BF16 widened in registers (exactly: every half value is
+// a float), so a half-precision block costs no widened copy and gives the bits the FP32 kernel gives
+// over its widened rows.
+template <typename T>
+HWY_INLINE VF LoadWide(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return hn::LoadU(DF(), p);
+  } else {
+    return hn::PromoteTo(DF(), hn::LoadU(hn::Rebind<T, DF>(), p));
+  }
+}
+
+template <typename T>
+HWY_INLINE float ToFloat(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    uint16_t bits;
+    std::memcpy(&bits, &x, sizeof(bits));
+    return std::is_same_v<T, hwy::bfloat16_t> ? bf16_to_float(bits) : fp16_to_float(bits);
+  }
+}
 
 // Queries folded together: each key and value row is loaded once for all of them (a GQA group in
 // decode; a tile of positions in prefill). Four keep their accumulators in registers on every target.
@@ -46,8 +75,8 @@ HWY_INLINE VF SumEachToLane(DF d, const VF* v) {
 // Scores of `batch` queries (rows of q, k_dim apart) against tokens [0, n) of k: scores[r][j] = q_r·k_j.
 // A vector's worth of keys at a time per query: one accumulator per key, reduced together into a vector
 // of scores; the keys past the last whole vector (and dims past the last whole vector) one by one.
-HWY_INLINE void BlockScores(const float* q, int batch, const float* k, int n, int k_dim,
-                            float (*scores)[kScoreSlots]) {
+template <typename T>
+HWY_INLINE void BlockScores(const float* q, int batch, const T* k, int n, int k_dim, float (*scores)[kScoreSlots]) {
   const DF df;
   const int lanes = int(hn::Lanes(df));
   const int body = k_dim / lanes * lanes;
@@ -56,34 +85,34 @@ HWY_INLINE void BlockScores(const float* q, int batch, const float* k, int n, in
   {
     constexpr size_t kLanes = HWY_LANES(float);
     for (; lanes == int(kLanes) && j + lanes <= n; j += lanes) {
-      const float* keys = k + size_t(j) * size_t(k_dim);
+      const T* keys = k + size_t(j) * size_t(k_dim);
       for (int r = 0; r < batch; ++r) {
         const float* query = q + size_t(r) * size_t(k_dim);
         VF acc[kLanes];
         for (size_t t = 0; t < kLanes; ++t) acc[t] = hn::Zero(df);
         for (int c = 0; c < body; c += lanes) {
           const VF query_part = hn::LoadU(df, query + c);
-          for (size_t t = 0; t < kLanes; ++t) acc[t] = hn::MulAdd(query_part, hn::LoadU(df, keys + t * size_t(k_dim) + c), acc[t]);
+          for (size_t t = 0; t < kLanes; ++t) acc[t] = hn::MulAdd(query_part, LoadWide(keys + t * size_t(k_dim) + c), acc[t]);
         }
         hn::StoreU(SumEachToLane<kLanes>(df, acc), df, scores[r] + j);
         for (int t = 0; t < lanes && body < k_dim; ++t) {
-          for (int c = body; c < k_dim; ++c) scores[r][j + t] += query[c] * keys[size_t(t) * size_t(k_dim) + size_t(c)];
+          for (int c = body; c < k_dim; ++c) scores[r][j + t] += query[c] * ToFloat(keys[size_t(t) * size_t(k_dim) + size_t(c)]);
         }
       }
     }
   }
 #endif
   for (; j < n; ++j) {
-    const float* key = k + size_t(j) * size_t(k_dim);
+    const T* key = k + size_t(j) * size_t(k_dim);
     VF acc[kQueryBatch];
     for (int r = 0; r < batch; ++r) acc[r] = hn::Zero(df);
     for (int c = 0; c < body; c += lanes) {
-      const VF key_part = hn::LoadU(df, key + c);
+      const VF key_part = LoadWide(key + c);
       for (int r = 0; r < batch; ++r) acc[r] = hn::MulAdd(hn::LoadU(df, q + size_t(r) * size_t(k_dim) + c), key_part, acc[r]);
     }
     for (int r = 0; r < batch; ++r) {
       float score = hn::GetLane(hn::SumOfLanes(df, acc[r]));
-      for (int c = body; c < k_dim; ++c) score += q[size_t(r) * size_t(k_dim) + size_t(c)] * key[c];
+      for (int c = body; c < k_dim; ++c) score += q[size_t(r) * size_t(k_dim) + size_t(c)] * ToFloat(key[c]);
       scores[r][j] = score;
     }
   }
@@ -94,7 +123,8 @@ HWY_INLINE void BlockScores(const float* q, int batch, const float* k, int n, in
 // exp(s - max) in place (0 past a query's visible tokens), then acc += Σ_j weight_j · v_j runs over
 // value columns a vector at a time with the batch's accumulators in registers, each value row loaded
 // once for the whole batch.
-HWY_INLINE void FoldScores(float (*scores)[kScoreSlots], const int* visible, int batch, const float* v, int v_dim,
+template <typename T>
+HWY_INLINE void FoldScores(float (*scores)[kScoreSlots], const int* visible, int batch, const T* v, int v_dim,
                            AttentionPartials& partials, int first_partial) {
   const DF df;
   const int lanes = int(hn::Lanes(df));
@@ -126,7 +156,7 @@ HWY_INLINE void FoldScores(float (*scores)[kScoreSlots], const int* visible, int
     VF acc[kQueryBatch];
     for (int r = 0; r < batch; ++r) acc[r] = hn::LoadU(df, partials.acc(first_partial + r) + c);
     for (int j = 0; j < seen; ++j) {
-      const VF value = hn::LoadU(df, v + size_t(j) * size_t(v_dim) + c);
+      const VF value = LoadWide(v + size_t(j) * size_t(v_dim) + c);
       for (int r = 0; r < batch; ++r) acc[r] = hn::MulAdd(hn::Set(df, scores[r][j]), value, acc[r]);
     }
     for (int r = 0; r < batch; ++r) hn::StoreU(acc[r], df, partials.acc(first_partial + r) + c);
@@ -134,13 +164,14 @@ HWY_INLINE void FoldScores(float (*scores)[kScoreSlots], const int* visible, int
   for (int r = 0; r < batch; ++r) {
     float* acc = partials.acc(first_partial + r);
     for (int j = 0; j < seen; ++j) {
-      for (int c = body; c < v_dim; ++c) acc[c] += scores[r][j] * v[size_t(j) * size_t(v_dim) + size_t(c)];
+      for (int c = body; c < v_dim; ++c) acc[c] += scores[r][j] * ToFloat(v[size_t(j) * size_t(v_dim) + size_t(c)]);
     }
   }
 }
 
-void AttendBlockF32(const QueryTile& tile, const float* k, const float* v, int k_dim, int v_dim,
-                    AttentionPartials& partials, int first_partial) {
+template <typename T>
+void AttendBlock(const QueryTile& tile, const T* k, const T* v, int k_dim, int v_dim, AttentionPartials& partials,
+                 int first_partial) {
   HWY_ALIGN float scores[kQueryBatch][kScoreSlots];
   for (int first = 0; first < tile.n_queries; first += kQueryBatch) {
     const int batch = std::min(kQueryBatch, tile.n_queries - first);
@@ -148,6 +179,42 @@ void AttendBlockF32(const QueryTile& tile, const float* k, const float* v, int k
     if (seen <= 0) continue;
     BlockScores(tile.q + size_t(first) * size_t(k_dim), batch, k, seen, k_dim, scores);
     FoldScores(scores, tile.visible + first, batch, v, v_dim, partials, first_partial + first);
+  }
+}
+
+void AttendBlockF32(const QueryTile& tile, const float* k, const float* v, int k_dim, int v_dim,
+                    AttentionPartials& partials, int first_partial) {
+  AttendBlock(tile, k, v, k_dim, v_dim, partials, first_partial);
+}
+
+template <typename T>
+void AttendBlockOf(const QueryTile& tile, const uint16_t* k, const uint16_t* v, int k_dim, int v_dim,
+                   AttentionPartials& partials, int first_partial) {
+  const auto* keys = reinterpret_cast<const T*>(k);
+  const auto* values = reinterpret_cast<const T*>(v);
+  const int lanes = int(hn::Lanes(DF()));
+  if (k_dim % lanes == 0 && v_dim % lanes == 0) {
+    AttendBlock(tile, keys, values, k_dim, v_dim, partials, first_partial);
+    return;
+  }
+  // Dims with a scalar tail: the compiler may contract the tail's products into FMAs differently in
+  // each instantiation, so such rows are widened first and take the FP32 kernel itself (the same bits).
+  const int tokens = *std::max_element(tile.visible, tile.visible + tile.n_queries);
+  if (tokens <= 0) return;
+  thread_local std::vector<float> wide_k, wide_v;
+  wide_k.resize(size_t(tokens) * size_t(k_dim));
+  wide_v.resize(size_t(tokens) * size_t(v_dim));
+  for (size_t i = 0; i < wide_k.size(); ++i) wide_k[i] = ToFloat(keys[i]);
+  for (size_t i = 0; i < wide_v.size(); ++i) wide_v[i] = ToFloat(values[i]);
+  AttendBlock(tile, wide_k.data(), wide_v.data(), k_dim, v_dim, partials, first_partial);
+}
+
+void AttendBlockHalf(const QueryTile& tile, const uint16_t* k, const uint16_t* v, bool is_bf16, int k_dim, int v_dim,
+                     AttentionPartials& partials, int first_partial) {
+  if (is_bf16) {
+    AttendBlockOf<hwy::bfloat16_t>(tile, k, v, k_dim, v_dim, partials, first_partial);
+  } else {
+    AttendBlockOf<hwy::float16_t>(tile, k, v, k_dim, v_dim, partials, first_partial);
   }
 }
 
@@ -172,11 +239,18 @@ HWY_AFTER_NAMESPACE();
 namespace slimkv {
 
 HWY_EXPORT(AttendBlockF32);
+HWY_EXPORT(AttendBlockHalf);
 HWY_EXPORT(AttendScoredF32);
 
 void attend_block_f32(const QueryTile& tile, const float* k, const float* v, int k_dim, int v_dim,
                       AttentionPartials& partials, int first_partial) {
   HWY_DYNAMIC_DISPATCH(AttendBlockF32)(tile, k, v, k_dim, v_dim, partials, first_partial);
+}
+
+void attend_block_half(const QueryTile& tile, const uint16_t* k, const uint16_t* v, DType dtype, int k_dim, int v_dim,
+                       AttentionPartials& partials, int first_partial) {
+  assert(dtype == DType::kF16 || dtype == DType::kBF16);
+  HWY_DYNAMIC_DISPATCH(AttendBlockHalf)(tile, k, v, dtype == DType::kBF16, k_dim, v_dim, partials, first_partial);
 }
 
 void attend_scored_f32(const float* scores, float scale, int n_queries, const float* v, int n, int v_dim,

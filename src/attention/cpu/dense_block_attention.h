@@ -1,8 +1,11 @@
-// Attention of a query tile over one block of FP32 keys and values, folded into running partials.
-// Used by the `dense` codec and for every codec's open (not yet sealed) block.
+// Attention of a query tile over one block of FP32 (or FP16/BF16) keys and values, folded into running
+// partials. Used by the `dense` codec and for every codec's open (not yet sealed) block.
 #pragma once
 
+#include <cstdint>
+
 #include "attention/partial.h"
+#include "tensor/dtype.h"
 
 namespace slimkv {
 
@@ -13,6 +16,11 @@ inline constexpr int kMaxBlockTokens = 256;
 // [0, tile.visible[i]) are folded into partials(first_partial + i).
 void attend_block_f32(const QueryTile& tile, const float* k, const float* v, int k_dim, int v_dim,
                       AttentionPartials& partials, int first_partial = 0);
+
+// The same over keys and values stored in FP16 or BF16 (`dtype`), widened in registers as they are
+// read (a dense:dtype=f16 block needs no FP32 copy): the bits attend_block_f32 gives over the widened rows.
+void attend_block_half(const QueryTile& tile, const uint16_t* k, const uint16_t* v, DType dtype, int k_dim, int v_dim,
+                       AttentionPartials& partials, int first_partial = 0);
 
 // The same fold with the scores given instead of keys (tokens a selector has scored exactly: the keys
 // need not be read again). scores [n, n_queries]: q_i·k_j, unscaled (multiplied by `scale` here);

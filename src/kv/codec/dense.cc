@@ -94,7 +94,9 @@ void DenseCodec::attend(const BlockShape& shape, const uint8_t* block, const Que
     attend_block_f32(tile, k, v, shape.k_dim, shape.v_dim, partials, first_partial);
     return;
   }
-  attend_decoded(*this, shape, block, tile, partials, first_partial);  // FP16/BF16: widened, then FP32
+  const auto* k = reinterpret_cast<const uint16_t*>(block);
+  const auto* v = k + size_t(shape.block_tokens) * size_t(shape.k_dim);
+  attend_block_half(tile, k, v, dtype_, shape.k_dim, shape.v_dim, partials, first_partial);
 }
 
 }  // namespace slimkv
