@@ -557,7 +557,6 @@ Expected<ModelConfig> parse_model_config(const std::string& json_text, const std
 
   SLIMKV_RETURN_IF_ERROR(parse_rope(fields, &config));
   SLIMKV_ASSIGN_OR_RETURN(config.dtype, parse_dtype(fields));
-  config.embedding_scale_dtype = config.dtype;
   SLIMKV_RETURN_IF_ERROR(parse_token_ids(fields, &config));
   return config;
 }

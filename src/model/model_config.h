@@ -71,10 +71,7 @@ struct ModelConfig {
   bool qk_norm = false;           // Qwen3, Gemma 3: RMSNorm over each head's q and k before RoPE
   bool norm_adds_one = false;     // Gemma: RMSNorm scales by (1 + w) (the stored w is the offset from 1)
   bool sandwich_norms = false;    // Gemma 3: attention and MLP outputs are normed before the residual add
-  bool scale_embeddings = false;  // Gemma: embeddings × √hidden_size, rounded to embedding_scale_dtype
-  // What √hidden_size is rounded to: the checkpoint's dtype for config.json (transformers multiplies in
-  // the weights' dtype), none (F32) for GGUF files (llama.cpp multiplies by sqrtf(hidden)).
-  DType embedding_scale_dtype = DType::kF32;
+  bool scale_embeddings = false;  // Gemma: embeddings × √hidden_size, rounded to `dtype` as transformers does
   Activation activation = Activation::kSilu;
   double attention_scale = 0;     // softmax scale: 1/√query_pre_attn_scalar (Gemma) or 1/√head_dim
   double final_logit_softcap = 0; // Gemma: logits = cap·tanh(logits / cap); 0: none
