@@ -109,11 +109,13 @@ Expected<Vocabulary> read_vocabulary(const GgufFile& file, bool user_defined_nor
     if (!seen.insert(token).second) {
       return error(file.path(), ": metadata 'tokenizer.ggml.tokens' holds \"", token, "\" twice (second at id ", id, ")");
     }
+    // llama.cpp matches control, unknown and user-defined tokens inside text (as HF does the added
+    // tokens of Llama's tokenizer.json, <unk> included).
     const int64_t type = v.types[id];
-    if (type == kTokenControl || type == kTokenUserDefined) {
+    if (type == kTokenControl || type == kTokenUnknown || type == kTokenUserDefined) {
       v.added.push_back({{"id", id}, {"content", token}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
                          {"normalized", type == kTokenUserDefined && user_defined_normalized},
-                         {"special", type == kTokenControl}});
+                         {"special", type != kTokenUserDefined}});
     }
     v.vocab[token] = id;
   }

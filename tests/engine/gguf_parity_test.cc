@@ -175,16 +175,27 @@ TEST(GgufParity, SentencePieceTokenizerMatchesSentencePieceAndLlamaCpp) {
     SCOPED_TRACE(file);
     auto tokenizer = load_gguf_tokenizer(kDir + "/" + file);
     ASSERT_TRUE(tokenizer) << tokenizer.status().message();
-    size_t byte_fallbacks = 0;
+    size_t byte_fallbacks = 0, sentencepiece_departures = 0;
     for (size_t i = 0; i < texts.size(); ++i) {
       SCOPED_TRACE(texts[i]);
       const std::vector<int32_t> ids = tokenizer->encode(texts[i], /*add_special_tokens=*/false);
-      EXPECT_EQ(ids, entry["sentencepiece_ids"][i].get<std::vector<int32_t>>()) << "sentencepiece";
+      const auto sentencepiece_ids = entry["sentencepiece_ids"][i].get<std::vector<int32_t>>();
       EXPECT_EQ(ids, entry["llama_cpp_ids"][i].get<std::vector<int32_t>>()) << "llama.cpp";
-      EXPECT_EQ(tokenizer->decode(ids), texts[i]);
+      // sentencepiece reads special tokens in the text as plain text; llama.cpp (and HF's tokenizer.json
+      // of such models) match them, and so does slimkv. Elsewhere all three agree.
+      if (sentencepiece_ids != entry["llama_cpp_ids"][i].get<std::vector<int32_t>>()) {
+        ++sentencepiece_departures;
+        std::printf("%s: sentencepiece departs from llama.cpp on text %zu (special tokens in the text)\n", file.c_str(), i);
+        continue;
+      }
+      EXPECT_EQ(ids, sentencepiece_ids) << "sentencepiece";
+      if (texts[i].find("▁") == std::string::npos) {  // a literal ▁ decodes to a space
+        EXPECT_EQ(tokenizer->decode(ids), texts[i]);
+      }
       for (int32_t id : ids) byte_fallbacks += tokenizer->token_text(id).value_or("").starts_with("<0x");
     }
-    EXPECT_GT(byte_fallbacks, 0u);  // the texts reach characters the vocabulary lacks
+    EXPECT_LE(sentencepiece_departures, 1u);  // the one text of special tokens
+    EXPECT_GT(byte_fallbacks, 0u);            // the texts reach characters the vocabulary lacks
     const std::vector<int32_t> with_bos = tokenizer->encode("Hello", /*add_special_tokens=*/true);
     ASSERT_FALSE(with_bos.empty());
     EXPECT_EQ(tokenizer->token_text(with_bos[0]).value_or(""), file.starts_with("gemma3") ? "<bos>" : "<s>");
