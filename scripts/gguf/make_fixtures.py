@@ -6,7 +6,7 @@ and token ids on them as goldens.
 
 SRC: a llama.cpp source tree (convert_hf_to_gguf.py, gguf-py/); BIN: a folder with llama_ref
 (scripts/gguf/llama_ref.cpp built against its libllama by build_llama_tools.sh).
-Needs numpy and torch (Debian: python3-numpy, python3-torch).
+Needs numpy, torch and sentencepiece (Debian: python3-numpy, python3-torch, python3-sentencepiece).
 
 1. Tiny random Hugging Face models (scripts/make_random_model.py's weights; a byte-level tokenizer of
    256 byte tokens and 64 merges of letter pairs, so the files stay small) are written to a scratch folder.
@@ -25,6 +25,8 @@ Needs numpy and torch (Debian: python3-numpy, python3-torch).
    (fuzz/corpus/gguf_fuzz/), all written by gguf-py's GGUFWriter.
 6. Vocabulary-only GGUFs of tests/data/tokenizers/{llama3_style,qwen2_style} test the tokenizer read
    from metadata; llama_ref --tokenize writes llama.cpp's ids for their golden texts.
+7. SentencePiece tokenizers (python3-sentencepiece trains them): the Gemma 3 fixture's, and a
+   Llama-2-style vocabulary-only file; their goldens are sentencepiece's ids and llama.cpp's.
 """
 import argparse
 import importlib.util
@@ -41,7 +43,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
 # The fixture models. Q4_K needs rows of 256 values, so the model quantized to Q4_K_M has 256-wide
-# matrices; the others are as small as a real multi-layer GQA model gets.
+# matrices; the others are as small as a real multi-layer GQA model gets (Q8_0: rows of 32).
+# family "llama"/"qwen2": random Llama-shaped weights (write_model); "hf": a golden model of
+# tests/data/models (transformers' weights and logits); "qwen3moe"/"gemma3": random weights of that
+# family (write_family_model), whose Hugging Face checkpoint is kept beside the GGUF files (hf/NAME/)
+# so slimkv's safetensors path, held to transformers by tests/engine/hf_parity_test.cc, is the bridge.
+# The Hub's other tiny models of these families do not fit llama.cpp: it has no mlp_only_layers or
+# decoder_sparse_step, always renormalises Qwen3-MoE's top k, and fixes Gemma 3's layer pattern (every
+# 6th layer global), sliding RoPE base (10000) and query scale (1/sqrt(head_dim)).
 MODELS = {
     "llama_tiny": dict(arch="LlamaForCausalLM", model_type="llama", vocab_size=320, hidden_size=64,
                        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -52,6 +61,22 @@ MODELS = {
     "llama_k": dict(arch="LlamaForCausalLM", model_type="llama", vocab_size=320, hidden_size=256,
                     intermediate_size=256, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                     head_dim=128, tie=True, bias=False, types=["Q4_K_M"]),
+    "qwen3_tiny": dict(family="hf", source="qwen3_bf16_tied", types=["F16"]),
+    "qwen3moe_tiny": dict(family="qwen3moe", arch="Qwen3MoeForCausalLM", model_type="qwen3_moe", vocab_size=320,
+                          hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                          num_key_value_heads=1, head_dim=16, num_experts=4, num_experts_per_tok=2,
+                          moe_intermediate_size=32, types=["F16", "Q8_0"]),
+    "gemma3_tiny": dict(family="gemma3", arch="Gemma3ForCausalLM", model_type="gemma3_text", vocab_size=384,
+                        hidden_size=32, intermediate_size=64, num_hidden_layers=6, num_attention_heads=2,
+                        num_key_value_heads=1, head_dim=16, sliding_window=8, types=["F16", "Q8_0"]),
+}
+# SentencePiece tokenizers (BPE with byte fallback, trained on the bundled model's held-out text):
+# the Gemma 3 fixture's vocabulary (no space prefix, Gemma's special ids) and a Llama-2-style one for
+# a vocabulary-only file.
+SPM_TOKENIZERS = {
+    "gemma3": dict(vocab_size=384, add_dummy_prefix=False, pad_id=0, eos_id=1, bos_id=2, unk_id=3,
+                   pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>"),
+    "llama": dict(vocab_size=1000, add_dummy_prefix=True, pad_id=-1, eos_id=2, bos_id=1, unk_id=0),
 }
 # The token ids every golden is computed for (any ids below 256).
 TOKENS = [1, 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33, 10, 200, 17, 255, 0, 64, 65, 66, 67, 13]
@@ -97,6 +122,10 @@ def write_model(out, spec, seed):
         config.pop("head_dim")
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
+    write_byte_level_tokenizer(out)
+
+
+def write_byte_level_tokenizer(out):
     bpe = load_module("bpe", os.path.join(REPO, "scripts", "train", "bpe.py"))
     alphabet = bpe.byte_to_unicode()
     vocab = {alphabet[b]: b for b in range(256)}
@@ -114,6 +143,107 @@ def write_model(out, spec, seed):
     }
     with open(os.path.join(out, "tokenizer.json"), "w") as f:
         json.dump(tokenizer, f, ensure_ascii=False)
+
+
+def train_spm(out, name):
+    """A SentencePiece BPE model (tokenizer.model) as Llama 2 and Gemma train theirs: byte fallback,
+    identity normalization, spaces kept, digits split; and tokenizer_config.json (add BOS)."""
+    import io
+    import sentencepiece
+    spec = SPM_TOKENIZERS[name]
+    with open(os.path.join(REPO, "models", "slimkv-llama-15m", "heldout.txt"), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    model = io.BytesIO()
+    options = {k: v for k, v in spec.items() if k != "vocab_size"}
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, model_type="bpe", vocab_size=spec["vocab_size"],
+        byte_fallback=True, character_coverage=0.9995, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, split_digits=True, minloglevel=2, num_threads=2, **options)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "tokenizer.model"), "wb") as f:
+        f.write(model.getvalue())
+    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+        json.dump({"add_bos_token": True, "add_eos_token": False}, f)
+    return sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
+
+
+def family_tensor_shapes(spec):
+    """(name, shape) of a Qwen3-MoE or Gemma 3 checkpoint's weights, as transformers names them."""
+    h, hd = spec["hidden_size"], spec["head_dim"]
+    q, kv = spec["num_attention_heads"] * hd, spec["num_key_value_heads"] * hd
+    yield "model.embed_tokens.weight", (spec["vocab_size"], h)
+    for i in range(spec["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        yield p + "input_layernorm.weight", (h,)
+        yield p + "self_attn.q_proj.weight", (q, h)
+        yield p + "self_attn.k_proj.weight", (kv, h)
+        yield p + "self_attn.v_proj.weight", (kv, h)
+        yield p + "self_attn.o_proj.weight", (h, q)
+        yield p + "self_attn.q_norm.weight", (hd,)
+        yield p + "self_attn.k_norm.weight", (hd,)
+        yield p + "post_attention_layernorm.weight", (h,)
+        if spec["family"] == "gemma3":
+            yield p + "pre_feedforward_layernorm.weight", (h,)
+            yield p + "post_feedforward_layernorm.weight", (h,)
+            for proj, shape in [("gate_proj", (spec["intermediate_size"], h)), ("up_proj", (spec["intermediate_size"], h)),
+                                ("down_proj", (h, spec["intermediate_size"]))]:
+                yield p + "mlp." + proj + ".weight", shape
+        else:
+            ff = spec["moe_intermediate_size"]
+            yield p + "mlp.gate.weight", (spec["num_experts"], h)
+            for e in range(spec["num_experts"]):
+                for proj, shape in [("gate_proj", (ff, h)), ("up_proj", (ff, h)), ("down_proj", (h, ff))]:
+                    yield p + f"mlp.experts.{e}.{proj}.weight", shape
+    yield "model.norm.weight", (h,)
+
+
+def write_family_model(out, spec, seed):
+    """A random Qwen3-MoE or Gemma 3 checkpoint (BF16, tied embeddings) with config.json as transformers
+    4.x writes it (what this converter reads), and its tokenizer."""
+    rm = load_module("make_random_model", os.path.join(REPO, "scripts", "make_random_model.py"))
+    rng = np.random.default_rng(seed)
+    gemma = spec["family"] == "gemma3"
+    tensors = []
+    for name, shape in family_tensor_shapes(spec):
+        if len(shape) == 1:  # Gemma stores the offset from 1: norms around 1 either way, not all 1
+            center = 0.0 if gemma else 1.0
+            tensors.append((name, rm.bf16_bits(rng.uniform(center - 0.5, center + 0.5, size=shape).astype(np.float32))))
+        elif name.endswith("mlp.gate.weight"):  # router logits spread out, so the top-k choice is clear-cut
+            tensors.append((name, rm.bf16_bits(rng.normal(0, 2.0 / np.sqrt(shape[1]), size=shape).astype(np.float32))))
+        else:
+            tensors.append((name, rm.random_weight(rng, shape)))
+    os.makedirs(out, exist_ok=True)
+    rm.write_safetensors(os.path.join(out, "model.safetensors"), tensors)
+    keys = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim"]
+    config = {k: spec[k] for k in keys}
+    config.update(architectures=[spec["arch"]], model_type=spec["model_type"], max_position_embeddings=512,
+                  rms_norm_eps=1e-6, tie_word_embeddings=True, torch_dtype="bfloat16", attention_bias=False)
+    if gemma:
+        config.update(hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=spec["head_dim"],
+                      sliding_window=spec["sliding_window"], sliding_window_pattern=6, rope_theta=1000000.0,
+                      rope_local_base_freq=10000.0, rope_scaling={"rope_type": "linear", "factor": 8.0},
+                      final_logit_softcapping=None, attn_logit_softcapping=None, bos_token_id=2, eos_token_id=1,
+                      pad_token_id=0)
+        train_spm(out, "gemma3")
+    else:
+        config.update(hidden_act="silu", rope_theta=1000000.0, num_experts=spec["num_experts"],
+                      num_experts_per_tok=spec["num_experts_per_tok"], moe_intermediate_size=spec["moe_intermediate_size"],
+                      norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], use_sliding_window=False,
+                      sliding_window=None, bos_token_id=0, eos_token_id=1)
+        write_byte_level_tokenizer(out)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+
+
+def copy_golden_model(out, spec):
+    """A golden model of tests/data/models with its 4.x config.json (this converter reads rope_theta at the
+    top level) and a byte-level tokenizer (those models have none; the converter wants one)."""
+    src = os.path.join(REPO, "tests", "data", "models", spec["source"])
+    os.makedirs(out, exist_ok=True)
+    shutil.copy(os.path.join(src, "model.safetensors"), out)
+    shutil.copy(os.path.join(src, "config.v4.json"), os.path.join(out, "config.json"))
+    write_byte_level_tokenizer(out)
 
 
 class SafetensorsSlice:
@@ -226,8 +356,15 @@ def import_converter(llama_cpp):
         tokpre = PRE_BY_SPLIT[split] if split else "gpt-2"
         return tokens, toktypes, tokpre
 
+    def llama_set_vocab(self):
+        """LlamaModel.set_vocab less its transformers fallback: SentencePiece, else tokenizer.json."""
+        if (self.dir_model / "tokenizer.model").is_file():
+            self._set_vocab_sentencepiece()
+        else:
+            self._set_vocab_gpt2()
+
     conv.TextModel.get_vocab_base = get_vocab_base
-    conv.LlamaModel.set_vocab = conv.TextModel._set_vocab_gpt2
+    conv.LlamaModel.set_vocab = llama_set_vocab
     conv.Qwen2Model.set_vocab = conv.TextModel._set_vocab_gpt2
     return conv
 
@@ -316,7 +453,17 @@ def main():
 
     for index, (name, spec) in enumerate(MODELS.items()):
         model_dir = os.path.join(args.work, name)
-        write_model(model_dir, spec, seed=100 + index)
+        family = spec.get("family", "llama")
+        if family == "hf":
+            copy_golden_model(model_dir, spec)
+        elif family in ("qwen3moe", "gemma3"):
+            write_family_model(model_dir, spec, seed=100 + index)
+            hf_copy = os.path.join(args.out, "hf", name)
+            os.makedirs(hf_copy, exist_ok=True)
+            for file in ["model.safetensors", "config.json"]:
+                shutil.copy(os.path.join(model_dir, file), hf_copy)
+        else:
+            write_model(model_dir, spec, seed=100 + index)
         f16 = os.path.join(args.work, f"{name}-F16.gguf")
         convert(conv, model_dir, f16)
         # llama.cpp's logits of the F16 file: how far a quantized file's logits are from them is the
@@ -332,13 +479,22 @@ def main():
             golden = out.replace(".gguf", ".logits.f32")
             if qtype != "F16":
                 subprocess.run([logits_tool, out, golden] + [str(t) for t in TOKENS], check=True)
-            manifest["models"][os.path.basename(out)] = {"source": name, "type": qtype,
-                                                          "logits": os.path.basename(golden),
-                                                          "f16_logits": os.path.basename(f16_logits)}
+            entry = {"source": name, "type": qtype, "logits": os.path.basename(golden),
+                     "f16_logits": os.path.basename(f16_logits)}
+            # The same model as safetensors, for the F16 file: transformers' own logits (golden models)
+            # or the checkpoint itself.
+            if qtype == "F16" and family == "hf":
+                entry["transformers_golden"] = f"tests/data/models/{spec['source']}"
+            elif qtype == "F16" and family != "llama":
+                entry["hf_checkpoint"] = f"tests/data/gguf/hf/{name}"
+            manifest["models"][os.path.basename(out)] = entry
 
     gguf = sys.modules["gguf"]
     write_blocks(gguf, os.path.join(args.out, "blocks.gguf"), seed=7)
     write_fuzz_seeds(gguf, os.path.join(REPO, "fuzz", "corpus", "gguf_fuzz"), seed=8)
+    # A whole model of a newer family as a seed too: 3-D expert stacks, q/k norms, Q8_0 blocks.
+    shutil.copy(os.path.join(args.out, "qwen3moe_tiny-Q8_0.gguf"),
+                os.path.join(REPO, "fuzz", "corpus", "gguf_fuzz", "qwen3moe_tiny-Q8_0.gguf"))
 
     for name in ["llama3_style", "qwen2_style"]:
         src = os.path.join(REPO, "tests", "data", "tokenizers", name)
@@ -366,6 +522,30 @@ def main():
                                     capture_output=True)
             ids.append(json.loads(result.stdout))
         manifest["tokenizers"][os.path.basename(out)] = {"source": name, "llama_cpp_ids": ids}
+
+    # SentencePiece files: a Llama-2-style vocabulary-only file and the Gemma 3 fixture. Goldens:
+    # sentencepiece's own ids and llama.cpp's, on the first 30 SentencePiece golden texts up to 700 characters.
+    import sentencepiece
+    with open(os.path.join(REPO, "tests", "data", "tokenizers", "spm_byte_fallback", "golden.json")) as f:
+        texts = [case["text"] for case in json.load(f) if len(case["text"]) <= 700][:30]  # 2 random texts
+    model_dir = os.path.join(args.work, "vocab-spm_llama")
+    train_spm(model_dir, "llama")
+    with open(os.path.join(model_dir, "config.json"), "w") as f:
+        json.dump(dict(architectures=["LlamaForCausalLM"], vocab_size=SPM_TOKENIZERS["llama"]["vocab_size"],
+                       hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                       num_key_value_heads=4, rms_norm_eps=1e-5, max_position_embeddings=4096, bos_token_id=1,
+                       eos_token_id=2), f)
+    convert(conv, model_dir, os.path.join(args.out, "vocab-spm_llama.gguf"), vocab_only=True)
+    manifest["spm_tokenizers"] = {"texts": texts}
+    for file, spm_dir in [("vocab-spm_llama.gguf", model_dir), ("gemma3_tiny-F16.gguf", os.path.join(args.work, "gemma3_tiny"))]:
+        sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(spm_dir, "tokenizer.model"))
+        llama_cpp_ids = []
+        for text in texts:
+            result = subprocess.run([logits_tool, "--tokenize", os.path.join(args.out, file)], input=text.encode(),
+                                    check=True, capture_output=True)
+            llama_cpp_ids.append(json.loads(result.stdout))
+        manifest["spm_tokenizers"][file] = {"sentencepiece_ids": [sp.encode(text) for text in texts],
+                                            "llama_cpp_ids": llama_cpp_ids}
 
     with open(os.path.join(args.out, "manifest.json"), "w") as f:
         json.dump(manifest, f, ensure_ascii=False)

@@ -1,11 +1,13 @@
 #include "model/gguf_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <new>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -17,17 +19,27 @@ namespace {
 // follow llama.cpp's conventions (gguf-py `constants.py` KEY_* and MODEL_TENSOR names).
 // ---------------------------------------------------------------------------------------------
 
+Status read_experts(const GgufFile& file, const std::string& prefix, ModelConfig* config);
+Status read_gemma3(const GgufFile& file, const std::string& prefix, ModelConfig* config);
+
 struct GgufArchitecture {
   std::string_view name;          // general.architecture
   Architecture architecture;      // the slimkv family that computes it
   std::string_view hf_name;       // the transformers class it was converted from
   bool permute_qk;                // the converter interleaved Q/K rows per head (llama.cpp's "normal" RoPE)
   bool attention_bias;            // q/k/v projections have biases
+  bool qk_norm;                   // blk.N.attn_q_norm / attn_k_norm: RMSNorm over each head before RoPE
+  // The rest of the family's features, from its own keys (and llama.cpp's fixed choices); may be null.
+  Status (*read_features)(const GgufFile& file, const std::string& prefix, ModelConfig* config);
 };
 
+// qwen3, qwen3moe and gemma3 use NEOX RoPE (rotate halves, as transformers): no Q/K permutation.
 constexpr GgufArchitecture kArchitectures[] = {
-    {"llama", Architecture::kLlama, "LlamaForCausalLM", true, false},
-    {"qwen2", Architecture::kQwen2, "Qwen2ForCausalLM", false, true},
+    {"llama", Architecture::kLlama, "LlamaForCausalLM", true, false, false, nullptr},
+    {"qwen2", Architecture::kQwen2, "Qwen2ForCausalLM", false, true, false, nullptr},
+    {"qwen3", Architecture::kQwen3, "Qwen3ForCausalLM", false, false, true, nullptr},
+    {"qwen3moe", Architecture::kQwen3Moe, "Qwen3MoeForCausalLM", false, false, true, read_experts},
+    {"gemma3", Architecture::kGemma3, "Gemma3ForCausalLM", false, false, true, read_gemma3},
 };
 
 // "{arch}.<suffix>" -> a ModelConfig integer field. Optional keys keep the field's default (set below
@@ -56,7 +68,19 @@ constexpr TensorName kLayerTensors[] = {
     {"attn_norm", "input_layernorm"},     {"attn_q", "self_attn.q_proj"},     {"attn_k", "self_attn.k_proj"},
     {"attn_v", "self_attn.v_proj"},       {"attn_output", "self_attn.o_proj"}, {"ffn_norm", "post_attention_layernorm"},
     {"ffn_gate", "mlp.gate_proj"},        {"ffn_up", "mlp.up_proj"},          {"ffn_down", "mlp.down_proj"},
+    {"attn_q_norm", "self_attn.q_norm"},  {"attn_k_norm", "self_attn.k_norm"}, {"ffn_gate_inp", "mlp.gate"},
 };
+// Gemma 3's sandwich norms, looked up first for that family: there ffn_norm is the pre-MLP norm and
+// transformers' post_attention_layernorm is the norm of the attention's output.
+constexpr TensorName kSandwichNormTensors[] = {
+    {"ffn_norm", "pre_feedforward_layernorm"},
+    {"post_attention_norm", "post_attention_layernorm"},
+    {"post_ffw_norm", "post_feedforward_layernorm"},
+};
+// Mixture-of-experts layers store their experts stacked, [num_experts, rows, cols] per matrix; each
+// expert's slice becomes the Hub's one tensor per expert, model.layers.N.mlp.experts.E.<hf>.weight.
+constexpr TensorName kStackedExpertTensors[] = {
+    {"ffn_gate_exps", "gate_proj"}, {"ffn_up_exps", "up_proj"}, {"ffn_down_exps", "down_proj"}};
 constexpr TensorName kModelTensors[] = {
     {"token_embd.weight", "model.embed_tokens.weight"},
     {"output_norm.weight", "model.norm.weight"},
@@ -113,9 +137,16 @@ Status read_rope(const GgufFile& file, const std::string& arch, ModelConfig* con
   }
   if (file.find(arch + ".rope.scaling.type")) {
     SLIMKV_ASSIGN_OR_RETURN(const std::string type, file.get_string(arch + ".rope.scaling.type"));
-    if (type != "none") {
+    if (type == "linear") {  // positions divided by the factor (Gemma 3: its global layers only)
+      config->rope.type = RopeType::kLinear;
+      SLIMKV_ASSIGN_OR_RETURN(config->rope.factor, file.get_real(arch + ".rope.scaling.factor"));
+      if (!(config->rope.factor > 0.0) || !std::isfinite(config->rope.factor)) {
+        return error(file.path(), ": metadata '", arch, ".rope.scaling.factor' is ", config->rope.factor,
+                     ", expected a positive number");
+      }
+    } else if (type != "none") {
       return error(file.path(), ": metadata '", arch, ".rope.scaling.type' is \"", type,
-                   "\"; slimkv reads GGUF RoPE scaling only as rope_freqs (llama3 style)");
+                   "\"; slimkv reads GGUF RoPE scaling \"none\", \"linear\" and rope_freqs (llama3 style)");
     }
   }
   if (file.find(arch + ".rope.dimension_count")) {
@@ -140,24 +171,99 @@ Status read_rope(const GgufFile& file, const std::string& arch, ModelConfig* con
   return Status::ok();
 }
 
+// Qwen3-MoE as llama.cpp computes it: a layer routes when it has a router (blk.N.ffn_gate_inp), softmax
+// over all experts, the top expert_used_count renormalised (llama.cpp's qwen3moe graph always does;
+// expert_weights_norm, where a file has it, says so explicitly).
+Status read_experts(const GgufFile& file, const std::string& prefix, ModelConfig* config) {
+  MoeConfig& moe = config->moe;
+  SLIMKV_ASSIGN_OR_RETURN(moe.num_experts, positive(file, prefix + "expert_count"));
+  SLIMKV_ASSIGN_OR_RETURN(moe.experts_per_token, positive(file, prefix + "expert_used_count"));
+  if (moe.experts_per_token > moe.num_experts) {
+    return error(file.path(), ": metadata '", prefix, "expert_used_count' is ", moe.experts_per_token,
+                 ", more than '", prefix, "expert_count' (", moe.num_experts, ")");
+  }
+  SLIMKV_ASSIGN_OR_RETURN(moe.expert_intermediate_size, positive(file, prefix + "expert_feed_forward_length"));
+  moe.normalize_top_k = true;
+  if (file.find(prefix + "expert_weights_norm")) {
+    SLIMKV_ASSIGN_OR_RETURN(const int64_t norm, file.get_int(prefix + "expert_weights_norm"));
+    moe.normalize_top_k = norm != 0;
+  }
+  for (int64_t i = 0; i < config->num_layers; ++i) {
+    moe.sparse_layers.push_back(find_tensor(file, str_cat("blk.", i, ".ffn_gate_inp.weight")) != nullptr);
+  }
+  return Status::ok();
+}
+
+// Gemma 3 as llama.cpp's loader reads it (llama-model.cpp, LLM_ARCH_GEMMA3): the window comes from the
+// file; the layer pattern (every 6th layer global), the sliding layers' RoPE base (10000, unscaled) and
+// the softmax scale are fixed there, as the released models have them. The converter stored every
+// RMSNorm weight as 1 + w, so the norms scale by the stored weight.
+Status read_gemma3(const GgufFile& file, const std::string& prefix, ModelConfig* config) {
+  SLIMKV_ASSIGN_OR_RETURN(config->sliding_window, positive(file, prefix + "attention.sliding_window"));
+  for (int64_t i = 0; i < config->num_layers; ++i) config->sliding_layers.push_back((i + 1) % 6 != 0);
+  config->sliding_rope = RopeConfig{};
+  config->sliding_rope.theta = 10000.0;
+  // query_pre_attn_scalar is not stored: llama.cpp takes head_dim, except for the 27B model (62 layers),
+  // whose scalar is hidden / heads.
+  const int64_t query_scalar = config->num_layers == 62 ? config->hidden_size / config->num_heads : config->head_dim;
+  config->attention_scale = 1.0 / std::sqrt(double(query_scalar));
+  config->sandwich_norms = config->scale_embeddings = true;
+  config->norm_adds_one = false;
+  config->activation = Activation::kGeluTanh;
+  return Status::ok();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Tensors
 // ---------------------------------------------------------------------------------------------
 
+// "blk.N.<rest>" -> N and rest; -1 for other names.
+int layer_of(const std::string& name, std::string* rest) {
+  int layer = -1, consumed = 0;
+  if (std::sscanf(name.c_str(), "blk.%d.%n", &layer, &consumed) != 1 || layer < 0 || consumed == 0) return -1;
+  *rest = name.substr(size_t(consumed));
+  return layer;
+}
+
 // The Hugging Face name of a GGUF tensor; empty when it has none (then it keeps its own name).
-std::string hf_tensor_name(const std::string& name) {
+std::string hf_tensor_name(const std::string& name, bool sandwich_norms) {
   for (const TensorName& entry : kModelTensors) {
     if (entry.gguf == name) return std::string(entry.hf);
   }
-  int layer = -1, consumed = 0;
-  if (std::sscanf(name.c_str(), "blk.%d.%n", &layer, &consumed) != 1 || layer < 0 || consumed == 0) return "";
-  const std::string rest = name.substr(size_t(consumed));
-  for (const TensorName& entry : kLayerTensors) {
-    for (std::string_view suffix : {".weight", ".bias"}) {
-      if (rest == str_cat(entry.gguf, suffix)) return str_cat("model.layers.", layer, ".", entry.hf, suffix);
+  std::string rest;
+  const int layer = layer_of(name, &rest);
+  if (layer < 0) return "";
+  const auto lookup = [&](std::span<const TensorName> table) -> std::string {
+    for (const TensorName& entry : table) {
+      for (std::string_view suffix : {".weight", ".bias"}) {
+        if (rest == str_cat(entry.gguf, suffix)) return str_cat("model.layers.", layer, ".", entry.hf, suffix);
+      }
     }
+    return "";
+  };
+  std::string hf = sandwich_norms ? lookup(kSandwichNormTensors) : "";
+  return hf.empty() ? lookup(kLayerTensors) : hf;
+}
+
+// A stacked expert tensor [num_experts, rows, cols] as one tensor per expert, each a view of its slice
+// (an expert's rows are whole rows, so quantized blocks never straddle two experts).
+Status split_experts(const TensorInfo& stacked, int layer, std::string_view hf, std::vector<TensorInfo>* out) {
+  const int64_t experts = stacked.shape.size() == 3 ? stacked.shape[0] : 0;
+  if (experts == 0 || stacked.size_bytes % size_t(experts) != 0) {
+    return error(stacked.file, ": tensor '", stacked.name, "' should be 3-D [experts, rows, columns]");
   }
-  return "";
+  const size_t slice_bytes = stacked.size_bytes / size_t(experts);
+  for (int64_t e = 0; e < experts; ++e) {
+    TensorInfo expert = stacked;
+    expert.name = str_cat("model.layers.", layer, ".mlp.experts.", e, ".", hf, ".weight");
+    expert.shape = {stacked.shape[1], stacked.shape[2]};
+    expert.data = stacked.data + size_t(e) * slice_bytes;
+    expert.size_bytes = slice_bytes;
+    expert.data_begin = stacked.data_begin + uint64_t(e) * slice_bytes;
+    expert.data_end = expert.data_begin + slice_bytes;
+    out->push_back(std::move(expert));
+  }
+  return Status::ok();
 }
 
 TensorInfo tensor_info(const GgufTensor& tensor, std::string name, const std::string& path) {
@@ -248,13 +354,15 @@ Expected<ModelConfig> gguf_model_config(const GgufFile& file) {
   if (config.head_dim % 2 != 0) {
     return error(file.path(), ": the head size is ", config.head_dim, ", expected an even number (RoPE rotates pairs)");
   }
-  config.attention_scale = 1.0 / std::sqrt(double(config.head_dim));  // the llama/qwen2 families' softmax scale
+  config.attention_scale = 1.0 / std::sqrt(double(config.head_dim));  // all but Gemma's softmax scale
   SLIMKV_ASSIGN_OR_RETURN(config.rms_norm_eps, file.get_real(prefix + "attention.layer_norm_rms_epsilon"));
   if (!(config.rms_norm_eps > 0.0)) {
     return error(file.path(), ": metadata '", prefix, "attention.layer_norm_rms_epsilon' is ", config.rms_norm_eps,
                  ", expected > 0");
   }
   SLIMKV_RETURN_IF_ERROR(read_rope(file, std::string(arch->name), &config));
+  config.qk_norm = arch->qk_norm;
+  if (arch->read_features) SLIMKV_RETURN_IF_ERROR(arch->read_features(file, prefix, &config));
 
   const GgufTensor* embedding = find_tensor(file, "token_embd.weight");
   if (!embedding || embedding->shape.size() != 2) {
@@ -279,7 +387,15 @@ Expected<GgufModel> load_gguf_model(const std::string& path) {
   SLIMKV_ASSIGN_OR_RETURN(const GgufArchitecture* arch, find_architecture(*file));
   std::vector<TensorInfo> tensors;
   for (const GgufTensor& tensor : file->tensors()) {
-    std::string name = hf_tensor_name(tensor.name);
+    std::string rest;
+    const int layer = layer_of(tensor.name, &rest);
+    const auto stacked = std::find_if(std::begin(kStackedExpertTensors), std::end(kStackedExpertTensors),
+                                      [&](const TensorName& entry) { return rest == str_cat(entry.gguf, ".weight"); });
+    if (layer >= 0 && stacked != std::end(kStackedExpertTensors)) {
+      SLIMKV_RETURN_IF_ERROR(split_experts(tensor_info(tensor, tensor.name, path), layer, stacked->hf, &tensors));
+      continue;
+    }
+    std::string name = hf_tensor_name(tensor.name, config.sandwich_norms);
     TensorInfo info = tensor_info(tensor, name.empty() ? tensor.name : std::move(name), path);
     const bool is_q = info.name.ends_with("self_attn.q_proj.weight"), is_k = info.name.ends_with("self_attn.k_proj.weight");
     if (arch->permute_qk && (is_q || is_k)) {

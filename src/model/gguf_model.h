@@ -5,7 +5,9 @@
 // Both mappings are tables (gguf_model.cc): kArchitectures says, per `general.architecture`, which
 // slimkv family it is and how llama.cpp's converter stored it; kConfigKeys maps the
 // `{arch}.*` metadata keys to ModelConfig fields; kLayerTensors maps `blk.N.*` tensor names to
-// `model.layers.N.*`. A new family (qwen3, qwen3moe, gemma3) is a row in each.
+// `model.layers.N.*` (Gemma 3's sandwich norms by a table of their own; stacked experts
+// blk.N.ffn_*_exps [experts, rows, cols] become one view per expert, as the Hub stores them). A
+// family's own keys (experts, sliding layers) are read by the function its row names.
 //
 // llama.cpp's converter interleaves the rows of Q and K in each head for the `llama` architecture
 // (its RoPE rotates adjacent pairs; transformers' rotates halves): those two matrices are permuted

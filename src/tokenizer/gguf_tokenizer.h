@@ -1,11 +1,15 @@
 // The tokenizer a GGUF file carries in its metadata (`tokenizer.ggml.*`), as the tokenizer.json that
 // says the same thing, so that it runs through slimkv's one BPE implementation.
 //
-// Read: tokenizer.ggml.model ("gpt2": byte-level BPE), .tokens (by id), .token_type (3 control and
-// 4 user-defined tokens become added tokens, special or not, as the converter derived them),
-// .merges ("a b", by rank), .pre (the pre-tokenizer: a row of kPreTokenizers in the .cc, named as
-// llama.cpp names them), .bos/eos_token_id and .add_bos_token/.add_eos_token (the post-processor).
-// SentencePiece files (model "llama") and other pre-tokenizers are refused, naming the value.
+// Read: tokenizer.ggml.model, .tokens (by id), .token_type (3 control and 4 user-defined tokens
+// become added tokens, special or not, as the converter derived them), .bos/eos_token_id and
+// .add_bos_token/.add_eos_token (the post-processor). Then per model:
+//   "gpt2" (byte-level BPE): .merges ("a b", by rank) and .pre (the pre-tokenizer: a row of
+//     kPreTokenizers in the .cc, named as llama.cpp names them);
+//   "llama" (SentencePiece: Llama 2, Mistral v0.1, Gemma): .scores, the merges derived from them as
+//     transformers does for tokenizer.json, byte fallback to <0xNN> tokens, ▁ for spaces and
+//     .add_space_prefix (default true, as llama.cpp's).
+// Other models and pre-tokenizers are refused, naming the key and the value.
 #pragma once
 
 #include <string>
