@@ -34,14 +34,14 @@ inline std::filesystem::path find_source_data_above(const std::filesystem::path&
 
 // The search above, given its inputs (an empty env or start is skipped), so that a test can drive it.
 struct SourceDirSearch {
-  std::string env;                      // $SLIMKV_SOURCE_DIR
-  std::filesystem::path current_dir;    // where the test runs
-  std::filesystem::path executable_dir; // where the test binary lies
-  std::filesystem::path compiled_in;    // SLIMKV_SOURCE_DIR at build time
+  std::string env{};                      // $SLIMKV_SOURCE_DIR
+  std::filesystem::path current_dir{};    // where the test runs
+  std::filesystem::path executable_dir{}; // where the test binary lies
+  std::filesystem::path compiled_in{};    // SLIMKV_SOURCE_DIR at build time
 };
 struct SourceDirFound {
-  std::filesystem::path dir;
-  std::string error;  // empty when found; else where it looked
+  std::filesystem::path dir{};
+  std::string error{};  // empty when found; else where it looked
 };
 inline SourceDirFound find_source_dir(const SourceDirSearch& search) {
   if (!search.env.empty()) {
