@@ -19,6 +19,7 @@ from setuptools.command.build_ext import build_ext
 ROOT = os.path.dirname(os.path.abspath(__file__))
 # setuptools' own files (its build/ and egg-info) go under the CMake build folder, not the source tree.
 SETUPTOOLS_DIR = os.path.join("build", "setuptools")
+CUDA_PLUGIN = "libslimkv_cuda.so"  # kCudaPluginFile (src/engine/cuda_backend.h)
 
 
 def project_version():
@@ -51,6 +52,11 @@ class CMakeBuild(build_ext):
         target = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         shutil.copyfile(built, target)
+        # A build with the CUDA backend (nvcc found) also made its plugin, which the module opens on
+        # device "cuda" from beside itself (engine/cuda_backend.h): it goes in the wheel beside the module.
+        plugin = os.path.join(os.path.dirname(built), CUDA_PLUGIN)
+        if os.path.exists(plugin):
+            shutil.copyfile(plugin, os.path.join(os.path.dirname(target), CUDA_PLUGIN))
 
 
 os.makedirs(os.path.join(ROOT, SETUPTOOLS_DIR), exist_ok=True)

@@ -76,10 +76,14 @@ foreach(user slimkv slimkv_python)
     add_dependencies(${user} slimkv_cuda)
   endif()
 endforeach()
-if(TARGET slimkv_python)  # the module looks beside itself (build/python/)
+if(TARGET slimkv_python)  # the module looks beside itself: build/python/, and where it is installed
   add_custom_command(TARGET slimkv_cuda POST_BUILD
                      COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/python
                      COMMAND ${CMAKE_COMMAND} -E copy_if_different $<TARGET_FILE:slimkv_cuda> ${CMAKE_BINARY_DIR}/python/)
+  # Installed, it keeps the run path of the libraries it links outside the system's (libcublas under
+  # /usr/local/cuda), which cmake --install would otherwise strip.
+  set_target_properties(slimkv_cuda PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
+  install(TARGETS slimkv_cuda LIBRARY DESTINATION ${SLIMKV_PYTHON_DESTINATION})
 endif()
 
 file(GLOB SLIMKV_CUDA_TEST_SOURCES CONFIGURE_DEPENDS tests/cuda/*_test.cc)

@@ -38,6 +38,8 @@ def main():
     windows = len(ids) // chunk
     if args.max_windows:
         windows = min(windows, args.max_windows)
+    # A reference to record beside is checked before the windows run (minutes at long contexts).
+    reference = load_reference(args.record, args.context, windows) if args.record else None
     total_nll, count = 0.0, 0
     with tempfile.TemporaryDirectory() as work:
         for w in range(windows):
@@ -55,21 +57,31 @@ def main():
     ppl = float(np.exp(total_nll / count))
     print(json.dumps({"model": args.model, "kv": args.kv, "context": args.context, "windows": windows,
                       "tokens": count, "ppl": ppl}))
-    if args.record:
-        record(args.record, args.context, windows, args.kv, ppl)
+    if reference is not None:
+        entry = reference["ppl_%d" % args.context]
+        entry["slimkv_ppl"], entry["slimkv_kv"] = ppl, args.kv
+        with open(args.record, "w") as f:
+            json.dump(reference, f, indent=1)
+            f.write("\n")
 
 
-def record(path, context, windows, kv, ppl):
-    with open(path) as f:
-        reference = json.load(f)
-    entry = reference.get("ppl_%d" % context)
-    if not entry or entry["windows"] != windows:
-        raise SystemExit("heldout_ppl: %s has no reference perplexity over %d windows of %d tokens to record beside"
-                         % (path, windows, context))
-    entry["slimkv_ppl"], entry["slimkv_kv"] = ppl, kv
-    with open(path, "w") as f:
-        json.dump(reference, f, indent=1)
-        f.write("\n")
+def load_reference(path, context, windows):
+    """The reference JSON at `path` (scripts/train/reference_cpu.py --record), refused unless its
+    ppl_CONTEXT entry is over the same `windows`: perplexities over other windows are not comparable."""
+    try:
+        with open(path) as f:
+            reference = json.load(f)
+    except (OSError, ValueError) as e:
+        raise SystemExit("heldout_ppl: --record %s: cannot read it as JSON: %s" % (path, e))
+    key = "ppl_%d" % context
+    entry = reference.get(key) if isinstance(reference, dict) else None
+    if not isinstance(entry, dict):
+        raise SystemExit("heldout_ppl: --record %s has no \"%s\" entry (a reference perplexity at context %d; "
+                         "scripts/train/reference_cpu.py ppl --context %d --record writes one)" % (path, key, context, context))
+    if entry.get("windows") != windows:
+        raise SystemExit("heldout_ppl: --record %s: \"%s\" is over %s windows, this run over %d (--max-windows sets "
+                         "it): only perplexities over the same windows compare" % (path, key, entry.get("windows"), windows))
+    return reference
 
 
 if __name__ == "__main__":

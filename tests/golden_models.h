@@ -16,10 +16,11 @@
 #include "engine/sampler.h"
 #include "model/model_config.h"
 #include "slimkv/engine.h"
+#include "source_dir.h"
 
 namespace slimkv {
 
-inline const std::string kGoldenModels = std::string(SLIMKV_SOURCE_DIR) + "/tests/data/models";
+inline const std::string kGoldenModels = slimkv::test::source_dir() + "/tests/data/models";
 
 // Every directory under tests/data/models with golden logits, sorted.
 inline std::vector<std::string> golden_models() {

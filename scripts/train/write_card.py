@@ -163,8 +163,10 @@ def main():
     model_dir = os.path.normpath(args.model_dir)
     ev = load(model_dir, "eval.json")
     cfg = load(model_dir, "config.json")
-    if not ev or not cfg:
-        raise SystemExit("write_card: %s needs eval.json and config.json" % model_dir)
+    missing = [name for name, data in (("eval.json", ev), ("config.json", cfg)) if not data]
+    if missing:
+        raise SystemExit("write_card: %s has no %s (the card's numbers come from eval.json, train.py's run, and "
+                         "config.json)" % (model_dir, " or ".join(missing)))
     name = os.path.basename(model_dir)
     a, st, corpus = ev["args"], ev["train_state"], ev["corpus"]
     trained = datetime.date.fromisoformat(args.trained)

@@ -17,11 +17,12 @@
 #include "kv/transfer.h"
 #include "model/cuda/llama_cuda.h"
 #include "model/llama.h"
+#include "source_dir.h"
 
 namespace slimkv::cuda {
 namespace {
 
-const std::string kBundled = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
+const std::string kBundled = slimkv::test::source_dir() + "/models/slimkv-llama-15m";
 
 using GpuKvTest = CudaTest;
 

@@ -10,11 +10,12 @@
 #include "cuda_test_util.h"
 #include "slimkv/kv_inspection.h"
 #include "util/half.h"
+#include "source_dir.h"
 
 namespace slimkv::cuda {
 namespace {
 
-const std::string kBundled = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
+const std::string kBundled = slimkv::test::source_dir() + "/models/slimkv-llama-15m";
 constexpr int kTokens = 150;  // two sealed blocks of 64, 22 open tokens
 
 using KvInspectionCudaTest = CudaTest;

@@ -21,13 +21,14 @@
 #include "cuda_test_util.h"
 #include "slimkv/engine.h"
 #include "transfer/kv_stream.h"
+#include "source_dir.h"
 
 extern char** environ;
 
 namespace slimkv::cuda {
 namespace {
 
-const std::string kBundled = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
+const std::string kBundled = slimkv::test::source_dir() + "/models/slimkv-llama-15m";
 const char* const kRequestId = "kv-ipc-test";
 
 std::unique_ptr<Engine> load(const std::string& kv) {

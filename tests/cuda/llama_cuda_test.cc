@@ -19,11 +19,12 @@
 #include "slimkv/engine.h"
 #include "slimkv/npy.h"
 #include "golden_models.h"
+#include "source_dir.h"
 
 namespace slimkv::cuda {
 namespace {
 
-const std::string kSource = SLIMKV_SOURCE_DIR;
+const std::string kSource = slimkv::test::source_dir();
 const std::string kBundled = kSource + "/models/slimkv-llama-15m";
 
 std::unique_ptr<Engine> load(const std::string& dir, const std::string& device, int chunk = 512,

@@ -15,6 +15,7 @@
 #include "kv/select/top_k.h"
 #include "slimkv/engine.h"
 #include "slimkv/tokenizer.h"
+#include "source_dir.h"
 
 namespace slimkv::cuda {
 namespace {
@@ -198,7 +199,7 @@ TEST_F(PqSelectTest, SelectionEqualsTheCpuSelectorsOnTheSameCodebooks) {
 // host memory): logits equal dense's. pq:topk=0.3@offload equals pq:topk=0.3 resident (the same
 // selection, read from host memory instead), and selects about 0.3 of the tokens.
 TEST_F(PqSelectTest, BundledModelTopkOneEqualsDenseAndOffloadEqualsResident) {
-  const std::string dir = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
+  const std::string dir = slimkv::test::source_dir() + "/models/slimkv-llama-15m";
   const auto load = [&](const std::string& kv) {
     EngineConfig config;
     config.model_dir = dir;

@@ -9,11 +9,12 @@
 
 #include "cuda_test_util.h"
 #include "slimkv/engine.h"
+#include "source_dir.h"
 
 namespace slimkv::cuda {
 namespace {
 
-const std::string kBundled = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
+const std::string kBundled = slimkv::test::source_dir() + "/models/slimkv-llama-15m";
 
 std::unique_ptr<Engine> load(const std::string& device, const std::string& kv) {
   EngineConfig config;

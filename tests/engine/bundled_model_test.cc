@@ -12,11 +12,12 @@
 #include "slimkv/tokenizer.h"
 
 #include "sanitizer.h"
+#include "source_dir.h"
 
 namespace slimkv {
 namespace {
 
-const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
+const std::string kModel = slimkv::test::source_dir() + "/models/slimkv-llama-15m";
 
 std::string greedy_answer(const std::string& kv_spec, int tokens) {
   EngineConfig config;

@@ -12,11 +12,12 @@
 
 #include "engine/cuda_backend.h"
 #include "slimkv/engine.h"
+#include "source_dir.h"
 
 namespace slimkv {
 namespace {
 
-const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/tests/data/models/llama_gqa_bf16";
+const std::string kModel = slimkv::test::source_dir() + "/tests/data/models/llama_gqa_bf16";
 
 // The plugin's location for one test, restored after it.
 class PluginVariable {

@@ -7,12 +7,13 @@
 #include <fstream>
 
 #include "slimkv/engine.h"
+#include "source_dir.h"
 
 namespace slimkv {
 namespace {
 
 namespace fs = std::filesystem;
-const fs::path kModel = fs::path(SLIMKV_SOURCE_DIR) / "models/slimkv-llama-15m";
+const fs::path kModel = fs::path(slimkv::test::source_dir()) / "models/slimkv-llama-15m";
 
 TEST(EngineChatTemplate, TheModelFoldersTemplateRendersThroughTheEngine) {
   const fs::path dir = fs::temp_directory_path() / "slimkv_engine_chat_template";

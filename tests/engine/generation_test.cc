@@ -5,11 +5,12 @@
 
 #include "slimkv/generation.h"
 #include "slimkv/tokenizer.h"
+#include "source_dir.h"
 
 namespace slimkv {
 namespace {
 
-const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
+const std::string kModel = slimkv::test::source_dir() + "/models/slimkv-llama-15m";
 
 class GenerationTest : public ::testing::Test {
  protected:

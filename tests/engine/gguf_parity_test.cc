@@ -15,11 +15,12 @@
 #include "slimkv/npy.h"
 #include "slimkv/tokenizer.h"
 #include "tokenizer/gguf_tokenizer.h"
+#include "source_dir.h"
 
 namespace slimkv {
 namespace {
 
-const std::string kDir = std::string(SLIMKV_SOURCE_DIR) + "/tests/data/gguf";
+const std::string kDir = slimkv::test::source_dir() + "/tests/data/gguf";
 
 nlohmann::json manifest() {
   std::ifstream in(kDir + "/manifest.json");
@@ -88,7 +89,7 @@ TEST(GgufParity, TokenizerFromMetadataMatchesLlamaCppAndTokenizerJson) {
     SCOPED_TRACE(file);
     auto from_gguf = load_gguf_tokenizer(kDir + "/" + file);
     ASSERT_TRUE(from_gguf) << from_gguf.status().message();
-    const std::string source = std::string(SLIMKV_SOURCE_DIR) + "/tests/data/tokenizers/" + entry["source"].get<std::string>();
+    const std::string source = slimkv::test::source_dir() + "/tests/data/tokenizers/" + entry["source"].get<std::string>();
     auto from_json = Tokenizer::load(source + "/tokenizer.json");
     ASSERT_TRUE(from_json) << from_json.status().message();
     std::ifstream golden_in(source + "/golden.json");

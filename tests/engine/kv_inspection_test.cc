@@ -8,11 +8,12 @@
 
 #include "slimkv/codec.h"
 #include "slimkv/kv_inspection.h"
+#include "source_dir.h"
 
 namespace slimkv {
 namespace {
 
-const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
+const std::string kModel = slimkv::test::source_dir() + "/models/slimkv-llama-15m";
 
 TEST(KvInspection, DenseSealsExactlyWhatTheOpenBlockHeld) {
   auto engine = Engine::load({.model_dir = kModel, .threads = 1});

@@ -11,6 +11,7 @@
 #include "slimkv/generation.h"
 #include "slimkv/scheduler.h"
 #include "slimkv/tokenizer.h"
+#include "source_dir.h"
 
 namespace slimkv {
 namespace {
@@ -152,7 +153,7 @@ TEST(PlanStep, APreemptionAdmitsNobodyThatStep) {
 // The Scheduler on the bundled model
 // ---------------------------------------------------------------------------------------------------
 
-const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
+const std::string kModel = slimkv::test::source_dir() + "/models/slimkv-llama-15m";
 
 std::unique_ptr<Engine> load_engine(size_t kv_cache_bytes = 0, int max_sequences = 16) {
   EngineConfig config;

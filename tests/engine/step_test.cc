@@ -12,11 +12,12 @@
 #include "slimkv/engine.h"
 #include "model/model_config.h"
 #include "slimkv/tokenizer.h"
+#include "source_dir.h"
 
 namespace slimkv {
 namespace {
 
-const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
+const std::string kModel = slimkv::test::source_dir() + "/models/slimkv-llama-15m";
 
 std::unique_ptr<Engine> load(const std::string& spec, size_t kv_cache_bytes = 0, int max_sequences = 16) {
   EngineConfig config;

@@ -7,11 +7,12 @@
 #include <gtest/gtest.h>
 
 #include "slimkv/evaluation.h"
+#include "source_dir.h"
 
 namespace slimkv {
 namespace {
 
-const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
+const std::string kModel = slimkv::test::source_dir() + "/models/slimkv-llama-15m";
 
 std::map<std::string, double> overall(const EvalResults& results, const std::string& task, const std::string& metric) {
   std::map<std::string, double> by_spec;

@@ -9,11 +9,12 @@
 
 #include "eval/retrieval_task.h"
 #include "slimkv/engine.h"
+#include "source_dir.h"
 
 namespace slimkv {
 namespace {
 
-const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
+const std::string kModel = slimkv::test::source_dir() + "/models/slimkv-llama-15m";
 
 class RetrievalTest : public ::testing::Test {
  protected:

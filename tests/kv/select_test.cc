@@ -21,11 +21,12 @@
 #include "slimkv/tokenizer.h"
 
 #include "sanitizer.h"
+#include "source_dir.h"
 
 namespace slimkv {
 namespace {
 
-const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
+const std::string kModel = slimkv::test::source_dir() + "/models/slimkv-llama-15m";
 
 std::vector<float> normal_vector(size_t n, unsigned seed, float sigma = 1.0f) {
   std::mt19937 rng(seed);

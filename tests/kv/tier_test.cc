@@ -9,6 +9,7 @@
 #include "kv/store_attention.h"
 #include "kv/tier/block_cache.h"
 #include "slimkv/engine.h"
+#include "source_dir.h"
 
 namespace slimkv {
 namespace {
@@ -141,7 +142,7 @@ TEST(KvprSpec, OptionsParseAndBadOnesAreRefused) {
   }
   // The CPU engine refuses it by name.
   EngineConfig config;
-  config.model_dir = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
+  config.model_dir = slimkv::test::source_dir() + "/models/slimkv-llama-15m";
   config.kv_spec = "dense@kvpr";
   const auto engine = Engine::load(config);
   ASSERT_FALSE(engine.has_value());

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kv/store_attention.h"
+#include "source_dir.h"
 
 namespace slimkv {
 namespace {
@@ -359,7 +360,7 @@ KvStore fuzz_receiver(int max_tokens) {
   return KvStore({2, 2, 16, 16, max_tokens}, pipeline_of("hack:bits=2,pi=32,round=stochastic"));
 }
 constexpr const char* kFuzzModel = "fuzz-model";
-const std::filesystem::path kSeedDir = std::filesystem::path(SLIMKV_SOURCE_DIR) / "fuzz/corpus/kv_transfer_fuzz";
+const std::filesystem::path kSeedDir = std::filesystem::path(slimkv::test::source_dir()) / "fuzz/corpus/kv_transfer_fuzz";
 
 // Writes the seeds: run with --gtest_also_run_disabled_tests --gtest_filter='*WriteFuzzSeeds*'.
 // The open block is FP16 in the store and FP32 in the format: a value FP16 cannot hold was not written by

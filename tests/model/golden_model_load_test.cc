@@ -13,6 +13,7 @@
 #include "model/model_config.h"
 #include "model/weight_store.h"
 #include "util/mapped_file.h"
+#include "source_dir.h"
 
 namespace slimkv {
 namespace {
@@ -26,7 +27,7 @@ struct GoldenModel {
 };
 
 std::string model_dir(const GoldenModel& model) {
-  return std::string(SLIMKV_SOURCE_DIR) + "/tests/data/models/" + model.name;
+  return slimkv::test::source_dir() + "/tests/data/models/" + model.name;
 }
 
 class GoldenModelLoad : public ::testing::TestWithParam<GoldenModel> {
@@ -96,7 +97,7 @@ TEST_P(GoldenModelLoad, ConfigLayoutsAgree) {
 
 // What each family's config says, read as transformers reads it (the values make_golden.py gave).
 TEST(GoldenModelFamilies, ConfigsSayWhatTheGoldenScriptMade) {
-  const std::string dir = std::string(SLIMKV_SOURCE_DIR) + "/tests/data/models/";
+  const std::string dir = slimkv::test::source_dir() + "/tests/data/models/";
   auto qwen3 = load_model_config(dir + "qwen3_bf16_tied");
   ASSERT_TRUE(qwen3) << qwen3.status().message();
   EXPECT_TRUE(qwen3->qk_norm);

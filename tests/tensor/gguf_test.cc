@@ -2,6 +2,7 @@
 // supported type), then every way a header can be malformed, each refused with a message naming
 // the field and what was expected.
 #include "tensor/gguf.h"
+#include "source_dir.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -199,7 +200,7 @@ TEST(Gguf, EveryTruncationOfAValidFileIsRefused) {
 // blocks.gguf (scripts/gguf/make_fixtures.py): random blocks of each quantized type beside gguf-py's
 // own numpy dequantization of them, an independent reading of the block layouts.
 TEST(GgufBlocks, ReferenceDequantizationMatchesGgufPy) {
-  auto file = GgufFile::open(std::string(SLIMKV_SOURCE_DIR) + "/tests/data/gguf/blocks.gguf");
+  auto file = GgufFile::open(slimkv::test::source_dir() + "/tests/data/gguf/blocks.gguf");
   ASSERT_TRUE(file.has_value()) << file.status().message();
   const std::vector<std::pair<std::string, BlockQuant>> types = {
       {"Q8_0", BlockQuant::kQ8_0}, {"Q4_0", BlockQuant::kQ4_0}, {"Q4_K", BlockQuant::kQ4_K}, {"Q6_K", BlockQuant::kQ6_K}};

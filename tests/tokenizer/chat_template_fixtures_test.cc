@@ -11,11 +11,12 @@
 
 #include "tokenizer/chat/chat_template.h"
 #include "util/mapped_file.h"
+#include "source_dir.h"
 
 namespace slimkv {
 namespace {
 
-const std::string kDataDir = std::string(SLIMKV_SOURCE_DIR) + "/tests/data/chat_templates/";
+const std::string kDataDir = slimkv::test::source_dir() + "/tests/data/chat_templates/";
 
 // "2026-11-26T10:52:01" as a std::tm (the clock the fixture was rendered at).
 std::tm parse_now(const std::string& text) {

@@ -10,6 +10,7 @@
 
 #include "sanitizer.h"
 #include "tokenizer/chat/chat_template.h"
+#include "source_dir.h"
 
 namespace slimkv {
 namespace {
@@ -419,7 +420,7 @@ TEST_F(ChatTemplateLoad, BrokenFilesAreOtherErrors) {
 
 TEST(ChatTemplateLoadReal, Qwen3FromAModelFolderLayout) {
   // The fixture template loaded as a model folder has it, rendered with thinking off.
-  const std::filesystem::path dir = std::string(SLIMKV_SOURCE_DIR) + "/tests/data/chat_templates";
+  const std::filesystem::path dir = slimkv::test::source_dir() + "/tests/data/chat_templates";
   std::ifstream in(dir / "Qwen-Qwen3-0.6B.jinja");
   const std::string source((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   Expected<ChatTemplate> chat = ChatTemplate::from_source(source, std::nullopt, "<|im_end|>");

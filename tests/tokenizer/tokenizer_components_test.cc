@@ -12,6 +12,7 @@
 #include "slimkv/tokenizer.h"
 #include "tokenizer/utf8.h"
 #include "util/mapped_file.h"
+#include "source_dir.h"
 
 namespace slimkv {
 namespace {
@@ -496,7 +497,7 @@ TEST(TokenizerLoadErrors, UnsupportedTopLevelOptionsAndNesting) {
 
 // The fuzzer's seeds must be valid tokenizers, or the fuzzer never gets past loading.
 TEST(TokenizerFuzzSeeds, AllLoad) {
-  const std::filesystem::path seeds = std::filesystem::path(SLIMKV_SOURCE_DIR) / "fuzz/corpus/tokenizer_json_fuzz";
+  const std::filesystem::path seeds = std::filesystem::path(slimkv::test::source_dir()) / "fuzz/corpus/tokenizer_json_fuzz";
   if (!std::filesystem::is_directory(seeds)) GTEST_SKIP() << "no seeds at " << seeds;
   int count = 0;
   for (const auto& entry : std::filesystem::directory_iterator(seeds)) {

@@ -10,13 +10,14 @@
 
 #include "slimkv/tokenizer.h"
 #include "util/mapped_file.h"
+#include "source_dir.h"
 
 namespace slimkv {
 namespace {
 
 namespace fs = std::filesystem;
 
-const fs::path kTokenizerData = fs::path(SLIMKV_SOURCE_DIR) / "tests/data/tokenizers";
+const fs::path kTokenizerData = fs::path(slimkv::test::source_dir()) / "tests/data/tokenizers";
 
 std::vector<fs::path> golden_dirs() {
   std::vector<fs::path> dirs;

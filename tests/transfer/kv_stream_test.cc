@@ -12,12 +12,13 @@
 #include "kv/transfer.h"
 #include "model/model_config.h"
 #include "transfer/kv_frame.h"
+#include "source_dir.h"
 
 namespace slimkv {
 namespace {
 
 using namespace std::chrono_literals;
-const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
+const std::string kModel = slimkv::test::source_dir() + "/models/slimkv-llama-15m";
 
 std::string loopback(int port) { return "127.0.0.1:" + std::to_string(port); }
 

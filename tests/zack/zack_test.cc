@@ -21,11 +21,12 @@
 #include "slimkv/engine.h"
 #include "slimkv/tokenizer.h"
 #include "util/mapped_file.h"
+#include "source_dir.h"
 
 namespace slimkv {
 namespace {
 
-const std::string kModel = std::string(SLIMKV_SOURCE_DIR) + "/models/slimkv-llama-15m";
+const std::string kModel = slimkv::test::source_dir() + "/models/slimkv-llama-15m";
 
 std::string temp_path(const std::string& name) {
   return (std::filesystem::temp_directory_path() / (name + "." + std::to_string(::getpid()))).string();
