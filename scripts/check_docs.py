@@ -135,7 +135,12 @@ def check_command(slimkv, arguments, fragment):
     # leaves out is filled in with a placeholder and the rest still checked; a fenced block must hold
     # whole commands.
     for _ in range(4):
-        result = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+        # Parsing takes milliseconds; the generous limit is for a loaded 2-core CI machine, where a
+        # process's start (its libraries' loading) can take tens of seconds.
+        try:
+            result = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+        except subprocess.TimeoutExpired:
+            return "did not finish parsing within 300 s"
         if result.returncode == 0:
             return None
         message = (result.stderr.strip() or result.stdout.strip()).splitlines()[0]
