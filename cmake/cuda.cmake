@@ -80,9 +80,10 @@ if(TARGET slimkv_python)  # the module looks beside itself: build/python/, and w
   add_custom_command(TARGET slimkv_cuda POST_BUILD
                      COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/python
                      COMMAND ${CMAKE_COMMAND} -E copy_if_different $<TARGET_FILE:slimkv_cuda> ${CMAKE_BINARY_DIR}/python/)
-  # Installed, it keeps the run path of the libraries it links outside the system's (libcublas under
-  # /usr/local/cuda), which cmake --install would otherwise strip.
-  set_target_properties(slimkv_cuda PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
+  # Built and installed, its run path is the directories of the libraries it links outside the system's
+  # (libcublas under /usr/local/cuda), which cmake --install would otherwise strip, and without the empty
+  # entry (the current directory) CMake pads a build tree's run path with (CMakeLists.txt, slimkv_python).
+  set_target_properties(slimkv_cuda PROPERTIES BUILD_WITH_INSTALL_RPATH ON INSTALL_RPATH_USE_LINK_PATH ON)
   install(TARGETS slimkv_cuda LIBRARY DESTINATION ${SLIMKV_PYTHON_DESTINATION})
 endif()
 
