@@ -31,6 +31,10 @@ size=$(stat -c %s "$work/a.npy" 2>/dev/null || echo 0)
 # tokenize needs only tokenizer.json.
 expect_ok tokenize "$slimkv" tokenize --model "$src/tests/data/tokenizers/llama3_style" --text "Hello world"
 grep -qE '^[0-9]+(,[0-9]+)+$' "$work/out" && passes=$((passes + 1)) || { echo "FAIL tokenize output: $(cat "$work/out")"; failures=$((failures + 1)); }
+# ... or a GGUF file's metadata: the same vocabulary gives the same ids.
+cp "$work/out" "$work/ids_json"
+expect_ok tokenize-gguf "$slimkv" tokenize --model "$src/tests/data/gguf/vocab-llama3_style.gguf" --text "Hello world"
+cmp -s "$work/out" "$work/ids_json" && passes=$((passes + 1)) || { echo "FAIL tokenize gguf: $(cat "$work/out") vs $(cat "$work/ids_json")"; failures=$((failures + 1)); }
 
 # Bad input: one clear line naming the problem, non-zero exit.
 expect_error bad-token '"x" (at byte 2) is not a token id' "$slimkv" logits --model "$models/llama_gqa_bf16" --tokens "1,x,3" --out "$work/c.npy"

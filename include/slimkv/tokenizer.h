@@ -41,6 +41,9 @@ class PreTokenizer;
 class Tokenizer {
  public:
   static Expected<Tokenizer> load(const std::string& tokenizer_json_path);  // errors name the file
+  // The tokenizer of a model: DIR/tokenizer.json, or, for a GGUF file, the one its metadata holds
+  // (tokenizer.ggml.*, as `--model FILE.gguf` runs it).
+  static Expected<Tokenizer> load_for_model(const std::string& model);
   // `source` names the text in errors (a path, or "<memory>").
   static Expected<Tokenizer> from_json(const std::string& json_text, const std::string& source);
 

@@ -18,7 +18,6 @@
 #include "slimkv/tokenizer.h"
 #include "tensor/gguf.h"
 #include "tokenizer/chat/chat_template.h"
-#include "tokenizer/gguf_tokenizer.h"
 #include "util/mapped_file.h"
 #include "util/thread_pool.h"
 
@@ -80,12 +79,9 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
     return error(kv_context, ": the @offload and @kvpr tiers keep every block of every layer; this model's "
                  "sliding-window layers free theirs as they leave the window (use the fast tier)");
   }
-  const std::string tokenizer_path = config.model_dir + "/tokenizer.json";
-  if (has_gguf_magic(config.model_dir)) {
-    SLIMKV_ASSIGN_OR_RETURN(Tokenizer tokenizer, load_gguf_tokenizer(config.model_dir));
-    engine->tokenizer_ = std::make_unique<Tokenizer>(std::move(tokenizer));
-  } else if (std::filesystem::exists(tokenizer_path)) {
-    SLIMKV_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load(tokenizer_path));
+  // A model directory without tokenizer.json still runs on token ids (logits, eval on ids).
+  if (has_gguf_magic(config.model_dir) || std::filesystem::exists(config.model_dir + "/tokenizer.json")) {
+    SLIMKV_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::load_for_model(config.model_dir));
     engine->tokenizer_ = std::make_unique<Tokenizer>(std::move(tokenizer));
   }
   // A model without a chat template, or with one outside this renderer's subset, still runs completions:

@@ -2,9 +2,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tensor/gguf.h"
 #include "tokenizer/added_vocabulary.h"
 #include "tokenizer/bpe_model.h"
 #include "tokenizer/decoder.h"
+#include "tokenizer/gguf_tokenizer.h"
 #include "tokenizer/normalizer.h"
 #include "tokenizer/post_processor.h"
 #include "tokenizer/pre_tokenizer.h"
@@ -29,6 +31,11 @@ Tokenizer::~Tokenizer() = default;
 Expected<Tokenizer> Tokenizer::load(const std::string& tokenizer_json_path) {
   SLIMKV_ASSIGN_OR_RETURN(const std::string text, read_text_file(tokenizer_json_path));
   return from_json(text, tokenizer_json_path);
+}
+
+Expected<Tokenizer> Tokenizer::load_for_model(const std::string& model) {
+  if (has_gguf_magic(model)) return load_gguf_tokenizer(model);
+  return load(model + "/tokenizer.json");
 }
 
 namespace {
