@@ -118,19 +118,13 @@ class GpuDenseKv final : public GpuKvCache {
     return append_rows(sequence, open, 0, open.num_tokens(0));
   }
 
-  Status export_open_tokens(int sequence, KvStore& into) const override {
-    into.clear();
-    for (int l = 0; l < shape_.num_layers; ++l) SLIMKV_RETURN_IF_ERROR(restore_open_layer(sequence, l, into));
-    return Status::ok();
-  }
-
  private:
   // One block of one layer, K (or V) of every KV head.
   size_t half_page_bytes() const { return size_t(shape_.num_kv_heads) * kCudaBlockTokens * size_t(shape_.head_dim) * 2; }
   size_t layer_bytes() const { return size_t(cache_->shape().num_blocks) * half_page_bytes(); }
 
   // The layer's tokens after the sequence's last full block, as `into`'s open tokens of the layer.
-  Status restore_open_layer(int sequence, int layer, KvStore& into) const {
+  Status restore_open_layer(int sequence, int layer, KvStore& into) const override {
     const int tokens = sequences().num_tokens(sequence), full = tokens / kCudaBlockTokens;
     const int open = tokens - full * kCudaBlockTokens;
     return restore_open_page(cache_->view(layer), open > 0 ? sequences().blocks(sequence)[size_t(full)] : 0, open, into, layer);

@@ -5,6 +5,7 @@
 #include "backend/cuda/device_memory.h"
 #include "kv/cuda/quantized_kv_cache.h"
 #include "kv/cuda/zack_kv_cache.h"
+#include "kv/store.h"
 
 namespace slimkv::cuda {
 
@@ -37,7 +38,12 @@ Status GpuKvCache::export_pages(int, int, uint8_t*) const {
 Status GpuKvCache::import_pages(int, int, const uint8_t*, const KvStore&) {
   return error("this GPU KV cache has no device pages to fill (a host tier, pq or zack): its KV moves through host memory");
 }
-Status GpuKvCache::export_open_tokens(int, KvStore&) const {
+Status GpuKvCache::export_open_tokens(int sequence, KvStore& into) const {
+  into.clear();
+  for (int l = 0; l < into.shape().num_layers; ++l) SLIMKV_RETURN_IF_ERROR(restore_open_layer(sequence, l, into));
+  return Status::ok();
+}
+Status GpuKvCache::restore_open_layer(int, int, KvStore&) const {
   return error("this GPU KV cache has no device pages (a host tier, pq or zack): its KV moves through host memory");
 }
 

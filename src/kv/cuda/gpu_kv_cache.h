@@ -193,7 +193,9 @@ class GpuKvCache {
   // tokens after those blocks, fewer than a block per layer) appended. An error when the budget lacks room.
   virtual Status import_pages(int sequence, int blocks, const uint8_t* pages, const KvStore& open);
   // The sequence's tokens after its last full block into the cleared `into` (each layer's as open tokens).
-  virtual Status export_open_tokens(int sequence, KvStore& into) const;
+  Status export_open_tokens(int sequence, KvStore& into) const;
+  // export_open_tokens' part for one layer, by the caches with device pages.
+  virtual Status restore_open_layer(int sequence, int layer, KvStore& into) const;
 };
 
 // The cache for `options`. projection: the model's, for a tier that recomputes (kvpr); it must outlive

@@ -113,15 +113,9 @@ class GpuQuantizedKv final : public GpuKvCache {
     return append_rows(sequence, open, 0, open.num_tokens(0));
   }
 
-  Status export_open_tokens(int sequence, KvStore& into) const override {
-    into.clear();
-    for (int l = 0; l < shape_.num_layers; ++l) SLIMKV_RETURN_IF_ERROR(restore_open_layer(sequence, l, into));
-    return Status::ok();
-  }
-
  private:
   // The layer's tokens after the sequence's last full block (in the FP16 window), as `into`'s open tokens.
-  Status restore_open_layer(int sequence, int layer, KvStore& into) const {
+  Status restore_open_layer(int sequence, int layer, KvStore& into) const override {
     const int tokens = sequences().num_tokens(sequence), full = tokens / kCudaBlockTokens;
     const int open = tokens - full * kCudaBlockTokens;
     return restore_open_page(cache_->view(layer), open > 0 ? cache_->window_sequences().blocks(sequence)[size_t(full)] : 0,
