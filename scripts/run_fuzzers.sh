@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs fuzz targets from their seed corpora (fuzz/corpus/<name>/; new inputs kept in
-# BUILD_DIR/fuzz-work/<name>/), JOBS targets at a time, each for SECONDS, then prints a table of
+# Runs fuzz targets from their seed corpora (fuzz/corpus/<name>/, plus fuzz/corpus-packed/<name>.tar.xz where
+# a long run's grown inputs are kept compressed; new inputs kept in BUILD_DIR/fuzz-work/<name>/), JOBS targets at a time, each for SECONDS, then prints a table of
 # executions per target. Any crash, leak, timeout or sanitizer report fails the run; its log and
 # reproducer are left in BUILD_DIR/fuzz-work/.
 # Usage: run_fuzzers.sh BUILD_DIR [JOBS [SECONDS [TARGET[:WORKERS]...]]]
@@ -23,11 +23,18 @@ fi
 ((${#targets[@]})) || { echo "run_fuzzers: no fuzz targets"; exit 0; }
 
 run_one() {  # target workers: runs it, leaves its exit status in fuzz-work/<target>.rc
-  local t=$1 workers=$2 work=$build_dir/fuzz-work/$1 fork=()
+  local t=$1 workers=$2 work=$build_dir/fuzz-work/$1 fork=() corpora=("fuzz/corpus/$1")
   ((workers > 1)) && fork=(-fork="$workers")
   mkdir -p "$work"
+  # Thousands of small grown inputs are kept as one archive (they compress ~30x, and the tree travels to the
+  # GPU host under a size limit); unpacked beside the build once.
+  if [ -f "fuzz/corpus-packed/$t.tar.xz" ]; then
+    local packed=$build_dir/fuzz-packed
+    [ -d "$packed/$t" ] || { mkdir -p "$packed" && tar -xJf "fuzz/corpus-packed/$t.tar.xz" -C "$packed"; }
+    corpora+=("$packed/$t")
+  fi
   "$build_dir/$t" "${fork[@]}" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
-    -artifact_prefix="$work/" "$work" "fuzz/corpus/$t" >"$work.log" 2>&1
+    -artifact_prefix="$work/" "$work" "${corpora[@]}" >"$work.log" 2>&1
   echo $? >"$work.rc"
 }
 declare -A workers_of
