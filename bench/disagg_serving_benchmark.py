@@ -45,19 +45,24 @@ class Deployment:
         self.name = f"disagg {spec}" if disaggregated else f"colocated {spec}"
         common = [args.slimkv, "serve", "--model", args.model, "--kv", spec, "--host", "127.0.0.1", "--port", "0",
                   "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
-                  "--prefill-chunk-tokens", str(args.prefill_chunk_tokens)]
+                  "--prefill-chunk-tokens", str(args.prefill_chunk_tokens)] + args.serve_args.split()
+        # --two-gpus: the decode worker on the second GPU, listed first; every GPU stays visible to each
+        # worker, as NCCL needs. The colocated server and the prefill worker run on the first.
+        first_gpu = {"CUDA_VISIBLE_DEVICES": "0,1"} if args.two_gpus else None
+        second_gpu = {"CUDA_VISIBLE_DEVICES": "1,0"} if args.two_gpus else None
         self.processes = []
         if not disaggregated:
-            self.front = self.start(common + ["--threads", str(2 * args.threads)], "colocated")
+            self.front = self.start(common + ["--threads", str(2 * args.threads)], "colocated", first_gpu)
             return
         self.prefill = self.start(common + ["--threads", str(args.threads), "--role", "prefill",
-                                            "--kv-bandwidth-gbps", str(args.kv_bandwidth_gbps)], "prefill")
-        self.decode = self.start(common + ["--threads", str(args.threads), "--role", "decode", "--kv-port", "0"], "decode")
+                                            "--kv-bandwidth-gbps", str(args.kv_bandwidth_gbps)], "prefill", first_gpu)
+        self.decode = self.start(common + ["--threads", str(args.threads), "--role", "decode", "--kv-port", "0"], "decode",
+                                 second_gpu)
         self.front = self.start([args.slimkv, "router", "--port", "0", "--prefill", self.prefill.url,
                                  "--decode", self.decode.url, "--health-interval-s", "0.5"], "router")
 
-    def start(self, command, name):
-        process = Process(command, name=f"slimkv-{name}").__enter__()
+    def start(self, command, name, env=None):
+        process = Process(command, name=f"slimkv-{name}", env=env).__enter__()
         self.processes.append(process)
         return process
 
@@ -266,6 +271,9 @@ def main():
                         help="';'-separated KV specs of the disaggregated deployments; the first is the ratios' base")
     parser.add_argument("--colocated-spec", default="dense:dtype=f16")
     parser.add_argument("--kv-bandwidth-gbps", type=float, default=1.0)
+    parser.add_argument("--serve-args", default="", help="more options for every server, e.g. '--device cuda'")
+    parser.add_argument("--two-gpus", action="store_true",
+                        help="the decode workers on the second GPU (the KV then goes by NCCL where it can)")
     parser.add_argument("--rates", default="0.5,1,2", help="arrival rates, requests/s")
     parser.add_argument("--num-requests", type=int, default=24)
     parser.add_argument("--max-send-s", type=float, default=120, help="no arrivals after this")

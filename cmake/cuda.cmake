@@ -53,6 +53,16 @@ target_compile_options(slimkv_cuda_backend PRIVATE
   $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>
   $<$<AND:$<COMPILE_LANGUAGE:CUDA>,$<BOOL:${SLIMKV_WERROR}>>:-Werror=all-warnings>)
 target_link_libraries(slimkv_cuda_backend PUBLIC slimkv_core CUDA::cudart_static CUDA::cublas)
+# NCCL (the KV stream between GPUs: backend/cuda/nccl_link.h) is not a Debian package: its header where the
+# toolkit or the system has one; the library is opened at run time, so the plugin never requires it.
+find_path(SLIMKV_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} $ENV{NCCL_HOME}/include)
+if(SLIMKV_NCCL_INCLUDE_DIR)
+  message(STATUS "slimkv: NCCL header in ${SLIMKV_NCCL_INCLUDE_DIR}: the KV stream's NCCL path is built")
+  set_source_files_properties(${CMAKE_SOURCE_DIR}/src/backend/cuda/nccl_link.cc PROPERTIES
+                              COMPILE_DEFINITIONS SLIMKV_HAVE_NCCL_H INCLUDE_DIRECTORIES "${SLIMKV_NCCL_INCLUDE_DIR}")
+else()
+  message(STATUS "slimkv: no nccl.h found (set NCCL_HOME): the KV stream's NCCL path says so when asked for")
+endif()
 
 # The plugin and the engine's loader share a tag made once per build folder: the engine opens only the
 # plugin of its own build (they share C++ types by layout). Defined on these two files alone.

@@ -1,18 +1,23 @@
-// Disaggregated serving's KV transfer on one GPU (issues 23/24; docs/kv_stream_protocol.md): one
-// prompt's KV moved from a prefill process's GPU KV cache into a decode process's, per KV spec and
-// prompt length, by each transport:
-//   cuda_ipc   the KV stream's CUDA IPC path: sealed blocks device → device, never in host memory
+// Disaggregated serving's KV transfer (issues 23/24; docs/kv_stream_protocol.md): one prompt's KV moved
+// from a prefill process's GPU KV cache into a decode process's, per KV spec and prompt length, by each
+// transport:
+//   cuda_ipc   the KV stream's CUDA IPC path (one GPU): sealed blocks device → device, never in host memory
+//   nccl       the KV stream's NCCL path (--two-gpus: the decode process on the second GPU): sealed
+//              blocks sent GPU → GPU through the processes' NCCL link (NVLink where there is one)
+//   nccl@N     the same paced at N Gbit/s (a link of that speed)
 //   tcp        the KV stream over loopback TCP: exported to host memory, sent, received, imported
-//   tcp@N      the same through the stream's token bucket at N Gbit/s (a link of that speed)
+//   tcp@N      the same through the stream's token bucket at N Gbit/s
 // Each row: the KV's bytes, the time of each part — export (the GPU cache → what is sent), stream
 // (connecting to the receiver's DONE: the KV is in the decode process's memory), import (into its GPU
-// cache) — their sum, and the sum's ratio to cuda_ipc's (median of --repeats). The decode process is
-// this binary started again (--decode-side): CUDA IPC joins two processes, as the two workers are.
+// cache) — their sum, and the sum's ratio to the first transport's (median of --repeats). The decode
+// process is this binary started again (--decode-side): two processes, as the two workers are. The
+// NCCL link is joined by the first nccl transfer and kept (its join time is printed once).
 // The KV is random FP16 K/V of the model's shape, written through the cache's own append (sealing
 // included): a transfer does not depend on weights, so none are loaded. After every import the decode
 // side's KV must be the prefill side's: the CRC32C of their transfer bytes is compared.
 //   bench_kv_transport_cuda --shape llama3-8b --specs "dense;hack:bits=4;hack:bits=2,pi=64"
 //                           --prompt-tokens 16384,32768,65536 --transports cuda_ipc,tcp,tcp@100,tcp@10 --repeats 3
+//   bench_kv_transport_cuda --two-gpus --transports nccl,nccl@100,nccl@10,tcp ...
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -53,6 +58,7 @@ struct Options {
   std::vector<std::string> transports = {"cuda_ipc", "tcp", "tcp@100", "tcp@10"};
   int repeats = 3;
   int step_tokens = 4096;
+  bool two_gpus = false;  // the decode process on the second GPU
   // The decode side's.
   bool decode_side = false;
   std::string spec;
@@ -119,7 +125,8 @@ int run_decode_side(const Options& o, const ModelConfig& model) {
   Expected<Side> side = make_side(model, o.spec, context, o.step_tokens);
   if (failed(side.status())) return 1;
   auto receiver = KvStreamReceiver::start(side->identity, {.port = 0, .max_unclaimed_bytes = uint64_t(1) << 40,
-                                                           .max_tokens = context, .cuda_ipc_device = cuda_ipc_device_id()});
+                                                           .max_tokens = context, .cuda_ipc_device = cuda_ipc_device_id(),
+                                                           .nccl = nccl_available().is_ok()});
   if (failed(receiver.status())) return 1;
   std::printf("port %d\n", (*receiver)->port());
   std::fflush(stdout);
@@ -185,8 +192,17 @@ Expected<DecodeSide> start_decode_side(const Options& o, const std::string& spec
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // --two-gpus: the second GPU first for the decode process, the first still visible (NCCL reaches a GPU
+  // only through one the process sees).
+  std::string gpus = "CUDA_VISIBLE_DEVICES=1,0";
+  std::vector<char*> env;
+  if (o.two_gpus) env.push_back(gpus.data());
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (!o.two_gpus || std::strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) != 0) env.push_back(*e);
+  }
+  env.push_back(nullptr);
   DecodeSide side;
-  const int spawned = posix_spawn(&side.pid, argv[0], &actions, nullptr, argv.data(), environ);
+  const int spawned = posix_spawn(&side.pid, argv[0], &actions, nullptr, argv.data(), env.data());
   posix_spawn_file_actions_destroy(&actions);
   close(to_child[0]);
   close(from_child[1]);
@@ -219,29 +235,35 @@ double median(std::vector<double> values) {
 
 // One transfer of the sequence by `transport`; the decode side's import and CRC check.
 Status transfer_once(const Side& side, int sequence, const std::string& transport, int tokens, DecodeSide& decode,
-                     const std::string& id, uint32_t want_crc, Timing& timing, uint64_t& moved_bytes) {
+                     NcclLinks& links, const std::string& id, uint32_t want_crc, Timing& timing, uint64_t& moved_bytes) {
   const std::string address = "127.0.0.1:" + std::to_string(decode.port);
   std::vector<int32_t> prompt(size_t(tokens), 1);
   const KvStreamRequest request{.request_id = id, .attempt = 0, .prompt_token_ids = prompt, .resume_token_ids = {},
                                 .next_token = 1, .endpoint = "/v1/completions", .request = nlohmann::json::object()};
   Clock::time_point start = Clock::now();
-  if (transport == "cuda_ipc") {
+  double gbps = 0;
+  const bool nccl = transport == "nccl" || std::sscanf(transport.c_str(), "nccl@%lf", &gbps) == 1;
+  if (transport == "cuda_ipc" || nccl) {
     auto kv = std::make_shared<DeviceKvTransfer>();
     SLIMKV_RETURN_IF_ERROR(export_to_device(*side.cache, sequence, side.context, *kv));
     timing.export_s = seconds_since(start);
     moved_bytes = kv->pages_bytes() + kv->open.size();
     start = Clock::now();
     bool refused = false;
-    SLIMKV_ASSIGN_OR_RETURN(auto sender, KvStreamSender::open(address, side.identity, id, 0,
-                                                              {.cuda_ipc_device = cuda_ipc_device_id()}, &refused));
-    if (!sender->cuda_ipc()) return error("the decode side did not accept CUDA IPC");
+    const bool joined = links.size() > 0;
+    KvStreamSendOptions options{.bandwidth_gbps = gbps};
+    if (nccl) options.nccl_links = &links;
+    else options.cuda_ipc_device = cuda_ipc_device_id();
+    SLIMKV_ASSIGN_OR_RETURN(auto sender, KvStreamSender::open(address, side.identity, id, 0, options, &refused));
+    if (nccl && !sender->nccl()) return error("the decode side did not accept NCCL (is it on another GPU, with NCCL?)");
+    if (!nccl && !sender->cuda_ipc()) return error("the decode side did not accept CUDA IPC (is it on this GPU?)");
+    if (nccl && !joined) std::printf("(NCCL link joined in %.1f ms)\n", seconds_since(start) * 1e3);
     SLIMKV_RETURN_IF_ERROR(sender->send_device(std::move(kv)));
     SLIMKV_RETURN_IF_ERROR(sender->finish(request));
     timing.stream_s = seconds_since(start);
   } else {
-    double gbps = 0;
     if (transport != "tcp" && std::sscanf(transport.c_str(), "tcp@%lf", &gbps) != 1) {
-      return error("--transports: '", transport, "' is not cuda_ipc, tcp or tcp@GBPS");
+      return error("--transports: '", transport, "' is not cuda_ipc, nccl, nccl@GBPS, tcp or tcp@GBPS");
     }
     std::vector<uint8_t> transfer;
     SLIMKV_RETURN_IF_ERROR(export_transfer(*side.cache, sequence, side.context, transfer));
@@ -272,26 +294,27 @@ int run_prefill_side(const Options& o, const ModelConfig& model) {
               "import: into its GPU cache. Median of %d.\n\n",
               o.shape.c_str(), int(model.num_layers), int(model.num_kv_heads), int(model.head_dim), o.repeats);
   std::printf("%-32s %7s %-9s %10s %10s %10s %10s %10s %8s %9s\n", "spec", "tokens", "transport", "KV MB", "export ms",
-              "stream ms", "import ms", "total ms", "GB/s", "vs ipc");
+              "stream ms", "import ms", "total ms", "GB/s", ("vs " + o.transports.front()).c_str());
   int serial = 0;
   for (const std::string& spec : o.specs) {
     Expected<Side> side = make_side(model, spec, context, o.step_tokens);
     if (failed(side.status())) return 1;
     Expected<DecodeSide> decode = start_decode_side(o, spec);
     if (failed(decode.status())) return 1;
+    NcclLinks links;  // to this decode process
     for (const int tokens : o.prompt_tokens) {
       Expected<int> sequence = fill_sequence(*side->cache, model, tokens, o.step_tokens);
       if (failed(sequence.status())) return 1;
       Expected<uint32_t> want = kv_crc(*side, *sequence);
       if (failed(want.status())) return 1;
-      double ipc_total = 0;
+      double base_total = 0;
       for (const std::string& transport : o.transports) {
         std::vector<double> exports, streams, imports, totals;
         uint64_t moved = 0;
         for (int r = 0; r < o.repeats; ++r) {
           Timing timing;
-          const Status done = transfer_once(*side, *sequence, transport, tokens, *decode, "t" + std::to_string(serial++),
-                                            *want, timing, moved);
+          const Status done = transfer_once(*side, *sequence, transport, tokens, *decode, links,
+                                            "t" + std::to_string(serial++), *want, timing, moved);
           if (failed(done)) return 1;
           exports.push_back(timing.export_s);
           streams.push_back(timing.stream_s);
@@ -299,11 +322,11 @@ int run_prefill_side(const Options& o, const ModelConfig& model) {
           totals.push_back(timing.total());
         }
         const double total = median(totals);
-        if (transport == "cuda_ipc") ipc_total = total;
+        if (base_total == 0) base_total = total;
         std::printf("%-32s %7d %-9s %10.1f %10.2f %10.2f %10.2f %10.2f %8.2f %8.2fx\n",
                     side->context.pipeline.describe().c_str(), tokens, transport.c_str(), double(moved) / 1e6,
                     median(exports) * 1e3, median(streams) * 1e3, median(imports) * 1e3, total * 1e3,
-                    double(moved) / median(streams) / 1e9, ipc_total > 0 ? total / ipc_total : 0.0);
+                    double(moved) / median(streams) / 1e9, total / base_total);
         std::fflush(stdout);
       }
       side->cache->remove_sequence(*sequence);
@@ -321,13 +344,15 @@ int run_prefill_side(const Options& o, const ModelConfig& model) {
 
 int main(int argc, char** argv) {
   using namespace slimkv::cuda;
-  CLI::App app("KV transfer between a prefill and a decode process of one GPU: CUDA IPC vs TCP (capped or not)");
+  CLI::App app("KV transfer between a prefill and a decode process: CUDA IPC (one GPU) or NCCL (two GPUs) vs TCP (capped or not)");
   Options o;
   app.add_option("--shape", o.shape, "model shape: llama3-8b, llama2-7b")->capture_default_str();
   app.add_option("--specs", o.specs, "KV specs, ';'-separated")->delimiter(';');
   app.add_option("--prompt-tokens", o.prompt_tokens, "prompt lengths, ','-separated")->delimiter(',');
-  app.add_option("--transports", o.transports, "cuda_ipc, tcp, tcp@GBPS, ','-separated (the first cuda_ipc is the ratios' base)")
+  app.add_option("--transports", o.transports,
+                 "cuda_ipc, nccl, nccl@GBPS, tcp, tcp@GBPS, ','-separated (the first is the ratios' base)")
       ->delimiter(',');
+  app.add_flag("--two-gpus", o.two_gpus, "the decode process on the second GPU (for nccl; cuda_ipc needs one GPU)");
   app.add_option("--repeats", o.repeats, "transfers per row (the median is printed)")->check(CLI::Range(1, 100));
   app.add_option("--step-tokens", o.step_tokens, "tokens appended per step while filling")->check(CLI::Range(64, 1 << 16));
   app.add_flag("--decode-side", o.decode_side, "(internal) run as the decode process");

@@ -30,7 +30,8 @@ struct ServerConfig {
   int kv_port = -1;              // decode: the KV stream's port; -1: the HTTP port + 1; 0: any free port
   double kv_bandwidth_gbps = 0;  // prefill: token-bucket cap on the KV stream it sends (Gbit/s); 0: none
   // "auto": CUDA IPC between a prefill and a decode worker on one GPU (docs/kv_stream_protocol.md,
-  // "CUDA IPC") when the prefill worker has no bandwidth cap, else TCP; "tcp": always TCP.
+  // "CUDA IPC") when the prefill worker has no bandwidth cap; NCCL between workers on two GPUs when both
+  // can ("NCCL", paced by the cap); else TCP. "tcp": always TCP.
   std::string kv_transport = "auto";
   // decode: KV streams received whole but not yet claimed by their request hold at most this many bytes
   // (the oldest are dropped, counted in /metrics); each is also dropped after 120 s.

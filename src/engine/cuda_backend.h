@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "backend/cuda/ipc_memory.h"
+#include "backend/cuda/nccl_link.h"
 #include "engine/device_model.h"
 
 namespace slimkv {
@@ -26,6 +27,13 @@ struct CudaPlugin {
   decltype(&cuda::current_device_uuid) current_device_uuid;
   decltype(&cuda::ipc_handle_of) ipc_handle_of;
   decltype(&cuda::copy_from_ipc_handle) copy_from_ipc_handle;
+  // NCCL links between processes on two GPUs (backend/cuda/nccl_link.h): the KV stream's other device path.
+  decltype(&cuda::nccl_available) nccl_available;
+  decltype(&cuda::nccl_new_id) nccl_new_id;
+  decltype(&cuda::nccl_connect) nccl_connect;
+  decltype(&cuda::nccl_send) nccl_send;
+  decltype(&cuda::nccl_receive) nccl_receive;
+  decltype(&cuda::nccl_link_broken) nccl_link_broken;
 };
 
 inline constexpr const char* kCudaPluginFile = "libslimkv_cuda.so";

@@ -88,6 +88,8 @@ struct Disaggregation {
   KvStreamReceiver* receiver = nullptr;  // decode: where streams arrive
   std::string kv_address;               // decode: the receiver's host:port, as /health gives it
   std::string cuda_ipc_device;          // this worker's GPU when its KV may move by CUDA IPC; else ""
+  bool nccl = false;                    // whether its KV may move by NCCL (to or from another GPU)
+  std::shared_ptr<NcclLinks> nccl_links;  // prefill: its links to decode workers on other GPUs
 };
 
 // The endpoints, with what they share: the scheduler once loaded, the served model's limits.
@@ -303,7 +305,9 @@ class HttpApi {
     const std::string ipc_device = config_.kv_bandwidth_gbps > 0 ? "" : disaggregation_.cuda_ipc_device;
     Expected<std::unique_ptr<KvStreamSender>> sender =
         KvStreamSender::open(ask.decode_kv_address, disaggregation_.identity, ask.request_id, ask.attempt,
-                             {.bandwidth_gbps = config_.kv_bandwidth_gbps, .cuda_ipc_device = ipc_device}, &refused);
+                             {.bandwidth_gbps = config_.kv_bandwidth_gbps, .cuda_ipc_device = ipc_device,
+                              .nccl_links = disaggregation_.nccl_links.get()},
+                             &refused);
     if (!sender) {
       return send_error(response, refused ? ApiError::kv_refused(sender.status().message())
                                           : ApiError::kv_transfer_failed(sender.status().message()));
@@ -311,10 +315,10 @@ class HttpApi {
     auto updates = std::make_shared<UpdateQueue>();
     auto in_flight = std::shared_ptr<void>(nullptr, [this](void*) { --in_flight_; });
     ++in_flight_;
-    const bool cuda_ipc = (*sender)->cuda_ipc();
+    const bool on_device = (*sender)->kv_on_device();
     SubmitOptions options{.resume = std::nullopt, .forced_tokens = resume,
                           .stream_kv = [updates](KvTransferPiece piece) { updates->push_piece(std::move(piece)); },
-                          .stream_kv_on_device = cuda_ipc};
+                          .stream_kv_on_device = on_device};
     Expected<RequestId> id = scheduler_.load()->submit(
         generation, [updates](const RequestUpdate& update) { updates->push(update); }, std::move(options));
     if (!id) {
@@ -323,9 +327,9 @@ class HttpApi {
     }
     // Each piece goes out as it comes, while the scheduler computes the next layers (and, for a prompt
     // longer than a step, the next chunks); the token's update comes after the last piece. Over CUDA IPC
-    // the KV is one piece after the step.
+    // or NCCL the KV is one piece after the step.
     const int num_layers = disaggregation_.identity.num_layers;
-    const int expected_pieces = cuda_ipc ? 1 : num_layers + 1;
+    const int expected_pieces = on_device ? 1 : num_layers + 1;
     int pieces = 0;  // the head and the layers' final pieces
     Status sent;
     RequestUpdate last;
@@ -347,7 +351,7 @@ class HttpApi {
     }
     if (pieces != expected_pieces) {
       return send_error(response, ApiError::internal(str_cat("the prefill produced ", pieces, " pieces of the KV, expected ",
-                                                             expected_pieces, cuda_ipc ? " (CUDA IPC)" : "")));
+                                                             expected_pieces, " (", (*sender)->transport(), ")")));
     }
     const KvStreamRequest stream_request{.request_id = ask.request_id, .attempt = ask.attempt, .prompt_token_ids = prompt,
                                          .resume_token_ids = resume, .next_token = last.token_ids.front(),
@@ -356,7 +360,7 @@ class HttpApi {
     if (!sent.is_ok()) return send_error(response, ApiError::kv_transfer_failed(sent.message()));
     const json answer = {{"request_id", ask.request_id}, {"prompt_tokens", prompt.size() + resume.size()},
                          {"kv_bytes", (*sender)->bytes_sent()},
-                         {"kv_transport", cuda_ipc ? "cuda_ipc" : "tcp"},
+                         {"kv_transport", (*sender)->transport()},
                          {"transfer_seconds", std::chrono::duration<double>(Clock::now() - start.value_or(Clock::now())).count()},
                          {"next_token", stream_request.next_token}};
     response.set_content(answer.dump(), "application/json");
@@ -584,7 +588,13 @@ Status run_server(const EngineConfig& engine_config, const SchedulerConfig& sche
       return identity.status();
     }
     disaggregation.identity = *identity;
-    if (config.kv_transport == "auto" && (*engine)->exports_kv_to_device()) disaggregation.cuda_ipc_device = cuda_ipc_device_id();
+    if (config.kv_transport == "auto" && (*engine)->exports_kv_to_device()) {
+      disaggregation.cuda_ipc_device = cuda_ipc_device_id();
+      const Status nccl = nccl_available();
+      disaggregation.nccl = nccl.is_ok();
+      if (!disaggregation.nccl) std::fprintf(stderr, "slimkv serve: KV between GPUs goes over TCP: %s\n", nccl.message().c_str());
+      if (disaggregation.nccl && config.role == "prefill") disaggregation.nccl_links = std::make_shared<NcclLinks>();
+    }
   }
   if (config.role == "decode") {
     const int kv_port = config.kv_port < 0 ? port + 1 : config.kv_port;
@@ -592,7 +602,8 @@ Status run_server(const EngineConfig& engine_config, const SchedulerConfig& sche
         KvStreamReceiver::start(disaggregation.identity, {.host = config.host, .port = kv_port,
                                                           .max_unclaimed_bytes = config.kv_unclaimed_bytes,
                                                           .max_tokens = (*engine)->context_tokens(),
-                                                          .cuda_ipc_device = disaggregation.cuda_ipc_device});
+                                                          .cuda_ipc_device = disaggregation.cuda_ipc_device,
+                                                          .nccl = disaggregation.nccl});
     if (!started) {
       stop_listening();
       return started.status().with_context("--kv-port");

@@ -47,7 +47,7 @@ CommandRunner add_serve_command(CLI::App& app) {
       ->check(CLI::Range(0.0, 1e6))->capture_default_str();
   command->add_option("--kv-transport", options->server.kv_transport,
                       "prefill/decode: auto (CUDA IPC when both workers are on one GPU and no --kv-bandwidth-gbps is set, "
-                      "else TCP) or tcp")
+                      "NCCL when they are on two GPUs and both have NCCL, else TCP) or tcp")
       ->check(CLI::IsMember({"auto", "tcp"}))->capture_default_str();
   command->add_option("--kv-unclaimed-bytes", options->server.kv_unclaimed_bytes,
                       "decode: bytes of received KV streams waiting for their request, at most (the oldest are dropped)")

@@ -122,6 +122,11 @@ std::string cuda_ipc_device_id() {
   return uuid ? *uuid : std::string();
 }
 
+Status nccl_available() {
+  SLIMKV_ASSIGN_OR_RETURN(const CudaPlugin* plugin, cuda_plugin());
+  return plugin->nccl_available();
+}
+
 uint64_t ReceivedKv::kv_bytes() const {
   return transfer.size() + (device_kv ? device_kv->open.size() + device_kv->pages_bytes() : 0);
 }
@@ -235,6 +240,15 @@ Expected<std::unique_ptr<KvStreamSender>> KvStreamSender::open(const std::string
                      {"attempt", attempt},
                      {"identity", kv_identity_json(identity)}};
   if (!options.cuda_ipc_device.empty()) hello_body["cuda_ipc"] = {{"device", options.cuda_ipc_device}};
+  // NCCL: the link kept for this receiver, or a new one (the receiver makes its id, which comes back in
+  // ACCEPT). Held through the handshake, so that one new link is joined once.
+  std::shared_ptr<NcclPeerLink> nccl;
+  std::unique_lock<std::mutex> nccl_hold;
+  if (options.nccl_links != nullptr) {
+    nccl = options.nccl_links->get_or_add(address);
+    nccl_hold = std::unique_lock(nccl->in_use);
+    hello_body["nccl"] = nccl->link ? json{{"link", hex_of(nccl->id)}} : json{{"new", true}};
+  }
   const std::string hello = hello_body.dump();
   const std::span<const uint8_t> parts[] = {bytes_of(hello)};
   SLIMKV_RETURN_IF_ERROR(sender->send(KvFrameType::kHello, parts));
@@ -245,7 +259,36 @@ Expected<std::unique_ptr<KvStreamSender>> KvStreamSender::open(const std::string
   SLIMKV_RETURN_IF_ERROR(check_frame_type(*answer, KvFrameType::kAccept, where));
   SLIMKV_ASSIGN_OR_RETURN(const json accept, parse_json_payload(*answer, 0, where));
   sender->cuda_ipc_ = !options.cuda_ipc_device.empty() && accept.contains("cuda_ipc") && accept["cuda_ipc"] == true;
+  if (nccl) SLIMKV_RETURN_IF_ERROR(sender->take_nccl_answer(accept.value("nccl", json()), address, std::move(nccl)));
   return sender;
+}
+
+Status KvStreamSender::take_nccl_answer(const json& answer, const std::string& address, std::shared_ptr<NcclPeerLink> nccl) {
+  cuda::NcclId id{};
+  const bool accepted = !cuda_ipc_ && answer.is_object() && answer.contains("link") && answer["link"].is_string() &&
+                        bytes_of_hex(answer["link"].get<std::string>(), id);
+  if (!accepted) {
+    // The receiver cannot (no NCCL there, or the same GPU: CUDA IPC) or no longer knows the link (it
+    // restarted): TCP now, and a new link next time.
+    if (nccl->link) options_.nccl_links->forget(address, nccl);
+    return Status::ok();
+  }
+  if (!nccl->link) {
+    SLIMKV_ASSIGN_OR_RETURN(const CudaPlugin* plugin, cuda_plugin());
+    Expected<std::shared_ptr<cuda::NcclLink>> joined = plugin->nccl_connect(id, 1, options_.io_timeout);
+    if (!joined) {
+      options_.nccl_links->forget(address, nccl);
+      return joined.status().with_context(str_cat("KV stream to ", address));
+    }
+    nccl->id = id;
+    nccl->link = joined.take();
+  } else if (id != nccl->id) {
+    options_.nccl_links->forget(address, nccl);
+    return error("KV stream to ", address, ": the receiver accepted NCCL link ", hex_of(id), ", not the one offered");
+  }
+  address_ = address;
+  nccl_link_ = std::move(nccl);
+  return Status::ok();
 }
 
 std::vector<uint8_t> KvStreamSender::without_first_blocks(std::span<const uint8_t> blocks, int skip) const {
@@ -307,8 +350,11 @@ Status KvStreamSender::send_layer(int layer, int first_block, std::span<const ui
 }
 
 Status KvStreamSender::send_device(std::shared_ptr<const DeviceKvTransfer> kv) {
-  if (!cuda_ipc_) return error("KV stream to ", connection_.peer(), ": KV in GPU memory, but the receiver did not accept CUDA IPC");
+  if (!kv_on_device()) {
+    return error("KV stream to ", connection_.peer(), ": KV in GPU memory, but the receiver accepted neither CUDA IPC nor NCCL");
+  }
   SLIMKV_ASSIGN_OR_RETURN(const CudaPlugin* plugin, cuda_plugin());
+  if (nccl()) return send_over_nccl(*plugin, std::move(kv));
   SLIMKV_ASSIGN_OR_RETURN(const auto handle, plugin->ipc_handle_of(kv->pages.get()));
   const std::string header = json{{"num_layers", kv->num_layers},
                                   {"sealed_blocks", kv->sealed_blocks},
@@ -322,6 +368,36 @@ Status KvStreamSender::send_device(std::shared_ptr<const DeviceKvTransfer> kv) {
   return Status::ok();
 }
 
+Status KvStreamSender::send_over_nccl(const CudaPlugin& plugin, std::shared_ptr<const DeviceKvTransfer> kv) {
+  // One stream at a time on the link, until the receiver's answer (NCCL pairs sends and receives in
+  // the order they are issued).
+  nccl_hold_ = std::unique_lock(nccl_link_->in_use);
+  const std::string where = str_cat("KV stream to ", connection_.peer(), " over NCCL");
+  if (!nccl_link_->link || plugin.nccl_link_broken(*nccl_link_->link)) {
+    options_.nccl_links->forget(address_, nccl_link_);
+    return error(where, ": the link failed in another stream");
+  }
+  // A capped link goes in pieces, each paced as TCP's frames are.
+  const uint64_t piece_bytes = bucket_.capped() ? uint64_t(16) << 20 : 0;
+  const std::string header = json{{"num_layers", kv->num_layers},
+                                  {"sealed_blocks", kv->sealed_blocks},
+                                  {"page_bytes", kv->page_bytes},
+                                  {"nccl_piece_bytes", piece_bytes}}.dump();
+  const std::array<uint8_t, 4> header_bytes = {uint8_t(header.size()), uint8_t(header.size() >> 8),
+                                               uint8_t(header.size() >> 16), uint8_t(header.size() >> 24)};
+  const std::span<const uint8_t> parts[] = {header_bytes, bytes_of(header), kv->open};
+  SLIMKV_RETURN_IF_ERROR(send(KvFrameType::kKvDevice, parts));
+  const Status sent = plugin.nccl_send(*nccl_link_->link, kv->pages.get(), kv->pages_bytes(), piece_bytes,
+                                       [this](uint64_t bytes) { bucket_.take(size_t(bytes)); }, options_.io_timeout);
+  if (!sent.is_ok()) {
+    if (plugin.nccl_link_broken(*nccl_link_->link)) options_.nccl_links->forget(address_, nccl_link_);
+    return sent.with_context(where);
+  }
+  bytes_sent_ += kv->pages_bytes();
+  device_kv_ = std::move(kv);
+  return Status::ok();
+}
+
 Status KvStreamSender::send_piece(const KvTransferPiece& piece) {
   if (piece.device) return send_device(piece.device);
   const std::span<const uint8_t> bytes(piece.bytes);
@@ -332,7 +408,7 @@ Status KvStreamSender::send_piece(const KvTransferPiece& piece) {
 
 Status KvStreamSender::finish(const KvStreamRequest& request) {
   for (const std::vector<uint8_t>& open : open_parts_) crc_ = crc32c(open.data(), open.size(), crc_);
-  // Over CUDA IPC the trailer is zeros: the open tokens' transfer carries its own.
+  // Over a device path (CUDA IPC, NCCL) the trailer is zeros: the open tokens' transfer carries its own.
   std::array<uint8_t, kKvTransferTrailerBytes> transfer_trailer{};
   if (!device_kv_) transfer_trailer = kv_transfer_trailer(crc_);
   const std::string body = json{{"prompt_token_ids", request.prompt_token_ids},
@@ -342,9 +418,11 @@ Status KvStreamSender::finish(const KvStreamRequest& request) {
                                 {"request", request.request}}.dump(-1, ' ', false, json::error_handler_t::replace);
   const std::span<const uint8_t> parts[] = {transfer_trailer, bytes_of(body)};
   SLIMKV_RETURN_IF_ERROR(send(KvFrameType::kFinish, parts));
-  return expect_frame(connection_, KvFrameType::kDone, SteadyClock::now() + options_.io_timeout,
-                      str_cat("KV stream to ", connection_.peer()))
-      .status();
+  const Status done = expect_frame(connection_, KvFrameType::kDone, SteadyClock::now() + options_.io_timeout,
+                                   str_cat("KV stream to ", connection_.peer()))
+                          .status();
+  if (nccl_hold_.owns_lock()) nccl_hold_.unlock();  // the receiver has its blocks: the link is free
+  return done;
 }
 
 Status KvStreamSender::send_transfer(std::span<const uint8_t> transfer, const KvStreamRequest& request) {
@@ -569,12 +647,28 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
   const json offer = hello.value("cuda_ipc", json());
   const bool cuda_ipc = !options_.cuda_ipc_device.empty() && offer.is_object() && offer.contains("device") &&
                         offer["device"] == options_.cuda_ipc_device;
-  const std::string accept = json{{"identity", kv_identity_json(identity_)}, {"cuda_ipc", cuda_ipc}}.dump();
+  // Else NCCL when the sender offers it (a GPU of its own) and this worker can.
+  json nccl_answer = false;
+  bool join = false;
+  const std::shared_ptr<NcclPeerLink> nccl = cuda_ipc ? nullptr : take_nccl_offer(hello.value("nccl", json()), nccl_answer, join);
+  const std::string accept =
+      json{{"identity", kv_identity_json(identity_)}, {"cuda_ipc", cuda_ipc}, {"nccl", nccl_answer}}.dump();
   const std::span<const uint8_t> accept_parts[] = {bytes_of(accept)};
   SLIMKV_RETURN_IF_ERROR(write_kv_frame(connection, KvFrameType::kAccept, accept_parts, nullptr, deadline()));
-  if (cuda_ipc) {
+  if (join) {
+    // A new link: the sender joins it as soon as it reads the ACCEPT.
+    std::lock_guard hold(nccl->in_use);
+    SLIMKV_ASSIGN_OR_RETURN(const CudaPlugin* plugin, cuda_plugin());
+    Expected<std::shared_ptr<cuda::NcclLink>> joined = plugin->nccl_connect(nccl->id, 0, options_.io_timeout);
+    if (!joined) {
+      nccl_links_.forget(hex_of(nccl->id), nccl);
+      return joined.status().with_context(where);
+    }
+    nccl->link = joined.take();
+  }
+  if (cuda_ipc || nccl) {
     received.wire_bytes += kKvFrameHeaderBytes + hello_frame.payload.size();
-    SLIMKV_ASSIGN_OR_RETURN(const int held, receive_device(connection, received, where));
+    SLIMKV_ASSIGN_OR_RETURN(const int held, receive_device(connection, received, where, nccl));
     std::array<uint8_t, kKvTransferTrailerBytes> trailer{};
     SLIMKV_RETURN_IF_ERROR(receive_finish(connection, received, trailer.data(), where));
     if (trailer != std::array<uint8_t, kKvTransferTrailerBytes>{}) {
@@ -707,7 +801,32 @@ Status KvStreamReceiver::receive_finish(TcpConnection& connection, ReceivedKv& r
   return Status::ok();
 }
 
-Expected<int> KvStreamReceiver::receive_device(TcpConnection& connection, ReceivedKv& received, const std::string& where) {
+std::shared_ptr<NcclPeerLink> KvStreamReceiver::take_nccl_offer(const json& offer, json& answer, bool& join) {
+  if (!options_.nccl || !offer.is_object()) return nullptr;
+  Expected<const CudaPlugin*> plugin = cuda_plugin();
+  if (!plugin) return nullptr;
+  if (offer.contains("new") && offer["new"] == true) {
+    // This side makes the id: rank 0 waits for the sender from now on, and the sender joins once it
+    // reads the id in ACCEPT.
+    Expected<cuda::NcclId> id = (*plugin)->nccl_new_id();
+    if (!id) return nullptr;
+    std::shared_ptr<NcclPeerLink> link = nccl_links_.get_or_add(hex_of(*id));
+    link->id = *id;
+    answer = {{"link", hex_of(*id)}};
+    join = true;
+    return link;
+  }
+  if (!offer.contains("link") || !offer["link"].is_string()) return nullptr;
+  std::shared_ptr<NcclPeerLink> link = nccl_links_.find(offer["link"].get<std::string>());
+  if (!link) return nullptr;
+  std::lock_guard hold(link->in_use);
+  if (!link->link || (*plugin)->nccl_link_broken(*link->link)) return nullptr;
+  answer = {{"link", hex_of(link->id)}};
+  return link;
+}
+
+Expected<int> KvStreamReceiver::receive_device(TcpConnection& connection, ReceivedKv& received, const std::string& where,
+                                               const std::shared_ptr<NcclPeerLink>& nccl) {
   // The sender prefills between the handshake and this frame: the head's longer wait.
   SLIMKV_ASSIGN_OR_RETURN(const KvFrame frame, expect_frame(connection, KvFrameType::kKvDevice,
                                                             SteadyClock::now() + options_.head_timeout, where));
@@ -734,7 +853,10 @@ Expected<int> KvStreamReceiver::receive_device(TcpConnection& connection, Receiv
                  options_.max_tokens, " tokens), pages of ", expected_page_bytes, " bytes");
   }
   std::array<uint8_t, 64> handle{};
-  if (!header.contains("handle") || !header["handle"].is_string() || !bytes_of_hex(header["handle"].get<std::string>(), handle)) {
+  const int64_t piece_bytes = count("nccl_piece_bytes");
+  if (nccl && piece_bytes < 0) return error(where, ": KV_DEVICE over NCCL must give nccl_piece_bytes (a byte count, 0: one piece)");
+  if (!nccl && (!header.contains("handle") || !header["handle"].is_string() ||
+                !bytes_of_hex(header["handle"].get<std::string>(), handle))) {
     return error(where, ": KV_DEVICE's handle must be ", 2 * handle.size(), " hex digits");
   }
   auto kv = std::make_shared<DeviceKvTransfer>();
@@ -754,7 +876,17 @@ Expected<int> KvStreamReceiver::receive_device(TcpConnection& connection, Receiv
     }
   }
   SLIMKV_ASSIGN_OR_RETURN(const CudaPlugin* plugin, cuda_plugin());
-  SLIMKV_ASSIGN_OR_RETURN(kv->pages, plugin->copy_from_ipc_handle(handle, kv->pages_bytes()));
+  if (nccl) {
+    std::lock_guard hold(nccl->in_use);
+    Expected<std::shared_ptr<void>> pages = plugin->nccl_receive(*nccl->link, kv->pages_bytes(), uint64_t(piece_bytes), options_.io_timeout);
+    if (!pages) {
+      if (plugin->nccl_link_broken(*nccl->link)) nccl_links_.forget(hex_of(nccl->id), nccl);
+      return pages.status().with_context(where);
+    }
+    kv->pages = pages.take();
+  } else {
+    SLIMKV_ASSIGN_OR_RETURN(kv->pages, plugin->copy_from_ipc_handle(handle, kv->pages_bytes()));
+  }
   received.device_kv = std::move(kv);
   return int(blocks) * identity_.block_tokens + open.layer_tokens.at(0);
 }

@@ -22,6 +22,11 @@
 // frame: a cudaIpcMemHandle of the sender's copy of the sealed blocks (in GPU memory), which the
 // receiver copies device to device into its own memory, and the few open tokens as a transfer of
 // their own. Everything else (handshake, refusals, FINISH, DONE/FAILED) is unchanged.
+//
+// NCCL (workers on two GPUs of one host): a sender that offers it in HELLO and a receiver that accepts
+// it in ACCEPT join (or reuse) an NCCL link between the two processes (transfer/nccl_links.h); KV_DEVICE
+// then announces the sealed blocks, which follow through the link from the sender's GPU memory into
+// the receiver's, never through host memory. The rest is as for CUDA IPC.
 #pragma once
 
 #include <chrono>
@@ -40,10 +45,13 @@
 #include "slimkv/engine.h"
 #include "slimkv/status.h"
 #include "transfer/kv_frame.h"
+#include "transfer/nccl_links.h"
 #include "transfer/tcp_connection.h"
 #include "transfer/token_bucket.h"
 
 namespace slimkv {
+
+struct CudaPlugin;
 
 inline constexpr uint32_t kKvStreamVersion = 2;  // this protocol's version (HELLO's stream_version)
 
@@ -89,6 +97,10 @@ struct KvStreamSendOptions {
   // cuda_ipc_device_id() of a sender whose KV is in GPU memory: offers the CUDA IPC path (used when the
   // receiver is on the same GPU); "": the KV goes over TCP.
   std::string cuda_ipc_device{};
+  // The sender's NCCL links (by the receiver's address) when its KV is in GPU memory: offers the NCCL
+  // path (used when the receiver takes it and CUDA IPC is not taken); nullptr: not offered. Over NCCL
+  // the KV is paced by bandwidth_gbps as over TCP.
+  NcclLinks* nccl_links = nullptr;
   std::chrono::milliseconds connect_timeout{5000};
   std::chrono::milliseconds io_timeout{30000};  // per frame, and for the receiver's answers
 };
@@ -111,11 +123,16 @@ class KvStreamSender {
   Status send_head(std::span<const uint8_t> head);
   // The layer's sealed blocks from `first_block` on (skipping, as send_blocks, those sent), then its open tokens.
   Status send_layer(int layer, int first_block, std::span<const uint8_t> sealed, std::span<const uint8_t> open);
-  // The whole KV in GPU memory (CUDA IPC; only when cuda_ipc()): its sealed blocks stay where they
-  // are, shared by a handle, and `kv` is kept alive until finish() has the receiver's answer.
+  // The whole KV in GPU memory (only when kv_on_device()). Over CUDA IPC its sealed blocks stay where
+  // they are, shared by a handle, and `kv` is kept alive until finish() has the receiver's answer; over
+  // NCCL they are sent through the link before this returns, which the stream holds until finish().
   Status send_device(std::shared_ptr<const DeviceKvTransfer> kv);
-  // Whether the receiver accepted the CUDA IPC path: send the KV by send_device, not in pieces.
+  // Whether the receiver accepted the CUDA IPC path, or the NCCL path: then send the KV by send_device,
+  // not in pieces.
   bool cuda_ipc() const { return cuda_ipc_; }
+  bool nccl() const { return nccl_link_ != nullptr; }
+  bool kv_on_device() const { return cuda_ipc() || nccl(); }
+  const char* transport() const { return cuda_ipc() ? "cuda_ipc" : nccl() ? "nccl" : "tcp"; }
   // One piece as an engine hands it out (Engine::stream_sealed_kv, stream_kv_in_next_step): the head,
   // a layer's early blocks, a layer's rest, or (device) the whole KV in GPU memory.
   Status send_piece(const KvTransferPiece& piece);
@@ -128,6 +145,10 @@ class KvStreamSender {
 
  private:
   KvStreamSender(TcpConnection connection, const KvStreamIdentity& identity, const KvStreamSendOptions& options);
+  // ACCEPT's "nccl" for the link offered in HELLO (`nccl`, held by the caller): joins a new link, or
+  // forgets one the receiver no longer has (that stream goes over TCP).
+  Status take_nccl_answer(const nlohmann::json& answer, const std::string& address, std::shared_ptr<NcclPeerLink> nccl);
+  Status send_over_nccl(const CudaPlugin& plugin, std::shared_ptr<const DeviceKvTransfer> kv);
   Status send(KvFrameType type, std::span<const std::span<const uint8_t>> parts);
   // `blocks` (every head's, head by head) less the first `skip` of each head's.
   std::vector<uint8_t> without_first_blocks(std::span<const uint8_t> blocks, int skip) const;
@@ -136,6 +157,11 @@ class KvStreamSender {
   KvStreamSendOptions options_;
   bool cuda_ipc_ = false;
   std::shared_ptr<const DeviceKvTransfer> device_kv_;  // send_device's, until the receiver's answer
+  // The NCCL link the receiver accepted (kept in options_.nccl_links under address_), held by
+  // send_device until finish() has the receiver's answer.
+  std::string address_;
+  std::shared_ptr<NcclPeerLink> nccl_link_;
+  std::unique_lock<std::mutex> nccl_hold_;
   TokenBucket bucket_;
   uint64_t bytes_sent_ = 0;
   // The transfer's CRC so far (the head, then each layer's sealed blocks), and the open tokens of every
@@ -189,7 +215,13 @@ struct KvStreamReceiverOptions {
   // cuda_ipc_device_id() of a receiver whose KV lives in GPU memory: accepts the CUDA IPC path from a
   // sender on the same GPU; "": every stream comes over TCP.
   std::string cuda_ipc_device{};
+  // Accepts the NCCL path (its KV lives in GPU memory and NCCL can be used here: nccl_available()).
+  bool nccl = false;
 };
+
+// Whether this process can make NCCL links (a build with NCCL's header, the CUDA plugin, libnccl.so.2);
+// the error says what is missing.
+Status nccl_available();
 
 // Listens for streams on a thread of its own, one thread per connection; completed streams wait in a
 // mailbox, by request id, for the request that claims them.
@@ -219,9 +251,14 @@ class KvStreamReceiver {
   void receive(TcpConnection connection);
   // Receives one stream; `serial` is set (> 0) once it holds the slot of its request id.
   Status receive_stream(TcpConnection& connection, ReceivedKv& received, uint64_t& serial);
-  // After an ACCEPT of the CUDA IPC path: the KV_DEVICE frame, its blocks copied out of the sender's
-  // memory; the tokens per layer it holds.
-  Expected<int> receive_device(TcpConnection& connection, ReceivedKv& received, const std::string& where);
+  // What HELLO offers of the NCCL path, taken: the link (joined) to receive over, nullptr when not
+  // taken; `answer` is ACCEPT's "nccl" (false, or the link's id). `join` is set when the link must be
+  // joined after the ACCEPT (it is new).
+  std::shared_ptr<NcclPeerLink> take_nccl_offer(const nlohmann::json& offer, nlohmann::json& answer, bool& join);
+  // After an ACCEPT of a device path: the KV_DEVICE frame, its blocks copied out of the sender's memory
+  // (CUDA IPC) or received through `nccl`; the tokens per layer it holds.
+  Expected<int> receive_device(TcpConnection& connection, ReceivedKv& received, const std::string& where,
+                               const std::shared_ptr<NcclPeerLink>& nccl);
   // The stream's FINISH: the transfer's trailer (into `trailer`) and the request.
   Status receive_finish(TcpConnection& connection, ReceivedKv& received, uint8_t* trailer, const std::string& where);
   void drop_stale_locked();
@@ -234,6 +271,7 @@ class KvStreamReceiver {
   int port_ = 0;
   std::atomic<bool> stopping_{false};
   std::thread acceptor_;
+  NcclLinks nccl_links_;  // by link id (hex)
 
   struct Slot {
     uint64_t serial = 0;         // the latest stream whose HELLO arrived for the id

@@ -1,10 +1,11 @@
-// The KV stream's CUDA IPC path (transfer/kv_stream.h, docs/kv_stream_protocol.md "CUDA IPC") between
-// two processes of one GPU, as a prefill and a decode worker use it. This process is the decode side:
-// it starts a copy of this test binary as the prefill side (KvIpcSender.*, which runs only when started
-// so), which prefills a prompt, sends its KV by CUDA IPC (one KV_DEVICE frame: the sealed blocks stay
-// in GPU memory) and then writes its export_kv bytes and the logits of one more decode step. The
-// decode side imports what arrived device to device into its paged cache; its export_kv bytes and
-// its logits of the same step must equal the prefill side's, bit for bit.
+// The KV stream's device paths (transfer/kv_stream.h, docs/kv_stream_protocol.md "CUDA IPC" and "NCCL")
+// between two processes, as a prefill and a decode worker use them: CUDA IPC on one GPU, NCCL between
+// two GPUs (the prefill side then runs on the second GPU). This process is the decode side: it starts a
+// copy of this test binary as the prefill side (KvIpcSender.*, which runs only when started so), which
+// prefills a prompt, sends its KV by the device path (one KV_DEVICE frame; the sealed blocks never pass
+// through host memory) and then writes its export_kv bytes and the logits of one more decode step. The
+// decode side imports what arrived device to device into its paged cache; its export_kv bytes and its
+// logits of the same step must equal the prefill side's, bit for bit.
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -65,12 +66,18 @@ TEST(KvIpcSender, SendsAPrefilledPromptByCudaIpc) {
   if (address == nullptr) GTEST_SKIP() << "the prefill process of KvIpcTest (started by it)";
   const std::string kv = std::getenv("SLIMKV_KV_IPC_KV"), out = std::getenv("SLIMKV_KV_IPC_OUT");
   const std::vector<int32_t> prompt = prompt_of(std::atoi(std::getenv("SLIMKV_KV_IPC_TOKENS")));
+  const bool nccl = std::getenv("SLIMKV_KV_IPC_NCCL") != nullptr;
   std::unique_ptr<Engine> engine = load(kv);
   const KvStreamIdentity identity = take(engine_kv_identity(*engine));
   bool refused = false;
-  std::unique_ptr<KvStreamSender> sender =
-      take(KvStreamSender::open(address, identity, kRequestId, 0, {.cuda_ipc_device = cuda_ipc_device_id()}, &refused));
-  ASSERT_TRUE(sender->cuda_ipc()) << "the decode side, on this GPU, did not accept CUDA IPC";
+  NcclLinks links;
+  std::unique_ptr<KvStreamSender> sender = take(KvStreamSender::open(
+      address, identity, kRequestId, 0, {.cuda_ipc_device = cuda_ipc_device_id(), .nccl_links = &links}, &refused));
+  if (nccl) {
+    ASSERT_TRUE(sender->nccl()) << "the decode side, on another GPU, did not accept NCCL";
+  } else {
+    ASSERT_TRUE(sender->cuda_ipc()) << "the decode side, on this GPU, did not accept CUDA IPC";
+  }
 
   const SequenceId sequence = take(engine->add_sequence());
   std::shared_ptr<const DeviceKvTransfer> device;
@@ -92,6 +99,7 @@ TEST(KvIpcSender, SendsAPrefilledPromptByCudaIpc) {
 struct IpcCase {
   std::string kv;
   int prompt_tokens;  // 200: 3 sealed blocks + 8 open tokens; 128: blocks only; 5: open tokens only
+  bool nccl = false;  // the prefill side on the second GPU: NCCL instead of CUDA IPC
 };
 
 class KvIpcTest : public CudaTest, public ::testing::WithParamInterface<IpcCase> {};
@@ -100,9 +108,13 @@ class KvIpcTest : public CudaTest, public ::testing::WithParamInterface<IpcCase>
 int run_prefill_side(const IpcCase& c, const std::string& address, const std::string& out) {
   std::vector<std::string> env_strings = {"SLIMKV_KV_IPC_ADDRESS=" + address, "SLIMKV_KV_IPC_KV=" + c.kv,
                                           "SLIMKV_KV_IPC_TOKENS=" + std::to_string(c.prompt_tokens), "SLIMKV_KV_IPC_OUT=" + out};
+  // NCCL: the second GPU first, the first still visible (NCCL reaches a GPU only through one it sees).
+  if (c.nccl) env_strings.insert(env_strings.end(), {"SLIMKV_KV_IPC_NCCL=1", "CUDA_VISIBLE_DEVICES=1,0"});
   std::vector<char*> env;
   for (std::string& e : env_strings) env.push_back(e.data());
-  for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (!c.nccl || std::strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) != 0) env.push_back(*e);
+  }
   env.push_back(nullptr);
   std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   std::string filter = "--gtest_filter=KvIpcSender.SendsAPrefilledPromptByCudaIpc";
@@ -119,9 +131,13 @@ TEST_P(KvIpcTest, TheDecodeSideHoldsThePrefillSidesKvBitForBit) {
   SCOPED_TRACE(str_cat("kv ", c.kv, ", ", c.prompt_tokens, " prompt tokens"));
   const std::string ipc_device = cuda_ipc_device_id();
   ASSERT_FALSE(ipc_device.empty());
+  if (c.nccl) {
+    if (const Status nccl = nccl_available(); !nccl.is_ok()) GTEST_SKIP() << nccl.message();
+    if (device_count() < 2) GTEST_SKIP() << "NCCL between two GPUs: this machine has " << device_count();
+  }
   std::unique_ptr<Engine> engine = load(c.kv);
-  std::unique_ptr<KvStreamReceiver> receiver =
-      take(KvStreamReceiver::start(take(engine_kv_identity(*engine)), {.port = 0, .cuda_ipc_device = ipc_device}));
+  std::unique_ptr<KvStreamReceiver> receiver = take(KvStreamReceiver::start(
+      take(engine_kv_identity(*engine)), {.port = 0, .cuda_ipc_device = ipc_device, .nccl = c.nccl}));
   const std::string out = ::testing::TempDir() + "/kv_ipc_" + std::to_string(getpid());
   std::filesystem::create_directories(out);
 
@@ -130,7 +146,7 @@ TEST_P(KvIpcTest, TheDecodeSideHoldsThePrefillSidesKvBitForBit) {
   ASSERT_EQ(exit_status, 0) << "the prefill side failed (its output is above)";
   Expected<ReceivedKv> received = receiver->wait_for(kRequestId, std::chrono::seconds(10));
   ASSERT_TRUE(received.has_value()) << received.status().message();
-  ASSERT_TRUE(received->device_kv) << "the KV came over TCP, not CUDA IPC";
+  ASSERT_TRUE(received->device_kv) << "the KV came over TCP, not " << (c.nccl ? "NCCL" : "CUDA IPC");
   EXPECT_TRUE(received->transfer.empty());
   EXPECT_EQ(received->device_kv->sealed_blocks, c.prompt_tokens / 64);
   // Over TCP a sealed block crosses the socket; here only the open tokens and the frames do.
@@ -154,9 +170,13 @@ TEST_P(KvIpcTest, TheDecodeSideHoldsThePrefillSidesKvBitForBit) {
 INSTANTIATE_TEST_SUITE_P(Specs, KvIpcTest,
                          ::testing::Values(IpcCase{"dense", 200}, IpcCase{"dense", 128}, IpcCase{"dense", 5},
                                            IpcCase{"hack:bits=4", 200}, IpcCase{"hack:bits=2,pi=64", 200},
-                                           IpcCase{"hack:bits=2,pi=64", 128}, IpcCase{"hack:bits=2,pi=64", 5}),
+                                           IpcCase{"hack:bits=2,pi=64", 128}, IpcCase{"hack:bits=2,pi=64", 5},
+                                           IpcCase{"dense", 200, true}, IpcCase{"dense", 5, true},
+                                           IpcCase{"hack:bits=4", 200, true}, IpcCase{"hack:bits=2,pi=64", 200, true},
+                                           IpcCase{"hack:bits=2,pi=64", 128, true}),
                          [](const ::testing::TestParamInfo<IpcCase>& info) {
-                           std::string name = info.param.kv + "_" + std::to_string(info.param.prompt_tokens);
+                           std::string name = info.param.kv + "_" + std::to_string(info.param.prompt_tokens) +
+                                              (info.param.nccl ? "_nccl" : "");
                            std::replace_if(name.begin(), name.end(), [](char ch) { return !std::isalnum(ch); }, '_');
                            return name;
                          });

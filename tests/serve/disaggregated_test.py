@@ -10,7 +10,9 @@ comes is a 504.
 Usage: disaggregated_test.py SLIMKV_BINARY SOURCE_DIR [SERVE_ARGS...]
 SERVE_ARGS go to every server, e.g. `--device cuda` (both workers on one GPU: the KV moves by CUDA IPC,
 which the prefill worker's answer must say) or `--device cuda --kv-transport tcp`; `--model DIR` among
-them replaces the bundled model."""
+them replaces the bundled model; `--two-gpus` (not passed on) runs the decode worker on the second GPU
+(its CUDA_VISIBLE_DEVICES lists that GPU first, the other still visible, as NCCL needs): the KV moves
+by NCCL unless told tcp."""
 import os
 import sys
 import threading
@@ -25,9 +27,17 @@ if "--model" in EXTRA:  # another model than the bundled one (the GPU run's Llam
     at = EXTRA.index("--model")
     MODEL = EXTRA[at + 1]
     del EXTRA[at:at + 2]
-# The transport the prefill workers must report: CUDA IPC between two workers of one GPU unless told tcp.
+TWO_GPUS = "--two-gpus" in EXTRA
+if TWO_GPUS:
+    EXTRA.remove("--two-gpus")
+# Every GPU of the host stays visible to each worker (NCCL reaches the other GPU only through a GPU it
+# sees); the decode worker's comes first, so it is the one that worker runs on.
+PREFILL_ENV = {"CUDA_VISIBLE_DEVICES": "0,1"} if TWO_GPUS else None
+DECODE_ENV = {"CUDA_VISIBLE_DEVICES": "1,0"} if TWO_GPUS else None
+# The transport the prefill workers must report: CUDA IPC between two workers of one GPU, NCCL between
+# two GPUs, unless told tcp.
 ON_GPU = "cuda" in EXTRA and EXTRA[EXTRA.index("cuda") - 1] == "--device"
-WANT_TRANSPORT = "cuda_ipc" if ON_GPU and "tcp" not in EXTRA else "tcp"
+WANT_TRANSPORT = ("nccl" if TWO_GPUS else "cuda_ipc") if ON_GPU and "tcp" not in EXTRA else "tcp"
 PROMPTS = [
     "The history of the river begins in the mountains, where",
     # Long enough for sealed blocks (64 tokens) and an open block in every layer.
@@ -75,8 +85,8 @@ def check_spec(spec, failures):
     # 64-token steps: the long prompt is prefilled in chunks, whose sealed blocks travel while the next
     # chunks compute (KV_BLOCKS frames), as a long prompt's do at the default 512.
     args = ["--kv", spec, "--prefill-chunk-tokens", "64"] + EXTRA
-    with Server(SLIMKV, MODEL, args) as both, Server(SLIMKV, MODEL, args + ["--role", "prefill"]) as prefill, \
-            Server(SLIMKV, MODEL, args + ["--role", "decode", "--kv-port", "0"]) as decode:
+    with Server(SLIMKV, MODEL, args) as both, Server(SLIMKV, MODEL, args + ["--role", "prefill"], env=PREFILL_ENV) as prefill, \
+            Server(SLIMKV, MODEL, args + ["--role", "decode", "--kv-port", "0"], env=DECODE_ENV) as decode:
         health = decode.get("/health")[2]
         assert health["role"] == "decode" and health["status"] == "ok", health
         assert prefill.get("/health")[2]["role"] == "prefill"
@@ -130,8 +140,9 @@ def check_spec(spec, failures):
 
 
 def check_mismatch(failures):
-    with Server(SLIMKV, MODEL, ["--kv", "dense", "--role", "prefill"] + EXTRA) as prefill, \
-            Server(SLIMKV, MODEL, ["--kv", "hack:bits=2,pi=64", "--role", "decode", "--kv-port", "0"] + EXTRA) as decode:
+    with Server(SLIMKV, MODEL, ["--kv", "dense", "--role", "prefill"] + EXTRA, env=PREFILL_ENV) as prefill, \
+            Server(SLIMKV, MODEL, ["--kv", "hack:bits=2,pi=64", "--role", "decode", "--kv-port", "0"] + EXTRA,
+                   env=DECODE_ENV) as decode:
         p_spec, d_spec = prefill.get("/health")[2]["kv_spec"], decode.get("/health")[2]["kv_spec"]
         body = {"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0}
         status, events, (p_status, _, p_answer) = disaggregated(prefill, decode, body, timeout_s=2)

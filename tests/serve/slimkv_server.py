@@ -16,8 +16,9 @@ class Process:
     so the kernel picks a free one: no race with other tests); ready once GET `health_path` answers 200.
     `with Process([...]) as server:` runs it for the block; the HTTP helpers below talk to it."""
 
-    def __init__(self, command, host="127.0.0.1", ready_timeout_s=120, health_path="/health", name=None):
+    def __init__(self, command, host="127.0.0.1", ready_timeout_s=120, health_path="/health", name=None, env=None):
         self.command, self.host, self.health_path = list(command), host, health_path
+        self.env = None if env is None else dict(os.environ, **env)  # variables set for this process only
         self.name = name or os.path.basename(self.command[0])
         self.ready_timeout_s = ready_timeout_s
         self.process = None
@@ -26,7 +27,7 @@ class Process:
 
     def __enter__(self):
         self.log = tempfile.NamedTemporaryFile(prefix=f"{self.name}-", suffix=".log", delete=False)
-        self.process = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.time() + self.ready_timeout_s
         while self.port is None:
             if self.process.poll() is not None:
@@ -130,10 +131,10 @@ class Process:
 class Server(Process):
     """`with Server(slimkv, model, ["--kv", "dense"]) as server:` runs one `slimkv serve` for the block."""
 
-    def __init__(self, slimkv, model, args=(), host="127.0.0.1", ready_timeout_s=120):
+    def __init__(self, slimkv, model, args=(), host="127.0.0.1", ready_timeout_s=120, env=None):
         self.slimkv, self.model, self.args = slimkv, model, list(args)
         super().__init__([slimkv, "serve", "--model", model, "--host", host, "--port", "0", "--threads", "2"] + self.args,
-                         host=host, ready_timeout_s=ready_timeout_s, name="slimkv-serve")
+                         host=host, ready_timeout_s=ready_timeout_s, name="slimkv-serve", env=env)
 
 
 def stream_text(events):

@@ -447,6 +447,51 @@ TEST(KvStream, CudaIpcIsAcceptedOnlyForTheReceiversOwnGpu) {
   EXPECT_FALSE(accepted("GPU-1234", ""));
 }
 
+// NCCL is offered by a sender with links and taken only by a receiver that accepts it (a decode worker
+// with its KV in GPU memory and NCCL): to one that does not, the stream goes over TCP, unchanged, and no
+// link is joined; the next stream offers a new link again.
+TEST(KvStream, NcclOfferedToAReceiverWithoutItFallsBackToTcp) {
+  Prefilled p = prefill("dense", 70);
+  NcclLinks links;
+  auto receiver = KvStreamReceiver::start(p.identity, {.port = 0});
+  const std::string address = loopback((*receiver)->port());
+  for (const char* id : {"nccl-1", "nccl-2"}) {
+    bool refused = false;
+    auto sender = KvStreamSender::open(address, p.identity, id, 0, {.nccl_links = &links}, &refused);
+    ASSERT_TRUE(sender) << sender.status().message();
+    EXPECT_FALSE((*sender)->nccl());
+    EXPECT_STREQ((*sender)->transport(), "tcp");
+    ASSERT_NE(links.find(address), nullptr);
+    EXPECT_EQ(links.find(address)->link, nullptr);  // never joined
+    const Status sent = (*sender)->send_transfer(p.transfer, request_for(p, id));
+    EXPECT_TRUE(sent) << sent.message();
+    Expected<ReceivedKv> got = (*receiver)->wait_for(id, 5s);
+    EXPECT_TRUE(got && got->transfer == p.transfer && !got->device_kv);
+  }
+}
+
+// The links kept are bounded: beyond the bound the least recently used idle one goes; one in use stays.
+TEST(NcclLinks, TheLeastRecentlyUsedIdleLinkGoesBeyondTheBound) {
+  NcclLinks links(2);
+  const auto a = links.get_or_add("a");
+  std::unique_lock a_in_use(a->in_use);
+  links.get_or_add("b");
+  links.get_or_add("c");  // a is in use: b, the next least recent, goes
+  EXPECT_EQ(links.size(), 2u);
+  EXPECT_EQ(links.find("a"), a);
+  EXPECT_EQ(links.find("b"), nullptr);
+  a_in_use.unlock();
+  links.find("c");        // c more recent than a
+  links.get_or_add("d");  // a goes now
+  EXPECT_EQ(links.find("a"), nullptr);
+  EXPECT_NE(links.find("c"), nullptr);
+  EXPECT_NE(links.find("d"), nullptr);
+  links.forget("d", links.find("c"));  // another key's link: nothing goes
+  EXPECT_EQ(links.size(), 2u);
+  links.forget("d", links.find("d"));
+  EXPECT_EQ(links.size(), 1u);
+}
+
 // KV in GPU memory is the GPU's: a CPU engine says so instead of handing out anything.
 TEST(KvStream, KvInGpuMemoryIsRefusedOnTheCpu) {
   Prefilled p = prefill("dense", 10);

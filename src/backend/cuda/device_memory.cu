@@ -8,6 +8,15 @@ namespace {
 __global__ void device_usable_probe() {}
 }  // namespace
 
+int device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
 Status device_usable() {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);

@@ -14,6 +14,9 @@ namespace slimkv::cuda {
 // device, a device older than the build's architectures), for `--device cuda` and for test skips.
 Status device_usable();
 
+// The number of CUDA devices this process sees (0 when none or no driver).
+int device_count();
+
 // The number of streaming multiprocessors of the current device (sizes split-K grids).
 int multiprocessor_count();
 
