@@ -101,21 +101,38 @@ SLIMKV_AMX_TARGET void split_row(const float* x, int64_t i, AmxActivations& a) {
   }
 }
 
-// The weight panel as the tile products read it: for each 32-deep step, two B tiles (rows 0-15, 16-31),
+// One 32-deep step of the weight panel as the tile products read it: two B tiles (rows 0-15, 16-31),
 // each 16 depth pairs x 16 rows x 2 BF16 (the pair interleaving of TDPBF16PS):
-// panel[((step * 2 + r / 16) * 16 + pair) * 32 + (r % 16) * 2 + k % 2] = w[row0 + r, col0 + step * 32 + 2 * pair + k % 2],
-// zeros for rows past `valid` and columns past cols.
+// tiles[(r / 16) * 512 + pair * 32 + (r % 16) * 2 + k % 2] = w[r, 2 * pair + k % 2], w: the panel's first
+// row at the step's first column; zeros for rows past `valid` and columns past `present`.
+SLIMKV_AMX_TARGET void pack_step(const uint16_t* w, int64_t cols, int64_t valid, int64_t present, uint16_t* tiles) {
+  if (valid == kBlock && present == kTileDepth) {
+    // A tile row is one pair from each of 16 rows: a gather (the 16x16 transposition of 32-bit pairs).
+    const __m512i row_bytes = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                 _mm512_set1_epi32(int32_t(cols * 2)));
+    for (int64_t half = 0; half < 2; ++half) {
+      for (int64_t pair = 0; pair < 16; ++pair) {
+        const uint16_t* first = w + half * 16 * cols + 2 * pair;
+        _mm512_store_si512(tiles + half * 512 + pair * 32,
+                           _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), __mmask16(0xffff), row_bytes, first, 1));
+      }
+    }
+    return;
+  }
+  for (int64_t r = 0; r < kBlock; ++r) {
+    for (int64_t k = 0; k < kTileDepth; ++k) {
+      tiles[(r / 16) * 512 + (k / 2) * 32 + (r % 16) * 2 + k % 2] = r < valid && k < present ? w[r * cols + k] : 0;
+    }
+  }
+}
+
+// The panel of rows [row0, row0 + valid) (valid ≤ 32) over depth [col0, col0 + depth): pack_step per step.
 void pack_panel(const uint16_t* w, int64_t cols, int64_t row0, int64_t valid, int64_t col0, int64_t depth,
                 uint16_t* panel) {
-  for (int64_t r = 0; r < kBlock; ++r) {
-    const int64_t present = r < valid ? std::clamp<int64_t>(cols - col0, 0, depth) : 0;
-    const uint16_t* row = r < valid ? w + (row0 + r) * cols + col0 : w;
-    uint16_t* out = panel + (r / 16) * 512 + (r % 16) * 2;
-    for (int64_t k = 0; k < depth; k += 2) {
-      uint16_t* pair = out + (k / kTileDepth) * 1024 + (k % kTileDepth / 2) * 32;
-      pair[0] = k < present ? row[k] : 0;
-      pair[1] = k + 1 < present ? row[k + 1] : 0;
-    }
+  for (int64_t k = 0; k < depth; k += kTileDepth) {
+    const int64_t present = std::clamp<int64_t>(cols - col0 - k, 0, kTileDepth);
+    const uint16_t* first = w + row0 * cols + std::min(col0 + k, cols);
+    pack_step(first, cols, valid, present, panel + k / kTileDepth * 1024);
   }
 }
 
