@@ -4,7 +4,7 @@
 // The tile unit takes BF16 on both sides. The weights are BF16 already (exact); the FP32 activations are
 // split into two BF16 parts, x = hi + lo (16 significant bits: relative error ≤ 2^-17 where FP32 has
 // 2^-24), and both parts are multiplied: twice the tile work for logits that stay within the FP32 parity
-// bounds. (Rounding x to one BF16, as llama.cpp rounds it to F16, would move logits by ~2^-9 relative.)
+// bounds. (Rounding x to one BF16, as llama.cpp rounds it to F16, would err by up to 2^-9 per activation.)
 // Products are exact in FP32 and summed in FP32, 32 depth steps per tile product.
 #pragma once
 
