@@ -3,7 +3,9 @@
 //   bench_kernels [--threads N] [--contexts 1024,4096,...] [--layouts]
 // Attention: decode (one query token) and prefill with the Llama-3-8B shape (32 query / 8 KV heads,
 // d = 128) over the paged store: dense FP32 and FP16, quant and hack 2-bit, and the FP64 reference. GEMM: y = x·Wᵀ for F32 and
-// BF16 weights, BLAS (+ widening) against the FP64 triple loop (at sizes where that finishes).
+// BF16 weights, BLAS (+ widening) against the FP64 triple loop (at sizes where that finishes). Prefill
+// GEMM (--prefill-gemm): the Llama-3-8B projections for 512 tokens, BF16 weights, one thread, the
+// portable FP32 panel kernel against the AMX tile kernel (where the CPU has it), alternating.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -15,7 +17,9 @@
 
 #include "attention/cpu/hack_block_attention.h"
 #include "attention/reference.h"
+#include "backend/cpu/amx_gemm.h"
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/panel_gemm.h"
 #include "benchmark_runner.h"
 #include "kv/store_attention.h"
 #include "slimkv/status.h"
@@ -164,6 +168,43 @@ void bench_gemm(ThreadPool& pool) {
   }
 }
 
+// One thread, whole matrices: panel_gemm (BF16 widened to FP32, FMAs) and the AMX tiles (split
+// activations included in its time), each run `rounds` times in turn so that drift hits both alike.
+void bench_prefill_gemm(int rounds) {
+  std::printf("\n== prefill GEMM, BF16 weights, 512 inputs, one thread (Llama-3-8B projections) ==\n");
+  if (!amx_bf16_available()) std::printf("(no AMX-BF16 here: the panel kernel only)\n");
+  std::printf("%6s %6s %6s %6s %12s %10s %12s %10s %8s\n", "round", "n", "rows", "cols", "panel ms", "GFLOP/s",
+              "amx ms", "GFLOP/s", "speedup");
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal;
+  const int n = 512;
+  struct Shape {
+    int rows, cols;
+  };
+  for (const Shape shape : {Shape{4096, 4096}, Shape{14336, 4096}, Shape{4096, 14336}}) {
+    std::vector<float> x(size_t(n) * shape.cols);
+    for (float& e : x) e = normal(rng);
+    std::vector<uint16_t> w(size_t(shape.rows) * shape.cols);
+    for (uint16_t& e : w) e = float_to_bf16(normal(rng));
+    std::vector<float> y(size_t(n) * shape.rows);
+    const double flops = 2.0 * n * shape.rows * shape.cols;
+    AmxActivations split;
+    for (int round = 1; round <= rounds; ++round) {
+      const std::string name = str_cat(n, "x", shape.rows, "x", shape.cols);
+      const double panel_ms = measure_ms("panel/" + name, [&] {
+        panel_gemm(x.data(), n, w.data(), DType::kBF16, shape.rows, shape.cols, 0, shape.rows, y.data());
+      }, 0.2);
+      const double amx_ms = !amx_bf16_available() ? NAN : measure_ms("amx/" + name, [&] {
+        amx_prepare(n, shape.cols, split);
+        amx_split_rows(x.data(), 0, n, split);
+        amx_gemm_bf16(split, w.data(), shape.rows, 0, shape.rows, y.data());
+      }, 0.2);
+      std::printf("%6d %6d %6d %6d %12.1f %10.1f %12.1f %10.1f %7.2fx\n", round, n, shape.rows, shape.cols, panel_ms,
+                  flops / (panel_ms * 1e6), amx_ms, flops / (amx_ms * 1e6), panel_ms / amx_ms);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace slimkv
 
@@ -177,7 +218,13 @@ int main(int argc, char** argv) {
   app.add_option("--prefill", prefill_tokens, "prompt length for prefill attention (0: skip)")->capture_default_str();
   bool layouts_only = false;
   app.add_flag("--layouts", layouts_only, "only decode attention by K/V scale layout (issue 28)");
+  int prefill_gemm_rounds = 0;
+  app.add_option("--prefill-gemm", prefill_gemm_rounds, "only the prefill GEMM kernels, this many alternating rounds");
   CLI11_PARSE(app, argc, argv);
+  if (prefill_gemm_rounds > 0) {
+    slimkv::bench_prefill_gemm(prefill_gemm_rounds);
+    return 0;
+  }
   slimkv::ThreadPool pool(threads);
   if (layouts_only) {
     slimkv::bench_layouts(contexts, pool);

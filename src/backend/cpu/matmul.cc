@@ -6,6 +6,7 @@
 #include <mutex>
 #include <vector>
 
+#include "backend/cpu/amx_gemm.h"
 #include "backend/cpu/dequantize.h"
 #include "backend/cpu/panel_gemm.h"
 #include "backend/cpu/vec_ops.h"
@@ -30,9 +31,18 @@ const uint8_t* row_pointer(const WeightMatrix& w, int64_t row) {
   return static_cast<const uint8_t*>(w.data) + size_t(row) * weight_row_bytes(w);
 }
 
-// y[:, row0 : row0 + rows] for all n inputs, on the calling thread.
-void matmul_rows(const float* x, int64_t n, const WeightMatrix& w, int64_t row0, int64_t rows, float* y) {
-  if (w.quant != BlockQuant::kNone && n <= kMatVecMaxInputs) {
+// BF16 weights for many inputs go to the AMX tiles where the CPU has them (amx_gemm.h).
+bool takes_amx(const WeightMatrix& w, int64_t n) {
+  return n > kMatVecMaxInputs && w.quant == BlockQuant::kNone && w.dtype == DType::kBF16 && amx_bf16_available();
+}
+
+// y[:, row0 : row0 + rows] for all n inputs, on the calling thread; amx: x split for the tiles when
+// takes_amx(w, n).
+void matmul_rows(const float* x, int64_t n, const WeightMatrix& w, int64_t row0, int64_t rows, float* y,
+                 const AmxActivations& amx) {
+  if (takes_amx(w, n)) {
+    amx_gemm_bf16(amx, static_cast<const uint16_t*>(w.data), w.rows, row0, row0 + rows, y);
+  } else if (w.quant != BlockQuant::kNone && n <= kMatVecMaxInputs) {
     matvec_quantized(x, n, w.data, w.quant, w.rows, w.cols, row0, row0 + rows, y);
   } else if (w.quant != BlockQuant::kNone) {
     thread_local std::vector<float> widened;  // this thread's chunk of dequantized rows
@@ -95,13 +105,23 @@ void matmul_shared_input(const float* x, int64_t n, std::span<const MatmulProduc
     tasks += count;
   }
   const std::vector<Split>& split = splits;  // the caller's: a worker's thread_local is another vector
+  // The products share x: split it for the tiles once, a block of inputs per task.
+  thread_local AmxActivations amx_inputs;
+  AmxActivations& amx = amx_inputs;  // the caller's, as above
+  if (std::any_of(products.begin(), products.end(), [&](const MatmulProduct& p) { return takes_amx(*p.w, n); })) {
+    amx_prepare(n, products[0].w->cols, amx);
+    constexpr int64_t kInputsPerTask = 32;
+    pool.run((n + kInputsPerTask - 1) / kInputsPerTask, [&](int64_t task, int) {
+      amx_split_rows(x, task * kInputsPerTask, std::min(n, (task + 1) * kInputsPerTask), amx);
+    });
+  }
   pool.run(tasks, [&](int64_t task, int) {
     size_t m = 0;
     while (m + 1 < split.size() && split[m + 1].first_task <= task) ++m;
     const WeightMatrix& w = *products[m].w;
     const int64_t row0 = (task - split[m].first_task) * split[m].rows_per_task;
     const int64_t rows = std::min(split[m].rows_per_task, w.rows - row0);
-    if (rows > 0) matmul_rows(x, n, w, row0, rows, products[m].y);
+    if (rows > 0) matmul_rows(x, n, w, row0, rows, products[m].y, amx);
   });
 }
 

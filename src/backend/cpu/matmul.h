@@ -2,8 +2,9 @@
 // or BF16, or in ggml's quantized blocks (GGUF files: Q8_0, Q4_0, Q4_K, Q6_K), memory-mapped. The output rows are split into tasks on the thread pool:
 //  - few inputs (decode): half-precision weights are multiplied in place, widened in registers
 //    (memory-bound: each weight is read once); F32 weights go to BLAS;
-//  - many inputs (prefill): half-precision rows are widened to FP32 a cache-sized chunk at a time and
-//    multiplied by BLAS, so a BF16 model never needs an FP32 copy of itself.
+//  - many inputs (prefill): half-precision rows are widened to FP32 a panel at a time (panel_gemm.h), so
+//    a BF16 model never needs an FP32 copy of itself; BF16 weights go to the AMX tiles where the CPU
+//    has them (amx_gemm.h: the activations split into two BF16 parts, FP32-close results).
 // Quantized weights take the same two paths, each row dequantized where the half-precision ones are
 // widened (backend/cpu/dequantize.h): a Q4_K model stays Q4_K in memory.
 // BLAS runs single-threaded inside the tasks: all parallelism goes through the pool.
