@@ -42,6 +42,12 @@ bool avx512_bf16_available() {
   return available;
 }
 
+bool avx512_bf16_beats_fp32() {
+  unsigned max_leaf, vendor[3];
+  __cpuid(0, max_leaf, vendor[0], vendor[2], vendor[1]);  // the vendor string is in ebx, edx, ecx
+  return std::memcmp(vendor, "AuthenticAMD", 12) == 0;
+}
+
 SLIMKV_AVX512_BF16_TARGET void avx512_bf16_block_product(const uint16_t* x, const uint16_t* panel, int64_t steps,
                                                          bool accumulate, float* c, int64_t c_stride) {
   constexpr int64_t kTile = 16 * kBf16StepDepth;  // BF16 of one A or B tile
@@ -81,6 +87,7 @@ SLIMKV_AVX512_BF16_TARGET void avx512_bf16_block_product(const uint16_t* x, cons
 #else  // not x86-64 Linux: avx512_bf16_available() is false and nothing else may be called
 
 bool avx512_bf16_available() { return false; }
+bool avx512_bf16_beats_fp32() { return false; }
 void avx512_bf16_block_product(const uint16_t*, const uint16_t*, int64_t, bool, float*, int64_t) { std::abort(); }
 
 #endif

@@ -19,6 +19,13 @@ namespace slimkv {
 // True when the CPU has AVX-512 F, BW, DQ, VL and BF16 and the OS saves the AVX-512 registers.
 bool avx512_bf16_available();
 
+// True where this tier is the faster prefill path: AMD CPUs. There vdpbf16ps issues as often as an FP32 FMA
+// of the same width (bf16 x bf16 -> f32 at twice the f32 rate on Zen 4: IREE's mmt4d, iree-org/iree#15089),
+// so the two BF16 parts cost what FP32 FMAs cost, without widening weights or reading them twice as wide.
+// On Intel's AVX-512 BF16 CPUs it issues a quarter as often as an FMA (this project's Xeon: 1.37 G
+// vdpbf16ps/s vs 5.5 G vfmadd231ps/s, zmm, one core): the tier ran at 0.4x panel_gemm there.
+bool avx512_bf16_beats_fp32();
+
 // bf16_gemm.h's Bf16BlockProduct on vdpbf16ps; only where avx512_bf16_available().
 void avx512_bf16_block_product(const uint16_t* x, const uint16_t* panel, int64_t steps, bool accumulate, float* c,
                                int64_t c_stride);

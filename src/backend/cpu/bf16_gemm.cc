@@ -27,15 +27,23 @@ uint16_t* tile_row(Bf16SplitActivations& a, int64_t i, int64_t s, int part) {
   return a.data.get() + tile * 16 * kBf16StepDepth + i % 16 * kBf16StepDepth;
 }
 
-// The cap SLIMKV_BF16_GEMM names; kAmx (no cap) when it is unset or unknown.
-Bf16GemmTier tier_limit() {
-  const char* value = std::getenv("SLIMKV_BF16_GEMM");
-  if (value == nullptr) return Bf16GemmTier::kAmx;
-  for (const Bf16GemmTier tier : kTiers) {
-    if (std::string_view(value) == bf16_gemm_tier_name(tier)) return tier;
+// The tier SLIMKV_BF16_GEMM names where this CPU supports it; else the default: AMX, else AVX-512 BF16
+// where vdpbf16ps is fast, else none.
+Bf16GemmTier choose_tier() {
+  if (const char* value = std::getenv("SLIMKV_BF16_GEMM"); value != nullptr && *value != '\0') {
+    for (const Bf16GemmTier tier : kTiers) {
+      if (std::string_view(value) != bf16_gemm_tier_name(tier)) continue;
+      if (bf16_gemm_tier_supported(tier)) return tier;
+      std::fprintf(stderr, "SLIMKV_BF16_GEMM=%s: this CPU lacks that tier; ignored\n", value);
+    }
+    if (std::none_of(std::begin(kTiers), std::end(kTiers),
+                     [&](Bf16GemmTier tier) { return std::string_view(value) == bf16_gemm_tier_name(tier); })) {
+      std::fprintf(stderr, "SLIMKV_BF16_GEMM=%s: expected amx, avx512-bf16 or none; ignored\n", value);
+    }
   }
-  std::fprintf(stderr, "SLIMKV_BF16_GEMM=%s: expected amx, avx512-bf16 or none; ignored\n", value);
-  return Bf16GemmTier::kAmx;
+  if (amx_bf16_available()) return Bf16GemmTier::kAmx;
+  if (avx512_bf16_available() && avx512_bf16_beats_fp32()) return Bf16GemmTier::kAvx512Bf16;
+  return Bf16GemmTier::kNone;
 }
 
 }  // namespace
@@ -59,14 +67,7 @@ bool bf16_gemm_tier_supported(Bf16GemmTier tier) {
 }
 
 Bf16GemmTier bf16_gemm_tier() {
-  static const Bf16GemmTier tier = [] {
-    const Bf16GemmTier limit = tier_limit();
-    Bf16GemmTier best = Bf16GemmTier::kNone;
-    for (const Bf16GemmTier t : kTiers) {
-      if (t <= limit && bf16_gemm_tier_supported(t)) best = t;
-    }
-    return best;
-  }();
+  static const Bf16GemmTier tier = choose_tier();
   return tier;
 }
 

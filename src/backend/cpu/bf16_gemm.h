@@ -25,9 +25,10 @@ enum class Bf16GemmTier { kNone, kAvx512Bf16, kAmx };
 const char* bf16_gemm_tier_name(Bf16GemmTier tier);  // "none", "avx512-bf16", "amx"
 // True when this CPU (and for AMX the kernel, asked once per process) lets `tier` run; kNone: true.
 bool bf16_gemm_tier_supported(Bf16GemmTier tier);
-// The tier matmul takes: the best supported one, at most the one the environment variable
-// SLIMKV_BF16_GEMM names (amx, avx512-bf16 or none), so that a CPU with AMX can run the tier an AMD CPU
-// runs. Read once per process; an unknown value is reported on stderr and ignored.
+// The tier matmul takes: AMX where supported, else AVX-512 BF16 where it beats panel_gemm
+// (avx512_bf16_beats_fp32), else none; or the tier the environment variable SLIMKV_BF16_GEMM names (amx,
+// avx512-bf16 or none) where this CPU supports it, so that a CPU with AMX can run and measure the tier an
+// AMD CPU runs. Read once per process; an unknown or unsupported value is reported on stderr and ignored.
 Bf16GemmTier bf16_gemm_tier();
 
 // Inputs and weight rows per block: two 16-row tiles each way.
