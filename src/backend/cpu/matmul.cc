@@ -32,7 +32,7 @@ const uint8_t* row_pointer(const WeightMatrix& w, int64_t row) {
 }
 
 // BF16 weights for many inputs go to the CPU's BF16 tier where it has one (bf16_gemm.h: AMX, else
-// AVX-512 BF16).
+// AVX-512 BF16 on AMD CPUs).
 bool takes_bf16_tier(const WeightMatrix& w, int64_t n) {
   return n > kMatVecMaxInputs && w.quant == BlockQuant::kNone && w.dtype == DType::kBF16 &&
          bf16_gemm_tier() != Bf16GemmTier::kNone;
