@@ -5,7 +5,7 @@
 // d = 128) over the paged store: dense FP32 and FP16, quant and hack 2-bit, and the FP64 reference. GEMM: y = x·Wᵀ for F32 and
 // BF16 weights, BLAS (+ widening) against the FP64 triple loop (at sizes where that finishes). Prefill
 // GEMM (--prefill-gemm): the Llama-3-8B projections for 512 tokens, BF16 weights, one thread, the
-// portable FP32 panel kernel against the AMX tile kernel (where the CPU has it), alternating.
+// portable FP32 panel kernel against the AVX-512 BF16 and AMX tiers (where the CPU has them), alternating.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -17,7 +17,7 @@
 
 #include "attention/cpu/hack_block_attention.h"
 #include "attention/reference.h"
-#include "backend/cpu/amx_gemm.h"
+#include "backend/cpu/bf16_gemm.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/panel_gemm.h"
 #include "benchmark_runner.h"
@@ -168,13 +168,18 @@ void bench_gemm(ThreadPool& pool) {
   }
 }
 
-// One thread, whole matrices: panel_gemm (BF16 widened to FP32, FMAs) and the AMX tiles (split
-// activations included in its time), each run `rounds` times in turn so that drift hits both alike.
+// One thread, whole matrices: panel_gemm (BF16 widened to FP32, FMAs) and each BF16 tier the CPU has
+// (bf16_gemm.h: AVX-512 BF16, AMX; split activations included in their time), each run `rounds` times in
+// turn so that drift hits all alike. Speedups are against panel_gemm.
 void bench_prefill_gemm(int rounds) {
   std::printf("\n== prefill GEMM, BF16 weights, 512 inputs, one thread (Llama-3-8B projections) ==\n");
-  if (!amx_bf16_available()) std::printf("(no AMX-BF16 here: the panel kernel only)\n");
-  std::printf("%6s %6s %6s %6s %12s %10s %12s %10s %8s\n", "round", "n", "rows", "cols", "panel ms", "GFLOP/s",
-              "amx ms", "GFLOP/s", "speedup");
+  const Bf16GemmTier tiers[] = {Bf16GemmTier::kAvx512Bf16, Bf16GemmTier::kAmx};
+  for (const Bf16GemmTier tier : tiers) {
+    if (!bf16_gemm_tier_supported(tier)) std::printf("(no %s tier on this CPU: its columns are nan)\n", bf16_gemm_tier_name(tier));
+  }
+  std::printf("%6s %6s %6s %6s %10s %8s", "round", "n", "rows", "cols", "panel ms", "GFLOP/s");
+  for (const Bf16GemmTier tier : tiers) std::printf(" %14s %8s %8s", str_cat(bf16_gemm_tier_name(tier), " ms").c_str(), "GFLOP/s", "speedup");
+  std::printf("\n");
   std::mt19937 rng(9);
   std::normal_distribution<float> normal;
   const int n = 512;
@@ -188,19 +193,22 @@ void bench_prefill_gemm(int rounds) {
     for (uint16_t& e : w) e = float_to_bf16(normal(rng));
     std::vector<float> y(size_t(n) * shape.rows);
     const double flops = 2.0 * n * shape.rows * shape.cols;
-    AmxActivations split;
+    Bf16SplitActivations split;
     for (int round = 1; round <= rounds; ++round) {
       const std::string name = str_cat(n, "x", shape.rows, "x", shape.cols);
       const double panel_ms = measure_ms("panel/" + name, [&] {
         panel_gemm(x.data(), n, w.data(), DType::kBF16, shape.rows, shape.cols, 0, shape.rows, y.data());
       }, 0.2);
-      const double amx_ms = !amx_bf16_available() ? NAN : measure_ms("amx/" + name, [&] {
-        amx_prepare(n, shape.cols, split);
-        amx_split_rows(x.data(), 0, n, split);
-        amx_gemm_bf16(split, w.data(), shape.rows, 0, shape.rows, y.data());
-      }, 0.2);
-      std::printf("%6d %6d %6d %6d %12.1f %10.1f %12.1f %10.1f %7.2fx\n", round, n, shape.rows, shape.cols, panel_ms,
-                  flops / (panel_ms * 1e6), amx_ms, flops / (amx_ms * 1e6), panel_ms / amx_ms);
+      std::printf("%6d %6d %6d %6d %10.1f %8.1f", round, n, shape.rows, shape.cols, panel_ms, flops / (panel_ms * 1e6));
+      for (const Bf16GemmTier tier : tiers) {
+        const double ms = !bf16_gemm_tier_supported(tier) ? NAN : measure_ms(str_cat(bf16_gemm_tier_name(tier), "/", name), [&] {
+          bf16_split_prepare(n, shape.cols, split);
+          bf16_split_rows(x.data(), 0, n, split);
+          bf16_gemm(tier, split, w.data(), shape.rows, 0, shape.rows, y.data());
+        }, 0.2);
+        std::printf(" %14.1f %8.1f %7.2fx", ms, flops / (ms * 1e6), panel_ms / ms);
+      }
+      std::printf("\n");
     }
   }
 }

@@ -6,7 +6,7 @@
 #include <mutex>
 #include <vector>
 
-#include "backend/cpu/amx_gemm.h"
+#include "backend/cpu/bf16_gemm.h"
 #include "backend/cpu/dequantize.h"
 #include "backend/cpu/panel_gemm.h"
 #include "backend/cpu/vec_ops.h"
@@ -31,17 +31,19 @@ const uint8_t* row_pointer(const WeightMatrix& w, int64_t row) {
   return static_cast<const uint8_t*>(w.data) + size_t(row) * weight_row_bytes(w);
 }
 
-// BF16 weights for many inputs go to the AMX tiles where the CPU has them (amx_gemm.h).
-bool takes_amx(const WeightMatrix& w, int64_t n) {
-  return n > kMatVecMaxInputs && w.quant == BlockQuant::kNone && w.dtype == DType::kBF16 && amx_bf16_available();
+// BF16 weights for many inputs go to the CPU's BF16 tier where it has one (bf16_gemm.h: AMX, else
+// AVX-512 BF16 on AMD CPUs).
+bool takes_bf16_tier(const WeightMatrix& w, int64_t n) {
+  return n > kMatVecMaxInputs && w.quant == BlockQuant::kNone && w.dtype == DType::kBF16 &&
+         bf16_gemm_tier() != Bf16GemmTier::kNone;
 }
 
-// y[:, row0 : row0 + rows] for all n inputs, on the calling thread; amx: x split for the tiles when
-// takes_amx(w, n).
+// y[:, row0 : row0 + rows] for all n inputs, on the calling thread; split: x split for the BF16 tier when
+// takes_bf16_tier(w, n).
 void matmul_rows(const float* x, int64_t n, const WeightMatrix& w, int64_t row0, int64_t rows, float* y,
-                 const AmxActivations& amx) {
-  if (takes_amx(w, n)) {
-    amx_gemm_bf16(amx, static_cast<const uint16_t*>(w.data), w.rows, row0, row0 + rows, y);
+                 const Bf16SplitActivations& split) {
+  if (takes_bf16_tier(w, n)) {
+    bf16_gemm(bf16_gemm_tier(), split, static_cast<const uint16_t*>(w.data), w.rows, row0, row0 + rows, y);
   } else if (w.quant != BlockQuant::kNone && n <= kMatVecMaxInputs) {
     matvec_quantized(x, n, w.data, w.quant, w.rows, w.cols, row0, row0 + rows, y);
   } else if (w.quant != BlockQuant::kNone) {
@@ -105,14 +107,15 @@ void matmul_shared_input(const float* x, int64_t n, std::span<const MatmulProduc
     tasks += count;
   }
   const std::vector<Split>& split = splits;  // the caller's: a worker's thread_local is another vector
-  // The products share x: split it for the tiles once, a block of inputs per task.
-  thread_local AmxActivations amx_inputs;
-  AmxActivations& amx = amx_inputs;  // the caller's, as above
-  if (std::any_of(products.begin(), products.end(), [&](const MatmulProduct& p) { return takes_amx(*p.w, n); })) {
-    amx_prepare(n, products[0].w->cols, amx);
+  // The products share x: split it for the BF16 tier once, a block of inputs per task.
+  thread_local Bf16SplitActivations split_inputs;
+  Bf16SplitActivations& split_x = split_inputs;  // the caller's, as above
+  if (std::any_of(products.begin(), products.end(),
+                  [&](const MatmulProduct& p) { return takes_bf16_tier(*p.w, n); })) {
+    bf16_split_prepare(n, products[0].w->cols, split_x);
     constexpr int64_t kInputsPerTask = 32;
     pool.run((n + kInputsPerTask - 1) / kInputsPerTask, [&](int64_t task, int) {
-      amx_split_rows(x, task * kInputsPerTask, std::min(n, (task + 1) * kInputsPerTask), amx);
+      bf16_split_rows(x, task * kInputsPerTask, std::min(n, (task + 1) * kInputsPerTask), split_x);
     });
   }
   pool.run(tasks, [&](int64_t task, int) {
@@ -121,7 +124,7 @@ void matmul_shared_input(const float* x, int64_t n, std::span<const MatmulProduc
     const WeightMatrix& w = *products[m].w;
     const int64_t row0 = (task - split[m].first_task) * split[m].rows_per_task;
     const int64_t rows = std::min(split[m].rows_per_task, w.rows - row0);
-    if (rows > 0) matmul_rows(x, n, w, row0, rows, products[m].y, amx);
+    if (rows > 0) matmul_rows(x, n, w, row0, rows, products[m].y, split_x);
   });
 }
 

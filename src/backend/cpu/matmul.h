@@ -3,8 +3,9 @@
 //  - few inputs (decode): half-precision weights are multiplied in place, widened in registers
 //    (memory-bound: each weight is read once); F32 weights go to BLAS;
 //  - many inputs (prefill): half-precision rows are widened to FP32 a panel at a time (panel_gemm.h), so
-//    a BF16 model never needs an FP32 copy of itself; BF16 weights go to the AMX tiles where the CPU
-//    has them (amx_gemm.h: the activations split into two BF16 parts, FP32-close results).
+//    a BF16 model never needs an FP32 copy of itself; BF16 weights go to the CPU's BF16 tier where it
+//    has one (bf16_gemm.h: AMX tiles, else AVX-512 BF16 on AMD; the activations split into two BF16 parts,
+//    FP32-close results).
 // Quantized weights take the same two paths, each row dequantized where the half-precision ones are
 // widened (backend/cpu/dequantize.h): a Q4_K model stays Q4_K in memory.
 // BLAS runs single-threaded inside the tasks: all parallelism goes through the pool.

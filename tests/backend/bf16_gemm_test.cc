@@ -1,14 +1,15 @@
-// The AMX tile product (BF16 weights x FP32 activations split into two BF16 parts) against the FP64
-// reference matmul over the unsplit activations, at odd sizes: partial input and row blocks, depth not a
-// multiple of a tile's 32, several depth chunks, row ranges starting mid-matrix. Skipped (said so) on
-// CPUs without AMX-BF16; the Matmul tests cover the portable path there.
+// Both BF16 prefill tiers (AMX tiles, AVX-512 BF16; BF16 weights x FP32 activations split into two BF16
+// parts) against the FP64 reference matmul over the unsplit activations, at odd sizes: partial input and
+// row blocks, depth not a multiple of a step's 32, several depth chunks, row ranges starting mid-matrix.
+// A tier the CPU lacks is skipped (said so); the Matmul tests cover the portable path there.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
-#include "backend/cpu/amx_gemm.h"
+#include "backend/cpu/bf16_gemm.h"
 #include "backend/cpu/matmul.h"
 #include "random_values.h"
 #include "slimkv/status.h"
@@ -29,18 +30,27 @@ Case make_case(int64_t n, int64_t rows, int64_t cols, std::mt19937& rng) {
   return c;
 }
 
-// y over rows [begin, end) through the tiles; the other columns of y stay NaN.
-std::vector<float> amx_product(const Case& c, int64_t begin, int64_t end) {
-  AmxActivations a;
-  amx_prepare(c.n, c.cols, a);
-  amx_split_rows(c.x.data(), 0, c.n, a);
+// y over rows [begin, end) through `tier`; the other columns of y stay NaN.
+std::vector<float> tier_product(Bf16GemmTier tier, const Case& c, int64_t begin, int64_t end) {
+  Bf16SplitActivations a;
+  bf16_split_prepare(c.n, c.cols, a);
+  bf16_split_rows(c.x.data(), 0, c.n, a);
   std::vector<float> y(size_t(c.n * c.rows), NAN);
-  amx_gemm_bf16(a, c.w.data(), c.rows, begin, end, y.data());
+  bf16_gemm(tier, a, c.w.data(), c.rows, begin, end, y.data());
   return y;
 }
 
-TEST(AmxGemm, MatchesReferenceWithinTheSplitsRounding) {
-  if (!amx_bf16_available()) GTEST_SKIP() << "no AMX-BF16 on this CPU, or the kernel refused the tile state";
+class Bf16Gemm : public testing::TestWithParam<Bf16GemmTier> {
+ protected:
+  void SetUp() override {
+    if (!bf16_gemm_tier_supported(GetParam())) {
+      GTEST_SKIP() << "this CPU lacks the " << bf16_gemm_tier_name(GetParam())
+                   << " tier (or the kernel refused the AMX tile state)";
+    }
+  }
+};
+
+TEST_P(Bf16Gemm, MatchesReferenceWithinTheSplitsRounding) {
   std::mt19937 rng(31);
   double worst = 0;
   for (const int64_t n : {1, 17, 32, 33, 70}) {
@@ -51,7 +61,7 @@ TEST(AmxGemm, MatchesReferenceWithinTheSplitsRounding) {
       matmul_reference(c.x.data(), n, {c.w.data(), DType::kBF16, rows, cols}, expected.data());
       for (const auto& [begin, end] : {std::pair<int64_t, int64_t>{0, 70}, {32, 70}, {0, 32}, {64, 70}}) {
         SCOPED_TRACE(str_cat("n=", n, ",cols=", cols, ",rows ", begin, "..", end));
-        const std::vector<float> y = amx_product(c, begin, end);
+        const std::vector<float> y = tier_product(GetParam(), c, begin, end);
         for (int64_t i = 0; i < n; ++i) {
           for (int64_t o = 0; o < rows; ++o) {
             const float got = y[size_t(i * rows + o)];
@@ -75,23 +85,34 @@ TEST(AmxGemm, MatchesReferenceWithinTheSplitsRounding) {
       }
     }
   }
-  std::printf("worst |error| / sum|x·w|: %.2e\n", worst);
+  std::printf("%s: worst |error| / sum|x·w|: %.2e\n", bf16_gemm_tier_name(GetParam()), worst);
 }
 
 // An infinite or NaN activation gives what FP32 arithmetic gives (the split keeps Inf as Inf + 0).
-TEST(AmxGemm, InfinityAndNanPropagateAsInFp32) {
-  if (!amx_bf16_available()) GTEST_SKIP() << "no AMX-BF16 on this CPU, or the kernel refused the tile state";
+TEST_P(Bf16Gemm, InfinityAndNanPropagateAsInFp32) {
   std::mt19937 rng(32);
   Case c = make_case(20, 32, 64, rng);
   c.x[3] = INFINITY;  // input 0
   c.x[64 + 5] = NAN;  // input 1
   for (uint16_t& e : c.w) e = float_to_bf16(std::fabs(bf16_to_float(e)) + 0.5f);  // positive: no Inf - Inf
-  const std::vector<float> y = amx_product(c, 0, 32);
+  const std::vector<float> y = tier_product(GetParam(), c, 0, 32);
   for (int64_t o = 0; o < 32; ++o) {
     EXPECT_EQ(y[size_t(o)], INFINITY) << o;
     EXPECT_TRUE(std::isnan(y[size_t(32 + o)])) << o;
     EXPECT_TRUE(std::isfinite(y[size_t(64 + o)])) << o;
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, Bf16Gemm, testing::Values(Bf16GemmTier::kAvx512Bf16, Bf16GemmTier::kAmx),
+                         [](const testing::TestParamInfo<Bf16GemmTier>& info) {
+                           return info.param == Bf16GemmTier::kAmx ? std::string("amx") : std::string("avx512_bf16");
+                         });
+
+// The tier matmul takes is one the CPU supports (whatever SLIMKV_BF16_GEMM says).
+TEST(Bf16GemmDispatch, ChosenTierIsSupported) {
+  const Bf16GemmTier tier = bf16_gemm_tier();
+  std::printf("matmul's BF16 tier here: %s\n", bf16_gemm_tier_name(tier));
+  EXPECT_TRUE(bf16_gemm_tier_supported(tier));
 }
 
 }  // namespace
