@@ -1,5 +1,6 @@
 #include "kv/rotation.h"
 
+#include <bit>
 #include <cmath>
 
 #undef HWY_TARGET_INCLUDE
@@ -70,7 +71,7 @@ HWY_EXPORT(WalshHadamard);
 
 void hadamard_rotate(float* x, int n) {
   int done = 0;
-  for (int chunk = 1 << 30; chunk >= 1; chunk /= 2) {  // largest power-of-two chunks first
+  for (int chunk = std::bit_floor(unsigned(n)); chunk >= 1; chunk /= 2) {  // largest power-of-two chunks first
     while (n - done >= chunk) {
       HWY_DYNAMIC_DISPATCH(WalshHadamard)(x + done, chunk);
       done += chunk;
