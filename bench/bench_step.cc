@@ -3,7 +3,8 @@
 // own KV) vs B steps of one sequence each (what Session::decode_batch did before the step API). Both
 // sides decode the same tokens from the same prefilled KV; the table prints tokens/s and the ratio.
 //   bench_step --model DIR [--specs "dense;hack:bits=2,pi=64"] [--batches 1,4,16] [--depth 1024]
-//              [--steps 16] [--threads 2]
+//              [--steps 16] [--threads 2] [--sides both|batched|one-by-one]
+// --sides picks one side alone (for a profile of its decode: the other side's prefill then is not run).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -76,6 +77,7 @@ double decode_rate(Engine& engine, const std::vector<int32_t>& text, int batch, 
 int main(int argc, char** argv) {
   CLI::App app("decode tokens/s of B sequences: one batched step vs one step per sequence");
   std::string model_dir, specs = "dense;hack:bits=2,pi=64", batches = "1,4,16";
+  std::string sides = "both";
   int depth = 1024, steps = 16, threads = 2;
   app.add_option("--model", model_dir, "model directory (its heldout.txt or passkey_prompt.txt is the text)")->required();
   app.add_option("--specs", specs, "KV specs, ';'-separated")->capture_default_str();
@@ -83,6 +85,9 @@ int main(int argc, char** argv) {
   app.add_option("--depth", depth, "tokens each sequence holds before decoding")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   app.add_option("--steps", steps, "decode steps timed")->check(CLI::Range(1, 1 << 16))->capture_default_str();
   app.add_option("--threads", threads, "worker threads")->check(CLI::Range(1, 1024))->capture_default_str();
+  app.add_option("--sides", sides, "which sides to run")
+      ->check(CLI::IsMember({"both", "batched", "one-by-one"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   std::printf("%-22s %6s %6s %14s %14s %8s\n", "spec", "batch", "depth", "batched tok/s", "one-by-one", "ratio");
@@ -103,8 +108,8 @@ int main(int argc, char** argv) {
       const int batch = std::stoi(batch_text);
       if (size_t(batch * 37 + depth + 1) > ids.size()) fail(str_cat("the text has ", ids.size(), " tokens: too few for batch ", batch, " at depth ", depth));
       // Alternating, so that neither side runs on a warmer machine.
-      const double one_by_one = decode_rate(**engine, ids, batch, depth, steps, false);
-      const double batched = decode_rate(**engine, ids, batch, depth, steps, true);
+      const double one_by_one = sides == "batched" ? 0.0 : decode_rate(**engine, ids, batch, depth, steps, false);
+      const double batched = sides == "one-by-one" ? 0.0 : decode_rate(**engine, ids, batch, depth, steps, true);
       std::printf("%-22s %6d %6d %14.1f %14.1f %7.2fx\n", spec.c_str(), batch, depth, batched, one_by_one, batched / one_by_one);
       std::fflush(stdout);
     }

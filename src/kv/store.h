@@ -7,8 +7,8 @@
 // The open block is FP16 as in HACK (requantization elimination): the newest tokens stay
 // unquantized, but at half the bytes of FP32, which is most of the store's memory at 2 bits and a few
 // thousand tokens. A codec whose sealed blocks are FP32 (dense) keeps its open block in FP32
-// (Codec::open_block_dtype). Codecs and the attention kernel take FP32: the store widens the open rows
-// (at most block_tokens of them) into scratch where they are read.
+// (Codec::open_block_dtype). Attention reads the open rows in place (the FP16 kernel widens in
+// registers); a codec sealing the block takes them widened to FP32 (widen_open).
 #pragma once
 
 #include <cstddef>
@@ -93,6 +93,12 @@ class KvStore {
   // 64; a block ahead at once queued them and gained less). tokens: ascending, all sealed.
   static constexpr int kPrefetchTokens = 16;
   void prefetch_sealed_tokens(int layer, int head, const int* tokens, int n, bool keys, bool values) const;
+  // The open block of one head as stored, in open_dtype() (FP16, or FP32 for the dense FP32 codec): keys
+  // [block_tokens, k_dim_of], values [block_tokens, v_dim_of], the first open_tokens(layer) rows filled.
+  // Attention reads it in place (attend_block_half), with no FP32 copy.
+  DType open_dtype() const { return open_dtype_; }
+  const uint8_t* open_keys(int layer, int head) const { return head_of(layer, head).open_k.data(); }
+  const uint8_t* open_values(int layer, int head) const { return head_of(layer, head).open_v.data(); }
   // The open block's first n tokens of one head, widened to FP32: k [n, k_dim_of], v [n, v_dim_of].
   void widen_open(int layer, int head, int n, float* k, float* v) const {
     widen_open(head_of(layer, head), n, k, v);

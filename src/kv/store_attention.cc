@@ -25,16 +25,27 @@ void visible_tokens(int first_tile_position, int group, int n_rows, int block_st
   }
 }
 
-// FP32 rows of tokens [start, start + len) (the open block widened, or a prefill chunk's own) for a tile:
-// each query sees those before `end` and at its position or earlier, and none before `window_first` (the
-// first position of a one-position tile's window; 0 without a window).
-void attend_f32_range(QueryTile tile, int* visible, const float* k, const float* v, int k_dim, int v_dim,
-                      int first_tile_position, int group, int start, int len, int end, int window_first,
-                      AttentionPartials& partials) {
+// Whole rows of tokens [start, start + len) in FP32 or FP16/BF16 (`dtype`: the open block as stored, or a
+// prefill chunk's own in FP32) for a tile: each query sees those before `end` and at its position or
+// earlier, and none before `window_first` (the first position of a one-position tile's window; 0 without a
+// window). The half kernel widens in registers: the bits of the FP32 kernel over widened rows, without
+// the copy (per decode token and head, the open block's widening was 3% of a 16-sequence step).
+void attend_rows_range(QueryTile tile, int* visible, const void* k, const void* v, DType dtype, int k_dim, int v_dim,
+                       int first_tile_position, int group, int start, int len, int end, int window_first,
+                       AttentionPartials& partials) {
   const int skip = std::clamp(window_first - start, 0, len);
   if (skip == len) return;
   visible_tokens(first_tile_position, group, tile.n_queries, start + skip, len - skip, end, visible);
-  attend_block_f32(tile, k + size_t(skip) * k_dim, v + size_t(skip) * v_dim, k_dim, v_dim, partials, 0);
+  const size_t element = dtype_size_bytes(dtype);
+  const auto* k_rows = static_cast<const uint8_t*>(k) + size_t(skip) * size_t(k_dim) * element;
+  const auto* v_rows = static_cast<const uint8_t*>(v) + size_t(skip) * size_t(v_dim) * element;
+  if (dtype == DType::kF32) {
+    attend_block_f32(tile, reinterpret_cast<const float*>(k_rows), reinterpret_cast<const float*>(v_rows), k_dim,
+                     v_dim, partials, 0);
+  } else {
+    attend_block_half(tile, reinterpret_cast<const uint16_t*>(k_rows), reinterpret_cast<const uint16_t*>(v_rows),
+                      dtype, k_dim, v_dim, partials, 0);
+  }
 }
 
 // Asks for a block's cache lines ahead of use: a head's blocks are not adjacent in the pool, so the
@@ -209,7 +220,6 @@ void attend_task(const AttendCall& call, int layer, const AttentionParams& param
   thread_local std::vector<float> q_tile;
   thread_local std::vector<int> visible;
   thread_local std::vector<uint8_t> prepared;
-  thread_local std::vector<float> open_k, open_v;  // the open block widened from FP16
   thread_local std::vector<float> window_k, window_v;  // the window's part of the block it starts in
   thread_local std::vector<int> window_rows;
   thread_local AttentionPartials partials(0, 0);
@@ -268,16 +278,15 @@ void attend_task(const AttendCall& call, int layer, const AttentionParams& param
     store.codec().attend(block_shape, store.sealed_block(layer, g, b), tile, partials, 0);
   }
   if (open_tokens > 0 && sealed * block_tokens < store_end) {
-    open_k.resize(size_t(open_tokens) * size_t(k_dim));
-    open_v.resize(size_t(open_tokens) * size_t(v_dim));
-    store.widen_open(layer, g, open_tokens, open_k.data(), open_v.data());
-    attend_f32_range(tile, visible.data(), open_k.data(), open_v.data(), k_dim, v_dim, first_tile_position, group,
-                     sealed * block_tokens, open_tokens, store_end, window_first, partials);
+    attend_rows_range(tile, visible.data(), store.open_keys(layer, g), store.open_values(layer, g), store.open_dtype(),
+                      k_dim, v_dim, first_tile_position, group, sealed * block_tokens, open_tokens, store_end,
+                      window_first, partials);
   }
   for (int t = 0; exact && t < chunk.n && first_position + t <= last_tile_position; t += block_tokens) {
     const int piece = std::min(block_tokens, chunk.n - t);
-    attend_f32_range(tile, visible.data(), chunk.k + size_t(t) * k_dim, chunk.v + size_t(t) * v_dim, k_dim, v_dim,
-                     first_tile_position, group, first_position + t, piece, INT_MAX, window_first, partials);
+    attend_rows_range(tile, visible.data(), chunk.k + size_t(t) * k_dim, chunk.v + size_t(t) * v_dim, DType::kF32,
+                      k_dim, v_dim, first_tile_position, group, first_position + t, piece, INT_MAX, window_first,
+                      partials);
   }
   for (int r = 0; r < rows; ++r) {
     float* dst = call.out + size_t(first + r / group) * offsets.out_row + offsets.out[size_t(g)] + size_t(r % group) * v_dim;

@@ -40,6 +40,43 @@ TEST(Hadamard, IsAnOrthonormalInvolutionForEveryDim) {
   for (float v : e) EXPECT_NEAR(std::fabs(v), 1.0f / std::sqrt(128.0f), 1e-6);
 }
 
+// The transform as the textbook loop writes it: stages of butterflies at distance 1, 2, 4, ..., then the
+// scale; power-of-two chunks, largest first.
+void hadamard_plain(float* x, int n) {
+  int done = 0;
+  for (int chunk = 1 << 30; chunk >= 1; chunk /= 2) {
+    for (; n - done >= chunk; done += chunk) {
+      float* c = x + done;
+      for (int half = 1; half < chunk; half *= 2) {
+        for (int start = 0; start < chunk; start += 2 * half) {
+          for (int i = start; i < start + half; ++i) {
+            const float a = c[i], b = c[i + half];
+            c[i] = a + b;
+            c[i + half] = a - b;
+          }
+        }
+      }
+      const float scale = 1.0f / std::sqrt(float(chunk));
+      for (int i = 0; i < chunk; ++i) c[i] *= scale;
+    }
+  }
+}
+
+// The vector stages (butterflies across lanes within a vector, then between vectors) add in the plain
+// loop's order: the same bits, for every length the chunks can take.
+TEST(Hadamard, GivesThePlainLoopsBits) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  for (int n = 1; n <= 300; ++n) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float& e : x) e = normal(rng);
+    std::vector<float> expected = x;
+    hadamard_plain(expected.data(), n);
+    hadamard_rotate(x.data(), n);
+    for (int i = 0; i < n; ++i) ASSERT_EQ(x[size_t(i)], expected[size_t(i)]) << "n " << n << " element " << i;
+  }
+}
+
 struct Data {
   int n = 256, heads = 8, kv_heads = 2, d = 128;
   std::vector<float> q, k, v, exact;

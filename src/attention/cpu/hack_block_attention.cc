@@ -320,13 +320,15 @@ void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, c
     // Measured (4K context, 1 thread, decode): all steps per query, query after query, with an
     // out-of-line exp, was 1.13x slower; a single fused exp-and-quantize pass per query (P's range
     // from the score range), slower still.
+    // The masks of visible tokens are FirstN (a bit mask from a count): Iota(t0) < visible built the lane
+    // indices on the stack each time, and the vector load of those stores stalled (store forwarding).
     for (int r = 0; r < batch; ++r) {
       const int visible = tile.visible[first + r];
       if (visible == 0) continue;
       const float* s = scores.data() + size_t(r) * tokens;
       VF maxima = hn::Set(df, -INFINITY);
       for (int t0 = 0; t0 < visible; t0 += lanes) {
-        const auto keep = hn::RebindMask(df, hn::Lt(hn::Iota(di, t0), hn::Set(di, visible)));
+        const auto keep = hn::FirstN(df, size_t(std::max(visible - t0, 0)));
         maxima = hn::Max(maxima, hn::IfThenElse(keep, hn::LoadU(df, s + t0), hn::Set(df, -INFINITY)));
       }
       const int index = first_partial + first + r;
@@ -337,7 +339,7 @@ void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, c
       float* s = scores.data() + size_t(r) * tokens;
       const VF running_max = hn::Set(df, partials.max(first_partial + first + r));
       for (int t0 = 0; t0 < tokens; t0 += lanes) {
-        const auto keep = hn::RebindMask(df, hn::Lt(hn::Iota(di, t0), hn::Set(di, visible)));
+        const auto keep = hn::FirstN(df, size_t(std::max(visible - t0, 0)));
         const VF e = hn::IfThenElseZero(keep, hn::Exp(df, hn::Sub(hn::LoadU(df, s + t0), running_max)));
         hn::StoreU(e, df, s + t0);
       }
