@@ -6,7 +6,8 @@ and token ids on them as goldens.
 
 SRC: a llama.cpp source tree (convert_hf_to_gguf.py, gguf-py/); BIN: a folder with llama_ref
 (scripts/gguf/llama_ref.cpp built against its libllama by build_llama_tools.sh).
-Needs numpy, torch and sentencepiece (Debian: python3-numpy, python3-torch, python3-sentencepiece).
+Needs numpy, torch, sentencepiece and protobuf (Debian: python3-numpy, python3-torch, python3-sentencepiece,
+python3-protobuf).
 
 1. Tiny random Hugging Face models (scripts/make_random_model.py's weights; a byte-level tokenizer of
    256 byte tokens and 64 merges of letter pairs, so the files stay small) are written to a scratch folder.
