@@ -34,7 +34,8 @@ packages=(
 # Only for making reference data, not for building or testing (so not installed here; CI stays light):
 # apt-get install python3-torch python3-tqdm python3-sentencepiece — PyTorch 1.13 for scripts/train/reference_cpu.py and kv_stats.py
 # (the plain FP32 reference) and llama.cpp's converter in scripts/gguf/make_fixtures.py; python3-sentencepiece
-# for that script's SentencePiece tokenizers (trained, converted, and their ids as goldens). Not in Debian 12:
+# for that script's SentencePiece tokenizers (trained, converted, and their ids as goldens), and
+# python3-protobuf for the one whose scores it edits (apt-get install python3-protobuf). Not in Debian 12:
 # transformers and tokenizers (scripts/golden/, scripts/train/train.py, bench/cuda/*.py): pip install them.
 # kubectl (no Debian 12 package; tests/deploy/k8s_render_test.py is skipped without it) renders deploy/k8s.
 

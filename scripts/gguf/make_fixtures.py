@@ -6,7 +6,8 @@ and token ids on them as goldens.
 
 SRC: a llama.cpp source tree (convert_hf_to_gguf.py, gguf-py/); BIN: a folder with llama_ref
 (scripts/gguf/llama_ref.cpp built against its libllama by build_llama_tools.sh).
-Needs numpy, torch and sentencepiece (Debian: python3-numpy, python3-torch, python3-sentencepiece).
+Needs numpy, torch, sentencepiece and protobuf (Debian: python3-numpy, python3-torch, python3-sentencepiece,
+python3-protobuf).
 
 1. Tiny random Hugging Face models (scripts/make_random_model.py's weights; a byte-level tokenizer of
    256 byte tokens and 64 merges of letter pairs, so the files stay small) are written to a scratch folder.
@@ -25,8 +26,9 @@ Needs numpy, torch and sentencepiece (Debian: python3-numpy, python3-torch, pyth
    (fuzz/corpus/gguf_fuzz/), all written by gguf-py's GGUFWriter.
 6. Vocabulary-only GGUFs of tests/data/tokenizers/{llama3_style,qwen2_style} test the tokenizer read
    from metadata; llama_ref --tokenize writes llama.cpp's ids for their golden texts.
-7. SentencePiece tokenizers (python3-sentencepiece trains them): the Gemma 3 fixture's, and a
-   Llama-2-style vocabulary-only file; their goldens are sentencepiece's ids and llama.cpp's.
+7. SentencePiece tokenizers (python3-sentencepiece trains them): the Gemma 3 fixture's, and
+   Llama-2-style vocabulary-only files (one with all merge scores tied, edited in by python3-protobuf);
+   their goldens are sentencepiece's ids and llama.cpp's. --only-spm NAME remakes one of those files.
 """
 import argparse
 import importlib.util
@@ -77,7 +79,15 @@ SPM_TOKENIZERS = {
     "gemma3": dict(vocab_size=384, add_dummy_prefix=False, pad_id=0, eos_id=1, bos_id=2, unk_id=3,
                    pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>"),
     "llama": dict(vocab_size=1000, add_dummy_prefix=True, pad_id=-1, eos_id=2, bos_id=1, unk_id=0),
+    # The Llama-2-style vocabulary with every piece's score -1000, as gguf-py's LlamaHfVocab writes a
+    # vocabulary that comes without scores: all merges tie, and llama.cpp and sentencepiece merge the
+    # leftmost pair of a word first, where a rank order of merges (tokenizer.json's BPE) would apply
+    # each merge everywhere before the next. (Scores rounded to multiples of 8 or 32 change no text's
+    # ids: ties between merges that compete for one character are rare until most merges tie.)
+    "llama_ties": dict(vocab_size=1000, add_dummy_prefix=True, pad_id=-1, eos_id=2, bos_id=1, unk_id=0,
+                       tied_score=-1000.0),
 }
+VOCAB_ONLY_SPM = ["llama", "llama_ties"]  # written as vocabulary-only files vocab-spm_NAME.gguf
 # The token ids every golden is computed for (any ids below 256).
 TOKENS = [1, 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33, 10, 200, 17, 255, 0, 64, 65, 66, 67, 13]
 
@@ -154,17 +164,26 @@ def train_spm(out, name):
     with open(os.path.join(REPO, "models", "slimkv-llama-15m", "heldout.txt"), encoding="utf-8") as f:
         lines = f.read().splitlines()
     model = io.BytesIO()
-    options = {k: v for k, v in spec.items() if k != "vocab_size"}
+    options = {k: v for k, v in spec.items() if k not in ("vocab_size", "tied_score")}
     sentencepiece.SentencePieceTrainer.train(
         sentence_iterator=iter(lines), model_writer=model, model_type="bpe", vocab_size=spec["vocab_size"],
         byte_fallback=True, character_coverage=0.9995, normalization_rule_name="identity",
         remove_extra_whitespaces=False, split_digits=True, minloglevel=2, num_threads=2, **options)
+    proto = model.getvalue()
+    if "tied_score" in spec:  # needs python3-protobuf (sentencepiece's model_pb2)
+        from sentencepiece import sentencepiece_model_pb2
+        parsed = sentencepiece_model_pb2.ModelProto()
+        parsed.ParseFromString(proto)
+        for piece in parsed.pieces:
+            if piece.type == sentencepiece_model_pb2.ModelProto.SentencePiece.NORMAL:
+                piece.score = spec["tied_score"]
+        proto = parsed.SerializeToString()
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "tokenizer.model"), "wb") as f:
-        f.write(model.getvalue())
+        f.write(proto)
     with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
         json.dump({"add_bos_token": True, "add_eos_token": False}, f)
-    return sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
+    return sentencepiece.SentencePieceProcessor(model_proto=proto)
 
 
 def family_tensor_shapes(spec):
@@ -444,9 +463,12 @@ def main():
     parser.add_argument("--tools", required=True, help="folder with llama_ref")
     parser.add_argument("--out", required=True)
     parser.add_argument("--work", default="/tmp/slimkv-gguf-fixtures")
+    parser.add_argument("--only-spm", choices=VOCAB_ONLY_SPM, help="remake only vocab-spm_NAME.gguf and its goldens")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     shutil.rmtree(args.work, ignore_errors=True)
+    if args.only_spm:
+        return main_one_spm(args)
     conv = import_converter(args.llama_cpp)
     logits_tool = os.path.join(args.tools, "llama_ref")
     manifest = {"tokens": TOKENS, "models": {}, "tokenizers": {}}
@@ -523,30 +545,58 @@ def main():
             ids.append(json.loads(result.stdout))
         manifest["tokenizers"][os.path.basename(out)] = {"source": name, "llama_cpp_ids": ids}
 
-    # SentencePiece files: a Llama-2-style vocabulary-only file and the Gemma 3 fixture. Goldens:
-    # sentencepiece's own ids and llama.cpp's, on the first 30 SentencePiece golden texts up to 700 characters.
-    import sentencepiece
-    with open(os.path.join(REPO, "tests", "data", "tokenizers", "spm_byte_fallback", "golden.json")) as f:
-        texts = [case["text"] for case in json.load(f) if len(case["text"]) <= 700][:30]  # 2 random texts
-    model_dir = os.path.join(args.work, "vocab-spm_llama")
-    train_spm(model_dir, "llama")
-    with open(os.path.join(model_dir, "config.json"), "w") as f:
-        json.dump(dict(architectures=["LlamaForCausalLM"], vocab_size=SPM_TOKENIZERS["llama"]["vocab_size"],
-                       hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-                       num_key_value_heads=4, rms_norm_eps=1e-5, max_position_embeddings=4096, bos_token_id=1,
-                       eos_token_id=2), f)
-    convert(conv, model_dir, os.path.join(args.out, "vocab-spm_llama.gguf"), vocab_only=True)
+    texts = spm_texts()
     manifest["spm_tokenizers"] = {"texts": texts}
-    for file, spm_dir in [("vocab-spm_llama.gguf", model_dir), ("gemma3_tiny-F16.gguf", os.path.join(args.work, "gemma3_tiny"))]:
-        sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(spm_dir, "tokenizer.model"))
-        llama_cpp_ids = []
-        for text in texts:
-            result = subprocess.run([logits_tool, "--tokenize", os.path.join(args.out, file)], input=text.encode(),
-                                    check=True, capture_output=True)
-            llama_cpp_ids.append(json.loads(result.stdout))
-        manifest["spm_tokenizers"][file] = {"sentencepiece_ids": [sp.encode(text) for text in texts],
-                                            "llama_cpp_ids": llama_cpp_ids}
+    files = [(f"vocab-spm_{name}.gguf", write_spm_vocab_file(conv, args.work, args.out, name)) for name in VOCAB_ONLY_SPM]
+    files.append(("gemma3_tiny-F16.gguf", os.path.join(args.work, "gemma3_tiny")))
+    for file, spm_dir in files:
+        manifest["spm_tokenizers"][file] = spm_goldens(os.path.join(args.out, file), spm_dir, texts, logits_tool)
+    with open(os.path.join(args.out, "manifest.json"), "w") as f:
+        json.dump(manifest, f, ensure_ascii=False)
 
+
+def spm_texts():
+    """The SentencePiece goldens' texts: the first 30 SentencePiece golden texts up to 700 characters."""
+    with open(os.path.join(REPO, "tests", "data", "tokenizers", "spm_byte_fallback", "golden.json")) as f:
+        return [case["text"] for case in json.load(f) if len(case["text"]) <= 700][:30]  # 2 random texts
+
+
+def write_spm_vocab_file(conv, work, out, name):
+    """A vocabulary-only GGUF of SentencePiece tokenizer `name` (SPM_TOKENIZERS), by the converter;
+    returns the folder of its tokenizer.model."""
+    model_dir = os.path.join(work, f"vocab-spm_{name}")
+    train_spm(model_dir, name)
+    spec = SPM_TOKENIZERS[name]
+    with open(os.path.join(model_dir, "config.json"), "w") as f:
+        json.dump(dict(architectures=["LlamaForCausalLM"], vocab_size=spec["vocab_size"], hidden_size=64,
+                       intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
+                       rms_norm_eps=1e-5, max_position_embeddings=4096, bos_token_id=spec["bos_id"],
+                       eos_token_id=spec["eos_id"]), f)
+    convert(conv, model_dir, os.path.join(out, f"vocab-spm_{name}.gguf"), vocab_only=True)
+    return model_dir
+
+
+def spm_goldens(gguf_file, spm_dir, texts, logits_tool):
+    """sentencepiece's own ids (its tokenizer.model in spm_dir) and llama.cpp's on the GGUF file."""
+    import sentencepiece
+    sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(spm_dir, "tokenizer.model"))
+    llama_cpp_ids = []
+    for text in texts:
+        result = subprocess.run([logits_tool, "--tokenize", gguf_file], input=text.encode(), check=True,
+                                capture_output=True)
+        llama_cpp_ids.append(json.loads(result.stdout))
+    return {"sentencepiece_ids": [sp.encode(text) for text in texts], "llama_cpp_ids": llama_cpp_ids}
+
+
+def main_one_spm(args):
+    """--only-spm NAME: remakes only vocab-spm_NAME.gguf and its goldens in an existing manifest."""
+    with open(os.path.join(args.out, "manifest.json")) as f:
+        manifest = json.load(f)
+    conv = import_converter(args.llama_cpp)
+    spm_dir = write_spm_vocab_file(conv, args.work, args.out, args.only_spm)
+    file = os.path.join(args.out, f"vocab-spm_{args.only_spm}.gguf")
+    manifest["spm_tokenizers"][os.path.basename(file)] = spm_goldens(
+        file, spm_dir, manifest["spm_tokenizers"]["texts"], os.path.join(args.tools, "llama_ref"))
     with open(os.path.join(args.out, "manifest.json"), "w") as f:
         json.dump(manifest, f, ensure_ascii=False)
 

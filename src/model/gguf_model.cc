@@ -208,6 +208,7 @@ Status read_gemma3(const GgufFile& file, const std::string& prefix, ModelConfig*
   const int64_t query_scalar = config->num_layers == 62 ? config->hidden_size / config->num_heads : config->head_dim;
   config->attention_scale = 1.0 / std::sqrt(double(query_scalar));
   config->sandwich_norms = config->scale_embeddings = true;
+  config->embedding_scale_in_dtype = false;  // llama.cpp: ggml_scale by sqrtf(n_embd) on F32 rows
   config->norm_adds_one = false;
   config->activation = Activation::kGeluTanh;
   return Status::ok();

@@ -104,11 +104,12 @@ void gated_activation(Activation activation, float* gate, const float* up, size_
   }
 }
 
-// x = embed(token) (× √hidden rounded to the checkpoint's dtype where the family scales: transformers
-// multiplies by the scale in the weights' dtype).
+// x = embed(token) (× √hidden where the family scales, rounded to the checkpoint's dtype where the
+// model says so: transformers multiplies by the scale in the weights' dtype, llama.cpp in F32).
 float embedding_scale(const ModelConfig& c) {
   const float scale = std::sqrt(float(c.hidden_size));
   if (!c.scale_embeddings) return 1.0f;
+  if (!c.embedding_scale_in_dtype) return scale;
   if (c.dtype == DType::kBF16) return bf16_to_float(float_to_bf16(scale));
   if (c.dtype == DType::kF16) return fp16_to_float(float_to_fp16(scale));
   return scale;

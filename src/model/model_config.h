@@ -71,7 +71,10 @@ struct ModelConfig {
   bool qk_norm = false;           // Qwen3, Gemma 3: RMSNorm over each head's q and k before RoPE
   bool norm_adds_one = false;     // Gemma: RMSNorm scales by (1 + w) (the stored w is the offset from 1)
   bool sandwich_norms = false;    // Gemma 3: attention and MLP outputs are normed before the residual add
-  bool scale_embeddings = false;  // Gemma: embeddings × √hidden_size, rounded to `dtype` as transformers does
+  bool scale_embeddings = false;  // Gemma: embeddings × √hidden_size
+  // How that scale is applied: rounded to `dtype` first, as transformers multiplies in the weights'
+  // dtype (config.json); or as an F32 value, as llama.cpp multiplies (GGUF).
+  bool embedding_scale_in_dtype = true;
   Activation activation = Activation::kSilu;
   double attention_scale = 0;     // softmax scale: 1/√query_pre_attn_scalar (Gemma) or 1/√head_dim
   double final_logit_softcap = 0; // Gemma: logits = cap·tanh(logits / cap); 0: none

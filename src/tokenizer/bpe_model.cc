@@ -1,5 +1,6 @@
 #include "tokenizer/bpe_model.h"
 
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <queue>
@@ -93,6 +94,13 @@ Expected<BpeModel> BpeModel::from_json(const Json& spec, const std::string& path
   if (merges == nullptr) return error(merges_path, ": missing (expected an array of merges)");
   if (!merges->is_array()) return error(merges_path, ": expected an array of merges, found ", json_field::describe(*merges));
   model.merges_.reserve(merges->size());
+  // slimkv's extension: explicit ranks, equal for merges that tie (see bpe_model.h).
+  const std::string ranks_path = json_field::member_path(path, "merge_ranks");
+  const Json* ranks = json_field::find(spec, "merge_ranks");
+  if (ranks != nullptr && !(ranks->is_array() && ranks->size() == merges->size())) {
+    return error(ranks_path, ": expected an array of one rank per merge (", merges->size(), "), found ",
+                 json_field::describe(*ranks));
+  }
   const size_t prefix_size = model.continuing_subword_prefix_.size();
   int32_t rank = 0;
   for (size_t i = 0; i < merges->size(); ++i) {
@@ -112,6 +120,14 @@ Expected<BpeModel> BpeModel::from_json(const Json& spec, const std::string& path
     auto merged_it = model.vocab_.find(merged);
     if (merged_it == model.vocab_.end()) {
       return error(entry_path, ": merged token \"", merged, "\" is not in ", vocab_path);
+    }
+    if (ranks != nullptr) {
+      const Json& given = (*ranks)[i];
+      if (!given.is_number_unsigned() || given.get<uint64_t>() > uint64_t(std::numeric_limits<int32_t>::max())) {
+        return error(json_field::element_path(ranks_path, i), ": expected a rank (an integer 0 .. 2147483647), found ",
+                     json_field::describe(given));
+      }
+      rank = static_cast<int32_t>(given.get<uint64_t>());
     }
     model.merges_[pair_key(left_it->second, right_it->second)] = Merge{rank, merged_it->second};
     ++rank;

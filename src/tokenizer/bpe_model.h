@@ -4,6 +4,11 @@
 // Supported options: merges as "a b" strings or ["a", "b"] pairs, ignore_merges, byte_fallback,
 // unk_token, fuse_unk, continuing_subword_prefix, end_of_word_suffix. dropout other than null/0 is
 // refused (inference must be deterministic).
+// One extension of slimkv's own (HF's format has none such): "merge_ranks", one integer per merge; a
+// word's adjacent pairs merge lowest rank first and, among equal ranks, leftmost first. That is how
+// SentencePiece (and llama.cpp's llm_tokenizer_spm) merge pieces of equal score, which a list's order
+// cannot say; GGUF SentencePiece vocabularies use it (tokenizer/gguf_tokenizer.cc). Absent, a merge's
+// rank is its place in the list.
 //
 // Speed: words are cached (bounded, shared by threads), and a word is merged with a min-heap of
 // candidate merges over a linked list of symbols, O(n log n) in the word's length.

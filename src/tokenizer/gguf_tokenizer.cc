@@ -202,10 +202,18 @@ Expected<std::string> byte_level_tokenizer_json(const GgufFile& file) {
 // are ▁, with one prepended to each run of text when add_space_prefix (llama.cpp's default).
 // tokenizer.json's BPE says the same with merges ranked by that score: every split of every entry
 // into two entries, best score first, which is how transformers writes Llama's and Gemma's
-// tokenizer.json (convert_slow_tokenizer's SentencePieceExtractor).
+// tokenizer.json (convert_slow_tokenizer's SentencePieceExtractor). A list's order alone would rank
+// merges of equal score one before the other and apply the first everywhere before the second;
+// SentencePiece and llama.cpp take the leftmost of them, so equal scores get equal ranks
+// ("merge_ranks", bpe_model.h), which BpeModel applies leftmost first.
 // ---------------------------------------------------------------------------------------------
 
-Expected<Json> merges_by_score(const GgufFile& file, const std::vector<std::string>& tokens) {
+struct ScoredMerges {
+  Json merges = Json::array();  // ["left", "right"], best score first
+  Json ranks = Json::array();   // one per merge: how many distinct better scores there are
+};
+
+Expected<ScoredMerges> merges_by_score(const GgufFile& file, const std::vector<std::string>& tokens) {
   SLIMKV_ASSIGN_OR_RETURN(const std::vector<double>* scores, file.get_reals("tokenizer.ggml.scores"));
   if (scores->size() != tokens.size()) {
     return error(file.path(), ": metadata 'tokenizer.ggml.scores' has ", scores->size(),
@@ -233,17 +241,21 @@ Expected<Json> merges_by_score(const GgufFile& file, const std::vector<std::stri
     }
   }
   std::stable_sort(merges.begin(), merges.end(), [](const Merge& a, const Merge& b) { return a.score > b.score; });
-  Json list = Json::array();
-  for (const Merge& merge : merges) {
+  ScoredMerges scored;
+  int64_t rank = -1;
+  for (size_t i = 0; i < merges.size(); ++i) {
+    const Merge& merge = merges[i];
     const std::string& token = tokens[merge.merged_id];
-    list.push_back(Json::array({token.substr(0, merge.split), token.substr(merge.split)}));
+    scored.merges.push_back(Json::array({token.substr(0, merge.split), token.substr(merge.split)}));
+    if (i == 0 || merge.score != merges[i - 1].score) ++rank;
+    scored.ranks.push_back(rank);
   }
-  return list;
+  return scored;
 }
 
 Expected<std::string> sentencepiece_tokenizer_json(const GgufFile& file) {
   SLIMKV_ASSIGN_OR_RETURN(Vocabulary v, read_vocabulary(file, /*user_defined_normalized=*/false, /*add_bos_default=*/true));
-  SLIMKV_ASSIGN_OR_RETURN(Json merges, merges_by_score(file, *v.tokens));
+  SLIMKV_ASSIGN_OR_RETURN(ScoredMerges merges, merges_by_score(file, *v.tokens));
   SLIMKV_ASSIGN_OR_RETURN(const bool add_space_prefix, flag(file, "tokenizer.ggml.add_space_prefix", true));
   Json unk_token = nullptr;
   SLIMKV_ASSIGN_OR_RETURN(const int64_t unk, optional_id(file, "tokenizer.ggml.unknown_token_id", v.tokens->size()));
@@ -259,7 +271,7 @@ Expected<std::string> sentencepiece_tokenizer_json(const GgufFile& file) {
   Json decoders = {Json{{"type", "Replace"}, {"pattern", {{"String", "▁"}}}, {"content", " "}},
                    Json{{"type", "ByteFallback"}}, Json{{"type", "Fuse"}}};
   if (add_space_prefix) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
-  const Json tokenizer = {
+  Json tokenizer = {
       {"version", "1.0"},
       {"truncation", nullptr},
       {"padding", nullptr},
@@ -268,8 +280,9 @@ Expected<std::string> sentencepiece_tokenizer_json(const GgufFile& file) {
       {"pre_tokenizer", nullptr},
       {"post_processor", v.post_processor},
       {"decoder", {{"type", "Sequence"}, {"decoders", decoders}}},
-      {"model", bpe_model(v, unk_token, /*byte_fallback=*/true, /*ignore_merges=*/false, std::move(merges))},
+      {"model", bpe_model(v, unk_token, /*byte_fallback=*/true, /*ignore_merges=*/false, std::move(merges.merges))},
   };
+  tokenizer["model"]["merge_ranks"] = std::move(merges.ranks);
   return dump(tokenizer, file);
 }
 

@@ -7,7 +7,8 @@
 //   "gpt2" (byte-level BPE): .merges ("a b", by rank) and .pre (the pre-tokenizer: a row of
 //     kPreTokenizers in the .cc, named as llama.cpp names them);
 //   "llama" (SentencePiece: Llama 2, Mistral v0.1, Gemma): .scores, the merges derived from them as
-//     transformers does for tokenizer.json, byte fallback to <0xNN> tokens, ▁ for spaces and
+//     transformers does for tokenizer.json (merges of equal score ranked equal, so that the leftmost
+//     merges first, as in llama.cpp), byte fallback to <0xNN> tokens, ▁ for spaces and
 //     .add_space_prefix (default true, as llama.cpp's).
 // Other models and pre-tokenizers are refused, naming the key and the value.
 #pragma once

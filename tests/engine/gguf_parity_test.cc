@@ -15,6 +15,7 @@
 #include "slimkv/npy.h"
 #include "slimkv/tokenizer.h"
 #include "tokenizer/gguf_tokenizer.h"
+#include "util/half.h"
 #include "source_dir.h"
 
 namespace slimkv {
@@ -124,7 +125,19 @@ TEST(GgufParity, TokenizerFromMetadataMatchesLlamaCppAndTokenizerJson) {
 // or slimkv's safetensors path (held to transformers by hf_parity_test). This checks that what the
 // converter changed is undone: Gemma's norms stored as 1 + w, its sandwich norms' names, the stacked
 // experts. The files were converted from BF16 weights, which F16 holds exactly, so the bar is
-// hf_parity_test's own.
+// hf_parity_test's own, save for one difference by design: a Gemma 3 GGUF scales the embeddings by
+// √hidden in F32 (as llama.cpp), its checkpoint by √hidden rounded to BF16 (as transformers). The
+// residual stream then starts that rounding (δ, relative) apart, and the logits may differ by about as
+// much: the bar grows by 2δ there.
+double embedding_scale_rounding(const ModelConfig& gguf, const ModelConfig& checkpoint) {
+  if (!gguf.scale_embeddings || gguf.embedding_scale_in_dtype == checkpoint.embedding_scale_in_dtype) return 0;
+  const float scale = std::sqrt(float(checkpoint.hidden_size));
+  const float rounded = checkpoint.dtype == DType::kBF16  ? bf16_to_float(float_to_bf16(scale))
+                        : checkpoint.dtype == DType::kF16 ? fp16_to_float(float_to_fp16(scale))
+                                                          : scale;
+  return std::abs(double(rounded) - double(scale)) / double(scale);
+}
+
 TEST(GgufParity, F16FilesMatchTheirHuggingFaceCheckpoint) {
   const nlohmann::json m = manifest();
   int checked = 0;
@@ -135,6 +148,7 @@ TEST(GgufParity, F16FilesMatchTheirHuggingFaceCheckpoint) {
     ASSERT_TRUE(engine);
     std::vector<int32_t> tokens;
     std::vector<float> golden;
+    double bar = 1e-4;
     if (entry.contains("transformers_golden")) {
       const std::string dir = std::string(SLIMKV_SOURCE_DIR) + "/" + entry["transformers_golden"].get<std::string>();
       tokens = golden_tokens(dir);
@@ -148,23 +162,26 @@ TEST(GgufParity, F16FilesMatchTheirHuggingFaceCheckpoint) {
       auto logits = checkpoint->new_session()->prefill(tokens, /*all_logits=*/true);
       ASSERT_TRUE(logits) << logits.status().message();
       golden = *logits;
+      bar += 2 * embedding_scale_rounding(engine->model_config(), checkpoint->model_config());
     }
     auto prefill = engine->new_session()->prefill(tokens, /*all_logits=*/true);
     ASSERT_TRUE(prefill) << prefill.status().message();
     ASSERT_EQ(prefill->size(), golden.size());
     const double prefill_error = relative_max_error(*prefill, golden);
-    EXPECT_LT(prefill_error, 1e-4);
-    std::printf("%s: max error / max|logit| vs %s: %.2e\n", file.c_str(),
-                entry.contains("transformers_golden") ? "transformers" : "its safetensors checkpoint", prefill_error);
+    EXPECT_LT(prefill_error, bar);
+    std::printf("%s: max error / max|logit| vs %s: %.2e (bar %.2e)\n", file.c_str(),
+                entry.contains("transformers_golden") ? "transformers" : "its safetensors checkpoint", prefill_error, bar);
     ++checked;
   }
   EXPECT_EQ(checked, 3);
 }
 
 // SentencePiece tokenizers from GGUF metadata (model "llama": a Llama-2-style vocabulary with a space
-// prefix, and the Gemma 3 fixture's without) against sentencepiece's own ids for the same model and
-// llama.cpp's on the same file: texts with unicode (byte fallback), digits, leading and repeated spaces,
-// newlines and tabs.
+// prefix, the same with runs of 8 merges of equal score, and the Gemma 3 fixture's without a prefix)
+// against sentencepiece's own ids for the same model and llama.cpp's on the same file: texts with
+// unicode (byte fallback), digits, leading and repeated spaces, newlines and tabs. Where scores tie,
+// both merge the leftmost pair first; the same merges ranked by their place in the list (the
+// tokenizer.json without "merge_ranks") must depart from them there, or the file tests no tie.
 TEST(GgufParity, SentencePieceTokenizerMatchesSentencePieceAndLlamaCpp) {
   const nlohmann::json m = manifest();
   const nlohmann::json& spm = m["spm_tokenizers"];
@@ -176,10 +193,19 @@ TEST(GgufParity, SentencePieceTokenizerMatchesSentencePieceAndLlamaCpp) {
     SCOPED_TRACE(file);
     auto tokenizer = load_gguf_tokenizer(kDir + "/" + file);
     ASSERT_TRUE(tokenizer) << tokenizer.status().message();
-    size_t byte_fallbacks = 0, sentencepiece_departures = 0;
+    auto gguf = GgufFile::open(kDir + "/" + file);
+    ASSERT_TRUE(gguf) << gguf.status().message();
+    auto json = gguf_tokenizer_json(*gguf);
+    ASSERT_TRUE(json) << json.status().message();
+    nlohmann::json untied = nlohmann::json::parse(*json);
+    untied["model"].erase("merge_ranks");
+    auto list_order = Tokenizer::from_json(untied.dump(), file + " without merge_ranks");
+    ASSERT_TRUE(list_order) << list_order.status().message();
+    size_t byte_fallbacks = 0, sentencepiece_departures = 0, list_order_departures = 0;
     for (size_t i = 0; i < texts.size(); ++i) {
       SCOPED_TRACE(texts[i]);
       const std::vector<int32_t> ids = tokenizer->encode(texts[i], /*add_special_tokens=*/false);
+      list_order_departures += list_order->encode(texts[i], false) != entry["llama_cpp_ids"][i].get<std::vector<int32_t>>();
       const auto sentencepiece_ids = entry["sentencepiece_ids"][i].get<std::vector<int32_t>>();
       EXPECT_EQ(ids, entry["llama_cpp_ids"][i].get<std::vector<int32_t>>()) << "llama.cpp";
       // sentencepiece reads special tokens in the text as plain text; llama.cpp (and HF's tokenizer.json
@@ -197,12 +223,20 @@ TEST(GgufParity, SentencePieceTokenizerMatchesSentencePieceAndLlamaCpp) {
     }
     EXPECT_LE(sentencepiece_departures, 1u);  // the one text of special tokens
     EXPECT_GT(byte_fallbacks, 0u);            // the texts reach characters the vocabulary lacks
+    // Merge scores are distinct in trained vocabularies, so only the tied file needs the ranks.
+    if (file.find("ties") != std::string::npos) {
+      EXPECT_GT(list_order_departures, 0u);
+    } else {
+      EXPECT_EQ(list_order_departures, 0u);
+    }
+    std::printf("%s: merges in list order (ties broken by token id) depart from llama.cpp on %zu of %zu texts\n",
+                file.c_str(), list_order_departures, texts.size());
     const std::vector<int32_t> with_bos = tokenizer->encode("Hello", /*add_special_tokens=*/true);
     ASSERT_FALSE(with_bos.empty());
     EXPECT_EQ(tokenizer->token_text(with_bos[0]).value_or(""), file.starts_with("gemma3") ? "<bos>" : "<s>");
     ++files;
   }
-  EXPECT_EQ(files, 2);
+  EXPECT_EQ(files, 3);
 }
 
 }  // namespace

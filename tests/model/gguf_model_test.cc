@@ -42,6 +42,7 @@ TEST(GgufModel, Gemma3KeysAndLlamaCppsFixedChoices) {
   EXPECT_DOUBLE_EQ(config->attention_scale, 1.0 / std::sqrt(16.0));
   EXPECT_TRUE(config->qk_norm && config->sandwich_norms && config->scale_embeddings);
   EXPECT_FALSE(config->norm_adds_one);  // the converter stored 1 + w
+  EXPECT_FALSE(config->embedding_scale_in_dtype);  // llama.cpp scales by sqrtf(hidden) in F32
   EXPECT_EQ(config->activation, Activation::kGeluTanh);
   EXPECT_TRUE(config->tie_word_embeddings);
 }

@@ -142,6 +142,19 @@ TEST(TokenizerBpe, EqualRanksMergeLeftmostFirst) {
   EXPECT_EQ(tokenizer.encode("aaaa"), (Ids{1, 1}));
 }
 
+TEST(TokenizerBpe, MergeRanksOfEqualValueMergeLeftmostFirst) {
+  // "abc": bc and ab tie, so the leftmost pair (ab) merges first, then ab + c: as SentencePiece merges
+  // pieces of equal score. In list order bc would go first and a + bc is no merge.
+  Json spec = bpe_spec({"a", "b", "c", "ab", "bc", "abc"}, {"b c", "a b", "ab c"});
+  EXPECT_EQ(load(spec).encode("abc"), (Ids{0, 4}));
+  spec["model"]["merge_ranks"] = Json::array({0, 0, 1});
+  EXPECT_EQ(load(spec).encode("abc"), (Ids{5}));
+  EXPECT_EQ(load(spec).encode("bcab"), (Ids{4, 3}));
+  // Ranks order merges against the list: a b (rank 1) before b c (rank 2).
+  spec["model"]["merge_ranks"] = Json::array({2, 1, 0});
+  EXPECT_EQ(load(spec).encode("abc"), (Ids{5}));
+}
+
 TEST(TokenizerBpe, MergesAsPairsEqualMergesAsStrings) {
   Json spec = bpe_spec({"a", "b", "c", "ab", "abc"}, {});
   spec["model"]["merges"] = Json::array({Json::array({"a", "b"}), Json::array({"ab", "c"})});
@@ -459,6 +472,11 @@ TEST(TokenizerLoadErrors, UnknownStageTypesNameTheField) {
 
 TEST(TokenizerLoadErrors, BadVocabAndMerges) {
   expect_error_mentions(bpe_spec({"a", "b"}, {"a c"}), {"model.merges[0]", "\"c\" is not in model.vocab"});
+  Json ranks = bpe_spec({"a", "b", "ab"}, {"a b"});
+  ranks["model"]["merge_ranks"] = Json::array({0, 1});
+  expect_error_mentions(ranks, {"model.merge_ranks", "one rank per merge (1)"});
+  ranks["model"]["merge_ranks"] = Json::array({-1});
+  expect_error_mentions(ranks, {"model.merge_ranks[0]", "expected a rank"});
   expect_error_mentions(bpe_spec({"a", "b"}, {"a b"}), {"model.merges[0]", "merged token \"ab\""});
   expect_error_mentions(bpe_spec({"a", "b"}, {"a b c"}), {"model.merges[0]", "two tokens"});
   Json spec = bpe_spec({"a", "b"}, {});
