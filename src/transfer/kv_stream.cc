@@ -356,16 +356,20 @@ Status KvStreamSender::send_device(std::shared_ptr<const DeviceKvTransfer> kv) {
   SLIMKV_ASSIGN_OR_RETURN(const CudaPlugin* plugin, cuda_plugin());
   if (nccl()) return send_over_nccl(*plugin, std::move(kv));
   SLIMKV_ASSIGN_OR_RETURN(const auto handle, plugin->ipc_handle_of(kv->pages.get()));
-  const std::string header = json{{"num_layers", kv->num_layers},
-                                  {"sealed_blocks", kv->sealed_blocks},
-                                  {"page_bytes", kv->page_bytes},
-                                  {"handle", hex_of(handle)}}.dump();
-  const std::array<uint8_t, 4> header_bytes = {uint8_t(header.size()), uint8_t(header.size() >> 8),
-                                               uint8_t(header.size() >> 16), uint8_t(header.size() >> 24)};
-  const std::span<const uint8_t> parts[] = {header_bytes, bytes_of(header), kv->open};
-  SLIMKV_RETURN_IF_ERROR(send(KvFrameType::kKvDevice, parts));
+  SLIMKV_RETURN_IF_ERROR(send_kv_device_frame(*kv, "handle", hex_of(handle)));
   device_kv_ = std::move(kv);  // the receiver copies from it until it answers
   return Status::ok();
+}
+
+Status KvStreamSender::send_kv_device_frame(const DeviceKvTransfer& kv, const char* path_key, const json& path_value) {
+  const std::string header = json{{"num_layers", kv.num_layers},
+                                  {"sealed_blocks", kv.sealed_blocks},
+                                  {"page_bytes", kv.page_bytes},
+                                  {path_key, path_value}}.dump();
+  const std::array<uint8_t, 4> header_bytes = {uint8_t(header.size()), uint8_t(header.size() >> 8),
+                                               uint8_t(header.size() >> 16), uint8_t(header.size() >> 24)};
+  const std::span<const uint8_t> parts[] = {header_bytes, bytes_of(header), kv.open};
+  return send(KvFrameType::kKvDevice, parts);
 }
 
 Status KvStreamSender::send_over_nccl(const CudaPlugin& plugin, std::shared_ptr<const DeviceKvTransfer> kv) {
@@ -379,14 +383,7 @@ Status KvStreamSender::send_over_nccl(const CudaPlugin& plugin, std::shared_ptr<
   }
   // A capped link goes in pieces, each paced as TCP's frames are.
   const uint64_t piece_bytes = bucket_.capped() ? uint64_t(16) << 20 : 0;
-  const std::string header = json{{"num_layers", kv->num_layers},
-                                  {"sealed_blocks", kv->sealed_blocks},
-                                  {"page_bytes", kv->page_bytes},
-                                  {"nccl_piece_bytes", piece_bytes}}.dump();
-  const std::array<uint8_t, 4> header_bytes = {uint8_t(header.size()), uint8_t(header.size() >> 8),
-                                               uint8_t(header.size() >> 16), uint8_t(header.size() >> 24)};
-  const std::span<const uint8_t> parts[] = {header_bytes, bytes_of(header), kv->open};
-  SLIMKV_RETURN_IF_ERROR(send(KvFrameType::kKvDevice, parts));
+  SLIMKV_RETURN_IF_ERROR(send_kv_device_frame(*kv, "nccl_piece_bytes", piece_bytes));
   const Status sent = plugin.nccl_send(*nccl_link_->link, kv->pages.get(), kv->pages_bytes(), piece_bytes,
                                        [this](uint64_t bytes) { bucket_.take(size_t(bytes)); }, options_.io_timeout);
   if (!sent.is_ok()) {

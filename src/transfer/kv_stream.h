@@ -149,6 +149,9 @@ class KvStreamSender {
   // forgets one the receiver no longer has (that stream goes over TCP).
   Status take_nccl_answer(const nlohmann::json& answer, const std::string& address, std::shared_ptr<NcclPeerLink> nccl);
   Status send_over_nccl(const CudaPlugin& plugin, std::shared_ptr<const DeviceKvTransfer> kv);
+  // KV_DEVICE: the pages' layout and the path's own field (the IPC handle, or NCCL's piece size), then
+  // the open tokens' transfer.
+  Status send_kv_device_frame(const DeviceKvTransfer& kv, const char* path_key, const nlohmann::json& path_value);
   Status send(KvFrameType type, std::span<const std::span<const uint8_t>> parts);
   // `blocks` (every head's, head by head) less the first `skip` of each head's.
   std::vector<uint8_t> without_first_blocks(std::span<const uint8_t> blocks, int skip) const;

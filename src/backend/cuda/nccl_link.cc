@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 
@@ -115,8 +116,7 @@ class NcclLink {
     const ncclResult_t issued = op(comm_, stream_);
     if (issued != ncclSuccess && issued != ncclInProgress) return fail(issued, what);
     SLIMKV_RETURN_IF_ERROR(wait_for_comm(timeout, what));
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
+    return poll(timeout, what, [&]() -> std::optional<Status> {
       const cudaError_t done = cudaStreamQuery(stream_);
       if (done == cudaSuccess) return Status::ok();
       if (done != cudaErrorNotReady) {
@@ -127,6 +127,31 @@ class NcclLink {
       ncclResult_t state = ncclSuccess;
       api_.get_async_error(comm_, &state);
       if (state != ncclSuccess && state != ncclInProgress) return fail(state, what);
+      return std::nullopt;
+    });
+  }
+
+  // Waits until the communicator has no call in progress (a non-blocking communicator's calls return
+  // before they are done).
+  Status wait_for_comm(std::chrono::milliseconds timeout, const char* what) {
+    return poll(timeout, what, [&]() -> std::optional<Status> {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t asked = api_.get_async_error(comm_, &state);
+      if (asked != ncclSuccess) return fail(asked, what);
+      if (state == ncclSuccess) return Status::ok();
+      if (state != ncclInProgress) return fail(state, what);
+      return std::nullopt;
+    });
+  }
+
+ private:
+  // Calls `step` (a status when done or failed, nullopt to keep waiting) until the deadline, which
+  // breaks the link: a peer that died or never came leaves it unusable.
+  template <typename Step>
+  Status poll(std::chrono::milliseconds timeout, const char* what, Step step) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      if (std::optional<Status> result = step()) return *result;
       if (std::chrono::steady_clock::now() > deadline) {
         broken_ = true;
         return error("NCCL link: ", what, " did not complete within ", std::chrono::duration<double>(timeout).count(),
@@ -136,26 +161,6 @@ class NcclLink {
     }
   }
 
-  // Waits until the communicator has no call in progress (a non-blocking communicator's calls return
-  // before they are done).
-  Status wait_for_comm(std::chrono::milliseconds timeout, const char* what) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      ncclResult_t state = ncclSuccess;
-      const ncclResult_t asked = api_.get_async_error(comm_, &state);
-      if (asked != ncclSuccess) return fail(asked, what);
-      if (state == ncclSuccess) return Status::ok();
-      if (state != ncclInProgress) return fail(state, what);
-      if (std::chrono::steady_clock::now() > deadline) {
-        broken_ = true;
-        return error("NCCL link: ", what, " did not complete within ", std::chrono::duration<double>(timeout).count(),
-                     " s: is the other worker alive?");
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-  }
-
- private:
   Status fail(ncclResult_t result, const char* what) {
     broken_ = true;
     const char* detail = api_.last_error(comm_);
