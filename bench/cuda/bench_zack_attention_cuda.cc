@@ -37,7 +37,7 @@ struct Options {
   double spread = 0.5;
   bool skewed = false;
   int repetitions = 20;
-  int tasks_per_warp = 2;
+  int tasks_per_cta = 1;
   unsigned seed = 26;
 };
 
@@ -89,7 +89,7 @@ Expected<double> dense_ms(const Options& o, int context) {
 }
 
 struct ZackTimes {
-  double balanced_ms, uniform_ms, padding;
+  double balanced_ms, uniform_ms;
 };
 
 // ms per decode step of ZACK attention at these ranks, both schedules.
@@ -107,7 +107,7 @@ Expected<ZackTimes> zack_ms(const Options& o, int context, const Ranks& r) {
     }
   }
   SLIMKV_ASSIGN_OR_RETURN(auto cache, CudaZackKvCache::create(shape));
-  SLIMKV_ASSIGN_OR_RETURN(auto attention, CudaZackAttention::create({1, o.heads, o.kv_heads, d, o.batch, o.batch, r.k, r.v, o.tasks_per_warp}));
+  SLIMKV_ASSIGN_OR_RETURN(auto attention, CudaZackAttention::create({1, o.heads, o.kv_heads, d, o.batch, o.batch, r.k, r.v, o.tasks_per_cta}));
   const size_t chunk = size_t(shape.max_step_tokens) * o.kv_heads * d;
   SLIMKV_ASSIGN_OR_RETURN(auto k, DeviceArray<uint16_t>::allocate(chunk, "K chunk"));
   SLIMKV_ASSIGN_OR_RETURN(auto v, DeviceArray<uint16_t>::allocate(chunk, "V chunk"));
@@ -129,7 +129,7 @@ Expected<ZackTimes> zack_ms(const Options& o, int context, const Ranks& r) {
   SLIMKV_RETURN_IF_ERROR(fill_random_fp16(q.data(), q_elements, 99, 1.0f));
   const PagedAttentionBatch batch{ids, std::vector<int>(size_t(o.batch), context), std::vector<int>(size_t(o.batch), 1)};
   const float scale = 1.0f / std::sqrt(float(d));
-  ZackTimes times{0, 0, cache->padding_fraction()};
+  ZackTimes times{0, 0};
   for (ZackSchedule schedule : {ZackSchedule::kBalanced, ZackSchedule::kUniform}) {
     SLIMKV_RETURN_IF_ERROR(attention->plan(batch, schedule));
     SLIMKV_ASSIGN_OR_RETURN(double ms, median_launch_ms([&] { return attention->run(0, cache->view(0), q.data(), scale, out.data()); },
@@ -151,7 +151,7 @@ int run(int argc, char** argv) {
   app.add_option("--spread", o.spread, "log-normal sigma of the ranks around their mean")->capture_default_str();
   app.add_flag("--skewed", o.skewed, "also heads alternating between rank d and rank 8");
   app.add_option("--repetitions", o.repetitions)->capture_default_str();
-  app.add_option("--tasks-per-warp", o.tasks_per_warp, "ZACK attention tasks per resident warp")
+  app.add_option("--tasks-per-cta", o.tasks_per_cta, "ZACK attention tasks per resident CTA")
       ->check(CLI::Range(1, 64))->capture_default_str();
   app.add_option("--seed", o.seed)->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -171,7 +171,7 @@ int run(int argc, char** argv) {
     variants.push_back(skewed);
   }
   std::printf("decode attention: batch %d, %d q / %d KV heads, d %d; dense FP16 vs zack (balanced | uniform schedule), "
-              "%d tasks per resident warp\n", o.batch, o.heads, o.kv_heads, o.head_dim, o.tasks_per_warp);
+              "%d tasks per resident CTA\n", o.batch, o.heads, o.kv_heads, o.head_dim, o.tasks_per_cta);
   for (const Ranks& r : variants) {
     std::string k, v;
     for (int g = 0; g < o.kv_heads; ++g) k += str_cat(g ? "," : "", r.k[size_t(g)]), v += str_cat(g ? "," : "", r.v[size_t(g)]);
@@ -184,15 +184,13 @@ int run(int argc, char** argv) {
     auto dense = dense_ms(o, context);
     if (failed(dense.status())) return 1;
     std::printf("%8d %10.4f", context, *dense);
-    double padding = 0;
     for (const Ranks& r : variants) {
       auto z = zack_ms(o, context, r);
       if (failed(z.status())) return 1;
-      padding = std::max(padding, z->padding);
       std::printf(" | %-10s %8.4f %8.4f %7.2f %7.2f", "", z->balanced_ms, z->uniform_ms, *dense / z->balanced_ms,
                   z->uniform_ms / z->balanced_ms);
     }
-    std::printf("   (padding <= %.2f%%)\n", 100.0 * padding);
+    std::printf("\n");
     std::fflush(stdout);
   }
   return 0;

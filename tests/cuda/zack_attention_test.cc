@@ -184,7 +184,7 @@ TEST_F(ZackAttentionTest, PerHeadRanksMatchTheReference) {
   }
 }
 
-TEST_F(ZackAttentionTest, PaddingIsOnlyTheEvenVRow) {
+TEST_F(ZackAttentionTest, ABlockHoldsExactlyItsRanks) {
   ZackKvShape shape;
   shape.num_layers = 1, shape.num_heads = 2, shape.num_kv_heads = 2, shape.head_dim = 128, shape.num_blocks = 2;
   shape.max_sequences = 1, shape.max_blocks_per_sequence = 2, shape.max_step_tokens = 1;
@@ -193,8 +193,7 @@ TEST_F(ZackAttentionTest, PaddingIsOnlyTheEvenVRow) {
   shape.qk_bases.assign(size_t(5 + 128) * 128, 0.0f);
   auto cache = take(CudaZackKvCache::create(shape));
   ASSERT_TRUE(cache);
-  EXPECT_EQ(CudaZackKvCache::block_bytes(shape.k_ranks, shape.v_ranks), size_t(5 + 8 + 128 + 64) * 64 * 2);
-  EXPECT_DOUBLE_EQ(cache->padding_fraction(), 1.0 / (5 + 8 + 128 + 64));
+  EXPECT_EQ(CudaZackKvCache::block_bytes(shape.k_ranks, shape.v_ranks), size_t(5 + 7 + 128 + 64) * 64 * 2);
   EXPECT_EQ(cache->device_bytes(), 2 * CudaZackKvCache::block_bytes(shape.k_ranks, shape.v_ranks));
   shape.v_ranks = {0, 64};
   EXPECT_FALSE(CudaZackKvCache::create(shape).has_value());

@@ -2,16 +2,22 @@
 // shared memory, the tensor-core mma shapes, and a packed field's codes spread one per byte.
 #pragma once
 
+#include <cuda_fp16.h>
+
 #include <cstdint>
 
 namespace slimkv::cuda {
 
-// Copies 16 bytes global → shared without passing through registers; fills zeros instead when
-// !valid (src-size 0): tokens past a sequence's end are never read, and their zero V times a zero
-// weight stays zero (whatever sits in the pool could be NaN).
-__device__ __forceinline__ void cp_async_16(void* shared, const void* global, bool valid = true) {
+// Copies the first `bytes` (0..16) of 16 bytes global → shared without passing through registers and
+// fills the rest with zeros (src-size): tokens past a sequence's end are never read, and their zero V
+// times a zero weight stays zero (whatever sits in the pool could be NaN).
+__device__ __forceinline__ void cp_async_16_partial(void* shared, const void* global, int bytes) {
   const unsigned address = unsigned(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(global), "r"(valid ? 16 : 0));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(global), "r"(bytes));
+}
+// All 16 bytes, or zeros instead when !valid.
+__device__ __forceinline__ void cp_async_16(void* shared, const void* global, bool valid = true) {
+  cp_async_16_partial(shared, global, valid ? 16 : 0);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
@@ -44,6 +50,33 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* barrier, unsigned parity
   }
 }
 
+// Four 8×8 FP16 matrices from shared memory; lane l gives the address of row l % 8 of matrix l / 8.
+// Lane t receives row t / 4, columns 2(t % 4) and +1 of each (transposed with .trans).
+__device__ inline void ldmatrix_x4(unsigned (&r)[4], const void* shared) {
+  const unsigned address = unsigned(__cvta_generic_to_shared(shared));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+__device__ inline void ldmatrix_x4_trans(unsigned (&r)[4], const void* shared) {
+  const unsigned address = unsigned(__cvta_generic_to_shared(shared));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+__device__ inline unsigned pack_halves(float low, float high) {
+  const __half2 pair = __floats2half2_rn(low, high);
+  return *reinterpret_cast<const unsigned*>(&pair);
+}
+
+// Shared tiles are rows of kRowHalves halves in 16-byte chunks; chunk c of row r sits at c ^ (r % 8),
+// so the 8 rows one ldmatrix phase reads fall in 8 different bank groups (no conflicts).
+template <int kRowHalves>
+__device__ inline int swizzled(int row, int chunk) {
+  return row * kRowHalves + ((chunk ^ (row % 8)) * 8);
+}
+
 // d += a · b for a 16×16 FP16 A (row-major fragment), a 16×8 FP16 B (column-major fragment), FP32 d.
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -51,6 +84,18 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The same for an A whose rows 8..15 are zero (decode tiles of at most 8 rows): a0 / a1 = a[0] / a[2]
+// above, d = (c0, c1) of rows 0..7 only. The mma's rows 8..15 are written to registers left dead, so
+// they take none of the accumulators.
+__device__ __forceinline__ void mma_16816_rows_0_to_7(float (&d)[2], uint32_t a0, uint32_t a1, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "{\n .reg .f32 unused<2>;\n"
+      " mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, unused0, unused1}, {%2, %6, %3, %6}, {%4, %5}, "
+      "{%0, %1, %7, %7};\n}\n"
+      : "+f"(d[0]), "+f"(d[1])
+      : "r"(a0), "r"(a1), "r"(b0), "r"(b1), "r"(0u), "f"(0.0f));
 }
 
 // d += a · b for a 16×32 u8 A (row-major fragment), a 32×8 u8 B (column-major fragment), s32 d. Lane

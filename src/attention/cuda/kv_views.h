@@ -51,11 +51,12 @@ struct QuantizedKvView {
 };
 
 // Where one KV head's part of a ZACK block sits (ZACK §5.2: every (layer, KV head) keeps its own
-// ranks), in FP16 elements from the block's start. K is dim-major [k_rank, kCudaBlockTokens] (a lane reads
-// two tokens of one dim: coalesced whatever the rank); V token-major [kCudaBlockTokens, v_stride] with
-// v_stride = v_rank rounded up to even (two dims per lane); both start on a multiple of 64 elements.
+// ranks), in FP16 elements from the block's start: K' then V', both dim-major ([rank, kCudaBlockTokens]:
+// a dim's 64 tokens are one 128-byte row, so every rank stages in whole 16-byte pieces and no padding
+// is stored), V' right after K' (v_offset = k_offset + k_rank · kCudaBlockTokens: the kernel copies a
+// head's part of a block as one range).
 struct ZackHeadLayout {
-  int k_offset = 0, k_rank = 0, v_offset = 0, v_rank = 0, v_stride = 0;
+  int k_offset = 0, k_rank = 0, v_offset = 0, v_rank = 0;
 };
 
 // One layer's ZACK blocks: [num_blocks, block_elements] FP16, head g at heads[g].

@@ -11,35 +11,6 @@
 namespace slimkv::cuda {
 namespace {
 
-// --- PTX wrappers (sm_80+; the shared ones: device_ops.cuh) ---
-
-// Four 8×8 FP16 matrices from shared memory; lane l gives the address of row l % 8 of matrix l / 8.
-// Lane t receives row t / 4, columns 2(t % 4) and +1 of each (transposed with .trans).
-__device__ inline void ldmatrix_x4(unsigned (&r)[4], const void* shared) {
-  const unsigned address = unsigned(__cvta_generic_to_shared(shared));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
-}
-__device__ inline void ldmatrix_x4_trans(unsigned (&r)[4], const void* shared) {
-  const unsigned address = unsigned(__cvta_generic_to_shared(shared));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
-}
-
-__device__ inline unsigned pack_halves(float low, float high) {
-  const __half2 pair = __floats2half2_rn(low, high);
-  return *reinterpret_cast<const unsigned*>(&pair);
-}
-
-// Shared tiles are rows of kHeadDim halves in 16-byte chunks; chunk c of row r sits at c ^ (r % 8),
-// so the 8 rows one ldmatrix phase reads fall in 8 different bank groups (no conflicts).
-template <int kHeadDim>
-__device__ inline int swizzled(int row, int chunk) {
-  return row * kHeadDim + ((chunk ^ (row % 8)) * 8);
-}
-
 // Byte kA of x and byte kB of y, two codes below 1024, as the FP16 pair (x_A, y_B): each put in the low
 // mantissa bits of 1024.0 (0x6400), exact, then 1024 taken off: two integer operations and one FP16
 // subtraction instead of two quarter-rate int-to-float conversions.

@@ -3,22 +3,36 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
+#include "attention/cuda/device_ops.cuh"
 #include "attention/cuda/softmax_state.cuh"
 #include "backend/cuda/cuda_check.h"
 
 namespace slimkv::cuda {
 namespace {
 
-constexpr int kZackWarps = 4;  // per CTA; each warp takes its own tasks
+// A CTA takes one task at a time and stages each of its blocks once (shared memory sized by the ranks: up
+// to 64 KB at full rank); warp w attends tokens 16w..16w + 15 of every block with its own online-softmax
+// partial, so a block is a quarter of each warp's work and four times the warps fit beside the staging
+// (one warp per staged block held 4 warps an SM: 1.2–1.6x dense at compression 0.5, DRAM half busy).
+constexpr int kZackWarps = kCudaBlockTokens / 16;
 constexpr int kZackThreads = kZackWarps * 32;
-constexpr int kMaxRank = 128;
+constexpr int kMaxRank = 128;  // a query's 8 k-steps of 16 dims and an output's 16 n-tiles of 8, in registers
 constexpr float kLog2e = 1.4426950408889634f;
-// A task's cost per block and row, beside its K dims and the V dims its lanes cover: the softmax's warp
-// reductions and the block's table lookup, in dims' worth (an estimate; it keeps rank-1 heads from
-// getting huge ranges).
-constexpr int kBlockOverheadDims = 32;
+// A task's cost per block: the K and V rows it stages and multiplies, plus a fixed part (the barrier,
+// the softmax, the mma chains' latency) in rows' worth. Fitted on H100 (batch 8, 64K, skewed ranks,
+// uniform ranges): a block of 256 staged rows took ~2.75 µs of a CTA, one of 32 rows ~1.2 µs, i.e.
+// ~1 µs + rows · 7 ns: 144 rows. (Costing rows alone gave rank-8 heads 4.5x the blocks of rank-128
+// ones and ran 1.4x slower than equal ranges.)
+constexpr int kBlockOverheadRows = 144;
+
+// K and V dims rounded up to 16: an mma's k (Q·K'ᵀ) and two n-tiles of 8 (P·V', one ldmatrix.x4).
+__host__ __device__ inline int round16(int dims) { return (dims + 15) / 16 * 16; }
+
+// Rows of kCudaBlockTokens halves that one (block, KV head) takes staged: K' dims, then V' dims.
+__host__ __device__ inline int staged_rows(int k_rank, int v_rank) { return round16(k_rank) + round16(v_rank); }
 
 struct ZackLaunch {
   const __half* q;  // [queries, num_heads, head_dim]
@@ -35,17 +49,18 @@ struct ZackLaunch {
   const int* unit_tasks;      // the layer's [units + 1]
   int* counter;               // the layer's next task (dynamic scheduling; the merge resets it)
   int num_tasks;
-  bool dynamic;               // take tasks from the counter (balanced); else warp w takes w, w + warps, ...
+  bool dynamic;               // take tasks from the counter (balanced); else CTA c takes c, c + CTAs, ...
+  int staged_elements;        // one staging buffer: staged_rows at the largest ranks, of kCudaBlockTokens halves
   int num_heads, num_kv_heads, head_dim, group, positions_per_tile;
   float scale_log2;
-  float* partial_acc;         // [num_tasks, rows, head_dim]
-  float* partial_max_sum;     // [num_tasks, rows, 2]
+  float* partial_acc;         // [num_tasks, kZackWarps, rows, head_dim]
+  float* partial_max_sum;     // [num_tasks, kZackWarps, rows, 2]
 };
 
 // Where a query tile's rows sit: row r is query query_begin + r / group (at position first_position +
 // r / group of the sequence), head kv_head · group + r % group.
 struct ZackTile {
-  int sequence, query_begin, first_position, active_rows;
+  int sequence, kv_len, query_begin, first_position, active_rows;
   __device__ ZackTile(const ZackLaunch& p, int tile) {
     const int* kv_lens = p.metadata + p.max_batch;
     const int* query_starts = p.metadata + 2 * p.max_batch;
@@ -53,154 +68,241 @@ struct ZackTile {
     const int b = tiles[2 * tile], first = tiles[2 * tile + 1];
     const int n = query_starts[b + 1] - query_starts[b];
     sequence = p.metadata[b];
+    kv_len = kv_lens[b];
     query_begin = query_starts[b] + first;
-    first_position = kv_lens[b] - n + first;
+    first_position = kv_len - n + first;
     active_rows = p.group * min(p.positions_per_tile, n - first);
   }
 };
 
-__device__ __forceinline__ float warp_max(float x) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
-}
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
+// What a CTA reads of a task to stage its blocks and attend them.
+struct TaskView {
+  ZackTask task;
+  ZackHeadLayout head;
+  ZackTile tile;
+  const int* table;  // the sequence's block table
+  int k_rows, rows;  // staged: K' dims rounded up to 16, and K' + V' rows
 
-// The lanes that cover a head's V dims, two each: a power of two (so token subsets split the warp evenly),
-// 32 past 64 dims (each lane then takes 2 + 2 dims).
-__host__ __device__ inline int value_lanes(const ZackHeadLayout& head) {
-  int lanes = 1;
-  while (lanes < 32 && 2 * lanes < head.v_stride) lanes *= 2;
-  return lanes;
-}
+  __device__ TaskView(const ZackLaunch& p, int index)
+      : task(p.tasks[index]), head(p.heads[task.kv_head]), tile(p, task.tile),
+        table(p.block_tables + size_t(tile.sequence) * p.block_table_stride), k_rows(round16(head.k_rank)),
+        rows(staged_rows(head.k_rank, head.v_rank)) {}
 
-// One warp's task: the partial (base-2 max, sum, weighted V) of its tile's rows over its blocks. A lane
-// reads tokens 2·lane, 2·lane + 1 of each K dim (dim-major), and dims 2·pair + {0, 1} (and 64 + 2·pair +
-// {0, 1} past 64 dims) of its subset's tokens of V (token-major): every load is a coalesced half2
-// whatever the ranks.
+  // Issues the copies of block `block`'s part of the head into `to`, rows swizzled, pad rows zero, as one
+  // cp.async group. A thread copies chunk threadIdx.x % 8 of rows threadIdx.x / 8 + 16j (the CTA's
+  // 128 threads are 16 rows of 8 chunks), so its chunk and swizzle stay fixed and the copies are all the
+  // index arithmetic it does.
+  __device__ void stage(const ZackLaunch& p, int block, __half* to) const {
+    static_assert(kZackThreads == 16 * 8, "16 rows of 8 chunks per pass");
+    const int chunk = threadIdx.x % 8, first_row = threadIdx.x / 8;
+    const __half* from = p.blocks + size_t(table[block]) * size_t(p.block_elements) + head.k_offset + chunk * 8;
+    __half* k_to = to + swizzled<kCudaBlockTokens>(first_row, chunk);
+    for (int row = first_row; row < k_rows; row += 16, k_to += 16 * kCudaBlockTokens) {
+      cp_async_16(k_to, from + row * kCudaBlockTokens, row < head.k_rank);
+    }
+    // V past the sequence's end: zeros (see cp_async_16).
+    const int v_bytes = 2 * max(0, min(8, tile.kv_len - block * kCudaBlockTokens - 8 * chunk));
+    const __half* v_from = from + head.k_rank * kCudaBlockTokens;
+    __half* v_to = to + swizzled<kCudaBlockTokens>(k_rows + first_row, chunk);
+    for (int row = first_row; row < rows - k_rows; row += 16, v_to += 16 * kCudaBlockTokens) {
+      cp_async_16_partial(v_to, v_from + row * kCudaBlockTokens, row < head.v_rank ? v_bytes : 0);
+    }
+    cp_async_commit();
+  }
+};
+
+// One warp's partial (base-2 max, sum, weighted V') of a task's rows over the warp's 16 tokens of each
+// block, on the tensor cores (m16n8k16 FP16 mma, FP32 sums; the tile's at most 8 rows are rows 0..7 of
+// the m16 tile, rows 8..15 zero):
+//   S = Q'·K'ᵀ: Q' (the rows' reduced queries) is the A operand, held in registers for the task; K' the
+//       B operand by ldmatrix.trans from the staged block (dims are its rows);
+//   P·V': P from S's accumulators (the C layout of two n-tiles is the A layout of one k-step), V' the
+//       B operand by ldmatrix (dims are its rows, tokens its columns).
+// Lane (g = lane / 4, i = lane % 4) holds row g's scores of the warp's tokens 8n + 2i, +1 and outputs
+// of dims 8n + 2i, +1 (device_ops.cuh mma_16816_rows_0_to_7).
 template <int kRows>
-__device__ void run_task(const ZackLaunch& p, int task_index, float (&q_rows)[kRows][kMaxRank],
-                         float (&p_rows)[kRows][kCudaBlockTokens]) {
-  const int lane = threadIdx.x % 32;
-  const ZackTask task = p.tasks[task_index];
-  const ZackHeadLayout head = p.heads[task.kv_head];
-  const ZackTile tile(p, task.tile);
-  for (int i = lane; i < kRows * kMaxRank; i += 32) {
-    const int r = i / kMaxRank, j = i % kMaxRank;
-    float x = 0.0f;
-    if (r < tile.active_rows && j < head.k_rank) {
-      const int query = tile.query_begin + r / p.group, h = task.kv_head * p.group + r % p.group;
-      x = __half2float(p.q[(size_t(query) * p.num_heads + h) * p.head_dim + j]) * p.scale_log2;
+struct WarpPartial {
+  int warp, lane, g, i;
+  uint32_t qa[8][2];   // k-step s: dims 16s + 2i, +1 and 16s + 8 + 2i, +1 of row g (rows g + 8 are zero)
+  float o[16][2];      // [n-tile of 8 V' dims][C fragment of rows 0..7]
+  float row_max, row_sum;  // row g's max (the same in its 4 lanes); sum over this lane's tokens
+
+  __device__ WarpPartial() : warp(threadIdx.x / 32), lane(threadIdx.x % 32), g(lane / 4), i(lane % 4) {}
+
+  // A new task: its rows' queries pre-scaled to base 2 (dims past k_rank 0), nothing attended yet.
+  __device__ void begin(const ZackLaunch& p, const TaskView& t) {
+    const bool active = g < t.tile.active_rows;
+    const __half* q_row = p.q;
+    if (active) {
+      const int query = t.tile.query_begin + g / p.group, h = t.task.kv_head * p.group + g % p.group;
+      q_row += (size_t(query) * p.num_heads + h) * p.head_dim;
     }
-    q_rows[r][j] = x;
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      if (16 * s >= t.k_rows) break;  // attend() reads no further
+      float x[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int dim = 16 * s + 8 * (c / 2) + 2 * i + c % 2;
+        x[c] = active && dim < t.head.k_rank ? __half2float(q_row[dim]) * p.scale_log2 : 0.0f;
+      }
+      qa[s][0] = pack_halves(x[0], x[1]);
+      qa[s][1] = pack_halves(x[2], x[3]);
+    }
+#pragma unroll
+    for (int n = 0; n < 16; ++n) o[n][0] = o[n][1] = 0.0f;
+    row_max = -INFINITY, row_sum = 0.0f;
   }
-  __syncwarp();
-  float acc[kRows][4], row_max[kRows], row_sum[kRows];
+
+  // The warp's tokens of block `block`, staged at k_staged.
+  __device__ void attend(const ZackLaunch& p, const TaskView& t, int block, const __half* k_staged) {
+    const __half* v_staged = k_staged + t.k_rows * kCudaBlockTokens;
+    // S: n-tile n holds tokens 16·warp + 8n + 0..7; ldmatrix.x4.trans matrix m = lane / 8 is dims
+    // 16·step + 8(m % 2) + 0..7 of tokens 16·warp + 8(m / 2) + 0..7: the B fragments of both n-tiles.
+    float s[2][2] = {};
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    row_max[r] = -INFINITY, row_sum[r] = 0.0f;
+    for (int step = 0; step < 8; ++step) {
+      if (16 * step >= t.k_rows) break;
+      unsigned b[4];
+      ldmatrix_x4_trans(b, k_staged + swizzled<kCudaBlockTokens>(16 * step + 8 * (lane / 8 % 2) + lane % 8,
+                                                                2 * warp + lane / 16));
+      mma_16816_rows_0_to_7(s[0], qa[step][0], qa[step][1], b[0], b[1]);
+      mma_16816_rows_0_to_7(s[1], qa[step][0], qa[step][1], b[2], b[3]);
+    }
+    // Causal mask (a row sees the tokens up to its position), the online-softmax update of row g.
+    const bool active = g < t.tile.active_rows;
+    const int position = t.tile.first_position + g / p.group;
+    const int first_token = block * kCudaBlockTokens + 16 * warp + 2 * i;
+    float block_max = -INFINITY;
 #pragma unroll
-    for (int c = 0; c < 4; ++c) acc[r][c] = 0.0f;
-  }
-  const int pairs = value_lanes(head), pair = lane % pairs, subset = lane / pairs;
-  const bool low = 2 * pair < head.v_rank, high = 64 + 2 * pair < head.v_rank;
-  const int* table = p.block_tables + size_t(tile.sequence) * p.block_table_stride;
-  for (int block = task.block_begin; block < task.block_end; ++block) {
-    const __half* base = p.blocks + size_t(table[block]) * size_t(p.block_elements);
-    const __half2* k = reinterpret_cast<const __half2*>(base + head.k_offset) + lane;  // [k_rank, 32] half2
-    float s[kRows][2];
+    for (int n = 0; n < 2; ++n) {
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) s[r][0] = s[r][1] = 0.0f;
-#pragma unroll 4
-    for (int j = 0; j < head.k_rank; ++j) {
-      const float2 kk = __half22float2(k[j * (kCudaBlockTokens / 2)]);
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        s[r][0] = fmaf(q_rows[r][j], kk.x, s[r][0]);
-        s[r][1] = fmaf(q_rows[r][j], kk.y, s[r][1]);
+      for (int c = 0; c < 2; ++c) {
+        if (!active || first_token + 8 * n + c > position) s[n][c] = -INFINITY;
+        block_max = fmaxf(block_max, s[n][c]);
       }
     }
-    // Causal mask (a row sees the tokens up to its position), the online-softmax update per row.
-    const int token = block * kCudaBlockTokens + 2 * lane;
+    block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
+    block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
+    const float new_max = fmaxf(row_max, block_max);
+    const float reference = softmax_reference(new_max);
+    const float factor = exp2f(row_max - reference);
+    row_max = new_max;
+    row_sum *= factor;
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const int position = tile.first_position + r / p.group;
-      const bool active = r < tile.active_rows;
-      const float s0 = active && token <= position ? s[r][0] : -INFINITY;
-      const float s1 = active && token + 1 <= position ? s[r][1] : -INFINITY;
-      const float new_max = fmaxf(row_max[r], warp_max(fmaxf(s0, s1)));
-      const float reference = softmax_reference(new_max);
-      const float factor = exp2f(row_max[r] - reference);
-      const float e0 = exp2f(s0 - reference), e1 = exp2f(s1 - reference);
-      row_sum[r] = row_sum[r] * factor + warp_sum(e0 + e1);
-      row_max[r] = new_max;
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[r][c] *= factor;
-      p_rows[r][2 * lane] = e0;
-      p_rows[r][2 * lane + 1] = e1;
-    }
-    __syncwarp();
-    // V: lanes split into (token subset, dim pair), `pairs` lanes covering the head's dims, so a low-rank
-    // head costs what its dims cost (the subsets' sums are added once, at the end of the task).
-    const __half* v = base + head.v_offset;
-    for (int t = subset; t < kCudaBlockTokens; t += 32 / pairs) {
-      const __half2* row = reinterpret_cast<const __half2*>(v + t * head.v_stride);
-      const float2 v0 = low ? __half22float2(row[pair]) : make_float2(0.0f, 0.0f);
-      const float2 v1 = high ? __half22float2(row[32 + pair]) : make_float2(0.0f, 0.0f);
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const float weight = p_rows[r][t];
-        acc[r][0] = fmaf(weight, v0.x, acc[r][0]);
-        acc[r][1] = fmaf(weight, v0.y, acc[r][1]);
-        acc[r][2] = fmaf(weight, v1.x, acc[r][2]);
-        acc[r][3] = fmaf(weight, v1.y, acc[r][3]);
-      }
-    }
-    __syncwarp();
-  }
-  for (int offset = pairs; offset < 32; offset <<= 1) {
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[r][c] += __shfl_xor_sync(0xffffffffu, acc[r][c], offset);
-    }
-  }
-  const int dims[4] = {2 * pair, 2 * pair + 1, 64 + 2 * pair, 65 + 2 * pair};
-  const bool writes = subset == 0;
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const size_t row = size_t(task_index) * kRows + r;
+    for (int n = 0; n < 16; ++n) o[n][0] *= factor, o[n][1] *= factor;
+    // P as the A fragment of the warp's k-step (its 16 tokens are S's two n-tiles).
+    float e[4];
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      if (writes && dims[c] < p.head_dim) p.partial_acc[row * p.head_dim + dims[c]] = acc[r][c];
+      e[c] = exp2f(s[c / 2][c % 2] - reference);
+      row_sum += e[c];
     }
-    if (lane == 0) {
-      p.partial_max_sum[2 * row] = row_max[r];
-      p.partial_max_sum[2 * row + 1] = row_sum[r];
+    const uint32_t a0 = pack_halves(e[0], e[1]), a1 = pack_halves(e[2], e[3]);
+    // O += P·V': ldmatrix.x4 matrix m = lane / 8 is dims 16·pair + 8(m / 2) + 0..7 of tokens 16·warp +
+    // 8(m % 2) + 0..7: the B fragments of n-tiles 2·pair and 2·pair + 1.
+    const int v_tiles = round16(t.head.v_rank) / 8;
+#pragma unroll
+    for (int pair = 0; pair < 8; ++pair) {
+      if (2 * pair >= v_tiles) break;
+      unsigned b[4];
+      ldmatrix_x4(b, v_staged + swizzled<kCudaBlockTokens>(16 * pair + 8 * (lane / 16) + lane % 8, 2 * warp + lane / 8 % 2));
+      mma_16816_rows_0_to_7(o[2 * pair], a0, a1, b[0], b[1]);
+      mma_16816_rows_0_to_7(o[2 * pair + 1], a0, a1, b[2], b[3]);
     }
+  }
+
+  // Writes the partial of task `index` (its slot: the task's, the warp's).
+  __device__ void finish(const ZackLaunch& p, const TaskView& t, int index) {
+    row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 1);
+    row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 2);
+    if (g >= kRows) return;
+    const size_t row = (size_t(index) * kZackWarps + warp) * kRows + g;
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int dim = 8 * n + 2 * i + c;
+        if (dim < t.head.v_rank) p.partial_acc[row * p.head_dim + dim] = o[n][c];
+      }
+    }
+    if (i == 0) {
+      p.partial_max_sum[2 * row] = row_max;
+      p.partial_max_sum[2 * row + 1] = row_sum;
+    }
+  }
+};
+
+// Waits until at most `pending` (0..kMaxStages - 2) of this thread's cp.async groups are in flight.
+constexpr int kMaxStages = 8;
+__device__ __forceinline__ void cp_async_wait_at_most(int pending) {
+  switch (pending) {
+    case 0: return cp_async_wait<0>();
+    case 1: return cp_async_wait<1>();
+    case 2: return cp_async_wait<2>();
+    case 3: return cp_async_wait<3>();
+    case 4: return cp_async_wait<4>();
+    case 5: return cp_async_wait<5>();
+    default: return cp_async_wait<6>();
   }
 }
 
+// A CTA's task: its blocks stream through a ring of staging slots, each block's part of the head copied
+// once by cp.async while the blocks before it are attended. The ring fills the CTA's staging memory (two
+// blocks at the layer's largest ranks), so a task of low-rank heads keeps more, smaller blocks in flight
+// (up to kMaxStages): with two, a block cost a memory round trip whatever its size, and a rank-8 head's
+// task took as long per block as a rank-128 one.
 template <int kRows>
-__global__ void __launch_bounds__(kZackThreads) zack_attention_kernel(ZackLaunch p) {
-  __shared__ float q_rows[kZackWarps][kRows][kMaxRank];
-  __shared__ float p_rows[kZackWarps][kRows][kCudaBlockTokens];
-  const int warp = threadIdx.x / 32;
-  const int warps = gridDim.x * kZackWarps;
-  for (int i = blockIdx.x * kZackWarps + warp;; i += warps) {
-    int taken = i;
+__device__ void attend_task(const ZackLaunch& p, const TaskView& task, int index, WarpPartial<kRows>& partial,
+                            __half* staging) {
+  const int slot_elements = task.rows * kCudaBlockTokens;
+  const int stages = min(kMaxStages, 2 * p.staged_elements / slot_elements);  // at least 2
+  const int first = task.task.block_begin, count = task.task.block_end - first;
+  partial.begin(p, task);
+  for (int j = 0; j < stages - 1; ++j) {  // one group per slot, empty past the task's blocks
+    if (j < count) {
+      task.stage(p, first + j, staging + j * slot_elements);
+    } else {
+      cp_async_commit();
+    }
+  }
+  for (int j = 0; j < count; ++j) {
+    cp_async_wait_at_most(stages - 2);
+    __syncthreads();  // block j has landed, and every warp is past block j - 1, whose slot is refilled now
+    const int ahead = j + stages - 1;
+    if (ahead < count) {
+      task.stage(p, first + ahead, staging + (ahead % stages) * slot_elements);
+    } else {
+      cp_async_commit();
+    }
+    partial.attend(p, task, first + j, staging + (j % stages) * slot_elements);
+  }
+  partial.finish(p, task, index);
+}
+
+// A CTA takes tasks one after another: from the counter (balanced: longest first, a CTA taking the next
+// when it is free) or statically (uniform: CTA c takes c, c + CTAs, ...).
+template <int kRows>
+__global__ void __launch_bounds__(kZackThreads, 3) zack_attention_kernel(ZackLaunch p) {
+  extern __shared__ __align__(16) unsigned char staged[];  // 2 · staged_elements FP16
+  __shared__ int taken_by_cta;
+  WarpPartial<kRows> partial;
+  for (int turn = blockIdx.x;; turn += gridDim.x) {
+    int taken = turn;
     if (p.dynamic) {
-      if (threadIdx.x % 32 == 0) taken = atomicAdd(p.counter, 1);
-      taken = __shfl_sync(0xffffffffu, taken, 0);
+      if (threadIdx.x == 0) taken_by_cta = atomicAdd(p.counter, 1);
+      __syncthreads();
+      taken = taken_by_cta;
     }
     if (taken >= p.num_tasks) return;
-    run_task<kRows>(p, p.order[taken], q_rows[warp], p_rows[warp]);
+    const int index = p.order[taken];
+    attend_task<kRows>(p, TaskView(p, index), index, partial, reinterpret_cast<__half*>(staged));
+    __syncthreads();  // every warp is done with the slots and taken_by_cta before the next task
   }
 }
+
+// A CTA's staging: two blocks at the largest ranks.
+size_t staging_bytes(int staged_elements) { return 2 * size_t(staged_elements) * sizeof(__half); }
 
 // Merges each unit's task partials (the online-softmax rule) into the output rows; dims past the
 // head's v_rank are written 0 (the folded W_O has zero columns there).
@@ -209,7 +311,8 @@ __global__ void zack_merge_kernel(ZackLaunch p) {
   const int unit = blockIdx.x, tile_index = unit / p.num_kv_heads, kv_head = unit % p.num_kv_heads;
   const ZackTile tile(p, tile_index);
   if (unit == 0 && threadIdx.x == 0) *p.counter = 0;  // the attention kernel is done with it: the next run's
-  const int first = p.unit_tasks[unit], end = p.unit_tasks[unit + 1];
+  // The unit's partials: each of its tasks' warps'.
+  const int first = p.unit_tasks[unit] * kZackWarps, end = p.unit_tasks[unit + 1] * kZackWarps;
   const int v_rank = p.heads[kv_head].v_rank;
   const int r = blockIdx.y;
   if (r >= tile.active_rows) return;
@@ -239,11 +342,11 @@ Expected<std::unique_ptr<CudaZackAttention>> CudaZackAttention::create(const Zac
   const size_t heads = size_t(shape.num_layers) * size_t(shape.num_kv_heads);
   if (shape.num_layers < 1 || shape.num_kv_heads < 1 || shape.num_heads % shape.num_kv_heads != 0 ||
       shape.num_heads / shape.num_kv_heads > 8 || shape.head_dim < 2 || shape.head_dim > kMaxRank ||
-      shape.head_dim % 2 != 0 || shape.max_batch < 1 || shape.max_queries < 1 || shape.tasks_per_warp < 1) {
+      shape.head_dim % 2 != 0 || shape.max_batch < 1 || shape.max_queries < 1 || shape.tasks_per_cta < 1) {
     return error("CUDA ZACK attention: ", shape.num_heads, " query heads over ", shape.num_kv_heads,
                  " KV heads (a group of at most 8), head_dim ", shape.head_dim, " (even, at most ", kMaxRank, "), ",
-                 shape.num_layers, " layers, batch ", shape.max_batch, ", queries ", shape.max_queries, ", tasks per warp ",
-                 shape.tasks_per_warp,
+                 shape.num_layers, " layers, batch ", shape.max_batch, ", queries ", shape.max_queries, ", tasks per CTA ",
+                 shape.tasks_per_cta,
                  ": every size must be positive");
   }
   if (shape.k_ranks.size() != heads || shape.v_ranks.size() != heads) {
@@ -262,11 +365,19 @@ Expected<std::unique_ptr<CudaZackAttention>> CudaZackAttention::create(const Zac
   attention->group_ = shape.num_heads / shape.num_kv_heads;
   attention->rows_per_tile_ = attention->group_ <= 4 ? 4 : 8;
   attention->positions_per_tile_ = attention->rows_per_tile_ / attention->group_;
-  int resident = 0;
+  for (size_t i = 0; i < heads; ++i) {
+    attention->staged_elements_ =
+        std::max(attention->staged_elements_, staged_rows(shape.k_ranks[i], shape.v_ranks[i]) * kCudaBlockTokens);
+  }
+  const size_t shared = staging_bytes(attention->staged_elements_);
   const auto kernel = attention->rows_per_tile_ == 4 ? zack_attention_kernel<4> : zack_attention_kernel<8>;
-  SLIMKV_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kZackThreads, 0));
-  attention->resident_ctas_ = std::max(1, resident) * multiprocessor_count();
-  attention->resident_warps_ = attention->resident_ctas_ * kZackWarps;
+  SLIMKV_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)));
+  int resident = 0;
+  SLIMKV_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kZackThreads, shared));
+  if (resident == 0) {
+    return error("CUDA ZACK attention: ", shared, " bytes of shared memory to stage a block at the largest ranks do not fit");
+  }
+  attention->resident_ctas_ = resident * multiprocessor_count();
   SLIMKV_ASSIGN_OR_RETURN(attention->counters_, DeviceArray<int>::allocate(size_t(shape.num_layers), "ZACK task counters"));
   return Expected<std::unique_ptr<CudaZackAttention>>(std::move(attention));
 }
@@ -285,7 +396,7 @@ Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedule sc
     tile_blocks[size_t(t)] = (kv_end + kCudaBlockTokens - 1) / kCudaBlockTokens;
     max_tile_blocks = std::max(max_tile_blocks, tile_blocks[size_t(t)]);
   }
-  const int target_tasks = shape_.tasks_per_warp * resident_warps_;
+  const int target_tasks = shape_.tasks_per_cta * resident_ctas_;
   const int G = shape_.num_kv_heads, units = num_tiles_ * G;
   std::vector<ZackTask> tasks;
   std::vector<int> order, unit_tasks;
@@ -294,15 +405,15 @@ Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedule sc
   for (int l = 0; l < shape_.num_layers; ++l) {
     const auto cost = [&](int g) {
       const size_t i = size_t(l) * G + size_t(g);
-      const int v_rank = shape_.v_ranks[i];
-      const int v_work = v_rank > 64 ? 128 : 2 * value_lanes({0, 0, 0, v_rank, v_rank + (v_rank & 1)});
-      return double(shape_.k_ranks[i] + v_work + kBlockOverheadDims);
+      return double(staged_rows(shape_.k_ranks[i], shape_.v_ranks[i]) + kBlockOverheadRows);
     };
     double total_cost = 0;
     for (int t = 0; t < num_tiles_; ++t) {
       for (int g = 0; g < G; ++g) total_cost += tile_blocks[size_t(t)] * cost(g);
     }
-    const double cost_per_task = total_cost / target_tasks;
+    // Ranges of whole blocks: each unit's last range is short, so sized for target - units tasks, the
+    // count stays within the target (one more task than CTAs would be a second wave).
+    const double cost_per_task = total_cost / std::max(1, target_tasks - units);
     const int uniform_blocks = std::max(1, (max_tile_blocks + std::max(1, target_tasks / units) - 1) /
                                                std::max(1, target_tasks / units));
     const size_t first_task = tasks.size();
@@ -310,7 +421,7 @@ Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedule sc
       for (int g = 0; g < G; ++g) {
         unit_tasks.push_back(int(tasks.size() - first_task));
         const int per_task = schedule == ZackSchedule::kBalanced
-                                 ? std::max(1, int(cost_per_task / cost(g) + 0.5))
+                                 ? std::max(1, int(std::ceil(cost_per_task / cost(g))))
                                  : uniform_blocks;
         for (int begin = 0; begin < tile_blocks[size_t(t)]; begin += per_task) {
           tasks.push_back({t, g, begin, std::min(tile_blocks[size_t(t)], begin + per_task)});
@@ -344,7 +455,7 @@ Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedule sc
   SLIMKV_RETURN_IF_ERROR(grow(tasks_, tasks.size(), "ZACK attention tasks"));
   SLIMKV_RETURN_IF_ERROR(grow(order_, order.size(), "ZACK attention task order"));
   SLIMKV_RETURN_IF_ERROR(grow(unit_tasks_, unit_tasks.size(), "ZACK attention units"));
-  const size_t rows = max_layer_tasks * size_t(rows_per_tile_);
+  const size_t rows = max_layer_tasks * kZackWarps * size_t(rows_per_tile_);
   SLIMKV_RETURN_IF_ERROR(grow(partial_acc_, rows * size_t(shape_.head_dim), "ZACK attention partials"));
   SLIMKV_RETURN_IF_ERROR(grow(partial_max_sum_, rows * 2, "ZACK attention partial sums"));
   SLIMKV_RETURN_IF_ERROR(metadata_.upload(metadata->data(), metadata->size()));
@@ -386,13 +497,15 @@ Status CudaZackAttention::run(int layer, const ZackKvView& kv, const uint16_t* q
   p.scale_log2 = scale * kLog2e;
   p.partial_acc = partial_acc_.data();
   p.partial_max_sum = partial_max_sum_.data();
-  const int ctas = std::min(resident_ctas_, (num_tasks + kZackWarps - 1) / kZackWarps);
+  p.staged_elements = staged_elements_;
+  const int ctas = std::min(resident_ctas_, num_tasks);
+  const size_t shared = staging_bytes(staged_elements_);
   if (rows_per_tile_ == 4) {
-    zack_attention_kernel<4><<<ctas, kZackThreads>>>(p);
+    zack_attention_kernel<4><<<ctas, kZackThreads, shared>>>(p);
     SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
     zack_merge_kernel<4><<<dim3(unsigned(units), 4), 128>>>(p);
   } else {
-    zack_attention_kernel<8><<<ctas, kZackThreads>>>(p);
+    zack_attention_kernel<8><<<ctas, kZackThreads, shared>>>(p);
     SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
     zack_merge_kernel<8><<<dim3(unsigned(units), 8), 128>>>(p);
   }

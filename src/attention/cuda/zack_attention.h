@@ -4,10 +4,10 @@
 //
 // One kernel serves decode and prefill (causal query tiles of the GQA group, as the dense CUDA-core
 // kernel): the work of a step is cut into tasks (query tile, KV head, range of blocks), each computed by
-// one warp into an online-softmax partial, then merged per row. A task's cost is blocks · (k_rank +
+// one CTA on the tensor cores into online-softmax partials, then merged per row. A task's cost is blocks · (k_rank +
 // v_rank), so with adaptive ranks equal block ranges take unequal time. ZACK §5.3 balances them:
 //   kBalanced: each head's blocks are cut into ranges of about equal cost (fewer blocks per task for
-//              high-rank heads), and the tasks run longest first, each warp taking the next one when it
+//              high-rank heads), and the tasks run longest first, each CTA taking the next one when it
 //              is free (the paper's descending sort, then "the SM with the smallest cumulative time").
 //   kUniform:  the same number of blocks per task for every head, in head order (what a kernel blind
 //              to ranks does; kept to measure the balancing against).
@@ -25,7 +25,7 @@ namespace slimkv::cuda {
 
 enum class ZackSchedule { kBalanced, kUniform };
 
-// One warp's work: the query tile's rows of one KV head over blocks [block_begin, block_end).
+// One CTA's work: the query tile's rows of one KV head over blocks [block_begin, block_end).
 struct ZackTask {
   int tile = 0, kv_head = 0, block_begin = 0, block_end = 0;
 };
@@ -39,10 +39,9 @@ struct ZackAttentionShape {
   int max_queries = 0;   // queries per step, over all sequences
   // [num_layers · num_kv_heads]: each (layer, KV head)'s Q–K and V–W_O ranks, 1..head_dim.
   std::vector<int> k_ranks, v_ranks;
-  // Tasks per warp resident on the GPU: more evens out the warps' ends, fewer costs fewer partials to merge.
-  // H100, batch 8, Llama-3-8B shape, skewed ranks: 2 is 1.2–1.3× faster than 1 at 32K–64K, 1 up to 1.3×
-  // faster at 8K–16K (docs/results/cuda/zack_attention.txt; bench_zack_attention_cuda --tasks-per-warp).
-  int tasks_per_warp = 2;
+  // Tasks per CTA resident on the GPU: more evens out the CTAs' ends, fewer costs fewer partials to merge
+  // (docs/results/cuda/zack_attention.txt; bench_zack_attention_cuda --tasks-per-cta).
+  int tasks_per_cta = 1;
 };
 
 class CudaZackAttention {
@@ -66,8 +65,8 @@ class CudaZackAttention {
 
   ZackAttentionShape shape_;
   int group_ = 0, rows_per_tile_ = 0, positions_per_tile_ = 0;
-  int resident_warps_ = 0;  // warps of the kernel resident on the whole GPU at once
-  int resident_ctas_ = 0;
+  int resident_ctas_ = 0;   // CTAs of the kernel resident on the whole GPU at once
+  int staged_elements_ = 0; // one (block, KV head)'s part at the largest ranks: each CTA stages two
   // Planned: the batch's metadata (lay_out_attention_batch), per layer the tasks (canonical order:
   // unit by unit, a unit being a (query tile, KV head)), their execution order, each unit's first task.
   int num_tiles_ = 0;
@@ -75,7 +74,7 @@ class CudaZackAttention {
   std::vector<int> layer_tasks_;  // [num_layers + 1]: each layer's first task
   DeviceArray<int> metadata_;
   DeviceArray<ZackTask> tasks_;
-  DeviceArray<int> order_;        // [tasks]: canonical task index, in the order warps take them
+  DeviceArray<int> order_;        // [tasks]: canonical task index, in the order CTAs take them
   DeviceArray<int> unit_tasks_;   // [num_layers, units + 1]: each unit's first task (within its layer)
   DeviceArray<int> counters_;     // [num_layers]: the next task to take
   DeviceArray<float> partial_acc_;       // [tasks of a layer, rows_per_tile, head_dim]

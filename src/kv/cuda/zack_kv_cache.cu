@@ -39,7 +39,7 @@ __global__ void project_heads_kernel(const __half* x, int n, int heads, int head
   for (int t = 0; t < tokens; ++t) out[(size_t(first + t) * heads + h) * head_dim + j] = __float2half(acc[t]);
 }
 
-// Token t's k' (first k_rank dims) and v (first v_rank dims, 0 in the even row's padding) into its slot;
+// Token t's k' (first k_rank dims) and v (first v_rank dims) into its slot;
 // grid (n tokens, num_kv_heads), head_dim threads.
 __global__ void write_zack_slots_kernel(const __half* k, const __half* v, const int* slots, int num_kv_heads,
                                         int head_dim, const ZackHeadLayout* layout, long long block_elements,
@@ -52,14 +52,14 @@ __global__ void write_zack_slots_kernel(const __half* k, const __half* v, const 
   const int offset = slot % kCudaBlockTokens;
   const size_t row = (size_t(t) * num_kv_heads + g) * head_dim;
   if (j < head.k_rank) block[head.k_offset + j * kCudaBlockTokens + offset] = k[row + j];
-  if (j < head.v_stride) block[head.v_offset + offset * head.v_stride + j] = j < head.v_rank ? v[row + j] : __half(0.0f);
+  if (j < head.v_rank) block[head.v_offset + j * kCudaBlockTokens + offset] = v[row + j];
 }
 
 }  // namespace
 
 size_t CudaZackKvCache::block_bytes(const std::vector<int>& k_ranks, const std::vector<int>& v_ranks) {
   size_t elements = 0;
-  for (size_t i = 0; i < k_ranks.size(); ++i) elements += size_t(k_ranks[i] + v_ranks[i] + (v_ranks[i] & 1));
+  for (size_t i = 0; i < k_ranks.size(); ++i) elements += size_t(k_ranks[i] + v_ranks[i]);
   return elements * kCudaBlockTokens * 2;
 }
 
@@ -90,8 +90,8 @@ Expected<std::unique_ptr<CudaZackKvCache>> CudaZackKvCache::create(const ZackKvS
         return error("CUDA ZACK KV cache: layer ", l, " KV head ", g, " has ranks ", k_rank, "/", v_rank,
                      ", expected 1..", shape.head_dim);
       }
-      ZackHeadLayout head{at, k_rank, at + k_rank * kCudaBlockTokens, v_rank, v_rank + (v_rank & 1)};
-      at = head.v_offset + head.v_stride * kCudaBlockTokens;
+      ZackHeadLayout head{at, k_rank, at + k_rank * kCudaBlockTokens, v_rank};
+      at = head.v_offset + v_rank * kCudaBlockTokens;
       cache->host_heads_.push_back(head);
       cache->basis_offsets_.push_back(cache->basis_offsets_.back() + k_rank * shape.head_dim);
     }
@@ -128,15 +128,6 @@ Expected<std::unique_ptr<CudaZackKvCache>> CudaZackKvCache::create(const ZackKvS
   cache->host_block_tables_.assign(table_entries, 0);  // unused entries point at block 0: never read
   SLIMKV_RETURN_IF_ERROR(cache->block_tables_.upload(cache->host_block_tables_.data(), table_entries));
   return Expected<std::unique_ptr<CudaZackKvCache>>(std::move(cache));
-}
-
-double CudaZackKvCache::padding_fraction() const {
-  size_t padding = 0, total = 0;
-  for (const ZackHeadLayout& head : host_heads_) {
-    padding += size_t(head.v_stride - head.v_rank);
-    total += size_t(head.k_rank + head.v_stride);
-  }
-  return total == 0 ? 0.0 : double(padding) / double(total);
 }
 
 Status CudaZackKvCache::begin_step(const std::vector<int>& sequences, const std::vector<int>& new_tokens) {

@@ -2,11 +2,11 @@
 // and V ranks, and the projection of q and k onto each head's Q–K basis after RoPE.
 //
 //   layer l, block b: [block_elements(l)] FP16, KV head g at heads(l)[g] (kv_views.h ZackHeadLayout):
-//                     K' dim-major [k_rank, 64], then V' token-major [64, v_rank rounded up to even]
+//                     K' dim-major [k_rank, 64], then V' dim-major [v_rank, 64]
 //   block table of sequence s: [max_blocks_per_sequence] block indices, shared by every layer
 //
 // Blocks are all the same size, whatever the ranks, so one pool and one block table serve every layer
-// and head; the only padding is the even V row (padding_fraction(): < 1 / (2 · mean rank)).
+// and head, with no padding (a block holds exactly its heads' ranks).
 // V arrives reduced already (the folded W_V, model/zack_projection.h, padded to head_dim with zeros):
 // its first v_rank dims are stored. K is projected here: k' = B_g[:k_rank] · k.
 #pragma once
@@ -45,8 +45,6 @@ class CudaZackKvCache {
   SequenceBlocks& sequences() { return sequences_; }
   const SequenceBlocks& sequences() const { return sequences_; }
   size_t device_bytes() const { return pool_.bytes(); }
-  // Of the pool, the share of padding (the even V rows).
-  double padding_fraction() const;
 
   // As CudaPagedKvCache::begin_step: room for the new tokens, their slots, the tables uploaded.
   Status begin_step(const std::vector<int>& sequences, const std::vector<int>& new_tokens);
