@@ -1,6 +1,5 @@
 #include "kv/cuda/pq_select.h"
 
-#include <cub/block/block_scan.cuh>
 #include <cuda_fp16.h>
 
 #include "backend/cuda/cuda_check.h"
@@ -77,8 +76,6 @@ __device__ unsigned order_key(float f) {
 __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores, long long score_stride, const int* ns,
                                                               const int* ks, int per_length, int* out_all,
                                                               long long out_stride) {
-  using Scan = cub::BlockScan<int, kTopKThreads>;
-  __shared__ typename Scan::TempStorage scan;
   __shared__ int hist[256];
   __shared__ unsigned shared_prefix;
   __shared__ int shared_remaining;
@@ -119,23 +116,43 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores
     mask |= 255u << shift;
     __syncthreads();
   }
-  // In index order: every key above the k-th's, and the first `remaining` equal to it.
-  int equal_before = 0, written = 0;
-  for (int base = 0; base < n; base += blockDim.x) {
-    const int i = base + threadIdx.x;
-    const unsigned u = i < n ? order_key(s[i]) : 0u;
-    const int equal = (i < n && u == prefix) ? 1 : 0;
-    int equal_rank = 0, equal_total = 0;
-    Scan(scan).ExclusiveSum(equal, equal_rank, equal_total);
-    __syncthreads();
-    const int take = (i < n && (u > prefix || (equal && equal_before + equal_rank < remaining))) ? 1 : 0;
-    int position = 0, taken = 0;
-    Scan(scan).ExclusiveSum(take, position, taken);
-    __syncthreads();
-    if (take) out[written + position] = i;
-    equal_before += equal_total;
-    written += taken;
-    if (written >= k) break;
+  // In index order: every key above the k-th's, and the first `remaining` equal to it. Warp w owns the
+  // w-th of kWarps equal ranges of the scores (read coalesced); the warps' counts give each its first
+  // output slot and how many equal keys precede it, and within a warp ballots order the lanes. (A
+  // block-wide scan per 1024 scores cost two scans and four barriers each: at 128K tokens that pass
+  // took most of a layer's selection, one CTA per row.)
+  constexpr int kWarps = kTopKThreads / 32;
+  __shared__ int warp_greater[kWarps], warp_equal[kWarps];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int span = (n + kWarps - 1) / kWarps, begin = min(n, warp * span), end = min(n, begin + span);
+  int greater = 0, equal = 0;
+  for (int i = begin + lane; i < end; i += 32) {
+    const unsigned u = order_key(s[i]);
+    greater += u > prefix ? 1 : 0;
+    equal += u == prefix ? 1 : 0;
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    greater += __shfl_xor_sync(0xffffffffu, greater, offset);
+    equal += __shfl_xor_sync(0xffffffffu, equal, offset);
+  }
+  if (lane == 0) warp_greater[warp] = greater, warp_equal[warp] = equal;
+  __syncthreads();
+  int written = 0, equal_seen = 0;  // before this warp's range: outputs, keys equal to the k-th
+  for (int w = 0; w < warp; ++w) {
+    written += warp_greater[w] + min(warp_equal[w], max(0, remaining - equal_seen));
+    equal_seen += warp_equal[w];
+  }
+  const unsigned lanes_below = (1u << lane) - 1u;
+  for (int base = begin; base < end; base += 32) {
+    const int i = base + lane;
+    const unsigned u = i < end ? order_key(s[i]) : 0u;
+    const bool is_equal = i < end && u == prefix;
+    const unsigned equal_lanes = __ballot_sync(0xffffffffu, is_equal);
+    const bool take = i < end && (u > prefix || (is_equal && equal_seen + __popc(equal_lanes & lanes_below) < remaining));
+    const unsigned take_lanes = __ballot_sync(0xffffffffu, take);
+    if (take) out[written + __popc(take_lanes & lanes_below)] = i;
+    written += __popc(take_lanes);
+    equal_seen += __popc(equal_lanes);
   }
 }
 
