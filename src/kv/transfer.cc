@@ -119,30 +119,6 @@ bool all_zero(const uint8_t* p, uint64_t n) {
   return true;
 }
 
-// --- CRC32C, slice-by-8 ------------------------------------------------------------------------
-
-struct Crc32cTables {
-  uint32_t table[8][256];  // table[s][b]: the CRC of byte b followed by s zero bytes
-};
-
-constexpr Crc32cTables make_crc32c_tables() {
-  Crc32cTables tables{};
-  for (uint32_t b = 0; b < 256; ++b) {
-    uint32_t crc = b;
-    for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
-    tables.table[0][b] = crc;
-  }
-  for (int s = 1; s < 8; ++s) {
-    for (uint32_t b = 0; b < 256; ++b) {
-      const uint32_t previous = tables.table[s - 1][b];
-      tables.table[s][b] = (previous >> 8) ^ tables.table[0][previous & 0xff];
-    }
-  }
-  return tables;
-}
-
-constexpr Crc32cTables kCrc32c = make_crc32c_tables();
-
 // --- reading -----------------------------------------------------------------------------------
 
 struct ParsedTransfer {
@@ -384,46 +360,7 @@ Expected<ParsedTransfer> parse_transfer(const uint8_t* data, size_t size, std::s
   return parsed;
 }
 
-}  // namespace
-
-// --- CRC32C --------------------------------------------------------------------------------------
-
-#if defined(__x86_64__)
-// SSE 4.2's crc32 instruction computes exactly this CRC, 8 bytes per instruction: about 10x the tables
-// (the KV stream checks every byte it sends and receives). Compiled for the target, called only where
-// the CPU has it.
-__attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(const uint8_t* data, size_t size, uint32_t crc) {
-  uint64_t state = ~crc;
-  for (; size >= 8; data += 8, size -= 8) {
-    uint64_t word;
-    std::memcpy(&word, data, 8);
-    state = __builtin_ia32_crc32di(state, word);
-  }
-  uint32_t state32 = uint32_t(state);
-  for (; size > 0; ++data, --size) state32 = __builtin_ia32_crc32qi(state32, *data);
-  return ~state32;
-}
-#endif
-
-uint32_t crc32c(const uint8_t* data, size_t size, uint32_t crc) {
-#if defined(__x86_64__)
-  static const bool has_sse42 = __builtin_cpu_supports("sse4.2");
-  if (has_sse42) return crc32c_sse42(data, size, crc);
-#endif
-  const auto& table = kCrc32c.table;
-  crc = ~crc;
-  for (; size >= 8; data += 8, size -= 8) {  // 8 bytes per step: the 8 table lookups are independent
-    const uint32_t low = crc ^ load_u32(data), high = load_u32(data + 4);
-    crc = table[7][low & 0xff] ^ table[6][(low >> 8) & 0xff] ^ table[5][(low >> 16) & 0xff] ^ table[4][low >> 24] ^
-          table[3][high & 0xff] ^ table[2][(high >> 8) & 0xff] ^ table[1][(high >> 16) & 0xff] ^ table[0][high >> 24];
-  }
-  for (; size > 0; ++data, --size) crc = (crc >> 8) ^ table[0][(crc ^ *data) & 0xff];
-  return ~crc;
-}
-
 // --- writing -------------------------------------------------------------------------------------
-
-namespace {
 
 // The layout of `store`'s transfer once its layers hold `layer_tokens`, and its spec; errors for what
 // version 1 cannot hold.

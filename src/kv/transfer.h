@@ -19,6 +19,7 @@
 
 #include "kv/store.h"
 #include "slimkv/status.h"
+#include "util/crc32c.h"  // the format's checksum
 
 namespace slimkv {
 
@@ -89,9 +90,5 @@ struct KvTransferLayerRanges {
   uint64_t sealed_offset = 0, sealed_bytes = 0, open_offset = 0, open_bytes = 0;
 };
 std::vector<KvTransferLayerRanges> kv_transfer_layer_ranges(const KvTransferInfo& info);
-
-// CRC32C (Castagnoli: reflected polynomial 0x82F63B78, initial value and final xor 0xFFFFFFFF), the
-// format's checksum. Chains: crc32c(b, nb, crc32c(a, na)) is the CRC of a followed by b.
-uint32_t crc32c(const uint8_t* data, size_t size, uint32_t crc = 0);
 
 }  // namespace slimkv
