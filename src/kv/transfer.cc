@@ -8,10 +8,12 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 #include "util/atomic_file.h"
 #include "util/half.h"
 #include "util/mapped_file.h"
+#include "util/system_memory.h"
 
 namespace slimkv {
 namespace {
@@ -305,7 +307,9 @@ Status parse_metadata(const uint8_t* data, const Layout& layout, const std::stri
   return Status::ok();
 }
 
-Expected<ParsedTransfer> parse_transfer(const uint8_t* data, size_t size, std::string_view source) {
+// body_crc: the CRC of bytes [0, trailer_offset) when the caller has it; else it is computed here.
+Expected<ParsedTransfer> parse_transfer(const uint8_t* data, size_t size, std::string_view source,
+                                        std::optional<uint32_t> body_crc = std::nullopt) {
   const std::string where = where_of(source);
   SLIMKV_RETURN_IF_ERROR(check_identity(data, size, where));
   ParsedTransfer parsed;
@@ -324,7 +328,7 @@ Expected<ParsedTransfer> parse_transfer(const uint8_t* data, size_t size, std::s
   }
   if (load_u32(trailer + at::kTrailerReserved) != 0) return error(where, ": trailer field reserved is not 0");
   const uint32_t stored_crc = load_u32(trailer + at::kTrailerCrc);
-  const uint32_t computed_crc = crc32c(data, layout.trailer_offset);
+  const uint32_t computed_crc = body_crc ? *body_crc : crc32c(data, layout.trailer_offset);
   if (stored_crc != computed_crc) {
     return error(where, ": checksum mismatch (stored CRC32C 0x", std::hex, stored_crc, ", computed 0x", computed_crc,
                  std::dec, " over ", layout.trailer_offset, " bytes): the transfer is corrupt");
@@ -437,20 +441,28 @@ void write_head(const Layout& layout, const std::string& spec, std::string_view 
 }
 
 // Layer l's sealed blocks [first_block, end_block) as stored: head by head, block by block, each in a
-// 64-byte slot of `sealed` (zeroed by the caller).
-void write_sealed_blocks(const KvStore& store, const Layout& layout, int l, int first_block, int end_block, uint8_t* sealed) {
+// 64-byte slot of `sealed` (zeroed by the caller). crc (or nullptr): chained on with the bytes written,
+// padding included, each block checksummed as it is copied (in cache: one pass, not two).
+void write_sealed_blocks(const KvStore& store, const Layout& layout, int l, int first_block, int end_block, uint8_t* sealed,
+                         uint32_t* crc = nullptr) {
   for (int g = 0; g < int(layout.num_kv_heads); ++g) {
     for (int b = first_block; b < end_block; ++b) {
-      std::memcpy(sealed, store.sealed_block(l, g, b), layout.sealed_block_bytes);
+      if (crc) {
+        *crc = crc32c_copy(sealed, store.sealed_block(l, g, b), layout.sealed_block_bytes, *crc);
+        *crc = crc32c(sealed + layout.sealed_block_bytes, layout.sealed_block_stride - layout.sealed_block_bytes, *crc);
+      } else {
+        std::memcpy(sealed, store.sealed_block(l, g, b), layout.sealed_block_bytes);
+      }
       sealed += layout.sealed_block_stride;
     }
   }
 }
 
-// One layer's sealed blocks from first_block on (into `sealed`) and open tokens (into `open`), both
-// zeroed by the caller.
-void write_layer(const KvStore& store, const Layout& layout, int l, int first_block, uint8_t* sealed, uint8_t* open) {
-  write_sealed_blocks(store, layout, l, first_block, store.num_sealed_blocks(l), sealed);
+// One layer's sealed blocks from first_block on (into `sealed`, chaining `crc` as write_sealed_blocks)
+// and open tokens (into `open`), both zeroed by the caller.
+void write_layer(const KvStore& store, const Layout& layout, int l, int first_block, uint8_t* sealed, uint8_t* open,
+                 uint32_t* crc = nullptr) {
+  write_sealed_blocks(store, layout, l, first_block, store.num_sealed_blocks(l), sealed, crc);
   // Open tokens in FP32 (the store's FP16 widened): per head, K [open, k_dim] then V [open, v_dim], each
   // padded to 64.
   const size_t tokens = size_t(store.open_tokens(l));
@@ -485,17 +497,20 @@ Status write_kv_transfer(const KvStore& store, std::string_view model_id, std::v
   const std::vector<int> layer_tokens = store_layer_tokens(store);
   std::string spec;
   SLIMKV_ASSIGN_OR_RETURN(const Layout layout, writer_layout(store, model_id, layer_tokens, spec));
-  out.assign(layout.total_bytes, 0);  // padding stays zero
+  assign_zeroed(out, layout.total_bytes);  // padding stays zero
   write_head(layout, spec, model_id, layer_tokens, out.data());
+  // The CRC as the bytes are written: the head, the sealed section block by block, then the open section.
+  uint32_t crc = crc32c(out.data(), layout.sealed_offset);
   uint64_t sealed = layout.sealed_offset, open = layout.open_offset;
   for (uint32_t l = 0; l < layout.num_layers; ++l) {
-    write_layer(store, layout, int(l), 0, out.data() + sealed, out.data() + open);
+    write_layer(store, layout, int(l), 0, out.data() + sealed, out.data() + open, &crc);
     uint64_t sealed_bytes = 0, open_bytes = 0;
     layer_bytes(layout, layer_tokens[l], &sealed_bytes, &open_bytes);
     sealed += sealed_bytes;
     open += open_bytes;
   }
-  const std::array<uint8_t, kKvTransferTrailerBytes> trailer = kv_transfer_trailer(crc32c(out.data(), layout.trailer_offset));
+  crc = crc32c(out.data() + layout.open_offset, layout.open_bytes, crc);
+  const std::array<uint8_t, kKvTransferTrailerBytes> trailer = kv_transfer_trailer(crc);
   std::memcpy(out.data() + layout.trailer_offset, trailer.data(), trailer.size());
   return Status::ok();
 }
@@ -557,6 +572,12 @@ Status write_kv_transfer_file(const KvStore& store, std::string_view model_id, c
 
 Expected<KvTransferInfo> inspect_kv_transfer(const uint8_t* data, size_t size, std::string_view source) {
   SLIMKV_ASSIGN_OR_RETURN(ParsedTransfer parsed, parse_transfer(data, size, source));
+  return std::move(parsed.info);
+}
+
+Expected<KvTransferInfo> inspect_kv_transfer_with_crc(const uint8_t* data, size_t size, std::string_view source,
+                                                      uint32_t body_crc) {
+  SLIMKV_ASSIGN_OR_RETURN(ParsedTransfer parsed, parse_transfer(data, size, source, body_crc));
   return std::move(parsed.info);
 }
 

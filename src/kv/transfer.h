@@ -77,6 +77,10 @@ struct KvTransferInfo {
   uint64_t sealed_offset = 0, open_offset = 0, trailer_offset = 0;  // where the sections start
 };
 Expected<KvTransferInfo> inspect_kv_transfer(const uint8_t* data, size_t size, std::string_view source);
+// The same with the CRC32C of bytes [0, trailer_offset) given: a receiver that checksummed each piece
+// as it arrived (src/transfer/'s KV stream) has every check but without reading the bytes again.
+Expected<KvTransferInfo> inspect_kv_transfer_with_crc(const uint8_t* data, size_t size, std::string_view source,
+                                                      uint32_t body_crc);
 
 // The same for a transfer's head alone: the header and metadata, bytes [0, sealed_offset) of data [size
 // bytes], with every check of the full reader that needs no later byte. For a receiver that gets the

@@ -1,5 +1,6 @@
 #include "util/crc32c.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 
@@ -119,6 +120,16 @@ uint32_t crc32c(const uint8_t* data, size_t size, uint32_t crc) {
   if (has_sse42) return crc32c_sse42(data, size, crc);
 #endif
   return crc32c_portable(data, size, crc);
+}
+
+uint32_t crc32c_copy(uint8_t* dst, const uint8_t* src, size_t n, uint32_t crc) {
+  constexpr size_t kPiece = size_t(64) << 10;  // well inside L2
+  for (size_t done = 0; done < n; done += kPiece) {
+    const size_t piece = std::min(kPiece, n - done);
+    std::memcpy(dst + done, src + done, piece);
+    crc = crc32c(dst + done, piece, crc);
+  }
+  return crc;
 }
 
 uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t size_b) {

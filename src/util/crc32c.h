@@ -17,6 +17,10 @@ uint32_t crc32c(const uint8_t* data, size_t size, uint32_t crc = 0);
 // whose pieces travel in other frames). O(log size_b).
 uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t size_b);
 
+// Copies n bytes from src to dst and returns their CRC chained on `crc`, as crc32c(dst, n, crc), reading
+// each piece back while it is still in cache: one pass over memory where a copy then a CRC take two.
+uint32_t crc32c_copy(uint8_t* dst, const uint8_t* src, size_t n, uint32_t crc = 0);
+
 // The same CRC from tables (slice-by-8) on every CPU: what the tests compare the hardware path with.
 uint32_t crc32c_portable(const uint8_t* data, size_t size, uint32_t crc = 0);
 
