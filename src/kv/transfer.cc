@@ -8,6 +8,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <optional>
 
 #include "util/atomic_file.h"
@@ -406,6 +407,23 @@ Expected<Layout> writer_layout(const KvStore& store, std::string_view model_id, 
   return layout;
 }
 
+// Whether `pages` holds blocks of this transfer's size: its pieces add up to one block per head, each
+// inside the page.
+Status check_page_layout(const KvPageLayout& pages, const Layout& layout) {
+  size_t block = 0;
+  bool inside = pages.piece_offsets.size() == pages.piece_bytes.size();
+  for (size_t p = 0; inside && p < pages.piece_bytes.size(); ++p) {
+    block += pages.piece_bytes[p];
+    inside = pages.piece_offsets[p] + layout.num_kv_heads * pages.piece_bytes[p] <= pages.page_bytes;
+  }
+  if (!inside || block != layout.sealed_block_bytes) {
+    return error("KV pages of ", pages.page_bytes, " bytes in ", pages.piece_bytes.size(), " pieces per head hold blocks of ",
+                 block, " bytes", inside ? "" : " (a piece lies outside the page)", "; this transfer's blocks are ",
+                 layout.sealed_block_bytes, " bytes for ", layout.num_kv_heads, " KV heads");
+  }
+  return Status::ok();
+}
+
 // The header and metadata: bytes [0, sealed_offset) of `out` (zeroed by the caller).
 void write_head(const Layout& layout, const std::string& spec, std::string_view model_id,
                 const std::vector<int>& layer_tokens, uint8_t* out) {
@@ -460,11 +478,16 @@ void write_sealed_blocks(const KvStore& store, const Layout& layout, int l, int 
 
 // One layer's sealed blocks from first_block on (into `sealed`, chaining `crc` as write_sealed_blocks)
 // and open tokens (into `open`), both zeroed by the caller.
+void write_open_tokens(const KvStore& store, const Layout& layout, int l, uint8_t* open);
 void write_layer(const KvStore& store, const Layout& layout, int l, int first_block, uint8_t* sealed, uint8_t* open,
                  uint32_t* crc = nullptr) {
   write_sealed_blocks(store, layout, l, first_block, store.num_sealed_blocks(l), sealed, crc);
-  // Open tokens in FP32 (the store's FP16 widened): per head, K [open, k_dim] then V [open, v_dim], each
-  // padded to 64.
+  write_open_tokens(store, layout, l, open);
+}
+
+// Layer l's open tokens in FP32 (the store's FP16 widened) into `open` (zeroed by the caller): per head,
+// K [open, k_dim] then V [open, v_dim], each padded to 64.
+void write_open_tokens(const KvStore& store, const Layout& layout, int l, uint8_t* open) {
   const size_t tokens = size_t(store.open_tokens(l));
   uint64_t k_record = 0, v_record = 0;
   open_record_bytes(tokens, layout.k_dim, &k_record);
@@ -554,6 +577,43 @@ Status write_kv_transfer_blocks(const KvStore& store, int layer, int first_block
   return Status::ok();
 }
 
+Status write_kv_transfer_from_pages(const KvPageLayout& pages, int blocks,
+                                    const std::function<Expected<const uint8_t*>(int layer)>& layer_pages,
+                                    const KvStore& open, std::string_view model_id, std::vector<uint8_t>& out) {
+  std::vector<int> layer_tokens = store_layer_tokens(open);
+  for (int& tokens : layer_tokens) tokens += blocks * open.block_tokens();
+  std::string spec;
+  SLIMKV_ASSIGN_OR_RETURN(const Layout layout, writer_layout(open, model_id, layer_tokens, spec));
+  SLIMKV_RETURN_IF_ERROR(check_page_layout(pages, layout));
+  assign_zeroed(out, layout.total_bytes);  // padding stays zero
+  write_head(layout, spec, model_id, layer_tokens, out.data());
+  uint32_t crc = crc32c(out.data(), layout.sealed_offset);
+  uint8_t* sealed = out.data() + layout.sealed_offset;
+  uint8_t* open_bytes = out.data() + layout.open_offset;
+  for (int l = 0; l < int(layout.num_layers); ++l) {
+    SLIMKV_ASSIGN_OR_RETURN(const uint8_t* layer, layer_pages(l));
+    // Head by head, block by block, each block's pieces gathered from its page, checksummed as written.
+    for (uint32_t g = 0; g < layout.num_kv_heads; ++g) {
+      for (int b = 0; b < blocks; ++b, sealed += layout.sealed_block_stride) {
+        const uint8_t* page = layer + size_t(b) * pages.page_bytes;
+        size_t at = 0;
+        for (size_t p = 0; p < pages.piece_bytes.size(); at += pages.piece_bytes[p], ++p) {
+          crc = crc32c_copy(sealed + at, page + pages.piece_offsets[p] + g * pages.piece_bytes[p], pages.piece_bytes[p], crc);
+        }
+        crc = crc32c(sealed + at, layout.sealed_block_stride - at, crc);
+      }
+    }
+    write_open_tokens(open, layout, l, open_bytes);
+    uint64_t sealed_bytes = 0, layer_open_bytes = 0;
+    layer_bytes(layout, open.num_tokens(l), &sealed_bytes, &layer_open_bytes);
+    open_bytes += layer_open_bytes;
+  }
+  crc = crc32c(out.data() + layout.open_offset, layout.open_bytes, crc);
+  const std::array<uint8_t, kKvTransferTrailerBytes> trailer = kv_transfer_trailer(crc);
+  std::memcpy(out.data() + layout.trailer_offset, trailer.data(), trailer.size());
+  return Status::ok();
+}
+
 std::array<uint8_t, kKvTransferTrailerBytes> kv_transfer_trailer(uint32_t crc) {
   std::array<uint8_t, kKvTransferTrailerBytes> trailer{};
   store_u32(trailer.data() + at::kTrailerCrc, crc);
@@ -614,8 +674,8 @@ std::vector<KvTransferLayerRanges> kv_transfer_layer_ranges(const KvTransferInfo
   return ranges;
 }
 
-Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view source, std::string_view model_id,
-                        KvStore& into) {
+Expected<KvTransferInfo> check_kv_transfer_for(const uint8_t* data, size_t size, std::string_view source,
+                                               std::string_view model_id, const KvStore& into) {
   SLIMKV_ASSIGN_OR_RETURN(ParsedTransfer parsed, parse_transfer(data, size, source));
   const KvTransferInfo& info = parsed.info;
   const Layout& layout = parsed.layout;
@@ -683,28 +743,42 @@ Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view sourc
     }
   }
 
+  return std::move(parsed.info);
+}
+
+Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view source, std::string_view model_id,
+                        KvStore& into) {
+  SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, check_kv_transfer_for(data, size, source, model_id, into));
   // Everything is checked: restore.
   into.clear();
-  const uint8_t* cursor = data + layout.sealed_offset;
-  for (int l = 0; l < shape.num_layers; ++l) {
+  const uint64_t stride = (info.sealed_block_bytes + kKvTransferAlignment - 1) / kKvTransferAlignment * kKvTransferAlignment;
+  const uint8_t* cursor = data + info.sealed_offset;
+  for (int l = 0; l < info.shape.num_layers; ++l) {
     const int blocks = info.layer_tokens[size_t(l)] / info.block_tokens;
-    for (int g = 0; g < shape.num_kv_heads; ++g) {
+    for (int g = 0; g < info.shape.num_kv_heads; ++g) {
       for (int b = 0; b < blocks; ++b) {
         into.restore_sealed_block(l, g, cursor);
-        cursor += layout.sealed_block_stride;
+        cursor += stride;
       }
     }
   }
+  restore_kv_transfer_open_tokens(data, info, into);
+  return Status::ok();
+}
+
+void restore_kv_transfer_open_tokens(const uint8_t* data, const KvTransferInfo& info, KvStore& into) {
   // Rows of FP32 may lie unaligned for float in the input (it need not be aligned): copy through a buffer.
+  const uint64_t k_dim = uint64_t(info.shape.k_dim), v_dim = uint64_t(info.shape.v_dim);
+  const uint8_t* cursor = data + info.open_offset;
   std::vector<float> k, v;
-  for (int l = 0; l < shape.num_layers; ++l) {
+  for (int l = 0; l < info.shape.num_layers; ++l) {
     const int open = info.layer_tokens[size_t(l)] % info.block_tokens;
     uint64_t k_record = 0, v_record = 0;
-    open_record_bytes(uint64_t(open), layout.k_dim, &k_record);
-    open_record_bytes(uint64_t(open), layout.v_dim, &v_record);
-    k.resize(size_t(open) * layout.k_dim);
-    v.resize(size_t(open) * layout.v_dim);
-    for (int g = 0; g < shape.num_kv_heads; ++g) {
+    open_record_bytes(uint64_t(open), k_dim, &k_record);
+    open_record_bytes(uint64_t(open), v_dim, &v_record);
+    k.resize(size_t(open) * k_dim);
+    v.resize(size_t(open) * v_dim);
+    for (int g = 0; g < info.shape.num_kv_heads; ++g) {
       if (open > 0) {
         std::memcpy(k.data(), cursor, k.size() * sizeof(float));
         std::memcpy(v.data(), cursor + k_record, v.size() * sizeof(float));
@@ -713,7 +787,23 @@ Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view sourc
       cursor += k_record + v_record;
     }
   }
-  return Status::ok();
+}
+
+void copy_kv_transfer_pages(const uint8_t* data, const KvTransferInfo& info, int layer, const KvPageLayout& pages,
+                            uint8_t* out) {
+  const uint64_t stride = (info.sealed_block_bytes + kKvTransferAlignment - 1) / kKvTransferAlignment * kKvTransferAlignment;
+  const KvTransferLayerRanges range = kv_transfer_layer_ranges(info)[size_t(layer)];
+  const uint64_t blocks = uint64_t(info.layer_tokens[size_t(layer)] / info.block_tokens);
+  const uint8_t* block = data + range.sealed_offset;
+  for (uint64_t g = 0; g < uint64_t(info.shape.num_kv_heads); ++g) {
+    for (uint64_t b = 0; b < blocks; ++b, block += stride) {
+      uint8_t* page = out + b * pages.page_bytes;
+      size_t at = 0;
+      for (size_t p = 0; p < pages.piece_bytes.size(); at += pages.piece_bytes[p], ++p) {
+        std::memcpy(page + pages.piece_offsets[p] + g * pages.piece_bytes[p], block + at, pages.piece_bytes[p]);
+      }
+    }
+  }
 }
 
 Status read_kv_transfer_file(const std::string& path, std::string_view model_id, KvStore& into) {
