@@ -751,7 +751,8 @@ Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view sourc
   SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, check_kv_transfer_for(data, size, source, model_id, into));
   // Everything is checked: restore.
   into.clear();
-  const uint64_t stride = (info.sealed_block_bytes + kKvTransferAlignment - 1) / kKvTransferAlignment * kKvTransferAlignment;
+  uint64_t stride = 0;
+  checked_align(info.sealed_block_bytes, &stride);  // checked by the reader: no overflow
   const uint8_t* cursor = data + info.sealed_offset;
   for (int l = 0; l < info.shape.num_layers; ++l) {
     const int blocks = info.layer_tokens[size_t(l)] / info.block_tokens;
@@ -791,7 +792,8 @@ void restore_kv_transfer_open_tokens(const uint8_t* data, const KvTransferInfo& 
 
 void copy_kv_transfer_pages(const uint8_t* data, const KvTransferInfo& info, int layer, const KvPageLayout& pages,
                             uint8_t* out) {
-  const uint64_t stride = (info.sealed_block_bytes + kKvTransferAlignment - 1) / kKvTransferAlignment * kKvTransferAlignment;
+  uint64_t stride = 0;
+  checked_align(info.sealed_block_bytes, &stride);  // checked by the reader: no overflow
   const KvTransferLayerRanges range = kv_transfer_layer_ranges(info)[size_t(layer)];
   const uint64_t blocks = uint64_t(info.layer_tokens[size_t(layer)] / info.block_tokens);
   const uint8_t* block = data + range.sealed_offset;
