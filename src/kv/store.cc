@@ -309,6 +309,7 @@ void KvStore::restore_sealed_block(int layer, int head, const uint8_t* block) {
   uint8_t* slot = seal_destination(target);
   std::memcpy(slot, block, target.block_bytes);
   target.sealed.push_back(keep_sealed(slot));
+  if (!selector_->reads_sealed_keys()) return;
   thread_local std::vector<float> k, v;  // the selector indexes the keys as sealed
   k.resize(size_t(block_tokens()) * size_t(target.block_shape.k_dim));
   v.resize(size_t(block_tokens()) * size_t(target.block_shape.v_dim));

@@ -8,10 +8,13 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <optional>
 
 #include "util/atomic_file.h"
 #include "util/half.h"
 #include "util/mapped_file.h"
+#include "util/system_memory.h"
 
 namespace slimkv {
 namespace {
@@ -118,30 +121,6 @@ bool all_zero(const uint8_t* p, uint64_t n) {
   }
   return true;
 }
-
-// --- CRC32C, slice-by-8 ------------------------------------------------------------------------
-
-struct Crc32cTables {
-  uint32_t table[8][256];  // table[s][b]: the CRC of byte b followed by s zero bytes
-};
-
-constexpr Crc32cTables make_crc32c_tables() {
-  Crc32cTables tables{};
-  for (uint32_t b = 0; b < 256; ++b) {
-    uint32_t crc = b;
-    for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
-    tables.table[0][b] = crc;
-  }
-  for (int s = 1; s < 8; ++s) {
-    for (uint32_t b = 0; b < 256; ++b) {
-      const uint32_t previous = tables.table[s - 1][b];
-      tables.table[s][b] = (previous >> 8) ^ tables.table[0][previous & 0xff];
-    }
-  }
-  return tables;
-}
-
-constexpr Crc32cTables kCrc32c = make_crc32c_tables();
 
 // --- reading -----------------------------------------------------------------------------------
 
@@ -329,7 +308,9 @@ Status parse_metadata(const uint8_t* data, const Layout& layout, const std::stri
   return Status::ok();
 }
 
-Expected<ParsedTransfer> parse_transfer(const uint8_t* data, size_t size, std::string_view source) {
+// body_crc: the CRC of bytes [0, trailer_offset) when the caller has it; else it is computed here.
+Expected<ParsedTransfer> parse_transfer(const uint8_t* data, size_t size, std::string_view source,
+                                        std::optional<uint32_t> body_crc = std::nullopt) {
   const std::string where = where_of(source);
   SLIMKV_RETURN_IF_ERROR(check_identity(data, size, where));
   ParsedTransfer parsed;
@@ -348,7 +329,7 @@ Expected<ParsedTransfer> parse_transfer(const uint8_t* data, size_t size, std::s
   }
   if (load_u32(trailer + at::kTrailerReserved) != 0) return error(where, ": trailer field reserved is not 0");
   const uint32_t stored_crc = load_u32(trailer + at::kTrailerCrc);
-  const uint32_t computed_crc = crc32c(data, layout.trailer_offset);
+  const uint32_t computed_crc = body_crc ? *body_crc : crc32c(data, layout.trailer_offset);
   if (stored_crc != computed_crc) {
     return error(where, ": checksum mismatch (stored CRC32C 0x", std::hex, stored_crc, ", computed 0x", computed_crc,
                  std::dec, " over ", layout.trailer_offset, " bytes): the transfer is corrupt");
@@ -384,46 +365,7 @@ Expected<ParsedTransfer> parse_transfer(const uint8_t* data, size_t size, std::s
   return parsed;
 }
 
-}  // namespace
-
-// --- CRC32C --------------------------------------------------------------------------------------
-
-#if defined(__x86_64__)
-// SSE 4.2's crc32 instruction computes exactly this CRC, 8 bytes per instruction: about 10x the tables
-// (the KV stream checks every byte it sends and receives). Compiled for the target, called only where
-// the CPU has it.
-__attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(const uint8_t* data, size_t size, uint32_t crc) {
-  uint64_t state = ~crc;
-  for (; size >= 8; data += 8, size -= 8) {
-    uint64_t word;
-    std::memcpy(&word, data, 8);
-    state = __builtin_ia32_crc32di(state, word);
-  }
-  uint32_t state32 = uint32_t(state);
-  for (; size > 0; ++data, --size) state32 = __builtin_ia32_crc32qi(state32, *data);
-  return ~state32;
-}
-#endif
-
-uint32_t crc32c(const uint8_t* data, size_t size, uint32_t crc) {
-#if defined(__x86_64__)
-  static const bool has_sse42 = __builtin_cpu_supports("sse4.2");
-  if (has_sse42) return crc32c_sse42(data, size, crc);
-#endif
-  const auto& table = kCrc32c.table;
-  crc = ~crc;
-  for (; size >= 8; data += 8, size -= 8) {  // 8 bytes per step: the 8 table lookups are independent
-    const uint32_t low = crc ^ load_u32(data), high = load_u32(data + 4);
-    crc = table[7][low & 0xff] ^ table[6][(low >> 8) & 0xff] ^ table[5][(low >> 16) & 0xff] ^ table[4][low >> 24] ^
-          table[3][high & 0xff] ^ table[2][(high >> 8) & 0xff] ^ table[1][(high >> 16) & 0xff] ^ table[0][high >> 24];
-  }
-  for (; size > 0; ++data, --size) crc = (crc >> 8) ^ table[0][(crc ^ *data) & 0xff];
-  return ~crc;
-}
-
 // --- writing -------------------------------------------------------------------------------------
-
-namespace {
 
 // The layout of `store`'s transfer once its layers hold `layer_tokens`, and its spec; errors for what
 // version 1 cannot hold.
@@ -465,6 +407,23 @@ Expected<Layout> writer_layout(const KvStore& store, std::string_view model_id, 
   return layout;
 }
 
+// Whether `pages` holds blocks of this transfer's size: its pieces add up to one block per head, each
+// inside the page.
+Status check_page_layout(const KvPageLayout& pages, const Layout& layout) {
+  size_t block = 0;
+  bool inside = pages.piece_offsets.size() == pages.piece_bytes.size();
+  for (size_t p = 0; inside && p < pages.piece_bytes.size(); ++p) {
+    block += pages.piece_bytes[p];
+    inside = pages.piece_offsets[p] + layout.num_kv_heads * pages.piece_bytes[p] <= pages.page_bytes;
+  }
+  if (!inside || block != layout.sealed_block_bytes) {
+    return error("KV pages of ", pages.page_bytes, " bytes in ", pages.piece_bytes.size(), " pieces per head hold blocks of ",
+                 block, " bytes", inside ? "" : " (a piece lies outside the page)", "; this transfer's blocks are ",
+                 layout.sealed_block_bytes, " bytes for ", layout.num_kv_heads, " KV heads");
+  }
+  return Status::ok();
+}
+
 // The header and metadata: bytes [0, sealed_offset) of `out` (zeroed by the caller).
 void write_head(const Layout& layout, const std::string& spec, std::string_view model_id,
                 const std::vector<int>& layer_tokens, uint8_t* out) {
@@ -500,22 +459,35 @@ void write_head(const Layout& layout, const std::string& spec, std::string_view 
 }
 
 // Layer l's sealed blocks [first_block, end_block) as stored: head by head, block by block, each in a
-// 64-byte slot of `sealed` (zeroed by the caller).
-void write_sealed_blocks(const KvStore& store, const Layout& layout, int l, int first_block, int end_block, uint8_t* sealed) {
+// 64-byte slot of `sealed` (zeroed by the caller). crc (or nullptr): chained on with the bytes written,
+// padding included, each block checksummed as it is copied (in cache: one pass, not two).
+void write_sealed_blocks(const KvStore& store, const Layout& layout, int l, int first_block, int end_block, uint8_t* sealed,
+                         uint32_t* crc = nullptr) {
   for (int g = 0; g < int(layout.num_kv_heads); ++g) {
     for (int b = first_block; b < end_block; ++b) {
-      std::memcpy(sealed, store.sealed_block(l, g, b), layout.sealed_block_bytes);
+      if (crc) {
+        *crc = crc32c_copy(sealed, store.sealed_block(l, g, b), layout.sealed_block_bytes, *crc);
+        *crc = crc32c(sealed + layout.sealed_block_bytes, layout.sealed_block_stride - layout.sealed_block_bytes, *crc);
+      } else {
+        std::memcpy(sealed, store.sealed_block(l, g, b), layout.sealed_block_bytes);
+      }
       sealed += layout.sealed_block_stride;
     }
   }
 }
 
-// One layer's sealed blocks from first_block on (into `sealed`) and open tokens (into `open`), both
-// zeroed by the caller.
-void write_layer(const KvStore& store, const Layout& layout, int l, int first_block, uint8_t* sealed, uint8_t* open) {
-  write_sealed_blocks(store, layout, l, first_block, store.num_sealed_blocks(l), sealed);
-  // Open tokens in FP32 (the store's FP16 widened): per head, K [open, k_dim] then V [open, v_dim], each
-  // padded to 64.
+// One layer's sealed blocks from first_block on (into `sealed`, chaining `crc` as write_sealed_blocks)
+// and open tokens (into `open`), both zeroed by the caller.
+void write_open_tokens(const KvStore& store, const Layout& layout, int l, uint8_t* open);
+void write_layer(const KvStore& store, const Layout& layout, int l, int first_block, uint8_t* sealed, uint8_t* open,
+                 uint32_t* crc = nullptr) {
+  write_sealed_blocks(store, layout, l, first_block, store.num_sealed_blocks(l), sealed, crc);
+  write_open_tokens(store, layout, l, open);
+}
+
+// Layer l's open tokens in FP32 (the store's FP16 widened) into `open` (zeroed by the caller): per head,
+// K [open, k_dim] then V [open, v_dim], each padded to 64.
+void write_open_tokens(const KvStore& store, const Layout& layout, int l, uint8_t* open) {
   const size_t tokens = size_t(store.open_tokens(l));
   uint64_t k_record = 0, v_record = 0;
   open_record_bytes(tokens, layout.k_dim, &k_record);
@@ -548,17 +520,20 @@ Status write_kv_transfer(const KvStore& store, std::string_view model_id, std::v
   const std::vector<int> layer_tokens = store_layer_tokens(store);
   std::string spec;
   SLIMKV_ASSIGN_OR_RETURN(const Layout layout, writer_layout(store, model_id, layer_tokens, spec));
-  out.assign(layout.total_bytes, 0);  // padding stays zero
+  assign_zeroed(out, layout.total_bytes);  // padding stays zero
   write_head(layout, spec, model_id, layer_tokens, out.data());
+  // The CRC as the bytes are written: the head, the sealed section block by block, then the open section.
+  uint32_t crc = crc32c(out.data(), layout.sealed_offset);
   uint64_t sealed = layout.sealed_offset, open = layout.open_offset;
   for (uint32_t l = 0; l < layout.num_layers; ++l) {
-    write_layer(store, layout, int(l), 0, out.data() + sealed, out.data() + open);
+    write_layer(store, layout, int(l), 0, out.data() + sealed, out.data() + open, &crc);
     uint64_t sealed_bytes = 0, open_bytes = 0;
     layer_bytes(layout, layer_tokens[l], &sealed_bytes, &open_bytes);
     sealed += sealed_bytes;
     open += open_bytes;
   }
-  const std::array<uint8_t, kKvTransferTrailerBytes> trailer = kv_transfer_trailer(crc32c(out.data(), layout.trailer_offset));
+  crc = crc32c(out.data() + layout.open_offset, layout.open_bytes, crc);
+  const std::array<uint8_t, kKvTransferTrailerBytes> trailer = kv_transfer_trailer(crc);
   std::memcpy(out.data() + layout.trailer_offset, trailer.data(), trailer.size());
   return Status::ok();
 }
@@ -602,6 +577,43 @@ Status write_kv_transfer_blocks(const KvStore& store, int layer, int first_block
   return Status::ok();
 }
 
+Status write_kv_transfer_from_pages(const KvPageLayout& pages, int blocks,
+                                    const std::function<Expected<const uint8_t*>(int layer)>& layer_pages,
+                                    const KvStore& open, std::string_view model_id, std::vector<uint8_t>& out) {
+  std::vector<int> layer_tokens = store_layer_tokens(open);
+  for (int& tokens : layer_tokens) tokens += blocks * open.block_tokens();
+  std::string spec;
+  SLIMKV_ASSIGN_OR_RETURN(const Layout layout, writer_layout(open, model_id, layer_tokens, spec));
+  SLIMKV_RETURN_IF_ERROR(check_page_layout(pages, layout));
+  assign_zeroed(out, layout.total_bytes);  // padding stays zero
+  write_head(layout, spec, model_id, layer_tokens, out.data());
+  uint32_t crc = crc32c(out.data(), layout.sealed_offset);
+  uint8_t* sealed = out.data() + layout.sealed_offset;
+  uint8_t* open_bytes = out.data() + layout.open_offset;
+  for (int l = 0; l < int(layout.num_layers); ++l) {
+    SLIMKV_ASSIGN_OR_RETURN(const uint8_t* layer, layer_pages(l));
+    // Head by head, block by block, each block's pieces gathered from its page, checksummed as written.
+    for (uint32_t g = 0; g < layout.num_kv_heads; ++g) {
+      for (int b = 0; b < blocks; ++b, sealed += layout.sealed_block_stride) {
+        const uint8_t* page = layer + size_t(b) * pages.page_bytes;
+        size_t at = 0;
+        for (size_t p = 0; p < pages.piece_bytes.size(); at += pages.piece_bytes[p], ++p) {
+          crc = crc32c_copy(sealed + at, page + pages.piece_offsets[p] + g * pages.piece_bytes[p], pages.piece_bytes[p], crc);
+        }
+        crc = crc32c(sealed + at, layout.sealed_block_stride - at, crc);
+      }
+    }
+    write_open_tokens(open, layout, l, open_bytes);
+    uint64_t sealed_bytes = 0, layer_open_bytes = 0;
+    layer_bytes(layout, open.num_tokens(l), &sealed_bytes, &layer_open_bytes);
+    open_bytes += layer_open_bytes;
+  }
+  crc = crc32c(out.data() + layout.open_offset, layout.open_bytes, crc);
+  const std::array<uint8_t, kKvTransferTrailerBytes> trailer = kv_transfer_trailer(crc);
+  std::memcpy(out.data() + layout.trailer_offset, trailer.data(), trailer.size());
+  return Status::ok();
+}
+
 std::array<uint8_t, kKvTransferTrailerBytes> kv_transfer_trailer(uint32_t crc) {
   std::array<uint8_t, kKvTransferTrailerBytes> trailer{};
   store_u32(trailer.data() + at::kTrailerCrc, crc);
@@ -620,6 +632,12 @@ Status write_kv_transfer_file(const KvStore& store, std::string_view model_id, c
 
 Expected<KvTransferInfo> inspect_kv_transfer(const uint8_t* data, size_t size, std::string_view source) {
   SLIMKV_ASSIGN_OR_RETURN(ParsedTransfer parsed, parse_transfer(data, size, source));
+  return std::move(parsed.info);
+}
+
+Expected<KvTransferInfo> inspect_kv_transfer_with_crc(const uint8_t* data, size_t size, std::string_view source,
+                                                      uint32_t body_crc) {
+  SLIMKV_ASSIGN_OR_RETURN(ParsedTransfer parsed, parse_transfer(data, size, source, body_crc));
   return std::move(parsed.info);
 }
 
@@ -656,8 +674,8 @@ std::vector<KvTransferLayerRanges> kv_transfer_layer_ranges(const KvTransferInfo
   return ranges;
 }
 
-Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view source, std::string_view model_id,
-                        KvStore& into) {
+Expected<KvTransferInfo> check_kv_transfer_for(const uint8_t* data, size_t size, std::string_view source,
+                                               std::string_view model_id, const KvStore& into) {
   SLIMKV_ASSIGN_OR_RETURN(ParsedTransfer parsed, parse_transfer(data, size, source));
   const KvTransferInfo& info = parsed.info;
   const Layout& layout = parsed.layout;
@@ -725,28 +743,43 @@ Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view sourc
     }
   }
 
+  return std::move(parsed.info);
+}
+
+Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view source, std::string_view model_id,
+                        KvStore& into) {
+  SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, check_kv_transfer_for(data, size, source, model_id, into));
   // Everything is checked: restore.
   into.clear();
-  const uint8_t* cursor = data + layout.sealed_offset;
-  for (int l = 0; l < shape.num_layers; ++l) {
+  uint64_t stride = 0;
+  checked_align(info.sealed_block_bytes, &stride);  // checked by the reader: no overflow
+  const uint8_t* cursor = data + info.sealed_offset;
+  for (int l = 0; l < info.shape.num_layers; ++l) {
     const int blocks = info.layer_tokens[size_t(l)] / info.block_tokens;
-    for (int g = 0; g < shape.num_kv_heads; ++g) {
+    for (int g = 0; g < info.shape.num_kv_heads; ++g) {
       for (int b = 0; b < blocks; ++b) {
         into.restore_sealed_block(l, g, cursor);
-        cursor += layout.sealed_block_stride;
+        cursor += stride;
       }
     }
   }
+  restore_kv_transfer_open_tokens(data, info, into);
+  return Status::ok();
+}
+
+void restore_kv_transfer_open_tokens(const uint8_t* data, const KvTransferInfo& info, KvStore& into) {
   // Rows of FP32 may lie unaligned for float in the input (it need not be aligned): copy through a buffer.
+  const uint64_t k_dim = uint64_t(info.shape.k_dim), v_dim = uint64_t(info.shape.v_dim);
+  const uint8_t* cursor = data + info.open_offset;
   std::vector<float> k, v;
-  for (int l = 0; l < shape.num_layers; ++l) {
+  for (int l = 0; l < info.shape.num_layers; ++l) {
     const int open = info.layer_tokens[size_t(l)] % info.block_tokens;
     uint64_t k_record = 0, v_record = 0;
-    open_record_bytes(uint64_t(open), layout.k_dim, &k_record);
-    open_record_bytes(uint64_t(open), layout.v_dim, &v_record);
-    k.resize(size_t(open) * layout.k_dim);
-    v.resize(size_t(open) * layout.v_dim);
-    for (int g = 0; g < shape.num_kv_heads; ++g) {
+    open_record_bytes(uint64_t(open), k_dim, &k_record);
+    open_record_bytes(uint64_t(open), v_dim, &v_record);
+    k.resize(size_t(open) * k_dim);
+    v.resize(size_t(open) * v_dim);
+    for (int g = 0; g < info.shape.num_kv_heads; ++g) {
       if (open > 0) {
         std::memcpy(k.data(), cursor, k.size() * sizeof(float));
         std::memcpy(v.data(), cursor + k_record, v.size() * sizeof(float));
@@ -755,7 +788,24 @@ Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view sourc
       cursor += k_record + v_record;
     }
   }
-  return Status::ok();
+}
+
+void copy_kv_transfer_pages(const uint8_t* data, const KvTransferInfo& info, int layer, const KvPageLayout& pages,
+                            uint8_t* out) {
+  uint64_t stride = 0;
+  checked_align(info.sealed_block_bytes, &stride);  // checked by the reader: no overflow
+  const KvTransferLayerRanges range = kv_transfer_layer_ranges(info)[size_t(layer)];
+  const uint64_t blocks = uint64_t(info.layer_tokens[size_t(layer)] / info.block_tokens);
+  const uint8_t* block = data + range.sealed_offset;
+  for (uint64_t g = 0; g < uint64_t(info.shape.num_kv_heads); ++g) {
+    for (uint64_t b = 0; b < blocks; ++b, block += stride) {
+      uint8_t* page = out + b * pages.page_bytes;
+      size_t at = 0;
+      for (size_t p = 0; p < pages.piece_bytes.size(); at += pages.piece_bytes[p], ++p) {
+        std::memcpy(page + pages.piece_offsets[p] + g * pages.piece_bytes[p], block + at, pages.piece_bytes[p]);
+      }
+    }
+  }
 }
 
 Status read_kv_transfer_file(const std::string& path, std::string_view model_id, KvStore& into) {

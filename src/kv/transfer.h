@@ -13,12 +13,14 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "kv/store.h"
 #include "slimkv/status.h"
+#include "util/crc32c.h"  // the format's checksum
 
 namespace slimkv {
 
@@ -76,6 +78,10 @@ struct KvTransferInfo {
   uint64_t sealed_offset = 0, open_offset = 0, trailer_offset = 0;  // where the sections start
 };
 Expected<KvTransferInfo> inspect_kv_transfer(const uint8_t* data, size_t size, std::string_view source);
+// The same with the CRC32C of bytes [0, trailer_offset) given: a receiver that checksummed each piece
+// as it arrived (src/transfer/'s KV stream) has every check but without reading the bytes again.
+Expected<KvTransferInfo> inspect_kv_transfer_with_crc(const uint8_t* data, size_t size, std::string_view source,
+                                                      uint32_t body_crc);
 
 // The same for a transfer's head alone: the header and metadata, bytes [0, sealed_offset) of data [size
 // bytes], with every check of the full reader that needs no later byte. For a receiver that gets the
@@ -90,8 +96,32 @@ struct KvTransferLayerRanges {
 };
 std::vector<KvTransferLayerRanges> kv_transfer_layer_ranges(const KvTransferInfo& info);
 
-// CRC32C (Castagnoli: reflected polynomial 0x82F63B78, initial value and final xor 0xFFFFFFFF), the
-// format's checksum. Chains: crc32c(b, nb, crc32c(a, na)) is the CRC of a followed by b.
-uint32_t crc32c(const uint8_t* data, size_t size, uint32_t crc = 0);
+// read_kv_transfer in parts, for a receiver that does not keep the sealed blocks in a KvStore (a GPU
+// cache: kv/cuda/gpu_kv_transfer.h): every check of read_kv_transfer against `into` (which is not
+// touched); then, on the info it returns, the open tokens restored into the cleared `into` (each layer's
+// tokens after its sealed blocks, as open tokens), and each layer's sealed blocks copied into pages.
+Expected<KvTransferInfo> check_kv_transfer_for(const uint8_t* data, size_t size, std::string_view source,
+                                               std::string_view model_id, const KvStore& into);
+void restore_kv_transfer_open_tokens(const uint8_t* data, const KvTransferInfo& info, KvStore& into);
+
+// How a GPU cache lays out one block of every KV head (a page; GpuKvCache::device_page_layout): head
+// g's sealed block is the concatenation of pieces p, each at page offset piece_offsets[p] + g *
+// piece_bytes[p] (dense FP16 pages: K of every head, then V of every head: two pieces; hack/quant pages:
+// every head's codec bytes: one).
+struct KvPageLayout {
+  size_t page_bytes = 0;
+  std::vector<size_t> piece_offsets, piece_bytes;
+};
+// Layer `layer`'s sealed blocks (of a transfer checked by check_kv_transfer_for) into out [blocks,
+// page_bytes], blocks = the layer's tokens / block_tokens; bytes of a page no piece covers are untouched.
+void copy_kv_transfer_pages(const uint8_t* data, const KvTransferInfo& info, int layer, const KvPageLayout& pages,
+                            uint8_t* out);
+// The transfer of a sequence whose first `blocks` blocks of every layer are pages, layer l's [blocks,
+// page_bytes] at layer_pages(l) (read before the next call), and whose remaining tokens, fewer than a
+// block per layer, are `open`'s open tokens (a store of the sequence's pipeline and shape holding only
+// them). write_kv_transfer's bytes for the same sequence, each block written straight from its page.
+Status write_kv_transfer_from_pages(const KvPageLayout& pages, int blocks,
+                                    const std::function<Expected<const uint8_t*>(int layer)>& layer_pages,
+                                    const KvStore& open, std::string_view model_id, std::vector<uint8_t>& out);
 
 }  // namespace slimkv

@@ -43,11 +43,36 @@ struct KvFrame {
 };
 
 // Writes one frame whose payload is the concatenation of `parts`, taking every byte from `bucket`
-// (nullptr: no cap) as it goes out.
+// (nullptr: no cap) as it goes out. part_crcs (nullptr, or one per part): each part's own CRC32C, which
+// the frame's CRC is made of, for a caller that checksums the same bytes in another order (the KV
+// stream's transfer CRC) without reading them again.
 Status write_kv_frame(TcpConnection& connection, KvFrameType type, std::span<const std::span<const uint8_t>> parts,
-                      TokenBucket* bucket, SteadyClock::time_point deadline);
+                      TokenBucket* bucket, SteadyClock::time_point deadline, uint32_t* part_crcs = nullptr);
 
 // Reads one frame: magic, reserved bytes, size and CRC checked; errors name the peer and what was wrong.
 Expected<KvFrame> read_kv_frame(TcpConnection& connection, SteadyClock::time_point deadline);
+
+// The same in two calls, for a receiver that reads a large payload straight into where it belongs: the
+// header (magic, reserved bytes, size and type checked), then the payload in pieces, each read into
+// its place and checksummed while it is still in cache; then finish() checks the frame's CRC. A
+// payload read this way is in use before its CRC is checked: the caller discards it all on an error.
+class KvFrameReader {
+ public:
+  static Expected<KvFrameReader> start(TcpConnection& connection, SteadyClock::time_point deadline);
+  KvFrameType type() const { return type_; }
+  size_t payload_bytes() const { return payload_bytes_; }
+  // The next `out.size()` payload bytes into `out`; their own CRC32C (crc32c_combine joins pieces).
+  Expected<uint32_t> read(std::span<uint8_t> out);
+  // After the whole payload: the frame's CRC against its header's.
+  Status finish() const;
+
+ private:
+  KvFrameReader(TcpConnection& connection, SteadyClock::time_point deadline) : connection_(&connection), deadline_(deadline) {}
+  TcpConnection* connection_;
+  SteadyClock::time_point deadline_;
+  KvFrameType type_ = KvFrameType::kHello;
+  size_t payload_bytes_ = 0, read_bytes_ = 0;
+  uint32_t stored_crc_ = 0, crc_ = 0;  // the header's, and that of what was read (header bytes [0, 12) on)
+};
 
 }  // namespace slimkv

@@ -7,6 +7,7 @@
 
 #include "engine/cuda_backend.h"
 #include "kv/transfer.h"
+#include "util/system_memory.h"
 
 namespace slimkv {
 namespace {
@@ -212,10 +213,16 @@ Expected<KvStreamIdentity> transfer_kv_identity(std::span<const uint8_t> transfe
 
 KvStreamSender::KvStreamSender(TcpConnection connection, const KvStreamIdentity& identity, const KvStreamSendOptions& options)
     : connection_(std::move(connection)), identity_(identity), options_(options), bucket_(options.bandwidth_gbps * 1e9),
-      blocks_sent_(size_t(identity.num_layers), 0), early_blocks_(size_t(identity.num_layers)) {}
+      blocks_sent_(size_t(identity.num_layers), 0),
+      early_crcs_(size_t(identity.num_layers), std::vector<PartCrc>(size_t(identity.num_kv_heads))) {}
 
-Status KvStreamSender::send(KvFrameType type, std::span<const std::span<const uint8_t>> parts) {
-  const Status written = write_kv_frame(connection_, type, parts, &bucket_, SteadyClock::now() + options_.io_timeout);
+void KvStreamSender::PartCrc::append(uint32_t part_crc, uint64_t part_bytes) {
+  crc = crc32c_combine(crc, part_crc, part_bytes);
+  bytes += part_bytes;
+}
+
+Status KvStreamSender::send(KvFrameType type, std::span<const std::span<const uint8_t>> parts, uint32_t* part_crcs) {
+  const Status written = write_kv_frame(connection_, type, parts, &bucket_, SteadyClock::now() + options_.io_timeout, part_crcs);
   if (!written.is_ok()) {
     // The receiver may have ended the stream with a reason (a head beyond its context, say) before
     // closing: that reason says more than the broken pipe.
@@ -291,14 +298,13 @@ Status KvStreamSender::take_nccl_answer(const json& answer, const std::string& a
   return Status::ok();
 }
 
-std::vector<uint8_t> KvStreamSender::without_first_blocks(std::span<const uint8_t> blocks, int skip) const {
+std::vector<std::span<const uint8_t>> KvStreamSender::head_parts(std::span<const uint8_t> blocks, int skip) const {
   const size_t stride = sealed_block_stride(identity_), head_bytes = blocks.size() / size_t(identity_.num_kv_heads);
-  std::vector<uint8_t> out;
+  std::vector<std::span<const uint8_t>> parts;
   for (size_t g = 0; g < size_t(identity_.num_kv_heads); ++g) {
-    const auto first = blocks.begin() + ptrdiff_t(g * head_bytes + size_t(skip) * stride);
-    out.insert(out.end(), first, blocks.begin() + ptrdiff_t((g + 1) * head_bytes));
+    parts.push_back(blocks.subspan(g * head_bytes + size_t(skip) * stride, head_bytes - size_t(skip) * stride));
   }
-  return out;
+  return parts;
 }
 
 Status KvStreamSender::send_blocks(int layer, int first_block, std::span<const uint8_t> blocks) {
@@ -309,12 +315,14 @@ Status KvStreamSender::send_blocks(int layer, int first_block, std::span<const u
     return error("KV stream: layer ", layer, "'s blocks from ", first_block, " on come after only ", sent, " were sent");
   }
   if (first_block + count <= sent) return Status::ok();  // all sent already
-  std::vector<uint8_t> kept = without_first_blocks(blocks, sent - first_block);
   const std::array<uint8_t, 8> prefix = layer_prefix(layer, sent);
-  const std::span<const uint8_t> parts[] = {prefix, kept};
-  SLIMKV_RETURN_IF_ERROR(send(KvFrameType::kKvBlocks, parts));
+  std::vector<std::span<const uint8_t>> parts = {prefix};
+  const std::vector<std::span<const uint8_t>> heads = head_parts(blocks, sent - first_block);
+  parts.insert(parts.end(), heads.begin(), heads.end());
+  std::vector<uint32_t> crcs(parts.size());
+  SLIMKV_RETURN_IF_ERROR(send(KvFrameType::kKvBlocks, parts, crcs.data()));
   sent = first_block + count;
-  early_blocks_[size_t(layer)].push_back(std::move(kept));
+  for (size_t g = 0; g < heads.size(); ++g) early_crcs_[size_t(layer)][g].append(crcs[1 + g], heads[g].size());
   return Status::ok();
 }
 
@@ -332,21 +340,21 @@ Status KvStreamSender::send_layer(int layer, int first_block, std::span<const ui
     return error("KV stream: layer ", layer, "'s blocks [", first_block, ", ", first_block + count, ") do not follow the ",
                  sent, " sent");
   }
-  const std::vector<uint8_t> rest = without_first_blocks(sealed, sent - first_block);
-  // The transfer's CRC takes the layer's blocks head by head: each head's early blocks, then its rest.
-  for (size_t g = 0; g < size_t(identity_.num_kv_heads); ++g) {
-    for (const std::vector<uint8_t>& early : early_blocks_[size_t(layer)]) {
-      const size_t head_bytes = early.size() / size_t(identity_.num_kv_heads);
-      crc_ = crc32c(early.data() + g * head_bytes, head_bytes, crc_);
-    }
-    const size_t head_bytes = rest.size() / size_t(identity_.num_kv_heads);
-    crc_ = crc32c(rest.data() + g * head_bytes, head_bytes, crc_);
-  }
-  early_blocks_[size_t(layer)].clear();
-  open_parts_.emplace_back(open.begin(), open.end());
   const std::array<uint8_t, 8> prefix = layer_prefix(layer, sent);
-  const std::span<const uint8_t> parts[] = {prefix, rest, open};
-  return send(KvFrameType::kKvLayer, parts);
+  std::vector<std::span<const uint8_t>> parts = {prefix};
+  const std::vector<std::span<const uint8_t>> heads = head_parts(sealed, sent - first_block);
+  parts.insert(parts.end(), heads.begin(), heads.end());
+  parts.push_back(open);
+  std::vector<uint32_t> crcs(parts.size());
+  SLIMKV_RETURN_IF_ERROR(send(KvFrameType::kKvLayer, parts, crcs.data()));
+  // The transfer's CRC takes the layer's blocks head by head: each head's early blocks, then its rest.
+  for (size_t g = 0; g < heads.size(); ++g) {
+    const PartCrc& early = early_crcs_[size_t(layer)][g];
+    crc_ = crc32c_combine(crc32c_combine(crc_, early.crc, early.bytes), crcs[1 + g], heads[g].size());
+  }
+  early_crcs_[size_t(layer)].assign(heads.size(), PartCrc{});
+  open_crcs_.push_back({.crc = crcs.back(), .bytes = open.size()});
+  return Status::ok();
 }
 
 Status KvStreamSender::send_device(std::shared_ptr<const DeviceKvTransfer> kv) {
@@ -404,7 +412,7 @@ Status KvStreamSender::send_piece(const KvTransferPiece& piece) {
 }
 
 Status KvStreamSender::finish(const KvStreamRequest& request) {
-  for (const std::vector<uint8_t>& open : open_parts_) crc_ = crc32c(open.data(), open.size(), crc_);
+  for (const PartCrc& open : open_crcs_) crc_ = crc32c_combine(crc_, open.crc, open.bytes);
   // Over a device path (CUDA IPC, NCCL) the trailer is zeros: the open tokens' transfer carries its own.
   std::array<uint8_t, kKvTransferTrailerBytes> transfer_trailer{};
   if (!device_kv_) transfer_trailer = kv_transfer_trailer(crc_);
@@ -730,42 +738,65 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     }
   }
   std::vector<uint8_t>& transfer = received.transfer;
-  transfer.assign(info.total_bytes, 0);
+  assign_zeroed(transfer, info.total_bytes);
   std::memcpy(transfer.data(), head.payload.data(), head.payload.size());
   received.wire_bytes += kKvFrameHeaderBytes + hello_frame.payload.size();
+  // The transfer's CRC, joined from each piece's as it lands (crc32c_combine): the end-to-end check
+  // below reads no byte again.
+  uint32_t crc = crc32c(head.payload.data(), head.payload.size());
 
-  // The layers, in order, each exactly its ranges' bytes less the blocks that came early.
+  // The layers, in order, each exactly its ranges' bytes less the blocks that came early, read straight
+  // into their places in the transfer.
   const std::vector<KvTransferLayerRanges> ranges = kv_transfer_layer_ranges(info);
   const uint64_t heads = uint64_t(identity_.num_kv_heads);
-  // Blocks [first, first + count) of every head, from `bytes` (head by head) into the layer's sealed range.
-  const auto place = [&](const KvTransferLayerRanges& range, uint64_t blocks, uint64_t first, uint64_t count, const uint8_t* bytes) {
-    for (uint64_t g = 0; g < heads; ++g) {
-      std::memcpy(transfer.data() + range.sealed_offset + (g * blocks + first) * stride, bytes + g * count * stride, count * stride);
-    }
-  };
+  std::vector<std::pair<uint32_t, uint64_t>> open_crcs;  // per layer: the open tokens' CRC and size
   for (size_t l = 0; l < ranges.size(); ++l) {
-    SLIMKV_ASSIGN_OR_RETURN(const KvFrame layer, expect_frame(connection, KvFrameType::kKvLayer, deadline(), where));
+    Expected<KvFrameReader> started = KvFrameReader::start(connection, deadline());
+    if (!started) return started.status().with_context(where);
+    KvFrameReader& layer = *started;
+    const auto read_into = [&](std::span<uint8_t> out) -> Expected<uint32_t> {
+      Expected<uint32_t> piece_crc = layer.read(out);
+      if (!piece_crc) return piece_crc.status().with_context(where);
+      return piece_crc;
+    };
+    if (layer.type() != KvFrameType::kKvLayer) {
+      return error(where, ": expected a KV_LAYER frame, got ", kv_frame_type_name(layer.type()));
+    }
     const KvTransferLayerRanges& range = ranges[l];
     const uint64_t blocks = uint64_t(info.layer_tokens[l] / info.block_tokens);
     const uint64_t sent = uint64_t(early_count[l]);
     const uint64_t rest = blocks >= sent ? blocks - sent : 0;
     const uint64_t expected = 8 + heads * rest * stride + range.open_bytes;
-    const uint32_t index = layer.payload.size() >= 8 ? load_u32_le(layer.payload.data()) : UINT32_MAX;
-    const uint32_t first = layer.payload.size() >= 8 ? load_u32_le(layer.payload.data() + 4) : UINT32_MAX;
-    if (index != l || first != sent || sent > blocks || layer.payload.size() != expected) {
+    std::array<uint8_t, 8> prefix{};
+    if (layer.payload_bytes() >= 8) SLIMKV_RETURN_IF_ERROR(read_into(prefix).status());
+    const uint32_t index = layer.payload_bytes() >= 8 ? load_u32_le(prefix.data()) : UINT32_MAX;
+    const uint32_t first = layer.payload_bytes() >= 8 ? load_u32_le(prefix.data() + 4) : UINT32_MAX;
+    if (index != l || first != sent || sent > blocks || layer.payload_bytes() != expected) {
       return error(where, ": expected layer ", l, " from block ", sent, " (of ", blocks, ") in ", expected,
                    " bytes, got a KV_LAYER frame for layer ", int64_t(index == UINT32_MAX ? -1 : int64_t(index)), " from block ",
-                   int64_t(first == UINT32_MAX ? -1 : int64_t(first)), " of ", layer.payload.size(), " bytes");
+                   int64_t(first == UINT32_MAX ? -1 : int64_t(first)), " of ", layer.payload_bytes(), " bytes");
     }
-    for (const EarlyBlocks& e : early[l]) place(range, blocks, uint64_t(e.first_block), uint64_t(e.count), e.bytes.data());
-    place(range, blocks, sent, rest, layer.payload.data() + 8);
-    std::memcpy(transfer.data() + range.open_offset, layer.payload.data() + 8 + heads * rest * stride, range.open_bytes);
-    received.wire_bytes += kKvFrameHeaderBytes + layer.payload.size();
+    // Each head's blocks: those that came early (copied and checksummed in one pass), then the rest.
+    for (uint64_t g = 0; g < heads; ++g) {
+      uint8_t* head_blocks = transfer.data() + range.sealed_offset + g * blocks * stride;
+      for (const EarlyBlocks& e : early[l]) {
+        const uint64_t bytes = uint64_t(e.count) * stride;
+        crc = crc32c_copy(head_blocks + uint64_t(e.first_block) * stride, e.bytes.data() + g * bytes, bytes, crc);
+      }
+      SLIMKV_ASSIGN_OR_RETURN(const uint32_t rest_crc, read_into({head_blocks + sent * stride, rest * stride}));
+      crc = crc32c_combine(crc, rest_crc, rest * stride);
+    }
+    SLIMKV_ASSIGN_OR_RETURN(const uint32_t open_crc, read_into({transfer.data() + range.open_offset, range.open_bytes}));
+    SLIMKV_RETURN_IF_ERROR(layer.finish().with_context(where));
+    open_crcs.emplace_back(open_crc, range.open_bytes);
+    early[l].clear();
+    received.wire_bytes += kKvFrameHeaderBytes + layer.payload_bytes();
   }
+  for (const auto& [open_crc, bytes] : open_crcs) crc = crc32c_combine(crc, open_crc, bytes);
 
   // The trailer and the request; then the whole transfer is checked end to end (its own CRC).
   SLIMKV_RETURN_IF_ERROR(receive_finish(connection, received, transfer.data() + info.trailer_offset, where));
-  SLIMKV_RETURN_IF_ERROR(inspect_kv_transfer(transfer.data(), transfer.size(), where).status());
+  SLIMKV_RETURN_IF_ERROR(inspect_kv_transfer_with_crc(transfer.data(), transfer.size(), where, crc).status());
   const size_t tokens = received.request.prompt_token_ids.size() + received.request.resume_token_ids.size();
   for (size_t l = 0; l < info.layer_tokens.size(); ++l) {
     if (size_t(info.layer_tokens[l]) != tokens) {

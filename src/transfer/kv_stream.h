@@ -152,9 +152,10 @@ class KvStreamSender {
   // KV_DEVICE: the pages' layout and the path's own field (the IPC handle, or NCCL's piece size), then
   // the open tokens' transfer.
   Status send_kv_device_frame(const DeviceKvTransfer& kv, const char* path_key, const nlohmann::json& path_value);
-  Status send(KvFrameType type, std::span<const std::span<const uint8_t>> parts);
-  // `blocks` (every head's, head by head) less the first `skip` of each head's.
-  std::vector<uint8_t> without_first_blocks(std::span<const uint8_t> blocks, int skip) const;
+  // part_crcs: as write_kv_frame's.
+  Status send(KvFrameType type, std::span<const std::span<const uint8_t>> parts, uint32_t* part_crcs = nullptr);
+  // Each head's part of `blocks` (every head's, head by head) less its first `skip` blocks, in place.
+  std::vector<std::span<const uint8_t>> head_parts(std::span<const uint8_t> blocks, int skip) const;
   TcpConnection connection_;
   const KvStreamIdentity identity_;
   KvStreamSendOptions options_;
@@ -167,14 +168,20 @@ class KvStreamSender {
   std::unique_lock<std::mutex> nccl_hold_;
   TokenBucket bucket_;
   uint64_t bytes_sent_ = 0;
-  // The transfer's CRC so far (the head, then each layer's sealed blocks), and the open tokens of every
-  // layer sent, which the transfer's order puts after all sealed blocks (less than a block per head).
+  // The transfer's CRC so far (the head, then each layer's sealed blocks), joined from the CRCs the
+  // frames took of their parts (crc32c_combine): no byte is checksummed twice.
+  struct PartCrc {
+    uint32_t crc = 0;
+    uint64_t bytes = 0;
+    void append(uint32_t part_crc, uint64_t part_bytes);
+  };
   uint32_t crc_ = 0;
-  std::vector<std::vector<uint8_t>> open_parts_;
-  // Per layer: sealed blocks sent (each head's), and the KV_BLOCKS payloads sent, kept for the CRC,
-  // which takes a layer's blocks head by head once its last frame goes.
+  // The open tokens of every layer sent, which the transfer's order puts after all sealed blocks.
+  std::vector<PartCrc> open_crcs_;
+  // Per layer: sealed blocks sent (each head's), and per head the CRC of its blocks sent in KV_BLOCKS,
+  // which the transfer's CRC takes head by head once the layer's last frame goes.
   std::vector<int> blocks_sent_;
-  std::vector<std::vector<std::vector<uint8_t>>> early_blocks_;
+  std::vector<std::vector<PartCrc>> early_crcs_;
 };
 
 struct KvStreamSendResult {

@@ -1,5 +1,6 @@
 #include "util/system_memory.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #if defined(__GLIBC__)
@@ -24,6 +25,19 @@ void return_free_heap_to_os() {
 #if defined(__GLIBC__)
   malloc_trim(0);
 #endif
+}
+
+void assign_zeroed(std::vector<uint8_t>& out, size_t bytes) {
+  out.clear();
+  if (out.capacity() < bytes) {
+    std::vector<uint8_t>().swap(out);
+    out.reserve(bytes);  // allocated, not touched yet
+    constexpr uintptr_t kPage = 4096;
+    const uintptr_t begin = (reinterpret_cast<uintptr_t>(out.data()) + kPage - 1) & ~(kPage - 1);
+    const uintptr_t end = (reinterpret_cast<uintptr_t>(out.data()) + bytes) & ~(kPage - 1);
+    if (end > begin) (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);  // a hint: ignored where unsupported
+  }
+  out.resize(bytes);
 }
 
 }  // namespace slimkv

@@ -376,6 +376,116 @@ TEST(KvTransfer, OpenValuesThatAreNotFp16AreRefused) {
   EXPECT_TRUE(fails_mentioning(read(bytes, into), {"layer 1 KV head 1", "not FP16"}));
 }
 
+// --- sealed blocks as a GPU cache's pages ---------------------------------------------------------
+
+// A store's sealed blocks as pages [num_layers][blocks, page_bytes] of `pieces` pieces per head (each
+// block cut into that many near-equal pieces: the dense GPU cache cuts its blocks into K and V), with
+// unused bytes between the pieces' runs; and its open tokens in a store of their own.
+struct Pages {
+  KvPageLayout layout;
+  std::vector<std::vector<uint8_t>> layers;
+};
+Pages pages_of(const KvStore& store, int pieces) {
+  const int heads = store.shape().num_kv_heads, blocks = store.num_sealed_blocks(0);
+  const size_t block_bytes = store.block_bytes(0, 0);
+  Pages pages;
+  size_t at = 0;
+  for (int p = 0; p < pieces; ++p) {
+    const size_t bytes = block_bytes / size_t(pieces) + (p == pieces - 1 ? block_bytes % size_t(pieces) : 0);
+    pages.layout.piece_offsets.push_back(at);
+    pages.layout.piece_bytes.push_back(bytes);
+    at += size_t(heads) * bytes + 24;  // a gap no piece covers
+  }
+  pages.layout.page_bytes = at;
+  for (int l = 0; l < store.shape().num_layers; ++l) {
+    std::vector<uint8_t> layer(size_t(blocks) * pages.layout.page_bytes, 0xEE);
+    for (int g = 0; g < heads; ++g) {
+      for (int b = 0; b < blocks; ++b) {
+        size_t in_block = 0;
+        for (int p = 0; p < pieces; ++p) {
+          std::memcpy(layer.data() + size_t(b) * pages.layout.page_bytes + pages.layout.piece_offsets[size_t(p)] +
+                          size_t(g) * pages.layout.piece_bytes[size_t(p)],
+                      store.sealed_block(l, g, b) + in_block, pages.layout.piece_bytes[size_t(p)]);
+          in_block += pages.layout.piece_bytes[size_t(p)];
+        }
+      }
+    }
+    pages.layers.push_back(std::move(layer));
+  }
+  return pages;
+}
+
+KvStore open_tokens_of(const KvStore& store) {
+  KvStore open(store.shape(), store.pipeline());
+  const KvShape& shape = store.shape();
+  for (int l = 0; l < shape.num_layers; ++l) {
+    const int n = store.open_tokens(l);
+    std::vector<float> k(size_t(n) * size_t(shape.k_dim)), v(size_t(n) * size_t(shape.v_dim));
+    for (int g = 0; g < shape.num_kv_heads; ++g) {
+      store.widen_open(l, g, n, k.data(), v.data());
+      open.restore_open_tokens(l, g, k.data(), v.data(), n);
+    }
+  }
+  return open;
+}
+
+TEST(KvTransfer, PagesWriteAndReadAsTheStoreDoes) {
+  for (const std::string spec : {"dense:dtype=f16", "hack:bits=2,pi=32", "dense"}) {
+    for (const int pieces : {1, 2}) {
+      SCOPED_TRACE(str_cat(spec, ", ", pieces, " pieces per head"));
+      // 3 sealed blocks and an open block in every layer (the pages path's sequences: every layer alike).
+      KvStore store({3, 2, 16, 16, 256}, pipeline_of(spec));
+      std::mt19937 rng(11);
+      const int tokens = 3 * store.block_tokens() + 5;
+      append_random(store, {tokens, tokens, tokens}, rng);
+      std::vector<uint8_t> expected;
+      ASSERT_TRUE(write_kv_transfer(store, kModel, expected));
+      const Pages pages = pages_of(store, pieces);
+      const KvStore open = open_tokens_of(store);
+
+      std::vector<uint8_t> written;
+      const auto layer_pages = [&](int l) -> Expected<const uint8_t*> { return pages.layers[size_t(l)].data(); };
+      ASSERT_TRUE(write_kv_transfer_from_pages(pages.layout, 3, layer_pages, open, kModel, written));
+      EXPECT_EQ(written, expected);
+
+      KvStore receiver({3, 2, 16, 16, 512}, pipeline_of(spec));
+      Expected<KvTransferInfo> info = check_kv_transfer_for(expected.data(), expected.size(), "pages", kModel, receiver);
+      ASSERT_TRUE(info) << info.status().message();
+      for (int l = 0; l < 3; ++l) {
+        std::vector<uint8_t> copied(pages.layers[size_t(l)].size(), 0xEE);
+        copy_kv_transfer_pages(expected.data(), *info, l, pages.layout, copied.data());
+        EXPECT_EQ(copied, pages.layers[size_t(l)]) << "layer " << l;
+      }
+      restore_kv_transfer_open_tokens(expected.data(), *info, receiver);
+      for (int l = 0; l < 3; ++l) {
+        ASSERT_EQ(receiver.num_tokens(l), 5) << "layer " << l;
+        for (int g = 0; g < 2; ++g) {
+          std::vector<float> k(5 * 16), v(5 * 16), k_sent(5 * 16), v_sent(5 * 16);
+          receiver.widen_open(l, g, 5, k.data(), v.data());
+          store.widen_open(l, g, 5, k_sent.data(), v_sent.data());
+          EXPECT_EQ(k, k_sent) << "layer " << l << " head " << g;
+          EXPECT_EQ(v, v_sent) << "layer " << l << " head " << g;
+        }
+      }
+    }
+  }
+}
+
+TEST(KvTransfer, PagesOfAnotherBlockSizeAreRefused) {
+  KvStore store({1, 2, 16, 16, 256}, pipeline_of("dense:dtype=f16"));
+  std::mt19937 rng(3);
+  append_random(store, {store.block_tokens()}, rng);
+  Pages pages = pages_of(store, 2);
+  pages.layout.piece_bytes[1] -= 2;
+  const KvStore open = open_tokens_of(store);
+  std::vector<uint8_t> out;
+  const auto layer_pages = [&](int l) -> Expected<const uint8_t*> { return pages.layers[size_t(l)].data(); };
+  const Status written = write_kv_transfer_from_pages(pages.layout, 1, layer_pages, open, kModel, out);
+  ASSERT_FALSE(written);
+  EXPECT_NE(written.message().find("hold blocks of 4094 bytes"), std::string::npos) << written.message();
+  EXPECT_NE(written.message().find("this transfer's blocks are 4096 bytes"), std::string::npos) << written.message();
+}
+
 TEST(KvTransfer, DISABLED_WriteFuzzSeeds) {
   std::filesystem::create_directories(kSeedDir);
   struct Seed {

@@ -1,7 +1,6 @@
 // The `dense` codec on the GPU: every token's K/V in FP16 pages (paged_kv_cache.h), attention by the
 // paged FP16 kernels. In the transfer format its sealed blocks are `dense:dtype=f16` blocks.
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "backend/cuda/ipc_memory.h"
@@ -45,46 +44,12 @@ class GpuDenseKv final : public GpuKvCache {
     return cache_->append(layer, k, v);
   }
 
-  // Pages to blocks: a full page is a `dense:dtype=f16` block per head (K [64, d] then V [64, d]).
-  Status export_sequence(int sequence, KvStore& into) const override {
-    const int tokens = sequences().num_tokens(sequence), full = tokens / kCudaBlockTokens;
-    const int d = shape_.head_dim;
-    const size_t head_page = size_t(kCudaBlockTokens) * size_t(d);
-    std::vector<uint16_t> k, v, block(2 * head_page);
-    into.clear();
-    for (int l = 0; l < shape_.num_layers; ++l) {
-      const PagedKvView view = cache_->view(l);
-      const std::vector<int>& blocks = sequences().blocks(sequence);
-      std::vector<std::vector<uint8_t>> sealed(size_t(shape_.num_kv_heads));  // [head][blocks · bytes]
-      for (int b = 0; b < full; ++b) {
-        SLIMKV_RETURN_IF_ERROR(download_page(view, blocks[size_t(b)], k, v));
-        for (int g = 0; g < shape_.num_kv_heads; ++g) {
-          std::memcpy(block.data(), k.data() + size_t(g) * head_page, head_page * 2);
-          std::memcpy(block.data() + head_page, v.data() + size_t(g) * head_page, head_page * 2);
-          const auto* bytes = reinterpret_cast<const uint8_t*>(block.data());
-          sealed[size_t(g)].insert(sealed[size_t(g)].end(), bytes, bytes + block.size() * 2);
-        }
-      }
-      for (int g = 0; g < shape_.num_kv_heads; ++g) {
-        for (int b = 0; b < full; ++b) into.restore_sealed_block(l, g, sealed[size_t(g)].data() + size_t(b) * head_page * 4);
-      }
-      SLIMKV_RETURN_IF_ERROR(restore_open_layer(sequence, l, into));
-    }
-    return Status::ok();
+  // Device pages: [K of every head | V of every head] of one block, FP16; a head's K [64, d] then its V
+  // [64, d] is its `dense:dtype=f16` block.
+  KvPageLayout device_page_layout() const override {
+    const size_t head_half = half_page_bytes() / size_t(shape_.num_kv_heads);
+    return {.page_bytes = 2 * half_page_bytes(), .piece_offsets = {0, half_page_bytes()}, .piece_bytes = {head_half, head_half}};
   }
-
-  Status import_sequence(int sequence, const KvStore& from) override {
-    const int tokens = from.num_tokens(0);
-    const int needed = sequences().blocks_to_grow(sequence, tokens);
-    if (needed > sequences().free_blocks()) {
-      return error("the GPU KV cache has no room for the imported sequence: ", needed, " blocks of ", kCudaBlockTokens,
-                   " tokens needed, ", sequences().free_blocks(), " free");
-    }
-    return append_rows(sequence, from, 0, tokens);
-  }
-
-  // Device pages: [K of every head | V of every head] of one block, FP16.
-  size_t device_page_bytes() const override { return 2 * half_page_bytes(); }
 
   Status export_pages(int sequence, int blocks, uint8_t* out) const override {
     if (blocks > sequences().num_tokens(sequence) / kCudaBlockTokens) {

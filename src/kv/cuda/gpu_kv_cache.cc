@@ -38,6 +38,13 @@ Status GpuKvCache::export_pages(int, int, uint8_t*) const {
 Status GpuKvCache::import_pages(int, int, const uint8_t*, const KvStore&) {
   return error("this GPU KV cache has no device pages to fill (a host tier, pq or zack): its KV moves through host memory");
 }
+// A cache with device pages never gets here: gpu_kv_transfer.cc moves its sequences as pages.
+Status GpuKvCache::export_sequence(int, KvStore&) const {
+  return error("this GPU KV cache keeps its sequences in device pages: export them with export_pages");
+}
+Status GpuKvCache::import_sequence(int, const KvStore&) {
+  return error("this GPU KV cache keeps its sequences in device pages: import them with import_pages");
+}
 Status GpuKvCache::export_open_tokens(int sequence, KvStore& into) const {
   into.clear();
   for (int l = 0; l < into.shape().num_layers; ++l) SLIMKV_RETURN_IF_ERROR(restore_open_layer(sequence, l, into));

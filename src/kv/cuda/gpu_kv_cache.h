@@ -29,6 +29,7 @@
 #include "kv/cuda/sequence_blocks.h"
 #include "kv/tier/kvpr_cost_model.h"
 #include "kv/select/pq_selector.h"
+#include "kv/transfer.h"
 #include "slimkv/status.h"
 #include "tensor/dtype.h"
 
@@ -172,20 +173,13 @@ class GpuKvCache {
   virtual Status begin_fill(int sequence, int tokens) = 0;
   virtual Status fill(int layer, const uint16_t* k, const uint16_t* v, const void* x) = 0;
 
-  // --- A sequence's blocks out and in (the transfer format goes through a host KvStore, kv/transfer.h) ---
-  // Restores into the cleared `into` (made with the pipeline this cache runs, kv_description) the
-  // sequence's sealed blocks, as the codec encodes them, and its open tokens.
-  virtual Status export_sequence(int sequence, KvStore& into) const = 0;
-  // Makes the empty `sequence` hold what `from` holds (the same pipeline, checked by the transfer's
-  // reader): sealed blocks copied as they are, open tokens in FP16. An error when the budget lacks room.
-  virtual Status import_sequence(int sequence, const KvStore& from) = 0;
-
-  // --- The same with the sealed blocks kept in GPU memory (the CUDA IPC path, docs/kv_stream_protocol.md) ---
+  // --- A sequence's blocks out and in as device pages (the transfer format and CUDA IPC: gpu_kv_transfer.h) ---
   // Device layout of a sequence's first `blocks` full blocks: [num_layers, blocks, page] where a page
   // is one block of every KV head as this cache stores it (dense: the FP16 K of every head, then V;
-  // hack/quant: every head's codec bytes). 0: this cache keeps no such pages (its sequences go through
-  // export_sequence / import_sequence only).
-  virtual size_t device_page_bytes() const { return 0; }
+  // hack/quant: every head's codec bytes), and where each head's block lies in a page. page_bytes 0:
+  // this cache keeps no such pages (its sequences go through export_sequence / import_sequence).
+  virtual KvPageLayout device_page_layout() const { return {}; }
+  size_t device_page_bytes() const { return device_page_layout().page_bytes; }
   // Copies the sequence's first `blocks` full blocks, device to device, into `out` (device layout above).
   virtual Status export_pages(int sequence, int blocks, uint8_t* out) const;
   // Makes the empty `sequence` hold `blocks` full blocks copied device to device from `pages` (device
@@ -196,6 +190,14 @@ class GpuKvCache {
   Status export_open_tokens(int sequence, KvStore& into) const;
   // export_open_tokens' part for one layer, by the caches with device pages.
   virtual Status restore_open_layer(int sequence, int layer, KvStore& into) const;
+
+  // --- The same through a host KvStore, for the caches without device pages (a host tier) ---
+  // Restores into the cleared `into` (made with the pipeline this cache runs, kv_description) the
+  // sequence's sealed blocks, as the codec encodes them, and its open tokens.
+  virtual Status export_sequence(int sequence, KvStore& into) const;
+  // Makes the empty `sequence` hold what `from` holds (the same pipeline, checked by the transfer's
+  // reader): sealed blocks copied as they are, open tokens in FP16. An error when the budget lacks room.
+  virtual Status import_sequence(int sequence, const KvStore& from);
 };
 
 // The cache for `options`. projection: the model's, for a tier that recomputes (kvpr); it must outlive

@@ -1,23 +1,71 @@
 #include "kv/cuda/gpu_kv_transfer.h"
 
+#include "backend/cuda/device_memory.h"
 #include "backend/cuda/ipc_memory.h"
+#include "backend/cuda/pinned_memory.h"
 #include "kv/transfer.h"
 
 namespace slimkv::cuda {
 
+// A cache with device pages: every layer's sealed blocks gathered on the device into one buffer (as
+// CUDA IPC shares them), brought to the host a layer at a time by one copy into pinned memory, and
+// written into the transfer straight from the pages; the open tokens (less than a block per layer)
+// through a host store. A host tier's sequences go through a host store whole.
 Status export_transfer(const GpuKvCache& kv, int sequence, const GpuKvTransferContext& context, std::vector<uint8_t>& out) {
-  KvStore store(context.shape, context.pipeline);
-  SLIMKV_RETURN_IF_ERROR(kv.export_sequence(sequence, store));
-  return write_kv_transfer(store, context.model_id, out);
+  const KvPageLayout layout = kv.device_page_layout();
+  if (layout.page_bytes == 0) {
+    KvStore store(context.shape, context.pipeline);
+    SLIMKV_RETURN_IF_ERROR(kv.export_sequence(sequence, store));
+    return write_kv_transfer(store, context.model_id, out);
+  }
+  const int blocks = kv.sequences().num_tokens(sequence) / kCudaBlockTokens;
+  const size_t layer_bytes = size_t(blocks) * layout.page_bytes;
+  SLIMKV_ASSIGN_OR_RETURN(auto pages, DeviceArray<uint8_t>::allocate(size_t(context.shape.num_layers) * layer_bytes,
+                                                                    "a KV export's sealed blocks"));
+  SLIMKV_RETURN_IF_ERROR(kv.export_pages(sequence, blocks, pages.data()));
+  SLIMKV_ASSIGN_OR_RETURN(auto staging, PinnedArray<uint8_t>::allocate(layer_bytes, "a KV export's layer in host memory"));
+  KvStore open(context.shape, context.pipeline);
+  SLIMKV_RETURN_IF_ERROR(kv.export_open_tokens(sequence, open));
+  const auto layer_pages = [&](int layer) -> Expected<const uint8_t*> {
+    SLIMKV_RETURN_IF_ERROR(copy_to_host(staging.data(), pages.data() + size_t(layer) * layer_bytes, layer_bytes));
+    return staging.data();
+  };
+  return write_kv_transfer_from_pages(layout, blocks, layer_pages, open, context.model_id, out);
 }
 
-// The transfer's reader checks it against this cache's spec, model and shape into a host store; the
-// cache then takes the blocks as they are.
+// The transfer is checked against this cache's spec, model and shape first; then, with device pages,
+// each layer's sealed blocks are laid out as pages in pinned memory and copied up into one device
+// buffer, which the cache takes device to device (as from CUDA IPC), the open tokens through a host
+// store. A host tier takes a host store of the whole sequence.
 Status import_transfer(GpuKvCache& kv, int sequence, const GpuKvTransferContext& context,
                        std::span<const uint8_t> transfer, std::string_view source) {
+  const std::string where = str_cat("kv transfer '", source, "'");
+  const KvPageLayout layout = kv.device_page_layout();
   KvStore store(context.shape, context.pipeline);
-  SLIMKV_RETURN_IF_ERROR(read_kv_transfer(transfer.data(), transfer.size(), source, context.model_id, store));
-  return kv.import_sequence(sequence, store).with_context(str_cat("kv transfer '", source, "'"));
+  if (layout.page_bytes == 0) {
+    SLIMKV_RETURN_IF_ERROR(read_kv_transfer(transfer.data(), transfer.size(), source, context.model_id, store));
+    return kv.import_sequence(sequence, store).with_context(where);
+  }
+  SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info,
+                          check_kv_transfer_for(transfer.data(), transfer.size(), source, context.model_id, store));
+  for (size_t l = 0; l < info.layer_tokens.size(); ++l) {
+    if (info.layer_tokens[l] != info.layer_tokens[0] || info.block_tokens != kCudaBlockTokens) {
+      return error(where, ": layer ", l, " holds ", info.layer_tokens[l], " tokens and layer 0 ", info.layer_tokens[0],
+                   ", in blocks of ", info.block_tokens, "; a GPU cache's sequence holds one count in every layer, in blocks of ",
+                   kCudaBlockTokens);
+    }
+  }
+  restore_kv_transfer_open_tokens(transfer.data(), info, store);
+  const int blocks = info.layer_tokens.empty() ? 0 : info.layer_tokens[0] / kCudaBlockTokens;
+  const size_t layer_bytes = size_t(blocks) * layout.page_bytes;
+  SLIMKV_ASSIGN_OR_RETURN(auto pages, DeviceArray<uint8_t>::allocate(size_t(context.shape.num_layers) * layer_bytes,
+                                                                    "a KV import's sealed blocks"));
+  SLIMKV_ASSIGN_OR_RETURN(auto staging, PinnedArray<uint8_t>::allocate(layer_bytes, "a KV import's layer in host memory"));
+  for (int l = 0; l < context.shape.num_layers; ++l) {
+    copy_kv_transfer_pages(transfer.data(), info, l, layout, staging.data());
+    SLIMKV_RETURN_IF_ERROR(copy_to_device(pages.data() + size_t(l) * layer_bytes, staging.data(), layer_bytes));
+  }
+  return kv.import_pages(sequence, blocks, pages.data(), store).with_context(where);
 }
 
 Status export_to_device(const GpuKvCache& kv, int sequence, const GpuKvTransferContext& context, DeviceKvTransfer& out) {

@@ -1,6 +1,7 @@
-// A GPU KV cache's sequence in the transfer format (kv/transfer.h): through a host KvStore (the whole
-// transfer in host memory: the TCP path), or with its sealed blocks left in GPU memory as the cache's
-// device pages (a DeviceKvTransfer: the CUDA IPC path, docs/kv_stream_protocol.md). What the engine's
+// A GPU KV cache's sequence in the transfer format (kv/transfer.h): the whole transfer in host memory
+// (the TCP path: the cache's device pages gathered on the device, copied to the host a layer at a time
+// and written as the transfer's blocks as they are), or with its sealed blocks left in GPU memory as
+// those pages (a DeviceKvTransfer: the CUDA IPC path, docs/kv_stream_protocol.md). What the engine's
 // CUDA device model and the transport benchmark (bench/cuda/bench_kv_transport_cuda.cc) share.
 #pragma once
 
@@ -25,7 +26,7 @@ struct GpuKvTransferContext {
   std::string model_id;
 };
 
-// export_kv / import_kv: the sequence through a host store (every block device → host, or back).
+// export_kv / import_kv: the sequence's transfer in host memory (a host tier's through a host store).
 Status export_transfer(const GpuKvCache& kv, int sequence, const GpuKvTransferContext& context, std::vector<uint8_t>& out);
 Status import_transfer(GpuKvCache& kv, int sequence, const GpuKvTransferContext& context,
                        std::span<const uint8_t> transfer, std::string_view source);

@@ -1,7 +1,6 @@
 // The `hack` and `quant` codecs on the GPU: sealed blocks in the CPU codec's byte layout, FP16 only for
 // what is not sealed yet (quantized_kv_cache.h); attention by run_quantized. In the transfer format its
 // sealed blocks are the pool's bytes as they are.
-#include <cstring>
 #include <vector>
 
 #include "backend/cuda/ipc_memory.h"
@@ -45,51 +44,11 @@ class GpuQuantizedKv final : public GpuKvCache {
     return cache_->append(layer, k, v);
   }
 
-  // Sealed blocks as the pool holds them (the codec's bytes), the open block from the FP16 window.
-  Status export_sequence(int sequence, KvStore& into) const override {
-    const int tokens = sequences().num_tokens(sequence), full = tokens / kCudaBlockTokens;
-    const size_t block_bytes = cache_->layout().block_bytes;
-    const size_t page_bytes = size_t(shape_.num_kv_heads) * block_bytes;
-    std::vector<uint8_t> blocks(size_t(full) * page_bytes);
-    into.clear();
-    for (int l = 0; l < shape_.num_layers; ++l) {
-      const QuantizedKvView sealed = cache_->sealed_view(l);
-      const std::vector<int>& ids = sequences().blocks(sequence);
-      for (int b = 0; b < full; ++b) {
-        SLIMKV_RETURN_IF_ERROR(copy_to_host(blocks.data() + size_t(b) * page_bytes,
-                                            sealed.blocks + size_t(ids[size_t(b)]) * page_bytes, page_bytes));
-      }
-      for (int g = 0; g < shape_.num_kv_heads; ++g) {
-        for (int b = 0; b < full; ++b) into.restore_sealed_block(l, g, blocks.data() + size_t(b) * page_bytes + size_t(g) * block_bytes);
-      }
-      SLIMKV_RETURN_IF_ERROR(restore_open_layer(sequence, l, into));
-    }
-    return Status::ok();
-  }
-
-  Status import_sequence(int sequence, const KvStore& from) override {
-    const int tokens = from.num_tokens(0), full = tokens / kCudaBlockTokens;
-    const int needed = sequences().blocks_to_grow(sequence, tokens);
-    if (needed > sequences().free_blocks()) {
-      return error("the GPU's sealed KV pool has no room for the imported sequence: ", needed, " blocks of ",
-                   kCudaBlockTokens, " tokens needed, ", sequences().free_blocks(), " free");
-    }
-    const size_t block_bytes = cache_->layout().block_bytes;
-    std::vector<uint8_t> sealed(size_t(shape_.num_layers) * size_t(full) * size_t(shape_.num_kv_heads) * block_bytes);
-    for (int l = 0; l < shape_.num_layers; ++l) {
-      for (int b = 0; b < full; ++b) {
-        for (int g = 0; g < shape_.num_kv_heads; ++g) {
-          const size_t at = ((size_t(l) * size_t(full) + size_t(b)) * size_t(shape_.num_kv_heads) + size_t(g)) * block_bytes;
-          std::memcpy(sealed.data() + at, from.sealed_block(l, g, b), block_bytes);
-        }
-      }
-    }
-    SLIMKV_RETURN_IF_ERROR(cache_->restore_sealed(sequence, full, sealed.data()));
-    return append_rows(sequence, from, full * kCudaBlockTokens, tokens - full * kCudaBlockTokens);
-  }
-
   // Device pages: every KV head's sealed block as the pool holds it (the codec's bytes).
-  size_t device_page_bytes() const override { return size_t(shape_.num_kv_heads) * cache_->layout().block_bytes; }
+  KvPageLayout device_page_layout() const override {
+    const size_t block_bytes = cache_->layout().block_bytes;
+    return {.page_bytes = size_t(shape_.num_kv_heads) * block_bytes, .piece_offsets = {0}, .piece_bytes = {block_bytes}};
+  }
 
   Status export_pages(int sequence, int blocks, uint8_t* out) const override {
     if (blocks > sequences().num_tokens(sequence) / kCudaBlockTokens) {

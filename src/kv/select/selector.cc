@@ -10,6 +10,7 @@ namespace {
 class AllSelector final : public Selector {
  public:
   void on_seal(int, int, const float*) override {}
+  bool reads_sealed_keys() const override { return false; }
   void select(int, const float*, int, int, int, const SealedKeys&, ThreadPool&,
               std::vector<HeadSelection>& selection) override {
     for (HeadSelection& head : selection) head = {true, {}};

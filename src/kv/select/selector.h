@@ -61,6 +61,10 @@ class Selector {
   // Keys of a block the store just sealed: k [block_tokens, k_dim] of (layer, head), the block after
   // those it sealed before.
   virtual void on_seal(int layer, int head, const float* k) = 0;
+  // Whether on_seal reads the keys. A store restoring a transfer's blocks decodes each to hand them over
+  // only for a selector that does (the `all` selector does not: decoding a 2-bit 8B KV of 16K tokens
+  // took ~5x the rest of its import).
+  virtual bool reads_sealed_keys() const { return true; }
   // The store appended a prefill chunk (n > 1 tokens) to `layer`: PQ starts clustering its keys here,
   // on a background thread, overlapped with the rest of the forward pass (PQCache Algorithm 1).
   virtual void on_prefill(int /*layer*/) {}
