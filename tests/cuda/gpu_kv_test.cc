@@ -12,6 +12,7 @@
 #include "cuda_test_util.h"
 #include "golden_models.h"
 #include "kv/cuda/gpu_kv_plan.h"
+#include "kv/cuda/gpu_kv_transfer.h"
 #include "kv/kv_factory.h"
 #include "kv/store.h"
 #include "kv/transfer.h"
@@ -184,21 +185,17 @@ TEST_F(GpuKvTest, ExportedSequenceContinuesIdenticallyInAnotherModel) {
                                           false, logits));
       int32_t next = argmax(logits);
 
-      KvStore exported(shape, sender.pipeline);
-      SLIMKV_ASSERT_OK(sender.model->kv().export_sequence(s, exported));
-      EXPECT_EQ(exported.num_tokens(0), prompt_tokens);
       std::vector<uint8_t> bytes;
-      SLIMKV_ASSERT_OK(write_kv_transfer(exported, "model", bytes));
+      SLIMKV_ASSERT_OK(export_transfer(sender.model->kv(), s, {shape, sender.pipeline, "model"}, bytes));
+      KvStore exported(shape, sender.pipeline);  // a valid transfer of the prompt, as the CPU reads it
+      SLIMKV_ASSERT_OK(read_kv_transfer(bytes.data(), bytes.size(), "test", "model", exported));
+      EXPECT_EQ(exported.num_tokens(0), prompt_tokens);
 
-      KvStore imported(shape, receiver.pipeline);
-      SLIMKV_ASSERT_OK(read_kv_transfer(bytes.data(), bytes.size(), "test", "model", imported));
       const int r = take(receiver.model->add_sequence());
-      SLIMKV_ASSERT_OK(receiver.model->kv().import_sequence(r, imported));
+      SLIMKV_ASSERT_OK(import_transfer(receiver.model->kv(), r, {shape, receiver.pipeline, "model"}, bytes, "test"));
       EXPECT_EQ(receiver.model->num_tokens(r), prompt_tokens);
-      KvStore again(shape, receiver.pipeline);
-      SLIMKV_ASSERT_OK(receiver.model->kv().export_sequence(r, again));
       std::vector<uint8_t> bytes_again;
-      SLIMKV_ASSERT_OK(write_kv_transfer(again, "model", bytes_again));
+      SLIMKV_ASSERT_OK(export_transfer(receiver.model->kv(), r, {shape, receiver.pipeline, "model"}, bytes_again));
       EXPECT_TRUE(bytes_again == bytes) << "the receiver holds the sender's bytes";
 
       for (int step = 0; step < 70; ++step) {  // across a block boundary: sealing goes on alike
@@ -221,10 +218,8 @@ TEST_F(GpuKvTest, ImportIsRefusedOnMismatchOrWithoutRoom) {
   const int s = take(hack.model->add_sequence());
   std::vector<float> logits;
   SLIMKV_ASSERT_OK(hack.model->step(std::vector<SequenceTokens>{{s, random_tokens(200, int(config.vocab_size), 5)}}, false, logits));
-  KvStore exported(shape, hack.pipeline);
-  SLIMKV_ASSERT_OK(hack.model->kv().export_sequence(s, exported));
   std::vector<uint8_t> bytes;
-  SLIMKV_ASSERT_OK(write_kv_transfer(exported, "model", bytes));
+  SLIMKV_ASSERT_OK(export_transfer(hack.model->kv(), s, {shape, hack.pipeline, "model"}, bytes));
   // Another spec: the dense GPU store runs dense:dtype=f16 and says so.
   GpuModel dense = upload(*cpu, "dense");
   EXPECT_EQ(dense.pipeline.describe().substr(0, 16), "dense:dtype=f16,");
@@ -242,11 +237,13 @@ TEST_F(GpuKvTest, ImportIsRefusedOnMismatchOrWithoutRoom) {
   GpuModel kvpr = upload(*cpu, "hack:bits=2@kvpr:split=0.5");
   const int k = take(kvpr.model->add_sequence());
   SLIMKV_ASSERT_OK(kvpr.model->step(std::vector<SequenceTokens>{{k, random_tokens(200, int(config.vocab_size), 5)}}, false, logits));
+  std::vector<uint8_t> kvpr_bytes;
+  SLIMKV_ASSERT_OK(export_transfer(kvpr.model->kv(), k, {shape, kvpr.pipeline, "model"}, kvpr_bytes));
   KvStore kvpr_store(shape, kvpr.pipeline);
-  SLIMKV_ASSERT_OK(kvpr.model->kv().export_sequence(k, kvpr_store));
+  SLIMKV_ASSERT_OK(read_kv_transfer(kvpr_bytes.data(), kvpr_bytes.size(), "test", "model", kvpr_store));
   EXPECT_EQ(kvpr_store.num_tokens(0), 200);
   const int k2 = take(kvpr.model->add_sequence());
-  const Status recompute = kvpr.model->kv().import_sequence(k2, kvpr_store);
+  const Status recompute = import_transfer(kvpr.model->kv(), k2, {shape, kvpr.pipeline, "model"}, kvpr_bytes, "test");
   ASSERT_FALSE(recompute.is_ok());
   EXPECT_NE(recompute.message().find("kvpr"), std::string::npos) << recompute.message();
   // A budget of 2 blocks cannot hold 200 tokens: refused, the sequence still empty.
@@ -254,9 +251,8 @@ TEST_F(GpuKvTest, ImportIsRefusedOnMismatchOrWithoutRoom) {
                             size_t(512 / 64 + 2 * 4) * size_t(config.num_layers) * 2 * size_t(config.kv_dim()) * 64 * 2;
   GpuModel small = upload(*cpu, "hack:bits=2", two_blocks);
   ASSERT_EQ(small.model->kv().sequences().num_blocks(), 2);
-  SLIMKV_ASSERT_OK(read_kv_transfer(bytes.data(), bytes.size(), "test", "model", hack_store));
   const int r = take(small.model->add_sequence());
-  const Status room = small.model->kv().import_sequence(r, hack_store);
+  const Status room = import_transfer(small.model->kv(), r, {shape, small.pipeline, "model"}, bytes, "test");
   ASSERT_FALSE(room.is_ok());
   EXPECT_NE(room.message().find("no room"), std::string::npos) << room.message();
   EXPECT_EQ(small.model->num_tokens(r), 0);
