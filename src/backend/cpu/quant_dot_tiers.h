@@ -1,0 +1,45 @@
+// The tiers of quant_dot.h: the row loop they share, and the x86 SIMD entry points (quant_dot_x86.cc),
+// each of which runs only where quant_dot_tier_supported(its tier) said yes (elsewhere they abort).
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+
+#include "backend/cpu/quant_dot.h"
+
+namespace slimkv {
+
+// y[i, o] for rows o in [row_begin, row_end) and every input i, one weight row by one input row at a time
+// (a row of the 8B model's widest product is 8 KiB of Q4_K: it stays in L1 for the next input). Rows:
+// a tier's row products (static q8_0, q4_0, q4_k, q6_k: one weight row by one input's q and scales).
+template <class Rows>
+void matvec_by_rows(const QuantizedActivations& x, const void* w, BlockQuant quant, int64_t rows, int64_t row_begin,
+                    int64_t row_end, float* y) {
+  const int64_t blocks = x.cols / block_elements(quant);
+  const size_t row_bytes = size_t(blocks) * block_bytes(quant);
+  const int64_t scale_blocks = x.cols / kActivationBlock;
+  for (int64_t o = row_begin; o < row_end; ++o) {
+    const uint8_t* row = static_cast<const uint8_t*>(w) + size_t(o) * row_bytes;
+    for (int64_t i = 0; i < x.n; ++i) {
+      const int8_t* q = x.q.data() + i * x.cols;
+      const float* scales = x.scales.data() + i * scale_blocks;
+      float& out = y[i * rows + o];
+      switch (quant) {
+        case BlockQuant::kQ8_0: out = Rows::q8_0(row, q, scales, blocks); break;
+        case BlockQuant::kQ4_0: out = Rows::q4_0(row, q, scales, blocks); break;
+        case BlockQuant::kQ4_K: out = Rows::q4_k(row, q, scales, x.scaled_sums.data() + i * scale_blocks, blocks); break;
+        case BlockQuant::kQ6_K: out = Rows::q6_k(row, q, scales, blocks); break;
+        case BlockQuant::kNone: std::abort();
+      }
+    }
+  }
+}
+
+void matvec_quant_dot_avx2(const QuantizedActivations& x, const void* w, BlockQuant quant, int64_t rows,
+                           int64_t row_begin, int64_t row_end, float* y);
+void matvec_quant_dot_avx_vnni(const QuantizedActivations& x, const void* w, BlockQuant quant, int64_t rows,
+                               int64_t row_begin, int64_t row_end, float* y);
+void matvec_quant_dot_avx512_vnni(const QuantizedActivations& x, const void* w, BlockQuant quant, int64_t rows,
+                                  int64_t row_begin, int64_t row_end, float* y);
+
+}  // namespace slimkv
