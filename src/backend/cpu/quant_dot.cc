@@ -36,17 +36,19 @@ int32_t dot_i8(const A* a, const int8_t* b, int count) {
   return sum;
 }
 
-// One input row (q, scales, sums: its blocks) times one weight row of `blocks` ggml blocks.
+// One input row times one weight row of `blocks` ggml blocks.
 struct ScalarRows {
-  static float q8_0(const uint8_t* w, const int8_t* q, const float* scales, int64_t blocks) {
+  static float q8_0(const uint8_t* w, const InputRow& x, int64_t blocks) {
+    const int8_t* q = x.q;
     float acc = 0;
     for (int64_t b = 0; b < blocks; ++b, w += 34, q += 32) {
-      acc += float(dot_i8(reinterpret_cast<const int8_t*>(w + 2), q, 32)) * (half_at(w) * scales[b]);
+      acc += float(dot_i8(reinterpret_cast<const int8_t*>(w + 2), q, 32)) * (half_at(w) * x.scales[b]);
     }
     return acc;
   }
 
-  static float q4_0(const uint8_t* w, const int8_t* q, const float* scales, int64_t blocks) {
+  static float q4_0(const uint8_t* w, const InputRow& x, int64_t blocks) {
+    const int8_t* q = x.q;
     float acc = 0;
     for (int64_t b = 0; b < blocks; ++b, w += 18, q += 32) {
       int8_t codes[32];  // nibble - 8: values 0..15 in the low nibbles, 16..31 in the high ones
@@ -54,13 +56,16 @@ struct ScalarRows {
         codes[i] = int8_t((w[2 + i] & 15) - 8);
         codes[i + 16] = int8_t((w[2 + i] >> 4) - 8);
       }
-      acc += float(dot_i8(codes, q, 32)) * (half_at(w) * scales[b]);
+      acc += float(dot_i8(codes, q, 32)) * (half_at(w) * x.scales[b]);
     }
     return acc;
   }
 
   // x = d·sc·q - dmin·m per 32 values: Σ x·(d_x·q_x) = d·sc·d_x·Σ q·q_x - dmin·m·(d_x·Σ q_x).
-  static float q4_k(const uint8_t* w, const int8_t* q, const float* scales, const float* sums, int64_t superblocks) {
+  static float q4_k(const uint8_t* w, const InputRow& x, int64_t superblocks) {
+    const int8_t* q = x.q;
+    const float* scales = x.scales;
+    const float* sums = x.scaled_sums;
     float acc = 0, minimum = 0;
     for (int64_t s = 0; s < superblocks; ++s, w += 144) {
       const float d = half_at(w), dmin = half_at(w + 2);
@@ -80,7 +85,9 @@ struct ScalarRows {
   }
 
   // Per 32 values (a run), two sub-blocks of 16 with their own int8 scale: d·d_x·(sc_a·Σ_a + sc_b·Σ_b).
-  static float q6_k(const uint8_t* w, const int8_t* q, const float* scales, int64_t superblocks) {
+  static float q6_k(const uint8_t* w, const InputRow& x, int64_t superblocks) {
+    const int8_t* q = x.q;
+    const float* scales = x.scales;
     float acc = 0;
     for (int64_t s = 0; s < superblocks; ++s, w += 210) {
       const auto* sub_scales = reinterpret_cast<const int8_t*>(w + 192);
@@ -144,6 +151,7 @@ void quantize_activations(const float* x, int64_t n, int64_t cols, QuantizedActi
   out.q.resize(size_t(n * cols));
   out.scales.resize(size_t(n * blocks));
   out.scaled_sums.resize(size_t(n * blocks));
+  out.negated_quad_sums.resize(size_t(n * cols / 4));
   for (int64_t b = 0; b < n * blocks; ++b) {
     const float* in = x + b * kActivationBlock;
     int8_t* q = out.q.data() + b * kActivationBlock;
@@ -157,6 +165,10 @@ void quantize_activations(const float* x, int64_t n, int64_t cols, QuantizedActi
     }
     out.scales[size_t(b)] = fp16_to_float(float_to_fp16(d));
     out.scaled_sums[size_t(b)] = out.scales[size_t(b)] * float(sum);
+  }
+  for (size_t i = 0; i < out.negated_quad_sums.size(); ++i) {
+    const int8_t* q = out.q.data() + 4 * i;
+    out.negated_quad_sums[i] = -(int32_t(q[0]) + q[1] + q[2] + q[3]);
   }
 }
 

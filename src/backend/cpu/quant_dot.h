@@ -29,6 +29,10 @@ struct QuantizedActivations {
   std::vector<int8_t> q;           // [n, cols]
   std::vector<float> scales;       // [n, cols / 32]: d
   std::vector<float> scaled_sums;  // [n, cols / 32]: d · Σ q, for Q4_K's minimum (x = d·sc·q - dmin·m)
+  // [n, cols / 4]: -Σ q over each 4 consecutive values, the int32 lanes of a 32-value dot product: the SIMD
+  // tiers multiply unsigned weight codes (stored value + k) and start each dot product at -k·Σ q, so that
+  // the sums stay exact integers.
+  std::vector<int32_t> negated_quad_sums;
 };
 
 // out = x [n, cols] quantized; cols a multiple of kActivationBlock. Reuses out's buffers.

@@ -9,9 +9,17 @@
 
 namespace slimkv {
 
+// One input row of QuantizedActivations, its arrays from its first value.
+struct InputRow {
+  const int8_t* q;
+  const float* scales;
+  const float* scaled_sums;
+  const int32_t* negated_quad_sums;
+};
+
 // y[i, o] for rows o in [row_begin, row_end) and every input i, one weight row by one input row at a time
 // (a row of the 8B model's widest product is 8 KiB of Q4_K: it stays in L1 for the next input). Rows:
-// a tier's row products (static q8_0, q4_0, q4_k, q6_k: one weight row by one input's q and scales).
+// a tier's row products (static q8_0, q4_0, q4_k, q6_k: one weight row of `blocks` ggml blocks by one input).
 template <class Rows>
 void matvec_by_rows(const QuantizedActivations& x, const void* w, BlockQuant quant, int64_t rows, int64_t row_begin,
                     int64_t row_end, float* y) {
@@ -21,14 +29,14 @@ void matvec_by_rows(const QuantizedActivations& x, const void* w, BlockQuant qua
   for (int64_t o = row_begin; o < row_end; ++o) {
     const uint8_t* row = static_cast<const uint8_t*>(w) + size_t(o) * row_bytes;
     for (int64_t i = 0; i < x.n; ++i) {
-      const int8_t* q = x.q.data() + i * x.cols;
-      const float* scales = x.scales.data() + i * scale_blocks;
+      const InputRow input{x.q.data() + i * x.cols, x.scales.data() + i * scale_blocks,
+                           x.scaled_sums.data() + i * scale_blocks, x.negated_quad_sums.data() + i * x.cols / 4};
       float& out = y[i * rows + o];
       switch (quant) {
-        case BlockQuant::kQ8_0: out = Rows::q8_0(row, q, scales, blocks); break;
-        case BlockQuant::kQ4_0: out = Rows::q4_0(row, q, scales, blocks); break;
-        case BlockQuant::kQ4_K: out = Rows::q4_k(row, q, scales, x.scaled_sums.data() + i * scale_blocks, blocks); break;
-        case BlockQuant::kQ6_K: out = Rows::q6_k(row, q, scales, blocks); break;
+        case BlockQuant::kQ8_0: out = Rows::q8_0(row, input, blocks); break;
+        case BlockQuant::kQ4_0: out = Rows::q4_0(row, input, blocks); break;
+        case BlockQuant::kQ4_K: out = Rows::q4_k(row, input, blocks); break;
+        case BlockQuant::kQ6_K: out = Rows::q6_k(row, input, blocks); break;
         case BlockQuant::kNone: std::abort();
       }
     }

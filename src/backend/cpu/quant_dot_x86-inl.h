@@ -1,17 +1,13 @@
 // quant_dot.h's row products on 256-bit x86 SIMD, written once for every tier: quant_dot_x86.cc includes
 // this file (no include guard) once per tier, inside that tier's namespace and target attributes, after
-// defining the one instruction the tiers differ by:
+// defining the one instruction the tiers differ by and what it allows:
 //   __m256i DotU8S8(__m256i acc, __m256i u, __m256i s): acc + the sums of four products u·s (u unsigned,
-//   s signed bytes) in 8 int32 lanes — vpdpbusd (AVX-512 VNNI, AVX-VNNI), or vpmaddubsw + vpmaddwd
-//   (AVX2, whose 16-bit pair sums saturate past 32767: every caller keeps |u| ≤ 128 and |s| ≤ 127).
-// 256 bits is one activation block (32 int8): each block's scale multiplies a whole vector. The integer
-// sums are exact; the float work is one convert and one FMA per 32 values, as in llama.cpp's kernels.
-
-inline float HalfAt(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, 2);
-  return _cvtsh_ss(bits);
-}
+//   s signed bytes) in 8 int32 lanes — vpdpbusd (AVX-512 VNNI, AVX-VNNI), or vpmaddubsw + vpmaddwd (AVX2);
+//   kDotTakesAnyUnsignedByte: false where 16-bit pair sums saturate past 32767 (AVX2), so that u ≤ 128.
+// 256 bits is one activation block (32 int8): each block's scale multiplies a whole vector. Weight codes go
+// in unsigned (stored value + k), each dot product starting at -k·Σ q (negated_quad_sums, one shift), so
+// the integer sums are exact. Per 32 values the vector ALUs run the dot product, one convert and one FMA
+// whose scale is broadcast from memory; the scales themselves are computed 8 at a time.
 
 inline float HorizontalSum(__m256 v) {
   __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -19,92 +15,136 @@ inline float HorizontalSum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(sum, _mm_movehdup_ps(sum)));
 }
 
-// Signed by signed bytes: |a| (unsigned, at most 128) times b with a's sign (|b| ≤ 127: quantized inputs).
-inline __m256i DotS8S8(__m256i a, __m256i b) {
-  return DotU8S8(_mm256_setzero_si256(), _mm256_abs_epi8(a), _mm256_sign_epi8(b, a));
-}
-
 inline __m256i Load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
-// acc += lanes · scale
-inline void Accumulate(__m256i lanes, float scale, __m256& acc) {
-  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(scale), acc);
+// acc += lanes · *scale (a broadcast from memory: a load, not a shuffle).
+inline void Accumulate(__m256i lanes, const float* scale, __m256& acc) {
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_broadcast_ss(scale), acc);
 }
 
-// One Q8_0 block (34 bytes: FP16 d, 32 int8) by one activation block.
-inline void BlockQ8_0(const uint8_t* w, const int8_t* q, float scale, __m256& acc) {
-  Accumulate(DotS8S8(Load(w + 2), Load(q)), HalfAt(w) * scale, acc);
+inline uint16_t Bits16(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return bits;
 }
 
-// One Q4_0 block (18 bytes: FP16 d, 16 bytes of nibbles: values 0..15 low, 16..31 high), nibble - 8.
-inline void BlockQ4_0(const uint8_t* w, const int8_t* q, float scale, __m256& acc) {
-  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 2));
+// out[k] = the FP16 scale at the start of block k (blocks `stride` bytes apart) times x_scales[k], k < 8.
+inline void BlockScales8(const uint8_t* w, int64_t stride, const float* x_scales, float* out) {
+  __m128i halves = _mm_cvtsi32_si128(Bits16(w));
+  halves = _mm_insert_epi16(halves, Bits16(w + stride), 1);
+  halves = _mm_insert_epi16(halves, Bits16(w + 2 * stride), 2);
+  halves = _mm_insert_epi16(halves, Bits16(w + 3 * stride), 3);
+  halves = _mm_insert_epi16(halves, Bits16(w + 4 * stride), 4);
+  halves = _mm_insert_epi16(halves, Bits16(w + 5 * stride), 5);
+  halves = _mm_insert_epi16(halves, Bits16(w + 6 * stride), 6);
+  halves = _mm_insert_epi16(halves, Bits16(w + 7 * stride), 7);
+  _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_cvtph_ps(halves), _mm256_loadu_ps(x_scales)));
+}
+
+// A dot product of unsigned codes (stored value + 2^shift) with the inputs of one block, minus the offset.
+inline __m256i OffsetDot(__m256i codes, const int8_t* q, const int32_t* negated_quad_sums, int shift) {
+  return DotU8S8(_mm256_slli_epi32(Load(negated_quad_sums), shift), codes, Load(q));
+}
+
+// One Q8_0 block's 32 int8 by one activation block.
+inline __m256i DotQ8_0(const uint8_t* codes, const int8_t* q, const int32_t* negated_quad_sums) {
+  const __m256i w = Load(codes);
+  if constexpr (kDotTakesAnyUnsignedByte) {
+    return OffsetDot(_mm256_xor_si256(w, _mm256_set1_epi8(-128)), q, negated_quad_sums, 7);  // w + 128
+  } else {  // |w| (at most 128) times q with w's sign
+    return DotU8S8(_mm256_setzero_si256(), _mm256_abs_epi8(w), _mm256_sign_epi8(Load(q), w));
+  }
+}
+
+// One Q4_0 block's 16 bytes of nibbles (values 0..15 low, 16..31 high; stored value + 8).
+inline __m256i DotQ4_0(const uint8_t* packed, const int8_t* q, const int32_t* negated_quad_sums) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed));
   const __m128i nibble = _mm_set1_epi8(15);
-  const __m256i codes = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), nibble), _mm_and_si128(packed, nibble));
-  Accumulate(DotS8S8(_mm256_sub_epi8(codes, _mm256_set1_epi8(8)), Load(q)), HalfAt(w) * scale, acc);
+  const __m256i codes = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), nibble), _mm_and_si128(bytes, nibble));
+  return OffsetDot(codes, q, negated_quad_sums, 3);
+}
+
+// Q8_0 and Q4_0: blocks of 32 values with an FP16 scale first, `bytes` apart; Dot(codes, q, sums) their
+// integer dot product. Blocks alternate between two sums, so that consecutive FMAs do not wait for each other.
+template <int64_t kBlockBytes, __m256i (*Dot)(const uint8_t*, const int8_t*, const int32_t*)>
+float RowOfBlocks32(const uint8_t* w, const InputRow& x, int64_t blocks) {
+  __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
+  alignas(32) float scales[8];
+  int64_t b = 0;
+  for (; b + 8 <= blocks; b += 8) {
+    BlockScales8(w + kBlockBytes * b, kBlockBytes, x.scales + b, scales);
+    for (int64_t k = b; k < b + 8; k += 2) {
+      Accumulate(Dot(w + kBlockBytes * k + 2, x.q + 32 * k, x.negated_quad_sums + 8 * k), scales + (k - b), even);
+      Accumulate(Dot(w + kBlockBytes * (k + 1) + 2, x.q + 32 * (k + 1), x.negated_quad_sums + 8 * (k + 1)),
+                 scales + (k + 1 - b), odd);
+    }
+  }
+  for (; b < blocks; ++b) {
+    scales[0] = _cvtsh_ss(Bits16(w + kBlockBytes * b)) * x.scales[b];
+    Accumulate(Dot(w + kBlockBytes * b + 2, x.q + 32 * b, x.negated_quad_sums + 8 * b), scales, even);
+  }
+  return HorizontalSum(_mm256_add_ps(even, odd));
+}
+
+// Q4_K's eight 6-bit scales (low 64 bits) and mins (high) as bytes, from its 12 packed bytes (the layout of
+// q4_k_scale_min in tensor/ggml_type.h, four sub-blocks per 32-bit operation).
+inline __m128i Q4KScalesAndMins(const uint8_t* packed) {
+  uint32_t a, b, c;
+  std::memcpy(&a, packed, 4);
+  std::memcpy(&b, packed + 4, 4);
+  std::memcpy(&c, packed + 8, 4);
+  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kTop2 = 0x03030303;
+  const uint32_t scales_high = (c & kLow4) | (((a >> 6) & kTop2) << 4);
+  const uint32_t mins_high = ((c >> 4) & kLow4) | (((b >> 6) & kTop2) << 4);
+  return _mm_setr_epi32(int(a & kLow6), int(scales_high), int(b & kLow6), int(mins_high));
 }
 
 struct SimdRows {
-  // Blocks alternate between two sums, so that consecutive FMAs do not wait for each other.
-  static float q8_0(const uint8_t* w, const int8_t* q, const float* scales, int64_t blocks) {
-    __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
-    int64_t b = 0;
-    for (; b + 2 <= blocks; b += 2) {
-      BlockQ8_0(w + 34 * b, q + 32 * b, scales[b], even);
-      BlockQ8_0(w + 34 * (b + 1), q + 32 * (b + 1), scales[b + 1], odd);
-    }
-    if (b < blocks) BlockQ8_0(w + 34 * b, q + 32 * b, scales[b], even);
-    return HorizontalSum(_mm256_add_ps(even, odd));
-  }
-
-  static float q4_0(const uint8_t* w, const int8_t* q, const float* scales, int64_t blocks) {
-    __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
-    int64_t b = 0;
-    for (; b + 2 <= blocks; b += 2) {
-      BlockQ4_0(w + 18 * b, q + 32 * b, scales[b], even);
-      BlockQ4_0(w + 18 * (b + 1), q + 32 * (b + 1), scales[b + 1], odd);
-    }
-    if (b < blocks) BlockQ4_0(w + 18 * b, q + 32 * b, scales[b], even);
-    return HorizontalSum(_mm256_add_ps(even, odd));
-  }
+  static float q8_0(const uint8_t* w, const InputRow& x, int64_t blocks) { return RowOfBlocks32<34, DotQ8_0>(w, x, blocks); }
+  static float q4_0(const uint8_t* w, const InputRow& x, int64_t blocks) { return RowOfBlocks32<18, DotQ4_0>(w, x, blocks); }
 
   // Q4_K (tensor/ggml_type.h): per 64 values 32 bytes, low nibbles the first 32, high the next; codes 0..15
-  // (unsigned, as vpdpbusd wants them) times d·sc, minus dmin·m times the inputs' sum (their scaled_sums).
-  static float q4_k(const uint8_t* w, const int8_t* q, const float* scales, const float* sums, int64_t superblocks) {
-    __m256 low_sum = _mm256_setzero_ps(), high_sum = _mm256_setzero_ps();
+  // times d·sc, minus dmin·m times the inputs' sums (scaled_sums), all eight sub-blocks' factors at once.
+  static float q4_k(const uint8_t* w, const InputRow& x, int64_t superblocks) {
+    __m256 low_sum = _mm256_setzero_ps(), high_sum = _mm256_setzero_ps(), minimum = _mm256_setzero_ps();
     const __m256i nibble = _mm256_set1_epi8(15);
-    float minimum = 0;
+    alignas(32) float scales[8];
     for (int64_t s = 0; s < superblocks; ++s, w += 144) {
-      const float d = HalfAt(w), dmin = HalfAt(w + 2);
-      float block_minimum = 0;
-      for (int pair = 0; pair < 4; ++pair, q += 64, scales += 2, sums += 2) {
+      const __m128i scales_mins = Q4KScalesAndMins(w + 4);
+      const __m256 sub_scales = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(scales_mins));
+      const __m256 sub_mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(scales_mins, scales_mins)));
+      _mm256_store_ps(scales, _mm256_mul_ps(_mm256_mul_ps(sub_scales, _mm256_set1_ps(_cvtsh_ss(Bits16(w)))),
+                                            _mm256_loadu_ps(x.scales + 8 * s)));
+      minimum = _mm256_fmadd_ps(_mm256_mul_ps(sub_mins, _mm256_set1_ps(_cvtsh_ss(Bits16(w + 2)))),
+                                _mm256_loadu_ps(x.scaled_sums + 8 * s), minimum);
+      const int8_t* q = x.q + 256 * s;
+      for (int pair = 0; pair < 4; ++pair) {
         const __m256i bytes = Load(w + 16 + 32 * pair);
-        int scale_low, min_low, scale_high, min_high;
-        q4_k_scale_min(w + 4, 2 * pair, &scale_low, &min_low);
-        q4_k_scale_min(w + 4, 2 * pair + 1, &scale_high, &min_high);
-        Accumulate(DotU8S8(_mm256_setzero_si256(), _mm256_and_si256(bytes, nibble), Load(q)),
-                   d * float(scale_low) * scales[0], low_sum);
-        Accumulate(DotU8S8(_mm256_setzero_si256(), _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble), Load(q + 32)),
-                   d * float(scale_high) * scales[1], high_sum);
-        block_minimum += float(min_low) * sums[0] + float(min_high) * sums[1];
+        const __m256i zero = _mm256_setzero_si256();
+        Accumulate(DotU8S8(zero, _mm256_and_si256(bytes, nibble), Load(q + 64 * pair)), scales + 2 * pair, low_sum);
+        Accumulate(DotU8S8(zero, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble), Load(q + 64 * pair + 32)),
+                   scales + 2 * pair + 1, high_sum);
       }
-      minimum += dmin * block_minimum;
     }
-    return HorizontalSum(_mm256_add_ps(low_sum, high_sum)) - minimum;
+    return HorizontalSum(_mm256_add_ps(low_sum, high_sum)) - HorizontalSum(minimum);
   }
 
   // Q6_K (tensor/ggml_type.h): per 128 values 64 bytes of ql and 32 of qh make four runs of 32 six-bit codes
-  // (minus 32: signed); each run is two sub-blocks of 16 with their own int8 scale, which multiply the
-  // dot's lanes 0-3 and 4-7.
-  static float q6_k(const uint8_t* w, const int8_t* q, const float* scales, int64_t superblocks) {
+  // (stored value + 32); each run is two sub-blocks of 16 with their own int8 scale, which multiply the
+  // dot's lanes 0-3 and 4-7: a vector of the two factors per run.
+  static float q6_k(const uint8_t* w, const InputRow& x, int64_t superblocks) {
     __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
-    const __m256i low4 = _mm256_set1_epi8(15), high2 = _mm256_set1_epi8(0x30), offset = _mm256_set1_epi8(32);
+    const __m256i low4 = _mm256_set1_epi8(15), high2 = _mm256_set1_epi8(0x30);
     for (int64_t s = 0; s < superblocks; ++s, w += 210) {
-      const float d = HalfAt(w + 208);
-      for (int half = 0; half < 2; ++half, q += 128, scales += 4) {
+      const __m256 d = _mm256_set1_ps(_cvtsh_ss(Bits16(w + 208)));
+      for (int half = 0; half < 2; ++half) {
+        const int64_t block = 8 * s + 4 * half;  // the half's first activation block
+        const int8_t* q = x.q + 32 * block;
+        const int32_t* quads = x.negated_quad_sums + 8 * block;
         const __m256i ql0 = Load(w + 64 * half), ql1 = Load(w + 64 * half + 32), qh = Load(w + 128 + 32 * half);
-        // The half's eight sub-block scales, one per int32 lane; run r takes lanes 2r (x4) and 2r + 1 (x4).
-        const __m256i sub_scales = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + 192 + 8 * half)));
+        // d times the half's eight sub-block scales; run r takes lanes 2r (x4) and 2r + 1 (x4).
+        const __m256 sub_scales = _mm256_mul_ps(
+            d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + 192 + 8 * half)))));
         const __m256i codes[4] = {
             _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), high2)),
             _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), high2)),
@@ -112,11 +152,12 @@ struct SimdRows {
             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), high2)),
         };
         for (int run = 0; run < 4; ++run) {
-          const __m256i run_scales =
-              _mm256_permutevar8x32_epi32(sub_scales, _mm256_setr_epi32(2 * run, 2 * run, 2 * run, 2 * run, 2 * run + 1,
-                                                                        2 * run + 1, 2 * run + 1, 2 * run + 1));
-          const __m256i dot = DotS8S8(_mm256_sub_epi8(codes[run], offset), Load(q + 32 * run));
-          Accumulate(_mm256_mullo_epi32(dot, run_scales), d * scales[run], run % 2 ? odd : even);
+          const __m256 run_scales = _mm256_mul_ps(
+              _mm256_permutevar8x32_ps(sub_scales, _mm256_setr_epi32(2 * run, 2 * run, 2 * run, 2 * run, 2 * run + 1,
+                                                                     2 * run + 1, 2 * run + 1, 2 * run + 1)),
+              _mm256_broadcast_ss(x.scales + block + run));
+          const __m256i dot = OffsetDot(codes[run], q + 32 * run, quads + 8 * run, 5);
+          (run % 2 ? odd : even) = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), run_scales, run % 2 ? odd : even);
         }
       }
     }

@@ -19,6 +19,7 @@ namespace avx2 {
 inline __m256i DotU8S8(__m256i acc, __m256i u, __m256i s) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 }
+constexpr bool kDotTakesAnyUnsignedByte = false;  // 255·127·2 > 32767
 #include "backend/cpu/quant_dot_x86-inl.h"
 }  // namespace avx2
 HWY_POP_ATTRIBUTES
@@ -26,6 +27,7 @@ HWY_POP_ATTRIBUTES
 HWY_PUSH_ATTRIBUTES("avx,avx2,fma,f16c,avxvnni")
 namespace avx_vnni {
 inline __m256i DotU8S8(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_avx_epi32(acc, u, s); }
+constexpr bool kDotTakesAnyUnsignedByte = true;
 #include "backend/cpu/quant_dot_x86-inl.h"
 }  // namespace avx_vnni
 HWY_POP_ATTRIBUTES
@@ -33,6 +35,7 @@ HWY_POP_ATTRIBUTES
 HWY_PUSH_ATTRIBUTES("avx,avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
 namespace avx512_vnni {
 inline __m256i DotU8S8(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
+constexpr bool kDotTakesAnyUnsignedByte = true;
 #include "backend/cpu/quant_dot_x86-inl.h"
 }  // namespace avx512_vnni
 HWY_POP_ATTRIBUTES
