@@ -253,7 +253,7 @@ void bench_quant_dot(int rounds) {
                     long(shape.cols), f32_ms, gigabytes / (f32_ms * 1e-3));
         for (const QuantDotTier tier : tiers) {
           const double ms = !quant_dot_tier_supported(tier) ? NAN : measure_ms(str_cat(quant_dot_tier_name(tier), "/", name), [&] {
-            quantize_activations(x.data(), 1, shape.cols, quantized);
+            quantize_activations(tier, x.data(), 1, shape.cols, quantized);
             matvec_quant_dot(tier, quantized, w.data(), quant, shape.rows, 0, shape.rows, y.data());
           }, 0.2);
           std::printf(" %14.2f %6.1f %7.2fx", ms, gigabytes / (ms * 1e-3), f32_ms / ms);

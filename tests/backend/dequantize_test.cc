@@ -132,7 +132,7 @@ TEST(Matmul, QuantizedWeightsMatchTheReference) {
         matmul(x.data(), n, w, y.data(), pool);
         if (n <= 16 && quant_dot_tier() != QuantDotTier::kF32) {  // decode: integer products (quant_dot_test.cc)
           QuantizedActivations quantized;
-          quantize_activations(x.data(), n, cols, quantized);
+          quantize_activations(quant_dot_tier(), x.data(), n, cols, quantized);
           matvec_quant_dot_reference(quantized, w_bytes.data(), quant, rows, expected.data());
         } else {
           matmul_reference(x.data(), n, w, expected.data());

@@ -60,7 +60,7 @@ TEST(QuantDot, ActivationsRoundWithinTheirBound) {
   for (int64_t c = 0; c < 32; ++c) x[size_t(c)] = 0;  // an all-zero block: scale 0, codes 0
   x[40] = 1e4f;                                        // one large outlier in a block
   QuantizedActivations q;
-  quantize_activations(x.data(), n, cols, q);
+  quantize_activations(QuantDotTier::kScalar, x.data(), n, cols, q);
   ASSERT_EQ(q.q.size(), size_t(n * cols));
   ASSERT_EQ(q.scales.size(), size_t(n * cols / 32));
   for (int64_t b = 0; b < n * cols / 32; ++b) {
@@ -96,7 +96,7 @@ TEST_P(QuantDotTierTest, MatchesTheReferenceOnTheQuantizedInputs) {
     const std::vector<uint8_t> w = test::random_blocks(c.quant, c.rows * c.cols, rng);
     const std::vector<float> x = normal_inputs(c.n * c.cols, rng);
     QuantizedActivations q;
-    quantize_activations(x.data(), c.n, c.cols, q);
+    quantize_activations(tier, x.data(), c.n, c.cols, q);
     // Guards on both sides of the rows a task owns: rows 1..rows-2 only.
     std::vector<float> y(size_t(c.n * c.rows), NAN), expected(y.size());
     matvec_quant_dot(tier, q, w.data(), c.quant, c.rows, 1, c.rows - 1, y.data());
@@ -147,13 +147,37 @@ TEST_P(QuantDotTierTest, ExtremeCodesDoNotSaturate) {
       std::vector<float> x(static_cast<size_t>(cols));
       for (int64_t c = 0; c < cols; ++c) x[size_t(c)] = (c / 2) % 2 ? -1.0f : 1.0f;
       QuantizedActivations q;
-      quantize_activations(x.data(), 1, cols, q);
+      quantize_activations(tier, x.data(), 1, cols, q);
       float y = NAN, expected = NAN;
       matvec_quant_dot(tier, q, w.data(), quant, 1, 0, 1, &y);
       matvec_quant_dot_reference(q, w.data(), quant, 1, &expected);
       ASSERT_NEAR(y, expected, 1e-5 * std::fabs(expected) + 1e-6) << "fill " << int(fill);
     }
   }
+}
+
+// Zeros, ties (x·(1/d) at k + 0.5), scales past FP16's range and below its normal range, random values.
+TEST_P(QuantDotTierTest, QuantizesAsThePlainLoopsBitForBit) {
+  const QuantDotTier tier = GetParam();
+  if (!quant_dot_tier_supported(tier)) GTEST_SKIP() << quant_dot_tier_name(tier) << ": this CPU lacks it";
+  const unsigned seed = 5;
+  std::mt19937 rng(seed);
+  std::vector<float> x = normal_inputs(32 * 64, rng);
+  for (int i = 0; i < 32; ++i) x[size_t(i)] = 0;                           // block 0: all zero
+  for (int i = 0; i < 32; ++i) x[size_t(32 + i)] = float(i - 16) + 0.5f;    // block 1: max 16.5, many ties
+  x[64] = 127.0f;                                                            // block 2: d = 1, x·(1/d) ties at k + 0.5
+  for (int i = 1; i < 32; ++i) x[size_t(64 + i)] = float(i) - 0.5f;
+  for (int i = 0; i < 32; ++i) x[size_t(96 + i)] *= 3e7f;                   // block 3: d past FP16's largest
+  for (int i = 0; i < 32; ++i) x[size_t(128 + i)] *= 1e-4f;                 // block 4: d an FP16 subnormal
+  QuantizedActivations plain, simd;
+  quantize_activations(QuantDotTier::kScalar, x.data(), 2, 32 * 32, plain);
+  quantize_activations(tier, x.data(), 2, 32 * 32, simd);
+  EXPECT_EQ(plain.q, simd.q) << "seed " << seed;
+  EXPECT_EQ(plain.negated_quad_sums, simd.negated_quad_sums);
+  ASSERT_EQ(plain.scales.size(), simd.scales.size());
+  EXPECT_EQ(std::memcmp(plain.scales.data(), simd.scales.data(), plain.scales.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(plain.scaled_sums.data(), simd.scaled_sums.data(), plain.scaled_sums.size() * 4), 0);
+  EXPECT_TRUE(std::isfinite(plain.scales[3]) && plain.scales[3] > kMaxHalf) << plain.scales[3];
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, QuantDotTierTest, ::testing::ValuesIn(kIntegerTiers),
@@ -177,7 +201,7 @@ TEST(QuantDot, SimdTiersAgreeBitForBit) {
     const std::vector<uint8_t> w = test::random_blocks(c.quant, c.rows * c.cols, rng);
     const std::vector<float> x = normal_inputs(c.n * c.cols, rng);
     QuantizedActivations q;
-    quantize_activations(x.data(), c.n, c.cols, q);
+    quantize_activations(QuantDotTier::kScalar, x.data(), c.n, c.cols, q);
     std::vector<float> first(size_t(c.n * c.rows)), other(first.size());
     matvec_quant_dot(tiers[0], q, w.data(), c.quant, c.rows, 0, c.rows, first.data());
     for (size_t t = 1; t < tiers.size(); ++t) {
@@ -199,7 +223,7 @@ TEST(QuantDot, WithinTheEightBitRoundingOfTheFp32Product) {
     const std::vector<uint8_t> w = test::random_blocks(c.quant, c.rows * c.cols, rng);
     const std::vector<float> x = normal_inputs(c.n * c.cols, rng);
     QuantizedActivations q;
-    quantize_activations(x.data(), c.n, c.cols, q);
+    quantize_activations(QuantDotTier::kScalar, x.data(), c.n, c.cols, q);
     std::vector<float> y(size_t(c.n * c.rows));
     matvec_quant_dot(tier, q, w.data(), c.quant, c.rows, 0, c.rows, y.data());
     std::vector<float> row(size_t(c.cols));

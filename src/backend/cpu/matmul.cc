@@ -131,7 +131,7 @@ void matmul_shared_input(const float* x, int64_t n, std::span<const MatmulProduc
   thread_local QuantizedActivations quantized_inputs;
   QuantizedActivations& quantized_x = quantized_inputs;  // the caller's, as above
   if (std::any_of(products.begin(), products.end(), [&](const MatmulProduct& p) { return takes_quant_dot(*p.w, n); })) {
-    quantize_activations(x, n, products[0].w->cols, quantized_x);
+    quantize_activations(quant_dot_tier(), x, n, products[0].w->cols, quantized_x);
   }
   pool.run(tasks, [&](int64_t task, int) {
     size_t m = 0;

@@ -144,15 +144,19 @@ QuantDotTier choose_tier() {
 
 }  // namespace
 
-void quantize_activations(const float* x, int64_t n, int64_t cols, QuantizedActivations& out) {
-  const int64_t blocks = cols / kActivationBlock;
+void quantize_activations(QuantDotTier tier, const float* x, int64_t n, int64_t cols, QuantizedActivations& out) {
+  const int64_t blocks = n * cols / kActivationBlock;
   out.n = n;
   out.cols = cols;
   out.q.resize(size_t(n * cols));
-  out.scales.resize(size_t(n * blocks));
-  out.scaled_sums.resize(size_t(n * blocks));
+  out.scales.resize(size_t(blocks));
+  out.scaled_sums.resize(size_t(blocks));
   out.negated_quad_sums.resize(size_t(n * cols / 4));
-  for (int64_t b = 0; b < n * blocks; ++b) {
+  if (const QuantDotKernels simd = x86_quant_dot_kernels(tier); simd.quantize != nullptr) {
+    simd.quantize(x, blocks, out);
+    return;
+  }
+  for (int64_t b = 0; b < blocks; ++b) {
     const float* in = x + b * kActivationBlock;
     int8_t* q = out.q.data() + b * kActivationBlock;
     float amax = 0;
@@ -160,15 +164,16 @@ void quantize_activations(const float* x, int64_t n, int64_t cols, QuantizedActi
     const float d = amax / 127.0f, inverse = d != 0 ? 1.0f / d : 0.0f;
     int32_t sum = 0;
     for (int64_t i = 0; i < kActivationBlock; ++i) {
-      q[i] = int8_t(std::round(in[i] * inverse));
+      q[i] = int8_t(std::nearbyint(in[i] * inverse));
       sum += q[i];
     }
-    out.scales[size_t(b)] = fp16_to_float(float_to_fp16(d));
-    out.scaled_sums[size_t(b)] = out.scales[size_t(b)] * float(sum);
-  }
-  for (size_t i = 0; i < out.negated_quad_sums.size(); ++i) {
-    const int8_t* q = out.q.data() + 4 * i;
-    out.negated_quad_sums[i] = -(int32_t(q[0]) + q[1] + q[2] + q[3]);
+    for (int64_t quad = 0; quad < kActivationBlock / 4; ++quad) {
+      out.negated_quad_sums[size_t(b * kActivationBlock / 4 + quad)] =
+          -(int32_t(q[4 * quad]) + q[4 * quad + 1] + q[4 * quad + 2] + q[4 * quad + 3]);
+    }
+    const float scale = d <= kMaxHalf ? fp16_to_float(float_to_fp16(d)) : d;
+    out.scales[size_t(b)] = scale;
+    out.scaled_sums[size_t(b)] = scale * float(sum);
   }
 }
 
@@ -208,14 +213,13 @@ QuantDotTier quant_dot_tier() {
 
 void matvec_quant_dot(QuantDotTier tier, const QuantizedActivations& x, const void* w, BlockQuant quant, int64_t rows,
                       int64_t row_begin, int64_t row_end, float* y) {
-  switch (tier) {
-    case QuantDotTier::kScalar: matvec_by_rows<ScalarRows>(x, w, quant, rows, row_begin, row_end, y); return;
-    case QuantDotTier::kAvx2: matvec_quant_dot_avx2(x, w, quant, rows, row_begin, row_end, y); return;
-    case QuantDotTier::kAvxVnni: matvec_quant_dot_avx_vnni(x, w, quant, rows, row_begin, row_end, y); return;
-    case QuantDotTier::kAvx512Vnni: matvec_quant_dot_avx512_vnni(x, w, quant, rows, row_begin, row_end, y); return;
-    case QuantDotTier::kF32: break;
+  if (tier == QuantDotTier::kScalar) {
+    matvec_by_rows<ScalarRows>(x, w, quant, rows, row_begin, row_end, y);
+  } else if (const QuantDotKernels simd = x86_quant_dot_kernels(tier); simd.matvec != nullptr) {
+    simd.matvec(x, w, quant, rows, row_begin, row_end, y);
+  } else {
+    std::abort();  // kF32 is matmul's other path, never this function's
   }
-  std::abort();  // kF32 is matmul's other path, never this function's
 }
 
 void matvec_quant_dot_reference(const QuantizedActivations& x, const void* w, BlockQuant quant, int64_t rows,

@@ -21,8 +21,9 @@ namespace slimkv {
 // Values per activation block: one scale each, as in ggml's Q8_0 (every weight block holds whole ones).
 constexpr int64_t kActivationBlock = 32;
 
-// n input rows quantized for the integer products. Rounded as llama.cpp's quantize_row_q8_0: d =
-// max|x| / 127 stored as FP16 (kept here as the float of that FP16), q = round(x / d) in [-127, 127].
+// n input rows quantized for the integer products. Rounded as llama.cpp's quantize_row_q8_0 (AVX path):
+// d = max|x| / 127 stored as FP16 (kept here as the float of that FP16; as FP32 past FP16's largest
+// value, where llama.cpp's would be infinite), q = x · (1/d) rounded to nearest even, in [-127, 127].
 struct QuantizedActivations {
   int64_t n = 0;
   int64_t cols = 0;  // a multiple of kActivationBlock
@@ -34,9 +35,6 @@ struct QuantizedActivations {
   // the sums stay exact integers.
   std::vector<int32_t> negated_quad_sums;
 };
-
-// out = x [n, cols] quantized; cols a multiple of kActivationBlock. Reuses out's buffers.
-void quantize_activations(const float* x, int64_t n, int64_t cols, QuantizedActivations& out);
 
 // The instruction sets the products run on. kF32 is no integer tier: the old path, each weight row
 // widened to FP32 and multiplied with the unrounded inputs (backend/cpu/dequantize.h).
@@ -50,6 +48,13 @@ bool quant_dot_tier_supported(QuantDotTier tier);
 // FP32 path, to compare). Read once per process; an unknown or unsupported value is reported on stderr
 // and ignored.
 QuantDotTier quant_dot_tier();
+
+// FP16's largest finite value: block scales above it stay FP32.
+constexpr float kMaxHalf = 65504.0f;
+
+// out = x [n, cols] quantized; cols a multiple of kActivationBlock. Reuses out's buffers. The SIMD tiers
+// round with vector instructions, the others in plain loops: the same bits.
+void quantize_activations(QuantDotTier tier, const float* x, int64_t n, int64_t cols, QuantizedActivations& out);
 
 // y[i, o] = Σ_c x[i, c] · W[o, c] for the n inputs of x and rows o in [row_begin, row_end) of the quantized
 // weights W [rows, cols] (cols = x.cols), on `tier` (supported, not kF32). The integer sums are exact; the

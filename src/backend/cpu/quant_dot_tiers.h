@@ -1,5 +1,5 @@
-// The tiers of quant_dot.h: the row loop they share, and the x86 SIMD entry points (quant_dot_x86.cc),
-// each of which runs only where quant_dot_tier_supported(its tier) said yes (elsewhere they abort).
+// The tiers of quant_dot.h: the row loop they share, and the x86 SIMD tiers' kernels (quant_dot_x86.cc),
+// each of which runs only where quant_dot_tier_supported(its tier) said yes.
 #pragma once
 
 #include <cstdint>
@@ -20,8 +20,10 @@ struct InputRow {
 // y[i, o] for rows o in [row_begin, row_end) and every input i, one weight row by one input row at a time
 // (a row of the 8B model's widest product is 8 KiB of Q4_K: it stays in L1 for the next input). Rows:
 // a tier's row products (static q8_0, q4_0, q4_k, q6_k: one weight row of `blocks` ggml blocks by one input).
+// Always inlined: in a SIMD tier's function it takes that tier's target attributes, and the row products
+// inline into it (a call per row costs as much as a 384-wide row's products).
 template <class Rows>
-void matvec_by_rows(const QuantizedActivations& x, const void* w, BlockQuant quant, int64_t rows, int64_t row_begin,
+[[gnu::always_inline]] inline void matvec_by_rows(const QuantizedActivations& x, const void* w, BlockQuant quant, int64_t rows, int64_t row_begin,
                     int64_t row_end, float* y) {
   const int64_t blocks = x.cols / block_elements(quant);
   const size_t row_bytes = size_t(blocks) * block_bytes(quant);
@@ -43,11 +45,16 @@ void matvec_by_rows(const QuantizedActivations& x, const void* w, BlockQuant qua
   }
 }
 
-void matvec_quant_dot_avx2(const QuantizedActivations& x, const void* w, BlockQuant quant, int64_t rows,
-                           int64_t row_begin, int64_t row_end, float* y);
-void matvec_quant_dot_avx_vnni(const QuantizedActivations& x, const void* w, BlockQuant quant, int64_t rows,
-                               int64_t row_begin, int64_t row_end, float* y);
-void matvec_quant_dot_avx512_vnni(const QuantizedActivations& x, const void* w, BlockQuant quant, int64_t rows,
-                                  int64_t row_begin, int64_t row_end, float* y);
+// A SIMD tier's kernels: quantize fills out's arrays (sized for `blocks` blocks of 32 values) from x as
+// quantize_activations does, bit for bit; matvec is matvec_quant_dot's.
+struct QuantDotKernels {
+  void (*quantize)(const float* x, int64_t blocks, QuantizedActivations& out);
+  void (*matvec)(const QuantizedActivations& x, const void* w, BlockQuant quant, int64_t rows, int64_t row_begin,
+                 int64_t row_end, float* y);
+};
+
+// The kernels of an x86 SIMD tier (kAvx2, kAvxVnni, kAvx512Vnni: quant_dot_x86.cc); on other architectures
+// and for other tiers both are nullptr.
+QuantDotKernels x86_quant_dot_kernels(QuantDotTier tier);
 
 }  // namespace slimkv

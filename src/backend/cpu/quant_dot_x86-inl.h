@@ -67,7 +67,7 @@ inline __m256i DotQ4_0(const uint8_t* packed, const int8_t* q, const int32_t* ne
 // Q8_0 and Q4_0: blocks of 32 values with an FP16 scale first, `bytes` apart; Dot(codes, q, sums) their
 // integer dot product. Blocks alternate between two sums, so that consecutive FMAs do not wait for each other.
 template <int64_t kBlockBytes, __m256i (*Dot)(const uint8_t*, const int8_t*, const int32_t*)>
-float RowOfBlocks32(const uint8_t* w, const InputRow& x, int64_t blocks) {
+[[gnu::always_inline]] inline float RowOfBlocks32(const uint8_t* w, const InputRow& x, int64_t blocks) {
   __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
   alignas(32) float scales[8];
   int64_t b = 0;
@@ -97,6 +97,42 @@ inline __m128i Q4KScalesAndMins(const uint8_t* packed) {
   const uint32_t scales_high = (c & kLow4) | (((a >> 6) & kTop2) << 4);
   const uint32_t mins_high = ((c >> 4) & kLow4) | (((b >> 6) & kTop2) << 4);
   return _mm_setr_epi32(int(a & kLow6), int(scales_high), int(b & kLow6), int(mins_high));
+}
+
+inline int32_t HorizontalSum(__m256i v) {
+  __m128i sum = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  sum = _mm_add_epi32(sum, _mm_unpackhi_epi64(sum, sum));
+  return _mm_cvtsi128_si32(_mm_add_epi32(sum, _mm_shuffle_epi32(sum, 1)));
+}
+
+// quantize_activations' rounding (quant_dot.cc's plain loops) on 32 values at a time, with the
+// same IEEE operations in the same order, so the same bits: the largest |x|, d = max / 127, q =
+// nearest-even(x · (1 / d)) (vcvtps2dq under the default rounding mode), d kept as FP16 when it fits.
+inline void Quantize(const float* x, int64_t blocks, QuantizedActivations& out) {
+  const __m256 magnitude_bits = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int64_t b = 0; b < blocks; ++b, x += 32) {
+    const __m256 v[4] = {_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8), _mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)};
+    __m256 amax = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], magnitude_bits), _mm256_and_ps(v[1], magnitude_bits)),
+                                _mm256_max_ps(_mm256_and_ps(v[2], magnitude_bits), _mm256_and_ps(v[3], magnitude_bits)));
+    __m128 max4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    max4 = _mm_max_ps(max4, _mm_movehl_ps(max4, max4));
+    const float d = _mm_cvtss_f32(_mm_max_ss(max4, _mm_movehdup_ps(max4))) / 127.0f;
+    const __m256 inverse = _mm256_set1_ps(d != 0 ? 1.0f / d : 0.0f);
+    const __m256i q16_low = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[0], inverse)),
+                                               _mm256_cvtps_epi32(_mm256_mul_ps(v[1], inverse)));
+    const __m256i q16_high = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[2], inverse)),
+                                                _mm256_cvtps_epi32(_mm256_mul_ps(v[3], inverse)));
+    // The packs work within 128-bit halves: 4-value groups come out in the order 0 2 4 6 1 3 5 7.
+    const __m256i q = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q16_low, q16_high),
+                                                  _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q.data() + 32 * b), q);
+    const __m256i quad_sums = DotU8S8(_mm256_setzero_si256(), _mm256_set1_epi8(1), q);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.negated_quad_sums.data() + 8 * b),
+                        _mm256_sub_epi32(_mm256_setzero_si256(), quad_sums));
+    const float scale = d <= kMaxHalf ? _cvtsh_ss(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT)) : d;
+    out.scales[size_t(b)] = scale;
+    out.scaled_sums[size_t(b)] = scale * float(HorizontalSum(quad_sums));
+  }
 }
 
 struct SimdRows {
@@ -164,3 +200,8 @@ struct SimdRows {
     return HorizontalSum(_mm256_add_ps(even, odd));
   }
 };
+
+inline void MatVec(const QuantizedActivations& x, const void* w, BlockQuant quant, int64_t rows, int64_t row_begin,
+                   int64_t row_end, float* y) {
+  matvec_by_rows<SimdRows>(x, w, quant, rows, row_begin, row_end, y);
+}

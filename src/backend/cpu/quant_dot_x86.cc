@@ -1,7 +1,6 @@
 // The x86 tiers of quant_dot.h: quant_dot_x86-inl.h's row products compiled three times, each with its own
 // target attributes (the rest of the binary stays portable; a tier runs only after
 // quant_dot_tier_supported said yes) and its own DotU8S8.
-#include <cstdlib>
 #include <cstring>
 
 #include "backend/cpu/quant_dot_tiers.h"
@@ -40,37 +39,22 @@ constexpr bool kDotTakesAnyUnsignedByte = true;
 }  // namespace avx512_vnni
 HWY_POP_ATTRIBUTES
 
-void matvec_quant_dot_avx2(const QuantizedActivations& x, const void* w, BlockQuant quant, int64_t rows,
-                           int64_t row_begin, int64_t row_end, float* y) {
-  matvec_by_rows<avx2::SimdRows>(x, w, quant, rows, row_begin, row_end, y);
-}
-
-void matvec_quant_dot_avx_vnni(const QuantizedActivations& x, const void* w, BlockQuant quant, int64_t rows,
-                               int64_t row_begin, int64_t row_end, float* y) {
-  matvec_by_rows<avx_vnni::SimdRows>(x, w, quant, rows, row_begin, row_end, y);
-}
-
-void matvec_quant_dot_avx512_vnni(const QuantizedActivations& x, const void* w, BlockQuant quant, int64_t rows,
-                                  int64_t row_begin, int64_t row_end, float* y) {
-  matvec_by_rows<avx512_vnni::SimdRows>(x, w, quant, rows, row_begin, row_end, y);
+QuantDotKernels x86_quant_dot_kernels(QuantDotTier tier) {
+  switch (tier) {
+    case QuantDotTier::kAvx2: return {avx2::Quantize, avx2::MatVec};
+    case QuantDotTier::kAvxVnni: return {avx_vnni::Quantize, avx_vnni::MatVec};
+    case QuantDotTier::kAvx512Vnni: return {avx512_vnni::Quantize, avx512_vnni::MatVec};
+    default: return {nullptr, nullptr};
+  }
 }
 
 }  // namespace slimkv
 
-#else  // not x86-64: no tier but the scalar one is supported, and nothing here may be called
+#else  // not x86-64: no SIMD tier
 
 namespace slimkv {
 
-void matvec_quant_dot_avx2(const QuantizedActivations&, const void*, BlockQuant, int64_t, int64_t, int64_t, float*) {
-  std::abort();
-}
-void matvec_quant_dot_avx_vnni(const QuantizedActivations&, const void*, BlockQuant, int64_t, int64_t, int64_t, float*) {
-  std::abort();
-}
-void matvec_quant_dot_avx512_vnni(const QuantizedActivations&, const void*, BlockQuant, int64_t, int64_t, int64_t,
-                                  float*) {
-  std::abort();
-}
+QuantDotKernels x86_quant_dot_kernels(QuantDotTier) { return {nullptr, nullptr}; }
 
 }  // namespace slimkv
 
