@@ -151,7 +151,7 @@ void quantize_activations(QuantDotTier tier, const float* x, int64_t n, int64_t 
   out.q.resize(size_t(n * cols));
   out.scales.resize(size_t(blocks));
   out.scaled_sums.resize(size_t(blocks));
-  out.negated_quad_sums.resize(size_t(n * cols / 4));
+  out.scaled_sums16.resize(size_t(2 * blocks));
   if (const QuantDotKernels simd = x86_quant_dot_kernels(tier); simd.quantize != nullptr) {
     simd.quantize(x, blocks, out);
     return;
@@ -162,18 +162,16 @@ void quantize_activations(QuantDotTier tier, const float* x, int64_t n, int64_t 
     float amax = 0;
     for (int64_t i = 0; i < kActivationBlock; ++i) amax = std::max(amax, std::fabs(in[i]));
     const float d = amax / 127.0f, inverse = d != 0 ? 1.0f / d : 0.0f;
-    int32_t sum = 0;
+    int32_t sums[2] = {0, 0};  // of each 16
     for (int64_t i = 0; i < kActivationBlock; ++i) {
       q[i] = int8_t(std::nearbyint(in[i] * inverse));
-      sum += q[i];
-    }
-    for (int64_t quad = 0; quad < kActivationBlock / 4; ++quad) {
-      out.negated_quad_sums[size_t(b * kActivationBlock / 4 + quad)] =
-          -(int32_t(q[4 * quad]) + q[4 * quad + 1] + q[4 * quad + 2] + q[4 * quad + 3]);
+      sums[i / 16] += q[i];
     }
     const float scale = d <= kMaxHalf ? fp16_to_float(float_to_fp16(d)) : d;
     out.scales[size_t(b)] = scale;
-    out.scaled_sums[size_t(b)] = scale * float(sum);
+    out.scaled_sums[size_t(b)] = scale * float(sums[0] + sums[1]);
+    out.scaled_sums16[size_t(2 * b)] = scale * float(sums[0]);
+    out.scaled_sums16[size_t(2 * b + 1)] = scale * float(sums[1]);
   }
 }
 

@@ -29,11 +29,10 @@ struct QuantizedActivations {
   int64_t cols = 0;  // a multiple of kActivationBlock
   std::vector<int8_t> q;           // [n, cols]
   std::vector<float> scales;       // [n, cols / 32]: d
-  std::vector<float> scaled_sums;  // [n, cols / 32]: d · Σ q, for Q4_K's minimum (x = d·sc·q - dmin·m)
-  // [n, cols / 4]: -Σ q over each 4 consecutive values, the int32 lanes of a 32-value dot product: the SIMD
-  // tiers multiply unsigned weight codes (stored value + k) and start each dot product at -k·Σ q, so that
-  // the sums stay exact integers.
-  std::vector<int32_t> negated_quad_sums;
+  // d · Σ q per 32 and per 16 values: Q4_K's minimum (x = d·sc·q - dmin·m), and the SIMD tiers' offsets
+  // (they multiply unsigned weight codes, stored value + k, and subtract k · scale · these per 8 blocks).
+  std::vector<float> scaled_sums;    // [n, cols / 32]
+  std::vector<float> scaled_sums16;  // [n, cols / 16]
 };
 
 // The instruction sets the products run on. kF32 is no integer tier: the old path, each weight row

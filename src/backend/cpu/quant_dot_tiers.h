@@ -14,7 +14,7 @@ struct InputRow {
   const int8_t* q;
   const float* scales;
   const float* scaled_sums;
-  const int32_t* negated_quad_sums;
+  const float* scaled_sums16;
 };
 
 // y[i, o] for rows o in [row_begin, row_end) and every input i, one weight row by one input row at a time
@@ -32,7 +32,7 @@ template <class Rows>
     const uint8_t* row = static_cast<const uint8_t*>(w) + size_t(o) * row_bytes;
     for (int64_t i = 0; i < x.n; ++i) {
       const InputRow input{x.q.data() + i * x.cols, x.scales.data() + i * scale_blocks,
-                           x.scaled_sums.data() + i * scale_blocks, x.negated_quad_sums.data() + i * x.cols / 4};
+                           x.scaled_sums.data() + i * scale_blocks, x.scaled_sums16.data() + 2 * i * scale_blocks};
       float& out = y[i * rows + o];
       switch (quant) {
         case BlockQuant::kQ8_0: out = Rows::q8_0(row, input, blocks); break;

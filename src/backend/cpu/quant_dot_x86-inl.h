@@ -5,8 +5,8 @@
 //   s signed bytes) in 8 int32 lanes — vpdpbusd (AVX-512 VNNI, AVX-VNNI), or vpmaddubsw + vpmaddwd (AVX2);
 //   kDotTakesAnyUnsignedByte: false where 16-bit pair sums saturate past 32767 (AVX2), so that u ≤ 128.
 // 256 bits is one activation block (32 int8): each block's scale multiplies a whole vector. Weight codes go
-// in unsigned (stored value + k), each dot product starting at -k·Σ q (negated_quad_sums, one shift), so
-// the integer sums are exact. Per 32 values the vector ALUs run the dot product, one convert and one FMA
+// in unsigned (stored value + k: no sign shuffles), and k · scale · Σ q is subtracted once per 8 blocks
+// (the inputs' scaled_sums). Per 32 values the vector ALUs run the dot product, one convert and one FMA
 // whose scale is broadcast from memory; the scales themselves are computed 8 at a time.
 
 inline float HorizontalSum(__m256 v) {
@@ -28,8 +28,8 @@ inline uint16_t Bits16(const uint8_t* p) {
   return bits;
 }
 
-// out[k] = the FP16 scale at the start of block k (blocks `stride` bytes apart) times x_scales[k], k < 8.
-inline void BlockScales8(const uint8_t* w, int64_t stride, const float* x_scales, float* out) {
+// The FP16 scales at the start of 8 consecutive blocks, `stride` bytes apart.
+inline __m256 BlockScales8(const uint8_t* w, int64_t stride) {
   __m128i halves = _mm_cvtsi32_si128(Bits16(w));
   halves = _mm_insert_epi16(halves, Bits16(w + stride), 1);
   halves = _mm_insert_epi16(halves, Bits16(w + 2 * stride), 2);
@@ -38,52 +38,54 @@ inline void BlockScales8(const uint8_t* w, int64_t stride, const float* x_scales
   halves = _mm_insert_epi16(halves, Bits16(w + 5 * stride), 5);
   halves = _mm_insert_epi16(halves, Bits16(w + 6 * stride), 6);
   halves = _mm_insert_epi16(halves, Bits16(w + 7 * stride), 7);
-  _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_cvtph_ps(halves), _mm256_loadu_ps(x_scales)));
+  return _mm256_cvtph_ps(halves);
 }
 
-// A dot product of unsigned codes (stored value + 2^shift) with the inputs of one block, minus the offset.
-inline __m256i OffsetDot(__m256i codes, const int8_t* q, const int32_t* negated_quad_sums, int shift) {
-  return DotU8S8(_mm256_slli_epi32(Load(negated_quad_sums), shift), codes, Load(q));
-}
-
-// One Q8_0 block's 32 int8 by one activation block.
-inline __m256i DotQ8_0(const uint8_t* codes, const int8_t* q, const int32_t* negated_quad_sums) {
+// One Q8_0 block's 32 int8 by one activation block: stored value + 128 where the dot product takes any
+// unsigned byte (kQ8_0Offset), else |w| (at most 128) times q with w's sign.
+constexpr int kQ8_0Offset = kDotTakesAnyUnsignedByte ? 128 : 0;
+inline __m256i DotQ8_0(const uint8_t* codes, const int8_t* q) {
   const __m256i w = Load(codes);
-  if constexpr (kDotTakesAnyUnsignedByte) {
-    return OffsetDot(_mm256_xor_si256(w, _mm256_set1_epi8(-128)), q, negated_quad_sums, 7);  // w + 128
-  } else {  // |w| (at most 128) times q with w's sign
+  if constexpr (kQ8_0Offset != 0) {
+    return DotU8S8(_mm256_setzero_si256(), _mm256_xor_si256(w, _mm256_set1_epi8(-128)), Load(q));
+  } else {
     return DotU8S8(_mm256_setzero_si256(), _mm256_abs_epi8(w), _mm256_sign_epi8(Load(q), w));
   }
 }
 
 // One Q4_0 block's 16 bytes of nibbles (values 0..15 low, 16..31 high; stored value + 8).
-inline __m256i DotQ4_0(const uint8_t* packed, const int8_t* q, const int32_t* negated_quad_sums) {
+inline __m256i DotQ4_0(const uint8_t* packed, const int8_t* q) {
   const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed));
   const __m128i nibble = _mm_set1_epi8(15);
   const __m256i codes = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), nibble), _mm_and_si128(bytes, nibble));
-  return OffsetDot(codes, q, negated_quad_sums, 3);
+  return DotU8S8(_mm256_setzero_si256(), codes, Load(q));
 }
 
-// Q8_0 and Q4_0: blocks of 32 values with an FP16 scale first, `bytes` apart; Dot(codes, q, sums) their
-// integer dot product. Blocks alternate between two sums, so that consecutive FMAs do not wait for each other.
-template <int64_t kBlockBytes, __m256i (*Dot)(const uint8_t*, const int8_t*, const int32_t*)>
+// Q8_0 and Q4_0: blocks of 32 values with an FP16 scale first, kBlockBytes apart; Dot(codes, q) their dot
+// product with codes = stored value + kOffset. Blocks alternate between two sums, so that consecutive FMAs
+// do not wait for each other.
+template <int64_t kBlockBytes, int kOffset, __m256i (*Dot)(const uint8_t*, const int8_t*)>
 [[gnu::always_inline]] inline float RowOfBlocks32(const uint8_t* w, const InputRow& x, int64_t blocks) {
-  __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
+  __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps(), offsets = _mm256_setzero_ps();
+  float tail_offsets = 0;
   alignas(32) float scales[8];
   int64_t b = 0;
   for (; b + 8 <= blocks; b += 8) {
-    BlockScales8(w + kBlockBytes * b, kBlockBytes, x.scales + b, scales);
+    const __m256 weight_scales = BlockScales8(w + kBlockBytes * b, kBlockBytes);
+    _mm256_store_ps(scales, _mm256_mul_ps(weight_scales, _mm256_loadu_ps(x.scales + b)));
+    if constexpr (kOffset != 0) offsets = _mm256_fmadd_ps(weight_scales, _mm256_loadu_ps(x.scaled_sums + b), offsets);
     for (int64_t k = b; k < b + 8; k += 2) {
-      Accumulate(Dot(w + kBlockBytes * k + 2, x.q + 32 * k, x.negated_quad_sums + 8 * k), scales + (k - b), even);
-      Accumulate(Dot(w + kBlockBytes * (k + 1) + 2, x.q + 32 * (k + 1), x.negated_quad_sums + 8 * (k + 1)),
-                 scales + (k + 1 - b), odd);
+      Accumulate(Dot(w + kBlockBytes * k + 2, x.q + 32 * k), scales + (k - b), even);
+      Accumulate(Dot(w + kBlockBytes * (k + 1) + 2, x.q + 32 * (k + 1)), scales + (k + 1 - b), odd);
     }
   }
   for (; b < blocks; ++b) {
-    scales[0] = _cvtsh_ss(Bits16(w + kBlockBytes * b)) * x.scales[b];
-    Accumulate(Dot(w + kBlockBytes * b + 2, x.q + 32 * b, x.negated_quad_sums + 8 * b), scales, even);
+    const float weight_scale = _cvtsh_ss(Bits16(w + kBlockBytes * b));
+    scales[0] = weight_scale * x.scales[b];
+    Accumulate(Dot(w + kBlockBytes * b + 2, x.q + 32 * b), scales, even);
+    tail_offsets += weight_scale * x.scaled_sums[b];
   }
-  return HorizontalSum(_mm256_add_ps(even, odd));
+  return HorizontalSum(_mm256_add_ps(even, odd)) - float(kOffset) * (HorizontalSum(offsets) + tail_offsets);
 }
 
 // Q4_K's eight 6-bit scales (low 64 bits) and mins (high) as bytes, from its 12 packed bytes (the layout of
@@ -97,12 +99,6 @@ inline __m128i Q4KScalesAndMins(const uint8_t* packed) {
   const uint32_t scales_high = (c & kLow4) | (((a >> 6) & kTop2) << 4);
   const uint32_t mins_high = ((c >> 4) & kLow4) | (((b >> 6) & kTop2) << 4);
   return _mm_setr_epi32(int(a & kLow6), int(scales_high), int(b & kLow6), int(mins_high));
-}
-
-inline int32_t HorizontalSum(__m256i v) {
-  __m128i sum = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  sum = _mm_add_epi32(sum, _mm_unpackhi_epi64(sum, sum));
-  return _mm_cvtsi128_si32(_mm_add_epi32(sum, _mm_shuffle_epi32(sum, 1)));
 }
 
 // quantize_activations' rounding (quant_dot.cc's plain loops) on 32 values at a time, with the
@@ -126,18 +122,24 @@ inline void Quantize(const float* x, int64_t blocks, QuantizedActivations& out) 
     const __m256i q = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q16_low, q16_high),
                                                   _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q.data() + 32 * b), q);
+    // Σ q of each 16: the two halves of the sums of four.
     const __m256i quad_sums = DotU8S8(_mm256_setzero_si256(), _mm256_set1_epi8(1), q);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.negated_quad_sums.data() + 8 * b),
-                        _mm256_sub_epi32(_mm256_setzero_si256(), quad_sums));
+    __m128i sums = _mm_hadd_epi32(_mm256_castsi256_si128(quad_sums), _mm256_extracti128_si256(quad_sums, 1));
+    sums = _mm_hadd_epi32(sums, sums);
+    const int32_t sum_low = _mm_cvtsi128_si32(sums), sum_high = _mm_extract_epi32(sums, 1);
     const float scale = d <= kMaxHalf ? _cvtsh_ss(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT)) : d;
     out.scales[size_t(b)] = scale;
-    out.scaled_sums[size_t(b)] = scale * float(HorizontalSum(quad_sums));
+    out.scaled_sums[size_t(b)] = scale * float(sum_low + sum_high);
+    out.scaled_sums16[size_t(2 * b)] = scale * float(sum_low);
+    out.scaled_sums16[size_t(2 * b + 1)] = scale * float(sum_high);
   }
 }
 
 struct SimdRows {
-  static float q8_0(const uint8_t* w, const InputRow& x, int64_t blocks) { return RowOfBlocks32<34, DotQ8_0>(w, x, blocks); }
-  static float q4_0(const uint8_t* w, const InputRow& x, int64_t blocks) { return RowOfBlocks32<18, DotQ4_0>(w, x, blocks); }
+  static float q8_0(const uint8_t* w, const InputRow& x, int64_t blocks) {
+    return RowOfBlocks32<34, kQ8_0Offset, DotQ8_0>(w, x, blocks);
+  }
+  static float q4_0(const uint8_t* w, const InputRow& x, int64_t blocks) { return RowOfBlocks32<18, 8, DotQ4_0>(w, x, blocks); }
 
   // Q4_K (tensor/ggml_type.h): per 64 values 32 bytes, low nibbles the first 32, high the next; codes 0..15
   // times d·sc, minus dmin·m times the inputs' sums (scaled_sums), all eight sub-blocks' factors at once.
@@ -167,16 +169,16 @@ struct SimdRows {
 
   // Q6_K (tensor/ggml_type.h): per 128 values 64 bytes of ql and 32 of qh make four runs of 32 six-bit codes
   // (stored value + 32); each run is two sub-blocks of 16 with their own int8 scale, which multiply the
-  // dot's lanes 0-3 and 4-7: a vector of the two factors per run.
+  // dot's lanes 0-3 and 4-7: a vector of the two factors per run. The offsets: per half, the eight scales
+  // times the inputs' sums of 16 (scaled_sums16).
   static float q6_k(const uint8_t* w, const InputRow& x, int64_t superblocks) {
-    __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
+    __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps(), offsets = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(15), high2 = _mm256_set1_epi8(0x30);
     for (int64_t s = 0; s < superblocks; ++s, w += 210) {
       const __m256 d = _mm256_set1_ps(_cvtsh_ss(Bits16(w + 208)));
       for (int half = 0; half < 2; ++half) {
         const int64_t block = 8 * s + 4 * half;  // the half's first activation block
         const int8_t* q = x.q + 32 * block;
-        const int32_t* quads = x.negated_quad_sums + 8 * block;
         const __m256i ql0 = Load(w + 64 * half), ql1 = Load(w + 64 * half + 32), qh = Load(w + 128 + 32 * half);
         // d times the half's eight sub-block scales; run r takes lanes 2r (x4) and 2r + 1 (x4).
         const __m256 sub_scales = _mm256_mul_ps(
@@ -187,17 +189,18 @@ struct SimdRows {
             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(qh, high2)),
             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), high2)),
         };
+        offsets = _mm256_fmadd_ps(sub_scales, _mm256_loadu_ps(x.scaled_sums16 + 2 * block), offsets);
         for (int run = 0; run < 4; ++run) {
           const __m256 run_scales = _mm256_mul_ps(
               _mm256_permutevar8x32_ps(sub_scales, _mm256_setr_epi32(2 * run, 2 * run, 2 * run, 2 * run, 2 * run + 1,
                                                                      2 * run + 1, 2 * run + 1, 2 * run + 1)),
               _mm256_broadcast_ss(x.scales + block + run));
-          const __m256i dot = OffsetDot(codes[run], q + 32 * run, quads + 8 * run, 5);
+          const __m256i dot = DotU8S8(_mm256_setzero_si256(), codes[run], Load(q + 32 * run));
           (run % 2 ? odd : even) = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), run_scales, run % 2 ? odd : even);
         }
       }
     }
-    return HorizontalSum(_mm256_add_ps(even, odd));
+    return HorizontalSum(_mm256_add_ps(even, odd)) - 32.0f * HorizontalSum(offsets);
   }
 };
 
