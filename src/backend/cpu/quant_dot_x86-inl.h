@@ -7,7 +7,7 @@
 // 256 bits is one activation block (32 int8): each block's scale multiplies a whole vector. Weight codes go
 // in unsigned (stored value + k: no sign shuffles), and k · scale · Σ q is subtracted once per 8 blocks
 // (the inputs' scaled_sums). Per 32 values the vector ALUs run the dot product, one convert and one FMA
-// whose scale is broadcast from memory; the scales themselves are computed 8 at a time.
+// whose scale is broadcast from memory; the scales themselves are computed 4 or 8 at a time.
 
 inline float HorizontalSum(__m256 v) {
   __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -28,17 +28,18 @@ inline uint16_t Bits16(const uint8_t* p) {
   return bits;
 }
 
-// The FP16 scales at the start of 8 consecutive blocks, `stride` bytes apart.
-inline __m256 BlockScales8(const uint8_t* w, int64_t stride) {
+// The FP16 scales at the start of 4 consecutive blocks, `stride` bytes apart.
+inline __m128 BlockScales4(const uint8_t* w, int64_t stride) {
   __m128i halves = _mm_cvtsi32_si128(Bits16(w));
   halves = _mm_insert_epi16(halves, Bits16(w + stride), 1);
   halves = _mm_insert_epi16(halves, Bits16(w + 2 * stride), 2);
   halves = _mm_insert_epi16(halves, Bits16(w + 3 * stride), 3);
-  halves = _mm_insert_epi16(halves, Bits16(w + 4 * stride), 4);
-  halves = _mm_insert_epi16(halves, Bits16(w + 5 * stride), 5);
-  halves = _mm_insert_epi16(halves, Bits16(w + 6 * stride), 6);
-  halves = _mm_insert_epi16(halves, Bits16(w + 7 * stride), 7);
-  return _mm256_cvtph_ps(halves);
+  return _mm_cvtph_ps(halves);
+}
+
+inline float HorizontalSum(__m128 sum) {
+  sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
+  return _mm_cvtss_f32(_mm_add_ss(sum, _mm_movehdup_ps(sum)));
 }
 
 // One Q8_0 block's 32 int8 by one activation block: stored value + 128 where the dot product takes any
@@ -66,19 +67,22 @@ inline __m256i DotQ4_0(const uint8_t* packed, const int8_t* q) {
 // do not wait for each other.
 template <int64_t kBlockBytes, int kOffset, __m256i (*Dot)(const uint8_t*, const int8_t*)>
 [[gnu::always_inline]] inline float RowOfBlocks32(const uint8_t* w, const InputRow& x, int64_t blocks) {
-  __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps(), offsets = _mm256_setzero_ps();
-  float tail_offsets = 0;
-  alignas(32) float scales[8];
+  __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
+  __m128 offsets = _mm_setzero_ps();
+  alignas(16) float scales[4];
+  // Groups of 4 blocks, not 8: a row of the bundled model's matrices is 12 or 24 blocks, and a remainder
+  // block costs several of a group's.
   int64_t b = 0;
-  for (; b + 8 <= blocks; b += 8) {
-    const __m256 weight_scales = BlockScales8(w + kBlockBytes * b, kBlockBytes);
-    _mm256_store_ps(scales, _mm256_mul_ps(weight_scales, _mm256_loadu_ps(x.scales + b)));
-    if constexpr (kOffset != 0) offsets = _mm256_fmadd_ps(weight_scales, _mm256_loadu_ps(x.scaled_sums + b), offsets);
-    for (int64_t k = b; k < b + 8; k += 2) {
-      Accumulate(Dot(w + kBlockBytes * k + 2, x.q + 32 * k), scales + (k - b), even);
-      Accumulate(Dot(w + kBlockBytes * (k + 1) + 2, x.q + 32 * (k + 1)), scales + (k + 1 - b), odd);
-    }
+  for (; b + 4 <= blocks; b += 4) {
+    const __m128 weight_scales = BlockScales4(w + kBlockBytes * b, kBlockBytes);
+    _mm_store_ps(scales, _mm_mul_ps(weight_scales, _mm_loadu_ps(x.scales + b)));
+    if constexpr (kOffset != 0) offsets = _mm_fmadd_ps(weight_scales, _mm_loadu_ps(x.scaled_sums + b), offsets);
+    Accumulate(Dot(w + kBlockBytes * b + 2, x.q + 32 * b), scales, even);
+    Accumulate(Dot(w + kBlockBytes * (b + 1) + 2, x.q + 32 * (b + 1)), scales + 1, odd);
+    Accumulate(Dot(w + kBlockBytes * (b + 2) + 2, x.q + 32 * (b + 2)), scales + 2, even);
+    Accumulate(Dot(w + kBlockBytes * (b + 3) + 2, x.q + 32 * (b + 3)), scales + 3, odd);
   }
+  float tail_offsets = 0;
   for (; b < blocks; ++b) {
     const float weight_scale = _cvtsh_ss(Bits16(w + kBlockBytes * b));
     scales[0] = weight_scale * x.scales[b];
