@@ -6,9 +6,9 @@
 // moves as few bytes as the file holds, with a few integer operations per 32 values instead of a widening
 // and 32 FP32 multiply-adds.
 //
-// The price is the inputs' rounding: |x - d·q| ≤ d/2 = max|x of the 32| / 254, the error llama.cpp's
-// logits carry too (its Q8_0 activations are these, up to the FP16 scale; for the K-quants it rounds 256
-// values to one scale, coarser). Prefill (many inputs) keeps FP32 products on widened rows (matmul.h).
+// The price is the inputs' rounding: |x - d·q| ≤ d/2 = max|x of the 32| / 254, plus the FP16 scale's
+// rounding (0.562·d in all), the error llama.cpp's logits carry too (its Q8_0 activations are these; for
+// the K-quants it rounds 256 values to one scale, coarser). Prefill (many inputs) keeps FP32 products on widened rows (matmul.h).
 #pragma once
 
 #include <cstdint>

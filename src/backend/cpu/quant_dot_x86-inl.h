@@ -5,14 +5,17 @@
 //   s signed bytes) in 8 int32 lanes — vpdpbusd (AVX-512 VNNI, AVX-VNNI), or vpmaddubsw + vpmaddwd (AVX2);
 //   kDotTakesAnyUnsignedByte: false where 16-bit pair sums saturate past 32767 (AVX2), so that u ≤ 128.
 // 256 bits is one activation block (32 int8): each block's scale multiplies a whole vector. Weight codes go
-// in unsigned (stored value + k: no sign shuffles), and k · scale · Σ q is subtracted once per 8 blocks
-// (the inputs' scaled_sums). Per 32 values the vector ALUs run the dot product, one convert and one FMA
-// whose scale is broadcast from memory; the scales themselves are computed 4 or 8 at a time.
+// in unsigned (stored value + k: no sign shuffles), and k · scale · Σ q is subtracted once per 4 blocks or
+// 128 values (the inputs' scaled sums). Per 32 values the vector ALUs run the dot product, one convert and
+// one FMA whose scale is broadcast from memory; the scales themselves are computed 4 or 8 at a time.
 
-inline float HorizontalSum(__m256 v) {
-  __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+inline float HorizontalSum(__m128 sum) {
   sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
   return _mm_cvtss_f32(_mm_add_ss(sum, _mm_movehdup_ps(sum)));
+}
+
+inline float HorizontalSum(__m256 v) {
+  return HorizontalSum(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
 }
 
 inline __m256i Load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
@@ -35,11 +38,6 @@ inline __m128 BlockScales4(const uint8_t* w, int64_t stride) {
   halves = _mm_insert_epi16(halves, Bits16(w + 2 * stride), 2);
   halves = _mm_insert_epi16(halves, Bits16(w + 3 * stride), 3);
   return _mm_cvtph_ps(halves);
-}
-
-inline float HorizontalSum(__m128 sum) {
-  sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
-  return _mm_cvtss_f32(_mm_add_ss(sum, _mm_movehdup_ps(sum)));
 }
 
 // One Q8_0 block's 32 int8 by one activation block: stored value + 128 where the dot product takes any
