@@ -1,11 +1,14 @@
 // Kernel benchmark: each optimized CPU kernel next to the plain reference it is tested against, and
 // the KV codecs next to each other. Google Benchmark times every variant (benchmark_runner.h).
-//   bench_kernels [--threads N] [--contexts 1024,4096,...] [--layouts]
+//   bench_kernels [--threads N] [--contexts 1024,4096,...] [--layouts] [--prefill-gemm ROUNDS] [--quant-dot ROUNDS]
 // Attention: decode (one query token) and prefill with the Llama-3-8B shape (32 query / 8 KV heads,
 // d = 128) over the paged store: dense FP32 and FP16, quant and hack 2-bit, and the FP64 reference. GEMM: y = x·Wᵀ for F32 and
 // BF16 weights, BLAS (+ widening) against the FP64 triple loop (at sizes where that finishes). Prefill
 // GEMM (--prefill-gemm): the Llama-3-8B projections for 512 tokens, BF16 weights, one thread, the
 // portable FP32 panel kernel against the AVX-512 BF16 and AMX tiers (where the CPU has them), alternating.
+// Quantized decode (--quant-dot): one input times the Llama-3-8B matrices in Q8_0, Q4_0, Q4_K and Q6_K, one
+// thread: each row widened to FP32 (SLIMKV_QUANT_DOT=f32) against the integer tiers the CPU has (the input's
+// 8-bit quantization included in their time), alternating.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -19,8 +22,11 @@
 #include "attention/reference.h"
 #include "backend/cpu/bf16_gemm.h"
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/dequantize.h"
 #include "backend/cpu/panel_gemm.h"
+#include "backend/cpu/quant_dot.h"
 #include "benchmark_runner.h"
+#include "../tests/backend/random_ggml_blocks.h"
 #include "kv/store_attention.h"
 #include "slimkv/status.h"
 #include "util/half.h"
@@ -213,6 +219,51 @@ void bench_prefill_gemm(int rounds) {
   }
 }
 
+// One thread, one input (a decode step), whole matrices: the FP32 path (matvec_quantized: each row dequantized
+// to FP32, FMAs) against each integer tier the CPU has (quant_dot.h, quantize_activations included), each run
+// `rounds` times in turn. GB/s: weight bytes read per second; speedups are against the FP32 path.
+void bench_quant_dot(int rounds) {
+  std::printf("\n== quantized decode products, 1 input, one thread (Llama-3-8B matrices) ==\n");
+  const QuantDotTier tiers[] = {QuantDotTier::kScalar, QuantDotTier::kAvx2, QuantDotTier::kAvxVnni,
+                                QuantDotTier::kAvx512Vnni};
+  for (const QuantDotTier tier : tiers) {
+    if (!quant_dot_tier_supported(tier)) std::printf("(no %s tier on this CPU: its columns are nan)\n", quant_dot_tier_name(tier));
+  }
+  std::printf("%5s %5s %6s %6s %9s %6s", "round", "quant", "rows", "cols", "f32 ms", "GB/s");
+  for (const QuantDotTier tier : tiers) std::printf(" %14s %6s %8s", str_cat(quant_dot_tier_name(tier), " ms").c_str(), "GB/s", "speedup");
+  std::printf("\n");
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal;
+  struct Shape {
+    int64_t rows, cols;
+  };
+  for (const Shape shape : {Shape{4096, 4096}, Shape{14336, 4096}, Shape{4096, 14336}}) {
+    std::vector<float> x(size_t(shape.cols)), y(size_t(shape.rows));
+    for (float& e : x) e = normal(rng);
+    for (const BlockQuant quant : {BlockQuant::kQ8_0, BlockQuant::kQ4_0, BlockQuant::kQ4_K, BlockQuant::kQ6_K}) {
+      const std::vector<uint8_t> w = test::random_blocks(quant, shape.rows * shape.cols, rng);
+      const double gigabytes = double(w.size()) * 1e-9;
+      const std::string name = str_cat(block_quant_name(quant), "/", shape.rows, "x", shape.cols);
+      QuantizedActivations quantized;
+      for (int round = 1; round <= rounds; ++round) {
+        const double f32_ms = measure_ms("f32/" + name, [&] {
+          matvec_quantized(x.data(), 1, w.data(), quant, shape.rows, shape.cols, 0, shape.rows, y.data());
+        }, 0.2);
+        std::printf("%5d %5s %6ld %6ld %9.2f %6.1f", round, std::string(block_quant_name(quant)).c_str(), long(shape.rows),
+                    long(shape.cols), f32_ms, gigabytes / (f32_ms * 1e-3));
+        for (const QuantDotTier tier : tiers) {
+          const double ms = !quant_dot_tier_supported(tier) ? NAN : measure_ms(str_cat(quant_dot_tier_name(tier), "/", name), [&] {
+            quantize_activations(tier, x.data(), 1, shape.cols, quantized);
+            matvec_quant_dot(tier, quantized, w.data(), quant, shape.rows, 0, shape.rows, y.data());
+          }, 0.2);
+          std::printf(" %14.2f %6.1f %7.2fx", ms, gigabytes / (ms * 1e-3), f32_ms / ms);
+        }
+        std::printf("\n");
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace slimkv
 
@@ -228,7 +279,13 @@ int main(int argc, char** argv) {
   app.add_flag("--layouts", layouts_only, "only decode attention by K/V scale layout (issue 28)");
   int prefill_gemm_rounds = 0;
   app.add_option("--prefill-gemm", prefill_gemm_rounds, "only the prefill GEMM kernels, this many alternating rounds");
+  int quant_dot_rounds = 0;
+  app.add_option("--quant-dot", quant_dot_rounds, "only the quantized decode products, this many alternating rounds");
   CLI11_PARSE(app, argc, argv);
+  if (quant_dot_rounds > 0) {
+    slimkv::bench_quant_dot(quant_dot_rounds);
+    return 0;
+  }
   if (prefill_gemm_rounds > 0) {
     slimkv::bench_prefill_gemm(prefill_gemm_rounds);
     return 0;

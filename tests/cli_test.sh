@@ -41,6 +41,13 @@ expect_error bad-token '"x" (at byte 2) is not a token id' "$slimkv" logits --mo
 expect_error token-range "outside the vocabulary" "$slimkv" logits --model "$models/llama_gqa_bf16" --tokens "1,99999" --out "$work/c.npy"
 expect_error bad-kv "nosuch" "$slimkv" logits --model "$models/llama_gqa_bf16" --tokens "1" --kv nosuch --out "$work/c.npy"
 expect_error bad-mode "incremental" "$slimkv" logits --model "$models/llama_gqa_bf16" --tokens "1" --mode sideways --out "$work/c.npy"
+# SLIMKV_QUANT_DOT (docs/cli.md): f32 and the integer tiers decode a GGUF file's quantized weights alike (within
+# the 8-bit rounding of the inputs); a bad value is reported, naming the expected ones, and ignored.
+gguf_q8=$src/tests/data/gguf/llama_tiny-Q8_0.gguf
+expect_ok quant-dot-f32 env SLIMKV_QUANT_DOT=f32 "$slimkv" logits --model "$gguf_q8" --tokens "1,2,3" --mode incremental --out "$work/f32.npy"
+expect_ok quant-dot-bad env SLIMKV_QUANT_DOT=int4 "$slimkv" logits --model "$gguf_q8" --tokens "1,2,3" --mode incremental --out "$work/int.npy"
+grep -qF "SLIMKV_QUANT_DOT=int4: expected f32, scalar, avx2, avx-vnni or avx512-vnni; ignored" "$work/err" &&
+  passes=$((passes + 1)) || { echo "FAIL quant-dot-bad message: $(head -c 400 "$work/err")"; failures=$((failures + 1)); }
 expect_error no-model "missing_dir" "$slimkv" logits --model "$work/missing_dir" --tokens "1" --out "$work/c.npy"
 expect_error no-tokenizer "tokenizer.json" "$slimkv" generate --model "$models/qwen2_bias_tied" --prompt "hi"
 expect_error empty-prompt "empty" "$slimkv" generate --model "$models/qwen2_bias_tied" --prompt ""

@@ -26,20 +26,6 @@ float half_at(const uint8_t* p) {
   return fp16_to_float(bits);
 }
 
-// Q4_K's 6-bit scale and min of sub-block j (0..7), packed in 12 bytes: bytes 0-3 hold the low 6
-// bits of the scales of sub-blocks 0-3, bytes 4-7 those of their mins; sub-blocks 4-7 keep their low
-// 4 bits in bytes 8-11 (scale low nibble, min high nibble) and their top 2 bits in the spare top
-// bits of bytes 0-3 (scales) and 4-7 (mins).
-void q4_k_scale_min(const uint8_t* packed, int j, int* scale, int* min) {
-  if (j < 4) {
-    *scale = packed[j] & 63;
-    *min = packed[j + 4] & 63;
-  } else {
-    *scale = (packed[j + 4] & 15) | ((packed[j - 4] >> 6) << 4);
-    *min = (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4);
-  }
-}
-
 void dequantize_q8_0(const uint8_t* block, float* out) {
   const float d = half_at(block);
   for (int i = 0; i < 32; ++i) out[i] = d * float(int8_t(block[2 + i]));

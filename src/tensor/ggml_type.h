@@ -45,6 +45,20 @@ int64_t block_elements(BlockQuant quant);
 size_t block_bytes(BlockQuant quant);
 std::string_view block_quant_name(BlockQuant quant);
 
+// Q4_K's 6-bit scale and min of sub-block j (0..7), packed in 12 bytes: bytes 0-3 hold the low 6
+// bits of the scales of sub-blocks 0-3, bytes 4-7 those of their mins; sub-blocks 4-7 keep their low
+// 4 bits in bytes 8-11 (scale low nibble, min high nibble) and their top 2 bits in the spare top
+// bits of bytes 0-3 (scales) and 4-7 (mins). Inline: the SIMD kernels unpack them per 256 values.
+inline void q4_k_scale_min(const uint8_t* packed, int j, int* scale, int* min) {
+  if (j < 4) {
+    *scale = packed[j] & 63;
+    *min = packed[j + 4] & 63;
+  } else {
+    *scale = (packed[j + 4] & 15) | ((packed[j - 4] >> 6) << 4);
+    *min = (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4);
+  }
+}
+
 // The plain scalar reference: out[0 .. n) = the values of n / block_elements consecutive blocks.
 // Readable, obviously correct; the fast kernels (backend/cpu) are tested against it.
 void dequantize_reference(BlockQuant quant, const void* blocks, float* out, int64_t n);

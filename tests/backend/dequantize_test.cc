@@ -1,6 +1,7 @@
 // ggml's block types: the scalar references against values worked out by hand from the block
 // layouts, the SIMD dequantization against the references, and the quantized matmul (both paths:
-// matrix-vector for decode, widened chunks + BLAS for prefill) against matmul_reference.
+// integer products for decode against their reference, widened chunks + BLAS for prefill against
+// matmul_reference).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +10,9 @@
 #include <vector>
 
 #include "backend/cpu/dequantize.h"
+#include "backend/cpu/quant_dot.h"
 #include "backend/cpu/matmul.h"
+#include "backend/random_ggml_blocks.h"
 #include "tensor/ggml_type.h"
 #include "slimkv/status.h"
 #include "util/half.h"
@@ -20,30 +23,8 @@ namespace {
 
 constexpr BlockQuant kAll[] = {BlockQuant::kQ8_0, BlockQuant::kQ4_0, BlockQuant::kQ4_K, BlockQuant::kQ6_K};
 
-void put_half(uint8_t* p, float value) {
-  const uint16_t bits = float_to_fp16(value);
-  std::memcpy(p, &bits, 2);
-}
-
-// Random blocks: random code bytes, with scales set to finite values of a realistic size.
-std::vector<uint8_t> random_blocks(BlockQuant quant, int64_t values, std::mt19937& rng) {
-  const int64_t blocks = values / block_elements(quant);
-  std::vector<uint8_t> bytes(size_t(blocks) * block_bytes(quant));
-  std::uniform_int_distribution<int> byte(0, 255);
-  std::uniform_real_distribution<float> scale(0.001f, 0.05f);
-  for (uint8_t& b : bytes) b = uint8_t(byte(rng));
-  for (int64_t b = 0; b < blocks; ++b) {
-    uint8_t* block = bytes.data() + size_t(b) * block_bytes(quant);
-    switch (quant) {
-      case BlockQuant::kQ8_0:
-      case BlockQuant::kQ4_0: put_half(block, scale(rng)); break;
-      case BlockQuant::kQ4_K: put_half(block, scale(rng)); put_half(block + 2, scale(rng)); break;
-      case BlockQuant::kQ6_K: put_half(block + 208, scale(rng)); break;
-      case BlockQuant::kNone: break;
-    }
-  }
-  return bytes;
-}
+using test::put_half;
+using test::random_blocks;
 
 TEST(GgmlBlocks, Q8_0AndQ4_0ReferencesFollowTheLayout) {
   uint8_t q8[34];
@@ -149,10 +130,21 @@ TEST(Matmul, QuantizedWeightsMatchTheReference) {
         const WeightMatrix w{w_bytes.data(), DType::kF32, rows, cols, quant};
         std::vector<float> y(size_t(n * rows), NAN), expected(y.size());
         matmul(x.data(), n, w, y.data(), pool);
-        matmul_reference(x.data(), n, w, expected.data());
+        if (n <= 16 && quant_dot_tier() != QuantDotTier::kF32) {  // decode: integer products (quant_dot_test.cc)
+          QuantizedActivations quantized;
+          quantize_activations(quant_dot_tier(), x.data(), n, cols, quantized);
+          matvec_quant_dot_reference(quantized, w_bytes.data(), quant, rows, expected.data());
+        } else {
+          matmul_reference(x.data(), n, w, expected.data());
+        }
         double scale = 0;
         for (float e : expected) scale = std::max(scale, double(std::fabs(e)));
         for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], expected[i], 1e-5 * scale + 1e-6) << i;
+        if (n <= 16) {  // the FP32 decode path (SLIMKV_QUANT_DOT=f32) on unrounded inputs
+          matvec_quantized(x.data(), n, w_bytes.data(), quant, rows, cols, 0, rows, y.data());
+          matmul_reference(x.data(), n, w, expected.data());
+          for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], expected[i], 1e-5 * scale + 1e-6) << "f32 " << i;
+        }
       }
     }
   }

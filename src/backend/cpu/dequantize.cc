@@ -73,13 +73,7 @@ void BlockQ4_K(const uint8_t* block, float* out) {
     for (int half = 0; half < 2; ++half) {
       const int sub = 2 * j + half;
       int scale, min;
-      if (sub < 4) {
-        scale = packed[sub] & 63;
-        min = packed[sub + 4] & 63;
-      } else {
-        scale = (packed[sub + 4] & 15) | ((packed[sub - 4] >> 6) << 4);
-        min = (packed[sub + 4] >> 4) | ((packed[sub] >> 6) << 4);
-      }
+      q4_k_scale_min(packed, sub, &scale, &min);
       AffineRun(codes + 32 * half, 32, d * float(scale), -dmin * float(min), out + 32 * half);
     }
   }

@@ -9,6 +9,7 @@
 #include "backend/cpu/bf16_gemm.h"
 #include "backend/cpu/dequantize.h"
 #include "backend/cpu/panel_gemm.h"
+#include "backend/cpu/quant_dot.h"
 #include "backend/cpu/vec_ops.h"
 
 namespace slimkv {
@@ -38,12 +39,20 @@ bool takes_bf16_tier(const WeightMatrix& w, int64_t n) {
          bf16_gemm_tier() != Bf16GemmTier::kNone;
 }
 
+// Quantized weights for few inputs (decode) are multiplied in integers with the inputs rounded to 8 bits
+// (quant_dot.h), unless SLIMKV_QUANT_DOT=f32 asks for the FP32 products on widened rows.
+bool takes_quant_dot(const WeightMatrix& w, int64_t n) {
+  return n <= kMatVecMaxInputs && w.quant != BlockQuant::kNone && quant_dot_tier() != QuantDotTier::kF32;
+}
+
 // y[:, row0 : row0 + rows] for all n inputs, on the calling thread; split: x split for the BF16 tier when
-// takes_bf16_tier(w, n).
+// takes_bf16_tier(w, n); quantized: x quantized when takes_quant_dot(w, n).
 void matmul_rows(const float* x, int64_t n, const WeightMatrix& w, int64_t row0, int64_t rows, float* y,
-                 const Bf16SplitActivations& split) {
+                 const Bf16SplitActivations& split, const QuantizedActivations& quantized) {
   if (takes_bf16_tier(w, n)) {
     bf16_gemm(bf16_gemm_tier(), split, static_cast<const uint16_t*>(w.data), w.rows, row0, row0 + rows, y);
+  } else if (takes_quant_dot(w, n)) {
+    matvec_quant_dot(quant_dot_tier(), quantized, w.data, w.quant, w.rows, row0, row0 + rows, y);
   } else if (w.quant != BlockQuant::kNone && n <= kMatVecMaxInputs) {
     matvec_quantized(x, n, w.data, w.quant, w.rows, w.cols, row0, row0 + rows, y);
   } else if (w.quant != BlockQuant::kNone) {
@@ -118,13 +127,19 @@ void matmul_shared_input(const float* x, int64_t n, std::span<const MatmulProduc
       bf16_split_rows(x, task * kInputsPerTask, std::min(n, (task + 1) * kInputsPerTask), split_x);
     });
   }
+  // And quantize it once for the integer products.
+  thread_local QuantizedActivations quantized_inputs;
+  QuantizedActivations& quantized_x = quantized_inputs;  // the caller's, as above
+  if (std::any_of(products.begin(), products.end(), [&](const MatmulProduct& p) { return takes_quant_dot(*p.w, n); })) {
+    quantize_activations(quant_dot_tier(), x, n, products[0].w->cols, quantized_x);
+  }
   pool.run(tasks, [&](int64_t task, int) {
     size_t m = 0;
     while (m + 1 < split.size() && split[m + 1].first_task <= task) ++m;
     const WeightMatrix& w = *products[m].w;
     const int64_t row0 = (task - split[m].first_task) * split[m].rows_per_task;
     const int64_t rows = std::min(split[m].rows_per_task, w.rows - row0);
-    if (rows > 0) matmul_rows(x, n, w, row0, rows, products[m].y, split_x);
+    if (rows > 0) matmul_rows(x, n, w, row0, rows, products[m].y, split_x, quantized_x);
   });
 }
 

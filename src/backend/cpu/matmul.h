@@ -6,8 +6,10 @@
 //    a BF16 model never needs an FP32 copy of itself; BF16 weights go to the CPU's BF16 tier where it
 //    has one (bf16_gemm.h: AMX tiles, else AVX-512 BF16 on AMD; the activations split into two BF16 parts,
 //    FP32-close results).
-// Quantized weights take the same two paths, each row dequantized where the half-precision ones are
-// widened (backend/cpu/dequantize.h): a Q4_K model stays Q4_K in memory.
+// Quantized weights stay in their blocks (a Q4_K model stays Q4_K in memory): for few inputs they are
+// multiplied in integers with the inputs quantized to 8 bits once per call (quant_dot.h, as llama.cpp
+// does; SLIMKV_QUANT_DOT=f32 takes the FP32 products instead), for many each row is dequantized where the
+// half-precision ones are widened (backend/cpu/dequantize.h).
 // BLAS runs single-threaded inside the tasks: all parallelism goes through the pool.
 #pragma once
 
