@@ -15,6 +15,8 @@
 #include "kv/rotation.h"
 #include "kv/store_attention.h"
 #include "kv/transfer.h"
+#include "nmse.h"
+#include "random_values.h"
 #include "slimkv/status.h"
 #include "util/half.h"
 #include "util/random.h"
@@ -24,22 +26,6 @@ namespace slimkv {
 namespace {
 
 constexpr int kHeads = 4, kKvHeads = 2, kDim = 64;
-
-std::vector<float> random_values(size_t n, std::mt19937& rng, float scale) {
-  std::normal_distribution<float> normal;
-  std::vector<float> x(n);
-  for (float& e : x) e = scale * normal(rng);
-  return x;
-}
-
-double nmse(const std::vector<float>& a, const std::vector<float>& b) {
-  double err = 0, ref = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    err += double(a[i] - b[i]) * (a[i] - b[i]);
-    ref += double(b[i]) * b[i];
-  }
-  return err / ref;
-}
 
 float fp16(float x) { return fp16_to_float(float_to_fp16(x)); }
 
