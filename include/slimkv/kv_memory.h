@@ -18,7 +18,9 @@ struct TierStats {
 
 struct KvMemory {
   size_t sealed_bytes = 0;  // sealed blocks, as the codec encodes them (in the pool, or the slow tier)
-  size_t open_bytes = 0;    // the open blocks' FP16 (dense FP32: FP32) buffers (allocated once, full size)
+  // The open blocks' FP16 (dense FP32: FP32) buffers, with the recent window and the sink tokens of
+  // sinks= / window= specs (allocated once, full size).
+  size_t open_bytes = 0;
   bool sealed_in_slow_tier = false;  // offload: sealed blocks live in the slow tier...
   size_t cache_bytes = 0;            // ...and this much fast memory caches them
   size_t selector_bytes = 0;  // what the selector keeps (kv/select: pq's keys and index; 0 without one)

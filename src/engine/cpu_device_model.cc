@@ -133,7 +133,8 @@ class CpuDeviceModel : public DeviceModel {
   Sampler sampler_;
 };
 
-// Bytes of one budget block (sealed, every layer and KV head) and of one sequence's open blocks.
+// Bytes of one budget block (sealed, every layer and KV head) and of one sequence's open blocks (with
+// sinks= / window=, its FP16 sink tokens and recent window too).
 struct BlockBytes {
   size_t sealed = 0, open = 0;
 };
@@ -145,7 +146,7 @@ BlockBytes cpu_block_bytes(const KvShape& shape, const KvPipeline& pipeline) {
     for (int g = 0; g < shape.num_kv_heads; ++g) {
       const BlockShape block{pipeline.block_tokens, shape.k_dim_of(l, g), shape.v_dim_of(l, g)};
       bytes.sealed += pipeline.codec->block_bytes(block);
-      bytes.open += size_t(pipeline.block_tokens) * size_t(block.k_dim + block.v_dim) * open_element;
+      bytes.open += size_t(pipeline.unsealed_rows()) * size_t(block.k_dim + block.v_dim) * open_element;
     }
   }
   return bytes;

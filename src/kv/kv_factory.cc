@@ -47,6 +47,20 @@ QuantizationConfig read_quantization(StageOptions& options, KvPipeline& pipeline
   return config;
 }
 
+// sinks=N and window=W (hack, quant, kivi): the tokens kept exact in FP16 besides the open block.
+// window's bound keeps the store's unsealed rows (allocated per sequence) within a few MB on any model.
+constexpr int kMaxRecentTokens = 4096;
+
+Status read_exact_tokens(StageOptions& options, const QuantizationConfig& quantization, KvPipeline& pipeline,
+                         const std::string& spec) {
+  pipeline.sink_tokens = options.integer("sinks", 0, {}, 0, pipeline.block_tokens);
+  pipeline.recent_tokens = options.integer("window", 0, {}, 0, kMaxRecentTokens);
+  if (!quantization.keep_open_exact && (pipeline.sink_tokens > 0 || pipeline.recent_tokens > 0)) {
+    return error("KV spec '", spec, "': rqe=off (the HACK/RQE ablation) keeps no token exact: not with sinks or window");
+  }
+  return Status::ok();
+}
+
 bool has_option(const KvStage& stage, std::string_view key) {
   for (const auto& [name, unused] : stage.options) {
     if (name == key) return true;
@@ -82,6 +96,10 @@ std::string KvPipeline::describe() const {
                  // How a prefill chunk reads the store, not what it stores: spelled out only when not the
                  // default, so that KV transfers (which match stores by this spec) keep their format.
                  codec->describe().starts_with("dense") || exact_prefill ? "" : ",prefill=quantized",
+                 // Likewise spelled out only when set, so that the canonical spec of every spec without
+                 // them (keys of KV transfers and of recorded results) stays as it was.
+                 sink_tokens ? str_cat(",sinks=", sink_tokens) : std::string(),
+                 recent_tokens ? str_cat(",window=", recent_tokens) : std::string(),
                  offload ? str_cat("@offload:cache=", offload->cache_tokens, ",policy=",
                                    offload->policy == CachePolicy::kLfu ? "lfu" : "lru")
                          : std::string(),
@@ -133,6 +151,7 @@ Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
       kivi.k_group = kivi.v_group = 32;
       pipeline.block_tokens = 128;
       pipeline.exact_prefill = true;
+      SLIMKV_RETURN_IF_ERROR(read_exact_tokens(options, kivi, pipeline, config.spec));
       pipeline.codec = std::make_shared<QuantCodec>(kivi);
     } else if (stage.name == "hack" || stage.name == "quant") {
       if (pipeline.codec) return error("KV spec '", config.spec, "': more than one codec stage");
@@ -145,6 +164,7 @@ Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
       // Exact by default: a prefill chunk then sees its newest tokens as decode does (from the open
       // block, unquantized) instead of through the blocks it just sealed (docs/hack.md).
       pipeline.exact_prefill = options.choice("prefill", "exact", {"exact", "quantized"}) == "exact";
+      SLIMKV_RETURN_IF_ERROR(read_exact_tokens(options, quantization, pipeline, config.spec));
       if (hack) {
         pipeline.codec = std::make_shared<HackCodec>(quantization);
       } else {
@@ -159,6 +179,11 @@ Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
     pipeline.codec = std::make_shared<DenseCodec>(DType::kF32);  // "pq" or "zack" alone
   }
   if (!pipeline.codec) return error("KV spec '", config.spec, "': no codec stage (e.g. 'dense')");
+  // A selector reads the tokens it picks from the sealed blocks, token by token; it would need to know
+  // which of them lie elsewhere (pq's init= already keeps the first tokens in every decode step).
+  if (pipeline.selector && (pipeline.sink_tokens > 0 || pipeline.recent_tokens > 0)) {
+    return error("KV spec '", config.spec, "': sinks and window (tokens kept in FP16) with a selector are not supported");
+  }
   if (config.tier.name == "offload") {
     StageOptions options(config.tier, config.spec);
     offload.cache_tokens = options.integer("cache", offload.cache_tokens, {});

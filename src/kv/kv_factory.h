@@ -32,6 +32,17 @@ struct KvPipeline {
   // prefill=exact (hack, quant): a prefill chunk's queries read the chunk's own K/V as appended (FP32),
   // not through the blocks they were just sealed into; earlier tokens come from the store as always.
   bool exact_prefill = false;
+  // sinks=N, window=W (hack, quant, kivi; issue 28): tokens attention reads exactly from FP16 besides the
+  // open block. sink_tokens: a sequence's first N tokens (N <= block_tokens; attention sinks, StreamingLLM),
+  // kept in FP16 when their block is sealed, and left out of that block's quantization ranges.
+  // recent_tokens: the W newest tokens before the open block (KIVI's full-precision window): a block is
+  // sealed only once all its tokens are older than the W newest, so the store holds W to W + block_tokens
+  // - 1 unsealed tokens. 0: off (the store as before, bit for bit).
+  int sink_tokens = 0;
+  int recent_tokens = 0;
+  // FP16 rows a sequence holds per (layer, KV head) beside its sealed blocks: the open block, the recent
+  // window and the sinks (what the KV budget reserves per sequence).
+  int unsealed_rows() const { return block_tokens + recent_tokens + sink_tokens; }
   std::optional<OffloadConfig> offload;  // @offload: sealed blocks in a file, hot ones cached; else all in RAM
   std::optional<KvprConfig> kvpr;        // @kvpr (device cuda)
   // The zack stage: each head keeps fewer dims (its ZACK rank), which the codec then encodes. Applied

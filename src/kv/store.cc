@@ -46,8 +46,12 @@ KvStore::KvStore(const KvShape& shape, const KvPipeline& pipeline)
       head.block_bytes = pipeline.codec->block_bytes(head.block_shape);
       head.pool = &pools_.try_emplace(head.block_bytes, head.block_bytes).first->second;
       const size_t element = dtype_size_bytes(open_dtype_);
-      head.open_k.assign(size_t(block_tokens()) * size_t(head.block_shape.k_dim) * element, 0);
-      head.open_v.assign(size_t(block_tokens()) * size_t(head.block_shape.v_dim) * element, 0);
+      const size_t open_rows = size_t(block_tokens() + pipeline.recent_tokens);
+      head.open_k.assign(open_rows * size_t(head.block_shape.k_dim) * element, 0);
+      head.open_v.assign(open_rows * size_t(head.block_shape.v_dim) * element, 0);
+      const size_t sink_rows = shape.window_of(l) == 0 ? size_t(pipeline.sink_tokens) : 0;
+      head.sink_k.assign(sink_rows * size_t(head.block_shape.k_dim) * element, 0);
+      head.sink_v.assign(sink_rows * size_t(head.block_shape.v_dim) * element, 0);
     }
   }
   if (pipeline.offload) {  // every head's blocks the same size: make_kv_pipeline refuses zack@offload
@@ -139,20 +143,44 @@ void KvStore::append(int layer_index, const float* k, const float* v, int n) {
       }
     }
     ++layer.num_tokens;
-    if (slot + 1 == block_tokens()) {  // the open block is full: seal it
-      for (int g = 0; g < shape_.num_kv_heads; ++g) {
-        Head& head = layer.heads[size_t(g)];
-        widen_open(head, block_tokens(), open_k.data(), open_v.data());
-        uint8_t* block = seal_destination(head);
-        pipeline_.codec->seal(head.block_shape, open_k.data(), open_v.data(),
-                              block_seed(layer_index, g, int(head.sealed.size())), block);
-        head.sealed.push_back(keep_sealed(block));
-        // A sliding layer's window is its selection: the selector indexes only the other layers.
-        if (shape_.window_of(layer_index) == 0) selector_->on_seal(layer_index, g, open_k.data());
-      }
-    }
+    // The open part is full (a block, and the recent window behind it): seal its oldest block.
+    if (slot + 1 == block_tokens() + pipeline_.recent_tokens) seal_oldest(layer_index, open_k, open_v);
   }
   if (n > 1 && shape_.window_of(layer_index) == 0) selector_->on_prefill(layer_index);
+}
+
+void KvStore::seal_oldest(int layer_index, std::vector<float>& k, std::vector<float>& v) {
+  Layer& layer = layers_[size_t(layer_index)];
+  // Sinks are kept once, from block 0, where this layer keeps them (not in sliding-window layers).
+  const int sinks = layer.heads[0].sealed.empty() && !layer.heads[0].sink_k.empty() ? pipeline_.sink_tokens : 0;
+  const size_t element = dtype_size_bytes(open_dtype_);
+  for (int g = 0; g < shape_.num_kv_heads; ++g) {
+    Head& head = layer.heads[size_t(g)];
+    const size_t k_dim = size_t(head.block_shape.k_dim), v_dim = size_t(head.block_shape.v_dim);
+    widen_open(head, block_tokens(), k.data(), v.data());
+    if (sinks > 0) {  // block 0: its first tokens stay in FP16, as the open block held them
+      std::memcpy(head.sink_k.data(), head.open_k.data(), head.sink_k.size());
+      std::memcpy(head.sink_v.data(), head.open_v.data(), head.sink_v.size());
+      // ...and leave the block's quantization ranges (sink tokens are where outliers are: in the
+      // ranges they would coarsen the grid of every token sharing them). Attention never reads these
+      // rows; copies of the first other token keep the ranges the rest of the block has.
+      for (int t = 0; t < sinks && sinks < block_tokens(); ++t) {
+        std::memcpy(k.data() + size_t(t) * k_dim, k.data() + size_t(sinks) * k_dim, k_dim * sizeof(float));
+        std::memcpy(v.data() + size_t(t) * v_dim, v.data() + size_t(sinks) * v_dim, v_dim * sizeof(float));
+      }
+    }
+    uint8_t* block = seal_destination(head);
+    pipeline_.codec->seal(head.block_shape, k.data(), v.data(), block_seed(layer_index, g, int(head.sealed.size())),
+                          block);
+    head.sealed.push_back(keep_sealed(block));
+    // A sliding layer's window is its selection: the selector indexes only the other layers.
+    if (shape_.window_of(layer_index) == 0) selector_->on_seal(layer_index, g, k.data());
+    if (pipeline_.recent_tokens > 0) {  // the recent window moves to the front of the open part
+      const size_t sealed_k = size_t(block_tokens()) * k_dim * element, sealed_v = size_t(block_tokens()) * v_dim * element;
+      std::memmove(head.open_k.data(), head.open_k.data() + sealed_k, head.open_k.size() - sealed_k);
+      std::memmove(head.open_v.data(), head.open_v.data() + sealed_v, head.open_v.size() - sealed_v);
+    }
+  }
 }
 
 void KvStore::release_outside_window(int layer_index) {
@@ -296,7 +324,9 @@ KvMemory KvStore::memory() const {
     }
   }
   for (const Layer& layer : layers_) {
-    for (const Head& head : layer.heads) memory.open_bytes += head.open_k.size() + head.open_v.size();
+    for (const Head& head : layer.heads) {
+      memory.open_bytes += head.open_k.size() + head.open_v.size() + head.sink_k.size() + head.sink_v.size();
+    }
   }
   memory.selector_bytes = selector_->memory_bytes();
   memory.tier = tier_stats();

@@ -4,6 +4,11 @@
 //   layer l, kv head g:  [ block 0 | block 1 | ... | block n-1 ] [ open: < block_tokens tokens ]
 //                          sealed, codec-encoded, from the pool      FP16, appended to
 //
+// With sinks=N / window=W (KvPipeline::sink_tokens, recent_tokens) the open part holds up to W +
+// block_tokens - 1 tokens (a block is sealed once it leaves the W newest), and the first N tokens are
+// also kept in FP16 once block 0 is sealed (in full-attention layers: a sliding-window layer's queries
+// do not see them).
+//
 // The open block is FP16 as in HACK (requantization elimination): the newest tokens stay
 // unquantized, but at half the bytes of FP32, which is most of the store's memory at 2 bits and a few
 // thousand tokens. A codec whose sealed blocks are FP32 (dense) keeps its open block in FP32
@@ -86,7 +91,16 @@ class KvStore {
     const uint8_t* block = head_of(layer, head).sealed[size_t(index)];
     return offload_ ? offload_->read(block) : block;
   }
+  // The unsealed tokens: fewer than block_tokens, or fewer than block_tokens + recent_tokens with window=W.
   int open_tokens(int layer) const { return num_tokens(layer) - num_sealed_blocks(layer) * block_tokens(); }
+  // sinks=N: how many of block 0's first tokens attention reads from sink_keys / sink_values (FP16 rows
+  // in open_dtype(), [N, k_dim_of] and [N, v_dim_of]) instead of the block: N once block 0 is sealed in a
+  // full-attention layer, else 0. The block's own rows for them are not those tokens (sealed without them).
+  int sink_tokens(int layer) const {
+    return num_sealed_blocks(layer) > 0 && shape_.window_of(layer) == 0 ? pipeline_.sink_tokens : 0;
+  }
+  const uint8_t* sink_keys(int layer, int head) const { return head_of(layer, head).sink_k.data(); }
+  const uint8_t* sink_values(int layer, int head) const { return head_of(layer, head).sink_v.data(); }
   // Asks for the rows (keys, values or both) of sealed tokens of one head ahead of reading them: a token
   // selection's rows are scattered, and asked for a few tokens ahead (kPrefetchTokens) their cache misses
   // overlap (measured on this machine, 512-byte rows: 87 ns a row without, 41 at 8-16 rows ahead, 45 at
@@ -94,7 +108,7 @@ class KvStore {
   static constexpr int kPrefetchTokens = 16;
   void prefetch_sealed_tokens(int layer, int head, const int* tokens, int n, bool keys, bool values) const;
   // The open block of one head as stored, in open_dtype() (FP16, or FP32 for the dense FP32 codec): keys
-  // [block_tokens, k_dim_of], values [block_tokens, v_dim_of], the first open_tokens(layer) rows filled.
+  // [pipeline().unsealed_rows(), k_dim_of], values likewise, the first open_tokens(layer) rows filled.
   // Attention reads it in place (attend_block_half), with no FP32 copy.
   DType open_dtype() const { return open_dtype_; }
   const uint8_t* open_keys(int layer, int head) const { return head_of(layer, head).open_k.data(); }
@@ -145,7 +159,9 @@ class KvStore {
     size_t block_bytes = 0;  // codec().block_bytes(block_shape)
     BlockPool* pool = nullptr;  // the pool of blocks of that size
     std::vector<const uint8_t*> sealed;
-    std::vector<uint8_t> open_k, open_v;  // [block_tokens, k_dim] and [block_tokens, v_dim] in open_dtype_
+    // [block_tokens + recent_tokens, k_dim] and [.., v_dim] in open_dtype_
+    std::vector<uint8_t> open_k, open_v;
+    std::vector<uint8_t> sink_k, sink_v;  // sinks=N: [N, k_dim], [N, v_dim] in open_dtype_; else empty
   };
   struct Layer {
     std::vector<Head> heads;
@@ -154,6 +170,9 @@ class KvStore {
   };
   const Head& head_of(int layer, int head) const { return layers_[size_t(layer)].heads[size_t(head)]; }
   void widen_open(const Head& head, int n, float* k, float* v) const;
+  // Seals the open part's first block_tokens rows of every head of a layer, then moves the rest (the
+  // recent window) to the front.
+  void seal_oldest(int layer_index, std::vector<float>& k, std::vector<float>& v);
   // Rounds FP32 rows to open_dtype_ into the open block from token `first`: k [n, k_dim], v [n, v_dim].
   void narrow_open(const float* k, const float* v, int first, int n, Head& head) const;
   uint64_t block_seed(int layer, int head, int index) const;

@@ -48,6 +48,24 @@ void attend_rows_range(QueryTile tile, int* visible, const void* k, const void* 
   }
 }
 
+// Rows [first_row, first_row + count) of sealed block b of KV head g, decoded to FP32 for the FP32
+// kernel: the part of a block the codec's kernel cannot read alone (it reads a block's rows from its
+// first): where a sliding window starts inside the block, or after block 0's sink tokens (sinks=N).
+// Each query sees those rows before `end` and at its position or earlier.
+void attend_block_rows(const KvStore& store, int layer, int g, int b, int first_row, int count, QueryTile tile,
+                       int* visible, int first_tile_position, int group, int end, AttentionPartials& partials) {
+  const BlockShape& shape = store.block_shape(layer, g);
+  thread_local std::vector<int> rows;
+  thread_local std::vector<float> k, v;
+  rows.resize(size_t(count));
+  for (int r = 0; r < count; ++r) rows[size_t(r)] = first_row + r;
+  k.resize(size_t(count) * size_t(shape.k_dim));
+  v.resize(size_t(count) * size_t(shape.v_dim));
+  store.codec().decode_tokens(shape, store.sealed_block(layer, g, b), rows.data(), count, k.data(), v.data());
+  visible_tokens(first_tile_position, group, tile.n_queries, b * shape.block_tokens + first_row, count, end, visible);
+  attend_block_f32(tile, k.data(), v.data(), shape.k_dim, shape.v_dim, partials, 0);
+}
+
 // Asks for a block's cache lines ahead of use: a head's blocks are not adjacent in the pool, so the
 // hardware prefetcher would start cold on every block.
 void prefetch(const uint8_t* block, size_t bytes) {
@@ -220,8 +238,6 @@ void attend_task(const AttendCall& call, int layer, const AttentionParams& param
   thread_local std::vector<float> q_tile;
   thread_local std::vector<int> visible;
   thread_local std::vector<uint8_t> prepared;
-  thread_local std::vector<float> window_k, window_v;  // the window's part of the block it starts in
-  thread_local std::vector<int> window_rows;
   thread_local AttentionPartials partials(0, 0);
   const int task = plan.order.empty() ? int(task_index) : plan.order[size_t(task_index)];
   const int g = task % shape.num_kv_heads;
@@ -258,29 +274,38 @@ void attend_task(const AttendCall& call, int layer, const AttentionParams& param
   const bool exact = chunk.n == n && chunk.first_token == first_position;
   const int store_end = exact ? first_position : last_tile_position + 1;  // tokens read from the store
   const int first_block = std::max(store.first_live_block(layer), window_first / block_tokens);
+  const int sinks = store.sink_tokens(layer);  // sinks=N: block 0's first N tokens from FP16
   for (int b = first_block; !selected && b < sealed && b * block_tokens < store_end; ++b) {
     if (b + 1 < sealed) prefetch(store.sealed_block(layer, g, b + 1), block_bytes);
     if (b * block_tokens < window_first) {  // the window starts inside this block: its tokens in it only
       const int skip = window_first - b * block_tokens;
       const int count = std::clamp(std::min(last_tile_position + 1, store_end) - window_first, 0, block_tokens - skip);
-      if (count == 0) continue;
-      window_rows.resize(size_t(count));
-      for (int r = 0; r < count; ++r) window_rows[size_t(r)] = skip + r;
-      window_k.resize(size_t(count) * size_t(k_dim));
-      window_v.resize(size_t(count) * size_t(v_dim));
-      store.codec().decode_tokens(block_shape, store.sealed_block(layer, g, b), window_rows.data(), count,
-                                  window_k.data(), window_v.data());
-      std::fill(visible.begin(), visible.begin() + rows, count);
-      attend_block_f32(tile, window_k.data(), window_v.data(), k_dim, v_dim, partials, 0);
+      if (count > 0) {
+        attend_block_rows(store, layer, g, b, skip, count, tile, visible.data(), first_tile_position, group, store_end,
+                          partials);
+      }
+      continue;
+    }
+    if (b == 0 && sinks > 0) {
+      attend_rows_range(tile, visible.data(), store.sink_keys(layer, g), store.sink_values(layer, g),
+                        store.open_dtype(), k_dim, v_dim, first_tile_position, group, 0, sinks, store_end, 0, partials);
+      if (sinks < block_tokens) {
+        attend_block_rows(store, layer, g, b, sinks, block_tokens - sinks, tile, visible.data(), first_tile_position,
+                          group, store_end, partials);
+      }
       continue;
     }
     visible_tokens(first_tile_position, group, rows, b * block_tokens, block_tokens, store_end, visible.data());
     store.codec().attend(block_shape, store.sealed_block(layer, g, b), tile, partials, 0);
   }
-  if (open_tokens > 0 && sealed * block_tokens < store_end) {
-    attend_rows_range(tile, visible.data(), store.open_keys(layer, g), store.open_values(layer, g), store.open_dtype(),
-                      k_dim, v_dim, first_tile_position, group, sealed * block_tokens, open_tokens, store_end,
-                      window_first, partials);
+  // The open part, a block at a time (window=W makes it longer than a block; the kernel takes at most
+  // kMaxBlockTokens).
+  const size_t open_element = dtype_size_bytes(store.open_dtype());
+  for (int t = 0; t < open_tokens && sealed * block_tokens + t < store_end; t += block_tokens) {
+    attend_rows_range(tile, visible.data(), store.open_keys(layer, g) + size_t(t) * k_dim * open_element,
+                      store.open_values(layer, g) + size_t(t) * v_dim * open_element, store.open_dtype(), k_dim, v_dim,
+                      first_tile_position, group, sealed * block_tokens + t, std::min(block_tokens, open_tokens - t),
+                      store_end, window_first, partials);
   }
   for (int t = 0; exact && t < chunk.n && first_position + t <= last_tile_position; t += block_tokens) {
     const int piece = std::min(block_tokens, chunk.n - t);

@@ -124,6 +124,12 @@ bool all_zero(const uint8_t* p, uint64_t n) {
 
 // --- reading -----------------------------------------------------------------------------------
 
+// Why a store with sinks= or window= has no transfer (either side refuses it by this).
+std::string unsent_tokens_reason(const std::string& spec) {
+  return str_cat("format version ", kKvTransferVersion, " has no place for the FP16 sink tokens and recent window ",
+                 "of sinks= and window= (KV spec '", spec, "'); use a spec without them");
+}
+
 struct ParsedTransfer {
   KvTransferInfo info;
   Layout layout;
@@ -378,6 +384,9 @@ Expected<Layout> writer_layout(const KvStore& store, std::string_view model_id, 
   }
   if (spec.size() > kKvTransferMaxStringBytes) {
     return error("writing a kv transfer: the KV spec '", spec, "' is longer than ", kKvTransferMaxStringBytes, " bytes");
+  }
+  if (store.pipeline().sink_tokens > 0 || store.pipeline().recent_tokens > 0) {
+    return error("writing a kv transfer: ", unsent_tokens_reason(spec));
   }
   const KvShape& shape = store.shape();
   if (shape.any_window()) {
@@ -690,6 +699,9 @@ Expected<KvTransferInfo> check_kv_transfer_for(const uint8_t* data, size_t size,
   if (info.spec != spec) {
     return error(where, ": KV spec mismatch: the sender encoded with '", info.spec, "', this store with '", spec,
                  "' (start the receiver with the sender's --kv spec)");
+  }
+  if (into.pipeline().sink_tokens > 0 || into.pipeline().recent_tokens > 0) {
+    return error(where, ": ", unsent_tokens_reason(spec));
   }
   const KvShape& shape = into.shape();
   if (shape.heads_differ()) {

@@ -18,6 +18,7 @@
 #include "util/half.h"
 #include "util/thread_pool.h"
 #include "random_values.h"
+#include "nmse.h"
 
 namespace slimkv {
 namespace {
@@ -120,15 +121,6 @@ std::vector<float> attend_through_store(const std::string& spec, const std::vect
   ThreadPool pool(2);
   attend(store, 0, q.data(), n, 0, {heads, 1.0f / std::sqrt(float(d)), &pool}, out.data());
   return out;
-}
-
-double nmse(const std::vector<float>& a, const std::vector<float>& b) {
-  double e = 0, r = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    e += double(a[i] - b[i]) * (a[i] - b[i]);
-    r += double(b[i]) * b[i];
-  }
-  return e / r;
 }
 
 TEST(HackCodec, AttentionOverTheStoreTracksQuantAndExact) {

@@ -11,6 +11,7 @@
 #include "attention/reference.h"
 #include "kv/kv_factory.h"
 #include "kv/store_attention.h"
+#include "nmse.h"
 #include "slimkv/status.h"
 #include "util/thread_pool.h"
 
@@ -24,15 +25,6 @@ std::vector<float> random_values(size_t n, std::mt19937& rng) {
   std::vector<float> x(n);
   for (float& e : x) e = normal(rng);
   return x;
-}
-
-double nmse(const std::vector<float>& a, const std::vector<float>& b) {
-  double err = 0, ref = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    err += double(a[i] - b[i]) * (a[i] - b[i]);
-    ref += double(b[i]) * b[i];
-  }
-  return err / ref;
 }
 
 // Appends `history` tokens in one call, then a chunk of `chunk` tokens, and returns the chunk's

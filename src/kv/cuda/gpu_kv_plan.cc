@@ -40,6 +40,8 @@ Expected<GpuKvPlan> plan_gpu_kv(const KvPipeline& pipeline, const std::string& s
   const PqOptions* pq = pipeline.selector ? pipeline.selector->pq_options() : nullptr;
   if (pipeline.selector && pq == nullptr) return refuse(str_cat("the selector ", pipeline.selector->describe()));
   if (pipeline.block_tokens != kCudaBlockTokens) return refuse(str_cat("a block of ", pipeline.block_tokens, " tokens"));
+  if (pipeline.sink_tokens > 0) return refuse(str_cat("sinks=", pipeline.sink_tokens, " (FP16 sink tokens)"));
+  if (pipeline.recent_tokens > 0) return refuse(str_cat("window=", pipeline.recent_tokens, " (an FP16 recent window)"));
   const GpuBlockFormat format = pipeline.codec->gpu_block_format();
   GpuKvPlan plan;
   plan.pipeline = pipeline;
