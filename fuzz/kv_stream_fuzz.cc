@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "kv/kv_factory.h"
@@ -90,5 +91,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     at += slimkv::kKvFrameHeaderBytes + payload;
   }
   if (repaired) send_stream(bytes);
+  // The receiving thread may still be unwinding after its last answer: wait for it, so that what it
+  // allocated is freed within this input (libFuzzer's leak check counts an input's mallocs and frees).
+  const auto deadline = slimkv::SteadyClock::now() + 5s;
+  while (receiver().stats().streams_in_progress > 0) {
+    if (slimkv::SteadyClock::now() > deadline) std::abort();  // a receiving thread that never ends: a hang
+    std::this_thread::sleep_for(1ms);
+  }
   return 0;
 }

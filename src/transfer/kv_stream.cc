@@ -512,8 +512,10 @@ void KvStreamReceiver::accept_loop() {
       continue;
     }
     auto done = std::make_shared<std::atomic<bool>>(false);
+    ++streams_in_progress_;
     workers_.push_back({std::thread([this, done, c = std::make_shared<TcpConnection>(connection.take())]() mutable {
-                          receive(std::move(*c));
+                          receive(std::move(*c));  // every local of the stream freed when it returns
+                          --streams_in_progress_;
                           *done = true;
                         }),
                         done});
@@ -552,7 +554,7 @@ void KvStreamReceiver::bound_unclaimed_locked() {
 KvStreamReceiver::Stats KvStreamReceiver::stats() {
   std::lock_guard lock(mutex_);
   Stats stats{.unclaimed_streams = 0, .unclaimed_bytes = 0, .dropped_age_total = dropped_age_total_,
-              .dropped_bytes_total = dropped_bytes_total_};
+              .dropped_bytes_total = dropped_bytes_total_, .streams_in_progress = streams_in_progress_.load()};
   for (const auto& [id, slot] : slots_) {
     if (!slot.complete) continue;
     ++stats.unclaimed_streams;

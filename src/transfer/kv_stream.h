@@ -252,6 +252,7 @@ class KvStreamReceiver {
     uint64_t unclaimed_bytes = 0;  // their transfers' bytes
     uint64_t dropped_age_total = 0;    // dropped after keep_unclaimed
     uint64_t dropped_bytes_total = 0;  // dropped, oldest first, to stay within max_unclaimed_bytes
+    int streams_in_progress = 0;       // connections whose receiving thread has not finished
   };
   Stats stats();
 
@@ -280,6 +281,7 @@ class KvStreamReceiver {
   TcpListener listener_;
   int port_ = 0;
   std::atomic<bool> stopping_{false};
+  std::atomic<int> streams_in_progress_{0};
   std::thread acceptor_;
   NcclLinks nccl_links_;  // by link id (hex)
 
