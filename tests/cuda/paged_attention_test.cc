@@ -153,6 +153,7 @@ TEST_F(CudaTest, PagedAttentionMatchesReference) {
       {{500, 190}, 130, 12, 4, 128, 70},         // GQA 3: 21 positions of a 64-row tile
       {{260}, 260, 16, 16, 64, 1},               // GQA 1: 64 positions per tile, d 64
       {{4100}, 512, 8, 2, 128, 512},             // long chunks, few tiles: split-K on the tensor-core kernel
+      {{2049, 3000}, 2048, 32, 8, 128, 512},     // a long decode row beside a chunk: each on its kernel
   };
   for (const PagedCase& c : cases) {
     check(c, 0);

@@ -203,8 +203,9 @@ struct AttentionCase {
   std::vector<int> queries = {};
   Layout layout = {};
   std::vector<int> step() const { return queries.empty() ? std::vector<int>(lengths.size(), 1) : queries; }
-  // The GPU computes on the integers (HACK's Eq. 4) in decode, and in prefill over HACK's layout.
-  bool integer() const { return hack && (queries.empty() || !layout.kivi()); }
+  // The GPU computes a sequence's n queries on the integers (HACK's Eq. 4) in decode (n = 1: a decode
+  // row beside a prefill chunk takes the decode kernel too), and in prefill over HACK's layout.
+  bool integer(int n) const { return hack && (n == 1 || !layout.kivi()); }
   std::string name() const {
     const auto list = [](const std::vector<int>& values) {
       std::string text;
@@ -225,7 +226,7 @@ std::vector<float> reference_output(const AttentionCase& c, const Filled& f, int
   const int exact_first = sealed * kCudaBlockTokens, first_position = kv_len - n;
   const QuantizedBlockLayout& layout = f.cache->layout();
   std::vector<float> out(size_t(n) * c.num_heads * d);
-  if (!c.integer()) {  // plain attention over the dequantized blocks and the exact tokens
+  if (!c.integer(n)) {  // plain attention over the dequantized blocks and the exact tokens
     std::vector<float> k = f.k[size_t(b)], v = f.v[size_t(b)], k_block(size_t(kCudaBlockTokens) * d), v_block(k_block.size());
     for (int ordinal = 0; ordinal < sealed; ++ordinal) {
       for (int h = 0; h < c.num_kv_heads; ++h) {
@@ -325,12 +326,15 @@ void check_attention(const AttentionCase& c) {
   ASSERT_TRUE(out_device.download(out.data(), out.size()).is_ok());
 
   double error_sq = 0, reference_sq = 0;
+  std::string per_sequence;  // each sequence's relative error: which one departs shows
   size_t first = 0;  // the sequence's first query
   for (int b = 0; b < batch; ++b) {
+    const double error_before = error_sq, reference_before = reference_sq;
     const int n = step[size_t(b)], kv_len = c.lengths[size_t(b)];
-    // Decode reads every full block sealed (the step sealed the one it filled); prefill the blocks
-    // wholly before the step.
-    const int sealed = (decode ? kv_len : kv_len - n) / kCudaBlockTokens;
+    // A decode row (one query) reads every full block sealed (the step sealed the one it filled), a
+    // prefill chunk beside it or not (such a row takes the decode kernel); prefill the blocks wholly
+    // before the step.
+    const int sealed = (n == 1 ? kv_len : kv_len - n) / kCudaBlockTokens;
     const std::vector<float> q_b(q_float.begin() + ptrdiff_t(first * q_width),
                                  q_float.begin() + ptrdiff_t((first + size_t(n)) * q_width));
     const std::vector<float> want = reference_output(c, f, b, q_b, n, sealed, scale);
@@ -340,13 +344,14 @@ void check_attention(const AttentionCase& c) {
       error_sq += double(got - want[x]) * double(got - want[x]);
       reference_sq += double(want[x]) * double(want[x]);
     }
+    per_sequence += str_cat(b == 0 ? "" : " ", std::sqrt((error_sq - error_before) / (reference_sq - reference_before)));
     first += size_t(n);
   }
   // FP16 output rounding is ~3e-4 relative; FP32 arithmetic, the odd 8-bit P' code that rounds the other
   // way (the running max differs from the reference's) and, in prefill, FP16 P and dequantized K/V in
   // the FP16 kernel's mma (rounded to 11 bits) add little.
   const double relative = std::sqrt(error_sq / reference_sq);
-  std::printf("  %s: relative error %.2e\n", c.name().c_str(), relative);
+  std::printf("  %s: relative error %.2e (by sequence: %s)\n", c.name().c_str(), relative, per_sequence.c_str());
   EXPECT_LT(relative, 2e-3);
 }
 
@@ -375,6 +380,9 @@ TEST_F(CudaTest, QuantizedDecodeAttentionMatchesReference) {
       {{3000}, 8, 2, 128, 2, true, {}, {false, 0, true, 32, false}},     // V per token alone, many splits
       {{2100, 1500, 9}, 32, 8, 128, 8, true, {}, kChannelToken},
       {{1000}, 32, 8, 128, 2, true, {}, {false, 0, false, 0, true}},     // HACK's layout, symmetric
+      {{130, 700, 64}, 16, 4, 128, 4, true, {}, {true, 16, true, 32, true}},  // 4 bits, groups, symmetric
+      {{130, 700, 64}, 16, 4, 128, 4, true, {}, {false, 0, true, 32, false}},  // V per token alone, 4 bits
+      {{130, 700, 64}, 16, 4, 128, 4, true, {}, {true, 16, false, 0, true}},  // K per channel alone, 4 bits, symmetric
   };
   for (const AttentionCase& c : cases) check_attention(c);
 }
@@ -390,6 +398,7 @@ TEST_F(CudaTest, QuantizedPrefillAttentionMatchesReference) {
       {{2100, 37}, 8, 1, 64, 2, true, {37, 37}},             // GQA 8, d 64; the short one has nothing sealed
       {{3000, 2000}, 32, 8, 128, 8, true, {128, 300}},       // many blocks: splits of both kernels, 8 bits
       {{150}, 8, 2, 128, 2, true, {150}},                    // a first chunk: nothing sealed before it
+      {{3000, 1300, 640}, 32, 8, 128, 2, true, {1, 512, 1}}, // long decode rows beside a chunk: two kernels
       {{1000}, 32, 8, 128, 2, false, {200}},
       {{130, 700, 64}, 16, 4, 128, 4, false, {66, 100, 1}},
       {{2100, 37}, 8, 1, 64, 8, false, {37, 37}},

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <tuple>
 #include <utility>
 
@@ -348,8 +349,7 @@ Expected<std::unique_ptr<CudaPagedAttention>> CudaPagedAttention::create(const P
   return Expected<std::unique_ptr<CudaPagedAttention>>(std::move(attention));
 }
 
-Expected<std::vector<int>> lay_out_attention_batch(const PagedAttentionBatch& batch, int max_batch, int max_queries,
-                                                   int tile_positions) {
+Expected<std::vector<int>> lay_out_attention_sequences(const PagedAttentionBatch& batch, int max_batch, int max_queries) {
   const int batch_size = int(batch.sequence_ids.size());
   if (batch_size == 0 || batch_size > max_batch || int(batch.kv_lens.size()) != batch_size ||
       int(batch.query_counts.size()) != batch_size) {
@@ -373,43 +373,84 @@ Expected<std::vector<int>> lay_out_attention_batch(const PagedAttentionBatch& ba
   if (query_starts[batch_size] > max_queries) {
     return error(query_starts[batch_size], " queries in one step, over max_queries ", max_queries);
   }
-  for (int b = 0; b < batch_size; ++b) {
-    for (int first = 0; first < batch.query_counts[size_t(b)]; first += tile_positions) {
-      metadata.push_back(b);
+  return metadata;
+}
+
+int append_attention_tiles(std::vector<int>& metadata, const PagedAttentionBatch& batch, int tile_positions, int least,
+                           int most) {
+  int tiles = 0;
+  for (size_t b = 0; b < batch.query_counts.size(); ++b) {
+    const int n = batch.query_counts[b];
+    if (n < least || n > most) continue;
+    for (int first = 0; first < n; first += tile_positions, ++tiles) {
+      metadata.push_back(int(b));
       metadata.push_back(first);
     }
   }
+  return tiles;
+}
+
+Expected<std::vector<int>> lay_out_attention_batch(const PagedAttentionBatch& batch, int max_batch, int max_queries,
+                                                   int tile_positions) {
+  SLIMKV_ASSIGN_OR_RETURN(std::vector<int> metadata, lay_out_attention_sequences(batch, max_batch, max_queries));
+  append_attention_tiles(metadata, batch, tile_positions, 1, std::numeric_limits<int>::max());
   return metadata;
 }
 
 Status CudaPagedAttention::plan(const PagedAttentionBatch& batch) {
-  // The kernel, and so the tile, follows the most queries of one sequence.
+  auto metadata = lay_out_attention_sequences(batch, shape_.max_batch, shape_.max_queries);
+  if (!metadata) return metadata.status().with_context("CUDA paged attention");
+  // Sequences of several queries take the tensor-core kernel when one has enough for it; the others
+  // (decode rows beside a prefill chunk) keep the CUDA-core kernel, whose split-K spreads a long
+  // context over the GPU: in a 128-row tensor-core tile one query would fill 4 rows and walk its whole
+  // context in one CTA (on H100 such rows cost a 16K-context step more than a 512-token chunk did).
   int max_query_count = 0;
   for (int n : batch.query_counts) max_query_count = std::max(max_query_count, n);
   const bool tensor_cores = prefill_target_ctas_ > 0 && max_query_count >= std::max(2, shape_.tensor_core_min_queries);
-  const int positions = tensor_cores ? kPrefillTileRows / group_ : positions_per_tile_;
-  auto metadata = lay_out_attention_batch(batch, shape_.max_batch, shape_.max_queries, positions);
-  if (!metadata) return metadata.status().with_context("CUDA paged attention");
-  int max_kv_len = 0;
-  max_prefix_blocks_ = max_window_blocks_ = 0;
-  for (size_t b = 0; b < batch.kv_lens.size(); ++b) {
-    const int kv_len = batch.kv_lens[b], prefix_blocks = (kv_len - batch.query_counts[b]) / kCudaBlockTokens;
-    max_kv_len = std::max(max_kv_len, kv_len);
-    max_prefix_blocks_ = std::max(max_prefix_blocks_, prefix_blocks);
-    max_window_blocks_ = std::max(max_window_blocks_, (kv_len + kCudaBlockTokens - 1) / kCudaBlockTokens - prefix_blocks);
+  parts_.clear();
+  const auto add_part = [&](bool on_tensor_cores, int least, int most) {
+    Part part;
+    part.tensor_cores = on_tensor_cores;
+    part.first_tile = int(metadata->size() - size_t(attention_tiles_offset(shape_.max_batch))) / 2;
+    part.num_tiles = append_attention_tiles(*metadata, batch, tile_positions(part), least, most);
+    if (part.num_tiles == 0) return;
+    for (size_t b = 0; b < batch.kv_lens.size(); ++b) {
+      const int n = batch.query_counts[b], kv_len = batch.kv_lens[b];
+      if (n < least || n > most) continue;
+      const int blocks = (kv_len + kCudaBlockTokens - 1) / kCudaBlockTokens, prefix_blocks = (kv_len - n) / kCudaBlockTokens;
+      part.max_query_count = std::max(part.max_query_count, n);
+      part.max_blocks = std::max(part.max_blocks, blocks);
+      part.max_prefix_blocks = std::max(part.max_prefix_blocks, prefix_blocks);
+      part.max_window_blocks = std::max(part.max_window_blocks, blocks - prefix_blocks);
+    }
+    split_blocks(part, target_ctas_);
+    parts_.push_back(part);
+  };
+  constexpr int kAny = std::numeric_limits<int>::max();
+  if (tensor_cores) {
+    add_part(true, 2, kAny);
+    add_part(false, 1, 1);
+  } else {
+    add_part(false, 1, kAny);
   }
-  max_query_count_ = max_query_count;
-  tensor_cores_ = tensor_cores;
-  batch_size_ = int(batch.sequence_ids.size());
-  num_tiles_ = int(metadata->size() - size_t(attention_tiles_offset(shape_.max_batch))) / 2;
-  max_blocks_ = (max_kv_len + kCudaBlockTokens - 1) / kCudaBlockTokens;
-  split_blocks(target_ctas_);
   return metadata_.upload(metadata->data(), metadata->size());
 }
 
-int CudaPagedAttention::tile_rows() const { return tensor_cores_ ? kPrefillTileRows : rows_per_tile_; }
+int CudaPagedAttention::num_splits() const {
+  int splits = 0;
+  for (const Part& part : parts_) splits = std::max(splits, part.num_splits);
+  return splits;
+}
 
-int CudaPagedAttention::tile_positions() const { return tensor_cores_ ? kPrefillTileRows / group_ : positions_per_tile_; }
+bool CudaPagedAttention::tensor_cores() const {
+  return std::any_of(parts_.begin(), parts_.end(), [](const Part& part) { return part.tensor_cores; });
+}
+
+int CudaPagedAttention::tile_rows(const Part& part) const { return part.tensor_cores ? kPrefillTileRows : rows_per_tile_; }
+
+int CudaPagedAttention::tile_positions(const Part& part) const {
+  return part.tensor_cores ? kPrefillTileRows / group_ : positions_per_tile_;
+}
 
 namespace {
 
@@ -423,10 +464,10 @@ std::pair<int, int> divide_blocks(int blocks, int wanted, int most_splits) {
 
 }  // namespace
 
-void CudaPagedAttention::split_blocks(int target_ctas) {
-  const int independent_ctas = num_tiles_ * shape_.num_kv_heads;
-  const int most_splits = int(partial_rows_capacity_ / (size_t(independent_ctas) * tile_rows()));
-  std::tie(num_splits_, blocks_per_split_) = divide_blocks(max_blocks_, target_ctas / independent_ctas, most_splits);
+void CudaPagedAttention::split_blocks(Part& part, int target_ctas) const {
+  const int independent_ctas = part.num_tiles * shape_.num_kv_heads;
+  const int most_splits = int(partial_rows_capacity_ / (size_t(independent_ctas) * tile_rows(part)));
+  std::tie(part.num_splits, part.blocks_per_split) = divide_blocks(part.max_blocks, target_ctas / independent_ctas, most_splits);
 }
 
 Status CudaPagedAttention::reserve_partials(size_t slots) {
@@ -438,7 +479,7 @@ Status CudaPagedAttention::reserve_partials(size_t slots) {
 }
 
 Status CudaPagedAttention::check_run(const PagedKvView& kv) const {
-  if (batch_size_ == 0) return error("CUDA paged attention: run before plan");
+  if (parts_.empty()) return error("CUDA paged attention: run before plan");
   if (kv.head_dim != shape_.head_dim || kv.num_kv_heads != shape_.num_kv_heads) {
     return error("CUDA paged attention: the KV cache has ", kv.num_kv_heads, " heads of ", kv.head_dim,
                  " dims, the attention ", shape_.num_kv_heads, " of ", shape_.head_dim);
@@ -446,7 +487,7 @@ Status CudaPagedAttention::check_run(const PagedKvView& kv) const {
   return Status::ok();
 }
 
-AttentionLaunch CudaPagedAttention::launch_params(const PagedKvView& kv, const uint16_t* q, float scale,
+AttentionLaunch CudaPagedAttention::launch_params(const Part& part, const PagedKvView& kv, const uint16_t* q, float scale,
                                                   uint16_t* out) const {
   AttentionLaunch p{};
   p.q = reinterpret_cast<const __half*>(q);
@@ -456,15 +497,16 @@ AttentionLaunch CudaPagedAttention::launch_params(const PagedKvView& kv, const u
   p.block_tables = kv.block_tables;
   p.block_table_stride = kv.block_table_stride;
   point_at_batch(p, metadata_.data(), shape_.max_batch);
+  p.tiles += part.first_tile;
   p.num_heads = shape_.num_heads;
   p.num_kv_heads = shape_.num_kv_heads;
   p.head_dim = shape_.head_dim;
   p.group = group_;
-  p.positions_per_tile = tile_positions();
-  p.rows_per_tile = tile_rows();
-  p.blocks_per_split = blocks_per_split_;
-  p.num_splits = p.split_stride = num_splits_;
-  p.num_tiles = num_tiles_;
+  p.positions_per_tile = tile_positions(part);
+  p.rows_per_tile = tile_rows(part);
+  p.blocks_per_split = part.blocks_per_split;
+  p.num_splits = p.split_stride = part.num_splits;
+  p.num_tiles = part.num_tiles;
   p.scale = scale;
   p.scale_log2 = scale * kLog2e;
   p.partial_acc = const_cast<float*>(partial_acc_.data());
@@ -474,17 +516,17 @@ AttentionLaunch CudaPagedAttention::launch_params(const PagedKvView& kv, const u
 
 static_assert(kHackPrefillTileRows == kPrefillTileRows, "the INT8 and FP16 prefill kernels share the plan's tiles");
 
-Status CudaPagedAttention::run_quantized_prefill(const PagedKvView& kv, const QuantizedKvView& sealed, const uint16_t* q,
-                                                 float scale, uint16_t* out) {
-  if (max_prefix_blocks_ == 0) return run(kv, q, scale, out);  // nothing sealed before the step: all FP16
+Status CudaPagedAttention::run_quantized_prefill(Part& part, const PagedKvView& kv, const QuantizedKvView& sealed,
+                                                 const uint16_t* q, float scale, uint16_t* out) {
+  if (part.max_prefix_blocks == 0) return run_part(part, kv, q, scale, out);  // nothing sealed before the step: all FP16
   // quant, and hack over KIVI's layouts (the INT8 kernel reads HACK's layout only): one kernel, the
   // sealed blocks dequantized into its tiles.
   if (!sealed.hack || sealed.k_per_channel || sealed.v_per_token) {
-    split_blocks(prefill_target_ctas_);
-    const AttentionLaunch p = launch_params(kv, q, scale, out);
+    split_blocks(part, prefill_target_ctas_);
+    const AttentionLaunch p = launch_params(part, kv, q, scale, out);
     launch_prefill_attention(p, SealedPrefix::kDequantize, sealed);
     SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
-    if (num_splits_ > 1) {
+    if (part.num_splits > 1) {
       launch_merge_split_partials(p);
       SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
     }
@@ -502,14 +544,14 @@ Status CudaPagedAttention::run_quantized_prefill(const PagedKvView& kv, const Qu
       return error("CUDA HACK prefill: the INT8 kernel (head_dim ", shape_.head_dim, ", ", bits, " bits) cannot run");
     }
   }
-  const int independent_ctas = num_tiles_ * shape_.num_kv_heads;
+  const int independent_ctas = part.num_tiles * shape_.num_kv_heads;
   const size_t rows = size_t(independent_ctas) * kPrefillTileRows;
   const auto [sealed_splits, sealed_per_split] = divide_blocks(
-      max_prefix_blocks_, hack_prefill_resident_[bits] * multiprocessor_count() / independent_ctas, max_prefix_blocks_);
+      part.max_prefix_blocks, hack_prefill_resident_[bits] * multiprocessor_count() / independent_ctas, part.max_prefix_blocks);
   const auto [window_splits, window_per_split] =
-      divide_blocks(max_window_blocks_, prefill_target_ctas_ / independent_ctas, max_window_blocks_);
+      divide_blocks(part.max_window_blocks, prefill_target_ctas_ / independent_ctas, part.max_window_blocks);
   SLIMKV_RETURN_IF_ERROR(reserve_partials(rows * size_t(sealed_splits + window_splits)));
-  AttentionLaunch p = launch_params(kv, q, scale, out);
+  AttentionLaunch p = launch_params(part, kv, q, scale, out);
   p.split_stride = sealed_splits + window_splits;
   AttentionLaunch sealed_part = p, window_part = p;
   sealed_part.num_splits = sealed_splits;
@@ -529,15 +571,20 @@ Status CudaPagedAttention::run_quantized_prefill(const PagedKvView& kv, const Qu
 
 Status CudaPagedAttention::run(const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out) {
   SLIMKV_RETURN_IF_ERROR(check_run(kv));
-  split_blocks(tensor_cores_ ? prefill_target_ctas_ : target_ctas_);  // run_quantized may have split for its own kernel
-  const AttentionLaunch p = launch_params(kv, q, scale, out);
-  if (tensor_cores_) {
+  for (Part& part : parts_) SLIMKV_RETURN_IF_ERROR(run_part(part, kv, q, scale, out));
+  return Status::ok();
+}
+
+Status CudaPagedAttention::run_part(Part& part, const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out) {
+  split_blocks(part, part.tensor_cores ? prefill_target_ctas_ : target_ctas_);  // a quantized run may have split otherwise
+  const AttentionLaunch p = launch_params(part, kv, q, scale, out);
+  if (part.tensor_cores) {
     launch_prefill_attention(p);  // one split writes the output itself
   } else {
     with_kernel_shape(shape_.head_dim, rows_per_tile_, LaunchPartials{p});
   }
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
-  if (!tensor_cores_ || num_splits_ > 1) {
+  if (!part.tensor_cores || part.num_splits > 1) {
     launch_merge_split_partials(p);
     SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   }

@@ -8,9 +8,10 @@
 // sum, weighted V: attention/partial.h) of its tile over its range of blocks; a second kernel merges
 // the splits' partials with the online-softmax rule and writes acc / sum.
 //
-// A step with several queries of one sequence (prefill) takes the tensor-core kernel instead
+// Sequences with several queries in a step (prefill) take the tensor-core kernel instead
 // (attention/cuda/prefill_attention.cuh: 128-row tiles, mma.sync, FlashAttention-2 style); decode
-// takes the CUDA-core one (4 or 8 rows, at the memory roofline).
+// takes the CUDA-core one (4 or 8 rows, at the memory roofline). A step that mixes them (a server's
+// prefill chunk beside running decodes) runs in two parts, each sequence on its own kernel.
 #pragma once
 
 #include <cstdint>
@@ -49,6 +50,11 @@ inline int attention_tiles_offset(int max_batch) { return (3 * max_batch + 2) / 
 // name what is out of range: the batch's size, a query count, the step's queries.
 Expected<std::vector<int>> lay_out_attention_batch(const PagedAttentionBatch& batch, int max_batch, int max_queries,
                                                    int tile_positions);
+// The same without tiles (the per-sequence arrays and their checks), and the tiles of the sequences
+// with least..most queries appended to it; returns how many tiles it appended.
+Expected<std::vector<int>> lay_out_attention_sequences(const PagedAttentionBatch& batch, int max_batch, int max_queries);
+int append_attention_tiles(std::vector<int>& metadata, const PagedAttentionBatch& batch, int tile_positions, int least,
+                           int most);
 
 struct PagedAttentionShape {
   int num_heads = 0;     // query heads; num_heads / num_kv_heads (at most 8) share a KV head
@@ -57,8 +63,8 @@ struct PagedAttentionShape {
   int max_batch = 0;     // sequences per step
   int max_queries = 0;   // queries per step, over all sequences
   // A step in which some sequence has at least this many queries (at least 2: decode keeps the
-  // CUDA-core kernel's tiles, which the quantized kernels share) runs on the tensor-core kernel
-  // (head_dim 64 or 128; 0: never).
+  // CUDA-core kernel's tiles, which the quantized kernels share) runs its sequences of two or more
+  // queries on the tensor-core kernel (head_dim 64 or 128; 0: never).
   int tensor_core_min_queries = kPrefillMinQueries;
 };
 
@@ -85,23 +91,39 @@ class CudaPagedAttention {
                        uint16_t* out);
 
   const PagedAttentionShape& shape() const { return shape_; }
-  int num_splits() const { return num_splits_; }
-  int num_tiles() const { return num_tiles_; }
-  bool tensor_cores() const { return tensor_cores_; }  // the planned step's kernel
+  int num_splits() const;     // the most splits of the planned step's parts
+  bool tensor_cores() const;  // whether some sequence of the planned step takes the tensor-core kernel
 
  private:
+  // The sequences of a planned step that run on one kernel: their tiles (consecutive in the metadata)
+  // and how their blocks are split. The parts run one after the other, sharing the partials.
+  struct Part {
+    bool tensor_cores = false;
+    int first_tile = 0, num_tiles = 0;
+    int max_query_count = 0;  // the most queries of one of its sequences
+    int max_blocks = 0;       // the most blocks of one of its sequences
+    // The most blocks of one sequence wholly before the step (sealed, with quantized KV), and from there on.
+    int max_prefix_blocks = 0, max_window_blocks = 0;
+    int num_splits = 1, blocks_per_split = 1;
+  };
+
   explicit CudaPagedAttention(const PagedAttentionShape& shape) : shape_(shape) {}
   Status check_run(const PagedKvView& kv) const;
-  // Splits the planned blocks so that about target_ctas CTAs run (one wave of the kernel at hand).
-  void split_blocks(int target_ctas);
-  Status run_quantized_prefill(const PagedKvView& kv, const QuantizedKvView& sealed, const uint16_t* q, float scale,
-                               uint16_t* out);
+  // Splits the part's blocks so that about target_ctas CTAs run (one wave of the kernel at hand).
+  void split_blocks(Part& part, int target_ctas) const;
+  // The dense FP16 kernel of the part (tensor-core or CUDA-core) over its sequences.
+  Status run_part(Part& part, const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out);
+  Status run_quantized_decode(Part& part, const PagedKvView& kv, const QuantizedKvView& sealed, const uint16_t* q,
+                              float scale, uint16_t* out);
+  Status run_quantized_prefill(Part& part, const PagedKvView& kv, const QuantizedKvView& sealed, const uint16_t* q,
+                               float scale, uint16_t* out);
   // Makes the partials hold at least `slots` (rows × splits).
   Status reserve_partials(size_t slots);
-  // The planned kernel's tile: query rows (a multiple of the group, or the tensor-core tile) and positions.
-  int tile_rows() const;
-  int tile_positions() const;
-  AttentionLaunch launch_params(const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out) const;
+  // A part's kernel's tile: query rows (a multiple of the group, or the tensor-core tile) and positions.
+  int tile_rows(const Part& part) const;
+  int tile_positions(const Part& part) const;
+  AttentionLaunch launch_params(const Part& part, const PagedKvView& kv, const uint16_t* q, float scale,
+                                uint16_t* out) const;
 
   PagedAttentionShape shape_;
   int group_ = 0;               // query heads per KV head
@@ -110,16 +132,8 @@ class CudaPagedAttention {
   int target_ctas_ = 0;         // enough CTAs to keep every multiprocessor busy
   int prefill_target_ctas_ = 0; // the same for the tensor-core kernel (0: head_dim not supported)
   size_t partial_rows_capacity_ = 0;
-  // Planned:
-  int batch_size_ = 0;
-  int num_tiles_ = 0;
-  int num_splits_ = 1;
-  bool tensor_cores_ = false;   // the step runs on the tensor-core kernel
-  int max_query_count_ = 0;     // the most queries of one sequence in the planned step
-  int max_blocks_ = 0;          // the most blocks of one sequence in the planned step
-  // The most blocks of one sequence wholly before the step (sealed, with quantized KV), and from there on.
-  int max_prefix_blocks_ = 0, max_window_blocks_ = 0;
-  int blocks_per_split_ = 1;
+  // Planned: the step's parts (none before the first plan).
+  std::vector<Part> parts_;
   // Device: the batch's metadata [sequence_ids B | kv_lens B | query_starts B+1 | pad | tiles 2·max_queries],
   // and the partials [tile, kv head, row, split] of (max, sum) and [.., head_dim] of weighted V.
   DeviceArray<int> metadata_;

@@ -717,10 +717,18 @@ LayoutScratch layout_scratch(const QuantizedKvView& sealed, int rows, int head_d
 Status CudaPagedAttention::run_quantized(const PagedKvView& kv, const QuantizedKvView& sealed, const uint16_t* q,
                                          float scale, uint16_t* out) {
   SLIMKV_RETURN_IF_ERROR(check_run(kv));
-  if (tensor_cores_) return run_quantized_prefill(kv, sealed, q, scale, out);
-  if (max_query_count_ != 1) {
+  for (Part& part : parts_) {
+    SLIMKV_RETURN_IF_ERROR(part.tensor_cores ? run_quantized_prefill(part, kv, sealed, q, scale, out)
+                                             : run_quantized_decode(part, kv, sealed, q, scale, out));
+  }
+  return Status::ok();
+}
+
+Status CudaPagedAttention::run_quantized_decode(Part& part, const PagedKvView& kv, const QuantizedKvView& sealed,
+                                                const uint16_t* q, float scale, uint16_t* out) {
+  if (part.max_query_count != 1) {
     return error("CUDA quantized attention: steps of several queries per sequence need the tensor-core kernel (head_dim 64 ",
-                 "or 128, tensor_core_min_queries > 0); the plan has ", max_query_count_);
+                 "or 128, tensor_core_min_queries > 0); the plan has ", part.max_query_count);
   }
   if (sealed.k_bits != sealed.v_bits) {
     return error("CUDA quantized attention: K and V bits must match on the GPU, got ", sealed.k_bits, " and ", sealed.v_bits);
@@ -756,10 +764,10 @@ Status CudaPagedAttention::run_quantized(const PagedKvView& kv, const QuantizedK
     SLIMKV_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, staging_bytes));
     quantized_residency_.push_back({reinterpret_cast<const void*>(kernel), {staging_bytes, resident}});
   }
-  split_blocks(std::max(resident, 1) * multiprocessor_count());
+  split_blocks(part, std::max(resident, 1) * multiprocessor_count());
 
   QuantizedLaunch L{};
-  L.a = launch_params(kv, q, scale, out);
+  L.a = launch_params(part, kv, q, scale, out);
   L.sealed = sealed;
   L.scratch = scratch;
   const dim3 grid(unsigned(L.a.num_splits), unsigned(L.a.num_kv_heads), unsigned(L.a.num_tiles));
