@@ -42,7 +42,7 @@ class Deployment:
 
     def __init__(self, args, spec, disaggregated):
         self.spec, self.disaggregated = spec, disaggregated
-        self.name = f"disagg {spec}" if disaggregated else f"colocated {spec}"
+        self.name = Deployment.name_of(spec, disaggregated)
         common = [args.slimkv, "serve", "--model", args.model, "--kv", spec, "--host", "127.0.0.1", "--port", "0",
                   "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
                   "--prefill-chunk-tokens", str(args.prefill_chunk_tokens)] + args.serve_args.split()
@@ -60,6 +60,10 @@ class Deployment:
                                  second_gpu)
         self.front = self.start([args.slimkv, "router", "--port", "0", "--prefill", self.prefill.url,
                                  "--decode", self.decode.url, "--health-interval-s", "0.5"], "router")
+
+    @staticmethod
+    def name_of(spec, disaggregated):
+        return f"disagg {spec}" if disaggregated else f"colocated {spec}"
 
     def start(self, command, name, env=None):
         process = Process(command, name=f"slimkv-{name}", env=env).__enter__()
@@ -205,8 +209,8 @@ def calibrate(args, corpus, model):
     step time vs batch and context (TPOT of `batch` equal requests sent together)."""
     server = Process([args.slimkv, "serve", "--model", args.model, "--kv", "dense:dtype=f16", "--host", "127.0.0.1",
                       "--port", "0", "--threads", str(args.threads), "--max-model-len", str(args.max_model_len),
-                      "--max-num-seqs", str(args.max_num_seqs), "--prefill-chunk-tokens", str(args.prefill_chunk_tokens)],
-                     name="slimkv-calibrate").__enter__()
+                      "--max-num-seqs", str(args.max_num_seqs), "--prefill-chunk-tokens", str(args.prefill_chunk_tokens)]
+                     + args.serve_args.split(), name="slimkv-calibrate").__enter__()
     try:
         rng = random.Random(1)
         lengths, seconds = [], []
@@ -274,6 +278,8 @@ def main():
     parser.add_argument("--serve-args", default="", help="more options for every server, e.g. '--device cuda'")
     parser.add_argument("--two-gpus", action="store_true",
                         help="the decode workers on the second GPU (the KV then goes by NCCL where it can)")
+    parser.add_argument("--one-at-a-time", action="store_true",
+                        help="start each deployment only for its runs (one GPU cannot hold five 8B processes at once)")
     parser.add_argument("--rates", default="0.5,1,2", help="arrival rates, requests/s")
     parser.add_argument("--num-requests", type=int, default=24)
     parser.add_argument("--max-send-s", type=float, default=120, help="no arrivals after this")
@@ -300,12 +306,20 @@ def main():
     with open(os.path.join(args.model, "config.json")) as f:
         num_layers = json.load(f)["num_hidden_layers"]
 
-    deployments = []
+    plans = [(args.colocated_spec, False)] + [(spec, True) for spec in specs]
+    names = [Deployment.name_of(*plan) for plan in plans]
+    live = {}  # plan index -> its running Deployment
+
+    def deployment_of(i):
+        if i not in live:
+            live[i] = Deployment(args, *plans[i])
+        return live[i]
+
     try:
-        deployments.append(Deployment(args, args.colocated_spec, disaggregated=False))
-        for spec in specs:
-            deployments.append(Deployment(args, spec, disaggregated=True))
-        front = deployments[0].front
+        if not args.one_at_a_time:
+            for i in range(len(plans)):
+                deployment_of(i)
+        front = deployment_of(0).front
         model = front.get("/v1/models")[2]["data"][0]["id"]
         corpus = heldout_token_ids(front, text, max_chars=400_000)
         print(f"{len(corpus)} held-out tokens from {text}; {args.num_requests} requests a run, prompts "
@@ -313,13 +327,16 @@ def main():
               f"KV link cap {args.kv_bandwidth_gbps} Gbit/s, {args.threads} thread(s) a worker", flush=True)
         # Each rate's workload runs --rounds times through every deployment, the order rotated each
         # round, so that a load that drifts on a shared machine falls on every deployment alike.
-        runs = {(rate, d.name): {"rate": rate, "deployment": d.name, "spec": d.spec, "disaggregated": d.disaggregated,
-                                 "requests": [], "kv_bytes": 0.0} for rate in rates for d in deployments}
+        runs = {(rate, names[i]): {"rate": rate, "deployment": names[i], "spec": spec, "disaggregated": disaggregated,
+                                   "requests": [], "kv_bytes": 0.0}
+                for rate in rates for i, (spec, disaggregated) in enumerate(plans)}
         for rate in rates:
             requests = workload(args, corpus, rate, seed=args.seed + int(rate * 1000))
             for round_index in range(args.rounds):
-                shift = round_index % len(deployments)
-                for deployment in deployments[shift:] + deployments[:shift]:
+                shift = round_index % len(plans)
+                order = list(range(len(plans)))
+                for i in order[shift:] + order[:shift]:
+                    deployment = deployment_of(i)
                     run = runs[(rate, deployment.name)]
                     kv_before = deployment.kv_bytes_sent() if deployment.disaggregated else None
                     results = drive(deployment, model, requests, args)
@@ -332,6 +349,8 @@ def main():
                     print(f"  rate {rate} round {round_index}: {deployment.name}: {s['completed']}/{s['sent']} done, "
                           f"JCT {s['jct_mean_s']:.3f} s, TTFT {s['ttft_mean_s']:.3f} s, TPOT {s['tpot_mean_s'] * 1e3:.1f} ms",
                           flush=True)
+                    if args.one_at_a_time:
+                        live.pop(i).close()
         runs = list(runs.values())
         for run in runs:
             run["summary"] = summarize(run["requests"])
@@ -339,12 +358,12 @@ def main():
                 run["kv_bytes_per_token"] = run.pop("kv_bytes") / max(1, sum(r["prompt"] for r in run["requests"] if r["ok"]))
             else:
                 run.pop("kv_bytes")
-        costs = calibrate(args, corpus, model) if args.calibrate else None
     finally:
-        for deployment in deployments:
+        for deployment in live.values():
             deployment.close()
+    costs = calibrate(args, corpus, model) if args.calibrate else None
 
-    base_name = deployments[1].name if len(deployments) > 1 else deployments[0].name
+    base_name = names[1] if len(names) > 1 else names[0]
     for rate in rates:
         of_rate = [r for r in runs if r["rate"] == rate]
         base = next(r for r in of_rate if r["deployment"] == base_name)["summary"]
