@@ -74,6 +74,12 @@ class Deployment:
     def url(self):
         return self.front.url
 
+    def show_failure(self, errors):
+        """What a failed run needs to be understood: its first error and the end of each process's log."""
+        print(f"    first error: {errors[0][:300] if errors else '?'}", flush=True)
+        for process in self.processes:
+            print(f"    --- {process.name}, last lines:\n" + "\n".join(process.output().splitlines()[-8:]), flush=True)
+
     def close(self):
         for process in reversed(self.processes):
             process.__exit__(None, None, None)
@@ -214,7 +220,8 @@ def calibrate(args, corpus, model):
     try:
         rng = random.Random(1)
         lengths, seconds = [], []
-        for n in [int(args.input_len * f) for f in (0.25, 0.5, 1.0, 1.5)] * args.calibration_repeats:
+        longest = args.max_model_len - 1  # a prompt and its one token
+        for n in [min(int(args.input_len * f), longest) for f in (0.25, 0.5, 1.0, 1.5)] * args.calibration_repeats:
             start = rng.randrange(0, len(corpus) - n)
             arrivals, _ = timed_request(server, model, corpus[start:start + n], 1, args.timeout_s)
             lengths.append(n)
@@ -349,6 +356,8 @@ def main():
                     print(f"  rate {rate} round {round_index}: {deployment.name}: {s['completed']}/{s['sent']} done, "
                           f"JCT {s['jct_mean_s']:.3f} s, TTFT {s['ttft_mean_s']:.3f} s, TPOT {s['tpot_mean_s'] * 1e3:.1f} ms",
                           flush=True)
+                    if s["completed"] < s["sent"]:
+                        deployment.show_failure(s["errors"])
                     if args.one_at_a_time:
                         live.pop(i).close()
         runs = list(runs.values())
@@ -361,7 +370,6 @@ def main():
     finally:
         for deployment in live.values():
             deployment.close()
-    costs = calibrate(args, corpus, model) if args.calibrate else None
 
     base_name = names[1] if len(names) > 1 else names[0]
     for rate in rates:
@@ -379,6 +387,7 @@ def main():
             for error in s["errors"]:
                 print(f"    error: {error[:200]}")
 
+    costs = calibrate(args, corpus, model) if args.calibrate else None
     if costs:
         print(f"\nmeasured costs (one worker, {args.threads} thread(s)): prefill {costs['prefill_base_s'] * 1e3:.2f} ms + "
               f"{costs['prefill_s_per_token'] * 1e6:.2f} us/token + {costs['prefill_s_per_token2'] * 1e9:.4f} ns/token^2; "
