@@ -32,12 +32,12 @@ inline std::vector<std::string> golden_models() {
   return dirs;
 }
 
-// Those of golden_models() whose config uses the plain Llama layer only (Llama, Mistral, Qwen2): what
-// device cuda runs so far (ModelConfig::features_beyond_llama).
-inline std::vector<std::string> llama_layer_golden_models() {
+// Those of golden_models() that device cuda runs so far: the Llama layer and Qwen3's q/k norms.
+inline std::vector<std::string> cuda_golden_models() {
   std::vector<std::string> dirs;
   for (const std::string& dir : golden_models()) {
-    const auto config = load_model_config(dir);
+    auto config = load_model_config(dir);
+    if (config) config->qk_norm = false;
     if (config && config->features_beyond_llama().empty()) dirs.push_back(dir);
   }
   return dirs;

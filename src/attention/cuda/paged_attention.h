@@ -50,6 +50,10 @@ inline int attention_tiles_offset(int max_batch) { return (3 * max_batch + 2) / 
 Expected<std::vector<int>> lay_out_attention_batch(const PagedAttentionBatch& batch, int max_batch, int max_queries,
                                                    int tile_positions);
 
+// The head dims the kernels are built for (16, 32, 64, 128): the smallest of them that holds head_dim
+// (a model's heads of another size are stored zero-padded to it), or 0 when none does.
+int attention_head_dim_for(int head_dim);
+
 struct PagedAttentionShape {
   int num_heads = 0;     // query heads; num_heads / num_kv_heads (at most 8) share a KV head
   int num_kv_heads = 0;
@@ -71,7 +75,9 @@ class CudaPagedAttention {
   Status plan(const PagedAttentionBatch& batch);
 
   // q: FP16 [total queries, num_heads, head_dim] (device), out likewise; scores are scale · q·k.
-  Status run(const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out);
+  // window_tokens > 0 (a sliding-window layer): a query at position p sees tokens p - window_tokens + 1
+  // .. p only, and blocks wholly before that are not read (they may have been given back).
+  Status run(const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out, int window_tokens = 0);
 
   // Attention over quantized KV (kv/cuda/quantized_kv_cache.h): sealed `hack` or `quant` blocks
   // and FP16 for the rest. Decode (one query per sequence; attention/cuda/quantized_attention.cu): the

@@ -19,6 +19,10 @@ KvprCostModel kvpr_cost_model(int hidden, int kv_dim, DType x_dtype, double kv_b
                        KvprCostModel::Overlap::kPipelined};
 }
 
+bool GpuKvShape::has_windows() const {
+  return std::any_of(layer_windows.begin(), layer_windows.end(), [](int window) { return window > 0; });
+}
+
 Status check_blocks_for_step(const SequenceBlocks& held, const PagedAttentionBatch& batch, const char* cache) {
   size_t needed = 0;
   for (size_t i = 0; i < batch.sequence_ids.size(); ++i) {
@@ -78,6 +82,10 @@ Expected<std::unique_ptr<GpuKvCache>> make_gpu_kv_cache(const GpuKvShape& shape,
   if (shape.max_sequences < 1 || shape.max_step_tokens < shape.max_sequences) {
     return error("GPU KV cache: max_sequences ", shape.max_sequences, " and max_step_tokens ", shape.max_step_tokens,
                  " must be positive, max_step_tokens >= max_sequences");
+  }
+  if (shape.has_windows() && (options.quantized || options.zack || options.tier || options.pq)) {
+    return error("GPU KV cache: sliding-window layers run with the dense codec only on device 'cuda' yet (not with ",
+                 options.quantized ? "a quantizing codec" : options.zack ? "zack" : options.tier ? "a host tier" : "pq", ")");
   }
   if (options.zack && (options.quantized || options.tier)) {
     return error("GPU KV cache: zack with a quantizing codec or a host tier does not run on device 'cuda' yet");
