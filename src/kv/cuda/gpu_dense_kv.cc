@@ -36,7 +36,7 @@ class GpuDenseKv final : public GpuKvCache {
   Status attend(int layer, const uint16_t* q, const uint16_t* k, const uint16_t* v, float scale,
                 uint16_t* out) override {
     SLIMKV_RETURN_IF_ERROR(cache_->append(layer, k, v));
-    return attention_->run(cache_->view(layer), q, scale, out, shape_.window_of(layer));
+    return attention_->run(cache_->view(layer), q, scale, out);
   }
 
   Status begin_fill(int sequence, int tokens) override { return cache_->begin_step({sequence}, {tokens}); }

@@ -91,10 +91,7 @@ std::vector<float> padded_bases(const ZackKvOptions& zack, int head_dim, int sto
 
 // What of the model's features (model_config.h) the GPU's layer does not run yet; empty: it runs them all.
 std::string features_not_on_cuda(const ModelConfig& c) {
-  if (c.moe.num_experts > 0) return "experts (Qwen3-MoE's routed MLP)";
-  ModelConfig beyond_qwen3 = c;
-  beyond_qwen3.qk_norm = false;
-  return beyond_qwen3.features_beyond_llama();
+  return c.moe.num_experts > 0 ? "experts (Qwen3-MoE's routed MLP)" : "";
 }
 
 // FP16 when every matrix fits its range (FP16 keeps 10 mantissa bits to BF16's 7, and a BF16 weight
