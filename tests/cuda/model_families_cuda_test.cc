@@ -10,17 +10,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
-#include <filesystem>
 #include <map>
-#include <unistd.h>
 
 #include "cuda_test_util.h"
-#include "golden_models.h"
+#include "golden_spec_error.h"
 #include "model/cuda/llama_cuda.h"
 #include "model/llama.h"
-#include "slimkv/npy.h"
-#include "slimkv/zack_calibration_run.h"
 
 namespace slimkv::cuda {
 namespace {
@@ -28,69 +23,6 @@ namespace {
 const char* const kGpuFamilies[] = {"qwen3_bf16_tied"};
 // The Llama-family golden models: what a lossy spec's error is on the families the GPU ran before.
 const char* const kLlamaFamily[] = {"llama_gqa_bf16", "mistral_f16", "qwen2_bias_tied"};
-
-std::string model_dir(const std::string& name) { return kGoldenModels + "/" + name; }
-
-std::unique_ptr<Engine> load(const std::string& dir, const std::string& kv, const std::string& device) {
-  EngineConfig config;
-  config.model_dir = dir;
-  config.kv_spec = kv;
-  config.device = device;
-  config.threads = 2;
-  auto engine = Engine::load(config);
-  EXPECT_TRUE(engine) << kv << ": " << engine.status().message();
-  return engine ? engine.take() : nullptr;
-}
-
-// The golden tokens' logits: the first `prefill` in one call, the rest one decode step each.
-std::vector<float> logits(Engine& engine, const std::vector<int32_t>& tokens, size_t prefill) {
-  auto session = engine.new_session();
-  auto all = session->prefill(std::span(tokens).first(prefill), /*all_logits=*/true);
-  EXPECT_TRUE(all) << all.status().message();
-  if (!all) return {};
-  for (size_t t = prefill; t < tokens.size(); ++t) {
-    auto row = session->decode(tokens[t]);
-    EXPECT_TRUE(row) << row.status().message();
-    if (!row) return {};
-    all->insert(all->end(), row->begin(), row->end());
-  }
-  return *all;
-}
-
-// A ZACK calibration of the model (its CPU forward pass over n seeded random tokens), in a temporary file.
-std::string calibrate(const std::string& name, int n) {
-  auto dense = load(model_dir(name), "dense", "cpu");
-  if (!dense) return {};
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) ids[size_t(i)] = int32_t((i * 7919 + 13) % dense->vocab_size());
-  auto calibration = run_zack_calibration(*dense, ids, {.window_tokens = 128, .source = "random ids"});
-  EXPECT_TRUE(calibration) << calibration.status().message();
-  const std::string path =
-      (std::filesystem::temp_directory_path() / (name + ".cuda.zack." + std::to_string(::getpid()))).string();
-  EXPECT_TRUE(calibration && calibration->write(path).is_ok());
-  return path;
-}
-
-// max |logits − golden| / max |golden| of `spec` on the GPU over model `name`'s golden tokens (prefill
-// 100, then 50 decode steps); `spec` may name a calibration as {calib}, made here from the model.
-double spec_error(const std::string& name, std::string spec) {
-  const std::string dir = model_dir(name);
-  auto golden = read_npy_f32(dir + "/golden_logits.npy");
-  EXPECT_TRUE(golden) << golden.status().message();
-  std::string calibration;
-  if (const size_t at = spec.find("{calib}"); at != std::string::npos) {
-    calibration = calibrate(name, 256);
-    spec.replace(at, 7, calibration);
-  }
-  auto engine = load(dir, spec, "cuda");
-  if (!calibration.empty()) std::filesystem::remove(calibration);
-  if (!engine || !golden) return INFINITY;
-  const std::vector<float> found = logits(*engine, golden_tokens(dir), 100);
-  EXPECT_EQ(found.size(), golden->values.size());
-  const double err = found.size() == golden->values.size() ? relative_max_error(found, golden->values) : INFINITY;
-  std::printf("%s %s on the GPU: max error / max|logit| %.2e\n", name.c_str(), spec.c_str(), err);
-  return err;
-}
 
 class GpuModelFamily : public ::testing::TestWithParam<const char*> {
  protected:
@@ -107,7 +39,7 @@ TEST_P(GpuModelFamily, LosslessKvSpecsEqualTransformers) {
   for (const std::string spec : {"dense", "dense@offload", "dense@kvpr:split=0.5", "pq:m=2,b=4,topk=1.0,local=16,init=4",
                                  "zack:r=0,calib={calib}"}) {
     SCOPED_TRACE(spec);
-    EXPECT_LT(spec_error(GetParam(), spec), 2e-2);
+    EXPECT_LT(golden_spec_error(GetParam(), spec, "cuda"), 2e-2);
   }
 }
 
@@ -120,10 +52,10 @@ TEST_P(GpuModelFamily, LossyKvSpecsStayWithinTheirUsualError) {
     SCOPED_TRACE(spec);
     static std::map<std::string, double> usual_of;  // measured once for every family's test
     if (!usual_of.contains(spec)) {
-      for (const char* reference : kLlamaFamily) usual_of[spec] = std::max(usual_of[spec], spec_error(reference, spec));
+      for (const char* reference : kLlamaFamily) usual_of[spec] = std::max(usual_of[spec], golden_spec_error(reference, spec, "cuda"));
     }
     const double usual = usual_of[spec];
-    const double err = spec_error(GetParam(), spec);
+    const double err = golden_spec_error(GetParam(), spec, "cuda");
     EXPECT_GT(err, 1e-6) << "a compressing spec changed nothing";
     EXPECT_LT(err, 3 * usual) << "usual (the Llama family's largest): " << usual;
   }
@@ -139,7 +71,7 @@ using GemmaCudaTest = CudaTest;
 // a chunk, 2 in decode), the global layers every block, and every logits row follows the CPU's (whose
 // store frees its sliding blocks likewise) within the GPU's half-precision bound.
 TEST_F(GemmaCudaTest, SlidingLayersHoldOnlyTheirWindowAndFollowTheCpu) {
-  const std::string dir = model_dir("gemma3_sliding");
+  const std::string dir = golden_model_dir("gemma3_sliding");
   auto cpu_model = take(LlamaModel::load(dir));
   const ModelConfig& c = cpu_model->config();
   ASSERT_EQ(c.sliding_window, 40);
@@ -147,7 +79,7 @@ TEST_F(GemmaCudaTest, SlidingLayersHoldOnlyTheirWindowAndFollowTheCpu) {
   options.max_sequences = 2;
   options.max_step_tokens = 64;
   auto gpu = take(CudaLlamaModel::upload(c, cpu_model->weights(), options));
-  auto cpu = load(dir, "dense", "cpu");
+  auto cpu = load_golden_engine(dir, "dense");
   ASSERT_TRUE(gpu && cpu);
   std::vector<int32_t> tokens(340);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 37 + 11) % size_t(c.vocab_size));
@@ -191,7 +123,7 @@ TEST_F(GemmaCudaTest, SpecsWithoutSlidingWindowsOnTheGpuAreRefused) {
   for (const std::string spec : {"hack:bits=4", "quant:bits=4,rot=none", "dense@offload", "dense@kvpr:split=0.5",
                                  "pq:m=2,b=4,topk=0.5,local=16,init=4"}) {
     EngineConfig config;
-    config.model_dir = model_dir("gemma3_sliding");
+    config.model_dir = golden_model_dir("gemma3_sliding");
     config.kv_spec = spec;
     config.device = "cuda";
     auto engine = Engine::load(config);
@@ -200,7 +132,7 @@ TEST_F(GemmaCudaTest, SpecsWithoutSlidingWindowsOnTheGpuAreRefused) {
     EXPECT_NE(message.find("'" + spec + "'"), std::string::npos) << message;
     EXPECT_NE(message.find("sliding-window layers"), std::string::npos) << message;
   }
-  EXPECT_TRUE(load(model_dir("gemma3_sliding"), "dense", "cuda"));
+  EXPECT_TRUE(load_golden_engine(golden_model_dir("gemma3_sliding"), "dense", "cuda"));
 }
 
 }  // namespace

@@ -53,7 +53,7 @@ struct GpuKvShape {
   int context_tokens = 0;  // per sequence
   // [num_layers]: the tokens a query of a sliding-window layer sees (Gemma 3), 0 for a global layer;
   // empty: every layer attends over the whole context. Only the dense cache runs windows so far.
-  std::vector<int> layer_windows;
+  std::vector<int> layer_windows = {};
   int window_of(int layer) const { return layer_windows.empty() ? 0 : layer_windows[size_t(layer)]; }
   bool has_windows() const;
   int kv_dim() const { return num_kv_heads * head_dim; }

@@ -68,8 +68,13 @@ Status upload_floats(const std::vector<float>& values, float* device) {
   return copy_to_device(device, values.data(), values.size() * sizeof(float));
 }
 
-// What the GPU's kernels cannot hold of the model's shape: heads over 128 dims.
+// What the GPU's kernels cannot hold of the model's shape: heads over 128 dims; and a softmax scale
+// never set (a config made by hand without attention_scale).
 Status check_shape(const ModelConfig& c) {
+  if (!(c.attention_scale > 0)) {
+    return error(c.architecture_name, ": attention_scale ", c.attention_scale, " (expected 1/sqrt(head_dim) or the "
+                 "family's; parse_model_config sets it)");
+  }
   if (attention_head_dim_for(int(c.head_dim)) == 0) {
     return error(c.architecture_name, ": head_dim ", c.head_dim,
                  " does not run on device cuda yet (its attention kernels hold heads of at most 128 dims): use --device cpu");
@@ -225,7 +230,7 @@ Status CudaLlamaModel::allocate_runtime(const CudaModelOptions& options) {
     SLIMKV_ASSIGN_OR_RETURN(recompute_v_, DeviceArray<uint16_t>::allocate(rows * kv_width, "recomputed values"));
   }
   GpuKvShape shape{int(c.num_layers), int(c.num_heads), int(c.num_kv_heads), attention_dim_, int(c.hidden_size),
-                   dtype_, max_sequences_, max_step_tokens_, context_tokens_, {}};
+                   dtype_, max_sequences_, max_step_tokens_, context_tokens_};
   if (!c.sliding_layers.empty()) {
     shape.layer_windows.assign(size_t(c.num_layers), 0);
     for (int l = 0; l < int(c.num_layers); ++l) {
