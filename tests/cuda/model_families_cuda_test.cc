@@ -2,7 +2,7 @@
 // family, against transformers' golden logits (tests/data/models): the lossless pipelines (dense through
 // the host tiers, pq selecting every token, ZACK keeping every dim) equal them within the GPU's
 // half-precision bound, the lossy ones (hack, quant, pq keeping half, ZACK removing 10%) stay within
-// three times what the same spec does on the GPU to the Llama-family golden models, as
+// three times what the same spec does to the Llama-family golden models, as
 // tests/engine/model_families_test.cc holds the CPU. The Qwen3 fixture's head_dim 48 runs stored padded
 // to 64 (layer_kernels.h), so every spec here also holds the padding to the model's logits. Gemma 3's
 // sliding-window layers (dense only on the GPU so far) keep only their window's blocks while the logits
@@ -43,16 +43,16 @@ TEST_P(GpuModelFamily, LosslessKvSpecsEqualTransformers) {
   }
 }
 
-// The lossy specs change the logits, by no more than three times what they do on the GPU to the
-// Llama-family golden models (a lost block, a wrong pad or a wrong norm would not stay within that).
+// The lossy specs change the logits, by no more than three times what they do to the Llama-family
+// golden models (a lost block, a wrong pad or a wrong norm would not stay within that). The usual error
+// is the CPU's: the GPU's quantized kernels hold head dims 64 and 128 only, which two of those lack.
 TEST_P(GpuModelFamily, LossyKvSpecsStayWithinTheirUsualError) {
   for (const std::string spec : {"hack:bits=4", "hack:bits=4,rot=none", "quant:bits=4,rot=none", "hack:bits=2",
-                                 "hack:bits=2@offload", "pq:m=2,b=4,topk=0.5,local=16,init=4",
-                                 "zack:r=0.1,align=4,calib={calib}"}) {
+                                 "pq:m=2,b=4,topk=0.5,local=16,init=4", "zack:r=0.1,align=4,calib={calib}"}) {
     SCOPED_TRACE(spec);
     static std::map<std::string, double> usual_of;  // measured once for every family's test
     if (!usual_of.contains(spec)) {
-      for (const char* reference : kLlamaFamily) usual_of[spec] = std::max(usual_of[spec], golden_spec_error(reference, spec, "cuda"));
+      for (const char* reference : kLlamaFamily) usual_of[spec] = std::max(usual_of[spec], golden_spec_error(reference, spec));
     }
     const double usual = usual_of[spec];
     const double err = golden_spec_error(GetParam(), spec, "cuda");

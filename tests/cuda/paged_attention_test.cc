@@ -155,6 +155,8 @@ TEST_F(CudaTest, PagedAttentionMatchesReference) {
       {{500, 190}, 130, 12, 4, 128, 70},         // GQA 3: 21 positions of a 64-row tile
       {{260}, 260, 16, 16, 64, 1},               // GQA 1: 64 positions per tile, d 64
       {{4100}, 512, 8, 2, 128, 512},             // long chunks, few tiles: split-K on the tensor-core kernel
+      {{300, 70}, 100, 8, 2, 256},               // head_dim 256 (Gemma 3 1B-12B): 32 lanes per token, CUDA cores
+      {{130}, 130, 4, 1, 256},                   // head_dim 256, GQA 4 (Gemma 3 1B's heads)
   };
   for (const PagedCase& c : cases) {
     check(c, 0);
@@ -174,6 +176,7 @@ TEST_F(CudaTest, PagedAttentionWithSlidingWindowMatchesReference) {
       {{{260}, 260, 16, 16, 64, 1}, 7},         // GQA 1, a tiny window
       {{{4100}, 512, 8, 2, 128, 512}, 1024},    // long chunks, split-K, a window of 16 blocks
       {{{90}, 90, 4, 4, 16}, 200},              // a window longer than the sequence: all of it
+      {{{600}, 64, 4, 1, 256, 64}, 512},        // head_dim 256, Gemma 3 1B's heads and window (512)
   };
   for (const auto& [c, window] : cases) {
     check(c, 0, window);
@@ -193,7 +196,8 @@ TEST_F(CudaTest, UnsupportedShapesAreErrors) {
   EXPECT_EQ(attention_head_dim_for(96), 128);
   EXPECT_EQ(attention_head_dim_for(16), 16);
   EXPECT_EQ(attention_head_dim_for(8), 16);
-  EXPECT_EQ(attention_head_dim_for(256), 0);
+  EXPECT_EQ(attention_head_dim_for(200), 256);
+  EXPECT_EQ(attention_head_dim_for(257), 0);
 }
 
 TEST_F(CudaTest, FullPoolIsAnError) {

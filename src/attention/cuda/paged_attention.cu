@@ -295,6 +295,7 @@ auto with_kernel_shape(int head_dim, int rows, F&& f) {
     case 16: return four ? f.template operator()<16, 4>() : f.template operator()<16, 8>();
     case 32: return four ? f.template operator()<32, 4>() : f.template operator()<32, 8>();
     case 64: return four ? f.template operator()<64, 4>() : f.template operator()<64, 8>();
+    case 256: return four ? f.template operator()<256, 4>() : f.template operator()<256, 8>();  // Gemma 3 1B-12B
     default: return four ? f.template operator()<128, 4>() : f.template operator()<128, 8>();  // 128: create() refuses others
   }
 }
@@ -302,7 +303,7 @@ auto with_kernel_shape(int head_dim, int rows, F&& f) {
 }  // namespace
 
 int attention_head_dim_for(int head_dim) {
-  for (int supported : {16, 32, 64, 128}) {
+  for (int supported : {16, 32, 64, 128, 256}) {
     if (head_dim <= supported) return head_dim > 0 ? supported : 0;
   }
   return 0;

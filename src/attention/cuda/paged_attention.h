@@ -50,14 +50,15 @@ inline int attention_tiles_offset(int max_batch) { return (3 * max_batch + 2) / 
 Expected<std::vector<int>> lay_out_attention_batch(const PagedAttentionBatch& batch, int max_batch, int max_queries,
                                                    int tile_positions);
 
-// The head dims the kernels are built for (16, 32, 64, 128): the smallest of them that holds head_dim
-// (a model's heads of another size are stored zero-padded to it), or 0 when none does.
+// The head dims the kernels are built for (16, 32, 64, 128, 256; 256 on the CUDA-core kernel alone, for
+// prefill too, and without quantized KV): the smallest of them that holds head_dim (a model's heads of
+// another size are stored zero-padded to it), or 0 when none does.
 int attention_head_dim_for(int head_dim);
 
 struct PagedAttentionShape {
   int num_heads = 0;     // query heads; num_heads / num_kv_heads (at most 8) share a KV head
   int num_kv_heads = 0;
-  int head_dim = 0;      // 16, 32, 64 or 128
+  int head_dim = 0;      // 16, 32, 64, 128 or 256
   int max_batch = 0;     // sequences per step
   int max_queries = 0;   // queries per step, over all sequences
   // A step in which some sequence has at least this many queries (at least 2: decode keeps the

@@ -68,7 +68,7 @@ Status upload_floats(const std::vector<float>& values, float* device) {
   return copy_to_device(device, values.data(), values.size() * sizeof(float));
 }
 
-// What the GPU's kernels cannot hold of the model's shape: heads over 128 dims; and a softmax scale
+// What the GPU's kernels cannot hold of the model's shape: heads over 256 dims; and a softmax scale
 // never set (a config made by hand without attention_scale).
 Status check_shape(const ModelConfig& c) {
   if (!(c.attention_scale > 0)) {
@@ -77,7 +77,7 @@ Status check_shape(const ModelConfig& c) {
   }
   if (attention_head_dim_for(int(c.head_dim)) == 0) {
     return error(c.architecture_name, ": head_dim ", c.head_dim,
-                 " does not run on device cuda yet (its attention kernels hold heads of at most 128 dims): use --device cpu");
+                 " does not run on device cuda yet (its attention kernels hold heads of at most 256 dims): use --device cpu");
   }
   return Status::ok();
 }
