@@ -159,8 +159,8 @@ class GpuKvCache {
   virtual size_t host_bytes() const { return 0; }
   virtual size_t bytes_per_block() const = 0;  // memory of one budget block (where the budget lives)
   virtual KvprReport kvpr() const { return {}; }
-  // Blocks the sequence holds in the sliding-window layers' pool (0 without one): its window and at
-  // most a step's tokens, however long the sequence.
+  // Blocks the sequence holds in the sliding-window layers' pool (0 without one): between steps those
+  // of its window, however long the sequence.
   virtual int window_blocks(int /*sequence*/) const { return 0; }
   virtual SelectionReport selection() const { return {}; }
 

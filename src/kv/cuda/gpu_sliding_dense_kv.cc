@@ -2,8 +2,9 @@
 // gpu_dense_kv.cc, in two pools. The global layers' pool holds every token and is the budget the
 // scheduler sees (a sequence's memory per token counts the global layers only); the sliding layers'
 // pool gives a sequence's blocks back once every later query's window has passed them (as the CPU
-// store's release_outside_window), so it holds about window + a step's tokens per sequence whatever
-// the context, and is sized for that once. Attention of a sliding layer masks keys older than its
+// store's release_outside_window: after the step's last sliding layer has attended), so between steps
+// it holds a window's blocks per sequence, during one the step's tokens too, whatever the context,
+// and is sized for that once. Attention of a sliding layer masks keys older than its
 // window (paged_attention.h). A sequence's KV does not move between workers yet (no device pages).
 #include <algorithm>
 #include <vector>
@@ -15,7 +16,8 @@ namespace slimkv::cuda {
 namespace {
 
 // The sliding pool's blocks: each sequence's window (the block it starts in, and one a step may open),
-// plus a whole step's new tokens, never more than every sequence's whole context.
+// plus a whole step's new tokens (a block more per sequence for where each one's tokens start), never
+// more than every sequence's whole context.
 int window_pool_blocks(const GpuKvShape& shape, int window) {
   const int per_sequence = (window - 1) / kCudaBlockTokens + 3;
   const int step = (shape.max_step_tokens + kCudaBlockTokens - 1) / kCudaBlockTokens;
@@ -45,9 +47,12 @@ class GpuSlidingDenseKv final : public GpuKvCache {
         global_(std::move(global)),
         sliding_(std::move(sliding)),
         attention_(std::move(attention)) {
-    // Each layer's place in its pool.
+    // Each layer's place in its pool, and the last sliding layer (after it, the step's queries are done).
     int global_layers = 0, sliding_layers = 0;
-    for (int l = 0; l < shape_.num_layers; ++l) pool_layer_.push_back(shape_.window_of(l) > 0 ? sliding_layers++ : global_layers++);
+    for (int l = 0; l < shape_.num_layers; ++l) {
+      pool_layer_.push_back(shape_.window_of(l) > 0 ? sliding_layers++ : global_layers++);
+      if (shape_.window_of(l) > 0) last_sliding_layer_ = l;
+    }
   }
 
   const SequenceBlocks& sequences() const override { return global_->sequences(); }
@@ -89,13 +94,19 @@ class GpuSlidingDenseKv final : public GpuKvCache {
   }
   Status begin_step(const PagedAttentionBatch& batch) override {
     SLIMKV_RETURN_IF_ERROR(grow(batch.sequence_ids, batch.query_counts));
+    step_sequences_ = batch.sequence_ids;
     return attention_->plan(batch);
   }
+  // Blocks given back after the last sliding layer's attention is launched are reused only by later
+  // steps' appends, which the stream runs after it.
   Status attend(int layer, const uint16_t* q, const uint16_t* k, const uint16_t* v, float scale,
                 uint16_t* out) override {
     CudaPagedKvCache& pool = pool_of(layer);
     SLIMKV_RETURN_IF_ERROR(pool.append(pool_layer_[size_t(layer)], k, v));
-    return attention_->run(pool.view(pool_layer_[size_t(layer)]), q, scale, out, shape_.window_of(layer));
+    SLIMKV_RETURN_IF_ERROR(
+        attention_->run(pool.view(pool_layer_[size_t(layer)]), q, scale, out, shape_.window_of(layer)));
+    if (layer == last_sliding_layer_) release_outside_window(step_sequences_);
+    return Status::ok();
   }
 
   Status begin_fill(int sequence, int tokens) override { return grow({sequence}, {tokens}); }
@@ -110,12 +121,17 @@ class GpuSlidingDenseKv final : public GpuKvCache {
   // p >= tokens sees tokens p - window + 1 onwards.
   int outside_window(int tokens) const { return std::max(0, tokens - window_ + 1) / kCudaBlockTokens; }
 
-  // Gives back the sliding blocks the step's queries no longer see, then grows both pools.
-  Status grow(const std::vector<int>& sequences, const std::vector<int>& new_tokens) {
+  // Gives back the sequences' sliding blocks that no query after their last token sees.
+  void release_outside_window(const std::vector<int>& sequences) {
     SequenceBlocks& held = sliding_->sequences();
     for (int s : sequences) {
       if (held.is_live(s)) held.release_leading(s, outside_window(held.num_tokens(s)));
     }
+  }
+
+  // Grows both pools (first giving back what a fill, which attends nowhere, left behind).
+  Status grow(const std::vector<int>& sequences, const std::vector<int>& new_tokens) {
+    release_outside_window(sequences);
     SLIMKV_RETURN_IF_ERROR(global_->begin_step(sequences, new_tokens));
     return sliding_->begin_step(sequences, new_tokens);
   }
@@ -125,6 +141,8 @@ class GpuSlidingDenseKv final : public GpuKvCache {
   std::unique_ptr<CudaPagedKvCache> global_, sliding_;
   std::unique_ptr<CudaPagedAttention> attention_;
   std::vector<int> pool_layer_;  // [num_layers]: the layer's index in its pool
+  int last_sliding_layer_ = -1;
+  std::vector<int> step_sequences_;  // the planned step's
 };
 
 }  // namespace
