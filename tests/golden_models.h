@@ -32,13 +32,12 @@ inline std::vector<std::string> golden_models() {
   return dirs;
 }
 
-// Those of golden_models() whose config uses the plain Llama layer only (Llama, Mistral, Qwen2): what
-// device cuda runs so far (ModelConfig::features_beyond_llama).
-inline std::vector<std::string> llama_layer_golden_models() {
+// Those of golden_models() that device cuda runs so far: every family but Qwen3-MoE (experts).
+inline std::vector<std::string> cuda_golden_models() {
   std::vector<std::string> dirs;
   for (const std::string& dir : golden_models()) {
     const auto config = load_model_config(dir);
-    if (config && config->features_beyond_llama().empty()) dirs.push_back(dir);
+    if (config && config->moe.num_experts == 0) dirs.push_back(dir);
   }
   return dirs;
 }

@@ -2,6 +2,7 @@
 // models' sizes without downloading them.
 #pragma once
 
+#include <cmath>
 #include <exception>
 #include <string>
 
@@ -25,6 +26,7 @@ inline ModelConfig llama3_8b_config() {
   c.max_position_embeddings = 131072;
   c.rms_norm_eps = 1e-5;
   c.rope = {RopeType::kLlama3, 500000.0, 8.0, 1.0, 4.0, 8192, {}};
+  c.attention_scale = 1.0 / std::sqrt(128.0);
   return c;
 }
 
@@ -44,6 +46,7 @@ inline ModelConfig llama2_7b_config() {
   c.max_position_embeddings = 131072;
   c.rms_norm_eps = 1e-5;
   c.rope = {RopeType::kDefault, 10000.0, 1.0, 1.0, 4.0, 0, {}};
+  c.attention_scale = 1.0 / std::sqrt(128.0);
   return c;
 }
 

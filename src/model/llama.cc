@@ -7,7 +7,6 @@
 #include "kv/store_attention.h"
 #include "model/gguf_model.h"
 #include "model/model_identity.h"
-#include "util/half.h"
 
 namespace slimkv {
 
@@ -102,17 +101,6 @@ void gated_activation(Activation activation, float* gate, const float* up, size_
     const float x = gate[i];
     gate[i] = 0.5f * x * (1.0f + std::tanh(sqrt_2_over_pi * (x + 0.044715f * x * x * x))) * up[i];
   }
-}
-
-// x = embed(token) (× √hidden where the family scales, rounded to the checkpoint's dtype where the
-// model says so: transformers multiplies by the scale in the weights' dtype, llama.cpp in F32).
-float embedding_scale(const ModelConfig& c) {
-  const float scale = std::sqrt(float(c.hidden_size));
-  if (!c.scale_embeddings) return 1.0f;
-  if (!c.embedding_scale_in_dtype) return scale;
-  if (c.dtype == DType::kBF16) return bf16_to_float(float_to_bf16(scale));
-  if (c.dtype == DType::kF16) return fp16_to_float(float_to_fp16(scale));
-  return scale;
 }
 
 // The MLP of one layer over n rows of h, into out: dense, or routed to experts (Qwen3-MoE: softmax over
@@ -243,7 +231,7 @@ void LlamaModel::forward(std::span<const ForwardSequence> batch, float* logits, 
   for (auto* angles : {&s.cos, &s.sin, &s.sliding_cos, &s.sliding_sin}) {
     if (sliding || angles == &s.cos || angles == &s.sin) angles->resize(size_t(n) * half);
   }
-  const float embed_scale = embedding_scale(c);
+  const float embed_scale = c.embedding_scale();  // x = embed(token) (× √hidden where the family scales)
   std::vector<int> first_position(batch.size());
   thread_local std::vector<float> cos, sin;
   const auto angles = [&](const Rope& rope, size_t i, std::vector<float>& all_cos, std::vector<float>& all_sin) {

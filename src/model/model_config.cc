@@ -7,6 +7,7 @@
 #include <string_view>
 #include <utility>
 
+#include "util/half.h"
 #include "util/mapped_file.h"
 #include "util/json_error.h"
 
@@ -559,6 +560,15 @@ Expected<ModelConfig> parse_model_config(const std::string& json_text, const std
   SLIMKV_ASSIGN_OR_RETURN(config.dtype, parse_dtype(fields));
   SLIMKV_RETURN_IF_ERROR(parse_token_ids(fields, &config));
   return config;
+}
+
+float ModelConfig::embedding_scale() const {
+  const float scale = std::sqrt(float(hidden_size));
+  if (!scale_embeddings) return 1.0f;
+  if (!embedding_scale_in_dtype) return scale;
+  if (dtype == DType::kBF16) return bf16_to_float(float_to_bf16(scale));
+  if (dtype == DType::kF16) return fp16_to_float(float_to_fp16(scale));
+  return scale;
 }
 
 std::string ModelConfig::features_beyond_llama() const {

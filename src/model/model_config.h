@@ -89,6 +89,9 @@ struct ModelConfig {
   std::string features_beyond_llama() const;
   bool is_sliding(int64_t layer) const { return !sliding_layers.empty() && sliding_layers[size_t(layer)]; }
   bool is_sparse(int64_t layer) const { return moe.num_experts > 0 && moe.sparse_layers[size_t(layer)]; }
+  // What embeddings are multiplied by: √hidden_size where the family scales (rounded to `dtype` when
+  // embedding_scale_in_dtype: transformers multiplies in the weights' dtype, llama.cpp in F32), else 1.
+  float embedding_scale() const;
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
   int64_t gqa_group_size() const { return num_heads / num_kv_heads; }

@@ -3,6 +3,7 @@
 // Inputs are rounded to the dtype the GPU reads, so only the GPU's arithmetic is compared.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -82,11 +83,17 @@ TEST_F(CudaLayerTest, EmbedAndRmsnormMatchLoops) {
   auto x_device = on_device(std::vector<float>(size_t(n) * hidden, NAN));
   auto tokens_device = on_device(tokens);
   auto table_device = on_device(table);
-  ASSERT_TRUE(embed(tokens_device.data(), n, table_device.data(), dtype, hidden, x_device.data()).is_ok());
+  // Gemma's scale first (an FP32 product per value), then 1 (exact), which the rest reads.
+  const float scale = std::sqrt(384.0f);
+  ASSERT_TRUE(embed(tokens_device.data(), n, table_device.data(), dtype, hidden, scale, x_device.data()).is_ok());
+  const std::vector<float> scaled = on_host(x_device);
+  ASSERT_TRUE(embed(tokens_device.data(), n, table_device.data(), dtype, hidden, 1.0f, x_device.data()).is_ok());
   const std::vector<float> x = on_host(x_device);
   for (int t = 0; t < n; ++t) {
     for (int c = 0; c < hidden; ++c) {
-      ASSERT_EQ(x[size_t(t) * hidden + c], bf16_to_float(table[size_t(tokens[size_t(t)]) * hidden + c]));
+      const float value = bf16_to_float(table[size_t(tokens[size_t(t)]) * hidden + c]);
+      ASSERT_EQ(x[size_t(t) * hidden + c], value);
+      ASSERT_EQ(scaled[size_t(t) * hidden + c], value * scale);
     }
   }
 
@@ -126,26 +133,69 @@ TEST_F(CudaLayerTest, EmbedAndRmsnormMatchLoops) {
   }
 }
 
-TEST_F(CudaLayerTest, SwigluOfFusedGateUpMatchesLoop) {
+// Gemma 3's sandwich norms: x += rmsnorm(y) · w, in FP32.
+TEST_F(CudaLayerTest, AddRmsnormMatchesLoop) {
+  std::mt19937 rng(23);
+  const int n = 4, dim = 200;
+  const auto y = normal_floats(size_t(n) * dim, rng), x = normal_floats(size_t(n) * dim, rng);
+  const auto weight = normal_floats(size_t(dim), rng);
+  auto y_device = on_device(y), x_device = on_device(x), weight_device = on_device(weight);
+  SLIMKV_ASSERT_OK(add_rmsnorm(y_device.data(), weight_device.data(), 1e-6f, n, dim, x_device.data()));
+  const auto got = on_host(x_device);
+  std::vector<double> want(got.size());
+  for (int t = 0; t < n; ++t) {
+    double square_sum = 0;
+    for (int c = 0; c < dim; ++c) square_sum += double(y[size_t(t) * dim + c]) * y[size_t(t) * dim + c];
+    const double inv_rms = 1.0 / std::sqrt(square_sum / dim + 1e-6);
+    for (int c = 0; c < dim; ++c) {
+      const size_t i = size_t(t) * dim + c;
+      want[i] = x[i] + double(weight[size_t(c)]) * y[i] * inv_rms;
+    }
+  }
+  EXPECT_LT(relative_error(got, want), 1e-6);
+}
+
+// SwiGLU and GeGLU (GELU's tanh approximation, PyTorch's gelu(approximate="tanh")) of the fused gate/up.
+TEST_F(CudaLayerTest, GatedActivationsOfFusedGateUpMatchLoop) {
   std::mt19937 rng(5);
   const int n = 3, intermediate = 333;
-  const auto gate_up = normal_floats(size_t(n) * 2 * intermediate, rng);
+  auto gate_up = normal_floats(size_t(n) * 2 * intermediate, rng);
+  for (float& g : gate_up) g *= 3.0f;  // GELU's tails: large negative and positive gates
   auto gate_up_device = on_device(gate_up);
-  for (DType dtype : {DType::kF16, DType::kBF16}) {
-    auto out_device = on_device(std::vector<uint16_t>(size_t(n) * intermediate, 0xffff));
-    ASSERT_TRUE(swiglu(gate_up_device.data(), n, intermediate, out_device.data(), dtype).is_ok());
-    const auto out = on_host(out_device);
-    std::vector<float> got(out.size());
-    std::vector<double> want(out.size());
-    for (int t = 0; t < n; ++t) {
-      for (int i = 0; i < intermediate; ++i) {
-        const double g = gate_up[size_t(t) * 2 * intermediate + i], u = gate_up[size_t(t) * 2 * intermediate + intermediate + i];
-        want[size_t(t) * intermediate + i] = g / (1.0 + std::exp(-g)) * u;
-        got[size_t(t) * intermediate + i] = from_half(out[size_t(t) * intermediate + i], dtype);
+  for (GateActivation activation : {GateActivation::kSilu, GateActivation::kGeluTanh}) {
+    for (DType dtype : {DType::kF16, DType::kBF16}) {
+      SCOPED_TRACE(str_cat(activation == GateActivation::kSilu ? "silu " : "gelu_tanh ", dtype_name(dtype)));
+      auto out_device = on_device(std::vector<uint16_t>(size_t(n) * intermediate, 0xffff));
+      SLIMKV_ASSERT_OK(gated_activation(gate_up_device.data(), n, intermediate, activation, out_device.data(), dtype));
+      const auto out = on_host(out_device);
+      std::vector<float> got(out.size());
+      std::vector<double> want(out.size());
+      for (int t = 0; t < n; ++t) {
+        for (int i = 0; i < intermediate; ++i) {
+          const double g = gate_up[size_t(t) * 2 * intermediate + i], u = gate_up[size_t(t) * 2 * intermediate + intermediate + i];
+          const double act = activation == GateActivation::kSilu
+                                 ? g / (1.0 + std::exp(-g))
+                                 : 0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g)));
+          want[size_t(t) * intermediate + i] = act * u;
+          got[size_t(t) * intermediate + i] = from_half(out[size_t(t) * intermediate + i], dtype);
+        }
       }
+      EXPECT_LT(relative_error(got, want), dtype == DType::kBF16 ? 5e-3 : 1e-3);
     }
-    EXPECT_LT(relative_error(got, want), dtype == DType::kBF16 ? 5e-3 : 1e-3) << dtype_name(dtype);
   }
+}
+
+TEST_F(CudaLayerTest, SoftCapMatchesLoop) {
+  std::mt19937 rng(29);
+  auto logits = normal_floats(1000, rng);
+  for (float& x : logits) x *= 40.0f;
+  auto device = on_device(logits);
+  SLIMKV_ASSERT_OK(soft_cap(device.data(), logits.size(), 30.0f));
+  const auto got = on_host(device);
+  std::vector<double> want(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) want[i] = 30.0 * std::tanh(double(logits[i]) / 30.0);
+  EXPECT_LT(relative_error(got, want), 1e-6);
+  EXPECT_FALSE(soft_cap(device.data(), 1, 0.0f).is_ok());
 }
 
 // Bias, RoPE, rot=hadamard and the FP16 split against the CPU's Rope (default and llama3 inverse
@@ -175,7 +225,7 @@ TEST_F(CudaLayerTest, AttentionInputsMatchCpuRopeAndRotation) {
     auto q_device = on_device(std::vector<uint16_t>(size_t(n) * 4 * 64, 0xffff));
     auto k_device = on_device(std::vector<uint16_t>(size_t(n) * 2 * 64, 0xffff));
     auto v_device = on_device(std::vector<uint16_t>(size_t(n) * 2 * 64, 0xffff));
-    ASSERT_TRUE(attention_inputs(qkv_device.data(), n, heads, bias_device.data(), positions_device.data(),
+    ASSERT_TRUE(attention_inputs(qkv_device.data(), n, heads, bias_device.data(), {}, positions_device.data(),
                                  inv_freq_device.data(), rotate, q_device.data(), k_device.data(), v_device.data())
                     .is_ok());
     const auto q = on_host(q_device), k = on_host(k_device), v = on_host(v_device);
@@ -199,6 +249,76 @@ TEST_F(CudaLayerTest, AttentionInputsMatchCpuRopeAndRotation) {
       }
     }
   }
+}
+
+// Qwen3's and Gemma 3's q/k norms (per head, over head_dim, before RoPE) and a head_dim the attention
+// kernels lack (48) stored zero-padded to 64, with and without rot=hadamard over the stored dims:
+// against a loop in double for the norm and the CPU's Rope and hadamard_rotate.
+TEST_F(CudaLayerTest, AttentionInputsNormQkAndPadHeads) {
+  for (const bool rotate : {false, true}) {
+    for (const bool norm : {true, false}) {
+      SCOPED_TRACE(str_cat(norm ? "q/k norms" : "no norms", rotate ? ", rot=hadamard" : ""));
+      ModelConfig config;
+      config.head_dim = 48;
+      config.rope.theta = 1000000.0;
+      const Rope rope(config.rope, 48);
+      const AttentionHeads heads{4, 2, 48, 64};
+      const int n = 3, d = 48, stored = 64, row_heads = 4 + 2 * 2, width = row_heads * d;
+      const std::vector<int32_t> positions = {0, 5, 4000};
+      std::mt19937 rng(31);
+      const auto qkv = normal_floats(size_t(n) * width, rng), bias = normal_floats(size_t(width), rng);
+      auto q_weight = normal_floats(size_t(d), rng), k_weight = normal_floats(size_t(d), rng);
+      auto qkv_device = on_device(qkv), bias_device = on_device(bias);
+      auto positions_device = on_device(positions);
+      auto inv_freq_device = on_device(rope.inverse_frequencies());
+      auto q_weight_device = on_device(q_weight), k_weight_device = on_device(k_weight);
+      auto q_device = on_device(std::vector<uint16_t>(size_t(n) * 4 * stored, 0xffff));
+      auto k_device = on_device(std::vector<uint16_t>(size_t(n) * 2 * stored, 0xffff));
+      auto v_device = on_device(std::vector<uint16_t>(size_t(n) * 2 * stored, 0xffff));
+      const QkNorm qk_norm = norm ? QkNorm{q_weight_device.data(), k_weight_device.data(), 1e-6f} : QkNorm{};
+      SLIMKV_ASSERT_OK(attention_inputs(qkv_device.data(), n, heads, bias_device.data(), qk_norm, positions_device.data(),
+                                        inv_freq_device.data(), rotate, q_device.data(), k_device.data(), v_device.data()));
+      const auto q = on_host(q_device), k = on_host(k_device), v = on_host(v_device);
+      for (int t = 0; t < n; ++t) {
+        std::vector<float> row(qkv.begin() + ptrdiff_t(t) * width, qkv.begin() + ptrdiff_t(t + 1) * width);
+        for (int i = 0; i < width; ++i) row[size_t(i)] += bias[size_t(i)];
+        if (norm) {
+          for (int h = 0; h < 6; ++h) {  // the 4 query heads, then the 2 key heads
+            float* x = row.data() + h * d;
+            double square_sum = 0;
+            for (int i = 0; i < d; ++i) square_sum += double(x[i]) * x[i];
+            const double inv_rms = 1.0 / std::sqrt(square_sum / d + 1e-6);
+            const std::vector<float>& w = h < 4 ? q_weight : k_weight;
+            for (int i = 0; i < d; ++i) x[i] = float(double(w[size_t(i)]) * x[i] * inv_rms);
+          }
+        }
+        std::vector<float> cos, sin;
+        rope.angles(positions[size_t(t)], 1, cos, sin);
+        rope.rotate(row.data(), 1, 6, cos, sin);
+        std::vector<float> padded(size_t(row_heads) * stored, 0.0f);  // each head's 48 values, then zeros
+        for (int h = 0; h < row_heads; ++h) {
+          std::copy_n(row.begin() + h * d, d, padded.begin() + h * stored);
+          if (rotate) hadamard_rotate(padded.data() + h * stored, stored);
+        }
+        const auto expect_half = [](uint16_t got, float want, const char* what, int i) {
+          ASSERT_NEAR(fp16_to_float(got), want, std::fabs(want) * 2e-3 + 2e-5) << what << " " << i;
+        };
+        for (int i = 0; i < 4 * stored; ++i) expect_half(q[size_t(t) * 4 * stored + i], padded[size_t(i)], "q", i);
+        for (int i = 0; i < 2 * stored; ++i) {
+          expect_half(k[size_t(t) * 2 * stored + i], padded[size_t(4 * stored + i)], "k", i);
+          expect_half(v[size_t(t) * 2 * stored + i], padded[size_t(6 * stored + i)], "v", i);
+        }
+        if (!rotate) {  // the padding is exact zeros
+          for (int h = 0; h < 4; ++h) {
+            for (int i = d; i < stored; ++i) ASSERT_EQ(q[(size_t(t) * 4 + h) * stored + i], 0) << "q pad " << i;
+          }
+        }
+      }
+    }
+  }
+  // A stored width under head_dim, or one not a power of two to rotate, is refused.
+  EXPECT_FALSE(attention_inputs(nullptr, 1, {1, 1, 48, 32}, nullptr, {}, nullptr, nullptr, false, nullptr, nullptr, nullptr).is_ok());
+  EXPECT_FALSE(attention_inputs(nullptr, 1, {1, 1, 48, 96}, nullptr, {}, nullptr, nullptr, true, nullptr, nullptr, nullptr).is_ok());
 }
 
 TEST_F(CudaLayerTest, RotateHeadsMatchesTheCpuRotation) {

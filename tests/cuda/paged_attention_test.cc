@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention/cuda/paged_attention.h"
@@ -25,9 +26,9 @@ namespace {
 using PagedCase = AttentionStepCase;
 
 // tensor_core_min_queries: 0 keeps every step on the CUDA-core kernel, 2 takes every multi-query step
-// to the tensor-core one (where head_dim allows).
-void check(const PagedCase& c, int tensor_core_min_queries) {
-  SCOPED_TRACE(str_cat("tensor_core_min_queries ", tensor_core_min_queries));
+// to the tensor-core one (where head_dim allows). window_tokens > 0: a sliding-window layer's attention.
+void check(const PagedCase& c, int tensor_core_min_queries, int window_tokens = 0) {
+  SCOPED_TRACE(str_cat("tensor_core_min_queries ", tensor_core_min_queries, ", window ", window_tokens));
   SCOPED_TRACE(c.name("paged_attention"));
   const unsigned seed = 20261123u + unsigned(c.lengths.size() * 131 + c.lengths[0] * 7 + c.head_dim + c.num_heads);
   SCOPED_TRACE(str_cat("seed ", seed));
@@ -91,7 +92,7 @@ void check(const PagedCase& c, int tensor_core_min_queries) {
     const int most_queries = *std::max_element(step.query_counts.begin(), step.query_counts.end());
     EXPECT_EQ(attention->tensor_cores(), tensor_core_min_queries > 0 && most_queries > 1 && (d == 64 || d == 128));
     ASSERT_TRUE(device_fill_bytes(out_step.data(), 0xff, out_step.bytes()).is_ok());  // NaN: unwritten shows
-    const Status ran = attention->run(cache->view(1), q_step.data(), scale, out_step.data());
+    const Status ran = attention->run(cache->view(1), q_step.data(), scale, out_step.data(), window_tokens);
     ASSERT_TRUE(ran.is_ok()) << ran.message();
     ASSERT_TRUE(device_synchronize("paged attention").is_ok());
     std::vector<uint16_t> out(q_new.size());
@@ -114,7 +115,8 @@ void check(const PagedCase& c, int tensor_core_min_queries) {
         positions.push_back(kv_len - n + j);
       }
       attention_reference(q_rows.data(), int(rows.size()), positions.data(), k_all[size_t(b)].data(),
-                          v_all[size_t(b)].data(), kv_len, c.num_heads, c.num_kv_heads, d, d, scale, reference.data());
+                          v_all[size_t(b)].data(), kv_len, c.num_heads, c.num_kv_heads, d, d, scale, reference.data(),
+                          window_tokens);
       for (size_t r = 0; r < rows.size(); ++r) {
         for (int x = 0; x < q_width; ++x) {
           const float got = fp16_to_float(out[size_t(query_row + rows[r]) * q_width + size_t(x)]);
@@ -154,10 +156,32 @@ TEST_F(CudaTest, PagedAttentionMatchesReference) {
       {{260}, 260, 16, 16, 64, 1},               // GQA 1: 64 positions per tile, d 64
       {{4100}, 512, 8, 2, 128, 512},             // long chunks, few tiles: split-K on the tensor-core kernel
       {{2049, 3000}, 2048, 32, 8, 128, 512},     // a long decode row beside a chunk: each on its kernel
+      {{300, 70}, 100, 8, 2, 256},               // head_dim 256 (Gemma 3 1B-12B): 32 lanes per token, CUDA cores
+      {{130}, 130, 4, 1, 256},                   // head_dim 256, GQA 4 (Gemma 3 1B's heads)
   };
   for (const PagedCase& c : cases) {
     check(c, 0);
     check(c, 2);
+  }
+}
+
+// Sliding-window layers (Gemma 3): each query sees only its last window_tokens tokens. Windows shorter
+// and longer than a block, ending mid-block and on a boundary; prefill chunks whose queries' windows
+// start in different blocks (a tile's rows mask each its own); decode past several windows; both kernels.
+TEST_F(CudaTest, PagedAttentionWithSlidingWindowMatchesReference) {
+  const std::vector<std::pair<PagedCase, int>> cases = {
+      {{{300}, 300, 8, 2, 128}, 40},            // one prefill, a window under a block
+      {{{300}, 200, 8, 2, 64}, 64},             // a window of exactly one block, then decode
+      {{{500, 90}, 130, 12, 4, 128, 70}, 100},  // GQA 3, chunks of 70 at unequal lengths
+      {{{700, 33}, 64, 4, 2, 32}, 130},         // head_dim 32 (the Gemma 3 fixture's), decode past the window
+      {{{260}, 260, 16, 16, 64, 1}, 7},         // GQA 1, a tiny window
+      {{{4100}, 512, 8, 2, 128, 512}, 1024},    // long chunks, split-K, a window of 16 blocks
+      {{{90}, 90, 4, 4, 16}, 200},              // a window longer than the sequence: all of it
+      {{{600}, 64, 4, 1, 256, 64}, 512},        // head_dim 256, Gemma 3 1B's heads and window (512)
+  };
+  for (const auto& [c, window] : cases) {
+    check(c, 0, window);
+    check(c, 2, window);
   }
 }
 
@@ -168,6 +192,13 @@ TEST_F(CudaTest, UnsupportedShapesAreErrors) {
   auto odd_dim = CudaPagedAttention::create({8, 8, 96, 1, 1});
   ASSERT_FALSE(odd_dim.has_value());
   EXPECT_NE(odd_dim.status().message().find("head_dim 96"), std::string::npos);
+  // A model's other head dims are stored padded to the next size the kernels have.
+  EXPECT_EQ(attention_head_dim_for(48), 64);
+  EXPECT_EQ(attention_head_dim_for(96), 128);
+  EXPECT_EQ(attention_head_dim_for(16), 16);
+  EXPECT_EQ(attention_head_dim_for(8), 16);
+  EXPECT_EQ(attention_head_dim_for(200), 256);
+  EXPECT_EQ(attention_head_dim_for(257), 0);
 }
 
 TEST_F(CudaTest, FullPoolIsAnError) {

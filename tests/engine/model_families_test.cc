@@ -6,16 +6,11 @@
 // decode, chunked prefill and greedy continuation to transformers'.
 #include <gtest/gtest.h>
 
-#include <cmath>
-#include <filesystem>
 #include <map>
-#include <unistd.h>
 
-#include "golden_models.h"
+#include "golden_spec_error.h"
 #include "kv/store.h"
 #include "kv/transfer.h"
-#include "slimkv/npy.h"
-#include "slimkv/zack_calibration_run.h"
 
 namespace slimkv {
 namespace {
@@ -23,69 +18,6 @@ namespace {
 const char* const kFamilies[] = {"qwen3_bf16_tied", "qwen3_moe", "gemma3_sliding"};
 // The Llama-family golden models: what a lossy spec's error is on the families slimkv ran before.
 const char* const kLlamaFamily[] = {"llama_gqa_bf16", "mistral_f16", "qwen2_bias_tied"};
-
-std::string model_dir(const std::string& name) { return kGoldenModels + "/" + name; }
-
-std::unique_ptr<Engine> load(const std::string& dir, const std::string& kv) {
-  EngineConfig config;
-  config.model_dir = dir;
-  config.kv_spec = kv;
-  config.threads = 2;
-  auto engine = Engine::load(config);
-  EXPECT_TRUE(engine) << kv << ": " << engine.status().message();
-  return engine ? engine.take() : nullptr;
-}
-
-// The golden tokens' logits: the first `prefill` in one call, the rest one decode step each (where PQ
-// selects and sealed blocks are read by each codec's decode path).
-std::vector<float> logits(Engine& engine, const std::vector<int32_t>& tokens, size_t prefill) {
-  auto session = engine.new_session();
-  auto all = session->prefill(std::span(tokens).first(prefill), /*all_logits=*/true);
-  EXPECT_TRUE(all) << all.status().message();
-  if (!all) return {};
-  for (size_t t = prefill; t < tokens.size(); ++t) {
-    auto row = session->decode(tokens[t]);
-    EXPECT_TRUE(row) << row.status().message();
-    if (!row) return {};
-    all->insert(all->end(), row->begin(), row->end());
-  }
-  return *all;
-}
-
-// A ZACK calibration of the model from its own forward pass over `n` seeded random tokens.
-std::string calibrate(Engine& dense, const std::string& name, int n) {
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) ids[size_t(i)] = int32_t((i * 7919 + 13) % dense.vocab_size());
-  auto calibration = run_zack_calibration(dense, ids, {.window_tokens = 128, .source = "random ids"});
-  EXPECT_TRUE(calibration) << calibration.status().message();
-  const std::string path =
-      (std::filesystem::temp_directory_path() / (name + ".zack." + std::to_string(::getpid()))).string();
-  EXPECT_TRUE(calibration && calibration->write(path).is_ok());
-  return path;
-}
-
-// max |logits − golden| / max |golden| of `spec` over model `name`'s golden tokens (prefill 100, then
-// 50 decode steps); `spec` may name a calibration as {calib}, made here from the model itself.
-double spec_error(const std::string& name, std::string spec) {
-  const std::string dir = model_dir(name);
-  auto golden = read_npy_f32(dir + "/golden_logits.npy");
-  EXPECT_TRUE(golden) << golden.status().message();
-  std::string calibration;
-  if (const size_t at = spec.find("{calib}"); at != std::string::npos) {
-    auto dense = load(dir, "dense");
-    if (!dense || !golden) return INFINITY;
-    calibration = calibrate(*dense, name, 256);
-    spec.replace(at, 7, calibration);
-  }
-  auto engine = load(dir, spec);
-  if (!engine || !golden) return INFINITY;
-  const std::vector<float> found = logits(*engine, golden_tokens(dir), 100);
-  if (!calibration.empty()) std::filesystem::remove(calibration);
-  EXPECT_EQ(found.size(), golden->values.size());
-  const double err = found.size() == golden->values.size() ? relative_max_error(found, golden->values) : INFINITY;
-  std::printf("%s %s: max error / max|logit| %.2e\n", name.c_str(), spec.c_str(), err);
-  return err;
-}
 
 class ModelFamily : public ::testing::TestWithParam<const char*> {};
 
@@ -102,7 +34,7 @@ TEST_P(ModelFamily, LosslessKvSpecsEqualTransformers) {
   };
   for (const auto& [spec, bound] : cases) {
     SCOPED_TRACE(spec);
-    EXPECT_LT(spec_error(GetParam(), spec), bound);
+    EXPECT_LT(golden_spec_error(GetParam(), spec), bound);
   }
 }
 
@@ -118,10 +50,10 @@ TEST_P(ModelFamily, LossyKvSpecsStayWithinTheirUsualError) {
     SCOPED_TRACE(spec);
     static std::map<std::string, double> usual_of;  // measured once for the three families' tests
     if (!usual_of.contains(spec)) {
-      for (const char* reference : kLlamaFamily) usual_of[spec] = std::max(usual_of[spec], spec_error(reference, spec));
+      for (const char* reference : kLlamaFamily) usual_of[spec] = std::max(usual_of[spec], golden_spec_error(reference, spec));
     }
     const double usual = usual_of[spec];
-    const double err = spec_error(GetParam(), spec);
+    const double err = golden_spec_error(GetParam(), spec);
     EXPECT_GT(err, 1e-6) << "a compressing spec changed nothing";
     EXPECT_LT(err, 3 * usual) << "usual (the Llama family's largest): " << usual;
   }
@@ -135,11 +67,11 @@ INSTANTIATE_TEST_SUITE_P(Families, ModelFamily, ::testing::ValuesIn(kFamilies),
 // can still see; full-attention layers keep everything. Prefill in one call and decode alike, dense and
 // quantized blocks alike.
 TEST(SlidingWindow, LayersHoldOnlyTheirWindow) {
-  const std::string dir = model_dir("gemma3_sliding");
+  const std::string dir = golden_model_dir("gemma3_sliding");
   const std::vector<int32_t> tokens = golden_tokens(dir);
   for (const std::string spec : {"dense:block=16", "hack:bits=4,pi=32", "dense"}) {
     SCOPED_TRACE(spec);
-    auto engine = load(dir, spec);
+    auto engine = load_golden_engine(dir, spec);
     ASSERT_TRUE(engine);
     const ModelConfig& config = engine->model_config();
     const int window = int(config.sliding_window);
@@ -178,14 +110,14 @@ TEST(SlidingWindow, LayersHoldOnlyTheirWindow) {
 // the KV transfer format.
 TEST(SlidingWindow, WhatNeedsEveryBlockIsRefused) {
   EngineConfig config;
-  config.model_dir = model_dir("gemma3_sliding");
+  config.model_dir = golden_model_dir("gemma3_sliding");
   config.threads = 2;
   config.kv_spec = "hack:bits=4@offload:cache=64";
   auto offload = Engine::load(config);
   ASSERT_FALSE(offload);
   EXPECT_NE(offload.status().message().find("sliding-window"), std::string::npos) << offload.status().message();
 
-  auto engine = load(config.model_dir, "dense");
+  auto engine = load_golden_engine(config.model_dir, "dense");
   ASSERT_TRUE(engine);
   auto session = engine->new_session();
   ASSERT_TRUE(session->prefill(golden_tokens(config.model_dir)));

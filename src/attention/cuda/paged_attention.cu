@@ -31,10 +31,10 @@ __device__ inline void halves_to_floats(const uint4& raw, float (&out)[8]) {
 // lane holds 8 dims of one token of each of kSteps loads (kHeadDim / 8 lanes per token).
 
 // Scores (base 2) of the chunk's tokens against each row's query, reduced over the lanes that hold one
-// token; masked by causality (a token after the row's position scores −∞).
+// token; masked by causality and the sliding window (a token the row does not see scores −∞).
 template <int kHeadDim, int kRows, int kSteps>
 __device__ __forceinline__ void compute_qk(const float (&q)[kRows][8], const uint4 (&k_raw)[kSteps], int chunk_first,
-                                           int token_in_step, const int (&position)[kRows],
+                                           int token_in_step, const int (&position)[kRows], int window_tokens,
                                            float (&score)[kSteps][kRows]) {
   constexpr int kLanesPerToken = kHeadDim / 8;
   constexpr int kTokensPerStep = 32 / kLanesPerToken;
@@ -50,7 +50,7 @@ __device__ __forceinline__ void compute_qk(const float (&q)[kRows][8], const uin
       for (int c = 0; c < 8; ++c) dot = fmaf(q[r][c], k[c], dot);
 #pragma unroll
       for (int offset = kLanesPerToken / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-      score[s][r] = token <= position[r] ? dot : -INFINITY;
+      score[s][r] = masked_token(token, position[r], window_tokens) ? -INFINITY : dot;
     }
   }
 }
@@ -121,7 +121,7 @@ __global__ __launch_bounds__(kThreads) void paged_attention_partials(AttentionLa
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const TileQueries tq(p, tile);
   const int num_blocks = (tq.kv_end + kCudaBlockTokens - 1) / kCudaBlockTokens;
-  const int block_begin = split * p.blocks_per_split;
+  const int block_begin = tq.kv_begin / kCudaBlockTokens + split * p.blocks_per_split;
   const int block_end = min(block_begin + p.blocks_per_split, num_blocks);
   const int dim0 = (lane % kLanesPerToken) * 8;
   const int token_in_step = lane / kLanesPerToken;
@@ -167,8 +167,8 @@ __global__ __launch_bounds__(kThreads) void paged_attention_partials(AttentionLa
     const int last_tokens = min(kCudaBlockTokens, tq.kv_end - last_block * kCudaBlockTokens);
     num_chunks = (warp_blocks - 1) * kChunksPerBlock + (last_tokens + kChunkTokens - 1) / kChunkTokens;
   }
-  // Loads chunk i of the warp into registers (zeros past kv_end: another sequence's data or nothing
-  // sits there) and returns its first token.
+  // Loads chunk i of the warp into registers (zeros outside [kv_begin, kv_end): another sequence's data,
+  // a block a sliding window gave back, or nothing sits there) and returns its first token.
   auto load_chunk = [&](int i, uint4 (&k_raw)[kSteps], uint4 (&v_raw)[kSteps]) {
     const int block = block_begin + warp + kWarps * (i / kChunksPerBlock);
     const int chunk = (i % kChunksPerBlock) * kChunkTokens;
@@ -177,7 +177,8 @@ __global__ __launch_bounds__(kThreads) void paged_attention_partials(AttentionLa
     for (int s = 0; s < kSteps; ++s) {
       const int token = chunk + s * kTokensPerStep + token_in_step;
       k_raw[s] = v_raw[s] = make_uint4(0, 0, 0, 0);
-      if (block * kCudaBlockTokens + token < tq.kv_end) {
+      const int at = block * kCudaBlockTokens + token;
+      if (at < tq.kv_end && at >= tq.kv_begin) {
         k_raw[s] = __ldg(reinterpret_cast<const uint4*>(p.k_pool + block_offset + token * kHeadDim + dim0));
         v_raw[s] = __ldg(reinterpret_cast<const uint4*>(p.v_pool + block_offset + token * kHeadDim + dim0));
       }
@@ -190,7 +191,7 @@ __global__ __launch_bounds__(kThreads) void paged_attention_partials(AttentionLa
   for (int i = 0; i < num_chunks; ++i) {
     const int next_first = i + 1 < num_chunks ? load_chunk(i + 1, k_next, v_next) : 0;
     float score[kSteps][kRows], reference[kRows];
-    compute_qk<kHeadDim, kRows, kSteps>(q, k_raw, chunk_first, token_in_step, position, score);
+    compute_qk<kHeadDim, kRows, kSteps>(q, k_raw, chunk_first, token_in_step, position, p.window_tokens, score);
     update_mdo_states<kHeadDim, kRows, kSteps>(score, running_max, sum, acc, reference);
     compute_sfm_v<kRows, kSteps>(score, reference, v_raw, sum, acc);
 #pragma unroll
@@ -295,11 +296,19 @@ auto with_kernel_shape(int head_dim, int rows, F&& f) {
     case 16: return four ? f.template operator()<16, 4>() : f.template operator()<16, 8>();
     case 32: return four ? f.template operator()<32, 4>() : f.template operator()<32, 8>();
     case 64: return four ? f.template operator()<64, 4>() : f.template operator()<64, 8>();
+    case 256: return four ? f.template operator()<256, 4>() : f.template operator()<256, 8>();  // Gemma 3 1B-12B
     default: return four ? f.template operator()<128, 4>() : f.template operator()<128, 8>();  // 128: create() refuses others
   }
 }
 
 }  // namespace
+
+int attention_head_dim_for(int head_dim) {
+  for (int supported : {16, 32, 64, 128, 256}) {
+    if (head_dim <= supported) return head_dim > 0 ? supported : 0;
+  }
+  return 0;
+}
 
 Expected<std::unique_ptr<CudaPagedAttention>> CudaPagedAttention::create(const PagedAttentionShape& shape) {
   if (shape.num_heads <= 0 || shape.num_kv_heads <= 0 || shape.num_heads % shape.num_kv_heads != 0) {
@@ -308,7 +317,7 @@ Expected<std::unique_ptr<CudaPagedAttention>> CudaPagedAttention::create(const P
   }
   const int group = shape.num_heads / shape.num_kv_heads;
   if (group > 8) return error("CUDA paged attention: GQA group ", group, " (heads per KV head) is over the supported 8");
-  if (shape.head_dim != 16 && shape.head_dim != 32 && shape.head_dim != 64 && shape.head_dim != 128) {
+  if (attention_head_dim_for(shape.head_dim) != shape.head_dim) {
     return error("CUDA paged attention: head_dim ", shape.head_dim, " is not supported (16, 32, 64 or 128)");
   }
   if (shape.max_batch <= 0 || shape.max_queries < shape.max_batch) {
@@ -518,7 +527,7 @@ static_assert(kHackPrefillTileRows == kPrefillTileRows, "the INT8 and FP16 prefi
 
 Status CudaPagedAttention::run_quantized_prefill(Part& part, const PagedKvView& kv, const QuantizedKvView& sealed,
                                                  const uint16_t* q, float scale, uint16_t* out) {
-  if (part.max_prefix_blocks == 0) return run_part(part, kv, q, scale, out);  // nothing sealed before the step: all FP16
+  if (part.max_prefix_blocks == 0) return run_part(part, kv, q, scale, out, 0);  // nothing sealed before the step: all FP16
   // quant, and hack over KIVI's layouts (the INT8 kernel reads HACK's layout only): one kernel, the
   // sealed blocks dequantized into its tiles.
   if (!sealed.hack || sealed.k_per_channel || sealed.v_per_token) {
@@ -569,15 +578,18 @@ Status CudaPagedAttention::run_quantized_prefill(Part& part, const PagedKvView& 
   return Status::ok();
 }
 
-Status CudaPagedAttention::run(const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out) {
+Status CudaPagedAttention::run(const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out, int window_tokens) {
   SLIMKV_RETURN_IF_ERROR(check_run(kv));
-  for (Part& part : parts_) SLIMKV_RETURN_IF_ERROR(run_part(part, kv, q, scale, out));
+  if (window_tokens < 0) return error("CUDA paged attention: window of ", window_tokens, " tokens (expected >= 0)");
+  for (Part& part : parts_) SLIMKV_RETURN_IF_ERROR(run_part(part, kv, q, scale, out, window_tokens));
   return Status::ok();
 }
 
-Status CudaPagedAttention::run_part(Part& part, const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out) {
+Status CudaPagedAttention::run_part(Part& part, const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out,
+                                    int window_tokens) {
   split_blocks(part, part.tensor_cores ? prefill_target_ctas_ : target_ctas_);  // a quantized run may have split otherwise
-  const AttentionLaunch p = launch_params(part, kv, q, scale, out);
+  AttentionLaunch p = launch_params(part, kv, q, scale, out);
+  p.window_tokens = window_tokens;
   if (part.tensor_cores) {
     launch_prefill_attention(p);  // one split writes the output itself
   } else {

@@ -56,10 +56,15 @@ Expected<std::vector<int>> lay_out_attention_sequences(const PagedAttentionBatch
 int append_attention_tiles(std::vector<int>& metadata, const PagedAttentionBatch& batch, int tile_positions, int least,
                            int most);
 
+// The head dims the kernels are built for (16, 32, 64, 128, 256; 256 on the CUDA-core kernel alone, for
+// prefill too, and without quantized KV): the smallest of them that holds head_dim (a model's heads of
+// another size are stored zero-padded to it), or 0 when none does.
+int attention_head_dim_for(int head_dim);
+
 struct PagedAttentionShape {
   int num_heads = 0;     // query heads; num_heads / num_kv_heads (at most 8) share a KV head
   int num_kv_heads = 0;
-  int head_dim = 0;      // 16, 32, 64 or 128
+  int head_dim = 0;      // 16, 32, 64, 128 or 256
   int max_batch = 0;     // sequences per step
   int max_queries = 0;   // queries per step, over all sequences
   // A step in which some sequence has at least this many queries (at least 2: decode keeps the
@@ -77,7 +82,9 @@ class CudaPagedAttention {
   Status plan(const PagedAttentionBatch& batch);
 
   // q: FP16 [total queries, num_heads, head_dim] (device), out likewise; scores are scale · q·k.
-  Status run(const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out);
+  // window_tokens > 0 (a sliding-window layer): a query at position p sees tokens p - window_tokens + 1
+  // .. p only, and blocks wholly before that are not read (they may have been given back).
+  Status run(const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out, int window_tokens = 0);
 
   // Attention over quantized KV (kv/cuda/quantized_kv_cache.h): sealed `hack` or `quant` blocks
   // and FP16 for the rest. Decode (one query per sequence; attention/cuda/quantized_attention.cu): the
@@ -112,7 +119,7 @@ class CudaPagedAttention {
   // Splits the part's blocks so that about target_ctas CTAs run (one wave of the kernel at hand).
   void split_blocks(Part& part, int target_ctas) const;
   // The dense FP16 kernel of the part (tensor-core or CUDA-core) over its sequences.
-  Status run_part(Part& part, const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out);
+  Status run_part(Part& part, const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out, int window_tokens);
   Status run_quantized_decode(Part& part, const PagedKvView& kv, const QuantizedKvView& sealed, const uint16_t* q,
                               float scale, uint16_t* out);
   Status run_quantized_prefill(Part& part, const PagedKvView& kv, const QuantizedKvView& sealed, const uint16_t* q,

@@ -132,7 +132,8 @@ __device__ __forceinline__ void stage_block(const AttentionLaunch& p, const Quan
   const size_t offset = (size_t(table[block]) * p.num_kv_heads + kv_head) * kBlockHalves;
   for (int i = threadIdx.x; i < kCudaBlockTokens * kChunks; i += kPrefillThreads) {
     const int token = i / kChunks, chunk = i % kChunks;
-    const bool valid = block * kCudaBlockTokens + token < tq.kv_end;
+    const int at = block * kCudaBlockTokens + token;
+    const bool valid = at < tq.kv_end && at >= tq.kv_begin;  // zeros elsewhere (a freed block's stale values)
     const size_t source = offset + size_t(token) * kHeadDim + chunk * 8;
     cp_async_16(k + swizzled<kHeadDim>(token, chunk), p.k_pool + source, valid);
     cp_async_16(v + swizzled<kHeadDim>(token, chunk), p.v_pool + source, valid);
@@ -172,8 +173,10 @@ __device__ __forceinline__ void compute_qk(const __half* q_shared, const __half*
   }
 }
 
-// The causal mask (and the sequence's end): -inf where a token lies after the row's position.
-__device__ __forceinline__ void mask_causal(int block, int column, const int (&position)[kRows], Scores& s) {
+// The causal mask (and the sequence's end) and the sliding window: -inf where a token lies after the
+// row's position or before its window.
+__device__ __forceinline__ void mask_causal(int block, int column, const int (&position)[kRows], int window_tokens,
+                                            Scores& s) {
 #pragma unroll
   for (int m = 0; m < kRowTiles; ++m) {
 #pragma unroll
@@ -181,7 +184,7 @@ __device__ __forceinline__ void mask_causal(int block, int column, const int (&p
       const int token = block * kCudaBlockTokens + 8 * j + column;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        if (token + e % 2 > position[2 * m + e / 2]) s[m][j][e] = -INFINITY;
+        if (masked_token(token + e % 2, position[2 * m + e / 2], window_tokens)) s[m][j][e] = -INFINITY;
       }
     }
   }
@@ -309,7 +312,8 @@ __global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(At
   const TileQueries tq(p, tile);
   const int num_blocks = (tq.kv_end + kCudaBlockTokens - 1) / kCudaBlockTokens;
   const int sealed_blocks = kPrefix == SealedPrefix::kNone ? 0 : tq.first_position / kCudaBlockTokens;
-  const int block_begin = (kPrefix == SealedPrefix::kSkip ? sealed_blocks : 0) + split * p.blocks_per_split;
+  const int first_block = max(kPrefix == SealedPrefix::kSkip ? sealed_blocks : 0, tq.kv_begin / kCudaBlockTokens);
+  const int block_begin = first_block + split * p.blocks_per_split;
   const int block_end = min(block_begin + p.blocks_per_split, num_blocks);
   const int sequence = p.sequence_ids[tq.batch_index];
   const int* table = p.block_tables + size_t(sequence) * p.block_table_stride;
@@ -355,7 +359,11 @@ __global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(At
     }
     Scores s;
     compute_qk<kHeadDim>(q_shared, k_shared + index * kBlockHalves, warp_row, lane, s);
-    if ((block + 1) * kCudaBlockTokens - 1 > first_position) mask_causal(block, column, state.position, s);
+    // Blocks reaching past the tile's first position, or (sliding window) before its last one's window.
+    const bool before_window = p.window_tokens > 0 && block * kCudaBlockTokens <= tq.kv_end - 1 - p.window_tokens;
+    if ((block + 1) * kCudaBlockTokens - 1 > first_position || before_window) {
+      mask_causal(block, column, state.position, p.window_tokens, s);
+    }
     float reference[kRows];
     update_mdo_states(s, p.scale_log2, state, reference);
     compute_sfm_v(s, reference, p.scale_log2, v_shared + index * kBlockHalves, lane, state);

@@ -36,6 +36,9 @@ struct AttentionLaunch {
   // launched with its partial pointers advanced to its first split. With one split in all (and a kernel
   // that can), the kernel writes the output itself.
   int split_stride;
+  // Sliding-window layers: a query at position p sees tokens p - window_tokens + 1 .. p (0: all before
+  // it). Blocks wholly before a tile's first query's window are not read at all.
+  int window_tokens;
   float scale;                     // softmax scale
   float scale_log2;                // softmax scale · log2(e)
   float* partial_acc;              // [num_tiles, num_kv_heads, rows_per_tile, split_stride, head_dim]
@@ -51,9 +54,10 @@ inline void point_at_batch(AttentionLaunch& p, const int* metadata, int max_batc
 }
 
 // Where a tile's queries sit: rows r < active_rows are query head kv_head·group + r % group at query
-// first_query + r / group of the sequence, whose position is first_position + that query.
+// first_query + r / group of the sequence, whose position is first_position + that query. Its rows see
+// tokens [kv_begin, kv_end) between them (kv_begin > 0 only in a sliding window).
 struct TileQueries {
-  int batch_index, first_query, query_begin, first_position, active_rows, kv_end;
+  int batch_index, first_query, query_begin, first_position, active_rows, kv_begin, kv_end;
 
   __device__ TileQueries(const AttentionLaunch& p, int tile) {
     const int2 t = p.tiles[tile];
@@ -65,8 +69,14 @@ struct TileQueries {
     const int tile_queries = min(p.positions_per_tile, n_queries - first_query);
     active_rows = p.group * tile_queries;
     kv_end = first_position + first_query + tile_queries;  // the tokens its last query sees (causal)
+    kv_begin = p.window_tokens > 0 ? max(0, first_position + first_query - p.window_tokens + 1) : 0;
   }
 };
+
+// Whether a token lies outside what a query at `position` sees: after it (causal), or before its window.
+__device__ __forceinline__ bool masked_token(int token, int position, int window_tokens) {
+  return token > position || (window_tokens > 0 && token <= position - window_tokens);
+}
 
 // After __syncthreads: merges the warps' partials (warp_acc[w][r][c], warp_max_sum[w][r] = (base-2
 // max, sum)) of the CTA (split blockIdx.x, KV head blockIdx.y, tile blockIdx.z) and stores them as the

@@ -42,11 +42,12 @@ __device__ float block_sum(float value) {
   return total;
 }
 
-__global__ void embed_kernel(const int32_t* tokens, int n, const void* table, bool bf16, int hidden, float* x) {
+__global__ void embed_kernel(const int32_t* tokens, int n, const void* table, bool bf16, int hidden, float scale,
+                             float* x) {
   const size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
   if (i >= size_t(n) * hidden) return;
   const size_t t = i / hidden, c = i % hidden;
-  x[i] = load_half(table, bf16, size_t(tokens[t]) * hidden + c);
+  x[i] = load_half(table, bf16, size_t(tokens[t]) * hidden + c) * scale;
 }
 
 // One block per row: the mean square in FP32, as the CPU's rmsnorm.
@@ -59,6 +60,15 @@ __global__ void rmsnorm_kernel(const float* x, const int32_t* rows, const float*
   for (int i = threadIdx.x; i < dim; i += blockDim.x) {
     store_half(out, bf16, size_t(blockIdx.x) * dim + i, weight[i] * (row[i] * inv_rms));
   }
+}
+
+// One block per row: x += the row of y normed (Gemma 3's sandwich norms).
+__global__ void add_rmsnorm_kernel(const float* y, const float* weight, float eps, int dim, float* x) {
+  const float* row = y + size_t(blockIdx.x) * dim;
+  float square_sum = 0.0f;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) square_sum += row[i] * row[i];
+  const float inv_rms = rsqrtf(block_sum(square_sum) / float(dim) + eps);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) x[size_t(blockIdx.x) * dim + i] += weight[i] * (row[i] * inv_rms);
 }
 
 // rot=hadamard (kv/rotation.h): x ← H x over a head's head_dim values in shared memory, one thread
@@ -77,37 +87,49 @@ __device__ void walsh_hadamard_in_shared(float* x, int head_dim) {
   __syncthreads();
 }
 
-// One CTA per (token, head of the qkv row), a thread per dim: bias, then RoPE on query and key heads
-// (thread i < head_dim / 2 turns the pair (i, i + head_dim / 2)), then rot=hadamard, then FP16.
-__global__ void attention_inputs_kernel(const float* qkv, AttentionHeads heads, const float* bias,
+// One CTA per (token, head of the qkv row), a thread per stored dim (rounded up to whole warps, for
+// block_sum): bias, the q/k norm, then RoPE on query and key heads (thread i < head_dim / 2 turns the
+// pair (i, i + head_dim / 2)), then rot=hadamard over the stored dims, then FP16 (zeros past head_dim).
+__global__ void attention_inputs_kernel(const float* qkv, AttentionHeads heads, const float* bias, QkNorm norm,
                                         const int32_t* positions, const float* inv_freq, bool rotate, __half* q,
                                         __half* k, __half* v) {
-  extern __shared__ float head_values[];
-  const int d = heads.head_dim, half = d / 2, i = threadIdx.x;
+  extern __shared__ float head_values[];  // [stored]
+  const int d = heads.head_dim, half = d / 2, stored = heads.stored_dim, i = threadIdx.x;  // stored_dim set by the launch
   const int row_heads = heads.num_heads + 2 * heads.num_kv_heads;
   const int head = int(blockIdx.x % row_heads);
   const size_t t = blockIdx.x / row_heads;
-  const size_t column = size_t(head) * d + i;
-  head_values[i] = qkv[t * row_heads * d + column] + (bias != nullptr ? bias[column] : 0.0f);
+  const bool is_query = head < heads.num_heads, is_key = !is_query && head < heads.num_heads + heads.num_kv_heads;
+  float value = 0.0f;
+  if (i < d) {
+    const size_t column = size_t(head) * d + i;
+    value = qkv[t * row_heads * d + column] + (bias != nullptr ? bias[column] : 0.0f);
+  }
+  // The weight is the same for the whole CTA, so every thread takes (or skips) block_sum together.
+  const float* norm_weight = is_query ? norm.q_weight : is_key ? norm.k_weight : nullptr;
+  if (norm_weight != nullptr) {
+    const float inv_rms = rsqrtf(block_sum(value * value) / float(d) + norm.eps);
+    if (i < d) value = norm_weight[i] * (value * inv_rms);
+  }
+  if (i < stored) head_values[i] = value;
   __syncthreads();
-  if (head < heads.num_heads + heads.num_kv_heads && i < half) {
+  if ((is_query || is_key) && i < half) {
     const float angle = float(positions[t]) * inv_freq[i];  // an FP32 product, as model/rope.cc
     const float c = float(cos(double(angle))), s = float(sin(double(angle)));
     const float a = head_values[i], b = head_values[i + half];
     head_values[i] = a * c - b * s;
     head_values[i + half] = b * c + a * s;
   }
-  if (rotate) walsh_hadamard_in_shared(head_values, d);
+  if (rotate) walsh_hadamard_in_shared(head_values, stored);
   __syncthreads();
   __half* out;
-  if (head < heads.num_heads) {
-    out = q + (t * heads.num_heads + head) * d;
-  } else if (head < heads.num_heads + heads.num_kv_heads) {
-    out = k + (t * heads.num_kv_heads + head - heads.num_heads) * d;
+  if (is_query) {
+    out = q + (t * heads.num_heads + head) * stored;
+  } else if (is_key) {
+    out = k + (t * heads.num_kv_heads + head - heads.num_heads) * stored;
   } else {
-    out = v + (t * heads.num_kv_heads + head - heads.num_heads - heads.num_kv_heads) * d;
+    out = v + (t * heads.num_kv_heads + head - heads.num_heads - heads.num_kv_heads) * stored;
   }
-  out[i] = __float2half(head_values[i]);
+  if (i < stored) out[i] = __float2half(head_values[i]);
 }
 
 // One CTA per head row of x (FP16, in place), a thread per dim.
@@ -119,12 +141,23 @@ __global__ void rotate_heads_kernel(__half* x, int head_dim) {
   row[threadIdx.x] = __float2half(head_values[threadIdx.x]);
 }
 
-__global__ void swiglu_kernel(const float* gate_up, int n, int intermediate, void* out, bool bf16) {
+__global__ void gated_activation_kernel(const float* gate_up, int n, int intermediate, GateActivation activation,
+                                        void* out, bool bf16) {
   const size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
   if (i >= size_t(n) * intermediate) return;
   const size_t t = i / intermediate, c = i % intermediate;
   const float g = gate_up[t * 2 * intermediate + c], u = gate_up[t * 2 * intermediate + intermediate + c];
-  store_half(out, bf16, i, g / (1.0f + expf(-g)) * u);
+  if (activation == GateActivation::kSilu) {
+    store_half(out, bf16, i, g / (1.0f + expf(-g)) * u);
+    return;
+  }
+  const float sqrt_2_over_pi = 0.7978845608028654f;  // model/llama.cc's gated_activation
+  store_half(out, bf16, i, 0.5f * g * (1.0f + tanhf(sqrt_2_over_pi * (g + 0.044715f * g * g * g))) * u);
+}
+
+__global__ void soft_cap_kernel(float* logits, size_t size, float cap) {
+  const size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  if (i < size) logits[i] = cap * tanhf(logits[i] / cap);
 }
 
 __global__ void convert_half_kernel(const void* x, bool bf16, size_t size, void* out, bool out_bf16) {
@@ -134,10 +167,10 @@ __global__ void convert_half_kernel(const void* x, bool bf16, size_t size, void*
 
 }  // namespace
 
-Status embed(const int32_t* tokens, int n, const void* table, DType dtype, int hidden, float* x) {
+Status embed(const int32_t* tokens, int n, const void* table, DType dtype, int hidden, float scale, float* x) {
   SLIMKV_RETURN_IF_ERROR(check_half(dtype, "embedding table"));
   if (n == 0) return Status::ok();
-  embed_kernel<<<blocks_for(size_t(n) * hidden), kThreads>>>(tokens, n, table, dtype == DType::kBF16, hidden, x);
+  embed_kernel<<<blocks_for(size_t(n) * hidden), kThreads>>>(tokens, n, table, dtype == DType::kBF16, hidden, scale, x);
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   return Status::ok();
 }
@@ -151,17 +184,28 @@ Status rmsnorm(const float* x, const float* weight, float eps, int n, int dim, v
   return Status::ok();
 }
 
-Status attention_inputs(const float* qkv, int n, const AttentionHeads& heads, const float* bias,
+Status add_rmsnorm(const float* y, const float* weight, float eps, int n, int dim, float* x) {
+  if (n == 0) return Status::ok();
+  add_rmsnorm_kernel<<<unsigned(n), kThreads>>>(y, weight, eps, dim, x);
+  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return Status::ok();
+}
+
+Status attention_inputs(const float* qkv, int n, const AttentionHeads& heads, const float* bias, const QkNorm& norm,
                         const int32_t* positions, const float* inv_freq, bool rotate, uint16_t* q, uint16_t* k,
                         uint16_t* v) {
-  const int d = heads.head_dim;
-  if (d < 2 || d > 1024 || d % 2 != 0 || (rotate && (d & (d - 1)) != 0)) {
-    return error("attention inputs: head_dim ", d, " (expected even, at most 1024; a power of two to rotate)");
+  const int d = heads.head_dim, stored = heads.stored();
+  if (d < 2 || d % 2 != 0 || stored < d || stored > 1024 || (rotate && (stored & (stored - 1)) != 0)) {
+    return error("attention inputs: head_dim ", d, " stored in ", stored,
+                 " dims (expected head_dim even, stored >= head_dim, at most 1024; a power of two to rotate)");
   }
   const size_t rows = size_t(n) * (heads.num_heads + 2 * heads.num_kv_heads);
   if (rows == 0) return Status::ok();
-  attention_inputs_kernel<<<unsigned(rows), unsigned(d), size_t(d) * sizeof(float)>>>(
-      qkv, heads, bias, positions, inv_freq, rotate, reinterpret_cast<__half*>(q), reinterpret_cast<__half*>(k),
+  const unsigned threads = unsigned((stored + 31) / 32 * 32);
+  AttentionHeads launched = heads;
+  launched.stored_dim = stored;
+  attention_inputs_kernel<<<unsigned(rows), threads, size_t(stored) * sizeof(float)>>>(
+      qkv, launched, bias, norm, positions, inv_freq, rotate, reinterpret_cast<__half*>(q), reinterpret_cast<__half*>(k),
       reinterpret_cast<__half*>(v));
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   return Status::ok();
@@ -178,11 +222,21 @@ Status rotate_heads(uint16_t* x, size_t rows, int head_dim) {
   return Status::ok();
 }
 
-Status swiglu(const float* gate_up, int n, int intermediate, void* out, DType out_dtype) {
-  SLIMKV_RETURN_IF_ERROR(check_half(out_dtype, "SwiGLU output"));
+Status gated_activation(const float* gate_up, int n, int intermediate, GateActivation activation, void* out,
+                        DType out_dtype) {
+  SLIMKV_RETURN_IF_ERROR(check_half(out_dtype, "gated activation output"));
   const size_t size = size_t(n) * intermediate;
   if (size == 0) return Status::ok();
-  swiglu_kernel<<<blocks_for(size), kThreads>>>(gate_up, n, intermediate, out, out_dtype == DType::kBF16);
+  gated_activation_kernel<<<blocks_for(size), kThreads>>>(gate_up, n, intermediate, activation, out,
+                                                          out_dtype == DType::kBF16);
+  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return Status::ok();
+}
+
+Status soft_cap(float* logits, size_t size, float cap) {
+  if (!(cap > 0.0f)) return error("logit soft-capping: cap ", cap, " (expected positive)");
+  if (size == 0) return Status::ok();
+  soft_cap_kernel<<<blocks_for(size), kThreads>>>(logits, size, cap);
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   return Status::ok();
 }

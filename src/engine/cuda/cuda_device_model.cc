@@ -87,6 +87,7 @@ class CudaDeviceModel final : public DeviceModel {
   }
 
   Status export_kv(SequenceId sequence, std::string_view model_id, std::vector<uint8_t>& out) const override {
+    SLIMKV_RETURN_IF_ERROR(check_transferable());
     return cuda::export_transfer(model_->kv(), id_of(sequence), context(model_id), out);
   }
   Status import_kv(SequenceId sequence, std::span<const uint8_t> transfer, std::string_view source,
@@ -96,16 +97,19 @@ class CudaDeviceModel final : public DeviceModel {
       return error("kv transfer '", source, "': sequence ", sequence, " holds ", model_->num_tokens(id),
                    " tokens; a transfer is imported into an empty sequence");
     }
+    SLIMKV_RETURN_IF_ERROR(check_transferable());
     return cuda::import_transfer(model_->kv(), id, context(model_id), transfer, source);
   }
 
   // The CUDA IPC path: the sealed blocks stay in GPU memory (dense, hack and quant caches).
   bool exports_kv_to_device() const override { return model_->kv().device_page_bytes() > 0; }
   Status export_kv_to_device(SequenceId sequence, std::string_view model_id, DeviceKvTransfer& out) const override {
+    SLIMKV_RETURN_IF_ERROR(check_transferable());
     return cuda::export_to_device(model_->kv(), id_of(sequence), context(model_id), out);
   }
   Status import_kv_from_device(SequenceId sequence, const DeviceKvTransfer& transfer, std::string_view source,
                                std::string_view model_id) override {
+    SLIMKV_RETURN_IF_ERROR(check_transferable());
     return cuda::import_from_device(model_->kv(), id_of(sequence), context(model_id), transfer, source);
   }
 
@@ -119,6 +123,19 @@ class CudaDeviceModel final : public DeviceModel {
     int id = 0;  // in the GPU's KV cache
     SamplingParams sampling;
   };
+  // The transfer format holds blocks of the model's head_dim in every layer alike: heads stored padded
+  // on the GPU, or sliding layers (their own windows), do not move yet.
+  Status check_transferable() const {
+    const ModelConfig& c = model_->config();
+    if (model_->attention_head_dim() != c.head_dim) {
+      return error("KV transfer on device cuda: head_dim ", c.head_dim, " is stored padded to ",
+                   model_->attention_head_dim(), " dims on the GPU, which the transfer format does not carry yet");
+    }
+    if (!c.sliding_layers.empty()) {
+      return error("KV transfer on device cuda: the model's sliding-window layers do not move yet (use --device cpu)");
+    }
+    return Status::ok();
+  }
   // The engine checks ids before calling.
   const Held& held_of(SequenceId sequence) const { return sequences_.at(sequence); }
   int id_of(SequenceId sequence) const { return held_of(sequence).id; }
@@ -139,6 +156,11 @@ Expected<std::unique_ptr<DeviceModel>> load_cuda_model(const LlamaModel& model, 
   const ModelConfig& c = model.config();
   SLIMKV_ASSIGN_OR_RETURN(cuda::GpuKvPlan plan,
                           cuda::plan_gpu_kv(pipeline, config.kv_spec, int(c.hidden_size), int(c.kv_dim())));
+  const cuda::GpuKvOptions& kv = plan.options;
+  if (!c.sliding_layers.empty() && (kv.quantized || kv.zack || kv.tier || kv.pq)) {
+    return error("KV spec '", config.kv_spec, "': sliding-window layers (", c.architecture_name,
+                 ") run on device cuda with the dense codec only yet; use 'dense' there, or --device cpu");
+  }
   cuda::CudaModelOptions options;
   options.quantized_kv = plan.options.quantized;
   options.zack = plan.options.zack;

@@ -19,6 +19,10 @@ KvprCostModel kvpr_cost_model(int hidden, int kv_dim, DType x_dtype, double kv_b
                        KvprCostModel::Overlap::kPipelined};
 }
 
+bool GpuKvShape::has_windows() const {
+  return std::any_of(layer_windows.begin(), layer_windows.end(), [](int window) { return window > 0; });
+}
+
 Status check_blocks_for_step(const SequenceBlocks& held, const PagedAttentionBatch& batch, const char* cache) {
   size_t needed = 0;
   for (size_t i = 0; i < batch.sequence_ids.size(); ++i) {
@@ -79,6 +83,10 @@ Expected<std::unique_ptr<GpuKvCache>> make_gpu_kv_cache(const GpuKvShape& shape,
     return error("GPU KV cache: max_sequences ", shape.max_sequences, " and max_step_tokens ", shape.max_step_tokens,
                  " must be positive, max_step_tokens >= max_sequences");
   }
+  if (shape.has_windows() && (options.quantized || options.zack || options.tier || options.pq)) {
+    return error("GPU KV cache: sliding-window layers run with the dense codec only on device 'cuda' yet (not with ",
+                 options.quantized ? "a quantizing codec" : options.zack ? "zack" : options.tier ? "a host tier" : "pq", ")");
+  }
   if (options.zack && (options.quantized || options.tier)) {
     return error("GPU KV cache: zack with a quantizing codec or a host tier does not run on device 'cuda' yet");
   }
@@ -102,6 +110,10 @@ Expected<std::unique_ptr<GpuKvCache>> make_gpu_kv_cache(const GpuKvShape& shape,
     window_bytes = size_t(CudaQuantizedKvCache::window_blocks(kv_shape)) * fp16_block_bytes;
   }
   if (const auto& z = options.zack) block_bytes = CudaZackKvCache::block_bytes(z->k_ranks, z->v_ranks);
+  if (shape.has_windows()) {  // the budget counts the global layers; the sliding ones keep their windows apart
+    block_bytes = global_layers_block_bytes(shape);
+    window_bytes = sliding_window_pool_bytes(shape);
+  }
   size_t budget = options.kv_cache_bytes;
   if (budget == 0) {
     SLIMKV_ASSIGN_OR_RETURN(size_t free_bytes, device_free_memory());
@@ -114,11 +126,13 @@ Expected<std::unique_ptr<GpuKvCache>> make_gpu_kv_cache(const GpuKvShape& shape,
           : std::min(size_t(shape.max_sequences) * size_t(shape.blocks_per_sequence()), fitting);
   if (blocks == 0) {
     return error("CUDA model: no room for a single KV block of ", block_bytes, " bytes (kv_cache_bytes ",
-                 options.kv_cache_bytes, ", of which the quantized KV's FP16 window takes ", window_bytes, ")");
+                 options.kv_cache_bytes, ", of which the quantized KV's FP16 window or the sliding layers' windows take ",
+                 window_bytes, ")");
   }
   const int num_blocks = int(std::min<size_t>(blocks, 1u << 30));
   if (const auto& q = options.quantized) return make_gpu_quantized_kv(shape, *q, num_blocks);
   if (const auto& z = options.zack) return make_gpu_zack_kv(shape, *z, num_blocks);
+  if (shape.has_windows()) return make_gpu_sliding_dense_kv(shape, num_blocks);
   return make_gpu_dense_kv(shape, num_blocks);
 }
 

@@ -8,6 +8,7 @@
 //   a host tier (`@offload`, `@kvpr`)         gpu_host_tier_kv.cc    over host_kv_tier.h
 //   ZACK's per-head ranks (`zack`)            gpu_zack_kv.cc         over zack_kv_cache.h
 //   PQCache's selection (`pq`, `pq@offload`)   gpu_pq_kv.cc           over paged_kv_cache.h, pq_select.h
+//   FP16 pages with sliding-window layers     gpu_sliding_dense_kv.cc over paged_kv_cache.h (two pools)
 //
 // A step of several sequences (prefill chunks and decode tokens mixed):
 //   check_step(batch)            an error naming what cannot hold the step; changes nothing
@@ -50,6 +51,11 @@ struct GpuKvShape {
   int max_sequences = 0;
   int max_step_tokens = 0;
   int context_tokens = 0;  // per sequence
+  // [num_layers]: the tokens a query of a sliding-window layer sees (Gemma 3), 0 for a global layer;
+  // empty: every layer attends over the whole context. Only the dense cache runs windows so far.
+  std::vector<int> layer_windows = {};
+  int window_of(int layer) const { return layer_windows.empty() ? 0 : layer_windows[size_t(layer)]; }
+  bool has_windows() const;
   int kv_dim() const { return num_kv_heads * head_dim; }
   int blocks_per_sequence() const { return (context_tokens + kCudaBlockTokens - 1) / kCudaBlockTokens; }
 };
@@ -153,6 +159,9 @@ class GpuKvCache {
   virtual size_t host_bytes() const { return 0; }
   virtual size_t bytes_per_block() const = 0;  // memory of one budget block (where the budget lives)
   virtual KvprReport kvpr() const { return {}; }
+  // Blocks the sequence holds in the sliding-window layers' pool (0 without one): between steps those
+  // of its window, however long the sequence.
+  virtual int window_blocks(int /*sequence*/) const { return 0; }
   virtual SelectionReport selection() const { return {}; }
 
   // --- Steps ---
@@ -224,6 +233,12 @@ Expected<std::unique_ptr<GpuKvCache>> make_gpu_zack_kv(const GpuKvShape& shape, 
                                                        int num_blocks);
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_pq_kv(const GpuKvShape& shape, const PqKvOptions& options,
                                                      size_t kv_cache_bytes);
+// Sliding-window layers (shape.layer_windows): num_blocks of the global layers' pool (the budget), the
+// sliding layers' pool sized by the window (sliding_window_pool_bytes); global_layers_block_bytes: a
+// block of the global layers, the budget's unit.
+Expected<std::unique_ptr<GpuKvCache>> make_gpu_sliding_dense_kv(const GpuKvShape& shape, int num_blocks);
+size_t sliding_window_pool_bytes(const GpuKvShape& shape);
+size_t global_layers_block_bytes(const GpuKvShape& shape);
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_host_tier_kv(const GpuKvShape& shape, const GpuKvOptions& options,
                                                             KvProjection* projection);
 

@@ -24,7 +24,7 @@ namespace slimkv::cuda {
 struct CudaKvShape {
   int num_layers = 0;
   int num_kv_heads = 0;
-  int head_dim = 0;                 // 16, 32, 64 or 128 (the attention kernels' instantiations)
+  int head_dim = 0;                 // 16, 32, 64, 128 or 256 (the attention kernels' instantiations)
   int num_blocks = 0;               // the pool, shared by all sequences
   int max_sequences = 0;
   int max_blocks_per_sequence = 0;  // the longest context, in blocks

@@ -42,8 +42,61 @@ Status upload_matrix(const WeightMatrix& w, DType dtype, void* device) {
   });
 }
 
+// Uploads W_o [hidden, num_heads · head_dim] as [hidden, num_heads · stored_dim]: each head's columns,
+// then zero columns up to stored_dim (the attention output's padded dims, zero themselves, add nothing).
+Status upload_padded_columns(const WeightMatrix& w, DType dtype, int num_heads, int head_dim, int stored_dim, void* device) {
+  if (stored_dim == head_dim) return upload_matrix(w, dtype, device);
+  const size_t stored_cols = size_t(num_heads) * size_t(stored_dim);
+  std::vector<uint16_t> narrow;
+  return for_each_widened_slice(w, [&](size_t first, const float* wide, size_t n) {
+    const size_t rows = n / size_t(w.cols), first_row = first / size_t(w.cols);
+    narrow.assign(rows * stored_cols, 0);
+    for (size_t r = 0; r < rows; ++r) {
+      for (int h = 0; h < num_heads; ++h) {
+        for (int i = 0; i < head_dim; ++i) {
+          const float x = wide[r * size_t(w.cols) + size_t(h) * size_t(head_dim) + size_t(i)];
+          narrow[r * stored_cols + size_t(h) * size_t(stored_dim) + size_t(i)] =
+              dtype == DType::kBF16 ? float_to_bf16(x) : float_to_fp16(x);
+        }
+      }
+    }
+    return copy_to_device(static_cast<uint16_t*>(device) + first_row * stored_cols, narrow.data(), narrow.size() * 2);
+  });
+}
+
 Status upload_floats(const std::vector<float>& values, float* device) {
   return copy_to_device(device, values.data(), values.size() * sizeof(float));
+}
+
+// What the GPU's kernels cannot hold of the model's shape: heads over 256 dims; and a softmax scale
+// never set (a config made by hand without attention_scale).
+Status check_shape(const ModelConfig& c) {
+  if (!(c.attention_scale > 0)) {
+    return error(c.architecture_name, ": attention_scale ", c.attention_scale, " (expected 1/sqrt(head_dim) or the "
+                 "family's; parse_model_config sets it)");
+  }
+  if (attention_head_dim_for(int(c.head_dim)) == 0) {
+    return error(c.architecture_name, ": head_dim ", c.head_dim,
+                 " does not run on device cuda yet (its attention kernels hold heads of at most 256 dims): use --device cpu");
+  }
+  return Status::ok();
+}
+
+// ZACK's Q–K bases [k_rank, head_dim] per (layer, KV head), each row zero-padded to stored_dim: the
+// projection of a padded q or k then reads its head_dim values alone.
+std::vector<float> padded_bases(const ZackKvOptions& zack, int head_dim, int stored_dim) {
+  std::vector<float> padded;
+  for (size_t row = 0; row < zack.qk_bases.size() / size_t(head_dim); ++row) {
+    padded.insert(padded.end(), zack.qk_bases.begin() + ptrdiff_t(row * size_t(head_dim)),
+                  zack.qk_bases.begin() + ptrdiff_t((row + 1) * size_t(head_dim)));
+    padded.resize(padded.size() + size_t(stored_dim - head_dim), 0.0f);
+  }
+  return padded;
+}
+
+// What of the model's features (model_config.h) the GPU's layer does not run yet; empty: it runs them all.
+std::string features_not_on_cuda(const ModelConfig& c) {
+  return c.moe.num_experts > 0 ? "experts (Qwen3-MoE's routed MLP)" : "";
 }
 
 // FP16 when every matrix fits its range (FP16 keeps 10 mantissa bits to BF16's 7, and a BF16 weight
@@ -97,7 +150,9 @@ CudaLlamaModel::CudaLlamaModel(const ModelConfig& config, DType dtype, const Cud
                                                      : int(config.max_position_embeddings)),
       max_step_tokens_(options.max_step_tokens),
       max_sequences_(options.max_sequences),
-      rotate_heads_(options.rotate_heads) {}
+      rotate_heads_(options.rotate_heads),
+      attention_dim_(attention_head_dim_for(int(config.head_dim))),
+      embedding_scale_(config.embedding_scale()) {}
 
 CudaLlamaModel::~CudaLlamaModel() = default;
 
@@ -105,29 +160,39 @@ Status CudaLlamaModel::allocate_weights() {
   const ModelConfig& c = config_;
   const size_t half = dtype_size_bytes(dtype_), hidden = size_t(c.hidden_size), inter = size_t(c.intermediate_size);
   const size_t qkv_rows = size_t(c.q_dim() + 2 * c.kv_dim());
-  const size_t layer_bytes = aligned(hidden * 4) * 2 + aligned(qkv_rows * hidden * half) +
-                             (c.attention_bias ? aligned(qkv_rows * 4) : 0) + aligned(hidden * size_t(c.q_dim()) * half) +
-                             aligned(2 * inter * hidden * half) + aligned(hidden * inter * half);
+  const size_t o_cols = size_t(c.num_heads) * size_t(attention_dim_), head_dim = size_t(c.head_dim);
+  const bool sliding = !c.sliding_layers.empty();
+  const size_t layer_bytes = aligned(hidden * 4) * (c.sandwich_norms ? 4 : 2) + aligned(qkv_rows * hidden * half) +
+                             (c.attention_bias ? aligned(qkv_rows * 4) : 0) + (c.qk_norm ? 2 * aligned(head_dim * 4) : 0) +
+                             aligned(hidden * o_cols * half) + aligned(2 * inter * hidden * half) +
+                             aligned(hidden * inter * half);
   const size_t table_bytes = aligned(size_t(c.vocab_size) * hidden * half);
   const size_t total = layer_bytes * size_t(c.num_layers) + table_bytes * (c.tie_word_embeddings ? 1 : 2) +
-                       aligned(hidden * 4) + aligned(size_t(c.head_dim / 2) * 4);
+                       aligned(hidden * 4) + aligned(head_dim / 2 * 4) * (sliding ? 2 : 1);
   SLIMKV_RETURN_IF_ERROR(weights_.reserve(total).with_context("uploading the model to the GPU"));
   embedding_ = weights_.take(size_t(c.vocab_size) * hidden * half);
   lm_head_ = c.tie_word_embeddings ? embedding_ : weights_.take(size_t(c.vocab_size) * hidden * half);
   final_norm_ = static_cast<float*>(weights_.take(hidden * 4));
-  inv_freq_ = static_cast<float*>(weights_.take(size_t(c.head_dim / 2) * 4));
+  inv_freq_ = static_cast<float*>(weights_.take(head_dim / 2 * 4));
+  sliding_inv_freq_ = sliding ? static_cast<float*>(weights_.take(head_dim / 2 * 4)) : nullptr;
+  const auto floats = [&](bool used, size_t count) { return used ? static_cast<float*>(weights_.take(count * 4)) : nullptr; };
   layers_.resize(size_t(c.num_layers));
   for (LayerOnDevice& l : layers_) {
-    l.attention_norm = static_cast<float*>(weights_.take(hidden * 4));
+    l.attention_norm = floats(true, hidden);
     l.w_qkv = weights_.take(qkv_rows * hidden * half);
-    l.b_qkv = c.attention_bias ? static_cast<float*>(weights_.take(qkv_rows * 4)) : nullptr;
-    l.w_o = weights_.take(hidden * size_t(c.q_dim()) * half);
-    l.mlp_norm = static_cast<float*>(weights_.take(hidden * 4));
+    l.b_qkv = floats(c.attention_bias, qkv_rows);
+    l.q_norm = floats(c.qk_norm, head_dim);
+    l.k_norm = floats(c.qk_norm, head_dim);
+    l.w_o = weights_.take(hidden * o_cols * half);
+    l.attention_out_norm = floats(c.sandwich_norms, hidden);
+    l.mlp_norm = floats(true, hidden);
+    l.mlp_out_norm = floats(c.sandwich_norms, hidden);
     l.w_gate_up = weights_.take(2 * inter * hidden * half);
     l.w_down = weights_.take(hidden * inter * half);
   }
-  const Rope rope(c.rope, int(c.head_dim));
-  return upload_floats(rope.inverse_frequencies(), inv_freq_);
+  SLIMKV_RETURN_IF_ERROR(upload_floats(Rope(c.rope, int(c.head_dim)).inverse_frequencies(), inv_freq_));
+  if (!sliding) return Status::ok();
+  return upload_floats(Rope(c.sliding_rope, int(c.head_dim)).inverse_frequencies(), sliding_inv_freq_);
 }
 
 // KVPR recomputes this many rows of X at a time (bounded scratch; 2048 rows of an 8B model are a
@@ -142,27 +207,39 @@ Status CudaLlamaModel::allocate_runtime(const CudaModelOptions& options) {
   }
   const size_t T = size_t(max_step_tokens_);
   const size_t qkv = size_t(c.q_dim() + 2 * c.kv_dim()), inter = size_t(c.intermediate_size);
-  const size_t widest_input = std::max({size_t(c.hidden_size), size_t(c.q_dim()), inter});
+  // q, k, v and the attention output as the KV cache and attention hold them (padded heads).
+  const size_t q_width = size_t(c.num_heads) * attention_dim_, kv_width = size_t(c.num_kv_heads) * attention_dim_;
+  const size_t widest_input = std::max({size_t(c.hidden_size), q_width, inter});
   SLIMKV_ASSIGN_OR_RETURN(gemm_, CublasGemm::create());
   SLIMKV_ASSIGN_OR_RETURN(step_ints_, DeviceArray<int32_t>::allocate(3 * T + size_t(max_sequences_), "step ids"));
   SLIMKV_ASSIGN_OR_RETURN(x_, DeviceArray<float>::allocate(T * size_t(c.hidden_size), "the residual stream"));
   SLIMKV_ASSIGN_OR_RETURN(h_, DeviceArray<uint16_t>::allocate(T * widest_input, "GEMM inputs"));
-  SLIMKV_ASSIGN_OR_RETURN(projected_, DeviceArray<float>::allocate(T * std::max(qkv, 2 * inter), "projections"));
-  SLIMKV_ASSIGN_OR_RETURN(q_, DeviceArray<uint16_t>::allocate(T * size_t(c.q_dim()), "queries"));
-  SLIMKV_ASSIGN_OR_RETURN(k_, DeviceArray<uint16_t>::allocate(T * size_t(c.kv_dim()), "keys"));
-  SLIMKV_ASSIGN_OR_RETURN(v_, DeviceArray<uint16_t>::allocate(T * size_t(c.kv_dim()), "values"));
-  SLIMKV_ASSIGN_OR_RETURN(attended_, DeviceArray<uint16_t>::allocate(T * size_t(c.q_dim()), "attention outputs"));
+  SLIMKV_ASSIGN_OR_RETURN(projected_, DeviceArray<float>::allocate(T * std::max({qkv, 2 * inter, size_t(c.hidden_size)}),
+                                                                  "projections"));
+  SLIMKV_ASSIGN_OR_RETURN(q_, DeviceArray<uint16_t>::allocate(T * q_width, "queries"));
+  SLIMKV_ASSIGN_OR_RETURN(k_, DeviceArray<uint16_t>::allocate(T * kv_width, "keys"));
+  SLIMKV_ASSIGN_OR_RETURN(v_, DeviceArray<uint16_t>::allocate(T * kv_width, "values"));
+  SLIMKV_ASSIGN_OR_RETURN(attended_, DeviceArray<uint16_t>::allocate(T * q_width, "attention outputs"));
   SLIMKV_ASSIGN_OR_RETURN(logits_, DeviceArray<float>::allocate(T * size_t(c.vocab_size), "logits"));
   SLIMKV_ASSIGN_OR_RETURN(sampling_, DeviceArray<RowSampling>::allocate(size_t(max_sequences_), "sampling settings"));
   if (options.tier && options.tier->recompute) {
-    const size_t rows = kRecomputeChunkRows, kv = size_t(c.kv_dim());
-    SLIMKV_ASSIGN_OR_RETURN(recompute_projected_, DeviceArray<float>::allocate(rows * 2 * kv, "recomputed projections"));
-    SLIMKV_ASSIGN_OR_RETURN(recompute_k_, DeviceArray<uint16_t>::allocate(rows * kv, "recomputed keys"));
-    SLIMKV_ASSIGN_OR_RETURN(recompute_v_, DeviceArray<uint16_t>::allocate(rows * kv, "recomputed values"));
+    const size_t rows = kRecomputeChunkRows;
+    SLIMKV_ASSIGN_OR_RETURN(recompute_projected_,
+                            DeviceArray<float>::allocate(rows * 2 * size_t(c.kv_dim()), "recomputed projections"));
+    SLIMKV_ASSIGN_OR_RETURN(recompute_k_, DeviceArray<uint16_t>::allocate(rows * kv_width, "recomputed keys"));
+    SLIMKV_ASSIGN_OR_RETURN(recompute_v_, DeviceArray<uint16_t>::allocate(rows * kv_width, "recomputed values"));
   }
-  const GpuKvShape shape{int(c.num_layers), int(c.num_heads), int(c.num_kv_heads), int(c.head_dim), int(c.hidden_size),
-                         dtype_, max_sequences_, max_step_tokens_, context_tokens_};
-  SLIMKV_ASSIGN_OR_RETURN(kv_, make_gpu_kv_cache(shape, {options.quantized_kv, options.zack, options.tier, options.pq, options.kv_cache_bytes}, this));
+  GpuKvShape shape{int(c.num_layers), int(c.num_heads), int(c.num_kv_heads), attention_dim_, int(c.hidden_size),
+                   dtype_, max_sequences_, max_step_tokens_, context_tokens_};
+  if (!c.sliding_layers.empty()) {
+    shape.layer_windows.assign(size_t(c.num_layers), 0);
+    for (int l = 0; l < int(c.num_layers); ++l) {
+      if (c.is_sliding(l)) shape.layer_windows[size_t(l)] = int(c.sliding_window);
+    }
+  }
+  std::optional<ZackKvOptions> zack = options.zack;
+  if (zack && attention_dim_ != c.head_dim) zack->qk_bases = padded_bases(*zack, int(c.head_dim), attention_dim_);
+  SLIMKV_ASSIGN_OR_RETURN(kv_, make_gpu_kv_cache(shape, {options.quantized_kv, zack, options.tier, options.pq, options.kv_cache_bytes}, this));
   return Status::ok();
 }
 
@@ -174,10 +251,11 @@ KvprCostModel kvpr_cost_model(const ModelConfig& config, DType dtype, double kv_
 
 Expected<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::upload(const ModelConfig& config, const LlamaWeights& weights,
                                                                  const CudaModelOptions& options) {
-  if (const std::string beyond = config.features_beyond_llama(); !beyond.empty()) {
-    return error(config.architecture_name, " does not run on device cuda yet (the CUDA model has the Llama layer "
-                 "only; this model needs ", beyond, "): use --device cpu");
+  if (const std::string missing = features_not_on_cuda(config); !missing.empty()) {
+    return error(config.architecture_name, " does not run on device cuda yet (the CUDA model lacks ", missing,
+                 "): use --device cpu");
   }
+  SLIMKV_RETURN_IF_ERROR(check_shape(config));
   SLIMKV_RETURN_IF_ERROR(device_usable());
   std::unique_ptr<CudaLlamaModel> model(new CudaLlamaModel(config, upload_dtype(weights), options));
   SLIMKV_RETURN_IF_ERROR(model->allocate_weights());
@@ -208,7 +286,16 @@ Expected<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::upload(const ModelConf
       bias.insert(bias.end(), w.bv.begin(), w.bv.end());
       SLIMKV_RETURN_IF_ERROR(upload_floats(bias, l.b_qkv));
     }
-    SLIMKV_RETURN_IF_ERROR(upload_matrix(w.wo, dtype, l.w_o));
+    if (l.q_norm != nullptr) {
+      SLIMKV_RETURN_IF_ERROR(upload_floats(w.q_norm, l.q_norm));
+      SLIMKV_RETURN_IF_ERROR(upload_floats(w.k_norm, l.k_norm));
+    }
+    SLIMKV_RETURN_IF_ERROR(
+        upload_padded_columns(w.wo, dtype, int(config.num_heads), int(config.head_dim), model->attention_dim_, l.w_o));
+    if (l.attention_out_norm != nullptr) {
+      SLIMKV_RETURN_IF_ERROR(upload_floats(w.attention_out_norm, l.attention_out_norm));
+      SLIMKV_RETURN_IF_ERROR(upload_floats(w.mlp_out_norm, l.mlp_out_norm));
+    }
     SLIMKV_RETURN_IF_ERROR(upload_floats(w.mlp_norm, l.mlp_norm));
     SLIMKV_RETURN_IF_ERROR(upload_stacked({&w.mlp.gate, &w.mlp.up}, l.w_gate_up));
     SLIMKV_RETURN_IF_ERROR(upload_matrix(w.mlp.down, dtype, l.w_down));
@@ -219,6 +306,10 @@ Expected<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::upload(const ModelConf
 
 Expected<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::random(const ModelConfig& config, uint64_t seed,
                                                                  const CudaModelOptions& options) {
+  if (const std::string missing = features_not_on_cuda(config); !missing.empty()) {
+    return error("a random ", config.architecture_name, " on device cuda: the CUDA model lacks ", missing);
+  }
+  SLIMKV_RETURN_IF_ERROR(check_shape(config));
   SLIMKV_RETURN_IF_ERROR(device_usable());
   std::unique_ptr<CudaLlamaModel> model(new CudaLlamaModel(config, DType::kF16, options));
   SLIMKV_RETURN_IF_ERROR(model->allocate_weights());
@@ -230,6 +321,7 @@ Expected<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::random(const ModelConf
   };
   const ModelConfig& c = config;
   const std::vector<float> ones(size_t(c.hidden_size), 1.0f);
+  const std::vector<float> head_ones(size_t(c.head_dim), 1.0f);
   SLIMKV_RETURN_IF_ERROR(fill(model->embedding_, c.vocab_size, c.hidden_size));
   if (!c.tie_word_embeddings) SLIMKV_RETURN_IF_ERROR(fill(model->lm_head_, c.vocab_size, c.hidden_size));
   SLIMKV_RETURN_IF_ERROR(upload_floats(ones, model->final_norm_));
@@ -239,7 +331,14 @@ Expected<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::random(const ModelConf
     if (l.b_qkv != nullptr) {
       SLIMKV_RETURN_IF_ERROR(device_fill_bytes(l.b_qkv, 0, size_t(c.q_dim() + 2 * c.kv_dim()) * 4));
     }
-    SLIMKV_RETURN_IF_ERROR(fill(l.w_o, c.hidden_size, c.q_dim()));
+    for (float* norm : {l.q_norm, l.k_norm}) {
+      if (norm != nullptr) SLIMKV_RETURN_IF_ERROR(upload_floats(head_ones, norm));
+    }
+    // Padded heads: the attention output's padded dims are zero, whatever their columns of W_o hold.
+    SLIMKV_RETURN_IF_ERROR(fill(l.w_o, c.hidden_size, c.num_heads * model->attention_dim_));
+    for (float* norm : {l.attention_out_norm, l.mlp_out_norm}) {
+      if (norm != nullptr) SLIMKV_RETURN_IF_ERROR(upload_floats(ones, norm));
+    }
     SLIMKV_RETURN_IF_ERROR(upload_floats(ones, l.mlp_norm));
     SLIMKV_RETURN_IF_ERROR(fill(l.w_gate_up, 2 * c.intermediate_size, c.hidden_size));
     SLIMKV_RETURN_IF_ERROR(fill(l.w_down, c.hidden_size, c.intermediate_size));
@@ -311,7 +410,7 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, std
   SLIMKV_RETURN_IF_ERROR(check_batch(batch));
   const ModelConfig& c = config_;
   const int hidden = int(c.hidden_size), inter = int(c.intermediate_size);
-  const int q_dim = int(c.q_dim()), qkv_rows = int(c.q_dim() + 2 * c.kv_dim());
+  const int o_cols = int(c.num_heads) * attention_dim_, qkv_rows = int(c.q_dim() + 2 * c.kv_dim());
 
   // The step's ids in one upload: tokens, positions, and the rows whose logits are wanted (sampled
   // items' first, so that the sampler reads one run of rows).
@@ -346,37 +445,51 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, std
   const int32_t* rows_wanted = token_positions + n;
   SLIMKV_RETURN_IF_ERROR(kv_->begin_step(kv_step(batch, *kv_)));
 
-  const float eps = float(c.rms_norm_eps), scale = 1.0f / std::sqrt(float(c.head_dim));
-  const AttentionHeads heads{int(c.num_heads), int(c.num_kv_heads), int(c.head_dim)};
+  const float eps = float(c.rms_norm_eps), scale = float(c.attention_scale);  // 1/√head_dim, Gemma's 1/√query_pre_attn_scalar
+  const AttentionHeads heads{int(c.num_heads), int(c.num_kv_heads), int(c.head_dim), attention_dim_};
+  const GateActivation activation = c.activation == Activation::kGeluTanh ? GateActivation::kGeluTanh : GateActivation::kSilu;
   // o_proj reads the FP16 attention output; a BF16 model's gets a BF16 copy.
   void* attention_output_in_dtype = dtype_ == DType::kF16 ? static_cast<void*>(attended_.data()) : h_.data();
+  // A sublayer's output W · input: added to x by the GEMM, or (sandwich norms) normed first, then added.
+  const auto add_sublayer = [&](const void* input, const void* weight, int rows_out, int cols, const float* out_norm) {
+    if (out_norm == nullptr) {
+      return gemm_->multiply(input, n, weight, dtype_, rows_out, cols, x_.data(), /*accumulate=*/true);
+    }
+    SLIMKV_RETURN_IF_ERROR(gemm_->multiply(input, n, weight, dtype_, rows_out, cols, projected_.data()));
+    return add_rmsnorm(projected_.data(), out_norm, eps, n, hidden, x_.data());
+  };
 
-  SLIMKV_RETURN_IF_ERROR(embed(token_ids, n, embedding_, dtype_, hidden, x_.data()));
+  SLIMKV_RETURN_IF_ERROR(embed(token_ids, n, embedding_, dtype_, hidden, embedding_scale_, x_.data()));
   for (int l = 0; l < int(c.num_layers); ++l) {
     const LayerOnDevice& w = layers_[size_t(l)];
+    // Attention block: h = rmsnorm(x); q, k, v = rope(qk_norm(project(h))); attend (sliding layers:
+    // their window, their RoPE); x += o_proj(o)
     SLIMKV_RETURN_IF_ERROR(rmsnorm(x_.data(), w.attention_norm, eps, n, hidden, h_.data(), dtype_));
     SLIMKV_RETURN_IF_ERROR(kv_->keep_layer_input(l, h_.data()));
     SLIMKV_RETURN_IF_ERROR(gemm_->multiply(h_.data(), n, w.w_qkv, dtype_, qkv_rows, hidden, projected_.data()));
-    SLIMKV_RETURN_IF_ERROR(attention_inputs(projected_.data(), n, heads, w.b_qkv, token_positions, inv_freq_,
+    SLIMKV_RETURN_IF_ERROR(attention_inputs(projected_.data(), n, heads, w.b_qkv, {w.q_norm, w.k_norm, eps},
+                                            token_positions, c.is_sliding(l) ? sliding_inv_freq_ : inv_freq_,
                                             rotate_heads_, q_.data(), k_.data(), v_.data()));
     SLIMKV_RETURN_IF_ERROR(kv_->attend(l, q_.data(), k_.data(), v_.data(), scale, attended_.data()));
-    if (rotate_heads_) SLIMKV_RETURN_IF_ERROR(rotate_heads(attended_.data(), size_t(n) * c.num_heads, int(c.head_dim)));
+    if (rotate_heads_) SLIMKV_RETURN_IF_ERROR(rotate_heads(attended_.data(), size_t(n) * c.num_heads, attention_dim_));
     if (dtype_ != DType::kF16) {
       SLIMKV_RETURN_IF_ERROR(
-          convert_half(attended_.data(), DType::kF16, size_t(n) * q_dim, attention_output_in_dtype, dtype_));
+          convert_half(attended_.data(), DType::kF16, size_t(n) * o_cols, attention_output_in_dtype, dtype_));
     }
-    SLIMKV_RETURN_IF_ERROR(
-        gemm_->multiply(attention_output_in_dtype, n, w.w_o, dtype_, hidden, q_dim, x_.data(), /*accumulate=*/true));
+    SLIMKV_RETURN_IF_ERROR(add_sublayer(attention_output_in_dtype, w.w_o, hidden, o_cols, w.attention_out_norm));
 
+    // MLP block: x += down(act(gate(h)) · up(h)), h = rmsnorm(x)
     SLIMKV_RETURN_IF_ERROR(rmsnorm(x_.data(), w.mlp_norm, eps, n, hidden, h_.data(), dtype_));
     SLIMKV_RETURN_IF_ERROR(gemm_->multiply(h_.data(), n, w.w_gate_up, dtype_, 2 * inter, hidden, projected_.data()));
-    SLIMKV_RETURN_IF_ERROR(swiglu(projected_.data(), n, inter, h_.data(), dtype_));
-    SLIMKV_RETURN_IF_ERROR(
-        gemm_->multiply(h_.data(), n, w.w_down, dtype_, hidden, inter, x_.data(), /*accumulate=*/true));
+    SLIMKV_RETURN_IF_ERROR(gated_activation(projected_.data(), n, inter, activation, h_.data(), dtype_));
+    SLIMKV_RETURN_IF_ERROR(add_sublayer(h_.data(), w.w_down, hidden, inter, w.mlp_out_norm));
   }
   if (rows == 0) return 0;
   SLIMKV_RETURN_IF_ERROR(rmsnorm(x_.data(), final_norm_, eps, rows, hidden, h_.data(), dtype_, rows_wanted));
   SLIMKV_RETURN_IF_ERROR(gemm_->multiply(h_.data(), rows, lm_head_, dtype_, c.vocab_size, hidden, logits_.data()));
+  if (c.final_logit_softcap > 0) {  // Gemma: logits = cap · tanh(logits / cap)
+    SLIMKV_RETURN_IF_ERROR(soft_cap(logits_.data(), size_t(rows) * size_t(c.vocab_size), float(c.final_logit_softcap)));
+  }
   return rows;
 }
 
@@ -390,11 +503,13 @@ Status CudaLlamaModel::project_kv(int layer, const void* x, int n, const int32_t
   // W_k and W_v are the rows of W_qkv after W_q's; their biases follow likewise.
   const void* w_kv = static_cast<const uint8_t*>(w.w_qkv) + q_dim * hidden * half;
   const float* b_kv = w.b_qkv != nullptr ? w.b_qkv + q_dim : nullptr;
-  const AttentionHeads kv_heads{0, int(c.num_kv_heads), int(c.head_dim)};
+  const AttentionHeads kv_heads{0, int(c.num_kv_heads), int(c.head_dim), attention_dim_};
   SLIMKV_RETURN_IF_ERROR(
       gemm_->multiply(x, n, w_kv, dtype_, 2 * c.kv_dim(), c.hidden_size, recompute_projected_.data()));
-  SLIMKV_RETURN_IF_ERROR(attention_inputs(recompute_projected_.data(), n, kv_heads, b_kv, positions, inv_freq_,
-                                          rotate_heads_, nullptr, recompute_k_.data(), recompute_v_.data()));
+  SLIMKV_RETURN_IF_ERROR(attention_inputs(recompute_projected_.data(), n, kv_heads, b_kv,
+                                          {nullptr, w.k_norm, float(c.rms_norm_eps)}, positions,
+                                          c.is_sliding(layer) ? sliding_inv_freq_ : inv_freq_, rotate_heads_, nullptr,
+                                          recompute_k_.data(), recompute_v_.data()));
   *k = recompute_k_.data();
   *v = recompute_v_.data();
   return Status::ok();
@@ -411,7 +526,7 @@ Status CudaLlamaModel::append_random_kv(int sequence, int tokens, uint64_t seed)
   if (blocks_needed > held().free_blocks()) {
     return error("the KV cache is full: ", blocks_needed, " more blocks needed, ", held().free_blocks(), " free");
   }
-  const size_t kv_width = size_t(config_.kv_dim()), hidden = size_t(config_.hidden_size);
+  const size_t kv_width = size_t(config_.num_kv_heads) * size_t(attention_dim_), hidden = size_t(config_.hidden_size);
   for (int done = 0; done < tokens;) {
     const int n = std::min(tokens - done, max_step_tokens_);
     SLIMKV_RETURN_IF_ERROR(kv_->begin_fill(sequence, n));

@@ -1,18 +1,23 @@
-// A Llama-family model on the GPU (issue 9): the forward pass of model/llama.cc with the weights in
+// A Llama-family model on the GPU (issue 9; Qwen3 and Gemma 3, issue 29): the forward pass of model/llama.cc with the weights in
 // FP16/BF16 on the device, the GEMMs in cuBLAS, the KV in one GPU KV cache (kv/cuda/gpu_kv_cache.h:
 // dense FP16 pages, sealed hack/quant blocks, or a host tier, as the options say; the model knows none
 // of them), and several sequences of different lengths through the layers in one step (batched decode,
 // prefill chunks, or both mixed: the basis of continuous batching), each bringing back logits rows or a
 // token sampled on the GPU.
 //
-//   x = embed(tokens)
+//   x = embed(tokens)                                     (Gemma: × √hidden)
 //   for each layer:
 //       h = rmsnorm(x);  kv.keep_layer_input(layer, h)      (kvpr keeps X)
-//       qkv = h · W_qkvᵀ (one GEMM);  q, k, v = rope(qkv + bias) in FP16
-//       o = kv.attend(layer, q, k, v)             (appends k, v, then attention)
-//       x += o · W_oᵀ (the add rides on the GEMM)
-//       h = rmsnorm(x);  gu = h · W_gate_upᵀ;   x += swiglu(gu) · W_downᵀ
-//   logits = lm_head(rmsnorm(x)) for the rows asked for
+//       qkv = h · W_qkvᵀ (one GEMM);  q, k, v = rope(qk_norm(qkv + bias)) in FP16   (q/k norms: Qwen3, Gemma 3)
+//       o = kv.attend(layer, q, k, v)             (appends k, v, then attention; sliding layers: their window)
+//       x += o · W_oᵀ (the add rides on the GEMM; Gemma 3: x += rmsnorm(o · W_oᵀ))
+//       h = rmsnorm(x);  gu = h · W_gate_upᵀ;   x += act(gu) · W_downᵀ   (SwiGLU; Gemma: GeGLU, normed before the add)
+//   logits = lm_head(rmsnorm(x)) for the rows asked for   (Gemma: soft-capped where the config says)
+//
+// Gemma's (1 + w) norm weights arrive as that sum (model/llama_weights.h, in FP32, as transformers
+// computes it) and are uploaded in FP32: the GPU's norms multiply by the same values as the CPU's.
+// A head_dim the attention kernels lack (e.g. 48) is stored zero-padded to the next they have
+// (attention_head_dim(); layer_kernels.h attention_inputs), W_o with zero columns to match.
 //
 // Kernels and their references: backend/cuda/layer_kernels.h, attention/cuda/paged_attention.h.
 #pragma once
@@ -95,6 +100,8 @@ class CudaLlamaModel final : private KvProjection {
   ~CudaLlamaModel();
 
   const ModelConfig& config() const { return config_; }
+  // The dims of a head in the KV cache and attention: head_dim, or the next size the kernels have.
+  int attention_head_dim() const { return attention_dim_; }
   DType weight_dtype() const { return dtype_; }
   int context_tokens() const { return context_tokens_; }
   size_t weight_bytes() const { return weights_.bytes(); }
@@ -156,8 +163,12 @@ class CudaLlamaModel final : private KvProjection {
     float* attention_norm = nullptr;  // [hidden]
     void* w_qkv = nullptr;            // [q_dim + 2·kv_dim, hidden]: W_q, W_k, W_v stacked
     float* b_qkv = nullptr;           // [q_dim + 2·kv_dim] or nullptr
-    void* w_o = nullptr;              // [hidden, q_dim]
+    float* q_norm = nullptr;          // [head_dim] each with qk_norm, else nullptr
+    float* k_norm = nullptr;
+    void* w_o = nullptr;              // [hidden, num_heads · attention_dim]: W_o, zero columns after each head's head_dim
+    float* attention_out_norm = nullptr;  // [hidden] with sandwich_norms, else nullptr
     float* mlp_norm = nullptr;        // [hidden]
+    float* mlp_out_norm = nullptr;    // [hidden] with sandwich_norms, else nullptr
     void* w_gate_up = nullptr;        // [2·intermediate, hidden]: W_gate, W_up stacked
     void* w_down = nullptr;           // [hidden, intermediate]
   };
@@ -185,12 +196,15 @@ class CudaLlamaModel final : private KvProjection {
   int max_step_tokens_ = 0;
   int max_sequences_ = 0;
   bool rotate_heads_ = false;
+  int attention_dim_ = 0;  // a head's dims in q, k, v, the KV cache and the attention output
+  float embedding_scale_ = 1.0f;
 
   WeightArena weights_;
   void* embedding_ = nullptr;  // [vocab, hidden]
   void* lm_head_ = nullptr;    // [vocab, hidden] (the embedding when tied)
   float* final_norm_ = nullptr;
   float* inv_freq_ = nullptr;  // RoPE's inverse frequencies [head_dim / 2] (model/rope.h)
+  float* sliding_inv_freq_ = nullptr;  // the sliding layers' (Gemma 3: rope_local_base_freq), or nullptr
   std::vector<LayerOnDevice> layers_;
 
   std::unique_ptr<CublasGemm> gemm_;
@@ -199,9 +213,9 @@ class CudaLlamaModel final : private KvProjection {
   DeviceArray<int32_t> step_ints_;   // tokens [T] | positions [T] | logit rows [T] | next tokens [batch]
   DeviceArray<float> x_;             // [T, hidden] the residual stream
   DeviceArray<uint16_t> h_;          // [T, max(hidden, q_dim, intermediate)] GEMM inputs in dtype_
-  DeviceArray<float> projected_;     // [T, max(q_dim + 2·kv_dim, 2·intermediate)] qkv, gate/up
-  DeviceArray<uint16_t> q_, k_, v_;  // FP16 [T, heads, head_dim] attention inputs
-  DeviceArray<uint16_t> attended_;   // FP16 [T, q_dim] attention output
+  DeviceArray<float> projected_;     // [T, max(q_dim + 2·kv_dim, 2·intermediate, hidden)] qkv, gate/up, normed outputs
+  DeviceArray<uint16_t> q_, k_, v_;  // FP16 [T, heads, attention_dim] attention inputs
+  DeviceArray<uint16_t> attended_;   // FP16 [T, num_heads · attention_dim] attention output
   DeviceArray<float> logits_;        // [T, vocab]
   DeviceArray<RowSampling> sampling_;  // [max_sequences] how each sampled row of a step is drawn
   // KVPR's recomputation, kRecomputeChunkRows rows at a time: K|V projections, then K and V in FP16.
