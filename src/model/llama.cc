@@ -90,7 +90,13 @@ void LlamaModel::pack_weights_for_cpu(ThreadPool& pool) {
     const WeightMatrix& w = *matrices[size_t(m)];
     packed_weights_[first + size_t(m)] = bf16_pack_panels(static_cast<const uint16_t*>(w.data), w.rows, w.cols);
   });
-  for (size_t m = 0; m < matrices.size(); ++m) matrices[m]->bf16_panels = packed_weights_[first + m].get();
+  for (size_t m = 0; m < matrices.size(); ++m) {
+    WeightMatrix& w = *matrices[m];
+    w.bf16_panels = packed_weights_[first + m].get();
+    // The packed copy replaces the mapped rows in memory (they stay readable, from the file); not the
+    // embedding's, which its lookup reads (a tied lm_head's).
+    if (w.data != weights_.embedding.data) store_.release_pages(w.data, size_t(w.rows * w.cols) * sizeof(uint16_t));
+  }
 }
 
 // ----------------------------------------------------------------------------------------------

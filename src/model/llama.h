@@ -75,7 +75,9 @@ class LlamaModel {
   // packs every BF16 matrix the forward multiplies by (the layers' and lm_head) into the tiles' panel
   // layout once, so that decode reads the weights as stored, with a batched step's bits equal to each
   // sequence's own. The embedding's rows stay as stored (its lookup reads rows; a tied lm_head gets its
-  // own packed copy). The CUDA upload reads the row-major data and never needs this. Once.
+  // own packed copy). The mapped row-major pages of the packed matrices leave memory (WeightStore::
+  // release_pages), so the weights are not held twice. The CUDA upload reads the row-major data and never
+  // needs this.
   void pack_weights_for_cpu(ThreadPool& pool);
 
   // Runs every sequence's tokens at the end of its KV store (positions kv->num_tokens(0) ...) through the
