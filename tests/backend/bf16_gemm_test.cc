@@ -200,6 +200,22 @@ TEST_F(Bf16DecodeGemm, EachInputGetsItsOwnBitsWhateverTheBatch) {
   }
 }
 
+// An infinite or NaN input gives what FP32 arithmetic gives, and leaves the batch's other inputs finite.
+TEST_F(Bf16DecodeGemm, InfinityAndNanPropagateAsInFp32) {
+  std::mt19937 rng(37);
+  Case c = make_case(3, 64, 64, rng);
+  c.x[3] = INFINITY;  // input 0
+  c.x[64 + 5] = NAN;  // input 1
+  for (uint16_t& e : c.w) e = float_to_bf16(std::fabs(bf16_to_float(e)) + 0.5f);  // positive: no Inf - Inf
+  const Bf16Panels panels = bf16_pack_panels(c.w.data(), c.rows, c.cols);
+  const std::vector<float> y = tier_product(Bf16GemmTier::kNone, c, 0, c.rows, panels.get());
+  for (int64_t o = 0; o < c.rows; ++o) {
+    EXPECT_EQ(y[size_t(o)], INFINITY) << o;
+    EXPECT_TRUE(std::isnan(y[size_t(c.rows + o)])) << o;
+    EXPECT_TRUE(std::isfinite(y[size_t(2 * c.rows + o)])) << o;
+  }
+}
+
 // matmul reads a WeightMatrix's packed panels for every number of inputs (decode and prefill alike).
 TEST_F(Bf16DecodeGemm, MatmulReadsPackedPanels) {
   std::mt19937 rng(36);
