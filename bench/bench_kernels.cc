@@ -1,11 +1,13 @@
 // Kernel benchmark: each optimized CPU kernel next to the plain reference it is tested against, and
 // the KV codecs next to each other. Google Benchmark times every variant (benchmark_runner.h).
-//   bench_kernels [--threads N] [--contexts 1024,4096,...] [--layouts] [--prefill-gemm ROUNDS] [--quant-dot ROUNDS]
+//   bench_kernels [--threads N] [--contexts 1024,4096,...] [--layouts] [--prefill-gemm ROUNDS] [--decode-gemm ROUNDS]
+//                 [--quant-dot ROUNDS]
 // Attention: decode (one query token) and prefill with the Llama-3-8B shape (32 query / 8 KV heads,
 // d = 128) over the paged store: dense FP32 and FP16, quant and hack 2-bit, and the FP64 reference. GEMM: y = x·Wᵀ for F32 and
 // BF16 weights, BLAS (+ widening) against the FP64 triple loop (at sizes where that finishes). Prefill
 // GEMM (--prefill-gemm): the Llama-3-8B projections for 512 tokens, BF16 weights, one thread, the
 // portable FP32 panel kernel against the AVX-512 BF16 and AMX tiers (where the CPU has them), alternating.
+// BF16 decode products (--decode-gemm): 1, 4 and 16 inputs, matvec_half against the AMX tiles on packed panels.
 // Quantized decode (--quant-dot): one input times the Llama-3-8B matrices in Q8_0, Q4_0, Q4_K and Q6_K, one
 // thread: each row widened to FP32 (SLIMKV_QUANT_DOT=f32) against the integer tiers the CPU has (the input's
 // 8-bit quantization included in their time), alternating.
@@ -25,6 +27,7 @@
 #include "backend/cpu/dequantize.h"
 #include "backend/cpu/panel_gemm.h"
 #include "backend/cpu/quant_dot.h"
+#include "backend/cpu/vec_ops.h"
 #include "benchmark_runner.h"
 #include "../tests/backend/random_ggml_blocks.h"
 #include "kv/store_attention.h"
@@ -185,7 +188,8 @@ void bench_prefill_gemm(int rounds) {
   }
   std::printf("%6s %6s %6s %6s %10s %8s", "round", "n", "rows", "cols", "panel ms", "GFLOP/s");
   for (const Bf16GemmTier tier : tiers) std::printf(" %14s %8s %8s", str_cat(bf16_gemm_tier_name(tier), " ms").c_str(), "GFLOP/s", "speedup");
-  std::printf("\n");
+  std::printf(" %14s %8s %8s\n", "amx-packed ms", "GFLOP/s", "speedup");
+  const bool amx = bf16_gemm_tier_supported(Bf16GemmTier::kAmx);
   std::mt19937 rng(9);
   std::normal_distribution<float> normal;
   const int n = 512;
@@ -200,6 +204,7 @@ void bench_prefill_gemm(int rounds) {
     std::vector<float> y(size_t(n) * shape.rows);
     const double flops = 2.0 * n * shape.rows * shape.cols;
     Bf16SplitActivations split;
+    const Bf16Panels packed = amx ? bf16_pack_panels(w.data(), shape.rows, shape.cols) : nullptr;
     for (int round = 1; round <= rounds; ++round) {
       const std::string name = str_cat(n, "x", shape.rows, "x", shape.cols);
       const double panel_ms = measure_ms("panel/" + name, [&] {
@@ -210,11 +215,61 @@ void bench_prefill_gemm(int rounds) {
         const double ms = !bf16_gemm_tier_supported(tier) ? NAN : measure_ms(str_cat(bf16_gemm_tier_name(tier), "/", name), [&] {
           bf16_split_prepare(n, shape.cols, split);
           bf16_split_rows(x.data(), 0, n, split);
-          bf16_gemm(tier, split, w.data(), shape.rows, 0, shape.rows, y.data());
+          bf16_gemm(tier, split, w.data(), nullptr, shape.rows, 0, shape.rows, y.data());
         }, 0.2);
         std::printf(" %14.1f %8.1f %7.2fx", ms, flops / (ms * 1e6), panel_ms / ms);
       }
+      // AMX from panels packed at load (the model's layer weights where the CPU has AMX): no gathers per call.
+      const double packed_ms = !packed ? NAN : measure_ms("amx-packed/" + name, [&] {
+        bf16_split_prepare(n, shape.cols, split);
+        bf16_split_rows(x.data(), 0, n, split);
+        bf16_gemm(Bf16GemmTier::kAmx, split, w.data(), packed.get(), shape.rows, 0, shape.rows, y.data());
+      }, 0.2);
+      std::printf(" %14.1f %8.1f %7.2fx", packed_ms, flops / (packed_ms * 1e6), panel_ms / packed_ms);
       std::printf("\n");
+    }
+  }
+}
+
+// One thread, a decode step of 1, 4 or 16 inputs, whole matrices of the bundled model and of Llama-3-8B:
+// matvec_half (BF16 widened in registers, the path of CPUs without AMX) against the AMX tiles on panels
+// packed at load (bf16_decode_gemm, the activations' split included in its time), each run `rounds` times in
+// turn. GB/s: weight bytes read per second; speedups are against matvec_half.
+void bench_decode_gemm(int rounds) {
+  std::printf("\n== decode products, BF16 weights, one thread ==\n");
+  const bool amx = bf16_gemm_tier_supported(Bf16GemmTier::kAmx);
+  if (!amx) std::printf("(no AMX tier on this CPU: its columns are nan)\n");
+  std::printf("%5s %3s %6s %6s %12s %6s %12s %6s %8s\n", "round", "n", "rows", "cols", "matvec ms", "GB/s", "amx ms",
+              "GB/s", "speedup");
+  std::mt19937 rng(15);
+  std::normal_distribution<float> normal;
+  struct Shape {
+    int64_t rows, cols;
+  };
+  for (const Shape shape : {Shape{512, 384}, Shape{768, 384}, Shape{384, 768}, Shape{8192, 384}, Shape{4096, 4096},
+                            Shape{14336, 4096}}) {
+    std::vector<uint16_t> w(size_t(shape.rows * shape.cols));
+    for (uint16_t& e : w) e = float_to_bf16(normal(rng));
+    const Bf16Panels packed = amx ? bf16_pack_panels(w.data(), shape.rows, shape.cols) : nullptr;
+    const double gigabytes = double(w.size()) * 2e-9;
+    for (const int64_t n : {1, 4, 16}) {
+      std::vector<float> x(size_t(n * shape.cols)), y(size_t(n * shape.rows));
+      for (float& e : x) e = normal(rng);
+      Bf16SplitActivations split;
+      const std::string name = str_cat(n, "x", shape.rows, "x", shape.cols);
+      for (int round = 1; round <= rounds; ++round) {
+        const double matvec_ms = measure_ms("matvec/" + name, [&] {
+          matvec_half(x.data(), n, w.data(), DType::kBF16, shape.rows, shape.cols, 0, shape.rows, y.data());
+        }, 0.2);
+        const double amx_ms = !amx ? NAN : measure_ms("amx-decode/" + name, [&] {
+          bf16_split_prepare(n, shape.cols, split);
+          bf16_split_rows(x.data(), 0, n, split);
+          bf16_decode_gemm(split, packed.get(), shape.rows, 0, shape.rows, y.data());
+        }, 0.2);
+        std::printf("%5d %3ld %6ld %6ld %12.4f %6.1f %12.4f %6.1f %7.2fx\n", round, long(n), long(shape.rows),
+                    long(shape.cols), matvec_ms, gigabytes / (matvec_ms * 1e-3), amx_ms, gigabytes / (amx_ms * 1e-3),
+                    matvec_ms / amx_ms);
+      }
     }
   }
 }
@@ -279,11 +334,17 @@ int main(int argc, char** argv) {
   app.add_flag("--layouts", layouts_only, "only decode attention by K/V scale layout (issue 28)");
   int prefill_gemm_rounds = 0;
   app.add_option("--prefill-gemm", prefill_gemm_rounds, "only the prefill GEMM kernels, this many alternating rounds");
+  int decode_gemm_rounds = 0;
+  app.add_option("--decode-gemm", decode_gemm_rounds, "only the BF16 decode products (matvec vs AMX), this many alternating rounds");
   int quant_dot_rounds = 0;
   app.add_option("--quant-dot", quant_dot_rounds, "only the quantized decode products, this many alternating rounds");
   CLI11_PARSE(app, argc, argv);
   if (quant_dot_rounds > 0) {
     slimkv::bench_quant_dot(quant_dot_rounds);
+    return 0;
+  }
+  if (decode_gemm_rounds > 0) {
+    slimkv::bench_decode_gemm(decode_gemm_rounds);
     return 0;
   }
   if (prefill_gemm_rounds > 0) {

@@ -102,6 +102,7 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
   if (config.device == "cuda") {
     SLIMKV_ASSIGN_OR_RETURN(engine->device_, open_cuda_model(*engine->model_, *engine->pipeline_, config));
   } else {
+    engine->model_->pack_weights_for_cpu(*engine->pool_);
     SLIMKV_ASSIGN_OR_RETURN(engine->device_, make_cpu_model(*engine->model_, *engine->pipeline_, config, *engine->pool_));
   }
   return engine;

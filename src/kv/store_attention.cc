@@ -67,9 +67,11 @@ void attend_block_rows(const KvStore& store, int layer, int g, int b, int first_
 }
 
 // Asks for a block's cache lines ahead of use: a head's blocks are not adjacent in the pool, so the
-// hardware prefetcher would start cold on every block.
+// hardware prefetcher would start cold on every block. Into L2 (prefetcht1), not L1: asking for a whole
+// block into L1 stalled on the L1's few outstanding misses (the samples of a batched decode step sat on
+// the prefetch loop); a 16-sequence hack:bits=2 step at 1K ran 25-40% faster with it, 3 rounds alternating.
 void prefetch(const uint8_t* block, size_t bytes) {
-  for (size_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(block + offset);
+  for (size_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(block + offset, 0, 2);
 }
 
 // The sealed blocks' part of one decode query tile (one position: a row per query head of the group) over

@@ -69,6 +69,35 @@ Status LlamaModel::enable_zack(const ZackOptions& options) {
   return Status::ok();
 }
 
+void LlamaModel::pack_weights_for_cpu(ThreadPool& pool) {
+  std::vector<WeightMatrix*> matrices = {&weights_.lm_head};
+  for (LayerWeights& layer : weights_.layers) {
+    for (WeightMatrix* w : {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.mlp.gate, &layer.mlp.up,
+                            &layer.mlp.down, &layer.router}) {
+      matrices.push_back(w);
+    }
+    for (MlpWeights& expert : layer.experts) {
+      for (WeightMatrix* w : {&expert.gate, &expert.up, &expert.down}) matrices.push_back(w);
+    }
+  }
+  std::erase_if(matrices, [](const WeightMatrix* w) {
+    return w->data == nullptr || w->bf16_panels != nullptr || !takes_bf16_panels(*w);
+  });
+  const size_t first = packed_weights_.size();
+  packed_weights_.resize(first + matrices.size());
+  pool.run(int64_t(matrices.size()), [&](int64_t m, int) {
+    const WeightMatrix& w = *matrices[size_t(m)];
+    packed_weights_[first + size_t(m)] = bf16_pack_panels(static_cast<const uint16_t*>(w.data), w.rows, w.cols);
+  });
+  for (size_t m = 0; m < matrices.size(); ++m) {
+    WeightMatrix& w = *matrices[m];
+    w.bf16_panels = packed_weights_[first + m].get();
+    // The packed copy replaces the mapped rows in memory (they stay readable, from the file); not the
+    // embedding's, which its lookup reads (a tied lm_head's).
+    if (w.data != weights_.embedding.data) store_.release_pages(w.data, size_t(w.rows * w.cols) * sizeof(uint16_t));
+  }
+}
+
 // ----------------------------------------------------------------------------------------------
 // Building blocks, in order of use
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/bf16_gemm.h"
 #include "kv/store.h"
 #include "slimkv/zack_ranks.h"
 #include "model/forward_observer.h"
@@ -70,6 +71,15 @@ class LlamaModel {
   Status enable_zack(const ZackOptions& options);
   const ZackProjection* zack() const { return zack_.get(); }  // nullptr without
 
+  // For the CPU forward, after enable_zack: where matmul runs BF16 on the AMX tiles (takes_bf16_panels),
+  // packs every BF16 matrix the forward multiplies by (the layers' and lm_head) into the tiles' panel
+  // layout once, so that decode reads the weights as stored, with a batched step's bits equal to each
+  // sequence's own. The embedding's rows stay as stored (its lookup reads rows; a tied lm_head gets its
+  // own packed copy). The mapped row-major pages of the packed matrices leave memory (WeightStore::
+  // release_pages), so the weights are not held twice. The CUDA upload reads the row-major data and never
+  // needs this.
+  void pack_weights_for_cpu(ThreadPool& pool);
+
   // Runs every sequence's tokens at the end of its KV store (positions kv->num_tokens(0) ...) through the
   // model in one pass: every row of the batch goes through each weight matrix together (one pass over
   // the weights for B sequences), and each sequence attends to its own store. Appends their K/V.
@@ -90,6 +100,7 @@ class LlamaModel {
   Rope rope_;
   Rope sliding_rope_;  // the sliding layers' (Gemma 3); unused otherwise
   std::unique_ptr<ZackProjection> zack_;  // owns the folded W_V / W_O that weights_ points into
+  std::vector<Bf16Panels> packed_weights_;  // owns the panels weights_' bf16_panels point into
 };
 
 }  // namespace slimkv

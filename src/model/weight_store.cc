@@ -261,6 +261,10 @@ std::vector<std::string> WeightStore::names() const {
   return result;
 }
 
+void WeightStore::release_pages(const void* data, size_t bytes) const {
+  for (const SafetensorsFile& file : files_) file.release_pages(data, bytes);
+}
+
 size_t WeightStore::total_bytes() const {
   size_t total = 0;
   for (const auto& [name, info] : tensors_) total += info.size_bytes;

@@ -49,6 +49,9 @@ class WeightStore {
   size_t total_bytes() const;  // sum of every tensor's size_bytes
   const std::string& model_dir() const { return model_dir_; }
   bool is_sharded() const { return sharded_; }  // opened through model.safetensors.index.json
+  // Drops the mapped pages of a tensor's bytes from memory where a copy serves instead
+  // (MappedFile::release_pages: read again from the file if touched); nothing for from_tensors' data.
+  void release_pages(const void* data, size_t bytes) const;
 
  private:
   std::string model_dir_;

@@ -87,6 +87,8 @@ class SafetensorsFile {
   // nullptr when the file has no tensor of that name.
   const TensorInfo* find(std::string_view name) const;
   size_t file_size_bytes() const { return file_.size_bytes(); }
+  // MappedFile::release_pages for a tensor's bytes.
+  void release_pages(const void* data, size_t bytes) const { file_.release_pages(data, bytes); }
 
  private:
   MappedFile file_;

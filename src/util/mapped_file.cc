@@ -118,6 +118,14 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   return *this;
 }
 
+void MappedFile::release_pages(const void* data, size_t bytes) const {
+  const auto* begin = static_cast<const uint8_t*>(data);
+  if (data_ == nullptr || begin < data_ || begin + bytes > data_ + size_bytes_) return;
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (uintptr_t(begin) + page - 1) / page * page, last = (uintptr_t(begin) + bytes) / page * page;
+  if (first < last) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_bytes_);
 }

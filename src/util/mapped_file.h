@@ -24,6 +24,10 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size_bytes() const { return size_bytes_; }
   const std::string& path() const { return path_; }
+  // Drops the pages wholly inside [data, data + bytes) from this process's memory (madvise
+  // MADV_DONTNEED) when a copy of them serves instead: the mapping is private and never written, so a
+  // later read maps the file's bytes again. Ranges outside this file's mapping are ignored.
+  void release_pages(const void* data, size_t bytes) const;
 
  private:
   std::string path_;

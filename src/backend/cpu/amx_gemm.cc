@@ -100,12 +100,59 @@ SLIMKV_AMX_TARGET void amx_block_product(const uint16_t* x, const uint16_t* pane
   _tile_stored(3, c + 16 * c_stride + 16, c_bytes);
 }
 
+// tmm0-3 hold the four 16x16 sums, tmm4-5 the A tiles, tmm6-7 the B tiles of one panel (rows 0-15,
+// 16-31). One dpbf16ps per B tile and A tile: a tile product costs the same whatever rows it holds, so
+// putting 8 inputs' hi and lo parts in one A tile halves a decode step's products for ≤ 8 inputs.
+SLIMKV_AMX_TARGET void amx_decode_block_product(const uint16_t* x, int64_t groups, const uint16_t* panel,
+                                                int64_t panel_stride, int64_t steps, float* c) {
+  constexpr int64_t kBytes = 64 * sizeof(float);  // c's row pitch
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  if (groups == 1) {
+    for (int64_t s = 0; s < steps; ++s) {
+      const uint16_t* weights = panel + s * 1024;
+      _tile_loadd(4, x + s * 512, 64);
+      _tile_loadd(6, weights, 64);
+      _tile_loadd(7, weights + 512, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_loadd(6, weights + panel_stride, 64);
+      _tile_loadd(7, weights + panel_stride + 512, 64);
+      _tile_dpbf16ps(2, 4, 6);
+      _tile_dpbf16ps(3, 4, 7);
+    }
+    _tile_stored(0, c, kBytes);
+    _tile_stored(1, c + 16, kBytes);
+    _tile_stored(2, c + 32, kBytes);
+    _tile_stored(3, c + 48, kBytes);
+    return;
+  }
+  for (int64_t s = 0; s < steps; ++s) {
+    const uint16_t* weights = panel + s * 1024;
+    _tile_loadd(4, x + s * 1024, 64);
+    _tile_loadd(5, x + s * 1024 + 512, 64);
+    _tile_loadd(6, weights, 64);
+    _tile_loadd(7, weights + 512, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, kBytes);
+  _tile_stored(1, c + 16, kBytes);
+  _tile_stored(2, c + 16 * 64, kBytes);
+  _tile_stored(3, c + 16 * 64 + 16, kBytes);
+}
+
 #else  // no AMX on this architecture: amx_bf16_available() is false and nothing else may be called
 
 bool amx_bf16_available() { return false; }
 void amx_begin() { std::abort(); }
 void amx_end() { std::abort(); }
 void amx_block_product(const uint16_t*, const uint16_t*, int64_t, bool, float*, int64_t) { std::abort(); }
+void amx_decode_block_product(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, float*) { std::abort(); }
 
 #endif
 

@@ -21,4 +21,14 @@ void amx_end();
 void amx_block_product(const uint16_t* x, const uint16_t* panel, int64_t steps, bool accumulate, float* c,
                        int64_t c_stride);
 
+// The decode block of bf16_gemm.h's bf16_decode_gemm, between amx_begin() and amx_end(), over all `steps`
+// depth steps: x in Bf16SplitActivations' decode layout (a step: `groups` A tiles of 16 rows, the hi parts
+// of 8 inputs then their lo parts); panel as in Bf16BlockProduct, the next panel at panel + panel_stride.
+// groups 1 (≤ 8 inputs): two panels (panel_stride 0 where there is only one: the copy's sums are not
+// read), c [16, 64] = the A tile times panels 0 and 1; groups 2: one panel,
+// c [32, 64], rows 16g .. 16g + 15 = A tile g times the panel in columns 0-31. Each sum is of one part of
+// one input: the caller adds hi and lo.
+void amx_decode_block_product(const uint16_t* x, int64_t groups, const uint16_t* panel, int64_t panel_stride,
+                              int64_t steps, float* c);
+
 }  // namespace slimkv

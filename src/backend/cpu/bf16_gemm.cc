@@ -21,8 +21,20 @@ constexpr Bf16GemmTier kTiers[] = {Bf16GemmTier::kNone, Bf16GemmTier::kAvx512Bf1
 // 8B shape 256, 1024 and 2048 were 5-20% slower on the AMX tier (bench_kernels --prefill-gemm).
 constexpr int64_t kDepthChunk = 512;
 
+// BF16 of one step of a weight panel: two B tiles.
+constexpr int64_t kBf16PanelStep = 2 * 16 * kBf16StepDepth;
+// Inputs per A tile in the decode layout (their hi and lo parts fill its 16 rows).
+constexpr int64_t kDecodeGroupInputs = 8;
+
+int64_t panel_steps(int64_t cols) { return (cols + kBf16StepDepth - 1) / kBf16StepDepth; }
+int64_t panel_count(int64_t rows) { return (rows + kBf16Block - 1) / kBf16Block; }
+
 // Input i's row in its A tile of depth step s, part 0 (hi) or 1 (lo): Bf16SplitActivations' layout.
 uint16_t* tile_row(Bf16SplitActivations& a, int64_t i, int64_t s, int part) {
+  if (a.n <= kBf16DecodeMaxInputs) {
+    const int64_t tile = s * a.decode_groups + i / kDecodeGroupInputs;
+    return a.data.get() + (tile * 16 + part * kDecodeGroupInputs + i % kDecodeGroupInputs) * kBf16StepDepth;
+  }
   const int64_t tile = ((i / kBf16Block * a.steps + s) * 2 + i % kBf16Block / 16) * 2 + part;
   return a.data.get() + tile * 16 * kBf16StepDepth + i % 16 * kBf16StepDepth;
 }
@@ -74,17 +86,15 @@ Bf16GemmTier bf16_gemm_tier() {
 void bf16_split_prepare(int64_t n, int64_t cols, Bf16SplitActivations& a) {
   a.n = n;
   a.cols = cols;
-  a.steps = (cols + kBf16StepDepth - 1) / kBf16StepDepth;
-  const int64_t padded = (n + kBf16Block - 1) / kBf16Block * kBf16Block;
+  a.steps = panel_steps(cols);
+  a.decode_groups = n <= kBf16DecodeMaxInputs ? (n + kDecodeGroupInputs - 1) / kDecodeGroupInputs : 0;
+  const int64_t padded = n <= kBf16DecodeMaxInputs ? a.decode_groups * kDecodeGroupInputs
+                                                   : (n + kBf16Block - 1) / kBf16Block * kBf16Block;
   const int64_t elements = padded * a.steps * 2 * kBf16StepDepth;
   if (elements > a.capacity) {
     a.data = hwy::AllocateAligned<uint16_t>(size_t(elements));
+    std::fill_n(a.data.get(), elements, uint16_t(0));  // never read uninitialized (the rows past n)
     a.capacity = elements;
-  }
-  for (int64_t i = n; i < padded; ++i) {
-    for (int64_t s = 0; s < a.steps; ++s) {
-      for (const int part : {0, 1}) std::fill_n(tile_row(a, i, s, part), kBf16StepDepth, uint16_t(0));
-    }
   }
 }
 
@@ -141,7 +151,7 @@ void pack_panel(const uint16_t* w, int64_t cols, int64_t row0, int64_t valid, in
   for (int64_t k = 0; k < depth; k += kBf16StepDepth) {
     const int64_t present = std::clamp<int64_t>(cols - col0 - k, 0, kBf16StepDepth);
     const uint16_t* first = w + row0 * cols + std::min(col0 + k, cols);
-    pack_step(first, cols, valid, present, panel + k / kBf16StepDepth * 2 * 16 * kBf16StepDepth);
+    pack_step(first, cols, valid, present, panel + k / kBf16StepDepth * kBf16PanelStep);
   }
 }
 
@@ -151,11 +161,22 @@ void bf16_split_rows(const float* x, int64_t begin, int64_t end, Bf16SplitActiva
   for (int64_t i = begin; i < end; ++i) split_row(x + i * a.cols, i, a);
 }
 
-void bf16_gemm(Bf16GemmTier tier, const Bf16SplitActivations& a, const uint16_t* w, int64_t rows, int64_t row_begin,
-               int64_t row_end, float* y) {
+Bf16Panels bf16_pack_panels(const uint16_t* w, int64_t rows, int64_t cols) {
+  const int64_t panel_elements = panel_steps(cols) * kBf16PanelStep;
+  Bf16Panels panels = hwy::AllocateAligned<uint16_t>(size_t(panel_count(rows) * panel_elements));
+  for (int64_t p = 0; p < panel_count(rows); ++p) {
+    const int64_t row0 = p * kBf16Block;
+    pack_panel(w, cols, row0, std::min(kBf16Block, rows - row0), 0, panel_steps(cols) * kBf16StepDepth,
+               panels.get() + p * panel_elements);
+  }
+  return panels;
+}
+
+void bf16_gemm(Bf16GemmTier tier, const Bf16SplitActivations& a, const uint16_t* w, const uint16_t* panels,
+               int64_t rows, int64_t row_begin, int64_t row_end, float* y) {
   const Bf16BlockProduct block_product = tier == Bf16GemmTier::kAmx ? amx_block_product : avx512_bf16_block_product;
-  thread_local hwy::AlignedFreeUniquePtr<uint16_t[]> panel;
-  if (!panel) panel = hwy::AllocateAligned<uint16_t>(size_t(kBf16Block * kDepthChunk));
+  thread_local hwy::AlignedFreeUniquePtr<uint16_t[]> packed;
+  if (!packed && panels == nullptr) packed = hwy::AllocateAligned<uint16_t>(size_t(kBf16Block * kDepthChunk));
   alignas(64) float edge[kBf16Block * kBf16Block] = {};  // a block past the last input or row, before it is copied to y
   if (tier == Bf16GemmTier::kAmx) amx_begin();
   // Depth chunks outermost: the chunk of every input's activations stays in L2 while this task's panels
@@ -166,19 +187,24 @@ void bf16_gemm(Bf16GemmTier tier, const Bf16SplitActivations& a, const uint16_t*
     const bool accumulate = col0 > 0;
     for (int64_t row0 = row_begin; row0 < row_end; row0 += kBf16Block) {
       const int64_t valid_rows = std::min(kBf16Block, row_end - row0);
-      pack_panel(w, a.cols, row0, valid_rows, col0, depth, panel.get());
+      const uint16_t* panel = packed.get();
+      if (panels != nullptr) {
+        panel = panels + (row0 / kBf16Block * a.steps + col0 / kBf16StepDepth) * kBf16PanelStep;
+      } else {
+        pack_panel(w, a.cols, row0, valid_rows, col0, depth, packed.get());
+      }
       for (int64_t i0 = 0; i0 < a.n; i0 += kBf16Block) {
         const int64_t valid_inputs = std::min(kBf16Block, a.n - i0);
         const uint16_t* x = a.data.get() + (i0 / kBf16Block * a.steps + col0 / kBf16StepDepth) * 4 * 16 * kBf16StepDepth;
         float* out = y + i0 * rows + row0;
         if (valid_rows == kBf16Block && valid_inputs == kBf16Block) {
-          block_product(x, panel.get(), depth / kBf16StepDepth, accumulate, out, rows);
+          block_product(x, panel, depth / kBf16StepDepth, accumulate, out, rows);
           continue;
         }
         if (accumulate) {
           for (int64_t i = 0; i < valid_inputs; ++i) std::copy_n(out + i * rows, valid_rows, edge + i * kBf16Block);
         }
-        block_product(x, panel.get(), depth / kBf16StepDepth, accumulate, edge, kBf16Block);
+        block_product(x, panel, depth / kBf16StepDepth, accumulate, edge, kBf16Block);
         for (int64_t i = 0; i < valid_inputs; ++i) std::copy_n(edge + i * kBf16Block, valid_rows, out + i * rows);
       }
     }
@@ -186,12 +212,38 @@ void bf16_gemm(Bf16GemmTier tier, const Bf16SplitActivations& a, const uint16_t*
   if (tier == Bf16GemmTier::kAmx) amx_end();
 }
 
+void bf16_decode_gemm(const Bf16SplitActivations& a, const uint16_t* panels, int64_t rows, int64_t row_begin,
+                      int64_t row_end, float* y) {
+  // Rows per block: two panels for one A tile, one for two (amx_decode_block_product).
+  const int64_t block_rows = a.decode_groups == 1 ? 2 * kBf16Block : kBf16Block;
+  constexpr int64_t kPitch = 2 * kBf16Block;  // sums' row pitch
+  alignas(64) float sums[2 * 16 * kPitch];  // [group, part, input, row]
+  const int64_t panel_elements = a.steps * kBf16PanelStep;
+  amx_begin();
+  for (int64_t row0 = row_begin; row0 < row_end; row0 += block_rows) {
+    const int64_t valid_rows = std::min(block_rows, row_end - row0);
+    const uint16_t* panel = panels + row0 / kBf16Block * panel_elements;
+    const int64_t panel_stride = valid_rows > kBf16Block ? panel_elements : 0;
+    amx_decode_block_product(a.data.get(), a.decode_groups, panel, panel_stride, a.steps, sums);
+    for (int64_t i = 0; i < a.n; ++i) {
+      const float* hi = sums + (i / kDecodeGroupInputs * 16 + i % kDecodeGroupInputs) * kPitch;
+      const float* lo = hi + kDecodeGroupInputs * kPitch;
+      float* out = y + i * rows + row0;
+      for (int64_t r = 0; r < valid_rows; ++r) out[r] = hi[r] + lo[r];
+    }
+  }
+  amx_end();
+}
+
 #else  // not x86-64 Linux: no tier but kNone is supported, and these may not be called
 
 void bf16_split_rows(const float*, int64_t, int64_t, Bf16SplitActivations&) { std::abort(); }
-void bf16_gemm(Bf16GemmTier, const Bf16SplitActivations&, const uint16_t*, int64_t, int64_t, int64_t, float*) {
+Bf16Panels bf16_pack_panels(const uint16_t*, int64_t, int64_t) { std::abort(); }
+void bf16_gemm(Bf16GemmTier, const Bf16SplitActivations&, const uint16_t*, const uint16_t*, int64_t, int64_t, int64_t,
+               float*) {
   std::abort();
 }
+void bf16_decode_gemm(const Bf16SplitActivations&, const uint16_t*, int64_t, int64_t, int64_t, float*) { std::abort(); }
 
 #endif
 

@@ -12,6 +12,10 @@
 // This file: the layouts both tiers read (split activations, weight panels in pairs of consecutive depth
 // elements), the loop over 32x32 blocks both run, and which tier a CPU takes. CPUs with neither tier
 // widen the weights to FP32 instead (panel_gemm.h).
+// On AMX the few-input product (decode, 1..16 inputs) runs on the tiles too, from weights packed into the
+// panel layout once at load (bf16_pack_panels, bf16_decode_gemm): each output element is then summed the
+// same way whatever the other inputs are (a tile product's element depends on its own input row and
+// weight column only), so a batched decode step gives each sequence the bits it gets alone.
 #pragma once
 
 #include <cstdint>
@@ -35,27 +39,53 @@ Bf16GemmTier bf16_gemm_tier();
 constexpr int64_t kBf16Block = 32;
 // Depth per step (BF16 pairs of a 64-byte tile row).
 constexpr int64_t kBf16StepDepth = 32;
+// Inputs bf16_decode_gemm takes at most: one A tile.
+constexpr int64_t kBf16DecodeMaxInputs = 16;
 
 // FP32 activations x [n, cols] as both tiers read them: each A tile (16 inputs x 32 depth, hi or lo)
 // contiguous, 1 KiB, so that a tile load reads consecutive lines (rows of x at their own pitch, a multiple
-// of 4 KiB for the usual widths, would all fall in one L1 set). Zeros past n and past cols.
+// of 4 KiB for the usual widths, would all fall in one L1 set). Zeros past cols. The rows past n are
+// zeros or an earlier call's inputs: an output row depends on its own input row only (both tiers), and
+// the rows past n are never copied to y, so they are not cleared per call (that cost a decode step of
+// one input as much as a small product).
+// For n ≤ kBf16DecodeMaxInputs (bf16_decode_gemm) the A tiles hold 8 inputs each, both parts: rows 0-7 the
+// hi parts, rows 8-15 the lo parts, so that one tile product serves both.
 struct Bf16SplitActivations {
-  hwy::AlignedFreeUniquePtr<uint16_t[]> data;  // [ceil(n / 32), steps, 2 (inputs 16-row half), 2 (hi, lo), 16, 32]
-  int64_t capacity = 0;  // elements allocated
+  // [ceil(n / 32), steps, 2 (inputs 16-row half), 2 (hi, lo), 16, 32]; n ≤ 16: [steps, ceil(n / 8), 2 (hi, lo), 8, 32]
+  hwy::AlignedFreeUniquePtr<uint16_t[]> data;
+  int64_t capacity = 0;  // elements allocated (zeroed when allocated)
   int64_t n = 0, cols = 0;
   int64_t steps = 0;  // ceil(cols / 32)
+  int64_t decode_groups = 0;  // n ≤ 16: ceil(n / 8) A tiles a step; else 0
 };
-// Sizes `a` for x [n, cols] and zeroes its padding rows.
+// Sizes `a` for x [n, cols].
 void bf16_split_prepare(int64_t n, int64_t cols, Bf16SplitActivations& a);
 // Splits rows [begin, end) of x [n, cols] into a: hi = bf16(x), lo = bf16(x - hi), both rounded to nearest
 // even (any threads, disjoint ranges, after bf16_split_prepare; only where a tier other than kNone is
 // supported).
 void bf16_split_rows(const float* x, int64_t begin, int64_t end, Bf16SplitActivations& a);
 
-// y[i, o] = Σ_c (hi + lo)[i, c] · float(w[o, c]) for all a.n inputs and rows o in [row_begin, row_end)
-// of BF16 w [rows, a.cols]; y [a.n, rows]. Runs on the calling thread; `tier` supported and not kNone.
-void bf16_gemm(Bf16GemmTier tier, const Bf16SplitActivations& a, const uint16_t* w, int64_t rows, int64_t row_begin,
-               int64_t row_end, float* y);
+// BF16 weights w [rows, cols] packed into the panel layout the tiers read (Bf16BlockProduct's below, over
+// the whole depth), zeros past rows and cols: panel p (rows 32p .. 32p + 31) at step s starts at
+// panels[(p * ceil(cols / 32) + s) * 1024]. The same size as w, up to the padding. Only where a tier
+// other than kNone is supported.
+using Bf16Panels = hwy::AlignedFreeUniquePtr<uint16_t[]>;
+Bf16Panels bf16_pack_panels(const uint16_t* w, int64_t rows, int64_t cols);
+
+// y[i, o] = Σ_c (hi + lo)[i, c] · float(w[o, c]) for all a.n > kBf16DecodeMaxInputs inputs and rows o in
+// [row_begin, row_end) of BF16 w [rows, a.cols]; y [a.n, rows]. panels: w packed by bf16_pack_panels, or
+// nullptr (each panel is then packed from w as it is needed); row_begin a multiple of 32 where given. Runs
+// on the calling thread; `tier` supported and not kNone.
+void bf16_gemm(Bf16GemmTier tier, const Bf16SplitActivations& a, const uint16_t* w, const uint16_t* panels,
+               int64_t rows, int64_t row_begin, int64_t row_end, float* y);
+
+// The same product for a.n ≤ kBf16DecodeMaxInputs inputs (a decode step) on the AMX tiles from packed
+// panels (bf16_pack_panels), each weight read once: y = Σ_c hi · w + Σ_c lo · w, two FP32 sums over the
+// depth steps in order, added at the end; each input's bits the same for any a.n ≤ 16 (not those of
+// bf16_gemm, which adds hi and lo into one sum). row_begin a multiple of 32. Runs on the calling thread;
+// only where the AMX tier is supported.
+void bf16_decode_gemm(const Bf16SplitActivations& a, const uint16_t* panels, int64_t rows, int64_t row_begin,
+                      int64_t row_end, float* y);
 
 // What each tier computes per block, the interface of amx_block_product and avx512_bf16_block_product:
 // the y block of inputs [i0, i0 + 32) x rows [r0, r0 + 32) += its product over `steps` depth steps (or =

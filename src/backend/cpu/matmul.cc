@@ -33,10 +33,10 @@ const uint8_t* row_pointer(const WeightMatrix& w, int64_t row) {
 }
 
 // BF16 weights for many inputs go to the CPU's BF16 tier where it has one (bf16_gemm.h: AMX, else
-// AVX-512 BF16 on AMD CPUs).
+// AVX-512 BF16 on AMD CPUs); packed ones (AMX) for any number.
 bool takes_bf16_tier(const WeightMatrix& w, int64_t n) {
-  return n > kMatVecMaxInputs && w.quant == BlockQuant::kNone && w.dtype == DType::kBF16 &&
-         bf16_gemm_tier() != Bf16GemmTier::kNone;
+  return w.bf16_panels != nullptr || (n > kMatVecMaxInputs && w.quant == BlockQuant::kNone &&
+                                      w.dtype == DType::kBF16 && bf16_gemm_tier() != Bf16GemmTier::kNone);
 }
 
 // Quantized weights for few inputs (decode) are multiplied in integers with the inputs rounded to 8 bits
@@ -49,8 +49,11 @@ bool takes_quant_dot(const WeightMatrix& w, int64_t n) {
 // takes_bf16_tier(w, n); quantized: x quantized when takes_quant_dot(w, n).
 void matmul_rows(const float* x, int64_t n, const WeightMatrix& w, int64_t row0, int64_t rows, float* y,
                  const Bf16SplitActivations& split, const QuantizedActivations& quantized) {
-  if (takes_bf16_tier(w, n)) {
-    bf16_gemm(bf16_gemm_tier(), split, static_cast<const uint16_t*>(w.data), w.rows, row0, row0 + rows, y);
+  if (w.bf16_panels != nullptr && n <= kBf16DecodeMaxInputs) {
+    bf16_decode_gemm(split, w.bf16_panels, w.rows, row0, row0 + rows, y);
+  } else if (takes_bf16_tier(w, n)) {
+    bf16_gemm(bf16_gemm_tier(), split, static_cast<const uint16_t*>(w.data), w.bf16_panels, w.rows, row0, row0 + rows,
+              y);
   } else if (takes_quant_dot(w, n)) {
     matvec_quant_dot(quant_dot_tier(), quantized, w.data, w.quant, w.rows, row0, row0 + rows, y);
   } else if (w.quant != BlockQuant::kNone && n <= kMatVecMaxInputs) {
@@ -76,6 +79,10 @@ void matmul_rows(const float* x, int64_t n, const WeightMatrix& w, int64_t row0,
 }
 
 }  // namespace
+
+bool takes_bf16_panels(const WeightMatrix& w) {
+  return w.quant == BlockQuant::kNone && w.dtype == DType::kBF16 && bf16_gemm_tier() == Bf16GemmTier::kAmx;
+}
 
 size_t weight_row_bytes(const WeightMatrix& w) {
   if (w.quant == BlockQuant::kNone) return size_t(w.cols) * dtype_size_bytes(w.dtype);
@@ -123,9 +130,13 @@ void matmul_shared_input(const float* x, int64_t n, std::span<const MatmulProduc
                   [&](const MatmulProduct& p) { return takes_bf16_tier(*p.w, n); })) {
     bf16_split_prepare(n, products[0].w->cols, split_x);
     constexpr int64_t kInputsPerTask = 32;
-    pool.run((n + kInputsPerTask - 1) / kInputsPerTask, [&](int64_t task, int) {
-      bf16_split_rows(x, task * kInputsPerTask, std::min(n, (task + 1) * kInputsPerTask), split_x);
-    });
+    if (n <= kInputsPerTask) {  // a decode step's: less work than handing it to the pool
+      bf16_split_rows(x, 0, n, split_x);
+    } else {
+      pool.run((n + kInputsPerTask - 1) / kInputsPerTask, [&](int64_t task, int) {
+        bf16_split_rows(x, task * kInputsPerTask, std::min(n, (task + 1) * kInputsPerTask), split_x);
+      });
+    }
   }
   // And quantize it once for the integer products.
   thread_local QuantizedActivations quantized_inputs;

@@ -5,7 +5,9 @@
 //  - many inputs (prefill): half-precision rows are widened to FP32 a panel at a time (panel_gemm.h), so
 //    a BF16 model never needs an FP32 copy of itself; BF16 weights go to the CPU's BF16 tier where it
 //    has one (bf16_gemm.h: AMX tiles, else AVX-512 BF16 on AMD; the activations split into two BF16 parts,
-//    FP32-close results).
+//    FP32-close results);
+//  - on AMX, BF16 weights packed into the tiles' layout (WeightMatrix::bf16_panels) go to the tiles for
+//    any number of inputs: each input's result is then the same whatever the batch around it.
 // Quantized weights stay in their blocks (a Q4_K model stays Q4_K in memory): for few inputs they are
 // multiplied in integers with the inputs quantized to 8 bits once per call (quant_dot.h, as llama.cpp
 // does; SLIMKV_QUANT_DOT=f32 takes the FP32 products instead), for many each row is dequantized where the
@@ -28,7 +30,16 @@ struct WeightMatrix {
   int64_t rows = 0;  // output features
   int64_t cols = 0;  // input features
   BlockQuant quant = BlockQuant::kNone;  // else each row is cols / block_elements(quant) blocks (GGUF)
+  // BF16 weights where matmul takes the AMX tier: the same matrix packed once into the tiles' panel layout
+  // (bf16_gemm.h bf16_pack_panels; the owner keeps it alive), which matmul then reads for every number of
+  // inputs, decode included, so that each input gets the same bits whatever runs beside it; nullptr: `data`
+  // alone. `data` stays for whatever reads rows (embedding lookup, widen_rows, the CUDA upload).
+  const uint16_t* bf16_panels = nullptr;
 };
+
+// Whether matmul reads `w` packed (bf16_panels): BF16, not block-quantized, and this process's BF16 tier is
+// AMX (where the decode product runs on the tiles too). Elsewhere packing would only cost memory.
+bool takes_bf16_panels(const WeightMatrix& w);
 
 size_t weight_row_bytes(const WeightMatrix& w);
 // out[count, w.cols] = rows row0 .. row0 + count of W in FP32 (the fast kernels).
