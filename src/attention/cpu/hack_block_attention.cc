@@ -313,7 +313,7 @@ void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, c
                       size_t(tokens) * (k_bits / 2), q_ops + size_t(j) * (k_dim / 4) + g_begin, q_ops_stride, groups,
                       !stored_sums && !k_channel, acc, code_sum);
         const size_t slot = size_t(p) * tokens + t0;
-        const VI k_sum = stored_sums ? LoadInt16(k_sums + slot) : code_sum;
+        const VI k_sum = k_channel ? hn::Zero(di) : stored_sums ? LoadInt16(k_sums + slot) : code_sum;  // Σk' (HACK's)
         const VF k_sum_f = hn::ConvertTo(df, k_sum);
         const float dims = float(layout.k_partition_dims(p));
         for (int r = 0; r < batch; ++r) {
@@ -356,14 +356,21 @@ void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, c
       const int index = first_partial + first + r;
       partials.rescale(index, std::max(partials.max(index), hn::GetLane(hn::MaxOfLanes(df, maxima))));
     }
+    // V per token also takes Σ_t p_t (the denominator, exact) and max_t p_t (W''s range) as P is made.
+    VF p_total[kQueryBatch], p_largest[kQueryBatch];
     for (int r = 0; r < batch; ++r) {
       const int visible = tile.visible[first + r];
       float* s = scores.data() + size_t(r) * tokens;
       const VF running_max = hn::Set(df, partials.max(first_partial + first + r));
+      p_total[r] = p_largest[r] = hn::Zero(df);
       for (int t0 = 0; t0 < tokens; t0 += lanes) {
         const auto keep = hn::FirstN(df, size_t(std::max(visible - t0, 0)));
         const VF e = hn::IfThenElseZero(keep, hn::Exp(df, hn::Sub(hn::LoadU(df, s + t0), running_max)));
         hn::StoreU(e, df, s + t0);
+        if (v_token) {
+          p_total[r] = hn::Add(p_total[r], e);
+          p_largest[r] = hn::Max(p_largest[r], e);
+        }
       }
     }
     if (v_token) {
@@ -373,16 +380,9 @@ void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, c
       float p_max[kQueryBatch];
       VF p_factor[kQueryBatch];
       for (int r = 0; r < batch; ++r) {
-        const float* pr = scores.data() + size_t(r) * tokens;
-        VF total = hn::Zero(df), largest = hn::Zero(df);
-        for (int t0 = 0; t0 < tokens; t0 += lanes) {
-          const VF pt = hn::LoadU(df, pr + t0);
-          total = hn::Add(total, pt);
-          largest = hn::Max(largest, pt);
-        }
         const int index = first_partial + first + r;
-        if (tile.visible[first + r] > 0) partials.sum(index) += hn::GetLane(hn::SumOfLanes(df, total));
-        p_max[r] = hn::GetLane(hn::MaxOfLanes(df, largest));
+        if (tile.visible[first + r] > 0) partials.sum(index) += hn::GetLane(hn::SumOfLanes(df, p_total[r]));
+        p_max[r] = hn::GetLane(hn::MaxOfLanes(df, p_largest[r]));
         p_factor[r] = hn::Set(df, operand_factor(p_max[r], kWLevels));
       }
       for (int g = 0; g < v_groups; ++g) {
