@@ -48,9 +48,9 @@ std::vector<float> through_operand8(const std::vector<float>& x, int run) {
 // Σ_d q_d m_d exact.
 // Output. V per channel (HACK): P' per block times v = min + scale · v'. V per token:
 //   Σ_t p_t (s_t v'_tc + m_t) = Σ_t (p_t s_t) v'_tc + Σ_t p_t m_t
-// with w = p ∘ s quantized to 8 bits over the block's tokens (per column group: the scales are the
-// group's) in [0, max p · max s]: w'_t = lrint(p̂_t ŝ_t), p̂ = p · 255 / max p, ŝ = s / max s; the
-// constant Σ_t p_t m_t and the denominator Σ_t p_t exact.
+// with w = p ∘ s ≥ 0 quantized to 8 bits over the block's tokens (per column group: the scales are the
+// group's) in [0, max w]: w'_t = lrint(w_t · 255 / max w); the constant Σ_t p_t m_t and the
+// denominator Σ_t p_t exact.
 void attend_hack_block_reference(const QuantizedBlockLayout& layout, const uint8_t* block, const QueryTile& tile,
                                  AttentionPartials& partials, int first_partial) {
   const QuantizationConfig& config = layout.config;
@@ -97,19 +97,16 @@ void attend_hack_block_reference(const QuantizedBlockLayout& layout, const uint8
     std::vector<double> acc(size_t(v_dim), 0.0);
     if (config.v_per_token) {
       for (int t = 0; t < tokens; ++t) sum += double(p[size_t(t)]);
-      const float p_max = *std::max_element(p.begin(), p.end());
       for (int g = 0; g < layout.v_groups; ++g) {
         const int c0 = g * layout.v_group_dims;
-        float s_max = 0;
-        for (int t = 0; t < tokens; ++t) s_max = std::max(s_max, float(v_affine(layout, block, t, c0).scale));
-        const float p_factor = operand_factor(p_max, kWLevels), s_factor = operand_factor(s_max, 1.0f);
-        const double step = product_step(p_max, s_max, kWLevels);
+        std::vector<float> w(static_cast<size_t>(tokens));
+        for (int t = 0; t < tokens; ++t) w[size_t(t)] = p[size_t(t)] * float(v_affine(layout, block, t, c0).scale);
+        const float w_max = *std::max_element(w.begin(), w.end()), factor = operand_factor(w_max, kWLevels);
         for (int t = 0; t < tokens; ++t) {
-          const Affine a = v_affine(layout, block, t, c0);
-          const int w = product_code(p[size_t(t)] * p_factor, float(a.scale) * s_factor);
-          const double constant = double(p[size_t(t)]) * a.min;
+          const double weight = double(w_max / kWLevels) * product_code(w[size_t(t)], factor);
+          const double constant = double(p[size_t(t)]) * v_affine(layout, block, t, c0).min;
           for (int c = c0; c < c0 + layout.v_group_dims; ++c) {
-            acc[size_t(c)] += step * double(w) * double(v_codes[size_t(t) * v_dim + c]) + constant;
+            acc[size_t(c)] += weight * double(v_codes[size_t(t) * v_dim + c]) + constant;
           }
         }
       }

@@ -243,11 +243,11 @@ void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, c
   const float* q_max_all = k_channel ? q_hat_all + size_t(tile.n_queries) * k_dim : nullptr;
   thread_local std::vector<int32_t> u_ops;
   thread_local std::vector<float> u_step, k_constant;
-  // P' (V per channel) or W' = lrint(p̂ ∘ ŝ) per column group (V per token): [batch][v_groups][tokens / 4],
+  // P' (V per channel) or W' = lrint(w · 255 / max w) per column group (V per token): [batch][v_groups][tokens / 4],
   // P''s Operand8 [batch], and for V per token W''s step and the constant Σ_t p_t m_t [batch][v_groups].
   thread_local std::vector<int32_t> p_ops;
   thread_local std::vector<Operand8> p_meta;
-  thread_local std::vector<float> scores, w_step, v_constant;  // scores: [batch][tokens]
+  thread_local std::vector<float> scores, w_buffer, w_step, v_constant;  // scores, w: [batch][tokens]
   p_ops.resize(size_t(kQueryBatch) * v_groups * (tokens / 4));
   p_meta.resize(size_t(kQueryBatch));
   scores.resize(size_t(kQueryBatch) * tokens);
@@ -257,6 +257,7 @@ void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, c
     k_constant.resize(size_t(kQueryBatch) * k_groups);
   }
   if (v_token) {
+    w_buffer.resize(size_t(kQueryBatch) * tokens);
     w_step.resize(size_t(kQueryBatch) * v_groups);
     v_constant.resize(size_t(kQueryBatch) * v_groups);
   }
@@ -356,55 +357,53 @@ void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, c
       const int index = first_partial + first + r;
       partials.rescale(index, std::max(partials.max(index), hn::GetLane(hn::MaxOfLanes(df, maxima))));
     }
-    // V per token also takes Σ_t p_t (the denominator, exact) and max_t p_t (W''s range) as P is made.
-    VF p_total[kQueryBatch], p_largest[kQueryBatch];
+    // V per token also takes Σ_t p_t (the denominator, exact) as P is made.
+    VF p_total[kQueryBatch];
     for (int r = 0; r < batch; ++r) {
       const int visible = tile.visible[first + r];
       float* s = scores.data() + size_t(r) * tokens;
       const VF running_max = hn::Set(df, partials.max(first_partial + first + r));
-      p_total[r] = p_largest[r] = hn::Zero(df);
+      p_total[r] = hn::Zero(df);
       for (int t0 = 0; t0 < tokens; t0 += lanes) {
         const auto keep = hn::FirstN(df, size_t(std::max(visible - t0, 0)));
         const VF e = hn::IfThenElseZero(keep, hn::Exp(df, hn::Sub(hn::LoadU(df, s + t0), running_max)));
         hn::StoreU(e, df, s + t0);
-        if (v_token) {
-          p_total[r] = hn::Add(p_total[r], e);
-          p_largest[r] = hn::Max(p_largest[r], e);
-        }
+        if (v_token) p_total[r] = hn::Add(p_total[r], e);
       }
     }
     if (v_token) {
-      // V per token: the denominator Σ_t p_t and the constant Σ_t p_t m_t exact; W' = lrint(p̂ ∘ ŝ) per
-      // column group carries the codes' part, with p̂ = p · 255 / max p and ŝ = s / max s (the
-      // derivation: attention/hack_reference.cc). As for U': ŝ and m widened once for the batch.
-      float p_max[kQueryBatch];
-      VF p_factor[kQueryBatch];
+      // V per token: the denominator Σ_t p_t and the constant Σ_t p_t m_t exact; W' = lrint(w · 255 /
+      // max w) per column group, w = p ∘ s ≥ 0, carries the codes' part (the derivation:
+      // attention/hack_reference.cc). The group's scales and mins are widened once for the batch's
+      // queries; w is kept for the second pass, once its max is known.
       for (int r = 0; r < batch; ++r) {
         const int index = first_partial + first + r;
         if (tile.visible[first + r] > 0) partials.sum(index) += hn::GetLane(hn::SumOfLanes(df, p_total[r]));
-        p_max[r] = hn::GetLane(hn::MaxOfLanes(df, p_largest[r]));
-        p_factor[r] = hn::Set(df, operand_factor(p_max[r], kWLevels));
       }
       for (int g = 0; g < v_groups; ++g) {
         const size_t meta = size_t(g) * tokens;
-        const float s_max = MaxOfHalves(v_scales + meta, tokens);
-        const VF s_factor = hn::Set(df, operand_factor(s_max, 1.0f));
-        VF constant[kQueryBatch];
-        for (VF& c : constant) c = hn::Zero(df);
+        VF constant[kQueryBatch], largest[kQueryBatch];
+        for (int r = 0; r < kQueryBatch; ++r) constant[r] = largest[r] = hn::Zero(df);
         for (int t0 = 0; t0 < tokens; t0 += lanes) {
-          const VF s_hat = hn::Mul(LoadHalf(v_scales + meta + t0), s_factor), min = LoadHalf(v_mins + meta + t0);
+          const VF scale = LoadHalf(v_scales + meta + t0), min = LoadHalf(v_mins + meta + t0);
           for (int r = 0; r < batch; ++r) {
-            const VF pt = hn::LoadU(df, scores.data() + size_t(r) * tokens + t0);
-            const VI w = RoundToInt(hn::Mul(hn::Mul(pt, p_factor[r]), s_hat));
-            StoreCodeBytes(hn::Xor(w, hn::Set(di, 0x80)),
-                           reinterpret_cast<uint8_t*>(p_ops.data() + (size_t(r) * v_groups + g) * (tokens / 4)) + t0);
+            const VF pt = hn::LoadU(df, scores.data() + size_t(r) * tokens + t0), w = hn::Mul(pt, scale);
+            hn::StoreU(w, df, w_buffer.data() + size_t(r) * tokens + t0);
+            largest[r] = hn::Max(largest[r], w);
             constant[r] = hn::MulAdd(pt, min, constant[r]);
           }
         }
         for (int r = 0; r < batch; ++r) {
           const size_t row = size_t(r) * v_groups + size_t(g);
+          const float w_max = hn::GetLane(hn::MaxOfLanes(df, largest[r]));
+          const VF factor = hn::Set(df, operand_factor(w_max, kWLevels));
+          auto* codes = reinterpret_cast<uint8_t*>(p_ops.data() + row * (tokens / 4));
+          for (int t0 = 0; t0 < tokens; t0 += lanes) {
+            const VI w = RoundToInt(hn::Mul(hn::LoadU(df, w_buffer.data() + size_t(r) * tokens + t0), factor));
+            StoreCodeBytes(hn::Xor(w, hn::Set(di, 0x80)), codes + t0);
+          }
           v_constant[row] = hn::GetLane(hn::SumOfLanes(df, constant[r]));
-          w_step[row] = product_step(p_max[r], s_max, kWLevels);
+          w_step[row] = w_max / kWLevels;
         }
       }
     } else {

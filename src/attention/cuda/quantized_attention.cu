@@ -13,8 +13,8 @@
 //     scales vary along the dot products, so they are folded into the operands per block and warp:
 //     u = q∘s per K token group and K partition, U' = lrint(q̂ ŝ) in the range its factors bound
 //     (q̂ = q · 127 / max|q|, ŝ = s / max s: attention/hack_operands.h), Σ_d q_d m_d exact; w = p∘s per
-//     V column group over the block's tokens, W' = lrint(p̂ ŝ) (p̂ = p · 255 / max p), Σ_t p_t m_t and
-//     Σ_t p_t exact. The integer products are the same dp4a on U', W' instead of Q', P'.
+//     V column group over the block's tokens, W' = lrint(w · 255 / max w), Σ_t p_t m_t and Σ_t p_t
+//     exact. The integer products are the same dp4a on U', W' instead of Q', P'.
 // The open block is read in FP16 and computed in FP32, as the dense kernel does.
 #include <cuda_fp16.h>
 
@@ -329,32 +329,27 @@ __device__ __forceinline__ void block_scores(const QuantizedLaunch& L, const uin
   }
 }
 
-// V per token: for each column group of the block staged at `b`, w = p∘s over the block's tokens (the
-// lane's two are p; p_max the block's largest) into W' of row r: lrint(p̂ ŝ) (p̂ = p · 255 / max p,
-// ŝ = s / max s), with (step, 0, Σ_t p_t m_t).
+// V per token: for each column group of the block staged at `b`, w = p∘s ≥ 0 over the block's tokens
+// (the lane's two are p) into W' of row r: lrint(w · 255 / max w) (product_code's IEEE operations), with
+// (step, 0, Σ_t p_t m_t).
 template <int kHeadDim, int kRows, int kBits, bool kHack>
-__device__ __forceinline__ void weigh_v_groups(const QuantizedLaunch& L, const uint8_t* b, const float (&p)[2], float p_max,
-                                               int r, uint8_t* scratch, int lane) {
+__device__ __forceinline__ void weigh_v_groups(const QuantizedLaunch& L, const uint8_t* b, const float (&p)[2], int r,
+                                               uint8_t* scratch, int lane) {
   const __half* v_mins = reinterpret_cast<const __half*>(b + L.sealed.offsets.v_mins);
   const __half* v_scales = reinterpret_cast<const __half*>(b + L.sealed.offsets.v_scales);
   const int t0 = 2 * lane;
-  const float p_factor = operand_factor(p_max, 255.0f);
   for (int group = 0; group < kHeadDim / L.sealed.v_group_dims; ++group) {
     const int slot = group * T + t0;
-    const float s0 = __half2float(v_scales[slot]), s1 = __half2float(v_scales[slot + 1]);
+    const float w0 = __fmul_rn(p[0], __half2float(v_scales[slot])), w1 = __fmul_rn(p[1], __half2float(v_scales[slot + 1]));
     float constant = fmaf(p[0], __half2float(v_mins[slot]), p[1] * __half2float(v_mins[slot + 1]));
-    const float s_max = warp_max(fmaxf(s0, s1)), s_factor = operand_factor(s_max, 1.0f);
+    const float w_max = warp_max(fmaxf(w0, w1)), factor = operand_factor(w_max, 255.0f);
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) constant += __shfl_xor_sync(kFullMask, constant, offset);
     const int row = group * kRows + r;
     uint8_t* codes = scratch + L.scratch.w_codes + row * T;
-    const int w0 = __float2int_rn(__fmul_rn(__fmul_rn(p[0], p_factor), __fmul_rn(s0, s_factor)));
-    const int w1 = __float2int_rn(__fmul_rn(__fmul_rn(p[1], p_factor), __fmul_rn(s1, s_factor)));
-    codes[BlockLanes<kBits, kHack>::operand_byte(t0)] = uint8_t(min(max(w0, 0), 255));
-    codes[BlockLanes<kBits, kHack>::operand_byte(t0 + 1)] = uint8_t(min(max(w1, 0), 255));
-    if (lane == 0) {
-      reinterpret_cast<float4*>(scratch + L.scratch.w_meta)[row] = make_float4(__fmul_rn(p_max, s_max) / 255.0f, 0.0f, constant, 0.0f);
-    }
+    codes[BlockLanes<kBits, kHack>::operand_byte(t0)] = uint8_t(min(max(__float2int_rn(__fmul_rn(w0, factor)), 0), 255));
+    codes[BlockLanes<kBits, kHack>::operand_byte(t0 + 1)] = uint8_t(min(max(__float2int_rn(__fmul_rn(w1, factor)), 0), 255));
+    if (lane == 0) reinterpret_cast<float4*>(scratch + L.scratch.w_meta)[row] = make_float4(w_max / 255.0f, 0.0f, constant, 0.0f);
   }
 }
 
@@ -384,8 +379,7 @@ __device__ __forceinline__ void block_weights(const QuantizedLaunch& L, const ui
     if (kLayouts && L.sealed.v_per_token) {
       const float p[kTokens] = {fast_exp2(s2[0] - reference), fast_exp2(s2[1] - reference)};
       sum = p[0] + p[1];
-      // exp2 is monotonic: the block's greatest weight is that of its greatest score.
-      weigh_v_groups<kHeadDim, kRows, kBits, kHack>(L, b, p, fast_exp2(block_max - reference), r, scratch, lane);
+      weigh_v_groups<kHeadDim, kRows, kBits, kHack>(L, b, p, r, scratch, lane);
     } else if constexpr (kHack) {
       // exp2 is monotonic: the block's least and greatest weights are those of its extreme scores.
       const float lo = fast_exp2(warp_min(local_min) - reference), hi = fast_exp2(block_max - reference);
