@@ -1,7 +1,7 @@
 // Kernel benchmark: each optimized CPU kernel next to the plain reference it is tested against, and
 // the KV codecs next to each other. Google Benchmark times every variant (benchmark_runner.h).
-//   bench_kernels [--threads N] [--contexts 1024,4096,...] [--layouts] [--prefill-gemm ROUNDS] [--decode-gemm ROUNDS]
-//                 [--quant-dot ROUNDS]
+//   bench_kernels [--threads N] [--contexts 1024,4096,...] [--layouts [--layout-specs 'A;B'] [--rounds N]]
+//                 [--prefill-gemm ROUNDS] [--decode-gemm ROUNDS] [--quant-dot ROUNDS]
 // Attention: decode (one query token) and prefill with the Llama-3-8B shape (32 query / 8 KV heads,
 // d = 128) over the paged store: dense FP32 and FP16, quant and hack 2-bit, and the FP64 reference. GEMM: y = x·Wᵀ for F32 and
 // BF16 weights, BLAS (+ widening) against the FP64 triple loop (at sizes where that finishes). Prefill
@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -50,42 +51,55 @@ struct DecodeInputs {
   }
 };
 
-// Times one decode step's attention over a store of `spec` holding the inputs; sealed_bytes: its size.
-double decode_ms(const std::string& spec, int context, const DecodeInputs& in, ThreadPool& pool, double* sealed_bytes) {
+// A store of `spec` holding the inputs (one sequence of `context` tokens).
+std::unique_ptr<KvStore> decode_store(const std::string& spec, int context, const DecodeInputs& in) {
   auto pipeline = make_kv_pipeline(spec);
   if (!pipeline) {
     std::fprintf(stderr, "%s\n", pipeline.status().message().c_str());
     std::exit(2);
   }
-  KvStore store({1, kKvHeads, kHeadDim, kHeadDim, context}, *pipeline);
-  store.append(0, in.k.data(), in.v.data(), context);
-  std::vector<float> out(size_t(kHeads) * kHeadDim);
-  const AttentionParams params{kHeads, 1.0f / std::sqrt(float(kHeadDim)), &pool};
-  const double ms = measure_ms("decode/" + spec + "/" + std::to_string(context),
-                               [&] { attend(store, 0, in.q.data(), 1, context - 1, params, out.data()); });
-  if (sealed_bytes) *sealed_bytes = double(store.memory().sealed_bytes);
-  return ms;
+  auto store = std::make_unique<KvStore>(KvShape{1, kKvHeads, kHeadDim, kHeadDim, context}, *pipeline);
+  store->append(0, in.k.data(), in.v.data(), context);
+  return store;
 }
 
-// The scale layouts of issue 28 next to HACK's, on the integers (hack) and dequantized (quant, kivi).
-void bench_layouts(const std::vector<int>& contexts, ThreadPool& pool) {
-  const std::vector<std::string> specs = {
-      "hack:bits=2,pi=64", "hack:bits=2,pi=64,klayout=channel", "hack:bits=2,pi=64,klayout=channel,vlayout=token",
-      "hack:bits=2,pi=128,klayout=channel,kgroup=32,vlayout=token,vgroup=32", "quant:bits=2,pi=64,klayout=channel,vlayout=token",
-      "kivi:bits=2"};
+// Times one decode step's attention (the sequence's last token) over `store`.
+double decode_ms(const std::string& name, const KvStore& store, int context, const DecodeInputs& in, ThreadPool& pool) {
+  std::vector<float> out(size_t(kHeads) * kHeadDim);
+  const AttentionParams params{kHeads, 1.0f / std::sqrt(float(kHeadDim)), &pool};
+  return measure_ms("decode/" + name + "/" + std::to_string(context),
+                    [&] { attend(store, 0, in.q.data(), 1, context - 1, params, out.data()); });
+}
+
+// Times one decode step's attention over a store of `spec` holding the inputs; sealed_bytes: its size.
+double decode_ms(const std::string& spec, int context, const DecodeInputs& in, ThreadPool& pool, double* sealed_bytes) {
+  const auto store = decode_store(spec, context, in);
+  if (sealed_bytes) *sealed_bytes = double(store->memory().sealed_bytes);
+  return decode_ms(spec, *store, context, in, pool);
+}
+
+// The scale layouts of issue 28 next to HACK's (the first spec), on the integers (hack) and dequantized
+// (quant, kivi). Every store is built once; the specs are then timed in turn, `rounds` times (A B A B),
+// each ratio against the first spec's time of the same round.
+void bench_layouts(const std::vector<int>& contexts, const std::vector<std::string>& specs, int rounds,
+                   ThreadPool& pool) {
   std::printf("\n== decode attention by scale layout, 1 query token, %d/%d heads, d=%d, %d threads, hack kernel on %s ==\n",
               kHeads, kKvHeads, kHeadDim, pool.threads(), hack_kernel_target());
-  std::printf("%8s %-72s %10s %10s %10s\n", "context", "spec", "ms", "x hack", "B/token");
+  std::printf("%5s %8s %-72s %10s %10s %10s\n", "round", "context", "spec", "ms", "x first", "B/token");
   std::mt19937 rng(42);
   for (int context : contexts) {
     const DecodeInputs in(context, rng);
-    double base = 0;
-    for (const std::string& spec : specs) {
-      double bytes = 0;
-      const double ms = decode_ms(spec, context, in, pool, &bytes);
-      if (base == 0) base = ms;
-      std::printf("%8d %-72s %10.3f %10.2f %10.1f\n", context, spec.c_str(), ms, ms / base,
-                  bytes / context / kKvHeads);
+    std::vector<std::unique_ptr<KvStore>> stores;
+    for (const std::string& spec : specs) stores.push_back(decode_store(spec, context, in));
+    for (int round = 1; round <= rounds; ++round) {
+      double base = 0;
+      for (size_t i = 0; i < specs.size(); ++i) {
+        const double ms = decode_ms(specs[i], *stores[i], context, in, pool);
+        if (i == 0) base = ms;
+        std::printf("%5d %8d %-72s %10.3f %10.2f %10.1f\n", round, context, specs[i].c_str(), ms, ms / base,
+                    double(stores[i]->memory().sealed_bytes) / context / kKvHeads);
+        std::fflush(stdout);
+      }
     }
   }
 }
@@ -332,6 +346,15 @@ int main(int argc, char** argv) {
   app.add_option("--prefill", prefill_tokens, "prompt length for prefill attention (0: skip)")->capture_default_str();
   bool layouts_only = false;
   app.add_flag("--layouts", layouts_only, "only decode attention by K/V scale layout (issue 28)");
+  std::vector<std::string> layout_specs = {
+      "hack:bits=2,pi=64", "hack:bits=2,pi=64,klayout=channel", "hack:bits=2,pi=64,klayout=channel,vlayout=token",
+      "hack:bits=2,pi=128,klayout=channel,kgroup=32,vlayout=token,vgroup=32", "quant:bits=2,pi=64,klayout=channel,vlayout=token",
+      "kivi:bits=2"};
+  app.add_option("--layout-specs", layout_specs, "--layouts: the KV specs, ';'-separated (ratios against the first)")
+      ->delimiter(';')
+      ->capture_default_str();
+  int layout_rounds = 1;
+  app.add_option("--rounds", layout_rounds, "--layouts: times every spec is timed, in turn")->capture_default_str();
   int prefill_gemm_rounds = 0;
   app.add_option("--prefill-gemm", prefill_gemm_rounds, "only the prefill GEMM kernels, this many alternating rounds");
   int decode_gemm_rounds = 0;
@@ -353,7 +376,7 @@ int main(int argc, char** argv) {
   }
   slimkv::ThreadPool pool(threads);
   if (layouts_only) {
-    slimkv::bench_layouts(contexts, pool);
+    slimkv::bench_layouts(contexts, layout_specs, layout_rounds, pool);
     return 0;
   }
   slimkv::bench_attention(contexts, pool);

@@ -42,12 +42,15 @@ std::vector<float> through_operand8(const std::vector<float>& x, int run) {
 
 // Scores. K per token (HACK): q · k with Q' per K partition and k = min + scale · k'. K per channel:
 //   q · k_t = Σ_d q_d (s_d k'_td + m_d) = Σ_d (q_d s_d) k'_td + Σ_d q_d m_d
-// with u = q ∘ s quantized to 8 bits per K partition (once per token group: the scales are the group's)
-// and the constant Σ_d q_d m_d exact.
+// with u = q ∘ s quantized to signed 8-bit codes per K partition and token group (the scales are the
+// group's) in the range its factors bound, |u_d| ≤ max|q| · max s: u'_d = lrint(q̂_d ŝ_d),
+// q̂ = q · 127 / max|q|, ŝ = s / max s, u ≈ (max|q| max s / 127) u' (hack_operands.h); the constant
+// Σ_d q_d m_d exact.
 // Output. V per channel (HACK): P' per block times v = min + scale · v'. V per token:
 //   Σ_t p_t (s_t v'_tc + m_t) = Σ_t (p_t s_t) v'_tc + Σ_t p_t m_t
-// with w = p ∘ s quantized to 8 bits over the block's tokens (per column group: the scales are the
-// group's), the constant Σ_t p_t m_t and the denominator Σ_t p_t exact.
+// with w = p ∘ s ≥ 0 quantized to 8 bits over the block's tokens (per column group: the scales are the
+// group's) in [0, max w]: w'_t = lrint(w_t · 255 / max w); the constant Σ_t p_t m_t and the
+// denominator Σ_t p_t exact.
 void attend_hack_block_reference(const QuantizedBlockLayout& layout, const uint8_t* block, const QueryTile& tile,
                                  AttentionPartials& partials, int first_partial) {
   const QuantizationConfig& config = layout.config;
@@ -65,12 +68,20 @@ void attend_hack_block_reference(const QuantizedBlockLayout& layout, const uint8
     for (int t = 0; t < visible; ++t) {
       double dot = 0;
       if (config.k_per_channel) {
-        std::vector<float> u(static_cast<size_t>(k_dim));
-        for (int d = 0; d < k_dim; ++d) u[size_t(d)] = query[size_t(d)] * float(k_affine(layout, block, t, d).scale);
-        u = through_operand8(u, layout.k_partition);
-        for (int d = 0; d < k_dim; ++d) {
-          dot += double(u[size_t(d)]) * double(k_codes[size_t(t) * k_dim + d]) +
-                 double(query[size_t(d)]) * k_affine(layout, block, t, d).min;
+        for (int p = 0; p < layout.k_partitions; ++p) {
+          const int dim0 = p * layout.k_partition, dim1 = dim0 + layout.k_partition_dims(p);
+          float q_max = 0, s_max = 0;
+          for (int d = dim0; d < dim1; ++d) {
+            q_max = std::max(q_max, std::fabs(query[size_t(d)]));
+            s_max = std::max(s_max, float(k_affine(layout, block, t, d).scale));
+          }
+          const float q_factor = operand_factor(q_max, kULevels), s_factor = operand_factor(s_max, 1.0f);
+          const double step = product_step(q_max, s_max, kULevels);
+          for (int d = dim0; d < dim1; ++d) {
+            const Affine a = k_affine(layout, block, t, d);
+            const int u = product_code(query[size_t(d)] * q_factor, float(a.scale) * s_factor);
+            dot += step * double(u) * double(k_codes[size_t(t) * k_dim + d]) + double(query[size_t(d)]) * a.min;
+          }
         }
       } else {
         for (int d = 0; d < k_dim; ++d) dot += double(q[size_t(d)]) * double(k[size_t(t) * k_dim + d]);
@@ -90,11 +101,12 @@ void attend_hack_block_reference(const QuantizedBlockLayout& layout, const uint8
         const int c0 = g * layout.v_group_dims;
         std::vector<float> w(static_cast<size_t>(tokens));
         for (int t = 0; t < tokens; ++t) w[size_t(t)] = p[size_t(t)] * float(v_affine(layout, block, t, c0).scale);
-        w = through_operand8(w, tokens);
+        const float w_max = *std::max_element(w.begin(), w.end()), factor = operand_factor(w_max, kWLevels);
         for (int t = 0; t < tokens; ++t) {
+          const double weight = double(w_max / kWLevels) * product_code(w[size_t(t)], factor);
           const double constant = double(p[size_t(t)]) * v_affine(layout, block, t, c0).min;
           for (int c = c0; c < c0 + layout.v_group_dims; ++c) {
-            acc[size_t(c)] += double(w[size_t(t)]) * double(v_codes[size_t(t) * v_dim + c]) + constant;
+            acc[size_t(c)] += weight * double(v_codes[size_t(t) * v_dim + c]) + constant;
           }
         }
       }

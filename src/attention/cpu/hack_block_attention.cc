@@ -130,6 +130,36 @@ HWY_INLINE void QuantizeOperand8(const float* x, int n, Operand8& op, int32_t* p
   op.sum = hn::GetLane(hn::SumOfLanes(di, sum));
 }
 
+// The largest of n FP16 values (n a multiple of the vector length; a block's scales).
+HWY_INLINE float MaxOfHalves(const uint16_t* x, int n) {
+  const DF df;
+  const size_t lanes = hn::Lanes(df);
+  VF hi = LoadHalf(x);
+  for (size_t i = lanes; i < size_t(n); i += lanes) hi = hn::Max(hi, LoadHalf(x + i));
+  return hn::GetLane(hn::MaxOfLanes(df, hi));
+}
+
+// lrint of each lane (product_code's rounding). The operands' codes stay within ±256, so AVX-512's
+// plain conversion needs none of NearestInt's overflow fix-up.
+HWY_INLINE VI RoundToInt(VF x) {
+#if HWY_TARGET == HWY_AVX3_DL
+  return VI{_mm512_cvtps_epi32(x.raw)};
+#else
+  return hn::NearestInt(x);
+#endif
+}
+
+// The low byte of each lane of codes, one per byte from `bytes` on.
+HWY_INLINE void StoreCodeBytes(VI codes, uint8_t* bytes) {
+#if HWY_TARGET == HWY_AVX3_DL
+  // vpmovdb: this Highway's TruncateTo for AVX3_DL (a VBMI byte permute) left the lanes whole.
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(bytes), _mm512_cvtepi32_epi8(codes.raw));
+#else
+  const hn::Rebind<uint8_t, DU> d8;
+  hn::StoreU(hn::TruncateTo(d8, hn::BitCast(DU(), codes)), d8, bytes);
+#endif
+}
+
 // acc[r] = Σ_{i < count} codes_i · operands[r · operand_stride + i] for the batch's kBatch queries,
 // where codes_i are the lanes packed at codes + i · code_stride; also code_sum = Σ codes_i when
 // `with_code_sum` (the SE ablation). The batch size is a template parameter so that the accumulators
@@ -205,29 +235,30 @@ void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, c
   // Q' of the whole tile, from prepare_hack_queries (K per token).
   const auto* q_ops_all = reinterpret_cast<const int32_t*>(tile.prepared);
   const auto* q_meta_all = k_channel ? nullptr : reinterpret_cast<const Operand8*>(tile.prepared + size_t(tile.n_queries) * k_dim);
-  // K per channel: U' = (q ∘ s)' per token group [batch][k_groups][k_dim / 4], its Operand8 per K
-  // partition [batch][k_groups][k_partitions], and the constant Σ_d q_d m_d [batch][k_groups]; u itself
-  // [batch][k_dim] before it is quantized.
+  // K per channel: from prepare_hack_queries, q̂ = q · 127 / max|q| [n_queries][k_dim] and max|q|
+  // [n_queries][k_partitions]; per block, U' = lrint(q̂ ∘ ŝ) per token group [batch][k_groups][k_dim / 4],
+  // its step per K partition [batch][k_groups][k_partitions], and the constant Σ_d q_d m_d
+  // [batch][k_groups].
+  const float* q_hat_all = k_channel ? reinterpret_cast<const float*>(tile.prepared) : nullptr;
+  const float* q_max_all = k_channel ? q_hat_all + size_t(tile.n_queries) * k_dim : nullptr;
   thread_local std::vector<int32_t> u_ops;
-  thread_local std::vector<Operand8> u_meta;
-  thread_local std::vector<float> u_buffer, k_constant;
-  // P' (V per channel) or W' = (p ∘ s)' per column group (V per token): [batch][v_groups][tokens / 4], its
-  // Operand8 [batch][v_groups], and for V per token the constant Σ_t p_t m_t [batch][v_groups] (w itself:
-  // [batch][tokens]).
+  thread_local std::vector<float> u_step, k_constant;
+  // P' (V per channel) or W' = lrint(w · 255 / max w) per column group (V per token): [batch][v_groups][tokens / 4],
+  // P''s Operand8 [batch], and for V per token W''s step and the constant Σ_t p_t m_t [batch][v_groups].
   thread_local std::vector<int32_t> p_ops;
   thread_local std::vector<Operand8> p_meta;
-  thread_local std::vector<float> scores, w_buffer, v_constant;  // scores: [batch][tokens]
+  thread_local std::vector<float> scores, w_buffer, w_step, v_constant;  // scores, w: [batch][tokens]
   p_ops.resize(size_t(kQueryBatch) * v_groups * (tokens / 4));
-  p_meta.resize(size_t(kQueryBatch) * v_groups);
+  p_meta.resize(size_t(kQueryBatch));
   scores.resize(size_t(kQueryBatch) * tokens);
   if (k_channel) {
     u_ops.resize(size_t(kQueryBatch) * k_groups * (k_dim / 4));
-    u_meta.resize(size_t(kQueryBatch) * k_groups * layout.k_partitions);
-    u_buffer.resize(size_t(kQueryBatch) * k_dim);
+    u_step.resize(size_t(kQueryBatch) * k_groups * layout.k_partitions);
     k_constant.resize(size_t(kQueryBatch) * k_groups);
   }
   if (v_token) {
     w_buffer.resize(size_t(kQueryBatch) * tokens);
+    w_step.resize(size_t(kQueryBatch) * v_groups);
     v_constant.resize(size_t(kQueryBatch) * v_groups);
   }
 
@@ -237,14 +268,14 @@ void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, c
     for (int r = 0; r < batch; ++r) seen = std::max(seen, tile.visible[first + r]);
     if (seen == 0) continue;
     const int seen_chunks = (seen + lanes - 1) / lanes * lanes;
-    const int32_t* q_ops = k_channel ? nullptr : q_ops_all + size_t(first) * (k_dim / 4);
+    const int32_t* q_ops = k_channel ? u_ops.data() : q_ops_all + size_t(first) * (k_dim / 4);
     const Operand8* q_meta = k_channel ? nullptr : q_meta_all + size_t(first) * layout.k_partitions;
-    size_t q_ops_stride = size_t(k_dim / 4), q_meta_stride = size_t(layout.k_partitions);
+    const size_t q_ops_stride = k_channel ? size_t(k_groups) * (k_dim / 4) : size_t(k_dim / 4);
 
-    // K per channel: the block's scales fold into the queries, once per token group (the derivation:
-    // attention/hack_reference.cc): U' = (q ∘ s)' per K partition, and the constant Σ_d q_d m_d. The
-    // batch's queries go together: the group's scales and mins are widened once for all of them, and
-    // each u's range is taken as it is made.
+    // K per channel: the block's scales fold into the queries, per token group and K partition (the
+    // derivation: attention/hack_reference.cc): U' = lrint(q̂ ∘ ŝ) with ŝ = s / max s, whose range the
+    // factors bound (no reduction over u), and the constant Σ_d q_d m_d. ŝ and m are widened once
+    // for the batch's queries.
     if (k_channel) {
       for (int j = 0; j * layout.k_group_tokens < seen; ++j) {
         const size_t meta = size_t(j) * k_dim;
@@ -252,58 +283,50 @@ void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, c
         for (VF& c : constant) c = hn::Zero(df);
         for (int p = 0; p < layout.k_partitions; ++p) {
           const int dim0 = p * layout.k_partition, dims = layout.k_partition_dims(p);
-          VF lo[kQueryBatch], hi[kQueryBatch];
-          for (int r = 0; r < kQueryBatch; ++r) lo[r] = hn::Set(df, INFINITY), hi[r] = hn::Set(df, -INFINITY);
-          for (int d = dim0; d < dim0 + dims; d += lanes) {
-            const VF scale = LoadHalf(k_scales + meta + d), min = LoadHalf(k_mins + meta + d);
-            for (int r = 0; r < batch; ++r) {
-              const VF qd = hn::LoadU(df, tile.q + size_t(first + r) * k_dim + d), u = hn::Mul(qd, scale);
-              hn::StoreU(u, df, u_buffer.data() + size_t(r) * k_dim + d);
-              constant[r] = hn::MulAdd(qd, min, constant[r]);
-              lo[r] = hn::Min(lo[r], u);
-              hi[r] = hn::Max(hi[r], u);
-            }
-          }
+          const float s_max = MaxOfHalves(k_scales + meta + dim0, dims);
+          const VF s_factor = hn::Set(df, operand_factor(s_max, 1.0f));
           for (int r = 0; r < batch; ++r) {
-            const size_t row = size_t(r) * k_groups + size_t(j);
-            Operand8& op = u_meta[row * layout.k_partitions + p];
-            op = Operand8FromLanes(lo[r], hi[r]);
-            QuantizeOperand8(u_buffer.data() + size_t(r) * k_dim + dim0, dims, op, u_ops.data() + row * (k_dim / 4) + dim0 / 4);
+            const float q_max = q_max_all[size_t(first + r) * layout.k_partitions + p];
+            u_step[(size_t(r) * k_groups + j) * layout.k_partitions + p] = product_step(q_max, s_max, kULevels);
+          }
+          for (int d = dim0; d < dim0 + dims; d += lanes) {
+            const VF s_hat = hn::Mul(LoadHalf(k_scales + meta + d), s_factor), min = LoadHalf(k_mins + meta + d);
+            for (int r = 0; r < batch; ++r) {
+              const size_t row = size_t(first + r) * k_dim + d;
+              const VI u = RoundToInt(hn::Mul(hn::LoadU(df, q_hat_all + row), s_hat));
+              StoreCodeBytes(u, reinterpret_cast<uint8_t*>(u_ops.data() + (size_t(r) * k_groups + j) * (k_dim / 4)) + d);
+              constant[r] = hn::MulAdd(hn::LoadU(df, tile.q + row), min, constant[r]);
+            }
           }
         }
         for (int r = 0; r < batch; ++r) k_constant[size_t(r) * k_groups + j] = hn::GetLane(hn::SumOfLanes(df, constant[r]));
       }
-      q_ops_stride = size_t(k_groups) * (k_dim / 4);
-      q_meta_stride = size_t(k_groups) * layout.k_partitions;
     }
 
     // Scores = Q'·K'ᵀ with Eq. 4's corrections, N tokens at a time, the batch's queries together.
     for (int t0 = 0; t0 < seen_chunks; t0 += lanes) {
       const int j = k_channel ? t0 / layout.k_group_tokens : 0;
-      if (k_channel) {
-        q_ops = u_ops.data() + size_t(j) * (k_dim / 4);
-        q_meta = u_meta.data() + size_t(j) * layout.k_partitions;
-      }
       for (int p = 0; p < layout.k_partitions; ++p) {
         VI acc[kQueryBatch];
         VI code_sum;
         const int g_begin = p * layout.k_partition / 4, groups = layout.k_partition_dims(p) / 4;
         DotRunAnyBits(k_bits, batch, block + layout.k_codes + (size_t(g_begin) * tokens + t0) * (k_bits / 2),
-                      size_t(tokens) * (k_bits / 2), q_ops + g_begin, q_ops_stride, groups, !stored_sums, acc,
-                      code_sum);
+                      size_t(tokens) * (k_bits / 2), q_ops + size_t(j) * (k_dim / 4) + g_begin, q_ops_stride, groups,
+                      !stored_sums && !k_channel, acc, code_sum);
         const size_t slot = size_t(p) * tokens + t0;
-        const VI k_sum = stored_sums ? LoadInt16(k_sums + slot) : code_sum;
+        const VI k_sum = k_channel ? hn::Zero(di) : stored_sums ? LoadInt16(k_sums + slot) : code_sum;  // Σk' (HACK's)
         const VF k_sum_f = hn::ConvertTo(df, k_sum);
         const float dims = float(layout.k_partition_dims(p));
         for (int r = 0; r < batch; ++r) {
-          const Operand8& q = q_meta[size_t(r) * q_meta_stride + p];
-          // Σ q'k' = Σ (q'-128) k' + 128 Σk'
-          const VF dot = hn::ConvertTo(df, hn::Add(acc[r], hn::ShiftLeft<7>(k_sum)));
           VF term;
-          if (k_channel) {  // Σ_d u_d k'_d + (once) Σ_d q_d m_d
-            term = hn::MulAdd(hn::Set(df, q.scale), dot, hn::Mul(hn::Set(df, q.min), k_sum_f));
-            if (p == 0) term = hn::Add(term, hn::Set(df, k_constant[size_t(r) * k_groups + j]));
+          if (k_channel) {  // Σ_d u_d k'_d + (once) Σ_d q_d m_d; U' is signed, not offset
+            const size_t row = size_t(r) * k_groups + size_t(j);
+            term = hn::Mul(hn::Set(df, u_step[row * layout.k_partitions + p]), hn::ConvertTo(df, acc[r]));
+            if (p == 0) term = hn::Add(term, hn::Set(df, k_constant[row]));
           } else {
+            const Operand8& q = q_meta[size_t(r) * layout.k_partitions + p];
+            // Σ q'k' = Σ (q'-128) k' + 128 Σk'
+            const VF dot = hn::ConvertTo(df, hn::Add(acc[r], hn::ShiftLeft<7>(k_sum)));
             const VF k_scale = LoadHalf(k_scales + slot), k_min = LoadHalf(k_mins + slot);
             term = hn::MulAdd(k_scale, hn::MulAdd(hn::Set(df, q.scale), dot, hn::Mul(hn::Set(df, q.min), k_sum_f)),
                               hn::Mul(k_min, hn::Set(df, q.scale * float(q.sum) + dims * q.min)));
@@ -334,50 +357,53 @@ void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, c
       const int index = first_partial + first + r;
       partials.rescale(index, std::max(partials.max(index), hn::GetLane(hn::MaxOfLanes(df, maxima))));
     }
+    // V per token also takes Σ_t p_t (the denominator, exact) as P is made.
+    VF p_total[kQueryBatch];
     for (int r = 0; r < batch; ++r) {
       const int visible = tile.visible[first + r];
       float* s = scores.data() + size_t(r) * tokens;
       const VF running_max = hn::Set(df, partials.max(first_partial + first + r));
+      p_total[r] = hn::Zero(df);
       for (int t0 = 0; t0 < tokens; t0 += lanes) {
         const auto keep = hn::FirstN(df, size_t(std::max(visible - t0, 0)));
         const VF e = hn::IfThenElseZero(keep, hn::Exp(df, hn::Sub(hn::LoadU(df, s + t0), running_max)));
         hn::StoreU(e, df, s + t0);
+        if (v_token) p_total[r] = hn::Add(p_total[r], e);
       }
     }
     if (v_token) {
-      // V per token: the denominator Σ_t p_t and the constant Σ_t p_t m_t exact; W' = (p ∘ s)' per column
-      // group carries the codes' part (the derivation: attention/hack_reference.cc). As for U: the
-      // batch's queries together, the group's scales widened once, each w's range taken as it is made.
+      // V per token: the denominator Σ_t p_t and the constant Σ_t p_t m_t exact; W' = lrint(w · 255 /
+      // max w) per column group, w = p ∘ s ≥ 0, carries the codes' part (the derivation:
+      // attention/hack_reference.cc). The group's scales and mins are widened once for the batch's
+      // queries; w is kept for the second pass, once its max is known.
       for (int r = 0; r < batch; ++r) {
-        const float* pr = scores.data() + size_t(r) * tokens;
-        VF total = hn::Zero(df);
-        for (int t0 = 0; t0 < tokens; t0 += lanes) total = hn::Add(total, hn::LoadU(df, pr + t0));
         const int index = first_partial + first + r;
-        if (tile.visible[first + r] > 0) partials.sum(index) += hn::GetLane(hn::SumOfLanes(df, total));
+        if (tile.visible[first + r] > 0) partials.sum(index) += hn::GetLane(hn::SumOfLanes(df, p_total[r]));
       }
       for (int g = 0; g < v_groups; ++g) {
         const size_t meta = size_t(g) * tokens;
-        VF constant[kQueryBatch], lo[kQueryBatch], hi[kQueryBatch];
-        for (int r = 0; r < kQueryBatch; ++r) {
-          constant[r] = hn::Zero(df);
-          lo[r] = hn::Set(df, INFINITY);
-          hi[r] = hn::Set(df, -INFINITY);
-        }
+        VF constant[kQueryBatch], largest[kQueryBatch];
+        for (int r = 0; r < kQueryBatch; ++r) constant[r] = largest[r] = hn::Zero(df);
         for (int t0 = 0; t0 < tokens; t0 += lanes) {
           const VF scale = LoadHalf(v_scales + meta + t0), min = LoadHalf(v_mins + meta + t0);
           for (int r = 0; r < batch; ++r) {
             const VF pt = hn::LoadU(df, scores.data() + size_t(r) * tokens + t0), w = hn::Mul(pt, scale);
             hn::StoreU(w, df, w_buffer.data() + size_t(r) * tokens + t0);
+            largest[r] = hn::Max(largest[r], w);
             constant[r] = hn::MulAdd(pt, min, constant[r]);
-            lo[r] = hn::Min(lo[r], w);
-            hi[r] = hn::Max(hi[r], w);
           }
         }
         for (int r = 0; r < batch; ++r) {
           const size_t row = size_t(r) * v_groups + size_t(g);
+          const float w_max = hn::GetLane(hn::MaxOfLanes(df, largest[r]));
+          const VF factor = hn::Set(df, operand_factor(w_max, kWLevels));
+          auto* codes = reinterpret_cast<uint8_t*>(p_ops.data() + row * (tokens / 4));
+          for (int t0 = 0; t0 < tokens; t0 += lanes) {
+            const VI w = RoundToInt(hn::Mul(hn::LoadU(df, w_buffer.data() + size_t(r) * tokens + t0), factor));
+            StoreCodeBytes(hn::Xor(w, hn::Set(di, 0x80)), codes + t0);
+          }
           v_constant[row] = hn::GetLane(hn::SumOfLanes(df, constant[r]));
-          p_meta[row] = Operand8FromLanes(lo[r], hi[r]);
-          QuantizeOperand8(w_buffer.data() + size_t(r) * tokens, tokens, p_meta[row], p_ops.data() + row * (tokens / 4));
+          w_step[row] = w_max / kWLevels;
         }
       }
     } else {
@@ -404,14 +430,13 @@ void AttendQuantized(const QuantizedBlockLayout& layout, const uint8_t* block, c
       const VF v_sum_f = hn::ConvertTo(df, v_sum);
       for (int r = 0; r < batch; ++r) {
         if (tile.visible[first + r] == 0) continue;
-        const size_t row = size_t(r) * v_groups + size_t(g);
-        const Operand8& p = p_meta[row];
         const VF dot = hn::ConvertTo(df, hn::Add(acc[r], hn::ShiftLeft<7>(v_sum)));
         VF term;
         if (v_token) {  // Σ_t w_t v'_t + Σ_t p_t m_t
-          term = hn::Add(hn::MulAdd(hn::Set(df, p.scale), dot, hn::Mul(hn::Set(df, p.min), v_sum_f)),
-                         hn::Set(df, v_constant[row]));
+          const size_t row = size_t(r) * v_groups + size_t(g);
+          term = hn::MulAdd(hn::Set(df, w_step[row]), dot, hn::Set(df, v_constant[row]));
         } else {
+          const Operand8& p = p_meta[size_t(r)];
           const VF v_scale = LoadHalf(v_scales + c0), v_min = LoadHalf(v_mins + c0);
           term = hn::MulAdd(v_scale, hn::MulAdd(hn::Set(df, p.scale), dot, hn::Mul(hn::Set(df, p.min), v_sum_f)),
                             hn::Mul(v_min, hn::Set(df, p.scale * float(p.sum) + float(tokens) * p.min)));
@@ -455,8 +480,21 @@ namespace slimkv {
 HWY_EXPORT(AttendHackBlock);
 
 void prepare_hack_queries(const QuantizedBlockLayout& layout, const QueryTile& tile, std::vector<uint8_t>& prepared) {
-  if (layout.config.k_per_channel) {  // Q' depends on each block's scales: made per block
-    prepared.clear();
+  if (layout.config.k_per_channel) {  // U' folds each block's scales in: here q̂ = q · 127 / max|q| and max|q|
+    const int k_dim = layout.shape.k_dim;
+    prepared.resize(size_t(tile.n_queries) * (size_t(k_dim) + layout.k_partitions) * sizeof(float));
+    auto* q_hat = reinterpret_cast<float*>(prepared.data());
+    float* q_max = q_hat + size_t(tile.n_queries) * k_dim;
+    for (int r = 0; r < tile.n_queries; ++r) {
+      for (int p = 0; p < layout.k_partitions; ++p) {
+        const int dim0 = p * layout.k_partition, dim1 = dim0 + layout.k_partition_dims(p);
+        float largest = 0;
+        for (int d = dim0; d < dim1; ++d) largest = std::max(largest, std::fabs(tile.q[size_t(r) * k_dim + d]));
+        const float factor = operand_factor(largest, kULevels);
+        for (int d = dim0; d < dim1; ++d) q_hat[size_t(r) * k_dim + d] = tile.q[size_t(r) * k_dim + d] * factor;
+        q_max[size_t(r) * layout.k_partitions + p] = largest;
+      }
+    }
     return;
   }
   const int k_dim = layout.shape.k_dim, groups = k_dim / 4;

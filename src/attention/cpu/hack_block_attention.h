@@ -18,8 +18,9 @@
 namespace slimkv {
 
 // Q' of every query of a tile, once per tile: the packed signed operands [n_queries][k_dim/4] (int32),
-// then the per-partition Operand8 [n_queries][k_partitions]. attend_hack_block reads it from
-// tile.prepared.
+// then the per-partition Operand8 [n_queries][k_partitions]; K per channel: q̂ = q · 127 / max|q|
+// [n_queries][k_dim] (float), then max|q| [n_queries][k_partitions] (U''s factors, hack_operands.h).
+// attend_hack_block reads it from tile.prepared.
 void prepare_hack_queries(const QuantizedBlockLayout& layout, const QueryTile& tile, std::vector<uint8_t>& prepared);
 
 // tile.prepared must hold prepare_hack_queries' result for this tile.

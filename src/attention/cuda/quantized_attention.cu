@@ -11,8 +11,9 @@
 //     per partition (s·Σ q k' + m·Σ q), so no dequantized value is ever stored.
 //   hack over KIVI's layouts (K per channel, V per token; issue 28, attend_hack_block_reference): the
 //     scales vary along the dot products, so they are folded into the operands per block and warp:
-//     u = q∘s per K token group, quantized to 8 bits per K partition (U'), Σ_d q_d m_d exact; w = p∘s
-//     per V column group, quantized to 8 bits over the block's tokens (W'), Σ_t p_t m_t and Σ_t p_t
+//     u = q∘s per K token group and K partition, U' = lrint(q̂ ŝ) in the range its factors bound
+//     (q̂ = q · 127 / max|q|, ŝ = s / max s: attention/hack_operands.h), Σ_d q_d m_d exact; w = p∘s per
+//     V column group over the block's tokens, W' = lrint(w · 255 / max w), Σ_t p_t m_t and Σ_t p_t
 //     exact. The integer products are the same dp4a on U', W' instead of Q', P'.
 // The open block is read in FP16 and computed in FP32, as the dense kernel does.
 #include <cuda_fp16.h>
@@ -36,9 +37,9 @@ constexpr unsigned kFullMask = 0xffffffffu;
 // reads and their parameters (byte offsets in the warp's scratch).
 struct LayoutScratch {
   int u_codes = 0;  // U': uint32 [k groups][kRows][head_dim / 4], 4 codes per word as Q'
-  int u_meta = 0;   // float4 [k groups][kRows][K partitions]: (scale, min, Σ q_d m_d over the partition, 0)
+  int u_meta = 0;   // float4 [k groups][kRows][K partitions]: (step, -128 step, Σ q_d m_d over the partition, 0)
   int w_codes = 0;  // W': uint32 [v groups][kRows][T / 4], 4 tokens per word as P'
-  int w_meta = 0;   // float4 [v groups][kRows]: (scale, min, Σ_t p_t m_t, 0)
+  int w_meta = 0;   // float4 [v groups][kRows]: (step, 0, Σ_t p_t m_t, 0)
   int bytes = 0;    // per warp
   int offset = 0;   // of warp 0's scratch in the dynamic shared memory
 };
@@ -173,9 +174,15 @@ __device__ __forceinline__ float hack_score(float3 q, uint32_t dot, float k_scal
   return fmaf(k_scale, fmaf(q.x, float(dot), q.y * k_sum), k_min * q.z);
 }
 
+// operand_factor (attention/hack_operands.h) in the same IEEE operations: levels / max, 0 for a
+// factor too small to matter.
+__device__ __forceinline__ float operand_factor(float max, float levels) { return max > 1e-30f ? __fdiv_rn(levels, max) : 0.0f; }
+
 // K per channel: U' and its parameters for every (token group, row, K partition) of the block staged at
 // `b` into the warp's scratch. A K partition's T dims are spread over 32 / kPartitions lanes, so every
-// partition of a row is quantized at once (quantize_operand8's operations, as Q' is).
+// partition of a row is made at once: u'_d = lrint(q̂_d ŝ_d) (product_code's IEEE operations, so the
+// codes are the reference's), stored offset by +128 as unsigned bytes (the -128 step in the meta
+// undoes it with the stored Σk').
 template <int kHeadDim, int kRows, int kBits, bool kHack>
 __device__ __forceinline__ void quantize_u(const QuantizedLaunch& L, const uint8_t* b, const CtaShared<kHeadDim, kRows>& s,
                                            uint8_t* scratch, int lane) {
@@ -183,41 +190,45 @@ __device__ __forceinline__ void quantize_u(const QuantizedLaunch& L, const uint8
   const __half* k_mins = reinterpret_cast<const __half*>(b + L.sealed.offsets.k_mins);
   const __half* k_scales = reinterpret_cast<const __half*>(b + L.sealed.offsets.k_scales);
   const int part = lane / kLanes, first = part * T + lane % kLanes * kValues;
+  float q_max[kRows], q_factor[kRows];  // max|q| over the lane's partition, 127 / max|q|
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    q_max[r] = 0.0f;
+#pragma unroll
+    for (int x = 0; x < kValues; ++x) q_max[r] = fmaxf(q_max[r], fabsf(s.q[r][first + x]));
+#pragma unroll
+    for (int offset = kLanes / 2; offset > 0; offset /= 2) q_max[r] = fmaxf(q_max[r], __shfl_xor_sync(kFullMask, q_max[r], offset));
+    q_factor[r] = operand_factor(q_max[r], 127.0f);
+  }
   for (int group = 0; group < T / L.sealed.k_group_tokens; ++group) {
-    float k_scale[kValues], k_min[kValues];
+    float k_scale[kValues], k_min[kValues], s_max = 0.0f;
 #pragma unroll
     for (int x = 0; x < kValues; ++x) {
       k_scale[x] = __half2float(k_scales[group * kHeadDim + first + x]);
       k_min[x] = __half2float(k_mins[group * kHeadDim + first + x]);
+      s_max = fmaxf(s_max, k_scale[x]);
     }
 #pragma unroll
+    for (int offset = kLanes / 2; offset > 0; offset /= 2) s_max = fmaxf(s_max, __shfl_xor_sync(kFullMask, s_max, offset));
+    const float s_factor = operand_factor(s_max, 1.0f);
+#pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      float u[kValues], lo = INFINITY, hi = -INFINITY, constant = 0.0f;
-#pragma unroll
-      for (int x = 0; x < kValues; ++x) {
-        const float q = s.q[r][first + x];
-        u[x] = __fmul_rn(q, k_scale[x]);
-        constant = fmaf(q, k_min[x], constant);
-        lo = fminf(lo, u[x]);
-        hi = fmaxf(hi, u[x]);
-      }
-#pragma unroll
-      for (int offset = kLanes / 2; offset > 0; offset /= 2) {  // within the partition's lanes
-        lo = fminf(lo, __shfl_xor_sync(kFullMask, lo, offset));
-        hi = fmaxf(hi, __shfl_xor_sync(kFullMask, hi, offset));
-        constant += __shfl_xor_sync(kFullMask, constant, offset);
-      }
-      const float step = __fdiv_rn(__fsub_rn(hi, lo), 255.0f);
-      const float inverse = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
+      float constant = 0.0f;
       const int row = group * kRows + r;
       uint8_t* codes = scratch + L.scratch.u_codes + row * kHeadDim;
 #pragma unroll
       for (int x = 0; x < kValues; ++x) {
-        const int code = min(max(__float2int_rn(__fmul_rn(__fsub_rn(u[x], lo), inverse)), 0), 255);
-        codes[BlockLanes<kBits, kHack>::operand_byte(first + x)] = uint8_t(code);
+        const float q = s.q[r][first + x];
+        constant = fmaf(q, k_min[x], constant);
+        const int code = __float2int_rn(__fmul_rn(__fmul_rn(q, q_factor[r]), __fmul_rn(k_scale[x], s_factor)));
+        codes[BlockLanes<kBits, kHack>::operand_byte(first + x)] = uint8_t(min(max(code, -127), 127) + 128);
       }
+#pragma unroll
+      for (int offset = kLanes / 2; offset > 0; offset /= 2) constant += __shfl_xor_sync(kFullMask, constant, offset);
       if (lane % kLanes == 0) {
-        reinterpret_cast<float4*>(scratch + L.scratch.u_meta)[row * kPartitions + part] = make_float4(step, lo, constant, 0.0f);
+        const float step = __fdiv_rn(__fmul_rn(q_max[r], s_max), 127.0f);
+        reinterpret_cast<float4*>(scratch + L.scratch.u_meta)[row * kPartitions + part] =
+            make_float4(step, -128.0f * step, constant, 0.0f);
       }
     }
   }
@@ -289,7 +300,7 @@ __device__ __forceinline__ void block_scores(const QuantizedLaunch& L, const uin
         }
       }
     }
-    if (per_channel) {  // Σ_d u_d k'_d + Σ_d q_d m_d = s_u Σu'k' + m_u Σk' + the constant
+    if (per_channel) {  // Σ_d u_d k'_d + Σ_d q_d m_d = step Σ(u'+128)k' - 128 step Σk' + the constant
       const float4* u_meta = reinterpret_cast<const float4*>(scratch + L.scratch.u_meta) + k_group * kRows * kPartitions;
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
@@ -318,9 +329,9 @@ __device__ __forceinline__ void block_scores(const QuantizedLaunch& L, const uin
   }
 }
 
-// V per token: for each column group of the block staged at `b`, w = p∘s over the block's tokens (the
-// lane's two are p) quantized to 8 bits (quantize_operand8's operations, P' fast as above) into W' of
-// row r, with (scale, min, Σ_t p_t m_t).
+// V per token: for each column group of the block staged at `b`, w = p∘s ≥ 0 over the block's tokens
+// (the lane's two are p) into W' of row r: lrint(w · 255 / max w) (product_code's IEEE operations), with
+// (step, 0, Σ_t p_t m_t).
 template <int kHeadDim, int kRows, int kBits, bool kHack>
 __device__ __forceinline__ void weigh_v_groups(const QuantizedLaunch& L, const uint8_t* b, const float (&p)[2], int r,
                                                uint8_t* scratch, int lane) {
@@ -329,17 +340,16 @@ __device__ __forceinline__ void weigh_v_groups(const QuantizedLaunch& L, const u
   const int t0 = 2 * lane;
   for (int group = 0; group < kHeadDim / L.sealed.v_group_dims; ++group) {
     const int slot = group * T + t0;
-    const float w0 = p[0] * __half2float(v_scales[slot]), w1 = p[1] * __half2float(v_scales[slot + 1]);
+    const float w0 = __fmul_rn(p[0], __half2float(v_scales[slot])), w1 = __fmul_rn(p[1], __half2float(v_scales[slot + 1]));
     float constant = fmaf(p[0], __half2float(v_mins[slot]), p[1] * __half2float(v_mins[slot + 1]));
-    const float lo = warp_min(fminf(w0, w1)), hi = warp_max(fmaxf(w0, w1));
+    const float w_max = warp_max(fmaxf(w0, w1)), factor = operand_factor(w_max, 255.0f);
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) constant += __shfl_xor_sync(kFullMask, constant, offset);
-    const float inverse = hi > lo ? __fdividef(255.0f, hi - lo) : 0.0f;
     const int row = group * kRows + r;
     uint8_t* codes = scratch + L.scratch.w_codes + row * T;
-    codes[BlockLanes<kBits, kHack>::operand_byte(t0)] = uint8_t(min(max(__float2int_rn((w0 - lo) * inverse), 0), 255));
-    codes[BlockLanes<kBits, kHack>::operand_byte(t0 + 1)] = uint8_t(min(max(__float2int_rn((w1 - lo) * inverse), 0), 255));
-    if (lane == 0) reinterpret_cast<float4*>(scratch + L.scratch.w_meta)[row] = make_float4((hi - lo) * (1.0f / 255.0f), lo, constant, 0.0f);
+    codes[BlockLanes<kBits, kHack>::operand_byte(t0)] = uint8_t(min(max(__float2int_rn(__fmul_rn(w0, factor)), 0), 255));
+    codes[BlockLanes<kBits, kHack>::operand_byte(t0 + 1)] = uint8_t(min(max(__float2int_rn(__fmul_rn(w1, factor)), 0), 255));
+    if (lane == 0) reinterpret_cast<float4*>(scratch + L.scratch.w_meta)[row] = make_float4(w_max / 255.0f, 0.0f, constant, 0.0f);
   }
 }
 
@@ -469,7 +479,7 @@ __device__ __forceinline__ void attend_sealed(const QuantizedLaunch& L, const ui
   const __half* v_mins = reinterpret_cast<const __half*>(b + L.sealed.offsets.v_mins);
   const __half* v_scales = reinterpret_cast<const __half*>(b + L.sealed.offsets.v_scales);
   const int16_t* v_sums = reinterpret_cast<const int16_t*>(b + L.sealed.offsets.v_sums);
-  if (per_token) {  // Σ_t w_t v'_tc + Σ_t p_t m_t = s_w Σw'v' + m_w Σv' + the constant; the sum Σp
+  if (per_token) {  // Σ_t w_t v'_tc + Σ_t p_t m_t = step Σw'v' + the constant; the sum Σp
     const float4* w_meta = reinterpret_cast<const float4*>(scratch + L.scratch.w_meta) + v_group * kRows;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
