@@ -306,7 +306,7 @@ class HttpApi {
     Expected<std::unique_ptr<KvStreamSender>> sender =
         KvStreamSender::open(ask.decode_kv_address, disaggregation_.identity, ask.request_id, ask.attempt,
                              {.bandwidth_gbps = config_.kv_bandwidth_gbps, .cuda_ipc_device = ipc_device,
-                              .nccl_links = disaggregation_.nccl_links.get()},
+                              .nccl_links = disaggregation_.nccl_links.get(), .gpu_device = disaggregation_.cuda_ipc_device},
                              &refused);
     if (!sender) {
       return send_error(response, refused ? ApiError::kv_refused(sender.status().message())

@@ -255,6 +255,7 @@ Expected<std::unique_ptr<KvStreamSender>> KvStreamSender::open(const std::string
     nccl = options.nccl_links->get_or_add(address);
     nccl_hold = std::unique_lock(nccl->in_use);
     hello_body["nccl"] = nccl->link ? json{{"link", hex_of(nccl->id)}} : json{{"new", true}};
+    if (!options.gpu_device.empty()) hello_body["nccl"]["device"] = options.gpu_device;
   }
   const std::string hello = hello_body.dump();
   const std::span<const uint8_t> parts[] = {bytes_of(hello)};
@@ -833,6 +834,9 @@ Status KvStreamReceiver::receive_finish(TcpConnection& connection, ReceivedKv& r
 
 std::shared_ptr<NcclPeerLink> KvStreamReceiver::take_nccl_offer(const json& offer, json& answer, bool& join) {
   if (!options_.nccl || !offer.is_object()) return nullptr;
+  // A sender on this very GPU (a capped link between two workers of one GPU: CUDA IPC not offered):
+  // NCCL refuses two ranks on one device, so TCP it is.
+  if (offer.contains("device") && offer["device"] == options_.cuda_ipc_device) return nullptr;
   Expected<const CudaPlugin*> plugin = cuda_plugin();
   if (!plugin) return nullptr;
   if (offer.contains("new") && offer["new"] == true) {

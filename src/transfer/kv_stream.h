@@ -101,6 +101,9 @@ struct KvStreamSendOptions {
   // path (used when the receiver takes it and CUDA IPC is not taken); nullptr: not offered. Over NCCL
   // the KV is paced by bandwidth_gbps as over TCP.
   NcclLinks* nccl_links = nullptr;
+  // cuda_ipc_device_id() of the sender's GPU, sent with the NCCL offer whatever the path: a receiver on
+  // the same GPU declines NCCL (it cannot join two ranks on one device) and the KV goes over TCP.
+  std::string gpu_device{};
   std::chrono::milliseconds connect_timeout{5000};
   std::chrono::milliseconds io_timeout{30000};  // per frame, and for the receiver's answers
 };
