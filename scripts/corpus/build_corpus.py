@@ -16,8 +16,10 @@ What it does, in order (deterministic: same packages in, same bytes out):
               seen is dropped, and a document that is mostly such paragraphs (over half its
               bytes) is dropped whole. Sources run in table order, reserved and held-out ones
               first, so what they share with a training source is removed from training.
-  4. split    training sources: 1% of documents (hash of the document id) form the held-out split
-              of training sources; held-out sources and reserved texts go to their own files.
+  4. split    training sources: 1% of documents (hash of the document id, so all pieces of a long
+              document fall on one side) form the held-out split of training sources, less those
+              that share a line with the training text (decontaminate.py); held-out sources and
+              reserved texts go to their own files.
   5. write    train documents in a hash order (every part is a sample of every source) into
               parts of --part-mb of text, each compressed with `xz -9e` (checked <= --max-part-mib,
               what one GPU call can carry); the evaluation texts; manifest.json with per-source
@@ -45,6 +47,7 @@ import tarfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "train"))
+from decontaminate import clean_documents  # noqa: E402
 from markup import blocks  # noqa: E402
 from sources import SOURCES  # noqa: E402
 
@@ -339,7 +342,8 @@ def main():
         st["licenses"] = {p: packages.get(p, {}).get("license") for p in source["packages"]}
         if role == "train":
             for full_id, text in docs[name]:
-                bucket = int.from_bytes(doc_hash(full_id)[:4], "little") % 1000
+                # By the whole document: the pieces of a long one fall on the same side.
+                bucket = int.from_bytes(doc_hash(full_id.rsplit("#", 1)[0])[:4], "little") % 1000
                 (split if bucket < HELDOUT_PER_MILLE else train).append((doc_hash(full_id), text,
                                                                          name))
         elif role == "heldout":
@@ -348,7 +352,12 @@ def main():
             evals[name] = write_text(os.path.join(out_dir, "eval", "reserved-%s.txt" % name),
                                      capped(texts, EVAL_FILE_MAX_BYTES))
 
-    # The held-out split is capped; documents over the cap go back to train.
+    # A split document that shares a line with training is not held out (decontaminate.py says why):
+    # it goes back to train. The split is then capped; documents over the cap go back to train too.
+    kept, _ = clean_documents([t for _, t, _ in split], (line for _, t, _ in train for line in t.split("\n")))
+    kept = set(kept)
+    train += [d for d in split if d[1] not in kept]
+    split = [d for d in split if d[1] in kept]
     split.sort()
     kept = capped([t for _, t, _ in split], EVAL_FILE_MAX_BYTES)
     train += split[len(kept):]
