@@ -368,7 +368,9 @@ TEST(KvStream, ReceiverAssemblesInABufferGivenBack) {
     Expected<ReceivedKv> got = (*receiver)->wait_for(id, 5s);
     ASSERT_TRUE(got) << got.status().message();
     EXPECT_EQ(got->transfer, p.transfer);
-    if (first) EXPECT_EQ(got->transfer.data(), first) << id;  // the same memory, not a new allocation
+    if (first) {
+      EXPECT_EQ(got->transfer.data(), first) << id;  // the same memory, not a new allocation
+    }
     first = got->transfer.data();
     buffers->give_back(std::move(got->transfer));
   }
@@ -398,13 +400,12 @@ TEST(KvStream, AFailedStreamGivesItsBufferBack) {
   ASSERT_TRUE(receiver) << receiver.status().message();
   const auto info = *inspect_kv_transfer(p.transfer.data(), p.transfer.size(), "t");
   const auto ranges = kv_transfer_layer_ranges(info);
-  const auto layer_payload = [&](size_t l) {
-    std::vector<uint8_t> payload(8, 0);
+  const auto layer_payload = [&](size_t l) {  // u32 layer, u32 first block (0), its blocks, its open tokens
+    const KvTransferLayerRanges& range = ranges[l];
+    std::vector<uint8_t> payload(8 + range.sealed_bytes + range.open_bytes, 0);
     payload[0] = uint8_t(l);
-    payload.insert(payload.end(), p.transfer.begin() + ptrdiff_t(ranges[l].sealed_offset),
-                   p.transfer.begin() + ptrdiff_t(ranges[l].sealed_offset + ranges[l].sealed_bytes));
-    payload.insert(payload.end(), p.transfer.begin() + ptrdiff_t(ranges[l].open_offset),
-                   p.transfer.begin() + ptrdiff_t(ranges[l].open_offset + ranges[l].open_bytes));
+    std::memcpy(payload.data() + 8, p.transfer.data() + range.sealed_offset, range.sealed_bytes);
+    std::memcpy(payload.data() + 8 + range.sealed_bytes, p.transfer.data() + range.open_offset, range.open_bytes);
     return payload;
   };
   const auto wait_until_idle = [&] {
