@@ -290,7 +290,7 @@ def calibrate_host_path(args, specs, model_config):
 
 def simulate(costs, results, bytes_per_token, host_path, args, num_layers):
     """disagg_sim's prediction for one measured deployment: each round's arrivals and lengths as measured,
-    one prefill and one decode worker, the link at the cap and the host path as calibrated (`host_path`:
+    one prefill and one decode worker, each stream paced at the cap and the host path as calibrated (`host_path`:
     None, free); the rounds' requests pooled. A GPU prefill worker has no per-layer hook: its KV goes
     out after the prefill (overlap_layers false)."""
     config = {key: costs[key] for key in ("prefill_base_s", "prefill_s_per_token", "prefill_s_per_token2",
@@ -298,6 +298,7 @@ def simulate(costs, results, bytes_per_token, host_path, args, num_layers):
     on_gpu = "--device cuda" in " ".join(args.serve_args.split())
     config.update({"prefill_workers": 1, "decode_workers": 1, "link_gbps": args.kv_bandwidth_gbps,
                    "num_layers": num_layers, "max_batch": args.max_num_seqs, "overlap_layers": not on_gpu,
+                   "link_shared": False,  # --kv-bandwidth-gbps paces each stream on its own
                    "prefill_chunk_tokens": args.prefill_chunk_tokens, "overlap_chunks": args.chunk_overlap,
                    "kv_bytes_per_token": {"measured": bytes_per_token},
                    "host_path_s_per_byte": {"measured": host_path} if host_path else {}})

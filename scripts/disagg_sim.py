@@ -20,6 +20,8 @@ The model, as slimkv runs it:
   (kv_bytes_per_token[codec] * n / num_layers bytes) is ready when layer l is computed (and exported),
   at start + busy_s(n) * (l + 1) / num_layers; the link sends the layers in order, one after another.
   A worker's transfers queue on its link, so one prompt's transfer can overlap the next prompt's compute.
+  link_shared false: each transfer is paced on its own instead (slimkv's --kv-bandwidth-gbps is a token
+  bucket per stream: two streams at once each get the cap), as in the measured runs on one machine.
   overlap_layers false: every layer is sent after the whole prefill and export (slimkv's GPU prefill
   worker, which has no per-layer hook).
 - Decode worker: continuous batching, at most max_batch sequences; a request joins at the next step
@@ -49,6 +51,7 @@ class Config:
     DEFAULTS = {
         "prefill_workers": 1, "decode_workers": 1, "link_gbps": 10.0, "num_layers": 32,
         "overlap_layers": True,    # send layer l as soon as it is computed; False: all after the prefill
+        "link_shared": True,       # a prefill worker's transfers share its link; False: each paced alone
         # A prompt runs in steps of at most this many tokens (slimkv serve --prefill-chunk-tokens; 0: one
         # step). overlap_chunks: every chunk's layers go out as computed; false: the earlier chunks' KV
         # waits for the last chunk's step and goes out with its layers (slimkv's CPU worker before #23's
@@ -87,7 +90,7 @@ class Config:
             values = getattr(self, key)
             if not isinstance(values, list) or not values or not all(isinstance(v, int) and v >= 1 for v in values):
                 raise ValueError(f"{key}: must be a non-empty list of integers >= 1, got {values!r}")
-        for key in ("overlap_layers", "overlap_chunks"):
+        for key in ("overlap_layers", "overlap_chunks", "link_shared"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{key}: must be true or false, got {getattr(self, key)!r}")
         if not isinstance(self.prefill_chunk_tokens, int) or self.prefill_chunk_tokens < 0:
@@ -225,10 +228,11 @@ def simulate(config, codec):
             start = max(now, prefill_free[p])
             prefill_free[p] = start + config.busy_s(request.prompt, bytes_per_token, codec)
             # Layer by layer (chunk by chunk): each piece is sendable when computed; the link sends in order.
-            link = link_free[p]
+            link = link_free[p] if config.link_shared else 0.0
             for ready, piece_bytes in config.kv_pieces(start, request.prompt, bytes_per_token, codec):
                 link = max(link, ready) + piece_bytes * s_per_byte
-            link_free[p] = link
+            if config.link_shared:
+                link_free[p] = link
             push(link, "kv_arrived", (request, d))
         elif kind == "kv_arrived":
             request, d = payload

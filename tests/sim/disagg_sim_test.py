@@ -122,6 +122,14 @@ class DisaggSimTest(unittest.TestCase):
         alone = 0.1 + 0.1 + 0.2 + 0.05 + 49 * 0.02
         self.assertAlmostEqual(requests[1].first_token, 0.71 + 0.05, places=9)
         self.assertAlmostEqual(requests[0].last_token, alone + 0.05, places=9)
+        # Two prompts at once at 1 Gbit/s: the second's transfer (ready 0.2 s after the first's, its
+        # prefill and export) queues behind the first's 0.8 s on a shared link; paced per stream
+        # (link_shared false, as slimkv's token bucket) it does not.
+        both = dict(common, link_gbps=1, overlap_layers=False, requests=[[0.0, 1000, 1], [0.0, 1000, 1]])
+        _, requests = run(**both)
+        self.assertAlmostEqual(requests[1].first_token - requests[0].first_token, 0.8, places=9)
+        _, requests = run(**dict(both, link_shared=False))
+        self.assertAlmostEqual(requests[1].first_token - requests[0].first_token, 0.2, places=9)
         with self.assertRaises(ValueError) as raised:
             disagg_sim.Config({"host_path_s_per_byte": {"c": {"export": 1e-9}}})
         self.assertIn("host_path_s_per_byte['c']", str(raised.exception))
@@ -147,7 +155,7 @@ class DisaggSimTest(unittest.TestCase):
         for run_ in (r for r in measured["runs"] if r["disaggregated"]):
             values = {key: costs[key] for key in ("prefill_base_s", "prefill_s_per_token", "prefill_s_per_token2",
                                                   "step_base_s", "step_s_per_seq", "step_s_per_context_token")}
-            values.update(link_gbps=10.0, num_layers=32, max_batch=4, prefill_chunk_tokens=512, overlap_layers=False,
+            values.update(link_gbps=10.0, link_shared=False, num_layers=32, max_batch=4, prefill_chunk_tokens=512, overlap_layers=False,
                           kv_bytes_per_token={"m": run_["kv_bytes_per_token"]},
                           host_path_s_per_byte={"m": host_path[described[run_["spec"]]]},
                           requests=[[r["arrival"], r["prompt"], r["output"]] for r in run_["requests"] if r["ok"]])
