@@ -1,20 +1,36 @@
 // The KV transfer's host path (issue 23), stage by stage, for a model-shaped KV store (default the
 // Llama-3-8B shape: 32 layers, 8 KV heads of 128 dims) of random K/V written through the store's own
 // append (sealing included): what a TCP transfer between two workers costs on the CPU before the link.
-//   export  the store → transfer bytes (write_kv_transfer, as Engine::export_kv)
-//   stream  the bytes sent a layer at a time over the KV stream on loopback (send_kv_transfer) until
-//           the receiver holds them, checked end to end (its wait_for returned them)
+//   export  the store → transfer bytes (write_kv_transfer, as Engine::export_kv; or, overlapped, a layer
+//           at a time as a prefill worker's KvLayerStream writes them: write_kv_transfer_head/_layer)
+//   stream  the bytes sent a layer at a time over the KV stream on loopback (KvStreamSender) until the
+//           receiver holds them, checked end to end (its wait_for returned them)
 //   import  the received bytes → a fresh store (read_kv_transfer, as Engine::import_kv)
-// Each row: the transfer's bytes, each stage's median time and GB/s (transfer bytes / time), the sum of
-// the three and its GB/s: the end-to-end rate of the host path with an uncapped link. Every import is
-// checked: its export must equal the sender's bytes.
+// Three variants per row, side by side with their ratio to the first:
+//   first       fresh buffers for everything (a worker's first transfer; every transfer before the pool):
+//               export, then stream, then import, one after another
+//   repeated    the same stages with the buffers of the transfer before (util/buffer_pool.h: the sender's
+//               export, the receiver's assembly), as a server's transfers 2..N find them
+//   overlapped  repeated, with each layer sent while the next is written (a thread exports, another
+//               sends, as the prefill worker's scheduler and HTTP threads do); its export column is the
+//               exporting thread's time, its stream column from the export's start until the receiver
+//               holds the transfer (the export inside it)
+// Each: the transfer's bytes, each stage's median time and GB/s (transfer bytes / time), the total and
+// its GB/s: the end-to-end rate of the host path with an uncapped link. Every import is checked: its
+// export must equal the sender's bytes (overlapped, whose sender never holds them whole: their length
+// and CRC32C). Nothing else stays resident between transfers, as in the bench before the variants:
+// first-touch costs depend on how much memory the machine has left.
 //   bench_kv_host_path [--specs "dense:dtype=f16;hack:bits=2,pi=64"] [--prompt-tokens 4096,16384]
 //                      [--layers 32 --kv-heads 8 --head-dim 128] [--repeats 3]
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <deque>
+#include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -23,6 +39,7 @@
 #include "kv/store.h"
 #include "kv/transfer.h"
 #include "transfer/kv_stream.h"
+#include "util/buffer_pool.h"
 
 namespace {
 
@@ -32,6 +49,10 @@ using Clock = std::chrono::steady_clock;
 [[noreturn]] void stop_with(const std::string& message) {
   std::fprintf(stderr, "bench_kv_host_path: %s\n", message.c_str());
   std::exit(1);
+}
+
+void check(const Status& status) {
+  if (!status.is_ok()) stop_with(status.message());
 }
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
@@ -65,12 +86,142 @@ void fill(KvStore& store, int tokens, uint64_t seed) {
   }
 }
 
-struct Row {
-  std::string spec;
-  int tokens = 0;
-  size_t bytes = 0;
-  std::vector<double> export_s, stream_s, import_s;
+enum class Variant { kFirst, kRepeated, kOverlapped };
+const char* variant_name(Variant variant) {
+  return variant == Variant::kFirst ? "first" : variant == Variant::kRepeated ? "repeated" : "overlapped";
+}
+
+struct Times {
+  double export_s = 0, stream_s = 0, import_s = 0, total_s = 0;
 };
+
+// Both workers of one transfer: the sender's store and buffers, the receiver's.
+struct Workers {
+  const KvStore& sender_store;
+  KvStore& receiver_store;
+  KvStreamReceiver& receiver;
+  const KvStreamIdentity& identity;
+  std::shared_ptr<BufferPool> sender_buffers;    // the prefill worker's (its engine's)
+  std::shared_ptr<BufferPool> receiver_buffers;  // the decode worker's (its receiver's and scheduler's)
+  std::string model_id;
+  int tokens = 0;
+};
+
+KvStreamRequest request_of(const std::string& id, int tokens) {
+  return {.request_id = id, .attempt = 0, .prompt_token_ids = std::vector<int32_t>(size_t(tokens), 7), .resume_token_ids = {},
+          .next_token = 0, .endpoint = "/v1/completions", .request = nlohmann::json::object()};
+}
+
+std::unique_ptr<KvStreamSender> open_sender(const Workers& w, const std::string& id) {
+  bool refused = false;
+  auto sender = KvStreamSender::open("127.0.0.1:" + std::to_string(w.receiver.port()), w.identity, id, 0, {}, &refused);
+  if (!sender) stop_with(sender.status().message());
+  return sender.take();
+}
+
+// The export then the stream (first, repeated): the whole transfer written, then sent a layer at a time.
+// first: a fresh export buffer; repeated: the one given back by the transfer before. Returns the
+// sender's bytes (given back once checked).
+std::vector<uint8_t> export_then_stream(const Workers& w, Variant variant, const std::string& id, Times& t) {
+  Clock::time_point start = Clock::now();
+  std::vector<uint8_t> transfer = variant == Variant::kFirst ? std::vector<uint8_t>() : w.sender_buffers->take_largest();
+  check(write_kv_transfer(w.sender_store, w.model_id, transfer));
+  t.export_s = seconds_since(start);
+  start = Clock::now();
+  std::unique_ptr<KvStreamSender> sender = open_sender(w, id);
+  check(sender->send_transfer(transfer, request_of(id, w.tokens)));
+  t.stream_s = seconds_since(start);
+  return transfer;
+}
+
+// Overlapped: this thread writes the head and each layer into buffers of the sender's pool, as the
+// prefill worker's scheduler does; a second thread sends each as soon as it is written and gives its
+// buffer back once sent.
+void export_while_streaming(const Workers& w, const std::string& id, Times& t) {
+  struct Queue {
+    std::mutex mutex;
+    std::condition_variable ready;
+    std::deque<std::pair<int, std::vector<uint8_t>>> pieces;  // (layer or -1, bytes); sealed_bytes beside
+    std::deque<size_t> sealed_bytes;
+    bool ended = false;
+  } queue;
+  const Clock::time_point start = Clock::now();
+  std::unique_ptr<KvStreamSender> sender = open_sender(w, id);
+  std::thread sending([&] {
+    for (;;) {
+      std::unique_lock lock(queue.mutex);
+      queue.ready.wait(lock, [&] { return !queue.pieces.empty() || queue.ended; });
+      if (queue.pieces.empty()) break;
+      auto [layer, bytes] = std::move(queue.pieces.front());
+      const size_t sealed = queue.sealed_bytes.front();
+      queue.pieces.pop_front();
+      queue.sealed_bytes.pop_front();
+      lock.unlock();
+      const std::span<const uint8_t> all(bytes);
+      check(layer < 0 ? sender->send_head(all) : sender->send_layer(layer, 0, all.first(sealed), all.subspan(sealed)));
+      w.sender_buffers->give_back(std::move(bytes));
+    }
+    check(sender->finish(request_of(id, w.tokens)));
+  });
+  const auto push = [&](int layer, std::vector<uint8_t> bytes, size_t sealed) {
+    std::lock_guard lock(queue.mutex);
+    queue.pieces.emplace_back(layer, std::move(bytes));
+    queue.sealed_bytes.push_back(sealed);
+    queue.ready.notify_one();
+  };
+  std::vector<uint8_t> head;
+  check(write_kv_transfer_head(w.sender_store, w.model_id, w.tokens, head));
+  push(-1, std::move(head), 0);
+  for (int l = 0; l < w.sender_store.shape().num_layers; ++l) {
+    std::vector<uint8_t> bytes = w.sender_buffers->take_largest();
+    size_t sealed = 0;
+    check(write_kv_transfer_layer(w.sender_store, l, 0, bytes, sealed));
+    push(l, std::move(bytes), sealed);
+  }
+  t.export_s = seconds_since(start);
+  {
+    std::lock_guard lock(queue.mutex);
+    queue.ended = true;
+    queue.ready.notify_one();
+  }
+  sending.join();
+  t.stream_s = seconds_since(start);
+}
+
+// What the sender's bytes must be: their length and CRC32C.
+struct SenderBytes {
+  size_t bytes = 0;
+  uint32_t crc = 0;
+};
+
+// One transfer of `variant`: its times; the import's export checked against the sender's bytes.
+Times transfer_once(const Workers& w, Variant variant, const std::string& id, const SenderBytes& expected) {
+  Times t;
+  std::vector<uint8_t> sent;
+  if (variant == Variant::kOverlapped) {
+    export_while_streaming(w, id, t);
+  } else {
+    sent = export_then_stream(w, variant, id, t);
+  }
+  Clock::time_point start = Clock::now();
+  Expected<ReceivedKv> received = w.receiver.wait_for(id, std::chrono::seconds(60));
+  if (!received) stop_with(received.status().message());
+  check(read_kv_transfer(received->transfer.data(), received->transfer.size(), "the stream", w.model_id, w.receiver_store));
+  // Its memory back (to the decode worker's pool, as its scheduler does after an import; the first
+  // variant's receiver has no pool and frees it) before the check's export.
+  w.receiver_buffers->give_back(std::move(received->transfer));
+  t.import_s = seconds_since(start);
+  t.total_s = variant == Variant::kOverlapped ? t.stream_s + t.import_s : t.export_s + t.stream_s + t.import_s;
+  // Not timed: the imported store must give back the sender's bytes.
+  std::vector<uint8_t> again;
+  check(write_kv_transfer(w.receiver_store, w.model_id, again));
+  const bool same = variant == Variant::kOverlapped
+                        ? again.size() == expected.bytes && crc32c(again.data(), again.size()) == expected.crc
+                        : again == sent;
+  if (!same) stop_with(std::string("the imported store's export differs from the sender's (") + variant_name(variant) + ")");
+  if (variant == Variant::kRepeated) w.sender_buffers->give_back(std::move(sent));
+  return t;
+}
 
 }  // namespace
 
@@ -84,13 +235,13 @@ int main(int argc, char** argv) {
   app.add_option("--layers", layers, "layers of the KV shape");
   app.add_option("--kv-heads", kv_heads, "KV heads of the KV shape");
   app.add_option("--head-dim", head_dim, "dims per head (K and V)");
-  app.add_option("--repeats", repeats, "timed transfers per row (after one warm-up); medians printed");
+  app.add_option("--repeats", repeats, "timed transfers per variant (after one warm-up); medians printed")->check(CLI::Range(1, 1000));
   CLI11_PARSE(app, argc, argv);
 
   std::printf("KV transfer host path, %d layers x %d KV heads x %d dims, median of %d after a warm-up\n\n", layers,
               kv_heads, head_dim, repeats);
-  std::printf("%-70s %7s %10s %10s %8s %10s %8s %10s %8s %10s %8s\n", "spec", "tokens", "MB", "export ms", "GB/s",
-              "stream ms", "GB/s", "import ms", "GB/s", "total ms", "GB/s");
+  std::printf("%-20s %7s %9s %-10s %10s %7s %10s %7s %10s %7s %10s %7s %7s\n", "spec", "tokens", "MB", "variant", "export ms",
+              "GB/s", "stream ms", "GB/s", "import ms", "GB/s", "total ms", "GB/s", "x first");
   for (const std::string& spec : specs) {
     Expected<KvPipeline> pipeline = make_kv_pipeline(spec);
     if (!pipeline) stop_with(pipeline.status().message());
@@ -99,61 +250,49 @@ int main(int argc, char** argv) {
       KvStore sender_store(shape, *pipeline), receiver_store(shape, *pipeline);
       fill(sender_store, tokens, 1234);
       const std::string model_id = "random KV";
+      SenderBytes expected;
+      {
+        std::vector<uint8_t> bytes;
+        check(write_kv_transfer(sender_store, model_id, bytes));
+        expected = {.bytes = bytes.size(), .crc = crc32c(bytes.data(), bytes.size())};
+      }
       std::vector<uint8_t> empty;
-      if (const Status written = write_kv_transfer(receiver_store, model_id, empty); !written.is_ok()) stop_with(written.message());
+      check(write_kv_transfer(receiver_store, model_id, empty));
       Expected<KvStreamIdentity> identity = transfer_kv_identity(empty);
       if (!identity) stop_with(identity.status().message());
-      auto receiver = KvStreamReceiver::start(*identity, {.port = 0, .max_unclaimed_bytes = uint64_t(1) << 40, .max_tokens = tokens});
-      if (!receiver) stop_with(receiver.status().message());
-      const std::string address = "127.0.0.1:" + std::to_string((*receiver)->port());
-
-      Row row;
-      row.spec = pipeline->describe();
-      row.tokens = tokens;
-      for (int r = -1; r < repeats; ++r) {
-        // Export: a fresh buffer each time, as each request's export_kv makes one.
-        Clock::time_point start = Clock::now();
-        std::vector<uint8_t> transfer;
-        if (const Status written = write_kv_transfer(sender_store, model_id, transfer); !written.is_ok()) stop_with(written.message());
-        const double export_s = seconds_since(start);
-
-        const std::string id = "r" + std::to_string(r + 1);
-        const KvStreamRequest request{.request_id = id, .attempt = 0, .prompt_token_ids = std::vector<int32_t>(size_t(tokens), 7),
-                                      .resume_token_ids = {}, .next_token = 0, .endpoint = "/v1/completions",
-                                      .request = nlohmann::json::object()};
-        start = Clock::now();
-        const KvStreamSendResult sent = send_kv_transfer(address, *identity, transfer, request, {});
-        if (!sent.status.is_ok()) stop_with(sent.status.message());
-        Expected<ReceivedKv> received = (*receiver)->wait_for(id, std::chrono::seconds(60));
-        if (!received) stop_with(received.status().message());
-        const double stream_s = seconds_since(start);
-
-        start = Clock::now();
-        if (const Status read = read_kv_transfer(received->transfer.data(), received->transfer.size(), "the stream", model_id,
-                                                 receiver_store);
-            !read.is_ok()) {
-          stop_with(read.message());
+      const size_t pool_bytes = 2 * expected.bytes + (size_t(1) << 20);
+      double first_total = 0;
+      for (const Variant variant : {Variant::kFirst, Variant::kRepeated, Variant::kOverlapped}) {
+        // Each variant's own workers: first keeps nothing (pools of 0 bytes), the others warm theirs in the warm-up.
+        const size_t keep = variant == Variant::kFirst ? 0 : pool_bytes;
+        auto receiver_buffers = std::make_shared<BufferPool>(keep);
+        auto receiver = KvStreamReceiver::start(*identity, {.port = 0, .max_unclaimed_bytes = uint64_t(1) << 40,
+                                                            .max_tokens = tokens, .buffers = receiver_buffers});
+        if (!receiver) stop_with(receiver.status().message());
+        const Workers workers{.sender_store = sender_store, .receiver_store = receiver_store, .receiver = **receiver,
+                              .identity = *identity, .sender_buffers = std::make_shared<BufferPool>(keep),
+                              .receiver_buffers = receiver_buffers, .model_id = model_id, .tokens = tokens};
+        std::vector<Times> times;
+        for (int r = -1; r < repeats; ++r) {
+          const Times t = transfer_once(workers, variant, str_cat(variant_name(variant), r + 1), expected);
+          if (r >= 0) times.push_back(t);  // r = -1: the warm-up
         }
-        const double import_s = seconds_since(start);
-        received = Expected<ReceivedKv>(ReceivedKv{});  // its memory back before the check's export
-
-        // Not timed: the imported store must give back the sender's bytes.
-        std::vector<uint8_t> again;
-        if (const Status written = write_kv_transfer(receiver_store, model_id, again); !written.is_ok()) stop_with(written.message());
-        if (again != transfer) stop_with("the imported store's export differs from the sender's (" + row.spec + ")");
-        row.bytes = transfer.size();
-        if (r < 0) continue;  // warm-up
-        row.export_s.push_back(export_s);
-        row.stream_s.push_back(stream_s);
-        row.import_s.push_back(import_s);
+        const auto med = [&](double Times::*field) {
+          std::vector<double> values;
+          for (const Times& t : times) values.push_back(t.*field);
+          return median(values);
+        };
+        const double e = med(&Times::export_s), s = med(&Times::stream_s), i = med(&Times::import_s), total = med(&Times::total_s);
+        if (variant == Variant::kFirst) first_total = total;
+        const double gb = double(expected.bytes) / 1e9;
+        std::printf("%-20s %7d %9.1f %-10s %10.1f %7.2f %10.1f %7.2f %10.1f %7.2f %10.1f %7.2f %7.2f\n", spec.c_str(), tokens,
+                    double(expected.bytes) / 1e6, variant_name(variant), e * 1e3, gb / e, s * 1e3, gb / s, i * 1e3, gb / i,
+                    total * 1e3, gb / total, first_total / total);
+        std::fflush(stdout);
       }
-      const double e = median(row.export_s), s = median(row.stream_s), i = median(row.import_s), gb = double(row.bytes) / 1e9;
-      std::printf("%-70s %7d %10.1f %10.1f %8.2f %10.1f %8.2f %10.1f %8.2f %10.1f %8.2f\n", row.spec.c_str(), tokens,
-                  double(row.bytes) / 1e6, e * 1e3, gb / e, s * 1e3, gb / s, i * 1e3, gb / i, (e + s + i) * 1e3,
-                  gb / (e + s + i));
-      std::fflush(stdout);
     }
   }
-  std::printf("\nGB/s: the transfer's bytes over the stage's time; total: export + stream + import, one after another\n");
+  std::printf("\nGB/s: the transfer's bytes over the stage's time. total: export + stream + import one after another "
+              "(overlapped: stream, which holds the export, + import). x first: first's total / this total\n");
   return 0;
 }

@@ -24,6 +24,7 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -256,15 +257,51 @@ def calibrate(args, corpus, model):
             "prefill_points": list(zip(lengths, seconds)), "step_points": steps}
 
 
-def simulate(costs, results, bytes_per_token, args, num_layers):
+def calibrate_host_path(args, specs, model_config):
+    """Each spec's host path (seconds per transfer byte of the export, the stream without a cap and the
+    import), as disagg_sim's host_path_s_per_byte takes it: --host-path-costs when given (the GPU's, from
+    bench/cuda/bench_kv_transport_cuda's TCP row), else measured by bench_kv_host_path on the model's KV
+    shape at --input-len tokens, its "repeated" rows (a server's transfers after its first)."""
+    if args.host_path_costs:
+        with open(args.host_path_costs) as f:
+            return json.load(f)
+    layers = model_config["num_hidden_layers"]
+    heads = model_config.get("num_key_value_heads", model_config["num_attention_heads"])
+    head_dim = model_config.get("head_dim") or model_config["hidden_size"] // model_config["num_attention_heads"]
+    bench = args.host_path_bench or os.path.join(os.path.dirname(args.slimkv), "bench_kv_host_path")
+    command = [bench, "--specs", ";".join(specs), "--prompt-tokens", str(args.input_len), "--layers", str(layers),
+               "--kv-heads", str(heads), "--head-dim", str(head_dim), "--repeats", str(max(3, args.calibration_repeats))]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed: {out.stderr.strip()}")
+    costs = {}
+    for line in out.stdout.splitlines():
+        fields = line.split()
+        # spec tokens MB variant export-ms GB/s stream-ms GB/s import-ms GB/s total-ms GB/s x-first
+        if len(fields) == 13 and fields[0] in specs and fields[3] == "repeated":
+            transfer_bytes = float(fields[2]) * 1e6
+            costs[fields[0]] = {stage: float(fields[i]) / 1e3 / transfer_bytes
+                                for stage, i in (("export", 4), ("stream", 6), ("import", 8))}
+    missing = [spec for spec in specs if spec not in costs]
+    if missing:
+        raise RuntimeError(f"{bench} printed no 'repeated' row for {missing}:\n{out.stdout}")
+    return costs
+
+
+def simulate(costs, results, bytes_per_token, host_path, args, num_layers):
     """disagg_sim's prediction for one measured deployment: each round's arrivals and lengths as measured,
-    one prefill and one decode worker, the link at the cap; the rounds' requests pooled."""
+    one prefill and one decode worker, each stream paced at the cap and the host path as calibrated (`host_path`:
+    None, free); the rounds' requests pooled. A GPU prefill worker has no per-layer hook: its KV goes
+    out after the prefill (overlap_layers false)."""
     config = {key: costs[key] for key in ("prefill_base_s", "prefill_s_per_token", "prefill_s_per_token2",
                                           "step_base_s", "step_s_per_seq", "step_s_per_context_token")}
+    on_gpu = "--device cuda" in " ".join(args.serve_args.split())
     config.update({"prefill_workers": 1, "decode_workers": 1, "link_gbps": args.kv_bandwidth_gbps,
-                   "num_layers": num_layers, "max_batch": args.max_num_seqs, "overlap_layers": True,
+                   "num_layers": num_layers, "max_batch": args.max_num_seqs, "overlap_layers": not on_gpu,
+                   "link_shared": False,  # --kv-bandwidth-gbps paces each stream on its own
                    "prefill_chunk_tokens": args.prefill_chunk_tokens, "overlap_chunks": args.chunk_overlap,
-                   "kv_bytes_per_token": {"measured": bytes_per_token}})
+                   "kv_bytes_per_token": {"measured": bytes_per_token},
+                   "host_path_s_per_byte": {"measured": host_path} if host_path else {}})
     pooled = []
     for round_index in sorted({r["round"] for r in results}):
         config["requests"] = [[r["arrival"], r["prompt"], r["output"]] for r in results if r["round"] == round_index]
@@ -305,13 +342,19 @@ def main():
     parser.add_argument("--rounds", type=int, default=2, help="repeats of each rate's workload, deployments rotated")
     parser.add_argument("--calibrate", action="store_true", help="measure the simulator's costs and compare")
     parser.add_argument("--calibration-repeats", type=int, default=3)
+    parser.add_argument("--host-path-bench", default=None,
+                        help="--calibrate: the bench_kv_host_path binary that measures the host path (default: beside --slimkv)")
+    parser.add_argument("--host-path-costs", default=None,
+                        help="--calibrate: a JSON file {spec: {export, stream, import: seconds per byte}} to use instead "
+                             "(a GPU's host path: bench_kv_transport_cuda's TCP row)")
     parser.add_argument("--json", help="write every run's results here")
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
     specs = [s for s in args.specs.split(";") if s]
     text = args.text or os.path.join(args.model, "heldout.txt")
     with open(os.path.join(args.model, "config.json")) as f:
-        num_layers = json.load(f)["num_hidden_layers"]
+        model_config = json.load(f)
+    num_layers = model_config["num_hidden_layers"]
 
     plans = [(args.colocated_spec, False)] + [(spec, True) for spec in specs]
     names = [Deployment.name_of(*plan) for plan in plans]
@@ -389,24 +432,31 @@ def main():
 
     costs = calibrate(args, corpus, model) if args.calibrate else None
     if costs:
+        costs["host_path_s_per_byte"] = calibrate_host_path(args, specs, model_config)
         print(f"\nmeasured costs (one worker, {args.threads} thread(s)): prefill {costs['prefill_base_s'] * 1e3:.2f} ms + "
               f"{costs['prefill_s_per_token'] * 1e6:.2f} us/token + {costs['prefill_s_per_token2'] * 1e9:.4f} ns/token^2; "
               f"decode step {costs['step_base_s'] * 1e3:.2f} ms + {costs['step_s_per_seq'] * 1e3:.3f} ms/seq + "
               f"{costs['step_s_per_context_token'] * 1e9:.1f} ns/context token")
+        for spec, path in costs["host_path_s_per_byte"].items():
+            print(f"host path {spec}: export {1e-9 / path['export']:.2f} GB/s, stream {1e-9 / path['stream']:.2f} GB/s, "
+                  f"import {1e-9 / path['import']:.2f} GB/s" if all(path.values()) else f"host path {spec}: {path}")
         print("simulator (scripts/disagg_sim.py, the same arrivals and lengths) vs measured, disaggregated runs:")
         print(f"{'rate':>5}  {'spec':<22}{'JCT meas':>10}{'JCT sim':>9}{'err':>8}{'TTFT meas':>11}{'TTFT sim':>10}{'err':>8}"
-              f"{'TPOT meas':>11}{'TPOT sim':>10}")
+              f"{'TPOT meas':>11}{'TPOT sim':>10}{'JCT sim, link only':>20}{'err':>8}")
         for run in runs:
             if not run["disaggregated"]:
                 continue
             done = [r for r in run["requests"] if r["ok"]]
-            predicted = simulate(costs, done, run["kv_bytes_per_token"], args, num_layers)
-            run["simulated"] = predicted
+            predicted = simulate(costs, done, run["kv_bytes_per_token"], costs["host_path_s_per_byte"].get(run["spec"]),
+                                 args, num_layers)
+            link_only = simulate(costs, done, run["kv_bytes_per_token"], None, args, num_layers)  # as before the host path
+            run["simulated"], run["simulated_link_only"] = predicted, link_only
             s = run["summary"]
             jct, ttft, tpot = (predicted[k]["mean"] for k in ("jct_s", "ttft_s", "tpot_s"))
+            jct_link = link_only["jct_s"]["mean"]
             print(f"{run['rate']:>5}  {run['spec']:<22}{s['jct_mean_s']:>10.3f}{jct:>9.3f}{jct / s['jct_mean_s'] - 1:>+8.1%}"
                   f"{s['ttft_mean_s']:>11.3f}{ttft:>10.3f}{ttft / s['ttft_mean_s'] - 1:>+8.1%}"
-                  f"{s['tpot_mean_s'] * 1e3:>11.1f}{tpot * 1e3:>10.1f}")
+                  f"{s['tpot_mean_s'] * 1e3:>11.1f}{tpot * 1e3:>10.1f}{jct_link:>20.3f}{jct_link / s['jct_mean_s'] - 1:>+8.1%}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "costs": costs, "runs": runs}, f, indent=1)

@@ -8,14 +8,25 @@ The model, as slimkv runs it:
   and the prefill worker that frees up first (the least in flight), as `slimkv router` does.
 - Prefill worker: one prompt at a time, FIFO; a prompt of n tokens takes
   prefill_s(n) = prefill_base_s + prefill_s_per_token * n + prefill_s_per_token2 * n^2 (attention's share).
+- Host path (host_path_s_per_byte[codec], measured by bench/bench_kv_host_path.cc or, on the GPU,
+  bench/cuda/bench_kv_transport_cuda.cc's TCP row; absent: free): the prefill worker's export of the KV
+  into transfer bytes costs `export` seconds a byte on its scheduler thread, on top of the compute
+  (each layer's as it is computed when layers overlap, else the whole KV after the prefill); sending
+  and receiving a piece costs `stream` seconds a byte on the hosts, which runs beside the link's pacing
+  (the token bucket refills while the bytes are written), so a piece takes bytes * max(1/link rate,
+  stream); the decode worker's import costs `import` seconds a byte on its scheduler thread, at the
+  step boundary where the request joins: it delays that worker's running requests too.
 - Link: each prefill worker sends over its own link of link_gbps (a NIC; 0 = infinite). Layer l's KV
-  (kv_bytes_per_token[codec] * n / num_layers bytes) is ready when layer l is computed, at
-  start + prefill_s(n) * (l + 1) / num_layers; the link sends the layers in order, one after another.
+  (kv_bytes_per_token[codec] * n / num_layers bytes) is ready when layer l is computed (and exported),
+  at start + busy_s(n) * (l + 1) / num_layers; the link sends the layers in order, one after another.
   A worker's transfers queue on its link, so one prompt's transfer can overlap the next prompt's compute.
-  overlap_layers false: every layer is sent after the whole prefill (slimkv's GPU prefill worker today).
+  link_shared false: each transfer is paced on its own instead (slimkv's --kv-bandwidth-gbps is a token
+  bucket per stream: two streams at once each get the cap), as in the measured runs on one machine.
+  overlap_layers false: every layer is sent after the whole prefill and export (slimkv's GPU prefill
+  worker, which has no per-layer hook).
 - Decode worker: continuous batching, at most max_batch sequences; a request joins at the next step
-  boundary after its whole KV has arrived, and its first token (sampled by the prefill worker) is out
-  then (TTFT). Each step gives every running sequence one token and takes
+  boundary after its whole KV has arrived (imported there), and its first token (sampled by the prefill
+  worker) is out then (TTFT). Each step gives every running sequence one token and takes
   decode_step_s = step_base_s + step_s_per_seq * batch + step_s_per_context_token * (tokens in the batch's contexts).
 - JCT = last token - arrival; TPOT = (last token - first token) / (output tokens - 1).
 
@@ -40,6 +51,7 @@ class Config:
     DEFAULTS = {
         "prefill_workers": 1, "decode_workers": 1, "link_gbps": 10.0, "num_layers": 32,
         "overlap_layers": True,    # send layer l as soon as it is computed; False: all after the prefill
+        "link_shared": True,       # a prefill worker's transfers share its link; False: each paced alone
         # A prompt runs in steps of at most this many tokens (slimkv serve --prefill-chunk-tokens; 0: one
         # step). overlap_chunks: every chunk's layers go out as computed; false: the earlier chunks' KV
         # waits for the last chunk's step and goes out with its layers (slimkv's CPU worker before #23's
@@ -52,6 +64,8 @@ class Config:
         "step_base_s": 0.01, "step_s_per_seq": 0.0, "step_s_per_context_token": 0.0,
         "max_batch": 64,
         "kv_bytes_per_token": {"dense:dtype=f16": 131072},  # codec -> bytes of one token's KV, all layers
+        # codec -> {"export", "stream", "import": seconds per transfer byte}: the host path (see above)
+        "host_path_s_per_byte": {},
         # [[arrival s, prompt tokens, output tokens], ...]: a given workload (a measured run's) instead of
         # num_requests Poisson arrivals at arrival_rate_per_s
         "requests": None,
@@ -76,13 +90,20 @@ class Config:
             values = getattr(self, key)
             if not isinstance(values, list) or not values or not all(isinstance(v, int) and v >= 1 for v in values):
                 raise ValueError(f"{key}: must be a non-empty list of integers >= 1, got {values!r}")
-        for key in ("overlap_layers", "overlap_chunks"):
+        for key in ("overlap_layers", "overlap_chunks", "link_shared"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{key}: must be true or false, got {getattr(self, key)!r}")
         if not isinstance(self.prefill_chunk_tokens, int) or self.prefill_chunk_tokens < 0:
             raise ValueError(f"prefill_chunk_tokens: must be an integer >= 0, got {self.prefill_chunk_tokens!r}")
         if not isinstance(self.kv_bytes_per_token, dict) or not self.kv_bytes_per_token:
             raise ValueError("kv_bytes_per_token: must map codec names to bytes per token")
+        if not isinstance(self.host_path_s_per_byte, dict):
+            raise ValueError("host_path_s_per_byte: must map codec names to {export, stream, import} seconds per byte")
+        for codec, costs in self.host_path_s_per_byte.items():
+            if (not isinstance(costs, dict) or set(costs) != {"export", "stream", "import"}
+                    or not all(isinstance(v, (int, float)) and v >= 0 for v in costs.values())):
+                raise ValueError(f"host_path_s_per_byte[{codec!r}]: must be {{\"export\", \"stream\", \"import\"}} "
+                                 f"seconds per byte >= 0, got {costs!r}")
         if self.requests is not None:
             if not isinstance(self.requests, list) or not self.requests:
                 raise ValueError(f"requests: must be a non-empty list of [arrival_s, prompt_tokens, output_tokens], got {self.requests!r}")
@@ -95,18 +116,28 @@ class Config:
     def prefill_s(self, tokens):
         return self.prefill_base_s + self.prefill_s_per_token * tokens + self.prefill_s_per_token2 * tokens * tokens
 
-    def kv_pieces(self, start, tokens, bytes_per_token):
+    def host_path(self, codec):
+        return self.host_path_s_per_byte.get(codec, {"export": 0.0, "stream": 0.0, "import": 0.0})
+
+    def busy_s(self, tokens, bytes_per_token, codec):
+        """The prefill worker's time for a prompt's first `tokens` tokens: compute, and the export of their KV."""
+        if tokens == 0:
+            return 0.0
+        return self.prefill_s(tokens) + self.host_path(codec)["export"] * bytes_per_token * tokens
+
+    def kv_pieces(self, start, tokens, bytes_per_token, codec):
         """[(ready time, bytes)] of one prompt's KV in the order the link sends them: per chunk, per
-        layer, each ready when its layer of its chunk is computed (a chunk costs prefill_s's increment)."""
+        layer, each ready when its layer of its chunk is computed and exported (a chunk costs busy_s's
+        increment)."""
         chunk = self.prefill_chunk_tokens or tokens
         bounds = list(range(0, tokens, chunk)) + [tokens]
-        end = start + self.prefill_s(tokens)
+        end = start + self.busy_s(tokens, bytes_per_token, codec)
         if not self.overlap_layers:
             return [(end, bytes_per_token * tokens)]
         pieces = []
         for first, last in zip(bounds, bounds[1:]):
-            t0 = start + (self.prefill_s(first) if first else 0.0)
-            t1 = start + self.prefill_s(last)
+            t0 = start + self.busy_s(first, bytes_per_token, codec)
+            t1 = start + self.busy_s(last, bytes_per_token, codec)
             final = last == tokens
             for layer in range(self.num_layers):
                 ready = t0 + (t1 - t0) * (layer + 1) / self.num_layers
@@ -150,7 +181,10 @@ class DecodeWorker:
 def simulate(config, codec):
     """Runs the workload with one codec's KV size; returns the requests with their times."""
     bytes_per_token = config.kv_bytes_per_token[codec]
-    bytes_per_s = config.link_gbps * 1e9 / 8 if config.link_gbps > 0 else math.inf
+    host_path = config.host_path(codec)
+    import_s_per_byte = host_path["import"]
+    # A piece's time on the way: the link's pacing and the hosts' sending and receiving side by side.
+    s_per_byte = max(8 / (config.link_gbps * 1e9) if config.link_gbps > 0 else 0.0, host_path["stream"])
     requests = workload(config)
     prefill_free = [0.0] * config.prefill_workers  # when each prefill worker's compute is free
     link_free = [0.0] * config.prefill_workers     # when each prefill worker's link is free
@@ -164,11 +198,12 @@ def simulate(config, codec):
         order += 1
 
     def start_step(d, now):
-        """A step boundary of decode worker d: waiting requests join (their first token is out), then the
-        next step starts if anything runs."""
+        """A step boundary of decode worker d: waiting requests are imported and join (their first token is
+        out), then the next step starts if anything runs."""
         worker = decoders[d]
         room = config.max_batch - len(worker.running)
         joining, worker.ready = worker.ready[:room], worker.ready[room:]
+        now += sum(import_s_per_byte * bytes_per_token * r.prompt for r in joining)
         for request in joining:
             request.first_token, request.generated = now, 1
             if request.generated >= request.output:
@@ -191,13 +226,13 @@ def simulate(config, codec):
             decoders[d].assigned += 1
             p = min(range(len(prefill_free)), key=lambda i: prefill_free[i])
             start = max(now, prefill_free[p])
-            compute = config.prefill_s(request.prompt)
-            prefill_free[p] = start + compute
+            prefill_free[p] = start + config.busy_s(request.prompt, bytes_per_token, codec)
             # Layer by layer (chunk by chunk): each piece is sendable when computed; the link sends in order.
-            link = link_free[p]
-            for ready, piece_bytes in config.kv_pieces(start, request.prompt, bytes_per_token):
-                link = max(link, ready) + piece_bytes / bytes_per_s
-            link_free[p] = link
+            link = link_free[p] if config.link_shared else 0.0
+            for ready, piece_bytes in config.kv_pieces(start, request.prompt, bytes_per_token, codec):
+                link = max(link, ready) + piece_bytes * s_per_byte
+            if config.link_shared:
+                link_free[p] = link
             push(link, "kv_arrived", (request, d))
         elif kind == "kv_arrived":
             request, d = payload

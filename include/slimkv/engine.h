@@ -43,6 +43,7 @@ class LlamaModel;
 class Tokenizer;
 class KvStore;
 class ThreadPool;
+class BufferPool;
 struct KvPipeline;
 struct ModelConfig;
 struct ForwardObserver;
@@ -63,6 +64,9 @@ struct EngineConfig {
   // with a slow tier: the fast tier's share). 0: max_sequences full contexts, within 90% of what the
   // device has free.
   size_t kv_cache_bytes = 0;
+  // KV transfer buffers kept for reuse across transfers, their bytes at most (transfer_buffers(): a
+  // streamed export's bytes; a worker's KV stream receiver and scheduler share them). 0: none kept.
+  size_t transfer_buffer_bytes = size_t(4) << 30;
 };
 
 // generation_config.json, where present (all optional).
@@ -130,11 +134,15 @@ struct StepResult {
 // a prompt's earlier chunks each layer's newly sealed blocks (Engine::stream_sealed_kv), then, in the
 // step that finishes it, the head and each layer's rest as soon as it is final (stream_kv_in_next_step).
 struct KvTransferPiece {
-  int layer = -1;              // -1: the head (header and metadata); else the layer
-  std::vector<uint8_t> bytes;  // the head; or the layer's sealed blocks from first_block on, then (final) its open tokens
-  size_t sealed_bytes = 0;     // a layer's: where its open tokens start in `bytes`
-  int first_block = 0;         // a layer's: its first sealed block in `bytes` (every head's, head by head)
-  bool final = true;           // a layer's: its last piece (with the open tokens); false: sealed blocks only
+  int layer = -1;  // -1: the head (header and metadata); else the layer
+  // The head; or the layer's sealed blocks from first_block on (every head's, head by head).
+  std::span<const uint8_t> bytes;
+  std::span<const uint8_t> open;  // a final layer piece's open tokens (they follow every sealed block in the transfer)
+  // What `bytes` and `open` lie in, held as long as the piece is: the pieces of one export share it (no
+  // copy), and it goes back to the engine's transfer buffers when the last of them is gone.
+  std::shared_ptr<const std::vector<uint8_t>> owner;
+  int first_block = 0;  // a layer's: its first sealed block in `bytes`
+  bool final = true;    // a layer's: its last piece (with the open tokens); false: sealed blocks only
   // stream_kv_in_next_step(..., on_device): the whole KV in this one piece, its sealed blocks in GPU
   // memory (layer -1, bytes empty).
   std::shared_ptr<const DeviceKvTransfer> device = nullptr;
@@ -231,6 +239,8 @@ class Engine {
 
   // The workers sequences run on, for tools that run kernels beside a session (eval's fidelity task).
   ThreadPool& pool() const { return *pool_; }
+  // The KV transfer buffers this engine's exports take and give back (EngineConfig::transfer_buffer_bytes).
+  const std::shared_ptr<BufferPool>& transfer_buffers() const { return transfer_buffers_; }
 
  private:
   Engine() = default;
@@ -244,6 +254,7 @@ class Engine {
   Status chat_template_status_;                   // why not, when it has none
   std::unique_ptr<KvPipeline> pipeline_;
   std::shared_ptr<ThreadPool> pool_;
+  std::shared_ptr<BufferPool> transfer_buffers_;
   GenerationDefaults generation_;
   std::string identity_;
   std::unique_ptr<DeviceModel> device_;  // the model on the device, the sequences' KV and the budget

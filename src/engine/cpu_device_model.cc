@@ -96,14 +96,16 @@ class CpuDeviceModel : public DeviceModel {
   Status import_kv(SequenceId id, std::span<const uint8_t> transfer, std::string_view source,
                    std::string_view model_id) override {
     Sequence& sequence = sequences_.at(id);
-    SLIMKV_ASSIGN_OR_RETURN(KvTransferInfo info, inspect_kv_transfer(transfer.data(), transfer.size(), source));
+    // One pass over the bytes (the checksum) before the store is touched; then they are copied in.
+    SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info,
+                            check_kv_transfer_for(transfer.data(), transfer.size(), source, model_id, *sequence.kv));
     const int tokens = info.layer_tokens.empty() ? 0 : *std::max_element(info.layer_tokens.begin(), info.layer_tokens.end());
     const int64_t blocks = budget_.blocks_for_tokens(tokens);
     if (blocks - sequence.blocks > budget_.free_blocks) {
       return error("kv transfer '", source, "': ", tokens, " tokens need ", blocks, " blocks of the KV budget, ",
                    budget_.free_blocks, " are free");
     }
-    SLIMKV_RETURN_IF_ERROR(read_kv_transfer(transfer.data(), transfer.size(), source, model_id, *sequence.kv));
+    restore_kv_transfer(transfer.data(), info, *sequence.kv);
     budget_.free_blocks -= blocks - sequence.blocks;
     sequence.blocks = blocks;
     return Status::ok();

@@ -18,6 +18,7 @@
 #include "slimkv/tokenizer.h"
 #include "tensor/gguf.h"
 #include "tokenizer/chat/chat_template.h"
+#include "util/buffer_pool.h"
 #include "util/mapped_file.h"
 #include "util/thread_pool.h"
 
@@ -99,6 +100,7 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
   SLIMKV_ASSIGN_OR_RETURN(engine->generation_, load_generation_defaults(config.model_dir, engine->model_->config()));
   SLIMKV_ASSIGN_OR_RETURN(engine->identity_, engine->model_->identity());
   engine->pool_ = config.pool ? config.pool : std::make_shared<ThreadPool>(threads);
+  engine->transfer_buffers_ = std::make_shared<BufferPool>(config.transfer_buffer_bytes);
   if (config.device == "cuda") {
     SLIMKV_ASSIGN_OR_RETURN(engine->device_, open_cuda_model(*engine->model_, *engine->pipeline_, config));
   } else {
@@ -214,13 +216,15 @@ Status Engine::step(std::span<const StepItem> items, StepResult& result) {
       auto device = std::make_shared<DeviceKvTransfer>();
       streamed = device_->export_kv_to_device(sequence, identity_, *device);
       if (streamed.is_ok()) {
-        stream->on_piece()({.layer = -1, .bytes = {}, .sealed_bytes = 0, .first_block = 0, .final = true, .device = std::move(device)});
+        stream->on_piece()({.layer = -1, .bytes = {}, .open = {}, .owner = nullptr, .first_block = 0, .final = true,
+                            .device = std::move(device)});
       }
       continue;
     }
-    std::vector<uint8_t> transfer;
+    // Into a buffer of an earlier transfer; its pieces share it, and the last one gives it back.
+    std::vector<uint8_t> transfer = transfer_buffers_->take_largest();
     streamed = device_->export_kv(sequence, identity_, transfer);
-    if (streamed.is_ok()) streamed = transfer_pieces(transfer, stream->on_piece());
+    if (streamed.is_ok()) streamed = transfer_pieces(share_pooled(transfer_buffers_, std::move(transfer)), stream->on_piece());
   }
   SLIMKV_RETURN_IF_ERROR(stepped);
   SLIMKV_RETURN_IF_ERROR(streamed);
@@ -276,7 +280,7 @@ Status Engine::stream_kv_in_next_step(SequenceId sequence, KvPieceCallback on_pi
     SLIMKV_RETURN_IF_ERROR(write_kv_transfer_head(*store, identity_, store->num_tokens(0), head));
   }
   std::unique_ptr<KvLayerStream>& stream = kv_streams_[sequence];
-  if (!stream) stream = std::make_unique<KvLayerStream>(identity_, nullptr);
+  if (!stream) stream = std::make_unique<KvLayerStream>(identity_, transfer_buffers_, nullptr);
   stream->finish_in_next_step(std::move(on_piece), on_device);
   return Status::ok();
 }
@@ -284,7 +288,7 @@ Status Engine::stream_kv_in_next_step(SequenceId sequence, KvPieceCallback on_pi
 Status Engine::stream_sealed_kv(SequenceId sequence, KvPieceCallback on_piece) {
   SLIMKV_RETURN_IF_ERROR(check_sequence(sequence));
   std::unique_ptr<KvLayerStream>& stream = kv_streams_[sequence];
-  if (!stream) stream = std::make_unique<KvLayerStream>(identity_, std::move(on_piece));
+  if (!stream) stream = std::make_unique<KvLayerStream>(identity_, transfer_buffers_, std::move(on_piece));
   return Status::ok();
 }
 

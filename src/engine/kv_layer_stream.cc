@@ -18,34 +18,42 @@ void KvLayerStream::on_attention_output(int layer, const float*, int) {
   if (!finishing_) {
     const int sealed = store_->num_sealed_blocks(layer);
     if (sealed == out) return;
-    KvTransferPiece piece{.layer = layer, .bytes = {}, .sealed_bytes = 0, .first_block = out, .final = false};
-    (void)write_kv_transfer_blocks(*store_, layer, out, sealed, piece.bytes);
-    piece.sealed_bytes = piece.bytes.size();
+    std::vector<uint8_t> bytes = buffers_->take_largest();
+    (void)write_kv_transfer_blocks(*store_, layer, out, sealed, bytes);
+    KvTransferPiece piece{.layer = layer, .bytes = {}, .open = {}, .owner = share_pooled(buffers_, std::move(bytes)),
+                          .first_block = out, .final = false};
+    piece.bytes = *piece.owner;
     out = sealed;
     on_piece_(std::move(piece));
     return;
   }
   if (layer == 0) {
-    KvTransferPiece head;
-    (void)write_kv_transfer_head(*store_, model_id_, tokens_after_step_, head.bytes);
-    on_piece_(std::move(head));
+    std::vector<uint8_t> head;
+    (void)write_kv_transfer_head(*store_, model_id_, tokens_after_step_, head);
+    KvTransferPiece piece{.layer = -1, .bytes = {}, .open = {}, .owner = std::make_shared<const std::vector<uint8_t>>(std::move(head))};
+    piece.bytes = *piece.owner;
+    on_piece_(std::move(piece));
   }
-  KvTransferPiece piece{.layer = layer, .bytes = {}, .sealed_bytes = 0, .first_block = out, .final = true};
-  (void)write_kv_transfer_layer(*store_, layer, out, piece.bytes, piece.sealed_bytes);
+  std::vector<uint8_t> bytes = buffers_->take_largest();
+  size_t sealed_bytes = 0;
+  (void)write_kv_transfer_layer(*store_, layer, out, bytes, sealed_bytes);
+  KvTransferPiece piece{.layer = layer, .bytes = {}, .open = {}, .owner = share_pooled(buffers_, std::move(bytes)),
+                        .first_block = out, .final = true};
+  piece.bytes = std::span(*piece.owner).first(sealed_bytes);
+  piece.open = std::span(*piece.owner).subspan(sealed_bytes);
   on_piece_(std::move(piece));
 }
 
-Status transfer_pieces(std::span<const uint8_t> transfer, const KvPieceCallback& on_piece) {
-  SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, inspect_kv_transfer(transfer.data(), transfer.size(), "the step's KV"));
-  on_piece({.layer = -1, .bytes = {transfer.begin(), transfer.begin() + ptrdiff_t(info.sealed_offset)}, .sealed_bytes = 0});
+Status transfer_pieces(std::shared_ptr<const std::vector<uint8_t>> transfer, const KvPieceCallback& on_piece) {
+  const std::span<const uint8_t> bytes(*transfer);
+  // The head's checks suffice: the transfer is this engine's own export (the receiver checks it all).
+  SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, inspect_kv_transfer_head(bytes.data(), bytes.size(), "the step's KV"));
+  if (info.total_bytes != bytes.size()) return error("the step's KV: ", bytes.size(), " bytes, its header declares ", info.total_bytes);
+  on_piece({.layer = -1, .bytes = bytes.first(info.sealed_offset), .open = {}, .owner = transfer});
   const std::vector<KvTransferLayerRanges> ranges = kv_transfer_layer_ranges(info);
   for (size_t l = 0; l < ranges.size(); ++l) {
-    KvTransferPiece piece{.layer = int(l), .bytes = {}, .sealed_bytes = ranges[l].sealed_bytes};
-    piece.bytes.reserve(ranges[l].sealed_bytes + ranges[l].open_bytes);
-    const auto at = [&](uint64_t offset) { return transfer.begin() + ptrdiff_t(offset); };
-    piece.bytes.insert(piece.bytes.end(), at(ranges[l].sealed_offset), at(ranges[l].sealed_offset + ranges[l].sealed_bytes));
-    piece.bytes.insert(piece.bytes.end(), at(ranges[l].open_offset), at(ranges[l].open_offset + ranges[l].open_bytes));
-    on_piece(std::move(piece));
+    on_piece({.layer = int(l), .bytes = bytes.subspan(ranges[l].sealed_offset, ranges[l].sealed_bytes),
+              .open = bytes.subspan(ranges[l].open_offset, ranges[l].open_bytes), .owner = transfer});
   }
   return Status::ok();
 }

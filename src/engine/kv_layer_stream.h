@@ -13,12 +13,15 @@
 #include "kv/store.h"
 #include "model/forward_observer.h"
 #include "slimkv/engine.h"
+#include "util/buffer_pool.h"
 
 namespace slimkv {
 
 class KvLayerStream : public ForwardObserver {
  public:
-  KvLayerStream(std::string model_id, KvPieceCallback on_piece) : model_id_(std::move(model_id)), on_piece_(std::move(on_piece)) {}
+  // Each piece's bytes are written into a buffer taken from `buffers` and go back there once sent.
+  KvLayerStream(std::string model_id, std::shared_ptr<BufferPool> buffers, KvPieceCallback on_piece)
+      : model_id_(std::move(model_id)), buffers_(std::move(buffers)), on_piece_(std::move(on_piece)) {}
 
   // The next step finishes the stream, its pieces going to `on_piece`: the head and every layer's rest
   // (on_device: one piece, the whole KV with its sealed blocks in GPU memory, after the step).
@@ -37,6 +40,7 @@ class KvLayerStream : public ForwardObserver {
 
  private:
   const std::string model_id_;
+  const std::shared_ptr<BufferPool> buffers_;
   KvPieceCallback on_piece_;
   const KvStore* store_ = nullptr;
   bool finishing_ = false;
@@ -45,7 +49,8 @@ class KvLayerStream : public ForwardObserver {
   std::vector<int> blocks_out_;  // per layer: the sealed blocks handed out so far
 };
 
-// The pieces of a whole transfer (head, then each layer), as KvLayerStream gives them one by one.
-Status transfer_pieces(std::span<const uint8_t> transfer, const KvPieceCallback& on_piece);
+// The pieces of a whole transfer (head, then each layer), as KvLayerStream gives them one by one: each
+// a view of `transfer`, which they share (nothing copied).
+Status transfer_pieces(std::shared_ptr<const std::vector<uint8_t>> transfer, const KvPieceCallback& on_piece);
 
 }  // namespace slimkv

@@ -10,6 +10,7 @@
 #include <thread>
 #include <utility>
 
+#include "util/buffer_pool.h"
 #include "util/system_memory.h"
 
 namespace slimkv {
@@ -229,7 +230,12 @@ void Scheduler::Impl::run() {
         heap_trimmed = true;
         lock.lock();
       }
-      wake.wait(lock, has_work);
+      // Idle: KV transfer buffers unused for a while are freed too (BufferPool::release_idle).
+      while (!wake.wait_for(lock, std::chrono::seconds(10), has_work)) {
+        lock.unlock();
+        engine.transfer_buffers()->release_idle();
+        lock.lock();
+      }
       arrived.swap(inbox);
       cancelled.swap(cancels);
       stop = stopping;
@@ -422,7 +428,7 @@ Status Scheduler::Impl::admit(Request& request) {
   if (request.host_kv.empty()) return Status::ok();
   const Status imported = engine.import_kv(request.sequence, request.host_kv, str_cat("preempted request ", request.id));
   host_bytes -= request.host_kv.size();
-  request.host_kv = {};
+  engine.transfer_buffers()->give_back(std::exchange(request.host_kv, {}));  // for the next transfer received
   return imported;
 }
 

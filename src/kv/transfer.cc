@@ -433,9 +433,10 @@ Status check_page_layout(const KvPageLayout& pages, const Layout& layout) {
   return Status::ok();
 }
 
-// The header and metadata: bytes [0, sealed_offset) of `out` (zeroed by the caller).
+// The header and metadata: bytes [0, sealed_offset) of `out`, padding zeroed.
 void write_head(const Layout& layout, const std::string& spec, std::string_view model_id,
                 const std::vector<int>& layer_tokens, uint8_t* out) {
+  std::memset(out, 0, layout.sealed_offset);
   uint8_t* header = out;
   std::memcpy(header + at::kMagic, kMagic.data(), kMagic.size());
   store_u32(header + at::kVersion, kKvTransferVersion);
@@ -468,15 +469,17 @@ void write_head(const Layout& layout, const std::string& spec, std::string_view 
 }
 
 // Layer l's sealed blocks [first_block, end_block) as stored: head by head, block by block, each in a
-// 64-byte slot of `sealed` (zeroed by the caller). crc (or nullptr): chained on with the bytes written,
+// 64-byte slot of `sealed` (its padding zeroed). crc (or nullptr): chained on with the bytes written,
 // padding included, each block checksummed as it is copied (in cache: one pass, not two).
 void write_sealed_blocks(const KvStore& store, const Layout& layout, int l, int first_block, int end_block, uint8_t* sealed,
                          uint32_t* crc = nullptr) {
+  const uint64_t padding = layout.sealed_block_stride - layout.sealed_block_bytes;
   for (int g = 0; g < int(layout.num_kv_heads); ++g) {
     for (int b = first_block; b < end_block; ++b) {
+      std::memset(sealed + layout.sealed_block_bytes, 0, padding);
       if (crc) {
         *crc = crc32c_copy(sealed, store.sealed_block(l, g, b), layout.sealed_block_bytes, *crc);
-        *crc = crc32c(sealed + layout.sealed_block_bytes, layout.sealed_block_stride - layout.sealed_block_bytes, *crc);
+        *crc = crc32c(sealed + layout.sealed_block_bytes, padding, *crc);
       } else {
         std::memcpy(sealed, store.sealed_block(l, g, b), layout.sealed_block_bytes);
       }
@@ -486,7 +489,7 @@ void write_sealed_blocks(const KvStore& store, const Layout& layout, int l, int 
 }
 
 // One layer's sealed blocks from first_block on (into `sealed`, chaining `crc` as write_sealed_blocks)
-// and open tokens (into `open`), both zeroed by the caller.
+// and open tokens (into `open`), every byte written (padding zeroed).
 void write_open_tokens(const KvStore& store, const Layout& layout, int l, uint8_t* open);
 void write_layer(const KvStore& store, const Layout& layout, int l, int first_block, uint8_t* sealed, uint8_t* open,
                  uint32_t* crc = nullptr) {
@@ -494,7 +497,7 @@ void write_layer(const KvStore& store, const Layout& layout, int l, int first_bl
   write_open_tokens(store, layout, l, open);
 }
 
-// Layer l's open tokens in FP32 (the store's FP16 widened) into `open` (zeroed by the caller): per head,
+// Layer l's open tokens in FP32 (the store's FP16 widened) into `open` (padding zeroed): per head,
 // K [open, k_dim] then V [open, v_dim], each padded to 64.
 void write_open_tokens(const KvStore& store, const Layout& layout, int l, uint8_t* open) {
   const size_t tokens = size_t(store.open_tokens(l));
@@ -505,8 +508,11 @@ void write_open_tokens(const KvStore& store, const Layout& layout, int l, uint8_
   for (int g = 0; g < int(layout.num_kv_heads); ++g) {
     if (tokens > 0) {
       store.widen_open(l, g, int(tokens), open_k.data(), open_v.data());
-      std::memcpy(open, open_k.data(), open_k.size() * sizeof(float));
-      std::memcpy(open + k_record, open_v.data(), open_v.size() * sizeof(float));
+      const size_t k_bytes = open_k.size() * sizeof(float), v_bytes = open_v.size() * sizeof(float);
+      std::memcpy(open, open_k.data(), k_bytes);
+      std::memset(open + k_bytes, 0, k_record - k_bytes);
+      std::memcpy(open + k_record, open_v.data(), v_bytes);
+      std::memset(open + k_record + v_bytes, 0, v_record - v_bytes);
     }
     open += k_record + v_record;
   }
@@ -529,7 +535,9 @@ Status write_kv_transfer(const KvStore& store, std::string_view model_id, std::v
   const std::vector<int> layer_tokens = store_layer_tokens(store);
   std::string spec;
   SLIMKV_ASSIGN_OR_RETURN(const Layout layout, writer_layout(store, model_id, layer_tokens, spec));
-  assign_zeroed(out, layout.total_bytes);  // padding stays zero
+  // Every byte is written below, padding zeroed as it goes: a buffer reused from an earlier transfer
+  // is not cleared first (a pass over gigabytes).
+  assign_for_overwrite(out, layout.total_bytes);
   write_head(layout, spec, model_id, layer_tokens, out.data());
   // The CRC as the bytes are written: the head, the sealed section block by block, then the open section.
   uint32_t crc = crc32c(out.data(), layout.sealed_offset);
@@ -552,7 +560,7 @@ Status write_kv_transfer_head(const KvStore& store, std::string_view model_id, i
   const std::vector<int> layer_tokens(size_t(store.shape().num_layers), tokens_per_layer);
   std::string spec;
   SLIMKV_ASSIGN_OR_RETURN(const Layout layout, writer_layout(store, model_id, layer_tokens, spec));
-  out.assign(layout.sealed_offset, 0);
+  assign_for_overwrite(out, layout.sealed_offset);
   write_head(layout, spec, model_id, layer_tokens, out.data());
   return Status::ok();
 }
@@ -568,7 +576,7 @@ Status write_kv_transfer_layer(const KvStore& store, int layer, int first_block,
   uint64_t sealed = 0, open = 0;
   layer_bytes(layout, store.num_tokens(layer), &sealed, &open);
   sealed -= uint64_t(first_block) * layout.num_kv_heads * layout.sealed_block_stride;
-  out.assign(sealed + open, 0);
+  assign_for_overwrite(out, sealed + open);
   write_layer(store, layout, layer, first_block, out.data(), out.data() + sealed);
   sealed_bytes = sealed;
   return Status::ok();
@@ -581,7 +589,7 @@ Status write_kv_transfer_blocks(const KvStore& store, int layer, int first_block
     return error("writing a kv transfer: layer ", layer, " holds ", store.num_sealed_blocks(layer),
                  " sealed blocks; blocks [", first_block, ", ", end_block, ") were asked for");
   }
-  out.assign(uint64_t(end_block - first_block) * layout.num_kv_heads * layout.sealed_block_stride, 0);
+  assign_for_overwrite(out, uint64_t(end_block - first_block) * layout.num_kv_heads * layout.sealed_block_stride);
   write_sealed_blocks(store, layout, layer, first_block, end_block, out.data());
   return Status::ok();
 }
@@ -594,7 +602,7 @@ Status write_kv_transfer_from_pages(const KvPageLayout& pages, int blocks,
   std::string spec;
   SLIMKV_ASSIGN_OR_RETURN(const Layout layout, writer_layout(open, model_id, layer_tokens, spec));
   SLIMKV_RETURN_IF_ERROR(check_page_layout(pages, layout));
-  assign_zeroed(out, layout.total_bytes);  // padding stays zero
+  assign_for_overwrite(out, layout.total_bytes);  // every byte written below, padding zeroed
   write_head(layout, spec, model_id, layer_tokens, out.data());
   uint32_t crc = crc32c(out.data(), layout.sealed_offset);
   uint8_t* sealed = out.data() + layout.sealed_offset;
@@ -609,6 +617,7 @@ Status write_kv_transfer_from_pages(const KvPageLayout& pages, int blocks,
         for (size_t p = 0; p < pages.piece_bytes.size(); at += pages.piece_bytes[p], ++p) {
           crc = crc32c_copy(sealed + at, page + pages.piece_offsets[p] + g * pages.piece_bytes[p], pages.piece_bytes[p], crc);
         }
+        std::memset(sealed + at, 0, layout.sealed_block_stride - at);
         crc = crc32c(sealed + at, layout.sealed_block_stride - at, crc);
       }
     }
@@ -761,7 +770,11 @@ Expected<KvTransferInfo> check_kv_transfer_for(const uint8_t* data, size_t size,
 Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view source, std::string_view model_id,
                         KvStore& into) {
   SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, check_kv_transfer_for(data, size, source, model_id, into));
-  // Everything is checked: restore.
+  restore_kv_transfer(data, info, into);  // everything is checked
+  return Status::ok();
+}
+
+void restore_kv_transfer(const uint8_t* data, const KvTransferInfo& info, KvStore& into) {
   into.clear();
   uint64_t stride = 0;
   checked_align(info.sealed_block_bytes, &stride);  // checked by the reader: no overflow
@@ -776,7 +789,6 @@ Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view sourc
     }
   }
   restore_kv_transfer_open_tokens(data, info, into);
-  return Status::ok();
 }
 
 void restore_kv_transfer_open_tokens(const uint8_t* data, const KvTransferInfo& info, KvStore& into) {

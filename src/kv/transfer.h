@@ -103,6 +103,9 @@ std::vector<KvTransferLayerRanges> kv_transfer_layer_ranges(const KvTransferInfo
 Expected<KvTransferInfo> check_kv_transfer_for(const uint8_t* data, size_t size, std::string_view source,
                                                std::string_view model_id, const KvStore& into);
 void restore_kv_transfer_open_tokens(const uint8_t* data, const KvTransferInfo& info, KvStore& into);
+// The rest of read_kv_transfer after check_kv_transfer_for: `into` cleared, then every layer's sealed
+// blocks and open tokens restored (for a caller that decides something on the info in between).
+void restore_kv_transfer(const uint8_t* data, const KvTransferInfo& info, KvStore& into);
 
 // How a GPU cache lays out one block of every KV head (a page; GpuKvCache::device_page_layout): head
 // g's sealed block is the concatenation of pieces p, each at page offset piece_offsets[p] + g *

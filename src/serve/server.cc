@@ -603,7 +603,8 @@ Status run_server(const EngineConfig& engine_config, const SchedulerConfig& sche
                                                           .max_unclaimed_bytes = config.kv_unclaimed_bytes,
                                                           .max_tokens = (*engine)->context_tokens(),
                                                           .cuda_ipc_device = disaggregation.cuda_ipc_device,
-                                                          .nccl = disaggregation.nccl});
+                                                          .nccl = disaggregation.nccl,
+                                                          .buffers = (*engine)->transfer_buffers()});
     if (!started) {
       stop_listening();
       return started.status().with_context("--kv-port");

@@ -15,6 +15,7 @@ CommandRunner add_serve_command(CLI::App& app) {
     int max_num_seqs = 16;
     size_t kv_cache_bytes = 0;
     size_t host_kv_bytes = size_t(4) << 30;
+    size_t kv_buffer_bytes = size_t(4) << 30;
     int prefill_chunk_tokens = 512;
   };
   auto options = std::make_shared<Options>();
@@ -52,6 +53,10 @@ CommandRunner add_serve_command(CLI::App& app) {
   command->add_option("--kv-unclaimed-bytes", options->server.kv_unclaimed_bytes,
                       "decode: bytes of received KV streams waiting for their request, at most (the oldest are dropped)")
       ->capture_default_str();
+  command->add_option("--kv-buffer-bytes", options->kv_buffer_bytes,
+                      "prefill/decode: KV transfer buffers kept for the next transfers, bytes at most (freed after a "
+                      "minute unused; 0: a fresh buffer per transfer)")
+      ->capture_default_str();
   command->add_option("--prefill-chunk-tokens", options->prefill_chunk_tokens,
                       "tokens one engine step runs at most (prompt chunks and decode tokens together)")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
@@ -61,6 +66,7 @@ CommandRunner add_serve_command(CLI::App& app) {
     engine.max_sequences = options->max_num_seqs;
     engine.kv_cache_bytes = options->kv_cache_bytes;
     engine.prefill_chunk_tokens = options->prefill_chunk_tokens;
+    engine.transfer_buffer_bytes = options->kv_buffer_bytes;
     SchedulerConfig scheduler;
     scheduler.max_running = options->max_num_seqs;
     scheduler.host_kv_bytes = options->host_kv_bytes;

@@ -406,10 +406,9 @@ Status KvStreamSender::send_over_nccl(const CudaPlugin& plugin, std::shared_ptr<
 
 Status KvStreamSender::send_piece(const KvTransferPiece& piece) {
   if (piece.device) return send_device(piece.device);
-  const std::span<const uint8_t> bytes(piece.bytes);
-  if (piece.layer < 0) return send_head(bytes);
-  if (!piece.final) return send_blocks(piece.layer, piece.first_block, bytes);
-  return send_layer(piece.layer, piece.first_block, bytes.first(piece.sealed_bytes), bytes.subspan(piece.sealed_bytes));
+  if (piece.layer < 0) return send_head(piece.bytes);
+  if (!piece.final) return send_blocks(piece.layer, piece.first_block, piece.bytes);
+  return send_layer(piece.layer, piece.first_block, piece.bytes, piece.open);
 }
 
 Status KvStreamSender::finish(const KvStreamRequest& request) {
@@ -503,6 +502,7 @@ void KvStreamReceiver::accept_loop() {
       std::lock_guard lock(mutex_);
       drop_stale_locked();
     }
+    if (options_.buffers) options_.buffers->release_idle();
     if (!connection || !connection->is_open()) continue;
     connection->set_cancel_flag(&stopping_);
     if (int(workers_.size()) >= options_.max_connections) {
@@ -595,6 +595,9 @@ void KvStreamReceiver::receive(TcpConnection connection) {
   } else {
     answer_error = status.message();
   }
+  // A stream that failed (a sender that died midway, a corrupt layer) or was superseded: its buffer
+  // goes back for the next stream.
+  if (options_.buffers && !received.transfer.empty()) options_.buffers->give_back(std::move(received.transfer));
   if (serial == 0 && !status.is_ok()) {
     // Refused at the handshake (receive_stream answered REFUSE itself), or the sender vanished.
     return;
@@ -741,7 +744,9 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     }
   }
   std::vector<uint8_t>& transfer = received.transfer;
-  assign_zeroed(transfer, info.total_bytes);
+  // Every byte of it is written below (head, each layer's ranges, trailer): a reused buffer is not zeroed first.
+  if (options_.buffers) transfer = options_.buffers->take(info.total_bytes);
+  assign_for_overwrite(transfer, info.total_bytes);
   std::memcpy(transfer.data(), head.payload.data(), head.payload.size());
   received.wire_bytes += kKvFrameHeaderBytes + hello_frame.payload.size();
   // The transfer's CRC, joined from each piece's as it lands (crc32c_combine): the end-to-end check
@@ -790,7 +795,7 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
       crc = crc32c_combine(crc, rest_crc, rest * stride);
     }
     SLIMKV_ASSIGN_OR_RETURN(const uint32_t open_crc, read_into({transfer.data() + range.open_offset, range.open_bytes}));
-    SLIMKV_RETURN_IF_ERROR(layer.finish().with_context(where));
+    SLIMKV_RETURN_IF_ERROR(layer.finish().with_context(str_cat(where, ": layer ", l)));
     open_crcs.emplace_back(open_crc, range.open_bytes);
     early[l].clear();
     received.wire_bytes += kKvFrameHeaderBytes + layer.payload_bytes();

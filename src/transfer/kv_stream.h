@@ -48,6 +48,7 @@
 #include "transfer/nccl_links.h"
 #include "transfer/tcp_connection.h"
 #include "transfer/token_bucket.h"
+#include "util/buffer_pool.h"
 
 namespace slimkv {
 
@@ -230,6 +231,10 @@ struct KvStreamReceiverOptions {
   std::string cuda_ipc_device{};
   // Accepts the NCCL path (its KV lives in GPU memory and NCCL can be used here: nccl_available()).
   bool nccl = false;
+  // Where each stream's transfer is assembled: a buffer of an earlier transfer, given back by whoever
+  // imports it (the worker's scheduler) or by the receiver when the stream fails; idle buffers are freed
+  // from the accept loop. nullptr: a new buffer per stream.
+  std::shared_ptr<BufferPool> buffers = nullptr;
 };
 
 // Whether this process can make NCCL links (a build with NCCL's header, the CUDA plugin, libnccl.so.2);

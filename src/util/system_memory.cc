@@ -40,4 +40,9 @@ void assign_zeroed(std::vector<uint8_t>& out, size_t bytes) {
   out.resize(bytes);
 }
 
+void assign_for_overwrite(std::vector<uint8_t>& out, size_t bytes) {
+  if (out.capacity() < bytes) return assign_zeroed(out, bytes);
+  out.resize(bytes);
+}
+
 }  // namespace slimkv

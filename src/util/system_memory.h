@@ -23,5 +23,9 @@ void return_free_heap_to_os();
 // 2 MiB instead of once per 4 KiB: a KV transfer's gigabytes are a fresh buffer per request, and on this
 // VM 4 KiB faults fill fresh memory at 0.8-2 GB/s, huge pages at ~4 GB/s. Where THP is off, plain pages.
 void assign_zeroed(std::vector<uint8_t>& out, size_t bytes);
+// Makes `out` hold `bytes` bytes for a caller that writes every one of them: what `out` already held
+// stays as it was (no pass over it; a reused buffer of a transfer at least this large costs nothing),
+// only bytes beyond its old size are zeroed; a larger allocation is made as assign_zeroed makes it.
+void assign_for_overwrite(std::vector<uint8_t>& out, size_t bytes);
 
 }  // namespace slimkv

@@ -471,6 +471,43 @@ TEST(KvTransfer, PagesWriteAndReadAsTheStoreDoes) {
   }
 }
 
+// The writers write every byte, padding included, so that a buffer reused from an earlier transfer
+// (util/buffer_pool.h: not cleared first) gives the bytes a fresh one does.
+TEST(KvTransfer, WritersFillEveryByteOfAReusedBuffer) {
+  for (const auto& [spec, head_dim] : {std::pair<std::string, int>{"dense", 24}, {"hack:bits=2,pi=32", 16}}) {
+    SCOPED_TRACE(spec);
+    KvStore store({3, 2, head_dim, head_dim, 256}, pipeline_of(spec));
+    std::mt19937 rng(5);
+    const int tokens = 2 * store.block_tokens() + 5;
+    append_random(store, {tokens, tokens, tokens}, rng);
+    const auto garbage = [](size_t bytes) { return std::vector<uint8_t>(bytes, 0xAB); };
+    std::vector<uint8_t> fresh, reused = garbage(1 << 20);
+    ASSERT_TRUE(write_kv_transfer(store, kModel, fresh));
+    ASSERT_TRUE(write_kv_transfer(store, kModel, reused));
+    EXPECT_EQ(reused, fresh);
+    const Pages pages = pages_of(store, 2);
+    const auto layer_pages = [&](int l) -> Expected<const uint8_t*> { return pages.layers[size_t(l)].data(); };
+    reused = garbage(1 << 20);
+    ASSERT_TRUE(write_kv_transfer_from_pages(pages.layout, 2, layer_pages, open_tokens_of(store), kModel, reused));
+    EXPECT_EQ(reused, fresh);
+    std::vector<uint8_t> head, head_reused = garbage(1 << 16);
+    ASSERT_TRUE(write_kv_transfer_head(store, kModel, tokens, head));
+    ASSERT_TRUE(write_kv_transfer_head(store, kModel, tokens, head_reused));
+    EXPECT_EQ(head_reused, head);
+    for (int l = 0; l < 3; ++l) {
+      std::vector<uint8_t> layer, layer_reused = garbage(1 << 16);
+      size_t sealed = 0, sealed_reused = 0;
+      ASSERT_TRUE(write_kv_transfer_layer(store, l, 1, layer, sealed));
+      ASSERT_TRUE(write_kv_transfer_layer(store, l, 1, layer_reused, sealed_reused));
+      EXPECT_EQ(layer_reused, layer);
+      std::vector<uint8_t> blocks, blocks_reused = garbage(1 << 16);
+      ASSERT_TRUE(write_kv_transfer_blocks(store, l, 0, 2, blocks));
+      ASSERT_TRUE(write_kv_transfer_blocks(store, l, 0, 2, blocks_reused));
+      EXPECT_EQ(blocks_reused, blocks);
+    }
+  }
+}
+
 TEST(KvTransfer, PagesOfAnotherBlockSizeAreRefused) {
   KvStore store({1, 2, 16, 16, 256}, pipeline_of("dense:dtype=f16"));
   std::mt19937 rng(3);

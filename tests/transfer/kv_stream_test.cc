@@ -103,10 +103,10 @@ TEST(KvStream, LayersStreamedDuringAStepAreTheExportAfterIt) {
       std::vector<uint8_t> sealed, open;
       for (size_t p = 1; p < pieces.size(); ++p) {
         ASSERT_EQ(pieces[p].layer, int(p - 1));
-        sealed.insert(sealed.end(), pieces[p].bytes.begin(), pieces[p].bytes.begin() + ptrdiff_t(pieces[p].sealed_bytes));
-        open.insert(open.end(), pieces[p].bytes.begin() + ptrdiff_t(pieces[p].sealed_bytes), pieces[p].bytes.end());
+        sealed.insert(sealed.end(), pieces[p].bytes.begin(), pieces[p].bytes.end());
+        open.insert(open.end(), pieces[p].open.begin(), pieces[p].open.end());
       }
-      std::vector<uint8_t> assembled = pieces[0].bytes;
+      std::vector<uint8_t> assembled(pieces[0].bytes.begin(), pieces[0].bytes.end());
       EXPECT_EQ(pieces[0].layer, -1);
       assembled.insert(assembled.end(), sealed.begin(), sealed.end());
       assembled.insert(assembled.end(), open.begin(), open.end());
@@ -266,6 +266,16 @@ struct RawSender {
     const std::span<const uint8_t> parts[] = {payload};
     ASSERT_TRUE(write_kv_frame(connection, type, parts, nullptr, SteadyClock::now() + 5s));
   }
+  // A frame whose payload has a bit flipped after its CRC was computed (the header written by hand).
+  void write_corrupted(KvFrameType type, std::vector<uint8_t> payload) {
+    uint8_t header[kKvFrameHeaderBytes] = {'S', 'K', 'V', 'S', uint8_t(type)};
+    const uint32_t size = uint32_t(payload.size()), crc = crc32c(payload.data(), payload.size(), crc32c(header, 12));
+    std::memcpy(header + 8, &size, 4);
+    std::memcpy(header + 12, &crc, 4);
+    payload[payload.size() / 2] ^= 0x10;
+    ASSERT_TRUE(connection.write_all(header, sizeof(header), SteadyClock::now() + 2s));
+    ASSERT_TRUE(connection.write_all(payload.data(), payload.size(), SteadyClock::now() + 2s));
+  }
   // What the receiver answers (its FAILED error), or the read's error.
   std::string answer() {
     Expected<KvFrame> frame = read_kv_frame(connection, SteadyClock::now() + 5s);
@@ -279,15 +289,8 @@ TEST(KvStream, CorruptFrameIsRefused) {
   auto receiver = KvStreamReceiver::start(p.identity, {.port = 0});
   RawSender sender((*receiver)->port(), p.identity, "r3");
   const auto info = *inspect_kv_transfer(p.transfer.data(), p.transfer.size(), "t");
-  // A KV_HEAD frame whose payload is flipped after its CRC was computed: write the header by hand.
-  std::vector<uint8_t> head(p.transfer.begin(), p.transfer.begin() + ptrdiff_t(info.sealed_offset));
-  uint8_t header[kKvFrameHeaderBytes] = {'S', 'K', 'V', 'S', uint8_t(KvFrameType::kKvHead)};
-  const uint32_t size = uint32_t(head.size()), crc = crc32c(head.data(), head.size(), crc32c(header, 12));
-  std::memcpy(header + 8, &size, 4);
-  std::memcpy(header + 12, &crc, 4);
-  head[head.size() / 2] ^= 0x10;
-  ASSERT_TRUE(sender.connection.write_all(header, sizeof(header), SteadyClock::now() + 2s));
-  ASSERT_TRUE(sender.connection.write_all(head.data(), head.size(), SteadyClock::now() + 2s));
+  // A KV_HEAD frame whose payload is flipped after its CRC was computed.
+  sender.write_corrupted(KvFrameType::kKvHead, {p.transfer.begin(), p.transfer.begin() + ptrdiff_t(info.sealed_offset)});
   const std::string answer = sender.answer();
   EXPECT_NE(answer.find("KV_HEAD frame checksum mismatch"), std::string::npos) << answer;
   EXPECT_FALSE((*receiver)->wait_for("r3", 50ms));
@@ -350,6 +353,99 @@ TEST(KvStream, TruncatedFrameAndDeadSenderFailWithinTheTimeout) {
   }
   EXPECT_FALSE((*receiver)->wait_for("r5", 50ms));
   EXPECT_FALSE((*receiver)->wait_for("r6", 300ms));
+}
+
+// A receiver with a buffer pool assembles each stream in the buffer of one before, once whoever took
+// that stream gave it back (a decode worker's scheduler after its import).
+TEST(KvStream, ReceiverAssemblesInABufferGivenBack) {
+  Prefilled p = prefill("dense:dtype=f16", 150);
+  auto buffers = std::make_shared<BufferPool>(size_t(64) << 20);
+  auto receiver = KvStreamReceiver::start(p.identity, {.port = 0, .buffers = buffers});
+  ASSERT_TRUE(receiver) << receiver.status().message();
+  const uint8_t* first = nullptr;
+  for (const std::string id : {"p1", "p2", "p3"}) {
+    ASSERT_TRUE(send_kv_transfer(loopback((*receiver)->port()), p.identity, p.transfer, request_for(p, id), {}).status);
+    Expected<ReceivedKv> got = (*receiver)->wait_for(id, 5s);
+    ASSERT_TRUE(got) << got.status().message();
+    EXPECT_EQ(got->transfer, p.transfer);
+    if (first) {
+      EXPECT_EQ(got->transfer.data(), first) << id;  // the same memory, not a new allocation
+    }
+    first = got->transfer.data();
+    buffers->give_back(std::move(got->transfer));
+  }
+  // A shorter prompt's stream in the same buffer, not zeroed first: every byte is its own, none stale.
+  auto session = p.engine->new_session();
+  std::vector<int32_t> shorter(p.prompt.begin(), p.prompt.begin() + 70);
+  ASSERT_TRUE(session->prefill(shorter));
+  const std::vector<uint8_t> short_transfer = *p.engine->export_kv(session->sequence());
+  KvStreamRequest request = request_for(p, "p4");
+  request.prompt_token_ids = shorter;
+  ASSERT_TRUE(send_kv_transfer(loopback((*receiver)->port()), p.identity, short_transfer, request, {}).status);
+  Expected<ReceivedKv> got = (*receiver)->wait_for("p4", 5s);
+  ASSERT_TRUE(got) << got.status().message();
+  EXPECT_EQ(got->transfer.data(), first);
+  EXPECT_EQ(got->transfer, short_transfer);
+  const BufferPool::Stats stats = buffers->stats();
+  EXPECT_EQ(stats.fresh_total, 1u);
+  EXPECT_EQ(stats.reused_total, 3u);
+}
+
+// A sender that dies mid-layer or sends a corrupt layer: the stream fails with the error naming the
+// layer, and its buffer goes back to the pool (nothing held by the receiver, nothing leaked).
+TEST(KvStream, AFailedStreamGivesItsBufferBack) {
+  Prefilled p = prefill("dense", 150);
+  auto buffers = std::make_shared<BufferPool>(size_t(64) << 20);
+  auto receiver = KvStreamReceiver::start(p.identity, {.port = 0, .io_timeout = 500ms, .buffers = buffers});
+  ASSERT_TRUE(receiver) << receiver.status().message();
+  const auto info = *inspect_kv_transfer(p.transfer.data(), p.transfer.size(), "t");
+  const auto ranges = kv_transfer_layer_ranges(info);
+  const auto layer_payload = [&](size_t l) {  // u32 layer, u32 first block (0), its blocks, its open tokens
+    const KvTransferLayerRanges& range = ranges[l];
+    std::vector<uint8_t> payload(8 + range.sealed_bytes + range.open_bytes, 0);
+    payload[0] = uint8_t(l);
+    std::memcpy(payload.data() + 8, p.transfer.data() + range.sealed_offset, range.sealed_bytes);
+    std::memcpy(payload.data() + 8 + range.sealed_bytes, p.transfer.data() + range.open_offset, range.open_bytes);
+    return payload;
+  };
+  const auto wait_until_idle = [&] {
+    for (int i = 0; i < 200 && (*receiver)->stats().streams_in_progress > 0; ++i) std::this_thread::sleep_for(10ms);
+    EXPECT_EQ((*receiver)->stats().streams_in_progress, 0);
+  };
+  {
+    // Two layers, then half of the third, then gone.
+    RawSender sender((*receiver)->port(), p.identity, "d1");
+    sender.write(KvFrameType::kKvHead, std::span<const uint8_t>(p.transfer).first(info.sealed_offset));
+    sender.write(KvFrameType::kKvLayer, layer_payload(0));
+    sender.write(KvFrameType::kKvLayer, layer_payload(1));
+    const std::vector<uint8_t> third = layer_payload(2);
+    uint8_t header[kKvFrameHeaderBytes] = {'S', 'K', 'V', 'S', uint8_t(KvFrameType::kKvLayer)};
+    const uint32_t size = uint32_t(third.size());
+    std::memcpy(header + 8, &size, 4);
+    ASSERT_TRUE(sender.connection.write_all(header, sizeof(header), SteadyClock::now() + 1s));
+    ASSERT_TRUE(sender.connection.write_all(third.data(), third.size() / 2, SteadyClock::now() + 1s));
+    sender.connection.close();
+  }
+  wait_until_idle();
+  EXPECT_FALSE((*receiver)->wait_for("d1", 50ms));
+  EXPECT_EQ(buffers->stats().held_buffers, 1);
+  EXPECT_GE(buffers->stats().held_bytes, p.transfer.size());
+  {
+    // Layer 1's frame corrupted after its CRC: refused naming the frame, the buffer back again (the same one).
+    RawSender sender((*receiver)->port(), p.identity, "d2");
+    sender.write(KvFrameType::kKvHead, std::span<const uint8_t>(p.transfer).first(info.sealed_offset));
+    sender.write(KvFrameType::kKvLayer, layer_payload(0));
+    sender.write_corrupted(KvFrameType::kKvLayer, layer_payload(1));
+    const std::string answer = sender.answer();
+    EXPECT_NE(answer.find("layer 1: "), std::string::npos) << answer;
+    EXPECT_NE(answer.find("KV_LAYER frame checksum mismatch"), std::string::npos) << answer;
+  }
+  wait_until_idle();
+  EXPECT_FALSE((*receiver)->wait_for("d2", 50ms));
+  const BufferPool::Stats stats = buffers->stats();
+  EXPECT_EQ(stats.held_buffers, 1);
+  EXPECT_EQ(stats.reused_total, 1u);
+  EXPECT_EQ(stats.fresh_total, 1u);
 }
 
 TEST(KvStream, DeadReceiverFailsTheSenderWithinTheTimeout) {

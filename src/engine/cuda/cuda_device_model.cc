@@ -140,12 +140,14 @@ class CudaDeviceModel final : public DeviceModel {
   const Held& held_of(SequenceId sequence) const { return sequences_.at(sequence); }
   int id_of(SequenceId sequence) const { return held_of(sequence).id; }
   cuda::GpuKvTransferContext context(std::string_view model_id) const {
-    return {.shape = shape_, .pipeline = pipeline_, .model_id = std::string(model_id)};
+    return {.shape = shape_, .pipeline = pipeline_, .model_id = std::string(model_id), .staging = &transfer_staging_};
   }
 
   std::unique_ptr<cuda::CudaLlamaModel> model_;
   KvPipeline pipeline_;  // as the GPU runs it: its describe() is kv_description()
   KvShape shape_;        // of a host store of one sequence (export, import)
+  // Pinned host memory for a layer of each export and import, kept for the next (GpuKvTransferContext).
+  mutable cuda::PinnedArray<uint8_t> transfer_staging_;
   std::map<SequenceId, Held> sequences_;
 };
 

@@ -6,6 +6,20 @@
 #include "kv/transfer.h"
 
 namespace slimkv::cuda {
+namespace {
+
+// `bytes` of pinned host memory for one layer at a time: the context's kept staging (grown if smaller),
+// else `own`, this transfer's.
+Expected<uint8_t*> layer_staging(const GpuKvTransferContext& context, size_t bytes, PinnedArray<uint8_t>& own, const char* what) {
+  PinnedArray<uint8_t>& staging = context.staging ? *context.staging : own;
+  if (staging.size() < bytes) {
+    staging = PinnedArray<uint8_t>();  // the smaller one freed before the larger is pinned
+    SLIMKV_ASSIGN_OR_RETURN(staging, PinnedArray<uint8_t>::allocate(bytes, what));
+  }
+  return staging.data();
+}
+
+}  // namespace
 
 // A cache with device pages: every layer's sealed blocks gathered on the device into one buffer (as
 // CUDA IPC shares them), brought to the host a layer at a time by one copy into pinned memory, and
@@ -23,12 +37,13 @@ Status export_transfer(const GpuKvCache& kv, int sequence, const GpuKvTransferCo
   SLIMKV_ASSIGN_OR_RETURN(auto pages, DeviceArray<uint8_t>::allocate(size_t(context.shape.num_layers) * layer_bytes,
                                                                     "a KV export's sealed blocks"));
   SLIMKV_RETURN_IF_ERROR(kv.export_pages(sequence, blocks, pages.data()));
-  SLIMKV_ASSIGN_OR_RETURN(auto staging, PinnedArray<uint8_t>::allocate(layer_bytes, "a KV export's layer in host memory"));
+  PinnedArray<uint8_t> own;
+  SLIMKV_ASSIGN_OR_RETURN(uint8_t* const staging, layer_staging(context, layer_bytes, own, "a KV export's layer in host memory"));
   KvStore open(context.shape, context.pipeline);
   SLIMKV_RETURN_IF_ERROR(kv.export_open_tokens(sequence, open));
   const auto layer_pages = [&](int layer) -> Expected<const uint8_t*> {
-    SLIMKV_RETURN_IF_ERROR(copy_to_host(staging.data(), pages.data() + size_t(layer) * layer_bytes, layer_bytes));
-    return staging.data();
+    SLIMKV_RETURN_IF_ERROR(copy_to_host(staging, pages.data() + size_t(layer) * layer_bytes, layer_bytes));
+    return staging;
   };
   return write_kv_transfer_from_pages(layout, blocks, layer_pages, open, context.model_id, out);
 }
@@ -60,10 +75,11 @@ Status import_transfer(GpuKvCache& kv, int sequence, const GpuKvTransferContext&
   const size_t layer_bytes = size_t(blocks) * layout.page_bytes;
   SLIMKV_ASSIGN_OR_RETURN(auto pages, DeviceArray<uint8_t>::allocate(size_t(context.shape.num_layers) * layer_bytes,
                                                                     "a KV import's sealed blocks"));
-  SLIMKV_ASSIGN_OR_RETURN(auto staging, PinnedArray<uint8_t>::allocate(layer_bytes, "a KV import's layer in host memory"));
+  PinnedArray<uint8_t> own;
+  SLIMKV_ASSIGN_OR_RETURN(uint8_t* const staging, layer_staging(context, layer_bytes, own, "a KV import's layer in host memory"));
   for (int l = 0; l < context.shape.num_layers; ++l) {
-    copy_kv_transfer_pages(transfer.data(), info, l, layout, staging.data());
-    SLIMKV_RETURN_IF_ERROR(copy_to_device(pages.data() + size_t(l) * layer_bytes, staging.data(), layer_bytes));
+    copy_kv_transfer_pages(transfer.data(), info, l, layout, staging);
+    SLIMKV_RETURN_IF_ERROR(copy_to_device(pages.data() + size_t(l) * layer_bytes, staging, layer_bytes));
   }
   return kv.import_pages(sequence, blocks, pages.data(), store).with_context(where);
 }

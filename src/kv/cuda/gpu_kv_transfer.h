@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backend/cuda/pinned_memory.h"
 #include "kv/cuda/gpu_kv_cache.h"
 #include "kv/kv_factory.h"
 #include "kv/store.h"
@@ -24,6 +25,10 @@ struct GpuKvTransferContext {
   KvShape shape;         // of a host store of one sequence (the model's layers, KV heads, dims, context)
   KvPipeline pipeline;   // as the GPU runs it (kv_description)
   std::string model_id;
+  // A layer's pinned host staging kept across transfers (grown when a layer needs more): pinning
+  // gigabytes is a driver call per transfer otherwise. nullptr: one per transfer. Used by one thread at
+  // a time (the device model's).
+  PinnedArray<uint8_t>* staging = nullptr;
 };
 
 // export_kv / import_kv: the sequence's transfer in host memory (a host tier's through a host store).
