@@ -60,7 +60,8 @@ Status BlockCodec::attention(const EncodedBlock& block, const float* q, int n_qu
   codec_->prepare_queries(shape, tile, prepared);
   tile.prepared = prepared.data();
   AttentionPartials partials(n_queries, block.v_dim);
-  codec_->attend(shape, block.bytes.data(), tile, partials, 0);
+  const uint8_t* bytes = block.bytes.data();
+  codec_->attend(shape, {&bytes, 1}, tile, partials, 0);
   out.assign(size_t(n_queries) * size_t(block.v_dim), 0.0f);
   for (int i = 0; i < n_queries; ++i) {
     for (int c = 0; c < block.v_dim; ++c) out[size_t(i) * size_t(block.v_dim) + size_t(c)] = partials.acc(i)[c] / partials.sum(i);

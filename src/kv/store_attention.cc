@@ -66,14 +66,6 @@ void attend_block_rows(const KvStore& store, int layer, int g, int b, int first_
   attend_block_f32(tile, k.data(), v.data(), shape.k_dim, shape.v_dim, partials, 0);
 }
 
-// Asks for a block's cache lines ahead of use: a head's blocks are not adjacent in the pool, so the
-// hardware prefetcher would start cold on every block. Into L2 (prefetcht1), not L1: asking for a whole
-// block into L1 stalled on the L1's few outstanding misses (the samples of a batched decode step sat on
-// the prefetch loop); a 16-sequence hack:bits=2 step at 1K ran 25-40% faster with it, 3 rounds alternating.
-void prefetch(const uint8_t* block, size_t bytes) {
-  for (size_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(block + offset, 0, 2);
-}
-
 // The sealed blocks' part of one decode query tile (one position: a row per query head of the group) over
 // the selected tokens (ascending) of KV head g. A block whose tokens are all selected, none with given
 // scores, is read by its codec's kernel; from the others the selected tokens are decoded and gathered
@@ -136,7 +128,7 @@ void attend_selected_sealed(const KvStore& store, int layer, int g, const HeadSe
     const uint8_t* block = store.sealed_block(layer, g, b);
     if (int(rows.size()) == block_tokens) {
       std::fill(visible, visible + tile.n_queries, block_tokens);
-      store.codec().attend(shape, block, tile, partials, 0);
+      store.codec().attend(shape, {&block, 1}, tile, partials, 0);
       continue;
     }
     for (size_t done = 0; done < rows.size();) {
@@ -245,7 +237,6 @@ void attend_task(const AttendCall& call, int layer, const AttentionParams& param
   const int g = task % shape.num_kv_heads;
   const BlockShape& block_shape = store.block_shape(layer, g);
   const int k_dim = block_shape.k_dim, v_dim = block_shape.v_dim;
-  const size_t block_bytes = store.block_bytes(layer, g);
   q_tile.resize(size_t(kTilePositions) * group * k_dim);
   visible.resize(size_t(kTilePositions) * group);
   const int first = (task / shape.num_kv_heads) * plan.tile_positions;  // first query (row of q) in the tile
@@ -277,8 +268,18 @@ void attend_task(const AttendCall& call, int layer, const AttentionParams& param
   const int store_end = exact ? first_position : last_tile_position + 1;  // tokens read from the store
   const int first_block = std::max(store.first_live_block(layer), window_first / block_tokens);
   const int sinks = store.sink_tokens(layer);  // sinks=N: block 0's first N tokens from FP16
+  // The blocks every query of the tile sees whole (all sealed ones, in decode) go to the codec's kernel
+  // in runs, read in order as one at a time would be.
+  const int whole_end = std::min(first_tile_position + 1, store_end);  // tokens before it: seen by every query
+  thread_local std::vector<const uint8_t*> run;
+  run.clear();
+  const auto attend_run = [&] {
+    if (run.empty()) return;
+    std::fill(visible.begin(), visible.begin() + rows, block_tokens);
+    store.codec().attend(block_shape, run, tile, partials, 0);
+    run.clear();
+  };
   for (int b = first_block; !selected && b < sealed && b * block_tokens < store_end; ++b) {
-    if (b + 1 < sealed) prefetch(store.sealed_block(layer, g, b + 1), block_bytes);
     if (b * block_tokens < window_first) {  // the window starts inside this block: its tokens in it only
       const int skip = window_first - b * block_tokens;
       const int count = std::clamp(std::min(last_tile_position + 1, store_end) - window_first, 0, block_tokens - skip);
@@ -297,9 +298,16 @@ void attend_task(const AttendCall& call, int layer, const AttentionParams& param
       }
       continue;
     }
+    const uint8_t* block = store.sealed_block(layer, g, b);
+    if ((b + 1) * block_tokens <= whole_end) {
+      run.push_back(block);
+      continue;
+    }
+    attend_run();
     visible_tokens(first_tile_position, group, rows, b * block_tokens, block_tokens, store_end, visible.data());
-    store.codec().attend(block_shape, store.sealed_block(layer, g, b), tile, partials, 0);
+    store.codec().attend(block_shape, {&block, 1}, tile, partials, 0);
   }
+  attend_run();
   // The open part, a block at a time (window=W makes it longer than a block; the kernel takes at most
   // kMaxBlockTokens).
   const size_t open_element = dtype_size_bytes(store.open_dtype());

@@ -100,10 +100,6 @@ QuantizedBlockLayout::QuantizedBlockLayout(const QuantizationConfig& config_in, 
   block_bytes = offset;
 }
 
-int QuantizedBlockLayout::k_partition_dims(int p) const {
-  return std::min(k_partition, shape.k_dim - p * k_partition);
-}
-
 size_t QuantizedBlockLayout::k_meta_slot(int t, int d) const {
   return config.k_per_channel ? size_t(t / k_group_tokens) * size_t(shape.k_dim) + size_t(d)
                               : size_t(d / k_partition) * size_t(shape.block_tokens) + size_t(t);

@@ -24,6 +24,7 @@
 // Symmetric ranges (`symmetric`) keep the same format with min = -max|x| (the grid centred on 0).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -64,7 +65,8 @@ struct QuantizedBlockLayout {
   size_t v_codes = 0, v_mins = 0, v_scales = 0, v_sums = 0;
   size_t block_bytes = 0;
 
-  int k_partition_dims(int p) const;  // the last partition may be shorter
+  // The last partition may be shorter. Inline: the attention kernels ask for it in their inner loops.
+  int k_partition_dims(int p) const { return std::min(k_partition, shape.k_dim - p * k_partition); }
   // Index of the min (and scale) that value (token t, dim or column d) uses, in its meta section.
   size_t k_meta_slot(int t, int d) const;
   size_t v_meta_slot(int t, int c) const;

@@ -71,9 +71,17 @@ TEST(HackKernel, MatchesDequantizedReference) {
     config.v_group = std::max(c.v_group, 0);
     config.symmetric = c.symmetric;
     const QuantizedBlockLayout layout(config, {c.tokens, c.head_dim, c.head_dim});
-    auto k = random_values(size_t(c.tokens) * c.head_dim, rng, 1.5f), v = random_values(size_t(c.tokens) * c.head_dim, rng);
-    std::vector<uint8_t> block(layout.block_bytes);
-    quantize_block(layout, k.data(), v.data(), 3, block.data());
+    // A run of blocks in one call, as the store passes a head's sealed blocks (each query sees the same
+    // tokens of each), against the reference folding them in one at a time.
+    constexpr int kRun = 3;
+    std::vector<std::vector<uint8_t>> blocks;
+    std::vector<const uint8_t*> run;
+    for (int b = 0; b < kRun; ++b) {
+      auto k = random_values(size_t(c.tokens) * c.head_dim, rng, 1.5f), v = random_values(size_t(c.tokens) * c.head_dim, rng);
+      blocks.emplace_back(layout.block_bytes);
+      quantize_block(layout, k.data(), v.data(), 3 + b, blocks.back().data());
+      run.push_back(blocks.back().data());
+    }
     auto q = random_values(size_t(c.n_queries) * c.head_dim, rng, 1.0f / std::sqrt(float(c.head_dim)) * 3.0f);
     std::vector<int> visible = c.visible.empty() ? std::vector<int>(size_t(c.n_queries), c.tokens) : c.visible;
     QueryTile tile{q.data(), c.n_queries, visible.data()};
@@ -87,8 +95,8 @@ TEST(HackKernel, MatchesDequantizedReference) {
       fast.sum(i) = slow.sum(i) = 2.0f;
       for (int d = 0; d < c.head_dim; ++d) fast.acc(i)[d] = slow.acc(i)[d] = 0.1f * float(d % 7);
     }
-    attend_hack_block(layout, block.data(), tile, fast, 0);
-    attend_hack_block_reference(layout, block.data(), tile, slow, 0);
+    attend_hack_blocks(layout, run, tile, fast, 0);
+    for (const uint8_t* block : run) attend_hack_block_reference(layout, block, tile, slow, 0);
     double err2 = 0, ref2 = 0;
     std::vector<float> a(size_t(c.head_dim)), b(size_t(c.head_dim));
     for (int i = 0; i < c.n_queries; ++i) {

@@ -10,6 +10,7 @@
 // Held to attend_hack_block_reference (attention/hack_reference.h) by tests/attention/hack_test.cc.
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "attention/partial.h"
@@ -20,12 +21,15 @@ namespace slimkv {
 // Q' of every query of a tile, once per tile: the packed signed operands [n_queries][k_dim/4] (int32),
 // then the per-partition Operand8 [n_queries][k_partitions]; K per channel: q̂ = q · 127 / max|q|
 // [n_queries][k_dim] (float), then max|q| [n_queries][k_partitions] (U''s factors, hack_operands.h).
-// attend_hack_block reads it from tile.prepared.
+// attend_hack_blocks reads it from tile.prepared.
 void prepare_hack_queries(const QuantizedBlockLayout& layout, const QueryTile& tile, std::vector<uint8_t>& prepared);
 
-// tile.prepared must hold prepare_hack_queries' result for this tile.
-void attend_hack_block(const QuantizedBlockLayout& layout, const uint8_t* block, const QueryTile& tile,
-                       AttentionPartials& partials, int first_partial);
+// For each query i of the tile, folds tokens [0, tile.visible[i]) of each block, in order, into
+// partials(first_partial + i); tile.prepared must hold prepare_hack_queries' result for this tile. One
+// call for a run of blocks: each block's setup is done once, and the next block's cache lines are asked
+// for while one is read.
+void attend_hack_blocks(const QuantizedBlockLayout& layout, std::span<const uint8_t* const> blocks, const QueryTile& tile,
+                        AttentionPartials& partials, int first_partial);
 
 // The SIMD target the kernel dispatches to on this CPU ("AVX3_DL" uses VNNI).
 const char* hack_kernel_target();

@@ -8,13 +8,20 @@
 
 namespace slimkv {
 
-void attend_decoded(const Codec& codec, const BlockShape& shape, const uint8_t* block, const QueryTile& tile,
-                    AttentionPartials& partials, int first_partial) {
+void attend_decoded(const Codec& codec, const BlockShape& shape, std::span<const uint8_t* const> blocks,
+                    const QueryTile& tile, AttentionPartials& partials, int first_partial) {
   thread_local std::vector<float> k, v;
   k.resize(size_t(shape.block_tokens) * size_t(shape.k_dim));
   v.resize(size_t(shape.block_tokens) * size_t(shape.v_dim));
-  codec.decode(shape, block, k.data(), v.data());
-  attend_block_f32(tile, k.data(), v.data(), shape.k_dim, shape.v_dim, partials, first_partial);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (i + 1 < blocks.size()) prefetch_block(blocks[i + 1], codec.block_bytes(shape));
+    codec.decode(shape, blocks[i], k.data(), v.data());
+    attend_block_f32(tile, k.data(), v.data(), shape.k_dim, shape.v_dim, partials, first_partial);
+  }
+}
+
+void prefetch_block(const uint8_t* block, size_t bytes) {
+  for (size_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(block + offset, 0, 2);
 }
 
 void Codec::decode_tokens(const BlockShape& shape, const uint8_t* block, const int* tokens, int n, float* k,

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -53,9 +54,11 @@ class Codec {
     prepared.clear();
   }
 
-  // For each query i of the tile, folds tokens [0, tile.visible[i]) of the sealed block into
-  // partials(first_partial + i). Queries are already scaled by the softmax scale.
-  virtual void attend(const BlockShape& shape, const uint8_t* block, const QueryTile& tile,
+  // For each query i of the tile, folds tokens [0, tile.visible[i]) of each sealed block, in order, into
+  // partials(first_partial + i). Queries are already scaled by the softmax scale. A run of a head's
+  // blocks comes in one call, so that a codec can ask for the next block's cache lines while it reads one
+  // (the blocks lie apart in the pool, where the hardware prefetcher cannot follow).
+  virtual void attend(const BlockShape& shape, std::span<const uint8_t* const> blocks, const QueryTile& tile,
                       AttentionPartials& partials, int first_partial) const = 0;
 
   // Whether the open (partial) block must be requantized at every append: HACK without its
@@ -92,9 +95,13 @@ class Codec {
                                int /*n*/, bool /*keys*/, bool /*values*/) const {}
 };
 
-// Attention over a block through its decoded FP32 form: codec.decode() into this thread's buffers,
-// then the FP32 block kernel. The `quant` baseline's whole method, and how `dense` reads FP16/BF16.
-void attend_decoded(const Codec& codec, const BlockShape& shape, const uint8_t* block, const QueryTile& tile,
-                    AttentionPartials& partials, int first_partial);
+// Attention over blocks through their decoded FP32 form: codec.decode() into this thread's buffers,
+// then the FP32 block kernel, a block at a time. The `quant` baseline's whole method.
+void attend_decoded(const Codec& codec, const BlockShape& shape, std::span<const uint8_t* const> blocks,
+                    const QueryTile& tile, AttentionPartials& partials, int first_partial);
+
+// Asks for all of a block's cache lines, into L2 (prefetcht1): what a codec whose kernel reads a block
+// whole asks for the next block before it reads one.
+void prefetch_block(const uint8_t* block, size_t bytes);
 
 }  // namespace slimkv

@@ -20,8 +20,8 @@ class DenseCodec final : public Codec {
   DType open_block_dtype() const override { return dtype_ == DType::kF32 ? DType::kF32 : DType::kF16; }
   size_t block_bytes(const BlockShape& shape) const override;
   void seal(const BlockShape& shape, const float* k, const float* v, uint64_t seed, uint8_t* block) const override;
-  void attend(const BlockShape& shape, const uint8_t* block, const QueryTile& tile, AttentionPartials& partials,
-              int first_partial) const override;
+  void attend(const BlockShape& shape, std::span<const uint8_t* const> blocks, const QueryTile& tile,
+              AttentionPartials& partials, int first_partial) const override;
   void decode(const BlockShape& shape, const uint8_t* block, float* k, float* v) const override;
   void decode_tokens(const BlockShape& shape, const uint8_t* block, const int* tokens, int n, float* k,
                      float* v) const override;  // reads only those rows

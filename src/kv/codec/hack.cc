@@ -34,9 +34,9 @@ void HackCodec::requantize_open_block(const BlockShape& shape, float* k, float* 
   requantize_partial_block(QuantizedBlockLayout(config_, shape), k, v, first_new, tokens, seed);
 }
 
-void HackCodec::attend(const BlockShape& shape, const uint8_t* block, const QueryTile& tile,
+void HackCodec::attend(const BlockShape& shape, std::span<const uint8_t* const> blocks, const QueryTile& tile,
                        AttentionPartials& partials, int first_partial) const {
-  attend_hack_block(QuantizedBlockLayout(config_, shape), block, tile, partials, first_partial);
+  attend_hack_blocks(QuantizedBlockLayout(config_, shape), blocks, tile, partials, first_partial);
 }
 
 void HackCodec::decode(const BlockShape& shape, const uint8_t* block, float* k, float* v) const {

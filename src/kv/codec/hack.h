@@ -26,8 +26,8 @@ class HackCodec final : public Codec {
   bool requantizes_open_block() const override { return !config_.keep_open_exact; }
   void requantize_open_block(const BlockShape& shape, float* k, float* v, int first_new, int tokens,
                              uint64_t seed) const override;
-  void attend(const BlockShape& shape, const uint8_t* block, const QueryTile& tile, AttentionPartials& partials,
-              int first_partial) const override;
+  void attend(const BlockShape& shape, std::span<const uint8_t* const> blocks, const QueryTile& tile,
+              AttentionPartials& partials, int first_partial) const override;
   void decode(const BlockShape& shape, const uint8_t* block, float* k, float* v) const override;
   // A token selection's rows: only those tokens' codes are read (tensor/quantized_block.h).
   void decode_tokens(const BlockShape& shape, const uint8_t* block, const int* tokens, int n, float* k,

@@ -19,9 +19,9 @@ void QuantCodec::decode(const BlockShape& shape, const uint8_t* block, float* k,
   dequantize_block(QuantizedBlockLayout(config_, shape), block, k, v);
 }
 
-void QuantCodec::attend(const BlockShape& shape, const uint8_t* block, const QueryTile& tile,
+void QuantCodec::attend(const BlockShape& shape, std::span<const uint8_t* const> blocks, const QueryTile& tile,
                         AttentionPartials& partials, int first_partial) const {
-  attend_decoded(*this, shape, block, tile, partials, first_partial);  // dequantize (what HACK avoids), then FP32
+  attend_decoded(*this, shape, blocks, tile, partials, first_partial);  // dequantize (what HACK avoids), then FP32
 }
 
 }  // namespace slimkv

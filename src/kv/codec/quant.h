@@ -20,8 +20,8 @@ class QuantCodec final : public Codec {
   Status check_shape(const BlockShape& shape) const override { return check_quantized_shape(config_, shape); }
   size_t block_bytes(const BlockShape& shape) const override { return QuantizedBlockLayout(config_, shape).block_bytes; }
   void seal(const BlockShape& shape, const float* k, const float* v, uint64_t seed, uint8_t* block) const override;
-  void attend(const BlockShape& shape, const uint8_t* block, const QueryTile& tile, AttentionPartials& partials,
-              int first_partial) const override;
+  void attend(const BlockShape& shape, std::span<const uint8_t* const> blocks, const QueryTile& tile,
+              AttentionPartials& partials, int first_partial) const override;
   void decode(const BlockShape& shape, const uint8_t* block, float* k, float* v) const override;
   // A token selection's rows: only those tokens' codes are read (tensor/quantized_block.h).
   void decode_tokens(const BlockShape& shape, const uint8_t* block, const int* tokens, int n, float* k,
