@@ -77,11 +77,12 @@ BufferPool::Stats BufferPool::stats() const {
 }
 
 std::shared_ptr<const std::vector<uint8_t>> share_pooled(std::shared_ptr<BufferPool> pool, std::vector<uint8_t> buffer) {
-  return std::shared_ptr<const std::vector<uint8_t>>(new std::vector<uint8_t>(std::move(buffer)),
-                                                     [pool = std::move(pool)](const std::vector<uint8_t>* shared) {
-                                                       std::unique_ptr<std::vector<uint8_t>> owned(const_cast<std::vector<uint8_t>*>(shared));
-                                                       if (pool) pool->give_back(std::move(*owned));
-                                                     });
+  // Owned as non-const (the deleter moves the bytes back into the pool), handed out as const.
+  return std::shared_ptr<std::vector<uint8_t>>(new std::vector<uint8_t>(std::move(buffer)),
+                                               [pool = std::move(pool)](std::vector<uint8_t>* shared) {
+                                                 std::unique_ptr<std::vector<uint8_t>> owned(shared);
+                                                 if (pool) pool->give_back(std::move(*owned));
+                                               });
 }
 
 }  // namespace slimkv
