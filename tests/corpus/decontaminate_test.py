@@ -43,6 +43,21 @@ class DecontaminateTest(unittest.TestCase):
             self.assertIn('"kept": 2', report)
             self.assertEqual(open(out).read(), docs[0] + "\n\n\n" + docs[2] + "\n")
 
+    def test_bad_options_are_refused_naming_them(self):
+        script = os.path.join(ROOT, "scripts", "corpus", "decontaminate.py")
+        with tempfile.TemporaryDirectory() as tmp:
+            evaluation = os.path.join(tmp, "eval.txt")
+            open(evaluation, "w").write("a document\n")
+            done = subprocess.run([sys.executable, script, "--eval", evaluation, "--train", evaluation,
+                                   "--out", os.path.join(tmp, "o.txt"), "--min-line-chars", "0"],
+                                  capture_output=True, text=True)
+            self.assertNotEqual(done.returncode, 0)
+            self.assertIn("--min-line-chars must be at least 1", done.stderr)
+            done = subprocess.run([sys.executable, script, "--eval", evaluation, "--out", os.path.join(tmp, "o.txt")],
+                                  capture_output=True, text=True)
+            self.assertNotEqual(done.returncode, 0)
+            self.assertIn("--train", done.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()
