@@ -3,7 +3,7 @@
 # slimkv_bench (the peers' llama-bench protocol, /work/shared/peers/llamacpp/slimkv_bench.cc) linked by
 # /work/speed/build_sb.sh: /tmp/pf8b_sb_amx against branch prefill-8b at 5c1ebdd (AMX prefill),
 # /tmp/pf8b_sb_base against main at 7022eae (no source change since the branch point 72b0185).
-# Run as /work/speed/quiet_run.py run_....sh (every other process paused); pp512 files here are its output
+# Run as scripts/quiet_run.py run_....sh (every other process paused); pp512 files here are its output
 # (R=...), summarized by summarize.py.
 set -u
 R=${R:-/tmp/pf8b_res/tg}; mkdir -p $R; ROUNDS=${ROUNDS:-2}; DEPTH=${DEPTH:-1024}; BUILDS=${BUILDS:-amx base}

@@ -5,7 +5,7 @@
 # in each round (order rotated), 2 threads.
 # slimkv_bench (the peers' llama-bench protocol, /work/shared/peers/llamacpp/slimkv_bench.cc) linked by
 # /work/speed/build_sb.sh against this branch's build/release/libslimkv_core.a into /tmp/bf16_sb.
-# Run as /work/speed/quiet_run.py run_pp512.sh (every other process paused); the jsonl files here are its
+# Run as scripts/quiet_run.py run_pp512.sh (every other process paused); the jsonl files here are its
 # output (R=...), summarized by ../amx_prefill/summarize.py.
 set -u
 R=${R:-/tmp/bf16_res/pp}; mkdir -p $R; ROUNDS=${ROUNDS:-3}
