@@ -7,9 +7,10 @@ workload through each deployment in turn: Poisson arrivals (seeded), prompts cut
 (token ids of its tokenization, lengths uniform in [len*(1-r), len*(1+r)]), outputs of exact lengths
 (ignore_eos), every request streamed so that TTFT, TPOT and JCT are timed as the client sees them. A run
 is bounded in count (--num-requests) and time (--max-send-s stops the arrivals; --timeout-s per request).
-Prints one table per rate with each deployment's ratio to the first disaggregated one, and (--calibrate)
-measures the per-step costs that scripts/disagg_sim.py takes, then compares its prediction of every
-disaggregated run (the same arrivals and lengths) with the measurement.
+Prints one table per rate (JCT, TTFT, TPOT, request throughput) with each deployment's ratios to the
+first disaggregated one, and (--calibrate) measures the per-step costs that scripts/disagg_sim.py takes,
+then compares its prediction of every disaggregated run (the same arrivals and lengths) with the
+measurement.
 
 Deployments get equal cores: the colocated server --threads 2*T, each worker --threads T.
 
@@ -163,9 +164,13 @@ def summarize(results):
     def p99(key):
         values = sorted(r[key] for r in ok if r[key] is not None)
         return values[min(len(values) - 1, int(0.99 * len(values)))] if values else float("nan")
+    # Request throughput: completed requests over the time the rounds took, each round from its first
+    # arrival to its last answer (arrival times restart at 0 each round).
+    span = sum(max((r["arrival"] + r["jct"] for r in ok if r.get("round", 0) == k), default=0.0)
+               for k in {r.get("round", 0) for r in ok})
     return {"sent": len(results), "completed": len(ok), "errors": sorted({r["error"] for r in results if not r["ok"]})[:3],
             "jct_mean_s": mean("jct"), "jct_p99_s": p99("jct"), "ttft_mean_s": mean("ttft"), "ttft_p99_s": p99("ttft"),
-            "tpot_mean_s": mean("tpot")}
+            "tpot_mean_s": mean("tpot"), "requests_per_s": len(ok) / span if span > 0 else float("nan")}
 
 
 # --- the simulator's inputs, measured (--calibrate) ---
@@ -420,13 +425,13 @@ def main():
         base = next(r for r in of_rate if r["deployment"] == base_name)["summary"]
         print(f"\narrival rate {rate} req/s (ratios: to {base_name})")
         print(f"{'deployment':<34}{'done':>7}{'JCT mean s':>12}{'JCT p99 s':>11}{'TTFT mean s':>13}{'TTFT p99 s':>12}"
-              f"{'TPOT ms':>9}{'KV B/tok':>10}{'JCT x':>8}{'TTFT x':>8}")
+              f"{'TPOT ms':>9}{'req/s':>8}{'KV B/tok':>10}{'JCT x':>8}{'TTFT x':>8}{'req/s x':>9}")
         for run in of_rate:
             s = run["summary"]
             print(f"{run['deployment']:<34}{s['completed']:>3}/{s['sent']:<3}{s['jct_mean_s']:>12.3f}{s['jct_p99_s']:>11.3f}"
-                  f"{s['ttft_mean_s']:>13.3f}{s['ttft_p99_s']:>12.3f}{s['tpot_mean_s'] * 1e3:>9.1f}"
+                  f"{s['ttft_mean_s']:>13.3f}{s['ttft_p99_s']:>12.3f}{s['tpot_mean_s'] * 1e3:>9.1f}{s['requests_per_s']:>8.3f}"
                   f"{run.get('kv_bytes_per_token', float('nan')):>10.1f}{s['jct_mean_s'] / base['jct_mean_s']:>8.3f}"
-                  f"{s['ttft_mean_s'] / base['ttft_mean_s']:>8.3f}")
+                  f"{s['ttft_mean_s'] / base['ttft_mean_s']:>8.3f}{s['requests_per_s'] / base['requests_per_s']:>9.3f}")
             for error in s["errors"]:
                 print(f"    error: {error[:200]}")
 
