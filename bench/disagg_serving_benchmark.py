@@ -7,7 +7,7 @@ workload through each deployment in turn: Poisson arrivals (seeded), prompts cut
 (token ids of its tokenization, lengths uniform in [len*(1-r), len*(1+r)]), outputs of exact lengths
 (ignore_eos), every request streamed so that TTFT, TPOT and JCT are timed as the client sees them. A run
 is bounded in count (--num-requests) and time (--max-send-s stops the arrivals; --timeout-s per request).
-Prints one table per rate (JCT, TTFT, TPOT, request throughput) with each deployment's ratios to the
+Prints one table per rate (JCT, TTFT, TPOT, median ITL, request throughput) with each deployment's ratios to the
 first disaggregated one, and (--calibrate) measures the per-step costs that scripts/disagg_sim.py takes,
 then compares its prediction of every disaggregated run (the same arrivals and lengths) with the
 measurement.
@@ -140,7 +140,11 @@ def drive(deployment, model, requests, args):
         results[i] = {"arrival": sent_at, "prompt": len(requests[i][1]), "output": requests[i][2], "ok": ok and bool(arrivals),
                       "error": error, "tokens": tokens, "ttft": arrivals[0] if arrivals else None,
                       "jct": arrivals[-1] if arrivals else None,
-                      "tpot": (arrivals[-1] - arrivals[0]) / (tokens - 1) if arrivals and tokens > 1 else None}
+                      "tpot": (arrivals[-1] - arrivals[0]) / (tokens - 1) if arrivals and tokens > 1 else None,
+                      # The median gap between tokens: a running sequence's step time, without the wait a
+                      # disaggregated request can have between the prefill worker's first token and its
+                      # admission by the decode worker (which TPOT includes).
+                      "itl_p50": statistics.median(b - a for a, b in zip(arrivals, arrivals[1:])) if len(arrivals) > 1 else None}
     threads, start = [], time.perf_counter()
     for i, (offset, _, _) in enumerate(requests):
         if offset > args.max_send_s:
@@ -170,7 +174,8 @@ def summarize(results):
                for k in {r.get("round", 0) for r in ok})
     return {"sent": len(results), "completed": len(ok), "errors": sorted({r["error"] for r in results if not r["ok"]})[:3],
             "jct_mean_s": mean("jct"), "jct_p99_s": p99("jct"), "ttft_mean_s": mean("ttft"), "ttft_p99_s": p99("ttft"),
-            "tpot_mean_s": mean("tpot"), "requests_per_s": len(ok) / span if span > 0 else float("nan")}
+            "tpot_mean_s": mean("tpot"), "itl_p50_s": statistics.median(r["itl_p50"] for r in ok if r["itl_p50"] is not None)
+            if any(r["itl_p50"] is not None for r in ok) else float("nan"), "requests_per_s": len(ok) / span if span > 0 else float("nan")}
 
 
 # --- the simulator's inputs, measured (--calibrate) ---
@@ -425,11 +430,11 @@ def main():
         base = next(r for r in of_rate if r["deployment"] == base_name)["summary"]
         print(f"\narrival rate {rate} req/s (ratios: to {base_name})")
         print(f"{'deployment':<34}{'done':>7}{'JCT mean s':>12}{'JCT p99 s':>11}{'TTFT mean s':>13}{'TTFT p99 s':>12}"
-              f"{'TPOT ms':>9}{'req/s':>8}{'KV B/tok':>10}{'JCT x':>8}{'TTFT x':>8}{'req/s x':>9}")
+              f"{'TPOT ms':>9}{'ITL p50':>9}{'req/s':>8}{'KV B/tok':>10}{'JCT x':>8}{'TTFT x':>8}{'req/s x':>9}")
         for run in of_rate:
             s = run["summary"]
             print(f"{run['deployment']:<34}{s['completed']:>3}/{s['sent']:<3}{s['jct_mean_s']:>12.3f}{s['jct_p99_s']:>11.3f}"
-                  f"{s['ttft_mean_s']:>13.3f}{s['ttft_p99_s']:>12.3f}{s['tpot_mean_s'] * 1e3:>9.1f}{s['requests_per_s']:>8.3f}"
+                  f"{s['ttft_mean_s']:>13.3f}{s['ttft_p99_s']:>12.3f}{s['tpot_mean_s'] * 1e3:>9.1f}{s['itl_p50_s'] * 1e3:>9.2f}{s['requests_per_s']:>8.3f}"
                   f"{run.get('kv_bytes_per_token', float('nan')):>10.1f}{s['jct_mean_s'] / base['jct_mean_s']:>8.3f}"
                   f"{s['ttft_mean_s'] / base['ttft_mean_s']:>8.3f}{s['requests_per_s'] / base['requests_per_s']:>9.3f}")
             for error in s["errors"]:
