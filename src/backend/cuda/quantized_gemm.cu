@@ -234,11 +234,11 @@ DeviceMatrix DeviceMatrix::row_range(int64_t first, int64_t count) const {
   DeviceMatrix part = *this;
   part.rows = count;
   if (!quantized()) {
-    part.data = static_cast<const uint8_t*>(data) + size_t(first) * size_t(cols) * dtype_size_bytes(dtype);
+    part.data = static_cast<uint8_t*>(data) + size_t(first) * size_t(cols) * dtype_size_bytes(dtype);
     return part;
   }
   const size_t blocks_before = size_t(first) * size_t(cols / block_elements(quant));
-  part.data = static_cast<const uint8_t*>(data) + blocks_before * body_bytes(quant);
+  part.data = static_cast<uint8_t*>(data) + blocks_before * body_bytes(quant);
   if (scales != nullptr) part.scales = scales + blocks_before;
   return part;
 }
@@ -254,7 +254,7 @@ size_t quantized_matrix_bytes(BlockQuant quant, int64_t rows, int64_t cols) {
   return size_t(rows) * size_t(cols / block_elements(quant)) * block_bytes(quant);
 }
 
-DeviceMatrix quantized_matrix_at(const void* device, BlockQuant quant, int64_t rows, int64_t cols) {
+DeviceMatrix quantized_matrix_at(void* device, BlockQuant quant, int64_t rows, int64_t cols) {
   DeviceMatrix m;
   m.data = device;
   m.quant = quant;
@@ -262,22 +262,22 @@ DeviceMatrix quantized_matrix_at(const void* device, BlockQuant quant, int64_t r
   m.cols = cols;
   if (splits_scale(quant)) {
     const size_t blocks = size_t(rows) * size_t(cols / block_elements(quant));
-    m.scales = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(device) + blocks * body_bytes(quant));
+    m.scales = reinterpret_cast<uint16_t*>(static_cast<uint8_t*>(device) + blocks * body_bytes(quant));
   }
   return m;
 }
 
-Status upload_quantized(const void* file_blocks, BlockQuant quant, int64_t rows, int64_t cols, void* device) {
-  SLIMKV_RETURN_IF_ERROR(check_quantized_shape("quantized upload", quant, rows, cols));
-  const size_t per_row = size_t(cols / block_elements(quant)), body = body_bytes(quant), stored = block_bytes(quant);
+Status upload_quantized(const void* file_blocks, const DeviceMatrix& to) {
+  SLIMKV_RETURN_IF_ERROR(check_quantized_shape("quantized upload", to.quant, to.rows, to.cols));
+  const BlockQuant quant = to.quant;
+  const size_t per_row = size_t(to.cols / block_elements(quant)), body = body_bytes(quant), stored = block_bytes(quant);
   const auto* from = static_cast<const uint8_t*>(file_blocks);
-  auto* to = static_cast<uint8_t*>(device);
-  if (!splits_scale(quant)) return copy_to_device(to, from, size_t(rows) * per_row * stored);
-  uint8_t* scales_at = to + size_t(rows) * per_row * body;
+  auto* bodies_at = static_cast<uint8_t*>(to.data);
+  if (!splits_scale(quant)) return copy_to_device(bodies_at, from, size_t(to.rows) * per_row * stored);
   const int64_t slice_rows = std::max<int64_t>(1, int64_t((size_t(1) << 22) / (per_row * stored)));
   std::vector<uint8_t> bodies, scales;
-  for (int64_t row = 0; row < rows; row += slice_rows) {
-    const size_t blocks = size_t(std::min(slice_rows, rows - row)) * per_row, first = size_t(row) * per_row;
+  for (int64_t row = 0; row < to.rows; row += slice_rows) {
+    const size_t blocks = size_t(std::min(slice_rows, to.rows - row)) * per_row, first = size_t(row) * per_row;
     bodies.resize(blocks * body);
     scales.resize(blocks * 2);
     for (size_t b = 0; b < blocks; ++b) {
@@ -285,19 +285,18 @@ Status upload_quantized(const void* file_blocks, BlockQuant quant, int64_t rows,
       std::memcpy(bodies.data() + b * body, block + file_body_offset(quant), body);
       std::memcpy(scales.data() + b * 2, block + file_scale_offset(quant), 2);
     }
-    SLIMKV_RETURN_IF_ERROR(copy_to_device(to + first * body, bodies.data(), bodies.size()));
-    SLIMKV_RETURN_IF_ERROR(copy_to_device(scales_at + first * 2, scales.data(), scales.size()));
+    SLIMKV_RETURN_IF_ERROR(copy_to_device(bodies_at + first * body, bodies.data(), bodies.size()));
+    SLIMKV_RETURN_IF_ERROR(copy_to_device(to.scales + first, scales.data(), scales.size()));
   }
   return Status::ok();
 }
 
-Status fill_random_quantized(void* device, BlockQuant quant, int64_t rows, int64_t cols, uint64_t seed, float amplitude) {
-  SLIMKV_RETURN_IF_ERROR(check_quantized_shape("random weights", quant, rows, cols));
-  const int64_t blocks = rows * (cols / block_elements(quant));
-  auto* body = static_cast<uint8_t*>(device);
-  auto* scales = splits_scale(quant) ? reinterpret_cast<uint16_t*>(body + size_t(blocks) * body_bytes(quant)) : nullptr;
-  return with_quant(quant, [&](auto q) {
-    fill_random_kernel<decltype(q)::value><<<1024, 256>>>(body, scales, blocks, seed, amplitude);
+Status fill_random_quantized(const DeviceMatrix& to, uint64_t seed, float amplitude) {
+  SLIMKV_RETURN_IF_ERROR(check_quantized_shape("random weights", to.quant, to.rows, to.cols));
+  const int64_t blocks = to.rows * (to.cols / block_elements(to.quant));
+  return with_quant(to.quant, [&](auto q) {
+    fill_random_kernel<decltype(q)::value>
+        <<<1024, 256>>>(static_cast<uint8_t*>(to.data), to.scales, blocks, seed, amplitude);
     SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
     return Status::ok();
   });

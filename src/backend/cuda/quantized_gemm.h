@@ -38,9 +38,10 @@ inline constexpr int64_t kQuantizedGemvMaxInputs = 8;
 
 // A weight matrix W [rows, cols] on the device: plain rows in dtype (kF16/kBF16), or blocks of `quant`
 // in the device layout above (`data` its bodies, `scales` the split-out FP16 scales or nullptr for Q4_K).
+// The pointers are into memory its holder owns (a model's weight arena, a test's arrays).
 struct DeviceMatrix {
-  const void* data = nullptr;
-  const uint16_t* scales = nullptr;
+  void* data = nullptr;
+  uint16_t* scales = nullptr;
   DType dtype = DType::kF16;  // when quant is kNone
   BlockQuant quant = BlockQuant::kNone;
   int64_t rows = 0;
@@ -59,17 +60,17 @@ Status check_quantized_shape(std::string_view tensor, BlockQuant quant, int64_t 
 size_t quantized_matrix_bytes(BlockQuant quant, int64_t rows, int64_t cols);
 
 // The matrix whose device layout starts at `device` (quantized_matrix_bytes of it, 16-byte aligned).
-DeviceMatrix quantized_matrix_at(const void* device, BlockQuant quant, int64_t rows, int64_t cols);
+DeviceMatrix quantized_matrix_at(void* device, BlockQuant quant, int64_t rows, int64_t cols);
 
-// Copies `file_blocks` (rows · cols / block_elements blocks of `quant` as GGUF stores them, on the host)
-// into the device layout at `device`, a bounded slice of rows at a time.
-Status upload_quantized(const void* file_blocks, BlockQuant quant, int64_t rows, int64_t cols, void* device);
+// Copies `file_blocks` (to.rows · to.cols / block_elements blocks of to.quant as GGUF stores them, on
+// the host) into the quantized matrix `to` (whole, or a row_range of one), a bounded slice at a time.
+Status upload_quantized(const void* file_blocks, const DeviceMatrix& to);
 
-// Random blocks of `quant` at `device` (the layout of a [rows, cols] matrix) filled on the GPU, for
-// random-weight models at shapes not at hand: every code a hash of (seed, byte), the scales chosen so
-// that |w| ≤ amplitude and w spreads over a good part of that range (products of unit variance within
-// a small factor, as fill_random_fp16's uniform values). The same seed gives the same blocks.
-Status fill_random_quantized(void* device, BlockQuant quant, int64_t rows, int64_t cols, uint64_t seed, float amplitude);
+// Random blocks filling the quantized matrix `to` on the GPU, for random-weight models at shapes not at
+// hand: every code a hash of (seed, byte), the scales chosen so that |w| ≤ amplitude and w spreads over
+// a good part of that range (products of unit variance within a small factor, as fill_random_fp16's
+// uniform values). The same seed gives the same blocks.
+Status fill_random_quantized(const DeviceMatrix& to, uint64_t seed, float amplitude);
 
 // out[r, :] = row rows[r] of w (rows: device ids; nullptr: row first + r) dequantized to FP32, times
 // `scale`, for r < count (the embedding lookup of a quantized token_embd; Gemma's √hidden as scale).
