@@ -310,6 +310,7 @@ Status dequantize_rows(const DeviceMatrix& w, const int32_t* rows, int64_t first
   if (rows == nullptr && (first < 0 || first + count > w.rows)) {
     return error("dequantize_rows: rows [", first, ", ", first + count, ") of a matrix of ", w.rows);
   }
+  SLIMKV_RETURN_IF_ERROR(check_quantized_shape("dequantize_rows", w.quant, w.rows, w.cols));
   if (count == 0) return Status::ok();
   const auto* body = static_cast<const uint8_t*>(w.data);
   const unsigned grid = grid_for(count * (w.cols / kUnit), 256);
@@ -378,6 +379,7 @@ Status WeightGemm::multiply(const void* x, int64_t n, DType x_dtype, const Devic
   }
   if (n <= kQuantizedGemvMaxInputs) return quantized_gemv(x, n, x_dtype, w, y, accumulate, y_stride);
   SLIMKV_RETURN_IF_ERROR(check_input_dtype(x_dtype));
+  SLIMKV_RETURN_IF_ERROR(check_quantized_shape("quantized GEMM", w.quant, w.rows, w.cols));
   const int64_t tile_rows = std::min<int64_t>(w.rows, int64_t(scratch_.size()) / w.cols);
   if (tile_rows == 0) {
     return error("quantized GEMM of ", n, " inputs: a row of ", w.cols, " values does not fit the tiles' scratch of ",
