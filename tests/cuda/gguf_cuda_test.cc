@@ -118,8 +118,8 @@ size_t model_matrix_bytes(const LlamaWeights& weights, bool tied, bool widened) 
 }
 
 // The Q4_K_M fixture's weights take its matrices' bytes on the GPU (plus the norms and the arena's
-// 256-byte alignment), under a third of what the widened upload takes; prefill gives the same logits
-// within the embedding's FP16 rounding.
+// 256-byte alignment), under 40% of what the widened upload takes; prefill gives the same logits within
+// the embedding's FP16 rounding.
 TEST_F(GgufCuda, QuantizedWeightsTakeTheFilesBytes) {
   auto cpu_model = take(LlamaModel::load(kDir + "/llama_k-Q4_K_M.gguf"));
   const ModelConfig& c = cpu_model->config();
@@ -136,8 +136,12 @@ TEST_F(GgufCuda, QuantizedWeightsTakeTheFilesBytes) {
   EXPECT_GE(kept->weight_bytes(), file_bytes);
   EXPECT_LE(kept->weight_bytes(), file_bytes + slack);
   EXPECT_LE(widened->weight_bytes(), model_matrix_bytes(cpu_model->weights(), c.tie_word_embeddings, true) + slack);
-  EXPECT_LT(3 * kept->weight_bytes(), widened->weight_bytes());
-  EXPECT_EQ(kept->weight_description(), "Q4_K+Q6_K") << "llama.cpp's Q4_K_M: Q4_K, with Q6_K for some matrices";
+  // This small model's Q4_K_M is a third Q6_K (the tied embedding, attn_v, ffn_down): 5.1 bits a value.
+  EXPECT_LT(5 * kept->weight_bytes(), 2 * widened->weight_bytes());
+  const std::string held = kept->weight_description();
+  EXPECT_NE(held.find("Q4_K"), std::string::npos) << held;
+  EXPECT_NE(held.find("Q6_K"), std::string::npos) << held;
+  EXPECT_EQ(held.find("FP16"), std::string::npos) << held << ": every matrix of the file is quantized";
   EXPECT_EQ(widened->weight_description(), "FP16");
   std::printf("llama_k-Q4_K_M.gguf on cuda: weights %zu bytes kept in blocks (matrices %zu), %zu widened\n",
               kept->weight_bytes(), file_bytes, widened->weight_bytes());

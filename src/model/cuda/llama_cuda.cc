@@ -123,7 +123,6 @@ DType upload_dtype(const LlamaWeights& weights) {
   return DType::kF16;
 }
 
-
 // ----------------------------------------------------------------------------------------------
 // The kind each matrix is kept in
 
