@@ -1,8 +1,8 @@
 // GGUF files on device cuda (issue 29), their quantized matrices kept in blocks on the GPU
 // (backend/cuda/quantized_gemm.h): the fixtures of tests/data/gguf (llama.cpp's converter and
 // quantizer: scripts/gguf/make_fixtures.py) against llama.cpp's logits on the same files, prefill and
-// token by token, within the bars the CPU's parity test holds the CPU to (tests/engine/gguf_parity_test.cc),
-// and against the CPU engine on the same file; the GPU memory of the weights is the file's; a random
+// token by token, within the bars the CPU's parity test holds the CPU to (tests/engine/gguf_parity_test.cc;
+// quantized files: plus FP16's rounding of the activations), and against the CPU engine on the same file; the GPU memory of the weights is the file's; a random
 // Q4_K_M-like model runs; shapes the blocks cannot hold are refused.
 #include <gtest/gtest.h>
 
@@ -57,10 +57,17 @@ void run_both_ways(Engine& engine, const std::vector<int32_t>& tokens, std::vect
   }
 }
 
-// The CPU parity test's bar for F16 files (FP16 rounding); quantized files: the quantization's own
-// error (llama.cpp's distance from its logits on the model's F16 file).
+// The CPU parity test's bars: F16 files within FP16 rounding (kF16Tolerance, relative to max |logit|);
+// quantized files within the quantization's own error (llama.cpp's distance from its logits on the
+// model's F16 file). On the GPU a quantized file's activations are rounded to FP16 besides (the CPU
+// keeps them in FP32 in prefill, llama.cpp quantizes them to 8 bits): its bar is the quantization's error
+// plus the F16 files' allowance for that rounding. (The CPU's own margin is thin on one file: Gemma 3
+// Q8_0 decodes 3.40e-2 from llama.cpp against a bar of 3.42e-2.)
 constexpr double kF16Tolerance = 5e-3;
-// The GPU's half-precision bound against the CPU (llama_cuda_test, model_families_cuda_test).
+// The GPU's half-precision bound against the CPU (llama_cuda_test, model_families_cuda_test), held to the
+// CPU's prefill: it multiplies the weights as stored by FP32 activations, as the GPU does by FP16 ones
+// (the CPU's decode quantizes its inputs to 8 bits as llama.cpp does, backend/cpu/quant_dot.h: not the
+// same arithmetic).
 constexpr double kGpuVsCpu = 2e-2;
 
 using GgufCuda = CudaTest;
@@ -78,23 +85,23 @@ TEST_F(GgufCuda, LogitsMatchLlamaCppAndTheCpuInPrefillAndIncrementalModes) {
     ASSERT_TRUE(gpu && cpu);
     const std::vector<float> golden = read_f32(kDir + "/" + entry["logits"].get<std::string>());
     ASSERT_EQ(golden.size(), tokens.size() * size_t(gpu->model_config().vocab_size));
-    std::vector<float> prefill, incremental, cpu_prefill, cpu_incremental;
+    std::vector<float> prefill, incremental;
     run_both_ways(*gpu, tokens, prefill, incremental);
-    run_both_ways(*cpu, tokens, cpu_prefill, cpu_incremental);
+    const std::vector<float> cpu_prefill = take(cpu->new_session()->prefill(tokens, /*all_logits=*/true));
     ASSERT_FALSE(HasFatalFailure());
     const double quantization_error =
         relative_max_error(golden, read_f32(kDir + "/" + entry["f16_logits"].get<std::string>()));
-    const double bar = entry["type"] == "F16" ? kF16Tolerance : quantization_error;
+    const double bar = entry["type"] == "F16" ? kF16Tolerance : quantization_error + kF16Tolerance;
     const double prefill_error = relative_max_error(prefill, golden);
     const double incremental_error = relative_max_error(incremental, golden);
     EXPECT_LT(prefill_error, bar);
     EXPECT_LT(incremental_error, bar);
     const double cpu_prefill_error = relative_max_error(prefill, cpu_prefill);
-    const double cpu_incremental_error = relative_max_error(incremental, cpu_incremental);
+    const double cpu_incremental_error = relative_max_error(incremental, cpu_prefill);
     EXPECT_LT(cpu_prefill_error, kGpuVsCpu);
     EXPECT_LT(cpu_incremental_error, kGpuVsCpu);
     std::printf("%s on cuda: max error / max|logit| vs llama.cpp: prefill %.2e, incremental %.2e (bar %.2e); "
-                "vs the CPU: prefill %.2e, incremental %.2e\n",
+                "vs the CPU's prefill: prefill %.2e, incremental %.2e\n",
                 file.c_str(), prefill_error, incremental_error, bar, cpu_prefill_error, cpu_incremental_error);
     ++checked;
   }
