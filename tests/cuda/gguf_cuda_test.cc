@@ -2,8 +2,9 @@
 // (backend/cuda/quantized_gemm.h): the fixtures of tests/data/gguf (llama.cpp's converter and
 // quantizer: scripts/gguf/make_fixtures.py) against llama.cpp's logits on the same files, prefill and
 // token by token, within the bars the CPU's parity test holds the CPU to (tests/engine/gguf_parity_test.cc;
-// quantized files: plus FP16's rounding of the activations), and against the CPU engine on the same file; the GPU memory of the weights is the file's; a random
-// Q4_K_M-like model runs; shapes the blocks cannot hold are refused.
+// quantized files: plus FP16's rounding of the activations), and against the CPU engine's prefill on the
+// same file; the GPU memory of the weights is the file's; a random Q4_K_M-like model runs; shapes the
+// blocks cannot hold are refused.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -232,7 +232,9 @@ TEST_F(QuantizedGemm, DequantizedRowsEqualTheReference) {
     std::vector<float> expected(static_cast<size_t>(cols));
     for (size_t r = 0; r < ids.size(); ++r) {
       dequantize_reference(quant, blocks.data() + size_t(ids[r]) * row_bytes, expected.data(), cols);
-      for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(got[r * size_t(cols) + size_t(c)], 2.0f * expected[size_t(c)]) << r << ", " << c;
+      for (int64_t c = 0; c < cols; ++c) {
+        ASSERT_EQ(got[r * size_t(cols) + size_t(c)], 2.0f * expected[size_t(c)]) << r << ", " << c;
+      }
     }
     for (int64_t r = 0; r < 3; ++r) {
       dequantize_reference(quant, blocks.data() + size_t(40 + r) * row_bytes, expected.data(), cols);
