@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 
@@ -197,6 +198,29 @@ TEST_F(GgufCuda, RandomQuantizedModelsGiveFiniteLogits) {
     }
     EXPECT_GT(largest, 0.0);
   }
+}
+
+// SLIMKV_CUDA_GGUF_WEIGHTS chooses blocks or widened FP16 for the engine: an unknown value is refused at
+// load naming the variable and its choices; `widened` gives the blocks' prefill logits within the
+// embedding's FP16 rounding (as QuantizedWeightsTakeTheFilesBytes holds the two uploads).
+TEST_F(GgufCuda, TheEnvironmentChoosesBlocksOrWidened) {
+  const std::string file = kDir + "/llama_k-Q4_K_M.gguf";
+  std::vector<int32_t> prompt(12);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(i * 7 + 3);
+  EngineConfig config;
+  config.model_dir = file;
+  config.device = "cuda";
+  ASSERT_EQ(setenv("SLIMKV_CUDA_GGUF_WEIGHTS", "fp8", 1), 0);
+  Expected<std::unique_ptr<Engine>> refused = Engine::load(config);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_NE(refused.status().message().find("SLIMKV_CUDA_GGUF_WEIGHTS=fp8: expected blocks (the default) or widened"),
+            std::string::npos)
+      << refused.status().message();
+  ASSERT_EQ(setenv("SLIMKV_CUDA_GGUF_WEIGHTS", "widened", 1), 0);
+  const std::vector<float> widened = take(load(file, "cuda")->new_session()->prefill(prompt, /*all_logits=*/true));
+  ASSERT_EQ(unsetenv("SLIMKV_CUDA_GGUF_WEIGHTS"), 0);
+  const std::vector<float> blocks = take(load(file, "cuda")->new_session()->prefill(prompt, /*all_logits=*/true));
+  EXPECT_LT(relative_max_error(blocks, widened), 5e-3);
 }
 
 // Rows that are not whole blocks are refused at upload, naming the tensor, the type and the multiple.
