@@ -2,8 +2,12 @@
 // batch of sequences, each first prefilled with --prompt random tokens (or, with --context C, given C
 // tokens of random K/V without running the layers: long contexts in milliseconds), then --steps
 // decode steps (greedy, or sampled on the GPU with --temperature / --top-k / --top-p), for each KV codec of --kvs (dense FP16; hack / quant sealed at --bits).
-// Models: a directory (--model, e.g. the bundled one) and/or --random llama3-8b (random FP16 weights
-// of Llama-3-8B's shape generated on the GPU: nothing to download). Prints per model and batch size:
+// Models: a directory or a GGUF file (--model, e.g. the bundled one) and/or --random llama3-8b (random
+// weights of Llama-3-8B's shape generated on the GPU: nothing to download). Weight variants side by
+// side (issue 29): --random-weights f16,q4_k_m,q8_0 (random FP16 matrices, or random GGUF blocks kept
+// as blocks on the GPU), and for a GGUF file --weights quantized,widened (its blocks kept, or widened to
+// FP16 at upload as the GPU did before). Prints per model, variant and batch size, after a line with the
+// GPU memory of each variant's weights:
 // prefill tokens/s, decode ms per step, decode tokens/s (all sequences), the ratio to the first
 // codec's decode tokens/s, and the step's time against the memory roofline (weights + the KV that
 // attention must read, as each codec stores it, once per step at --bandwidth GB/s): decode at small
@@ -16,6 +20,8 @@
 //   bench_decode_e2e_cuda --model models/slimkv-llama-15m --random llama3-8b --batches 1,16 --prompt 1024
 //   bench_decode_e2e_cuda --random llama3-8b --kvs dense,hack,quant --bits 2 --batches 8 --context 32768
 //   bench_decode_e2e_cuda --random llama3-8b --kvs dense,hack,quant --bits 2 --fit --context 32768
+//   bench_decode_e2e_cuda --random llama3-8b --random-weights f16,q4_k_m,q8_0 --batches 1,8,16 --prompt 512
+//   bench_decode_e2e_cuda --model model-Q4_K_M.gguf --weights quantized,widened --batches 1,8 --prompt 128
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -40,6 +46,8 @@ using Clock = std::chrono::steady_clock;
 struct Options {
   std::string model_dir;
   std::string random;  // "llama3-8b"
+  std::vector<std::string> random_weights = {"f16"};  // RandomWeights names (llama_cuda.h)
+  std::vector<std::string> weights = {"quantized"};    // --model: "quantized" (blocks kept), "widened"
   std::vector<int> batches = {1, 16};
   std::vector<std::string> kvs = {"dense"};
   int bits = 2;
@@ -173,11 +181,12 @@ Expected<std::pair<int, std::unique_ptr<CudaLlamaModel>>> largest_batch(const Op
   return std::make_pair(lo, std::move(model));
 }
 
-// Every codec of --kvs on one model (made by make_model), each batch size (or its largest), side by side.
+// Every codec of --kvs on one model's weight variant (made by make_model), each batch size (or its
+// largest), side by side; "vs first" is against the first row of the same batch (first_tokens_per_s,
+// shared by the variants of a model).
 template <typename MakeModel>
-Status run_model(const Options& o, const ModelConfig& config, MakeModel make_model) {
-  const size_t columns = o.fit ? 1 : o.batches.size();
-  std::vector<double> first_codec_tokens_per_s(columns, 0);
+Status run_model(const Options& o, const ModelConfig& config, const std::string& variant, MakeModel make_model,
+                 std::vector<double>& first_tokens_per_s) {
   for (const std::string& kv : o.kvs) {
     std::unique_ptr<CudaLlamaModel> model;
     std::vector<int> batches = o.batches;
@@ -188,21 +197,21 @@ Status run_model(const Options& o, const ModelConfig& config, MakeModel make_mod
     } else {
       SLIMKV_ASSIGN_OR_RETURN(model, make_model(model_options(o, config, kv, *std::max_element(batches.begin(), batches.end()))));
     }
-    std::printf("# %s, kv %s: %.2f GB of %s weights on the GPU, KV pools %.2f GB (%d blocks of 64 tokens)\n",
-                config.architecture_name.c_str(), kv.c_str(), model->weight_bytes() / 1e9,
-                model->weight_dtype() == DType::kBF16 ? "BF16" : "FP16", model->kv_cache_bytes() / 1e9,
-                model->kv_cache_blocks());
+    std::printf("# %s, weights %s, kv %s: %.2f GB of %s weights on the GPU, KV pools %.2f GB (%d blocks of 64 tokens)\n",
+                config.architecture_name.c_str(), variant.c_str(), kv.c_str(), model->weight_bytes() / 1e9,
+                model->weight_description().c_str(), model->kv_cache_bytes() / 1e9, model->kv_cache_blocks());
     for (size_t i = 0; i < batches.size(); ++i) {
       const int batch = batches[i];
       SLIMKV_ASSIGN_OR_RETURN(Row row, run_batch(*model, o, batch));
       const double tokens_per_s = batch / (row.step_ms / 1e3);
-      if (first_codec_tokens_per_s[i] == 0) first_codec_tokens_per_s[i] = tokens_per_s;
+      if (first_tokens_per_s[i] == 0) first_tokens_per_s[i] = tokens_per_s;
       const int context = o.context > 0 ? o.context : o.prompt;
       const double kv_gb = double(batch) * (context + o.steps / 2.0) * kv_bytes_per_token(config, kv, o.bits) / 1e9;
       const double roofline_ms = (double(model->weight_bytes()) / 1e9 + kv_gb) / o.bandwidth_gb_s * 1e3;
-      std::printf("%-34s %-6s %5d %8d %12.0f %10.3f %12.1f %8.2fx %8.2f %9.3f %8.2f\n", config.architecture_name.c_str(),
-                  kv.c_str(), batch, context, row.prefill_tokens_per_s, row.step_ms, tokens_per_s,
-                  tokens_per_s / first_codec_tokens_per_s[i], kv_gb, roofline_ms, roofline_ms / row.step_ms);
+      std::printf("%-34s %-9s %7.2f %-6s %5d %8d %12.0f %10.3f %12.1f %8.2fx %8.2f %9.3f %8.2f\n",
+                  config.architecture_name.c_str(), variant.c_str(), model->weight_bytes() / 1e9, kv.c_str(), batch,
+                  context, row.prefill_tokens_per_s, row.step_ms, tokens_per_s, tokens_per_s / first_tokens_per_s[i],
+                  kv_gb, roofline_ms, roofline_ms / row.step_ms);
     }
   }
   return Status::ok();
@@ -213,8 +222,17 @@ Status run(const Options& o) {
   for (const std::string& kv : o.kvs) {
     if (kv != "dense" && kv != "hack" && kv != "quant") return error("--kvs ", kv, ": expected dense, hack or quant");
   }
-  std::printf("%-34s %-6s %5s %8s %12s %10s %12s %9s %8s %9s %8s\n", "model", "kv", "batch", "context", "prefill t/s",
-              "step ms", "decode t/s", "vs first", "KV GB", "roof ms", "of roof");
+  for (const std::string& w : o.weights) {
+    if (w != "quantized" && w != "widened") return error("--weights ", w, ": expected quantized or widened");
+  }
+  std::vector<RandomWeights> random_weights;
+  for (const std::string& w : o.random_weights) {
+    SLIMKV_ASSIGN_OR_RETURN(RandomWeights kind, parse_random_weights(w));
+    random_weights.push_back(kind);
+  }
+  std::printf("%-34s %-9s %7s %-6s %5s %8s %12s %10s %12s %9s %8s %9s %8s\n", "model", "weights", "wt GB", "kv", "batch",
+              "context", "prefill t/s", "step ms", "decode t/s", "vs first", "KV GB", "roof ms", "of roof");
+  const size_t columns = o.fit ? 1 : o.batches.size();
   if (!o.model_dir.empty()) {
     SLIMKV_ASSIGN_OR_RETURN(auto cpu_model, LlamaModel::load(o.model_dir));
     ModelConfig config = cpu_model->config();
@@ -222,15 +240,22 @@ Status run(const Options& o) {
     if ((o.context > 0 ? o.context : o.prompt) + o.steps + 4 > config.max_position_embeddings) {
       return error("the context and --steps ", o.steps, " are over the model's context");
     }
-    SLIMKV_RETURN_IF_ERROR(run_model(o, config, [&](const CudaModelOptions& options) {
-      return CudaLlamaModel::upload(config, cpu_model->weights(), options);
-    }));
+    std::vector<double> first_tokens_per_s(columns, 0);
+    for (const std::string& variant : o.weights) {
+      SLIMKV_RETURN_IF_ERROR(run_model(o, config, variant, [&](CudaModelOptions options) {
+        options.widen_quantized_weights = variant == "widened";
+        return CudaLlamaModel::upload(config, cpu_model->weights(), options);
+      }, first_tokens_per_s));
+    }
   }
   if (!o.random.empty()) {
     SLIMKV_ASSIGN_OR_RETURN(const ModelConfig config, random_shape(o.random));
-    SLIMKV_RETURN_IF_ERROR(run_model(o, config, [&](const CudaModelOptions& options) {
-      return CudaLlamaModel::random(config, 42, options);
-    }));
+    std::vector<double> first_tokens_per_s(columns, 0);
+    for (size_t v = 0; v < random_weights.size(); ++v) {
+      SLIMKV_RETURN_IF_ERROR(run_model(o, config, o.random_weights[v], [&](const CudaModelOptions& options) {
+        return CudaLlamaModel::random(config, 42, options, random_weights[v]);
+      }, first_tokens_per_s));
+    }
   }
   return Status::ok();
 }
@@ -241,8 +266,12 @@ Status run(const Options& o) {
 int main(int argc, char** argv) {
   slimkv::cuda::Options o;
   CLI::App app{"End-to-end decode tokens/s on the GPU"};
-  app.add_option("--model", o.model_dir, "a Hugging Face model directory");
+  app.add_option("--model", o.model_dir, "a Hugging Face model directory or a GGUF file");
   app.add_option("--random", o.random, "a random-weight model of a known shape: llama3-8b, llama2-7b");
+  app.add_option("--random-weights", o.random_weights, "--random's weights, side by side: f16, q8_0, q4_0, q4_k_m")
+      ->delimiter(',');
+  app.add_option("--weights", o.weights, "--model's quantized matrices, side by side: quantized (blocks kept), widened")
+      ->delimiter(',');
   app.add_option("--batches", o.batches, "batch sizes")->delimiter(',');
   app.add_option("--kvs", o.kvs, "KV codecs: dense, hack, quant")->delimiter(',');
   app.add_option("--bits", o.bits, "hack / quant bits (2, 4, 8)");

@@ -1,5 +1,5 @@
-// Model shapes the GPU benchmarks generate random FP16 weights for (CudaLlamaModel::random): real
-// models' sizes without downloading them.
+// Model shapes the GPU benchmarks generate random weights for (CudaLlamaModel::random: FP16, or GGUF
+// blocks): real models' sizes without downloading them.
 #pragma once
 
 #include <cmath>

@@ -19,6 +19,8 @@
 #include <string>
 #include <string_view>
 
+#include "util/host_device.h"
+
 namespace slimkv {
 
 // The weight encodings slimkv multiplies with directly. kNone: plain F32/F16/BF16 (see DType).
@@ -48,8 +50,9 @@ std::string_view block_quant_name(BlockQuant quant);
 // Q4_K's 6-bit scale and min of sub-block j (0..7), packed in 12 bytes: bytes 0-3 hold the low 6
 // bits of the scales of sub-blocks 0-3, bytes 4-7 those of their mins; sub-blocks 4-7 keep their low
 // 4 bits in bytes 8-11 (scale low nibble, min high nibble) and their top 2 bits in the spare top
-// bits of bytes 0-3 (scales) and 4-7 (mins). Inline: the SIMD kernels unpack them per 256 values.
-inline void q4_k_scale_min(const uint8_t* packed, int j, int* scale, int* min) {
+// bits of bytes 0-3 (scales) and 4-7 (mins). Inline: the SIMD kernels unpack them per 256 values, and
+// the CUDA ones (backend/cuda/quantized_gemm.cu) call it too.
+SLIMKV_HOST_DEVICE inline void q4_k_scale_min(const uint8_t* packed, int j, int* scale, int* min) {
   if (j < 4) {
     *scale = packed[j] & 63;
     *min = packed[j + 4] & 63;

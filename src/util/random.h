@@ -5,11 +5,7 @@
 #include <cstdint>
 
 // These functions are also compiled for the GPU (CUDA kernels draw the same numbers).
-#ifdef __CUDACC__
-#define SLIMKV_HOST_DEVICE __host__ __device__
-#else
-#define SLIMKV_HOST_DEVICE
-#endif
+#include "util/host_device.h"
 
 namespace slimkv {
 

@@ -19,9 +19,11 @@ class CublasGemm {
   CublasGemm& operator=(const CublasGemm&) = delete;
 
   // y[n, rows] = x[n, cols] · Wᵀ, or y += x · Wᵀ when accumulate (the residual adds after o_proj and
-  // down_proj, folded into the product). x and w are device arrays of `dtype` (kF16 or kBF16), y FP32.
+  // down_proj, folded into the product). x and w are device arrays of `dtype` (kF16 or kBF16), y FP32
+  // with rows y_stride apart (0: rows; more: W is a tile or a part of a wider product's rows, writing
+  // its columns of y).
   Status multiply(const void* x, int64_t n, const void* w, DType dtype, int64_t rows, int64_t cols, float* y,
-                  bool accumulate = false);
+                  bool accumulate = false, int64_t y_stride = 0);
 
  private:
   CublasGemm() = default;

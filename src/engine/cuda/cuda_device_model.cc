@@ -4,7 +4,9 @@
 // export/import in the transfer format (kv/cuda/gpu_kv_transfer.h: through a host KvStore, or with the
 // sealed blocks left in GPU memory).
 #include <algorithm>
+#include <cstdlib>
 #include <map>
+#include <string_view>
 #include <vector>
 
 #include "engine/device_model.h"
@@ -17,6 +19,16 @@
 
 namespace slimkv {
 namespace {
+
+// SLIMKV_CUDA_GGUF_WEIGHTS: a GGUF file's quantized matrices stay in their blocks on the GPU ("blocks",
+// the default: the file's memory) or are widened to FP16 at upload ("widened": about 3x the memory of
+// Q4_K_M, and faster products for batches of more than one sequence, docs/cuda.md).
+Expected<bool> widen_gguf_weights() {
+  const char* value = std::getenv("SLIMKV_CUDA_GGUF_WEIGHTS");
+  if (value == nullptr || *value == '\0' || std::string_view(value) == "blocks") return false;
+  if (std::string_view(value) == "widened") return true;
+  return error("SLIMKV_CUDA_GGUF_WEIGHTS=", value, ": expected blocks (the default) or widened");
+}
 
 cuda::StepRows rows_of(StepOutput output) {
   switch (output) {
@@ -172,6 +184,7 @@ Expected<std::unique_ptr<DeviceModel>> load_cuda_model(const LlamaModel& model, 
   options.max_sequences = config.max_sequences;
   options.max_step_tokens = std::max(config.prefill_chunk_tokens, config.max_sequences);
   options.kv_cache_bytes = config.kv_cache_bytes;
+  SLIMKV_ASSIGN_OR_RETURN(options.widen_quantized_weights, widen_gguf_weights());
   // ZACK: the folded W_V / W_O at full width (the GPU's GEMMs keep the model's shapes), and the ranks and
   // Q–K bases the cache projects q and k onto.
   LlamaWeights weights = model.weights();

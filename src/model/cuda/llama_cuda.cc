@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "backend/cpu/vec_ops.h"
 #include "backend/cuda/layer_kernels.h"
@@ -122,21 +123,67 @@ DType upload_dtype(const LlamaWeights& weights) {
   return DType::kF16;
 }
 
+// ----------------------------------------------------------------------------------------------
+// The kind each matrix is kept in
+
+constexpr BlockQuant kPlain = BlockQuant::kNone;
+
+// Every matrix of the model's shape with its name and kind, for the shape checks: f(name, kind, rows, cols).
+template <typename Kinds, typename F>
+Status for_each_matrix(const ModelConfig& c, int64_t o_cols, const Kinds& kinds, F&& f) {
+  const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
+  SLIMKV_RETURN_IF_ERROR(f("token_embd (the embedding)", kinds.embedding, c.vocab_size, hidden));
+  if (!c.tie_word_embeddings) SLIMKV_RETURN_IF_ERROR(f("output (the lm_head)", kinds.lm_head, c.vocab_size, hidden));
+  for (size_t i = 0; i < kinds.layers.size(); ++i) {
+    const auto& k = kinds.layers[i];
+    const std::string layer = "layer " + std::to_string(i) + " ";
+    SLIMKV_RETURN_IF_ERROR(f(layer + "attn_q (W_q)", k.q, c.q_dim(), hidden));
+    SLIMKV_RETURN_IF_ERROR(f(layer + "attn_k (W_k)", k.k, c.kv_dim(), hidden));
+    SLIMKV_RETURN_IF_ERROR(f(layer + "attn_v (W_v)", k.v, c.kv_dim(), hidden));
+    SLIMKV_RETURN_IF_ERROR(f(layer + "attn_output (W_o)", k.o, hidden, o_cols));
+    SLIMKV_RETURN_IF_ERROR(f(layer + "ffn_gate (W_gate)", k.gate, inter, hidden));
+    SLIMKV_RETURN_IF_ERROR(f(layer + "ffn_up (W_up)", k.up, inter, hidden));
+    SLIMKV_RETURN_IF_ERROR(f(layer + "ffn_down (W_down)", k.down, hidden, inter));
+  }
+  return Status::ok();
+}
+
+// Whether every matrix kept in blocks has rows of whole blocks (the GPU's kernels read whole blocks);
+// the error names the first that has not.
+template <typename Kinds>
+Status check_block_shapes(const ModelConfig& c, int64_t o_cols, const Kinds& kinds) {
+  return for_each_matrix(c, o_cols, kinds, [](const std::string& name, BlockQuant kind, int64_t rows, int64_t cols) {
+    return check_quantized_shape(name, kind, rows, cols);
+  });
+}
+
 }  // namespace
 
 // ----------------------------------------------------------------------------------------------
 // The weight arena
 
-Status CudaLlamaModel::WeightArena::reserve(size_t bytes) {
-  SLIMKV_ASSIGN_OR_RETURN(memory_, DeviceArray<uint8_t>::allocate(bytes, "the model's weights"));
+Status CudaLlamaModel::WeightArena::reserve() {
+  SLIMKV_ASSIGN_OR_RETURN(memory_, DeviceArray<uint8_t>::allocate(used_, "the model's weights"));
   used_ = 0;
   return Status::ok();
 }
 
 void* CudaLlamaModel::WeightArena::take(size_t bytes) {
-  void* at = memory_.data() + used_;
+  void* at = memory_.size() > 0 ? static_cast<void*>(memory_.data() + used_) : nullptr;
   used_ += aligned(bytes);
   return at;
+}
+
+CudaLlamaModel::StackedMatrix CudaLlamaModel::StackedMatrix::row_range(int64_t first, int64_t count) const {
+  StackedMatrix part;
+  part.rows = count;
+  int64_t run_first = 0;
+  for (const DeviceMatrix& run : runs) {
+    const int64_t from = std::max(first, run_first), to = std::min(first + count, run_first + run.rows);
+    if (from < to) part.runs.push_back(run.row_range(from - run_first, to - from));
+    run_first += run.rows;
+  }
+  return part;
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -156,45 +203,102 @@ CudaLlamaModel::CudaLlamaModel(const ModelConfig& config, DType dtype, const Cud
 
 CudaLlamaModel::~CudaLlamaModel() = default;
 
-Status CudaLlamaModel::allocate_weights() {
+Status CudaLlamaModel::allocate_weights(const WeightKinds& kinds) {
+  lay_out_weights(kinds);  // counting
+  SLIMKV_RETURN_IF_ERROR(weights_.reserve().with_context("uploading the model to the GPU"));
+  lay_out_weights(kinds);
   const ModelConfig& c = config_;
-  const size_t half = dtype_size_bytes(dtype_), hidden = size_t(c.hidden_size), inter = size_t(c.intermediate_size);
-  const size_t qkv_rows = size_t(c.q_dim() + 2 * c.kv_dim());
-  const size_t o_cols = size_t(c.num_heads) * size_t(attention_dim_), head_dim = size_t(c.head_dim);
-  const bool sliding = !c.sliding_layers.empty();
-  const size_t layer_bytes = aligned(hidden * 4) * (c.sandwich_norms ? 4 : 2) + aligned(qkv_rows * hidden * half) +
-                             (c.attention_bias ? aligned(qkv_rows * 4) : 0) + (c.qk_norm ? 2 * aligned(head_dim * 4) : 0) +
-                             aligned(hidden * o_cols * half) + aligned(2 * inter * hidden * half) +
-                             aligned(hidden * inter * half);
-  const size_t table_bytes = aligned(size_t(c.vocab_size) * hidden * half);
-  const size_t total = layer_bytes * size_t(c.num_layers) + table_bytes * (c.tie_word_embeddings ? 1 : 2) +
-                       aligned(hidden * 4) + aligned(head_dim / 2 * 4) * (sliding ? 2 : 1);
-  SLIMKV_RETURN_IF_ERROR(weights_.reserve(total).with_context("uploading the model to the GPU"));
-  embedding_ = weights_.take(size_t(c.vocab_size) * hidden * half);
-  lm_head_ = c.tie_word_embeddings ? embedding_ : weights_.take(size_t(c.vocab_size) * hidden * half);
-  final_norm_ = static_cast<float*>(weights_.take(hidden * 4));
-  inv_freq_ = static_cast<float*>(weights_.take(head_dim / 2 * 4));
-  sliding_inv_freq_ = sliding ? static_cast<float*>(weights_.take(head_dim / 2 * 4)) : nullptr;
-  const auto floats = [&](bool used, size_t count) { return used ? static_cast<float*>(weights_.take(count * 4)) : nullptr; };
-  layers_.resize(size_t(c.num_layers));
-  for (LayerOnDevice& l : layers_) {
-    l.attention_norm = floats(true, hidden);
-    l.w_qkv = weights_.take(qkv_rows * hidden * half);
-    l.b_qkv = floats(c.attention_bias, qkv_rows);
-    l.q_norm = floats(c.qk_norm, head_dim);
-    l.k_norm = floats(c.qk_norm, head_dim);
-    l.w_o = weights_.take(hidden * o_cols * half);
-    l.attention_out_norm = floats(c.sandwich_norms, hidden);
-    l.mlp_norm = floats(true, hidden);
-    l.mlp_out_norm = floats(c.sandwich_norms, hidden);
-    l.w_gate_up = weights_.take(2 * inter * hidden * half);
-    l.w_down = weights_.take(hidden * inter * half);
-  }
   SLIMKV_RETURN_IF_ERROR(upload_floats(Rope(c.rope, int(c.head_dim)).inverse_frequencies(), inv_freq_));
-  if (!sliding) return Status::ok();
+  if (sliding_inv_freq_ == nullptr) return Status::ok();
   return upload_floats(Rope(c.sliding_rope, int(c.head_dim)).inverse_frequencies(), sliding_inv_freq_);
 }
 
+void CudaLlamaModel::lay_out_weights(const WeightKinds& kinds) {
+  const ModelConfig& c = config_;
+  const int64_t hidden = c.hidden_size, inter = c.intermediate_size, head_dim = c.head_dim;
+  const int64_t qkv_rows = c.q_dim() + 2 * c.kv_dim(), o_cols = int64_t(c.num_heads) * attention_dim_;
+  largest_quantized_values_ = 0;
+  block_types_.clear();
+  plain_matrices_ = false;
+  embedding_ = take_stacked({{c.vocab_size, kinds.embedding}}, hidden).runs.front();
+  lm_head_ = c.tie_word_embeddings ? embedding_ : take_stacked({{c.vocab_size, kinds.lm_head}}, hidden).runs.front();
+  const auto floats = [&](bool used, int64_t count) {
+    return used ? static_cast<float*>(weights_.take(size_t(count) * 4)) : nullptr;
+  };
+  final_norm_ = floats(true, hidden);
+  inv_freq_ = floats(true, head_dim / 2);
+  sliding_inv_freq_ = floats(!c.sliding_layers.empty(), head_dim / 2);
+  layers_.assign(size_t(c.num_layers), LayerOnDevice());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const LayerKinds& k = kinds.layers[i];
+    LayerOnDevice& l = layers_[i];
+    l.attention_norm = floats(true, hidden);
+    l.w_qkv = take_stacked({{c.q_dim(), k.q}, {c.kv_dim(), k.k}, {c.kv_dim(), k.v}}, hidden);
+    l.b_qkv = floats(c.attention_bias, qkv_rows);
+    l.q_norm = floats(c.qk_norm, head_dim);
+    l.k_norm = floats(c.qk_norm, head_dim);
+    l.w_o = take_stacked({{hidden, k.o}}, o_cols);
+    l.attention_out_norm = floats(c.sandwich_norms, hidden);
+    l.mlp_norm = floats(true, hidden);
+    l.mlp_out_norm = floats(c.sandwich_norms, hidden);
+    l.w_gate_up = take_stacked({{inter, k.gate}, {inter, k.up}}, hidden);
+    l.w_down = take_stacked({{hidden, k.down}}, inter);
+  }
+}
+
+CudaLlamaModel::StackedMatrix CudaLlamaModel::take_stacked(std::initializer_list<std::pair<int64_t, BlockQuant>> parts,
+                                                           int64_t cols) {
+  StackedMatrix m;
+  for (const auto& [rows, kind] : parts) {
+    if (m.runs.empty() || m.runs.back().quant != kind) {
+      DeviceMatrix run;
+      run.dtype = dtype_;
+      run.quant = kind;
+      run.cols = cols;
+      m.runs.push_back(run);
+    }
+    m.runs.back().rows += rows;
+    m.rows += rows;
+  }
+  for (DeviceMatrix& run : m.runs) {
+    if (!run.quantized()) {
+      plain_matrices_ = true;
+      run.data = weights_.take(size_t(run.rows) * size_t(cols) * dtype_size_bytes(dtype_));
+      continue;
+    }
+    largest_quantized_values_ = std::max(largest_quantized_values_, size_t(run.rows) * size_t(cols));
+    if (std::find(block_types_.begin(), block_types_.end(), run.quant) == block_types_.end()) {
+      block_types_.push_back(run.quant);
+    }
+    void* at = weights_.take(quantized_matrix_bytes(run.quant, run.rows, cols));
+    if (at != nullptr) run = quantized_matrix_at(at, run.quant, run.rows, cols);  // nullptr: the counting pass
+  }
+  return m;
+}
+
+Status CudaLlamaModel::multiply(const void* x, int n, const StackedMatrix& w, float* y, bool accumulate) {
+  int64_t first = 0;
+  for (const DeviceMatrix& run : w.runs) {
+    SLIMKV_RETURN_IF_ERROR(gemm_->multiply(x, n, dtype_, run, y + first, accumulate, w.rows));
+    first += run.rows;
+  }
+  return Status::ok();
+}
+
+std::string CudaLlamaModel::weight_description() const {
+  std::string kinds;
+  for (BlockQuant quant : block_types_) kinds += std::string(kinds.empty() ? "" : "+") + std::string(block_quant_name(quant));
+  if (plain_matrices_) kinds += std::string(kinds.empty() ? "" : "+") + (dtype_ == DType::kBF16 ? "BF16" : "FP16");
+  return kinds;
+}
+
+Expected<RandomWeights> parse_random_weights(std::string_view name) {
+  if (name == "f16") return RandomWeights::kF16;
+  if (name == "q8_0") return RandomWeights::kQ8_0;
+  if (name == "q4_0") return RandomWeights::kQ4_0;
+  if (name == "q4_k_m") return RandomWeights::kQ4_K_M;
+  return error("random weights '", name, "': expected f16, q8_0, q4_0 or q4_k_m");
+}
 // KVPR recomputes this many rows of X at a time (bounded scratch; 2048 rows of an 8B model are a
 // GEMM of 69 GFLOP, long enough to run near the GPU's peak).
 constexpr int kRecomputeChunkRows = 2048;
@@ -210,7 +314,12 @@ Status CudaLlamaModel::allocate_runtime(const CudaModelOptions& options) {
   // q, k, v and the attention output as the KV cache and attention hold them (padded heads).
   const size_t q_width = size_t(c.num_heads) * attention_dim_, kv_width = size_t(c.num_kv_heads) * attention_dim_;
   const size_t widest_input = std::max({size_t(c.hidden_size), q_width, inter});
-  SLIMKV_ASSIGN_OR_RETURN(gemm_, CublasGemm::create());
+  // Prefill of quantized weights dequantizes tiles of rows into a scratch: up to 64 MB (an 8B model's
+  // widest matrix in 16 tiles), none where no step runs past the matrix-vector kernel.
+  const size_t tile_scratch = max_step_tokens_ > kQuantizedGemvMaxInputs
+                                  ? std::min<size_t>(size_t(64) << 20, largest_quantized_values_ * 2)
+                                  : 0;
+  SLIMKV_ASSIGN_OR_RETURN(gemm_, WeightGemm::create(tile_scratch));
   SLIMKV_ASSIGN_OR_RETURN(step_ints_, DeviceArray<int32_t>::allocate(3 * T + size_t(max_sequences_), "step ids"));
   SLIMKV_ASSIGN_OR_RETURN(x_, DeviceArray<float>::allocate(T * size_t(c.hidden_size), "the residual stream"));
   SLIMKV_ASSIGN_OR_RETURN(h_, DeviceArray<uint16_t>::allocate(T * widest_input, "GEMM inputs"));
@@ -258,23 +367,35 @@ Expected<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::upload(const ModelConf
   SLIMKV_RETURN_IF_ERROR(check_shape(config));
   SLIMKV_RETURN_IF_ERROR(device_usable());
   std::unique_ptr<CudaLlamaModel> model(new CudaLlamaModel(config, upload_dtype(weights), options));
-  SLIMKV_RETURN_IF_ERROR(model->allocate_weights());
-  const DType dtype = model->dtype_;
-  const size_t half = dtype_size_bytes(dtype), hidden = size_t(config.hidden_size);
-  SLIMKV_RETURN_IF_ERROR(upload_matrix(weights.embedding, dtype, model->embedding_));
-  if (!config.tie_word_embeddings) {
-    SLIMKV_RETURN_IF_ERROR(upload_matrix(weights.lm_head, dtype, model->lm_head_));
+  const bool padded_heads = model->attention_dim_ != config.head_dim;
+  // Each matrix as stored: quantized GGUF matrices in their blocks (unless the options widen them),
+  // the rest in dtype_. Widened all the same: W_o of padded heads, which gains zero columns between
+  // heads that blocks along a row cannot hold. (ZACK's folded W_V and W_O arrive as F32 matrices,
+  // engine/cuda/cuda_device_model.cc, so they are plain already.)
+  const auto kept = [&](const WeightMatrix& w) { return options.widen_quantized_weights ? kPlain : w.quant; };
+  WeightKinds kinds{kept(weights.embedding), kept(weights.lm_head), {}};
+  for (const LayerWeights& w : weights.layers) {
+    kinds.layers.push_back({kept(w.wq), kept(w.wk), kept(w.wv), padded_heads ? kPlain : kept(w.wo), kept(w.mlp.gate),
+                            kept(w.mlp.up), kept(w.mlp.down)});
   }
-  SLIMKV_RETURN_IF_ERROR(upload_floats(weights.final_norm, model->final_norm_));
-  // Stacks matrices row-wise into one fused device matrix (same cols).
-  const auto upload_stacked = [&](std::initializer_list<const WeightMatrix*> parts, void* device) -> Status {
-    auto* at = static_cast<uint8_t*>(device);
+  SLIMKV_RETURN_IF_ERROR(check_block_shapes(config, int64_t(config.num_heads) * model->attention_dim_, kinds));
+  SLIMKV_RETURN_IF_ERROR(model->allocate_weights(kinds));
+  const DType dtype = model->dtype_;
+  const auto upload_one = [&](const WeightMatrix& w, const DeviceMatrix& to) {
+    return to.quantized() ? upload_quantized(w.data, to) : upload_matrix(w, dtype, to.data);
+  };
+  // Stacked matrices: each part into its rows (a part never straddles two runs: runs join whole parts).
+  const auto upload_stacked = [&](std::initializer_list<const WeightMatrix*> parts, const StackedMatrix& to) -> Status {
+    int64_t first = 0;
     for (const WeightMatrix* w : parts) {
-      SLIMKV_RETURN_IF_ERROR(upload_matrix(*w, dtype, at));
-      at += size_t(w->rows) * hidden * half;
+      SLIMKV_RETURN_IF_ERROR(upload_one(*w, to.row_range(first, w->rows).runs.front()));
+      first += w->rows;
     }
     return Status::ok();
   };
+  SLIMKV_RETURN_IF_ERROR(upload_one(weights.embedding, model->embedding_));
+  if (!config.tie_word_embeddings) SLIMKV_RETURN_IF_ERROR(upload_one(weights.lm_head, model->lm_head_));
+  SLIMKV_RETURN_IF_ERROR(upload_floats(weights.final_norm, model->final_norm_));
   for (size_t i = 0; i < weights.layers.size(); ++i) {
     const LayerWeights& w = weights.layers[i];
     const LayerOnDevice& l = model->layers_[i];
@@ -290,44 +411,66 @@ Expected<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::upload(const ModelConf
       SLIMKV_RETURN_IF_ERROR(upload_floats(w.q_norm, l.q_norm));
       SLIMKV_RETURN_IF_ERROR(upload_floats(w.k_norm, l.k_norm));
     }
-    SLIMKV_RETURN_IF_ERROR(
-        upload_padded_columns(w.wo, dtype, int(config.num_heads), int(config.head_dim), model->attention_dim_, l.w_o));
+    if (l.w_o.runs.front().quantized()) {
+      SLIMKV_RETURN_IF_ERROR(upload_one(w.wo, l.w_o.runs.front()));
+    } else {
+      SLIMKV_RETURN_IF_ERROR(upload_padded_columns(w.wo, dtype, int(config.num_heads), int(config.head_dim),
+                                                   model->attention_dim_, l.w_o.runs.front().data));
+    }
     if (l.attention_out_norm != nullptr) {
       SLIMKV_RETURN_IF_ERROR(upload_floats(w.attention_out_norm, l.attention_out_norm));
       SLIMKV_RETURN_IF_ERROR(upload_floats(w.mlp_out_norm, l.mlp_out_norm));
     }
     SLIMKV_RETURN_IF_ERROR(upload_floats(w.mlp_norm, l.mlp_norm));
     SLIMKV_RETURN_IF_ERROR(upload_stacked({&w.mlp.gate, &w.mlp.up}, l.w_gate_up));
-    SLIMKV_RETURN_IF_ERROR(upload_matrix(w.mlp.down, dtype, l.w_down));
+    SLIMKV_RETURN_IF_ERROR(upload_one(w.mlp.down, l.w_down.runs.front()));
   }
   SLIMKV_RETURN_IF_ERROR(model->allocate_runtime(options));
   return Expected<std::unique_ptr<CudaLlamaModel>>(std::move(model));
 }
 
 Expected<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::random(const ModelConfig& config, uint64_t seed,
-                                                                 const CudaModelOptions& options) {
+                                                                 const CudaModelOptions& options, RandomWeights weights) {
   if (const std::string missing = features_not_on_cuda(config); !missing.empty()) {
     return error("a random ", config.architecture_name, " on device cuda: the CUDA model lacks ", missing);
   }
   SLIMKV_RETURN_IF_ERROR(check_shape(config));
   SLIMKV_RETURN_IF_ERROR(device_usable());
   std::unique_ptr<CudaLlamaModel> model(new CudaLlamaModel(config, DType::kF16, options));
-  SLIMKV_RETURN_IF_ERROR(model->allocate_weights());
+  // One block type throughout, or Q4_K_M's mix: Q6_K where llama.cpp spends more bits (W_v, W_down,
+  // the lm_head). W_o of padded heads stays FP16 (as upload() keeps it).
+  const BlockQuant most = weights == RandomWeights::kQ8_0     ? BlockQuant::kQ8_0
+                          : weights == RandomWeights::kQ4_0   ? BlockQuant::kQ4_0
+                          : weights == RandomWeights::kQ4_K_M ? BlockQuant::kQ4_K
+                                                              : kPlain;
+  const BlockQuant more_bits = weights == RandomWeights::kQ4_K_M ? BlockQuant::kQ6_K : most;
+  const BlockQuant o = model->attention_dim_ != config.head_dim ? kPlain : most;
+  const WeightKinds kinds{most, more_bits,
+                          std::vector<LayerKinds>(size_t(config.num_layers), {most, most, more_bits, o, most, most, more_bits})};
+  SLIMKV_RETURN_IF_ERROR(check_block_shapes(config, int64_t(config.num_heads) * model->attention_dim_, kinds));
+  SLIMKV_RETURN_IF_ERROR(model->allocate_weights(kinds));
   uint64_t matrix = 0;
-  // Uniform in ±sqrt(3 / cols): unit variance over cols products keeps activations in FP16's range.
-  const auto fill = [&](void* device, int64_t rows, int64_t cols) {
-    return fill_random_fp16(static_cast<uint16_t*>(device), size_t(rows) * size_t(cols),
-                            seed + 0x9e3779b97f4a7c15ull * ++matrix, std::sqrt(3.0f / float(cols)));
+  // Uniform in ±sqrt(3 / cols) (blocks: about that spread): unit variance over cols products keeps
+  // activations in FP16's range.
+  const auto fill = [&](const StackedMatrix& w) -> Status {
+    for (const DeviceMatrix& run : w.runs) {
+      const uint64_t stream = seed + 0x9e3779b97f4a7c15ull * ++matrix;
+      const float amplitude = std::sqrt(3.0f / float(run.cols));
+      SLIMKV_RETURN_IF_ERROR(run.quantized() ? fill_random_quantized(run, stream, amplitude)
+                                             : fill_random_fp16(static_cast<uint16_t*>(run.data),
+                                                                size_t(run.rows) * size_t(run.cols), stream, amplitude));
+    }
+    return Status::ok();
   };
   const ModelConfig& c = config;
   const std::vector<float> ones(size_t(c.hidden_size), 1.0f);
   const std::vector<float> head_ones(size_t(c.head_dim), 1.0f);
-  SLIMKV_RETURN_IF_ERROR(fill(model->embedding_, c.vocab_size, c.hidden_size));
-  if (!c.tie_word_embeddings) SLIMKV_RETURN_IF_ERROR(fill(model->lm_head_, c.vocab_size, c.hidden_size));
+  SLIMKV_RETURN_IF_ERROR(fill(StackedMatrix{{model->embedding_}, c.vocab_size}));
+  if (!c.tie_word_embeddings) SLIMKV_RETURN_IF_ERROR(fill(StackedMatrix{{model->lm_head_}, c.vocab_size}));
   SLIMKV_RETURN_IF_ERROR(upload_floats(ones, model->final_norm_));
   for (const LayerOnDevice& l : model->layers_) {
     SLIMKV_RETURN_IF_ERROR(upload_floats(ones, l.attention_norm));
-    SLIMKV_RETURN_IF_ERROR(fill(l.w_qkv, c.q_dim() + 2 * c.kv_dim(), c.hidden_size));
+    SLIMKV_RETURN_IF_ERROR(fill(l.w_qkv));
     if (l.b_qkv != nullptr) {
       SLIMKV_RETURN_IF_ERROR(device_fill_bytes(l.b_qkv, 0, size_t(c.q_dim() + 2 * c.kv_dim()) * 4));
     }
@@ -335,13 +478,13 @@ Expected<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::random(const ModelConf
       if (norm != nullptr) SLIMKV_RETURN_IF_ERROR(upload_floats(head_ones, norm));
     }
     // Padded heads: the attention output's padded dims are zero, whatever their columns of W_o hold.
-    SLIMKV_RETURN_IF_ERROR(fill(l.w_o, c.hidden_size, c.num_heads * model->attention_dim_));
+    SLIMKV_RETURN_IF_ERROR(fill(l.w_o));
     for (float* norm : {l.attention_out_norm, l.mlp_out_norm}) {
       if (norm != nullptr) SLIMKV_RETURN_IF_ERROR(upload_floats(ones, norm));
     }
     SLIMKV_RETURN_IF_ERROR(upload_floats(ones, l.mlp_norm));
-    SLIMKV_RETURN_IF_ERROR(fill(l.w_gate_up, 2 * c.intermediate_size, c.hidden_size));
-    SLIMKV_RETURN_IF_ERROR(fill(l.w_down, c.hidden_size, c.intermediate_size));
+    SLIMKV_RETURN_IF_ERROR(fill(l.w_gate_up));
+    SLIMKV_RETURN_IF_ERROR(fill(l.w_down));
   }
   SLIMKV_RETURN_IF_ERROR(model->allocate_runtime(options));
   return Expected<std::unique_ptr<CudaLlamaModel>>(std::move(model));
@@ -410,7 +553,7 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, std
   SLIMKV_RETURN_IF_ERROR(check_batch(batch));
   const ModelConfig& c = config_;
   const int hidden = int(c.hidden_size), inter = int(c.intermediate_size);
-  const int o_cols = int(c.num_heads) * attention_dim_, qkv_rows = int(c.q_dim() + 2 * c.kv_dim());
+  const int o_cols = int(c.num_heads) * attention_dim_;
 
   // The step's ids in one upload: tokens, positions, and the rows whose logits are wanted (sampled
   // items' first, so that the sampler reads one run of rows).
@@ -451,22 +594,24 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, std
   // o_proj reads the FP16 attention output; a BF16 model's gets a BF16 copy.
   void* attention_output_in_dtype = dtype_ == DType::kF16 ? static_cast<void*>(attended_.data()) : h_.data();
   // A sublayer's output W · input: added to x by the GEMM, or (sandwich norms) normed first, then added.
-  const auto add_sublayer = [&](const void* input, const void* weight, int rows_out, int cols, const float* out_norm) {
-    if (out_norm == nullptr) {
-      return gemm_->multiply(input, n, weight, dtype_, rows_out, cols, x_.data(), /*accumulate=*/true);
-    }
-    SLIMKV_RETURN_IF_ERROR(gemm_->multiply(input, n, weight, dtype_, rows_out, cols, projected_.data()));
+  const auto add_sublayer = [&](const void* input, const StackedMatrix& weight, const float* out_norm) {
+    if (out_norm == nullptr) return multiply(input, n, weight, x_.data(), /*accumulate=*/true);
+    SLIMKV_RETURN_IF_ERROR(multiply(input, n, weight, projected_.data()));
     return add_rmsnorm(projected_.data(), out_norm, eps, n, hidden, x_.data());
   };
 
-  SLIMKV_RETURN_IF_ERROR(embed(token_ids, n, embedding_, dtype_, hidden, embedding_scale_, x_.data()));
+  if (embedding_.quantized()) {  // the rows of the tokens dequantized (FP32, as the CPU's lookup widens them)
+    SLIMKV_RETURN_IF_ERROR(dequantize_rows(embedding_, token_ids, 0, n, embedding_scale_, x_.data(), DType::kF32));
+  } else {
+    SLIMKV_RETURN_IF_ERROR(embed(token_ids, n, embedding_.data, dtype_, hidden, embedding_scale_, x_.data()));
+  }
   for (int l = 0; l < int(c.num_layers); ++l) {
     const LayerOnDevice& w = layers_[size_t(l)];
     // Attention block: h = rmsnorm(x); q, k, v = rope(qk_norm(project(h))); attend (sliding layers:
     // their window, their RoPE); x += o_proj(o)
     SLIMKV_RETURN_IF_ERROR(rmsnorm(x_.data(), w.attention_norm, eps, n, hidden, h_.data(), dtype_));
     SLIMKV_RETURN_IF_ERROR(kv_->keep_layer_input(l, h_.data()));
-    SLIMKV_RETURN_IF_ERROR(gemm_->multiply(h_.data(), n, w.w_qkv, dtype_, qkv_rows, hidden, projected_.data()));
+    SLIMKV_RETURN_IF_ERROR(multiply(h_.data(), n, w.w_qkv, projected_.data()));
     SLIMKV_RETURN_IF_ERROR(attention_inputs(projected_.data(), n, heads, w.b_qkv, {w.q_norm, w.k_norm, eps},
                                             token_positions, c.is_sliding(l) ? sliding_inv_freq_ : inv_freq_,
                                             rotate_heads_, q_.data(), k_.data(), v_.data()));
@@ -476,17 +621,17 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, std
       SLIMKV_RETURN_IF_ERROR(
           convert_half(attended_.data(), DType::kF16, size_t(n) * o_cols, attention_output_in_dtype, dtype_));
     }
-    SLIMKV_RETURN_IF_ERROR(add_sublayer(attention_output_in_dtype, w.w_o, hidden, o_cols, w.attention_out_norm));
+    SLIMKV_RETURN_IF_ERROR(add_sublayer(attention_output_in_dtype, w.w_o, w.attention_out_norm));
 
     // MLP block: x += down(act(gate(h)) · up(h)), h = rmsnorm(x)
     SLIMKV_RETURN_IF_ERROR(rmsnorm(x_.data(), w.mlp_norm, eps, n, hidden, h_.data(), dtype_));
-    SLIMKV_RETURN_IF_ERROR(gemm_->multiply(h_.data(), n, w.w_gate_up, dtype_, 2 * inter, hidden, projected_.data()));
+    SLIMKV_RETURN_IF_ERROR(multiply(h_.data(), n, w.w_gate_up, projected_.data()));
     SLIMKV_RETURN_IF_ERROR(gated_activation(projected_.data(), n, inter, activation, h_.data(), dtype_));
-    SLIMKV_RETURN_IF_ERROR(add_sublayer(h_.data(), w.w_down, hidden, inter, w.mlp_out_norm));
+    SLIMKV_RETURN_IF_ERROR(add_sublayer(h_.data(), w.w_down, w.mlp_out_norm));
   }
   if (rows == 0) return 0;
   SLIMKV_RETURN_IF_ERROR(rmsnorm(x_.data(), final_norm_, eps, rows, hidden, h_.data(), dtype_, rows_wanted));
-  SLIMKV_RETURN_IF_ERROR(gemm_->multiply(h_.data(), rows, lm_head_, dtype_, c.vocab_size, hidden, logits_.data()));
+  SLIMKV_RETURN_IF_ERROR(gemm_->multiply(h_.data(), rows, dtype_, lm_head_, logits_.data()));
   if (c.final_logit_softcap > 0) {  // Gemma: logits = cap · tanh(logits / cap)
     SLIMKV_RETURN_IF_ERROR(soft_cap(logits_.data(), size_t(rows) * size_t(c.vocab_size), float(c.final_logit_softcap)));
   }
@@ -499,13 +644,10 @@ Status CudaLlamaModel::project_kv(int layer, const void* x, int n, const int32_t
                                   const uint16_t** v) {
   const ModelConfig& c = config_;
   const LayerOnDevice& w = layers_[size_t(layer)];
-  const size_t half = dtype_size_bytes(dtype_), hidden = size_t(c.hidden_size), q_dim = size_t(c.q_dim());
   // W_k and W_v are the rows of W_qkv after W_q's; their biases follow likewise.
-  const void* w_kv = static_cast<const uint8_t*>(w.w_qkv) + q_dim * hidden * half;
-  const float* b_kv = w.b_qkv != nullptr ? w.b_qkv + q_dim : nullptr;
+  const float* b_kv = w.b_qkv != nullptr ? w.b_qkv + c.q_dim() : nullptr;
   const AttentionHeads kv_heads{0, int(c.num_kv_heads), int(c.head_dim), attention_dim_};
-  SLIMKV_RETURN_IF_ERROR(
-      gemm_->multiply(x, n, w_kv, dtype_, 2 * c.kv_dim(), c.hidden_size, recompute_projected_.data()));
+  SLIMKV_RETURN_IF_ERROR(multiply(x, n, w.w_qkv.row_range(c.q_dim(), 2 * c.kv_dim()), recompute_projected_.data()));
   SLIMKV_RETURN_IF_ERROR(attention_inputs(recompute_projected_.data(), n, kv_heads, b_kv,
                                           {nullptr, w.k_norm, float(c.rms_norm_eps)}, positions,
                                           c.is_sliding(layer) ? sliding_inv_freq_ : inv_freq_, rotate_heads_, nullptr,

@@ -1,5 +1,6 @@
 // A Llama-family model on the GPU (issue 9; Qwen3 and Gemma 3, issue 29): the forward pass of model/llama.cc with the weights in
-// FP16/BF16 on the device, the GEMMs in cuBLAS, the KV in one GPU KV cache (kv/cuda/gpu_kv_cache.h:
+// FP16/BF16 on the device, or in a GGUF file's quantized blocks (Q8_0, Q4_0, Q4_K, Q6_K: kept as blocks,
+// backend/cuda/quantized_gemm.h), the GEMMs in cuBLAS or the quantized kernels, the KV in one GPU KV cache (kv/cuda/gpu_kv_cache.h:
 // dense FP16 pages, sealed hack/quant blocks, or a host tier, as the options say; the model knows none
 // of them), and several sequences of different lengths through the layers in one step (batched decode,
 // prefill chunks, or both mixed: the basis of continuous batching), each bringing back logits rows or a
@@ -23,13 +24,17 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/device_memory.h"
-#include "backend/cuda/gemm.h"
+#include "backend/cuda/quantized_gemm.h"
 #include "backend/cuda/sampling.h"
 #include "kv/cuda/gpu_kv_cache.h"
 #include "model/llama_weights.h"
@@ -59,7 +64,17 @@ struct CudaModelOptions {
   bool rotate_heads = false;
   std::optional<KvTierOptions> tier;  // none: every block in GPU memory
   std::optional<PqKvOptions> pq;      // PQCache's token selection (kv/cuda/gpu_pq_kv.cc)
+  // GGUF files: each quantized matrix stays in its blocks on the GPU (the file's bytes); true widens
+  // them to the model's FP16/BF16 at upload instead (about 3.5x the memory of Q4_K_M), what the GPU did
+  // before, kept so that benchmarks can compare the two.
+  bool widen_quantized_weights = false;
 };
+
+// The weights random() generates: FP16 matrices, or blocks of one type, or a mix like llama.cpp's
+// Q4_K_M (Q4_K, with Q6_K for W_v, W_down and the lm_head).
+enum class RandomWeights { kF16, kQ8_0, kQ4_0, kQ4_K_M };
+// "f16", "q8_0", "q4_0", "q4_k_m" (the benchmarks' names), or an error naming the choices.
+Expected<RandomWeights> parse_random_weights(std::string_view name);
 
 // One sequence's part of a step: its new tokens, run at the end of what it holds.
 struct SequenceTokens {
@@ -90,20 +105,27 @@ class CudaLlamaModel final : private KvProjection {
  public:
   // The weights of a loaded model, uploaded in FP16 when every value fits FP16's range (F32 weights
   // rounded; BF16 ones exact in FP16's normal range), else in BF16. FP16 keeps 3 more mantissa bits
-  // of the activations that feed the GEMMs, which are rounded to the weights' dtype.
+  // of the activations that feed the GEMMs, which are rounded to the weights' dtype. Quantized GGUF
+  // matrices stay in their blocks (unless options.widen_quantized_weights), the activations in that
+  // dtype all the same.
   static Expected<std::unique_ptr<CudaLlamaModel>> upload(const ModelConfig& config, const LlamaWeights& weights,
                                                           const CudaModelOptions& options);
-  // Random FP16 weights of config's shape generated on the GPU (benchmarks at shapes not at hand, such
-  // as Llama-3-8B's, without downloading them). Each matrix is uniform with unit-variance products.
+  // Random weights of config's shape generated on the GPU (benchmarks at shapes not at hand, such as
+  // Llama-3-8B's, without downloading them): FP16 matrices uniform with unit-variance products, or
+  // random blocks of about that spread (fill_random_quantized), as `weights` says.
   static Expected<std::unique_ptr<CudaLlamaModel>> random(const ModelConfig& config, uint64_t seed,
-                                                          const CudaModelOptions& options);
+                                                          const CudaModelOptions& options,
+                                                          RandomWeights weights = RandomWeights::kF16);
   ~CudaLlamaModel();
 
   const ModelConfig& config() const { return config_; }
   // The dims of a head in the KV cache and attention: head_dim, or the next size the kernels have.
   int attention_head_dim() const { return attention_dim_; }
   DType weight_dtype() const { return dtype_; }
+  // What the matrices are held in: "FP16", or e.g. "Q4_K+Q6_K+FP16" (block types first, then plain).
+  std::string weight_description() const;
   int context_tokens() const { return context_tokens_; }
+  // GPU memory of the weights as held (quantized blocks at the file's bytes).
   size_t weight_bytes() const { return weights_.bytes(); }
   // GPU memory of the KV: the block pools (FP16, and sealed quantized blocks), or a tier's staging buffers.
   size_t kv_cache_bytes() const;
@@ -147,11 +169,13 @@ class CudaLlamaModel final : private KvProjection {
   }
 
  private:
-  // A contiguous device allocation cut into the matrices and vectors of the model.
+  // A contiguous device allocation cut into the matrices and vectors of the model, sized by a counting
+  // pass: until reserve(), take() only adds up the bytes asked for and returns nullptr.
   class WeightArena {
    public:
-    Status reserve(size_t bytes);
-    // The next `bytes` of the arena, 256-byte aligned.
+    // The memory for what was counted; later takes cut it from its start.
+    Status reserve();
+    // The next `bytes` of the arena, 256-byte aligned (nullptr while counting).
     void* take(size_t bytes);
     size_t bytes() const { return memory_.bytes(); }
 
@@ -159,23 +183,46 @@ class CudaLlamaModel final : private KvProjection {
     DeviceArray<uint8_t> memory_;
     size_t used_ = 0;
   };
+  // A projection's weights as runs of rows, each one matrix of one kind (plain or one block type):
+  // stacked matrices (W_q|W_k|W_v, W_gate|W_up) whose parts differ in type (a Q4_K_M file's W_v is Q6_K
+  // beside Q4_K W_q, W_k) multiply run by run, each writing its columns of the one output.
+  struct StackedMatrix {
+    std::vector<DeviceMatrix> runs;
+    int64_t rows = 0;
+    // Rows [first, first + count), runs cut where the range cuts them.
+    StackedMatrix row_range(int64_t first, int64_t count) const;
+  };
+  // The kind each matrix is kept in on the GPU: a block type, or kNone (the model's FP16/BF16).
+  struct LayerKinds {
+    BlockQuant q, k, v, o, gate, up, down;
+  };
+  struct WeightKinds {
+    BlockQuant embedding = BlockQuant::kNone, lm_head = BlockQuant::kNone;
+    std::vector<LayerKinds> layers;
+  };
   struct LayerOnDevice {
     float* attention_norm = nullptr;  // [hidden]
-    void* w_qkv = nullptr;            // [q_dim + 2·kv_dim, hidden]: W_q, W_k, W_v stacked
+    StackedMatrix w_qkv;              // [q_dim + 2·kv_dim, hidden]: W_q, W_k, W_v stacked
     float* b_qkv = nullptr;           // [q_dim + 2·kv_dim] or nullptr
     float* q_norm = nullptr;          // [head_dim] each with qk_norm, else nullptr
     float* k_norm = nullptr;
-    void* w_o = nullptr;              // [hidden, num_heads · attention_dim]: W_o, zero columns after each head's head_dim
+    StackedMatrix w_o;                // [hidden, num_heads · attention_dim]: W_o, zero columns after each head's head_dim
     float* attention_out_norm = nullptr;  // [hidden] with sandwich_norms, else nullptr
     float* mlp_norm = nullptr;        // [hidden]
     float* mlp_out_norm = nullptr;    // [hidden] with sandwich_norms, else nullptr
-    void* w_gate_up = nullptr;        // [2·intermediate, hidden]: W_gate, W_up stacked
-    void* w_down = nullptr;           // [hidden, intermediate]
+    StackedMatrix w_gate_up;          // [2·intermediate, hidden]: W_gate, W_up stacked
+    StackedMatrix w_down;             // [hidden, intermediate]
   };
 
   CudaLlamaModel(const ModelConfig& config, DType dtype, const CudaModelOptions& options);
-  // Lays the weights out in the arena (sizes only: the callers fill them).
-  Status allocate_weights();
+  // Lays the weights out in the arena, each matrix of the kind `kinds` names (sizes only: the callers
+  // fill them): a counting pass, then the allocation, then the same layout again.
+  Status allocate_weights(const WeightKinds& kinds);
+  void lay_out_weights(const WeightKinds& kinds);
+  // The parts (rows, kind) of a stacked matrix of `cols` columns, as runs in the arena.
+  StackedMatrix take_stacked(std::initializer_list<std::pair<int64_t, BlockQuant>> parts, int64_t cols);
+  // y = x · Wᵀ over every run of w (x in dtype_, y FP32 [n, w.rows]), or y += when accumulate.
+  Status multiply(const void* x, int n, const StackedMatrix& w, float* y, bool accumulate = false);
   // Activations and the KV cache, sized by the options.
   Status allocate_runtime(const CudaModelOptions& options);
   const SequenceBlocks& held() const { return kv_->sequences(); }
@@ -200,14 +247,17 @@ class CudaLlamaModel final : private KvProjection {
   float embedding_scale_ = 1.0f;
 
   WeightArena weights_;
-  void* embedding_ = nullptr;  // [vocab, hidden]
-  void* lm_head_ = nullptr;    // [vocab, hidden] (the embedding when tied)
+  size_t largest_quantized_values_ = 0;  // of the matrices kept in blocks (sizes the prefill tiles)
+  std::vector<BlockQuant> block_types_;  // the block types held, in first-seen order
+  bool plain_matrices_ = false;          // whether any matrix is held in dtype_
+  DeviceMatrix embedding_;     // [vocab, hidden]
+  DeviceMatrix lm_head_;       // [vocab, hidden] (the embedding when tied)
   float* final_norm_ = nullptr;
   float* inv_freq_ = nullptr;  // RoPE's inverse frequencies [head_dim / 2] (model/rope.h)
   float* sliding_inv_freq_ = nullptr;  // the sliding layers' (Gemma 3: rope_local_base_freq), or nullptr
   std::vector<LayerOnDevice> layers_;
 
-  std::unique_ptr<CublasGemm> gemm_;
+  std::unique_ptr<WeightGemm> gemm_;
   std::unique_ptr<GpuKvCache> kv_;  // kv/cuda: dense, quantized, or a host tier, as the options say
   // Activations of one step, for max_step_tokens rows.
   DeviceArray<int32_t> step_ints_;   // tokens [T] | positions [T] | logit rows [T] | next tokens [batch]

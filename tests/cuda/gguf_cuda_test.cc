@@ -1,0 +1,240 @@
+// GGUF files on device cuda (issue 29), their quantized matrices kept in blocks on the GPU
+// (backend/cuda/quantized_gemm.h): the fixtures of tests/data/gguf (llama.cpp's converter and
+// quantizer: scripts/gguf/make_fixtures.py) against llama.cpp's logits on the same files, prefill and
+// token by token, within the bars the CPU's parity test holds the CPU to (tests/engine/gguf_parity_test.cc;
+// quantized files: plus FP16's rounding of the activations), and against the CPU engine's prefill on the
+// same file; the GPU memory of the weights is the file's; a random Q4_K_M-like model runs; shapes the
+// blocks cannot hold are refused.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstdio>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cuda_test_util.h"
+#include "golden_models.h"
+#include "model/cuda/llama_cuda.h"
+#include "model/llama.h"
+#include "slimkv/engine.h"
+#include "source_dir.h"
+
+namespace slimkv::cuda {
+namespace {
+
+const std::string kDir = slimkv::test::source_dir() + "/tests/data/gguf";
+
+nlohmann::json manifest() {
+  std::ifstream in(kDir + "/manifest.json");
+  return nlohmann::json::parse(in);
+}
+
+std::vector<float> read_f32(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  std::vector<float> values(size_t(in.tellg()) / 4);
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(values.data()), std::streamsize(values.size() * 4));
+  return values;
+}
+
+std::unique_ptr<Engine> load(const std::string& path, const std::string& device) {
+  EngineConfig config;
+  config.model_dir = path;
+  config.device = device;
+  config.threads = 2;
+  return take(Engine::load(config));
+}
+
+// Prefill of every token (all rows), then the same tokens one decode step at a time.
+void run_both_ways(Engine& engine, const std::vector<int32_t>& tokens, std::vector<float>& prefill,
+                   std::vector<float>& incremental) {
+  prefill = take(engine.new_session()->prefill(tokens, /*all_logits=*/true));
+  auto session = engine.new_session();
+  incremental.clear();
+  for (int32_t id : tokens) {
+    const std::vector<float> row = take(session->decode(id));
+    incremental.insert(incremental.end(), row.begin(), row.end());
+  }
+}
+
+// The CPU parity test's bars: F16 files within FP16 rounding (kF16Tolerance, relative to max |logit|);
+// quantized files within the quantization's own error (llama.cpp's distance from its logits on the
+// model's F16 file). On the GPU a quantized file's activations are rounded to FP16 besides (the CPU
+// keeps them in FP32 in prefill, llama.cpp quantizes them to 8 bits): its bar is the quantization's error
+// plus the F16 files' allowance for that rounding. (The CPU's own margin is thin on one file: Gemma 3
+// Q8_0 decodes 3.40e-2 from llama.cpp against a bar of 3.42e-2.)
+constexpr double kF16Tolerance = 5e-3;
+// The GPU's half-precision bound against the CPU (llama_cuda_test, model_families_cuda_test), held to the
+// CPU's prefill: it multiplies the weights as stored by FP32 activations, as the GPU does by FP16 ones
+// (the CPU's decode quantizes its inputs to 8 bits as llama.cpp does, backend/cpu/quant_dot.h: not the
+// same arithmetic).
+constexpr double kGpuVsCpu = 2e-2;
+
+using GgufCuda = CudaTest;
+
+// Every fixture the GPU runs (Qwen3-MoE's experts do not run on device cuda yet: its files are left out).
+TEST_F(GgufCuda, LogitsMatchLlamaCppAndTheCpuInPrefillAndIncrementalModes) {
+  const nlohmann::json m = manifest();
+  const std::vector<int32_t> tokens = m["tokens"].get<std::vector<int32_t>>();
+  int checked = 0;
+  for (const auto& [file, entry] : m["models"].items()) {
+    if (file.starts_with("qwen3moe")) continue;
+    SCOPED_TRACE(file);
+    auto gpu = load(kDir + "/" + file, "cuda");
+    auto cpu = load(kDir + "/" + file, "cpu");
+    ASSERT_TRUE(gpu && cpu);
+    const std::vector<float> golden = read_f32(kDir + "/" + entry["logits"].get<std::string>());
+    ASSERT_EQ(golden.size(), tokens.size() * size_t(gpu->model_config().vocab_size));
+    std::vector<float> prefill, incremental;
+    run_both_ways(*gpu, tokens, prefill, incremental);
+    const std::vector<float> cpu_prefill = take(cpu->new_session()->prefill(tokens, /*all_logits=*/true));
+    ASSERT_FALSE(HasFatalFailure());
+    const double quantization_error =
+        relative_max_error(golden, read_f32(kDir + "/" + entry["f16_logits"].get<std::string>()));
+    const double bar = entry["type"] == "F16" ? kF16Tolerance : quantization_error + kF16Tolerance;
+    const double prefill_error = relative_max_error(prefill, golden);
+    const double incremental_error = relative_max_error(incremental, golden);
+    EXPECT_LT(prefill_error, bar);
+    EXPECT_LT(incremental_error, bar);
+    const double cpu_prefill_error = relative_max_error(prefill, cpu_prefill);
+    const double cpu_incremental_error = relative_max_error(incremental, cpu_prefill);
+    EXPECT_LT(cpu_prefill_error, kGpuVsCpu);
+    EXPECT_LT(cpu_incremental_error, kGpuVsCpu);
+    std::printf("%s on cuda: max error / max|logit| vs llama.cpp: prefill %.2e, incremental %.2e (bar %.2e); "
+                "vs the CPU's prefill: prefill %.2e, incremental %.2e\n",
+                file.c_str(), prefill_error, incremental_error, bar, cpu_prefill_error, cpu_incremental_error);
+    ++checked;
+  }
+  EXPECT_GE(checked, 7);
+}
+
+// The bytes of the file's matrices as the GPU holds them: blocks at their stored size, plain matrices
+// (and the blocks widened, for comparison) at 2 bytes a value.
+size_t matrix_bytes(const WeightMatrix& w, bool widened) {
+  if (w.quant == BlockQuant::kNone || widened) return size_t(w.rows) * size_t(w.cols) * 2;
+  return quantized_matrix_bytes(w.quant, w.rows, w.cols);
+}
+size_t model_matrix_bytes(const LlamaWeights& weights, bool tied, bool widened) {
+  size_t bytes = matrix_bytes(weights.embedding, widened) + (tied ? 0 : matrix_bytes(weights.lm_head, widened));
+  for (const LayerWeights& l : weights.layers) {
+    for (const WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.mlp.gate, &l.mlp.up, &l.mlp.down}) {
+      bytes += matrix_bytes(*w, widened);
+    }
+  }
+  return bytes;
+}
+
+// The Q4_K_M fixture's weights take its matrices' bytes on the GPU (plus the norms and the arena's
+// 256-byte alignment), under 40% of what the widened upload takes; prefill gives the same logits within
+// the embedding's FP16 rounding.
+TEST_F(GgufCuda, QuantizedWeightsTakeTheFilesBytes) {
+  auto cpu_model = take(LlamaModel::load(kDir + "/llama_k-Q4_K_M.gguf"));
+  const ModelConfig& c = cpu_model->config();
+  CudaModelOptions options;
+  options.max_sequences = 1;
+  options.max_step_tokens = 32;
+  auto kept = take(CudaLlamaModel::upload(c, cpu_model->weights(), options));
+  options.widen_quantized_weights = true;
+  auto widened = take(CudaLlamaModel::upload(c, cpu_model->weights(), options));
+  ASSERT_TRUE(kept && widened);
+  const size_t file_bytes = model_matrix_bytes(cpu_model->weights(), c.tie_word_embeddings, false);
+  const size_t vectors = (size_t(c.num_layers) * 2 + 1) * size_t(c.hidden_size) * 4 + size_t(c.head_dim) * 2;
+  const size_t slack = vectors + 256 * (8 * size_t(c.num_layers) + 8);
+  EXPECT_GE(kept->weight_bytes(), file_bytes);
+  EXPECT_LE(kept->weight_bytes(), file_bytes + slack);
+  EXPECT_LE(widened->weight_bytes(), model_matrix_bytes(cpu_model->weights(), c.tie_word_embeddings, true) + slack);
+  // This small model's Q4_K_M is a third Q6_K (the tied embedding, attn_v, ffn_down): 5.1 bits a value.
+  EXPECT_LT(5 * kept->weight_bytes(), 2 * widened->weight_bytes());
+  const std::string held = kept->weight_description();
+  EXPECT_NE(held.find("Q4_K"), std::string::npos) << held;
+  EXPECT_NE(held.find("Q6_K"), std::string::npos) << held;
+  EXPECT_EQ(held.find("FP16"), std::string::npos) << held << ": every matrix of the file is quantized";
+  EXPECT_EQ(widened->weight_description(), "FP16");
+  std::printf("llama_k-Q4_K_M.gguf on cuda: weights %zu bytes kept in blocks (matrices %zu), %zu widened\n",
+              kept->weight_bytes(), file_bytes, widened->weight_bytes());
+
+  std::vector<int32_t> prompt(20);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 37 + 5) % size_t(c.vocab_size));
+  std::vector<float> kept_logits, widened_logits;
+  const int a = take(kept->add_sequence()), b = take(widened->add_sequence());
+  SLIMKV_ASSERT_OK(kept->step(std::vector<SequenceTokens>{{a, prompt}}, /*all_logits=*/true, kept_logits));
+  SLIMKV_ASSERT_OK(widened->step(std::vector<SequenceTokens>{{b, prompt}}, /*all_logits=*/true, widened_logits));
+  // Prefill: both multiply the same FP16-rounded matrices (the kept ones dequantized per tile); only the
+  // embedding rows differ, read in FP32 from the blocks (as the CPU) or rounded to FP16 by the widening.
+  const double difference = relative_max_error(kept_logits, widened_logits);
+  EXPECT_LT(difference, 5e-3);
+  std::printf("llama_k-Q4_K_M.gguf: prefill logits kept vs widened: max difference / max|logit| %.2e\n", difference);
+}
+
+// A random model of the same shape with Q4_K_M-like blocks (and the other random kinds) runs: finite
+// logits in prefill and decode.
+TEST_F(GgufCuda, RandomQuantizedModelsGiveFiniteLogits) {
+  auto cpu_model = take(LlamaModel::load(kDir + "/llama_k-Q4_K_M.gguf"));
+  const ModelConfig& c = cpu_model->config();
+  CudaModelOptions options;
+  options.max_sequences = 2;
+  options.max_step_tokens = 64;
+  for (RandomWeights kind : {RandomWeights::kQ4_K_M, RandomWeights::kQ8_0, RandomWeights::kQ4_0, RandomWeights::kF16}) {
+    auto model = take(CudaLlamaModel::random(c, 3, options, kind));
+    ASSERT_TRUE(model);
+    SCOPED_TRACE(model->weight_description());
+    std::vector<int32_t> prompt(40);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 11 + 2) % size_t(c.vocab_size));
+    const int s = take(model->add_sequence());
+    std::vector<float> logits;
+    SLIMKV_ASSERT_OK(model->step(std::vector<SequenceTokens>{{s, prompt}}, /*all_logits=*/true, logits));
+    for (int step = 0; step < 4; ++step) {
+      std::vector<float> row;
+      const int32_t next = int32_t(step);
+      SLIMKV_ASSERT_OK(model->step(std::vector<SequenceTokens>{{s, std::span(&next, 1)}}, false, row));
+      logits.insert(logits.end(), row.begin(), row.end());
+    }
+    double largest = 0;
+    for (float v : logits) {
+      ASSERT_TRUE(std::isfinite(v));
+      largest = std::max(largest, double(std::fabs(v)));
+    }
+    EXPECT_GT(largest, 0.0);
+  }
+}
+
+// SLIMKV_CUDA_GGUF_WEIGHTS chooses blocks or widened FP16 for the engine: an unknown value is refused at
+// load naming the variable and its choices; `widened` gives the blocks' prefill logits within the
+// embedding's FP16 rounding (as QuantizedWeightsTakeTheFilesBytes holds the two uploads).
+TEST_F(GgufCuda, TheEnvironmentChoosesBlocksOrWidened) {
+  const std::string file = kDir + "/llama_k-Q4_K_M.gguf";
+  std::vector<int32_t> prompt(12);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(i * 7 + 3);
+  EngineConfig config;
+  config.model_dir = file;
+  config.device = "cuda";
+  ASSERT_EQ(setenv("SLIMKV_CUDA_GGUF_WEIGHTS", "fp8", 1), 0);
+  Expected<std::unique_ptr<Engine>> refused = Engine::load(config);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_NE(refused.status().message().find("SLIMKV_CUDA_GGUF_WEIGHTS=fp8: expected blocks (the default) or widened"),
+            std::string::npos)
+      << refused.status().message();
+  ASSERT_EQ(setenv("SLIMKV_CUDA_GGUF_WEIGHTS", "widened", 1), 0);
+  const std::vector<float> widened = take(load(file, "cuda")->new_session()->prefill(prompt, /*all_logits=*/true));
+  ASSERT_EQ(unsetenv("SLIMKV_CUDA_GGUF_WEIGHTS"), 0);
+  const std::vector<float> blocks = take(load(file, "cuda")->new_session()->prefill(prompt, /*all_logits=*/true));
+  EXPECT_LT(relative_max_error(blocks, widened), 5e-3);
+}
+
+// Rows that are not whole blocks are refused at upload, naming the tensor, the type and the multiple.
+TEST_F(GgufCuda, ShapesTheBlocksCannotHoldAreRefused) {
+  auto cpu_model = take(LlamaModel::load(kDir + "/llama_tiny-Q8_0.gguf"));  // hidden 64: no whole Q4_K block
+  CudaModelOptions options;
+  options.max_sequences = 1;
+  options.max_step_tokens = 16;
+  const auto refused = CudaLlamaModel::random(cpu_model->config(), 1, options, RandomWeights::kQ4_K_M);
+  ASSERT_FALSE(refused.has_value());
+  for (const char* part : {"token_embd", "Q4_K", "multiple of 256"}) {
+    EXPECT_NE(refused.status().message().find(part), std::string::npos) << refused.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace slimkv::cuda
