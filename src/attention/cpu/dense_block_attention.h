@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "attention/partial.h"
+#include "tensor/block_shape.h"
 #include "tensor/dtype.h"
 
 namespace slimkv {
@@ -21,6 +23,13 @@ void attend_block_f32(const QueryTile& tile, const float* k, const float* v, int
 // read (a dense:dtype=f16 block needs no FP32 copy): the bits attend_block_f32 gives over the widened rows.
 void attend_block_half(const QueryTile& tile, const uint16_t* k, const uint16_t* v, DType dtype, int k_dim, int v_dim,
                        AttentionPartials& partials, int first_partial = 0);
+
+// The same over a run of blocks (a head's sealed blocks, in order), each K [block_tokens, k_dim] then
+// V [block_tokens, v_dim] in `dtype` (FP32, FP16 or BF16): the bits of attend_block_f32/half a block at a
+// time. While one block is read the next one's cache lines are asked for a slice at a time (the blocks lie
+// apart in the pool, where the hardware prefetcher cannot follow; spread_prefetch.h).
+void attend_dense_blocks(std::span<const uint8_t* const> blocks, DType dtype, const BlockShape& shape,
+                         const QueryTile& tile, AttentionPartials& partials, int first_partial = 0);
 
 // The same fold with the scores given instead of keys (tokens a selector has scored exactly: the keys
 // need not be read again). scores [n, n_queries]: q_i·k_j, unscaled (multiplied by `scale` here);

@@ -5,6 +5,7 @@
 #include <span>
 #include <vector>
 
+#include "attention/cpu/spread_prefetch.h"
 #include "attention/hack_operands.h"
 #include "attention/hack_reference.h"
 
@@ -246,29 +247,6 @@ HWY_INLINE void DotRunAnyBits(int bits, int batch, const uint8_t* codes, size_t 
 // How far ahead of the block being read the next one is asked for, in blocks.
 constexpr size_t kBlocksAhead = 1;
 
-// Asks for a block's cache lines a slice at a time, spread over the reading of the block before it: a
-// head's blocks are not adjacent in the pool, so the hardware prefetcher starts cold on every block, and
-// a whole block asked for at once (88 lines of a 2-bit block) stalls on the core's few outstanding
-// misses (prefetches hold line-fill buffers too): 11-17% of a batched decode step's samples sat on such
-// a loop. Into L2 (prefetcht1), as the kernel's own misses need the L1's buffers.
-class SpreadPrefetch {
- public:
-  SpreadPrefetch(const uint8_t* block, size_t bytes, int slices)
-      : block_(block), bytes_(block ? bytes : 0), step_((bytes / size_t(slices) + 63) / 64 * 64) {}
-  void next() {
-    for (const size_t end = std::min(offset_ + step_, bytes_); offset_ < end; offset_ += 64) {
-      __builtin_prefetch(block_ + offset_, 0, 2);
-    }
-  }
-  void finish() {  // what next() has not asked for yet (a block whose queries saw few of its tokens)
-    while (offset_ < bytes_) next();
-  }
-
- private:
-  const uint8_t* block_;
-  size_t bytes_, step_, offset_ = 0;
-};
-
 void AttendQuantized(const QuantizedBlockLayout& layout, std::span<const uint8_t* const> blocks, const QueryTile& tile,
                      AttentionPartials& partials, int first_partial) {
   const DI di;
@@ -310,8 +288,10 @@ void AttendQuantized(const QuantizedBlockLayout& layout, std::span<const uint8_t
     v_constant.resize(size_t(kQueryBatch) * v_groups);
   }
 
-  // Calls of ahead.next() per block: the K loop's and the V loop's iterations.
+  // What each iteration of the K and V loops asks for of the next block: the block over their
+  // iterations, in whole lines.
   const int prefetch_slices = tokens / lanes * layout.k_partitions + v_dim / lanes;
+  const size_t prefetch_step = (layout.block_bytes / size_t(prefetch_slices) + 63) / 64 * 64;
   for (size_t index = 0; index < blocks.size(); ++index) {
     const uint8_t* block = blocks[index];
     const auto* k_mins = reinterpret_cast<const uint16_t*>(block + layout.k_mins);
@@ -321,7 +301,7 @@ void AttendQuantized(const QuantizedBlockLayout& layout, std::span<const uint8_t
     const auto* v_scales = reinterpret_cast<const uint16_t*>(block + layout.v_scales);
     const auto* v_sums = reinterpret_cast<const int16_t*>(block + layout.v_sums);
     SpreadPrefetch ahead(index + kBlocksAhead < blocks.size() ? blocks[index + kBlocksAhead] : nullptr,
-                         layout.block_bytes, prefetch_slices);
+                         layout.block_bytes);
     for (int first = 0; first < tile.n_queries; first += kQueryBatch) {
       const int batch = std::min(kQueryBatch, tile.n_queries - first);
       int seen = 0;  // tokens any query of the batch sees
@@ -367,7 +347,7 @@ void AttendQuantized(const QuantizedBlockLayout& layout, std::span<const uint8_t
       for (int t0 = 0; t0 < seen_chunks; t0 += lanes) {
         const int j = k_channel ? t0 / layout.k_group_tokens : 0;
         for (int p = 0; p < layout.k_partitions; ++p) {
-          ahead.next();
+          ahead.advance(prefetch_step);
           VI acc[kQueryBatch];
           VI code_sum;
           const int g_begin = p * layout.k_partition / 4, groups = layout.k_partition_dims(p) / 4;
@@ -484,7 +464,7 @@ void AttendQuantized(const QuantizedBlockLayout& layout, std::span<const uint8_t
         VI acc[kQueryBatch];
         VI code_sum;
         const int g = v_token ? c0 / layout.v_group_dims : 0;
-        ahead.next();
+        ahead.advance(prefetch_step);
         DotRunAnyBits(v_bits, batch, block + layout.v_codes + size_t(c0) * (v_bits / 2), size_t(v_dim) * (v_bits / 2),
                       p_ops.data() + size_t(g) * (tokens / 4), size_t(v_groups) * (tokens / 4), tokens / 4, !stored_sums,
                       acc, code_sum);

@@ -88,18 +88,7 @@ void DenseCodec::prefetch_tokens(const BlockShape& shape, const uint8_t* block, 
 
 void DenseCodec::attend(const BlockShape& shape, std::span<const uint8_t* const> blocks, const QueryTile& tile,
                         AttentionPartials& partials, int first_partial) const {
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    if (i + 1 < blocks.size()) prefetch_block(blocks[i + 1], block_bytes(shape));
-    if (dtype_ == DType::kF32) {
-      const auto* k = reinterpret_cast<const float*>(blocks[i]);
-      attend_block_f32(tile, k, k + size_t(shape.block_tokens) * size_t(shape.k_dim), shape.k_dim, shape.v_dim,
-                       partials, first_partial);
-    } else {
-      const auto* k = reinterpret_cast<const uint16_t*>(blocks[i]);
-      attend_block_half(tile, k, k + size_t(shape.block_tokens) * size_t(shape.k_dim), dtype_, shape.k_dim,
-                        shape.v_dim, partials, first_partial);
-    }
-  }
+  attend_dense_blocks(blocks, dtype_, shape, tile, partials, first_partial);
 }
 
 }  // namespace slimkv
