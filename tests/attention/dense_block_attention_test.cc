@@ -1,15 +1,18 @@
 // The FP32 block kernel (every dense block and every codec's open block) against the online-softmax
 // fold computed in FP64 from its definition: tiles wider than the kernel's query batch, queries that
 // see nothing, part or all of the block, head dims with and without a vector tail, all-negative scores,
-// and partials that already hold earlier tokens; and the FP16/BF16 kernel against the FP32 one.
+// and partials that already hold earlier tokens; the FP16/BF16 kernel against the FP32 one; and a run of
+// blocks in one call (what the dense codec reads) against the same blocks one call each.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "attention/cpu/dense_block_attention.h"
 #include "attention/partial.h"
+#include "tensor/block_shape.h"
 #include "tensor/dtype.h"
 #include "util/half.h"
 
@@ -160,6 +163,75 @@ TEST(DenseBlockAttention, HalfBlocksGiveTheBitsOfTheirWidenedRows) {
         ASSERT_EQ(half.max(i), wide.max(i)) << "query " << i;
         ASSERT_EQ(half.sum(i), wide.sum(i)) << "query " << i;
         for (int c = 0; c < shape.v_dim; ++c) ASSERT_EQ(half.acc(i)[c], wide.acc(i)[c]) << "query " << i << " column " << c;
+      }
+    }
+  }
+}
+
+// A run of blocks in one call (attend_dense_blocks, which asks for the next block as it reads one) gives
+// the bits of the same blocks passed one at a time to the single-block kernels (held above to FP64 and
+// to the widened rows), for every dtype, tiles of 1 to 9 queries (every query batch size) and head dims
+// with and without a vector tail.
+TEST(DenseBlockAttention, ARunGivesTheBitsOfItsBlocksOneByOne) {
+  struct Case {
+    int tokens, k_dim, v_dim, blocks;
+    std::vector<int> visible;
+  };
+  const std::vector<Case> cases = {{64, 128, 128, 4, {64, 64}},  // a decode tile of a GQA group of 2
+                                   {64, 128, 128, 3, {64}},
+                                   {64, 128, 128, 3, {64, 64, 64}},
+                                   {64, 128, 128, 2, {64, 0, 64, 64, 64, 64, 64, 64, 64}},
+                                   {32, 64, 256, 3, {32, 32, 32, 32}},
+                                   {64, 40, 24, 3, {64, 64, 64}},  // vector tails in both dims
+                                   {37, 128, 64, 2, {37, 37}},     // keys past the last whole vector of keys
+                                   {16, 128, 128, 1, {16, 16}}};
+  for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (const Case& c : cases) {
+      const int queries = int(c.visible.size());
+      SCOPED_TRACE(testing::Message() << dtype_name(dtype) << " tokens " << c.tokens << " k_dim " << c.k_dim
+                                      << " v_dim " << c.v_dim << " blocks " << c.blocks << " queries " << queries);
+      std::mt19937 rng(uint32_t(c.tokens * 7 + c.k_dim * 3 + c.blocks + queries));
+      std::normal_distribution<float> normal;
+      const BlockShape shape{c.tokens, c.k_dim, c.v_dim};
+      const size_t element = dtype_size_bytes(dtype);
+      const size_t k_values = size_t(c.tokens) * size_t(c.k_dim), v_values = size_t(c.tokens) * size_t(c.v_dim);
+      const size_t block_bytes = (k_values + v_values) * element;
+      // Blocks apart in a pool, in an order other than the pool's (as a store's blocks are).
+      std::vector<uint8_t> pool(block_bytes * size_t(c.blocks) * 2);
+      std::vector<const uint8_t*> run;
+      for (int b = 0; b < c.blocks; ++b) {
+        uint8_t* block = pool.data() + block_bytes * size_t(2 * (c.blocks - 1 - b) + 1);
+        for (size_t i = 0; i < k_values + v_values; ++i) {
+          const float x = normal(rng) * (i < k_values ? 3.0f : 1.0f);
+          if (dtype == DType::kF32) {
+            std::memcpy(block + i * 4, &x, 4);
+          } else {
+            const uint16_t h = dtype == DType::kBF16 ? float_to_bf16(x) : float_to_fp16(x);
+            std::memcpy(block + i * 2, &h, 2);
+          }
+        }
+        run.push_back(block);
+      }
+      std::vector<float> q(size_t(queries) * c.k_dim);
+      for (float& e : q) e = normal(rng) * 0.2f;
+      AttentionPartials one_call(queries, c.v_dim), block_by_block(queries, c.v_dim);
+      const QueryTile tile{q.data(), queries, c.visible.data()};
+      attend_dense_blocks(run, dtype, shape, tile, one_call);
+      for (const uint8_t* block : run) {
+        if (dtype == DType::kF32) {
+          const auto* k = reinterpret_cast<const float*>(block);
+          attend_block_f32(tile, k, k + k_values, c.k_dim, c.v_dim, block_by_block);
+        } else {
+          const auto* k = reinterpret_cast<const uint16_t*>(block);
+          attend_block_half(tile, k, k + k_values, dtype, c.k_dim, c.v_dim, block_by_block);
+        }
+      }
+      for (int i = 0; i < queries; ++i) {
+        ASSERT_EQ(one_call.max(i), block_by_block.max(i)) << "query " << i;
+        ASSERT_EQ(one_call.sum(i), block_by_block.sum(i)) << "query " << i;
+        for (int col = 0; col < c.v_dim; ++col) {
+          ASSERT_EQ(one_call.acc(i)[col], block_by_block.acc(i)[col]) << "query " << i << " column " << col;
+        }
       }
     }
   }
