@@ -55,8 +55,8 @@ HWY_INLINE float ToFloat(T x) {
 constexpr int kQueryBatch = 4;
 // A query's scores, with room to round the block up to whole vectors (the widest target's 16 lanes).
 constexpr int kScoreSlots = kMaxBlockTokens + 16;
-// Accumulator vectors a loop keeps in registers: half of AVX-512's 32 vector registers, 8 on targets
-// with 16 (the rest hold the operands).
+// Accumulator vectors a loop keeps in registers: half of AVX-512's 32 vector registers, 8 elsewhere
+// (AVX2 has 16; the rest hold the operands).
 #if HWY_TARGET <= HWY_AVX3
 constexpr int kAccumulators = 16;
 #else
