@@ -175,12 +175,19 @@ def main():
                         help="bfloat16 as Llama-3 checkpoints ship; float16, the dtype slimkv computes in on the "
                              "GPU, loads without a conversion (seconds, not a minute, for a benchmark that "
                              "restarts its server)")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="keep only this many of the shape's layers (every tensor still at its real shape): "
+                             "the 8B shape's per-layer costs on a machine without its 16 GB")
     args = parser.parse_args()
+    shape = dict(SHAPES[args.shape])
+    if args.layers is not None:
+        if not 1 <= args.layers <= shape["num_hidden_layers"]:
+            sys.exit(f"error: --layers {args.layers}: expected 1 to {shape['num_hidden_layers']} ({args.shape}'s layers)")
+        shape["num_hidden_layers"] = args.layers
     if os.path.isdir(args.out) and os.listdir(args.out):
         sys.exit(f"error: --out {args.out} exists and is not empty")
     os.makedirs(args.out, exist_ok=True)
 
-    shape = dict(SHAPES[args.shape])
     specials = write_tokenizer(args.out, shape["vocab_size"])
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
               "attention_bias": False, "mlp_bias": False, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,

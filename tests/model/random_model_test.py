@@ -1,7 +1,8 @@
 """scripts/make_random_model.py (the random-weight models of real shapes that the GPU serving figures
 load): its tiny shape in both dtypes is a model `slimkv generate` loads and runs, the files hold what
-config.json says, the same seed gives the same bytes and another seed others, and a non-empty --out is
-refused. Usage: random_model_test.py SLIMKV_BINARY SOURCE_DIR (ctest runs it)."""
+config.json says, the same seed gives the same bytes and another seed others, --layers keeps that
+many layers, and a non-empty --out or a bad --layers is refused.
+Usage: random_model_test.py SLIMKV_BINARY SOURCE_DIR (ctest runs it)."""
 import json
 import os
 import struct
@@ -64,6 +65,23 @@ class RandomModelTest(unittest.TestCase):
             self.assertNotEqual(made.returncode, 0)
             self.assertIn("exists and is not empty", made.stderr)
             self.assertEqual(os.listdir(out), ["keep.txt"])
+
+    def test_layers_keeps_that_many_at_their_real_shape(self):
+        with tempfile.TemporaryDirectory() as out:
+            made = make(out, "--layers", "1")
+            self.assertEqual(made.returncode, 0, made.stderr)
+            with open(os.path.join(out, "config.json")) as f:
+                config = json.load(f)
+            self.assertEqual(config["num_hidden_layers"], 1)
+            header = safetensors_header(os.path.join(out, "model-00001-of-00001.safetensors"))
+            self.assertIn("model.layers.0.mlp.down_proj.weight", header)
+            self.assertNotIn("model.layers.1.mlp.down_proj.weight", header)
+        for bad in ("0", "3"):  # the tiny shape has 2 layers
+            with tempfile.TemporaryDirectory() as out:
+                made = make(out, "--layers", bad)
+                self.assertNotEqual(made.returncode, 0)
+                self.assertIn(f"--layers {bad}: expected 1 to 2", made.stderr)
+                self.assertEqual(os.listdir(out), [])
 
 
 if __name__ == "__main__":
