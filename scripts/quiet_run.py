@@ -6,8 +6,9 @@ the command fails or this script is interrupted; the command's exit status is re
 
   scripts/quiet_run.py build/release/bench_step --model models/slimkv-llama-15m --batches 16
 
-Only processes with a nice value above 0 are paused (start builds and tests that may be paused with
-`nice`); this script, its parents and the command's own processes run at nice 0 and are never touched.
+SIGTERM and SIGHUP (`timeout`, a closed terminal) resume them too; only SIGKILL cannot. Only processes
+with a nice value above 0 are paused (start builds and tests that may be paused with `nice`); this
+script, its parents and the command's own processes run at nice 0 and are never touched.
 """
 import os
 import signal
@@ -44,9 +45,17 @@ def signal_all(pids, sig):
             pass
 
 
+def stop_on_signal(signum, _frame):
+    # `timeout` or a closing terminal ends this script with SIGTERM or SIGHUP: leave through `finally`,
+    # which resumes what was paused (killed outright, the paused processes stayed stopped).
+    raise SystemExit(128 + signum)
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit("usage: quiet_run.py COMMAND [ARGS...]")
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, stop_on_signal)
     paused = niced_processes()
     signal_all(paused, signal.SIGSTOP)
     try:
