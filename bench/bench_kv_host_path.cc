@@ -5,7 +5,8 @@
 //           at a time as a prefill worker's KvLayerStream writes them: write_kv_transfer_head/_layer)
 //   stream  the bytes sent a layer at a time over the KV stream on loopback (KvStreamSender) until the
 //           receiver holds them, checked end to end (its wait_for returned them)
-//   import  the received bytes → a fresh store (read_kv_transfer, as Engine::import_kv)
+//   import  the received bytes → a fresh store (read_kv_transfer with the CRC the receiver computed as
+//           they arrived, as Engine::import_kv of a received stream: no second pass over the bytes)
 // Three variants per row, side by side with their ratio to the first:
 //   first       fresh buffers for everything (a worker's first transfer; every transfer before the pool):
 //               export, then stream, then import, one after another
@@ -206,7 +207,8 @@ Times transfer_once(const Workers& w, Variant variant, const std::string& id, co
   Clock::time_point start = Clock::now();
   Expected<ReceivedKv> received = w.receiver.wait_for(id, std::chrono::seconds(60));
   if (!received) stop_with(received.status().message());
-  check(read_kv_transfer(received->transfer.data(), received->transfer.size(), "the stream", w.model_id, w.receiver_store));
+  check(read_kv_transfer(received->transfer.data(), received->transfer.size(), "the stream", w.model_id,
+                         w.receiver_store, received->received_crc));
   // Its memory back (to the decode worker's pool, as its scheduler does after an import; the first
   // variant's receiver has no pool and frees it) before the check's export.
   w.receiver_buffers->give_back(std::move(received->transfer));

@@ -52,6 +52,9 @@ struct SubmitOptions {
   // has carried yet; completion_tokens counts them all.
   struct Resume {
     std::vector<uint8_t> kv;
+    // kv's CRC32C before its trailer as the KV stream's receiver computed it while the bytes arrived
+    // (ReceivedKv::received_crc): the import reads them once (Engine::import_kv); absent: checked there.
+    std::optional<uint32_t> kv_crc = std::nullopt;
     std::vector<int32_t> generated;
     // Instead of kv: the KV in this GPU's memory (the CUDA IPC path; Engine::import_kv_from_device).
     std::shared_ptr<const DeviceKvTransfer> device_kv = nullptr;

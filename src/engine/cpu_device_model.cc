@@ -94,11 +94,12 @@ class CpuDeviceModel : public DeviceModel {
   }
 
   Status import_kv(SequenceId id, std::span<const uint8_t> transfer, std::string_view source,
-                   std::string_view model_id) override {
+                   std::string_view model_id, std::optional<uint32_t> received_crc) override {
     Sequence& sequence = sequences_.at(id);
-    // One pass over the bytes (the checksum) before the store is touched; then they are copied in.
-    SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info,
-                            check_kv_transfer_for(transfer.data(), transfer.size(), source, model_id, *sequence.kv));
+    // Everything is checked before the store is touched (one pass over the bytes for the checksum, none
+    // when the receiver computed it as they arrived); then they are copied in.
+    SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, check_kv_transfer_for(transfer.data(), transfer.size(), source,
+                                                                             model_id, *sequence.kv, received_crc));
     const int tokens = info.layer_tokens.empty() ? 0 : *std::max_element(info.layer_tokens.begin(), info.layer_tokens.end());
     const int64_t blocks = budget_.blocks_for_tokens(tokens);
     if (blocks - sequence.blocks > budget_.free_blocks) {

@@ -318,13 +318,14 @@ Status Engine::import_kv_from_device(SequenceId sequence, const DeviceKvTransfer
   return device_->import_kv_from_device(sequence, transfer, source, identity_);
 }
 
-Status Engine::import_kv(SequenceId sequence, std::span<const uint8_t> transfer, std::string_view source) {
+Status Engine::import_kv(SequenceId sequence, std::span<const uint8_t> transfer, std::string_view source,
+                         std::optional<uint32_t> received_crc) {
   SLIMKV_RETURN_IF_ERROR(check_sequence(sequence));
   if (device_->num_tokens(sequence) != 0) {
     return error("kv transfer '", source, "': sequence ", sequence, " already holds ", device_->num_tokens(sequence),
                  " tokens; KV is imported into an empty sequence");
   }
-  return device_->import_kv(sequence, transfer, source, identity_);
+  return device_->import_kv(sequence, transfer, source, identity_, received_crc);
 }
 
 // ----------------------------------------------------------------------------------------------

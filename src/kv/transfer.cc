@@ -693,8 +693,9 @@ std::vector<KvTransferLayerRanges> kv_transfer_layer_ranges(const KvTransferInfo
 }
 
 Expected<KvTransferInfo> check_kv_transfer_for(const uint8_t* data, size_t size, std::string_view source,
-                                               std::string_view model_id, const KvStore& into) {
-  SLIMKV_ASSIGN_OR_RETURN(ParsedTransfer parsed, parse_transfer(data, size, source));
+                                               std::string_view model_id, const KvStore& into,
+                                               std::optional<uint32_t> received_crc) {
+  SLIMKV_ASSIGN_OR_RETURN(ParsedTransfer parsed, parse_transfer(data, size, source, received_crc));
   const KvTransferInfo& info = parsed.info;
   const Layout& layout = parsed.layout;
   const std::string where = where_of(source);
@@ -768,8 +769,8 @@ Expected<KvTransferInfo> check_kv_transfer_for(const uint8_t* data, size_t size,
 }
 
 Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view source, std::string_view model_id,
-                        KvStore& into) {
-  SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, check_kv_transfer_for(data, size, source, model_id, into));
+                        KvStore& into, std::optional<uint32_t> received_crc) {
+  SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, check_kv_transfer_for(data, size, source, model_id, into, received_crc));
   restore_kv_transfer(data, info, into);  // everything is checked
   return Status::ok();
 }

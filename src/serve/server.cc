@@ -261,8 +261,8 @@ class HttpApi {
     }
     std::vector<int32_t> generated = std::move(received->request.resume_token_ids);
     generated.push_back(received->request.next_token);
-    options.resume = SubmitOptions::Resume{.kv = std::move(received->transfer), .generated = std::move(generated),
-                                           .device_kv = std::move(received->device_kv)};
+    options.resume = SubmitOptions::Resume{.kv = std::move(received->transfer), .kv_crc = received->received_crc,
+                                           .generated = std::move(generated), .device_kv = std::move(received->device_kv)};
     return std::nullopt;
   }
 

@@ -805,6 +805,7 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
   // The trailer and the request; then the whole transfer is checked end to end (its own CRC).
   SLIMKV_RETURN_IF_ERROR(receive_finish(connection, received, transfer.data() + info.trailer_offset, where));
   SLIMKV_RETURN_IF_ERROR(inspect_kv_transfer_with_crc(transfer.data(), transfer.size(), where, crc).status());
+  received.received_crc = crc;
   const size_t tokens = received.request.prompt_token_ids.size() + received.request.resume_token_ids.size();
   for (size_t l = 0; l < info.layer_tokens.size(); ++l) {
     if (size_t(info.layer_tokens[l]) != tokens) {

@@ -204,6 +204,9 @@ KvStreamSendResult send_kv_transfer(const std::string& address, const KvStreamId
 struct ReceivedKv {
   KvStreamRequest request;
   std::vector<uint8_t> transfer;  // the sender's transfer, byte for byte, checked (CRC, structure)
+  // transfer's CRC32C before its trailer, joined from the frames' as they landed: its import compares
+  // it with the trailer instead of reading every byte again (Engine::import_kv's received_crc).
+  uint32_t received_crc = 0;
   // Instead of transfer, over CUDA IPC: the KV with its sealed blocks copied into this process's GPU
   // memory (its open tokens' transfer checked as transfer is).
   std::shared_ptr<const DeviceKvTransfer> device_kv = nullptr;
