@@ -58,6 +58,9 @@ struct SubmitOptions {
     std::vector<int32_t> generated;
     // Instead of kv: the KV in this GPU's memory (the CUDA IPC path; Engine::import_kv_from_device).
     std::shared_ptr<const DeviceKvTransfer> device_kv = nullptr;
+    // Instead of kv: the KV already restored into a store of this engine's (Engine::new_kv_store) as it
+    // arrived, checked; the scheduler gives it to the request's sequence (Engine::adopt_kv).
+    std::shared_ptr<KvStore> staged_kv = nullptr;
   };
   std::optional<Resume> resume;
   // Tokens run after the prompt one decode step each, as if the request had generated them, and not

@@ -54,6 +54,10 @@ class DeviceModel {
   virtual Status import_kv(SequenceId sequence, std::span<const uint8_t> transfer, std::string_view source,
                            std::string_view model_id, std::optional<uint32_t> received_crc) = 0;
 
+  // Engine::new_kv_store (safe from any thread) and adopt_kv: device "cpu"'s; others answer an error.
+  virtual Expected<std::shared_ptr<KvStore>> new_kv_store() const;
+  virtual Status adopt_kv(SequenceId sequence, std::shared_ptr<KvStore> kv, std::string_view source);
+
   // The same with the sealed blocks staying in GPU memory (Engine::export_kv_to_device); devices
   // without such blocks answer false / an error.
   virtual bool exports_kv_to_device() const { return false; }

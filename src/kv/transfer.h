@@ -113,6 +113,19 @@ void restore_kv_transfer_open_tokens(const uint8_t* data, const KvTransferInfo& 
 // blocks and open tokens restored (for a caller that decides something on the info in between).
 void restore_kv_transfer(const uint8_t* data, const KvTransferInfo& info, KvStore& into);
 
+// check_kv_transfer_for and restore_kv_transfer a layer at a time, for a receiver that restores each
+// layer as soon as its bytes have arrived and been checked by their own CRC (src/transfer/'s KV stream
+// receiver, while later layers are still on the wire): the checks of `into` against the head alone
+// (model, spec, shape, blocks: `info` from inspect_kv_transfer_head), then per layer the checks of its
+// bytes (its open tokens are what the spec's open block holds) and its restore into `into` (cleared,
+// layers in order 0, 1, ...; data: the whole transfer's bytes, the layer's in place). The whole
+// transfer must still pass inspect_kv_transfer(_with_crc) before `into` is used.
+Status check_kv_transfer_head_for(const KvTransferInfo& info, std::string_view source, std::string_view model_id,
+                                  const KvStore& into);
+Status check_kv_transfer_layer_for(const uint8_t* data, const KvTransferInfo& info, int layer, std::string_view source,
+                                   const KvStore& into);
+void restore_kv_transfer_layer(const uint8_t* data, const KvTransferInfo& info, int layer, KvStore& into);
+
 // How a GPU cache lays out one block of every KV head (a page; GpuKvCache::device_page_layout): head
 // g's sealed block is the concatenation of pieces p, each at page offset piece_offsets[p] + g *
 // piece_bytes[p] (dense FP16 pages: K of every head, then V of every head: two pieces; hack/quant pages:

@@ -167,6 +167,14 @@ void check_round_trip(const TransferCase& c) {
     ASSERT_EQ(restored.num_sealed_blocks(l), original.num_sealed_blocks(l));
   }
   EXPECT_EQ(write(restored), bytes) << "write → read → write changed the bytes";
+  // Layer by layer, as a KV stream's receiver restores a transfer while it arrives: the same store.
+  KvStore layered(shape, pipeline_of(c.spec));
+  ASSERT_TRUE(check_kv_transfer_head_for(*info, "test", kModel, layered).is_ok());
+  for (int l = 0; l < c.num_layers; ++l) {
+    ASSERT_TRUE(check_kv_transfer_layer_for(bytes.data(), *info, l, "test", layered).is_ok());
+    restore_kv_transfer_layer(bytes.data(), *info, l, layered);
+  }
+  EXPECT_EQ(write(layered), bytes) << "restoring layer by layer differs from reading the whole";
   EXPECT_TRUE(same_bits(attend_all(restored, c.num_heads, seed), attend_all(original, c.num_heads, seed)))
       << "attention over the restored store differs, seed " << seed;
 
