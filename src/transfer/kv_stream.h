@@ -36,6 +36,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -205,9 +206,11 @@ KvStreamSendResult send_kv_transfer(const std::string& address, const KvStreamId
 struct ReceivedKv {
   KvStreamRequest request;
   std::vector<uint8_t> transfer;  // the sender's transfer, byte for byte, checked (CRC, structure)
-  // transfer's CRC32C before its trailer, joined from the frames' as they landed: its import compares
-  // it with the trailer instead of reading every byte again (Engine::import_kv's received_crc).
-  uint32_t received_crc = 0;
+  // The CRC32C of the transfer that arrived, before its trailer, joined from the frames' as they landed:
+  // an import of `transfer` compares it with the trailer instead of reading every byte again
+  // (Engine::import_kv's received_crc); a staged store's export has it too. Absent for KV that came in
+  // GPU memory.
+  std::optional<uint32_t> received_crc = std::nullopt;
   // Instead of transfer, with KvStreamReceiverOptions::staging_store: the KV already restored into a
   // store of the receiving engine, each layer as soon as it arrived, the whole transfer checked as
   // transfer is (Engine::adopt_kv takes it).

@@ -64,6 +64,8 @@ TEST_P(KvStreamRoundTrip, ArrivesAsExported) {
   Expected<ReceivedKv> got = (*receiver)->wait_for("r1", 5s);
   ASSERT_TRUE(got) << got.status().message();
   EXPECT_EQ(got->transfer, p.transfer) << "spec " << GetParam();
+  // The CRC the receiver joined from the frames' is the transfer's (what its import compares instead).
+  EXPECT_EQ(got->received_crc, crc32c(p.transfer.data(), p.transfer.size() - kKvTransferTrailerBytes));
   EXPECT_EQ(got->request.prompt_token_ids, p.prompt);
   EXPECT_EQ(got->request.next_token, 7);
   EXPECT_EQ(got->request.endpoint, "/v1/completions");
