@@ -5,8 +5,9 @@
 //           at a time as a prefill worker's KvLayerStream writes them: write_kv_transfer_head/_layer)
 //   stream  the bytes sent a layer at a time over the KV stream on loopback (KvStreamSender) until the
 //           receiver holds them, checked end to end (its wait_for returned them)
-//   import  the received bytes → a fresh store (read_kv_transfer, as Engine::import_kv)
-// Three variants per row, side by side with their ratio to the first:
+//   import  the received bytes → a fresh store (read_kv_transfer with the CRC the receiver computed as
+//           they arrived, as Engine::import_kv of a received stream: no second pass over the bytes)
+// Four variants per row, side by side with their ratio to the first:
 //   first       fresh buffers for everything (a worker's first transfer; every transfer before the pool):
 //               export, then stream, then import, one after another
 //   repeated    the same stages with the buffers of the transfer before (util/buffer_pool.h: the sender's
@@ -15,6 +16,10 @@
 //               sends, as the prefill worker's scheduler and HTTP threads do); its export column is the
 //               exporting thread's time, its stream column from the export's start until the receiver
 //               holds the transfer (the export inside it)
+//   pipelined   overlapped, with each layer also restored into the receiver's store as soon as it has
+//               arrived and been checked (KvStreamReceiverOptions::staging_store, as a CPU decode worker
+//               does): its stream column holds the import too (the receiver answers once the last layer
+//               is restored), its import column what is left after (taking the staged store)
 // Each: the transfer's bytes, each stage's median time and GB/s (transfer bytes / time), the total and
 // its GB/s: the end-to-end rate of the host path with an uncapped link. Every import is checked: its
 // export must equal the sender's bytes (overlapped, whose sender never holds them whole: their length
@@ -27,6 +32,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <string>
@@ -86,9 +92,15 @@ void fill(KvStore& store, int tokens, uint64_t seed) {
   }
 }
 
-enum class Variant { kFirst, kRepeated, kOverlapped };
+enum class Variant { kFirst, kRepeated, kOverlapped, kPipelined };
 const char* variant_name(Variant variant) {
-  return variant == Variant::kFirst ? "first" : variant == Variant::kRepeated ? "repeated" : "overlapped";
+  switch (variant) {
+    case Variant::kFirst: return "first";
+    case Variant::kRepeated: return "repeated";
+    case Variant::kOverlapped: return "overlapped";
+    case Variant::kPipelined: return "pipelined";
+  }
+  return "";
 }
 
 struct Times {
@@ -198,7 +210,8 @@ struct SenderBytes {
 Times transfer_once(const Workers& w, Variant variant, const std::string& id, const SenderBytes& expected) {
   Times t;
   std::vector<uint8_t> sent;
-  if (variant == Variant::kOverlapped) {
+  const bool layered = variant == Variant::kOverlapped || variant == Variant::kPipelined;
+  if (layered) {
     export_while_streaming(w, id, t);
   } else {
     sent = export_then_stream(w, variant, id, t);
@@ -206,18 +219,22 @@ Times transfer_once(const Workers& w, Variant variant, const std::string& id, co
   Clock::time_point start = Clock::now();
   Expected<ReceivedKv> received = w.receiver.wait_for(id, std::chrono::seconds(60));
   if (!received) stop_with(received.status().message());
-  check(read_kv_transfer(received->transfer.data(), received->transfer.size(), "the stream", w.model_id, w.receiver_store));
-  // Its memory back (to the decode worker's pool, as its scheduler does after an import; the first
-  // variant's receiver has no pool and frees it) before the check's export.
-  w.receiver_buffers->give_back(std::move(received->transfer));
+  if (variant == Variant::kPipelined) {
+    if (received->staged_kv.get() != &w.receiver_store) stop_with("pipelined: the stream was not restored as it arrived");
+  } else {
+    check(read_kv_transfer(received->transfer.data(), received->transfer.size(), "the stream", w.model_id,
+                           w.receiver_store, received->received_crc));
+    // Its memory back (to the decode worker's pool, as its scheduler does after an import; the first
+    // variant's receiver has no pool and frees it) before the check's export.
+    w.receiver_buffers->give_back(std::move(received->transfer));
+  }
   t.import_s = seconds_since(start);
-  t.total_s = variant == Variant::kOverlapped ? t.stream_s + t.import_s : t.export_s + t.stream_s + t.import_s;
+  t.total_s = layered ? t.stream_s + t.import_s : t.export_s + t.stream_s + t.import_s;
   // Not timed: the imported store must give back the sender's bytes.
   std::vector<uint8_t> again;
   check(write_kv_transfer(w.receiver_store, w.model_id, again));
-  const bool same = variant == Variant::kOverlapped
-                        ? again.size() == expected.bytes && crc32c(again.data(), again.size()) == expected.crc
-                        : again == sent;
+  const bool same = layered ? again.size() == expected.bytes && crc32c(again.data(), again.size()) == expected.crc
+                            : again == sent;
   if (!same) stop_with(std::string("the imported store's export differs from the sender's (") + variant_name(variant) + ")");
   if (variant == Variant::kRepeated) w.sender_buffers->give_back(std::move(sent));
   return t;
@@ -262,12 +279,19 @@ int main(int argc, char** argv) {
       if (!identity) stop_with(identity.status().message());
       const size_t pool_bytes = 2 * expected.bytes + (size_t(1) << 20);
       double first_total = 0;
-      for (const Variant variant : {Variant::kFirst, Variant::kRepeated, Variant::kOverlapped}) {
+      for (const Variant variant : {Variant::kFirst, Variant::kRepeated, Variant::kOverlapped, Variant::kPipelined}) {
         // Each variant's own workers: first keeps nothing (pools of 0 bytes), the others warm theirs in the warm-up.
         const size_t keep = variant == Variant::kFirst ? 0 : pool_bytes;
         auto receiver_buffers = std::make_shared<BufferPool>(keep);
+        // Pipelined: each stream restored into the receiver's store (not owned: the bench keeps it, as the
+        // other variants' imports reuse it) as it arrives.
+        std::function<Expected<std::shared_ptr<KvStore>>()> staging;
+        if (variant == Variant::kPipelined) {
+          staging = [&] { return std::shared_ptr<KvStore>(std::shared_ptr<KvStore>(), &receiver_store); };
+        }
         auto receiver = KvStreamReceiver::start(*identity, {.port = 0, .max_unclaimed_bytes = uint64_t(1) << 40,
-                                                            .max_tokens = tokens, .buffers = receiver_buffers});
+                                                            .max_tokens = tokens, .buffers = receiver_buffers,
+                                                            .staging_store = staging});
         if (!receiver) stop_with(receiver.status().message());
         const Workers workers{.sender_store = sender_store, .receiver_store = receiver_store, .receiver = **receiver,
                               .identity = *identity, .sender_buffers = std::make_shared<BufferPool>(keep),
@@ -293,6 +317,6 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("\nGB/s: the transfer's bytes over the stage's time. total: export + stream + import one after another "
-              "(overlapped: stream, which holds the export, + import). x first: first's total / this total\n");
+              "(overlapped, pipelined: stream, which holds the export, + import). x first: first's total / this total\n");
   return 0;
 }

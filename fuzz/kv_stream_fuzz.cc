@@ -4,7 +4,9 @@
 // waiting for its request as a transfer that checks out end to end. The bytes go through a real
 // KvStreamReceiver on loopback TCP (its frame reader, handshake, KV_BLOCKS/KV_HEAD/KV_LAYER/FINISH
 // parsing). Each input is sent twice: as it is, and with every frame's CRC32C repaired (frames walked
-// by their size fields), so that mutations reach the checks behind the checksums.
+// by their size fields), so that mutations reach the checks behind the checksums. The receiver restores
+// each layer into a staging store as it arrives (a CPU decode worker's): a stream answered DONE must
+// hold a store whose export is the bytes that arrived.
 // Seeds: fuzz/corpus/kv_stream_fuzz/ (fuzz/make_kv_stream_seeds.py).
 #include <cstddef>
 #include <cstdint>
@@ -33,8 +35,12 @@ slimkv::KvStreamReceiver& receiver() {
     if (!slimkv::write_kv_transfer(store, "fuzz-model", empty).is_ok()) std::abort();
     const auto identity = slimkv::transfer_kv_identity(empty);
     if (!identity) std::abort();
-    auto started = slimkv::KvStreamReceiver::start(
-        *identity, {.port = 0, .io_timeout = 200ms, .head_timeout = 200ms, .max_unclaimed_bytes = 1 << 20, .max_tokens = 64});
+    const auto staging_store = [pipeline = *pipeline]() -> slimkv::Expected<std::shared_ptr<slimkv::KvStore>> {
+      return std::make_shared<slimkv::KvStore>(slimkv::KvShape{2, 2, 16, 16, 64}, pipeline);
+    };
+    auto started = slimkv::KvStreamReceiver::start(*identity, {.port = 0, .io_timeout = 200ms, .head_timeout = 200ms,
+                                                               .max_unclaimed_bytes = 1 << 20, .max_tokens = 64,
+                                                               .staging_store = staging_store});
     if (!started) std::abort();
     return started.take();
   }();
@@ -71,7 +77,14 @@ void send_stream(const std::vector<uint8_t>& bytes) {
       // Another request id in HELLO: nothing waits under "fuzz"; fine unless the stream was it.
       return;
     }
-    if (!slimkv::inspect_kv_transfer(received->transfer.data(), received->transfer.size(), "fuzz").has_value()) std::abort();
+    if (!received->staged_kv) std::abort();
+    std::vector<uint8_t> exported;
+    if (!slimkv::write_kv_transfer(*received->staged_kv, "fuzz-model", exported).is_ok()) std::abort();
+    // The store gives back the bytes that arrived (their CRC, as the receiver computed it).
+    if (exported.size() < slimkv::kKvTransferTrailerBytes ||
+        slimkv::crc32c(exported.data(), exported.size() - slimkv::kKvTransferTrailerBytes) != received->received_crc) {
+      std::abort();
+    }
   }
 }
 

@@ -25,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -203,9 +204,23 @@ class Engine {
   // The sequence's KV as a transfer (sealed blocks as the codec encodes them, open tokens in FP32).
   Expected<std::vector<uint8_t>> export_kv(SequenceId sequence) const;
   // Replaces an empty sequence's KV with a transfer's; refused (naming both sides) when the transfer was
-  // made by another model or KV spec (kv_description()), or does not fit the budget. `source` names the
-  // bytes in errors.
-  Status import_kv(SequenceId sequence, std::span<const uint8_t> transfer, std::string_view source);
+  // made by another model or KV spec (kv_description()), is corrupt, or does not fit the budget. `source`
+  // names the bytes in errors. received_crc: the CRC32C of the transfer's bytes before its trailer as its
+  // receiver computed them while they arrived (ReceivedKv::received_crc): compared with the trailer's
+  // instead of a second pass over the bytes; absent (a file, a preempted sequence's export): computed here.
+  Status import_kv(SequenceId sequence, std::span<const uint8_t> transfer, std::string_view source,
+                   std::optional<uint32_t> received_crc = std::nullopt);
+  // A sequence's KV restored outside the engine while it steps: an empty store of this engine's KV
+  // (spec, shape) that a decode worker's KV stream receiver restores each layer into as soon as the
+  // layer has arrived and been checked (KvStreamReceiverOptions::staging_store), on its own thread,
+  // while later layers are still on the wire; adopt_kv then gives it to a sequence once the whole
+  // transfer has checked out. The scheduler never sees a half-imported sequence, and what a failed
+  // stream staged is freed with the store. Safe from any thread. Device "cpu" (elsewhere an error: the
+  // GPU imports whole transfers).
+  Expected<std::shared_ptr<KvStore>> new_kv_store() const;
+  // Replaces an empty sequence's KV by `kv`, a store of this engine's new_kv_store, restored from a
+  // checked transfer; refused when it does not fit the budget. `source` names it in errors.
+  Status adopt_kv(SequenceId sequence, std::shared_ptr<KvStore> kv, std::string_view source);
   // During the sequence's next step only (whatever it is), `on_piece` receives the transfer the sequence
   // will hold after that step, piece by piece: on the CPU each layer right after its attention, while
   // later layers compute (a prefill worker sends layer l meanwhile); on the GPU every piece after the

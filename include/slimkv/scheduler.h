@@ -52,9 +52,15 @@ struct SubmitOptions {
   // has carried yet; completion_tokens counts them all.
   struct Resume {
     std::vector<uint8_t> kv;
+    // kv's CRC32C before its trailer as the KV stream's receiver computed it while the bytes arrived
+    // (ReceivedKv::received_crc): the import reads them once (Engine::import_kv); absent: checked there.
+    std::optional<uint32_t> kv_crc = std::nullopt;
     std::vector<int32_t> generated;
     // Instead of kv: the KV in this GPU's memory (the CUDA IPC path; Engine::import_kv_from_device).
     std::shared_ptr<const DeviceKvTransfer> device_kv = nullptr;
+    // Instead of kv: the KV already restored into a store of this engine's (Engine::new_kv_store) as it
+    // arrived, checked; the scheduler gives it to the request's sequence (Engine::adopt_kv).
+    std::shared_ptr<KvStore> staged_kv = nullptr;
   };
   std::optional<Resume> resume;
   // Tokens run after the prompt one decode step each, as if the request had generated them, and not

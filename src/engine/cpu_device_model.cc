@@ -33,7 +33,7 @@ class CpuDeviceModel : public DeviceModel {
       return error("the engine holds ", sequences_.size(), " sequences, its max_sequences");
     }
     Sequence& sequence = sequences_[id];
-    sequence.kv = std::make_unique<KvStore>(model_.kv_shape(), pipeline_);
+    sequence.kv = std::make_shared<KvStore>(model_.kv_shape(), pipeline_);
     sequence.sampling = sampling;
     return Status::ok();
   }
@@ -94,20 +94,36 @@ class CpuDeviceModel : public DeviceModel {
   }
 
   Status import_kv(SequenceId id, std::span<const uint8_t> transfer, std::string_view source,
-                   std::string_view model_id) override {
+                   std::string_view model_id, std::optional<uint32_t> received_crc) override {
     Sequence& sequence = sequences_.at(id);
-    // One pass over the bytes (the checksum) before the store is touched; then they are copied in.
-    SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info,
-                            check_kv_transfer_for(transfer.data(), transfer.size(), source, model_id, *sequence.kv));
+    // Everything is checked before the store is touched (one pass over the bytes for the checksum, none
+    // when the receiver computed it as they arrived); then they are copied in.
+    SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, check_kv_transfer_for(transfer.data(), transfer.size(), source,
+                                                                             model_id, *sequence.kv, received_crc));
     const int tokens = info.layer_tokens.empty() ? 0 : *std::max_element(info.layer_tokens.begin(), info.layer_tokens.end());
-    const int64_t blocks = budget_.blocks_for_tokens(tokens);
-    if (blocks - sequence.blocks > budget_.free_blocks) {
-      return error("kv transfer '", source, "': ", tokens, " tokens need ", blocks, " blocks of the KV budget, ",
-                   budget_.free_blocks, " are free");
-    }
+    SLIMKV_RETURN_IF_ERROR(check_budget_for(tokens, sequence, str_cat("kv transfer '", source, "'")));
     restore_kv_transfer(transfer.data(), info, *sequence.kv);
-    budget_.free_blocks -= blocks - sequence.blocks;
-    sequence.blocks = blocks;
+    take_blocks(tokens, sequence);
+    return Status::ok();
+  }
+
+  Expected<std::shared_ptr<KvStore>> new_kv_store() const override {
+    return std::make_shared<KvStore>(model_.kv_shape(), pipeline_);
+  }
+
+  Status adopt_kv(SequenceId id, std::shared_ptr<KvStore> kv, std::string_view source) override {
+    // Only a store of new_kv_store's: made from this engine's pipeline (its very codec) in the model's shape.
+    const KvShape shape = model_.kv_shape();
+    if (!kv || kv->pipeline().codec != pipeline_.codec || kv->shape().num_layers != shape.num_layers ||
+        kv->shape().num_kv_heads != shape.num_kv_heads || kv->shape().max_tokens != shape.max_tokens) {
+      return error("KV '", source, "': not a store of this engine's KV (Engine::new_kv_store)");
+    }
+    int tokens = 0;
+    for (int l = 0; l < kv->shape().num_layers; ++l) tokens = std::max(tokens, kv->num_tokens(l));
+    Sequence& sequence = sequences_.at(id);
+    SLIMKV_RETURN_IF_ERROR(check_budget_for(tokens, sequence, str_cat("KV '", source, "'")));
+    sequence.kv = std::move(kv);
+    take_blocks(tokens, sequence);
     return Status::ok();
   }
 
@@ -119,11 +135,27 @@ class CpuDeviceModel : public DeviceModel {
 
  private:
   struct Sequence {
-    std::unique_ptr<KvStore> kv;
+    std::shared_ptr<KvStore> kv;  // shared: an adopted store was made outside (Engine::new_kv_store)
     SamplingParams sampling;
     ForwardObserver* observer = nullptr;
     int64_t blocks = 0;  // budget blocks held
   };
+
+  // An error (naming `where`) unless the budget has room for `sequence` to hold `tokens`; take_blocks
+  // then takes them.
+  Status check_budget_for(int tokens, const Sequence& sequence, const std::string& where) const {
+    const int64_t blocks = budget_.blocks_for_tokens(tokens);
+    if (blocks - sequence.blocks > budget_.free_blocks) {
+      return error(where, ": ", tokens, " tokens need ", blocks, " blocks of the KV budget, ", budget_.free_blocks,
+                   " are free");
+    }
+    return Status::ok();
+  }
+  void take_blocks(int tokens, Sequence& sequence) {
+    const int64_t blocks = budget_.blocks_for_tokens(tokens);
+    budget_.free_blocks -= blocks - sequence.blocks;
+    sequence.blocks = blocks;
+  }
 
   const LlamaModel& model_;
   const KvPipeline& pipeline_;

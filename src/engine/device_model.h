@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -47,10 +48,15 @@ class DeviceModel {
   virtual KvBudget kv_budget() const = 0;
   virtual int64_t sequence_blocks(SequenceId sequence) const = 0;
 
-  // The transfer format (kv/transfer.h) of one sequence, and back into an empty one.
+  // The transfer format (kv/transfer.h) of one sequence, and back into an empty one (received_crc: as
+  // Engine::import_kv's).
   virtual Status export_kv(SequenceId sequence, std::string_view model_id, std::vector<uint8_t>& out) const = 0;
   virtual Status import_kv(SequenceId sequence, std::span<const uint8_t> transfer, std::string_view source,
-                           std::string_view model_id) = 0;
+                           std::string_view model_id, std::optional<uint32_t> received_crc) = 0;
+
+  // Engine::new_kv_store (safe from any thread) and adopt_kv: device "cpu"'s; others answer an error.
+  virtual Expected<std::shared_ptr<KvStore>> new_kv_store() const;
+  virtual Status adopt_kv(SequenceId sequence, std::shared_ptr<KvStore> kv, std::string_view source);
 
   // The same with the sealed blocks staying in GPU memory (Engine::export_kv_to_device); devices
   // without such blocks answer false / an error.

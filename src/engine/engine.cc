@@ -300,6 +300,15 @@ Status DeviceModel::import_kv_from_device(SequenceId, const DeviceKvTransfer&, s
   return error("kv transfer '", source, "': KV import from GPU memory runs on device 'cuda' with dense, hack or quant KV");
 }
 
+Expected<std::shared_ptr<KvStore>> DeviceModel::new_kv_store() const {
+  return error("a KV store outside the engine (a transfer restored as it arrives) is device 'cpu''s; this device imports "
+               "whole transfers");
+}
+
+Status DeviceModel::adopt_kv(SequenceId, std::shared_ptr<KvStore>, std::string_view source) {
+  return error("KV '", source, "': a KV store is adopted on device 'cpu'; this device imports whole transfers");
+}
+
 bool Engine::exports_kv_to_device() const { return device_->exports_kv_to_device(); }
 
 Expected<DeviceKvTransfer> Engine::export_kv_to_device(SequenceId sequence) const {
@@ -318,13 +327,25 @@ Status Engine::import_kv_from_device(SequenceId sequence, const DeviceKvTransfer
   return device_->import_kv_from_device(sequence, transfer, source, identity_);
 }
 
-Status Engine::import_kv(SequenceId sequence, std::span<const uint8_t> transfer, std::string_view source) {
+Status Engine::import_kv(SequenceId sequence, std::span<const uint8_t> transfer, std::string_view source,
+                         std::optional<uint32_t> received_crc) {
   SLIMKV_RETURN_IF_ERROR(check_sequence(sequence));
   if (device_->num_tokens(sequence) != 0) {
     return error("kv transfer '", source, "': sequence ", sequence, " already holds ", device_->num_tokens(sequence),
                  " tokens; KV is imported into an empty sequence");
   }
-  return device_->import_kv(sequence, transfer, source, identity_);
+  return device_->import_kv(sequence, transfer, source, identity_, received_crc);
+}
+
+Expected<std::shared_ptr<KvStore>> Engine::new_kv_store() const { return device_->new_kv_store(); }
+
+Status Engine::adopt_kv(SequenceId sequence, std::shared_ptr<KvStore> kv, std::string_view source) {
+  SLIMKV_RETURN_IF_ERROR(check_sequence(sequence));
+  if (device_->num_tokens(sequence) != 0) {
+    return error("KV '", source, "': sequence ", sequence, " already holds ", device_->num_tokens(sequence),
+                 " tokens; KV is adopted by an empty sequence");
+  }
+  return device_->adopt_kv(sequence, std::move(kv), source);
 }
 
 // ----------------------------------------------------------------------------------------------

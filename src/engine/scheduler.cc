@@ -138,7 +138,9 @@ struct Scheduler::Impl {
     int64_t held_tokens = 0;           // tokens its KV holds (in the engine, or in host_kv)
     std::vector<int32_t> tokens_to_run;  // the rest of the prompt, or the last sampled token
     std::vector<uint8_t> host_kv;      // its exported KV while preempted to host memory (or imported)
+    std::optional<uint32_t> host_kv_crc;  // an imported host_kv's CRC as its receiver computed it
     std::shared_ptr<const DeviceKvTransfer> device_kv;  // its imported KV in GPU memory (CUDA IPC)
+    std::shared_ptr<KvStore> staged_kv;  // its imported KV, restored as it arrived (SubmitOptions::Resume)
     Clock::time_point submitted, last_token;
     bool has_token = false;
     KvPieceCallback stream_kv;  // SubmitOptions::stream_kv, until the first token
@@ -425,8 +427,13 @@ Status Scheduler::Impl::admit(Request& request) {
     const std::shared_ptr<const DeviceKvTransfer> device_kv = std::move(request.device_kv);
     return engine.import_kv_from_device(request.sequence, *device_kv, str_cat("request ", request.id, "'s KV in GPU memory"));
   }
+  if (request.staged_kv) {
+    return engine.adopt_kv(request.sequence, std::exchange(request.staged_kv, nullptr),
+                           str_cat("request ", request.id, "'s KV restored as it arrived"));
+  }
   if (request.host_kv.empty()) return Status::ok();
-  const Status imported = engine.import_kv(request.sequence, request.host_kv, str_cat("preempted request ", request.id));
+  const Status imported = engine.import_kv(request.sequence, request.host_kv, str_cat("preempted request ", request.id),
+                                           std::exchange(request.host_kv_crc, std::nullopt));
   host_bytes -= request.host_kv.size();
   engine.transfer_buffers()->give_back(std::exchange(request.host_kv, {}));  // for the next transfer received
   return imported;
@@ -451,7 +458,9 @@ void Scheduler::Impl::finish(Request& request, Generation::Delta delta, std::vec
   request.sequence = -1;
   host_bytes -= request.host_kv.size();
   request.host_kv = {};
+  request.host_kv_crc = std::nullopt;
   request.device_kv = nullptr;
+  request.staged_kv = nullptr;
   request.done = true;
   ++local.requests_finished_total[size_t(reason)];
   local.e2e_request_latency.observe(seconds_between(request.submitted, Clock::now()));
@@ -551,7 +560,9 @@ Expected<RequestId> Scheduler::submit(GenerationRequest request, UpdateCallback 
   queued->forced = std::move(options.forced_tokens);
   if (options.resume) {
     queued->host_kv = std::move(options.resume->kv);
+    queued->host_kv_crc = options.resume->kv_crc;
     queued->device_kv = std::move(options.resume->device_kv);
+    queued->staged_kv = std::move(options.resume->staged_kv);
     queued->held_tokens = held_tokens;
     queued->tokens_to_run.assign(1, options.resume->generated.back());
     queued->resumed = std::move(resumed);

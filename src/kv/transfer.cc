@@ -692,13 +692,9 @@ std::vector<KvTransferLayerRanges> kv_transfer_layer_ranges(const KvTransferInfo
   return ranges;
 }
 
-Expected<KvTransferInfo> check_kv_transfer_for(const uint8_t* data, size_t size, std::string_view source,
-                                               std::string_view model_id, const KvStore& into) {
-  SLIMKV_ASSIGN_OR_RETURN(ParsedTransfer parsed, parse_transfer(data, size, source));
-  const KvTransferInfo& info = parsed.info;
-  const Layout& layout = parsed.layout;
+Status check_kv_transfer_head_for(const KvTransferInfo& info, std::string_view source, std::string_view model_id,
+                                  const KvStore& into) {
   const std::string where = where_of(source);
-
   // Against the receiver: the same model, the same encoding, the same shape.
   if (info.model_id != model_id) {
     return error(where, ": model mismatch: the KV was computed by model '", info.model_id, "', this worker serves '",
@@ -736,82 +732,98 @@ Expected<KvTransferInfo> check_kv_transfer_for(const uint8_t* data, size_t size,
                    " tokens, more than this store's max_tokens ", shape.max_tokens);
     }
   }
+  return Status::ok();
+}
 
+Status check_kv_transfer_layer_for(const uint8_t* data, const KvTransferInfo& info, int layer, std::string_view source,
+                                   const KvStore& into) {
   // The open rows are FP32 in the format, but a store whose open block is FP16 (every sender with this
   // spec) only ever writes FP16 values: anything else was not written by such a sender, and restoring it
   // would round it, so the bytes would not come back as they were.
-  if (into.codec().open_block_dtype() == DType::kF16) {
-    const auto all_fp16 = [](const uint8_t* values, size_t count) {
-      for (size_t i = 0; i < count; ++i) {
-        uint32_t bits = 0;
-        std::memcpy(&bits, values + 4 * i, 4);
-        if (float_bits(fp16_to_float(float_to_fp16(bits_float(bits)))) != bits) return false;
-      }
-      return true;
-    };
-    const uint8_t* record = data + layout.open_offset;
-    for (int l = 0; l < shape.num_layers; ++l) {
-      const int open = info.layer_tokens[size_t(l)] % info.block_tokens;
-      uint64_t k_record = 0, v_record = 0;
-      open_record_bytes(uint64_t(open), layout.k_dim, &k_record);
-      open_record_bytes(uint64_t(open), layout.v_dim, &v_record);
-      for (int g = 0; g < shape.num_kv_heads; ++g, record += k_record + v_record) {
-        if (!all_fp16(record, size_t(open) * layout.k_dim) || !all_fp16(record + k_record, size_t(open) * layout.v_dim)) {
-          return error(where, ": layer ", l, " KV head ", g, ": the open block holds values that are not FP16, "
-                       "and this spec's open block is FP16 (no sender with this spec wrote them)");
-        }
-      }
+  if (into.codec().open_block_dtype() != DType::kF16) return Status::ok();
+  const auto all_fp16 = [](const uint8_t* values, size_t count) {
+    for (size_t i = 0; i < count; ++i) {
+      uint32_t bits = 0;
+      std::memcpy(&bits, values + 4 * i, 4);
+      if (float_bits(fp16_to_float(float_to_fp16(bits_float(bits)))) != bits) return false;
+    }
+    return true;
+  };
+  const uint64_t k_dim = uint64_t(info.shape.k_dim), v_dim = uint64_t(info.shape.v_dim);
+  const int open = info.layer_tokens[size_t(layer)] % info.block_tokens;
+  uint64_t k_record = 0, v_record = 0;
+  open_record_bytes(uint64_t(open), k_dim, &k_record);
+  open_record_bytes(uint64_t(open), v_dim, &v_record);
+  const uint8_t* record = data + kv_transfer_layer_ranges(info)[size_t(layer)].open_offset;
+  for (int g = 0; g < info.shape.num_kv_heads; ++g, record += k_record + v_record) {
+    if (!all_fp16(record, size_t(open) * k_dim) || !all_fp16(record + k_record, size_t(open) * v_dim)) {
+      return error(where_of(source), ": layer ", layer, " KV head ", g, ": the open block holds values that are not FP16, "
+                   "and this spec's open block is FP16 (no sender with this spec wrote them)");
     }
   }
+  return Status::ok();
+}
 
+Expected<KvTransferInfo> check_kv_transfer_for(const uint8_t* data, size_t size, std::string_view source,
+                                               std::string_view model_id, const KvStore& into,
+                                               std::optional<uint32_t> received_crc) {
+  SLIMKV_ASSIGN_OR_RETURN(ParsedTransfer parsed, parse_transfer(data, size, source, received_crc));
+  SLIMKV_RETURN_IF_ERROR(check_kv_transfer_head_for(parsed.info, source, model_id, into));
+  for (int l = 0; l < into.shape().num_layers; ++l) {
+    SLIMKV_RETURN_IF_ERROR(check_kv_transfer_layer_for(data, parsed.info, l, source, into));
+  }
   return std::move(parsed.info);
 }
 
 Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view source, std::string_view model_id,
-                        KvStore& into) {
-  SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, check_kv_transfer_for(data, size, source, model_id, into));
+                        KvStore& into, std::optional<uint32_t> received_crc) {
+  SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, check_kv_transfer_for(data, size, source, model_id, into, received_crc));
   restore_kv_transfer(data, info, into);  // everything is checked
   return Status::ok();
 }
 
+namespace {
+
+// One layer's open tokens, every head's K and V records from `records` on.
+void restore_open_layer(const uint8_t* records, const KvTransferInfo& info, int layer, KvStore& into) {
+  // Rows of FP32 may lie unaligned for float in the input (it need not be aligned): copy through a buffer.
+  const uint64_t k_dim = uint64_t(info.shape.k_dim), v_dim = uint64_t(info.shape.v_dim);
+  const int open = info.layer_tokens[size_t(layer)] % info.block_tokens;
+  uint64_t k_record = 0, v_record = 0;
+  open_record_bytes(uint64_t(open), k_dim, &k_record);
+  open_record_bytes(uint64_t(open), v_dim, &v_record);
+  std::vector<float> k(size_t(open) * k_dim), v(size_t(open) * v_dim);
+  for (int g = 0; g < info.shape.num_kv_heads; ++g, records += k_record + v_record) {
+    if (open > 0) {
+      std::memcpy(k.data(), records, k.size() * sizeof(float));
+      std::memcpy(v.data(), records + k_record, v.size() * sizeof(float));
+    }
+    into.restore_open_tokens(layer, g, k.data(), v.data(), open);
+  }
+}
+
+}  // namespace
+
 void restore_kv_transfer(const uint8_t* data, const KvTransferInfo& info, KvStore& into) {
   into.clear();
+  for (int l = 0; l < info.shape.num_layers; ++l) restore_kv_transfer_layer(data, info, l, into);
+}
+
+void restore_kv_transfer_layer(const uint8_t* data, const KvTransferInfo& info, int layer, KvStore& into) {
   uint64_t stride = 0;
   checked_align(info.sealed_block_bytes, &stride);  // checked by the reader: no overflow
-  const uint8_t* cursor = data + info.sealed_offset;
-  for (int l = 0; l < info.shape.num_layers; ++l) {
-    const int blocks = info.layer_tokens[size_t(l)] / info.block_tokens;
-    for (int g = 0; g < info.shape.num_kv_heads; ++g) {
-      for (int b = 0; b < blocks; ++b) {
-        into.restore_sealed_block(l, g, cursor);
-        cursor += stride;
-      }
-    }
+  const KvTransferLayerRanges range = kv_transfer_layer_ranges(info)[size_t(layer)];
+  const int blocks = info.layer_tokens[size_t(layer)] / info.block_tokens;
+  const uint8_t* cursor = data + range.sealed_offset;
+  for (int g = 0; g < info.shape.num_kv_heads; ++g) {
+    for (int b = 0; b < blocks; ++b, cursor += stride) into.restore_sealed_block(layer, g, cursor);
   }
-  restore_kv_transfer_open_tokens(data, info, into);
+  restore_open_layer(data + range.open_offset, info, layer, into);
 }
 
 void restore_kv_transfer_open_tokens(const uint8_t* data, const KvTransferInfo& info, KvStore& into) {
-  // Rows of FP32 may lie unaligned for float in the input (it need not be aligned): copy through a buffer.
-  const uint64_t k_dim = uint64_t(info.shape.k_dim), v_dim = uint64_t(info.shape.v_dim);
-  const uint8_t* cursor = data + info.open_offset;
-  std::vector<float> k, v;
-  for (int l = 0; l < info.shape.num_layers; ++l) {
-    const int open = info.layer_tokens[size_t(l)] % info.block_tokens;
-    uint64_t k_record = 0, v_record = 0;
-    open_record_bytes(uint64_t(open), k_dim, &k_record);
-    open_record_bytes(uint64_t(open), v_dim, &v_record);
-    k.resize(size_t(open) * k_dim);
-    v.resize(size_t(open) * v_dim);
-    for (int g = 0; g < info.shape.num_kv_heads; ++g) {
-      if (open > 0) {
-        std::memcpy(k.data(), cursor, k.size() * sizeof(float));
-        std::memcpy(v.data(), cursor + k_record, v.size() * sizeof(float));
-      }
-      into.restore_open_tokens(l, g, k.data(), v.data(), open);
-      cursor += k_record + v_record;
-    }
-  }
+  const std::vector<KvTransferLayerRanges> ranges = kv_transfer_layer_ranges(info);
+  for (int l = 0; l < info.shape.num_layers; ++l) restore_open_layer(data + ranges[size_t(l)].open_offset, info, l, into);
 }
 
 void copy_kv_transfer_pages(const uint8_t* data, const KvTransferInfo& info, int layer, const KvPageLayout& pages,

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,8 +41,11 @@ Status write_kv_transfer(const KvStore& store, std::string_view model_id, std::v
 // checksums, the structure, then against the receiver: model id, KV spec (pipeline().describe()), shape
 // (layers, KV heads, k_dim, v_dim; max_tokens may differ, but every layer's tokens must fit the store).
 // Errors start with "kv transfer '<source>'" and name both sides of any mismatch.
+// received_crc: the CRC32C of bytes [0, trailer) that a receiver computed as the bytes arrived (src/transfer/'s
+// KV stream checks each frame as it lands): it is compared with the trailer's instead of reading every
+// byte again. Absent (a file, bytes from anywhere else): computed here.
 Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view source, std::string_view model_id,
-                        KvStore& into);
+                        KvStore& into, std::optional<uint32_t> received_crc = std::nullopt);
 
 // The transfer in pieces, for a sender that ships each layer as soon as it is final (src/transfer/'s
 // KV stream): the head (header and metadata: bytes [0, sealed_offset)) of the transfer `store` will
@@ -98,14 +102,29 @@ std::vector<KvTransferLayerRanges> kv_transfer_layer_ranges(const KvTransferInfo
 
 // read_kv_transfer in parts, for a receiver that does not keep the sealed blocks in a KvStore (a GPU
 // cache: kv/cuda/gpu_kv_transfer.h): every check of read_kv_transfer against `into` (which is not
-// touched); then, on the info it returns, the open tokens restored into the cleared `into` (each layer's
-// tokens after its sealed blocks, as open tokens), and each layer's sealed blocks copied into pages.
+// touched; received_crc as there); then, on the info it returns, the open tokens restored into the
+// cleared `into` (each layer's tokens after its sealed blocks, as open tokens), and each layer's sealed
+// blocks copied into pages.
 Expected<KvTransferInfo> check_kv_transfer_for(const uint8_t* data, size_t size, std::string_view source,
-                                               std::string_view model_id, const KvStore& into);
+                                               std::string_view model_id, const KvStore& into,
+                                               std::optional<uint32_t> received_crc = std::nullopt);
 void restore_kv_transfer_open_tokens(const uint8_t* data, const KvTransferInfo& info, KvStore& into);
 // The rest of read_kv_transfer after check_kv_transfer_for: `into` cleared, then every layer's sealed
 // blocks and open tokens restored (for a caller that decides something on the info in between).
 void restore_kv_transfer(const uint8_t* data, const KvTransferInfo& info, KvStore& into);
+
+// check_kv_transfer_for and restore_kv_transfer a layer at a time, for a receiver that restores each
+// layer as soon as its bytes have arrived and been checked by their own CRC (src/transfer/'s KV stream
+// receiver, while later layers are still on the wire): the checks of `into` against the head alone
+// (model, spec, shape, blocks: `info` from inspect_kv_transfer_head), then per layer the checks of its
+// bytes (its open tokens are what the spec's open block holds) and its restore into `into` (cleared,
+// layers in order 0, 1, ...; data: the whole transfer's bytes, the layer's in place). The whole
+// transfer must still pass inspect_kv_transfer(_with_crc) before `into` is used.
+Status check_kv_transfer_head_for(const KvTransferInfo& info, std::string_view source, std::string_view model_id,
+                                  const KvStore& into);
+Status check_kv_transfer_layer_for(const uint8_t* data, const KvTransferInfo& info, int layer, std::string_view source,
+                                   const KvStore& into);
+void restore_kv_transfer_layer(const uint8_t* data, const KvTransferInfo& info, int layer, KvStore& into);
 
 // How a GPU cache lays out one block of every KV head (a page; GpuKvCache::device_page_layout): head
 // g's sealed block is the concatenation of pieces p, each at page offset piece_offsets[p] + g *

@@ -261,8 +261,9 @@ class HttpApi {
     }
     std::vector<int32_t> generated = std::move(received->request.resume_token_ids);
     generated.push_back(received->request.next_token);
-    options.resume = SubmitOptions::Resume{.kv = std::move(received->transfer), .generated = std::move(generated),
-                                           .device_kv = std::move(received->device_kv)};
+    options.resume = SubmitOptions::Resume{.kv = std::move(received->transfer), .kv_crc = received->received_crc,
+                                           .generated = std::move(generated), .device_kv = std::move(received->device_kv),
+                                           .staged_kv = std::move(received->staged_kv)};
     return std::nullopt;
   }
 
@@ -529,6 +530,14 @@ std::string advertised_address(const std::string& host, int port) {
   return name + ":" + std::to_string(port);
 }
 
+// Where a decode worker restores its KV streams: on the CPU, each layer into a store of the engine's as
+// soon as it arrives (the import overlapped with the stream; the scheduler adopts the store); the GPU's
+// are imported whole once they arrived (nullptr). The engine outlives the receiver.
+std::function<Expected<std::shared_ptr<KvStore>>()> staging_store(const Engine& engine) {
+  if (engine.on_gpu()) return nullptr;
+  return [&engine] { return engine.new_kv_store(); };
+}
+
 std::string default_model_name(const std::string& model_dir) {
   std::filesystem::path path(model_dir);
   if (path.filename().empty()) path = path.parent_path();  // "models/x/"
@@ -604,7 +613,8 @@ Status run_server(const EngineConfig& engine_config, const SchedulerConfig& sche
                                                           .max_tokens = (*engine)->context_tokens(),
                                                           .cuda_ipc_device = disaggregation.cuda_ipc_device,
                                                           .nccl = disaggregation.nccl,
-                                                          .buffers = (*engine)->transfer_buffers()});
+                                                          .buffers = (*engine)->transfer_buffers(),
+                                                          .staging_store = staging_store(**engine)});
     if (!started) {
       stop_listening();
       return started.status().with_context("--kv-port");

@@ -7,6 +7,7 @@
 
 #include "engine/cuda_backend.h"
 #include "kv/transfer.h"
+#include "transfer/kv_layer_import.h"
 #include "util/system_memory.h"
 
 namespace slimkv {
@@ -129,7 +130,8 @@ Status nccl_available() {
 }
 
 uint64_t ReceivedKv::kv_bytes() const {
-  return transfer.size() + (device_kv ? device_kv->open.size() + device_kv->pages_bytes() : 0);
+  return transfer.size() + (device_kv ? device_kv->open.size() + device_kv->pages_bytes() : 0) +
+         (staged_kv ? staged_kv->memory().fast_bytes() : 0);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -749,6 +751,12 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
   assign_for_overwrite(transfer, info.total_bytes);
   std::memcpy(transfer.data(), head.payload.data(), head.payload.size());
   received.wire_bytes += kKvFrameHeaderBytes + hello_frame.payload.size();
+  // With a staging store, each layer is restored into it on a thread of its own as soon as it is here.
+  std::unique_ptr<KvLayerImport> staging;
+  if (options_.staging_store) {
+    SLIMKV_ASSIGN_OR_RETURN(std::shared_ptr<KvStore> store, options_.staging_store());
+    SLIMKV_ASSIGN_OR_RETURN(staging, KvLayerImport::start(transfer.data(), info, std::move(store), identity_.model_id, where));
+  }
   // The transfer's CRC, joined from each piece's as it lands (crc32c_combine): the end-to-end check
   // below reads no byte again.
   uint32_t crc = crc32c(head.payload.data(), head.payload.size());
@@ -796,6 +804,7 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     }
     SLIMKV_ASSIGN_OR_RETURN(const uint32_t open_crc, read_into({transfer.data() + range.open_offset, range.open_bytes}));
     SLIMKV_RETURN_IF_ERROR(layer.finish().with_context(str_cat(where, ": layer ", l)));
+    if (staging) staging->arrived();
     open_crcs.emplace_back(open_crc, range.open_bytes);
     early[l].clear();
     received.wire_bytes += kKvFrameHeaderBytes + layer.payload_bytes();
@@ -805,12 +814,20 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
   // The trailer and the request; then the whole transfer is checked end to end (its own CRC).
   SLIMKV_RETURN_IF_ERROR(receive_finish(connection, received, transfer.data() + info.trailer_offset, where));
   SLIMKV_RETURN_IF_ERROR(inspect_kv_transfer_with_crc(transfer.data(), transfer.size(), where, crc).status());
+  received.received_crc = crc;
   const size_t tokens = received.request.prompt_token_ids.size() + received.request.resume_token_ids.size();
   for (size_t l = 0; l < info.layer_tokens.size(); ++l) {
     if (size_t(info.layer_tokens[l]) != tokens) {
       return error(where, ": layer ", l, " holds ", info.layer_tokens[l], " tokens, but the prompt and resumed tokens are ",
                    tokens);
     }
+  }
+  if (staging) {
+    // Checked end to end: the staged store is the KV handed over, the assembled bytes are done with.
+    SLIMKV_ASSIGN_OR_RETURN(received.staged_kv, staging->finish());
+    staging.reset();
+    if (options_.buffers) options_.buffers->give_back(std::move(transfer));
+    transfer = {};
   }
   return Status::ok();
 }

@@ -32,9 +32,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -204,6 +206,15 @@ KvStreamSendResult send_kv_transfer(const std::string& address, const KvStreamId
 struct ReceivedKv {
   KvStreamRequest request;
   std::vector<uint8_t> transfer;  // the sender's transfer, byte for byte, checked (CRC, structure)
+  // The CRC32C of the transfer that arrived, before its trailer, joined from the frames' as they landed:
+  // an import of `transfer` compares it with the trailer instead of reading every byte again
+  // (Engine::import_kv's received_crc); a staged store's export has it too. Absent for KV that came in
+  // GPU memory.
+  std::optional<uint32_t> received_crc = std::nullopt;
+  // Instead of transfer, with KvStreamReceiverOptions::staging_store: the KV already restored into a
+  // store of the receiving engine, each layer as soon as it arrived, the whole transfer checked as
+  // transfer is (Engine::adopt_kv takes it).
+  std::shared_ptr<KvStore> staged_kv = nullptr;
   // Instead of transfer, over CUDA IPC: the KV with its sealed blocks copied into this process's GPU
   // memory (its open tokens' transfer checked as transfer is).
   std::shared_ptr<const DeviceKvTransfer> device_kv = nullptr;
@@ -235,6 +246,12 @@ struct KvStreamReceiverOptions {
   // imports it (the worker's scheduler) or by the receiver when the stream fails; idle buffers are freed
   // from the accept loop. nullptr: a new buffer per stream.
   std::shared_ptr<BufferPool> buffers = nullptr;
+  // An empty store of the receiving engine's KV per stream (Engine::new_kv_store, called on the stream's
+  // thread): each layer is restored into it as soon as it has arrived and been checked, while later
+  // layers are still on the wire, and the stream is handed over as ReceivedKv::staged_kv (its transfer
+  // buffer given back). A stream that fails frees what it staged. nullptr: the transfer is handed over
+  // whole (ReceivedKv::transfer) and imported after it arrived.
+  std::function<Expected<std::shared_ptr<KvStore>>()> staging_store = nullptr;
 };
 
 // Whether this process can make NCCL links (a build with NCCL's header, the CUDA plugin, libnccl.so.2);

@@ -10,6 +10,8 @@
 #include <sstream>
 
 #include "slimkv/engine.h"
+#include "kv/store.h"
+#include "kv/transfer.h"
 #include "model/model_config.h"
 #include "slimkv/tokenizer.h"
 #include "source_dir.h"
@@ -239,6 +241,58 @@ TEST(EngineStep, ExportedKvImportedIntoAnotherEngineContinuesExactly) {
     EXPECT_FALSE(mismatch.is_ok());
     EXPECT_NE(mismatch.message().find("spec"), std::string::npos) << mismatch.message();
   }
+}
+
+// A store restored outside the engine (Engine::new_kv_store, as a KV stream's receiver fills it while
+// the engine steps) and adopted by a sequence continues as an imported transfer does; a store of another
+// engine, a sequence that holds tokens, or a budget without room are refused, leaving everything as it was.
+TEST(EngineStep, AnAdoptedStoreContinuesAsAnImportAndIsCounted) {
+  const std::string spec = "hack:bits=2,pi=64";
+  auto sender = load(spec);
+  // A budget of 7 blocks: room for two 150-token sequences (3 blocks each), not for a third.
+  auto probe = load(spec, size_t(64) << 20, 4);
+  ASSERT_TRUE(sender && probe);
+  const KvBudget probed = probe->kv_budget();
+  const size_t open_bytes = (size_t(64) << 20) - size_t(probed.total_blocks) * probed.bytes_per_block;
+  auto receiver = load(spec, open_bytes + 7 * probed.bytes_per_block, 4);
+  ASSERT_TRUE(receiver);
+  ASSERT_EQ(receiver->kv_budget().total_blocks, 7);
+  const auto prompt = text_tokens(*sender, 150);
+  const SequenceId a = *sender->add_sequence();
+  StepResult result;
+  ASSERT_TRUE(sender->step(std::vector<StepItem>{{a, prompt, StepOutput::kSample}}, result).is_ok());
+  const int32_t first = result.tokens[0];
+  const std::vector<uint8_t> transfer = *sender->export_kv(a);
+  const auto restored = [&](const Engine& engine) {
+    std::shared_ptr<KvStore> store = *engine.new_kv_store();
+    const auto info = inspect_kv_transfer(transfer.data(), transfer.size(), "test");
+    EXPECT_TRUE(info) << info.status().message();
+    restore_kv_transfer(transfer.data(), *info, *store);
+    return store;
+  };
+  const SequenceId imported = *receiver->add_sequence(), adopted = *receiver->add_sequence();
+  ASSERT_TRUE(receiver->import_kv(imported, transfer, "test").is_ok());
+  const Status status = receiver->adopt_kv(adopted, restored(*receiver), "staged");
+  ASSERT_TRUE(status.is_ok()) << status.message();
+  EXPECT_EQ(*receiver->export_kv(adopted), transfer);
+  EXPECT_EQ(*receiver->sequence_blocks(adopted), 3);
+  EXPECT_EQ(receiver->kv_budget().free_blocks, 1);
+  // The next token's logits: the same bits as after a whole import.
+  const std::vector<StepItem> next = {{imported, std::span(&first, 1), StepOutput::kLastLogits},
+                                      {adopted, std::span(&first, 1), StepOutput::kLastLogits}};
+  ASSERT_TRUE(receiver->step(next, result).is_ok());
+  EXPECT_TRUE(std::equal(result.logits_of(0).begin(), result.logits_of(0).end(), result.logits_of(1).begin()));
+
+  // Refused, changing nothing: into a sequence holding tokens, a store of another engine, a budget
+  // without room (1 block free, 3 needed).
+  EXPECT_NE(receiver->adopt_kv(adopted, restored(*receiver), "staged").message().find("already holds"), std::string::npos);
+  const SequenceId c = *receiver->add_sequence();
+  EXPECT_NE(receiver->adopt_kv(c, restored(*sender), "foreign").message().find("not a store of this engine"),
+            std::string::npos);
+  const Status full = receiver->adopt_kv(c, restored(*receiver), "staged");
+  EXPECT_NE(full.message().find("3 blocks of the KV budget, 1 are free"), std::string::npos) << full.message();
+  EXPECT_EQ(*receiver->num_tokens(c), 0);
+  EXPECT_EQ(receiver->kv_budget().free_blocks, 1);
 }
 
 }  // namespace

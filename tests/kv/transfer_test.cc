@@ -167,6 +167,14 @@ void check_round_trip(const TransferCase& c) {
     ASSERT_EQ(restored.num_sealed_blocks(l), original.num_sealed_blocks(l));
   }
   EXPECT_EQ(write(restored), bytes) << "write → read → write changed the bytes";
+  // Layer by layer, as a KV stream's receiver restores a transfer while it arrives: the same store.
+  KvStore layered(shape, pipeline_of(c.spec));
+  ASSERT_TRUE(check_kv_transfer_head_for(*info, "test", kModel, layered).is_ok());
+  for (int l = 0; l < c.num_layers; ++l) {
+    ASSERT_TRUE(check_kv_transfer_layer_for(bytes.data(), *info, l, "test", layered).is_ok());
+    restore_kv_transfer_layer(bytes.data(), *info, l, layered);
+  }
+  EXPECT_EQ(write(layered), bytes) << "restoring layer by layer differs from reading the whole";
   EXPECT_TRUE(same_bits(attend_all(restored, c.num_heads, seed), attend_all(original, c.num_heads, seed)))
       << "attention over the restored store differs, seed " << seed;
 
@@ -226,6 +234,31 @@ TEST(KvTransfer, FilesRoundTripAndMissingFilesNameThePath) {
   EXPECT_EQ(write(restored), write(store));
   std::filesystem::remove(path);
   EXPECT_TRUE(fails_mentioning(read_kv_transfer_file(path, kModel, restored), {path}));
+}
+
+// A transfer's CRC computed by its receiver as the bytes arrived stands in for the reader's pass over
+// them, so it must be compared with the trailer: a wrong one is refused. A file has none: a flipped
+// byte in its sealed blocks is found by the reader's own pass.
+TEST(KvTransfer, AReceivedCrcIsComparedAndAFileIsStillChecksummed) {
+  const KvStore store = small_store();
+  const std::vector<uint8_t> bytes = write(store);
+  const size_t body = bytes.size() - kKvTransferTrailerBytes;
+  const uint32_t crc = crc32c(bytes.data(), body);
+  KvStore into({2, 2, 16, 16, 64}, pipeline_of("hack:bits=2,pi=32"));
+  ASSERT_TRUE(read_kv_transfer(bytes.data(), bytes.size(), "received", kModel, into, crc).is_ok());
+  EXPECT_EQ(write(into), bytes);
+  EXPECT_TRUE(fails_mentioning(read_kv_transfer(bytes.data(), bytes.size(), "received", kModel, into, crc ^ 1),
+                               {"received", "checksum mismatch"}));
+
+  auto info = inspect_kv_transfer(bytes.data(), bytes.size(), "test");
+  ASSERT_TRUE(info) << info.status().message();
+  std::vector<uint8_t> corrupt = bytes;
+  corrupt[info->sealed_offset + 3] ^= 0x40;
+  const std::string path =
+      (std::filesystem::temp_directory_path() / str_cat("slimkv_transfer_crc_", ::getpid(), ".kvx")).string();
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(corrupt.data()), std::streamsize(corrupt.size()));
+  EXPECT_TRUE(fails_mentioning(read_kv_transfer_file(path, kModel, into), {path, "checksum mismatch"}));
+  std::filesystem::remove(path);
 }
 
 // --- cut and corrupt inputs ----------------------------------------------------------------------

@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "kv/transfer.h"
@@ -62,6 +64,8 @@ TEST_P(KvStreamRoundTrip, ArrivesAsExported) {
   Expected<ReceivedKv> got = (*receiver)->wait_for("r1", 5s);
   ASSERT_TRUE(got) << got.status().message();
   EXPECT_EQ(got->transfer, p.transfer) << "spec " << GetParam();
+  // The CRC the receiver joined from the frames' is the transfer's (what its import compares instead).
+  EXPECT_EQ(got->received_crc, crc32c(p.transfer.data(), p.transfer.size() - kKvTransferTrailerBytes));
   EXPECT_EQ(got->request.prompt_token_ids, p.prompt);
   EXPECT_EQ(got->request.next_token, 7);
   EXPECT_EQ(got->request.endpoint, "/v1/completions");
@@ -446,6 +450,111 @@ TEST(KvStream, AFailedStreamGivesItsBufferBack) {
   EXPECT_EQ(stats.held_buffers, 1);
   EXPECT_EQ(stats.reused_total, 1u);
   EXPECT_EQ(stats.fresh_total, 1u);
+}
+
+// A receiver with a staging store (a CPU decode worker): each layer is restored into a store of the
+// engine's as soon as it arrives; the engine adopts the store, which holds what a whole import of the
+// transfer holds: the same bytes, the same logits for the next token. The assembly buffer goes back.
+TEST(KvStream, AStagedStreamIsWhatAWholeImportGives) {
+  for (const std::string spec : {"dense", "hack:bits=2,pi=64"}) {
+    Prefilled p = prefill(spec, 150);
+    auto buffers = std::make_shared<BufferPool>(size_t(64) << 20);
+    auto receiver = KvStreamReceiver::start(
+        p.identity, {.port = 0, .buffers = buffers, .staging_store = [&] { return p.engine->new_kv_store(); }});
+    ASSERT_TRUE(receiver) << receiver.status().message();
+    ASSERT_TRUE(send_kv_transfer(loopback((*receiver)->port()), p.identity, p.transfer, request_for(p, "s1"), {}).status);
+    Expected<ReceivedKv> got = (*receiver)->wait_for("s1", 5s);
+    ASSERT_TRUE(got) << got.status().message();
+    ASSERT_TRUE(got->staged_kv) << spec;
+    EXPECT_TRUE(got->transfer.empty());
+    EXPECT_EQ(buffers->stats().held_buffers, 1);
+    const SequenceId staged = *p.engine->add_sequence(), whole = *p.engine->add_sequence();
+    const Status adopted = p.engine->adopt_kv(staged, got->staged_kv, "the stream");
+    ASSERT_TRUE(adopted) << adopted.message();
+    ASSERT_TRUE(p.engine->import_kv(whole, p.transfer, "whole"));
+    EXPECT_EQ(*p.engine->export_kv(staged), p.transfer) << spec;
+    const int32_t next = 7;
+    const std::vector<StepItem> items = {{staged, std::span(&next, 1), StepOutput::kLastLogits},
+                                         {whole, std::span(&next, 1), StepOutput::kLastLogits}};
+    StepResult result;
+    ASSERT_TRUE(p.engine->step(items, result));
+    EXPECT_TRUE(std::equal(result.logits_of(0).begin(), result.logits_of(0).end(), result.logits_of(1).begin())) << spec;
+  }
+}
+
+// A staged stream that fails after some layers were restored — a corrupt frame midway, or a layer
+// whose frames check out but whose open tokens this spec's open block cannot hold — is refused naming
+// the layer, and frees what it staged: the store is gone, the buffer back, no stream in progress.
+TEST(KvStream, AFailedStagedStreamFreesWhatItStaged) {
+  Prefilled p = prefill("hack:bits=2,pi=64", 150);
+  std::mutex mutex;
+  std::vector<std::weak_ptr<KvStore>> stores;  // every store the receiver staged into
+  auto buffers = std::make_shared<BufferPool>(size_t(64) << 20);
+  auto receiver = KvStreamReceiver::start(p.identity, {.port = 0, .io_timeout = 500ms, .buffers = buffers,
+                                                       .staging_store = [&]() -> Expected<std::shared_ptr<KvStore>> {
+                                                         SLIMKV_ASSIGN_OR_RETURN(std::shared_ptr<KvStore> store,
+                                                                                 p.engine->new_kv_store());
+                                                         std::lock_guard lock(mutex);
+                                                         stores.push_back(store);
+                                                         return store;
+                                                       }});
+  ASSERT_TRUE(receiver) << receiver.status().message();
+  const auto info = *inspect_kv_transfer(p.transfer.data(), p.transfer.size(), "t");
+  const auto ranges = kv_transfer_layer_ranges(info);
+  const auto layer_payload = [&](const std::vector<uint8_t>& transfer, size_t l) {
+    const KvTransferLayerRanges& range = ranges[l];
+    std::vector<uint8_t> payload(8 + range.sealed_bytes + range.open_bytes, 0);
+    payload[0] = uint8_t(l);
+    std::memcpy(payload.data() + 8, transfer.data() + range.sealed_offset, range.sealed_bytes);
+    std::memcpy(payload.data() + 8 + range.sealed_bytes, transfer.data() + range.open_offset, range.open_bytes);
+    return payload;
+  };
+  const auto check_freed = [&](const std::string& id) {
+    for (int i = 0; i < 200 && (*receiver)->stats().streams_in_progress > 0; ++i) std::this_thread::sleep_for(10ms);
+    EXPECT_EQ((*receiver)->stats().streams_in_progress, 0);
+    EXPECT_FALSE((*receiver)->wait_for(id, 50ms));
+    std::lock_guard lock(mutex);
+    ASSERT_FALSE(stores.empty());
+    EXPECT_TRUE(stores.back().expired()) << id << ": the staged store outlived its stream";
+    EXPECT_EQ(buffers->stats().held_buffers, 1) << id;
+  };
+  const int num_layers = p.identity.num_layers;
+  ASSERT_GE(num_layers, 4);
+  {
+    // Layers 0 and 1 arrive (and are restored), layer 2's frame is corrupted after its CRC.
+    RawSender sender((*receiver)->port(), p.identity, "f1");
+    sender.write(KvFrameType::kKvHead, std::span<const uint8_t>(p.transfer).first(info.sealed_offset));
+    sender.write(KvFrameType::kKvLayer, layer_payload(p.transfer, 0));
+    sender.write(KvFrameType::kKvLayer, layer_payload(p.transfer, 1));
+    sender.write_corrupted(KvFrameType::kKvLayer, layer_payload(p.transfer, 2));
+    const std::string answer = sender.answer();
+    EXPECT_NE(answer.find("layer 2: "), std::string::npos) << answer;
+    EXPECT_NE(answer.find("KV_LAYER frame checksum mismatch"), std::string::npos) << answer;
+  }
+  check_freed("f1");
+  {
+    // Layer 1's first open value is not an FP16 value, every frame and the trailer computed over it:
+    // only the layer's own check finds it.
+    std::vector<uint8_t> odd = p.transfer;
+    const float not_fp16 = 1.0f + 1.0f / 4096.0f;
+    std::memcpy(odd.data() + ranges[1].open_offset, &not_fp16, 4);
+    const auto trailer = kv_transfer_trailer(crc32c(odd.data(), info.trailer_offset));
+    std::copy(trailer.begin(), trailer.end(), odd.begin() + ptrdiff_t(info.trailer_offset));
+    RawSender sender((*receiver)->port(), p.identity, "f2");
+    sender.write(KvFrameType::kKvHead, std::span<const uint8_t>(odd).first(info.sealed_offset));
+    for (int l = 0; l < num_layers; ++l) sender.write(KvFrameType::kKvLayer, layer_payload(odd, size_t(l)));
+    std::vector<uint8_t> finish(odd.begin() + ptrdiff_t(info.trailer_offset), odd.end());
+    const std::string body = nlohmann::json{{"prompt_token_ids", p.prompt}, {"resume_token_ids", nlohmann::json::array()},
+                                            {"next_token", 1}, {"endpoint", "/v1/completions"}}.dump();
+    finish.insert(finish.end(), body.begin(), body.end());
+    sender.write(KvFrameType::kFinish, finish);
+    const std::string answer = sender.answer();
+    EXPECT_NE(answer.find("layer 1 KV head 0"), std::string::npos) << answer;
+    EXPECT_NE(answer.find("not FP16"), std::string::npos) << answer;
+  }
+  check_freed("f2");
+  std::lock_guard lock(mutex);
+  EXPECT_EQ(stores.size(), 2u);
 }
 
 TEST(KvStream, DeadReceiverFailsTheSenderWithinTheTimeout) {

@@ -103,14 +103,14 @@ class CudaDeviceModel final : public DeviceModel {
     return cuda::export_transfer(model_->kv(), id_of(sequence), context(model_id), out);
   }
   Status import_kv(SequenceId sequence, std::span<const uint8_t> transfer, std::string_view source,
-                   std::string_view model_id) override {
+                   std::string_view model_id, std::optional<uint32_t> received_crc) override {
     const int id = id_of(sequence);
     if (model_->num_tokens(id) != 0) {
       return error("kv transfer '", source, "': sequence ", sequence, " holds ", model_->num_tokens(id),
                    " tokens; a transfer is imported into an empty sequence");
     }
     SLIMKV_RETURN_IF_ERROR(check_transferable());
-    return cuda::import_transfer(model_->kv(), id, context(model_id), transfer, source);
+    return cuda::import_transfer(model_->kv(), id, context(model_id), transfer, source, received_crc);
   }
 
   // The CUDA IPC path: the sealed blocks stay in GPU memory (dense, hack and quant caches).

@@ -53,16 +53,16 @@ Status export_transfer(const GpuKvCache& kv, int sequence, const GpuKvTransferCo
 // buffer, which the cache takes device to device (as from CUDA IPC), the open tokens through a host
 // store. A host tier takes a host store of the whole sequence.
 Status import_transfer(GpuKvCache& kv, int sequence, const GpuKvTransferContext& context,
-                       std::span<const uint8_t> transfer, std::string_view source) {
+                       std::span<const uint8_t> transfer, std::string_view source, std::optional<uint32_t> received_crc) {
   const std::string where = str_cat("kv transfer '", source, "'");
   const KvPageLayout layout = kv.device_page_layout();
   KvStore store(context.shape, context.pipeline);
   if (layout.page_bytes == 0) {
-    SLIMKV_RETURN_IF_ERROR(read_kv_transfer(transfer.data(), transfer.size(), source, context.model_id, store));
+    SLIMKV_RETURN_IF_ERROR(read_kv_transfer(transfer.data(), transfer.size(), source, context.model_id, store, received_crc));
     return kv.import_sequence(sequence, store).with_context(where);
   }
   SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info,
-                          check_kv_transfer_for(transfer.data(), transfer.size(), source, context.model_id, store));
+                          check_kv_transfer_for(transfer.data(), transfer.size(), source, context.model_id, store, received_crc));
   for (size_t l = 0; l < info.layer_tokens.size(); ++l) {
     if (info.layer_tokens[l] != info.layer_tokens[0] || info.block_tokens != kCudaBlockTokens) {
       return error(where, ": layer ", l, " holds ", info.layer_tokens[l], " tokens and layer 0 ", info.layer_tokens[0],

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -33,8 +34,10 @@ struct GpuKvTransferContext {
 
 // export_kv / import_kv: the sequence's transfer in host memory (a host tier's through a host store).
 Status export_transfer(const GpuKvCache& kv, int sequence, const GpuKvTransferContext& context, std::vector<uint8_t>& out);
+// received_crc: as read_kv_transfer's (the CRC its receiver computed as the bytes arrived), or absent.
 Status import_transfer(GpuKvCache& kv, int sequence, const GpuKvTransferContext& context,
-                       std::span<const uint8_t> transfer, std::string_view source);
+                       std::span<const uint8_t> transfer, std::string_view source,
+                       std::optional<uint32_t> received_crc = std::nullopt);
 
 // export_kv_to_device / import_kv_from_device: the sealed blocks copied device to device into (from)
 // a DeviceKvTransfer's pages, the open tokens through a small transfer of their own. The import checks
