@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gguf_fixtures.h"
 #include "golden_models.h"
 #include "model/model_config.h"
 #include "slimkv/engine.h"
@@ -21,20 +22,10 @@
 namespace slimkv {
 namespace {
 
-const std::string kDir = slimkv::test::source_dir() + "/tests/data/gguf";
+const std::string& kDir = slimkv::test::kGgufDir;
+using slimkv::test::read_f32;
 
-nlohmann::json manifest() {
-  std::ifstream in(kDir + "/manifest.json");
-  return nlohmann::json::parse(in);
-}
-
-std::vector<float> read_f32(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  std::vector<float> values(size_t(in.tellg()) / 4);
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(values.data()), std::streamsize(values.size() * 4));
-  return values;
-}
+nlohmann::json manifest() { return slimkv::test::gguf_manifest(); }
 
 std::unique_ptr<Engine> load(const std::string& path) {
   EngineConfig config;
