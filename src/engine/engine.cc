@@ -318,22 +318,27 @@ Expected<DeviceKvTransfer> Engine::export_kv_to_device(SequenceId sequence) cons
   return out;
 }
 
+namespace {
+
+// KV comes into an empty sequence only (an import or an adopted store never appends to what it holds).
+Status check_empty(const DeviceModel& device, SequenceId sequence, const std::string& what, std::string_view verb) {
+  if (device.num_tokens(sequence) == 0) return Status::ok();
+  return error(what, ": sequence ", sequence, " already holds ", device.num_tokens(sequence), " tokens; KV is ", verb,
+               " an empty sequence");
+}
+
+}  // namespace
+
 Status Engine::import_kv_from_device(SequenceId sequence, const DeviceKvTransfer& transfer, std::string_view source) {
   SLIMKV_RETURN_IF_ERROR(check_sequence(sequence));
-  if (device_->num_tokens(sequence) != 0) {
-    return error("kv transfer '", source, "': sequence ", sequence, " already holds ", device_->num_tokens(sequence),
-                 " tokens; KV is imported into an empty sequence");
-  }
+  SLIMKV_RETURN_IF_ERROR(check_empty(*device_, sequence, str_cat("kv transfer '", source, "'"), "imported into"));
   return device_->import_kv_from_device(sequence, transfer, source, identity_);
 }
 
 Status Engine::import_kv(SequenceId sequence, std::span<const uint8_t> transfer, std::string_view source,
                          std::optional<uint32_t> received_crc) {
   SLIMKV_RETURN_IF_ERROR(check_sequence(sequence));
-  if (device_->num_tokens(sequence) != 0) {
-    return error("kv transfer '", source, "': sequence ", sequence, " already holds ", device_->num_tokens(sequence),
-                 " tokens; KV is imported into an empty sequence");
-  }
+  SLIMKV_RETURN_IF_ERROR(check_empty(*device_, sequence, str_cat("kv transfer '", source, "'"), "imported into"));
   return device_->import_kv(sequence, transfer, source, identity_, received_crc);
 }
 
@@ -341,10 +346,7 @@ Expected<std::shared_ptr<KvStore>> Engine::new_kv_store() const { return device_
 
 Status Engine::adopt_kv(SequenceId sequence, std::shared_ptr<KvStore> kv, std::string_view source) {
   SLIMKV_RETURN_IF_ERROR(check_sequence(sequence));
-  if (device_->num_tokens(sequence) != 0) {
-    return error("KV '", source, "': sequence ", sequence, " already holds ", device_->num_tokens(sequence),
-                 " tokens; KV is adopted by an empty sequence");
-  }
+  SLIMKV_RETURN_IF_ERROR(check_empty(*device_, sequence, str_cat("KV '", source, "'"), "adopted by"));
   return device_->adopt_kv(sequence, std::move(kv), source);
 }
 
