@@ -1,5 +1,6 @@
-// The PTX wrappers and code unpacking the attention kernels share (sm_80+): asynchronous copies to
-// shared memory, the tensor-core mma shapes, and a packed field's codes spread one per byte.
+// The PTX wrappers and code unpacking the attention kernels share (sm_80+): warp reductions,
+// asynchronous copies to shared memory, the tensor-core mma shapes, and a packed field's codes spread
+// one per byte.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -7,6 +8,25 @@
 #include <cstdint>
 
 namespace slimkv::cuda {
+
+constexpr unsigned kFullMask = 0xffffffffu;  // every lane of a warp
+
+// A value of every lane of the warp, reduced over the warp (each lane gets the result).
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, offset));
+  return x;
+}
+__device__ __forceinline__ float warp_min(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) x = fminf(x, __shfl_xor_sync(kFullMask, x, offset));
+  return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(kFullMask, x, offset);
+  return x;
+}
 
 // Copies the first `bytes` (0..16) of 16 bytes global → shared without passing through registers and
 // fills the rest with zeros (src-size): tokens past a sequence's end are never read, and their zero V

@@ -21,7 +21,6 @@ constexpr int kMinCtas = 2;  // per multiprocessor (registers: 65536 / (2 CTAs Â
 // two blocks back, so warps run up to a block apart instead of meeting at a barrier every block.
 constexpr int kStages = 4;       // one computed, one converted, one landing, one the slowest warp may still read
 constexpr int kMetaBuffers = 3;  // one computed, one converted, one the slowest warp may still read
-constexpr unsigned kFullMask = 0xffffffffu;
 
 // What the kernel reads: the split-K launch (q, out, tiles, partials; k_pool / v_pool unused) and the
 // sealed blocks.

@@ -8,6 +8,7 @@
 #include <tuple>
 #include <utility>
 
+#include "attention/cuda/device_ops.cuh"
 #include "attention/cuda/hack_prefill_attention.cuh"
 #include "attention/cuda/prefill_attention.cuh"
 #include "attention/cuda/split_k.cuh"
@@ -115,7 +116,6 @@ __global__ __launch_bounds__(kThreads) void paged_attention_partials(AttentionLa
   constexpr int kSteps = kWantedSteps * kTokensPerStep <= kCudaBlockTokens ? kWantedSteps : kCudaBlockTokens / kTokensPerStep;
   constexpr int kChunkTokens = kTokensPerStep * kSteps;
   static_assert(kCudaBlockTokens % kChunkTokens == 0, "a chunk must not straddle blocks");
-  constexpr unsigned kFullMask = 0xffffffffu;
 
   const int split = blockIdx.x, kv_head = blockIdx.y, tile = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -230,7 +230,15 @@ __global__ __launch_bounds__(kThreads) void paged_attention_partials(AttentionLa
 }
 
 // One warp per (tile, KV head, row): merges the row's split partials and writes acc / sum as FP16.
+// A decode step of one or a few sequences has many splits (64 for one 16K sequence on an H100), so
+// the lanes share out the splits' (max, sum), and each lane keeps the loads of kInFlight splits' columns
+// in flight at once instead of walking the splits one dependent load after another. The weighted
+// values are still summed in split order.
+template <int kHeadDim>
 __global__ __launch_bounds__(kThreads) void merge_split_partials(AttentionLaunch p) {
+  constexpr int kCols = kHeadDim >= 32 ? kHeadDim / 32 : 1;  // per lane
+  constexpr int kLanes = kHeadDim / kCols;                     // lanes holding columns
+  constexpr int kInFlight = 8;
   const int row = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (row >= p.num_tiles * p.num_kv_heads * p.rows_per_tile) return;
   const int r = row % p.rows_per_tile;
@@ -238,28 +246,56 @@ __global__ __launch_bounds__(kThreads) void merge_split_partials(AttentionLaunch
   const int tile = row / p.rows_per_tile / p.num_kv_heads;
   const TileQueries tq(p, tile);
   if (r >= tq.active_rows) return;
-  const float2* max_sum = p.partial_max_sum + size_t(row) * p.split_stride;
+  const int splits = p.split_stride;
+  const float2* max_sum = p.partial_max_sum + size_t(row) * splits;
   float max_all = -INFINITY;
-  for (int s = 0; s < p.split_stride; ++s) max_all = fmaxf(max_all, max_sum[s].x);
-  const float reference = softmax_reference(max_all);
+  for (int s = lane; s < splits; s += 32) max_all = fmaxf(max_all, max_sum[s].x);
+  const float reference = softmax_reference(warp_max(max_all));
   float total = 0.0f;
-  for (int s = 0; s < p.split_stride; ++s) total += exp2f(max_sum[s].x - reference) * max_sum[s].y;
+  for (int s = lane; s < splits; s += 32) total += exp2f(max_sum[s].x - reference) * max_sum[s].y;
+  total = warp_sum(total);
   const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
-  const int head = kv_head * p.group + r % p.group;
-  __half* out = p.out + (size_t(tq.query_begin + tq.first_query + r / p.group) * p.num_heads + head) * p.head_dim;
-  const float* acc = p.partial_acc + size_t(row) * p.split_stride * p.head_dim;
-  for (int c = lane; c < p.head_dim; c += 32) {
-    float weighted = 0.0f;
-    for (int s = 0; s < p.split_stride; ++s) weighted += exp2f(max_sum[s].x - reference) * acc[size_t(s) * p.head_dim + c];
-    out[c] = __float2half(weighted * inverse);
+
+  const float* acc = p.partial_acc + size_t(row) * splits * kHeadDim + (lane < kLanes ? lane * kCols : 0);
+  float weighted[kCols] = {};
+  for (int base = 0; base < splits; base += 32) {
+    // Lane l holds split base + l's factor (0 past the last split), which the others take by shuffle.
+    const float factor = base + lane < splits ? exp2f(max_sum[base + lane].x - reference) : 0.0f;
+    const int count = min(32, splits - base);
+    for (int first = 0; first < count; first += kInFlight) {
+      float values[kInFlight][kCols];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        const bool present = first + u < count && lane < kLanes;
+#pragma unroll
+        for (int i = 0; i < kCols; ++i) values[u][i] = present ? acc[size_t(base + first + u) * kHeadDim + i] : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        const float f = __shfl_sync(kFullMask, factor, first + u);
+#pragma unroll
+        for (int i = 0; i < kCols; ++i) weighted[i] += f * values[u][i];
+      }
+    }
   }
+  if (lane >= kLanes) return;
+  const int head = kv_head * p.group + r % p.group;
+  __half* out = p.out + (size_t(tq.query_begin + tq.first_query + r / p.group) * p.num_heads + head) * kHeadDim + lane * kCols;
+#pragma unroll
+  for (int i = 0; i < kCols; ++i) out[i] = __float2half(weighted[i] * inverse);
 }
 
 }  // namespace
 
 void launch_merge_split_partials(const AttentionLaunch& p) {
-  const int rows = p.num_tiles * p.num_kv_heads * p.rows_per_tile;
-  merge_split_partials<<<unsigned((rows + kWarps - 1) / kWarps), kThreads>>>(p);
+  const unsigned ctas = unsigned((p.num_tiles * p.num_kv_heads * p.rows_per_tile + kWarps - 1) / kWarps);
+  switch (p.head_dim) {  // create() admits these
+    case 16: merge_split_partials<16><<<ctas, kThreads>>>(p); break;
+    case 32: merge_split_partials<32><<<ctas, kThreads>>>(p); break;
+    case 64: merge_split_partials<64><<<ctas, kThreads>>>(p); break;
+    case 256: merge_split_partials<256><<<ctas, kThreads>>>(p); break;
+    default: merge_split_partials<128><<<ctas, kThreads>>>(p); break;
+  }
 }
 
 namespace {

@@ -86,7 +86,6 @@ __device__ inline void dequantize_sealed_block(const uint8_t* block, const Quant
 constexpr int kRowTiles = kPrefillRowTilesPerWarp;
 constexpr int kRows = 2 * kRowTiles;               // rows of S and O a lane holds
 constexpr int kTokenTiles = kCudaBlockTokens / 8;  // n8 tiles of S per block
-constexpr unsigned kFullMask = 0xffffffffu;
 
 // What a lane holds of its warp's rows, in the mma accumulator layout: in row tile m it holds rows
 // g = lane / 4 and g + 8, and columns 2(lane % 4), +1 of every 8-column tile of S and O; its row

@@ -31,7 +31,6 @@ namespace slimkv::cuda {
 namespace {
 
 constexpr int T = kCudaBlockTokens;  // tokens per block: one V partition (HACK's Π)
-constexpr unsigned kFullMask = 0xffffffffu;
 
 // Per warp, after the staging buffers, for KIVI's layouts: the 8-bit operands of the block the warp
 // reads and their parameters (byte offsets in the warp's scratch).
@@ -101,17 +100,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
-}
-
-__device__ __forceinline__ float warp_max(float x) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, offset));
-  return x;
-}
-__device__ __forceinline__ float warp_min(float x) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) x = fminf(x, __shfl_xor_sync(kFullMask, x, offset));
-  return x;
 }
 
 // The warp's running partial (attention/partial.h), base-2 max; lane l holds columns l·kCols.. of acc.
