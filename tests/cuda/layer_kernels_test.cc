@@ -133,6 +133,44 @@ TEST_F(CudaLayerTest, EmbedAndRmsnormMatchLoops) {
   }
 }
 
+// RMSNorm's rows from one value to the widest it takes (each thread holds up to 16 values: 16384 is
+// 1024 threads' worth), odd widths too, against the FP64 loop; wider rows are refused by name.
+TEST_F(CudaLayerTest, RmsnormOfEveryWidthMatchesLoop) {
+  std::mt19937 rng(11);
+  for (int dim : {1, 37, 4096, 5000, 16384}) {
+    SCOPED_TRACE(dim);
+    const int n = 3;
+    const auto x = normal_floats(size_t(n) * dim, rng), weight = normal_floats(size_t(dim), rng);
+    auto x_device = on_device(x), weight_device = on_device(weight);
+    auto out_device = on_device(std::vector<uint16_t>(size_t(n) * dim, 0xffff));
+    SLIMKV_ASSERT_OK(rmsnorm(x_device.data(), weight_device.data(), 1e-5f, n, dim, out_device.data(), DType::kF16));
+    auto added_device = on_device(x);
+    SLIMKV_ASSERT_OK(add_rmsnorm(x_device.data(), weight_device.data(), 1e-5f, n, dim, added_device.data()));
+    const auto out = on_host(out_device);
+    const auto added = on_host(added_device);
+    std::vector<float> got(out.size());
+    std::vector<double> want(out.size()), want_added(out.size());
+    for (int t = 0; t < n; ++t) {
+      double square_sum = 0;
+      for (int c = 0; c < dim; ++c) square_sum += double(x[size_t(t) * dim + c]) * x[size_t(t) * dim + c];
+      const double inv_rms = 1.0 / std::sqrt(square_sum / dim + 1e-5);
+      for (int c = 0; c < dim; ++c) {
+        const size_t i = size_t(t) * dim + c;
+        want[i] = weight[size_t(c)] * x[i] * inv_rms;
+        want_added[i] = x[i] + want[i];
+        got[i] = fp16_to_float(out[i]);
+      }
+    }
+    EXPECT_LT(relative_error(got, want), 1e-3);
+    EXPECT_LT(relative_error(added, want_added), 1e-6);
+  }
+  auto one = on_device(std::vector<float>(16385, 1.0f));
+  auto out = on_device(std::vector<uint16_t>(16385));
+  const Status refused = rmsnorm(one.data(), one.data(), 1e-5f, 1, 16385, out.data(), DType::kF16);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.message().find("16385"), std::string::npos) << refused.message();
+}
+
 // Gemma 3's sandwich norms: x += rmsnorm(y) · w, in FP32.
 TEST_F(CudaLayerTest, AddRmsnormMatchesLoop) {
   std::mt19937 rng(23);

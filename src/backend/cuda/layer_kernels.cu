@@ -3,6 +3,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 #include "backend/cuda/cuda_check.h"
 
 namespace slimkv::cuda {
@@ -50,25 +52,71 @@ __global__ void embed_kernel(const int32_t* tokens, int n, const void* table, bo
   x[i] = load_half(table, bf16, size_t(tokens[t]) * hidden + c) * scale;
 }
 
-// One block per row: the mean square in FP32, as the CPU's rmsnorm.
-__global__ void rmsnorm_kernel(const float* x, const int32_t* rows, const float* weight, float eps, int dim, void* out,
-                               bool bf16) {
-  const float* row = x + size_t(rows != nullptr ? rows[blockIdx.x] : blockIdx.x) * dim;
+// RMSNorm: one CTA per row, each thread holding the values i = threadIdx.x + j·blockDim.x (j <
+// kNormValues) of the row in registers, all loads issued before the first is used, and the weight's
+// likewise after the sum: a decode step's norms are one row each, and a loop of dependent loads per
+// thread paid the memory's latency over and over (10.9 us a norm of Llama-3-8B's 4096 values on an
+// H100, 65 norms a step).
+constexpr int kNormValues = 16;
+constexpr int kNormMaxThreads = 1024;
+constexpr int kNormMaxDim = kNormValues * kNormMaxThreads;
+
+struct NormedRow {
+  float value[kNormValues];
+  float inv_rms;  // 1 / rms(row), the mean square in FP32 as the CPU's rmsnorm
+};
+
+__device__ void load_normed_row(const float* row, float eps, int dim, NormedRow& r) {
+#pragma unroll
+  for (int j = 0; j < kNormValues; ++j) {
+    const int i = threadIdx.x + j * int(blockDim.x);
+    r.value[j] = i < dim ? row[i] : 0.0f;
+  }
   float square_sum = 0.0f;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) square_sum += row[i] * row[i];
-  const float inv_rms = rsqrtf(block_sum(square_sum) / float(dim) + eps);
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    store_half(out, bf16, size_t(blockIdx.x) * dim + i, weight[i] * (row[i] * inv_rms));
+#pragma unroll
+  for (int j = 0; j < kNormValues; ++j) square_sum += r.value[j] * r.value[j];
+  r.inv_rms = rsqrtf(block_sum(square_sum) / float(dim) + eps);
+}
+
+// The thread's normed values times the weight, handed to put(i, value) for each of its indices i.
+template <typename Put>
+__device__ void put_normed_row(const NormedRow& r, const float* weight, int dim, Put put) {
+  float w[kNormValues];
+#pragma unroll
+  for (int j = 0; j < kNormValues; ++j) {
+    const int i = threadIdx.x + j * int(blockDim.x);
+    w[j] = i < dim ? weight[i] : 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < kNormValues; ++j) {
+    const int i = threadIdx.x + j * int(blockDim.x);
+    if (i < dim) put(i, w[j] * (r.value[j] * r.inv_rms));
   }
 }
 
-// One block per row: x += the row of y normed (Gemma 3's sandwich norms).
-__global__ void add_rmsnorm_kernel(const float* y, const float* weight, float eps, int dim, float* x) {
-  const float* row = y + size_t(blockIdx.x) * dim;
-  float square_sum = 0.0f;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) square_sum += row[i] * row[i];
-  const float inv_rms = rsqrtf(block_sum(square_sum) / float(dim) + eps);
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) x[size_t(blockIdx.x) * dim + i] += weight[i] * (row[i] * inv_rms);
+// out[r] = the row (rows ? rows[r] : r) of x normed, times the weight, in FP16/BF16.
+__global__ __launch_bounds__(kNormMaxThreads) void rmsnorm_kernel(const float* x, const int32_t* rows,
+                                                                  const float* weight, float eps, int dim, void* out,
+                                                                  bool bf16) {
+  NormedRow r;
+  load_normed_row(x + size_t(rows != nullptr ? rows[blockIdx.x] : blockIdx.x) * dim, eps, dim, r);
+  put_normed_row(r, weight, dim, [&](int i, float v) { store_half(out, bf16, size_t(blockIdx.x) * dim + i, v); });
+}
+
+// x += the row of y normed (Gemma 3's sandwich norms).
+__global__ __launch_bounds__(kNormMaxThreads) void add_rmsnorm_kernel(const float* y, const float* weight, float eps,
+                                                                      int dim, float* x) {
+  NormedRow r;
+  load_normed_row(y + size_t(blockIdx.x) * dim, eps, dim, r);
+  put_normed_row(r, weight, dim, [&](int i, float v) { x[size_t(blockIdx.x) * dim + i] += v; });
+}
+
+// Threads for a norm of dim values: about four values a thread, whole warps (block_sum), at most 1024.
+unsigned norm_threads(int dim) { return unsigned(std::clamp((dim / 4 + 31) / 32 * 32, 32, kNormMaxThreads)); }
+
+Status check_norm_dim(int dim) {
+  if (dim >= 1 && dim <= kNormMaxDim) return Status::ok();
+  return error("RMSNorm of rows of ", dim, " values (expected 1 to ", kNormMaxDim, ")");
 }
 
 // rot=hadamard (kv/rotation.h): x ← H x over a head's head_dim values in shared memory, one thread
@@ -178,15 +226,17 @@ Status embed(const int32_t* tokens, int n, const void* table, DType dtype, int h
 Status rmsnorm(const float* x, const float* weight, float eps, int n, int dim, void* out, DType out_dtype,
                const int32_t* rows) {
   SLIMKV_RETURN_IF_ERROR(check_half(out_dtype, "RMSNorm output"));
+  SLIMKV_RETURN_IF_ERROR(check_norm_dim(dim));
   if (n == 0) return Status::ok();
-  rmsnorm_kernel<<<unsigned(n), kThreads>>>(x, rows, weight, eps, dim, out, out_dtype == DType::kBF16);
+  rmsnorm_kernel<<<unsigned(n), norm_threads(dim)>>>(x, rows, weight, eps, dim, out, out_dtype == DType::kBF16);
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   return Status::ok();
 }
 
 Status add_rmsnorm(const float* y, const float* weight, float eps, int n, int dim, float* x) {
+  SLIMKV_RETURN_IF_ERROR(check_norm_dim(dim));
   if (n == 0) return Status::ok();
-  add_rmsnorm_kernel<<<unsigned(n), kThreads>>>(y, weight, eps, dim, x);
+  add_rmsnorm_kernel<<<unsigned(n), norm_threads(dim)>>>(y, weight, eps, dim, x);
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   return Status::ok();
 }
