@@ -25,8 +25,8 @@ using PqSelectTest = CudaTest;
 TEST_F(PqSelectTest, TopKEqualsASortOnRandomAndTiedScores) {
   std::mt19937 rng(7);
   for (const bool tied : {false, true}) {
-    const std::vector<int> ns = {1, 5, 1000, 4097, 70000, 3000}, ks = {1, 5, 17, 4000, 1024, 0};
-    const int rows = int(ns.size()), stride = 70000;
+    const std::vector<int> ns = {1, 5, 1000, 4097, 70000, 3000, 131072}, ks = {1, 5, 17, 4000, 1024, 0, 4096};
+    const int rows = int(ns.size()), stride = 131072;
     std::vector<float> scores(size_t(rows) * stride);
     std::normal_distribution<float> normal;
     std::uniform_int_distribution<int> small(-3, 3);

@@ -10,6 +10,7 @@ namespace {
 using i64 = long long;
 
 constexpr int kTopKThreads = 1024;
+constexpr int kKeysInFlight = 8;  // per thread of the top-k's passes
 constexpr int kWarpsPerBlock = 8;
 
 __device__ float half_at(const uint16_t* p, long long i) { return __half2float(__ushort_as_half(p[i])); }
@@ -46,6 +47,9 @@ __global__ void tables_kernel(PqSelectLaunch p) {
   for (int e = threadIdx.x; e < x.m * K; e += blockDim.x) {
     const int s = e / K, i = e % K;
     double sum = 0.0;
+    // Unrolled so that several centroid loads are in flight (a 128K context has 512 segments' codebooks
+    // to read each layer); the sum keeps its order.
+#pragma unroll 8
     for (int j = 0; j < sub; ++j) sum += double(qsum[s * sub + j]) * double(half_at(c, (i64(s) * sub + j) * K + i));
     table[e] = float(sum);
   }
@@ -95,13 +99,22 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores
     for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
     __syncthreads();
     // Scores cluster in few bins (the top byte is sign and exponent): lanes of a warp that hit the same
-    // bin add once, through their leader.
-    for (int base = 0; base < n; base += blockDim.x) {
-      const int i = base + threadIdx.x;
-      const unsigned u = i < n ? order_key(s[i]) : 0u;
-      const unsigned bin = (i < n && (u & mask) == prefix) ? (u >> shift) & 255u : 256u;
-      const unsigned peers = __match_any_sync(0xffffffffu, bin);
-      if (bin < 256u && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
+    // bin add once, through their leader. kKeysInFlight keys a thread are loaded before the first is
+    // used: one CTA reads the whole row, so the loads' latency, not bandwidth, bounds a pass.
+    for (int base = 0; base < n; base += int(blockDim.x) * kKeysInFlight) {
+      unsigned keys[kKeysInFlight];
+#pragma unroll
+      for (int j = 0; j < kKeysInFlight; ++j) {
+        const int i = base + j * int(blockDim.x) + int(threadIdx.x);
+        keys[j] = i < n ? order_key(s[i]) : 0u;
+      }
+#pragma unroll
+      for (int j = 0; j < kKeysInFlight; ++j) {
+        const int i = base + j * int(blockDim.x) + int(threadIdx.x);
+        const unsigned bin = (i < n && (keys[j] & mask) == prefix) ? (keys[j] >> shift) & 255u : 256u;
+        const unsigned peers = __match_any_sync(0xffffffffu, bin);
+        if (bin < 256u && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
+      }
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -125,11 +138,24 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores
   __shared__ int warp_greater[kWarps], warp_equal[kWarps];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int span = (n + kWarps - 1) / kWarps, begin = min(n, warp * span), end = min(n, begin + span);
+  // A warp's keys kKeysInFlight pieces of 32 at a time, all loaded before the first is used.
+  const auto load_keys = [&](int base, unsigned (&keys)[kKeysInFlight]) {
+#pragma unroll
+    for (int j = 0; j < kKeysInFlight; ++j) {
+      const int i = base + 32 * j + lane;
+      keys[j] = i < end ? order_key(s[i]) : 0u;
+    }
+  };
   int greater = 0, equal = 0;
-  for (int i = begin + lane; i < end; i += 32) {
-    const unsigned u = order_key(s[i]);
-    greater += u > prefix ? 1 : 0;
-    equal += u == prefix ? 1 : 0;
+  for (int base = begin; base < end; base += 32 * kKeysInFlight) {
+    unsigned keys[kKeysInFlight];
+    load_keys(base, keys);
+#pragma unroll
+    for (int j = 0; j < kKeysInFlight; ++j) {
+      const bool in_range = base + 32 * j + lane < end;
+      greater += in_range && keys[j] > prefix ? 1 : 0;
+      equal += in_range && keys[j] == prefix ? 1 : 0;
+    }
   }
   for (int offset = 16; offset > 0; offset /= 2) {
     greater += __shfl_xor_sync(0xffffffffu, greater, offset);
@@ -143,16 +169,21 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores
     equal_seen += warp_equal[w];
   }
   const unsigned lanes_below = (1u << lane) - 1u;
-  for (int base = begin; base < end; base += 32) {
-    const int i = base + lane;
-    const unsigned u = i < end ? order_key(s[i]) : 0u;
-    const bool is_equal = i < end && u == prefix;
-    const unsigned equal_lanes = __ballot_sync(0xffffffffu, is_equal);
-    const bool take = i < end && (u > prefix || (is_equal && equal_seen + __popc(equal_lanes & lanes_below) < remaining));
-    const unsigned take_lanes = __ballot_sync(0xffffffffu, take);
-    if (take) out[written + __popc(take_lanes & lanes_below)] = i;
-    written += __popc(take_lanes);
-    equal_seen += __popc(equal_lanes);
+  for (int first = begin; first < end; first += 32 * kKeysInFlight) {
+    unsigned keys[kKeysInFlight];
+    load_keys(first, keys);
+#pragma unroll
+    for (int j = 0; j < kKeysInFlight; ++j) {
+      const int i = first + 32 * j + lane;
+      const unsigned u = keys[j];
+      const bool is_equal = i < end && u == prefix;
+      const unsigned equal_lanes = __ballot_sync(0xffffffffu, is_equal);
+      const bool take = i < end && (u > prefix || (is_equal && equal_seen + __popc(equal_lanes & lanes_below) < remaining));
+      const unsigned take_lanes = __ballot_sync(0xffffffffu, take);
+      if (take) out[written + __popc(take_lanes & lanes_below)] = i;
+      written += __popc(take_lanes);
+      equal_seen += __popc(equal_lanes);
+    }
   }
 }
 
