@@ -4,7 +4,6 @@
 // anything loads.
 #pragma once
 
-#include <string>
 #include <string_view>
 
 #include "slimkv/status.h"
@@ -14,7 +13,6 @@ namespace slimkv {
 struct DeviceName {
   bool cuda = false;
   int gpu = 0;  // with cuda: the visible GPU's index (cudaSetDevice's); 0 otherwise
-  std::string text() const;  // "cpu" or "cuda:N"
 };
 
 // An error names the text and the expected forms: "cuda:x", "cuda:-1", "cuda:" and "cpu:1" are refused.

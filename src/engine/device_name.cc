@@ -4,8 +4,6 @@
 
 namespace slimkv {
 
-std::string DeviceName::text() const { return cuda ? str_cat("cuda:", gpu) : std::string("cpu"); }
-
 Expected<DeviceName> parse_device_name(std::string_view name) {
   const auto refused = [&] {
     return error("device '", name, "' is not known: expected cpu, cuda, or cuda:N for visible GPU N (0 is the first, ",

@@ -16,16 +16,14 @@ TEST(DeviceName, ParsesCpuCudaAndCudaN) {
     std::string text;
     bool cuda;
     int gpu;
-    std::string canonical;
   };
-  for (const Case& c : {Case{"cpu", false, 0, "cpu"}, Case{"cuda", true, 0, "cuda:0"}, Case{"cuda:0", true, 0, "cuda:0"},
-                        Case{"cuda:1", true, 1, "cuda:1"}, Case{"cuda:15", true, 15, "cuda:15"}, Case{"cuda:007", true, 7, "cuda:7"}}) {
+  for (const Case& c : {Case{"cpu", false, 0}, Case{"cuda", true, 0}, Case{"cuda:0", true, 0}, Case{"cuda:1", true, 1},
+                        Case{"cuda:15", true, 15}, Case{"cuda:007", true, 7}}) {
     SCOPED_TRACE(c.text);
     const Expected<DeviceName> parsed = parse_device_name(c.text);
     ASSERT_TRUE(parsed) << parsed.status().message();
     EXPECT_EQ(parsed->cuda, c.cuda);
     EXPECT_EQ(parsed->gpu, c.gpu);
-    EXPECT_EQ(parsed->text(), c.canonical);
   }
 }
 

@@ -41,6 +41,10 @@ DECODE_DEVICE = ["--device", "cuda:1" if TWO_GPUS else "cuda:0"] if ON_GPU else 
 # than two CPU cores, and the kill must land before the last one (the context is 1024).
 KILLED_MAX_TOKENS = 800 if ON_GPU else 160
 WAIT_S = 60  # the longest any one wait of this test may take
+# How long a decode worker waits for a request's KV. A decode request the router gave up on (its prefill
+# worker died) waits that long before it ends (nothing is written to it, so its worker does not see the
+# router leave), and the worker's SIGTERM drain waits for it: short, so that close() stays bounded.
+KV_TIMEOUT_S = 20
 NAME = "slimkv-llama-15m"
 KEY = {"Authorization": "Bearer sk-node"}  # the key openai_sdk_test.mjs uses
 PROMPTS = ["The history of the city", "Once upon a time, there was a little", "In mathematics, a prime number"]
@@ -81,7 +85,7 @@ class Deployment:
                        for _ in range(2)]
         command = [SLIMKV, "router", "--host", "127.0.0.1", "--port", "0", "--api-key", "sk-node",
                    "--prefill", ",".join(p.url for p in self.prefill), "--decode", ",".join(d.url for d in self.decode),
-                   "--health-interval-s", "0.2"]
+                   "--health-interval-s", "0.2", "--kv-timeout-s", str(KV_TIMEOUT_S)]
         self.router = self.start(Process(command, name="slimkv-router"))
 
     def start(self, server):
