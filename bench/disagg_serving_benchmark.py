@@ -48,18 +48,18 @@ class Deployment:
         common = [args.slimkv, "serve", "--model", args.model, "--kv", spec, "--host", "127.0.0.1", "--port", "0",
                   "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
                   "--prefill-chunk-tokens", str(args.prefill_chunk_tokens)] + args.serve_args.split()
-        # --two-gpus: the decode worker on the second GPU, listed first; every GPU stays visible to each
-        # worker, as NCCL needs. The colocated server and the prefill worker run on the first.
-        first_gpu = {"CUDA_VISIBLE_DEVICES": "0,1"} if args.two_gpus else None
-        second_gpu = {"CUDA_VISIBLE_DEVICES": "1,0"} if args.two_gpus else None
+        # --two-gpus: the decode worker on the second GPU (its --device cuda made cuda:1); every GPU stays
+        # visible to each worker, as NCCL needs. The colocated server and the prefill worker run on the first.
+        decode_common = [("cuda:1" if args.two_gpus and i > 0 and common[i - 1] == "--device" else arg)
+                         for i, arg in enumerate(common)]
         self.processes = []
         if not disaggregated:
-            self.front = self.start(common + ["--threads", str(2 * args.threads)], "colocated", first_gpu)
+            self.front = self.start(common + ["--threads", str(2 * args.threads)], "colocated")
             return
         self.prefill = self.start(common + ["--threads", str(args.threads), "--role", "prefill",
-                                            "--kv-bandwidth-gbps", str(args.kv_bandwidth_gbps)], "prefill", first_gpu)
-        self.decode = self.start(common + ["--threads", str(args.threads), "--role", "decode", "--kv-port", "0"], "decode",
-                                 second_gpu)
+                                            "--kv-bandwidth-gbps", str(args.kv_bandwidth_gbps)], "prefill")
+        self.decode = self.start(decode_common + ["--threads", str(args.threads), "--role", "decode", "--kv-port", "0"],
+                                 "decode")
         self.front = self.start([args.slimkv, "router", "--port", "0", "--prefill", self.prefill.url,
                                  "--decode", self.decode.url, "--health-interval-s", "0.5"], "router")
 
@@ -67,8 +67,8 @@ class Deployment:
     def name_of(spec, disaggregated):
         return f"disagg {spec}" if disaggregated else f"colocated {spec}"
 
-    def start(self, command, name, env=None):
-        process = Process(command, name=f"slimkv-{name}", env=env).__enter__()
+    def start(self, command, name):
+        process = Process(command, name=f"slimkv-{name}").__enter__()
         self.processes.append(process)
         return process
 

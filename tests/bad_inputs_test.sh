@@ -95,7 +95,9 @@ case_ "an unknown command" "$slimkv" frobnicate
 case_ "an unknown option" "$slimkv" generate --model "$bundled" --prompt hi --bogus
 case_ "a missing required option" "$slimkv" logits --model "$bundled" --tokens 1
 case_ "--threads -1" "$slimkv" generate --model "$bundled" --prompt hi --threads -1
-case_ "--device tpu" "$slimkv" generate --model "$bundled" --prompt hi --device tpu
+for device in tpu cuda:x cuda:-1 cuda: cpu:1; do
+  case_ "--device $device" "$slimkv" generate --model "$bundled" --prompt hi --device "$device"
+done
 
 if [ "$update" = "--update" ]; then
   cp "$table" "$src/docs/bad_inputs.md"

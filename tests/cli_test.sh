@@ -57,6 +57,22 @@ expect_error no-subcommand "subcommand" "$slimkv"
 if ! nvidia-smi >/dev/null 2>&1; then
   expect_error no-gpu "CUDA" "$slimkv" logits --model "$models/llama_gqa_bf16" --tokens "1" --device cuda --out "$work/c.npy"
 fi
+# --device cuda:N: the form is checked as the line is parsed, by every command that takes it (a bad one
+# names the expected forms); whether GPU N exists, before the model loads (tests/cuda/device_choice_test.cc).
+for device in cpu cuda cuda:0 cuda:1 cuda:12; do
+  expect_ok "device-form-$device" "$slimkv" --dry-parse generate --model "$models/llama_gqa_bf16" --prompt hi --device "$device"
+done
+for device in cuda:x cuda:-1 cuda: cpu:1 cuda:1x " cuda" CUDA; do
+  expect_error "device-form-'$device'" "device '$device' is not known: expected cpu, cuda, or cuda:N" \
+    "$slimkv" --dry-parse generate --model "$models/llama_gqa_bf16" --prompt hi --device "$device"
+done
+expect_error device-form-eval "device 'cuda:x' is not known" "$slimkv" --dry-parse eval --model "$src/models/slimkv-llama-15m" --kv dense \
+  --tasks ppl --device cuda:x --out "$work/e"
+expect_error device-form-serve "device 'gpu:1' is not known" "$slimkv" --dry-parse serve --model "$src/models/slimkv-llama-15m" --device gpu:1
+if ! nvidia-smi >/dev/null 2>&1; then
+  expect_error no-gpu-index "device 'cuda:1': this process sees no GPU" \
+    "$slimkv" logits --model "$models/llama_gqa_bf16" --tokens "1" --device cuda:1 --out "$work/c.npy"
+fi
 # ZACK: the calibration a spec names must exist and be this model's.
 bundled=$src/models/slimkv-llama-15m
 expect_error zack-no-calibration "zack.safetensors" "$slimkv" logits --model "$models/qwen2_bias_tied" --tokens "1" --kv zack:r=0.05 --out "$work/c.npy"

@@ -2,7 +2,7 @@
 // from a prefill process's GPU KV cache into a decode process's, per KV spec and prompt length, by each
 // transport:
 //   cuda_ipc   the KV stream's CUDA IPC path (one GPU): sealed blocks device → device, never in host memory
-//   nccl       the KV stream's NCCL path (--two-gpus: the decode process on the second GPU): sealed
+//   nccl       the KV stream's NCCL path (--two-gpus: the decode process on cuda:1, both GPUs visible to both): sealed
 //              blocks sent GPU → GPU through the processes' NCCL link (NVLink where there is one)
 //   nccl@N     the same paced at N Gbit/s (a link of that speed)
 //   tcp        the KV stream over loopback TCP: exported to host memory, sent, received, imported
@@ -14,7 +14,10 @@
 // NCCL link is joined by the first nccl transfer and kept (its join time is printed once).
 // The KV is random FP16 K/V of the model's shape, written through the cache's own append (sealing
 // included): a transfer does not depend on weights, so none are loaded. After every import the decode
-// side's KV must be the prefill side's: the CRC32C of their transfer bytes is compared.
+// side's KV must be the prefill side's: each side copies its sequence's sealed blocks out of its paged
+// cache (export_to_device, in the transfer's order) and checksums them on its GPU
+// (backend/cuda/device_checksum.h), with the CRC32C of the few open tokens' transfer beside it; the two
+// are compared. (A host export for the check took ~17 s per transfer of a 64K-token dense prompt.)
 //   bench_kv_transport_cuda --shape llama3-8b --specs "dense;hack:bits=4;hack:bits=2,pi=64"
 //                           --prompt-tokens 16384,32768,65536 --transports cuda_ipc,tcp,tcp@100,tcp@10 --repeats 3
 //   bench_kv_transport_cuda --two-gpus --transports nccl,nccl@100,nccl@10,tcp ...
@@ -34,6 +37,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "backend/cuda/device_checksum.h"
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/random_fill.h"
 #include "bench_errors.h"
@@ -62,6 +66,7 @@ struct Options {
   // The decode side's.
   bool decode_side = false;
   std::string spec;
+  int gpu = 0;  // its visible GPU (--two-gpus: 1)
 };
 
 // One side's GPU KV cache of the shape and spec, with what its transfers need.
@@ -111,40 +116,50 @@ Expected<int> fill_sequence(GpuKvCache& cache, const ModelConfig& model, int tok
   return sequence;
 }
 
-// The CRC32C of a sequence's transfer bytes: what both sides compare.
-Expected<uint32_t> kv_crc(const Side& side, int sequence) {
-  std::vector<uint8_t> transfer;
-  SLIMKV_RETURN_IF_ERROR(export_transfer(*side.cache, sequence, side.context, transfer));
-  return crc32c(transfer.data(), transfer.size());
+// What both sides compare: the checksum of a sequence's sealed blocks, read out of the paged cache in
+// the transfer's order on the GPU, and the CRC32C of its open tokens' transfer.
+struct KvChecksum {
+  uint64_t sealed = 0;
+  uint32_t open = 0;
+  bool operator==(const KvChecksum&) const = default;
+};
+
+Expected<KvChecksum> kv_checksum(const Side& side, int sequence) {
+  DeviceKvTransfer kv;
+  SLIMKV_RETURN_IF_ERROR(export_to_device(*side.cache, sequence, side.context, kv));
+  SLIMKV_ASSIGN_OR_RETURN(const uint64_t sealed, device_checksum(kv.pages.get(), kv.pages_bytes()));
+  return KvChecksum{sealed, crc32c(kv.open.data(), kv.open.size())};
 }
 
 // --- The decode side: a receiver; for each request id read on stdin, the stream's KV imported ---
-// Answers on stdout, one line each: "port P" once, then "ID IMPORT_SECONDS CRC" (or "ID error MESSAGE").
+// Answers on stdout, one line each: "port P" once, then "ID IMPORT_SECONDS SEALED_CHECKSUM OPEN_CRC"
+// (or "ID error MESSAGE").
 int run_decode_side(const Options& o, const ModelConfig& model) {
+  if (failed(use_gpu(o.gpu))) return 1;  // before the cache allocates; the receiver's threads are told too
   const int context = *std::max_element(o.prompt_tokens.begin(), o.prompt_tokens.end());
   Expected<Side> side = make_side(model, o.spec, context, o.step_tokens);
   if (failed(side.status())) return 1;
   auto receiver = KvStreamReceiver::start(side->identity, {.port = 0, .max_unclaimed_bytes = uint64_t(1) << 40,
-                                                           .max_tokens = context, .cuda_ipc_device = cuda_ipc_device_id(),
-                                                           .nccl = nccl_available().is_ok()});
+                                                           .max_tokens = context, .cuda_ipc_device = cuda_ipc_device_id(o.gpu),
+                                                           .nccl = nccl_available().is_ok(), .gpu = o.gpu});
   if (failed(receiver.status())) return 1;
   std::printf("port %d\n", (*receiver)->port());
   std::fflush(stdout);
   std::string id;
   while (std::cin >> id && id != "quit") {
-    const auto answer = [&](const Status& status, double seconds, uint32_t crc) {
-      if (status) std::printf("%s %.6f %u\n", id.c_str(), seconds, crc);
+    const auto answer = [&](const Status& status, double seconds, KvChecksum checksum) {
+      if (status) std::printf("%s %.6f %llu %u\n", id.c_str(), seconds, static_cast<unsigned long long>(checksum.sealed), checksum.open);
       else std::printf("%s error %s\n", id.c_str(), status.message().c_str());
       std::fflush(stdout);
     };
     Expected<ReceivedKv> received = (*receiver)->wait_for(id, std::chrono::seconds(120));
     if (!received) {
-      answer(received.status(), 0, 0);
+      answer(received.status(), 0, {});
       continue;
     }
     Expected<int> sequence = side->cache->add_sequence();
     if (!sequence) {
-      answer(sequence.status(), 0, 0);
+      answer(sequence.status(), 0, {});
       continue;
     }
     const Clock::time_point start = Clock::now();
@@ -154,9 +169,9 @@ int run_decode_side(const Options& o, const ModelConfig& model) {
     if (imported) imported = device_synchronize("importing KV");
     const double seconds = seconds_since(start);
     *received = ReceivedKv{};  // frees the received KV before the next arrives
-    Expected<uint32_t> crc = imported ? kv_crc(*side, *sequence) : Expected<uint32_t>(imported);
+    Expected<KvChecksum> checksum = imported ? kv_checksum(*side, *sequence) : Expected<KvChecksum>(imported);
     side->cache->remove_sequence(*sequence);
-    answer(crc.status(), seconds, crc ? *crc : 0);
+    answer(checksum.status(), seconds, checksum ? *checksum : KvChecksum{});
   }
   return 0;
 }
@@ -188,21 +203,12 @@ Expected<DecodeSide> start_decode_side(const Options& o, const std::string& spec
   for (int n : o.prompt_tokens) tokens += (tokens.empty() ? "" : ",") + std::to_string(n);
   std::vector<std::string> args = {std::filesystem::read_symlink("/proc/self/exe").string(), "--decode-side", "--spec", spec,
                                    "--shape", o.shape, "--prompt-tokens", tokens, "--step-tokens",
-                                   std::to_string(o.step_tokens)};
+                                   std::to_string(o.step_tokens), "--gpu", o.two_gpus ? "1" : "0"};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  // --two-gpus: the second GPU first for the decode process, the first still visible (NCCL reaches a GPU
-  // only through one the process sees).
-  std::string gpus = "CUDA_VISIBLE_DEVICES=1,0";
-  std::vector<char*> env;
-  if (o.two_gpus) env.push_back(gpus.data());
-  for (char** e = environ; *e != nullptr; ++e) {
-    if (!o.two_gpus || std::strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) != 0) env.push_back(*e);
-  }
-  env.push_back(nullptr);
   DecodeSide side;
-  const int spawned = posix_spawn(&side.pid, argv[0], &actions, nullptr, argv.data(), env.data());
+  const int spawned = posix_spawn(&side.pid, argv[0], &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   close(to_child[0]);
   close(from_child[1]);
@@ -235,7 +241,7 @@ double median(std::vector<double> values) {
 
 // One transfer of the sequence by `transport`; the decode side's import and CRC check.
 Status transfer_once(const Side& side, int sequence, const std::string& transport, int tokens, DecodeSide& decode,
-                     NcclLinks& links, const std::string& id, uint32_t want_crc, Timing& timing, uint64_t& moved_bytes) {
+                     NcclLinks& links, const std::string& id, const KvChecksum& want, Timing& timing, uint64_t& moved_bytes) {
   const std::string address = "127.0.0.1:" + std::to_string(decode.port);
   std::vector<int32_t> prompt(size_t(tokens), 1);
   const KvStreamRequest request{.request_id = id, .attempt = 0, .prompt_token_ids = prompt, .resume_token_ids = {},
@@ -253,7 +259,7 @@ Status transfer_once(const Side& side, int sequence, const std::string& transpor
     const bool joined = links.size() > 0;
     KvStreamSendOptions options{.bandwidth_gbps = gbps};
     if (nccl) options.nccl_links = &links;
-    else options.cuda_ipc_device = cuda_ipc_device_id();
+    else options.cuda_ipc_device = cuda_ipc_device_id(0);
     SLIMKV_ASSIGN_OR_RETURN(auto sender, KvStreamSender::open(address, side.identity, id, 0, options, &refused));
     if (nccl && !sender->nccl()) return error("the decode side did not accept NCCL (is it on another GPU, with NCCL?)");
     if (!nccl && !sender->cuda_ipc()) return error("the decode side did not accept CUDA IPC (is it on this GPU?)");
@@ -278,11 +284,15 @@ Status transfer_once(const Side& side, int sequence, const std::string& transpor
   const std::string answer = decode.read_line();
   char answered_id[256] = {0};
   double import_s = 0;
-  unsigned crc = 0;
-  if (std::sscanf(answer.c_str(), "%255s %lf %u", answered_id, &import_s, &crc) != 3 || answered_id != id) {
+  unsigned long long sealed = 0;
+  unsigned open = 0;
+  if (std::sscanf(answer.c_str(), "%255s %lf %llu %u", answered_id, &import_s, &sealed, &open) != 4 || answered_id != id) {
     return error("the decode side answered '", answer, "' for ", id);
   }
-  if (crc != want_crc) return error(id, ": the decode side's KV (CRC ", crc, ") is not the prefill side's (", want_crc, ")");
+  if (KvChecksum{sealed, open} != want) {
+    return error(id, ": the decode side's KV (sealed blocks' checksum ", sealed, ", open tokens' CRC ", open,
+                 ") is not the prefill side's (", want.sealed, ", ", want.open, ")");
+  }
   timing.import_s = import_s;
   return Status::ok();
 }
@@ -305,7 +315,7 @@ int run_prefill_side(const Options& o, const ModelConfig& model) {
     for (const int tokens : o.prompt_tokens) {
       Expected<int> sequence = fill_sequence(*side->cache, model, tokens, o.step_tokens);
       if (failed(sequence.status())) return 1;
-      Expected<uint32_t> want = kv_crc(*side, *sequence);
+      Expected<KvChecksum> want = kv_checksum(*side, *sequence);
       if (failed(want.status())) return 1;
       double base_total = 0;
       for (const std::string& transport : o.transports) {
@@ -357,8 +367,10 @@ int main(int argc, char** argv) {
   app.add_option("--step-tokens", o.step_tokens, "tokens appended per step while filling")->check(CLI::Range(64, 1 << 16));
   app.add_flag("--decode-side", o.decode_side, "(internal) run as the decode process");
   app.add_option("--spec", o.spec, "(internal) the decode process's KV spec");
+  app.add_option("--gpu", o.gpu, "(internal) the decode process's visible GPU");
   CLI11_PARSE(app, argc, argv);
   if (failed(device_usable())) return 1;
+  if (o.two_gpus && failed(check_visible_gpu(1))) return 1;
   slimkv::Expected<slimkv::ModelConfig> model = random_shape(o.shape);
   if (failed(model.status())) return 1;
   return o.decode_side ? run_decode_side(o, *model) : run_prefill_side(o, *model);

@@ -35,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "slimkv/device_kv_transfer.h"
+#include "slimkv/device_name.h"
 #include "slimkv/kv_memory.h"
 #include "slimkv/status.h"
 
@@ -54,7 +55,8 @@ class ChatTemplate;
 struct EngineConfig {
   std::string model_dir;
   std::string kv_spec = "dense";
-  std::string device = "cpu";  // "cpu", or "cuda" (builds with the CUDA backend, a usable GPU)
+  // "cpu", or "cuda" / "cuda:N" for visible GPU N (builds with the CUDA backend; slimkv/device_name.h)
+  std::string device = "cpu";
   int threads = 0;              // 0: every core
   int prefill_chunk_tokens = 512;  // rows a step may hold at most (a longer prompt runs in chunks)
   // Workers to run on, shared by engines used one at a time (slimkv eval holds one per KV spec);
@@ -163,7 +165,8 @@ class Engine {
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }  // nullptr without tokenizer.json
   const GenerationDefaults& generation_defaults() const { return generation_; }
   const EngineConfig& config() const { return config_; }
-  bool on_gpu() const { return config_.device == "cuda"; }
+  const DeviceName& device() const { return device_name_; }  // config().device, parsed
+  bool on_gpu() const { return device_name_.cuda; }
   // The KV spec with every option spelled out, as this device runs it (the key a KV transfer matches).
   std::string kv_description() const;
   const KvPipeline& kv_pipeline() const { return *pipeline_; }
@@ -263,6 +266,7 @@ class Engine {
   Status check_sequence(SequenceId sequence) const;  // an error naming an id this engine does not hold
 
   EngineConfig config_;
+  DeviceName device_name_;
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ChatTemplate> chat_template_;  // nullptr: the model has none

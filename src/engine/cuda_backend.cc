@@ -107,10 +107,15 @@ Expected<const CudaPlugin*> cuda_plugin() {
   return load_plugin(tag);
 }
 
-Expected<std::unique_ptr<DeviceModel>> open_cuda_model(const LlamaModel& model, const KvPipeline& pipeline,
-                                                       const EngineConfig& config) {
+Status check_cuda_gpu(int gpu) {
   SLIMKV_ASSIGN_OR_RETURN(const CudaPlugin* plugin, cuda_plugin());
-  return plugin->load_model(model, pipeline, config);
+  return plugin->check_visible_gpu(gpu);
+}
+
+Expected<std::unique_ptr<DeviceModel>> open_cuda_model(const LlamaModel& model, const KvPipeline& pipeline,
+                                                       const EngineConfig& config, int gpu) {
+  SLIMKV_ASSIGN_OR_RETURN(const CudaPlugin* plugin, cuda_plugin());
+  return plugin->load_model(model, pipeline, config, gpu);
 }
 
 }  // namespace slimkv

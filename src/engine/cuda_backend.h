@@ -12,6 +12,7 @@
 
 #include <memory>
 
+#include "backend/cuda/device_memory.h"
 #include "backend/cuda/ipc_memory.h"
 #include "backend/cuda/nccl_link.h"
 #include "engine/device_model.h"
@@ -22,9 +23,11 @@ namespace slimkv {
 struct CudaPlugin {
   const char* build_tag;  // SLIMKV_CUDA_PLUGIN_TAG of the build that made the plugin
   Expected<std::unique_ptr<DeviceModel>> (*load_model)(const LlamaModel& model, const KvPipeline& pipeline,
-                                                       const EngineConfig& config);
+                                                       const EngineConfig& config, int gpu);
+  // `--device cuda:N`: whether visible GPU N exists (backend/cuda/device_memory.h), asked before loading.
+  decltype(&cuda::check_visible_gpu) check_visible_gpu;
   // CUDA IPC between processes of one GPU (backend/cuda/ipc_memory.h): the KV stream's device path.
-  decltype(&cuda::current_device_uuid) current_device_uuid;
+  decltype(&cuda::device_uuid) device_uuid;
   decltype(&cuda::ipc_handle_of) ipc_handle_of;
   decltype(&cuda::copy_from_ipc_handle) copy_from_ipc_handle;
   // NCCL links between processes on two GPUs (backend/cuda/nccl_link.h): the KV stream's other device path.
@@ -49,10 +52,14 @@ const char* cuda_plugin_build_tag();
 // each failed, or that the build has no CUDA backend.
 Expected<const CudaPlugin*> cuda_plugin();
 
-// Device "cuda": the plugin opened once per process and asked for the model. The error names every
-// place tried and why each failed (the dynamic loader's message, e.g. a missing libcublas).
+// Device "cuda:N": the plugin opened once per process and asked whether visible GPU N exists. The error
+// names every place tried and why each failed (the dynamic loader's message, e.g. a missing libcublas),
+// or how many GPUs this process sees.
+Status check_cuda_gpu(int gpu);
+
+// The model on visible GPU `gpu` (after check_cuda_gpu).
 Expected<std::unique_ptr<DeviceModel>> open_cuda_model(const LlamaModel& model, const KvPipeline& pipeline,
-                                                       const EngineConfig& config);
+                                                       const EngineConfig& config, int gpu);
 
 }  // namespace slimkv
 

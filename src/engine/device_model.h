@@ -75,9 +75,10 @@ class DeviceModel {
 Expected<std::unique_ptr<DeviceModel>> make_cpu_model(const LlamaModel& model, const KvPipeline& pipeline,
                                                       const EngineConfig& config, ThreadPool& pool);
 
-// The CUDA backend's, defined in its plugin libslimkv_cuda.so (the engine reaches it through
-// engine/cuda_backend.h). An error names what of the KV pipeline the GPU does not run yet.
+// The CUDA backend's on visible GPU `gpu`, defined in its plugin libslimkv_cuda.so (the engine reaches it
+// through engine/cuda_backend.h). Every call of the device model, from any thread, runs on that GPU.
+// An error names what of the KV pipeline the GPU does not run yet.
 Expected<std::unique_ptr<DeviceModel>> load_cuda_model(const LlamaModel& model, const KvPipeline& pipeline,
-                                                       const EngineConfig& config);
+                                                       const EngineConfig& config, int gpu);
 
 }  // namespace slimkv

@@ -42,21 +42,21 @@ Expected<GenerationDefaults> load_generation_defaults(const std::string& model_d
 }  // namespace
 
 Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
-  if (config.device != "cpu" && config.device != "cuda") {
-    return error("device '", config.device, "' is not known (expected cpu or cuda)");
-  }
+  SLIMKV_ASSIGN_OR_RETURN(const DeviceName device, parse_device_name(config.device));
   if (config.max_sequences < 1) return error("max_sequences must be >= 1, got ", config.max_sequences);
   if (config.threads < 0) return error("threads must be >= 0 (0 = every core), got ", config.threads);
   if (config.prefill_chunk_tokens < 1) return error("prefill chunk must be >= 1 token");
   std::unique_ptr<Engine> engine(new Engine());
   engine->config_ = config;
+  engine->device_name_ = device;
   const int threads = config.threads > 0 ? config.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   SLIMKV_ASSIGN_OR_RETURN(KvPipeline pipeline, make_kv_pipeline(config.kv_spec));  // bad specs fail before loading
   engine->pipeline_ = std::make_unique<KvPipeline>(std::move(pipeline));
-  if (engine->pipeline_->kvpr && config.device != "cuda") {
+  if (engine->pipeline_->kvpr && !device.cuda) {
     return error("KV spec '", config.kv_spec, "': the kvpr tier runs on device 'cuda' only (it recomputes K/V on ",
                  "the GPU while the rest crosses from host memory)");
   }
+  if (device.cuda) SLIMKV_RETURN_IF_ERROR(check_cuda_gpu(device.gpu));  // a GPU that is not there, before the weights load
   SLIMKV_ASSIGN_OR_RETURN(engine->model_, LlamaModel::load(config.model_dir));
   const std::string kv_context = str_cat("KV spec '", config.kv_spec, "' for ", config.model_dir);
   if (std::optional<ZackOptions>& zack = engine->pipeline_->zack) {
@@ -101,8 +101,8 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
   SLIMKV_ASSIGN_OR_RETURN(engine->identity_, engine->model_->identity());
   engine->pool_ = config.pool ? config.pool : std::make_shared<ThreadPool>(threads);
   engine->transfer_buffers_ = std::make_shared<BufferPool>(config.transfer_buffer_bytes);
-  if (config.device == "cuda") {
-    SLIMKV_ASSIGN_OR_RETURN(engine->device_, open_cuda_model(*engine->model_, *engine->pipeline_, config));
+  if (device.cuda) {
+    SLIMKV_ASSIGN_OR_RETURN(engine->device_, open_cuda_model(*engine->model_, *engine->pipeline_, config, device.gpu));
   } else {
     engine->model_->pack_weights_for_cpu(*engine->pool_);
     SLIMKV_ASSIGN_OR_RETURN(engine->device_, make_cpu_model(*engine->model_, *engine->pipeline_, config, *engine->pool_));

@@ -49,6 +49,8 @@ std::string prometheus_text(const KvStreamReceiver::Stats& stats, const MetricsL
              stats.unclaimed_streams);
   out.metric("slimkv:kv_streams_unclaimed_bytes", "gauge", "Bytes of the KV streams waiting for their decode request.",
              double(stats.unclaimed_bytes));
+  out.metric("slimkv:kv_streams_in_progress", "gauge", "KV streams connected and not yet received whole or failed.",
+             stats.streams_in_progress);
   out.header("slimkv:kv_streams_dropped_total", "counter",
              "KV streams received whole and dropped unclaimed: too old (age), or the oldest over the byte bound (bytes).");
   out.sample("slimkv:kv_streams_dropped_total", double(stats.dropped_age_total), R"(reason="age")");

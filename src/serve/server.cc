@@ -88,6 +88,7 @@ struct Disaggregation {
   KvStreamReceiver* receiver = nullptr;  // decode: where streams arrive
   std::string kv_address;               // decode: the receiver's host:port, as /health gives it
   std::string cuda_ipc_device;          // this worker's GPU when its KV may move by CUDA IPC; else ""
+  int gpu = 0;                          // that GPU's visible index (--device cuda:N)
   bool nccl = false;                    // whether its KV may move by NCCL (to or from another GPU)
   std::shared_ptr<NcclLinks> nccl_links;  // prefill: its links to decode workers on other GPUs
 };
@@ -307,7 +308,8 @@ class HttpApi {
     Expected<std::unique_ptr<KvStreamSender>> sender =
         KvStreamSender::open(ask.decode_kv_address, disaggregation_.identity, ask.request_id, ask.attempt,
                              {.bandwidth_gbps = config_.kv_bandwidth_gbps, .cuda_ipc_device = ipc_device,
-                              .nccl_links = disaggregation_.nccl_links.get(), .gpu_device = disaggregation_.cuda_ipc_device},
+                              .nccl_links = disaggregation_.nccl_links.get(), .gpu_device = disaggregation_.cuda_ipc_device,
+                              .gpu = disaggregation_.gpu},
                              &refused);
     if (!sender) {
       return send_error(response, refused ? ApiError::kv_refused(sender.status().message())
@@ -598,7 +600,8 @@ Status run_server(const EngineConfig& engine_config, const SchedulerConfig& sche
     }
     disaggregation.identity = *identity;
     if (config.kv_transport == "auto" && (*engine)->exports_kv_to_device()) {
-      disaggregation.cuda_ipc_device = cuda_ipc_device_id();
+      disaggregation.gpu = (*engine)->device().gpu;
+      disaggregation.cuda_ipc_device = cuda_ipc_device_id(disaggregation.gpu);
       const Status nccl = nccl_available();
       disaggregation.nccl = nccl.is_ok();
       if (!disaggregation.nccl) std::fprintf(stderr, "slimkv serve: KV between GPUs goes over TCP: %s\n", nccl.message().c_str());
@@ -613,6 +616,7 @@ Status run_server(const EngineConfig& engine_config, const SchedulerConfig& sche
                                                           .max_tokens = (*engine)->context_tokens(),
                                                           .cuda_ipc_device = disaggregation.cuda_ipc_device,
                                                           .nccl = disaggregation.nccl,
+                                                          .gpu = disaggregation.gpu,
                                                           .buffers = (*engine)->transfer_buffers(),
                                                           .staging_store = staging_store(**engine)});
     if (!started) {

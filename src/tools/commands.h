@@ -21,6 +21,10 @@ struct CommonOptions {
   EngineConfig engine_config() const;
 };
 
+// --device: cpu, cuda or cuda:N (visible GPU N), refused as the command line is parsed (under --dry-parse
+// too) with slimkv/device_name.h's message; whether GPU N is there the engine asks before loading.
+CLI::Option* add_device_option(CLI::App& command, std::string& device, const std::string& help);
+
 using CommandRunner = std::function<Status()>;
 
 CommandRunner add_calibrate_command(CLI::App& app);

@@ -1,5 +1,5 @@
 // slimkv eval --model DIR --kv SPEC[,SPEC...] --tasks TASK[,TASK...] [--context N] [--samples N] [--seed S]
-//             [--text FILE] [--filler text|classic] [--threads N] [--device cpu|cuda] [--no-plots] --out DIR
+//             [--text FILE] [--filler text|classic] [--threads N] [--device cpu|cuda[:N]] [--no-plots] --out DIR
 // Runs every task for every KV spec and writes DIR/results.json, DIR/results.md and PNG plots
 // (slimkv/evaluation.h; the tasks are documented in docs/eval.md).
 #include "slimkv/evaluation.h"
@@ -66,8 +66,7 @@ CommandRunner add_eval_command(CLI::App& app) {
   command->add_option("--filler", options->settings.filler, "passkey filler: text (cut from --text) or classic")
       ->capture_default_str();
   command->add_option("--threads", options->settings.threads, "worker threads (0 = every core)")->capture_default_str();
-  command->add_option("--device", options->settings.device, "cpu, or cuda (tasks ppl, passkey, kvret, speed)")
-      ->capture_default_str();
+  add_device_option(*command, options->settings.device, "cpu, or cuda / cuda:N for visible GPU N (tasks ppl, passkey, kvret, speed)");
   command->add_flag("--no-plots", options->no_plots, "skip the PNG plots (they need gnuplot)");
   command->add_option("--out", options->out, "output directory")->required();
   return [options]() -> Status {

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "slimkv/device_name.h"
 #include "slimkv/untrusted_text.h"
 #include "tools/commands.h"
 
@@ -11,8 +12,17 @@ namespace slimkv {
 void CommonOptions::add_to(CLI::App& command) {
   command.add_option("--model", model_dir, "Hugging Face model directory (config.json, *.safetensors)")->required();
   command.add_option("--kv", kv_spec, "KV cache spec, e.g. dense, dense:dtype=f16, hack:bits=4, zack:r=0.05+hack:bits=4")->capture_default_str();
-  command.add_option("--device", device, "cpu, or cuda (a build with the CUDA backend and a usable GPU)")->capture_default_str();
+  add_device_option(command, device, "cpu, or cuda / cuda:N for visible GPU N (a build with the CUDA backend)");
   command.add_option("--threads", threads, "worker threads (0 = every core)")->capture_default_str();
+}
+
+CLI::Option* add_device_option(CLI::App& command, std::string& device, const std::string& help) {
+  return command.add_option("--device", device, help)
+      ->check([](const std::string& name) {
+        const Expected<DeviceName> parsed = parse_device_name(name);
+        return parsed ? std::string() : parsed.status().message();
+      })
+      ->capture_default_str();
 }
 
 EngineConfig CommonOptions::engine_config() const {

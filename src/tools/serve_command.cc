@@ -1,4 +1,4 @@
-// slimkv serve --model DIR [--host 127.0.0.1] [--port 8000] [--kv SPEC] [--device cpu|cuda] [--threads N]
+// slimkv serve --model DIR [--host 127.0.0.1] [--port 8000] [--kv SPEC] [--device cpu|cuda[:N]] [--threads N]
 //              [--api-key KEY] [--max-model-len N] [--max-num-seqs N] [--kv-cache-bytes N]
 //              [--served-model-name NAME] [--role both|prefill|decode] [--kv-port N] [--kv-bandwidth-gbps X]
 //              [--kv-transport auto|tcp]

@@ -117,10 +117,10 @@ bool bytes_of_hex(const std::string& hex, std::span<uint8_t> out) {
 
 }  // namespace
 
-std::string cuda_ipc_device_id() {
+std::string cuda_ipc_device_id(int gpu) {
   Expected<const CudaPlugin*> plugin = cuda_plugin();
   if (!plugin) return "";
-  Expected<std::string> uuid = (*plugin)->current_device_uuid();
+  Expected<std::string> uuid = (*plugin)->device_uuid(gpu);
   return uuid ? *uuid : std::string();
 }
 
@@ -285,7 +285,7 @@ Status KvStreamSender::take_nccl_answer(const json& answer, const std::string& a
   }
   if (!nccl->link) {
     SLIMKV_ASSIGN_OR_RETURN(const CudaPlugin* plugin, cuda_plugin());
-    Expected<std::shared_ptr<cuda::NcclLink>> joined = plugin->nccl_connect(id, 1, options_.io_timeout);
+    Expected<std::shared_ptr<cuda::NcclLink>> joined = plugin->nccl_connect(id, 1, options_.gpu, options_.io_timeout);
     if (!joined) {
       options_.nccl_links->forget(address, nccl);
       return joined.status().with_context(str_cat("KV stream to ", address));
@@ -366,7 +366,7 @@ Status KvStreamSender::send_device(std::shared_ptr<const DeviceKvTransfer> kv) {
   }
   SLIMKV_ASSIGN_OR_RETURN(const CudaPlugin* plugin, cuda_plugin());
   if (nccl()) return send_over_nccl(*plugin, std::move(kv));
-  SLIMKV_ASSIGN_OR_RETURN(const auto handle, plugin->ipc_handle_of(kv->pages.get()));
+  SLIMKV_ASSIGN_OR_RETURN(const auto handle, plugin->ipc_handle_of(kv->pages.get(), options_.gpu));
   SLIMKV_RETURN_IF_ERROR(send_kv_device_frame(*kv, "handle", hex_of(handle)));
   device_kv_ = std::move(kv);  // the receiver copies from it until it answers
   return Status::ok();
@@ -672,7 +672,7 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     // A new link: the sender joins it as soon as it reads the ACCEPT.
     std::lock_guard hold(nccl->in_use);
     SLIMKV_ASSIGN_OR_RETURN(const CudaPlugin* plugin, cuda_plugin());
-    Expected<std::shared_ptr<cuda::NcclLink>> joined = plugin->nccl_connect(nccl->id, 0, options_.io_timeout);
+    Expected<std::shared_ptr<cuda::NcclLink>> joined = plugin->nccl_connect(nccl->id, 0, options_.gpu, options_.io_timeout);
     if (!joined) {
       nccl_links_.forget(hex_of(nccl->id), nccl);
       return joined.status().with_context(where);
@@ -941,7 +941,7 @@ Expected<int> KvStreamReceiver::receive_device(TcpConnection& connection, Receiv
     }
     kv->pages = pages.take();
   } else {
-    SLIMKV_ASSIGN_OR_RETURN(kv->pages, plugin->copy_from_ipc_handle(handle, kv->pages_bytes()));
+    SLIMKV_ASSIGN_OR_RETURN(kv->pages, plugin->copy_from_ipc_handle(handle, kv->pages_bytes(), options_.gpu));
   }
   received.device_kv = std::move(kv);
   return int(blocks) * identity_.block_tokens + open.layer_tokens.at(0);

@@ -89,9 +89,10 @@ struct KvStreamRequest {
   nlohmann::json request;   // the client's request body
 };
 
-// This process's GPU as the CUDA IPC path names it (its UUID); "" in builds without CUDA or with no
-// usable GPU: such a worker neither offers nor accepts CUDA IPC.
-std::string cuda_ipc_device_id();
+// Visible GPU `gpu` (`--device cuda:N`) as the CUDA IPC path names it (its UUID, the same whatever index
+// each process gives it); "" in builds without CUDA or without that GPU: such a worker neither offers
+// nor accepts CUDA IPC.
+std::string cuda_ipc_device_id(int gpu);
 
 // --- the sender ---
 
@@ -107,6 +108,7 @@ struct KvStreamSendOptions {
   // cuda_ipc_device_id() of the sender's GPU, sent with the NCCL offer whatever the path: a receiver on
   // the same GPU declines NCCL (it cannot join two ranks on one device) and the KV goes over TCP.
   std::string gpu_device{};
+  int gpu = 0;  // the visible GPU whose memory the KV leaves from (`--device cuda:N`'s N)
   std::chrono::milliseconds connect_timeout{5000};
   std::chrono::milliseconds io_timeout{30000};  // per frame, and for the receiver's answers
 };
@@ -242,6 +244,9 @@ struct KvStreamReceiverOptions {
   std::string cuda_ipc_device{};
   // Accepts the NCCL path (its KV lives in GPU memory and NCCL can be used here: nccl_available()).
   bool nccl = false;
+  // The visible GPU the KV of the device paths lands in (`--device cuda:N`'s N): the receiving threads
+  // make it theirs before any CUDA call.
+  int gpu = 0;
   // Where each stream's transfer is assembled: a buffer of an earlier transfer, given back by whoever
   // imports it (the worker's scheduler) or by the receiver when the stream fails; idle buffers are freed
   // from the accept loop. nullptr: a new buffer per stream.

@@ -1,6 +1,7 @@
 // The KV stream's device paths (transfer/kv_stream.h, docs/kv_stream_protocol.md "CUDA IPC" and "NCCL")
 // between two processes, as a prefill and a decode worker use them: CUDA IPC on one GPU, NCCL between
-// two GPUs (the prefill side then runs on the second GPU). This process is the decode side: it starts a
+// two GPUs (the prefill side then runs on the second GPU: `--device cuda:1` with both GPUs visible, or
+// CUDA_VISIBLE_DEVICES=1,0 and `cuda`, the older way). This process is the decode side: it starts a
 // copy of this test binary as the prefill side (KvIpcSender.*, which runs only when started so), which
 // prefills a prompt, sends its KV by the device path (one KV_DEVICE frame; the sealed blocks never pass
 // through host memory) and then writes its export_kv bytes and the logits of one more decode step. The
@@ -32,8 +33,8 @@ namespace {
 const std::string kBundled = slimkv::test::source_dir() + "/models/slimkv-llama-15m";
 const char* const kRequestId = "kv-ipc-test";
 
-std::unique_ptr<Engine> load(const std::string& kv) {
-  return take(Engine::load({.model_dir = kBundled, .kv_spec = kv, .device = "cuda", .threads = 2, .max_sequences = 2}));
+std::unique_ptr<Engine> load(const std::string& kv, const std::string& device = "cuda") {
+  return take(Engine::load({.model_dir = kBundled, .kv_spec = kv, .device = device, .threads = 2, .max_sequences = 2}));
 }
 
 std::vector<int32_t> prompt_of(int n) {
@@ -67,12 +68,14 @@ TEST(KvIpcSender, SendsAPrefilledPromptByCudaIpc) {
   const std::string kv = std::getenv("SLIMKV_KV_IPC_KV"), out = std::getenv("SLIMKV_KV_IPC_OUT");
   const std::vector<int32_t> prompt = prompt_of(std::atoi(std::getenv("SLIMKV_KV_IPC_TOKENS")));
   const bool nccl = std::getenv("SLIMKV_KV_IPC_NCCL") != nullptr;
-  std::unique_ptr<Engine> engine = load(kv);
+  std::unique_ptr<Engine> engine = load(kv, std::getenv("SLIMKV_KV_IPC_DEVICE"));
+  const int gpu = engine->device().gpu;
   const KvStreamIdentity identity = take(engine_kv_identity(*engine));
   bool refused = false;
   NcclLinks links;
   std::unique_ptr<KvStreamSender> sender = take(KvStreamSender::open(
-      address, identity, kRequestId, 0, {.cuda_ipc_device = cuda_ipc_device_id(), .nccl_links = &links}, &refused));
+      address, identity, kRequestId, 0, {.cuda_ipc_device = cuda_ipc_device_id(gpu), .nccl_links = &links, .gpu = gpu},
+      &refused));
   if (nccl) {
     ASSERT_TRUE(sender->nccl()) << "the decode side, on another GPU, did not accept NCCL";
   } else {
@@ -100,6 +103,8 @@ struct IpcCase {
   std::string kv;
   int prompt_tokens;  // 200: 3 sealed blocks + 8 open tokens; 128: blocks only; 5: open tokens only
   bool nccl = false;  // the prefill side on the second GPU: NCCL instead of CUDA IPC
+  // With nccl: the prefill side's GPU chosen by CUDA_VISIBLE_DEVICES=1,0 and `cuda`, not by `cuda:1`.
+  bool by_visible_devices = false;
 };
 
 class KvIpcTest : public CudaTest, public ::testing::WithParamInterface<IpcCase> {};
@@ -108,12 +113,14 @@ class KvIpcTest : public CudaTest, public ::testing::WithParamInterface<IpcCase>
 int run_prefill_side(const IpcCase& c, const std::string& address, const std::string& out) {
   std::vector<std::string> env_strings = {"SLIMKV_KV_IPC_ADDRESS=" + address, "SLIMKV_KV_IPC_KV=" + c.kv,
                                           "SLIMKV_KV_IPC_TOKENS=" + std::to_string(c.prompt_tokens), "SLIMKV_KV_IPC_OUT=" + out};
-  // NCCL: the second GPU first, the first still visible (NCCL reaches a GPU only through one it sees).
-  if (c.nccl) env_strings.insert(env_strings.end(), {"SLIMKV_KV_IPC_NCCL=1", "CUDA_VISIBLE_DEVICES=1,0"});
+  // NCCL: the second GPU, the first still visible (NCCL reaches a GPU only through one it sees).
+  if (c.nccl) env_strings.push_back("SLIMKV_KV_IPC_NCCL=1");
+  if (c.by_visible_devices) env_strings.insert(env_strings.end(), {"CUDA_VISIBLE_DEVICES=1,0", "SLIMKV_KV_IPC_DEVICE=cuda"});
+  else env_strings.push_back(c.nccl ? "SLIMKV_KV_IPC_DEVICE=cuda:1" : "SLIMKV_KV_IPC_DEVICE=cuda");
   std::vector<char*> env;
   for (std::string& e : env_strings) env.push_back(e.data());
   for (char** e = environ; *e != nullptr; ++e) {
-    if (!c.nccl || std::strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) != 0) env.push_back(*e);
+    if (!c.by_visible_devices || std::strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) != 0) env.push_back(*e);
   }
   env.push_back(nullptr);
   std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
@@ -129,7 +136,7 @@ int run_prefill_side(const IpcCase& c, const std::string& address, const std::st
 TEST_P(KvIpcTest, TheDecodeSideHoldsThePrefillSidesKvBitForBit) {
   const IpcCase& c = GetParam();
   SCOPED_TRACE(str_cat("kv ", c.kv, ", ", c.prompt_tokens, " prompt tokens"));
-  const std::string ipc_device = cuda_ipc_device_id();
+  const std::string ipc_device = cuda_ipc_device_id(0);
   ASSERT_FALSE(ipc_device.empty());
   if (c.nccl) {
     if (const Status nccl = nccl_available(); !nccl.is_ok()) GTEST_SKIP() << nccl.message();
@@ -173,10 +180,11 @@ INSTANTIATE_TEST_SUITE_P(Specs, KvIpcTest,
                                            IpcCase{"hack:bits=2,pi=64", 128}, IpcCase{"hack:bits=2,pi=64", 5},
                                            IpcCase{"dense", 200, true}, IpcCase{"dense", 5, true},
                                            IpcCase{"hack:bits=4", 200, true}, IpcCase{"hack:bits=2,pi=64", 200, true},
-                                           IpcCase{"hack:bits=2,pi=64", 128, true}),
+                                           IpcCase{"hack:bits=2,pi=64", 128, true}, IpcCase{"dense", 200, true, true}),
                          [](const ::testing::TestParamInfo<IpcCase>& info) {
                            std::string name = info.param.kv + "_" + std::to_string(info.param.prompt_tokens) +
-                                              (info.param.nccl ? "_nccl" : "");
+                                              (info.param.nccl ? "_nccl" : "") +
+                                              (info.param.by_visible_devices ? "_visible_devices" : "");
                            std::replace_if(name.begin(), name.end(), [](char ch) { return !std::isalnum(ch); }, '_');
                            return name;
                          });

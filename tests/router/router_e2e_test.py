@@ -2,15 +2,23 @@
 bundled model, each its own process on loopback. Greedy outputs through the router equal a `--role both`
 server's (completions and chat, whole and streamed, stop strings), through Python's http.client, curl
 and the `openai` npm SDK (tests/serve/openai_sdk_test.mjs, unchanged, pointed at the router); a decode
-worker killed (SIGKILL) mid-generation and the client's response is still complete and identical.
-Skipped (exit 77) while `slimkv serve` has no --role (the worker side of issue 23 not merged).
-Usage: router_e2e_test.py SLIMKV_BINARY SOURCE_DIR NPM_FOLDER"""
+worker killed (SIGKILL) mid-generation while other requests stream beside it: every response is still
+complete and identical, and the router's /health comes back whole once the worker is restarted; a
+prefill worker killed while its KV stream is under way: the request completes on the other prefill
+worker, identical. Skipped (exit 77) while `slimkv serve` has no --role.
+
+On GPUs (issue 24): `--device cuda` runs every worker on GPU 0 (the KV moves by CUDA IPC);
+`--device cuda --two-gpus` puts the decode workers on cuda:1 (both GPUs visible to every process: the
+KV moves by NCCL, docs/disaggregated.md). Generations are then longer, so that a kill still lands
+mid-stream. Every server listens on 127.0.0.1; every wait is bounded.
+Usage: router_e2e_test.py SLIMKV_BINARY SOURCE_DIR NPM_FOLDER [--device cuda [--two-gpus]] [unittest args, e.g. -k killed]"""
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
@@ -19,6 +27,24 @@ sys.path.insert(0, os.path.join(HERE, "..", "serve"))
 from slimkv_server import Process, Server, stream_text  # noqa: E402
 
 SLIMKV, SOURCE, NPM_FOLDER = sys.argv[1], os.path.abspath(sys.argv[2]), sys.argv[3]
+UNITTEST_ARGS = sys.argv[4:]
+ON_GPU = UNITTEST_ARGS[:2] == ["--device", "cuda"]
+if ON_GPU:
+    del UNITTEST_ARGS[:2]
+TWO_GPUS = ON_GPU and UNITTEST_ARGS[:1] == ["--two-gpus"]
+if TWO_GPUS:
+    del UNITTEST_ARGS[:1]
+# The reference and the prefill workers on GPU 0; the decode workers there too, or on cuda:1.
+PREFILL_DEVICE = ["--device", "cuda:0"] if ON_GPU else []
+DECODE_DEVICE = ["--device", "cuda:1" if TWO_GPUS else "cuda:0"] if ON_GPU else []
+# Tokens of the requests a kill interrupts: the GPU generates the bundled model's tokens far faster
+# than two CPU cores, and the kill must land before the last one (the context is 1024).
+KILLED_MAX_TOKENS = 800 if ON_GPU else 160
+WAIT_S = 60  # the longest any one wait of this test may take
+# How long a decode worker waits for a request's KV. A decode request the router gave up on (its prefill
+# worker died) waits that long before it ends (nothing is written to it, so its worker does not see the
+# router leave), and the worker's SIGTERM drain waits for it: short, so that close() stays bounded.
+KV_TIMEOUT_S = 20
 NAME = "slimkv-llama-15m"
 KEY = {"Authorization": "Bearer sk-node"}  # the key openai_sdk_test.mjs uses
 PROMPTS = ["The history of the city", "Once upon a time, there was a little", "In mathematics, a prime number"]
@@ -46,28 +72,80 @@ def text_of(response, chat):
 
 
 class Deployment:
-    """A `--role both` reference server, and one prefill + two decode workers behind a router."""
+    """A `--role both` reference server, and `prefill_workers` prefill + two decode workers behind a
+    router (each on its device: PREFILL_DEVICE, DECODE_DEVICE); `prefill_args` go to the prefill workers."""
 
-    def __init__(self, model, kv_spec):
+    def __init__(self, model, kv_spec, prefill_workers=1, prefill_args=()):
         common = ["--kv", kv_spec, "--max-model-len", "1024"]
-        self.reference = Server(SLIMKV, model, common).__enter__()
-        self.prefill = Server(SLIMKV, model, common + ["--role", "prefill"]).__enter__()
-        self.decode = [Server(SLIMKV, model, common + ["--role", "decode", "--kv-port", "0"]).__enter__() for _ in range(2)]
-        command = [SLIMKV, "router", "--port", "0", "--api-key", "sk-node", "--prefill", self.prefill.url,
-                   "--decode", ",".join(d.url for d in self.decode), "--health-interval-s", "0.2"]
-        self.router = Process(command, name="slimkv-router").__enter__()
+        self.servers = []  # every one started, for close() and logs() even when a later one fails to start
+        self.reference = self.start(Server(SLIMKV, model, common + PREFILL_DEVICE))
+        self.prefill = [self.start(Server(SLIMKV, model, common + PREFILL_DEVICE + ["--role", "prefill"] + list(prefill_args)))
+                        for _ in range(prefill_workers)]
+        self.decode = [self.start(Server(SLIMKV, model, common + DECODE_DEVICE + ["--role", "decode", "--kv-port", "0"]))
+                       for _ in range(2)]
+        command = [SLIMKV, "router", "--host", "127.0.0.1", "--port", "0", "--api-key", "sk-node",
+                   "--prefill", ",".join(p.url for p in self.prefill), "--decode", ",".join(d.url for d in self.decode),
+                   "--health-interval-s", "0.2", "--kv-timeout-s", str(KV_TIMEOUT_S)]
+        self.router = self.start(Process(command, name="slimkv-router"))
+
+    def start(self, server):
+        self.servers.append(server)
+        return server.__enter__()
 
     def close(self):
-        self.router.stop()
-        self.router.__exit__(None, None, None)
-        for server in [self.reference, self.prefill] + self.decode:
-            if server.process.poll() is None:
+        for server in reversed(self.servers):  # the router first
+            if server.process is not None and server.process.poll() is None:
                 server.stop()
             server.__exit__(None, None, None)
 
     def logs(self):
-        return "\n".join(f"--- {s.name} {s.url}:\n{s.output()[-3000:]}"
-                         for s in [self.router, self.prefill] + self.decode)
+        return "\n".join(f"--- {s.name} {s.url}:\n{s.output()[-3000:]}" for s in self.servers[1:])
+
+    def router_health(self):
+        status, _, health = self.router.get("/health")
+        return health if status == 200 else {"status": status}
+
+    def wait_for_router_health(self, key, value):
+        """Polls the router's /health until health[key] == value (its checks run every 0.2 s)."""
+        deadline = time.time() + WAIT_S
+        while self.router_health().get(key) != value:
+            assert time.time() < deadline, f"the router's /health never had {key}={value}: {self.router_health()}"
+            time.sleep(0.1)
+
+
+class RouterStream:
+    """A streamed completion through the router, read event by event (several interleave in one thread).
+    The request is sent at once; its answer is waited for by the first status() or read() (the router
+    answers with the first token)."""
+
+    def __init__(self, router, body):
+        self.connection = router.connection(timeout_s=WAIT_S)
+        self.connection.request("POST", "/v1/completions",
+                                body=json.dumps(dict(body, stream=True, stream_options={"include_usage": True})),
+                                headers=dict(KEY, **{"Content-Type": "application/json"}))
+        self.response = None
+        self.events = []
+
+    def status(self):
+        if self.response is None:
+            self.response = self.connection.getresponse()
+        return self.response.status
+
+    def read(self, count=None):
+        """Reads until `count` events have arrived (None: to the end); the events so far."""
+        assert self.status() == 200, self.response.read()
+        while (count is None or len(self.events) < count) and (not self.events or self.events[-1] != "[DONE]"):
+            line = self.response.readline()
+            if not line:
+                break
+            line = line.decode().rstrip("\n")
+            if line.startswith("data: "):
+                data = line[len("data: "):]
+                self.events.append(data if data == "[DONE]" else json.loads(data))
+        return self.events
+
+    def close(self):
+        self.connection.close()
 
 
 class RouterEndToEndTest(unittest.TestCase):
@@ -85,10 +163,10 @@ class RouterEndToEndTest(unittest.TestCase):
         self.assertEqual(status, 200, response)
         return response
 
-    def on_each_spec(self, check):
+    def on_each_spec(self, check, **deployment_options):
         """Runs check(deployment) on a fresh deployment of each KV spec."""
         for kv_spec in SPECS:
-            deployment = Deployment(self.model, kv_spec)
+            deployment = Deployment(self.model, kv_spec, **deployment_options)
             try:
                 with self.subTest(kv=kv_spec):
                     check(deployment)
@@ -149,44 +227,80 @@ class RouterEndToEndTest(unittest.TestCase):
         self.on_each_spec(self.kill_mid_generation)
 
     def kill_mid_generation(self, deployment):
-        body = {"model": NAME, "prompt": PROMPTS[1], "max_tokens": 160, "temperature": 0, "ignore_eos": True}
-        expected = text_of(self.ask(deployment.reference, "/v1/completions", body), False)
-        connection = deployment.router.connection()
-        connection.request("POST", "/v1/completions",
-                           body=json.dumps(dict(body, stream=True, stream_options={"include_usage": True})),
-                           headers=dict(KEY, **{"Content-Type": "application/json"}))
-        response = connection.getresponse()
-        self.assertEqual(response.status, 200)
-        events, killed, text_at_kill = [], None, None
-        for line in response:
-            line = line.decode().rstrip("\n")
-            if not line.startswith("data: "):
-                continue
-            data = line[len("data: "):]
-            events.append(data if data == "[DONE]" else json.loads(data))
-            if killed is None and len(events) == 10:
-                # The decode worker generating it (running 1 on its /health) dies at once.
-                busy = [d for d in deployment.decode if d.get("/health")[2].get("running", 0) > 0]
-                self.assertEqual(len(busy), 1, [d.get("/health")[2] for d in deployment.decode])
-                killed = busy[0]
-                killed.kill()
-                text_at_kill = stream_text(events)[0]
-        connection.close()
-        self.assertIsNotNone(killed)
-        self.assertEqual(events[-1], "[DONE]")
-        self.assertEqual(events[-2]["usage"]["completion_tokens"], 160, "the whole request counted")
-        text, finish = stream_text(events)
-        self.assertEqual(finish, "length")
-        self.assertTrue(expected.startswith(text_at_kill))
-        self.assertEqual(text, expected, deployment.logs())
+        bodies = [{"model": NAME, "prompt": prompt, "max_tokens": KILLED_MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+                  for prompt in (PROMPTS[1], PROMPTS[0], PROMPTS[2])]
+        expected = [text_of(self.ask(deployment.reference, "/v1/completions", body), False) for body in bodies]
+        streams = [RouterStream(deployment.router, bodies[0])]
+        try:
+            streams[0].read(3)
+            # The decode worker generating it (running 1 on its /health); then two more requests stream
+            # beside it, on either worker.
+            busy = [d for d in deployment.decode if d.get("/health")[2].get("running", 0) > 0]
+            self.assertEqual(len(busy), 1, [d.get("/health")[2] for d in deployment.decode])
+            killed = busy[0]
+            for body in bodies[1:]:
+                streams.append(RouterStream(deployment.router, body))
+                streams[-1].read(1)
+            streams[0].read(10)
+            # Every request the router has on it is re-dispatched once.
+            on_killed = int(deployment.router.metric_sample(f'slimkv_router:worker_in_flight{{role="decode",url="{killed.url}"}}'))
+            killed.kill()
+            text_at_kill = stream_text(streams[0].events)[0]
+            for stream in streams:
+                stream.read()
+        finally:
+            for stream in streams:
+                stream.close()
+        for stream, want in zip(streams, expected):
+            events = stream.events
+            self.assertEqual(events[-1], "[DONE]", deployment.logs())
+            self.assertEqual(events[-2]["usage"]["completion_tokens"], KILLED_MAX_TOKENS, "the whole request counted")
+            self.assertEqual(stream_text(events), (want, "length"), deployment.logs())
+        self.assertTrue(expected[0].startswith(text_at_kill))
         status, _, metrics = deployment.router.get("/metrics")
-        self.assertIn('slimkv_router:retries_total{role="decode"} 1', metrics.decode())
-        # The survivor serves the next request alone.
-        self.assertEqual(text_of(self.ask(deployment.router, "/v1/completions", body, KEY), False), expected)
+        self.assertIn(f'slimkv_router:retries_total{{role="decode"}} {on_killed}', metrics.decode())
+        # The survivor serves the next request alone; the router's /health says one decode worker is up
+        # until the killed one is back on its port, then two.
+        self.assertEqual(text_of(self.ask(deployment.router, "/v1/completions", bodies[0], KEY), False), expected[0])
+        deployment.wait_for_router_health("decode_up", 1)
+        killed.restart()
+        deployment.wait_for_router_health("decode_up", 2)
+        self.assertEqual(text_of(self.ask(deployment.router, "/v1/completions", bodies[1], KEY), False), expected[1])
+
+    def test_prefill_worker_killed_mid_transfer(self):
+        # Two prefill workers whose KV streams are paced slow enough (--kv-bandwidth-gbps) to be caught
+        # under way; the one streaming dies, and the router starts the request over on the other.
+        self.on_each_spec(self.kill_prefill_mid_transfer, prefill_workers=2, prefill_args=["--kv-bandwidth-gbps", "0.02"])
+
+    def kill_prefill_mid_transfer(self, deployment):
+        # ~700 prompt tokens: at 0.02 Gbit/s their KV takes from a fraction of a second (2-bit) to a few seconds (dense).
+        body = {"model": NAME, "prompt": " ".join([PROMPTS[0]] * 140), "max_tokens": 16, "temperature": 0}
+        expected = text_of(self.ask(deployment.reference, "/v1/completions", body), False)
+        stream = RouterStream(deployment.router, body)
+        try:
+            # A KV stream under way on a decode worker (connected, not received whole): its prefill worker dies.
+            deadline = time.time() + WAIT_S
+            while not any(d.metric("slimkv:kv_streams_in_progress") > 0 for d in deployment.decode):
+                self.assertLess(time.time(), deadline, "no KV stream was seen under way")
+                time.sleep(0.005)
+            # The router's only request: on the first prefill worker (the least loaded, the first on a tie).
+            sending = deployment.prefill[0]
+            sending.kill()
+            events = stream.read()
+        finally:
+            stream.close()
+        self.assertEqual(events[-1], "[DONE]", deployment.logs())
+        self.assertEqual(stream_text(events), (expected, "length"), deployment.logs())
+        status, _, metrics = deployment.router.get("/metrics")
+        self.assertIn('slimkv_router:retries_total{role="prefill"} 1', metrics.decode())
+        deployment.wait_for_router_health("prefill_up", 1)
+        sending.restart()
+        deployment.wait_for_router_health("prefill_up", 2)
+
 
 if __name__ == "__main__":
     done = subprocess.run([SLIMKV, "serve", "--help"], capture_output=True, text=True, timeout=30)
     if "--role" not in done.stdout:
         print("SKIP: this slimkv serve has no --role yet (the worker side of disaggregated serving)")
         sys.exit(77)
-    unittest.main(argv=sys.argv[:1], verbosity=2)
+    unittest.main(argv=sys.argv[:1] + UNITTEST_ARGS, verbosity=2)

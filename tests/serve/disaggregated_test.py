@@ -11,8 +11,9 @@ Usage: disaggregated_test.py SLIMKV_BINARY SOURCE_DIR [SERVE_ARGS...]
 SERVE_ARGS go to every server, e.g. `--device cuda` (both workers on one GPU: the KV moves by CUDA IPC,
 which the prefill worker's answer must say) or `--device cuda --kv-transport tcp`; `--model DIR` among
 them replaces the bundled model; `--two-gpus` (not passed on) runs the decode worker on the second GPU
-(its CUDA_VISIBLE_DEVICES lists that GPU first, the other still visible, as NCCL needs): the KV moves
-by NCCL unless told tcp."""
+(`--device cuda:1`, both GPUs visible to both workers, as NCCL needs), `--two-gpus=visible-devices` the
+older way (its CUDA_VISIBLE_DEVICES lists that GPU first, and it runs on `cuda`): the KV moves by NCCL
+unless told tcp."""
 import os
 import sys
 import threading
@@ -27,16 +28,17 @@ if "--model" in EXTRA:  # another model than the bundled one (the GPU run's Llam
     at = EXTRA.index("--model")
     MODEL = EXTRA[at + 1]
     del EXTRA[at:at + 2]
-TWO_GPUS = "--two-gpus" in EXTRA
+TWO_GPUS = next((arg for arg in EXTRA if arg in ("--two-gpus", "--two-gpus=visible-devices")), None)
 if TWO_GPUS:
-    EXTRA.remove("--two-gpus")
+    EXTRA.remove(TWO_GPUS)
+BY_VISIBLE_DEVICES = TWO_GPUS == "--two-gpus=visible-devices"
 # Every GPU of the host stays visible to each worker (NCCL reaches the other GPU only through a GPU it
-# sees); the decode worker's comes first, so it is the one that worker runs on.
+# sees); the decode worker runs on the second: `--device cuda:1`, or first in its list.
 PREFILL_ENV = {"CUDA_VISIBLE_DEVICES": "0,1"} if TWO_GPUS else None
-DECODE_ENV = {"CUDA_VISIBLE_DEVICES": "1,0"} if TWO_GPUS else None
+DECODE_ENV = {"CUDA_VISIBLE_DEVICES": "1,0" if BY_VISIBLE_DEVICES else "0,1"} if TWO_GPUS else None
 # The transport the prefill workers must report: CUDA IPC between two workers of one GPU, NCCL between
 # two GPUs, unless told tcp.
-ON_GPU = "cuda" in EXTRA and EXTRA[EXTRA.index("cuda") - 1] == "--device"
+ON_GPU = "--device" in EXTRA and EXTRA[EXTRA.index("--device") + 1].startswith("cuda")
 WANT_TRANSPORT = ("nccl" if TWO_GPUS else "cuda_ipc") if ON_GPU and "tcp" not in EXTRA else "tcp"
 PROMPTS = [
     "The history of the river begins in the mountains, where",
@@ -44,6 +46,14 @@ PROMPTS = [
     " ".join(["Once upon a time there was a small village by the sea, and every morning the fishermen"] * 8),
 ]
 MAX_TOKENS = 24
+
+
+def decode_args(args):
+    """A decode worker's server arguments: `args`, with `--device cuda` made `cuda:1` under --two-gpus."""
+    if not TWO_GPUS or BY_VISIBLE_DEVICES or "--device" not in args:
+        return args
+    at = args.index("--device") + 1
+    return args[:at] + ["cuda:1"] + args[at + 1:]
 
 
 def disaggregated(prefill, decode, body, resume=(), timeout_s=60):
@@ -86,7 +96,7 @@ def check_spec(spec, failures):
     # chunks compute (KV_BLOCKS frames), as a long prompt's do at the default 512.
     args = ["--kv", spec, "--prefill-chunk-tokens", "64"] + EXTRA
     with Server(SLIMKV, MODEL, args) as both, Server(SLIMKV, MODEL, args + ["--role", "prefill"], env=PREFILL_ENV) as prefill, \
-            Server(SLIMKV, MODEL, args + ["--role", "decode", "--kv-port", "0"], env=DECODE_ENV) as decode:
+            Server(SLIMKV, MODEL, decode_args(args) + ["--role", "decode", "--kv-port", "0"], env=DECODE_ENV) as decode:
         health = decode.get("/health")[2]
         assert health["role"] == "decode" and health["status"] == "ok", health
         assert prefill.get("/health")[2]["role"] == "prefill"
@@ -141,7 +151,7 @@ def check_spec(spec, failures):
 
 def check_mismatch(failures):
     with Server(SLIMKV, MODEL, ["--kv", "dense", "--role", "prefill"] + EXTRA, env=PREFILL_ENV) as prefill, \
-            Server(SLIMKV, MODEL, ["--kv", "hack:bits=2,pi=64", "--role", "decode", "--kv-port", "0"] + EXTRA,
+            Server(SLIMKV, MODEL, ["--kv", "hack:bits=2,pi=64", "--role", "decode", "--kv-port", "0"] + decode_args(EXTRA),
                    env=DECODE_ENV) as decode:
         p_spec, d_spec = prefill.get("/health")[2]["kv_spec"], decode.get("/health")[2]["kv_spec"]
         body = {"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0}

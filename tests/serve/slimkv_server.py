@@ -54,6 +54,16 @@ class Process:
         self.exit_code = self.process.wait(timeout=30)
 
 
+    def restart(self):
+        """Runs the command again on the port it had (a crashed worker brought back where its clients,
+        such as the router, expect it); the process must have ended."""
+        assert self.process.poll() is not None, "restart() of a running process"
+        at = self.command.index("--port")
+        self.command[at + 1] = str(self.port)
+        os.unlink(self.log.name)
+        self.port = None
+        return self.__enter__()
+
     def __exit__(self, *exc):
         if self.process.poll() is None:
             self.stop()
@@ -126,6 +136,16 @@ class Process:
             if line.startswith(name + "{") and "le=" not in line:
                 return float(line.rsplit(" ", 1)[1])
         raise KeyError(name)
+
+
+    def metric_sample(self, sample):
+        """The value of the /metrics line that starts with `sample` (a name and its labels, as printed)."""
+        status, _, text = self.get("/metrics")
+        assert status == 200, status
+        for line in text.decode().splitlines():
+            if line.startswith(sample + " "):
+                return float(line.rsplit(" ", 1)[1])
+        raise KeyError(sample)
 
 
 class Server(Process):

@@ -1,5 +1,8 @@
 #include "backend/cuda/device_memory.h"
 
+#include <cstdlib>
+#include <string>
+
 #include "backend/cuda/cuda_check.h"
 
 namespace slimkv::cuda {
@@ -17,6 +20,33 @@ int device_count() {
   return count;
 }
 
+Status check_visible_gpu(int gpu) {
+  const int count = device_count();
+  if (gpu >= 0 && gpu < count) return Status::ok();
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::string mask = visible != nullptr ? str_cat(" (CUDA_VISIBLE_DEVICES=", visible, ")") : std::string();
+  if (count == 0) {
+    const Status why = device_usable();  // no driver, or none visible: its reason
+    return error("device 'cuda:", gpu, "': this process sees no GPU", mask, why ? std::string() : str_cat(" (", why.message(), ")"));
+  }
+  return error("device 'cuda:", gpu, "': this process sees ", count, count == 1 ? " GPU" : " GPUs", mask,
+               ": expected cuda:0", count == 1 ? std::string() : str_cat(" to cuda:", count - 1));
+}
+
+int current_device() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return device;
+}
+
+Status use_gpu(int gpu) {
+  SLIMKV_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
+  return Status::ok();
+}
+
 Status device_usable() {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
@@ -29,7 +59,7 @@ Status device_usable() {
   const cudaError_t load = cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(&device_usable_probe));
   if (load == cudaErrorNoKernelImageForDevice || load == cudaErrorInvalidDeviceFunction) {
     cudaDeviceProp properties{};
-    cudaGetDeviceProperties(&properties, 0);
+    cudaGetDeviceProperties(&properties, current_device());
     return error("CUDA device ", properties.name, " (sm_", properties.major, properties.minor,
                  ") cannot run this build's kernels: ", cudaGetErrorString(load),
                  " (rebuild with CMAKE_CUDA_ARCHITECTURES naming it)");

@@ -17,6 +17,20 @@ Status device_usable();
 // The number of CUDA devices this process sees (0 when none or no driver).
 int device_count();
 
+// Ok when visible GPU `gpu` (`--device cuda:N`) exists; otherwise how many this process sees (and
+// CUDA_VISIBLE_DEVICES when it is set), so that a bad index is refused before anything is loaded.
+Status check_visible_gpu(int gpu);
+
+// The calling thread's current GPU (cudaGetDevice).
+int current_device();
+
+// Makes visible GPU `gpu` the calling thread's current device. The current device is per thread
+// (cudaSetDevice), so every entry into an engine's GPU work from a thread that may not have chosen it
+// (the server's threads, the KV stream's receivers, the last owner freeing a buffer) calls this first.
+// Nothing is given back after: a thread's device is only ever the one its next entry sets, and going
+// back to a device the thread never used would make a context on it (on cuda:1, one on GPU 0).
+Status use_gpu(int gpu);
+
 // The number of streaming multiprocessors of the current device (sizes split-K grids).
 int multiprocessor_count();
 

@@ -30,11 +30,10 @@ Status launch_copy_pieces(uint8_t* dst, const uint64_t* dst_offsets, const uint8
 
 }  // namespace
 
-Expected<std::string> current_device_uuid() {
-  int device = 0;
-  SLIMKV_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+Expected<std::string> device_uuid(int gpu) {
+  SLIMKV_RETURN_IF_ERROR(check_visible_gpu(gpu));
   cudaDeviceProp properties{};
-  SLIMKV_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&properties, device));
+  SLIMKV_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&properties, gpu));
   // nvidia-smi's spelling: GPU-8-4-4-4-12 hex digits.
   const auto* b = reinterpret_cast<const unsigned char*>(properties.uuid.bytes);
   char text[64];
@@ -43,8 +42,9 @@ Expected<std::string> current_device_uuid() {
   return std::string(text);
 }
 
-Expected<std::array<uint8_t, kIpcHandleBytes>> ipc_handle_of(const void* base) {
+Expected<std::array<uint8_t, kIpcHandleBytes>> ipc_handle_of(const void* base, int gpu) {
   static_assert(sizeof(cudaIpcMemHandle_t) == kIpcHandleBytes, "cudaIpcMemHandle_t is 64 bytes");
+  SLIMKV_RETURN_IF_ERROR(use_gpu(gpu));
   cudaIpcMemHandle_t handle{};
   SLIMKV_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&handle, const_cast<void*>(base)));
   std::array<uint8_t, kIpcHandleBytes> bytes{};
@@ -54,10 +54,16 @@ Expected<std::array<uint8_t, kIpcHandleBytes>> ipc_handle_of(const void* base) {
 
 Expected<std::shared_ptr<void>> shared_device_allocation(size_t bytes, const char* what) {
   SLIMKV_ASSIGN_OR_RETURN(void* pointer, device_allocate(bytes == 0 ? 1 : bytes, what));
-  return std::shared_ptr<void>(pointer, [](void* p) { device_free(p); });
+  return std::shared_ptr<void>(pointer, [gpu = current_device()](void* p) {
+    // Freed on its own GPU: a free from a thread on another one would first make a context there. (A
+    // context too broken to be chosen cannot free it either: nothing to report to a deleter's caller.)
+    if (use_gpu(gpu)) device_free(p);
+  });
 }
 
-Expected<std::shared_ptr<void>> copy_from_ipc_handle(const std::array<uint8_t, kIpcHandleBytes>& handle, uint64_t bytes) {
+Expected<std::shared_ptr<void>> copy_from_ipc_handle(const std::array<uint8_t, kIpcHandleBytes>& handle, uint64_t bytes,
+                                                     int gpu) {
+  SLIMKV_RETURN_IF_ERROR(use_gpu(gpu));
   SLIMKV_ASSIGN_OR_RETURN(std::shared_ptr<void> copy, shared_device_allocation(bytes, "KV blocks received over CUDA IPC"));
   if (bytes == 0) return copy;
   cudaIpcMemHandle_t ipc{};

@@ -15,21 +15,23 @@
 
 namespace slimkv::cuda {
 
-// The current device's UUID ("GPU-xxxxxxxx-..." as nvidia-smi -L prints it): two processes that
-// report the same one share a GPU, and CUDA IPC can join them.
-Expected<std::string> current_device_uuid();
+// Visible GPU `gpu`'s UUID ("GPU-xxxxxxxx-..." as nvidia-smi -L prints it): two processes that report
+// the same one share a GPU, and CUDA IPC can join them (whatever index each gives it).
+Expected<std::string> device_uuid(int gpu);
 
 // A handle (cudaIpcMemHandle_t, 64 opaque bytes) another process of the same GPU opens to reach the
-// allocation `base` (a device_allocate result, never an address inside one).
+// allocation `base` on visible GPU `gpu` (a device_allocate result, never an address inside one).
 inline constexpr size_t kIpcHandleBytes = 64;
-Expected<std::array<uint8_t, kIpcHandleBytes>> ipc_handle_of(const void* base);
+Expected<std::array<uint8_t, kIpcHandleBytes>> ipc_handle_of(const void* base, int gpu);
 
-// Opens `handle` (of another process), copies its first `bytes` into a new allocation of this process,
-// closes the handle again and returns the copy (freed when the last owner lets go). The copy is
-// device to device: nothing passes through host memory.
-Expected<std::shared_ptr<void>> copy_from_ipc_handle(const std::array<uint8_t, kIpcHandleBytes>& handle, uint64_t bytes);
+// Opens `handle` (of another process), copies its first `bytes` into a new allocation of this process
+// on visible GPU `gpu`, closes the handle again and returns the copy (freed when the last owner lets
+// go). The copy is device to device: nothing passes through host memory.
+Expected<std::shared_ptr<void>> copy_from_ipc_handle(const std::array<uint8_t, kIpcHandleBytes>& handle, uint64_t bytes,
+                                                     int gpu);
 
-// An owned allocation as a shared_ptr (device_free when the last owner lets go).
+// An owned allocation on the calling thread's current GPU as a shared_ptr, freed on that GPU when the
+// last owner lets go, whichever thread that is.
 Expected<std::shared_ptr<void>> shared_device_allocation(size_t bytes, const char* what);
 
 // dst + dst_offsets[i] ← src + src_offsets[i], piece_bytes each, for every i, device to device in one

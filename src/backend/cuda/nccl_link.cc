@@ -13,6 +13,7 @@
 
 #include <cstdlib>
 
+#include "backend/cuda/device_memory.h"
 #include "backend/cuda/ipc_memory.h"
 #endif
 
@@ -31,7 +32,7 @@ Status no_nccl() {
 
 Status nccl_available() { return no_nccl(); }
 Expected<NcclId> nccl_new_id() { return no_nccl(); }
-Expected<std::shared_ptr<NcclLink>> nccl_connect(const NcclId&, int, std::chrono::milliseconds) { return no_nccl(); }
+Expected<std::shared_ptr<NcclLink>> nccl_connect(const NcclId&, int, int, std::chrono::milliseconds) { return no_nccl(); }
 Status nccl_send(NcclLink&, const void*, uint64_t, uint64_t, const std::function<void(uint64_t)>&, std::chrono::milliseconds) {
   return no_nccl();
 }
@@ -93,9 +94,11 @@ Expected<const NcclApi*> nccl_api() {
 
 class NcclLink {
  public:
-  NcclLink(const NcclApi& api, ncclComm_t comm, cudaStream_t stream, int rank)
-      : api_(api), comm_(comm), stream_(stream), peer_(1 - rank) {}
+  NcclLink(const NcclApi& api, ncclComm_t comm, cudaStream_t stream, int rank, int gpu)
+      : api_(api), comm_(comm), stream_(stream), peer_(1 - rank), gpu_(gpu) {}
   ~NcclLink() {
+    // Closed by whichever thread lets go last: on the link's GPU, as every call on it.
+    static_cast<void>(use_gpu(gpu_));
     // Aborted, not finalized: ncclCommFinalize waits until the communicator is quiescent on every rank,
     // i.e. until the other worker closes its end too (a decode worker shutting down would wait for its
     // prefill workers). No operation is in flight here (each one completes, or breaks the link, before
@@ -108,6 +111,7 @@ class NcclLink {
 
   bool broken() const { return broken_; }
   int peer() const { return peer_; }
+  int gpu() const { return gpu_; }
 
   // Issues `op` (a ncclSend or ncclRecv of one piece on this link's stream) and waits until it is done.
   template <typename Op>
@@ -171,6 +175,7 @@ class NcclLink {
   ncclComm_t comm_;
   cudaStream_t stream_;
   const int peer_;  // the other rank
+  const int gpu_;   // the visible GPU the link's communicator and stream are on
   bool broken_ = false;
 };
 
@@ -187,9 +192,11 @@ Expected<NcclId> nccl_new_id() {
   return bytes;
 }
 
-Expected<std::shared_ptr<NcclLink>> nccl_connect(const NcclId& id, int rank, std::chrono::milliseconds timeout) {
+Expected<std::shared_ptr<NcclLink>> nccl_connect(const NcclId& id, int rank, int gpu, std::chrono::milliseconds timeout) {
   if (rank != 0 && rank != 1) return error("NCCL link: rank ", rank, "; a link has ranks 0 and 1");
   SLIMKV_ASSIGN_OR_RETURN(const NcclApi* api, nccl_api());
+  // The communicator belongs to the device current when it is made (ncclCommInitRank's rule).
+  SLIMKV_RETURN_IF_ERROR(use_gpu(gpu));
   cudaStream_t stream = nullptr;
   if (const cudaError_t made = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); made != cudaSuccess) {
     cudaGetLastError();
@@ -206,7 +213,7 @@ Expected<std::shared_ptr<NcclLink>> nccl_connect(const NcclId& id, int rank, std
     if (comm != nullptr) api->abort(comm);
     return error("NCCL link: joining as rank ", rank, ": ", api->error_string(started));
   }
-  auto link = std::make_shared<NcclLink>(*api, comm, stream, rank);
+  auto link = std::make_shared<NcclLink>(*api, comm, stream, rank, gpu);
   SLIMKV_RETURN_IF_ERROR(link->wait_for_comm(timeout, rank == 0 ? "waiting for the receiver to join" : "joining the sender"));
   return link;
 }
@@ -226,6 +233,7 @@ Status for_each_piece(uint64_t bytes, uint64_t piece_bytes, Each each) {
 Status nccl_send(NcclLink& link, const void* data, uint64_t bytes, uint64_t piece_bytes,
                  const std::function<void(uint64_t)>& before_piece, std::chrono::milliseconds timeout) {
   SLIMKV_ASSIGN_OR_RETURN(const NcclApi* api, nccl_api());
+  SLIMKV_RETURN_IF_ERROR(use_gpu(link.gpu()));
   const auto* from = static_cast<const uint8_t*>(data);
   return for_each_piece(bytes, piece_bytes, [&](uint64_t offset, uint64_t size) {
     if (before_piece) before_piece(size);
@@ -237,6 +245,7 @@ Status nccl_send(NcclLink& link, const void* data, uint64_t bytes, uint64_t piec
 Expected<std::shared_ptr<void>> nccl_receive(NcclLink& link, uint64_t bytes, uint64_t piece_bytes,
                                              std::chrono::milliseconds timeout) {
   SLIMKV_ASSIGN_OR_RETURN(const NcclApi* api, nccl_api());
+  SLIMKV_RETURN_IF_ERROR(use_gpu(link.gpu()));
   SLIMKV_ASSIGN_OR_RETURN(std::shared_ptr<void> pages, shared_device_allocation(bytes, "KV blocks received over NCCL"));
   auto* to = static_cast<uint8_t*>(pages.get());
   SLIMKV_RETURN_IF_ERROR(for_each_piece(bytes, piece_bytes, [&](uint64_t offset, uint64_t size) {

@@ -35,16 +35,17 @@ Status nccl_available();
 // make one only for a peer that has agreed to join.
 Expected<NcclId> nccl_new_id();
 
-// Joins the link `id` as `rank` (0 or 1) on the current GPU; the other process must join too before
-// `timeout`. The link has a CUDA stream of its own.
-Expected<std::shared_ptr<NcclLink>> nccl_connect(const NcclId& id, int rank, std::chrono::milliseconds timeout);
+// Joins the link `id` as `rank` (0 or 1) on visible GPU `gpu`; the other process must join too before
+// `timeout`. The link has a CUDA stream of its own, and every later call on it (from any thread) runs on
+// that GPU.
+Expected<std::shared_ptr<NcclLink>> nccl_connect(const NcclId& id, int rank, int gpu, std::chrono::milliseconds timeout);
 
 // Sends `bytes` of device memory at `data` to the other rank in pieces of at most `piece_bytes`
 // (the receiver must use the same), calling `before_piece(bytes)` before each (e.g. a bandwidth cap);
 // returns when the last piece has left. A failure or the deadline breaks the link.
 Status nccl_send(NcclLink& link, const void* data, uint64_t bytes, uint64_t piece_bytes,
                  const std::function<void(uint64_t)>& before_piece, std::chrono::milliseconds timeout);
-// Receives `bytes` from the other rank into a new allocation of the current GPU (pieces as sent).
+// Receives `bytes` from the other rank into a new allocation of the link's GPU (pieces as sent).
 Expected<std::shared_ptr<void>> nccl_receive(NcclLink& link, uint64_t bytes, uint64_t piece_bytes,
                                              std::chrono::milliseconds timeout);
 // Whether the link failed (or was aborted): it must not be used again.

@@ -2,13 +2,16 @@
 // (model/cuda/llama_cuda.h), each engine sequence a sequence of its KV cache (kv/cuda/gpu_kv_cache.h),
 // steps of mixed items with logits rows or tokens sampled on the GPU, the cache's block budget, and KV
 // export/import in the transfer format (kv/cuda/gpu_kv_transfer.h: through a host KvStore, or with the
-// sealed blocks left in GPU memory).
+// sealed blocks left in GPU memory). One visible GPU (`--device cuda:N`) holds it all: every entry
+// makes it the calling thread's device first, since the engine is called from threads that chose none
+// (a server's scheduler and HTTP threads) or another (an engine on another GPU in the same process).
 #include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <string_view>
 #include <vector>
 
+#include "backend/cuda/device_memory.h"
 #include "engine/device_model.h"
 #include "kv/cuda/gpu_kv_plan.h"
 #include "kv/cuda/gpu_kv_transfer.h"
@@ -46,17 +49,20 @@ cuda::StepRows rows_of(StepOutput output) {
 
 class CudaDeviceModel final : public DeviceModel {
  public:
-  CudaDeviceModel(std::unique_ptr<cuda::CudaLlamaModel> model, const KvPipeline& pipeline)
-      : model_(std::move(model)), pipeline_(pipeline) {
+  CudaDeviceModel(std::unique_ptr<cuda::CudaLlamaModel> model, const KvPipeline& pipeline, int gpu)
+      : gpu_(gpu), model_(std::move(model)), pipeline_(pipeline) {
     const ModelConfig& c = model_->config();
     shape_ = KvShape(int(c.num_layers), int(c.num_kv_heads), int(c.head_dim), int(c.head_dim), model_->context_tokens());
   }
+  // The members free their GPU memory after this body, on the thread's device it chose.
+  ~CudaDeviceModel() override { static_cast<void>(cuda::use_gpu(gpu_)); }
 
   int context_tokens() const override { return model_->context_tokens(); }
   std::string kv_description() const override { return pipeline_.describe(); }
 
   Status add_sequence(SequenceId sequence, const SamplingParams& sampling) override {
     if (sequences_.contains(sequence)) return error("sequence ", sequence, " is already on the GPU");
+    SLIMKV_RETURN_IF_ERROR(cuda::use_gpu(gpu_));
     SLIMKV_ASSIGN_OR_RETURN(const int id, model_->add_sequence());
     sequences_[sequence] = {id, sampling};
     return Status::ok();
@@ -64,6 +70,7 @@ class CudaDeviceModel final : public DeviceModel {
   void remove_sequence(SequenceId sequence) override {
     const auto it = sequences_.find(sequence);
     if (it == sequences_.end()) return;
+    static_cast<void>(cuda::use_gpu(gpu_));  // a broken context fails the next step, which reports it
     model_->remove_sequence(it->second.id);
     sequences_.erase(it);
   }
@@ -72,6 +79,7 @@ class CudaDeviceModel final : public DeviceModel {
   // A kSample item's draw: its parameters, counter = the position of the token drawn (so the same
   // whatever the batch, and after an export and import).
   Status step(std::span<const DeviceStepItem> items, StepResult& result) override {
+    SLIMKV_RETURN_IF_ERROR(cuda::use_gpu(gpu_));
     std::vector<cuda::SequenceStep> steps;
     for (const DeviceStepItem& item : items) {
       const Held& held = held_of(item.sequence);
@@ -100,6 +108,7 @@ class CudaDeviceModel final : public DeviceModel {
 
   Status export_kv(SequenceId sequence, std::string_view model_id, std::vector<uint8_t>& out) const override {
     SLIMKV_RETURN_IF_ERROR(check_transferable());
+    SLIMKV_RETURN_IF_ERROR(cuda::use_gpu(gpu_));
     return cuda::export_transfer(model_->kv(), id_of(sequence), context(model_id), out);
   }
   Status import_kv(SequenceId sequence, std::span<const uint8_t> transfer, std::string_view source,
@@ -110,6 +119,7 @@ class CudaDeviceModel final : public DeviceModel {
                    " tokens; a transfer is imported into an empty sequence");
     }
     SLIMKV_RETURN_IF_ERROR(check_transferable());
+    SLIMKV_RETURN_IF_ERROR(cuda::use_gpu(gpu_));
     return cuda::import_transfer(model_->kv(), id, context(model_id), transfer, source, received_crc);
   }
 
@@ -117,11 +127,13 @@ class CudaDeviceModel final : public DeviceModel {
   bool exports_kv_to_device() const override { return model_->kv().device_page_bytes() > 0; }
   Status export_kv_to_device(SequenceId sequence, std::string_view model_id, DeviceKvTransfer& out) const override {
     SLIMKV_RETURN_IF_ERROR(check_transferable());
+    SLIMKV_RETURN_IF_ERROR(cuda::use_gpu(gpu_));
     return cuda::export_to_device(model_->kv(), id_of(sequence), context(model_id), out);
   }
   Status import_kv_from_device(SequenceId sequence, const DeviceKvTransfer& transfer, std::string_view source,
                                std::string_view model_id) override {
     SLIMKV_RETURN_IF_ERROR(check_transferable());
+    SLIMKV_RETURN_IF_ERROR(cuda::use_gpu(gpu_));
     return cuda::import_from_device(model_->kv(), id_of(sequence), context(model_id), transfer, source);
   }
 
@@ -155,6 +167,7 @@ class CudaDeviceModel final : public DeviceModel {
     return {.shape = shape_, .pipeline = pipeline_, .model_id = std::string(model_id), .staging = &transfer_staging_};
   }
 
+  const int gpu_;  // the visible GPU everything below lives on
   std::unique_ptr<cuda::CudaLlamaModel> model_;
   KvPipeline pipeline_;  // as the GPU runs it: its describe() is kv_description()
   KvShape shape_;        // of a host store of one sequence (export, import)
@@ -166,7 +179,9 @@ class CudaDeviceModel final : public DeviceModel {
 }  // namespace
 
 Expected<std::unique_ptr<DeviceModel>> load_cuda_model(const LlamaModel& model, const KvPipeline& pipeline,
-                                                       const EngineConfig& config) {
+                                                       const EngineConfig& config, int gpu) {
+  SLIMKV_RETURN_IF_ERROR(cuda::check_visible_gpu(gpu));
+  SLIMKV_RETURN_IF_ERROR(cuda::use_gpu(gpu));  // before anything allocates (the upload, the KV pool)
   const ModelConfig& c = model.config();
   SLIMKV_ASSIGN_OR_RETURN(cuda::GpuKvPlan plan,
                           cuda::plan_gpu_kv(pipeline, config.kv_spec, int(c.hidden_size), int(c.kv_dim())));
@@ -208,7 +223,7 @@ Expected<std::unique_ptr<DeviceModel>> load_cuda_model(const LlamaModel& model, 
   }
   SLIMKV_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaLlamaModel> gpu_model,
                           cuda::CudaLlamaModel::upload(c, weights, options));
-  return std::unique_ptr<DeviceModel>(new CudaDeviceModel(std::move(gpu_model), plan.pipeline));
+  return std::unique_ptr<DeviceModel>(new CudaDeviceModel(std::move(gpu_model), plan.pipeline, gpu));
 }
 
 }  // namespace slimkv

@@ -8,7 +8,8 @@
 
 extern "C" __attribute__((visibility("default"))) const slimkv::CudaPlugin* slimkv_cuda_plugin() {
   static const slimkv::CudaPlugin plugin{SLIMKV_CUDA_PLUGIN_TAG, &slimkv::load_cuda_model,
-                                         &slimkv::cuda::current_device_uuid, &slimkv::cuda::ipc_handle_of,
+                                         &slimkv::cuda::check_visible_gpu,
+                                         &slimkv::cuda::device_uuid, &slimkv::cuda::ipc_handle_of,
                                          &slimkv::cuda::copy_from_ipc_handle,
                                          &slimkv::cuda::nccl_available,
                                          &slimkv::cuda::nccl_new_id,
