@@ -27,6 +27,7 @@
 // first-touch costs depend on how much memory the machine has left.
 //   bench_kv_host_path [--specs "dense:dtype=f16;hack:bits=2,pi=64"] [--prompt-tokens 4096,16384]
 //                      [--layers 32 --kv-heads 8 --head-dim 128] [--repeats 3]
+//                      [--variants first,repeated,overlapped,pipelined]
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -252,6 +253,10 @@ int main(int argc, char** argv) {
   app.add_option("--layers", layers, "layers of the KV shape");
   app.add_option("--kv-heads", kv_heads, "KV heads of the KV shape");
   app.add_option("--head-dim", head_dim, "dims per head (K and V)");
+  std::vector<std::string> variant_names = {"first", "repeated", "overlapped", "pipelined"};
+  app.add_option("--variants", variant_names, "variants to run, ','-separated (x first needs first)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"first", "repeated", "overlapped", "pipelined"}));
   app.add_option("--repeats", repeats, "timed transfers per variant (after one warm-up); medians printed")->check(CLI::Range(1, 1000));
   CLI11_PARSE(app, argc, argv);
 
@@ -280,6 +285,7 @@ int main(int argc, char** argv) {
       const size_t pool_bytes = 2 * expected.bytes + (size_t(1) << 20);
       double first_total = 0;
       for (const Variant variant : {Variant::kFirst, Variant::kRepeated, Variant::kOverlapped, Variant::kPipelined}) {
+        if (std::find(variant_names.begin(), variant_names.end(), variant_name(variant)) == variant_names.end()) continue;
         // Each variant's own workers: first keeps nothing (pools of 0 bytes), the others warm theirs in the warm-up.
         const size_t keep = variant == Variant::kFirst ? 0 : pool_bytes;
         auto receiver_buffers = std::make_shared<BufferPool>(keep);
