@@ -16,10 +16,11 @@
 //               sends, as the prefill worker's scheduler and HTTP threads do); its export column is the
 //               exporting thread's time, its stream column from the export's start until the receiver
 //               holds the transfer (the export inside it)
-//   pipelined   overlapped, with each layer also restored into the receiver's store as soon as it has
-//               arrived and been checked (KvStreamReceiverOptions::staging_store, as a CPU decode worker
-//               does): its stream column holds the import too (the receiver answers once the last layer
-//               is restored), its import column what is left after (taking the staged store)
+//   pipelined   overlapped, with each piece of a layer also restored into the receiver's store as soon as
+//               it has landed and been checksummed, with no buffer of the whole transfer
+//               (KvStreamReceiverOptions::staging_store, as a CPU decode worker does): its stream column
+//               holds the import too (the receiver answers once the last layer is restored), its import
+//               column what is left after (taking the staged store)
 // Each: the transfer's bytes, each stage's median time and GB/s (transfer bytes / time), the total and
 // its GB/s: the end-to-end rate of the host path with an uncapped link. Every import is checked: its
 // export must equal the sender's bytes (overlapped, whose sender never holds them whole: their length

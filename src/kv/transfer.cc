@@ -314,6 +314,52 @@ Status parse_metadata(const uint8_t* data, const Layout& layout, const std::stri
   return Status::ok();
 }
 
+// The trailer's fields, and its CRC against body_crc, that of the `body_bytes` bytes before it.
+Status check_trailer(const uint8_t* trailer, uint64_t body_bytes, uint32_t body_crc, const std::string& where) {
+  if (std::memcmp(trailer + at::kEndMagic, kEndMagic.data(), kEndMagic.size()) != 0) {
+    return error(where, ": the trailer's end magic is wrong (corrupt, or not where the header says it ends)");
+  }
+  if (load_u32(trailer + at::kTrailerReserved) != 0) return error(where, ": trailer field reserved is not 0");
+  const uint32_t stored_crc = load_u32(trailer + at::kTrailerCrc);
+  if (stored_crc != body_crc) {
+    return error(where, ": checksum mismatch (stored CRC32C 0x", std::hex, stored_crc, ", computed 0x", body_crc, std::dec,
+                 " over ", body_bytes, " bytes): the transfer is corrupt");
+  }
+  return Status::ok();
+}
+
+// Bytes of one (layer, head)'s open K and V records, and of the layer's open range (every head's).
+uint64_t open_head_bytes(const KvTransferInfo& info, int layer) {
+  const uint64_t open = uint64_t(info.layer_tokens[size_t(layer)] % info.block_tokens);
+  uint64_t k_record = 0, v_record = 0;
+  open_record_bytes(open, uint64_t(info.shape.k_dim), &k_record);  // cannot overflow: the section's total did not
+  open_record_bytes(open, uint64_t(info.shape.v_dim), &v_record);
+  return k_record + v_record;
+}
+uint64_t open_layer_bytes(const KvTransferInfo& info, int layer) {
+  return open_head_bytes(info, layer) * uint64_t(info.shape.num_kv_heads);
+}
+
+// The zero padding of layer `layer`'s open records (its open range at `records`).
+Status check_open_padding(const uint8_t* records, const KvTransferInfo& info, int layer, const std::string& where) {
+  const uint64_t open = uint64_t(info.layer_tokens[size_t(layer)] % info.block_tokens);
+  // A layer without open tokens has empty records: skipping it keeps this loop bounded by the
+  // section's bytes even when a (corrupt) header claims billions of heads.
+  if (open == 0) return Status::ok();
+  for (int g = 0; g < info.shape.num_kv_heads; ++g) {
+    for (const uint64_t dim : {uint64_t(info.shape.k_dim), uint64_t(info.shape.v_dim)}) {
+      uint64_t record = 0;
+      open_record_bytes(open, dim, &record);
+      const uint64_t used = open * dim * sizeof(float);
+      if (!all_zero(records + used, record - used)) {
+        return error(where, ": the padding of layer ", layer, " head ", g, "'s open tokens is not zero");
+      }
+      records += record;
+    }
+  }
+  return Status::ok();
+}
+
 // body_crc: the CRC of bytes [0, trailer_offset) when the caller has it; else it is computed here.
 Expected<ParsedTransfer> parse_transfer(const uint8_t* data, size_t size, std::string_view source,
                                         std::optional<uint32_t> body_crc = std::nullopt) {
@@ -329,17 +375,8 @@ Expected<ParsedTransfer> parse_transfer(const uint8_t* data, size_t size, std::s
   }
 
   // The trailer: its checksum covers every byte before it, so nothing below reads corrupt data.
-  const uint8_t* trailer = data + layout.trailer_offset;
-  if (std::memcmp(trailer + at::kEndMagic, kEndMagic.data(), kEndMagic.size()) != 0) {
-    return error(where, ": the trailer's end magic is wrong (corrupt, or not where the header says it ends)");
-  }
-  if (load_u32(trailer + at::kTrailerReserved) != 0) return error(where, ": trailer field reserved is not 0");
-  const uint32_t stored_crc = load_u32(trailer + at::kTrailerCrc);
-  const uint32_t computed_crc = body_crc ? *body_crc : crc32c(data, layout.trailer_offset);
-  if (stored_crc != computed_crc) {
-    return error(where, ": checksum mismatch (stored CRC32C 0x", std::hex, stored_crc, ", computed 0x", computed_crc,
-                 std::dec, " over ", layout.trailer_offset, " bytes): the transfer is corrupt");
-  }
+  SLIMKV_RETURN_IF_ERROR(check_trailer(data + layout.trailer_offset, layout.trailer_offset,
+                                       body_crc ? *body_crc : crc32c(data, layout.trailer_offset), where));
 
   SLIMKV_RETURN_IF_ERROR(parse_metadata(data, layout, where, parsed.info));
   const KvTransferInfo& info = parsed.info;
@@ -352,21 +389,8 @@ Expected<ParsedTransfer> parse_transfer(const uint8_t* data, size_t size, std::s
   }
   uint64_t offset = layout.open_offset;
   for (uint32_t l = 0; l < layout.num_layers; ++l) {
-    const uint64_t open = uint64_t(info.layer_tokens[l]) % layout.block_tokens;
-    // A layer without open tokens has empty records: skipping it keeps this loop bounded by the
-    // section's bytes even when a (corrupt) header claims billions of heads.
-    if (open == 0) continue;
-    for (uint32_t g = 0; g < layout.num_kv_heads; ++g) {
-      for (const uint64_t dim : {uint64_t(layout.k_dim), uint64_t(layout.v_dim)}) {
-        uint64_t record = 0;
-        open_record_bytes(open, dim, &record);  // cannot overflow: the section's total did not
-        const uint64_t used = open * dim * sizeof(float);
-        if (!all_zero(data + offset + used, record - used)) {
-          return error(where, ": the padding of layer ", l, " head ", g, "'s open tokens is not zero");
-        }
-        offset += record;
-      }
-    }
+    SLIMKV_RETURN_IF_ERROR(check_open_padding(data + offset, info, int(l), where));
+    offset += open_layer_bytes(info, int(l));
   }
   return parsed;
 }
@@ -735,11 +759,14 @@ Status check_kv_transfer_head_for(const KvTransferInfo& info, std::string_view s
   return Status::ok();
 }
 
-Status check_kv_transfer_layer_for(const uint8_t* data, const KvTransferInfo& info, int layer, std::string_view source,
-                                   const KvStore& into) {
-  // The open rows are FP32 in the format, but a store whose open block is FP16 (every sender with this
-  // spec) only ever writes FP16 values: anything else was not written by such a sender, and restoring it
-  // would round it, so the bytes would not come back as they were.
+namespace {
+
+// Layer `layer`'s open records (its open range at `records`) against `into`: the open rows are FP32 in
+// the format, but a store whose open block is FP16 (every sender with this spec) only ever writes FP16
+// values: anything else was not written by such a sender, and restoring it would round it, so the bytes
+// would not come back as they were.
+Status check_open_values(const uint8_t* records, const KvTransferInfo& info, int layer, const std::string& where,
+                         const KvStore& into) {
   if (into.codec().open_block_dtype() != DType::kF16) return Status::ok();
   const auto all_fp16 = [](const uint8_t* values, size_t count) {
     for (size_t i = 0; i < count; ++i) {
@@ -751,26 +778,60 @@ Status check_kv_transfer_layer_for(const uint8_t* data, const KvTransferInfo& in
   };
   const uint64_t k_dim = uint64_t(info.shape.k_dim), v_dim = uint64_t(info.shape.v_dim);
   const int open = info.layer_tokens[size_t(layer)] % info.block_tokens;
-  uint64_t k_record = 0, v_record = 0;
+  uint64_t k_record = 0;
   open_record_bytes(uint64_t(open), k_dim, &k_record);
-  open_record_bytes(uint64_t(open), v_dim, &v_record);
-  const uint8_t* record = data + kv_transfer_layer_ranges(info)[size_t(layer)].open_offset;
-  for (int g = 0; g < info.shape.num_kv_heads; ++g, record += k_record + v_record) {
-    if (!all_fp16(record, size_t(open) * k_dim) || !all_fp16(record + k_record, size_t(open) * v_dim)) {
-      return error(where_of(source), ": layer ", layer, " KV head ", g, ": the open block holds values that are not FP16, "
+  const uint64_t head_bytes = open_head_bytes(info, layer);
+  for (int g = 0; g < info.shape.num_kv_heads; ++g, records += head_bytes) {
+    if (!all_fp16(records, size_t(open) * k_dim) || !all_fp16(records + k_record, size_t(open) * v_dim)) {
+      return error(where, ": layer ", layer, " KV head ", g, ": the open block holds values that are not FP16, "
                    "and this spec's open block is FP16 (no sender with this spec wrote them)");
     }
   }
   return Status::ok();
 }
 
+// One layer's open tokens, every head's K and V records from `records` on.
+void restore_open_layer(const uint8_t* records, const KvTransferInfo& info, int layer, KvStore& into) {
+  // Rows of FP32 may lie unaligned for float in the input (it need not be aligned): copy through a buffer.
+  const uint64_t k_dim = uint64_t(info.shape.k_dim), v_dim = uint64_t(info.shape.v_dim);
+  const int open = info.layer_tokens[size_t(layer)] % info.block_tokens;
+  uint64_t k_record = 0;
+  open_record_bytes(uint64_t(open), k_dim, &k_record);
+  const uint64_t head_bytes = open_head_bytes(info, layer);
+  std::vector<float> k(size_t(open) * k_dim), v(size_t(open) * v_dim);
+  for (int g = 0; g < info.shape.num_kv_heads; ++g, records += head_bytes) {
+    if (open > 0) {
+      std::memcpy(k.data(), records, k.size() * sizeof(float));
+      std::memcpy(v.data(), records + k_record, v.size() * sizeof(float));
+    }
+    into.restore_open_tokens(layer, g, k.data(), v.data(), open);
+  }
+}
+
+// A transfer's layer (its bytes in place in `data`) into `into`, as restore_kv_transfer_blocks and
+// restore_kv_transfer_open restore it from pieces.
+void restore_layer(const uint8_t* data, const KvTransferInfo& info, int layer, KvStore& into) {
+  uint64_t stride = 0;
+  checked_align(info.sealed_block_bytes, &stride);  // checked by the reader: no overflow
+  const KvTransferLayerRanges range = kv_transfer_layer_ranges(info)[size_t(layer)];
+  const int blocks = info.layer_tokens[size_t(layer)] / info.block_tokens;
+  const uint8_t* cursor = data + range.sealed_offset;
+  for (int g = 0; g < info.shape.num_kv_heads; ++g) {
+    for (int b = 0; b < blocks; ++b, cursor += stride) into.restore_sealed_block(layer, g, cursor);
+  }
+  restore_open_layer(data + range.open_offset, info, layer, into);
+}
+
+}  // namespace
+
 Expected<KvTransferInfo> check_kv_transfer_for(const uint8_t* data, size_t size, std::string_view source,
                                                std::string_view model_id, const KvStore& into,
                                                std::optional<uint32_t> received_crc) {
   SLIMKV_ASSIGN_OR_RETURN(ParsedTransfer parsed, parse_transfer(data, size, source, received_crc));
   SLIMKV_RETURN_IF_ERROR(check_kv_transfer_head_for(parsed.info, source, model_id, into));
+  const std::vector<KvTransferLayerRanges> ranges = kv_transfer_layer_ranges(parsed.info);
   for (int l = 0; l < into.shape().num_layers; ++l) {
-    SLIMKV_RETURN_IF_ERROR(check_kv_transfer_layer_for(data, parsed.info, l, source, into));
+    SLIMKV_RETURN_IF_ERROR(check_open_values(data + ranges[size_t(l)].open_offset, parsed.info, l, where_of(source), into));
   }
   return std::move(parsed.info);
 }
@@ -782,43 +843,38 @@ Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view sourc
   return Status::ok();
 }
 
-namespace {
-
-// One layer's open tokens, every head's K and V records from `records` on.
-void restore_open_layer(const uint8_t* records, const KvTransferInfo& info, int layer, KvStore& into) {
-  // Rows of FP32 may lie unaligned for float in the input (it need not be aligned): copy through a buffer.
-  const uint64_t k_dim = uint64_t(info.shape.k_dim), v_dim = uint64_t(info.shape.v_dim);
-  const int open = info.layer_tokens[size_t(layer)] % info.block_tokens;
-  uint64_t k_record = 0, v_record = 0;
-  open_record_bytes(uint64_t(open), k_dim, &k_record);
-  open_record_bytes(uint64_t(open), v_dim, &v_record);
-  std::vector<float> k(size_t(open) * k_dim), v(size_t(open) * v_dim);
-  for (int g = 0; g < info.shape.num_kv_heads; ++g, records += k_record + v_record) {
-    if (open > 0) {
-      std::memcpy(k.data(), records, k.size() * sizeof(float));
-      std::memcpy(v.data(), records + k_record, v.size() * sizeof(float));
-    }
-    into.restore_open_tokens(layer, g, k.data(), v.data(), open);
-  }
-}
-
-}  // namespace
-
 void restore_kv_transfer(const uint8_t* data, const KvTransferInfo& info, KvStore& into) {
   into.clear();
-  for (int l = 0; l < info.shape.num_layers; ++l) restore_kv_transfer_layer(data, info, l, into);
+  for (int l = 0; l < info.shape.num_layers; ++l) restore_layer(data, info, l, into);
 }
 
-void restore_kv_transfer_layer(const uint8_t* data, const KvTransferInfo& info, int layer, KvStore& into) {
+Status restore_kv_transfer_blocks(const uint8_t* slots, int count, const KvTransferInfo& info, int layer, int head,
+                                  int first_block, std::string_view source, KvStore& into) {
   uint64_t stride = 0;
   checked_align(info.sealed_block_bytes, &stride);  // checked by the reader: no overflow
-  const KvTransferLayerRanges range = kv_transfer_layer_ranges(info)[size_t(layer)];
-  const int blocks = info.layer_tokens[size_t(layer)] / info.block_tokens;
-  const uint8_t* cursor = data + range.sealed_offset;
-  for (int g = 0; g < info.shape.num_kv_heads; ++g) {
-    for (int b = 0; b < blocks; ++b, cursor += stride) into.restore_sealed_block(layer, g, cursor);
+  for (int b = 0; b < count; ++b, slots += stride) {
+    // Zero, so that the store's export gives back the bytes that came (the format is canonical).
+    if (!all_zero(slots + info.sealed_block_bytes, stride - info.sealed_block_bytes)) {
+      return error(where_of(source), ": layer ", layer, " KV head ", head, " block ", first_block + b,
+                   ": the padding after the sealed block is not zero");
+    }
+    into.restore_sealed_block(layer, head, slots);
   }
-  restore_open_layer(data + range.open_offset, info, layer, into);
+  return Status::ok();
+}
+
+Status restore_kv_transfer_open(const uint8_t* records, const KvTransferInfo& info, int layer, std::string_view source,
+                                KvStore& into) {
+  const std::string where = where_of(source);
+  SLIMKV_RETURN_IF_ERROR(check_open_padding(records, info, layer, where));
+  SLIMKV_RETURN_IF_ERROR(check_open_values(records, info, layer, where, into));
+  restore_open_layer(records, info, layer, into);
+  return Status::ok();
+}
+
+Status check_kv_transfer_trailer(const uint8_t* trailer, const KvTransferInfo& info, uint32_t body_crc,
+                                 std::string_view source) {
+  return check_trailer(trailer, info.trailer_offset, body_crc, where_of(source));
 }
 
 void restore_kv_transfer_open_tokens(const uint8_t* data, const KvTransferInfo& info, KvStore& into) {

@@ -7,7 +7,6 @@
 
 #include "engine/cuda_backend.h"
 #include "kv/transfer.h"
-#include "transfer/kv_layer_import.h"
 #include "util/system_memory.h"
 
 namespace slimkv {
@@ -745,24 +744,31 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
                    ", more than this decode worker's context of ", options_.max_tokens);
     }
   }
-  std::vector<uint8_t>& transfer = received.transfer;
-  // Every byte of it is written below (head, each layer's ranges, trailer): a reused buffer is not zeroed first.
-  if (options_.buffers) transfer = options_.buffers->take(info.total_bytes);
-  assign_for_overwrite(transfer, info.total_bytes);
-  std::memcpy(transfer.data(), head.payload.data(), head.payload.size());
   received.wire_bytes += kKvFrameHeaderBytes + hello_frame.payload.size();
-  // With a staging store, each layer is restored into it on a thread of its own as soon as it is here.
-  std::unique_ptr<KvLayerImport> staging;
+  // With a staging store, each piece of a layer's frame is restored into it as soon as it has landed and
+  // been checksummed, while it is still in cache: no buffer of the whole transfer, no second pass over
+  // its bytes. Else the transfer is assembled in `transfer`, each layer read straight into its place.
+  std::shared_ptr<KvStore> staged;
+  std::vector<uint8_t>& transfer = received.transfer;
   if (options_.staging_store) {
-    SLIMKV_ASSIGN_OR_RETURN(std::shared_ptr<KvStore> store, options_.staging_store());
-    SLIMKV_ASSIGN_OR_RETURN(staging, KvLayerImport::start(transfer.data(), info, std::move(store), identity_.model_id, where));
+    SLIMKV_ASSIGN_OR_RETURN(staged, options_.staging_store());
+    SLIMKV_RETURN_IF_ERROR(check_kv_transfer_head_for(info, where, identity_.model_id, *staged));
+    staged->clear();
+  } else {
+    // Every byte of it is written below (head, each layer's ranges, trailer): a reused buffer is not zeroed first.
+    if (options_.buffers) transfer = options_.buffers->take(info.total_bytes);
+    assign_for_overwrite(transfer, info.total_bytes);
+    std::memcpy(transfer.data(), head.payload.data(), head.payload.size());
   }
+  // Staged: the pieces a layer's blocks are read and restored in (whole block slots, about what
+  // KvFrameReader checksums at once), and its open tokens.
+  const uint64_t piece_blocks = std::max<uint64_t>(1, (uint64_t(256) << 10) / stride);
+  std::vector<uint8_t> piece(staged ? size_t(piece_blocks * stride) : 0), open;
   // The transfer's CRC, joined from each piece's as it lands (crc32c_combine): the end-to-end check
   // below reads no byte again.
   uint32_t crc = crc32c(head.payload.data(), head.payload.size());
 
-  // The layers, in order, each exactly its ranges' bytes less the blocks that came early, read straight
-  // into their places in the transfer.
+  // The layers, in order, each exactly its ranges' bytes less the blocks that came early.
   const std::vector<KvTransferLayerRanges> ranges = kv_transfer_layer_ranges(info);
   const uint64_t heads = uint64_t(identity_.num_kv_heads);
   std::vector<std::pair<uint32_t, uint64_t>> open_crcs;  // per layer: the open tokens' CRC and size
@@ -792,19 +798,51 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
                    " bytes, got a KV_LAYER frame for layer ", int64_t(index == UINT32_MAX ? -1 : int64_t(index)), " from block ",
                    int64_t(first == UINT32_MAX ? -1 : int64_t(first)), " of ", layer.payload_bytes(), " bytes");
     }
+    // What the store refused of this layer's pieces (a block's padding): reported once the frame's CRC
+    // checked out, so that a corrupt frame is named as one.
+    Status restored;
+    const auto restore = [&](const uint8_t* slots, uint64_t count, uint64_t g, uint64_t first_block) {
+      if (restored.is_ok()) {
+        restored = restore_kv_transfer_blocks(slots, int(count), info, int(l), int(g), int(first_block), where, *staged);
+      }
+    };
     // Each head's blocks: those that came early (copied and checksummed in one pass), then the rest.
     for (uint64_t g = 0; g < heads; ++g) {
-      uint8_t* head_blocks = transfer.data() + range.sealed_offset + g * blocks * stride;
+      uint8_t* head_blocks = staged ? nullptr : transfer.data() + range.sealed_offset + g * blocks * stride;
       for (const EarlyBlocks& e : early[l]) {
         const uint64_t bytes = uint64_t(e.count) * stride;
-        crc = crc32c_copy(head_blocks + uint64_t(e.first_block) * stride, e.bytes.data() + g * bytes, bytes, crc);
+        const uint8_t* early_blocks = e.bytes.data() + g * bytes;
+        if (!staged) {
+          crc = crc32c_copy(head_blocks + uint64_t(e.first_block) * stride, early_blocks, bytes, crc);
+          continue;
+        }
+        for (uint64_t b = 0; b < uint64_t(e.count); b += piece_blocks) {
+          const uint64_t count = std::min(piece_blocks, uint64_t(e.count) - b);
+          crc = crc32c(early_blocks + b * stride, count * stride, crc);
+          restore(early_blocks + b * stride, count, g, uint64_t(e.first_block) + b);
+        }
       }
-      SLIMKV_ASSIGN_OR_RETURN(const uint32_t rest_crc, read_into({head_blocks + sent * stride, rest * stride}));
-      crc = crc32c_combine(crc, rest_crc, rest * stride);
+      if (!staged) {
+        SLIMKV_ASSIGN_OR_RETURN(const uint32_t rest_crc, read_into({head_blocks + sent * stride, rest * stride}));
+        crc = crc32c_combine(crc, rest_crc, rest * stride);
+        continue;
+      }
+      for (uint64_t b = sent; b < blocks; b += piece_blocks) {
+        const uint64_t count = std::min(piece_blocks, blocks - b);
+        SLIMKV_ASSIGN_OR_RETURN(const uint32_t piece_crc, read_into({piece.data(), count * stride}));
+        crc = crc32c_combine(crc, piece_crc, count * stride);
+        restore(piece.data(), count, g, b);
+      }
     }
-    SLIMKV_ASSIGN_OR_RETURN(const uint32_t open_crc, read_into({transfer.data() + range.open_offset, range.open_bytes}));
+    uint8_t* open_records = transfer.data() + range.open_offset;
+    if (staged) {
+      open.resize(range.open_bytes);
+      open_records = open.data();
+    }
+    SLIMKV_ASSIGN_OR_RETURN(const uint32_t open_crc, read_into({open_records, range.open_bytes}));
     SLIMKV_RETURN_IF_ERROR(layer.finish().with_context(str_cat(where, ": layer ", l)));
-    if (staging) staging->arrived();
+    SLIMKV_RETURN_IF_ERROR(restored);
+    if (staged) SLIMKV_RETURN_IF_ERROR(restore_kv_transfer_open(open_records, info, int(l), where, *staged));
     open_crcs.emplace_back(open_crc, range.open_bytes);
     early[l].clear();
     received.wire_bytes += kKvFrameHeaderBytes + layer.payload_bytes();
@@ -812,8 +850,15 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
   for (const auto& [open_crc, bytes] : open_crcs) crc = crc32c_combine(crc, open_crc, bytes);
 
   // The trailer and the request; then the whole transfer is checked end to end (its own CRC).
-  SLIMKV_RETURN_IF_ERROR(receive_finish(connection, received, transfer.data() + info.trailer_offset, where));
-  SLIMKV_RETURN_IF_ERROR(inspect_kv_transfer_with_crc(transfer.data(), transfer.size(), where, crc).status());
+  std::array<uint8_t, kKvTransferTrailerBytes> staged_trailer{};
+  SLIMKV_RETURN_IF_ERROR(
+      receive_finish(connection, received, staged ? staged_trailer.data() : transfer.data() + info.trailer_offset, where));
+  if (staged) {
+    // Every other check of the whole transfer was made piece by piece above.
+    SLIMKV_RETURN_IF_ERROR(check_kv_transfer_trailer(staged_trailer.data(), info, crc, where));
+  } else {
+    SLIMKV_RETURN_IF_ERROR(inspect_kv_transfer_with_crc(transfer.data(), transfer.size(), where, crc).status());
+  }
   received.received_crc = crc;
   const size_t tokens = received.request.prompt_token_ids.size() + received.request.resume_token_ids.size();
   for (size_t l = 0; l < info.layer_tokens.size(); ++l) {
@@ -822,13 +867,7 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
                    tokens);
     }
   }
-  if (staging) {
-    // Checked end to end: the staged store is the KV handed over, the assembled bytes are done with.
-    SLIMKV_ASSIGN_OR_RETURN(received.staged_kv, staging->finish());
-    staging.reset();
-    if (options_.buffers) options_.buffers->give_back(std::move(transfer));
-    transfer = {};
-  }
+  received.staged_kv = std::move(staged);
   return Status::ok();
 }
 

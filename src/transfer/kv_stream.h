@@ -212,7 +212,7 @@ struct ReceivedKv {
   // GPU memory.
   std::optional<uint32_t> received_crc = std::nullopt;
   // Instead of transfer, with KvStreamReceiverOptions::staging_store: the KV already restored into a
-  // store of the receiving engine, each layer as soon as it arrived, the whole transfer checked as
+  // store of the receiving engine, each piece as soon as it arrived, the whole transfer checked as
   // transfer is (Engine::adopt_kv takes it).
   std::shared_ptr<KvStore> staged_kv = nullptr;
   // Instead of transfer, over CUDA IPC: the KV with its sealed blocks copied into this process's GPU
@@ -247,10 +247,11 @@ struct KvStreamReceiverOptions {
   // from the accept loop. nullptr: a new buffer per stream.
   std::shared_ptr<BufferPool> buffers = nullptr;
   // An empty store of the receiving engine's KV per stream (Engine::new_kv_store, called on the stream's
-  // thread): each layer is restored into it as soon as it has arrived and been checked, while later
-  // layers are still on the wire, and the stream is handed over as ReceivedKv::staged_kv (its transfer
-  // buffer given back). A stream that fails frees what it staged. nullptr: the transfer is handed over
-  // whole (ReceivedKv::transfer) and imported after it arrived.
+  // thread): each piece of a layer's frame is restored into it as soon as it has landed and been
+  // checksummed (still in cache), while later layers are still on the wire, with no buffer of the whole
+  // transfer (`buffers` is not used); the stream is handed over as ReceivedKv::staged_kv, checked end to
+  // end as a whole transfer is. A stream that fails frees what it staged. nullptr: the transfer is
+  // handed over whole (ReceivedKv::transfer) and imported after it arrived.
   std::function<Expected<std::shared_ptr<KvStore>>()> staging_store = nullptr;
 };
 
