@@ -20,7 +20,7 @@ void KvLayerStream::on_attention_output(int layer, const float*, int) {
     if (sealed == out) return;
     std::vector<uint8_t> bytes = buffers_->take_largest();
     (void)write_kv_transfer_blocks(*store_, layer, out, sealed, bytes);
-    KvTransferPiece piece{.layer = layer, .bytes = {}, .open = {}, .owner = share_pooled(buffers_, std::move(bytes)),
+    KvTransferPiece piece{.layer = layer, .bytes = {}, .open = {}, .owner = share_pooled(buffers_, std::move(bytes), held_bytes_),
                           .first_block = out, .final = false};
     piece.bytes = *piece.owner;
     out = sealed;
@@ -37,7 +37,7 @@ void KvLayerStream::on_attention_output(int layer, const float*, int) {
   std::vector<uint8_t> bytes = buffers_->take_largest();
   size_t sealed_bytes = 0;
   (void)write_kv_transfer_layer(*store_, layer, out, bytes, sealed_bytes);
-  KvTransferPiece piece{.layer = layer, .bytes = {}, .open = {}, .owner = share_pooled(buffers_, std::move(bytes)),
+  KvTransferPiece piece{.layer = layer, .bytes = {}, .open = {}, .owner = share_pooled(buffers_, std::move(bytes), held_bytes_),
                         .first_block = out, .final = true};
   piece.bytes = std::span(*piece.owner).first(sealed_bytes);
   piece.open = std::span(*piece.owner).subspan(sealed_bytes);
