@@ -13,7 +13,8 @@
 //   repeated    the same stages with the buffers of the transfer before (util/buffer_pool.h: the sender's
 //               export, the receiver's assembly), as a server's transfers 2..N find them
 //   overlapped  repeated, with each layer sent while the next is written (a thread exports, another
-//               sends, as the prefill worker's scheduler and HTTP threads do); its export column is the
+//               sends, as the prefill worker's scheduler and HTTP threads do; each head's CRC taken as
+//               it is copied, so the frame reads the bytes only to send them); its export column is the
 //               exporting thread's time, its stream column from the export's start until the receiver
 //               holds the transfer (the export inside it)
 //   pipelined   overlapped, with each piece of a layer also restored into the receiver's store as soon as
@@ -155,8 +156,9 @@ void export_while_streaming(const Workers& w, const std::string& id, Times& t) {
   struct Queue {
     std::mutex mutex;
     std::condition_variable ready;
-    std::deque<std::pair<int, std::vector<uint8_t>>> pieces;  // (layer or -1, bytes); sealed_bytes beside
+    std::deque<std::pair<int, std::vector<uint8_t>>> pieces;  // (layer or -1, bytes); sealed_bytes and CRCs beside
     std::deque<size_t> sealed_bytes;
+    std::deque<std::vector<uint32_t>> crcs;
     bool ended = false;
   } queue;
   const Clock::time_point start = Clock::now();
@@ -168,29 +170,33 @@ void export_while_streaming(const Workers& w, const std::string& id, Times& t) {
       if (queue.pieces.empty()) break;
       auto [layer, bytes] = std::move(queue.pieces.front());
       const size_t sealed = queue.sealed_bytes.front();
+      const std::vector<uint32_t> crcs = std::move(queue.crcs.front());
       queue.pieces.pop_front();
       queue.sealed_bytes.pop_front();
+      queue.crcs.pop_front();
       lock.unlock();
       const std::span<const uint8_t> all(bytes);
-      check(layer < 0 ? sender->send_head(all) : sender->send_layer(layer, 0, all.first(sealed), all.subspan(sealed)));
+      check(layer < 0 ? sender->send_head(all) : sender->send_layer(layer, 0, all.first(sealed), all.subspan(sealed), crcs));
       w.sender_buffers->give_back(std::move(bytes));
     }
     check(sender->finish(request_of(id, w.tokens)));
   });
-  const auto push = [&](int layer, std::vector<uint8_t> bytes, size_t sealed) {
+  const auto push = [&](int layer, std::vector<uint8_t> bytes, size_t sealed, std::vector<uint32_t> crcs) {
     std::lock_guard lock(queue.mutex);
     queue.pieces.emplace_back(layer, std::move(bytes));
     queue.sealed_bytes.push_back(sealed);
+    queue.crcs.push_back(std::move(crcs));
     queue.ready.notify_one();
   };
   std::vector<uint8_t> head;
   check(write_kv_transfer_head(w.sender_store, w.model_id, w.tokens, head));
-  push(-1, std::move(head), 0);
+  push(-1, std::move(head), 0, {});
   for (int l = 0; l < w.sender_store.shape().num_layers; ++l) {
     std::vector<uint8_t> bytes = w.sender_buffers->take_largest();
     size_t sealed = 0;
-    check(write_kv_transfer_layer(w.sender_store, l, 0, bytes, sealed));
-    push(l, std::move(bytes), sealed);
+    std::vector<uint32_t> crcs;  // each head's, taken as the bytes are copied (as the prefill worker's KvLayerStream)
+    check(write_kv_transfer_layer(w.sender_store, l, 0, bytes, sealed, &crcs));
+    push(l, std::move(bytes), sealed, std::move(crcs));
   }
   t.export_s = seconds_since(start);
   {

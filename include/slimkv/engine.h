@@ -145,6 +145,9 @@ struct KvTransferPiece {
   std::shared_ptr<const std::vector<uint8_t>> owner;
   int first_block = 0;  // a layer's: its first sealed block in `bytes`
   bool final = true;    // a layer's: its last piece (with the open tokens); false: sealed blocks only
+  // A layer's: the CRC32C of each KV head's part of `bytes`, then (final) of `open`, computed as they
+  // were written (a sender's frames then need not read them again); empty: not computed.
+  std::vector<uint32_t> crcs = {};
   // stream_kv_in_next_step(..., on_device): the whole KV in this one piece, its sealed blocks in GPU
   // memory (layer -1, bytes empty).
   std::shared_ptr<const DeviceKvTransfer> device = nullptr;

@@ -493,31 +493,34 @@ void write_head(const Layout& layout, const std::string& spec, std::string_view 
 }
 
 // Layer l's sealed blocks [first_block, end_block) as stored: head by head, block by block, each in a
-// 64-byte slot of `sealed` (its padding zeroed). crc (or nullptr): chained on with the bytes written,
-// padding included, each block checksummed as it is copied (in cache: one pass, not two).
+// 64-byte slot of `sealed` (its padding zeroed). head_crcs (nullptr, or [num_kv_heads]): each head's
+// CRC32C of its bytes written, padding included, each block checksummed as it is copied (in cache: one
+// pass, not two).
 void write_sealed_blocks(const KvStore& store, const Layout& layout, int l, int first_block, int end_block, uint8_t* sealed,
-                         uint32_t* crc = nullptr) {
+                         uint32_t* head_crcs = nullptr) {
   const uint64_t padding = layout.sealed_block_stride - layout.sealed_block_bytes;
   for (int g = 0; g < int(layout.num_kv_heads); ++g) {
+    uint32_t crc = 0;
     for (int b = first_block; b < end_block; ++b) {
       std::memset(sealed + layout.sealed_block_bytes, 0, padding);
-      if (crc) {
-        *crc = crc32c_copy(sealed, store.sealed_block(l, g, b), layout.sealed_block_bytes, *crc);
-        *crc = crc32c(sealed + layout.sealed_block_bytes, padding, *crc);
+      if (head_crcs) {
+        crc = crc32c_copy(sealed, store.sealed_block(l, g, b), layout.sealed_block_bytes, crc);
+        crc = crc32c(sealed + layout.sealed_block_bytes, padding, crc);
       } else {
         std::memcpy(sealed, store.sealed_block(l, g, b), layout.sealed_block_bytes);
       }
       sealed += layout.sealed_block_stride;
     }
+    if (head_crcs) head_crcs[g] = crc;
   }
 }
 
-// One layer's sealed blocks from first_block on (into `sealed`, chaining `crc` as write_sealed_blocks)
-// and open tokens (into `open`), every byte written (padding zeroed).
+// One layer's sealed blocks from first_block on (into `sealed`, each head's CRC into head_crcs as
+// write_sealed_blocks) and open tokens (into `open`), every byte written (padding zeroed).
 void write_open_tokens(const KvStore& store, const Layout& layout, int l, uint8_t* open);
 void write_layer(const KvStore& store, const Layout& layout, int l, int first_block, uint8_t* sealed, uint8_t* open,
-                 uint32_t* crc = nullptr) {
-  write_sealed_blocks(store, layout, l, first_block, store.num_sealed_blocks(l), sealed, crc);
+                 uint32_t* head_crcs = nullptr) {
+  write_sealed_blocks(store, layout, l, first_block, store.num_sealed_blocks(l), sealed, head_crcs);
   write_open_tokens(store, layout, l, open);
 }
 
@@ -566,10 +569,12 @@ Status write_kv_transfer(const KvStore& store, std::string_view model_id, std::v
   // The CRC as the bytes are written: the head, the sealed section block by block, then the open section.
   uint32_t crc = crc32c(out.data(), layout.sealed_offset);
   uint64_t sealed = layout.sealed_offset, open = layout.open_offset;
+  std::vector<uint32_t> head_crcs(layout.num_kv_heads);
   for (uint32_t l = 0; l < layout.num_layers; ++l) {
-    write_layer(store, layout, int(l), 0, out.data() + sealed, out.data() + open, &crc);
+    write_layer(store, layout, int(l), 0, out.data() + sealed, out.data() + open, head_crcs.data());
     uint64_t sealed_bytes = 0, open_bytes = 0;
     layer_bytes(layout, layer_tokens[l], &sealed_bytes, &open_bytes);
+    for (const uint32_t head_crc : head_crcs) crc = crc32c_combine(crc, head_crc, sealed_bytes / layout.num_kv_heads);
     sealed += sealed_bytes;
     open += open_bytes;
   }
@@ -590,7 +595,7 @@ Status write_kv_transfer_head(const KvStore& store, std::string_view model_id, i
 }
 
 Status write_kv_transfer_layer(const KvStore& store, int layer, int first_block, std::vector<uint8_t>& out,
-                               size_t& sealed_bytes) {
+                               size_t& sealed_bytes, std::vector<uint32_t>* part_crcs) {
   std::string spec;
   SLIMKV_ASSIGN_OR_RETURN(const Layout layout, writer_layout(store, "", store_layer_tokens(store), spec));
   if (first_block < 0 || first_block > store.num_sealed_blocks(layer)) {
@@ -601,12 +606,15 @@ Status write_kv_transfer_layer(const KvStore& store, int layer, int first_block,
   layer_bytes(layout, store.num_tokens(layer), &sealed, &open);
   sealed -= uint64_t(first_block) * layout.num_kv_heads * layout.sealed_block_stride;
   assign_for_overwrite(out, sealed + open);
-  write_layer(store, layout, layer, first_block, out.data(), out.data() + sealed);
+  if (part_crcs) part_crcs->assign(layout.num_kv_heads + 1, 0);
+  write_layer(store, layout, layer, first_block, out.data(), out.data() + sealed, part_crcs ? part_crcs->data() : nullptr);
+  if (part_crcs) part_crcs->back() = crc32c(out.data() + sealed, open);  // the open tokens: a few KB
   sealed_bytes = sealed;
   return Status::ok();
 }
 
-Status write_kv_transfer_blocks(const KvStore& store, int layer, int first_block, int end_block, std::vector<uint8_t>& out) {
+Status write_kv_transfer_blocks(const KvStore& store, int layer, int first_block, int end_block, std::vector<uint8_t>& out,
+                                std::vector<uint32_t>* head_crcs) {
   std::string spec;
   SLIMKV_ASSIGN_OR_RETURN(const Layout layout, writer_layout(store, "", store_layer_tokens(store), spec));
   if (first_block < 0 || first_block > end_block || end_block > store.num_sealed_blocks(layer)) {
@@ -614,7 +622,8 @@ Status write_kv_transfer_blocks(const KvStore& store, int layer, int first_block
                  " sealed blocks; blocks [", first_block, ", ", end_block, ") were asked for");
   }
   assign_for_overwrite(out, uint64_t(end_block - first_block) * layout.num_kv_heads * layout.sealed_block_stride);
-  write_sealed_blocks(store, layout, layer, first_block, end_block, out.data());
+  if (head_crcs) head_crcs->assign(layout.num_kv_heads, 0);
+  write_sealed_blocks(store, layout, layer, first_block, end_block, out.data(), head_crcs ? head_crcs->data() : nullptr);
   return Status::ok();
 }
 

@@ -57,11 +57,15 @@ Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view sourc
 // computed (a prompt prefilled in chunks): write_kv_transfer_blocks gives blocks [first_block,
 // end_block) of every head (head by head, each block in its 64-byte slot), and write_kv_transfer_layer
 // with first_block > 0 leaves the blocks before it out of the layer's bytes. Sealed blocks never change.
+// part_crcs / head_crcs (nullptr: not computed): the CRC32C of each head's blocks written, then (a
+// layer's) of its open tokens, computed as the bytes are copied (in cache), for a sender whose frames
+// carry CRCs of those parts (src/transfer/kv_frame.h) and need not read them again.
 Status write_kv_transfer_head(const KvStore& store, std::string_view model_id, int tokens_per_layer,
                               std::vector<uint8_t>& out);
 Status write_kv_transfer_layer(const KvStore& store, int layer, int first_block, std::vector<uint8_t>& out,
-                               size_t& sealed_bytes);
-Status write_kv_transfer_blocks(const KvStore& store, int layer, int first_block, int end_block, std::vector<uint8_t>& out);
+                               size_t& sealed_bytes, std::vector<uint32_t>* part_crcs = nullptr);
+Status write_kv_transfer_blocks(const KvStore& store, int layer, int first_block, int end_block, std::vector<uint8_t>& out,
+                                std::vector<uint32_t>* head_crcs = nullptr);
 std::array<uint8_t, kKvTransferTrailerBytes> kv_transfer_trailer(uint32_t crc);
 
 // The same through a file (written to a temporary name and renamed, so no reader sees half a file).

@@ -36,7 +36,8 @@ const char* kv_frame_type_name(KvFrameType type) {
 }
 
 Status write_kv_frame(TcpConnection& connection, KvFrameType type, std::span<const std::span<const uint8_t>> parts,
-                      TokenBucket* bucket, SteadyClock::time_point deadline, uint32_t* part_crcs) {
+                      TokenBucket* bucket, SteadyClock::time_point deadline, uint32_t* part_crcs,
+                      std::span<const std::optional<uint32_t>> known_crcs) {
   uint64_t payload_bytes = 0;
   for (const auto& part : parts) payload_bytes += part.size();
   if (payload_bytes > kKvFrameMaxPayloadBytes) {
@@ -49,7 +50,7 @@ Status write_kv_frame(TcpConnection& connection, KvFrameType type, std::span<con
   store_u32(header + 8, uint32_t(payload_bytes));
   uint32_t crc = crc32c(header, 12);
   for (size_t i = 0; i < parts.size(); ++i) {
-    const uint32_t part_crc = crc32c(parts[i].data(), parts[i].size());
+    const uint32_t part_crc = i < known_crcs.size() && known_crcs[i] ? *known_crcs[i] : crc32c(parts[i].data(), parts[i].size());
     if (part_crcs) part_crcs[i] = part_crc;
     crc = crc32c_combine(crc, part_crc, parts[i].size());
   }

@@ -222,8 +222,10 @@ void KvStreamSender::PartCrc::append(uint32_t part_crc, uint64_t part_bytes) {
   bytes += part_bytes;
 }
 
-Status KvStreamSender::send(KvFrameType type, std::span<const std::span<const uint8_t>> parts, uint32_t* part_crcs) {
-  const Status written = write_kv_frame(connection_, type, parts, &bucket_, SteadyClock::now() + options_.io_timeout, part_crcs);
+Status KvStreamSender::send(KvFrameType type, std::span<const std::span<const uint8_t>> parts, uint32_t* part_crcs,
+                            std::span<const std::optional<uint32_t>> known_crcs) {
+  const Status written =
+      write_kv_frame(connection_, type, parts, &bucket_, SteadyClock::now() + options_.io_timeout, part_crcs, known_crcs);
   if (!written.is_ok()) {
     // The receiver may have ended the stream with a reason (a head beyond its context, say) before
     // closing: that reason says more than the broken pipe.
@@ -309,7 +311,17 @@ std::vector<std::span<const uint8_t>> KvStreamSender::head_parts(std::span<const
   return parts;
 }
 
-Status KvStreamSender::send_blocks(int layer, int first_block, std::span<const uint8_t> blocks) {
+std::vector<std::optional<uint32_t>> KvStreamSender::known_part_crcs(std::span<const uint32_t> writer_crcs, int skip,
+                                                                     size_t extra) const {
+  std::vector<std::optional<uint32_t>> known;
+  if (skip != 0 || writer_crcs.size() != size_t(identity_.num_kv_heads) + extra) return known;
+  known.push_back(std::nullopt);  // the 8-byte prefix
+  known.insert(known.end(), writer_crcs.begin(), writer_crcs.end());
+  return known;
+}
+
+Status KvStreamSender::send_blocks(int layer, int first_block, std::span<const uint8_t> blocks,
+                                   std::span<const uint32_t> head_crcs) {
   if (layer < 0 || layer >= identity_.num_layers) return error("KV stream: no layer ", layer, " to send blocks of");
   SLIMKV_ASSIGN_OR_RETURN(const int count, blocks_per_head(identity_, blocks.size(), "KV stream: a layer's blocks"));
   int& sent = blocks_sent_[size_t(layer)];
@@ -322,7 +334,7 @@ Status KvStreamSender::send_blocks(int layer, int first_block, std::span<const u
   const std::vector<std::span<const uint8_t>> heads = head_parts(blocks, sent - first_block);
   parts.insert(parts.end(), heads.begin(), heads.end());
   std::vector<uint32_t> crcs(parts.size());
-  SLIMKV_RETURN_IF_ERROR(send(KvFrameType::kKvBlocks, parts, crcs.data()));
+  SLIMKV_RETURN_IF_ERROR(send(KvFrameType::kKvBlocks, parts, crcs.data(), known_part_crcs(head_crcs, sent - first_block, 0)));
   sent = first_block + count;
   for (size_t g = 0; g < heads.size(); ++g) early_crcs_[size_t(layer)][g].append(crcs[1 + g], heads[g].size());
   return Status::ok();
@@ -334,7 +346,8 @@ Status KvStreamSender::send_head(std::span<const uint8_t> head) {
   return send(KvFrameType::kKvHead, parts);
 }
 
-Status KvStreamSender::send_layer(int layer, int first_block, std::span<const uint8_t> sealed, std::span<const uint8_t> open) {
+Status KvStreamSender::send_layer(int layer, int first_block, std::span<const uint8_t> sealed, std::span<const uint8_t> open,
+                                  std::span<const uint32_t> part_crcs) {
   if (layer < 0 || layer >= identity_.num_layers) return error("KV stream: no layer ", layer, " to send");
   SLIMKV_ASSIGN_OR_RETURN(const int count, blocks_per_head(identity_, sealed.size(), "KV stream: a layer's sealed blocks"));
   const int sent = blocks_sent_[size_t(layer)];
@@ -348,7 +361,7 @@ Status KvStreamSender::send_layer(int layer, int first_block, std::span<const ui
   parts.insert(parts.end(), heads.begin(), heads.end());
   parts.push_back(open);
   std::vector<uint32_t> crcs(parts.size());
-  SLIMKV_RETURN_IF_ERROR(send(KvFrameType::kKvLayer, parts, crcs.data()));
+  SLIMKV_RETURN_IF_ERROR(send(KvFrameType::kKvLayer, parts, crcs.data(), known_part_crcs(part_crcs, sent - first_block, 1)));
   // The transfer's CRC takes the layer's blocks head by head: each head's early blocks, then its rest.
   for (size_t g = 0; g < heads.size(); ++g) {
     const PartCrc& early = early_crcs_[size_t(layer)][g];
@@ -408,8 +421,8 @@ Status KvStreamSender::send_over_nccl(const CudaPlugin& plugin, std::shared_ptr<
 Status KvStreamSender::send_piece(const KvTransferPiece& piece) {
   if (piece.device) return send_device(piece.device);
   if (piece.layer < 0) return send_head(piece.bytes);
-  if (!piece.final) return send_blocks(piece.layer, piece.first_block, piece.bytes);
-  return send_layer(piece.layer, piece.first_block, piece.bytes, piece.open);
+  if (!piece.final) return send_blocks(piece.layer, piece.first_block, piece.bytes, piece.crcs);
+  return send_layer(piece.layer, piece.first_block, piece.bytes, piece.open, piece.crcs);
 }
 
 Status KvStreamSender::finish(const KvStreamRequest& request) {

@@ -433,7 +433,12 @@ TEST(Scheduler, AStagedKvCountsAsHostKvWhileItsRequestWaits) {
   options.resume->staged_kv = std::move(*staged);
   ASSERT_TRUE((*scheduler)->submit(resumed, outputs.callback(1), std::move(options)));
   SchedulerStats stats;
-  for (int i = 0; i < 500 && (stats = (*scheduler)->stats()).waiting != 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 500; ++i) {
+    stats = (*scheduler)->stats();
+    if (stats.running == 1 && stats.waiting == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(stats.running, 1);
   EXPECT_EQ(stats.waiting, 1);
   EXPECT_EQ(stats.host_kv_bytes, staged_bytes);
   (*scheduler)->cancel(*first);
