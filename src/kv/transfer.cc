@@ -857,17 +857,39 @@ void restore_kv_transfer(const uint8_t* data, const KvTransferInfo& info, KvStor
   for (int l = 0; l < info.shape.num_layers; ++l) restore_layer(data, info, l, into);
 }
 
+namespace {
+
+// A received block's slot padding: zero, so that the store's export gives back the bytes that came
+// (the format is canonical).
+Status check_block_padding(const uint8_t* slot, const KvTransferInfo& info, int layer, int head, int block,
+                           std::string_view source) {
+  uint64_t stride = 0;
+  checked_align(info.sealed_block_bytes, &stride);  // checked by the reader: no overflow
+  if (!all_zero(slot + info.sealed_block_bytes, stride - info.sealed_block_bytes)) {
+    return error(where_of(source), ": layer ", layer, " KV head ", head, " block ", block,
+                 ": the padding after the sealed block is not zero");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
 Status restore_kv_transfer_blocks(const uint8_t* slots, int count, const KvTransferInfo& info, int layer, int head,
                                   int first_block, std::string_view source, KvStore& into) {
   uint64_t stride = 0;
-  checked_align(info.sealed_block_bytes, &stride);  // checked by the reader: no overflow
+  checked_align(info.sealed_block_bytes, &stride);
   for (int b = 0; b < count; ++b, slots += stride) {
-    // Zero, so that the store's export gives back the bytes that came (the format is canonical).
-    if (!all_zero(slots + info.sealed_block_bytes, stride - info.sealed_block_bytes)) {
-      return error(where_of(source), ": layer ", layer, " KV head ", head, " block ", first_block + b,
-                   ": the padding after the sealed block is not zero");
-    }
+    SLIMKV_RETURN_IF_ERROR(check_block_padding(slots, info, layer, head, first_block + b, source));
     into.restore_sealed_block(layer, head, slots);
+  }
+  return Status::ok();
+}
+
+Status keep_kv_transfer_blocks(std::span<uint8_t* const> slots, const KvTransferInfo& info, int layer, int head,
+                               int first_block, std::string_view source, KvStore& into) {
+  for (size_t b = 0; b < slots.size(); ++b) {
+    SLIMKV_RETURN_IF_ERROR(check_block_padding(slots[b], info, layer, head, first_block + int(b), source));
+    into.keep_restored_block(layer, head, slots[b]);
   }
   return Status::ok();
 }

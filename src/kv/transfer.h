@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -125,7 +126,8 @@ void restore_kv_transfer(const uint8_t* data, const KvTransferInfo& info, KvStor
 //     inspect_kv_transfer_head), then into.clear();
 //   per layer 0, 1, ...: its sealed blocks, head by head, each head's in order, in runs of whole 64-byte
 //     block slots as the transfer holds them (restore_kv_transfer_blocks: `count` slots from block
-//     `first_block` of the head; each slot's padding must be zero), then its open tokens
+//     `first_block` of the head; each slot's padding must be zero; or, read straight into the store's
+//     own slots, KvStore::restore_slot, keep_kv_transfer_blocks), then its open tokens
 //     (restore_kv_transfer_open: the layer's open range, every head's K and V records, checked as
 //     check_kv_transfer_for checks them: zero padding, values this spec's open block holds);
 //   check_kv_transfer_trailer: the trailer, its CRC against `body_crc`, the CRC32C of every byte before
@@ -136,6 +138,8 @@ Status check_kv_transfer_head_for(const KvTransferInfo& info, std::string_view s
                                   const KvStore& into);
 Status restore_kv_transfer_blocks(const uint8_t* slots, int count, const KvTransferInfo& info, int layer, int head,
                                   int first_block, std::string_view source, KvStore& into);
+Status keep_kv_transfer_blocks(std::span<uint8_t* const> slots, const KvTransferInfo& info, int layer, int head,
+                               int first_block, std::string_view source, KvStore& into);
 Status restore_kv_transfer_open(const uint8_t* records, const KvTransferInfo& info, int layer, std::string_view source,
                                 KvStore& into);
 Status check_kv_transfer_trailer(const uint8_t* trailer, const KvTransferInfo& info, uint32_t body_crc,

@@ -114,6 +114,22 @@ Expected<uint32_t> KvFrameReader::read(std::span<uint8_t> out) {
   return crc;
 }
 
+Expected<uint32_t> KvFrameReader::read(std::span<const std::span<uint8_t>> outs) {
+  size_t bytes = 0;
+  for (const std::span<uint8_t> out : outs) bytes += out.size();
+  if (bytes > payload_bytes_ - read_bytes_) {
+    return error("KV stream from ", connection_->peer(), ": reading ", bytes, " more bytes of a ", kv_frame_type_name(type_),
+                 " frame whose payload has ", payload_bytes_ - read_bytes_, " left");
+  }
+  SLIMKV_RETURN_IF_ERROR(connection_->read_exact(outs, deadline_)
+                             .with_context(str_cat("KV stream ", kv_frame_type_name(type_), " frame payload")));
+  uint32_t crc = 0;
+  for (const std::span<uint8_t> out : outs) crc = crc32c(out.data(), out.size(), crc);
+  read_bytes_ += bytes;
+  crc_ = crc32c_combine(crc_, crc, bytes);
+  return crc;
+}
+
 Status KvFrameReader::finish() const {
   if (read_bytes_ != payload_bytes_) {
     return error("KV stream from ", connection_->peer(), ": ", payload_bytes_ - read_bytes_, " bytes of a ",

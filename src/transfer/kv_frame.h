@@ -67,6 +67,9 @@ class KvFrameReader {
   size_t payload_bytes() const { return payload_bytes_; }
   // The next `out.size()` payload bytes into `out`; their own CRC32C (crc32c_combine joins pieces).
   Expected<uint32_t> read(std::span<uint8_t> out);
+  // The same into several places in turn (read in one go: give about a cache's worth, so that the CRC
+  // reads them there); the CRC32C of all of them, in order.
+  Expected<uint32_t> read(std::span<const std::span<uint8_t>> outs);
   // After the whole payload: the frame's CRC against its header's.
   Status finish() const;
 

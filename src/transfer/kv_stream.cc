@@ -774,9 +774,12 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     std::memcpy(transfer.data(), head.payload.data(), head.payload.size());
   }
   // Staged: the pieces a layer's blocks are read and restored in (whole block slots, about what
-  // KvFrameReader checksums at once), and its open tokens.
+  // KvFrameReader checksums at once): straight into the store's slots where it has them in place, else
+  // into `piece` and copied; and its open tokens.
   const uint64_t piece_blocks = std::max<uint64_t>(1, (uint64_t(256) << 10) / stride);
-  std::vector<uint8_t> piece(staged ? size_t(piece_blocks * stride) : 0), open;
+  std::vector<uint8_t> piece, open;
+  std::vector<uint8_t*> slots;
+  std::vector<std::span<uint8_t>> slot_spans;
   // The transfer's CRC, joined from each piece's as it lands (crc32c_combine): the end-to-end check
   // below reads no byte again.
   uint32_t crc = crc32c(head.payload.data(), head.payload.size());
@@ -842,7 +845,23 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
       }
       for (uint64_t b = sent; b < blocks; b += piece_blocks) {
         const uint64_t count = std::min(piece_blocks, blocks - b);
-        SLIMKV_ASSIGN_OR_RETURN(const uint32_t piece_crc, read_into({piece.data(), count * stride}));
+        slots.clear();
+        slot_spans.clear();
+        for (uint64_t i = 0; i < count; ++i) {
+          uint8_t* slot = staged->restore_slot(int(l), int(g));
+          if (!slot) break;
+          slots.push_back(slot);
+          slot_spans.emplace_back(slot, stride);
+        }
+        if (slots.size() == count) {
+          Expected<uint32_t> piece_crc = layer.read(slot_spans);
+          if (!piece_crc) return piece_crc.status().with_context(where);
+          crc = crc32c_combine(crc, *piece_crc, count * stride);
+          if (restored.is_ok()) restored = keep_kv_transfer_blocks(slots, info, int(l), int(g), int(b), where, *staged);
+          continue;
+        }
+        piece.resize(size_t(count * stride));
+        SLIMKV_ASSIGN_OR_RETURN(const uint32_t piece_crc, read_into(piece));
         crc = crc32c_combine(crc, piece_crc, count * stride);
         restore(piece.data(), count, g, b);
       }

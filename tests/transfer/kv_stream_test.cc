@@ -453,11 +453,13 @@ TEST(KvStream, AFailedStreamGivesItsBufferBack) {
 }
 
 // A receiver with a staging store (a CPU decode worker): each piece of a layer is restored into a store
-// of the engine's as soon as it arrives; the engine adopts the store, which holds what a whole import of
+// of the engine's as soon as it arrives (read straight into its block slots); the engine adopts the store, which holds what a whole import of
 // the transfer holds: the same bytes, the same logits for the next token. No buffer of the whole
 // transfer is taken.
 TEST(KvStream, AStagedStreamIsWhatAWholeImportGives) {
-  for (const std::string spec : {"dense", "hack:bits=2,pi=64"}) {
+  // @offload: a store whose blocks move to a slow tier, so the pieces are read into a buffer and
+  // copied in, where the others are read straight into the store's slots.
+  for (const std::string spec : {"dense", "hack:bits=2,pi=64", "hack:bits=2,pi=64@offload"}) {
     Prefilled p = prefill(spec, 150);
     auto buffers = std::make_shared<BufferPool>(size_t(64) << 20);
     auto receiver = KvStreamReceiver::start(
