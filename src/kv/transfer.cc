@@ -494,22 +494,24 @@ void write_head(const Layout& layout, const std::string& spec, std::string_view 
 
 // Layer l's sealed blocks [first_block, end_block) as stored: head by head, block by block, each in a
 // 64-byte slot of `sealed` (its padding zeroed). head_crcs (nullptr, or [num_kv_heads]): each head's
-// CRC32C of its bytes written, padding included, each block checksummed as it is copied (in cache: one
-// pass, not two).
+// CRC32C of its bytes written, padding included, taken over each run of ~64 KiB of blocks just copied
+// (in cache: one pass, not two; a run, not a block: crc32c's three streams need 12 KiB, and a 2-bit
+// block is a few KiB).
 void write_sealed_blocks(const KvStore& store, const Layout& layout, int l, int first_block, int end_block, uint8_t* sealed,
                          uint32_t* head_crcs = nullptr) {
+  constexpr uint64_t kRunBytes = uint64_t(64) << 10;
   const uint64_t padding = layout.sealed_block_stride - layout.sealed_block_bytes;
   for (int g = 0; g < int(layout.num_kv_heads); ++g) {
     uint32_t crc = 0;
+    const uint8_t* run = sealed;  // the blocks copied and not checksummed yet
     for (int b = first_block; b < end_block; ++b) {
+      std::memcpy(sealed, store.sealed_block(l, g, b), layout.sealed_block_bytes);
       std::memset(sealed + layout.sealed_block_bytes, 0, padding);
-      if (head_crcs) {
-        crc = crc32c_copy(sealed, store.sealed_block(l, g, b), layout.sealed_block_bytes, crc);
-        crc = crc32c(sealed + layout.sealed_block_bytes, padding, crc);
-      } else {
-        std::memcpy(sealed, store.sealed_block(l, g, b), layout.sealed_block_bytes);
-      }
       sealed += layout.sealed_block_stride;
+      if (head_crcs && (uint64_t(sealed - run) >= kRunBytes || b + 1 == end_block)) {
+        crc = crc32c(run, size_t(sealed - run), crc);
+        run = sealed;
+      }
     }
     if (head_crcs) head_crcs[g] = crc;
   }
