@@ -817,9 +817,9 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     // What the store refused of this layer's pieces (a block's padding): reported once the frame's CRC
     // checked out, so that a corrupt frame is named as one.
     Status restored;
-    const auto restore = [&](const uint8_t* slots, uint64_t count, uint64_t g, uint64_t first_block) {
+    const auto restore = [&](const uint8_t* copied, uint64_t count, uint64_t g, uint64_t first_block) {
       if (restored.is_ok()) {
-        restored = restore_kv_transfer_blocks(slots, int(count), info, int(l), int(g), int(first_block), where, *staged);
+        restored = restore_kv_transfer_blocks(copied, int(count), info, int(l), int(g), int(first_block), where, *staged);
       }
     };
     // Each head's blocks: those that came early (copied and checksummed in one pass), then the rest.

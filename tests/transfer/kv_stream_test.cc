@@ -177,6 +177,18 @@ TEST(KvStream, ChunksStreamedAsComputedArriveAsExported) {
     ASSERT_TRUE(got) << got.status().message();
     EXPECT_EQ(got->transfer, *(*engine)->export_kv(sequence)) << spec;
     EXPECT_EQ(got->wire_bytes, (*sender)->bytes_sent());
+    // Into a staging store (a CPU decode worker): the early blocks restored from their frames' copies.
+    auto staging = KvStreamReceiver::start(identity, {.port = 0, .staging_store = [&] { return (*engine)->new_kv_store(); }});
+    ASSERT_TRUE(staging) << staging.status().message();
+    auto staged_sender = KvStreamSender::open(loopback((*staging)->port()), identity, "c1", 0, {}, &refused);
+    ASSERT_TRUE(staged_sender) << staged_sender.status().message();
+    for (const KvTransferPiece& piece : pieces) ASSERT_TRUE((*staged_sender)->send_piece(piece));
+    ASSERT_TRUE((*staged_sender)->finish(request));
+    Expected<ReceivedKv> staged = (*staging)->wait_for("c1", 5s);
+    ASSERT_TRUE(staged && staged->staged_kv) << spec;
+    std::vector<uint8_t> staged_bytes;
+    ASSERT_TRUE(write_kv_transfer(*staged->staged_kv, identity.model_id, staged_bytes));
+    EXPECT_EQ(staged_bytes, *(*engine)->export_kv(sequence)) << spec;
     // A gap (blocks from 5 on, after 4 sent) is the sender's error, before any byte goes out.
     auto other = KvStreamSender::open(loopback((*receiver)->port()), identity, "c2", 0, {}, &refused);
     ASSERT_TRUE(other);
