@@ -866,11 +866,8 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
         restore(piece.data(), count, g, b);
       }
     }
-    uint8_t* open_records = transfer.data() + range.open_offset;
-    if (staged) {
-      open.resize(range.open_bytes);
-      open_records = open.data();
-    }
+    if (staged) open.resize(range.open_bytes);
+    uint8_t* open_records = staged ? open.data() : transfer.data() + range.open_offset;
     SLIMKV_ASSIGN_OR_RETURN(const uint32_t open_crc, read_into({open_records, range.open_bytes}));
     SLIMKV_RETURN_IF_ERROR(layer.finish().with_context(str_cat(where, ": layer ", l)));
     SLIMKV_RETURN_IF_ERROR(restored);
