@@ -13,13 +13,15 @@
 //   repeated    the same stages with the buffers of the transfer before (util/buffer_pool.h: the sender's
 //               export, the receiver's assembly), as a server's transfers 2..N find them
 //   overlapped  repeated, with each layer sent while the next is written (a thread exports, another
-//               sends, as the prefill worker's scheduler and HTTP threads do); its export column is the
+//               sends, as the prefill worker's scheduler and HTTP threads do; each head's CRC taken as
+//               it is copied, so the frame reads the bytes only to send them); its export column is the
 //               exporting thread's time, its stream column from the export's start until the receiver
 //               holds the transfer (the export inside it)
-//   pipelined   overlapped, with each layer also restored into the receiver's store as soon as it has
-//               arrived and been checked (KvStreamReceiverOptions::staging_store, as a CPU decode worker
-//               does): its stream column holds the import too (the receiver answers once the last layer
-//               is restored), its import column what is left after (taking the staged store)
+//   pipelined   overlapped, with each piece of a layer also restored into the receiver's store as soon as
+//               it has landed and been checksummed, with no buffer of the whole transfer
+//               (KvStreamReceiverOptions::staging_store, as a CPU decode worker does): its stream column
+//               holds the import too (the receiver answers once the last layer is restored), its import
+//               column what is left after (taking the staged store)
 // Each: the transfer's bytes, each stage's median time and GB/s (transfer bytes / time), the total and
 // its GB/s: the end-to-end rate of the host path with an uncapped link. Every import is checked: its
 // export must equal the sender's bytes (overlapped, whose sender never holds them whole: their length
@@ -27,6 +29,7 @@
 // first-touch costs depend on how much memory the machine has left.
 //   bench_kv_host_path [--specs "dense:dtype=f16;hack:bits=2,pi=64"] [--prompt-tokens 4096,16384]
 //                      [--layers 32 --kv-heads 8 --head-dim 128] [--repeats 3]
+//                      [--variants first,repeated,overlapped,pipelined]
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -153,8 +156,9 @@ void export_while_streaming(const Workers& w, const std::string& id, Times& t) {
   struct Queue {
     std::mutex mutex;
     std::condition_variable ready;
-    std::deque<std::pair<int, std::vector<uint8_t>>> pieces;  // (layer or -1, bytes); sealed_bytes beside
+    std::deque<std::pair<int, std::vector<uint8_t>>> pieces;  // (layer or -1, bytes); sealed_bytes and CRCs beside
     std::deque<size_t> sealed_bytes;
+    std::deque<std::vector<uint32_t>> crcs;
     bool ended = false;
   } queue;
   const Clock::time_point start = Clock::now();
@@ -166,29 +170,33 @@ void export_while_streaming(const Workers& w, const std::string& id, Times& t) {
       if (queue.pieces.empty()) break;
       auto [layer, bytes] = std::move(queue.pieces.front());
       const size_t sealed = queue.sealed_bytes.front();
+      const std::vector<uint32_t> crcs = std::move(queue.crcs.front());
       queue.pieces.pop_front();
       queue.sealed_bytes.pop_front();
+      queue.crcs.pop_front();
       lock.unlock();
       const std::span<const uint8_t> all(bytes);
-      check(layer < 0 ? sender->send_head(all) : sender->send_layer(layer, 0, all.first(sealed), all.subspan(sealed)));
+      check(layer < 0 ? sender->send_head(all) : sender->send_layer(layer, 0, all.first(sealed), all.subspan(sealed), crcs));
       w.sender_buffers->give_back(std::move(bytes));
     }
     check(sender->finish(request_of(id, w.tokens)));
   });
-  const auto push = [&](int layer, std::vector<uint8_t> bytes, size_t sealed) {
+  const auto push = [&](int layer, std::vector<uint8_t> bytes, size_t sealed, std::vector<uint32_t> crcs) {
     std::lock_guard lock(queue.mutex);
     queue.pieces.emplace_back(layer, std::move(bytes));
     queue.sealed_bytes.push_back(sealed);
+    queue.crcs.push_back(std::move(crcs));
     queue.ready.notify_one();
   };
   std::vector<uint8_t> head;
   check(write_kv_transfer_head(w.sender_store, w.model_id, w.tokens, head));
-  push(-1, std::move(head), 0);
+  push(-1, std::move(head), 0, {});
   for (int l = 0; l < w.sender_store.shape().num_layers; ++l) {
     std::vector<uint8_t> bytes = w.sender_buffers->take_largest();
     size_t sealed = 0;
-    check(write_kv_transfer_layer(w.sender_store, l, 0, bytes, sealed));
-    push(l, std::move(bytes), sealed);
+    std::vector<uint32_t> crcs;  // each head's, taken as the bytes are copied (as the prefill worker's KvLayerStream)
+    check(write_kv_transfer_layer(w.sender_store, l, 0, bytes, sealed, &crcs));
+    push(l, std::move(bytes), sealed, std::move(crcs));
   }
   t.export_s = seconds_since(start);
   {
@@ -252,6 +260,10 @@ int main(int argc, char** argv) {
   app.add_option("--layers", layers, "layers of the KV shape");
   app.add_option("--kv-heads", kv_heads, "KV heads of the KV shape");
   app.add_option("--head-dim", head_dim, "dims per head (K and V)");
+  std::vector<std::string> variant_names = {"first", "repeated", "overlapped", "pipelined"};
+  app.add_option("--variants", variant_names, "variants to run, ','-separated (x first needs first)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"first", "repeated", "overlapped", "pipelined"}));
   app.add_option("--repeats", repeats, "timed transfers per variant (after one warm-up); medians printed")->check(CLI::Range(1, 1000));
   CLI11_PARSE(app, argc, argv);
 
@@ -280,6 +292,7 @@ int main(int argc, char** argv) {
       const size_t pool_bytes = 2 * expected.bytes + (size_t(1) << 20);
       double first_total = 0;
       for (const Variant variant : {Variant::kFirst, Variant::kRepeated, Variant::kOverlapped, Variant::kPipelined}) {
+        if (std::find(variant_names.begin(), variant_names.end(), variant_name(variant)) == variant_names.end()) continue;
         // Each variant's own workers: first keeps nothing (pools of 0 bytes), the others warm theirs in the warm-up.
         const size_t keep = variant == Variant::kFirst ? 0 : pool_bytes;
         auto receiver_buffers = std::make_shared<BufferPool>(keep);

@@ -21,6 +21,7 @@
 // are safe from any thread. Sequences and Sessions must not outlive their Engine.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -146,6 +147,9 @@ struct KvTransferPiece {
   std::shared_ptr<const std::vector<uint8_t>> owner;
   int first_block = 0;  // a layer's: its first sealed block in `bytes`
   bool final = true;    // a layer's: its last piece (with the open tokens); false: sealed blocks only
+  // A layer's: the CRC32C of each KV head's part of `bytes`, then (final) of `open`, computed as they
+  // were written (a sender's frames then need not read them again); empty: not computed.
+  std::vector<uint32_t> crcs = {};
   // stream_kv_in_next_step(..., on_device): the whole KV in this one piece, its sealed blocks in GPU
   // memory (layer -1, bytes empty).
   std::shared_ptr<const DeviceKvTransfer> device = nullptr;
@@ -198,6 +202,9 @@ class Engine {
   Status step(std::span<const StepItem> items, StepResult& result);
 
   // --- The KV budget ---
+  // The device's blocks; on the CPU less the blocks' worth of KV held in pieces a stream handed out and
+  // that are not let go yet (stream_kv_in_next_step: a prefill worker's layers still being sent after
+  // their sequence is gone), so that admission does not give their memory again.
   KvBudget kv_budget() const;
   Expected<int64_t> sequence_blocks(SequenceId sequence) const;  // budget blocks the sequence holds
   // What the sequence's KV takes and where (device "cpu"; the GPU reports its blocks through kv_budget).
@@ -274,6 +281,9 @@ class Engine {
   std::unique_ptr<KvPipeline> pipeline_;
   std::shared_ptr<ThreadPool> pool_;
   std::shared_ptr<BufferPool> transfer_buffers_;
+  // Bytes of this engine's KV copied into streamed pieces (stream_sealed_kv, stream_kv_in_next_step on
+  // the CPU) that their receivers have not let go yet: kv_budget counts them.
+  std::shared_ptr<std::atomic<uint64_t>> streamed_kv_bytes_ = std::make_shared<std::atomic<uint64_t>>(0);
   GenerationDefaults generation_;
   std::string identity_;
   std::unique_ptr<DeviceModel> device_;  // the model on the device, the sequences' KV and the budget

@@ -247,7 +247,18 @@ Status Engine::step(std::span<const StepItem> items, StepResult& result) {
   return Status::ok();
 }
 
-KvBudget Engine::kv_budget() const { return device_->kv_budget(); }
+KvBudget Engine::kv_budget() const {
+  KvBudget budget = device_->kv_budget();
+  // KV copied out of the stores into pieces a stream has not let go yet (a prefill worker's layers on
+  // their way to a decode worker, held after their sequence is gone): memory as real as a sequence's,
+  // so admission waits for it. Not a step's check: it is gone once the stream ends.
+  const uint64_t held = streamed_kv_bytes_->load();
+  if (held > 0 && budget.bytes_per_block > 0) {
+    const int64_t held_blocks = int64_t((held + budget.bytes_per_block - 1) / budget.bytes_per_block);
+    budget.free_blocks = std::max<int64_t>(0, budget.free_blocks - held_blocks);
+  }
+  return budget;
+}
 
 Expected<int64_t> Engine::sequence_blocks(SequenceId sequence) const {
   SLIMKV_RETURN_IF_ERROR(check_sequence(sequence));
@@ -280,7 +291,7 @@ Status Engine::stream_kv_in_next_step(SequenceId sequence, KvPieceCallback on_pi
     SLIMKV_RETURN_IF_ERROR(write_kv_transfer_head(*store, identity_, store->num_tokens(0), head));
   }
   std::unique_ptr<KvLayerStream>& stream = kv_streams_[sequence];
-  if (!stream) stream = std::make_unique<KvLayerStream>(identity_, transfer_buffers_, nullptr);
+  if (!stream) stream = std::make_unique<KvLayerStream>(identity_, transfer_buffers_, streamed_kv_bytes_, nullptr);
   stream->finish_in_next_step(std::move(on_piece), on_device);
   return Status::ok();
 }
@@ -288,7 +299,7 @@ Status Engine::stream_kv_in_next_step(SequenceId sequence, KvPieceCallback on_pi
 Status Engine::stream_sealed_kv(SequenceId sequence, KvPieceCallback on_piece) {
   SLIMKV_RETURN_IF_ERROR(check_sequence(sequence));
   std::unique_ptr<KvLayerStream>& stream = kv_streams_[sequence];
-  if (!stream) stream = std::make_unique<KvLayerStream>(identity_, transfer_buffers_, std::move(on_piece));
+  if (!stream) stream = std::make_unique<KvLayerStream>(identity_, transfer_buffers_, streamed_kv_bytes_, std::move(on_piece));
   return Status::ok();
 }
 

@@ -19,9 +19,10 @@ void KvLayerStream::on_attention_output(int layer, const float*, int) {
     const int sealed = store_->num_sealed_blocks(layer);
     if (sealed == out) return;
     std::vector<uint8_t> bytes = buffers_->take_largest();
-    (void)write_kv_transfer_blocks(*store_, layer, out, sealed, bytes);
-    KvTransferPiece piece{.layer = layer, .bytes = {}, .open = {}, .owner = share_pooled(buffers_, std::move(bytes)),
-                          .first_block = out, .final = false};
+    std::vector<uint32_t> crcs;
+    (void)write_kv_transfer_blocks(*store_, layer, out, sealed, bytes, &crcs);
+    KvTransferPiece piece{.layer = layer, .bytes = {}, .open = {}, .owner = share_pooled(buffers_, std::move(bytes), held_bytes_),
+                          .first_block = out, .final = false, .crcs = std::move(crcs)};
     piece.bytes = *piece.owner;
     out = sealed;
     on_piece_(std::move(piece));
@@ -34,11 +35,14 @@ void KvLayerStream::on_attention_output(int layer, const float*, int) {
     piece.bytes = *piece.owner;
     on_piece_(std::move(piece));
   }
+  // Copied out of the store (not sent from it: the sequence may be gone, its blocks reused, before the
+  // sender is done; Engine::kv_budget counts the copy meanwhile), each head checksummed as it is copied.
   std::vector<uint8_t> bytes = buffers_->take_largest();
   size_t sealed_bytes = 0;
-  (void)write_kv_transfer_layer(*store_, layer, out, bytes, sealed_bytes);
-  KvTransferPiece piece{.layer = layer, .bytes = {}, .open = {}, .owner = share_pooled(buffers_, std::move(bytes)),
-                        .first_block = out, .final = true};
+  std::vector<uint32_t> crcs;
+  (void)write_kv_transfer_layer(*store_, layer, out, bytes, sealed_bytes, &crcs);
+  KvTransferPiece piece{.layer = layer, .bytes = {}, .open = {}, .owner = share_pooled(buffers_, std::move(bytes), held_bytes_),
+                        .first_block = out, .final = true, .crcs = std::move(crcs)};
   piece.bytes = std::span(*piece.owner).first(sealed_bytes);
   piece.open = std::span(*piece.owner).subspan(sealed_bytes);
   on_piece_(std::move(piece));

@@ -6,6 +6,7 @@
 // whole transfer after the finishing step.
 #pragma once
 
+#include <atomic>
 #include <span>
 #include <string>
 #include <vector>
@@ -19,9 +20,12 @@ namespace slimkv {
 
 class KvLayerStream : public ForwardObserver {
  public:
-  // Each piece's bytes are written into a buffer taken from `buffers` and go back there once sent.
-  KvLayerStream(std::string model_id, std::shared_ptr<BufferPool> buffers, KvPieceCallback on_piece)
-      : model_id_(std::move(model_id)), buffers_(std::move(buffers)), on_piece_(std::move(on_piece)) {}
+  // Each piece's bytes are written into a buffer taken from `buffers` and go back there once sent;
+  // `held_bytes` holds their sizes meanwhile (Engine::kv_budget counts them).
+  KvLayerStream(std::string model_id, std::shared_ptr<BufferPool> buffers, std::shared_ptr<std::atomic<uint64_t>> held_bytes,
+                KvPieceCallback on_piece)
+      : model_id_(std::move(model_id)), buffers_(std::move(buffers)), held_bytes_(std::move(held_bytes)),
+        on_piece_(std::move(on_piece)) {}
 
   // The next step finishes the stream, its pieces going to `on_piece`: the head and every layer's rest
   // (on_device: one piece, the whole KV with its sealed blocks in GPU memory, after the step).
@@ -41,6 +45,7 @@ class KvLayerStream : public ForwardObserver {
  private:
   const std::string model_id_;
   const std::shared_ptr<BufferPool> buffers_;
+  const std::shared_ptr<std::atomic<uint64_t>> held_bytes_;
   KvPieceCallback on_piece_;
   const KvStore* store_ = nullptr;
   bool finishing_ = false;

@@ -10,6 +10,7 @@
 #include <thread>
 #include <utility>
 
+#include "kv/store.h"
 #include "util/buffer_pool.h"
 #include "util/system_memory.h"
 
@@ -148,6 +149,9 @@ struct Scheduler::Impl {
     std::vector<int32_t> forced;  // SubmitOptions::forced_tokens...
     size_t forced_used = 0;       // ...of which run so far
     std::optional<Generation::Delta> resumed;  // a resumed request's delta for its last token, not sent yet
+    // Host memory its KV takes while it waits (host_bytes counts it): a preempted or imported transfer,
+    // or a store restored as it arrived.
+    size_t host_kv_bytes() const { return host_kv.size() + (staged_kv ? staged_kv->memory().fast_bytes() : 0); }
     bool done = false;  // its last update was sent
 
     Request(RequestId id_, Generation generation_, UpdateCallback on_update_)
@@ -243,7 +247,7 @@ void Scheduler::Impl::run() {
       stop = stopping;
     }
     for (RequestPtr& request : arrived) {
-      host_bytes += request->host_kv.size();  // an imported KV waits in host memory like a preempted one
+      host_bytes += request->host_kv_bytes();  // an imported KV waits in host memory like a preempted one
       if (request->resumed) {
         // Resumed: the other worker's last token is news to the client.
         Generation::Delta delta = *std::exchange(request->resumed, std::nullopt);
@@ -427,6 +431,7 @@ Status Scheduler::Impl::admit(Request& request) {
     const std::shared_ptr<const DeviceKvTransfer> device_kv = std::move(request.device_kv);
     return engine.import_kv_from_device(request.sequence, *device_kv, str_cat("request ", request.id, "'s KV in GPU memory"));
   }
+  host_bytes -= request.host_kv_bytes();  // in the engine's budget from here on (or dropped, refused)
   if (request.staged_kv) {
     return engine.adopt_kv(request.sequence, std::exchange(request.staged_kv, nullptr),
                            str_cat("request ", request.id, "'s KV restored as it arrived"));
@@ -434,7 +439,6 @@ Status Scheduler::Impl::admit(Request& request) {
   if (request.host_kv.empty()) return Status::ok();
   const Status imported = engine.import_kv(request.sequence, request.host_kv, str_cat("preempted request ", request.id),
                                            std::exchange(request.host_kv_crc, std::nullopt));
-  host_bytes -= request.host_kv.size();
   engine.transfer_buffers()->give_back(std::exchange(request.host_kv, {}));  // for the next transfer received
   return imported;
 }
@@ -456,7 +460,7 @@ void Scheduler::Impl::finish(Request& request, Generation::Delta delta, std::vec
   send(request, std::move(delta), std::move(tokens), std::move(error));
   if (request.sequence >= 0) (void)engine.remove_sequence(request.sequence);
   request.sequence = -1;
-  host_bytes -= request.host_kv.size();
+  host_bytes -= request.host_kv_bytes();
   request.host_kv = {};
   request.host_kv_crc = std::nullopt;
   request.device_kv = nullptr;

@@ -335,15 +335,26 @@ KvMemory KvStore::memory() const {
 
 void KvStore::restore_sealed_block(int layer, int head, const uint8_t* block) {
   Head& target = layers_[size_t(layer)].heads[size_t(head)];
-  assert(layers_[size_t(layer)].num_tokens == 0);  // sealed blocks come before the open tokens
   uint8_t* slot = seal_destination(target);
   std::memcpy(slot, block, target.block_bytes);
+  keep_restored_block(layer, head, slot);
+}
+
+uint8_t* KvStore::restore_slot(int layer, int head) {
+  if (offload_) return nullptr;
+  assert(layers_[size_t(layer)].num_tokens == 0);  // sealed blocks come before the open tokens
+  return layers_[size_t(layer)].heads[size_t(head)].pool->allocate();
+}
+
+void KvStore::keep_restored_block(int layer, int head, uint8_t* slot) {
+  Head& target = layers_[size_t(layer)].heads[size_t(head)];
+  assert(layers_[size_t(layer)].num_tokens == 0);  // sealed blocks come before the open tokens
   target.sealed.push_back(keep_sealed(slot));
   if (!selector_->reads_sealed_keys()) return;
   thread_local std::vector<float> k, v;  // the selector indexes the keys as sealed
   k.resize(size_t(block_tokens()) * size_t(target.block_shape.k_dim));
   v.resize(size_t(block_tokens()) * size_t(target.block_shape.v_dim));
-  pipeline_.codec->decode(target.block_shape, block, k.data(), v.data());
+  pipeline_.codec->decode(target.block_shape, slot, k.data(), v.data());
   selector_->on_seal(layer, head, k.data());
 }
 

@@ -152,6 +152,14 @@ class KvStore {
   // in FP32 as widen_open gives them: rounding them back to the open block's FP16 is exact.
   void restore_sealed_block(int layer, int head, const uint8_t* block);
   void restore_open_tokens(int layer, int head, const float* k, const float* v, int n);
+  // restore_sealed_block in place, for a receiver that reads a block straight into the store (no copy):
+  // the slot that restore_sealed_block would copy the next block of (layer, head) into, block_bytes
+  // rounded up to 64 bytes, or nullptr when sealed blocks do not stay where they are written (the
+  // offload tier moves each to its slow tier: restore_sealed_block then). Once filled, the slot becomes
+  // the block by keep_restored_block, in the order the slots of the (layer, head) were taken; a slot
+  // never kept stays taken until clear() (a receiver that fails drops the store).
+  uint8_t* restore_slot(int layer, int head);
+  void keep_restored_block(int layer, int head, uint8_t* slot);
 
  private:
   struct Head {

@@ -314,6 +314,52 @@ Status parse_metadata(const uint8_t* data, const Layout& layout, const std::stri
   return Status::ok();
 }
 
+// The trailer's fields, and its CRC against body_crc, that of the `body_bytes` bytes before it.
+Status check_trailer(const uint8_t* trailer, uint64_t body_bytes, uint32_t body_crc, const std::string& where) {
+  if (std::memcmp(trailer + at::kEndMagic, kEndMagic.data(), kEndMagic.size()) != 0) {
+    return error(where, ": the trailer's end magic is wrong (corrupt, or not where the header says it ends)");
+  }
+  if (load_u32(trailer + at::kTrailerReserved) != 0) return error(where, ": trailer field reserved is not 0");
+  const uint32_t stored_crc = load_u32(trailer + at::kTrailerCrc);
+  if (stored_crc != body_crc) {
+    return error(where, ": checksum mismatch (stored CRC32C 0x", std::hex, stored_crc, ", computed 0x", body_crc, std::dec,
+                 " over ", body_bytes, " bytes): the transfer is corrupt");
+  }
+  return Status::ok();
+}
+
+// Bytes of one (layer, head)'s open K and V records, and of the layer's open range (every head's).
+uint64_t open_head_bytes(const KvTransferInfo& info, int layer) {
+  const uint64_t open = uint64_t(info.layer_tokens[size_t(layer)] % info.block_tokens);
+  uint64_t k_record = 0, v_record = 0;
+  open_record_bytes(open, uint64_t(info.shape.k_dim), &k_record);  // cannot overflow: the section's total did not
+  open_record_bytes(open, uint64_t(info.shape.v_dim), &v_record);
+  return k_record + v_record;
+}
+uint64_t open_layer_bytes(const KvTransferInfo& info, int layer) {
+  return open_head_bytes(info, layer) * uint64_t(info.shape.num_kv_heads);
+}
+
+// The zero padding of layer `layer`'s open records (its open range at `records`).
+Status check_open_padding(const uint8_t* records, const KvTransferInfo& info, int layer, const std::string& where) {
+  const uint64_t open = uint64_t(info.layer_tokens[size_t(layer)] % info.block_tokens);
+  // A layer without open tokens has empty records: skipping it keeps this loop bounded by the
+  // section's bytes even when a (corrupt) header claims billions of heads.
+  if (open == 0) return Status::ok();
+  for (int g = 0; g < info.shape.num_kv_heads; ++g) {
+    for (const uint64_t dim : {uint64_t(info.shape.k_dim), uint64_t(info.shape.v_dim)}) {
+      uint64_t record = 0;
+      open_record_bytes(open, dim, &record);
+      const uint64_t used = open * dim * sizeof(float);
+      if (!all_zero(records + used, record - used)) {
+        return error(where, ": the padding of layer ", layer, " head ", g, "'s open tokens is not zero");
+      }
+      records += record;
+    }
+  }
+  return Status::ok();
+}
+
 // body_crc: the CRC of bytes [0, trailer_offset) when the caller has it; else it is computed here.
 Expected<ParsedTransfer> parse_transfer(const uint8_t* data, size_t size, std::string_view source,
                                         std::optional<uint32_t> body_crc = std::nullopt) {
@@ -329,17 +375,8 @@ Expected<ParsedTransfer> parse_transfer(const uint8_t* data, size_t size, std::s
   }
 
   // The trailer: its checksum covers every byte before it, so nothing below reads corrupt data.
-  const uint8_t* trailer = data + layout.trailer_offset;
-  if (std::memcmp(trailer + at::kEndMagic, kEndMagic.data(), kEndMagic.size()) != 0) {
-    return error(where, ": the trailer's end magic is wrong (corrupt, or not where the header says it ends)");
-  }
-  if (load_u32(trailer + at::kTrailerReserved) != 0) return error(where, ": trailer field reserved is not 0");
-  const uint32_t stored_crc = load_u32(trailer + at::kTrailerCrc);
-  const uint32_t computed_crc = body_crc ? *body_crc : crc32c(data, layout.trailer_offset);
-  if (stored_crc != computed_crc) {
-    return error(where, ": checksum mismatch (stored CRC32C 0x", std::hex, stored_crc, ", computed 0x", computed_crc,
-                 std::dec, " over ", layout.trailer_offset, " bytes): the transfer is corrupt");
-  }
+  SLIMKV_RETURN_IF_ERROR(check_trailer(data + layout.trailer_offset, layout.trailer_offset,
+                                       body_crc ? *body_crc : crc32c(data, layout.trailer_offset), where));
 
   SLIMKV_RETURN_IF_ERROR(parse_metadata(data, layout, where, parsed.info));
   const KvTransferInfo& info = parsed.info;
@@ -352,21 +389,8 @@ Expected<ParsedTransfer> parse_transfer(const uint8_t* data, size_t size, std::s
   }
   uint64_t offset = layout.open_offset;
   for (uint32_t l = 0; l < layout.num_layers; ++l) {
-    const uint64_t open = uint64_t(info.layer_tokens[l]) % layout.block_tokens;
-    // A layer without open tokens has empty records: skipping it keeps this loop bounded by the
-    // section's bytes even when a (corrupt) header claims billions of heads.
-    if (open == 0) continue;
-    for (uint32_t g = 0; g < layout.num_kv_heads; ++g) {
-      for (const uint64_t dim : {uint64_t(layout.k_dim), uint64_t(layout.v_dim)}) {
-        uint64_t record = 0;
-        open_record_bytes(open, dim, &record);  // cannot overflow: the section's total did not
-        const uint64_t used = open * dim * sizeof(float);
-        if (!all_zero(data + offset + used, record - used)) {
-          return error(where, ": the padding of layer ", l, " head ", g, "'s open tokens is not zero");
-        }
-        offset += record;
-      }
-    }
+    SLIMKV_RETURN_IF_ERROR(check_open_padding(data + offset, info, int(l), where));
+    offset += open_layer_bytes(info, int(l));
   }
   return parsed;
 }
@@ -469,31 +493,36 @@ void write_head(const Layout& layout, const std::string& spec, std::string_view 
 }
 
 // Layer l's sealed blocks [first_block, end_block) as stored: head by head, block by block, each in a
-// 64-byte slot of `sealed` (its padding zeroed). crc (or nullptr): chained on with the bytes written,
-// padding included, each block checksummed as it is copied (in cache: one pass, not two).
+// 64-byte slot of `sealed` (its padding zeroed). head_crcs (nullptr, or [num_kv_heads]): each head's
+// CRC32C of its bytes written, padding included, taken over each run of ~64 KiB of blocks just copied
+// (in cache: one pass, not two; a run, not a block: crc32c's three streams need 12 KiB, and a 2-bit
+// block is a few KiB).
 void write_sealed_blocks(const KvStore& store, const Layout& layout, int l, int first_block, int end_block, uint8_t* sealed,
-                         uint32_t* crc = nullptr) {
+                         uint32_t* head_crcs = nullptr) {
+  constexpr uint64_t kRunBytes = uint64_t(64) << 10;
   const uint64_t padding = layout.sealed_block_stride - layout.sealed_block_bytes;
   for (int g = 0; g < int(layout.num_kv_heads); ++g) {
+    uint32_t crc = 0;
+    const uint8_t* run = sealed;  // the blocks copied and not checksummed yet
     for (int b = first_block; b < end_block; ++b) {
+      std::memcpy(sealed, store.sealed_block(l, g, b), layout.sealed_block_bytes);
       std::memset(sealed + layout.sealed_block_bytes, 0, padding);
-      if (crc) {
-        *crc = crc32c_copy(sealed, store.sealed_block(l, g, b), layout.sealed_block_bytes, *crc);
-        *crc = crc32c(sealed + layout.sealed_block_bytes, padding, *crc);
-      } else {
-        std::memcpy(sealed, store.sealed_block(l, g, b), layout.sealed_block_bytes);
-      }
       sealed += layout.sealed_block_stride;
+      if (head_crcs && (uint64_t(sealed - run) >= kRunBytes || b + 1 == end_block)) {
+        crc = crc32c(run, size_t(sealed - run), crc);
+        run = sealed;
+      }
     }
+    if (head_crcs) head_crcs[g] = crc;
   }
 }
 
-// One layer's sealed blocks from first_block on (into `sealed`, chaining `crc` as write_sealed_blocks)
-// and open tokens (into `open`), every byte written (padding zeroed).
+// One layer's sealed blocks from first_block on (into `sealed`, each head's CRC into head_crcs as
+// write_sealed_blocks) and open tokens (into `open`), every byte written (padding zeroed).
 void write_open_tokens(const KvStore& store, const Layout& layout, int l, uint8_t* open);
 void write_layer(const KvStore& store, const Layout& layout, int l, int first_block, uint8_t* sealed, uint8_t* open,
-                 uint32_t* crc = nullptr) {
-  write_sealed_blocks(store, layout, l, first_block, store.num_sealed_blocks(l), sealed, crc);
+                 uint32_t* head_crcs = nullptr) {
+  write_sealed_blocks(store, layout, l, first_block, store.num_sealed_blocks(l), sealed, head_crcs);
   write_open_tokens(store, layout, l, open);
 }
 
@@ -542,10 +571,12 @@ Status write_kv_transfer(const KvStore& store, std::string_view model_id, std::v
   // The CRC as the bytes are written: the head, the sealed section block by block, then the open section.
   uint32_t crc = crc32c(out.data(), layout.sealed_offset);
   uint64_t sealed = layout.sealed_offset, open = layout.open_offset;
+  std::vector<uint32_t> head_crcs(layout.num_kv_heads);
   for (uint32_t l = 0; l < layout.num_layers; ++l) {
-    write_layer(store, layout, int(l), 0, out.data() + sealed, out.data() + open, &crc);
+    write_layer(store, layout, int(l), 0, out.data() + sealed, out.data() + open, head_crcs.data());
     uint64_t sealed_bytes = 0, open_bytes = 0;
     layer_bytes(layout, layer_tokens[l], &sealed_bytes, &open_bytes);
+    for (const uint32_t head_crc : head_crcs) crc = crc32c_combine(crc, head_crc, sealed_bytes / layout.num_kv_heads);
     sealed += sealed_bytes;
     open += open_bytes;
   }
@@ -566,7 +597,7 @@ Status write_kv_transfer_head(const KvStore& store, std::string_view model_id, i
 }
 
 Status write_kv_transfer_layer(const KvStore& store, int layer, int first_block, std::vector<uint8_t>& out,
-                               size_t& sealed_bytes) {
+                               size_t& sealed_bytes, std::vector<uint32_t>* part_crcs) {
   std::string spec;
   SLIMKV_ASSIGN_OR_RETURN(const Layout layout, writer_layout(store, "", store_layer_tokens(store), spec));
   if (first_block < 0 || first_block > store.num_sealed_blocks(layer)) {
@@ -577,12 +608,15 @@ Status write_kv_transfer_layer(const KvStore& store, int layer, int first_block,
   layer_bytes(layout, store.num_tokens(layer), &sealed, &open);
   sealed -= uint64_t(first_block) * layout.num_kv_heads * layout.sealed_block_stride;
   assign_for_overwrite(out, sealed + open);
-  write_layer(store, layout, layer, first_block, out.data(), out.data() + sealed);
+  if (part_crcs) part_crcs->assign(layout.num_kv_heads + 1, 0);
+  write_layer(store, layout, layer, first_block, out.data(), out.data() + sealed, part_crcs ? part_crcs->data() : nullptr);
+  if (part_crcs) part_crcs->back() = crc32c(out.data() + sealed, open);  // the open tokens: a few KB
   sealed_bytes = sealed;
   return Status::ok();
 }
 
-Status write_kv_transfer_blocks(const KvStore& store, int layer, int first_block, int end_block, std::vector<uint8_t>& out) {
+Status write_kv_transfer_blocks(const KvStore& store, int layer, int first_block, int end_block, std::vector<uint8_t>& out,
+                                std::vector<uint32_t>* head_crcs) {
   std::string spec;
   SLIMKV_ASSIGN_OR_RETURN(const Layout layout, writer_layout(store, "", store_layer_tokens(store), spec));
   if (first_block < 0 || first_block > end_block || end_block > store.num_sealed_blocks(layer)) {
@@ -590,7 +624,8 @@ Status write_kv_transfer_blocks(const KvStore& store, int layer, int first_block
                  " sealed blocks; blocks [", first_block, ", ", end_block, ") were asked for");
   }
   assign_for_overwrite(out, uint64_t(end_block - first_block) * layout.num_kv_heads * layout.sealed_block_stride);
-  write_sealed_blocks(store, layout, layer, first_block, end_block, out.data());
+  if (head_crcs) head_crcs->assign(layout.num_kv_heads, 0);
+  write_sealed_blocks(store, layout, layer, first_block, end_block, out.data(), head_crcs ? head_crcs->data() : nullptr);
   return Status::ok();
 }
 
@@ -735,11 +770,14 @@ Status check_kv_transfer_head_for(const KvTransferInfo& info, std::string_view s
   return Status::ok();
 }
 
-Status check_kv_transfer_layer_for(const uint8_t* data, const KvTransferInfo& info, int layer, std::string_view source,
-                                   const KvStore& into) {
-  // The open rows are FP32 in the format, but a store whose open block is FP16 (every sender with this
-  // spec) only ever writes FP16 values: anything else was not written by such a sender, and restoring it
-  // would round it, so the bytes would not come back as they were.
+namespace {
+
+// Layer `layer`'s open records (its open range at `records`) against `into`: the open rows are FP32 in
+// the format, but a store whose open block is FP16 (every sender with this spec) only ever writes FP16
+// values: anything else was not written by such a sender, and restoring it would round it, so the bytes
+// would not come back as they were.
+Status check_open_values(const uint8_t* records, const KvTransferInfo& info, int layer, const std::string& where,
+                         const KvStore& into) {
   if (into.codec().open_block_dtype() != DType::kF16) return Status::ok();
   const auto all_fp16 = [](const uint8_t* values, size_t count) {
     for (size_t i = 0; i < count; ++i) {
@@ -751,26 +789,60 @@ Status check_kv_transfer_layer_for(const uint8_t* data, const KvTransferInfo& in
   };
   const uint64_t k_dim = uint64_t(info.shape.k_dim), v_dim = uint64_t(info.shape.v_dim);
   const int open = info.layer_tokens[size_t(layer)] % info.block_tokens;
-  uint64_t k_record = 0, v_record = 0;
+  uint64_t k_record = 0;
   open_record_bytes(uint64_t(open), k_dim, &k_record);
-  open_record_bytes(uint64_t(open), v_dim, &v_record);
-  const uint8_t* record = data + kv_transfer_layer_ranges(info)[size_t(layer)].open_offset;
-  for (int g = 0; g < info.shape.num_kv_heads; ++g, record += k_record + v_record) {
-    if (!all_fp16(record, size_t(open) * k_dim) || !all_fp16(record + k_record, size_t(open) * v_dim)) {
-      return error(where_of(source), ": layer ", layer, " KV head ", g, ": the open block holds values that are not FP16, "
+  const uint64_t head_bytes = open_head_bytes(info, layer);
+  for (int g = 0; g < info.shape.num_kv_heads; ++g, records += head_bytes) {
+    if (!all_fp16(records, size_t(open) * k_dim) || !all_fp16(records + k_record, size_t(open) * v_dim)) {
+      return error(where, ": layer ", layer, " KV head ", g, ": the open block holds values that are not FP16, "
                    "and this spec's open block is FP16 (no sender with this spec wrote them)");
     }
   }
   return Status::ok();
 }
 
+// One layer's open tokens, every head's K and V records from `records` on.
+void restore_open_layer(const uint8_t* records, const KvTransferInfo& info, int layer, KvStore& into) {
+  // Rows of FP32 may lie unaligned for float in the input (it need not be aligned): copy through a buffer.
+  const uint64_t k_dim = uint64_t(info.shape.k_dim), v_dim = uint64_t(info.shape.v_dim);
+  const int open = info.layer_tokens[size_t(layer)] % info.block_tokens;
+  uint64_t k_record = 0;
+  open_record_bytes(uint64_t(open), k_dim, &k_record);
+  const uint64_t head_bytes = open_head_bytes(info, layer);
+  std::vector<float> k(size_t(open) * k_dim), v(size_t(open) * v_dim);
+  for (int g = 0; g < info.shape.num_kv_heads; ++g, records += head_bytes) {
+    if (open > 0) {
+      std::memcpy(k.data(), records, k.size() * sizeof(float));
+      std::memcpy(v.data(), records + k_record, v.size() * sizeof(float));
+    }
+    into.restore_open_tokens(layer, g, k.data(), v.data(), open);
+  }
+}
+
+// A transfer's layer (its bytes in place in `data`) into `into`, as restore_kv_transfer_blocks and
+// restore_kv_transfer_open restore it from pieces.
+void restore_layer(const uint8_t* data, const KvTransferInfo& info, int layer, KvStore& into) {
+  uint64_t stride = 0;
+  checked_align(info.sealed_block_bytes, &stride);  // checked by the reader: no overflow
+  const KvTransferLayerRanges range = kv_transfer_layer_ranges(info)[size_t(layer)];
+  const int blocks = info.layer_tokens[size_t(layer)] / info.block_tokens;
+  const uint8_t* cursor = data + range.sealed_offset;
+  for (int g = 0; g < info.shape.num_kv_heads; ++g) {
+    for (int b = 0; b < blocks; ++b, cursor += stride) into.restore_sealed_block(layer, g, cursor);
+  }
+  restore_open_layer(data + range.open_offset, info, layer, into);
+}
+
+}  // namespace
+
 Expected<KvTransferInfo> check_kv_transfer_for(const uint8_t* data, size_t size, std::string_view source,
                                                std::string_view model_id, const KvStore& into,
                                                std::optional<uint32_t> received_crc) {
   SLIMKV_ASSIGN_OR_RETURN(ParsedTransfer parsed, parse_transfer(data, size, source, received_crc));
   SLIMKV_RETURN_IF_ERROR(check_kv_transfer_head_for(parsed.info, source, model_id, into));
+  const std::vector<KvTransferLayerRanges> ranges = kv_transfer_layer_ranges(parsed.info);
   for (int l = 0; l < into.shape().num_layers; ++l) {
-    SLIMKV_RETURN_IF_ERROR(check_kv_transfer_layer_for(data, parsed.info, l, source, into));
+    SLIMKV_RETURN_IF_ERROR(check_open_values(data + ranges[size_t(l)].open_offset, parsed.info, l, where_of(source), into));
   }
   return std::move(parsed.info);
 }
@@ -782,43 +854,60 @@ Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view sourc
   return Status::ok();
 }
 
+void restore_kv_transfer(const uint8_t* data, const KvTransferInfo& info, KvStore& into) {
+  into.clear();
+  for (int l = 0; l < info.shape.num_layers; ++l) restore_layer(data, info, l, into);
+}
+
 namespace {
 
-// One layer's open tokens, every head's K and V records from `records` on.
-void restore_open_layer(const uint8_t* records, const KvTransferInfo& info, int layer, KvStore& into) {
-  // Rows of FP32 may lie unaligned for float in the input (it need not be aligned): copy through a buffer.
-  const uint64_t k_dim = uint64_t(info.shape.k_dim), v_dim = uint64_t(info.shape.v_dim);
-  const int open = info.layer_tokens[size_t(layer)] % info.block_tokens;
-  uint64_t k_record = 0, v_record = 0;
-  open_record_bytes(uint64_t(open), k_dim, &k_record);
-  open_record_bytes(uint64_t(open), v_dim, &v_record);
-  std::vector<float> k(size_t(open) * k_dim), v(size_t(open) * v_dim);
-  for (int g = 0; g < info.shape.num_kv_heads; ++g, records += k_record + v_record) {
-    if (open > 0) {
-      std::memcpy(k.data(), records, k.size() * sizeof(float));
-      std::memcpy(v.data(), records + k_record, v.size() * sizeof(float));
-    }
-    into.restore_open_tokens(layer, g, k.data(), v.data(), open);
+// A received block's slot padding: zero, so that the store's export gives back the bytes that came
+// (the format is canonical).
+Status check_block_padding(const uint8_t* slot, const KvTransferInfo& info, int layer, int head, int block,
+                           std::string_view source) {
+  uint64_t stride = 0;
+  checked_align(info.sealed_block_bytes, &stride);  // checked by the reader: no overflow
+  if (!all_zero(slot + info.sealed_block_bytes, stride - info.sealed_block_bytes)) {
+    return error(where_of(source), ": layer ", layer, " KV head ", head, " block ", block,
+                 ": the padding after the sealed block is not zero");
   }
+  return Status::ok();
 }
 
 }  // namespace
 
-void restore_kv_transfer(const uint8_t* data, const KvTransferInfo& info, KvStore& into) {
-  into.clear();
-  for (int l = 0; l < info.shape.num_layers; ++l) restore_kv_transfer_layer(data, info, l, into);
+Status restore_kv_transfer_blocks(const uint8_t* slots, int count, const KvTransferInfo& info, int layer, int head,
+                                  int first_block, std::string_view source, KvStore& into) {
+  uint64_t stride = 0;
+  checked_align(info.sealed_block_bytes, &stride);
+  for (int b = 0; b < count; ++b, slots += stride) {
+    SLIMKV_RETURN_IF_ERROR(check_block_padding(slots, info, layer, head, first_block + b, source));
+    into.restore_sealed_block(layer, head, slots);
+  }
+  return Status::ok();
 }
 
-void restore_kv_transfer_layer(const uint8_t* data, const KvTransferInfo& info, int layer, KvStore& into) {
-  uint64_t stride = 0;
-  checked_align(info.sealed_block_bytes, &stride);  // checked by the reader: no overflow
-  const KvTransferLayerRanges range = kv_transfer_layer_ranges(info)[size_t(layer)];
-  const int blocks = info.layer_tokens[size_t(layer)] / info.block_tokens;
-  const uint8_t* cursor = data + range.sealed_offset;
-  for (int g = 0; g < info.shape.num_kv_heads; ++g) {
-    for (int b = 0; b < blocks; ++b, cursor += stride) into.restore_sealed_block(layer, g, cursor);
+Status keep_kv_transfer_blocks(std::span<uint8_t* const> slots, const KvTransferInfo& info, int layer, int head,
+                               int first_block, std::string_view source, KvStore& into) {
+  for (size_t b = 0; b < slots.size(); ++b) {
+    SLIMKV_RETURN_IF_ERROR(check_block_padding(slots[b], info, layer, head, first_block + int(b), source));
+    into.keep_restored_block(layer, head, slots[b]);
   }
-  restore_open_layer(data + range.open_offset, info, layer, into);
+  return Status::ok();
+}
+
+Status restore_kv_transfer_open(const uint8_t* records, const KvTransferInfo& info, int layer, std::string_view source,
+                                KvStore& into) {
+  const std::string where = where_of(source);
+  SLIMKV_RETURN_IF_ERROR(check_open_padding(records, info, layer, where));
+  SLIMKV_RETURN_IF_ERROR(check_open_values(records, info, layer, where, into));
+  restore_open_layer(records, info, layer, into);
+  return Status::ok();
+}
+
+Status check_kv_transfer_trailer(const uint8_t* trailer, const KvTransferInfo& info, uint32_t body_crc,
+                                 std::string_view source) {
+  return check_trailer(trailer, info.trailer_offset, body_crc, where_of(source));
 }
 
 void restore_kv_transfer_open_tokens(const uint8_t* data, const KvTransferInfo& info, KvStore& into) {

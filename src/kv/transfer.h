@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,11 +58,15 @@ Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view sourc
 // computed (a prompt prefilled in chunks): write_kv_transfer_blocks gives blocks [first_block,
 // end_block) of every head (head by head, each block in its 64-byte slot), and write_kv_transfer_layer
 // with first_block > 0 leaves the blocks before it out of the layer's bytes. Sealed blocks never change.
+// part_crcs / head_crcs (nullptr: not computed): the CRC32C of each head's blocks written, then (a
+// layer's) of its open tokens, computed as the bytes are copied (in cache), for a sender whose frames
+// carry CRCs of those parts (src/transfer/kv_frame.h) and need not read them again.
 Status write_kv_transfer_head(const KvStore& store, std::string_view model_id, int tokens_per_layer,
                               std::vector<uint8_t>& out);
 Status write_kv_transfer_layer(const KvStore& store, int layer, int first_block, std::vector<uint8_t>& out,
-                               size_t& sealed_bytes);
-Status write_kv_transfer_blocks(const KvStore& store, int layer, int first_block, int end_block, std::vector<uint8_t>& out);
+                               size_t& sealed_bytes, std::vector<uint32_t>* part_crcs = nullptr);
+Status write_kv_transfer_blocks(const KvStore& store, int layer, int first_block, int end_block, std::vector<uint8_t>& out,
+                                std::vector<uint32_t>* head_crcs = nullptr);
 std::array<uint8_t, kKvTransferTrailerBytes> kv_transfer_trailer(uint32_t crc);
 
 // The same through a file (written to a temporary name and renamed, so no reader sees half a file).
@@ -89,8 +94,9 @@ Expected<KvTransferInfo> inspect_kv_transfer_with_crc(const uint8_t* data, size_
 
 // The same for a transfer's head alone: the header and metadata, bytes [0, sealed_offset) of data [size
 // bytes], with every check of the full reader that needs no later byte. For a receiver that gets the
-// rest in pieces (src/transfer/'s KV stream sends a layer at a time); the full transfer is checked once
-// assembled.
+// rest in pieces (src/transfer/'s KV stream sends a layer at a time); the rest is checked once
+// assembled (inspect_kv_transfer_with_crc), or piece by piece as it is restored (restore_kv_transfer_blocks
+// below).
 Expected<KvTransferInfo> inspect_kv_transfer_head(const uint8_t* data, size_t size, std::string_view source);
 
 // Where each layer's bytes lie in a transfer [num_layers]: its sealed blocks (every KV head's, one
@@ -113,18 +119,31 @@ void restore_kv_transfer_open_tokens(const uint8_t* data, const KvTransferInfo& 
 // blocks and open tokens restored (for a caller that decides something on the info in between).
 void restore_kv_transfer(const uint8_t* data, const KvTransferInfo& info, KvStore& into);
 
-// check_kv_transfer_for and restore_kv_transfer a layer at a time, for a receiver that restores each
-// layer as soon as its bytes have arrived and been checked by their own CRC (src/transfer/'s KV stream
-// receiver, while later layers are still on the wire): the checks of `into` against the head alone
-// (model, spec, shape, blocks: `info` from inspect_kv_transfer_head), then per layer the checks of its
-// bytes (its open tokens are what the spec's open block holds) and its restore into `into` (cleared,
-// layers in order 0, 1, ...; data: the whole transfer's bytes, the layer's in place). The whole
-// transfer must still pass inspect_kv_transfer(_with_crc) before `into` is used.
+// check_kv_transfer_for and restore_kv_transfer from a transfer's pieces as they arrive, with no buffer
+// of the whole transfer (src/transfer/'s KV stream receiver restores each piece of a layer's frame into
+// a staging store while it is still in cache, and later layers are still on the wire). In this order:
+//   check_kv_transfer_head_for: `into` against the head alone (model, spec, shape, blocks; `info` from
+//     inspect_kv_transfer_head), then into.clear();
+//   per layer 0, 1, ...: its sealed blocks, head by head, each head's in order, in runs of whole 64-byte
+//     block slots as the transfer holds them (restore_kv_transfer_blocks: `count` slots from block
+//     `first_block` of the head; each slot's padding must be zero; or, read straight into the store's
+//     own slots, KvStore::restore_slot, keep_kv_transfer_blocks), then its open tokens
+//     (restore_kv_transfer_open: the layer's open range, every head's K and V records, checked as
+//     check_kv_transfer_for checks them: zero padding, values this spec's open block holds);
+//   check_kv_transfer_trailer: the trailer, its CRC against `body_crc`, the CRC32C of every byte before
+//     it as the receiver computed it while they arrived.
+// A piece is in the store before the CRC of the frame that brought it is checked: a receiver that gets
+// an error anywhere drops `into`. Errors name the layer, head and block.
 Status check_kv_transfer_head_for(const KvTransferInfo& info, std::string_view source, std::string_view model_id,
                                   const KvStore& into);
-Status check_kv_transfer_layer_for(const uint8_t* data, const KvTransferInfo& info, int layer, std::string_view source,
-                                   const KvStore& into);
-void restore_kv_transfer_layer(const uint8_t* data, const KvTransferInfo& info, int layer, KvStore& into);
+Status restore_kv_transfer_blocks(const uint8_t* slots, int count, const KvTransferInfo& info, int layer, int head,
+                                  int first_block, std::string_view source, KvStore& into);
+Status keep_kv_transfer_blocks(std::span<uint8_t* const> slots, const KvTransferInfo& info, int layer, int head,
+                               int first_block, std::string_view source, KvStore& into);
+Status restore_kv_transfer_open(const uint8_t* records, const KvTransferInfo& info, int layer, std::string_view source,
+                                KvStore& into);
+Status check_kv_transfer_trailer(const uint8_t* trailer, const KvTransferInfo& info, uint32_t body_crc,
+                                 std::string_view source);
 
 // How a GPU cache lays out one block of every KV head (a page; GpuKvCache::device_page_layout): head
 // g's sealed block is the concatenation of pieces p, each at page offset piece_offsets[p] + g *

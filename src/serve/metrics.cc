@@ -28,7 +28,8 @@ std::string prometheus_text(const SchedulerStats& stats, const MetricsLabels& la
   out.header("slimkv:kv_cache_capacity_bytes", "gauge", "Memory for KV blocks, per tier.");
   out.sample("slimkv:kv_cache_capacity_bytes", double(stats.kv.total_blocks) * block_bytes, R"(tier=")" + labels.device + '"');
   out.header("slimkv:kv_cache_used_bytes", "gauge",
-             "KV memory in use, per tier (host_preempted: the KV of requests preempted to host memory).");
+             "KV memory in use, per tier (host_preempted: the KV of requests preempted to host memory, or received and "
+             "waiting for admission).");
   out.sample("slimkv:kv_cache_used_bytes", double(stats.kv.total_blocks - stats.kv.free_blocks) * block_bytes,
              R"(tier=")" + labels.device + '"');
   out.sample("slimkv:kv_cache_used_bytes", double(stats.host_kv_bytes), R"(tier="host_preempted")");

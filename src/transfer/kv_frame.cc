@@ -36,7 +36,8 @@ const char* kv_frame_type_name(KvFrameType type) {
 }
 
 Status write_kv_frame(TcpConnection& connection, KvFrameType type, std::span<const std::span<const uint8_t>> parts,
-                      TokenBucket* bucket, SteadyClock::time_point deadline, uint32_t* part_crcs) {
+                      TokenBucket* bucket, SteadyClock::time_point deadline, uint32_t* part_crcs,
+                      std::span<const std::optional<uint32_t>> known_crcs) {
   uint64_t payload_bytes = 0;
   for (const auto& part : parts) payload_bytes += part.size();
   if (payload_bytes > kKvFrameMaxPayloadBytes) {
@@ -49,7 +50,7 @@ Status write_kv_frame(TcpConnection& connection, KvFrameType type, std::span<con
   store_u32(header + 8, uint32_t(payload_bytes));
   uint32_t crc = crc32c(header, 12);
   for (size_t i = 0; i < parts.size(); ++i) {
-    const uint32_t part_crc = crc32c(parts[i].data(), parts[i].size());
+    const uint32_t part_crc = i < known_crcs.size() && known_crcs[i] ? *known_crcs[i] : crc32c(parts[i].data(), parts[i].size());
     if (part_crcs) part_crcs[i] = part_crc;
     crc = crc32c_combine(crc, part_crc, parts[i].size());
   }
@@ -110,6 +111,29 @@ Expected<uint32_t> KvFrameReader::read(std::span<uint8_t> out) {
   }
   read_bytes_ += out.size();
   crc_ = crc32c_combine(crc_, crc, out.size());
+  return crc;
+}
+
+Expected<uint32_t> KvFrameReader::read(std::span<const std::span<uint8_t>> outs) {
+  size_t bytes = 0;
+  for (const std::span<uint8_t> out : outs) bytes += out.size();
+  if (bytes > payload_bytes_ - read_bytes_) {
+    return error("KV stream from ", connection_->peer(), ": reading ", bytes, " more bytes of a ", kv_frame_type_name(type_),
+                 " frame whose payload has ", payload_bytes_ - read_bytes_, " left");
+  }
+  SLIMKV_RETURN_IF_ERROR(connection_->read_exact(outs, deadline_)
+                             .with_context(str_cat("KV stream ", kv_frame_type_name(type_), " frame payload")));
+  // Places that follow one another in memory (a store's slots mostly do) are checksummed as one run:
+  // crc32c's three streams need 12 KiB, and a 2-bit block is a few KiB.
+  uint32_t crc = 0;
+  for (size_t i = 0; i < outs.size();) {
+    size_t run = outs[i].size(), next = i + 1;
+    for (; next < outs.size() && outs[i].data() + run == outs[next].data(); ++next) run += outs[next].size();
+    crc = crc32c(outs[i].data(), run, crc);
+    i = next;
+  }
+  read_bytes_ += bytes;
+  crc_ = crc32c_combine(crc_, crc, bytes);
   return crc;
 }
 

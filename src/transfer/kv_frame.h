@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -45,9 +46,12 @@ struct KvFrame {
 // Writes one frame whose payload is the concatenation of `parts`, taking every byte from `bucket`
 // (nullptr: no cap) as it goes out. part_crcs (nullptr, or one per part): each part's own CRC32C, which
 // the frame's CRC is made of, for a caller that checksums the same bytes in another order (the KV
-// stream's transfer CRC) without reading them again.
+// stream's transfer CRC) without reading them again. known_crcs (empty, or one per part): the CRC32C of
+// a part that its writer computed as it wrote the bytes (kv/transfer.h's writers): taken as it is, so
+// that the frame reads those bytes once, to send them; a part without one is checksummed here.
 Status write_kv_frame(TcpConnection& connection, KvFrameType type, std::span<const std::span<const uint8_t>> parts,
-                      TokenBucket* bucket, SteadyClock::time_point deadline, uint32_t* part_crcs = nullptr);
+                      TokenBucket* bucket, SteadyClock::time_point deadline, uint32_t* part_crcs = nullptr,
+                      std::span<const std::optional<uint32_t>> known_crcs = {});
 
 // Reads one frame: magic, reserved bytes, size and CRC checked; errors name the peer and what was wrong.
 Expected<KvFrame> read_kv_frame(TcpConnection& connection, SteadyClock::time_point deadline);
@@ -63,6 +67,9 @@ class KvFrameReader {
   size_t payload_bytes() const { return payload_bytes_; }
   // The next `out.size()` payload bytes into `out`; their own CRC32C (crc32c_combine joins pieces).
   Expected<uint32_t> read(std::span<uint8_t> out);
+  // The same into several places in turn (read in one go: give about a cache's worth, so that the CRC
+  // reads them there); the CRC32C of all of them, in order.
+  Expected<uint32_t> read(std::span<const std::span<uint8_t>> outs);
   // After the whole payload: the frame's CRC against its header's.
   Status finish() const;
 

@@ -7,7 +7,6 @@
 
 #include "engine/cuda_backend.h"
 #include "kv/transfer.h"
-#include "transfer/kv_layer_import.h"
 #include "util/system_memory.h"
 
 namespace slimkv {
@@ -223,8 +222,10 @@ void KvStreamSender::PartCrc::append(uint32_t part_crc, uint64_t part_bytes) {
   bytes += part_bytes;
 }
 
-Status KvStreamSender::send(KvFrameType type, std::span<const std::span<const uint8_t>> parts, uint32_t* part_crcs) {
-  const Status written = write_kv_frame(connection_, type, parts, &bucket_, SteadyClock::now() + options_.io_timeout, part_crcs);
+Status KvStreamSender::send(KvFrameType type, std::span<const std::span<const uint8_t>> parts, uint32_t* part_crcs,
+                            std::span<const std::optional<uint32_t>> known_crcs) {
+  const Status written =
+      write_kv_frame(connection_, type, parts, &bucket_, SteadyClock::now() + options_.io_timeout, part_crcs, known_crcs);
   if (!written.is_ok()) {
     // The receiver may have ended the stream with a reason (a head beyond its context, say) before
     // closing: that reason says more than the broken pipe.
@@ -310,7 +311,17 @@ std::vector<std::span<const uint8_t>> KvStreamSender::head_parts(std::span<const
   return parts;
 }
 
-Status KvStreamSender::send_blocks(int layer, int first_block, std::span<const uint8_t> blocks) {
+std::vector<std::optional<uint32_t>> KvStreamSender::known_part_crcs(std::span<const uint32_t> writer_crcs, int skip,
+                                                                     size_t extra) const {
+  std::vector<std::optional<uint32_t>> known;
+  if (skip != 0 || writer_crcs.size() != size_t(identity_.num_kv_heads) + extra) return known;
+  known.push_back(std::nullopt);  // the 8-byte prefix
+  known.insert(known.end(), writer_crcs.begin(), writer_crcs.end());
+  return known;
+}
+
+Status KvStreamSender::send_blocks(int layer, int first_block, std::span<const uint8_t> blocks,
+                                   std::span<const uint32_t> head_crcs) {
   if (layer < 0 || layer >= identity_.num_layers) return error("KV stream: no layer ", layer, " to send blocks of");
   SLIMKV_ASSIGN_OR_RETURN(const int count, blocks_per_head(identity_, blocks.size(), "KV stream: a layer's blocks"));
   int& sent = blocks_sent_[size_t(layer)];
@@ -323,7 +334,7 @@ Status KvStreamSender::send_blocks(int layer, int first_block, std::span<const u
   const std::vector<std::span<const uint8_t>> heads = head_parts(blocks, sent - first_block);
   parts.insert(parts.end(), heads.begin(), heads.end());
   std::vector<uint32_t> crcs(parts.size());
-  SLIMKV_RETURN_IF_ERROR(send(KvFrameType::kKvBlocks, parts, crcs.data()));
+  SLIMKV_RETURN_IF_ERROR(send(KvFrameType::kKvBlocks, parts, crcs.data(), known_part_crcs(head_crcs, sent - first_block, 0)));
   sent = first_block + count;
   for (size_t g = 0; g < heads.size(); ++g) early_crcs_[size_t(layer)][g].append(crcs[1 + g], heads[g].size());
   return Status::ok();
@@ -335,7 +346,8 @@ Status KvStreamSender::send_head(std::span<const uint8_t> head) {
   return send(KvFrameType::kKvHead, parts);
 }
 
-Status KvStreamSender::send_layer(int layer, int first_block, std::span<const uint8_t> sealed, std::span<const uint8_t> open) {
+Status KvStreamSender::send_layer(int layer, int first_block, std::span<const uint8_t> sealed, std::span<const uint8_t> open,
+                                  std::span<const uint32_t> part_crcs) {
   if (layer < 0 || layer >= identity_.num_layers) return error("KV stream: no layer ", layer, " to send");
   SLIMKV_ASSIGN_OR_RETURN(const int count, blocks_per_head(identity_, sealed.size(), "KV stream: a layer's sealed blocks"));
   const int sent = blocks_sent_[size_t(layer)];
@@ -349,7 +361,7 @@ Status KvStreamSender::send_layer(int layer, int first_block, std::span<const ui
   parts.insert(parts.end(), heads.begin(), heads.end());
   parts.push_back(open);
   std::vector<uint32_t> crcs(parts.size());
-  SLIMKV_RETURN_IF_ERROR(send(KvFrameType::kKvLayer, parts, crcs.data()));
+  SLIMKV_RETURN_IF_ERROR(send(KvFrameType::kKvLayer, parts, crcs.data(), known_part_crcs(part_crcs, sent - first_block, 1)));
   // The transfer's CRC takes the layer's blocks head by head: each head's early blocks, then its rest.
   for (size_t g = 0; g < heads.size(); ++g) {
     const PartCrc& early = early_crcs_[size_t(layer)][g];
@@ -409,8 +421,8 @@ Status KvStreamSender::send_over_nccl(const CudaPlugin& plugin, std::shared_ptr<
 Status KvStreamSender::send_piece(const KvTransferPiece& piece) {
   if (piece.device) return send_device(piece.device);
   if (piece.layer < 0) return send_head(piece.bytes);
-  if (!piece.final) return send_blocks(piece.layer, piece.first_block, piece.bytes);
-  return send_layer(piece.layer, piece.first_block, piece.bytes, piece.open);
+  if (!piece.final) return send_blocks(piece.layer, piece.first_block, piece.bytes, piece.crcs);
+  return send_layer(piece.layer, piece.first_block, piece.bytes, piece.open, piece.crcs);
 }
 
 Status KvStreamSender::finish(const KvStreamRequest& request) {
@@ -745,24 +757,34 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
                    ", more than this decode worker's context of ", options_.max_tokens);
     }
   }
-  std::vector<uint8_t>& transfer = received.transfer;
-  // Every byte of it is written below (head, each layer's ranges, trailer): a reused buffer is not zeroed first.
-  if (options_.buffers) transfer = options_.buffers->take(info.total_bytes);
-  assign_for_overwrite(transfer, info.total_bytes);
-  std::memcpy(transfer.data(), head.payload.data(), head.payload.size());
   received.wire_bytes += kKvFrameHeaderBytes + hello_frame.payload.size();
-  // With a staging store, each layer is restored into it on a thread of its own as soon as it is here.
-  std::unique_ptr<KvLayerImport> staging;
+  // With a staging store, each piece of a layer's frame is restored into it as soon as it has landed and
+  // been checksummed, while it is still in cache: no buffer of the whole transfer, no second pass over
+  // its bytes. Else the transfer is assembled in `transfer`, each layer read straight into its place.
+  std::shared_ptr<KvStore> staged;
+  std::vector<uint8_t>& transfer = received.transfer;
   if (options_.staging_store) {
-    SLIMKV_ASSIGN_OR_RETURN(std::shared_ptr<KvStore> store, options_.staging_store());
-    SLIMKV_ASSIGN_OR_RETURN(staging, KvLayerImport::start(transfer.data(), info, std::move(store), identity_.model_id, where));
+    SLIMKV_ASSIGN_OR_RETURN(staged, options_.staging_store());
+    SLIMKV_RETURN_IF_ERROR(check_kv_transfer_head_for(info, where, identity_.model_id, *staged));
+    staged->clear();
+  } else {
+    // Every byte of it is written below (head, each layer's ranges, trailer): a reused buffer is not zeroed first.
+    if (options_.buffers) transfer = options_.buffers->take(info.total_bytes);
+    assign_for_overwrite(transfer, info.total_bytes);
+    std::memcpy(transfer.data(), head.payload.data(), head.payload.size());
   }
+  // Staged: the pieces a layer's blocks are read and restored in (whole block slots, about what
+  // KvFrameReader checksums at once): straight into the store's slots where it has them in place, else
+  // into `piece` and copied; and its open tokens.
+  const uint64_t piece_blocks = std::max<uint64_t>(1, (uint64_t(256) << 10) / stride);
+  std::vector<uint8_t> piece, open;
+  std::vector<uint8_t*> slots;
+  std::vector<std::span<uint8_t>> slot_spans;
   // The transfer's CRC, joined from each piece's as it lands (crc32c_combine): the end-to-end check
   // below reads no byte again.
   uint32_t crc = crc32c(head.payload.data(), head.payload.size());
 
-  // The layers, in order, each exactly its ranges' bytes less the blocks that came early, read straight
-  // into their places in the transfer.
+  // The layers, in order, each exactly its ranges' bytes less the blocks that came early.
   const std::vector<KvTransferLayerRanges> ranges = kv_transfer_layer_ranges(info);
   const uint64_t heads = uint64_t(identity_.num_kv_heads);
   std::vector<std::pair<uint32_t, uint64_t>> open_crcs;  // per layer: the open tokens' CRC and size
@@ -792,19 +814,64 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
                    " bytes, got a KV_LAYER frame for layer ", int64_t(index == UINT32_MAX ? -1 : int64_t(index)), " from block ",
                    int64_t(first == UINT32_MAX ? -1 : int64_t(first)), " of ", layer.payload_bytes(), " bytes");
     }
+    // What the store refused of this layer's pieces (a block's padding): reported once the frame's CRC
+    // checked out, so that a corrupt frame is named as one.
+    Status restored;
+    const auto restore = [&](const uint8_t* copied, uint64_t count, uint64_t g, uint64_t first_block) {
+      if (restored.is_ok()) {
+        restored = restore_kv_transfer_blocks(copied, int(count), info, int(l), int(g), int(first_block), where, *staged);
+      }
+    };
     // Each head's blocks: those that came early (copied and checksummed in one pass), then the rest.
     for (uint64_t g = 0; g < heads; ++g) {
-      uint8_t* head_blocks = transfer.data() + range.sealed_offset + g * blocks * stride;
+      uint8_t* head_blocks = staged ? nullptr : transfer.data() + range.sealed_offset + g * blocks * stride;
       for (const EarlyBlocks& e : early[l]) {
         const uint64_t bytes = uint64_t(e.count) * stride;
-        crc = crc32c_copy(head_blocks + uint64_t(e.first_block) * stride, e.bytes.data() + g * bytes, bytes, crc);
+        const uint8_t* early_blocks = e.bytes.data() + g * bytes;
+        if (!staged) {
+          crc = crc32c_copy(head_blocks + uint64_t(e.first_block) * stride, early_blocks, bytes, crc);
+          continue;
+        }
+        for (uint64_t b = 0; b < uint64_t(e.count); b += piece_blocks) {
+          const uint64_t count = std::min(piece_blocks, uint64_t(e.count) - b);
+          crc = crc32c(early_blocks + b * stride, count * stride, crc);
+          restore(early_blocks + b * stride, count, g, uint64_t(e.first_block) + b);
+        }
       }
-      SLIMKV_ASSIGN_OR_RETURN(const uint32_t rest_crc, read_into({head_blocks + sent * stride, rest * stride}));
-      crc = crc32c_combine(crc, rest_crc, rest * stride);
+      if (!staged) {
+        SLIMKV_ASSIGN_OR_RETURN(const uint32_t rest_crc, read_into({head_blocks + sent * stride, rest * stride}));
+        crc = crc32c_combine(crc, rest_crc, rest * stride);
+        continue;
+      }
+      for (uint64_t b = sent; b < blocks; b += piece_blocks) {
+        const uint64_t count = std::min(piece_blocks, blocks - b);
+        slots.clear();
+        slot_spans.clear();
+        for (uint64_t i = 0; i < count; ++i) {
+          uint8_t* slot = staged->restore_slot(int(l), int(g));
+          if (!slot) break;
+          slots.push_back(slot);
+          slot_spans.emplace_back(slot, stride);
+        }
+        if (slots.size() == count) {
+          Expected<uint32_t> piece_crc = layer.read(slot_spans);
+          if (!piece_crc) return piece_crc.status().with_context(where);
+          crc = crc32c_combine(crc, *piece_crc, count * stride);
+          if (restored.is_ok()) restored = keep_kv_transfer_blocks(slots, info, int(l), int(g), int(b), where, *staged);
+          continue;
+        }
+        piece.resize(size_t(count * stride));
+        SLIMKV_ASSIGN_OR_RETURN(const uint32_t piece_crc, read_into(piece));
+        crc = crc32c_combine(crc, piece_crc, count * stride);
+        restore(piece.data(), count, g, b);
+      }
     }
-    SLIMKV_ASSIGN_OR_RETURN(const uint32_t open_crc, read_into({transfer.data() + range.open_offset, range.open_bytes}));
+    if (staged) open.resize(range.open_bytes);
+    uint8_t* open_records = staged ? open.data() : transfer.data() + range.open_offset;
+    SLIMKV_ASSIGN_OR_RETURN(const uint32_t open_crc, read_into({open_records, range.open_bytes}));
     SLIMKV_RETURN_IF_ERROR(layer.finish().with_context(str_cat(where, ": layer ", l)));
-    if (staging) staging->arrived();
+    SLIMKV_RETURN_IF_ERROR(restored);
+    if (staged) SLIMKV_RETURN_IF_ERROR(restore_kv_transfer_open(open_records, info, int(l), where, *staged));
     open_crcs.emplace_back(open_crc, range.open_bytes);
     early[l].clear();
     received.wire_bytes += kKvFrameHeaderBytes + layer.payload_bytes();
@@ -812,8 +879,15 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
   for (const auto& [open_crc, bytes] : open_crcs) crc = crc32c_combine(crc, open_crc, bytes);
 
   // The trailer and the request; then the whole transfer is checked end to end (its own CRC).
-  SLIMKV_RETURN_IF_ERROR(receive_finish(connection, received, transfer.data() + info.trailer_offset, where));
-  SLIMKV_RETURN_IF_ERROR(inspect_kv_transfer_with_crc(transfer.data(), transfer.size(), where, crc).status());
+  std::array<uint8_t, kKvTransferTrailerBytes> staged_trailer{};
+  SLIMKV_RETURN_IF_ERROR(
+      receive_finish(connection, received, staged ? staged_trailer.data() : transfer.data() + info.trailer_offset, where));
+  if (staged) {
+    // Every other check of the whole transfer was made piece by piece above.
+    SLIMKV_RETURN_IF_ERROR(check_kv_transfer_trailer(staged_trailer.data(), info, crc, where));
+  } else {
+    SLIMKV_RETURN_IF_ERROR(inspect_kv_transfer_with_crc(transfer.data(), transfer.size(), where, crc).status());
+  }
   received.received_crc = crc;
   const size_t tokens = received.request.prompt_token_ids.size() + received.request.resume_token_ids.size();
   for (size_t l = 0; l < info.layer_tokens.size(); ++l) {
@@ -822,13 +896,7 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
                    tokens);
     }
   }
-  if (staging) {
-    // Checked end to end: the staged store is the KV handed over, the assembled bytes are done with.
-    SLIMKV_ASSIGN_OR_RETURN(received.staged_kv, staging->finish());
-    staging.reset();
-    if (options_.buffers) options_.buffers->give_back(std::move(transfer));
-    transfer = {};
-  }
+  received.staged_kv = std::move(staged);
   return Status::ok();
 }
 

@@ -126,11 +126,15 @@ class KvStreamSender {
   // Sealed blocks of `layer` from `first_block` on, every head's, head by head (write_kv_transfer_blocks),
   // before the head. Blocks already sent are skipped (a prompt computed again after a preemption seals
   // the same blocks again); a gap after the blocks sent is an error.
-  Status send_blocks(int layer, int first_block, std::span<const uint8_t> blocks);
+  // head_crcs (empty, or one per KV head): each head's part's CRC32C as its writer computed it
+  // (write_kv_transfer_blocks): the frame does not read the bytes for it again.
+  Status send_blocks(int layer, int first_block, std::span<const uint8_t> blocks, std::span<const uint32_t> head_crcs = {});
   // Bytes [0, sealed_offset) of the transfer: its header and metadata.
   Status send_head(std::span<const uint8_t> head);
-  // The layer's sealed blocks from `first_block` on (skipping, as send_blocks, those sent), then its open tokens.
-  Status send_layer(int layer, int first_block, std::span<const uint8_t> sealed, std::span<const uint8_t> open);
+  // The layer's sealed blocks from `first_block` on (skipping, as send_blocks, those sent), then its open
+  // tokens. part_crcs (empty, or one per KV head then one for `open`): as write_kv_transfer_layer gives them.
+  Status send_layer(int layer, int first_block, std::span<const uint8_t> sealed, std::span<const uint8_t> open,
+                    std::span<const uint32_t> part_crcs = {});
   // The whole KV in GPU memory (only when kv_on_device()). Over CUDA IPC its sealed blocks stay where
   // they are, shared by a handle, and `kv` is kept alive until finish() has the receiver's answer; over
   // NCCL they are sent through the link before this returns, which the stream holds until finish().
@@ -161,7 +165,12 @@ class KvStreamSender {
   // the open tokens' transfer.
   Status send_kv_device_frame(const DeviceKvTransfer& kv, const char* path_key, const nlohmann::json& path_value);
   // part_crcs: as write_kv_frame's.
-  Status send(KvFrameType type, std::span<const std::span<const uint8_t>> parts, uint32_t* part_crcs = nullptr);
+  Status send(KvFrameType type, std::span<const std::span<const uint8_t>> parts, uint32_t* part_crcs = nullptr,
+              std::span<const std::optional<uint32_t>> known_crcs = {});
+  // The frame's known_crcs for [prefix, each head's part, then `extra` more parts]: the writer's CRCs of
+  // the heads' parts (and of the extra parts) when it gave them for exactly these parts (no block
+  // skipped: `skip` 0), else none.
+  std::vector<std::optional<uint32_t>> known_part_crcs(std::span<const uint32_t> writer_crcs, int skip, size_t extra) const;
   // Each head's part of `blocks` (every head's, head by head) less its first `skip` blocks, in place.
   std::vector<std::span<const uint8_t>> head_parts(std::span<const uint8_t> blocks, int skip) const;
   TcpConnection connection_;
@@ -214,7 +223,7 @@ struct ReceivedKv {
   // GPU memory.
   std::optional<uint32_t> received_crc = std::nullopt;
   // Instead of transfer, with KvStreamReceiverOptions::staging_store: the KV already restored into a
-  // store of the receiving engine, each layer as soon as it arrived, the whole transfer checked as
+  // store of the receiving engine, each piece as soon as it arrived, the whole transfer checked as
   // transfer is (Engine::adopt_kv takes it).
   std::shared_ptr<KvStore> staged_kv = nullptr;
   // Instead of transfer, over CUDA IPC: the KV with its sealed blocks copied into this process's GPU
@@ -252,10 +261,11 @@ struct KvStreamReceiverOptions {
   // from the accept loop. nullptr: a new buffer per stream.
   std::shared_ptr<BufferPool> buffers = nullptr;
   // An empty store of the receiving engine's KV per stream (Engine::new_kv_store, called on the stream's
-  // thread): each layer is restored into it as soon as it has arrived and been checked, while later
-  // layers are still on the wire, and the stream is handed over as ReceivedKv::staged_kv (its transfer
-  // buffer given back). A stream that fails frees what it staged. nullptr: the transfer is handed over
-  // whole (ReceivedKv::transfer) and imported after it arrived.
+  // thread): each piece of a layer's frame is restored into it as soon as it has landed and been
+  // checksummed (still in cache), while later layers are still on the wire, with no buffer of the whole
+  // transfer (`buffers` is not used); the stream is handed over as ReceivedKv::staged_kv, checked end to
+  // end as a whole transfer is. A stream that fails frees what it staged. nullptr: the transfer is
+  // handed over whole (ReceivedKv::transfer) and imported after it arrived.
   std::function<Expected<std::shared_ptr<KvStore>>()> staging_store = nullptr;
 };
 

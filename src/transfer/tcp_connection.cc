@@ -6,12 +6,15 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 namespace slimkv {
 namespace {
@@ -154,6 +157,38 @@ Status TcpConnection::read_exact(uint8_t* data, size_t size, SteadyClock::time_p
     if (got > 0) {
       data += got;
       size -= size_t(got);
+      continue;
+    }
+    if (got == 0) return error("reading from ", peer_, ": the connection closed with ", size, " bytes still expected");
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      SLIMKV_RETURN_IF_ERROR(wait_ready(POLLIN, deadline, "reading from", size));
+      continue;
+    }
+    return error("reading from ", peer_, ": ", std::strerror(errno));
+  }
+  return Status::ok();
+}
+
+Status TcpConnection::read_exact(std::span<const std::span<uint8_t>> pieces, SteadyClock::time_point deadline) {
+  std::vector<iovec> left;
+  size_t size = 0;
+  for (const std::span<uint8_t> piece : pieces) {
+    if (!piece.empty()) left.push_back({piece.data(), piece.size()});
+    size += piece.size();
+  }
+  size_t first = 0;  // the first piece not filled yet
+  while (first < left.size()) {
+    const ssize_t got = ::readv(fd_, left.data() + first, int(std::min<size_t>(left.size() - first, IOV_MAX)));
+    if (got > 0) {
+      size -= size_t(got);
+      for (size_t n = size_t(got); n > 0;) {  // past the pieces it filled, into the one it filled in part
+        const size_t taken = std::min(n, left[first].iov_len);
+        left[first].iov_base = static_cast<uint8_t*>(left[first].iov_base) + taken;
+        left[first].iov_len -= taken;
+        n -= taken;
+        if (left[first].iov_len == 0) ++first;
+      }
       continue;
     }
     if (got == 0) return error("reading from ", peer_, ": the connection closed with ", size, " bytes still expected");

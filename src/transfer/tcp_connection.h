@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -38,6 +39,8 @@ class TcpConnection {
   // All `size` bytes, or an error (the peer closed, reset, or the deadline passed first).
   Status write_all(const uint8_t* data, size_t size, SteadyClock::time_point deadline);
   Status read_exact(uint8_t* data, size_t size, SteadyClock::time_point deadline);
+  // The same into several places in turn (readv): every byte of each of `pieces`, in order.
+  Status read_exact(std::span<const std::span<uint8_t>> pieces, SteadyClock::time_point deadline);
   // The peer's "host:port", for messages.
   const std::string& peer() const { return peer_; }
   void set_peer(std::string peer) { peer_ = std::move(peer); }

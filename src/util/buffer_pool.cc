@@ -76,13 +76,18 @@ BufferPool::Stats BufferPool::stats() const {
   return stats_;
 }
 
-std::shared_ptr<const std::vector<uint8_t>> share_pooled(std::shared_ptr<BufferPool> pool, std::vector<uint8_t> buffer) {
+std::shared_ptr<const std::vector<uint8_t>> share_pooled(std::shared_ptr<BufferPool> pool, std::vector<uint8_t> buffer,
+                                                         std::shared_ptr<std::atomic<uint64_t>> held_bytes) {
+  const uint64_t bytes = buffer.size();
+  if (held_bytes) *held_bytes += bytes;
   // Owned as non-const (the deleter moves the bytes back into the pool), handed out as const.
-  return std::shared_ptr<std::vector<uint8_t>>(new std::vector<uint8_t>(std::move(buffer)),
-                                               [pool = std::move(pool)](std::vector<uint8_t>* shared) {
-                                                 std::unique_ptr<std::vector<uint8_t>> owned(shared);
-                                                 if (pool) pool->give_back(std::move(*owned));
-                                               });
+  return std::shared_ptr<std::vector<uint8_t>>(
+      new std::vector<uint8_t>(std::move(buffer)),
+      [pool = std::move(pool), held_bytes = std::move(held_bytes), bytes](std::vector<uint8_t>* shared) {
+        std::unique_ptr<std::vector<uint8_t>> owned(shared);
+        if (held_bytes) *held_bytes -= bytes;
+        if (pool) pool->give_back(std::move(*owned));
+      });
 }
 
 }  // namespace slimkv

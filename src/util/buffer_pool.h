@@ -10,6 +10,7 @@
 // release_idle(), which a worker calls from a loop it already has. Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -61,6 +62,9 @@ class BufferPool {
 
 // `buffer` shared, given back to `pool` when the last holder lets go (no pool: just freed). For
 // pieces of one buffer handed to another thread (a KV transfer's layers, sent as they are written).
-std::shared_ptr<const std::vector<uint8_t>> share_pooled(std::shared_ptr<BufferPool> pool, std::vector<uint8_t> buffer);
+// held_bytes (nullptr: none): holds the buffer's size while it is shared, for a caller whose memory
+// budget must see what its pieces hold after they left (the engine's KV budget: Engine::kv_budget).
+std::shared_ptr<const std::vector<uint8_t>> share_pooled(std::shared_ptr<BufferPool> pool, std::vector<uint8_t> buffer,
+                                                         std::shared_ptr<std::atomic<uint64_t>> held_bytes = nullptr);
 
 }  // namespace slimkv

@@ -6,8 +6,10 @@
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "engine/scheduler.h"
+#include "kv/transfer.h"
 #include "slimkv/generation.h"
 #include "slimkv/scheduler.h"
 #include "slimkv/tokenizer.h"
@@ -389,6 +391,61 @@ TEST(Scheduler, CancellationFreesTheSequence) {
   EXPECT_EQ(stats.kv.free_blocks, stats.kv.total_blocks);
   EXPECT_EQ(stats.requests_finished_total[size_t(FinishReason::kCancelled)], 1u);
   (*scheduler)->cancel(*id);  // again, after the end: ignored
+}
+
+// A resumed request whose KV was restored as it arrived (a CPU decode worker's staged store) waits in
+// host memory as a preempted one does: host_kv_bytes counts the store until the request runs, and
+// nothing after.
+TEST(Scheduler, AStagedKvCountsAsHostKvWhileItsRequestWaits) {
+  std::unique_ptr<Engine> engine = load_engine();
+  ASSERT_TRUE(engine);
+  // The KV of a prompt, restored into a store of the engine's as a KV stream receiver restores it.
+  const std::vector<int32_t> prompt = prompts(*engine, 3)[2];
+  std::vector<uint8_t> transfer;
+  {
+    auto session = engine->new_session();
+    ASSERT_TRUE(session->prefill(prompt));
+    transfer = *engine->export_kv(session->sequence());
+  }
+  Expected<std::shared_ptr<KvStore>> staged = engine->new_kv_store();
+  ASSERT_TRUE(staged) << staged.status().message();
+  ASSERT_TRUE(read_kv_transfer(transfer.data(), transfer.size(), "test", engine->model_identity(), **staged));
+  const size_t staged_bytes = (*staged)->memory().fast_bytes();
+  ASSERT_GT(staged_bytes, 0u);
+
+  // One long request runs; the resumed one waits behind it (max_running 1).
+  auto scheduler = Scheduler::start(std::move(engine), {.max_running = 1});
+  ASSERT_TRUE(scheduler) << scheduler.status().message();
+  GenerationRequest running;
+  running.prompt = prompt;
+  running.max_tokens = 3000;
+  running.ignore_eos = true;
+  Outputs outputs(2);
+  const auto first = (*scheduler)->submit(running, outputs.callback(0));
+  ASSERT_TRUE(first) << first.status().message();
+  GenerationRequest resumed;
+  resumed.prompt = prompt;
+  resumed.max_tokens = 4;
+  resumed.ignore_eos = true;
+  SubmitOptions options;
+  options.resume = SubmitOptions::Resume{};
+  options.resume->generated = {7};
+  options.resume->staged_kv = std::move(*staged);
+  ASSERT_TRUE((*scheduler)->submit(resumed, outputs.callback(1), std::move(options)));
+  SchedulerStats stats;
+  for (int i = 0; i < 500; ++i) {
+    stats = (*scheduler)->stats();
+    if (stats.running == 1 && stats.waiting == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(stats.running, 1);
+  EXPECT_EQ(stats.waiting, 1);
+  EXPECT_EQ(stats.host_kv_bytes, staged_bytes);
+  (*scheduler)->cancel(*first);
+  const std::vector<Output>& done = outputs.wait();
+  EXPECT_EQ(done[1].finish, FinishReason::kLength) << done[1].error;
+  (*scheduler)->shutdown(ShutdownMode::kFinishAccepted);
+  EXPECT_EQ((*scheduler)->stats().host_kv_bytes, 0u);
 }
 
 TEST(Scheduler, APromptThatCanNeverFitIsRefusedWithAClearError) {

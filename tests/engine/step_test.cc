@@ -194,6 +194,35 @@ TEST(EngineStep, BudgetIsCountedAndAStepBeyondItIsRefusedChangingNothing) {
   EXPECT_FALSE(engine->remove_sequence(a).is_ok());  // gone
 }
 
+// A prefill worker's streamed pieces (copies of the KV on their way to a decode worker) stay in the
+// budget after their sequence is removed, until the last of them is let go: admission must not give
+// that memory again while it is still being sent.
+TEST(EngineStep, StreamedPiecesHeldAfterTheirSequenceCountInTheBudget) {
+  auto engine = load("hack:bits=2,pi=64");
+  ASSERT_TRUE(engine);
+  const KvBudget full = engine->kv_budget();
+  const SequenceId a = *engine->add_sequence();
+  std::vector<KvTransferPiece> pieces;  // what a sender has not sent yet
+  ASSERT_TRUE(engine->stream_kv_in_next_step(a, [&](KvTransferPiece piece) { pieces.push_back(std::move(piece)); }));
+  const auto prompt = text_tokens(*engine, 200);  // 4 blocks
+  StepResult result;
+  ASSERT_TRUE(engine->step(std::vector<StepItem>{{a, prompt, StepOutput::kLastLogits}}, result).is_ok());
+  ASSERT_EQ(pieces.size(), size_t(engine->model_config().num_layers) + 1);  // the head and every layer
+  std::vector<uint8_t> sent;
+  for (const KvTransferPiece& piece : pieces) {
+    if (piece.layer >= 0) sent.insert(sent.end(), piece.owner->begin(), piece.owner->end());
+  }
+  const int64_t held_blocks = int64_t((sent.size() + full.bytes_per_block - 1) / full.bytes_per_block);
+  ASSERT_GT(held_blocks, 0);
+  EXPECT_EQ(engine->kv_budget().free_blocks, full.total_blocks - 4 - held_blocks);
+  ASSERT_TRUE(engine->remove_sequence(a));
+  EXPECT_EQ(engine->kv_budget().free_blocks, full.total_blocks - held_blocks) << "the pieces are still held";
+  pieces.resize(pieces.size() / 2);  // half of them sent
+  EXPECT_LT(engine->kv_budget().free_blocks, full.total_blocks);
+  pieces.clear();
+  EXPECT_EQ(engine->kv_budget().free_blocks, full.total_blocks);
+}
+
 TEST(EngineStep, BadStepsNameTheItem) {
   auto engine = load("dense");
   ASSERT_TRUE(engine);

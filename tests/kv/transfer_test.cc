@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -67,6 +68,27 @@ std::vector<uint8_t> write(const KvStore& store, std::string_view model = kModel
 
 Status read(const std::vector<uint8_t>& bytes, KvStore& into, std::string_view model = kModel) {
   return read_kv_transfer(bytes.data(), bytes.size(), "test", model, into);
+}
+
+// A transfer restored from its pieces as a KV stream receiver restores it (kv/transfer.h): the head
+// checked, each layer's sealed blocks in runs of `run` blocks per head, its open tokens, then the trailer
+// against the CRC of the bytes before it. The first error.
+Status restore_in_pieces(const std::vector<uint8_t>& bytes, const KvTransferInfo& info, int run, KvStore& into) {
+  SLIMKV_RETURN_IF_ERROR(check_kv_transfer_head_for(info, "test", kModel, into));
+  into.clear();
+  const uint64_t stride = (info.sealed_block_bytes + 63) / 64 * 64;
+  const std::vector<KvTransferLayerRanges> ranges = kv_transfer_layer_ranges(info);
+  for (int l = 0; l < info.shape.num_layers; ++l) {
+    const int blocks = info.layer_tokens[size_t(l)] / info.block_tokens;
+    for (int g = 0; g < info.shape.num_kv_heads; ++g) {
+      for (int b = 0; b < blocks; b += run) {
+        const uint8_t* slots = bytes.data() + ranges[size_t(l)].sealed_offset + (uint64_t(g) * uint64_t(blocks) + uint64_t(b)) * stride;
+        SLIMKV_RETURN_IF_ERROR(restore_kv_transfer_blocks(slots, std::min(run, blocks - b), info, l, g, b, "test", into));
+      }
+    }
+    SLIMKV_RETURN_IF_ERROR(restore_kv_transfer_open(bytes.data() + ranges[size_t(l)].open_offset, info, l, "test", into));
+  }
+  return check_kv_transfer_trailer(bytes.data() + info.trailer_offset, info, crc32c(bytes.data(), info.trailer_offset), "test");
 }
 
 // Attention of the last min(3, tokens) positions of every layer, over `store`.
@@ -167,14 +189,12 @@ void check_round_trip(const TransferCase& c) {
     ASSERT_EQ(restored.num_sealed_blocks(l), original.num_sealed_blocks(l));
   }
   EXPECT_EQ(write(restored), bytes) << "write → read → write changed the bytes";
-  // Layer by layer, as a KV stream's receiver restores a transfer while it arrives: the same store.
-  KvStore layered(shape, pipeline_of(c.spec));
-  ASSERT_TRUE(check_kv_transfer_head_for(*info, "test", kModel, layered).is_ok());
-  for (int l = 0; l < c.num_layers; ++l) {
-    ASSERT_TRUE(check_kv_transfer_layer_for(bytes.data(), *info, l, "test", layered).is_ok());
-    restore_kv_transfer_layer(bytes.data(), *info, l, layered);
-  }
-  EXPECT_EQ(write(layered), bytes) << "restoring layer by layer differs from reading the whole";
+  // Piece by piece, as a KV stream's receiver restores a transfer while it arrives (runs of 3 blocks
+  // here): the same store.
+  KvStore pieces(shape, pipeline_of(c.spec));
+  const Status in_pieces = restore_in_pieces(bytes, *info, 3, pieces);
+  ASSERT_TRUE(in_pieces.is_ok()) << in_pieces.message();
+  EXPECT_EQ(write(pieces), bytes) << "restoring in pieces differs from reading the whole";
   EXPECT_TRUE(same_bits(attend_all(restored, c.num_heads, seed), attend_all(original, c.num_heads, seed)))
       << "attention over the restored store differs, seed " << seed;
 
@@ -407,6 +427,46 @@ TEST(KvTransfer, OpenValuesThatAreNotFp16AreRefused) {
   repair_checksums(bytes);
   KvStore into = small_store();
   EXPECT_TRUE(fails_mentioning(read(bytes, into), {"layer 1 KV head 1", "not FP16"}));
+}
+
+// Restored from pieces (no buffer of the whole transfer), every check of the whole reader still holds:
+// a block's padding, an open record's padding or values, the trailer's CRC; each error names the piece.
+TEST(KvTransfer, CorruptPiecesAreRefusedNamingThem) {
+  // d = 12, 5-token FP16 blocks: 240-byte blocks in 256-byte slots; layer 0's 2 open tokens in 128-byte
+  // records of 96 bytes.
+  const KvShape shape{2, 2, 12, 12, 64};
+  const std::string spec = "dense:dtype=f16,block=5";
+  KvStore store(shape, pipeline_of(spec));
+  std::mt19937 rng(7);
+  append_random(store, {42, 39}, rng);
+  const std::vector<uint8_t> good = write(store);
+  const KvTransferInfo info = *inspect_kv_transfer(good.data(), good.size(), "test");
+  const std::vector<KvTransferLayerRanges> ranges = kv_transfer_layer_ranges(info);
+  const uint64_t stride = (info.sealed_block_bytes + 63) / 64 * 64;
+  ASSERT_LT(info.sealed_block_bytes, stride);
+  const auto refused = [&](const std::function<void(std::vector<uint8_t>&)>& corrupt, const std::vector<std::string>& parts) {
+    std::vector<uint8_t> bytes = good;
+    corrupt(bytes);
+    repair_checksums(bytes);  // only the piece's own check can find it
+    KvStore into(shape, pipeline_of(spec));
+    return fails_mentioning(restore_in_pieces(bytes, info, 2, into), parts);
+  };
+  // Layer 1, head 1, block 3: its slot's last (padding) byte.
+  const uint64_t layer1_blocks = uint64_t(info.layer_tokens[1] / info.block_tokens);
+  EXPECT_TRUE(refused([&](auto& b) { b[ranges[1].sealed_offset + (layer1_blocks + 3) * stride + stride - 1] = 1; },
+                      {"layer 1 KV head 1 block 3", "padding after the sealed block is not zero"}));
+  // Layer 0's open records: head 0's K record's first padding byte, then its first value.
+  EXPECT_TRUE(refused([&](auto& b) { b[ranges[0].open_offset + 96] = 1; }, {"layer 0 head 0's open tokens", "not zero"}));
+  EXPECT_TRUE(refused([&](auto& b) { b[ranges[0].open_offset] |= 1; }, {"layer 0 KV head 0", "not FP16"}));
+  // A sealed byte flipped after the trailer was computed: every piece checks out, the trailer does not.
+  std::vector<uint8_t> flipped = good;
+  flipped[ranges[0].sealed_offset] ^= 0x10;
+  KvStore into(shape, pipeline_of(spec));
+  EXPECT_TRUE(fails_mentioning(restore_in_pieces(flipped, info, 2, into), {"checksum mismatch"}));
+  // And the good bytes restore.
+  KvStore restored(shape, pipeline_of(spec));
+  ASSERT_TRUE(restore_in_pieces(good, info, 2, restored));
+  EXPECT_EQ(write(restored), good);
 }
 
 // --- sealed blocks as a GPU cache's pages ---------------------------------------------------------
