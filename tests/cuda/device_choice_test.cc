@@ -25,7 +25,7 @@ TEST_F(DeviceChoiceTest, RefusesAGpuBeyondTheVisibleOnesBeforeLoading) {
   // The model directory does not exist: the refusal comes first.
   const auto engine = Engine::load({.model_dir = "/nonexistent/model", .device = str_cat("cuda:", count)});
   ASSERT_FALSE(engine);
-  const std::string& message = engine.status().message();
+  const std::string message = engine.status().message();  // a copy: status() is a temporary
   EXPECT_NE(message.find(str_cat("device 'cuda:", count, "': this process sees ", count)), std::string::npos) << message;
   EXPECT_NE(message.find("expected cuda:0"), std::string::npos) << message;
 }
