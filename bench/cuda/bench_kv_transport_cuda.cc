@@ -299,10 +299,11 @@ Status transfer_once(const Side& side, int sequence, const std::string& transpor
 
 int run_prefill_side(const Options& o, const ModelConfig& model) {
   const int context = *std::max_element(o.prompt_tokens.begin(), o.prompt_tokens.end());
-  std::printf("KV transfer between two processes of one GPU, %s shape (%d layers, %d KV heads of %d), random KV;\n"
+  std::printf("KV transfer between two processes %s, %s shape (%d layers, %d KV heads of %d), random KV;\n"
               "export: GPU cache -> what is sent; stream: connect -> DONE (KV in the decode process's memory); "
               "import: into its GPU cache. Median of %d.\n\n",
-              o.shape.c_str(), int(model.num_layers), int(model.num_kv_heads), int(model.head_dim), o.repeats);
+              o.two_gpus ? "on two GPUs" : "of one GPU", o.shape.c_str(), int(model.num_layers), int(model.num_kv_heads),
+              int(model.head_dim), o.repeats);
   std::printf("%-32s %7s %-9s %10s %10s %10s %10s %10s %8s %9s\n", "spec", "tokens", "transport", "KV MB", "export ms",
               "stream ms", "import ms", "total ms", "GB/s", ("vs " + o.transports.front()).c_str());
   int serial = 0;
