@@ -1,5 +1,6 @@
 #include "util/thread_pool.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace slimkv {
@@ -26,7 +27,14 @@ ThreadPool::~ThreadPool() {
 
 int64_t ThreadPool::take(uint32_t generation) {
   uint64_t current = next_.load(std::memory_order_acquire);
-  while (generation_of(current) == generation && int64_t(current & 0xffffffffu) < n_tasks_.load(std::memory_order_relaxed)) {
+  // The count of this generation's loop or none: run() posts a loop's count before its first index,
+  // so a worker whose loop just ended cannot pair its exhausted index with the next loop's larger count
+  // (it then ran a task past its loop's end through the ended loop's task, gone with its caller: a
+  // segfault seen once in an hours-long eval).
+  const uint64_t loop = loop_.load(std::memory_order_acquire);
+  if (generation_of(loop) != generation) return -1;
+  const int64_t n_tasks = int64_t(loop & 0xffffffffu);
+  while (generation_of(current) == generation && int64_t(current & 0xffffffffu) < n_tasks) {
     if (next_.compare_exchange_weak(current, current + 1, std::memory_order_acq_rel)) {
       return int64_t(current & 0xffffffffu);
     }
@@ -36,6 +44,13 @@ int64_t ThreadPool::take(uint32_t generation) {
 
 void ThreadPool::run(int64_t n_tasks, const std::function<void(int64_t task, int thread)>& task) {
   if (n_tasks <= 0) return;
+  if (n_tasks > int64_t(0xffffffffu)) {  // task indices are 32 bits of next_: run it in parts
+    for (int64_t first = 0; first < n_tasks; first += 0xffffffffu) {
+      const int64_t count = std::min<int64_t>(0xffffffffu, n_tasks - first);
+      run(count, [&](int64_t i, int thread) { task(first + i, thread); });
+    }
+    return;
+  }
   if (workers_.empty() || n_tasks == 1) {
     for (int64_t i = 0; i < n_tasks; ++i) task(i, 0);
     return;
@@ -45,7 +60,7 @@ void ThreadPool::run(int64_t n_tasks, const std::function<void(int64_t task, int
     std::lock_guard lock(mutex_);
     generation = generation_of(next_.load()) + 1;
     task_ = &task;
-    n_tasks_.store(n_tasks, std::memory_order_relaxed);
+    loop_.store(uint64_t(generation) << 32 | uint64_t(n_tasks), std::memory_order_release);
     finished_.store(0, std::memory_order_relaxed);
     next_.store(uint64_t(generation) << 32, std::memory_order_release);
   }

@@ -46,7 +46,9 @@ class ThreadPool {
   std::atomic<uint64_t> next_{0};
   std::atomic<int64_t> finished_{0};
   const std::function<void(int64_t, int)>* task_ = nullptr;  // guarded by generation, see take()
-  std::atomic<int64_t> n_tasks_{0};
+  // The current loop's generation (high 32 bits) and task count (low 32 bits), in one word: a worker
+  // of an older loop must not read a newer loop's count beside its own, still current, next index.
+  std::atomic<uint64_t> loop_{0};
 };
 
 }  // namespace slimkv
