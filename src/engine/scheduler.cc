@@ -207,6 +207,9 @@ struct Scheduler::Impl {
   void finish(Request& request, Generation::Delta delta, std::vector<int32_t> tokens = {}, std::string error = {});
   // Ends a request before the generation rules did (cancelled, out of KV, an error).
   void end_early(Request& request, FinishReason reason, std::string error = {}) {
+    // A resumed request ended before it ran: the other worker's token, held until then, is still the
+    // response's.
+    if (request.resumed) send(request, *std::exchange(request.resumed, std::nullopt), {request.tokens_to_run.front()});
     Generation::Delta delta = request.generation.finish(reason);
     delta.finish = reason;
     finish(request, std::move(delta), {}, std::move(error));
@@ -248,15 +251,11 @@ void Scheduler::Impl::run() {
     }
     for (RequestPtr& request : arrived) {
       host_bytes += request->host_kv_bytes();  // an imported KV waits in host memory like a preempted one
-      if (request->resumed) {
-        // Resumed: the other worker's last token is news to the client.
+      if (request->resumed && request->resumed->finish) {
+        // Resumed with its last token (the other worker's): it ends here, that token its news.
         Generation::Delta delta = *std::exchange(request->resumed, std::nullopt);
-        const int32_t token = request->tokens_to_run.front();
-        if (delta.finish) {
-          finish(*request, std::move(delta), {token});
-          continue;
-        }
-        send(*request, std::move(delta), {token});
+        finish(*request, std::move(delta), {request->tokens_to_run.front()});
+        continue;
       }
       waiting.push_back(std::move(request));
     }
@@ -334,6 +333,13 @@ void Scheduler::Impl::step_once() {
       end_early(*request, FinishReason::kError, status.message());
       not_admitted.push_back(std::move(request));
       continue;  // its item is dropped below
+    }
+    if (request->resumed) {
+      // A resumed request's token from the other worker (a prefill worker's first token) goes out when
+      // the request runs, not when it arrives: a wait for room here is then its time to first token,
+      // as on a colocated server, not a gap inside its stream (which TPOT would count).
+      send(*request, *std::exchange(request->resumed, std::nullopt), {request->tokens_to_run.front()});
+      request->last_token = Clock::now();
     }
     running.push_back(std::move(request));
   }

@@ -250,6 +250,10 @@ class Outputs {
       }
     };
   }
+  size_t updates(size_t index) {
+    std::lock_guard lock(mutex_);
+    return outputs_[index].updates;
+  }
   const std::vector<Output>& wait() {
     std::unique_lock lock(mutex_);
     done_.wait_for(lock, std::chrono::minutes(5), [&] { return finished_ == outputs_.size(); });
@@ -395,7 +399,8 @@ TEST(Scheduler, CancellationFreesTheSequence) {
 
 // A resumed request whose KV was restored as it arrived (a CPU decode worker's staged store) waits in
 // host memory as a preempted one does: host_kv_bytes counts the store until the request runs, and
-// nothing after.
+// nothing after. Its token from the other worker goes out when it runs, first in its stream, not while
+// it waits (the wait is its time to first token, not a gap in its stream).
 TEST(Scheduler, AStagedKvCountsAsHostKvWhileItsRequestWaits) {
   std::unique_ptr<Engine> engine = load_engine();
   ASSERT_TRUE(engine);
@@ -441,9 +446,12 @@ TEST(Scheduler, AStagedKvCountsAsHostKvWhileItsRequestWaits) {
   EXPECT_EQ(stats.running, 1);
   EXPECT_EQ(stats.waiting, 1);
   EXPECT_EQ(stats.host_kv_bytes, staged_bytes);
+  EXPECT_EQ(outputs.updates(1), 0u) << "the resumed request's first token went out while it waited";
   (*scheduler)->cancel(*first);
   const std::vector<Output>& done = outputs.wait();
   EXPECT_EQ(done[1].finish, FinishReason::kLength) << done[1].error;
+  ASSERT_EQ(done[1].tokens.size(), 4u);
+  EXPECT_EQ(done[1].tokens.front(), 7);
   (*scheduler)->shutdown(ShutdownMode::kFinishAccepted);
   EXPECT_EQ((*scheduler)->stats().host_kv_bytes, 0u);
 }
