@@ -152,22 +152,8 @@ Status TcpConnection::write_all(const uint8_t* data, size_t size, SteadyClock::t
 }
 
 Status TcpConnection::read_exact(uint8_t* data, size_t size, SteadyClock::time_point deadline) {
-  while (size > 0) {
-    const ssize_t got = ::recv(fd_, data, size, 0);
-    if (got > 0) {
-      data += got;
-      size -= size_t(got);
-      continue;
-    }
-    if (got == 0) return error("reading from ", peer_, ": the connection closed with ", size, " bytes still expected");
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      SLIMKV_RETURN_IF_ERROR(wait_ready(POLLIN, deadline, "reading from", size));
-      continue;
-    }
-    return error("reading from ", peer_, ": ", std::strerror(errno));
-  }
-  return Status::ok();
+  const std::span<uint8_t> whole(data, size);
+  return read_exact(std::span(&whole, 1), deadline);
 }
 
 Status TcpConnection::read_exact(std::span<const std::span<uint8_t>> pieces, SteadyClock::time_point deadline) {
