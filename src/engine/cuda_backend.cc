@@ -98,17 +98,17 @@ const char* cuda_plugin_build_tag() {
 #endif
 }
 
-Expected<const CudaPlugin*> cuda_plugin() {
+Expected<const CudaPlugin*> cuda_plugin(std::string_view device) {
   const char* tag = cuda_plugin_build_tag();
   if (tag == nullptr) {
-    return error("device 'cuda': this build has no CUDA backend (nvcc was not found when it was configured; ",
+    return error("device '", device, "': this build has no CUDA backend (nvcc was not found when it was configured; ",
                  "install the CUDA toolkit and rebuild, or configure with -DSLIMKV_CUDA=ON to insist)");
   }
   return load_plugin(tag);
 }
 
 Status check_cuda_gpu(int gpu) {
-  SLIMKV_ASSIGN_OR_RETURN(const CudaPlugin* plugin, cuda_plugin());
+  SLIMKV_ASSIGN_OR_RETURN(const CudaPlugin* plugin, cuda_plugin(str_cat("cuda:", gpu)));
   return plugin->check_visible_gpu(gpu);
 }
 

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <memory>
+#include <string_view>
 
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/ipc_memory.h"
@@ -49,8 +50,8 @@ inline constexpr const char* kCudaPluginVariable = "SLIMKV_CUDA_LIBRARY";
 const char* cuda_plugin_build_tag();
 
 // The plugin, opened once per process by the first caller. The error names every place tried and why
-// each failed, or that the build has no CUDA backend.
-Expected<const CudaPlugin*> cuda_plugin();
+// each failed, or that the build has no CUDA backend (naming `device`, the device asked for).
+Expected<const CudaPlugin*> cuda_plugin(std::string_view device = "cuda");
 
 // Device "cuda:N": the plugin opened once per process and asked whether visible GPU N exists. The error
 // names every place tried and why each failed (the dynamic loader's message, e.g. a missing libcublas),
