@@ -206,10 +206,14 @@ struct Scheduler::Impl {
   // Sends the request's last update, frees what it holds; the caller drops it.
   void finish(Request& request, Generation::Delta delta, std::vector<int32_t> tokens = {}, std::string error = {});
   // Ends a request before the generation rules did (cancelled, out of KV, an error).
-  void end_early(Request& request, FinishReason reason, std::string error = {}) {
-    // A resumed request ended before it ran: the other worker's token, held until then, is still the
-    // response's.
+  // A resumed request's token from the other worker (a prefill worker's first token), held until the
+  // request runs or ends: a wait for room here is then its time to first token, as on a colocated
+  // server, not a gap inside its stream (which TPOT would count).
+  void send_resumed(Request& request) {
     if (request.resumed) send(request, *std::exchange(request.resumed, std::nullopt), {request.tokens_to_run.front()});
+  }
+  void end_early(Request& request, FinishReason reason, std::string error = {}) {
+    send_resumed(request);  // ended before it ran: that token is still the response's
     Generation::Delta delta = request.generation.finish(reason);
     delta.finish = reason;
     finish(request, std::move(delta), {}, std::move(error));
@@ -335,10 +339,7 @@ void Scheduler::Impl::step_once() {
       continue;  // its item is dropped below
     }
     if (request->resumed) {
-      // A resumed request's token from the other worker (a prefill worker's first token) goes out when
-      // the request runs, not when it arrives: a wait for room here is then its time to first token,
-      // as on a colocated server, not a gap inside its stream (which TPOT would count).
-      send(*request, *std::exchange(request->resumed, std::nullopt), {request->tokens_to_run.front()});
+      send_resumed(*request);
       request->last_token = Clock::now();
     }
     running.push_back(std::move(request));

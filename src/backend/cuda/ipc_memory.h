@@ -15,7 +15,7 @@
 
 namespace slimkv::cuda {
 
-// Visible GPU `gpu`'s UUID ("GPU-xxxxxxxx-..." as nvidia-smi -L prints it): two processes that report
+// Visible GPU `gpu`'s UUID ("GPU-" and hex digits, as nvidia-smi -L prints it): two processes that report
 // the same one share a GPU, and CUDA IPC can join them (whatever index each gives it).
 Expected<std::string> device_uuid(int gpu);
 
