@@ -143,8 +143,9 @@ struct KvTransferPiece {
   std::span<const uint8_t> bytes;
   std::span<const uint8_t> open;  // a final layer piece's open tokens (they follow every sealed block in the transfer)
   // What `bytes` and `open` lie in, held as long as the piece is: the pieces of one export share it (no
-  // copy), and it goes back to the engine's transfer buffers when the last of them is gone.
-  std::shared_ptr<const std::vector<uint8_t>> owner;
+  // copy), and it goes back to the engine's transfer buffers (or the GPU's pinned ones) when the last of
+  // them is gone.
+  std::shared_ptr<const void> owner;
   int first_block = 0;  // a layer's: its first sealed block in `bytes`
   bool final = true;    // a layer's: its last piece (with the open tokens); false: sealed blocks only
   // A layer's: the CRC32C of each KV head's part of `bytes`, then (final) of `open`, computed as they
@@ -153,6 +154,9 @@ struct KvTransferPiece {
   // stream_kv_in_next_step(..., on_device): the whole KV in this one piece, its sealed blocks in GPU
   // memory (layer -1, bytes empty).
   std::shared_ptr<const DeviceKvTransfer> device = nullptr;
+  // A GPU's blocks handed out during a step: waits until `bytes` hold them (copied from the GPU while
+  // later layers compute). Call before reading `bytes`; null: they are there.
+  std::function<Status()> ready = nullptr;
 };
 using KvPieceCallback = std::function<void(KvTransferPiece)>;
 
@@ -233,21 +237,25 @@ class Engine {
   Status adopt_kv(SequenceId sequence, std::shared_ptr<KvStore> kv, std::string_view source);
   // During the sequence's next step only (whatever it is), `on_piece` receives the transfer the sequence
   // will hold after that step, piece by piece: on the CPU each layer right after its attention, while
-  // later layers compute (a prefill worker sends layer l meanwhile); on the GPU every piece after the
-  // step. Their bytes, in the transfer's order with kv_transfer_trailer, are export_kv's after the step.
+  // later layers compute (a prefill worker sends layer l meanwhile); on the GPU (dense, hack or quant
+  // KV) each layer's blocks sealed in the step right after its attention (as stream_sealed_kv's), then
+  // after the step the head and each layer's open tokens (other GPU KV: every piece after the step).
+  // Their bytes, in the transfer's order with kv_transfer_trailer, are export_kv's after the step.
   // The calls run on the stepping thread; on the CPU the stream is the sequence's forward observer for
   // that step (a session's observer is replaced). Errors: an unknown sequence, or KV the format cannot
   // hold.
   // With `on_device` on an engine whose KV can leave as a DeviceKvTransfer (export_kv_to_device), the
   // stream is one piece after the step holding it (KvTransferPiece::device): the CUDA IPC path.
   Status stream_kv_in_next_step(SequenceId sequence, KvPieceCallback on_piece, bool on_device = false);
-  // From the sequence's next step until the step stream_kv_in_next_step streams: on the CPU, right after
-  // each layer's attention, the layer's blocks sealed since its last piece (pieces with final false), so
-  // that a prompt's earlier chunks travel while later ones compute; stream_kv_in_next_step's pieces then
-  // start at the first block not handed out. Calling it again keeps the stream going (the first call's
-  // callback). The GPU has no per-layer hook yet: there it hands out nothing, and the final pieces hold
-  // every block. Errors: an unknown sequence.
-  Status stream_sealed_kv(SequenceId sequence, KvPieceCallback on_piece);
+  // From the sequence's next step until the step stream_kv_in_next_step streams: right after each
+  // layer's attention, the layer's blocks sealed since its last piece (pieces with final false), so that
+  // a prompt's earlier chunks and layers travel while later ones compute; stream_kv_in_next_step's
+  // pieces then start at the first block not handed out. On the GPU a piece's bytes are copied while
+  // later layers run: its `ready` waits for them. Calling it again keeps the stream going (the first
+  // call's callback). With `on_device` (the KV will leave as a DeviceKvTransfer) and on GPU KV without
+  // device pages, nothing is handed out early: the final pieces hold every block. Errors: an unknown
+  // sequence.
+  Status stream_sealed_kv(SequenceId sequence, KvPieceCallback on_piece, bool on_device = false);
   // The sequence's KV with its sealed blocks copied, device to device, into an allocation of their own
   // (device "cuda" with dense, hack or quant KV; elsewhere an error: that KV moves by export_kv).
   Expected<DeviceKvTransfer> export_kv_to_device(SequenceId sequence) const;
@@ -281,8 +289,9 @@ class Engine {
   std::unique_ptr<KvPipeline> pipeline_;
   std::shared_ptr<ThreadPool> pool_;
   std::shared_ptr<BufferPool> transfer_buffers_;
-  // Bytes of this engine's KV copied into streamed pieces (stream_sealed_kv, stream_kv_in_next_step on
-  // the CPU) that their receivers have not let go yet: kv_budget counts them.
+  // Bytes of this engine's KV copied into streamed pieces (stream_sealed_kv, stream_kv_in_next_step; on
+  // the GPU the pinned copies of blocks handed out during steps) that their receivers have not let go
+  // yet: kv_budget counts them.
   std::shared_ptr<std::atomic<uint64_t>> streamed_kv_bytes_ = std::make_shared<std::atomic<uint64_t>>(0);
   GenerationDefaults generation_;
   std::string identity_;

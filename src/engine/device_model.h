@@ -7,6 +7,7 @@
 // budget) and must leave every sequence as it was when it refuses a step.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -64,6 +65,19 @@ class DeviceModel {
   virtual Status export_kv_to_device(SequenceId sequence, std::string_view model_id, DeviceKvTransfer& out) const;
   virtual Status import_kv_from_device(SequenceId sequence, const DeviceKvTransfer& transfer, std::string_view source,
                                        std::string_view model_id);
+
+  // A streamed sequence's sealed blocks handed out during its next step on a device without a store
+  // (the CPU's come from its store through set_observer): right after each layer's attention, `on_piece`
+  // gets the layer's blocks [first_block, the step's full blocks) (write_kv_transfer_blocks's bytes,
+  // final false), whose `ready` waits until they are copied to host memory while later layers compute;
+  // nothing when the step fills no block. held_bytes counts the pieces' memory while they live. Devices
+  // that cannot (streams_blocks() false) answer an error; their KV streams whole after the step.
+  virtual bool streams_blocks() const { return false; }
+  virtual Status stream_blocks_in_next_step(SequenceId sequence, int first_block, KvPieceCallback on_piece,
+                                            std::shared_ptr<std::atomic<uint64_t>> held_bytes);
+  // The sequence's tokens after its last full block as a store of their own (the device's pipeline and
+  // shape), for the open tokens of a stream whose blocks went out during steps (streams_blocks()).
+  virtual Expected<std::unique_ptr<KvStore>> open_tokens(SequenceId sequence) const;
 
   // The sequence's CPU store and forward-pass observer (device "cpu"); the GPU answers nullptr / an error.
   virtual const KvStore* kv_store(SequenceId sequence) const = 0;

@@ -190,10 +190,20 @@ Status Engine::step(std::span<const StepItem> items, StepResult& result) {
   std::vector<int> held_before(items.size());
   for (size_t i = 0; i < items.size(); ++i) held_before[i] = device_->num_tokens(items[i].sequence);
   // KV streamed layer by layer during this step: each streamed sequence's stream observes its forward
-  // pass where the device has a store (the CPU); a finishing stream without one gets its pieces after
-  // the step. (A streamed sequence's observer is its stream for the step: sequences run by sessions
-  // with their own observers are not streamed.)
-  std::vector<SequenceId> observed, finishing;
+  // pass where the device has a store (the CPU); a GPU with device pages hands each layer's new blocks
+  // out itself; a finishing stream gets the rest after the step. (A streamed sequence's observer is its
+  // stream for the step: sequences run by sessions with their own observers are not streamed.)
+  std::vector<SequenceId> observed, device_streamed, finishing;
+  for (const StepItem& item : items) {  // first what can fail: the device's hand-outs for the next step
+    auto stream = kv_streams_.find(item.sequence);
+    if (stream == kv_streams_.end() || device_->kv_store(item.sequence) || !device_->streams_blocks() ||
+        stream->second->on_device()) {
+      continue;
+    }
+    SLIMKV_RETURN_IF_ERROR(device_->stream_blocks_in_next_step(item.sequence, stream->second->device_blocks_out(),
+                                                               stream->second->on_piece(), streamed_kv_bytes_));
+    device_streamed.push_back(item.sequence);
+  }
   for (size_t i = 0; i < items.size(); ++i) {
     auto stream = kv_streams_.find(items[i].sequence);
     if (stream == kv_streams_.end()) continue;
@@ -207,11 +217,20 @@ Status Engine::step(std::span<const StepItem> items, StepResult& result) {
   }
   const Status stepped = device_->step(device_items, result);
   for (const SequenceId sequence : observed) (void)device_->set_observer(sequence, nullptr);
+  if (stepped.is_ok()) {
+    const int block_tokens = device_->kv_budget().block_tokens;
+    for (const SequenceId sequence : device_streamed) kv_streams_.at(sequence)->device_step_done(block_tokens);
+  }
   Status streamed = Status::ok();
   for (const SequenceId sequence : finishing) {
     const std::unique_ptr<KvLayerStream> stream = std::move(kv_streams_.at(sequence));
     kv_streams_.erase(sequence);
     if (!stepped.is_ok() || device_->kv_store(sequence) || !streamed.is_ok()) continue;
+    if (std::find(device_streamed.begin(), device_streamed.end(), sequence) != device_streamed.end()) {
+      Expected<std::unique_ptr<KvStore>> open = device_->open_tokens(sequence);
+      streamed = open ? stream->finish_with_open_tokens(**open) : open.status();
+      continue;
+    }
     if (stream->on_device()) {
       auto device = std::make_shared<DeviceKvTransfer>();
       streamed = device_->export_kv_to_device(sequence, identity_, *device);
@@ -291,16 +310,26 @@ Status Engine::stream_kv_in_next_step(SequenceId sequence, KvPieceCallback on_pi
     SLIMKV_RETURN_IF_ERROR(write_kv_transfer_head(*store, identity_, store->num_tokens(0), head));
   }
   std::unique_ptr<KvLayerStream>& stream = kv_streams_[sequence];
-  if (!stream) stream = std::make_unique<KvLayerStream>(identity_, transfer_buffers_, streamed_kv_bytes_, nullptr);
+  if (!stream) stream = std::make_unique<KvLayerStream>(identity_, transfer_buffers_, streamed_kv_bytes_, nullptr, on_device);
   stream->finish_in_next_step(std::move(on_piece), on_device);
   return Status::ok();
 }
 
-Status Engine::stream_sealed_kv(SequenceId sequence, KvPieceCallback on_piece) {
+Status Engine::stream_sealed_kv(SequenceId sequence, KvPieceCallback on_piece, bool on_device) {
   SLIMKV_RETURN_IF_ERROR(check_sequence(sequence));
   std::unique_ptr<KvLayerStream>& stream = kv_streams_[sequence];
-  if (!stream) stream = std::make_unique<KvLayerStream>(identity_, transfer_buffers_, streamed_kv_bytes_, std::move(on_piece));
+  if (!stream) {
+    stream = std::make_unique<KvLayerStream>(identity_, transfer_buffers_, streamed_kv_bytes_, std::move(on_piece), on_device);
+  }
   return Status::ok();
+}
+
+Status DeviceModel::stream_blocks_in_next_step(SequenceId, int, KvPieceCallback, std::shared_ptr<std::atomic<uint64_t>>) {
+  return error("handing out KV blocks during a step runs on device 'cuda' with dense, hack or quant KV");
+}
+
+Expected<std::unique_ptr<KvStore>> DeviceModel::open_tokens(SequenceId) const {
+  return error("the open tokens of a streamed sequence come from device 'cuda' with dense, hack or quant KV");
 }
 
 Status DeviceModel::export_kv_to_device(SequenceId, std::string_view, DeviceKvTransfer&) const {

@@ -10,6 +10,18 @@ void KvLayerStream::begin_step(const KvStore* store, int tokens_after_step) {
   if (store) blocks_out_.resize(size_t(store->shape().num_layers), 0);
 }
 
+void KvLayerStream::hand_out(int layer, std::vector<uint8_t> bytes, size_t sealed_bytes, int first_block, bool final,
+                             std::vector<uint32_t> crcs) {
+  const auto owner = share_pooled(buffers_, std::move(bytes), held_bytes_);
+  on_piece_({.layer = layer, .bytes = std::span(*owner).first(sealed_bytes), .open = std::span(*owner).subspan(sealed_bytes),
+             .owner = owner, .first_block = first_block, .final = final, .crcs = std::move(crcs)});
+}
+
+void KvLayerStream::hand_out_head(std::vector<uint8_t> head) {
+  const auto owner = std::make_shared<const std::vector<uint8_t>>(std::move(head));
+  on_piece_({.layer = -1, .bytes = *owner, .open = {}, .owner = owner});
+}
+
 void KvLayerStream::on_attention_output(int layer, const float*, int) {
   // Errors cannot happen here: Engine::stream_kv_in_next_step wrote this store's head before the step,
   // and the writers fail only for what the head already checked (ZACK's unequal heads, sizes) or for
@@ -21,19 +33,15 @@ void KvLayerStream::on_attention_output(int layer, const float*, int) {
     std::vector<uint8_t> bytes = buffers_->take_largest();
     std::vector<uint32_t> crcs;
     (void)write_kv_transfer_blocks(*store_, layer, out, sealed, bytes, &crcs);
-    KvTransferPiece piece{.layer = layer, .bytes = {}, .open = {}, .owner = share_pooled(buffers_, std::move(bytes), held_bytes_),
-                          .first_block = out, .final = false, .crcs = std::move(crcs)};
-    piece.bytes = *piece.owner;
+    const size_t sealed_bytes = bytes.size();
+    hand_out(layer, std::move(bytes), sealed_bytes, out, /*final=*/false, std::move(crcs));
     out = sealed;
-    on_piece_(std::move(piece));
     return;
   }
   if (layer == 0) {
     std::vector<uint8_t> head;
     (void)write_kv_transfer_head(*store_, model_id_, tokens_after_step_, head);
-    KvTransferPiece piece{.layer = -1, .bytes = {}, .open = {}, .owner = std::make_shared<const std::vector<uint8_t>>(std::move(head))};
-    piece.bytes = *piece.owner;
-    on_piece_(std::move(piece));
+    hand_out_head(std::move(head));
   }
   // Copied out of the store (not sent from it: the sequence may be gone, its blocks reused, before the
   // sender is done; Engine::kv_budget counts the copy meanwhile), each head checksummed as it is copied.
@@ -41,11 +49,21 @@ void KvLayerStream::on_attention_output(int layer, const float*, int) {
   size_t sealed_bytes = 0;
   std::vector<uint32_t> crcs;
   (void)write_kv_transfer_layer(*store_, layer, out, bytes, sealed_bytes, &crcs);
-  KvTransferPiece piece{.layer = layer, .bytes = {}, .open = {}, .owner = share_pooled(buffers_, std::move(bytes), held_bytes_),
-                        .first_block = out, .final = true, .crcs = std::move(crcs)};
-  piece.bytes = std::span(*piece.owner).first(sealed_bytes);
-  piece.open = std::span(*piece.owner).subspan(sealed_bytes);
-  on_piece_(std::move(piece));
+  hand_out(layer, std::move(bytes), sealed_bytes, out, /*final=*/true, std::move(crcs));
+}
+
+Status KvLayerStream::finish_with_open_tokens(const KvStore& open) {
+  std::vector<uint8_t> head;
+  SLIMKV_RETURN_IF_ERROR(write_kv_transfer_head(open, model_id_, tokens_after_step_, head));
+  hand_out_head(std::move(head));
+  for (int layer = 0; layer < open.shape().num_layers; ++layer) {
+    std::vector<uint8_t> bytes = buffers_->take_largest();
+    size_t sealed_bytes = 0;
+    std::vector<uint32_t> crcs;
+    SLIMKV_RETURN_IF_ERROR(write_kv_transfer_layer(open, layer, 0, bytes, sealed_bytes, &crcs));
+    hand_out(layer, std::move(bytes), sealed_bytes, device_blocks_out_, /*final=*/true, std::move(crcs));
+  }
+  return Status::ok();
 }
 
 Status transfer_pieces(std::shared_ptr<const std::vector<uint8_t>> transfer, const KvPieceCallback& on_piece) {

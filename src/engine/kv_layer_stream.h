@@ -1,9 +1,11 @@
-// Engine::stream_sealed_kv's and stream_kv_in_next_step's stream of one sequence: on the CPU an observer
+// Engine::stream_sealed_kv's and stream_kv_in_next_step's stream of one sequence. On the CPU an observer
 // of the forward pass that, right after each layer's attention (the store's layer is final for the step
 // then, while later layers still compute), hands out that layer's part of the transfer: during a
 // prompt's earlier chunks the blocks sealed since its last piece, and in the step that finishes the
-// stream the head and each layer's rest. On the GPU, which has no per-layer hook yet, the pieces of the
-// whole transfer after the finishing step.
+// stream the head and each layer's rest. On the GPU (a cache with device pages) the device hands out
+// each layer's newly sealed blocks during every step the same way (DeviceModel::stream_blocks_in_next_step),
+// and the stream adds the head and each layer's open tokens after the finishing step; other GPU KV gets
+// the pieces of the whole transfer after the finishing step.
 #pragma once
 
 #include <atomic>
@@ -21,11 +23,12 @@ namespace slimkv {
 class KvLayerStream : public ForwardObserver {
  public:
   // Each piece's bytes are written into a buffer taken from `buffers` and go back there once sent;
-  // `held_bytes` holds their sizes meanwhile (Engine::kv_budget counts them).
+  // `held_bytes` holds their sizes meanwhile (Engine::kv_budget counts them). on_device: the KV will
+  // leave as a DeviceKvTransfer (nothing is handed out before the finishing step).
   KvLayerStream(std::string model_id, std::shared_ptr<BufferPool> buffers, std::shared_ptr<std::atomic<uint64_t>> held_bytes,
-                KvPieceCallback on_piece)
+                KvPieceCallback on_piece, bool on_device)
       : model_id_(std::move(model_id)), buffers_(std::move(buffers)), held_bytes_(std::move(held_bytes)),
-        on_piece_(std::move(on_piece)) {}
+        on_piece_(std::move(on_piece)), on_device_(on_device) {}
 
   // The next step finishes the stream, its pieces going to `on_piece`: the head and every layer's rest
   // (on_device: one piece, the whole KV with its sealed blocks in GPU memory, after the step).
@@ -37,12 +40,26 @@ class KvLayerStream : public ForwardObserver {
   bool finishing() const { return finishing_; }
   bool on_device() const { return on_device_; }
   // A step begins, after which every layer of `store` holds `tokens_after_step` tokens (nullptr: the
-  // device has no store; nothing is handed out during the step).
+  // device has no store; it hands out blocks itself, or nothing during the step).
   void begin_step(const KvStore* store, int tokens_after_step);
   void on_attention_output(int layer, const float* out, int n) override;
   const KvPieceCallback& on_piece() const { return on_piece_; }
 
+  // A device without a store: the full blocks of every layer handed out so far, and that the step just
+  // run handed out those up to the tokens it left.
+  int device_blocks_out() const { return device_blocks_out_; }
+  void device_step_done(int block_tokens) { device_blocks_out_ = tokens_after_step_ / block_tokens; }
+  // After the finishing step on a device that handed out every sealed block: the head and each layer's
+  // final piece, its open tokens alone (`open`: a store of the sequence's pipeline holding only them).
+  Status finish_with_open_tokens(const KvStore& open);
+
  private:
+  // A layer's piece of `bytes` (a buffer of buffers_): [0, sealed_bytes) its blocks from first_block, the
+  // rest its open tokens when `final`.
+  void hand_out(int layer, std::vector<uint8_t> bytes, size_t sealed_bytes, int first_block, bool final,
+                std::vector<uint32_t> crcs);
+  void hand_out_head(std::vector<uint8_t> head);
+
   const std::string model_id_;
   const std::shared_ptr<BufferPool> buffers_;
   const std::shared_ptr<std::atomic<uint64_t>> held_bytes_;
@@ -51,7 +68,8 @@ class KvLayerStream : public ForwardObserver {
   bool finishing_ = false;
   bool on_device_ = false;
   int tokens_after_step_ = 0;
-  std::vector<int> blocks_out_;  // per layer: the sealed blocks handed out so far
+  std::vector<int> blocks_out_;  // per layer: the sealed blocks handed out so far (a store's)
+  int device_blocks_out_ = 0;
 };
 
 // The pieces of a whole transfer (head, then each layer), as KvLayerStream gives them one by one: each

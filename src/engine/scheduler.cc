@@ -353,7 +353,7 @@ void Scheduler::Impl::step_once() {
     const bool last = samples && request.forced_used >= request.forced.size();
     if (Status streaming = last ? engine.stream_kv_in_next_step(request.sequence, std::exchange(request.stream_kv, nullptr),
                                                                 request.stream_kv_on_device)
-                                : engine.stream_sealed_kv(request.sequence, request.stream_kv);
+                                : engine.stream_sealed_kv(request.sequence, request.stream_kv, request.stream_kv_on_device);
         !streaming.is_ok()) {
       end_early(request, FinishReason::kError, "streaming the KV: " + streaming.message());
     }

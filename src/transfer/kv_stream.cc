@@ -419,6 +419,7 @@ Status KvStreamSender::send_over_nccl(const CudaPlugin& plugin, std::shared_ptr<
 }
 
 Status KvStreamSender::send_piece(const KvTransferPiece& piece) {
+  if (piece.ready) SLIMKV_RETURN_IF_ERROR(piece.ready());
   if (piece.device) return send_device(piece.device);
   if (piece.layer < 0) return send_head(piece.bytes);
   if (!piece.final) return send_blocks(piece.layer, piece.first_block, piece.bytes, piece.crcs);

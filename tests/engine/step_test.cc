@@ -210,7 +210,10 @@ TEST(EngineStep, StreamedPiecesHeldAfterTheirSequenceCountInTheBudget) {
   ASSERT_EQ(pieces.size(), size_t(engine->model_config().num_layers) + 1);  // the head and every layer
   std::vector<uint8_t> sent;
   for (const KvTransferPiece& piece : pieces) {
-    if (piece.layer >= 0) sent.insert(sent.end(), piece.owner->begin(), piece.owner->end());
+    if (piece.layer >= 0) {
+      sent.insert(sent.end(), piece.bytes.begin(), piece.bytes.end());
+      sent.insert(sent.end(), piece.open.begin(), piece.open.end());
+    }
   }
   const int64_t held_blocks = int64_t((sent.size() + full.bytes_per_block - 1) / full.bytes_per_block);
   ASSERT_GT(held_blocks, 0);

@@ -15,6 +15,7 @@
 #include "model/model_config.h"
 #include "transfer/kv_frame.h"
 #include "source_dir.h"
+#include "transfer/chunk_stream_check.h"
 
 namespace slimkv {
 namespace {
@@ -121,79 +122,9 @@ TEST(KvStream, LayersStreamedDuringAStepAreTheExportAfterIt) {
   }
 }
 
-// A prompt prefilled in chunks (Engine::stream_sealed_kv, then stream_kv_in_next_step for the last):
-// each earlier chunk's newly sealed blocks go out as KV_BLOCKS while later chunks are still to come, the
-// last step's pieces carry only the rest, and the receiver's transfer is the export byte for byte; a
-// recomputed prompt (a preemption) that hands out the same blocks again has them skipped by the sender.
+// A prompt prefilled in chunks, streamed as computed, arrives as exported (chunk_stream_check.h).
 TEST(KvStream, ChunksStreamedAsComputedArriveAsExported) {
-  for (const std::string spec : {"dense:dtype=f16", "hack:bits=2,pi=64"}) {
-    auto engine = Engine::load({.model_dir = kModel, .kv_spec = spec, .threads = 2, .max_sequences = 2});
-    ASSERT_TRUE(engine) << engine.status().message();
-    const KvStreamIdentity identity = *engine_kv_identity(**engine);
-    const SequenceId sequence = *(*engine)->add_sequence();
-    std::vector<int32_t> tokens;
-    for (int i = 0; i < 300; ++i) tokens.push_back(int32_t(11 + (i * 53) % 800));
-    std::vector<KvTransferPiece> pieces;
-    const KvPieceCallback keep = [&](KvTransferPiece piece) { pieces.push_back(std::move(piece)); };
-    size_t done = 0, early_pieces = 0;
-    for (const size_t chunk : {size_t(100), size_t(100), size_t(100)}) {  // 64-token blocks: 1, 3, then 4 sealed
-      const bool last = done + chunk == tokens.size();
-      ASSERT_TRUE(last ? (*engine)->stream_kv_in_next_step(sequence, keep) : (*engine)->stream_sealed_kv(sequence, keep));
-      const StepItem item{sequence, std::span<const int32_t>(tokens).subspan(done, chunk),
-                          last ? StepOutput::kSample : StepOutput::kNone};
-      StepResult result;
-      ASSERT_TRUE((*engine)->step({&item, 1}, result));
-      done += chunk;
-      if (!last) early_pieces = pieces.size();
-    }
-    const int layers = identity.num_layers;
-    ASSERT_EQ(early_pieces, size_t(2 * layers)) << spec;  // blocks sealed in each of the two earlier chunks
-    ASSERT_EQ(pieces.size(), size_t(3 * layers + 1)) << spec;
-    for (size_t i = 0; i < early_pieces; ++i) {
-      EXPECT_FALSE(pieces[i].final);
-      EXPECT_EQ(pieces[i].first_block, i < size_t(layers) ? 0 : 1);
-    }
-    EXPECT_EQ(pieces[early_pieces].layer, -1);
-    EXPECT_EQ(pieces.back().first_block, 3);
-
-    auto receiver = KvStreamReceiver::start(identity, {.port = 0});
-    ASSERT_TRUE(receiver) << receiver.status().message();
-    bool refused = false;
-    auto sender = KvStreamSender::open(loopback((*receiver)->port()), identity, "c1", 0, {}, &refused);
-    ASSERT_TRUE(sender) << sender.status().message();
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      const Status sent = (*sender)->send_piece(pieces[i]);
-      ASSERT_TRUE(sent) << sent.message();
-      if (i == size_t(layers) - 1) {  // the first chunk's blocks again, as a recompute hands them out
-        for (size_t j = 0; j < size_t(layers); ++j) {
-          ASSERT_TRUE((*sender)->send_blocks(pieces[j].layer, pieces[j].first_block, pieces[j].bytes));
-        }
-      }
-    }
-    const KvStreamRequest request{.request_id = "c1", .attempt = 0, .prompt_token_ids = tokens, .resume_token_ids = {},
-                                  .next_token = 7, .endpoint = "/v1/completions", .request = {{"prompt", "x"}}};
-    ASSERT_TRUE((*sender)->finish(request));
-    Expected<ReceivedKv> got = (*receiver)->wait_for("c1", 5s);
-    ASSERT_TRUE(got) << got.status().message();
-    EXPECT_EQ(got->transfer, *(*engine)->export_kv(sequence)) << spec;
-    EXPECT_EQ(got->wire_bytes, (*sender)->bytes_sent());
-    // Into a staging store (a CPU decode worker): the early blocks restored from their frames' copies.
-    auto staging = KvStreamReceiver::start(identity, {.port = 0, .staging_store = [&] { return (*engine)->new_kv_store(); }});
-    ASSERT_TRUE(staging) << staging.status().message();
-    auto staged_sender = KvStreamSender::open(loopback((*staging)->port()), identity, "c1", 0, {}, &refused);
-    ASSERT_TRUE(staged_sender) << staged_sender.status().message();
-    for (const KvTransferPiece& piece : pieces) ASSERT_TRUE((*staged_sender)->send_piece(piece));
-    ASSERT_TRUE((*staged_sender)->finish(request));
-    Expected<ReceivedKv> staged = (*staging)->wait_for("c1", 5s);
-    ASSERT_TRUE(staged && staged->staged_kv) << spec;
-    std::vector<uint8_t> staged_bytes;
-    ASSERT_TRUE(write_kv_transfer(*staged->staged_kv, identity.model_id, staged_bytes));
-    EXPECT_EQ(staged_bytes, *(*engine)->export_kv(sequence)) << spec;
-    // A gap (blocks from 5 on, after 4 sent) is the sender's error, before any byte goes out.
-    auto other = KvStreamSender::open(loopback((*receiver)->port()), identity, "c2", 0, {}, &refused);
-    ASSERT_TRUE(other);
-    EXPECT_FALSE((*other)->send_blocks(0, 2, pieces[0].bytes));
-  }
+  for (const std::string spec : {"dense:dtype=f16", "hack:bits=2,pi=64"}) test::expect_chunks_streamed_as_exported(kModel, spec, "cpu");
 }
 
 // A head declaring more tokens than the decode worker's context is refused before anything is allocated.

@@ -12,20 +12,18 @@ namespace {
 
 // One block per piece; each thread moves `Word`s (the widest unit every piece's start and length allow).
 template <typename Word>
-__global__ void copy_pieces_kernel(uint8_t* dst, const uint64_t* dst_offsets, const uint8_t* src,
-                                   const uint64_t* src_offsets, size_t piece_words) {
+__global__ void copy_pieces_kernel(const uint64_t* dst_addresses, const uint64_t* src_addresses, size_t piece_words) {
   const size_t piece = blockIdx.x;
-  Word* to = reinterpret_cast<Word*>(dst + dst_offsets[piece]);
-  const Word* from = reinterpret_cast<const Word*>(src + src_offsets[piece]);
+  Word* to = reinterpret_cast<Word*>(dst_addresses[piece]);
+  const Word* from = reinterpret_cast<const Word*>(src_addresses[piece]);
   for (size_t i = threadIdx.x; i < piece_words; i += blockDim.x) to[i] = from[i];
 }
 
 template <typename Word>
-Status launch_copy_pieces(uint8_t* dst, const uint64_t* dst_offsets, const uint8_t* src, const uint64_t* src_offsets,
-                          size_t count, size_t piece_bytes) {
-  copy_pieces_kernel<Word><<<unsigned(count), 256>>>(dst, dst_offsets, src, src_offsets, piece_bytes / sizeof(Word));
+Status launch_copy_pieces(const uint64_t* dst_addresses, const uint64_t* src_addresses, size_t count, size_t piece_bytes) {
+  copy_pieces_kernel<Word><<<unsigned(count), 256>>>(dst_addresses, src_addresses, piece_bytes / sizeof(Word));
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
-  return device_synchronize("copying KV blocks on the device");
+  return Status::ok();
 }
 
 }  // namespace
@@ -82,27 +80,50 @@ Expected<std::shared_ptr<void>> copy_from_ipc_handle(const std::array<uint8_t, k
   return copy;
 }
 
+size_t piece_alignment(size_t piece_bytes, const uint64_t* addresses, size_t count) {
+  uint64_t bits = piece_bytes;
+  for (size_t i = 0; i < count; ++i) bits |= addresses[i];
+  for (const size_t alignment : {16, 8, 4}) {
+    if (bits % alignment == 0) return alignment;
+  }
+  return 1;
+}
+
+Status enqueue_piece_copies(const uint64_t* dst_addresses, const uint64_t* src_addresses, size_t count, size_t piece_bytes,
+                            size_t alignment) {
+  if (count == 0 || piece_bytes == 0) return Status::ok();
+  if (count > 0x7fffffffu) return error("enqueue_piece_copies: ", count, " pieces in one launch");
+  switch (alignment) {
+    case 16:
+      return launch_copy_pieces<uint4>(dst_addresses, src_addresses, count, piece_bytes);
+    case 8:
+      return launch_copy_pieces<uint2>(dst_addresses, src_addresses, count, piece_bytes);
+    case 4:
+      return launch_copy_pieces<uint32_t>(dst_addresses, src_addresses, count, piece_bytes);
+    case 1:
+      return launch_copy_pieces<uint8_t>(dst_addresses, src_addresses, count, piece_bytes);
+  }
+  return error("enqueue_piece_copies: alignment ", alignment, ", expected 1, 4, 8 or 16");
+}
+
 Status copy_device_pieces(uint8_t* dst, const std::vector<uint64_t>& dst_offsets, const uint8_t* src,
                           const std::vector<uint64_t>& src_offsets, size_t piece_bytes) {
   if (dst_offsets.size() != src_offsets.size()) {
     return error("copy_device_pieces: ", dst_offsets.size(), " destinations for ", src_offsets.size(), " sources");
   }
   if (dst_offsets.empty() || piece_bytes == 0) return Status::ok();
-  // One upload of both offset tables.
-  std::vector<uint64_t> offsets(dst_offsets.begin(), dst_offsets.end());
-  offsets.insert(offsets.end(), src_offsets.begin(), src_offsets.end());
-  SLIMKV_ASSIGN_OR_RETURN(auto table, DeviceArray<uint64_t>::allocate(offsets.size(), "piece copy offsets"));
-  SLIMKV_RETURN_IF_ERROR(table.upload(offsets.data(), offsets.size()));
-  const uint64_t* d = table.data();
-  const uint64_t* s = table.data() + dst_offsets.size();
-  // The widest word every start and the length are multiples of (allocations are 256-byte aligned).
-  uint64_t alignment = piece_bytes | reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src);
-  for (const uint64_t offset : offsets) alignment |= offset;
+  // One upload of both address tables.
   const size_t count = dst_offsets.size();
-  if (alignment % 16 == 0) return launch_copy_pieces<uint4>(dst, d, src, s, count, piece_bytes);
-  if (alignment % 8 == 0) return launch_copy_pieces<uint2>(dst, d, src, s, count, piece_bytes);
-  if (alignment % 4 == 0) return launch_copy_pieces<uint32_t>(dst, d, src, s, count, piece_bytes);
-  return launch_copy_pieces<uint8_t>(dst, d, src, s, count, piece_bytes);
+  std::vector<uint64_t> addresses(2 * count);
+  for (size_t i = 0; i < count; ++i) {
+    addresses[i] = reinterpret_cast<uintptr_t>(dst) + dst_offsets[i];
+    addresses[count + i] = reinterpret_cast<uintptr_t>(src) + src_offsets[i];
+  }
+  SLIMKV_ASSIGN_OR_RETURN(auto table, DeviceArray<uint64_t>::allocate(addresses.size(), "piece copy addresses"));
+  SLIMKV_RETURN_IF_ERROR(table.upload(addresses.data(), addresses.size()));
+  SLIMKV_RETURN_IF_ERROR(enqueue_piece_copies(table.data(), table.data() + count, count, piece_bytes,
+                                              piece_alignment(piece_bytes, addresses.data(), addresses.size())));
+  return device_synchronize("copying KV blocks on the device");
 }
 
 }  // namespace slimkv::cuda

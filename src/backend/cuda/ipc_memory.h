@@ -8,8 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "slimkv/status.h"
 
@@ -39,5 +39,14 @@ Expected<std::shared_ptr<void>> shared_device_allocation(size_t bytes, const cha
 // equal length; pieces must not overlap. Waits for the copy.
 Status copy_device_pieces(uint8_t* dst, const std::vector<uint64_t>& dst_offsets, const uint8_t* src,
                           const std::vector<uint64_t>& src_offsets, size_t piece_bytes);
+
+// The same enqueued on the calling thread's stream without waiting (the caller orders and waits by
+// events): piece i from src_addresses[i] to dst_addresses[i], `count` pieces of piece_bytes, addresses
+// of device memory or of mapped pinned host memory (kernels reach both by the same pointers), the two
+// tables themselves in memory the device reads. `alignment`: piece_alignment of the pieces.
+Status enqueue_piece_copies(const uint64_t* dst_addresses, const uint64_t* src_addresses, size_t count, size_t piece_bytes,
+                            size_t alignment);
+// The widest word (16, 8, 4 or 1 bytes) that piece_bytes and every address are multiples of.
+size_t piece_alignment(size_t piece_bytes, const uint64_t* addresses, size_t count);
 
 }  // namespace slimkv::cuda

@@ -12,9 +12,11 @@
 #include <vector>
 
 #include "backend/cuda/device_memory.h"
+#include "backend/cuda/pinned_memory.h"
 #include "engine/device_model.h"
 #include "kv/cuda/gpu_kv_plan.h"
 #include "kv/cuda/gpu_kv_transfer.h"
+#include "kv/cuda/gpu_layer_blocks.h"
 #include "kv/store.h"
 #include "model/cuda/llama_cuda.h"
 #include "model/llama.h"
@@ -89,7 +91,7 @@ class CudaDeviceModel final : public DeviceModel {
                        cuda::RowSampling{p.temperature, p.top_k, p.top_p, p.seed, position}});
     }
     cuda::StepOutputs out;
-    SLIMKV_RETURN_IF_ERROR(model_->run_step(steps, out));
+    SLIMKV_RETURN_IF_ERROR(model_->run_step(steps, out, block_hand_outs(items)));
     result.vocab = int(model_->config().vocab_size);
     result.logits = std::move(out.logits);
     result.first_row = std::move(out.first_row);
@@ -137,6 +139,21 @@ class CudaDeviceModel final : public DeviceModel {
     return cuda::import_from_device(model_->kv(), id_of(sequence), context(model_id), transfer, source);
   }
 
+  // A streamed sequence's blocks go out layer by layer during its steps where the cache has device pages.
+  bool streams_blocks() const override { return exports_kv_to_device() && check_transferable().is_ok(); }
+  Status stream_blocks_in_next_step(SequenceId sequence, int first_block, KvPieceCallback on_piece,
+                                    std::shared_ptr<std::atomic<uint64_t>> held_bytes) override {
+    if (!streams_blocks()) return DeviceModel::stream_blocks_in_next_step(sequence, first_block, std::move(on_piece), held_bytes);
+    block_streams_[sequence] = {first_block, std::move(on_piece), std::move(held_bytes)};
+    return Status::ok();
+  }
+  Expected<std::unique_ptr<KvStore>> open_tokens(SequenceId sequence) const override {
+    SLIMKV_RETURN_IF_ERROR(cuda::use_gpu(gpu_));
+    auto open = std::make_unique<KvStore>(shape_, pipeline_);
+    SLIMKV_RETURN_IF_ERROR(model_->kv().export_open_tokens(id_of(sequence), *open));
+    return open;
+  }
+
   const KvStore* kv_store(SequenceId) const override { return nullptr; }
   Status set_observer(SequenceId, ForwardObserver*) override {
     return error("observing the forward pass (fidelity, calibration) runs on device 'cpu' only");
@@ -160,6 +177,47 @@ class CudaDeviceModel final : public DeviceModel {
     }
     return Status::ok();
   }
+  // stream_blocks_in_next_step's, for the next step alone.
+  struct BlockStream {
+    int first_block = 0;
+    KvPieceCallback on_piece;
+    std::shared_ptr<std::atomic<uint64_t>> held_bytes;
+  };
+  // The next step's hook that hands out, right after each layer's attention, the blocks it fills of
+  // each streamed sequence among `items` (their copies into pinned memory enqueued there, each piece's
+  // ready() waiting for its layer's); empty when there are none. The streams asked for are consumed.
+  cuda::CudaLlamaModel::LayerHook block_hand_outs(std::span<const DeviceStepItem> items) {
+    struct HandOut {
+      BlockStream stream;
+      int id = 0, end_block = 0;
+      std::shared_ptr<cuda::GpuLayerBlocks> blocks;  // made at the first layer, once the step gave the blocks
+    };
+    auto hand_outs = std::make_shared<std::vector<HandOut>>();
+    for (const DeviceStepItem& item : items) {
+      const auto it = block_streams_.find(item.sequence);
+      if (it == block_streams_.end()) continue;
+      const int id = id_of(item.sequence);
+      const int end_block = int((size_t(model_->num_tokens(id)) + item.tokens.size()) / cuda::kCudaBlockTokens);
+      if (end_block > it->second.first_block) hand_outs->push_back({std::move(it->second), id, end_block, nullptr});
+    }
+    block_streams_.clear();
+    if (hand_outs->empty()) return {};
+    return [this, hand_outs](int layer) -> Status {
+      for (HandOut& out : *hand_outs) {
+        if (!out.blocks) {
+          SLIMKV_ASSIGN_OR_RETURN(out.blocks, cuda::GpuLayerBlocks::create(model_->kv(), out.id, out.stream.first_block,
+                                                                           out.end_block, *pinned_, out.stream.held_bytes));
+        }
+        SLIMKV_RETURN_IF_ERROR(out.blocks->enqueue(layer));
+        std::shared_ptr<const cuda::GpuLayerBlocks> blocks = out.blocks;
+        out.stream.on_piece({.layer = layer, .bytes = blocks->layer_bytes(layer), .open = {}, .owner = blocks,
+                             .first_block = blocks->first_block(), .final = false,
+                             .ready = [blocks, layer] { return blocks->wait(layer); }});
+      }
+      return Status::ok();
+    };
+  }
+
   // The engine checks ids before calling.
   const Held& held_of(SequenceId sequence) const { return sequences_.at(sequence); }
   int id_of(SequenceId sequence) const { return held_of(sequence).id; }
@@ -173,7 +231,10 @@ class CudaDeviceModel final : public DeviceModel {
   KvShape shape_;        // of a host store of one sequence (export, import)
   // Pinned host memory for a layer of each export and import, kept for the next (GpuKvTransferContext).
   mutable cuda::PinnedArray<uint8_t> transfer_staging_;
+  // Pinned memory of blocks handed out during steps, reused from step to step.
+  std::shared_ptr<cuda::PinnedPool> pinned_ = cuda::PinnedPool::create();
   std::map<SequenceId, Held> sequences_;
+  std::map<SequenceId, BlockStream> block_streams_;
 };
 
 }  // namespace

@@ -46,21 +46,11 @@ class GpuDenseKv final : public GpuKvCache {
 
   // Device pages: [K of every head | V of every head] of one block, FP16; a head's K [64, d] then its V
   // [64, d] is its `dense:dtype=f16` block.
-  KvPageLayout device_page_layout() const override {
+  DevicePages device_pages() const override {
     const size_t head_half = half_page_bytes() / size_t(shape_.num_kv_heads);
-    return {.page_bytes = 2 * half_page_bytes(), .piece_offsets = {0, half_page_bytes()}, .piece_bytes = {head_half, head_half}};
-  }
-
-  Status export_pages(int sequence, int blocks, uint8_t* out) const override {
-    if (blocks > sequences().num_tokens(sequence) / kCudaBlockTokens) {
-      return error("exporting ", blocks, " blocks of a sequence of ", sequences().num_tokens(sequence), " tokens");
-    }
-    const auto* k = reinterpret_cast<const uint8_t*>(cache_->view(0).k);
-    const auto* v = reinterpret_cast<const uint8_t*>(cache_->view(0).v);
-    const std::vector<uint64_t> pool = pool_offsets(shape_.num_layers, sequences().blocks(sequence), blocks, layer_bytes(), half_page_bytes());
-    SLIMKV_RETURN_IF_ERROR(copy_device_pieces(out, page_offsets(shape_.num_layers, blocks, device_page_bytes(), 0), k, pool, half_page_bytes()));
-    return copy_device_pieces(out, page_offsets(shape_.num_layers, blocks, device_page_bytes(), half_page_bytes()), v, pool,
-                              half_page_bytes());
+    return {.num_layers = shape_.num_layers,
+            .pools = {{reinterpret_cast<const uint8_t*>(cache_->view(0).k), layer_bytes(), half_page_bytes(), head_half},
+                      {reinterpret_cast<const uint8_t*>(cache_->view(0).v), layer_bytes(), half_page_bytes(), head_half}}};
   }
 
   Status import_pages(int sequence, int blocks, const uint8_t* pages, const KvStore& open) override {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "backend/cuda/device_memory.h"
+#include "backend/cuda/ipc_memory.h"
 #include "kv/cuda/quantized_kv_cache.h"
 #include "kv/cuda/zack_kv_cache.h"
 #include "kv/store.h"
@@ -35,9 +36,37 @@ Status check_blocks_for_step(const SequenceBlocks& held, const PagedAttentionBat
   return Status::ok();
 }
 
-// Caches without device pages (a host tier, PQ's, ZACK's) move sequences through the host alone.
-Status GpuKvCache::export_pages(int, int, uint8_t*) const {
-  return error("this GPU KV cache has no device pages to share (a host tier, pq or zack): its KV moves through host memory");
+KvPageLayout GpuKvCache::device_page_layout() const {
+  KvPageLayout layout;
+  for (const PagePool& pool : device_pages().pools) {
+    layout.piece_offsets.push_back(layout.page_bytes);
+    layout.piece_bytes.push_back(pool.head_bytes);
+    layout.page_bytes += pool.block_bytes;
+  }
+  return layout;
+}
+
+// Each pool's part of every (layer, block) copied to its place in the pages, one kernel a pool.
+Status GpuKvCache::export_pages(int sequence, int blocks, uint8_t* out) const {
+  const DevicePages pages = device_pages();
+  const std::vector<PagePool>& pools = pages.pools;
+  // Caches without device pages (a host tier, PQ's, ZACK's) move sequences through the host alone.
+  if (pools.empty()) {
+    return error("this GPU KV cache has no device pages to share (a host tier, pq or zack): its KV moves through host memory");
+  }
+  if (blocks > sequences().num_tokens(sequence) / kCudaBlockTokens) {
+    return error("exporting ", blocks, " blocks of a sequence of ", sequences().num_tokens(sequence), " tokens");
+  }
+  const KvPageLayout layout = device_page_layout();
+  const int layers = pages.num_layers;
+  for (size_t p = 0; p < pools.size(); ++p) {
+    SLIMKV_RETURN_IF_ERROR(copy_device_pieces(out, page_offsets(layers, blocks, layout.page_bytes, layout.piece_offsets[p]),
+                                              pools[p].base,
+                                              pool_offsets(layers, sequences().blocks(sequence), blocks, pools[p].layer_bytes,
+                                                           pools[p].block_bytes),
+                                              pools[p].block_bytes));
+  }
+  return Status::ok();
 }
 Status GpuKvCache::import_pages(int, int, const uint8_t*, const KvStore&) {
   return error("this GPU KV cache has no device pages to fill (a host tier, pq or zack): its KV moves through host memory");

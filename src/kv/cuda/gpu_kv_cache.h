@@ -187,10 +187,22 @@ class GpuKvCache {
   // is one block of every KV head as this cache stores it (dense: the FP16 K of every head, then V;
   // hack/quant: every head's codec bytes), and where each head's block lies in a page. page_bytes 0:
   // this cache keeps no such pages (its sequences go through export_sequence / import_sequence).
-  virtual KvPageLayout device_page_layout() const { return {}; }
+  KvPageLayout device_page_layout() const;
   size_t device_page_bytes() const { return device_page_layout().page_bytes; }
+  // The device pools a page's parts lie in, in page order (dense: the K pool, then V's; hack/quant: the
+  // sealed pool): part p of (layer, block id) starts at base + layer · layer_bytes + id · block_bytes and
+  // holds every KV head's piece, head h's head_bytes at h · head_bytes. No pools: no device pages.
+  struct PagePool {
+    const uint8_t* base = nullptr;
+    size_t layer_bytes = 0, block_bytes = 0, head_bytes = 0;
+  };
+  struct DevicePages {
+    int num_layers = 0;
+    std::vector<PagePool> pools;
+  };
+  virtual DevicePages device_pages() const { return {}; }
   // Copies the sequence's first `blocks` full blocks, device to device, into `out` (device layout above).
-  virtual Status export_pages(int sequence, int blocks, uint8_t* out) const;
+  Status export_pages(int sequence, int blocks, uint8_t* out) const;
   // Makes the empty `sequence` hold `blocks` full blocks copied device to device from `pages` (device
   // layout above; the same cache kind and shape wrote them), then `open` (a store of the sequence's
   // tokens after those blocks, fewer than a block per layer) appended. An error when the budget lacks room.

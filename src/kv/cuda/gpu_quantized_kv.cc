@@ -45,20 +45,10 @@ class GpuQuantizedKv final : public GpuKvCache {
   }
 
   // Device pages: every KV head's sealed block as the pool holds it (the codec's bytes).
-  KvPageLayout device_page_layout() const override {
-    const size_t block_bytes = cache_->layout().block_bytes;
-    return {.page_bytes = size_t(shape_.num_kv_heads) * block_bytes, .piece_offsets = {0}, .piece_bytes = {block_bytes}};
-  }
-
-  Status export_pages(int sequence, int blocks, uint8_t* out) const override {
-    if (blocks > sequences().num_tokens(sequence) / kCudaBlockTokens) {
-      return error("exporting ", blocks, " blocks of a sequence of ", sequences().num_tokens(sequence), " tokens");
-    }
-    const uint8_t* pool = cache_->sealed_view(0).blocks;
-    const size_t layer_bytes = size_t(cache_->shape().num_blocks) * device_page_bytes();  // the pool's layers
-    return copy_device_pieces(out, page_offsets(shape_.num_layers, blocks, device_page_bytes(), 0), pool,
-                              pool_offsets(shape_.num_layers, sequences().blocks(sequence), blocks, layer_bytes, device_page_bytes()),
-                              device_page_bytes());
+  DevicePages device_pages() const override {
+    const size_t block_bytes = cache_->layout().block_bytes, page_bytes = size_t(shape_.num_kv_heads) * block_bytes;
+    return {.num_layers = shape_.num_layers,
+            .pools = {{cache_->sealed_view(0).blocks, size_t(cache_->shape().num_blocks) * page_bytes, page_bytes, block_bytes}}};
   }
 
   Status import_pages(int sequence, int blocks, const uint8_t* pages, const KvStore& open) override {

@@ -549,7 +549,7 @@ Status CudaLlamaModel::check_batch(std::span<const SequenceTokens> batch) const 
 }
 
 Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, std::span<const StepRows> wanted,
-                                      std::vector<int64_t>& first_row) {
+                                      std::vector<int64_t>& first_row, const LayerHook& after_attention) {
   SLIMKV_RETURN_IF_ERROR(check_batch(batch));
   const ModelConfig& c = config_;
   const int hidden = int(c.hidden_size), inter = int(c.intermediate_size);
@@ -616,6 +616,7 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, std
                                             token_positions, c.is_sliding(l) ? sliding_inv_freq_ : inv_freq_,
                                             rotate_heads_, q_.data(), k_.data(), v_.data()));
     SLIMKV_RETURN_IF_ERROR(kv_->attend(l, q_.data(), k_.data(), v_.data(), scale, attended_.data()));
+    if (after_attention) SLIMKV_RETURN_IF_ERROR(after_attention(l));
     if (rotate_heads_) SLIMKV_RETURN_IF_ERROR(rotate_heads(attended_.data(), size_t(n) * c.num_heads, attention_dim_));
     if (dtype_ != DType::kF16) {
       SLIMKV_RETURN_IF_ERROR(
@@ -712,7 +713,7 @@ Status CudaLlamaModel::step_sample(std::span<const SequenceTokens> batch, std::s
   return copy_to_host(next_tokens.data(), next, size_t(rows) * sizeof(int32_t));
 }
 
-Status CudaLlamaModel::run_step(std::span<const SequenceStep> items, StepOutputs& out) {
+Status CudaLlamaModel::run_step(std::span<const SequenceStep> items, StepOutputs& out, const LayerHook& after_attention) {
   std::vector<SequenceTokens> batch;
   std::vector<StepRows> wanted;
   std::vector<RowSampling> sampling;  // of the sampled items, in order: their rows lead the logits
@@ -721,7 +722,7 @@ Status CudaLlamaModel::run_step(std::span<const SequenceStep> items, StepOutputs
     wanted.push_back(item.rows);
     if (item.rows == StepRows::kSample) sampling.push_back(item.sampling);
   }
-  SLIMKV_ASSIGN_OR_RETURN(int rows, forward(batch, wanted, out.first_row));
+  SLIMKV_ASSIGN_OR_RETURN(int rows, forward(batch, wanted, out.first_row, after_attention));
   const int vocab = int(config_.vocab_size), sampled = int(sampling.size());
   out.tokens.assign(items.size(), -1);
   if (sampled > 0) {

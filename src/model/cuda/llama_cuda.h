@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -148,7 +149,11 @@ class CudaLlamaModel final : private KvProjection {
 
   // Runs each item's tokens through the model in one pass, bringing back what each asks for (logits
   // rows, or a token sampled on the GPU: only those rows or ids cross to the host). Checked as step().
-  Status run_step(std::span<const SequenceStep> items, StepOutputs& out);
+  // after_attention (if set) is called on this thread as soon as each layer's attention is enqueued,
+  // the layer's KV then final for the step while later layers are still to run (a KV stream hands the
+  // layer's blocks out there); an error it returns ends the step.
+  using LayerHook = std::function<Status(int layer)>;
+  Status run_step(std::span<const SequenceStep> items, StepOutputs& out, const LayerHook& after_attention = {});
 
   // Runs each sequence's tokens through the model in one pass over the layers. logits: every new
   // token's row [Σ tokens, vocab] when all_logits, else each sequence's last token's [batch, vocab].
@@ -235,7 +240,7 @@ class CudaLlamaModel final : private KvProjection {
   // the rows of sampled items first (in item order), then the others' (likewise); first_row: per item,
   // its first row (-1: none). Returns the number of rows.
   Expected<int> forward(std::span<const SequenceTokens> batch, std::span<const StepRows> rows,
-                        std::vector<int64_t>& first_row);
+                        std::vector<int64_t>& first_row, const LayerHook& after_attention = {});
 
   ModelConfig config_;
   DType dtype_;  // of the weights and of every GEMM input
