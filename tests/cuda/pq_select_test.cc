@@ -142,12 +142,13 @@ TEST_F(PqSelectTest, TopKEqualsASortOnRandomAndTiedScores) {
   }
 }
 
-// Random clustered keys (so that PQ ranks meaningfully), 2 sequences of unequal lengths, GQA groups of 2.
-TEST_F(PqSelectTest, SelectionEqualsTheCpuSelectorsOnTheSameCodebooks) {
+// Sequences of `lengths` tokens keeping ks[s] of their middle tokens (rerank 1.25): random keys, GQA
+// groups of 2.
+void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, const std::vector<int>& ks) {
   const int heads = 4, kv_heads = 2, group = 2, d = 64, m = 2, bits = 6, segment = 256;
-  const std::vector<int> lengths = {1500, 900};
-  const int max_tokens = 1536, blocks_per_seq = max_tokens / kCudaBlockTokens, max_segments = max_tokens / segment;
-  const int K = 1 << bits, rows = int(lengths.size());
+  const int longest = *std::max_element(lengths.begin(), lengths.end());
+  const int max_tokens = (longest + segment - 1) / segment * segment, blocks_per_seq = max_tokens / kCudaBlockTokens;
+  const int max_segments = max_tokens / segment, K = 1 << bits, rows = int(lengths.size());
   std::mt19937 rng(11);
   std::vector<float> kf, vf, qf;
   const size_t pool = size_t(rows) * blocks_per_seq * kv_heads * kCudaBlockTokens * d;
@@ -169,7 +170,7 @@ TEST_F(PqSelectTest, SelectionEqualsTheCpuSelectorsOnTheSameCodebooks) {
     r.trained_segments = (r.num_tokens - 64) / segment;
     r.init_end = 4;
     r.middle_end = std::min(r.num_tokens - 64, r.trained_segments * segment);
-    r.k = 100 + 50 * s;
+    r.k = ks[size_t(s)];
     r.candidates = int(std::ceil(r.k * 1.25));
     r.selected = r.init_end + r.k + r.num_tokens - r.middle_end;
     host_rows.push_back(r);
@@ -211,7 +212,9 @@ TEST_F(PqSelectTest, SelectionEqualsTheCpuSelectorsOnTheSameCodebooks) {
   }
   auto d_lens = take(DeviceArray<int>::allocate(lens.size(), "lengths"));
   SLIMKV_ASSERT_OK(d_lens.upload(lens.data(), lens.size()));
-  const int max_cand = 300, out_blocks = blocks_per_seq;
+  int max_cand = 0;
+  for (const PqSelectRow& r : host_rows) max_cand = std::max(max_cand, r.candidates);
+  const int out_blocks = blocks_per_seq;
   const size_t rh = size_t(rows) * kv_heads;
   auto t_tables = take(DeviceArray<float>::allocate(rh * max_segments * m * K, "t"));
   auto t_scores = take(DeviceArray<float>::allocate(rh * max_tokens, "s"));
@@ -284,6 +287,19 @@ TEST_F(PqSelectTest, SelectionEqualsTheCpuSelectorsOnTheSameCodebooks) {
       }
       EXPECT_EQ(mismatches, 0) << "sequence " << s << ", KV head " << g;
     }
+  }
+}
+
+// Short rows (each top-k one CTA a row), and long ones: the ADC select sliced (middles of 19708 and
+// 8700 tokens), and the exact one too (8750 candidates).
+TEST_F(PqSelectTest, SelectionEqualsTheCpuSelectorsOnTheSameCodebooks) {
+  {
+    SCOPED_TRACE("lengths 1500, 900");
+    expect_selection_equals_the_cpu_selectors({1500, 900}, {100, 150});
+  }
+  {
+    SCOPED_TRACE("lengths 20000, 9000");
+    expect_selection_equals_the_cpu_selectors({20000, 9000}, {7000, 1024});
   }
 }
 
