@@ -1,13 +1,18 @@
-// PQCache's selection on the GPU (kv/cuda/pq_select.h, gpu_pq_kv.cc): the radix top-k against a sort
-// (kv/select/top_k.h's reference) on random and tied scores; the whole selection (tables, ADC, top-k,
-// exact re-rank, gather) against the CPU selector's steps (PqCodebook's reference table and score_codes,
+// PQCache's selection on the GPU (kv/cuda/pq_select.h, gpu_pq_kv.cc): the radix top-k (top_k_rows.h),
+// one CTA per row and rows sliced over CTAs up to 512K scores, against a sort (kv/select/top_k.h's
+// reference) on random, tied, all-equal and ±inf scores (NaNs: against the order of their bits); the
+// whole selection (tables, ADC, top-k, exact re-rank, gather) against the CPU selector's steps (PqCodebook's reference table and score_codes,
 // top_k_indices_reference, the exact re-rank of topk_selector.cc) on the same keys, queries and
 // codebooks; and the bundled model: pq:topk=1.0 equals dense, @offload equals resident.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
+#include <limits>
+#include <numeric>
+#include <string>
 
 #include "cuda_test_util.h"
 #include "kv/cuda/pq_select.h"
@@ -22,40 +27,128 @@ namespace {
 
 using PqSelectTest = CudaTest;
 
+// One top_k_rows launch: rows of scores filled one way, each row's n and k (per_length rows each), and
+// max_n their longest, which picks one CTA per row (up to kTopKSlice) or rows cut into slices.
+struct TopKCase {
+  std::string fill;  // normal, tied (7 values, zeros of both signs), equal (every score 0.5), special (±inf, ±NaN, ±0)
+  std::vector<int> ns, ks;
+  int per_length = 1;
+  std::string name() const {
+    std::string lens;
+    for (size_t i = 0; i < ns.size(); ++i) lens += str_cat(i ? "," : "", ns[i], ":", ks[i]);
+    return str_cat("top_k(fill=", fill, ",n:k=", lens, ",per_length=", per_length, ")");
+  }
+};
+
+float top_k_score(const std::string& fill, std::mt19937& rng) {
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<int> small(-3, 3), special(0, 63);
+  if (fill == "tied") return small(rng) == 0 ? (rng() % 2 ? 0.0f : -0.0f) : float(small(rng));
+  if (fill == "equal") return 0.5f;
+  if (fill == "special") {
+    const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+    switch (special(rng)) {
+      case 0: return inf;
+      case 1: return -inf;
+      case 2: return nan;
+      case 3: return -nan;
+      case 4: return 0.0f;
+      case 5: return -0.0f;
+      default: return normal(rng);
+    }
+  }
+  return normal(rng);
+}
+
+// The GPU's order where top_k_indices_reference has none (NaN): by the scores' bits, +NaN above +inf and
+// -NaN below -inf (zeros of both signs equal), then the lower index.
+std::vector<int> top_k_by_bits(const float* scores, int n, int k) {
+  const auto key = [&](int i) {
+    uint32_t u = 0;
+    const float f = scores[i] == 0.0f ? 0.0f : scores[i];
+    std::memcpy(&u, &f, 4);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  };
+  std::vector<int> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return key(a) != key(b) ? key(a) > key(b) : a < b; });
+  order.resize(size_t(k));
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
+// "" when equal, else where the first difference is (a 512K-index row printed whole would drown it).
+std::string first_difference(const std::vector<int>& got, const std::vector<int>& expected) {
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (got[i] != expected[i]) return str_cat("index ", i, " of ", expected.size(), ": got ", got[i], ", expected ", expected[i]);
+  }
+  return "";
+}
+
 TEST_F(PqSelectTest, TopKEqualsASortOnRandomAndTiedScores) {
+  std::vector<TopKCase> cases;
+  const std::vector<int> one_cta_ns = {1, 5, 1000, 4097, 8192, 3000, 8192}, one_cta_ks = {1, 5, 17, 4000, 1024, 0, 8192};
+  std::vector<int> sliced_ns, sliced_ks;  // every n with k of 1, 7, 1024, 4096, 10000 (ties across a slice's end) and n
+  for (int n : {8193, 70000, 131072, 524288}) {
+    for (int k : {1, 7, 1024, 4096, 10000, n}) sliced_ns.push_back(n), sliced_ks.push_back(k);
+  }
+  sliced_ns.insert(sliced_ns.end(), {1, 200000, 5000}), sliced_ks.insert(sliced_ks.end(), {1, 0, 4096});
+  for (const char* fill : {"normal", "tied", "equal", "special"}) {
+    cases.push_back({fill, one_cta_ns, one_cta_ks});
+    cases.push_back({fill, sliced_ns, sliced_ks});
+  }
+  // PQ's rows: KV heads of a sequence share n and k.
+  cases.push_back({"normal", {100000, 30000}, {1280, 1024}, 2});
+  cases.push_back({"tied", {100000, 30000}, {1280, 1024}, 2});
   std::mt19937 rng(7);
-  for (const bool tied : {false, true}) {
-    const std::vector<int> ns = {1, 5, 1000, 4097, 70000, 3000, 131072}, ks = {1, 5, 17, 4000, 1024, 0, 4096};
-    const int rows = int(ns.size()), stride = 131072;
-    std::vector<float> scores(size_t(rows) * stride);
-    std::normal_distribution<float> normal;
-    std::uniform_int_distribution<int> small(-3, 3);
-    for (float& s : scores) s = tied ? (small(rng) == 0 ? (rng() % 2 ? 0.0f : -0.0f) : float(small(rng))) : normal(rng);
+  for (const TopKCase& c : cases) {
+    SCOPED_TRACE(c.name());
+    const int rows = int(c.ns.size()) * c.per_length, stride = *std::max_element(c.ns.begin(), c.ns.end());
+    std::vector<float> scores(size_t(rows) * size_t(stride));
+    for (float& s : scores) s = top_k_score(c.fill, rng);
     auto d_scores = take(DeviceArray<float>::allocate(scores.size(), "scores"));
-    auto d_n = take(DeviceArray<int>::allocate(ns.size(), "n")), d_k = take(DeviceArray<int>::allocate(ks.size(), "k"));
-    auto d_out = take(DeviceArray<int>::allocate(size_t(rows) * stride, "out"));
+    auto d_n = take(DeviceArray<int>::allocate(c.ns.size(), "n")), d_k = take(DeviceArray<int>::allocate(c.ks.size(), "k"));
+    auto d_out = take(DeviceArray<int>::allocate(scores.size(), "out"));
+    auto d_scratch = take(DeviceArray<int>::allocate(top_k_scratch_ints(rows, stride), "scratch"));
     SLIMKV_ASSERT_OK(d_scores.upload(scores.data(), scores.size()));
-    SLIMKV_ASSERT_OK(d_n.upload(ns.data(), ns.size()));
-    SLIMKV_ASSERT_OK(d_k.upload(ks.data(), ks.size()));
-    SLIMKV_ASSERT_OK(top_k_rows(d_scores.data(), stride, d_n.data(), d_k.data(), 1, rows, d_out.data(), stride));
-    std::vector<int> out(size_t(rows) * stride);
+    SLIMKV_ASSERT_OK(d_n.upload(c.ns.data(), c.ns.size()));
+    SLIMKV_ASSERT_OK(d_k.upload(c.ks.data(), c.ks.size()));
+    TopKRows launch;
+    launch.scores = d_scores.data();
+    launch.score_stride = stride;
+    launch.n = d_n.data();
+    launch.k = d_k.data();
+    launch.per_length = c.per_length;
+    launch.rows = rows;
+    launch.max_n = stride;
+    launch.out = d_out.data();
+    launch.out_stride = stride;
+    launch.scratch = d_scratch.data();
+    SLIMKV_ASSERT_OK(top_k_rows(launch));
+    std::vector<int> out(scores.size());
     SLIMKV_ASSERT_OK(d_out.download(out.data(), out.size()));
     for (int r = 0; r < rows; ++r) {
-      const int k = std::min(ks[size_t(r)], ns[size_t(r)]);
+      const int n = c.ns[size_t(r / c.per_length)], k = std::min(c.ks[size_t(r / c.per_length)], n);
+      const float* row = scores.data() + size_t(r) * size_t(stride);
       std::vector<int> expected(static_cast<size_t>(k));
-      top_k_indices_reference(scores.data() + size_t(r) * stride, ns[size_t(r)], k, expected.data());
-      EXPECT_EQ(std::vector<int>(out.begin() + ptrdiff_t(r) * stride, out.begin() + ptrdiff_t(r) * stride + k), expected)
-          << "row " << r << (tied ? " (tied)" : "");
+      if (c.fill == "special") {
+        expected = top_k_by_bits(row, n, k);
+      } else {
+        top_k_indices_reference(row, n, k, expected.data());
+      }
+      const std::vector<int> got(out.begin() + ptrdiff_t(r) * stride, out.begin() + ptrdiff_t(r) * stride + k);
+      EXPECT_EQ(first_difference(got, expected), "") << "row " << r << " (n " << n << ", k " << k << ")";
     }
   }
 }
 
-// Random clustered keys (so that PQ ranks meaningfully), 2 sequences of unequal lengths, GQA groups of 2.
-TEST_F(PqSelectTest, SelectionEqualsTheCpuSelectorsOnTheSameCodebooks) {
+// Sequences of `lengths` tokens keeping ks[s] of their middle tokens (rerank 1.25): random keys, GQA
+// groups of 2.
+void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, const std::vector<int>& ks) {
   const int heads = 4, kv_heads = 2, group = 2, d = 64, m = 2, bits = 6, segment = 256;
-  const std::vector<int> lengths = {1500, 900};
-  const int max_tokens = 1536, blocks_per_seq = max_tokens / kCudaBlockTokens, max_segments = max_tokens / segment;
-  const int K = 1 << bits, rows = int(lengths.size());
+  const int longest = *std::max_element(lengths.begin(), lengths.end());
+  const int max_tokens = (longest + segment - 1) / segment * segment, blocks_per_seq = max_tokens / kCudaBlockTokens;
+  const int max_segments = max_tokens / segment, K = 1 << bits, rows = int(lengths.size());
   std::mt19937 rng(11);
   std::vector<float> kf, vf, qf;
   const size_t pool = size_t(rows) * blocks_per_seq * kv_heads * kCudaBlockTokens * d;
@@ -77,7 +170,7 @@ TEST_F(PqSelectTest, SelectionEqualsTheCpuSelectorsOnTheSameCodebooks) {
     r.trained_segments = (r.num_tokens - 64) / segment;
     r.init_end = 4;
     r.middle_end = std::min(r.num_tokens - 64, r.trained_segments * segment);
-    r.k = 100 + 50 * s;
+    r.k = ks[size_t(s)];
     r.candidates = int(std::ceil(r.k * 1.25));
     r.selected = r.init_end + r.k + r.num_tokens - r.middle_end;
     host_rows.push_back(r);
@@ -119,7 +212,9 @@ TEST_F(PqSelectTest, SelectionEqualsTheCpuSelectorsOnTheSameCodebooks) {
   }
   auto d_lens = take(DeviceArray<int>::allocate(lens.size(), "lengths"));
   SLIMKV_ASSERT_OK(d_lens.upload(lens.data(), lens.size()));
-  const int max_cand = 300, out_blocks = blocks_per_seq;
+  int max_cand = 0;
+  for (const PqSelectRow& r : host_rows) max_cand = std::max(max_cand, r.candidates);
+  const int out_blocks = blocks_per_seq;
   const size_t rh = size_t(rows) * kv_heads;
   auto t_tables = take(DeviceArray<float>::allocate(rh * max_segments * m * K, "t"));
   auto t_scores = take(DeviceArray<float>::allocate(rh * max_tokens, "s"));
@@ -141,8 +236,9 @@ TEST_F(PqSelectTest, SelectionEqualsTheCpuSelectorsOnTheSameCodebooks) {
   launch.num_kv_heads = kv_heads;
   launch.index = PqIndexView{d_centroids.data(), d_codes.data(), m, bits, d, segment, max_segments, max_tokens};
   launch.source = PagedKvView{d_k.data(), d_v.data(), d_tables.data(), blocks_per_seq, kv_heads, d};
+  auto t_top_k = take(DeviceArray<int>::allocate(top_k_scratch_ints(int(rh), max_tokens), "top-k scratch"));
   launch.scratch = PqSelectScratch{t_tables.data(), t_scores.data(), t_ranked.data(), t_exact.data(), t_keys.data(),
-                                   t_kept.data(), d_lens.data(), max_tokens, max_cand};
+                                   t_kept.data(), d_lens.data(), t_top_k.data(), max_tokens, max_cand};
   launch.out_k = out_k.data();
   launch.out_v = out_v.data();
   launch.out_blocks_per_row = out_blocks;
@@ -191,6 +287,19 @@ TEST_F(PqSelectTest, SelectionEqualsTheCpuSelectorsOnTheSameCodebooks) {
       }
       EXPECT_EQ(mismatches, 0) << "sequence " << s << ", KV head " << g;
     }
+  }
+}
+
+// Short rows (each top-k one CTA a row), and long ones: the ADC select sliced (middles of 19708 and
+// 8700 tokens), and the exact one too (8750 candidates).
+TEST_F(PqSelectTest, SelectionEqualsTheCpuSelectorsOnTheSameCodebooks) {
+  {
+    SCOPED_TRACE("lengths 1500, 900");
+    expect_selection_equals_the_cpu_selectors({1500, 900}, {100, 150});
+  }
+  {
+    SCOPED_TRACE("lengths 20000, 9000");
+    expect_selection_equals_the_cpu_selectors({20000, 9000}, {7000, 1024});
   }
 }
 

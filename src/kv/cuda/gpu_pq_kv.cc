@@ -51,6 +51,7 @@ class GpuPqKv final : public GpuKvCache {
     SLIMKV_ASSIGN_OR_RETURN(exact_, DeviceArray<float>::allocate(rows * heads * candidates, "exact scores"));
     SLIMKV_ASSIGN_OR_RETURN(candidate_keys_, DeviceArray<uint16_t>::allocate(rows * heads * candidates * d, "candidate keys"));
     SLIMKV_ASSIGN_OR_RETURN(lengths_, DeviceArray<int>::allocate(4 * rows, "selection lengths"));
+    SLIMKV_ASSIGN_OR_RETURN(top_k_, DeviceArray<int>::allocate(top_k_scratch_ints(int(rows * heads), context), "top-k scratch"));
     SLIMKV_ASSIGN_OR_RETURN(rows_, DeviceArray<PqSelectRow>::allocate(rows, "selection rows"));
     size_t num_blocks = size_t(shape_.max_sequences) * size_t(shape_.blocks_per_sequence());
     if (!options_.offload) {
@@ -85,7 +86,7 @@ class GpuPqKv final : public GpuKvCache {
   size_t device_bytes() const override {
     return (options_.offload ? 0 : size_t(cache_->shape().num_blocks) * bytes_per_block()) + index_->device_bytes() +
            compact_k_.bytes() + compact_v_.bytes() + tables_.bytes() + scores_.bytes() + ranked_.bytes() + kept_.bytes() +
-           exact_.bytes() + candidate_keys_.bytes();
+           exact_.bytes() + candidate_keys_.bytes() + top_k_.bytes();
   }
   size_t host_bytes() const override {
     return (options_.offload ? size_t(cache_->shape().num_blocks) * bytes_per_block() : 0) + index_->host_bytes();
@@ -159,7 +160,7 @@ class GpuPqKv final : public GpuKvCache {
     launch.index = index_->view(layer);
     launch.source = cache_->view(layer);
     launch.scratch = PqSelectScratch{tables_.data(), scores_.data(), ranked_.data(), exact_.data(), candidate_keys_.data(),
-                                     kept_.data(), lengths_.data(), shape_.context_tokens, std::max(1, max_candidates_)};
+                                     kept_.data(), lengths_.data(), top_k_.data(), shape_.context_tokens, std::max(1, max_candidates_)};
     launch.out_k = compact_k_.data();
     launch.out_v = compact_v_.data();
     launch.out_blocks_per_row = selected_blocks_;
@@ -232,7 +233,7 @@ class GpuPqKv final : public GpuKvCache {
   std::unique_ptr<CudaPagedAttention> full_attention_, selected_attention_;
   int max_candidates_ = 0, selected_blocks_ = 0;
   DeviceArray<uint16_t> compact_k_, compact_v_, candidate_keys_;
-  DeviceArray<int> compact_tables_, ranked_, kept_, lengths_;
+  DeviceArray<int> compact_tables_, ranked_, kept_, lengths_, top_k_;
   DeviceArray<float> tables_, scores_, exact_;
   DeviceArray<PqSelectRow> rows_;
   std::vector<PqSelectRow> host_rows_;

@@ -3,14 +3,13 @@
 #include <cuda_fp16.h>
 
 #include "backend/cuda/cuda_check.h"
+#include "kv/cuda/top_k_rows.h"
 
 namespace slimkv::cuda {
 namespace {
 
 using i64 = long long;
 
-constexpr int kTopKThreads = 1024;
-constexpr int kKeysInFlight = 8;  // per thread of the top-k's passes
 constexpr int kWarpsPerBlock = 8;
 
 __device__ float half_at(const uint16_t* p, long long i) { return __half2float(__ushort_as_half(p[i])); }
@@ -69,122 +68,6 @@ __global__ void adc_kernel(PqSelectLaunch p) {
   float sum = 0.0f;
   for (int s = 0; s < x.m; ++s) sum += table[s * K + code[s]];
   p.scratch.scores[(i64(blockIdx.z) * p.num_kv_heads + g) * p.scratch.max_middle + (t - r.init_end)] = sum;
-}
-
-// Larger floats, larger keys (zeros of both signs one key: they compare equal).
-__device__ unsigned order_key(float f) {
-  const unsigned u = __float_as_uint(f == 0.0f ? 0.0f : f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-__global__ void __launch_bounds__(kTopKThreads) top_k_kernel(const float* scores, long long score_stride, const int* ns,
-                                                              const int* ks, int per_length, int* out_all,
-                                                              long long out_stride) {
-  __shared__ int hist[256];
-  __shared__ unsigned shared_prefix;
-  __shared__ int shared_remaining;
-  const int n = ns[blockIdx.x / per_length], k = min(ks[blockIdx.x / per_length], n);
-  const float* s = scores + blockIdx.x * score_stride;
-  int* out = out_all + blockIdx.x * out_stride;
-  if (k <= 0) return;
-  if (k == n) {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = i;
-    return;
-  }
-  // The k-th largest key, 8 bits at a time from the top; `remaining`: how many of the keys equal to it
-  // are taken (the lowest indices).
-  unsigned prefix = 0, mask = 0;
-  int remaining = k;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
-    __syncthreads();
-    // Scores cluster in few bins (the top byte is sign and exponent): lanes of a warp that hit the same
-    // bin add once, through their leader. kKeysInFlight keys a thread are loaded before the first is
-    // used: one CTA reads the whole row, so the loads' latency, not bandwidth, bounds a pass.
-    for (int base = 0; base < n; base += int(blockDim.x) * kKeysInFlight) {
-      unsigned keys[kKeysInFlight];
-#pragma unroll
-      for (int j = 0; j < kKeysInFlight; ++j) {
-        const int i = base + j * int(blockDim.x) + int(threadIdx.x);
-        keys[j] = i < n ? order_key(s[i]) : 0u;
-      }
-#pragma unroll
-      for (int j = 0; j < kKeysInFlight; ++j) {
-        const int i = base + j * int(blockDim.x) + int(threadIdx.x);
-        const unsigned bin = (i < n && (keys[j] & mask) == prefix) ? (keys[j] >> shift) & 255u : 256u;
-        const unsigned peers = __match_any_sync(0xffffffffu, bin);
-        if (bin < 256u && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
-      }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int above = 0, bin = 255;
-      for (; bin > 0 && above + hist[bin] < remaining; --bin) above += hist[bin];
-      shared_prefix = prefix | (unsigned(bin) << shift);
-      shared_remaining = remaining - above;
-    }
-    __syncthreads();
-    prefix = shared_prefix;
-    remaining = shared_remaining;
-    mask |= 255u << shift;
-    __syncthreads();
-  }
-  // In index order: every key above the k-th's, and the first `remaining` equal to it. Warp w owns the
-  // w-th of kWarps equal ranges of the scores (read coalesced); the warps' counts give each its first
-  // output slot and how many equal keys precede it, and within a warp ballots order the lanes. (A
-  // block-wide scan per 1024 scores cost two scans and four barriers each: at 128K tokens that pass
-  // took most of a layer's selection, one CTA per row.)
-  constexpr int kWarps = kTopKThreads / 32;
-  __shared__ int warp_greater[kWarps], warp_equal[kWarps];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int span = (n + kWarps - 1) / kWarps, begin = min(n, warp * span), end = min(n, begin + span);
-  // A warp's keys kKeysInFlight pieces of 32 at a time, all loaded before the first is used.
-  const auto load_keys = [&](int base, unsigned (&keys)[kKeysInFlight]) {
-#pragma unroll
-    for (int j = 0; j < kKeysInFlight; ++j) {
-      const int i = base + 32 * j + lane;
-      keys[j] = i < end ? order_key(s[i]) : 0u;
-    }
-  };
-  int greater = 0, equal = 0;
-  for (int base = begin; base < end; base += 32 * kKeysInFlight) {
-    unsigned keys[kKeysInFlight];
-    load_keys(base, keys);
-#pragma unroll
-    for (int j = 0; j < kKeysInFlight; ++j) {
-      const bool in_range = base + 32 * j + lane < end;
-      greater += in_range && keys[j] > prefix ? 1 : 0;
-      equal += in_range && keys[j] == prefix ? 1 : 0;
-    }
-  }
-  for (int offset = 16; offset > 0; offset /= 2) {
-    greater += __shfl_xor_sync(0xffffffffu, greater, offset);
-    equal += __shfl_xor_sync(0xffffffffu, equal, offset);
-  }
-  if (lane == 0) warp_greater[warp] = greater, warp_equal[warp] = equal;
-  __syncthreads();
-  int written = 0, equal_seen = 0;  // before this warp's range: outputs, keys equal to the k-th
-  for (int w = 0; w < warp; ++w) {
-    written += warp_greater[w] + min(warp_equal[w], max(0, remaining - equal_seen));
-    equal_seen += warp_equal[w];
-  }
-  const unsigned lanes_below = (1u << lane) - 1u;
-  for (int first = begin; first < end; first += 32 * kKeysInFlight) {
-    unsigned keys[kKeysInFlight];
-    load_keys(first, keys);
-#pragma unroll
-    for (int j = 0; j < kKeysInFlight; ++j) {
-      const int i = first + 32 * j + lane;
-      const unsigned u = keys[j];
-      const bool is_equal = i < end && u == prefix;
-      const unsigned equal_lanes = __ballot_sync(0xffffffffu, is_equal);
-      const bool take = i < end && (u > prefix || (is_equal && equal_seen + __popc(equal_lanes & lanes_below) < remaining));
-      const unsigned take_lanes = __ballot_sync(0xffffffffu, take);
-      if (take) out[written + __popc(take_lanes & lanes_below)] = i;
-      written += __popc(take_lanes);
-      equal_seen += __popc(equal_lanes);
-    }
-  }
 }
 
 // 4. grid (candidates / warps, kv heads, rows), a warp per candidate.
@@ -253,14 +136,6 @@ unsigned ceil_div(int a, int b) { return unsigned((a + b - 1) / b); }
 
 }  // namespace
 
-Status top_k_rows(const float* scores, long long score_stride, const int* n, const int* k, int per_length, int rows,
-                  int* out, long long out_stride) {
-  if (rows == 0) return Status::ok();
-  top_k_kernel<<<rows, kTopKThreads>>>(scores, score_stride, n, k, per_length, out, out_stride);
-  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
-  return Status::ok();
-}
-
 Status pq_select_and_gather(const PqSelectLaunch& p) {
   if (p.num_rows == 0) return Status::ok();
   const int heads = p.num_kv_heads, rows = p.num_rows;
@@ -271,14 +146,31 @@ Status pq_select_and_gather(const PqSelectLaunch& p) {
     adc_kernel<<<dim3(ceil_div(p.max_middle, 256), unsigned(heads), unsigned(rows)), 256>>>(p);
     SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
     const PqSelectScratch& s = p.scratch;
-    SLIMKV_RETURN_IF_ERROR(top_k_rows(s.scores, s.max_middle, s.lengths, s.lengths + rows, heads, rows * heads, s.ranked,
-                                      s.max_candidates));
+    // 3. the candidates by ADC score.
+    TopKRows select;
+    select.per_length = heads;
+    select.rows = rows * heads;
+    select.scratch = s.top_k;
+    select.scores = s.scores;
+    select.score_stride = s.max_middle;
+    select.n = s.lengths;
+    select.k = s.lengths + rows;
+    select.max_n = p.max_middle;
+    select.out = s.ranked;
+    select.out_stride = s.max_candidates;
+    SLIMKV_RETURN_IF_ERROR(top_k_rows(select));
     if (p.max_candidates > 0) {
       const dim3 warps(32, kWarpsPerBlock);
       rerank_kernel<<<dim3(ceil_div(p.max_candidates, kWarpsPerBlock), unsigned(heads), unsigned(rows)), warps, q_bytes>>>(p);
       SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
-      SLIMKV_RETURN_IF_ERROR(top_k_rows(s.exact, s.max_candidates, s.lengths + 2 * rows, s.lengths + 3 * rows, heads,
-                                        rows * heads, s.kept, s.max_candidates));
+      // 4. the k best of them by exact score.
+      select.scores = s.exact;
+      select.score_stride = s.max_candidates;
+      select.n = s.lengths + 2 * rows;
+      select.k = s.lengths + 3 * rows;
+      select.max_n = p.max_candidates;
+      select.out = s.kept;
+      SLIMKV_RETURN_IF_ERROR(top_k_rows(select));
     }
   }
   if (p.max_selected > 0) {

@@ -6,7 +6,7 @@
 //                accumulation rounded to FP32, as PqCodebook::score_table_reference)
 //   2. ADC       the middle tokens' scores Σ_s table[seg][s][code_s] (FP32, s ascending, as
 //                PqCodebook::score_codes); a segment not clustered yet scores with the latest codebook
-//   3. top-k     of the ADC scores: the `candidates` best, ties to the lower token (top_k_rows)
+//   3. top-k     of the ADC scores: the `candidates` best, ties to the lower token (top_k_rows.h)
 //   4. re-rank   exact (Σ_h q_h)·k of the candidates from their stored FP16 keys (FP64, rounded to FP32),
 //                the keys kept in scratch, and the k best of those (top_k_rows again)
 //   5. gather    init tokens, the kept tokens, the local window and open tokens, ascending, each KV head
@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "attention/cuda/kv_views.h"
+#include "kv/cuda/top_k_rows.h"
 #include "slimkv/status.h"
 
 namespace slimkv::cuda {
@@ -54,6 +55,7 @@ struct PqSelectScratch {
   uint16_t* keys = nullptr;     // [rows, kv_heads, max_candidates, head_dim]: the candidates' keys
   int* kept = nullptr;          // [rows, kv_heads, max_candidates]: indices into ranked
   int* lengths = nullptr;       // [4, rows]: the middle's length, candidates, those re-ranked (0: none), k
+  int* top_k = nullptr;         // top_k_scratch_ints(rows · kv_heads, max_middle)
   int max_middle = 0, max_candidates = 0;
 };
 
@@ -74,13 +76,5 @@ struct PqSelectLaunch {
 
 // Steps 1–5 for one layer (on the default stream).
 Status pq_select_and_gather(const PqSelectLaunch& launch);
-
-// The k[r / per_length] highest of row r's n[r / per_length] scores, as ascending indices, ties to the
-// lower index (kv/select/top_k.h's rule), for `rows` rows: scores [rows, score_stride], out [rows,
-// out_stride]. One CTA per row: a 4-pass radix select over the scores' order-preserving 32-bit keys (a
-// histogram of 8 bits per pass finds the k-th's key), then one ordered pass writing the indices above it
-// and the first equal ones. Linear in n. n, k device arrays.
-Status top_k_rows(const float* scores, long long score_stride, const int* n, const int* k, int per_length, int rows,
-                  int* out, long long out_stride);
 
 }  // namespace slimkv::cuda
