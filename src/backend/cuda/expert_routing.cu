@@ -14,8 +14,8 @@ unsigned blocks_for(size_t size) { return unsigned((size + kThreads - 1) / kThre
 // Routing: one warp per row, its probabilities in shared memory (kRoutingWarps rows a CTA). A row's k
 // choices are k rounds of a warp-wide argmax, each chosen expert then marked -1 (below any probability).
 constexpr int kRoutingWarps = 4;
-// Experts a row may have: its probabilities take 4 bytes each of a CTA's shared memory, 32 KB at most.
-constexpr int kMaxExperts = 2048;
+// kMaxRoutedExperts: a CTA's rows' probabilities take 4 · kRoutingWarps · experts bytes of shared memory, 32 KB at most.
+static_assert(kRoutingWarps * kMaxRoutedExperts * sizeof(float) <= 32 * 1024);
 
 __device__ float warp_max(float value) {
   for (int offset = 16; offset > 0; offset /= 2) value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
@@ -109,8 +109,8 @@ __global__ void add_weighted_rows_kernel(const float* expert_out, const int32_t*
 
 Status route_to_experts(const float* router_logits, int n, int experts, int k, bool normalize_top_k, int32_t* expert_of,
                         float* expert_weight) {
-  if (experts < 1 || experts > kMaxExperts || k < 1 || k > experts) {
-    return error("expert routing: ", k, " of ", experts, " experts a row (expected 1 <= k <= experts <= ", kMaxExperts,
+  if (experts < 1 || experts > kMaxRoutedExperts || k < 1 || k > experts) {
+    return error("expert routing: ", k, " of ", experts, " experts a row (expected 1 <= k <= experts <= ", kMaxRoutedExperts,
                  ")");
   }
   if (n == 0) return Status::ok();

@@ -10,6 +10,9 @@
 
 namespace slimkv::cuda {
 
+// The most experts a row may have (the routing kernel holds a row's probabilities in shared memory).
+inline constexpr int kMaxRoutedExperts = 2048;
+
 // expert_of, expert_weight [n, k] from router_logits [n, experts] FP32 (left as they are), as the CPU's
 // route_to_experts computes them: softmax, the k most probable experts in order (the lower expert first
 // among equals), their probabilities rescaled to sum to 1 when normalize_top_k. Device arrays.
