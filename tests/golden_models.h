@@ -32,16 +32,6 @@ inline std::vector<std::string> golden_models() {
   return dirs;
 }
 
-// Those of golden_models() that device cuda runs so far: every family but Qwen3-MoE (experts).
-inline std::vector<std::string> cuda_golden_models() {
-  std::vector<std::string> dirs;
-  for (const std::string& dir : golden_models()) {
-    const auto config = load_model_config(dir);
-    if (config && config->moe.num_experts == 0) dirs.push_back(dir);
-  }
-  return dirs;
-}
-
 // The comma-separated ids of DIR/golden_tokens.txt.
 inline std::vector<int32_t> golden_tokens(const std::string& dir) {
   std::ifstream in(dir + "/golden_tokens.txt");

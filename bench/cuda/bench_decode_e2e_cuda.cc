@@ -3,15 +3,17 @@
 // tokens of random K/V without running the layers: long contexts in milliseconds), then --steps
 // decode steps (greedy, or sampled on the GPU with --temperature / --top-k / --top-p), for each KV codec of --kvs (dense FP16; hack / quant sealed at --bits).
 // Models: a directory or a GGUF file (--model, e.g. the bundled one) and/or --random llama3-8b (random
-// weights of Llama-3-8B's shape generated on the GPU: nothing to download). Weight variants side by
+// weights of Llama-3-8B's shape generated on the GPU: nothing to download; also llama2-7b, and
+// qwen3-30b-a3b, a mixture of experts). Weight variants side by
 // side (issue 29): --random-weights f16,q4_k_m,q8_0 (random FP16 matrices, or random GGUF blocks kept
 // as blocks on the GPU), and for a GGUF file --weights quantized,widened (its blocks kept, or widened to
 // FP16 at upload as the GPU did before). Prints per model, variant and batch size, after a line with the
 // GPU memory of each variant's weights:
 // prefill tokens/s, decode ms per step, decode tokens/s (all sequences), the ratio to the first
 // codec's decode tokens/s, and the step's time against the memory roofline (weights + the KV that
-// attention must read, as each codec stores it, once per step at --bandwidth GB/s): decode at small
-// batch is a weight-streaming problem, so that ratio says how much launch and kernel overhead costs.
+// attention must read, as each codec stores it, once per step at --bandwidth GB/s; of a mixture of
+// experts, the experts its rows are expected to choose: weight_gb_read): decode at small batch is a
+// weight-streaming problem, so that ratio says how much launch and kernel overhead costs.
 //
 // --fit: instead of --batches, each codec's largest batch whose contexts fit in the GPU's KV memory (the
 // default budget: 90% of what is free after the weights and activations; found by bisection over
@@ -22,9 +24,11 @@
 //   bench_decode_e2e_cuda --random llama3-8b --kvs dense,hack,quant --bits 2 --fit --context 32768
 //   bench_decode_e2e_cuda --random llama3-8b --random-weights f16,q4_k_m,q8_0 --batches 1,8,16 --prompt 512
 //   bench_decode_e2e_cuda --model model-Q4_K_M.gguf --weights quantized,widened --batches 1,8 --prompt 128
+//   bench_decode_e2e_cuda --random qwen3-30b-a3b --random-weights q8_0,q4_0 --batches 1,8,32 --prompt 512
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -181,6 +185,17 @@ Expected<std::pair<int, std::unique_ptr<CudaLlamaModel>>> largest_batch(const Op
   return std::make_pair(lo, std::move(model));
 }
 
+// The weights a decode step of `batch` rows reads: all of them, but of a mixture of experts' only the
+// experts its rows choose, estimated as if the batch·k choices fell uniformly on the E experts (1 − (1 −
+// k/E)^batch of them chosen; the experts' share of the bytes taken as their share of the parameters).
+double weight_gb_read(const ModelConfig& config, size_t weight_bytes, int batch) {
+  const ShapeParameters parameters = shape_parameters(config);
+  if (parameters.experts == 0) return double(weight_bytes) / 1e9;
+  const double k_of_e = double(config.moe.experts_per_token) / double(config.moe.num_experts);
+  const double chosen = 1.0 - std::pow(1.0 - k_of_e, double(batch));
+  return double(weight_bytes) / 1e9 * (1.0 - parameters.experts / parameters.all * (1.0 - chosen));
+}
+
 // Every codec of --kvs on one model's weight variant (made by make_model), each batch size (or its
 // largest), side by side; "vs first" is against the first row of the same batch (first_tokens_per_s,
 // shared by the variants of a model).
@@ -207,7 +222,7 @@ Status run_model(const Options& o, const ModelConfig& config, const std::string&
       if (first_tokens_per_s[i] == 0) first_tokens_per_s[i] = tokens_per_s;
       const int context = o.context > 0 ? o.context : o.prompt;
       const double kv_gb = double(batch) * (context + o.steps / 2.0) * kv_bytes_per_token(config, kv, o.bits) / 1e9;
-      const double roofline_ms = (double(model->weight_bytes()) / 1e9 + kv_gb) / o.bandwidth_gb_s * 1e3;
+      const double roofline_ms = (weight_gb_read(config, model->weight_bytes(), batch) + kv_gb) / o.bandwidth_gb_s * 1e3;
       std::printf("%-34s %-9s %7.2f %-6s %5d %8d %12.0f %10.3f %12.1f %8.2fx %8.2f %9.3f %8.2f\n",
                   config.architecture_name.c_str(), variant.c_str(), model->weight_bytes() / 1e9, kv.c_str(), batch,
                   context, row.prefill_tokens_per_s, row.step_ms, tokens_per_s, tokens_per_s / first_tokens_per_s[i],
@@ -267,7 +282,7 @@ int main(int argc, char** argv) {
   slimkv::cuda::Options o;
   CLI::App app{"End-to-end decode tokens/s on the GPU"};
   app.add_option("--model", o.model_dir, "a Hugging Face model directory or a GGUF file");
-  app.add_option("--random", o.random, "a random-weight model of a known shape: llama3-8b, llama2-7b");
+  app.add_option("--random", o.random, "a random-weight model of a known shape: llama3-8b, llama2-7b, qwen3-30b-a3b");
   app.add_option("--random-weights", o.random_weights, "--random's weights, side by side: f16, q8_0, q4_0, q4_k_m")
       ->delimiter(',');
   app.add_option("--weights", o.weights, "--model's quantized matrices, side by side: quantized (blocks kept), widened")
@@ -285,7 +300,7 @@ int main(int argc, char** argv) {
   app.add_flag("--fit", o.fit, "each codec at the largest batch whose KV fits in GPU memory (instead of --batches)");
   CLI11_PARSE(app, argc, argv);
   if (o.model_dir.empty() && o.random.empty()) {
-    std::fprintf(stderr, "error: give --model DIR and/or --random SHAPE (llama3-8b, llama2-7b)\n");
+    std::fprintf(stderr, "error: give --model DIR and/or --random SHAPE (llama3-8b, llama2-7b, qwen3-30b-a3b)\n");
     return 2;
   }
   const slimkv::Status status = slimkv::cuda::run(o);

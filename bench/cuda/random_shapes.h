@@ -5,6 +5,7 @@
 #include <cmath>
 #include <exception>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/device_memory.h"
 #include "model/model_config.h"
@@ -50,10 +51,33 @@ inline ModelConfig llama2_7b_config() {
   return c;
 }
 
+// Qwen3-30B-A3B: a mixture of experts, 8 of 128 experts of 768 a token in every layer (3.3B of its
+// 30.5B parameters active a token; FP16 weights 61 GB), q/k norms, GQA of 4 KV heads.
+inline ModelConfig qwen3_30b_a3b_config() {
+  ModelConfig c;
+  c.architecture = Architecture::kQwen3Moe;
+  c.architecture_name = "qwen3-30b-a3b (random weights)";
+  c.vocab_size = 151936;
+  c.hidden_size = 2048;
+  c.intermediate_size = 6144;
+  c.num_layers = 48;
+  c.num_heads = 32;
+  c.num_kv_heads = 4;
+  c.head_dim = 128;
+  c.max_position_embeddings = 40960;
+  c.rms_norm_eps = 1e-6;
+  c.rope = {RopeType::kDefault, 1000000.0, 1.0, 1.0, 4.0, 0, {}};
+  c.attention_scale = 1.0 / std::sqrt(128.0);
+  c.qk_norm = true;
+  c.moe = {128, 8, 768, true, std::vector<bool>(48, true)};
+  return c;
+}
+
 inline Expected<ModelConfig> random_shape(const std::string& name) {
   if (name == "llama3-8b") return llama3_8b_config();
   if (name == "llama2-7b") return llama2_7b_config();
-  return error("random model shape '", name, "': known shapes are llama3-8b, llama2-7b");
+  if (name == "qwen3-30b-a3b") return qwen3_30b_a3b_config();
+  return error("random model shape '", name, "': known shapes are llama3-8b, llama2-7b, qwen3-30b-a3b");
 }
 
 // A benchmark configuration "CONTEXTxBATCH" (e.g. 32768x8): `batch` sequences of `context` tokens each.
@@ -73,13 +97,31 @@ inline Expected<ContextBatch> parse_context_batch(const std::string& text) {
   return error("'", text, "': expected CONTEXTxBATCH, e.g. 32768x8");
 }
 
+// The parameters of a shape's matrices (an untied embedding and lm_head both), and of those its experts'.
+struct ShapeParameters {
+  double all = 0, experts = 0;
+};
+inline ShapeParameters shape_parameters(const ModelConfig& shape) {
+  const double hidden = double(shape.hidden_size);
+  ShapeParameters p{2.0 * double(shape.vocab_size) * hidden, 0};
+  for (int64_t l = 0; l < shape.num_layers; ++l) {
+    p.all += hidden * (2.0 * double(shape.q_dim()) + 2.0 * double(shape.kv_dim()));
+    if (!shape.is_sparse(l)) {
+      p.all += 3.0 * hidden * double(shape.intermediate_size);
+      continue;
+    }
+    const double experts = double(shape.moe.num_experts) * 3.0 * hidden * double(shape.moe.expert_intermediate_size);
+    p.experts += experts;
+    p.all += experts + double(shape.moe.num_experts) * hidden;  // and the router
+  }
+  return p;
+}
+
 // Whether resident dense (FP16 weights and KV) fits the GPU's free memory with 4 GB left for activations.
 inline Expected<bool> resident_dense_fits(const ModelConfig& shape, const ContextBatch& c) {
   SLIMKV_ASSIGN_OR_RETURN(size_t free_bytes, device_free_memory());
   const double kv = double(c.batch) * (c.context + 64) * double(shape.num_layers) * 4.0 * double(shape.kv_dim());
-  const double weights = 2.0 * (double(shape.num_layers) * (double(shape.hidden_size) * (2.0 * shape.q_dim() + 2 * shape.kv_dim()) +
-                                                            3.0 * double(shape.hidden_size) * shape.intermediate_size) +
-                                2.0 * double(shape.vocab_size) * shape.hidden_size);
+  const double weights = 2.0 * shape_parameters(shape).all;
   return kv + weights + 4e9 < double(free_bytes);
 }
 

@@ -5,6 +5,7 @@
 
 #include "backend/cpu/vec_ops.h"
 #include "kv/store_attention.h"
+#include "model/expert_routing.h"
 #include "model/gguf_model.h"
 #include "model/model_identity.h"
 
@@ -161,28 +162,7 @@ void mlp(const ModelConfig& c, const LayerWeights& w, const float* h, int n, flo
   s.expert_of.resize(size_t(n) * k);
   s.expert_weight.resize(size_t(n) * k);
   matmul(h, n, w.router, s.router.data(), pool);
-  for (int t = 0; t < n; ++t) {
-    float* p = s.router.data() + size_t(t) * experts;
-    const float max = *std::max_element(p, p + experts);
-    float sum = 0;
-    for (int e = 0; e < experts; ++e) sum += p[e] = std::exp(p[e] - max);
-    for (int e = 0; e < experts; ++e) p[e] /= sum;
-    int* chosen = s.expert_of.data() + size_t(t) * k;
-    float* weight = s.expert_weight.data() + size_t(t) * k;
-    for (int j = 0; j < k; ++j) {  // the k largest, the lower index first among equals (as torch.topk)
-      int best = -1;
-      for (int e = 0; e < experts; ++e) {
-        if (std::find(chosen, chosen + j, e) == chosen + j && (best < 0 || p[e] > p[best])) best = e;
-      }
-      chosen[j] = best;
-      weight[j] = p[best];
-    }
-    if (moe.normalize_top_k) {
-      float top = 0;
-      for (int j = 0; j < k; ++j) top += weight[j];
-      for (int j = 0; j < k; ++j) weight[j] /= top;
-    }
-  }
+  route_to_experts(moe, n, s.router.data(), s.expert_of.data(), s.expert_weight.data());
   std::fill(out, out + size_t(n) * hidden, 0.0f);
   const size_t inter = size_t(moe.expert_intermediate_size);
   std::vector<int> rows;

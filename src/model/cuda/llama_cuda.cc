@@ -5,6 +5,7 @@
 #include <string>
 
 #include "backend/cpu/vec_ops.h"
+#include "backend/cuda/expert_routing.h"
 #include "backend/cuda/layer_kernels.h"
 #include "backend/cuda/random_fill.h"
 #include "model/rope.h"
@@ -69,12 +70,16 @@ Status upload_floats(const std::vector<float>& values, float* device) {
   return copy_to_device(device, values.data(), values.size() * sizeof(float));
 }
 
-// What the GPU's kernels cannot hold of the model's shape: heads over 256 dims; and a softmax scale
-// never set (a config made by hand without attention_scale).
+// What the GPU's kernels cannot hold of the model's shape: heads over 256 dims, more experts than the
+// routing kernel holds; and a softmax scale never set (a config made by hand without attention_scale).
 Status check_shape(const ModelConfig& c) {
   if (!(c.attention_scale > 0)) {
     return error(c.architecture_name, ": attention_scale ", c.attention_scale, " (expected 1/sqrt(head_dim) or the "
                  "family's; parse_model_config sets it)");
+  }
+  if (c.moe.num_experts > kMaxRoutedExperts) {
+    return error(c.architecture_name, ": ", c.moe.num_experts, " experts do not run on device cuda yet (its routing "
+                 "kernel holds at most ", kMaxRoutedExperts, "): use --device cpu");
   }
   if (attention_head_dim_for(int(c.head_dim)) == 0) {
     return error(c.architecture_name, ": head_dim ", c.head_dim,
@@ -95,9 +100,8 @@ std::vector<float> padded_bases(const ZackKvOptions& zack, int head_dim, int sto
   return padded;
 }
 
-// What of the model's features (model_config.h) the GPU's layer does not run yet; empty: it runs them all.
-std::string features_not_on_cuda(const ModelConfig& c) {
-  return c.moe.num_experts > 0 ? "experts (Qwen3-MoE's routed MLP)" : "";
+GateActivation gate_activation(const ModelConfig& c) {
+  return c.activation == Activation::kGeluTanh ? GateActivation::kGeluTanh : GateActivation::kSilu;
 }
 
 // FP16 when every matrix fits its range (FP16 keeps 10 mantissa bits to BF16's 7, and a BF16 weight
@@ -108,10 +112,15 @@ constexpr float kFp16Max = 65504.0f;
 DType upload_dtype(const LlamaWeights& weights) {
   std::vector<const WeightMatrix*> matrices = {&weights.embedding, &weights.lm_head};
   for (const LayerWeights& l : weights.layers) {
-    for (const WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.mlp.gate, &l.mlp.up, &l.mlp.down}) matrices.push_back(w);
+    for (const WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.mlp.gate, &l.mlp.up, &l.mlp.down, &l.router}) {
+      matrices.push_back(w);
+    }
+    for (const MlpWeights& expert : l.experts) {
+      for (const WeightMatrix* w : {&expert.gate, &expert.up, &expert.down}) matrices.push_back(w);
+    }
   }
   for (const WeightMatrix* w : matrices) {
-    if (w->dtype == DType::kF16) continue;
+    if (w->dtype == DType::kF16 || w->data == nullptr) continue;  // no data: a sparse layer's dense MLP, a dense one's router
     const Status fits = for_each_widened_slice(*w, [](size_t, const float* wide, size_t n) {
       for (size_t i = 0; i < n; ++i) {
         if (!(std::fabs(wide[i]) < kFp16Max)) return error("outside FP16's range");
@@ -141,6 +150,14 @@ Status for_each_matrix(const ModelConfig& c, int64_t o_cols, const Kinds& kinds,
     SLIMKV_RETURN_IF_ERROR(f(layer + "attn_k (W_k)", k.k, c.kv_dim(), hidden));
     SLIMKV_RETURN_IF_ERROR(f(layer + "attn_v (W_v)", k.v, c.kv_dim(), hidden));
     SLIMKV_RETURN_IF_ERROR(f(layer + "attn_output (W_o)", k.o, hidden, o_cols));
+    if (c.is_sparse(int64_t(i))) {  // every expert's matrices alike: one kind and shape for all
+      const int64_t expert_inter = c.moe.expert_intermediate_size;
+      SLIMKV_RETURN_IF_ERROR(f(layer + "ffn_gate_inp (the router)", k.router, c.moe.num_experts, hidden));
+      SLIMKV_RETURN_IF_ERROR(f(layer + "ffn_gate_exps (the experts' W_gate)", k.gate, expert_inter, hidden));
+      SLIMKV_RETURN_IF_ERROR(f(layer + "ffn_up_exps (the experts' W_up)", k.up, expert_inter, hidden));
+      SLIMKV_RETURN_IF_ERROR(f(layer + "ffn_down_exps (the experts' W_down)", k.down, hidden, expert_inter));
+      continue;
+    }
     SLIMKV_RETURN_IF_ERROR(f(layer + "ffn_gate (W_gate)", k.gate, inter, hidden));
     SLIMKV_RETURN_IF_ERROR(f(layer + "ffn_up (W_up)", k.up, inter, hidden));
     SLIMKV_RETURN_IF_ERROR(f(layer + "ffn_down (W_down)", k.down, hidden, inter));
@@ -229,6 +246,10 @@ void CudaLlamaModel::lay_out_weights(const WeightKinds& kinds) {
   inv_freq_ = floats(true, head_dim / 2);
   sliding_inv_freq_ = floats(!c.sliding_layers.empty(), head_dim / 2);
   layers_.assign(size_t(c.num_layers), LayerOnDevice());
+  const auto take_mlp = [&](const LayerKinds& k, int64_t intermediate) {
+    return MlpOnDevice{take_stacked({{intermediate, k.gate}, {intermediate, k.up}}, hidden),
+                       take_stacked({{hidden, k.down}}, intermediate)};
+  };
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LayerKinds& k = kinds.layers[i];
     LayerOnDevice& l = layers_[i];
@@ -241,8 +262,13 @@ void CudaLlamaModel::lay_out_weights(const WeightKinds& kinds) {
     l.attention_out_norm = floats(c.sandwich_norms, hidden);
     l.mlp_norm = floats(true, hidden);
     l.mlp_out_norm = floats(c.sandwich_norms, hidden);
-    l.w_gate_up = take_stacked({{inter, k.gate}, {inter, k.up}}, hidden);
-    l.w_down = take_stacked({{hidden, k.down}}, inter);
+    if (!c.is_sparse(int64_t(i))) {
+      l.mlp = take_mlp(k, inter);
+      continue;
+    }
+    l.router = take_stacked({{c.moe.num_experts, k.router}}, hidden);
+    l.experts.resize(size_t(c.moe.num_experts));
+    for (MlpOnDevice& expert : l.experts) expert = take_mlp(k, c.moe.expert_intermediate_size);
   }
 }
 
@@ -331,6 +357,18 @@ Status CudaLlamaModel::allocate_runtime(const CudaModelOptions& options) {
   SLIMKV_ASSIGN_OR_RETURN(attended_, DeviceArray<uint16_t>::allocate(T * q_width, "attention outputs"));
   SLIMKV_ASSIGN_OR_RETURN(logits_, DeviceArray<float>::allocate(T * size_t(c.vocab_size), "logits"));
   SLIMKV_ASSIGN_OR_RETURN(sampling_, DeviceArray<RowSampling>::allocate(size_t(max_sequences_), "sampling settings"));
+  if (c.moe.num_experts > 0) {
+    const size_t experts = size_t(c.moe.num_experts), choices = T * size_t(c.moe.experts_per_token);
+    const size_t hidden = size_t(c.hidden_size), expert_inter = size_t(c.moe.expert_intermediate_size);
+    SLIMKV_ASSIGN_OR_RETURN(router_logits_, DeviceArray<float>::allocate(T * experts, "router logits"));
+    SLIMKV_ASSIGN_OR_RETURN(expert_of_, DeviceArray<int32_t>::allocate(choices, "routed experts"));
+    SLIMKV_ASSIGN_OR_RETURN(expert_weight_, DeviceArray<float>::allocate(choices, "routed experts' weights"));
+    SLIMKV_ASSIGN_OR_RETURN(expert_plan_, DeviceArray<int32_t>::allocate(2 * choices, "the experts' rows"));
+    SLIMKV_ASSIGN_OR_RETURN(expert_inputs_,
+                            DeviceArray<uint16_t>::allocate(choices * std::max(hidden, expert_inter), "expert inputs"));
+    SLIMKV_ASSIGN_OR_RETURN(expert_products_, DeviceArray<float>::allocate(choices * std::max(2 * expert_inter, hidden),
+                                                                          "expert products"));
+  }
   if (options.tier && options.tier->recompute) {
     const size_t rows = kRecomputeChunkRows;
     SLIMKV_ASSIGN_OR_RETURN(recompute_projected_,
@@ -360,10 +398,6 @@ KvprCostModel kvpr_cost_model(const ModelConfig& config, DType dtype, double kv_
 
 Expected<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::upload(const ModelConfig& config, const LlamaWeights& weights,
                                                                  const CudaModelOptions& options) {
-  if (const std::string missing = features_not_on_cuda(config); !missing.empty()) {
-    return error(config.architecture_name, " does not run on device cuda yet (the CUDA model lacks ", missing,
-                 "): use --device cpu");
-  }
   SLIMKV_RETURN_IF_ERROR(check_shape(config));
   SLIMKV_RETURN_IF_ERROR(device_usable());
   std::unique_ptr<CudaLlamaModel> model(new CudaLlamaModel(config, upload_dtype(weights), options));
@@ -374,9 +408,21 @@ Expected<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::upload(const ModelConf
   // engine/cuda/cuda_device_model.cc, so they are plain already.)
   const auto kept = [&](const WeightMatrix& w) { return options.widen_quantized_weights ? kPlain : w.quant; };
   WeightKinds kinds{kept(weights.embedding), kept(weights.lm_head), {}};
-  for (const LayerWeights& w : weights.layers) {
-    kinds.layers.push_back({kept(w.wq), kept(w.wk), kept(w.wv), padded_heads ? kPlain : kept(w.wo), kept(w.mlp.gate),
-                            kept(w.mlp.up), kept(w.mlp.down)});
+  for (size_t i = 0; i < weights.layers.size(); ++i) {
+    const LayerWeights& w = weights.layers[i];
+    // A sparse layer's experts are held in the kinds of its first (a GGUF file's are one stacked tensor).
+    const MlpWeights& mlp = config.is_sparse(int64_t(i)) ? w.experts.front() : w.mlp;
+    kinds.layers.push_back({kept(w.wq), kept(w.wk), kept(w.wv), padded_heads ? kPlain : kept(w.wo), kept(mlp.gate),
+                            kept(mlp.up), kept(mlp.down), kept(w.router)});
+    for (size_t e = 1; e < w.experts.size(); ++e) {
+      const MlpWeights& expert = w.experts[e];
+      if (kept(expert.gate) != kept(mlp.gate) || kept(expert.up) != kept(mlp.up) || kept(expert.down) != kept(mlp.down)) {
+        return error("layer ", i, " expert ", e, ": gate/up/down ", block_quant_name(expert.gate.quant), "/",
+                     block_quant_name(expert.up.quant), "/", block_quant_name(expert.down.quant), " unlike expert 0's ",
+                     block_quant_name(mlp.gate.quant), "/", block_quant_name(mlp.up.quant), "/",
+                     block_quant_name(mlp.down.quant), " (device cuda holds a layer's experts in one kind)");
+      }
+    }
   }
   SLIMKV_RETURN_IF_ERROR(check_block_shapes(config, int64_t(config.num_heads) * model->attention_dim_, kinds));
   SLIMKV_RETURN_IF_ERROR(model->allocate_weights(kinds));
@@ -422,8 +468,16 @@ Expected<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::upload(const ModelConf
       SLIMKV_RETURN_IF_ERROR(upload_floats(w.mlp_out_norm, l.mlp_out_norm));
     }
     SLIMKV_RETURN_IF_ERROR(upload_floats(w.mlp_norm, l.mlp_norm));
-    SLIMKV_RETURN_IF_ERROR(upload_stacked({&w.mlp.gate, &w.mlp.up}, l.w_gate_up));
-    SLIMKV_RETURN_IF_ERROR(upload_one(w.mlp.down, l.w_down.runs.front()));
+    const auto upload_mlp = [&](const MlpWeights& from, const MlpOnDevice& to) -> Status {
+      SLIMKV_RETURN_IF_ERROR(upload_stacked({&from.gate, &from.up}, to.w_gate_up));
+      return upload_one(from.down, to.w_down.runs.front());
+    };
+    if (l.experts.empty()) {
+      SLIMKV_RETURN_IF_ERROR(upload_mlp(w.mlp, l.mlp));
+      continue;
+    }
+    SLIMKV_RETURN_IF_ERROR(upload_one(w.router, l.router.runs.front()));
+    for (size_t e = 0; e < l.experts.size(); ++e) SLIMKV_RETURN_IF_ERROR(upload_mlp(w.experts[e], l.experts[e]));
   }
   SLIMKV_RETURN_IF_ERROR(model->allocate_runtime(options));
   return Expected<std::unique_ptr<CudaLlamaModel>>(std::move(model));
@@ -431,22 +485,21 @@ Expected<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::upload(const ModelConf
 
 Expected<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::random(const ModelConfig& config, uint64_t seed,
                                                                  const CudaModelOptions& options, RandomWeights weights) {
-  if (const std::string missing = features_not_on_cuda(config); !missing.empty()) {
-    return error("a random ", config.architecture_name, " on device cuda: the CUDA model lacks ", missing);
-  }
   SLIMKV_RETURN_IF_ERROR(check_shape(config));
   SLIMKV_RETURN_IF_ERROR(device_usable());
   std::unique_ptr<CudaLlamaModel> model(new CudaLlamaModel(config, DType::kF16, options));
   // One block type throughout, or Q4_K_M's mix: Q6_K where llama.cpp spends more bits (W_v, W_down,
-  // the lm_head). W_o of padded heads stays FP16 (as upload() keeps it).
+  // the lm_head). W_o of padded heads stays FP16 (as upload() keeps it), and the routers of sparse layers
+  // (as llama.cpp's quantizer leaves them).
   const BlockQuant most = weights == RandomWeights::kQ8_0     ? BlockQuant::kQ8_0
                           : weights == RandomWeights::kQ4_0   ? BlockQuant::kQ4_0
                           : weights == RandomWeights::kQ4_K_M ? BlockQuant::kQ4_K
                                                               : kPlain;
   const BlockQuant more_bits = weights == RandomWeights::kQ4_K_M ? BlockQuant::kQ6_K : most;
   const BlockQuant o = model->attention_dim_ != config.head_dim ? kPlain : most;
-  const WeightKinds kinds{most, more_bits,
-                          std::vector<LayerKinds>(size_t(config.num_layers), {most, most, more_bits, o, most, most, more_bits})};
+  const WeightKinds kinds{
+      most, more_bits,
+      std::vector<LayerKinds>(size_t(config.num_layers), {most, most, more_bits, o, most, most, more_bits, kPlain})};
   SLIMKV_RETURN_IF_ERROR(check_block_shapes(config, int64_t(config.num_heads) * model->attention_dim_, kinds));
   SLIMKV_RETURN_IF_ERROR(model->allocate_weights(kinds));
   uint64_t matrix = 0;
@@ -483,8 +536,13 @@ Expected<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::random(const ModelConf
       if (norm != nullptr) SLIMKV_RETURN_IF_ERROR(upload_floats(ones, norm));
     }
     SLIMKV_RETURN_IF_ERROR(upload_floats(ones, l.mlp_norm));
-    SLIMKV_RETURN_IF_ERROR(fill(l.w_gate_up));
-    SLIMKV_RETURN_IF_ERROR(fill(l.w_down));
+    const auto fill_mlp = [&](const MlpOnDevice& mlp) -> Status {
+      SLIMKV_RETURN_IF_ERROR(fill(mlp.w_gate_up));
+      return fill(mlp.w_down);
+    };
+    SLIMKV_RETURN_IF_ERROR(fill_mlp(l.mlp));  // a sparse layer's has no runs
+    SLIMKV_RETURN_IF_ERROR(fill(l.router));   // nor a dense layer's router
+    for (const MlpOnDevice& expert : l.experts) SLIMKV_RETURN_IF_ERROR(fill_mlp(expert));
   }
   SLIMKV_RETURN_IF_ERROR(model->allocate_runtime(options));
   return Expected<std::unique_ptr<CudaLlamaModel>>(std::move(model));
@@ -590,13 +648,14 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, std
 
   const float eps = float(c.rms_norm_eps), scale = float(c.attention_scale);  // 1/√head_dim, Gemma's 1/√query_pre_attn_scalar
   const AttentionHeads heads{int(c.num_heads), int(c.num_kv_heads), int(c.head_dim), attention_dim_};
-  const GateActivation activation = c.activation == Activation::kGeluTanh ? GateActivation::kGeluTanh : GateActivation::kSilu;
+  const GateActivation activation = gate_activation(c);
   // o_proj reads the FP16 attention output; a BF16 model's gets a BF16 copy.
   void* attention_output_in_dtype = dtype_ == DType::kF16 ? static_cast<void*>(attended_.data()) : h_.data();
-  // A sublayer's output W · input: added to x by the GEMM, or (sandwich norms) normed first, then added.
-  const auto add_sublayer = [&](const void* input, const StackedMatrix& weight, const float* out_norm) {
-    if (out_norm == nullptr) return multiply(input, n, weight, x_.data(), /*accumulate=*/true);
-    SLIMKV_RETURN_IF_ERROR(multiply(input, n, weight, projected_.data()));
+  // A sublayer's output, written by `output(y, accumulate)`: added to x where it is written (the GEMM's
+  // or the experts' sum adds), or (sandwich norms) normed first, then added.
+  const auto add_sublayer = [&](const float* out_norm, const auto& output) -> Status {
+    if (out_norm == nullptr) return output(x_.data(), /*accumulate=*/true);
+    SLIMKV_RETURN_IF_ERROR(output(projected_.data(), /*accumulate=*/false));
     return add_rmsnorm(projected_.data(), out_norm, eps, n, hidden, x_.data());
   };
 
@@ -622,13 +681,23 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, std
       SLIMKV_RETURN_IF_ERROR(
           convert_half(attended_.data(), DType::kF16, size_t(n) * o_cols, attention_output_in_dtype, dtype_));
     }
-    SLIMKV_RETURN_IF_ERROR(add_sublayer(attention_output_in_dtype, w.w_o, w.attention_out_norm));
+    SLIMKV_RETURN_IF_ERROR(add_sublayer(w.attention_out_norm, [&](float* y, bool accumulate) {
+      return multiply(attention_output_in_dtype, n, w.w_o, y, accumulate);
+    }));
 
-    // MLP block: x += down(act(gate(h)) · up(h)), h = rmsnorm(x)
+    // MLP block: x += down(act(gate(h)) · up(h)), h = rmsnorm(x); a sparse layer's: its routed experts'
     SLIMKV_RETURN_IF_ERROR(rmsnorm(x_.data(), w.mlp_norm, eps, n, hidden, h_.data(), dtype_));
-    SLIMKV_RETURN_IF_ERROR(multiply(h_.data(), n, w.w_gate_up, projected_.data()));
+    if (c.is_sparse(l)) {
+      SLIMKV_RETURN_IF_ERROR(add_sublayer(w.mlp_out_norm, [&](float* y, bool accumulate) {
+        return add_routed_experts(w, n, y, accumulate);
+      }));
+      continue;
+    }
+    SLIMKV_RETURN_IF_ERROR(multiply(h_.data(), n, w.mlp.w_gate_up, projected_.data()));
     SLIMKV_RETURN_IF_ERROR(gated_activation(projected_.data(), n, inter, activation, h_.data(), dtype_));
-    SLIMKV_RETURN_IF_ERROR(add_sublayer(h_.data(), w.w_down, w.mlp_out_norm));
+    SLIMKV_RETURN_IF_ERROR(add_sublayer(w.mlp_out_norm, [&](float* y, bool accumulate) {
+      return multiply(h_.data(), n, w.mlp.w_down, y, accumulate);
+    }));
   }
   if (rows == 0) return 0;
   SLIMKV_RETURN_IF_ERROR(rmsnorm(x_.data(), final_norm_, eps, rows, hidden, h_.data(), dtype_, rows_wanted));
@@ -637,6 +706,66 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, std
     SLIMKV_RETURN_IF_ERROR(soft_cap(logits_.data(), size_t(rows) * size_t(c.vocab_size), float(c.final_logit_softcap)));
   }
   return rows;
+}
+
+// The products need each expert's row count on the host (cuBLAS and the quantized kernels take their
+// shapes from it), so the choices come back, n·k ids in one copy that waits for the router, and the
+// host groups them: a sort on the GPU would still have to bring the counts back, and this way the plan
+// is a plain loop. Decode of B sequences runs the experts B rows chose (at most B·k), each once.
+Status CudaLlamaModel::add_routed_experts(const LayerOnDevice& layer, int n, float* y, bool accumulate) {
+  const ModelConfig& c = config_;
+  const int experts = int(c.moe.num_experts), k = int(c.moe.experts_per_token), choices = n * k;
+  const size_t hidden = size_t(c.hidden_size), inter = size_t(c.moe.expert_intermediate_size);
+  // Routing: the router's logits, then each row's k experts and their weights.
+  SLIMKV_RETURN_IF_ERROR(multiply(h_.data(), n, layer.router, router_logits_.data()));
+  SLIMKV_RETURN_IF_ERROR(route_to_experts(router_logits_.data(), n, experts, k, c.moe.normalize_top_k,
+                                          expert_of_.data(), expert_weight_.data()));
+  // The plan: the choices grouped by expert, each expert's rows in token order (as the CPU runs them);
+  // choice i (row i / k's j-th expert) lands at place_of_choice[i], which holds row row_of_place[place].
+  std::vector<int32_t> expert_of(static_cast<size_t>(choices)), first_place(static_cast<size_t>(experts) + 1, 0);
+  SLIMKV_RETURN_IF_ERROR(copy_to_host(expert_of.data(), expert_of_.data(), expert_of.size() * sizeof(int32_t)));
+  for (int i = 0; i < choices; ++i) {
+    const int32_t e = expert_of[size_t(i)];
+    if (e < 0 || e >= experts) {
+      return error("expert routing: row ", i / k, " was routed to expert ", e, " of ", experts,
+                   " (its router logits hold a NaN)");
+    }
+    ++first_place[size_t(e) + 1];
+  }
+  for (int e = 0; e < experts; ++e) first_place[size_t(e) + 1] += first_place[size_t(e)];
+  std::vector<int32_t> plan(2 * size_t(choices));  // row_of_place [choices] | place_of_choice [choices]
+  std::vector<int32_t> next_place(first_place.begin(), first_place.end() - 1);
+  for (int i = 0; i < choices; ++i) {
+    const int32_t place = next_place[size_t(expert_of[size_t(i)])]++;
+    plan[size_t(place)] = i / k;
+    plan[size_t(choices + i)] = place;
+  }
+  SLIMKV_RETURN_IF_ERROR(expert_plan_.upload(plan.data(), plan.size()));
+  const int32_t* row_of_place = expert_plan_.data();
+  const int32_t* place_of_choice = row_of_place + choices;
+
+  // Each expert's rows gathered, through its W_gate|W_up; the activation over every expert's rows at
+  // once (into the gathered rows' buffer, read by then); each expert's W_down (into the gate/up
+  // products' buffer, likewise); each row's k outputs summed into y, weighted.
+  SLIMKV_RETURN_IF_ERROR(gather_rows(h_.data(), int(hidden), row_of_place, choices, expert_inputs_.data()));
+  const auto for_each_expert = [&](const auto& run) -> Status {
+    for (int e = 0; e < experts; ++e) {
+      const int first = first_place[size_t(e)], count = first_place[size_t(e) + 1] - first;
+      if (count > 0) SLIMKV_RETURN_IF_ERROR(run(layer.experts[size_t(e)], size_t(first), count));
+    }
+    return Status::ok();
+  };
+  SLIMKV_RETURN_IF_ERROR(for_each_expert([&](const MlpOnDevice& expert, size_t first, int count) {
+    return multiply(expert_inputs_.data() + first * hidden, count, expert.w_gate_up,
+                    expert_products_.data() + first * 2 * inter);
+  }));
+  SLIMKV_RETURN_IF_ERROR(gated_activation(expert_products_.data(), choices, int(inter), gate_activation(c),
+                                          expert_inputs_.data(), dtype_));
+  SLIMKV_RETURN_IF_ERROR(for_each_expert([&](const MlpOnDevice& expert, size_t first, int count) {
+    return multiply(expert_inputs_.data() + first * inter, count, expert.w_down, expert_products_.data() + first * hidden);
+  }));
+  return add_weighted_rows(expert_products_.data(), place_of_choice, expert_weight_.data(), n, k, int(hidden), y,
+                           accumulate);
 }
 
 int CudaLlamaModel::max_rows() const { return kRecomputeChunkRows; }

@@ -1,4 +1,4 @@
-// A Llama-family model on the GPU (issue 9; Qwen3 and Gemma 3, issue 29): the forward pass of model/llama.cc with the weights in
+// A Llama-family model on the GPU (issue 9; Qwen3, Qwen3-MoE and Gemma 3, issue 29): the forward pass of model/llama.cc with the weights in
 // FP16/BF16 on the device, or in a GGUF file's quantized blocks (Q8_0, Q4_0, Q4_K, Q6_K: kept as blocks,
 // backend/cuda/quantized_gemm.h), the GEMMs in cuBLAS or the quantized kernels, the KV in one GPU KV cache (kv/cuda/gpu_kv_cache.h:
 // dense FP16 pages, sealed hack/quant blocks, or a host tier, as the options say; the model knows none
@@ -13,6 +13,8 @@
 //       o = kv.attend(layer, q, k, v)             (appends k, v, then attention; sliding layers: their window)
 //       x += o · W_oᵀ (the add rides on the GEMM; Gemma 3: x += rmsnorm(o · W_oᵀ))
 //       h = rmsnorm(x);  gu = h · W_gate_upᵀ;   x += act(gu) · W_downᵀ   (SwiGLU; Gemma: GeGLU, normed before the add)
+//         (Qwen3-MoE's sparse layers: each row's top k experts by router softmax; each expert's rows
+//          gathered and run through its own gate/up and down; x += the outputs weighted: add_routed_experts)
 //   logits = lm_head(rmsnorm(x)) for the rows asked for   (Gemma: soft-capped where the config says)
 //
 // Gemma's (1 + w) norm weights arrive as that sum (model/llama_weights.h, in FP32, as transformers
@@ -197,13 +199,20 @@ class CudaLlamaModel final : private KvProjection {
     // Rows [first, first + count), runs cut where the range cuts them.
     StackedMatrix row_range(int64_t first, int64_t count) const;
   };
-  // The kind each matrix is kept in on the GPU: a block type, or kNone (the model's FP16/BF16).
+  // The kind each matrix is kept in on the GPU: a block type, or kNone (the model's FP16/BF16). In a
+  // sparse layer gate, up and down are every expert's (a GGUF file stores a layer's experts stacked, one
+  // type for all), and router its router's.
   struct LayerKinds {
-    BlockQuant q, k, v, o, gate, up, down;
+    BlockQuant q, k, v, o, gate, up, down, router;
   };
   struct WeightKinds {
     BlockQuant embedding = BlockQuant::kNone, lm_head = BlockQuant::kNone;
     std::vector<LayerKinds> layers;
+  };
+  // One gated MLP of `intermediate` (the dense one, or an expert).
+  struct MlpOnDevice {
+    StackedMatrix w_gate_up;  // [2·intermediate, hidden]: W_gate, W_up stacked
+    StackedMatrix w_down;     // [hidden, intermediate]
   };
   struct LayerOnDevice {
     float* attention_norm = nullptr;  // [hidden]
@@ -215,8 +224,9 @@ class CudaLlamaModel final : private KvProjection {
     float* attention_out_norm = nullptr;  // [hidden] with sandwich_norms, else nullptr
     float* mlp_norm = nullptr;        // [hidden]
     float* mlp_out_norm = nullptr;    // [hidden] with sandwich_norms, else nullptr
-    StackedMatrix w_gate_up;          // [2·intermediate, hidden]: W_gate, W_up stacked
-    StackedMatrix w_down;             // [hidden, intermediate]
+    MlpOnDevice mlp;                  // a dense layer's (intermediate_size); empty in a sparse layer
+    StackedMatrix router;             // [num_experts, hidden] a sparse layer's; else empty
+    std::vector<MlpOnDevice> experts;  // [num_experts] a sparse layer's (expert_intermediate_size); else empty
   };
 
   CudaLlamaModel(const ModelConfig& config, DType dtype, const CudaModelOptions& options);
@@ -230,6 +240,9 @@ class CudaLlamaModel final : private KvProjection {
   Status multiply(const void* x, int n, const StackedMatrix& w, float* y, bool accumulate = false);
   // Activations and the KV cache, sized by the options.
   Status allocate_runtime(const CudaModelOptions& options);
+  // A sparse layer's MLP over the n rows of h_ (normed, in dtype_): y = Σ_j weight_j · expert_j(h) over
+  // each row's k routed experts, or y += that when accumulate (as the CPU's mlp() in model/llama.cc).
+  Status add_routed_experts(const LayerOnDevice& layer, int n, float* y, bool accumulate);
   const SequenceBlocks& held() const { return kv_->sequences(); }
   Status check_batch(std::span<const SequenceTokens> batch) const;
   // KvProjection (a tier that recomputes, KVPR): K/V of X rows through layer's W_k, W_v and RoPE.
@@ -273,6 +286,18 @@ class CudaLlamaModel final : private KvProjection {
   DeviceArray<uint16_t> attended_;   // FP16 [T, num_heads · attention_dim] attention output
   DeviceArray<float> logits_;        // [T, vocab]
   DeviceArray<RowSampling> sampling_;  // [max_sequences] how each sampled row of a step is drawn
+  // Sparse layers (Qwen3-MoE), empty without: the router's logits [T, num_experts] FP32; each row's
+  // experts and weights [T, k] (k = experts_per_token); the plan of a layer's experts' rows (the T·k
+  // choices grouped by expert, each expert's rows in token order): the row of each place [T·k] | the
+  // place of each choice [T·k]; and the grouped rows: GEMM inputs [T·k, max(hidden, expert_intermediate)]
+  // in dtype_ (gathered h, then act(gate)·up), FP32 products [T·k, max(2·expert_intermediate, hidden)]
+  // (gate|up, then the experts' outputs).
+  DeviceArray<float> router_logits_;
+  DeviceArray<int32_t> expert_of_;
+  DeviceArray<float> expert_weight_;
+  DeviceArray<int32_t> expert_plan_;
+  DeviceArray<uint16_t> expert_inputs_;
+  DeviceArray<float> expert_products_;
   // KVPR's recomputation, kRecomputeChunkRows rows at a time: K|V projections, then K and V in FP16.
   DeviceArray<float> recompute_projected_;
   DeviceArray<uint16_t> recompute_k_, recompute_v_;
