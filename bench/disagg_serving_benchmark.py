@@ -86,13 +86,18 @@ class Deployment:
         for process in reversed(self.processes):
             process.__exit__(None, None, None)
 
-    def kv_bytes_sent(self):
-        """The KV bytes the prefill worker reported sending (the router's counter)."""
+    def router_counters(self):
+        """The router's KV counters: bytes the prefill workers reported sending, and the transfers' count and
+        seconds (each from the prefill worker's first piece to the decode worker's answer)."""
         status, _, text = self.front.get("/metrics")
+        names = {"slimkv_router:kv_transfer_bytes_total": "bytes", "slimkv_router:kv_transfer_seconds_sum": "seconds",
+                 "slimkv_router:kv_transfer_seconds_count": "transfers"}
+        counters = dict.fromkeys(names.values(), 0.0)
         for line in text.decode().splitlines() if status == 200 else []:
-            if line.startswith("slimkv_router:kv_transfer_bytes_total"):
-                return float(line.rsplit(" ", 1)[1])
-        return None
+            name = line.split(" ", 1)[0].split("{", 1)[0]
+            if name in names:
+                counters[names[name]] = float(line.rsplit(" ", 1)[1])
+        return counters
 
 
 def heldout_token_ids(server, path, max_chars):
@@ -388,7 +393,7 @@ def main():
         # Each rate's workload runs --rounds times through every deployment, the order rotated each
         # round, so that a load that drifts on a shared machine falls on every deployment alike.
         runs = {(rate, names[i]): {"rate": rate, "deployment": names[i], "spec": spec, "disaggregated": disaggregated,
-                                   "requests": [], "kv_bytes": 0.0}
+                                   "requests": [], "kv_bytes": 0.0, "kv_transfer_seconds": 0.0, "kv_transfers": 0.0}
                 for rate in rates for i, (spec, disaggregated) in enumerate(plans)}
         for rate in rates:
             requests = workload(args, corpus, rate, seed=args.seed + int(rate * 1000))
@@ -398,17 +403,22 @@ def main():
                 for i in order[shift:] + order[:shift]:
                     deployment = deployment_of(i)
                     run = runs[(rate, deployment.name)]
-                    kv_before = deployment.kv_bytes_sent() if deployment.disaggregated else None
+                    kv_before = deployment.router_counters() if deployment.disaggregated else None
                     results = drive(deployment, model, requests, args)
                     for r in results:
                         r["round"] = round_index
                     run["requests"] += results
+                    transfer = ""
                     if deployment.disaggregated:
-                        run["kv_bytes"] += deployment.kv_bytes_sent() - kv_before
+                        kv_after = deployment.router_counters()
+                        run["kv_bytes"] += kv_after["bytes"] - kv_before["bytes"]
+                        run["kv_transfer_seconds"] += kv_after["seconds"] - kv_before["seconds"]
+                        run["kv_transfers"] += kv_after["transfers"] - kv_before["transfers"]
+                        transfer = f", KV transfer {run['kv_transfer_seconds'] / max(1, run['kv_transfers']):.3f} s"
                     s = summarize(results)
                     print(f"  rate {rate} round {round_index}: {deployment.name}: {s['completed']}/{s['sent']} done, "
-                          f"JCT {s['jct_mean_s']:.3f} s, TTFT {s['ttft_mean_s']:.3f} s, TPOT {s['tpot_mean_s'] * 1e3:.1f} ms",
-                          flush=True)
+                          f"JCT {s['jct_mean_s']:.3f} s, TTFT {s['ttft_mean_s']:.3f} s, TPOT {s['tpot_mean_s'] * 1e3:.1f} ms"
+                          f"{transfer}", flush=True)
                     if s["completed"] < s["sent"]:
                         deployment.show_failure(s["errors"])
                     if args.one_at_a_time:
@@ -416,8 +426,11 @@ def main():
         runs = list(runs.values())
         for run in runs:
             run["summary"] = summarize(run["requests"])
+            transfers = run.pop("kv_transfers")
+            transfer_seconds = run.pop("kv_transfer_seconds")
             if run["disaggregated"]:
                 run["kv_bytes_per_token"] = run.pop("kv_bytes") / max(1, sum(r["prompt"] for r in run["requests"] if r["ok"]))
+                run["kv_transfer_mean_s"] = transfer_seconds / max(1, transfers)
             else:
                 run.pop("kv_bytes")
     finally:

@@ -134,6 +134,15 @@ struct StepResult {
   }
 };
 
+// How a streamed sequence's KV leaves the engine (Engine::stream_sealed_kv, stream_kv_in_next_step).
+enum class KvStreamForm {
+  kHostBytes,    // pieces of the transfer format in host memory (a TCP stream)
+  kDeviceWhole,  // one DeviceKvTransfer after the last step, sealed blocks in GPU memory (CUDA IPC)
+  // on a GPU with device pages, each layer's blocks in GPU memory as steps seal them, then a
+  // DeviceKvTransfer of the layout and the open tokens (NCCL: the blocks travel while later layers run)
+  kDeviceLayers,
+};
+
 // A piece of a sequence's KV transfer (docs/kv_transfer_format.md) handed out while a step runs: during
 // a prompt's earlier chunks each layer's newly sealed blocks (Engine::stream_sealed_kv), then, in the
 // step that finishes it, the head and each layer's rest as soon as it is final (stream_kv_in_next_step).
@@ -151,8 +160,10 @@ struct KvTransferPiece {
   // A layer's: the CRC32C of each KV head's part of `bytes`, then (final) of `open`, computed as they
   // were written (a sender's frames then need not read them again); empty: not computed.
   std::vector<uint32_t> crcs = {};
-  // stream_kv_in_next_step(..., on_device): the whole KV in this one piece, its sealed blocks in GPU
-  // memory (layer -1, bytes empty).
+  // KvStreamForm::kDeviceWhole: the whole KV in this one piece, its sealed blocks in GPU memory (layer
+  // -1, bytes empty). kDeviceLayers: a layer's blocks from first_block as pages in GPU memory (layer ≥ 0,
+  // final false, num_layers 1, no open tokens), and at last (layer -1) the layout and open tokens with no
+  // pages (every block went before).
   std::shared_ptr<const DeviceKvTransfer> device = nullptr;
   // A GPU's blocks handed out during a step: waits until `bytes` hold them (copied from the GPU while
   // later layers compute). Call before reading `bytes`; null: they are there.
@@ -244,18 +255,20 @@ class Engine {
   // The calls run on the stepping thread; on the CPU the stream is the sequence's forward observer for
   // that step (a session's observer is replaced). Errors: an unknown sequence, or KV the format cannot
   // hold.
-  // With `on_device` on an engine whose KV can leave as a DeviceKvTransfer (export_kv_to_device), the
-  // stream is one piece after the step holding it (KvTransferPiece::device): the CUDA IPC path.
-  Status stream_kv_in_next_step(SequenceId sequence, KvPieceCallback on_piece, bool on_device = false);
+  // Forms other than host bytes, on an engine whose KV can leave as a DeviceKvTransfer
+  // (export_kv_to_device): kDeviceWhole, one piece after the step holding it (the CUDA IPC path);
+  // kDeviceLayers, the blocks as pages in GPU memory (KvTransferPiece::device) as stream_sealed_kv's, then
+  // the layout and open tokens after the step (the NCCL path).
+  Status stream_kv_in_next_step(SequenceId sequence, KvPieceCallback on_piece, KvStreamForm form = KvStreamForm::kHostBytes);
   // From the sequence's next step until the step stream_kv_in_next_step streams: right after each
   // layer's attention, the layer's blocks sealed since its last piece (pieces with final false), so that
   // a prompt's earlier chunks and layers travel while later ones compute; stream_kv_in_next_step's
   // pieces then start at the first block not handed out. On the GPU a piece's bytes are copied while
   // later layers run: its `ready` waits for them. Calling it again keeps the stream going (the first
-  // call's callback). With `on_device` (the KV will leave as a DeviceKvTransfer) and on GPU KV without
-  // device pages, nothing is handed out early: the final pieces hold every block. Errors: an unknown
-  // sequence.
-  Status stream_sealed_kv(SequenceId sequence, KvPieceCallback on_piece, bool on_device = false);
+  // call's callback). `form`: as stream_kv_in_next_step's (the same for both); with kDeviceWhole and on
+  // GPU KV without device pages nothing is handed out early: the final pieces hold every block. Errors:
+  // an unknown sequence.
+  Status stream_sealed_kv(SequenceId sequence, KvPieceCallback on_piece, KvStreamForm form = KvStreamForm::kHostBytes);
   // The sequence's KV with its sealed blocks copied, device to device, into an allocation of their own
   // (device "cuda" with dense, hack or quant KV; elsewhere an error: that KV moves by export_kv).
   Expected<DeviceKvTransfer> export_kv_to_device(SequenceId sequence) const;

@@ -71,8 +71,8 @@ struct SubmitOptions {
   // (Engine::stream_kv_in_next_step: each layer as soon as it is final); a prefill worker sends them on.
   // Called on the scheduler's thread, before the update carrying that token: it must be quick.
   KvPieceCallback stream_kv;
-  // stream_kv's KV as one piece in GPU memory (Engine::stream_kv_in_next_step's on_device).
-  bool stream_kv_on_device = false;
+  // How stream_kv's KV leaves (Engine::stream_kv_in_next_step's form).
+  KvStreamForm stream_kv_form = KvStreamForm::kHostBytes;
 };
 
 // What a request produced since its last update.

@@ -31,12 +31,14 @@ struct CudaPlugin {
   decltype(&cuda::device_uuid) device_uuid;
   decltype(&cuda::ipc_handle_of) ipc_handle_of;
   decltype(&cuda::copy_from_ipc_handle) copy_from_ipc_handle;
+  decltype(&cuda::shared_device_allocation_on) shared_device_allocation_on;
   // NCCL links between processes on two GPUs (backend/cuda/nccl_link.h): the KV stream's other device path.
   decltype(&cuda::nccl_available) nccl_available;
   decltype(&cuda::nccl_new_id) nccl_new_id;
   decltype(&cuda::nccl_connect) nccl_connect;
   decltype(&cuda::nccl_send) nccl_send;
   decltype(&cuda::nccl_receive) nccl_receive;
+  decltype(&cuda::nccl_wait) nccl_wait;
   decltype(&cuda::nccl_link_broken) nccl_link_broken;
 };
 

@@ -60,20 +60,22 @@ class DeviceModel {
   virtual Status adopt_kv(SequenceId sequence, std::shared_ptr<KvStore> kv, std::string_view source);
 
   // The same with the sealed blocks staying in GPU memory (Engine::export_kv_to_device); devices
-  // without such blocks answer false / an error.
+  // without such blocks answer false / an error. Without `pages`, the layout and open tokens alone (the
+  // blocks went out during the steps: stream_blocks_in_next_step's to_device).
   virtual bool exports_kv_to_device() const { return false; }
-  virtual Status export_kv_to_device(SequenceId sequence, std::string_view model_id, DeviceKvTransfer& out) const;
+  virtual Status export_kv_to_device(SequenceId sequence, std::string_view model_id, DeviceKvTransfer& out, bool pages) const;
   virtual Status import_kv_from_device(SequenceId sequence, const DeviceKvTransfer& transfer, std::string_view source,
                                        std::string_view model_id);
 
   // A streamed sequence's sealed blocks handed out during its next step on a device without a store
   // (the CPU's come from its store through set_observer): right after each layer's attention, `on_piece`
-  // gets the layer's blocks [first_block, the step's full blocks) (write_kv_transfer_blocks's bytes,
-  // final false), whose `ready` waits until they are copied to host memory while later layers compute;
-  // nothing when the step fills no block. held_bytes counts the pieces' memory while they live. Devices
-  // that cannot (streams_blocks() false) answer an error; their KV streams whole after the step.
+  // gets the layer's blocks [first_block, the step's full blocks), final false, whose `ready` waits until
+  // they are copied while later layers compute: to host memory as write_kv_transfer_blocks's bytes, or
+  // (to_device) into GPU memory as pages (KvTransferPiece::device); nothing when the step fills no
+  // block. held_bytes counts the pieces' memory while they live. Devices that cannot (streams_blocks()
+  // false) answer an error; their KV streams whole after the step.
   virtual bool streams_blocks() const { return false; }
-  virtual Status stream_blocks_in_next_step(SequenceId sequence, int first_block, KvPieceCallback on_piece,
+  virtual Status stream_blocks_in_next_step(SequenceId sequence, int first_block, bool to_device, KvPieceCallback on_piece,
                                             std::shared_ptr<std::atomic<uint64_t>> held_bytes);
   // The sequence's tokens after its last full block as a store of their own (the device's pipeline and
   // shape), for the open tokens of a stream whose blocks went out during steps (streams_blocks()).

@@ -197,10 +197,11 @@ Status Engine::step(std::span<const StepItem> items, StepResult& result) {
   for (const StepItem& item : items) {  // first what can fail: the device's hand-outs for the next step
     auto stream = kv_streams_.find(item.sequence);
     if (stream == kv_streams_.end() || device_->kv_store(item.sequence) || !device_->streams_blocks() ||
-        stream->second->on_device()) {
+        stream->second->form() == KvStreamForm::kDeviceWhole) {
       continue;
     }
     SLIMKV_RETURN_IF_ERROR(device_->stream_blocks_in_next_step(item.sequence, stream->second->device_blocks_out(),
+                                                               stream->second->form() == KvStreamForm::kDeviceLayers,
                                                                stream->second->on_piece(), streamed_kv_bytes_));
     device_streamed.push_back(item.sequence);
   }
@@ -226,14 +227,16 @@ Status Engine::step(std::span<const StepItem> items, StepResult& result) {
     const std::unique_ptr<KvLayerStream> stream = std::move(kv_streams_.at(sequence));
     kv_streams_.erase(sequence);
     if (!stepped.is_ok() || device_->kv_store(sequence) || !streamed.is_ok()) continue;
-    if (std::find(device_streamed.begin(), device_streamed.end(), sequence) != device_streamed.end()) {
+    const bool blocks_went = std::find(device_streamed.begin(), device_streamed.end(), sequence) != device_streamed.end();
+    if (blocks_went && stream->form() == KvStreamForm::kHostBytes) {
       Expected<std::unique_ptr<KvStore>> open = device_->open_tokens(sequence);
       streamed = open ? stream->finish_with_open_tokens(**open) : open.status();
       continue;
     }
-    if (stream->on_device()) {
+    if (stream->form() != KvStreamForm::kHostBytes) {
+      // The layout and open tokens alone where the blocks went during the steps, else the whole KV.
       auto device = std::make_shared<DeviceKvTransfer>();
-      streamed = device_->export_kv_to_device(sequence, identity_, *device);
+      streamed = device_->export_kv_to_device(sequence, identity_, *device, /*pages=*/!blocks_went);
       if (streamed.is_ok()) {
         stream->on_piece()({.layer = -1, .bytes = {}, .open = {}, .owner = nullptr, .first_block = 0, .final = true,
                             .device = std::move(device)});
@@ -298,9 +301,9 @@ Expected<std::vector<uint8_t>> Engine::export_kv(SequenceId sequence) const {
   return out;
 }
 
-Status Engine::stream_kv_in_next_step(SequenceId sequence, KvPieceCallback on_piece, bool on_device) {
+Status Engine::stream_kv_in_next_step(SequenceId sequence, KvPieceCallback on_piece, KvStreamForm form) {
   SLIMKV_RETURN_IF_ERROR(check_sequence(sequence));
-  if (on_device && !device_->exports_kv_to_device()) {
+  if (form != KvStreamForm::kHostBytes && !device_->exports_kv_to_device()) {
     return error("streaming KV in GPU memory: this engine's KV (device '", config_.device, "', '", kv_description(),
                  "') leaves through host memory only");
   }
@@ -310,21 +313,21 @@ Status Engine::stream_kv_in_next_step(SequenceId sequence, KvPieceCallback on_pi
     SLIMKV_RETURN_IF_ERROR(write_kv_transfer_head(*store, identity_, store->num_tokens(0), head));
   }
   std::unique_ptr<KvLayerStream>& stream = kv_streams_[sequence];
-  if (!stream) stream = std::make_unique<KvLayerStream>(identity_, transfer_buffers_, streamed_kv_bytes_, nullptr, on_device);
-  stream->finish_in_next_step(std::move(on_piece), on_device);
+  if (!stream) stream = std::make_unique<KvLayerStream>(identity_, transfer_buffers_, streamed_kv_bytes_, nullptr, form);
+  stream->finish_in_next_step(std::move(on_piece), form);
   return Status::ok();
 }
 
-Status Engine::stream_sealed_kv(SequenceId sequence, KvPieceCallback on_piece, bool on_device) {
+Status Engine::stream_sealed_kv(SequenceId sequence, KvPieceCallback on_piece, KvStreamForm form) {
   SLIMKV_RETURN_IF_ERROR(check_sequence(sequence));
   std::unique_ptr<KvLayerStream>& stream = kv_streams_[sequence];
   if (!stream) {
-    stream = std::make_unique<KvLayerStream>(identity_, transfer_buffers_, streamed_kv_bytes_, std::move(on_piece), on_device);
+    stream = std::make_unique<KvLayerStream>(identity_, transfer_buffers_, streamed_kv_bytes_, std::move(on_piece), form);
   }
   return Status::ok();
 }
 
-Status DeviceModel::stream_blocks_in_next_step(SequenceId, int, KvPieceCallback, std::shared_ptr<std::atomic<uint64_t>>) {
+Status DeviceModel::stream_blocks_in_next_step(SequenceId, int, bool, KvPieceCallback, std::shared_ptr<std::atomic<uint64_t>>) {
   return error("handing out KV blocks during a step runs on device 'cuda' with dense, hack or quant KV");
 }
 
@@ -332,7 +335,7 @@ Expected<std::unique_ptr<KvStore>> DeviceModel::open_tokens(SequenceId) const {
   return error("the open tokens of a streamed sequence come from device 'cuda' with dense, hack or quant KV");
 }
 
-Status DeviceModel::export_kv_to_device(SequenceId, std::string_view, DeviceKvTransfer&) const {
+Status DeviceModel::export_kv_to_device(SequenceId, std::string_view, DeviceKvTransfer&, bool) const {
   return error("KV export into GPU memory runs on device 'cuda' with dense, hack or quant KV; this KV leaves by export_kv");
 }
 
@@ -354,7 +357,7 @@ bool Engine::exports_kv_to_device() const { return device_->exports_kv_to_device
 Expected<DeviceKvTransfer> Engine::export_kv_to_device(SequenceId sequence) const {
   SLIMKV_RETURN_IF_ERROR(check_sequence(sequence));
   DeviceKvTransfer out;
-  SLIMKV_RETURN_IF_ERROR(device_->export_kv_to_device(sequence, identity_, out));
+  SLIMKV_RETURN_IF_ERROR(device_->export_kv_to_device(sequence, identity_, out, /*pages=*/true));
   return out;
 }
 

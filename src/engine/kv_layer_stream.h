@@ -23,22 +23,22 @@ namespace slimkv {
 class KvLayerStream : public ForwardObserver {
  public:
   // Each piece's bytes are written into a buffer taken from `buffers` and go back there once sent;
-  // `held_bytes` holds their sizes meanwhile (Engine::kv_budget counts them). on_device: the KV will
-  // leave as a DeviceKvTransfer (nothing is handed out before the finishing step).
+  // `held_bytes` holds their sizes meanwhile (Engine::kv_budget counts them). form: how the KV leaves
+  // (KvStreamForm; kDeviceWhole hands nothing out before the finishing step).
   KvLayerStream(std::string model_id, std::shared_ptr<BufferPool> buffers, std::shared_ptr<std::atomic<uint64_t>> held_bytes,
-                KvPieceCallback on_piece, bool on_device)
+                KvPieceCallback on_piece, KvStreamForm form)
       : model_id_(std::move(model_id)), buffers_(std::move(buffers)), held_bytes_(std::move(held_bytes)),
-        on_piece_(std::move(on_piece)), on_device_(on_device) {}
+        on_piece_(std::move(on_piece)), form_(form) {}
 
   // The next step finishes the stream, its pieces going to `on_piece`: the head and every layer's rest
-  // (on_device: one piece, the whole KV with its sealed blocks in GPU memory, after the step).
-  void finish_in_next_step(KvPieceCallback on_piece, bool on_device) {
+  // (kDeviceWhole: one piece, the whole KV with its sealed blocks in GPU memory, after the step).
+  void finish_in_next_step(KvPieceCallback on_piece, KvStreamForm form) {
     on_piece_ = std::move(on_piece);
     finishing_ = true;
-    on_device_ = on_device;
+    form_ = form;
   }
   bool finishing() const { return finishing_; }
-  bool on_device() const { return on_device_; }
+  KvStreamForm form() const { return form_; }
   // A step begins, after which every layer of `store` holds `tokens_after_step` tokens (nullptr: the
   // device has no store; it hands out blocks itself, or nothing during the step).
   void begin_step(const KvStore* store, int tokens_after_step);
@@ -66,7 +66,7 @@ class KvLayerStream : public ForwardObserver {
   KvPieceCallback on_piece_;
   const KvStore* store_ = nullptr;
   bool finishing_ = false;
-  bool on_device_ = false;
+  KvStreamForm form_ = KvStreamForm::kHostBytes;
   int tokens_after_step_ = 0;
   std::vector<int> blocks_out_;  // per layer: the sealed blocks handed out so far (a store's)
   int device_blocks_out_ = 0;

@@ -145,7 +145,7 @@ struct Scheduler::Impl {
     Clock::time_point submitted, last_token;
     bool has_token = false;
     KvPieceCallback stream_kv;  // SubmitOptions::stream_kv, until the first token
-    bool stream_kv_on_device = false;
+    KvStreamForm stream_kv_form = KvStreamForm::kHostBytes;
     std::vector<int32_t> forced;  // SubmitOptions::forced_tokens...
     size_t forced_used = 0;       // ...of which run so far
     std::optional<Generation::Delta> resumed;  // a resumed request's delta for its last token, not sent yet
@@ -352,8 +352,8 @@ void Scheduler::Impl::step_once() {
     const bool samples = s.tokens == int64_t(request.tokens_to_run.size());
     const bool last = samples && request.forced_used >= request.forced.size();
     if (Status streaming = last ? engine.stream_kv_in_next_step(request.sequence, std::exchange(request.stream_kv, nullptr),
-                                                                request.stream_kv_on_device)
-                                : engine.stream_sealed_kv(request.sequence, request.stream_kv, request.stream_kv_on_device);
+                                                                request.stream_kv_form)
+                                : engine.stream_sealed_kv(request.sequence, request.stream_kv, request.stream_kv_form);
         !streaming.is_ok()) {
       end_early(request, FinishReason::kError, "streaming the KV: " + streaming.message());
     }
@@ -567,7 +567,7 @@ Expected<RequestId> Scheduler::submit(GenerationRequest request, UpdateCallback 
   queued->tokens_to_run = queued->generation.request().prompt;
   queued->submitted = Clock::now();
   queued->stream_kv = std::move(options.stream_kv);
-  queued->stream_kv_on_device = options.stream_kv_on_device;
+  queued->stream_kv_form = options.stream_kv_form;
   queued->forced = std::move(options.forced_tokens);
   if (options.resume) {
     queued->host_kv = std::move(options.resume->kv);

@@ -309,7 +309,7 @@ class HttpApi {
         KvStreamSender::open(ask.decode_kv_address, disaggregation_.identity, ask.request_id, ask.attempt,
                              {.bandwidth_gbps = config_.kv_bandwidth_gbps, .cuda_ipc_device = ipc_device,
                               .nccl_links = disaggregation_.nccl_links.get(), .gpu_device = disaggregation_.cuda_ipc_device,
-                              .gpu = disaggregation_.gpu},
+                              .gpu = disaggregation_.gpu, .total_tokens = int64_t(prompt.size() + resume.size())},
                              &refused);
     if (!sender) {
       return send_error(response, refused ? ApiError::kv_refused(sender.status().message())
@@ -319,9 +319,14 @@ class HttpApi {
     auto in_flight = std::shared_ptr<void>(nullptr, [this](void*) { --in_flight_; });
     ++in_flight_;
     const bool on_device = (*sender)->kv_on_device();
+    // Over NCCL the blocks go layer by layer as the prefill seals them; over CUDA IPC (one GPU, no wire
+    // time to hide) the whole KV is shared after the last step.
+    const KvStreamForm form = (*sender)->nccl()       ? KvStreamForm::kDeviceLayers
+                              : (*sender)->cuda_ipc() ? KvStreamForm::kDeviceWhole
+                                                      : KvStreamForm::kHostBytes;
     SubmitOptions options{.resume = std::nullopt, .forced_tokens = resume,
                           .stream_kv = [updates](KvTransferPiece piece) { updates->push_piece(std::move(piece)); },
-                          .stream_kv_on_device = on_device};
+                          .stream_kv_form = form};
     Expected<RequestId> id = scheduler_.load()->submit(
         generation, [updates](const RequestUpdate& update) { updates->push(update); }, std::move(options));
     if (!id) {
@@ -330,7 +335,7 @@ class HttpApi {
     }
     // Each piece goes out as it comes, while the scheduler computes the next layers (and, for a prompt
     // longer than a step, the next chunks); the token's update comes after the last piece. Over CUDA IPC
-    // or NCCL the KV is one piece after the step.
+    // or NCCL the last piece is the device one (over NCCL after every layer's blocks).
     const int num_layers = disaggregation_.identity.num_layers;
     const int expected_pieces = on_device ? 1 : num_layers + 1;
     int pieces = 0;  // the head and the layers' final pieces

@@ -31,6 +31,7 @@ const char* kv_frame_type_name(KvFrameType type) {
     case KvFrameType::kFailed: return "FAILED";
     case KvFrameType::kKvBlocks: return "KV_BLOCKS";
     case KvFrameType::kKvDevice: return "KV_DEVICE";
+    case KvFrameType::kKvDeviceBlocks: return "KV_DEVICE_BLOCKS";
   }
   return "unknown";
 }
@@ -147,7 +148,7 @@ Status KvFrameReader::finish() const {
                  std::hex, stored_crc_, ", computed 0x", crc_, std::dec, " over ", payload_bytes_,
                  " payload bytes): the frame is corrupt");
   }
-  if (uint8_t(type_) < uint8_t(KvFrameType::kHello) || uint8_t(type_) > uint8_t(KvFrameType::kKvDevice)) {
+  if (uint8_t(type_) < uint8_t(KvFrameType::kHello) || uint8_t(type_) > uint8_t(KvFrameType::kKvDeviceBlocks)) {
     return error("KV stream from ", connection_->peer(), ": unknown frame type ", int(type_));
   }
   return Status::ok();

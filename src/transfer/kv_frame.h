@@ -32,6 +32,7 @@ enum class KvFrameType : uint8_t {
   kFailed = 8,   // receiver → sender: JSON {"error"}: the stream arrived but does not check out
   kKvBlocks = 9,  // sender → receiver, before KV_HEAD: u32 layer, u32 first_block, sealed blocks of every head
   kKvDevice = 10,  // sender → receiver (CUDA IPC instead of KV_HEAD..KV_LAYER): u32 n, JSON [n bytes], open tokens' transfer
+  kKvDeviceBlocks = 11,  // sender → receiver, before KV_DEVICE over NCCL: u32 n, JSON [n bytes]; a layer's pages follow on the link
 };
 const char* kv_frame_type_name(KvFrameType type);
 

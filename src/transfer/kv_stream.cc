@@ -114,6 +114,11 @@ bool bytes_of_hex(const std::string& hex, std::span<uint8_t> out) {
   return true;
 }
 
+// KV_DEVICE's JSON: the pages' layout and the path's own field (the IPC handle, or NCCL's piece size).
+json device_layout_json(const DeviceKvTransfer& kv, const char* path_key, const json& path_value) {
+  return {{"num_layers", kv.num_layers}, {"sealed_blocks", kv.sealed_blocks}, {"page_bytes", kv.page_bytes}, {path_key, path_value}};
+}
+
 }  // namespace
 
 std::string cuda_ipc_device_id(int gpu) {
@@ -378,48 +383,110 @@ Status KvStreamSender::send_device(std::shared_ptr<const DeviceKvTransfer> kv) {
   }
   SLIMKV_ASSIGN_OR_RETURN(const CudaPlugin* plugin, cuda_plugin());
   if (nccl()) return send_over_nccl(*plugin, std::move(kv));
+  if (!kv->pages) return error("KV stream to ", connection_.peer(), ": CUDA IPC shares pages in GPU memory, and this KV has none");
   SLIMKV_ASSIGN_OR_RETURN(const auto handle, plugin->ipc_handle_of(kv->pages.get(), options_.gpu));
-  SLIMKV_RETURN_IF_ERROR(send_kv_device_frame(*kv, "handle", hex_of(handle)));
+  SLIMKV_RETURN_IF_ERROR(send_device_frame(KvFrameType::kKvDevice, device_layout_json(*kv, "handle", hex_of(handle)), kv->open));
   device_kv_ = std::move(kv);  // the receiver copies from it until it answers
   return Status::ok();
 }
 
-Status KvStreamSender::send_kv_device_frame(const DeviceKvTransfer& kv, const char* path_key, const json& path_value) {
-  const std::string header = json{{"num_layers", kv.num_layers},
-                                  {"sealed_blocks", kv.sealed_blocks},
-                                  {"page_bytes", kv.page_bytes},
-                                  {path_key, path_value}}.dump();
-  const std::array<uint8_t, 4> header_bytes = {uint8_t(header.size()), uint8_t(header.size() >> 8),
-                                               uint8_t(header.size() >> 16), uint8_t(header.size() >> 24)};
-  const std::span<const uint8_t> parts[] = {header_bytes, bytes_of(header), kv.open};
-  return send(KvFrameType::kKvDevice, parts);
+Status KvStreamSender::send_device_frame(KvFrameType type, const json& header, std::span<const uint8_t> tail) {
+  const std::string text = header.dump();
+  const std::array<uint8_t, 4> length = {uint8_t(text.size()), uint8_t(text.size() >> 8), uint8_t(text.size() >> 16),
+                                         uint8_t(text.size() >> 24)};
+  const std::span<const uint8_t> parts[] = {length, bytes_of(text), tail};
+  return send(type, parts);
+}
+
+Status KvStreamSender::hold_nccl_link(const CudaPlugin& plugin) {
+  if (!nccl_hold_.owns_lock()) nccl_hold_ = std::unique_lock(nccl_link_->in_use);
+  if (!nccl_link_->link || plugin.nccl_link_broken(*nccl_link_->link)) {
+    options_.nccl_links->forget(address_, nccl_link_);
+    return error("KV stream to ", connection_.peer(), " over NCCL: the link failed in another stream");
+  }
+  return Status::ok();
+}
+
+Status KvStreamSender::send_nccl_pages(const CudaPlugin& plugin, std::shared_ptr<const void> pages, uint64_t bytes) {
+  // Issued without waiting (a wait per layer's piece cost more than the piece), the pages held until
+  // the link has sent them; a wait now and then bounds the GPU memory held so.
+  Status sent = plugin.nccl_send(*nccl_link_->link, pages.get(), bytes, nccl_piece_bytes(),
+                                 [this](uint64_t piece) { bucket_.take(size_t(piece)); }, options_.io_timeout);
+  if (sent.is_ok()) {
+    in_flight_.push_back(std::move(pages));
+    in_flight_bytes_ += bytes;
+    bytes_sent_ += bytes;
+    if (in_flight_bytes_ > kMaxNcclBytesInFlight) sent = wait_for_nccl(plugin);
+  }
+  if (!sent.is_ok() && plugin.nccl_link_broken(*nccl_link_->link)) options_.nccl_links->forget(address_, nccl_link_);
+  return sent.with_context(str_cat("KV stream to ", connection_.peer(), " over NCCL"));
+}
+
+Status KvStreamSender::wait_for_nccl(const CudaPlugin& plugin) {
+  SLIMKV_RETURN_IF_ERROR(plugin.nccl_wait(*nccl_link_->link, options_.io_timeout));
+  in_flight_.clear();
+  in_flight_bytes_ = 0;
+  return Status::ok();
+}
+
+Status KvStreamSender::send_device_blocks(int layer, int first_block, const DeviceKvTransfer& blocks) {
+  const std::string where = str_cat("KV stream to ", connection_.peer());
+  if (!nccl()) return error(where, ": GPU pages go before the end over NCCL only (the receiver took ", transport(), ")");
+  if (layer < 0 || layer >= identity_.num_layers || first_block < 0 || blocks.num_layers != 1 || blocks.sealed_blocks < 1 ||
+      !blocks.pages) {
+    return error(where, ": device blocks of layer ", layer, " from block ", first_block, " (", blocks.sealed_blocks,
+                 " blocks of ", blocks.num_layers, " layers): expected one of ", identity_.num_layers, " layers' pages");
+  }
+  if (device_blocks_sent_.empty()) device_blocks_sent_.assign(size_t(identity_.num_layers), 0);
+  int& sent = device_blocks_sent_[size_t(layer)];
+  if (first_block + blocks.sealed_blocks <= sent) return Status::ok();  // a recomputed prompt's, sent before
+  const int64_t total_blocks = options_.total_tokens / std::max(1, identity_.block_tokens);
+  if (first_block != sent || first_block + blocks.sealed_blocks > total_blocks) {
+    return error(where, ": device blocks ", first_block, "..", first_block + blocks.sealed_blocks - 1, " of layer ", layer,
+                 " after ", sent, " sent, of ", total_blocks, " (", options_.total_tokens, " tokens)");
+  }
+  SLIMKV_ASSIGN_OR_RETURN(const CudaPlugin* plugin, cuda_plugin());
+  SLIMKV_RETURN_IF_ERROR(hold_nccl_link(*plugin));
+  const json header = {{"layer", layer},
+                       {"first_block", first_block},
+                       {"blocks", blocks.sealed_blocks},
+                       {"total_blocks", total_blocks},
+                       {"page_bytes", blocks.page_bytes},
+                       {"nccl_piece_bytes", nccl_piece_bytes()}};
+  SLIMKV_RETURN_IF_ERROR(send_device_frame(KvFrameType::kKvDeviceBlocks, header));
+  SLIMKV_RETURN_IF_ERROR(send_nccl_pages(*plugin, blocks.pages, blocks.pages_bytes()));
+  sent += blocks.sealed_blocks;
+  return Status::ok();
 }
 
 Status KvStreamSender::send_over_nccl(const CudaPlugin& plugin, std::shared_ptr<const DeviceKvTransfer> kv) {
-  // One stream at a time on the link, until the receiver's answer (NCCL pairs sends and receives in
-  // the order they are issued).
-  nccl_hold_ = std::unique_lock(nccl_link_->in_use);
-  const std::string where = str_cat("KV stream to ", connection_.peer(), " over NCCL");
-  if (!nccl_link_->link || plugin.nccl_link_broken(*nccl_link_->link)) {
-    options_.nccl_links->forget(address_, nccl_link_);
-    return error(where, ": the link failed in another stream");
+  SLIMKV_RETURN_IF_ERROR(hold_nccl_link(plugin));
+  json header = device_layout_json(*kv, "nccl_piece_bytes", nccl_piece_bytes());
+  if (!device_blocks_sent_.empty()) {  // every block went before: the layout and open tokens alone
+    for (size_t l = 0; l < device_blocks_sent_.size(); ++l) {
+      if (device_blocks_sent_[l] != kv->sealed_blocks || kv->pages) {
+        return error("KV stream to ", connection_.peer(), ": layer ", l, "'s ", device_blocks_sent_[l],
+                     " blocks sent before the end, of ", kv->sealed_blocks, kv->pages ? ", and pages again" : "");
+      }
+    }
+    header["early"] = true;
+    SLIMKV_RETURN_IF_ERROR(send_device_frame(KvFrameType::kKvDevice, header, kv->open));
+  } else {
+    if (!kv->pages && kv->sealed_blocks > 0) {
+      return error("KV stream to ", connection_.peer(), ": ", kv->sealed_blocks, " blocks a layer, neither sent nor given");
+    }
+    SLIMKV_RETURN_IF_ERROR(send_device_frame(KvFrameType::kKvDevice, header, kv->open));
+    if (kv->pages) SLIMKV_RETURN_IF_ERROR(send_nccl_pages(plugin, kv->pages, kv->pages_bytes()));
   }
-  // A capped link goes in pieces, each paced as TCP's frames are.
-  const uint64_t piece_bytes = bucket_.capped() ? uint64_t(16) << 20 : 0;
-  SLIMKV_RETURN_IF_ERROR(send_kv_device_frame(*kv, "nccl_piece_bytes", piece_bytes));
-  const Status sent = plugin.nccl_send(*nccl_link_->link, kv->pages.get(), kv->pages_bytes(), piece_bytes,
-                                       [this](uint64_t bytes) { bucket_.take(size_t(bytes)); }, options_.io_timeout);
-  if (!sent.is_ok()) {
-    if (plugin.nccl_link_broken(*nccl_link_->link)) options_.nccl_links->forget(address_, nccl_link_);
-    return sent.with_context(where);
-  }
-  bytes_sent_ += kv->pages_bytes();
   device_kv_ = std::move(kv);
-  return Status::ok();
+  const Status waited = wait_for_nccl(plugin);
+  if (!waited.is_ok() && plugin.nccl_link_broken(*nccl_link_->link)) options_.nccl_links->forget(address_, nccl_link_);
+  return waited.with_context(str_cat("KV stream to ", connection_.peer(), " over NCCL"));
 }
 
 Status KvStreamSender::send_piece(const KvTransferPiece& piece) {
   if (piece.ready) SLIMKV_RETURN_IF_ERROR(piece.ready());
+  if (piece.device && piece.layer >= 0) return send_device_blocks(piece.layer, piece.first_block, *piece.device);
   if (piece.device) return send_device(piece.device);
   if (piece.layer < 0) return send_head(piece.bytes);
   if (!piece.final) return send_blocks(piece.layer, piece.first_block, piece.bytes, piece.crcs);
@@ -950,42 +1017,114 @@ std::shared_ptr<NcclPeerLink> KvStreamReceiver::take_nccl_offer(const json& offe
   return link;
 }
 
-Expected<int> KvStreamReceiver::receive_device(TcpConnection& connection, ReceivedKv& received, const std::string& where,
-                                               const std::shared_ptr<NcclPeerLink>& nccl) {
-  // The sender prefills between the handshake and this frame: the head's longer wait.
-  SLIMKV_ASSIGN_OR_RETURN(const KvFrame frame, expect_frame(connection, KvFrameType::kKvDevice,
-                                                            SteadyClock::now() + options_.head_timeout, where));
-  received.wire_bytes += kKvFrameHeaderBytes + frame.payload.size();
+namespace {
+
+// A KV_DEVICE / KV_DEVICE_BLOCKS frame's JSON (after its u32 length), and where the rest of it starts.
+Expected<std::pair<json, size_t>> device_frame_json(const KvFrame& frame, const std::string& where) {
   const size_t header_bytes = frame.payload.size() >= 4 ? load_u32_le(frame.payload.data()) : 0;
   if (frame.payload.size() < 4 || header_bytes > frame.payload.size() - 4) {
-    return error(where, ": the KV_DEVICE frame of ", frame.payload.size(), " bytes does not hold the JSON it declares");
+    return error(where, ": the ", kv_frame_type_name(frame.type), " frame of ", frame.payload.size(),
+                 " bytes does not hold the JSON it declares");
   }
   const auto json_begin = frame.payload.begin() + 4, json_end = json_begin + ptrdiff_t(header_bytes);
-  const json header = json::parse(json_begin, json_end, nullptr, false);
-  if (header.is_discarded() || !header.is_object()) return error(where, ": the KV_DEVICE frame's JSON is not an object");
-  const auto count = [&](const char* key) -> int64_t {
-    return header.contains(key) && header[key].is_number_unsigned() && header[key].get<uint64_t>() <= uint64_t(INT64_MAX)
-               ? header[key].get<int64_t>()
-               : -1;
-  };
-  const int64_t layers = count("num_layers"), blocks = count("sealed_blocks"), page_bytes = count("page_bytes");
+  json header = json::parse(json_begin, json_end, nullptr, false);
+  if (header.is_discarded() || !header.is_object()) {
+    return error(where, ": the ", kv_frame_type_name(frame.type), " frame's JSON is not an object");
+  }
+  return std::pair<json, size_t>(std::move(header), 4 + header_bytes);
+}
+
+// A non-negative integer field of a frame's JSON, or -1.
+int64_t count_field(const json& header, const char* key) {
+  return header.contains(key) && header[key].is_number_unsigned() && header[key].get<uint64_t>() <= uint64_t(INT64_MAX)
+             ? header[key].get<int64_t>()
+             : -1;
+}
+
+}  // namespace
+
+Expected<int> KvStreamReceiver::receive_device(TcpConnection& connection, ReceivedKv& received, const std::string& where,
+                                               const std::shared_ptr<NcclPeerLink>& nccl) {
   const int64_t max_blocks = options_.max_tokens / std::max(1, identity_.block_tokens);
   const uint64_t expected_page_bytes = uint64_t(identity_.num_kv_heads) * identity_.sealed_block_bytes;
+  SLIMKV_ASSIGN_OR_RETURN(const CudaPlugin* plugin, cuda_plugin());
+  std::unique_lock<std::mutex> hold;  // the NCCL link, from the first pages received to the last
+  // Each receive is waited for before the next frame (the sender keeps its sends issued ahead): none is
+  // left writing into memory an error frees.
+  const auto nccl_receive = [&](void* to, uint64_t bytes, int64_t piece_bytes) -> Status {
+    if (!hold.owns_lock()) hold = std::unique_lock(nccl->in_use);
+    Status got = plugin->nccl_receive(*nccl->link, to, bytes, uint64_t(piece_bytes), options_.io_timeout);
+    if (got.is_ok()) got = plugin->nccl_wait(*nccl->link, options_.io_timeout);
+    if (!got.is_ok() && plugin->nccl_link_broken(*nccl->link)) nccl_links_.forget(hex_of(nccl->id), nccl);
+    return got.with_context(where);
+  };
+  // Over NCCL a layer's blocks may come as the prefill seals them (KV_DEVICE_BLOCKS), each layer's in
+  // order, into pages sized by the stream's total blocks; KV_DEVICE then brings the layout and open tokens.
+  std::shared_ptr<void> early_pages;
+  int64_t total_blocks = -1;
+  std::vector<int64_t> early_blocks;  // per layer: received so far
+  KvFrame frame;
+  for (;;) {
+    // The sender prefills between the handshake and these frames: the head's longer wait.
+    Expected<KvFrame> read = read_kv_frame(connection, SteadyClock::now() + options_.head_timeout);
+    if (!read) return read.status().with_context(where);
+    frame = read.take();
+    received.wire_bytes += kKvFrameHeaderBytes + frame.payload.size();
+    if (frame.type != KvFrameType::kKvDeviceBlocks) break;
+    if (!nccl) return error(where, ": KV_DEVICE_BLOCKS comes over NCCL only");
+    SLIMKV_ASSIGN_OR_RETURN(const auto parsed, device_frame_json(frame, where));
+    const json& header = parsed.first;
+    const int64_t layer = count_field(header, "layer"), first = count_field(header, "first_block"),
+                  blocks = count_field(header, "blocks"), total = count_field(header, "total_blocks"),
+                  page_bytes = count_field(header, "page_bytes"), piece_bytes = count_field(header, "nccl_piece_bytes");
+    if (early_blocks.empty()) {
+      early_blocks.assign(size_t(identity_.num_layers), 0);
+      total_blocks = total;
+      if (total_blocks >= 1 && total_blocks <= max_blocks && uint64_t(page_bytes) == expected_page_bytes) {
+        SLIMKV_ASSIGN_OR_RETURN(early_pages, plugin->shared_device_allocation_on(
+                                                 options_.gpu, size_t(identity_.num_layers) * size_t(total_blocks) * expected_page_bytes,
+                                                 "KV blocks received over NCCL"));
+      }
+    }
+    if (layer < 0 || layer >= identity_.num_layers || blocks < 1 || total != total_blocks || !early_pages ||
+        first != early_blocks[size_t(layer)] || first + blocks > total || uint64_t(page_bytes) != expected_page_bytes ||
+        piece_bytes < 0) {
+      return error(where, ": KV_DEVICE_BLOCKS declares layer ", layer, " blocks ", first, "+", blocks, " of ", total,
+                   ", pages of ", page_bytes, " bytes, pieces of ", piece_bytes, "; expected a layer below ",
+                   identity_.num_layers, " from block ", layer >= 0 && layer < identity_.num_layers ? early_blocks[size_t(layer)] : 0,
+                   ", of ", total_blocks, " blocks (at most ", max_blocks, "), pages of ", expected_page_bytes, " bytes");
+    }
+    auto* to = static_cast<uint8_t*>(early_pages.get()) + (uint64_t(layer) * uint64_t(total) + uint64_t(first)) * expected_page_bytes;
+    SLIMKV_RETURN_IF_ERROR(nccl_receive(to, uint64_t(blocks) * expected_page_bytes, piece_bytes));
+    early_blocks[size_t(layer)] += blocks;
+  }
+  SLIMKV_RETURN_IF_ERROR(check_frame_type(frame, KvFrameType::kKvDevice, where));
+  SLIMKV_ASSIGN_OR_RETURN(const auto parsed, device_frame_json(frame, where));
+  const json& header = parsed.first;
+  const int64_t layers = count_field(header, "num_layers"), blocks = count_field(header, "sealed_blocks"),
+                page_bytes = count_field(header, "page_bytes");
   if (layers != identity_.num_layers || blocks < 0 || blocks > max_blocks || page_bytes < 0 ||
       uint64_t(page_bytes) != expected_page_bytes) {
     return error(where, ": KV_DEVICE declares ", layers, " layers × ", blocks, " blocks × ", page_bytes,
                  "-byte pages; expected ", identity_.num_layers, " layers, at most ", max_blocks, " blocks (",
                  options_.max_tokens, " tokens), pages of ", expected_page_bytes, " bytes");
   }
+  const bool early = header.value("early", false);
+  if (early != !early_blocks.empty() ||
+      (early && (blocks != total_blocks || std::any_of(early_blocks.begin(), early_blocks.end(),
+                                                       [&](int64_t got) { return got != blocks; })))) {
+    return error(where, ": KV_DEVICE of ", blocks, " blocks a layer ", early ? "sent before" : "to come",
+                 ", after ", early_blocks.empty() ? 0 : early_blocks.front(), " blocks of layer 0 received before");
+  }
   std::array<uint8_t, 64> handle{};
-  const int64_t piece_bytes = count("nccl_piece_bytes");
+  const int64_t piece_bytes = count_field(header, "nccl_piece_bytes");
   if (nccl && piece_bytes < 0) return error(where, ": KV_DEVICE over NCCL must give nccl_piece_bytes (a byte count, 0: one piece)");
   if (!nccl && (!header.contains("handle") || !header["handle"].is_string() ||
                 !bytes_of_hex(header["handle"].get<std::string>(), handle))) {
     return error(where, ": KV_DEVICE's handle must be ", 2 * handle.size(), " hex digits");
   }
   auto kv = std::make_shared<DeviceKvTransfer>();
-  kv->open.assign(json_end, frame.payload.end());
+  kv->open.assign(frame.payload.begin() + ptrdiff_t(parsed.second), frame.payload.end());
   kv->num_layers = int(layers);
   kv->sealed_blocks = int(blocks);
   kv->page_bytes = uint64_t(page_bytes);
@@ -1000,15 +1139,12 @@ Expected<int> KvStreamReceiver::receive_device(TcpConnection& connection, Receiv
                    open.layer_tokens[0], " in layer 0: expected one count below a block");
     }
   }
-  SLIMKV_ASSIGN_OR_RETURN(const CudaPlugin* plugin, cuda_plugin());
-  if (nccl) {
-    std::lock_guard hold(nccl->in_use);
-    Expected<std::shared_ptr<void>> pages = plugin->nccl_receive(*nccl->link, kv->pages_bytes(), uint64_t(piece_bytes), options_.io_timeout);
-    if (!pages) {
-      if (plugin->nccl_link_broken(*nccl->link)) nccl_links_.forget(hex_of(nccl->id), nccl);
-      return pages.status().with_context(where);
-    }
-    kv->pages = pages.take();
+  if (early) {
+    kv->pages = std::move(early_pages);
+  } else if (nccl) {
+    SLIMKV_ASSIGN_OR_RETURN(kv->pages, plugin->shared_device_allocation_on(options_.gpu, kv->pages_bytes(),
+                                                                           "KV blocks received over NCCL"));
+    SLIMKV_RETURN_IF_ERROR(nccl_receive(kv->pages.get(), kv->pages_bytes(), piece_bytes));
   } else {
     SLIMKV_ASSIGN_OR_RETURN(kv->pages, plugin->copy_from_ipc_handle(handle, kv->pages_bytes(), options_.gpu));
   }

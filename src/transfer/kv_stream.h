@@ -56,7 +56,7 @@ namespace slimkv {
 
 struct CudaPlugin;
 
-inline constexpr uint32_t kKvStreamVersion = 2;  // this protocol's version (HELLO's stream_version)
+inline constexpr uint32_t kKvStreamVersion = 3;  // this protocol's version (HELLO's stream_version)
 
 // What the two sides must agree on before any KV byte moves.
 struct KvStreamIdentity {
@@ -109,6 +109,9 @@ struct KvStreamSendOptions {
   // the same GPU declines NCCL (it cannot join two ranks on one device) and the KV goes over TCP.
   std::string gpu_device{};
   int gpu = 0;  // the visible GPU whose memory the KV leaves from (`--device cuda:N`'s N)
+  // The tokens the stream's KV holds at its end (prompt and tokens run after it): a receiver of blocks
+  // sent over NCCL before the end (send_device_blocks) sizes its pages by it. 0: unknown (none sent so).
+  int64_t total_tokens = 0;
   std::chrono::milliseconds connect_timeout{5000};
   std::chrono::milliseconds io_timeout{30000};  // per frame, and for the receiver's answers
 };
@@ -139,6 +142,11 @@ class KvStreamSender {
   // they are, shared by a handle, and `kv` is kept alive until finish() has the receiver's answer; over
   // NCCL they are sent through the link before this returns, which the stream holds until finish().
   Status send_device(std::shared_ptr<const DeviceKvTransfer> kv);
+  // Over NCCL, before send_device: a layer's blocks from `first_block` as pages in GPU memory (`blocks`:
+  // one layer's, KvStreamForm::kDeviceLayers's pieces), sent through the link as the prefill seals them;
+  // send_device then carries the layout and open tokens alone. Each layer's in order; blocks already
+  // sent are skipped (a recomputed prompt), a gap or an overlap is an error.
+  Status send_device_blocks(int layer, int first_block, const DeviceKvTransfer& blocks);
   // Whether the receiver accepted the CUDA IPC path, or the NCCL path: then send the KV by send_device,
   // not in pieces.
   bool cuda_ipc() const { return cuda_ipc_; }
@@ -161,9 +169,17 @@ class KvStreamSender {
   // forgets one the receiver no longer has (that stream goes over TCP).
   Status take_nccl_answer(const nlohmann::json& answer, const std::string& address, std::shared_ptr<NcclPeerLink> nccl);
   Status send_over_nccl(const CudaPlugin& plugin, std::shared_ptr<const DeviceKvTransfer> kv);
-  // KV_DEVICE: the pages' layout and the path's own field (the IPC handle, or NCCL's piece size), then
-  // the open tokens' transfer.
-  Status send_kv_device_frame(const DeviceKvTransfer& kv, const char* path_key, const nlohmann::json& path_value);
+  // The NCCL link held for this stream from its first device send until finish() (NCCL pairs sends and
+  // receives in the order they are issued); an error when it failed in another stream.
+  Status hold_nccl_link(const CudaPlugin& plugin);
+  // The link's piece size: a capped link goes in pieces, each paced as TCP's frames are.
+  uint64_t nccl_piece_bytes() const { return bucket_.capped() ? uint64_t(16) << 20 : 0; }
+  // Pages through the link, issued and held until a wait (a failure forgets the link when broken).
+  Status send_nccl_pages(const CudaPlugin& plugin, std::shared_ptr<const void> pages, uint64_t bytes);
+  Status wait_for_nccl(const CudaPlugin& plugin);
+  static constexpr uint64_t kMaxNcclBytesInFlight = uint64_t(256) << 20;
+  // KV_DEVICE or KV_DEVICE_BLOCKS: u32 length, `header` (JSON), then `tail`.
+  Status send_device_frame(KvFrameType type, const nlohmann::json& header, std::span<const uint8_t> tail = {});
   // part_crcs: as write_kv_frame's.
   Status send(KvFrameType type, std::span<const std::span<const uint8_t>> parts, uint32_t* part_crcs = nullptr,
               std::span<const std::optional<uint32_t>> known_crcs = {});
@@ -198,6 +214,9 @@ class KvStreamSender {
   // Per layer: sealed blocks sent (each head's), and per head the CRC of its blocks sent in KV_BLOCKS,
   // which the transfer's CRC takes head by head once the layer's last frame goes.
   std::vector<int> blocks_sent_;
+  std::vector<int> device_blocks_sent_;  // per layer: blocks sent by send_device_blocks
+  std::vector<std::shared_ptr<const void>> in_flight_;  // pages issued on the NCCL link, not yet waited for
+  uint64_t in_flight_bytes_ = 0;
   std::vector<std::vector<PartCrc>> early_crcs_;
 };
 

@@ -74,7 +74,8 @@ TEST(KvIpcSender, SendsAPrefilledPromptByCudaIpc) {
   bool refused = false;
   NcclLinks links;
   std::unique_ptr<KvStreamSender> sender = take(KvStreamSender::open(
-      address, identity, kRequestId, 0, {.cuda_ipc_device = cuda_ipc_device_id(gpu), .nccl_links = &links, .gpu = gpu},
+      address, identity, kRequestId, 0,
+      {.cuda_ipc_device = cuda_ipc_device_id(gpu), .nccl_links = &links, .gpu = gpu, .total_tokens = int64_t(prompt.size())},
       &refused));
   if (nccl) {
     ASSERT_TRUE(sender->nccl()) << "the decode side, on another GPU, did not accept NCCL";
@@ -82,14 +83,21 @@ TEST(KvIpcSender, SendsAPrefilledPromptByCudaIpc) {
     ASSERT_TRUE(sender->cuda_ipc()) << "the decode side, on this GPU, did not accept CUDA IPC";
   }
 
+  // Over NCCL each layer's blocks go as the step seals them, then the layout and open tokens; over CUDA
+  // IPC the whole KV after the step.
   const SequenceId sequence = take(engine->add_sequence());
-  std::shared_ptr<const DeviceKvTransfer> device;
-  SLIMKV_ASSERT_OK(engine->stream_kv_in_next_step(sequence, [&](KvTransferPiece piece) { device = piece.device; }, true));
+  std::vector<KvTransferPiece> pieces;
+  SLIMKV_ASSERT_OK(engine->stream_kv_in_next_step(sequence, [&](KvTransferPiece piece) { pieces.push_back(std::move(piece)); },
+                                                  nccl ? KvStreamForm::kDeviceLayers : KvStreamForm::kDeviceWhole));
   const std::vector<float> prompt_logits = step_logits(*engine, sequence, prompt);
+  const int blocks = int(prompt.size()) / 64;
+  ASSERT_EQ(pieces.size(), size_t(nccl && blocks > 0 ? identity.num_layers + 1 : 1));
+  const std::shared_ptr<const DeviceKvTransfer> device = pieces.back().device;
   ASSERT_TRUE(device) << "no KV in GPU memory after the step";
-  EXPECT_EQ(device->sealed_blocks, int(prompt.size()) / 64);
+  EXPECT_EQ(device->sealed_blocks, blocks);
+  EXPECT_EQ(bool(device->pages), !nccl);
   const int32_t next = int32_t(std::max_element(prompt_logits.begin(), prompt_logits.end()) - prompt_logits.begin());
-  SLIMKV_ASSERT_OK(sender->send_device(device));
+  for (const KvTransferPiece& piece : pieces) SLIMKV_ASSERT_OK(sender->send_piece(piece));
   SLIMKV_ASSERT_OK(sender->finish({.request_id = kRequestId, .attempt = 0, .prompt_token_ids = prompt, .resume_token_ids = {},
                                    .next_token = next, .endpoint = "/v1/completions", .request = nlohmann::json::object()}));
 

@@ -648,8 +648,10 @@ TEST(KvStream, KvInGpuMemoryIsRefusedOnTheCpu) {
   Prefilled p = prefill("dense", 10);
   const SequenceId sequence = *p.engine->add_sequence();
   EXPECT_FALSE(p.engine->exports_kv_to_device());
-  const Status streamed = p.engine->stream_kv_in_next_step(sequence, [](KvTransferPiece) {}, true);
-  EXPECT_NE(streamed.message().find("leaves through host memory only"), std::string::npos) << streamed.message();
+  for (const KvStreamForm form : {KvStreamForm::kDeviceWhole, KvStreamForm::kDeviceLayers}) {
+    const Status streamed = p.engine->stream_kv_in_next_step(sequence, [](KvTransferPiece) {}, form);
+    EXPECT_NE(streamed.message().find("leaves through host memory only"), std::string::npos) << streamed.message();
+  }
   const Expected<DeviceKvTransfer> exported = p.engine->export_kv_to_device(sequence);
   ASSERT_FALSE(exported);
   EXPECT_NE(exported.status().message().find("device 'cuda'"), std::string::npos) << exported.status().message();

@@ -6,9 +6,12 @@
 // kind K (kernel; what = its mangled name, cut at 90 characters), M (memcpy; what = copy kind and bytes)
 // or R (runtime call; what = its callback id). A kernel and the runtime call that launched it share the
 // correlation id, so the lag between a launch and its start says whether the GPU waited for the CPU.
-// bench/cuda/step_trace_summary.py reads the file. Usage:
+// bench/cuda/step_trace_summary.py reads the file. A "%p" in the path is replaced by the process id, for
+// programs that start several (a disaggregated benchmark's workers). Usage:
 //   SLIMKV_TRACE_OUT=trace.csv LD_PRELOAD=build/release/libslimkv_step_trace.so build/release/bench_decode_e2e_cuda ...
 #include <cupti.h>
+
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -68,11 +71,13 @@ void CUPTIAPI take_buffer(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t v
 }
 
 __attribute__((constructor)) void start_tracing() {
-  const char* path = std::getenv("SLIMKV_TRACE_OUT");
-  if (path == nullptr) return;
-  trace_file = std::fopen(path, "w");
+  const char* variable = std::getenv("SLIMKV_TRACE_OUT");
+  if (variable == nullptr) return;
+  std::string path = variable;
+  if (const size_t pid = path.find("%p"); pid != std::string::npos) path.replace(pid, 2, std::to_string(getpid()));
+  trace_file = std::fopen(path.c_str(), "w");
   if (trace_file == nullptr) {
-    std::fprintf(stderr, "slimkv step trace: cannot write %s\n", path);
+    std::fprintf(stderr, "slimkv step trace: cannot write %s\n", path.c_str());
     return;
   }
   cuptiActivityRegisterCallbacks(give_buffer, take_buffer);

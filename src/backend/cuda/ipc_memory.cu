@@ -59,6 +59,11 @@ Expected<std::shared_ptr<void>> shared_device_allocation(size_t bytes, const cha
   });
 }
 
+Expected<std::shared_ptr<void>> shared_device_allocation_on(int gpu, size_t bytes, const char* what) {
+  SLIMKV_RETURN_IF_ERROR(use_gpu(gpu));
+  return shared_device_allocation(bytes, what);
+}
+
 Expected<std::shared_ptr<void>> copy_from_ipc_handle(const std::array<uint8_t, kIpcHandleBytes>& handle, uint64_t bytes,
                                                      int gpu) {
   SLIMKV_RETURN_IF_ERROR(use_gpu(gpu));

@@ -33,6 +33,8 @@ Expected<std::shared_ptr<void>> copy_from_ipc_handle(const std::array<uint8_t, k
 // An owned allocation on the calling thread's current GPU as a shared_ptr, freed on that GPU when the
 // last owner lets go, whichever thread that is.
 Expected<std::shared_ptr<void>> shared_device_allocation(size_t bytes, const char* what);
+// The same on visible GPU `gpu` (a thread of the KV stream's receiver, which chose none).
+Expected<std::shared_ptr<void>> shared_device_allocation_on(int gpu, size_t bytes, const char* what);
 
 // dst + dst_offsets[i] ← src + src_offsets[i], piece_bytes each, for every i, device to device in one
 // kernel (a sequence's blocks lie where its block table says, not in a row). Offsets: host arrays of

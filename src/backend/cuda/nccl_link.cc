@@ -36,7 +36,8 @@ Expected<std::shared_ptr<NcclLink>> nccl_connect(const NcclId&, int, int, std::c
 Status nccl_send(NcclLink&, const void*, uint64_t, uint64_t, const std::function<void(uint64_t)>&, std::chrono::milliseconds) {
   return no_nccl();
 }
-Expected<std::shared_ptr<void>> nccl_receive(NcclLink&, uint64_t, uint64_t, std::chrono::milliseconds) { return no_nccl(); }
+Status nccl_receive(NcclLink&, void*, uint64_t, uint64_t, std::chrono::milliseconds) { return no_nccl(); }
+Status nccl_wait(NcclLink&, std::chrono::milliseconds) { return no_nccl(); }
 bool nccl_link_broken(const NcclLink&) { return true; }
 
 #else
@@ -113,13 +114,18 @@ class NcclLink {
   int peer() const { return peer_; }
   int gpu() const { return gpu_; }
 
-  // Issues `op` (a ncclSend or ncclRecv of one piece on this link's stream) and waits until it is done.
+  // Issues `op` (a ncclSend or ncclRecv of one piece on this link's stream); wait() waits for it.
   template <typename Op>
-  Status run(Op op, std::chrono::milliseconds timeout, const char* what) {
+  Status issue(Op op, std::chrono::milliseconds timeout, const char* what) {
     if (broken_) return error("NCCL link: ", what, ": the link failed before and is not used again");
     const ncclResult_t issued = op(comm_, stream_);
     if (issued != ncclSuccess && issued != ncclInProgress) return fail(issued, what);
-    SLIMKV_RETURN_IF_ERROR(wait_for_comm(timeout, what));
+    return wait_for_comm(timeout, what);
+  }
+
+  // Waits until everything issued on the link's stream is done.
+  Status wait(std::chrono::milliseconds timeout, const char* what) {
+    if (broken_) return error("NCCL link: ", what, ": the link failed before and is not used again");
     return poll(timeout, what, [&]() -> std::optional<Status> {
       const cudaError_t done = cudaStreamQuery(stream_);
       if (done == cudaSuccess) return Status::ok();
@@ -237,22 +243,24 @@ Status nccl_send(NcclLink& link, const void* data, uint64_t bytes, uint64_t piec
   const auto* from = static_cast<const uint8_t*>(data);
   return for_each_piece(bytes, piece_bytes, [&](uint64_t offset, uint64_t size) {
     if (before_piece) before_piece(size);
-    return link.run([&](ncclComm_t comm, cudaStream_t stream) { return api->send(from + offset, size, ncclUint8, link.peer(), comm, stream); },
-                    timeout, "sending KV blocks");
+    return link.issue([&](ncclComm_t comm, cudaStream_t stream) { return api->send(from + offset, size, ncclUint8, link.peer(), comm, stream); },
+                      timeout, "sending KV blocks");
   });
 }
 
-Expected<std::shared_ptr<void>> nccl_receive(NcclLink& link, uint64_t bytes, uint64_t piece_bytes,
-                                             std::chrono::milliseconds timeout) {
+Status nccl_receive(NcclLink& link, void* to, uint64_t bytes, uint64_t piece_bytes, std::chrono::milliseconds timeout) {
   SLIMKV_ASSIGN_OR_RETURN(const NcclApi* api, nccl_api());
   SLIMKV_RETURN_IF_ERROR(use_gpu(link.gpu()));
-  SLIMKV_ASSIGN_OR_RETURN(std::shared_ptr<void> pages, shared_device_allocation(bytes, "KV blocks received over NCCL"));
-  auto* to = static_cast<uint8_t*>(pages.get());
-  SLIMKV_RETURN_IF_ERROR(for_each_piece(bytes, piece_bytes, [&](uint64_t offset, uint64_t size) {
-    return link.run([&](ncclComm_t comm, cudaStream_t stream) { return api->recv(to + offset, size, ncclUint8, link.peer(), comm, stream); },
-                    timeout, "receiving KV blocks");
-  }));
-  return pages;
+  auto* into = static_cast<uint8_t*>(to);
+  return for_each_piece(bytes, piece_bytes, [&](uint64_t offset, uint64_t size) {
+    return link.issue([&](ncclComm_t comm, cudaStream_t stream) { return api->recv(into + offset, size, ncclUint8, link.peer(), comm, stream); },
+                      timeout, "receiving KV blocks");
+  });
+}
+
+Status nccl_wait(NcclLink& link, std::chrono::milliseconds timeout) {
+  SLIMKV_RETURN_IF_ERROR(use_gpu(link.gpu()));
+  return link.wait(timeout, "moving KV blocks");
 }
 
 bool nccl_link_broken(const NcclLink& link) { return link.broken(); }

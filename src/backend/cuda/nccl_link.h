@@ -42,12 +42,16 @@ Expected<std::shared_ptr<NcclLink>> nccl_connect(const NcclId& id, int rank, int
 
 // Sends `bytes` of device memory at `data` to the other rank in pieces of at most `piece_bytes`
 // (the receiver must use the same), calling `before_piece(bytes)` before each (e.g. a bandwidth cap);
-// returns when the last piece has left. A failure or the deadline breaks the link.
+// returns when the last piece is issued on the link's stream: `data` must stay until nccl_wait. A
+// failure or the deadline breaks the link.
 Status nccl_send(NcclLink& link, const void* data, uint64_t bytes, uint64_t piece_bytes,
                  const std::function<void(uint64_t)>& before_piece, std::chrono::milliseconds timeout);
-// Receives `bytes` from the other rank into a new allocation of the link's GPU (pieces as sent).
-Expected<std::shared_ptr<void>> nccl_receive(NcclLink& link, uint64_t bytes, uint64_t piece_bytes,
-                                             std::chrono::milliseconds timeout);
+// Receives `bytes` from the other rank into device memory `to` of the link's GPU (pieces as sent);
+// issued like nccl_send's, the bytes there after nccl_wait.
+Status nccl_receive(NcclLink& link, void* to, uint64_t bytes, uint64_t piece_bytes, std::chrono::milliseconds timeout);
+// Waits until every send and receive issued on the link is done (issuing many before one wait keeps
+// the link busy: a wait per small piece costs more than the piece).
+Status nccl_wait(NcclLink& link, std::chrono::milliseconds timeout);
 // Whether the link failed (or was aborted): it must not be used again.
 bool nccl_link_broken(const NcclLink& link);
 

@@ -3,10 +3,7 @@
 #pragma once
 
 #include <cstddef>
-#include <memory>
-#include <mutex>
 #include <utility>
-#include <vector>
 
 #include "slimkv/status.h"
 
@@ -52,20 +49,6 @@ class PinnedArray {
   }
   T* data_ = nullptr;
   size_t size_ = 0;
-};
-
-// Pinned buffers kept for reuse, since pinning costs the driver milliseconds per hundred megabytes:
-// take() hands out one of at least `bytes`, which comes back to the pool when its last owner lets it
-// go, on any thread. Buffers are freed with the pool (the last of it and its buffers' owners).
-class PinnedPool : public std::enable_shared_from_this<PinnedPool> {
- public:
-  static std::shared_ptr<PinnedPool> create() { return std::shared_ptr<PinnedPool>(new PinnedPool()); }
-  Expected<std::shared_ptr<PinnedArray<uint8_t>>> take(size_t bytes, const char* what);
-
- private:
-  PinnedPool() = default;
-  std::mutex mutex_;
-  std::vector<PinnedArray<uint8_t>> free_;
 };
 
 }  // namespace slimkv::cuda

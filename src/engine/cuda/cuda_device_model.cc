@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "backend/cuda/device_memory.h"
-#include "backend/cuda/pinned_memory.h"
 #include "engine/device_model.h"
 #include "kv/cuda/gpu_kv_plan.h"
 #include "kv/cuda/gpu_kv_transfer.h"
@@ -127,10 +126,10 @@ class CudaDeviceModel final : public DeviceModel {
 
   // The CUDA IPC path: the sealed blocks stay in GPU memory (dense, hack and quant caches).
   bool exports_kv_to_device() const override { return model_->kv().device_page_bytes() > 0; }
-  Status export_kv_to_device(SequenceId sequence, std::string_view model_id, DeviceKvTransfer& out) const override {
+  Status export_kv_to_device(SequenceId sequence, std::string_view model_id, DeviceKvTransfer& out, bool pages) const override {
     SLIMKV_RETURN_IF_ERROR(check_transferable());
     SLIMKV_RETURN_IF_ERROR(cuda::use_gpu(gpu_));
-    return cuda::export_to_device(model_->kv(), id_of(sequence), context(model_id), out);
+    return cuda::export_to_device(model_->kv(), id_of(sequence), context(model_id), out, pages);
   }
   Status import_kv_from_device(SequenceId sequence, const DeviceKvTransfer& transfer, std::string_view source,
                                std::string_view model_id) override {
@@ -141,10 +140,12 @@ class CudaDeviceModel final : public DeviceModel {
 
   // A streamed sequence's blocks go out layer by layer during its steps where the cache has device pages.
   bool streams_blocks() const override { return exports_kv_to_device() && check_transferable().is_ok(); }
-  Status stream_blocks_in_next_step(SequenceId sequence, int first_block, KvPieceCallback on_piece,
+  Status stream_blocks_in_next_step(SequenceId sequence, int first_block, bool to_device, KvPieceCallback on_piece,
                                     std::shared_ptr<std::atomic<uint64_t>> held_bytes) override {
-    if (!streams_blocks()) return DeviceModel::stream_blocks_in_next_step(sequence, first_block, std::move(on_piece), held_bytes);
-    block_streams_[sequence] = {first_block, std::move(on_piece), std::move(held_bytes)};
+    if (!streams_blocks()) {
+      return DeviceModel::stream_blocks_in_next_step(sequence, first_block, to_device, std::move(on_piece), held_bytes);
+    }
+    block_streams_[sequence] = {first_block, to_device, std::move(on_piece), std::move(held_bytes)};
     return Status::ok();
   }
   Expected<std::unique_ptr<KvStore>> open_tokens(SequenceId sequence) const override {
@@ -180,6 +181,7 @@ class CudaDeviceModel final : public DeviceModel {
   // stream_blocks_in_next_step's, for the next step alone.
   struct BlockStream {
     int first_block = 0;
+    bool to_device = false;
     KvPieceCallback on_piece;
     std::shared_ptr<std::atomic<uint64_t>> held_bytes;
   };
@@ -205,14 +207,21 @@ class CudaDeviceModel final : public DeviceModel {
     return [this, hand_outs](int layer) -> Status {
       for (HandOut& out : *hand_outs) {
         if (!out.blocks) {
-          SLIMKV_ASSIGN_OR_RETURN(out.blocks, cuda::GpuLayerBlocks::create(model_->kv(), out.id, out.stream.first_block,
-                                                                           out.end_block, *pinned_, out.stream.held_bytes));
+          SLIMKV_ASSIGN_OR_RETURN(out.blocks,
+                                  cuda::GpuLayerBlocks::create(model_->kv(), out.id, out.stream.first_block, out.end_block,
+                                                               *pinned_, out.stream.to_device ? on_device_.get() : nullptr,
+                                                               out.stream.held_bytes));
         }
         SLIMKV_RETURN_IF_ERROR(out.blocks->enqueue(layer));
         std::shared_ptr<const cuda::GpuLayerBlocks> blocks = out.blocks;
-        out.stream.on_piece({.layer = layer, .bytes = blocks->layer_bytes(layer), .open = {}, .owner = blocks,
-                             .first_block = blocks->first_block(), .final = false,
-                             .ready = [blocks, layer] { return blocks->wait(layer); }});
+        KvTransferPiece piece{.layer = layer, .bytes = {}, .open = {}, .owner = blocks, .first_block = blocks->first_block(),
+                              .final = false, .crcs = {}, .device = nullptr, .ready = [blocks, layer] { return blocks->wait(layer); }};
+        if (out.stream.to_device) {
+          piece.device = blocks->layer_pages(layer);
+        } else {
+          piece.bytes = blocks->layer_bytes(layer);
+        }
+        out.stream.on_piece(std::move(piece));
       }
       return Status::ok();
     };
@@ -231,8 +240,9 @@ class CudaDeviceModel final : public DeviceModel {
   KvShape shape_;        // of a host store of one sequence (export, import)
   // Pinned host memory for a layer of each export and import, kept for the next (GpuKvTransferContext).
   mutable cuda::PinnedArray<uint8_t> transfer_staging_;
-  // Pinned memory of blocks handed out during steps, reused from step to step.
+  // Memory of blocks handed out during steps (pinned host, GPU), reused from step to step.
   std::shared_ptr<cuda::PinnedPool> pinned_ = cuda::PinnedPool::create();
+  std::shared_ptr<cuda::DevicePool> on_device_ = cuda::DevicePool::create();
   std::map<SequenceId, Held> sequences_;
   std::map<SequenceId, BlockStream> block_streams_;
 };

@@ -11,11 +11,13 @@ extern "C" __attribute__((visibility("default"))) const slimkv::CudaPlugin* slim
                                          &slimkv::cuda::check_visible_gpu,
                                          &slimkv::cuda::device_uuid, &slimkv::cuda::ipc_handle_of,
                                          &slimkv::cuda::copy_from_ipc_handle,
+                                         &slimkv::cuda::shared_device_allocation_on,
                                          &slimkv::cuda::nccl_available,
                                          &slimkv::cuda::nccl_new_id,
                                          &slimkv::cuda::nccl_connect,
                                          &slimkv::cuda::nccl_send,
                                          &slimkv::cuda::nccl_receive,
+                                         &slimkv::cuda::nccl_wait,
                                          &slimkv::cuda::nccl_link_broken};
   return &plugin;
 }

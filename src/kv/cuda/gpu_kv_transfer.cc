@@ -84,15 +84,18 @@ Status import_transfer(GpuKvCache& kv, int sequence, const GpuKvTransferContext&
   return kv.import_pages(sequence, blocks, pages.data(), store).with_context(where);
 }
 
-Status export_to_device(const GpuKvCache& kv, int sequence, const GpuKvTransferContext& context, DeviceKvTransfer& out) {
+Status export_to_device(const GpuKvCache& kv, int sequence, const GpuKvTransferContext& context, DeviceKvTransfer& out,
+                        bool pages) {
   if (kv.device_page_bytes() == 0) {
     return error("KV export into GPU memory: this GPU cache (", context.pipeline.describe(), ") has no device pages");
   }
   out.num_layers = context.shape.num_layers;
   out.sealed_blocks = kv.sequences().num_tokens(sequence) / kCudaBlockTokens;
   out.page_bytes = kv.device_page_bytes();
-  SLIMKV_ASSIGN_OR_RETURN(out.pages, shared_device_allocation(out.pages_bytes(), "a KV export in GPU memory"));
-  SLIMKV_RETURN_IF_ERROR(kv.export_pages(sequence, out.sealed_blocks, static_cast<uint8_t*>(out.pages.get())));
+  if (pages) {
+    SLIMKV_ASSIGN_OR_RETURN(out.pages, shared_device_allocation(out.pages_bytes(), "a KV export in GPU memory"));
+    SLIMKV_RETURN_IF_ERROR(kv.export_pages(sequence, out.sealed_blocks, static_cast<uint8_t*>(out.pages.get())));
+  }
   KvStore open(context.shape, context.pipeline);
   SLIMKV_RETURN_IF_ERROR(kv.export_open_tokens(sequence, open));
   return write_kv_transfer(open, context.model_id, out.open);

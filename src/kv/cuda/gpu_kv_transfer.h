@@ -40,10 +40,11 @@ Status import_transfer(GpuKvCache& kv, int sequence, const GpuKvTransferContext&
                        std::optional<uint32_t> received_crc = std::nullopt);
 
 // export_kv_to_device / import_kv_from_device: the sealed blocks copied device to device into (from)
-// a DeviceKvTransfer's pages, the open tokens through a small transfer of their own. The import checks
-// that transfer as import_transfer would (model, spec, shape, CRC) and the pages' declared layout
-// against this cache's before it takes anything.
-Status export_to_device(const GpuKvCache& kv, int sequence, const GpuKvTransferContext& context, DeviceKvTransfer& out);
+// a DeviceKvTransfer's pages, the open tokens through a small transfer of their own (without `pages`:
+// the layout and open tokens alone). The import checks that transfer as import_transfer would (model,
+// spec, shape, CRC) and the pages' declared layout against this cache's before it takes anything.
+Status export_to_device(const GpuKvCache& kv, int sequence, const GpuKvTransferContext& context, DeviceKvTransfer& out,
+                        bool pages = true);
 Status import_from_device(GpuKvCache& kv, int sequence, const GpuKvTransferContext& context,
                           const DeviceKvTransfer& transfer, std::string_view source);
 

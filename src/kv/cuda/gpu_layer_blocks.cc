@@ -11,7 +11,7 @@
 namespace slimkv::cuda {
 
 Expected<std::shared_ptr<GpuLayerBlocks>> GpuLayerBlocks::create(const GpuKvCache& kv, int sequence, int first_block,
-                                                                 int end_block, PinnedPool& pool,
+                                                                 int end_block, PinnedPool& pinned, DevicePool* device,
                                                                  std::shared_ptr<std::atomic<uint64_t>> held_bytes) {
   const GpuKvCache::DevicePages pages = kv.device_pages();
   if (pages.pools.empty()) return error("streaming KV blocks during a step: this GPU KV cache has no device pages");
@@ -21,35 +21,46 @@ Expected<std::shared_ptr<GpuLayerBlocks>> GpuLayerBlocks::create(const GpuKvCach
   }
   const int layers = pages.num_layers, blocks = end_block - first_block;
   const size_t heads = pages.pools[0].block_bytes / pages.pools[0].head_bytes;
+  const KvPageLayout layout = kv.device_page_layout();
   size_t head_block_bytes = 0;  // a head's block in the transfer: its piece of every part
   for (const GpuKvCache::PagePool& part : pages.pools) head_block_bytes += part.head_bytes;
   std::shared_ptr<GpuLayerBlocks> out(new GpuLayerBlocks());
-  SLIMKV_RETURN_IF_ERROR(use_gpu(current_device()));
   out->gpu_ = current_device();
   out->first_block_ = first_block;
-  out->layer_data_bytes_ = heads * size_t(blocks) * head_block_bytes;
-  out->num_pieces_ = size_t(layers) * pages.pools.size() * heads * size_t(blocks);
-  const size_t table_bytes = 2 * out->num_pieces_ * sizeof(uint64_t);
-  SLIMKV_ASSIGN_OR_RETURN(out->memory_, pool.take(table_bytes + size_t(layers) * out->layer_data_bytes_,
+  out->blocks_ = blocks;
+  out->page_bytes_ = layout.page_bytes;
+  out->layer_data_bytes_ = size_t(blocks) * layout.page_bytes;  // = heads · blocks · head_block_bytes
+  const size_t num_pieces = size_t(layers) * pages.pools.size() * heads * size_t(blocks);
+  const size_t table_bytes = 2 * num_pieces * sizeof(uint64_t), data_bytes = size_t(layers) * out->layer_data_bytes_;
+  SLIMKV_ASSIGN_OR_RETURN(out->host_, pinned.take(table_bytes + (device ? 0 : data_bytes),
                                                   "a streamed sequence's KV blocks in host memory"));
-  auto* tables = reinterpret_cast<uint64_t*>(out->memory_->data());
-  uint64_t* dst = tables;
-  uint64_t* src = tables + out->num_pieces_;
+  if (device) {
+    SLIMKV_ASSIGN_OR_RETURN(out->on_device_, device->take(data_bytes, "a streamed sequence's KV blocks in GPU memory"));
+    out->data_ = out->on_device_->data();
+  } else {
+    out->data_ = out->host_->data() + table_bytes;
+  }
+  auto* dst = reinterpret_cast<uint64_t*>(out->host_->data());
+  uint64_t* src = dst + num_pieces;
   out->dst_addresses_ = dst;
   out->src_addresses_ = src;
-  out->data_ = out->memory_->data() + table_bytes;
-  // Piece (layer, part, head, block): from the part's pool to the head's run of blocks in the layer.
+  // Piece (layer, part, head, block): from the part's pool to the head's run of blocks in the layer
+  // (host: the transfer's order), or to the block's page (device).
+  const uintptr_t data = reinterpret_cast<uintptr_t>(out->data_);
   size_t piece = 0;
   out->copies_.resize(size_t(layers));
   for (int l = 0; l < layers; ++l) {
-    size_t part_offset = 0;  // in a head's block
-    for (const GpuKvCache::PagePool& part : pages.pools) {
+    size_t part_offset = 0;  // in a head's block of the transfer
+    for (size_t p = 0; p < pages.pools.size(); ++p) {
+      const GpuKvCache::PagePool& part = pages.pools[p];
       PartCopies copies{.first_piece = piece, .count = heads * size_t(blocks), .piece_bytes = part.head_bytes};
       for (size_t h = 0; h < heads; ++h) {
         for (int b = 0; b < blocks; ++b, ++piece) {
           const size_t block_id = size_t(ids[size_t(first_block + b)]);
-          dst[piece] = reinterpret_cast<uintptr_t>(out->data_) + size_t(l) * out->layer_data_bytes_ +
-                       (h * size_t(blocks) + size_t(b)) * head_block_bytes + part_offset;
+          const size_t layer_offset = size_t(l) * out->layer_data_bytes_;
+          dst[piece] = data + layer_offset +
+                       (device ? size_t(b) * layout.page_bytes + layout.piece_offsets[p] + h * part.head_bytes
+                               : (h * size_t(blocks) + size_t(b)) * head_block_bytes + part_offset);
           src[piece] = reinterpret_cast<uintptr_t>(part.base) + size_t(l) * part.layer_bytes + block_id * part.block_bytes +
                        h * part.head_bytes;
         }
@@ -67,7 +78,7 @@ Expected<std::shared_ptr<GpuLayerBlocks>> GpuLayerBlocks::create(const GpuKvCach
     event = made;
   }
   out->held_bytes_ = std::move(held_bytes);
-  if (out->held_bytes_) *out->held_bytes_ += size_t(layers) * out->layer_data_bytes_;
+  if (out->held_bytes_) *out->held_bytes_ += data_bytes;
   return out;
 }
 
@@ -96,6 +107,16 @@ Status GpuLayerBlocks::wait(int layer) const {
 
 std::span<const uint8_t> GpuLayerBlocks::layer_bytes(int layer) const {
   return {data_ + size_t(layer) * layer_data_bytes_, layer_data_bytes_};
+}
+
+std::shared_ptr<const DeviceKvTransfer> GpuLayerBlocks::layer_pages(int layer) const {
+  auto pages = std::make_shared<DeviceKvTransfer>();
+  pages->num_layers = 1;
+  pages->sealed_blocks = blocks_;
+  pages->page_bytes = page_bytes_;
+  // A view of the layer's pages that keeps the whole allocation.
+  pages->pages = std::shared_ptr<void>(on_device_, const_cast<uint8_t*>(data_) + size_t(layer) * layer_data_bytes_);
+  return pages;
 }
 
 }  // namespace slimkv::cuda
