@@ -68,7 +68,7 @@ long long huge_backed_bytes(const void* pointer, size_t bytes) {
     if (name == "AnonHugePages:") huge += kb * 1024;
     if (name == "KernelPageSize:" && kb == 2048) return (long long)bytes;
   }
-  return huge;
+  return std::min(huge, (long long)bytes);  // the mapping may have merged with a neighbour
 }
 
 // A buffer of one kind, or why there is none.

@@ -16,6 +16,7 @@
 
 #include "cuda_test_util.h"
 #include "kv/cuda/pq_select.h"
+#include "kv/cuda/pq_token_cache.h"
 #include "kv/select/pq_codebook.h"
 #include "kv/select/top_k.h"
 #include "slimkv/engine.h"
@@ -350,6 +351,20 @@ TEST_F(PqSelectTest, BundledModelTopkOneEqualsDenseAndOffloadEqualsResident) {
     EXPECT_TRUE(run(*offload) == selected) << spec;
   }
   EXPECT_FALSE(selected == expected);  // the selection changes the logits
+}
+
+// A GPU cache larger than the policy's sort allows is refused at load, naming the option and its range.
+TEST_F(PqSelectTest, BundledModelRefusesACacheOutOfRange) {
+  EngineConfig config;
+  config.model_dir = slimkv::test::source_dir() + "/models/slimkv-llama-15m";
+  config.kv_spec = str_cat("pq:topk=0.3,cache=", kPqCacheMaxSlots + 1, "@offload");
+  config.device = "cuda";
+  config.max_sequences = 1;
+  const auto engine = Engine::load(config);
+  ASSERT_FALSE(engine.has_value());
+  EXPECT_NE(engine.status().message().find(str_cat("cache=", kPqCacheMaxSlots + 1, ": ")), std::string::npos)
+      << engine.status().message();
+  EXPECT_NE(engine.status().message().find(str_cat("1 to ", kPqCacheMaxSlots)), std::string::npos);
 }
 
 }  // namespace

@@ -73,7 +73,7 @@ class GpuPqKv final : public GpuKvCache {
     const PagedAttentionShape attention{shape_.num_heads, shape_.num_kv_heads, shape_.head_dim, shape_.max_sequences,
                                         shape_.max_step_tokens};
     SLIMKV_ASSIGN_OR_RETURN(full_attention_, CudaPagedAttention::create(attention));
-    if (options_.offload && pq.cache_tokens > 0) {
+    if (options_.offload && pq.cache_tokens != 0) {
       const PqTokenCacheShape cache{shape_.num_layers,
                                     shape_.num_kv_heads,
                                     shape_.head_dim,
@@ -268,7 +268,7 @@ class GpuPqKv final : public GpuKvCache {
   std::unique_ptr<CudaPagedKvCache> cache_;
   std::unique_ptr<CudaPqIndex> index_;
   std::unique_ptr<CudaPagedAttention> full_attention_, selected_attention_;
-  std::unique_ptr<CudaPqTokenCache> token_cache_;  // @offload with cache > 0
+  std::unique_ptr<CudaPqTokenCache> token_cache_;  // @offload with cache != 0
   int max_candidates_ = 0, selected_blocks_ = 0;
   DeviceArray<uint16_t> compact_k_, compact_v_, candidate_keys_;
   DeviceArray<int> compact_tables_, ranked_, kept_, lengths_, top_k_;
