@@ -3,14 +3,16 @@
 //   dense          every block resident in GPU memory (skipped when it does not fit)
 //   dense@offload  every token's K/V streamed from pinned host memory, layer by layer
 //   dense@kvpr     the same, part recomputed from X (the cost model's split)
-//   pq@offload     pq:topk=<each of --topks>: the PQ index on the GPU, only the selected tokens' K/V
-//                  read from pinned host memory (kv/cuda/gpu_pq_kv.cc)
+//   pq@offload     pq:topk=<each of --topks>,cache=<each of --caches>: the PQ index on the GPU, only the
+//                  selected tokens' K/V read from pinned host memory (kv/cuda/gpu_pq_kv.cc), those not
+//                  found in the GPU cache of selected tokens (cache=0: none; kv/cuda/pq_token_cache.h)
 // with the K/V bytes a step moves over PCIe (offload: every token's; kvpr: the streamed part's K/V and
 // the recomputed part's X; pq: what the selection reads from the host pages), GPU memory held for KV
-// (pq: its index, selection buffer and scratch), that per token of the batch's contexts, and the pinned
-// host memory.
+// (pq: its index, selection buffer, scratch and cache), that per token of the batch's contexts, the pinned
+// host memory, and pq's cache: the share of selected tokens found there and the bytes copied into it
+// per step (GPU to GPU).
 //
-//   bench_pq_offload_cuda --configs 8192x1,32768x1,131072x1,8192x8,32768x8 --topks 0.2,1024
+//   bench_pq_offload_cuda --configs 8192x1,32768x1,131072x1,8192x8,32768x8 --topks 0.2,1024 --caches 0,4096
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -33,6 +35,7 @@ struct Options {
   std::string shape = "llama3-8b";
   std::vector<std::string> configs = {"8192x1", "32768x1", "131072x1", "8192x8", "32768x8"};
   std::vector<double> topks = {0.2, 1024};
+  std::vector<int> caches = {0, 4096};
   int steps = 4;
 };
 
@@ -40,6 +43,7 @@ using Config = ContextBatch;
 
 struct Measured {
   double step_ms = 0, link_bytes = 0, selected = 1;
+  double cache_hit = -1, cache_fill_bytes = 0;  // -1: no cache
   size_t gpu_kv_bytes = 0, host_bytes = 0;
 };
 
@@ -78,6 +82,10 @@ Expected<Measured> measure(const ModelConfig& shape, const Config& c, CudaModelO
   if (options.pq) {
     m.link_bytes = options.pq->offload ? double(selection.page_bytes_read) : 0;
     m.selected = double(selection.selected_tokens) / double(std::max(1L, selection.held_tokens));
+    if (selection.cache_used_tokens > 0) {
+      m.cache_hit = double(selection.cache_hit_tokens) / double(selection.cache_used_tokens);
+      m.cache_fill_bytes = double(selection.cache_filled_bytes);
+    }
   } else if (options.tier) {
     const double split = model->last_recompute_fraction();
     m.link_bytes = held * ((1 - split) * 4.0 * double(shape.kv_dim()) + split * 2.0 * double(shape.hidden_size));
@@ -100,8 +108,8 @@ Status run(const Options& o) {
                                                        int(2 * shape.kv_dim()), DType::kF16, false));
   std::printf("# %s, random weights; link %.1f GB/s, GEMM %.0f TFLOP/s\n", o.shape.c_str(), profile.link_bytes_per_s / 1e9,
               profile.gemm_flops_per_s / 1e12);
-  std::printf("%7s %5s  %-22s %9s %11s %9s %11s %9s %10s %8s\n", "context", "batch", "variant", "ms/step", "vs offload",
-              "selected", "PCIe MB/st", "GPU KV GB", "GPU KB/tok", "host GB");
+  std::printf("%7s %5s  %-32s %9s %11s %9s %11s %9s %10s %8s %9s %11s\n", "context", "batch", "variant", "ms/step",
+              "vs offload", "selected", "PCIe MB/st", "GPU KV GB", "GPU KB/tok", "host GB", "cache hit", "fill MB/st");
   for (const std::string& text : o.configs) {
     SLIMKV_ASSIGN_OR_RETURN(const Config c, parse_context_batch(text));
     std::vector<std::pair<std::string, CudaModelOptions>> variants;
@@ -113,11 +121,14 @@ Status run(const Options& o) {
     variants.emplace_back("dense@offload", offload);
     variants.emplace_back("dense@kvpr", kvpr);
     for (const double topk : o.topks) {
-      CudaModelOptions pq;
-      PqOptions options;
-      options.window.topk = topk;
-      pq.pq = PqKvOptions{options, true, 0};
-      variants.emplace_back(str_cat("pq:topk=", topk, "@offload"), pq);
+      for (const int cache : o.caches) {
+        CudaModelOptions pq;
+        PqOptions options;
+        options.window.topk = topk;
+        options.cache_tokens = cache;
+        pq.pq = PqKvOptions{options, true, 0};
+        variants.emplace_back(str_cat("pq:topk=", topk, ",cache=", cache, "@offload"), pq);
+      }
     }
     double offload_ms = 0;
     for (const auto& [name, options] : variants) {
@@ -127,9 +138,11 @@ Status run(const Options& o) {
         continue;
       }
       if (name == "dense@offload") offload_ms = m->step_ms;
-      std::printf("%7d %5d  %-22s %9.2f %10.2fx %9.3f %11.1f %9.2f %10.2f %8.2f\n", c.context, c.batch, name.c_str(),
-                  m->step_ms, offload_ms > 0 ? offload_ms / m->step_ms : 0.0, m->selected, m->link_bytes / 1e6,
-                  m->gpu_kv_bytes / 1e9, double(m->gpu_kv_bytes) / 1e3 / (double(c.batch) * c.context), m->host_bytes / 1e9);
+      const std::string hit = m->cache_hit < 0 ? "-" : str_cat(int(100 * m->cache_hit + 0.5), "%");
+      std::printf("%7d %5d  %-32s %9.2f %10.2fx %9.3f %11.1f %9.2f %10.2f %8.2f %9s %11.1f\n", c.context, c.batch,
+                  name.c_str(), m->step_ms, offload_ms > 0 ? offload_ms / m->step_ms : 0.0, m->selected,
+                  m->link_bytes / 1e6, m->gpu_kv_bytes / 1e9, double(m->gpu_kv_bytes) / 1e3 / (double(c.batch) * c.context),
+                  m->host_bytes / 1e9, hit.c_str(), m->cache_fill_bytes / 1e6);
     }
   }
   return Status::ok();
@@ -144,6 +157,7 @@ int main(int argc, char** argv) {
   app.add_option("--shape", o.shape, "random-weight model shape: llama2-7b, llama3-8b");
   app.add_option("--configs", o.configs, "CONTEXTxBATCH, e.g. 8192x1,131072x1")->delimiter(',');
   app.add_option("--topks", o.topks, "pq's topk values (<= 1: a fraction; > 1: tokens)")->delimiter(',');
+  app.add_option("--caches", o.caches, "pq's GPU cache sizes, tokens per layer and KV head (0: none)")->delimiter(',');
   app.add_option("--steps", o.steps, "decode steps timed per run (after two warm-up steps)")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);

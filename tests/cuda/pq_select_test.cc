@@ -16,6 +16,7 @@
 
 #include "cuda_test_util.h"
 #include "kv/cuda/pq_select.h"
+#include "kv/cuda/pq_token_cache.h"
 #include "kv/select/pq_codebook.h"
 #include "kv/select/top_k.h"
 #include "slimkv/engine.h"
@@ -306,7 +307,8 @@ TEST_F(PqSelectTest, SelectionEqualsTheCpuSelectorsOnTheSameCodebooks) {
 // The bundled model on the GPU: a prompt of 1200 held-out tokens (4 clustered segments), then greedy
 // decode steps. pq:topk=1.0 selects every token, through the selection's gather (@offload: from
 // host memory): logits equal dense's. pq:topk=0.3@offload equals pq:topk=0.3 resident (the same
-// selection, read from host memory instead), and selects about 0.3 of the tokens.
+// selection, read from host memory instead, or from its GPU cache of selected tokens: of the default
+// size, smaller than a selection, or none), and selects about 0.3 of the tokens.
 TEST_F(PqSelectTest, BundledModelTopkOneEqualsDenseAndOffloadEqualsResident) {
   const std::string dir = slimkv::test::source_dir() + "/models/slimkv-llama-15m";
   const auto load = [&](const std::string& kv) {
@@ -340,10 +342,29 @@ TEST_F(PqSelectTest, BundledModelTopkOneEqualsDenseAndOffloadEqualsResident) {
     auto engine = load(spec);
     EXPECT_TRUE(run(*engine) == expected) << spec;
   }
-  auto resident = load("pq:topk=0.3"), offload = load("pq:topk=0.3@offload");
+  // @offload reads the tokens it finds in its GPU cache from there: the default cache (larger than the
+  // selection), a smaller one that evicts (LFU), and none.
+  auto resident = load("pq:topk=0.3");
   const auto selected = run(*resident);
-  EXPECT_TRUE(run(*offload) == selected);
+  for (const char* spec : {"pq:topk=0.3@offload", "pq:topk=0.3,cache=96,policy=lfu@offload", "pq:topk=0.3,cache=0@offload"}) {
+    auto offload = load(spec);
+    EXPECT_TRUE(run(*offload) == selected) << spec;
+  }
   EXPECT_FALSE(selected == expected);  // the selection changes the logits
+}
+
+// A GPU cache larger than the policy's sort allows is refused at load, naming the option and its range.
+TEST_F(PqSelectTest, BundledModelRefusesACacheOutOfRange) {
+  EngineConfig config;
+  config.model_dir = slimkv::test::source_dir() + "/models/slimkv-llama-15m";
+  config.kv_spec = str_cat("pq:topk=0.3,cache=", kPqCacheMaxSlots + 1, "@offload");
+  config.device = "cuda";
+  config.max_sequences = 1;
+  const auto engine = Engine::load(config);
+  ASSERT_FALSE(engine.has_value());
+  EXPECT_NE(engine.status().message().find(str_cat("cache=", kPqCacheMaxSlots + 1, ": ")), std::string::npos)
+      << engine.status().message();
+  EXPECT_NE(engine.status().message().find(str_cat("1 to ", kPqCacheMaxSlots)), std::string::npos);
 }
 
 }  // namespace

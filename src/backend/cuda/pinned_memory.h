@@ -14,6 +14,51 @@ namespace slimkv::cuda {
 Expected<void*> pinned_allocate(size_t bytes, const char* what);
 void pinned_free(void* pointer);
 
+// The page size asked of the OS for host memory mapped into the GPU: a kernel reading rows scattered
+// over a large pool may be bound by the GPU's translation misses (one per 4 KB page touched), not by
+// bytes (bench/cuda/bench_pinned_gather_cuda.cc measures it). Not yet the pools' default.
+enum class HostPageSize {
+  k4K,                // mmap, madvise(MADV_NOHUGEPAGE): 4 KB pages for sure
+  kTransparentHuge,   // mmap 2 MB-aligned, madvise(MADV_HUGEPAGE): 2 MB pages where THP allows
+  kHugeTlb,           // mmap(MAP_HUGETLB): 2 MB pages from the reserved pool (vm.nr_hugepages), else an error
+};
+const char* host_page_size_name(HostPageSize pages);
+
+// Host memory mmap'ed with the asked page size, pinned and mapped with cudaHostRegister (Mapped |
+// Portable); freed (unregistered, unmapped) with the object.
+class RegisteredHostMemory {
+ public:
+  // An error names `what`, the bytes and the page size, and what the OS or the driver said.
+  static Expected<RegisteredHostMemory> allocate(size_t bytes, HostPageSize pages, const char* what);
+  RegisteredHostMemory() = default;
+  RegisteredHostMemory(RegisteredHostMemory&& other) noexcept { swap(other); }
+  RegisteredHostMemory& operator=(RegisteredHostMemory&& other) noexcept {
+    RegisteredHostMemory moved(std::move(other));
+    swap(moved);
+    return *this;
+  }
+  RegisteredHostMemory(const RegisteredHostMemory&) = delete;
+  RegisteredHostMemory& operator=(const RegisteredHostMemory&) = delete;
+  ~RegisteredHostMemory();
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void swap(RegisteredHostMemory& other) {
+    std::swap(data_, other.data_);
+    std::swap(bytes_, other.bytes_);
+    std::swap(mapping_, other.mapping_);
+    std::swap(mapping_bytes_, other.mapping_bytes_);
+    std::swap(registered_, other.registered_);
+  }
+  void* data_ = nullptr;  // 2 MB-aligned, within the mapping
+  size_t bytes_ = 0;
+  void* mapping_ = nullptr;  // what mmap gave, for munmap
+  size_t mapping_bytes_ = 0;
+  bool registered_ = false;
+};
+
 // An owned pinned, mapped array of n elements of T; moves, never copies.
 template <typename T>
 class PinnedArray {

@@ -107,6 +107,10 @@ struct PqKvOptions {
 struct SelectionReport {
   long selected_tokens = 0, held_tokens = 0;  // over the step's decode rows (per KV head and layer)
   size_t page_bytes_read = 0;  // K/V bytes the selection read from the pages (over PCIe with @offload)
+  // pq@offload's GPU cache of selected tokens (over layers, rows and KV heads): tokens looked up, found
+  // there (their K/V not read from the pages), and the bytes copied into it (GPU to GPU).
+  long cache_used_tokens = 0, cache_hit_tokens = 0;
+  size_t cache_filled_bytes = 0;
 };
 
 struct GpuKvOptions {

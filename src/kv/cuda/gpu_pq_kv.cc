@@ -4,7 +4,8 @@
 // init tokens, the top-k middle tokens by ADC score re-ranked exactly, the local window), gathers only
 // the selected tokens' K/V into a compact GPU buffer (from host memory: only they cross PCIe) and runs
 // the paged attention kernel over it. Steps with prefill chunks attend to every token (PQCache selects
-// only while decoding).
+// only while decoding). With @offload, a GPU cache of selected tokens (pq_token_cache.h, `cache` tokens
+// per layer and KV head, `policy` lru or lfu; cache=0: none) serves the tokens that recent steps selected.
 #include <algorithm>
 #include <cmath>
 
@@ -12,6 +13,7 @@
 #include "kv/cuda/paged_kv_cache.h"
 #include "kv/cuda/pq_gpu_index.h"
 #include "kv/cuda/pq_select.h"
+#include "kv/cuda/pq_token_cache.h"
 
 namespace slimkv::cuda {
 namespace {
@@ -71,6 +73,17 @@ class GpuPqKv final : public GpuKvCache {
     const PagedAttentionShape attention{shape_.num_heads, shape_.num_kv_heads, shape_.head_dim, shape_.max_sequences,
                                         shape_.max_step_tokens};
     SLIMKV_ASSIGN_OR_RETURN(full_attention_, CudaPagedAttention::create(attention));
+    if (options_.offload && pq.cache_tokens != 0) {
+      const PqTokenCacheShape cache{shape_.num_layers,
+                                    shape_.num_kv_heads,
+                                    shape_.head_dim,
+                                    shape_.max_sequences,
+                                    shape_.blocks_per_sequence() * kCudaBlockTokens,
+                                    pq.cache_tokens,
+                                    selected_blocks_ * kCudaBlockTokens};
+      SLIMKV_ASSIGN_OR_RETURN(token_cache_, CudaPqTokenCache::create(
+                                                cache, pq.policy == "lfu" ? CachePolicy::kLfu : CachePolicy::kLru));
+    }
     SLIMKV_ASSIGN_OR_RETURN(selected_attention_, CudaPagedAttention::create(attention));
     return Status::ok();
   }
@@ -79,12 +92,15 @@ class GpuPqKv final : public GpuKvCache {
   Expected<int> add_sequence() override {
     SLIMKV_ASSIGN_OR_RETURN(const int sequence, cache_->sequences().add_sequence());
     SLIMKV_RETURN_IF_ERROR(index_->reset_sequence(sequence));
+    if (token_cache_) SLIMKV_RETURN_IF_ERROR(token_cache_->reset_sequence(sequence));
     return sequence;
   }
   void remove_sequence(int sequence) override { cache_->sequences().remove_sequence(sequence); }
-  // GPU memory: the pages (unless offloaded), the index, the selection's buffer and scratch.
+  // GPU memory: the pages (unless offloaded), the index, the selection's buffer and scratch, the cache
+  // of selected tokens.
   size_t device_bytes() const override {
     return (options_.offload ? 0 : size_t(cache_->shape().num_blocks) * bytes_per_block()) + index_->device_bytes() +
+           (token_cache_ ? token_cache_->device_bytes() : 0) +
            compact_k_.bytes() + compact_v_.bytes() + tables_.bytes() + scores_.bytes() + ranked_.bytes() + kept_.bytes() +
            exact_.bytes() + candidate_keys_.bytes() + top_k_.bytes();
   }
@@ -94,7 +110,19 @@ class GpuPqKv final : public GpuKvCache {
   size_t bytes_per_block() const override {
     return size_t(shape_.num_layers) * size_t(shape_.num_kv_heads) * 2 * kCudaBlockTokens * size_t(shape_.head_dim) * 2;
   }
-  SelectionReport selection() const override { return report_; }
+  // The cache's counts wait for its last update; a hit saved reading the token's K and V from the pages.
+  SelectionReport selection() const override {
+    SelectionReport report = report_;
+    if (!token_cache_ || !select_) return report;
+    const Expected<PqCacheCounters> counters = token_cache_->counters();
+    if (!counters.has_value()) return report;  // the device failed: the next step reports it
+    const size_t row_bytes = size_t(shape_.head_dim) * 2 * 2;
+    report.cache_used_tokens = counters->used_tokens;
+    report.cache_hit_tokens = counters->hit_tokens;
+    report.cache_filled_bytes = size_t(counters->filled_tokens) * row_bytes;
+    report.page_bytes_read -= std::min(report.page_bytes_read, size_t(counters->hit_tokens) * row_bytes);
+    return report;
+  }
 
   Status check_step(const PagedAttentionBatch& batch) const override {
     return check_blocks_for_step(sequences(), batch, options_.offload ? "host" : "GPU");
@@ -107,6 +135,7 @@ class GpuPqKv final : public GpuKvCache {
     report_ = SelectionReport{};
     if (!select_) return full_attention_->plan(batch);
     plan_rows(batch);
+    if (token_cache_) SLIMKV_RETURN_IF_ERROR(token_cache_->begin_step());
     // Resident pages attended whole need no copy.
     if (!options_.offload && std::all_of(host_rows_.begin(), host_rows_.end(), [](const PqSelectRow& r) { return r.all; })) {
       select_ = false;
@@ -164,7 +193,15 @@ class GpuPqKv final : public GpuKvCache {
     launch.out_k = compact_k_.data();
     launch.out_v = compact_v_.data();
     launch.out_blocks_per_row = selected_blocks_;
+    if (token_cache_) {
+      launch.cache = token_cache_->view(layer);
+      SLIMKV_RETURN_IF_ERROR(token_cache_->wait_for_update());
+    }
     SLIMKV_RETURN_IF_ERROR(pq_select_and_gather(launch));
+    if (token_cache_) {
+      SLIMKV_RETURN_IF_ERROR(token_cache_->update(layer, {rows_.data(), launch.num_rows, launch.cache, compact_k_.data(),
+                                                          compact_v_.data(), selected_blocks_}));
+    }
     const PagedKvView compact{compact_k_.data(), compact_v_.data(), compact_tables_.data(), selected_blocks_,
                               shape_.num_kv_heads, shape_.head_dim};
     return selected_attention_->run(compact, q, scale, out);
@@ -231,6 +268,7 @@ class GpuPqKv final : public GpuKvCache {
   std::unique_ptr<CudaPagedKvCache> cache_;
   std::unique_ptr<CudaPqIndex> index_;
   std::unique_ptr<CudaPagedAttention> full_attention_, selected_attention_;
+  std::unique_ptr<CudaPqTokenCache> token_cache_;  // @offload with cache != 0
   int max_candidates_ = 0, selected_blocks_ = 0;
   DeviceArray<uint16_t> compact_k_, compact_v_, candidate_keys_;
   DeviceArray<int> compact_tables_, ranked_, kept_, lengths_, top_k_;

@@ -3,6 +3,7 @@
 #include <cuda_fp16.h>
 
 #include "backend/cuda/cuda_check.h"
+#include "kv/cuda/pq_token_cache.cuh"
 #include "kv/cuda/top_k_rows.h"
 
 namespace slimkv::cuda {
@@ -82,7 +83,9 @@ __global__ void rerank_kernel(PqSelectLaunch p) {
   if (i >= r.candidates) return;
   const long long row = (i64(blockIdx.z) * p.num_kv_heads + g) * p.scratch.max_candidates;
   const int t = r.init_end + p.scratch.ranked[row + i];
-  const uint16_t* key = p.source.k + paged_offset(p.source, r.sequence, g, t);
+  const int slot = pq_cached_slot(p.cache, r.sequence, g, t);
+  const uint16_t* key = slot >= 0 ? p.cache.k + pq_cache_row(p.cache, r.sequence, g, slot)
+                                  : p.source.k + paged_offset(p.source, r.sequence, g, t);
   uint16_t* kept_key = p.scratch.keys + (row + i) * d;
   // 8 bytes a lane: a warp reads a 128-dim key in one 256-byte request (over PCIe with @offload).
   double sum = 0.0;
@@ -118,12 +121,25 @@ __global__ void gather_kernel(PqSelectLaunch p) {
       t = r.middle_end + (i - r.init_end - r.k);
     }
   }
-  const long long from = paged_offset(p.source, r.sequence, g, t);
-  if (key == nullptr) key = p.source.k + from;
+  // From the GPU cache where the token is there, else from the pages.
+  const int slot = pq_cached_slot(p.cache, r.sequence, g, t);
+  const uint16_t* value;
+  if (slot >= 0) {
+    const long long at = pq_cache_row(p.cache, r.sequence, g, slot);
+    if (key == nullptr) key = p.cache.k + at;
+    value = p.cache.v + at;
+  } else {
+    const long long from = paged_offset(p.source, r.sequence, g, t);
+    if (key == nullptr) key = p.source.k + from;
+    value = p.source.v + from;
+  }
+  if (p.cache.step_tokens != nullptr && threadIdx.x == 0) {
+    p.cache.step_tokens[(i64(blockIdx.z) * p.num_kv_heads + g) * p.cache.tokens_stride + i] = t;
+  }
   const int block = blockIdx.z * p.out_blocks_per_row + i / kCudaBlockTokens;
   const long long to = ((i64(block) * p.num_kv_heads + g) * kCudaBlockTokens + i % kCudaBlockTokens) * d;
   const uint2* k_in = reinterpret_cast<const uint2*>(key);
-  const uint2* v_in = reinterpret_cast<const uint2*>(p.source.v + from);
+  const uint2* v_in = reinterpret_cast<const uint2*>(value);
   uint2* k_out = reinterpret_cast<uint2*>(p.out_k + to);
   uint2* v_out = reinterpret_cast<uint2*>(p.out_v + to);
   for (int c = threadIdx.x; c < d / 4; c += 32) {

@@ -15,7 +15,8 @@
 //                sequence itself: pq:topk=1.0 equals dense)
 //
 // The source of K/V (the paged view of `source`) may live in pinned host memory mapped into the GPU
-// (@offload): then only the candidates' keys and the selected tokens' K/V cross PCIe.
+// (@offload): then only the candidates' keys and the selected tokens' K/V cross PCIe, those of tokens
+// not in the GPU cache of selected tokens (pq_token_cache.h), when there is one.
 #pragma once
 
 #include <cstdint>
@@ -59,6 +60,25 @@ struct PqSelectScratch {
   int max_middle = 0, max_candidates = 0;
 };
 
+// PQCache's GPU cache of selected tokens (pq_token_cache.h) as the selection reads it: a token found
+// there is read from its slot instead of from `source`; the gather lists each row's tokens for the
+// cache's update. token_slots null: no cache.
+struct PqTokenCacheView {
+  int* token_slots = nullptr;            // the token → slot map, [sequences, layers, kv_heads, max_tokens], -1: none
+  int* slot_tokens = nullptr;            // [sequences, layers, kv_heads, slots], -1: empty
+  unsigned* slot_uses = nullptr;         // LFU's count
+  unsigned long long* slot_stamps = nullptr;  // the last use: step << 33 | miss << 32 | index in the step's uses
+  uint16_t* k = nullptr;                 // FP16 [sequences, layers, kv_heads, slots, head_dim]
+  uint16_t* v = nullptr;
+  unsigned long long* counters = nullptr;  // device [3]: used, hit, filled tokens
+  int num_layers = 0, layer = 0, num_kv_heads = 0, head_dim = 0, max_tokens = 0, slots = 0;
+  int lfu = 0;
+  unsigned long long step = 0;           // this step's stamp, >= 1
+  // Each selection row's tokens, ascending, as the gather writes them: [rows, kv_heads, tokens_stride].
+  int* step_tokens = nullptr;
+  int tokens_stride = 0;
+};
+
 struct PqSelectLaunch {
   const PqSelectRow* rows = nullptr;  // device [num_rows]
   int num_rows = 0;
@@ -68,6 +88,7 @@ struct PqSelectLaunch {
   PqIndexView index;
   PagedKvView source;           // the layer's K/V (device or mapped host memory), by PqSelectRow::sequence
   PqSelectScratch scratch;
+  PqTokenCacheView cache;       // none by default
   // Out: row r's selection at blocks [r · out_blocks_per_row, ...) of out, [blocks, kv_heads, 64, head_dim].
   uint16_t* out_k = nullptr;
   uint16_t* out_v = nullptr;
