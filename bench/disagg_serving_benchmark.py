@@ -298,17 +298,30 @@ def calibrate_host_path(args, specs, model_config):
     return costs
 
 
+def on_gpu(args):
+    return "--device cuda" in " ".join(args.serve_args.split())
+
+
+def device_share(args):
+    """disagg_sim's device_share for the two workers of one machine: while both run, each one's share of its
+    speed alone. One GPU time-slices the contexts of two processes: 1/2. On the CPU each worker runs
+    --threads threads: the cores over both workers' threads, at most 1."""
+    return 0.5 if on_gpu(args) else min(1.0, os.cpu_count() / (2 * args.threads))
+
+
 def simulate(costs, results, bytes_per_token, host_path, args, num_layers):
     """disagg_sim's prediction for one measured deployment: each round's arrivals and lengths as measured,
     one prefill and one decode worker, each stream paced at the cap and the host path as calibrated (`host_path`:
     None, free); the rounds' requests pooled. A GPU prefill worker has no per-layer hook: its KV goes
-    out after the prefill (overlap_layers false)."""
+    out after the prefill (overlap_layers false). Both workers share one device (one GPU, or this CPU's
+    cores) unless --two-gpus."""
     config = {key: costs[key] for key in ("prefill_base_s", "prefill_s_per_token", "prefill_s_per_token2",
                                           "step_base_s", "step_s_per_seq", "step_s_per_context_token")}
-    on_gpu = "--device cuda" in " ".join(args.serve_args.split())
+    config.update({"shared_devices": [] if args.two_gpus else [[0, 0]], "device_share": device_share(args)})
     config.update({"prefill_workers": 1, "decode_workers": 1, "link_gbps": args.kv_bandwidth_gbps,
-                   "num_layers": num_layers, "max_batch": args.max_num_seqs, "overlap_layers": not on_gpu,
-                   "link_shared": False,  # --kv-bandwidth-gbps paces each stream on its own
+                   "num_layers": num_layers, "max_batch": args.max_num_seqs, "overlap_layers": not on_gpu(args),
+                   "link_shared": False,  # --kv-bandwidth-gbps paces each stream on its own,
+                   "link_burst_bytes": 256 << 10,  # with a token bucket of 256 KiB (TokenBucket's burst_bytes)
                    "prefill_chunk_tokens": args.prefill_chunk_tokens, "overlap_chunks": args.chunk_overlap,
                    "kv_bytes_per_token": {"measured": bytes_per_token},
                    "host_path_s_per_byte": {"measured": host_path} if host_path else {}})
@@ -450,6 +463,8 @@ def main():
         for spec, path in costs["host_path_s_per_byte"].items():
             print(f"host path {spec}: export {1e-9 / path['export']:.2f} GB/s, stream {1e-9 / path['stream']:.2f} GB/s, "
                   f"import {1e-9 / path['import']:.2f} GB/s" if all(path.values()) else f"host path {spec}: {path}")
+        print("simulator: the two workers on " + ("two GPUs" if args.two_gpus else
+              f"one device, each at {device_share(args):.2f} of its speed alone while both run"))
         print("simulator (scripts/disagg_sim.py, the same arrivals and lengths) vs measured, disaggregated runs:")
         print(f"{'rate':>5}  {'spec':<22}{'JCT meas':>10}{'JCT sim':>9}{'err':>8}{'TTFT meas':>11}{'TTFT sim':>10}{'err':>8}"
               f"{'TPOT meas':>11}{'TPOT sim':>10}{'JCT sim, link only':>20}{'err':>8}")
