@@ -29,7 +29,8 @@ The model, as slimkv runs it:
   worker, which has no per-layer hook).
 - Decode worker: continuous batching, at most max_batch sequences; a request joins at the next step
   boundary after its whole KV has arrived (imported there), and its first token (sampled by the prefill
-  worker) is out then (TTFT). Each step gives every running sequence one token and takes
+  worker) is out then (TTFT); first_token_on_arrival: when its KV has arrived, before the wait and the
+  import (slimkv before 539a363, whose runs measured TTFT so). Each step gives every running sequence one token and takes
   decode_step_s = step_base_s + step_s_per_seq * batch + step_s_per_context_token * (tokens in the batch's contexts).
 - Shared device (shared_devices: [[prefill worker, decode worker], ...]): the two workers of a pair run on
   one device, e.g. one GPU or one CPU's cores. A worker's work in progress on it (a prompt's prefill and
@@ -75,6 +76,7 @@ class Config:
         "prefill_base_s": 0.0, "prefill_s_per_token": 1e-4, "prefill_s_per_token2": 0.0,
         "step_base_s": 0.01, "step_s_per_seq": 0.0, "step_s_per_context_token": 0.0,
         "max_batch": 64,
+        "first_token_on_arrival": False,  # the first token out when the KV has arrived; False: when it joins
         "kv_bytes_per_token": {"dense:dtype=f16": 131072},  # codec -> bytes of one token's KV, all layers
         # codec -> {"export", "stream", "import": seconds per transfer byte}: the host path (see above)
         "host_path_s_per_byte": {},
@@ -105,7 +107,7 @@ class Config:
             values = getattr(self, key)
             if not isinstance(values, list) or not values or not all(isinstance(v, int) and v >= 1 for v in values):
                 raise ValueError(f"{key}: must be a non-empty list of integers >= 1, got {values!r}")
-        for key in ("overlap_layers", "overlap_chunks", "link_shared"):
+        for key in ("overlap_layers", "overlap_chunks", "link_shared", "first_token_on_arrival"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{key}: must be true or false, got {getattr(self, key)!r}")
         if not isinstance(self.prefill_chunk_tokens, int) or self.prefill_chunk_tokens < 0:
@@ -353,10 +355,13 @@ def simulate(config, codec):
             join(d, joining, now)
 
     def join(d, joining, now):
-        """The imported requests join (their first token is out) and the next step starts."""
+        """The imported requests join (their first token is out, unless it was when the KV arrived) and the
+        next step starts."""
         worker = decoders[d]
         for request in joining:
-            request.first_token, request.generated = now, 1
+            request.generated = 1
+            if not config.first_token_on_arrival:
+                request.first_token = now
             if request.generated >= request.output:
                 request.last_token = now
                 worker.assigned -= 1
@@ -403,6 +408,8 @@ def simulate(config, codec):
                 work.on_done(now)
         elif kind == "kv_arrived":
             request, d = payload
+            if config.first_token_on_arrival:
+                request.first_token = now
             worker = decoders[d]
             worker.ready.append(request)
             if not worker.stepping:
