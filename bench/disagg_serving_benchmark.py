@@ -220,11 +220,12 @@ def least_squares(xs, ys, columns):
     return out
 
 
-def calibrate(args, corpus, model):
-    """One worker's costs, as scripts/disagg_sim.py takes them, measured on a `--role both` server with a
-    worker's threads: prefill time vs prompt length (TTFT of a 1-token request alone, repeated), and decode
-    step time vs batch and context (TPOT of `batch` equal requests sent together)."""
-    server = Process([args.slimkv, "serve", "--model", args.model, "--kv", "dense:dtype=f16", "--host", "127.0.0.1",
+def calibrate(args, corpus, model, spec):
+    """One worker's costs with KV spec `spec` (a codec's quantization and attention cost what they cost in
+    the prefill and in every decode step), as scripts/disagg_sim.py takes them, measured on a `--role both`
+    server with a worker's threads: prefill time vs prompt length (TTFT of a 1-token request alone,
+    repeated), and decode step time vs batch and context (TPOT of `batch` equal requests sent together)."""
+    server = Process([args.slimkv, "serve", "--model", args.model, "--kv", spec, "--host", "127.0.0.1",
                       "--port", "0", "--threads", str(args.threads), "--max-model-len", str(args.max_model_len),
                       "--max-num-seqs", str(args.max_num_seqs), "--prefill-chunk-tokens", str(args.prefill_chunk_tokens)]
                      + args.serve_args.split(), name="slimkv-calibrate").__enter__()
@@ -309,22 +310,22 @@ def device_share(args):
     return 0.5 if on_gpu(args) else min(1.0, os.cpu_count() / (2 * args.threads))
 
 
-def simulate(costs, results, bytes_per_token, host_path, args, num_layers):
+def simulate(costs, results, bytes_per_token, args, num_layers, shared=True):
     """disagg_sim's prediction for one measured deployment: each round's arrivals and lengths as measured,
-    one prefill and one decode worker, each stream paced at the cap and the host path as calibrated (`host_path`:
-    None, free); the rounds' requests pooled. A GPU prefill worker has no per-layer hook: its KV goes
-    out after the prefill (overlap_layers false). Both workers share one device (one GPU, or this CPU's
-    cores) unless --two-gpus."""
+    one prefill and one decode worker with the deployment's spec's `costs`, each stream paced at the cap
+    and the host path as calibrated (none: free); the rounds' requests pooled. A GPU prefill worker has
+    no per-layer hook: its KV goes out after the prefill (overlap_layers false). Both workers share one
+    device (one GPU, or this CPU's cores) unless --two-gpus (`shared` false: as if they did not)."""
     config = {key: costs[key] for key in ("prefill_base_s", "prefill_s_per_token", "prefill_s_per_token2",
                                           "step_base_s", "step_s_per_seq", "step_s_per_context_token")}
-    config.update({"shared_devices": [] if args.two_gpus else [[0, 0]], "device_share": device_share(args)})
+    config.update({"shared_devices": [[0, 0]] if shared and not args.two_gpus else [], "device_share": device_share(args)})
     config.update({"prefill_workers": 1, "decode_workers": 1, "link_gbps": args.kv_bandwidth_gbps,
                    "num_layers": num_layers, "max_batch": args.max_num_seqs, "overlap_layers": not on_gpu(args),
                    "link_shared": False,  # --kv-bandwidth-gbps paces each stream on its own,
                    "link_burst_bytes": 256 << 10,  # with a token bucket of 256 KiB (TokenBucket's burst_bytes)
                    "prefill_chunk_tokens": args.prefill_chunk_tokens, "overlap_chunks": args.chunk_overlap,
                    "kv_bytes_per_token": {"measured": bytes_per_token},
-                   "host_path_s_per_byte": {"measured": host_path} if host_path else {}})
+                   "host_path_s_per_byte": {"measured": costs["host_path_s_per_byte"]} if costs["host_path_s_per_byte"] else {}})
     pooled = []
     for round_index in sorted({r["round"] for r in results}):
         config["requests"] = [[r["arrival"], r["prompt"], r["output"]] for r in results if r["round"] == round_index]
@@ -453,35 +454,36 @@ def main():
             for error in s["errors"]:
                 print(f"    error: {error[:200]}")
 
-    costs = calibrate(args, corpus, model) if args.calibrate else None
-    if costs:
-        costs["host_path_s_per_byte"] = calibrate_host_path(args, specs, model_config)
-        print(f"\nmeasured costs (one worker, {args.threads} thread(s)): prefill {costs['prefill_base_s'] * 1e3:.2f} ms + "
-              f"{costs['prefill_s_per_token'] * 1e6:.2f} us/token + {costs['prefill_s_per_token2'] * 1e9:.4f} ns/token^2; "
-              f"decode step {costs['step_base_s'] * 1e3:.2f} ms + {costs['step_s_per_seq'] * 1e3:.3f} ms/seq + "
-              f"{costs['step_s_per_context_token'] * 1e9:.1f} ns/context token")
-        for spec, path in costs["host_path_s_per_byte"].items():
-            print(f"host path {spec}: export {1e-9 / path['export']:.2f} GB/s, stream {1e-9 / path['stream']:.2f} GB/s, "
-                  f"import {1e-9 / path['import']:.2f} GB/s" if all(path.values()) else f"host path {spec}: {path}")
+    costs = None  # spec -> its costs and host path
+    if args.calibrate:
+        host_paths = calibrate_host_path(args, specs, model_config)
+        costs = {spec: dict(calibrate(args, corpus, model, spec), host_path_s_per_byte=host_paths.get(spec)) for spec in specs}
+        print(f"\nmeasured costs (one worker, {args.threads} thread(s)):")
+        for spec, c in costs.items():
+            path = c["host_path_s_per_byte"]
+            print(f"  {spec}: prefill {c['prefill_base_s'] * 1e3:.2f} ms + {c['prefill_s_per_token'] * 1e6:.2f} us/token + "
+                  f"{c['prefill_s_per_token2'] * 1e9:.4f} ns/token^2; decode step {c['step_base_s'] * 1e3:.2f} ms + "
+                  f"{c['step_s_per_seq'] * 1e3:.3f} ms/seq + {c['step_s_per_context_token'] * 1e9:.1f} ns/context token; host path "
+                  + (f"export {1e-9 / path['export']:.2f} GB/s, stream {1e-9 / path['stream']:.2f} GB/s, import "
+                     f"{1e-9 / path['import']:.2f} GB/s" if path and all(path.values()) else f"{path}"))
         print("simulator: the two workers on " + ("two GPUs" if args.two_gpus else
               f"one device, each at {device_share(args):.2f} of its speed alone while both run"))
         print("simulator (scripts/disagg_sim.py, the same arrivals and lengths) vs measured, disaggregated runs:")
         print(f"{'rate':>5}  {'spec':<22}{'JCT meas':>10}{'JCT sim':>9}{'err':>8}{'TTFT meas':>11}{'TTFT sim':>10}{'err':>8}"
-              f"{'TPOT meas':>11}{'TPOT sim':>10}{'JCT sim, link only':>20}{'err':>8}")
+              f"{'TPOT meas':>11}{'TPOT sim':>10}{'JCT sim, workers apart':>23}{'err':>8}")
         for run in runs:
             if not run["disaggregated"]:
                 continue
             done = [r for r in run["requests"] if r["ok"]]
-            predicted = simulate(costs, done, run["kv_bytes_per_token"], costs["host_path_s_per_byte"].get(run["spec"]),
-                                 args, num_layers)
-            link_only = simulate(costs, done, run["kv_bytes_per_token"], None, args, num_layers)  # as before the host path
-            run["simulated"], run["simulated_link_only"] = predicted, link_only
+            predicted = simulate(costs[run["spec"]], done, run["kv_bytes_per_token"], args, num_layers)
+            apart = simulate(costs[run["spec"]], done, run["kv_bytes_per_token"], args, num_layers, shared=False)
+            run["simulated"], run["simulated_workers_apart"] = predicted, apart
             s = run["summary"]
             jct, ttft, tpot = (predicted[k]["mean"] for k in ("jct_s", "ttft_s", "tpot_s"))
-            jct_link = link_only["jct_s"]["mean"]
+            jct_apart = apart["jct_s"]["mean"]
             print(f"{run['rate']:>5}  {run['spec']:<22}{s['jct_mean_s']:>10.3f}{jct:>9.3f}{jct / s['jct_mean_s'] - 1:>+8.1%}"
                   f"{s['ttft_mean_s']:>11.3f}{ttft:>10.3f}{ttft / s['ttft_mean_s'] - 1:>+8.1%}"
-                  f"{s['tpot_mean_s'] * 1e3:>11.1f}{tpot * 1e3:>10.1f}{jct_link:>20.3f}{jct_link / s['jct_mean_s'] - 1:>+8.1%}")
+                  f"{s['tpot_mean_s'] * 1e3:>11.1f}{tpot * 1e3:>10.1f}{jct_apart:>23.3f}{jct_apart / s['jct_mean_s'] - 1:>+8.1%}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "costs": costs, "runs": runs}, f, indent=1)
