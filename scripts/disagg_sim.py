@@ -6,19 +6,20 @@ link of given bandwidth, layer by layer as the prefill advances; predicts JCT, T
 The model, as slimkv runs it:
 - Router: at arrival, picks the decode worker with the fewest requests (running + waiting + in transfer)
   and the prefill worker that frees up first (the least in flight), as `slimkv router` does.
-- Prefill worker: one prompt at a time, FIFO; a prompt of n tokens takes
+- Prefill worker: one prompt at a time, FIFO; a prompt of n tokens takes (at its speed alone)
   prefill_s(n) = prefill_base_s + prefill_s_per_token * n + prefill_s_per_token2 * n^2 (attention's share).
 - Host path (host_path_s_per_byte[codec], measured by bench/bench_kv_host_path.cc or, on the GPU,
   bench/cuda/bench_kv_transport_cuda.cc's TCP row; absent: free): the prefill worker's export of the KV
   into transfer bytes costs `export` seconds a byte on its scheduler thread, on top of the compute
   (each layer's as it is computed when layers overlap, else the whole KV after the prefill); sending
   and receiving a piece costs `stream` seconds a byte on the hosts, which runs beside the link's pacing
-  (the token bucket refills while the bytes are written), so a piece takes bytes * max(1/link rate,
-  stream); the decode worker's import costs `import` seconds a byte on its scheduler thread, at the
+  (the token bucket refills while the bytes are written), so a piece takes the longer of the two:
+  bytes * stream, and the link's pacing; the decode worker's import costs `import` seconds a byte on its scheduler thread, at the
   step boundary where the request joins: it delays that worker's running requests too.
 - Link: each prefill worker sends over its own link of link_gbps (a NIC; 0 = infinite). Layer l's KV
-  (kv_bytes_per_token[codec] * n / num_layers bytes) is ready when layer l is computed (and exported),
-  at start + busy_s(n) * (l + 1) / num_layers; the link sends the layers in order, one after another.
+  (kv_bytes_per_token[codec] * n / num_layers bytes) is ready when layer l is computed (and exported):
+  when the worker's work, busy_s(n) in all, passes busy_s(n) * (l + 1) / num_layers of it; the link sends
+  the layers in order, one after another.
   A worker's transfers queue on its link, so one prompt's transfer can overlap the next prompt's compute.
   link_shared false: each transfer is paced on its own instead (slimkv's --kv-bandwidth-gbps is a token
   bucket per stream: two streams at once each get the cap), as in the measured runs on one machine.
@@ -30,7 +31,8 @@ The model, as slimkv runs it:
 - Decode worker: continuous batching, at most max_batch sequences; a request joins at the next step
   boundary after its whole KV has arrived (imported there), and its first token (sampled by the prefill
   worker) is out then (TTFT); first_token_on_arrival: when its KV has arrived, before the wait and the
-  import (slimkv before 539a363, whose runs measured TTFT so). Each step gives every running sequence one token and takes
+  import (slimkv before 539a363, whose runs measured TTFT so). Each step gives every running sequence
+  one token and takes (at its speed alone)
   decode_step_s = step_base_s + step_s_per_seq * batch + step_s_per_context_token * (tokens in the batch's contexts).
 - Shared device (shared_devices: [[prefill worker, decode worker], ...]): the two workers of a pair run on
   one device, e.g. one GPU or one CPU's cores. A worker's work in progress on it (a prompt's prefill and
@@ -42,7 +44,7 @@ The model, as slimkv runs it:
 
 Costs come from measurements (bench/ and the router's metrics: prefill time per token, decode step time
 vs batch and context, KV bytes per token of each codec); scripts/disagg_sim_example.json shows the
-inputs. Validation against measured single-machine runs is to be done when those measurements exist.
+inputs. tests/sim/disagg_sim_test.py and docs/disaggregated.md hold it against measured runs.
 
 Usage: disagg_sim.py CONFIG.json [--json OUT.json]      (Debian's python3 only)
 """
