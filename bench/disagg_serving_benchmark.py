@@ -220,11 +220,20 @@ def least_squares(xs, ys, columns):
     return out
 
 
+def cpu_seconds(server):
+    """The server process's CPU time so far, user and system (Linux /proc/PID/stat fields 14 and 15)."""
+    with open(f"/proc/{server.process.pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # from field 3 on (the name may hold spaces)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def calibrate(args, corpus, model, spec):
     """One worker's costs with KV spec `spec` (a codec's quantization and attention cost what they cost in
     the prefill and in every decode step), as scripts/disagg_sim.py takes them, measured on a `--role both`
     server with a worker's threads: prefill time vs prompt length (TTFT of a 1-token request alone,
-    repeated), and decode step time vs batch and context (TPOT of `batch` equal requests sent together)."""
+    repeated), and decode step time vs batch and context (TPOT of `batch` equal requests sent together);
+    and the cores the server kept busy in each phase (CPU time over wall time: its threads are not all
+    busy all the time), which tell how two workers sharing this CPU slow each other (device_share)."""
     server = Process([args.slimkv, "serve", "--model", args.model, "--kv", spec, "--host", "127.0.0.1",
                       "--port", "0", "--threads", str(args.threads), "--max-model-len", str(args.max_model_len),
                       "--max-num-seqs", str(args.max_num_seqs), "--prefill-chunk-tokens", str(args.prefill_chunk_tokens)]
@@ -233,12 +242,15 @@ def calibrate(args, corpus, model, spec):
         rng = random.Random(1)
         lengths, seconds = [], []
         longest = args.max_model_len - 1  # a prompt and its one token
+        cpu, wall = cpu_seconds(server), time.perf_counter()
         for n in [min(int(args.input_len * f), longest) for f in (0.25, 0.5, 1.0, 1.5)] * args.calibration_repeats:
             start = rng.randrange(0, len(corpus) - n)
             arrivals, _ = timed_request(server, model, corpus[start:start + n], 1, args.timeout_s)
             lengths.append(n)
             seconds.append(arrivals[0])
         base, per_token, per_token2 = fit(lengths, seconds, [lambda n: 1.0, lambda n: n, lambda n: n * n])
+        prefill_cores = (cpu_seconds(server) - cpu) / (time.perf_counter() - wall)
+        cpu, wall = cpu_seconds(server), time.perf_counter()
         steps = []  # (batch, context tokens of the batch, step seconds)
         for batch in (1, 2, 4):
             for n in (args.input_len // 2, args.input_len):
@@ -261,11 +273,13 @@ def calibrate(args, corpus, model, spec):
                 steps.append((batch, batch * (n + args.output_len * 3 // 4), statistics.median(tpots)))
         step_base, per_seq, per_context = fit(steps, [s[2] for s in steps],
                                               [lambda s: 1.0, lambda s: s[0], lambda s: s[1]])
+        decode_cores = (cpu_seconds(server) - cpu) / (time.perf_counter() - wall)  # its prompts' prefills too
     finally:
         server.__exit__(None, None, None)
     return {"prefill_base_s": base, "prefill_s_per_token": per_token, "prefill_s_per_token2": per_token2,
             "step_base_s": step_base, "step_s_per_seq": per_seq, "step_s_per_context_token": per_context,
-            "prefill_points": list(zip(lengths, seconds)), "step_points": steps}
+            "prefill_points": list(zip(lengths, seconds)), "step_points": steps,
+            "prefill_cores": prefill_cores, "decode_cores": decode_cores}
 
 
 def calibrate_host_path(args, specs, model_config):
@@ -303,11 +317,14 @@ def on_gpu(args):
     return "--device cuda" in " ".join(args.serve_args.split())
 
 
-def device_share(args):
+def device_share(args, costs):
     """disagg_sim's device_share for the two workers of one machine: while both run, each one's share of its
-    speed alone. One GPU time-slices the contexts of two processes: 1/2. On the CPU each worker runs
-    --threads threads: the cores over both workers' threads, at most 1."""
-    return 0.5 if on_gpu(args) else min(1.0, os.cpu_count() / (2 * args.threads))
+    speed alone. One GPU time-slices the contexts of two processes: 1/2. On the CPU the scheduler shares
+    the cores among the threads that want them: the cores over those that a prefilling and a decoding
+    worker keep busy, as calibrated alone (`costs`), at most 1."""
+    if on_gpu(args):
+        return 0.5
+    return min(1.0, os.cpu_count() / (costs["prefill_cores"] + costs["decode_cores"]))
 
 
 def simulate(costs, results, bytes_per_token, args, num_layers, shared=True):
@@ -318,7 +335,7 @@ def simulate(costs, results, bytes_per_token, args, num_layers, shared=True):
     device (one GPU, or this CPU's cores) unless --two-gpus (`shared` false: as if they did not)."""
     config = {key: costs[key] for key in ("prefill_base_s", "prefill_s_per_token", "prefill_s_per_token2",
                                           "step_base_s", "step_s_per_seq", "step_s_per_context_token")}
-    config.update({"shared_devices": [[0, 0]] if shared and not args.two_gpus else [], "device_share": device_share(args)})
+    config.update({"shared_devices": [[0, 0]] if shared and not args.two_gpus else [], "device_share": device_share(args, costs)})
     config.update({"prefill_workers": 1, "decode_workers": 1, "link_gbps": args.kv_bandwidth_gbps,
                    "num_layers": num_layers, "max_batch": args.max_num_seqs, "overlap_layers": not on_gpu(args),
                    "link_shared": False,  # --kv-bandwidth-gbps paces each stream on its own,
@@ -463,11 +480,12 @@ def main():
             path = c["host_path_s_per_byte"]
             print(f"  {spec}: prefill {c['prefill_base_s'] * 1e3:.2f} ms + {c['prefill_s_per_token'] * 1e6:.2f} us/token + "
                   f"{c['prefill_s_per_token2'] * 1e9:.4f} ns/token^2; decode step {c['step_base_s'] * 1e3:.2f} ms + "
-                  f"{c['step_s_per_seq'] * 1e3:.3f} ms/seq + {c['step_s_per_context_token'] * 1e9:.1f} ns/context token; host path "
+                  f"{c['step_s_per_seq'] * 1e3:.3f} ms/seq + {c['step_s_per_context_token'] * 1e9:.1f} ns/context token; "
+                  f"cores busy {c['prefill_cores']:.2f} prefilling, {c['decode_cores']:.2f} decoding; host path "
                   + (f"export {1e-9 / path['export']:.2f} GB/s, stream {1e-9 / path['stream']:.2f} GB/s, import "
                      f"{1e-9 / path['import']:.2f} GB/s" if path and all(path.values()) else f"{path}"))
-        print("simulator: the two workers on " + ("two GPUs" if args.two_gpus else
-              f"one device, each at {device_share(args):.2f} of its speed alone while both run"))
+        print("simulator: the two workers on " + ("two GPUs" if args.two_gpus else "one device, each at " + ", ".join(
+            f"{device_share(args, c):.2f} ({spec})" for spec, c in costs.items()) + " of its speed alone while both run"))
         print("simulator (scripts/disagg_sim.py, the same arrivals and lengths) vs measured, disaggregated runs:")
         print(f"{'rate':>5}  {'spec':<22}{'JCT meas':>10}{'JCT sim':>9}{'err':>8}{'TTFT meas':>11}{'TTFT sim':>10}{'err':>8}"
               f"{'TPOT meas':>11}{'TPOT sim':>10}{'JCT sim, workers apart':>23}{'err':>8}")
