@@ -39,7 +39,8 @@ The model, as slimkv runs it:
   export; a decode step; an import) progresses at its speed alone while the other worker is idle, and at
   device_share of it while both have work in progress (processor sharing). Its value comes from the
   device, not from a fit: 1/2 for one GPU, which time-slices the contexts of two processes (one runs at
-  a time); min(1, cores / threads of both workers) on a CPU. The link and the hosts' stream are not on it.
+  a time); on a CPU, whose scheduler shares the cores among the threads that want them, the cores over
+  the cores the two workers keep busy when alone, at most 1. The link and the hosts' stream are not on it.
 - JCT = last token - arrival; TPOT = (last token - first token) / (output tokens - 1).
 
 Costs come from measurements (bench/ and the router's metrics: prefill time per token, decode step time
