@@ -14,8 +14,9 @@ The model, as slimkv runs it:
   (each layer's as it is computed when layers overlap, else the whole KV after the prefill); sending
   and receiving a piece costs `stream` seconds a byte on the hosts, which runs beside the link's pacing
   (the token bucket refills while the bytes are written), so a piece takes the longer of the two:
-  bytes * stream, and the link's pacing; the decode worker's import costs `import` seconds a byte on its scheduler thread, at the
-  step boundary where the request joins: it delays that worker's running requests too.
+  bytes * stream, and the link's pacing; the decode worker's import costs `import` seconds a byte on its
+  scheduler thread, at the step boundary where the request joins: it delays that worker's running
+  requests too.
 - Link: each prefill worker sends over its own link of link_gbps (a NIC; 0 = infinite). Layer l's KV
   (kv_bytes_per_token[codec] * n / num_layers bytes) is ready when layer l is computed (and exported):
   when the worker's work, busy_s(n) in all, passes busy_s(n) * (l + 1) / num_layers of it; the link sends
