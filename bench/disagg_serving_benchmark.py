@@ -225,11 +225,21 @@ def least_squares(xs, ys, columns):
     return out
 
 
-def calibrate(args, corpus, model):
-    """One worker's costs, as scripts/disagg_sim.py takes them, measured on a `--role both` server with a
-    worker's threads: prefill time vs prompt length (TTFT of a 1-token request alone, repeated), and decode
-    step time vs batch and context (TPOT of `batch` equal requests sent together)."""
-    server = Process([args.slimkv, "serve", "--model", args.model, "--kv", "dense:dtype=f16", "--host", "127.0.0.1",
+def cpu_seconds(server):
+    """The server process's CPU time so far, user and system (Linux /proc/PID/stat fields 14 and 15)."""
+    with open(f"/proc/{server.process.pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # from field 3 on (the name may hold spaces)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def calibrate(args, corpus, model, spec):
+    """One worker's costs with KV spec `spec` (a codec's quantization and attention cost what they cost in
+    the prefill and in every decode step), as scripts/disagg_sim.py takes them, measured on a `--role both`
+    server with a worker's threads: prefill time vs prompt length (TTFT of a 1-token request alone,
+    repeated), and decode step time vs batch and context (TPOT of `batch` equal requests sent together);
+    and the cores the server kept busy in each phase (CPU time over wall time: its threads are not all
+    busy all the time), which tell how two workers sharing this CPU slow each other (device_share)."""
+    server = Process([args.slimkv, "serve", "--model", args.model, "--kv", spec, "--host", "127.0.0.1",
                       "--port", "0", "--threads", str(args.threads), "--max-model-len", str(args.max_model_len),
                       "--max-num-seqs", str(args.max_num_seqs), "--prefill-chunk-tokens", str(args.prefill_chunk_tokens)]
                      + args.serve_args.split(), name="slimkv-calibrate").__enter__()
@@ -237,12 +247,15 @@ def calibrate(args, corpus, model):
         rng = random.Random(1)
         lengths, seconds = [], []
         longest = args.max_model_len - 1  # a prompt and its one token
+        cpu, wall = cpu_seconds(server), time.perf_counter()
         for n in [min(int(args.input_len * f), longest) for f in (0.25, 0.5, 1.0, 1.5)] * args.calibration_repeats:
             start = rng.randrange(0, len(corpus) - n)
             arrivals, _ = timed_request(server, model, corpus[start:start + n], 1, args.timeout_s)
             lengths.append(n)
             seconds.append(arrivals[0])
         base, per_token, per_token2 = fit(lengths, seconds, [lambda n: 1.0, lambda n: n, lambda n: n * n])
+        prefill_cores = (cpu_seconds(server) - cpu) / (time.perf_counter() - wall)
+        cpu, wall = cpu_seconds(server), time.perf_counter()
         steps = []  # (batch, context tokens of the batch, step seconds)
         for batch in (1, 2, 4):
             for n in (args.input_len // 2, args.input_len):
@@ -265,11 +278,13 @@ def calibrate(args, corpus, model):
                 steps.append((batch, batch * (n + args.output_len * 3 // 4), statistics.median(tpots)))
         step_base, per_seq, per_context = fit(steps, [s[2] for s in steps],
                                               [lambda s: 1.0, lambda s: s[0], lambda s: s[1]])
+        decode_cores = (cpu_seconds(server) - cpu) / (time.perf_counter() - wall)  # its prompts' prefills too
     finally:
         server.__exit__(None, None, None)
     return {"prefill_base_s": base, "prefill_s_per_token": per_token, "prefill_s_per_token2": per_token2,
             "step_base_s": step_base, "step_s_per_seq": per_seq, "step_s_per_context_token": per_context,
-            "prefill_points": list(zip(lengths, seconds)), "step_points": steps}
+            "prefill_points": list(zip(lengths, seconds)), "step_points": steps,
+            "prefill_cores": prefill_cores, "decode_cores": decode_cores}
 
 
 def calibrate_host_path(args, specs, model_config):
@@ -303,20 +318,36 @@ def calibrate_host_path(args, specs, model_config):
     return costs
 
 
-def simulate(costs, results, bytes_per_token, host_path, args, num_layers):
+def on_gpu(args):
+    return "--device cuda" in " ".join(args.serve_args.split())
+
+
+def device_share(args, costs):
+    """disagg_sim's device_share for the two workers of one machine: while both run, each one's share of its
+    speed alone. One GPU time-slices the contexts of two processes: 1/2. On the CPU the scheduler shares
+    the cores among the threads that want them: the cores over those that a prefilling and a decoding
+    worker keep busy, as calibrated alone (`costs`), at most 1."""
+    if on_gpu(args):
+        return 0.5
+    return min(1.0, os.cpu_count() / (costs["prefill_cores"] + costs["decode_cores"]))
+
+
+def simulate(costs, results, bytes_per_token, args, num_layers, shared=True):
     """disagg_sim's prediction for one measured deployment: each round's arrivals and lengths as measured,
-    one prefill and one decode worker, each stream paced at the cap and the host path as calibrated (`host_path`:
-    None, free); the rounds' requests pooled. A GPU prefill worker has no per-layer hook: its KV goes
-    out after the prefill (overlap_layers false)."""
+    one prefill and one decode worker with the deployment's spec's `costs`, each stream paced at the cap
+    and the host path as calibrated (none: free); the rounds' requests pooled. A GPU prefill worker has
+    no per-layer hook: its KV goes out after the prefill (overlap_layers false). Both workers share one
+    device (one GPU, or this CPU's cores) unless --two-gpus (`shared` false: as if they did not)."""
     config = {key: costs[key] for key in ("prefill_base_s", "prefill_s_per_token", "prefill_s_per_token2",
                                           "step_base_s", "step_s_per_seq", "step_s_per_context_token")}
-    on_gpu = "--device cuda" in " ".join(args.serve_args.split())
+    config.update({"shared_devices": [[0, 0]] if shared and not args.two_gpus else [], "device_share": device_share(args, costs)})
     config.update({"prefill_workers": 1, "decode_workers": 1, "link_gbps": args.kv_bandwidth_gbps,
-                   "num_layers": num_layers, "max_batch": args.max_num_seqs, "overlap_layers": not on_gpu,
-                   "link_shared": False,  # --kv-bandwidth-gbps paces each stream on its own
+                   "num_layers": num_layers, "max_batch": args.max_num_seqs, "overlap_layers": not on_gpu(args),
+                   "link_shared": False,  # --kv-bandwidth-gbps paces each stream on its own,
+                   "link_burst_bytes": 256 << 10,  # with a token bucket of 256 KiB (TokenBucket's burst_bytes)
                    "prefill_chunk_tokens": args.prefill_chunk_tokens, "overlap_chunks": args.chunk_overlap,
                    "kv_bytes_per_token": {"measured": bytes_per_token},
-                   "host_path_s_per_byte": {"measured": host_path} if host_path else {}})
+                   "host_path_s_per_byte": {"measured": costs["host_path_s_per_byte"]} if costs["host_path_s_per_byte"] else {}})
     pooled = []
     for round_index in sorted({r["round"] for r in results}):
         config["requests"] = [[r["arrival"], r["prompt"], r["output"]] for r in results if r["round"] == round_index]
@@ -453,33 +484,37 @@ def main():
             for error in s["errors"]:
                 print(f"    error: {error[:200]}")
 
-    costs = calibrate(args, corpus, model) if args.calibrate else None
-    if costs:
-        costs["host_path_s_per_byte"] = calibrate_host_path(args, specs, model_config)
-        print(f"\nmeasured costs (one worker, {args.threads} thread(s)): prefill {costs['prefill_base_s'] * 1e3:.2f} ms + "
-              f"{costs['prefill_s_per_token'] * 1e6:.2f} us/token + {costs['prefill_s_per_token2'] * 1e9:.4f} ns/token^2; "
-              f"decode step {costs['step_base_s'] * 1e3:.2f} ms + {costs['step_s_per_seq'] * 1e3:.3f} ms/seq + "
-              f"{costs['step_s_per_context_token'] * 1e9:.1f} ns/context token")
-        for spec, path in costs["host_path_s_per_byte"].items():
-            print(f"host path {spec}: export {1e-9 / path['export']:.2f} GB/s, stream {1e-9 / path['stream']:.2f} GB/s, "
-                  f"import {1e-9 / path['import']:.2f} GB/s" if all(path.values()) else f"host path {spec}: {path}")
+    costs = None  # spec -> its costs and host path
+    if args.calibrate:
+        host_paths = calibrate_host_path(args, specs, model_config)
+        costs = {spec: dict(calibrate(args, corpus, model, spec), host_path_s_per_byte=host_paths.get(spec)) for spec in specs}
+        print(f"\nmeasured costs (one worker, {args.threads} thread(s)):")
+        for spec, c in costs.items():
+            path = c["host_path_s_per_byte"]
+            print(f"  {spec}: prefill {c['prefill_base_s'] * 1e3:.2f} ms + {c['prefill_s_per_token'] * 1e6:.2f} us/token + "
+                  f"{c['prefill_s_per_token2'] * 1e9:.4f} ns/token^2; decode step {c['step_base_s'] * 1e3:.2f} ms + "
+                  f"{c['step_s_per_seq'] * 1e3:.3f} ms/seq + {c['step_s_per_context_token'] * 1e9:.1f} ns/context token; "
+                  f"cores busy {c['prefill_cores']:.2f} prefilling, {c['decode_cores']:.2f} decoding; host path "
+                  + (f"export {1e-9 / path['export']:.2f} GB/s, stream {1e-9 / path['stream']:.2f} GB/s, import "
+                     f"{1e-9 / path['import']:.2f} GB/s" if path and all(path.values()) else f"{path}"))
+        print("simulator: the two workers on " + ("two GPUs" if args.two_gpus else "one device, each at " + ", ".join(
+            f"{device_share(args, c):.2f} ({spec})" for spec, c in costs.items()) + " of its speed alone while both run"))
         print("simulator (scripts/disagg_sim.py, the same arrivals and lengths) vs measured, disaggregated runs:")
         print(f"{'rate':>5}  {'spec':<22}{'JCT meas':>10}{'JCT sim':>9}{'err':>8}{'TTFT meas':>11}{'TTFT sim':>10}{'err':>8}"
-              f"{'TPOT meas':>11}{'TPOT sim':>10}{'JCT sim, link only':>20}{'err':>8}")
+              f"{'TPOT meas':>11}{'TPOT sim':>10}{'JCT sim, workers apart':>23}{'err':>8}")
         for run in runs:
             if not run["disaggregated"]:
                 continue
             done = [r for r in run["requests"] if r["ok"]]
-            predicted = simulate(costs, done, run["kv_bytes_per_token"], costs["host_path_s_per_byte"].get(run["spec"]),
-                                 args, num_layers)
-            link_only = simulate(costs, done, run["kv_bytes_per_token"], None, args, num_layers)  # as before the host path
-            run["simulated"], run["simulated_link_only"] = predicted, link_only
+            predicted = simulate(costs[run["spec"]], done, run["kv_bytes_per_token"], args, num_layers)
+            apart = simulate(costs[run["spec"]], done, run["kv_bytes_per_token"], args, num_layers, shared=False)
+            run["simulated"], run["simulated_workers_apart"] = predicted, apart
             s = run["summary"]
             jct, ttft, tpot = (predicted[k]["mean"] for k in ("jct_s", "ttft_s", "tpot_s"))
-            jct_link = link_only["jct_s"]["mean"]
+            jct_apart = apart["jct_s"]["mean"]
             print(f"{run['rate']:>5}  {run['spec']:<22}{s['jct_mean_s']:>10.3f}{jct:>9.3f}{jct / s['jct_mean_s'] - 1:>+8.1%}"
                   f"{s['ttft_mean_s']:>11.3f}{ttft:>10.3f}{ttft / s['ttft_mean_s'] - 1:>+8.1%}"
-                  f"{s['tpot_mean_s'] * 1e3:>11.1f}{tpot * 1e3:>10.1f}{jct_link:>20.3f}{jct_link / s['jct_mean_s'] - 1:>+8.1%}")
+                  f"{s['tpot_mean_s'] * 1e3:>11.1f}{tpot * 1e3:>10.1f}{jct_apart:>23.3f}{jct_apart / s['jct_mean_s'] - 1:>+8.1%}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "costs": costs, "runs": runs}, f, indent=1)

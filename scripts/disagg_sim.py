@@ -6,37 +6,53 @@ link of given bandwidth, layer by layer as the prefill advances; predicts JCT, T
 The model, as slimkv runs it:
 - Router: at arrival, picks the decode worker with the fewest requests (running + waiting + in transfer)
   and the prefill worker that frees up first (the least in flight), as `slimkv router` does.
-- Prefill worker: one prompt at a time, FIFO; a prompt of n tokens takes
+- Prefill worker: one prompt at a time, FIFO; a prompt of n tokens takes (at its speed alone)
   prefill_s(n) = prefill_base_s + prefill_s_per_token * n + prefill_s_per_token2 * n^2 (attention's share).
 - Host path (host_path_s_per_byte[codec], measured by bench/bench_kv_host_path.cc or, on the GPU,
   bench/cuda/bench_kv_transport_cuda.cc's TCP row; absent: free): the prefill worker's export of the KV
   into transfer bytes costs `export` seconds a byte on its scheduler thread, on top of the compute
   (each layer's as it is computed when layers overlap, else the whole KV after the prefill); sending
   and receiving a piece costs `stream` seconds a byte on the hosts, which runs beside the link's pacing
-  (the token bucket refills while the bytes are written), so a piece takes bytes * max(1/link rate,
-  stream); the decode worker's import costs `import` seconds a byte on its scheduler thread, at the
-  step boundary where the request joins: it delays that worker's running requests too.
+  (the token bucket refills while the bytes are written), so a piece takes the longer of the two:
+  bytes * stream, and the link's pacing; the decode worker's import costs `import` seconds a byte on its
+  scheduler thread, at the step boundary where the request joins: it delays that worker's running
+  requests too.
 - Link: each prefill worker sends over its own link of link_gbps (a NIC; 0 = infinite). Layer l's KV
-  (kv_bytes_per_token[codec] * n / num_layers bytes) is ready when layer l is computed (and exported),
-  at start + busy_s(n) * (l + 1) / num_layers; the link sends the layers in order, one after another.
+  (kv_bytes_per_token[codec] * n / num_layers bytes) is ready when layer l is computed (and exported):
+  when the worker's work, busy_s(n) in all, passes busy_s(n) * (l + 1) / num_layers of it; the link sends
+  the layers in order, one after another.
   A worker's transfers queue on its link, so one prompt's transfer can overlap the next prompt's compute.
   link_shared false: each transfer is paced on its own instead (slimkv's --kv-bandwidth-gbps is a token
   bucket per stream: two streams at once each get the cap), as in the measured runs on one machine.
+  link_burst_bytes: the pacing is a token bucket of that many bytes, full at the start and refilled at the
+  link's rate while idle (slimkv's TokenBucket holds 256 KiB: a stream's first 256 KiB go out unpaced);
+  0: every byte paced (a real link).
   overlap_layers false: every layer is sent after the whole prefill and export (slimkv's GPU prefill
   worker, which has no per-layer hook).
 - Decode worker: continuous batching, at most max_batch sequences; a request joins at the next step
   boundary after its whole KV has arrived (imported there), and its first token (sampled by the prefill
-  worker) is out then (TTFT). Each step gives every running sequence one token and takes
+  worker) is out then (TTFT); first_token_on_arrival: when its KV has arrived, before the wait and the
+  import (slimkv before 539a363, whose runs measured TTFT so). Each step gives every running sequence
+  one token and takes (at its speed alone)
   decode_step_s = step_base_s + step_s_per_seq * batch + step_s_per_context_token * (tokens in the batch's contexts).
+- Shared device (shared_devices: [[prefill worker, decode worker], ...]): the two workers of a pair run on
+  one device, e.g. one GPU or one CPU's cores. A worker's work in progress on it (a prompt's prefill and
+  export; a decode step; an import) progresses at its speed alone while the other worker is idle, and at
+  device_share of it while both have work in progress (processor sharing). Its value comes from the
+  device, not from a fit: 1/2 for one GPU, which time-slices the contexts of two processes (one runs at
+  a time); on a CPU, whose scheduler shares the cores among the threads that want them, the cores over
+  the cores the two workers keep busy when alone, at most 1. The link and the hosts' stream are not on it.
 - JCT = last token - arrival; TPOT = (last token - first token) / (output tokens - 1).
 
 Costs come from measurements (bench/ and the router's metrics: prefill time per token, decode step time
 vs batch and context, KV bytes per token of each codec); scripts/disagg_sim_example.json shows the
-inputs. Validation against measured single-machine runs is to be done when those measurements exist.
+inputs. tests/sim/disagg_sim_test.py and docs/disaggregated.md hold it against measured runs.
 
 Usage: disagg_sim.py CONFIG.json [--json OUT.json]      (Debian's python3 only)
 """
 import argparse
+import collections
+import functools
 import heapq
 import json
 import math
@@ -52,6 +68,7 @@ class Config:
         "prefill_workers": 1, "decode_workers": 1, "link_gbps": 10.0, "num_layers": 32,
         "overlap_layers": True,    # send layer l as soon as it is computed; False: all after the prefill
         "link_shared": True,       # a prefill worker's transfers share its link; False: each paced alone
+        "link_burst_bytes": 0,     # the pacing's token bucket: bytes sent unpaced when full (slimkv: 262144)
         # A prompt runs in steps of at most this many tokens (slimkv serve --prefill-chunk-tokens; 0: one
         # step). overlap_chunks: every chunk's layers go out as computed; false: the earlier chunks' KV
         # waits for the last chunk's step and goes out with its layers (slimkv's CPU worker before #23's
@@ -63,12 +80,16 @@ class Config:
         "prefill_base_s": 0.0, "prefill_s_per_token": 1e-4, "prefill_s_per_token2": 0.0,
         "step_base_s": 0.01, "step_s_per_seq": 0.0, "step_s_per_context_token": 0.0,
         "max_batch": 64,
+        "first_token_on_arrival": False,  # the first token out when the KV has arrived; False: when it joins
         "kv_bytes_per_token": {"dense:dtype=f16": 131072},  # codec -> bytes of one token's KV, all layers
         # codec -> {"export", "stream", "import": seconds per transfer byte}: the host path (see above)
         "host_path_s_per_byte": {},
         # [[arrival s, prompt tokens, output tokens], ...]: a given workload (a measured run's) instead of
         # num_requests Poisson arrivals at arrival_rate_per_s
         "requests": None,
+        # [[prefill worker, decode worker], ...]: pairs that share one device; while both run, each
+        # progresses at device_share of its speed alone
+        "shared_devices": [], "device_share": 0.5,
     }
 
     def __init__(self, values):
@@ -81,7 +102,7 @@ class Config:
         for key in ("prefill_workers", "decode_workers", "num_layers", "num_requests", "max_batch"):
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise ValueError(f"{key}: must be an integer >= 1, got {getattr(self, key)!r}")
-        for key in ("link_gbps", "arrival_rate_per_s"):
+        for key in ("link_gbps", "arrival_rate_per_s", "link_burst_bytes"):
             if not isinstance(getattr(self, key), (int, float)) or getattr(self, key) < 0:
                 raise ValueError(f"{key}: must be a number >= 0, got {getattr(self, key)!r}")
         if self.arrival_rate_per_s <= 0:
@@ -90,7 +111,7 @@ class Config:
             values = getattr(self, key)
             if not isinstance(values, list) or not values or not all(isinstance(v, int) and v >= 1 for v in values):
                 raise ValueError(f"{key}: must be a non-empty list of integers >= 1, got {values!r}")
-        for key in ("overlap_layers", "overlap_chunks", "link_shared"):
+        for key in ("overlap_layers", "overlap_chunks", "link_shared", "first_token_on_arrival"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{key}: must be true or false, got {getattr(self, key)!r}")
         if not isinstance(self.prefill_chunk_tokens, int) or self.prefill_chunk_tokens < 0:
@@ -112,6 +133,19 @@ class Config:
                         or not all(isinstance(v, int) and v >= 1 for v in r[1:])):
                     raise ValueError(f"requests[{i}]: must be [arrival_s >= 0, prompt_tokens >= 1, output_tokens >= 1], got {r!r}")
             self.num_requests = len(self.requests)
+        if not isinstance(self.shared_devices, list):
+            raise ValueError(f"shared_devices: must be a list of [prefill worker, decode worker] pairs, got {self.shared_devices!r}")
+        for i, pair in enumerate(self.shared_devices):
+            if (not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(v, int) for v in pair)
+                    or not 0 <= pair[0] < self.prefill_workers or not 0 <= pair[1] < self.decode_workers):
+                raise ValueError(f"shared_devices[{i}]: must be [prefill worker in [0, {self.prefill_workers}), "
+                                 f"decode worker in [0, {self.decode_workers})], got {pair!r}")
+        for side, name in ((0, "prefill"), (1, "decode")):
+            workers = [pair[side] for pair in self.shared_devices]
+            if len(set(workers)) != len(workers):
+                raise ValueError(f"shared_devices: a {name} worker is in two pairs ({workers}); a worker runs on one device")
+        if not isinstance(self.device_share, (int, float)) or not 0 < self.device_share <= 1:
+            raise ValueError(f"device_share: must be a number in (0, 1], got {self.device_share!r}")
 
     def prefill_s(self, tokens):
         return self.prefill_base_s + self.prefill_s_per_token * tokens + self.prefill_s_per_token2 * tokens * tokens
@@ -170,12 +204,72 @@ def workload(config):
     return requests
 
 
+class Work:
+    """A worker's work in progress on its device: `total` seconds at the worker's speed alone. `marks`
+    ([(seconds of work done, action(time))], in order) run as the work passes them (a prefill's KV pieces
+    becoming sendable), `on_done(time)` at its end."""
+
+    def __init__(self, total, on_done, marks=()):
+        self.total, self.on_done, self.marks = total, on_done, list(marks)
+        self.done, self.rate, self.since = 0.0, 1.0, 0.0  # work done by `since`, progressing at `rate`
+        self.version = 0  # its end event's: a rate change voids the event pushed before it
+
+
+class Device:
+    """What a worker runs on: its own, or one shared by a prefill and a decode worker (shared_devices),
+    whose two works in progress each progress at `share` of their speed alone (processor sharing)."""
+
+    def __init__(self, share):
+        self.share, self.works = share, []
+
+
+class Link:
+    """A prefill worker's link (link_shared), or one stream's: pieces go out in order, each paced by the
+    cap as a token bucket of `burst` bytes (full at first; 0: every byte paced) and by the hosts' sending
+    and receiving (`stream_s_per_byte`), which run side by side."""
+
+    def __init__(self, gbps, stream_s_per_byte, burst):
+        self.bytes_per_s = gbps * 1e9 / 8 if gbps > 0 else None  # None: no cap
+        self.stream_s_per_byte, self.burst = stream_s_per_byte, burst
+        self.free_at = 0.0
+        self.tokens, self.refilled_at = burst, 0.0  # bytes that may go out unpaced at `refilled_at`; < 0: owed
+
+    def send(self, ready, piece_bytes):
+        """The piece, sendable at `ready`, is sent after the earlier ones; returns when it has arrived."""
+        start = max(self.free_at, ready)
+        paced = start
+        if self.bytes_per_s:
+            self.tokens = min(self.burst, self.tokens + (start - self.refilled_at) * self.bytes_per_s) - piece_bytes
+            self.refilled_at = start
+            paced = start + max(0.0, -self.tokens) / self.bytes_per_s
+        self.free_at = max(paced, start + piece_bytes * self.stream_s_per_byte)
+        return self.free_at
+
+
+class PrefillWorker:
+    def __init__(self, device, link):
+        self.device, self.link = device, link  # link: its own (link_shared), else None
+        self.queue = collections.deque()  # (request, decode worker) waiting, FIFO
+        self.busy = False
+        self.free_at = 0.0     # the router's view: when its queue clears at its speed alone
+
+
 class DecodeWorker:
-    def __init__(self):
+    def __init__(self, device):
+        self.device = device
         self.assigned = 0    # requests sent here and not finished (the router's load)
         self.ready = []      # KV arrived, waiting to join the batch
         self.running = []
-        self.stepping = False
+        self.stepping = False  # a step (or the import before it) is in progress
+
+
+def devices_of(config):
+    """Each prefill worker's and each decode worker's device: a pair of shared_devices has one."""
+    prefill = [Device(config.device_share) for _ in range(config.prefill_workers)]
+    decode = [Device(config.device_share) for _ in range(config.decode_workers)]
+    for p, d in config.shared_devices:
+        decode[d] = prefill[p]
+    return prefill, decode
 
 
 def simulate(config, codec):
@@ -183,12 +277,13 @@ def simulate(config, codec):
     bytes_per_token = config.kv_bytes_per_token[codec]
     host_path = config.host_path(codec)
     import_s_per_byte = host_path["import"]
-    # A piece's time on the way: the link's pacing and the hosts' sending and receiving side by side.
-    s_per_byte = max(8 / (config.link_gbps * 1e9) if config.link_gbps > 0 else 0.0, host_path["stream"])
     requests = workload(config)
-    prefill_free = [0.0] * config.prefill_workers  # when each prefill worker's compute is free
-    link_free = [0.0] * config.prefill_workers     # when each prefill worker's link is free
-    decoders = [DecodeWorker() for _ in range(config.decode_workers)]
+
+    def new_link():
+        return Link(config.link_gbps, host_path["stream"], config.link_burst_bytes)
+    prefill_devices, decode_devices = devices_of(config)
+    prefills = [PrefillWorker(device, new_link() if config.link_shared else None) for device in prefill_devices]
+    decoders = [DecodeWorker(device) for device in decode_devices]
     events = []  # (time, order, kind, payload): a heap; `order` keeps ties in insertion order
     order = 0
 
@@ -197,15 +292,80 @@ def simulate(config, codec):
         heapq.heappush(events, (time, order, kind, payload))
         order += 1
 
+    # --- a device's works, processor-shared ---
+
+    def catch_up(device, now, finished=None):
+        """Every work on the device brought to `now` at its rate since its last change (`finished`: to its
+        end); the marks it passed run at the times it passed them."""
+        for work in device.works:
+            done = work.total if work is finished else work.done + (now - work.since) * work.rate
+            while work.marks and work.marks[0][0] <= done:
+                offset, action = work.marks.pop(0)
+                action(min(now, work.since + (offset - work.done) / work.rate))
+            work.done, work.since = done, now
+
+    def set_rates(device, now):
+        """Each work's rate for what runs now, and its end event at that rate."""
+        rate = 1.0 if len(device.works) < 2 else device.share
+        for work in device.works:
+            work.rate, work.version = rate, work.version + 1
+            push(now + (work.total - work.done) / rate, "work_done", (device, work, work.version))
+
+    def run_work(device, work, now):
+        catch_up(device, now)
+        work.since = now
+        device.works.append(work)
+        set_rates(device, now)
+
+    # --- prefill workers ---
+
+    def start_prefill(p, now):
+        """The prefill worker's next prompt: compute and export as one work, each KV piece sent over the
+        link (in order) as the work passes it."""
+        worker = prefills[p]
+        request, d = worker.queue.popleft()
+        worker.busy = True
+        pieces = config.kv_pieces(0.0, request.prompt, bytes_per_token, codec)  # (seconds of work, bytes)
+        link = worker.link or new_link()
+
+        def send(piece_bytes, last, ready):
+            arrived = link.send(ready, piece_bytes)
+            if last:
+                push(arrived, "kv_arrived", (request, d))
+        marks = [(offset, functools.partial(send, piece_bytes, i == len(pieces) - 1))
+                 for i, (offset, piece_bytes) in enumerate(pieces)]
+        run_work(worker.device, Work(config.busy_s(request.prompt, bytes_per_token, codec),
+                                     functools.partial(end_prefill, p), marks), now)
+
+    def end_prefill(p, now):
+        worker = prefills[p]
+        worker.busy = False
+        if worker.queue:
+            start_prefill(p, now)
+
+    # --- decode workers ---
+
     def start_step(d, now):
-        """A step boundary of decode worker d: waiting requests are imported and join (their first token is
-        out), then the next step starts if anything runs."""
+        """A step boundary of decode worker d: waiting requests are imported (a work on its device) and
+        join, then the next step runs if anything does."""
         worker = decoders[d]
         room = config.max_batch - len(worker.running)
         joining, worker.ready = worker.ready[:room], worker.ready[room:]
-        now += sum(import_s_per_byte * bytes_per_token * r.prompt for r in joining)
+        worker.stepping = True
+        import_s = sum(import_s_per_byte * bytes_per_token * r.prompt for r in joining)
+        if import_s > 0:
+            run_work(worker.device, Work(import_s, functools.partial(join, d, joining)), now)
+        else:
+            join(d, joining, now)
+
+    def join(d, joining, now):
+        """The imported requests join (their first token is out, unless it was when the KV arrived) and the
+        next step starts."""
+        worker = decoders[d]
         for request in joining:
-            request.first_token, request.generated = now, 1
+            request.generated = 1
+            if not config.first_token_on_arrival:
+                request.first_token = now
             if request.generated >= request.output:
                 request.last_token = now
                 worker.assigned -= 1
@@ -214,7 +374,21 @@ def simulate(config, codec):
         worker.stepping = bool(worker.running)
         if worker.running:
             context = sum(r.prompt + r.generated for r in worker.running)
-            push(now + config.step_s(len(worker.running), context), "step", d)
+            run_work(worker.device, Work(config.step_s(len(worker.running), context), functools.partial(end_step, d)), now)
+
+    def end_step(d, now):
+        """Every running sequence has its next token; the finished leave."""
+        worker = decoders[d]
+        still = []
+        for request in worker.running:
+            request.generated += 1
+            if request.generated >= request.output:
+                request.last_token = now
+                worker.assigned -= 1
+            else:
+                still.append(request)
+        worker.running = still
+        start_step(d, now)
 
     for request in requests:
         push(request.arrival, "arrive", request)
@@ -224,35 +398,26 @@ def simulate(config, codec):
             request = payload
             d = min(range(len(decoders)), key=lambda i: decoders[i].assigned)
             decoders[d].assigned += 1
-            p = min(range(len(prefill_free)), key=lambda i: prefill_free[i])
-            start = max(now, prefill_free[p])
-            prefill_free[p] = start + config.busy_s(request.prompt, bytes_per_token, codec)
-            # Layer by layer (chunk by chunk): each piece is sendable when computed; the link sends in order.
-            link = link_free[p] if config.link_shared else 0.0
-            for ready, piece_bytes in config.kv_pieces(start, request.prompt, bytes_per_token, codec):
-                link = max(link, ready) + piece_bytes * s_per_byte
-            if config.link_shared:
-                link_free[p] = link
-            push(link, "kv_arrived", (request, d))
+            p = min(range(len(prefills)), key=lambda i: prefills[i].free_at)
+            prefills[p].free_at = max(now, prefills[p].free_at) + config.busy_s(request.prompt, bytes_per_token, codec)
+            prefills[p].queue.append((request, d))
+            if not prefills[p].busy:
+                start_prefill(p, now)
+        elif kind == "work_done":
+            device, work, version = payload
+            if version == work.version:  # not voided by a rate change since
+                catch_up(device, now, finished=work)
+                device.works.remove(work)
+                set_rates(device, now)
+                work.on_done(now)
         elif kind == "kv_arrived":
             request, d = payload
+            if config.first_token_on_arrival:
+                request.first_token = now
             worker = decoders[d]
             worker.ready.append(request)
             if not worker.stepping:
                 start_step(d, now)
-        elif kind == "step":
-            d = payload
-            worker = decoders[d]
-            still = []
-            for request in worker.running:
-                request.generated += 1
-                if request.generated >= request.output:
-                    request.last_token = now
-                    worker.assigned -= 1
-                else:
-                    still.append(request)
-            worker.running = still
-            start_step(d, now)
     return requests
 
 

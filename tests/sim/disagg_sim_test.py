@@ -1,9 +1,10 @@
 """scripts/disagg_sim.py against answers known in closed form: one request alone (prefill, the layer-
 pipelined transfer, decode steps), the transfer time of a bandwidth-bound prompt, batch-dependent TPOT,
 the host path (export, stream beside the link, import at the decode worker's step boundary), and the
-prefill worker as an M/D/1 queue (Pollaczek-Khinchine mean wait); and against a measured run: the GPU
-JCT run at 10 Gbit/s (docs/results/disaggregated/jct_one_h100_10g/) with the host path the GPU
-transport bench measured (gpu_transport_h100/, its TCP rows). Usage: disagg_sim_test.py SOURCE_DIR"""
+prefill worker as an M/D/1 queue (Pollaczek-Khinchine mean wait), workers sharing one device, a paced
+link's burst; and against measured runs: the GPU JCT run at 10 Gbit/s with both workers on one H100
+(docs/results/disaggregated/jct_one_h100_10g/) with the host path the GPU transport bench measured
+(gpu_transport_h100/, its TCP rows at 10 Gbit/s), and the two-GPU runs. Usage: disagg_sim_test.py SOURCE_DIR"""
 import json
 import os
 import sys
@@ -22,6 +23,10 @@ def run(codec="c", **values):
 
 
 class DisaggSimTest(unittest.TestCase):
+    def assertTimes(self, actual, expected):
+        for a, e in zip(actual, expected, strict=True):
+            self.assertAlmostEqual(a, e, places=9, msg=(actual, expected))
+
     def test_one_request_alone(self):
         # 1000 tokens, 10 layers: 0.1 s of compute (10 ms a layer). 100 KB/token at 1 Gbit/s: 0.8 s of
         # transfer (80 ms a layer) > compute, so the link is the bottleneck: the last byte arrives
@@ -107,6 +112,11 @@ class DisaggSimTest(unittest.TestCase):
         _, [request] = run(overlap_layers=False, **common)
         self.assertAlmostEqual(request.first_token - request.arrival, 0.1 + 0.1 + 0.2 + 0.05, places=9)
         self.assertAlmostEqual(request.last_token - request.first_token, 2 * 0.02, places=9)
+        # The first token out when the KV has arrived (slimkv before 539a363): before the import, which
+        # its TPOT then holds.
+        _, [request] = run(overlap_layers=False, first_token_on_arrival=True, **common)
+        self.assertAlmostEqual(request.first_token - request.arrival, 0.1 + 0.1 + 0.2, places=9)
+        self.assertAlmostEqual(request.last_token - request.first_token, 0.05 + 2 * 0.02, places=9)
         # Layer by layer: each layer computed and exported in 20 ms, sent in 20 ms: the last one leaves at
         # 0.2 s and arrives 20 ms later; then the import.
         _, [request] = run(**common)
@@ -134,9 +144,68 @@ class DisaggSimTest(unittest.TestCase):
             disagg_sim.Config({"host_path_s_per_byte": {"c": {"export": 1e-9}}})
         self.assertIn("host_path_s_per_byte['c']", str(raised.exception))
 
+    def test_shared_device(self):
+        # One prefill and one decode worker; A (100 tokens, 0.1 s of prefill) decodes 10 steps of 20 ms from
+        # 0.1 s; B's prefill arrives at 0.15 s, when A's third step is half done.
+        common = dict(requests=[[0.0, 100, 11], [0.15, 100, 3]], prefill_s_per_token=1e-3, link_gbps=0, step_base_s=0.02)
+        # Apart: B's prefill ends at 0.25 s and B joins at A's next step boundary, 0.26 s; A ends at 0.3 s.
+        _, (a, b) = run(**common)
+        self.assertAlmostEqual(a.last_token, 0.3, places=9)
+        self.assertAlmostEqual(b.first_token, 0.26, places=9)
+        # On one device at half speed each while both run: from 0.15 s A's remaining 7.5 steps (0.15 s of
+        # work) and B's prefill (0.1 s) progress at half rate, so B's prefill ends at 0.15 + 2 * 0.1 = 0.35 s,
+        # when A's eighth step (from 0.33 s) is half done; alone again, it ends at 0.36 s, where B joins.
+        # Steps 9 and 10 (both sequences) end at 0.38 and 0.40 s.
+        _, (a, b) = run(shared_devices=[[0, 0]], device_share=0.5, **common)
+        self.assertAlmostEqual(b.first_token, 0.36, places=9)
+        self.assertAlmostEqual(a.last_token, 0.40, places=9)
+        self.assertAlmostEqual(b.last_token, 0.40, places=9)
+        # A share of 1 (a CPU with a core for each worker's thread) is as apart.
+        _, (a, b) = run(shared_devices=[[0, 0]], device_share=1.0, **common)
+        self.assertTimes((a.last_token, b.first_token), (0.3, 0.26))
+        # An import is the decode worker's work on the device too: 0.05 s for each prompt (1e5 bytes at
+        # 0.5 us/B), B's prefill from 0.12 s. Apart: A's import ends at 0.15 s; B's KV is in at 0.22 s and
+        # imported at A's boundary at 0.23 s (B's first token at 0.28 s), A's last six steps after it.
+        imports = dict(common, requests=[[0.0, 100, 11], [0.12, 100, 3]],
+                       host_path_s_per_byte={"c": {"export": 0.0, "stream": 0.0, "import": 5e-7}})
+        _, (a, b) = run(**imports)
+        self.assertTimes((a.first_token, b.first_token, a.last_token), (0.15, 0.28, 0.4))
+        # Shared: A's import (0.03 s left at 0.12 s) and B's prefill run at half speed: A's import ends at
+        # 0.18 s, B's prefill (0.07 s left) at 0.32 s, half way through A's fourth step, which ends at 0.33
+        # s; B's import then runs alone (first token 0.38 s), and A's six steps after it end at 0.5 s.
+        _, (a, b) = run(shared_devices=[[0, 0]], device_share=0.5, **imports)
+        self.assertTimes((a.first_token, b.first_token, a.last_token), (0.18, 0.38, 0.5))
+        for values, message in (({"shared_devices": [[1, 0]]}, "shared_devices[0]: must be [prefill worker in [0, 1)"),
+                                ({"shared_devices": [[0, 0], [1, 0]], "prefill_workers": 2},
+                                 "shared_devices: a decode worker is in two pairs"),
+                                ({"device_share": 0}, "device_share: must be a number in (0, 1]")):
+            with self.assertRaises(ValueError) as raised:
+                disagg_sim.Config(values)
+            self.assertIn(message, str(raised.exception))
+
+    def test_link_burst(self):
+        # 1e6 bytes after the prefill at 1 Gbit/s: 8 ms; a token bucket of 250 KB lets its first 250 KB out
+        # at once: 6 ms.
+        common = dict(num_requests=1, prompt_tokens=[1000], output_tokens=[1], num_layers=10, prefill_s_per_token=1e-4,
+                      link_gbps=1, kv_bytes_per_token={"c": 1000})
+        _, [request] = run(overlap_layers=False, **common)
+        self.assertAlmostEqual(request.last_token - request.arrival, 0.1 + 0.008, places=9)
+        _, [request] = run(overlap_layers=False, link_burst_bytes=250000, **common)
+        self.assertAlmostEqual(request.last_token - request.arrival, 0.1 + 0.006, places=9)
+        # Layer by layer, 1e5 bytes every 10 ms: the bucket refills between layers (1.25e6 bytes in 10 ms,
+        # up to its 250 KB), so every layer goes out at once and the last arrives as it is computed.
+        _, [request] = run(link_burst_bytes=250000, **common)
+        self.assertAlmostEqual(request.last_token - request.arrival, 0.1, places=9)
+        _, [request] = run(**common)
+        self.assertAlmostEqual(request.last_token - request.arrival, 0.1 + 0.0008, places=9)
+
     def test_predicts_the_gpu_run_at_10_gbits(self):
-        # The measured run: its costs (--calibrate), arrivals and lengths, KV bytes per token; the host path
-        # of the same GPU's TCP transfers at 16K (export / stream / import ms for the transfer's MB).
+        # The measured run, both workers on one H100 (session 15): its costs (--calibrate: one worker alone,
+        # a dense server), arrivals and lengths, KV bytes per token; the host path the same GPU measured for
+        # TCP transfers of 16K prompts at the run's 10 Gbit/s cap (the `tcp@10` rows: export / stream /
+        # import ms for the transfer's MB); the cap's token bucket (256 KiB); the first token out when the
+        # KV had arrived, as slimkv sent it then (before 539a363). The workers share the GPU, which
+        # time-slices two processes: each at half its speed while both run (device_share 1/2, not fitted).
         results = os.path.join(SOURCE_DIR, "docs", "results", "disaggregated")
         with open(os.path.join(results, "jct_one_h100_10g", "serving_10g.json")) as f:
             measured = json.load(f)
@@ -146,32 +215,39 @@ class DisaggSimTest(unittest.TestCase):
         with open(os.path.join(results, "gpu_transport_h100", "bench_kv_transport_tcp_host_path.txt")) as f:
             for line in f:
                 fields = line.split()
-                if len(fields) == 10 and fields[1] == "16384" and fields[2] == "tcp":
+                if len(fields) == 10 and fields[1] == "16384" and fields[2] == "tcp@10":
                     transfer_bytes = float(fields[3]) * 1e6
                     host_path[fields[0]] = {stage: float(fields[i]) / 1e3 / transfer_bytes
                                             for stage, i in (("export", 4), ("stream", 5), ("import", 6))}
         costs = measured["costs"]
-        errors = {}
+        errors = {}  # (spec, metric) -> {model: simulated / measured - 1}
         for run_ in (r for r in measured["runs"] if r["disaggregated"]):
             values = {key: costs[key] for key in ("prefill_base_s", "prefill_s_per_token", "prefill_s_per_token2",
                                                   "step_base_s", "step_s_per_seq", "step_s_per_context_token")}
-            values.update(link_gbps=10.0, link_shared=False, num_layers=32, max_batch=4, prefill_chunk_tokens=512, overlap_layers=False,
+            values.update(link_gbps=10.0, link_shared=False, link_burst_bytes=256 << 10, num_layers=32, max_batch=4,
+                          prefill_chunk_tokens=512, overlap_layers=False, first_token_on_arrival=True,
+                          shared_devices=[[0, 0]], device_share=0.5,
                           kv_bytes_per_token={"m": run_["kv_bytes_per_token"]},
                           host_path_s_per_byte={"m": host_path[described[run_["spec"]]]},
                           requests=[[r["arrival"], r["prompt"], r["output"]] for r in run_["requests"] if r["ok"]])
-            predicted = disagg_sim.summarize(disagg_sim.simulate(disagg_sim.Config(values), "m"))
-            link_only = disagg_sim.summarize(disagg_sim.simulate(disagg_sim.Config(dict(values, host_path_s_per_byte={})), "m"))
+            models = {"shared GPU": values, "workers apart": dict(values, shared_devices=[]),
+                      "shared GPU, link only": dict(values, host_path_s_per_byte={})}
+            predicted = {model: disagg_sim.summarize(disagg_sim.simulate(disagg_sim.Config(v), "m")) for model, v in models.items()}
             for metric, key in (("JCT", "jct"), ("TTFT", "ttft")):
                 real = run_["summary"][f"{key}_mean_s"]
-                errors[(run_["spec"], metric)] = (predicted[f"{key}_s"]["mean"] / real - 1, link_only[f"{key}_s"]["mean"] / real - 1)
-        for (spec, metric), (error, link_error) in errors.items():
-            print(f"  {spec:<20} {metric:<5} simulated vs measured: {error:+.1%} (link only: {link_error:+.1%})")
-            self.assertLess(abs(error), abs(link_error))  # the host path brings every prediction closer
-        # FP16, whose TTFT the host path dominates: within 15%. The 2-bit run is still predicted low by
-        # 21-27%: its host path is small, and what is left is the two workers sharing one GPU (TPOT 13.8
-        # ms measured vs 8.3 ms calibrated alone), which the simulator does not model.
-        self.assertLess(abs(errors[("dense:dtype=f16", "JCT")][0]), 0.15)
-        self.assertLess(abs(errors[("dense:dtype=f16", "TTFT")][0]), 0.15)
+                errors[(run_["spec"], metric)] = {model: p[f"{key}_s"]["mean"] / real - 1 for model, p in predicted.items()}
+        for (spec, metric), error in errors.items():
+            print(f"  {spec:<20} {metric:<5} simulated vs measured: " + ", ".join(f"{m} {e:+.1%}" for m, e in error.items()))
+            # The shared GPU and the host path each bring every prediction closer.
+            self.assertLess(abs(error["shared GPU"]), abs(error["workers apart"]))
+            self.assertLess(abs(error["shared GPU"]), abs(error["shared GPU, link only"]))
+        # FP16 within 15% (JCT +5.2%, TTFT +2.3%). 2-bit is not (JCT -15.5%, TTFT -16.4%): its first two
+        # requests ran alone (nothing to share the GPU with) and took 0.42 and 0.39 s longer than predicted,
+        # 0.26-0.33 s of it before the KV arrived; the costs were calibrated on a dense server, not on a
+        # 2-bit one (its prefill quantizes, its decode steps read 2-bit KV). The bound below only guards it.
+        for metric in ("JCT", "TTFT"):
+            self.assertLess(abs(errors[("dense:dtype=f16", metric)]["shared GPU"]), 0.15)
+            self.assertLess(abs(errors[("hack:bits=2,pi=64", metric)]["shared GPU"]), 0.20)
 
     def test_predicts_the_two_gpu_runs(self):
         # The 1P+1D runs on two H100s at 16K prompts (equal_tpot_h100x2/: dense at 0.08 req/s, 2-bit at 0.24),
