@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <cstdio>
 #include <fstream>
+#include <memory>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -128,18 +130,34 @@ size_t arena_slack(const ModelConfig& c) {
   return vectors + 256 * (layers * (8 + 2 * size_t(c.moe.num_experts)) + 8);
 }
 
+// A model uploaded with its quantized matrices kept in their blocks and widened to FP16.
+std::pair<std::unique_ptr<CudaLlamaModel>, std::unique_ptr<CudaLlamaModel>> upload_kept_and_widened(const LlamaModel& model) {
+  CudaModelOptions options;
+  options.max_sequences = 1;
+  options.max_step_tokens = 32;
+  auto kept = take(CudaLlamaModel::upload(model.config(), model.weights(), options));
+  options.widen_quantized_weights = true;
+  return {std::move(kept), take(CudaLlamaModel::upload(model.config(), model.weights(), options))};
+}
+
+// The largest difference of two uploads' prefill logits of one 20-token prompt, over the largest |logit|.
+double prefill_difference(CudaLlamaModel& a, CudaLlamaModel& b, int vocab) {
+  std::vector<int32_t> prompt(20);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 37 + 5) % size_t(vocab));
+  std::vector<float> a_logits, b_logits;
+  const int in_a = take(a.add_sequence()), in_b = take(b.add_sequence());
+  EXPECT_TRUE(a.step(std::vector<SequenceTokens>{{in_a, prompt}}, /*all_logits=*/true, a_logits).is_ok());
+  EXPECT_TRUE(b.step(std::vector<SequenceTokens>{{in_b, prompt}}, /*all_logits=*/true, b_logits).is_ok());
+  return relative_max_error(a_logits, b_logits);
+}
+
 // The Q4_K_M fixture's weights take its matrices' bytes on the GPU (plus the norms and the arena's
 // 256-byte alignment), under 40% of what the widened upload takes; prefill gives the same logits within
 // the embedding's FP16 rounding.
 TEST_F(GgufCuda, QuantizedWeightsTakeTheFilesBytes) {
   auto cpu_model = take(LlamaModel::load(kDir + "/llama_k-Q4_K_M.gguf"));
   const ModelConfig& c = cpu_model->config();
-  CudaModelOptions options;
-  options.max_sequences = 1;
-  options.max_step_tokens = 32;
-  auto kept = take(CudaLlamaModel::upload(c, cpu_model->weights(), options));
-  options.widen_quantized_weights = true;
-  auto widened = take(CudaLlamaModel::upload(c, cpu_model->weights(), options));
+  auto [kept, widened] = upload_kept_and_widened(*cpu_model);
   ASSERT_TRUE(kept && widened);
   const size_t file_bytes = model_matrix_bytes(cpu_model->weights(), c.tie_word_embeddings, false);
   const size_t slack = arena_slack(c);
@@ -156,15 +174,9 @@ TEST_F(GgufCuda, QuantizedWeightsTakeTheFilesBytes) {
   std::printf("llama_k-Q4_K_M.gguf on cuda: weights %zu bytes kept in blocks (matrices %zu), %zu widened\n",
               kept->weight_bytes(), file_bytes, widened->weight_bytes());
 
-  std::vector<int32_t> prompt(20);
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 37 + 5) % size_t(c.vocab_size));
-  std::vector<float> kept_logits, widened_logits;
-  const int a = take(kept->add_sequence()), b = take(widened->add_sequence());
-  SLIMKV_ASSERT_OK(kept->step(std::vector<SequenceTokens>{{a, prompt}}, /*all_logits=*/true, kept_logits));
-  SLIMKV_ASSERT_OK(widened->step(std::vector<SequenceTokens>{{b, prompt}}, /*all_logits=*/true, widened_logits));
   // Prefill: both multiply the same FP16-rounded matrices (the kept ones dequantized per tile); only the
   // embedding rows differ, read in FP32 from the blocks (as the CPU) or rounded to FP16 by the widening.
-  const double difference = relative_max_error(kept_logits, widened_logits);
+  const double difference = prefill_difference(*kept, *widened, int(c.vocab_size));
   EXPECT_LT(difference, 5e-3);
   std::printf("llama_k-Q4_K_M.gguf: prefill logits kept vs widened: max difference / max|logit| %.2e\n", difference);
 }
@@ -176,12 +188,7 @@ TEST_F(GgufCuda, ExpertsTakeTheFilesBytes) {
   auto cpu_model = take(LlamaModel::load(kDir + "/qwen3moe_tiny-Q8_0.gguf"));
   const ModelConfig& c = cpu_model->config();
   ASSERT_GT(c.moe.num_experts, 0);
-  CudaModelOptions options;
-  options.max_sequences = 1;
-  options.max_step_tokens = 32;
-  auto kept = take(CudaLlamaModel::upload(c, cpu_model->weights(), options));
-  options.widen_quantized_weights = true;
-  auto widened = take(CudaLlamaModel::upload(c, cpu_model->weights(), options));
+  auto [kept, widened] = upload_kept_and_widened(*cpu_model);
   ASSERT_TRUE(kept && widened);
   const size_t file_bytes = model_matrix_bytes(cpu_model->weights(), c.tie_word_embeddings, false);
   const size_t widened_bytes = model_matrix_bytes(cpu_model->weights(), c.tie_word_embeddings, true);
@@ -194,13 +201,7 @@ TEST_F(GgufCuda, ExpertsTakeTheFilesBytes) {
   std::printf("qwen3moe_tiny-Q8_0.gguf on cuda: weights %zu bytes kept in blocks (matrices %zu), %zu widened (%zu)\n",
               kept->weight_bytes(), file_bytes, widened->weight_bytes(), widened_bytes);
 
-  std::vector<int32_t> prompt(20);
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 37 + 5) % size_t(c.vocab_size));
-  std::vector<float> kept_logits, widened_logits;
-  const int a = take(kept->add_sequence()), b = take(widened->add_sequence());
-  SLIMKV_ASSERT_OK(kept->step(std::vector<SequenceTokens>{{a, prompt}}, /*all_logits=*/true, kept_logits));
-  SLIMKV_ASSERT_OK(widened->step(std::vector<SequenceTokens>{{b, prompt}}, /*all_logits=*/true, widened_logits));
-  EXPECT_LT(relative_max_error(kept_logits, widened_logits), 5e-3);
+  EXPECT_LT(prefill_difference(*kept, *widened, int(c.vocab_size)), 5e-3);
 }
 
 // Random models run in every kind random() makes at their shape: finite logits in prefill and decode.
