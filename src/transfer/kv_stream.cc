@@ -1047,7 +1047,13 @@ Expected<int> KvStreamReceiver::receive_device(TcpConnection& connection, Receiv
                                                const std::shared_ptr<NcclPeerLink>& nccl) {
   const int64_t max_blocks = options_.max_tokens / std::max(1, identity_.block_tokens);
   const uint64_t expected_page_bytes = uint64_t(identity_.num_kv_heads) * identity_.sealed_block_bytes;
-  SLIMKV_ASSIGN_OR_RETURN(const CudaPlugin* plugin, cuda_plugin());
+  // The plugin once a frame checks out (a malformed one is refused by what it holds, in any build).
+  const CudaPlugin* plugin = nullptr;
+  const auto load_plugin = [&]() -> Status {
+    if (plugin != nullptr) return Status::ok();
+    SLIMKV_ASSIGN_OR_RETURN(plugin, cuda_plugin());
+    return Status::ok();
+  };
   std::unique_lock<std::mutex> hold;  // the NCCL link, from the first pages received to the last
   // Each receive is waited for before the next frame (the sender keeps its sends issued ahead): none is
   // left writing into memory an error frees.
@@ -1078,6 +1084,7 @@ Expected<int> KvStreamReceiver::receive_device(TcpConnection& connection, Receiv
                   blocks = count_field(header, "blocks"), total = count_field(header, "total_blocks"),
                   page_bytes = count_field(header, "page_bytes"), piece_bytes = count_field(header, "nccl_piece_bytes");
     if (early_blocks.empty()) {
+      SLIMKV_RETURN_IF_ERROR(load_plugin());
       early_blocks.assign(size_t(identity_.num_layers), 0);
       total_blocks = total;
       if (total_blocks >= 1 && total_blocks <= max_blocks && uint64_t(page_bytes) == expected_page_bytes) {
@@ -1139,6 +1146,7 @@ Expected<int> KvStreamReceiver::receive_device(TcpConnection& connection, Receiv
                    open.layer_tokens[0], " in layer 0: expected one count below a block");
     }
   }
+  SLIMKV_RETURN_IF_ERROR(load_plugin());
   if (early) {
     kv->pages = std::move(early_pages);
   } else if (nccl) {
