@@ -678,6 +678,15 @@ TEST(KvStream, MalformedKvDeviceFramesAreRefusedNamingTheField) {
   const std::string bad_handle = answer_to(nlohmann::json{{"num_layers", p.identity.num_layers}, {"sealed_blocks", 1},
                                                           {"page_bytes", page}, {"handle", "xyz"}}.dump());
   EXPECT_NE(bad_handle.find("handle must be 128 hex digits"), std::string::npos) << bad_handle;
+  // Blocks ahead of KV_DEVICE come over NCCL only: on this CUDA IPC stream the frame is refused by name.
+  RawSender early((*receiver)->port(), p.identity, "early-blocks", "GPU-1234");
+  const std::string blocks = nlohmann::json{{"layer", 0}, {"first_block", 0}, {"blocks", 1}, {"total_blocks", 1},
+                                            {"page_bytes", page}, {"nccl_piece_bytes", 0}}.dump();
+  std::vector<uint8_t> payload = {uint8_t(blocks.size()), uint8_t(blocks.size() >> 8), 0, 0};
+  payload.insert(payload.end(), blocks.begin(), blocks.end());
+  early.write(KvFrameType::kKvDeviceBlocks, payload);
+  const std::string not_nccl = early.answer();
+  EXPECT_NE(not_nccl.find("KV_DEVICE_BLOCKS comes over NCCL only"), std::string::npos) << not_nccl;
 }
 
 }  // namespace
