@@ -7,7 +7,8 @@
 // or R (runtime call; what = its callback id). A kernel and the runtime call that launched it share the
 // correlation id, so the lag between a launch and its start says whether the GPU waited for the CPU.
 // bench/cuda/step_trace_summary.py reads the file. A "%p" in the path is replaced by the process id, for
-// programs that start several (a disaggregated benchmark's workers). Usage:
+// programs that start several (a disaggregated benchmark's workers: bench/cuda/step_trace_processes.py
+// reads those). Usage:
 //   SLIMKV_TRACE_OUT=trace.csv LD_PRELOAD=build/release/libslimkv_step_trace.so build/release/bench_decode_e2e_cuda ...
 #include <cupti.h>
 

@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""The GPU work of each process traced by bench/cuda/step_trace (SLIMKV_TRACE_OUT=trace_%p.csv: one file a
+process, e.g. a disaggregated benchmark's workers): its bursts of kernels (split at 20 ms without one),
+each with its span, the busy time of compute kernels, NCCL's kernels and the KV copies (copy_pieces), and
+the CUDA runtime calls that took time, by name (CUPTI's callback ids read from cupti_runtime_cbid.h when
+the toolkit has it). A burst whose span is much longer than its compute time is a GPU waiting for its
+host: the runtime calls say on what.
+
+Usage: step_trace_processes.py 'TRACE_GLOB' [CUPTI_RUNTIME_CBID_H]"""
+import csv
+import glob
+import os
+import re
+import sys
+
+GAP_NS = 20_000_000
+
+
+def runtime_names(header):
+    """CUPTI's runtime callback ids → call names, from its header (empty without it)."""
+    names = {}
+    if header and os.path.exists(header):
+        with open(header) as f:
+            for match in re.finditer(r"CUPTI_RUNTIME_TRACE_CBID_(\w+?)(?:_v\d+)?\s*=\s*(\d+)", f.read()):
+                names.setdefault(match.group(2), match.group(1))
+    return names
+
+
+def read(path):
+    work, calls = [], {}
+    with open(path) as f:
+        for row in csv.reader(f):
+            if len(row) < 5:
+                continue
+            start, end = int(row[1]), int(row[2])
+            if row[0] in ("K", "M"):
+                work.append((start, end, row[0], row[4]))
+            elif row[0] == "R":
+                count, total, longest = calls.get(row[4], (0, 0, 0))
+                calls[row[4]] = (count + 1, total + end - start, max(longest, end - start))
+    work.sort()
+    return work, calls
+
+
+def bursts(work):
+    out, current, current_end = [], [], 0
+    for item in work:
+        if current and item[0] - current_end > GAP_NS:
+            out.append(current)
+            current = []
+        current.append(item)
+        current_end = max(current_end, item[1]) if len(current) > 1 else item[1]
+    return out + ([current] if current else [])
+
+
+def main():
+    names = runtime_names(sys.argv[2] if len(sys.argv) > 2 else "/usr/local/cuda/include/cupti_runtime_cbid.h")
+    for path in sorted(glob.glob(sys.argv[1])):
+        work, calls = read(path)
+        if not work:
+            continue
+        print(f"== {os.path.basename(path)}: {len(work)} kernels and copies")
+        first = work[0][0]
+        for burst in bursts(work):
+            kernels = [w for w in burst if w[2] == "K"]
+            if len(kernels) < 100:
+                continue
+            start, end = burst[0][0], max(w[1] for w in burst)
+            nccl = [w for w in kernels if "nccl" in w[3].lower()]
+            copies = [w for w in kernels if "copy_pieces" in w[3]]
+            compute = sum(w[1] - w[0] for w in kernels if "nccl" not in w[3].lower())
+            print(f"  at {(start - first) / 1e9:8.3f} s: span {(end - start) / 1e6:9.1f} ms, compute {compute / 1e6:9.1f} ms "
+                  f"({len(kernels) - len(nccl)} kernels), NCCL {len(nccl)} kernels {sum(w[1] - w[0] for w in nccl) / 1e6:.1f} ms, "
+                  f"KV copies {len(copies)} ({sum(w[1] - w[0] for w in copies) / 1e6:.1f} ms)")
+        print("  runtime calls by time: name, count, total ms, longest ms")
+        for cbid, (count, total, longest) in sorted(calls.items(), key=lambda kv: -kv[1][1])[:12]:
+            print(f"    {names.get(cbid, 'cbid ' + cbid):<32} {count:8d} {total / 1e6:10.1f} {longest / 1e6:9.2f}")
+
+
+if __name__ == "__main__":
+    main()
