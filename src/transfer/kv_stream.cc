@@ -410,23 +410,26 @@ Status KvStreamSender::hold_nccl_link(const CudaPlugin& plugin) {
 Status KvStreamSender::send_nccl_pages(const CudaPlugin& plugin, std::shared_ptr<const void> pages, uint64_t bytes) {
   // Issued without waiting (a wait per layer's piece cost more than the piece), the pages held until
   // the link has sent them; a wait now and then bounds the GPU memory held so.
-  Status sent = plugin.nccl_send(*nccl_link_->link, pages.get(), bytes, nccl_piece_bytes(),
-                                 [this](uint64_t piece) { bucket_.take(size_t(piece)); }, options_.io_timeout);
-  if (sent.is_ok()) {
-    in_flight_.push_back(std::move(pages));
-    in_flight_bytes_ += bytes;
-    bytes_sent_ += bytes;
-    if (in_flight_bytes_ > kMaxNcclBytesInFlight) sent = wait_for_nccl(plugin);
-  }
-  if (!sent.is_ok() && plugin.nccl_link_broken(*nccl_link_->link)) options_.nccl_links->forget(address_, nccl_link_);
-  return sent.with_context(str_cat("KV stream to ", connection_.peer(), " over NCCL"));
+  const Status sent = plugin.nccl_send(*nccl_link_->link, pages.get(), bytes, nccl_piece_bytes(),
+                                       [this](uint64_t piece) { bucket_.take(size_t(piece)); }, options_.io_timeout);
+  if (!sent.is_ok()) return nccl_failed(plugin, sent);
+  in_flight_.push_back(std::move(pages));
+  in_flight_bytes_ += bytes;
+  bytes_sent_ += bytes;
+  return in_flight_bytes_ > kMaxNcclBytesInFlight ? wait_for_nccl(plugin) : Status::ok();
 }
 
 Status KvStreamSender::wait_for_nccl(const CudaPlugin& plugin) {
-  SLIMKV_RETURN_IF_ERROR(plugin.nccl_wait(*nccl_link_->link, options_.io_timeout));
+  const Status done = plugin.nccl_wait(*nccl_link_->link, options_.io_timeout);
+  if (!done.is_ok()) return nccl_failed(plugin, done);
   in_flight_.clear();
   in_flight_bytes_ = 0;
   return Status::ok();
+}
+
+Status KvStreamSender::nccl_failed(const CudaPlugin& plugin, const Status& failure) {
+  if (plugin.nccl_link_broken(*nccl_link_->link)) options_.nccl_links->forget(address_, nccl_link_);
+  return failure.with_context(str_cat("KV stream to ", connection_.peer(), " over NCCL"));
 }
 
 Status KvStreamSender::send_device_blocks(int layer, int first_block, const DeviceKvTransfer& blocks) {
@@ -479,9 +482,7 @@ Status KvStreamSender::send_over_nccl(const CudaPlugin& plugin, std::shared_ptr<
     if (kv->pages) SLIMKV_RETURN_IF_ERROR(send_nccl_pages(plugin, kv->pages, kv->pages_bytes()));
   }
   device_kv_ = std::move(kv);
-  const Status waited = wait_for_nccl(plugin);
-  if (!waited.is_ok() && plugin.nccl_link_broken(*nccl_link_->link)) options_.nccl_links->forget(address_, nccl_link_);
-  return waited.with_context(str_cat("KV stream to ", connection_.peer(), " over NCCL"));
+  return wait_for_nccl(plugin);
 }
 
 Status KvStreamSender::send_piece(const KvTransferPiece& piece) {

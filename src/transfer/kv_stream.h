@@ -174,9 +174,11 @@ class KvStreamSender {
   Status hold_nccl_link(const CudaPlugin& plugin);
   // The link's piece size: a capped link goes in pieces, each paced as TCP's frames are.
   uint64_t nccl_piece_bytes() const { return bucket_.capped() ? uint64_t(16) << 20 : 0; }
-  // Pages through the link, issued and held until a wait (a failure forgets the link when broken).
+  // Pages through the link, issued and held until a wait, which lets them go.
   Status send_nccl_pages(const CudaPlugin& plugin, std::shared_ptr<const void> pages, uint64_t bytes);
   Status wait_for_nccl(const CudaPlugin& plugin);
+  // A failure on the link: the link forgotten when it broke, the error named as this stream's.
+  Status nccl_failed(const CudaPlugin& plugin, const Status& failure);
   static constexpr uint64_t kMaxNcclBytesInFlight = uint64_t(256) << 20;
   // KV_DEVICE or KV_DEVICE_BLOCKS: u32 length, `header` (JSON), then `tail`.
   Status send_device_frame(KvFrameType type, const nlohmann::json& header, std::span<const uint8_t> tail = {});
