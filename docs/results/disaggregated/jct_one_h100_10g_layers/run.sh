@@ -1,7 +1,9 @@
-# call B (session 19): JCT on one H100 at 10 Gbit/s with the KV streamed layer by layer during the prefill's
-# steps (was: sent after the last step): colocated vs 1P+1D FP16 vs 1P+1D 2-bit, 16K prompts (session 15's run)
+#!/usr/bin/env bash
+# Session 19 (issue 23): JCT on one H100 at 10 Gbit/s with the KV streamed layer by layer during the prefill's
+# steps (was: sent after the last step): colocated vs 1P+1D FP16 vs 1P+1D 2-bit, 16K prompts (session 15's run).
+# From the repository root with build/release built (CUDA); logs to $OUT.
 set -uo pipefail
-source .gpurun19/unpack.sh  # the bundle: build/release binaries + libhwy, libutf8proc, libcpp-httplib (the GPU host lacks them)
+OUT=${OUT:-out}; mkdir -p "$OUT"
 w=$PWD/build/release
 M=/tmp/llama3-8b-random
 [ -f $M/config.json ] || python3 scripts/make_random_model.py --shape llama3-8b --dtype float16 --out $M > "$OUT/model.txt" 2>&1

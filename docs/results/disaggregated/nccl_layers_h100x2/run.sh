@@ -1,8 +1,11 @@
-# call F (session 19, two GPUs): the build before (KV over NCCL after the last step) and after (layer by layer),
-# alternating, JCT at 10 Gbit/s with 16K prompts, and each transfer's seconds as the prefill worker reports them
+#!/usr/bin/env bash
+# Session 19 (issue 24, two GPUs): the build before (KV over NCCL after the last step: main 6b8674b, its slimkv
+# built into /tmp/old, with its plugin beside it) and after (layer by layer: build/release), alternating as
+# BUILDS says (e.g. BUILDS="old new old"); JCT at 10 Gbit/s with 16K prompts, and each transfer's seconds as the
+# prefill worker reports them. From the repository root; logs to $OUT.
 set -uo pipefail
-[ -f .gpurun19/pkg.tar.xz ] && source .gpurun19/unpack.sh; export NCCL_NVLS_ENABLE=0 LD_LIBRARY_PATH=/tmp/slib:${LD_LIBRARY_PATH:-} XDG_CACHE_HOME=/tmp/xdg
-[ -f .gpurun19/old.tar.xz ] && mkdir -p /tmp/old && tar -xJf .gpurun19/old.tar.xz -C /tmp/old
+OUT=${OUT:-out}; mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0
 M=/tmp/llama3-8b-random
 [ -f $M/config.json ] || python3 scripts/make_random_model.py --shape llama3-8b --dtype float16 --out $M > "$OUT/model.txt" 2>&1
 for build in ${BUILDS}; do
