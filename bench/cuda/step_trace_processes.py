@@ -64,6 +64,8 @@ def show_gaps(burst, calls, names):
     """The GPU's idle gaps between compute kernels in a burst, and what covered them."""
     compute = [w for w in burst if w[2] == "K" and "nccl" not in w[3].lower()]
     nccl = [w for w in burst if w[2] == "K" and "nccl" in w[3].lower()]
+    if not compute:
+        return
     gaps, last_end = [], compute[0][1]
     for start, end, *_ in compute[1:]:
         if start - last_end > GAP_SHOWN_NS:
