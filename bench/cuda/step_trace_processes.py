@@ -7,8 +7,11 @@ the toolkit has it). A burst whose span is much longer than its compute time is 
 host: the runtime calls say on what. Then the burst's longest idle gaps between compute kernels, each with
 the NCCL kernels running during it and the runtime calls (name@thread) that covered it, and which calls
 of which thread covered the gaps in all: what the compute thread was waiting in while its GPU idled.
+Last, the runtime calls over 1 ms that ended as an earlier-started call of another thread did (within
+0.2 ms): a call that waited behind that one, i.e. for a lock of the driver it held.
 
 Usage: step_trace_processes.py 'TRACE_GLOB' [CUPTI_RUNTIME_CBID_H]"""
+import bisect
 import csv
 import glob
 import os
@@ -102,6 +105,28 @@ def bursts(work):
     return out + ([current] if current else [])
 
 
+def show_waits_behind(calls, names):
+    """Calls over 1 ms that ended with an earlier call of another thread: which calls wait behind which."""
+    ends = sorted((end, cbid, thread, start) for start, end, cbid, thread in calls)
+    keys = [item[0] for item in ends]
+    behind, slow = {}, 0
+    for start, end, cbid, thread in calls:
+        if end - start < 1_000_000:
+            continue
+        slow += 1
+        i = bisect.bisect_left(keys, end - 200_000)
+        while i < len(ends) and ends[i][0] <= end + 200_000:
+            if ends[i][2] != thread and ends[i][3] < start:
+                key = f"{names.get(cbid, 'cbid ' + cbid)}@{thread} behind {names.get(ends[i][1], 'cbid ' + ends[i][1])}@{ends[i][2]}"
+                behind[key] = behind.get(key, 0) + 1
+                break
+            i += 1
+    if behind:
+        print(f"  of {slow} calls over 1 ms, {sum(behind.values())} ended with an earlier call of another thread:")
+        for key, count in sorted(behind.items(), key=lambda kv: -kv[1])[:6]:
+            print(f"    {count:6d}  {key}")
+
+
 def main():
     names = runtime_names(sys.argv[2] if len(sys.argv) > 2 else "/usr/local/cuda/include/cupti_runtime_cbid.h")
     for path in sorted(glob.glob(sys.argv[1])):
@@ -126,6 +151,7 @@ def main():
         print("  runtime calls by time: name, count, total ms, longest ms")
         for cbid, (count, total, longest) in sorted(by_name(calls).items(), key=lambda kv: -kv[1][1])[:12]:
             print(f"    {names.get(cbid, 'cbid ' + cbid):<32} {count:8d} {total / 1e6:10.1f} {longest / 1e6:9.2f}")
+        show_waits_behind(calls, names)
 
 
 if __name__ == "__main__":

@@ -106,7 +106,9 @@ Status wait_for_default_stream() {
   cudaEvent_t done = nullptr;
   SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
   cudaError_t state = cudaEventRecord(done);
-  while (state == cudaSuccess && (state = cudaEventQuery(done)) == cudaErrorNotReady) std::this_thread::yield();
+  if (state == cudaSuccess) {
+    while ((state = cudaEventQuery(done)) == cudaErrorNotReady) std::this_thread::yield();
+  }
   cudaEventDestroy(done);
   SLIMKV_CUDA_RETURN_IF_ERROR(state);
   return Status::ok();
