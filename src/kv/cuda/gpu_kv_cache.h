@@ -216,7 +216,7 @@ class GpuKvCache {
   // export_open_tokens' part for one layer, by the caches with device pages.
   virtual Status restore_open_layer(int sequence, int layer, KvStore& into) const;
 
-  // --- The same through a host KvStore, for the caches without device pages (a host tier) ---
+  // --- The same through a host KvStore, for the caches without device pages (a host tier, pq) ---
   // Restores into the cleared `into` (made with the pipeline this cache runs, kv_description) the
   // sequence's sealed blocks, as the codec encodes them, and its open tokens.
   virtual Status export_sequence(int sequence, KvStore& into) const;

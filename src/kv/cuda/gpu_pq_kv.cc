@@ -8,12 +8,15 @@
 // per layer and KV head, `policy` lru or lfu; cache=0: none) serves the tokens that recent steps selected.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "kv/cuda/gpu_kv_cache.h"
+#include "kv/cuda/kv_store_copy.h"
 #include "kv/cuda/paged_kv_cache.h"
 #include "kv/cuda/pq_gpu_index.h"
 #include "kv/cuda/pq_select.h"
 #include "kv/cuda/pq_token_cache.h"
+#include "kv/store.h"
 
 namespace slimkv::cuda {
 namespace {
@@ -216,16 +219,68 @@ class GpuPqKv final : public GpuKvCache {
     return index_->keep_keys(layer, k);
   }
 
-  Status export_sequence(int, KvStore&) const override {
-    return error("exporting a sequence of pq on device 'cuda' is not supported yet (its PQ index is not in the "
-                 "transfer format)");
+  // A sequence in the transfer format (through a host KvStore, as the host tier's: kv_store_copy.h): the
+  // pages' FP16 K/V, every full block a `dense:dtype=f16` block, then the open block's tokens. The PQ
+  // index does not travel: import_sequence rebuilds it from the keys.
+  Status export_sequence(int sequence, KvStore& into) const override {
+    // The steps' appends (kernels on the default stream; into the mapped host pool with @offload) first.
+    SLIMKV_RETURN_IF_ERROR(device_synchronize("exporting a sequence of pq on device 'cuda'"));
+    const int tokens = sequences().num_tokens(sequence), full = tokens / kCudaBlockTokens;
+    const int open = tokens - full * kCudaBlockTokens;
+    const std::vector<int>& blocks = sequences().blocks(sequence);
+    const size_t head_page = size_t(kCudaBlockTokens) * size_t(shape_.head_dim);  // one head's K (or V) of a page
+    std::vector<uint16_t> k, v, dense_block(2 * head_page);
+    into.clear();
+    for (int l = 0; l < shape_.num_layers; ++l) {
+      for (int b = 0; b < full; ++b) {
+        SLIMKV_RETURN_IF_ERROR(read_page(l, blocks[size_t(b)], k, v));
+        for (int g = 0; g < shape_.num_kv_heads; ++g) {
+          std::memcpy(dense_block.data(), k.data() + size_t(g) * head_page, head_page * 2);
+          std::memcpy(dense_block.data() + head_page, v.data() + size_t(g) * head_page, head_page * 2);
+          into.restore_sealed_block(l, g, reinterpret_cast<const uint8_t*>(dense_block.data()));
+        }
+      }
+      if (open > 0) SLIMKV_RETURN_IF_ERROR(read_page(l, blocks[size_t(full)], k, v));
+      restore_open_tokens_from_page(into, l, k, v, open);
+    }
+    return Status::ok();
   }
-  Status import_sequence(int, const KvStore&) override {
-    return error("importing a sequence into pq on device 'cuda' is not supported yet (its PQ index is not in the "
-                 "transfer format)");
+
+  // The sequence's K/V appended as fills append them: into the pages, and each layer's keys on their
+  // way to the index, whose next begin_step clusters every full segment. A segment's codebook and codes
+  // are a function of its keys and its seed (pq_segment_seed; the GPU index clusters a segment once,
+  // when it is full), so the rebuilt index, and every selection, is the exporting cache's.
+  Status import_sequence(int sequence, const KvStore& from) override {
+    const int tokens = from.num_tokens(0);
+    for (int l = 1; l < from.shape().num_layers; ++l) {
+      if (from.num_tokens(l) != tokens) {
+        return error("importing a sequence into pq on device 'cuda': layer ", l, " holds ", from.num_tokens(l),
+                     " tokens and layer 0 ", tokens, "; a GPU cache's sequence holds one count in every layer");
+      }
+    }
+    const int needed = sequences().blocks_to_grow(sequence, tokens);
+    if (needed > sequences().free_blocks()) {
+      return error("the ", options_.offload ? "host" : "GPU", " KV pool of pq has no room for the imported sequence: ",
+                   needed, " blocks of ", kCudaBlockTokens, " tokens needed, ", sequences().free_blocks(), " free");
+    }
+    return append_store_rows(
+        from, 0, tokens, shape_.max_step_tokens, [&](int n) { return begin_fill(sequence, n); },
+        [&](int layer, const uint16_t* k, const uint16_t* v) { return fill(layer, k, v, nullptr); });
   }
 
  private:
+  // Page `block` of `layer`, every KV head: k, v [num_kv_heads, kCudaBlockTokens, head_dim] FP16, copied
+  // from GPU memory, or read in place from the pinned host pool (@offload: its mapping is the host's
+  // address; the caller has synchronized with the GPU's writes).
+  Status read_page(int layer, int block, std::vector<uint16_t>& k, std::vector<uint16_t>& v) const {
+    const PagedKvView view = cache_->view(layer);
+    if (!options_.offload) return download_page(view, block, k, v);
+    const size_t page = size_t(shape_.num_kv_heads) * kCudaBlockTokens * size_t(shape_.head_dim);
+    k.assign(view.k + size_t(block) * page, view.k + size_t(block + 1) * page);
+    v.assign(view.v + size_t(block) * page, view.v + size_t(block + 1) * page);
+    return Status::ok();
+  }
+
   // The selection rule of topk_selector.h per decode row; the middle ends where the clustered segments
   // do (later tokens have no codes yet and are attended).
   void plan_rows(const PagedAttentionBatch& batch) {
