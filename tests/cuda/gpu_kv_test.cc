@@ -265,6 +265,60 @@ TEST_F(GpuKvTest, PqSequenceExportedAndImportedSelectsAlike) {
   EXPECT_EQ(small.model->kv().sequences().free_blocks(), 2);
 }
 
+// A server's step: decode rows of pq beside a prompt chunk (between them, so that the step's attention
+// runs in three parts and the decode rows' queries are gathered) select by the rule they select by
+// alone — the same number of tokens as the two decode steps run one by one, fewer than they hold — and
+// give the logits they give alone, within the batch's arithmetic (its GEMMs and attention splits);
+// the chunk attends to every token, as alone.
+TEST_F(GpuKvTest, PqDecodeRowsSelectBesidePrefillChunks) {
+  auto cpu = take(LlamaModel::load(kBundled));
+  const int vocab = int(cpu->config().vocab_size);
+  const std::string pq = "pq:m=2,b=4,topk=0.25,local=16,init=4,segment=64";
+  for (const std::string& spec : {pq, pq + ",cache=24@offload"}) {
+    SCOPED_TRACE(spec);
+    GpuModel mixed = upload(*cpu, spec), alone = upload(*cpu, spec);
+    std::vector<int> m_ids, a_ids;  // decode a, prompt b, decode c
+    for (GpuModel* model : {&mixed, &alone}) {
+      std::vector<int>& ids = model == &mixed ? m_ids : a_ids;
+      for (int i = 0; i < 3; ++i) ids.push_back(take(model->model->add_sequence()));
+      std::vector<float> logits;
+      // The decoding sequences' prompts each in a step of its own in both models: the same KV.
+      SLIMKV_ASSERT_OK(model->model->step(std::vector<SequenceTokens>{{ids[0], random_tokens(150, vocab, 5)}}, false, logits));
+      SLIMKV_ASSERT_OK(model->model->step(std::vector<SequenceTokens>{{ids[2], random_tokens(230, vocab, 6)}}, false, logits));
+    }
+    const std::vector<int32_t> prompt = random_tokens(20 * 30, vocab, 7);
+    std::vector<int32_t> next = {11, 12};
+    double decode_error = 0, chunk_error = 0;
+    for (int round = 0; round < 20; ++round) {
+      const std::vector<int32_t> chunk(prompt.begin() + round * 30, prompt.begin() + (round + 1) * 30);
+      const std::vector<int32_t> a_token = {next[0]}, c_token = {next[1]};
+      std::vector<float> together;
+      SLIMKV_ASSERT_OK(mixed.model->step(std::vector<SequenceTokens>{{m_ids[0], a_token}, {m_ids[1], chunk}, {m_ids[2], c_token}},
+                                         false, together));
+      const SelectionReport batched = mixed.model->kv().selection();
+      std::vector<float> a_logits, b_logits, c_logits;
+      SLIMKV_ASSERT_OK(alone.model->step(std::vector<SequenceTokens>{{a_ids[0], a_token}}, false, a_logits));
+      const SelectionReport a_report = alone.model->kv().selection();
+      SLIMKV_ASSERT_OK(alone.model->step(std::vector<SequenceTokens>{{a_ids[1], chunk}}, false, b_logits));
+      SLIMKV_ASSERT_OK(alone.model->step(std::vector<SequenceTokens>{{a_ids[2], c_token}}, false, c_logits));
+      const SelectionReport c_report = alone.model->kv().selection();
+      EXPECT_EQ(batched.held_tokens, a_report.held_tokens + c_report.held_tokens) << "round " << round << ": the decode rows";
+      EXPECT_EQ(batched.selected_tokens, a_report.selected_tokens + c_report.selected_tokens) << "round " << round;
+      EXPECT_LT(batched.selected_tokens, batched.held_tokens) << "round " << round;
+      const auto row = [&](int i) {
+        return std::vector<float>(together.begin() + ptrdiff_t(i) * vocab, together.begin() + ptrdiff_t(i + 1) * vocab);
+      };
+      decode_error = std::max({decode_error, relative_max_error(row(0), a_logits), relative_max_error(row(2), c_logits)});
+      chunk_error = std::max(chunk_error, relative_max_error(row(1), b_logits));
+      next = {argmax(a_logits), argmax(c_logits)};  // both models go on with the same tokens
+    }
+    std::printf("%s: decode rows beside a prompt chunk against alone: max error / max|logit| %.2e (the chunk's %.2e)\n",
+                spec.c_str(), decode_error, chunk_error);
+    EXPECT_LT(decode_error, 1e-2);
+    EXPECT_LT(chunk_error, 1e-2);
+  }
+}
+
 TEST_F(GpuKvTest, ImportIsRefusedOnMismatchOrWithoutRoom) {
   auto cpu = take(LlamaModel::load(kBundled));
   const ModelConfig& config = cpu->config();
