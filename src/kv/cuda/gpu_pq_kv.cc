@@ -165,9 +165,10 @@ class GpuPqKv final : public GpuKvCache {
     }
     SLIMKV_RETURN_IF_ERROR(rows_.upload(host_rows_.data(), host_rows_.size()));
     SLIMKV_RETURN_IF_ERROR(lengths_.upload(lengths.data(), lengths.size()));
-    // With prefill chunks in the step, the decode rows' queries are gathered for the selection, which
-    // reads them as rows [num_rows, num_heads, head_dim].
-    gather_queries_ = rows < int(batch.sequence_ids.size());
+    // With a prefill chunk before a decode row, the decode rows' queries are gathered for the selection,
+    // which reads them as rows [num_rows, num_heads, head_dim].
+    gather_queries_ = false;
+    for (int r = 0; r < rows; ++r) gather_queries_ = gather_queries_ || row_query_[size_t(r)] != r;
     if (gather_queries_) {
       std::vector<long long> offsets;
       for (const int query : row_query_) offsets.push_back((long long)(query) * (long long)(query_row_bytes()));
