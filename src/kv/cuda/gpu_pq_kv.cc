@@ -5,8 +5,10 @@
 // the selected tokens' K/V into a compact GPU buffer (from host memory: only they cross PCIe) and runs
 // the paged attention kernel over it. Sequences with a prefill chunk in the step attend to every token
 // (PQCache selects only while decoding); decode rows beside them still select, so that a sequence's
-// tokens do not depend on the server's batch. With @offload, a GPU cache of selected tokens (pq_token_cache.h, `cache` tokens
-// per layer and KV head, `policy` lru or lfu; cache=0: none) serves the tokens that recent steps selected.
+// tokens do not depend on the server's batch. With @offload, a GPU cache of selected tokens
+// (pq_token_cache.h, `cache` tokens per layer and KV head, `policy` lru or lfu; cache=0: none) serves
+// the tokens that recent steps selected. A sequence moves out and in (preemption, disaggregation) as
+// dense FP16 blocks through a host store; the PQ index is rebuilt from the imported keys.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
