@@ -252,7 +252,8 @@ TEST_F(GpuKvTest, PqSequenceExportedAndImportedSelectsAlike) {
   GpuModel sender = upload(*cpu, pq);
   const int s = take(sender.model->add_sequence());
   std::vector<float> logits;
-  SLIMKV_ASSERT_OK(sender.model->step(std::vector<SequenceTokens>{{s, random_tokens(150, int(config.vocab_size), 5)}}, false, logits));
+  SLIMKV_ASSERT_OK(
+      sender.model->step(std::vector<SequenceTokens>{{s, random_tokens(150, int(config.vocab_size), 5)}}, false, logits));
   std::vector<uint8_t> bytes;
   SLIMKV_ASSERT_OK(export_transfer(sender.model->kv(), s, {shape, sender.pipeline, "model"}, bytes));
   GpuModel small = upload(*cpu, pq, 2 * sender.model->kv().bytes_per_block());

@@ -147,8 +147,8 @@ class GpuPqKv final : public GpuKvCache {
     report_ = SelectionReport{};
     plan_rows(batch);
     // Resident pages attended whole need no copy.
-    select_ = !host_rows_.empty() &&
-              (options_.offload || std::any_of(host_rows_.begin(), host_rows_.end(), [](const PqSelectRow& r) { return !r.all; }));
+    const bool any_ranked = std::any_of(host_rows_.begin(), host_rows_.end(), [](const PqSelectRow& r) { return !r.all; });
+    select_ = !host_rows_.empty() && (options_.offload || any_ranked);
     if (!select_) return full_attention_->plan(batch);
     if (token_cache_) SLIMKV_RETURN_IF_ERROR(token_cache_->begin_step());
     const int rows = int(host_rows_.size());
