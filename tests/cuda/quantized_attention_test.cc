@@ -148,17 +148,18 @@ std::vector<float> head_rows(const std::vector<float>& all, int kv_heads, int d,
   return rows;
 }
 
-// Random ZACK-like dims for `heads` (layer, KV head)s: multiples of 4 from 4 to d, most of them not
-// multiples of 16 (K partitions and 2-bit quads end inside a head).
-HeadDims random_head_dims(int heads, int d, std::mt19937& rng) {
+// Random ZACK-like dims for the (layer, KV head)s of two layers: multiples of 4 from 4 to d, most of them
+// not multiples of 16 (K partitions and 2-bit quads end inside a head); kLayer's first head has K dims 4,
+// its last V dims d.
+HeadDims random_head_dims(int num_kv_heads, int d, std::mt19937& rng) {
   std::uniform_int_distribution<int> fours(1, d / 4);
   HeadDims dims;
-  for (int i = 0; i < heads; ++i) {
+  for (int i = 0; i < 2 * num_kv_heads; ++i) {
     dims.k_dims.push_back(4 * fours(rng));
     dims.v_dims.push_back(4 * fours(rng));
   }
-  dims.k_dims[0] = 4;  // the smallest, and the largest, are always there
-  dims.v_dims[size_t(heads) - 1] = d;
+  dims.k_dims[size_t(kLayer) * num_kv_heads] = 4;
+  dims.v_dims[size_t(kLayer + 1) * num_kv_heads - 1] = d;
   return dims;
 }
 
@@ -209,7 +210,7 @@ TEST_F(CudaTest, SealingMatchesTheCpuCodecByteForByte) {
   for (const SealCase& c : cases) {
     std::mt19937 rng(unsigned(c.k_bits * 1000 + c.v_bits * 100 + c.head_dim + (c.zack ? 7 : 0)));
     const int kv_heads = 3;
-    const HeadDims dims = c.zack ? random_head_dims(2 * kv_heads, c.head_dim, rng) : HeadDims{};
+    const HeadDims dims = c.zack ? random_head_dims(kv_heads, c.head_dim, rng) : HeadDims{};
     std::string ranks;
     for (size_t i = 0; i < dims.k_dims.size(); ++i) ranks += str_cat(i == 0 ? " dims " : ",", dims.k_dims[i], "/", dims.v_dims[i]);
     SCOPED_TRACE(str_cat("kbits ", c.k_bits, " vbits ", c.v_bits, " d ", c.head_dim,
@@ -362,7 +363,7 @@ void check_attention(const AttentionCase& c) {
   const int batch = int(c.lengths.size()), d = c.head_dim, q_width = c.num_heads * d;
   int total_queries = 0;
   for (int n : step) total_queries += n;
-  const HeadDims dims = c.zack ? random_head_dims(2 * c.num_kv_heads, d, rng) : HeadDims{};
+  const HeadDims dims = c.zack ? random_head_dims(c.num_kv_heads, d, rng) : HeadDims{};
   std::string ranks;
   for (int h = 0; h < c.num_kv_heads && c.zack; ++h) {
     ranks += str_cat(h == 0 ? "" : ",", dims.k_dims[size_t(kLayer * c.num_kv_heads + h)], "/",
