@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,18 +34,47 @@ std::unique_ptr<Engine> load(const std::string& device, const std::string& kv, i
   return take(Engine::load(config));
 }
 
-// Every logits row of a 150-token prompt (one prefill step) and of 20 decode steps fed fixed tokens
-// (prefill and decode kernels both), back to back.
-std::vector<float> logits_of(Engine& engine) {
+// Every logits row of a 150-token prompt (prefill steps of at most `chunk` tokens: the engine's
+// prefill_chunk_tokens) and of 20 decode steps fed fixed tokens (prefill and decode kernels both), back to back.
+std::vector<float> logits_of(Engine& engine, int chunk = 512) {
   std::vector<int32_t> prompt(150);
   for (int i = 0; i < 150; ++i) prompt[size_t(i)] = int32_t((i * 7919 + 13) % 4000);
   const SequenceId s = take(engine.add_sequence());
   StepResult out;
-  EXPECT_TRUE(engine.step(std::vector<StepItem>{{s, prompt, StepOutput::kAllLogits}}, out).is_ok());
-  std::vector<float> all = out.logits;
+  std::vector<float> all;
+  for (size_t first = 0; first < prompt.size(); first += size_t(chunk)) {
+    const std::span<const int32_t> piece(prompt.data() + first, std::min(prompt.size() - first, size_t(chunk)));
+    const Status status = engine.step(std::vector<StepItem>{{s, piece, StepOutput::kAllLogits}}, out);
+    EXPECT_TRUE(status.is_ok()) << status.message();
+    all.insert(all.end(), out.logits.begin(), out.logits.end());
+  }
   for (int i = 0; i < 20; ++i) {
     const std::vector<int32_t> next = {int32_t((i * 104729 + 7) % 4000)};
     const Status status = engine.step(std::vector<StepItem>{{s, next, StepOutput::kLastLogits}}, out);
+    EXPECT_TRUE(status.is_ok()) << status.message();
+    all.insert(all.end(), out.logits.begin(), out.logits.end());
+  }
+  return all;
+}
+
+// Two sequences stepping together: a's 150-token prompt, then a's decode token beside b's 100-token
+// prompt in one step (the decode and prefill kernels in one step), then 10 steps decoding both; every
+// logits row of the steps after the first, back to back.
+std::vector<float> mixed_logits_of(Engine& engine) {
+  std::vector<int32_t> prompt(150), other(100);
+  for (int i = 0; i < 150; ++i) prompt[size_t(i)] = int32_t((i * 7919 + 13) % 4000);
+  for (int i = 0; i < 100; ++i) other[size_t(i)] = int32_t((i * 6007 + 5) % 4000);
+  const SequenceId a = take(engine.add_sequence()), b = take(engine.add_sequence());
+  StepResult out;
+  EXPECT_TRUE(engine.step(std::vector<StepItem>{{a, prompt, StepOutput::kNone}}, out).is_ok());
+  std::vector<float> all;
+  const std::vector<int32_t> first = {17};
+  const Status mixed = engine.step(std::vector<StepItem>{{a, first, StepOutput::kLastLogits}, {b, other, StepOutput::kAllLogits}}, out);
+  EXPECT_TRUE(mixed.is_ok()) << mixed.message();
+  all.insert(all.end(), out.logits.begin(), out.logits.end());
+  for (int i = 0; i < 10; ++i) {
+    const std::vector<int32_t> next_a = {int32_t((i * 104729 + 7) % 4000)}, next_b = {int32_t((i * 1299709 + 3) % 4000)};
+    const Status status = engine.step(std::vector<StepItem>{{a, next_a, StepOutput::kLastLogits}, {b, next_b, StepOutput::kLastLogits}}, out);
     EXPECT_TRUE(status.is_ok()) << status.message();
     all.insert(all.end(), out.logits.begin(), out.logits.end());
   }
@@ -106,12 +136,24 @@ TEST_F(ZackCudaEngineTest, QuantizedReducedKvFollowsTheCpu) {
       SCOPED_TRACE(str_cat(spec, ", prefill chunks of ", chunk));
       auto gpu = load("cuda", spec, chunk), cpu = load("cpu", spec, chunk);
       ASSERT_TRUE(gpu && cpu);
-      const std::vector<float> on_gpu = logits_of(*gpu), on_cpu = logits_of(*cpu);
+      const std::vector<float> on_gpu = logits_of(*gpu, chunk), on_cpu = logits_of(*cpu, chunk);
       const double to_cpu = relative_max_difference(on_gpu, on_cpu), codec_effect = relative_max_difference(fp16, on_cpu);
       std::printf("%s, prefill chunks of %d: GPU %.2e from the CPU's; the GPU's zack over FP16 %.2e from it\n", spec.c_str(),
                   chunk, to_cpu, codec_effect);
       EXPECT_LT(to_cpu, 0.5 * codec_effect);
     }
+  }
+  // A decode row and a prefill chunk in one step, then two sequences decoding together, on hack:bits=4.
+  {
+    const std::string spec = ranks + "+hack:bits=4";
+    auto gpu = load("cuda", spec), cpu = load("cpu", spec), fp16_two = load("cuda", ranks);
+    ASSERT_TRUE(gpu && cpu && fp16_two);
+    const std::vector<float> on_gpu = mixed_logits_of(*gpu), on_cpu = mixed_logits_of(*cpu), fp16_mixed = mixed_logits_of(*fp16_two);
+    ASSERT_EQ(on_gpu.size(), on_cpu.size());
+    const double to_cpu = relative_max_difference(on_gpu, on_cpu), codec_effect = relative_max_difference(fp16_mixed, on_cpu);
+    std::printf("%s, two sequences, mixed steps: GPU %.2e from the CPU's; the GPU's zack over FP16 %.2e from it\n", spec.c_str(),
+                to_cpu, codec_effect);
+    EXPECT_LT(to_cpu, 0.5 * codec_effect);
   }
   // The sealed blocks hold each head's ranks: the bytes of hack's blocks at the ranks' dims, about half of
   // hack's at head_dim (rate=0.5), with no padding past a head's rank beyond the layout's 64-byte sections.
