@@ -37,27 +37,27 @@ MAX_TOKENS = 40
 BLOCK_BYTES = 8 * 2 * 2 * 64 * 128 * 2
 
 
-def generate_alone(spec, prompt):
+def generate_alone(spec, prompt, max_tokens):
     """The greedy continuation of `prompt` by `slimkv generate` (which prints it and a newline)."""
     out = subprocess.run([SLIMKV, "generate", "--model", MODEL, "--kv", spec, "--prompt", prompt, "--max-tokens",
-                          str(MAX_TOKENS), "--temperature", "0"] + EXTRA, capture_output=True, text=True)
+                          str(max_tokens), "--temperature", "0"] + EXTRA, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"slimkv generate --kv {spec} failed:\n{out.stderr}")
     assert out.stdout.endswith("\n"), out.stdout
     return out.stdout[:-1]
 
 
-def completion(server, prompt):
-    status, _, answer = server.post("/v1/completions", {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0})
+def completion(server, prompt, max_tokens):
+    status, _, answer = server.post("/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
     return answer["choices"][0]["text"] if status == 200 else f"<{status} {answer}>"
 
 
-def check(spec, args, failures, want_preemptions):
+def check(spec, args, failures, want_preemptions, max_tokens=MAX_TOKENS):
     """Every prompt sent at once to one server, each answer against `slimkv generate` alone."""
-    alone = [generate_alone(spec, p) for p in PROMPTS]
+    alone = [generate_alone(spec, p, max_tokens) for p in PROMPTS]
     together = [None] * len(PROMPTS)
     with Server(SLIMKV, MODEL, ["--kv", spec, "--max-num-seqs", "8"] + args + EXTRA) as server:
-        threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, completion(server, PROMPTS[i])))
+        threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, completion(server, PROMPTS[i], max_tokens)))
                    for i in range(len(PROMPTS))]
         for t in threads:
             t.start()
@@ -70,7 +70,7 @@ def check(spec, args, failures, want_preemptions):
             if a != t:
                 # The same prompt alone on this server tells a batch's effect from the server's own.
                 failures.append(f"--kv {spec} {args}: prompt {i}: served together {t!r} != generated alone {a!r} "
-                                f"(served alone: {completion(server, PROMPTS[i])!r})")
+                                f"(served alone: {completion(server, PROMPTS[i], max_tokens)!r})")
     if want_preemptions and metrics["num_preemptions_total"] == 0:
         failures.append(f"--kv {spec} {args}: no request was preempted ({metrics})")
     if metrics["num_preemptions_recomputed_total"] > 0:  # host memory holds them all: each went there
@@ -81,8 +81,11 @@ def main():
     failures = []
     check(PQ + "@offload", [], failures, want_preemptions=False)
     check(PQ + ",cache=24,policy=lfu@offload", [], failures, want_preemptions=False)
-    # 10 blocks: the longest request needs 7 (391 prompt tokens and 40 more), the five together 21.
-    check(PQ, ["--kv-cache-bytes", str(10 * BLOCK_BYTES)], failures, want_preemptions=True)
+    # 12 blocks and 200 tokens each: the longest request needs 10 alone (391 prompt tokens and 200 more). The
+    # scheduler admits a prompt when its blocks + 1 fit, so requests admitted together fill the pool with
+    # prompts, and each then grows by 3-4 blocks: whatever the arrival order, some must be preempted (with
+    # 40 tokens only two requests cross a block boundary, and a run on an H100 preempted none).
+    check(PQ, ["--kv-cache-bytes", str(12 * BLOCK_BYTES)], failures, want_preemptions=True, max_tokens=200)
     for failure in failures:
         print("FAIL:", failure)
     if failures:
