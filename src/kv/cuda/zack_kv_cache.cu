@@ -2,9 +2,11 @@
 
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/ipc_memory.h"
 
 namespace slimkv::cuda {
 namespace {
@@ -53,6 +55,18 @@ __global__ void write_zack_slots_kernel(const __half* k, const __half* v, const 
   const size_t row = (size_t(t) * num_kv_heads + g) * head_dim;
   if (j < head.k_rank) block[head.k_offset + j * kCudaBlockTokens + offset] = k[row + j];
   if (j < head.v_rank) block[head.v_offset + j * kCudaBlockTokens + offset] = v[row + j];
+}
+
+// Byte offsets of blocks `block_ids` (of block_bytes each) in a layer's region of the pool, and of the
+// same blocks packed back to back.
+void block_offsets(const std::vector<int>& block_ids, size_t block_bytes, std::vector<uint64_t>& in_pool,
+                   std::vector<uint64_t>& packed) {
+  in_pool.clear();
+  packed.clear();
+  for (size_t i = 0; i < block_ids.size(); ++i) {
+    in_pool.push_back(uint64_t(block_ids[i]) * block_bytes);
+    packed.push_back(uint64_t(i) * block_bytes);
+  }
 }
 
 }  // namespace
@@ -172,6 +186,51 @@ ZackKvView CudaZackKvCache::view(int layer) const {
   return ZackKvView{pool_.data() + layer_offsets_[size_t(layer)], block_elements_[size_t(layer)],
                     heads_.data() + size_t(layer) * shape_.num_kv_heads, block_tables_.data(),
                     shape_.max_blocks_per_sequence, shape_.num_kv_heads};
+}
+
+// Each layer's blocks gathered on the device into one packed buffer (sized for the widest layer, reused),
+// then one copy to the host.
+Status CudaZackKvCache::download_blocks(const std::vector<int>& block_ids,
+                                        std::vector<std::vector<uint16_t>>& blocks) const {
+  blocks.assign(size_t(shape_.num_layers), {});
+  if (block_ids.empty()) return Status::ok();
+  const size_t n = block_ids.size();
+  const long long widest = *std::max_element(block_elements_.begin(), block_elements_.end());
+  SLIMKV_ASSIGN_OR_RETURN(auto packed, DeviceArray<uint16_t>::allocate(n * size_t(widest), "a ZACK sequence's layer of blocks"));
+  std::vector<uint64_t> in_pool, in_packed;
+  for (int l = 0; l < shape_.num_layers; ++l) {
+    const size_t elements = size_t(block_elements_[size_t(l)]);
+    block_offsets(block_ids, elements * 2, in_pool, in_packed);
+    SLIMKV_RETURN_IF_ERROR(copy_device_pieces(reinterpret_cast<uint8_t*>(packed.data()), in_packed,
+                                              reinterpret_cast<const uint8_t*>(pool_.data() + layer_offsets_[size_t(l)]),
+                                              in_pool, elements * 2));
+    blocks[size_t(l)].resize(n * elements);
+    SLIMKV_RETURN_IF_ERROR(packed.download(blocks[size_t(l)].data(), n * elements));
+  }
+  return Status::ok();
+}
+
+Status CudaZackKvCache::upload_blocks(const std::vector<int>& block_ids, const std::vector<std::vector<uint16_t>>& blocks) {
+  if (blocks.size() != size_t(shape_.num_layers)) {
+    return error("CUDA ZACK KV cache: blocks of ", blocks.size(), " layers to upload, expected ", shape_.num_layers);
+  }
+  if (block_ids.empty()) return Status::ok();
+  const size_t n = block_ids.size();
+  const long long widest = *std::max_element(block_elements_.begin(), block_elements_.end());
+  SLIMKV_ASSIGN_OR_RETURN(auto packed, DeviceArray<uint16_t>::allocate(n * size_t(widest), "a ZACK sequence's layer of blocks"));
+  std::vector<uint64_t> in_pool, in_packed;
+  for (int l = 0; l < shape_.num_layers; ++l) {
+    const size_t elements = size_t(block_elements_[size_t(l)]);
+    if (blocks[size_t(l)].size() != n * elements) {
+      return error("CUDA ZACK KV cache: layer ", l, " has ", blocks[size_t(l)].size(), " elements to upload, expected ",
+                   n * elements, " (", n, " blocks of ", elements, ")");
+    }
+    SLIMKV_RETURN_IF_ERROR(packed.upload(blocks[size_t(l)].data(), n * elements));
+    block_offsets(block_ids, elements * 2, in_pool, in_packed);
+    SLIMKV_RETURN_IF_ERROR(copy_device_pieces(reinterpret_cast<uint8_t*>(pool_.data() + layer_offsets_[size_t(l)]), in_pool,
+                                              reinterpret_cast<const uint8_t*>(packed.data()), in_packed, elements * 2));
+  }
+  return Status::ok();
 }
 
 }  // namespace slimkv::cuda

@@ -57,6 +57,18 @@ class CudaZackKvCache {
 
   ZackKvView view(int layer) const;
 
+  // Moving a sequence out and in (GpuZackKv::export_sequence, import_sequence). The pool's layout of a
+  // (layer, KV head), and a layer's block in FP16 elements:
+  const ZackHeadLayout& head_layout(int layer, int head) const {
+    return host_heads_[size_t(layer) * size_t(shape_.num_kv_heads) + size_t(head)];
+  }
+  long long block_elements(int layer) const { return block_elements_[size_t(layer)]; }
+  // Blocks `block_ids` of every layer as the pool holds them, into host blocks[l] [block_ids.size(),
+  // block_elements(l)] (one gather on the device and one copy per layer; waits for the copies).
+  Status download_blocks(const std::vector<int>& block_ids, std::vector<std::vector<uint16_t>>& blocks) const;
+  // The reverse: blocks[l] [block_ids.size(), block_elements(l)] into those blocks of every layer.
+  Status upload_blocks(const std::vector<int>& block_ids, const std::vector<std::vector<uint16_t>>& blocks);
+
  private:
   explicit CudaZackKvCache(const ZackKvShape& shape)
       : shape_(shape), sequences_(shape.num_blocks, shape.max_sequences, shape.max_blocks_per_sequence) {}
