@@ -87,7 +87,7 @@ TEST_F(ZackCudaEngineTest, CombinationsNotBuiltAreRefused) {
   EngineConfig config;
   config.model_dir = kBundled;
   config.device = "cuda";
-  for (const char* spec : {"zack:r=0.05,align=4+hack:bits=4", "zack:r=0.05@offload"}) {
+  for (const char* spec : {"zack:r=0.05,align=4+hack:bits=4", "zack:r=0.05@kvpr"}) {
     config.kv_spec = spec;
     const auto engine = Engine::load(config);
     ASSERT_FALSE(engine.has_value()) << spec;

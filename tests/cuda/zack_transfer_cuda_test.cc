@@ -50,7 +50,9 @@ struct ZackCache {
   }
 };
 
-ZackCache make_cache(std::mt19937& rng) {
+// host: zack@offload's cache (the pool in pinned host memory; staging_bytes of GPU staging, 0: room for
+// every sequence's full context).
+ZackCache make_cache(std::mt19937& rng, bool host = false, size_t staging_bytes = 0) {
   ZackCache cache;
   std::uniform_int_distribution<int> rank_of(4, kHeadDim);
   std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(float(kHeadDim)));
@@ -63,7 +65,8 @@ ZackCache make_cache(std::mt19937& rng) {
   const GpuKvShape shape{.num_layers = kLayers, .num_heads = kHeads, .num_kv_heads = kKvHeads, .head_dim = kHeadDim,
                          .hidden = kHeads * kHeadDim, .max_sequences = 4, .max_step_tokens = kMaxStep,
                          .context_tokens = kContext};
-  cache.kv = take(make_gpu_zack_kv(shape, cache.options, 4 * kContext / kCudaBlockTokens));
+  cache.kv = host ? take(make_gpu_zack_host_kv(shape, cache.options, KvTierOptions{}, staging_bytes))
+                  : take(make_gpu_zack_kv(shape, cache.options, 4 * kContext / kCudaBlockTokens));
   return cache;
 }
 
@@ -163,11 +166,12 @@ std::vector<std::vector<std::vector<uint16_t>>> decode_step(GpuKvCache& kv, cons
 using ZackCudaTransferTest = CudaTest;
 
 TEST_F(ZackCudaTransferTest, ExportHoldsTheProjectedKvAndImportContinuesIdentically) {
+  for (const bool host : {false, true})
   for (const int tokens : {150, 128, 5, 0}) {  // an open block, whole blocks only, no sealed block, nothing
     const unsigned seed = 20261127u + unsigned(tokens);
-    SCOPED_TRACE(str_cat("zack export/import (tokens=", tokens, ", seed ", seed, ")"));
+    SCOPED_TRACE(str_cat("zack", host ? "@offload" : "", " export/import (tokens=", tokens, ", seed ", seed, ")"));
     std::mt19937 rng(seed);
-    const ZackCache cache = make_cache(rng);
+    const ZackCache cache = make_cache(rng, host);
     ASSERT_TRUE(cache.kv);
     const int scratch = take(cache.kv->add_sequence());  // blocks taken then freed: the sequences' are not in order
     SLIMKV_ASSERT_OK(cache.kv->begin_fill(scratch, 70));
@@ -228,6 +232,33 @@ TEST_F(ZackCudaTransferTest, StoresOfOtherDimsAreRefusedByName) {
   EXPECT_EQ(cache.kv->sequences().num_tokens(a), 0);
 }
 
+// zack@offload: a step whose sequences hold more blocks than the GPU staging buffer is refused by
+// check_step, naming it, and changes nothing; within it the step runs.
+TEST_F(ZackCudaTransferTest, OffloadRefusesStepsBeyondItsStagingBuffer) {
+  std::mt19937 rng(11);
+  const ZackCache probe = make_cache(rng, /*host=*/true);
+  ASSERT_TRUE(probe.kv);
+  // Two blocks of staging: the widest layer's block bytes, twice.
+  size_t widest = 0;
+  for (int l = 0; l < kLayers; ++l) {
+    size_t layer_bytes = 0;
+    for (int g = 0; g < kKvHeads; ++g) layer_bytes += size_t(probe.k_rank(l, g) + probe.v_rank(l, g)) * kCudaBlockTokens * 2;
+    widest = std::max(widest, layer_bytes);
+  }
+  std::mt19937 same(11);
+  const ZackCache cache = make_cache(same, /*host=*/true, 2 * widest);
+  ASSERT_TRUE(cache.kv);
+  EXPECT_GT(cache.kv->host_bytes(), 0u);
+  const int a = take(cache.kv->add_sequence());
+  const PagedAttentionBatch too_long{{a}, {150}, {150}};
+  const Status refused = cache.kv->check_step(too_long);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.message().find("staging buffer"), std::string::npos) << refused.message();
+  EXPECT_FALSE(cache.kv->begin_step(too_long).is_ok());
+  EXPECT_EQ(cache.kv->sequences().num_tokens(a), 0);
+  SLIMKV_ASSERT_OK(cache.kv->check_step({{a}, {128}, {128}}));
+}
+
 // ---------------------------------------------------------------------------------------------------
 // The engine and the scheduler
 // ---------------------------------------------------------------------------------------------------
@@ -249,6 +280,36 @@ std::vector<int32_t> prompt_of(int n, int salt) {
   std::vector<int32_t> tokens(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) tokens[size_t(i)] = int32_t((i * 7919 + 13 + salt * 101) % 4000);
   return tokens;
+}
+
+// Every row of a 150-token prompt (one prefill step) and of 20 decode steps fed fixed tokens, for two
+// sequences stepping together (the second prompt 70 tokens): zack_engine_cuda_test.cc's run, batched.
+std::vector<float> logits_of(Engine& engine) {
+  const SequenceId a = take(engine.add_sequence()), b = take(engine.add_sequence());
+  const std::vector<int32_t> prompt_a = prompt_of(150, 0), prompt_b = prompt_of(70, 1);
+  StepResult out;
+  EXPECT_TRUE(engine.step(std::vector<StepItem>{{a, prompt_a, StepOutput::kAllLogits}, {b, prompt_b, StepOutput::kAllLogits}},
+                          out).is_ok());
+  std::vector<float> all = out.logits;
+  for (int i = 0; i < 20; ++i) {
+    const std::vector<int32_t> next = {int32_t((i * 104729 + 7) % 4000)};
+    const Status status = engine.step(std::vector<StepItem>{{a, next, StepOutput::kLastLogits}, {b, next, StepOutput::kLastLogits}}, out);
+    EXPECT_TRUE(status.is_ok()) << status.message();
+    all.insert(all.end(), out.logits.begin(), out.logits.end());
+  }
+  return all;
+}
+
+// zack@offload attends over the same blocks as resident zack, copied from host memory into the staging
+// buffer layer by layer: the same logits, bit for bit, prefill and decode; its pool is in host memory.
+TEST_F(ZackCudaTransferTest, OffloadGivesTheLogitsOfResidentZack) {
+  auto resident = load("cuda", "zack:rate=0.5"), offloaded = load("cuda", "zack:rate=0.5@offload");
+  ASSERT_TRUE(resident && offloaded);
+  EXPECT_NE(offloaded->kv_description().find("@offload"), std::string::npos) << offloaded->kv_description();
+  EXPECT_EQ(offloaded->kv_budget().bytes_per_block, resident->kv_budget().bytes_per_block);
+  const std::vector<float> want = logits_of(*resident), got = logits_of(*offloaded);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_TRUE(got == want) << "bit-identical logits";
 }
 
 // Version 1 of the transfer format holds one k_dim / v_dim for every head: ZACK's stores have no

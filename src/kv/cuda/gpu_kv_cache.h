@@ -6,7 +6,7 @@
 //   FP16 pages (`dense`)                     gpu_dense_kv.cc        over paged_kv_cache.h
 //   sealed quantized blocks (`hack`, `quant`) gpu_quantized_kv.cc    over quantized_kv_cache.h
 //   a host tier (`@offload`, `@kvpr`)         gpu_host_tier_kv.cc    over host_kv_tier.h
-//   ZACK's per-head ranks (`zack`)            gpu_zack_kv.cc         over zack_kv_cache.h
+//   ZACK's per-head ranks (`zack`, `@offload`) gpu_zack_kv.cc         over zack_kv_cache.h
 //   PQCache's selection (`pq`, `pq@offload`)   gpu_pq_kv.cc           over paged_kv_cache.h, pq_select.h
 //   FP16 pages with sliding-window layers     gpu_sliding_dense_kv.cc over paged_kv_cache.h (two pools)
 //
@@ -115,7 +115,7 @@ struct SelectionReport {
 
 struct GpuKvOptions {
   std::optional<QuantizedKvOptions> quantized;  // none: the `dense` codec (FP16 blocks)
-  std::optional<ZackKvOptions> zack;            // reduced dims (FP16 blocks, no codec or tier with it yet)
+  std::optional<ZackKvOptions> zack;            // reduced dims (FP16 blocks; no codec with it yet, @offload as tier)
   std::optional<KvTierOptions> tier;            // none: every block in GPU memory
   std::optional<PqKvOptions> pq;                // PQCache's selection (FP16 pages, its own offload)
   // GPU memory for KV (quantized: the sealed pool and the FP16 window; a tier: its two staging
@@ -247,6 +247,10 @@ Expected<std::unique_ptr<GpuKvCache>> make_gpu_quantized_kv(const GpuKvShape& sh
                                                             int num_blocks);
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_zack_kv(const GpuKvShape& shape, const ZackKvOptions& options,
                                                        int num_blocks);
+// zack...@offload: the pool in pinned host memory (tier.host_bytes, 0: every sequence's full context),
+// kv_cache_bytes of GPU staging (0: as much, within 80% of the free memory); kvpr is refused.
+Expected<std::unique_ptr<GpuKvCache>> make_gpu_zack_host_kv(const GpuKvShape& shape, const ZackKvOptions& options,
+                                                            const KvTierOptions& tier, size_t kv_cache_bytes);
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_pq_kv(const GpuKvShape& shape, const PqKvOptions& options,
                                                      size_t kv_cache_bytes);
 // Sliding-window layers (shape.layer_windows): num_blocks of the global layers' pool (the budget), the

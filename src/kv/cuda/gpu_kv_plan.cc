@@ -58,7 +58,7 @@ Expected<GpuKvPlan> plan_gpu_kv(const KvPipeline& pipeline, const std::string& s
   }
   if (pipeline.zack) {
     if (plan.options.quantized) return refuse("zack followed by a quantizing codec");
-    if (pipeline.offload || pipeline.kvpr) return refuse("zack with a host tier");
+    if (pipeline.kvpr) return refuse("zack with the kvpr tier (it recomputes full-width K/V; zack@offload runs)");
     if (pipeline.hadamard) return refuse("zack with rot=hadamard");
     plan.options.zack = ZackKvOptions{};  // the ranks and bases: the model's, once it has folded them
   }

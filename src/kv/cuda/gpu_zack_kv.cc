@@ -2,6 +2,9 @@
 // equal blocks (zack_kv_cache.h), q and k projected onto each head's basis after RoPE, attention on the
 // reduced dims with heads balanced by rank (attention/cuda/zack_attention.h). The model's W_V / W_O
 // come folded (model/zack_projection.h), so values arrive reduced and the output is read reduced.
+// `zack...@offload`: the same pool in pinned host memory, each layer's blocks of a step's sequences
+// copied into a GPU staging buffer as the step appends (zack_kv_cache.h). Not `@kvpr`: it recomputes
+// full-width K/V from X, which would have to be projected per head and written at ZACK's ranks.
 // A sequence moves out and in as a host store (KvStore) in the CPU zack stage's form over
 // `dense:dtype=f16`: each (layer, KV head) at its ranks, a sealed block K' token-major [64, k_rank] then
 // V' [64, v_rank] in FP16, the open tokens the same rows (the pool's dim-major blocks transposed on the
@@ -41,10 +44,12 @@ class GpuZackKv final : public GpuKvCache {
   Expected<int> add_sequence() override { return cache_->sequences().add_sequence(); }
   void remove_sequence(int sequence) override { cache_->sequences().remove_sequence(sequence); }
   size_t device_bytes() const override { return cache_->device_bytes(); }
+  size_t host_bytes() const override { return cache_->host_bytes(); }
   size_t bytes_per_block() const override { return CudaZackKvCache::block_bytes(cache_->shape().k_ranks, cache_->shape().v_ranks); }
 
   Status check_step(const PagedAttentionBatch& batch) const override {
-    return check_blocks_for_step(sequences(), batch, "GPU");
+    SLIMKV_RETURN_IF_ERROR(check_blocks_for_step(sequences(), batch, cache_->on_host() ? "host" : "GPU"));
+    return cache_->check_staging(batch.sequence_ids, batch.query_counts);
   }
   Status begin_step(const PagedAttentionBatch& batch) override {
     SLIMKV_RETURN_IF_ERROR(cache_->begin_step(batch.sequence_ids, batch.query_counts));
@@ -57,7 +62,9 @@ class GpuZackKv final : public GpuKvCache {
     return attention_->run(layer, cache_->view(layer), reduced, scale, out);
   }
 
-  Status begin_fill(int sequence, int tokens) override { return cache_->begin_step({sequence}, {tokens}); }
+  Status begin_fill(int sequence, int tokens) override {
+    return cache_->begin_step({sequence}, {tokens}, /*stage=*/false);
+  }
   Status fill(int layer, const uint16_t* k, const uint16_t* v, const void* /*x*/) override {
     return cache_->append(layer, k, v);
   }
@@ -126,11 +133,11 @@ class GpuZackKv final : public GpuKvCache {
     }
     const int needed = sequences().blocks_to_grow(sequence, tokens);
     if (needed > sequences().free_blocks()) {
-      return error("the GPU KV cache has no room for the imported sequence: ", needed, " blocks of ", kCudaBlockTokens,
-                   " tokens needed, ", sequences().free_blocks(), " free");
+      return error("the ", cache_->on_host() ? "host" : "GPU", " KV cache has no room for the imported sequence: ", needed,
+                   " blocks of ", kCudaBlockTokens, " tokens needed, ", sequences().free_blocks(), " free");
     }
     for (int done = 0; done < tokens; done += shape.max_step_tokens) {
-      SLIMKV_RETURN_IF_ERROR(cache_->begin_step({sequence}, {std::min(shape.max_step_tokens, tokens - done)}));
+      SLIMKV_RETURN_IF_ERROR(cache_->begin_step({sequence}, {std::min(shape.max_step_tokens, tokens - done)}, /*stage=*/false));
     }
     const std::vector<int>& ids = sequences().blocks(sequence);
     std::vector<std::vector<uint16_t>> blocks(size_t(shape.num_layers));  // [layer][held block, block_elements]
@@ -196,19 +203,64 @@ class GpuZackKv final : public GpuKvCache {
   ZackSchedule schedule_;
 };
 
-}  // namespace
-
-Expected<std::unique_ptr<GpuKvCache>> make_gpu_zack_kv(const GpuKvShape& shape, const ZackKvOptions& options,
-                                                       int num_blocks) {
-  SLIMKV_ASSIGN_OR_RETURN(auto cache, CudaZackKvCache::create({shape.num_layers, shape.num_heads, shape.num_kv_heads,
-                                                               shape.head_dim, num_blocks, shape.max_sequences,
-                                                               shape.blocks_per_sequence(), shape.max_step_tokens,
-                                                               options.k_ranks, options.v_ranks, options.qk_bases}));
+// A zack cache of num_blocks blocks, in GPU memory, or in host memory with staging_blocks of GPU staging.
+Expected<std::unique_ptr<GpuKvCache>> make_zack_kv(const GpuKvShape& shape, const ZackKvOptions& options, int num_blocks,
+                                                   int staging_blocks) {
+  ZackKvShape zack{shape.num_layers, shape.num_heads, shape.num_kv_heads, shape.head_dim, num_blocks, shape.max_sequences,
+                   shape.blocks_per_sequence(), shape.max_step_tokens, options.k_ranks, options.v_ranks, options.qk_bases};
+  zack.staging_blocks = staging_blocks;
+  SLIMKV_ASSIGN_OR_RETURN(auto cache, CudaZackKvCache::create(zack));
   SLIMKV_ASSIGN_OR_RETURN(auto attention,
                           CudaZackAttention::create({shape.num_layers, shape.num_heads, shape.num_kv_heads, shape.head_dim,
                                                      shape.max_sequences, shape.max_step_tokens, options.k_ranks,
                                                      options.v_ranks}));
   return std::unique_ptr<GpuKvCache>(new GpuZackKv(std::move(cache), std::move(attention), options.schedule));
+}
+
+}  // namespace
+
+Expected<std::unique_ptr<GpuKvCache>> make_gpu_zack_kv(const GpuKvShape& shape, const ZackKvOptions& options,
+                                                       int num_blocks) {
+  return make_zack_kv(shape, options, num_blocks, 0);
+}
+
+// The host pool: tier.host_bytes of blocks, or room for every sequence's full context; the staging
+// buffer: kv_cache_bytes of blocks of the widest layer, or the same room within 80% of the GPU's free
+// memory (as the dense host tier's two buffers).
+Expected<std::unique_ptr<GpuKvCache>> make_gpu_zack_host_kv(const GpuKvShape& shape, const ZackKvOptions& options,
+                                                            const KvTierOptions& tier, size_t kv_cache_bytes) {
+  if (tier.recompute) {
+    return error("GPU KV cache: zack with the kvpr tier does not run on device 'cuda': kvpr recomputes full-width K/V ",
+                 "from X, which ZACK would have to project per head and store at its ranks (use zack...@offload)");
+  }
+  size_t widest_layer_bytes = 0;
+  for (int l = 0; l < shape.num_layers; ++l) {
+    size_t layer_bytes = 0;
+    for (int g = 0; g < shape.num_kv_heads; ++g) {
+      const size_t i = size_t(l) * size_t(shape.num_kv_heads) + size_t(g);
+      if (i < options.k_ranks.size() && i < options.v_ranks.size()) {
+        layer_bytes += size_t(options.k_ranks[i] + options.v_ranks[i]) * kCudaBlockTokens * 2;
+      }
+    }
+    widest_layer_bytes = std::max(widest_layer_bytes, layer_bytes);
+  }
+  const size_t block_bytes = CudaZackKvCache::block_bytes(options.k_ranks, options.v_ranks);
+  const size_t full_contexts = size_t(shape.max_sequences) * size_t(shape.blocks_per_sequence());
+  const size_t host_blocks = tier.host_bytes > 0 ? tier.host_bytes / std::max<size_t>(1, block_bytes) : full_contexts;
+  size_t staging_blocks = full_contexts;
+  if (kv_cache_bytes > 0) {
+    staging_blocks = kv_cache_bytes / std::max<size_t>(1, widest_layer_bytes);
+  } else {
+    SLIMKV_ASSIGN_OR_RETURN(size_t free_bytes, device_free_memory());
+    staging_blocks = std::min(staging_blocks, free_bytes / 10 * 8 / std::max<size_t>(1, widest_layer_bytes));
+  }
+  if (host_blocks == 0 || staging_blocks == 0) {
+    return error("CUDA model: zack@offload has no room (host pool ", tier.host_bytes, " bytes, GPU KV budget ",
+                 kv_cache_bytes, " bytes: a block of 64 tokens takes ", block_bytes, " bytes of host memory, ",
+                 widest_layer_bytes, " of GPU staging)");
+  }
+  return make_zack_kv(shape, options, int(std::min<size_t>(host_blocks, 1u << 30)),
+                      int(std::min<size_t>(staging_blocks, 1u << 30)));
 }
 
 }  // namespace slimkv::cuda
