@@ -1,7 +1,7 @@
 // slimkv/kv_inspection.h on device "cuda" (what the Python module's session.kv reads there): a host copy
 // of the GPU's KV through the transfer format. Dense blocks hold the K/V the GPU computed in FP16 (the
 // CPU engine's within the two devices' arithmetic), hack's blocks decode as the CPU's hack blocks do, the
-// copy is a snapshot, @offload's blocks are read from the host tier, and zack (not exportable yet) says so.
+// copy is a snapshot, @offload's blocks are read from the host tier, and zack is read at its per-head ranks.
 #include <gtest/gtest.h>
 
 #include <cmath>

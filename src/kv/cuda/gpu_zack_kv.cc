@@ -9,8 +9,8 @@
 // `dense:dtype=f16`: each (layer, KV head) at its ranks, a sealed block K' token-major [64, k_rank] then
 // V' [64, v_rank] in FP16, the open tokens the same rows (the pool's dim-major blocks transposed on the
 // host). No device pages: blocks differ in size by layer and head, which the pages' one size per head
-// (GpuKvCache::PagePool) cannot describe. (The transfer format, version 1, holds one k_dim / v_dim for
-// every head and refuses such stores on either device: kv/transfer.cc.)
+// (GpuKvCache::PagePool) cannot describe. In the transfer format the store is version 2 (each head's
+// dims), as the CPU's zack stage writes it.
 #include <algorithm>
 #include <vector>
 
