@@ -3,15 +3,19 @@
 //              heads, head_dim 128) as the context grows 2K -> 64K, dense vs pq (select + attend);
 //   --cache:   block cache hit rate and bytes moved per decode step by cache size, bundled model;
 //   --tt2t:    time to second token (prefill + first decode) with k-means overlapped or not;
+//   --locality: how much of each layer's top-k the step before, or the layer before, kept (what a
+//              cache of recent selections serves, and what a prefetch of the next layer's tokens could);
 //   --fit:     the cost model of iters=auto (PQCache Eq. 1-3): k-means time vs s·T, one layer's
 //              prefill time vs s, least-squares coefficients to paste into kv/select/pq_selector.cc.
 //   bench_pq_decode --model DIR [--scaling [--specs "dense;pq:topk=0.2"] [--contexts 16384,65536]
-//                   [--steps 31] [--split]] [--cache [--cache-topk 0.2]] [--tt2t] [--fit]
+//                   [--steps 31] [--split]] [--cache [--cache-topk 0.2]] [--locality [--locality-spec S]]
+//                   [--tt2t] [--fit]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <sstream>
 
@@ -177,6 +181,76 @@ void cache(const std::string& model_dir, double topk) {
   }
 }
 
+// The ranked tokens a head's last selection kept (its top-k: those in [ranked_first, ranked_last)).
+std::vector<int> ranked_tokens(const HeadSelection& selection) {
+  std::vector<int> kept;
+  for (int t : selection.tokens) {
+    if (t >= selection.ranked_first && t < selection.ranked_last) kept.push_back(t);
+  }
+  return kept;
+}
+
+size_t common(const std::vector<int>& a, const std::vector<int>& b) {  // both ascending
+  std::vector<int> both;
+  std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+  return both.size();
+}
+
+// What a prefetch of the next layer's likely tokens could find (issue 25): of each (layer >= 1, KV head)'s
+// top-k at a decode step, the share that the same layer and head kept at the step before (what a cache
+// of recent selections, PQCache's, serves), that the layer before kept (the same head, or any of its
+// heads: what a prefetch of layer l's tokens for layer l + 1 would fetch), and that the layer before
+// kept but the step before did not (what such a prefetch adds to the cache), against the tokens it
+// would fetch for that (the layer before's, not kept at the step before).
+void locality(const std::string& model_dir, const std::string& spec) {
+  constexpr int kPrompt = 3968, kDecode = 32;
+  auto engine = load(model_dir, spec);
+  auto session = engine->new_session();
+  auto logits = session->prefill(heldout(*engine, model_dir, kPrompt));
+  const KvStore& kv = session->kv();
+  const int layers = kv.shape().num_layers, heads = kv.shape().num_kv_heads;
+  using TopK = std::vector<std::vector<std::vector<int>>>;  // [layer][head]: a step's top-k
+  TopK before;
+  double ranked = 0, same_step_before = 0, same_head_below = 0, any_head_below = 0, below_not_before = 0, fetched = 0;
+  for (int step = 0; step < kDecode && logits; ++step) {
+    logits = session->decode(argmax(*logits));
+    TopK now(static_cast<size_t>(layers), std::vector<std::vector<int>>(static_cast<size_t>(heads)));
+    for (int l = 0; l < layers; ++l) {
+      for (int g = 0; g < heads; ++g) now[size_t(l)][size_t(g)] = ranked_tokens(kv.last_selection(l, g));
+    }
+    for (int l = 1; l < layers && !before.empty(); ++l) {
+      std::vector<int> below_any;  // the layer before's heads' top-k, together
+      for (int g = 0; g < heads; ++g) {
+        const std::vector<int>& below = now[size_t(l - 1)][size_t(g)];
+        below_any.insert(below_any.end(), below.begin(), below.end());
+      }
+      std::sort(below_any.begin(), below_any.end());
+      below_any.erase(std::unique(below_any.begin(), below_any.end()), below_any.end());
+      for (int g = 0; g < heads; ++g) {
+        const std::vector<int>& kept = now[size_t(l)][size_t(g)];
+        const std::vector<int>& previous = before[size_t(l)][size_t(g)];
+        const std::vector<int>& below = now[size_t(l - 1)][size_t(g)];
+        ranked += double(kept.size());
+        same_step_before += double(common(kept, previous));
+        same_head_below += double(common(kept, below));
+        any_head_below += double(common(kept, below_any));
+        std::vector<int> new_below;
+        std::set_difference(below_any.begin(), below_any.end(), previous.begin(), previous.end(), std::back_inserter(new_below));
+        below_not_before += double(common(kept, new_below));
+        fetched += double(new_below.size());
+      }
+    }
+    before = std::move(now);
+  }
+  std::printf("%s, %d-token prompt, %d decode steps (bundled model): of each layer's top-k (layers >= 1)\n", spec.c_str(),
+              kPrompt, kDecode);
+  std::printf("  kept at the step before (same layer, head): %.3f\n", same_step_before / ranked);
+  std::printf("  kept by the layer before, same head:        %.3f\n", same_head_below / ranked);
+  std::printf("  kept by the layer before, any head:         %.3f\n", any_head_below / ranked);
+  std::printf("  kept by the layer before (any head), not at the step before: %.3f, of %.2f fetched per top-k token\n",
+              below_not_before / ranked, fetched / ranked);
+}
+
 void tt2t(const std::string& model_dir) {
   std::printf("time to second token (prefill + 1 decode), ms, best of 3 (bundled model)\n");
   std::printf("%-8s %14s %18s %18s\n", "prompt", "dense", "pq overlap=on", "pq overlap=off");
@@ -275,7 +349,8 @@ void fit(const std::string& model_dir) {
 int main(int argc, char** argv) {
   CLI::App app{"PQCache decode scaling, block cache, overlap and cost model"};
   std::string model_dir;
-  bool run_scaling = false, run_cache = false, run_tt2t = false, run_fit = false;
+  bool run_scaling = false, run_cache = false, run_locality = false, run_tt2t = false, run_fit = false;
+  std::string locality_spec = "pq:topk=0.05";
   double cache_topk = 0.2;
   std::vector<std::string> specs = {"dense", "pq:topk=0.2,iters=8", "pq:topk=0.2,iters=8,rerank=1",
                                     "pq:topk=1024,iters=8", "pq:topk=1024,iters=8,segment=1024"};
@@ -293,12 +368,15 @@ int main(int argc, char** argv) {
   app.add_flag("--split", split, "--scaling: each spec's select and attend medians too (ms)");
   app.add_flag("--cache", run_cache, "block cache hit rate by size");
   app.add_option("--cache-topk", cache_topk, "the pq topk of --cache")->capture_default_str();
+  app.add_flag("--locality", run_locality, "the share of each layer's top-k kept by the step or the layer before");
+  app.add_option("--locality-spec", locality_spec, "the pq spec of --locality")->capture_default_str();
   app.add_flag("--tt2t", run_tt2t, "time to second token with and without overlap");
   app.add_flag("--fit", run_fit, "fit the iters=auto cost model");
   CLI11_PARSE(app, argc, argv);
   if (run_fit) fit(model_dir);
   if (run_scaling) scaling(specs, contexts, steps, split);
   if (run_cache) cache(model_dir, cache_topk);
+  if (run_locality) locality(model_dir, locality_spec);
   if (run_tt2t) tt2t(model_dir);
   return 0;
 }

@@ -8,9 +8,13 @@
 // this machine lacks, and random weights have flat spectra (every head the same rank). --skewed adds a row
 // whose heads alternate between rank d and rank 8 (K and V): the balancing's worst case.
 // Each zack row runs both schedules: balanced (ZACK §5.3: cost-sized ranges, longest first, dynamic) and
-// uniform (equal block ranges, static order).
+// uniform (equal block ranges, static order). --codec hack|quant adds zack followed by that codec
+// (--codec-bits; the ranks rounded up to multiples of 4, as align=4 does: gpu_zack_quantized_kv.cc's
+// decode attention, CudaPagedAttention::run_quantized over heads of their own dims) beside the codec at
+// the full head dim.
 //
 //   bench_zack_attention_cuda --batch 8 --contexts 4096,16384,65536 --compressions 0.3,0.5,0.7 --skewed
+//   bench_zack_attention_cuda --batch 8 --contexts 4096,16384,65536 --compressions 0.5 --codec hack --codec-bits 4
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
@@ -39,6 +43,8 @@ struct Options {
   int repetitions = 20;
   int tasks_per_cta = 1;
   unsigned seed = 26;
+  std::string codec;  // hack or quant after zack (empty: none)
+  int codec_bits = 2;
 };
 
 struct Ranks {
@@ -86,6 +92,33 @@ Expected<double> dense_ms(const Options& o, int context) {
   SLIMKV_RETURN_IF_ERROR(attention->plan({kv.ids, std::vector<int>(size_t(o.batch), context), std::vector<int>(size_t(o.batch), 1)}));
   const float scale = 1.0f / std::sqrt(float(o.head_dim));
   return median_launch_ms([&] { return attention->run(kv.view(), q.data(), scale, out.data()); }, o.repetitions, 10, 5);
+}
+
+// ms per decode step of `o.codec` over random K/V, each head at `dims` (empty: the full head dim).
+Expected<double> quantized_ms(const Options& o, int context, const HeadDims& dims) {
+  SLIMKV_ASSIGN_OR_RETURN(const RandomKv kv,
+                          random_kv({o.batch, context, 1, o.kv_heads, o.head_dim, o.codec, o.codec_bits, {}, dims}));
+  SLIMKV_ASSIGN_OR_RETURN(auto attention,
+                          CudaPagedAttention::create({o.heads, o.kv_heads, o.head_dim, o.batch, o.batch}));
+  const size_t q_elements = size_t(o.batch) * o.heads * o.head_dim;
+  SLIMKV_ASSIGN_OR_RETURN(auto q, DeviceArray<uint16_t>::allocate(q_elements, "queries"));
+  SLIMKV_ASSIGN_OR_RETURN(auto out, DeviceArray<uint16_t>::allocate(q_elements, "outputs"));
+  SLIMKV_RETURN_IF_ERROR(fill_random_fp16(q.data(), q_elements, 99, 1.0f));
+  SLIMKV_RETURN_IF_ERROR(attention->plan({kv.ids, std::vector<int>(size_t(o.batch), context), std::vector<int>(size_t(o.batch), 1)}));
+  const float scale = 1.0f / std::sqrt(float(o.head_dim));
+  return median_launch_ms(
+      [&] { return attention->run_quantized(kv.view(), kv.quantized->sealed_view(0), q.data(), scale, out.data()); },
+      o.repetitions, 10, 5);
+}
+
+// The ranks as the codec stores them: rounded up to multiples of 4 (align=4).
+HeadDims codec_dims(const Options& o, const Ranks& r) {
+  HeadDims dims;
+  for (int g = 0; g < o.kv_heads; ++g) {
+    dims.k_dims.push_back(std::min(o.head_dim, (r.k[size_t(g)] + 3) / 4 * 4));
+    dims.v_dims.push_back(std::min(o.head_dim, (r.v[size_t(g)] + 3) / 4 * 4));
+  }
+  return dims;
 }
 
 struct ZackTimes {
@@ -154,6 +187,8 @@ int run(int argc, char** argv) {
   app.add_option("--tasks-per-cta", o.tasks_per_cta, "ZACK attention tasks per resident CTA")
       ->check(CLI::Range(1, 64))->capture_default_str();
   app.add_option("--seed", o.seed)->capture_default_str();
+  app.add_option("--codec", o.codec, "also zack followed by this codec, and the codec alone")->check(CLI::IsMember({"hack", "quant"}));
+  app.add_option("--codec-bits", o.codec_bits, "the codec's K and V bits")->check(CLI::IsMember({2, 4, 8}))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (failed(device_usable())) return 1;
   for (double c : o.compressions) {
@@ -172,23 +207,44 @@ int run(int argc, char** argv) {
   }
   std::printf("decode attention: batch %d, %d q / %d KV heads, d %d; dense FP16 vs zack (balanced | uniform schedule), "
               "%d tasks per resident CTA\n", o.batch, o.heads, o.kv_heads, o.head_dim, o.tasks_per_cta);
+  const std::string codec = o.codec.empty() ? "" : str_cat(o.codec, ":bits=", o.codec_bits);
+  if (!codec.empty()) {
+    std::printf("  and %s at d %d, and zack+%s (ranks rounded up to multiples of 4; x %s: its time over zack+%s's)\n",
+                codec.c_str(), o.head_dim, codec.c_str(), o.codec.c_str(), o.codec.c_str());
+  }
   for (const Ranks& r : variants) {
     std::string k, v;
     for (int g = 0; g < o.kv_heads; ++g) k += str_cat(g ? "," : "", r.k[size_t(g)]), v += str_cat(g ? "," : "", r.v[size_t(g)]);
     std::printf("  %-10s compression %.3f  K ranks %s  V ranks %s\n", r.name.c_str(), compression_of(o, r), k.c_str(), v.c_str());
   }
   std::printf("%8s %10s", "context", "dense ms");
-  for (const Ranks& r : variants) std::printf(" | %-10s %8s %8s %7s %7s", r.name.c_str(), "bal ms", "uni ms", "x dense", "bal/uni");
+  if (!codec.empty()) std::printf(" %10s %7s", str_cat(o.codec, " ms").c_str(), "x dense");
+  for (const Ranks& r : variants) {
+    std::printf(" | %-10s %8s %8s %7s %7s", r.name.c_str(), "bal ms", "uni ms", "x dense", "bal/uni");
+    if (!codec.empty()) std::printf(" %10s %7s %7s", str_cat("+", o.codec, " ms").c_str(), "x dense", str_cat("x ", o.codec).c_str());
+  }
   std::printf("\n");
   for (int context : o.contexts) {
     auto dense = dense_ms(o, context);
     if (failed(dense.status())) return 1;
     std::printf("%8d %10.4f", context, *dense);
+    double full_codec_ms = 0;
+    if (!codec.empty()) {
+      auto full = quantized_ms(o, context, {});
+      if (failed(full.status())) return 1;
+      full_codec_ms = *full;
+      std::printf(" %10.4f %7.2f", full_codec_ms, *dense / full_codec_ms);
+    }
     for (const Ranks& r : variants) {
       auto z = zack_ms(o, context, r);
       if (failed(z.status())) return 1;
       std::printf(" | %-10s %8.4f %8.4f %7.2f %7.2f", "", z->balanced_ms, z->uniform_ms, *dense / z->balanced_ms,
                   z->uniform_ms / z->balanced_ms);
+      if (!codec.empty()) {
+        auto reduced = quantized_ms(o, context, codec_dims(o, r));
+        if (failed(reduced.status())) return 1;
+        std::printf(" %10.4f %7.2f %7.2f", *reduced, *dense / *reduced, full_codec_ms / *reduced);
+      }
     }
     std::printf("\n");
     std::fflush(stdout);

@@ -25,6 +25,7 @@ struct RandomKvOptions {
   std::string kv = "dense";  // dense, hack or quant
   int bits = 2;              // hack / quant, K and V
   QuantizationConfig quantization = {};  // hack / quant: the rest (layouts, groups, range, rounding)
+  HeadDims head_dims = {};  // hack / quant: each KV head at its own K and V dims ([kv_heads] each: ZACK's ranks)
 };
 
 struct RandomKv {
@@ -47,7 +48,7 @@ inline Expected<RandomKv> random_kv(const RandomKvOptions& o) {
   } else {
     QuantizationConfig config = o.quantization;
     config.k_bits = config.v_bits = o.bits;
-    SLIMKV_ASSIGN_OR_RETURN(kv.quantized, CudaQuantizedKvCache::create(shape, config, o.kv == "hack", 7));
+    SLIMKV_ASSIGN_OR_RETURN(kv.quantized, CudaQuantizedKvCache::create(shape, config, o.kv == "hack", 7, o.head_dims));
   }
   for (int b = 0; b < o.batch; ++b) {
     SLIMKV_ASSIGN_OR_RETURN(int id, kv.dense ? kv.dense->sequences().add_sequence() : kv.quantized->add_sequence());

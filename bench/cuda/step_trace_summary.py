@@ -15,10 +15,10 @@ def main():
     kernels, launches, copies = [], {}, []
     with open(path) as f:
         for line in f:
-            parts = line.rstrip("\n").split(",", 4)
-            if len(parts) < 5:
+            parts = line.rstrip("\n").split(",", 5)
+            if len(parts) < 6:
                 continue
-            kind, start, end, correlation, what = parts[0], int(parts[1]), int(parts[2]), int(parts[3]), parts[4]
+            kind, start, end, correlation, what = parts[0], int(parts[1]), int(parts[2]), int(parts[3]), parts[5]
             if kind == "K":
                 kernels.append((start, end, correlation, what))
             elif kind == "R":

@@ -1,7 +1,7 @@
 // The engine's step API on device "cuda" (include/slimkv/engine.h over engine/cuda/cuda_device_model.cc):
 // steps of mixed items, the KV budget, the spec the GPU runs, and KV export/import between engines —
-// GPU to GPU continuing with identical greedy tokens, GPU to CPU (same spec) continuing within the two
-// devices' arithmetic — and refusals naming both sides.
+// GPU to GPU continuing with identical greedy tokens (pq@offload too: its index rebuilt on import), GPU
+// to CPU (same spec) continuing within the two devices' arithmetic — and refusals naming both sides.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -89,7 +89,8 @@ TEST_F(CudaEngineTest, StepOfMixedItemsAndTheBudget) {
 }
 
 TEST_F(CudaEngineTest, ExportImportOnTheGpuContinuesWithIdenticalGreedyTokens) {
-  for (const char* spec : {"dense", "hack:bits=2", "quant:bits=4,rot=none"}) {
+  for (const char* spec :
+       {"dense", "hack:bits=2", "quant:bits=4,rot=none", "pq:m=2,b=4,topk=0.25,local=16,init=4,segment=64@offload"}) {
     SCOPED_TRACE(spec);
     auto sender = load("cuda", spec), receiver = load("cuda", spec);
     const SequenceId s = take(sender->add_sequence());

@@ -42,6 +42,7 @@ GpuModel upload(const LlamaModel& cpu, const std::string& spec, size_t kv_cache_
   options.kv_cache_bytes = kv_cache_bytes;
   options.quantized_kv = plan.options.quantized;
   options.tier = plan.options.tier;
+  options.pq = plan.options.pq;
   options.rotate_heads = plan.rotate_heads;
   return {take(CudaLlamaModel::upload(cpu.config(), cpu.weights(), options)), plan.pipeline};
 }
@@ -169,44 +170,153 @@ TEST_F(GpuKvTest, BudgetCountsBlocksOfEverySequence) {
   }
 }
 
-// Export → transfer bytes → import into another GPU model: the same bytes exported again, and the
-// sequence goes on with bit-identical logits (the same kernels over the same blocks) and greedy tokens.
+// Export → transfer bytes → import into another GPU model (one of shorter steps): the same bytes
+// exported again, and the sequence goes on with bit-identical logits (the same kernels over the same
+// blocks) and greedy tokens, each step selecting alike where the cache selects (pq: the same tokens
+// read, and found in the GPU cache of selected tokens). Whether some step selected fewer tokens than the
+// sequence held is returned.
+bool check_export_import(const LlamaModel& cpu, const std::string& spec, int prompt_tokens) {
+  const ModelConfig& config = cpu.config();
+  const KvShape shape(int(config.num_layers), int(config.num_kv_heads), int(config.head_dim), int(config.head_dim), 1024);
+  GpuModel sender = upload(cpu, spec), receiver = upload(cpu, spec, 0, /*max_step_tokens=*/48);
+  const int s = take(sender.model->add_sequence());
+  std::vector<float> logits;
+  EXPECT_TRUE(sender.model->step(std::vector<SequenceTokens>{{s, random_tokens(prompt_tokens, int(config.vocab_size), 5)}},
+                                 false, logits).is_ok());
+  int32_t next = argmax(logits);
+
+  std::vector<uint8_t> bytes;
+  const Status exported_ok = export_transfer(sender.model->kv(), s, {shape, sender.pipeline, "model"}, bytes);
+  EXPECT_TRUE(exported_ok.is_ok()) << exported_ok.message();
+  KvStore exported(shape, sender.pipeline);  // a valid transfer of the prompt, as the CPU reads it
+  const Status read = read_kv_transfer(bytes.data(), bytes.size(), "test", "model", exported);
+  EXPECT_TRUE(read.is_ok()) << read.message();
+  EXPECT_EQ(exported.num_tokens(0), prompt_tokens);
+
+  const int r = take(receiver.model->add_sequence());
+  const Status imported = import_transfer(receiver.model->kv(), r, {shape, receiver.pipeline, "model"}, bytes, "test");
+  EXPECT_TRUE(imported.is_ok()) << imported.message();
+  EXPECT_EQ(receiver.model->num_tokens(r), prompt_tokens);
+  std::vector<uint8_t> bytes_again;
+  EXPECT_TRUE(export_transfer(receiver.model->kv(), r, {shape, receiver.pipeline, "model"}, bytes_again).is_ok());
+  EXPECT_TRUE(bytes_again == bytes) << "the receiver holds the sender's bytes";
+
+  bool selected_fewer = false;
+  for (int step = 0; step < 70; ++step) {  // across a block boundary: sealing goes on alike
+    const std::vector<int32_t> token = {next};
+    std::vector<float> sent, received;
+    const Status sent_ok = sender.model->step(std::vector<SequenceTokens>{{s, token}}, false, sent);
+    const Status received_ok = receiver.model->step(std::vector<SequenceTokens>{{r, token}}, false, received);
+    EXPECT_TRUE(sent_ok.is_ok() && received_ok.is_ok()) << sent_ok.message() << received_ok.message();
+    if (sent != received) {
+      ADD_FAILURE() << "step " << step << ": the logits differ";
+      break;
+    }
+    const SelectionReport a = sender.model->kv().selection(), b = receiver.model->kv().selection();
+    EXPECT_EQ(a.selected_tokens, b.selected_tokens) << "step " << step;
+    EXPECT_EQ(a.held_tokens, b.held_tokens) << "step " << step;
+    EXPECT_EQ(a.page_bytes_read, b.page_bytes_read) << "step " << step;
+    EXPECT_EQ(a.cache_used_tokens, b.cache_used_tokens) << "step " << step;
+    EXPECT_EQ(a.cache_hit_tokens, b.cache_hit_tokens) << "step " << step;
+    selected_fewer = selected_fewer || a.selected_tokens < a.held_tokens;
+    next = argmax(sent);
+  }
+  return selected_fewer;
+}
+
 TEST_F(GpuKvTest, ExportedSequenceContinuesIdenticallyInAnotherModel) {
   auto cpu = take(LlamaModel::load(kBundled));
-  const ModelConfig& config = cpu->config();
-  const KvShape shape(int(config.num_layers), int(config.num_kv_heads), int(config.head_dim), int(config.head_dim), 1024);
   for (const char* spec : {"dense", "hack:bits=2", "quant:bits=4,rot=none", "dense@offload", "hack:bits=2@offload"}) {
     for (const int prompt_tokens : {150, 128, 20}) {
       SCOPED_TRACE(std::string(spec) + ", prompt " + std::to_string(prompt_tokens));
-      GpuModel sender = upload(*cpu, spec), receiver = upload(*cpu, spec, 0, /*max_step_tokens=*/48);
-      const int s = take(sender.model->add_sequence());
-      std::vector<float> logits;
-      SLIMKV_ASSERT_OK(sender.model->step(std::vector<SequenceTokens>{{s, random_tokens(prompt_tokens, int(config.vocab_size), 5)}},
-                                          false, logits));
-      int32_t next = argmax(logits);
-
-      std::vector<uint8_t> bytes;
-      SLIMKV_ASSERT_OK(export_transfer(sender.model->kv(), s, {shape, sender.pipeline, "model"}, bytes));
-      KvStore exported(shape, sender.pipeline);  // a valid transfer of the prompt, as the CPU reads it
-      SLIMKV_ASSERT_OK(read_kv_transfer(bytes.data(), bytes.size(), "test", "model", exported));
-      EXPECT_EQ(exported.num_tokens(0), prompt_tokens);
-
-      const int r = take(receiver.model->add_sequence());
-      SLIMKV_ASSERT_OK(import_transfer(receiver.model->kv(), r, {shape, receiver.pipeline, "model"}, bytes, "test"));
-      EXPECT_EQ(receiver.model->num_tokens(r), prompt_tokens);
-      std::vector<uint8_t> bytes_again;
-      SLIMKV_ASSERT_OK(export_transfer(receiver.model->kv(), r, {shape, receiver.pipeline, "model"}, bytes_again));
-      EXPECT_TRUE(bytes_again == bytes) << "the receiver holds the sender's bytes";
-
-      for (int step = 0; step < 70; ++step) {  // across a block boundary: sealing goes on alike
-        const std::vector<int32_t> token = {next};
-        std::vector<float> sent, received;
-        SLIMKV_ASSERT_OK(sender.model->step(std::vector<SequenceTokens>{{s, token}}, false, sent));
-        SLIMKV_ASSERT_OK(receiver.model->step(std::vector<SequenceTokens>{{r, token}}, false, received));
-        ASSERT_TRUE(sent == received) << "step " << step;
-        next = argmax(sent);
-      }
+      check_export_import(*cpu, spec, prompt_tokens);
     }
+  }
+}
+
+// pq (resident; @offload with a GPU cache of selected tokens smaller than a selection): the receiver
+// rebuilds the PQ index from the imported keys (segments of 64 tokens: the 150-token prompt has two
+// clustered, the 20-token one gets its first while decoding) and selects as the sender does, fewer
+// tokens than the sequence holds. A resident budget without room refuses the import, changing nothing.
+TEST_F(GpuKvTest, PqSequenceExportedAndImportedSelectsAlike) {
+  auto cpu = take(LlamaModel::load(kBundled));
+  const std::string pq = "pq:m=2,b=4,topk=0.25,local=16,init=4,segment=64";
+  for (const std::string& spec : {pq, pq + ",cache=24,policy=lfu@offload"}) {
+    for (const int prompt_tokens : {150, 128, 20}) {
+      SCOPED_TRACE(spec + ", prompt " + std::to_string(prompt_tokens));
+      EXPECT_TRUE(check_export_import(*cpu, spec, prompt_tokens)) << "no step selected fewer tokens than held";
+    }
+  }
+  const ModelConfig& config = cpu->config();
+  const KvShape shape(int(config.num_layers), int(config.num_kv_heads), int(config.head_dim), int(config.head_dim), 1024);
+  GpuModel sender = upload(*cpu, pq);
+  const int s = take(sender.model->add_sequence());
+  std::vector<float> logits;
+  SLIMKV_ASSERT_OK(
+      sender.model->step(std::vector<SequenceTokens>{{s, random_tokens(150, int(config.vocab_size), 5)}}, false, logits));
+  std::vector<uint8_t> bytes;
+  SLIMKV_ASSERT_OK(export_transfer(sender.model->kv(), s, {shape, sender.pipeline, "model"}, bytes));
+  GpuModel small = upload(*cpu, pq, 2 * sender.model->kv().bytes_per_block());
+  ASSERT_EQ(small.model->kv().sequences().num_blocks(), 2);
+  const int r = take(small.model->add_sequence());
+  const Status room = import_transfer(small.model->kv(), r, {shape, small.pipeline, "model"}, bytes, "test");
+  ASSERT_FALSE(room.is_ok());
+  EXPECT_NE(room.message().find("no room"), std::string::npos) << room.message();
+  EXPECT_EQ(small.model->num_tokens(r), 0);
+  EXPECT_EQ(small.model->kv().sequences().free_blocks(), 2);
+}
+
+// A server's step: decode rows of pq beside a prompt chunk (between them, so that the step's attention
+// runs in three parts and the decode rows' queries are gathered) select by the rule they select by
+// alone — the same number of tokens as the two decode steps run one by one, fewer than they hold — and
+// give the logits they give alone, within the batch's arithmetic (its GEMMs and attention splits);
+// the chunk attends to every token, as alone.
+TEST_F(GpuKvTest, PqDecodeRowsSelectBesidePrefillChunks) {
+  auto cpu = take(LlamaModel::load(kBundled));
+  const int vocab = int(cpu->config().vocab_size);
+  const std::string pq = "pq:m=2,b=4,topk=0.25,local=16,init=4,segment=64";
+  for (const std::string& spec : {pq, pq + ",cache=24@offload"}) {
+    SCOPED_TRACE(spec);
+    GpuModel mixed = upload(*cpu, spec), alone = upload(*cpu, spec);
+    std::vector<int> m_ids, a_ids;  // decode a, prompt b, decode c
+    for (GpuModel* model : {&mixed, &alone}) {
+      std::vector<int>& ids = model == &mixed ? m_ids : a_ids;
+      for (int i = 0; i < 3; ++i) ids.push_back(take(model->model->add_sequence()));
+      std::vector<float> logits;
+      // The decoding sequences' prompts each in a step of its own in both models: the same KV.
+      SLIMKV_ASSERT_OK(model->model->step(std::vector<SequenceTokens>{{ids[0], random_tokens(150, vocab, 5)}}, false, logits));
+      SLIMKV_ASSERT_OK(model->model->step(std::vector<SequenceTokens>{{ids[2], random_tokens(230, vocab, 6)}}, false, logits));
+    }
+    const std::vector<int32_t> prompt = random_tokens(20 * 30, vocab, 7);
+    std::vector<int32_t> next = {11, 12};
+    double decode_error = 0, chunk_error = 0;
+    for (int round = 0; round < 20; ++round) {
+      const std::vector<int32_t> chunk(prompt.begin() + round * 30, prompt.begin() + (round + 1) * 30);
+      const std::vector<int32_t> a_token = {next[0]}, c_token = {next[1]};
+      std::vector<float> together;
+      SLIMKV_ASSERT_OK(mixed.model->step(std::vector<SequenceTokens>{{m_ids[0], a_token}, {m_ids[1], chunk}, {m_ids[2], c_token}},
+                                         false, together));
+      const SelectionReport batched = mixed.model->kv().selection();
+      std::vector<float> a_logits, b_logits, c_logits;
+      SLIMKV_ASSERT_OK(alone.model->step(std::vector<SequenceTokens>{{a_ids[0], a_token}}, false, a_logits));
+      const SelectionReport a_report = alone.model->kv().selection();
+      SLIMKV_ASSERT_OK(alone.model->step(std::vector<SequenceTokens>{{a_ids[1], chunk}}, false, b_logits));
+      SLIMKV_ASSERT_OK(alone.model->step(std::vector<SequenceTokens>{{a_ids[2], c_token}}, false, c_logits));
+      const SelectionReport c_report = alone.model->kv().selection();
+      EXPECT_EQ(batched.held_tokens, a_report.held_tokens + c_report.held_tokens) << "round " << round << ": the decode rows";
+      EXPECT_EQ(batched.selected_tokens, a_report.selected_tokens + c_report.selected_tokens) << "round " << round;
+      EXPECT_LT(batched.selected_tokens, batched.held_tokens) << "round " << round;
+      const auto row = [&](int i) {
+        return std::vector<float>(together.begin() + ptrdiff_t(i) * vocab, together.begin() + ptrdiff_t(i + 1) * vocab);
+      };
+      decode_error = std::max({decode_error, relative_max_error(row(0), a_logits), relative_max_error(row(2), c_logits)});
+      chunk_error = std::max(chunk_error, relative_max_error(row(1), b_logits));
+      next = {argmax(a_logits), argmax(c_logits)};  // both models go on with the same tokens
+    }
+    std::printf("%s: decode rows beside a prompt chunk against alone: max error / max|logit| %.2e (the chunk's %.2e)\n",
+                spec.c_str(), decode_error, chunk_error);
+    EXPECT_LT(decode_error, 1e-2);
+    EXPECT_LT(chunk_error, 1e-2);
   }
 }
 

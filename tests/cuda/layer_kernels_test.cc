@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/matmul.h"
@@ -381,6 +382,42 @@ TEST_F(CudaLayerTest, RotateHeadsMatchesTheCpuRotation) {
     }
   }
   EXPECT_FALSE(rotate_heads(nullptr, 1, 96).is_ok());  // not a power of two
+}
+
+// Each head at its own dims (ZACK's ranks under rot=hadamard): the first dims[h / heads_per_dims] values of
+// head h turned as the CPU's hadamard_rotate turns them (power-of-two chunks where the dims are none),
+// bit for bit in FP16, the rest copied; out of place and in place.
+TEST_F(CudaLayerTest, RotateHeadPrefixesMatchesTheCpuRotation) {
+  std::mt19937 rng(23);
+  const int head_dim = 128, rows = 3;
+  for (const auto& [dims, heads_per_dims] : std::vector<std::pair<std::vector<int>, int>>{
+           {{4, 128, 36, 100}, 1}, {{100, 12}, 2}, {{1, 64, 127}, 3}}) {
+    const int heads = int(dims.size()) * heads_per_dims;
+    SCOPED_TRACE(str_cat(heads, " heads, ", heads_per_dims, " per dims entry, first dims ", dims[0]));
+    const auto x = halves(normal_floats(size_t(rows) * heads * head_dim, rng), DType::kF16);
+    auto x_device = on_device(x), out_device = on_device(std::vector<uint16_t>(x.size(), 0));
+    auto dims_device = on_device(dims);
+    SLIMKV_ASSERT_OK(rotate_head_prefixes(x_device.data(), rows, heads, head_dim, dims_device.data(), heads_per_dims,
+                                          out_device.data()));
+    SLIMKV_ASSERT_OK(rotate_head_prefixes(x_device.data(), rows, heads, head_dim, dims_device.data(), heads_per_dims,
+                                          x_device.data()));
+    const auto apart = on_host(out_device), in_place = on_host(x_device);
+    for (int r = 0; r < rows; ++r) {
+      for (int h = 0; h < heads; ++h) {
+        const int n = dims[size_t(h / heads_per_dims)];
+        const size_t first = (size_t(r) * heads + size_t(h)) * head_dim;
+        std::vector<float> want(static_cast<size_t>(head_dim));
+        for (int i = 0; i < head_dim; ++i) want[size_t(i)] = fp16_to_float(x[first + size_t(i)]);
+        hadamard_rotate(want.data(), n);
+        for (int i = 0; i < head_dim; ++i) {
+          const uint16_t expected = i < n ? float_to_fp16(want[size_t(i)]) : x[first + size_t(i)];
+          ASSERT_EQ(apart[first + size_t(i)], expected) << "row " << r << " head " << h << " dim " << i;
+          ASSERT_EQ(in_place[first + size_t(i)], expected) << "row " << r << " head " << h << " dim " << i;
+        }
+      }
+    }
+  }
+  EXPECT_FALSE(rotate_head_prefixes(nullptr, 1, 3, 128, nullptr, 2, nullptr).is_ok());  // heads not a multiple of 2
 }
 
 TEST_F(CudaLayerTest, ConvertHalfMatchesHostRounding) {

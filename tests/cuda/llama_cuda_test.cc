@@ -245,7 +245,7 @@ TEST_F(CudaModelTest, EngineRefusesWhatTheGpuDoesNotRun) {
   config.model_dir = kBundled;
   config.device = "cuda";
   for (const auto& [spec, named] : std::vector<std::pair<std::string, std::string>>{
-           {"zack:r=0.1,align=4+hack:bits=4", "zack"},
+           {"zack:r=0.1,align=4+hack:bits=4,klayout=channel,vlayout=token", "zack followed by a codec with klayout=channel"},
            {"hack:kbits=4,vbits=2,rot=none", "kbits != vbits"},
            {"hack:bits=4,rot=none,prefill=quantized", "prefill=quantized"},
            {"oracle:topk=0.2", "selector"},

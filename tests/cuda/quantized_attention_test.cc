@@ -10,7 +10,11 @@
 //   prefill attention (steps of many queries): the same references over the sealed blocks before each
 //     sequence's step (hack over KIVI's layouts: dequantized, as the GPU reads them there), exact causal
 //     attention from there on (prefill=exact);
-//   the cache: FP16 only for unsealed tokens, a full sealed pool refused with nothing changed.
+//   the cache: FP16 only for unsealed tokens, a full sealed pool refused with nothing changed;
+//   ZACK's heads (zack:...+hack / +quant: HeadDims, every (layer, KV head) at its own K and V dims):
+//     sealing byte-identical to quantize_block at each head's dims, decode and prefill against the same
+//     references per head, on random dims 4..128 (multiples of 4 that split K partitions and 2-bit
+//     quads unevenly), GQA, partial blocks, 2/4/8 bits; dims the codec cannot hold refused by name.
 // Skips without a usable GPU.
 #include <gtest/gtest.h>
 
@@ -22,6 +26,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention/cuda/paged_attention.h"
@@ -41,24 +46,42 @@ constexpr int kLayer = 1;  // of two: the per-layer offsets are exercised
 
 // A quantized cache filled with random FP16 K/V: sequence b holds lengths[b] tokens, written in steps
 // of at most `step_tokens` per sequence up to lengths[b] - last_step[b], then one step of last_step[b]
-// tokens (the step attention then runs for), sealing as they fill blocks.
+// tokens (the step attention then runs for), sealing as they fill blocks. With HeadDims (ZACK's heads)
+// each head's dims past its k_dim / v_dim are 0, as the reduced vectors arrive.
 struct Filled {
   std::unique_ptr<CudaQuantizedKvCache> cache;
   std::vector<int> ids;
   std::vector<std::vector<float>> k, v;  // per sequence [tokens, kv_heads, d], as stored (FP16-rounded)
+  // kLayer's heads: each one's block layout and byte offset in a sealed block of every head (block_stride).
+  std::vector<QuantizedBlockLayout> layouts;
+  std::vector<size_t> head_offsets;
+  size_t block_stride = 0;
 };
 
 Filled fill(const std::vector<int>& lengths, const std::vector<int>& last_step, int step_tokens, int num_kv_heads, int d,
-            const QuantizationConfig& config, bool hack, std::mt19937& rng) {
+            const QuantizationConfig& config, bool hack, std::mt19937& rng, const HeadDims& dims = {}) {
   Filled f;
   const int batch = int(lengths.size()), width = num_kv_heads * d;
+  for (int h = 0; h < num_kv_heads; ++h) {
+    const size_t i = size_t(kLayer) * num_kv_heads + size_t(h);
+    f.layouts.emplace_back(config, BlockShape{kCudaBlockTokens, dims.empty() ? d : dims.k_dims[i], dims.empty() ? d : dims.v_dims[i]});
+    f.head_offsets.push_back(f.block_stride);
+    f.block_stride += f.layouts.back().block_bytes;
+  }
+  // Zeros past head h's dims (HeadDims) in rows [n, kv_heads, d].
+  const auto narrow = [&](std::vector<uint16_t>& halves, std::vector<float>& floats, bool keys) {
+    for (size_t x = 0; x < halves.size() && !dims.empty(); ++x) {
+      const size_t h = x / size_t(d) % size_t(num_kv_heads), i = size_t(kLayer) * num_kv_heads + h;
+      if (int(x % size_t(d)) >= (keys ? dims.k_dims[i] : dims.v_dims[i])) halves[x] = 0, floats[x] = 0.0f;
+    }
+  };
   const int max_len = *std::max_element(lengths.begin(), lengths.end());
   const int blocks_per_sequence = (max_len + kCudaBlockTokens - 1) / kCudaBlockTokens;
   int last_tokens = 0;
   for (int n : last_step) last_tokens += n;
   const CudaKvShape shape{2, num_kv_heads, d, batch * blocks_per_sequence + 3, batch + 1, blocks_per_sequence,
                           std::max(step_tokens * batch, last_tokens)};
-  f.cache = take(CudaQuantizedKvCache::create(shape, config, hack, kStoreSeed));
+  f.cache = take(CudaQuantizedKvCache::create(shape, config, hack, kStoreSeed, dims));
   if (!f.cache) return f;
   const int scratch = take(f.cache->add_sequence());  // recycled, non-contiguous blocks for the real ones
   EXPECT_TRUE(f.cache->begin_step({scratch}, {1}).is_ok());
@@ -84,6 +107,8 @@ Filled fill(const std::vector<int>& lengths, const std::vector<int>& last_step, 
       counts.push_back(n);
       auto k = random_halves(size_t(n) * width, 1.5f, rng, k_float);
       auto v = random_halves(size_t(n) * width, 1.0f, rng, v_float);
+      narrow(k, k_float, true);
+      narrow(v, v_float, false);
       k_new.insert(k_new.end(), k.begin(), k.end());
       v_new.insert(v_new.end(), v.begin(), v.end());
       f.k[size_t(b)].insert(f.k[size_t(b)].end(), k_float.begin(), k_float.end());
@@ -106,19 +131,36 @@ Filled fill(const std::vector<int>& lengths, const std::vector<int>& last_step, 
 std::vector<uint8_t> download_block(const Filled& f, int b, int h, int ordinal) {
   const QuantizedKvView view = f.cache->sealed_view(kLayer);
   const int index = f.cache->sequences().blocks(f.ids[size_t(b)])[size_t(ordinal)];
-  std::vector<uint8_t> block(size_t(view.offsets.block_bytes));
-  const size_t offset = (size_t(index) * f.cache->shape().num_kv_heads + h) * view.offsets.block_bytes;
+  std::vector<uint8_t> block(f.layouts[size_t(h)].block_bytes);
+  const size_t offset = size_t(index) * f.block_stride + f.head_offsets[size_t(h)];
   EXPECT_TRUE(copy_to_host(block.data(), view.blocks + offset, block.size()).is_ok());
   return block;
 }
 
-// Rows [first, first + n) of head h of a sequence's [tokens, kv_heads, d] array.
-std::vector<float> head_rows(const std::vector<float>& all, int kv_heads, int d, int h, int first, int n) {
-  std::vector<float> rows(size_t(n) * d);
+// Rows [first, first + n) of head h of a sequence's [tokens, kv_heads, d] array, their first `width`
+// dims (the head's own, ZACK's; 0: all d).
+std::vector<float> head_rows(const std::vector<float>& all, int kv_heads, int d, int h, int first, int n, int width = 0) {
+  const int w = width > 0 ? width : d;
+  std::vector<float> rows(size_t(n) * w);
   for (int t = 0; t < n; ++t) {
-    std::memcpy(&rows[size_t(t) * d], &all[(size_t(first + t) * kv_heads + h) * d], size_t(d) * sizeof(float));
+    std::memcpy(&rows[size_t(t) * w], &all[(size_t(first + t) * kv_heads + h) * d], size_t(w) * sizeof(float));
   }
   return rows;
+}
+
+// Random ZACK-like dims for the (layer, KV head)s of two layers: multiples of 4 from 4 to d, most of them
+// not multiples of 16 (K partitions and 2-bit quads end inside a head); kLayer's first head has K dims 4,
+// its last V dims d.
+HeadDims random_head_dims(int num_kv_heads, int d, std::mt19937& rng) {
+  std::uniform_int_distribution<int> fours(1, d / 4);
+  HeadDims dims;
+  for (int i = 0; i < 2 * num_kv_heads; ++i) {
+    dims.k_dims.push_back(4 * fours(rng));
+    dims.v_dims.push_back(4 * fours(rng));
+  }
+  dims.k_dims[size_t(kLayer) * num_kv_heads] = 4;
+  dims.v_dims[size_t(kLayer + 1) * num_kv_heads - 1] = d;
+  return dims;
 }
 
 // Which values share a min and scale (QuantizationConfig's layout options); the default: HACK's.
@@ -148,6 +190,7 @@ struct SealCase {
   int k_bits, v_bits, head_dim;
   Rounding rounding;
   Layout layout = {};
+  bool zack = false;  // every (layer, KV head) at random dims of its own (HeadDims)
 };
 
 TEST_F(CudaTest, SealingMatchesTheCpuCodecByteForByte) {
@@ -158,28 +201,37 @@ TEST_F(CudaTest, SealingMatchesTheCpuCodecByteForByte) {
                                        {4, 4, 64, Rounding::kNearest, {true, 16, true, 16, true}},
                                        {2, 4, 128, Rounding::kStochastic, {true, 32, false, 0, false}},
                                        {8, 8, 128, Rounding::kNearest, {false, 0, true, 32, true}},
-                                       {2, 2, 128, Rounding::kNearest, {false, 0, false, 0, true}}};
+                                       {2, 2, 128, Rounding::kNearest, {false, 0, false, 0, true}},
+                                       {2, 2, 128, Rounding::kStochastic, {}, true},
+                                       {4, 4, 64, Rounding::kNearest, {}, true},
+                                       {8, 8, 128, Rounding::kStochastic, {}, true},
+                                       {2, 4, 128, Rounding::kNearest, {}, true},
+                                       {2, 2, 128, Rounding::kNearest, {false, 0, false, 0, true}, true}};
   for (const SealCase& c : cases) {
+    std::mt19937 rng(unsigned(c.k_bits * 1000 + c.v_bits * 100 + c.head_dim + (c.zack ? 7 : 0)));
+    const int kv_heads = 3;
+    const HeadDims dims = c.zack ? random_head_dims(kv_heads, c.head_dim, rng) : HeadDims{};
+    std::string ranks;
+    for (size_t i = 0; i < dims.k_dims.size(); ++i) ranks += str_cat(i == 0 ? " dims " : ",", dims.k_dims[i], "/", dims.v_dims[i]);
     SCOPED_TRACE(str_cat("kbits ", c.k_bits, " vbits ", c.v_bits, " d ", c.head_dim,
-                         c.rounding == Rounding::kStochastic ? " stochastic" : " nearest", c.layout.name()));
-    std::mt19937 rng(unsigned(c.k_bits * 1000 + c.v_bits * 100 + c.head_dim));
+                         c.rounding == Rounding::kStochastic ? " stochastic" : " nearest", c.layout.name(), ranks));
     QuantizationConfig config;
     config.k_bits = c.k_bits;
     config.v_bits = c.v_bits;
     config.rounding = c.rounding;
     c.layout.apply(config);
-    const int kv_heads = 3;
     const std::vector<int> lengths = {200, 64, 131};
-    Filled f = fill(lengths, {1, 1, 1}, 50, kv_heads, c.head_dim, config, true, rng);
+    Filled f = fill(lengths, {1, 1, 1}, 50, kv_heads, c.head_dim, config, true, rng, dims);
     ASSERT_TRUE(f.cache);
-    const QuantizedBlockLayout& layout = f.cache->layout();
-    std::vector<uint8_t> expected(layout.block_bytes);
     int compared = 0;
     for (size_t b = 0; b < lengths.size(); ++b) {
       for (int ordinal = 0; ordinal < lengths[b] / kCudaBlockTokens; ++ordinal) {
         for (int h = 0; h < kv_heads; ++h) {
-          const auto k = head_rows(f.k[b], kv_heads, c.head_dim, h, ordinal * kCudaBlockTokens, kCudaBlockTokens);
-          const auto v = head_rows(f.v[b], kv_heads, c.head_dim, h, ordinal * kCudaBlockTokens, kCudaBlockTokens);
+          const QuantizedBlockLayout& layout = f.layouts[size_t(h)];
+          std::vector<uint8_t> expected(layout.block_bytes);
+          const int first = ordinal * kCudaBlockTokens;
+          const auto k = head_rows(f.k[b], kv_heads, c.head_dim, h, first, kCudaBlockTokens, layout.shape.k_dim);
+          const auto v = head_rows(f.v[b], kv_heads, c.head_dim, h, first, kCudaBlockTokens, layout.shape.v_dim);
           quantize_block(layout, k.data(), v.data(), block_seal_seed(kStoreSeed, kLayer, h, ordinal), expected.data());
           const std::vector<uint8_t> got = download_block(f, int(b), h, ordinal);
           size_t first_difference = 0;
@@ -202,18 +254,20 @@ struct AttentionCase {
   bool hack;
   std::vector<int> queries = {};
   Layout layout = {};
+  bool zack = false;  // every (layer, KV head) at random dims of its own (HeadDims), drawn from the case's seed
   std::vector<int> step() const { return queries.empty() ? std::vector<int>(lengths.size(), 1) : queries; }
   // The GPU computes a sequence's n queries on the integers (HACK's Eq. 4) in decode (n = 1: a decode
-  // row beside a prefill chunk takes the decode kernel too), and in prefill over HACK's layout.
-  bool integer(int n) const { return hack && (n == 1 || !layout.kivi()); }
+  // row beside a prefill chunk takes the decode kernel too), and in prefill over HACK's layout at
+  // head_dim (ZACK's heads: dequantized into the FP16 tiles, as KIVI's layouts).
+  bool integer(int n) const { return hack && (n == 1 || (!layout.kivi() && !zack)); }
   std::string name() const {
     const auto list = [](const std::vector<int>& values) {
       std::string text;
       for (int n : values) text += (text.empty() ? "" : ",") + std::to_string(n);
       return text;
     };
-    return str_cat(hack ? "hack" : "quant", "(lengths=", list(lengths), ",queries=", list(step()), ",heads=", num_heads, "/",
-                   num_kv_heads, ",d=", head_dim, ",bits=", bits, layout.name(), ")");
+    return str_cat(zack ? "zack+" : "", hack ? "hack" : "quant", "(lengths=", list(lengths), ",queries=", list(step()),
+                   ",heads=", num_heads, "/", num_kv_heads, ",d=", head_dim, ",bits=", bits, layout.name(), ")");
   }
 };
 
@@ -224,18 +278,19 @@ std::vector<float> reference_output(const AttentionCase& c, const Filled& f, int
                                     int sealed, float scale) {
   const int d = c.head_dim, group = c.num_heads / c.num_kv_heads, kv_len = c.lengths[size_t(b)];
   const int exact_first = sealed * kCudaBlockTokens, first_position = kv_len - n;
-  const QuantizedBlockLayout& layout = f.cache->layout();
-  std::vector<float> out(size_t(n) * c.num_heads * d);
-  if (!c.integer(n)) {  // plain attention over the dequantized blocks and the exact tokens
+  std::vector<float> out(size_t(n) * c.num_heads * d);  // dims past a ZACK head's v_dim stay 0
+  if (!c.integer(n)) {  // plain attention over the dequantized blocks and the exact tokens (0 past a head's dims)
     std::vector<float> k = f.k[size_t(b)], v = f.v[size_t(b)], k_block(size_t(kCudaBlockTokens) * d), v_block(k_block.size());
     for (int ordinal = 0; ordinal < sealed; ++ordinal) {
       for (int h = 0; h < c.num_kv_heads; ++h) {
+        const QuantizedBlockLayout& layout = f.layouts[size_t(h)];
+        const int k_dim = layout.shape.k_dim, v_dim = layout.shape.v_dim;
         const auto block = download_block(f, b, h, ordinal);
         dequantize_block(layout, block.data(), k_block.data(), v_block.data());
         for (int t = 0; t < kCudaBlockTokens; ++t) {
           const size_t at = (size_t(ordinal * kCudaBlockTokens + t) * c.num_kv_heads + h) * d;
-          std::memcpy(&k[at], &k_block[size_t(t) * d], size_t(d) * sizeof(float));
-          std::memcpy(&v[at], &v_block[size_t(t) * d], size_t(d) * sizeof(float));
+          std::memcpy(&k[at], &k_block[size_t(t) * k_dim], size_t(k_dim) * sizeof(float));
+          std::memcpy(&v[at], &v_block[size_t(t) * v_dim], size_t(v_dim) * sizeof(float));
         }
       }
     }
@@ -245,25 +300,27 @@ std::vector<float> reference_output(const AttentionCase& c, const Filled& f, int
                         out.data());
     return out;
   }
-  // hack: row r of KV head h is query r / group, head h·group + r % group.
+  // hack: row r of KV head h is query r / group, head h·group + r % group, over the head's dims.
   const int rows = n * group;
   for (int h = 0; h < c.num_kv_heads; ++h) {
-    std::vector<float> q_rows(size_t(rows) * d);
+    const QuantizedBlockLayout& layout = f.layouts[size_t(h)];
+    const int k_dim = layout.shape.k_dim, v_dim = layout.shape.v_dim;
+    std::vector<float> q_rows(size_t(rows) * k_dim);
     for (int r = 0; r < rows; ++r) {
       const float* from = &q[(size_t(r / group) * c.num_heads + size_t(h) * group + size_t(r % group)) * d];
-      for (int x = 0; x < d; ++x) q_rows[size_t(r) * d + x] = from[x] * scale;
+      for (int x = 0; x < k_dim; ++x) q_rows[size_t(r) * k_dim + x] = from[x] * scale;
     }
     const std::vector<int> visible(size_t(rows), kCudaBlockTokens);
-    AttentionPartials partials(rows, d);
+    AttentionPartials partials(rows, v_dim);
     for (int ordinal = 0; ordinal < sealed; ++ordinal) {
       const auto block = download_block(f, b, h, ordinal);
       const QueryTile tile{q_rows.data(), rows, visible.data(), nullptr};
       attend_hack_block_reference(layout, block.data(), tile, partials, 0);
     }
     const int n_exact = kv_len - exact_first;
-    const auto k = head_rows(f.k[size_t(b)], c.num_kv_heads, d, h, exact_first, n_exact);
-    const auto v = head_rows(f.v[size_t(b)], c.num_kv_heads, d, h, exact_first, n_exact);
-    AttentionPartials exact(rows, d);
+    const auto k = head_rows(f.k[size_t(b)], c.num_kv_heads, d, h, exact_first, n_exact, k_dim);
+    const auto v = head_rows(f.v[size_t(b)], c.num_kv_heads, d, h, exact_first, n_exact, v_dim);
+    AttentionPartials exact(rows, v_dim);
     for (int r = 0; r < rows; ++r) {
       const int seen = first_position + r / group + 1 - exact_first;  // causal
       if (seen <= 0) continue;
@@ -271,20 +328,20 @@ std::vector<float> reference_output(const AttentionCase& c, const Filled& f, int
       double max_score = -std::numeric_limits<double>::infinity();
       for (int t = 0; t < seen; ++t) {
         double dot = 0;
-        for (int x = 0; x < d; ++x) dot += double(q_rows[size_t(r) * d + x]) * double(k[size_t(t) * d + x]);
+        for (int x = 0; x < k_dim; ++x) dot += double(q_rows[size_t(r) * k_dim + x]) * double(k[size_t(t) * k_dim + x]);
         scores[size_t(t)] = dot;
         max_score = std::max(max_score, dot);
       }
       double sum = 0;
-      std::vector<double> acc(size_t(d), 0.0);
+      std::vector<double> acc(size_t(v_dim), 0.0);
       for (int t = 0; t < seen; ++t) {
         const double weight = std::exp(scores[size_t(t)] - max_score);
         sum += weight;
-        for (int x = 0; x < d; ++x) acc[size_t(x)] += weight * double(v[size_t(t) * d + x]);
+        for (int x = 0; x < v_dim; ++x) acc[size_t(x)] += weight * double(v[size_t(t) * v_dim + x]);
       }
       exact.max(r) = float(max_score);
       exact.sum(r) = float(sum);
-      for (int x = 0; x < d; ++x) exact.acc(r)[x] = float(acc[size_t(x)]);
+      for (int x = 0; x < v_dim; ++x) exact.acc(r)[x] = float(acc[size_t(x)]);
       partials.merge(r, exact, r);
     }
     for (int r = 0; r < rows; ++r) {
@@ -306,7 +363,14 @@ void check_attention(const AttentionCase& c) {
   const int batch = int(c.lengths.size()), d = c.head_dim, q_width = c.num_heads * d;
   int total_queries = 0;
   for (int n : step) total_queries += n;
-  Filled f = fill(c.lengths, step, 512, c.num_kv_heads, d, config, c.hack, rng);
+  const HeadDims dims = c.zack ? random_head_dims(c.num_kv_heads, d, rng) : HeadDims{};
+  std::string ranks;
+  for (int h = 0; h < c.num_kv_heads && c.zack; ++h) {
+    ranks += str_cat(h == 0 ? "" : ",", dims.k_dims[size_t(kLayer * c.num_kv_heads + h)], "/",
+                     dims.v_dims[size_t(kLayer * c.num_kv_heads + h)]);
+  }
+  SCOPED_TRACE(str_cat("seed ", seed, c.zack ? ", head dims (K/V) " : "", ranks));
+  Filled f = fill(c.lengths, step, 512, c.num_kv_heads, d, config, c.hack, rng, dims);
   auto attention = take(CudaPagedAttention::create({c.num_heads, c.num_kv_heads, d, batch, total_queries}));
   ASSERT_TRUE(f.cache && attention);
   std::vector<float> q_float;
@@ -351,7 +415,8 @@ void check_attention(const AttentionCase& c) {
   // way (the running max differs from the reference's) and, in prefill, FP16 P and dequantized K/V in
   // the FP16 kernel's mma (rounded to 11 bits) add little.
   const double relative = std::sqrt(error_sq / reference_sq);
-  std::printf("  %s: relative error %.2e (by sequence: %s)\n", c.name().c_str(), relative, per_sequence.c_str());
+  std::printf("  %s%s: relative error %.2e (by sequence: %s)\n", c.name().c_str(), c.zack ? str_cat(" dims ", ranks).c_str() : "",
+              relative, per_sequence.c_str());
   EXPECT_LT(relative, 2e-3);
 }
 
@@ -410,6 +475,34 @@ TEST_F(CudaTest, QuantizedPrefillAttentionMatchesReference) {
   for (const AttentionCase& c : cases) check_attention(c);
 }
 
+// ZACK's heads (zack:...+hack / +quant): each KV head at random K and V dims of its own (drawn from the
+// case's seed, printed with it), decode and prefill steps as above; the references per head at its dims.
+TEST_F(CudaTest, ZackHeadsQuantizedAttentionMatchesReference) {
+  const Layout hack_layout = {};
+  const std::vector<AttentionCase> cases = {
+      {{1}, 4, 4, 64, 2, true, {}, hack_layout, true},                  // one token: only the open block
+      {{64}, 8, 2, 128, 2, true, {}, hack_layout, true},                // exactly one sealed block
+      {{65}, 32, 8, 128, 4, true, {}, hack_layout, true},               // one block and one token, 4 bits
+      {{130, 1, 77, 200, 64}, 32, 8, 128, 2, true, {}, hack_layout, true},  // unequal batch
+      {{97, 33}, 16, 2, 128, 2, true, {}, hack_layout, true},           // GQA 8
+      {{100, 3}, 12, 4, 64, 4, true, {}, hack_layout, true},            // GQA 3, d 64
+      {{300, 129}, 8, 8, 64, 2, true, {}, hack_layout, true},           // GQA 1
+      {{3000}, 8, 2, 128, 2, true, {}, hack_layout, true},              // many blocks: several splits
+      {{2100, 1500, 9}, 32, 8, 128, 8, true, {}, hack_layout, true},    // 8 bits
+      {{130, 1, 77, 200, 64}, 32, 8, 128, 2, false, {}, hack_layout, true},
+      {{97, 33}, 16, 2, 128, 4, false, {}, hack_layout, true},
+      {{100, 3}, 12, 4, 64, 8, false, {}, hack_layout, true},
+      // Prefill: the sealed blocks before the step dequantized into the FP16 tiles, the rest exact.
+      {{1000}, 32, 8, 128, 2, true, {200}, hack_layout, true},
+      {{130, 700, 64}, 16, 4, 128, 4, true, {66, 100, 1}, hack_layout, true},  // a decode row in a prefill step
+      {{2100, 37}, 8, 1, 64, 2, true, {37, 37}, hack_layout, true},             // GQA 8, d 64
+      {{3000, 1300, 640}, 32, 8, 128, 2, true, {1, 512, 1}, hack_layout, true},  // decode rows beside a chunk
+      {{150}, 8, 2, 128, 4, true, {150}, hack_layout, true},                     // a first chunk: nothing sealed
+      {{1000}, 32, 8, 128, 4, false, {200}, hack_layout, true},
+  };
+  for (const AttentionCase& c : cases) check_attention(c);
+}
+
 TEST_F(CudaTest, QuantizedKvCacheKeepsFp16OnlyForUnsealedTokens) {
   // A window pool of 64 / 64 + 2 · 2 = 5 FP16 blocks holds a sequence of 30 blocks written 64 tokens
   // at a time: FP16 blocks go back once sealed.
@@ -464,6 +557,22 @@ TEST_F(CudaTest, QuantizedAttentionRejectsWhatItCannotRun) {
     const Status refused = decode->run_quantized(quant->view(0), quant->sealed_view(0), nullptr, 1.0f, nullptr);
     ASSERT_FALSE(refused.is_ok());
     EXPECT_NE(refused.message().find("klayout=channel"), std::string::npos) << refused.message();
+  }
+  // ZACK's heads: dims the codec's layout cannot hold (not a multiple of 4, past head_dim, one missing),
+  // and KIVI's layouts, refused by name.
+  {
+    const HeadDims odd{{4, 36}, {5, 8}}, wide{{4, 132}, {8, 8}}, short_list{{4}, {8}};
+    for (const auto& [dims, named] : std::vector<std::pair<HeadDims, std::string>>{
+             {odd, "multiples of 4"}, {wide, "multiples of 4"}, {short_list, "one per layer and KV head"}}) {
+      const auto refused = CudaQuantizedKvCache::create(shape, QuantizationConfig{}, true, 1, dims);
+      ASSERT_FALSE(refused.has_value()) << named;
+      EXPECT_NE(refused.status().message().find(named), std::string::npos) << refused.status().message();
+    }
+    QuantizationConfig kivi;
+    kChannelToken.apply(kivi);
+    const auto refused = CudaQuantizedKvCache::create(shape, kivi, true, 1, HeadDims{{4, 36}, {8, 8}});
+    ASSERT_FALSE(refused.has_value());
+    EXPECT_NE(refused.status().message().find("klayout=channel"), std::string::npos) << refused.status().message();
   }
   auto cache = take(CudaQuantizedKvCache::create(shape, QuantizationConfig{}, true, 1));
   PagedAttentionShape no_tensor_cores{8, 2, 128, 2, 4};

@@ -2,9 +2,10 @@
 // machine without Nsight Systems (the GPU machines have CUPTI, which ships with the toolkit, and no
 // nsys): preloaded into the program, it records every kernel, memory copy and CUDA runtime call through
 // CUPTI's activity API and writes them to the CSV file $SLIMKV_TRACE_OUT, one line each:
-//   kind,start_ns,end_ns,correlation_id,what
+//   kind,start_ns,end_ns,correlation_id,lane,what
 // kind K (kernel; what = its mangled name, cut at 90 characters), M (memcpy; what = copy kind and bytes)
-// or R (runtime call; what = its callback id). A kernel and the runtime call that launched it share the
+// or R (runtime call; what = its callback id); lane is the stream a kernel or copy ran on, or the thread
+// that made a runtime call (so that one thread's waits can be set beside another stream's work). A kernel and the runtime call that launched it share the
 // correlation id, so the lag between a launch and its start says whether the GPU waited for the CPU.
 // bench/cuda/step_trace_summary.py reads the file. A "%p" in the path is replaced by the process id, for
 // programs that start several (a disaggregated benchmark's workers: bench/cuda/step_trace_processes.py
@@ -40,21 +41,21 @@ void write_record(const CUpti_Activity* record) {
       std::string name = kernel->name != nullptr ? kernel->name : "?";
       name.resize(std::min<size_t>(name.size(), 90));
       for (char& c : name) c = c == ',' ? ';' : c;
-      std::fprintf(trace_file, "K,%llu,%llu,%u,%s\n", static_cast<unsigned long long>(kernel->start),
-                   static_cast<unsigned long long>(kernel->end), kernel->correlationId, name.c_str());
+      std::fprintf(trace_file, "K,%llu,%llu,%u,s%u,%s\n", static_cast<unsigned long long>(kernel->start),
+                   static_cast<unsigned long long>(kernel->end), kernel->correlationId, kernel->streamId, name.c_str());
       break;
     }
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
       const auto* copy = reinterpret_cast<const CUpti_ActivityMemcpy5*>(record);
-      std::fprintf(trace_file, "M,%llu,%llu,%u,kind%d_%llu\n", static_cast<unsigned long long>(copy->start),
-                   static_cast<unsigned long long>(copy->end), copy->correlationId, int(copy->copyKind),
+      std::fprintf(trace_file, "M,%llu,%llu,%u,s%u,kind%d_%llu\n", static_cast<unsigned long long>(copy->start),
+                   static_cast<unsigned long long>(copy->end), copy->correlationId, copy->streamId, int(copy->copyKind),
                    static_cast<unsigned long long>(copy->bytes));
       break;
     }
     case CUPTI_ACTIVITY_KIND_RUNTIME: {
       const auto* call = reinterpret_cast<const CUpti_ActivityAPI*>(record);
-      std::fprintf(trace_file, "R,%llu,%llu,%u,%u\n", static_cast<unsigned long long>(call->start),
-                   static_cast<unsigned long long>(call->end), call->correlationId, call->cbid);
+      std::fprintf(trace_file, "R,%llu,%llu,%u,t%u,%u\n", static_cast<unsigned long long>(call->start),
+                   static_cast<unsigned long long>(call->end), call->correlationId, call->threadId, call->cbid);
       break;
     }
     default:

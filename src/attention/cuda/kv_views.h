@@ -4,7 +4,8 @@
 //
 //   FP16 pages (PagedKvView), layer l: K, V [num_blocks, num_kv_heads, kCudaBlockTokens, head_dim]
 //   sealed blocks (QuantizedKvView):   [num_blocks, num_kv_heads, block_bytes] in the CPU codec's byte
-//                                      layout (tensor/quantized_block.h)
+//                                      layout (tensor/quantized_block.h); zack+hack / zack+quant: each
+//                                      block [heads' blocks at their own ranks, back to back]
 //   ZACK blocks (ZackKvView), layer l: [num_blocks, block_elements] FP16, each KV head at its own ranks
 #pragma once
 
@@ -31,6 +32,15 @@ struct QuantizedBlockOffsets {
   int k_mins = 0, k_scales = 0, k_sums = 0, v_codes = 0, v_mins = 0, v_scales = 0, v_sums = 0;
 };
 
+// One KV head's sealed block when heads differ (ZACK's ranks followed by a quantizing codec): the
+// layout of tensor/quantized_block.h at BlockShape{kCudaBlockTokens, k_dim, v_dim}, byte_offset bytes
+// into the block of every head (a multiple of 64: every section stays 16-byte aligned).
+struct QuantizedHeadLayout {
+  int byte_offset = 0;
+  int k_dim = 0, v_dim = 0;  // multiples of 4, at most the kernels' head_dim
+  QuantizedBlockOffsets offsets;
+};
+
 // One layer's sealed `hack` / `quant` blocks.
 struct QuantizedKvView {
   const uint8_t* blocks = nullptr;  // [num_blocks, num_kv_heads, block_bytes]
@@ -48,6 +58,11 @@ struct QuantizedKvView {
   // 1: the host tiers' staging, whose tables (shared with the FP16 view) name FP16 blocks 2s for
   // staging slot s (kv/cuda/host_kv_tier.h).
   int table_shift = 0;
+  // ZACK's heads at their own dims (device [num_kv_heads]; HACK's layout only): block i of the pool is
+  // blocks + i · block_stride, head g's part of it at heads[g]; offsets.block_bytes is then the largest
+  // head's (what a kernel stages). Null: every head head_dim wide, `offsets` alike.
+  const QuantizedHeadLayout* heads = nullptr;
+  long long block_stride = 0;
 };
 
 // Where one KV head's part of a ZACK block sits (ZACK §5.2: every (layer, KV head) keeps its own

@@ -564,9 +564,9 @@ static_assert(kHackPrefillTileRows == kPrefillTileRows, "the INT8 and FP16 prefi
 Status CudaPagedAttention::run_quantized_prefill(Part& part, const PagedKvView& kv, const QuantizedKvView& sealed,
                                                  const uint16_t* q, float scale, uint16_t* out) {
   if (part.max_prefix_blocks == 0) return run_part(part, kv, q, scale, out, 0);  // nothing sealed before the step: all FP16
-  // quant, and hack over KIVI's layouts (the INT8 kernel reads HACK's layout only): one kernel, the
-  // sealed blocks dequantized into its tiles.
-  if (!sealed.hack || sealed.k_per_channel || sealed.v_per_token) {
+  // quant, and hack over KIVI's layouts or ZACK's heads (the INT8 kernel reads HACK's layout at head_dim
+  // only): one kernel, the sealed blocks dequantized into its tiles.
+  if (!sealed.hack || sealed.k_per_channel || sealed.v_per_token || sealed.heads != nullptr) {
     split_blocks(part, prefill_target_ctas_);
     const AttentionLaunch p = launch_params(part, kv, q, scale, out);
     launch_prefill_attention(p, SealedPrefix::kDequantize, sealed);

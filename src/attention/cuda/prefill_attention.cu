@@ -25,18 +25,24 @@ __device__ __forceinline__ __half2 code_pair(uint32_t x, uint32_t y) {
 // [token][dim] (swizzled as the FP16 blocks are staged). A thread takes a K field (4 dims of a token:
 // one 8-byte store) or the V fields of two neighbouring columns (4 tokens each: four 4-byte stores).
 // KIVI's layouts (issue 28): K's 4 dims have a min and scale each (their channels' in the token's
-// group), V's 4 tokens each their own (the two columns are in one group).
+// group), V's 4 tokens each their own (the two columns are in one group). A ZACK head's (`head` at its
+// own dims) dims and columns past its k_dim / v_dim are written 0.
 template <int kHeadDim, int kBits>
-__device__ inline void dequantize_sealed_block(const uint8_t* block, const QuantizedKvView& sealed, __half* k, __half* v) {
+__device__ inline void dequantize_sealed_block(const uint8_t* block, const QuantizedKvView& sealed, const SealedHead& head,
+                                               __half* k, __half* v) {
   constexpr int T = kCudaBlockTokens;
-  constexpr int kPartition = kHeadDim < T ? kHeadDim : T;  // K partition dims: min(Π, head_dim)
-  const QuantizedBlockOffsets& o = sealed.offsets;
+  constexpr int kPartition = kHeadDim < T ? kHeadDim : T;  // K partition dims: min(Π, head_dim); a head's dims end earlier
+  const QuantizedBlockOffsets& o = head.offsets;
   const __half* k_mins = reinterpret_cast<const __half*>(block + o.k_mins);
   const __half* k_scales = reinterpret_cast<const __half*>(block + o.k_scales);
   const __half2* v_mins = reinterpret_cast<const __half2*>(block + o.v_mins);
   const __half2* v_scales = reinterpret_cast<const __half2*>(block + o.v_scales);
   for (int i = threadIdx.x; i < kHeadDim / 4 * T; i += kPrefillThreads) {  // dim group g = i / T, token t = i % T
     const int dim = 4 * (i / T), t = i % T;
+    if (dim >= head.k_dim) {
+      *reinterpret_cast<uint2*>(k + swizzled<kHeadDim>(t, dim / 8) + dim % 8) = make_uint2(0u, 0u);
+      continue;
+    }
     const uint32_t codes = spread_codes<kBits>(load_field<kBits>(block + i * kBits / 2));
     __half2 lo[2], scale[2];  // of dims (dim, dim + 1), (dim + 2, dim + 3)
     if (sealed.k_per_channel) {
@@ -57,7 +63,12 @@ __device__ inline void dequantize_sealed_block(const uint8_t* block, const Quant
   }
   for (int i = threadIdx.x; i < T / 4 * kHeadDim / 2; i += kPrefillThreads) {  // tokens 4u.. of columns c, c + 1
     const int first = 4 * (i / (kHeadDim / 2)), c = 2 * (i % (kHeadDim / 2));
-    const uint8_t* fields = block + o.v_codes + (first / 4 * kHeadDim + c) * kBits / 2;
+    if (c >= head.v_dim) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) *reinterpret_cast<__half2*>(v + swizzled<kHeadDim>(first + j, c / 8) + c % 8) = __float2half2_rn(0.0f);
+      continue;
+    }
+    const uint8_t* fields = block + o.v_codes + (first / 4 * head.v_dim + c) * kBits / 2;
     const uint32_t left = spread_codes<kBits>(load_field<kBits>(fields));
     const uint32_t right = spread_codes<kBits>(load_field<kBits>(fields + kBits / 2));
     __half2 lo[4], scale[4];  // of token first + j's two values
@@ -124,7 +135,8 @@ __device__ __forceinline__ void stage_block(const AttentionLaunch& p, const Quan
   if constexpr (kPrefix == SealedPrefix::kDequantize) {
     if (block < sealed_blocks) {
       const uint8_t* source = sealed_block_address(sealed, p, sequence, block, kv_head);
-      for (int i = threadIdx.x * 16; i < sealed.offsets.block_bytes; i += kPrefillThreads * 16) cp_async_16(packed + i, source + i);
+      const int bytes = sealed_head(sealed, kv_head, kHeadDim).offsets.block_bytes;
+      for (int i = threadIdx.x * 16; i < bytes; i += kPrefillThreads * 16) cp_async_16(packed + i, source + i);
       return;
     }
   }
@@ -347,8 +359,8 @@ __global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(At
     __syncthreads();
     if constexpr (kPrefix == SealedPrefix::kDequantize) {
       if (block < sealed_blocks) {
-        dequantize_sealed_block<kHeadDim, kBits>(packed, sealed, k_shared + index * kBlockHalves,
-                                                 v_shared + index * kBlockHalves);
+        dequantize_sealed_block<kHeadDim, kBits>(packed, sealed, sealed_head(sealed, kv_head, kHeadDim),
+                                                 k_shared + index * kBlockHalves, v_shared + index * kBlockHalves);
         __syncthreads();  // the stage is written and `packed` free for the next block
       }
     }

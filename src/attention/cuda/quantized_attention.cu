@@ -16,6 +16,10 @@
 //     V column group over the block's tokens, W' = lrint(w · 255 / max w), Σ_t p_t m_t and Σ_t p_t
 //     exact. The integer products are the same dp4a on U', W' instead of Q', P'.
 // The open block is read in FP16 and computed in FP32, as the dense kernel does.
+// ZACK's heads (zack:...+hack / +quant: QuantizedKvView::heads): each KV head's blocks at its own K and V
+// dims (multiples of 4, at most kHeadDim), the same kernels: Q' per K partition over the head's dims (the
+// last partition shorter), dim groups and V columns past them not read (a lane's columns are all in or
+// all out), their outputs 0.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -172,11 +176,11 @@ __device__ __forceinline__ float operand_factor(float max, float levels) { retur
 // codes are the reference's), stored offset by +128 as unsigned bytes (the -128 step in the meta
 // undoes it with the stored Σk').
 template <int kHeadDim, int kRows, int kBits, bool kHack>
-__device__ __forceinline__ void quantize_u(const QuantizedLaunch& L, const uint8_t* b, const CtaShared<kHeadDim, kRows>& s,
-                                           uint8_t* scratch, int lane) {
+__device__ __forceinline__ void quantize_u(const QuantizedLaunch& L, const SealedHead& head, const uint8_t* b,
+                                           const CtaShared<kHeadDim, kRows>& s, uint8_t* scratch, int lane) {
   constexpr int kPartitions = kHeadDim / T, kLanes = 32 / kPartitions, kValues = T / kLanes;
-  const __half* k_mins = reinterpret_cast<const __half*>(b + L.sealed.offsets.k_mins);
-  const __half* k_scales = reinterpret_cast<const __half*>(b + L.sealed.offsets.k_scales);
+  const __half* k_mins = reinterpret_cast<const __half*>(b + head.offsets.k_mins);
+  const __half* k_scales = reinterpret_cast<const __half*>(b + head.offsets.k_scales);
   const int part = lane / kLanes, first = part * T + lane % kLanes * kValues;
   float q_max[kRows], q_factor[kRows];  // max|q| over the lane's partition, 127 / max|q|
 #pragma unroll
@@ -224,14 +228,16 @@ __device__ __forceinline__ void quantize_u(const QuantizedLaunch& L, const uint8
 }
 
 // Scores (natural units) of the lane's tokens 2·lane, 2·lane + 1 for a sealed block staged at `b`
-// (K per channel: against U' in the warp's scratch, which quantize_u filled).
+// (K per channel: against U' in the warp's scratch, which quantize_u filled), over the head's k_dim dims.
 template <int kHeadDim, int kRows, int kBits, bool kHack, bool kLayouts>
-__device__ __forceinline__ void block_scores(const QuantizedLaunch& L, const uint8_t* b, const CtaShared<kHeadDim, kRows>& s,
-                                             const uint8_t* scratch, int lane, float (&score)[2][kRows]) {
+__device__ __forceinline__ void block_scores(const QuantizedLaunch& L, const SealedHead& head, const uint8_t* b,
+                                             const CtaShared<kHeadDim, kRows>& s, const uint8_t* scratch, int lane,
+                                             float (&score)[2][kRows]) {
   constexpr int kPartitions = kHeadDim / T, kBytes = kBits / 2;
-  const __half* k_mins = reinterpret_cast<const __half*>(b + L.sealed.offsets.k_mins);
-  const __half* k_scales = reinterpret_cast<const __half*>(b + L.sealed.offsets.k_scales);
-  const int16_t* k_sums = reinterpret_cast<const int16_t*>(b + L.sealed.offsets.k_sums);
+  const __half* k_mins = reinterpret_cast<const __half*>(b + head.offsets.k_mins);
+  const __half* k_scales = reinterpret_cast<const __half*>(b + head.offsets.k_scales);
+  const int16_t* k_sums = reinterpret_cast<const int16_t*>(b + head.offsets.k_sums);
+  const int dim_groups = head.k_dim / 4;
   const int t0 = 2 * lane;
   // Row r's 8-bit operand: operand + r · kHeadDim / 4 (Q', or U' of the lane's token group).
   const bool per_channel = kLayouts && L.sealed.k_per_channel;
@@ -242,16 +248,17 @@ __device__ __forceinline__ void block_scores(const QuantizedLaunch& L, const uin
   for (int r = 0; r < kRows; ++r) score[0][r] = score[1][r] = 0.0f;
 #pragma unroll
   for (int part = 0; part < kPartitions; ++part) {
+    if (part * T >= head.k_dim) break;  // a ZACK head's dims end before the kernel's
     uint32_t dot[2][kRows];
     float dot_f[2][kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) dot[0][r] = dot[1][r] = 0u, dot_f[0][r] = dot_f[1][r] = 0.0f;
     if constexpr (BlockLanes<kBits, kHack>::kTransposed) {
 #pragma unroll
-      for (int quad = part * T / 16; quad < (part + 1) * T / 16; ++quad) {  // dim groups 4·quad + k
+      for (int quad = part * T / 16; quad < (part + 1) * T / 16 && 4 * quad < dim_groups; ++quad) {  // dim groups 4·quad + k
         uint32_t w[4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) w[k] = *reinterpret_cast<const uint16_t*>(b + (4 * quad + k) * T + t0);
+        for (int k = 0; k < 4; ++k) w[k] = 4 * quad + k < dim_groups ? *reinterpret_cast<const uint16_t*>(b + (4 * quad + k) * T + t0) : 0u;
         const uint32_t low01 = __byte_perm(w[0], w[1], 0x5140), low23 = __byte_perm(w[2], w[3], 0x5140);
         const uint32_t x[2] = {__byte_perm(low01, low23, 0x5410), __byte_perm(low01, low23, 0x7632)};  // per token
         uint4 q[kRows];
@@ -269,7 +276,7 @@ __device__ __forceinline__ void block_scores(const QuantizedLaunch& L, const uin
       }
     } else {
 #pragma unroll 4
-      for (int g = part * T / 4; g < (part + 1) * T / 4; ++g) {
+      for (int g = part * T / 4; g < min((part + 1) * T / 4, dim_groups); ++g) {
         const Fields<kBits, 2> fields(b + (g * T + t0) * kBytes);
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
@@ -321,10 +328,10 @@ __device__ __forceinline__ void block_scores(const QuantizedLaunch& L, const uin
 // (the lane's two are p) into W' of row r: lrint(w · 255 / max w) (product_code's IEEE operations), with
 // (step, 0, Σ_t p_t m_t).
 template <int kHeadDim, int kRows, int kBits, bool kHack>
-__device__ __forceinline__ void weigh_v_groups(const QuantizedLaunch& L, const uint8_t* b, const float (&p)[2], int r,
-                                               uint8_t* scratch, int lane) {
-  const __half* v_mins = reinterpret_cast<const __half*>(b + L.sealed.offsets.v_mins);
-  const __half* v_scales = reinterpret_cast<const __half*>(b + L.sealed.offsets.v_scales);
+__device__ __forceinline__ void weigh_v_groups(const QuantizedLaunch& L, const SealedHead& head, const uint8_t* b,
+                                               const float (&p)[2], int r, uint8_t* scratch, int lane) {
+  const __half* v_mins = reinterpret_cast<const __half*>(b + head.offsets.v_mins);
+  const __half* v_scales = reinterpret_cast<const __half*>(b + head.offsets.v_scales);
   const int t0 = 2 * lane;
   for (int group = 0; group < kHeadDim / L.sealed.v_group_dims; ++group) {
     const int slot = group * T + t0;
@@ -346,7 +353,8 @@ __device__ __forceinline__ void weigh_v_groups(const QuantizedLaunch& L, const u
 // token: W' per column group into the warp's scratch, with Σp per row; quant: P in FP32 into s.p,
 // with Σp.
 template <int kHeadDim, int kRows, int kBits, bool kHack, bool kLayouts>
-__device__ __forceinline__ void block_weights(const QuantizedLaunch& L, const uint8_t* b, const float (&score)[2][kRows],
+__device__ __forceinline__ void block_weights(const QuantizedLaunch& L, const SealedHead& head, const uint8_t* b,
+                                              const float (&score)[2][kRows],
                                               CtaShared<kHeadDim, kRows>& s, uint8_t* scratch, int warp, int lane,
                                               WarpPartial<kRows, kHeadDim / 32>& partial, float (&p_scale)[kRows],
                                               float (&p_min)[kRows], float (&p_sum)[kRows]) {
@@ -367,7 +375,7 @@ __device__ __forceinline__ void block_weights(const QuantizedLaunch& L, const ui
     if (kLayouts && L.sealed.v_per_token) {
       const float p[kTokens] = {fast_exp2(s2[0] - reference), fast_exp2(s2[1] - reference)};
       sum = p[0] + p[1];
-      weigh_v_groups<kHeadDim, kRows, kBits, kHack>(L, b, p, r, scratch, lane);
+      weigh_v_groups<kHeadDim, kRows, kBits, kHack>(L, head, b, p, r, scratch, lane);
     } else if constexpr (kHack) {
       // exp2 is monotonic: the block's least and greatest weights are those of its extreme scores.
       const float lo = fast_exp2(warp_min(local_min) - reference), hi = fast_exp2(block_max - reference);
@@ -399,18 +407,22 @@ __device__ __forceinline__ void block_weights(const QuantizedLaunch& L, const ui
 
 // One sealed block, staged at `b`, folded into the warp's partial.
 template <int kHeadDim, int kRows, int kBits, bool kHack, bool kLayouts>
-__device__ __forceinline__ void attend_sealed(const QuantizedLaunch& L, const uint8_t* b, CtaShared<kHeadDim, kRows>& s,
-                                              uint8_t* scratch, int warp, int lane, WarpPartial<kRows, kHeadDim / 32>& partial) {
+__device__ __forceinline__ void attend_sealed(const QuantizedLaunch& L, const SealedHead& head, const uint8_t* b,
+                                              CtaShared<kHeadDim, kRows>& s, uint8_t* scratch, int warp, int lane,
+                                              WarpPartial<kRows, kHeadDim / 32>& partial) {
   constexpr int kCols = kHeadDim / 32, kBytes = kBits / 2;
-  if (kLayouts && L.sealed.k_per_channel) quantize_u<kHeadDim, kRows, kBits, kHack>(L, b, s, scratch, lane);
+  if (kLayouts && L.sealed.k_per_channel) quantize_u<kHeadDim, kRows, kBits, kHack>(L, head, b, s, scratch, lane);
   float score[2][kRows];
-  block_scores<kHeadDim, kRows, kBits, kHack, kLayouts>(L, b, s, scratch, lane, score);
+  block_scores<kHeadDim, kRows, kBits, kHack, kLayouts>(L, head, b, s, scratch, lane, score);
   float p_scale[kRows], p_min[kRows], p_sum[kRows];
-  block_weights<kHeadDim, kRows, kBits, kHack, kLayouts>(L, b, score, s, scratch, warp, lane, partial, p_scale, p_min, p_sum);
+  block_weights<kHeadDim, kRows, kBits, kHack, kLayouts>(L, head, b, score, s, scratch, warp, lane, partial, p_scale, p_min,
+                                                         p_sum);
 
   // P·V for the lane's kCols columns, against row r's operand + r · T / 4 (P', or W' of the lanes'
-  // column group; a group holds whole lanes' columns).
-  const int c0 = lane * kCols;
+  // column group; a group holds whole lanes' columns). V' rows are v_dim columns; a lane whose columns
+  // lie past them (a ZACK head's) reads none and adds nothing to them.
+  const int c0 = lane * kCols, v_dim = head.v_dim;
+  const bool has_columns = c0 < v_dim;
   const bool per_token = kLayouts && L.sealed.v_per_token;
   const int v_group = per_token ? c0 / L.sealed.v_group_dims : 0;
   const uint32_t* operand = per_token ? reinterpret_cast<const uint32_t*>(scratch + L.scratch.w_codes) + v_group * kRows * (T / 4)
@@ -422,12 +434,13 @@ __device__ __forceinline__ void attend_sealed(const QuantizedLaunch& L, const ui
 #pragma unroll
     for (int i = 0; i < kCols; ++i) pv[r][i] = 0u, pv_f[r][i] = 0.0f;
   }
-  if constexpr (BlockLanes<kBits, kHack>::kTransposed) {
+  if (!has_columns) {
+  } else if constexpr (BlockLanes<kBits, kHack>::kTransposed) {
 #pragma unroll
     for (int quad = 0; quad < T / 16; ++quad) {  // token groups u = 4·quad + k
       uint32_t w[4];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) w[k] = Fields<2, kCols>(b + L.sealed.offsets.v_codes + (4 * quad + k) * kHeadDim + c0).words[0];
+      for (int k = 0; k < 4; ++k) w[k] = Fields<2, kCols>(b + head.offsets.v_codes + (4 * quad + k) * v_dim + c0).words[0];
       uint4 p[kRows];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) p[r] = *reinterpret_cast<const uint4*>(operand + r * (T / 4) + 4 * quad);
@@ -446,7 +459,7 @@ __device__ __forceinline__ void attend_sealed(const QuantizedLaunch& L, const ui
   } else {
 #pragma unroll 4
     for (int u = 0; u < T / 4; ++u) {
-      const Fields<kBits, kCols> fields(b + L.sealed.offsets.v_codes + (u * kHeadDim + c0) * kBytes);
+      const Fields<kBits, kCols> fields(b + head.offsets.v_codes + (u * v_dim + c0) * kBytes);
 #pragma unroll
       for (int i = 0; i < kCols; ++i) {
         const uint32_t v = fields.codes(i);  // tokens 4u..4u+3 of column c0 + i
@@ -464,22 +477,22 @@ __device__ __forceinline__ void attend_sealed(const QuantizedLaunch& L, const ui
       }
     }
   }
-  const __half* v_mins = reinterpret_cast<const __half*>(b + L.sealed.offsets.v_mins);
-  const __half* v_scales = reinterpret_cast<const __half*>(b + L.sealed.offsets.v_scales);
-  const int16_t* v_sums = reinterpret_cast<const int16_t*>(b + L.sealed.offsets.v_sums);
+  const __half* v_mins = reinterpret_cast<const __half*>(b + head.offsets.v_mins);
+  const __half* v_scales = reinterpret_cast<const __half*>(b + head.offsets.v_scales);
+  const int16_t* v_sums = reinterpret_cast<const int16_t*>(b + head.offsets.v_sums);
   if (per_token) {  // Σ_t w_t v'_tc + Σ_t p_t m_t = step Σw'v' + the constant; the sum Σp
     const float4* w_meta = reinterpret_cast<const float4*>(scratch + L.scratch.w_meta) + v_group * kRows;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const float4 w = w_meta[r];
 #pragma unroll
-      for (int i = 0; i < kCols; ++i) partial.acc[r][i] += fmaf(w.x, float(pv[r][i]), fmaf(w.y, float(v_sums[c0 + i]), w.z));
+      for (int i = 0; i < kCols && has_columns; ++i) partial.acc[r][i] += fmaf(w.x, float(pv[r][i]), fmaf(w.y, float(v_sums[c0 + i]), w.z));
       partial.sum[r] += p_sum[r];
     }
     return;
   }
 #pragma unroll
-  for (int i = 0; i < kCols; ++i) {
+  for (int i = 0; i < kCols && has_columns; ++i) {
     const float v_min = __half2float(v_mins[c0 + i]), v_scale = __half2float(v_scales[c0 + i]);
     const float v_sum = float(v_sums[c0 + i]);
 #pragma unroll
@@ -568,26 +581,32 @@ __global__ __launch_bounds__(kThreads) void quantized_attention_partials(Quantiz
   const int split = blockIdx.x, kv_head = blockIdx.y, tile = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const TileQueries tq(p, tile);
+  const SealedHead head = sealed_head(L.sealed, kv_head, kHeadDim);
 
-  // The tile's queries, times the softmax scale (rows past the group stay 0 and are never written).
+  // The tile's queries, times the softmax scale (rows past the group, and dims past the head's k_dim,
+  // stay 0 and are never written).
   for (int i = threadIdx.x; i < kRows * kHeadDim; i += kThreads) {
     const int r = i / kHeadDim, c = i % kHeadDim;
     float x = 0.0f;
-    if (r < tq.active_rows) {
-      const int head = kv_head * p.group + r % p.group, query = tq.first_query + r / p.group;
-      x = __fmul_rn(__half2float(p.q[(size_t(tq.query_begin + query) * p.num_heads + head) * kHeadDim + c]), p.scale);
+    if (r < tq.active_rows && c < head.k_dim) {
+      const int query_head = kv_head * p.group + r % p.group, query = tq.first_query + r / p.group;
+      x = __fmul_rn(__half2float(p.q[(size_t(tq.query_begin + query) * p.num_heads + query_head) * kHeadDim + c]), p.scale);
     }
     s.q[r][c] = x;
   }
   __syncthreads();
   // Per (row, K partition), one warp each, 2 values per lane: hack quantizes to Q' (quantize_operand8
   // in attention/hack_operands.h, the same IEEE operations; a zero's sign in the min cannot change
-  // a code or a sum), quant sums the row.
+  // a code or a sum), quant sums the row. A partition holds the head's dims from part · T on, at most T
+  // (fewer in a ZACK head's last one; codes past them are 0); partitions past the head's are not read.
   for (int item = warp; item < kRows * kPartitions; item += kWarps) {
-    const int r = item / kPartitions, part = item % kPartitions;
+    const int r = item / kPartitions, part = item % kPartitions, dims = min(T, head.k_dim - part * T);
+    if (dims <= 0) continue;
     const float x0 = s.q[r][part * T + 2 * lane], x1 = s.q[r][part * T + 2 * lane + 1];
+    const bool in0 = 2 * lane < dims, in1 = 2 * lane + 1 < dims;
     if constexpr (kHack) {
-      const float lo = warp_min(fminf(x0, x1)), hi = warp_max(fmaxf(x0, x1));
+      const float lo = warp_min(fminf(in0 ? x0 : INFINITY, in1 ? x1 : INFINITY));
+      const float hi = warp_max(fmaxf(in0 ? x0 : -INFINITY, in1 ? x1 : -INFINITY));
       const float scale = __fdiv_rn(__fsub_rn(hi, lo), 255.0f);
       const float inverse = scale > 0.0f ? __fdiv_rn(1.0f, scale) : 0.0f;
       uint8_t* codes = reinterpret_cast<uint8_t*>(s.q_codes[r]);
@@ -595,13 +614,13 @@ __global__ __launch_bounds__(kThreads) void quantized_attention_partials(Quantiz
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const float x = j == 0 ? x0 : x1;
-        const int code = min(max(__float2int_rn(__fmul_rn(__fsub_rn(x, lo), inverse)), 0), 255);
+        const int code = (j == 0 ? in0 : in1) ? min(max(__float2int_rn(__fmul_rn(__fsub_rn(x, lo), inverse)), 0), 255) : 0;
         sum += code;
         codes[BlockLanes<kBits, kHack>::operand_byte(part * T + 2 * lane + j)] = uint8_t(code);
       }
 #pragma unroll
       for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
-      if (lane == 0) s.q_meta[r][part] = make_float3(scale, lo, fmaf(scale, float(sum), float(T) * lo));
+      if (lane == 0) s.q_meta[r][part] = make_float3(scale, lo, fmaf(scale, float(sum), float(dims) * lo));
     } else {
       float sum = x0 + x1;
 #pragma unroll
@@ -625,18 +644,19 @@ __global__ __launch_bounds__(kThreads) void quantized_attention_partials(Quantiz
   uint8_t* scratch = reinterpret_cast<uint8_t*>(staging) + L.scratch.offset + warp * L.scratch.bytes;
   WarpPartial<kRows, kCols> partial;
   int buffer = 0;
-  if (block_begin + warp < sealed_end) copy_block_async(stage, sealed_block(block_begin + warp), L.sealed.offsets.block_bytes, lane);
+  const int head_bytes = head.offsets.block_bytes;  // staged in buffers of the view's block_bytes (the largest head's)
+  if (block_begin + warp < sealed_end) copy_block_async(stage, sealed_block(block_begin + warp), head_bytes, lane);
   for (int block = block_begin + warp; block < block_end; block += kWarps) {
     if (block < n_sealed) {
       if (block + kWarps < sealed_end) {  // the next block's copy is in flight while this one is read
-        copy_block_async(stage + (buffer ^ 1) * L.sealed.offsets.block_bytes, sealed_block(block + kWarps), L.sealed.offsets.block_bytes, lane);
+        copy_block_async(stage + (buffer ^ 1) * L.sealed.offsets.block_bytes, sealed_block(block + kWarps), head_bytes, lane);
         wait_copies<1>();
       } else {
         wait_copies<0>();
       }
       __syncwarp();
-      attend_sealed<kHeadDim, kRows, kBits, kHack, kLayouts>(L, stage + buffer * L.sealed.offsets.block_bytes, s, scratch, warp,
-                                                            lane, partial);
+      attend_sealed<kHeadDim, kRows, kBits, kHack, kLayouts>(L, head, stage + buffer * L.sealed.offsets.block_bytes, s, scratch,
+                                                            warp, lane, partial);
       __syncwarp();  // every lane is done with the buffer before it is refilled
       buffer ^= 1;
     } else {

@@ -110,7 +110,21 @@ __device__ void store_cta_partial(const AttentionLaunch& p, int active_rows, con
 __device__ __forceinline__ const uint8_t* sealed_block_address(const QuantizedKvView& sealed, const AttentionLaunch& p,
                                                                int sequence, int block, int kv_head) {
   const int entry = sealed.block_tables[size_t(sequence) * p.block_table_stride + block];
+  if (sealed.heads != nullptr) {
+    return sealed.blocks + size_t(entry >> sealed.table_shift) * size_t(sealed.block_stride) + sealed.heads[kv_head].byte_offset;
+  }
   return sealed.blocks + (size_t(entry >> sealed.table_shift) * p.num_kv_heads + kv_head) * sealed.offsets.block_bytes;
+}
+
+// KV head kv_head's block layout and dims: its own (ZACK's ranks), or the view's at the kernel's head_dim.
+struct SealedHead {
+  QuantizedBlockOffsets offsets;
+  int k_dim, v_dim;
+};
+__device__ __forceinline__ SealedHead sealed_head(const QuantizedKvView& sealed, int kv_head, int head_dim) {
+  if (sealed.heads == nullptr) return {sealed.offsets, head_dim, head_dim};
+  const QuantizedHeadLayout& head = sealed.heads[kv_head];
+  return {head.offsets, head.k_dim, head.v_dim};
 }
 
 // Merges the split partials of every row and writes the attention output (paged_attention.cu).

@@ -119,19 +119,28 @@ Status check_norm_dim(int dim) {
   return error("RMSNorm of rows of ", dim, " values (expected 1 to ", kNormMaxDim, ")");
 }
 
-// rot=hadamard (kv/rotation.h): x ← H x over a head's head_dim values in shared memory, one thread
-// per value, the same butterflies and scale as the CPU's walsh_hadamard (head_dim a power of two).
-__device__ void walsh_hadamard_in_shared(float* x, int head_dim) {
+// rot=hadamard (kv/rotation.h): x ← H x over n values in shared memory, one thread per value, the same
+// butterflies and scale as the CPU's hadamard_rotate: n a power of two, or consecutive power-of-two
+// chunks, largest first (100 = 64 + 32 + 4), each turned by its own H. Every thread of the CTA calls it.
+__device__ void walsh_hadamard_in_shared(float* x, int n) {
   const int i = threadIdx.x;
-  for (int half = 1; half < head_dim; half *= 2) {
+  // The size of value i's chunk: chunks start at multiples of their sizes, so a butterfly's partner
+  // (i ^ half) lies in i's chunk while half is below its size.
+  int chunk = 0;
+  for (int size = n > 0 ? 1 << (31 - __clz(n)) : 0, start = 0; size > 0; size /= 2) {
+    if ((n & size) == 0) continue;
+    if (i >= start && i < start + size) chunk = size;
+    start += size;
+  }
+  for (int half = 1; half < n; half *= 2) {
     __syncthreads();
     float value = 0.0f;
-    if (i < head_dim) value = (i & half) ? x[i - half] - x[i] : x[i] + x[i + half];
+    if (i < n) value = half >= chunk ? x[i] : (i & half) ? x[i - half] - x[i] : x[i] + x[i + half];
     __syncthreads();
-    if (i < head_dim) x[i] = value;
+    if (i < n) x[i] = value;
   }
   __syncthreads();
-  if (i < head_dim) x[i] *= 1.0f / sqrtf(float(head_dim));
+  if (i < n) x[i] *= 1.0f / sqrtf(float(chunk));
   __syncthreads();
 }
 
@@ -187,6 +196,19 @@ __global__ void rotate_heads_kernel(__half* x, int head_dim) {
   head_values[threadIdx.x] = __half2float(row[threadIdx.x]);
   walsh_hadamard_in_shared(head_values, head_dim);
   row[threadIdx.x] = __float2half(head_values[threadIdx.x]);
+}
+
+// One CTA per (row, head) of x [rows, heads, head_dim] (FP16; out likewise, or x itself), a thread per
+// dim: H over the head's first dims[h / heads_per_dims] values, the others copied.
+__global__ void rotate_head_prefixes_kernel(const __half* x, int heads, int head_dim, const int* dims, int heads_per_dims,
+                                            __half* out) {
+  extern __shared__ float head_values[];
+  const int h = int(blockIdx.x) % heads, n = dims[h / heads_per_dims], i = threadIdx.x;
+  const size_t at = size_t(blockIdx.x) * head_dim + i;
+  const __half value = x[at];
+  if (i < n) head_values[i] = __half2float(value);
+  walsh_hadamard_in_shared(head_values, n);
+  out[at] = i < n ? __float2half(head_values[i]) : value;
 }
 
 __global__ void gated_activation_kernel(const float* gate_up, int n, int intermediate, GateActivation activation,
@@ -268,6 +290,19 @@ Status rotate_heads(uint16_t* x, size_t rows, int head_dim) {
   if (rows == 0) return Status::ok();
   rotate_heads_kernel<<<unsigned(rows), unsigned(head_dim), size_t(head_dim) * sizeof(float)>>>(
       reinterpret_cast<__half*>(x), head_dim);
+  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return Status::ok();
+}
+
+Status rotate_head_prefixes(const uint16_t* x, int rows, int heads, int head_dim, const int* dims, int heads_per_dims,
+                            uint16_t* out) {
+  if (heads < 1 || heads_per_dims < 1 || heads % heads_per_dims != 0 || head_dim < 1 || head_dim > 1024) {
+    return error("rot=hadamard over head prefixes: ", heads, " heads, ", heads_per_dims, " per dims entry, head_dim ", head_dim,
+                 " (expected heads a multiple of heads_per_dims, head_dim 1 to 1024)");
+  }
+  if (rows <= 0) return Status::ok();
+  rotate_head_prefixes_kernel<<<unsigned(rows) * unsigned(heads), unsigned(head_dim), size_t(head_dim) * sizeof(float)>>>(
+      reinterpret_cast<const __half*>(x), heads, head_dim, dims, heads_per_dims, reinterpret_cast<__half*>(out));
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   return Status::ok();
 }

@@ -57,6 +57,11 @@ Status attention_inputs(const float* qkv, int n, const AttentionHeads& heads, co
 // x ← H x for each of `rows` FP16 head vectors of head_dim (a power of two): turns the attention output
 // of rotated q, k, v back (H is its own inverse).
 Status rotate_heads(uint16_t* x, size_t rows, int head_dim);
+// out ← H x over the first dims[h / heads_per_dims] values (1..head_dim; H of kv/rotation.h, chunked where
+// that is not a power of two) of each head h of x [rows, heads, head_dim] (FP16; dims: device), the rest
+// copied; out may be x: heads kept at their own dims (ZACK's ranks) under rot=hadamard.
+Status rotate_head_prefixes(const uint16_t* x, int rows, int heads, int head_dim, const int* dims, int heads_per_dims,
+                            uint16_t* out);
 
 // out[t, i] = act(gate[t, i]) · up[t, i] from the fused gate/up projection gate_up [n, 2·intermediate]
 // (each row its gate, then its up), written [n, intermediate] in out_dtype: silu (SwiGLU), or GELU's

@@ -116,8 +116,8 @@ Expected<std::unique_ptr<GpuKvCache>> make_gpu_kv_cache(const GpuKvShape& shape,
     return error("GPU KV cache: sliding-window layers run with the dense codec only on device 'cuda' yet (not with ",
                  options.quantized ? "a quantizing codec" : options.zack ? "zack" : options.tier ? "a host tier" : "pq", ")");
   }
-  if (options.zack && options.quantized) {
-    return error("GPU KV cache: zack with a quantizing codec does not run on device 'cuda' yet");
+  if (options.zack && options.quantized && options.tier) {
+    return error("GPU KV cache: zack followed by a quantizing codec with a host tier does not run on device 'cuda' yet");
   }
   if (options.pq) {
     if (options.zack || options.quantized || options.tier) {
@@ -135,11 +135,13 @@ Expected<std::unique_ptr<GpuKvCache>> make_gpu_kv_cache(const GpuKvShape& shape,
   const size_t fp16_block_bytes =
       size_t(shape.num_layers) * 2 * size_t(shape.num_kv_heads) * kCudaBlockTokens * size_t(shape.head_dim) * 2;
   size_t block_bytes = fp16_block_bytes, window_bytes = 0;
-  if (const auto& q = options.quantized) {
-    SLIMKV_ASSIGN_OR_RETURN(block_bytes, CudaQuantizedKvCache::sealed_block_bytes(kv_shape, q->config));
+  const HeadDims zack_dims = options.zack ? HeadDims{options.zack->k_ranks, options.zack->v_ranks} : HeadDims{};
+  if (const auto& q = options.quantized) {  // zack before it: each head's block at its ranks
+    SLIMKV_ASSIGN_OR_RETURN(block_bytes, CudaQuantizedKvCache::sealed_block_bytes(kv_shape, q->config, zack_dims));
     window_bytes = size_t(CudaQuantizedKvCache::window_blocks(kv_shape)) * fp16_block_bytes;
+  } else if (const auto& z = options.zack) {
+    block_bytes = CudaZackKvCache::block_bytes(z->k_ranks, z->v_ranks);
   }
-  if (const auto& z = options.zack) block_bytes = CudaZackKvCache::block_bytes(z->k_ranks, z->v_ranks);
   if (shape.has_windows()) {  // the budget counts the global layers; the sliding ones keep their windows apart
     block_bytes = global_layers_block_bytes(shape);
     window_bytes = sliding_window_pool_bytes(shape);
@@ -160,6 +162,7 @@ Expected<std::unique_ptr<GpuKvCache>> make_gpu_kv_cache(const GpuKvShape& shape,
                  window_bytes, ")");
   }
   const int num_blocks = int(std::min<size_t>(blocks, 1u << 30));
+  if (options.quantized && options.zack) return make_gpu_zack_quantized_kv(shape, *options.quantized, *options.zack, num_blocks);
   if (const auto& q = options.quantized) return make_gpu_quantized_kv(shape, *q, num_blocks);
   if (const auto& z = options.zack) return make_gpu_zack_kv(shape, *z, num_blocks);
   if (shape.has_windows()) return make_gpu_sliding_dense_kv(shape, num_blocks);

@@ -7,6 +7,7 @@
 //   sealed quantized blocks (`hack`, `quant`) gpu_quantized_kv.cc    over quantized_kv_cache.h
 //   a host tier (`@offload`, `@kvpr`)         gpu_host_tier_kv.cc    over host_kv_tier.h
 //   ZACK's per-head ranks (`zack`, `@offload`) gpu_zack_kv.cc         over zack_kv_cache.h
+//   zack then hack / quant (`zack+hack`)      gpu_zack_quantized_kv.cc over quantized_kv_cache.h (HeadDims)
 //   PQCache's selection (`pq`, `pq@offload`)   gpu_pq_kv.cc           over paged_kv_cache.h, pq_select.h
 //   FP16 pages with sliding-window layers     gpu_sliding_dense_kv.cc over paged_kv_cache.h (two pools)
 //
@@ -93,6 +94,9 @@ struct ZackKvOptions {
   std::vector<int> k_ranks, v_ranks;  // [num_layers · num_kv_heads]
   std::vector<float> qk_bases;        // each (layer, KV head)'s B_g[:k_rank] [k_rank, head_dim], in order
   ZackSchedule schedule = ZackSchedule::kBalanced;
+  // rot=hadamard (a quantizing codec after zack): q', k', v' turned by each head's H at its ranks
+  // (kv/rotation.h), the output turned back, as the CPU store does; the model itself rotates nothing.
+  bool rotate = false;
 };
 
 // PQCache (gpu_pq_kv.cc): the pq selector's options; the FP16 pages in pinned host memory (`@offload`),
@@ -115,7 +119,7 @@ struct SelectionReport {
 
 struct GpuKvOptions {
   std::optional<QuantizedKvOptions> quantized;  // none: the `dense` codec (FP16 blocks)
-  std::optional<ZackKvOptions> zack;            // reduced dims (FP16 blocks; no codec with it yet, @offload as tier)
+  std::optional<ZackKvOptions> zack;            // reduced dims (FP16 blocks, or sealed by `quantized`; FP16 with a tier)
   std::optional<KvTierOptions> tier;            // none: every block in GPU memory
   std::optional<PqKvOptions> pq;                // PQCache's selection (FP16 pages, its own offload)
   // GPU memory for KV (quantized: the sealed pool and the FP16 window; a tier: its two staging
@@ -216,7 +220,7 @@ class GpuKvCache {
   // export_open_tokens' part for one layer, by the caches with device pages.
   virtual Status restore_open_layer(int sequence, int layer, KvStore& into) const;
 
-  // --- The same through a host KvStore, for the caches without device pages (a host tier) ---
+  // --- The same through a host KvStore, for the caches without device pages (a host tier, pq) ---
   // Restores into the cleared `into` (made with the pipeline this cache runs, kv_description) the
   // sequence's sealed blocks, as the codec encodes them, and its open tokens.
   virtual Status export_sequence(int sequence, KvStore& into) const;
@@ -251,6 +255,8 @@ Expected<std::unique_ptr<GpuKvCache>> make_gpu_zack_kv(const GpuKvShape& shape, 
 // kv_cache_bytes of GPU staging (0: as much, within 80% of the free memory); kvpr is refused.
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_zack_host_kv(const GpuKvShape& shape, const ZackKvOptions& options,
                                                             const KvTierOptions& tier, size_t kv_cache_bytes);
+Expected<std::unique_ptr<GpuKvCache>> make_gpu_zack_quantized_kv(const GpuKvShape& shape, const QuantizedKvOptions& quantized,
+                                                                 const ZackKvOptions& zack, int num_blocks);
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_pq_kv(const GpuKvShape& shape, const PqKvOptions& options,
                                                      size_t kv_cache_bytes);
 // Sliding-window layers (shape.layer_windows): num_blocks of the global layers' pool (the budget), the

@@ -35,7 +35,7 @@ Expected<std::optional<KvTierOptions>> tier_options(const KvPipeline& pipeline, 
 Expected<GpuKvPlan> plan_gpu_kv(const KvPipeline& pipeline, const std::string& spec, int hidden, int kv_dim) {
   const auto refuse = [&](const std::string& what) {
     return error("KV spec '", spec, "': ", what, " does not run on device 'cuda' yet (there: dense, or hack / quant ",
-                 "with kbits = vbits, pi=64, or zack over dense; the pq selector over dense; the offload and kvpr tiers)");
+                 "with kbits = vbits, pi=64, or zack over dense, hack or quant; the pq selector over dense; the offload and kvpr tiers)");
   };
   const PqOptions* pq = pipeline.selector ? pipeline.selector->pq_options() : nullptr;
   if (pipeline.selector && pq == nullptr) return refuse(str_cat("the selector ", pipeline.selector->describe()));
@@ -57,10 +57,18 @@ Expected<GpuKvPlan> plan_gpu_kv(const KvPipeline& pipeline, const std::string& s
       break;
   }
   if (pipeline.zack) {
-    if (plan.options.quantized) return refuse("zack followed by a quantizing codec");
+    // The kernels read ZACK's heads at their own dims in HACK's layout (per-token K, per-column V) only.
+    const QuantizationConfig& q = format.quantization;
+    if (plan.options.quantized && (q.k_per_channel || q.v_per_token)) {
+      return refuse("zack followed by a codec with klayout=channel or vlayout=token");
+    }
     if (pipeline.kvpr) return refuse("zack with the kvpr tier (it recomputes full-width K/V; zack@offload runs)");
-    if (pipeline.hadamard) return refuse("zack with rot=hadamard");
+    if (pipeline.offload && plan.options.quantized) return refuse("zack followed by a quantizing codec with @offload");
+    if (pipeline.hadamard && !plan.options.quantized) return refuse("zack over dense with rot=hadamard");
     plan.options.zack = ZackKvOptions{};  // the ranks and bases: the model's, once it has folded them
+    // rot=hadamard turns each head at its ranks (the zack cache does, as the CPU store), not at head_dim.
+    plan.options.zack->rotate = pipeline.hadamard;
+    plan.rotate_heads = false;
   }
   if (format.runs_as) plan.pipeline.codec = format.runs_as;
   if (pq != nullptr) {  // its own offload: the selected tokens read from pinned host memory

@@ -3,17 +3,24 @@
 // (pq_gpu_index.h). A decode step selects per (sequence, KV head) the CPU selector's way (pq_select.h:
 // init tokens, the top-k middle tokens by ADC score re-ranked exactly, the local window), gathers only
 // the selected tokens' K/V into a compact GPU buffer (from host memory: only they cross PCIe) and runs
-// the paged attention kernel over it. Steps with prefill chunks attend to every token (PQCache selects
-// only while decoding). With @offload, a GPU cache of selected tokens (pq_token_cache.h, `cache` tokens
-// per layer and KV head, `policy` lru or lfu; cache=0: none) serves the tokens that recent steps selected.
+// the paged attention kernel over it. Sequences with a prefill chunk in the step attend to every token
+// (PQCache selects only while decoding); decode rows beside them still select, so that a sequence's
+// tokens do not depend on the server's batch. With @offload, a GPU cache of selected tokens
+// (pq_token_cache.h, `cache` tokens per layer and KV head, `policy` lru or lfu; cache=0: none) serves
+// the tokens that recent steps selected. A sequence moves out and in (preemption, disaggregation) as
+// dense FP16 blocks through a host store; the PQ index is rebuilt from the imported keys.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
+#include "backend/cuda/row_gather.h"
 #include "kv/cuda/gpu_kv_cache.h"
+#include "kv/cuda/kv_store_copy.h"
 #include "kv/cuda/paged_kv_cache.h"
 #include "kv/cuda/pq_gpu_index.h"
 #include "kv/cuda/pq_select.h"
 #include "kv/cuda/pq_token_cache.h"
+#include "kv/store.h"
 
 namespace slimkv::cuda {
 namespace {
@@ -84,7 +91,9 @@ class GpuPqKv final : public GpuKvCache {
       SLIMKV_ASSIGN_OR_RETURN(token_cache_, CudaPqTokenCache::create(
                                                 cache, pq.policy == "lfu" ? CachePolicy::kLfu : CachePolicy::kLru));
     }
-    SLIMKV_ASSIGN_OR_RETURN(selected_attention_, CudaPagedAttention::create(attention));
+    SLIMKV_ASSIGN_OR_RETURN(decode_query_offsets_, DeviceArray<long long>::allocate(rows, "the decode rows' query offsets"));
+    SLIMKV_ASSIGN_OR_RETURN(decode_queries_, DeviceArray<uint16_t>::allocate(rows * size_t(shape_.num_heads) * d,
+                                                                             "the decode rows' queries"));
     return Status::ok();
   }
 
@@ -102,7 +111,7 @@ class GpuPqKv final : public GpuKvCache {
     return (options_.offload ? 0 : size_t(cache_->shape().num_blocks) * bytes_per_block()) + index_->device_bytes() +
            (token_cache_ ? token_cache_->device_bytes() : 0) +
            compact_k_.bytes() + compact_v_.bytes() + tables_.bytes() + scores_.bytes() + ranked_.bytes() + kept_.bytes() +
-           exact_.bytes() + candidate_keys_.bytes() + top_k_.bytes();
+           exact_.bytes() + candidate_keys_.bytes() + top_k_.bytes() + decode_queries_.bytes();
   }
   size_t host_bytes() const override {
     return (options_.offload ? size_t(cache_->shape().num_blocks) * bytes_per_block() : 0) + index_->host_bytes();
@@ -128,22 +137,22 @@ class GpuPqKv final : public GpuKvCache {
     return check_blocks_for_step(sequences(), batch, options_.offload ? "host" : "GPU");
   }
 
+  // Decode rows (one query) select; the step's other sequences (prefill chunks) attend to every token,
+  // so that a sequence's selection does not depend on what shares its step (a server's batch). The
+  // step's attention runs in parts, each a run of consecutive sequences of one kind (queries lie
+  // sequence by sequence): decode rows over the compact buffer, the others over the pages.
   Status begin_step(const PagedAttentionBatch& batch) override {
     SLIMKV_RETURN_IF_ERROR(index_->begin_step(batch.sequence_ids, batch.query_counts));
     SLIMKV_RETURN_IF_ERROR(cache_->begin_step(batch.sequence_ids, batch.query_counts));
-    select_ = std::all_of(batch.query_counts.begin(), batch.query_counts.end(), [](int n) { return n == 1; });
     report_ = SelectionReport{};
-    if (!select_) return full_attention_->plan(batch);
     plan_rows(batch);
-    if (token_cache_) SLIMKV_RETURN_IF_ERROR(token_cache_->begin_step());
     // Resident pages attended whole need no copy.
-    if (!options_.offload && std::all_of(host_rows_.begin(), host_rows_.end(), [](const PqSelectRow& r) { return r.all; })) {
-      select_ = false;
-      return full_attention_->plan(batch);
-    }
+    const bool any_ranked = std::any_of(host_rows_.begin(), host_rows_.end(), [](const PqSelectRow& r) { return !r.all; });
+    select_ = !host_rows_.empty() && (options_.offload || any_ranked);
+    if (!select_) return full_attention_->plan(batch);
+    if (token_cache_) SLIMKV_RETURN_IF_ERROR(token_cache_->begin_step());
     const int rows = int(host_rows_.size());
     std::vector<int> lengths(4 * size_t(rows));
-    PagedAttentionBatch selected;
     for (int r = 0; r < rows; ++r) {
       const PqSelectRow& row = host_rows_[size_t(r)];
       if (row.selected > selected_blocks_ * kCudaBlockTokens) {
@@ -155,13 +164,19 @@ class GpuPqKv final : public GpuKvCache {
       lengths[size_t(rows + r)] = ranks ? row.candidates : 0;
       lengths[size_t(2 * rows + r)] = ranks && row.candidates > row.k ? row.candidates : 0;
       lengths[size_t(3 * rows + r)] = ranks ? row.k : 0;
-      selected.sequence_ids.push_back(r);
-      selected.kv_lens.push_back(row.selected);
-      selected.query_counts.push_back(1);
     }
     SLIMKV_RETURN_IF_ERROR(rows_.upload(host_rows_.data(), host_rows_.size()));
     SLIMKV_RETURN_IF_ERROR(lengths_.upload(lengths.data(), lengths.size()));
-    return selected_attention_->plan(selected);
+    // With a prefill chunk before a decode row, the decode rows' queries are gathered for the selection,
+    // which reads them as rows [num_rows, num_heads, head_dim].
+    gather_queries_ = false;
+    for (int r = 0; r < rows; ++r) gather_queries_ = gather_queries_ || row_query_[size_t(r)] != r;
+    if (gather_queries_) {
+      std::vector<long long> offsets;
+      for (const int query : row_query_) offsets.push_back((long long)(query) * (long long)(query_row_bytes()));
+      SLIMKV_RETURN_IF_ERROR(decode_query_offsets_.upload(offsets.data(), offsets.size()));
+    }
+    return plan_parts(batch);
   }
 
   Status attend(int layer, const uint16_t* q, const uint16_t* k, const uint16_t* v, float scale,
@@ -184,6 +199,11 @@ class GpuPqKv final : public GpuKvCache {
       launch.max_selected = std::max(launch.max_selected, r.selected);
     }
     launch.q = q;
+    if (gather_queries_) {
+      SLIMKV_RETURN_IF_ERROR(gather_rows({reinterpret_cast<const uint8_t*>(q), decode_query_offsets_.data(), launch.num_rows,
+                                          int(query_row_bytes()), reinterpret_cast<uint8_t*>(decode_queries_.data())}));
+      launch.q = decode_queries_.data();
+    }
     launch.num_heads = shape_.num_heads;
     launch.num_kv_heads = shape_.num_kv_heads;
     launch.index = index_->view(layer);
@@ -204,7 +224,13 @@ class GpuPqKv final : public GpuKvCache {
     }
     const PagedKvView compact{compact_k_.data(), compact_v_.data(), compact_tables_.data(), selected_blocks_,
                               shape_.num_kv_heads, shape_.head_dim};
-    return selected_attention_->run(compact, q, scale, out);
+    const size_t q_width = size_t(shape_.num_heads) * size_t(shape_.head_dim);
+    for (size_t p = 0; p < parts_.size(); ++p) {
+      const size_t first = size_t(parts_[p].first_query) * q_width;
+      SLIMKV_RETURN_IF_ERROR(part_attention_[p]->run(parts_[p].decode ? compact : cache_->view(layer), q + first, scale,
+                                                     out + first));
+    }
+    return Status::ok();
   }
 
   Status begin_fill(int sequence, int tokens) override {
@@ -216,24 +242,79 @@ class GpuPqKv final : public GpuKvCache {
     return index_->keep_keys(layer, k);
   }
 
-  Status export_sequence(int, KvStore&) const override {
-    return error("exporting a sequence of pq on device 'cuda' is not supported yet (its PQ index is not in the "
-                 "transfer format)");
+  // A sequence in the transfer format (through a host KvStore, as the host tier's: kv_store_copy.h): the
+  // pages' FP16 K/V, every full block a `dense:dtype=f16` block, then the open block's tokens. The PQ
+  // index does not travel: import_sequence rebuilds it from the keys.
+  Status export_sequence(int sequence, KvStore& into) const override {
+    // The steps' appends (kernels on the default stream; into the mapped host pool with @offload) first.
+    SLIMKV_RETURN_IF_ERROR(device_synchronize("exporting a sequence of pq on device 'cuda'"));
+    const int tokens = sequences().num_tokens(sequence), full = tokens / kCudaBlockTokens;
+    const int open = tokens - full * kCudaBlockTokens;
+    const std::vector<int>& blocks = sequences().blocks(sequence);
+    const size_t head_page = size_t(kCudaBlockTokens) * size_t(shape_.head_dim);  // one head's K (or V) of a page
+    std::vector<uint16_t> k, v, dense_block(2 * head_page);
+    into.clear();
+    for (int l = 0; l < shape_.num_layers; ++l) {
+      for (int b = 0; b < full; ++b) {
+        SLIMKV_RETURN_IF_ERROR(read_page(l, blocks[size_t(b)], k, v));
+        for (int g = 0; g < shape_.num_kv_heads; ++g) {
+          std::memcpy(dense_block.data(), k.data() + size_t(g) * head_page, head_page * 2);
+          std::memcpy(dense_block.data() + head_page, v.data() + size_t(g) * head_page, head_page * 2);
+          into.restore_sealed_block(l, g, reinterpret_cast<const uint8_t*>(dense_block.data()));
+        }
+      }
+      if (open > 0) SLIMKV_RETURN_IF_ERROR(read_page(l, blocks[size_t(full)], k, v));
+      restore_open_tokens_from_page(into, l, k, v, open);
+    }
+    return Status::ok();
   }
-  Status import_sequence(int, const KvStore&) override {
-    return error("importing a sequence into pq on device 'cuda' is not supported yet (its PQ index is not in the "
-                 "transfer format)");
+
+  // The sequence's K/V appended as fills append them: into the pages, and each layer's keys on their
+  // way to the index, whose next begin_step clusters every full segment. A segment's codebook and codes
+  // are a function of its keys and its seed (pq_segment_seed; the GPU index clusters a segment once,
+  // when it is full), so the rebuilt index, and every selection, is the exporting cache's.
+  Status import_sequence(int sequence, const KvStore& from) override {
+    const int tokens = from.num_tokens(0);
+    for (int l = 1; l < from.shape().num_layers; ++l) {
+      if (from.num_tokens(l) != tokens) {
+        return error("importing a sequence into pq on device 'cuda': layer ", l, " holds ", from.num_tokens(l),
+                     " tokens and layer 0 ", tokens, "; a GPU cache's sequence holds one count in every layer");
+      }
+    }
+    const int needed = sequences().blocks_to_grow(sequence, tokens);
+    if (needed > sequences().free_blocks()) {
+      return error("the ", options_.offload ? "host" : "GPU", " KV pool of pq has no room for the imported sequence: ",
+                   needed, " blocks of ", kCudaBlockTokens, " tokens needed, ", sequences().free_blocks(), " free");
+    }
+    return append_store_rows(
+        from, 0, tokens, shape_.max_step_tokens, [&](int n) { return begin_fill(sequence, n); },
+        [&](int layer, const uint16_t* k, const uint16_t* v) { return fill(layer, k, v, nullptr); });
   }
 
  private:
-  // The selection rule of topk_selector.h per decode row; the middle ends where the clustered segments
-  // do (later tokens have no codes yet and are attended).
+  // Page `block` of `layer`, every KV head: k, v [num_kv_heads, kCudaBlockTokens, head_dim] FP16, copied
+  // from GPU memory, or read in place from the pinned host pool (@offload: its mapping is the host's
+  // address; the caller has synchronized with the GPU's writes).
+  Status read_page(int layer, int block, std::vector<uint16_t>& k, std::vector<uint16_t>& v) const {
+    const PagedKvView view = cache_->view(layer);
+    if (!options_.offload) return download_page(view, block, k, v);
+    const size_t page = size_t(shape_.num_kv_heads) * kCudaBlockTokens * size_t(shape_.head_dim);
+    k.assign(view.k + size_t(block) * page, view.k + size_t(block + 1) * page);
+    v.assign(view.v + size_t(block) * page, view.v + size_t(block + 1) * page);
+    return Status::ok();
+  }
+
+  // The selection rule of topk_selector.h per decode row (a sequence with one query this step); the
+  // middle ends where the clustered segments do (later tokens have no codes yet and are attended).
   void plan_rows(const PagedAttentionBatch& batch) {
     const TopkWindow& w = options_.pq.window;
     const size_t row_bytes = size_t(shape_.num_kv_heads) * size_t(shape_.head_dim) * 2 * 2;  // K and V
     host_rows_.clear();
+    row_query_.clear();
     double link_rows = 0;
-    for (size_t i = 0; i < batch.sequence_ids.size(); ++i) {
+    int query = 0;  // the sequence's first query in the step
+    for (size_t i = 0; i < batch.sequence_ids.size(); query += batch.query_counts[i], ++i) {
+      if (batch.query_counts[i] != 1) continue;
       PqSelectRow r;
       r.sequence = batch.sequence_ids[i];
       r.num_tokens = batch.kv_lens[i];
@@ -259,15 +340,54 @@ class GpuPqKv final : public GpuKvCache {
       report_.selected_tokens += r.selected;
       report_.held_tokens += r.num_tokens;
       host_rows_.push_back(r);
+      row_query_.push_back(query);
     }
     report_.page_bytes_read = size_t(link_rows * double(row_bytes) * shape_.num_layers);
   }
+
+  // The step's parts (runs of consecutive decode rows, or of other sequences) and their attention plans:
+  // decode row r is sequence r of the compact buffer's tables; the others are the pages' sequences.
+  Status plan_parts(const PagedAttentionBatch& batch) {
+    parts_.clear();
+    std::vector<PagedAttentionBatch> part_batches;
+    int query = 0, row = 0;
+    for (size_t i = 0; i < batch.sequence_ids.size(); query += batch.query_counts[i], ++i) {
+      const bool decode = batch.query_counts[i] == 1;
+      if (parts_.empty() || parts_.back().decode != decode) {
+        parts_.push_back({decode, query});
+        part_batches.emplace_back();
+      }
+      PagedAttentionBatch& part = part_batches.back();
+      part.sequence_ids.push_back(decode ? row : batch.sequence_ids[i]);
+      part.kv_lens.push_back(decode ? host_rows_[size_t(row)].selected : batch.kv_lens[i]);
+      part.query_counts.push_back(batch.query_counts[i]);
+      if (decode) ++row;
+    }
+    const PagedAttentionShape attention{shape_.num_heads, shape_.num_kv_heads, shape_.head_dim, shape_.max_sequences,
+                                        shape_.max_step_tokens};
+    while (part_attention_.size() < parts_.size()) {
+      SLIMKV_ASSIGN_OR_RETURN(auto plan, CudaPagedAttention::create(attention));
+      part_attention_.push_back(std::move(plan));
+    }
+    for (size_t p = 0; p < parts_.size(); ++p) SLIMKV_RETURN_IF_ERROR(part_attention_[p]->plan(part_batches[p]));
+    return Status::ok();
+  }
+
+  // One query's FP16 [num_heads, head_dim].
+  size_t query_row_bytes() const { return size_t(shape_.num_heads) * size_t(shape_.head_dim) * 2; }
 
   GpuKvShape shape_;
   PqKvOptions options_;
   std::unique_ptr<CudaPagedKvCache> cache_;
   std::unique_ptr<CudaPqIndex> index_;
-  std::unique_ptr<CudaPagedAttention> full_attention_, selected_attention_;
+  std::unique_ptr<CudaPagedAttention> full_attention_;  // a step without selection: every sequence over the pages
+  // A step with selection: its parts, each with its attention plan (part_attention_[p], kept across steps).
+  struct StepPart {
+    bool decode = false;  // decode rows over the compact buffer; else sequences over the pages
+    int first_query = 0;  // in the step
+  };
+  std::vector<StepPart> parts_;
+  std::vector<std::unique_ptr<CudaPagedAttention>> part_attention_;
   std::unique_ptr<CudaPqTokenCache> token_cache_;  // @offload with cache != 0
   int max_candidates_ = 0, selected_blocks_ = 0;
   DeviceArray<uint16_t> compact_k_, compact_v_, candidate_keys_;
@@ -275,6 +395,12 @@ class GpuPqKv final : public GpuKvCache {
   DeviceArray<float> tables_, scores_, exact_;
   DeviceArray<PqSelectRow> rows_;
   std::vector<PqSelectRow> host_rows_;
+  std::vector<int> row_query_;  // [host_rows_]: each decode row's query in the step
+  // With prefill chunks in the step: the decode rows' queries gathered into rows (FP16 [max_sequences,
+  // num_heads, head_dim]) from their byte offsets in the step's queries.
+  bool gather_queries_ = false;
+  DeviceArray<long long> decode_query_offsets_;
+  DeviceArray<uint16_t> decode_queries_;
   bool select_ = false;
   SelectionReport report_;
 };

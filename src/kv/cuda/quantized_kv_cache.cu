@@ -7,23 +7,89 @@
 
 namespace slimkv::cuda {
 
-Expected<size_t> CudaQuantizedKvCache::sealed_block_bytes(const CudaKvShape& shape, const QuantizationConfig& config) {
+namespace {
+
+// Head i's layout (i = layer · num_kv_heads + head) at dims' K and V dims, after checking them.
+Expected<QuantizedBlockLayout> head_layout(const CudaKvShape& shape, const QuantizationConfig& config, const HeadDims& dims,
+                                           size_t i) {
+  const int layer = int(i) / shape.num_kv_heads, head = int(i) % shape.num_kv_heads;
+  const int k_dim = dims.k_dims[i], v_dim = dims.v_dims[i];
+  if (k_dim < 4 || v_dim < 4 || k_dim % 4 != 0 || v_dim % 4 != 0 || k_dim > shape.head_dim || v_dim > shape.head_dim) {
+    return error("CUDA quantized KV: layer ", layer, " KV head ", head, " has K/V dims ", k_dim, "/", v_dim,
+                 ", expected multiples of 4 from 4 to head_dim ", shape.head_dim, " (ZACK ranks before a quantizing codec: ",
+                 "align=4)");
+  }
+  const BlockShape block{kCudaBlockTokens, k_dim, v_dim};
+  SLIMKV_RETURN_IF_ERROR(check_quantized_shape(config, block));
+  return QuantizedBlockLayout(config, block);
+}
+
+Status check_head_dims(const CudaKvShape& shape, const QuantizationConfig& config, const HeadDims& dims) {
+  const size_t heads = size_t(shape.num_layers) * size_t(shape.num_kv_heads);
+  if (dims.k_dims.size() != heads || dims.v_dims.size() != heads) {
+    return error("CUDA quantized KV: ", dims.k_dims.size(), " K and ", dims.v_dims.size(),
+                 " V head dims, expected one per layer and KV head (", heads, ")");
+  }
+  // The kernels read ZACK's heads in HACK's layout (per-token K, per-column V) only.
+  if (config.k_per_channel || config.v_per_token) {
+    return error("CUDA quantized KV: heads of their own dims (zack) run with HACK's layout only, not klayout=channel or ",
+                 "vlayout=token");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Expected<size_t> CudaQuantizedKvCache::sealed_block_bytes(const CudaKvShape& shape, const QuantizationConfig& config,
+                                                          const HeadDims& dims) {
+  if (!dims.empty()) {
+    SLIMKV_RETURN_IF_ERROR(check_head_dims(shape, config, dims));
+    size_t bytes = 0;
+    for (size_t i = 0; i < dims.k_dims.size(); ++i) {
+      SLIMKV_ASSIGN_OR_RETURN(const QuantizedBlockLayout layout, head_layout(shape, config, dims, i));
+      bytes += layout.block_bytes;
+    }
+    return bytes;
+  }
   const BlockShape block{kCudaBlockTokens, shape.head_dim, shape.head_dim};
   SLIMKV_RETURN_IF_ERROR(check_quantized_shape(config, block));
   return size_t(shape.num_layers) * shape.num_kv_heads * QuantizedBlockLayout(config, block).block_bytes;
 }
 
+Status CudaQuantizedKvCache::lay_out_heads(const QuantizationConfig& config, const HeadDims& dims) {
+  SLIMKV_RETURN_IF_ERROR(check_head_dims(shape_, config, dims));
+  std::vector<QuantizedHeadLayout> layouts;
+  size_t offset = 0;
+  for (int l = 0; l < shape_.num_layers; ++l) {
+    int stride = 0;
+    for (int g = 0; g < shape_.num_kv_heads; ++g) {
+      SLIMKV_ASSIGN_OR_RETURN(const QuantizedBlockLayout layout,
+                              head_layout(shape_, config, dims, size_t(l) * size_t(shape_.num_kv_heads) + size_t(g)));
+      layouts.push_back({stride, layout.shape.k_dim, layout.shape.v_dim, quantized_block_offsets(layout)});
+      stride += int(layout.block_bytes);
+      max_head_block_bytes_ = std::max(max_head_block_bytes_, int(layout.block_bytes));
+    }
+    block_strides_.push_back(size_t(stride));
+    layer_offsets_.push_back(offset);
+    offset += size_t(stride) * size_t(shape_.num_blocks);
+  }
+  SLIMKV_ASSIGN_OR_RETURN(head_layouts_, DeviceArray<QuantizedHeadLayout>::allocate(layouts.size(), "the sealed heads' layouts"));
+  return head_layouts_.upload(layouts.data(), layouts.size());
+}
+
 Expected<std::unique_ptr<CudaQuantizedKvCache>> CudaQuantizedKvCache::create(const CudaKvShape& shape,
                                                                              const QuantizationConfig& config, bool hack,
-                                                                             uint64_t seed) {
+                                                                             uint64_t seed, const HeadDims& dims) {
   SLIMKV_ASSIGN_OR_RETURN(QuantizedBlockSealer sealer,
                           QuantizedBlockSealer::create(config, hack, seed, shape.num_kv_heads, shape.head_dim));
   std::unique_ptr<CudaQuantizedKvCache> cache(new CudaQuantizedKvCache(shape, sealer));
+  if (!dims.empty()) SLIMKV_RETURN_IF_ERROR(cache->lay_out_heads(config, dims));
   CudaKvShape window_shape = shape;
   window_shape.num_blocks = window_blocks(shape);
   SLIMKV_ASSIGN_OR_RETURN(cache->window_, CudaPagedKvCache::create(window_shape));
-  SLIMKV_ASSIGN_OR_RETURN(cache->pool_,
-                          DeviceArray<uint8_t>::allocate(size_t(shape.num_layers) * cache->layer_bytes(), "the sealed block pool"));
+  const int last = shape.num_layers - 1;
+  const size_t pool_bytes = cache->layer_offset(last) + cache->block_stride(last) * size_t(shape.num_blocks);
+  SLIMKV_ASSIGN_OR_RETURN(cache->pool_, DeviceArray<uint8_t>::allocate(pool_bytes, "the sealed block pool"));
   const size_t table_entries = size_t(shape.max_sequences) * shape.max_blocks_per_sequence;
   SLIMKV_ASSIGN_OR_RETURN(cache->sealed_tables_, DeviceArray<int>::allocate(table_entries, "the sealed block tables"));
   cache->host_sealed_tables_.assign(table_entries, 0);
@@ -122,12 +188,15 @@ Status CudaQuantizedKvCache::begin_step(const std::vector<int>& sequences, const
 Status CudaQuantizedKvCache::append(int layer, const uint16_t* k, const uint16_t* v) {
   if (seal_count_ == 0) return window_->append(layer, k, v);
   const QuantizedBlockSealer::StepRows rows{k, v, window_->step_slots(), window_->step_tokens(), block_rows_.data()};
+  const SealedHeadBlocks heads{heads_differ() ? head_layouts_.data() + size_t(layer) * shape_.num_kv_heads : nullptr,
+                                               heads_differ() ? (long long)block_stride(layer) : 0};
   return sealer_.append_and_seal(layer, window_->view(layer), rows, seal_list_.data(), seal_count_,
-                                 pool_.data() + size_t(layer) * layer_bytes());
+                                 pool_.data() + layer_offset(layer), heads);
 }
 
 Status CudaQuantizedKvCache::restore_sealed(int sequence, int blocks, const uint8_t* sealed, bool on_device) {
   if (sealed_.num_tokens(sequence) != 0) return error("CUDA quantized KV: restoring into sequence ", sequence, ", which is not empty");
+  if (heads_differ()) return error("CUDA quantized KV: restoring sealed blocks of heads of their own dims (zack) is not supported yet");
   SLIMKV_RETURN_IF_ERROR(sealed_.grow(sequence, blocks * kCudaBlockTokens).with_context("restoring sealed KV blocks"));
   window_->sequences().skip_leading(sequence, blocks);
   const size_t bytes = size_t(shape_.num_kv_heads) * sealer_.layout().block_bytes;
@@ -153,7 +222,13 @@ Status CudaQuantizedKvCache::restore_sealed(int sequence, int blocks, const uint
 }
 
 QuantizedKvView CudaQuantizedKvCache::sealed_view(int layer) const {
-  return sealer_.view(pool_.data() + size_t(layer) * layer_bytes(), sealed_tables_.data());
+  QuantizedKvView view = sealer_.view(pool_.data() + layer_offset(layer), sealed_tables_.data());
+  if (heads_differ()) {
+    view.heads = head_layouts_.data() + size_t(layer) * shape_.num_kv_heads;
+    view.block_stride = (long long)block_stride(layer);
+    view.offsets.block_bytes = max_head_block_bytes_;  // what a kernel stages at most
+  }
+  return view;
 }
 
 size_t CudaQuantizedKvCache::bytes() const {

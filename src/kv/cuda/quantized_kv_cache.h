@@ -15,6 +15,12 @@
 // FP16 window and seals the blocks they fill. Attention then reads sealed blocks for what lies before
 // the step (decode: before the open block) and the FP16 window for the rest (prefill=exact: a prefill
 // step's queries read their own tokens as computed, attention/cuda/paged_attention.h).
+//
+// ZACK followed by the codec (zack:...+hack / +quant, gpu_zack_quantized_kv.cc): every (layer, KV head)
+// has its own K and V dims (its ranks), given as HeadDims. A sealed block of a layer then holds each
+// head's block at the head's dims, back to back (QuantizedHeadLayout), so no dim beyond a head's rank is
+// stored sealed (the layout's own sections round to 64 bytes); the FP16 window keeps head_dim-wide rows
+// whose dims past the ranks are zero (it holds a step's and the open blocks' tokens only).
 #pragma once
 
 #include <cstdint>
@@ -27,18 +33,26 @@
 
 namespace slimkv::cuda {
 
+// Each (layer, KV head)'s K and V dims, [num_layers · num_kv_heads] each, multiples of 4 up to head_dim
+// (ZACK's ranks); empty: every head head_dim wide.
+struct HeadDims {
+  std::vector<int> k_dims, v_dims;
+  bool empty() const { return k_dims.empty(); }
+};
+
 class CudaQuantizedKvCache {
  public:
   // shape.num_blocks sealed blocks; the FP16 window pool takes window_blocks(shape) blocks.
   static Expected<std::unique_ptr<CudaQuantizedKvCache>> create(const CudaKvShape& shape, const QuantizationConfig& config,
-                                                                bool hack, uint64_t seed);
+                                                                bool hack, uint64_t seed, const HeadDims& dims = {});
   // FP16 blocks that hold every window: a step of n_i new tokens of sequence i spans at most
   // floor(n_i / 64) + 2 blocks from the block it starts in, and every other sequence keeps one.
   static int window_blocks(const CudaKvShape& shape) {
     return shape.max_step_tokens / kCudaBlockTokens + 2 * shape.max_sequences;
   }
   // GPU bytes of one sealed block of every layer and KV head, for sizing the pool.
-  static Expected<size_t> sealed_block_bytes(const CudaKvShape& shape, const QuantizationConfig& config);
+  static Expected<size_t> sealed_block_bytes(const CudaKvShape& shape, const QuantizationConfig& config,
+                                             const HeadDims& dims = {});
 
   const CudaKvShape& shape() const { return shape_; }
   // The sequences (ids, tokens) and their sealed blocks.
@@ -54,7 +68,7 @@ class CudaQuantizedKvCache {
   // order) and seals the blocks they fill, in one launch (QuantizedBlockSealer::append_and_seal).
   Status append(int layer, const uint16_t* k, const uint16_t* v);
 
-  // Restoring a sequence (GpuKvCache::import_sequence): the empty `sequence` takes `blocks` full sealed
+  // Restoring a sequence (GpuKvCache::import_sequence; heads of one size only): the empty `sequence` takes `blocks` full sealed
   // blocks, sealed [num_layers, blocks, num_kv_heads, block_bytes] (host; device memory when `on_device`:
   // the CUDA IPC path, copied in one kernel), with no FP16 behind them; its open tokens then come by
   // begin_step and append, as new tokens do.
@@ -70,7 +84,15 @@ class CudaQuantizedKvCache {
  private:
   CudaQuantizedKvCache(const CudaKvShape& shape, const QuantizedBlockSealer& sealer)
       : shape_(shape), sealer_(sealer), sealed_(shape.num_blocks, shape.max_sequences, shape.max_blocks_per_sequence) {}
+  // Bytes of one sealed block of every KV head of `layer`, and where the layer's pool starts.
+  size_t block_stride(int layer) const {
+    return heads_differ() ? block_strides_[size_t(layer)] : size_t(shape_.num_kv_heads) * sealer_.layout().block_bytes;
+  }
+  size_t layer_offset(int layer) const { return heads_differ() ? layer_offsets_[size_t(layer)] : size_t(layer) * layer_bytes(); }
   size_t layer_bytes() const { return size_t(shape_.num_blocks) * shape_.num_kv_heads * sealer_.layout().block_bytes; }
+  bool heads_differ() const { return !block_strides_.empty(); }
+  // HeadDims: each head's layout (head_layouts_), the layers' block strides and offsets in the pool.
+  Status lay_out_heads(const QuantizationConfig& config, const HeadDims& dims);
   // FP16 blocks the window pool would need for the step beyond what it holds, after giving back the sealed ones.
   int window_blocks_to_grow(const std::vector<int>& sequences, const std::vector<int>& new_tokens) const;
 
@@ -85,6 +107,11 @@ class CudaQuantizedKvCache {
   DeviceArray<int> seal_list_;
   DeviceArray<int> block_rows_;  // per block to seal: (offset of its first step row, that row)
   int seal_count_ = 0;
+  // HeadDims (none: every head the sealer's layout): [num_layers, num_kv_heads] head layouts, and per layer
+  // the bytes of a block of every head and the layer's first byte in the pool.
+  DeviceArray<QuantizedHeadLayout> head_layouts_;
+  std::vector<size_t> block_strides_, layer_offsets_;
+  int max_head_block_bytes_ = 0;
 };
 
 }  // namespace slimkv::cuda

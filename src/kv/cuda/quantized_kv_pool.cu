@@ -26,7 +26,11 @@ struct SealLaunch {
   int seal_ctas;          // blockIdx.x below: a block to seal; from there: kWriteTokens step rows to write
   const int* list;        // per block to seal: (FP16 block, destination block, ordinal in its sequence)
   uint8_t* blocks;       // [destination blocks, num_kv_heads, block_bytes]
-  int num_kv_heads, head_dim, k_bits, v_bits, k_partition;
+  // ZACK's heads at their own dims (device [num_kv_heads]): head g's block at heads[g], blocks of
+  // block_stride bytes; null: every head head_dim wide, `o` alike.
+  const QuantizedHeadLayout* heads;
+  long long block_stride;
+  int num_kv_heads, head_dim, k_bits, v_bits;
   QuantizedBlockOffsets o;
   bool k_per_channel, v_per_token;  // the layouts of tensor/quantized_block.h (k_group_tokens, v_group_dims)
   int k_group_tokens, v_group_dims;
@@ -91,7 +95,8 @@ __device__ void write_step_rows(const SealLaunch& p, int c, int head) {
   }
 }
 
-// One CTA per (block to seal, KV head): the layout of quantize_block (tensor/quantized_block.cc),
+// One CTA per (block to seal, KV head): the layout of quantize_block (tensor/quantized_block.cc) at the
+// head's K and V dims (the staged rows are head_dim wide; ZACK's heads use their first k_dim / v_dim),
 // byte for byte, padding zeroed. A thread quantizes a whole partition (a token's K partition or a
 // channel's group of tokens, a column of V or a token's group of columns); the staged rows are padded
 // (by 2 halves, 4 code bytes) so that threads walking along different rows fall in different banks.
@@ -101,6 +106,9 @@ __global__ __launch_bounds__(kSealThreads) void seal_blocks(SealLaunch p) {
   constexpr int T = kCudaBlockTokens;
   const int head = blockIdx.y, d = p.head_dim;
   if (int(blockIdx.x) >= p.seal_ctas) return write_step_rows(p, int(blockIdx.x) - p.seal_ctas, head);
+  const QuantizedHeadLayout own = p.heads != nullptr ? p.heads[head] : QuantizedHeadLayout{0, d, d, p.o};
+  const int kd = own.k_dim, vd = own.v_dim, k_partition = min(T, kd);
+  const QuantizedBlockOffsets& o = own.offsets;
   __shared__ uint32_t k_words[T * (kMaxHeadDim + 2) / 2], v_words[T * (kMaxHeadDim + 2) / 2];
   __shared__ uint8_t codes[T * (kMaxHeadDim + 4)];
   const int row_halves = d + 2, code_row = d + 4;
@@ -108,7 +116,8 @@ __global__ __launch_bounds__(kSealThreads) void seal_blocks(SealLaunch p) {
   const __half* v = reinterpret_cast<const __half*>(v_words);
   const int* entry = p.list + 3 * blockIdx.x;
   const uint64_t seed = block_seal_seed(p.seed, p.layer, head, entry[2]);
-  uint8_t* block = p.blocks + (size_t(entry[1]) * p.num_kv_heads + head) * p.o.block_bytes;
+  uint8_t* block = p.heads != nullptr ? p.blocks + size_t(entry[1]) * size_t(p.block_stride) + own.byte_offset
+                                      : p.blocks + (size_t(entry[1]) * p.num_kv_heads + head) * p.o.block_bytes;
   const int first_step_offset = p.block_rows ? p.block_rows[2 * blockIdx.x] : T;
   const int first_step_row = p.block_rows ? p.block_rows[2 * blockIdx.x + 1] : 0;
   const int vectors = d / 8;
@@ -124,37 +133,40 @@ __global__ __launch_bounds__(kSealThreads) void seal_blocks(SealLaunch p) {
     k_row[0] = k_vector.x, k_row[1] = k_vector.y, k_row[2] = k_vector.z, k_row[3] = k_vector.w;
     v_row[0] = v_vector.x, v_row[1] = v_vector.y, v_row[2] = v_vector.z, v_row[3] = v_vector.w;
   }
-  for (int i = threadIdx.x; i < p.o.block_bytes / 16; i += kSealThreads) reinterpret_cast<uint4*>(block)[i] = make_uint4(0, 0, 0, 0);
+  for (int i = threadIdx.x; i < o.block_bytes / 16; i += kSealThreads) reinterpret_cast<uint4*>(block)[i] = make_uint4(0, 0, 0, 0);
   __syncthreads();
 
-  // K (element counter: its index in [T, d]): partitions of k_partition dims along each token's head,
-  // or per channel, each dim over a group of tokens; then the sums per (partition, token) in either.
-  const int k_partitions = d / p.k_partition;
-  __half* k_mins = reinterpret_cast<__half*>(block + p.o.k_mins);
-  __half* k_scales = reinterpret_cast<__half*>(block + p.o.k_scales);
-  int16_t* k_sums = reinterpret_cast<int16_t*>(block + p.o.k_sums);
+  // K (element counter: its index in [T, kd]): partitions of k_partition dims along each token's head
+  // (the last one shorter when k_partition does not divide kd), or per channel, each dim over a group
+  // of tokens; then the sums per (partition, token) in either.
+  const int k_partitions = (kd + k_partition - 1) / k_partition;
+  const auto partition_dims = [&](int part) { return min(k_partition, kd - part * k_partition); };
+  __half* k_mins = reinterpret_cast<__half*>(block + o.k_mins);
+  __half* k_scales = reinterpret_cast<__half*>(block + o.k_scales);
+  int16_t* k_sums = reinterpret_cast<int16_t*>(block + o.k_sums);
   if (p.k_per_channel) {
-    for (int i = threadIdx.x; i < T / p.k_group_tokens * d; i += kSealThreads) {
-      const int group = i / d, dim = i % d, t = group * p.k_group_tokens;
+    for (int i = threadIdx.x; i < T / p.k_group_tokens * kd; i += kSealThreads) {
+      const int group = i / kd, dim = i % kd, t = group * p.k_group_tokens;
       const Partition q = quantize_partition(k + t * row_halves + dim, row_halves, p.k_group_tokens, p.k_bits, p.symmetric,
-                                             p.stochastic, seed, uint64_t(t * d + dim), uint64_t(d), codes + t * code_row + dim,
+                                             p.stochastic, seed, uint64_t(t * kd + dim), uint64_t(kd), codes + t * code_row + dim,
                                              code_row);
-      k_mins[i] = q.min;  // slot group · d + dim
+      k_mins[i] = q.min;  // slot group · kd + dim
       k_scales[i] = q.scale;
     }
     __syncthreads();
     for (int i = threadIdx.x; i < T * k_partitions; i += kSealThreads) {
       const int t = i / k_partitions, part = i % k_partitions;
       int sum = 0;
-      for (int x = 0; x < p.k_partition; ++x) sum += codes[t * code_row + part * p.k_partition + x];
+      for (int x = 0; x < partition_dims(part); ++x) sum += codes[t * code_row + part * k_partition + x];
       k_sums[part * T + t] = int16_t(sum);
     }
   } else {
     for (int i = threadIdx.x; i < T * k_partitions; i += kSealThreads) {
       const int t = i / k_partitions, part = i % k_partitions;
-      const int first = t * d + part * p.k_partition;  // the element's index (its noise counter)
-      const Partition q = quantize_partition(k + t * row_halves + part * p.k_partition, 1, p.k_partition, p.k_bits, p.symmetric,
-                                             p.stochastic, seed, uint64_t(first), 1, codes + t * code_row + part * p.k_partition, 1);
+      const int first = t * kd + part * k_partition;  // the element's index (its noise counter)
+      const Partition q = quantize_partition(k + t * row_halves + part * k_partition, 1, partition_dims(part), p.k_bits,
+                                             p.symmetric, p.stochastic, seed, uint64_t(first), 1,
+                                             codes + t * code_row + part * k_partition, 1);
       const int slot = part * T + t;
       k_mins[slot] = q.min;
       k_scales[slot] = q.scale;
@@ -162,48 +174,48 @@ __global__ __launch_bounds__(kSealThreads) void seal_blocks(SealLaunch p) {
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < d / 4 * T; i += kSealThreads) {  // group g of dims, token t
+  for (int i = threadIdx.x; i < kd / 4 * T; i += kSealThreads) {  // group g of dims, token t
     const int g = i / T, t = i % T;
     const uint8_t* c = codes + t * code_row + 4 * g;
     write_group(block + size_t(i) * (p.k_bits / 2), c[0], c[1], c[2], c[3], p.k_bits);
   }
   __syncthreads();
 
-  // V (element counter after K's T·d): one partition of the block's T tokens per column, or per token,
+  // V (element counter after K's T·kd): one partition of the block's T tokens per column, or per token,
   // each token's columns in groups; then the sums per column in either.
-  __half* v_mins = reinterpret_cast<__half*>(block + p.o.v_mins);
-  __half* v_scales = reinterpret_cast<__half*>(block + p.o.v_scales);
-  int16_t* v_sums = reinterpret_cast<int16_t*>(block + p.o.v_sums);
-  const uint64_t v_counter = uint64_t(T) * uint64_t(d);
+  __half* v_mins = reinterpret_cast<__half*>(block + o.v_mins);
+  __half* v_scales = reinterpret_cast<__half*>(block + o.v_scales);
+  int16_t* v_sums = reinterpret_cast<int16_t*>(block + o.v_sums);
+  const uint64_t v_counter = uint64_t(T) * uint64_t(kd);
   if (p.v_per_token) {
-    const int groups = d / p.v_group_dims;
+    const int groups = vd / p.v_group_dims;
     for (int i = threadIdx.x; i < T * groups; i += kSealThreads) {
       const int t = i / groups, group = i % groups, c = group * p.v_group_dims;
       const Partition q = quantize_partition(v + t * row_halves + c, 1, p.v_group_dims, p.v_bits, p.symmetric, p.stochastic, seed,
-                                             v_counter + uint64_t(t * d + c), 1, codes + t * code_row + c, 1);
+                                             v_counter + uint64_t(t * vd + c), 1, codes + t * code_row + c, 1);
       v_mins[group * T + t] = q.min;
       v_scales[group * T + t] = q.scale;
     }
     __syncthreads();
-    for (int c = threadIdx.x; c < d; c += kSealThreads) {
+    for (int c = threadIdx.x; c < vd; c += kSealThreads) {
       int sum = 0;
       for (int t = 0; t < T; ++t) sum += codes[t * code_row + c];
       v_sums[c] = int16_t(sum);
     }
   } else {
-    for (int c = threadIdx.x; c < d; c += kSealThreads) {
+    for (int c = threadIdx.x; c < vd; c += kSealThreads) {
       const Partition q = quantize_partition(v + c, row_halves, T, p.v_bits, p.symmetric, p.stochastic, seed, v_counter + uint64_t(c),
-                                             uint64_t(d), codes + c, code_row);
+                                             uint64_t(vd), codes + c, code_row);
       v_mins[c] = q.min;
       v_scales[c] = q.scale;
       v_sums[c] = int16_t(q.sum);
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < T / 4 * d; i += kSealThreads) {  // tokens 4u..4u+3 of column c
-    const int u = i / d, c = i % d;
+  for (int i = threadIdx.x; i < T / 4 * vd; i += kSealThreads) {  // tokens 4u..4u+3 of column c
+    const int u = i / vd, c = i % vd;
     const uint8_t* x = codes + 4 * u * code_row + c;
-    write_group(block + p.o.v_codes + size_t(i) * (p.v_bits / 2), x[0], x[code_row], x[2 * code_row], x[3 * code_row], p.v_bits);
+    write_group(block + o.v_codes + size_t(i) * (p.v_bits / 2), x[0], x[code_row], x[2 * code_row], x[3 * code_row], p.v_bits);
   }
 }
 
@@ -227,7 +239,7 @@ Status QuantizedBlockSealer::seal(int layer, const PagedKvView& fp16, const int*
 }
 
 Status QuantizedBlockSealer::append_and_seal(int layer, const PagedKvView& fp16, const StepRows& rows, const int* list, int n,
-                                             uint8_t* blocks) const {
+                                             uint8_t* blocks, const SealedHeadBlocks& heads) const {
   const int write_ctas = (rows.n + kWriteTokens - 1) / kWriteTokens;
   if (n + write_ctas == 0) return Status::ok();
   SealLaunch p{};
@@ -242,11 +254,12 @@ Status QuantizedBlockSealer::append_and_seal(int layer, const PagedKvView& fp16,
   p.seal_ctas = n;
   p.list = list;
   p.blocks = blocks;
+  p.heads = heads.heads;
+  p.block_stride = heads.block_stride;
   p.num_kv_heads = num_kv_heads_;
   p.head_dim = layout_.shape.k_dim;
   p.k_bits = layout_.config.k_bits;
   p.v_bits = layout_.config.v_bits;
-  p.k_partition = layout_.k_partition;
   const QuantizedKvView shape = view(nullptr, nullptr);
   p.o = shape.offsets;
   p.k_per_channel = shape.k_per_channel;
@@ -262,6 +275,11 @@ Status QuantizedBlockSealer::append_and_seal(int layer, const PagedKvView& fp16,
   return Status::ok();
 }
 
+QuantizedBlockOffsets quantized_block_offsets(const QuantizedBlockLayout& layout) {
+  return {int(layout.block_bytes), int(layout.k_mins),  int(layout.k_scales), int(layout.k_sums),
+          int(layout.v_codes),     int(layout.v_mins),  int(layout.v_scales), int(layout.v_sums)};
+}
+
 QuantizedKvView QuantizedBlockSealer::view(const uint8_t* blocks, const int* block_tables, int table_shift) const {
   QuantizedKvView view;
   view.blocks = blocks;
@@ -269,8 +287,7 @@ QuantizedKvView QuantizedBlockSealer::view(const uint8_t* blocks, const int* blo
   view.hack = hack_;
   view.k_bits = layout_.config.k_bits;
   view.v_bits = layout_.config.v_bits;
-  view.offsets = {int(layout_.block_bytes), int(layout_.k_mins),  int(layout_.k_scales), int(layout_.k_sums),
-                  int(layout_.v_codes),     int(layout_.v_mins),  int(layout_.v_scales), int(layout_.v_sums)};
+  view.offsets = quantized_block_offsets(layout_);
   view.k_per_channel = layout_.config.k_per_channel;
   view.v_per_token = layout_.config.v_per_token;
   view.k_group_tokens = layout_.k_group_tokens;

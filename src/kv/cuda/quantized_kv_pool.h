@@ -15,6 +15,16 @@
 
 namespace slimkv::cuda {
 
+// A layout's size and section offsets as the kernels take them.
+QuantizedBlockOffsets quantized_block_offsets(const QuantizedBlockLayout& layout);
+
+// Where the heads of a layer's sealed blocks lie when their dims differ (ZACK's ranks): the head layouts
+// (device [num_kv_heads]) and the bytes of a block of every head.
+struct SealedHeadBlocks {
+  const QuantizedHeadLayout* heads = nullptr;
+  long long block_stride = 0;
+};
+
 // Seals full FP16 blocks of kCudaBlockTokens tokens into `hack` / `quant` blocks of config's bits and
 // rounding, with the seeds block_seal_seed(seed, layer, head, block ordinal), as the CPU store seals
 // them. The GPU kernels read the stored sums and keep the open block exact: store_sums and
@@ -39,7 +49,9 @@ class QuantizedBlockSealer {
   // Writes the step's rows into fp16's pool and seals the n blocks of list in the same launch (HACK
   // quantizes the new KV as it is produced, §5.3): a block's rows of this step are quantized from
   // `rows`, the rest from the pool, so no kernel waits for another and the rows are read once.
-  Status append_and_seal(int layer, const PagedKvView& fp16, const StepRows& rows, const int* list, int n, uint8_t* blocks) const;
+  // heads: ZACK's heads at their own dims (quantized_kv_cache.h); none: every head the layout's.
+  Status append_and_seal(int layer, const PagedKvView& fp16, const StepRows& rows, const int* list, int n, uint8_t* blocks,
+                         const SealedHeadBlocks& heads = SealedHeadBlocks()) const;
   QuantizedKvView view(const uint8_t* blocks, const int* block_tables, int table_shift = 0) const;
   const QuantizedBlockLayout& layout() const { return layout_; }
 

@@ -11,35 +11,7 @@
 namespace slimkv::cuda {
 namespace {
 
-constexpr int kProjectTokens = 8;   // tokens per CTA of the projection: each basis element read once for them
 constexpr int kMaxHeadDim = 128;
-
-// out[t, h, :k_rank] = B_g[:k_rank] · x[t, h, :] with g = h / heads_per_basis, in FP32 from FP16 rows;
-// out[t, h, k_rank:] = 0. Thread j computes output dim j, reading the transposed basis [head_dim, k_rank]
-// along j (coalesced). grid (heads, ceil(n / kProjectTokens)), head_dim threads.
-__global__ void project_heads_kernel(const __half* x, int n, int heads, int heads_per_basis, int head_dim,
-                                     const float* bases_t, const int* basis_offsets, const ZackHeadLayout* layout,
-                                     __half* out) {
-  __shared__ float rows[kProjectTokens][kMaxHeadDim];
-  const int h = blockIdx.x, g = h / heads_per_basis, first = blockIdx.y * kProjectTokens;
-  const int tokens = min(kProjectTokens, n - first), rank = layout[g].k_rank;
-  for (int i = threadIdx.x; i < tokens * head_dim; i += blockDim.x) {
-    const int t = i / head_dim, c = i % head_dim;
-    rows[t][c] = __half2float(x[(size_t(first + t) * heads + h) * head_dim + c]);
-  }
-  __syncthreads();
-  const int j = threadIdx.x;
-  float acc[kProjectTokens] = {};
-  if (j < rank) {
-    const float* basis = bases_t + basis_offsets[g];
-    for (int i = 0; i < head_dim; ++i) {
-      const float b = basis[i * rank + j];
-#pragma unroll
-      for (int t = 0; t < kProjectTokens; ++t) acc[t] = fmaf(rows[t][i], b, acc[t]);
-    }
-  }
-  for (int t = 0; t < tokens; ++t) out[(size_t(first + t) * heads + h) * head_dim + j] = __float2half(acc[t]);
-}
 
 // Token t's k' (first k_rank dims) and v (first v_rank dims) into its slot;
 // grid (n tokens, num_kv_heads), head_dim threads.
@@ -94,7 +66,9 @@ Expected<std::unique_ptr<CudaZackKvCache>> CudaZackKvCache::create(const ZackKvS
                  " V ranks, expected one per layer and KV head (", heads, ")");
   }
   std::unique_ptr<CudaZackKvCache> cache(new CudaZackKvCache(shape));
-  cache->basis_offsets_.assign(1, 0);
+  SLIMKV_ASSIGN_OR_RETURN(cache->projection_,
+                          CudaZackHeadProjection::create({shape.num_layers, shape.num_heads, shape.num_kv_heads, shape.head_dim,
+                                                          shape.max_step_tokens, shape.k_ranks, shape.qk_bases}));
   size_t layer_offset = 0;
   for (int l = 0; l < shape.num_layers; ++l) {
     int at = 0;  // elements of the block so far
@@ -108,27 +82,12 @@ Expected<std::unique_ptr<CudaZackKvCache>> CudaZackKvCache::create(const ZackKvS
       ZackHeadLayout head{at, k_rank, at + k_rank * kCudaBlockTokens, v_rank};
       at = head.v_offset + v_rank * kCudaBlockTokens;
       cache->host_heads_.push_back(head);
-      cache->basis_offsets_.push_back(cache->basis_offsets_.back() + k_rank * shape.head_dim);
     }
     cache->block_elements_.push_back(at);
     cache->layer_offsets_.push_back(layer_offset);
     layer_offset += size_t(at) * size_t(shape.num_blocks);
   }
-  if (shape.qk_bases.size() != size_t(cache->basis_offsets_.back())) {
-    return error("CUDA ZACK KV cache: ", shape.qk_bases.size(), " basis values, expected ", cache->basis_offsets_.back(),
-                 " (k_rank · head_dim for each layer and KV head)");
-  }
-  std::vector<float> transposed(shape.qk_bases.size());
-  for (size_t i = 0; i < heads; ++i) {
-    const int rank = shape.k_ranks[i], offset = cache->basis_offsets_[i];
-    for (int r = 0; r < rank; ++r) {
-      for (int c = 0; c < shape.head_dim; ++c) {
-        transposed[size_t(offset + c * rank + r)] = shape.qk_bases[size_t(offset + r * shape.head_dim + c)];
-      }
-    }
-  }
   const size_t table_entries = size_t(shape.max_sequences) * shape.max_blocks_per_sequence;
-  const size_t step = size_t(shape.max_step_tokens) * size_t(shape.head_dim);
   if (cache->on_host()) {
     SLIMKV_ASSIGN_OR_RETURN(cache->host_pool_, PinnedArray<uint16_t>::allocate(layer_offset, "the ZACK block pool in host memory"));
     cache->pool_data_ = cache->host_pool_.data();
@@ -143,15 +102,9 @@ Expected<std::unique_ptr<CudaZackKvCache>> CudaZackKvCache::create(const ZackKvS
     cache->pool_data_ = cache->pool_.data();
   }
   SLIMKV_ASSIGN_OR_RETURN(cache->heads_, DeviceArray<ZackHeadLayout>::allocate(heads, "the ZACK head layouts"));
-  SLIMKV_ASSIGN_OR_RETURN(cache->bases_t_, DeviceArray<float>::allocate(std::max<size_t>(1, transposed.size()), "the ZACK Q-K bases"));
-  SLIMKV_ASSIGN_OR_RETURN(cache->basis_offsets_device_, DeviceArray<int>::allocate(heads + 1, "the ZACK basis offsets"));
   SLIMKV_ASSIGN_OR_RETURN(cache->block_tables_, DeviceArray<int>::allocate(table_entries, "the block tables"));
   SLIMKV_ASSIGN_OR_RETURN(cache->step_slots_, DeviceArray<int>::allocate(size_t(shape.max_step_tokens), "the step's slots"));
-  SLIMKV_ASSIGN_OR_RETURN(cache->q_reduced_, DeviceArray<uint16_t>::allocate(step * shape.num_heads, "the reduced queries"));
-  SLIMKV_ASSIGN_OR_RETURN(cache->k_reduced_, DeviceArray<uint16_t>::allocate(step * shape.num_kv_heads, "the reduced keys"));
   SLIMKV_RETURN_IF_ERROR(cache->heads_.upload(cache->host_heads_.data(), heads));
-  SLIMKV_RETURN_IF_ERROR(cache->bases_t_.upload(transposed.data(), transposed.size()));
-  SLIMKV_RETURN_IF_ERROR(cache->basis_offsets_device_.upload(cache->basis_offsets_.data(), heads + 1));
   cache->host_block_tables_.assign(table_entries, 0);  // unused entries point at block 0: never read
   SLIMKV_RETURN_IF_ERROR(cache->block_tables_.upload(cache->host_block_tables_.data(), table_entries));
   return Expected<std::unique_ptr<CudaZackKvCache>>(std::move(cache));
@@ -232,34 +185,19 @@ Status CudaZackKvCache::stage(int layer) {
 }
 
 Expected<const uint16_t*> CudaZackKvCache::project_queries(int layer, const uint16_t* q) {
-  const int n = int(host_step_slots_.size());
-  if (n > 0) {
-    const size_t first = size_t(layer) * shape_.num_kv_heads;
-    const dim3 grid(unsigned(shape_.num_heads), unsigned((n + kProjectTokens - 1) / kProjectTokens));
-    project_heads_kernel<<<grid, shape_.head_dim>>>(
-        reinterpret_cast<const __half*>(q), n, shape_.num_heads, shape_.num_heads / shape_.num_kv_heads, shape_.head_dim,
-        bases_t_.data(), basis_offsets_device_.data() + first, heads_.data() + first,
-        reinterpret_cast<__half*>(q_reduced_.data()));
-    SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
-  }
-  return static_cast<const uint16_t*>(q_reduced_.data());
+  return projection_->project_queries(layer, q, int(host_step_slots_.size()));
 }
 
 Status CudaZackKvCache::append(int layer, const uint16_t* k, const uint16_t* v) {
   const int n = int(host_step_slots_.size());
   if (n == 0) return Status::ok();
+  SLIMKV_ASSIGN_OR_RETURN(const uint16_t* reduced, projection_->project_keys(layer, k, n));
   const size_t first = size_t(layer) * shape_.num_kv_heads;
-  const dim3 project_grid(unsigned(shape_.num_kv_heads), unsigned((n + kProjectTokens - 1) / kProjectTokens));
-  project_heads_kernel<<<project_grid, shape_.head_dim>>>(
-      reinterpret_cast<const __half*>(k), n, shape_.num_kv_heads, 1, shape_.head_dim, bases_t_.data(),
-      basis_offsets_device_.data() + first, heads_.data() + first, reinterpret_cast<__half*>(k_reduced_.data()));
-  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   if (staged_) SLIMKV_RETURN_IF_ERROR(stage(layer));
   const auto write = [&](const int* slots, uint16_t* blocks) -> Status {
     write_zack_slots_kernel<<<dim3(unsigned(n), unsigned(shape_.num_kv_heads)), shape_.head_dim>>>(
-        reinterpret_cast<const __half*>(k_reduced_.data()), reinterpret_cast<const __half*>(v), slots,
-        shape_.num_kv_heads, shape_.head_dim, heads_.data() + first, block_elements_[size_t(layer)],
-        reinterpret_cast<__half*>(blocks));
+        reinterpret_cast<const __half*>(reduced), reinterpret_cast<const __half*>(v), slots, shape_.num_kv_heads,
+        shape_.head_dim, heads_.data() + first, block_elements_[size_t(layer)], reinterpret_cast<__half*>(blocks));
     SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
     return Status::ok();
   };

@@ -25,6 +25,7 @@
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/pinned_memory.h"
 #include "kv/cuda/sequence_blocks.h"
+#include "kv/cuda/zack_head_projection.h"
 
 namespace slimkv::cuda {
 
@@ -103,7 +104,6 @@ class CudaZackKvCache {
   std::vector<ZackHeadLayout> host_heads_;   // [num_layers, num_kv_heads]
   std::vector<long long> block_elements_;    // [num_layers]
   std::vector<size_t> layer_offsets_;        // [num_layers]: elements before the layer's region of the pool
-  std::vector<int> basis_offsets_;           // [num_layers · num_kv_heads + 1]: floats before each basis
   DeviceArray<uint16_t> pool_;               // in GPU memory, or empty
   PinnedArray<uint16_t> host_pool_;          // on the host (mapped: kernels write it through its pointer), or empty
   uint16_t* pool_data_ = nullptr;            // whichever of the two holds the pool
@@ -114,11 +114,9 @@ class CudaZackKvCache {
   std::vector<StagingRun> staging_runs_;
   bool staged_ = false;                      // the step begun copies and writes the staging buffer
   DeviceArray<ZackHeadLayout> heads_;
-  DeviceArray<float> bases_t_;               // each basis transposed: [head_dim, k_rank]
-  DeviceArray<int> basis_offsets_device_;
   DeviceArray<int> block_tables_;            // [max_sequences, max_blocks_per_sequence]
   DeviceArray<int> step_slots_;              // [max_step_tokens]
-  DeviceArray<uint16_t> q_reduced_, k_reduced_;  // [max_step_tokens, heads, head_dim]
+  std::unique_ptr<CudaZackHeadProjection> projection_;  // q and k onto the heads' bases
   std::vector<int> host_block_tables_, host_step_slots_;
   SequenceBlocks sequences_;
 };

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Session 19 (issue 24, two GPUs): the build before (KV over NCCL after the last step: main 6b8674b, its slimkv
-# built into /tmp/old, with its plugin beside it) and after (layer by layer: build/release), alternating as
+# Sessions 19-20 (issue 24, two GPUs): a build before (its slimkv in /tmp/old, with its plugin beside it;
+# session 20: main at e69aa1b, synchronous host copies) and after (build/release), alternating as
 # BUILDS says (e.g. BUILDS="old new old"); JCT at 10 Gbit/s with 16K prompts, and each transfer's seconds as the
 # prefill worker reports them. From the repository root; logs to $OUT.
 set -uo pipefail
