@@ -2,10 +2,10 @@
 // batch of sequences, each first prefilled with --prompt random tokens (or, with --context C, given C
 // tokens of random K/V without running the layers: long contexts in milliseconds), then --steps
 // decode steps (greedy, or sampled on the GPU with --temperature / --top-k / --top-p), for each KV codec of
-// --kvs (dense FP16; hack / quant sealed at --bits; zack at --zack-rate KV compression, --random shapes
-// only: every (layer, KV head) at K and V rank d·(1 − rate) rounded to 8, printed — random weights have flat
-// spectra, so their calibration would give every head about that rank; the skew of a trained model's
-// ranks is bench_zack_attention_cuda's subject).
+// --kvs (dense FP16; hack / quant sealed at --bits; zack at --zack-rate KV compression, and zack+hack (its
+// reduced K'/V' sealed by hack at --bits), --random shapes only: every (layer, KV head) at K and V rank
+// d·(1 − rate) rounded to 8, printed — random weights have flat spectra, so their calibration would give
+// every head about that rank; the skew of a trained model's ranks is bench_zack_attention_cuda's subject).
 // Models: a directory or a GGUF file (--model, e.g. the bundled one) and/or --random llama3-8b (random
 // weights of Llama-3-8B's shape generated on the GPU: nothing to download; also llama2-7b, and
 // qwen3-30b-a3b, a mixture of experts). Weight variants side by
@@ -27,7 +27,7 @@
 //   bench_decode_e2e_cuda --model models/slimkv-llama-15m --random llama3-8b --batches 1,16 --prompt 1024
 //   bench_decode_e2e_cuda --random llama3-8b --kvs dense,hack,quant --bits 2 --batches 8 --context 32768
 //   bench_decode_e2e_cuda --random llama3-8b --kvs dense,hack,quant --bits 2 --fit --context 32768
-//   bench_decode_e2e_cuda --random llama3-8b --kvs dense,zack,hack --bits 4 --zack-rate 0.5 --fit --context 32768
+//   bench_decode_e2e_cuda --random llama3-8b --kvs dense,zack,hack,zack+hack --bits 4 --zack-rate 0.5 --fit --context 32768
 //   bench_decode_e2e_cuda --random llama3-8b --kvs dense,zack,hack --bits 4 --batches 1 --prompt 8192 --steps 16
 //   bench_decode_e2e_cuda --random llama3-8b --random-weights f16,q4_k_m,q8_0 --batches 1,8,16 --prompt 512
 //   bench_decode_e2e_cuda --model model-Q4_K_M.gguf --weights quantized,widened --batches 1,8 --prompt 128
@@ -159,12 +159,11 @@ CudaModelOptions model_options(const Options& o, const ModelConfig& config, cons
   options.max_step_tokens = std::max(512, options.max_sequences);
   const int tokens = (o.context > 0 ? o.context : o.prompt) + o.steps + 64;
   options.max_context_tokens = int(std::min<int64_t>(config.max_position_embeddings, tokens));
-  if (kv == "zack") {
-    options.zack = uniform_zack(config, o.zack_rate);
-  } else if (kv != "dense") {
+  if (kv.starts_with("zack")) options.zack = uniform_zack(config, o.zack_rate);
+  if (kv != "dense" && kv != "zack") {  // hack, quant, zack+hack
     QuantizationConfig quantization;
     quantization.k_bits = quantization.v_bits = o.bits;
-    options.quantized_kv = QuantizedKvOptions{quantization, kv == "hack", 0};
+    options.quantized_kv = QuantizedKvOptions{quantization, kv != "quant", 0};
   }
   return options;
 }
@@ -172,10 +171,11 @@ CudaModelOptions model_options(const Options& o, const ModelConfig& config, cons
 // KV bytes one decode step's attention reads per token of context: sealed blocks as stored.
 double kv_bytes_per_token(const ModelConfig& c, const std::string& kv, int bits, double zack_rate) {
   if (kv == "dense") return double(c.num_layers) * 2 * double(c.kv_dim()) * 2;
-  if (kv == "zack") return double(c.num_layers) * double(c.num_kv_heads) * 2 * double(uniform_zack_rank(c, zack_rate)) * 2;
+  const int dims = kv.starts_with("zack") ? uniform_zack_rank(c, zack_rate) : int(c.head_dim);
+  if (kv == "zack") return double(c.num_layers) * double(c.num_kv_heads) * 2 * double(dims) * 2;
   QuantizationConfig quantization;
   quantization.k_bits = quantization.v_bits = bits;
-  const QuantizedBlockLayout layout(quantization, BlockShape{kCudaBlockTokens, int(c.head_dim), int(c.head_dim)});
+  const QuantizedBlockLayout layout(quantization, BlockShape{kCudaBlockTokens, dims, dims});
   return double(c.num_layers) * double(c.num_kv_heads) * double(layout.block_bytes) / kCudaBlockTokens;
 }
 
@@ -252,7 +252,7 @@ Status run_model(const Options& o, const ModelConfig& config, const std::string&
     std::printf("# %s, weights %s, kv %s: %.2f GB of %s weights on the GPU, KV pools %.2f GB (%d blocks of 64 tokens)\n",
                 config.architecture_name.c_str(), variant.c_str(), kv.c_str(), model->weight_bytes() / 1e9,
                 model->weight_description().c_str(), model->kv_cache_bytes() / 1e9, model->kv_cache_blocks());
-    if (kv == "zack") {
+    if (kv.starts_with("zack")) {
       const int rank = uniform_zack_rank(config, o.zack_rate);
       std::printf("# zack ranks: K and V rank %d of %d at every layer and KV head (--zack-rate %.2f, uniform: random "
                   "weights have flat spectra), KV compression %.3f\n",
@@ -267,7 +267,7 @@ Status run_model(const Options& o, const ModelConfig& config, const std::string&
       const int context = o.context > 0 ? o.context : o.prompt;
       const double kv_gb = double(batch) * (context + o.steps / 2.0) * kv_bytes_per_token(config, kv, o.bits, o.zack_rate) / 1e9;
       const double roofline_ms = (weight_gb_read(config, model->weight_bytes(), batch) + kv_gb) / o.bandwidth_gb_s * 1e3;
-      std::printf("%-34s %-9s %7.2f %-6s %5d %8d %12.0f %9.1f %8.2fx %10.3f %12.1f %8.2fx %8.2f %9.3f %8.2f\n",
+      std::printf("%-34s %-9s %7.2f %-9s %5d %8d %12.0f %9.1f %8.2fx %10.3f %12.1f %8.2fx %8.2f %9.3f %8.2f\n",
                   config.architecture_name.c_str(), variant.c_str(), model->weight_bytes() / 1e9, kv.c_str(), batch,
                   context, row.prefill_tokens_per_s, ttft_ms, first[i].ttft_ms > 0 ? ttft_ms / first[i].ttft_ms : 0.0,
                   row.step_ms, tokens_per_s, tokens_per_s / first[i].tokens_per_s, kv_gb, roofline_ms,
@@ -280,11 +280,11 @@ Status run_model(const Options& o, const ModelConfig& config, const std::string&
 Status run(const Options& o) {
   SLIMKV_RETURN_IF_ERROR(device_usable());
   for (const std::string& kv : o.kvs) {
-    if (kv != "dense" && kv != "hack" && kv != "quant" && kv != "zack") {
-      return error("--kvs ", kv, ": expected dense, hack, quant or zack");
+    if (kv != "dense" && kv != "hack" && kv != "quant" && kv != "zack" && kv != "zack+hack") {
+      return error("--kvs ", kv, ": expected dense, hack, quant, zack or zack+hack");
     }
-    if (kv == "zack" && !o.model_dir.empty()) {
-      return error("--kvs zack runs on --random shapes only: a model's ZACK needs its calibration and folded weights ",
+    if (kv.starts_with("zack") && !o.model_dir.empty()) {
+      return error("--kvs ", kv, " runs on --random shapes only: a model's ZACK needs its calibration and folded weights ",
                    "(slimkv generate --device cuda --kv zack:rate=...)");
     }
   }
@@ -297,7 +297,7 @@ Status run(const Options& o) {
     SLIMKV_ASSIGN_OR_RETURN(RandomWeights kind, parse_random_weights(w));
     random_weights.push_back(kind);
   }
-  std::printf("%-34s %-9s %7s %-6s %5s %8s %12s %9s %9s %10s %12s %9s %8s %9s %8s\n", "model", "weights", "wt GB", "kv",
+  std::printf("%-34s %-9s %7s %-9s %5s %8s %12s %9s %9s %10s %12s %9s %8s %9s %8s\n", "model", "weights", "wt GB", "kv",
               "batch", "context", "prefill t/s", "TTFT ms", "vs first", "TBT ms", "decode t/s", "vs first", "KV GB",
               "roof ms", "of roof");
   const size_t columns = o.fit ? 1 : o.batches.size();
@@ -341,7 +341,7 @@ int main(int argc, char** argv) {
   app.add_option("--weights", o.weights, "--model's quantized matrices, side by side: quantized (blocks kept), widened")
       ->delimiter(',');
   app.add_option("--batches", o.batches, "batch sizes")->delimiter(',');
-  app.add_option("--kvs", o.kvs, "KV codecs: dense, hack, quant, zack (--random only)")->delimiter(',');
+  app.add_option("--kvs", o.kvs, "KV codecs: dense, hack, quant; zack, zack+hack (--random only)")->delimiter(',');
   app.add_option("--bits", o.bits, "hack / quant bits (2, 4, 8)");
   app.add_option("--zack-rate", o.zack_rate, "zack's KV compression (1 - stored dims / full dims), uniform ranks")
       ->capture_default_str();
