@@ -6,6 +6,9 @@
 // reduced K'/V' sealed by hack at --bits), --random shapes only: every (layer, KV head) at K and V rank
 // d·(1 − rate) rounded to 8, printed — random weights have flat spectra, so their calibration would give
 // every head about that rank; the skew of a trained model's ranks is bench_zack_attention_cuda's subject).
+// A codec with `@offload` (dense, hack, quant, zack) keeps every token's K/V in pinned host memory, streamed
+// to the GPU layer by layer each step: the bytes a token moves over PCIe are the codec's (the roofline
+// columns still assume GPU memory's bandwidth); not with --fit (the host pool, not GPU memory, bounds it).
 // Models: a directory or a GGUF file (--model, e.g. the bundled one) and/or --random llama3-8b (random
 // weights of Llama-3-8B's shape generated on the GPU: nothing to download; also llama2-7b, and
 // qwen3-30b-a3b, a mixture of experts). Weight variants side by
@@ -29,6 +32,7 @@
 //   bench_decode_e2e_cuda --random llama3-8b --kvs dense,hack,quant --bits 2 --fit --context 32768
 //   bench_decode_e2e_cuda --random llama3-8b --kvs dense,zack,hack,zack+hack --bits 4 --zack-rate 0.5 --fit --context 32768
 //   bench_decode_e2e_cuda --random llama3-8b --kvs dense,zack,hack --bits 4 --batches 1 --prompt 8192 --steps 16
+//   bench_decode_e2e_cuda --random llama3-8b --kvs dense@offload,zack@offload --batches 4 --context 16384 --steps 8
 //   bench_decode_e2e_cuda --random llama3-8b --random-weights f16,q4_k_m,q8_0 --batches 1,8,16 --prompt 512
 //   bench_decode_e2e_cuda --model model-Q4_K_M.gguf --weights quantized,widened --batches 1,8 --prompt 128
 //   bench_decode_e2e_cuda --random qwen3-30b-a3b --random-weights q8_0,q4_0 --batches 1,8,32 --prompt 512
@@ -153,7 +157,12 @@ ZackKvOptions uniform_zack(const ModelConfig& c, double rate) {
   return zack;
 }
 
-CudaModelOptions model_options(const Options& o, const ModelConfig& config, const std::string& kv, int max_sequences) {
+// A --kvs entry's codec, without its `@offload`.
+std::string codec_of(const std::string& kv) { return kv.substr(0, kv.find('@')); }
+bool offloaded(const std::string& kv) { return kv.ends_with("@offload"); }
+
+CudaModelOptions model_options(const Options& o, const ModelConfig& config, const std::string& kv_entry, int max_sequences) {
+  const std::string kv = codec_of(kv_entry);
   CudaModelOptions options;
   options.max_sequences = max_sequences;
   options.max_step_tokens = std::max(512, options.max_sequences);
@@ -165,11 +174,13 @@ CudaModelOptions model_options(const Options& o, const ModelConfig& config, cons
     quantization.k_bits = quantization.v_bits = o.bits;
     options.quantized_kv = QuantizedKvOptions{quantization, kv != "quant", 0};
   }
+  if (offloaded(kv_entry)) options.tier = KvTierOptions{};  // the host pool: every sequence's full context
   return options;
 }
 
 // KV bytes one decode step's attention reads per token of context: sealed blocks as stored.
-double kv_bytes_per_token(const ModelConfig& c, const std::string& kv, int bits, double zack_rate) {
+double kv_bytes_per_token(const ModelConfig& c, const std::string& kv_entry, int bits, double zack_rate) {
+  const std::string kv = codec_of(kv_entry);
   if (kv == "dense") return double(c.num_layers) * 2 * double(c.kv_dim()) * 2;
   const int dims = kv.starts_with("zack") ? uniform_zack_rank(c, zack_rate) : int(c.head_dim);
   if (kv == "zack") return double(c.num_layers) * double(c.num_kv_heads) * 2 * double(dims) * 2;
@@ -252,7 +263,7 @@ Status run_model(const Options& o, const ModelConfig& config, const std::string&
     std::printf("# %s, weights %s, kv %s: %.2f GB of %s weights on the GPU, KV pools %.2f GB (%d blocks of 64 tokens)\n",
                 config.architecture_name.c_str(), variant.c_str(), kv.c_str(), model->weight_bytes() / 1e9,
                 model->weight_description().c_str(), model->kv_cache_bytes() / 1e9, model->kv_cache_blocks());
-    if (kv.starts_with("zack")) {
+    if (kv.starts_with("zack")) {  // zack, zack+hack, zack@offload
       const int rank = uniform_zack_rank(config, o.zack_rate);
       std::printf("# zack ranks: K and V rank %d of %d at every layer and KV head (--zack-rate %.2f, uniform: random "
                   "weights have flat spectra), KV compression %.3f\n",
@@ -280,9 +291,12 @@ Status run_model(const Options& o, const ModelConfig& config, const std::string&
 Status run(const Options& o) {
   SLIMKV_RETURN_IF_ERROR(device_usable());
   for (const std::string& kv : o.kvs) {
-    if (kv != "dense" && kv != "hack" && kv != "quant" && kv != "zack" && kv != "zack+hack") {
-      return error("--kvs ", kv, ": expected dense, hack, quant, zack or zack+hack");
+    const std::string codec = codec_of(kv);
+    if ((codec != "dense" && codec != "hack" && codec != "quant" && codec != "zack" && codec != "zack+hack") ||
+        (codec != kv && (!offloaded(kv) || codec == "zack+hack"))) {
+      return error("--kvs ", kv, ": expected dense, hack, quant, zack or zack+hack, the first four optionally @offload");
     }
+    if (offloaded(kv) && o.fit) return error("--kvs ", kv, " with --fit: the host pool bounds the batch, not GPU memory");
     if (kv.starts_with("zack") && !o.model_dir.empty()) {
       return error("--kvs ", kv, " runs on --random shapes only: a model's ZACK needs its calibration and folded weights ",
                    "(slimkv generate --device cuda --kv zack:rate=...)");
