@@ -196,8 +196,6 @@ Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
     if (auto probe = OffloadTier::open(offload, 1, 1, 1); !probe) {
       return error("KV spec '", config.spec, "': ", probe.status().message());
     }
-    // The slow tier stores blocks of one size; ZACK gives every head its own.
-    if (pipeline.zack) return error("KV spec '", config.spec, "': the offload tier with zack is not supported yet");
     pipeline.offload = offload;
   } else if (config.tier.name == "kvpr") {
     StageOptions options(config.tier, config.spec);

@@ -54,12 +54,18 @@ KvStore::KvStore(const KvShape& shape, const KvPipeline& pipeline)
       head.sink_v.assign(sink_rows * size_t(head.block_shape.v_dim) * element, 0);
     }
   }
-  if (pipeline.offload) {  // every head's blocks the same size: make_kv_pipeline refuses zack@offload
+  if (pipeline.offload) {
     const size_t max_blocks = size_t(shape.num_layers) * size_t(shape.num_kv_heads) *
                               size_t((shape.max_tokens + block_tokens() - 1) / block_tokens());
     const int cache_blocks =
         std::max(1, pipeline.offload->cache_tokens / block_tokens()) * shape.num_layers * shape.num_kv_heads;
-    auto tier = OffloadTier::open(*pipeline.offload, cache_blocks, layers_[0].heads[0].block_bytes, max_blocks);
+    // The slow tier's slots are of one size: the largest head's blocks (ZACK's heads differ; a smaller
+    // head's block fills the start of its slot).
+    size_t slot_bytes = 0;
+    for (const Layer& layer : layers_) {
+      for (const Head& head : layer.heads) slot_bytes = std::max(slot_bytes, head.block_bytes);
+    }
+    auto tier = OffloadTier::open(*pipeline.offload, cache_blocks, slot_bytes, max_blocks);
     // make_kv_pipeline made a file in that directory already; failing now is the disk filling up.
     if (!tier) throw std::runtime_error(tier.status().message());
     offload_ = std::move(*tier);
@@ -304,9 +310,9 @@ KvMemory KvStore::memory() const {
     memory.sealed_blocks += pool.blocks_in_use();
     memory.sealed_bytes += pool.bytes_in_use();
   }
-  if (offload_) {  // sealed blocks are in the slow tier, all of one size
+  if (offload_) {  // sealed blocks are in the slow tier, each in a slot of one size
     memory.sealed_blocks = size_t(offload_->blocks());
-    memory.sealed_bytes = memory.sealed_blocks * layers_[0].heads[0].block_bytes;
+    memory.sealed_bytes = memory.sealed_blocks * offload_->block_bytes();
     memory.sealed_in_slow_tier = true;
     memory.cache_bytes = offload_->cache_bytes();
   }

@@ -66,14 +66,32 @@ bool checked_align(uint64_t x, uint64_t* aligned) {
   return true;
 }
 
+// Version 2's record of one (layer, KV head) in the metadata: u32 k_dim, u32 v_dim, u64 sealed block bytes.
+constexpr uint64_t kHeadRecordBytes = 16;
+
 // The sizes that locate every section: the header's fields, or the writer's store.
 struct Layout {
+  uint32_t version = 1;  // 2: the heads' dims differ (ZACK's ranks), each head's in the tables below
   uint32_t num_layers = 0, num_kv_heads = 0, k_dim = 0, v_dim = 0, max_tokens = 0, block_tokens = 0;
-  uint64_t sealed_block_bytes = 0;
+  uint64_t sealed_block_bytes = 0;   // version 2: the largest head's
   uint64_t sealed_block_stride = 0;  // sealed_block_bytes rounded up to 64
   uint32_t spec_bytes = 0, model_id_bytes = 0;
   uint64_t metadata_offset = 0, metadata_bytes = 0, sealed_offset = 0, sealed_bytes = 0;
   uint64_t open_offset = 0, open_bytes = 0, trailer_offset = 0, total_bytes = 0;
+  // Version 2: [num_layers · num_kv_heads], layer by layer (the metadata's head records); empty in version 1.
+  std::vector<uint32_t> head_k_dims, head_v_dims;
+  std::vector<uint64_t> head_block_bytes;
+
+  bool per_head() const { return version == 2; }
+  size_t head_index(int l, int g) const { return size_t(l) * num_kv_heads + size_t(g); }
+  uint64_t k_dim_of(int l, int g) const { return per_head() ? head_k_dims[head_index(l, g)] : k_dim; }
+  uint64_t v_dim_of(int l, int g) const { return per_head() ? head_v_dims[head_index(l, g)] : v_dim; }
+  uint64_t block_bytes_of(int l, int g) const { return per_head() ? head_block_bytes[head_index(l, g)] : sealed_block_bytes; }
+  // A head's block slot: its block bytes rounded up to 64 (no overflow: each is at most sealed_block_bytes).
+  uint64_t stride_of(int l, int g) const {
+    return per_head() ? (block_bytes_of(l, g) + kKvTransferAlignment - 1) / kKvTransferAlignment * kKvTransferAlignment
+                      : sealed_block_stride;
+  }
 };
 
 // Bytes of one (layer, head)'s open K or V record: n tokens of dim FP32, padded to 64.
@@ -81,17 +99,41 @@ bool open_record_bytes(uint64_t n, uint64_t dim, uint64_t* bytes) {
   return checked_mul(n, dim, bytes) && checked_mul(*bytes, sizeof(float), bytes) && checked_align(*bytes, bytes);
 }
 
-// Metadata: num_layers u32 token counts, the spec, the model id, padded to 64.
+// Bytes of version 2's head records (0 in version 1).
+bool head_records_bytes(const Layout& layout, uint64_t* bytes) {
+  *bytes = 0;
+  return !layout.per_head() || (checked_mul(layout.num_layers, layout.num_kv_heads, bytes) &&
+                                checked_mul(*bytes, kHeadRecordBytes, bytes));
+}
+
+// Metadata: num_layers u32 token counts, version 2's head records, the spec, the model id, padded to 64.
 bool metadata_section_bytes(const Layout& layout, uint64_t* bytes) {
-  return checked_mul(layout.num_layers, 4, bytes) && checked_add(*bytes, layout.spec_bytes, bytes) &&
+  uint64_t records = 0;
+  return head_records_bytes(layout, &records) && checked_mul(layout.num_layers, 4, bytes) &&
+         checked_add(*bytes, records, bytes) && checked_add(*bytes, layout.spec_bytes, bytes) &&
          checked_add(*bytes, layout.model_id_bytes, bytes) && checked_align(*bytes, bytes);
 }
 
 // The sealed and open sections' sizes for these token counts [num_layers].
+// Version 2 sums its heads' sizes (the head records lie in the input, which bounds their count); version 1
+// multiplies one head's by the count, however large a corrupt header makes it.
 bool sequence_section_bytes(const Layout& layout, const std::vector<int>& layer_tokens, uint64_t* sealed_bytes,
-                            uint64_t* open_bytes) {
+                            uint64_t* open_bytes, int first_layer = 0) {
   *sealed_bytes = 0;
   *open_bytes = 0;
+  for (size_t i = 0; layout.per_head() && i < layer_tokens.size(); ++i) {
+    const int l = first_layer + int(i);
+    const uint64_t blocks = uint64_t(layer_tokens[i]) / layout.block_tokens, open = uint64_t(layer_tokens[i]) % layout.block_tokens;
+    for (int g = 0; g < int(layout.num_kv_heads); ++g) {
+      uint64_t head_sealed = 0, k_record = 0, v_record = 0;
+      if (!checked_mul(blocks, layout.stride_of(l, g), &head_sealed) || !checked_add(*sealed_bytes, head_sealed, sealed_bytes) ||
+          !open_record_bytes(open, layout.k_dim_of(l, g), &k_record) || !open_record_bytes(open, layout.v_dim_of(l, g), &v_record) ||
+          !checked_add(*open_bytes, k_record, open_bytes) || !checked_add(*open_bytes, v_record, open_bytes)) {
+        return false;
+      }
+    }
+  }
+  if (layout.per_head()) return true;
   for (const int tokens : layer_tokens) {
     const uint64_t blocks = uint64_t(tokens) / layout.block_tokens, open = uint64_t(tokens) % layout.block_tokens;
     uint64_t layer_sealed = 0, k_record = 0, v_record = 0, layer_open = 0;
@@ -189,6 +231,7 @@ Status parse_header(const uint8_t* data, const std::string& where, Layout& layou
     return error(where, ": header field header_bytes is ", header_bytes, ", expected ", kKvTransferHeaderBytes);
   }
   if (load_u32(data + at::kReserved) != 0) return error(where, ": header field reserved is not 0");
+  layout.version = load_u32(data + at::kVersion);  // 1 or 2: check_identity
   layout.num_layers = load_u32(data + at::kNumLayers);
   layout.num_kv_heads = load_u32(data + at::kNumKvHeads);
   layout.k_dim = load_u32(data + at::kKDim);
@@ -231,7 +274,7 @@ Status parse_header(const uint8_t* data, const std::string& where, Layout& layou
   if (!metadata_section_bytes(layout, &layout.metadata_bytes)) return error(where, ": metadata size overflows");
   layout.sealed_bytes = declared.sealed_bytes;
   layout.open_bytes = declared.open_bytes;
-  if (layout.sealed_bytes % layout.sealed_block_stride != 0) {
+  if (!layout.per_head() && layout.sealed_bytes % layout.sealed_block_stride != 0) {
     return error(where, ": header field sealed_bytes is ", layout.sealed_bytes, ", not a whole number of ",
                  layout.sealed_block_stride, "-byte block slots");
   }
@@ -270,11 +313,44 @@ Status truncation_error(const Layout& layout, size_t size, const std::string& wh
   return error(where, ": truncated");  // not reached: size < total_bytes
 }
 
-// The metadata (token counts, spec, model id) into `info`, with the header's fields, checked: padding
-// zero, and the sealed and open sections exactly the sizes the token counts need. data holds at least
-// the bytes before sealed_offset.
-Status parse_metadata(const uint8_t* data, const Layout& layout, const std::string& where, KvTransferInfo& info) {
-  info.version = load_u32(data + at::kVersion);
+// Version 2's head records (at `records`) into layout's tables, checked: every dim and block size at
+// least 1 and at most the header's, which are their largest.
+Status parse_head_records(const uint8_t* records, Layout& layout, const std::string& where) {
+  const size_t heads = size_t(layout.num_layers) * layout.num_kv_heads;  // bounded: the records lie in the input
+  layout.head_k_dims.resize(heads);
+  layout.head_v_dims.resize(heads);
+  layout.head_block_bytes.resize(heads);
+  uint32_t widest_k = 0, widest_v = 0;
+  uint64_t largest_block = 0;
+  for (size_t i = 0; i < heads; ++i, records += kHeadRecordBytes) {
+    const uint32_t k_dim = load_u32(records), v_dim = load_u32(records + 4);
+    const uint64_t block_bytes = load_u64(records + 8);
+    if (k_dim < 1 || k_dim > layout.k_dim || v_dim < 1 || v_dim > layout.v_dim || block_bytes < 1 ||
+        block_bytes > layout.sealed_block_bytes) {
+      return error(where, ": layer ", i / layout.num_kv_heads, " KV head ", i % layout.num_kv_heads, "'s record holds k_dim ",
+                   k_dim, ", v_dim ", v_dim, " and blocks of ", block_bytes, " bytes; expected 1 to the header's ",
+                   layout.k_dim, ", ", layout.v_dim, " and ", layout.sealed_block_bytes);
+    }
+    layout.head_k_dims[i] = k_dim;
+    layout.head_v_dims[i] = v_dim;
+    layout.head_block_bytes[i] = block_bytes;
+    widest_k = std::max(widest_k, k_dim);
+    widest_v = std::max(widest_v, v_dim);
+    largest_block = std::max(largest_block, block_bytes);
+  }
+  if (widest_k != layout.k_dim || widest_v != layout.v_dim || largest_block != layout.sealed_block_bytes) {
+    return error(where, ": the header's k_dim ", layout.k_dim, ", v_dim ", layout.v_dim, " and sealed_block_bytes ",
+                 layout.sealed_block_bytes, " are not the head records' largest (", widest_k, ", ", widest_v, ", ",
+                 largest_block, ")");
+  }
+  return Status::ok();
+}
+
+// The metadata (token counts, version 2's head records, spec, model id) into `info` and `layout`, with the
+// header's fields, checked: padding zero, and the sealed and open sections exactly the sizes the token
+// counts need. data holds at least the bytes before sealed_offset.
+Status parse_metadata(const uint8_t* data, Layout& layout, const std::string& where, KvTransferInfo& info) {
+  info.version = layout.version;
   info.shape = {int(layout.num_layers), int(layout.num_kv_heads), int(layout.k_dim), int(layout.v_dim),
                 int(layout.max_tokens)};
   info.block_tokens = int(layout.block_tokens);
@@ -293,10 +369,18 @@ Status parse_metadata(const uint8_t* data, const Layout& layout, const std::stri
     }
     info.layer_tokens[l] = int(tokens);
   }
-  const uint8_t* strings = metadata + 4 * size_t(layout.num_layers);
+  uint64_t records_bytes = 0;
+  head_records_bytes(layout, &records_bytes);  // within metadata_bytes: no overflow
+  if (layout.per_head()) {
+    SLIMKV_RETURN_IF_ERROR(parse_head_records(metadata + 4 * size_t(layout.num_layers), layout, where));
+    info.shape.head_k_dims.assign(layout.head_k_dims.begin(), layout.head_k_dims.end());
+    info.shape.head_v_dims.assign(layout.head_v_dims.begin(), layout.head_v_dims.end());
+    info.head_block_bytes = layout.head_block_bytes;
+  }
+  const uint8_t* strings = metadata + 4 * size_t(layout.num_layers) + records_bytes;
   info.spec.assign(reinterpret_cast<const char*>(strings), layout.spec_bytes);
   info.model_id.assign(reinterpret_cast<const char*>(strings + layout.spec_bytes), layout.model_id_bytes);
-  const uint64_t metadata_used = 4 * uint64_t(layout.num_layers) + layout.spec_bytes + layout.model_id_bytes;
+  const uint64_t metadata_used = 4 * uint64_t(layout.num_layers) + records_bytes + layout.spec_bytes + layout.model_id_bytes;
   if (!all_zero(metadata + metadata_used, layout.metadata_bytes - metadata_used)) {
     return error(where, ": the metadata section's padding is not zero");
   }
@@ -328,16 +412,21 @@ Status check_trailer(const uint8_t* trailer, uint64_t body_bytes, uint32_t body_
   return Status::ok();
 }
 
-// Bytes of one (layer, head)'s open K and V records, and of the layer's open range (every head's).
-uint64_t open_head_bytes(const KvTransferInfo& info, int layer) {
+// Bytes of one (layer, head)'s open K and V records, and of the layer's open range (every head's: one
+// head's times the count in version 1, however large a corrupt header makes it).
+uint64_t open_head_bytes(const KvTransferInfo& info, int layer, int head) {
   const uint64_t open = uint64_t(info.layer_tokens[size_t(layer)] % info.block_tokens);
   uint64_t k_record = 0, v_record = 0;
-  open_record_bytes(open, uint64_t(info.shape.k_dim), &k_record);  // cannot overflow: the section's total did not
-  open_record_bytes(open, uint64_t(info.shape.v_dim), &v_record);
+  // Cannot overflow: the section's total did not.
+  open_record_bytes(open, uint64_t(info.shape.k_dim_of(layer, head)), &k_record);
+  open_record_bytes(open, uint64_t(info.shape.v_dim_of(layer, head)), &v_record);
   return k_record + v_record;
 }
 uint64_t open_layer_bytes(const KvTransferInfo& info, int layer) {
-  return open_head_bytes(info, layer) * uint64_t(info.shape.num_kv_heads);
+  if (!info.shape.heads_differ()) return open_head_bytes(info, layer, 0) * uint64_t(info.shape.num_kv_heads);
+  uint64_t bytes = 0;
+  for (int g = 0; g < info.shape.num_kv_heads; ++g) bytes += open_head_bytes(info, layer, g);
+  return bytes;
 }
 
 // The zero padding of layer `layer`'s open records (its open range at `records`).
@@ -347,7 +436,7 @@ Status check_open_padding(const uint8_t* records, const KvTransferInfo& info, in
   // section's bytes even when a (corrupt) header claims billions of heads.
   if (open == 0) return Status::ok();
   for (int g = 0; g < info.shape.num_kv_heads; ++g) {
-    for (const uint64_t dim : {uint64_t(info.shape.k_dim), uint64_t(info.shape.v_dim)}) {
+    for (const uint64_t dim : {uint64_t(info.shape.k_dim_of(layer, g)), uint64_t(info.shape.v_dim_of(layer, g))}) {
       uint64_t record = 0;
       open_record_bytes(open, dim, &record);
       const uint64_t used = open * dim * sizeof(float);
@@ -382,9 +471,21 @@ Expected<ParsedTransfer> parse_transfer(const uint8_t* data, size_t size, std::s
   const KvTransferInfo& info = parsed.info;
   // Padding is zero, so that the format stays canonical (write → read → write gives the same bytes).
   const uint64_t block_padding = layout.sealed_block_stride - layout.sealed_block_bytes;
-  for (uint64_t offset = layout.sealed_offset; offset < layout.open_offset; offset += layout.sealed_block_stride) {
+  for (uint64_t offset = layout.sealed_offset; !layout.per_head() && offset < layout.open_offset;
+       offset += layout.sealed_block_stride) {
     if (!all_zero(data + offset + layout.sealed_block_bytes, block_padding)) {
       return error(where, ": the padding after the sealed block at byte ", offset, " is not zero");
+    }
+  }
+  uint64_t block_offset = layout.sealed_offset;
+  for (int l = 0; layout.per_head() && l < int(layout.num_layers); ++l) {
+    for (int g = 0; g < int(layout.num_kv_heads); ++g) {
+      const uint64_t bytes = layout.block_bytes_of(l, g), stride = layout.stride_of(l, g);
+      for (int b = 0; b < info.layer_tokens[size_t(l)] / int(layout.block_tokens); ++b, block_offset += stride) {
+        if (!all_zero(data + block_offset + bytes, stride - bytes)) {
+          return error(where, ": the padding after the sealed block at byte ", block_offset, " is not zero");
+        }
+      }
     }
   }
   uint64_t offset = layout.open_offset;
@@ -397,8 +498,8 @@ Expected<ParsedTransfer> parse_transfer(const uint8_t* data, size_t size, std::s
 
 // --- writing -------------------------------------------------------------------------------------
 
-// The layout of `store`'s transfer once its layers hold `layer_tokens`, and its spec; errors for what
-// version 1 cannot hold.
+// The layout of `store`'s transfer once its layers hold `layer_tokens`, and its spec: version 1, or 2
+// when its heads' dims differ (ZACK's ranks); errors for what neither holds.
 Expected<Layout> writer_layout(const KvStore& store, std::string_view model_id, const std::vector<int>& layer_tokens,
                                std::string& spec) {
   spec = store.pipeline().describe();
@@ -418,10 +519,6 @@ Expected<Layout> writer_layout(const KvStore& store, std::string_view model_id, 
                  " holds every token of every layer; this model's sliding-window layers have freed the blocks "
                  "that left their window");
   }
-  if (shape.heads_differ()) {
-    return error("writing a kv transfer: format version ", kKvTransferVersion,
-                 " holds one k_dim/v_dim for every head; this store's heads differ (ZACK ranks, KV spec '", spec, "')");
-  }
   Layout layout;
   layout.num_layers = uint32_t(shape.num_layers);
   layout.num_kv_heads = uint32_t(shape.num_kv_heads);
@@ -430,6 +527,21 @@ Expected<Layout> writer_layout(const KvStore& store, std::string_view model_id, 
   layout.max_tokens = uint32_t(shape.max_tokens);
   layout.block_tokens = uint32_t(store.block_tokens());
   layout.sealed_block_bytes = store.block_bytes(0, 0);
+  if (shape.heads_differ()) {  // the header's dims and block size: the heads' largest
+    layout.version = 2;
+    layout.k_dim = layout.v_dim = 0;
+    layout.sealed_block_bytes = 0;
+    for (int l = 0; l < shape.num_layers; ++l) {
+      for (int g = 0; g < shape.num_kv_heads; ++g) {
+        layout.head_k_dims.push_back(uint32_t(shape.k_dim_of(l, g)));
+        layout.head_v_dims.push_back(uint32_t(shape.v_dim_of(l, g)));
+        layout.head_block_bytes.push_back(store.block_bytes(l, g));
+        layout.k_dim = std::max(layout.k_dim, layout.head_k_dims.back());
+        layout.v_dim = std::max(layout.v_dim, layout.head_v_dims.back());
+        layout.sealed_block_bytes = std::max(layout.sealed_block_bytes, layout.head_block_bytes.back());
+      }
+    }
+  }
   checked_align(layout.sealed_block_bytes, &layout.sealed_block_stride);
   layout.spec_bytes = uint32_t(spec.size());
   layout.model_id_bytes = uint32_t(model_id.size());
@@ -463,7 +575,7 @@ void write_head(const Layout& layout, const std::string& spec, std::string_view 
   std::memset(out, 0, layout.sealed_offset);
   uint8_t* header = out;
   std::memcpy(header + at::kMagic, kMagic.data(), kMagic.size());
-  store_u32(header + at::kVersion, kKvTransferVersion);
+  store_u32(header + at::kVersion, layout.version);
   store_u32(header + at::kHeaderBytes, kKvTransferHeaderBytes);
   store_u64(header + at::kTotalBytes, layout.total_bytes);
   store_u32(header + at::kNumLayers, layout.num_layers);
@@ -487,7 +599,13 @@ void write_head(const Layout& layout, const std::string& spec, std::string_view 
 
   uint8_t* metadata = out + layout.metadata_offset;
   for (uint32_t l = 0; l < layout.num_layers; ++l) store_u32(metadata + 4 * size_t(l), uint32_t(layer_tokens[l]));
-  uint8_t* strings = metadata + 4 * size_t(layout.num_layers);
+  uint8_t* records = metadata + 4 * size_t(layout.num_layers);
+  for (size_t i = 0; i < layout.head_k_dims.size(); ++i, records += kHeadRecordBytes) {  // version 2
+    store_u32(records, layout.head_k_dims[i]);
+    store_u32(records + 4, layout.head_v_dims[i]);
+    store_u64(records + 8, layout.head_block_bytes[i]);
+  }
+  uint8_t* strings = records;
   std::memcpy(strings, spec.data(), spec.size());
   if (!model_id.empty()) std::memcpy(strings + spec.size(), model_id.data(), model_id.size());
 }
@@ -500,14 +618,14 @@ void write_head(const Layout& layout, const std::string& spec, std::string_view 
 void write_sealed_blocks(const KvStore& store, const Layout& layout, int l, int first_block, int end_block, uint8_t* sealed,
                          uint32_t* head_crcs = nullptr) {
   constexpr uint64_t kRunBytes = uint64_t(64) << 10;
-  const uint64_t padding = layout.sealed_block_stride - layout.sealed_block_bytes;
   for (int g = 0; g < int(layout.num_kv_heads); ++g) {
+    const uint64_t bytes = layout.block_bytes_of(l, g), stride = layout.stride_of(l, g);
     uint32_t crc = 0;
     const uint8_t* run = sealed;  // the blocks copied and not checksummed yet
     for (int b = first_block; b < end_block; ++b) {
-      std::memcpy(sealed, store.sealed_block(l, g, b), layout.sealed_block_bytes);
-      std::memset(sealed + layout.sealed_block_bytes, 0, padding);
-      sealed += layout.sealed_block_stride;
+      std::memcpy(sealed, store.sealed_block(l, g, b), bytes);
+      std::memset(sealed + bytes, 0, stride - bytes);
+      sealed += stride;
       if (head_crcs && (uint64_t(sealed - run) >= kRunBytes || b + 1 == end_block)) {
         crc = crc32c(run, size_t(sealed - run), crc);
         run = sealed;
@@ -530,11 +648,13 @@ void write_layer(const KvStore& store, const Layout& layout, int l, int first_bl
 // K [open, k_dim] then V [open, v_dim], each padded to 64.
 void write_open_tokens(const KvStore& store, const Layout& layout, int l, uint8_t* open) {
   const size_t tokens = size_t(store.open_tokens(l));
-  uint64_t k_record = 0, v_record = 0;
-  open_record_bytes(tokens, layout.k_dim, &k_record);
-  open_record_bytes(tokens, layout.v_dim, &v_record);
-  std::vector<float> open_k(tokens * layout.k_dim), open_v(tokens * layout.v_dim);
+  std::vector<float> open_k, open_v;
   for (int g = 0; g < int(layout.num_kv_heads); ++g) {
+    uint64_t k_record = 0, v_record = 0;
+    open_record_bytes(tokens, layout.k_dim_of(l, g), &k_record);
+    open_record_bytes(tokens, layout.v_dim_of(l, g), &v_record);
+    open_k.resize(tokens * layout.k_dim_of(l, g));
+    open_v.resize(tokens * layout.v_dim_of(l, g));
     if (tokens > 0) {
       store.widen_open(l, g, int(tokens), open_k.data(), open_v.data());
       const size_t k_bytes = open_k.size() * sizeof(float), v_bytes = open_v.size() * sizeof(float);
@@ -547,9 +667,16 @@ void write_open_tokens(const KvStore& store, const Layout& layout, int l, uint8_
   }
 }
 
-// A layer's sealed and open sizes.
-void layer_bytes(const Layout& layout, int tokens, uint64_t* sealed, uint64_t* open) {
-  sequence_section_bytes(layout, {tokens}, sealed, open);
+// Layer l's sealed and open sizes when it holds `tokens`.
+void layer_bytes(const Layout& layout, int l, int tokens, uint64_t* sealed, uint64_t* open) {
+  sequence_section_bytes(layout, {tokens}, sealed, open, l);
+}
+
+// The pieces of a transfer (a layer at a time, device pages) carry one block size per head: version 1.
+Status check_one_block_size(const Layout& layout, const char* what) {
+  if (!layout.per_head()) return Status::ok();
+  return error("writing a kv transfer ", what, ": the pieces hold one block size for every head; this store's heads ",
+               "differ (ZACK ranks): write it whole (write_kv_transfer, format version 2)");
 }
 
 std::vector<int> store_layer_tokens(const KvStore& store) {
@@ -575,8 +702,11 @@ Status write_kv_transfer(const KvStore& store, std::string_view model_id, std::v
   for (uint32_t l = 0; l < layout.num_layers; ++l) {
     write_layer(store, layout, int(l), 0, out.data() + sealed, out.data() + open, head_crcs.data());
     uint64_t sealed_bytes = 0, open_bytes = 0;
-    layer_bytes(layout, layer_tokens[l], &sealed_bytes, &open_bytes);
-    for (const uint32_t head_crc : head_crcs) crc = crc32c_combine(crc, head_crc, sealed_bytes / layout.num_kv_heads);
+    layer_bytes(layout, int(l), layer_tokens[l], &sealed_bytes, &open_bytes);
+    const uint64_t blocks = uint64_t(layer_tokens[l]) / layout.block_tokens;
+    for (uint32_t g = 0; g < layout.num_kv_heads; ++g) {
+      crc = crc32c_combine(crc, head_crcs[g], blocks * layout.stride_of(int(l), int(g)));
+    }
     sealed += sealed_bytes;
     open += open_bytes;
   }
@@ -591,6 +721,7 @@ Status write_kv_transfer_head(const KvStore& store, std::string_view model_id, i
   const std::vector<int> layer_tokens(size_t(store.shape().num_layers), tokens_per_layer);
   std::string spec;
   SLIMKV_ASSIGN_OR_RETURN(const Layout layout, writer_layout(store, model_id, layer_tokens, spec));
+  SLIMKV_RETURN_IF_ERROR(check_one_block_size(layout, "a layer at a time"));
   assign_for_overwrite(out, layout.sealed_offset);
   write_head(layout, spec, model_id, layer_tokens, out.data());
   return Status::ok();
@@ -600,12 +731,13 @@ Status write_kv_transfer_layer(const KvStore& store, int layer, int first_block,
                                size_t& sealed_bytes, std::vector<uint32_t>* part_crcs) {
   std::string spec;
   SLIMKV_ASSIGN_OR_RETURN(const Layout layout, writer_layout(store, "", store_layer_tokens(store), spec));
+  SLIMKV_RETURN_IF_ERROR(check_one_block_size(layout, "a layer at a time"));
   if (first_block < 0 || first_block > store.num_sealed_blocks(layer)) {
     return error("writing a kv transfer: layer ", layer, " holds ", store.num_sealed_blocks(layer),
                  " sealed blocks; its blocks from ", first_block, " on were asked for");
   }
   uint64_t sealed = 0, open = 0;
-  layer_bytes(layout, store.num_tokens(layer), &sealed, &open);
+  layer_bytes(layout, layer, store.num_tokens(layer), &sealed, &open);
   sealed -= uint64_t(first_block) * layout.num_kv_heads * layout.sealed_block_stride;
   assign_for_overwrite(out, sealed + open);
   if (part_crcs) part_crcs->assign(layout.num_kv_heads + 1, 0);
@@ -619,6 +751,7 @@ Status write_kv_transfer_blocks(const KvStore& store, int layer, int first_block
                                 std::vector<uint32_t>* head_crcs) {
   std::string spec;
   SLIMKV_ASSIGN_OR_RETURN(const Layout layout, writer_layout(store, "", store_layer_tokens(store), spec));
+  SLIMKV_RETURN_IF_ERROR(check_one_block_size(layout, "a layer at a time"));
   if (first_block < 0 || first_block > end_block || end_block > store.num_sealed_blocks(layer)) {
     return error("writing a kv transfer: layer ", layer, " holds ", store.num_sealed_blocks(layer),
                  " sealed blocks; blocks [", first_block, ", ", end_block, ") were asked for");
@@ -636,6 +769,7 @@ Status write_kv_transfer_from_pages(const KvPageLayout& pages, int blocks,
   for (int& tokens : layer_tokens) tokens += blocks * open.block_tokens();
   std::string spec;
   SLIMKV_ASSIGN_OR_RETURN(const Layout layout, writer_layout(open, model_id, layer_tokens, spec));
+  SLIMKV_RETURN_IF_ERROR(check_one_block_size(layout, "from device pages"));
   SLIMKV_RETURN_IF_ERROR(check_page_layout(pages, layout));
   assign_for_overwrite(out, layout.total_bytes);  // every byte written below, padding zeroed
   write_head(layout, spec, model_id, layer_tokens, out.data());
@@ -658,7 +792,7 @@ Status write_kv_transfer_from_pages(const KvPageLayout& pages, int blocks,
     }
     write_open_tokens(open, layout, l, open_bytes);
     uint64_t sealed_bytes = 0, layer_open_bytes = 0;
-    layer_bytes(layout, open.num_tokens(l), &sealed_bytes, &layer_open_bytes);
+    layer_bytes(layout, l, open.num_tokens(l), &sealed_bytes, &layer_open_bytes);
     open_bytes += layer_open_bytes;
   }
   crc = crc32c(out.data() + layout.open_offset, layout.open_bytes, crc);
@@ -705,19 +839,35 @@ Expected<KvTransferInfo> inspect_kv_transfer_head(const uint8_t* data, size_t si
   return info;
 }
 
-std::vector<KvTransferLayerRanges> kv_transfer_layer_ranges(const KvTransferInfo& info) {
+namespace {
+
+// The layout that a checked transfer's info describes (the fields that size its sections).
+Layout layout_of(const KvTransferInfo& info) {
   Layout layout;
+  layout.version = info.shape.heads_differ() ? 2 : 1;
+  layout.num_layers = uint32_t(info.shape.num_layers);
   layout.num_kv_heads = uint32_t(info.shape.num_kv_heads);
   layout.k_dim = uint32_t(info.shape.k_dim);
   layout.v_dim = uint32_t(info.shape.v_dim);
   layout.block_tokens = uint32_t(info.block_tokens);
-  checked_align(info.sealed_block_bytes, &layout.sealed_block_stride);
+  layout.sealed_block_bytes = info.sealed_block_bytes;
+  checked_align(info.sealed_block_bytes, &layout.sealed_block_stride);  // checked by the reader: no overflow
+  layout.head_k_dims.assign(info.shape.head_k_dims.begin(), info.shape.head_k_dims.end());
+  layout.head_v_dims.assign(info.shape.head_v_dims.begin(), info.shape.head_v_dims.end());
+  layout.head_block_bytes = info.head_block_bytes;
+  return layout;
+}
+
+}  // namespace
+
+std::vector<KvTransferLayerRanges> kv_transfer_layer_ranges(const KvTransferInfo& info) {
+  const Layout layout = layout_of(info);
   std::vector<KvTransferLayerRanges> ranges;
   uint64_t sealed = info.sealed_offset, open = info.open_offset;
-  for (const int tokens : info.layer_tokens) {
+  for (size_t l = 0; l < info.layer_tokens.size(); ++l) {
     KvTransferLayerRanges range;
     // The sizes fit: parse_metadata checked that the sections these counts need are the header's.
-    sequence_section_bytes(layout, {tokens}, &range.sealed_bytes, &range.open_bytes);
+    sequence_section_bytes(layout, {info.layer_tokens[l]}, &range.sealed_bytes, &range.open_bytes, int(l));
     range.sealed_offset = sealed;
     range.open_offset = open;
     sealed += range.sealed_bytes;
@@ -744,22 +894,37 @@ Status check_kv_transfer_head_for(const KvTransferInfo& info, std::string_view s
     return error(where, ": ", unsent_tokens_reason(spec));
   }
   const KvShape& shape = into.shape();
-  if (shape.heads_differ()) {
-    return error(where, ": format version ", kKvTransferVersion, " holds one k_dim/v_dim for every head; this store's "
-                 "heads differ (ZACK ranks, KV spec '", spec, "')");
-  }
+  const bool per_head = info.shape.heads_differ() || shape.heads_differ();
   if (info.shape.num_layers != shape.num_layers || info.shape.num_kv_heads != shape.num_kv_heads ||
-      info.shape.k_dim != shape.k_dim || info.shape.v_dim != shape.v_dim) {
+      (!per_head && (info.shape.k_dim != shape.k_dim || info.shape.v_dim != shape.v_dim))) {
     return error(where, ": KV shape mismatch (layers × KV heads × k_dim × v_dim): the sender's is ",
                  info.shape.num_layers, " × ", info.shape.num_kv_heads, " × ", info.shape.k_dim, " × ",
                  info.shape.v_dim, ", this store's ", shape.num_layers, " × ", shape.num_kv_heads, " × ", shape.k_dim,
                  " × ", shape.v_dim);
   }
-  // Implied by spec and shape; checked so that no block is read past its end whatever the codec does.
-  const size_t block_bytes = into.block_bytes(0, 0);
-  if (info.block_tokens != into.block_tokens() || info.sealed_block_bytes != block_bytes) {
-    return error(where, ": block mismatch: the sender's blocks are ", info.block_tokens, " tokens in ",
-                 info.sealed_block_bytes, " bytes, this store's ", into.block_tokens(), " tokens in ", block_bytes);
+  // Each head's dims (ZACK's ranks, version 2), and its blocks: implied by spec and shape, checked so
+  // that no block is read past its end whatever the codec does. Bounded: the counts are this store's.
+  if (info.block_tokens != into.block_tokens()) {
+    return error(where, ": block mismatch: the sender's blocks are ", info.block_tokens, " tokens, this store's ",
+                 into.block_tokens());
+  }
+  for (int l = 0; l < shape.num_layers; ++l) {
+    for (int g = 0; g < shape.num_kv_heads; ++g) {
+      if (info.shape.k_dim_of(l, g) != shape.k_dim_of(l, g) || info.shape.v_dim_of(l, g) != shape.v_dim_of(l, g)) {
+        return error(where, ": KV shape mismatch at layer ", l, " KV head ", g, ": the sender's holds ",
+                     info.shape.k_dim_of(l, g), "/", info.shape.v_dim_of(l, g), " K/V dims, this store's ",
+                     shape.k_dim_of(l, g), "/", shape.v_dim_of(l, g), per_head ? " (ZACK's per-head ranks)" : "");
+      }
+      const uint64_t sent = per_head && info.shape.heads_differ() ? info.head_block_bytes[size_t(l) * size_t(shape.num_kv_heads) + size_t(g)]
+                                                                   : info.sealed_block_bytes;
+      if (sent != into.block_bytes(l, g)) {
+        return error(where, ": block mismatch: the sender's blocks", per_head ? str_cat(" of layer ", l, " KV head ", g) : "",
+                     " are ", info.block_tokens, " tokens in ", sent, " bytes, this store's ", into.block_tokens(),
+                     " tokens in ", into.block_bytes(l, g));
+      }
+      if (!per_head) break;  // every head alike
+    }
+    if (!per_head) break;
   }
   for (int l = 0; l < shape.num_layers; ++l) {
     if (info.layer_tokens[size_t(l)] > shape.max_tokens) {
@@ -787,12 +952,11 @@ Status check_open_values(const uint8_t* records, const KvTransferInfo& info, int
     }
     return true;
   };
-  const uint64_t k_dim = uint64_t(info.shape.k_dim), v_dim = uint64_t(info.shape.v_dim);
   const int open = info.layer_tokens[size_t(layer)] % info.block_tokens;
-  uint64_t k_record = 0;
-  open_record_bytes(uint64_t(open), k_dim, &k_record);
-  const uint64_t head_bytes = open_head_bytes(info, layer);
-  for (int g = 0; g < info.shape.num_kv_heads; ++g, records += head_bytes) {
+  for (int g = 0; g < info.shape.num_kv_heads; records += open_head_bytes(info, layer, g), ++g) {
+    const uint64_t k_dim = uint64_t(info.shape.k_dim_of(layer, g)), v_dim = uint64_t(info.shape.v_dim_of(layer, g));
+    uint64_t k_record = 0;
+    open_record_bytes(uint64_t(open), k_dim, &k_record);
     if (!all_fp16(records, size_t(open) * k_dim) || !all_fp16(records + k_record, size_t(open) * v_dim)) {
       return error(where, ": layer ", layer, " KV head ", g, ": the open block holds values that are not FP16, "
                    "and this spec's open block is FP16 (no sender with this spec wrote them)");
@@ -804,13 +968,14 @@ Status check_open_values(const uint8_t* records, const KvTransferInfo& info, int
 // One layer's open tokens, every head's K and V records from `records` on.
 void restore_open_layer(const uint8_t* records, const KvTransferInfo& info, int layer, KvStore& into) {
   // Rows of FP32 may lie unaligned for float in the input (it need not be aligned): copy through a buffer.
-  const uint64_t k_dim = uint64_t(info.shape.k_dim), v_dim = uint64_t(info.shape.v_dim);
   const int open = info.layer_tokens[size_t(layer)] % info.block_tokens;
-  uint64_t k_record = 0;
-  open_record_bytes(uint64_t(open), k_dim, &k_record);
-  const uint64_t head_bytes = open_head_bytes(info, layer);
-  std::vector<float> k(size_t(open) * k_dim), v(size_t(open) * v_dim);
-  for (int g = 0; g < info.shape.num_kv_heads; ++g, records += head_bytes) {
+  std::vector<float> k, v;
+  for (int g = 0; g < info.shape.num_kv_heads; records += open_head_bytes(info, layer, g), ++g) {
+    const uint64_t k_dim = uint64_t(info.shape.k_dim_of(layer, g)), v_dim = uint64_t(info.shape.v_dim_of(layer, g));
+    uint64_t k_record = 0;
+    open_record_bytes(uint64_t(open), k_dim, &k_record);
+    k.resize(size_t(open) * k_dim);
+    v.resize(size_t(open) * v_dim);
     if (open > 0) {
       std::memcpy(k.data(), records, k.size() * sizeof(float));
       std::memcpy(v.data(), records + k_record, v.size() * sizeof(float));
@@ -822,12 +987,12 @@ void restore_open_layer(const uint8_t* records, const KvTransferInfo& info, int 
 // A transfer's layer (its bytes in place in `data`) into `into`, as restore_kv_transfer_blocks and
 // restore_kv_transfer_open restore it from pieces.
 void restore_layer(const uint8_t* data, const KvTransferInfo& info, int layer, KvStore& into) {
-  uint64_t stride = 0;
-  checked_align(info.sealed_block_bytes, &stride);  // checked by the reader: no overflow
+  const Layout layout = layout_of(info);
   const KvTransferLayerRanges range = kv_transfer_layer_ranges(info)[size_t(layer)];
   const int blocks = info.layer_tokens[size_t(layer)] / info.block_tokens;
   const uint8_t* cursor = data + range.sealed_offset;
   for (int g = 0; g < info.shape.num_kv_heads; ++g) {
+    const uint64_t stride = layout.stride_of(layer, g);
     for (int b = 0; b < blocks; ++b, cursor += stride) into.restore_sealed_block(layer, g, cursor);
   }
   restore_open_layer(data + range.open_offset, info, layer, into);
@@ -865,9 +1030,9 @@ namespace {
 // (the format is canonical).
 Status check_block_padding(const uint8_t* slot, const KvTransferInfo& info, int layer, int head, int block,
                            std::string_view source) {
-  uint64_t stride = 0;
-  checked_align(info.sealed_block_bytes, &stride);  // checked by the reader: no overflow
-  if (!all_zero(slot + info.sealed_block_bytes, stride - info.sealed_block_bytes)) {
+  const Layout layout = layout_of(info);
+  const uint64_t bytes = layout.block_bytes_of(layer, head), stride = layout.stride_of(layer, head);
+  if (!all_zero(slot + bytes, stride - bytes)) {
     return error(where_of(source), ": layer ", layer, " KV head ", head, " block ", block,
                  ": the padding after the sealed block is not zero");
   }
@@ -878,8 +1043,7 @@ Status check_block_padding(const uint8_t* slot, const KvTransferInfo& info, int 
 
 Status restore_kv_transfer_blocks(const uint8_t* slots, int count, const KvTransferInfo& info, int layer, int head,
                                   int first_block, std::string_view source, KvStore& into) {
-  uint64_t stride = 0;
-  checked_align(info.sealed_block_bytes, &stride);
+  const uint64_t stride = layout_of(info).stride_of(layer, head);
   for (int b = 0; b < count; ++b, slots += stride) {
     SLIMKV_RETURN_IF_ERROR(check_block_padding(slots, info, layer, head, first_block + b, source));
     into.restore_sealed_block(layer, head, slots);
@@ -917,12 +1081,12 @@ void restore_kv_transfer_open_tokens(const uint8_t* data, const KvTransferInfo& 
 
 void copy_kv_transfer_pages(const uint8_t* data, const KvTransferInfo& info, int layer, const KvPageLayout& pages,
                             uint8_t* out) {
-  uint64_t stride = 0;
-  checked_align(info.sealed_block_bytes, &stride);  // checked by the reader: no overflow
+  const Layout layout = layout_of(info);
   const KvTransferLayerRanges range = kv_transfer_layer_ranges(info)[size_t(layer)];
   const uint64_t blocks = uint64_t(info.layer_tokens[size_t(layer)] / info.block_tokens);
   const uint8_t* block = data + range.sealed_offset;
   for (uint64_t g = 0; g < uint64_t(info.shape.num_kv_heads); ++g) {
+    const uint64_t stride = layout.stride_of(layer, int(g));
     for (uint64_t b = 0; b < blocks; ++b, block += stride) {
       uint8_t* page = out + b * pages.page_bytes;
       size_t at = 0;

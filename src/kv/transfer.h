@@ -26,7 +26,9 @@
 
 namespace slimkv {
 
-inline constexpr uint32_t kKvTransferVersion = 1;           // the version this code writes and reads
+// The newest version this code writes and reads: 1 when every head has the same dims, 2 when they differ
+// (ZACK's per-head ranks: each head's dims and block size in the metadata). It reads both.
+inline constexpr uint32_t kKvTransferVersion = 2;
 inline constexpr size_t kKvTransferHeaderBytes = 128;
 inline constexpr size_t kKvTransferTrailerBytes = 16;
 inline constexpr size_t kKvTransferAlignment = 64;          // every section and sealed block starts here
@@ -79,9 +81,10 @@ struct KvTransferInfo {
   uint32_t version = 0;
   std::string spec;                 // the sender's KvPipeline::describe()
   std::string model_id;
-  KvShape shape;                    // the sender's, max_tokens included
+  KvShape shape;                    // the sender's, max_tokens included (version 2: each head's dims)
   int block_tokens = 0;
-  uint64_t sealed_block_bytes = 0;  // Codec::block_bytes of the sender's block shape
+  uint64_t sealed_block_bytes = 0;  // Codec::block_bytes of the sender's block shape (version 2: the largest)
+  std::vector<uint64_t> head_block_bytes;  // version 2: each (layer, KV head)'s, layer by layer; else empty
   std::vector<int> layer_tokens;    // tokens held by each layer [num_layers]
   uint64_t total_bytes = 0;
   uint64_t sealed_offset = 0, open_offset = 0, trailer_offset = 0;  // where the sections start

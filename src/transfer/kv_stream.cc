@@ -202,6 +202,11 @@ Expected<KvStreamIdentity> engine_kv_identity(Engine& engine) {
 
 Expected<KvStreamIdentity> transfer_kv_identity(std::span<const uint8_t> transfer) {
   SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, inspect_kv_transfer(transfer.data(), transfer.size(), "an empty sequence"));
+  // The stream's frames hold every head's blocks of one size (kv_frame.h); version 2's differ.
+  if (info.shape.heads_differ()) {
+    return error("a KV stream carries blocks of one size for every head; this KV's heads differ (ZACK ranks, KV spec '",
+                 info.spec, "'): its transfers go whole (export_kv / import_kv)");
+  }
   return KvStreamIdentity{.model_id = info.model_id,
                           .kv_spec = info.spec,
                           .transfer_format_version = info.version,

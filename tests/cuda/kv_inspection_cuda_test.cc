@@ -1,7 +1,7 @@
 // slimkv/kv_inspection.h on device "cuda" (what the Python module's session.kv reads there): a host copy
 // of the GPU's KV through the transfer format. Dense blocks hold the K/V the GPU computed in FP16 (the
 // CPU engine's within the two devices' arithmetic), hack's blocks decode as the CPU's hack blocks do, the
-// copy is a snapshot, @offload's blocks are read from the host tier, and zack (not exportable yet) says so.
+// copy is a snapshot, @offload's blocks are read from the host tier, and zack is read at its per-head ranks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -143,16 +143,30 @@ TEST_F(KvInspectionCudaTest, OffloadBlocksAreReadFromTheHostTier) {
   EXPECT_LT(distance, 1e-3);
 }
 
-TEST_F(KvInspectionCudaTest, ZackSaysItCannotBeRead) {
-  Expected<std::unique_ptr<Engine>> engine =
-      Engine::load({.model_dir = kBundled, .kv_spec = "zack:r=0", .device = "cuda", .threads = 2, .max_sequences = 1});
-  if (!engine) GTEST_SKIP() << "zack:r=0 does not load here: " << engine.status().message();
-  auto session = (*engine)->new_session();
-  ASSERT_TRUE(session->prefill(std::vector<int32_t>{5, 6, 7}));
-  const Status status = kv_snapshot(**engine, *session).status();
-  std::printf("zack on the GPU: %s\n", status.message().c_str());
-  EXPECT_NE(status.message().find("reading the KV of a session on device cuda"), std::string::npos) << status.message();
-  EXPECT_NE(status.message().find("zack"), std::string::npos) << status.message();
+// ZACK's per-head ranks (transfer format version 2): the GPU's copy holds each head at the dims the CPU's
+// zack stage keeps for the same spec and model.
+TEST_F(KvInspectionCudaTest, ZackIsReadAtTheRanksTheCpuKeeps) {
+  const Ran gpu = run("cuda", "zack:rate=0.5"), cpu = run("cpu", "zack:rate=0.5");
+  ASSERT_TRUE(gpu.session && cpu.session);
+  const Expected<KvSnapshot> on_gpu = kv_snapshot(*gpu.engine, *gpu.session), on_cpu = kv_snapshot(*cpu.engine, *cpu.session);
+  ASSERT_TRUE(on_gpu) << on_gpu.status().message();
+  ASSERT_TRUE(on_cpu) << on_cpu.status().message();
+  const KvLayout layout = kv_layout(*on_gpu);
+  int reduced = 0;
+  for (int l = 0; l < layout.num_layers; ++l) {
+    for (int g = 0; g < layout.num_kv_heads; ++g) {
+      const Expected<KvHeadLayout> a = kv_head_layout(*on_gpu, l, g), b = kv_head_layout(*on_cpu, l, g);
+      ASSERT_TRUE(a && b);
+      EXPECT_EQ(a->k_dim, b->k_dim) << "layer " << l << " KV head " << g;
+      EXPECT_EQ(a->v_dim, b->v_dim) << "layer " << l << " KV head " << g;
+      EXPECT_EQ(a->sealed_blocks, 2);
+      EXPECT_EQ(a->open_tokens, kTokens - 128);
+      reduced += a->k_dim + a->v_dim < 2 * 128;
+    }
+  }
+  std::printf("zack:rate=0.5 on the GPU, read back: %d of %d heads below full width\n", reduced,
+              layout.num_layers * layout.num_kv_heads);
+  EXPECT_GT(reduced, 0);
 }
 
 }  // namespace

@@ -186,7 +186,8 @@ TEST_F(ZackCudaEngineTest, CombinationsNotBuiltAreRefused) {
   for (const auto& [spec, named] : std::vector<std::pair<std::string, std::string>>{
            {"zack:r=0.05,align=4+hack:bits=4,klayout=channel,vlayout=token", "zack followed by a codec with klayout=channel"},
            {"zack:r=0.05+hack:bits=4", "align=4"},  // ranks the codec's blocks cannot hold (the CPU refuses them too)
-           {"zack:r=0.05@offload", "zack"}}) {
+           {"zack:r=0.05,align=4+hack:bits=4@offload", "zack followed by a quantizing codec with @offload"},
+           {"zack:r=0.05@kvpr", "zack"}}) {
     config.kv_spec = spec;
     const auto engine = Engine::load(config);
     ASSERT_FALSE(engine.has_value()) << spec;

@@ -332,9 +332,11 @@ TEST(KvTransfer, NewerVersionNamesBothVersions) {
   patch_u32(bytes, 8, kKvTransferVersion + 1);
   repair_checksums(bytes);
   KvStore into = small_store();
-  EXPECT_TRUE(fails_mentioning(read(bytes, into), {"format version 2 is newer than this reader's version 1"}));
+  const std::string newer = str_cat("format version ", kKvTransferVersion + 1, " is newer than this reader's version ",
+                                    kKvTransferVersion);
+  EXPECT_TRUE(fails_mentioning(read(bytes, into), {newer}));
   // A newer version is recognised from its first 12 bytes alone, whatever its header looks like.
-  EXPECT_TRUE(fails_mentioning(read_kv_transfer(bytes.data(), 12, "test", kModel, into), {"version 2 is newer"}));
+  EXPECT_TRUE(fails_mentioning(read_kv_transfer(bytes.data(), 12, "test", kModel, into), {newer}));
 }
 
 TEST(KvTransfer, InconsistentHeaderAndTokenCountsAreErrors) {
@@ -643,6 +645,97 @@ TEST(KvTransfer, FuzzSeedsAreValidTransfers) {
     ++seeds;
   }
   EXPECT_GE(seeds, 2);
+}
+
+// --- version 2: heads of different dims (ZACK's ranks) -------------------------------------------
+
+// A store whose (layer, KV head)s keep their own dims, as ZACK's ranks make them: 3 layers × 2 KV heads,
+// dims multiples of 4 (hack's fields), layer l holding `tokens` - l tokens.
+KvStore per_head_store(const std::string& spec, int tokens, unsigned seed, int max_tokens = 300) {
+  KvShape shape(3, 2, 32, 32, max_tokens);
+  shape.head_k_dims = {32, 8, 12, 20, 4, 16};
+  shape.head_v_dims = {16, 28, 8, 32, 12, 4};
+  KvStore store(shape, pipeline_of(spec));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int l = 0; l < shape.num_layers; ++l) {
+    for (int done = 0; done < std::max(0, tokens - l);) {
+      const int n = std::min(7, tokens - l - done);  // chunks cross block edges
+      std::vector<float> k(size_t(n) * size_t(shape.layer_k_dims(l))), v(size_t(n) * size_t(shape.layer_v_dims(l)));
+      for (float& x : k) x = normal(rng);
+      for (float& x : v) x = normal(rng);
+      store.append(l, k.data(), v.data(), n);
+      done += n;
+    }
+  }
+  return store;
+}
+
+TEST(KvTransfer, HeadsOfDifferentDimsRoundTripInVersion2) {
+  for (const char* spec : {"dense", "dense:dtype=f16", "hack:bits=4,pi=32,prefill=quantized"}) {
+    for (const int tokens : {0, 1, 31, 32, 33, 100}) {
+      SCOPED_TRACE(str_cat(spec, ", ", tokens, " tokens"));
+      const KvStore original = per_head_store(spec, tokens, 5);
+      const std::vector<uint8_t> bytes = write(original);
+      auto info = inspect_kv_transfer(bytes.data(), bytes.size(), "test");
+      ASSERT_TRUE(info) << info.status().message();
+      EXPECT_EQ(info->version, 2u);
+      EXPECT_EQ(info->shape.head_k_dims, original.shape().head_k_dims);
+      EXPECT_EQ(info->shape.head_v_dims, original.shape().head_v_dims);
+      EXPECT_EQ(info->shape.k_dim, 32);  // the widest head's
+      ASSERT_EQ(info->head_block_bytes.size(), 6u);
+      EXPECT_EQ(info->head_block_bytes[1], original.block_bytes(0, 1));
+      EXPECT_EQ(info->sealed_block_bytes, *std::max_element(info->head_block_bytes.begin(), info->head_block_bytes.end()));
+      KvStore restored = per_head_store(spec, 9, 6);  // holds another sequence first: reading replaces it
+      const Status status = read(bytes, restored);
+      ASSERT_TRUE(status.is_ok()) << status.message();
+      EXPECT_EQ(write(restored), bytes) << "write → read → write changed the bytes";
+      for (int l = 0; l < 3; ++l) {
+        for (int g = 0; g < 2; ++g) {
+          for (int b = 0; b < original.num_sealed_blocks(l); ++b) {
+            ASSERT_EQ(std::memcmp(restored.sealed_block(l, g, b), original.sealed_block(l, g, b), original.block_bytes(l, g)), 0);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(KvTransfer, Version2IsCheckedAgainstTheReceiverAndItsRecords) {
+  const KvStore original = per_head_store("dense:dtype=f16", 100, 5);
+  const std::vector<uint8_t> bytes = write(original);
+  // A receiver whose heads hold other dims, or one dim for all, is refused naming the head.
+  KvShape other = original.shape();
+  other.head_k_dims[3] = 24;
+  KvStore other_dims(other, pipeline_of("dense:dtype=f16"));
+  EXPECT_TRUE(fails_mentioning(read(bytes, other_dims), {"KV shape mismatch at layer 1 KV head 1", "20/32", "24/32"}));
+  KvStore uniform({3, 2, 32, 32, 300}, pipeline_of("dense:dtype=f16"));
+  EXPECT_TRUE(fails_mentioning(read(bytes, uniform), {"KV shape mismatch at layer 0 KV head 0", "32/16", "32/32"}));
+  // ...and a version 1 transfer into a store whose heads differ.
+  std::mt19937 rng(3);
+  KvStore one_dim({3, 2, 32, 32, 300}, pipeline_of("dense:dtype=f16"));
+  append_random(one_dim, {40, 40, 40}, rng);
+  KvStore per_head = per_head_store("dense:dtype=f16", 0, 5);
+  EXPECT_TRUE(fails_mentioning(read(write(one_dim), per_head), {"KV shape mismatch at layer 0 KV head 0"}));
+  // Records (at 128 + 4 · layers: k_dim, v_dim, block bytes per head) that a writer would not write.
+  KvStore into = per_head_store("dense:dtype=f16", 0, 5);
+  std::vector<uint8_t> bad = bytes;
+  patch_u32(bad, 128 + 12 + 16, 0);  // layer 0 KV head 1's k_dim
+  repair_checksums(bad);
+  EXPECT_TRUE(fails_mentioning(read(bad, into), {"layer 0 KV head 1's record holds k_dim 0"}));
+  bad = bytes;
+  patch_u32(bad, 128 + 12, 28);  // layer 0 KV head 0's k_dim below the header's 32, the only 32
+  repair_checksums(bad);
+  EXPECT_TRUE(fails_mentioning(read(bad, into), {"not the head records' largest"}));
+  EXPECT_EQ(into.num_tokens(0), 0) << "a refused read touched the store";
+  // Every cut names where it is cut; a layer at a time (the KV stream's pieces) is refused by name.
+  for (size_t size = 0; size < bytes.size(); size += 37) {
+    const std::vector<uint8_t> cut(bytes.begin(), bytes.begin() + std::ptrdiff_t(size));
+    ASSERT_TRUE(fails_mentioning(read_kv_transfer(cut.data(), cut.size(), "cut", kModel, into), {"truncated in the "})) << size;
+  }
+  std::vector<uint8_t> layer;
+  size_t sealed_bytes = 0;
+  EXPECT_TRUE(fails_mentioning(write_kv_transfer_layer(original, 0, 0, layer, sealed_bytes), {"heads differ", "whole"}));
 }
 
 TEST(KvTransfer, HeaderClaimingBillionsOfHeadsIsHandledQuickly) {

@@ -165,7 +165,7 @@ TEST(KvStream, UnclaimedStreamsAreBoundedByBytes) {
   EXPECT_EQ((*small)->stats().dropped_bytes_total, 1u);
 }
 
-// ZACK's per-head ranks differ, and transfer format version 1 holds one k_dim/v_dim: such a worker
+// ZACK's per-head ranks differ, and the stream's frames hold one block size per head: such a worker
 // cannot stream its KV, and says so before any stream starts.
 TEST(KvStream, ZackWithPerHeadRanksHasNoStreamIdentity) {
   auto engine = Engine::load({.model_dir = kModel, .kv_spec = "zack:rate=0.5,align=16+hack:bits=4", .threads = 2});

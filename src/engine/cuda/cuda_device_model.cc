@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -50,10 +51,16 @@ cuda::StepRows rows_of(StepOutput output) {
 
 class CudaDeviceModel final : public DeviceModel {
  public:
-  CudaDeviceModel(std::unique_ptr<cuda::CudaLlamaModel> model, const KvPipeline& pipeline, int gpu)
+  // zack: the cache's per-head ranks, which a host store of its sequences keeps as each head's dims.
+  CudaDeviceModel(std::unique_ptr<cuda::CudaLlamaModel> model, const KvPipeline& pipeline, int gpu,
+                  const std::optional<cuda::ZackKvOptions>& zack)
       : gpu_(gpu), model_(std::move(model)), pipeline_(pipeline) {
     const ModelConfig& c = model_->config();
     shape_ = KvShape(int(c.num_layers), int(c.num_kv_heads), int(c.head_dim), int(c.head_dim), model_->context_tokens());
+    if (zack) {
+      shape_.head_k_dims = zack->k_ranks;
+      shape_.head_v_dims = zack->v_ranks;
+    }
   }
   // The members free their GPU memory after this body, on the thread's device it chose.
   ~CudaDeviceModel() override { static_cast<void>(cuda::use_gpu(gpu_)); }
@@ -294,7 +301,7 @@ Expected<std::unique_ptr<DeviceModel>> load_cuda_model(const LlamaModel& model, 
   }
   SLIMKV_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaLlamaModel> gpu_model,
                           cuda::CudaLlamaModel::upload(c, weights, options));
-  return std::unique_ptr<DeviceModel>(new CudaDeviceModel(std::move(gpu_model), plan.pipeline, gpu));
+  return std::unique_ptr<DeviceModel>(new CudaDeviceModel(std::move(gpu_model), plan.pipeline, gpu, options.zack));
 }
 
 }  // namespace slimkv

@@ -116,8 +116,8 @@ Expected<std::unique_ptr<GpuKvCache>> make_gpu_kv_cache(const GpuKvShape& shape,
     return error("GPU KV cache: sliding-window layers run with the dense codec only on device 'cuda' yet (not with ",
                  options.quantized ? "a quantizing codec" : options.zack ? "zack" : options.tier ? "a host tier" : "pq", ")");
   }
-  if (options.zack && options.tier) {
-    return error("GPU KV cache: zack with a host tier does not run on device 'cuda' yet");
+  if (options.zack && options.quantized && options.tier) {
+    return error("GPU KV cache: zack followed by a quantizing codec with a host tier does not run on device 'cuda' yet");
   }
   if (options.pq) {
     if (options.zack || options.quantized || options.tier) {
@@ -125,6 +125,7 @@ Expected<std::unique_ptr<GpuKvCache>> make_gpu_kv_cache(const GpuKvShape& shape,
     }
     return make_gpu_pq_kv(shape, *options.pq, options.kv_cache_bytes);
   }
+  if (options.zack && options.tier) return make_gpu_zack_host_kv(shape, *options.zack, *options.tier, options.kv_cache_bytes);
   if (options.tier) return make_gpu_host_tier_kv(shape, options, projection);
 
   // The block pool: what was asked for, or the full contexts of every sequence within 90% of what is

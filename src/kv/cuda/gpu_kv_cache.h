@@ -6,7 +6,7 @@
 //   FP16 pages (`dense`)                     gpu_dense_kv.cc        over paged_kv_cache.h
 //   sealed quantized blocks (`hack`, `quant`) gpu_quantized_kv.cc    over quantized_kv_cache.h
 //   a host tier (`@offload`, `@kvpr`)         gpu_host_tier_kv.cc    over host_kv_tier.h
-//   ZACK's per-head ranks (`zack`)            gpu_zack_kv.cc         over zack_kv_cache.h
+//   ZACK's per-head ranks (`zack`, `@offload`) gpu_zack_kv.cc         over zack_kv_cache.h
 //   zack then hack / quant (`zack+hack`)      gpu_zack_quantized_kv.cc over quantized_kv_cache.h (HeadDims)
 //   PQCache's selection (`pq`, `pq@offload`)   gpu_pq_kv.cc           over paged_kv_cache.h, pq_select.h
 //   FP16 pages with sliding-window layers     gpu_sliding_dense_kv.cc over paged_kv_cache.h (two pools)
@@ -119,7 +119,7 @@ struct SelectionReport {
 
 struct GpuKvOptions {
   std::optional<QuantizedKvOptions> quantized;  // none: the `dense` codec (FP16 blocks)
-  std::optional<ZackKvOptions> zack;            // reduced dims (FP16 blocks, or sealed by `quantized`; no tier yet)
+  std::optional<ZackKvOptions> zack;            // reduced dims (FP16 blocks, or sealed by `quantized`; FP16 with a tier)
   std::optional<KvTierOptions> tier;            // none: every block in GPU memory
   std::optional<PqKvOptions> pq;                // PQCache's selection (FP16 pages, its own offload)
   // GPU memory for KV (quantized: the sealed pool and the FP16 window; a tier: its two staging
@@ -251,6 +251,10 @@ Expected<std::unique_ptr<GpuKvCache>> make_gpu_quantized_kv(const GpuKvShape& sh
                                                             int num_blocks);
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_zack_kv(const GpuKvShape& shape, const ZackKvOptions& options,
                                                        int num_blocks);
+// zack...@offload: the pool in pinned host memory (tier.host_bytes, 0: every sequence's full context),
+// kv_cache_bytes of GPU staging (0: as much, within 80% of the free memory); kvpr is refused.
+Expected<std::unique_ptr<GpuKvCache>> make_gpu_zack_host_kv(const GpuKvShape& shape, const ZackKvOptions& options,
+                                                            const KvTierOptions& tier, size_t kv_cache_bytes);
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_zack_quantized_kv(const GpuKvShape& shape, const QuantizedKvOptions& quantized,
                                                                  const ZackKvOptions& zack, int num_blocks);
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_pq_kv(const GpuKvShape& shape, const PqKvOptions& options,

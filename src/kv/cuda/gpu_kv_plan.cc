@@ -62,7 +62,8 @@ Expected<GpuKvPlan> plan_gpu_kv(const KvPipeline& pipeline, const std::string& s
     if (plan.options.quantized && (q.k_per_channel || q.v_per_token)) {
       return refuse("zack followed by a codec with klayout=channel or vlayout=token");
     }
-    if (pipeline.offload || pipeline.kvpr) return refuse("zack with a host tier");
+    if (pipeline.kvpr) return refuse("zack with the kvpr tier (it recomputes full-width K/V; zack@offload runs)");
+    if (pipeline.offload && plan.options.quantized) return refuse("zack followed by a quantizing codec with @offload");
     if (pipeline.hadamard && !plan.options.quantized) return refuse("zack over dense with rot=hadamard");
     plan.options.zack = ZackKvOptions{};  // the ranks and bases: the model's, once it has folded them
     // rot=hadamard turns each head at its ranks (the zack cache does, as the CPU store), not at head_dim.

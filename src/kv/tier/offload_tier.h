@@ -67,6 +67,7 @@ class OffloadTier {
 
   TierStats stats() const;
   int64_t blocks() const { return blocks_; }
+  size_t block_bytes() const { return block_bytes_; }  // a slot: every block of the tier takes one
   size_t cache_bytes() const { return slots_.size() + scratch_.size(); }  // what the tier holds in fast memory
   void clear();  // forgets every block (the file is reused); counters restart
 
