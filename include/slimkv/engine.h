@@ -59,11 +59,13 @@ struct EngineConfig {
   // "cpu", or "cuda" / "cuda:N" for visible GPU N (builds with the CUDA backend; slimkv/device_name.h)
   std::string device = "cpu";
   int threads = 0;              // 0: every core
-  int prefill_chunk_tokens = 512;  // rows a step may hold at most (a longer prompt runs in chunks)
+  int prefill_chunk_tokens = 512;  // a prompt runs in chunks of this many tokens
   // Workers to run on, shared by engines used one at a time (slimkv eval holds one per KV spec);
   // nullptr: the engine starts its own `threads` workers.
   std::shared_ptr<ThreadPool> pool = nullptr;
   int max_sequences = 16;  // sequences held at once
+  // Rows a step may hold at most: one chunk of prompts and a decode token of every other sequence.
+  int max_step_tokens() const { return prefill_chunk_tokens + max_sequences; }
   // Memory for KV blocks, every sequence together (on the GPU: device memory; on the CPU: host memory,
   // with a slow tier: the fast tier's share). 0: max_sequences full contexts, within 90% of what the
   // device has free.
@@ -212,7 +214,7 @@ class Engine {
   int num_sequences() const { return int(sequences_.size()); }  // held now (at most max_sequences)
 
   // Runs every item's tokens through the model in one pass (items name distinct sequences; at most
-  // prefill_chunk_tokens rows together). Everything is checked first — ids, vocabulary, context, the
+  // config().max_step_tokens() rows together). Everything is checked first — ids, vocabulary, context, the
   // step's size, the KV budget — and a refused step changes nothing; the error names the item.
   Status step(std::span<const StepItem> items, StepResult& result);
 

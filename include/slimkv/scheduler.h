@@ -3,9 +3,9 @@
 // A Scheduler owns an Engine and a thread that drives it by Engine::step. Requests are submitted from
 // any thread with a callback for their updates (text deltas, token ids, the finish reason, usage
 // counts); they join and leave the running batch at step boundaries. Each step holds at most
-// EngineConfig::prefill_chunk_tokens rows: the running requests first (a decode token each, or the next
-// chunk of their prompt), then waiting requests in arrival order while the token budget and the KV
-// budget last. When the KV budget runs out mid-decode the newest running request is preempted: its KV
+// EngineConfig::max_step_tokens() rows: the running requests first (a decode token each, or the next
+// chunk of their prompt, cut where a prompt run alone is cut: at multiples of prefill_chunk_tokens), then
+// waiting requests in arrival order while the step's rows and the KV budget last. When the KV budget runs out mid-decode the newest running request is preempted: its KV
 // is exported to host memory (within SchedulerConfig::host_kv_bytes) or, when that is full, dropped
 // and recomputed from its tokens later. Either way its output does not change (sampling is
 // counter-based per position). Requests queue, never fail, for lack of KV.

@@ -183,9 +183,9 @@ Status Engine::step(std::span<const StepItem> items, StepResult& result) {
     rows += int64_t(item.tokens.size());
     device_items.push_back({item.sequence, item.tokens, item.output});
   }
-  if (rows > config_.prefill_chunk_tokens) {
-    return error("a step of ", rows, " tokens; the engine runs at most ", config_.prefill_chunk_tokens,
-                 " at once (prefill_chunk_tokens)");
+  if (rows > config_.max_step_tokens()) {
+    return error("a step of ", rows, " tokens; the engine runs at most ", config_.max_step_tokens(),
+                 " at once (prefill_chunk_tokens + max_sequences)");
   }
   std::vector<int> held_before(items.size());
   for (size_t i = 0; i < items.size(); ++i) held_before[i] = device_->num_tokens(items[i].sequence);

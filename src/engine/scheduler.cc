@@ -21,19 +21,23 @@ namespace slimkv {
 // ---------------------------------------------------------------------------------------------------
 
 StepPlan plan_step(std::span<const PlannedRequest> running, std::span<const PlannedRequest> waiting,
-                   const KvBudget& budget, int64_t step_tokens, int max_running) {
+                   const KvBudget& budget, int64_t step_tokens, int64_t chunk_tokens, int max_running) {
   StepPlan plan;
   const auto blocks = [&](int64_t tokens) { return budget.blocks_for_tokens(tokens); };
+  // A request's next piece: its tokens up to the next multiple of chunk_tokens of its sequence.
+  const auto piece = [&](const PlannedRequest& request) {
+    return std::min(request.tokens_to_run, chunk_tokens - request.held_tokens % chunk_tokens);
+  };
   int64_t free_blocks = budget.free_blocks;
   int64_t tokens_left = step_tokens;
   size_t live = running.size();  // running[0, live) are not preempted; preemption takes from the back
 
-  // Running requests first, oldest first: each runs a chunk cut to the tokens left.
+  // Running requests first, oldest first: each runs its next piece if the step has room for it.
   std::vector<int64_t> scheduled_tokens(running.size(), 0);
   for (size_t i = 0; i < live; ++i) {
     const PlannedRequest& request = running[i];
-    const int64_t tokens = std::min(request.tokens_to_run, tokens_left);
-    if (tokens == 0) continue;  // the budget is spent: it waits for the next step, keeping its blocks
+    const int64_t tokens = piece(request);
+    if (tokens == 0 || tokens > tokens_left) continue;  // it waits for the next step, keeping its blocks
     const int64_t need = blocks(request.held_tokens + tokens) - blocks(request.held_tokens);
     // Not enough free blocks: preempt the newest request not served yet (vLLM's rule: the newest has
     // the least work to lose); when this request is itself the newest, it is the one to go.
@@ -71,8 +75,10 @@ StepPlan plan_step(std::span<const PlannedRequest> running, std::span<const Plan
   int64_t available = free_blocks - reserved;
   int running_count = int(live);
   for (size_t j = 0; j < waiting.size(); ++j) {
-    if (running_count >= max_running || tokens_left == 0) break;
+    if (running_count >= max_running) break;
     const PlannedRequest& request = waiting[j];
+    const int64_t tokens = piece(request);
+    if (tokens > tokens_left) break;  // in order: it waits for a step with room for its piece
     const int64_t blocks_needed = blocks(request.held_tokens + request.tokens_to_run);
     if (running_count == 0 && blocks_needed > budget.total_blocks) {
       plan.waiting_out_of_kv.push_back(j);  // preempted at the budget's end: it could never run again
@@ -81,7 +87,6 @@ StepPlan plan_step(std::span<const PlannedRequest> running, std::span<const Plan
     // Admitted when its tokens' blocks + 1 fit (the first generated tokens have room).
     const int64_t want = blocks_needed + (running_count == 0 ? 0 : 1);
     if (want > available) break;  // in order: a large request is not overtaken forever
-    const int64_t tokens = std::min(request.tokens_to_run, tokens_left);
     available -= want;
     tokens_left -= tokens;
     ++running_count;
@@ -163,7 +168,7 @@ struct Scheduler::Impl {
   Impl(Engine& engine_, SchedulerConfig config_) : engine(engine_), config(config_) {
     const int free_sequences = engine.config().max_sequences - engine.num_sequences();
     max_running = config.max_running > 0 ? std::min(config.max_running, free_sequences) : free_sequences;
-    step_tokens = engine.config().prefill_chunk_tokens;
+    step_tokens = engine.config().max_step_tokens();
     budget_at_start = engine.kv_budget();
     // The blocks of sequences held before the start are not the scheduler's: to its plans the whole
     // budget is what was free then (what the engine reports as free stays exact).
@@ -298,7 +303,8 @@ void Scheduler::Impl::step_once() {
   for (const RequestPtr& request : waiting) waiting_view.push_back(request->planned());
   KvBudget budget = engine.kv_budget();
   budget.total_blocks = budget_at_start.total_blocks;
-  const StepPlan plan = plan_step(running_view, waiting_view, budget, step_tokens, max_running);
+  const StepPlan plan = plan_step(running_view, waiting_view, budget, step_tokens,
+                                  engine.config().prefill_chunk_tokens, max_running);
 
   // Resolve the plan's indices to requests before anything moves.
   struct Scheduled {

@@ -33,13 +33,19 @@ struct StepPlan {
 };
 
 // Plans one step. `running` and `waiting` are in arrival order (the oldest first; preempted requests
-// go back to the front of waiting). Running requests are served first, a chunk each cut to the token
-// budget; when one needs a block that is not free, the newest running request not yet served this step
-// is preempted (or the request itself, when it is the newest). Waiting requests are then admitted in
-// order (no overtaking, so none starves) while fewer than `max_running` run, tokens are left and the
-// blocks for their tokens + 1 fit beside what running prefills will still need (when nothing runs, the
-// "+ 1" is not asked: nobody else could need that block).
+// go back to the front of waiting). Each chosen request runs its next piece: its decode token, or its
+// prompt up to the next multiple of `chunk_tokens` of its sequence — a prompt is cut where the engine cuts
+// a prompt run alone (Engine::generate), never where the step's tokens happen to end, because with a
+// quantizing codec a chunk reads the chunks before it through their codes and its own tokens exactly, so
+// a cut elsewhere would change its output with what else runs. A piece that does not fit the step's
+// `step_tokens` waits for a later step (a step of max_running - 1 decodes and one whole chunk always fits
+// in chunk_tokens + max_running: the oldest prefill never starves). Running requests are served first;
+// when one needs a block that is not free, the newest running request not yet served this step is
+// preempted (or the request itself, when it is the newest). Waiting requests are then admitted in order
+// (no overtaking, so none starves) while fewer than `max_running` run, their piece fits and the blocks
+// for their tokens + 1 fit beside what running prefills will still need (when nothing runs, the "+ 1" is
+// not asked: nobody else could need that block).
 StepPlan plan_step(std::span<const PlannedRequest> running, std::span<const PlannedRequest> waiting,
-                   const KvBudget& budget, int64_t step_tokens, int max_running);
+                   const KvBudget& budget, int64_t step_tokens, int64_t chunk_tokens, int max_running);
 
 }  // namespace slimkv

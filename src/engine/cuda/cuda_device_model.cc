@@ -275,7 +275,7 @@ Expected<std::unique_ptr<DeviceModel>> load_cuda_model(const LlamaModel& model, 
   options.pq = plan.options.pq;
   options.rotate_heads = plan.rotate_heads;
   options.max_sequences = config.max_sequences;
-  options.max_step_tokens = std::max(config.prefill_chunk_tokens, config.max_sequences);
+  options.max_step_tokens = config.max_step_tokens();
   options.kv_cache_bytes = config.kv_cache_bytes;
   SLIMKV_ASSIGN_OR_RETURN(options.widen_quantized_weights, widen_gguf_weights());
   // ZACK: the folded W_V / W_O at full width (the GPU's GEMMs keep the model's shapes), and the ranks and
