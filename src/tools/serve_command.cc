@@ -58,7 +58,7 @@ CommandRunner add_serve_command(CLI::App& app) {
                       "minute unused; 0: a fresh buffer per transfer)")
       ->capture_default_str();
   command->add_option("--prefill-chunk-tokens", options->prefill_chunk_tokens,
-                      "tokens one engine step runs at most (prompt chunks and decode tokens together)")
+                      "prompts run in chunks of this many tokens (a step: one chunk's worth beside a decode token of every other sequence)")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
 
   return [options]() -> Status {
