@@ -80,9 +80,10 @@ double compression_of(const Options& o, const Ranks& r) {
   return 1.0 - double(total) / (2.0 * o.kv_heads * o.head_dim);
 }
 
-// ms per decode step of dense FP16 paged attention.
-Expected<double> dense_ms(const Options& o, int context) {
-  SLIMKV_ASSIGN_OR_RETURN(const RandomKv kv, random_kv({o.batch, context, 1, o.kv_heads, o.head_dim, "dense", 2}));
+// ms per decode step of paged attention over `kv` (one query per sequence at `context`): `run` is the
+// kernel's call, given the attention, the queries, the scale and the output.
+template <typename Run>
+Expected<double> decode_step_ms(const Options& o, const RandomKv& kv, int context, Run run) {
   SLIMKV_ASSIGN_OR_RETURN(auto attention,
                           CudaPagedAttention::create({o.heads, o.kv_heads, o.head_dim, o.batch, o.batch}));
   const size_t q_elements = size_t(o.batch) * o.heads * o.head_dim;
@@ -91,24 +92,24 @@ Expected<double> dense_ms(const Options& o, int context) {
   SLIMKV_RETURN_IF_ERROR(fill_random_fp16(q.data(), q_elements, 99, 1.0f));
   SLIMKV_RETURN_IF_ERROR(attention->plan({kv.ids, std::vector<int>(size_t(o.batch), context), std::vector<int>(size_t(o.batch), 1)}));
   const float scale = 1.0f / std::sqrt(float(o.head_dim));
-  return median_launch_ms([&] { return attention->run(kv.view(), q.data(), scale, out.data()); }, o.repetitions, 10, 5);
+  return median_launch_ms([&] { return run(*attention, q.data(), scale, out.data()); }, o.repetitions, 10, 5);
+}
+
+// ms per decode step of dense FP16 paged attention.
+Expected<double> dense_ms(const Options& o, int context) {
+  SLIMKV_ASSIGN_OR_RETURN(const RandomKv kv, random_kv({o.batch, context, 1, o.kv_heads, o.head_dim, "dense", 2}));
+  return decode_step_ms(o, kv, context, [&](CudaPagedAttention& attention, const uint16_t* q, float scale, uint16_t* out) {
+    return attention.run(kv.view(), q, scale, out);
+  });
 }
 
 // ms per decode step of `o.codec` over random K/V, each head at `dims` (empty: the full head dim).
 Expected<double> quantized_ms(const Options& o, int context, const HeadDims& dims) {
   SLIMKV_ASSIGN_OR_RETURN(const RandomKv kv,
                           random_kv({o.batch, context, 1, o.kv_heads, o.head_dim, o.codec, o.codec_bits, {}, dims}));
-  SLIMKV_ASSIGN_OR_RETURN(auto attention,
-                          CudaPagedAttention::create({o.heads, o.kv_heads, o.head_dim, o.batch, o.batch}));
-  const size_t q_elements = size_t(o.batch) * o.heads * o.head_dim;
-  SLIMKV_ASSIGN_OR_RETURN(auto q, DeviceArray<uint16_t>::allocate(q_elements, "queries"));
-  SLIMKV_ASSIGN_OR_RETURN(auto out, DeviceArray<uint16_t>::allocate(q_elements, "outputs"));
-  SLIMKV_RETURN_IF_ERROR(fill_random_fp16(q.data(), q_elements, 99, 1.0f));
-  SLIMKV_RETURN_IF_ERROR(attention->plan({kv.ids, std::vector<int>(size_t(o.batch), context), std::vector<int>(size_t(o.batch), 1)}));
-  const float scale = 1.0f / std::sqrt(float(o.head_dim));
-  return median_launch_ms(
-      [&] { return attention->run_quantized(kv.view(), kv.quantized->sealed_view(0), q.data(), scale, out.data()); },
-      o.repetitions, 10, 5);
+  return decode_step_ms(o, kv, context, [&](CudaPagedAttention& attention, const uint16_t* q, float scale, uint16_t* out) {
+    return attention.run_quantized(kv.view(), kv.quantized->sealed_view(0), q, scale, out);
+  });
 }
 
 // The ranks as the codec stores them: rounded up to multiples of 4 (align=4).

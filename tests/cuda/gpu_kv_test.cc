@@ -47,6 +47,17 @@ GpuModel upload(const LlamaModel& cpu, const std::string& spec, size_t kv_cache_
   return {take(CudaLlamaModel::upload(cpu.config(), cpu.weights(), options)), plan.pipeline};
 }
 
+// A model whose KV budget is 2 blocks: the import of `bytes` is refused for room, the sequence left empty.
+void expect_no_room(GpuModel small, const KvShape& shape, const std::vector<uint8_t>& bytes) {
+  ASSERT_EQ(small.model->kv().sequences().num_blocks(), 2);
+  const int r = take(small.model->add_sequence());
+  const Status room = import_transfer(small.model->kv(), r, {shape, small.pipeline, "model"}, bytes, "test");
+  ASSERT_FALSE(room.is_ok());
+  EXPECT_NE(room.message().find("no room"), std::string::npos) << room.message();
+  EXPECT_EQ(small.model->num_tokens(r), 0);
+  EXPECT_EQ(small.model->kv().sequences().free_blocks(), 2);
+}
+
 std::vector<int32_t> random_tokens(int n, int vocab, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int32_t> id(0, vocab - 1);
@@ -256,14 +267,7 @@ TEST_F(GpuKvTest, PqSequenceExportedAndImportedSelectsAlike) {
       sender.model->step(std::vector<SequenceTokens>{{s, random_tokens(150, int(config.vocab_size), 5)}}, false, logits));
   std::vector<uint8_t> bytes;
   SLIMKV_ASSERT_OK(export_transfer(sender.model->kv(), s, {shape, sender.pipeline, "model"}, bytes));
-  GpuModel small = upload(*cpu, pq, 2 * sender.model->kv().bytes_per_block());
-  ASSERT_EQ(small.model->kv().sequences().num_blocks(), 2);
-  const int r = take(small.model->add_sequence());
-  const Status room = import_transfer(small.model->kv(), r, {shape, small.pipeline, "model"}, bytes, "test");
-  ASSERT_FALSE(room.is_ok());
-  EXPECT_NE(room.message().find("no room"), std::string::npos) << room.message();
-  EXPECT_EQ(small.model->num_tokens(r), 0);
-  EXPECT_EQ(small.model->kv().sequences().free_blocks(), 2);
+  expect_no_room(upload(*cpu, pq, 2 * sender.model->kv().bytes_per_block()), shape, bytes);
 }
 
 // A server's step: decode rows of pq beside a prompt chunk (between them, so that the step's attention
@@ -359,14 +363,7 @@ TEST_F(GpuKvTest, ImportIsRefusedOnMismatchOrWithoutRoom) {
   // A budget of 2 blocks cannot hold 200 tokens: refused, the sequence still empty.
   const size_t two_blocks = 2 * hack.model->kv().bytes_per_block() +
                             size_t(512 / 64 + 2 * 4) * size_t(config.num_layers) * 2 * size_t(config.kv_dim()) * 64 * 2;
-  GpuModel small = upload(*cpu, "hack:bits=2", two_blocks);
-  ASSERT_EQ(small.model->kv().sequences().num_blocks(), 2);
-  const int r = take(small.model->add_sequence());
-  const Status room = import_transfer(small.model->kv(), r, {shape, small.pipeline, "model"}, bytes, "test");
-  ASSERT_FALSE(room.is_ok());
-  EXPECT_NE(room.message().find("no room"), std::string::npos) << room.message();
-  EXPECT_EQ(small.model->num_tokens(r), 0);
-  EXPECT_EQ(small.model->kv().sequences().free_blocks(), 2);
+  expect_no_room(upload(*cpu, "hack:bits=2", two_blocks), shape, bytes);
 }
 
 }  // namespace

@@ -41,6 +41,12 @@ void block_offsets(const std::vector<int>& block_ids, size_t block_bytes, std::v
   }
 }
 
+// A device buffer for n blocks of the widest layer: each layer's blocks pass through it packed.
+Expected<DeviceArray<uint16_t>> packed_layer_blocks(const std::vector<long long>& block_elements, size_t n) {
+  const long long widest = *std::max_element(block_elements.begin(), block_elements.end());
+  return DeviceArray<uint16_t>::allocate(n * size_t(widest), "a ZACK sequence's layer of blocks");
+}
+
 }  // namespace
 
 size_t CudaZackKvCache::block_bytes(const std::vector<int>& k_ranks, const std::vector<int>& v_ranks) {
@@ -223,8 +229,7 @@ Status CudaZackKvCache::download_blocks(const std::vector<int>& block_ids,
   blocks.assign(size_t(shape_.num_layers), {});
   if (block_ids.empty()) return Status::ok();
   const size_t n = block_ids.size();
-  const long long widest = *std::max_element(block_elements_.begin(), block_elements_.end());
-  SLIMKV_ASSIGN_OR_RETURN(auto packed, DeviceArray<uint16_t>::allocate(n * size_t(widest), "a ZACK sequence's layer of blocks"));
+  SLIMKV_ASSIGN_OR_RETURN(auto packed, packed_layer_blocks(block_elements_, n));
   std::vector<uint64_t> in_pool, in_packed;
   for (int l = 0; l < shape_.num_layers; ++l) {
     const size_t elements = size_t(block_elements_[size_t(l)]);
@@ -244,8 +249,7 @@ Status CudaZackKvCache::upload_blocks(const std::vector<int>& block_ids, const s
   }
   if (block_ids.empty()) return Status::ok();
   const size_t n = block_ids.size();
-  const long long widest = *std::max_element(block_elements_.begin(), block_elements_.end());
-  SLIMKV_ASSIGN_OR_RETURN(auto packed, DeviceArray<uint16_t>::allocate(n * size_t(widest), "a ZACK sequence's layer of blocks"));
+  SLIMKV_ASSIGN_OR_RETURN(auto packed, packed_layer_blocks(block_elements_, n));
   std::vector<uint64_t> in_pool, in_packed;
   for (int l = 0; l < shape_.num_layers; ++l) {
     const size_t elements = size_t(block_elements_[size_t(l)]);
