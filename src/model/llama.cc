@@ -144,16 +144,16 @@ void gated_activation(Activation activation, float* gate, const float* up, size_
 
 // The MLP of one layer over n rows of h, into out: dense, or routed to experts (Qwen3-MoE: softmax over
 // the router's logits, the top k, optionally renormalised; each expert runs once over the rows routed to
-// it, so only those rows are computed).
-void mlp(const ModelConfig& c, const LayerWeights& w, const float* h, int n, float* out, RunState& s,
+// it, so only those rows are computed). `items`: the rows of the batch's sequences (MatmulItems).
+void mlp(const ModelConfig& c, const LayerWeights& w, const float* h, int n, MatmulItems items, float* out, RunState& s,
          ThreadPool& pool) {
   const int hidden = int(c.hidden_size);
   if (w.experts.empty()) {
     const size_t inter = size_t(c.intermediate_size);
     const MatmulProduct gate_up[] = {{&w.mlp.gate, s.gate.data()}, {&w.mlp.up, s.up.data()}};
-    matmul_shared_input(h, n, gate_up, pool);
+    matmul_shared_input(h, n, gate_up, pool, items);
     gated_activation(c.activation, s.gate.data(), s.up.data(), size_t(n) * inter, pool);
-    matmul(s.gate.data(), n, w.mlp.down, out, pool);
+    matmul(s.gate.data(), n, w.mlp.down, out, pool, items);
     return;
   }
   const MoeConfig& moe = c.moe;
@@ -161,7 +161,7 @@ void mlp(const ModelConfig& c, const LayerWeights& w, const float* h, int n, flo
   s.router.resize(size_t(n) * experts);
   s.expert_of.resize(size_t(n) * k);
   s.expert_weight.resize(size_t(n) * k);
-  matmul(h, n, w.router, s.router.data(), pool);
+  matmul(h, n, w.router, s.router.data(), pool, items);
   route_to_experts(moe, n, s.router.data(), s.expert_of.data(), s.expert_weight.data());
   std::fill(out, out + size_t(n) * hidden, 0.0f);
   const size_t inter = size_t(moe.expert_intermediate_size);
@@ -227,8 +227,11 @@ int output_dims(const KvShape& shape, int layer, int num_heads) {
 void LlamaModel::forward(std::span<const ForwardSequence> batch, float* logits, RunState& s, ThreadPool& pool) const {
   const ModelConfig& c = config_;
   // The batch's rows back to back: sequence i owns rows [first_row[i], first_row[i] + its tokens).
-  std::vector<int> first_row(batch.size() + 1, 0);
-  for (size_t i = 0; i < batch.size(); ++i) first_row[i + 1] = first_row[i] + int(batch[i].tokens.size());
+  std::vector<int> first_row(batch.size() + 1, 0), item_rows(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    item_rows[i] = int(batch[i].tokens.size());
+    first_row[i + 1] = first_row[i] + item_rows[i];
+  }
   const int n = first_row.back();
   const int hidden = int(c.hidden_size), inter = int(c.intermediate_size), head_dim = int(c.head_dim);
   const int q_dim = int(c.q_dim()), kv_dim = int(c.kv_dim());
@@ -280,7 +283,7 @@ void LlamaModel::forward(std::span<const ForwardSequence> batch, float* logits, 
     // Attention block: h = rmsnorm(x); q, k, v = project(h); rope(q, k); append; attend; x += o_proj(o)
     rmsnorm(s.x.data(), w.attention_norm, eps, n, hidden, s.xb.data());
     const MatmulProduct qkv[] = {{&w.wq, s.q.data()}, {&w.wk, s.k.data()}, {&w.wv, s.v.data()}};
-    matmul_shared_input(s.xb.data(), n, qkv, pool);
+    matmul_shared_input(s.xb.data(), n, qkv, pool, item_rows);
     if (c.attention_bias) {
       add_bias(s.q.data(), w.bq, n);
       add_bias(s.k.data(), w.bk, n);
@@ -328,28 +331,30 @@ void LlamaModel::forward(std::span<const ForwardSequence> batch, float* logits, 
       batch[i].kv->release_outside_window(l);  // a sliding layer frees the blocks no later query can see
       if (batch[i].observer) batch[i].observer->on_attention_output(l, calls[i].out, calls[i].n);
     }
-    matmul(s.att.data(), n, w.wo, s.proj.data(), pool);
+    matmul(s.att.data(), n, w.wo, s.proj.data(), pool, item_rows);
     if (c.sandwich_norms) rmsnorm(s.proj.data(), w.attention_out_norm, eps, n, hidden, s.proj.data());
     add_to(s.x.data(), s.proj.data(), size_t(n) * hidden);
 
     // MLP block: x += mlp(rmsnorm(x)) (Gemma 3: normed again before the add)
     rmsnorm(s.x.data(), w.mlp_norm, eps, n, hidden, s.xb.data());
-    mlp(c, w, s.xb.data(), n, s.proj.data(), s, pool);
+    mlp(c, w, s.xb.data(), n, item_rows, s.proj.data(), s, pool);
     if (c.sandwich_norms) rmsnorm(s.proj.data(), w.mlp_out_norm, eps, n, hidden, s.proj.data());
     add_to(s.x.data(), s.proj.data(), size_t(n) * hidden);
   }
 
   // logits = lm_head(rmsnorm(x)) for the rows the sequences ask for, gathered in order
   int rows = 0;
+  std::vector<int> logit_rows;  // each sequence's rows of them
   for (size_t i = 0; i < batch.size(); ++i) {
     const int count = batch[i].logits == LogitRows::kAll ? int(batch[i].tokens.size())
                       : batch[i].logits == LogitRows::kLast ? 1 : 0;
+    logit_rows.push_back(count);
     const int first = first_row[i + 1] - count;
     rmsnorm(s.x.data() + size_t(first) * hidden, weights_.final_norm, eps, count, hidden,
             s.xb.data() + size_t(rows) * hidden);
     rows += count;
   }
-  if (rows > 0) matmul(s.xb.data(), rows, weights_.lm_head, logits, pool);
+  if (rows > 0) matmul(s.xb.data(), rows, weights_.lm_head, logits, pool, logit_rows);
   if (c.final_logit_softcap > 0) {  // Gemma: logits = cap · tanh(logits / cap)
     const float cap = float(c.final_logit_softcap);
     for (size_t i = 0; i < size_t(rows) * size_t(c.vocab_size); ++i) logits[i] = cap * std::tanh(logits[i] / cap);

@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "backend/cpu/bf16_gemm.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/vec_ops.h"
 #include "slimkv/status.h"
@@ -173,6 +174,41 @@ TEST(Matmul, SharedInputProductsEachMatchTheirOwnMatmul) {
         }
       }
     }
+  }
+}
+
+// A batch's items (MatmulItems) each get the bits they get alone, whichever path the batch's size would
+// have taken: short items (decodes, short prompts) beside long ones, more short rows than one few-input
+// call holds, on every dtype and, for BF16, the packed panels where this CPU's tier reads them.
+TEST(Matmul, EachItemOfABatchGetsItsBitsAlone) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal;
+  ThreadPool pool(2);
+  const std::vector<int> items = {1, 20, 3, 1, 40, 12, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+  int n = 0;
+  for (int item : items) n += item;
+  const int rows = 70, cols = 300;
+  std::vector<float> x(size_t(n) * cols), w32(size_t(rows) * cols);
+  for (float& e : x) e = normal(rng);
+  for (float& e : w32) e = normal(rng);
+  std::vector<uint16_t> w16(w32.size());
+  for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (size_t i = 0; i < w32.size(); ++i) w16[i] = dtype == DType::kBF16 ? float_to_bf16(w32[i]) : float_to_fp16(w32[i]);
+    WeightMatrix w{dtype == DType::kF32 ? static_cast<const void*>(w32.data()) : w16.data(), dtype, rows, cols};
+    Bf16Panels panels;
+    if (takes_bf16_panels(w)) {
+      panels = bf16_pack_panels(w16.data(), rows, cols);
+      w.bf16_panels = panels.get();
+    }
+    SCOPED_TRACE(str_cat("dtype=", dtype_name(dtype), w.bf16_panels != nullptr ? " (packed panels)" : ""));
+    std::vector<float> y(size_t(n) * rows), alone(y.size());
+    matmul(x.data(), n, w, y.data(), pool, items);
+    int first = 0;
+    for (int item : items) {
+      matmul(x.data() + size_t(first) * cols, item, w, alone.data() + size_t(first) * rows, pool);
+      first += item;
+    }
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y[i], alone[i]) << "element " << i << " (row " << i / rows << ")";
   }
 }
 

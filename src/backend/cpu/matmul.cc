@@ -18,7 +18,8 @@ namespace {
 // Up to this many inputs (a decode step of that many sequences), half-precision weights are multiplied in
 // place, widened in registers (vec_ops.h matvec_half: memory-bound, each weight read once, each input
 // with the bits it would get alone); F32 weights go to BLAS. More inputs (prefill) go to panel_gemm.
-constexpr int64_t kMatVecMaxInputs = 16;
+constexpr int64_t kMatVecMaxInputs = kMatmulFewInputs;
+static_assert(kBf16DecodeMaxInputs == kMatmulFewInputs, "the few-input paths must agree on few");
 // Multiply-adds per task (weights x inputs): below this, handing work to another thread costs more than it
 // saves. 2^15 (64 KB of half-precision weights for one input, a few µs) splits even a decode step's
 // smallest products over the threads (the pool's workers spin between loops): decode of the bundled model
@@ -71,8 +72,12 @@ void matmul_rows(const float* x, int64_t n, const WeightMatrix& w, int64_t row0,
   } else if (n > kMatVecMaxInputs) {
     panel_gemm(x, n, w.data, w.dtype, w.rows, w.cols, row0, row0 + rows, y);
   } else if (w.dtype == DType::kF32) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(rows), int(w.cols), 1.0f, x, int(w.cols),
-                reinterpret_cast<const float*>(row_pointer(w, row0)), int(w.cols), 0.0f, y + row0, int(w.rows));
+    // An input at a time: BLAS's products of a few inputs sum in an order that depends on how many.
+    for (int64_t i = 0; i < n; ++i) {
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, int(rows), int(w.cols), 1.0f,
+                  reinterpret_cast<const float*>(row_pointer(w, row0)), int(w.cols), x + i * w.cols, 1, 0.0f,
+                  y + i * w.rows + row0, 1);
+    }
   } else {
     matvec_half(x, n, static_cast<const uint16_t*>(w.data), w.dtype, w.rows, w.cols, row0, row0 + rows, y);
   }
@@ -97,12 +102,10 @@ void widen_rows(const WeightMatrix& w, int64_t row0, int64_t count, float* out) 
   }
 }
 
-void matmul(const float* x, int64_t n, const WeightMatrix& w, float* y, ThreadPool& pool) {
-  const MatmulProduct product{&w, y};
-  matmul_shared_input(x, n, {&product, 1}, pool);
-}
+namespace {
 
-void matmul_shared_input(const float* x, int64_t n, std::span<const MatmulProduct> products, ThreadPool& pool) {
+// Every product for n inputs that take one path together.
+void multiply_together(const float* x, int64_t n, std::span<const MatmulProduct> products, ThreadPool& pool) {
   static std::once_flag single_threaded_blas;
   std::call_once(single_threaded_blas, [] { openblas_set_num_threads(1); });
   // Each product's output rows split into tasks of at least kTaskMultiplyAdds, a few per thread, whole
@@ -152,6 +155,50 @@ void matmul_shared_input(const float* x, int64_t n, std::span<const MatmulProduc
     const int64_t rows = std::min(split[m].rows_per_task, w.rows - row0);
     if (rows > 0) matmul_rows(x, n, w, row0, rows, products[m].y, split_x, quantized_x);
   });
+}
+
+struct RowRun {
+  int64_t first, n;
+};
+
+// Consecutive rows that take one path together: neighbouring long items, or neighbouring short ones up to
+// kMatmulFewInputs rows.
+std::vector<RowRun> row_runs(int64_t n, MatmulItems items) {
+  if (items.empty()) return {{0, n}};
+  std::vector<RowRun> runs;
+  bool few = false;
+  int64_t first = 0;
+  for (const int item : items) {
+    const bool item_few = item <= kMatmulFewInputs;
+    const bool joins = !runs.empty() && few == item_few && (!few || runs.back().n + item <= kMatmulFewInputs);
+    if (joins) {
+      runs.back().n += item;
+    } else if (item > 0) {
+      runs.push_back({first, item});
+      few = item_few;
+    }
+    first += item;
+  }
+  return runs;
+}
+
+}  // namespace
+
+void matmul(const float* x, int64_t n, const WeightMatrix& w, float* y, ThreadPool& pool, MatmulItems items) {
+  const MatmulProduct product{&w, y};
+  matmul_shared_input(x, n, {&product, 1}, pool, items);
+}
+
+void matmul_shared_input(const float* x, int64_t n, std::span<const MatmulProduct> products, ThreadPool& pool,
+                         MatmulItems items) {
+  const std::vector<RowRun> runs = row_runs(n, items);
+  if (runs.size() == 1) return multiply_together(x, n, products, pool);
+  std::vector<MatmulProduct> at(products.begin(), products.end());  // each product's rows of the run
+  const int64_t cols = products[0].w->cols;
+  for (const RowRun& run : runs) {
+    for (size_t m = 0; m < products.size(); ++m) at[m].y = products[m].y + run.first * products[m].w->rows;
+    multiply_together(x + run.first * cols, run.n, at, pool);
+  }
 }
 
 void matmul_reference(const float* x, int64_t n, const WeightMatrix& w, float* y) {

@@ -7,7 +7,9 @@
 //    has one (bf16_gemm.h: AMX tiles, else AVX-512 BF16 on AMD; the activations split into two BF16 parts,
 //    FP32-close results);
 //  - on AMX, BF16 weights packed into the tiles' layout (WeightMatrix::bf16_panels) go to the tiles for
-//    any number of inputs: each input's result is then the same whatever the batch around it.
+//    any number of inputs (few: bf16_decode_gemm, many: bf16_gemm).
+// Each path gives an input the same bits whatever other inputs share its call, but the few-input and
+// many-input paths sum in different orders: a batch's items say which path each row takes (MatmulItems).
 // Quantized weights stay in their blocks (a Q4_K model stays Q4_K in memory): for few inputs they are
 // multiplied in integers with the inputs quantized to 8 bits once per call (quant_dot.h, as llama.cpp
 // does; SLIMKV_QUANT_DOT=f32 takes the FP32 products instead), for many each row is dequantized where the
@@ -45,8 +47,18 @@ size_t weight_row_bytes(const WeightMatrix& w);
 // out[count, w.cols] = rows row0 .. row0 + count of W in FP32 (the fast kernels).
 void widen_rows(const WeightMatrix& w, int64_t row0, int64_t count, float* out);
 
+// Inputs up to this many take the few-input path (decode).
+constexpr int64_t kMatmulFewInputs = 16;
+
+// The rows of a batch's items (sequences), in row order, summing to n: each item's rows are multiplied on
+// the path they would take alone — an item of at most kMatmulFewInputs rows (a decode token, a short
+// prompt) on the few-input path, with the neighbouring such items up to that many rows a call, a longer
+// one on the many-input path — so that a row's result never depends on the rows beside it (a served
+// request's output equals its output alone). Empty: one item of all n rows.
+using MatmulItems = std::span<const int>;
+
 // y[n, w.rows] = x[n, w.cols] · Wᵀ
-void matmul(const float* x, int64_t n, const WeightMatrix& w, float* y, ThreadPool& pool);
+void matmul(const float* x, int64_t n, const WeightMatrix& w, float* y, ThreadPool& pool, MatmulItems items = {});
 
 // Several products of one input in one pool loop: y_m[n, W_m.rows] = x · W_mᵀ for every (W_m, y_m). A
 // decode step's q, k and v (or gate and up) are each a few hundred kilobytes of weights: a loop per
@@ -55,7 +67,8 @@ struct MatmulProduct {
   const WeightMatrix* w;
   float* y;
 };
-void matmul_shared_input(const float* x, int64_t n, std::span<const MatmulProduct> products, ThreadPool& pool);
+void matmul_shared_input(const float* x, int64_t n, std::span<const MatmulProduct> products, ThreadPool& pool,
+                         MatmulItems items = {});
 
 // Plain triple loop with FP64 accumulation over rows widened by the scalar references
 // (dequantize_reference for quantized weights): the reference matmul is tested against.
