@@ -165,7 +165,7 @@ void mlp(const ModelConfig& c, const LayerWeights& w, const float* h, int n, Mat
   route_to_experts(moe, n, s.router.data(), s.expert_of.data(), s.expert_weight.data());
   std::fill(out, out + size_t(n) * hidden, 0.0f);
   const size_t inter = size_t(moe.expert_intermediate_size);
-  std::vector<int> rows;
+  std::vector<int> rows, expert_items;
   std::vector<float> row_weight;
   for (int e = 0; e < experts; ++e) {
     rows.clear();
@@ -178,6 +178,13 @@ void mlp(const ModelConfig& c, const LayerWeights& w, const float* h, int n, Mat
     }
     if (rows.empty()) continue;
     const int m = int(rows.size());
+    // The expert's rows by sequence (rows ascend, a sequence's rows are consecutive): each sequence's on
+    // the path its routed rows take alone (MatmulItems).
+    expert_items.assign(items.size(), 0);
+    for (size_t r = 0, j = 0, first = 0; !items.empty() && r < rows.size(); ++r) {
+      while (size_t(rows[r]) >= first + size_t(items[j])) first += size_t(items[j++]);
+      ++expert_items[j];
+    }
     s.expert_in.resize(size_t(m) * hidden);
     s.expert_gate.resize(size_t(m) * inter);
     s.expert_up.resize(size_t(m) * inter);
@@ -187,9 +194,9 @@ void mlp(const ModelConfig& c, const LayerWeights& w, const float* h, int n, Mat
     }
     const MlpWeights& expert = w.experts[size_t(e)];
     const MatmulProduct gate_up[] = {{&expert.gate, s.expert_gate.data()}, {&expert.up, s.expert_up.data()}};
-    matmul_shared_input(s.expert_in.data(), m, gate_up, pool);
+    matmul_shared_input(s.expert_in.data(), m, gate_up, pool, expert_items);
     gated_activation(c.activation, s.expert_gate.data(), s.expert_up.data(), size_t(m) * inter, pool);
-    matmul(s.expert_gate.data(), m, expert.down, s.expert_out.data(), pool);
+    matmul(s.expert_gate.data(), m, expert.down, s.expert_out.data(), pool, expert_items);
     for (int r = 0; r < m; ++r) {
       mul_add_to(row_weight[size_t(r)], s.expert_out.data() + size_t(r) * hidden,
                  out + size_t(rows[size_t(r)]) * hidden, size_t(hidden));
