@@ -1,5 +1,7 @@
 #include "kv/kv_factory.h"
 
+#include <numeric>
+
 #include "attention/cpu/dense_block_attention.h"
 #include "kv/codec/dense.h"
 #include "kv/codec/hack.h"
@@ -82,9 +84,15 @@ Expected<ZackOptions> read_zack(StageOptions& options, const KvStage& stage, con
   zack.removal_rate = options.number("r", zack.removal_rate, 0.0, 0.999);
   zack.v_removal_rate = options.number("vr", -1.0, 0.0, 0.999);
   zack.target_compression = options.number("rate", 0.0, 0.0, 0.999);
-  zack.align = options.integer("align", 1, {}, 1, 1024);
+  zack.align = options.integer("align", 0, {}, 1, 1024);  // 0: as the codec after it stores dims (make_kv_pipeline)
   zack.calibration_path = options.text("calib", "");
   return zack;
+}
+
+// The multiple a quantizing codec stores per-head dims in: 4 (tensor/quantized_block.h), and whole
+// groups of V dims where V shares its ranges per token.
+int stored_dims_multiple(const QuantizationConfig& q) {
+  return std::lcm(4, q.v_per_token && q.v_group > 0 ? q.v_group : 1);
 }
 
 }  // namespace
@@ -111,6 +119,7 @@ std::string KvPipeline::describe() const {
 Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
   KvPipeline pipeline;
   OffloadConfig offload;
+  int codec_dims_multiple = 1;  // what zack's ranks are rounded to when its spec does not say
   for (const KvStage& stage : config.stages) {
     StageOptions options(stage, config.spec);
     if (is_selector_stage(stage.name)) {
@@ -153,6 +162,7 @@ Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
       pipeline.exact_prefill = true;
       SLIMKV_RETURN_IF_ERROR(read_exact_tokens(options, kivi, pipeline, config.spec));
       pipeline.codec = std::make_shared<QuantCodec>(kivi);
+      codec_dims_multiple = stored_dims_multiple(kivi);
     } else if (stage.name == "hack" || stage.name == "quant") {
       if (pipeline.codec) return error("KV spec '", config.spec, "': more than one codec stage");
       const bool hack = stage.name == "hack";
@@ -170,6 +180,7 @@ Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
       } else {
         pipeline.codec = std::make_shared<QuantCodec>(quantization);
       }
+      codec_dims_multiple = stored_dims_multiple(quantization);
     } else {
       return error("KV spec '", config.spec, "': unknown stage '", stage.name, "' (known: ", kKnownStages, ")");
     }
@@ -179,6 +190,9 @@ Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
     pipeline.codec = std::make_shared<DenseCodec>(DType::kF32);  // "pq" or "zack" alone
   }
   if (!pipeline.codec) return error("KV spec '", config.spec, "': no codec stage (e.g. 'dense')");
+  // ZACK's ranks rounded as the codec after it stores dims, unless the spec says align= (then a rank the
+  // codec cannot store is refused at load, naming the layer and head).
+  if (pipeline.zack && pipeline.zack->align == 0) pipeline.zack->align = codec_dims_multiple;
   // A selector reads the tokens it picks from the sealed blocks, token by token; it would need to know
   // which of them lie elsewhere (pq's init= already keeps the first tokens in every decode step).
   if (pipeline.selector && (pipeline.sink_tokens > 0 || pipeline.recent_tokens > 0)) {

@@ -185,7 +185,7 @@ TEST_F(ZackCudaEngineTest, CombinationsNotBuiltAreRefused) {
   config.device = "cuda";
   for (const auto& [spec, named] : std::vector<std::pair<std::string, std::string>>{
            {"zack:r=0.05,align=4+hack:bits=4,klayout=channel,vlayout=token", "zack followed by a codec with klayout=channel"},
-           {"zack:r=0.05+hack:bits=4", "align=4"},  // ranks the codec's blocks cannot hold (the CPU refuses them too)
+           {"zack:r=0.05,align=1+hack:bits=4", "align=4"},  // ranks the codec's blocks cannot hold (the CPU refuses them too)
            {"zack:r=0.05,align=4+hack:bits=4@offload", "zack followed by a quantizing codec with @offload"},
            {"zack:r=0.05@kvpr", "zack"}}) {
     config.kv_spec = spec;

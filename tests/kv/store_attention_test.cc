@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "attention/reference.h"
+#include "kv/kv_factory.h"
 #include "kv/store_attention.h"
 #include "util/half.h"
 
@@ -141,6 +142,26 @@ TEST(Attention, SlidingWindowMatchesReference) {
       {"dense:block=8", 90, 2, 2, 16, 90, 2, 1},    // only the token itself
   };
   for (const AttentionCase& c : cases) check(c);
+}
+
+// zack's ranks are rounded as the codec after it stores dims unless the spec says align=: 4 before hack or
+// quant, whole V groups with vlayout=token, 1 over dense; an explicit align is kept (and checked at load).
+TEST(KvSpec, ZackRanksAlignToTheCodecAfterItUnlessTold) {
+  const std::vector<std::pair<std::string, int>> cases = {
+      {"zack:rate=0.5", 1},
+      {"zack:rate=0.5+hack:bits=4", 4},
+      {"zack:r=0.1+quant:bits=2", 4},
+      {"zack:rate=0.5+hack:bits=2,klayout=channel,vlayout=token,vgroup=32", 32},
+      {"zack:rate=0.5,align=1+hack:bits=4", 1},
+      {"zack:rate=0.5,align=16+hack:bits=4", 16},
+  };
+  for (const auto& [spec, align] : cases) {
+    const Expected<KvPipeline> pipeline = make_kv_pipeline(spec);
+    ASSERT_TRUE(pipeline) << spec << ": " << pipeline.status().message();
+    ASSERT_TRUE(pipeline->zack) << spec;
+    EXPECT_EQ(pipeline->zack->align, align) << spec;
+    EXPECT_NE(pipeline->describe().find(str_cat("align=", align)), std::string::npos) << pipeline->describe();
+  }
 }
 
 TEST(KvSpec, ErrorsQuoteTheSpecAndNameThePart) {
