@@ -73,7 +73,8 @@ struct KvSelection {
 // device cuda (not copied back).
 KvLayout kv_layout(const KvSnapshot& kv);
 Expected<KvHeadLayout> kv_head_layout(const KvSnapshot& kv, int layer, int head);
-// Sealed block `block` decoded by its codec: k [block_tokens, k_dim], v [block_tokens, v_dim].
+// Sealed block `block` decoded by its codec: k [block_tokens, k_dim], v [block_tokens, v_dim]. With
+// sinks=N, block 0's first N rows are the FP16 sink tokens (the block holds stand-ins for them).
 Status decode_kv_block(const KvSnapshot& kv, int layer, int head, int block, std::vector<float>& k,
                        std::vector<float>& v);
 // The open tokens widened to FP32: k [open_tokens, k_dim], v [open_tokens, v_dim].

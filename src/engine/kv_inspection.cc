@@ -94,6 +94,8 @@ Status decode_kv_block(const KvSnapshot& kv, int layer, int head, int block, std
   k.assign(size_t(shape.block_tokens) * size_t(shape.k_dim), 0.0f);
   v.assign(size_t(shape.block_tokens) * size_t(shape.v_dim), 0.0f);
   store.codec().decode(shape, store.sealed_block(layer, head, block), k.data(), v.data());
+  // sinks=N: block 0 was sealed with stand-ins for its first N tokens; the tokens are the FP16 sink rows.
+  if (block == 0 && store.sink_tokens(layer) > 0) store.widen_sinks(layer, head, k.data(), v.data());
   return Status::ok();
 }
 

@@ -79,20 +79,29 @@ void KvStore::widen_open(const Head& head, int n, float* k, float* v) const {
   widen_to_f32(head.open_v.data(), open_dtype_, v, size_t(n) * size_t(head.block_shape.v_dim));
 }
 
+void KvStore::narrow_to_open_dtype(const float* in, size_t count, uint8_t* out) const {
+  if (open_dtype_ == DType::kF32) {
+    std::memcpy(out, in, count * sizeof(float));
+    return;
+  }
+  for (size_t i = 0; i < count; ++i) {
+    const uint16_t half = float_to_fp16(in[i]);
+    std::memcpy(out + i * sizeof(half), &half, sizeof(half));
+  }
+}
+
 void KvStore::narrow_open(const float* k, const float* v, int first, int n, Head& head) const {
-  const auto narrow = [&](const float* in, size_t dim, std::vector<uint8_t>& open) {
-    const size_t count = size_t(n) * dim, offset = size_t(first) * dim;
-    if (open_dtype_ == DType::kF32) {
-      std::memcpy(open.data() + offset * sizeof(float), in, count * sizeof(float));
-      return;
-    }
-    for (size_t i = 0; i < count; ++i) {
-      const uint16_t half = float_to_fp16(in[i]);
-      std::memcpy(open.data() + (offset + i) * sizeof(half), &half, sizeof(half));
-    }
-  };
-  narrow(k, size_t(head.block_shape.k_dim), head.open_k);
-  narrow(v, size_t(head.block_shape.v_dim), head.open_v);
+  const size_t element = dtype_size_bytes(open_dtype_);
+  const size_t k_dim = size_t(head.block_shape.k_dim), v_dim = size_t(head.block_shape.v_dim);
+  narrow_to_open_dtype(k, size_t(n) * k_dim, head.open_k.data() + size_t(first) * k_dim * element);
+  narrow_to_open_dtype(v, size_t(n) * v_dim, head.open_v.data() + size_t(first) * v_dim * element);
+}
+
+void KvStore::widen_sinks(int layer, int head, float* k, float* v) const {
+  const Head& source = head_of(layer, head);
+  const size_t n = size_t(sink_tokens(layer));
+  widen_to_f32(source.sink_k.data(), open_dtype_, k, n * size_t(source.block_shape.k_dim));
+  widen_to_f32(source.sink_v.data(), open_dtype_, v, n * size_t(source.block_shape.v_dim));
 }
 
 uint64_t KvStore::block_seed(int layer, int head, int index) const {
@@ -364,10 +373,18 @@ void KvStore::keep_restored_block(int layer, int head, uint8_t* slot) {
   selector_->on_seal(layer, head, k.data());
 }
 
+void KvStore::restore_sink_tokens(int layer, int head, const float* k, const float* v) {
+  Head& target = layers_[size_t(layer)].heads[size_t(head)];
+  assert(!target.sealed.empty() && !target.sink_k.empty());  // block 0 is sealed in a full-attention layer
+  const size_t n = size_t(pipeline_.sink_tokens);
+  narrow_to_open_dtype(k, n * size_t(target.block_shape.k_dim), target.sink_k.data());
+  narrow_to_open_dtype(v, n * size_t(target.block_shape.v_dim), target.sink_v.data());
+}
+
 void KvStore::restore_open_tokens(int layer_index, int head, const float* k, const float* v, int n) {
   Layer& layer = layers_[size_t(layer_index)];
   Head& target = layer.heads[size_t(head)];
-  assert(n >= 0 && n < block_tokens());
+  assert(n >= 0 && n < block_tokens() + pipeline_.recent_tokens);
   assert(target.sealed.size() == layer.heads[0].sealed.size());
   if (n > 0) narrow_open(k, v, 0, n, target);
   layer.num_tokens = int(target.sealed.size()) * block_tokens() + n;  // the same for every head

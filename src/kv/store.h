@@ -101,6 +101,8 @@ class KvStore {
   }
   const uint8_t* sink_keys(int layer, int head) const { return head_of(layer, head).sink_k.data(); }
   const uint8_t* sink_values(int layer, int head) const { return head_of(layer, head).sink_v.data(); }
+  // The sink rows of one head widened to FP32: k [sink_tokens(layer), k_dim_of], v likewise.
+  void widen_sinks(int layer, int head, float* k, float* v) const;
   // Asks for the rows (keys, values or both) of sealed tokens of one head ahead of reading them: a token
   // selection's rows are scattered, and asked for a few tokens ahead (kPrefetchTokens) their cache misses
   // overlap (measured on this machine, 512-byte rows: 87 ns a row without, 41 at 8-16 rows ahead, 45 at
@@ -146,11 +148,15 @@ class KvStore {
 
   // Restoring a sequence written by another worker (kv/transfer.h), which validates every size first.
   // Into a cleared store, per layer: restore_sealed_block for each block of each head, in order (every
-  // head the same number), then restore_open_tokens for each head, n = 0 included: it sets the layer's
-  // token count. The store then holds exactly what the sender's did, and appending continues as there.
-  // block: block_bytes(layer, head) bytes, copied. k: [n, k_dim_of], v: [n, v_dim_of], n < block_tokens,
-  // in FP32 as widen_open gives them: rounding them back to the open block's FP16 is exact.
+  // head the same number), then (sinks=N, once block 0 is sealed) restore_sink_tokens for each head,
+  // then restore_open_tokens for each head, n = 0 included: it sets the layer's token count. The store
+  // then holds exactly what the sender's did, and appending continues as there.
+  // block: block_bytes(layer, head) bytes, copied. Sinks: k [sink_tokens(layer), k_dim_of], v likewise.
+  // Open: k [n, k_dim_of], v [n, v_dim_of], n < block_tokens + recent_tokens (and at least recent_tokens
+  // once a block is sealed). Rows in FP32 as widen_sinks / widen_open give them: rounding them back to
+  // the store's FP16 is exact.
   void restore_sealed_block(int layer, int head, const uint8_t* block);
+  void restore_sink_tokens(int layer, int head, const float* k, const float* v);
   void restore_open_tokens(int layer, int head, const float* k, const float* v, int n);
   // restore_sealed_block in place, for a receiver that reads a block straight into the store (no copy):
   // the slot that restore_sealed_block would copy the next block of (layer, head) into, block_bytes
@@ -183,6 +189,8 @@ class KvStore {
   void seal_oldest(int layer_index, std::vector<float>& k, std::vector<float>& v);
   // Rounds FP32 rows to open_dtype_ into the open block from token `first`: k [n, k_dim], v [n, v_dim].
   void narrow_open(const float* k, const float* v, int first, int n, Head& head) const;
+  // Rounds `count` FP32 values to open_dtype_ into `out` (rows of the open block or the sinks).
+  void narrow_to_open_dtype(const float* in, size_t count, uint8_t* out) const;
   uint64_t block_seed(int layer, int head, int index) const;
   // Where a block is sealed (a pool slot, or the offload tier's scratch), and where it then stays.
   uint8_t* seal_destination(Head& head) { return offload_ ? offload_->scratch() : head.pool->allocate(); }

@@ -57,6 +57,32 @@ TEST(KvInspection, DenseSealsExactlyWhatTheOpenBlockHeld) {
   EXPECT_NE(kv_snapshot(**other, *session).status().message().find("is not one of this engine's"), std::string::npos);
 }
 
+// sinks=N: block 0 is sealed with stand-ins for its first N tokens (kept in FP16 beside it); decoding the
+// block gives the tokens themselves, as the open block held them.
+TEST(KvInspection, BlockZeroOfASinksStoreDecodesToItsSinkTokens) {
+  auto engine = Engine::load({.model_dir = kModel, .kv_spec = "hack:bits=4,pi=64,sinks=4", .threads = 1});
+  ASSERT_TRUE(engine) << engine.status().message();
+  auto session = (*engine)->new_session();
+  std::vector<int32_t> ids(63);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(10 + 7 * i);
+  ASSERT_TRUE(session->prefill(ids));
+  auto kv = kv_snapshot(**engine, *session);
+  ASSERT_TRUE(kv) << kv.status().message();
+  std::vector<float> open_k, open_v, k, v;
+  ASSERT_TRUE(read_open_kv(*kv, 2, 1, open_k, open_v));
+  ASSERT_TRUE(session->decode(5));  // the 64th token seals block 0
+  ASSERT_TRUE(decode_kv_block(*kv, 2, 1, 0, k, v));
+  // The 4 sink rows exactly as the open block held them (the other rows are 4-bit codes).
+  const auto head = kv_head_layout(*kv, 2, 1);
+  ASSERT_TRUE(head);
+  const std::ptrdiff_t k_rows = 4 * head->k_dim, v_rows = 4 * head->v_dim;
+  EXPECT_EQ(std::vector<float>(k.begin(), k.begin() + k_rows), std::vector<float>(open_k.begin(), open_k.begin() + k_rows));
+  EXPECT_EQ(std::vector<float>(v.begin(), v.begin() + v_rows), std::vector<float>(open_v.begin(), open_v.begin() + v_rows));
+  // Row 4 is not a sink: quantized, it is not what the open block held.
+  EXPECT_NE(std::vector<float>(k.begin() + k_rows, k.begin() + k_rows + head->k_dim),
+            std::vector<float>(open_k.begin() + k_rows, open_k.begin() + k_rows + head->k_dim));
+}
+
 TEST(BlockCodec, AttendsAsAttentionOverItsDecodedBlock) {
   auto codec = BlockCodec::from_spec("quant:bits=4");
   ASSERT_TRUE(codec) << codec.status().message();
