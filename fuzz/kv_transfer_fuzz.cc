@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "kv/store_attention.h"
@@ -17,10 +18,14 @@ namespace {
 
 constexpr const char* kModel = "fuzz-model";
 
-const slimkv::KvPipeline& receiver_pipeline() {
-  // The spec the seed corpus (fuzz/corpus/kv_transfer_fuzz) was written with.
-  static const slimkv::KvPipeline pipeline = *slimkv::make_kv_pipeline("hack:bits=2,pi=32,round=stochastic");
-  return pipeline;
+// The specs the seed corpus (fuzz/corpus/kv_transfer_fuzz) was written with: version 1, and version 3
+// (FP16 sinks and a recent window). A transfer is read into the one its spec names (else the first, which
+// refuses it), so that mutations reach the checks of both.
+const slimkv::KvPipeline& receiver_pipeline(const std::string& spec) {
+  static const slimkv::KvPipeline plain = *slimkv::make_kv_pipeline("hack:bits=2,pi=32,round=stochastic");
+  static const slimkv::KvPipeline exact_tokens =
+      *slimkv::make_kv_pipeline("hack:bits=2,pi=32,round=stochastic,sinks=4,window=40");
+  return spec == exact_tokens.describe() ? exact_tokens : plain;
 }
 
 void store_u32(uint8_t* p, uint32_t value) {
@@ -34,7 +39,7 @@ void read_one(const uint8_t* data, size_t size) {
     return;
   }
   // The receiver's context is the sender's, so that a successful read writes back identical bytes.
-  slimkv::KvStore store({2, 2, 16, 16, info->shape.max_tokens}, receiver_pipeline());
+  slimkv::KvStore store({2, 2, 16, 16, info->shape.max_tokens}, receiver_pipeline(info->spec));
   const slimkv::Status status = slimkv::read_kv_transfer(data, size, "fuzz", kModel, store);
   if (!status.is_ok()) {
     if (status.message().rfind("kv transfer 'fuzz'", 0) != 0) std::abort();

@@ -68,10 +68,20 @@ bool checked_align(uint64_t x, uint64_t* aligned) {
 
 // Version 2's record of one (layer, KV head) in the metadata: u32 k_dim, u32 v_dim, u64 sealed block bytes.
 constexpr uint64_t kHeadRecordBytes = 16;
+// Version 3's record after the token counts: u32 sink_tokens, u32 recent_tokens.
+constexpr uint64_t kExactTokensRecordBytes = 8;
+
+// The sealed blocks of a layer holding `tokens`: with window=W a block seals once it leaves the W
+// newest tokens, so the open part holds up to block_tokens + W - 1 of them.
+uint64_t sealed_blocks_for(uint64_t tokens, uint64_t block_tokens, uint64_t recent_tokens) {
+  return tokens > recent_tokens ? (tokens - recent_tokens) / block_tokens : 0;
+}
 
 // The sizes that locate every section: the header's fields, or the writer's store.
 struct Layout {
-  uint32_t version = 1;  // 2: the heads' dims differ (ZACK's ranks), each head's in the tables below
+  uint32_t version = 1;  // 2: the heads' dims differ (ZACK's ranks), each head's in the tables below;
+                         // 3: sinks=N / window=W (their counts below)
+  uint32_t sink_tokens = 0, recent_tokens = 0;  // version 3: N and W; else 0
   uint32_t num_layers = 0, num_kv_heads = 0, k_dim = 0, v_dim = 0, max_tokens = 0, block_tokens = 0;
   uint64_t sealed_block_bytes = 0;   // version 2: the largest head's
   uint64_t sealed_block_stride = 0;  // sealed_block_bytes rounded up to 64
@@ -83,6 +93,12 @@ struct Layout {
   std::vector<uint64_t> head_block_bytes;
 
   bool per_head() const { return version == 2; }
+  bool exact_tokens() const { return version == 3; }
+  // A layer holding `tokens`: its sealed blocks, its FP16 sink rows (sinks=N, once block 0 is sealed)
+  // and its open tokens.
+  uint64_t blocks_of(uint64_t tokens) const { return sealed_blocks_for(tokens, block_tokens, recent_tokens); }
+  uint64_t sinks_of(uint64_t tokens) const { return blocks_of(tokens) > 0 ? sink_tokens : 0; }
+  uint64_t open_of(uint64_t tokens) const { return tokens - blocks_of(tokens) * block_tokens; }
   size_t head_index(int l, int g) const { return size_t(l) * num_kv_heads + size_t(g); }
   uint64_t k_dim_of(int l, int g) const { return per_head() ? head_k_dims[head_index(l, g)] : k_dim; }
   uint64_t v_dim_of(int l, int g) const { return per_head() ? head_v_dims[head_index(l, g)] : v_dim; }
@@ -99,6 +115,23 @@ bool open_record_bytes(uint64_t n, uint64_t dim, uint64_t* bytes) {
   return checked_mul(n, dim, bytes) && checked_mul(*bytes, sizeof(float), bytes) && checked_align(*bytes, bytes);
 }
 
+// One (layer, head)'s records in the open section, in order: sink K, sink V (version 3, once block 0 is
+// sealed; else empty), open K, open V; each `rows` × `dim` FP32.
+struct RowRecord {
+  uint64_t rows, dim;
+};
+std::array<RowRecord, 4> head_row_records(uint64_t sinks, uint64_t open, uint64_t k_dim, uint64_t v_dim) {
+  return {{{sinks, k_dim}, {sinks, v_dim}, {open, k_dim}, {open, v_dim}}};
+}
+bool head_open_bytes(uint64_t sinks, uint64_t open, uint64_t k_dim, uint64_t v_dim, uint64_t* bytes) {
+  *bytes = 0;
+  for (const RowRecord& record : head_row_records(sinks, open, k_dim, v_dim)) {
+    uint64_t record_bytes = 0;
+    if (!open_record_bytes(record.rows, record.dim, &record_bytes) || !checked_add(*bytes, record_bytes, bytes)) return false;
+  }
+  return true;
+}
+
 // Bytes of version 2's head records (0 in version 1).
 bool head_records_bytes(const Layout& layout, uint64_t* bytes) {
   *bytes = 0;
@@ -106,11 +139,13 @@ bool head_records_bytes(const Layout& layout, uint64_t* bytes) {
                                 checked_mul(*bytes, kHeadRecordBytes, bytes));
 }
 
-// Metadata: num_layers u32 token counts, version 2's head records, the spec, the model id, padded to 64.
+// Metadata: num_layers u32 token counts, version 3's record, version 2's head records, the spec, the
+// model id, padded to 64.
 bool metadata_section_bytes(const Layout& layout, uint64_t* bytes) {
   uint64_t records = 0;
   return head_records_bytes(layout, &records) && checked_mul(layout.num_layers, 4, bytes) &&
-         checked_add(*bytes, records, bytes) && checked_add(*bytes, layout.spec_bytes, bytes) &&
+         checked_add(*bytes, records, bytes) &&
+         checked_add(*bytes, layout.exact_tokens() ? kExactTokensRecordBytes : 0, bytes) && checked_add(*bytes, layout.spec_bytes, bytes) &&
          checked_add(*bytes, layout.model_id_bytes, bytes) && checked_align(*bytes, bytes);
 }
 
@@ -123,24 +158,26 @@ bool sequence_section_bytes(const Layout& layout, const std::vector<int>& layer_
   *open_bytes = 0;
   for (size_t i = 0; layout.per_head() && i < layer_tokens.size(); ++i) {
     const int l = first_layer + int(i);
-    const uint64_t blocks = uint64_t(layer_tokens[i]) / layout.block_tokens, open = uint64_t(layer_tokens[i]) % layout.block_tokens;
+    const uint64_t tokens = uint64_t(layer_tokens[i]);
+    const uint64_t blocks = layout.blocks_of(tokens), sinks = layout.sinks_of(tokens), open = layout.open_of(tokens);
     for (int g = 0; g < int(layout.num_kv_heads); ++g) {
-      uint64_t head_sealed = 0, k_record = 0, v_record = 0;
+      uint64_t head_sealed = 0, head_open = 0;
       if (!checked_mul(blocks, layout.stride_of(l, g), &head_sealed) || !checked_add(*sealed_bytes, head_sealed, sealed_bytes) ||
-          !open_record_bytes(open, layout.k_dim_of(l, g), &k_record) || !open_record_bytes(open, layout.v_dim_of(l, g), &v_record) ||
-          !checked_add(*open_bytes, k_record, open_bytes) || !checked_add(*open_bytes, v_record, open_bytes)) {
+          !head_open_bytes(sinks, open, layout.k_dim_of(l, g), layout.v_dim_of(l, g), &head_open) ||
+          !checked_add(*open_bytes, head_open, open_bytes)) {
         return false;
       }
     }
   }
   if (layout.per_head()) return true;
-  for (const int tokens : layer_tokens) {
-    const uint64_t blocks = uint64_t(tokens) / layout.block_tokens, open = uint64_t(tokens) % layout.block_tokens;
-    uint64_t layer_sealed = 0, k_record = 0, v_record = 0, layer_open = 0;
+  for (const int layer : layer_tokens) {
+    const uint64_t tokens = uint64_t(layer);
+    const uint64_t blocks = layout.blocks_of(tokens), sinks = layout.sinks_of(tokens), open = layout.open_of(tokens);
+    uint64_t layer_sealed = 0, layer_open = 0;
     if (!checked_mul(blocks, layout.num_kv_heads, &layer_sealed) ||
         !checked_mul(layer_sealed, layout.sealed_block_stride, &layer_sealed) ||
-        !checked_add(*sealed_bytes, layer_sealed, sealed_bytes) || !open_record_bytes(open, layout.k_dim, &k_record) ||
-        !open_record_bytes(open, layout.v_dim, &v_record) || !checked_add(k_record, v_record, &layer_open) ||
+        !checked_add(*sealed_bytes, layer_sealed, sealed_bytes) ||
+        !head_open_bytes(sinks, open, layout.k_dim, layout.v_dim, &layer_open) ||
         !checked_mul(layer_open, layout.num_kv_heads, &layer_open) || !checked_add(*open_bytes, layer_open, open_bytes)) {
       return false;
     }
@@ -165,12 +202,6 @@ bool all_zero(const uint8_t* p, uint64_t n) {
 }
 
 // --- reading -----------------------------------------------------------------------------------
-
-// Why a store with sinks= or window= has no transfer (either side refuses it by this).
-std::string unsent_tokens_reason(const std::string& spec) {
-  return str_cat("format version ", kKvTransferVersion, " has no place for the FP16 sink tokens and recent window ",
-                 "of sinks= and window= (KV spec '", spec, "'); use a spec without them");
-}
 
 struct ParsedTransfer {
   KvTransferInfo info;
@@ -231,7 +262,7 @@ Status parse_header(const uint8_t* data, const std::string& where, Layout& layou
     return error(where, ": header field header_bytes is ", header_bytes, ", expected ", kKvTransferHeaderBytes);
   }
   if (load_u32(data + at::kReserved) != 0) return error(where, ": header field reserved is not 0");
-  layout.version = load_u32(data + at::kVersion);  // 1 or 2: check_identity
+  layout.version = load_u32(data + at::kVersion);  // 1 to 3: check_identity
   layout.num_layers = load_u32(data + at::kNumLayers);
   layout.num_kv_heads = load_u32(data + at::kNumKvHeads);
   layout.k_dim = load_u32(data + at::kKDim);
@@ -346,7 +377,26 @@ Status parse_head_records(const uint8_t* records, Layout& layout, const std::str
   return Status::ok();
 }
 
-// The metadata (token counts, version 2's head records, spec, model id) into `info` and `layout`, with the
+// Version 3's record (at `record`): sink_tokens at most block_tokens (sinks come from block 0), recent_tokens
+// a count, and at least one of them not 0 (a store without either is written as version 1).
+Status parse_exact_tokens_record(const uint8_t* record, Layout& layout, const std::string& where) {
+  layout.sink_tokens = load_u32(record);
+  layout.recent_tokens = load_u32(record + 4);
+  if (layout.sink_tokens > layout.block_tokens) {
+    return error(where, ": metadata field sink_tokens is ", layout.sink_tokens, ", expected 0 to block_tokens ",
+                 layout.block_tokens);
+  }
+  if (layout.recent_tokens > uint32_t(INT_MAX)) {
+    return error(where, ": metadata field recent_tokens is ", layout.recent_tokens, ", expected 0 to ", INT_MAX);
+  }
+  if (layout.sink_tokens == 0 && layout.recent_tokens == 0) {
+    return error(where, ": metadata fields sink_tokens and recent_tokens are both 0 in a version 3 transfer, expected ",
+                 "at least one of them (a store without sinks or a window is version 1)");
+  }
+  return Status::ok();
+}
+
+// The metadata (token counts, version 3's or 2's record(s), spec, model id) into `info` and `layout`, with the
 // header's fields, checked: padding zero, and the sealed and open sections exactly the sizes the token
 // counts need. data holds at least the bytes before sealed_offset.
 Status parse_metadata(const uint8_t* data, Layout& layout, const std::string& where, KvTransferInfo& info) {
@@ -371,6 +421,12 @@ Status parse_metadata(const uint8_t* data, Layout& layout, const std::string& wh
   }
   uint64_t records_bytes = 0;
   head_records_bytes(layout, &records_bytes);  // within metadata_bytes: no overflow
+  if (layout.exact_tokens()) {
+    SLIMKV_RETURN_IF_ERROR(parse_exact_tokens_record(metadata + 4 * size_t(layout.num_layers), layout, where));
+    info.sink_tokens = int(layout.sink_tokens);
+    info.recent_tokens = int(layout.recent_tokens);
+    records_bytes = kExactTokensRecordBytes;
+  }
   if (layout.per_head()) {
     SLIMKV_RETURN_IF_ERROR(parse_head_records(metadata + 4 * size_t(layout.num_layers), layout, where));
     info.shape.head_k_dims.assign(layout.head_k_dims.begin(), layout.head_k_dims.end());
@@ -412,15 +468,22 @@ Status check_trailer(const uint8_t* trailer, uint64_t body_bytes, uint32_t body_
   return Status::ok();
 }
 
-// Bytes of one (layer, head)'s open K and V records, and of the layer's open range (every head's: one
-// head's times the count in version 1, however large a corrupt header makes it).
+// One (layer, head)'s records in the open section (head_row_records).
+std::array<RowRecord, 4> head_row_records(const KvTransferInfo& info, int layer, int head) {
+  return head_row_records(uint64_t(kv_transfer_sink_tokens(info, layer)), uint64_t(kv_transfer_open_tokens(info, layer)),
+                          uint64_t(info.shape.k_dim_of(layer, head)), uint64_t(info.shape.v_dim_of(layer, head)));
+}
+
+// Bytes of one (layer, head)'s records, and of the layer's open range (every head's: one head's times
+// the count in version 1, however large a corrupt header makes it).
 uint64_t open_head_bytes(const KvTransferInfo& info, int layer, int head) {
-  const uint64_t open = uint64_t(info.layer_tokens[size_t(layer)] % info.block_tokens);
-  uint64_t k_record = 0, v_record = 0;
-  // Cannot overflow: the section's total did not.
-  open_record_bytes(open, uint64_t(info.shape.k_dim_of(layer, head)), &k_record);
-  open_record_bytes(open, uint64_t(info.shape.v_dim_of(layer, head)), &v_record);
-  return k_record + v_record;
+  uint64_t bytes = 0;
+  for (const RowRecord& record : head_row_records(info, layer, head)) {
+    uint64_t record_bytes = 0;
+    open_record_bytes(record.rows, record.dim, &record_bytes);  // cannot overflow: the section's total did not
+    bytes += record_bytes;
+  }
+  return bytes;
 }
 uint64_t open_layer_bytes(const KvTransferInfo& info, int layer) {
   if (!info.shape.heads_differ()) return open_head_bytes(info, layer, 0) * uint64_t(info.shape.num_kv_heads);
@@ -431,19 +494,20 @@ uint64_t open_layer_bytes(const KvTransferInfo& info, int layer) {
 
 // The zero padding of layer `layer`'s open records (its open range at `records`).
 Status check_open_padding(const uint8_t* records, const KvTransferInfo& info, int layer, const std::string& where) {
-  const uint64_t open = uint64_t(info.layer_tokens[size_t(layer)] % info.block_tokens);
-  // A layer without open tokens has empty records: skipping it keeps this loop bounded by the
+  // A layer without open tokens or sinks has empty records: skipping it keeps this loop bounded by the
   // section's bytes even when a (corrupt) header claims billions of heads.
-  if (open == 0) return Status::ok();
+  if (kv_transfer_open_tokens(info, layer) == 0 && kv_transfer_sink_tokens(info, layer) == 0) return Status::ok();
   for (int g = 0; g < info.shape.num_kv_heads; ++g) {
-    for (const uint64_t dim : {uint64_t(info.shape.k_dim_of(layer, g)), uint64_t(info.shape.v_dim_of(layer, g))}) {
+    int index = 0;
+    for (const RowRecord& rows : head_row_records(info, layer, g)) {
       uint64_t record = 0;
-      open_record_bytes(open, dim, &record);
-      const uint64_t used = open * dim * sizeof(float);
+      open_record_bytes(rows.rows, rows.dim, &record);
+      const uint64_t used = rows.rows * rows.dim * sizeof(float);
       if (!all_zero(records + used, record - used)) {
-        return error(where, ": the padding of layer ", layer, " head ", g, "'s open tokens is not zero");
+        return error(where, ": the padding of layer ", layer, " head ", g, "'s ", index < 2 ? "sink" : "open", " tokens is not zero");
       }
       records += record;
+      ++index;
     }
   }
   return Status::ok();
@@ -481,7 +545,7 @@ Expected<ParsedTransfer> parse_transfer(const uint8_t* data, size_t size, std::s
   for (int l = 0; layout.per_head() && l < int(layout.num_layers); ++l) {
     for (int g = 0; g < int(layout.num_kv_heads); ++g) {
       const uint64_t bytes = layout.block_bytes_of(l, g), stride = layout.stride_of(l, g);
-      for (int b = 0; b < info.layer_tokens[size_t(l)] / int(layout.block_tokens); ++b, block_offset += stride) {
+      for (uint64_t b = 0; b < layout.blocks_of(uint64_t(info.layer_tokens[size_t(l)])); ++b, block_offset += stride) {
         if (!all_zero(data + block_offset + bytes, stride - bytes)) {
           return error(where, ": the padding after the sealed block at byte ", block_offset, " is not zero");
         }
@@ -510,9 +574,6 @@ Expected<Layout> writer_layout(const KvStore& store, std::string_view model_id, 
   if (spec.size() > kKvTransferMaxStringBytes) {
     return error("writing a kv transfer: the KV spec '", spec, "' is longer than ", kKvTransferMaxStringBytes, " bytes");
   }
-  if (store.pipeline().sink_tokens > 0 || store.pipeline().recent_tokens > 0) {
-    return error("writing a kv transfer: ", unsent_tokens_reason(spec));
-  }
   const KvShape& shape = store.shape();
   if (shape.any_window()) {
     return error("writing a kv transfer: format version ", kKvTransferVersion,
@@ -527,6 +588,16 @@ Expected<Layout> writer_layout(const KvStore& store, std::string_view model_id, 
   layout.max_tokens = uint32_t(shape.max_tokens);
   layout.block_tokens = uint32_t(store.block_tokens());
   layout.sealed_block_bytes = store.block_bytes(0, 0);
+  if (store.pipeline().sink_tokens > 0 || store.pipeline().recent_tokens > 0) {
+    if (shape.heads_differ()) {
+      return error("writing a kv transfer: the FP16 sink tokens and recent window of sinks= and window= (KV spec '",
+                   spec, "') are written as format version 3, whose heads share one shape; this store's heads differ ",
+                   "(ZACK's ranks, version 2): use a spec without sinks= and window=, or without per-head ranks");
+    }
+    layout.version = 3;
+    layout.sink_tokens = uint32_t(store.pipeline().sink_tokens);
+    layout.recent_tokens = uint32_t(store.pipeline().recent_tokens);
+  }
   if (shape.heads_differ()) {  // the header's dims and block size: the heads' largest
     layout.version = 2;
     layout.k_dim = layout.v_dim = 0;
@@ -600,6 +671,11 @@ void write_head(const Layout& layout, const std::string& spec, std::string_view 
   uint8_t* metadata = out + layout.metadata_offset;
   for (uint32_t l = 0; l < layout.num_layers; ++l) store_u32(metadata + 4 * size_t(l), uint32_t(layer_tokens[l]));
   uint8_t* records = metadata + 4 * size_t(layout.num_layers);
+  if (layout.exact_tokens()) {
+    store_u32(records, layout.sink_tokens);
+    store_u32(records + 4, layout.recent_tokens);
+    records += kExactTokensRecordBytes;
+  }
   for (size_t i = 0; i < layout.head_k_dims.size(); ++i, records += kHeadRecordBytes) {  // version 2
     store_u32(records, layout.head_k_dims[i]);
     store_u32(records + 4, layout.head_v_dims[i]);
@@ -644,26 +720,27 @@ void write_layer(const KvStore& store, const Layout& layout, int l, int first_bl
   write_open_tokens(store, layout, l, open);
 }
 
-// Layer l's open tokens in FP32 (the store's FP16 widened) into `open` (padding zeroed): per head,
-// K [open, k_dim] then V [open, v_dim], each padded to 64.
+// Layer l's sink rows and open tokens in FP32 (the store's FP16 widened) into `open` (padding zeroed): per
+// head, the records of head_row_records (sink K, sink V, open K, open V), each padded to 64.
 void write_open_tokens(const KvStore& store, const Layout& layout, int l, uint8_t* open) {
-  const size_t tokens = size_t(store.open_tokens(l));
-  std::vector<float> open_k, open_v;
+  const uint64_t sinks = uint64_t(store.sink_tokens(l)), tokens = uint64_t(store.open_tokens(l));
+  std::vector<float> sink_k, sink_v, open_k, open_v;
   for (int g = 0; g < int(layout.num_kv_heads); ++g) {
-    uint64_t k_record = 0, v_record = 0;
-    open_record_bytes(tokens, layout.k_dim_of(l, g), &k_record);
-    open_record_bytes(tokens, layout.v_dim_of(l, g), &v_record);
-    open_k.resize(tokens * layout.k_dim_of(l, g));
-    open_v.resize(tokens * layout.v_dim_of(l, g));
-    if (tokens > 0) {
-      store.widen_open(l, g, int(tokens), open_k.data(), open_v.data());
-      const size_t k_bytes = open_k.size() * sizeof(float), v_bytes = open_v.size() * sizeof(float);
-      std::memcpy(open, open_k.data(), k_bytes);
-      std::memset(open + k_bytes, 0, k_record - k_bytes);
-      std::memcpy(open + k_record, open_v.data(), v_bytes);
-      std::memset(open + k_record + v_bytes, 0, v_record - v_bytes);
+    const uint64_t k_dim = layout.k_dim_of(l, g), v_dim = layout.v_dim_of(l, g);
+    sink_k.resize(sinks * k_dim);
+    sink_v.resize(sinks * v_dim);
+    open_k.resize(tokens * k_dim);
+    open_v.resize(tokens * v_dim);
+    if (sinks > 0) store.widen_sinks(l, g, sink_k.data(), sink_v.data());
+    if (tokens > 0) store.widen_open(l, g, int(tokens), open_k.data(), open_v.data());
+    for (const std::vector<float>* rows : {&sink_k, &sink_v, &open_k, &open_v}) {
+      uint64_t record = 0;
+      open_record_bytes(rows->size(), 1, &record);
+      const size_t bytes = rows->size() * sizeof(float);
+      if (bytes > 0) std::memcpy(open, rows->data(), bytes);
+      std::memset(open + bytes, 0, record - bytes);
+      open += record;
     }
-    open += k_record + v_record;
   }
 }
 
@@ -703,7 +780,7 @@ Status write_kv_transfer(const KvStore& store, std::string_view model_id, std::v
     write_layer(store, layout, int(l), 0, out.data() + sealed, out.data() + open, head_crcs.data());
     uint64_t sealed_bytes = 0, open_bytes = 0;
     layer_bytes(layout, int(l), layer_tokens[l], &sealed_bytes, &open_bytes);
-    const uint64_t blocks = uint64_t(layer_tokens[l]) / layout.block_tokens;
+    const uint64_t blocks = layout.blocks_of(uint64_t(layer_tokens[l]));
     for (uint32_t g = 0; g < layout.num_kv_heads; ++g) {
       crc = crc32c_combine(crc, head_crcs[g], blocks * layout.stride_of(int(l), int(g)));
     }
@@ -770,6 +847,10 @@ Status write_kv_transfer_from_pages(const KvPageLayout& pages, int blocks,
   std::string spec;
   SLIMKV_ASSIGN_OR_RETURN(const Layout layout, writer_layout(open, model_id, layer_tokens, spec));
   SLIMKV_RETURN_IF_ERROR(check_one_block_size(layout, "from device pages"));
+  if (layout.exact_tokens()) {  // the GPU cache refuses sinks= and window= (kv/cuda/gpu_kv_plan.cc)
+    return error("writing a kv transfer from device pages: the pages hold no FP16 sink tokens or recent window (KV spec '",
+                 spec, "')");
+  }
   SLIMKV_RETURN_IF_ERROR(check_page_layout(pages, layout));
   assign_for_overwrite(out, layout.total_bytes);  // every byte written below, padding zeroed
   write_head(layout, spec, model_id, layer_tokens, out.data());
@@ -817,6 +898,17 @@ Status write_kv_transfer_file(const KvStore& store, std::string_view model_id, c
 
 // --- reading -------------------------------------------------------------------------------------
 
+int kv_transfer_sealed_blocks(const KvTransferInfo& info, int layer) {
+  return int(sealed_blocks_for(uint64_t(info.layer_tokens[size_t(layer)]), uint64_t(info.block_tokens),
+                               uint64_t(info.recent_tokens)));
+}
+int kv_transfer_sink_tokens(const KvTransferInfo& info, int layer) {
+  return kv_transfer_sealed_blocks(info, layer) > 0 ? info.sink_tokens : 0;
+}
+int kv_transfer_open_tokens(const KvTransferInfo& info, int layer) {
+  return info.layer_tokens[size_t(layer)] - kv_transfer_sealed_blocks(info, layer) * info.block_tokens;
+}
+
 Expected<KvTransferInfo> inspect_kv_transfer(const uint8_t* data, size_t size, std::string_view source) {
   SLIMKV_ASSIGN_OR_RETURN(ParsedTransfer parsed, parse_transfer(data, size, source));
   return std::move(parsed.info);
@@ -844,7 +936,9 @@ namespace {
 // The layout that a checked transfer's info describes (the fields that size its sections).
 Layout layout_of(const KvTransferInfo& info) {
   Layout layout;
-  layout.version = info.shape.heads_differ() ? 2 : 1;
+  layout.version = info.shape.heads_differ() ? 2 : info.sink_tokens > 0 || info.recent_tokens > 0 ? 3 : 1;
+  layout.sink_tokens = uint32_t(info.sink_tokens);
+  layout.recent_tokens = uint32_t(info.recent_tokens);
   layout.num_layers = uint32_t(info.shape.num_layers);
   layout.num_kv_heads = uint32_t(info.shape.num_kv_heads);
   layout.k_dim = uint32_t(info.shape.k_dim);
@@ -890,8 +984,15 @@ Status check_kv_transfer_head_for(const KvTransferInfo& info, std::string_view s
     return error(where, ": KV spec mismatch: the sender encoded with '", info.spec, "', this store with '", spec,
                  "' (start the receiver with the sender's --kv spec)");
   }
-  if (into.pipeline().sink_tokens > 0 || into.pipeline().recent_tokens > 0) {
-    return error(where, ": ", unsent_tokens_reason(spec));
+  // Implied by the spec, checked so that the rows are sized by the receiver's own counts.
+  if (info.sink_tokens != into.pipeline().sink_tokens || info.recent_tokens != into.pipeline().recent_tokens) {
+    return error(where, ": metadata fields sink_tokens and recent_tokens are ", info.sink_tokens, " and ",
+                 info.recent_tokens, ", expected the spec's sinks=", into.pipeline().sink_tokens, " and window=",
+                 into.pipeline().recent_tokens);
+  }
+  if (info.sink_tokens > 0 && into.shape().any_window()) {  // no sender with this spec and model writes them
+    return error(where, ": metadata field sink_tokens is ", info.sink_tokens, ", expected 0: this model's ",
+                 "sliding-window layers keep no sink tokens, and its transfers have none");
   }
   const KvShape& shape = into.shape();
   const bool per_head = info.shape.heads_differ() || shape.heads_differ();
@@ -952,35 +1053,37 @@ Status check_open_values(const uint8_t* records, const KvTransferInfo& info, int
     }
     return true;
   };
-  const int open = info.layer_tokens[size_t(layer)] % info.block_tokens;
-  for (int g = 0; g < info.shape.num_kv_heads; records += open_head_bytes(info, layer, g), ++g) {
-    const uint64_t k_dim = uint64_t(info.shape.k_dim_of(layer, g)), v_dim = uint64_t(info.shape.v_dim_of(layer, g));
-    uint64_t k_record = 0;
-    open_record_bytes(uint64_t(open), k_dim, &k_record);
-    if (!all_fp16(records, size_t(open) * k_dim) || !all_fp16(records + k_record, size_t(open) * v_dim)) {
-      return error(where, ": layer ", layer, " KV head ", g, ": the open block holds values that are not FP16, "
-                   "and this spec's open block is FP16 (no sender with this spec wrote them)");
+  for (int g = 0; g < info.shape.num_kv_heads; ++g) {
+    int index = 0;
+    for (const RowRecord& rows : head_row_records(info, layer, g)) {
+      if (!all_fp16(records, size_t(rows.rows * rows.dim))) {
+        return error(where, ": layer ", layer, " KV head ", g, ": the ", index < 2 ? "sink tokens hold" : "open block holds",
+                     " values that are not FP16, and this spec keeps them in FP16 (no sender with this spec wrote them)");
+      }
+      uint64_t record = 0;
+      open_record_bytes(rows.rows, rows.dim, &record);
+      records += record;
+      ++index;
     }
   }
   return Status::ok();
 }
 
-// One layer's open tokens, every head's K and V records from `records` on.
+// One layer's sink rows and open tokens, every head's records from `records` on.
 void restore_open_layer(const uint8_t* records, const KvTransferInfo& info, int layer, KvStore& into) {
-  // Rows of FP32 may lie unaligned for float in the input (it need not be aligned): copy through a buffer.
-  const int open = info.layer_tokens[size_t(layer)] % info.block_tokens;
-  std::vector<float> k, v;
-  for (int g = 0; g < info.shape.num_kv_heads; records += open_head_bytes(info, layer, g), ++g) {
-    const uint64_t k_dim = uint64_t(info.shape.k_dim_of(layer, g)), v_dim = uint64_t(info.shape.v_dim_of(layer, g));
-    uint64_t k_record = 0;
-    open_record_bytes(uint64_t(open), k_dim, &k_record);
-    k.resize(size_t(open) * k_dim);
-    v.resize(size_t(open) * v_dim);
-    if (open > 0) {
-      std::memcpy(k.data(), records, k.size() * sizeof(float));
-      std::memcpy(v.data(), records + k_record, v.size() * sizeof(float));
+  // Rows of FP32 may lie unaligned for float in the input (it need not be aligned): copy through buffers.
+  std::array<std::vector<float>, 4> rows;  // sink K, sink V, open K, open V
+  for (int g = 0; g < info.shape.num_kv_heads; ++g) {
+    const std::array<RowRecord, 4> records_of_head = head_row_records(info, layer, g);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      rows[r].resize(size_t(records_of_head[r].rows * records_of_head[r].dim));
+      if (!rows[r].empty()) std::memcpy(rows[r].data(), records, rows[r].size() * sizeof(float));
+      uint64_t record = 0;
+      open_record_bytes(records_of_head[r].rows, records_of_head[r].dim, &record);
+      records += record;
     }
-    into.restore_open_tokens(layer, g, k.data(), v.data(), open);
+    if (records_of_head[0].rows > 0) into.restore_sink_tokens(layer, g, rows[0].data(), rows[1].data());
+    into.restore_open_tokens(layer, g, rows[2].data(), rows[3].data(), int(records_of_head[2].rows));
   }
 }
 
@@ -989,7 +1092,7 @@ void restore_open_layer(const uint8_t* records, const KvTransferInfo& info, int 
 void restore_layer(const uint8_t* data, const KvTransferInfo& info, int layer, KvStore& into) {
   const Layout layout = layout_of(info);
   const KvTransferLayerRanges range = kv_transfer_layer_ranges(info)[size_t(layer)];
-  const int blocks = info.layer_tokens[size_t(layer)] / info.block_tokens;
+  const int blocks = kv_transfer_sealed_blocks(info, layer);
   const uint8_t* cursor = data + range.sealed_offset;
   for (int g = 0; g < info.shape.num_kv_heads; ++g) {
     const uint64_t stride = layout.stride_of(layer, g);
@@ -1083,7 +1186,7 @@ void copy_kv_transfer_pages(const uint8_t* data, const KvTransferInfo& info, int
                             uint8_t* out) {
   const Layout layout = layout_of(info);
   const KvTransferLayerRanges range = kv_transfer_layer_ranges(info)[size_t(layer)];
-  const uint64_t blocks = uint64_t(info.layer_tokens[size_t(layer)] / info.block_tokens);
+  const uint64_t blocks = uint64_t(kv_transfer_sealed_blocks(info, layer));
   const uint8_t* block = data + range.sealed_offset;
   for (uint64_t g = 0; g < uint64_t(info.shape.num_kv_heads); ++g) {
     const uint64_t stride = layout.stride_of(layer, int(g));

@@ -1,6 +1,6 @@
 // The KV transfer format: one sequence's KV store as bytes, so that a prefill worker can hand a sequence
 // to a decode worker (disaggregated serving) or save it to a file. The byte layout is specified in
-// docs/kv_transfer_format.md (version 1); in short, little-endian, every section 64-byte aligned:
+// docs/kv_transfer_format.md (versions 1 to 3); in short, little-endian, every section 64-byte aligned:
 //
 //   header (128 B) | metadata: tokens per layer, KV spec, model id | sealed blocks, exactly as the codec
 //   stores them | the open blocks' tokens, FP32 | trailer (16 B): CRC32C of everything before it
@@ -27,8 +27,10 @@
 namespace slimkv {
 
 // The newest version this code writes and reads: 1 when every head has the same dims, 2 when they differ
-// (ZACK's per-head ranks: each head's dims and block size in the metadata). It reads both.
-inline constexpr uint32_t kKvTransferVersion = 2;
+// (ZACK's per-head ranks: each head's dims and block size in the metadata), 3 when the spec keeps FP16
+// sink tokens or a recent window (sinks=N, window=W: the counts in the metadata, the rows beside the
+// open tokens). It reads all three.
+inline constexpr uint32_t kKvTransferVersion = 3;
 inline constexpr size_t kKvTransferHeaderBytes = 128;
 inline constexpr size_t kKvTransferTrailerBytes = 16;
 inline constexpr size_t kKvTransferAlignment = 64;          // every section and sealed block starts here
@@ -86,9 +88,14 @@ struct KvTransferInfo {
   uint64_t sealed_block_bytes = 0;  // Codec::block_bytes of the sender's block shape (version 2: the largest)
   std::vector<uint64_t> head_block_bytes;  // version 2: each (layer, KV head)'s, layer by layer; else empty
   std::vector<int> layer_tokens;    // tokens held by each layer [num_layers]
+  int sink_tokens = 0, recent_tokens = 0;  // version 3: the spec's sinks=N and window=W; else 0
   uint64_t total_bytes = 0;
   uint64_t sealed_offset = 0, open_offset = 0, trailer_offset = 0;  // where the sections start
 };
+// A layer's sealed blocks, FP16 sink rows and open tokens, as the transfer holds them.
+int kv_transfer_sealed_blocks(const KvTransferInfo& info, int layer);
+int kv_transfer_sink_tokens(const KvTransferInfo& info, int layer);
+int kv_transfer_open_tokens(const KvTransferInfo& info, int layer);
 Expected<KvTransferInfo> inspect_kv_transfer(const uint8_t* data, size_t size, std::string_view source);
 // The same with the CRC32C of bytes [0, trailer_offset) given: a receiver that checksummed each piece
 // as it arrived (src/transfer/'s KV stream) has every check but without reading the bytes again.
@@ -103,7 +110,8 @@ Expected<KvTransferInfo> inspect_kv_transfer_with_crc(const uint8_t* data, size_
 Expected<KvTransferInfo> inspect_kv_transfer_head(const uint8_t* data, size_t size, std::string_view source);
 
 // Where each layer's bytes lie in a transfer [num_layers]: its sealed blocks (every KV head's, one
-// range) and its open tokens (every head's K and V records, one range).
+// range) and its open tokens (every head's K and V records, one range; version 3: each head's sink K
+// and V records before them).
 struct KvTransferLayerRanges {
   uint64_t sealed_offset = 0, sealed_bytes = 0, open_offset = 0, open_bytes = 0;
 };

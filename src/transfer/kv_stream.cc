@@ -875,7 +875,7 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
       return error(where, ": expected a KV_LAYER frame, got ", kv_frame_type_name(layer.type()));
     }
     const KvTransferLayerRanges& range = ranges[l];
-    const uint64_t blocks = uint64_t(info.layer_tokens[l] / info.block_tokens);
+    const uint64_t blocks = uint64_t(kv_transfer_sealed_blocks(info, int(l)));
     const uint64_t sent = uint64_t(early_count[l]);
     const uint64_t rest = blocks >= sent ? blocks - sent : 0;
     const uint64_t expected = 8 + heads * rest * stride + range.open_bytes;

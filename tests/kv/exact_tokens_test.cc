@@ -184,17 +184,26 @@ TEST(ExactTokens, MemoryCountsTheFp16Rows) {
   EXPECT_EQ(memory.open_bytes, 2u * 2u * (64u + 32u + 4u) * 256u * 2u);  // layers × heads × rows × K+V dims × FP16
 }
 
-// Format version 1 has no place for the FP16 rows: both sides refuse such stores by name.
-TEST(ExactTokens, KvTransferRefusesThemByName) {
+// KV transfers carry the FP16 rows (format version 3, tests/kv/transfer_test.cc holds it in detail); a
+// receiver with them refuses a transfer without them by the spec.
+TEST(ExactTokens, KvTransferCarriesThemAsVersion3) {
   auto pipeline = make_kv_pipeline("hack:bits=2,pi=32,sinks=4");
   ASSERT_TRUE(pipeline);
   KvStore store({1, 2, 16, 16, 100}, *pipeline);
   std::vector<float> kv(size_t(40) * 2 * 16, 0.25f);
   store.append(0, kv.data(), kv.data(), 40);
   std::vector<uint8_t> bytes;
-  const Status written = write_kv_transfer(store, "model", bytes);
-  ASSERT_FALSE(written.is_ok());
-  EXPECT_NE(written.message().find("sinks=4"), std::string::npos) << written.message();
+  ASSERT_TRUE(write_kv_transfer(store, "model", bytes).is_ok());
+  auto info = inspect_kv_transfer(bytes.data(), bytes.size(), "test");
+  ASSERT_TRUE(info) << info.status().message();
+  EXPECT_EQ(info->version, 3u);
+  EXPECT_EQ(info->sink_tokens, 4);
+  KvStore restored({1, 2, 16, 16, 100}, *pipeline);
+  ASSERT_TRUE(read_kv_transfer(bytes.data(), bytes.size(), "test", "model", restored).is_ok());
+  EXPECT_EQ(restored.sink_tokens(0), 4);
+  std::vector<uint8_t> again;
+  ASSERT_TRUE(write_kv_transfer(restored, "model", again).is_ok());
+  EXPECT_EQ(again, bytes);
 
   KvStore plain({1, 2, 16, 16, 100}, *make_kv_pipeline("hack:bits=2,pi=32"));
   plain.append(0, kv.data(), kv.data(), 40);

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <functional>
 #include <random>
 #include <string>
@@ -79,7 +80,7 @@ Status restore_in_pieces(const std::vector<uint8_t>& bytes, const KvTransferInfo
   const uint64_t stride = (info.sealed_block_bytes + 63) / 64 * 64;
   const std::vector<KvTransferLayerRanges> ranges = kv_transfer_layer_ranges(info);
   for (int l = 0; l < info.shape.num_layers; ++l) {
-    const int blocks = info.layer_tokens[size_t(l)] / info.block_tokens;
+    const int blocks = kv_transfer_sealed_blocks(info, l);
     for (int g = 0; g < info.shape.num_kv_heads; ++g) {
       for (int b = 0; b < blocks; b += run) {
         const uint8_t* slots = bytes.data() + ranges[size_t(l)].sealed_offset + (uint64_t(g) * uint64_t(blocks) + uint64_t(b)) * stride;
@@ -409,10 +410,12 @@ TEST(KvTransfer, WrongModelSpecOrShapeNamesBothSides) {
 
 // --- the fuzz seeds --------------------------------------------------------------------------------
 
-// The receiver fuzz/kv_transfer_fuzz.cc reads into; keep the two in step.
-// The receiver of the fuzz target (fuzz/kv_transfer_fuzz.cc), the spec its seeds are written with.
-KvStore fuzz_receiver(int max_tokens) {
-  return KvStore({2, 2, 16, 16, max_tokens}, pipeline_of("hack:bits=2,pi=32,round=stochastic"));
+// The receivers of the fuzz target (fuzz/kv_transfer_fuzz.cc), the specs its seeds are written with:
+// version 1, and version 3 (FP16 sinks and a recent window); keep the two files in step.
+constexpr const char* kFuzzSpec = "hack:bits=2,pi=32,round=stochastic";
+constexpr const char* kFuzzExactTokensSpec = "hack:bits=2,pi=32,round=stochastic,sinks=4,window=40";
+KvStore fuzz_receiver(int max_tokens, const char* spec = kFuzzSpec) {
+  return KvStore({2, 2, 16, 16, max_tokens}, pipeline_of(spec));
 }
 constexpr const char* kFuzzModel = "fuzz-model";
 const std::filesystem::path kSeedDir = std::filesystem::path(slimkv::test::source_dir()) / "fuzz/corpus/kv_transfer_fuzz";
@@ -623,9 +626,14 @@ TEST(KvTransfer, DISABLED_WriteFuzzSeeds) {
   struct Seed {
     const char* name;
     std::vector<int> layer_tokens;
+    const char* spec = kFuzzSpec;
+    int max_tokens = 64;
   };
-  for (const Seed& seed : {Seed{"sealed_and_open", {40, 33}}, Seed{"open_only", {5, 0}}, Seed{"empty", {0, 0}}}) {
-    KvStore store = fuzz_receiver(64);
+  // sinks_and_window: layer 0 has sealed block 0 (its 4 sink rows) and 58 open tokens (more than a
+  // block), layer 1 41 open tokens (more than the window) and no sinks yet.
+  for (const Seed& seed : {Seed{"sealed_and_open", {40, 33}}, Seed{"open_only", {5, 0}}, Seed{"empty", {0, 0}},
+                           Seed{"sinks_and_window", {90, 41}, kFuzzExactTokensSpec, 128}}) {
+    KvStore store = fuzz_receiver(seed.max_tokens, seed.spec);
     std::mt19937 rng(3);
     append_random(store, seed.layer_tokens, rng);
     ASSERT_TRUE(write_kv_transfer_file(store, kFuzzModel, (kSeedDir / seed.name).string()).is_ok());
@@ -639,12 +647,118 @@ TEST(KvTransfer, FuzzSeedsAreValidTransfers) {
     // are inputs the long fuzz runs kept for their coverage (docs/testing.md). Neither is meant to be valid.
     const std::string name = entry.path().filename().string();
     if (name.starts_with("regression-") || name.starts_with("grown-")) continue;
-    KvStore into = fuzz_receiver(64);
-    const Status status = read_kv_transfer_file(entry.path().string(), kFuzzModel, into);
+    std::ifstream file(entry.path(), std::ios::binary);
+    const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    auto info = inspect_kv_transfer(bytes.data(), bytes.size(), name);
+    ASSERT_TRUE(info) << info.status().message();
+    // The sender's context, as the fuzz target reads them: a successful read writes the same bytes.
+    KvStore into = fuzz_receiver(info->shape.max_tokens, info->version == 3 ? kFuzzExactTokensSpec : kFuzzSpec);
+    const Status status = read(bytes, into, kFuzzModel);
     EXPECT_TRUE(status.is_ok()) << status.message();
+    // The seeds were written by earlier versions of the writer: this one writes the same bytes.
+    EXPECT_EQ(write(into, kFuzzModel), bytes) << name;
     ++seeds;
   }
-  EXPECT_GE(seeds, 2);
+  EXPECT_GE(seeds, 4);
+}
+
+// --- version 3: FP16 sink tokens and a recent window (sinks=N, window=W) ---------------------------
+
+TEST(KvTransfer, SinksAndWindowRoundTripExactlyInVersion3) {
+  // Layer l holds tokens - l: prompts shorter than the sinks, than a block, than the window, ending at
+  // a block's end and mid-block, with the open part longer than a block; then 70 more tokens appended
+  // on both sides seal the same blocks and sinks, and attention stays bit for bit the sender's.
+  const std::vector<std::string> specs = {
+      "hack:bits=2,pi=32,sinks=4,prefill=quantized", "hack:bits=2,pi=32,window=48,prefill=quantized",
+      "hack:bits=2,pi=32,klayout=channel,kgroup=32,vlayout=token,vgroup=32,sinks=4,window=40,prefill=quantized",
+      "quant:bits=2,pi=32,sinks=3,window=16,rot=hadamard,prefill=quantized"};
+  for (const std::string& spec : specs) {
+    for (const int tokens : {0, 2, 31, 32, 33, 41, 72, 73, 80, 81, 200}) {
+      check_round_trip({spec, tokens, 2, 4, 2, 64});
+    }
+  }
+  // What version 3 holds: the counts, and each layer's blocks, sink rows and open tokens.
+  KvStore store({2, 2, 16, 16, 128}, pipeline_of("hack:bits=2,pi=32,sinks=4,window=40,prefill=quantized"));
+  std::mt19937 rng(5);
+  append_random(store, {90, 41}, rng);
+  const std::vector<uint8_t> bytes = write(store);
+  auto info = inspect_kv_transfer(bytes.data(), bytes.size(), "test");
+  ASSERT_TRUE(info) << info.status().message();
+  EXPECT_EQ(info->version, 3u);
+  EXPECT_EQ(info->sink_tokens, 4);
+  EXPECT_EQ(info->recent_tokens, 40);
+  EXPECT_EQ(kv_transfer_sealed_blocks(*info, 0), 1);
+  EXPECT_EQ(kv_transfer_sink_tokens(*info, 0), 4);
+  EXPECT_EQ(kv_transfer_open_tokens(*info, 0), 58);
+  EXPECT_EQ(kv_transfer_sealed_blocks(*info, 1), 0);
+  EXPECT_EQ(kv_transfer_sink_tokens(*info, 1), 0);
+  EXPECT_EQ(kv_transfer_open_tokens(*info, 1), 41);
+  // Layer 0 head 0's records start with its sink keys, FP32 of the store's FP16.
+  std::vector<float> sink_k(4 * 16), sink_v(4 * 16);
+  store.widen_sinks(0, 0, sink_k.data(), sink_v.data());
+  EXPECT_EQ(std::memcmp(bytes.data() + info->open_offset, sink_k.data(), sink_k.size() * sizeof(float)), 0);
+}
+
+TEST(KvTransfer, Version3IsCheckedAgainstTheReceiverAndItsCounts) {
+  const std::string spec = "hack:bits=2,pi=32,sinks=4,window=40,prefill=quantized";
+  KvStore original({2, 2, 16, 16, 128}, pipeline_of(spec));
+  std::mt19937 rng(5);
+  append_random(original, {90, 41}, rng);
+  const std::vector<uint8_t> bytes = write(original);
+  auto info = inspect_kv_transfer(bytes.data(), bytes.size(), "test");
+  ASSERT_TRUE(info) << info.status().message();
+  KvStore into({2, 2, 16, 16, 128}, pipeline_of(spec));
+  // The record after the 2 token counts: u32 sink_tokens at 136, u32 recent_tokens at 140.
+  constexpr size_t kSinks = 128 + 8, kRecent = kSinks + 4;
+  std::vector<uint8_t> bad = bytes;
+  patch_u32(bad, kSinks, 33);
+  repair_checksums(bad);
+  EXPECT_TRUE(fails_mentioning(read(bad, into), {"metadata field sink_tokens is 33, expected 0 to block_tokens 32"}));
+  bad = bytes;
+  patch_u32(bad, kSinks, 0);
+  patch_u32(bad, kRecent, 0);
+  repair_checksums(bad);
+  EXPECT_TRUE(fails_mentioning(read(bad, into), {"sink_tokens and recent_tokens are both 0"}));
+  bad = bytes;
+  patch_u32(bad, kSinks, 5);  // one more sink row per head than the sections hold
+  repair_checksums(bad);
+  EXPECT_TRUE(fails_mentioning(read(bad, into), {"the token counts per layer need"}));
+  bad = bytes;
+  patch_u32(bad, kRecent, 41);  // the same sections (layer 0: 1 block; layer 1: none), another window
+  repair_checksums(bad);
+  EXPECT_TRUE(fails_mentioning(read(bad, into), {"sink_tokens and recent_tokens are 4 and 41", "sinks=4 and window=40"}));
+  // A sink row that FP16 does not hold, and a sink count the spec does not have.
+  bad = bytes;
+  const float not_fp16 = 1.0f + 1.0f / 4096.0f;
+  std::memcpy(bad.data() + info->open_offset + 4, &not_fp16, sizeof(float));
+  repair_checksums(bad);
+  EXPECT_TRUE(fails_mentioning(read(bad, into), {"layer 0 KV head 0: the sink tokens hold values that are not FP16"}));
+  KvStore other_sinks({2, 2, 16, 16, 128}, pipeline_of("hack:bits=2,pi=32,sinks=2,window=40,prefill=quantized"));
+  EXPECT_TRUE(fails_mentioning(read(bytes, other_sinks), {"KV spec mismatch", "sinks=4", "sinks=2"}));
+  KvStore plain({2, 2, 16, 16, 128}, pipeline_of("hack:bits=2,pi=32,prefill=quantized"));
+  EXPECT_TRUE(fails_mentioning(read(bytes, plain), {"KV spec mismatch"}));
+  EXPECT_EQ(into.num_tokens(0), 0) << "a refused read touched the store";
+  // Every cut names where it is cut; a flipped bit anywhere is caught by a checksum.
+  for (size_t size = 0; size < bytes.size(); size += 41) {
+    const std::vector<uint8_t> cut(bytes.begin(), bytes.begin() + std::ptrdiff_t(size));
+    ASSERT_TRUE(fails_mentioning(read_kv_transfer(cut.data(), cut.size(), "cut", kModel, into), {"truncated in the "})) << size;
+  }
+  for (size_t at = 0; at < bytes.size(); at += 97) {
+    bad = bytes;
+    bad[at] ^= 0x10;
+    ASSERT_FALSE(read(bad, into).is_ok()) << at;
+  }
+  ASSERT_TRUE(read(bytes, into).is_ok());
+  EXPECT_EQ(write(into), bytes);
+}
+
+TEST(KvTransfer, SinksWithHeadsOfDifferentDimsAreRefusedByName) {
+  KvShape shape(1, 2, 16, 16, 64);
+  shape.head_k_dims = {16, 8};
+  shape.head_v_dims = {16, 8};
+  const KvStore store(shape, pipeline_of("hack:bits=4,pi=32,window=8,prefill=quantized"));
+  std::vector<uint8_t> bytes;
+  EXPECT_TRUE(fails_mentioning(write_kv_transfer(store, kModel, bytes), {"window=", "heads differ"}));
 }
 
 // --- version 2: heads of different dims (ZACK's ranks) -------------------------------------------
