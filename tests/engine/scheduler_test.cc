@@ -356,9 +356,9 @@ TEST(Scheduler, ConcurrentGreedyRequestsOfA2BitSpecEqualTheSameRunOneByOne) {
 
 // kv_cache_bytes for a budget of `blocks` blocks: the engine first sets aside every sequence's open block
 // (a size the public API does not show), so probe it with a large budget and take whole blocks off.
-size_t small_kv_bytes(int blocks) {
+size_t small_kv_bytes(int blocks, const std::string& kv_spec = "dense") {
   constexpr size_t kProbeBytes = size_t(1) << 30;
-  std::unique_ptr<Engine> probe = load_engine(kProbeBytes);
+  std::unique_ptr<Engine> probe = load_engine(kProbeBytes, 16, kv_spec);
   if (!probe) return 0;
   const KvBudget budget = probe->kv_budget();
   return kProbeBytes - size_t(budget.total_blocks - blocks) * budget.bytes_per_block;
@@ -366,6 +366,20 @@ size_t small_kv_bytes(int blocks) {
 
 TEST(Scheduler, PreemptionToHostMemoryKeepsGreedyAndSampledOutputs) {
   std::unique_ptr<Engine> engine = load_engine(small_kv_bytes(6));
+  ASSERT_TRUE(engine);
+  ASSERT_EQ(engine->kv_budget().total_blocks, 6);
+  std::vector<GenerationRequest> batch = requests(*engine, 8, 0.8f);
+  for (GenerationRequest& request : batch) request.max_tokens = kPreemptedRequestTokens, request.ignore_eos = true;
+  const SchedulerStats stats = expect_same_as_alone(std::move(engine), batch);
+  EXPECT_GT(stats.preemptions_total, 0u) << "the test's KV budget must force preemption";
+  EXPECT_EQ(stats.preemptions_recomputed_total, 0u);
+}
+
+// The FP16 sink tokens and recent window go to host memory with the blocks (KV transfer version 3): the
+// preempted requests resume where they were, and nothing is recomputed.
+TEST(Scheduler, PreemptionToHostMemoryCarriesSinksAndWindow) {
+  const std::string spec = "hack:bits=2,pi=64,sinks=4,window=64";
+  std::unique_ptr<Engine> engine = load_engine(small_kv_bytes(6, spec), 16, spec);
   ASSERT_TRUE(engine);
   ASSERT_EQ(engine->kv_budget().total_blocks, 6);
   std::vector<GenerationRequest> batch = requests(*engine, 8, 0.8f);

@@ -270,6 +270,37 @@ TEST(EngineStep, ExportedKvImportedIntoAnotherEngineContinuesExactly) {
   }
 }
 
+// sinks=N and window=W travel as FP16 rows (KV transfer version 3): whatever the prompt's length against
+// the sinks, a block and the window, the importer's next steps give the sender's logits bit for bit.
+TEST(EngineStep, SinksAndWindowImportedContinueWithTheSendersLogits) {
+  const std::string spec = "hack:bits=2,pi=64,sinks=4,window=64";
+  auto sender = load(spec), receiver = load(spec);
+  ASSERT_TRUE(sender && receiver);
+  for (const int tokens : {3, 30, 64, 100, 128, 150, 192}) {
+    SCOPED_TRACE(str_cat(tokens, " prompt tokens"));
+    const auto prompt = text_tokens(*sender, tokens);
+    const SequenceId a = *sender->add_sequence();
+    StepResult result;
+    ASSERT_TRUE(sender->step(std::vector<StepItem>{{a, prompt, StepOutput::kNone}}, result).is_ok());
+    auto transfer = sender->export_kv(a);
+    ASSERT_TRUE(transfer) << transfer.status().message();
+    const SequenceId b = *receiver->add_sequence();
+    ASSERT_TRUE(receiver->import_kv(b, *transfer, "test").is_ok());
+    for (int i = 0; i < 6; ++i) {  // the same tokens into both: each step's logits equal
+      const int32_t token = int32_t(100 + 13 * i);
+      StepResult sent, imported;
+      ASSERT_TRUE(sender->step(std::vector<StepItem>{{a, std::span(&token, 1), StepOutput::kLastLogits}}, sent).is_ok());
+      ASSERT_TRUE(receiver->step(std::vector<StepItem>{{b, std::span(&token, 1), StepOutput::kLastLogits}}, imported).is_ok());
+      ASSERT_TRUE(std::equal(sent.logits_of(0).begin(), sent.logits_of(0).end(), imported.logits_of(0).begin(),
+                             imported.logits_of(0).end()))
+          << "step " << i;
+    }
+    EXPECT_EQ(*receiver->export_kv(b), *sender->export_kv(a));
+    ASSERT_TRUE(sender->remove_sequence(a).is_ok());
+    ASSERT_TRUE(receiver->remove_sequence(b).is_ok());
+  }
+}
+
 // A store restored outside the engine (Engine::new_kv_store, as a KV stream's receiver fills it while
 // the engine steps) and adopted by a sequence continues as an imported transfer does; a store of another
 // engine, a sequence that holds tokens, or a budget without room are refused, leaving everything as it was.

@@ -83,12 +83,13 @@ TEST_P(KvStreamRoundTrip, ArrivesAsExported) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Specs, KvStreamRoundTrip,
-                         ::testing::Values("dense", "dense:dtype=f16", "hack:bits=2,pi=64", "hack:bits=4"));
+                         ::testing::Values("dense", "dense:dtype=f16", "hack:bits=2,pi=64", "hack:bits=4",
+                                           "hack:bits=2,pi=64,sinks=4,window=64"));
 
 // Engine::stream_kv_in_next_step: the pieces handed out during a step (head, then layers in order) are
 // the export after the step, for a first chunk and for a later one.
 TEST(KvStream, LayersStreamedDuringAStepAreTheExportAfterIt) {
-  for (const std::string spec : {"dense", "hack:bits=2,pi=64"}) {
+  for (const std::string spec : {"dense", "hack:bits=2,pi=64", "hack:bits=2,pi=64,sinks=4,window=64"}) {
     auto engine = Engine::load({.model_dir = kModel, .kv_spec = spec, .threads = 2, .max_sequences = 2});
     ASSERT_TRUE(engine) << engine.status().message();
     const SequenceId sequence = *(*engine)->add_sequence();
@@ -402,7 +403,7 @@ TEST(KvStream, AFailedStreamGivesItsBufferBack) {
 TEST(KvStream, AStagedStreamIsWhatAWholeImportGives) {
   // @offload: a store whose blocks move to a slow tier, so the pieces are read into a buffer and
   // copied in, where the others are read straight into the store's slots.
-  for (const std::string spec : {"dense", "hack:bits=2,pi=64", "hack:bits=2,pi=64@offload"}) {
+  for (const std::string spec : {"dense", "hack:bits=2,pi=64", "hack:bits=2,pi=64@offload", "hack:bits=2,pi=64,sinks=4,window=64"}) {
     Prefilled p = prefill(spec, 150);
     auto buffers = std::make_shared<BufferPool>(size_t(64) << 20);
     auto receiver = KvStreamReceiver::start(
