@@ -15,10 +15,10 @@
 namespace slimkv {
 namespace {
 
-// Up to this many inputs (a decode step of that many sequences), half-precision weights are multiplied in
-// place, widened in registers (vec_ops.h matvec_half: memory-bound, each weight read once, each input
-// with the bits it would get alone); F32 weights go to BLAS. More inputs (prefill) go to panel_gemm.
-constexpr int64_t kMatVecMaxInputs = kMatmulFewInputs;
+// Up to kMatmulFewInputs inputs (a decode step of that many sequences), half-precision weights are
+// multiplied in place, widened in registers (vec_ops.h matvec_half: memory-bound, each weight read once,
+// each input with the bits it would get alone); F32 weights go to BLAS an input at a time. More inputs
+// (prefill) go to panel_gemm.
 static_assert(kBf16DecodeMaxInputs == kMatmulFewInputs, "the few-input paths must agree on few");
 // Multiply-adds per task (weights x inputs): below this, handing work to another thread costs more than it
 // saves. 2^15 (64 KB of half-precision weights for one input, a few µs) splits even a decode step's
@@ -36,14 +36,14 @@ const uint8_t* row_pointer(const WeightMatrix& w, int64_t row) {
 // BF16 weights for many inputs go to the CPU's BF16 tier where it has one (bf16_gemm.h: AMX, else
 // AVX-512 BF16 on AMD CPUs); packed ones (AMX) for any number.
 bool takes_bf16_tier(const WeightMatrix& w, int64_t n) {
-  return w.bf16_panels != nullptr || (n > kMatVecMaxInputs && w.quant == BlockQuant::kNone &&
+  return w.bf16_panels != nullptr || (n > kMatmulFewInputs && w.quant == BlockQuant::kNone &&
                                       w.dtype == DType::kBF16 && bf16_gemm_tier() != Bf16GemmTier::kNone);
 }
 
 // Quantized weights for few inputs (decode) are multiplied in integers with the inputs rounded to 8 bits
 // (quant_dot.h), unless SLIMKV_QUANT_DOT=f32 asks for the FP32 products on widened rows.
 bool takes_quant_dot(const WeightMatrix& w, int64_t n) {
-  return n <= kMatVecMaxInputs && w.quant != BlockQuant::kNone && quant_dot_tier() != QuantDotTier::kF32;
+  return n <= kMatmulFewInputs && w.quant != BlockQuant::kNone && quant_dot_tier() != QuantDotTier::kF32;
 }
 
 // y[:, row0 : row0 + rows] for all n inputs, on the calling thread; split: x split for the BF16 tier when
@@ -57,7 +57,7 @@ void matmul_rows(const float* x, int64_t n, const WeightMatrix& w, int64_t row0,
               y);
   } else if (takes_quant_dot(w, n)) {
     matvec_quant_dot(quant_dot_tier(), quantized, w.data, w.quant, w.rows, row0, row0 + rows, y);
-  } else if (w.quant != BlockQuant::kNone && n <= kMatVecMaxInputs) {
+  } else if (w.quant != BlockQuant::kNone && n <= kMatmulFewInputs) {
     matvec_quantized(x, n, w.data, w.quant, w.rows, w.cols, row0, row0 + rows, y);
   } else if (w.quant != BlockQuant::kNone) {
     thread_local std::vector<float> widened;  // this thread's chunk of dequantized rows
@@ -69,7 +69,7 @@ void matmul_rows(const float* x, int64_t n, const WeightMatrix& w, int64_t row0,
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(count), int(w.cols), 1.0f, x, int(w.cols),
                   widened.data(), int(w.cols), 0.0f, y + r0, int(w.rows));
     }
-  } else if (n > kMatVecMaxInputs) {
+  } else if (n > kMatmulFewInputs) {
     panel_gemm(x, n, w.data, w.dtype, w.rows, w.cols, row0, row0 + rows, y);
   } else if (w.dtype == DType::kF32) {
     // An input at a time: BLAS's products of a few inputs sum in an order that depends on how many.
@@ -162,10 +162,9 @@ struct RowRun {
 };
 
 // Consecutive rows that take one path together: neighbouring long items, or neighbouring short ones up to
-// kMatmulFewInputs rows.
-std::vector<RowRun> row_runs(int64_t n, MatmulItems items) {
-  if (items.empty()) return {{0, n}};
-  std::vector<RowRun> runs;
+// kMatmulFewInputs rows. Into `runs` (the caller's, reused: this runs for every product of every step).
+void row_runs(MatmulItems items, std::vector<RowRun>& runs) {
+  runs.clear();
   bool few = false;
   int64_t first = 0;
   for (const int item : items) {
@@ -179,7 +178,6 @@ std::vector<RowRun> row_runs(int64_t n, MatmulItems items) {
     }
     first += item;
   }
-  return runs;
 }
 
 }  // namespace
@@ -191,9 +189,11 @@ void matmul(const float* x, int64_t n, const WeightMatrix& w, float* y, ThreadPo
 
 void matmul_shared_input(const float* x, int64_t n, std::span<const MatmulProduct> products, ThreadPool& pool,
                          MatmulItems items) {
-  const std::vector<RowRun> runs = row_runs(n, items);
-  if (runs.size() == 1) return multiply_together(x, n, products, pool);
-  std::vector<MatmulProduct> at(products.begin(), products.end());  // each product's rows of the run
+  thread_local std::vector<RowRun> runs;
+  if (!items.empty()) row_runs(items, runs);
+  if (items.empty() || runs.size() == 1) return multiply_together(x, n, products, pool);
+  thread_local std::vector<MatmulProduct> at;  // each product's rows of the run
+  at.assign(products.begin(), products.end());
   const int64_t cols = products[0].w->cols;
   for (const RowRun& run : runs) {
     for (size_t m = 0; m < products.size(); ++m) at[m].y = products[m].y + run.first * products[m].w->rows;
