@@ -335,14 +335,14 @@ def device_share(args, costs):
 def simulate(costs, results, bytes_per_token, args, num_layers, shared=True):
     """disagg_sim's prediction for one measured deployment: each round's arrivals and lengths as measured,
     one prefill and one decode worker with the deployment's spec's `costs`, each stream paced at the cap
-    and the host path as calibrated (none: free); the rounds' requests pooled. A GPU prefill worker has
-    no per-layer hook: its KV goes out after the prefill (overlap_layers false). Both workers share one
+    and the host path as calibrated (none: free); the rounds' requests pooled. The prefill worker, CPU or
+    GPU, sends each layer's KV as its step computes it (overlap_layers). Both workers share one
     device (one GPU, or this CPU's cores) unless --two-gpus (`shared` false: as if they did not)."""
     config = {key: costs[key] for key in ("prefill_base_s", "prefill_s_per_token", "prefill_s_per_token2",
                                           "step_base_s", "step_s_per_seq", "step_s_per_context_token")}
     config.update({"shared_devices": [[0, 0]] if shared and not args.two_gpus else [], "device_share": device_share(args, costs)})
     config.update({"prefill_workers": 1, "decode_workers": 1, "link_gbps": args.kv_bandwidth_gbps,
-                   "num_layers": num_layers, "max_batch": args.max_num_seqs, "overlap_layers": not on_gpu(args),
+                   "num_layers": num_layers, "max_batch": args.max_num_seqs, "overlap_layers": True,
                    "link_shared": False,  # --kv-bandwidth-gbps paces each stream on its own,
                    "link_burst_bytes": 256 << 10,  # with a token bucket of 256 KiB (TokenBucket's burst_bytes)
                    "prefill_chunk_tokens": args.prefill_chunk_tokens, "overlap_chunks": args.chunk_overlap,

@@ -28,7 +28,7 @@ The model, as slimkv runs it:
   link's rate while idle (slimkv's TokenBucket holds 256 KiB: a stream's first 256 KiB go out unpaced);
   0: every byte paced (a real link).
   overlap_layers false: every layer is sent after the whole prefill and export (slimkv's GPU prefill
-  worker, which has no per-layer hook).
+  worker before 3b18aed, which had no per-layer hook).
 - Decode worker: continuous batching, at most max_batch sequences; a request joins at the next step
   boundary after its whole KV has arrived (imported there), and its first token (sampled by the prefill
   worker) is out then (TTFT); first_token_on_arrival: when its KV has arrived, before the wait and the
