@@ -587,8 +587,9 @@ __global__ __launch_bounds__(kHackPrefillThreads, kMinCtas) void hack_prefill_pa
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const TileQueries tq(p, tile);
   const int sealed_blocks = tq.first_position / T;  // wholly before the step's first new token
-  const int block_begin = split * p.blocks_per_split;
-  const int blocks = max(0, min(block_begin + p.blocks_per_split, sealed_blocks) - block_begin);
+  const TileSplit range(p, tq, split, 0, sealed_blocks);
+  const int block_begin = range.begin;
+  const int blocks = max(0, range.end - block_begin);
   const int sequence = p.sequence_ids[tq.batch_index];
   const int block_bytes = offsets.block_bytes;
   const auto staged_block = [&](int k) { return staged + (k % kStages) * block_bytes; };
@@ -723,18 +724,17 @@ Status CudaHackPrefillAttention::plan(const PagedAttentionBatch& batch) {
   if (!laid_out) return laid_out.status().with_context("CUDA HACK prefill attention");
   const std::vector<int>& metadata = *laid_out;
   const int batch_size = int(batch.sequence_ids.size());
-  int max_sealed_blocks = 0;
+  // Each sequence's sealed blocks split as they would be alone (split_k.cuh's blocks_per_split): about one
+  // wave of the kernel for a sequence alone.
+  splits_per_tile_ = std::max(1, target_ctas_ / shape_.num_kv_heads);
+  num_splits_ = 1;
   for (int b = 0; b < batch_size; ++b) {
-    max_sealed_blocks = std::max(max_sealed_blocks, (batch.kv_lens[size_t(b)] - batch.query_counts[size_t(b)]) / T);
+    const int n = batch.query_counts[size_t(b)], tiles = (n + kTileRows / group_ - 1) / (kTileRows / group_);
+    num_splits_ = std::max(num_splits_, splits_of((batch.kv_lens[size_t(b)] - n) / T, tiles, splits_per_tile_));
   }
   batch_size_ = batch_size;
   num_tiles_ = int(metadata.size() - size_t(attention_tiles_offset(shape_.max_batch))) / 2;
-  // Splits fill one wave of the kernel when tiles × KV heads alone do not.
-  const int independent_ctas = num_tiles_ * shape_.num_kv_heads;
-  num_splits_ = std::clamp(target_ctas_ / independent_ctas, 1, std::max(1, max_sealed_blocks));
-  blocks_per_split_ = std::max(1, (max_sealed_blocks + num_splits_ - 1) / num_splits_);
-  num_splits_ = std::max(1, (max_sealed_blocks + blocks_per_split_ - 1) / blocks_per_split_);
-  const size_t rows = size_t(independent_ctas) * kTileRows * size_t(num_splits_);
+  const size_t rows = size_t(num_tiles_) * shape_.num_kv_heads * kTileRows * size_t(num_splits_);
   if (partial_max_sum_.size() < 2 * rows) {
     SLIMKV_ASSIGN_OR_RETURN(partial_acc_, DeviceArray<float>::allocate(rows * shape_.head_dim, "HACK prefill partials"));
     SLIMKV_ASSIGN_OR_RETURN(partial_max_sum_, DeviceArray<float>::allocate(2 * rows, "HACK prefill partials"));
@@ -773,7 +773,7 @@ Status CudaHackPrefillAttention::run(const PagedKvView& kv, const QuantizedKvVie
   p.group = group_;
   p.positions_per_tile = kTileRows / group_;
   p.rows_per_tile = kTileRows;
-  p.blocks_per_split = blocks_per_split_;
+  p.splits_per_tile = splits_per_tile_;
   p.num_splits = p.split_stride = num_splits_;
   p.num_tiles = num_tiles_;
   p.scale = scale;

@@ -113,7 +113,7 @@ class CudaHackPrefillAttention {
   size_t shared_bytes_ = 0;
   int target_ctas_ = 0;  // one wave of the kernel
   // Planned:
-  int batch_size_ = 0, num_tiles_ = 0, num_splits_ = 1, blocks_per_split_ = 1;
+  int batch_size_ = 0, num_tiles_ = 0, num_splits_ = 1, splits_per_tile_ = 1;
   // Device: [sequence_ids B | kv_lens B | query_starts B+1 | pad | tiles], and the partials.
   DeviceArray<int> metadata_;
   DeviceArray<float> partial_acc_;

@@ -121,8 +121,8 @@ __global__ __launch_bounds__(kThreads) void paged_attention_partials(AttentionLa
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const TileQueries tq(p, tile);
   const int num_blocks = (tq.kv_end + kCudaBlockTokens - 1) / kCudaBlockTokens;
-  const int block_begin = tq.kv_begin / kCudaBlockTokens + split * p.blocks_per_split;
-  const int block_end = min(block_begin + p.blocks_per_split, num_blocks);
+  const TileSplit range(p, tq, split, tq.kv_begin / kCudaBlockTokens, num_blocks);
+  const int block_begin = range.begin, block_end = range.end;
   const int dim0 = (lane % kLanesPerToken) * 8;
   const int token_in_step = lane / kLanesPerToken;
 
@@ -378,8 +378,9 @@ Expected<std::unique_ptr<CudaPagedAttention>> CudaPagedAttention::create(const P
     }
     attention->prefill_target_ctas_ = prefill_resident * multiprocessor_count();
   }
-  // Tiles never outnumber queries; splits are added only while tiles × KV heads is under the target
-  // (the quantized kernels' targets included: at most kMaxResidentCtas per multiprocessor).
+  // The partials to start with: a step of single-split tiles plus one wave of splits (the quantized
+  // kernels' waves included: at most kMaxResidentCtas per multiprocessor); a step whose sequences split
+  // more (each as it would alone: long contexts in a big batch) grows them (split_blocks).
   const size_t max_target = size_t(std::max(resident, kMaxResidentCtas)) * multiprocessor_count();
   // The tensor-core kernel splits only up to its own target (each split of a tile is kPrefillTileRows rows).
   attention->partial_rows_capacity_ =
@@ -459,16 +460,16 @@ Status CudaPagedAttention::plan(const PagedAttentionBatch& batch) {
     part.first_tile = int(metadata->size() - size_t(attention_tiles_offset(shape_.max_batch))) / 2;
     part.num_tiles = append_attention_tiles(*metadata, batch, tile_positions(part), least, most);
     if (part.num_tiles == 0) return;
+    const int positions = tile_positions(part);
     for (size_t b = 0; b < batch.kv_lens.size(); ++b) {
       const int n = batch.query_counts[b], kv_len = batch.kv_lens[b];
       if (n < least || n > most) continue;
-      const int blocks = (kv_len + kCudaBlockTokens - 1) / kCudaBlockTokens, prefix_blocks = (kv_len - n) / kCudaBlockTokens;
+      const Part::Sequence sequence{(n + positions - 1) / positions, (kv_len + kCudaBlockTokens - 1) / kCudaBlockTokens,
+                                    (kv_len - n) / kCudaBlockTokens};
       part.max_query_count = std::max(part.max_query_count, n);
-      part.max_blocks = std::max(part.max_blocks, blocks);
-      part.max_prefix_blocks = std::max(part.max_prefix_blocks, prefix_blocks);
-      part.max_window_blocks = std::max(part.max_window_blocks, blocks - prefix_blocks);
+      part.max_prefix_blocks = std::max(part.max_prefix_blocks, sequence.prefix_blocks);
+      part.sequences.push_back(sequence);
     }
-    split_blocks(part, target_ctas_);
     parts_.push_back(part);
   };
   constexpr int kAny = std::numeric_limits<int>::max();
@@ -499,20 +500,24 @@ int CudaPagedAttention::tile_positions(const Part& part) const {
 
 namespace {
 
-// `blocks` (at least 1) cut into about `wanted` splits (at least 1, at most most_splits) of equal
-// size: (splits, blocks per split).
-std::pair<int, int> divide_blocks(int blocks, int wanted, int most_splits) {
-  const int splits = std::clamp(wanted, 1, std::max(1, std::min(blocks, most_splits)));
-  const int per_split = (blocks + splits - 1) / splits;
-  return {(blocks + per_split - 1) / per_split, per_split};
+// The splits per tile of a kernel of target_ctas resident CTAs (one wave) over num_kv_heads heads.
+int splits_per_tile(int target_ctas, int num_kv_heads) { return std::max(1, target_ctas / num_kv_heads); }
+
+// The most splits of a tile of the part's sequences when each sequence's `blocks_of(sequence)` are
+// split with splits_per_tile (split_k.cuh's splits_of: its last tile has the most blocks).
+template <typename Sequences, typename BlocksOf>
+int most_splits(const Sequences& sequences, int splits_per_tile, BlocksOf blocks_of) {
+  int most = 1;
+  for (const auto& sequence : sequences) most = std::max(most, splits_of(blocks_of(sequence), sequence.tiles, splits_per_tile));
+  return most;
 }
 
 }  // namespace
 
-void CudaPagedAttention::split_blocks(Part& part, int target_ctas) const {
-  const int independent_ctas = part.num_tiles * shape_.num_kv_heads;
-  const int most_splits = int(partial_rows_capacity_ / (size_t(independent_ctas) * tile_rows(part)));
-  std::tie(part.num_splits, part.blocks_per_split) = divide_blocks(part.max_blocks, target_ctas / independent_ctas, most_splits);
+Status CudaPagedAttention::split_blocks(Part& part, int target_ctas) {
+  part.splits_per_tile = splits_per_tile(target_ctas, shape_.num_kv_heads);
+  part.num_splits = most_splits(part.sequences, part.splits_per_tile, [](const Part::Sequence& s) { return s.blocks; });
+  return reserve_partials(size_t(part.num_tiles) * shape_.num_kv_heads * tile_rows(part) * size_t(part.num_splits));
 }
 
 Status CudaPagedAttention::reserve_partials(size_t slots) {
@@ -549,7 +554,7 @@ AttentionLaunch CudaPagedAttention::launch_params(const Part& part, const PagedK
   p.group = group_;
   p.positions_per_tile = tile_positions(part);
   p.rows_per_tile = tile_rows(part);
-  p.blocks_per_split = part.blocks_per_split;
+  p.splits_per_tile = part.splits_per_tile;
   p.num_splits = p.split_stride = part.num_splits;
   p.num_tiles = part.num_tiles;
   p.scale = scale;
@@ -567,7 +572,7 @@ Status CudaPagedAttention::run_quantized_prefill(Part& part, const PagedKvView& 
   // quant, and hack over KIVI's layouts or ZACK's heads (the INT8 kernel reads HACK's layout at head_dim
   // only): one kernel, the sealed blocks dequantized into its tiles.
   if (!sealed.hack || sealed.k_per_channel || sealed.v_per_token || sealed.heads != nullptr) {
-    split_blocks(part, prefill_target_ctas_);
+    SLIMKV_RETURN_IF_ERROR(split_blocks(part, prefill_target_ctas_));
     const AttentionLaunch p = launch_params(part, kv, q, scale, out);
     launch_prefill_attention(p, SealedPrefix::kDequantize, sealed);
     SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
@@ -589,24 +594,28 @@ Status CudaPagedAttention::run_quantized_prefill(Part& part, const PagedKvView& 
       return error("CUDA HACK prefill: the INT8 kernel (head_dim ", shape_.head_dim, ", ", bits, " bits) cannot run");
     }
   }
-  const int independent_ctas = part.num_tiles * shape_.num_kv_heads;
-  const size_t rows = size_t(independent_ctas) * kPrefillTileRows;
-  const auto [sealed_splits, sealed_per_split] = divide_blocks(
-      part.max_prefix_blocks, hack_prefill_resident_[bits] * multiprocessor_count() / independent_ctas, part.max_prefix_blocks);
-  const auto [window_splits, window_per_split] =
-      divide_blocks(part.max_window_blocks, prefill_target_ctas_ / independent_ctas, part.max_window_blocks);
-  SLIMKV_RETURN_IF_ERROR(reserve_partials(rows * size_t(sealed_splits + window_splits)));
+  // Each sequence's splits are its own (as in one kernel): its sealed splits, then its window's.
+  const int sealed_per_tile = splits_per_tile(hack_prefill_resident_[bits] * multiprocessor_count(), shape_.num_kv_heads);
+  const int window_per_tile = splits_per_tile(prefill_target_ctas_, shape_.num_kv_heads);
+  const auto sealed_splits_of = [&](const Part::Sequence& s) { return splits_of(s.prefix_blocks, s.tiles, sealed_per_tile); };
+  const auto window_splits_of = [&](const Part::Sequence& s) { return splits_of(s.blocks - s.prefix_blocks, s.tiles, window_per_tile); };
+  int sealed_splits = 1, window_splits = 1, split_stride = 1;
+  for (const Part::Sequence& s : part.sequences) {
+    sealed_splits = std::max(sealed_splits, sealed_splits_of(s));
+    window_splits = std::max(window_splits, window_splits_of(s));
+    split_stride = std::max(split_stride, sealed_splits_of(s) + window_splits_of(s));
+  }
+  SLIMKV_RETURN_IF_ERROR(reserve_partials(size_t(part.num_tiles) * shape_.num_kv_heads * kPrefillTileRows * size_t(split_stride)));
   AttentionLaunch p = launch_params(part, kv, q, scale, out);
-  p.split_stride = sealed_splits + window_splits;
+  p.split_stride = split_stride;
   AttentionLaunch sealed_part = p, window_part = p;
   sealed_part.num_splits = sealed_splits;
-  sealed_part.blocks_per_split = sealed_per_split;
+  sealed_part.splits_per_tile = sealed_per_tile;
   launch_hack_prefill_kernel(sealed_part, sealed);
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   window_part.num_splits = window_splits;
-  window_part.blocks_per_split = window_per_split;
-  window_part.partial_acc += size_t(sealed_splits) * shape_.head_dim;
-  window_part.partial_max_sum += sealed_splits;
+  window_part.splits_per_tile = window_per_tile;
+  window_part.after_splits_per_tile = sealed_per_tile;
   launch_prefill_attention(window_part, SealedPrefix::kSkip);
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   launch_merge_split_partials(p);
@@ -623,7 +632,7 @@ Status CudaPagedAttention::run(const PagedKvView& kv, const uint16_t* q, float s
 
 Status CudaPagedAttention::run_part(Part& part, const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out,
                                     int window_tokens) {
-  split_blocks(part, part.tensor_cores ? prefill_target_ctas_ : target_ctas_);  // a quantized run may have split otherwise
+  SLIMKV_RETURN_IF_ERROR(split_blocks(part, part.tensor_cores ? prefill_target_ctas_ : target_ctas_));
   AttentionLaunch p = launch_params(part, kv, q, scale, out);
   p.window_tokens = window_tokens;
   if (part.tensor_cores) {

@@ -105,19 +105,24 @@ class CudaPagedAttention {
   // The sequences of a planned step that run on one kernel: their tiles (consecutive in the metadata)
   // and how their blocks are split. The parts run one after the other, sharing the partials.
   struct Part {
+    // A sequence's tiles and blocks: all, and those wholly before the step (sealed, with quantized KV);
+    // its tiles' splits are its own (split_k.cuh's blocks_per_split), the part's the most of them.
+    struct Sequence {
+      int tiles = 0, blocks = 0, prefix_blocks = 0;
+    };
     bool tensor_cores = false;
     int first_tile = 0, num_tiles = 0;
     int max_query_count = 0;  // the most queries of one of its sequences
-    int max_blocks = 0;       // the most blocks of one of its sequences
-    // The most blocks of one sequence wholly before the step (sealed, with quantized KV), and from there on.
-    int max_prefix_blocks = 0, max_window_blocks = 0;
-    int num_splits = 1, blocks_per_split = 1;
+    int max_prefix_blocks = 0;
+    std::vector<Sequence> sequences;
+    int splits_per_tile = 1, num_splits = 1;
   };
 
   explicit CudaPagedAttention(const PagedAttentionShape& shape) : shape_(shape) {}
   Status check_run(const PagedKvView& kv) const;
-  // Splits the part's blocks so that about target_ctas CTAs run (one wave of the kernel at hand).
-  void split_blocks(Part& part, int target_ctas) const;
+  // Splits each sequence's blocks so that it alone would run about target_ctas CTAs (one wave of the
+  // kernel at hand), and makes the partials hold the part's splits.
+  Status split_blocks(Part& part, int target_ctas);
   // The dense FP16 kernel of the part (tensor-core or CUDA-core) over its sequences.
   Status run_part(Part& part, const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out, int window_tokens);
   Status run_quantized_decode(Part& part, const PagedKvView& kv, const QuantizedKvView& sealed, const uint16_t* q,

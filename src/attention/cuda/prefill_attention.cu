@@ -264,9 +264,9 @@ __device__ __forceinline__ void compute_sfm_v(const Scores& s, const float (&ref
   }
 }
 
-// The lane's active rows: O / sum as the output (one split) or O, max and sum as the split's partial.
+// The lane's active rows: O / sum as the output (one split) or O, max and sum as the partial of `slot`.
 template <int kHeadDim>
-__device__ __forceinline__ void write_rows(const AttentionLaunch& p, const TileQueries& tq, int tile, int kv_head, int split,
+__device__ __forceinline__ void write_rows(const AttentionLaunch& p, const TileQueries& tq, int tile, int kv_head, int slot,
                                            int warp_row, int lane, RowState<kHeadDim>& state) {
   const int group_row = lane / 4, column = 2 * (lane % 4);
   // Each row's sum over its quad of lanes; the max is already uniform over the quad.
@@ -290,12 +290,12 @@ __device__ __forceinline__ void write_rows(const AttentionLaunch& p, const TileQ
       }
     } else {
       const size_t row = (size_t(tile) * p.num_kv_heads + kv_head) * kPrefillTileRows + r;
-      float* acc = p.partial_acc + (row * p.split_stride + split) * kHeadDim + column;
+      float* acc = p.partial_acc + (row * p.split_stride + slot) * kHeadDim + column;
 #pragma unroll
       for (int d = 0; d < RowState<kHeadDim>::kDimTiles; ++d) {
         *reinterpret_cast<float2*>(acc + 8 * d) = make_float2(state.o[m][d][e0], state.o[m][d][e0 + 1]);
       }
-      if (lane % 4 == 0) p.partial_max_sum[row * p.split_stride + split] = make_float2(state.running_max[h], state.sum[h]);
+      if (lane % 4 == 0) p.partial_max_sum[row * p.split_stride + slot] = make_float2(state.running_max[h], state.sum[h]);
     }
   }
 }
@@ -324,8 +324,8 @@ __global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(At
   const int num_blocks = (tq.kv_end + kCudaBlockTokens - 1) / kCudaBlockTokens;
   const int sealed_blocks = kPrefix == SealedPrefix::kNone ? 0 : tq.first_position / kCudaBlockTokens;
   const int first_block = max(kPrefix == SealedPrefix::kSkip ? sealed_blocks : 0, tq.kv_begin / kCudaBlockTokens);
-  const int block_begin = first_block + split * p.blocks_per_split;
-  const int block_end = min(block_begin + p.blocks_per_split, num_blocks);
+  const TileSplit range(p, tq, split, first_block, num_blocks, sealed_blocks);
+  const int block_begin = range.begin, block_end = range.end;
   const int sequence = p.sequence_ids[tq.batch_index];
   const int* table = p.block_tables + size_t(sequence) * p.block_table_stride;
   const auto stage = [&](int block, int index) {
@@ -381,7 +381,7 @@ __global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(At
     __syncthreads();  // the stage is refilled by the next iteration
   }
   cp_async_wait<0>();  // a CTA with no blocks still has its Q copy in flight
-  write_rows(p, tq, tile, kv_head, split, warp_row, lane, state);
+  write_rows(p, tq, tile, kv_head, range.slot, warp_row, lane, state);
 }
 
 template <int kHeadDim>

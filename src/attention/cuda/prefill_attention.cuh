@@ -39,7 +39,7 @@ int prefill_attention_setup(int head_dim);
 enum class SealedPrefix {
   kNone,        // every block is FP16 (dense KV)
   kDequantize,  // read the sealed blocks of `sealed` (quant), dequantized into the FP16 tiles
-  kSkip,        // leave them to another kernel: blocks_per_split counts from the first unsealed block
+  kSkip,        // leave them to another kernel: the splits cut the blocks from the first unsealed one
 };
 
 // Grid (split, KV head, tile) as the CUDA-core kernel; with one split it writes the output directly,

@@ -633,8 +633,8 @@ __global__ __launch_bounds__(kThreads) void quantized_attention_partials(Quantiz
   // The warp's blocks: block_begin + warp + kWarps·j; those before n_sealed are sealed, the last one
   // may be the open block.
   const int num_blocks = (tq.kv_end + T - 1) / T, n_sealed = tq.kv_end / T;
-  const int block_begin = split * p.blocks_per_split;
-  const int block_end = min(block_begin + p.blocks_per_split, num_blocks);
+  const TileSplit range(p, tq, split, 0, num_blocks);
+  const int block_begin = range.begin, block_end = range.end;
   const int sealed_end = min(block_end, n_sealed);
   const int* table = p.block_tables + size_t(p.sequence_ids[tq.batch_index]) * p.block_table_stride;
   const auto sealed_block = [&](int block) {
@@ -782,7 +782,7 @@ Status CudaPagedAttention::run_quantized_decode(Part& part, const PagedKvView& k
     SLIMKV_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, staging_bytes));
     quantized_residency_.push_back({reinterpret_cast<const void*>(kernel), {staging_bytes, resident}});
   }
-  split_blocks(part, std::max(resident, 1) * multiprocessor_count());
+  SLIMKV_RETURN_IF_ERROR(split_blocks(part, std::max(resident, 1) * multiprocessor_count()));
 
   QuantizedLaunch L{};
   L.a = launch_params(part, kv, q, scale, out);

@@ -30,12 +30,16 @@ struct AttentionLaunch {
   const int* query_starts;         // [batch + 1]
   const int2* tiles;               // [num_tiles]: (batch index, first query of the sequence's)
   int num_heads, num_kv_heads, head_dim, group, positions_per_tile, rows_per_tile;
-  int blocks_per_split, num_splits, num_tiles;
-  // Partials per row (>= num_splits): the merge's splits. Two kernels whose blocks of one row differ
-  // (sealed blocks on INT8 tensor cores, the rest in FP16) write disjoint splits of the same rows, each
-  // launched with its partial pointers advanced to its first split. With one split in all (and a kernel
-  // that can), the kernel writes the output itself.
-  int split_stride;
+  // How a tile's blocks are split (tile_split below): about splits_per_tile splits for a sequence of one
+  // tile (the kernel's resident CTAs over the KV heads: one wave for a sequence alone); num_splits, the
+  // grid's, is the most of any tile of the step.
+  int splits_per_tile, num_splits, num_tiles;
+  // Partials per row (>= the splits of every kernel writing the row): the merge's splits. Two kernels
+  // whose blocks of one row differ (sealed blocks on INT8 tensor cores, the rest in FP16) write disjoint
+  // splits of the same rows: the second's come after the first's splits of that tile, which it counts
+  // with the first's splits_per_tile, given as after_splits_per_tile (0: no kernel before). With one split
+  // in all (and a kernel that can), the kernel writes the output itself.
+  int split_stride, after_splits_per_tile;
   // Sliding-window layers: a query at position p sees tokens p - window_tokens + 1 .. p (0: all before
   // it). Blocks wholly before a tile's first query's window are not read at all.
   int window_tokens;
@@ -57,19 +61,55 @@ inline void point_at_batch(AttentionLaunch& p, const int* metadata, int max_batc
 // first_query + r / group of the sequence, whose position is first_position + that query. Its rows see
 // tokens [kv_begin, kv_end) between them (kv_begin > 0 only in a sliding window).
 struct TileQueries {
-  int batch_index, first_query, query_begin, first_position, active_rows, kv_begin, kv_end;
+  int batch_index, first_query, query_begin, n_queries, first_position, active_rows, kv_begin, kv_end;
 
   __device__ TileQueries(const AttentionLaunch& p, int tile) {
     const int2 t = p.tiles[tile];
     batch_index = t.x;
     first_query = t.y;
     query_begin = p.query_starts[batch_index];
-    const int n_queries = p.query_starts[batch_index + 1] - query_begin;
+    n_queries = p.query_starts[batch_index + 1] - query_begin;
     first_position = p.kv_lens[batch_index] - n_queries;
     const int tile_queries = min(p.positions_per_tile, n_queries - first_query);
     active_rows = p.group * tile_queries;
     kv_end = first_position + first_query + tile_queries;  // the tokens its last query sees (causal)
     kv_begin = p.window_tokens > 0 ? max(0, first_position + first_query - p.window_tokens + 1) : 0;
+  }
+};
+
+// How a tile's `blocks` are cut into splits: by its own sequence alone (the tile's blocks, the sequence's
+// number of tiles), never by the rest of the step. A split's blocks, each warp's within it and the merge's
+// order are then the same whatever shares the step, so a sequence's attention has the bits it has alone
+// (a server's greedy outputs equal the request's alone, issue 22). A sequence alone fills about one wave
+// (splits_per_tile / its tiles splits a tile), with at least kMinBlocksPerSplit blocks a split: a big
+// batch of long sequences then keeps its partials (and their merge) to half as many as one-block splits.
+constexpr int kMinBlocksPerSplit = 2;
+__host__ __device__ inline int blocks_per_split(int blocks, int sequence_tiles, int splits_per_tile) {
+  const int wanted = splits_per_tile / (sequence_tiles > 1 ? sequence_tiles : 1);
+  int splits = (blocks + kMinBlocksPerSplit - 1) / kMinBlocksPerSplit;
+  if (splits > wanted) splits = wanted;
+  if (splits < 1) splits = 1;
+  return blocks > splits ? (blocks + splits - 1) / splits : 1;
+}
+__host__ __device__ inline int splits_of(int blocks, int sequence_tiles, int splits_per_tile) {
+  const int per_split = blocks_per_split(blocks, sequence_tiles, splits_per_tile);
+  return (blocks + per_split - 1) / per_split;
+}
+
+// A CTA's split of its tile's blocks [first_block, end_block): blocks [begin, end) (empty past the
+// tile's splits: the CTA writes an empty partial) and the partial slot it writes (after the splits of a
+// kernel before it over the same rows: AttentionLaunch::after_splits_per_tile, whose blocks were
+// [0, after_blocks)).
+struct TileSplit {
+  int begin, end, slot;
+
+  __device__ TileSplit(const AttentionLaunch& p, const TileQueries& tq, int split, int first_block, int end_block,
+                       int after_blocks = 0) {
+    const int sequence_tiles = (tq.n_queries + p.positions_per_tile - 1) / p.positions_per_tile;
+    const int per_split = blocks_per_split(max(end_block - first_block, 0), sequence_tiles, p.splits_per_tile);
+    begin = first_block + split * per_split;
+    end = min(begin + per_split, end_block);
+    slot = split + (p.after_splits_per_tile > 0 ? splits_of(after_blocks, sequence_tiles, p.after_splits_per_tile) : 0);
   }
 };
 

@@ -311,6 +311,16 @@ Status CudaLlamaModel::multiply(const void* x, int n, const StackedMatrix& w, fl
   return Status::ok();
 }
 
+Status CudaLlamaModel::multiply_items(const void* x, const std::vector<int>& items, const StackedMatrix& w, float* y,
+                                      bool accumulate) {
+  int64_t first = 0;
+  for (const DeviceMatrix& run : w.runs) {
+    SLIMKV_RETURN_IF_ERROR(item_products_->multiply(*gemm_, x, items, dtype_, run, y + first, accumulate, w.rows));
+    first += run.rows;
+  }
+  return Status::ok();
+}
+
 std::string CudaLlamaModel::weight_description() const {
   std::string kinds;
   for (BlockQuant quant : block_types_) kinds += std::string(kinds.empty() ? "" : "+") + std::string(block_quant_name(quant));
@@ -346,6 +356,8 @@ Status CudaLlamaModel::allocate_runtime(const CudaModelOptions& options) {
                                   ? std::min<size_t>(size_t(64) << 20, largest_quantized_values_ * 2)
                                   : 0;
   SLIMKV_ASSIGN_OR_RETURN(gemm_, WeightGemm::create(tile_scratch));
+  const size_t widest_output = std::max({qkv, 2 * inter, size_t(c.hidden_size), size_t(c.vocab_size), size_t(c.moe.num_experts)});
+  SLIMKV_ASSIGN_OR_RETURN(item_products_, ItemProducts::create(widest_input, widest_output));
   SLIMKV_ASSIGN_OR_RETURN(step_ints_, DeviceArray<int32_t>::allocate(3 * T + size_t(max_sequences_), "step ids"));
   SLIMKV_ASSIGN_OR_RETURN(x_, DeviceArray<float>::allocate(T * size_t(c.hidden_size), "the residual stream"));
   SLIMKV_ASSIGN_OR_RETURN(h_, DeviceArray<uint16_t>::allocate(T * widest_input, "GEMM inputs"));
@@ -617,6 +629,7 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, std
   // items' first, so that the sampler reads one run of rows).
   std::vector<int32_t> tokens, positions, logit_rows;
   first_row.assign(batch.size(), -1);
+  logit_items_.clear();
   for (const bool sampled : {true, false}) {
     int32_t row = 0;
     for (size_t i = 0; i < batch.size(); ++i) {
@@ -625,18 +638,22 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, std
       if ((w == StepRows::kSample) == sampled && w != StepRows::kNone) {
         first_row[i] = int64_t(logit_rows.size());
         for (int t = w == StepRows::kAll ? 0 : n - 1; t < n; ++t) logit_rows.push_back(row + t);
+        logit_items_.push_back(w == StepRows::kAll ? n : 1);
       }
       row += n;
     }
   }
+  step_items_.clear();
   for (const SequenceTokens& s : batch) {
     const int held = num_tokens(s.sequence), n = int(s.tokens.size());
     for (int i = 0; i < n; ++i) {
       tokens.push_back(s.tokens[size_t(i)]);
       positions.push_back(held + i);
     }
+    step_items_.push_back(n);
   }
   const int n = int(tokens.size()), rows = int(logit_rows.size());
+
   std::vector<int32_t> ids = tokens;
   ids.insert(ids.end(), positions.begin(), positions.end());
   ids.insert(ids.end(), logit_rows.begin(), logit_rows.end());
@@ -670,7 +687,7 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, std
     // their window, their RoPE); x += o_proj(o)
     SLIMKV_RETURN_IF_ERROR(rmsnorm(x_.data(), w.attention_norm, eps, n, hidden, h_.data(), dtype_));
     SLIMKV_RETURN_IF_ERROR(kv_->keep_layer_input(l, h_.data()));
-    SLIMKV_RETURN_IF_ERROR(multiply(h_.data(), n, w.w_qkv, projected_.data()));
+    SLIMKV_RETURN_IF_ERROR(multiply_items(h_.data(), step_items_, w.w_qkv, projected_.data()));
     SLIMKV_RETURN_IF_ERROR(attention_inputs(projected_.data(), n, heads, w.b_qkv, {w.q_norm, w.k_norm, eps},
                                             token_positions, c.is_sliding(l) ? sliding_inv_freq_ : inv_freq_,
                                             rotate_heads_, q_.data(), k_.data(), v_.data()));
@@ -682,7 +699,7 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, std
           convert_half(attended_.data(), DType::kF16, size_t(n) * o_cols, attention_output_in_dtype, dtype_));
     }
     SLIMKV_RETURN_IF_ERROR(add_sublayer(w.attention_out_norm, [&](float* y, bool accumulate) {
-      return multiply(attention_output_in_dtype, n, w.w_o, y, accumulate);
+      return multiply_items(attention_output_in_dtype, step_items_, w.w_o, y, accumulate);
     }));
 
     // MLP block: x += down(act(gate(h)) · up(h)), h = rmsnorm(x); a sparse layer's: its routed experts'
@@ -693,15 +710,15 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, std
       }));
       continue;
     }
-    SLIMKV_RETURN_IF_ERROR(multiply(h_.data(), n, w.mlp.w_gate_up, projected_.data()));
+    SLIMKV_RETURN_IF_ERROR(multiply_items(h_.data(), step_items_, w.mlp.w_gate_up, projected_.data()));
     SLIMKV_RETURN_IF_ERROR(gated_activation(projected_.data(), n, inter, activation, h_.data(), dtype_));
     SLIMKV_RETURN_IF_ERROR(add_sublayer(w.mlp_out_norm, [&](float* y, bool accumulate) {
-      return multiply(h_.data(), n, w.mlp.w_down, y, accumulate);
+      return multiply_items(h_.data(), step_items_, w.mlp.w_down, y, accumulate);
     }));
   }
   if (rows == 0) return 0;
   SLIMKV_RETURN_IF_ERROR(rmsnorm(x_.data(), final_norm_, eps, rows, hidden, h_.data(), dtype_, rows_wanted));
-  SLIMKV_RETURN_IF_ERROR(gemm_->multiply(h_.data(), rows, dtype_, lm_head_, logits_.data()));
+  SLIMKV_RETURN_IF_ERROR(item_products_->multiply(*gemm_, h_.data(), logit_items_, dtype_, lm_head_, logits_.data()));
   if (c.final_logit_softcap > 0) {  // Gemma: logits = cap · tanh(logits / cap)
     SLIMKV_RETURN_IF_ERROR(soft_cap(logits_.data(), size_t(rows) * size_t(c.vocab_size), float(c.final_logit_softcap)));
   }
@@ -717,7 +734,7 @@ Status CudaLlamaModel::add_routed_experts(const LayerOnDevice& layer, int n, flo
   const int experts = int(c.moe.num_experts), k = int(c.moe.experts_per_token), choices = n * k;
   const size_t hidden = size_t(c.hidden_size), inter = size_t(c.moe.expert_intermediate_size);
   // Routing: the router's logits, then each row's k experts and their weights.
-  SLIMKV_RETURN_IF_ERROR(multiply(h_.data(), n, layer.router, router_logits_.data()));
+  SLIMKV_RETURN_IF_ERROR(multiply_items(h_.data(), step_items_, layer.router, router_logits_.data()));
   SLIMKV_RETURN_IF_ERROR(route_to_experts(router_logits_.data(), n, experts, k, c.moe.normalize_top_k,
                                           expert_of_.data(), expert_weight_.data()));
   // The plan: the choices grouped by expert, each expert's rows in token order (as the CPU runs them);

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "backend/cuda/device_memory.h"
+#include "backend/cuda/item_products.h"
 #include "backend/cuda/quantized_gemm.h"
 #include "backend/cuda/sampling.h"
 #include "kv/cuda/gpu_kv_cache.h"
@@ -236,8 +237,12 @@ class CudaLlamaModel final : private KvProjection {
   void lay_out_weights(const WeightKinds& kinds);
   // The parts (rows, kind) of a stacked matrix of `cols` columns, as runs in the arena.
   StackedMatrix take_stacked(std::initializer_list<std::pair<int64_t, BlockQuant>> parts, int64_t cols);
-  // y = x · Wᵀ over every run of w (x in dtype_, y FP32 [n, w.rows]), or y += when accumulate.
+  // y = x · Wᵀ over every run of w (x in dtype_, y FP32 [n, w.rows]), or y += when accumulate: as one
+  // product of n rows (an expert's gathered rows, recomputed KV), or item by item (a step's rows by
+  // sequence, item_products.h: each sequence's rows get the bits they get alone).
   Status multiply(const void* x, int n, const StackedMatrix& w, float* y, bool accumulate = false);
+  Status multiply_items(const void* x, const std::vector<int>& items, const StackedMatrix& w, float* y,
+                        bool accumulate = false);
   // Activations and the KV cache, sized by the options.
   Status allocate_runtime(const CudaModelOptions& options);
   // A sparse layer's MLP over the n rows of h_ (normed, in dtype_): y = Σ_j weight_j · expert_j(h) over
@@ -276,6 +281,9 @@ class CudaLlamaModel final : private KvProjection {
   std::vector<LayerOnDevice> layers_;
 
   std::unique_ptr<WeightGemm> gemm_;
+  std::unique_ptr<ItemProducts> item_products_;
+  std::vector<int> step_items_;   // the running step's rows by sequence
+  std::vector<int> logit_items_;  // its logit rows by sequence, in the order they are laid out
   std::unique_ptr<GpuKvCache> kv_;  // kv/cuda: dense, quantized, or a host tier, as the options say
   // Activations of one step, for max_step_tokens rows.
   DeviceArray<int32_t> step_ints_;   // tokens [T] | positions [T] | logit rows [T] | next tokens [batch]
