@@ -730,7 +730,7 @@ Status CudaHackPrefillAttention::plan(const PagedAttentionBatch& batch) {
   num_splits_ = 1;
   for (int b = 0; b < batch_size; ++b) {
     const int n = batch.query_counts[size_t(b)], tiles = (n + kTileRows / group_ - 1) / (kTileRows / group_);
-    num_splits_ = std::max(num_splits_, splits_of((batch.kv_lens[size_t(b)] - n) / T, tiles, splits_per_tile_));
+    num_splits_ = std::max(num_splits_, most_splits_of((batch.kv_lens[size_t(b)] - n) / T, tiles, splits_per_tile_));
   }
   batch_size_ = batch_size;
   num_tiles_ = int(metadata.size() - size_t(attention_tiles_offset(shape_.max_batch))) / 2;

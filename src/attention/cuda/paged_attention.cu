@@ -503,12 +503,12 @@ namespace {
 // The splits per tile of a kernel of target_ctas resident CTAs (one wave) over num_kv_heads heads.
 int splits_per_tile(int target_ctas, int num_kv_heads) { return std::max(1, target_ctas / num_kv_heads); }
 
-// The most splits of a tile of the part's sequences when each sequence's `blocks_of(sequence)` are
-// split with splits_per_tile (split_k.cuh's splits_of: its last tile has the most blocks).
-template <typename Sequences, typename BlocksOf>
-int most_splits(const Sequences& sequences, int splits_per_tile, BlocksOf blocks_of) {
+// The most splits of a tile of the part's sequences, each tile of at most its sequence's blocks split
+// with splits_per_tile (split_k.cuh's most_splits_of).
+template <typename Sequences>
+int most_splits(const Sequences& sequences, int splits_per_tile) {
   int most = 1;
-  for (const auto& sequence : sequences) most = std::max(most, splits_of(blocks_of(sequence), sequence.tiles, splits_per_tile));
+  for (const auto& sequence : sequences) most = std::max(most, most_splits_of(sequence.blocks, sequence.tiles, splits_per_tile));
   return most;
 }
 
@@ -516,7 +516,7 @@ int most_splits(const Sequences& sequences, int splits_per_tile, BlocksOf blocks
 
 Status CudaPagedAttention::split_blocks(Part& part, int target_ctas) {
   part.splits_per_tile = splits_per_tile(target_ctas, shape_.num_kv_heads);
-  part.num_splits = most_splits(part.sequences, part.splits_per_tile, [](const Part::Sequence& s) { return s.blocks; });
+  part.num_splits = most_splits(part.sequences, part.splits_per_tile);
   return reserve_partials(size_t(part.num_tiles) * shape_.num_kv_heads * tile_rows(part) * size_t(part.num_splits));
 }
 
@@ -597,8 +597,10 @@ Status CudaPagedAttention::run_quantized_prefill(Part& part, const PagedKvView& 
   // Each sequence's splits are its own (as in one kernel): its sealed splits, then its window's.
   const int sealed_per_tile = splits_per_tile(hack_prefill_resident_[bits] * multiprocessor_count(), shape_.num_kv_heads);
   const int window_per_tile = splits_per_tile(prefill_target_ctas_, shape_.num_kv_heads);
-  const auto sealed_splits_of = [&](const Part::Sequence& s) { return splits_of(s.prefix_blocks, s.tiles, sealed_per_tile); };
-  const auto window_splits_of = [&](const Part::Sequence& s) { return splits_of(s.blocks - s.prefix_blocks, s.tiles, window_per_tile); };
+  const auto sealed_splits_of = [&](const Part::Sequence& s) { return most_splits_of(s.prefix_blocks, s.tiles, sealed_per_tile); };
+  const auto window_splits_of = [&](const Part::Sequence& s) {
+    return most_splits_of(s.blocks - s.prefix_blocks, s.tiles, window_per_tile);
+  };
   int sealed_splits = 1, window_splits = 1, split_stride = 1;
   for (const Part::Sequence& s : part.sequences) {
     sealed_splits = std::max(sealed_splits, sealed_splits_of(s));

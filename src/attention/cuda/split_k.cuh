@@ -95,6 +95,14 @@ __host__ __device__ inline int splits_of(int blocks, int sequence_tiles, int spl
   const int per_split = blocks_per_split(blocks, sequence_tiles, splits_per_tile);
   return (blocks + per_split - 1) / per_split;
 }
+// The most splits of any tile of up to `blocks` blocks (a grid's bound: splits_of is not monotone in
+// the blocks — 31 blocks cut into 16 splits of 2, 33 into 11 of 3 — and a tile's blocks are its own:
+// causal prefill tiles, sliding windows).
+__host__ __device__ inline int most_splits_of(int blocks, int sequence_tiles, int splits_per_tile) {
+  const int wanted = splits_per_tile / (sequence_tiles > 1 ? sequence_tiles : 1);
+  const int most = (blocks + kMinBlocksPerSplit - 1) / kMinBlocksPerSplit;
+  return most < wanted ? (most > 1 ? most : 1) : (wanted > 1 ? wanted : 1);
+}
 
 // A CTA's split of its tile's blocks [first_block, end_block): blocks [begin, end) (empty past the
 // tile's splits: the CTA writes an empty partial) and the partial slot it writes (after the splits of a
