@@ -594,17 +594,19 @@ Status CudaPagedAttention::run_quantized_prefill(Part& part, const PagedKvView& 
       return error("CUDA HACK prefill: the INT8 kernel (head_dim ", shape_.head_dim, ", ", bits, " bits) cannot run");
     }
   }
-  // Each sequence's splits are its own (as in one kernel): its sealed splits, then its window's.
+  // Each sequence's splits are its own (as in one kernel): its sealed splits, then its window's. Every
+  // slot of every row is written (the merge reads them all): the sealed kernel's grid writes the first
+  // ones (empty past a tile's own splits), the window kernel's the rest, from where the tile's sealed
+  // splits end to the stride (its grid as wide as the stride; CTAs past it write nothing).
   const int sealed_per_tile = splits_per_tile(hack_prefill_resident_[bits] * multiprocessor_count(), shape_.num_kv_heads);
   const int window_per_tile = splits_per_tile(prefill_target_ctas_, shape_.num_kv_heads);
   const auto sealed_splits_of = [&](const Part::Sequence& s) { return most_splits_of(s.prefix_blocks, s.tiles, sealed_per_tile); };
   const auto window_splits_of = [&](const Part::Sequence& s) {
     return most_splits_of(s.blocks - s.prefix_blocks, s.tiles, window_per_tile);
   };
-  int sealed_splits = 1, window_splits = 1, split_stride = 1;
+  int sealed_splits = 1, split_stride = 1;
   for (const Part::Sequence& s : part.sequences) {
     sealed_splits = std::max(sealed_splits, sealed_splits_of(s));
-    window_splits = std::max(window_splits, window_splits_of(s));
     split_stride = std::max(split_stride, sealed_splits_of(s) + window_splits_of(s));
   }
   SLIMKV_RETURN_IF_ERROR(reserve_partials(size_t(part.num_tiles) * shape_.num_kv_heads * kPrefillTileRows * size_t(split_stride)));
@@ -615,7 +617,7 @@ Status CudaPagedAttention::run_quantized_prefill(Part& part, const PagedKvView& 
   sealed_part.splits_per_tile = sealed_per_tile;
   launch_hack_prefill_kernel(sealed_part, sealed);
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
-  window_part.num_splits = window_splits;
+  window_part.num_splits = split_stride;
   window_part.splits_per_tile = window_per_tile;
   window_part.after_splits_per_tile = sealed_per_tile;
   launch_prefill_attention(window_part, SealedPrefix::kSkip);

@@ -325,6 +325,7 @@ __global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(At
   const int sealed_blocks = kPrefix == SealedPrefix::kNone ? 0 : tq.first_position / kCudaBlockTokens;
   const int first_block = max(kPrefix == SealedPrefix::kSkip ? sealed_blocks : 0, tq.kv_begin / kCudaBlockTokens);
   const TileSplit range(p, tq, split, first_block, num_blocks, sealed_blocks);
+  if (range.slot >= p.split_stride) return;  // past the row's splits (after a kernel before it: see below)
   const int block_begin = range.begin, block_end = range.end;
   const int sequence = p.sequence_ids[tq.batch_index];
   const int* table = p.block_tables + size_t(sequence) * p.block_table_stride;
