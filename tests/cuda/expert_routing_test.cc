@@ -1,7 +1,8 @@
 // The mixture-of-experts kernels (backend/cuda/expert_routing.h) against plain references: the routing
 // against the CPU's route_to_experts (model/expert_routing.h), on router logits drawn from a few values
 // so that rows hold many equal scores (the lower expert first among equals, as the CPU and torch.topk);
-// the gather and the weighted sum against loops.
+// the plan of places against the counting sort of expert_plan_reference.h, value for value; the gather
+// and the weighted sum against loops.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 
 #include "backend/cuda/expert_routing.h"
 #include "cuda_test_util.h"
+#include "expert_plan_reference.h"
 #include "model/expert_routing.h"
 
 namespace slimkv::cuda {
@@ -87,6 +89,54 @@ TEST_F(MoeKernels, RoutingRefusesMoreChoicesThanExperts) {
   EXPECT_NE(status.message().find("5 of 4 experts"), std::string::npos) << status.message();
 }
 
+struct PlanCase {
+  int n, k, experts;
+  int favourite;     // -1: each row's k experts drawn at random; else every row's first choice is this expert
+  int unrouted_row;  // a row whose choices are all `experts` (route_to_experts' mark of NaN logits), or -1
+  std::string name() const {
+    return str_cat("plan(n=", n, ",k=", k, ",experts=", experts, ",favourite=", favourite, ",unrouted=", unrouted_row, ")");
+  }
+};
+
+// Each row's k distinct experts (as route_to_experts gives them), in a random order.
+std::vector<int32_t> random_choices(const PlanCase& c, std::mt19937& rng) {
+  std::vector<int32_t> expert_of;
+  std::vector<int32_t> all(static_cast<size_t>(c.experts));
+  std::iota(all.begin(), all.end(), 0);
+  for (int t = 0; t < c.n; ++t) {
+    std::shuffle(all.begin(), all.end(), rng);
+    if (c.favourite >= 0) std::iter_swap(all.begin(), std::find(all.begin(), all.end(), c.favourite));
+    for (int j = 0; j < c.k; ++j) expert_of.push_back(t == c.unrouted_row ? c.experts : all[size_t(j)]);
+  }
+  return expert_of;
+}
+
+// Decode batches of Qwen3-MoE's shape (128 experts, 8 a row) up to a prefill chunk, one expert chosen by
+// every row, a row of no experts, the most experts the routing holds, one expert.
+TEST_F(MoeKernels, PlanGroupsTheChoicesByExpertAsTheReference) {
+  const PlanCase cases[] = {{1, 8, 128, -1, -1},  {16, 8, 128, -1, -1}, {64, 8, 128, 5, -1}, {512, 8, 128, -1, 3},
+                            {3, 2, 4, -1, -1},    {37, 4, 2048, 0, -1},  {1, 1, 1, -1, -1},   {130, 10, 512, 511, 129},
+                            {5, 3, 3, -1, 0},     {0, 8, 128, -1, -1}};
+  for (const PlanCase& c : cases) {
+    SCOPED_TRACE(c.name());
+    const unsigned seed = unsigned(c.n * 31 + c.k * 7 + c.experts);
+    SCOPED_TRACE(str_cat("seed ", seed));
+    std::mt19937 rng(seed);
+    const std::vector<int32_t> expert_of = random_choices(c, rng);
+    const int choices = c.n * c.k;
+    const std::vector<int32_t> want = expert_plan_reference(expert_of, c.k, c.experts);
+    auto values = on_device(std::vector<int32_t>(want.size(), -7));  // places of no choice stay -7, as the reference's
+    auto expert_of_device = on_device(expert_of.empty() ? std::vector<int32_t>(1, 0) : expert_of);
+    SLIMKV_ASSERT_OK(plan_expert_rows(expert_of_device.data(), c.n, c.k, c.experts,
+                                      expert_plan_at(values.data(), choices, c.experts)));
+    const std::vector<int32_t> got = on_host(values);
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(got[i], want[i]) << "value " << i << " of the plan (row_of_place [" << choices << "] | place_of_choice ["
+                                 << choices << "] | first_place [" << c.experts + 1 << "] | active_experts)";
+    }
+  }
+}
+
 TEST_F(MoeKernels, GatherCopiesTheRowsAsked) {
   std::mt19937 rng(11);
   const int rows = 9, dim = 70, count = 23;  // rows repeat, some never asked for
@@ -138,6 +188,22 @@ TEST_F(MoeKernels, WeightedRowsSumAsTheLoop) {
         ASSERT_NEAR(got[size_t(t) * dim + size_t(c)], want, 1e-5 * (1 + std::fabs(want))) << t << "," << c;
       }
     }
+  }
+}
+
+// A choice of no expert (place -1: its row's logits held a NaN) makes its row NaN, not a silent zero.
+TEST_F(MoeKernels, WeightedRowsOfAnUnplacedChoiceAreNaN) {
+  const int n = 2, k = 2, dim = 3;
+  auto out_device = on_device(std::vector<float>(size_t(n * k * dim), 1.0f));
+  auto position_device = on_device(std::vector<int32_t>{0, 1, 2, -1});
+  auto weight_device = on_device(std::vector<float>{0.5f, 0.5f, 0.5f, 0.5f});
+  auto y_device = on_device(std::vector<float>(size_t(n * dim), 0.0f));
+  SLIMKV_ASSERT_OK(add_weighted_rows(out_device.data(), position_device.data(), weight_device.data(), n, k, dim,
+                                     y_device.data(), false));
+  const std::vector<float> y = on_host(y_device);
+  for (int c = 0; c < dim; ++c) {
+    EXPECT_EQ(y[size_t(c)], 1.0f) << "row 0, column " << c;
+    EXPECT_TRUE(std::isnan(y[size_t(dim + c)])) << "row 1, column " << c;
   }
 }
 

@@ -71,7 +71,8 @@ __global__ void route_kernel(const float* logits, int n, int experts, int k, boo
         best_expert = other_expert;
       }
     }
-    // No expert at all only where the logits hold a NaN: `experts` is written, which the caller refuses.
+    // No expert at all only where the logits hold a NaN: `experts` is written, which the plan leaves
+    // without a place (the row's output NaN).
     if (lane == 0) {
       chosen[j] = best_expert;
       weight[j] = best;
@@ -82,6 +83,69 @@ __global__ void route_kernel(const float* logits, int n, int experts, int k, boo
   }
   if (normalize_top_k && lane == 0) {
     for (int j = 0; j < k; ++j) weight[j] /= top;
+  }
+}
+
+// Warp 0 of the CTA after all have counted: each lane scans a run of experts, the lanes' totals
+// summed across the warp (an exclusive prefix); then the choices 32 at a time in order, each lane's
+// place its expert's next place plus the lanes before it with the same expert (a warp-wide match).
+constexpr int kPlanThreads = 1024;
+
+__device__ int warp_exclusive_prefix(int value) {
+  const int lane = int(threadIdx.x) % 32;
+  int inclusive = value;
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const int before = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset) inclusive += before;
+  }
+  return inclusive - value;
+}
+
+__global__ void plan_kernel(const int32_t* expert_of, int choices, int k, int experts, int slots, ExpertRowsPlan plan) {
+  extern __shared__ int32_t next_place[];  // [experts]: the count of each expert's rows, then its next place
+  for (int e = int(threadIdx.x); e < experts; e += int(blockDim.x)) next_place[e] = 0;
+  __syncthreads();
+  for (int i = int(threadIdx.x); i < choices; i += int(blockDim.x)) {
+    const int e = expert_of[i];
+    if (e >= 0 && e < experts) atomicAdd(&next_place[e], 1);  // counts: the same in any order
+  }
+  __syncthreads();
+  if (threadIdx.x >= 32) return;
+  const int lane = int(threadIdx.x);
+  const int per_lane = (experts + 31) / 32, begin = min(experts, lane * per_lane), end = min(experts, begin + per_lane);
+  int rows = 0, active = 0;
+  for (int e = begin; e < end; ++e) {
+    rows += next_place[e];
+    active += next_place[e] > 0 ? 1 : 0;
+  }
+  int place = warp_exclusive_prefix(rows), slot = warp_exclusive_prefix(active);
+  for (int e = begin; e < end; ++e) {
+    const int count = next_place[e];
+    plan.first_place[e] = place;
+    if (count > 0) plan.active_experts[slot++] = e;
+    next_place[e] = place;
+    place += count;
+  }
+  if (lane == 31) plan.first_place[experts] = place;
+  const int active_total = __shfl_sync(0xffffffffu, slot, 31);
+  for (int s = active_total + lane; s < slots; s += 32) plan.active_experts[s] = -1;
+  __syncwarp();
+  for (int base = 0; base < choices; base += 32) {
+    const int i = base + lane;
+    const int e = i < choices ? expert_of[i] : -1;
+    const bool routed = e >= 0 && e < experts;
+    const unsigned same = __match_any_sync(0xffffffffu, routed ? e : -1);
+    const int rank = __popc(same & ((1u << lane) - 1u));
+    if (routed) {
+      const int p = next_place[e] + rank;
+      plan.row_of_place[p] = i / k;
+      plan.place_of_choice[i] = p;
+    } else if (i < choices) {
+      plan.place_of_choice[i] = -1;
+    }
+    __syncwarp();
+    if (routed && rank == 0) next_place[e] += __popc(same);
+    __syncwarp();
   }
 }
 
@@ -100,7 +164,8 @@ __global__ void add_weighted_rows_kernel(const float* expert_out, const int32_t*
   float sum = 0.0f;
   for (int j = 0; j < k; ++j) {
     const size_t choice = t * size_t(k) + size_t(j);
-    sum += weight[choice] * expert_out[size_t(position[choice]) * dim + c];
+    const int32_t place = position[choice];
+    sum += place < 0 ? NAN : weight[choice] * expert_out[size_t(place) * dim + c];
   }
   y[i] = accumulate ? y[i] + sum : sum;
 }
@@ -117,6 +182,31 @@ Status route_to_experts(const float* router_logits, int n, int experts, int k, b
   const unsigned blocks = unsigned((n + kRoutingWarps - 1) / kRoutingWarps);
   route_kernel<<<blocks, kRoutingWarps * 32, size_t(kRoutingWarps) * size_t(experts) * sizeof(float)>>>(
       router_logits, n, experts, k, normalize_top_k, expert_of, expert_weight);
+  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return Status::ok();
+}
+
+size_t expert_plan_values(int choices, int experts) {
+  return 2 * size_t(choices) + size_t(experts) + 1 + size_t(expert_slots(choices, experts));
+}
+
+ExpertRowsPlan expert_plan_at(int32_t* values, int choices, int experts) {
+  ExpertRowsPlan plan;
+  plan.row_of_place = values;
+  plan.place_of_choice = plan.row_of_place + choices;
+  plan.first_place = plan.place_of_choice + choices;
+  plan.active_experts = plan.first_place + experts + 1;
+  return plan;
+}
+
+Status plan_expert_rows(const int32_t* expert_of, int n, int k, int experts, const ExpertRowsPlan& plan) {
+  if (experts < 1 || experts > kMaxRoutedExperts || k < 1 || k > experts) {
+    return error("expert plan: ", k, " of ", experts, " experts a row (expected 1 <= k <= experts <= ", kMaxRoutedExperts,
+                 ")");
+  }
+  const int choices = n * k;
+  plan_kernel<<<1, kPlanThreads, size_t(experts) * sizeof(int32_t)>>>(expert_of, choices, k, experts,
+                                                                       expert_slots(choices, experts), plan);
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   return Status::ok();
 }
