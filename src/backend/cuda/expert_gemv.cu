@@ -1,0 +1,107 @@
+#include "backend/cuda/expert_gemv.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/weight_rows.cuh"
+
+namespace slimkv::cuda {
+namespace {
+
+constexpr int kThreads = 256;  // 8 warps, a weight row each
+
+// blockIdx.y: the expert slot; blockIdx.x: 8 weight rows of that expert's matrix. An expert's places
+// run through multiply_warp_rows kWarpRowsMaxInputs at a time, each time reading its rows again (from
+// L2 where they stay: decode batches give an expert a few rows).
+template <BlockQuant Q, typename In>
+__global__ void __launch_bounds__(kThreads)
+    grouped_gemv_kernel(const In* x, const int32_t* x_rows, const uint8_t* body, const uint16_t* scales,
+                        size_t stride_bytes, int64_t rows, int64_t cols, const int32_t* first_place,
+                        const int32_t* active_experts, float* y, int64_t y_stride) {
+  const int expert = active_experts[blockIdx.y];
+  if (expert < 0) return;
+  const int64_t first_row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  if (first_row >= rows) return;  // the whole warp
+  const uint8_t* expert_body = body + size_t(expert) * stride_bytes;
+  const uint16_t* expert_scales = scales != nullptr ? scales + size_t(expert) * stride_bytes / 2 : nullptr;
+  const int first = first_place[expert], end = first_place[expert + 1];
+  for (int place = first; place < end; place += kWarpRowsMaxInputs) {
+    const int n = min(kWarpRowsMaxInputs, end - place);
+    multiply_warp_rows<Q, In, 1>(x, x_rows, place, n, expert_body, expert_scales, rows, cols, first_row, y, y_stride,
+                                 /*accumulate=*/false);
+  }
+}
+
+// Calls f with std::integral_constant<BlockQuant, quant> (kNone: plain rows).
+template <typename F>
+Status with_kind(BlockQuant quant, F&& f) {
+  switch (quant) {
+    case BlockQuant::kQ8_0: return f(std::integral_constant<BlockQuant, BlockQuant::kQ8_0>());
+    case BlockQuant::kQ4_0: return f(std::integral_constant<BlockQuant, BlockQuant::kQ4_0>());
+    case BlockQuant::kQ4_K: return f(std::integral_constant<BlockQuant, BlockQuant::kQ4_K>());
+    case BlockQuant::kQ6_K: return f(std::integral_constant<BlockQuant, BlockQuant::kQ6_K>());
+    case BlockQuant::kNone: return f(std::integral_constant<BlockQuant, BlockQuant::kNone>());
+  }
+  return error("grouped expert GEMV: unknown block type");
+}
+
+}  // namespace
+
+DeviceMatrix ExpertMatrices::expert(int e) const {
+  DeviceMatrix m = first;
+  m.data = static_cast<uint8_t*>(first.data) + size_t(e) * stride_bytes;
+  if (first.scales != nullptr) m.scales = first.scales + size_t(e) * stride_bytes / 2;
+  return m;
+}
+
+Status check_grouped_expert_shape(const ExpertMatrices& w) {
+  if (w.stride_bytes % 16 != 0) {
+    return error("grouped expert GEMV: experts ", w.stride_bytes, " bytes apart (expected a multiple of 16: 16-byte loads)");
+  }
+  if (w.first.quantized()) return check_quantized_shape("grouped expert GEMV", w.first.quant, w.first.rows, w.first.cols);
+  if (w.first.dtype != DType::kF16 && w.first.dtype != DType::kBF16) {
+    return error("grouped expert GEMV: plain weights in ", dtype_name(w.first.dtype), " (expected F16 or BF16)");
+  }
+  if (w.first.rows < 1 || w.first.cols < 8 || w.first.cols % 8 != 0) {
+    return error("grouped expert GEMV: plain [", w.first.rows, ", ", w.first.cols, "] matrices (expected rows of a ",
+                 "positive multiple of 8 values)");
+  }
+  return Status::ok();
+}
+
+Status grouped_expert_gemv(const void* x, const int32_t* x_rows, DType x_dtype, const ExpertMatrices& w,
+                           const ExpertRowsPlan& plan, int slots, float* y, int64_t y_stride) {
+  if (x_dtype != DType::kF16 && x_dtype != DType::kBF16) {
+    return error("grouped expert GEMV: inputs in ", dtype_name(x_dtype), " (expected F16 or BF16)");
+  }
+  if (!w.first.quantized() && w.first.dtype != x_dtype) {
+    return error("grouped expert GEMV: inputs in ", dtype_name(x_dtype), " with weights in ", dtype_name(w.first.dtype),
+                 " (expected the same)");
+  }
+  SLIMKV_RETURN_IF_ERROR(check_grouped_expert_shape(w));
+  if (y_stride < w.first.rows) {
+    return error("grouped expert GEMV: output row stride ", y_stride, " under its ", w.first.rows, " columns");
+  }
+  if (slots == 0) return Status::ok();
+  const dim3 grid(unsigned((w.first.rows * 32 + kThreads - 1) / kThreads), unsigned(slots));
+  const auto* body = static_cast<const uint8_t*>(w.first.data);
+  return with_kind(w.first.quant, [&](auto q) {
+    constexpr BlockQuant Q = decltype(q)::value;
+    if (x_dtype == DType::kBF16) {
+      grouped_gemv_kernel<Q><<<grid, kThreads>>>(static_cast<const __nv_bfloat16*>(x), x_rows, body, w.first.scales,
+                                                 w.stride_bytes, w.first.rows, w.first.cols, plan.first_place,
+                                                 plan.active_experts, y, y_stride);
+    } else {
+      grouped_gemv_kernel<Q><<<grid, kThreads>>>(static_cast<const __half*>(x), x_rows, body, w.first.scales,
+                                                 w.stride_bytes, w.first.rows, w.first.cols, plan.first_place,
+                                                 plan.active_experts, y, y_stride);
+    }
+    SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+    return Status::ok();
+  });
+}
+
+}  // namespace slimkv::cuda
