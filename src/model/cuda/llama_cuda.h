@@ -13,8 +13,9 @@
 //       o = kv.attend(layer, q, k, v)             (appends k, v, then attention; sliding layers: their window)
 //       x += o · W_oᵀ (the add rides on the GEMM; Gemma 3: x += rmsnorm(o · W_oᵀ))
 //       h = rmsnorm(x);  gu = h · W_gate_upᵀ;   x += act(gu) · W_downᵀ   (SwiGLU; Gemma: GeGLU, normed before the add)
-//         (Qwen3-MoE's sparse layers: each row's top k experts by router softmax; each expert's rows
-//          gathered and run through its own gate/up and down; x += the outputs weighted: add_routed_experts)
+//         (Qwen3-MoE's sparse layers: each row's top k experts by router softmax, grouped by expert on
+//          the device; every expert's rows through its gate/up and down, one grouped launch each in
+//          decode; x += the outputs weighted: add_routed_experts)
 //   logits = lm_head(rmsnorm(x)) for the rows asked for   (Gemma: soft-capped where the config says)
 //
 // Gemma's (1 + w) norm weights arrive as that sum (model/llama_weights.h, in FP32, as transformers
