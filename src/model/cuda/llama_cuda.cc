@@ -746,8 +746,8 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, std
 // planned on the device: no wait for the routing, a few launches a layer whatever the experts chosen.
 // Past it (prefill) an expert's rows are many and cuBLAS's tiles serve them better: the plan's offsets
 // come back to the host (one wait a layer, small beside the GEMMs) and each expert runs its own GEMMs.
-// A row's product is the same either way while its expert has at most kQuantizedGemvMaxInputs rows
-// (the same GEMV loop, weight_rows.cuh).
+// Quantized experts give a row the same product either way while its expert has at most
+// kQuantizedGemvMaxInputs rows (the same GEMV loop, weight_rows.cuh); plain ones take cuBLAS past it.
 constexpr int kGroupedExpertsMaxRows = 64;
 
 Status CudaLlamaModel::multiply_experts(const void* x, const int32_t* x_rows, const std::vector<ExpertMatrices>& runs,
