@@ -5,7 +5,8 @@
 // outputs do not change when it runs without the other rows of the step (issue 22: a sequence's output
 // does not depend on its neighbours). Places are made by expert_plan_reference.h, the plan's own test
 // holding the device's plan to it; the experts hold 0, 1, a few and more than 8 rows (an expert's places
-// run 8 at a time).
+// run 8 at a time). The gated variant (W_gate|W_up and the activation in one launch) bit for bit
+// against the product followed by the activation kernel.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "backend/cuda/expert_gemv.h"
+#include "backend/cuda/layer_kernels.h"
 #include "cuda_test_util.h"
 #include "expert_plan_reference.h"
 #include "weight_blocks_util.h"
@@ -203,6 +205,48 @@ TEST_F(MoeGroupedGemv, MatchesTheReferenceAndEachExpertAlone) {
             check_case({quant, dtype, 7, 37, cols, n, 3, gathered});
             if (HasFatalFailure()) return;
           }
+        }
+      }
+    }
+  }
+}
+
+// W_gate|W_up with the activation applied as the products are written: the same bits as the grouped
+// product followed by gated_activation (held to its loop by CudaLayerTest), every kind, both activations,
+// a decode row and 20 (expert 1 then holds 20 rows); 40 intermediate columns (a CTA cut short).
+TEST_F(MoeGroupedGemv, GatedEqualsTheProductThenTheActivation) {
+  const int intermediate = 40;
+  for (BlockQuant quant : {BlockQuant::kQ8_0, BlockQuant::kQ4_0, BlockQuant::kQ4_K, BlockQuant::kQ6_K, BlockQuant::kNone}) {
+    const bool k_quant = quant == BlockQuant::kQ4_K || quant == BlockQuant::kQ6_K;
+    const int cols = quant == BlockQuant::kNone ? 48 : k_quant ? 256 : 64;
+    for (DType dtype : {DType::kF16, DType::kBF16}) {
+      for (GateActivation activation : {GateActivation::kSilu, GateActivation::kGeluTanh}) {
+        for (int n : {1, 20}) {
+          const GroupedCase c{quant, dtype, 7, 2 * intermediate, cols, n, 3, /*gathered=*/true};
+          SCOPED_TRACE(str_cat(c.name(), activation == GateActivation::kSilu ? " silu" : " gelu_tanh"));
+          std::mt19937 rng(unsigned(int(quant) * 13 + n));
+          const Experts experts = make_experts(c, rng);
+          const std::vector<int32_t> expert_of = choices_of(c, rng);
+          const int choices = n * c.k, slots = expert_slots(choices, c.experts);
+          auto plan_device = on_device(expert_plan_reference(expert_of, c.k, c.experts, 0));
+          const ExpertRowsPlan plan = expert_plan_at(plan_device.data(), choices, c.experts);
+          std::vector<float> unused;
+          auto x = on_device(random_inputs(size_t(n) * size_t(cols), dtype, rng, unused));
+          // The two kernels: the products [choices, 2·intermediate], then the activation.
+          auto products = on_device(std::vector<float>(size_t(choices) * size_t(c.rows), 0.0f));
+          SLIMKV_ASSERT_OK(grouped_expert_gemv(x.data(), plan.row_of_place, dtype, experts.matrices, plan, slots,
+                                               products.data(), c.rows));
+          auto want = on_device(std::vector<uint16_t>(size_t(choices) * intermediate, 0));
+          SLIMKV_ASSERT_OK(gated_activation(products.data(), choices, intermediate, activation, want.data(), dtype));
+          // The one kernel, into guarded rows.
+          auto got = on_device(std::vector<uint16_t>(size_t(choices) * intermediate + 5, 0xfbff));
+          SLIMKV_ASSERT_OK(grouped_expert_gated_gemv(x.data(), plan.row_of_place, dtype, experts.matrices, activation,
+                                                     plan, slots, got.data()));
+          const std::vector<uint16_t> want_bits = on_host(want), got_bits = on_host(got);
+          for (size_t i = 0; i < want_bits.size(); ++i) {
+            ASSERT_EQ(got_bits[i], want_bits[i]) << "place " << i / intermediate << ", column " << i % intermediate;
+          }
+          for (size_t i = want_bits.size(); i < got_bits.size(); ++i) ASSERT_EQ(got_bits[i], 0xfbff) << "guard " << i;
         }
       }
     }

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gated_value.cuh"
 #include "backend/cuda/weight_rows.cuh"
 
 namespace slimkv::cuda {
@@ -32,6 +33,34 @@ __global__ void __launch_bounds__(kThreads)
     const int n = min(kWarpRowsMaxInputs, end - place);
     multiply_warp_rows<Q, In, 1>(x, x_rows, place, n, expert_body, expert_scales, rows, cols, first_row, y, y_stride,
                                  /*accumulate=*/false);
+  }
+}
+
+// As grouped_gemv_kernel, a warp per intermediate column o: rows o and intermediate + o of W_gate|W_up,
+// act(g) · u written in In.
+template <BlockQuant Q, typename In>
+__global__ void __launch_bounds__(kThreads)
+    grouped_gated_gemv_kernel(const In* x, const int32_t* x_rows, const uint8_t* body, const uint16_t* scales,
+                              size_t stride_bytes, int64_t intermediate, int64_t cols, const int32_t* first_place,
+                              const int32_t* active_experts, GateActivation activation, In* out) {
+  const int expert = active_experts[blockIdx.y];
+  if (expert < 0) return;
+  const int64_t column = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  if (column >= intermediate) return;  // the whole warp
+  const uint8_t* expert_body = body + size_t(expert) * stride_bytes;
+  const uint16_t* expert_scales = scales != nullptr ? scales + size_t(expert) * stride_bytes / 2 : nullptr;
+  const int first = first_place[expert], end = first_place[expert + 1];
+  for (int place = first; place < end; place += kWarpRowsMaxInputs) {
+    const int n = min(kWarpRowsMaxInputs, end - place);
+    float sums[2][kWarpRowsMaxInputs];  // gate, up
+    warp_row_sums<Q, In, 2>(x, x_rows, place, n, expert_body, expert_scales, 2 * intermediate, cols, column,
+                            intermediate, sums);
+    if (threadIdx.x % 32 != 0) continue;
+#pragma unroll
+    for (int i = 0; i < kWarpRowsMaxInputs; ++i) {
+      if (i >= n) break;
+      out[(place + i) * intermediate + column] = from_float<In>(gated_value(sums[0][i], sums[1][i], activation));
+    }
   }
 }
 
@@ -72,8 +101,9 @@ Status check_grouped_expert_shape(const ExpertMatrices& w) {
   return Status::ok();
 }
 
-Status grouped_expert_gemv(const void* x, const int32_t* x_rows, DType x_dtype, const ExpertMatrices& w,
-                           const ExpertRowsPlan& plan, int slots, float* y, int64_t y_stride) {
+namespace {
+
+Status check_inputs(DType x_dtype, const ExpertMatrices& w) {
   if (x_dtype != DType::kF16 && x_dtype != DType::kBF16) {
     return error("grouped expert GEMV: inputs in ", dtype_name(x_dtype), " (expected F16 or BF16)");
   }
@@ -81,7 +111,14 @@ Status grouped_expert_gemv(const void* x, const int32_t* x_rows, DType x_dtype, 
     return error("grouped expert GEMV: inputs in ", dtype_name(x_dtype), " with weights in ", dtype_name(w.first.dtype),
                  " (expected the same)");
   }
-  SLIMKV_RETURN_IF_ERROR(check_grouped_expert_shape(w));
+  return check_grouped_expert_shape(w);
+}
+
+}  // namespace
+
+Status grouped_expert_gemv(const void* x, const int32_t* x_rows, DType x_dtype, const ExpertMatrices& w,
+                           const ExpertRowsPlan& plan, int slots, float* y, int64_t y_stride) {
+  SLIMKV_RETURN_IF_ERROR(check_inputs(x_dtype, w));
   if (y_stride < w.first.rows) {
     return error("grouped expert GEMV: output row stride ", y_stride, " under its ", w.first.rows, " columns");
   }
@@ -99,6 +136,30 @@ Status grouped_expert_gemv(const void* x, const int32_t* x_rows, DType x_dtype, 
                                                  w.stride_bytes, w.first.rows, w.first.cols, plan.first_place,
                                                  plan.active_experts, y, y_stride);
     }
+    SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+    return Status::ok();
+  });
+}
+
+Status grouped_expert_gated_gemv(const void* x, const int32_t* x_rows, DType x_dtype, const ExpertMatrices& w_gate_up,
+                                 GateActivation activation, const ExpertRowsPlan& plan, int slots, void* out) {
+  SLIMKV_RETURN_IF_ERROR(check_inputs(x_dtype, w_gate_up));
+  if (w_gate_up.first.rows % 2 != 0) {
+    return error("grouped gated expert GEMV: W_gate|W_up of ", w_gate_up.first.rows, " rows (expected gate and up alike)");
+  }
+  if (slots == 0) return Status::ok();
+  const int64_t intermediate = w_gate_up.first.rows / 2;
+  const dim3 grid(unsigned((intermediate * 32 + kThreads - 1) / kThreads), unsigned(slots));
+  const auto* body = static_cast<const uint8_t*>(w_gate_up.first.data);
+  return with_kind(w_gate_up.first.quant, [&](auto q) {
+    constexpr BlockQuant Q = decltype(q)::value;
+    const auto launch = [&](auto* typed_out) {
+      using In = std::remove_pointer_t<decltype(typed_out)>;
+      grouped_gated_gemv_kernel<Q><<<grid, kThreads>>>(static_cast<const In*>(x), x_rows, body, w_gate_up.first.scales,
+                                                       w_gate_up.stride_bytes, intermediate, w_gate_up.first.cols,
+                                                       plan.first_place, plan.active_experts, activation, typed_out);
+    };
+    x_dtype == DType::kBF16 ? launch(static_cast<__nv_bfloat16*>(out)) : launch(static_cast<__half*>(out));
     SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
     return Status::ok();
   });

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "backend/cuda/expert_routing.h"
+#include "backend/cuda/layer_kernels.h"
 #include "backend/cuda/quantized_gemm.h"
 #include "slimkv/status.h"
 #include "tensor/dtype.h"
@@ -42,5 +43,13 @@ Status check_grouped_expert_shape(const ExpertMatrices& w);
 // plan's active experts return at once.
 Status grouped_expert_gemv(const void* x, const int32_t* x_rows, DType x_dtype, const ExpertMatrices& w,
                            const ExpertRowsPlan& plan, int slots, float* y, int64_t y_stride);
+
+// out[p, o] = act(g) · u for every place p and o < intermediate, where g, u are row o and row
+// intermediate + o of grouped_expert_gemv's product by w_gate_up (W_gate|W_up stacked in one matrix
+// [2·intermediate, cols] of one kind): the products and the activation in one launch, each warp taking
+// a gate row and its up row (so each input value read serves both). out [*, intermediate] in x_dtype,
+// the same bits as grouped_expert_gemv then gated_activation give.
+Status grouped_expert_gated_gemv(const void* x, const int32_t* x_rows, DType x_dtype, const ExpertMatrices& w_gate_up,
+                                 GateActivation activation, const ExpertRowsPlan& plan, int slots, void* out);
 
 }  // namespace slimkv::cuda

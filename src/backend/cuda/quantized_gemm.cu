@@ -21,13 +21,6 @@ constexpr bool splits_scale(BlockQuant quant) { return quant != BlockQuant::kQ4_
 constexpr size_t file_scale_offset(BlockQuant quant) { return quant == BlockQuant::kQ6_K ? 208 : 0; }
 constexpr size_t file_body_offset(BlockQuant quant) { return quant == BlockQuant::kQ6_K ? 0 : 2; }
 
-template <typename Out>
-__device__ inline Out from_float(float x) {
-  if constexpr (std::is_same_v<Out, __half>) return __float2half_rn(x);
-  else if constexpr (std::is_same_v<Out, __nv_bfloat16>) return __float2bfloat16_rn(x);
-  else return x;
-}
-
 // 16 bytes of Out values converted from x[0 .. 16 / sizeof(Out)), in order, as one register quadruple.
 __device__ inline unsigned bits16(__half x) { return __half_as_ushort(x); }
 __device__ inline unsigned bits16(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }

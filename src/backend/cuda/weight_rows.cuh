@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/quantized_gemm.h"
 #include "tensor/ggml_type.h"
@@ -97,6 +98,12 @@ __device__ inline void decode_unit(const uint8_t* body, const uint16_t* scales, 
 
 __device__ inline float to_float(__half x) { return __half2float(x); }
 __device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename Out>
+__device__ inline Out from_float(float x) {
+  if constexpr (std::is_same_v<Out, __half>) return __float2half_rn(x);
+  else if constexpr (std::is_same_v<Out, __nv_bfloat16>) return __float2bfloat16_rn(x);
+  else return x;
+}
 
 // xs = kCount consecutive values at p (a multiple of 8: whole 16-byte loads; p 16-byte aligned), widened.
 template <int kCount, typename In>
@@ -130,26 +137,31 @@ __device__ inline void decode_weights(const uint8_t* body, const uint16_t* scale
 
 inline constexpr int kWarpRowsMaxInputs = int(kQuantizedGemvMaxInputs);
 
-// y[first_place + i, row] (+)= Σ_c x[input_row(i), c] · W[row, c] for i < n ≤ kWarpRowsMaxInputs and the
-// warp's rows first_row .. first_row + kRows - 1 (those under `rows`), where input_row(i) is
-// x_rows[first_place + i], or first_place + i without x_rows. One warp calls it with every lane; each
-// lane decodes every 32nd unit of the rows into registers and multiplies it by the same columns of
+// sums[r][i] = Σ_c x[input_row(i), c] · W[first_row + r·row_step, c] for r < kRows and i < n ≤
+// kWarpRowsMaxInputs (0 for rows past `rows`), where input_row(i) is x_rows[first_place + i], or
+// first_place + i without x_rows; every lane ends holding every sum. One warp calls it with every lane;
+// each lane decodes every 32nd unit of the rows into registers and multiplies it by the same columns of
 // every input (read once for all kRows rows); FP32 sums, then a sum across the warp. W [rows, cols]:
 // `body` (and `scales`) in quantized_gemm.h's device layout, or plain rows in In.
 template <BlockQuant Q, typename In, int kRows>
-__device__ inline void multiply_warp_rows(const In* x, const int32_t* x_rows, int64_t first_place, int n,
-                                          const uint8_t* body, const uint16_t* scales, int64_t rows, int64_t cols,
-                                          int64_t first_row, float* y, int64_t y_stride, bool accumulate) {
+__device__ inline void warp_row_sums(const In* x, const int32_t* x_rows, int64_t first_place, int n,
+                                     const uint8_t* body, const uint16_t* scales, int64_t rows, int64_t cols,
+                                     int64_t first_row, int64_t row_step, float (&sums)[kRows][kWarpRowsMaxInputs]) {
   constexpr int kValues = kUnitValues<Q>;
   const int lane = int(threadIdx.x % 32);
   const int64_t units = cols / kValues;
-  float sums[kRows][kWarpRowsMaxInputs] = {};
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int i = 0; i < kWarpRowsMaxInputs; ++i) sums[r][i] = 0.0f;
+  }
   for (int64_t u = lane; u < units; u += 32) {
     float w[kRows][kValues];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      if (first_row + r < rows) {
-        decode_weights<Q, In>(body, scales, (first_row + r) * units + u, w[r]);
+      const int64_t row = first_row + r * row_step;
+      if (row < rows) {
+        decode_weights<Q, In>(body, scales, row * units + u, w[r]);
       } else {
 #pragma unroll
         for (int l = 0; l < kValues; ++l) w[r][l] = 0.0f;
@@ -175,11 +187,28 @@ __device__ inline void multiply_warp_rows(const In* x, const int32_t* x_rows, in
 #pragma unroll
     for (int i = 0; i < kWarpRowsMaxInputs; ++i) {
       if (i >= n) break;
-      float sum = sums[r][i];
-      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-      if (lane == 0 && first_row + r < rows) {
+      for (int offset = 16; offset > 0; offset /= 2) sums[r][i] += __shfl_xor_sync(0xffffffffu, sums[r][i], offset);
+    }
+  }
+}
+
+// y[first_place + i, row] (+)= those sums for the warp's rows first_row .. first_row + kRows - 1 (those
+// under `rows`): the products of warp_row_sums stored by lane 0.
+template <BlockQuant Q, typename In, int kRows>
+__device__ inline void multiply_warp_rows(const In* x, const int32_t* x_rows, int64_t first_place, int n,
+                                          const uint8_t* body, const uint16_t* scales, int64_t rows, int64_t cols,
+                                          int64_t first_row, float* y, int64_t y_stride, bool accumulate) {
+  float sums[kRows][kWarpRowsMaxInputs];
+  warp_row_sums<Q, In, kRows>(x, x_rows, first_place, n, body, scales, rows, cols, first_row, 1, sums);
+  if (threadIdx.x % 32 != 0) return;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int i = 0; i < kWarpRowsMaxInputs; ++i) {
+      if (i >= n) break;
+      if (first_row + r < rows) {
         float* out = y + (first_place + i) * y_stride + first_row + r;
-        *out = accumulate ? *out + sum : sum;
+        *out = accumulate ? *out + sums[r][i] : sums[r][i];
       }
     }
   }

@@ -774,14 +774,20 @@ Status CudaLlamaModel::add_routed_experts(const LayerOnDevice& layer, int n, flo
   SLIMKV_RETURN_IF_ERROR(plan_expert_rows(expert_of_.data(), n, k, experts, plan));
 
   // Each place's row through its expert's W_gate|W_up (into the products [choices, 2·inter]); the
-  // activation over every place at once (into the inputs' buffer); each place through its expert's
-  // W_down (into the products [choices, hidden]); each row's k outputs summed into y, weighted.
+  // activation over every place at once (into the inputs' buffer [choices, inter]); each place through
+  // its expert's W_down (into the products [choices, hidden]); each row's k outputs summed into y, weighted.
   if (grouped_experts_ && n <= kGroupedExpertsMaxRows) {
     const int slots = expert_slots(choices, experts);
-    SLIMKV_RETURN_IF_ERROR(
-        multiply_experts(h_.data(), plan.row_of_place, layer.experts_gate_up, plan, slots, expert_products_.data()));
-    SLIMKV_RETURN_IF_ERROR(gated_activation(expert_products_.data(), choices, int(inter), gate_activation(c),
-                                            expert_inputs_.data(), dtype_));
+    if (layer.experts_gate_up.size() == 1) {  // W_gate, W_up of one kind: the activation applied as they are written
+      SLIMKV_RETURN_IF_ERROR(grouped_expert_gated_gemv(h_.data(), plan.row_of_place, dtype_,
+                                                       layer.experts_gate_up.front(), gate_activation(c), plan, slots,
+                                                       expert_inputs_.data()));
+    } else {
+      SLIMKV_RETURN_IF_ERROR(
+          multiply_experts(h_.data(), plan.row_of_place, layer.experts_gate_up, plan, slots, expert_products_.data()));
+      SLIMKV_RETURN_IF_ERROR(gated_activation(expert_products_.data(), choices, int(inter), gate_activation(c),
+                                              expert_inputs_.data(), dtype_));
+    }
     SLIMKV_RETURN_IF_ERROR(
         multiply_experts(expert_inputs_.data(), nullptr, layer.experts_down, plan, slots, expert_products_.data()));
   } else {
