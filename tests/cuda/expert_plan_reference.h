@@ -1,5 +1,5 @@
-// The plain reference of the experts' plan (backend/cuda/expert_routing.h plan_expert_rows): a counting
-// sort in a loop. Shared by the plan's test and the grouped GEMV's (expert_gemv_test.cc), which
+// The plain reference of the experts' plan (backend/cuda/expert_routing.h ExpertRowsPlan, which
+// route_to_experts writes): a counting sort in a loop. Shared by the plan's test and the grouped GEMV's (expert_gemv_test.cc), which
 // multiplies by a plan made here.
 #pragma once
 
@@ -10,14 +10,15 @@
 
 namespace slimkv::cuda {
 
-// The plan's arrays as expert_plan_at lays them out: row_of_place [choices] | place_of_choice [choices]
-// | first_place [experts + 1] | active_experts [expert_slots]. Places past the routed choices (a choice of
-// no expert has none) are left as `unset`.
+// The plan's values as expert_plan_at lays them out: the routing's count (0 after a launch) |
+// row_of_place [choices] | place_of_choice [choices] | first_place [experts + 1] | active_experts
+// [expert_slots]. Places past the routed choices (a choice of no expert has none) are left as `unset`.
 inline std::vector<int32_t> expert_plan_reference(const std::vector<int32_t>& expert_of, int k, int experts,
                                                   int32_t unset = -7) {
   const int choices = int(expert_of.size());
   std::vector<int32_t> values(expert_plan_values(choices, experts), unset);
   const ExpertRowsPlan plan = expert_plan_at(values.data(), choices, experts);
+  *plan.finished_ctas = 0;
   std::vector<int32_t> count(size_t(experts), 0);
   for (int32_t e : expert_of) {
     if (e >= 0 && e < experts) ++count[size_t(e)];

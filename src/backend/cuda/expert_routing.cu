@@ -1,5 +1,6 @@
 #include "backend/cuda/expert_routing.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/cuda_check.h"
@@ -27,13 +28,10 @@ __device__ float warp_sum(float value) {
   return value;
 }
 
-__global__ void route_kernel(const float* logits, int n, int experts, int k, bool normalize_top_k, int32_t* expert_of,
-                             float* expert_weight) {
-  extern __shared__ float probabilities[];
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  const int row = int(blockIdx.x) * kRoutingWarps + warp;
-  if (row >= n) return;  // the whole warp: nothing below waits on other warps
-  float* p = probabilities + size_t(warp) * experts;
+// Row `row`'s k choices and weights, by the warp (p: its experts' probabilities in shared memory).
+__device__ void route_row(const float* logits, int row, int experts, int k, bool normalize_top_k, float* p,
+                          int32_t* expert_of, float* expert_weight) {
+  const int lane = int(threadIdx.x) % 32;
   const float* l = logits + size_t(row) * experts;
   float max = -INFINITY;
   for (int e = lane; e < experts; e += 32) {
@@ -86,11 +84,7 @@ __global__ void route_kernel(const float* logits, int n, int experts, int k, boo
   }
 }
 
-// Warp 0 of the CTA after all have counted: each lane scans a run of experts, the lanes' totals
-// summed across the warp (an exclusive prefix); then the choices 32 at a time in order, each lane's
-// place its expert's next place plus the lanes before it with the same expert (a warp-wide match).
-constexpr int kPlanThreads = 1024;
-
+// The sum of `value` over the lanes before this one.
 __device__ int warp_exclusive_prefix(int value) {
   const int lane = int(threadIdx.x) % 32;
   int inclusive = value;
@@ -101,12 +95,17 @@ __device__ int warp_exclusive_prefix(int value) {
   return inclusive - value;
 }
 
-__global__ void plan_kernel(const int32_t* expert_of, int choices, int k, int experts, int slots, ExpertRowsPlan plan) {
-  extern __shared__ int32_t next_place[];  // [experts]: the count of each expert's rows, then its next place
+// The plan of the choices, by one CTA (the whole CTA calls it): its threads count each expert's rows;
+// then warp 0: each lane scans a run of experts, the lanes' totals summed across the warp (an exclusive
+// prefix); then the choices 32 at a time in order, each lane's place its expert's next place plus the
+// lanes before it with the same expert (a warp-wide match). expert_of was written by other CTAs: read
+// past L1 (__ldcg), which is not kept coherent with them. next_place: shared memory of `experts` values.
+__device__ void plan_choices(const int32_t* expert_of, int choices, int k, int experts, int slots,
+                             const ExpertRowsPlan& plan, int32_t* next_place) {
   for (int e = int(threadIdx.x); e < experts; e += int(blockDim.x)) next_place[e] = 0;
   __syncthreads();
   for (int i = int(threadIdx.x); i < choices; i += int(blockDim.x)) {
-    const int e = expert_of[i];
+    const int e = __ldcg(expert_of + i);
     if (e >= 0 && e < experts) atomicAdd(&next_place[e], 1);  // counts: the same in any order
   }
   __syncthreads();
@@ -132,7 +131,7 @@ __global__ void plan_kernel(const int32_t* expert_of, int choices, int k, int ex
   __syncwarp();
   for (int base = 0; base < choices; base += 32) {
     const int i = base + lane;
-    const int e = i < choices ? expert_of[i] : -1;
+    const int e = i < choices ? __ldcg(expert_of + i) : -1;
     const bool routed = e >= 0 && e < experts;
     const unsigned same = __match_any_sync(0xffffffffu, routed ? e : -1);
     const int rank = __popc(same & ((1u << lane) - 1u));
@@ -147,6 +146,29 @@ __global__ void plan_kernel(const int32_t* expert_of, int choices, int k, int ex
     if (routed && rank == 0) next_place[e] += __popc(same);
     __syncwarp();
   }
+}
+
+// A warp per row (kRoutingWarps rows a CTA); then the last CTA to finish (each CTA's choices made
+// visible device-wide before it counts itself done, as CUDA's threadFenceReduction sample) plans them
+// all and sets the count back to 0 for the next launch.
+__global__ void route_kernel(const float* logits, int n, int experts, int k, bool normalize_top_k, int32_t* expert_of,
+                             float* expert_weight, ExpertRowsPlan plan, int slots) {
+  extern __shared__ float probabilities[];  // [kRoutingWarps, experts]; then the plan's [experts] counts
+  const int warp = int(threadIdx.x) / 32;
+  const int row = int(blockIdx.x) * kRoutingWarps + warp;
+  if (row < n) {
+    route_row(logits, row, experts, k, normalize_top_k, probabilities + size_t(warp) * experts, expert_of,
+              expert_weight);
+  }
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(plan.finished_ctas, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x == 0) *plan.finished_ctas = 0;
+  plan_choices(expert_of, n * k, k, experts, slots, plan, reinterpret_cast<int32_t*>(probabilities));
 }
 
 __global__ void gather_rows_kernel(const uint16_t* x, int dim, const int32_t* rows, int count, uint16_t* grouped) {
@@ -173,42 +195,31 @@ __global__ void add_weighted_rows_kernel(const float* expert_out, const int32_t*
 }  // namespace
 
 Status route_to_experts(const float* router_logits, int n, int experts, int k, bool normalize_top_k, int32_t* expert_of,
-                        float* expert_weight) {
+                        float* expert_weight, const ExpertRowsPlan& plan) {
   if (experts < 1 || experts > kMaxRoutedExperts || k < 1 || k > experts) {
     return error("expert routing: ", k, " of ", experts, " experts a row (expected 1 <= k <= experts <= ", kMaxRoutedExperts,
                  ")");
   }
-  if (n == 0) return Status::ok();
-  const unsigned blocks = unsigned((n + kRoutingWarps - 1) / kRoutingWarps);
+  // At least one CTA: no rows still make a plan (of no places).
+  const unsigned blocks = unsigned(std::max(1, (n + kRoutingWarps - 1) / kRoutingWarps));
   route_kernel<<<blocks, kRoutingWarps * 32, size_t(kRoutingWarps) * size_t(experts) * sizeof(float)>>>(
-      router_logits, n, experts, k, normalize_top_k, expert_of, expert_weight);
+      router_logits, n, experts, k, normalize_top_k, expert_of, expert_weight, plan, expert_slots(n * k, experts));
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   return Status::ok();
 }
 
 size_t expert_plan_values(int choices, int experts) {
-  return 2 * size_t(choices) + size_t(experts) + 1 + size_t(expert_slots(choices, experts));
+  return 1 + 2 * size_t(choices) + size_t(experts) + 1 + size_t(expert_slots(choices, experts));
 }
 
 ExpertRowsPlan expert_plan_at(int32_t* values, int choices, int experts) {
   ExpertRowsPlan plan;
-  plan.row_of_place = values;
+  plan.finished_ctas = reinterpret_cast<uint32_t*>(values);
+  plan.row_of_place = values + 1;
   plan.place_of_choice = plan.row_of_place + choices;
   plan.first_place = plan.place_of_choice + choices;
   plan.active_experts = plan.first_place + experts + 1;
   return plan;
-}
-
-Status plan_expert_rows(const int32_t* expert_of, int n, int k, int experts, const ExpertRowsPlan& plan) {
-  if (experts < 1 || experts > kMaxRoutedExperts || k < 1 || k > experts) {
-    return error("expert plan: ", k, " of ", experts, " experts a row (expected 1 <= k <= experts <= ", kMaxRoutedExperts,
-                 ")");
-  }
-  const int choices = n * k;
-  plan_kernel<<<1, kPlanThreads, size_t(experts) * sizeof(int32_t)>>>(expert_of, choices, k, experts,
-                                                                       expert_slots(choices, experts), plan);
-  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
-  return Status::ok();
 }
 
 Status gather_rows(const uint16_t* x, int dim, const int32_t* rows, int count, uint16_t* grouped) {

@@ -16,18 +16,13 @@ namespace slimkv::cuda {
 // The most experts a row may have (the routing kernel holds a row's probabilities in shared memory).
 inline constexpr int kMaxRoutedExperts = 2048;
 
-// expert_of, expert_weight [n, k] from router_logits [n, experts] FP32 (left as they are), as the CPU's
-// route_to_experts computes them: softmax, the k most probable experts in order (the lower expert first
-// among equals), their probabilities rescaled to sum to 1 when normalize_top_k. Device arrays.
-Status route_to_experts(const float* router_logits, int n, int experts, int k, bool normalize_top_k, int32_t* expert_of,
-                        float* expert_weight);
-
 // Where each of a step's n·k choices (row t's j-th expert is choice t·k + j) goes when the experts'
 // rows are multiplied grouped by expert: places 0 .. n·k - 1 hold the choices expert by expert,
 // ascending, each expert's rows ascending (as the CPU runs them, and whatever rows run beside: a row's
 // place among its expert's changes nothing of its product). Device arrays, back to back in one
-// allocation of expert_plan_values (expert_plan_at); written by plan_expert_rows.
+// allocation of expert_plan_values (expert_plan_at), zeroed when it is made; written by route_to_experts.
 struct ExpertRowsPlan {
+  uint32_t* finished_ctas = nullptr;   // the routing's CTAs done so far: 0 between launches
   int32_t* row_of_place = nullptr;     // [n·k] the row of the choice at each place
   int32_t* place_of_choice = nullptr;  // [n·k] each choice's place; -1 for a choice of no expert (a NaN in its row's logits)
   int32_t* first_place = nullptr;      // [experts + 1] expert e's places are first_place[e] .. first_place[e + 1] - 1
@@ -37,13 +32,19 @@ struct ExpertRowsPlan {
 // Experts a step of `choices` can have with rows: a bound the host knows without waiting for the routing.
 inline int expert_slots(int choices, int experts) { return std::min(choices, experts); }
 
-// int32 values of a plan for up to `choices` choices over `experts` experts, and the plan laid out in them.
+// int32 values of a plan for up to `choices` choices over `experts` experts, and the plan laid out in
+// them (finished_ctas first, where a plan of fewer choices finds it too).
 size_t expert_plan_values(int choices, int experts);
 ExpertRowsPlan expert_plan_at(int32_t* values, int choices, int experts);
 
-// The plan of expert_of [n, k] (device; an expert outside [0, experts) is no expert: route_to_experts
-// writes `experts` for a row of NaN logits): a counting sort in one CTA, no atomics where order counts.
-Status plan_expert_rows(const int32_t* expert_of, int n, int k, int experts, const ExpertRowsPlan& plan);
+// expert_of, expert_weight [n, k] from router_logits [n, experts] FP32 (left as they are), as the CPU's
+// route_to_experts computes them: softmax, the k most probable experts in order (the lower expert first
+// among equals), their probabilities rescaled to sum to 1 when normalize_top_k; and their plan. A row of
+// NaN logits gets expert `experts` (no expert) k times, which the plan gives no place. One launch: a
+// warp per row, and the last CTA to finish plans every row's choices (a counting sort, no atomics where
+// order counts), so nothing waits on the host. Device arrays.
+Status route_to_experts(const float* router_logits, int n, int experts, int k, bool normalize_top_k, int32_t* expert_of,
+                        float* expert_weight, const ExpertRowsPlan& plan);
 
 // grouped[p, :] = x[rows[p], :] for p < count: rows of `dim` 16-bit values (FP16 or BF16, copied as they
 // are); rows on the device.

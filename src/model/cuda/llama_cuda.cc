@@ -398,6 +398,7 @@ Status CudaLlamaModel::allocate_runtime(const CudaModelOptions& options) {
     SLIMKV_ASSIGN_OR_RETURN(expert_weight_, DeviceArray<float>::allocate(choices, "routed experts' weights"));
     SLIMKV_ASSIGN_OR_RETURN(expert_plan_, DeviceArray<int32_t>::allocate(expert_plan_values(int(choices), int(experts)),
                                                                          "the experts' rows"));
+    SLIMKV_RETURN_IF_ERROR(device_fill_bytes(expert_plan_.data(), 0, expert_plan_.bytes()));  // the routing's count
     SLIMKV_ASSIGN_OR_RETURN(expert_inputs_,
                             DeviceArray<uint16_t>::allocate(choices * std::max(hidden, expert_inter), "expert inputs"));
     SLIMKV_ASSIGN_OR_RETURN(expert_products_, DeviceArray<float>::allocate(choices * std::max(2 * expert_inter, hidden),
@@ -768,10 +769,9 @@ Status CudaLlamaModel::add_routed_experts(const LayerOnDevice& layer, int n, flo
   // Routing: the router's logits, each row's k experts and their weights, and the plan of places: the
   // choices grouped by expert, each expert's rows in token order (as the CPU runs them).
   SLIMKV_RETURN_IF_ERROR(multiply(h_.data(), n, layer.router, router_logits_.data()));
-  SLIMKV_RETURN_IF_ERROR(route_to_experts(router_logits_.data(), n, experts, k, c.moe.normalize_top_k,
-                                          expert_of_.data(), expert_weight_.data()));
   const ExpertRowsPlan plan = expert_plan_at(expert_plan_.data(), choices, experts);
-  SLIMKV_RETURN_IF_ERROR(plan_expert_rows(expert_of_.data(), n, k, experts, plan));
+  SLIMKV_RETURN_IF_ERROR(route_to_experts(router_logits_.data(), n, experts, k, c.moe.normalize_top_k,
+                                          expert_of_.data(), expert_weight_.data(), plan));
 
   // Each place's row through its expert's W_gate|W_up (into the products [choices, 2·inter]); the
   // activation over every place at once (into the inputs' buffer [choices, inter]); each place through
