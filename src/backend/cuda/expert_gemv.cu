@@ -55,11 +55,12 @@ __global__ void __launch_bounds__(kThreads)
     float sums[2][kWarpRowsMaxInputs];  // gate, up
     warp_row_sums<Q, In, 2>(x, x_rows, place, n, expert_body, expert_scales, 2 * intermediate, cols, column,
                             intermediate, sums);
-    if (threadIdx.x % 32 != 0) continue;
+    if (threadIdx.x % 32 == 0) {
 #pragma unroll
-    for (int i = 0; i < kWarpRowsMaxInputs; ++i) {
-      if (i >= n) break;
-      out[(place + i) * intermediate + column] = from_float<In>(gated_value(sums[0][i], sums[1][i], activation));
+      for (int i = 0; i < kWarpRowsMaxInputs; ++i) {
+        if (i >= n) break;
+        out[(place + i) * intermediate + column] = from_float<In>(gated_value(sums[0][i], sums[1][i], activation));
+      }
     }
   }
 }

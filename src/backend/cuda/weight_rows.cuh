@@ -1,10 +1,10 @@
 // The matrix-vector products' inner loop on the GPU, shared by the quantized GEMV (quantized_gemm.cu:
 // one matrix, decode batches) and the experts' grouped GEMV (expert_gemv.cu: many experts' matrices in
-// one launch): a warp multiplies kRows consecutive weight rows by up to kWarpRowsMaxInputs input rows,
-// the weights decoded in registers in FP32 (GGUF blocks as dequantize_reference decodes them, plain
-// FP16/BF16 widened), FP32 sums. Each input's sums run in one fixed order (lane l takes units l, l + 32,
-// ...; then a sum across the warp) whatever the other inputs and kRows: a row's product does not depend
-// on the rows multiplied beside it.
+// one launch): a warp multiplies kRows weight rows (consecutive, or a gate row and its up row) by up to
+// kWarpRowsMaxInputs input rows, the weights decoded in registers in FP32 (GGUF blocks as
+// dequantize_reference decodes them, plain FP16/BF16 widened), FP32 sums. Each input's sums run in one
+// fixed order (lane l takes units l, l + 32, ...; then a sum across the warp) whatever the other inputs
+// and kRows: a row's product does not depend on the rows multiplied beside it.
 #pragma once
 
 #include <cuda_bf16.h>
