@@ -6,7 +6,8 @@
 // does not depend on its neighbours). Places are made by expert_plan_reference.h, the plan's own test
 // holding the device's plan to it; the experts hold 0, 1, a few and more than 8 rows (an expert's places
 // run 8 at a time). The gated variant (W_gate|W_up and the activation in one launch) bit for bit
-// against the product followed by the activation kernel.
+// against the product followed by the activation kernel; the W_down variant that sums each row's
+// outputs as it finishes bit for bit against the product followed by add_weighted_rows.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "backend/cuda/expert_gemv.h"
+#include "backend/cuda/expert_routing.h"
 #include "backend/cuda/layer_kernels.h"
 #include "cuda_test_util.h"
 #include "expert_plan_reference.h"
@@ -248,6 +250,60 @@ TEST_F(MoeGroupedGemv, GatedEqualsTheProductThenTheActivation) {
           }
           for (size_t i = want_bits.size(); i < got_bits.size(); ++i) ASSERT_EQ(got_bits[i], 0xfbff) << "guard " << i;
         }
+      }
+    }
+  }
+}
+
+// W_down with the weighted sum made by the last CTA of each block of columns: the same bits as the
+// grouped product followed by add_weighted_rows (held to its loop by MoeKernels.WeightedRowsSumAsTheLoop),
+// overwriting and accumulating, a row of no experts (NaN), three launches on the same counts (each
+// launch leaves them 0); 37 output columns (a block cut short).
+TEST_F(MoeGroupedGemv, SumEqualsTheProductThenTheWeightedRows) {
+  for (BlockQuant quant : {BlockQuant::kQ8_0, BlockQuant::kQ4_K, BlockQuant::kNone}) {
+    const int cols = quant == BlockQuant::kNone ? 48 : 256;
+    for (int n : {1, 20}) {
+      const GroupedCase c{quant, DType::kF16, 7, 37, cols, n, 3, /*gathered=*/false};
+      SCOPED_TRACE(c.name());
+      std::mt19937 rng(unsigned(int(quant) * 17 + n));
+      const Experts experts = make_experts(c, rng);
+      std::vector<int32_t> expert_of = choices_of(c, rng);
+      if (n > 5) std::fill(expert_of.begin() + 5 * c.k, expert_of.begin() + 6 * c.k, c.experts);  // row 5: no expert
+      const int choices = n * c.k, slots = expert_slots(choices, c.experts);
+      auto plan_device = on_device(expert_plan_reference(expert_of, c.k, c.experts, 0));
+      const ExpertRowsPlan plan = expert_plan_at(plan_device.data(), choices, c.experts);
+      std::vector<float> unused;
+      auto x = on_device(random_inputs(size_t(choices) * size_t(cols), c.dtype, rng, unused));
+      std::vector<float> weight(static_cast<size_t>(choices)), y0(size_t(n) * size_t(c.rows));
+      std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+      for (float& v : weight) v = uniform(rng);
+      for (float& v : y0) v = uniform(rng);
+      auto weight_device = on_device(weight);
+      auto counts = on_device(std::vector<uint32_t>(size_t(grouped_sum_counters(c.rows)), 0));
+      for (const bool accumulate : {false, true, true}) {
+        SCOPED_TRACE(str_cat("accumulate ", accumulate));
+        // The two kernels.
+        auto products = on_device(std::vector<float>(size_t(choices) * size_t(c.rows), 0.0f));
+        SLIMKV_ASSERT_OK(grouped_expert_gemv(x.data(), nullptr, c.dtype, experts.matrices, plan, slots, products.data(),
+                                             c.rows));
+        auto want = on_device(y0);
+        SLIMKV_ASSERT_OK(add_weighted_rows(products.data(), plan.place_of_choice, weight_device.data(), n, c.k, c.rows,
+                                           want.data(), accumulate));
+        // The one kernel.
+        auto scratch = on_device(std::vector<float>(size_t(choices) * size_t(c.rows), 0.0f));
+        auto got = on_device(y0);
+        const WeightedRowSum sum{got.data(), accumulate, weight_device.data(), n, c.k, counts.data()};
+        SLIMKV_ASSERT_OK(grouped_expert_gemv(x.data(), nullptr, c.dtype, experts.matrices, plan, slots, scratch.data(),
+                                             c.rows, sum));
+        const std::vector<float> want_values = on_host(want), got_values = on_host(got);
+        for (size_t i = 0; i < want_values.size(); ++i) {
+          if (std::isnan(want_values[i])) {
+            ASSERT_TRUE(std::isnan(got_values[i])) << "row " << i / size_t(c.rows) << ", column " << i % size_t(c.rows);
+            continue;
+          }
+          ASSERT_EQ(got_values[i], want_values[i]) << "row " << i / size_t(c.rows) << ", column " << i % size_t(c.rows);
+        }
+        for (uint32_t count : on_host(counts)) ASSERT_EQ(count, 0u) << "a count left for the next launch";
       }
     }
   }

@@ -7,32 +7,56 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gated_value.cuh"
+#include "backend/cuda/weighted_choices.cuh"
 #include "backend/cuda/weight_rows.cuh"
 
 namespace slimkv::cuda {
 namespace {
 
-constexpr int kThreads = 256;  // 8 warps, a weight row each
+constexpr int kWarps = 8;  // a weight row each
+constexpr int kThreads = kWarps * 32;
 
-// blockIdx.y: the expert slot; blockIdx.x: 8 weight rows of that expert's matrix. An expert's places
+// blockIdx.y: the expert slot; blockIdx.x: kWarps weight rows of that expert's matrix. An expert's places
 // run through multiply_warp_rows kWarpRowsMaxInputs at a time, each time reading its rows again (from
-// L2 where they stay: decode batches give an expert a few rows).
+// L2 where they stay: decode batches give an expert a few rows). With sum.out, the last CTA of each
+// blockIdx.x to finish (each CTA's products made visible device-wide before it counts itself done, as
+// CUDA's threadFenceReduction sample) sums those kWarps columns of every row and sets the count back to 0.
 template <BlockQuant Q, typename In>
 __global__ void __launch_bounds__(kThreads)
     grouped_gemv_kernel(const In* x, const int32_t* x_rows, const uint8_t* body, const uint16_t* scales,
                         size_t stride_bytes, int64_t rows, int64_t cols, const int32_t* first_place,
-                        const int32_t* active_experts, float* y, int64_t y_stride) {
+                        const int32_t* active_experts, float* y, int64_t y_stride, WeightedRowSum sum,
+                        const int32_t* place_of_choice) {
   const int expert = active_experts[blockIdx.y];
-  if (expert < 0) return;
   const int64_t first_row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
-  if (first_row >= rows) return;  // the whole warp
-  const uint8_t* expert_body = body + size_t(expert) * stride_bytes;
-  const uint16_t* expert_scales = scales != nullptr ? scales + size_t(expert) * stride_bytes / 2 : nullptr;
-  const int first = first_place[expert], end = first_place[expert + 1];
-  for (int place = first; place < end; place += kWarpRowsMaxInputs) {
-    const int n = min(kWarpRowsMaxInputs, end - place);
-    multiply_warp_rows<Q, In, 1>(x, x_rows, place, n, expert_body, expert_scales, rows, cols, first_row, y, y_stride,
-                                 /*accumulate=*/false);
+  if (expert >= 0 && first_row < rows) {  // the whole warp
+    const uint8_t* expert_body = body + size_t(expert) * stride_bytes;
+    const uint16_t* expert_scales = scales != nullptr ? scales + size_t(expert) * stride_bytes / 2 : nullptr;
+    const int first = first_place[expert], end = first_place[expert + 1];
+    for (int place = first; place < end; place += kWarpRowsMaxInputs) {
+      const int n = min(kWarpRowsMaxInputs, end - place);
+      multiply_warp_rows<Q, In, 1>(x, x_rows, place, n, expert_body, expert_scales, rows, cols, first_row, y,
+                                   y_stride, /*accumulate=*/false);
+    }
+  }
+  if (sum.out == nullptr) return;
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(sum.finished_ctas + blockIdx.x, 1u) == gridDim.y - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x == 0) sum.finished_ctas[blockIdx.x] = 0;
+  const int64_t first_column = int64_t(blockIdx.x) * kWarps;
+  for (int i = int(threadIdx.x); i < sum.n * kWarps; i += int(blockDim.x)) {
+    const int t = i / kWarps;
+    const int64_t column = first_column + i % kWarps;
+    if (column >= rows) continue;
+    float* out = sum.out + t * rows + column;
+    const float value = weighted_choices_sum(y, place_of_choice, sum.weight, size_t(t), sum.k, size_t(column),
+                                             size_t(y_stride));
+    *out = sum.accumulate ? *out + value : value;
   }
 }
 
@@ -117,8 +141,11 @@ Status check_inputs(DType x_dtype, const ExpertMatrices& w) {
 
 }  // namespace
 
+int64_t grouped_sum_counters(int64_t rows) { return (rows + kWarps - 1) / kWarps; }
+
 Status grouped_expert_gemv(const void* x, const int32_t* x_rows, DType x_dtype, const ExpertMatrices& w,
-                           const ExpertRowsPlan& plan, int slots, float* y, int64_t y_stride) {
+                           const ExpertRowsPlan& plan, int slots, float* y, int64_t y_stride,
+                           const WeightedRowSum& sum) {
   SLIMKV_RETURN_IF_ERROR(check_inputs(x_dtype, w));
   if (y_stride < w.first.rows) {
     return error("grouped expert GEMV: output row stride ", y_stride, " under its ", w.first.rows, " columns");
@@ -131,11 +158,11 @@ Status grouped_expert_gemv(const void* x, const int32_t* x_rows, DType x_dtype, 
     if (x_dtype == DType::kBF16) {
       grouped_gemv_kernel<Q><<<grid, kThreads>>>(static_cast<const __nv_bfloat16*>(x), x_rows, body, w.first.scales,
                                                  w.stride_bytes, w.first.rows, w.first.cols, plan.first_place,
-                                                 plan.active_experts, y, y_stride);
+                                                 plan.active_experts, y, y_stride, sum, plan.place_of_choice);
     } else {
       grouped_gemv_kernel<Q><<<grid, kThreads>>>(static_cast<const __half*>(x), x_rows, body, w.first.scales,
                                                  w.stride_bytes, w.first.rows, w.first.cols, plan.first_place,
-                                                 plan.active_experts, y, y_stride);
+                                                 plan.active_experts, y, y_stride, sum, plan.place_of_choice);
     }
     SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
     return Status::ok();

@@ -36,13 +36,25 @@ struct ExpertMatrices {
 // values (16-byte loads); else an error naming what it cannot hold.
 Status check_grouped_expert_shape(const ExpertMatrices& w);
 
+// The products of a grouped W_down summed back into each row of the step, weighted (add_weighted_rows'
+// sum, the same bits) by the last CTA to finish each block of output columns: no launch of its own.
+struct WeightedRowSum {
+  float* out = nullptr;               // [n, rows of W] FP32: out = the sum, or out += it when accumulate
+  bool accumulate = false;
+  const float* weight = nullptr;      // [n·k] each choice's weight (route_to_experts' expert_weight)
+  int n = 0, k = 0;
+  uint32_t* finished_ctas = nullptr;  // [grouped_sum_counters(rows of W)] 0 when made, 0 after each launch
+};
+int64_t grouped_sum_counters(int64_t rows);
+
 // y[p, 0 .. w.first.rows) = x[input row of p, :] · W_eᵀ for every place p of the plan, e the expert whose
 // places hold p (plan.first_place), the input row x_rows[p], or p without x_rows. x [*, w.first.cols] in
 // x_dtype (kF16/kBF16; a plain W must be of the same dtype), y FP32 with row stride y_stride. `slots`
 // bounds the experts with rows (expert_slots of the step): one group of CTAs per slot, those past the
-// plan's active experts return at once.
+// plan's active experts idle. With sum.out, every row's k products are then summed into sum.out.
 Status grouped_expert_gemv(const void* x, const int32_t* x_rows, DType x_dtype, const ExpertMatrices& w,
-                           const ExpertRowsPlan& plan, int slots, float* y, int64_t y_stride);
+                           const ExpertRowsPlan& plan, int slots, float* y, int64_t y_stride,
+                           const WeightedRowSum& sum = {});
 
 // out[p, o] = act(g) · u for every place p and o < intermediate, where g, u are row o and row
 // intermediate + o of grouped_expert_gemv's product by w_gate_up (W_gate|W_up stacked in one matrix

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/weighted_choices.cuh"
 
 namespace slimkv::cuda {
 namespace {
@@ -183,12 +184,7 @@ __global__ void add_weighted_rows_kernel(const float* expert_out, const int32_t*
   const size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
   if (i >= size_t(n) * dim) return;
   const size_t t = i / dim, c = i % dim;
-  float sum = 0.0f;
-  for (int j = 0; j < k; ++j) {
-    const size_t choice = t * size_t(k) + size_t(j);
-    const int32_t place = position[choice];
-    sum += place < 0 ? NAN : weight[choice] * expert_out[size_t(place) * dim + c];
-  }
+  const float sum = weighted_choices_sum(expert_out, position, weight, t, k, c, size_t(dim));
   y[i] = accumulate ? y[i] + sum : sum;
 }
 

@@ -300,7 +300,9 @@ Status CudaLlamaModel::index_experts() {
       return Status::ok();
     };
     SLIMKV_RETURN_IF_ERROR(index(&MlpOnDevice::w_gate_up, l.experts_gate_up));
-    SLIMKV_RETURN_IF_ERROR(index(&MlpOnDevice::w_down, l.experts_down));
+    std::vector<ExpertMatrices> down;  // one run: W_down is one part
+    SLIMKV_RETURN_IF_ERROR(index(&MlpOnDevice::w_down, down));
+    l.experts_down = down.front();
   }
   return Status::ok();
 }
@@ -399,6 +401,9 @@ Status CudaLlamaModel::allocate_runtime(const CudaModelOptions& options) {
     SLIMKV_ASSIGN_OR_RETURN(expert_plan_, DeviceArray<int32_t>::allocate(expert_plan_values(int(choices), int(experts)),
                                                                          "the experts' rows"));
     SLIMKV_RETURN_IF_ERROR(device_fill_bytes(expert_plan_.data(), 0, expert_plan_.bytes()));  // the routing's count
+    SLIMKV_ASSIGN_OR_RETURN(expert_sum_counts_, DeviceArray<uint32_t>::allocate(
+                                                    size_t(grouped_sum_counters(int64_t(hidden))), "the experts' sums"));
+    SLIMKV_RETURN_IF_ERROR(device_fill_bytes(expert_sum_counts_.data(), 0, expert_sum_counts_.bytes()));
     SLIMKV_ASSIGN_OR_RETURN(expert_inputs_,
                             DeviceArray<uint16_t>::allocate(choices * std::max(hidden, expert_inter), "expert inputs"));
     SLIMKV_ASSIGN_OR_RETURN(expert_products_, DeviceArray<float>::allocate(choices * std::max(2 * expert_inter, hidden),
@@ -788,32 +793,34 @@ Status CudaLlamaModel::add_routed_experts(const LayerOnDevice& layer, int n, flo
       SLIMKV_RETURN_IF_ERROR(gated_activation(expert_products_.data(), choices, int(inter), gate_activation(c),
                                               expert_inputs_.data(), dtype_));
     }
-    SLIMKV_RETURN_IF_ERROR(
-        multiply_experts(expert_inputs_.data(), nullptr, layer.experts_down, plan, slots, expert_products_.data()));
-  } else {
-    std::vector<int32_t> first_place(static_cast<size_t>(experts) + 1);
-    SLIMKV_RETURN_IF_ERROR(copy_to_host(first_place.data(), plan.first_place, first_place.size() * sizeof(int32_t)));
-    // The places hold first_place[experts] choices: fewer than n·k where a row's logits hold a NaN.
-    SLIMKV_RETURN_IF_ERROR(
-        gather_rows(h_.data(), int(hidden), plan.row_of_place, first_place.back(), expert_inputs_.data()));
-    const auto for_each_expert = [&](const auto& run) -> Status {
-      for (int e = 0; e < experts; ++e) {
-        const int first = first_place[size_t(e)], count = first_place[size_t(e) + 1] - first;
-        if (count > 0) SLIMKV_RETURN_IF_ERROR(run(layer.experts[size_t(e)], size_t(first), count));
-      }
-      return Status::ok();
-    };
-    SLIMKV_RETURN_IF_ERROR(for_each_expert([&](const MlpOnDevice& expert, size_t first, int count) {
-      return multiply(expert_inputs_.data() + first * hidden, count, expert.w_gate_up,
-                      expert_products_.data() + first * 2 * inter);
-    }));
-    SLIMKV_RETURN_IF_ERROR(gated_activation(expert_products_.data(), choices, int(inter), gate_activation(c),
-                                            expert_inputs_.data(), dtype_));
-    SLIMKV_RETURN_IF_ERROR(for_each_expert([&](const MlpOnDevice& expert, size_t first, int count) {
-      return multiply(expert_inputs_.data() + first * inter, count, expert.w_down,
-                      expert_products_.data() + first * hidden);
-    }));
+    // W_down, each row's k outputs summed into y as the last CTA of each block of columns finishes.
+    const WeightedRowSum sum{y, accumulate, expert_weight_.data(), n, k, expert_sum_counts_.data()};
+    return grouped_expert_gemv(expert_inputs_.data(), nullptr, dtype_, layer.experts_down, plan, slots,
+                               expert_products_.data(), int64_t(hidden), sum);
   }
+  // Prefill: each expert's rows gathered back to back, through its own GEMMs, then the weighted sum.
+  std::vector<int32_t> first_place(static_cast<size_t>(experts) + 1);
+  SLIMKV_RETURN_IF_ERROR(copy_to_host(first_place.data(), plan.first_place, first_place.size() * sizeof(int32_t)));
+  // The places hold first_place[experts] choices: fewer than n·k where a row's logits hold a NaN.
+  SLIMKV_RETURN_IF_ERROR(
+      gather_rows(h_.data(), int(hidden), plan.row_of_place, first_place.back(), expert_inputs_.data()));
+  const auto for_each_expert = [&](const auto& run) -> Status {
+    for (int e = 0; e < experts; ++e) {
+      const int first = first_place[size_t(e)], count = first_place[size_t(e) + 1] - first;
+      if (count > 0) SLIMKV_RETURN_IF_ERROR(run(layer.experts[size_t(e)], size_t(first), count));
+    }
+    return Status::ok();
+  };
+  SLIMKV_RETURN_IF_ERROR(for_each_expert([&](const MlpOnDevice& expert, size_t first, int count) {
+    return multiply(expert_inputs_.data() + first * hidden, count, expert.w_gate_up,
+                    expert_products_.data() + first * 2 * inter);
+  }));
+  SLIMKV_RETURN_IF_ERROR(gated_activation(expert_products_.data(), choices, int(inter), gate_activation(c),
+                                          expert_inputs_.data(), dtype_));
+  SLIMKV_RETURN_IF_ERROR(for_each_expert([&](const MlpOnDevice& expert, size_t first, int count) {
+    return multiply(expert_inputs_.data() + first * inter, count, expert.w_down,
+                    expert_products_.data() + first * hidden);
+  }));
   return add_weighted_rows(expert_products_.data(), plan.place_of_choice, expert_weight_.data(), n, k, int(hidden), y,
                            accumulate);
 }

@@ -232,7 +232,7 @@ class CudaLlamaModel final : private KvProjection {
     // The same experts addressed by index for the grouped products (expert_gemv.h): each run of
     // W_gate|W_up, and W_down. Empty in a dense layer.
     std::vector<ExpertMatrices> experts_gate_up;
-    std::vector<ExpertMatrices> experts_down;
+    ExpertMatrices experts_down;
   };
 
   CudaLlamaModel(const ModelConfig& config, DType dtype, const CudaModelOptions& options);
@@ -309,6 +309,7 @@ class CudaLlamaModel final : private KvProjection {
   DeviceArray<int32_t> expert_of_;
   DeviceArray<float> expert_weight_;
   DeviceArray<int32_t> expert_plan_;
+  DeviceArray<uint32_t> expert_sum_counts_;  // [grouped_sum_counters(hidden)] the grouped W_down's sum's (expert_gemv.h)
   DeviceArray<uint16_t> expert_inputs_;
   DeviceArray<float> expert_products_;
   // KVPR's recomputation, kRecomputeChunkRows rows at a time: K|V projections, then K and V in FP16.
