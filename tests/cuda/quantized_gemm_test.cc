@@ -7,13 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/quantized_gemm.h"
 #include "cuda_test_util.h"
+#include "weight_blocks_util.h"
 #include "tensor/ggml_type.h"
 #include "util/half.h"
 
@@ -22,39 +22,6 @@ namespace {
 
 constexpr BlockQuant kTypes[] = {BlockQuant::kQ8_0, BlockQuant::kQ4_0, BlockQuant::kQ4_K, BlockQuant::kQ6_K};
 constexpr double kFp32Unit = 1.0 / (1 << 24);  // FP32's unit roundoff
-
-// A [rows, cols] matrix as a GGUF file stores it: random codes (every byte), and FP16 scales d (and
-// Q4_K's dmin) drawn in [1e-3, 2e-2], finite as a real file's.
-std::vector<uint8_t> random_blocks(BlockQuant quant, int64_t rows, int64_t cols, std::mt19937& rng) {
-  const size_t blocks = size_t(rows * cols / block_elements(quant)), bytes = block_bytes(quant);
-  std::vector<uint8_t> data(blocks * bytes);
-  std::uniform_int_distribution<int> byte(0, 255);
-  for (uint8_t& b : data) b = uint8_t(byte(rng));
-  std::uniform_real_distribution<float> scale(1e-3f, 2e-2f);
-  const auto set_half = [&](uint8_t* at) {
-    const uint16_t bits = float_to_fp16(scale(rng));
-    std::memcpy(at, &bits, 2);
-  };
-  for (size_t b = 0; b < blocks; ++b) {
-    uint8_t* block = data.data() + b * bytes;
-    set_half(block + (quant == BlockQuant::kQ6_K ? 208 : 0));
-    if (quant == BlockQuant::kQ4_K) set_half(block + 2);
-  }
-  return data;
-}
-
-// x [n, cols]: normal values rounded to the inputs' dtype (bits for the GPU, their values for the reference).
-std::vector<uint16_t> random_inputs(size_t count, DType dtype, std::mt19937& rng, std::vector<float>& values) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<uint16_t> bits(count);
-  values.resize(count);
-  for (size_t i = 0; i < count; ++i) {
-    const float v = normal(rng);
-    bits[i] = dtype == DType::kBF16 ? float_to_bf16(v) : float_to_fp16(v);
-    values[i] = dtype == DType::kBF16 ? bf16_to_float(bits[i]) : fp16_to_float(bits[i]);
-  }
-  return bits;
-}
 
 // The plain reference: W's rows by dequantize_reference, y[i, o] = Σ_c x[i, c] · W[o, c] in FP64; with
 // each product's magnitude Σ|x·w| and Σ|x| for the error bounds.

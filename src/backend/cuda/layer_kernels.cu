@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gated_value.cuh"
 
 namespace slimkv::cuda {
 namespace {
@@ -217,12 +218,7 @@ __global__ void gated_activation_kernel(const float* gate_up, int n, int interme
   if (i >= size_t(n) * intermediate) return;
   const size_t t = i / intermediate, c = i % intermediate;
   const float g = gate_up[t * 2 * intermediate + c], u = gate_up[t * 2 * intermediate + intermediate + c];
-  if (activation == GateActivation::kSilu) {
-    store_half(out, bf16, i, g / (1.0f + expf(-g)) * u);
-    return;
-  }
-  const float sqrt_2_over_pi = 0.7978845608028654f;  // model/llama.cc's gated_activation
-  store_half(out, bf16, i, 0.5f * g * (1.0f + tanhf(sqrt_2_over_pi * (g + 0.044715f * g * g * g))) * u);
+  store_half(out, bf16, i, gated_value(g, u, activation));
 }
 
 __global__ void soft_cap_kernel(float* logits, size_t size, float cap) {

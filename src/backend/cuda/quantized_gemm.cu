@@ -10,101 +10,16 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/weight_rows.cuh"
 #include "util/random.h"
 
 namespace slimkv::cuda {
 namespace {
 
-// Every kernel decodes a quantized row 32 values at a time (a "unit"): a Q8_0 or Q4_0 block, a Q4_K
-// sub-block, or one of Q6_K's eight runs of 32 (a quarter of a 128-value half). Units are numbered
-// across the whole matrix: rows are whole blocks, so unit u of the matrix is unit u % units_per_block
-// of block u / units_per_block.
-constexpr int kUnit = 32;
-
-// Bytes of a block's body in the device layout (the block less its split-out scale).
-__host__ __device__ constexpr size_t body_bytes(BlockQuant quant) {
-  switch (quant) {
-    case BlockQuant::kQ8_0: return 32;
-    case BlockQuant::kQ4_0: return 16;
-    case BlockQuant::kQ4_K: return 144;
-    case BlockQuant::kQ6_K: return 208;
-    case BlockQuant::kNone: break;
-  }
-  return 0;
-}
 constexpr bool splits_scale(BlockQuant quant) { return quant != BlockQuant::kQ4_K; }
 // Where the file's block keeps the scale d that the device layout moves out, and its body.
 constexpr size_t file_scale_offset(BlockQuant quant) { return quant == BlockQuant::kQ6_K ? 208 : 0; }
 constexpr size_t file_body_offset(BlockQuant quant) { return quant == BlockQuant::kQ6_K ? 0 : 2; }
-
-__device__ inline uint4 load16(const uint8_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
-__device__ inline float half_bits(unsigned bits) { return __half2float(__ushort_as_half(static_cast<unsigned short>(bits))); }
-
-// w[0 .. 32) = the values of unit `unit`, each computed as dequantize_reference does (same products
-// in the same order, rounded to FP32 at each step).
-template <BlockQuant Q>
-__device__ inline void decode_unit(const uint8_t* body, const uint16_t* scales, int64_t unit, float (&w)[kUnit]) {
-  if constexpr (Q == BlockQuant::kQ8_0) {  // x = d·q
-    alignas(16) int8_t q[32];
-    *reinterpret_cast<uint4*>(q) = load16(body + unit * 32);
-    *reinterpret_cast<uint4*>(q + 16) = load16(body + unit * 32 + 16);
-    const float d = half_bits(__ldg(scales + unit));
-#pragma unroll
-    for (int i = 0; i < 32; ++i) w[i] = __fmul_rn(d, float(q[i]));
-  } else if constexpr (Q == BlockQuant::kQ4_0) {  // x[i] = d·(low nibble - 8), x[i + 16] = d·(high nibble - 8)
-    alignas(16) uint8_t qs[16];
-    *reinterpret_cast<uint4*>(qs) = load16(body + unit * 16);
-    const float d = half_bits(__ldg(scales + unit));
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      w[i] = __fmul_rn(d, float(int(qs[i] & 15) - 8));
-      w[i + 16] = __fmul_rn(d, float(int(qs[i] >> 4) - 8));
-    }
-  } else if constexpr (Q == BlockQuant::kQ4_K) {  // sub-block j: x = d·sc_j·q - dmin·m_j
-    const int64_t block = unit / 8;
-    const int sub = int(unit % 8);
-    const uint8_t* at = body + block * 144;
-    alignas(16) uint8_t head[16];  // d, dmin, the 12 bytes of packed scales and mins
-    *reinterpret_cast<uint4*>(head) = load16(at);
-    alignas(16) uint8_t qs[32];  // sub-blocks 2k and 2k + 1 share 32 bytes: low nibbles, high nibbles
-    *reinterpret_cast<uint4*>(qs) = load16(at + 16 + (sub / 2) * 32);
-    *reinterpret_cast<uint4*>(qs + 16) = load16(at + 16 + (sub / 2) * 32 + 16);
-    int scale, min;
-    q4_k_scale_min(head + 4, sub, &scale, &min);
-    const float d_scale = __fmul_rn(half_bits(head[0] | head[1] << 8), float(scale));
-    const float d_min = __fmul_rn(half_bits(head[2] | head[3] << 8), float(min));
-    const int shift = (sub % 2) * 4;
-#pragma unroll
-    for (int l = 0; l < 32; ++l) w[l] = __fsub_rn(__fmul_rn(d_scale, float((qs[l] >> shift) & 15)), d_min);
-  } else {  // Q6_K, run r (half r / 4, quarter r % 4): q = (4 bits of ql | 2 bits of qh) - 32, x = d·scale·q
-    const int64_t block = unit / 8;
-    const int run = int(unit % 8), half = run / 4, quarter = run % 4;
-    const uint8_t* at = body + block * 208;
-    alignas(16) uint8_t ql[32], qh[32];
-    alignas(16) int8_t sc[16];
-    *reinterpret_cast<uint4*>(ql) = load16(at + half * 64 + (quarter % 2) * 32);
-    *reinterpret_cast<uint4*>(ql + 16) = load16(at + half * 64 + (quarter % 2) * 32 + 16);
-    *reinterpret_cast<uint4*>(qh) = load16(at + 128 + half * 32);
-    *reinterpret_cast<uint4*>(qh + 16) = load16(at + 128 + half * 32 + 16);
-    *reinterpret_cast<uint4*>(sc) = load16(at + 192);
-    const float d = half_bits(__ldg(scales + block));
-    const int low_shift = quarter < 2 ? 0 : 4;
-#pragma unroll
-    for (int l = 0; l < 32; ++l) {
-      const int q = (((ql[l] >> low_shift) & 15) | (((qh[l] >> (2 * quarter)) & 3) << 4)) - 32;
-      w[l] = __fmul_rn(__fmul_rn(d, float(sc[half * 8 + quarter * 2 + l / 16])), float(q));
-    }
-  }
-}
-
-__device__ inline float to_float(__half x) { return __half2float(x); }
-__device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename Out>
-__device__ inline Out from_float(float x) {
-  if constexpr (std::is_same_v<Out, __half>) return __float2half_rn(x);
-  else if constexpr (std::is_same_v<Out, __nv_bfloat16>) return __float2bfloat16_rn(x);
-  else return x;
-}
 
 // 16 bytes of Out values converted from x[0 .. 16 / sizeof(Out)), in order, as one register quadruple.
 __device__ inline unsigned bits16(__half x) { return __half_as_ushort(x); }
@@ -121,69 +36,18 @@ __device__ inline uint4 pack16(const float* x) {
   }
 }
 
-// xs = 32 consecutive inputs at p (64 bytes, 16-byte aligned: rows of whole units), widened.
-template <typename In>
-__device__ inline void load_inputs(const In* p, float (&xs)[kUnit]) {
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const uint4 packed = __ldg(reinterpret_cast<const uint4*>(p) + k);
-    const In* values = reinterpret_cast<const In*>(&packed);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) xs[k * 8 + j] = to_float(values[j]);
-  }
-}
-
 constexpr int kGemvThreads = 256;
-constexpr int kGemvInputs = int(kQuantizedGemvMaxInputs);  // inputs one launch multiplies
+constexpr int kGemvInputs = kWarpRowsMaxInputs;  // inputs one launch multiplies
 
-// y[i, row] (+)= Σ_c x[i, c] · W[row, c] for i < n ≤ kGemvInputs: one warp per kRows consecutive rows,
-// each lane decoding every 32nd unit of them into registers and multiplying it by the same columns of
-// every input (read once for all kRows rows); FP32 sums, then a sum across the warp.
+// y[i, row] (+)= Σ_c x[i, c] · W[row, c] for i < n ≤ kGemvInputs: one warp per kRows consecutive rows
+// (weight_rows.cuh).
 template <BlockQuant Q, typename In, int kRows>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const In* x, int n, const uint8_t* body,
                                                             const uint16_t* scales, int64_t rows, int64_t cols,
                                                             float* y, int64_t y_stride, bool accumulate) {
-  const int lane = int(threadIdx.x % 32);
   const int64_t first_row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32 * kRows;
-  if (first_row >= rows) return;
-  const int64_t units = cols / kUnit;
-  float sums[kRows][kGemvInputs] = {};
-  for (int64_t u = lane; u < units; u += 32) {
-    float w[kRows][kUnit];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if (first_row + r < rows) {
-        decode_unit<Q>(body, scales, (first_row + r) * units + u, w[r]);
-      } else {
-#pragma unroll
-        for (int l = 0; l < kUnit; ++l) w[r][l] = 0.0f;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kGemvInputs; ++i) {
-      if (i >= n) break;
-      float xs[kUnit];
-      load_inputs(x + i * cols + u * kUnit, xs);
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-        for (int l = 0; l < kUnit; ++l) sums[r][i] = fmaf(w[r][l], xs[l], sums[r][i]);
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-    for (int i = 0; i < kGemvInputs; ++i) {
-      if (i >= n) break;
-      float sum = sums[r][i];
-      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-      if (lane == 0 && first_row + r < rows) {
-        float* out = y + i * y_stride + first_row + r;
-        *out = accumulate ? *out + sum : sum;
-      }
-    }
-  }
+  if (first_row >= rows) return;  // the whole warp
+  multiply_warp_rows<Q, In, kRows>(x, nullptr, 0, n, body, scales, rows, cols, first_row, y, y_stride, accumulate);
 }
 
 // out[r, :] = row (rows ? rows[r] : first + r) of W dequantized, times scale: one thread per unit.

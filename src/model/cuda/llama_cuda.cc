@@ -224,6 +224,7 @@ Status CudaLlamaModel::allocate_weights(const WeightKinds& kinds) {
   lay_out_weights(kinds);  // counting
   SLIMKV_RETURN_IF_ERROR(weights_.reserve().with_context("uploading the model to the GPU"));
   lay_out_weights(kinds);
+  SLIMKV_RETURN_IF_ERROR(index_experts());
   const ModelConfig& c = config_;
   SLIMKV_RETURN_IF_ERROR(upload_floats(Rope(c.rope, int(c.head_dim)).inverse_frequencies(), inv_freq_));
   if (sliding_inv_freq_ == nullptr) return Status::ok();
@@ -270,6 +271,40 @@ void CudaLlamaModel::lay_out_weights(const WeightKinds& kinds) {
     l.experts.resize(size_t(c.moe.num_experts));
     for (MlpOnDevice& expert : l.experts) expert = take_mlp(k, c.moe.expert_intermediate_size);
   }
+}
+
+Status CudaLlamaModel::index_experts() {
+  grouped_experts_ = true;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    LayerOnDevice& l = layers_[i];
+    if (l.experts.empty()) continue;
+    // Run r of matrix `which` of every expert, as expert 0's moved on by a stride (take_stacked lays each
+    // expert out as the one before: the check guards that).
+    const auto index = [&](auto which, std::vector<ExpertMatrices>& runs) -> Status {
+      runs.clear();
+      for (size_t r = 0; r < (l.experts.front().*which).runs.size(); ++r) {
+        const auto run_of = [&](size_t e) { return (l.experts[e].*which).runs[r]; };
+        ExpertMatrices m{run_of(0), 0, int(l.experts.size())};
+        if (l.experts.size() > 1) {
+          m.stride_bytes = size_t(static_cast<uint8_t*>(run_of(1).data) - static_cast<uint8_t*>(m.first.data));
+        }
+        for (size_t e = 0; e < l.experts.size(); ++e) {
+          const DeviceMatrix want = m.expert(int(e)), got = run_of(e);
+          if (got.data != want.data || got.scales != want.scales || got.quant != want.quant || got.rows != want.rows) {
+            return error("layer ", i, " expert ", e, ": its matrices are not laid out as expert 0's (internal)");
+          }
+        }
+        grouped_experts_ = grouped_experts_ && check_grouped_expert_shape(m).is_ok();
+        runs.push_back(m);
+      }
+      return Status::ok();
+    };
+    SLIMKV_RETURN_IF_ERROR(index(&MlpOnDevice::w_gate_up, l.experts_gate_up));
+    std::vector<ExpertMatrices> down;  // one run: W_down is one part
+    SLIMKV_RETURN_IF_ERROR(index(&MlpOnDevice::w_down, down));
+    l.experts_down = down.front();
+  }
+  return Status::ok();
 }
 
 CudaLlamaModel::StackedMatrix CudaLlamaModel::take_stacked(std::initializer_list<std::pair<int64_t, BlockQuant>> parts,
@@ -375,7 +410,12 @@ Status CudaLlamaModel::allocate_runtime(const CudaModelOptions& options) {
     SLIMKV_ASSIGN_OR_RETURN(router_logits_, DeviceArray<float>::allocate(T * experts, "router logits"));
     SLIMKV_ASSIGN_OR_RETURN(expert_of_, DeviceArray<int32_t>::allocate(choices, "routed experts"));
     SLIMKV_ASSIGN_OR_RETURN(expert_weight_, DeviceArray<float>::allocate(choices, "routed experts' weights"));
-    SLIMKV_ASSIGN_OR_RETURN(expert_plan_, DeviceArray<int32_t>::allocate(2 * choices, "the experts' rows"));
+    SLIMKV_ASSIGN_OR_RETURN(expert_plan_, DeviceArray<int32_t>::allocate(expert_plan_values(int(choices), int(experts)),
+                                                                         "the experts' rows"));
+    SLIMKV_RETURN_IF_ERROR(device_fill_bytes(expert_plan_.data(), 0, expert_plan_.bytes()));  // the routing's count
+    SLIMKV_ASSIGN_OR_RETURN(expert_sum_counts_, DeviceArray<uint32_t>::allocate(
+                                                    size_t(grouped_sum_counters(int64_t(hidden))), "the experts' sums"));
+    SLIMKV_RETURN_IF_ERROR(device_fill_bytes(expert_sum_counts_.data(), 0, expert_sum_counts_.bytes()));
     SLIMKV_ASSIGN_OR_RETURN(expert_inputs_,
                             DeviceArray<uint16_t>::allocate(choices * std::max(hidden, expert_inter), "expert inputs"));
     SLIMKV_ASSIGN_OR_RETURN(expert_products_, DeviceArray<float>::allocate(choices * std::max(2 * expert_inter, hidden),
@@ -725,46 +765,62 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, std
   return rows;
 }
 
-// The products need each expert's row count on the host (cuBLAS and the quantized kernels take their
-// shapes from it), so the choices come back, n·k ids in one copy that waits for the router, and the
-// host groups them: a sort on the GPU would still have to bring the counts back, and this way the plan
-// is a plain loop. Decode of B sequences runs the experts B rows chose (at most B·k), each once.
+// Decode steps (up to this many rows) multiply every expert's rows in one grouped launch per matrix,
+// planned on the device: no wait for the routing, a few launches a layer whatever the experts chosen.
+// Past it (prefill) an expert's rows are many and cuBLAS's tiles serve them better: the plan's offsets
+// come back to the host (one wait a layer, small beside the GEMMs) and each expert runs its own GEMMs.
+// Quantized experts give a row the same product either way while its expert has at most
+// kQuantizedGemvMaxInputs rows (the same GEMV loop, weight_rows.cuh); plain ones take cuBLAS past it.
+constexpr int kGroupedExpertsMaxRows = 64;
+
+Status CudaLlamaModel::multiply_experts(const void* x, const int32_t* x_rows, const std::vector<ExpertMatrices>& runs,
+                                        const ExpertRowsPlan& plan, int slots, float* y) {
+  int64_t width = 0, first = 0;
+  for (const ExpertMatrices& run : runs) width += run.first.rows;
+  for (const ExpertMatrices& run : runs) {
+    SLIMKV_RETURN_IF_ERROR(grouped_expert_gemv(x, x_rows, dtype_, run, plan, slots, y + first, width));
+    first += run.first.rows;
+  }
+  return Status::ok();
+}
+
 Status CudaLlamaModel::add_routed_experts(const LayerOnDevice& layer, int n, float* y, bool accumulate) {
   const ModelConfig& c = config_;
   const int experts = int(c.moe.num_experts), k = int(c.moe.experts_per_token), choices = n * k;
   const size_t hidden = size_t(c.hidden_size), inter = size_t(c.moe.expert_intermediate_size);
-  // Routing: the router's logits, then each row's k experts and their weights.
+  // Routing: the router's logits, each row's k experts and their weights, and the plan of places: the
+  // choices grouped by expert, each expert's rows in token order (as the CPU runs them).
   SLIMKV_RETURN_IF_ERROR(multiply_items(h_.data(), step_items_, layer.router, router_logits_.data()));
+  const ExpertRowsPlan plan = expert_plan_at(expert_plan_.data(), choices, experts);
   SLIMKV_RETURN_IF_ERROR(route_to_experts(router_logits_.data(), n, experts, k, c.moe.normalize_top_k,
-                                          expert_of_.data(), expert_weight_.data()));
-  // The plan: the choices grouped by expert, each expert's rows in token order (as the CPU runs them);
-  // choice i (row i / k's j-th expert) lands at place_of_choice[i], which holds row row_of_place[place].
-  std::vector<int32_t> expert_of(static_cast<size_t>(choices)), first_place(static_cast<size_t>(experts) + 1, 0);
-  SLIMKV_RETURN_IF_ERROR(copy_to_host(expert_of.data(), expert_of_.data(), expert_of.size() * sizeof(int32_t)));
-  for (int i = 0; i < choices; ++i) {
-    const int32_t e = expert_of[size_t(i)];
-    if (e < 0 || e >= experts) {
-      return error("expert routing: row ", i / k, " was routed to expert ", e, " of ", experts,
-                   " (its router logits hold a NaN)");
-    }
-    ++first_place[size_t(e) + 1];
-  }
-  for (int e = 0; e < experts; ++e) first_place[size_t(e) + 1] += first_place[size_t(e)];
-  std::vector<int32_t> plan(2 * size_t(choices));  // row_of_place [choices] | place_of_choice [choices]
-  std::vector<int32_t> next_place(first_place.begin(), first_place.end() - 1);
-  for (int i = 0; i < choices; ++i) {
-    const int32_t place = next_place[size_t(expert_of[size_t(i)])]++;
-    plan[size_t(place)] = i / k;
-    plan[size_t(choices + i)] = place;
-  }
-  SLIMKV_RETURN_IF_ERROR(expert_plan_.upload(plan.data(), plan.size()));
-  const int32_t* row_of_place = expert_plan_.data();
-  const int32_t* place_of_choice = row_of_place + choices;
+                                          expert_of_.data(), expert_weight_.data(), plan));
 
-  // Each expert's rows gathered, through its W_gate|W_up; the activation over every expert's rows at
-  // once (into the gathered rows' buffer, read by then); each expert's W_down (into the gate/up
-  // products' buffer, likewise); each row's k outputs summed into y, weighted.
-  SLIMKV_RETURN_IF_ERROR(gather_rows(h_.data(), int(hidden), row_of_place, choices, expert_inputs_.data()));
+  // Each place's row through its expert's W_gate|W_up (into the products [choices, 2·inter]); the
+  // activation over every place at once (into the inputs' buffer [choices, inter]); each place through
+  // its expert's W_down (into the products [choices, hidden]); each row's k outputs summed into y, weighted.
+  if (grouped_experts_ && n <= kGroupedExpertsMaxRows) {
+    const int slots = expert_slots(choices, experts);
+    if (layer.experts_gate_up.size() == 1) {  // W_gate, W_up of one kind: the activation applied as they are written
+      SLIMKV_RETURN_IF_ERROR(grouped_expert_gated_gemv(h_.data(), plan.row_of_place, dtype_,
+                                                       layer.experts_gate_up.front(), gate_activation(c), plan, slots,
+                                                       expert_inputs_.data()));
+    } else {
+      SLIMKV_RETURN_IF_ERROR(
+          multiply_experts(h_.data(), plan.row_of_place, layer.experts_gate_up, plan, slots, expert_products_.data()));
+      SLIMKV_RETURN_IF_ERROR(gated_activation(expert_products_.data(), choices, int(inter), gate_activation(c),
+                                              expert_inputs_.data(), dtype_));
+    }
+    // W_down, each row's k outputs summed into y as the last CTA of each block of columns finishes.
+    const WeightedRowSum sum{y, accumulate, expert_weight_.data(), n, k, expert_sum_counts_.data()};
+    return grouped_expert_gemv(expert_inputs_.data(), nullptr, dtype_, layer.experts_down, plan, slots,
+                               expert_products_.data(), int64_t(hidden), sum);
+  }
+  // Prefill: each expert's rows gathered back to back, through its own GEMMs, then the weighted sum.
+  std::vector<int32_t> first_place(static_cast<size_t>(experts) + 1);
+  SLIMKV_RETURN_IF_ERROR(copy_to_host(first_place.data(), plan.first_place, first_place.size() * sizeof(int32_t)));
+  // The places hold first_place[experts] choices: fewer than n·k where a row's logits hold a NaN.
+  SLIMKV_RETURN_IF_ERROR(
+      gather_rows(h_.data(), int(hidden), plan.row_of_place, first_place.back(), expert_inputs_.data()));
   const auto for_each_expert = [&](const auto& run) -> Status {
     for (int e = 0; e < experts; ++e) {
       const int first = first_place[size_t(e)], count = first_place[size_t(e) + 1] - first;
@@ -779,9 +835,10 @@ Status CudaLlamaModel::add_routed_experts(const LayerOnDevice& layer, int n, flo
   SLIMKV_RETURN_IF_ERROR(gated_activation(expert_products_.data(), choices, int(inter), gate_activation(c),
                                           expert_inputs_.data(), dtype_));
   SLIMKV_RETURN_IF_ERROR(for_each_expert([&](const MlpOnDevice& expert, size_t first, int count) {
-    return multiply(expert_inputs_.data() + first * inter, count, expert.w_down, expert_products_.data() + first * hidden);
+    return multiply(expert_inputs_.data() + first * inter, count, expert.w_down,
+                    expert_products_.data() + first * hidden);
   }));
-  return add_weighted_rows(expert_products_.data(), place_of_choice, expert_weight_.data(), n, k, int(hidden), y,
+  return add_weighted_rows(expert_products_.data(), plan.place_of_choice, expert_weight_.data(), n, k, int(hidden), y,
                            accumulate);
 }
 

@@ -13,8 +13,9 @@
 //       o = kv.attend(layer, q, k, v)             (appends k, v, then attention; sliding layers: their window)
 //       x += o · W_oᵀ (the add rides on the GEMM; Gemma 3: x += rmsnorm(o · W_oᵀ))
 //       h = rmsnorm(x);  gu = h · W_gate_upᵀ;   x += act(gu) · W_downᵀ   (SwiGLU; Gemma: GeGLU, normed before the add)
-//         (Qwen3-MoE's sparse layers: each row's top k experts by router softmax; each expert's rows
-//          gathered and run through its own gate/up and down; x += the outputs weighted: add_routed_experts)
+//         (Qwen3-MoE's sparse layers: each row's top k experts by router softmax, grouped by expert on
+//          the device; every expert's rows through its gate/up and down, one grouped launch each in
+//          decode; x += the outputs weighted: add_routed_experts)
 //   logits = lm_head(rmsnorm(x)) for the rows asked for   (Gemma: soft-capped where the config says)
 //
 // Gemma's (1 + w) norm weights arrive as that sum (model/llama_weights.h, in FP32, as transformers
@@ -37,6 +38,7 @@
 #include <vector>
 
 #include "backend/cuda/device_memory.h"
+#include "backend/cuda/expert_gemv.h"
 #include "backend/cuda/item_products.h"
 #include "backend/cuda/quantized_gemm.h"
 #include "backend/cuda/sampling.h"
@@ -228,6 +230,10 @@ class CudaLlamaModel final : private KvProjection {
     MlpOnDevice mlp;                  // a dense layer's (intermediate_size); empty in a sparse layer
     StackedMatrix router;             // [num_experts, hidden] a sparse layer's; else empty
     std::vector<MlpOnDevice> experts;  // [num_experts] a sparse layer's (expert_intermediate_size); else empty
+    // The same experts addressed by index for the grouped products (expert_gemv.h): each run of
+    // W_gate|W_up, and W_down. Empty in a dense layer.
+    std::vector<ExpertMatrices> experts_gate_up;
+    ExpertMatrices experts_down;
   };
 
   CudaLlamaModel(const ModelConfig& config, DType dtype, const CudaModelOptions& options);
@@ -245,9 +251,15 @@ class CudaLlamaModel final : private KvProjection {
                         bool accumulate = false);
   // Activations and the KV cache, sized by the options.
   Status allocate_runtime(const CudaModelOptions& options);
+  // The sparse layers' experts_gate_up and experts_down from their laid-out experts; grouped_experts_.
+  Status index_experts();
   // A sparse layer's MLP over the n rows of h_ (normed, in dtype_): y = Σ_j weight_j · expert_j(h) over
   // each row's k routed experts, or y += that when accumulate (as the CPU's mlp() in model/llama.cc).
   Status add_routed_experts(const LayerOnDevice& layer, int n, float* y, bool accumulate);
+  // y[p, :] = input row of p · W_eᵀ over every run of a stacked expert matrix (grouped_expert_gemv),
+  // each run into its columns of y [*, Σ run rows].
+  Status multiply_experts(const void* x, const int32_t* x_rows, const std::vector<ExpertMatrices>& runs,
+                          const ExpertRowsPlan& plan, int slots, float* y);
   const SequenceBlocks& held() const { return kv_->sequences(); }
   Status check_batch(std::span<const SequenceTokens> batch) const;
   // KvProjection (a tier that recomputes, KVPR): K/V of X rows through layer's W_k, W_v and RoPE.
@@ -273,6 +285,7 @@ class CudaLlamaModel final : private KvProjection {
   size_t largest_quantized_values_ = 0;  // of the matrices kept in blocks (sizes the prefill tiles)
   std::vector<BlockQuant> block_types_;  // the block types held, in first-seen order
   bool plain_matrices_ = false;          // whether any matrix is held in dtype_
+  bool grouped_experts_ = false;         // whether every sparse layer's experts fit grouped_expert_gemv
   DeviceMatrix embedding_;     // [vocab, hidden]
   DeviceMatrix lm_head_;       // [vocab, hidden] (the embedding when tied)
   float* final_norm_ = nullptr;
@@ -296,14 +309,15 @@ class CudaLlamaModel final : private KvProjection {
   DeviceArray<RowSampling> sampling_;  // [max_sequences] how each sampled row of a step is drawn
   // Sparse layers (Qwen3-MoE), empty without: the router's logits [T, num_experts] FP32; each row's
   // experts and weights [T, k] (k = experts_per_token); the plan of a layer's experts' rows (the T·k
-  // choices grouped by expert, each expert's rows in token order): the row of each place [T·k] | the
-  // place of each choice [T·k]; and the grouped rows: GEMM inputs [T·k, max(hidden, expert_intermediate)]
+  // choices grouped by expert, each expert's rows in token order: expert_routing.h ExpertRowsPlan,
+  // expert_plan_values(T·k, num_experts)); and the grouped rows: GEMM inputs [T·k, max(hidden, expert_intermediate)]
   // in dtype_ (gathered h, then act(gate)·up), FP32 products [T·k, max(2·expert_intermediate, hidden)]
   // (gate|up, then the experts' outputs).
   DeviceArray<float> router_logits_;
   DeviceArray<int32_t> expert_of_;
   DeviceArray<float> expert_weight_;
   DeviceArray<int32_t> expert_plan_;
+  DeviceArray<uint32_t> expert_sum_counts_;  // [grouped_sum_counters(hidden)] the grouped W_down's sum's (expert_gemv.h)
   DeviceArray<uint16_t> expert_inputs_;
   DeviceArray<float> expert_products_;
   // KVPR's recomputation, kRecomputeChunkRows rows at a time: K|V projections, then K and V in FP16.
