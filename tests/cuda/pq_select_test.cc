@@ -434,7 +434,7 @@ TEST_F(PqSelectTest, BundledModelTopkOneEqualsDenseAndOffloadEqualsResident) {
   for (const auto& [resident_spec, offload_spec] : std::vector<std::pair<std::string, std::string>>{
            {"pq:topk=0.3+hack:bits=4", "pq:topk=0.3+hack:bits=4@offload"},
            {"pq:topk=0.3+hack:bits=4", "pq:topk=0.3,cache=96,policy=lfu+hack:bits=4@offload"},
-           {"pq:topk=0.3,cache=0+hack:bits=2,rot=none", "pq:topk=0.3,cache=0+hack:bits=2,rot=none@offload"}}) {
+           {"pq:topk=0.3+hack:bits=2,rot=none", "pq:topk=0.3,cache=0+hack:bits=2,rot=none@offload"}}) {
     auto resident_hack = load(resident_spec), offload_hack = load(offload_spec);
     EXPECT_TRUE(run(*offload_hack) == run(*resident_hack)) << offload_spec;
   }

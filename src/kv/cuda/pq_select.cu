@@ -47,46 +47,66 @@ __device__ SealedToken sealed_token(const PqSelectLaunch& p, int s, int g, int t
   return sealed_token(p.sealed, p.source.block_table_stride, p.num_kv_heads, s, g, t);
 }
 
+// Four FP16 values (8 bytes) as floats.
+__device__ void unpack4(uint2 four, float out[4]) {
+  const unsigned words[2] = {four.x, four.y};
+  for (int j = 0; j < 4; ++j) out[j] = __half2float(__ushort_as_half(uint16_t(words[j / 2] >> (16 * (j % 2)))));
+}
+
 __device__ float meta_at(const uint8_t* block, int section, int slot) {
   return __half2float(__ushort_as_half(reinterpret_cast<const uint16_t*>(block + section)[slot]));
 }
 
-// Value j of a packed group of 4 codes: bits [j·b, j·b + b), within one byte (b is 2, 4 or 8).
-__device__ float code_at(const uint8_t* group, int j, int bits) {
-  return float((group[(j * bits) >> 3] >> ((j * bits) & 7)) & ((1 << bits) - 1));
+// The FP16 mins (or scales) of slots [slot, slot + 4) in one 8-byte load (slot a multiple of 4: the
+// section starts at a multiple of 64 bytes). Over PCIe each load is a request of its own.
+__device__ void meta4_at(const uint8_t* block, int section, int slot, float out[4]) {
+  unpack4(*reinterpret_cast<const uint2*>(block + section + 2 * slot), out);
 }
 
-// min + scale · code, unfused: the CPU's rounding (dequantize_tokens), so the re-rank's scores are its.
-__device__ float dequantized(const uint8_t* block, int mins, int scales, int slot, float code) {
-  return __fadd_rn(meta_at(block, mins, slot), __fmul_rn(meta_at(block, scales, slot), code));
+// A packed group of 4 codes (b/2 bytes, a little-endian field of 4b bits) in one load.
+__device__ unsigned group_at(const uint8_t* group, int bits) {
+  return bits == 2 ? group[0] : bits == 4 ? *reinterpret_cast<const uint16_t*>(group) : *reinterpret_cast<const unsigned*>(group);
 }
+// Value j of the group: bits [j·b, j·b + b).
+__device__ float code_of(unsigned group, int j, int bits) { return float((group >> (j * bits)) & ((1u << bits) - 1)); }
+
+// min + scale · code, unfused: the CPU's rounding (dequantize_tokens), so the re-rank's scores are its.
+__device__ float dequantized(float min, float scale, float code) { return __fadd_rn(min, __fmul_rn(scale, code)); }
 
 // Dims 4c..4c+3 of the token's key (K codes: dim group-major, the block's tokens in each group).
 __device__ void sealed_key4(const QuantizedKvView& q, SealedToken x, int c, int d, float out[4]) {
-  const uint8_t* group = x.block + (i64(c) * kCudaBlockTokens + x.t) * (q.k_bits / 2);
-  const int partition = min(kCudaBlockTokens, d);  // dims per K partition (HACK's per-token layout)
-  for (int j = 0; j < 4; ++j) {
-    const int dim = 4 * c + j;
-    const int slot = q.k_per_channel ? x.t / q.k_group_tokens * d + dim : dim / partition * kCudaBlockTokens + x.t;
-    out[j] = dequantized(x.block, q.offsets.k_mins, q.offsets.k_scales, slot, code_at(group, j, q.k_bits));
+  const unsigned group = group_at(x.block + (i64(c) * kCudaBlockTokens + x.t) * (q.k_bits / 2), q.k_bits);
+  float mins[4], scales[4];
+  if (q.k_per_channel) {  // a min and scale per dim of the token's group of tokens
+    const int slot = x.t / q.k_group_tokens * d + 4 * c;
+    meta4_at(x.block, q.offsets.k_mins, slot, mins);
+    meta4_at(x.block, q.offsets.k_scales, slot, scales);
+  } else {  // per K partition of min(Π, d) dims, a multiple of 4: the 4 dims share one
+    const int slot = 4 * c / min(kCudaBlockTokens, d) * kCudaBlockTokens + x.t;
+    mins[0] = mins[1] = mins[2] = mins[3] = meta_at(x.block, q.offsets.k_mins, slot);
+    scales[0] = scales[1] = scales[2] = scales[3] = meta_at(x.block, q.offsets.k_scales, slot);
   }
+  for (int j = 0; j < 4; ++j) out[j] = dequantized(mins[j], scales[j], code_of(group, j, q.k_bits));
 }
 
 // Columns 4c..4c+3 of the token's value (V codes: groups of 4 tokens, every column's group in turn).
 __device__ void sealed_value4(const QuantizedKvView& q, SealedToken x, int c, int d, float out[4]) {
   const int group_bytes = q.v_bits / 2;
-  const uint8_t* groups = x.block + q.offsets.v_codes + i64(x.t / 4) * d * group_bytes;
-  for (int j = 0; j < 4; ++j) {
-    const int column = 4 * c + j;
-    const int slot = q.v_per_token ? column / q.v_group_dims * kCudaBlockTokens + x.t : column;
-    out[j] = dequantized(x.block, q.offsets.v_mins, q.offsets.v_scales, slot,
-                         code_at(groups + column * group_bytes, x.t % 4, q.v_bits));
+  const uint8_t* groups = x.block + q.offsets.v_codes + (i64(x.t / 4) * d + 4 * c) * group_bytes;
+  float mins[4], scales[4];
+  if (q.v_per_token) {  // a min and scale per group of v_group_dims columns of the token
+    for (int j = 0; j < 4; ++j) {
+      const int slot = (4 * c + j) / q.v_group_dims * kCudaBlockTokens + x.t;
+      mins[j] = meta_at(x.block, q.offsets.v_mins, slot);
+      scales[j] = meta_at(x.block, q.offsets.v_scales, slot);
+    }
+  } else {  // per column over the block
+    meta4_at(x.block, q.offsets.v_mins, 4 * c, mins);
+    meta4_at(x.block, q.offsets.v_scales, 4 * c, scales);
   }
-}
-
-__device__ void unpack4(uint2 four, float out[4]) {
-  const unsigned words[2] = {four.x, four.y};
-  for (int j = 0; j < 4; ++j) out[j] = __half2float(__ushort_as_half(uint16_t(words[j / 2] >> (16 * (j % 2)))));
+  for (int j = 0; j < 4; ++j) {
+    out[j] = dequantized(mins[j], scales[j], code_of(group_at(groups + j * group_bytes, q.v_bits), x.t % 4, q.v_bits));
+  }
 }
 
 __device__ uint2 pack4(const float in[4]) {
