@@ -7,7 +7,8 @@
 //                  selected tokens' K/V read from pinned host memory (kv/cuda/gpu_pq_kv.cc), those not
 //                  found in the GPU cache of selected tokens (cache=0: none; kv/cuda/pq_token_cache.h)
 //   pq+hack@offload  the same over HACK's sealed blocks of each of --hack-bits (rot=none): the selected
-//                  tokens' codes and scales read from pinned host memory and dequantized on the GPU
+//                  tokens' codes and scales read from pinned host memory and dequantized on the GPU;
+//                  per --hack-vlayouts, V's scales per column of a block (HACK's) or per token (KIVI's)
 // with the K/V bytes a step moves over PCIe (offload: every token's; kvpr: the streamed part's K/V and
 // the recomputed part's X; pq: what the selection reads from the host pages or sealed blocks, these
 // counting a block's per-column V scales once per selected token at most: the payload; the link moves
@@ -18,7 +19,7 @@
 // per step (GPU to GPU).
 //
 //   bench_pq_offload_cuda --configs 8192x1,32768x1,131072x1,8192x8,32768x8 --topks 0.2,1024 --caches 0,4096
-//   bench_pq_offload_cuda --configs 8192x1,32768x1,131072x1 --topks 1024 --caches 0 --hack-bits 2,4
+//   bench_pq_offload_cuda --configs 8192x1,32768x1,131072x1 --topks 1024 --caches 0 --hack-bits 2 --hack-vlayouts channel,token
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -42,7 +43,8 @@ struct Options {
   std::vector<std::string> configs = {"8192x1", "32768x1", "131072x1", "8192x8", "32768x8"};
   std::vector<double> topks = {0.2, 1024};
   std::vector<int> caches = {0, 4096};
-  std::vector<int> hack_bits = {2};  // the pq+hack@offload rows: one per bits
+  std::vector<int> hack_bits = {2};  // the pq+hack@offload rows: one per bits and V layout
+  std::vector<std::string> hack_vlayouts = {"channel"};
   int steps = 4;
 };
 
@@ -136,11 +138,16 @@ Status run(const Options& o) {
         pq.pq = PqKvOptions{options, true, 0};
         variants.emplace_back(str_cat("pq:topk=", topk, ",cache=", cache, "@offload"), pq);
         for (const int bits : o.hack_bits) {
-          QuantizationConfig quantization;
-          quantization.k_bits = quantization.v_bits = bits;
-          CudaModelOptions hack = pq;
-          hack.quantized_kv = QuantizedKvOptions{quantization, true, 0};
-          variants.emplace_back(str_cat("pq:topk=", topk, ",cache=", cache, "+hack:bits=", bits, ",rot=none@offload"), hack);
+          for (const std::string& vlayout : o.hack_vlayouts) {
+            QuantizationConfig quantization;
+            quantization.k_bits = quantization.v_bits = bits;
+            quantization.v_per_token = vlayout == "token";
+            CudaModelOptions hack = pq;
+            hack.quantized_kv = QuantizedKvOptions{quantization, true, 0};
+            variants.emplace_back(str_cat("pq:topk=", topk, ",cache=", cache, "+hack:bits=", bits,
+                                          vlayout == "token" ? ",vlayout=token" : "", ",rot=none@offload"),
+                                  hack);
+          }
         }
       }
     }
@@ -173,6 +180,9 @@ int main(int argc, char** argv) {
   app.add_option("--topks", o.topks, "pq's topk values (<= 1: a fraction; > 1: tokens)")->delimiter(',');
   app.add_option("--caches", o.caches, "pq's GPU cache sizes, tokens per layer and KV head (0: none)")->delimiter(',');
   app.add_option("--hack-bits", o.hack_bits, "bits of the pq+hack@offload rows (2, 4 or 8)")->delimiter(',');
+  app.add_option("--hack-vlayouts", o.hack_vlayouts, "V scales of the pq+hack@offload rows: channel (HACK's), token")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"channel", "token"}));
   app.add_option("--steps", o.steps, "decode steps timed per run (after two warm-up steps)")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
