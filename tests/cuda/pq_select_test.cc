@@ -358,8 +358,9 @@ TEST_F(PqSelectTest, SelectionEqualsTheCpuSelectorsOnTheSameCodebooks) {
 }
 
 // The same over sealed blocks (pq:...+hack / +quant): HACK's layout at 2 bits, KIVI's (K per channel in
-// groups of 16 tokens, V per token in groups of 32 columns) at 4, and 8 bits; lengths ending inside a
-// block (its open tokens read from the pages).
+// groups of 16 tokens, V per token in groups of 32 columns) at 4, K per channel over the block and V per
+// token in groups of 2 columns at 2, and 8 bits; lengths ending inside a block (its open tokens read
+// from the pages).
 TEST_F(PqSelectTest, SelectionOverSealedBlocksEqualsTheCpuSelectorsOnDequantizedKeys) {
   QuantizationConfig hack2;
   QuantizationConfig kivi4;
@@ -367,11 +368,14 @@ TEST_F(PqSelectTest, SelectionOverSealedBlocksEqualsTheCpuSelectorsOnDequantized
   kivi4.k_per_channel = kivi4.v_per_token = true;
   kivi4.k_group = 16;
   kivi4.v_group = 32;
+  QuantizationConfig pairs2;
+  pairs2.k_per_channel = pairs2.v_per_token = true;
+  pairs2.v_group = 2;
   QuantizationConfig nearest8;
   nearest8.k_bits = nearest8.v_bits = 8;
   nearest8.rounding = Rounding::kNearest;
   for (const auto& [name, config] : {std::pair{"hack bits=2", hack2}, std::pair{"kivi bits=4", kivi4},
-                                     std::pair{"bits=8 nearest", nearest8}}) {
+                                     std::pair{"bits=2 vgroup=2", pairs2}, std::pair{"bits=8 nearest", nearest8}}) {
     SCOPED_TRACE(name);
     expect_selection_equals_the_cpu_selectors({1500, 931}, {100, 150}, &config);
   }

@@ -95,10 +95,12 @@ __device__ void sealed_value4(const QuantizedKvView& q, SealedToken x, int c, in
   const uint8_t* groups = x.block + q.offsets.v_codes + (i64(x.t / 4) * d + 4 * c) * group_bytes;
   float mins[4], scales[4];
   if (q.v_per_token) {  // a min and scale per group of v_group_dims columns of the token
+    // Groups of a multiple of 4 columns hold all 4: one load each (over PCIe, a request each).
+    const int distinct = q.v_group_dims % 4 == 0 ? 1 : 4;
     for (int j = 0; j < 4; ++j) {
       const int slot = (4 * c + j) / q.v_group_dims * kCudaBlockTokens + x.t;
-      mins[j] = meta_at(x.block, q.offsets.v_mins, slot);
-      scales[j] = meta_at(x.block, q.offsets.v_scales, slot);
+      mins[j] = j < distinct ? meta_at(x.block, q.offsets.v_mins, slot) : mins[0];
+      scales[j] = j < distinct ? meta_at(x.block, q.offsets.v_scales, slot) : scales[0];
     }
   } else {  // per column over the block
     meta4_at(x.block, q.offsets.v_mins, 4 * c, mins);
