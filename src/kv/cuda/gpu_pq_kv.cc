@@ -175,7 +175,8 @@ class GpuPqKv final : public GpuKvCache {
   // Decode rows (one query) select; the step's other sequences (prefill chunks) attend to every token,
   // so that a sequence's selection does not depend on what shares its step (a server's batch). The
   // step's attention runs in parts, each a run of consecutive sequences of one kind (queries lie
-  // sequence by sequence): decode rows over the compact buffer, the others over the pages.
+  // sequence by sequence): decode rows over the compact buffer, the others over the pages (or the sealed
+  // blocks and the FP16 window, as hack attends).
   Status begin_step(const PagedAttentionBatch& batch) override {
     SLIMKV_RETURN_IF_ERROR(index_->begin_step(batch.sequence_ids, batch.query_counts));
     SLIMKV_RETURN_IF_ERROR(begin_store_step(batch.sequence_ids, batch.query_counts));
