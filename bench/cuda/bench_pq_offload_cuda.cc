@@ -6,13 +6,20 @@
 //   pq@offload     pq:topk=<each of --topks>,cache=<each of --caches>: the PQ index on the GPU, only the
 //                  selected tokens' K/V read from pinned host memory (kv/cuda/gpu_pq_kv.cc), those not
 //                  found in the GPU cache of selected tokens (cache=0: none; kv/cuda/pq_token_cache.h)
+//   pq+hack@offload  the same over HACK's sealed blocks of each of --hack-bits (rot=none): the selected
+//                  tokens' codes and scales read from pinned host memory and dequantized on the GPU;
+//                  per --hack-vlayouts, V's scales per column of a block (HACK's) or per token (KIVI's)
 // with the K/V bytes a step moves over PCIe (offload: every token's; kvpr: the streamed part's K/V and
-// the recomputed part's X; pq: what the selection reads from the host pages), GPU memory held for KV
+// the recomputed part's X; pq: what the selection reads from the host pages or sealed blocks, these
+// counting a block's per-column V scales once per selected token at most: the payload; the link moves
+// whole 32-byte sectors, and a token's K codes lie in head_dim / 4 pieces a sector apart: docs/pq.md),
+// GPU memory held for KV
 // (pq: its index, selection buffer, scratch and cache), that per token of the batch's contexts, the pinned
 // host memory, and pq's cache: the share of selected tokens found there and the bytes copied into it
 // per step (GPU to GPU).
 //
 //   bench_pq_offload_cuda --configs 8192x1,32768x1,131072x1,8192x8,32768x8 --topks 0.2,1024 --caches 0,4096
+//   bench_pq_offload_cuda --configs 8192x1,32768x1,131072x1 --topks 1024 --caches 0 --hack-bits 2 --hack-vlayouts channel,token
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -36,6 +43,8 @@ struct Options {
   std::vector<std::string> configs = {"8192x1", "32768x1", "131072x1", "8192x8", "32768x8"};
   std::vector<double> topks = {0.2, 1024};
   std::vector<int> caches = {0, 4096};
+  std::vector<int> hack_bits = {2};  // the pq+hack@offload rows: one per bits and V layout
+  std::vector<std::string> hack_vlayouts = {"channel"};
   int steps = 4;
 };
 
@@ -108,7 +117,7 @@ Status run(const Options& o) {
                                                        int(2 * shape.kv_dim()), DType::kF16, false));
   std::printf("# %s, random weights; link %.1f GB/s, GEMM %.0f TFLOP/s\n", o.shape.c_str(), profile.link_bytes_per_s / 1e9,
               profile.gemm_flops_per_s / 1e12);
-  std::printf("%7s %5s  %-32s %9s %11s %9s %11s %9s %10s %8s %9s %11s\n", "context", "batch", "variant", "ms/step",
+  std::printf("%7s %5s  %-50s %9s %11s %9s %11s %9s %10s %8s %9s %11s\n", "context", "batch", "variant", "ms/step",
               "vs offload", "selected", "PCIe MB/st", "GPU KV GB", "GPU KB/tok", "host GB", "cache hit", "fill MB/st");
   for (const std::string& text : o.configs) {
     SLIMKV_ASSIGN_OR_RETURN(const Config c, parse_context_batch(text));
@@ -128,6 +137,18 @@ Status run(const Options& o) {
         options.cache_tokens = cache;
         pq.pq = PqKvOptions{options, true, 0};
         variants.emplace_back(str_cat("pq:topk=", topk, ",cache=", cache, "@offload"), pq);
+        for (const int bits : o.hack_bits) {
+          for (const std::string& vlayout : o.hack_vlayouts) {
+            QuantizationConfig quantization;
+            quantization.k_bits = quantization.v_bits = bits;
+            quantization.v_per_token = vlayout == "token";
+            CudaModelOptions hack = pq;
+            hack.quantized_kv = QuantizedKvOptions{quantization, true, 0};
+            variants.emplace_back(str_cat("pq:topk=", topk, ",cache=", cache, "+hack:bits=", bits,
+                                          vlayout == "token" ? ",vlayout=token" : "", ",rot=none@offload"),
+                                  hack);
+          }
+        }
       }
     }
     double offload_ms = 0;
@@ -139,7 +160,7 @@ Status run(const Options& o) {
       }
       if (name == "dense@offload") offload_ms = m->step_ms;
       const std::string hit = m->cache_hit < 0 ? "-" : str_cat(int(100 * m->cache_hit + 0.5), "%");
-      std::printf("%7d %5d  %-32s %9.2f %10.2fx %9.3f %11.1f %9.2f %10.2f %8.2f %9s %11.1f\n", c.context, c.batch,
+      std::printf("%7d %5d  %-50s %9.2f %10.2fx %9.3f %11.1f %9.2f %10.2f %8.2f %9s %11.1f\n", c.context, c.batch,
                   name.c_str(), m->step_ms, offload_ms > 0 ? offload_ms / m->step_ms : 0.0, m->selected,
                   m->link_bytes / 1e6, m->gpu_kv_bytes / 1e9, double(m->gpu_kv_bytes) / 1e3 / (double(c.batch) * c.context),
                   m->host_bytes / 1e9, hit.c_str(), m->cache_fill_bytes / 1e6);
@@ -158,6 +179,10 @@ int main(int argc, char** argv) {
   app.add_option("--configs", o.configs, "CONTEXTxBATCH, e.g. 8192x1,131072x1")->delimiter(',');
   app.add_option("--topks", o.topks, "pq's topk values (<= 1: a fraction; > 1: tokens)")->delimiter(',');
   app.add_option("--caches", o.caches, "pq's GPU cache sizes, tokens per layer and KV head (0: none)")->delimiter(',');
+  app.add_option("--hack-bits", o.hack_bits, "bits of the pq+hack@offload rows (2, 4 or 8)")->delimiter(',');
+  app.add_option("--hack-vlayouts", o.hack_vlayouts, "V scales of the pq+hack@offload rows: channel (HACK's), token")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"channel", "token"}));
   app.add_option("--steps", o.steps, "decode steps timed per run (after two warm-up steps)")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);

@@ -314,6 +314,54 @@ TEST_F(GpuKvTest, AStepGivesEachSequenceTheBitsItGetsAlone) {
   }
 }
 
+// pq over sealed hack blocks (resident; @offload with a GPU cache of selected tokens) moves as hack's
+// sequences do: device pages, the same bytes exported again by the receiver. The receiver builds its
+// index from the blocks' keys dequantized (the sender's saw them before sealing, as on the CPU), so it
+// selects by codebooks of its own: fewer tokens than it holds, logits close to the sender's, and a
+// second receiver of the same bytes gives the first one's logits bit for bit.
+TEST_F(GpuKvTest, PqOverHackSequenceMovesAsSealedBlocks) {
+  auto cpu = take(LlamaModel::load(kBundled));
+  const ModelConfig& config = cpu->config();
+  const KvShape shape(int(config.num_layers), int(config.num_kv_heads), int(config.head_dim), int(config.head_dim), 1024);
+  const std::string pq = "pq:m=2,b=4,topk=0.25,local=16,init=4,segment=64";
+  for (const std::string& spec : {pq + "+hack:bits=4", pq + ",cache=24+hack:bits=2,rot=none@offload"}) {
+    SCOPED_TRACE(spec);
+    GpuModel sender = upload(*cpu, spec), first = upload(*cpu, spec, 0, /*max_step_tokens=*/48), second = upload(*cpu, spec);
+    const int s = take(sender.model->add_sequence());
+    std::vector<float> logits;
+    SLIMKV_ASSERT_OK(
+        sender.model->step(std::vector<SequenceTokens>{{s, random_tokens(150, int(config.vocab_size), 5)}}, false, logits));
+    int32_t next = argmax(logits);
+    std::vector<uint8_t> bytes, bytes_again;
+    SLIMKV_ASSERT_OK(export_transfer(sender.model->kv(), s, {shape, sender.pipeline, "model"}, bytes));
+    KvStore exported(shape, sender.pipeline);  // a valid transfer, as the CPU reads it
+    SLIMKV_ASSERT_OK(read_kv_transfer(bytes.data(), bytes.size(), "test", "model", exported));
+    const int r1 = take(first.model->add_sequence()), r2 = take(second.model->add_sequence());
+    SLIMKV_ASSERT_OK(import_transfer(first.model->kv(), r1, {shape, first.pipeline, "model"}, bytes, "test"));
+    SLIMKV_ASSERT_OK(import_transfer(second.model->kv(), r2, {shape, second.pipeline, "model"}, bytes, "test"));
+    EXPECT_EQ(first.model->num_tokens(r1), 150);
+    SLIMKV_ASSERT_OK(export_transfer(first.model->kv(), r1, {shape, first.pipeline, "model"}, bytes_again));
+    EXPECT_TRUE(bytes_again == bytes) << "the receiver holds the sender's bytes";
+    double error = 0;
+    bool selected_fewer = false;
+    for (int step = 0; step < 70; ++step) {  // across a block boundary: sealing goes on alike
+      const std::vector<int32_t> token = {next};
+      std::vector<float> sent, received, received_again;
+      SLIMKV_ASSERT_OK(sender.model->step(std::vector<SequenceTokens>{{s, token}}, false, sent));
+      SLIMKV_ASSERT_OK(first.model->step(std::vector<SequenceTokens>{{r1, token}}, false, received));
+      SLIMKV_ASSERT_OK(second.model->step(std::vector<SequenceTokens>{{r2, token}}, false, received_again));
+      ASSERT_TRUE(received == received_again) << "step " << step;
+      const SelectionReport report = first.model->kv().selection();
+      selected_fewer = selected_fewer || report.selected_tokens < report.held_tokens;
+      error = std::max(error, relative_max_error(received, sent));
+      next = argmax(sent);
+    }
+    std::printf("%s: imported against the sender, max error / max|logit| %.2e\n", spec.c_str(), error);
+    EXPECT_TRUE(selected_fewer) << "no step selected fewer tokens than held";
+    EXPECT_LT(error, 0.25);
+  }
+}
+
 // A server's step: decode rows of pq beside a prompt chunk (between them, so that the step's attention
 // runs in three parts and the decode rows' queries are gathered) select by the rule they select by
 // alone — the same number of tokens as the two decode steps run one by one, fewer than they hold — and

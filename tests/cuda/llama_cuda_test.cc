@@ -255,7 +255,6 @@ TEST_F(CudaModelTest, EngineRefusesWhatTheGpuDoesNotRun) {
            {"hack:kbits=4,vbits=2,rot=none", "kbits != vbits"},
            {"hack:bits=4,rot=none,prefill=quantized", "prefill=quantized"},
            {"oracle:topk=0.2", "selector"},
-           {"pq:topk=0.2+hack:bits=4,rot=none", "pq with a quantizing codec"},
            {"quant:bits=2,klayout=channel,vlayout=token,rot=none", "quant with klayout=channel"},
            {"dense@offload:cache=128", "do not apply"},
            {"dense:dtype=bf16", "bf16"}}) {

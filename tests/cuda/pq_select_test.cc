@@ -3,7 +3,9 @@
 // reference) on random, tied, all-equal and ±inf scores (NaNs: against the order of their bits); the
 // whole selection (tables, ADC, top-k, exact re-rank, gather) against the CPU selector's steps (PqCodebook's reference table and score_codes,
 // top_k_indices_reference, the exact re-rank of topk_selector.cc) on the same keys, queries and
-// codebooks; and the bundled model: pq:topk=1.0 equals dense, @offload equals resident.
+// codebooks, over FP16 pages and over sealed `hack` / `quant` blocks (the re-rank's keys and the
+// gathered K/V dequantized as dequantize_tokens does); and the bundled model: pq:topk=1.0 equals dense,
+// @offload equals resident, pq:topk=1.0+hack equals hack, pq+hack@offload equals pq+hack resident.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,15 +14,20 @@
 #include <fstream>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <string>
 
 #include "cuda_test_util.h"
+#include "golden_models.h"
 #include "kv/cuda/pq_select.h"
 #include "kv/cuda/pq_token_cache.h"
+#include "kv/cuda/quantized_kv_pool.h"
 #include "kv/select/pq_codebook.h"
 #include "kv/select/top_k.h"
 #include "slimkv/engine.h"
 #include "slimkv/tokenizer.h"
+#include "tensor/quantized_block.h"
+#include "util/half.h"
 #include "source_dir.h"
 
 namespace slimkv::cuda {
@@ -144,8 +151,10 @@ TEST_F(PqSelectTest, TopKEqualsASortOnRandomAndTiedScores) {
 }
 
 // Sequences of `lengths` tokens keeping ks[s] of their middle tokens (rerank 1.25): random keys, GQA
-// groups of 2.
-void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, const std::vector<int>& ks) {
+// groups of 2. sealed: every full block also sealed in that config's blocks (quantize_block), which the
+// selection reads instead of the pages for the tokens before each sequence's open block.
+void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, const std::vector<int>& ks,
+                                               const QuantizationConfig* sealed = nullptr) {
   const int heads = 4, kv_heads = 2, group = 2, d = 64, m = 2, bits = 6, segment = 256;
   const int longest = *std::max_element(lengths.begin(), lengths.end());
   const int max_tokens = (longest + segment - 1) / segment * segment, blocks_per_seq = max_tokens / kCudaBlockTokens;
@@ -243,6 +252,49 @@ void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, 
   launch.out_k = out_k.data();
   launch.out_v = out_v.data();
   launch.out_blocks_per_row = out_blocks;
+  // The sealed blocks [rows · blocks_per_seq, kv_heads, block_bytes] (the pages' block ids), and every
+  // sealed token's K/V dequantized: what the selection must read of them.
+  std::optional<QuantizedBlockLayout> layout;
+  DeviceArray<uint8_t> d_sealed;
+  if (sealed != nullptr) {
+    layout.emplace(*sealed, BlockShape{kCudaBlockTokens, d, d});
+    const size_t block_bytes = layout->block_bytes, page = size_t(kCudaBlockTokens) * d;
+    std::vector<uint8_t> blocks(size_t(rows) * blocks_per_seq * kv_heads * block_bytes);
+    std::vector<float> k_block(page), v_block(page);
+    for (int s = 0; s < rows; ++s) {
+      for (int b = 0; b < lengths[size_t(s)] / kCudaBlockTokens; ++b) {
+        for (int g = 0; g < kv_heads; ++g) {
+          const size_t first = at(s, g, b * kCudaBlockTokens);
+          std::copy(kf.begin() + ptrdiff_t(first), kf.begin() + ptrdiff_t(first + page), k_block.begin());
+          std::copy(vf.begin() + ptrdiff_t(first), vf.begin() + ptrdiff_t(first + page), v_block.begin());
+          uint8_t* block = blocks.data() + (size_t(s * blocks_per_seq + b) * kv_heads + size_t(g)) * block_bytes;
+          quantize_block(*layout, k_block.data(), v_block.data(), uint64_t(1000 * s + 10 * b + g), block);
+          std::vector<float> k_out(page), v_out(page);
+          dequantize_block(*layout, block, k_out.data(), v_out.data());
+          std::copy(k_out.begin(), k_out.end(), kf.begin() + ptrdiff_t(first));
+          std::copy(v_out.begin(), v_out.end(), vf.begin() + ptrdiff_t(first));
+        }
+      }
+    }
+    d_sealed = take(DeviceArray<uint8_t>::allocate(blocks.size(), "sealed blocks"));
+    SLIMKV_ASSERT_OK(d_sealed.upload(blocks.data(), blocks.size()));
+    QuantizedKvView& view = launch.sealed;
+    view.blocks = d_sealed.data();
+    view.block_tables = d_tables.data();
+    view.k_bits = sealed->k_bits;
+    view.v_bits = sealed->v_bits;
+    view.offsets = quantized_block_offsets(*layout);
+    view.k_per_channel = sealed->k_per_channel;
+    view.v_per_token = sealed->v_per_token;
+    view.k_group_tokens = layout->k_group_tokens;
+    view.v_group_dims = layout->v_group_dims;
+  }
+  // What the gather writes of token t: the page's FP16, or the sealed token dequantized and rounded.
+  const auto stored = [&](const std::vector<uint16_t>& page, const std::vector<float>& decoded, int s, size_t i) {
+    const int block = int(i / (size_t(d) * kCudaBlockTokens * kv_heads)) % blocks_per_seq;
+    const int t = block * kCudaBlockTokens + int(i / size_t(d)) % kCudaBlockTokens;
+    return sealed != nullptr && t < lengths[size_t(s)] / kCudaBlockTokens * kCudaBlockTokens ? float_to_fp16(decoded[i]) : page[i];
+  };
   SLIMKV_ASSERT_OK(pq_select_and_gather(launch));
   std::vector<uint16_t> got_k(pool), got_v(pool);
   SLIMKV_ASSERT_OK(out_k.download(got_k.data(), pool));
@@ -283,7 +335,8 @@ void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, 
       for (int i = 0; i < r.selected; ++i) {
         const size_t from = at(s, g, expected[size_t(i)]), to = at(s, g, i);
         for (int c = 0; c < d; ++c) {
-          mismatches += got_k[to + size_t(c)] != k_pool[from + size_t(c)] || got_v[to + size_t(c)] != v_pool[from + size_t(c)];
+          mismatches += got_k[to + size_t(c)] != stored(k_pool, kf, s, from + size_t(c)) ||
+                        got_v[to + size_t(c)] != stored(v_pool, vf, s, from + size_t(c));
         }
       }
       EXPECT_EQ(mismatches, 0) << "sequence " << s << ", KV head " << g;
@@ -301,6 +354,30 @@ TEST_F(PqSelectTest, SelectionEqualsTheCpuSelectorsOnTheSameCodebooks) {
   {
     SCOPED_TRACE("lengths 20000, 9000");
     expect_selection_equals_the_cpu_selectors({20000, 9000}, {7000, 1024});
+  }
+}
+
+// The same over sealed blocks (pq:...+hack / +quant): HACK's layout at 2 bits, KIVI's (K per channel in
+// groups of 16 tokens, V per token in groups of 32 columns) at 4, K per channel over the block and V per
+// token in groups of 2 columns at 2, and 8 bits; lengths ending inside a block (its open tokens read
+// from the pages).
+TEST_F(PqSelectTest, SelectionOverSealedBlocksEqualsTheCpuSelectorsOnDequantizedKeys) {
+  QuantizationConfig hack2;
+  QuantizationConfig kivi4;
+  kivi4.k_bits = kivi4.v_bits = 4;
+  kivi4.k_per_channel = kivi4.v_per_token = true;
+  kivi4.k_group = 16;
+  kivi4.v_group = 32;
+  QuantizationConfig pairs2;
+  pairs2.k_per_channel = pairs2.v_per_token = true;
+  pairs2.v_group = 2;
+  QuantizationConfig nearest8;
+  nearest8.k_bits = nearest8.v_bits = 8;
+  nearest8.rounding = Rounding::kNearest;
+  for (const auto& [name, config] : {std::pair{"hack bits=2", hack2}, std::pair{"kivi bits=4", kivi4},
+                                     std::pair{"bits=2 vgroup=2", pairs2}, std::pair{"bits=8 nearest", nearest8}}) {
+    SCOPED_TRACE(name);
+    expect_selection_equals_the_cpu_selectors({1500, 931}, {100, 150}, &config);
   }
 }
 
@@ -351,6 +428,59 @@ TEST_F(PqSelectTest, BundledModelTopkOneEqualsDenseAndOffloadEqualsResident) {
     EXPECT_TRUE(run(*offload) == selected) << spec;
   }
   EXPECT_FALSE(selected == expected);  // the selection changes the logits
+
+  // Over sealed hack blocks (rot=hadamard by default: the model turns q, k, v; the index clusters the
+  // turned keys, as the CPU's): topk=1.0 resident selects nothing and attends as hack does; the
+  // selection read from host memory, or its GPU cache, equals the resident one.
+  auto hack = load("hack:bits=4");
+  auto all = load("pq:topk=1.0+hack:bits=4");
+  EXPECT_TRUE(run(*all) == run(*hack)) << "pq:topk=1.0+hack:bits=4";
+  for (const auto& [resident_spec, offload_spec] : std::vector<std::pair<std::string, std::string>>{
+           {"pq:topk=0.3+hack:bits=4", "pq:topk=0.3+hack:bits=4@offload"},
+           {"pq:topk=0.3+hack:bits=4", "pq:topk=0.3,cache=96,policy=lfu+hack:bits=4@offload"},
+           {"pq:topk=0.3+hack:bits=2,rot=none", "pq:topk=0.3,cache=0+hack:bits=2,rot=none@offload"}}) {
+    auto resident_hack = load(resident_spec), offload_hack = load(offload_spec);
+    EXPECT_TRUE(run(*offload_hack) == run(*resident_hack)) << offload_spec;
+  }
+  auto hack_resident = load("pq:topk=0.3+hack:bits=4");
+  const auto hack_selected = run(*hack_resident);
+  EXPECT_FALSE(hack_selected == run(*hack));
+}
+
+// pq+hack on the GPU against the CPU engine's, fed the same tokens: the logits as close as hack's alone
+// on the two devices allow (BF16 activations on the GPU move the keys, so a few selected tokens may
+// differ), printed beside it.
+TEST_F(PqSelectTest, BundledModelPqOverHackIsCloseToTheCpu) {
+  const std::string dir = slimkv::test::source_dir() + "/models/slimkv-llama-15m";
+  const auto load = [&](const std::string& kv, const char* device) {
+    EngineConfig config;
+    config.model_dir = dir;
+    config.kv_spec = kv;
+    config.device = device;
+    config.threads = 2;
+    config.max_sequences = 1;
+    return take(Engine::load(config));
+  };
+  std::ifstream in(dir + "/heldout.txt");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  text.resize(6000);
+  double errors[2] = {0, 0};
+  const char* specs[2] = {"hack:bits=4", "pq:topk=0.3+hack:bits=4"};
+  for (int i = 0; i < 2; ++i) {
+    auto gpu = load(specs[i], "cuda"), cpu = load(specs[i], "cpu");
+    std::vector<int32_t> prompt = cpu->tokenizer()->encode(text, true);
+    prompt.resize(1200);
+    auto gpu_session = gpu->new_session(), cpu_session = cpu->new_session();
+    auto gpu_logits = take(gpu_session->prefill(prompt)), cpu_logits = take(cpu_session->prefill(prompt));
+    for (int step = 0; step < 8; ++step) {
+      errors[i] = std::max(errors[i], relative_max_error(gpu_logits, cpu_logits));
+      const int32_t next = int32_t(std::max_element(cpu_logits.begin(), cpu_logits.end()) - cpu_logits.begin());
+      gpu_logits = take(gpu_session->decode(next));
+      cpu_logits = take(cpu_session->decode(next));
+    }
+  }
+  std::printf("GPU against CPU, max error / max|logit|: %s %.2e, %s %.2e\n", specs[0], errors[0], specs[1], errors[1]);
+  EXPECT_LT(errors[1], std::max(5e-2, 3 * errors[0]));
 }
 
 // A GPU cache larger than the policy's sort allows is refused at load, naming the option and its range.

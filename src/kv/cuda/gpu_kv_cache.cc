@@ -120,10 +120,10 @@ Expected<std::unique_ptr<GpuKvCache>> make_gpu_kv_cache(const GpuKvShape& shape,
     return error("GPU KV cache: zack followed by a quantizing codec with a host tier does not run on device 'cuda' yet");
   }
   if (options.pq) {
-    if (options.zack || options.quantized || options.tier) {
-      return error("GPU KV cache: pq with zack, a quantizing codec or a host tier does not run on device 'cuda' yet");
+    if (options.zack || options.tier) {
+      return error("GPU KV cache: pq with zack or a host tier does not run on device 'cuda' yet");
     }
-    return make_gpu_pq_kv(shape, *options.pq, options.kv_cache_bytes);
+    return make_gpu_pq_kv(shape, *options.pq, options.quantized, options.kv_cache_bytes);
   }
   if (options.zack && options.tier) return make_gpu_zack_host_kv(shape, *options.zack, *options.tier, options.kv_cache_bytes);
   if (options.tier) return make_gpu_host_tier_kv(shape, options, projection);

@@ -9,6 +9,7 @@
 //   ZACK's per-head ranks (`zack`, `@offload`) gpu_zack_kv.cc         over zack_kv_cache.h
 //   zack then hack / quant (`zack+hack`)      gpu_zack_quantized_kv.cc over quantized_kv_cache.h (HeadDims)
 //   PQCache's selection (`pq`, `pq@offload`)   gpu_pq_kv.cc           over paged_kv_cache.h, pq_select.h
+//     (`pq...+hack`, its `@offload`)                                  over quantized_kv_cache.h, pq_select.h
 //   FP16 pages with sliding-window layers     gpu_sliding_dense_kv.cc over paged_kv_cache.h (two pools)
 //
 // A step of several sequences (prefill chunks and decode tokens mixed):
@@ -40,6 +41,8 @@ class KvStore;
 }
 
 namespace slimkv::cuda {
+
+class CudaQuantizedKvCache;
 
 // The model's shape, as the KV caches need it.
 struct GpuKvShape {
@@ -99,8 +102,9 @@ struct ZackKvOptions {
   bool rotate = false;
 };
 
-// PQCache (gpu_pq_kv.cc): the pq selector's options; the FP16 pages in pinned host memory (`@offload`),
-// only the selected tokens read from there, or resident in GPU memory.
+// PQCache (gpu_pq_kv.cc): the pq selector's options; the FP16 pages (with a quantizing codec, its sealed
+// blocks) in pinned host memory (`@offload`), only the selected tokens read from there, or resident in
+// GPU memory.
 struct PqKvOptions {
   PqOptions pq;
   bool offload = false;
@@ -121,7 +125,7 @@ struct GpuKvOptions {
   std::optional<QuantizedKvOptions> quantized;  // none: the `dense` codec (FP16 blocks)
   std::optional<ZackKvOptions> zack;            // reduced dims (FP16 blocks, or sealed by `quantized`; FP16 with a tier)
   std::optional<KvTierOptions> tier;            // none: every block in GPU memory
-  std::optional<PqKvOptions> pq;                // PQCache's selection (FP16 pages, its own offload)
+  std::optional<PqKvOptions> pq;                // PQCache's selection (its own offload; over `quantized` or FP16 pages)
   // GPU memory for KV (quantized: the sealed pool and the FP16 window; a tier: its two staging
   // buffers); 0: room for max_sequences full contexts (a tier: one layer's of them in each buffer), or
   // what fits in 90% of the free memory, whichever is less.
@@ -245,6 +249,14 @@ std::vector<uint64_t> page_offsets(int num_layers, int blocks, size_t page_bytes
 std::vector<uint64_t> pool_offsets(int num_layers, const std::vector<int>& block_ids, int blocks, size_t layer_bytes,
                                    size_t block_bytes);
 
+// A quantized cache's part of GpuKvCache, shared by the caches over one (gpu_quantized_kv.cc, and
+// gpu_pq_kv.cc over sealed blocks): its device pages (every KV head's sealed block as the pool holds it);
+// the empty `sequence` made to hold `blocks` sealed blocks copied from device `pages` (an error when the
+// budget lacks room for them and `open_tokens` more); a layer's open tokens into `into`.
+GpuKvCache::DevicePages sealed_device_pages(const CudaQuantizedKvCache& cache);
+Status import_sealed_pages(CudaQuantizedKvCache& cache, int sequence, int blocks, const uint8_t* pages, int open_tokens);
+Status restore_sealed_open_layer(const CudaQuantizedKvCache& cache, int sequence, int layer, KvStore& into);
+
 // The implementations (one file each).
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_dense_kv(const GpuKvShape& shape, int num_blocks);
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_quantized_kv(const GpuKvShape& shape, const QuantizedKvOptions& options,
@@ -257,8 +269,9 @@ Expected<std::unique_ptr<GpuKvCache>> make_gpu_zack_host_kv(const GpuKvShape& sh
                                                             const KvTierOptions& tier, size_t kv_cache_bytes);
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_zack_quantized_kv(const GpuKvShape& shape, const QuantizedKvOptions& quantized,
                                                                  const ZackKvOptions& zack, int num_blocks);
+// sealed: the codec's blocks (`pq:...+hack`); none: FP16 pages.
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_pq_kv(const GpuKvShape& shape, const PqKvOptions& options,
-                                                     size_t kv_cache_bytes);
+                                                     const std::optional<QuantizedKvOptions>& sealed, size_t kv_cache_bytes);
 // Sliding-window layers (shape.layer_windows): num_blocks of the global layers' pool (the budget), the
 // sliding layers' pool sized by the window (sliding_window_pool_bytes); global_layers_block_bytes: a
 // block of the global layers, the budget's unit.

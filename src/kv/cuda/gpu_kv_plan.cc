@@ -35,7 +35,8 @@ Expected<std::optional<KvTierOptions>> tier_options(const KvPipeline& pipeline, 
 Expected<GpuKvPlan> plan_gpu_kv(const KvPipeline& pipeline, const std::string& spec, int hidden, int kv_dim) {
   const auto refuse = [&](const std::string& what) {
     return error("KV spec '", spec, "': ", what, " does not run on device 'cuda' yet (there: dense, or hack / quant ",
-                 "with kbits = vbits, pi=64, or zack over dense, hack or quant; the pq selector over dense; the offload and kvpr tiers)");
+                 "with kbits = vbits, pi=64, or zack over dense, hack or quant; the pq selector over dense, hack or ",
+                 "quant; the offload and kvpr tiers)");
   };
   const PqOptions* pq = pipeline.selector ? pipeline.selector->pq_options() : nullptr;
   if (pipeline.selector && pq == nullptr) return refuse(str_cat("the selector ", pipeline.selector->describe()));
@@ -72,9 +73,11 @@ Expected<GpuKvPlan> plan_gpu_kv(const KvPipeline& pipeline, const std::string& s
   }
   if (format.runs_as) plan.pipeline.codec = format.runs_as;
   if (pq != nullptr) {  // its own offload: the selected tokens read from pinned host memory
-    if (plan.options.quantized || pipeline.zack || pipeline.kvpr || pipeline.hadamard) {
-      return refuse("pq with a quantizing codec, zack, rot=hadamard or kvpr");
-    }
+    if (pipeline.zack || pipeline.kvpr) return refuse("pq with zack or kvpr");
+    // rot=hadamard: the model turns q, k and v (rotate_heads), so the index clusters the rotated keys
+    // and the selection scores them with rotated queries, as the CPU store does; over FP16 pages the
+    // rotation is HACK's and stays refused.
+    if (pipeline.hadamard && !plan.options.quantized) return refuse("pq over dense with rot=hadamard");
     plan.options.pq = PqKvOptions{*pq, pipeline.offload.has_value(), pipeline.seed};
     return plan;
   }

@@ -9,6 +9,18 @@
 // (pq_token_cache.h, `cache` tokens per layer and KV head, `policy` lru or lfu; cache=0: none) serves
 // the tokens that recent steps selected. A sequence moves out and in (preemption, disaggregation) as
 // dense FP16 blocks through a host store; the PQ index is rebuilt from the imported keys.
+//
+// With a quantizing codec (`pq:...+hack:bits=B`, `+quant`): the store is the quantized cache's
+// (quantized_kv_cache.h: 64-token blocks sealed in the codec's bytes, the open block FP16), its sealed
+// pool in pinned host memory with @offload (the FP16 window stays on the GPU). The index clusters the
+// keys as they arrive, before sealing (the CPU store hands its selector the block's keys it seals, not
+// them decoded); the re-rank scores the candidates' keys dequantized from their blocks and the gather
+// writes the selected tokens dequantized into the compact FP16 buffer, reading only their codes and
+// scales (pq_select.h). Steps without selection, and prefill chunks, attend as the quantized cache does
+// (run_quantized). A sequence moves out and in as hack's do (device pages: its sealed blocks as they
+// are, then the open tokens); the importing cache builds the index from the blocks' keys dequantized,
+// as the CPU store does from restored blocks (so its selections may differ from the exporter's, whose
+// index saw the keys before sealing).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -20,6 +32,7 @@
 #include "kv/cuda/pq_gpu_index.h"
 #include "kv/cuda/pq_select.h"
 #include "kv/cuda/pq_token_cache.h"
+#include "kv/cuda/quantized_kv_cache.h"
 #include "kv/store.h"
 
 namespace slimkv::cuda {
@@ -27,11 +40,12 @@ namespace {
 
 class GpuPqKv final : public GpuKvCache {
  public:
-  GpuPqKv(const GpuKvShape& shape, const PqKvOptions& options) : shape_(shape), options_(options) {}
+  GpuPqKv(const GpuKvShape& shape, const PqKvOptions& options, const std::optional<QuantizedKvOptions>& sealed)
+      : shape_(shape), options_(options), sealed_options_(sealed) {}
 
-  // The index and the selection's buffers first; then the pages: in host memory (@offload) room for
-  // every sequence's full context, else what kv_cache_bytes says, or every full context within 90% of
-  // the free GPU memory.
+  // The index and the selection's buffers first; then the pages (or sealed blocks): in host memory
+  // (@offload) room for every sequence's full context, else what kv_cache_bytes says, or every full
+  // context within 90% of the free GPU memory (the quantized cache's FP16 window taken first).
   Status init(size_t kv_cache_bytes) {
     SLIMKV_ASSIGN_OR_RETURN(index_, CudaPqIndex::create({shape_.num_layers, shape_.num_kv_heads, shape_.head_dim,
                                                          shape_.max_sequences, shape_.context_tokens, shape_.max_step_tokens},
@@ -62,21 +76,30 @@ class GpuPqKv final : public GpuKvCache {
     SLIMKV_ASSIGN_OR_RETURN(lengths_, DeviceArray<int>::allocate(4 * rows, "selection lengths"));
     SLIMKV_ASSIGN_OR_RETURN(top_k_, DeviceArray<int>::allocate(top_k_scratch_ints(int(rows * heads), context), "top-k scratch"));
     SLIMKV_ASSIGN_OR_RETURN(rows_, DeviceArray<PqSelectRow>::allocate(rows, "selection rows"));
+    CudaKvShape kv_shape{shape_.num_layers,    shape_.num_kv_heads,          shape_.head_dim,           0,
+                         shape_.max_sequences, shape_.blocks_per_sequence(), shape_.max_step_tokens, options_.offload};
+    size_t block_bytes = fp16_block_bytes(), window_bytes = 0;
+    if (sealed_options_) {
+      SLIMKV_ASSIGN_OR_RETURN(block_bytes, CudaQuantizedKvCache::sealed_block_bytes(kv_shape, sealed_options_->config));
+      if (!options_.offload) window_bytes = size_t(CudaQuantizedKvCache::window_blocks(kv_shape)) * fp16_block_bytes();
+    }
     size_t num_blocks = size_t(shape_.max_sequences) * size_t(shape_.blocks_per_sequence());
     if (!options_.offload) {
       size_t budget = kv_cache_bytes;
       if (budget == 0) {
         SLIMKV_ASSIGN_OR_RETURN(const size_t free_bytes, device_free_memory());
-        budget = std::min(num_blocks * bytes_per_block(), free_bytes / 10 * 9);
+        budget = std::min(num_blocks * block_bytes + window_bytes, free_bytes / 10 * 9);
       }
-      num_blocks = budget / bytes_per_block();
-      if (num_blocks == 0) return error("pq on device 'cuda': no room for a single KV block of ", bytes_per_block(), " bytes");
+      num_blocks = budget > window_bytes ? (budget - window_bytes) / block_bytes : 0;
+      if (num_blocks == 0) return error("pq on device 'cuda': no room for a single KV block of ", block_bytes, " bytes");
     }
-    const CudaKvShape kv_shape{shape_.num_layers,    shape_.num_kv_heads,          shape_.head_dim,
-                               int(std::min<size_t>(num_blocks, 1u << 30)),
-                               shape_.max_sequences, shape_.blocks_per_sequence(), shape_.max_step_tokens,
-                               options_.offload};
-    SLIMKV_ASSIGN_OR_RETURN(cache_, CudaPagedKvCache::create(kv_shape));
+    kv_shape.num_blocks = int(std::min<size_t>(num_blocks, 1u << 30));
+    if (sealed_options_) {
+      const QuantizedKvOptions& q = *sealed_options_;
+      SLIMKV_ASSIGN_OR_RETURN(sealed_, CudaQuantizedKvCache::create(kv_shape, q.config, q.hack, q.seed));
+    } else {
+      SLIMKV_ASSIGN_OR_RETURN(pages_, CudaPagedKvCache::create(kv_shape));
+    }
     const PagedAttentionShape attention{shape_.num_heads, shape_.num_kv_heads, shape_.head_dim, shape_.max_sequences,
                                         shape_.max_step_tokens};
     SLIMKV_ASSIGN_OR_RETURN(full_attention_, CudaPagedAttention::create(attention));
@@ -97,53 +120,66 @@ class GpuPqKv final : public GpuKvCache {
     return Status::ok();
   }
 
-  const SequenceBlocks& sequences() const override { return cache_->sequences(); }
+  const SequenceBlocks& sequences() const override { return sealed_ ? sealed_->sequences() : pages_->sequences(); }
   Expected<int> add_sequence() override {
-    SLIMKV_ASSIGN_OR_RETURN(const int sequence, cache_->sequences().add_sequence());
+    SLIMKV_ASSIGN_OR_RETURN(const int sequence, sealed_ ? sealed_->add_sequence() : pages_->sequences().add_sequence());
     SLIMKV_RETURN_IF_ERROR(index_->reset_sequence(sequence));
     if (token_cache_) SLIMKV_RETURN_IF_ERROR(token_cache_->reset_sequence(sequence));
     return sequence;
   }
-  void remove_sequence(int sequence) override { cache_->sequences().remove_sequence(sequence); }
-  // GPU memory: the pages (unless offloaded), the index, the selection's buffer and scratch, the cache
-  // of selected tokens.
+  void remove_sequence(int sequence) override {
+    if (sealed_) return sealed_->remove_sequence(sequence);
+    pages_->sequences().remove_sequence(sequence);
+  }
+  // GPU memory: the pages (unless offloaded; sealed: the quantized cache's, its FP16 window always), the
+  // index, the selection's buffer and scratch, the cache of selected tokens.
   size_t device_bytes() const override {
-    return (options_.offload ? 0 : size_t(cache_->shape().num_blocks) * bytes_per_block()) + index_->device_bytes() +
+    const size_t pages = pages_ ? size_t(pages_->shape().num_blocks) * bytes_per_block() : 0;
+    const size_t store = sealed_ ? sealed_->bytes() : options_.offload ? 0 : pages;
+    return store + index_->device_bytes() +
            (token_cache_ ? token_cache_->device_bytes() : 0) +
            compact_k_.bytes() + compact_v_.bytes() + tables_.bytes() + scores_.bytes() + ranked_.bytes() + kept_.bytes() +
            exact_.bytes() + candidate_keys_.bytes() + top_k_.bytes() + decode_queries_.bytes();
   }
   size_t host_bytes() const override {
-    return (options_.offload ? size_t(cache_->shape().num_blocks) * bytes_per_block() : 0) + index_->host_bytes();
+    const size_t pages = pages_ ? size_t(pages_->shape().num_blocks) * bytes_per_block() : 0;
+    const size_t store = sealed_ ? sealed_->host_bytes() : options_.offload ? pages : 0;
+    return store + index_->host_bytes();
   }
   size_t bytes_per_block() const override {
-    return size_t(shape_.num_layers) * size_t(shape_.num_kv_heads) * 2 * kCudaBlockTokens * size_t(shape_.head_dim) * 2;
+    if (sealed_) return size_t(shape_.num_layers) * size_t(shape_.num_kv_heads) * sealed_->layout().block_bytes;
+    return fp16_block_bytes();
   }
-  // The cache's counts wait for its last update; a hit saved reading the token's K and V from the pages.
+  // The cache's counts wait for its last update; a hit saved reading the token's K and V from the store
+  // (sealed: their codes and scales, about).
   SelectionReport selection() const override {
     SelectionReport report = report_;
     if (!token_cache_ || !select_) return report;
+    const size_t hit_saves =
+        sealed_ ? dequantized_token_bytes(sealed_->layout(), 1, true, true) : size_t(shape_.head_dim) * 4;
     const Expected<PqCacheCounters> counters = token_cache_->counters();
     if (!counters.has_value()) return report;  // the device failed: the next step reports it
-    const size_t row_bytes = size_t(shape_.head_dim) * 2 * 2;
+    const size_t row_bytes = size_t(shape_.head_dim) * 2 * 2;  // FP16 K and V: what a hit copies
     report.cache_used_tokens = counters->used_tokens;
     report.cache_hit_tokens = counters->hit_tokens;
     report.cache_filled_bytes = size_t(counters->filled_tokens) * row_bytes;
-    report.page_bytes_read -= std::min(report.page_bytes_read, size_t(counters->hit_tokens) * row_bytes);
+    report.page_bytes_read -= std::min(report.page_bytes_read, size_t(counters->hit_tokens) * hit_saves);
     return report;
   }
 
   Status check_step(const PagedAttentionBatch& batch) const override {
+    if (sealed_) return sealed_->check_step(batch.sequence_ids, batch.query_counts);
     return check_blocks_for_step(sequences(), batch, options_.offload ? "host" : "GPU");
   }
 
   // Decode rows (one query) select; the step's other sequences (prefill chunks) attend to every token,
   // so that a sequence's selection does not depend on what shares its step (a server's batch). The
   // step's attention runs in parts, each a run of consecutive sequences of one kind (queries lie
-  // sequence by sequence): decode rows over the compact buffer, the others over the pages.
+  // sequence by sequence): decode rows over the compact buffer, the others over the pages (or the sealed
+  // blocks and the FP16 window, as hack attends).
   Status begin_step(const PagedAttentionBatch& batch) override {
     SLIMKV_RETURN_IF_ERROR(index_->begin_step(batch.sequence_ids, batch.query_counts));
-    SLIMKV_RETURN_IF_ERROR(cache_->begin_step(batch.sequence_ids, batch.query_counts));
+    SLIMKV_RETURN_IF_ERROR(begin_store_step(batch.sequence_ids, batch.query_counts));
     report_ = SelectionReport{};
     plan_rows(batch);
     // Resident pages attended whole need no copy.
@@ -181,9 +217,9 @@ class GpuPqKv final : public GpuKvCache {
 
   Status attend(int layer, const uint16_t* q, const uint16_t* k, const uint16_t* v, float scale,
                 uint16_t* out) override {
-    SLIMKV_RETURN_IF_ERROR(cache_->append(layer, k, v));
+    SLIMKV_RETURN_IF_ERROR(append_to_store(layer, k, v));
     SLIMKV_RETURN_IF_ERROR(index_->keep_keys(layer, k));
-    if (!select_) return full_attention_->run(cache_->view(layer), q, scale, out);
+    if (!select_) return attend_store(*full_attention_, layer, q, scale, out);
     SLIMKV_RETURN_IF_ERROR(index_->finish_layer(layer));
     PqSelectLaunch launch;
     launch.rows = rows_.data();
@@ -207,7 +243,8 @@ class GpuPqKv final : public GpuKvCache {
     launch.num_heads = shape_.num_heads;
     launch.num_kv_heads = shape_.num_kv_heads;
     launch.index = index_->view(layer);
-    launch.source = cache_->view(layer);
+    launch.source = fp16_view(layer);
+    if (sealed_) launch.sealed = sealed_->sealed_view(layer);
     launch.scratch = PqSelectScratch{tables_.data(), scores_.data(), ranked_.data(), exact_.data(), candidate_keys_.data(),
                                      kept_.data(), lengths_.data(), top_k_.data(), shape_.context_tokens, std::max(1, max_candidates_)};
     launch.out_k = compact_k_.data();
@@ -227,25 +264,55 @@ class GpuPqKv final : public GpuKvCache {
     const size_t q_width = size_t(shape_.num_heads) * size_t(shape_.head_dim);
     for (size_t p = 0; p < parts_.size(); ++p) {
       const size_t first = size_t(parts_[p].first_query) * q_width;
-      SLIMKV_RETURN_IF_ERROR(part_attention_[p]->run(parts_[p].decode ? compact : cache_->view(layer), q + first, scale,
-                                                     out + first));
+      if (parts_[p].decode) {
+        SLIMKV_RETURN_IF_ERROR(part_attention_[p]->run(compact, q + first, scale, out + first));
+      } else {
+        SLIMKV_RETURN_IF_ERROR(attend_store(*part_attention_[p], layer, q + first, scale, out + first));
+      }
     }
     return Status::ok();
   }
 
   Status begin_fill(int sequence, int tokens) override {
     SLIMKV_RETURN_IF_ERROR(index_->begin_step({sequence}, {tokens}));
-    return cache_->begin_step({sequence}, {tokens});
+    return begin_store_step({sequence}, {tokens});
   }
   Status fill(int layer, const uint16_t* k, const uint16_t* v, const void* /*x*/) override {
-    SLIMKV_RETURN_IF_ERROR(cache_->append(layer, k, v));
+    SLIMKV_RETURN_IF_ERROR(append_to_store(layer, k, v));
     return index_->keep_keys(layer, k);
+  }
+
+  // Over sealed blocks: device pages as hack's (the pool in host memory with @offload: the copy kernels
+  // read and write it through its mapping). FP16 pages have none (export_sequence below).
+  DevicePages device_pages() const override { return sealed_ ? sealed_device_pages(*sealed_) : DevicePages{}; }
+
+  // The sealed blocks copied in, then the index fed their keys dequantized (pq_sealed_keys) a step's
+  // tokens at a time, as fills feed it, then the open tokens appended as fills append them.
+  Status import_pages(int sequence, int blocks, const uint8_t* pages, const KvStore& open) override {
+    if (!sealed_) return GpuKvCache::import_pages(sequence, blocks, pages, open);
+    SLIMKV_RETURN_IF_ERROR(import_sealed_pages(*sealed_, sequence, blocks, pages, open.num_tokens(0)));
+    const int sealed_tokens = blocks * kCudaBlockTokens, chunk = std::min(sealed_tokens, shape_.max_step_tokens);
+    SLIMKV_ASSIGN_OR_RETURN(auto keys, DeviceArray<uint16_t>::allocate(size_t(std::max(chunk, 1)) * size_t(shape_.kv_dim()),
+                                                                       "the imported blocks' keys"));
+    for (int first = 0; first < sealed_tokens; first += chunk) {
+      const int n = std::min(chunk, sealed_tokens - first);
+      SLIMKV_RETURN_IF_ERROR(index_->begin_step({sequence}, {n}));
+      for (int l = 0; l < shape_.num_layers; ++l) {
+        SLIMKV_RETURN_IF_ERROR(pq_sealed_keys({sealed_->sealed_view(l), sealed_->shape().max_blocks_per_sequence,
+                                               shape_.num_kv_heads, shape_.head_dim, sequence, first, n, keys.data()}));
+        SLIMKV_RETURN_IF_ERROR(index_->keep_keys(l, keys.data()));
+      }
+    }
+    return append_store_rows(
+        open, 0, open.num_tokens(0), shape_.max_step_tokens, [&](int n) { return begin_fill(sequence, n); },
+        [&](int layer, const uint16_t* k, const uint16_t* v) { return fill(layer, k, v, nullptr); });
   }
 
   // A sequence in the transfer format (through a host KvStore, as the host tier's: kv_store_copy.h): the
   // pages' FP16 K/V, every full block a `dense:dtype=f16` block, then the open block's tokens. The PQ
   // index does not travel: import_sequence rebuilds it from the keys.
   Status export_sequence(int sequence, KvStore& into) const override {
+    if (sealed_) return GpuKvCache::export_sequence(sequence, into);  // it has device pages
     // The steps' appends (kernels on the default stream; into the mapped host pool with @offload) first.
     SLIMKV_RETURN_IF_ERROR(device_synchronize("exporting a sequence of pq on device 'cuda'"));
     const int tokens = sequences().num_tokens(sequence), full = tokens / kCudaBlockTokens;
@@ -274,6 +341,7 @@ class GpuPqKv final : public GpuKvCache {
   // are a function of its keys and its seed (pq_segment_seed; the GPU index clusters a segment once,
   // when it is full), so the rebuilt index, and every selection, is the exporting cache's.
   Status import_sequence(int sequence, const KvStore& from) override {
+    if (sealed_) return GpuKvCache::import_sequence(sequence, from);
     const int tokens = from.num_tokens(0);
     for (int l = 1; l < from.shape().num_layers; ++l) {
       if (from.num_tokens(l) != tokens) {
@@ -292,11 +360,34 @@ class GpuPqKv final : public GpuKvCache {
   }
 
  private:
+  Status restore_open_layer(int sequence, int layer, KvStore& into) const override {
+    if (!sealed_) return GpuKvCache::restore_open_layer(sequence, layer, into);
+    return restore_sealed_open_layer(*sealed_, sequence, layer, into);
+  }
+
+  // --- The store: FP16 pages, or the quantized cache's sealed blocks and FP16 window ---
+  size_t fp16_block_bytes() const {
+    return size_t(shape_.num_layers) * size_t(shape_.num_kv_heads) * 2 * kCudaBlockTokens * size_t(shape_.head_dim) * 2;
+  }
+  Status begin_store_step(const std::vector<int>& sequences, const std::vector<int>& new_tokens) {
+    return sealed_ ? sealed_->begin_step(sequences, new_tokens) : pages_->begin_step(sequences, new_tokens);
+  }
+  Status append_to_store(int layer, const uint16_t* k, const uint16_t* v) {
+    return sealed_ ? sealed_->append(layer, k, v) : pages_->append(layer, k, v);
+  }
+  // The FP16 pages, or the quantized cache's window (the open blocks and the step's).
+  PagedKvView fp16_view(int layer) const { return sealed_ ? sealed_->view(layer) : pages_->view(layer); }
+  // Attention of the planned sequences over every token they hold.
+  Status attend_store(CudaPagedAttention& attention, int layer, const uint16_t* q, float scale, uint16_t* out) {
+    if (sealed_) return attention.run_quantized(sealed_->view(layer), sealed_->sealed_view(layer), q, scale, out);
+    return attention.run(pages_->view(layer), q, scale, out);
+  }
+
   // Page `block` of `layer`, every KV head: k, v [num_kv_heads, kCudaBlockTokens, head_dim] FP16, copied
   // from GPU memory, or read in place from the pinned host pool (@offload: its mapping is the host's
   // address; the caller has synchronized with the GPU's writes).
   Status read_page(int layer, int block, std::vector<uint16_t>& k, std::vector<uint16_t>& v) const {
-    const PagedKvView view = cache_->view(layer);
+    const PagedKvView view = pages_->view(layer);
     if (!options_.offload) return download_page(view, block, k, v);
     const size_t page = size_t(shape_.num_kv_heads) * kCudaBlockTokens * size_t(shape_.head_dim);
     k.assign(view.k + size_t(block) * page, view.k + size_t(block + 1) * page);
@@ -308,10 +399,9 @@ class GpuPqKv final : public GpuKvCache {
   // middle ends where the clustered segments do (later tokens have no codes yet and are attended).
   void plan_rows(const PagedAttentionBatch& batch) {
     const TopkWindow& w = options_.pq.window;
-    const size_t row_bytes = size_t(shape_.num_kv_heads) * size_t(shape_.head_dim) * 2 * 2;  // K and V
     host_rows_.clear();
     row_query_.clear();
-    double link_rows = 0;
+    size_t bytes_read = 0;  // per layer and KV head
     int query = 0;  // the sequence's first query in the step
     for (size_t i = 0; i < batch.sequence_ids.size(); query += batch.query_counts[i], ++i) {
       if (batch.query_counts[i] != 1) continue;
@@ -329,20 +419,37 @@ class GpuPqKv final : public GpuKvCache {
       if (r.all) {
         r.k = r.candidates = 0;
         r.selected = r.num_tokens;
-        link_rows += r.num_tokens;
       } else {
         r.candidates = std::min(middle, int(std::ceil(double(r.k) * options_.pq.rerank)));
         r.selected = r.init_end + r.k + (r.num_tokens - r.middle_end);
-        // Read from the pages: the candidates' keys, the kept tokens' values (keys too without a
-        // re-rank), and the rest's K and V.
-        link_rows += (r.candidates > r.k ? 0.5 * (r.candidates + r.k) : r.k) + (r.selected - r.k);
       }
+      bytes_read += row_read_bytes(r);
       report_.selected_tokens += r.selected;
       report_.held_tokens += r.num_tokens;
       host_rows_.push_back(r);
       row_query_.push_back(query);
     }
-    report_.page_bytes_read = size_t(link_rows * double(row_bytes) * shape_.num_layers);
+    report_.page_bytes_read = bytes_read * size_t(shape_.num_kv_heads) * size_t(shape_.num_layers);
+  }
+
+  // Bytes one KV head's selection of row r reads from the store: the candidates' keys (the kept ones'
+  // without a re-rank), the selected tokens' values and the other selected tokens' keys. FP16 pages:
+  // 2 · head_dim bytes a key or value. Sealed: those in sealed blocks as dequantize_tokens reads them
+  // (codes, K partitions' min and scale; per block touched the per-column V ones, counted for at most
+  // one block per token: an upper bound), the open block's tokens from the FP16 window in GPU memory.
+  size_t row_read_bytes(const PqSelectRow& r) const {
+    const int ranked = r.all ? 0 : r.candidates > r.k ? r.candidates : r.k;
+    const int key_tokens = ranked + r.selected - r.k, value_tokens = r.selected;
+    if (!sealed_) return size_t(key_tokens + value_tokens) * size_t(shape_.head_dim) * 2;
+    const int open = r.num_tokens % kCudaBlockTokens, sealed_blocks = r.num_tokens / kCudaBlockTokens;
+    const QuantizedBlockLayout& layout = sealed_->layout();
+    const auto bytes = [&](int tokens, bool keys) {
+      const int blocks = std::min(tokens, sealed_blocks);
+      const size_t block_meta = dequantized_token_bytes(layout, 0, keys, !keys);
+      const size_t token = dequantized_token_bytes(layout, 1, keys, !keys) - block_meta;
+      return size_t(tokens) * token + size_t(blocks) * block_meta;
+    };
+    return bytes(key_tokens - open, true) + bytes(value_tokens - open, false);
   }
 
   // The step's parts (runs of consecutive decode rows, or of other sequences) and their attention plans:
@@ -378,7 +485,9 @@ class GpuPqKv final : public GpuKvCache {
 
   GpuKvShape shape_;
   PqKvOptions options_;
-  std::unique_ptr<CudaPagedKvCache> cache_;
+  std::optional<QuantizedKvOptions> sealed_options_;
+  std::unique_ptr<CudaPagedKvCache> pages_;       // FP16 (sealed_options_ none)
+  std::unique_ptr<CudaQuantizedKvCache> sealed_;  // sealed_options_
   std::unique_ptr<CudaPqIndex> index_;
   std::unique_ptr<CudaPagedAttention> full_attention_;  // a step without selection: every sequence over the pages
   // A step with selection: its parts, each with its attention plan (part_attention_[p], kept across steps).
@@ -408,8 +517,8 @@ class GpuPqKv final : public GpuKvCache {
 }  // namespace
 
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_pq_kv(const GpuKvShape& shape, const PqKvOptions& options,
-                                                     size_t kv_cache_bytes) {
-  std::unique_ptr<GpuPqKv> cache(new GpuPqKv(shape, options));
+                                                     const std::optional<QuantizedKvOptions>& sealed, size_t kv_cache_bytes) {
+  std::unique_ptr<GpuPqKv> cache(new GpuPqKv(shape, options, sealed));
   SLIMKV_RETURN_IF_ERROR(cache->init(kv_cache_bytes));
   return std::unique_ptr<GpuKvCache>(std::move(cache));
 }

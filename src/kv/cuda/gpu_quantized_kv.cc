@@ -44,31 +44,16 @@ class GpuQuantizedKv final : public GpuKvCache {
     return cache_->append(layer, k, v);
   }
 
-  // Device pages: every KV head's sealed block as the pool holds it (the codec's bytes).
-  DevicePages device_pages() const override {
-    const size_t block_bytes = cache_->layout().block_bytes, page_bytes = size_t(shape_.num_kv_heads) * block_bytes;
-    return {.num_layers = shape_.num_layers,
-            .pools = {{cache_->sealed_view(0).blocks, size_t(cache_->shape().num_blocks) * page_bytes, page_bytes, block_bytes}}};
-  }
+  DevicePages device_pages() const override { return sealed_device_pages(*cache_); }
 
   Status import_pages(int sequence, int blocks, const uint8_t* pages, const KvStore& open) override {
-    const int tokens = blocks * kCudaBlockTokens + open.num_tokens(0);
-    const int needed = sequences().blocks_to_grow(sequence, tokens);
-    if (needed > sequences().free_blocks()) {
-      return error("the GPU's sealed KV pool has no room for the imported sequence: ", needed, " blocks of ",
-                   kCudaBlockTokens, " tokens needed, ", sequences().free_blocks(), " free");
-    }
-    SLIMKV_RETURN_IF_ERROR(cache_->restore_sealed(sequence, blocks, pages, /*on_device=*/true));
+    SLIMKV_RETURN_IF_ERROR(import_sealed_pages(*cache_, sequence, blocks, pages, open.num_tokens(0)));
     return append_rows(sequence, open, 0, open.num_tokens(0));
   }
 
  private:
-  // The layer's tokens after the sequence's last full block (in the FP16 window), as `into`'s open tokens.
   Status restore_open_layer(int sequence, int layer, KvStore& into) const override {
-    const int tokens = sequences().num_tokens(sequence), full = tokens / kCudaBlockTokens;
-    const int open = tokens - full * kCudaBlockTokens;
-    return restore_open_page(cache_->view(layer), open > 0 ? cache_->window_sequences().blocks(sequence)[size_t(full)] : 0,
-                             open, into, layer);
+    return restore_sealed_open_layer(*cache_, sequence, layer, into);
   }
 
   // Tokens [first, first + tokens) of `from` appended to the sequence, as steps append them.
@@ -84,6 +69,32 @@ class GpuQuantizedKv final : public GpuKvCache {
 };
 
 }  // namespace
+
+// The codec's bytes as the pool holds them: one part a page, every KV head's block.
+GpuKvCache::DevicePages sealed_device_pages(const CudaQuantizedKvCache& cache) {
+  const CudaKvShape& shape = cache.shape();
+  const size_t block_bytes = cache.layout().block_bytes, page_bytes = size_t(shape.num_kv_heads) * block_bytes;
+  return {.num_layers = shape.num_layers,
+          .pools = {{cache.sealed_view(0).blocks, size_t(shape.num_blocks) * page_bytes, page_bytes, block_bytes}}};
+}
+
+Status import_sealed_pages(CudaQuantizedKvCache& cache, int sequence, int blocks, const uint8_t* pages, int open_tokens) {
+  const SequenceBlocks& held = cache.sequences();
+  const int needed = held.blocks_to_grow(sequence, blocks * kCudaBlockTokens + open_tokens);
+  if (needed > held.free_blocks()) {
+    return error("the ", cache.shape().host_memory ? "host" : "GPU", "'s sealed KV pool has no room for the imported sequence: ",
+                 needed, " blocks of ", kCudaBlockTokens, " tokens needed, ", held.free_blocks(), " free");
+  }
+  return cache.restore_sealed(sequence, blocks, pages, /*on_device=*/true);
+}
+
+// The tokens after the sequence's last full block (in the FP16 window), as `into`'s open tokens.
+Status restore_sealed_open_layer(const CudaQuantizedKvCache& cache, int sequence, int layer, KvStore& into) {
+  const int tokens = cache.sequences().num_tokens(sequence), full = tokens / kCudaBlockTokens;
+  const int open = tokens - full * kCudaBlockTokens;
+  return restore_open_page(cache.view(layer), open > 0 ? cache.window_sequences().blocks(sequence)[size_t(full)] : 0, open,
+                           into, layer);
+}
 
 Expected<std::unique_ptr<GpuKvCache>> make_gpu_quantized_kv(const GpuKvShape& shape, const QuantizedKvOptions& options,
                                                             int num_blocks) {

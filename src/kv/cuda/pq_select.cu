@@ -31,6 +31,96 @@ __device__ long long paged_offset(const PagedKvView& v, int s, int g, int t) {
   return ((i64(block) * v.num_kv_heads + g) * kCudaBlockTokens + t % kCudaBlockTokens) * v.head_dim;
 }
 
+// --- Sealed blocks (`pq:...+hack`): one token's K or V dequantized from its block, as dequantize_tokens ---
+
+// Token t of sequence s, KV head g: its sealed block and its row in the block.
+struct SealedToken {
+  const uint8_t* block;
+  int t;
+};
+
+__device__ SealedToken sealed_token(const QuantizedKvView& q, int table_stride, int num_kv_heads, int s, int g, int t) {
+  const int id = q.block_tables[i64(s) * table_stride + t / kCudaBlockTokens] >> q.table_shift;
+  return {q.blocks + (i64(id) * num_kv_heads + g) * q.offsets.block_bytes, t % kCudaBlockTokens};
+}
+__device__ SealedToken sealed_token(const PqSelectLaunch& p, int s, int g, int t) {
+  return sealed_token(p.sealed, p.source.block_table_stride, p.num_kv_heads, s, g, t);
+}
+
+// Four FP16 values (8 bytes) as floats.
+__device__ void unpack4(uint2 four, float out[4]) {
+  const unsigned words[2] = {four.x, four.y};
+  for (int j = 0; j < 4; ++j) out[j] = __half2float(__ushort_as_half(uint16_t(words[j / 2] >> (16 * (j % 2)))));
+}
+
+__device__ float meta_at(const uint8_t* block, int section, int slot) {
+  return __half2float(__ushort_as_half(reinterpret_cast<const uint16_t*>(block + section)[slot]));
+}
+
+// The FP16 mins (or scales) of slots [slot, slot + 4) in one 8-byte load (slot a multiple of 4: the
+// section starts at a multiple of 64 bytes). Over PCIe each load is a request of its own.
+__device__ void meta4_at(const uint8_t* block, int section, int slot, float out[4]) {
+  unpack4(*reinterpret_cast<const uint2*>(block + section + 2 * slot), out);
+}
+
+// A packed group of 4 codes (b/2 bytes, a little-endian field of 4b bits) in one load.
+__device__ unsigned group_at(const uint8_t* group, int bits) {
+  return bits == 2 ? group[0] : bits == 4 ? *reinterpret_cast<const uint16_t*>(group) : *reinterpret_cast<const unsigned*>(group);
+}
+// Value j of the group: bits [j·b, j·b + b).
+__device__ float code_of(unsigned group, int j, int bits) { return float((group >> (j * bits)) & ((1u << bits) - 1)); }
+
+// min + scale · code, unfused: the CPU's rounding (dequantize_tokens), so the re-rank's scores are its.
+__device__ float dequantized(float min, float scale, float code) { return __fadd_rn(min, __fmul_rn(scale, code)); }
+
+// Dims 4c..4c+3 of the token's key (K codes: dim group-major, the block's tokens in each group).
+__device__ void sealed_key4(const QuantizedKvView& q, SealedToken x, int c, int d, float out[4]) {
+  const unsigned group = group_at(x.block + (i64(c) * kCudaBlockTokens + x.t) * (q.k_bits / 2), q.k_bits);
+  float mins[4], scales[4];
+  if (q.k_per_channel) {  // a min and scale per dim of the token's group of tokens
+    const int slot = x.t / q.k_group_tokens * d + 4 * c;
+    meta4_at(x.block, q.offsets.k_mins, slot, mins);
+    meta4_at(x.block, q.offsets.k_scales, slot, scales);
+  } else {  // per K partition of min(Π, d) dims, a multiple of 4: the 4 dims share one
+    const int slot = 4 * c / min(kCudaBlockTokens, d) * kCudaBlockTokens + x.t;
+    mins[0] = mins[1] = mins[2] = mins[3] = meta_at(x.block, q.offsets.k_mins, slot);
+    scales[0] = scales[1] = scales[2] = scales[3] = meta_at(x.block, q.offsets.k_scales, slot);
+  }
+  for (int j = 0; j < 4; ++j) out[j] = dequantized(mins[j], scales[j], code_of(group, j, q.k_bits));
+}
+
+// Columns 4c..4c+3 of the token's value (V codes: groups of 4 tokens, every column's group in turn).
+__device__ void sealed_value4(const QuantizedKvView& q, SealedToken x, int c, int d, float out[4]) {
+  const int group_bytes = q.v_bits / 2;
+  const uint8_t* groups = x.block + q.offsets.v_codes + (i64(x.t / 4) * d + 4 * c) * group_bytes;
+  float mins[4], scales[4];
+  if (q.v_per_token) {  // a min and scale per group of v_group_dims columns of the token
+    // Groups of a multiple of 4 columns hold all 4: one load each (over PCIe, a request each).
+    const int distinct = q.v_group_dims % 4 == 0 ? 1 : 4;
+    for (int j = 0; j < 4; ++j) {
+      const int slot = (4 * c + j) / q.v_group_dims * kCudaBlockTokens + x.t;
+      mins[j] = j < distinct ? meta_at(x.block, q.offsets.v_mins, slot) : mins[0];
+      scales[j] = j < distinct ? meta_at(x.block, q.offsets.v_scales, slot) : scales[0];
+    }
+  } else {  // per column over the block
+    meta4_at(x.block, q.offsets.v_mins, 4 * c, mins);
+    meta4_at(x.block, q.offsets.v_scales, 4 * c, scales);
+  }
+  for (int j = 0; j < 4; ++j) {
+    out[j] = dequantized(mins[j], scales[j], code_of(group_at(groups + j * group_bytes, q.v_bits), x.t % 4, q.v_bits));
+  }
+}
+
+__device__ uint2 pack4(const float in[4]) {
+  const auto bits = [](float x) { return unsigned(__half_as_ushort(__float2half_rn(x))); };
+  return make_uint2(bits(in[0]) | bits(in[1]) << 16, bits(in[2]) | bits(in[3]) << 16);
+}
+
+// Whether token t of the row lies in a sealed block (before the open block) that the launch reads.
+__device__ bool reads_sealed(const PqSelectLaunch& p, const PqSelectRow& r, int t) {
+  return p.sealed.blocks != nullptr && t < r.num_tokens / kCudaBlockTokens * kCudaBlockTokens;
+}
+
 // 1. grid (segments, kv heads, rows).
 __global__ void tables_kernel(PqSelectLaunch p) {
   extern __shared__ float qsum[];
@@ -83,19 +173,27 @@ __global__ void rerank_kernel(PqSelectLaunch p) {
   if (i >= r.candidates) return;
   const long long row = (i64(blockIdx.z) * p.num_kv_heads + g) * p.scratch.max_candidates;
   const int t = r.init_end + p.scratch.ranked[row + i];
-  const int slot = pq_cached_slot(p.cache, r.sequence, g, t);
-  const uint16_t* key = slot >= 0 ? p.cache.k + pq_cache_row(p.cache, r.sequence, g, slot)
-                                  : p.source.k + paged_offset(p.source, r.sequence, g, t);
   uint16_t* kept_key = p.scratch.keys + (row + i) * d;
-  // 8 bytes a lane: a warp reads a 128-dim key in one 256-byte request (over PCIe with @offload).
   double sum = 0.0;
-  for (int c = threadIdx.x; c < d / 4; c += 32) {
-    const uint2 four = reinterpret_cast<const uint2*>(key)[c];
-    reinterpret_cast<uint2*>(kept_key)[c] = four;
-    const unsigned words[2] = {four.x, four.y};
-    for (int j = 0; j < 4; ++j) {
-      const uint16_t h = uint16_t(words[j / 2] >> (16 * (j % 2)));
-      sum += double(qsum[4 * c + j]) * double(__half2float(__ushort_as_half(h)));
+  if (reads_sealed(p, r, t)) {  // the key as the block stores it (a candidate is always sealed)
+    const SealedToken x = sealed_token(p, r.sequence, g, t);
+    for (int c = threadIdx.x; c < d / 4; c += 32) {
+      float four[4];
+      sealed_key4(p.sealed, x, c, d, four);
+      reinterpret_cast<uint2*>(kept_key)[c] = pack4(four);
+      for (int j = 0; j < 4; ++j) sum += double(qsum[4 * c + j]) * double(four[j]);
+    }
+  } else {
+    const int slot = pq_cached_slot(p.cache, r.sequence, g, t);
+    const uint16_t* key = slot >= 0 ? p.cache.k + pq_cache_row(p.cache, r.sequence, g, slot)
+                                    : p.source.k + paged_offset(p.source, r.sequence, g, t);
+    // 8 bytes a lane: a warp reads a 128-dim key in one 256-byte request (over PCIe with @offload).
+    for (int c = threadIdx.x; c < d / 4; c += 32) {
+      const uint2 packed = reinterpret_cast<const uint2*>(key)[c];
+      reinterpret_cast<uint2*>(kept_key)[c] = packed;
+      float four[4];
+      unpack4(packed, four);
+      for (int j = 0; j < 4; ++j) sum += double(qsum[4 * c + j]) * double(four[j]);
     }
   }
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
@@ -121,30 +219,57 @@ __global__ void gather_kernel(PqSelectLaunch p) {
       t = r.middle_end + (i - r.init_end - r.k);
     }
   }
-  // From the GPU cache where the token is there, else from the pages.
-  const int slot = pq_cached_slot(p.cache, r.sequence, g, t);
-  const uint16_t* value;
-  if (slot >= 0) {
-    const long long at = pq_cache_row(p.cache, r.sequence, g, slot);
-    if (key == nullptr) key = p.cache.k + at;
-    value = p.cache.v + at;
-  } else {
-    const long long from = paged_offset(p.source, r.sequence, g, t);
-    if (key == nullptr) key = p.source.k + from;
-    value = p.source.v + from;
-  }
   if (p.cache.step_tokens != nullptr && threadIdx.x == 0) {
     p.cache.step_tokens[(i64(blockIdx.z) * p.num_kv_heads + g) * p.cache.tokens_stride + i] = t;
   }
   const int block = blockIdx.z * p.out_blocks_per_row + i / kCudaBlockTokens;
   const long long to = ((i64(block) * p.num_kv_heads + g) * kCudaBlockTokens + i % kCudaBlockTokens) * d;
-  const uint2* k_in = reinterpret_cast<const uint2*>(key);
-  const uint2* v_in = reinterpret_cast<const uint2*>(value);
   uint2* k_out = reinterpret_cast<uint2*>(p.out_k + to);
   uint2* v_out = reinterpret_cast<uint2*>(p.out_v + to);
+  // From the GPU cache where the token is there, else from the pages (or its sealed block).
+  const int slot = pq_cached_slot(p.cache, r.sequence, g, t);
+  const uint16_t* value = nullptr;
+  if (slot >= 0) {
+    const long long at = pq_cache_row(p.cache, r.sequence, g, slot);
+    if (key == nullptr) key = p.cache.k + at;
+    value = p.cache.v + at;
+  } else if (reads_sealed(p, r, t)) {
+    const SealedToken x = sealed_token(p, r.sequence, g, t);
+    for (int c = threadIdx.x; c < d / 4; c += 32) {
+      float four[4];
+      if (key == nullptr) {
+        sealed_key4(p.sealed, x, c, d, four);
+        k_out[c] = pack4(four);
+      } else {
+        k_out[c] = reinterpret_cast<const uint2*>(key)[c];
+      }
+      sealed_value4(p.sealed, x, c, d, four);
+      v_out[c] = pack4(four);
+    }
+    return;
+  } else {
+    const long long from = paged_offset(p.source, r.sequence, g, t);
+    if (key == nullptr) key = p.source.k + from;
+    value = p.source.v + from;
+  }
+  const uint2* k_in = reinterpret_cast<const uint2*>(key);
+  const uint2* v_in = reinterpret_cast<const uint2*>(value);
   for (int c = threadIdx.x; c < d / 4; c += 32) {
     k_out[c] = k_in[c];
     v_out[c] = v_in[c];
+  }
+}
+
+// grid (n / warps, kv heads), a warp per token.
+__global__ void sealed_keys_kernel(SealedKeyRows p) {
+  const int i = blockIdx.x * blockDim.y + threadIdx.y, g = blockIdx.y;
+  if (i >= p.n) return;
+  const SealedToken x = sealed_token(p.sealed, p.block_table_stride, p.num_kv_heads, p.sequence, g, p.first + i);
+  uint2* row = reinterpret_cast<uint2*>(p.rows + (i64(i) * p.num_kv_heads + g) * p.head_dim);
+  for (int c = threadIdx.x; c < p.head_dim / 4; c += 32) {
+    float four[4];
+    sealed_key4(p.sealed, x, c, p.head_dim, four);
+    row[c] = pack4(four);
   }
 }
 
@@ -193,6 +318,13 @@ Status pq_select_and_gather(const PqSelectLaunch& p) {
     gather_kernel<<<dim3(ceil_div(p.max_selected, kWarpsPerBlock), unsigned(heads), unsigned(rows)), dim3(32, kWarpsPerBlock)>>>(p);
     SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   }
+  return Status::ok();
+}
+
+Status pq_sealed_keys(const SealedKeyRows& p) {
+  if (p.n == 0) return Status::ok();
+  sealed_keys_kernel<<<dim3(ceil_div(p.n, kWarpsPerBlock), unsigned(p.num_kv_heads)), dim3(32, kWarpsPerBlock)>>>(p);
+  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   return Status::ok();
 }
 

@@ -17,6 +17,14 @@
 // The source of K/V (the paged view of `source`) may live in pinned host memory mapped into the GPU
 // (@offload): then only the candidates' keys and the selected tokens' K/V cross PCIe, those of tokens
 // not in the GPU cache of selected tokens (pq_token_cache.h), when there is one.
+//
+// With a quantizing codec (`pq:...+hack`, `+quant`: `sealed`), the tokens of a row's full blocks are read
+// from their sealed blocks (tensor/quantized_block.h's bytes: only the token's codes, its K partitions'
+// min and scale, and its block's per-column V ones) and dequantized as dequantize_tokens does (FP32
+// min + scale · code): the re-rank scores the candidates' keys so (the CPU store's SealedKeys), and the
+// gather writes the dequantized K/V, rounded to FP16, into the compact buffer. The open block's tokens
+// come from `source` (the FP16 window). The re-rank then reads no key from the GPU cache of selected
+// tokens (FP16-rounded there): its scores stay the CPU's.
 #pragma once
 
 #include <cstdint>
@@ -87,6 +95,9 @@ struct PqSelectLaunch {
   int num_heads = 0, num_kv_heads = 0;
   PqIndexView index;
   PagedKvView source;           // the layer's K/V (device or mapped host memory), by PqSelectRow::sequence
+  // The layer's sealed blocks (device or mapped host memory; its tables have source's stride): tokens
+  // before a row's open block are read there. blocks null: every token from source.
+  QuantizedKvView sealed;
   PqSelectScratch scratch;
   PqTokenCacheView cache;       // none by default
   // Out: row r's selection at blocks [r · out_blocks_per_row, ...) of out, [blocks, kv_heads, 64, head_dim].
@@ -97,5 +108,16 @@ struct PqSelectLaunch {
 
 // Steps 1–5 for one layer (on the default stream).
 Status pq_select_and_gather(const PqSelectLaunch& launch);
+
+// Keys of tokens [first, first + n) of one sequence's sealed blocks, dequantized as the re-rank reads
+// them and rounded to FP16: the index of a sequence imported as sealed blocks is built from them (the
+// CPU store decodes restored blocks for its selector alike).
+struct SealedKeyRows {
+  QuantizedKvView sealed;  // one layer's
+  int block_table_stride = 0, num_kv_heads = 0, head_dim = 0;
+  int sequence = 0, first = 0, n = 0;
+  uint16_t* rows = nullptr;  // out: FP16 [n, num_kv_heads, head_dim] (device)
+};
+Status pq_sealed_keys(const SealedKeyRows& rows);  // on the default stream
 
 }  // namespace slimkv::cuda

@@ -86,10 +86,17 @@ Expected<std::unique_ptr<CudaQuantizedKvCache>> CudaQuantizedKvCache::create(con
   if (!dims.empty()) SLIMKV_RETURN_IF_ERROR(cache->lay_out_heads(config, dims));
   CudaKvShape window_shape = shape;
   window_shape.num_blocks = window_blocks(shape);
+  window_shape.host_memory = false;
   SLIMKV_ASSIGN_OR_RETURN(cache->window_, CudaPagedKvCache::create(window_shape));
   const int last = shape.num_layers - 1;
   const size_t pool_bytes = cache->layer_offset(last) + cache->block_stride(last) * size_t(shape.num_blocks);
-  SLIMKV_ASSIGN_OR_RETURN(cache->pool_, DeviceArray<uint8_t>::allocate(pool_bytes, "the sealed block pool"));
+  if (shape.host_memory) {
+    SLIMKV_ASSIGN_OR_RETURN(cache->host_pool_, PinnedArray<uint8_t>::allocate(pool_bytes, "the sealed block pool"));
+    cache->pool_data_ = cache->host_pool_.data();
+  } else {
+    SLIMKV_ASSIGN_OR_RETURN(cache->pool_, DeviceArray<uint8_t>::allocate(pool_bytes, "the sealed block pool"));
+    cache->pool_data_ = cache->pool_.data();
+  }
   const size_t table_entries = size_t(shape.max_sequences) * shape.max_blocks_per_sequence;
   SLIMKV_ASSIGN_OR_RETURN(cache->sealed_tables_, DeviceArray<int>::allocate(table_entries, "the sealed block tables"));
   cache->host_sealed_tables_.assign(table_entries, 0);
@@ -191,12 +198,16 @@ Status CudaQuantizedKvCache::append(int layer, const uint16_t* k, const uint16_t
   const SealedHeadBlocks heads{heads_differ() ? head_layouts_.data() + size_t(layer) * shape_.num_kv_heads : nullptr,
                                                heads_differ() ? (long long)block_stride(layer) : 0};
   return sealer_.append_and_seal(layer, window_->view(layer), rows, seal_list_.data(), seal_count_,
-                                 pool_.data() + layer_offset(layer), heads);
+                                 pool_data_ + layer_offset(layer), heads);
 }
 
 Status CudaQuantizedKvCache::restore_sealed(int sequence, int blocks, const uint8_t* sealed, bool on_device) {
   if (sealed_.num_tokens(sequence) != 0) return error("CUDA quantized KV: restoring into sequence ", sequence, ", which is not empty");
   if (heads_differ()) return error("CUDA quantized KV: restoring sealed blocks of heads of their own dims (zack) is not supported yet");
+  // A pool in host memory is written by the copy kernel through its mapping; the host's copies are not.
+  if (shape_.host_memory && !on_device) {
+    return error("CUDA quantized KV: restoring host blocks into a pool in host memory is not supported yet");
+  }
   SLIMKV_RETURN_IF_ERROR(sealed_.grow(sequence, blocks * kCudaBlockTokens).with_context("restoring sealed KV blocks"));
   window_->sequences().skip_leading(sequence, blocks);
   const size_t bytes = size_t(shape_.num_kv_heads) * sealer_.layout().block_bytes;
@@ -209,11 +220,11 @@ Status CudaQuantizedKvCache::restore_sealed(int sequence, int blocks, const uint
         from.push_back((uint64_t(l) * uint64_t(blocks) + uint64_t(b)) * bytes);
       }
     }
-    SLIMKV_RETURN_IF_ERROR(copy_device_pieces(pool_.data(), to, sealed, from, bytes));
+    SLIMKV_RETURN_IF_ERROR(copy_device_pieces(pool_data_, to, sealed, from, bytes));
   }
   for (int l = 0; l < shape_.num_layers && !on_device; ++l) {
     for (int b = 0; b < blocks; ++b) {
-      SLIMKV_RETURN_IF_ERROR(copy_to_device(pool_.data() + size_t(l) * layer_bytes() + size_t(ids[size_t(b)]) * bytes,
+      SLIMKV_RETURN_IF_ERROR(copy_to_device(pool_data_ + size_t(l) * layer_bytes() + size_t(ids[size_t(b)]) * bytes,
                                             sealed + (size_t(l) * size_t(blocks) + size_t(b)) * bytes, bytes));
     }
   }
@@ -222,7 +233,7 @@ Status CudaQuantizedKvCache::restore_sealed(int sequence, int blocks, const uint
 }
 
 QuantizedKvView CudaQuantizedKvCache::sealed_view(int layer) const {
-  QuantizedKvView view = sealer_.view(pool_.data() + layer_offset(layer), sealed_tables_.data());
+  QuantizedKvView view = sealer_.view(pool_data_ + layer_offset(layer), sealed_tables_.data());
   if (heads_differ()) {
     view.heads = head_layouts_.data() + size_t(layer) * shape_.num_kv_heads;
     view.block_stride = (long long)block_stride(layer);

@@ -16,6 +16,10 @@
 // the step (decode: before the open block) and the FP16 window for the rest (prefill=exact: a prefill
 // step's queries read their own tokens as computed, attention/cuda/paged_attention.h).
 //
+// shape.host_memory (`pq:...+hack@offload`, gpu_pq_kv.cc): the sealed pool in pinned host memory mapped
+// into the GPU, of which a selection reads only its tokens' codes and scales over PCIe; the FP16 window
+// stays in GPU memory.
+//
 // ZACK followed by the codec (zack:...+hack / +quant, gpu_zack_quantized_kv.cc): every (layer, KV head)
 // has its own K and V dims (its ranks), given as HeadDims. A sealed block of a layer then holds each
 // head's block at the head's dims, back to back (QuantizedHeadLayout), so no dim beyond a head's rank is
@@ -79,7 +83,8 @@ class CudaQuantizedKvCache {
   const SequenceBlocks& window_sequences() const { return window_->sequences(); }
   QuantizedKvView sealed_view(int layer) const;
   const QuantizedBlockLayout& layout() const { return sealer_.layout(); }
-  size_t bytes() const;  // GPU memory of both pools
+  size_t bytes() const;  // GPU memory of both pools (the window's alone with shape.host_memory)
+  size_t host_bytes() const { return host_pool_.bytes(); }
 
  private:
   CudaQuantizedKvCache(const CudaKvShape& shape, const QuantizedBlockSealer& sealer)
@@ -101,6 +106,8 @@ class CudaQuantizedKvCache {
   SequenceBlocks sealed_;
   std::unique_ptr<CudaPagedKvCache> window_;  // the FP16 blocks not sealed yet (same sequence ids)
   DeviceArray<uint8_t> pool_;                 // [num_layers, num_blocks, num_kv_heads, block_bytes]
+  PinnedArray<uint8_t> host_pool_;            // the same, shape.host_memory
+  uint8_t* pool_data_ = nullptr;              // the pool in use
   DeviceArray<int> sealed_tables_;            // [max_sequences, max_blocks_per_sequence]
   std::vector<int> host_sealed_tables_;
   // The step's blocks to seal: (FP16 block, sealed block, ordinal in its sequence); the same in every layer.
