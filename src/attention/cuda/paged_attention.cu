@@ -497,22 +497,16 @@ int CudaPagedAttention::tile_positions(const Part& part) const {
   return part.tensor_cores ? kPrefillTileRows / group_ : positions_per_tile_;
 }
 
-namespace {
-
-// `blocks` (at least 1) cut into about `wanted` splits (at least 1, at most most_splits) of equal
-// size: (splits, blocks per split).
-std::pair<int, int> divide_blocks(int blocks, int wanted, int most_splits) {
+std::pair<int, int> divide_attention_blocks(int blocks, int wanted, int most_splits) {
   const int splits = std::clamp(wanted, 1, std::max(1, std::min(blocks, most_splits)));
   const int per_split = (blocks + splits - 1) / splits;
   return {(blocks + per_split - 1) / per_split, per_split};
 }
 
-}  // namespace
-
 void CudaPagedAttention::split_blocks(Part& part, int target_ctas) const {
   const int independent_ctas = part.num_tiles * shape_.num_kv_heads;
   const int most_splits = int(partial_rows_capacity_ / (size_t(independent_ctas) * tile_rows(part)));
-  std::tie(part.num_splits, part.blocks_per_split) = divide_blocks(part.max_blocks, target_ctas / independent_ctas, most_splits);
+  std::tie(part.num_splits, part.blocks_per_split) = divide_attention_blocks(part.max_blocks, target_ctas / independent_ctas, most_splits);
 }
 
 Status CudaPagedAttention::reserve_partials(size_t slots) {
@@ -591,10 +585,10 @@ Status CudaPagedAttention::run_quantized_prefill(Part& part, const PagedKvView& 
   }
   const int independent_ctas = part.num_tiles * shape_.num_kv_heads;
   const size_t rows = size_t(independent_ctas) * kPrefillTileRows;
-  const auto [sealed_splits, sealed_per_split] = divide_blocks(
+  const auto [sealed_splits, sealed_per_split] = divide_attention_blocks(
       part.max_prefix_blocks, hack_prefill_resident_[bits] * multiprocessor_count() / independent_ctas, part.max_prefix_blocks);
   const auto [window_splits, window_per_split] =
-      divide_blocks(part.max_window_blocks, prefill_target_ctas_ / independent_ctas, part.max_window_blocks);
+      divide_attention_blocks(part.max_window_blocks, prefill_target_ctas_ / independent_ctas, part.max_window_blocks);
   SLIMKV_RETURN_IF_ERROR(reserve_partials(rows * size_t(sealed_splits + window_splits)));
   AttentionLaunch p = launch_params(part, kv, q, scale, out);
   p.split_stride = sealed_splits + window_splits;

@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
+#include <tuple>
 
 #include "attention/cuda/device_ops.cuh"
 #include "attention/cuda/softmax_state.cuh"
+#include "attention/cuda/zack_prefill_attention.cuh"
 #include "backend/cuda/cuda_check.h"
 
 namespace slimkv::cuda {
@@ -20,7 +23,6 @@ namespace {
 constexpr int kZackWarps = kCudaBlockTokens / 16;
 constexpr int kZackThreads = kZackWarps * 32;
 constexpr int kMaxRank = 128;  // a query's 8 k-steps of 16 dims and an output's 16 n-tiles of 8, in registers
-constexpr float kLog2e = 1.4426950408889634f;
 // A task's cost per block: the K and V rows it stages and multiplies, plus a fixed part (the barrier,
 // the softmax, the mma chains' latency) in rows' worth. Fitted on H100 (batch 8, 64K, skewed ranks,
 // uniform ranges): a block of 256 staged rows took ~2.75 µs of a CTA, one of 32 rows ~1.2 µs, i.e.
@@ -378,15 +380,41 @@ Expected<std::unique_ptr<CudaZackAttention>> CudaZackAttention::create(const Zac
     return error("CUDA ZACK attention: ", shared, " bytes of shared memory to stage a block at the largest ranks do not fit");
   }
   attention->resident_ctas_ = resident * multiprocessor_count();
+  if (prefill_head_dim_supported(shape.head_dim)) {
+    const int prefill_resident = zack_prefill_attention_setup(shape.head_dim);
+    if (prefill_resident == 0) {
+      return error("CUDA ZACK attention: the tensor-core prefill kernel (head_dim ", shape.head_dim,
+                   ") cannot run: its shared memory does not fit");
+    }
+    attention->prefill_target_ctas_ = prefill_resident * multiprocessor_count();
+  }
   SLIMKV_ASSIGN_OR_RETURN(attention->counters_, DeviceArray<int>::allocate(size_t(shape.num_layers), "ZACK task counters"));
   return Expected<std::unique_ptr<CudaZackAttention>>(std::move(attention));
 }
 
 Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedule schedule) {
-  auto metadata = lay_out_attention_batch(batch, shape_.max_batch, shape_.max_queries, positions_per_tile_);
+  auto metadata = lay_out_attention_sequences(batch, shape_.max_batch, shape_.max_queries);
   if (!metadata) return metadata.status().with_context("CUDA ZACK attention");
+  // Sequences of several queries take the prefill kernel when one has enough for it (as the dense
+  // paged attention decides); the rest, the decode tasks.
+  int max_query_count = 0;
+  for (int n : batch.query_counts) max_query_count = std::max(max_query_count, n);
+  const bool prefill = prefill_target_ctas_ > 0 && max_query_count >= kPrefillMinQueries;
+  constexpr int kAny = std::numeric_limits<int>::max();
+  num_tiles_ = append_attention_tiles(*metadata, batch, positions_per_tile_, 1, prefill ? 1 : kAny);
+  prefill_ = {num_tiles_, prefill ? append_attention_tiles(*metadata, batch, kPrefillTileRows / group_, 2, kAny) : 0};
+  size_t prefill_rows = 0;
+  if (prefill_.num_tiles > 0) {
+    int max_blocks = 0;
+    for (size_t b = 0; b < batch.kv_lens.size(); ++b) {
+      if (batch.query_counts[b] >= 2) max_blocks = std::max(max_blocks, (batch.kv_lens[b] + kCudaBlockTokens - 1) / kCudaBlockTokens);
+    }
+    const int independent_ctas = prefill_.num_tiles * shape_.num_kv_heads;
+    std::tie(prefill_.num_splits, prefill_.blocks_per_split) =
+        divide_attention_blocks(max_blocks, prefill_target_ctas_ / independent_ctas, max_blocks);
+    if (prefill_.num_splits > 1) prefill_rows = size_t(independent_ctas) * kPrefillTileRows * size_t(prefill_.num_splits);
+  }
   const int* tiles = metadata->data() + attention_tiles_offset(shape_.max_batch);
-  num_tiles_ = int(metadata->size() - size_t(attention_tiles_offset(shape_.max_batch))) / 2;
   // The blocks each tile reads: up to its last query's position (causal).
   std::vector<int> tile_blocks(static_cast<size_t>(num_tiles_));
   int max_tile_blocks = 0;
@@ -414,8 +442,8 @@ Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedule sc
     // Ranges of whole blocks: each unit's last range is short, so sized for target - units tasks, the
     // count stays within the target (one more task than CTAs would be a second wave).
     const double cost_per_task = total_cost / std::max(1, target_tasks - units);
-    const int uniform_blocks = std::max(1, (max_tile_blocks + std::max(1, target_tasks / units) - 1) /
-                                               std::max(1, target_tasks / units));
+    const int tasks_per_unit = std::max(1, target_tasks / std::max(1, units));  // no units: a prefill-only step
+    const int uniform_blocks = std::max(1, (max_tile_blocks + tasks_per_unit - 1) / tasks_per_unit);
     const size_t first_task = tasks.size();
     for (int t = 0; t < num_tiles_; ++t) {
       for (int g = 0; g < G; ++g) {
@@ -455,7 +483,7 @@ Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedule sc
   SLIMKV_RETURN_IF_ERROR(grow(tasks_, tasks.size(), "ZACK attention tasks"));
   SLIMKV_RETURN_IF_ERROR(grow(order_, order.size(), "ZACK attention task order"));
   SLIMKV_RETURN_IF_ERROR(grow(unit_tasks_, unit_tasks.size(), "ZACK attention units"));
-  const size_t rows = max_layer_tasks * kZackWarps * size_t(rows_per_tile_);
+  const size_t rows = std::max(max_layer_tasks * kZackWarps * size_t(rows_per_tile_), prefill_rows);
   SLIMKV_RETURN_IF_ERROR(grow(partial_acc_, rows * size_t(shape_.head_dim), "ZACK attention partials"));
   SLIMKV_RETURN_IF_ERROR(grow(partial_max_sum_, rows * 2, "ZACK attention partial sums"));
   SLIMKV_RETURN_IF_ERROR(metadata_.upload(metadata->data(), metadata->size()));
@@ -470,6 +498,13 @@ Status CudaZackAttention::run(int layer, const ZackKvView& kv, const uint16_t* q
     return error("CUDA ZACK attention: layer ", layer, " of ", shape_.num_layers, ", a view of ", kv.num_kv_heads,
                  " KV heads (expected ", shape_.num_kv_heads, ")");
   }
+  if (layer_tasks_.size() != size_t(shape_.num_layers) + 1) return error("CUDA ZACK attention: run before plan");
+  if (num_tasks(layer) > 0) SLIMKV_RETURN_IF_ERROR(run_decode(layer, kv, q, scale, out));
+  if (prefill_.num_tiles > 0) SLIMKV_RETURN_IF_ERROR(run_prefill(kv, q, scale, out));
+  return Status::ok();
+}
+
+Status CudaZackAttention::run_decode(int layer, const ZackKvView& kv, const uint16_t* q, float scale, uint16_t* out) {
   const int first_task = layer_tasks_[size_t(layer)], num_tasks = layer_tasks_[size_t(layer) + 1] - first_task;
   const int units = num_tiles_ * shape_.num_kv_heads;
   ZackLaunch p{};
@@ -510,6 +545,38 @@ Status CudaZackAttention::run(int layer, const ZackKvView& kv, const uint16_t* q
     zack_merge_kernel<8><<<dim3(unsigned(units), 8), 128>>>(p);
   }
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return Status::ok();
+}
+
+// The prefill kernel's launch reads the step's metadata as the dense kernels do (split_k.cuh), from the
+// prefill tiles on; the blocks' tables are the ZACK view's.
+Status CudaZackAttention::run_prefill(const ZackKvView& kv, const uint16_t* q, float scale, uint16_t* out) {
+  AttentionLaunch p{};
+  p.q = reinterpret_cast<const __half*>(q);
+  p.out = reinterpret_cast<__half*>(out);
+  p.block_tables = kv.block_tables;
+  p.block_table_stride = kv.block_table_stride;
+  point_at_batch(p, metadata_.data(), shape_.max_batch);
+  p.tiles += prefill_.first_tile;
+  p.num_heads = shape_.num_heads;
+  p.num_kv_heads = shape_.num_kv_heads;
+  p.head_dim = shape_.head_dim;
+  p.group = group_;
+  p.positions_per_tile = kPrefillTileRows / group_;
+  p.rows_per_tile = kPrefillTileRows;
+  p.blocks_per_split = prefill_.blocks_per_split;
+  p.num_splits = p.split_stride = prefill_.num_splits;
+  p.num_tiles = prefill_.num_tiles;
+  p.scale = scale;
+  p.scale_log2 = scale * kLog2e;
+  p.partial_acc = partial_acc_.data();
+  p.partial_max_sum = reinterpret_cast<float2*>(partial_max_sum_.data());
+  launch_zack_prefill_attention(p, kv);
+  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  if (p.num_splits > 1) {  // one split wrote the output itself
+    launch_merge_split_partials(p);
+    SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  }
   return Status::ok();
 }
 
