@@ -7,6 +7,7 @@
 #include <limits>
 #include <numeric>
 #include <tuple>
+#include <utility>
 
 #include "attention/cuda/device_ops.cuh"
 #include "attention/cuda/softmax_state.cuh"
@@ -392,6 +393,18 @@ Expected<std::unique_ptr<CudaZackAttention>> CudaZackAttention::create(const Zac
   return Expected<std::unique_ptr<CudaZackAttention>>(std::move(attention));
 }
 
+namespace {
+
+// Makes a device array hold at least n elements (doubling, so that steps growing by a little reallocate rarely).
+template <typename T>
+Status grow(DeviceArray<T>& array, size_t n, const char* what) {
+  if (array.size() >= n) return Status::ok();
+  SLIMKV_ASSIGN_OR_RETURN(array, DeviceArray<T>::allocate(std::max(n, 2 * array.size()), what));
+  return Status::ok();
+}
+
+}  // namespace
+
 Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedule schedule) {
   auto metadata = lay_out_attention_sequences(batch, shape_.max_batch, shape_.max_queries);
   if (!metadata) return metadata.status().with_context("CUDA ZACK attention");
@@ -415,20 +428,34 @@ Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedule sc
     if (prefill_.num_splits > 1) prefill_rows = size_t(independent_ctas) * kPrefillTileRows * size_t(prefill_.num_splits);
   }
   const int* tiles = metadata->data() + attention_tiles_offset(shape_.max_batch);
-  // The blocks each tile reads: up to its last query's position (causal).
+  // The blocks each decode tile reads: up to its last query's position (causal).
   std::vector<int> tile_blocks(static_cast<size_t>(num_tiles_));
-  int max_tile_blocks = 0;
   for (int t = 0; t < num_tiles_; ++t) {
     const int b = tiles[2 * t], first = tiles[2 * t + 1], n = batch.query_counts[size_t(b)];
     const int kv_end = batch.kv_lens[size_t(b)] - n + first + std::min(positions_per_tile_, n - first);
     tile_blocks[size_t(t)] = (kv_end + kCudaBlockTokens - 1) / kCudaBlockTokens;
-    max_tile_blocks = std::max(max_tile_blocks, tile_blocks[size_t(t)]);
   }
+  // The tasks name tiles by index and blocks by number, so a step whose tiles read the blocks the last
+  // plan's did (a decode step within a block: 63 of 64) keeps them; only the metadata changes.
+  if (layer_tasks_.empty() || schedule != schedule_ || tile_blocks != planned_tile_blocks_) {
+    SLIMKV_RETURN_IF_ERROR(plan_tasks(tile_blocks, schedule));
+  }
+  SLIMKV_RETURN_IF_ERROR(grow(metadata_, metadata->size(), "ZACK attention metadata"));
+  const size_t rows = std::max(decode_partial_rows_, prefill_rows);
+  SLIMKV_RETURN_IF_ERROR(grow(partial_acc_, rows * size_t(shape_.head_dim), "ZACK attention partials"));
+  SLIMKV_RETURN_IF_ERROR(grow(partial_max_sum_, rows * 2, "ZACK attention partial sums"));
+  SLIMKV_RETURN_IF_ERROR(metadata_.upload(metadata->data(), metadata->size()));
+  return device_fill_bytes(counters_.data(), 0, counters_.bytes());
+}
+
+// Every layer's decode tasks (their ranks differ) over tiles reading tile_blocks[t] blocks, uploaded.
+Status CudaZackAttention::plan_tasks(const std::vector<int>& tile_blocks, ZackSchedule schedule) {
+  int max_tile_blocks = 0;
+  for (int blocks : tile_blocks) max_tile_blocks = std::max(max_tile_blocks, blocks);
   const int target_tasks = shape_.tasks_per_cta * resident_ctas_;
   const int G = shape_.num_kv_heads, units = num_tiles_ * G;
   std::vector<ZackTask> tasks;
-  std::vector<int> order, unit_tasks;
-  layer_tasks_.assign(1, 0);
+  std::vector<int> order, unit_tasks, layer_tasks(1, 0);
   size_t max_layer_tasks = 0;
   for (int l = 0; l < shape_.num_layers; ++l) {
     const auto cost = [&](int g) {
@@ -469,28 +496,21 @@ Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedule sc
                        [&](int a, int b) { return task_cost(a) > task_cost(b); });
     }
     order.insert(order.end(), layer_order.begin(), layer_order.end());
-    layer_tasks_.push_back(int(tasks.size()));
+    layer_tasks.push_back(int(tasks.size()));
     max_layer_tasks = std::max(max_layer_tasks, layer_count);
   }
-  schedule_ = schedule;
-  const auto grow = [](auto& array, size_t n, const char* what) -> Status {
-    if (array.size() >= n) return Status::ok();
-    using Array = std::remove_reference_t<decltype(array)>;
-    SLIMKV_ASSIGN_OR_RETURN(array, Array::allocate(std::max(n, 2 * array.size()), what));
-    return Status::ok();
-  };
-  SLIMKV_RETURN_IF_ERROR(grow(metadata_, metadata->size(), "ZACK attention metadata"));
+  layer_tasks_.clear();  // a failure below leaves no plan to keep
   SLIMKV_RETURN_IF_ERROR(grow(tasks_, tasks.size(), "ZACK attention tasks"));
   SLIMKV_RETURN_IF_ERROR(grow(order_, order.size(), "ZACK attention task order"));
   SLIMKV_RETURN_IF_ERROR(grow(unit_tasks_, unit_tasks.size(), "ZACK attention units"));
-  const size_t rows = std::max(max_layer_tasks * kZackWarps * size_t(rows_per_tile_), prefill_rows);
-  SLIMKV_RETURN_IF_ERROR(grow(partial_acc_, rows * size_t(shape_.head_dim), "ZACK attention partials"));
-  SLIMKV_RETURN_IF_ERROR(grow(partial_max_sum_, rows * 2, "ZACK attention partial sums"));
-  SLIMKV_RETURN_IF_ERROR(metadata_.upload(metadata->data(), metadata->size()));
   SLIMKV_RETURN_IF_ERROR(tasks_.upload(tasks.data(), tasks.size()));
   SLIMKV_RETURN_IF_ERROR(order_.upload(order.data(), order.size()));
   SLIMKV_RETURN_IF_ERROR(unit_tasks_.upload(unit_tasks.data(), unit_tasks.size()));
-  return device_fill_bytes(counters_.data(), 0, counters_.bytes());
+  layer_tasks_ = std::move(layer_tasks);
+  schedule_ = schedule;
+  planned_tile_blocks_ = tile_blocks;
+  decode_partial_rows_ = max_layer_tasks * kZackWarps * size_t(rows_per_tile_);
+  return Status::ok();
 }
 
 Status CudaZackAttention::run(int layer, const ZackKvView& kv, const uint16_t* q, float scale, uint16_t* out) {

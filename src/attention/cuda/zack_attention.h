@@ -52,8 +52,9 @@ class CudaZackAttention {
  public:
   static Expected<std::unique_ptr<CudaZackAttention>> create(const ZackAttentionShape& shape);
 
-  // Lays out the step's tasks for every layer (their ranks differ) and uploads them once; the plan holds
-  // until the next call.
+  // Lays out the step's tasks for every layer (their ranks differ) and uploads them once (a decode step
+  // whose tiles read the blocks the last plan's read keeps them: only its metadata is uploaded), and the
+  // prefill kernel's tiles and splits; the plan holds until the next call.
   Status plan(const PagedAttentionBatch& batch, ZackSchedule schedule = ZackSchedule::kBalanced);
 
   // q: FP16 [queries, num_heads, head_dim] whose head h holds its reduced query in the first
@@ -75,6 +76,7 @@ class CudaZackAttention {
   };
 
   explicit CudaZackAttention(const ZackAttentionShape& shape) : shape_(shape) {}
+  Status plan_tasks(const std::vector<int>& tile_blocks, ZackSchedule schedule);
   Status run_decode(int layer, const ZackKvView& kv, const uint16_t* q, float scale, uint16_t* out);
   Status run_prefill(const ZackKvView& kv, const uint16_t* q, float scale, uint16_t* out);
 
@@ -89,6 +91,8 @@ class CudaZackAttention {
   PrefillPart prefill_;
   ZackSchedule schedule_ = ZackSchedule::kBalanced;
   std::vector<int> layer_tasks_;  // [num_layers + 1]: each layer's first task
+  std::vector<int> planned_tile_blocks_;  // [decode tiles]: the blocks each read when the tasks were laid out
+  size_t decode_partial_rows_ = 0;        // the tasks' partial rows (of the layer with the most)
   DeviceArray<int> metadata_;
   DeviceArray<ZackTask> tasks_;
   DeviceArray<int> order_;        // [tasks]: canonical task index, in the order CTAs take them
