@@ -115,6 +115,7 @@ struct PagedBlocks {
   __device__ int first_block() const {
     return max(kPrefix == SealedPrefix::kSkip ? sealed_blocks : 0, tq.kv_begin / kCudaBlockTokens);
   }
+  __device__ int blocks_per_split() const { return p.blocks_per_split; }
   __host__ __device__ static constexpr int q_dims() { return kHeadDim; }
   __host__ __device__ static constexpr int k_steps() { return kHeadDim / 16; }
   __host__ __device__ static constexpr int v_tiles() { return kHeadDim / 8; }

@@ -7,6 +7,7 @@
 // What differs between the kernels is where a block comes from and how it lies in shared memory, a policy
 // the tile takes (`Blocks`, plain member functions; each kernel's file defines its own):
 //   int first_block() const                     the first block the tile's rows read
+//   int blocks_per_split() const                the blocks of each split (of the grid's p.num_splits)
 //   int q_dims() const                          Q's dims the tile reads (the rest staged as zeros)
 //   int k_steps() const                         k16 steps of Q·Kᵀ (dims of K read, in 16s)
 //   int v_tiles() const                         n8 tiles of O (dims of V read, in 8s; even)
@@ -124,11 +125,12 @@ __device__ __forceinline__ void mask_causal(int block, int column, const int (&p
 }
 
 // Online softmax (FlashAttention-2 Algorithm 1, lines 9-10): each row's new max over the block (the
-// quad of lanes sharing a row agrees by shuffles) rescales its O and sum; reference[h] is what the
-// block's weights are taken against.
-template <int kHeadDim>
-__device__ __forceinline__ void update_mdo_states(const Scores& s, float scale_log2, RowState<kHeadDim>& state,
-                                                  float (&reference)[kRows]) {
+// quad of lanes sharing a row agrees by shuffles) rescales its O (the policy's v_tiles: the rest stays 0)
+// and sum; reference[h] is what the block's weights are taken against.
+template <int kHeadDim, typename Blocks>
+__device__ __forceinline__ void update_mdo_states(const Blocks& blocks, const Scores& s, float scale_log2,
+                                                  RowState<kHeadDim>& state, float (&reference)[kRows]) {
+  const int v_tiles = blocks.v_tiles();
 #pragma unroll
   for (int h = 0; h < kRows; ++h) {
     const int m = h / 2, e0 = 2 * (h % 2);
@@ -144,6 +146,7 @@ __device__ __forceinline__ void update_mdo_states(const Scores& s, float scale_l
     state.sum[h] *= rescale;
 #pragma unroll
     for (int d = 0; d < RowState<kHeadDim>::kDimTiles; ++d) {
+      if (d >= v_tiles) break;
       state.o[m][d][e0] *= rescale;
       state.o[m][d][e0 + 1] *= rescale;
     }
@@ -239,8 +242,8 @@ __device__ __forceinline__ void attend_prefill_tile(const AttentionLaunch& p, co
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int num_blocks = (tq.kv_end + kCudaBlockTokens - 1) / kCudaBlockTokens;
-  const int block_begin = blocks.first_block() + split * p.blocks_per_split;
-  const int block_end = min(block_begin + p.blocks_per_split, num_blocks);
+  const int block_begin = blocks.first_block() + split * blocks.blocks_per_split();
+  const int block_end = min(block_begin + blocks.blocks_per_split(), num_blocks);
 
   stage_queries<kHeadDim>(p, tq, kv_head, blocks.q_dims(), q_shared);
   if (block_begin < block_end) blocks.stage(block_begin, k_shared, v_shared);
@@ -281,7 +284,7 @@ __device__ __forceinline__ void attend_prefill_tile(const AttentionLaunch& p, co
       mask_causal(block, column, state.position, p.window_tokens, s);
     }
     float reference[kRows];
-    update_mdo_states(s, p.scale_log2, state, reference);
+    update_mdo_states(blocks, s, p.scale_log2, state, reference);
     compute_sfm_v<kHeadDim>(blocks, s, reference, p.scale_log2, v_block, lane, state);
     __syncthreads();  // the stage is refilled by the next iteration
   }

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
-#include <tuple>
 #include <utility>
 
 #include "attention/cuda/device_ops.cuh"
@@ -30,6 +29,11 @@ constexpr int kMaxRank = 128;  // a query's 8 k-steps of 16 dims and an output's
 // ~1 µs + rows · 7 ns: 144 rows. (Costing rows alone gave rank-8 heads 4.5x the blocks of rank-128
 // ones and ran 1.4x slower than equal ranges.)
 constexpr int kBlockOverheadRows = 144;
+// The same for a block of the prefill kernel (zack_prefill_attention.cuh), in dims of K' and V' rounded
+// to 16: its mma work grows with the dims, the softmax of 128 rows × 64 tokens (exp2, max, the mask) does
+// not. Not fitted yet: the dense kernel at d 128 spends roughly a third of its time off the tensor cores
+// (docs/results/cuda/prefill_instruction_mix_h100.txt: 128 of 796 instructions a unit are HMMA).
+constexpr int kPrefillBlockOverheadDims = 128;
 
 // K and V dims rounded up to 16: an mma's k (Q·K'ᵀ) and two n-tiles of 8 (P·V', one ldmatrix.x4).
 __host__ __device__ inline int round16(int dims) { return (dims + 15) / 16 * 16; }
@@ -390,6 +394,7 @@ Expected<std::unique_ptr<CudaZackAttention>> CudaZackAttention::create(const Zac
     attention->prefill_target_ctas_ = prefill_resident * multiprocessor_count();
   }
   SLIMKV_ASSIGN_OR_RETURN(attention->counters_, DeviceArray<int>::allocate(size_t(shape.num_layers), "ZACK task counters"));
+  SLIMKV_ASSIGN_OR_RETURN(attention->prefill_blocks_per_split_, DeviceArray<int>::allocate(heads, "ZACK prefill splits"));
   return Expected<std::unique_ptr<CudaZackAttention>>(std::move(attention));
 }
 
@@ -418,14 +423,10 @@ Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedule sc
   prefill_ = {num_tiles_, prefill ? append_attention_tiles(*metadata, batch, kPrefillTileRows / group_, 2, kAny) : 0};
   size_t prefill_rows = 0;
   if (prefill_.num_tiles > 0) {
-    int max_blocks = 0;
-    for (size_t b = 0; b < batch.kv_lens.size(); ++b) {
-      if (batch.query_counts[b] >= 2) max_blocks = std::max(max_blocks, (batch.kv_lens[b] + kCudaBlockTokens - 1) / kCudaBlockTokens);
+    SLIMKV_RETURN_IF_ERROR(plan_prefill_splits(batch));
+    if (prefill_.num_splits > 1) {
+      prefill_rows = size_t(prefill_.num_tiles) * size_t(shape_.num_kv_heads) * kPrefillTileRows * size_t(prefill_.num_splits);
     }
-    const int independent_ctas = prefill_.num_tiles * shape_.num_kv_heads;
-    std::tie(prefill_.num_splits, prefill_.blocks_per_split) =
-        divide_attention_blocks(max_blocks, prefill_target_ctas_ / independent_ctas, max_blocks);
-    if (prefill_.num_splits > 1) prefill_rows = size_t(independent_ctas) * kPrefillTileRows * size_t(prefill_.num_splits);
   }
   const int* tiles = metadata->data() + attention_tiles_offset(shape_.max_batch);
   // The blocks each decode tile reads: up to its last query's position (causal).
@@ -446,6 +447,35 @@ Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedule sc
   SLIMKV_RETURN_IF_ERROR(grow(partial_max_sum_, rows * 2, "ZACK attention partial sums"));
   SLIMKV_RETURN_IF_ERROR(metadata_.upload(metadata->data(), metadata->size()));
   return device_fill_bytes(counters_.data(), 0, counters_.bytes());
+}
+
+// Split-K for the prefill kernel as the dense prefill's (one wave of CTAs over the tiles × KV heads), each
+// head's share of the wave by its cost: a head of twice the cost takes twice the splits, so its CTAs
+// take as long as the others' (with one split count for all, the wave lasted as long as the highest
+// ranks'). Per layer (ranks differ by layer), uploaded.
+Status CudaZackAttention::plan_prefill_splits(const PagedAttentionBatch& batch) {
+  int max_blocks = 0;
+  for (size_t b = 0; b < batch.kv_lens.size(); ++b) {
+    if (batch.query_counts[b] >= 2) max_blocks = std::max(max_blocks, (batch.kv_lens[b] + kCudaBlockTokens - 1) / kCudaBlockTokens);
+  }
+  const int G = shape_.num_kv_heads;
+  const double ctas_per_unit = double(prefill_target_ctas_) / double(prefill_.num_tiles * G);
+  std::vector<int> blocks_per_split(size_t(shape_.num_layers) * size_t(G));
+  prefill_.num_splits = 1;
+  for (int l = 0; l < shape_.num_layers; ++l) {
+    const auto cost = [&](int g) {
+      const size_t i = size_t(l) * G + size_t(g);
+      return double(staged_rows(shape_.k_ranks[i], shape_.v_ranks[i]) + kPrefillBlockOverheadDims);
+    };
+    double mean_cost = 0;
+    for (int g = 0; g < G; ++g) mean_cost += cost(g) / G;
+    for (int g = 0; g < G; ++g) {
+      const auto [splits, per_split] = divide_attention_blocks(max_blocks, int(ctas_per_unit * cost(g) / mean_cost), max_blocks);
+      blocks_per_split[size_t(l) * G + size_t(g)] = per_split;
+      prefill_.num_splits = std::max(prefill_.num_splits, splits);
+    }
+  }
+  return prefill_blocks_per_split_.upload(blocks_per_split.data(), blocks_per_split.size());
 }
 
 // Every layer's decode tasks (their ranks differ) over tiles reading tile_blocks[t] blocks, uploaded.
@@ -520,7 +550,7 @@ Status CudaZackAttention::run(int layer, const ZackKvView& kv, const uint16_t* q
   }
   if (layer_tasks_.size() != size_t(shape_.num_layers) + 1) return error("CUDA ZACK attention: run before plan");
   if (num_tasks(layer) > 0) SLIMKV_RETURN_IF_ERROR(run_decode(layer, kv, q, scale, out));
-  if (prefill_.num_tiles > 0) SLIMKV_RETURN_IF_ERROR(run_prefill(kv, q, scale, out));
+  if (prefill_.num_tiles > 0) SLIMKV_RETURN_IF_ERROR(run_prefill(layer, kv, q, scale, out));
   return Status::ok();
 }
 
@@ -570,7 +600,7 @@ Status CudaZackAttention::run_decode(int layer, const ZackKvView& kv, const uint
 
 // The prefill kernel's launch reads the step's metadata as the dense kernels do (split_k.cuh), from the
 // prefill tiles on; the blocks' tables are the ZACK view's.
-Status CudaZackAttention::run_prefill(const ZackKvView& kv, const uint16_t* q, float scale, uint16_t* out) {
+Status CudaZackAttention::run_prefill(int layer, const ZackKvView& kv, const uint16_t* q, float scale, uint16_t* out) {
   AttentionLaunch p{};
   p.q = reinterpret_cast<const __half*>(q);
   p.out = reinterpret_cast<__half*>(out);
@@ -584,14 +614,13 @@ Status CudaZackAttention::run_prefill(const ZackKvView& kv, const uint16_t* q, f
   p.group = group_;
   p.positions_per_tile = kPrefillTileRows / group_;
   p.rows_per_tile = kPrefillTileRows;
-  p.blocks_per_split = prefill_.blocks_per_split;
   p.num_splits = p.split_stride = prefill_.num_splits;
   p.num_tiles = prefill_.num_tiles;
   p.scale = scale;
   p.scale_log2 = scale * kLog2e;
   p.partial_acc = partial_acc_.data();
   p.partial_max_sum = reinterpret_cast<float2*>(partial_max_sum_.data());
-  launch_zack_prefill_attention(p, kv);
+  launch_zack_prefill_attention(p, kv, prefill_blocks_per_split_.data() + size_t(layer) * size_t(shape_.num_kv_heads));
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   if (p.num_splits > 1) {  // one split wrote the output itself
     launch_merge_split_partials(p);

@@ -69,16 +69,17 @@ class CudaZackAttention {
 
  private:
   // The planned step's sequences on the prefill kernel: their tiles (after the decode tiles in the
-  // metadata) and how their blocks are split.
+  // metadata) and the most splits of a head (prefill_blocks_per_split_ has each head's blocks per split).
   struct PrefillPart {
     int first_tile = 0, num_tiles = 0;
-    int num_splits = 1, blocks_per_split = 1;
+    int num_splits = 1;
   };
 
   explicit CudaZackAttention(const ZackAttentionShape& shape) : shape_(shape) {}
   Status plan_tasks(const std::vector<int>& tile_blocks, ZackSchedule schedule);
+  Status plan_prefill_splits(const PagedAttentionBatch& batch);
   Status run_decode(int layer, const ZackKvView& kv, const uint16_t* q, float scale, uint16_t* out);
-  Status run_prefill(const ZackKvView& kv, const uint16_t* q, float scale, uint16_t* out);
+  Status run_prefill(int layer, const ZackKvView& kv, const uint16_t* q, float scale, uint16_t* out);
 
   ZackAttentionShape shape_;
   int group_ = 0, rows_per_tile_ = 0, positions_per_tile_ = 0;
@@ -98,6 +99,7 @@ class CudaZackAttention {
   DeviceArray<int> order_;        // [tasks]: canonical task index, in the order CTAs take them
   DeviceArray<int> unit_tasks_;   // [num_layers, units + 1]: each unit's first task (within its layer)
   DeviceArray<int> counters_;     // [num_layers]: the next task to take
+  DeviceArray<int> prefill_blocks_per_split_;  // [num_layers, num_kv_heads]: each head's, on the prefill kernel
   // Decode: [tasks of a layer, kZackWarps, rows_per_tile, head_dim] and [.., 2] (base-2 max, sum); then
   // prefill, reusing them: split_k.cuh's [tiles, num_kv_heads, kPrefillTileRows, splits, head_dim] and [.., 2].
   DeviceArray<float> partial_acc_;

@@ -23,8 +23,11 @@ int zack_prefill_attention_setup(int head_dim);
 
 // Grid (split, KV head, tile) as launch_prefill_attention, reading the blocks of kv (p.block_tables are
 // kv's, p.head_dim the model's, each head's q holding its reduced query in the first k_rank dims; its
-// output's dims past v_rank are written 0). With one split it writes the output directly, with several
-// the split partials, for launch_merge_split_partials.
-void launch_zack_prefill_attention(const AttentionLaunch& p, const ZackKvView& kv);
+// output's dims past v_rank are written 0). head_blocks_per_split: device [num_kv_heads], each head's
+// blocks per split (p.blocks_per_split unused), so that a head of higher ranks takes more of the grid's
+// p.num_splits splits and every CTA about the same work (ZACK §5.3's balance; a head's splits past its
+// blocks write empty partials). With one split it writes the output directly, with several the split
+// partials, for launch_merge_split_partials.
+void launch_zack_prefill_attention(const AttentionLaunch& p, const ZackKvView& kv, const int* head_blocks_per_split);
 
 }  // namespace slimkv::cuda
