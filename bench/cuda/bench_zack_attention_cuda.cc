@@ -10,8 +10,8 @@
 // this machine lacks, and random weights have flat spectra (every head the same rank). --skewed adds a row
 // whose heads alternate between rank d and rank 8 (K and V): the balancing's worst case.
 // Each zack row runs both schedules: balanced (ZACK §5.3: cost-sized ranges, longest first, dynamic) and
-// uniform (equal block ranges, static order); a prefill chunk takes neither (zack_prefill_attention.cuh), so
-// --queries > 1 prints the balanced column alone. --codec hack|quant adds zack followed by that codec
+// uniform (equal block ranges, static order); with --queries > 1 the prefill kernel's splits: balanced
+// (each head's share of the wave of CTAs by its cost) and uniform (the same splits for every head). --codec hack|quant adds zack followed by that codec
 // (--codec-bits; the ranks rounded up to multiples of 4, as align=4 does: gpu_zack_quantized_kv.cc's
 // decode attention, CudaPagedAttention::run_quantized over heads of their own dims) beside the codec at
 // the full head dim.
@@ -134,10 +134,10 @@ HeadDims codec_dims(const Options& o, const Ranks& r) {
 }
 
 struct ZackTimes {
-  double balanced_ms, uniform_ms;  // uniform_ms: decode only
+  double balanced_ms, uniform_ms;
 };
 
-// ms per step of ZACK attention at these ranks, both schedules (decode) or the prefill kernel's.
+// ms per step of ZACK attention at these ranks, both schedules.
 Expected<ZackTimes> zack_ms(const Options& o, int context, const Ranks& r) {
   constexpr int kChunkTokens = 4096;
   const int d = o.head_dim, blocks_per_sequence = (context + kCudaBlockTokens - 1) / kCudaBlockTokens;
@@ -177,9 +177,7 @@ Expected<ZackTimes> zack_ms(const Options& o, int context, const Ranks& r) {
   const PagedAttentionBatch batch = step_batch(o, ids, context);
   const float scale = 1.0f / std::sqrt(float(d));
   ZackTimes times{0, 0};
-  const bool decode = o.queries == 1;
   for (ZackSchedule schedule : {ZackSchedule::kBalanced, ZackSchedule::kUniform}) {
-    if (!decode && schedule == ZackSchedule::kUniform) break;
     SLIMKV_RETURN_IF_ERROR(attention->plan(batch, schedule));
     SLIMKV_ASSIGN_OR_RETURN(double ms, median_launch_ms([&] { return attention->run(0, cache->view(0), q.data(), scale, out.data()); },
                                                         o.repetitions, 10, 5));
@@ -233,8 +231,8 @@ int run(int argc, char** argv) {
                 "%d tasks per resident CTA\n", o.batch, o.heads, o.kv_heads, o.head_dim, o.tasks_per_cta);
   } else {
     std::printf("prefill attention: batch %d, a chunk of %d queries per sequence at the end of its context, %d q / %d KV "
-                "heads, d %d; dense FP16 vs zack, both on their tensor-core prefill kernels (dense TFLOP/s: causal "
-                "Q·Kᵀ and P·V at d)\n", o.batch, o.queries, o.heads, o.kv_heads, o.head_dim);
+                "heads, d %d; dense FP16 vs zack (splits balanced by rank | uniform), both on their tensor-core prefill "
+                "kernels (dense TFLOP/s: causal Q·Kᵀ and P·V at d)\n", o.batch, o.queries, o.heads, o.kv_heads, o.head_dim);
   }
   const std::string codec = o.codec.empty() ? "" : str_cat(o.codec, ":bits=", o.codec_bits);
   if (!codec.empty()) {
@@ -250,11 +248,7 @@ int run(int argc, char** argv) {
   if (!decode) std::printf(" %8s", "TFLOP/s");
   if (!codec.empty()) std::printf(" %10s %7s", str_cat(o.codec, " ms").c_str(), "x dense");
   for (const Ranks& r : variants) {
-    if (decode) {
-      std::printf(" | %-10s %8s %8s %7s %7s", r.name.c_str(), "bal ms", "uni ms", "x dense", "bal/uni");
-    } else {
-      std::printf(" | %-10s %8s %7s", r.name.c_str(), "ms", "x dense");
-    }
+    std::printf(" | %-10s %8s %8s %7s %7s", r.name.c_str(), "bal ms", "uni ms", "x dense", "bal/uni");
     if (!codec.empty()) std::printf(" %10s %7s %7s", str_cat("+", o.codec, " ms").c_str(), "x dense", str_cat("x ", o.codec).c_str());
   }
   std::printf("\n");
@@ -277,12 +271,8 @@ int run(int argc, char** argv) {
     for (const Ranks& r : variants) {
       auto z = zack_ms(o, context, r);
       if (failed(z.status())) return 1;
-      if (decode) {
-        std::printf(" | %-10s %8.4f %8.4f %7.2f %7.2f", "", z->balanced_ms, z->uniform_ms, *dense / z->balanced_ms,
-                    z->uniform_ms / z->balanced_ms);
-      } else {
-        std::printf(" | %-10s %8.4f %7.2f", "", z->balanced_ms, *dense / z->balanced_ms);
-      }
+      std::printf(" | %-10s %8.4f %8.4f %7.2f %7.2f", "", z->balanced_ms, z->uniform_ms, *dense / z->balanced_ms,
+                  z->uniform_ms / z->balanced_ms);
       if (!codec.empty()) {
         auto reduced = quantized_ms(o, context, codec_dims(o, r));
         if (failed(reduced.status())) return 1;

@@ -245,7 +245,9 @@ TEST_F(ZackAttentionTest, PrefillChunksMatchTheReference) {
       {{{1000, 700}, 333, 8, 4, 64, 333}, 0},            // GQA 2, several chunks, the last ones shorter
       {{{600, 3, 513}, 2, 8, 4, 64, 300}, 0},            // 2-query chunks, then chunks beside a decode
   };
-  for (const Prefill& p : cases) check(p.c, ZackSchedule::kBalanced, p.filled_tokens);
+  for (const Prefill& p : cases) {  // the schedules split the heads' blocks differently (zack_attention.h)
+    for (ZackSchedule schedule : {ZackSchedule::kBalanced, ZackSchedule::kUniform}) check(p.c, schedule, p.filled_tokens);
+  }
 }
 
 TEST_F(ZackAttentionTest, ABlockHoldsExactlyItsRanks) {

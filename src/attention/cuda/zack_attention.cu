@@ -423,7 +423,7 @@ Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedule sc
   prefill_ = {num_tiles_, prefill ? append_attention_tiles(*metadata, batch, kPrefillTileRows / group_, 2, kAny) : 0};
   size_t prefill_rows = 0;
   if (prefill_.num_tiles > 0) {
-    SLIMKV_RETURN_IF_ERROR(plan_prefill_splits(batch));
+    SLIMKV_RETURN_IF_ERROR(plan_prefill_splits(batch, schedule));
     if (prefill_.num_splits > 1) {
       prefill_rows = size_t(prefill_.num_tiles) * size_t(shape_.num_kv_heads) * kPrefillTileRows * size_t(prefill_.num_splits);
     }
@@ -449,11 +449,11 @@ Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedule sc
   return device_fill_bytes(counters_.data(), 0, counters_.bytes());
 }
 
-// Split-K for the prefill kernel as the dense prefill's (one wave of CTAs over the tiles × KV heads), each
-// head's share of the wave by its cost: a head of twice the cost takes twice the splits, so its CTAs
-// take as long as the others' (with one split count for all, the wave lasted as long as the highest
-// ranks'). Per layer (ranks differ by layer), uploaded.
-Status CudaZackAttention::plan_prefill_splits(const PagedAttentionBatch& batch) {
+// Split-K for the prefill kernel as the dense prefill's (one wave of CTAs over the tiles × KV heads).
+// Balanced: each head's share of the wave by its cost, a head of twice the cost taking twice the splits,
+// so that its CTAs take as long as the others' (uniform: the same splits for every head, and the wave
+// lasts as long as the highest ranks' CTAs). Per layer (ranks differ by layer), uploaded.
+Status CudaZackAttention::plan_prefill_splits(const PagedAttentionBatch& batch, ZackSchedule schedule) {
   int max_blocks = 0;
   for (size_t b = 0; b < batch.kv_lens.size(); ++b) {
     if (batch.query_counts[b] >= 2) max_blocks = std::max(max_blocks, (batch.kv_lens[b] + kCudaBlockTokens - 1) / kCudaBlockTokens);
@@ -470,7 +470,8 @@ Status CudaZackAttention::plan_prefill_splits(const PagedAttentionBatch& batch) 
     double mean_cost = 0;
     for (int g = 0; g < G; ++g) mean_cost += cost(g) / G;
     for (int g = 0; g < G; ++g) {
-      const auto [splits, per_split] = divide_attention_blocks(max_blocks, int(ctas_per_unit * cost(g) / mean_cost), max_blocks);
+      const double share = schedule == ZackSchedule::kBalanced ? cost(g) / mean_cost : 1.0;
+      const auto [splits, per_split] = divide_attention_blocks(max_blocks, int(ctas_per_unit * share), max_blocks);
       blocks_per_split[size_t(l) * G + size_t(g)] = per_split;
       prefill_.num_splits = std::max(prefill_.num_splits, splits);
     }

@@ -15,6 +15,8 @@
 // Prefill (a step in which some sequence has kPrefillMinQueries or more queries, head_dim 64 or 128): those
 // sequences take the tensor-core prefill kernel (zack_prefill_attention.cuh: 128-row tiles, each block
 // staged once per tile, split-K as the dense prefill's), the step's one-query sequences the tasks above.
+// Its splits: kBalanced gives each head a share of the wave of CTAs by its cost, kUniform the same
+// splits to every head.
 #pragma once
 
 #include <cstdint>
@@ -77,7 +79,7 @@ class CudaZackAttention {
 
   explicit CudaZackAttention(const ZackAttentionShape& shape) : shape_(shape) {}
   Status plan_tasks(const std::vector<int>& tile_blocks, ZackSchedule schedule);
-  Status plan_prefill_splits(const PagedAttentionBatch& batch);
+  Status plan_prefill_splits(const PagedAttentionBatch& batch, ZackSchedule schedule);
   Status run_decode(int layer, const ZackKvView& kv, const uint16_t* q, float scale, uint16_t* out);
   Status run_prefill(int layer, const ZackKvView& kv, const uint16_t* q, float scale, uint16_t* out);
 
