@@ -161,6 +161,9 @@ void check(const ZackCase& c, ZackSchedule schedule, int filled_tokens = 0) {
     SLIMKV_ASSERT_OK(q_dev.upload(q_halves.data(), q_halves.size()));
     write_step(plan, total);
     SLIMKV_ASSERT_OK(attention->plan(plan, schedule));
+    // Chunks of 2+ queries take the tensor-core prefill kernel where it is built (head_dim 64, 128).
+    const int most_queries = *std::max_element(plan.query_counts.begin(), plan.query_counts.end());
+    EXPECT_EQ(attention->num_prefill_tiles() > 0, most_queries >= 2 && (d == 64 || d == 128));
     const uint16_t* reduced = take(cache->project_queries(layer, q_dev.data()));
     SLIMKV_ASSERT_OK(attention->run(layer, cache->view(layer), reduced, scale, out_dev.data()));
     std::vector<uint16_t> out(size_t(total) * H * d);
