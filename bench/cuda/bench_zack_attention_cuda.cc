@@ -1,6 +1,8 @@
-// ZACK decode attention on the GPU (attention/cuda/zack_attention.h over kv/cuda/zack_kv_cache.h) against
-// dense FP16 paged attention (attention/cuda/paged_attention.h): one new query per sequence, a batch of
-// equal contexts, one layer of the given shape (default Llama-3-8B's: 32 q / 8 KV heads, d 128).
+// ZACK attention on the GPU (attention/cuda/zack_attention.h over kv/cuda/zack_kv_cache.h) against
+// dense FP16 paged attention (attention/cuda/paged_attention.h): one new query per sequence (decode), or
+// with --queries N a chunk of N new queries per sequence, the last N of its context (prefill: both on
+// their tensor-core prefill kernels), a batch of equal contexts, one layer of the given shape (default
+// Llama-3-8B's: 32 q / 8 KV heads, d 128).
 //
 // Ranks: per KV head, K and V ranks drawn around the mean that each KV compression gives (1 − stored dims
 // / full dims), log-normally spread (sigma --spread) and clipped to 8..d, then nudged so the layer's total
@@ -8,13 +10,15 @@
 // this machine lacks, and random weights have flat spectra (every head the same rank). --skewed adds a row
 // whose heads alternate between rank d and rank 8 (K and V): the balancing's worst case.
 // Each zack row runs both schedules: balanced (ZACK §5.3: cost-sized ranges, longest first, dynamic) and
-// uniform (equal block ranges, static order). --codec hack|quant adds zack followed by that codec
+// uniform (equal block ranges, static order); with --queries > 1 the prefill kernel's splits: balanced
+// (each head's share of the wave of CTAs by its cost) and uniform (the same splits for every head). --codec hack|quant adds zack followed by that codec
 // (--codec-bits; the ranks rounded up to multiples of 4, as align=4 does: gpu_zack_quantized_kv.cc's
 // decode attention, CudaPagedAttention::run_quantized over heads of their own dims) beside the codec at
 // the full head dim.
 //
 //   bench_zack_attention_cuda --batch 8 --contexts 4096,16384,65536 --compressions 0.3,0.5,0.7 --skewed
 //   bench_zack_attention_cuda --batch 8 --contexts 4096,16384,65536 --compressions 0.5 --codec hack --codec-bits 4
+//   bench_zack_attention_cuda --batch 1 --queries 512 --contexts 4096,16384,65536 --compressions 0.3,0.5,0.7
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
@@ -36,6 +40,7 @@ namespace {
 
 struct Options {
   int batch = 8, heads = 32, kv_heads = 8, head_dim = 128;
+  int queries = 1;  // new queries per sequence: 1 decode, more a prefill chunk
   std::vector<int> contexts = {4096, 8192, 16384, 32768, 65536};
   std::vector<double> compressions = {0.3, 0.5, 0.7};
   double spread = 0.5;
@@ -80,34 +85,40 @@ double compression_of(const Options& o, const Ranks& r) {
   return 1.0 - double(total) / (2.0 * o.kv_heads * o.head_dim);
 }
 
-// ms per decode step of paged attention over `kv` (one query per sequence at `context`): `run` is the
-// kernel's call, given the attention, the queries, the scale and the output.
+// The step every variant runs: o.queries new queries of each sequence, the last of its `context` tokens.
+PagedAttentionBatch step_batch(const Options& o, const std::vector<int>& ids, int context) {
+  return {ids, std::vector<int>(size_t(o.batch), context), std::vector<int>(size_t(o.batch), o.queries)};
+}
+
+// ms per step of paged attention over `kv` (step_batch at `context`): `run` is the kernel's call, given
+// the attention, the queries, the scale and the output.
 template <typename Run>
-Expected<double> decode_step_ms(const Options& o, const RandomKv& kv, int context, Run run) {
+Expected<double> step_ms(const Options& o, const RandomKv& kv, int context, Run run) {
+  const int max_queries = o.batch * o.queries;
   SLIMKV_ASSIGN_OR_RETURN(auto attention,
-                          CudaPagedAttention::create({o.heads, o.kv_heads, o.head_dim, o.batch, o.batch}));
-  const size_t q_elements = size_t(o.batch) * o.heads * o.head_dim;
+                          CudaPagedAttention::create({o.heads, o.kv_heads, o.head_dim, o.batch, max_queries}));
+  const size_t q_elements = size_t(max_queries) * o.heads * o.head_dim;
   SLIMKV_ASSIGN_OR_RETURN(auto q, DeviceArray<uint16_t>::allocate(q_elements, "queries"));
   SLIMKV_ASSIGN_OR_RETURN(auto out, DeviceArray<uint16_t>::allocate(q_elements, "outputs"));
   SLIMKV_RETURN_IF_ERROR(fill_random_fp16(q.data(), q_elements, 99, 1.0f));
-  SLIMKV_RETURN_IF_ERROR(attention->plan({kv.ids, std::vector<int>(size_t(o.batch), context), std::vector<int>(size_t(o.batch), 1)}));
+  SLIMKV_RETURN_IF_ERROR(attention->plan(step_batch(o, kv.ids, context)));
   const float scale = 1.0f / std::sqrt(float(o.head_dim));
   return median_launch_ms([&] { return run(*attention, q.data(), scale, out.data()); }, o.repetitions, 10, 5);
 }
 
-// ms per decode step of dense FP16 paged attention.
+// ms per step of dense FP16 paged attention.
 Expected<double> dense_ms(const Options& o, int context) {
   SLIMKV_ASSIGN_OR_RETURN(const RandomKv kv, random_kv({o.batch, context, 1, o.kv_heads, o.head_dim, "dense", 2}));
-  return decode_step_ms(o, kv, context, [&](CudaPagedAttention& attention, const uint16_t* q, float scale, uint16_t* out) {
+  return step_ms(o, kv, context, [&](CudaPagedAttention& attention, const uint16_t* q, float scale, uint16_t* out) {
     return attention.run(kv.view(), q, scale, out);
   });
 }
 
-// ms per decode step of `o.codec` over random K/V, each head at `dims` (empty: the full head dim).
+// ms per step of `o.codec` over random K/V, each head at `dims` (empty: the full head dim).
 Expected<double> quantized_ms(const Options& o, int context, const HeadDims& dims) {
   SLIMKV_ASSIGN_OR_RETURN(const RandomKv kv,
                           random_kv({o.batch, context, 1, o.kv_heads, o.head_dim, o.codec, o.codec_bits, {}, dims}));
-  return decode_step_ms(o, kv, context, [&](CudaPagedAttention& attention, const uint16_t* q, float scale, uint16_t* out) {
+  return step_ms(o, kv, context, [&](CudaPagedAttention& attention, const uint16_t* q, float scale, uint16_t* out) {
     return attention.run_quantized(kv.view(), kv.quantized->sealed_view(0), q, scale, out);
   });
 }
@@ -126,7 +137,7 @@ struct ZackTimes {
   double balanced_ms, uniform_ms;
 };
 
-// ms per decode step of ZACK attention at these ranks, both schedules.
+// ms per step of ZACK attention at these ranks, both schedules.
 Expected<ZackTimes> zack_ms(const Options& o, int context, const Ranks& r) {
   constexpr int kChunkTokens = 4096;
   const int d = o.head_dim, blocks_per_sequence = (context + kCudaBlockTokens - 1) / kCudaBlockTokens;
@@ -141,7 +152,9 @@ Expected<ZackTimes> zack_ms(const Options& o, int context, const Ranks& r) {
     }
   }
   SLIMKV_ASSIGN_OR_RETURN(auto cache, CudaZackKvCache::create(shape));
-  SLIMKV_ASSIGN_OR_RETURN(auto attention, CudaZackAttention::create({1, o.heads, o.kv_heads, d, o.batch, o.batch, r.k, r.v, o.tasks_per_cta}));
+  const int max_queries = o.batch * o.queries;
+  SLIMKV_ASSIGN_OR_RETURN(auto attention,
+                          CudaZackAttention::create({1, o.heads, o.kv_heads, d, o.batch, max_queries, r.k, r.v, o.tasks_per_cta}));
   const size_t chunk = size_t(shape.max_step_tokens) * o.kv_heads * d;
   SLIMKV_ASSIGN_OR_RETURN(auto k, DeviceArray<uint16_t>::allocate(chunk, "K chunk"));
   SLIMKV_ASSIGN_OR_RETURN(auto v, DeviceArray<uint16_t>::allocate(chunk, "V chunk"));
@@ -157,11 +170,11 @@ Expected<ZackTimes> zack_ms(const Options& o, int context, const Ranks& r) {
       SLIMKV_RETURN_IF_ERROR(cache->append(0, k.data(), v.data()));
     }
   }
-  const size_t q_elements = size_t(o.batch) * o.heads * d;
+  const size_t q_elements = size_t(max_queries) * o.heads * d;
   SLIMKV_ASSIGN_OR_RETURN(auto q, DeviceArray<uint16_t>::allocate(q_elements, "queries"));
   SLIMKV_ASSIGN_OR_RETURN(auto out, DeviceArray<uint16_t>::allocate(q_elements, "outputs"));
   SLIMKV_RETURN_IF_ERROR(fill_random_fp16(q.data(), q_elements, 99, 1.0f));
-  const PagedAttentionBatch batch{ids, std::vector<int>(size_t(o.batch), context), std::vector<int>(size_t(o.batch), 1)};
+  const PagedAttentionBatch batch = step_batch(o, ids, context);
   const float scale = 1.0f / std::sqrt(float(d));
   ZackTimes times{0, 0};
   for (ZackSchedule schedule : {ZackSchedule::kBalanced, ZackSchedule::kUniform}) {
@@ -175,11 +188,13 @@ Expected<ZackTimes> zack_ms(const Options& o, int context, const Ranks& r) {
 
 int run(int argc, char** argv) {
   Options o;
-  CLI::App app{"slimkv ZACK decode attention on the GPU vs dense FP16"};
+  CLI::App app{"slimkv ZACK attention (decode or a prefill chunk) on the GPU vs dense FP16"};
   app.add_option("--batch", o.batch)->capture_default_str();
   app.add_option("--heads", o.heads)->capture_default_str();
   app.add_option("--kv-heads", o.kv_heads)->capture_default_str();
   app.add_option("--head-dim", o.head_dim)->check(CLI::IsMember({64, 128}))->capture_default_str();
+  app.add_option("--queries", o.queries, "new queries per sequence: 1 decode, more a prefill chunk (the context's last)")
+      ->check(CLI::Range(1, 4096))->capture_default_str();
   app.add_option("--contexts", o.contexts)->delimiter(',');
   app.add_option("--compressions", o.compressions, "KV compressions (1 - kept dims / full dims)")->delimiter(',');
   app.add_option("--spread", o.spread, "log-normal sigma of the ranks around their mean")->capture_default_str();
@@ -192,6 +207,10 @@ int run(int argc, char** argv) {
   app.add_option("--codec-bits", o.codec_bits, "the codec's K and V bits")->check(CLI::IsMember({2, 4, 8}))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (failed(device_usable())) return 1;
+  if (o.queries > 1 && !o.codec.empty()) return failed(error("--codec: measured with decode only (--queries 1)")), 1;
+  for (int context : o.contexts) {
+    if (context < o.queries) return failed(error("--contexts: ", context, " is shorter than --queries ", o.queries)), 1;
+  }
   for (double c : o.compressions) {
     if (!(c >= 0.0 && c < 1.0)) return failed(error("--compressions: ", c, " is not in [0, 1)")), 1;
   }
@@ -206,8 +225,15 @@ int run(int argc, char** argv) {
     }
     variants.push_back(skewed);
   }
-  std::printf("decode attention: batch %d, %d q / %d KV heads, d %d; dense FP16 vs zack (balanced | uniform schedule), "
-              "%d tasks per resident CTA\n", o.batch, o.heads, o.kv_heads, o.head_dim, o.tasks_per_cta);
+  const bool decode = o.queries == 1;
+  if (decode) {
+    std::printf("decode attention: batch %d, %d q / %d KV heads, d %d; dense FP16 vs zack (balanced | uniform schedule), "
+                "%d tasks per resident CTA\n", o.batch, o.heads, o.kv_heads, o.head_dim, o.tasks_per_cta);
+  } else {
+    std::printf("prefill attention: batch %d, a chunk of %d queries per sequence at the end of its context, %d q / %d KV "
+                "heads, d %d; dense FP16 vs zack (splits balanced by rank | uniform), both on their tensor-core prefill "
+                "kernels (dense TFLOP/s: causal Q·Kᵀ and P·V at d)\n", o.batch, o.queries, o.heads, o.kv_heads, o.head_dim);
+  }
   const std::string codec = o.codec.empty() ? "" : str_cat(o.codec, ":bits=", o.codec_bits);
   if (!codec.empty()) {
     std::printf("  and %s at d %d, and zack+%s (ranks rounded up to multiples of 4; x %s: its time over zack+%s's)\n",
@@ -219,6 +245,7 @@ int run(int argc, char** argv) {
     std::printf("  %-10s compression %.3f  K ranks %s  V ranks %s\n", r.name.c_str(), compression_of(o, r), k.c_str(), v.c_str());
   }
   std::printf("%8s %10s", "context", "dense ms");
+  if (!decode) std::printf(" %8s", "TFLOP/s");
   if (!codec.empty()) std::printf(" %10s %7s", str_cat(o.codec, " ms").c_str(), "x dense");
   for (const Ranks& r : variants) {
     std::printf(" | %-10s %8s %8s %7s %7s", r.name.c_str(), "bal ms", "uni ms", "x dense", "bal/uni");
@@ -229,6 +256,11 @@ int run(int argc, char** argv) {
     auto dense = dense_ms(o, context);
     if (failed(dense.status())) return 1;
     std::printf("%8d %10.4f", context, *dense);
+    if (!decode) {
+      // Each query at position p sees p + 1 tokens: 4·d flops per (query head, token) for Q·Kᵀ and P·V.
+      const double seen = double(o.queries) * (context - o.queries) + double(o.queries) * (o.queries + 1) / 2;
+      std::printf(" %8.1f", 4.0 * o.head_dim * o.heads * o.batch * seen / (*dense * 1e-3) / 1e12);
+    }
     double full_codec_ms = 0;
     if (!codec.empty()) {
       auto full = quantized_ms(o, context, {});

@@ -587,7 +587,7 @@ __global__ __launch_bounds__(kHackPrefillThreads, kMinCtas) void hack_prefill_pa
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const TileQueries tq(p, tile);
   const int sealed_blocks = tq.first_position / T;  // wholly before the step's first new token
-  const TileSplit range(p, tq, split, 0, sealed_blocks);
+  const TileSplit range = tile_split(p, tq, split, 0, sealed_blocks);
   const int block_begin = range.begin;
   const int blocks = max(0, range.end - block_begin);
   const int sequence = p.sequence_ids[tq.batch_index];

@@ -121,7 +121,7 @@ __global__ __launch_bounds__(kThreads) void paged_attention_partials(AttentionLa
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const TileQueries tq(p, tile);
   const int num_blocks = (tq.kv_end + kCudaBlockTokens - 1) / kCudaBlockTokens;
-  const TileSplit range(p, tq, split, tq.kv_begin / kCudaBlockTokens, num_blocks);
+  const TileSplit range = tile_split(p, tq, split, tq.kv_begin / kCudaBlockTokens, num_blocks);
   const int block_begin = range.begin, block_end = range.end;
   const int dim0 = (lane % kLanesPerToken) * 8;
   const int token_in_step = lane / kLanesPerToken;
@@ -496,6 +496,12 @@ int CudaPagedAttention::tile_rows(const Part& part) const { return part.tensor_c
 
 int CudaPagedAttention::tile_positions(const Part& part) const {
   return part.tensor_cores ? kPrefillTileRows / group_ : positions_per_tile_;
+}
+
+std::pair<int, int> divide_attention_blocks(int blocks, int wanted, int most_splits) {
+  const int splits = std::clamp(wanted, 1, std::max(1, std::min(blocks, most_splits)));
+  const int per_split = (blocks + splits - 1) / splits;
+  return {(blocks + per_split - 1) / per_split, per_split};
 }
 
 namespace {

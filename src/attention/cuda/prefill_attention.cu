@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "attention/cuda/device_ops.cuh"
-#include "attention/cuda/softmax_state.cuh"
+#include "attention/cuda/prefill_attention_tile.cuh"
 
 namespace slimkv::cuda {
 namespace {
@@ -92,302 +92,92 @@ __device__ inline void dequantize_sealed_block(const uint8_t* block, const Quant
   }
 }
 
-// --- the kernel's parts (FlashInfer's compute_qk / update_mdo_states / compute_sfm_v shape) ---
+// --- the paged KV's blocks (prefill_attention_tile.cuh's policy) ---
 
-constexpr int kRowTiles = kPrefillRowTilesPerWarp;
-constexpr int kRows = 2 * kRowTiles;               // rows of S and O a lane holds
-constexpr int kTokenTiles = kCudaBlockTokens / 8;  // n8 tiles of S per block
-
-// What a lane holds of its warp's rows, in the mma accumulator layout: in row tile m it holds rows
-// g = lane / 4 and g + 8, and columns 2(lane % 4), +1 of every 8-column tile of S and O; its row
-// h = 2m + (0 or 1). The softmax state is in base 2 (scores · scale · log2 e).
-template <int kHeadDim>
-struct RowState {
-  static constexpr int kDimTiles = kHeadDim / 8;  // n8 tiles of O
-  int position[kRows];  // the row's query position (inactive rows: the tile's last)
-  float running_max[kRows], sum[kRows];
-  float o[kRowTiles][kDimTiles][4];
-};
-using Scores = float[kRowTiles][kTokenTiles][4];  // S of the warp's rows × one block
-
-// Q rows of the tile (zeros for inactive rows) into shared memory, through cp.async.
-template <int kHeadDim>
-__device__ __forceinline__ void stage_queries(const AttentionLaunch& p, const TileQueries& tq, int kv_head, __half* q_shared) {
-  constexpr int kChunks = kHeadDim / 8;
-  for (int i = threadIdx.x; i < kPrefillTileRows * kChunks; i += kPrefillThreads) {
-    const int r = i / kChunks, chunk = i % kChunks;
-    const bool active = r < tq.active_rows;
-    const int head = kv_head * p.group + r % p.group;
-    const size_t query = size_t(tq.query_begin + tq.first_query + (active ? r / p.group : 0));
-    cp_async_16(q_shared + swizzled<kHeadDim>(r, chunk), p.q + (query * p.num_heads + (active ? head : 0)) * kHeadDim + chunk * 8,
-                active);
-  }
-}
-
-// Block `block` of the sequence into stage tiles k, v (tokens past kv_end zero-filled), through
-// cp.async; a sealed block (kDequantize) arrives packed in `packed` instead, dequantized once in.
-template <int kHeadDim, SealedPrefix kPrefix>
-__device__ __forceinline__ void stage_block(const AttentionLaunch& p, const QuantizedKvView& sealed, const TileQueries& tq,
-                                            int sequence, const int* table, int sealed_blocks, int kv_head, int block,
-                                            __half* k, __half* v, uint8_t* packed) {
-  constexpr int kChunks = kHeadDim / 8;
-  constexpr int kBlockHalves = kCudaBlockTokens * kHeadDim;
-  if constexpr (kPrefix == SealedPrefix::kDequantize) {
-    if (block < sealed_blocks) {
-      const uint8_t* source = sealed_block_address(sealed, p, sequence, block, kv_head);
-      const int bytes = sealed_head(sealed, kv_head, kHeadDim).offsets.block_bytes;
-      for (int i = threadIdx.x * 16; i < bytes; i += kPrefillThreads * 16) cp_async_16(packed + i, source + i);
-      return;
-    }
-  }
-  const size_t offset = (size_t(table[block]) * p.num_kv_heads + kv_head) * kBlockHalves;
-  for (int i = threadIdx.x; i < kCudaBlockTokens * kChunks; i += kPrefillThreads) {
-    const int token = i / kChunks, chunk = i % kChunks;
-    const int at = block * kCudaBlockTokens + token;
-    const bool valid = at < tq.kv_end && at >= tq.kv_begin;  // zeros elsewhere (a freed block's stale values)
-    const size_t source = offset + size_t(token) * kHeadDim + chunk * 8;
-    cp_async_16(k + swizzled<kHeadDim>(token, chunk), p.k_pool + source, valid);
-    cp_async_16(v + swizzled<kHeadDim>(token, chunk), p.v_pool + source, valid);
-  }
-}
-
-// S = Q · Kᵀ for the warp's rows × the block's 64 tokens (K rows are Kᵀ's columns), two k16 steps at a
-// time; Q's fragments come from shared memory each time (registers hold S and O). Each K fragment
-// serves the warp's kRowTiles row tiles: half the shared-memory traffic per mma of one tile.
-template <int kHeadDim>
-__device__ __forceinline__ void compute_qk(const __half* q_shared, const __half* k_block, int warp_row, int lane, Scores& s) {
-  constexpr int kKSteps = kHeadDim / 16;  // k16 steps of Q·Kᵀ
-#pragma unroll
-  for (int m = 0; m < kRowTiles; ++m) {
-#pragma unroll
-    for (int j = 0; j < kTokenTiles; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.0f;
-  }
-#pragma unroll
-  for (int kk = 0; kk < kKSteps; kk += 2) {
-    unsigned a[kRowTiles][2][4];
-#pragma unroll
-    for (int m = 0; m < kRowTiles; ++m) {
-      const int r = warp_row + 16 * m + lane % 8 + (lane / 8 % 2) * 8;
-      ldmatrix_x4(a[m][0], q_shared + swizzled<kHeadDim>(r, 2 * kk + lane / 16));
-      ldmatrix_x4(a[m][1], q_shared + swizzled<kHeadDim>(r, 2 * kk + 2 + lane / 16));
-    }
-#pragma unroll
-    for (int j = 0; j < kTokenTiles; ++j) {
-      unsigned b[4];
-      ldmatrix_x4(b, k_block + swizzled<kHeadDim>(8 * j + lane % 8, 2 * kk + lane / 8));
-#pragma unroll
-      for (int m = 0; m < kRowTiles; ++m) {
-        mma_16816(s[m][j], a[m][0], b[0], b[1]);
-        mma_16816(s[m][j], a[m][1], b[2], b[3]);
-      }
-    }
-  }
-}
-
-// The causal mask (and the sequence's end) and the sliding window: -inf where a token lies after the
-// row's position or before its window.
-__device__ __forceinline__ void mask_causal(int block, int column, const int (&position)[kRows], int window_tokens,
-                                            Scores& s) {
-#pragma unroll
-  for (int m = 0; m < kRowTiles; ++m) {
-#pragma unroll
-    for (int j = 0; j < kTokenTiles; ++j) {
-      const int token = block * kCudaBlockTokens + 8 * j + column;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (masked_token(token + e % 2, position[2 * m + e / 2], window_tokens)) s[m][j][e] = -INFINITY;
-      }
-    }
-  }
-}
-
-// Online softmax (FlashAttention-2 Algorithm 1, lines 9-10): each row's new max over the block (the
-// quad of lanes sharing a row agrees by shuffles) rescales its O and sum; reference[h] is what the
-// block's weights are taken against.
-template <int kHeadDim>
-__device__ __forceinline__ void update_mdo_states(const Scores& s, float scale_log2, RowState<kHeadDim>& state,
-                                                  float (&reference)[kRows]) {
-#pragma unroll
-  for (int h = 0; h < kRows; ++h) {
-    const int m = h / 2, e0 = 2 * (h % 2);
-    float block_max = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kTokenTiles; ++j) block_max = fmaxf(block_max, fmaxf(s[m][j][e0], s[m][j][e0 + 1]));
-    block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 1));
-    block_max = fmaxf(block_max, __shfl_xor_sync(kFullMask, block_max, 2));
-    const float new_max = fmaxf(state.running_max[h], block_max * scale_log2);
-    reference[h] = softmax_reference(new_max);  // all masked so far: exp2 gives 0, not NaN
-    const float rescale = exp2f(state.running_max[h] - reference[h]);
-    state.running_max[h] = new_max;
-    state.sum[h] *= rescale;
-#pragma unroll
-    for (int d = 0; d < RowState<kHeadDim>::kDimTiles; ++d) {
-      state.o[m][d][e0] *= rescale;
-      state.o[m][d][e0 + 1] *= rescale;
-    }
-  }
-}
-
-// O += P · V with P = exp2(S · scale_log2 − reference), 16 tokens at a time: S's accumulators for token
-// tiles 2t, 2t+1 are exactly the A fragment of P for k-step t (rounded to FP16).
-template <int kHeadDim>
-__device__ __forceinline__ void compute_sfm_v(const Scores& s, const float (&reference)[kRows], float scale_log2,
-                                              const __half* v_block, int lane, RowState<kHeadDim>& state) {
-#pragma unroll
-  for (int t = 0; t < kTokenTiles / 2; ++t) {
-    unsigned a[kRowTiles][4];
-#pragma unroll
-    for (int m = 0; m < kRowTiles; ++m) {
-#pragma unroll
-      for (int half_tile = 0; half_tile < 2; ++half_tile) {
-        float weight[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = 2 * m + e / 2;
-          weight[e] = exp2f(fmaf(s[m][2 * t + half_tile][e], scale_log2, -reference[h]));
-          state.sum[h] += weight[e];
-        }
-        a[m][2 * half_tile] = pack_halves(weight[0], weight[1]);
-        a[m][2 * half_tile + 1] = pack_halves(weight[2], weight[3]);
-      }
-    }
-#pragma unroll
-    for (int d = 0; d < RowState<kHeadDim>::kDimTiles; d += 2) {
-      unsigned b[4];
-      ldmatrix_x4_trans(b, v_block + swizzled<kHeadDim>(16 * t + lane % 8 + (lane / 8 % 2) * 8, d + lane / 16));
-#pragma unroll
-      for (int m = 0; m < kRowTiles; ++m) {
-        mma_16816(state.o[m][d], a[m], b[0], b[1]);
-        mma_16816(state.o[m][d + 1], a[m], b[2], b[3]);
-      }
-    }
-  }
-}
-
-// The lane's active rows: O / sum as the output (one split) or O, max and sum as the partial of `slot`.
-template <int kHeadDim>
-__device__ __forceinline__ void write_rows(const AttentionLaunch& p, const TileQueries& tq, int tile, int kv_head, int slot,
-                                           int warp_row, int lane, RowState<kHeadDim>& state) {
-  const int group_row = lane / 4, column = 2 * (lane % 4);
-  // Each row's sum over its quad of lanes; the max is already uniform over the quad.
-#pragma unroll
-  for (int h = 0; h < kRows; ++h) {
-    state.sum[h] += __shfl_xor_sync(kFullMask, state.sum[h], 1);
-    state.sum[h] += __shfl_xor_sync(kFullMask, state.sum[h], 2);
-  }
-#pragma unroll
-  for (int h = 0; h < kRows; ++h) {
-    const int m = h / 2, e0 = 2 * (h % 2);
-    const int r = warp_row + 16 * m + group_row + 8 * (h % 2);
-    if (r >= tq.active_rows) continue;
-    if (p.split_stride == 1) {
-      const float inverse = state.sum[h] > 0.0f ? 1.0f / state.sum[h] : 0.0f;
-      const int head = kv_head * p.group + r % p.group;
-      __half* out = p.out + (size_t(tq.query_begin + tq.first_query + r / p.group) * p.num_heads + head) * kHeadDim + column;
-#pragma unroll
-      for (int d = 0; d < RowState<kHeadDim>::kDimTiles; ++d) {
-        *reinterpret_cast<__half2*>(out + 8 * d) = __floats2half2_rn(state.o[m][d][e0] * inverse, state.o[m][d][e0 + 1] * inverse);
-      }
-    } else {
-      const size_t row = (size_t(tile) * p.num_kv_heads + kv_head) * kPrefillTileRows + r;
-      float* acc = p.partial_acc + (row * p.split_stride + slot) * kHeadDim + column;
-#pragma unroll
-      for (int d = 0; d < RowState<kHeadDim>::kDimTiles; ++d) {
-        *reinterpret_cast<float2*>(acc + 8 * d) = make_float2(state.o[m][d][e0], state.o[m][d][e0 + 1]);
-      }
-      if (lane % 4 == 0) p.partial_max_sum[row * p.split_stride + slot] = make_float2(state.running_max[h], state.sum[h]);
-    }
-  }
-}
-
-// --- the kernel ---
-
-// The attention of one tile of kPrefillTileRows query rows (row r: query head kv_head·group + r % group
-// at query first_query + r / group) over one split of its KV blocks. Warp w owns kRowTiles m16 tiles
-// of rows, 16·kRowTiles·w onwards (RowState). K/V blocks are double-buffered in shared memory: the next
-// block's copy runs while this one is computed.
-// kPrefix, kBits: what it does with the sealed blocks before each sequence's step (SealedPrefix; kBits
-// for kDequantize).
+// Block `block` of the sequence's FP16 pages into stage tiles k, v [token][dim] (tokens outside the
+// tile's [kv_begin, kv_end) zero-filled), through cp.async; a sealed block (kDequantize) arrives packed
+// in `packed` instead, and land() dequantizes it into the tiles.
 template <int kHeadDim, SealedPrefix kPrefix, int kBits>
-__global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(AttentionLaunch p, QuantizedKvView sealed) {
-  constexpr int kBlockHalves = kCudaBlockTokens * kHeadDim;
-  extern __shared__ uint4 shared_raw[];
-  __half* q_shared = reinterpret_cast<__half*>(shared_raw);   // [kPrefillTileRows, kHeadDim]
-  __half* k_shared = q_shared + kPrefillTileRows * kHeadDim;  // [2 stages, block tokens, kHeadDim]
-  __half* v_shared = k_shared + 2 * kBlockHalves;
-  uint8_t* packed = reinterpret_cast<uint8_t*>(v_shared + 2 * kBlockHalves);  // a sealed block (kDequantize)
+struct PagedBlocks {
+  const AttentionLaunch& p;
+  const QuantizedKvView& sealed;
+  const TileQueries& tq;
+  int kv_head, sequence, sealed_blocks;
+  const int* table;
+  uint8_t* packed;  // a sealed block (kDequantize), after the tile's shared memory
 
-  // The longest tiles (a sequence's last) are launched first, so short ones fill the tail of the grid.
-  const int split = blockIdx.x, kv_head = blockIdx.y, tile = p.num_tiles - 1 - int(blockIdx.z);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const TileQueries tq(p, tile);
-  const int num_blocks = (tq.kv_end + kCudaBlockTokens - 1) / kCudaBlockTokens;
-  const int sealed_blocks = kPrefix == SealedPrefix::kNone ? 0 : tq.first_position / kCudaBlockTokens;
-  const int first_block = max(kPrefix == SealedPrefix::kSkip ? sealed_blocks : 0, tq.kv_begin / kCudaBlockTokens);
-  const TileSplit range(p, tq, split, first_block, num_blocks, sealed_blocks);
-  if (range.slot >= p.split_stride) return;  // past the row's splits (after a kernel before it: see below)
-  const int block_begin = range.begin, block_end = range.end;
-  const int sequence = p.sequence_ids[tq.batch_index];
-  const int* table = p.block_tables + size_t(sequence) * p.block_table_stride;
-  const auto stage = [&](int block, int index) {
-    stage_block<kHeadDim, kPrefix>(p, sealed, tq, sequence, table, sealed_blocks, kv_head, block,
-                                   k_shared + index * kBlockHalves, v_shared + index * kBlockHalves, packed);
-  };
+  __device__ PagedBlocks(const AttentionLaunch& p, const QuantizedKvView& sealed, const TileQueries& tq, int kv_head,
+                         uint8_t* packed)
+      : p(p), sealed(sealed), tq(tq), kv_head(kv_head), sequence(p.sequence_ids[tq.batch_index]),
+        sealed_blocks(kPrefix == SealedPrefix::kNone ? 0 : tq.first_position / kCudaBlockTokens),
+        table(p.block_tables + size_t(sequence) * p.block_table_stride), packed(packed) {}
 
-  stage_queries<kHeadDim>(p, tq, kv_head, q_shared);
-  if (block_begin < block_end) stage(block_begin, 0);
-  cp_async_commit();
-
-  const int column = 2 * (lane % 4), warp_row = warp * 16 * kRowTiles;
-  RowState<kHeadDim> state;
-#pragma unroll
-  for (int h = 0; h < kRows; ++h) {  // inactive rows attend like the tile's last query and are never written
-    const int r = warp_row + 16 * (h / 2) + lane / 4 + 8 * (h % 2);
-    state.position[h] = r < tq.active_rows ? tq.first_position + tq.first_query + r / p.group : tq.kv_end - 1;
-    state.running_max[h] = -INFINITY;
-    state.sum[h] = 0.0f;
+  __device__ int first_block() const {
+    return max(kPrefix == SealedPrefix::kSkip ? sealed_blocks : 0, tq.kv_begin / kCudaBlockTokens);
   }
-#pragma unroll
-  for (int m = 0; m < kRowTiles; ++m) {
-#pragma unroll
-    for (int d = 0; d < RowState<kHeadDim>::kDimTiles; ++d) state.o[m][d][0] = state.o[m][d][1] = state.o[m][d][2] = state.o[m][d][3] = 0.0f;
+  // The CTA's split of the tile's blocks up to num_blocks: the sequence's own (split_k.cuh), after the
+  // INT8 kernel's over the sealed blocks (kSkip).
+  __device__ TileSplit split(int split, int num_blocks) const {
+    return tile_split(p, tq, split, first_block(), num_blocks, sealed_blocks);
   }
-  const int first_position = tq.first_position + tq.first_query;  // the tile's; later blocks need the mask
+  __host__ __device__ static constexpr int q_dims() { return kHeadDim; }
+  __host__ __device__ static constexpr int k_steps() { return kHeadDim / 16; }
+  __host__ __device__ static constexpr int v_tiles() { return kHeadDim / 8; }
 
-  for (int block = block_begin; block < block_end; ++block) {
-    const int index = (block - block_begin) & 1;
-    cp_async_wait<0>();
-    __syncthreads();
+  __device__ void stage(int block, __half* k, __half* v) const {
+    constexpr int kChunks = kHeadDim / 8;
+    constexpr int kBlockHalves = kCudaBlockTokens * kHeadDim;
     if constexpr (kPrefix == SealedPrefix::kDequantize) {
       if (block < sealed_blocks) {
-        dequantize_sealed_block<kHeadDim, kBits>(packed, sealed, sealed_head(sealed, kv_head, kHeadDim),
-                                                 k_shared + index * kBlockHalves, v_shared + index * kBlockHalves);
+        const uint8_t* source = sealed_block_address(sealed, p, sequence, block, kv_head);
+        const int bytes = sealed_head(sealed, kv_head, kHeadDim).offsets.block_bytes;
+        for (int i = threadIdx.x * 16; i < bytes; i += kPrefillThreads * 16) cp_async_16(packed + i, source + i);
+        return;
+      }
+    }
+    const size_t offset = (size_t(table[block]) * p.num_kv_heads + kv_head) * kBlockHalves;
+    for (int i = threadIdx.x; i < kCudaBlockTokens * kChunks; i += kPrefillThreads) {
+      const int token = i / kChunks, chunk = i % kChunks;
+      const int at = block * kCudaBlockTokens + token;
+      const bool valid = at < tq.kv_end && at >= tq.kv_begin;  // zeros elsewhere (a freed block's stale values)
+      const size_t source = offset + size_t(token) * kHeadDim + chunk * 8;
+      cp_async_16(k + swizzled<kHeadDim>(token, chunk), p.k_pool + source, valid);
+      cp_async_16(v + swizzled<kHeadDim>(token, chunk), p.v_pool + source, valid);
+    }
+  }
+
+  __device__ void land(int block, __half* k, __half* v) const {
+    if constexpr (kPrefix == SealedPrefix::kDequantize) {
+      if (block < sealed_blocks) {
+        dequantize_sealed_block<kHeadDim, kBits>(packed, sealed, sealed_head(sealed, kv_head, kHeadDim), k, v);
         __syncthreads();  // the stage is written and `packed` free for the next block
       }
     }
-    if (block + 1 < block_end) {
-      stage(block + 1, index ^ 1);
-      cp_async_commit();
-    }
-    Scores s;
-    compute_qk<kHeadDim>(q_shared, k_shared + index * kBlockHalves, warp_row, lane, s);
-    // Blocks reaching past the tile's first position, or (sliding window) before its last one's window.
-    const bool before_window = p.window_tokens > 0 && block * kCudaBlockTokens <= tq.kv_end - 1 - p.window_tokens;
-    if ((block + 1) * kCudaBlockTokens - 1 > first_position || before_window) {
-      mask_causal(block, column, state.position, p.window_tokens, s);
-    }
-    float reference[kRows];
-    update_mdo_states(s, p.scale_log2, state, reference);
-    compute_sfm_v(s, reference, p.scale_log2, v_shared + index * kBlockHalves, lane, state);
-    __syncthreads();  // the stage is refilled by the next iteration
   }
-  cp_async_wait<0>();  // a CTA with no blocks still has its Q copy in flight
-  write_rows(p, tq, tile, kv_head, range.slot, warp_row, lane, state);
-}
 
-template <int kHeadDim>
-constexpr size_t prefill_shared_bytes() {
-  return size_t(kPrefillTileRows + 4 * kCudaBlockTokens) * kHeadDim * sizeof(__half);  // Q, 2 stages of K and V
+  // K rows are Kᵀ's columns: matrix m = lane / 8 is tokens 8j.. at dims 16kk + 8m.
+  __device__ static void k_fragments(unsigned (&b)[4], const __half* k, int kk, int j, int lane) {
+    ldmatrix_x4(b, k + swizzled<kHeadDim>(8 * j + lane % 8, 2 * kk + lane / 8));
+  }
+  // V rows are tokens: transposed, matrix m is tokens 16t + 8(m % 2).. at dims 8(d + m / 2).
+  __device__ static void v_fragments(unsigned (&b)[4], const __half* v, int t, int d, int lane) {
+    ldmatrix_x4_trans(b, v + swizzled<kHeadDim>(16 * t + lane % 8 + (lane / 8 % 2) * 8, d + lane / 16));
+  }
+};
+
+// --- the kernel ---
+
+// One CTA per (split, KV head, tile) of the paged KV (prefill_attention_tile.cuh). kPrefix, kBits: what it
+// does with the sealed blocks before each sequence's step (SealedPrefix; kBits for kDequantize).
+template <int kHeadDim, SealedPrefix kPrefix, int kBits>
+__global__ __launch_bounds__(kPrefillThreads) void prefill_attention_partials(AttentionLaunch p, QuantizedKvView sealed) {
+  extern __shared__ uint4 shared_raw[];
+  // The longest tiles (a sequence's last) are launched first, so short ones fill the tail of the grid.
+  const int split = blockIdx.x, kv_head = blockIdx.y, tile = p.num_tiles - 1 - int(blockIdx.z);
+  const TileQueries tq(p, tile);
+  uint8_t* packed = reinterpret_cast<uint8_t*>(shared_raw) + prefill_tile_shared_bytes<kHeadDim>();
+  PagedBlocks<kHeadDim, kPrefix, kBits> blocks(p, sealed, tq, kv_head, packed);
+  attend_prefill_tile<kHeadDim>(p, tq, tile, kv_head, split, blocks, shared_raw);
 }
 
 using PrefillKernel = void (*)(AttentionLaunch, QuantizedKvView);
@@ -408,7 +198,7 @@ PrefillKernel pick(int head_dim, SealedPrefix prefix, int bits) {
 }
 // Q and two stages of K and V; with kDequantize, a packed sealed block too (sealed_block_bytes).
 size_t shared_bytes(int head_dim, SealedPrefix prefix, int sealed_block_bytes) {
-  const size_t fp16 = head_dim == 64 ? prefill_shared_bytes<64>() : prefill_shared_bytes<128>();
+  const size_t fp16 = head_dim == 64 ? prefill_tile_shared_bytes<64>() : prefill_tile_shared_bytes<128>();
   return prefix == SealedPrefix::kDequantize ? fp16 + size_t(sealed_block_bytes) : fp16;
 }
 

@@ -4,7 +4,8 @@
 // (FP16 in, FP32 accumulation) in the FlashAttention-2 structure (Dao 2023, Algorithm 1): each warp
 // owns 32 rows, S and the online softmax stay in registers, K/V blocks (64 tokens) are staged in shared
 // memory with cp.async double buffering; the causal mask is applied only where a block reaches past
-// the tile's first position.
+// the tile's first position. The tile itself is prefill_attention_tile.cuh's, which ZACK's prefill kernel
+// (zack_prefill_attention.cuh) runs over its own blocks.
 //
 // Measured on H100 (batch 1, 32 q / 8 kv heads, d 128; README "Prefill attention"): one m16 tile per
 // warp (64-row tiles) reached 250 TFLOP/s on a full 8K prefill, two (128-row tiles) 312; 8 warps

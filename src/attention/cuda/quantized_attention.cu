@@ -633,7 +633,7 @@ __global__ __launch_bounds__(kThreads) void quantized_attention_partials(Quantiz
   // The warp's blocks: block_begin + warp + kWarps·j; those before n_sealed are sealed, the last one
   // may be the open block.
   const int num_blocks = (tq.kv_end + T - 1) / T, n_sealed = tq.kv_end / T;
-  const TileSplit range(p, tq, split, 0, num_blocks);
+  const TileSplit range = tile_split(p, tq, split, 0, num_blocks);
   const int block_begin = range.begin, block_end = range.end;
   const int sealed_end = min(block_end, n_sealed);
   const int* table = p.block_tables + size_t(p.sequence_ids[tq.batch_index]) * p.block_table_stride;

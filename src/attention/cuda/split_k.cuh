@@ -104,22 +104,23 @@ __host__ __device__ inline int most_splits_of(int blocks, int sequence_tiles, in
   return most < wanted ? (most > 1 ? most : 1) : (wanted > 1 ? wanted : 1);
 }
 
-// A CTA's split of its tile's blocks [first_block, end_block): blocks [begin, end) (empty past the
-// tile's splits: the CTA writes an empty partial) and the partial slot it writes (after the splits of a
-// kernel before it over the same rows: AttentionLaunch::after_splits_per_tile, whose blocks were
-// [0, after_blocks)).
+// A CTA's split of its tile's blocks: blocks [begin, end) (empty past the tile's splits: the CTA writes an
+// empty partial) and the partial slot it writes.
 struct TileSplit {
   int begin, end, slot;
-
-  __device__ TileSplit(const AttentionLaunch& p, const TileQueries& tq, int split, int first_block, int end_block,
-                       int after_blocks = 0) {
-    const int sequence_tiles = (tq.n_queries + p.positions_per_tile - 1) / p.positions_per_tile;
-    const int per_split = blocks_per_split(max(end_block - first_block, 0), sequence_tiles, p.splits_per_tile);
-    begin = first_block + split * per_split;
-    end = min(begin + per_split, end_block);
-    slot = split + (p.after_splits_per_tile > 0 ? splits_of(after_blocks, sequence_tiles, p.after_splits_per_tile) : 0);
-  }
 };
+
+// Split `split` of a tile's blocks [first_block, end_block), cut by its sequence alone (blocks_per_split);
+// its slot after the splits of a kernel before it over the same rows (AttentionLaunch::after_splits_per_tile,
+// whose blocks were [0, after_blocks)).
+__device__ inline TileSplit tile_split(const AttentionLaunch& p, const TileQueries& tq, int split, int first_block,
+                                       int end_block, int after_blocks = 0) {
+  const int sequence_tiles = (tq.n_queries + p.positions_per_tile - 1) / p.positions_per_tile;
+  const int per_split = blocks_per_split(max(end_block - first_block, 0), sequence_tiles, p.splits_per_tile);
+  const int begin = first_block + split * per_split;
+  const int after = p.after_splits_per_tile > 0 ? splits_of(after_blocks, sequence_tiles, p.after_splits_per_tile) : 0;
+  return {begin, min(begin + per_split, end_block), split + after};
+}
 
 // Whether a token lies outside what a query at `position` sees: after it (causal), or before its window.
 __device__ __forceinline__ bool masked_token(int token, int position, int window_tokens) {

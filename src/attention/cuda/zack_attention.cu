@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
+#include <utility>
 
 #include "attention/cuda/device_ops.cuh"
 #include "attention/cuda/softmax_state.cuh"
+#include "attention/cuda/zack_prefill_attention.cuh"
 #include "backend/cuda/cuda_check.h"
 
 namespace slimkv::cuda {
@@ -20,13 +23,17 @@ namespace {
 constexpr int kZackWarps = kCudaBlockTokens / 16;
 constexpr int kZackThreads = kZackWarps * 32;
 constexpr int kMaxRank = 128;  // a query's 8 k-steps of 16 dims and an output's 16 n-tiles of 8, in registers
-constexpr float kLog2e = 1.4426950408889634f;
 // A task's cost per block: the K and V rows it stages and multiplies, plus a fixed part (the barrier,
 // the softmax, the mma chains' latency) in rows' worth. Fitted on H100 (batch 8, 64K, skewed ranks,
 // uniform ranges): a block of 256 staged rows took ~2.75 µs of a CTA, one of 32 rows ~1.2 µs, i.e.
 // ~1 µs + rows · 7 ns: 144 rows. (Costing rows alone gave rank-8 heads 4.5x the blocks of rank-128
 // ones and ran 1.4x slower than equal ranges.)
 constexpr int kBlockOverheadRows = 144;
+// The same for a block of the prefill kernel (zack_prefill_attention.cuh), in dims of K' and V' rounded
+// to 16: its mma work grows with the dims, the softmax of 128 rows × 64 tokens (exp2, max, the mask) does
+// not. Not fitted yet: the dense kernel at d 128 spends roughly a third of its time off the tensor cores
+// (docs/results/cuda/prefill_instruction_mix_h100.txt: 128 of 796 instructions a unit are HMMA).
+constexpr int kPrefillBlockOverheadDims = 128;
 
 // K and V dims rounded up to 16: an mma's k (Q·K'ᵀ) and two n-tiles of 8 (P·V', one ldmatrix.x4).
 __host__ __device__ inline int round16(int dims) { return (dims + 15) / 16 * 16; }
@@ -378,29 +385,108 @@ Expected<std::unique_ptr<CudaZackAttention>> CudaZackAttention::create(const Zac
     return error("CUDA ZACK attention: ", shared, " bytes of shared memory to stage a block at the largest ranks do not fit");
   }
   attention->resident_ctas_ = resident * multiprocessor_count();
+  if (prefill_head_dim_supported(shape.head_dim)) {
+    const int prefill_resident = zack_prefill_attention_setup(shape.head_dim);
+    if (prefill_resident == 0) {
+      return error("CUDA ZACK attention: the tensor-core prefill kernel (head_dim ", shape.head_dim,
+                   ") cannot run: its shared memory does not fit");
+    }
+    attention->prefill_target_ctas_ = prefill_resident * multiprocessor_count();
+  }
   SLIMKV_ASSIGN_OR_RETURN(attention->counters_, DeviceArray<int>::allocate(size_t(shape.num_layers), "ZACK task counters"));
+  SLIMKV_ASSIGN_OR_RETURN(attention->prefill_blocks_per_split_, DeviceArray<int>::allocate(heads, "ZACK prefill splits"));
   return Expected<std::unique_ptr<CudaZackAttention>>(std::move(attention));
 }
 
+namespace {
+
+// Makes a device array hold at least n elements (doubling, so that steps growing by a little reallocate rarely).
+template <typename T>
+Status grow(DeviceArray<T>& array, size_t n, const char* what) {
+  if (array.size() >= n) return Status::ok();
+  SLIMKV_ASSIGN_OR_RETURN(array, DeviceArray<T>::allocate(std::max(n, 2 * array.size()), what));
+  return Status::ok();
+}
+
+}  // namespace
+
 Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedule schedule) {
-  auto metadata = lay_out_attention_batch(batch, shape_.max_batch, shape_.max_queries, positions_per_tile_);
+  auto metadata = lay_out_attention_sequences(batch, shape_.max_batch, shape_.max_queries);
   if (!metadata) return metadata.status().with_context("CUDA ZACK attention");
+  // Sequences of several queries take the prefill kernel when one has enough for it (as the dense
+  // paged attention decides); the rest, the decode tasks.
+  int max_query_count = 0;
+  for (int n : batch.query_counts) max_query_count = std::max(max_query_count, n);
+  const bool prefill = prefill_target_ctas_ > 0 && max_query_count >= kPrefillMinQueries;
+  constexpr int kAny = std::numeric_limits<int>::max();
+  num_tiles_ = append_attention_tiles(*metadata, batch, positions_per_tile_, 1, prefill ? 1 : kAny);
+  prefill_ = {num_tiles_, prefill ? append_attention_tiles(*metadata, batch, kPrefillTileRows / group_, 2, kAny) : 0};
+  size_t prefill_rows = 0;
+  if (prefill_.num_tiles > 0) {
+    SLIMKV_RETURN_IF_ERROR(plan_prefill_splits(batch, schedule));
+    if (prefill_.num_splits > 1) {
+      prefill_rows = size_t(prefill_.num_tiles) * size_t(shape_.num_kv_heads) * kPrefillTileRows * size_t(prefill_.num_splits);
+    }
+  }
   const int* tiles = metadata->data() + attention_tiles_offset(shape_.max_batch);
-  num_tiles_ = int(metadata->size() - size_t(attention_tiles_offset(shape_.max_batch))) / 2;
-  // The blocks each tile reads: up to its last query's position (causal).
+  // The blocks each decode tile reads: up to its last query's position (causal).
   std::vector<int> tile_blocks(static_cast<size_t>(num_tiles_));
-  int max_tile_blocks = 0;
   for (int t = 0; t < num_tiles_; ++t) {
     const int b = tiles[2 * t], first = tiles[2 * t + 1], n = batch.query_counts[size_t(b)];
     const int kv_end = batch.kv_lens[size_t(b)] - n + first + std::min(positions_per_tile_, n - first);
     tile_blocks[size_t(t)] = (kv_end + kCudaBlockTokens - 1) / kCudaBlockTokens;
-    max_tile_blocks = std::max(max_tile_blocks, tile_blocks[size_t(t)]);
   }
+  // The tasks name tiles by index and blocks by number, so a step whose tiles read the blocks the last
+  // plan's did (a decode step within a block: 63 of 64) keeps them; only the metadata changes.
+  if (layer_tasks_.empty() || schedule != schedule_ || tile_blocks != planned_tile_blocks_) {
+    SLIMKV_RETURN_IF_ERROR(plan_tasks(tile_blocks, schedule));
+  }
+  SLIMKV_RETURN_IF_ERROR(grow(metadata_, metadata->size(), "ZACK attention metadata"));
+  const size_t rows = std::max(decode_partial_rows_, prefill_rows);
+  SLIMKV_RETURN_IF_ERROR(grow(partial_acc_, rows * size_t(shape_.head_dim), "ZACK attention partials"));
+  SLIMKV_RETURN_IF_ERROR(grow(partial_max_sum_, rows * 2, "ZACK attention partial sums"));
+  SLIMKV_RETURN_IF_ERROR(metadata_.upload(metadata->data(), metadata->size()));
+  return device_fill_bytes(counters_.data(), 0, counters_.bytes());
+}
+
+// Split-K for the prefill kernel as the dense prefill's (one wave of CTAs over the tiles × KV heads).
+// Balanced: each head's share of the wave by its cost, a head of twice the cost taking twice the splits,
+// so that its CTAs take as long as the others' (uniform: the same splits for every head, and the wave
+// lasts as long as the highest ranks' CTAs). Per layer (ranks differ by layer), uploaded.
+Status CudaZackAttention::plan_prefill_splits(const PagedAttentionBatch& batch, ZackSchedule schedule) {
+  int max_blocks = 0;
+  for (size_t b = 0; b < batch.kv_lens.size(); ++b) {
+    if (batch.query_counts[b] >= 2) max_blocks = std::max(max_blocks, (batch.kv_lens[b] + kCudaBlockTokens - 1) / kCudaBlockTokens);
+  }
+  const int G = shape_.num_kv_heads;
+  const double ctas_per_unit = double(prefill_target_ctas_) / double(prefill_.num_tiles * G);
+  std::vector<int> blocks_per_split(size_t(shape_.num_layers) * size_t(G));
+  prefill_.num_splits = 1;
+  for (int l = 0; l < shape_.num_layers; ++l) {
+    const auto cost = [&](int g) {
+      const size_t i = size_t(l) * G + size_t(g);
+      return double(staged_rows(shape_.k_ranks[i], shape_.v_ranks[i]) + kPrefillBlockOverheadDims);
+    };
+    double mean_cost = 0;
+    for (int g = 0; g < G; ++g) mean_cost += cost(g) / G;
+    for (int g = 0; g < G; ++g) {
+      const double share = schedule == ZackSchedule::kBalanced ? cost(g) / mean_cost : 1.0;
+      const auto [splits, per_split] = divide_attention_blocks(max_blocks, int(ctas_per_unit * share), max_blocks);
+      blocks_per_split[size_t(l) * G + size_t(g)] = per_split;
+      prefill_.num_splits = std::max(prefill_.num_splits, splits);
+    }
+  }
+  return prefill_blocks_per_split_.upload(blocks_per_split.data(), blocks_per_split.size());
+}
+
+// Every layer's decode tasks (their ranks differ) over tiles reading tile_blocks[t] blocks, uploaded.
+Status CudaZackAttention::plan_tasks(const std::vector<int>& tile_blocks, ZackSchedule schedule) {
+  int max_tile_blocks = 0;
+  for (int blocks : tile_blocks) max_tile_blocks = std::max(max_tile_blocks, blocks);
   const int target_tasks = shape_.tasks_per_cta * resident_ctas_;
   const int G = shape_.num_kv_heads, units = num_tiles_ * G;
   std::vector<ZackTask> tasks;
-  std::vector<int> order, unit_tasks;
-  layer_tasks_.assign(1, 0);
+  std::vector<int> order, unit_tasks, layer_tasks(1, 0);
   size_t max_layer_tasks = 0;
   for (int l = 0; l < shape_.num_layers; ++l) {
     const auto cost = [&](int g) {
@@ -414,8 +500,8 @@ Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedule sc
     // Ranges of whole blocks: each unit's last range is short, so sized for target - units tasks, the
     // count stays within the target (one more task than CTAs would be a second wave).
     const double cost_per_task = total_cost / std::max(1, target_tasks - units);
-    const int uniform_blocks = std::max(1, (max_tile_blocks + std::max(1, target_tasks / units) - 1) /
-                                               std::max(1, target_tasks / units));
+    const int tasks_per_unit = std::max(1, target_tasks / std::max(1, units));  // no units: a prefill-only step
+    const int uniform_blocks = std::max(1, (max_tile_blocks + tasks_per_unit - 1) / tasks_per_unit);
     const size_t first_task = tasks.size();
     for (int t = 0; t < num_tiles_; ++t) {
       for (int g = 0; g < G; ++g) {
@@ -441,28 +527,21 @@ Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedule sc
                        [&](int a, int b) { return task_cost(a) > task_cost(b); });
     }
     order.insert(order.end(), layer_order.begin(), layer_order.end());
-    layer_tasks_.push_back(int(tasks.size()));
+    layer_tasks.push_back(int(tasks.size()));
     max_layer_tasks = std::max(max_layer_tasks, layer_count);
   }
-  schedule_ = schedule;
-  const auto grow = [](auto& array, size_t n, const char* what) -> Status {
-    if (array.size() >= n) return Status::ok();
-    using Array = std::remove_reference_t<decltype(array)>;
-    SLIMKV_ASSIGN_OR_RETURN(array, Array::allocate(std::max(n, 2 * array.size()), what));
-    return Status::ok();
-  };
-  SLIMKV_RETURN_IF_ERROR(grow(metadata_, metadata->size(), "ZACK attention metadata"));
+  layer_tasks_.clear();  // a failure below leaves no plan to keep
   SLIMKV_RETURN_IF_ERROR(grow(tasks_, tasks.size(), "ZACK attention tasks"));
   SLIMKV_RETURN_IF_ERROR(grow(order_, order.size(), "ZACK attention task order"));
   SLIMKV_RETURN_IF_ERROR(grow(unit_tasks_, unit_tasks.size(), "ZACK attention units"));
-  const size_t rows = max_layer_tasks * kZackWarps * size_t(rows_per_tile_);
-  SLIMKV_RETURN_IF_ERROR(grow(partial_acc_, rows * size_t(shape_.head_dim), "ZACK attention partials"));
-  SLIMKV_RETURN_IF_ERROR(grow(partial_max_sum_, rows * 2, "ZACK attention partial sums"));
-  SLIMKV_RETURN_IF_ERROR(metadata_.upload(metadata->data(), metadata->size()));
   SLIMKV_RETURN_IF_ERROR(tasks_.upload(tasks.data(), tasks.size()));
   SLIMKV_RETURN_IF_ERROR(order_.upload(order.data(), order.size()));
   SLIMKV_RETURN_IF_ERROR(unit_tasks_.upload(unit_tasks.data(), unit_tasks.size()));
-  return device_fill_bytes(counters_.data(), 0, counters_.bytes());
+  layer_tasks_ = std::move(layer_tasks);
+  schedule_ = schedule;
+  planned_tile_blocks_ = tile_blocks;
+  decode_partial_rows_ = max_layer_tasks * kZackWarps * size_t(rows_per_tile_);
+  return Status::ok();
 }
 
 Status CudaZackAttention::run(int layer, const ZackKvView& kv, const uint16_t* q, float scale, uint16_t* out) {
@@ -470,6 +549,13 @@ Status CudaZackAttention::run(int layer, const ZackKvView& kv, const uint16_t* q
     return error("CUDA ZACK attention: layer ", layer, " of ", shape_.num_layers, ", a view of ", kv.num_kv_heads,
                  " KV heads (expected ", shape_.num_kv_heads, ")");
   }
+  if (layer_tasks_.size() != size_t(shape_.num_layers) + 1) return error("CUDA ZACK attention: run before plan");
+  if (num_tasks(layer) > 0) SLIMKV_RETURN_IF_ERROR(run_decode(layer, kv, q, scale, out));
+  if (prefill_.num_tiles > 0) SLIMKV_RETURN_IF_ERROR(run_prefill(layer, kv, q, scale, out));
+  return Status::ok();
+}
+
+Status CudaZackAttention::run_decode(int layer, const ZackKvView& kv, const uint16_t* q, float scale, uint16_t* out) {
   const int first_task = layer_tasks_[size_t(layer)], num_tasks = layer_tasks_[size_t(layer) + 1] - first_task;
   const int units = num_tiles_ * shape_.num_kv_heads;
   ZackLaunch p{};
@@ -510,6 +596,37 @@ Status CudaZackAttention::run(int layer, const ZackKvView& kv, const uint16_t* q
     zack_merge_kernel<8><<<dim3(unsigned(units), 8), 128>>>(p);
   }
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return Status::ok();
+}
+
+// The prefill kernel's launch reads the step's metadata as the dense kernels do (split_k.cuh), from the
+// prefill tiles on; the blocks' tables are the ZACK view's.
+Status CudaZackAttention::run_prefill(int layer, const ZackKvView& kv, const uint16_t* q, float scale, uint16_t* out) {
+  AttentionLaunch p{};
+  p.q = reinterpret_cast<const __half*>(q);
+  p.out = reinterpret_cast<__half*>(out);
+  p.block_tables = kv.block_tables;
+  p.block_table_stride = kv.block_table_stride;
+  point_at_batch(p, metadata_.data(), shape_.max_batch);
+  p.tiles += prefill_.first_tile;
+  p.num_heads = shape_.num_heads;
+  p.num_kv_heads = shape_.num_kv_heads;
+  p.head_dim = shape_.head_dim;
+  p.group = group_;
+  p.positions_per_tile = kPrefillTileRows / group_;
+  p.rows_per_tile = kPrefillTileRows;
+  p.num_splits = p.split_stride = prefill_.num_splits;
+  p.num_tiles = prefill_.num_tiles;
+  p.scale = scale;
+  p.scale_log2 = scale * kLog2e;
+  p.partial_acc = partial_acc_.data();
+  p.partial_max_sum = reinterpret_cast<float2*>(partial_max_sum_.data());
+  launch_zack_prefill_attention(p, kv, prefill_blocks_per_split_.data() + size_t(layer) * size_t(shape_.num_kv_heads));
+  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  if (p.num_splits > 1) {  // one split wrote the output itself
+    launch_merge_split_partials(p);
+    SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  }
   return Status::ok();
 }
 

@@ -2,15 +2,21 @@
 // ranks (kv_views.h ZackKvView), scores q'·k' on the head's k_rank dims and outputs on its v_rank dims,
 // with no decompression (Lemma 2: the rotations are folded into W_V / W_O and applied to q, k after RoPE).
 //
-// One kernel serves decode and prefill (causal query tiles of the GQA group, as the dense CUDA-core
-// kernel): the work of a step is cut into tasks (query tile, KV head, range of blocks), each computed by
-// one CTA on the tensor cores into online-softmax partials, then merged per row. A task's cost is blocks · (k_rank +
-// v_rank), so with adaptive ranks equal block ranges take unequal time. ZACK §5.3 balances them:
+// Decode (one query per sequence): causal query tiles of the GQA group (4 or 8 rows, as the dense
+// CUDA-core kernel); the work of a step is cut into tasks (query tile, KV head, range of blocks), each
+// computed by one CTA on the tensor cores into online-softmax partials, then merged per row. A task's cost
+// is blocks · (k_rank + v_rank), so with adaptive ranks equal block ranges take unequal time. ZACK §5.3
+// balances them:
 //   kBalanced: each head's blocks are cut into ranges of about equal cost (fewer blocks per task for
 //              high-rank heads), and the tasks run longest first, each CTA taking the next one when it
 //              is free (the paper's descending sort, then "the SM with the smallest cumulative time").
 //   kUniform:  the same number of blocks per task for every head, in head order (what a kernel blind
 //              to ranks does; kept to measure the balancing against).
+// Prefill (a step in which some sequence has kPrefillMinQueries or more queries, head_dim 64 or 128): those
+// sequences take the tensor-core prefill kernel (zack_prefill_attention.cuh: 128-row tiles, each block
+// staged once per tile, split-K as the dense prefill's), the step's one-query sequences the tasks above.
+// Its splits: kBalanced gives each head a share of the wave of CTAs by its cost, kUniform the same
+// splits to every head.
 #pragma once
 
 #include <cstdint>
@@ -48,8 +54,9 @@ class CudaZackAttention {
  public:
   static Expected<std::unique_ptr<CudaZackAttention>> create(const ZackAttentionShape& shape);
 
-  // Lays out the step's tasks for every layer (their ranks differ) and uploads them once; the plan holds
-  // until the next call.
+  // Lays out the step's tasks for every layer (their ranks differ) and uploads them once (a decode step
+  // whose tiles read the blocks the last plan's read keeps them: only its metadata is uploaded), and the
+  // prefill kernel's tiles and splits; the plan holds until the next call.
   Status plan(const PagedAttentionBatch& batch, ZackSchedule schedule = ZackSchedule::kBalanced);
 
   // q: FP16 [queries, num_heads, head_dim] whose head h holds its reduced query in the first
@@ -58,27 +65,47 @@ class CudaZackAttention {
   Status run(int layer, const ZackKvView& kv, const uint16_t* q, float scale, uint16_t* out);
 
   const ZackAttentionShape& shape() const { return shape_; }
+  // The planned step's decode tasks of a layer, and its tiles on the prefill kernel (0: none).
   int num_tasks(int layer) const { return layer_tasks_[size_t(layer) + 1] - layer_tasks_[size_t(layer)]; }
+  int num_prefill_tiles() const { return prefill_.num_tiles; }
 
  private:
+  // The planned step's sequences on the prefill kernel: their tiles (after the decode tiles in the
+  // metadata) and the most splits of a head (prefill_blocks_per_split_ has each head's blocks per split).
+  struct PrefillPart {
+    int first_tile = 0, num_tiles = 0;
+    int num_splits = 1;
+  };
+
   explicit CudaZackAttention(const ZackAttentionShape& shape) : shape_(shape) {}
+  Status plan_tasks(const std::vector<int>& tile_blocks, ZackSchedule schedule);
+  Status plan_prefill_splits(const PagedAttentionBatch& batch, ZackSchedule schedule);
+  Status run_decode(int layer, const ZackKvView& kv, const uint16_t* q, float scale, uint16_t* out);
+  Status run_prefill(int layer, const ZackKvView& kv, const uint16_t* q, float scale, uint16_t* out);
 
   ZackAttentionShape shape_;
   int group_ = 0, rows_per_tile_ = 0, positions_per_tile_ = 0;
   int resident_ctas_ = 0;   // CTAs of the kernel resident on the whole GPU at once
   int staged_elements_ = 0; // one (block, KV head)'s part at the largest ranks: each CTA stages two
+  int prefill_target_ctas_ = 0;  // one wave of the prefill kernel (0: head_dim without it)
   // Planned: the batch's metadata (lay_out_attention_batch), per layer the tasks (canonical order:
   // unit by unit, a unit being a (query tile, KV head)), their execution order, each unit's first task.
-  int num_tiles_ = 0;
+  int num_tiles_ = 0;  // decode tiles, the first of the metadata's
+  PrefillPart prefill_;
   ZackSchedule schedule_ = ZackSchedule::kBalanced;
   std::vector<int> layer_tasks_;  // [num_layers + 1]: each layer's first task
+  std::vector<int> planned_tile_blocks_;  // [decode tiles]: the blocks each read when the tasks were laid out
+  size_t decode_partial_rows_ = 0;        // the tasks' partial rows (of the layer with the most)
   DeviceArray<int> metadata_;
   DeviceArray<ZackTask> tasks_;
   DeviceArray<int> order_;        // [tasks]: canonical task index, in the order CTAs take them
   DeviceArray<int> unit_tasks_;   // [num_layers, units + 1]: each unit's first task (within its layer)
   DeviceArray<int> counters_;     // [num_layers]: the next task to take
-  DeviceArray<float> partial_acc_;       // [tasks of a layer, rows_per_tile, head_dim]
-  DeviceArray<float> partial_max_sum_;  // [tasks of a layer, rows_per_tile, 2]: base-2 max, sum
+  DeviceArray<int> prefill_blocks_per_split_;  // [num_layers, num_kv_heads]: each head's, on the prefill kernel
+  // Decode: [tasks of a layer, kZackWarps, rows_per_tile, head_dim] and [.., 2] (base-2 max, sum); then
+  // prefill, reusing them: split_k.cuh's [tiles, num_kv_heads, kPrefillTileRows, splits, head_dim] and [.., 2].
+  DeviceArray<float> partial_acc_;
+  DeviceArray<float> partial_max_sum_;
 };
 
 }  // namespace slimkv::cuda
