@@ -112,9 +112,10 @@ void check_case(const GroupedCase& c) {
   const Experts experts = make_experts(c, rng);
   const std::vector<int32_t> expert_of = choices_of(c, rng);
   const int choices = c.n * c.k;
-  const std::vector<int32_t> plan = expert_plan_reference(expert_of, c.k, c.experts, 0);
-  const int32_t* row_of_place = plan.data();
-  const int32_t* first_place = plan.data() + 2 * choices;
+  std::vector<int32_t> plan = expert_plan_reference(expert_of, c.k, c.experts, 0);
+  const ExpertRowsPlan places = expert_plan_at(plan.data(), choices, c.experts);  // the layout the device reads
+  const int32_t* row_of_place = places.row_of_place;
+  const int32_t* first_place = places.first_place;
   // Inputs: the step's rows [n, cols] (gathered through row_of_place), or one row per place.
   const int input_rows = c.gathered ? c.n : choices;
   std::vector<float> x;
@@ -173,12 +174,12 @@ void check_case(const GroupedCase& c) {
   if (c.gathered && c.n > 1) {
     const int last = c.n - 1;
     const std::vector<int32_t> own(expert_of.begin() + ptrdiff_t(last * c.k), expert_of.end());
-    const std::vector<int32_t> own_plan = expert_plan_reference(own, c.k, c.experts, 0);
+    std::vector<int32_t> own_plan = expert_plan_reference(own, c.k, c.experts, 0);
     const std::vector<uint16_t> own_x(x_bits.begin() + ptrdiff_t(size_t(last) * size_t(c.cols)), x_bits.end());
     auto own_x_device = on_device(own_x);
     const std::vector<float> own_y = run_grouped(c, experts, own_x_device, own_plan, c.k);
-    const int32_t* own_place_of_choice = own_plan.data() + c.k;
-    const int32_t* place_of_choice = plan.data() + choices;
+    const int32_t* own_place_of_choice = expert_plan_at(own_plan.data(), c.k, c.experts).place_of_choice;
+    const int32_t* place_of_choice = places.place_of_choice;
     for (int j = 0; j < c.k; ++j) {
       const size_t alone_at = size_t(own_place_of_choice[j]) * size_t(stride);
       const size_t batch_at = size_t(place_of_choice[last * c.k + j]) * size_t(stride);
