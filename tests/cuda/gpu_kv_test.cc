@@ -270,6 +270,26 @@ TEST_F(GpuKvTest, PqSequenceExportedAndImportedSelectsAlike) {
   expect_no_room(upload(*cpu, pq, 2 * sender.model->kv().bytes_per_block()), shape, bytes);
 }
 
+// Two uploads of one spec holding the same KV, for a server's step against the same steps one sequence at
+// a time: sequences a, b, c (ids in that order, in `mixed` and in `alone`); a and c prefilled with 150 and
+// 230 tokens, each in a step of its own in both, b empty (its prompt comes in chunks beside a's and c's
+// decode tokens).
+struct BesideAPrompt {
+  GpuModel mixed, alone;
+  std::vector<int> mixed_ids, alone_ids;
+};
+BesideAPrompt decode_rows_beside_a_prompt(const LlamaModel& cpu, const std::string& spec) {
+  const int vocab = int(cpu.config().vocab_size);
+  BesideAPrompt out{upload(cpu, spec), upload(cpu, spec), {}, {}};
+  for (auto [model, ids] : {std::pair{&out.mixed, &out.mixed_ids}, std::pair{&out.alone, &out.alone_ids}}) {
+    for (int i = 0; i < 3; ++i) ids->push_back(take(model->model->add_sequence()));
+    std::vector<float> logits;
+    EXPECT_TRUE(model->model->step(std::vector<SequenceTokens>{{(*ids)[0], random_tokens(150, vocab, 5)}}, false, logits).is_ok());
+    EXPECT_TRUE(model->model->step(std::vector<SequenceTokens>{{(*ids)[2], random_tokens(230, vocab, 6)}}, false, logits).is_ok());
+  }
+  return out;
+}
+
 // A server's step gives each sequence the bits it gets alone (issue 22: a served request's greedy output
 // equals the request run alone, whatever else runs): decode rows beside a prompt chunk of 30 tokens (its
 // weight products padded with the decode rows') or of 100 (a product of its own), against the same
@@ -280,15 +300,7 @@ TEST_F(GpuKvTest, AStepGivesEachSequenceTheBitsItGetsAlone) {
   const int vocab = int(cpu->config().vocab_size);
   for (const char* spec : {"dense", "hack:bits=4", "hack:bits=2,pi=64", "quant:bits=4"}) {
     SCOPED_TRACE(spec);
-    GpuModel mixed = upload(*cpu, spec), alone = upload(*cpu, spec);
-    std::vector<int> m_ids, a_ids;  // decode a, prompt b, decode c
-    for (GpuModel* model : {&mixed, &alone}) {
-      std::vector<int>& ids = model == &mixed ? m_ids : a_ids;
-      for (int i = 0; i < 3; ++i) ids.push_back(take(model->model->add_sequence()));
-      std::vector<float> logits;
-      SLIMKV_ASSERT_OK(model->model->step(std::vector<SequenceTokens>{{ids[0], random_tokens(150, vocab, 5)}}, false, logits));
-      SLIMKV_ASSERT_OK(model->model->step(std::vector<SequenceTokens>{{ids[2], random_tokens(230, vocab, 6)}}, false, logits));
-    }
+    auto [mixed, alone, m_ids, a_ids] = decode_rows_beside_a_prompt(*cpu, spec);
     const std::vector<int32_t> prompt = random_tokens(10 * 130, vocab, 7);
     std::vector<int32_t> next = {11, 12};
     size_t at = 0;
@@ -375,16 +387,7 @@ TEST_F(GpuKvTest, PqDecodeRowsSelectBesidePrefillChunks) {
   const std::string pq = "pq:m=2,b=4,topk=0.25,local=16,init=4,segment=64";
   for (const std::string& spec : {pq, pq + ",cache=24@offload"}) {
     SCOPED_TRACE(spec);
-    GpuModel mixed = upload(*cpu, spec), alone = upload(*cpu, spec);
-    std::vector<int> m_ids, a_ids;  // decode a, prompt b, decode c
-    for (GpuModel* model : {&mixed, &alone}) {
-      std::vector<int>& ids = model == &mixed ? m_ids : a_ids;
-      for (int i = 0; i < 3; ++i) ids.push_back(take(model->model->add_sequence()));
-      std::vector<float> logits;
-      // The decoding sequences' prompts each in a step of its own in both models: the same KV.
-      SLIMKV_ASSERT_OK(model->model->step(std::vector<SequenceTokens>{{ids[0], random_tokens(150, vocab, 5)}}, false, logits));
-      SLIMKV_ASSERT_OK(model->model->step(std::vector<SequenceTokens>{{ids[2], random_tokens(230, vocab, 6)}}, false, logits));
-    }
+    auto [mixed, alone, m_ids, a_ids] = decode_rows_beside_a_prompt(*cpu, spec);
     const std::vector<int32_t> prompt = random_tokens(20 * 30, vocab, 7);
     std::vector<int32_t> next = {11, 12};
     double decode_error = 0, chunk_error = 0;
