@@ -10,6 +10,7 @@
 #include "attention/cuda/paged_attention.h"
 #include "attention/cuda/kv_views.h"
 #include "attention/cuda/softmax_state.cuh"
+#include "attention/split_rule.h"
 
 namespace slimkv::cuda {
 
@@ -77,40 +78,13 @@ struct TileQueries {
   }
 };
 
-// How a tile's `blocks` are cut into splits: by its own sequence alone (the tile's blocks, the sequence's
-// number of tiles), never by the rest of the step. A split's blocks, each warp's within it and the merge's
-// order are then the same whatever shares the step, so a sequence's attention has the bits it has alone
-// (a server's greedy outputs equal the request's alone, issue 22). A sequence alone fills about one wave
-// (splits_per_tile / its tiles splits a tile), with at least kMinBlocksPerSplit blocks a split: a big
-// batch of long sequences then keeps its partials (and their merge) to half as many as one-block splits.
-constexpr int kMinBlocksPerSplit = 2;
-__host__ __device__ inline int blocks_per_split(int blocks, int sequence_tiles, int splits_per_tile) {
-  const int wanted = splits_per_tile / (sequence_tiles > 1 ? sequence_tiles : 1);
-  int splits = (blocks + kMinBlocksPerSplit - 1) / kMinBlocksPerSplit;
-  if (splits > wanted) splits = wanted;
-  if (splits < 1) splits = 1;
-  return blocks > splits ? (blocks + splits - 1) / splits : 1;
-}
-__host__ __device__ inline int splits_of(int blocks, int sequence_tiles, int splits_per_tile) {
-  const int per_split = blocks_per_split(blocks, sequence_tiles, splits_per_tile);
-  return (blocks + per_split - 1) / per_split;
-}
-// The most splits of any tile of up to `blocks` blocks (a grid's bound: splits_of is not monotone in
-// the blocks — 31 blocks cut into 16 splits of 2, 33 into 11 of 3 — and a tile's blocks are its own:
-// causal prefill tiles, sliding windows).
-__host__ __device__ inline int most_splits_of(int blocks, int sequence_tiles, int splits_per_tile) {
-  const int wanted = splits_per_tile / (sequence_tiles > 1 ? sequence_tiles : 1);
-  const int most = (blocks + kMinBlocksPerSplit - 1) / kMinBlocksPerSplit;
-  return most < wanted ? (most > 1 ? most : 1) : (wanted > 1 ? wanted : 1);
-}
-
 // A CTA's split of its tile's blocks: blocks [begin, end) (empty past the tile's splits: the CTA writes an
 // empty partial) and the partial slot it writes.
 struct TileSplit {
   int begin, end, slot;
 };
 
-// Split `split` of a tile's blocks [first_block, end_block), cut by its sequence alone (blocks_per_split);
+// Split `split` of a tile's blocks [first_block, end_block), cut by its sequence alone (split_rule.h);
 // its slot after the splits of a kernel before it over the same rows (AttentionLaunch::after_splits_per_tile,
 // whose blocks were [0, after_blocks)).
 __device__ inline TileSplit tile_split(const AttentionLaunch& p, const TileQueries& tq, int split, int first_block,
