@@ -724,7 +724,7 @@ Status CudaHackPrefillAttention::plan(const PagedAttentionBatch& batch) {
   if (!laid_out) return laid_out.status().with_context("CUDA HACK prefill attention");
   const std::vector<int>& metadata = *laid_out;
   const int batch_size = int(batch.sequence_ids.size());
-  // Each sequence's sealed blocks split as they would be alone (split_k.cuh's blocks_per_split): about one
+  // Each sequence's sealed blocks split as they would be alone (split_rule.h): about one
   // wave of the kernel for a sequence alone.
   splits_per_tile_ = std::max(1, target_ctas_ / shape_.num_kv_heads);
   num_splits_ = 1;

@@ -510,7 +510,7 @@ namespace {
 int splits_per_tile(int target_ctas, int num_kv_heads) { return std::max(1, target_ctas / num_kv_heads); }
 
 // The most splits of a tile of the part's sequences, each tile of at most its sequence's blocks split
-// with splits_per_tile (split_k.cuh's most_splits_of).
+// with splits_per_tile (split_rule.h's most_splits_of).
 template <typename Sequences>
 int most_splits(const Sequences& sequences, int splits_per_tile) {
   int most = 1;

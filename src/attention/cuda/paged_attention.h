@@ -110,7 +110,7 @@ class CudaPagedAttention {
   // and how their blocks are split. The parts run one after the other, sharing the partials.
   struct Part {
     // A sequence's tiles and blocks: all, and those wholly before the step (sealed, with quantized KV);
-    // its tiles' splits are its own (split_k.cuh's blocks_per_split), the part's the most of them.
+    // its tiles' splits are its own (split_rule.h), the part's the most of them.
     struct Sequence {
       int tiles = 0, blocks = 0, prefix_blocks = 0;
     };
