@@ -7,6 +7,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/item_products.h"
@@ -74,6 +75,25 @@ TEST_F(ItemProductsTest, EachItemGetsTheBitsItGetsAlone) {
       }
     }
   }
+}
+
+// A matrix wider than the scratch made for the padded groups is refused naming both sizes, y untouched.
+TEST_F(ItemProductsTest, AMatrixPastTheScratchIsRefusedByName) {
+  constexpr int64_t kRows = 40, kCols = 64;
+  std::mt19937 rng(23);
+  std::vector<float> values;
+  const auto w_device = on_device(random_halves(size_t(kRows * kCols), 0.05f, rng, values));
+  const DeviceMatrix w{const_cast<uint16_t*>(w_device.data()), nullptr, DType::kF16, BlockQuant::kNone, kRows, kCols};
+  auto gemm = take(WeightGemm::create(0));
+  auto products = take(ItemProducts::create(/*max_cols=*/32, /*max_rows=*/kRows));
+  const auto x = on_device(random_halves(size_t(2 * kCols), 1.0f, rng, values));
+  const std::vector<float> y0(size_t(2 * kRows), 7.0f);
+  auto y = on_device(y0);
+  const Status refused = products->multiply(*gemm, x.data(), std::vector<int>{1, 1}, DType::kF16, w, y.data());
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.message().find("[40 x 64] matrix"), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find("32 inputs"), std::string::npos) << refused.message();
+  EXPECT_EQ(on_host(y), y0);
 }
 
 }  // namespace

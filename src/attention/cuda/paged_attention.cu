@@ -467,7 +467,6 @@ Status CudaPagedAttention::plan(const PagedAttentionBatch& batch) {
       const Part::Sequence sequence{(n + positions - 1) / positions, (kv_len + kCudaBlockTokens - 1) / kCudaBlockTokens,
                                     (kv_len - n) / kCudaBlockTokens};
       part.max_query_count = std::max(part.max_query_count, n);
-      part.max_prefix_blocks = std::max(part.max_prefix_blocks, sequence.prefix_blocks);
       part.sequences.push_back(sequence);
     }
     parts_.push_back(part);
@@ -574,7 +573,9 @@ static_assert(kHackPrefillTileRows == kPrefillTileRows, "the INT8 and FP16 prefi
 
 Status CudaPagedAttention::run_quantized_prefill(Part& part, const PagedKvView& kv, const QuantizedKvView& sealed,
                                                  const uint16_t* q, float scale, uint16_t* out) {
-  if (part.max_prefix_blocks == 0) return run_part(part, kv, q, scale, out, 0);  // nothing sealed before the step: all FP16
+  const bool none_sealed = std::all_of(part.sequences.begin(), part.sequences.end(),
+                                       [](const Part::Sequence& s) { return s.prefix_blocks == 0; });
+  if (none_sealed) return run_part(part, kv, q, scale, out, 0);  // nothing sealed before the step: all FP16
   // quant, and hack over KIVI's layouts or ZACK's heads (the INT8 kernel reads HACK's layout at head_dim
   // only): one kernel, the sealed blocks dequantized into its tiles.
   if (!sealed.hack || sealed.k_per_channel || sealed.v_per_token || sealed.heads != nullptr) {

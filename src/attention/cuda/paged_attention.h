@@ -117,7 +117,6 @@ class CudaPagedAttention {
     bool tensor_cores = false;
     int first_tile = 0, num_tiles = 0;
     int max_query_count = 0;  // the most queries of one of its sequences
-    int max_prefix_blocks = 0;
     std::vector<Sequence> sequences;
     int splits_per_tile = 1, num_splits = 1;
   };

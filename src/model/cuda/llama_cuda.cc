@@ -340,23 +340,32 @@ CudaLlamaModel::StackedMatrix CudaLlamaModel::take_stacked(std::initializer_list
   return m;
 }
 
-Status CudaLlamaModel::multiply(const void* x, int n, const StackedMatrix& w, float* y, bool accumulate) {
+namespace {
+
+// product(run, y at its first column) for every run of a stacked matrix, whose columns of y they write.
+template <typename Stacked, typename Product>
+Status for_each_run(const Stacked& w, float* y, const Product& product) {
   int64_t first = 0;
   for (const DeviceMatrix& run : w.runs) {
-    SLIMKV_RETURN_IF_ERROR(gemm_->multiply(x, n, dtype_, run, y + first, accumulate, w.rows));
+    SLIMKV_RETURN_IF_ERROR(product(run, y + first));
     first += run.rows;
   }
   return Status::ok();
 }
 
+}  // namespace
+
+Status CudaLlamaModel::multiply(const void* x, int n, const StackedMatrix& w, float* y, bool accumulate) {
+  return for_each_run(w, y, [&](const DeviceMatrix& run, float* out) {
+    return gemm_->multiply(x, n, dtype_, run, out, accumulate, w.rows);
+  });
+}
+
 Status CudaLlamaModel::multiply_items(const void* x, const std::vector<int>& items, const StackedMatrix& w, float* y,
                                       bool accumulate) {
-  int64_t first = 0;
-  for (const DeviceMatrix& run : w.runs) {
-    SLIMKV_RETURN_IF_ERROR(item_products_->multiply(*gemm_, x, items, dtype_, run, y + first, accumulate, w.rows));
-    first += run.rows;
-  }
-  return Status::ok();
+  return for_each_run(w, y, [&](const DeviceMatrix& run, float* out) {
+    return item_products_->multiply(*gemm_, x, items, dtype_, run, out, accumulate, w.rows);
+  });
 }
 
 std::string CudaLlamaModel::weight_description() const {
