@@ -14,7 +14,9 @@ The model, as slimkv runs it:
   (each layer's as it is computed when layers overlap, else the whole KV after the prefill); sending
   and receiving a piece costs `stream` seconds a byte on the hosts, which runs beside the link's pacing
   (the token bucket refills while the bytes are written), so a piece takes the longer of the two:
-  bytes * stream, and the link's pacing; the decode worker's import costs `import` seconds a byte on its
+  bytes * stream, and the link's pacing — or, stream_then_pace, the sum of the two: a GPU's pieces carry no
+  CRC from their writer, so the sender computes a frame's CRC before its first byte goes out and the
+  pacing starts after it; the decode worker's import costs `import` seconds a byte on its
   scheduler thread, at the step boundary where the request joins: it delays that worker's running
   requests too.
 - Link: each prefill worker sends over its own link of link_gbps (a NIC; 0 = infinite). Layer l's KV
@@ -41,7 +43,11 @@ The model, as slimkv runs it:
   device_share of it while both have work in progress (processor sharing). Its value comes from the
   device, not from a fit: 1/2 for one GPU, which time-slices the contexts of two processes (one runs at
   a time); on a CPU, whose scheduler shares the cores among the threads that want them, the cores over
-  the cores the two workers keep busy when alone, at most 1. The link and the hosts' stream are not on it.
+  the cores the two workers keep busy when alone, at most 1. The link and the hosts' stream are not on it;
+  nor, host_path_on_device false, the export and import: on a GPU they are copies and host threads, which
+  the time-slicing of the kernels does not slow. A work that is partly off the device (a prefill's
+  compute and export: the compute's share f of it) is slowed by the other's work only where both are on
+  it: its time stretches by 1 + f * f_other * (1 / device_share - 1).
 - JCT = last token - arrival; TPOT = (last token - first token) / (output tokens - 1).
 
 Costs come from measurements (bench/ and the router's metrics: prefill time per token, decode step time
@@ -90,6 +96,9 @@ class Config:
         # [[prefill worker, decode worker], ...]: pairs that share one device; while both run, each
         # progresses at device_share of its speed alone
         "shared_devices": [], "device_share": 0.5,
+        # false: the export and import run off the shared device (a GPU's copies and host threads)
+        "host_path_on_device": True,
+        "stream_then_pace": False,  # a piece's stream work and its pacing add up (see above)
     }
 
     def __init__(self, values):
@@ -111,7 +120,8 @@ class Config:
             values = getattr(self, key)
             if not isinstance(values, list) or not values or not all(isinstance(v, int) and v >= 1 for v in values):
                 raise ValueError(f"{key}: must be a non-empty list of integers >= 1, got {values!r}")
-        for key in ("overlap_layers", "overlap_chunks", "link_shared", "first_token_on_arrival"):
+        for key in ("overlap_layers", "overlap_chunks", "link_shared", "first_token_on_arrival", "host_path_on_device",
+                    "stream_then_pace"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{key}: must be true or false, got {getattr(self, key)!r}")
         if not isinstance(self.prefill_chunk_tokens, int) or self.prefill_chunk_tokens < 0:
@@ -205,12 +215,13 @@ def workload(config):
 
 
 class Work:
-    """A worker's work in progress on its device: `total` seconds at the worker's speed alone. `marks`
+    """A worker's work in progress on its device: `total` seconds at the worker's speed alone, of which
+    the share `on_device` runs on the device (the rest: host work that sharing does not slow). `marks`
     ([(seconds of work done, action(time))], in order) run as the work passes them (a prefill's KV pieces
     becoming sendable), `on_done(time)` at its end."""
 
-    def __init__(self, total, on_done, marks=()):
-        self.total, self.on_done, self.marks = total, on_done, list(marks)
+    def __init__(self, total, on_done, marks=(), on_device=1.0):
+        self.total, self.on_done, self.marks, self.on_device = total, on_done, list(marks), on_device
         self.done, self.rate, self.since = 0.0, 1.0, 0.0  # work done by `since`, progressing at `rate`
         self.version = 0  # its end event's: a rate change voids the event pushed before it
 
@@ -228,21 +239,23 @@ class Link:
     cap as a token bucket of `burst` bytes (full at first; 0: every byte paced) and by the hosts' sending
     and receiving (`stream_s_per_byte`), which run side by side."""
 
-    def __init__(self, gbps, stream_s_per_byte, burst):
+    def __init__(self, gbps, stream_s_per_byte, burst, stream_then_pace=False):
         self.bytes_per_s = gbps * 1e9 / 8 if gbps > 0 else None  # None: no cap
-        self.stream_s_per_byte, self.burst = stream_s_per_byte, burst
+        self.stream_s_per_byte, self.burst, self.stream_then_pace = stream_s_per_byte, burst, stream_then_pace
         self.free_at = 0.0
         self.tokens, self.refilled_at = burst, 0.0  # bytes that may go out unpaced at `refilled_at`; < 0: owed
 
     def send(self, ready, piece_bytes):
         """The piece, sendable at `ready`, is sent after the earlier ones; returns when it has arrived."""
         start = max(self.free_at, ready)
+        if self.stream_then_pace:
+            start += piece_bytes * self.stream_s_per_byte
         paced = start
         if self.bytes_per_s:
             self.tokens = min(self.burst, self.tokens + (start - self.refilled_at) * self.bytes_per_s) - piece_bytes
             self.refilled_at = start
             paced = start + max(0.0, -self.tokens) / self.bytes_per_s
-        self.free_at = max(paced, start + piece_bytes * self.stream_s_per_byte)
+        self.free_at = paced if self.stream_then_pace else max(paced, start + piece_bytes * self.stream_s_per_byte)
         return self.free_at
 
 
@@ -280,7 +293,7 @@ def simulate(config, codec):
     requests = workload(config)
 
     def new_link():
-        return Link(config.link_gbps, host_path["stream"], config.link_burst_bytes)
+        return Link(config.link_gbps, host_path["stream"], config.link_burst_bytes, config.stream_then_pace)
     prefill_devices, decode_devices = devices_of(config)
     prefills = [PrefillWorker(device, new_link() if config.link_shared else None) for device in prefill_devices]
     decoders = [DecodeWorker(device) for device in decode_devices]
@@ -306,10 +319,11 @@ def simulate(config, codec):
 
     def set_rates(device, now):
         """Each work's rate for what runs now, and its end event at that rate."""
-        rate = 1.0 if len(device.works) < 2 else device.share
         for work in device.works:
-            work.rate, work.version = rate, work.version + 1
-            push(now + (work.total - work.done) / rate, "work_done", (device, work, work.version))
+            others = max((w.on_device for w in device.works if w is not work), default=0.0)
+            work.rate = 1.0 / (1.0 + work.on_device * others * (1.0 / device.share - 1.0))
+            work.version += 1
+            push(now + (work.total - work.done) / work.rate, "work_done", (device, work, work.version))
 
     def run_work(device, work, now):
         catch_up(device, now)
@@ -334,8 +348,9 @@ def simulate(config, codec):
                 push(arrived, "kv_arrived", (request, d))
         marks = [(offset, functools.partial(send, piece_bytes, i == len(pieces) - 1))
                  for i, (offset, piece_bytes) in enumerate(pieces)]
-        run_work(worker.device, Work(config.busy_s(request.prompt, bytes_per_token, codec),
-                                     functools.partial(end_prefill, p), marks), now)
+        busy = config.busy_s(request.prompt, bytes_per_token, codec)
+        on_device = 1.0 if config.host_path_on_device or busy == 0 else config.prefill_s(request.prompt) / busy
+        run_work(worker.device, Work(busy, functools.partial(end_prefill, p), marks, on_device), now)
 
     def end_prefill(p, now):
         worker = prefills[p]
@@ -354,7 +369,8 @@ def simulate(config, codec):
         worker.stepping = True
         import_s = sum(import_s_per_byte * bytes_per_token * r.prompt for r in joining)
         if import_s > 0:
-            run_work(worker.device, Work(import_s, functools.partial(join, d, joining)), now)
+            run_work(worker.device, Work(import_s, functools.partial(join, d, joining), (),
+                                         1.0 if config.host_path_on_device else 0.0), now)
         else:
             join(d, joining, now)
 
