@@ -341,8 +341,8 @@ def simulate(costs, results, bytes_per_token, args, num_layers, shared=True):
     config = {key: costs[key] for key in ("prefill_base_s", "prefill_s_per_token", "prefill_s_per_token2",
                                           "step_base_s", "step_s_per_seq", "step_s_per_context_token")}
     config.update({"shared_devices": [[0, 0]] if shared and not args.two_gpus else [], "device_share": device_share(args, costs)})
-    # A GPU's host path is copies and host threads, off the kernels' time-slicing, and its pieces carry no
-    # CRC, which the sender computes before a frame's first byte (disagg_sim's stream_then_pace).
+    # A GPU's host path is copies and host threads, off the kernels' time-slicing; on its TCP path the hosts'
+    # work and the pacing add up (disagg_sim's stream_then_pace, docs/disaggregated.md).
     config.update({"host_path_on_device": not on_gpu(args), "stream_then_pace": on_gpu(args)})
     config.update({"prefill_workers": 1, "decode_workers": 1, "link_gbps": args.kv_bandwidth_gbps,
                    "num_layers": num_layers, "max_batch": args.max_num_seqs, "overlap_layers": True,

@@ -14,9 +14,9 @@ The model, as slimkv runs it:
   (each layer's as it is computed when layers overlap, else the whole KV after the prefill); sending
   and receiving a piece costs `stream` seconds a byte on the hosts, which runs beside the link's pacing
   (the token bucket refills while the bytes are written), so a piece takes the longer of the two:
-  bytes * stream, and the link's pacing — or, stream_then_pace, the sum of the two: a GPU's pieces carry no
-  CRC from their writer, so the sender computes a frame's CRC before its first byte goes out and the
-  pacing starts after it; the decode worker's import costs `import` seconds a byte on its
+  bytes * stream, and the link's pacing — or, stream_then_pace, the sum of the two (what slimkv's GPU TCP
+  path measures: a lone FP16 request's first token after the prefill, export, stream, pacing and import
+  one after the other; docs/disaggregated.md); the decode worker's import costs `import` seconds a byte on its
   scheduler thread, at the step boundary where the request joins: it delays that worker's running
   requests too.
 - Link: each prefill worker sends over its own link of link_gbps (a NIC; 0 = infinite). Layer l's KV

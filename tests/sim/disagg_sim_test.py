@@ -124,7 +124,7 @@ class DisaggSimTest(unittest.TestCase):
         # A link slower than the hosts (1 Gbit/s: 0.8 s) paces it; the hosts' 2 ns/B run beside it.
         _, [request] = run(overlap_layers=False, **dict(common, link_gbps=1))
         self.assertAlmostEqual(request.first_token - request.arrival, 0.1 + 0.1 + 0.8 + 0.05, places=9)
-        # stream_then_pace (a GPU's pieces: the frame's CRC before its first byte): the hosts' 0.2 s, then the
+        # stream_then_pace (as slimkv's GPU TCP path measures): the hosts' 0.2 s, then the
         # link's 0.8 s; layer by layer each 1e7-byte layer takes 0.02 + 0.08 s, the first ready at 0.02 s.
         _, [request] = run(overlap_layers=False, stream_then_pace=True, **dict(common, link_gbps=1))
         self.assertAlmostEqual(request.first_token - request.arrival, 0.1 + 0.1 + 0.2 + 0.8 + 0.05, places=9)
@@ -227,8 +227,8 @@ class DisaggSimTest(unittest.TestCase):
         # and decode step costs on its own server alone, the GPU TCP host path of a 16K transfer
         # (bench_kv_transport_cuda's uncapped `tcp` rows, host_path.json), the arrivals and lengths and KV bytes
         # per token; each layer sent as the prefill's steps compute it (overlap_layers), each stream paced on
-        # its own at the cap (the 256 KiB bucket), after the frame's CRC (stream_then_pace: the GPU's pieces
-        # carry none), the first token out when the request joins the decode batch; the two workers
+        # its own at the cap (the 256 KiB bucket), the hosts' work and the pacing adding up (stream_then_pace:
+        # what a lone FP16 request measures on this path), the first token out when the request joins the decode batch; the two workers
         # time-slice the GPU's kernels (each at half its speed while both run: device_share 1/2, not fitted),
         # not its copies and host threads (host_path_on_device false). Returns {(rate, spec, metric): {model:
         # simulated / measured - 1}}; the models: that one, its workers on two devices, no host path, and the
