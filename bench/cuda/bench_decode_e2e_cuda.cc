@@ -14,8 +14,9 @@
 // qwen3-30b-a3b, a mixture of experts). Weight variants side by
 // side (issue 29): --random-weights f16,q4_k_m,q8_0 (random FP16 matrices, or random GGUF blocks kept
 // as blocks on the GPU), and for a GGUF file --weights quantized,widened (its blocks kept, or widened to
-// FP16 at upload as the GPU did before). Prints per model, variant and batch size, after a line with the
-// GPU memory of each variant's weights:
+// FP16 at upload as the GPU did before); a mixture of experts' decode steps through the grouped expert
+// products (the default) or, with --experts per-expert, each expert's own. Prints per model, variant and
+// batch size, after a line with the GPU memory of each variant's weights:
 // prefill tokens/s, TTFT (ms to prefill one sequence's prompt: the sequences are prefilled one after
 // another) and its ratio to the first codec's, TBT (ms per decode step: time between tokens), decode
 // tokens/s (all sequences), its ratio to the first codec's, and the step's time against the memory roofline (weights + the KV that
@@ -36,6 +37,7 @@
 //   bench_decode_e2e_cuda --random llama3-8b --random-weights f16,q4_k_m,q8_0 --batches 1,8,16 --prompt 512
 //   bench_decode_e2e_cuda --model model-Q4_K_M.gguf --weights quantized,widened --batches 1,8 --prompt 128
 //   bench_decode_e2e_cuda --random qwen3-30b-a3b --random-weights q8_0,q4_0 --batches 1,8,32 --prompt 512
+//   bench_decode_e2e_cuda --random qwen3-30b-a3b --random-weights q8_0 --batches 1,8 --prompt 512 --experts per-expert
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -73,6 +75,7 @@ struct Options {
   int steps = 64;
   double bandwidth_gb_s = 3000;  // H100 HBM3, device-to-device copy (../shared/GPU.md)
   bool fit = false;  // each codec at its largest batch instead of --batches
+  std::string experts = "grouped";  // a mixture of experts' decode products: "grouped", or "per-expert"
 };
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
@@ -175,6 +178,7 @@ CudaModelOptions model_options(const Options& o, const ModelConfig& config, cons
     options.quantized_kv = QuantizedKvOptions{quantization, kv != "quant", 0};
   }
   if (offloaded(kv_entry)) options.tier = KvTierOptions{};  // the host pool: every sequence's full context
+  options.grouped_experts = o.experts == "grouped";
   return options;
 }
 
@@ -306,6 +310,9 @@ Status run(const Options& o) {
   for (const std::string& w : o.weights) {
     if (w != "quantized" && w != "widened") return error("--weights ", w, ": expected quantized or widened");
   }
+  if (o.experts != "grouped" && o.experts != "per-expert") {
+    return error("--experts ", o.experts, ": expected grouped or per-expert");
+  }
   std::vector<RandomWeights> random_weights;
   for (const std::string& w : o.random_weights) {
     SLIMKV_ASSIGN_OR_RETURN(RandomWeights kind, parse_random_weights(w));
@@ -366,6 +373,8 @@ int main(int argc, char** argv) {
   app.add_option("--top-k", o.sampling.top_k, "sampling: the top-k logits (0: all)");
   app.add_option("--top-p", o.sampling.top_p, "sampling: the top-p probability mass");
   app.add_option("--bandwidth", o.bandwidth_gb_s, "memory bandwidth for the roofline, GB/s");
+  app.add_option("--experts", o.experts, "a mixture of experts' decode steps: grouped (a launch a matrix for every "
+                 "expert) or per-expert (each expert's own products, as prefill)");
   app.add_flag("--fit", o.fit, "each codec at the largest batch whose KV fits in GPU memory (instead of --batches)");
   CLI11_PARSE(app, argc, argv);
   if (o.model_dir.empty() && o.random.empty()) {

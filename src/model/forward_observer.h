@@ -14,6 +14,10 @@ struct ForwardObserver {
 
   // The attention output before o_proj: [n, num_heads, head_dim].
   virtual void on_attention_output(int /*layer*/, const float* /*out*/, int /*n*/) {}
+
+  // A sparse layer's routing (Qwen3-MoE): each token's probabilities over the experts, the softmax of
+  // the router's logits [n, num_experts], of which it takes the experts_per_token largest.
+  virtual void on_routing(int /*layer*/, const float* /*probabilities*/, int /*n*/) {}
 };
 
 }  // namespace slimkv

@@ -345,6 +345,12 @@ void LlamaModel::forward(std::span<const ForwardSequence> batch, float* logits, 
     // MLP block: x += mlp(rmsnorm(x)) (Gemma 3: normed again before the add)
     rmsnorm(s.x.data(), w.mlp_norm, eps, n, hidden, s.xb.data());
     mlp(c, w, s.xb.data(), n, item_rows, s.proj.data(), s, pool);
+    for (size_t i = 0; i < batch.size() && !w.experts.empty(); ++i) {  // mlp left the probabilities in s.router
+      if (batch[i].observer) {
+        batch[i].observer->on_routing(l, s.router.data() + size_t(first_row[i]) * size_t(c.moe.num_experts),
+                                      int(batch[i].tokens.size()));
+      }
+    }
     if (c.sandwich_norms) rmsnorm(s.proj.data(), w.mlp_out_norm, eps, n, hidden, s.proj.data());
     add_to(s.x.data(), s.proj.data(), size_t(n) * hidden);
   }

@@ -33,15 +33,19 @@ struct GroupedCase {
   DType dtype;       // of the inputs (and of plain weights)
   int experts, rows, cols, n, k;
   bool gathered;  // inputs read through the plan's row_of_place (W_gate|W_up) or one row per place (W_down)
+  // Bytes of other matrices between two experts' (a model's arena holds each expert's W_gate|W_up, then
+  // its W_down: the stride spans both).
+  size_t gap_bytes = 0;
   std::string name() const {
     return str_cat("grouped_gemv(", quant == BlockQuant::kNone ? "plain" : block_quant_name(quant), ",x=",
                    dtype_name(dtype), ",experts=", experts, ",rows=", rows, ",cols=", cols, ",n=", n, ",k=", k,
-                   gathered ? ",gathered" : ",by place", ")");
+                   gathered ? ",gathered" : ",by place", ",gap=", gap_bytes, ")");
   }
 };
 
 // Every expert's matrix [rows, cols] on the device, each in a slot of stride_bytes (as a model's arena
-// lays them out), with each expert's values for the reference.
+// lays them out: the matrix, up to 256-byte alignment, then gap_bytes), with each expert's values for the
+// reference. What lies between the matrices is 0xff bytes: NaN scales and values wherever a kernel strays.
 struct Experts {
   DeviceArray<uint8_t> memory;
   ExpertMatrices matrices;
@@ -52,8 +56,9 @@ Experts make_experts(const GroupedCase& c, std::mt19937& rng) {
   Experts out;
   const bool plain = c.quant == BlockQuant::kNone;
   const size_t bytes = plain ? size_t(c.rows) * size_t(c.cols) * 2 : quantized_matrix_bytes(c.quant, c.rows, c.cols);
-  const size_t stride = (bytes + 255) / 256 * 256;
+  const size_t stride = (bytes + 255) / 256 * 256 + c.gap_bytes;
   out.memory = take(DeviceArray<uint8_t>::allocate(stride * size_t(c.experts), "test experts"));
+  EXPECT_TRUE(device_fill_bytes(out.memory.data(), 0xff, out.memory.bytes()).is_ok());
   for (int e = 0; e < c.experts; ++e) {
     void* at = out.memory.data() + size_t(e) * stride;
     std::vector<float> w(size_t(c.rows) * size_t(c.cols));
@@ -211,6 +216,22 @@ TEST_F(MoeGroupedGemv, MatchesTheReferenceAndEachExpertAlone) {
         }
       }
     }
+  }
+}
+
+// The Q8_0 (and Q4_0) Qwen3-MoE fixture's experts as the model's arena holds them: hidden 32, expert_inter
+// 32, each expert's W_gate|W_up [64, 32] and then its W_down [32, 32] in one stride, 4 experts, 2 a row;
+// a 20-row step (expert 1 holds every row: runs of 8, 8 and 4), its W_gate|W_up rows gathered and its W_down
+// rows one a place.
+TEST_F(MoeGroupedGemv, ExpertsLaidOutAsTheModelsArena) {
+  const auto aligned_bytes = [](BlockQuant quant, int rows, int cols) {
+    return (quantized_matrix_bytes(quant, rows, cols) + 255) / 256 * 256;
+  };
+  for (BlockQuant quant : {BlockQuant::kQ8_0, BlockQuant::kQ4_0}) {
+    check_case({quant, DType::kF16, 4, 64, 32, 20, 2, /*gathered=*/true, aligned_bytes(quant, 32, 32)});
+    if (HasFatalFailure()) return;
+    check_case({quant, DType::kF16, 4, 32, 32, 20, 2, /*gathered=*/false, aligned_bytes(quant, 64, 32)});
+    if (HasFatalFailure()) return;
   }
 }
 

@@ -21,6 +21,7 @@
 #include "golden_models.h"
 #include "model/cuda/llama_cuda.h"
 #include "model/llama.h"
+#include "routing_margins.h"
 #include "slimkv/engine.h"
 #include "source_dir.h"
 
@@ -130,11 +131,17 @@ size_t arena_slack(const ModelConfig& c) {
   return vectors + 256 * (layers * (8 + 2 * size_t(c.moe.num_experts)) + 8);
 }
 
-// A model uploaded with its quantized matrices kept in their blocks and widened to FP16.
-std::pair<std::unique_ptr<CudaLlamaModel>, std::unique_ptr<CudaLlamaModel>> upload_kept_and_widened(const LlamaModel& model) {
+// The fixtures' uploads: one sequence, steps of up to 32 tokens.
+CudaModelOptions one_sequence() {
   CudaModelOptions options;
   options.max_sequences = 1;
   options.max_step_tokens = 32;
+  return options;
+}
+
+// A model uploaded with its quantized matrices kept in their blocks and widened to FP16.
+std::pair<std::unique_ptr<CudaLlamaModel>, std::unique_ptr<CudaLlamaModel>> upload_kept_and_widened(const LlamaModel& model) {
+  CudaModelOptions options = one_sequence();
   auto kept = take(CudaLlamaModel::upload(model.config(), model.weights(), options));
   options.widen_quantized_weights = true;
   return {std::move(kept), take(CudaLlamaModel::upload(model.config(), model.weights(), options))};
@@ -181,9 +188,37 @@ TEST_F(GgufCuda, QuantizedWeightsTakeTheFilesBytes) {
   std::printf("llama_k-Q4_K_M.gguf: prefill logits kept vs widened: max difference / max|logit| %.2e\n", difference);
 }
 
+// A prompt of the Qwen3-MoE fixture whose routing on the CPU clears every near tie by kClearRouting
+// (routing_margins.h; at 20 tokens its closest call is 0.31 in log-odds, every expert has rows in each
+// layer, one 19: the grouped products run an expert's places 8 at a time).
+std::vector<int32_t> clearly_routed_prompt(int64_t vocab, size_t tokens) {
+  std::vector<int32_t> prompt(tokens);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 79 + 6) % size_t(vocab));
+  return prompt;
+}
+// Log-odds of a k-th and a (k+1)-th expert that the GPU's arithmetic does not reverse: rounding the
+// router's inputs, its weights and the experts' intermediate values to FP16 on the CPU moved the
+// fixture's log-odds by up to 3.6e-2 (issue 29).
+constexpr double kClearRouting = 0.1;
+
+// The Q8_0 Qwen3-MoE fixture on the CPU: its prefill logits of `prompt`, checked to route every token
+// clear of a near tie (else a GPU that chose the other expert would be held to the wrong logits).
+std::vector<float> clearly_routed_cpu_logits(const std::vector<int32_t>& prompt) {
+  auto cpu = load(kDir + "/qwen3moe_tiny-Q8_0.gguf", "cpu");
+  const ModelConfig& c = cpu->model_config();
+  slimkv::test::RoutingMargins routing(int(c.moe.num_experts), int(c.moe.experts_per_token));
+  auto session = cpu->new_session();
+  EXPECT_TRUE(session->set_observer(&routing).is_ok());
+  std::vector<float> logits = take(session->prefill(prompt, /*all_logits=*/true));
+  const slimkv::test::RoutingMargin& closest = routing.smallest();
+  EXPECT_GT(closest.log_odds, kClearRouting) << "the prompt routes token " << closest.row << " of layer "
+                                             << closest.layer << " on a near tie: choose another prompt";
+  return logits;
+}
+
 // Qwen3-MoE's experts stay in the file's blocks as well: the Q8_0 fixture's weights take its matrices'
 // bytes on the GPU (every expert's; the routers, F32 in the file, in FP16), the widened upload its
-// values at 2 bytes; prefill gives the same logits within the embedding's FP16 rounding.
+// values at 2 bytes; prefill gives the CPU's logits through every path of the experts.
 TEST_F(GgufCuda, ExpertsTakeTheFilesBytes) {
   auto cpu_model = take(LlamaModel::load(kDir + "/qwen3moe_tiny-Q8_0.gguf"));
   const ModelConfig& c = cpu_model->config();
@@ -201,20 +236,54 @@ TEST_F(GgufCuda, ExpertsTakeTheFilesBytes) {
   std::printf("qwen3moe_tiny-Q8_0.gguf on cuda: weights %zu bytes kept in blocks (matrices %zu), %zu widened (%zu)\n",
               kept->weight_bytes(), file_bytes, widened->weight_bytes(), widened_bytes);
 
-  // Each upload's prefill gives the CPU's logits (which multiply the weights as stored): the kept blocks'
-  // decode-sized steps run the grouped expert GEMV in FP32 on the weights as stored, the widened ones
-  // multiply FP16 roundings of them.
-  std::vector<int32_t> prompt(20);
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 37 + 5) % size_t(c.vocab_size));
-  auto cpu = load(kDir + "/qwen3moe_tiny-Q8_0.gguf", "cpu");
-  const std::vector<float> cpu_logits = take(cpu->new_session()->prefill(prompt, /*all_logits=*/true));
-  for (CudaLlamaModel* gpu : {kept.get(), widened.get()}) {
+  // Each upload's prefill gives the CPU's logits (which multiply the weights as stored): the kept blocks
+  // through the grouped expert GEMVs (FP32 on the weights as stored) and through each expert's own
+  // products (cuBLAS on FP16 tiles where an expert has more than 8 rows), the widened ones on FP16
+  // roundings of them.
+  CudaModelOptions options = one_sequence();
+  options.grouped_experts = false;
+  auto per_expert = take(CudaLlamaModel::upload(c, cpu_model->weights(), options));
+  ASSERT_TRUE(per_expert);
+  const std::vector<int32_t> prompt = clearly_routed_prompt(c.vocab_size, 20);
+  const std::vector<float> cpu_logits = clearly_routed_cpu_logits(prompt);
+  const std::pair<const char*, CudaLlamaModel*> uploads[] = {
+      {"kept, grouped experts", kept.get()}, {"kept, each expert apart", per_expert.get()}, {"widened", widened.get()}};
+  for (const auto& [name, gpu] : uploads) {
     std::vector<float> logits;
     const int s = take(gpu->add_sequence());
     SLIMKV_ASSERT_OK(gpu->step(std::vector<SequenceTokens>{{s, prompt}}, /*all_logits=*/true, logits));
     const double error = relative_max_error(logits, cpu_logits);
-    std::printf("  %s: prefill vs the CPU's %.2e\n", gpu == kept.get() ? "kept" : "widened", error);
-    EXPECT_LT(error, kGpuVsCpu) << (gpu == kept.get() ? "kept" : "widened");
+    std::printf("  %s: prefill vs the CPU's %.2e\n", name, error);
+    EXPECT_LT(error, kGpuVsCpu) << name;
+  }
+}
+
+// Where each expert's own products run the matrix-vector kernel too (no expert of more than
+// kQuantizedGemvMaxInputs rows in a step), the grouped products give the same bits (the same loop,
+// weight_rows.cuh; the activation and the weighted sum as the separate kernels compute them): the Q8_0
+// fixture's 8-token prefill and decode steps after it, every logit equal.
+TEST_F(GgufCuda, GroupedExpertsGiveEachExpertsProductsBits) {
+  auto cpu_model = take(LlamaModel::load(kDir + "/qwen3moe_tiny-Q8_0.gguf"));
+  const ModelConfig& c = cpu_model->config();
+  const std::vector<int32_t> prompt = clearly_routed_prompt(c.vocab_size, 8);
+  std::vector<std::vector<float>> logits;
+  for (const bool grouped : {true, false}) {
+    CudaModelOptions options = one_sequence();
+    options.grouped_experts = grouped;
+    auto gpu = take(CudaLlamaModel::upload(c, cpu_model->weights(), options));
+    ASSERT_TRUE(gpu);
+    const int s = take(gpu->add_sequence());
+    std::vector<float>& all = logits.emplace_back();
+    SLIMKV_ASSERT_OK(gpu->step(std::vector<SequenceTokens>{{s, prompt}}, /*all_logits=*/true, all));
+    for (int32_t next = 0; next < 4; ++next) {
+      std::vector<float> row;
+      SLIMKV_ASSERT_OK(gpu->step(std::vector<SequenceTokens>{{s, std::span(&next, 1)}}, /*all_logits=*/false, row));
+      all.insert(all.end(), row.begin(), row.end());
+    }
+  }
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  for (size_t i = 0; i < logits[0].size(); ++i) {
+    ASSERT_EQ(logits[0][i], logits[1][i]) << "row " << i / size_t(c.vocab_size) << ", logit " << i % size_t(c.vocab_size);
   }
 }
 

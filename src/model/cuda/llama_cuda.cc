@@ -216,7 +216,8 @@ CudaLlamaModel::CudaLlamaModel(const ModelConfig& config, DType dtype, const Cud
       max_sequences_(options.max_sequences),
       rotate_heads_(options.rotate_heads),
       attention_dim_(attention_head_dim_for(int(config.head_dim))),
-      embedding_scale_(config.embedding_scale()) {}
+      embedding_scale_(config.embedding_scale()),
+      grouped_experts_(options.grouped_experts) {}
 
 CudaLlamaModel::~CudaLlamaModel() = default;
 
@@ -274,7 +275,6 @@ void CudaLlamaModel::lay_out_weights(const WeightKinds& kinds) {
 }
 
 Status CudaLlamaModel::index_experts() {
-  grouped_experts_ = true;
   for (size_t i = 0; i < layers_.size(); ++i) {
     LayerOnDevice& l = layers_[i];
     if (l.experts.empty()) continue;
@@ -294,10 +294,7 @@ Status CudaLlamaModel::index_experts() {
             return error("layer ", i, " expert ", e, ": its matrices are not laid out as expert 0's (internal)");
           }
         }
-        // Experts in GGUF blocks keep the per-expert path for now: a 20-token step of the Q8_0 Qwen3-MoE
-        // fixture through the grouped GEMVs gave logits 6.4e-2 from the CPU's (the per-expert path 1.3e-2;
-        // GgufCuda.ExpertsTakeTheFilesBytes), though the kernels alone match their references.
-        grouped_experts_ = grouped_experts_ && !m.first.quantized() && check_grouped_expert_shape(m).is_ok();
+        grouped_experts_ = grouped_experts_ && check_grouped_expert_shape(m).is_ok();
         runs.push_back(m);
       }
       return Status::ok();

@@ -74,6 +74,10 @@ struct CudaModelOptions {
   // them to the model's FP16/BF16 at upload instead (about 3.5x the memory of Q4_K_M), what the GPU did
   // before, kept so that benchmarks can compare the two.
   bool widen_quantized_weights = false;
+  // Qwen3-MoE: steps of up to 64 rows multiply every expert's rows in grouped launches planned on the
+  // device (backend/cuda/expert_gemv.h); false runs each expert's own products at every step, as prefill
+  // does, so that tests and benchmarks can hold the two side by side.
+  bool grouped_experts = true;
 };
 
 // The weights random() generates: FP16 matrices, or blocks of one type, or a mix like llama.cpp's
@@ -285,7 +289,7 @@ class CudaLlamaModel final : private KvProjection {
   size_t largest_quantized_values_ = 0;  // of the matrices kept in blocks (sizes the prefill tiles)
   std::vector<BlockQuant> block_types_;  // the block types held, in first-seen order
   bool plain_matrices_ = false;          // whether any matrix is held in dtype_
-  bool grouped_experts_ = false;         // whether every sparse layer's experts fit grouped_expert_gemv
+  bool grouped_experts_ = false;  // options.grouped_experts, kept where every sparse layer's experts fit grouped_expert_gemv
   DeviceMatrix embedding_;     // [vocab, hidden]
   DeviceMatrix lm_head_;       // [vocab, hidden] (the embedding when tied)
   float* final_norm_ = nullptr;
