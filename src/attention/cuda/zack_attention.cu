@@ -558,12 +558,16 @@ Status CudaZackAttention::plan_tasks(const std::vector<DecodeTile>& tiles, ZackS
     std::vector<int> layer_order(layer_count);
     std::iota(layer_order.begin(), layer_order.end(), 0);
     if (schedule == ZackSchedule::kBalanced) {  // longest first (ZACK §5.3, Fig. 12)
-      const auto task_cost = [&](int i) {
-        const ZackTask& task = tasks[first_task + size_t(i)];
-        return (task.block_end - task.block_begin) * block_cost(l, task.kv_head, kBlockOverheadRows);
-      };
+      // Costs computed once: a batch of long sequences has thousands of tasks a layer, replanned as
+      // any of them enters a new block.
+      std::vector<double> head_cost(static_cast<size_t>(G)), task_cost(layer_count);
+      for (int g = 0; g < G; ++g) head_cost[size_t(g)] = block_cost(l, g, kBlockOverheadRows);
+      for (size_t i = 0; i < layer_count; ++i) {
+        const ZackTask& task = tasks[first_task + i];
+        task_cost[i] = (task.block_end - task.block_begin) * head_cost[size_t(task.kv_head)];
+      }
       std::stable_sort(layer_order.begin(), layer_order.end(),
-                       [&](int a, int b) { return task_cost(a) > task_cost(b); });
+                       [&](int a, int b) { return task_cost[size_t(a)] > task_cost[size_t(b)]; });
     }
     order.insert(order.end(), layer_order.begin(), layer_order.end());
     layer_tasks.push_back(int(tasks.size()));
