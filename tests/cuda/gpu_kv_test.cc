@@ -36,7 +36,8 @@ struct GpuModel {
   KvPipeline pipeline;  // as the GPU runs it
 };
 
-GpuModel upload(const LlamaModel& cpu, const std::string& spec, size_t kv_cache_bytes = 0, int max_step_tokens = 512) {
+GpuModel upload(const LlamaModel& cpu, const std::string& spec, size_t kv_cache_bytes = 0, int max_step_tokens = 512,
+                bool grouped_experts = true) {
   const KvPipeline pipeline = take(make_kv_pipeline(spec));
   const GpuKvPlan plan = take(plan_gpu_kv(pipeline, spec, int(cpu.config().hidden_size), int(cpu.config().kv_dim())));
   CudaModelOptions options;
@@ -48,6 +49,7 @@ GpuModel upload(const LlamaModel& cpu, const std::string& spec, size_t kv_cache_
   options.tier = plan.options.tier;
   options.pq = plan.options.pq;
   options.rotate_heads = plan.rotate_heads;
+  options.grouped_experts = grouped_experts;
   return {take(CudaLlamaModel::upload(cpu.config(), cpu.weights(), options)), plan.pipeline};
 }
 
@@ -318,8 +320,8 @@ struct BesideAPrompt {
   GpuModel mixed, alone;
   ThreeSequences mixed_steps, alone_steps;
 };
-BesideAPrompt decode_rows_beside_a_prompt(const LlamaModel& cpu, const std::string& spec) {
-  BesideAPrompt out{upload(cpu, spec), upload(cpu, spec), {}, {}};
+BesideAPrompt decode_rows_beside_a_prompt(const LlamaModel& cpu, const std::string& spec, bool grouped_experts = true) {
+  BesideAPrompt out{upload(cpu, spec, 0, 512, grouped_experts), upload(cpu, spec, 0, 512, grouped_experts), {}, {}};
   out.mixed_steps = three_sequences(*out.mixed.model);
   out.alone_steps = three_sequences(*out.alone.model);
   for (const ThreeSequences* steps : {&out.mixed_steps, &out.alone_steps}) prefill_a_and_c(*steps, int(cpu.config().vocab_size));
@@ -383,16 +385,19 @@ TEST_F(GpuKvTest, AZackStepGivesEachSequenceTheBitsItGetsAlone) {
   }
 }
 
-// The same for Qwen3-MoE's experts: plain ones (FP32 safetensors: decode rows and the 30-token chunk on
-// the grouped GEMVs, the 100-token chunk through each expert's own GEMMs) and Q8_0 blocks (every item
-// through the experts' own products). 6 rounds: the fixtures hold 512 positions.
+// The same for Qwen3-MoE's experts, plain (FP32 safetensors) and in Q8_0 blocks: grouped (decode rows
+// and the 30-token chunk on the grouped GEMVs, the 100-token chunk through each expert's own products)
+// and not (CudaModelOptions::grouped_experts false: every item through each expert's own products, the
+// step's items apart within an expert's rows). 6 rounds: the fixtures hold 512 positions.
 TEST_F(GpuKvTest, AnMoeStepGivesEachSequenceTheBitsItGetsAlone) {
   for (const std::string& model : {kGoldenModels + "/qwen3_moe", slimkv::test::kGgufDir + "/qwen3moe_tiny-Q8_0.gguf"}) {
-    SCOPED_TRACE(model);
     auto cpu = take(LlamaModel::load(model));
     ASSERT_GT(cpu->config().moe.num_experts, 0);
-    const BesideAPrompt models = decode_rows_beside_a_prompt(*cpu, "dense");
-    expect_each_sequence_gets_its_bits_alone(models.mixed_steps, models.alone_steps, int(cpu->config().vocab_size), 6);
+    for (const bool grouped : {true, false}) {
+      SCOPED_TRACE(model + (grouped ? ", grouped experts" : ", each expert's own products"));
+      const BesideAPrompt models = decode_rows_beside_a_prompt(*cpu, "dense", grouped);
+      expect_each_sequence_gets_its_bits_alone(models.mixed_steps, models.alone_steps, int(cpu->config().vocab_size), 6);
+    }
   }
 }
 

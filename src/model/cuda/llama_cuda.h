@@ -74,9 +74,9 @@ struct CudaModelOptions {
   // them to the model's FP16/BF16 at upload instead (about 3.5x the memory of Q4_K_M), what the GPU did
   // before, kept so that benchmarks can compare the two.
   bool widen_quantized_weights = false;
-  // Qwen3-MoE: steps of up to 64 rows multiply every expert's rows in grouped launches planned on the
-  // device (backend/cuda/expert_gemv.h); false runs each expert's own products at every step, as prefill
-  // does, so that tests and benchmarks can hold the two side by side.
+  // Qwen3-MoE: a step's sequences of up to 64 rows multiply every expert's rows in grouped launches
+  // planned on the device (backend/cuda/expert_gemv.h); false runs each expert's own products at every
+  // step, as longer sequences do, so that tests and benchmarks can hold the two side by side.
   bool grouped_experts = true;
 };
 
