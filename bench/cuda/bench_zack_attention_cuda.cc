@@ -9,9 +9,11 @@
 // matches the compression exactly. They are synthetic: a Llama-3-8B calibration needs its weights, which
 // this machine lacks, and random weights have flat spectra (every head the same rank). --skewed adds a row
 // whose heads alternate between rank d and rank 8 (K and V): the balancing's worst case.
-// Each zack row runs both schedules: balanced (ZACK §5.3: cost-sized ranges, longest first, dynamic) and
-// uniform (equal block ranges, static order); with --queries > 1 the prefill kernel's splits: balanced
-// (each head's share of the wave of CTAs by its cost) and uniform (the same splits for every head). --codec hack|quant adds zack followed by that codec
+// Each zack row runs both schedules: balanced (ZACK §5.3: each head's share of a sequence's wave of tasks
+// by its cost, longest first, dynamic) and uniform (the same share for every head, static order); with
+// --queries > 1 the prefill kernel's splits: balanced (each head's share of a sequence's wave of CTAs by
+// its cost) and uniform (the same splits for every head). Either way each sequence is cut as it would be
+// alone (attention/split_rule.h), so a batch of B runs about B waves of tasks. --codec hack|quant adds zack followed by that codec
 // (--codec-bits; the ranks rounded up to multiples of 4, as align=4 does: gpu_zack_quantized_kv.cc's
 // decode attention, CudaPagedAttention::run_quantized over heads of their own dims) beside the codec at
 // the full head dim.
@@ -200,7 +202,7 @@ int run(int argc, char** argv) {
   app.add_option("--spread", o.spread, "log-normal sigma of the ranks around their mean")->capture_default_str();
   app.add_flag("--skewed", o.skewed, "also heads alternating between rank d and rank 8");
   app.add_option("--repetitions", o.repetitions)->capture_default_str();
-  app.add_option("--tasks-per-cta", o.tasks_per_cta, "ZACK attention tasks per resident CTA")
+  app.add_option("--tasks-per-cta", o.tasks_per_cta, "ZACK attention tasks per resident CTA for a sequence alone")
       ->check(CLI::Range(1, 64))->capture_default_str();
   app.add_option("--seed", o.seed)->capture_default_str();
   app.add_option("--codec", o.codec, "also zack followed by this codec, and the codec alone")->check(CLI::IsMember({"hack", "quant"}));

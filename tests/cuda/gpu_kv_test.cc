@@ -6,10 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <random>
 #include <set>
+#include <utility>
 
 #include "cuda_test_util.h"
+#include "gguf_fixtures.h"
 #include "golden_models.h"
 #include "kv/cuda/gpu_kv_plan.h"
 #include "kv/cuda/gpu_kv_transfer.h"
@@ -18,6 +21,7 @@
 #include "kv/transfer.h"
 #include "model/cuda/llama_cuda.h"
 #include "model/llama.h"
+#include "slimkv/engine.h"
 #include "source_dir.h"
 
 namespace slimkv::cuda {
@@ -32,7 +36,8 @@ struct GpuModel {
   KvPipeline pipeline;  // as the GPU runs it
 };
 
-GpuModel upload(const LlamaModel& cpu, const std::string& spec, size_t kv_cache_bytes = 0, int max_step_tokens = 512) {
+GpuModel upload(const LlamaModel& cpu, const std::string& spec, size_t kv_cache_bytes = 0, int max_step_tokens = 512,
+                bool grouped_experts = true) {
   const KvPipeline pipeline = take(make_kv_pipeline(spec));
   const GpuKvPlan plan = take(plan_gpu_kv(pipeline, spec, int(cpu.config().hidden_size), int(cpu.config().kv_dim())));
   CudaModelOptions options;
@@ -44,6 +49,7 @@ GpuModel upload(const LlamaModel& cpu, const std::string& spec, size_t kv_cache_
   options.tier = plan.options.tier;
   options.pq = plan.options.pq;
   options.rotate_heads = plan.rotate_heads;
+  options.grouped_experts = grouped_experts;
   return {take(CudaLlamaModel::upload(cpu.config(), cpu.weights(), options)), plan.pipeline};
 }
 
@@ -270,58 +276,127 @@ TEST_F(GpuKvTest, PqSequenceExportedAndImportedSelectsAlike) {
   expect_no_room(upload(*cpu, pq, 2 * sender.model->kv().bytes_per_block()), shape, bytes);
 }
 
+// Sequences a, b, c (0, 1, 2) of one model: steps(items) runs the items — (sequence, tokens) — in one
+// step and gives each item's last logits row, back to back.
+using Item = std::pair<int, std::vector<int32_t>>;
+using ThreeSequences = std::function<std::vector<float>(const std::vector<Item>&)>;
+
+ThreeSequences three_sequences(CudaLlamaModel& model) {
+  std::vector<int> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(take(model.add_sequence()));
+  return [&model, ids](const std::vector<Item>& items) {
+    std::vector<SequenceTokens> step;
+    for (const auto& [i, tokens] : items) step.push_back({ids[size_t(i)], tokens});
+    std::vector<float> logits;
+    EXPECT_TRUE(model.step(step, false, logits).is_ok());
+    return logits;
+  };
+}
+
+// Through the engine's step (a zack model's folded weights are the engine's to make).
+ThreeSequences three_sequences(Engine& engine) {
+  std::vector<SequenceId> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(take(engine.add_sequence()));
+  return [&engine, ids](const std::vector<Item>& items) {
+    std::vector<StepItem> step;
+    for (const auto& [i, tokens] : items) step.push_back({ids[size_t(i)], tokens, StepOutput::kLastLogits});
+    StepResult result;
+    const Status status = engine.step(step, result);
+    EXPECT_TRUE(status.is_ok()) << status.message();
+    return result.logits;
+  };
+}
+
+// a and c prefilled with 150 and 230 tokens, each in a step of its own; b empty (its prompt comes in
+// chunks beside a's and c's decode tokens).
+void prefill_a_and_c(const ThreeSequences& steps, int vocab) {
+  steps({{0, random_tokens(150, vocab, 5)}});
+  steps({{2, random_tokens(230, vocab, 6)}});
+}
+
 // Two uploads of one spec holding the same KV, for a server's step against the same steps one sequence at
-// a time: sequences a, b, c (ids in that order, in `mixed` and in `alone`); a and c prefilled with 150 and
-// 230 tokens, each in a step of its own in both, b empty (its prompt comes in chunks beside a's and c's
-// decode tokens).
+// a time: a and c prefilled in both (prefill_a_and_c).
 struct BesideAPrompt {
   GpuModel mixed, alone;
-  std::vector<int> mixed_ids, alone_ids;
+  ThreeSequences mixed_steps, alone_steps;
 };
-BesideAPrompt decode_rows_beside_a_prompt(const LlamaModel& cpu, const std::string& spec) {
-  const int vocab = int(cpu.config().vocab_size);
-  BesideAPrompt out{upload(cpu, spec), upload(cpu, spec), {}, {}};
-  for (auto [model, ids] : {std::pair{&out.mixed, &out.mixed_ids}, std::pair{&out.alone, &out.alone_ids}}) {
-    for (int i = 0; i < 3; ++i) ids->push_back(take(model->model->add_sequence()));
-    std::vector<float> logits;
-    EXPECT_TRUE(model->model->step(std::vector<SequenceTokens>{{(*ids)[0], random_tokens(150, vocab, 5)}}, false, logits).is_ok());
-    EXPECT_TRUE(model->model->step(std::vector<SequenceTokens>{{(*ids)[2], random_tokens(230, vocab, 6)}}, false, logits).is_ok());
-  }
+BesideAPrompt decode_rows_beside_a_prompt(const LlamaModel& cpu, const std::string& spec, bool grouped_experts = true) {
+  BesideAPrompt out{upload(cpu, spec, 0, 512, grouped_experts), upload(cpu, spec, 0, 512, grouped_experts), {}, {}};
+  out.mixed_steps = three_sequences(*out.mixed.model);
+  out.alone_steps = three_sequences(*out.alone.model);
+  for (const ThreeSequences* steps : {&out.mixed_steps, &out.alone_steps}) prefill_a_and_c(*steps, int(cpu.config().vocab_size));
   return out;
 }
 
 // A server's step gives each sequence the bits it gets alone (issue 22: a served request's greedy output
-// equals the request run alone, whatever else runs): decode rows beside a prompt chunk of 30 tokens (its
-// weight products padded with the decode rows') or of 100 (a product of its own), against the same
-// steps one sequence at a time — the weight products (backend/cuda/item_products.h) and the attention
-// splits (attention/cuda/split_k.cuh) are each sequence's own.
+// equals the request run alone, whatever else runs): decode rows a, c beside b's prompt chunks of 30
+// tokens (its weight products padded with the decode rows') or of 100 (a product of its own), `rounds`
+// rounds, against the same steps one sequence at a time (a and c prefilled in both) — the weight products
+// (backend/cuda/item_products.h), an MoE layer's experts (each item's own path) and the attention splits
+// (attention/split_rule.h) are each sequence's own.
+void expect_each_sequence_gets_its_bits_alone(const ThreeSequences& mixed, const ThreeSequences& alone, int vocab,
+                                              int rounds = 10) {
+  const std::vector<int32_t> prompt = random_tokens(rounds * 130, vocab, 7);
+  std::vector<int32_t> next = {11, 12};
+  size_t at = 0;
+  for (int round = 0; round < rounds; ++round) {
+    const size_t length = round % 2 == 0 ? 30 : 100;
+    const std::vector<int32_t> chunk(prompt.begin() + ptrdiff_t(at), prompt.begin() + ptrdiff_t(at + length));
+    at += length;
+    const std::vector<int32_t> a_token = {next[0]}, c_token = {next[1]};
+    const std::vector<float> together = mixed({{0, a_token}, {1, chunk}, {2, c_token}});
+    const std::vector<float> a_logits = alone({{0, a_token}}), b_logits = alone({{1, chunk}}), c_logits = alone({{2, c_token}});
+    ASSERT_EQ(together.size(), 3 * size_t(vocab));
+    const auto row = [&](int i) {
+      return std::vector<float>(together.begin() + ptrdiff_t(i) * vocab, together.begin() + ptrdiff_t(i + 1) * vocab);
+    };
+    ASSERT_EQ(row(0), a_logits) << "round " << round << ": decode row a";
+    ASSERT_EQ(row(1), b_logits) << "round " << round << ": the chunk of " << length << " tokens";
+    ASSERT_EQ(row(2), c_logits) << "round " << round << ": decode row c";
+    next = {argmax(a_logits), argmax(c_logits)};
+  }
+}
+
 TEST_F(GpuKvTest, AStepGivesEachSequenceTheBitsItGetsAlone) {
   auto cpu = take(LlamaModel::load(kBundled));
-  const int vocab = int(cpu->config().vocab_size);
   for (const char* spec : {"dense", "hack:bits=4", "hack:bits=2,pi=64", "quant:bits=4"}) {
     SCOPED_TRACE(spec);
-    auto [mixed, alone, m_ids, a_ids] = decode_rows_beside_a_prompt(*cpu, spec);
-    const std::vector<int32_t> prompt = random_tokens(10 * 130, vocab, 7);
-    std::vector<int32_t> next = {11, 12};
-    size_t at = 0;
-    for (int round = 0; round < 10; ++round) {
-      const size_t length = round % 2 == 0 ? 30 : 100;
-      const std::vector<int32_t> chunk(prompt.begin() + ptrdiff_t(at), prompt.begin() + ptrdiff_t(at + length));
-      at += length;
-      const std::vector<int32_t> a_token = {next[0]}, c_token = {next[1]};
-      std::vector<float> together, a_logits, b_logits, c_logits;
-      SLIMKV_ASSERT_OK(mixed.model->step(std::vector<SequenceTokens>{{m_ids[0], a_token}, {m_ids[1], chunk}, {m_ids[2], c_token}},
-                                         false, together));
-      SLIMKV_ASSERT_OK(alone.model->step(std::vector<SequenceTokens>{{a_ids[0], a_token}}, false, a_logits));
-      SLIMKV_ASSERT_OK(alone.model->step(std::vector<SequenceTokens>{{a_ids[1], chunk}}, false, b_logits));
-      SLIMKV_ASSERT_OK(alone.model->step(std::vector<SequenceTokens>{{a_ids[2], c_token}}, false, c_logits));
-      const auto row = [&](int i) {
-        return std::vector<float>(together.begin() + ptrdiff_t(i) * vocab, together.begin() + ptrdiff_t(i + 1) * vocab);
-      };
-      ASSERT_EQ(row(0), a_logits) << "round " << round << ": decode row a";
-      ASSERT_EQ(row(1), b_logits) << "round " << round << ": the chunk of " << length << " tokens";
-      ASSERT_EQ(row(2), c_logits) << "round " << round << ": decode row c";
-      next = {argmax(a_logits), argmax(c_logits)};
+    const BesideAPrompt models = decode_rows_beside_a_prompt(*cpu, spec);
+    expect_each_sequence_gets_its_bits_alone(models.mixed_steps, models.alone_steps, int(cpu->config().vocab_size));
+  }
+}
+
+// The same for zack (its decode tasks and prefill splits cut by each sequence alone: zack_attention.h) and
+// zack followed by a codec (the paged kernels over each head's ranks), through the engine, on the bundled
+// model's calibration.
+TEST_F(GpuKvTest, AZackStepGivesEachSequenceTheBitsItGetsAlone) {
+  for (const char* spec : {"zack:rate=0.5", "zack:rate=0.5,align=4+hack:bits=4", "zack:rate=0.5,align=4+hack:bits=2,pi=64"}) {
+    SCOPED_TRACE(spec);
+    EngineConfig config;
+    config.model_dir = kBundled;
+    config.kv_spec = spec;
+    config.device = "cuda";
+    config.max_sequences = 3;
+    auto mixed = take(Engine::load(config)), alone = take(Engine::load(config));
+    const ThreeSequences mixed_steps = three_sequences(*mixed), alone_steps = three_sequences(*alone);
+    const int vocab = int(mixed->model_config().vocab_size);
+    for (const ThreeSequences* steps : {&mixed_steps, &alone_steps}) prefill_a_and_c(*steps, vocab);
+    expect_each_sequence_gets_its_bits_alone(mixed_steps, alone_steps, vocab);
+  }
+}
+
+// The same for Qwen3-MoE's experts, plain (FP32 safetensors) and in Q8_0 blocks: grouped (decode rows
+// and the 30-token chunk on the grouped GEMVs, the 100-token chunk through each expert's own products)
+// and not (CudaModelOptions::grouped_experts false: every item through each expert's own products, the
+// step's items apart within an expert's rows). 6 rounds: the fixtures hold 512 positions.
+TEST_F(GpuKvTest, AnMoeStepGivesEachSequenceTheBitsItGetsAlone) {
+  for (const std::string& model : {kGoldenModels + "/qwen3_moe", slimkv::test::kGgufDir + "/qwen3moe_tiny-Q8_0.gguf"}) {
+    auto cpu = take(LlamaModel::load(model));
+    ASSERT_GT(cpu->config().moe.num_experts, 0);
+    for (const bool grouped : {true, false}) {
+      SCOPED_TRACE(model + (grouped ? ", grouped experts" : ", each expert's own products"));
+      const BesideAPrompt models = decode_rows_beside_a_prompt(*cpu, "dense", grouped);
+      expect_each_sequence_gets_its_bits_alone(models.mixed_steps, models.alone_steps, int(cpu->config().vocab_size), 6);
     }
   }
 }
@@ -386,23 +461,19 @@ TEST_F(GpuKvTest, PqDecodeRowsSelectBesidePrefillChunks) {
   const std::string pq = "pq:m=2,b=4,topk=0.25,local=16,init=4,segment=64";
   for (const std::string& spec : {pq, pq + ",cache=24@offload"}) {
     SCOPED_TRACE(spec);
-    auto [mixed, alone, m_ids, a_ids] = decode_rows_beside_a_prompt(*cpu, spec);
+    const BesideAPrompt models = decode_rows_beside_a_prompt(*cpu, spec);
     const std::vector<int32_t> prompt = random_tokens(20 * 30, vocab, 7);
     std::vector<int32_t> next = {11, 12};
     double decode_error = 0, chunk_error = 0;
     for (int round = 0; round < 20; ++round) {
       const std::vector<int32_t> chunk(prompt.begin() + round * 30, prompt.begin() + (round + 1) * 30);
       const std::vector<int32_t> a_token = {next[0]}, c_token = {next[1]};
-      std::vector<float> together;
-      SLIMKV_ASSERT_OK(mixed.model->step(std::vector<SequenceTokens>{{m_ids[0], a_token}, {m_ids[1], chunk}, {m_ids[2], c_token}},
-                                         false, together));
-      const SelectionReport batched = mixed.model->kv().selection();
-      std::vector<float> a_logits, b_logits, c_logits;
-      SLIMKV_ASSERT_OK(alone.model->step(std::vector<SequenceTokens>{{a_ids[0], a_token}}, false, a_logits));
-      const SelectionReport a_report = alone.model->kv().selection();
-      SLIMKV_ASSERT_OK(alone.model->step(std::vector<SequenceTokens>{{a_ids[1], chunk}}, false, b_logits));
-      SLIMKV_ASSERT_OK(alone.model->step(std::vector<SequenceTokens>{{a_ids[2], c_token}}, false, c_logits));
-      const SelectionReport c_report = alone.model->kv().selection();
+      const std::vector<float> together = models.mixed_steps({{0, a_token}, {1, chunk}, {2, c_token}});
+      const SelectionReport batched = models.mixed.model->kv().selection();
+      const std::vector<float> a_logits = models.alone_steps({{0, a_token}});
+      const SelectionReport a_report = models.alone.model->kv().selection();
+      const std::vector<float> b_logits = models.alone_steps({{1, chunk}}), c_logits = models.alone_steps({{2, c_token}});
+      const SelectionReport c_report = models.alone.model->kv().selection();
       EXPECT_EQ(batched.held_tokens, a_report.held_tokens + c_report.held_tokens) << "round " << round << ": the decode rows";
       EXPECT_EQ(batched.selected_tokens, a_report.selected_tokens + c_report.selected_tokens) << "round " << round;
       EXPECT_LT(batched.selected_tokens, batched.held_tokens) << "round " << round;

@@ -1,6 +1,7 @@
 // A step's weight products item by item (backend/cuda/item_products.h): each item's rows get the bits
 // they get in a product of that item alone, whatever items come before and after it (decode rows,
-// short prompt pieces padded together, long ones on their own), overwriting and accumulating into an
+// short prompt pieces padded together, long ones on their own; or, PlainItems::kAlone as an MoE layer's
+// experts run, every item on its own, items of no rows among them), overwriting and accumulating into an
 // output wider than the matrix; and the products equal the FP64 reference within FP32 summation's bound.
 #include <gtest/gtest.h>
 
@@ -8,6 +9,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/item_products.h"
@@ -30,27 +32,30 @@ TEST_F(ItemProductsTest, EachItemGetsTheBitsItGetsAlone) {
   // Items as a server's steps lay them out: decode rows, a chunk past a padded group (65, 100), a group
   // filled exactly (64), groups cut where the next item does not fit (30 + 40).
   for (const std::vector<int>& items : {std::vector<int>{1, 1, 1}, std::vector<int>{30, 100, 1, 64, 65, 5},
-                                        std::vector<int>{1, 30, 40, 1, 1}, std::vector<int>{200}}) {
+                                        std::vector<int>{1, 30, 40, 1, 1}, std::vector<int>{200}, std::vector<int>{0, 3, 0, 70, 0}}) {
     const int n = std::accumulate(items.begin(), items.end(), 0);
     const std::vector<uint16_t> x_bits = random_halves(size_t(n) * kCols, 1.0f, rng, x_values);
-    for (const bool accumulate : {false, true}) {
-      SCOPED_TRACE(testing::Message() << items.size() << " items of " << n << " rows, accumulate " << accumulate);
+    for (const auto& [accumulate, plain] : {std::pair{false, PlainItems::kPaddedGroups}, std::pair{true, PlainItems::kPaddedGroups},
+                                           std::pair{false, PlainItems::kAlone}, std::pair{true, PlainItems::kAlone}}) {
+      SCOPED_TRACE(testing::Message() << items.size() << " items of " << n << " rows, accumulate " << accumulate
+                                      << (plain == PlainItems::kAlone ? ", each alone" : ", padded groups"));
       std::vector<float> y0(size_t(n) * kStride);
       std::uniform_real_distribution<float> before(-4.0f, 4.0f);
       for (float& v : y0) v = before(rng);
       const auto x_device = on_device(x_bits);
       auto y_device = on_device(y0);
-      SLIMKV_ASSERT_OK(products->multiply(*gemm, x_device.data(), items, DType::kF16, w, y_device.data(), accumulate, kStride));
+      SLIMKV_ASSERT_OK(products->multiply(*gemm, x_device.data(), items, DType::kF16, w, y_device.data(), accumulate, kStride, plain));
       const std::vector<float> y = on_host(y_device);
       int first = 0;
       for (const int rows : items) {
+        if (rows == 0) continue;
         // The item alone: its rows, its part of y0.
         const std::vector<uint16_t> x_alone(x_bits.begin() + ptrdiff_t(first) * kCols, x_bits.begin() + ptrdiff_t(first + rows) * kCols);
         const std::vector<float> y0_alone(y0.begin() + ptrdiff_t(first) * kStride, y0.begin() + ptrdiff_t(first + rows) * kStride);
         const auto x_alone_device = on_device(x_alone);
         auto y_alone_device = on_device(y0_alone);
         SLIMKV_ASSERT_OK(products->multiply(*gemm, x_alone_device.data(), std::vector<int>{rows}, DType::kF16, w,
-                                            y_alone_device.data(), accumulate, kStride));
+                                            y_alone_device.data(), accumulate, kStride, plain));
         const std::vector<float> y_alone = on_host(y_alone_device);
         for (int r = 0; r < rows; ++r) {
           for (int64_t o = 0; o < kStride; ++o) {
@@ -77,7 +82,8 @@ TEST_F(ItemProductsTest, EachItemGetsTheBitsItGetsAlone) {
   }
 }
 
-// A matrix wider than the scratch made for the padded groups is refused naming both sizes, y untouched.
+// A matrix wider than the scratch made for the padded groups is refused naming both sizes, y untouched;
+// items each alone need no scratch.
 TEST_F(ItemProductsTest, AMatrixPastTheScratchIsRefusedByName) {
   constexpr int64_t kRows = 40, kCols = 64;
   std::mt19937 rng(23);
@@ -94,6 +100,7 @@ TEST_F(ItemProductsTest, AMatrixPastTheScratchIsRefusedByName) {
   EXPECT_NE(refused.message().find("[40 x 64] matrix"), std::string::npos) << refused.message();
   EXPECT_NE(refused.message().find("32 inputs"), std::string::npos) << refused.message();
   EXPECT_EQ(on_host(y), y0);
+  SLIMKV_ASSERT_OK(products->multiply(*gemm, x.data(), std::vector<int>{1, 1}, DType::kF16, w, y.data(), false, 0, PlainItems::kAlone));
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // (attention/reference.h) per KV head at its own ranks: random ranks 4..head_dim (odd ones too) per
 // (layer, KV head), and 4 and head_dim, GQA groups 1..8, partial blocks, batches of unequal sequences stepping
 // together (a prefill chunk, then decode steps or further chunks), both schedules; prefill chunks of 512
-// queries over 8K contexts (the tensor-core prefill kernel). q and k go through the cache's
+// queries over 8K contexts (the tensor-core prefill kernel). Each sequence's rows of a step have the bits
+// they have with the sequence alone in the step. q and k go through the cache's
 // projection onto random bases; the reference projects them on the host (FP32, rounded to FP16 as stored).
 // Skips without a usable GPU.
 #include <gtest/gtest.h>
@@ -168,6 +169,21 @@ void check(const ZackCase& c, ZackSchedule schedule, int filled_tokens = 0) {
     SLIMKV_ASSERT_OK(attention->run(layer, cache->view(layer), reduced, scale, out_dev.data()));
     std::vector<uint16_t> out(size_t(total) * H * d);
     SLIMKV_ASSERT_OK(out_dev.download(out.data(), out.size()));
+    // Each sequence's rows have the bits they have with the sequence alone in the step (issue 22: its
+    // tasks and splits are cut by itself alone, merged in their order).
+    for (size_t i = 0, first = 0; i < plan.sequence_ids.size(); first += size_t(plan.query_counts[i]), ++i) {
+      PagedAttentionBatch one;
+      one.sequence_ids = {plan.sequence_ids[i]};
+      one.kv_lens = {plan.kv_lens[i]};
+      one.query_counts = {plan.query_counts[i]};
+      const size_t values = size_t(plan.query_counts[i]) * H * d, offset = first * H * d;
+      SLIMKV_ASSERT_OK(attention->plan(one, schedule));
+      SLIMKV_ASSERT_OK(attention->run(layer, cache->view(layer), reduced + offset, scale, out_dev.data() + offset));
+      std::vector<uint16_t> alone(values);
+      SLIMKV_ASSERT_OK(copy_to_host(alone.data(), out_dev.data() + offset, values * sizeof(uint16_t)));
+      ASSERT_TRUE(std::equal(alone.begin(), alone.end(), out.begin() + ptrdiff_t(offset)))
+          << "sequence " << i << " of " << plan.sequence_ids.size() << ": its rows alone differ from the step's";
+    }
 
     double error_sq = 0, ref_sq = 0;
     int first = 0;

@@ -497,12 +497,6 @@ int CudaPagedAttention::tile_positions(const Part& part) const {
   return part.tensor_cores ? kPrefillTileRows / group_ : positions_per_tile_;
 }
 
-std::pair<int, int> divide_attention_blocks(int blocks, int wanted, int most_splits) {
-  const int splits = std::clamp(wanted, 1, std::max(1, std::min(blocks, most_splits)));
-  const int per_split = (blocks + splits - 1) / splits;
-  return {(blocks + per_split - 1) / per_split, per_split};
-}
-
 namespace {
 
 // The splits per tile of a kernel of target_ctas resident CTAs (one wave) over num_kv_heads heads.

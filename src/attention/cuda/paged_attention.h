@@ -56,10 +56,6 @@ Expected<std::vector<int>> lay_out_attention_sequences(const PagedAttentionBatch
 int append_attention_tiles(std::vector<int>& metadata, const PagedAttentionBatch& batch, int tile_positions, int least,
                            int most);
 
-// `blocks` (at least 1) cut into about `wanted` splits (at least 1, at most most_splits) of equal
-// size: (splits, blocks per split). How the planners split a context over CTAs (split-K).
-std::pair<int, int> divide_attention_blocks(int blocks, int wanted, int most_splits);
-
 // The head dims the kernels are built for (16, 32, 64, 128, 256; 256 on the CUDA-core kernel alone, for
 // prefill too, and without quantized KV): the smallest of them that holds head_dim (a model's heads of
 // another size are stored zero-padded to it), or 0 when none does.

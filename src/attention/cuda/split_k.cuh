@@ -84,16 +84,28 @@ struct TileSplit {
   int begin, end, slot;
 };
 
-// Split `split` of a tile's blocks [first_block, end_block), cut by its sequence alone (split_rule.h);
-// its slot after the splits of a kernel before it over the same rows (AttentionLaunch::after_splits_per_tile,
-// whose blocks were [0, after_blocks)).
+// The tiles of the tile's sequence (split_rule.h's sequence_tiles).
+__device__ inline int sequence_tiles(const AttentionLaunch& p, const TileQueries& tq) {
+  return (tq.n_queries + p.positions_per_tile - 1) / p.positions_per_tile;
+}
+
+// Split `split` of a tile's blocks [first_block, end_block) at splits_per_tile, cut by its sequence alone
+// (split_rule.h), written to slot `split`: ZACK's prefill gives each KV head a splits_per_tile of its own.
+__device__ inline TileSplit tile_split_at(const AttentionLaunch& p, const TileQueries& tq, int splits_per_tile, int split,
+                                          int first_block, int end_block) {
+  const int per_split = blocks_per_split(max(end_block - first_block, 0), sequence_tiles(p, tq), splits_per_tile);
+  const int begin = first_block + split * per_split;
+  return {begin, min(begin + per_split, end_block), split};
+}
+
+// Split `split` of a tile's blocks [first_block, end_block) at the launch's splits_per_tile; its slot after
+// the splits of a kernel before it over the same rows (AttentionLaunch::after_splits_per_tile, whose
+// blocks were [0, after_blocks)).
 __device__ inline TileSplit tile_split(const AttentionLaunch& p, const TileQueries& tq, int split, int first_block,
                                        int end_block, int after_blocks = 0) {
-  const int sequence_tiles = (tq.n_queries + p.positions_per_tile - 1) / p.positions_per_tile;
-  const int per_split = blocks_per_split(max(end_block - first_block, 0), sequence_tiles, p.splits_per_tile);
-  const int begin = first_block + split * per_split;
-  const int after = p.after_splits_per_tile > 0 ? splits_of(after_blocks, sequence_tiles, p.after_splits_per_tile) : 0;
-  return {begin, min(begin + per_split, end_block), split + after};
+  TileSplit range = tile_split_at(p, tq, p.splits_per_tile, split, first_block, end_block);
+  if (p.after_splits_per_tile > 0) range.slot += splits_of(after_blocks, sequence_tiles(p, tq), p.after_splits_per_tile);
+  return range;
 }
 
 // Whether a token lies outside what a query at `position` sees: after it (causal), or before its window.

@@ -11,6 +11,7 @@
 #include "attention/cuda/device_ops.cuh"
 #include "attention/cuda/softmax_state.cuh"
 #include "attention/cuda/zack_prefill_attention.cuh"
+#include "attention/split_rule.h"
 #include "backend/cuda/cuda_check.h"
 
 namespace slimkv::cuda {
@@ -60,8 +61,8 @@ struct ZackLaunch {
   int staged_elements;        // one staging buffer: staged_rows at the largest ranks, of kCudaBlockTokens halves
   int num_heads, num_kv_heads, head_dim, group, positions_per_tile;
   float scale_log2;
-  float* partial_acc;         // [num_tasks, kZackWarps, rows, head_dim]
-  float* partial_max_sum;     // [num_tasks, kZackWarps, rows, 2]
+  float* partial_acc;         // [num_tasks, rows, head_dim]: each task's (its warps' merged)
+  float* partial_max_sum;     // [num_tasks, rows, 2]
 };
 
 // Where a query tile's rows sit: row r is query query_begin + r / group (at position first_position +
@@ -219,26 +220,59 @@ struct WarpPartial {
     }
   }
 
-  // Writes the partial of task `index` (its slot: the task's, the warp's).
-  __device__ void finish(const ZackLaunch& p, const TaskView& t, int index) {
+  // Writes the partial of task `index`: the warps' partials of each row merged, in warp order, through
+  // `merged` (shared memory, merge_bytes(kRows): the staging's, once every warp is past the last block),
+  // so that a unit's partials are its tasks' and the merge kernel reads a quarter of the warps' (a long
+  // sequence's unit has a wave's share of tasks, issue 22).
+  __device__ void finish(const ZackLaunch& p, const TaskView& t, int index, float* merged) {
     row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 1);
     row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 2);
-    if (g >= kRows) return;
-    const size_t row = (size_t(index) * kZackWarps + warp) * kRows + g;
+    float* warp_acc = merged;                                    // [kZackWarps, kRows, kMaxRank]
+    float* warp_max_sum = merged + kZackWarps * kRows * kMaxRank;  // [kZackWarps, kRows, 2]
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is done with the staged blocks
+    if (g < kRows) {
+      const int slot = warp * kRows + g;
 #pragma unroll
-    for (int n = 0; n < 16; ++n) {
+      for (int n = 0; n < 16; ++n) {
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int dim = 8 * n + 2 * i + c;
-        if (dim < t.head.v_rank) p.partial_acc[row * p.head_dim + dim] = o[n][c];
+        for (int c = 0; c < 2; ++c) {
+          const int dim = 8 * n + 2 * i + c;
+          if (dim < t.head.v_rank) warp_acc[slot * kMaxRank + dim] = o[n][c];
+        }
+      }
+      if (i == 0) {
+        warp_max_sum[2 * slot] = row_max;
+        warp_max_sum[2 * slot + 1] = row_sum;
       }
     }
-    if (i == 0) {
-      p.partial_max_sum[2 * row] = row_max;
-      p.partial_max_sum[2 * row + 1] = row_sum;
+    __syncthreads();
+    const int v_rank = t.head.v_rank;
+    for (int e = threadIdx.x; e < kRows * v_rank; e += kZackThreads) {
+      const int r = e / v_rank, dim = e % v_rank;
+      float max_all = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kZackWarps; ++w) max_all = fmaxf(max_all, warp_max_sum[2 * (w * kRows + r)]);
+      const float reference = softmax_reference(max_all);
+      float total = 0.0f, weighted = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kZackWarps; ++w) {
+        const float factor = exp2f(warp_max_sum[2 * (w * kRows + r)] - reference);
+        total += factor * warp_max_sum[2 * (w * kRows + r) + 1];
+        weighted += factor * warp_acc[(w * kRows + r) * kMaxRank + dim];
+      }
+      const size_t row = size_t(index) * kRows + r;
+      p.partial_acc[row * p.head_dim + dim] = weighted;
+      if (dim == 0) {
+        p.partial_max_sum[2 * row] = max_all;
+        p.partial_max_sum[2 * row + 1] = total;
+      }
     }
   }
 };
+
+// Shared memory the warps' partials of a task take to be merged (WarpPartial::finish).
+constexpr size_t merge_bytes(int rows) { return size_t(kZackWarps) * size_t(rows) * (kMaxRank + 2) * sizeof(float); }
 
 // Waits until at most `pending` (0..kMaxStages - 2) of this thread's cp.async groups are in flight.
 constexpr int kMaxStages = 8;
@@ -284,14 +318,14 @@ __device__ void attend_task(const ZackLaunch& p, const TaskView& task, int index
     }
     partial.attend(p, task, first + j, staging + (j % stages) * slot_elements);
   }
-  partial.finish(p, task, index);
+  partial.finish(p, task, index, reinterpret_cast<float*>(staging));
 }
 
 // A CTA takes tasks one after another: from the counter (balanced: longest first, a CTA taking the next
 // when it is free) or statically (uniform: CTA c takes c, c + CTAs, ...).
 template <int kRows>
 __global__ void __launch_bounds__(kZackThreads, 3) zack_attention_kernel(ZackLaunch p) {
-  extern __shared__ __align__(16) unsigned char staged[];  // 2 · staged_elements FP16
+  extern __shared__ __align__(16) unsigned char staged[];  // shared_bytes(staged_elements, kRows)
   __shared__ int taken_by_cta;
   WarpPartial<kRows> partial;
   for (int turn = blockIdx.x;; turn += gridDim.x) {
@@ -308,8 +342,11 @@ __global__ void __launch_bounds__(kZackThreads, 3) zack_attention_kernel(ZackLau
   }
 }
 
-// A CTA's staging: two blocks at the largest ranks.
-size_t staging_bytes(int staged_elements) { return 2 * size_t(staged_elements) * sizeof(__half); }
+// A CTA's shared memory: its staging, two blocks at the largest ranks, and in the same bytes after a
+// task's last block its warps' partials (merge_bytes).
+size_t shared_bytes(int staged_elements, int rows) {
+  return std::max(2 * size_t(staged_elements) * sizeof(__half), merge_bytes(rows));
+}
 
 // Merges each unit's task partials (the online-softmax rule) into the output rows; dims past the
 // head's v_rank are written 0 (the folded W_O has zero columns there).
@@ -318,8 +355,8 @@ __global__ void zack_merge_kernel(ZackLaunch p) {
   const int unit = blockIdx.x, tile_index = unit / p.num_kv_heads, kv_head = unit % p.num_kv_heads;
   const ZackTile tile(p, tile_index);
   if (unit == 0 && threadIdx.x == 0) *p.counter = 0;  // the attention kernel is done with it: the next run's
-  // The unit's partials: each of its tasks' warps'.
-  const int first = p.unit_tasks[unit] * kZackWarps, end = p.unit_tasks[unit + 1] * kZackWarps;
+  // The unit's partials: its tasks', in their order.
+  const int first = p.unit_tasks[unit], end = p.unit_tasks[unit + 1];
   const int v_rank = p.heads[kv_head].v_rank;
   const int r = blockIdx.y;
   if (r >= tile.active_rows) return;
@@ -327,9 +364,13 @@ __global__ void zack_merge_kernel(ZackLaunch p) {
     float value = 0.0f;
     if (c < v_rank) {
       float max_all = -INFINITY;
+      // Unrolled so that several partials' loads are in flight (a long sequence's unit has hundreds);
+      // the sums still run in the tasks' order.
+#pragma unroll 8
       for (int t = first; t < end; ++t) max_all = fmaxf(max_all, p.partial_max_sum[2 * (size_t(t) * kRows + r)]);
       const float reference = softmax_reference(max_all);
       float total = 0.0f, weighted = 0.0f;
+#pragma unroll 8
       for (int t = first; t < end; ++t) {
         const size_t row = size_t(t) * kRows + r;
         const float factor = exp2f(p.partial_max_sum[2 * row] - reference);
@@ -376,7 +417,7 @@ Expected<std::unique_ptr<CudaZackAttention>> CudaZackAttention::create(const Zac
     attention->staged_elements_ =
         std::max(attention->staged_elements_, staged_rows(shape.k_ranks[i], shape.v_ranks[i]) * kCudaBlockTokens);
   }
-  const size_t shared = staging_bytes(attention->staged_elements_);
+  const size_t shared = shared_bytes(attention->staged_elements_, attention->rows_per_tile_);
   const auto kernel = attention->rows_per_tile_ == 4 ? zack_attention_kernel<4> : zack_attention_kernel<8>;
   SLIMKV_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)));
   int resident = 0;
@@ -394,7 +435,7 @@ Expected<std::unique_ptr<CudaZackAttention>> CudaZackAttention::create(const Zac
     attention->prefill_target_ctas_ = prefill_resident * multiprocessor_count();
   }
   SLIMKV_ASSIGN_OR_RETURN(attention->counters_, DeviceArray<int>::allocate(size_t(shape.num_layers), "ZACK task counters"));
-  SLIMKV_ASSIGN_OR_RETURN(attention->prefill_blocks_per_split_, DeviceArray<int>::allocate(heads, "ZACK prefill splits"));
+  SLIMKV_ASSIGN_OR_RETURN(attention->prefill_splits_per_tile_, DeviceArray<int>::allocate(heads, "ZACK prefill splits"));
   return Expected<std::unique_ptr<CudaZackAttention>>(std::move(attention));
 }
 
@@ -429,17 +470,18 @@ Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedule sc
     }
   }
   const int* tiles = metadata->data() + attention_tiles_offset(shape_.max_batch);
-  // The blocks each decode tile reads: up to its last query's position (causal).
-  std::vector<int> tile_blocks(static_cast<size_t>(num_tiles_));
+  // The blocks each decode tile reads (up to its last query's position: causal), and its sequence's tiles.
+  std::vector<DecodeTile> decode_tiles(static_cast<size_t>(num_tiles_));
   for (int t = 0; t < num_tiles_; ++t) {
     const int b = tiles[2 * t], first = tiles[2 * t + 1], n = batch.query_counts[size_t(b)];
     const int kv_end = batch.kv_lens[size_t(b)] - n + first + std::min(positions_per_tile_, n - first);
-    tile_blocks[size_t(t)] = (kv_end + kCudaBlockTokens - 1) / kCudaBlockTokens;
+    decode_tiles[size_t(t)] = {(kv_end + kCudaBlockTokens - 1) / kCudaBlockTokens,
+                               (n + positions_per_tile_ - 1) / positions_per_tile_};
   }
   // The tasks name tiles by index and blocks by number, so a step whose tiles read the blocks the last
   // plan's did (a decode step within a block: 63 of 64) keeps them; only the metadata changes.
-  if (layer_tasks_.empty() || schedule != schedule_ || tile_blocks != planned_tile_blocks_) {
-    SLIMKV_RETURN_IF_ERROR(plan_tasks(tile_blocks, schedule));
+  if (layer_tasks_.empty() || schedule != schedule_ || decode_tiles != planned_tiles_) {
+    SLIMKV_RETURN_IF_ERROR(plan_tasks(decode_tiles, schedule));
   }
   SLIMKV_RETURN_IF_ERROR(grow(metadata_, metadata->size(), "ZACK attention metadata"));
   const size_t rows = std::max(decode_partial_rows_, prefill_rows);
@@ -449,68 +491,65 @@ Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedule sc
   return device_fill_bytes(counters_.data(), 0, counters_.bytes());
 }
 
-// Split-K for the prefill kernel as the dense prefill's (one wave of CTAs over the tiles × KV heads).
-// Balanced: each head's share of the wave by its cost, a head of twice the cost taking twice the splits,
-// so that its CTAs take as long as the others' (uniform: the same splits for every head, and the wave
-// lasts as long as the highest ranks' CTAs). Per layer (ranks differ by layer), uploaded.
-Status CudaZackAttention::plan_prefill_splits(const PagedAttentionBatch& batch, ZackSchedule schedule) {
-  int max_blocks = 0;
-  for (size_t b = 0; b < batch.kv_lens.size(); ++b) {
-    if (batch.query_counts[b] >= 2) max_blocks = std::max(max_blocks, (batch.kv_lens[b] + kCudaBlockTokens - 1) / kCudaBlockTokens);
-  }
-  const int G = shape_.num_kv_heads;
-  const double ctas_per_unit = double(prefill_target_ctas_) / double(prefill_.num_tiles * G);
-  std::vector<int> blocks_per_split(size_t(shape_.num_layers) * size_t(G));
-  prefill_.num_splits = 1;
-  for (int l = 0; l < shape_.num_layers; ++l) {
-    const auto cost = [&](int g) {
-      const size_t i = size_t(l) * G + size_t(g);
-      return double(staged_rows(shape_.k_ranks[i], shape_.v_ranks[i]) + kPrefillBlockOverheadDims);
-    };
-    double mean_cost = 0;
-    for (int g = 0; g < G; ++g) mean_cost += cost(g) / G;
-    for (int g = 0; g < G; ++g) {
-      const double share = schedule == ZackSchedule::kBalanced ? cost(g) / mean_cost : 1.0;
-      const auto [splits, per_split] = divide_attention_blocks(max_blocks, int(ctas_per_unit * share), max_blocks);
-      blocks_per_split[size_t(l) * G + size_t(g)] = per_split;
-      prefill_.num_splits = std::max(prefill_.num_splits, splits);
-    }
-  }
-  return prefill_blocks_per_split_.upload(blocks_per_split.data(), blocks_per_split.size());
+double CudaZackAttention::block_cost(int layer, int kv_head, int overhead) const {
+  const size_t i = size_t(layer) * size_t(shape_.num_kv_heads) + size_t(kv_head);
+  return double(staged_rows(shape_.k_ranks[i], shape_.v_ranks[i]) + overhead);
 }
 
-// Every layer's decode tasks (their ranks differ) over tiles reading tile_blocks[t] blocks, uploaded.
-Status CudaZackAttention::plan_tasks(const std::vector<int>& tile_blocks, ZackSchedule schedule) {
-  int max_tile_blocks = 0;
-  for (int blocks : tile_blocks) max_tile_blocks = std::max(max_tile_blocks, blocks);
-  const int target_tasks = shape_.tasks_per_cta * resident_ctas_;
-  const int G = shape_.num_kv_heads, units = num_tiles_ * G;
+std::vector<int> CudaZackAttention::head_splits_per_tile(int target_ctas, int overhead, ZackSchedule schedule) const {
+  const int G = shape_.num_kv_heads, per_head = std::max(1, target_ctas / G);
+  std::vector<int> splits(size_t(shape_.num_layers) * size_t(G), per_head);
+  if (schedule == ZackSchedule::kUniform) return splits;
+  for (int l = 0; l < shape_.num_layers; ++l) {
+    double mean_cost = 0;
+    for (int g = 0; g < G; ++g) mean_cost += block_cost(l, g, overhead) / G;
+    for (int g = 0; g < G; ++g) {
+      splits[size_t(l) * G + size_t(g)] = std::max(1, int(per_head * block_cost(l, g, overhead) / mean_cost));
+    }
+  }
+  return splits;
+}
+
+// Split-K for the prefill kernel as the dense prefill's: a tile's blocks cut by its sequence alone
+// (split_rule.h), here at its head's splits_per_tile (one wave of the kernel's CTAs for a sequence alone,
+// shared among the heads by cost when balanced). The grid's splits bound every prefill tile's, over every
+// layer's heads; the heads' splits_per_tile, per layer (ranks differ by layer), are uploaded.
+Status CudaZackAttention::plan_prefill_splits(const PagedAttentionBatch& batch, ZackSchedule schedule) {
+  const std::vector<int> splits_per_tile = head_splits_per_tile(prefill_target_ctas_, kPrefillBlockOverheadDims, schedule);
+  const int positions = kPrefillTileRows / group_;
+  prefill_.num_splits = 1;
+  for (size_t b = 0; b < batch.kv_lens.size(); ++b) {
+    const int n = batch.query_counts[b];
+    if (n < 2) continue;  // a decode tile's
+    const int blocks = (batch.kv_lens[b] + kCudaBlockTokens - 1) / kCudaBlockTokens, tiles = (n + positions - 1) / positions;
+    for (int head_splits : splits_per_tile) {
+      prefill_.num_splits = std::max(prefill_.num_splits, most_splits_of(blocks, tiles, head_splits));
+    }
+  }
+  return prefill_splits_per_tile_.upload(splits_per_tile.data(), splits_per_tile.size());
+}
+
+// Every layer's decode tasks (their ranks differ) over the decode tiles, uploaded. A unit's tasks cut its
+// tile's blocks by split_rule.h at its head's splits_per_tile (tasks_per_cta waves of the kernel's CTAs
+// for a sequence alone): by the tile's sequence and the head alone, so that each task's blocks, and the
+// merge of a unit's tasks in their order, are the same whatever else the step holds. Only the order the
+// CTAs take the tasks in depends on the step, which changes no partial.
+Status CudaZackAttention::plan_tasks(const std::vector<DecodeTile>& tiles, ZackSchedule schedule) {
+  const std::vector<int> splits_per_tile =
+      head_splits_per_tile(shape_.tasks_per_cta * resident_ctas_, kBlockOverheadRows, schedule);
+  const int G = shape_.num_kv_heads;
   std::vector<ZackTask> tasks;
   std::vector<int> order, unit_tasks, layer_tasks(1, 0);
   size_t max_layer_tasks = 0;
   for (int l = 0; l < shape_.num_layers; ++l) {
-    const auto cost = [&](int g) {
-      const size_t i = size_t(l) * G + size_t(g);
-      return double(staged_rows(shape_.k_ranks[i], shape_.v_ranks[i]) + kBlockOverheadRows);
-    };
-    double total_cost = 0;
-    for (int t = 0; t < num_tiles_; ++t) {
-      for (int g = 0; g < G; ++g) total_cost += tile_blocks[size_t(t)] * cost(g);
-    }
-    // Ranges of whole blocks: each unit's last range is short, so sized for target - units tasks, the
-    // count stays within the target (one more task than CTAs would be a second wave).
-    const double cost_per_task = total_cost / std::max(1, target_tasks - units);
-    const int tasks_per_unit = std::max(1, target_tasks / std::max(1, units));  // no units: a prefill-only step
-    const int uniform_blocks = std::max(1, (max_tile_blocks + tasks_per_unit - 1) / tasks_per_unit);
     const size_t first_task = tasks.size();
     for (int t = 0; t < num_tiles_; ++t) {
+      const DecodeTile& tile = tiles[size_t(t)];
       for (int g = 0; g < G; ++g) {
         unit_tasks.push_back(int(tasks.size() - first_task));
-        const int per_task = schedule == ZackSchedule::kBalanced
-                                 ? std::max(1, int(std::ceil(cost_per_task / cost(g))))
-                                 : uniform_blocks;
-        for (int begin = 0; begin < tile_blocks[size_t(t)]; begin += per_task) {
-          tasks.push_back({t, g, begin, std::min(tile_blocks[size_t(t)], begin + per_task)});
+        const int per_task = blocks_per_split(tile.blocks, tile.sequence_tiles, splits_per_tile[size_t(l) * G + size_t(g)]);
+        for (int begin = 0; begin < tile.blocks; begin += per_task) {
+          tasks.push_back({t, g, begin, std::min(tile.blocks, begin + per_task)});
         }
       }
     }
@@ -519,12 +558,16 @@ Status CudaZackAttention::plan_tasks(const std::vector<int>& tile_blocks, ZackSc
     std::vector<int> layer_order(layer_count);
     std::iota(layer_order.begin(), layer_order.end(), 0);
     if (schedule == ZackSchedule::kBalanced) {  // longest first (ZACK §5.3, Fig. 12)
-      const auto task_cost = [&](int i) {
-        const ZackTask& task = tasks[first_task + size_t(i)];
-        return (task.block_end - task.block_begin) * cost(task.kv_head);
-      };
+      // Costs computed once: a batch of long sequences has thousands of tasks a layer, replanned as
+      // any of them enters a new block.
+      std::vector<double> head_cost(static_cast<size_t>(G)), task_cost(layer_count);
+      for (int g = 0; g < G; ++g) head_cost[size_t(g)] = block_cost(l, g, kBlockOverheadRows);
+      for (size_t i = 0; i < layer_count; ++i) {
+        const ZackTask& task = tasks[first_task + i];
+        task_cost[i] = (task.block_end - task.block_begin) * head_cost[size_t(task.kv_head)];
+      }
       std::stable_sort(layer_order.begin(), layer_order.end(),
-                       [&](int a, int b) { return task_cost(a) > task_cost(b); });
+                       [&](int a, int b) { return task_cost[size_t(a)] > task_cost[size_t(b)]; });
     }
     order.insert(order.end(), layer_order.begin(), layer_order.end());
     layer_tasks.push_back(int(tasks.size()));
@@ -539,8 +582,8 @@ Status CudaZackAttention::plan_tasks(const std::vector<int>& tile_blocks, ZackSc
   SLIMKV_RETURN_IF_ERROR(unit_tasks_.upload(unit_tasks.data(), unit_tasks.size()));
   layer_tasks_ = std::move(layer_tasks);
   schedule_ = schedule;
-  planned_tile_blocks_ = tile_blocks;
-  decode_partial_rows_ = max_layer_tasks * kZackWarps * size_t(rows_per_tile_);
+  planned_tiles_ = tiles;
+  decode_partial_rows_ = max_layer_tasks * size_t(rows_per_tile_);
   return Status::ok();
 }
 
@@ -585,7 +628,7 @@ Status CudaZackAttention::run_decode(int layer, const ZackKvView& kv, const uint
   p.partial_max_sum = partial_max_sum_.data();
   p.staged_elements = staged_elements_;
   const int ctas = std::min(resident_ctas_, num_tasks);
-  const size_t shared = staging_bytes(staged_elements_);
+  const size_t shared = shared_bytes(staged_elements_, rows_per_tile_);
   if (rows_per_tile_ == 4) {
     zack_attention_kernel<4><<<ctas, kZackThreads, shared>>>(p);
     SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
@@ -621,7 +664,7 @@ Status CudaZackAttention::run_prefill(int layer, const ZackKvView& kv, const uin
   p.scale_log2 = scale * kLog2e;
   p.partial_acc = partial_acc_.data();
   p.partial_max_sum = reinterpret_cast<float2*>(partial_max_sum_.data());
-  launch_zack_prefill_attention(p, kv, prefill_blocks_per_split_.data() + size_t(layer) * size_t(shape_.num_kv_heads));
+  launch_zack_prefill_attention(p, kv, prefill_splits_per_tile_.data() + size_t(layer) * size_t(shape_.num_kv_heads));
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   if (p.num_splits > 1) {  // one split wrote the output itself
     launch_merge_split_partials(p);

@@ -7,16 +7,20 @@
 // computed by one CTA on the tensor cores into online-softmax partials, then merged per row. A task's cost
 // is blocks · (k_rank + v_rank), so with adaptive ranks equal block ranges take unequal time. ZACK §5.3
 // balances them:
-//   kBalanced: each head's blocks are cut into ranges of about equal cost (fewer blocks per task for
+//   kBalanced: each head takes a share of the wave of tasks by its cost (more tasks of fewer blocks for
 //              high-rank heads), and the tasks run longest first, each CTA taking the next one when it
 //              is free (the paper's descending sort, then "the SM with the smallest cumulative time").
-//   kUniform:  the same number of blocks per task for every head, in head order (what a kernel blind
-//              to ranks does; kept to measure the balancing against).
+//   kUniform:  the same tasks for every head, in head order (what a kernel blind to ranks does; kept to
+//              measure the balancing against).
+// A unit's (query tile, KV head) tasks are cut by its own sequence alone (attention/split_rule.h: the
+// wave a sequence alone would fill, the head's share of it), and merged in their order: a sequence's
+// output has the same bits whatever shares the step (issue 22); only which CTA takes a task, and when,
+// depends on the step.
 // Prefill (a step in which some sequence has kPrefillMinQueries or more queries, head_dim 64 or 128): those
 // sequences take the tensor-core prefill kernel (zack_prefill_attention.cuh: 128-row tiles, each block
-// staged once per tile, split-K as the dense prefill's), the step's one-query sequences the tasks above.
-// Its splits: kBalanced gives each head a share of the wave of CTAs by its cost, kUniform the same
-// splits to every head.
+// staged once per tile, split-K as the dense prefill's, by the tile's sequence alone), the step's
+// one-query sequences the tasks above. Its splits: kBalanced gives each head a share of the wave of CTAs
+// by its cost, kUniform the same splits to every head.
 #pragma once
 
 #include <cstdint>
@@ -45,7 +49,8 @@ struct ZackAttentionShape {
   int max_queries = 0;   // queries per step, over all sequences
   // [num_layers · num_kv_heads]: each (layer, KV head)'s Q–K and V–W_O ranks, 1..head_dim.
   std::vector<int> k_ranks, v_ranks;
-  // Tasks per CTA resident on the GPU: more evens out the CTAs' ends, fewer costs fewer partials to merge
+  // Tasks per CTA resident on the GPU that a sequence alone is cut into (a batch of B sequences makes
+  // about B times as many): more evens out the CTAs' ends, fewer costs fewer partials to merge
   // (docs/results/cuda/zack_attention.txt; bench_zack_attention_cuda --tasks-per-cta).
   int tasks_per_cta = 1;
 };
@@ -71,14 +76,26 @@ class CudaZackAttention {
 
  private:
   // The planned step's sequences on the prefill kernel: their tiles (after the decode tiles in the
-  // metadata) and the most splits of a head (prefill_blocks_per_split_ has each head's blocks per split).
+  // metadata) and the most splits of any of their tiles (prefill_splits_per_tile_ has each head's rule).
   struct PrefillPart {
     int first_tile = 0, num_tiles = 0;
     int num_splits = 1;
   };
+  // A decode tile: the blocks it reads and its sequence's tiles (what its tasks are cut by).
+  struct DecodeTile {
+    int blocks = 0, sequence_tiles = 1;
+    bool operator==(const DecodeTile& other) const { return blocks == other.blocks && sequence_tiles == other.sequence_tiles; }
+  };
 
   explicit CudaZackAttention(const ZackAttentionShape& shape) : shape_(shape) {}
-  Status plan_tasks(const std::vector<int>& tile_blocks, ZackSchedule schedule);
+  // A block's cost for a (layer, KV head): its staged K' and V' rows plus a fixed overhead in rows.
+  double block_cost(int layer, int kv_head, int overhead) const;
+  // Each (layer, KV head)'s splits_per_tile (split_rule.h) for a kernel of target_ctas CTAs a wave: the
+  // wave over the KV heads, each head's share by its block_cost against its layer's mean (balanced: a
+  // head of twice the cost takes twice the splits, its CTAs as long as the others'), or equal (uniform).
+  // [num_layers · num_kv_heads], of the shape alone, never of the step.
+  std::vector<int> head_splits_per_tile(int target_ctas, int overhead, ZackSchedule schedule) const;
+  Status plan_tasks(const std::vector<DecodeTile>& tiles, ZackSchedule schedule);
   Status plan_prefill_splits(const PagedAttentionBatch& batch, ZackSchedule schedule);
   Status run_decode(int layer, const ZackKvView& kv, const uint16_t* q, float scale, uint16_t* out);
   Status run_prefill(int layer, const ZackKvView& kv, const uint16_t* q, float scale, uint16_t* out);
@@ -94,15 +111,15 @@ class CudaZackAttention {
   PrefillPart prefill_;
   ZackSchedule schedule_ = ZackSchedule::kBalanced;
   std::vector<int> layer_tasks_;  // [num_layers + 1]: each layer's first task
-  std::vector<int> planned_tile_blocks_;  // [decode tiles]: the blocks each read when the tasks were laid out
+  std::vector<DecodeTile> planned_tiles_;  // the decode tiles when the tasks were laid out
   size_t decode_partial_rows_ = 0;        // the tasks' partial rows (of the layer with the most)
   DeviceArray<int> metadata_;
   DeviceArray<ZackTask> tasks_;
   DeviceArray<int> order_;        // [tasks]: canonical task index, in the order CTAs take them
   DeviceArray<int> unit_tasks_;   // [num_layers, units + 1]: each unit's first task (within its layer)
   DeviceArray<int> counters_;     // [num_layers]: the next task to take
-  DeviceArray<int> prefill_blocks_per_split_;  // [num_layers, num_kv_heads]: each head's, on the prefill kernel
-  // Decode: [tasks of a layer, kZackWarps, rows_per_tile, head_dim] and [.., 2] (base-2 max, sum); then
+  DeviceArray<int> prefill_splits_per_tile_;  // [num_layers, num_kv_heads]: each head's, on the prefill kernel
+  // Decode: [tasks of a layer, rows_per_tile, head_dim] and [.., 2] (base-2 max, sum); then
   // prefill, reusing them: split_k.cuh's [tiles, num_kv_heads, kPrefillTileRows, splits, head_dim] and [.., 2].
   DeviceArray<float> partial_acc_;
   DeviceArray<float> partial_max_sum_;

@@ -19,18 +19,21 @@ struct ZackBlocks {
   ZackHeadLayout head;
   const int* table;
   int kv_end, k_rows, v_rows;  // k_rows, v_rows: the ranks rounded up to 16
-  int per_split;               // the head's blocks per split
+  const AttentionLaunch& p;
+  const TileQueries& tq;
+  int splits_per_tile;         // the head's (split_rule.h)
 
-  __device__ ZackBlocks(const AttentionLaunch& p, const ZackKvView& kv, const int* head_blocks_per_split,
+  __device__ ZackBlocks(const AttentionLaunch& p, const ZackKvView& kv, const int* head_splits_per_tile,
                         const TileQueries& tq, int kv_head)
       : blocks(reinterpret_cast<const __half*>(kv.blocks)), block_elements(kv.block_elements), head(kv.heads[kv_head]),
         table(p.block_tables + size_t(p.sequence_ids[tq.batch_index]) * p.block_table_stride), kv_end(tq.kv_end),
-        k_rows((head.k_rank + 15) / 16 * 16), v_rows((head.v_rank + 15) / 16 * 16),
-        per_split(head_blocks_per_split[kv_head]) {}
+        k_rows((head.k_rank + 15) / 16 * 16), v_rows((head.v_rank + 15) / 16 * 16), p(p), tq(tq),
+        splits_per_tile(head_splits_per_tile[kv_head]) {}
 
   __device__ int first_block() const { return 0; }
+  // The tile's blocks cut by its sequence alone, at its head's splits_per_tile.
   __device__ TileSplit split(int split, int num_blocks) const {
-    return {split * per_split, min((split + 1) * per_split, num_blocks), split};
+    return tile_split_at(p, tq, splits_per_tile, split, first_block(), num_blocks);
   }
   __device__ int q_dims() const { return head.k_rank; }
   __device__ int k_steps() const { return k_rows / 16; }
@@ -71,11 +74,11 @@ struct ZackBlocks {
 // One CTA per (split, KV head, tile), the longest tiles (a sequence's last) first.
 template <int kHeadDim>
 __global__ __launch_bounds__(kPrefillThreads) void zack_prefill_attention_partials(AttentionLaunch p, ZackKvView kv,
-                                                                                   const int* head_blocks_per_split) {
+                                                                                   const int* head_splits_per_tile) {
   extern __shared__ uint4 shared_raw[];
   const int split = blockIdx.x, kv_head = blockIdx.y, tile = p.num_tiles - 1 - int(blockIdx.z);
   const TileQueries tq(p, tile);
-  ZackBlocks<kHeadDim> blocks(p, kv, head_blocks_per_split, tq, kv_head);
+  ZackBlocks<kHeadDim> blocks(p, kv, head_splits_per_tile, tq, kv_head);
   attend_prefill_tile<kHeadDim>(p, tq, tile, kv_head, split, blocks, shared_raw);
 }
 
@@ -102,9 +105,9 @@ int zack_prefill_attention_setup(int head_dim) {
   return ctas;
 }
 
-void launch_zack_prefill_attention(const AttentionLaunch& p, const ZackKvView& kv, const int* head_blocks_per_split) {
+void launch_zack_prefill_attention(const AttentionLaunch& p, const ZackKvView& kv, const int* head_splits_per_tile) {
   const dim3 grid(unsigned(p.num_splits), unsigned(p.num_kv_heads), unsigned(p.num_tiles));
-  pick(p.head_dim)<<<grid, kPrefillThreads, shared_bytes(p.head_dim)>>>(p, kv, head_blocks_per_split);
+  pick(p.head_dim)<<<grid, kPrefillThreads, shared_bytes(p.head_dim)>>>(p, kv, head_splits_per_tile);
 }
 
 }  // namespace slimkv::cuda

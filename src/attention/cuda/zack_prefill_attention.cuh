@@ -23,11 +23,12 @@ int zack_prefill_attention_setup(int head_dim);
 
 // Grid (split, KV head, tile) as launch_prefill_attention, reading the blocks of kv (p.block_tables are
 // kv's, p.head_dim the model's, each head's q holding its reduced query in the first k_rank dims; its
-// output's dims past v_rank are written 0). head_blocks_per_split: device [num_kv_heads], each head's
-// blocks per split (p.splits_per_tile unused), so that a head of higher ranks takes more of the grid's
-// p.num_splits splits and every CTA about the same work (ZACK §5.3's balance; a head's splits past its
-// blocks write empty partials). With one split it writes the output directly, with several the split
-// partials, for launch_merge_split_partials.
-void launch_zack_prefill_attention(const AttentionLaunch& p, const ZackKvView& kv, const int* head_blocks_per_split);
+// output's dims past v_rank are written 0). head_splits_per_tile: device [num_kv_heads], each head's
+// splits_per_tile (split_rule.h; p.splits_per_tile unused), so that a head of higher ranks takes more
+// splits and every CTA about the same work (ZACK §5.3's balance), a tile's blocks cut by its own sequence
+// and head alone: a sequence's output has the same bits whatever shares the step (issue 22). p.num_splits
+// bounds every tile's splits; those past a tile's own write empty partials. With one split in all it
+// writes the output directly, with several the split partials, for launch_merge_split_partials.
+void launch_zack_prefill_attention(const AttentionLaunch& p, const ZackKvView& kv, const int* head_splits_per_tile);
 
 }  // namespace slimkv::cuda

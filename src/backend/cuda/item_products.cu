@@ -32,9 +32,12 @@ Expected<std::unique_ptr<ItemProducts>> ItemProducts::create(size_t max_cols, si
 }
 
 Status ItemProducts::multiply(WeightGemm& gemm, const void* x, const std::vector<int>& item_rows, DType x_dtype,
-                              const DeviceMatrix& w, float* y, bool accumulate, int64_t y_stride) {
+                              const DeviceMatrix& w, float* y, bool accumulate, int64_t y_stride, PlainItems plain) {
   if (y_stride == 0) y_stride = w.rows;
-  const int64_t group_rows = w.quantized() ? kQuantizedGemvMaxInputs : kPlainGroupRows;
+  // Items of more rows than a group are products of their own (plain items alone: all of them).
+  const int64_t group_rows = w.quantized()                         ? kQuantizedGemvMaxInputs
+                             : plain == PlainItems::kPaddedGroups ? kPlainGroupRows
+                                                                  : 0;
   const size_t row_bytes = size_t(w.cols) * sizeof(uint16_t);  // x is FP16 or BF16
   const auto* bytes = static_cast<const uint8_t*>(x);
   int64_t row = 0, group_first = 0, group_count = 0;

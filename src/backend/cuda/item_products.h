@@ -31,15 +31,22 @@ namespace slimkv::cuda {
 // once (a memory-bound product costs about the same at 1 row and at 64).
 inline constexpr int64_t kPlainGroupRows = 64;
 
+// How a plain matrix multiplies items of up to kPlainGroupRows rows: in padded groups (a step's decode
+// rows: one read of the weights for all of them), or each a product of its own rows, as any item of
+// more (an MoE layer's experts: each expert's rows of each sequence, many small runs that padding
+// would copy in and out one by one).
+enum class PlainItems { kPaddedGroups, kAlone };
+
 class ItemProducts {
  public:
   // The scratch holds a group's inputs of up to max_cols values and its products of up to max_rows.
   static Expected<std::unique_ptr<ItemProducts>> create(size_t max_cols, size_t max_rows);
 
   // y[r, :] (row stride y_stride, 0: w.rows) = x[r, :] · Wᵀ for the rows of every item (item_rows: each
-  // item's rows, summing to x's), or y += that when accumulate; as WeightGemm::multiply, item by item.
+  // item's rows, summing to x's; an item of 0 rows has none), or y += that when accumulate; as
+  // WeightGemm::multiply, item by item.
   Status multiply(WeightGemm& gemm, const void* x, const std::vector<int>& item_rows, DType x_dtype, const DeviceMatrix& w,
-                  float* y, bool accumulate = false, int64_t y_stride = 0);
+                  float* y, bool accumulate = false, int64_t y_stride = 0, PlainItems plain = PlainItems::kPaddedGroups);
 
  private:
   ItemProducts() = default;

@@ -359,9 +359,9 @@ Status CudaLlamaModel::multiply(const void* x, int n, const StackedMatrix& w, fl
 }
 
 Status CudaLlamaModel::multiply_items(const void* x, const std::vector<int>& items, const StackedMatrix& w, float* y,
-                                      bool accumulate) {
+                                      bool accumulate, PlainItems plain) {
   return for_each_run(w, y, [&](const DeviceMatrix& run, float* out) {
-    return item_products_->multiply(*gemm_, x, items, dtype_, run, out, accumulate, w.rows);
+    return item_products_->multiply(*gemm_, x, items, dtype_, run, out, accumulate, w.rows, plain);
   });
 }
 
@@ -755,7 +755,7 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, std
     SLIMKV_RETURN_IF_ERROR(rmsnorm(x_.data(), w.mlp_norm, eps, n, hidden, h_.data(), dtype_));
     if (c.is_sparse(l)) {
       SLIMKV_RETURN_IF_ERROR(add_sublayer(w.mlp_out_norm, [&](float* y, bool accumulate) {
-        return add_routed_experts(w, n, y, accumulate);
+        return add_routed_experts(w, y, accumulate);
       }));
       continue;
     }
@@ -774,12 +774,11 @@ Expected<int> CudaLlamaModel::forward(std::span<const SequenceTokens> batch, std
   return rows;
 }
 
-// Decode steps (up to this many rows) multiply every expert's rows in one grouped launch per matrix,
-// planned on the device: no wait for the routing, a few launches a layer whatever the experts chosen.
-// Past it (prefill) an expert's rows are many and cuBLAS's tiles serve them better: the plan's offsets
-// come back to the host (one wait a layer, small beside the GEMMs) and each expert runs its own GEMMs.
-// Quantized experts give a row the same product either way while its expert has at most
-// kQuantizedGemvMaxInputs rows (the same GEMV loop, weight_rows.cuh); plain ones take cuBLAS past it.
+// Items of up to this many rows (decode rows, a short prompt's piece) multiply every expert's rows in one
+// grouped launch per matrix, planned on the device: no wait for the routing, a few launches a layer
+// whatever the experts chosen. Past it (prefill) an expert's rows are many and cuBLAS's tiles serve them
+// better: the plan's offsets come back to the host (one wait a layer, small beside the GEMMs) and each
+// expert runs its own GEMMs.
 constexpr int kGroupedExpertsMaxRows = 64;
 
 Status CudaLlamaModel::multiply_experts(const void* x, const int32_t* x_rows, const std::vector<ExpertMatrices>& runs,
@@ -793,62 +792,119 @@ Status CudaLlamaModel::multiply_experts(const void* x, const int32_t* x_rows, co
   return Status::ok();
 }
 
-Status CudaLlamaModel::add_routed_experts(const LayerOnDevice& layer, int n, float* y, bool accumulate) {
-  const ModelConfig& c = config_;
-  const int experts = int(c.moe.num_experts), k = int(c.moe.experts_per_token), choices = n * k;
-  const size_t hidden = size_t(c.hidden_size), inter = size_t(c.moe.expert_intermediate_size);
-  // Routing: the router's logits, each row's k experts and their weights, and the plan of places: the
-  // choices grouped by expert, each expert's rows in token order (as the CPU runs them).
+// Each item (a sequence's rows) takes the path it takes alone, so that its output has the bits it has
+// alone (issue 22): consecutive items of up to kGroupedExpertsMaxRows rows together through the grouped
+// GEMVs, whose product of a row does not depend on the rows beside it (weight_rows.cuh: each input's sums
+// in one fixed order, whatever the other inputs; the weighted sum of a row's k outputs in its choices'
+// order), the others through each expert's products of each item's rows apart. Routing is a row's own
+// (route_to_experts: a warp per row); each run of items on one path is routed and planned by itself.
+Status CudaLlamaModel::add_routed_experts(const LayerOnDevice& layer, float* y, bool accumulate) {
   SLIMKV_RETURN_IF_ERROR(multiply_items(h_.data(), step_items_, layer.router, router_logits_.data()));
-  const ExpertRowsPlan plan = expert_plan_at(expert_plan_.data(), choices, experts);
-  SLIMKV_RETURN_IF_ERROR(route_to_experts(router_logits_.data(), n, experts, k, c.moe.normalize_top_k,
-                                          expert_of_.data(), expert_weight_.data(), plan));
-
-  // Each place's row through its expert's W_gate|W_up (into the products [choices, 2·inter]); the
-  // activation over every place at once (into the inputs' buffer [choices, inter]); each place through
-  // its expert's W_down (into the products [choices, hidden]); each row's k outputs summed into y, weighted.
-  if (grouped_experts_ && n <= kGroupedExpertsMaxRows) {
-    const int slots = expert_slots(choices, experts);
-    if (layer.experts_gate_up.size() == 1) {  // W_gate, W_up of one kind: the activation applied as they are written
-      SLIMKV_RETURN_IF_ERROR(grouped_expert_gated_gemv(h_.data(), plan.row_of_place, dtype_,
-                                                       layer.experts_gate_up.front(), gate_activation(c), plan, slots,
-                                                       expert_inputs_.data()));
-    } else {
-      SLIMKV_RETURN_IF_ERROR(
-          multiply_experts(h_.data(), plan.row_of_place, layer.experts_gate_up, plan, slots, expert_products_.data()));
-      SLIMKV_RETURN_IF_ERROR(gated_activation(expert_products_.data(), choices, int(inter), gate_activation(c),
-                                              expert_inputs_.data(), dtype_));
+  const auto on_grouped_gemvs = [&](int rows) { return grouped_experts_ && rows <= kGroupedExpertsMaxRows; };
+  int first_row = 0;
+  for (size_t i = 0; i < step_items_.size();) {
+    const bool grouped = on_grouped_gemvs(step_items_[i]);
+    std::vector<int> items;  // a run of consecutive items on one path
+    int rows = 0;
+    for (; i < step_items_.size() && on_grouped_gemvs(step_items_[i]) == grouped; ++i) {
+      items.push_back(step_items_[i]);
+      rows += step_items_[i];
     }
-    // W_down, each row's k outputs summed into y as the last CTA of each block of columns finishes.
-    const WeightedRowSum sum{y, accumulate, expert_weight_.data(), n, k, expert_sum_counts_.data()};
-    return grouped_expert_gemv(expert_inputs_.data(), nullptr, dtype_, layer.experts_down, plan, slots,
-                               expert_products_.data(), int64_t(hidden), sum);
+    if (rows == 0) continue;
+    SLIMKV_RETURN_IF_ERROR(grouped ? add_grouped_experts(layer, first_row, rows, y, accumulate)
+                                   : add_expert_products(layer, first_row, items, y, accumulate));
+    first_row += rows;
   }
-  // Prefill: each expert's rows gathered back to back, through its own GEMMs, then the weighted sum.
+  return Status::ok();
+}
+
+Expected<ExpertRowsPlan> CudaLlamaModel::route_rows(int first_row, int rows) {
+  const ModelConfig& c = config_;
+  const int experts = int(c.moe.num_experts), k = int(c.moe.experts_per_token);
+  // The choices grouped by expert, each expert's rows in token order (as the CPU runs them).
+  const ExpertRowsPlan plan = expert_plan_at(expert_plan_.data(), rows * k, experts);
+  SLIMKV_RETURN_IF_ERROR(route_to_experts(router_logits_.data() + size_t(first_row) * size_t(experts), rows, experts, k,
+                                          c.moe.normalize_top_k, expert_of_.data(), expert_weight_.data(), plan));
+  return plan;
+}
+
+// Each place's row through its expert's W_gate|W_up (into the inputs' buffer, activated [choices, inter],
+// or the products [choices, 2·inter] then activated); each place through its expert's W_down (into the
+// products [choices, hidden]), each row's k outputs summed into y, weighted, as the last CTA of each
+// block of columns finishes.
+Status CudaLlamaModel::add_grouped_experts(const LayerOnDevice& layer, int first_row, int rows, float* y, bool accumulate) {
+  const ModelConfig& c = config_;
+  const int experts = int(c.moe.num_experts), k = int(c.moe.experts_per_token), choices = rows * k;
+  const size_t hidden = size_t(c.hidden_size), inter = size_t(c.moe.expert_intermediate_size);
+  SLIMKV_ASSIGN_OR_RETURN(const ExpertRowsPlan plan, route_rows(first_row, rows));
+  const uint16_t* x = h_.data() + size_t(first_row) * hidden;
+  const int slots = expert_slots(choices, experts);
+  if (layer.experts_gate_up.size() == 1) {  // W_gate, W_up of one kind: the activation applied as they are written
+    SLIMKV_RETURN_IF_ERROR(grouped_expert_gated_gemv(x, plan.row_of_place, dtype_, layer.experts_gate_up.front(),
+                                                     gate_activation(c), plan, slots, expert_inputs_.data()));
+  } else {
+    SLIMKV_RETURN_IF_ERROR(multiply_experts(x, plan.row_of_place, layer.experts_gate_up, plan, slots, expert_products_.data()));
+    SLIMKV_RETURN_IF_ERROR(gated_activation(expert_products_.data(), choices, int(inter), gate_activation(c),
+                                            expert_inputs_.data(), dtype_));
+  }
+  const WeightedRowSum sum{y + size_t(first_row) * hidden, accumulate, expert_weight_.data(), rows, k, expert_sum_counts_.data()};
+  return grouped_expert_gemv(expert_inputs_.data(), nullptr, dtype_, layer.experts_down, plan, slots, expert_products_.data(),
+                             int64_t(hidden), sum);
+}
+
+// Each expert's rows gathered back to back, through its own GEMMs, each item's rows among them a product
+// of their own (as the item alone gives them: plain rows unpadded, quantized ones on the matrix-vector
+// kernel up to its inputs, item_products.h), then the weighted sum.
+Status CudaLlamaModel::add_expert_products(const LayerOnDevice& layer, int first_row, const std::vector<int>& items,
+                                           float* y, bool accumulate) {
+  const ModelConfig& c = config_;
+  const int experts = int(c.moe.num_experts), k = int(c.moe.experts_per_token);
+  const size_t hidden = size_t(c.hidden_size), inter = size_t(c.moe.expert_intermediate_size);
+  int rows = 0;
+  for (int n : items) rows += n;
+  SLIMKV_ASSIGN_OR_RETURN(const ExpertRowsPlan plan, route_rows(first_row, rows));
   std::vector<int32_t> first_place(static_cast<size_t>(experts) + 1);
   SLIMKV_RETURN_IF_ERROR(copy_to_host(first_place.data(), plan.first_place, first_place.size() * sizeof(int32_t)));
-  // The places hold first_place[experts] choices: fewer than n·k where a row's logits hold a NaN.
+  // The places hold first_place[experts] choices: fewer than rows·k where a row's logits hold a NaN.
+  const int places = first_place.back();
+  // Each expert's rows by item: an expert's places hold its rows ascending, so an item's rows among them
+  // are consecutive, a run of its own (0 where the item chose the expert for none).
+  std::vector<std::vector<int>> item_runs(static_cast<size_t>(experts), std::vector<int>(items.size(), 0));
+  if (items.size() == 1) {
+    for (int e = 0; e < experts; ++e) item_runs[size_t(e)][0] = first_place[size_t(e) + 1] - first_place[size_t(e)];
+  } else {
+    std::vector<int32_t> row_of_place(static_cast<size_t>(places));
+    SLIMKV_RETURN_IF_ERROR(copy_to_host(row_of_place.data(), plan.row_of_place, row_of_place.size() * sizeof(int32_t)));
+    std::vector<int> item_end(items.size());  // the first row after each item
+    for (size_t i = 0, end = 0; i < items.size(); ++i) item_end[i] = int(end += size_t(items[i]));
+    for (int e = 0; e < experts; ++e) {
+      for (int place = first_place[size_t(e)]; place < first_place[size_t(e) + 1]; ++place) {
+        const auto item = std::upper_bound(item_end.begin(), item_end.end(), row_of_place[size_t(place)]) - item_end.begin();
+        ++item_runs[size_t(e)][size_t(item)];
+      }
+    }
+  }
   SLIMKV_RETURN_IF_ERROR(
-      gather_rows(h_.data(), int(hidden), plan.row_of_place, first_place.back(), expert_inputs_.data()));
+      gather_rows(h_.data() + size_t(first_row) * hidden, int(hidden), plan.row_of_place, places, expert_inputs_.data()));
   const auto for_each_expert = [&](const auto& run) -> Status {
     for (int e = 0; e < experts; ++e) {
-      const int first = first_place[size_t(e)], count = first_place[size_t(e) + 1] - first;
-      if (count > 0) SLIMKV_RETURN_IF_ERROR(run(layer.experts[size_t(e)], size_t(first), count));
+      const int first = first_place[size_t(e)];
+      if (first_place[size_t(e) + 1] > first) SLIMKV_RETURN_IF_ERROR(run(layer.experts[size_t(e)], size_t(first), item_runs[size_t(e)]));
     }
     return Status::ok();
   };
-  SLIMKV_RETURN_IF_ERROR(for_each_expert([&](const MlpOnDevice& expert, size_t first, int count) {
-    return multiply(expert_inputs_.data() + first * hidden, count, expert.w_gate_up,
-                    expert_products_.data() + first * 2 * inter);
+  SLIMKV_RETURN_IF_ERROR(for_each_expert([&](const MlpOnDevice& expert, size_t first, const std::vector<int>& runs) {
+    return multiply_items(expert_inputs_.data() + first * hidden, runs, expert.w_gate_up,
+                          expert_products_.data() + first * 2 * inter, false, PlainItems::kAlone);
   }));
-  SLIMKV_RETURN_IF_ERROR(gated_activation(expert_products_.data(), choices, int(inter), gate_activation(c),
+  SLIMKV_RETURN_IF_ERROR(gated_activation(expert_products_.data(), rows * k, int(inter), gate_activation(c),
                                           expert_inputs_.data(), dtype_));
-  SLIMKV_RETURN_IF_ERROR(for_each_expert([&](const MlpOnDevice& expert, size_t first, int count) {
-    return multiply(expert_inputs_.data() + first * inter, count, expert.w_down,
-                    expert_products_.data() + first * hidden);
+  SLIMKV_RETURN_IF_ERROR(for_each_expert([&](const MlpOnDevice& expert, size_t first, const std::vector<int>& runs) {
+    return multiply_items(expert_inputs_.data() + first * inter, runs, expert.w_down, expert_products_.data() + first * hidden,
+                          false, PlainItems::kAlone);
   }));
-  return add_weighted_rows(expert_products_.data(), plan.place_of_choice, expert_weight_.data(), n, k, int(hidden), y,
-                           accumulate);
+  return add_weighted_rows(expert_products_.data(), plan.place_of_choice, expert_weight_.data(), rows, k, int(hidden),
+                           y + size_t(first_row) * hidden, accumulate);
 }
 
 int CudaLlamaModel::max_rows() const { return kRecomputeChunkRows; }

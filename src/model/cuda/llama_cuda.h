@@ -74,9 +74,9 @@ struct CudaModelOptions {
   // them to the model's FP16/BF16 at upload instead (about 3.5x the memory of Q4_K_M), what the GPU did
   // before, kept so that benchmarks can compare the two.
   bool widen_quantized_weights = false;
-  // Qwen3-MoE: steps of up to 64 rows multiply every expert's rows in grouped launches planned on the
-  // device (backend/cuda/expert_gemv.h); false runs each expert's own products at every step, as prefill
-  // does, so that tests and benchmarks can hold the two side by side.
+  // Qwen3-MoE: a step's sequences of up to 64 rows multiply every expert's rows in grouped launches
+  // planned on the device (backend/cuda/expert_gemv.h); false runs each expert's own products at every
+  // step, as longer sequences do, so that tests and benchmarks can hold the two side by side.
   bool grouped_experts = true;
 };
 
@@ -248,18 +248,27 @@ class CudaLlamaModel final : private KvProjection {
   // The parts (rows, kind) of a stacked matrix of `cols` columns, as runs in the arena.
   StackedMatrix take_stacked(std::initializer_list<std::pair<int64_t, BlockQuant>> parts, int64_t cols);
   // y = x · Wᵀ over every run of w (x in dtype_, y FP32 [n, w.rows]), or y += when accumulate: as one
-  // product of n rows (an expert's gathered rows, recomputed KV), or item by item (a step's rows by
-  // sequence, item_products.h: each sequence's rows get the bits they get alone).
+  // product of n rows (recomputed KV), or item by item (a step's rows by sequence, an expert's rows by
+  // sequence: item_products.h, each sequence's rows get the bits they get alone).
   Status multiply(const void* x, int n, const StackedMatrix& w, float* y, bool accumulate = false);
   Status multiply_items(const void* x, const std::vector<int>& items, const StackedMatrix& w, float* y,
-                        bool accumulate = false);
+                        bool accumulate = false, PlainItems plain = PlainItems::kPaddedGroups);
   // Activations and the KV cache, sized by the options.
   Status allocate_runtime(const CudaModelOptions& options);
   // The sparse layers' experts_gate_up and experts_down from their laid-out experts; grouped_experts_.
   Status index_experts();
-  // A sparse layer's MLP over the n rows of h_ (normed, in dtype_): y = Σ_j weight_j · expert_j(h) over
-  // each row's k routed experts, or y += that when accumulate (as the CPU's mlp() in model/llama.cc).
-  Status add_routed_experts(const LayerOnDevice& layer, int n, float* y, bool accumulate);
+  // A sparse layer's MLP over the step's rows of h_ (normed, in dtype_; step_items_): y = Σ_j weight_j ·
+  // expert_j(h) over each row's k routed experts, or y += that when accumulate (as the CPU's mlp() in
+  // model/llama.cc).
+  Status add_routed_experts(const LayerOnDevice& layer, float* y, bool accumulate);
+  // Routes the step's rows [first_row, first_row + rows) by router_logits_: expert_of_, expert_weight_
+  // and the plan of their places, each from its start (rows numbered from first_row).
+  Expected<ExpertRowsPlan> route_rows(int first_row, int rows);
+  // add_routed_experts over rows [first_row, first_row + rows): through the grouped GEMVs; or, the rows
+  // of `items` (each a sequence's), through each expert's own products.
+  Status add_grouped_experts(const LayerOnDevice& layer, int first_row, int rows, float* y, bool accumulate);
+  Status add_expert_products(const LayerOnDevice& layer, int first_row, const std::vector<int>& items, float* y,
+                             bool accumulate);
   // y[p, :] = input row of p · W_eᵀ over every run of a stacked expert matrix (grouped_expert_gemv),
   // each run into its columns of y [*, Σ run rows].
   Status multiply_experts(const void* x, const int32_t* x_rows, const std::vector<ExpertMatrices>& runs,
