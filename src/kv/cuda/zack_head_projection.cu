@@ -13,31 +13,51 @@ namespace {
 
 constexpr int kProjectTokens = 8;   // tokens per CTA of the projection: each basis element read once for them
 constexpr int kMaxHeadDim = 128;
+// The input dims are split into kProjectParts ranges, each summed by its own threads and the parts'
+// sums added in part order: a decode step projects one token per head (32 CTAs for Llama-3-8B's queries,
+// 8 for its keys), and one thread per output dim walking all head_dim basis rows in turn left a handful
+// of loads in flight per SM (14 µs a projection, for 256 KB of bases).
+constexpr int kProjectParts = 4;
 
 // out[t, h, :k_rank] = B_g[:k_rank] · x[t, h, :] with g = h / heads_per_basis, in FP32 from FP16 rows;
-// out[t, h, k_rank:] = 0. Thread j computes output dim j, reading the transposed basis [head_dim, k_rank]
-// along j (coalesced). grid (heads, ceil(n / kProjectTokens)), head_dim threads.
-__global__ void project_heads_kernel(const __half* x, int n, int heads, int heads_per_basis, int head_dim,
-                                     const float* bases_t, const int* basis_offsets, const int* k_ranks, __half* out) {
+// out[t, h, k_rank:] = 0. Thread (part, j) sums output dim j over the part's input dims, reading the
+// transposed basis [head_dim, k_rank] along j (coalesced). Each token's sums run in the same order
+// whatever else the step holds. grid (heads, ceil(n / kProjectTokens)), kProjectParts · head_dim threads.
+__global__ void __launch_bounds__(kProjectParts * kMaxHeadDim)
+    project_heads_kernel(const __half* x, int n, int heads, int heads_per_basis, int head_dim, const float* bases_t,
+                         const int* basis_offsets, const int* k_ranks, __half* out) {
   __shared__ float rows[kProjectTokens][kMaxHeadDim];
+  __shared__ float part_sums[kProjectParts][kProjectTokens][kMaxHeadDim];
   const int h = blockIdx.x, g = h / heads_per_basis, first = blockIdx.y * kProjectTokens;
   const int tokens = min(kProjectTokens, n - first), rank = k_ranks[g];
-  for (int i = threadIdx.x; i < tokens * head_dim; i += blockDim.x) {
-    const int t = i / head_dim, c = i % head_dim;
+  for (int e = threadIdx.x; e < tokens * head_dim; e += blockDim.x) {
+    const int t = e / head_dim, c = e % head_dim;
     rows[t][c] = __half2float(x[(size_t(first + t) * heads + h) * head_dim + c]);
   }
   __syncthreads();
-  const int j = threadIdx.x;
+  const int part = threadIdx.x / head_dim, j = threadIdx.x % head_dim;
+  const int part_dims = (head_dim + kProjectParts - 1) / kProjectParts;
+  const int begin = part * part_dims, end = min(head_dim, begin + part_dims);
   float acc[kProjectTokens] = {};
   if (j < rank) {
-    const float* basis = bases_t + basis_offsets[g];
-    for (int i = 0; i < head_dim; ++i) {
-      const float b = basis[i * rank + j];
+    const float* basis = bases_t + basis_offsets[g] + j;
+#pragma unroll 8
+    for (int i = begin; i < end; ++i) {
+      const float b = basis[i * rank];
 #pragma unroll
       for (int t = 0; t < kProjectTokens; ++t) acc[t] = fmaf(rows[t][i], b, acc[t]);
     }
   }
-  for (int t = 0; t < tokens; ++t) out[(size_t(first + t) * heads + h) * head_dim + j] = __float2half(acc[t]);
+#pragma unroll
+  for (int t = 0; t < kProjectTokens; ++t) part_sums[part][t][j] = acc[t];
+  __syncthreads();
+  for (int e = threadIdx.x; e < tokens * head_dim; e += blockDim.x) {
+    const int t = e / head_dim, c = e % head_dim;
+    float value = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kProjectParts; ++q) value += part_sums[q][t][c];
+    out[(size_t(first + t) * heads + h) * head_dim + c] = __float2half(value);
+  }
 }
 
 }  // namespace
@@ -97,7 +117,7 @@ Status CudaZackHeadProjection::project(int layer, const uint16_t* x, int n, int 
   if (n == 0) return Status::ok();
   const size_t first = size_t(layer) * shape_.num_kv_heads;
   const dim3 grid(unsigned(heads), unsigned((n + kProjectTokens - 1) / kProjectTokens));
-  project_heads_kernel<<<grid, shape_.head_dim>>>(reinterpret_cast<const __half*>(x), n, heads, heads / shape_.num_kv_heads,
+  project_heads_kernel<<<grid, kProjectParts * shape_.head_dim>>>(reinterpret_cast<const __half*>(x), n, heads, heads / shape_.num_kv_heads,
                                                   shape_.head_dim, bases_t_.data(), basis_offsets_.data() + first,
                                                   k_ranks_.data() + first, reinterpret_cast<__half*>(out));
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
