@@ -16,8 +16,9 @@ constexpr int kMaxHeadDim = 128;
 // The input dims are split into kProjectParts ranges, each summed by its own threads and the parts'
 // sums added in part order: a decode step projects one token per head (32 CTAs for Llama-3-8B's queries,
 // 8 for its keys), and one thread per output dim walking all head_dim basis rows in turn left a handful
-// of loads in flight per SM (14 µs a projection, for 256 KB of bases).
-constexpr int kProjectParts = 4;
+// of loads in flight per SM (14 µs a projection, for 256 KB of bases). With 8 parts a thread's basis
+// loads (16 at head_dim 128) are all issued before the first is used.
+constexpr int kProjectParts = 8;
 
 // out[t, h, :k_rank] = B_g[:k_rank] · x[t, h, :] with g = h / heads_per_basis, in FP32 from FP16 rows;
 // out[t, h, k_rank:] = 0. Thread (part, j) sums output dim j over the part's input dims, reading the
@@ -41,7 +42,7 @@ __global__ void __launch_bounds__(kProjectParts * kMaxHeadDim)
   float acc[kProjectTokens] = {};
   if (j < rank) {
     const float* basis = bases_t + basis_offsets[g] + j;
-#pragma unroll 8
+#pragma unroll 16
     for (int i = begin; i < end; ++i) {
       const float b = basis[i * rank];
 #pragma unroll
