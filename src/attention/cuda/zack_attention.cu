@@ -365,7 +365,8 @@ __global__ void __launch_bounds__(kMergeThreads) zack_merge_kernel(ZackLaunch p)
   __shared__ float warp_max_of[kMergeThreads / 32];
   const int unit = blockIdx.x, tile_index = unit / p.num_kv_heads, kv_head = unit % p.num_kv_heads;
   const ZackTile tile(p, tile_index);
-  if (unit == 0 && blockIdx.y == 0 && threadIdx.x == 0) *p.counter = 0;  // the attention kernel is done with it: the next run's
+  // The attention kernel is done with the counter: reset for the next run.
+  if (unit == 0 && blockIdx.y == 0 && threadIdx.x == 0) *p.counter = 0;
   const int r = blockIdx.y;
   if (r >= tile.active_rows) return;
   // The unit's partials: its tasks', in their order.
