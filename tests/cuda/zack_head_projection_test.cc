@@ -1,8 +1,8 @@
 // ZACK's projection of q and k onto each (layer, KV head)'s Q–K basis on the GPU (kv/cuda/zack_head_projection.h)
 // against the plain FP32 product on the host: random ranks 1..head_dim (and the extremes), GQA, head dims
 // 128 and 80, a step of many tokens and of one (a decode step's). Each token's row has the bits it has
-// projected alone (the GPU's sums run in one order whatever else the step holds, issue 22). Skips without
-// a usable GPU.
+// projected alone (the GPU's sums run in one order whatever else the step holds, issue 22), and q and k
+// projected in one launch the bits of their own launches. Skips without a usable GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -98,6 +98,35 @@ TEST_F(ZackHeadProjectionTest, EachTokenMatchesTheHostProductAndItsBitsAlone) {
   for (const ProjectionCase& c : cases) {
     for (bool queries : {true, false}) check(c, queries);
   }
+}
+
+// Both projections in one launch (a step's attend) give each side's rows the bits of its own launch.
+TEST_F(ZackHeadProjectionTest, BothInOneLaunchEqualEachAlone) {
+  std::mt19937 rng(20261128u);
+  const int layers = 2, layer = 1, H = 32, G = 8, d = 128, n = 3;
+  ZackHeadProjectionShape shape;
+  shape.num_layers = layers, shape.num_heads = H, shape.num_kv_heads = G, shape.head_dim = d, shape.max_step_tokens = n;
+  std::uniform_int_distribution<int> rank_of(1, d);
+  std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(float(d)));
+  for (int i = 0; i < layers * G; ++i) {
+    shape.k_ranks.push_back(rank_of(rng));
+    for (int e = 0; e < shape.k_ranks.back() * d; ++e) shape.qk_bases.push_back(normal(rng));
+  }
+  auto projection = take(CudaZackHeadProjection::create(shape));
+  ASSERT_TRUE(projection);
+  std::vector<float> unused;
+  auto q = on_device(random_halves(size_t(n) * H * d, 1.0f, rng, unused));
+  auto k = on_device(random_halves(size_t(n) * G * d, 1.0f, rng, unused));
+  const auto download = [](const uint16_t* rows, size_t values) {
+    std::vector<uint16_t> host(values);
+    EXPECT_TRUE(copy_to_host(host.data(), rows, values * sizeof(uint16_t)).is_ok());
+    return host;
+  };
+  const std::vector<uint16_t> q_alone = download(take(projection->project_queries(layer, q.data(), n)), q.size());
+  const std::vector<uint16_t> k_alone = download(take(projection->project_keys(layer, k.data(), n)), k.size());
+  const ReducedQueriesAndKeys both = take(projection->project_queries_and_keys(layer, q.data(), k.data(), n));
+  EXPECT_EQ(download(both.q, q.size()), q_alone);
+  EXPECT_EQ(download(both.k, k.size()), k_alone);
 }
 
 }  // namespace

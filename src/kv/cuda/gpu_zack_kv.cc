@@ -57,8 +57,7 @@ class GpuZackKv final : public GpuKvCache {
   }
   Status attend(int layer, const uint16_t* q, const uint16_t* k, const uint16_t* v, float scale,
                 uint16_t* out) override {
-    SLIMKV_RETURN_IF_ERROR(cache_->append(layer, k, v));
-    SLIMKV_ASSIGN_OR_RETURN(const uint16_t* reduced, cache_->project_queries(layer, q));
+    SLIMKV_ASSIGN_OR_RETURN(const uint16_t* reduced, cache_->append_and_project_queries(layer, q, k, v));
     return attention_->run(layer, cache_->view(layer), reduced, scale, out);
   }
 
