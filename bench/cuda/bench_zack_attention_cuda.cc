@@ -180,7 +180,7 @@ Expected<ZackTimes> zack_ms(const Options& o, int context, const Ranks& r) {
   const float scale = 1.0f / std::sqrt(float(d));
   ZackTimes times{0, 0};
   for (ZackSchedule schedule : {ZackSchedule::kBalanced, ZackSchedule::kUniform}) {
-    SLIMKV_RETURN_IF_ERROR(attention->plan(batch, schedule));
+    SLIMKV_RETURN_IF_ERROR(attention->plan(batch, {schedule, schedule}));
     SLIMKV_ASSIGN_OR_RETURN(double ms, median_launch_ms([&] { return attention->run(0, cache->view(0), q.data(), scale, out.data()); },
                                                         o.repetitions, 10, 5));
     (schedule == ZackSchedule::kBalanced ? times.balanced_ms : times.uniform_ms) = ms;

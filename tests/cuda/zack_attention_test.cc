@@ -161,7 +161,7 @@ void check(const ZackCase& c, ZackSchedule schedule, int filled_tokens = 0) {
     const auto q_halves = random_halves(size_t(total) * H * d, 1.0f, rng, q);
     SLIMKV_ASSERT_OK(q_dev.upload(q_halves.data(), q_halves.size()));
     write_step(plan, total);
-    SLIMKV_ASSERT_OK(attention->plan(plan, schedule));
+    SLIMKV_ASSERT_OK(attention->plan(plan, {schedule, schedule}));
     // Chunks of 2+ queries take the tensor-core prefill kernel where it is built (head_dim 64, 128).
     const int most_queries = *std::max_element(plan.query_counts.begin(), plan.query_counts.end());
     EXPECT_EQ(attention->num_prefill_tiles() > 0, most_queries >= 2 && (d == 64 || d == 128));
@@ -177,7 +177,7 @@ void check(const ZackCase& c, ZackSchedule schedule, int filled_tokens = 0) {
       one.kv_lens = {plan.kv_lens[i]};
       one.query_counts = {plan.query_counts[i]};
       const size_t values = size_t(plan.query_counts[i]) * H * d, offset = first * H * d;
-      SLIMKV_ASSERT_OK(attention->plan(one, schedule));
+      SLIMKV_ASSERT_OK(attention->plan(one, {schedule, schedule}));
       SLIMKV_ASSERT_OK(attention->run(layer, cache->view(layer), reduced + offset, scale, out_dev.data() + offset));
       std::vector<uint16_t> alone(values);
       SLIMKV_ASSERT_OK(copy_to_host(alone.data(), out_dev.data() + offset, values * sizeof(uint16_t)));
@@ -250,7 +250,8 @@ TEST_F(ZackAttentionTest, PerHeadRanksMatchTheReference) {
 
 // The tensor-core prefill kernel (head_dim 64 and 128): chunks of up to 512 queries over contexts of 8K
 // and more (written before without attention), chunks that are not a multiple of the 128-row tile,
-// GQA groups 1..8, a step mixing a chunk with one-query sequences (which keep the decode kernel).
+// GQA groups 1..8, a step mixing a chunk with one-query sequences (which keep the decode kernel), and
+// decode steps after a long chunk.
 TEST_F(ZackAttentionTest, PrefillChunksMatchTheReference) {
   struct Prefill {
     ZackCase c;
@@ -263,6 +264,8 @@ TEST_F(ZackAttentionTest, PrefillChunksMatchTheReference) {
       {{{4096 + 200}, 200, 4, 4, 128}, 4096},            // GQA 1: 128 positions a tile
       {{{1000, 700}, 333, 8, 4, 64, 333}, 0},            // GQA 2, several chunks, the last ones shorter
       {{{600, 3, 513}, 2, 8, 4, 64, 300}, 0},            // 2-query chunks, then chunks beside a decode
+      // A chunk, then decodes over 8.7K: a unit's tasks are a wave's share (dozens), merged in slices.
+      {{{8192 + 512 + 2, 8192 + 512 + 2}, 512, 32, 8, 128, 1}, 8192},
   };
   for (const Prefill& p : cases) {  // the schedules split the heads' blocks differently (zack_attention.h)
     for (ZackSchedule schedule : {ZackSchedule::kBalanced, ZackSchedule::kUniform}) check(p.c, schedule, p.filled_tokens);

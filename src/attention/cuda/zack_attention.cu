@@ -349,38 +349,68 @@ size_t shared_bytes(int staged_elements, int rows) {
 }
 
 // Merges each unit's task partials (the online-softmax rule) into the output rows; dims past the
-// head's v_rank are written 0 (the folded W_O has zero columns there).
+// head's v_rank are written 0 (the folded W_O has zero columns there). A CTA per (unit, row): a long
+// sequence's unit has a wave's share of tasks (about 50 at batch 1 on an H100), and one thread per dim
+// walking them all in turn waited on each partial's load (30 µs a layer at 32K, dense's merge 6.5), so
+// the CTA's threads are slices of the tasks × the dims: each slice sums its contiguous tasks in order,
+// and the slices' sums are added in slice order. Slices and their bounds depend on the unit's task count
+// and v_rank alone (each the sequence's and the head's), so the output keeps its bits whatever shares
+// the step (issue 22).
+constexpr int kMergeThreads = 512;
+
 template <int kRows>
-__global__ void zack_merge_kernel(ZackLaunch p) {
+__global__ void __launch_bounds__(kMergeThreads) zack_merge_kernel(ZackLaunch p) {
+  __shared__ float slice_acc[kMergeThreads];            // [slices, dims]
+  __shared__ float slice_total[kMergeThreads / 32];     // [slices]
+  __shared__ float warp_max_of[kMergeThreads / 32];
   const int unit = blockIdx.x, tile_index = unit / p.num_kv_heads, kv_head = unit % p.num_kv_heads;
   const ZackTile tile(p, tile_index);
-  if (unit == 0 && threadIdx.x == 0) *p.counter = 0;  // the attention kernel is done with it: the next run's
-  // The unit's partials: its tasks', in their order.
-  const int first = p.unit_tasks[unit], end = p.unit_tasks[unit + 1];
-  const int v_rank = p.heads[kv_head].v_rank;
+  // The attention kernel is done with the counter: reset for the next run.
+  if (unit == 0 && blockIdx.y == 0 && threadIdx.x == 0) *p.counter = 0;
   const int r = blockIdx.y;
   if (r >= tile.active_rows) return;
-  for (int c = threadIdx.x; c < p.head_dim; c += blockDim.x) {
+  // The unit's partials: its tasks', in their order.
+  const int first = p.unit_tasks[unit], count = p.unit_tasks[unit + 1] - first;
+  const int v_rank = p.heads[kv_head].v_rank;
+  const float* max_sum = p.partial_max_sum + 2 * (size_t(first) * kRows + r);  // task t's at 2 · t · kRows
+  // The reference: the largest max of any task (a max, so its order does not matter).
+  float max_all = -INFINITY;
+  for (int t = threadIdx.x; t < count; t += kMergeThreads) max_all = fmaxf(max_all, max_sum[2 * size_t(t) * kRows]);
+  max_all = warp_max(max_all);
+  if (threadIdx.x % 32 == 0) warp_max_of[threadIdx.x / 32] = max_all;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kMergeThreads / 32; ++w) max_all = fmaxf(max_all, warp_max_of[w]);
+  const float reference = softmax_reference(max_all);
+  // Thread (slice, dim): dims are v_rank rounded up to whole warps, so a slice's threads are whole warps.
+  const int dims = (v_rank + 31) / 32 * 32, slices = kMergeThreads / dims;
+  const int slice = threadIdx.x / dims, c = threadIdx.x % dims;
+  if (slice < slices) {
+    const int begin = count * slice / slices, end = count * (slice + 1) / slices;
+    const float* acc = p.partial_acc + (size_t(first) * kRows + r) * p.head_dim + c;  // task t's at t · kRows · head_dim
+    float total = 0.0f, weighted = 0.0f;
+#pragma unroll 4
+    for (int t = begin; t < end; ++t) {
+      const float factor = exp2f(max_sum[2 * size_t(t) * kRows] - reference);
+      total += factor * max_sum[2 * size_t(t) * kRows + 1];
+      if (c < v_rank) weighted += factor * acc[size_t(t) * kRows * p.head_dim];
+    }
+    slice_acc[threadIdx.x] = weighted;
+    if (c == 0) slice_total[slice] = total;
+  }
+  __syncthreads();
+  const int query = tile.query_begin + r / p.group, h = kv_head * p.group + r % p.group;
+  for (int d = threadIdx.x; d < p.head_dim; d += kMergeThreads) {
     float value = 0.0f;
-    if (c < v_rank) {
-      float max_all = -INFINITY;
-      // Unrolled so that several partials' loads are in flight (a long sequence's unit has hundreds);
-      // the sums still run in the tasks' order.
-#pragma unroll 8
-      for (int t = first; t < end; ++t) max_all = fmaxf(max_all, p.partial_max_sum[2 * (size_t(t) * kRows + r)]);
-      const float reference = softmax_reference(max_all);
+    if (d < v_rank) {
       float total = 0.0f, weighted = 0.0f;
-#pragma unroll 8
-      for (int t = first; t < end; ++t) {
-        const size_t row = size_t(t) * kRows + r;
-        const float factor = exp2f(p.partial_max_sum[2 * row] - reference);
-        total += factor * p.partial_max_sum[2 * row + 1];
-        weighted += factor * p.partial_acc[row * p.head_dim + c];
+      for (int s = 0; s < slices; ++s) {
+        total += slice_total[s];
+        weighted += slice_acc[s * dims + d];
       }
       value = total > 0.0f ? weighted / total : 0.0f;
     }
-    const int query = tile.query_begin + r / p.group, h = kv_head * p.group + r % p.group;
-    p.out[(size_t(query) * p.num_heads + h) * p.head_dim + c] = __float2half(value);
+    p.out[(size_t(query) * p.num_heads + h) * p.head_dim + d] = __float2half(value);
   }
 }
 
@@ -451,7 +481,7 @@ Status grow(DeviceArray<T>& array, size_t n, const char* what) {
 
 }  // namespace
 
-Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedule schedule) {
+Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedules schedules) {
   auto metadata = lay_out_attention_sequences(batch, shape_.max_batch, shape_.max_queries);
   if (!metadata) return metadata.status().with_context("CUDA ZACK attention");
   // Sequences of several queries take the prefill kernel when one has enough for it (as the dense
@@ -464,7 +494,7 @@ Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedule sc
   prefill_ = {num_tiles_, prefill ? append_attention_tiles(*metadata, batch, kPrefillTileRows / group_, 2, kAny) : 0};
   size_t prefill_rows = 0;
   if (prefill_.num_tiles > 0) {
-    SLIMKV_RETURN_IF_ERROR(plan_prefill_splits(batch, schedule));
+    SLIMKV_RETURN_IF_ERROR(plan_prefill_splits(batch, schedules.prefill));
     if (prefill_.num_splits > 1) {
       prefill_rows = size_t(prefill_.num_tiles) * size_t(shape_.num_kv_heads) * kPrefillTileRows * size_t(prefill_.num_splits);
     }
@@ -480,8 +510,8 @@ Status CudaZackAttention::plan(const PagedAttentionBatch& batch, ZackSchedule sc
   }
   // The tasks name tiles by index and blocks by number, so a step whose tiles read the blocks the last
   // plan's did (a decode step within a block: 63 of 64) keeps them; only the metadata changes.
-  if (layer_tasks_.empty() || schedule != schedule_ || decode_tiles != planned_tiles_) {
-    SLIMKV_RETURN_IF_ERROR(plan_tasks(decode_tiles, schedule));
+  if (layer_tasks_.empty() || schedules.decode != schedule_ || decode_tiles != planned_tiles_) {
+    SLIMKV_RETURN_IF_ERROR(plan_tasks(decode_tiles, schedules.decode));
   }
   SLIMKV_RETURN_IF_ERROR(grow(metadata_, metadata->size(), "ZACK attention metadata"));
   const size_t rows = std::max(decode_partial_rows_, prefill_rows);
@@ -632,11 +662,11 @@ Status CudaZackAttention::run_decode(int layer, const ZackKvView& kv, const uint
   if (rows_per_tile_ == 4) {
     zack_attention_kernel<4><<<ctas, kZackThreads, shared>>>(p);
     SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
-    zack_merge_kernel<4><<<dim3(unsigned(units), 4), 128>>>(p);
+    zack_merge_kernel<4><<<dim3(unsigned(units), 4), kMergeThreads>>>(p);
   } else {
     zack_attention_kernel<8><<<ctas, kZackThreads, shared>>>(p);
     SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
-    zack_merge_kernel<8><<<dim3(unsigned(units), 8), 128>>>(p);
+    zack_merge_kernel<8><<<dim3(unsigned(units), 8), kMergeThreads>>>(p);
   }
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   return Status::ok();

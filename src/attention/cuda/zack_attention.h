@@ -20,7 +20,8 @@
 // sequences take the tensor-core prefill kernel (zack_prefill_attention.cuh: 128-row tiles, each block
 // staged once per tile, split-K as the dense prefill's, by the tile's sequence alone), the step's
 // one-query sequences the tasks above. Its splits: kBalanced gives each head a share of the wave of CTAs
-// by its cost, kUniform the same splits to every head.
+// by its cost, kUniform the same splits to every head. Prefill runs kUniform unless told otherwise: on an
+// H100 the balanced splits were slower at every context and compression measured (docs/cuda.md).
 #pragma once
 
 #include <cstdint>
@@ -34,6 +35,12 @@
 namespace slimkv::cuda {
 
 enum class ZackSchedule { kBalanced, kUniform };
+
+// The schedules of a step's two kernels: the decode tasks' and the prefill kernel's splits.
+struct ZackSchedules {
+  ZackSchedule decode = ZackSchedule::kBalanced;
+  ZackSchedule prefill = ZackSchedule::kUniform;
+};
 
 // One CTA's work: the query tile's rows of one KV head over blocks [block_begin, block_end).
 struct ZackTask {
@@ -62,7 +69,7 @@ class CudaZackAttention {
   // Lays out the step's tasks for every layer (their ranks differ) and uploads them once (a decode step
   // whose tiles read the blocks the last plan's read keeps them: only its metadata is uploaded), and the
   // prefill kernel's tiles and splits; the plan holds until the next call.
-  Status plan(const PagedAttentionBatch& batch, ZackSchedule schedule = ZackSchedule::kBalanced);
+  Status plan(const PagedAttentionBatch& batch, ZackSchedules schedules = {});
 
   // q: FP16 [queries, num_heads, head_dim] whose head h holds its reduced query in the first
   // k_rank(layer, h's KV head) entries; out likewise: the first v_rank entries of each head are the
@@ -109,7 +116,7 @@ class CudaZackAttention {
   // unit by unit, a unit being a (query tile, KV head)), their execution order, each unit's first task.
   int num_tiles_ = 0;  // decode tiles, the first of the metadata's
   PrefillPart prefill_;
-  ZackSchedule schedule_ = ZackSchedule::kBalanced;
+  ZackSchedule schedule_ = ZackSchedule::kBalanced;  // the decode tasks'; the prefill's is in its splits
   std::vector<int> layer_tasks_;  // [num_layers + 1]: each layer's first task
   std::vector<DecodeTile> planned_tiles_;  // the decode tiles when the tasks were laid out
   size_t decode_partial_rows_ = 0;        // the tasks' partial rows (of the layer with the most)

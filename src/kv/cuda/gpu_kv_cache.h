@@ -96,7 +96,7 @@ struct KvTierOptions {
 struct ZackKvOptions {
   std::vector<int> k_ranks, v_ranks;  // [num_layers · num_kv_heads]
   std::vector<float> qk_bases;        // each (layer, KV head)'s B_g[:k_rank] [k_rank, head_dim], in order
-  ZackSchedule schedule = ZackSchedule::kBalanced;
+  ZackSchedules schedules;  // decode balanced, prefill uniform (attention/cuda/zack_attention.h)
   // rot=hadamard (a quantizing codec after zack): q', k', v' turned by each head's H at its ranks
   // (kv/rotation.h), the output turned back, as the CPU store does; the model itself rotates nothing.
   bool rotate = false;

@@ -37,8 +37,8 @@ void rows_to_dims(const uint16_t* rows, int rank, int n, uint16_t* dims) {
 
 class GpuZackKv final : public GpuKvCache {
  public:
-  GpuZackKv(std::unique_ptr<CudaZackKvCache> cache, std::unique_ptr<CudaZackAttention> attention, ZackSchedule schedule)
-      : cache_(std::move(cache)), attention_(std::move(attention)), schedule_(schedule) {}
+  GpuZackKv(std::unique_ptr<CudaZackKvCache> cache, std::unique_ptr<CudaZackAttention> attention, ZackSchedules schedules)
+      : cache_(std::move(cache)), attention_(std::move(attention)), schedules_(schedules) {}
 
   const SequenceBlocks& sequences() const override { return cache_->sequences(); }
   Expected<int> add_sequence() override { return cache_->sequences().add_sequence(); }
@@ -53,12 +53,11 @@ class GpuZackKv final : public GpuKvCache {
   }
   Status begin_step(const PagedAttentionBatch& batch) override {
     SLIMKV_RETURN_IF_ERROR(cache_->begin_step(batch.sequence_ids, batch.query_counts));
-    return attention_->plan(batch, schedule_);
+    return attention_->plan(batch, schedules_);
   }
   Status attend(int layer, const uint16_t* q, const uint16_t* k, const uint16_t* v, float scale,
                 uint16_t* out) override {
-    SLIMKV_RETURN_IF_ERROR(cache_->append(layer, k, v));
-    SLIMKV_ASSIGN_OR_RETURN(const uint16_t* reduced, cache_->project_queries(layer, q));
+    SLIMKV_ASSIGN_OR_RETURN(const uint16_t* reduced, cache_->append_and_project_queries(layer, q, k, v));
     return attention_->run(layer, cache_->view(layer), reduced, scale, out);
   }
 
@@ -200,7 +199,7 @@ class GpuZackKv final : public GpuKvCache {
 
   std::unique_ptr<CudaZackKvCache> cache_;
   std::unique_ptr<CudaZackAttention> attention_;
-  ZackSchedule schedule_;
+  ZackSchedules schedules_;
 };
 
 // A zack cache of num_blocks blocks, in GPU memory, or in host memory with staging_blocks of GPU staging.
@@ -214,7 +213,7 @@ Expected<std::unique_ptr<GpuKvCache>> make_zack_kv(const GpuKvShape& shape, cons
                           CudaZackAttention::create({shape.num_layers, shape.num_heads, shape.num_kv_heads, shape.head_dim,
                                                      shape.max_sequences, shape.max_step_tokens, options.k_ranks,
                                                      options.v_ranks}));
-  return std::unique_ptr<GpuKvCache>(new GpuZackKv(std::move(cache), std::move(attention), options.schedule));
+  return std::unique_ptr<GpuKvCache>(new GpuZackKv(std::move(cache), std::move(attention), options.schedules));
 }
 
 }  // namespace

@@ -50,9 +50,9 @@ class GpuZackQuantizedKv final : public GpuKvCache {
   }
   Status attend(int layer, const uint16_t* q, const uint16_t* k, const uint16_t* v, float scale,
                 uint16_t* out) override {
-    SLIMKV_RETURN_IF_ERROR(append_reduced(layer, k, v));
-    SLIMKV_ASSIGN_OR_RETURN(const uint16_t* reduced, projection_->project_queries(layer, q, step_tokens_));
-    SLIMKV_RETURN_IF_ERROR(attention_->run_quantized(cache_->view(layer), cache_->sealed_view(layer), reduced, scale, out));
+    SLIMKV_ASSIGN_OR_RETURN(const ReducedQueriesAndKeys reduced, projection_->project_queries_and_keys(layer, q, k, step_tokens_));
+    SLIMKV_RETURN_IF_ERROR(append_projected(layer, reduced.k, v));
+    SLIMKV_RETURN_IF_ERROR(attention_->run_quantized(cache_->view(layer), cache_->sealed_view(layer), reduced.q, scale, out));
     if (!rotates()) return Status::ok();
     // Back from each head's rotated V basis (H is its own inverse), query head h at its KV head's v_rank.
     return rotate_head_prefixes(out, step_tokens_, shape_.num_heads, shape_.head_dim, layer_v_ranks(layer),
@@ -64,7 +64,8 @@ class GpuZackQuantizedKv final : public GpuKvCache {
     return cache_->begin_step({sequence}, {tokens});
   }
   Status fill(int layer, const uint16_t* k, const uint16_t* v, const void* /*x*/) override {
-    return append_reduced(layer, k, v);
+    SLIMKV_ASSIGN_OR_RETURN(const uint16_t* reduced, projection_->project_keys(layer, k, step_tokens_));
+    return append_projected(layer, reduced, v);
   }
 
   // The transfer format's zack blocks are the CPU store's per-head shapes; moving them is not built yet.
@@ -79,16 +80,15 @@ class GpuZackQuantizedKv final : public GpuKvCache {
   bool rotates() const { return v_rotated_.size() > 0; }
   const int* layer_v_ranks(int layer) const { return v_ranks_.data() + size_t(layer) * size_t(shape_.num_kv_heads); }
 
-  // k projected onto the heads' bases, v (reduced already) turned by H under rot=hadamard; both appended
-  // and sealed.
-  Status append_reduced(int layer, const uint16_t* k, const uint16_t* v) {
-    SLIMKV_ASSIGN_OR_RETURN(const uint16_t* reduced, projection_->project_keys(layer, k, step_tokens_));
+  // k' (projected onto the heads' bases already) and v (reduced already) turned by H under
+  // rot=hadamard; both appended and sealed.
+  Status append_projected(int layer, const uint16_t* reduced_k, const uint16_t* v) {
     if (rotates()) {
       SLIMKV_RETURN_IF_ERROR(rotate_head_prefixes(v, step_tokens_, shape_.num_kv_heads, shape_.head_dim, layer_v_ranks(layer), 1,
                                                   v_rotated_.data()));
       v = v_rotated_.data();
     }
-    return cache_->append(layer, reduced, v);
+    return cache_->append(layer, reduced_k, v);
   }
 
   GpuKvShape shape_;

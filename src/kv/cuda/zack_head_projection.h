@@ -26,6 +26,12 @@ struct ZackHeadProjectionShape {
   bool rotate = false;
 };
 
+// The rows of project_queries_and_keys (device, valid until the next call).
+struct ReducedQueriesAndKeys {
+  const uint16_t* q;
+  const uint16_t* k;
+};
+
 class CudaZackHeadProjection {
  public:
   static Expected<std::unique_ptr<CudaZackHeadProjection>> create(const ZackHeadProjectionShape& shape);
@@ -35,10 +41,13 @@ class CudaZackHeadProjection {
   Expected<const uint16_t*> project_queries(int layer, const uint16_t* q, int n);
   // The same for k FP16 [n, num_kv_heads, head_dim] (its own rows, valid until the next call).
   Expected<const uint16_t*> project_keys(int layer, const uint16_t* k, int n);
+  // Both in one launch (a step's attend: one kernel fewer a layer; each row the same bits as alone).
+  Expected<ReducedQueriesAndKeys> project_queries_and_keys(int layer, const uint16_t* q, const uint16_t* k, int n);
 
  private:
   explicit CudaZackHeadProjection(const ZackHeadProjectionShape& shape) : shape_(shape) {}
-  Status project(int layer, const uint16_t* x, int n, int heads, uint16_t* out) const;
+  // q into q_reduced_ and k into k_reduced_, either null to skip it.
+  Status project(int layer, const uint16_t* q, const uint16_t* k, int n);
 
   ZackHeadProjectionShape shape_;
   DeviceArray<float> bases_t_;         // each basis transposed: [head_dim, k_rank]

@@ -198,17 +198,30 @@ Status CudaZackKvCache::append(int layer, const uint16_t* k, const uint16_t* v) 
   const int n = int(host_step_slots_.size());
   if (n == 0) return Status::ok();
   SLIMKV_ASSIGN_OR_RETURN(const uint16_t* reduced, projection_->project_keys(layer, k, n));
+  return write(layer, reduced, v);
+}
+
+Expected<const uint16_t*> CudaZackKvCache::append_and_project_queries(int layer, const uint16_t* q, const uint16_t* k,
+                                                                      const uint16_t* v) {
+  const int n = int(host_step_slots_.size());
+  SLIMKV_ASSIGN_OR_RETURN(const ReducedQueriesAndKeys reduced, projection_->project_queries_and_keys(layer, q, k, n));
+  if (n > 0) SLIMKV_RETURN_IF_ERROR(write(layer, reduced.k, v));
+  return reduced.q;
+}
+
+Status CudaZackKvCache::write(int layer, const uint16_t* reduced_k, const uint16_t* v) {
+  const int n = int(host_step_slots_.size());
   const size_t first = size_t(layer) * shape_.num_kv_heads;
   if (staged_) SLIMKV_RETURN_IF_ERROR(stage(layer));
-  const auto write = [&](const int* slots, uint16_t* blocks) -> Status {
+  const auto write_slots = [&](const int* slots, uint16_t* blocks) -> Status {
     write_zack_slots_kernel<<<dim3(unsigned(n), unsigned(shape_.num_kv_heads)), shape_.head_dim>>>(
-        reinterpret_cast<const __half*>(reduced), reinterpret_cast<const __half*>(v), slots, shape_.num_kv_heads,
+        reinterpret_cast<const __half*>(reduced_k), reinterpret_cast<const __half*>(v), slots, shape_.num_kv_heads,
         shape_.head_dim, heads_.data() + first, block_elements_[size_t(layer)], reinterpret_cast<__half*>(blocks));
     SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
     return Status::ok();
   };
-  SLIMKV_RETURN_IF_ERROR(write(step_slots_.data(), pool_data_ + layer_offsets_[size_t(layer)]));
-  if (staged_) SLIMKV_RETURN_IF_ERROR(write(staging_slots_.data(), staging_.data()));
+  SLIMKV_RETURN_IF_ERROR(write_slots(step_slots_.data(), pool_data_ + layer_offsets_[size_t(layer)]));
+  if (staged_) SLIMKV_RETURN_IF_ERROR(write_slots(staging_slots_.data(), staging_.data()));
   return Status::ok();
 }
 

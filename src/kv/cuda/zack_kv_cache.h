@@ -73,6 +73,9 @@ class CudaZackKvCache {
   // folded W_V's: the first v_rank dims of each head) of `layer` into the step's slots. On the host, a
   // staged step first copies the layer's held blocks into the staging buffer, and the new tokens go to both.
   Status append(int layer, const uint16_t* k, const uint16_t* v);
+  // append, and q's projection as project_queries gives it, both projections in one launch (a step's
+  // attention: one kernel fewer a layer).
+  Expected<const uint16_t*> append_and_project_queries(int layer, const uint16_t* q, const uint16_t* k, const uint16_t* v);
 
   ZackKvView view(int layer) const;
 
@@ -99,6 +102,8 @@ class CudaZackKvCache {
   // The step's staging (on the host): its block tables, the new tokens' slots and the held blocks' copies.
   Status plan_staging(const std::vector<int>& sequences, const std::vector<int>& new_tokens);
   Status stage(int layer);
+  // append's writes of the projected keys and v into the step's slots (and, staged, the staging buffer's).
+  Status write(int layer, const uint16_t* reduced_k, const uint16_t* v);
 
   ZackKvShape shape_;
   std::vector<ZackHeadLayout> host_heads_;   // [num_layers, num_kv_heads]
