@@ -150,12 +150,33 @@ TEST_F(PqSelectTest, TopKEqualsASortOnRandomAndTiedScores) {
   }
 }
 
+// Token t's key row (pq_select.h's PqKeyRows, without its padding) from its sealed block in HACK's K
+// layout: group c of its codes (b/2 bytes) at (c · 64 + t) · b/2, its partitions' mins and scales at
+// the block's sections, slot j · 64 + t.
+std::vector<uint8_t> key_row_reference(const QuantizedBlockLayout& layout, const uint8_t* block, int t, int d, int bits) {
+  const QuantizedBlockOffsets offsets = quantized_block_offsets(layout);
+  const int group_bytes = bits / 2, partitions = d / std::min(kCudaBlockTokens, d);
+  std::vector<uint8_t> row;
+  for (int c = 0; c < d / 4; ++c) {
+    const uint8_t* group = block + (size_t(c) * kCudaBlockTokens + size_t(t)) * size_t(group_bytes);
+    row.insert(row.end(), group, group + group_bytes);
+  }
+  for (const int section : {offsets.k_mins, offsets.k_scales}) {
+    for (int j = 0; j < partitions; ++j) {
+      const uint8_t* meta = block + section + 2 * (size_t(j) * kCudaBlockTokens + size_t(t));
+      row.insert(row.end(), meta, meta + 2);
+    }
+  }
+  return row;
+}
+
 // Sequences of `lengths` tokens keeping ks[s] of their middle tokens (rerank 1.25): random keys, GQA
-// groups of 2. sealed: every full block also sealed in that config's blocks (quantize_block), which the
-// selection reads instead of the pages for the tokens before each sequence's open block.
+// groups of 2, head_dim d. sealed: every full block also sealed in that config's blocks (quantize_block),
+// which the selection reads instead of the pages for the tokens before each sequence's open block; with
+// HACK's K layout, read again from the keys' token-major rows (PqKeyRows).
 void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, const std::vector<int>& ks,
-                                               const QuantizationConfig* sealed = nullptr) {
-  const int heads = 4, kv_heads = 2, group = 2, d = 64, m = 2, bits = 6, segment = 256;
+                                               const QuantizationConfig* sealed = nullptr, int d = 64) {
+  const int heads = 4, kv_heads = 2, group = 2, m = 2, bits = 6, segment = 256;
   const int longest = *std::max_element(lengths.begin(), lengths.end());
   const int max_tokens = (longest + segment - 1) / segment * segment, blocks_per_seq = max_tokens / kCudaBlockTokens;
   const int max_segments = max_tokens / segment, K = 1 << bits, rows = int(lengths.size());
@@ -256,10 +277,11 @@ void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, 
   // sealed token's K/V dequantized: what the selection must read of them.
   std::optional<QuantizedBlockLayout> layout;
   DeviceArray<uint8_t> d_sealed;
+  std::vector<uint8_t> blocks;
   if (sealed != nullptr) {
     layout.emplace(*sealed, BlockShape{kCudaBlockTokens, d, d});
     const size_t block_bytes = layout->block_bytes, page = size_t(kCudaBlockTokens) * d;
-    std::vector<uint8_t> blocks(size_t(rows) * blocks_per_seq * kv_heads * block_bytes);
+    blocks.resize(size_t(rows) * blocks_per_seq * kv_heads * block_bytes);
     std::vector<float> k_block(page), v_block(page);
     for (int s = 0; s < rows; ++s) {
       for (int b = 0; b < lengths[size_t(s)] / kCudaBlockTokens; ++b) {
@@ -342,6 +364,37 @@ void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, 
       EXPECT_EQ(mismatches, 0) << "sequence " << s << ", KV head " << g;
     }
   }
+  if (sealed == nullptr || sealed->k_per_channel) return;
+  // The sealed keys copied into token-major rows (pq_write_key_rows: each row against its block's bytes),
+  // and the selection reading its keys there: the same K/V as from the blocks, bit for bit.
+  const int row_bytes = pq_key_row_bytes(d, sealed->k_bits);
+  auto d_key_rows = take(DeviceArray<uint8_t>::allocate(size_t(rows) * kv_heads * max_tokens * row_bytes, "key rows"));
+  launch.key_rows = PqKeyRows{d_key_rows.data(), row_bytes, max_tokens};
+  for (int s = 0; s < rows; ++s) {
+    const SealedTokenRange range{launch.sealed, blocks_per_seq, kv_heads, d, s, 0,
+                                 lengths[size_t(s)] / kCudaBlockTokens * kCudaBlockTokens};
+    SLIMKV_ASSERT_OK(pq_write_key_rows(range, launch.key_rows));
+  }
+  std::vector<uint8_t> got_rows(d_key_rows.size());
+  SLIMKV_ASSERT_OK(d_key_rows.download(got_rows.data(), got_rows.size()));
+  int row_mismatches = 0;
+  for (int s = 0; s < rows; ++s) {
+    for (int g = 0; g < kv_heads; ++g) {
+      for (int t = 0; t < lengths[size_t(s)] / kCudaBlockTokens * kCudaBlockTokens; ++t) {
+        const uint8_t* block = blocks.data() + (size_t(s * blocks_per_seq + t / kCudaBlockTokens) * kv_heads + size_t(g)) *
+                                                   layout->block_bytes;
+        const std::vector<uint8_t> expected = key_row_reference(*layout, block, t % kCudaBlockTokens, d, sealed->k_bits);
+        const uint8_t* row = got_rows.data() + ((size_t(s) * kv_heads + size_t(g)) * max_tokens + size_t(t)) * row_bytes;
+        row_mismatches += !std::equal(expected.begin(), expected.end(), row);
+      }
+    }
+  }
+  EXPECT_EQ(row_mismatches, 0) << "key rows unlike their blocks' bytes";
+  SLIMKV_ASSERT_OK(pq_select_and_gather(launch));
+  std::vector<uint16_t> row_k(pool), row_v(pool);
+  SLIMKV_ASSERT_OK(out_k.download(row_k.data(), pool));
+  SLIMKV_ASSERT_OK(out_v.download(row_v.data(), pool));
+  EXPECT_TRUE(row_k == got_k && row_v == got_v) << "the selection over key rows differs from the one over the blocks";
 }
 
 // Short rows (each top-k one CTA a row), and long ones: the ADC select sliced (middles of 19708 and
@@ -360,7 +413,8 @@ TEST_F(PqSelectTest, SelectionEqualsTheCpuSelectorsOnTheSameCodebooks) {
 // The same over sealed blocks (pq:...+hack / +quant): HACK's layout at 2 bits, KIVI's (K per channel in
 // groups of 16 tokens, V per token in groups of 32 columns) at 4, K per channel over the block and V per
 // token in groups of 2 columns at 2, and 8 bits; lengths ending inside a block (its open tokens read
-// from the pages).
+// from the pages). Where K is HACK's (per token partition), also from the keys' token-major rows, and
+// at head_dim 128 (two partitions).
 TEST_F(PqSelectTest, SelectionOverSealedBlocksEqualsTheCpuSelectorsOnDequantizedKeys) {
   QuantizationConfig hack2;
   QuantizationConfig kivi4;
@@ -379,6 +433,8 @@ TEST_F(PqSelectTest, SelectionOverSealedBlocksEqualsTheCpuSelectorsOnDequantized
     SCOPED_TRACE(name);
     expect_selection_equals_the_cpu_selectors({1500, 931}, {100, 150}, &config);
   }
+  SCOPED_TRACE("hack bits=2, head_dim 128 (two K partitions)");
+  expect_selection_equals_the_cpu_selectors({1500, 931}, {100, 150}, &hack2, 128);
 }
 
 // The bundled model on the GPU: a prompt of 1200 held-out tokens (4 clustered segments), then greedy

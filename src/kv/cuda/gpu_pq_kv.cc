@@ -16,15 +16,18 @@
 // keys as they arrive, before sealing (the CPU store hands its selector the block's keys it seals, not
 // them decoded); the re-rank scores the candidates' keys dequantized from their blocks and the gather
 // writes the selected tokens dequantized into the compact FP16 buffer, reading only their codes and
-// scales (pq_select.h). Steps without selection, and prefill chunks, attend as the quantized cache does
-// (run_quantized). A sequence moves out and in as hack's do (device pages: its sealed blocks as they
-// are, then the open tokens); the importing cache builds the index from the blocks' keys dequantized,
-// as the CPU store does from restored blocks (so its selections may differ from the exporter's, whose
-// index saw the keys before sealing).
+// scales (pq_select.h); with @offload and HACK's K layout, each sealed key is also copied token-major
+// into pinned host memory as its block seals (PqKeyRows: a key's codes in one or two sectors, not one
+// per 4 dims), where the re-rank and the gather read it. Steps without selection, and prefill chunks,
+// attend as the quantized cache does (run_quantized). A sequence moves out and in as hack's do (device
+// pages: its sealed blocks as they are, then the open tokens); the importing cache builds the index from
+// the blocks' keys dequantized, as the CPU store does from restored blocks (so its selections may differ
+// from the exporter's, whose index saw the keys before sealing).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "backend/cuda/pinned_memory.h"
 #include "backend/cuda/row_gather.h"
 #include "kv/cuda/gpu_kv_cache.h"
 #include "kv/cuda/kv_store_copy.h"
@@ -97,6 +100,12 @@ class GpuPqKv final : public GpuKvCache {
     if (sealed_options_) {
       const QuantizedKvOptions& q = *sealed_options_;
       SLIMKV_ASSIGN_OR_RETURN(sealed_, CudaQuantizedKvCache::create(kv_shape, q.config, q.hack, q.seed));
+      if (options_.offload && !q.config.k_per_channel) {
+        key_row_bytes_ = pq_key_row_bytes(shape_.head_dim, q.config.k_bits);
+        SLIMKV_ASSIGN_OR_RETURN(key_row_pool_, PinnedArray<uint8_t>::allocate(
+                                                   size_t(shape_.num_layers) * key_row_layer_bytes(),
+                                                   "pq's token-major copy of the sealed keys"));
+      }
     } else {
       SLIMKV_ASSIGN_OR_RETURN(pages_, CudaPagedKvCache::create(kv_shape));
     }
@@ -143,7 +152,7 @@ class GpuPqKv final : public GpuKvCache {
   }
   size_t host_bytes() const override {
     const size_t pages = pages_ ? size_t(pages_->shape().num_blocks) * bytes_per_block() : 0;
-    const size_t store = sealed_ ? sealed_->host_bytes() : options_.offload ? pages : 0;
+    const size_t store = sealed_ ? sealed_->host_bytes() + key_row_pool_.bytes() : options_.offload ? pages : 0;
     return store + index_->host_bytes();
   }
   size_t bytes_per_block() const override {
@@ -179,6 +188,7 @@ class GpuPqKv final : public GpuKvCache {
   // blocks and the FP16 window, as hack attends).
   Status begin_step(const PagedAttentionBatch& batch) override {
     SLIMKV_RETURN_IF_ERROR(index_->begin_step(batch.sequence_ids, batch.query_counts));
+    plan_key_rows(batch.sequence_ids, batch.query_counts);
     SLIMKV_RETURN_IF_ERROR(begin_store_step(batch.sequence_ids, batch.query_counts));
     report_ = SelectionReport{};
     plan_rows(batch);
@@ -218,6 +228,7 @@ class GpuPqKv final : public GpuKvCache {
   Status attend(int layer, const uint16_t* q, const uint16_t* k, const uint16_t* v, float scale,
                 uint16_t* out) override {
     SLIMKV_RETURN_IF_ERROR(append_to_store(layer, k, v));
+    SLIMKV_RETURN_IF_ERROR(write_key_rows(layer));
     SLIMKV_RETURN_IF_ERROR(index_->keep_keys(layer, k));
     if (!select_) return attend_store(*full_attention_, layer, q, scale, out);
     SLIMKV_RETURN_IF_ERROR(index_->finish_layer(layer));
@@ -245,6 +256,7 @@ class GpuPqKv final : public GpuKvCache {
     launch.index = index_->view(layer);
     launch.source = fp16_view(layer);
     if (sealed_) launch.sealed = sealed_->sealed_view(layer);
+    launch.key_rows = key_rows(layer);
     launch.scratch = PqSelectScratch{tables_.data(), scores_.data(), ranked_.data(), exact_.data(), candidate_keys_.data(),
                                      kept_.data(), lengths_.data(), top_k_.data(), shape_.context_tokens, std::max(1, max_candidates_)};
     launch.out_k = compact_k_.data();
@@ -275,10 +287,12 @@ class GpuPqKv final : public GpuKvCache {
 
   Status begin_fill(int sequence, int tokens) override {
     SLIMKV_RETURN_IF_ERROR(index_->begin_step({sequence}, {tokens}));
+    plan_key_rows({sequence}, {tokens});
     return begin_store_step({sequence}, {tokens});
   }
   Status fill(int layer, const uint16_t* k, const uint16_t* v, const void* /*x*/) override {
     SLIMKV_RETURN_IF_ERROR(append_to_store(layer, k, v));
+    SLIMKV_RETURN_IF_ERROR(write_key_rows(layer));
     return index_->keep_keys(layer, k);
   }
 
@@ -286,20 +300,23 @@ class GpuPqKv final : public GpuKvCache {
   // read and write it through its mapping). FP16 pages have none (export_sequence below).
   DevicePages device_pages() const override { return sealed_ ? sealed_device_pages(*sealed_) : DevicePages{}; }
 
-  // The sealed blocks copied in, then the index fed their keys dequantized (pq_sealed_keys) a step's
-  // tokens at a time, as fills feed it, then the open tokens appended as fills append them.
+  // The sealed blocks copied in (and their keys' rows written), then the index fed their keys dequantized
+  // (pq_sealed_keys) a step's tokens at a time, as fills feed it, then the open tokens appended as fills
+  // append them.
   Status import_pages(int sequence, int blocks, const uint8_t* pages, const KvStore& open) override {
     if (!sealed_) return GpuKvCache::import_pages(sequence, blocks, pages, open);
     SLIMKV_RETURN_IF_ERROR(import_sealed_pages(*sealed_, sequence, blocks, pages, open.num_tokens(0)));
     const int sealed_tokens = blocks * kCudaBlockTokens, chunk = std::min(sealed_tokens, shape_.max_step_tokens);
+    key_row_ranges_ = {{sequence, 0, sealed_tokens}};
+    for (int l = 0; l < shape_.num_layers; ++l) SLIMKV_RETURN_IF_ERROR(write_key_rows(l));
+    key_row_ranges_.clear();
     SLIMKV_ASSIGN_OR_RETURN(auto keys, DeviceArray<uint16_t>::allocate(size_t(std::max(chunk, 1)) * size_t(shape_.kv_dim()),
                                                                        "the imported blocks' keys"));
     for (int first = 0; first < sealed_tokens; first += chunk) {
       const int n = std::min(chunk, sealed_tokens - first);
       SLIMKV_RETURN_IF_ERROR(index_->begin_step({sequence}, {n}));
       for (int l = 0; l < shape_.num_layers; ++l) {
-        SLIMKV_RETURN_IF_ERROR(pq_sealed_keys({sealed_->sealed_view(l), sealed_->shape().max_blocks_per_sequence,
-                                               shape_.num_kv_heads, shape_.head_dim, sequence, first, n, keys.data()}));
+        SLIMKV_RETURN_IF_ERROR(pq_sealed_keys(sealed_tokens_of(l, {sequence, first, n}), keys.data()));
         SLIMKV_RETURN_IF_ERROR(index_->keep_keys(l, keys.data()));
       }
     }
@@ -375,6 +392,41 @@ class GpuPqKv final : public GpuKvCache {
   Status append_to_store(int layer, const uint16_t* k, const uint16_t* v) {
     return sealed_ ? sealed_->append(layer, k, v) : pages_->append(layer, k, v);
   }
+  // --- The sealed keys' token-major rows (@offload over HACK's K layout; pq_select.h's PqKeyRows) ---
+  struct TokenRange {
+    int sequence, first, n;
+  };
+  int max_tokens() const { return shape_.blocks_per_sequence() * kCudaBlockTokens; }
+  size_t key_row_layer_bytes() const {
+    return size_t(shape_.max_sequences) * size_t(shape_.num_kv_heads) * size_t(max_tokens()) * size_t(key_row_bytes_);
+  }
+  PqKeyRows key_rows(int layer) {
+    if (key_row_pool_.data() == nullptr) return PqKeyRows{};
+    return PqKeyRows{key_row_pool_.data() + size_t(layer) * key_row_layer_bytes(), key_row_bytes_, max_tokens()};
+  }
+  SealedTokenRange sealed_tokens_of(int layer, TokenRange r) const {
+    return {sealed_->sealed_view(layer), sealed_->shape().max_blocks_per_sequence, shape_.num_kv_heads, shape_.head_dim,
+            r.sequence, r.first, r.n};
+  }
+  // The tokens whose blocks the step seals (before the store's begin_step counts the step's tokens).
+  void plan_key_rows(const std::vector<int>& sequence_ids, const std::vector<int>& new_tokens) {
+    key_row_ranges_.clear();
+    if (key_row_pool_.data() == nullptr) return;
+    for (size_t i = 0; i < sequence_ids.size(); ++i) {
+      const int held = sequences().num_tokens(sequence_ids[i]);
+      const int first = held / kCudaBlockTokens * kCudaBlockTokens;
+      const int end = (held + new_tokens[i]) / kCudaBlockTokens * kCudaBlockTokens;
+      if (end > first) key_row_ranges_.push_back({sequence_ids[i], first, end - first});
+    }
+  }
+  // After the layer's append has sealed the blocks.
+  Status write_key_rows(int layer) {
+    for (const TokenRange& r : key_row_ranges_) {
+      SLIMKV_RETURN_IF_ERROR(pq_write_key_rows(sealed_tokens_of(layer, r), key_rows(layer)));
+    }
+    return Status::ok();
+  }
+
   // The FP16 pages, or the quantized cache's window (the open blocks and the step's).
   PagedKvView fp16_view(int layer) const { return sealed_ ? sealed_->view(layer) : pages_->view(layer); }
   // Attention of the planned sequences over every token they hold.
@@ -498,6 +550,9 @@ class GpuPqKv final : public GpuKvCache {
   std::vector<StepPart> parts_;
   std::vector<std::unique_ptr<CudaPagedAttention>> part_attention_;
   std::unique_ptr<CudaPqTokenCache> token_cache_;  // @offload with cache != 0
+  PinnedArray<uint8_t> key_row_pool_;  // sealed @offload, HACK's K layout: [layers, sequences, kv_heads, max_tokens, row]
+  int key_row_bytes_ = 0;
+  std::vector<TokenRange> key_row_ranges_;  // the step's sealed tokens
   int max_candidates_ = 0, selected_blocks_ = 0;
   DeviceArray<uint16_t> compact_k_, compact_v_, candidate_keys_;
   DeviceArray<int> compact_tables_, ranked_, kept_, lengths_, top_k_;

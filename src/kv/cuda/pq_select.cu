@@ -2,6 +2,8 @@
 
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 #include "backend/cuda/cuda_check.h"
 #include "kv/cuda/pq_token_cache.cuh"
 #include "kv/cuda/top_k_rows.h"
@@ -73,6 +75,9 @@ __device__ float code_of(unsigned group, int j, int bits) { return float((group 
 // min + scale · code, unfused: the CPU's rounding (dequantize_tokens), so the re-rank's scores are its.
 __device__ float dequantized(float min, float scale, float code) { return __fadd_rn(min, __fmul_rn(scale, code)); }
 
+// HACK's K partitions: min(Π, d) dims each (a multiple of 4), each with a min and scale per token.
+__device__ int k_partition_dims(int d) { return min(kCudaBlockTokens, d); }
+
 // Dims 4c..4c+3 of the token's key (K codes: dim group-major, the block's tokens in each group).
 __device__ void sealed_key4(const QuantizedKvView& q, SealedToken x, int c, int d, float out[4]) {
   const unsigned group = group_at(x.block + (i64(c) * kCudaBlockTokens + x.t) * (q.k_bits / 2), q.k_bits);
@@ -81,12 +86,36 @@ __device__ void sealed_key4(const QuantizedKvView& q, SealedToken x, int c, int 
     const int slot = x.t / q.k_group_tokens * d + 4 * c;
     meta4_at(x.block, q.offsets.k_mins, slot, mins);
     meta4_at(x.block, q.offsets.k_scales, slot, scales);
-  } else {  // per K partition of min(Π, d) dims, a multiple of 4: the 4 dims share one
-    const int slot = 4 * c / min(kCudaBlockTokens, d) * kCudaBlockTokens + x.t;
+  } else {  // per K partition: the 4 dims share one
+    const int slot = 4 * c / k_partition_dims(d) * kCudaBlockTokens + x.t;
     mins[0] = mins[1] = mins[2] = mins[3] = meta_at(x.block, q.offsets.k_mins, slot);
     scales[0] = scales[1] = scales[2] = scales[3] = meta_at(x.block, q.offsets.k_scales, slot);
   }
   for (int j = 0; j < 4; ++j) out[j] = dequantized(mins[j], scales[j], code_of(group, j, q.k_bits));
+}
+
+// --- The keys' token-major rows (PqKeyRows): [codes, d·b/8 bytes][mins, 2 bytes a partition][scales] ---
+
+__device__ int row_codes_bytes(int d, int bits) { return d * bits / 8; }
+__device__ int row_partitions(int d) { return d / k_partition_dims(d); }
+
+__device__ uint8_t* key_row(const PqKeyRows& rows, int num_kv_heads, int s, int g, int t) {
+  return rows.rows + ((i64(s) * num_kv_heads + g) * rows.max_tokens + t) * rows.row_bytes;
+}
+
+// Dims 4c..4c+3 of the key in `row`: the values sealed_key4 reads from the block, so the same floats.
+__device__ void row_key4(const QuantizedKvView& q, const uint8_t* row, int c, int d, float out[4]) {
+  const unsigned group = group_at(row + c * (q.k_bits / 2), q.k_bits);
+  const int meta = row_codes_bytes(d, q.k_bits), part = 4 * c / k_partition_dims(d);
+  const float k_min = meta_at(row, meta, part), k_scale = meta_at(row, meta + 2 * row_partitions(d), part);
+  for (int j = 0; j < 4; ++j) out[j] = dequantized(k_min, k_scale, code_of(group, j, q.k_bits));
+}
+
+// Dims 4c..4c+3 of the key of token t (in x's sealed block): from its row where the launch has rows.
+__device__ void stored_key4(const PqSelectLaunch& p, int s, int g, int t, SealedToken x, int c, float out[4]) {
+  const int d = p.index.head_dim;
+  if (p.key_rows.rows != nullptr) return row_key4(p.sealed, key_row(p.key_rows, p.num_kv_heads, s, g, t), c, d, out);
+  sealed_key4(p.sealed, x, c, d, out);
 }
 
 // Columns 4c..4c+3 of the token's value (V codes: groups of 4 tokens, every column's group in turn).
@@ -179,7 +208,7 @@ __global__ void rerank_kernel(PqSelectLaunch p) {
     const SealedToken x = sealed_token(p, r.sequence, g, t);
     for (int c = threadIdx.x; c < d / 4; c += 32) {
       float four[4];
-      sealed_key4(p.sealed, x, c, d, four);
+      stored_key4(p, r.sequence, g, t, x, c, four);
       reinterpret_cast<uint2*>(kept_key)[c] = pack4(four);
       for (int j = 0; j < 4; ++j) sum += double(qsum[4 * c + j]) * double(four[j]);
     }
@@ -238,7 +267,7 @@ __global__ void gather_kernel(PqSelectLaunch p) {
     for (int c = threadIdx.x; c < d / 4; c += 32) {
       float four[4];
       if (key == nullptr) {
-        sealed_key4(p.sealed, x, c, d, four);
+        stored_key4(p, r.sequence, g, t, x, c, four);
         k_out[c] = pack4(four);
       } else {
         k_out[c] = reinterpret_cast<const uint2*>(key)[c];
@@ -261,15 +290,37 @@ __global__ void gather_kernel(PqSelectLaunch p) {
 }
 
 // grid (n / warps, kv heads), a warp per token.
-__global__ void sealed_keys_kernel(SealedKeyRows p) {
+__global__ void sealed_keys_kernel(SealedTokenRange p, uint16_t* keys) {
   const int i = blockIdx.x * blockDim.y + threadIdx.y, g = blockIdx.y;
   if (i >= p.n) return;
   const SealedToken x = sealed_token(p.sealed, p.block_table_stride, p.num_kv_heads, p.sequence, g, p.first + i);
-  uint2* row = reinterpret_cast<uint2*>(p.rows + (i64(i) * p.num_kv_heads + g) * p.head_dim);
+  uint2* row = reinterpret_cast<uint2*>(keys + (i64(i) * p.num_kv_heads + g) * p.head_dim);
   for (int c = threadIdx.x; c < p.head_dim / 4; c += 32) {
     float four[4];
     sealed_key4(p.sealed, x, c, p.head_dim, four);
     row[c] = pack4(four);
+  }
+}
+
+// grid (n / warps, kv heads), a warp per token: lane c copies group c of its codes (b/2 bytes), and
+// lane j < partitions partition j's min and scale.
+__global__ void key_rows_kernel(SealedTokenRange p, PqKeyRows rows) {
+  const int i = blockIdx.x * blockDim.y + threadIdx.y, g = blockIdx.y, d = p.head_dim, t = p.first + i;
+  if (i >= p.n) return;
+  const QuantizedKvView& q = p.sealed;
+  const SealedToken x = sealed_token(q, p.block_table_stride, p.num_kv_heads, p.sequence, g, t);
+  uint8_t* row = key_row(rows, p.num_kv_heads, p.sequence, g, t);
+  const int group_bytes = q.k_bits / 2;
+  for (int c = threadIdx.x; c < d / 4; c += 32) {
+    const uint8_t* from = x.block + (i64(c) * kCudaBlockTokens + x.t) * group_bytes;
+    for (int b = 0; b < group_bytes; ++b) row[c * group_bytes + b] = from[b];
+  }
+  const int meta = row_codes_bytes(d, q.k_bits), partitions = row_partitions(d);
+  uint16_t* mins_then_scales = reinterpret_cast<uint16_t*>(row + meta);
+  for (int j = threadIdx.x; j < partitions; j += 32) {
+    const int slot = j * kCudaBlockTokens + x.t;
+    mins_then_scales[j] = reinterpret_cast<const uint16_t*>(x.block + q.offsets.k_mins)[slot];
+    mins_then_scales[partitions + j] = reinterpret_cast<const uint16_t*>(x.block + q.offsets.k_scales)[slot];
   }
 }
 
@@ -321,9 +372,23 @@ Status pq_select_and_gather(const PqSelectLaunch& p) {
   return Status::ok();
 }
 
-Status pq_sealed_keys(const SealedKeyRows& p) {
+Status pq_sealed_keys(const SealedTokenRange& p, uint16_t* keys) {
   if (p.n == 0) return Status::ok();
-  sealed_keys_kernel<<<dim3(ceil_div(p.n, kWarpsPerBlock), unsigned(p.num_kv_heads)), dim3(32, kWarpsPerBlock)>>>(p);
+  sealed_keys_kernel<<<dim3(ceil_div(p.n, kWarpsPerBlock), unsigned(p.num_kv_heads)), dim3(32, kWarpsPerBlock)>>>(p, keys);
+  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return Status::ok();
+}
+
+int pq_key_row_bytes(int head_dim, int k_bits) {
+  const int partitions = head_dim / std::min(kCudaBlockTokens, head_dim);
+  const int bytes = head_dim * k_bits / 8 + 4 * partitions;
+  return (bytes + 31) / 32 * 32;
+}
+
+Status pq_write_key_rows(const SealedTokenRange& p, const PqKeyRows& rows) {
+  if (p.n == 0) return Status::ok();
+  if (p.sealed.k_per_channel) return error("pq's key rows: K per channel has no rows (HACK's K layout only)");
+  key_rows_kernel<<<dim3(ceil_div(p.n, kWarpsPerBlock), unsigned(p.num_kv_heads)), dim3(32, kWarpsPerBlock)>>>(p, rows);
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   return Status::ok();
 }

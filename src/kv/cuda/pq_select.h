@@ -87,6 +87,23 @@ struct PqTokenCacheView {
   int tokens_stride = 0;
 };
 
+// `pq:...+hack@offload`: the sealed blocks' keys copied token-major into pinned host memory. A sealed
+// block keeps K dim-group-major (HACK's tokens in lanes, for integer dot products over whole blocks), so
+// one token's codes lie in head_dim / 4 pieces 64 · b / 2 bytes apart, and a read of one key over PCIe
+// moves a whole 32-byte sector per piece: 1 KB for a 2-bit key of 128 dims, of which 32 bytes are used
+// (a 128K context's re-rank at top-k 1024 reads ~10 MB of sectors per layer so, against the 2.6 MB of
+// FP16 keys). Token t's row holds the block's bytes of its key: the groups of codes in dim order, then
+// its K partitions' FP16 mins, then their scales; rows padded to whole sectors (40 bytes → 64 at 2 bits
+// and 128 dims: two sectors a key). HACK's K layout only (a min and scale per partition of the
+// token's dims; with K per channel each dim has its own, a row as large as the FP16 key).
+struct PqKeyRows {
+  uint8_t* rows = nullptr;  // one layer's [sequences, kv_heads, max_tokens, row_bytes]; null: none
+  int row_bytes = 0, max_tokens = 0;
+};
+
+// The bytes of a row (pq_key_row_bytes(128, 2) == 64).
+int pq_key_row_bytes(int head_dim, int k_bits);
+
 struct PqSelectLaunch {
   const PqSelectRow* rows = nullptr;  // device [num_rows]
   int num_rows = 0;
@@ -98,6 +115,7 @@ struct PqSelectLaunch {
   // The layer's sealed blocks (device or mapped host memory; its tables have source's stride): tokens
   // before a row's open block are read there. blocks null: every token from source.
   QuantizedKvView sealed;
+  PqKeyRows key_rows;           // with sealed: its keys read there instead (none by default)
   PqSelectScratch scratch;
   PqTokenCacheView cache;       // none by default
   // Out: row r's selection at blocks [r · out_blocks_per_row, ...) of out, [blocks, kv_heads, 64, head_dim].
@@ -109,15 +127,19 @@ struct PqSelectLaunch {
 // Steps 1–5 for one layer (on the default stream).
 Status pq_select_and_gather(const PqSelectLaunch& launch);
 
-// Keys of tokens [first, first + n) of one sequence's sealed blocks, dequantized as the re-rank reads
-// them and rounded to FP16: the index of a sequence imported as sealed blocks is built from them (the
-// CPU store decodes restored blocks for its selector alike).
-struct SealedKeyRows {
+// Tokens [first, first + n) of one sequence's sealed blocks (one layer's).
+struct SealedTokenRange {
   QuantizedKvView sealed;  // one layer's
   int block_table_stride = 0, num_kv_heads = 0, head_dim = 0;
   int sequence = 0, first = 0, n = 0;
-  uint16_t* rows = nullptr;  // out: FP16 [n, num_kv_heads, head_dim] (device)
 };
-Status pq_sealed_keys(const SealedKeyRows& rows);  // on the default stream
+
+// Their keys dequantized as the re-rank reads them and rounded to FP16, into keys (device FP16 [n,
+// num_kv_heads, head_dim]): the index of a sequence imported as sealed blocks is built from them (the
+// CPU store decodes restored blocks for its selector alike).
+Status pq_sealed_keys(const SealedTokenRange& tokens, uint16_t* keys);  // on the default stream
+
+// Their keys' bytes copied into their token-major rows (PqKeyRows): as their blocks seal, or are imported.
+Status pq_write_key_rows(const SealedTokenRange& tokens, const PqKeyRows& rows);  // on the default stream
 
 }  // namespace slimkv::cuda
