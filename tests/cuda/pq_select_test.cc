@@ -155,7 +155,7 @@ TEST_F(PqSelectTest, TopKEqualsASortOnRandomAndTiedScores) {
 // the block's sections, slot j · 64 + t.
 std::vector<uint8_t> key_row_reference(const QuantizedBlockLayout& layout, const uint8_t* block, int t, int d, int bits) {
   const QuantizedBlockOffsets offsets = quantized_block_offsets(layout);
-  const int group_bytes = bits / 2, partitions = d / std::min(kCudaBlockTokens, d);
+  const int group_bytes = bits / 2, partitions = (d + kCudaBlockTokens - 1) / kCudaBlockTokens;
   std::vector<uint8_t> row;
   for (int c = 0; c < d / 4; ++c) {
     const uint8_t* group = block + (size_t(c) * kCudaBlockTokens + size_t(t)) * size_t(group_bytes);

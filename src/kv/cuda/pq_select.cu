@@ -97,7 +97,7 @@ __device__ void sealed_key4(const QuantizedKvView& q, SealedToken x, int c, int 
 // --- The keys' token-major rows (PqKeyRows): [codes, d·b/8 bytes][mins, 2 bytes a partition][scales] ---
 
 __device__ int row_codes_bytes(int d, int bits) { return d * bits / 8; }
-__device__ int row_partitions(int d) { return d / k_partition_dims(d); }
+__device__ int row_partitions(int d) { return (d + k_partition_dims(d) - 1) / k_partition_dims(d); }
 
 __device__ uint8_t* key_row(const PqKeyRows& rows, int num_kv_heads, int s, int g, int t) {
   return rows.rows + ((i64(s) * num_kv_heads + g) * rows.max_tokens + t) * rows.row_bytes;
@@ -380,9 +380,10 @@ Status pq_sealed_keys(const SealedTokenRange& p, uint16_t* keys) {
 }
 
 int pq_key_row_bytes(int head_dim, int k_bits) {
-  const int partitions = head_dim / std::min(kCudaBlockTokens, head_dim);
+  const int partition_dims = std::min(kCudaBlockTokens, head_dim);
+  const int partitions = (head_dim + partition_dims - 1) / partition_dims;
   const int bytes = head_dim * k_bits / 8 + 4 * partitions;
-  return (bytes + 31) / 32 * 32;
+  return (bytes + 7) / 8 * 8;
 }
 
 Status pq_write_key_rows(const SealedTokenRange& p, const PqKeyRows& rows) {

@@ -93,15 +93,17 @@ struct PqTokenCacheView {
 // moves a whole 32-byte sector per piece: 1 KB for a 2-bit key of 128 dims, of which 32 bytes are used
 // (a 128K context's re-rank at top-k 1024 reads ~10 MB of sectors per layer so, against the 2.6 MB of
 // FP16 keys). Token t's row holds the block's bytes of its key: the groups of codes in dim order, then
-// its K partitions' FP16 mins, then their scales; rows padded to whole sectors (40 bytes → 64 at 2 bits
-// and 128 dims: two sectors a key). HACK's K layout only (a min and scale per partition of the
-// token's dims; with K per channel each dim has its own, a row as large as the FP16 key).
+// its K partitions' FP16 mins, then their scales, padded to 8 bytes: a row of 40 bytes (2 bits, 128
+// dims) starts 0, 8, 16 or 24 bytes into a sector and ends in the next, so a key costs two sectors
+// (padding to 64 would too, with 60% more host memory; the rows add 40 bytes a token and KV head to the
+// sealed blocks' ~85 at 2 bits). HACK's K layout only (a min and scale per partition of the token's dims; with K per
+// channel each dim has its own, a row as large as the FP16 key).
 struct PqKeyRows {
   uint8_t* rows = nullptr;  // one layer's [sequences, kv_heads, max_tokens, row_bytes]; null: none
   int row_bytes = 0, max_tokens = 0;
 };
 
-// The bytes of a row (pq_key_row_bytes(128, 2) == 64).
+// The bytes of a row (pq_key_row_bytes(128, 2) == 40).
 int pq_key_row_bytes(int head_dim, int k_bits);
 
 struct PqSelectLaunch {
