@@ -17,13 +17,16 @@ constexpr int kWarpsPerBlock = 8;
 
 __device__ float half_at(const uint16_t* p, long long i) { return __half2float(__ushort_as_half(p[i])); }
 
-// The summed query of KV head g's group (FP32, heads in order: the CPU selector's Σ_h q_h) into sum[d].
-__device__ void group_query(const uint16_t* q, int row, int g, int num_heads, int num_kv_heads, int d, float* sum) {
+// The summed query of KV head g's group (FP32, heads in order: the CPU selector's Σ_h q_h) into sum[d],
+// widened to FP64 once here for the FP64 dot products that read it, which then convert only their other
+// operand (an H100 SM converts to FP64 at a quarter of its FP64 multiply-add rate; the tables at 128K
+// tokens take 2^b · head_dim products per segment, KV head and layer).
+__device__ void group_query(const uint16_t* q, int row, int g, int num_heads, int num_kv_heads, int d, double* sum) {
   const int group = num_heads / num_kv_heads;
   for (int c = threadIdx.x + threadIdx.y * blockDim.x; c < d; c += blockDim.x * blockDim.y) {
     float s = 0.0f;
     for (int h = 0; h < group; ++h) s += half_at(q, (i64(row) * num_heads + g * group + h) * d + c);
-    sum[c] = s;
+    sum[c] = double(s);
   }
 }
 
@@ -152,7 +155,7 @@ __device__ bool reads_sealed(const PqSelectLaunch& p, const PqSelectRow& r, int 
 
 // 1. grid (segments, kv heads, rows).
 __global__ void tables_kernel(PqSelectLaunch p) {
-  extern __shared__ float qsum[];
+  extern __shared__ double qsum[];
   const PqSelectRow r = p.rows[blockIdx.z];
   const int g = blockIdx.y, seg = blockIdx.x;
   if (r.all || seg >= r.trained_segments) return;
@@ -169,7 +172,7 @@ __global__ void tables_kernel(PqSelectLaunch p) {
     // Unrolled so that several centroid loads are in flight (a 128K context has 512 segments' codebooks
     // to read each layer); the sum keeps its order.
 #pragma unroll 8
-    for (int j = 0; j < sub; ++j) sum += double(qsum[s * sub + j]) * double(half_at(c, (i64(s) * sub + j) * K + i));
+    for (int j = 0; j < sub; ++j) sum += qsum[s * sub + j] * double(half_at(c, (i64(s) * sub + j) * K + i));
     table[e] = float(sum);
   }
 }
@@ -192,7 +195,7 @@ __global__ void adc_kernel(PqSelectLaunch p) {
 
 // 4. grid (candidates / warps, kv heads, rows), a warp per candidate.
 __global__ void rerank_kernel(PqSelectLaunch p) {
-  extern __shared__ float qsum[];
+  extern __shared__ double qsum[];
   const PqSelectRow r = p.rows[blockIdx.z];
   const int g = blockIdx.y, d = p.index.head_dim;
   if (r.all || r.candidates <= r.k) return;
@@ -210,7 +213,7 @@ __global__ void rerank_kernel(PqSelectLaunch p) {
       float four[4];
       stored_key4(p, r.sequence, g, t, x, c, four);
       reinterpret_cast<uint2*>(kept_key)[c] = pack4(four);
-      for (int j = 0; j < 4; ++j) sum += double(qsum[4 * c + j]) * double(four[j]);
+      for (int j = 0; j < 4; ++j) sum += qsum[4 * c + j] * double(four[j]);
     }
   } else {
     const int slot = pq_cached_slot(p.cache, r.sequence, g, t);
@@ -222,7 +225,7 @@ __global__ void rerank_kernel(PqSelectLaunch p) {
       reinterpret_cast<uint2*>(kept_key)[c] = packed;
       float four[4];
       unpack4(packed, four);
-      for (int j = 0; j < 4; ++j) sum += double(qsum[4 * c + j]) * double(four[j]);
+      for (int j = 0; j < 4; ++j) sum += qsum[4 * c + j] * double(four[j]);
     }
   }
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
@@ -331,7 +334,7 @@ unsigned ceil_div(int a, int b) { return unsigned((a + b - 1) / b); }
 Status pq_select_and_gather(const PqSelectLaunch& p) {
   if (p.num_rows == 0) return Status::ok();
   const int heads = p.num_kv_heads, rows = p.num_rows;
-  const size_t q_bytes = size_t(p.index.head_dim) * sizeof(float);
+  const size_t q_bytes = size_t(p.index.head_dim) * sizeof(double);
   if (p.max_trained_segments > 0 && p.max_middle > 0) {
     tables_kernel<<<dim3(unsigned(p.max_trained_segments), unsigned(heads), unsigned(rows)), 128, q_bytes>>>(p);
     SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
