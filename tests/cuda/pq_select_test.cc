@@ -173,7 +173,7 @@ std::vector<uint8_t> key_row_reference(const QuantizedBlockLayout& layout, const
 // Sequences of `lengths` tokens keeping ks[s] of their middle tokens (rerank 1.25): random keys, GQA
 // groups of 2, head_dim d. sealed: every full block also sealed in that config's blocks (quantize_block),
 // which the selection reads instead of the pages for the tokens before each sequence's open block; with
-// HACK's K layout, read again from the keys' token-major rows (PqKeyRows).
+// HACK's K or V layout, read again from the copies @offload makes (PqKeyRows, PqValueScales).
 void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, const std::vector<int>& ks,
                                                const QuantizationConfig* sealed = nullptr, int d = 64) {
   const int heads = 4, kv_heads = 2, group = 2, m = 2, bits = 6, segment = 256;
@@ -364,37 +364,65 @@ void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, 
       EXPECT_EQ(mismatches, 0) << "sequence " << s << ", KV head " << g;
     }
   }
-  if (sealed == nullptr || sealed->k_per_channel) return;
-  // The sealed keys copied into token-major rows (pq_write_key_rows: each row against its block's bytes),
-  // and the selection reading its keys there: the same K/V as from the blocks, bit for bit.
-  const int row_bytes = pq_key_row_bytes(d, sealed->k_bits);
-  auto d_key_rows = take(DeviceArray<uint8_t>::allocate(size_t(rows) * kv_heads * max_tokens * row_bytes, "key rows"));
-  launch.key_rows = PqKeyRows{d_key_rows.data(), row_bytes, max_tokens};
-  for (int s = 0; s < rows; ++s) {
-    const SealedTokenRange range{launch.sealed, blocks_per_seq, kv_heads, d, s, 0,
-                                 lengths[size_t(s)] / kCudaBlockTokens * kCudaBlockTokens};
-    SLIMKV_ASSERT_OK(pq_write_key_rows(range, launch.key_rows));
-  }
-  std::vector<uint8_t> got_rows(d_key_rows.size());
-  SLIMKV_ASSERT_OK(d_key_rows.download(got_rows.data(), got_rows.size()));
-  int row_mismatches = 0;
-  for (int s = 0; s < rows; ++s) {
-    for (int g = 0; g < kv_heads; ++g) {
-      for (int t = 0; t < lengths[size_t(s)] / kCudaBlockTokens * kCudaBlockTokens; ++t) {
-        const uint8_t* block = blocks.data() + (size_t(s * blocks_per_seq + t / kCudaBlockTokens) * kv_heads + size_t(g)) *
-                                                   layout->block_bytes;
-        const std::vector<uint8_t> expected = key_row_reference(*layout, block, t % kCudaBlockTokens, d, sealed->k_bits);
-        const uint8_t* row = got_rows.data() + ((size_t(s) * kv_heads + size_t(g)) * max_tokens + size_t(t)) * row_bytes;
-        row_mismatches += !std::equal(expected.begin(), expected.end(), row);
+  // @offload's copies of sealed bytes: the keys in token-major rows (HACK's K layout: pq_write_key_rows,
+  // each row against its block's bytes) and the blocks' per-column V scales (HACK's V layout:
+  // pq_write_value_scales, against the block's), and the selection reading them: the same K/V as from
+  // the blocks alone, bit for bit.
+  if (sealed == nullptr || (sealed->k_per_channel && sealed->v_per_token)) return;
+  const auto block_of = [&](int s, int g, int t) {
+    return blocks.data() + (size_t(s * blocks_per_seq + t / kCudaBlockTokens) * kv_heads + size_t(g)) * layout->block_bytes;
+  };
+  const auto sealed_tokens = [&](int s) { return lengths[size_t(s)] / kCudaBlockTokens * kCudaBlockTokens; };
+  DeviceArray<uint8_t> d_key_rows;
+  if (!sealed->k_per_channel) {
+    const int row_bytes = pq_key_row_bytes(d, sealed->k_bits);
+    d_key_rows = take(DeviceArray<uint8_t>::allocate(size_t(rows) * kv_heads * max_tokens * row_bytes, "key rows"));
+    launch.key_rows = PqKeyRows{d_key_rows.data(), row_bytes, max_tokens};
+    for (int s = 0; s < rows; ++s) {
+      SLIMKV_ASSERT_OK(pq_write_key_rows({launch.sealed, blocks_per_seq, kv_heads, d, s, 0, sealed_tokens(s)}, launch.key_rows));
+    }
+    const std::vector<uint8_t> got_rows = on_host(d_key_rows);
+    int mismatches = 0;
+    for (int s = 0; s < rows; ++s) {
+      for (int g = 0; g < kv_heads; ++g) {
+        for (int t = 0; t < sealed_tokens(s); ++t) {
+          const std::vector<uint8_t> expected = key_row_reference(*layout, block_of(s, g, t), t % kCudaBlockTokens, d, sealed->k_bits);
+          const uint8_t* row = got_rows.data() + ((size_t(s) * kv_heads + size_t(g)) * max_tokens + size_t(t)) * row_bytes;
+          mismatches += !std::equal(expected.begin(), expected.end(), row);
+        }
       }
     }
+    EXPECT_EQ(mismatches, 0) << "key rows unlike their blocks' bytes";
   }
-  EXPECT_EQ(row_mismatches, 0) << "key rows unlike their blocks' bytes";
+  DeviceArray<uint16_t> d_value_scales;
+  if (!sealed->v_per_token) {
+    d_value_scales = take(DeviceArray<uint16_t>::allocate(size_t(rows) * kv_heads * blocks_per_seq * 2 * d, "V scales"));
+    launch.value_scales = PqValueScales{d_value_scales.data(), blocks_per_seq};
+    for (int s = 0; s < rows; ++s) {
+      SLIMKV_ASSERT_OK(pq_write_value_scales({launch.sealed, blocks_per_seq, kv_heads, d, s, 0, sealed_tokens(s)},
+                                             launch.value_scales));
+    }
+    const std::vector<uint16_t> got_scales = on_host(d_value_scales);
+    const QuantizedBlockOffsets offsets = quantized_block_offsets(*layout);
+    int mismatches = 0;
+    for (int s = 0; s < rows; ++s) {
+      for (int g = 0; g < kv_heads; ++g) {
+        for (int b = 0; b < sealed_tokens(s) / kCudaBlockTokens; ++b) {
+          const uint8_t* block = block_of(s, g, b * kCudaBlockTokens);
+          const uint8_t* copy = reinterpret_cast<const uint8_t*>(
+              got_scales.data() + ((size_t(s) * kv_heads + size_t(g)) * blocks_per_seq + size_t(b)) * 2 * d);
+          mismatches += !std::equal(block + offsets.v_mins, block + offsets.v_mins + 2 * d, copy);
+          mismatches += !std::equal(block + offsets.v_scales, block + offsets.v_scales + 2 * d, copy + 2 * d);
+        }
+      }
+    }
+    EXPECT_EQ(mismatches, 0) << "V scale copies unlike their blocks' bytes";
+  }
   SLIMKV_ASSERT_OK(pq_select_and_gather(launch));
-  std::vector<uint16_t> row_k(pool), row_v(pool);
-  SLIMKV_ASSERT_OK(out_k.download(row_k.data(), pool));
-  SLIMKV_ASSERT_OK(out_v.download(row_v.data(), pool));
-  EXPECT_TRUE(row_k == got_k && row_v == got_v) << "the selection over key rows differs from the one over the blocks";
+  std::vector<uint16_t> copies_k(pool), copies_v(pool);
+  SLIMKV_ASSERT_OK(out_k.download(copies_k.data(), pool));
+  SLIMKV_ASSERT_OK(out_v.download(copies_v.data(), pool));
+  EXPECT_TRUE(copies_k == got_k && copies_v == got_v) << "the selection over the copies differs from the one over the blocks";
 }
 
 // Short rows (each top-k one CTA a row), and long ones: the ADC select sliced (middles of 19708 and
@@ -413,8 +441,9 @@ TEST_F(PqSelectTest, SelectionEqualsTheCpuSelectorsOnTheSameCodebooks) {
 // The same over sealed blocks (pq:...+hack / +quant): HACK's layout at 2 bits, KIVI's (K per channel in
 // groups of 16 tokens, V per token in groups of 32 columns) at 4, K per channel over the block and V per
 // token in groups of 2 columns at 2, and 8 bits; lengths ending inside a block (its open tokens read
-// from the pages). Where K is HACK's (per token partition), also from the keys' token-major rows, and
-// at head_dim 128 (two partitions).
+// from the pages); K per channel with HACK's V, and HACK's K with V per token. Where K is HACK's (per
+// token partition), also from the keys' token-major rows, where V is, with the blocks' V scales copied
+// (as @offload reads them); and at head_dim 128 (two K partitions).
 TEST_F(PqSelectTest, SelectionOverSealedBlocksEqualsTheCpuSelectorsOnDequantizedKeys) {
   QuantizationConfig hack2;
   QuantizationConfig kivi4;
@@ -428,8 +457,14 @@ TEST_F(PqSelectTest, SelectionOverSealedBlocksEqualsTheCpuSelectorsOnDequantized
   QuantizationConfig nearest8;
   nearest8.k_bits = nearest8.v_bits = 8;
   nearest8.rounding = Rounding::kNearest;
+  QuantizationConfig k_channel2;
+  k_channel2.k_per_channel = true;
+  QuantizationConfig v_token2;
+  v_token2.v_per_token = true;
   for (const auto& [name, config] : {std::pair{"hack bits=2", hack2}, std::pair{"kivi bits=4", kivi4},
-                                     std::pair{"bits=2 vgroup=2", pairs2}, std::pair{"bits=8 nearest", nearest8}}) {
+                                     std::pair{"bits=2 vgroup=2", pairs2}, std::pair{"bits=8 nearest", nearest8},
+                                     std::pair{"bits=2 klayout=channel", k_channel2},
+                                     std::pair{"bits=2 vlayout=token", v_token2}}) {
     SCOPED_TRACE(name);
     expect_selection_equals_the_cpu_selectors({1500, 931}, {100, 150}, &config);
   }

@@ -114,6 +114,12 @@ __device__ void row_key4(const QuantizedKvView& q, const uint8_t* row, int c, in
   for (int j = 0; j < 4; ++j) out[j] = dequantized(k_min, k_scale, code_of(group, j, q.k_bits));
 }
 
+// Token t's block's copy of its per-column V mins and scales, if the launch has copies.
+__device__ const uint16_t* value_scales_of(const PqValueScales& v, int num_kv_heads, int d, int s, int g, int t) {
+  if (v.scales == nullptr) return nullptr;
+  return v.scales + ((i64(s) * num_kv_heads + g) * v.max_blocks + t / kCudaBlockTokens) * 2 * d;
+}
+
 // Dims 4c..4c+3 of the key of token t (in x's sealed block): from its row where the launch has rows.
 __device__ void stored_key4(const PqSelectLaunch& p, int s, int g, int t, SealedToken x, int c, float out[4]) {
   const int d = p.index.head_dim;
@@ -122,7 +128,10 @@ __device__ void stored_key4(const PqSelectLaunch& p, int s, int g, int t, Sealed
 }
 
 // Columns 4c..4c+3 of the token's value (V codes: groups of 4 tokens, every column's group in turn).
-__device__ void sealed_value4(const QuantizedKvView& q, SealedToken x, int c, int d, float out[4]) {
+// column_scales: the block's per-column mins then scales (FP16 [2, d]) where a copy is read instead of
+// the block's (PqValueScales), else null.
+__device__ void sealed_value4(const QuantizedKvView& q, SealedToken x, int c, int d, const uint16_t* column_scales,
+                              float out[4]) {
   const int group_bytes = q.v_bits / 2;
   const uint8_t* groups = x.block + q.offsets.v_codes + (i64(x.t / 4) * d + 4 * c) * group_bytes;
   float mins[4], scales[4];
@@ -134,6 +143,9 @@ __device__ void sealed_value4(const QuantizedKvView& q, SealedToken x, int c, in
       mins[j] = j < distinct ? meta_at(x.block, q.offsets.v_mins, slot) : mins[0];
       scales[j] = j < distinct ? meta_at(x.block, q.offsets.v_scales, slot) : scales[0];
     }
+  } else if (column_scales != nullptr) {  // per column over the block, from the copy
+    unpack4(reinterpret_cast<const uint2*>(column_scales)[c], mins);
+    unpack4(reinterpret_cast<const uint2*>(column_scales + d)[c], scales);
   } else {  // per column over the block
     meta4_at(x.block, q.offsets.v_mins, 4 * c, mins);
     meta4_at(x.block, q.offsets.v_scales, 4 * c, scales);
@@ -267,6 +279,8 @@ __global__ void gather_kernel(PqSelectLaunch p) {
     value = p.cache.v + at;
   } else if (reads_sealed(p, r, t)) {
     const SealedToken x = sealed_token(p, r.sequence, g, t);
+    const uint16_t* column_scales =
+        p.sealed.v_per_token ? nullptr : value_scales_of(p.value_scales, p.num_kv_heads, d, r.sequence, g, t);
     for (int c = threadIdx.x; c < d / 4; c += 32) {
       float four[4];
       if (key == nullptr) {
@@ -275,7 +289,7 @@ __global__ void gather_kernel(PqSelectLaunch p) {
       } else {
         k_out[c] = reinterpret_cast<const uint2*>(key)[c];
       }
-      sealed_value4(p.sealed, x, c, d, four);
+      sealed_value4(p.sealed, x, c, d, column_scales, four);
       v_out[c] = pack4(four);
     }
     return;
@@ -324,6 +338,20 @@ __global__ void key_rows_kernel(SealedTokenRange p, PqKeyRows rows) {
     const int slot = j * kCudaBlockTokens + x.t;
     mins_then_scales[j] = reinterpret_cast<const uint16_t*>(x.block + q.offsets.k_mins)[slot];
     mins_then_scales[partitions + j] = reinterpret_cast<const uint16_t*>(x.block + q.offsets.k_scales)[slot];
+  }
+}
+
+// grid (blocks, kv heads): the block's per-column V mins and scales, 2 · d FP16 values.
+__global__ void value_scales_kernel(SealedTokenRange p, PqValueScales scales) {
+  const int g = blockIdx.y, d = p.head_dim, t = p.first + int(blockIdx.x) * kCudaBlockTokens;
+  const QuantizedKvView& q = p.sealed;
+  const SealedToken x = sealed_token(q, p.block_table_stride, p.num_kv_heads, p.sequence, g, t);
+  uint16_t* to = scales.scales + ((i64(p.sequence) * p.num_kv_heads + g) * scales.max_blocks + t / kCudaBlockTokens) * 2 * d;
+  const uint16_t* mins = reinterpret_cast<const uint16_t*>(x.block + q.offsets.v_mins);
+  const uint16_t* column_scales = reinterpret_cast<const uint16_t*>(x.block + q.offsets.v_scales);
+  for (int c = threadIdx.x; c < d; c += blockDim.x) {
+    to[c] = mins[c];
+    to[d + c] = column_scales[c];
   }
 }
 
@@ -387,6 +415,17 @@ int pq_key_row_bytes(int head_dim, int k_bits) {
   const int partitions = (head_dim + partition_dims - 1) / partition_dims;
   const int bytes = head_dim * k_bits / 8 + 4 * partitions;
   return (bytes + 7) / 8 * 8;
+}
+
+Status pq_write_value_scales(const SealedTokenRange& p, const PqValueScales& scales) {
+  if (p.n == 0) return Status::ok();
+  if (p.sealed.v_per_token) return error("pq's V scale copies: V per token has no per-column scales (HACK's V layout only)");
+  if (p.first % kCudaBlockTokens != 0 || p.n % kCudaBlockTokens != 0) {
+    return error("pq's V scale copies: tokens [", p.first, ", ", p.first + p.n, ") are not whole blocks of ", kCudaBlockTokens);
+  }
+  value_scales_kernel<<<dim3(unsigned(p.n / kCudaBlockTokens), unsigned(p.num_kv_heads)), 128>>>(p, scales);
+  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return Status::ok();
 }
 
 Status pq_write_key_rows(const SealedTokenRange& p, const PqKeyRows& rows) {

@@ -106,6 +106,17 @@ struct PqKeyRows {
 // The bytes of a row (pq_key_row_bytes(128, 2) == 40).
 int pq_key_row_bytes(int head_dim, int k_bits);
 
+// `pq:...+hack@offload` with HACK's V layout (a min and scale per column of a block): each sealed
+// block's per-column V mins and scales copied into GPU memory as it seals. A selected token's value
+// needs all head_dim of them, 4 · head_dim bytes (512 at 128 dims) for a few dozen bytes of codes: at
+// 128K tokens and top-k 1024 nearly every kept token has a block of its own, so they were most of the
+// bytes the step read from host memory (141 of 165 MB a step at 2 bits; 24 MB with V per token).
+// GPU memory: 4 · head_dim bytes a block, KV head and layer (8 bytes a token at 128 dims).
+struct PqValueScales {
+  uint16_t* scales = nullptr;  // one layer's FP16 [sequences, kv_heads, max_blocks, 2, head_dim]: mins, scales
+  int max_blocks = 0;          // null scales: none
+};
+
 struct PqSelectLaunch {
   const PqSelectRow* rows = nullptr;  // device [num_rows]
   int num_rows = 0;
@@ -118,6 +129,7 @@ struct PqSelectLaunch {
   // before a row's open block are read there. blocks null: every token from source.
   QuantizedKvView sealed;
   PqKeyRows key_rows;           // with sealed: its keys read there instead (none by default)
+  PqValueScales value_scales;   // with sealed: its per-column V mins and scales read there (none by default)
   PqSelectScratch scratch;
   PqTokenCacheView cache;       // none by default
   // Out: row r's selection at blocks [r · out_blocks_per_row, ...) of out, [blocks, kv_heads, 64, head_dim].
@@ -143,5 +155,8 @@ Status pq_sealed_keys(const SealedTokenRange& tokens, uint16_t* keys);  // on th
 
 // Their keys' bytes copied into their token-major rows (PqKeyRows): as their blocks seal, or are imported.
 Status pq_write_key_rows(const SealedTokenRange& tokens, const PqKeyRows& rows);  // on the default stream
+
+// Their blocks' per-column V mins and scales copied into `scales` (first and n: whole blocks).
+Status pq_write_value_scales(const SealedTokenRange& tokens, const PqValueScales& scales);  // default stream
 
 }  // namespace slimkv::cuda
