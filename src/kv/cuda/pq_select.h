@@ -96,8 +96,8 @@ struct PqTokenCacheView {
 // its K partitions' FP16 mins, then their scales, padded to 8 bytes: a row of 40 bytes (2 bits, 128
 // dims) starts 0, 8, 16 or 24 bytes into a sector and ends in the next, so a key costs two sectors
 // (padding to 64 would too, with 60% more host memory; the rows add 40 bytes a token and KV head to the
-// sealed blocks' ~85 at 2 bits). HACK's K layout only (a min and scale per partition of the token's dims; with K per
-// channel each dim has its own, a row as large as the FP16 key).
+// sealed blocks' ~85 at 2 bits). HACK's K layout only (a min and scale per partition of the token's
+// dims; with K per channel each dim has its own, a row as large as the FP16 key).
 struct PqKeyRows {
   uint8_t* rows = nullptr;  // one layer's [sequences, kv_heads, max_tokens, row_bytes]; null: none
   int row_bytes = 0, max_tokens = 0;
