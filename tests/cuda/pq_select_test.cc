@@ -150,7 +150,7 @@ TEST_F(PqSelectTest, TopKEqualsASortOnRandomAndTiedScores) {
   }
 }
 
-// Token t's key row (pq_select.h's PqKeyRows, without its padding) from its sealed block in HACK's K
+// Token t's key row (pq_select.h's PqTokenRows, without its padding) from its sealed block in HACK's K
 // layout: group c of its codes (b/2 bytes) at (c · 64 + t) · b/2, its partitions' mins and scales at
 // the block's sections, slot j · 64 + t.
 std::vector<uint8_t> key_row_reference(const QuantizedBlockLayout& layout, const uint8_t* block, int t, int d, int bits) {
@@ -170,10 +170,40 @@ std::vector<uint8_t> key_row_reference(const QuantizedBlockLayout& layout, const
   return row;
 }
 
+// Token t's value row (pq_select.h's PqTokenRows, without its padding) from its sealed block: its code of
+// column 4c + j, from the column's group of 4 tokens at ((t / 4) · d + 4c + j) · b/2 of the V codes, in
+// field j of group c (b/2 bytes); with V per token, its column groups' mins and scales, slot g · 64 + t.
+std::vector<uint8_t> value_row_reference(const QuantizedBlockLayout& layout, const uint8_t* block, int t, int d, int bits) {
+  const QuantizedBlockOffsets offsets = quantized_block_offsets(layout);
+  const int group_bytes = bits / 2;
+  const auto read_group = [&](const uint8_t* at) {
+    uint32_t value = 0;
+    for (int b = 0; b < group_bytes; ++b) value |= uint32_t(at[b]) << (8 * b);
+    return value;
+  };
+  std::vector<uint8_t> row;
+  for (int c = 0; c < d / 4; ++c) {
+    uint32_t packed = 0;
+    for (int j = 0; j < 4; ++j) {
+      const uint8_t* group = block + offsets.v_codes + (size_t(t / 4) * size_t(d) + size_t(4 * c + j)) * size_t(group_bytes);
+      packed |= ((read_group(group) >> (t % 4 * bits)) & ((1u << bits) - 1u)) << (j * bits);
+    }
+    for (int b = 0; b < group_bytes; ++b) row.push_back(uint8_t(packed >> (8 * b)));
+  }
+  if (!layout.config.v_per_token) return row;
+  for (const int section : {offsets.v_mins, offsets.v_scales}) {
+    for (int g = 0; g < layout.v_groups; ++g) {
+      const uint8_t* meta = block + section + 2 * (size_t(g) * kCudaBlockTokens + size_t(t));
+      row.insert(row.end(), meta, meta + 2);
+    }
+  }
+  return row;
+}
+
 // Sequences of `lengths` tokens keeping ks[s] of their middle tokens (rerank 1.25): random keys, GQA
 // groups of 2, head_dim d. sealed: every full block also sealed in that config's blocks (quantize_block),
 // which the selection reads instead of the pages for the tokens before each sequence's open block; with
-// HACK's K or V layout, read again from the copies @offload makes (PqKeyRows, PqValueScales).
+// read again from the copies @offload makes (PqTokenRows, PqValueScales).
 void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, const std::vector<int>& ks,
                                                const QuantizationConfig* sealed = nullptr, int d = 64) {
   const int heads = 4, kv_heads = 2, group = 2, m = 2, bits = 6, segment = 256;
@@ -364,11 +394,11 @@ void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, 
       EXPECT_EQ(mismatches, 0) << "sequence " << s << ", KV head " << g;
     }
   }
-  // @offload's copies of sealed bytes: the keys in token-major rows (HACK's K layout: pq_write_key_rows,
-  // each row against its block's bytes) and the blocks' per-column V scales (HACK's V layout:
-  // pq_write_value_scales, against the block's), and the selection reading them: the same K/V as from
-  // the blocks alone, bit for bit.
-  if (sealed == nullptr || (sealed->k_per_channel && sealed->v_per_token)) return;
+  // @offload's copies of sealed bytes: the keys (HACK's K layout: pq_write_key_rows) and values
+  // (pq_write_value_rows) in token-major rows, and the blocks' per-column V scales (HACK's V layout:
+  // pq_write_value_scales), each against its block's bytes, and the selection reading them: the same K/V
+  // as from the blocks alone, bit for bit.
+  if (sealed == nullptr) return;
   const auto block_of = [&](int s, int g, int t) {
     return blocks.data() + (size_t(s * blocks_per_seq + t / kCudaBlockTokens) * kv_heads + size_t(g)) * layout->block_bytes;
   };
@@ -377,7 +407,7 @@ void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, 
   if (!sealed->k_per_channel) {
     const int row_bytes = pq_key_row_bytes(d, sealed->k_bits);
     d_key_rows = take(DeviceArray<uint8_t>::allocate(size_t(rows) * kv_heads * max_tokens * row_bytes, "key rows"));
-    launch.key_rows = PqKeyRows{d_key_rows.data(), row_bytes, max_tokens};
+    launch.key_rows = PqTokenRows{d_key_rows.data(), row_bytes, max_tokens};
     for (int s = 0; s < rows; ++s) {
       SLIMKV_ASSERT_OK(pq_write_key_rows({launch.sealed, blocks_per_seq, kv_heads, d, s, 0, sealed_tokens(s)}, launch.key_rows));
     }
@@ -393,6 +423,26 @@ void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, 
       }
     }
     EXPECT_EQ(mismatches, 0) << "key rows unlike their blocks' bytes";
+  }
+  const int value_row_bytes = pq_value_row_bytes(d, sealed->v_bits, sealed->v_per_token ? layout->v_groups : 0);
+  auto d_value_rows = take(DeviceArray<uint8_t>::allocate(size_t(rows) * kv_heads * max_tokens * value_row_bytes, "value rows"));
+  launch.value_rows = PqTokenRows{d_value_rows.data(), value_row_bytes, max_tokens};
+  for (int s = 0; s < rows; ++s) {
+    SLIMKV_ASSERT_OK(pq_write_value_rows({launch.sealed, blocks_per_seq, kv_heads, d, s, 0, sealed_tokens(s)}, launch.value_rows));
+  }
+  {
+    const std::vector<uint8_t> got_rows = on_host(d_value_rows);
+    int mismatches = 0;
+    for (int s = 0; s < rows; ++s) {
+      for (int g = 0; g < kv_heads; ++g) {
+        for (int t = 0; t < sealed_tokens(s); ++t) {
+          const std::vector<uint8_t> expected = value_row_reference(*layout, block_of(s, g, t), t % kCudaBlockTokens, d, sealed->v_bits);
+          const uint8_t* row = got_rows.data() + ((size_t(s) * kv_heads + size_t(g)) * max_tokens + size_t(t)) * value_row_bytes;
+          mismatches += !std::equal(expected.begin(), expected.end(), row);
+        }
+      }
+    }
+    EXPECT_EQ(mismatches, 0) << "value rows unlike their blocks' bytes";
   }
   DeviceArray<uint16_t> d_value_scales;
   if (!sealed->v_per_token) {
@@ -441,9 +491,9 @@ TEST_F(PqSelectTest, SelectionEqualsTheCpuSelectorsOnTheSameCodebooks) {
 // The same over sealed blocks (pq:...+hack / +quant): HACK's layout at 2 bits, KIVI's (K per channel in
 // groups of 16 tokens, V per token in groups of 32 columns) at 4, K per channel over the block and V per
 // token in groups of 2 columns at 2, and 8 bits; lengths ending inside a block (its open tokens read
-// from the pages); K per channel with HACK's V, and HACK's K with V per token. Where K is HACK's (per
-// token partition), also from the keys' token-major rows, where V is, with the blocks' V scales copied
-// (as @offload reads them); and at head_dim 128 (two K partitions).
+// from the pages); K per channel with HACK's V, and HACK's K with V per token. Then again from the
+// copies @offload reads: the values' token-major rows, where K is HACK's (per token partition) the keys',
+// where V is the blocks' V scales; and at head_dim 128 (two K partitions).
 TEST_F(PqSelectTest, SelectionOverSealedBlocksEqualsTheCpuSelectorsOnDequantizedKeys) {
   QuantizationConfig hack2;
   QuantizationConfig kivi4;

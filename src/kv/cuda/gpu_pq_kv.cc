@@ -16,11 +16,11 @@
 // keys as they arrive, before sealing (the CPU store hands its selector the block's keys it seals, not
 // them decoded); the re-rank scores the candidates' keys dequantized from their blocks and the gather
 // writes the selected tokens dequantized into the compact FP16 buffer, reading only their codes and
-// scales (pq_select.h); with @offload and HACK's K layout, each sealed key is also copied token-major
-// into pinned host memory as its block seals (PqKeyRows: a key's codes in one or two sectors, not one
-// per 4 dims), where the re-rank and the gather read it, and with HACK's V layout each sealed block's
-// per-column V mins and scales into GPU memory (PqValueScales: 512 bytes a selected token's value no
-// longer reads over PCIe). Steps without selection, and prefill chunks, attend as the quantized cache
+// scales (pq_select.h). With @offload, each sealed key (HACK's K layout) and value is also copied
+// token-major into pinned host memory as its block seals (PqTokenRows: a 2-bit key in two sectors, not
+// one per 4 dims; a value in one or two, not six), where the re-rank and the gather read them, and with
+// HACK's V layout each sealed block's per-column V mins and scales into GPU memory (PqValueScales: 512
+// bytes a selected token's value no longer reads over PCIe). Steps without selection, and prefill chunks, attend as the quantized cache
 // does (run_quantized). A sequence moves out and in as hack's do (device pages: its sealed blocks as
 // they are, then the open tokens); the importing cache builds the index from the blocks' keys
 // dequantized, as the CPU store does from restored blocks (so its selections may differ from the
@@ -103,10 +103,13 @@ class GpuPqKv final : public GpuKvCache {
       const QuantizedKvOptions& q = *sealed_options_;
       SLIMKV_ASSIGN_OR_RETURN(sealed_, CudaQuantizedKvCache::create(kv_shape, q.config, q.hack, q.seed));
       if (options_.offload && !q.config.k_per_channel) {
-        key_row_bytes_ = pq_key_row_bytes(shape_.head_dim, q.config.k_bits);
-        SLIMKV_ASSIGN_OR_RETURN(key_row_pool_, PinnedArray<uint8_t>::allocate(
-                                                   size_t(shape_.num_layers) * key_row_layer_bytes(),
-                                                   "pq's token-major copy of the sealed keys"));
+        SLIMKV_RETURN_IF_ERROR(allocate_rows(key_rows_, pq_key_row_bytes(shape_.head_dim, q.config.k_bits),
+                                             "pq's token-major copy of the sealed keys"));
+      }
+      if (options_.offload) {
+        const int v_groups = q.config.v_per_token ? sealed_->layout().v_groups : 0;
+        SLIMKV_RETURN_IF_ERROR(allocate_rows(value_rows_, pq_value_row_bytes(shape_.head_dim, q.config.v_bits, v_groups),
+                                             "pq's token-major copy of the sealed values"));
       }
       if (options_.offload && !q.config.v_per_token) {
         SLIMKV_ASSIGN_OR_RETURN(value_scales_,
@@ -159,7 +162,8 @@ class GpuPqKv final : public GpuKvCache {
   }
   size_t host_bytes() const override {
     const size_t pages = pages_ ? size_t(pages_->shape().num_blocks) * bytes_per_block() : 0;
-    const size_t store = sealed_ ? sealed_->host_bytes() + key_row_pool_.bytes() : options_.offload ? pages : 0;
+    const size_t rows = key_rows_.pool.bytes() + value_rows_.pool.bytes();
+    const size_t store = sealed_ ? sealed_->host_bytes() + rows : options_.offload ? pages : 0;
     return store + index_->host_bytes();
   }
   size_t bytes_per_block() const override {
@@ -263,7 +267,8 @@ class GpuPqKv final : public GpuKvCache {
     launch.index = index_->view(layer);
     launch.source = fp16_view(layer);
     if (sealed_) launch.sealed = sealed_->sealed_view(layer);
-    launch.key_rows = key_rows(layer);
+    launch.key_rows = rows_of(key_rows_, layer);
+    launch.value_rows = rows_of(value_rows_, layer);
     launch.value_scales = value_scales(layer);
     launch.scratch = PqSelectScratch{tables_.data(), scores_.data(), ranked_.data(), exact_.data(), candidate_keys_.data(),
                                      kept_.data(), lengths_.data(), top_k_.data(), shape_.context_tokens, std::max(1, max_candidates_)};
@@ -308,7 +313,7 @@ class GpuPqKv final : public GpuKvCache {
   // read and write it through its mapping). FP16 pages have none (export_sequence below).
   DevicePages device_pages() const override { return sealed_ ? sealed_device_pages(*sealed_) : DevicePages{}; }
 
-  // The sealed blocks copied in (and @offload's copies of their keys' rows and V scales made), then the
+  // The sealed blocks copied in (and @offload's copies of their rows and V scales made), then the
   // index fed their keys dequantized (pq_sealed_keys) a step's tokens at a time, as fills feed it, then
   // the open tokens appended as fills append them.
   Status import_pages(int sequence, int blocks, const uint8_t* pages, const KvStore& open) override {
@@ -400,19 +405,29 @@ class GpuPqKv final : public GpuKvCache {
   Status append_to_store(int layer, const uint16_t* k, const uint16_t* v) {
     return sealed_ ? sealed_->append(layer, k, v) : pages_->append(layer, k, v);
   }
-  // --- @offload's copies of sealed bytes: the keys' token-major rows (HACK's K layout; pq_select.h's
-  // PqKeyRows) in host memory, the blocks' per-column V scales (HACK's V layout; PqValueScales) on the
+  // --- @offload's copies of sealed bytes: the keys' and values' token-major rows (pq_select.h's
+  // PqTokenRows) in host memory, the blocks' per-column V scales (HACK's V layout; PqValueScales) on the
   // GPU ---
   struct TokenRange {
     int sequence, first, n;
   };
   int max_tokens() const { return shape_.blocks_per_sequence() * kCudaBlockTokens; }
-  size_t key_row_layer_bytes() const {
-    return size_t(shape_.max_sequences) * size_t(shape_.num_kv_heads) * size_t(max_tokens()) * size_t(key_row_bytes_);
+  // A row per token, KV head and layer, in pinned host memory.
+  struct RowPool {
+    PinnedArray<uint8_t> pool;  // [layers, sequences, kv_heads, max_tokens, row_bytes]
+    int row_bytes = 0;
+  };
+  size_t row_layer_bytes(const RowPool& rows) const {
+    return size_t(shape_.max_sequences) * size_t(shape_.num_kv_heads) * size_t(max_tokens()) * size_t(rows.row_bytes);
   }
-  PqKeyRows key_rows(int layer) {
-    if (key_row_pool_.data() == nullptr) return PqKeyRows{};
-    return PqKeyRows{key_row_pool_.data() + size_t(layer) * key_row_layer_bytes(), key_row_bytes_, max_tokens()};
+  Status allocate_rows(RowPool& rows, int row_bytes, const char* what) {
+    rows.row_bytes = row_bytes;
+    SLIMKV_ASSIGN_OR_RETURN(rows.pool, PinnedArray<uint8_t>::allocate(size_t(shape_.num_layers) * row_layer_bytes(rows), what));
+    return Status::ok();
+  }
+  PqTokenRows rows_of(RowPool& rows, int layer) {
+    if (rows.pool.data() == nullptr) return PqTokenRows{};
+    return PqTokenRows{rows.pool.data() + size_t(layer) * row_layer_bytes(rows), rows.row_bytes, max_tokens()};
   }
   size_t value_scales_layer() const {
     return size_t(shape_.max_sequences) * size_t(shape_.num_kv_heads) * size_t(shape_.blocks_per_sequence()) * 2 *
@@ -429,7 +444,7 @@ class GpuPqKv final : public GpuKvCache {
   // The tokens whose blocks the step seals (before the store's begin_step counts the step's tokens).
   void plan_sealed_copies(const std::vector<int>& sequence_ids, const std::vector<int>& new_tokens) {
     sealed_ranges_.clear();
-    if (key_row_pool_.data() == nullptr && value_scales_.data() == nullptr) return;
+    if (key_rows_.pool.data() == nullptr && value_rows_.pool.data() == nullptr && value_scales_.data() == nullptr) return;
     for (size_t i = 0; i < sequence_ids.size(); ++i) {
       const int held = sequences().num_tokens(sequence_ids[i]);
       const int first = held / kCudaBlockTokens * kCudaBlockTokens;
@@ -440,8 +455,11 @@ class GpuPqKv final : public GpuKvCache {
   // After the layer's append has sealed the blocks.
   Status write_sealed_copies(int layer) {
     for (const TokenRange& r : sealed_ranges_) {
-      if (key_row_pool_.data() != nullptr) {
-        SLIMKV_RETURN_IF_ERROR(pq_write_key_rows(sealed_tokens_of(layer, r), key_rows(layer)));
+      if (key_rows_.pool.data() != nullptr) {
+        SLIMKV_RETURN_IF_ERROR(pq_write_key_rows(sealed_tokens_of(layer, r), rows_of(key_rows_, layer)));
+      }
+      if (value_rows_.pool.data() != nullptr) {
+        SLIMKV_RETURN_IF_ERROR(pq_write_value_rows(sealed_tokens_of(layer, r), rows_of(value_rows_, layer)));
       }
       if (value_scales_.data() != nullptr) {
         SLIMKV_RETURN_IF_ERROR(pq_write_value_scales(sealed_tokens_of(layer, r), value_scales(layer)));
@@ -575,8 +593,8 @@ class GpuPqKv final : public GpuKvCache {
   std::vector<StepPart> parts_;
   std::vector<std::unique_ptr<CudaPagedAttention>> part_attention_;
   std::unique_ptr<CudaPqTokenCache> token_cache_;  // @offload with cache != 0
-  PinnedArray<uint8_t> key_row_pool_;  // sealed @offload, HACK's K layout: [layers, sequences, kv_heads, max_tokens, row]
-  int key_row_bytes_ = 0;
+  RowPool key_rows_;    // sealed @offload, HACK's K layout: the keys' rows
+  RowPool value_rows_;  // sealed @offload: the values' rows
   DeviceArray<uint16_t> value_scales_;  // sealed @offload, HACK's V layout: [layers, sequences, kv_heads, blocks, 2, d]
   std::vector<TokenRange> sealed_ranges_;  // the step's sealed tokens
   int max_candidates_ = 0, selected_blocks_ = 0;

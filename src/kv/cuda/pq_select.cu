@@ -97,12 +97,13 @@ __device__ void sealed_key4(const QuantizedKvView& q, SealedToken x, int c, int 
   for (int j = 0; j < 4; ++j) out[j] = dequantized(mins[j], scales[j], code_of(group, j, q.k_bits));
 }
 
-// --- The keys' token-major rows (PqKeyRows): [codes, d·b/8 bytes][mins, 2 bytes a partition][scales] ---
+// --- Token-major rows (PqTokenRows). A key's: [codes, d·b/8 bytes][mins, 2 bytes a partition][scales];
+// a value's: [codes, d·b/8 bytes] and with V per token [mins, 2 bytes a column group][scales] ---
 
 __device__ int row_codes_bytes(int d, int bits) { return d * bits / 8; }
 __device__ int row_partitions(int d) { return (d + k_partition_dims(d) - 1) / k_partition_dims(d); }
 
-__device__ uint8_t* key_row(const PqKeyRows& rows, int num_kv_heads, int s, int g, int t) {
+__device__ uint8_t* token_row(const PqTokenRows& rows, int num_kv_heads, int s, int g, int t) {
   return rows.rows + ((i64(s) * num_kv_heads + g) * rows.max_tokens + t) * rows.row_bytes;
 }
 
@@ -120,10 +121,31 @@ __device__ const uint16_t* value_scales_of(const PqValueScales& v, int num_kv_he
   return v.scales + ((i64(s) * num_kv_heads + g) * v.max_blocks + t / kCudaBlockTokens) * 2 * d;
 }
 
+// Columns 4c..4c+3 of the value in `row` (PqTokenRows: group c of its codes, then with V per token its
+// column groups' mins, then their scales), with HACK's per-column V mins and scales from column_scales
+// (the block's copy, PqValueScales): the values sealed_value4 reads from the block, so the same floats.
+__device__ void row_value4(const QuantizedKvView& q, const uint8_t* row, int c, int d, const uint16_t* column_scales,
+                           float out[4]) {
+  const unsigned group = group_at(row + c * (q.v_bits / 2), q.v_bits);
+  float mins[4], scales[4];
+  if (q.v_per_token) {
+    const int meta = row_codes_bytes(d, q.v_bits), groups = d / q.v_group_dims;
+    for (int j = 0; j < 4; ++j) {
+      const int column_group = (4 * c + j) / q.v_group_dims;
+      mins[j] = meta_at(row, meta, column_group);
+      scales[j] = meta_at(row, meta + 2 * groups, column_group);
+    }
+  } else {
+    unpack4(reinterpret_cast<const uint2*>(column_scales)[c], mins);
+    unpack4(reinterpret_cast<const uint2*>(column_scales + d)[c], scales);
+  }
+  for (int j = 0; j < 4; ++j) out[j] = dequantized(mins[j], scales[j], code_of(group, j, q.v_bits));
+}
+
 // Dims 4c..4c+3 of the key of token t (in x's sealed block): from its row where the launch has rows.
 __device__ void stored_key4(const PqSelectLaunch& p, int s, int g, int t, SealedToken x, int c, float out[4]) {
   const int d = p.index.head_dim;
-  if (p.key_rows.rows != nullptr) return row_key4(p.sealed, key_row(p.key_rows, p.num_kv_heads, s, g, t), c, d, out);
+  if (p.key_rows.rows != nullptr) return row_key4(p.sealed, token_row(p.key_rows, p.num_kv_heads, s, g, t), c, d, out);
   sealed_key4(p.sealed, x, c, d, out);
 }
 
@@ -289,7 +311,11 @@ __global__ void gather_kernel(PqSelectLaunch p) {
       } else {
         k_out[c] = reinterpret_cast<const uint2*>(key)[c];
       }
-      sealed_value4(p.sealed, x, c, d, column_scales, four);
+      if (p.value_rows.rows != nullptr) {
+        row_value4(p.sealed, token_row(p.value_rows, p.num_kv_heads, r.sequence, g, t), c, d, column_scales, four);
+      } else {
+        sealed_value4(p.sealed, x, c, d, column_scales, four);
+      }
       v_out[c] = pack4(four);
     }
     return;
@@ -321,12 +347,12 @@ __global__ void sealed_keys_kernel(SealedTokenRange p, uint16_t* keys) {
 
 // grid (n / warps, kv heads), a warp per token: lane c copies group c of its codes (b/2 bytes), and
 // lane j < partitions partition j's min and scale.
-__global__ void key_rows_kernel(SealedTokenRange p, PqKeyRows rows) {
+__global__ void key_rows_kernel(SealedTokenRange p, PqTokenRows rows) {
   const int i = blockIdx.x * blockDim.y + threadIdx.y, g = blockIdx.y, d = p.head_dim, t = p.first + i;
   if (i >= p.n) return;
   const QuantizedKvView& q = p.sealed;
   const SealedToken x = sealed_token(q, p.block_table_stride, p.num_kv_heads, p.sequence, g, t);
-  uint8_t* row = key_row(rows, p.num_kv_heads, p.sequence, g, t);
+  uint8_t* row = token_row(rows, p.num_kv_heads, p.sequence, g, t);
   const int group_bytes = q.k_bits / 2;
   for (int c = threadIdx.x; c < d / 4; c += 32) {
     const uint8_t* from = x.block + (i64(c) * kCudaBlockTokens + x.t) * group_bytes;
@@ -338,6 +364,36 @@ __global__ void key_rows_kernel(SealedTokenRange p, PqKeyRows rows) {
     const int slot = j * kCudaBlockTokens + x.t;
     mins_then_scales[j] = reinterpret_cast<const uint16_t*>(x.block + q.offsets.k_mins)[slot];
     mins_then_scales[partitions + j] = reinterpret_cast<const uint16_t*>(x.block + q.offsets.k_scales)[slot];
+  }
+}
+
+// grid (n / warps, kv heads), a warp per token: lane c regroups the token's codes of columns 4c..4c+3
+// (each in its column's group of 4 tokens) into group c of its row, and lane j < groups copies V per
+// token's column group j's min and scale.
+__global__ void value_rows_kernel(SealedTokenRange p, PqTokenRows rows) {
+  const int i = blockIdx.x * blockDim.y + threadIdx.y, g = blockIdx.y, d = p.head_dim, t = p.first + i;
+  if (i >= p.n) return;
+  const QuantizedKvView& q = p.sealed;
+  const SealedToken x = sealed_token(q, p.block_table_stride, p.num_kv_heads, p.sequence, g, t);
+  uint8_t* row = token_row(rows, p.num_kv_heads, p.sequence, g, t);
+  const int group_bytes = q.v_bits / 2;
+  const unsigned mask = (1u << q.v_bits) - 1u;
+  for (int c = threadIdx.x; c < d / 4; c += 32) {
+    const uint8_t* groups = x.block + q.offsets.v_codes + (i64(x.t / 4) * d + 4 * c) * group_bytes;
+    unsigned packed = 0;
+    for (int j = 0; j < 4; ++j) {
+      const unsigned code = (group_at(groups + j * group_bytes, q.v_bits) >> (x.t % 4 * q.v_bits)) & mask;
+      packed |= code << (j * q.v_bits);
+    }
+    for (int b = 0; b < group_bytes; ++b) row[c * group_bytes + b] = uint8_t(packed >> (8 * b));
+  }
+  if (!q.v_per_token) return;
+  const int meta = row_codes_bytes(d, q.v_bits), column_groups = d / q.v_group_dims;
+  uint16_t* mins_then_scales = reinterpret_cast<uint16_t*>(row + meta);
+  for (int j = threadIdx.x; j < column_groups; j += 32) {
+    const int slot = j * kCudaBlockTokens + x.t;
+    mins_then_scales[j] = reinterpret_cast<const uint16_t*>(x.block + q.offsets.v_mins)[slot];
+    mins_then_scales[column_groups + j] = reinterpret_cast<const uint16_t*>(x.block + q.offsets.v_scales)[slot];
   }
 }
 
@@ -361,6 +417,9 @@ unsigned ceil_div(int a, int b) { return unsigned((a + b - 1) / b); }
 
 Status pq_select_and_gather(const PqSelectLaunch& p) {
   if (p.num_rows == 0) return Status::ok();
+  if (p.value_rows.rows != nullptr && !p.sealed.v_per_token && p.value_scales.scales == nullptr) {
+    return error("pq selection: value rows with V per column need the blocks' V scales copied (value_scales)");
+  }
   const int heads = p.num_kv_heads, rows = p.num_rows;
   const size_t q_bytes = size_t(p.index.head_dim) * sizeof(double);
   if (p.max_trained_segments > 0 && p.max_middle > 0) {
@@ -428,7 +487,19 @@ Status pq_write_value_scales(const SealedTokenRange& p, const PqValueScales& sca
   return Status::ok();
 }
 
-Status pq_write_key_rows(const SealedTokenRange& p, const PqKeyRows& rows) {
+int pq_value_row_bytes(int head_dim, int v_bits, int v_groups) {
+  const int bytes = head_dim * v_bits / 8 + 4 * v_groups;
+  return (bytes + 7) / 8 * 8;
+}
+
+Status pq_write_value_rows(const SealedTokenRange& p, const PqTokenRows& rows) {
+  if (p.n == 0) return Status::ok();
+  value_rows_kernel<<<dim3(ceil_div(p.n, kWarpsPerBlock), unsigned(p.num_kv_heads)), dim3(32, kWarpsPerBlock)>>>(p, rows);
+  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return Status::ok();
+}
+
+Status pq_write_key_rows(const SealedTokenRange& p, const PqTokenRows& rows) {
   if (p.n == 0) return Status::ok();
   if (p.sealed.k_per_channel) return error("pq's key rows: K per channel has no rows (HACK's K layout only)");
   key_rows_kernel<<<dim3(ceil_div(p.n, kWarpsPerBlock), unsigned(p.num_kv_heads)), dim3(32, kWarpsPerBlock)>>>(p, rows);

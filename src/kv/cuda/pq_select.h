@@ -87,9 +87,9 @@ struct PqTokenCacheView {
   int tokens_stride = 0;
 };
 
-// `pq:...+hack@offload`: the sealed blocks' keys copied token-major into pinned host memory. A sealed
-// block keeps K dim-group-major (HACK's tokens in lanes, for integer dot products over whole blocks), so
-// one token's codes lie in head_dim / 4 pieces 64 · b / 2 bytes apart, and a read of one key over PCIe
+// `pq:...+hack@offload`: the sealed blocks' keys and values copied token-major into pinned host memory.
+// A sealed block keeps K dim-group-major (HACK's tokens in lanes, for integer dot products over whole
+// blocks), so one token's codes lie in head_dim / 4 pieces 64 · b / 2 bytes apart, and a read of one key over PCIe
 // moves a whole 32-byte sector per piece: 1 KB for a 2-bit key of 128 dims, of which 32 bytes are used
 // (a 128K context's re-rank at top-k 1024 reads ~10 MB of sectors per layer so, against the 2.6 MB of
 // FP16 keys). Token t's row holds the block's bytes of its key: the groups of codes in dim order, then
@@ -98,13 +98,23 @@ struct PqTokenCacheView {
 // (padding to 64 would too, with 60% more host memory; the rows add 40 bytes a token and KV head to the
 // sealed blocks' ~85 at 2 bits). HACK's K layout only (a min and scale per partition of the token's
 // dims; with K per channel each dim has its own, a row as large as the FP16 key).
-struct PqKeyRows {
+//
+// Values alike (any V layout): a sealed block keeps V's codes in groups of 4 tokens, every column's
+// group in turn, so one token's value lies in head_dim · b / 2 bytes (4 sectors at 2 bits and 128 dims)
+// of which a quarter is its own, and with V per token its mins and scales in two more sectors. Token t's
+// value row holds its codes regrouped as a key's (group c: columns 4c..4c+3, its code of column 4c + j
+// in field j), then with V per token its column groups' FP16 mins, then their scales, padded to 8
+// bytes: 32 bytes (one sector) at 2 bits and 128 dims, 40 with V per token (two). HACK's per-column V
+// mins and scales are per block: PqValueScales below.
+struct PqTokenRows {
   uint8_t* rows = nullptr;  // one layer's [sequences, kv_heads, max_tokens, row_bytes]; null: none
   int row_bytes = 0, max_tokens = 0;
 };
 
-// The bytes of a row (pq_key_row_bytes(128, 2) == 40).
+// The bytes of a key row (pq_key_row_bytes(128, 2) == 40) and of a value row (pq_value_row_bytes(128,
+// 2, 0) == 32; v_groups: V per token's column groups, 0 for V per column).
 int pq_key_row_bytes(int head_dim, int k_bits);
+int pq_value_row_bytes(int head_dim, int v_bits, int v_groups);
 
 // `pq:...+hack@offload` with HACK's V layout (a min and scale per column of a block): each sealed
 // block's per-column V mins and scales copied into GPU memory as it seals. A selected token's value
@@ -128,7 +138,8 @@ struct PqSelectLaunch {
   // The layer's sealed blocks (device or mapped host memory; its tables have source's stride): tokens
   // before a row's open block are read there. blocks null: every token from source.
   QuantizedKvView sealed;
-  PqKeyRows key_rows;           // with sealed: its keys read there instead (none by default)
+  PqTokenRows key_rows;         // with sealed: its keys read there instead (none by default)
+  PqTokenRows value_rows;       // with sealed: its values' codes (and per-token scales) read there (none)
   PqValueScales value_scales;   // with sealed: its per-column V mins and scales read there (none by default)
   PqSelectScratch scratch;
   PqTokenCacheView cache;       // none by default
@@ -153,8 +164,11 @@ struct SealedTokenRange {
 // CPU store decodes restored blocks for its selector alike).
 Status pq_sealed_keys(const SealedTokenRange& tokens, uint16_t* keys);  // on the default stream
 
-// Their keys' bytes copied into their token-major rows (PqKeyRows): as their blocks seal, or are imported.
-Status pq_write_key_rows(const SealedTokenRange& tokens, const PqKeyRows& rows);  // on the default stream
+// Their keys' bytes copied into their token-major rows (PqTokenRows): as their blocks seal, or are imported.
+Status pq_write_key_rows(const SealedTokenRange& tokens, const PqTokenRows& rows);  // on the default stream
+
+// Their values' codes (and per-token mins and scales) copied into their value rows (PqTokenRows).
+Status pq_write_value_rows(const SealedTokenRange& tokens, const PqTokenRows& rows);  // on the default stream
 
 // Their blocks' per-column V mins and scales copied into `scales` (first and n: whole blocks).
 Status pq_write_value_scales(const SealedTokenRange& tokens, const PqValueScales& scales);  // default stream
