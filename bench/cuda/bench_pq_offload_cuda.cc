@@ -10,11 +10,10 @@
 //                  tokens' codes and scales read from pinned host memory and dequantized on the GPU;
 //                  per --hack-vlayouts, V's scales per column of a block (HACK's) or per token (KIVI's)
 // with the K/V bytes a step moves over PCIe (offload: every token's; kvpr: the streamed part's K/V and
-// the recomputed part's X; pq: what the selection reads from the host pages or sealed blocks, these
-// counting a block's per-column V scales once per selected token at most: the payload; the link moves
-// whole 32-byte sectors, and a token's K codes lie in head_dim / 4 pieces a sector apart: docs/pq.md),
-// GPU memory held for KV
-// (pq: its index, selection buffer, scratch and cache), that per token of the batch's contexts, the pinned
+// the recomputed part's X; pq: what the selection reads from the host pages, or the payload of the
+// sealed tokens' codes and per-token scales, which it reads from token-major copies of them (whole
+// 32-byte sectors move; HACK's per-column V scales are copied to the GPU: docs/pq.md), GPU memory held
+// for KV (pq: its index, selection buffer, scratch and cache), that per token of the batch's contexts, the pinned
 // host memory, and pq's cache: the share of selected tokens found there and the bytes copied into it
 // per step (GPU to GPU).
 //
