@@ -394,10 +394,9 @@ void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, 
       EXPECT_EQ(mismatches, 0) << "sequence " << s << ", KV head " << g;
     }
   }
-  // @offload's copies of sealed bytes: the keys (HACK's K layout: pq_write_key_rows) and values
-  // (pq_write_value_rows) in token-major rows, and the blocks' per-column V scales (HACK's V layout:
-  // pq_write_value_scales), each against its block's bytes, and the selection reading them: the same K/V
-  // as from the blocks alone, bit for bit.
+  // @offload's copies of sealed bytes (pq_copy_sealed): the keys (HACK's K layout) and values in
+  // token-major rows, and the blocks' per-column V scales (HACK's V layout), each against its block's
+  // bytes, and the selection reading them: the same K/V as from the blocks alone, bit for bit.
   if (sealed == nullptr) return;
   const auto block_of = [&](int s, int g, int t) {
     return blocks.data() + (size_t(s * blocks_per_seq + t / kCudaBlockTokens) * kv_heads + size_t(g)) * layout->block_bytes;
@@ -407,10 +406,21 @@ void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, 
   if (!sealed->k_per_channel) {
     const int row_bytes = pq_key_row_bytes(d, sealed->k_bits);
     d_key_rows = take(DeviceArray<uint8_t>::allocate(size_t(rows) * kv_heads * max_tokens * row_bytes, "key rows"));
-    launch.key_rows = PqTokenRows{d_key_rows.data(), row_bytes, max_tokens};
-    for (int s = 0; s < rows; ++s) {
-      SLIMKV_ASSERT_OK(pq_write_key_rows({launch.sealed, blocks_per_seq, kv_heads, d, s, 0, sealed_tokens(s)}, launch.key_rows));
-    }
+    launch.copies.key_rows = PqTokenRows{d_key_rows.data(), row_bytes, max_tokens};
+  }
+  const int value_row_bytes = pq_value_row_bytes(d, sealed->v_bits, sealed->v_per_token ? layout->v_groups : 0);
+  auto d_value_rows = take(DeviceArray<uint8_t>::allocate(size_t(rows) * kv_heads * max_tokens * value_row_bytes, "value rows"));
+  launch.copies.value_rows = PqTokenRows{d_value_rows.data(), value_row_bytes, max_tokens};
+  DeviceArray<uint16_t> d_value_scales;
+  if (!sealed->v_per_token) {
+    d_value_scales = take(DeviceArray<uint16_t>::allocate(size_t(rows) * kv_heads * blocks_per_seq * 2 * d, "V scales"));
+    launch.copies.value_scales = PqValueScales{d_value_scales.data(), blocks_per_seq};
+  }
+  for (int s = 0; s < rows; ++s) {
+    SLIMKV_ASSERT_OK(pq_copy_sealed({launch.sealed, blocks_per_seq, kv_heads, d, s, 0, sealed_tokens(s)}, launch.copies));
+  }
+  if (!sealed->k_per_channel) {
+    const int row_bytes = launch.copies.key_rows.row_bytes;
     const std::vector<uint8_t> got_rows = on_host(d_key_rows);
     int mismatches = 0;
     for (int s = 0; s < rows; ++s) {
@@ -423,12 +433,6 @@ void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, 
       }
     }
     EXPECT_EQ(mismatches, 0) << "key rows unlike their blocks' bytes";
-  }
-  const int value_row_bytes = pq_value_row_bytes(d, sealed->v_bits, sealed->v_per_token ? layout->v_groups : 0);
-  auto d_value_rows = take(DeviceArray<uint8_t>::allocate(size_t(rows) * kv_heads * max_tokens * value_row_bytes, "value rows"));
-  launch.value_rows = PqTokenRows{d_value_rows.data(), value_row_bytes, max_tokens};
-  for (int s = 0; s < rows; ++s) {
-    SLIMKV_ASSERT_OK(pq_write_value_rows({launch.sealed, blocks_per_seq, kv_heads, d, s, 0, sealed_tokens(s)}, launch.value_rows));
   }
   {
     const std::vector<uint8_t> got_rows = on_host(d_value_rows);
@@ -444,14 +448,7 @@ void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, 
     }
     EXPECT_EQ(mismatches, 0) << "value rows unlike their blocks' bytes";
   }
-  DeviceArray<uint16_t> d_value_scales;
   if (!sealed->v_per_token) {
-    d_value_scales = take(DeviceArray<uint16_t>::allocate(size_t(rows) * kv_heads * blocks_per_seq * 2 * d, "V scales"));
-    launch.value_scales = PqValueScales{d_value_scales.data(), blocks_per_seq};
-    for (int s = 0; s < rows; ++s) {
-      SLIMKV_ASSERT_OK(pq_write_value_scales({launch.sealed, blocks_per_seq, kv_heads, d, s, 0, sealed_tokens(s)},
-                                             launch.value_scales));
-    }
     const std::vector<uint16_t> got_scales = on_host(d_value_scales);
     const QuantizedBlockOffsets offsets = quantized_block_offsets(*layout);
     int mismatches = 0;

@@ -20,11 +20,11 @@
 // token-major into pinned host memory as its block seals (PqTokenRows: a 2-bit key in two sectors, not
 // one per 4 dims; a value in one or two, not six), where the re-rank and the gather read them, and with
 // HACK's V layout each sealed block's per-column V mins and scales into GPU memory (PqValueScales: 512
-// bytes a selected token's value no longer reads over PCIe). Steps without selection, and prefill chunks, attend as the quantized cache
-// does (run_quantized). A sequence moves out and in as hack's do (device pages: its sealed blocks as
-// they are, then the open tokens); the importing cache builds the index from the blocks' keys
-// dequantized, as the CPU store does from restored blocks (so its selections may differ from the
-// exporter's, whose index saw the keys before sealing).
+// bytes a selected token's value no longer reads over PCIe). Steps without selection, and prefill
+// chunks, attend as the quantized cache does (run_quantized). A sequence moves out and in as hack's do
+// (device pages: its sealed blocks as they are, then the open tokens); the importing cache builds the
+// index from the blocks' keys dequantized, as the CPU store does from restored blocks (so its
+// selections may differ from the exporter's, whose index saw the keys before sealing).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -267,9 +267,7 @@ class GpuPqKv final : public GpuKvCache {
     launch.index = index_->view(layer);
     launch.source = fp16_view(layer);
     if (sealed_) launch.sealed = sealed_->sealed_view(layer);
-    launch.key_rows = rows_of(key_rows_, layer);
-    launch.value_rows = rows_of(value_rows_, layer);
-    launch.value_scales = value_scales(layer);
+    launch.copies = copies_of(layer);
     launch.scratch = PqSelectScratch{tables_.data(), scores_.data(), ranked_.data(), exact_.data(), candidate_keys_.data(),
                                      kept_.data(), lengths_.data(), top_k_.data(), shape_.context_tokens, std::max(1, max_candidates_)};
     launch.out_k = compact_k_.data();
@@ -437,6 +435,9 @@ class GpuPqKv final : public GpuKvCache {
     if (value_scales_.data() == nullptr) return PqValueScales{};
     return PqValueScales{value_scales_.data() + size_t(layer) * value_scales_layer(), shape_.blocks_per_sequence()};
   }
+  PqSealedCopies copies_of(int layer) {
+    return {rows_of(key_rows_, layer), rows_of(value_rows_, layer), value_scales(layer)};
+  }
   SealedTokenRange sealed_tokens_of(int layer, TokenRange r) const {
     return {sealed_->sealed_view(layer), sealed_->shape().max_blocks_per_sequence, shape_.num_kv_heads, shape_.head_dim,
             r.sequence, r.first, r.n};
@@ -444,7 +445,7 @@ class GpuPqKv final : public GpuKvCache {
   // The tokens whose blocks the step seals (before the store's begin_step counts the step's tokens).
   void plan_sealed_copies(const std::vector<int>& sequence_ids, const std::vector<int>& new_tokens) {
     sealed_ranges_.clear();
-    if (key_rows_.pool.data() == nullptr && value_rows_.pool.data() == nullptr && value_scales_.data() == nullptr) return;
+    if (!sealed_ || !options_.offload) return;  // the copies are @offload's
     for (size_t i = 0; i < sequence_ids.size(); ++i) {
       const int held = sequences().num_tokens(sequence_ids[i]);
       const int first = held / kCudaBlockTokens * kCudaBlockTokens;
@@ -455,15 +456,7 @@ class GpuPqKv final : public GpuKvCache {
   // After the layer's append has sealed the blocks.
   Status write_sealed_copies(int layer) {
     for (const TokenRange& r : sealed_ranges_) {
-      if (key_rows_.pool.data() != nullptr) {
-        SLIMKV_RETURN_IF_ERROR(pq_write_key_rows(sealed_tokens_of(layer, r), rows_of(key_rows_, layer)));
-      }
-      if (value_rows_.pool.data() != nullptr) {
-        SLIMKV_RETURN_IF_ERROR(pq_write_value_rows(sealed_tokens_of(layer, r), rows_of(value_rows_, layer)));
-      }
-      if (value_scales_.data() != nullptr) {
-        SLIMKV_RETURN_IF_ERROR(pq_write_value_scales(sealed_tokens_of(layer, r), value_scales(layer)));
-      }
+      SLIMKV_RETURN_IF_ERROR(pq_copy_sealed(sealed_tokens_of(layer, r), copies_of(layer)));
     }
     return Status::ok();
   }

@@ -145,7 +145,8 @@ __device__ void row_value4(const QuantizedKvView& q, const uint8_t* row, int c, 
 // Dims 4c..4c+3 of the key of token t (in x's sealed block): from its row where the launch has rows.
 __device__ void stored_key4(const PqSelectLaunch& p, int s, int g, int t, SealedToken x, int c, float out[4]) {
   const int d = p.index.head_dim;
-  if (p.key_rows.rows != nullptr) return row_key4(p.sealed, token_row(p.key_rows, p.num_kv_heads, s, g, t), c, d, out);
+  const PqTokenRows& rows = p.copies.key_rows;
+  if (rows.rows != nullptr) return row_key4(p.sealed, token_row(rows, p.num_kv_heads, s, g, t), c, d, out);
   sealed_key4(p.sealed, x, c, d, out);
 }
 
@@ -302,7 +303,7 @@ __global__ void gather_kernel(PqSelectLaunch p) {
   } else if (reads_sealed(p, r, t)) {
     const SealedToken x = sealed_token(p, r.sequence, g, t);
     const uint16_t* column_scales =
-        p.sealed.v_per_token ? nullptr : value_scales_of(p.value_scales, p.num_kv_heads, d, r.sequence, g, t);
+        p.sealed.v_per_token ? nullptr : value_scales_of(p.copies.value_scales, p.num_kv_heads, d, r.sequence, g, t);
     for (int c = threadIdx.x; c < d / 4; c += 32) {
       float four[4];
       if (key == nullptr) {
@@ -311,8 +312,8 @@ __global__ void gather_kernel(PqSelectLaunch p) {
       } else {
         k_out[c] = reinterpret_cast<const uint2*>(key)[c];
       }
-      if (p.value_rows.rows != nullptr) {
-        row_value4(p.sealed, token_row(p.value_rows, p.num_kv_heads, r.sequence, g, t), c, d, column_scales, four);
+      if (p.copies.value_rows.rows != nullptr) {
+        row_value4(p.sealed, token_row(p.copies.value_rows, p.num_kv_heads, r.sequence, g, t), c, d, column_scales, four);
       } else {
         sealed_value4(p.sealed, x, c, d, column_scales, four);
       }
@@ -345,40 +346,30 @@ __global__ void sealed_keys_kernel(SealedTokenRange p, uint16_t* keys) {
   }
 }
 
-// grid (n / warps, kv heads), a warp per token: lane c copies group c of its codes (b/2 bytes), and
-// lane j < partitions partition j's min and scale.
-__global__ void key_rows_kernel(SealedTokenRange p, PqTokenRows rows) {
-  const int i = blockIdx.x * blockDim.y + threadIdx.y, g = blockIdx.y, d = p.head_dim, t = p.first + i;
-  if (i >= p.n) return;
-  const QuantizedKvView& q = p.sealed;
-  const SealedToken x = sealed_token(q, p.block_table_stride, p.num_kv_heads, p.sequence, g, t);
-  uint8_t* row = token_row(rows, p.num_kv_heads, p.sequence, g, t);
+// Token x.t's key row (lane `lane` of a warp): lane c copies group c of its codes (b/2 bytes), lane j <
+// partitions partition j's min and scale.
+__device__ void write_key_row(const QuantizedKvView& q, SealedToken x, int d, int lane, uint8_t* row) {
   const int group_bytes = q.k_bits / 2;
-  for (int c = threadIdx.x; c < d / 4; c += 32) {
+  for (int c = lane; c < d / 4; c += 32) {
     const uint8_t* from = x.block + (i64(c) * kCudaBlockTokens + x.t) * group_bytes;
     for (int b = 0; b < group_bytes; ++b) row[c * group_bytes + b] = from[b];
   }
   const int meta = row_codes_bytes(d, q.k_bits), partitions = row_partitions(d);
   uint16_t* mins_then_scales = reinterpret_cast<uint16_t*>(row + meta);
-  for (int j = threadIdx.x; j < partitions; j += 32) {
+  for (int j = lane; j < partitions; j += 32) {
     const int slot = j * kCudaBlockTokens + x.t;
     mins_then_scales[j] = reinterpret_cast<const uint16_t*>(x.block + q.offsets.k_mins)[slot];
     mins_then_scales[partitions + j] = reinterpret_cast<const uint16_t*>(x.block + q.offsets.k_scales)[slot];
   }
 }
 
-// grid (n / warps, kv heads), a warp per token: lane c regroups the token's codes of columns 4c..4c+3
-// (each in its column's group of 4 tokens) into group c of its row, and lane j < groups copies V per
-// token's column group j's min and scale.
-__global__ void value_rows_kernel(SealedTokenRange p, PqTokenRows rows) {
-  const int i = blockIdx.x * blockDim.y + threadIdx.y, g = blockIdx.y, d = p.head_dim, t = p.first + i;
-  if (i >= p.n) return;
-  const QuantizedKvView& q = p.sealed;
-  const SealedToken x = sealed_token(q, p.block_table_stride, p.num_kv_heads, p.sequence, g, t);
-  uint8_t* row = token_row(rows, p.num_kv_heads, p.sequence, g, t);
+// Token x.t's value row (lane `lane` of a warp): lane c regroups its codes of columns 4c..4c+3 (each in
+// its column's group of 4 tokens) into group c, lane j < groups copies V per token's column group j's
+// min and scale.
+__device__ void write_value_row(const QuantizedKvView& q, SealedToken x, int d, int lane, uint8_t* row) {
   const int group_bytes = q.v_bits / 2;
   const unsigned mask = (1u << q.v_bits) - 1u;
-  for (int c = threadIdx.x; c < d / 4; c += 32) {
+  for (int c = lane; c < d / 4; c += 32) {
     const uint8_t* groups = x.block + q.offsets.v_codes + (i64(x.t / 4) * d + 4 * c) * group_bytes;
     unsigned packed = 0;
     for (int j = 0; j < 4; ++j) {
@@ -390,24 +381,42 @@ __global__ void value_rows_kernel(SealedTokenRange p, PqTokenRows rows) {
   if (!q.v_per_token) return;
   const int meta = row_codes_bytes(d, q.v_bits), column_groups = d / q.v_group_dims;
   uint16_t* mins_then_scales = reinterpret_cast<uint16_t*>(row + meta);
-  for (int j = threadIdx.x; j < column_groups; j += 32) {
+  for (int j = lane; j < column_groups; j += 32) {
     const int slot = j * kCudaBlockTokens + x.t;
     mins_then_scales[j] = reinterpret_cast<const uint16_t*>(x.block + q.offsets.v_mins)[slot];
     mins_then_scales[column_groups + j] = reinterpret_cast<const uint16_t*>(x.block + q.offsets.v_scales)[slot];
   }
 }
 
-// grid (blocks, kv heads): the block's per-column V mins and scales, 2 · d FP16 values.
-__global__ void value_scales_kernel(SealedTokenRange p, PqValueScales scales) {
-  const int g = blockIdx.y, d = p.head_dim, t = p.first + int(blockIdx.x) * kCudaBlockTokens;
+constexpr int kCopyThreads = 256;
+
+// grid (blocks of the range, kv heads): the sealed block staged in shared memory in 16-byte loads (a
+// warp per token reading its key in place would move a sector per 4 dims over PCIe from a pool in host
+// memory), then a warp per token writes its rows, and the threads the per-column V mins and scales.
+__global__ void __launch_bounds__(kCopyThreads) copy_sealed_kernel(SealedTokenRange p, PqSealedCopies copies) {
+  extern __shared__ uint4 staged[];
   const QuantizedKvView& q = p.sealed;
-  const SealedToken x = sealed_token(q, p.block_table_stride, p.num_kv_heads, p.sequence, g, t);
-  uint16_t* to = scales.scales + ((i64(p.sequence) * p.num_kv_heads + g) * scales.max_blocks + t / kCudaBlockTokens) * 2 * d;
-  const uint16_t* mins = reinterpret_cast<const uint16_t*>(x.block + q.offsets.v_mins);
-  const uint16_t* column_scales = reinterpret_cast<const uint16_t*>(x.block + q.offsets.v_scales);
+  const int g = blockIdx.y, d = p.head_dim, first = p.first + int(blockIdx.x) * kCudaBlockTokens;
+  const SealedToken block = sealed_token(q, p.block_table_stride, p.num_kv_heads, p.sequence, g, first);
+  const uint4* from = reinterpret_cast<const uint4*>(block.block);
+  for (int i = threadIdx.x; i < q.offsets.block_bytes / 16; i += blockDim.x) staged[i] = from[i];
+  __syncthreads();
+  const uint8_t* local = reinterpret_cast<const uint8_t*>(staged);
+  const int lane = threadIdx.x % 32;
+  for (int t = threadIdx.x / 32; t < kCudaBlockTokens; t += blockDim.x / 32) {
+    if (copies.key_rows.rows != nullptr) {
+      write_key_row(q, {local, t}, d, lane, token_row(copies.key_rows, p.num_kv_heads, p.sequence, g, first + t));
+    }
+    if (copies.value_rows.rows != nullptr) {
+      write_value_row(q, {local, t}, d, lane, token_row(copies.value_rows, p.num_kv_heads, p.sequence, g, first + t));
+    }
+  }
+  const PqValueScales& v = copies.value_scales;
+  if (v.scales == nullptr) return;
+  uint16_t* to = v.scales + ((i64(p.sequence) * p.num_kv_heads + g) * v.max_blocks + first / kCudaBlockTokens) * 2 * d;
   for (int c = threadIdx.x; c < d; c += blockDim.x) {
-    to[c] = mins[c];
-    to[d + c] = column_scales[c];
+    to[c] = reinterpret_cast<const uint16_t*>(local + q.offsets.v_mins)[c];
+    to[d + c] = reinterpret_cast<const uint16_t*>(local + q.offsets.v_scales)[c];
   }
 }
 
@@ -417,7 +426,7 @@ unsigned ceil_div(int a, int b) { return unsigned((a + b - 1) / b); }
 
 Status pq_select_and_gather(const PqSelectLaunch& p) {
   if (p.num_rows == 0) return Status::ok();
-  if (p.value_rows.rows != nullptr && !p.sealed.v_per_token && p.value_scales.scales == nullptr) {
+  if (p.copies.value_rows.rows != nullptr && !p.sealed.v_per_token && p.copies.value_scales.scales == nullptr) {
     return error("pq selection: value rows with V per column need the blocks' V scales copied (value_scales)");
   }
   const int heads = p.num_kv_heads, rows = p.num_rows;
@@ -476,33 +485,30 @@ int pq_key_row_bytes(int head_dim, int k_bits) {
   return (bytes + 7) / 8 * 8;
 }
 
-Status pq_write_value_scales(const SealedTokenRange& p, const PqValueScales& scales) {
-  if (p.n == 0) return Status::ok();
-  if (p.sealed.v_per_token) return error("pq's V scale copies: V per token has no per-column scales (HACK's V layout only)");
-  if (p.first % kCudaBlockTokens != 0 || p.n % kCudaBlockTokens != 0) {
-    return error("pq's V scale copies: tokens [", p.first, ", ", p.first + p.n, ") are not whole blocks of ", kCudaBlockTokens);
-  }
-  value_scales_kernel<<<dim3(unsigned(p.n / kCudaBlockTokens), unsigned(p.num_kv_heads)), 128>>>(p, scales);
-  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
-  return Status::ok();
-}
-
 int pq_value_row_bytes(int head_dim, int v_bits, int v_groups) {
   const int bytes = head_dim * v_bits / 8 + 4 * v_groups;
   return (bytes + 7) / 8 * 8;
 }
 
-Status pq_write_value_rows(const SealedTokenRange& p, const PqTokenRows& rows) {
+Status pq_copy_sealed(const SealedTokenRange& p, const PqSealedCopies& copies) {
   if (p.n == 0) return Status::ok();
-  value_rows_kernel<<<dim3(ceil_div(p.n, kWarpsPerBlock), unsigned(p.num_kv_heads)), dim3(32, kWarpsPerBlock)>>>(p, rows);
-  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
-  return Status::ok();
-}
-
-Status pq_write_key_rows(const SealedTokenRange& p, const PqTokenRows& rows) {
-  if (p.n == 0) return Status::ok();
-  if (p.sealed.k_per_channel) return error("pq's key rows: K per channel has no rows (HACK's K layout only)");
-  key_rows_kernel<<<dim3(ceil_div(p.n, kWarpsPerBlock), unsigned(p.num_kv_heads)), dim3(32, kWarpsPerBlock)>>>(p, rows);
+  const QuantizedKvView& q = p.sealed;
+  if (p.first % kCudaBlockTokens != 0 || p.n % kCudaBlockTokens != 0) {
+    return error("pq's sealed copies: tokens [", p.first, ", ", p.first + p.n, ") are not whole blocks of ", kCudaBlockTokens);
+  }
+  if (copies.key_rows.rows != nullptr && q.k_per_channel) {
+    return error("pq's sealed copies: K per channel has no key rows (HACK's K layout only)");
+  }
+  if (copies.value_scales.scales != nullptr && q.v_per_token) {
+    return error("pq's sealed copies: V per token has no per-column V scales (HACK's V layout only)");
+  }
+  constexpr int kMaxStaged = 48 << 10;  // without opting in to more shared memory
+  if (q.offsets.block_bytes > kMaxStaged || q.offsets.block_bytes % 16 != 0) {
+    return error("pq's sealed copies: a sealed block of ", q.offsets.block_bytes, " bytes; at most ", kMaxStaged,
+                 ", a multiple of 16");
+  }
+  copy_sealed_kernel<<<dim3(unsigned(p.n / kCudaBlockTokens), unsigned(p.num_kv_heads)), kCopyThreads,
+                       size_t(q.offsets.block_bytes)>>>(p, copies);
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   return Status::ok();
 }

@@ -127,6 +127,14 @@ struct PqValueScales {
   int max_blocks = 0;          // null scales: none
 };
 
+// @offload's copies of the sealed bytes a selection reads, each none by default (the selection then
+// reads the blocks).
+struct PqSealedCopies {
+  PqTokenRows key_rows;        // HACK's K layout
+  PqTokenRows value_rows;      // any V layout (HACK's needs value_scales beside)
+  PqValueScales value_scales;  // HACK's V layout
+};
+
 struct PqSelectLaunch {
   const PqSelectRow* rows = nullptr;  // device [num_rows]
   int num_rows = 0;
@@ -138,9 +146,7 @@ struct PqSelectLaunch {
   // The layer's sealed blocks (device or mapped host memory; its tables have source's stride): tokens
   // before a row's open block are read there. blocks null: every token from source.
   QuantizedKvView sealed;
-  PqTokenRows key_rows;         // with sealed: its keys read there instead (none by default)
-  PqTokenRows value_rows;       // with sealed: its values' codes (and per-token scales) read there (none)
-  PqValueScales value_scales;   // with sealed: its per-column V mins and scales read there (none by default)
+  PqSealedCopies copies;        // with sealed: what of it is read from copies instead
   PqSelectScratch scratch;
   PqTokenCacheView cache;       // none by default
   // Out: row r's selection at blocks [r · out_blocks_per_row, ...) of out, [blocks, kv_heads, 64, head_dim].
@@ -164,13 +170,8 @@ struct SealedTokenRange {
 // CPU store decodes restored blocks for its selector alike).
 Status pq_sealed_keys(const SealedTokenRange& tokens, uint16_t* keys);  // on the default stream
 
-// Their keys' bytes copied into their token-major rows (PqTokenRows): as their blocks seal, or are imported.
-Status pq_write_key_rows(const SealedTokenRange& tokens, const PqTokenRows& rows);  // on the default stream
-
-// Their values' codes (and per-token mins and scales) copied into their value rows (PqTokenRows).
-Status pq_write_value_rows(const SealedTokenRange& tokens, const PqTokenRows& rows);  // on the default stream
-
-// Their blocks' per-column V mins and scales copied into `scales` (first and n: whole blocks).
-Status pq_write_value_scales(const SealedTokenRange& tokens, const PqValueScales& scales);  // default stream
+// Their bytes copied into `copies` (those not none): the keys' and values' rows, the blocks' V scales; as
+// their blocks seal, or are imported (first and n: whole blocks). On the default stream.
+Status pq_copy_sealed(const SealedTokenRange& tokens, const PqSealedCopies& copies);
 
 }  // namespace slimkv::cuda
