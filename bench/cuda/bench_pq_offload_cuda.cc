@@ -10,17 +10,19 @@
 //                  tokens' codes and scales read from pinned host memory and dequantized on the GPU;
 //                  per --hack-vlayouts, V's scales per column of a block (HACK's) or per token (KIVI's)
 // with the K/V bytes a step moves over PCIe (offload: every token's; kvpr: the streamed part's K/V and
-// the recomputed part's X; pq: what the selection reads from the host pages or sealed blocks, these
-// counting a block's per-column V scales once per selected token at most: the payload; the link moves
-// whole 32-byte sectors, and a token's K codes lie in head_dim / 4 pieces a sector apart: docs/pq.md),
-// GPU memory held for KV
-// (pq: its index, selection buffer, scratch and cache), that per token of the batch's contexts, the pinned
+// the recomputed part's X; pq: what the selection reads from the host pages, or the payload of the
+// sealed tokens' codes and per-token scales, which it reads from token-major copies of them (whole
+// 32-byte sectors move; HACK's per-column V scales are copied to the GPU: docs/pq.md), GPU memory held
+// for KV (pq: its index, selection buffer, scratch and cache), that per token of the batch's contexts, the pinned
 // host memory, and pq's cache: the share of selected tokens found there and the bytes copied into it
 // per step (GPU to GPU).
 //
 //   bench_pq_offload_cuda --configs 8192x1,32768x1,131072x1,8192x8,32768x8 --topks 0.2,1024 --caches 0,4096
 //   bench_pq_offload_cuda --configs 8192x1,32768x1,131072x1 --topks 1024 --caches 0 --hack-bits 2 --hack-vlayouts channel,token
+// --variants picks the kinds of rows (dense, offload, kvpr, pq, pq+hack): one kind and one config per
+// process gives a step tracer (bench/cuda/step_trace) one variant's steps, the last ones it traces.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -45,6 +47,7 @@ struct Options {
   std::vector<int> caches = {0, 4096};
   std::vector<int> hack_bits = {2};  // the pq+hack@offload rows: one per bits and V layout
   std::vector<std::string> hack_vlayouts = {"channel"};
+  std::vector<std::string> variants = {"dense", "offload", "kvpr", "pq", "pq+hack"};
   int steps = 4;
 };
 
@@ -122,13 +125,14 @@ Status run(const Options& o) {
   for (const std::string& text : o.configs) {
     SLIMKV_ASSIGN_OR_RETURN(const Config c, parse_context_batch(text));
     std::vector<std::pair<std::string, CudaModelOptions>> variants;
+    const auto wanted = [&](const char* kind) { return std::find(o.variants.begin(), o.variants.end(), kind) != o.variants.end(); };
     SLIMKV_ASSIGN_OR_RETURN(const bool fits, resident_dense_fits(shape, c));
-    if (fits) variants.emplace_back("dense", CudaModelOptions{});
+    if (fits && wanted("dense")) variants.emplace_back("dense", CudaModelOptions{});
     CudaModelOptions offload, kvpr;
     offload.tier = KvTierOptions{false, 0, 1, 0, profile.link_bytes_per_s, profile.gemm_flops_per_s};
     kvpr.tier = KvTierOptions{true, -1, 1, 0, profile.link_bytes_per_s, profile.gemm_flops_per_s};
-    variants.emplace_back("dense@offload", offload);
-    variants.emplace_back("dense@kvpr", kvpr);
+    if (wanted("offload")) variants.emplace_back("dense@offload", offload);
+    if (wanted("kvpr")) variants.emplace_back("dense@kvpr", kvpr);
     for (const double topk : o.topks) {
       for (const int cache : o.caches) {
         CudaModelOptions pq;
@@ -136,8 +140,8 @@ Status run(const Options& o) {
         options.window.topk = topk;
         options.cache_tokens = cache;
         pq.pq = PqKvOptions{options, true, 0};
-        variants.emplace_back(str_cat("pq:topk=", topk, ",cache=", cache, "@offload"), pq);
-        for (const int bits : o.hack_bits) {
+        if (wanted("pq")) variants.emplace_back(str_cat("pq:topk=", topk, ",cache=", cache, "@offload"), pq);
+        for (const int bits : wanted("pq+hack") ? o.hack_bits : std::vector<int>{}) {
           for (const std::string& vlayout : o.hack_vlayouts) {
             QuantizationConfig quantization;
             quantization.k_bits = quantization.v_bits = bits;
@@ -183,6 +187,9 @@ int main(int argc, char** argv) {
   app.add_option("--hack-vlayouts", o.hack_vlayouts, "V scales of the pq+hack@offload rows: channel (HACK's), token")
       ->delimiter(',')
       ->check(CLI::IsMember({"channel", "token"}));
+  app.add_option("--variants", o.variants, "kinds of rows: dense, offload, kvpr, pq, pq+hack (default: all)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"dense", "offload", "kvpr", "pq", "pq+hack"}));
   app.add_option("--steps", o.steps, "decode steps timed per run (after two warm-up steps)")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);

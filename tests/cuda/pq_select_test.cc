@@ -150,12 +150,63 @@ TEST_F(PqSelectTest, TopKEqualsASortOnRandomAndTiedScores) {
   }
 }
 
+// Token t's key row (pq_select.h's PqTokenRows, without its padding) from its sealed block in HACK's K
+// layout: group c of its codes (b/2 bytes) at (c · 64 + t) · b/2, its partitions' mins and scales at
+// the block's sections, slot j · 64 + t.
+std::vector<uint8_t> key_row_reference(const QuantizedBlockLayout& layout, const uint8_t* block, int t, int d, int bits) {
+  const QuantizedBlockOffsets offsets = quantized_block_offsets(layout);
+  const int group_bytes = bits / 2, partitions = (d + kCudaBlockTokens - 1) / kCudaBlockTokens;
+  std::vector<uint8_t> row;
+  for (int c = 0; c < d / 4; ++c) {
+    const uint8_t* group = block + (size_t(c) * kCudaBlockTokens + size_t(t)) * size_t(group_bytes);
+    row.insert(row.end(), group, group + group_bytes);
+  }
+  for (const int section : {offsets.k_mins, offsets.k_scales}) {
+    for (int j = 0; j < partitions; ++j) {
+      const uint8_t* meta = block + section + 2 * (size_t(j) * kCudaBlockTokens + size_t(t));
+      row.insert(row.end(), meta, meta + 2);
+    }
+  }
+  return row;
+}
+
+// Token t's value row (pq_select.h's PqTokenRows, without its padding) from its sealed block: its code of
+// column 4c + j, from the column's group of 4 tokens at ((t / 4) · d + 4c + j) · b/2 of the V codes, in
+// field j of group c (b/2 bytes); with V per token, its column groups' mins and scales, slot g · 64 + t.
+std::vector<uint8_t> value_row_reference(const QuantizedBlockLayout& layout, const uint8_t* block, int t, int d, int bits) {
+  const QuantizedBlockOffsets offsets = quantized_block_offsets(layout);
+  const int group_bytes = bits / 2;
+  const auto read_group = [&](const uint8_t* at) {
+    uint32_t value = 0;
+    for (int b = 0; b < group_bytes; ++b) value |= uint32_t(at[b]) << (8 * b);
+    return value;
+  };
+  std::vector<uint8_t> row;
+  for (int c = 0; c < d / 4; ++c) {
+    uint32_t packed = 0;
+    for (int j = 0; j < 4; ++j) {
+      const uint8_t* group = block + offsets.v_codes + (size_t(t / 4) * size_t(d) + size_t(4 * c + j)) * size_t(group_bytes);
+      packed |= ((read_group(group) >> (t % 4 * bits)) & ((1u << bits) - 1u)) << (j * bits);
+    }
+    for (int b = 0; b < group_bytes; ++b) row.push_back(uint8_t(packed >> (8 * b)));
+  }
+  if (!layout.config.v_per_token) return row;
+  for (const int section : {offsets.v_mins, offsets.v_scales}) {
+    for (int g = 0; g < layout.v_groups; ++g) {
+      const uint8_t* meta = block + section + 2 * (size_t(g) * kCudaBlockTokens + size_t(t));
+      row.insert(row.end(), meta, meta + 2);
+    }
+  }
+  return row;
+}
+
 // Sequences of `lengths` tokens keeping ks[s] of their middle tokens (rerank 1.25): random keys, GQA
-// groups of 2. sealed: every full block also sealed in that config's blocks (quantize_block), which the
-// selection reads instead of the pages for the tokens before each sequence's open block.
+// groups of 2, head_dim d. sealed: every full block also sealed in that config's blocks (quantize_block),
+// which the selection reads instead of the pages for the tokens before each sequence's open block; with
+// read again from the copies @offload makes (PqTokenRows, PqValueScales).
 void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, const std::vector<int>& ks,
-                                               const QuantizationConfig* sealed = nullptr) {
-  const int heads = 4, kv_heads = 2, group = 2, d = 64, m = 2, bits = 6, segment = 256;
+                                               const QuantizationConfig* sealed = nullptr, int d = 64) {
+  const int heads = 4, kv_heads = 2, group = 2, m = 2, bits = 6, segment = 256;
   const int longest = *std::max_element(lengths.begin(), lengths.end());
   const int max_tokens = (longest + segment - 1) / segment * segment, blocks_per_seq = max_tokens / kCudaBlockTokens;
   const int max_segments = max_tokens / segment, K = 1 << bits, rows = int(lengths.size());
@@ -256,10 +307,11 @@ void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, 
   // sealed token's K/V dequantized: what the selection must read of them.
   std::optional<QuantizedBlockLayout> layout;
   DeviceArray<uint8_t> d_sealed;
+  std::vector<uint8_t> blocks;
   if (sealed != nullptr) {
     layout.emplace(*sealed, BlockShape{kCudaBlockTokens, d, d});
     const size_t block_bytes = layout->block_bytes, page = size_t(kCudaBlockTokens) * d;
-    std::vector<uint8_t> blocks(size_t(rows) * blocks_per_seq * kv_heads * block_bytes);
+    blocks.resize(size_t(rows) * blocks_per_seq * kv_heads * block_bytes);
     std::vector<float> k_block(page), v_block(page);
     for (int s = 0; s < rows; ++s) {
       for (int b = 0; b < lengths[size_t(s)] / kCudaBlockTokens; ++b) {
@@ -342,6 +394,82 @@ void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, 
       EXPECT_EQ(mismatches, 0) << "sequence " << s << ", KV head " << g;
     }
   }
+  // @offload's copies of sealed bytes (pq_copy_sealed): the keys (HACK's K layout) and values in
+  // token-major rows, and the blocks' per-column V scales (HACK's V layout), each against its block's
+  // bytes, and the selection reading them: the same K/V as from the blocks alone, bit for bit.
+  if (sealed == nullptr) return;
+  const auto block_of = [&](int s, int g, int t) {
+    return blocks.data() + (size_t(s * blocks_per_seq + t / kCudaBlockTokens) * kv_heads + size_t(g)) * layout->block_bytes;
+  };
+  const auto sealed_tokens = [&](int s) { return lengths[size_t(s)] / kCudaBlockTokens * kCudaBlockTokens; };
+  DeviceArray<uint8_t> d_key_rows;
+  if (!sealed->k_per_channel) {
+    const int row_bytes = pq_key_row_bytes(d, sealed->k_bits);
+    d_key_rows = take(DeviceArray<uint8_t>::allocate(size_t(rows) * kv_heads * max_tokens * row_bytes, "key rows"));
+    launch.copies.key_rows = PqTokenRows{d_key_rows.data(), row_bytes, max_tokens};
+  }
+  const int value_row_bytes = pq_value_row_bytes(d, sealed->v_bits, sealed->v_per_token ? layout->v_groups : 0);
+  auto d_value_rows = take(DeviceArray<uint8_t>::allocate(size_t(rows) * kv_heads * max_tokens * value_row_bytes, "value rows"));
+  launch.copies.value_rows = PqTokenRows{d_value_rows.data(), value_row_bytes, max_tokens};
+  DeviceArray<uint16_t> d_value_scales;
+  if (!sealed->v_per_token) {
+    d_value_scales = take(DeviceArray<uint16_t>::allocate(size_t(rows) * kv_heads * blocks_per_seq * 2 * d, "V scales"));
+    launch.copies.value_scales = PqValueScales{d_value_scales.data(), blocks_per_seq};
+  }
+  for (int s = 0; s < rows; ++s) {
+    SLIMKV_ASSERT_OK(pq_copy_sealed({launch.sealed, blocks_per_seq, kv_heads, d, s, 0, sealed_tokens(s)}, launch.copies));
+  }
+  if (!sealed->k_per_channel) {
+    const int row_bytes = launch.copies.key_rows.row_bytes;
+    const std::vector<uint8_t> got_rows = on_host(d_key_rows);
+    int mismatches = 0;
+    for (int s = 0; s < rows; ++s) {
+      for (int g = 0; g < kv_heads; ++g) {
+        for (int t = 0; t < sealed_tokens(s); ++t) {
+          const std::vector<uint8_t> expected = key_row_reference(*layout, block_of(s, g, t), t % kCudaBlockTokens, d, sealed->k_bits);
+          const uint8_t* row = got_rows.data() + ((size_t(s) * kv_heads + size_t(g)) * max_tokens + size_t(t)) * row_bytes;
+          mismatches += !std::equal(expected.begin(), expected.end(), row);
+        }
+      }
+    }
+    EXPECT_EQ(mismatches, 0) << "key rows unlike their blocks' bytes";
+  }
+  {
+    const std::vector<uint8_t> got_rows = on_host(d_value_rows);
+    int mismatches = 0;
+    for (int s = 0; s < rows; ++s) {
+      for (int g = 0; g < kv_heads; ++g) {
+        for (int t = 0; t < sealed_tokens(s); ++t) {
+          const std::vector<uint8_t> expected = value_row_reference(*layout, block_of(s, g, t), t % kCudaBlockTokens, d, sealed->v_bits);
+          const uint8_t* row = got_rows.data() + ((size_t(s) * kv_heads + size_t(g)) * max_tokens + size_t(t)) * value_row_bytes;
+          mismatches += !std::equal(expected.begin(), expected.end(), row);
+        }
+      }
+    }
+    EXPECT_EQ(mismatches, 0) << "value rows unlike their blocks' bytes";
+  }
+  if (!sealed->v_per_token) {
+    const std::vector<uint16_t> got_scales = on_host(d_value_scales);
+    const QuantizedBlockOffsets offsets = quantized_block_offsets(*layout);
+    int mismatches = 0;
+    for (int s = 0; s < rows; ++s) {
+      for (int g = 0; g < kv_heads; ++g) {
+        for (int b = 0; b < sealed_tokens(s) / kCudaBlockTokens; ++b) {
+          const uint8_t* block = block_of(s, g, b * kCudaBlockTokens);
+          const uint8_t* copy = reinterpret_cast<const uint8_t*>(
+              got_scales.data() + ((size_t(s) * kv_heads + size_t(g)) * blocks_per_seq + size_t(b)) * 2 * d);
+          mismatches += !std::equal(block + offsets.v_mins, block + offsets.v_mins + 2 * d, copy);
+          mismatches += !std::equal(block + offsets.v_scales, block + offsets.v_scales + 2 * d, copy + 2 * d);
+        }
+      }
+    }
+    EXPECT_EQ(mismatches, 0) << "V scale copies unlike their blocks' bytes";
+  }
+  SLIMKV_ASSERT_OK(pq_select_and_gather(launch));
+  std::vector<uint16_t> copies_k(pool), copies_v(pool);
+  SLIMKV_ASSERT_OK(out_k.download(copies_k.data(), pool));
+  SLIMKV_ASSERT_OK(out_v.download(copies_v.data(), pool));
+  EXPECT_TRUE(copies_k == got_k && copies_v == got_v) << "the selection over the copies differs from the one over the blocks";
 }
 
 // Short rows (each top-k one CTA a row), and long ones: the ADC select sliced (middles of 19708 and
@@ -360,7 +488,9 @@ TEST_F(PqSelectTest, SelectionEqualsTheCpuSelectorsOnTheSameCodebooks) {
 // The same over sealed blocks (pq:...+hack / +quant): HACK's layout at 2 bits, KIVI's (K per channel in
 // groups of 16 tokens, V per token in groups of 32 columns) at 4, K per channel over the block and V per
 // token in groups of 2 columns at 2, and 8 bits; lengths ending inside a block (its open tokens read
-// from the pages).
+// from the pages); K per channel with HACK's V, and HACK's K with V per token. Then again from the
+// copies @offload reads: the values' token-major rows, where K is HACK's (per token partition) the keys',
+// where V is the blocks' V scales; and at head_dim 128 (two K partitions).
 TEST_F(PqSelectTest, SelectionOverSealedBlocksEqualsTheCpuSelectorsOnDequantizedKeys) {
   QuantizationConfig hack2;
   QuantizationConfig kivi4;
@@ -374,11 +504,19 @@ TEST_F(PqSelectTest, SelectionOverSealedBlocksEqualsTheCpuSelectorsOnDequantized
   QuantizationConfig nearest8;
   nearest8.k_bits = nearest8.v_bits = 8;
   nearest8.rounding = Rounding::kNearest;
+  QuantizationConfig k_channel2;
+  k_channel2.k_per_channel = true;
+  QuantizationConfig v_token2;
+  v_token2.v_per_token = true;
   for (const auto& [name, config] : {std::pair{"hack bits=2", hack2}, std::pair{"kivi bits=4", kivi4},
-                                     std::pair{"bits=2 vgroup=2", pairs2}, std::pair{"bits=8 nearest", nearest8}}) {
+                                     std::pair{"bits=2 vgroup=2", pairs2}, std::pair{"bits=8 nearest", nearest8},
+                                     std::pair{"bits=2 klayout=channel", k_channel2},
+                                     std::pair{"bits=2 vlayout=token", v_token2}}) {
     SCOPED_TRACE(name);
     expect_selection_equals_the_cpu_selectors({1500, 931}, {100, 150}, &config);
   }
+  SCOPED_TRACE("hack bits=2, head_dim 128 (two K partitions)");
+  expect_selection_equals_the_cpu_selectors({1500, 931}, {100, 150}, &hack2, 128);
 }
 
 // The bundled model on the GPU: a prompt of 1200 held-out tokens (4 clustered segments), then greedy

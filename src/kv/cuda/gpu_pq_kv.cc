@@ -16,15 +16,20 @@
 // keys as they arrive, before sealing (the CPU store hands its selector the block's keys it seals, not
 // them decoded); the re-rank scores the candidates' keys dequantized from their blocks and the gather
 // writes the selected tokens dequantized into the compact FP16 buffer, reading only their codes and
-// scales (pq_select.h). Steps without selection, and prefill chunks, attend as the quantized cache does
-// (run_quantized). A sequence moves out and in as hack's do (device pages: its sealed blocks as they
-// are, then the open tokens); the importing cache builds the index from the blocks' keys dequantized,
-// as the CPU store does from restored blocks (so its selections may differ from the exporter's, whose
-// index saw the keys before sealing).
+// scales (pq_select.h). With @offload, each sealed key (HACK's K layout) and value is also copied
+// token-major into pinned host memory as its block seals (PqTokenRows: a 2-bit key in two sectors, not
+// one per 4 dims; a value in one or two, not six), where the re-rank and the gather read them, and with
+// HACK's V layout each sealed block's per-column V mins and scales into GPU memory (PqValueScales: 512
+// bytes a selected token's value no longer reads over PCIe). Steps without selection, and prefill
+// chunks, attend as the quantized cache does (run_quantized). A sequence moves out and in as hack's do
+// (device pages: its sealed blocks as they are, then the open tokens); the importing cache builds the
+// index from the blocks' keys dequantized, as the CPU store does from restored blocks (so its
+// selections may differ from the exporter's, whose index saw the keys before sealing).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "backend/cuda/pinned_memory.h"
 #include "backend/cuda/row_gather.h"
 #include "kv/cuda/gpu_kv_cache.h"
 #include "kv/cuda/kv_store_copy.h"
@@ -97,6 +102,20 @@ class GpuPqKv final : public GpuKvCache {
     if (sealed_options_) {
       const QuantizedKvOptions& q = *sealed_options_;
       SLIMKV_ASSIGN_OR_RETURN(sealed_, CudaQuantizedKvCache::create(kv_shape, q.config, q.hack, q.seed));
+      if (options_.offload && !q.config.k_per_channel) {
+        SLIMKV_RETURN_IF_ERROR(allocate_rows(key_rows_, pq_key_row_bytes(shape_.head_dim, q.config.k_bits),
+                                             "pq's token-major copy of the sealed keys"));
+      }
+      if (options_.offload) {
+        const int v_groups = q.config.v_per_token ? sealed_->layout().v_groups : 0;
+        SLIMKV_RETURN_IF_ERROR(allocate_rows(value_rows_, pq_value_row_bytes(shape_.head_dim, q.config.v_bits, v_groups),
+                                             "pq's token-major copy of the sealed values"));
+      }
+      if (options_.offload && !q.config.v_per_token) {
+        SLIMKV_ASSIGN_OR_RETURN(value_scales_,
+                                DeviceArray<uint16_t>::allocate(size_t(shape_.num_layers) * value_scales_layer(),
+                                                                "pq's copy of the sealed blocks' V scales"));
+      }
     } else {
       SLIMKV_ASSIGN_OR_RETURN(pages_, CudaPagedKvCache::create(kv_shape));
     }
@@ -139,11 +158,12 @@ class GpuPqKv final : public GpuKvCache {
     return store + index_->device_bytes() +
            (token_cache_ ? token_cache_->device_bytes() : 0) +
            compact_k_.bytes() + compact_v_.bytes() + tables_.bytes() + scores_.bytes() + ranked_.bytes() + kept_.bytes() +
-           exact_.bytes() + candidate_keys_.bytes() + top_k_.bytes() + decode_queries_.bytes();
+           exact_.bytes() + candidate_keys_.bytes() + top_k_.bytes() + decode_queries_.bytes() + value_scales_.bytes();
   }
   size_t host_bytes() const override {
     const size_t pages = pages_ ? size_t(pages_->shape().num_blocks) * bytes_per_block() : 0;
-    const size_t store = sealed_ ? sealed_->host_bytes() : options_.offload ? pages : 0;
+    const size_t rows = key_rows_.pool.bytes() + value_rows_.pool.bytes();
+    const size_t store = sealed_ ? sealed_->host_bytes() + rows : options_.offload ? pages : 0;
     return store + index_->host_bytes();
   }
   size_t bytes_per_block() const override {
@@ -179,6 +199,7 @@ class GpuPqKv final : public GpuKvCache {
   // blocks and the FP16 window, as hack attends).
   Status begin_step(const PagedAttentionBatch& batch) override {
     SLIMKV_RETURN_IF_ERROR(index_->begin_step(batch.sequence_ids, batch.query_counts));
+    plan_sealed_copies(batch.sequence_ids, batch.query_counts);
     SLIMKV_RETURN_IF_ERROR(begin_store_step(batch.sequence_ids, batch.query_counts));
     report_ = SelectionReport{};
     plan_rows(batch);
@@ -218,6 +239,7 @@ class GpuPqKv final : public GpuKvCache {
   Status attend(int layer, const uint16_t* q, const uint16_t* k, const uint16_t* v, float scale,
                 uint16_t* out) override {
     SLIMKV_RETURN_IF_ERROR(append_to_store(layer, k, v));
+    SLIMKV_RETURN_IF_ERROR(write_sealed_copies(layer));
     SLIMKV_RETURN_IF_ERROR(index_->keep_keys(layer, k));
     if (!select_) return attend_store(*full_attention_, layer, q, scale, out);
     SLIMKV_RETURN_IF_ERROR(index_->finish_layer(layer));
@@ -245,6 +267,7 @@ class GpuPqKv final : public GpuKvCache {
     launch.index = index_->view(layer);
     launch.source = fp16_view(layer);
     if (sealed_) launch.sealed = sealed_->sealed_view(layer);
+    launch.copies = copies_of(layer);
     launch.scratch = PqSelectScratch{tables_.data(), scores_.data(), ranked_.data(), exact_.data(), candidate_keys_.data(),
                                      kept_.data(), lengths_.data(), top_k_.data(), shape_.context_tokens, std::max(1, max_candidates_)};
     launch.out_k = compact_k_.data();
@@ -275,10 +298,12 @@ class GpuPqKv final : public GpuKvCache {
 
   Status begin_fill(int sequence, int tokens) override {
     SLIMKV_RETURN_IF_ERROR(index_->begin_step({sequence}, {tokens}));
+    plan_sealed_copies({sequence}, {tokens});
     return begin_store_step({sequence}, {tokens});
   }
   Status fill(int layer, const uint16_t* k, const uint16_t* v, const void* /*x*/) override {
     SLIMKV_RETURN_IF_ERROR(append_to_store(layer, k, v));
+    SLIMKV_RETURN_IF_ERROR(write_sealed_copies(layer));
     return index_->keep_keys(layer, k);
   }
 
@@ -286,20 +311,23 @@ class GpuPqKv final : public GpuKvCache {
   // read and write it through its mapping). FP16 pages have none (export_sequence below).
   DevicePages device_pages() const override { return sealed_ ? sealed_device_pages(*sealed_) : DevicePages{}; }
 
-  // The sealed blocks copied in, then the index fed their keys dequantized (pq_sealed_keys) a step's
-  // tokens at a time, as fills feed it, then the open tokens appended as fills append them.
+  // The sealed blocks copied in (and @offload's copies of their rows and V scales made), then the
+  // index fed their keys dequantized (pq_sealed_keys) a step's tokens at a time, as fills feed it, then
+  // the open tokens appended as fills append them.
   Status import_pages(int sequence, int blocks, const uint8_t* pages, const KvStore& open) override {
     if (!sealed_) return GpuKvCache::import_pages(sequence, blocks, pages, open);
     SLIMKV_RETURN_IF_ERROR(import_sealed_pages(*sealed_, sequence, blocks, pages, open.num_tokens(0)));
     const int sealed_tokens = blocks * kCudaBlockTokens, chunk = std::min(sealed_tokens, shape_.max_step_tokens);
+    sealed_ranges_ = {{sequence, 0, sealed_tokens}};
+    for (int l = 0; l < shape_.num_layers; ++l) SLIMKV_RETURN_IF_ERROR(write_sealed_copies(l));
+    sealed_ranges_.clear();
     SLIMKV_ASSIGN_OR_RETURN(auto keys, DeviceArray<uint16_t>::allocate(size_t(std::max(chunk, 1)) * size_t(shape_.kv_dim()),
                                                                        "the imported blocks' keys"));
     for (int first = 0; first < sealed_tokens; first += chunk) {
       const int n = std::min(chunk, sealed_tokens - first);
       SLIMKV_RETURN_IF_ERROR(index_->begin_step({sequence}, {n}));
       for (int l = 0; l < shape_.num_layers; ++l) {
-        SLIMKV_RETURN_IF_ERROR(pq_sealed_keys({sealed_->sealed_view(l), sealed_->shape().max_blocks_per_sequence,
-                                               shape_.num_kv_heads, shape_.head_dim, sequence, first, n, keys.data()}));
+        SLIMKV_RETURN_IF_ERROR(pq_sealed_keys(sealed_tokens_of(l, {sequence, first, n}), keys.data()));
         SLIMKV_RETURN_IF_ERROR(index_->keep_keys(l, keys.data()));
       }
     }
@@ -375,6 +403,64 @@ class GpuPqKv final : public GpuKvCache {
   Status append_to_store(int layer, const uint16_t* k, const uint16_t* v) {
     return sealed_ ? sealed_->append(layer, k, v) : pages_->append(layer, k, v);
   }
+  // --- @offload's copies of sealed bytes: the keys' and values' token-major rows (pq_select.h's
+  // PqTokenRows) in host memory, the blocks' per-column V scales (HACK's V layout; PqValueScales) on the
+  // GPU ---
+  struct TokenRange {
+    int sequence, first, n;
+  };
+  int max_tokens() const { return shape_.blocks_per_sequence() * kCudaBlockTokens; }
+  // A row per token, KV head and layer, in pinned host memory.
+  struct RowPool {
+    PinnedArray<uint8_t> pool;  // [layers, sequences, kv_heads, max_tokens, row_bytes]
+    int row_bytes = 0;
+  };
+  size_t row_layer_bytes(const RowPool& rows) const {
+    return size_t(shape_.max_sequences) * size_t(shape_.num_kv_heads) * size_t(max_tokens()) * size_t(rows.row_bytes);
+  }
+  Status allocate_rows(RowPool& rows, int row_bytes, const char* what) {
+    rows.row_bytes = row_bytes;
+    SLIMKV_ASSIGN_OR_RETURN(rows.pool, PinnedArray<uint8_t>::allocate(size_t(shape_.num_layers) * row_layer_bytes(rows), what));
+    return Status::ok();
+  }
+  PqTokenRows rows_of(RowPool& rows, int layer) {
+    if (rows.pool.data() == nullptr) return PqTokenRows{};
+    return PqTokenRows{rows.pool.data() + size_t(layer) * row_layer_bytes(rows), rows.row_bytes, max_tokens()};
+  }
+  size_t value_scales_layer() const {
+    return size_t(shape_.max_sequences) * size_t(shape_.num_kv_heads) * size_t(shape_.blocks_per_sequence()) * 2 *
+           size_t(shape_.head_dim);
+  }
+  PqValueScales value_scales(int layer) {
+    if (value_scales_.data() == nullptr) return PqValueScales{};
+    return PqValueScales{value_scales_.data() + size_t(layer) * value_scales_layer(), shape_.blocks_per_sequence()};
+  }
+  PqSealedCopies copies_of(int layer) {
+    return {rows_of(key_rows_, layer), rows_of(value_rows_, layer), value_scales(layer)};
+  }
+  SealedTokenRange sealed_tokens_of(int layer, TokenRange r) const {
+    return {sealed_->sealed_view(layer), sealed_->shape().max_blocks_per_sequence, shape_.num_kv_heads, shape_.head_dim,
+            r.sequence, r.first, r.n};
+  }
+  // The tokens whose blocks the step seals (before the store's begin_step counts the step's tokens).
+  void plan_sealed_copies(const std::vector<int>& sequence_ids, const std::vector<int>& new_tokens) {
+    sealed_ranges_.clear();
+    if (!sealed_ || !options_.offload) return;  // the copies are @offload's
+    for (size_t i = 0; i < sequence_ids.size(); ++i) {
+      const int held = sequences().num_tokens(sequence_ids[i]);
+      const int first = held / kCudaBlockTokens * kCudaBlockTokens;
+      const int end = (held + new_tokens[i]) / kCudaBlockTokens * kCudaBlockTokens;
+      if (end > first) sealed_ranges_.push_back({sequence_ids[i], first, end - first});
+    }
+  }
+  // After the layer's append has sealed the blocks.
+  Status write_sealed_copies(int layer) {
+    for (const TokenRange& r : sealed_ranges_) {
+      SLIMKV_RETURN_IF_ERROR(pq_copy_sealed(sealed_tokens_of(layer, r), copies_of(layer)));
+    }
+    return Status::ok();
+  }
+
   // The FP16 pages, or the quantized cache's window (the open blocks and the step's).
   PagedKvView fp16_view(int layer) const { return sealed_ ? sealed_->view(layer) : pages_->view(layer); }
   // Attention of the planned sequences over every token they hold.
@@ -436,7 +522,8 @@ class GpuPqKv final : public GpuKvCache {
   // without a re-rank), the selected tokens' values and the other selected tokens' keys. FP16 pages:
   // 2 · head_dim bytes a key or value. Sealed: those in sealed blocks as dequantize_tokens reads them
   // (codes, K partitions' min and scale; per block touched the per-column V ones, counted for at most
-  // one block per token: an upper bound), the open block's tokens from the FP16 window in GPU memory.
+  // one block per token: an upper bound, none where their copy is on the GPU), the open block's tokens
+  // from the FP16 window in GPU memory.
   size_t row_read_bytes(const PqSelectRow& r) const {
     const int ranked = r.all ? 0 : r.candidates > r.k ? r.candidates : r.k;
     const int key_tokens = ranked + r.selected - r.k, value_tokens = r.selected;
@@ -447,7 +534,8 @@ class GpuPqKv final : public GpuKvCache {
       const int blocks = std::min(tokens, sealed_blocks);
       const size_t block_meta = dequantized_token_bytes(layout, 0, keys, !keys);
       const size_t token = dequantized_token_bytes(layout, 1, keys, !keys) - block_meta;
-      return size_t(tokens) * token + size_t(blocks) * block_meta;
+      const bool meta_on_gpu = !keys && value_scales_.data() != nullptr;
+      return size_t(tokens) * token + (meta_on_gpu ? 0 : size_t(blocks) * block_meta);
     };
     return bytes(key_tokens - open, true) + bytes(value_tokens - open, false);
   }
@@ -498,6 +586,10 @@ class GpuPqKv final : public GpuKvCache {
   std::vector<StepPart> parts_;
   std::vector<std::unique_ptr<CudaPagedAttention>> part_attention_;
   std::unique_ptr<CudaPqTokenCache> token_cache_;  // @offload with cache != 0
+  RowPool key_rows_;    // sealed @offload, HACK's K layout: the keys' rows
+  RowPool value_rows_;  // sealed @offload: the values' rows
+  DeviceArray<uint16_t> value_scales_;  // sealed @offload, HACK's V layout: [layers, sequences, kv_heads, blocks, 2, d]
+  std::vector<TokenRange> sealed_ranges_;  // the step's sealed tokens
   int max_candidates_ = 0, selected_blocks_ = 0;
   DeviceArray<uint16_t> compact_k_, compact_v_, candidate_keys_;
   DeviceArray<int> compact_tables_, ranked_, kept_, lengths_, top_k_;

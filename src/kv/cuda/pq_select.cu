@@ -2,6 +2,8 @@
 
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 #include "backend/cuda/cuda_check.h"
 #include "kv/cuda/pq_token_cache.cuh"
 #include "kv/cuda/top_k_rows.h"
@@ -15,13 +17,16 @@ constexpr int kWarpsPerBlock = 8;
 
 __device__ float half_at(const uint16_t* p, long long i) { return __half2float(__ushort_as_half(p[i])); }
 
-// The summed query of KV head g's group (FP32, heads in order: the CPU selector's Σ_h q_h) into sum[d].
-__device__ void group_query(const uint16_t* q, int row, int g, int num_heads, int num_kv_heads, int d, float* sum) {
+// The summed query of KV head g's group (FP32, heads in order: the CPU selector's Σ_h q_h) into sum[d],
+// widened to FP64 once here for the FP64 dot products that read it, which then convert only their other
+// operand (an H100 SM converts to FP64 at a quarter of its FP64 multiply-add rate; the tables at 128K
+// tokens take 2^b · head_dim products per segment, KV head and layer).
+__device__ void group_query(const uint16_t* q, int row, int g, int num_heads, int num_kv_heads, int d, double* sum) {
   const int group = num_heads / num_kv_heads;
   for (int c = threadIdx.x + threadIdx.y * blockDim.x; c < d; c += blockDim.x * blockDim.y) {
     float s = 0.0f;
     for (int h = 0; h < group; ++h) s += half_at(q, (i64(row) * num_heads + g * group + h) * d + c);
-    sum[c] = s;
+    sum[c] = double(s);
   }
 }
 
@@ -73,6 +78,9 @@ __device__ float code_of(unsigned group, int j, int bits) { return float((group 
 // min + scale · code, unfused: the CPU's rounding (dequantize_tokens), so the re-rank's scores are its.
 __device__ float dequantized(float min, float scale, float code) { return __fadd_rn(min, __fmul_rn(scale, code)); }
 
+// HACK's K partitions: min(Π, d) dims each (a multiple of 4), each with a min and scale per token.
+__device__ int k_partition_dims(int d) { return min(kCudaBlockTokens, d); }
+
 // Dims 4c..4c+3 of the token's key (K codes: dim group-major, the block's tokens in each group).
 __device__ void sealed_key4(const QuantizedKvView& q, SealedToken x, int c, int d, float out[4]) {
   const unsigned group = group_at(x.block + (i64(c) * kCudaBlockTokens + x.t) * (q.k_bits / 2), q.k_bits);
@@ -81,16 +89,72 @@ __device__ void sealed_key4(const QuantizedKvView& q, SealedToken x, int c, int 
     const int slot = x.t / q.k_group_tokens * d + 4 * c;
     meta4_at(x.block, q.offsets.k_mins, slot, mins);
     meta4_at(x.block, q.offsets.k_scales, slot, scales);
-  } else {  // per K partition of min(Π, d) dims, a multiple of 4: the 4 dims share one
-    const int slot = 4 * c / min(kCudaBlockTokens, d) * kCudaBlockTokens + x.t;
+  } else {  // per K partition: the 4 dims share one
+    const int slot = 4 * c / k_partition_dims(d) * kCudaBlockTokens + x.t;
     mins[0] = mins[1] = mins[2] = mins[3] = meta_at(x.block, q.offsets.k_mins, slot);
     scales[0] = scales[1] = scales[2] = scales[3] = meta_at(x.block, q.offsets.k_scales, slot);
   }
   for (int j = 0; j < 4; ++j) out[j] = dequantized(mins[j], scales[j], code_of(group, j, q.k_bits));
 }
 
+// --- Token-major rows (PqTokenRows). A key's: [codes, d·b/8 bytes][mins, 2 bytes a partition][scales];
+// a value's: [codes, d·b/8 bytes] and with V per token [mins, 2 bytes a column group][scales] ---
+
+__device__ int row_codes_bytes(int d, int bits) { return d * bits / 8; }
+__device__ int row_partitions(int d) { return (d + k_partition_dims(d) - 1) / k_partition_dims(d); }
+
+__device__ uint8_t* token_row(const PqTokenRows& rows, int num_kv_heads, int s, int g, int t) {
+  return rows.rows + ((i64(s) * num_kv_heads + g) * rows.max_tokens + t) * rows.row_bytes;
+}
+
+// Dims 4c..4c+3 of the key in `row`: the values sealed_key4 reads from the block, so the same floats.
+__device__ void row_key4(const QuantizedKvView& q, const uint8_t* row, int c, int d, float out[4]) {
+  const unsigned group = group_at(row + c * (q.k_bits / 2), q.k_bits);
+  const int meta = row_codes_bytes(d, q.k_bits), part = 4 * c / k_partition_dims(d);
+  const float k_min = meta_at(row, meta, part), k_scale = meta_at(row, meta + 2 * row_partitions(d), part);
+  for (int j = 0; j < 4; ++j) out[j] = dequantized(k_min, k_scale, code_of(group, j, q.k_bits));
+}
+
+// Token t's block's copy of its per-column V mins and scales, if the launch has copies.
+__device__ const uint16_t* value_scales_of(const PqValueScales& v, int num_kv_heads, int d, int s, int g, int t) {
+  if (v.scales == nullptr) return nullptr;
+  return v.scales + ((i64(s) * num_kv_heads + g) * v.max_blocks + t / kCudaBlockTokens) * 2 * d;
+}
+
+// Columns 4c..4c+3 of the value in `row` (PqTokenRows: group c of its codes, then with V per token its
+// column groups' mins, then their scales), with HACK's per-column V mins and scales from column_scales
+// (the block's copy, PqValueScales): the values sealed_value4 reads from the block, so the same floats.
+__device__ void row_value4(const QuantizedKvView& q, const uint8_t* row, int c, int d, const uint16_t* column_scales,
+                           float out[4]) {
+  const unsigned group = group_at(row + c * (q.v_bits / 2), q.v_bits);
+  float mins[4], scales[4];
+  if (q.v_per_token) {
+    const int meta = row_codes_bytes(d, q.v_bits), groups = d / q.v_group_dims;
+    for (int j = 0; j < 4; ++j) {
+      const int column_group = (4 * c + j) / q.v_group_dims;
+      mins[j] = meta_at(row, meta, column_group);
+      scales[j] = meta_at(row, meta + 2 * groups, column_group);
+    }
+  } else {
+    unpack4(reinterpret_cast<const uint2*>(column_scales)[c], mins);
+    unpack4(reinterpret_cast<const uint2*>(column_scales + d)[c], scales);
+  }
+  for (int j = 0; j < 4; ++j) out[j] = dequantized(mins[j], scales[j], code_of(group, j, q.v_bits));
+}
+
+// Dims 4c..4c+3 of the key of token t (in x's sealed block): from its row where the launch has rows.
+__device__ void stored_key4(const PqSelectLaunch& p, int s, int g, int t, SealedToken x, int c, float out[4]) {
+  const int d = p.index.head_dim;
+  const PqTokenRows& rows = p.copies.key_rows;
+  if (rows.rows != nullptr) return row_key4(p.sealed, token_row(rows, p.num_kv_heads, s, g, t), c, d, out);
+  sealed_key4(p.sealed, x, c, d, out);
+}
+
 // Columns 4c..4c+3 of the token's value (V codes: groups of 4 tokens, every column's group in turn).
-__device__ void sealed_value4(const QuantizedKvView& q, SealedToken x, int c, int d, float out[4]) {
+// column_scales: the block's per-column mins then scales (FP16 [2, d]) where a copy is read instead of
+// the block's (PqValueScales), else null.
+__device__ void sealed_value4(const QuantizedKvView& q, SealedToken x, int c, int d, const uint16_t* column_scales,
+                              float out[4]) {
   const int group_bytes = q.v_bits / 2;
   const uint8_t* groups = x.block + q.offsets.v_codes + (i64(x.t / 4) * d + 4 * c) * group_bytes;
   float mins[4], scales[4];
@@ -102,6 +166,9 @@ __device__ void sealed_value4(const QuantizedKvView& q, SealedToken x, int c, in
       mins[j] = j < distinct ? meta_at(x.block, q.offsets.v_mins, slot) : mins[0];
       scales[j] = j < distinct ? meta_at(x.block, q.offsets.v_scales, slot) : scales[0];
     }
+  } else if (column_scales != nullptr) {  // per column over the block, from the copy
+    unpack4(reinterpret_cast<const uint2*>(column_scales)[c], mins);
+    unpack4(reinterpret_cast<const uint2*>(column_scales + d)[c], scales);
   } else {  // per column over the block
     meta4_at(x.block, q.offsets.v_mins, 4 * c, mins);
     meta4_at(x.block, q.offsets.v_scales, 4 * c, scales);
@@ -123,7 +190,7 @@ __device__ bool reads_sealed(const PqSelectLaunch& p, const PqSelectRow& r, int 
 
 // 1. grid (segments, kv heads, rows).
 __global__ void tables_kernel(PqSelectLaunch p) {
-  extern __shared__ float qsum[];
+  extern __shared__ double qsum[];
   const PqSelectRow r = p.rows[blockIdx.z];
   const int g = blockIdx.y, seg = blockIdx.x;
   if (r.all || seg >= r.trained_segments) return;
@@ -140,7 +207,7 @@ __global__ void tables_kernel(PqSelectLaunch p) {
     // Unrolled so that several centroid loads are in flight (a 128K context has 512 segments' codebooks
     // to read each layer); the sum keeps its order.
 #pragma unroll 8
-    for (int j = 0; j < sub; ++j) sum += double(qsum[s * sub + j]) * double(half_at(c, (i64(s) * sub + j) * K + i));
+    for (int j = 0; j < sub; ++j) sum += qsum[s * sub + j] * double(half_at(c, (i64(s) * sub + j) * K + i));
     table[e] = float(sum);
   }
 }
@@ -163,7 +230,7 @@ __global__ void adc_kernel(PqSelectLaunch p) {
 
 // 4. grid (candidates / warps, kv heads, rows), a warp per candidate.
 __global__ void rerank_kernel(PqSelectLaunch p) {
-  extern __shared__ float qsum[];
+  extern __shared__ double qsum[];
   const PqSelectRow r = p.rows[blockIdx.z];
   const int g = blockIdx.y, d = p.index.head_dim;
   if (r.all || r.candidates <= r.k) return;
@@ -179,9 +246,9 @@ __global__ void rerank_kernel(PqSelectLaunch p) {
     const SealedToken x = sealed_token(p, r.sequence, g, t);
     for (int c = threadIdx.x; c < d / 4; c += 32) {
       float four[4];
-      sealed_key4(p.sealed, x, c, d, four);
+      stored_key4(p, r.sequence, g, t, x, c, four);
       reinterpret_cast<uint2*>(kept_key)[c] = pack4(four);
-      for (int j = 0; j < 4; ++j) sum += double(qsum[4 * c + j]) * double(four[j]);
+      for (int j = 0; j < 4; ++j) sum += qsum[4 * c + j] * double(four[j]);
     }
   } else {
     const int slot = pq_cached_slot(p.cache, r.sequence, g, t);
@@ -193,7 +260,7 @@ __global__ void rerank_kernel(PqSelectLaunch p) {
       reinterpret_cast<uint2*>(kept_key)[c] = packed;
       float four[4];
       unpack4(packed, four);
-      for (int j = 0; j < 4; ++j) sum += double(qsum[4 * c + j]) * double(four[j]);
+      for (int j = 0; j < 4; ++j) sum += qsum[4 * c + j] * double(four[j]);
     }
   }
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
@@ -235,15 +302,21 @@ __global__ void gather_kernel(PqSelectLaunch p) {
     value = p.cache.v + at;
   } else if (reads_sealed(p, r, t)) {
     const SealedToken x = sealed_token(p, r.sequence, g, t);
+    const uint16_t* column_scales =
+        p.sealed.v_per_token ? nullptr : value_scales_of(p.copies.value_scales, p.num_kv_heads, d, r.sequence, g, t);
     for (int c = threadIdx.x; c < d / 4; c += 32) {
       float four[4];
       if (key == nullptr) {
-        sealed_key4(p.sealed, x, c, d, four);
+        stored_key4(p, r.sequence, g, t, x, c, four);
         k_out[c] = pack4(four);
       } else {
         k_out[c] = reinterpret_cast<const uint2*>(key)[c];
       }
-      sealed_value4(p.sealed, x, c, d, four);
+      if (p.copies.value_rows.rows != nullptr) {
+        row_value4(p.sealed, token_row(p.copies.value_rows, p.num_kv_heads, r.sequence, g, t), c, d, column_scales, four);
+      } else {
+        sealed_value4(p.sealed, x, c, d, column_scales, four);
+      }
       v_out[c] = pack4(four);
     }
     return;
@@ -261,15 +334,89 @@ __global__ void gather_kernel(PqSelectLaunch p) {
 }
 
 // grid (n / warps, kv heads), a warp per token.
-__global__ void sealed_keys_kernel(SealedKeyRows p) {
+__global__ void sealed_keys_kernel(SealedTokenRange p, uint16_t* keys) {
   const int i = blockIdx.x * blockDim.y + threadIdx.y, g = blockIdx.y;
   if (i >= p.n) return;
   const SealedToken x = sealed_token(p.sealed, p.block_table_stride, p.num_kv_heads, p.sequence, g, p.first + i);
-  uint2* row = reinterpret_cast<uint2*>(p.rows + (i64(i) * p.num_kv_heads + g) * p.head_dim);
+  uint2* row = reinterpret_cast<uint2*>(keys + (i64(i) * p.num_kv_heads + g) * p.head_dim);
   for (int c = threadIdx.x; c < p.head_dim / 4; c += 32) {
     float four[4];
     sealed_key4(p.sealed, x, c, p.head_dim, four);
     row[c] = pack4(four);
+  }
+}
+
+// Token x.t's key row (lane `lane` of a warp): lane c copies group c of its codes (b/2 bytes), lane j <
+// partitions partition j's min and scale.
+__device__ void write_key_row(const QuantizedKvView& q, SealedToken x, int d, int lane, uint8_t* row) {
+  const int group_bytes = q.k_bits / 2;
+  for (int c = lane; c < d / 4; c += 32) {
+    const uint8_t* from = x.block + (i64(c) * kCudaBlockTokens + x.t) * group_bytes;
+    for (int b = 0; b < group_bytes; ++b) row[c * group_bytes + b] = from[b];
+  }
+  const int meta = row_codes_bytes(d, q.k_bits), partitions = row_partitions(d);
+  uint16_t* mins_then_scales = reinterpret_cast<uint16_t*>(row + meta);
+  for (int j = lane; j < partitions; j += 32) {
+    const int slot = j * kCudaBlockTokens + x.t;
+    mins_then_scales[j] = reinterpret_cast<const uint16_t*>(x.block + q.offsets.k_mins)[slot];
+    mins_then_scales[partitions + j] = reinterpret_cast<const uint16_t*>(x.block + q.offsets.k_scales)[slot];
+  }
+}
+
+// Token x.t's value row (lane `lane` of a warp): lane c regroups its codes of columns 4c..4c+3 (each in
+// its column's group of 4 tokens) into group c, lane j < groups copies V per token's column group j's
+// min and scale.
+__device__ void write_value_row(const QuantizedKvView& q, SealedToken x, int d, int lane, uint8_t* row) {
+  const int group_bytes = q.v_bits / 2;
+  const unsigned mask = (1u << q.v_bits) - 1u;
+  for (int c = lane; c < d / 4; c += 32) {
+    const uint8_t* groups = x.block + q.offsets.v_codes + (i64(x.t / 4) * d + 4 * c) * group_bytes;
+    unsigned packed = 0;
+    for (int j = 0; j < 4; ++j) {
+      const unsigned code = (group_at(groups + j * group_bytes, q.v_bits) >> (x.t % 4 * q.v_bits)) & mask;
+      packed |= code << (j * q.v_bits);
+    }
+    for (int b = 0; b < group_bytes; ++b) row[c * group_bytes + b] = uint8_t(packed >> (8 * b));
+  }
+  if (!q.v_per_token) return;
+  const int meta = row_codes_bytes(d, q.v_bits), column_groups = d / q.v_group_dims;
+  uint16_t* mins_then_scales = reinterpret_cast<uint16_t*>(row + meta);
+  for (int j = lane; j < column_groups; j += 32) {
+    const int slot = j * kCudaBlockTokens + x.t;
+    mins_then_scales[j] = reinterpret_cast<const uint16_t*>(x.block + q.offsets.v_mins)[slot];
+    mins_then_scales[column_groups + j] = reinterpret_cast<const uint16_t*>(x.block + q.offsets.v_scales)[slot];
+  }
+}
+
+constexpr int kCopyThreads = 256;
+
+// grid (blocks of the range, kv heads): the sealed block staged in shared memory in 16-byte loads (a
+// warp per token reading its key in place would move a sector per 4 dims over PCIe from a pool in host
+// memory), then a warp per token writes its rows, and the threads the per-column V mins and scales.
+__global__ void __launch_bounds__(kCopyThreads) copy_sealed_kernel(SealedTokenRange p, PqSealedCopies copies) {
+  extern __shared__ uint4 staged[];
+  const QuantizedKvView& q = p.sealed;
+  const int g = blockIdx.y, d = p.head_dim, first = p.first + int(blockIdx.x) * kCudaBlockTokens;
+  const SealedToken block = sealed_token(q, p.block_table_stride, p.num_kv_heads, p.sequence, g, first);
+  const uint4* from = reinterpret_cast<const uint4*>(block.block);
+  for (int i = threadIdx.x; i < q.offsets.block_bytes / 16; i += blockDim.x) staged[i] = from[i];
+  __syncthreads();
+  const uint8_t* local = reinterpret_cast<const uint8_t*>(staged);
+  const int lane = threadIdx.x % 32;
+  for (int t = threadIdx.x / 32; t < kCudaBlockTokens; t += blockDim.x / 32) {
+    if (copies.key_rows.rows != nullptr) {
+      write_key_row(q, {local, t}, d, lane, token_row(copies.key_rows, p.num_kv_heads, p.sequence, g, first + t));
+    }
+    if (copies.value_rows.rows != nullptr) {
+      write_value_row(q, {local, t}, d, lane, token_row(copies.value_rows, p.num_kv_heads, p.sequence, g, first + t));
+    }
+  }
+  const PqValueScales& v = copies.value_scales;
+  if (v.scales == nullptr) return;
+  uint16_t* to = v.scales + ((i64(p.sequence) * p.num_kv_heads + g) * v.max_blocks + first / kCudaBlockTokens) * 2 * d;
+  for (int c = threadIdx.x; c < d; c += blockDim.x) {
+    to[c] = reinterpret_cast<const uint16_t*>(local + q.offsets.v_mins)[c];
+    to[d + c] = reinterpret_cast<const uint16_t*>(local + q.offsets.v_scales)[c];
   }
 }
 
@@ -279,8 +426,11 @@ unsigned ceil_div(int a, int b) { return unsigned((a + b - 1) / b); }
 
 Status pq_select_and_gather(const PqSelectLaunch& p) {
   if (p.num_rows == 0) return Status::ok();
+  if (p.copies.value_rows.rows != nullptr && !p.sealed.v_per_token && p.copies.value_scales.scales == nullptr) {
+    return error("pq selection: value rows with V per column need the blocks' V scales copied (value_scales)");
+  }
   const int heads = p.num_kv_heads, rows = p.num_rows;
-  const size_t q_bytes = size_t(p.index.head_dim) * sizeof(float);
+  const size_t q_bytes = size_t(p.index.head_dim) * sizeof(double);
   if (p.max_trained_segments > 0 && p.max_middle > 0) {
     tables_kernel<<<dim3(unsigned(p.max_trained_segments), unsigned(heads), unsigned(rows)), 128, q_bytes>>>(p);
     SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
@@ -321,9 +471,44 @@ Status pq_select_and_gather(const PqSelectLaunch& p) {
   return Status::ok();
 }
 
-Status pq_sealed_keys(const SealedKeyRows& p) {
+Status pq_sealed_keys(const SealedTokenRange& p, uint16_t* keys) {
   if (p.n == 0) return Status::ok();
-  sealed_keys_kernel<<<dim3(ceil_div(p.n, kWarpsPerBlock), unsigned(p.num_kv_heads)), dim3(32, kWarpsPerBlock)>>>(p);
+  sealed_keys_kernel<<<dim3(ceil_div(p.n, kWarpsPerBlock), unsigned(p.num_kv_heads)), dim3(32, kWarpsPerBlock)>>>(p, keys);
+  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return Status::ok();
+}
+
+int pq_key_row_bytes(int head_dim, int k_bits) {
+  const int partition_dims = std::min(kCudaBlockTokens, head_dim);
+  const int partitions = (head_dim + partition_dims - 1) / partition_dims;
+  const int bytes = head_dim * k_bits / 8 + 4 * partitions;
+  return (bytes + 7) / 8 * 8;
+}
+
+int pq_value_row_bytes(int head_dim, int v_bits, int v_groups) {
+  const int bytes = head_dim * v_bits / 8 + 4 * v_groups;
+  return (bytes + 7) / 8 * 8;
+}
+
+Status pq_copy_sealed(const SealedTokenRange& p, const PqSealedCopies& copies) {
+  if (p.n == 0) return Status::ok();
+  const QuantizedKvView& q = p.sealed;
+  if (p.first % kCudaBlockTokens != 0 || p.n % kCudaBlockTokens != 0) {
+    return error("pq's sealed copies: tokens [", p.first, ", ", p.first + p.n, ") are not whole blocks of ", kCudaBlockTokens);
+  }
+  if (copies.key_rows.rows != nullptr && q.k_per_channel) {
+    return error("pq's sealed copies: K per channel has no key rows (HACK's K layout only)");
+  }
+  if (copies.value_scales.scales != nullptr && q.v_per_token) {
+    return error("pq's sealed copies: V per token has no per-column V scales (HACK's V layout only)");
+  }
+  constexpr int kMaxStaged = 48 << 10;  // without opting in to more shared memory
+  if (q.offsets.block_bytes > kMaxStaged || q.offsets.block_bytes % 16 != 0) {
+    return error("pq's sealed copies: a sealed block of ", q.offsets.block_bytes, " bytes; at most ", kMaxStaged,
+                 ", a multiple of 16");
+  }
+  copy_sealed_kernel<<<dim3(unsigned(p.n / kCudaBlockTokens), unsigned(p.num_kv_heads)), kCopyThreads,
+                       size_t(q.offsets.block_bytes)>>>(p, copies);
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   return Status::ok();
 }

@@ -87,6 +87,54 @@ struct PqTokenCacheView {
   int tokens_stride = 0;
 };
 
+// `pq:...+hack@offload`: the sealed blocks' keys and values copied token-major into pinned host memory.
+// A sealed block keeps K dim-group-major (HACK's tokens in lanes, for integer dot products over whole
+// blocks), so one token's codes lie in head_dim / 4 pieces 64 · b / 2 bytes apart, and a read of one key over PCIe
+// moves a whole 32-byte sector per piece: 1 KB for a 2-bit key of 128 dims, of which 32 bytes are used
+// (a 128K context's re-rank at top-k 1024 reads ~10 MB of sectors per layer so, against the 2.6 MB of
+// FP16 keys). Token t's row holds the block's bytes of its key: the groups of codes in dim order, then
+// its K partitions' FP16 mins, then their scales, padded to 8 bytes: a row of 40 bytes (2 bits, 128
+// dims) starts 0, 8, 16 or 24 bytes into a sector and ends in the next, so a key costs two sectors
+// (padding to 64 would too, with 60% more host memory; the rows add 40 bytes a token and KV head to the
+// sealed blocks' ~85 at 2 bits). HACK's K layout only (a min and scale per partition of the token's
+// dims; with K per channel each dim has its own, a row as large as the FP16 key).
+//
+// Values alike (any V layout): a sealed block keeps V's codes in groups of 4 tokens, every column's
+// group in turn, so one token's value lies in head_dim · b / 2 bytes (4 sectors at 2 bits and 128 dims)
+// of which a quarter is its own, and with V per token its mins and scales in two more sectors. Token t's
+// value row holds its codes regrouped as a key's (group c: columns 4c..4c+3, its code of column 4c + j
+// in field j), then with V per token its column groups' FP16 mins, then their scales, padded to 8
+// bytes: 32 bytes (one sector) at 2 bits and 128 dims, 40 with V per token (two). HACK's per-column V
+// mins and scales are per block: PqValueScales below.
+struct PqTokenRows {
+  uint8_t* rows = nullptr;  // one layer's [sequences, kv_heads, max_tokens, row_bytes]; null: none
+  int row_bytes = 0, max_tokens = 0;
+};
+
+// The bytes of a key row (pq_key_row_bytes(128, 2) == 40) and of a value row (pq_value_row_bytes(128,
+// 2, 0) == 32; v_groups: V per token's column groups, 0 for V per column).
+int pq_key_row_bytes(int head_dim, int k_bits);
+int pq_value_row_bytes(int head_dim, int v_bits, int v_groups);
+
+// `pq:...+hack@offload` with HACK's V layout (a min and scale per column of a block): each sealed
+// block's per-column V mins and scales copied into GPU memory as it seals. A selected token's value
+// needs all head_dim of them, 4 · head_dim bytes (512 at 128 dims) for a few dozen bytes of codes: at
+// 128K tokens and top-k 1024 nearly every kept token has a block of its own, so they were most of the
+// bytes the step read from host memory (141 of 165 MB a step at 2 bits; 24 MB with V per token).
+// GPU memory: 4 · head_dim bytes a block, KV head and layer (8 bytes a token at 128 dims).
+struct PqValueScales {
+  uint16_t* scales = nullptr;  // one layer's FP16 [sequences, kv_heads, max_blocks, 2, head_dim]: mins, scales
+  int max_blocks = 0;          // null scales: none
+};
+
+// @offload's copies of the sealed bytes a selection reads, each none by default (the selection then
+// reads the blocks).
+struct PqSealedCopies {
+  PqTokenRows key_rows;        // HACK's K layout
+  PqTokenRows value_rows;      // any V layout (HACK's needs value_scales beside)
+  PqValueScales value_scales;  // HACK's V layout
+};
+
 struct PqSelectLaunch {
   const PqSelectRow* rows = nullptr;  // device [num_rows]
   int num_rows = 0;
@@ -98,6 +146,7 @@ struct PqSelectLaunch {
   // The layer's sealed blocks (device or mapped host memory; its tables have source's stride): tokens
   // before a row's open block are read there. blocks null: every token from source.
   QuantizedKvView sealed;
+  PqSealedCopies copies;        // with sealed: what of it is read from copies instead
   PqSelectScratch scratch;
   PqTokenCacheView cache;       // none by default
   // Out: row r's selection at blocks [r · out_blocks_per_row, ...) of out, [blocks, kv_heads, 64, head_dim].
@@ -109,15 +158,20 @@ struct PqSelectLaunch {
 // Steps 1–5 for one layer (on the default stream).
 Status pq_select_and_gather(const PqSelectLaunch& launch);
 
-// Keys of tokens [first, first + n) of one sequence's sealed blocks, dequantized as the re-rank reads
-// them and rounded to FP16: the index of a sequence imported as sealed blocks is built from them (the
-// CPU store decodes restored blocks for its selector alike).
-struct SealedKeyRows {
+// Tokens [first, first + n) of one sequence's sealed blocks (one layer's).
+struct SealedTokenRange {
   QuantizedKvView sealed;  // one layer's
   int block_table_stride = 0, num_kv_heads = 0, head_dim = 0;
   int sequence = 0, first = 0, n = 0;
-  uint16_t* rows = nullptr;  // out: FP16 [n, num_kv_heads, head_dim] (device)
 };
-Status pq_sealed_keys(const SealedKeyRows& rows);  // on the default stream
+
+// Their keys dequantized as the re-rank reads them and rounded to FP16, into keys (device FP16 [n,
+// num_kv_heads, head_dim]): the index of a sequence imported as sealed blocks is built from them (the
+// CPU store decodes restored blocks for its selector alike).
+Status pq_sealed_keys(const SealedTokenRange& tokens, uint16_t* keys);  // on the default stream
+
+// Their bytes copied into `copies` (those not none): the keys' and values' rows, the blocks' V scales; as
+// their blocks seal, or are imported (first and n: whole blocks). On the default stream.
+Status pq_copy_sealed(const SealedTokenRange& tokens, const PqSealedCopies& copies);
 
 }  // namespace slimkv::cuda
