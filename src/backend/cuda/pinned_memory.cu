@@ -6,54 +6,15 @@
 
 #include <cerrno>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
-#include <map>
-#include <mutex>
-#include <optional>
-#include <string_view>
 
 namespace slimkv::cuda {
-namespace {
-
-// SLIMKV_HOST_PAGES: the pages of pinned_allocate's memory, for measuring what the GPU's translation of
-// host pages costs a pool read scattered (pq@offload's: 17 GB at 128K tokens of Llama-3-8B): driver
-// (cudaHostAlloc, the default), or 4K or thp (mmap with that page size, then cudaHostRegister: as
-// RegisteredHostMemory). Unset or empty: driver.
-Expected<std::optional<HostPageSize>> host_pages_asked() {
-  const char* value = std::getenv("SLIMKV_HOST_PAGES");
-  if (value == nullptr || *value == '\0' || std::string_view(value) == "driver") return std::optional<HostPageSize>{};
-  if (std::string_view(value) == "4K") return std::optional<HostPageSize>{HostPageSize::k4K};
-  if (std::string_view(value) == "thp") return std::optional<HostPageSize>{HostPageSize::kTransparentHuge};
-  return error("SLIMKV_HOST_PAGES=", value, ": expected driver (the default), 4K or thp");
-}
-
-// The allocations pinned_allocate made through RegisteredHostMemory, by address, for pinned_free (never
-// destroyed: arrays freed during the program's exit still find theirs).
-struct Registered {
-  std::mutex mutex;
-  std::map<void*, RegisteredHostMemory> allocations;
-};
-Registered& registered() {
-  static Registered* const all = new Registered;
-  return *all;
-}
-
-}  // namespace
 
 Expected<void*> pinned_allocate(size_t bytes, const char* what) {
   const double physical_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
   if (double(bytes) > physical_bytes) {
     return error("pinning ", bytes, " bytes of host memory for ", what, ": more than this machine's ",
                  size_t(physical_bytes), " bytes of RAM");
-  }
-  SLIMKV_ASSIGN_OR_RETURN(const std::optional<HostPageSize> pages, host_pages_asked());
-  if (pages) {
-    SLIMKV_ASSIGN_OR_RETURN(RegisteredHostMemory memory, RegisteredHostMemory::allocate(bytes, *pages, what));
-    void* pointer = memory.data();
-    const std::lock_guard<std::mutex> lock(registered().mutex);
-    registered().allocations.emplace(pointer, std::move(memory));
-    return pointer;
   }
   void* pointer = nullptr;
   const cudaError_t status = cudaHostAlloc(&pointer, bytes, cudaHostAllocMapped);
@@ -65,12 +26,7 @@ Expected<void*> pinned_allocate(size_t bytes, const char* what) {
 }
 
 void pinned_free(void* pointer) {
-  if (pointer == nullptr) return;
-  {
-    const std::lock_guard<std::mutex> lock(registered().mutex);
-    if (registered().allocations.erase(pointer) != 0) return;
-  }
-  cudaFreeHost(pointer);
+  if (pointer != nullptr) cudaFreeHost(pointer);
 }
 
 const char* host_page_size_name(HostPageSize pages) {

@@ -10,8 +10,7 @@
 namespace slimkv::cuda {
 
 // An error names `what` and the bytes (pinning more than the machine's RAM is refused before asking the
-// driver, which may take minutes to fail). cudaHostAlloc's pages, or those SLIMKV_HOST_PAGES names
-// (4K, thp: RegisteredHostMemory's; pinned_memory.cu).
+// driver, which may take minutes to fail).
 Expected<void*> pinned_allocate(size_t bytes, const char* what);
 void pinned_free(void* pointer);
 
