@@ -327,6 +327,7 @@ class HttpApi {
     SubmitOptions options{.resume = std::nullopt, .forced_tokens = resume,
                           .stream_kv = [updates](KvTransferPiece piece) { updates->push_piece(std::move(piece)); },
                           .stream_kv_form = form};
+    const Clock::time_point submitted = Clock::now();
     Expected<RequestId> id = scheduler_.load()->submit(
         generation, [updates](const RequestUpdate& update) { updates->push(update); }, std::move(options));
     if (!id) {
@@ -353,6 +354,7 @@ class HttpApi {
         if (update.finish) last = std::move(update);
       }
     }
+    const Clock::time_point prefilled = Clock::now();  // the token's update taken: the prefill's last step is over
     if (*last.finish == FinishReason::kError) return send_error(response, ApiError::internal(last.error));
     if (*last.finish == FinishReason::kCancelled || last.token_ids.empty()) {
       return send_error(response, ApiError::unavailable("the prefill was cancelled: the server is shutting down"));
@@ -366,11 +368,22 @@ class HttpApi {
                                          .endpoint = ask.endpoint, .request = ask.request};
     if (sent.is_ok()) sent = (*sender)->finish(stream_request);
     if (!sent.is_ok()) return send_error(response, ApiError::kv_transfer_failed(sent.message()));
-    const json answer = {{"request_id", ask.request_id}, {"prompt_tokens", prompt.size() + resume.size()},
+    const Clock::time_point done = Clock::now();
+    const auto seconds = [](Clock::time_point from, Clock::time_point to) { return std::chrono::duration<double>(to - from).count(); };
+    const KvStreamSender::Timing timing = (*sender)->timing();
+    json answer = {{"request_id", ask.request_id}, {"prompt_tokens", prompt.size() + resume.size()},
                          {"kv_bytes", (*sender)->bytes_sent()},
                          {"kv_transport", (*sender)->transport()},
                          {"transfer_seconds", std::chrono::duration<double>(Clock::now() - start.value_or(Clock::now())).count()},
                          {"next_token", stream_request.next_token}};
+    // Where the time went (docs/disaggregated.md, "Where the overlap went"): what the decode worker waits
+    // beyond the prefill is after_prefill_seconds.
+    answer["kv_timing"] = {{"first_piece_seconds", seconds(submitted, start.value_or(submitted))},
+                           {"prefill_seconds", seconds(submitted, prefilled)},
+                           {"after_prefill_seconds", seconds(prefilled, done)},
+                           {"frames_seconds", timing.frames_seconds},
+                           {"paced_seconds", timing.paced_seconds},
+                           {"receiver", timing.receiver}};
     response.set_content(answer.dump(), "application/json");
   }
 

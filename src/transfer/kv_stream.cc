@@ -234,8 +234,9 @@ void KvStreamSender::PartCrc::append(uint32_t part_crc, uint64_t part_bytes) {
 
 Status KvStreamSender::send(KvFrameType type, std::span<const std::span<const uint8_t>> parts, uint32_t* part_crcs,
                             std::span<const std::optional<uint32_t>> known_crcs) {
-  const Status written =
-      write_kv_frame(connection_, type, parts, &bucket_, SteadyClock::now() + options_.io_timeout, part_crcs, known_crcs);
+  const SteadyClock::time_point start = SteadyClock::now();
+  const Status written = write_kv_frame(connection_, type, parts, &bucket_, start + options_.io_timeout, part_crcs, known_crcs);
+  frames_seconds_ += std::chrono::duration<double>(SteadyClock::now() - start).count();
   if (!written.is_ok()) {
     // The receiver may have ended the stream with a reason (a head beyond its context, say) before
     // closing: that reason says more than the broken pipe.
@@ -511,11 +512,14 @@ Status KvStreamSender::finish(const KvStreamRequest& request) {
                                 {"request", request.request}}.dump(-1, ' ', false, json::error_handler_t::replace);
   const std::span<const uint8_t> parts[] = {transfer_trailer, bytes_of(body)};
   SLIMKV_RETURN_IF_ERROR(send(KvFrameType::kFinish, parts));
-  const Status done = expect_frame(connection_, KvFrameType::kDone, SteadyClock::now() + options_.io_timeout,
-                                   str_cat("KV stream to ", connection_.peer()))
-                          .status();
+  const std::string where = str_cat("KV stream to ", connection_.peer());
+  Expected<KvFrame> done = expect_frame(connection_, KvFrameType::kDone, SteadyClock::now() + options_.io_timeout, where);
   if (nccl_hold_.owns_lock()) nccl_hold_.unlock();  // the receiver has its blocks: the link is free
-  return done;
+  if (!done) return done.status();
+  // The receiver's account of its time, when it gives one (kept as it came: it is for people to read).
+  Expected<json> answer = parse_json_payload(*done, 0, where);
+  if (answer && answer->contains("timing") && (*answer)["timing"].is_object()) receiver_timing_ = (*answer)["timing"];
+  return Status::ok();
 }
 
 Status KvStreamSender::send_transfer(std::span<const uint8_t> transfer, const KvStreamRequest& request) {
@@ -655,7 +659,8 @@ KvStreamReceiver::Stats KvStreamReceiver::stats() {
 void KvStreamReceiver::receive(TcpConnection connection) {
   ReceivedKv received;
   uint64_t serial = 0;
-  const Status status = receive_stream(connection, received, serial);
+  json timing = json::object();
+  const Status status = receive_stream(connection, received, serial, timing);
   const int attempt = received.request.attempt;
   const std::string id = received.request.request_id;  // a copy: `received` moves into the mailbox
   const uint64_t kv_bytes = received.kv_bytes();
@@ -691,7 +696,7 @@ void KvStreamReceiver::receive(TcpConnection connection) {
     return;
   }
   const std::string body = answer_error.empty()
-                               ? json{{"kv_bytes", kv_bytes}}.dump()
+                               ? json{{"kv_bytes", kv_bytes}, {"timing", timing}}.dump()
                                : json{{"error", answer_error}}.dump(-1, ' ', false, json::error_handler_t::replace);
   const std::span<const uint8_t> parts[] = {bytes_of(body)};
   (void)write_kv_frame(connection, answer_error.empty() ? KvFrameType::kDone : KvFrameType::kFailed, parts, nullptr,
@@ -700,8 +705,11 @@ void KvStreamReceiver::receive(TcpConnection connection) {
   if (!answer_error.empty()) connection.close_after_drain(SteadyClock::now() + std::chrono::seconds(2));
 }
 
-Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& received, uint64_t& serial) {
+Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& received, uint64_t& serial, json& timing) {
   const auto deadline = [&] { return SteadyClock::now() + options_.io_timeout; };
+  const auto seconds_since = [](SteadyClock::time_point since) {
+    return std::chrono::duration<double>(SteadyClock::now() - since).count();
+  };
   std::string where = str_cat("KV stream from ", connection.peer());
   const auto refuse = [&](const std::string& message) {
     const std::string body = json{{"error", message}}.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -712,6 +720,7 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
 
   // The handshake.
   SLIMKV_ASSIGN_OR_RETURN(const KvFrame hello_frame, expect_frame(connection, KvFrameType::kHello, deadline(), where));
+  const SteadyClock::time_point hello_at = SteadyClock::now();
   SLIMKV_ASSIGN_OR_RETURN(const json hello, parse_json_payload(hello_frame, 0, where));
   if (!hello.contains("stream_version") || !hello["stream_version"].is_number_unsigned() ||
       hello["stream_version"].get<uint64_t>() != kKvStreamVersion) {
@@ -777,6 +786,7 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     if (size_t(held) != tokens) {
       return error(where, ": the KV holds ", held, " tokens per layer, but the prompt and resumed tokens are ", tokens);
     }
+    timing["seconds"] = seconds_since(hello_at);
     return Status::ok();
   }
 
@@ -843,6 +853,8 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     SLIMKV_RETURN_IF_ERROR(frame.finish().with_context(where));
     early_count[layer] += count;
   }
+  timing["before_head_seconds"] = seconds_since(hello_at);
+  double placing_seconds = 0;
   SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, inspect_kv_transfer_head(head.payload.data(), head.payload.size(), where));
   if (head.payload.size() != info.sealed_offset) {
     return error(where, ": the KV_HEAD frame holds ", head.payload.size(), " bytes, the transfer's head is ", info.sealed_offset);
@@ -926,6 +938,7 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     // Each head's blocks: those that came early (copied and checksummed in one pass), then the rest.
     for (uint64_t g = 0; g < heads; ++g) {
       uint8_t* head_blocks = staged ? nullptr : transfer.data() + range.sealed_offset + g * blocks * stride;
+      const SteadyClock::time_point placing = SteadyClock::now();
       for (const EarlyBlocks& e : early[l]) {
         // Checksummed as they landed: the CRC joined, the bytes copied once.
         const uint64_t bytes = uint64_t(e.count) * stride;
@@ -939,6 +952,7 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
           restore(early_blocks + b * stride, std::min(piece_blocks, uint64_t(e.count) - b), g, uint64_t(e.first_block) + b);
         }
       }
+      placing_seconds += seconds_since(placing);
       if (!staged) {
         SLIMKV_ASSIGN_OR_RETURN(const uint32_t rest_crc, read_into({head_blocks + sent * stride, rest * stride}));
         crc = crc32c_combine(crc, rest_crc, rest * stride);
@@ -998,6 +1012,8 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     }
   }
   received.staged_kv = std::move(staged);
+  timing["placing_early_seconds"] = placing_seconds;
+  timing["seconds"] = seconds_since(hello_at);
   return Status::ok();
 }
 

@@ -18,7 +18,11 @@ void TokenBucket::take(size_t bytes) {
   last_ = now;
   tokens_ -= double(bytes);
   // In debt: wait until the refill has paid it back, so the long-run rate is exactly the cap.
-  if (tokens_ < 0) std::this_thread::sleep_for(std::chrono::duration<double>(-tokens_ / bytes_per_second_));
+  if (tokens_ < 0) {
+    const double wait = -tokens_ / bytes_per_second_;
+    std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+    waited_seconds_ += wait;
+  }
 }
 
 }  // namespace slimkv

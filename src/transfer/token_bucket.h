@@ -17,6 +17,8 @@ class TokenBucket {
   // Takes `bytes` from the bucket, first sleeping as long as the rate needs.
   void take(size_t bytes);
   bool capped() const { return bytes_per_second_ > 0; }
+  // The time take() has slept for the cap so far (a stream's share of waiting on the link).
+  double waited_seconds() const { return waited_seconds_; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -24,6 +26,7 @@ class TokenBucket {
   double burst_bytes_ = 0;
   double tokens_ = 0;  // bytes that may go out now; negative: owed (take() sleeps them off)
   Clock::time_point last_;
+  double waited_seconds_ = 0;
 };
 
 }  // namespace slimkv
