@@ -8,7 +8,7 @@ namespace slimkv {
 TokenBucket::TokenBucket(double bits_per_second, size_t burst_bytes)
     : bytes_per_second_(bits_per_second > 0 ? bits_per_second / 8.0 : 0.0),
       burst_bytes_(double(burst_bytes)),
-      tokens_(double(burst_bytes)),
+      tokens_(0),
       last_(Clock::now()) {}
 
 void TokenBucket::take(size_t bytes) {
