@@ -8,7 +8,7 @@ frames and the part of it slept for the cap, and the receiver's own account. Eac
 threads (tests/serve/slimkv_server.py's).
 
   scripts/kv_overlap_run.py --slimkv build/release/slimkv --model DIR [--spec dense:dtype=f16]
-      [--prompt-tokens 4096] [--gbps 1] [--chunk 512] [--requests 2]
+      [--prompt-tokens 4096] [--gbps 1] [--chunk 512] [--requests 2] [--serve-args "--device cuda"]
 
 A random model with a large KV for its compute: scripts/make_random_model.py --shape kv-heavy. Debian's
 python3 only.
@@ -58,9 +58,10 @@ def main():
     parser.add_argument("--gbps", type=float, default=1.0)
     parser.add_argument("--chunk", type=int, default=512, help="--prefill-chunk-tokens of the prefill worker")
     parser.add_argument("--requests", type=int, default=2)
+    parser.add_argument("--serve-args", default="", help="more arguments for both workers (\"--device cuda ...\")")
     args = parser.parse_args()
     vocab = json.load(open(os.path.join(args.model, "config.json")))["vocab_size"]
-    common = ["--kv", args.spec, "--max-num-seqs", "2", "--max-model-len", str(args.prompt_tokens + 64)]
+    common = args.serve_args.split() + ["--kv", args.spec, "--max-num-seqs", "2", "--max-model-len", str(args.prompt_tokens + 64)]
     with Server(args.slimkv, args.model, common + ["--role", "prefill", "--kv-bandwidth-gbps", str(args.gbps),
                                                    "--prefill-chunk-tokens", str(args.chunk)]) as prefill, \
             Server(args.slimkv, args.model, common + ["--role", "decode", "--kv-port", "0"]) as decode:

@@ -40,8 +40,15 @@ class UpdateQueue {
  public:
   void push(const RequestUpdate& update) {
     std::lock_guard lock(mutex_);
+    if (update.finish) finished_at_ = Clock::now();
     updates_.push_back(update);
     ready_.notify_one();
+  }
+  // When the scheduler pushed the request's last update (its last step over), if it has: a prefill
+  // worker's HTTP thread may take it long after, busy sending the KV.
+  std::optional<Clock::time_point> finished_at() {
+    std::lock_guard lock(mutex_);
+    return finished_at_;
   }
   // The updates so far; waits up to `timeout` for one.
   std::deque<RequestUpdate> take(std::chrono::milliseconds timeout) {
@@ -68,6 +75,7 @@ class UpdateQueue {
   std::condition_variable ready_;
   std::deque<RequestUpdate> updates_;
   std::deque<KvTransferPiece> pieces_;
+  std::optional<Clock::time_point> finished_at_;
 };
 
 // Takes a request's updates until its last one; `text` gets every delta's text appended.
@@ -354,7 +362,6 @@ class HttpApi {
         if (update.finish) last = std::move(update);
       }
     }
-    const Clock::time_point prefilled = Clock::now();  // the token's update taken: the prefill's last step is over
     if (*last.finish == FinishReason::kError) return send_error(response, ApiError::internal(last.error));
     if (*last.finish == FinishReason::kCancelled || last.token_ids.empty()) {
       return send_error(response, ApiError::unavailable("the prefill was cancelled: the server is shutting down"));
@@ -369,6 +376,7 @@ class HttpApi {
     if (sent.is_ok()) sent = (*sender)->finish(stream_request);
     if (!sent.is_ok()) return send_error(response, ApiError::kv_transfer_failed(sent.message()));
     const Clock::time_point done = Clock::now();
+    const Clock::time_point prefilled = updates->finished_at().value_or(done);
     const auto seconds = [](Clock::time_point from, Clock::time_point to) { return std::chrono::duration<double>(to - from).count(); };
     const KvStreamSender::Timing timing = (*sender)->timing();
     json answer = {{"request_id", ask.request_id}, {"prompt_tokens", prompt.size() + resume.size()},
