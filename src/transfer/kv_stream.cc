@@ -795,7 +795,7 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
   // sender computes between frames here: the head's longer wait. Each KV_BLOCKS frame is read straight
   // into a buffer of its size, each head's part checksummed as it lands: after the head its blocks are
   // copied into place once, their CRCs joined without reading them again. (Read as a whole frame, then
-  // copied out of it and checksummed again, a GPU worker's 2 GB took the receiver 3-4x the time of the
+  // copied out of it and checksummed again, a GPU worker's KV took the receiver 2-4x the time of the
   // same bytes as KV_LAYER frames, and the sender's pacing waited on it: bench_kv_host_path --form blocks.)
   struct EarlyBlocks {
     int first_block = 0, count = 0;
