@@ -29,7 +29,10 @@
 // first-touch costs depend on how much memory the machine has left.
 //   bench_kv_host_path [--specs "dense:dtype=f16;hack:bits=2,pi=64"] [--prompt-tokens 4096,16384]
 //                      [--layers 32 --kv-heads 8 --head-dim 128] [--repeats 3]
-//                      [--variants first,repeated,overlapped,pipelined]
+//                      [--variants first,repeated,overlapped,pipelined] [--form layers|blocks] [--gbps X]
+// --form blocks sends each layer's sealed blocks ahead of the head as KV_BLOCKS frames (the overlapped and
+// pipelined variants), the form in which a GPU prefill worker's steps and a chunked prompt's earlier
+// chunks hand the KV out; --gbps caps the sender as --kv-bandwidth-gbps does.
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -120,6 +123,7 @@ struct Workers {
   std::shared_ptr<BufferPool> receiver_buffers;  // the decode worker's (its receiver's and scheduler's)
   std::string model_id;
   int tokens = 0;
+  double gbps = 0;  // the sender's cap (0: none)
 };
 
 KvStreamRequest request_of(const std::string& id, int tokens) {
@@ -129,7 +133,7 @@ KvStreamRequest request_of(const std::string& id, int tokens) {
 
 std::unique_ptr<KvStreamSender> open_sender(const Workers& w, const std::string& id) {
   bool refused = false;
-  auto sender = KvStreamSender::open("127.0.0.1:" + std::to_string(w.receiver.port()), w.identity, id, 0, {}, &refused);
+  auto sender = KvStreamSender::open("127.0.0.1:" + std::to_string(w.receiver.port()), w.identity, id, 0, {.bandwidth_gbps = w.gbps}, &refused);
   if (!sender) stop_with(sender.status().message());
   return sender.take();
 }
@@ -150,15 +154,15 @@ std::vector<uint8_t> export_then_stream(const Workers& w, Variant variant, const
 }
 
 // Overlapped: this thread writes the head and each layer into buffers of the sender's pool, as the
-// prefill worker's scheduler does; a second thread sends each as soon as it is written and gives its
-// buffer back once sent.
-void export_while_streaming(const Workers& w, const std::string& id, Times& t) {
+// prefill worker's scheduler does; a second thread sends each as soon as it is written (send_piece, as
+// the worker's HTTP thread) and gives its buffer back once sent. early_blocks: each layer's sealed blocks
+// first, as KV_BLOCKS (what a GPU prefill step or a long prompt's earlier chunks hand out), then the head
+// and each layer's open tokens; else the head, then each layer whole (KV_LAYER).
+void export_while_streaming(const Workers& w, const std::string& id, bool early_blocks, Times& t) {
   struct Queue {
     std::mutex mutex;
     std::condition_variable ready;
-    std::deque<std::pair<int, std::vector<uint8_t>>> pieces;  // (layer or -1, bytes); sealed_bytes and CRCs beside
-    std::deque<size_t> sealed_bytes;
-    std::deque<std::vector<uint32_t>> crcs;
+    std::deque<KvTransferPiece> pieces;
     bool ended = false;
   } queue;
   const Clock::time_point start = Clock::now();
@@ -168,35 +172,51 @@ void export_while_streaming(const Workers& w, const std::string& id, Times& t) {
       std::unique_lock lock(queue.mutex);
       queue.ready.wait(lock, [&] { return !queue.pieces.empty() || queue.ended; });
       if (queue.pieces.empty()) break;
-      auto [layer, bytes] = std::move(queue.pieces.front());
-      const size_t sealed = queue.sealed_bytes.front();
-      const std::vector<uint32_t> crcs = std::move(queue.crcs.front());
+      KvTransferPiece piece = std::move(queue.pieces.front());
       queue.pieces.pop_front();
-      queue.sealed_bytes.pop_front();
-      queue.crcs.pop_front();
       lock.unlock();
-      const std::span<const uint8_t> all(bytes);
-      check(layer < 0 ? sender->send_head(all) : sender->send_layer(layer, 0, all.first(sealed), all.subspan(sealed), crcs));
-      w.sender_buffers->give_back(std::move(bytes));
+      check(sender->send_piece(piece));
     }
     check(sender->finish(request_of(id, w.tokens)));
   });
-  const auto push = [&](int layer, std::vector<uint8_t> bytes, size_t sealed, std::vector<uint32_t> crcs) {
+  const auto push = [&](int layer, std::vector<uint8_t> bytes, size_t sealed, int first_block, bool final,
+                        std::vector<uint32_t> crcs) {
+    // The buffer goes back to the pool when the piece has been sent (its last holder gone).
+    std::shared_ptr<BufferPool> pool = w.sender_buffers;
+    const std::shared_ptr<std::vector<uint8_t>> owner(new std::vector<uint8_t>(std::move(bytes)),
+                                                      [pool](std::vector<uint8_t>* b) {
+                                                        pool->give_back(std::move(*b));
+                                                        delete b;
+                                                      });
+    const std::span<const uint8_t> all(*owner);
     std::lock_guard lock(queue.mutex);
-    queue.pieces.emplace_back(layer, std::move(bytes));
-    queue.sealed_bytes.push_back(sealed);
-    queue.crcs.push_back(std::move(crcs));
+    queue.pieces.push_back({.layer = layer, .bytes = layer < 0 ? all : all.first(sealed),
+                            .open = layer < 0 ? all.first(0) : all.subspan(sealed), .owner = owner,
+                            .first_block = first_block, .final = final, .crcs = std::move(crcs)});
     queue.ready.notify_one();
   };
+  const int num_layers = w.sender_store.shape().num_layers;
+  std::vector<int> sent_early(size_t(num_layers), 0);
+  if (early_blocks) {
+    for (int l = 0; l < num_layers; ++l) {
+      std::vector<uint8_t> bytes = w.sender_buffers->take_largest();
+      std::vector<uint32_t> crcs;
+      const int sealed = w.sender_store.num_sealed_blocks(l);
+      check(write_kv_transfer_blocks(w.sender_store, l, 0, sealed, bytes, &crcs));
+      const size_t size = bytes.size();
+      push(l, std::move(bytes), size, 0, /*final=*/false, std::move(crcs));
+      sent_early[size_t(l)] = sealed;
+    }
+  }
   std::vector<uint8_t> head;
   check(write_kv_transfer_head(w.sender_store, w.model_id, w.tokens, head));
-  push(-1, std::move(head), 0, {});
-  for (int l = 0; l < w.sender_store.shape().num_layers; ++l) {
+  push(-1, std::move(head), 0, 0, /*final=*/true, {});
+  for (int l = 0; l < num_layers; ++l) {
     std::vector<uint8_t> bytes = w.sender_buffers->take_largest();
     size_t sealed = 0;
     std::vector<uint32_t> crcs;  // each head's, taken as the bytes are copied (as the prefill worker's KvLayerStream)
-    check(write_kv_transfer_layer(w.sender_store, l, 0, bytes, sealed, &crcs));
-    push(l, std::move(bytes), sealed, std::move(crcs));
+    check(write_kv_transfer_layer(w.sender_store, l, sent_early[size_t(l)], bytes, sealed, &crcs));
+    push(l, std::move(bytes), sealed, sent_early[size_t(l)], /*final=*/true, std::move(crcs));
   }
   t.export_s = seconds_since(start);
   {
@@ -215,12 +235,12 @@ struct SenderBytes {
 };
 
 // One transfer of `variant`: its times; the import's export checked against the sender's bytes.
-Times transfer_once(const Workers& w, Variant variant, const std::string& id, const SenderBytes& expected) {
+Times transfer_once(const Workers& w, Variant variant, bool early_blocks, const std::string& id, const SenderBytes& expected) {
   Times t;
   std::vector<uint8_t> sent;
   const bool layered = variant == Variant::kOverlapped || variant == Variant::kPipelined;
   if (layered) {
-    export_while_streaming(w, id, t);
+    export_while_streaming(w, id, early_blocks, t);
   } else {
     sent = export_then_stream(w, variant, id, t);
   }
@@ -265,10 +285,18 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::IsMember({"first", "repeated", "overlapped", "pipelined"}));
   app.add_option("--repeats", repeats, "timed transfers per variant (after one warm-up); medians printed")->check(CLI::Range(1, 1000));
+  double gbps = 0;
+  app.add_option("--gbps", gbps, "the sender's bandwidth cap in Gbit/s (--kv-bandwidth-gbps; 0: none)")->check(CLI::Range(0.0, 1e6));
+  std::string form = "layers";
+  app.add_option("--form", form,
+                 "how the overlapped and pipelined variants send: layers (the head, then each layer whole: KV_LAYER) "
+                 "or blocks (each layer's sealed blocks first as KV_BLOCKS, as a GPU prefill step or a chunked prompt "
+                 "hands them out, then the head and each layer's open tokens)")
+      ->check(CLI::IsMember({"layers", "blocks"}));
   CLI11_PARSE(app, argc, argv);
 
-  std::printf("KV transfer host path, %d layers x %d KV heads x %d dims, median of %d after a warm-up\n\n", layers,
-              kv_heads, head_dim, repeats);
+  std::printf("KV transfer host path, %d layers x %d KV heads x %d dims, median of %d after a warm-up, form %s\n\n", layers,
+              kv_heads, head_dim, repeats, form.c_str());
   std::printf("%-20s %7s %9s %-10s %10s %7s %10s %7s %10s %7s %10s %7s %7s\n", "spec", "tokens", "MB", "variant", "export ms",
               "GB/s", "stream ms", "GB/s", "import ms", "GB/s", "total ms", "GB/s", "x first");
   for (const std::string& spec : specs) {
@@ -308,10 +336,11 @@ int main(int argc, char** argv) {
         if (!receiver) stop_with(receiver.status().message());
         const Workers workers{.sender_store = sender_store, .receiver_store = receiver_store, .receiver = **receiver,
                               .identity = *identity, .sender_buffers = std::make_shared<BufferPool>(keep),
-                              .receiver_buffers = receiver_buffers, .model_id = model_id, .tokens = tokens};
+                              .receiver_buffers = receiver_buffers, .model_id = model_id, .tokens = tokens,
+                              .gbps = gbps};
         std::vector<Times> times;
         for (int r = -1; r < repeats; ++r) {
-          const Times t = transfer_once(workers, variant, str_cat(variant_name(variant), r + 1), expected);
+          const Times t = transfer_once(workers, variant, form == "blocks", str_cat(variant_name(variant), r + 1), expected);
           if (r >= 0) times.push_back(t);  // r = -1: the warm-up
         }
         const auto med = [&](double Times::*field) {

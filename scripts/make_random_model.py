@@ -33,6 +33,12 @@ SHAPES = {
     "llama2-7b": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                       num_attention_heads=32, num_key_value_heads=32, head_dim=128,
                       max_position_embeddings=131072, rope_theta=10000.0, rope_scaling=None),
+    # A small model with a large KV for its compute (8 KV heads of 128 over a 256-wide residual: 16 KB of
+    # FP16 KV a token): a CPU prefill of a few thousand tokens is seconds while its KV is 100 MB+, so that
+    # disaggregated serving's transfer and prefill are comparable on the CPU (docs/disaggregated.md).
+    "kv-heavy": dict(vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                     num_attention_heads=8, num_key_value_heads=8, head_dim=128,
+                     max_position_embeddings=32768, rope_theta=10000.0, rope_scaling=None),
     # A small shape for checking the script and the loaders in seconds.
     "tiny": dict(vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=64,

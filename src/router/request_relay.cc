@@ -315,7 +315,12 @@ RequestRelay::PrefillResult RequestRelay::prefill(UpstreamCall& call, const std:
       }
       if (answer.contains("transfer_seconds") && answer["transfer_seconds"].is_number() && answer.contains("kv_bytes") &&
           answer["kv_bytes"].is_number()) {
-        metrics_.kv_transfer(answer["transfer_seconds"].get<double>(), answer["kv_bytes"].get<double>());
+        const json timing = answer.value("kv_timing", json::object());
+        const double after_prefill =
+            timing.is_object() && timing.contains("after_prefill_seconds") && timing["after_prefill_seconds"].is_number()
+                ? timing["after_prefill_seconds"].get<double>()
+                : -1;
+        metrics_.kv_transfer(answer["transfer_seconds"].get<double>(), answer["kv_bytes"].get<double>(), after_prefill);
       }
     }
     return out;

@@ -12,7 +12,8 @@ const std::vector<double> kLatencyBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.0
 }  // namespace
 
 RouterMetrics::RouterMetrics()
-    : time_to_first_token_(kLatencyBuckets), e2e_request_latency_(kLatencyBuckets), kv_transfer_(kLatencyBuckets) {}
+    : time_to_first_token_(kLatencyBuckets), e2e_request_latency_(kLatencyBuckets), kv_transfer_(kLatencyBuckets),
+      kv_after_prefill_(kLatencyBuckets) {}
 
 void RouterMetrics::finished(RequestOutcome outcome) {
   std::lock_guard lock(mutex_);
@@ -34,9 +35,10 @@ void RouterMetrics::request_latency(double seconds) {
   e2e_request_latency_.observe(seconds);
 }
 
-void RouterMetrics::kv_transfer(double seconds, double bytes) {
+void RouterMetrics::kv_transfer(double seconds, double bytes, double after_prefill_seconds) {
   std::lock_guard lock(mutex_);
   kv_transfer_.observe(seconds);
+  if (after_prefill_seconds >= 0) kv_after_prefill_.observe(after_prefill_seconds);
   kv_bytes_total_ += bytes;
 }
 
@@ -73,6 +75,9 @@ std::string RouterMetrics::text(const WorkerPool& pool) const {
                 e2e_request_latency_);
   out.histogram("slimkv_router:kv_transfer_seconds", "A prompt's KV transfer, prefill to decode, as the prefill worker reports it.",
                 kv_transfer_);
+  out.histogram("slimkv_router:kv_transfer_after_prefill_seconds",
+                "The part of a prompt's KV transfer after its prefill's last step: what the layer-by-layer stream did not hide.",
+                kv_after_prefill_);
   out.metric("slimkv_router:kv_transfer_bytes_total", "counter", "KV bytes the prefill workers report sending.", kv_bytes_total_);
   return out.text();
 }

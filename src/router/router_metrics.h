@@ -22,7 +22,10 @@ class RouterMetrics {
   void retried(WorkerRole failed_role);
   void first_token(double seconds);    // from the request's arrival
   void request_latency(double seconds);  // arrival to the last byte, successful requests
-  void kv_transfer(double seconds, double bytes);  // a prefill worker's report of one transfer
+  // A prefill worker's report of one transfer: its seconds from the first piece to the decode worker's
+  // DONE, its bytes, and (when reported: a negative value is not) the seconds of it after the prefill's
+  // last step, which the transfer did not hide behind the prefill.
+  void kv_transfer(double seconds, double bytes, double after_prefill_seconds);
   std::string text(const WorkerPool& pool) const;
 
  private:
@@ -30,7 +33,7 @@ class RouterMetrics {
   uint64_t outcomes_[4] = {};
   uint64_t retries_[2] = {};  // prefill, decode
   double kv_bytes_total_ = 0;
-  LatencyHistogram time_to_first_token_, e2e_request_latency_, kv_transfer_;
+  LatencyHistogram time_to_first_token_, e2e_request_latency_, kv_transfer_, kv_after_prefill_;
 };
 
 }  // namespace slimkv

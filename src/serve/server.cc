@@ -40,8 +40,15 @@ class UpdateQueue {
  public:
   void push(const RequestUpdate& update) {
     std::lock_guard lock(mutex_);
+    if (update.finish) finished_at_ = Clock::now();
     updates_.push_back(update);
     ready_.notify_one();
+  }
+  // When the scheduler pushed the request's last update (its last step over), if it has: a prefill
+  // worker's HTTP thread may take it long after, busy sending the KV.
+  std::optional<Clock::time_point> finished_at() {
+    std::lock_guard lock(mutex_);
+    return finished_at_;
   }
   // The updates so far; waits up to `timeout` for one.
   std::deque<RequestUpdate> take(std::chrono::milliseconds timeout) {
@@ -68,6 +75,7 @@ class UpdateQueue {
   std::condition_variable ready_;
   std::deque<RequestUpdate> updates_;
   std::deque<KvTransferPiece> pieces_;
+  std::optional<Clock::time_point> finished_at_;
 };
 
 // Takes a request's updates until its last one; `text` gets every delta's text appended.
@@ -327,6 +335,7 @@ class HttpApi {
     SubmitOptions options{.resume = std::nullopt, .forced_tokens = resume,
                           .stream_kv = [updates](KvTransferPiece piece) { updates->push_piece(std::move(piece)); },
                           .stream_kv_form = form};
+    const Clock::time_point submitted = Clock::now();
     Expected<RequestId> id = scheduler_.load()->submit(
         generation, [updates](const RequestUpdate& update) { updates->push(update); }, std::move(options));
     if (!id) {
@@ -366,11 +375,23 @@ class HttpApi {
                                          .endpoint = ask.endpoint, .request = ask.request};
     if (sent.is_ok()) sent = (*sender)->finish(stream_request);
     if (!sent.is_ok()) return send_error(response, ApiError::kv_transfer_failed(sent.message()));
-    const json answer = {{"request_id", ask.request_id}, {"prompt_tokens", prompt.size() + resume.size()},
+    const Clock::time_point done = Clock::now();
+    const Clock::time_point prefilled = updates->finished_at().value_or(done);
+    const auto seconds = [](Clock::time_point from, Clock::time_point to) { return std::chrono::duration<double>(to - from).count(); };
+    const KvStreamSender::Timing timing = (*sender)->timing();
+    json answer = {{"request_id", ask.request_id}, {"prompt_tokens", prompt.size() + resume.size()},
                          {"kv_bytes", (*sender)->bytes_sent()},
                          {"kv_transport", (*sender)->transport()},
                          {"transfer_seconds", std::chrono::duration<double>(Clock::now() - start.value_or(Clock::now())).count()},
                          {"next_token", stream_request.next_token}};
+    // Where the time went (docs/disaggregated.md, "Where the overlap went"): what the decode worker waits
+    // beyond the prefill is after_prefill_seconds.
+    answer["kv_timing"] = {{"first_piece_seconds", seconds(submitted, start.value_or(submitted))},
+                           {"prefill_seconds", seconds(submitted, prefilled)},
+                           {"after_prefill_seconds", seconds(prefilled, done)},
+                           {"frames_seconds", timing.frames_seconds},
+                           {"paced_seconds", timing.paced_seconds},
+                           {"receiver", timing.receiver}};
     response.set_content(answer.dump(), "application/json");
   }
 

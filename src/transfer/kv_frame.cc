@@ -154,21 +154,25 @@ Status KvFrameReader::finish() const {
   return Status::ok();
 }
 
-Expected<KvFrame> read_kv_frame(TcpConnection& connection, SteadyClock::time_point deadline) {
-  SLIMKV_ASSIGN_OR_RETURN(KvFrameReader reader, KvFrameReader::start(connection, deadline));
+Expected<KvFrame> KvFrameReader::read_rest() {
   KvFrame frame;
-  frame.type = reader.type();
-  // Read a MiB at a time, the buffer growing with what arrives: a header that declares a gigabyte and
-  // sends little costs what it sent, not a gigabyte (kv_stream_fuzz found the allocation up front).
+  frame.type = type_;
+  // The buffer grows with what arrives (kv_stream_fuzz found the allocation up front).
   constexpr size_t kPiece = size_t(1) << 20;
-  for (size_t got = 0; got < reader.payload_bytes();) {
-    const size_t n = std::min(kPiece, reader.payload_bytes() - got);
+  const size_t rest = payload_bytes_ - read_bytes_;
+  for (size_t got = 0; got < rest;) {
+    const size_t n = std::min(kPiece, rest - got);
     frame.payload.resize(got + n);
-    SLIMKV_RETURN_IF_ERROR(reader.read(std::span(frame.payload).subspan(got, n)).status());
+    SLIMKV_RETURN_IF_ERROR(read(std::span(frame.payload).subspan(got, n)).status());
     got += n;
   }
-  SLIMKV_RETURN_IF_ERROR(reader.finish());
+  SLIMKV_RETURN_IF_ERROR(finish());
   return frame;
+}
+
+Expected<KvFrame> read_kv_frame(TcpConnection& connection, SteadyClock::time_point deadline) {
+  SLIMKV_ASSIGN_OR_RETURN(KvFrameReader reader, KvFrameReader::start(connection, deadline));
+  return reader.read_rest();
 }
 
 }  // namespace slimkv

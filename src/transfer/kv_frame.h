@@ -73,6 +73,9 @@ class KvFrameReader {
   Expected<uint32_t> read(std::span<const std::span<uint8_t>> outs);
   // After the whole payload: the frame's CRC against its header's.
   Status finish() const;
+  // The payload not read yet, read as it arrives (a MiB at a time: a header that declares a gigabyte and
+  // sends little costs what it sent), then finish(): the frame, its payload those bytes.
+  Expected<KvFrame> read_rest();
 
  private:
   KvFrameReader(TcpConnection& connection, SteadyClock::time_point deadline) : connection_(&connection), deadline_(deadline) {}

@@ -234,8 +234,9 @@ void KvStreamSender::PartCrc::append(uint32_t part_crc, uint64_t part_bytes) {
 
 Status KvStreamSender::send(KvFrameType type, std::span<const std::span<const uint8_t>> parts, uint32_t* part_crcs,
                             std::span<const std::optional<uint32_t>> known_crcs) {
-  const Status written =
-      write_kv_frame(connection_, type, parts, &bucket_, SteadyClock::now() + options_.io_timeout, part_crcs, known_crcs);
+  const SteadyClock::time_point start = SteadyClock::now();
+  const Status written = write_kv_frame(connection_, type, parts, &bucket_, start + options_.io_timeout, part_crcs, known_crcs);
+  frames_seconds_ += std::chrono::duration<double>(SteadyClock::now() - start).count();
   if (!written.is_ok()) {
     // The receiver may have ended the stream with a reason (a head beyond its context, say) before
     // closing: that reason says more than the broken pipe.
@@ -511,11 +512,14 @@ Status KvStreamSender::finish(const KvStreamRequest& request) {
                                 {"request", request.request}}.dump(-1, ' ', false, json::error_handler_t::replace);
   const std::span<const uint8_t> parts[] = {transfer_trailer, bytes_of(body)};
   SLIMKV_RETURN_IF_ERROR(send(KvFrameType::kFinish, parts));
-  const Status done = expect_frame(connection_, KvFrameType::kDone, SteadyClock::now() + options_.io_timeout,
-                                   str_cat("KV stream to ", connection_.peer()))
-                          .status();
+  const std::string where = str_cat("KV stream to ", connection_.peer());
+  Expected<KvFrame> done = expect_frame(connection_, KvFrameType::kDone, SteadyClock::now() + options_.io_timeout, where);
   if (nccl_hold_.owns_lock()) nccl_hold_.unlock();  // the receiver has its blocks: the link is free
-  return done;
+  if (!done) return done.status();
+  // The receiver's account of its time, when it gives one (kept as it came: it is for people to read).
+  Expected<json> answer = parse_json_payload(*done, 0, where);
+  if (answer && answer->contains("timing") && (*answer)["timing"].is_object()) receiver_timing_ = (*answer)["timing"];
+  return Status::ok();
 }
 
 Status KvStreamSender::send_transfer(std::span<const uint8_t> transfer, const KvStreamRequest& request) {
@@ -655,7 +659,8 @@ KvStreamReceiver::Stats KvStreamReceiver::stats() {
 void KvStreamReceiver::receive(TcpConnection connection) {
   ReceivedKv received;
   uint64_t serial = 0;
-  const Status status = receive_stream(connection, received, serial);
+  json timing = json::object();
+  const Status status = receive_stream(connection, received, serial, timing);
   const int attempt = received.request.attempt;
   const std::string id = received.request.request_id;  // a copy: `received` moves into the mailbox
   const uint64_t kv_bytes = received.kv_bytes();
@@ -691,7 +696,7 @@ void KvStreamReceiver::receive(TcpConnection connection) {
     return;
   }
   const std::string body = answer_error.empty()
-                               ? json{{"kv_bytes", kv_bytes}}.dump()
+                               ? json{{"kv_bytes", kv_bytes}, {"timing", timing}}.dump()
                                : json{{"error", answer_error}}.dump(-1, ' ', false, json::error_handler_t::replace);
   const std::span<const uint8_t> parts[] = {bytes_of(body)};
   (void)write_kv_frame(connection, answer_error.empty() ? KvFrameType::kDone : KvFrameType::kFailed, parts, nullptr,
@@ -700,8 +705,11 @@ void KvStreamReceiver::receive(TcpConnection connection) {
   if (!answer_error.empty()) connection.close_after_drain(SteadyClock::now() + std::chrono::seconds(2));
 }
 
-Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& received, uint64_t& serial) {
+Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& received, uint64_t& serial, json& timing) {
   const auto deadline = [&] { return SteadyClock::now() + options_.io_timeout; };
+  const auto seconds_since = [](SteadyClock::time_point since) {
+    return std::chrono::duration<double>(SteadyClock::now() - since).count();
+  };
   std::string where = str_cat("KV stream from ", connection.peer());
   const auto refuse = [&](const std::string& message) {
     const std::string body = json{{"error", message}}.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -712,6 +720,7 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
 
   // The handshake.
   SLIMKV_ASSIGN_OR_RETURN(const KvFrame hello_frame, expect_frame(connection, KvFrameType::kHello, deadline(), where));
+  const SteadyClock::time_point hello_at = SteadyClock::now();
   SLIMKV_ASSIGN_OR_RETURN(const json hello, parse_json_payload(hello_frame, 0, where));
   if (!hello.contains("stream_version") || !hello["stream_version"].is_number_unsigned() ||
       hello["stream_version"].get<uint64_t>() != kKvStreamVersion) {
@@ -777,14 +786,21 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     if (size_t(held) != tokens) {
       return error(where, ": the KV holds ", held, " tokens per layer, but the prompt and resumed tokens are ", tokens);
     }
+    timing["seconds"] = seconds_since(hello_at);
     return Status::ok();
   }
 
-  // Sealed blocks of a long prompt's earlier chunks, as the sender computed them, then the head, which
-  // sizes the transfer. The sender computes between frames here: the head's longer wait.
+  // Sealed blocks of a long prompt's earlier chunks (or of a GPU prefill's layers, as its step computes
+  // them: most of the KV), as the sender computed them, then the head, which sizes the transfer. The
+  // sender computes between frames here: the head's longer wait. Each KV_BLOCKS frame is read straight
+  // into a buffer of its size, each head's part checksummed as it lands: after the head its blocks are
+  // copied into place once, their CRCs joined without reading them again. (Read as a whole frame, then
+  // copied out of it and checksummed again, a GPU worker's KV took the receiver 2-4x the time of the
+  // same bytes as KV_LAYER frames, and the sender's pacing waited on it: bench_kv_host_path --form blocks.)
   struct EarlyBlocks {
     int first_block = 0, count = 0;
-    std::vector<uint8_t> bytes;  // every head's, head by head
+    std::vector<uint8_t> bytes;       // every head's, head by head
+    std::vector<uint32_t> head_crcs;  // each head's part's CRC32C
   };
   std::vector<std::vector<EarlyBlocks>> early(size_t(identity_.num_layers));
   std::vector<int> early_count(size_t(identity_.num_layers), 0);
@@ -792,30 +808,53 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
   const int max_blocks = options_.max_tokens / std::max(1, identity_.block_tokens);
   KvFrame head;
   for (;;) {
-    Expected<KvFrame> read = read_kv_frame(connection, SteadyClock::now() + options_.head_timeout);
-    if (!read) return read.status().with_context(where);
-    KvFrame frame = read.take();
-    received.wire_bytes += kKvFrameHeaderBytes + frame.payload.size();
-    if (frame.type != KvFrameType::kKvBlocks) {
-      SLIMKV_RETURN_IF_ERROR(check_frame_type(frame, KvFrameType::kKvHead, where));
-      head = std::move(frame);
+    Expected<KvFrameReader> started = KvFrameReader::start(connection, SteadyClock::now() + options_.head_timeout);
+    if (!started) return started.status().with_context(where);
+    KvFrameReader& frame = *started;
+    received.wire_bytes += kKvFrameHeaderBytes + frame.payload_bytes();
+    // A frame found wrong before its end is read to its end first: a corrupt frame is named as one.
+    const auto refuse_frame = [&](const Status& wrong) -> Status {
+      SLIMKV_RETURN_IF_ERROR(frame.read_rest().status().with_context(where));
+      return wrong;
+    };
+    if (frame.type() != KvFrameType::kKvBlocks) {
+      Expected<KvFrame> rest = frame.read_rest();
+      if (!rest) return rest.status().with_context(where);
+      SLIMKV_RETURN_IF_ERROR(check_frame_type(*rest, KvFrameType::kKvHead, where));
+      head = rest.take();
       break;
     }
-    const uint32_t layer = frame.payload.size() >= 8 ? load_u32_le(frame.payload.data()) : UINT32_MAX;
-    const uint32_t first = frame.payload.size() >= 8 ? load_u32_le(frame.payload.data() + 4) : UINT32_MAX;
+    std::array<uint8_t, 8> prefix{};
+    if (frame.payload_bytes() >= 8) SLIMKV_RETURN_IF_ERROR(frame.read(prefix).status().with_context(where));
+    const uint32_t layer = frame.payload_bytes() >= 8 ? load_u32_le(prefix.data()) : UINT32_MAX;
+    const uint32_t first = frame.payload_bytes() >= 8 ? load_u32_le(prefix.data() + 4) : UINT32_MAX;
     if (layer >= uint32_t(identity_.num_layers) || first != uint32_t(early_count[layer])) {
-      return error(where, ": a KV_BLOCKS frame for layer ", int64_t(layer == UINT32_MAX ? -1 : int64_t(layer)), " from block ",
-                   int64_t(first == UINT32_MAX ? -1 : int64_t(first)), "; expected a layer below ", identity_.num_layers,
-                   " continuing at its block ", layer < uint32_t(identity_.num_layers) ? early_count[layer] : 0);
+      return refuse_frame(error(where, ": a KV_BLOCKS frame for layer ", int64_t(layer == UINT32_MAX ? -1 : int64_t(layer)),
+                                " from block ", int64_t(first == UINT32_MAX ? -1 : int64_t(first)), "; expected a layer below ",
+                                identity_.num_layers, " continuing at its block ",
+                                layer < uint32_t(identity_.num_layers) ? early_count[layer] : 0));
     }
-    SLIMKV_ASSIGN_OR_RETURN(const int count, blocks_per_head(identity_, frame.payload.size() - 8, where + ": a KV_BLOCKS frame"));
+    Expected<int> counted = blocks_per_head(identity_, frame.payload_bytes() - 8, where + ": a KV_BLOCKS frame");
+    if (!counted) return refuse_frame(counted.status());
+    const int count = *counted;
     if (early_count[layer] + count > max_blocks) {
-      return error(where, ": KV_BLOCKS frames bring layer ", layer, " to ", early_count[layer] + count, " blocks, more than the ",
-                   max_blocks, " of this worker's context (", options_.max_tokens, " tokens)");
+      return refuse_frame(error(where, ": KV_BLOCKS frames bring layer ", layer, " to ", early_count[layer] + count,
+                                " blocks, more than the ", max_blocks, " of this worker's context (", options_.max_tokens,
+                                " tokens)"));
     }
-    early[layer].push_back({.first_block = int(first), .count = count, .bytes = {frame.payload.begin() + 8, frame.payload.end()}});
+    EarlyBlocks& blocks = early[layer].emplace_back(EarlyBlocks{.first_block = int(first), .count = count, .bytes = {}, .head_crcs = {}});
+    assign_for_overwrite(blocks.bytes, frame.payload_bytes() - 8);
+    const size_t head_bytes = blocks.bytes.size() / size_t(identity_.num_kv_heads);
+    for (size_t g = 0; g < size_t(identity_.num_kv_heads); ++g) {
+      SLIMKV_ASSIGN_OR_RETURN(const uint32_t head_crc,
+                              frame.read(std::span(blocks.bytes).subspan(g * head_bytes, head_bytes)));
+      blocks.head_crcs.push_back(head_crc);
+    }
+    SLIMKV_RETURN_IF_ERROR(frame.finish().with_context(where));
     early_count[layer] += count;
   }
+  timing["before_head_seconds"] = seconds_since(hello_at);
+  double placing_seconds = 0;
   SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, inspect_kv_transfer_head(head.payload.data(), head.payload.size(), where));
   if (head.payload.size() != info.sealed_offset) {
     return error(where, ": the KV_HEAD frame holds ", head.payload.size(), " bytes, the transfer's head is ", info.sealed_offset);
@@ -899,19 +938,21 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     // Each head's blocks: those that came early (copied and checksummed in one pass), then the rest.
     for (uint64_t g = 0; g < heads; ++g) {
       uint8_t* head_blocks = staged ? nullptr : transfer.data() + range.sealed_offset + g * blocks * stride;
+      const SteadyClock::time_point placing = SteadyClock::now();
       for (const EarlyBlocks& e : early[l]) {
+        // Checksummed as they landed: the CRC joined, the bytes copied once.
         const uint64_t bytes = uint64_t(e.count) * stride;
         const uint8_t* early_blocks = e.bytes.data() + g * bytes;
+        crc = crc32c_combine(crc, e.head_crcs[g], bytes);
         if (!staged) {
-          crc = crc32c_copy(head_blocks + uint64_t(e.first_block) * stride, early_blocks, bytes, crc);
+          std::memcpy(head_blocks + uint64_t(e.first_block) * stride, early_blocks, bytes);
           continue;
         }
         for (uint64_t b = 0; b < uint64_t(e.count); b += piece_blocks) {
-          const uint64_t count = std::min(piece_blocks, uint64_t(e.count) - b);
-          crc = crc32c(early_blocks + b * stride, count * stride, crc);
-          restore(early_blocks + b * stride, count, g, uint64_t(e.first_block) + b);
+          restore(early_blocks + b * stride, std::min(piece_blocks, uint64_t(e.count) - b), g, uint64_t(e.first_block) + b);
         }
       }
+      placing_seconds += seconds_since(placing);
       if (!staged) {
         SLIMKV_ASSIGN_OR_RETURN(const uint32_t rest_crc, read_into({head_blocks + sent * stride, rest * stride}));
         crc = crc32c_combine(crc, rest_crc, rest * stride);
@@ -971,6 +1012,8 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     }
   }
   received.staged_kv = std::move(staged);
+  timing["placing_early_seconds"] = placing_seconds;
+  timing["seconds"] = seconds_since(hello_at);
   return Status::ok();
 }
 

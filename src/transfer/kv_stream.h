@@ -163,6 +163,17 @@ class KvStreamSender {
   Status send_transfer(std::span<const uint8_t> transfer, const KvStreamRequest& request);
   uint64_t bytes_sent() const { return bytes_sent_; }
 
+  // Where the stream's time went, for a prefill worker's answer (docs/disaggregated.md, "Where the
+  // overlap went"): on the sender's thread, the seconds inside its frames' writes (CRCs of parts
+  // without one, the socket, the cap) and the part of them slept for the cap; and the receiver's own
+  // account, as its DONE gave it (empty before finish()).
+  struct Timing {
+    double frames_seconds = 0;
+    double paced_seconds = 0;
+    nlohmann::json receiver = nlohmann::json::object();
+  };
+  Timing timing() const { return {.frames_seconds = frames_seconds_, .paced_seconds = bucket_.waited_seconds(), .receiver = receiver_timing_}; }
+
  private:
   KvStreamSender(TcpConnection connection, const KvStreamIdentity& identity, const KvStreamSendOptions& options);
   // ACCEPT's "nccl" for the link offered in HELLO (`nccl`, held by the caller): joins a new link, or
@@ -203,6 +214,8 @@ class KvStreamSender {
   std::unique_lock<std::mutex> nccl_hold_;
   TokenBucket bucket_;
   uint64_t bytes_sent_ = 0;
+  double frames_seconds_ = 0;
+  nlohmann::json receiver_timing_ = nlohmann::json::object();
   // The transfer's CRC so far (the head, then each layer's sealed blocks), joined from the CRCs the
   // frames took of their parts (crc32c_combine): no byte is checksummed twice.
   struct PartCrc {
@@ -321,8 +334,11 @@ class KvStreamReceiver {
   KvStreamReceiver(const KvStreamIdentity& identity, const KvStreamReceiverOptions& options, TcpListener listener);
   void accept_loop();
   void receive(TcpConnection connection);
-  // Receives one stream; `serial` is set (> 0) once it holds the slot of its request id.
-  Status receive_stream(TcpConnection& connection, ReceivedKv& received, uint64_t& serial);
+  // Receives one stream; `serial` is set (> 0) once it holds the slot of its request id. `timing` gets
+  // where its time went (DONE carries it to the sender): seconds from HELLO to the KV checked, of them
+  // until the KV_HEAD (the prefill's span, its early blocks arriving), and placing the early blocks
+  // after the head (work that did not overlap the prefill).
+  Status receive_stream(TcpConnection& connection, ReceivedKv& received, uint64_t& serial, nlohmann::json& timing);
   // What HELLO offers of the NCCL path, taken: the link (joined) to receive over, nullptr when not
   // taken; `answer` is ACCEPT's "nccl" (false, or the link's id). `join` is set when the link must be
   // joined after the ACCEPT (it is new).

@@ -186,6 +186,10 @@ class RouterEndToEndTest(unittest.TestCase):
             self.assertEqual(got["usage"], expected["usage"])
             status, events = router.stream("/v1/completions", dict(body, stream=True), KEY)
             self.assertEqual((status, stream_text(events)), (200, (text_of(expected, False), "length")))
+        # Every transfer reports the part of it after its prefill (the prefill answer's kv_timing).
+        transfers = router.metric_sample("slimkv_router:kv_transfer_seconds_count{}")
+        self.assertGreater(transfers, 0)
+        self.assertEqual(router.metric_sample("slimkv_router:kv_transfer_after_prefill_seconds_count{}"), transfers)
         # A stop string cuts exactly where the colocated server cuts.
         body = {"model": NAME, "prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0}
         stop = text_of(self.ask(reference, "/v1/completions", body), False)[5:9]

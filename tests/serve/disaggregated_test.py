@@ -129,6 +129,11 @@ def check_spec(spec, failures):
                 failures.append(f"{spec}: usage {usage} / {len(ids)} token ids != colocated {expected['usage']}")
             if p_answer["next_token"] != ids[0] or p_answer["kv_bytes"] <= 0 or p_answer["kv_transport"] != want_transport:
                 failures.append(f"{spec}: prefill answer {p_answer} vs first token {ids[0]}, transport {want_transport}")
+            # Where the transfer's time went: the prefill's span, what came after it, the receiver's account.
+            timing = p_answer.get("kv_timing", {})
+            if not (0 <= timing.get("first_piece_seconds", -1) <= timing.get("prefill_seconds", -1)
+                    and timing.get("after_prefill_seconds", -1) >= 0 and timing.get("receiver", {}).get("seconds", -1) > 0):
+                failures.append(f"{spec}: prefill answer's kv_timing {timing}")
             if selects:
                 continue
             # Resumed after 5 tokens (as a router does when a decode worker dies): the rest is the same.

@@ -575,6 +575,24 @@ TEST(KvStream, BlocksOutOfOrderFailTheStream) {
   EXPECT_NE(answer.find("continuing at its block 0"), std::string::npos) << answer;
 }
 
+// A KV_BLOCKS frame is read straight into its buffer, head by head, its CRC checked at its end: a
+// corrupt one is refused as corrupt, also when the corruption makes its prefix name blocks out of order
+// (the frame is read to its end first, so the checksum, not the order, is named).
+TEST(KvStream, CorruptBlocksFrameIsRefusedAsCorrupt) {
+  Prefilled p = prefill("dense", 150);
+  const uint64_t slot = (p.identity.sealed_block_bytes + 63) / 64 * 64;
+  for (const bool in_prefix : {false, true}) {
+    auto receiver = KvStreamReceiver::start(p.identity, {.port = 0});
+    std::vector<uint8_t> blocks(8 + 2 * slot * uint64_t(p.identity.num_kv_heads), 0);
+    if (in_prefix) blocks.resize(8);  // a flip in the middle lands in first_block's bytes
+    RawSender sender((*receiver)->port(), p.identity, "corrupt-blocks");
+    sender.write_corrupted(KvFrameType::kKvBlocks, blocks);
+    const std::string answer = sender.answer();
+    EXPECT_NE(answer.find("KV_BLOCKS frame checksum mismatch"), std::string::npos) << in_prefix << ": " << answer;
+    EXPECT_FALSE((*receiver)->wait_for("corrupt-blocks", 50ms));
+  }
+}
+
 // CUDA IPC only between two workers that name the same GPU (the UUID in HELLO and in the receiver's
 // options); otherwise the stream is TCP's, unchanged.
 TEST(KvStream, CudaIpcIsAcceptedOnlyForTheReceiversOwnGpu) {
