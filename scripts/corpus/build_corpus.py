@@ -77,6 +77,13 @@ def debian_license(root, package):
     licence-like words of a free-form file)."""
     paths = glob.glob(os.path.join(root, "usr/share/doc/*/copyright"))
     own = [p for p in paths if p.split("/")[-2] == package] or paths
+    link = os.path.join(root, "usr/share/doc", package)
+    if not own and os.path.islink(link):
+        # a doc folder shared with a sibling package (gimp-help-en -> gimp-help-common): that
+        # package's copyright file, if packages.txt unpacks it too
+        target = os.readlink(link)
+        own = glob.glob(os.path.join(os.path.dirname(root), target, "usr/share/doc", target,
+                                     "copyright"))
     if not own:
         return "unknown (no copyright file)"
     text = open(own[0], encoding="utf-8", errors="replace").read()
