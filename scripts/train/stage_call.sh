@@ -5,8 +5,8 @@
 #
 # CORPUS_DIR is build_corpus.py's output (<work>/corpus: train-NN.txt.xz and eval/); CARRY_DIR is a
 # folder of the checkout that .git/info/exclude ignores and `run` names in `carry`. The folder is
-# emptied first: a call carries one part (call 0 also the evaluation texts), so that the tracked
-# tree plus the carried files stay under the 64 MiB a call may send.
+# emptied first: a call carries one part (call 0 also the evaluation texts), so that the tree
+# plus the carried files stay under the 64 MiB a call may send. Run it from the repository root.
 set -euo pipefail
 corpus=$1 carry=$2 n=$3
 part=$(printf "%s/train-%02d.txt.xz" "$corpus" "$n")
@@ -17,9 +17,12 @@ cp "$part" "$carry/"
 if [ "$n" = 0 ]; then
   tar -C "$corpus/eval" -cJf "$carry/eval.tar.xz" .
 fi
+# What a call sends: the files git does not ignore (tracked or not) and the carried folder.
 size=$(du -sb "$carry" | cut -f1)
-echo "stage_call: $carry holds $(ls "$carry" | tr '\n' ' ')($((size / 1048576)) MiB)"
-if [ "$size" -gt $((20 * 1048576)) ]; then
-  echo "stage_call: over 20 MiB: with the ~42 MiB tracked tree the call would pass 64 MiB" >&2
+tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb | tail -1 | cut -f1)
+echo "stage_call: $carry holds $(ls "$carry" | tr '\n' ' ')($((size / 1048576)) MiB;" \
+     "with the tree $(((size + tree) / 1048576)) MiB of the 64 a call sends)"
+if [ $((size + tree)) -gt $((63 * 1048576)) ]; then
+  echo "stage_call: over 63 MiB with the tree: the call would pass (or nearly) 64 MiB" >&2
   exit 1
 fi

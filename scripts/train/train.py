@@ -14,7 +14,9 @@ one, see scripts/train/README.md), so training starts before the corpus is compl
                 fewest passes so far, so parts that arrive late catch up with early ones and no
                 shard supplies more than --max-passes times its tokens; training waits for parts
                 when every present shard is at the limit. A share of rows begins with a synthetic
-                retrieval sample (synthetic.py) whose filler is cut from the shards. The schedule
+                retrieval sample (synthetic.py) whose filler is cut from the shards; the share is
+                larger at the full context, and half the samples fill their whole row, so that
+                retrieval across the full context gets thousands of rows. The schedule
                 runs on max(wall-clock fraction, token fraction of max-passes x expected corpus
                 tokens). Checkpoints to <data-dir>/ckpt.pt (resumable with --resume).
   4. export     save_pretrained in BF16, sharded safetensors (max_shard_size 15MB) + index,
@@ -88,7 +90,10 @@ def parse_args():
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--synthetic-fraction", type=float, default=0.25,
                     help="share of rows that start with a synthetic retrieval sample")
-    ap.add_argument("--curriculum", default="0.4:1024,0.65:2048,0.85:4096,1.0:8192",
+    ap.add_argument("--synthetic-fraction-full", type=float, default=0.4,
+                    help="that share at the full --context (scripts/train/README.md: the 8K "
+                         "pass key and kvret need more long retrieval rows)")
+    ap.add_argument("--curriculum", default="0.35:1024,0.55:2048,0.75:4096,1.0:8192",
                     help="schedule fraction:sequence length pairs")
     ap.add_argument("--train-minutes", type=float, default=16.0, help="wall-clock training budget")
     ap.add_argument("--max-passes", type=float, default=3.0,
@@ -277,8 +282,16 @@ def random_filler(data_dir, rng, bos, eos):
     return filler
 
 
+FULL_ROW_SHARE = 0.5  # of synthetic samples as long as their row: retrieval across all of it
+
+
+def synthetic_fraction_at(args, seq_len):
+    return args.synthetic_fraction_full if seq_len >= args.context else args.synthetic_fraction
+
+
 class SyntheticRows(torch.utils.data.IterableDataset):
-    """Endless lists of synthetic samples (token lists) of lengths in [lo, L]."""
+    """Endless lists of synthetic samples (token lists): FULL_ROW_SHARE of them L tokens long,
+    the others of lengths uniform in [lo, L]."""
 
     def __init__(self, tokenizer_path, data_dir, seq_len, count, seed):
         self.tokenizer_path, self.data_dir = tokenizer_path, data_dir
@@ -295,11 +308,12 @@ class SyntheticRows(torch.utils.data.IterableDataset):
         L = self.seq_len + 1
         lo = min(512, self.seq_len // 2)
         while True:
-            yield [synth.sample(rng.randint(lo, L)) for _ in range(self.count)]
+            yield [synth.sample(L if rng.random() < FULL_ROW_SHARE else rng.randint(lo, L))
+                   for _ in range(self.count)]
 
 
 def synthetic_loader(args, seq_len, rows, seed):
-    count = max(1, int(round(rows * args.synthetic_fraction * 1.5)))
+    count = max(1, int(round(rows * synthetic_fraction_at(args, seq_len) * 1.5)))
     ds = SyntheticRows(os.path.join(args.data_dir, "tokenizer.json"), args.data_dir, seq_len,
                        count, seed)
     return iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=args.workers,
@@ -311,11 +325,12 @@ def make_batch(shards, synth_iter, rows, seq_len, args, rng):
     L = seq_len + 1
     batch = np.empty((rows, L), dtype=np.int64)
     pending, synthetic_tokens = [], 0
+    fraction = synthetic_fraction_at(args, seq_len)
     for r in range(rows):
         name = shards.pick(rng, args.max_passes)
         if name is None:
             return None, 0
-        if rng.random() < args.synthetic_fraction:
+        if rng.random() < fraction:
             if not pending:
                 pending = list(next(synth_iter))
             ids = pending.pop()[:L]
