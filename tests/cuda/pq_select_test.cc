@@ -419,35 +419,30 @@ void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, 
   for (int s = 0; s < rows; ++s) {
     SLIMKV_ASSERT_OK(pq_copy_sealed({launch.sealed, blocks_per_seq, kv_heads, d, s, 0, sealed_tokens(s)}, launch.copies));
   }
-  if (!sealed->k_per_channel) {
-    const int row_bytes = launch.copies.key_rows.row_bytes;
-    const std::vector<uint8_t> got_rows = on_host(d_key_rows);
+  // Each sealed token's row of `got_rows` against `reference(block, token in block)`: the mismatching rows.
+  const auto rows_unlike = [&](const std::vector<uint8_t>& got_rows, size_t row_bytes, const auto& reference) {
     int mismatches = 0;
     for (int s = 0; s < rows; ++s) {
       for (int g = 0; g < kv_heads; ++g) {
         for (int t = 0; t < sealed_tokens(s); ++t) {
-          const std::vector<uint8_t> expected = key_row_reference(*layout, block_of(s, g, t), t % kCudaBlockTokens, d, sealed->k_bits);
+          const std::vector<uint8_t> expected = reference(block_of(s, g, t), t % kCudaBlockTokens);
           const uint8_t* row = got_rows.data() + ((size_t(s) * kv_heads + size_t(g)) * max_tokens + size_t(t)) * row_bytes;
           mismatches += !std::equal(expected.begin(), expected.end(), row);
         }
       }
     }
-    EXPECT_EQ(mismatches, 0) << "key rows unlike their blocks' bytes";
+    return mismatches;
+  };
+  if (!sealed->k_per_channel) {
+    EXPECT_EQ(rows_unlike(on_host(d_key_rows), size_t(launch.copies.key_rows.row_bytes),
+                          [&](auto block, int token) { return key_row_reference(*layout, block, token, d, sealed->k_bits); }),
+              0)
+        << "key rows unlike their blocks' bytes";
   }
-  {
-    const std::vector<uint8_t> got_rows = on_host(d_value_rows);
-    int mismatches = 0;
-    for (int s = 0; s < rows; ++s) {
-      for (int g = 0; g < kv_heads; ++g) {
-        for (int t = 0; t < sealed_tokens(s); ++t) {
-          const std::vector<uint8_t> expected = value_row_reference(*layout, block_of(s, g, t), t % kCudaBlockTokens, d, sealed->v_bits);
-          const uint8_t* row = got_rows.data() + ((size_t(s) * kv_heads + size_t(g)) * max_tokens + size_t(t)) * value_row_bytes;
-          mismatches += !std::equal(expected.begin(), expected.end(), row);
-        }
-      }
-    }
-    EXPECT_EQ(mismatches, 0) << "value rows unlike their blocks' bytes";
-  }
+  EXPECT_EQ(rows_unlike(on_host(d_value_rows), size_t(value_row_bytes),
+                        [&](auto block, int token) { return value_row_reference(*layout, block, token, d, sealed->v_bits); }),
+            0)
+      << "value rows unlike their blocks' bytes";
   if (!sealed->v_per_token) {
     const std::vector<uint16_t> got_scales = on_host(d_value_scales);
     const QuantizedBlockOffsets offsets = quantized_block_offsets(*layout);
