@@ -347,7 +347,7 @@ def simulate(costs, results, bytes_per_token, args, num_layers, shared=True):
     config.update({"prefill_workers": 1, "decode_workers": 1, "link_gbps": args.kv_bandwidth_gbps,
                    "num_layers": num_layers, "max_batch": args.max_num_seqs, "overlap_layers": True,
                    "link_shared": False,  # --kv-bandwidth-gbps paces each stream on its own,
-                   "link_burst_bytes": 256 << 10,  # with a token bucket of 256 KiB (TokenBucket's burst_bytes)
+                   "link_burst_bytes": 4 << 20,  # with a token bucket of 4 MiB (TokenBucket's burst_bytes)
                    "prefill_chunk_tokens": args.prefill_chunk_tokens, "overlap_chunks": args.chunk_overlap,
                    "kv_bytes_per_token": {"measured": bytes_per_token},
                    "host_path_s_per_byte": {"measured": costs["host_path_s_per_byte"]} if costs["host_path_s_per_byte"] else {}})

@@ -26,9 +26,10 @@ The model, as slimkv runs it:
   A worker's transfers queue on its link, so one prompt's transfer can overlap the next prompt's compute.
   link_shared false: each transfer is paced on its own instead (slimkv's --kv-bandwidth-gbps is a token
   bucket per stream: two streams at once each get the cap), as in the measured runs on one machine.
-  link_burst_bytes: the pacing is a token bucket of that many bytes, full at the start and refilled at the
-  link's rate while idle (slimkv's TokenBucket holds 256 KiB: a stream's first 256 KiB go out unpaced);
-  0: every byte paced (a real link).
+  link_burst_bytes: the pacing is a token bucket of that many bytes, empty when its stream opens (as the
+  prefill starts; a worker's shared link at time 0) and refilled at the link's rate while nothing is
+  sent, so a sender that was busy elsewhere makes the time up, as a NIC drains its send buffer
+  (slimkv's TokenBucket holds 4 MiB); 0: every byte paced (a real link).
   overlap_layers false: every layer is sent after the whole prefill and export (slimkv's GPU prefill
   worker before 3b18aed, which had no per-layer hook).
 - Decode worker: continuous batching, at most max_batch sequences; a request joins at the next step
@@ -74,7 +75,7 @@ class Config:
         "prefill_workers": 1, "decode_workers": 1, "link_gbps": 10.0, "num_layers": 32,
         "overlap_layers": True,    # send layer l as soon as it is computed; False: all after the prefill
         "link_shared": True,       # a prefill worker's transfers share its link; False: each paced alone
-        "link_burst_bytes": 0,     # the pacing's token bucket: bytes sent unpaced when full (slimkv: 262144)
+        "link_burst_bytes": 0,     # the pacing's token bucket: bytes sent unpaced when full (slimkv: 4194304)
         # A prompt runs in steps of at most this many tokens (slimkv serve --prefill-chunk-tokens; 0: one
         # step). overlap_chunks: every chunk's layers go out as computed; false: the earlier chunks' KV
         # waits for the last chunk's step and goes out with its layers (slimkv's CPU worker before #23's
@@ -236,14 +237,14 @@ class Device:
 
 class Link:
     """A prefill worker's link (link_shared), or one stream's: pieces go out in order, each paced by the
-    cap as a token bucket of `burst` bytes (full at first; 0: every byte paced) and by the hosts' sending
+    cap as a token bucket of `burst` bytes (empty at `opened`; 0: every byte paced) and by the hosts' sending
     and receiving (`stream_s_per_byte`), which run side by side."""
 
-    def __init__(self, gbps, stream_s_per_byte, burst, stream_then_pace=False):
+    def __init__(self, gbps, stream_s_per_byte, burst, stream_then_pace=False, opened=0.0):
         self.bytes_per_s = gbps * 1e9 / 8 if gbps > 0 else None  # None: no cap
         self.stream_s_per_byte, self.burst, self.stream_then_pace = stream_s_per_byte, burst, stream_then_pace
         self.free_at = 0.0
-        self.tokens, self.refilled_at = burst, 0.0  # bytes that may go out unpaced at `refilled_at`; < 0: owed
+        self.tokens, self.refilled_at = 0.0, opened  # bytes that may go out unpaced at `refilled_at`; < 0: owed
 
     def send(self, ready, piece_bytes):
         """The piece, sendable at `ready`, is sent after the earlier ones; returns when it has arrived."""
@@ -292,8 +293,8 @@ def simulate(config, codec):
     import_s_per_byte = host_path["import"]
     requests = workload(config)
 
-    def new_link():
-        return Link(config.link_gbps, host_path["stream"], config.link_burst_bytes, config.stream_then_pace)
+    def new_link(opened=0.0):
+        return Link(config.link_gbps, host_path["stream"], config.link_burst_bytes, config.stream_then_pace, opened)
     prefill_devices, decode_devices = devices_of(config)
     prefills = [PrefillWorker(device, new_link() if config.link_shared else None) for device in prefill_devices]
     decoders = [DecodeWorker(device) for device in decode_devices]
@@ -340,7 +341,7 @@ def simulate(config, codec):
         request, d = worker.queue.popleft()
         worker.busy = True
         pieces = config.kv_pieces(0.0, request.prompt, bytes_per_token, codec)  # (seconds of work, bytes)
-        link = worker.link or new_link()
+        link = worker.link or new_link(now)
 
         def send(piece_bytes, last, ready):
             arrived = link.send(ready, piece_bytes)

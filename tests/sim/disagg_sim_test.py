@@ -206,8 +206,8 @@ class DisaggSimTest(unittest.TestCase):
             self.assertIn(message, str(raised.exception))
 
     def test_link_burst(self):
-        # 1e6 bytes after the prefill at 1 Gbit/s: 8 ms; a token bucket of 250 KB lets its first 250 KB out
-        # at once: 6 ms.
+        # 1e6 bytes after the prefill at 1 Gbit/s: 8 ms; a token bucket of 250 KB, empty when the stream
+        # opened as the prefill started and full by its end, lets the first 250 KB out at once: 6 ms.
         common = dict(num_requests=1, prompt_tokens=[1000], output_tokens=[1], num_layers=10, prefill_s_per_token=1e-4,
                       link_gbps=1, kv_bytes_per_token={"c": 1000})
         _, [request] = run(overlap_layers=False, **common)
@@ -220,6 +220,12 @@ class DisaggSimTest(unittest.TestCase):
         self.assertAlmostEqual(request.last_token - request.arrival, 0.1, places=9)
         _, [request] = run(**common)
         self.assertAlmostEqual(request.last_token - request.arrival, 0.1 + 0.0008, places=9)
+        # A stream of its own (link_shared false: slimkv's) after a prefill of 0.1 ms: its bucket holds the
+        # 12.5 KB refilled since it opened when the KV is sent, not 250 KB. (A worker's shared link, idle
+        # since time 0, is full by the arrival.)
+        _, [request] = run(overlap_layers=False, link_burst_bytes=250000, link_shared=False,
+                           **dict(common, prefill_s_per_token=1e-7))
+        self.assertAlmostEqual(request.last_token - request.arrival, 0.0001 + 0.008 - 12500 * 8e-9, places=9)
 
     def gpu_run_errors(self):
         # The measured run, both workers on one H100 (jct_one_h100_10g_layers/, session 22: 0.2 and 0.5 req/s),
