@@ -762,24 +762,13 @@ Status CudaHackPrefillAttention::run(const PagedKvView& kv, const QuantizedKvVie
   }
   HackPrefillLaunch L{};
   AttentionLaunch& p = L.a;
-  p.q = reinterpret_cast<const __half*>(q);
-  p.out = reinterpret_cast<__half*>(out);
-  p.block_tables = kv.block_tables;
-  p.block_table_stride = kv.block_table_stride;
-  point_at_batch(p, metadata_.data(), shape_.max_batch);
-  p.num_heads = shape_.num_heads;
-  p.num_kv_heads = shape_.num_kv_heads;
-  p.head_dim = shape_.head_dim;
-  p.group = group_;
+  p = step_launch(q, out, kv.block_tables, kv.block_table_stride, metadata_.data(), shape_.max_batch, shape_.num_heads,
+                  shape_.num_kv_heads, shape_.head_dim, scale, partial_acc_.data(), partial_max_sum_.data());
   p.positions_per_tile = kTileRows / group_;
   p.rows_per_tile = kTileRows;
   p.splits_per_tile = splits_per_tile_;
   p.num_splits = p.split_stride = num_splits_;
   p.num_tiles = num_tiles_;
-  p.scale = scale;
-  p.scale_log2 = scale * kLog2e;
-  p.partial_acc = partial_acc_.data();
-  p.partial_max_sum = reinterpret_cast<float2*>(partial_max_sum_.data());
   L.sealed = sealed;
   L.bits = bits_;
   launch_hack_prefill_attention(L, shared_bytes_);

@@ -538,28 +538,17 @@ Status CudaPagedAttention::check_run(const PagedKvView& kv) const {
 
 AttentionLaunch CudaPagedAttention::launch_params(const Part& part, const PagedKvView& kv, const uint16_t* q, float scale,
                                                   uint16_t* out) const {
-  AttentionLaunch p{};
-  p.q = reinterpret_cast<const __half*>(q);
-  p.out = reinterpret_cast<__half*>(out);
+  AttentionLaunch p = step_launch(q, out, kv.block_tables, kv.block_table_stride, metadata_.data(), shape_.max_batch,
+                                  shape_.num_heads, shape_.num_kv_heads, shape_.head_dim, scale,
+                                  const_cast<float*>(partial_acc_.data()), const_cast<float*>(partial_max_sum_.data()));
   p.k_pool = reinterpret_cast<const __half*>(kv.k);
   p.v_pool = reinterpret_cast<const __half*>(kv.v);
-  p.block_tables = kv.block_tables;
-  p.block_table_stride = kv.block_table_stride;
-  point_at_batch(p, metadata_.data(), shape_.max_batch);
   p.tiles += part.first_tile;
-  p.num_heads = shape_.num_heads;
-  p.num_kv_heads = shape_.num_kv_heads;
-  p.head_dim = shape_.head_dim;
-  p.group = group_;
   p.positions_per_tile = tile_positions(part);
   p.rows_per_tile = tile_rows(part);
   p.splits_per_tile = part.splits_per_tile;
   p.num_splits = p.split_stride = part.num_splits;
   p.num_tiles = part.num_tiles;
-  p.scale = scale;
-  p.scale_log2 = scale * kLog2e;
-  p.partial_acc = const_cast<float*>(partial_acc_.data());
-  p.partial_max_sum = reinterpret_cast<float2*>(const_cast<float*>(partial_max_sum_.data()));
   return p;
 }
 

@@ -58,6 +58,29 @@ inline void point_at_batch(AttentionLaunch& p, const int* metadata, int max_batc
   p.tiles = reinterpret_cast<const int2*>(metadata + attention_tiles_offset(max_batch));
 }
 
+// What every launch over a step's tiles sets alike (the dense and quantized kernels, HACK's INT8 prefill,
+// ZACK's prefill): its queries and outputs, the blocks' tables, the step's metadata, the heads, the softmax
+// scale and the split partials' buffers. The caller adds its tiles' shape, its splits and its KV.
+inline AttentionLaunch step_launch(const uint16_t* q, uint16_t* out, const int* block_tables, int block_table_stride,
+                                   const int* metadata, int max_batch, int num_heads, int num_kv_heads, int head_dim,
+                                   float scale, float* partial_acc, float* partial_max_sum) {
+  AttentionLaunch p{};
+  p.q = reinterpret_cast<const __half*>(q);
+  p.out = reinterpret_cast<__half*>(out);
+  p.block_tables = block_tables;
+  p.block_table_stride = block_table_stride;
+  point_at_batch(p, metadata, max_batch);
+  p.num_heads = num_heads;
+  p.num_kv_heads = num_kv_heads;
+  p.head_dim = head_dim;
+  p.group = num_heads / num_kv_heads;
+  p.scale = scale;
+  p.scale_log2 = scale * kLog2e;
+  p.partial_acc = partial_acc;
+  p.partial_max_sum = reinterpret_cast<float2*>(partial_max_sum);
+  return p;
+}
+
 // Where a tile's queries sit: rows r < active_rows are query head kv_head·group + r % group at query
 // first_query + r / group of the sequence, whose position is first_position + that query. Its rows see
 // tokens [kv_begin, kv_end) between them (kv_begin > 0 only in a sliding window).

@@ -675,25 +675,14 @@ Status CudaZackAttention::run_decode(int layer, const ZackKvView& kv, const uint
 // The prefill kernel's launch reads the step's metadata as the dense kernels do (split_k.cuh), from the
 // prefill tiles on; the blocks' tables are the ZACK view's.
 Status CudaZackAttention::run_prefill(int layer, const ZackKvView& kv, const uint16_t* q, float scale, uint16_t* out) {
-  AttentionLaunch p{};
-  p.q = reinterpret_cast<const __half*>(q);
-  p.out = reinterpret_cast<__half*>(out);
-  p.block_tables = kv.block_tables;
-  p.block_table_stride = kv.block_table_stride;
-  point_at_batch(p, metadata_.data(), shape_.max_batch);
+  AttentionLaunch p = step_launch(q, out, kv.block_tables, kv.block_table_stride, metadata_.data(), shape_.max_batch,
+                                  shape_.num_heads, shape_.num_kv_heads, shape_.head_dim, scale, partial_acc_.data(),
+                                  partial_max_sum_.data());
   p.tiles += prefill_.first_tile;
-  p.num_heads = shape_.num_heads;
-  p.num_kv_heads = shape_.num_kv_heads;
-  p.head_dim = shape_.head_dim;
-  p.group = group_;
   p.positions_per_tile = kPrefillTileRows / group_;
   p.rows_per_tile = kPrefillTileRows;
   p.num_splits = p.split_stride = prefill_.num_splits;
   p.num_tiles = prefill_.num_tiles;
-  p.scale = scale;
-  p.scale_log2 = scale * kLog2e;
-  p.partial_acc = partial_acc_.data();
-  p.partial_max_sum = reinterpret_cast<float2*>(partial_max_sum_.data());
   launch_zack_prefill_attention(p, kv, prefill_splits_per_tile_.data() + size_t(layer) * size_t(shape_.num_kv_heads));
   SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
   if (p.num_splits > 1) {  // one split wrote the output itself
