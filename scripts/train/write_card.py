@@ -6,8 +6,8 @@ evaluation on the GPU), config.json, reference_cpu.json (scripts/train/reference
 reference against slimkv) and kv_stats.json (scripts/train/kv_stats.py: per-layer KV statistics, this
 model first, then the models it is compared with). Plain Python 3, no torch:
 
-    python3 scripts/train/write_card.py --model-dir models/slimkv-llama-15m --gpu-calls 8 --trained 2026-11-26 \
-        --replaces "slimkv-llama-14m, which had learned its 26M-token corpus by heart (51 passes) ..."
+    python3 scripts/train/write_card.py --model-dir models/slimkv-llama-15m --gpu-calls 6 --trained 2026-11-28 \
+        --replaces "the first slimkv-llama-15m (corpus v2, 2026-11-26), ..." --notes "..."
 """
 import argparse
 import datetime
@@ -42,29 +42,16 @@ def gap_verdict(gap):
     return "%.2fx (issue 27 asks ≤ 1.5x: %s)" % (gap, "met" if gap <= 1.5 else "not met")
 
 
-def generalization_gap(ev, context, model_dir):
+def generalization_gap(ev, context):
     sources = ev["perplexity"].get("heldout-sources/%d" % context)
     split = ev["perplexity"].get("heldout-split/%d" % context)
     if not (sources and split):
         return ""
-    text = ("\nheld-out sources vs held-out split of the training sources at %dK: %s.\n"
-            % (context // 1024, gap_verdict(sources["ppl"] / split["ppl"])))
-    clean = load(model_dir, "heldout_split_clean.json")
-    if clean:
-        contexts = sorted(clean["split"], key=int)
-        row = lambda part: " / ".join("%.2f" % clean[part][c]["ppl"] for c in contexts)
-        first = contexts[0]
-        text += ("\nBut the split shares text with training: %d of its %d documents have over half of their lines of "
-                 "40 characters or more in the training parts (templated source files, licence headers). Its %d "
-                 "documents that share no such line (`scripts/corpus/decontaminate.py`; `heldout_split_clean.txt`, "
-                 "%d tokens), by slimkv (`scripts/heldout_ppl.py --model %s --text TEXT --context L`, which gives "
-                 "transformers' figures above within 1e-4): %s at %s tokens; held-out sources by the same command: %s. "
-                 "Held-out sources vs this split at %dK: %s.\n"
-                 % (clean["decontaminate"]["with_half_their_lines_in_training"], clean["decontaminate"]["documents"],
-                    clean["decontaminate"]["kept"], clean["split"][first]["tokens"], model_dir, row("split"),
-                    " / ".join(contexts), row("sources"), int(first) // 1024,
-                    gap_verdict(clean["sources"][first]["ppl"] / clean["split"][first]["ppl"])))
-    return text
+    # build_corpus.py keeps in the split only documents that share no line of 40+ characters with training
+    # (decontaminate.py): a templated file or licence header left out of training measures memory.
+    return ("\nheld-out sources vs held-out split of the training sources at %dK: %s (the split holds only "
+            "documents that share no line of 40 characters or more with training: `scripts/corpus/decontaminate.py`, "
+            "applied by `build_corpus.py`).\n" % (context // 1024, gap_verdict(sources["ppl"] / split["ppl"])))
 
 
 def passkey_table(ev):
@@ -156,9 +143,6 @@ def files_section(model_dir, ev, cfg):
         lines.append("- `heldout.txt`: the held-out-sources evaluation text (`scripts/corpus/`: %s;" % ", ".join(sources))
         lines.append("  %.1f MB, {:,} tokens), what `slimkv eval` reads by default."
                      .format(ev["perplexity"]["heldout-sources/%d" % LENGTHS[0]]["tokens"]) % (os.path.getsize(heldout) / 1e6))
-    if os.path.exists(os.path.join(model_dir, "heldout_split_clean.txt")):
-        lines.append("- `heldout_split_clean.txt` and `heldout_split_clean.json`: the held-out split's documents that share no")
-        lines.append("  line with training, and slimkv's perplexity on them and on `heldout.txt` (above).")
     pk = ref.get("passkey_prompt")
     if pk:
         lines.append("- `%s` (%d tokens with BOS, the key at %d%% depth in held-out text; `passkey_prompt.json`"
@@ -215,7 +199,7 @@ Trained {trained} on one {ev['gpu']} by `scripts/train/train.py` ({args.gpu_call
 ## Perplexity (train.py's evaluation, transformers on the GPU)
 
 {ppl}
-{generalization_gap(ev, first_context, model_dir)}
+{generalization_gap(ev, first_context)}
 ## Pass key (strict match, {trials} trials per cell, the worst of depths 0/25/50/75/100%)
 
 {passkey}
