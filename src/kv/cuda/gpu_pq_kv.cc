@@ -3,8 +3,11 @@
 // (pq_gpu_index.h). A decode step selects per (sequence, KV head) the CPU selector's way (pq_select.h:
 // init tokens, the top-k middle tokens by ADC score re-ranked exactly, the local window), gathers only
 // the selected tokens' K/V into a compact GPU buffer (from host memory: only they cross PCIe) and runs
-// the paged attention kernel over it. Sequences with a prefill chunk in the step attend to every token
-// (PQCache selects only while decoding); decode rows beside them still select, so that a sequence's
+// the paged attention kernel over it. With @offload each full block's K/V is also copied token-major
+// into pinned host memory as it fills (pq_fp16_row_copies: a token's key and value side by side, a
+// head's tokens back to back), where the re-rank and the gather read them instead of the page-strided
+// pages (unless PqKvOptions::fp16_rows is off). Sequences with a prefill chunk in the step attend to
+// every token (PQCache selects only while decoding); decode rows beside them still select, so that a sequence's
 // tokens do not depend on the server's batch. With @offload, a GPU cache of selected tokens
 // (pq_token_cache.h, `cache` tokens per layer and KV head, `policy` lru or lfu; cache=0: none) serves
 // the tokens that recent steps selected. A sequence moves out and in (preemption, disaggregation) as
@@ -118,6 +121,10 @@ class GpuPqKv final : public GpuKvCache {
       }
     } else {
       SLIMKV_ASSIGN_OR_RETURN(pages_, CudaPagedKvCache::create(kv_shape));
+      if (options_.offload && options_.fp16_rows) {
+        SLIMKV_RETURN_IF_ERROR(allocate_rows(fp16_rows_, pq_fp16_row_bytes(shape_.head_dim),
+                                             "pq's token-major copy of the FP16 pages"));
+      }
     }
     const PagedAttentionShape attention{shape_.num_heads, shape_.num_kv_heads, shape_.head_dim, shape_.max_sequences,
                                         shape_.max_step_tokens};
@@ -162,9 +169,9 @@ class GpuPqKv final : public GpuKvCache {
   }
   size_t host_bytes() const override {
     const size_t pages = pages_ ? size_t(pages_->shape().num_blocks) * bytes_per_block() : 0;
-    const size_t rows = key_rows_.pool.bytes() + value_rows_.pool.bytes();
-    const size_t store = sealed_ ? sealed_->host_bytes() + rows : options_.offload ? pages : 0;
-    return store + index_->host_bytes();
+    const size_t rows = key_rows_.pool.bytes() + value_rows_.pool.bytes() + fp16_rows_.pool.bytes();
+    const size_t store = sealed_ ? sealed_->host_bytes() : options_.offload ? pages : 0;
+    return store + rows + index_->host_bytes();
   }
   size_t bytes_per_block() const override {
     if (sealed_) return size_t(shape_.num_layers) * size_t(shape_.num_kv_heads) * sealed_->layout().block_bytes;
@@ -405,7 +412,7 @@ class GpuPqKv final : public GpuKvCache {
   }
   // --- @offload's copies of sealed bytes: the keys' and values' token-major rows (pq_select.h's
   // PqTokenRows) in host memory, the blocks' per-column V scales (HACK's V layout; PqValueScales) on the
-  // GPU ---
+  // GPU; over FP16 pages, the full blocks' K/V in rows of a token's key and value (pq_fp16_row_copies) ---
   struct TokenRange {
     int sequence, first, n;
   };
@@ -436,16 +443,24 @@ class GpuPqKv final : public GpuKvCache {
     return PqValueScales{value_scales_.data() + size_t(layer) * value_scales_layer(), shape_.blocks_per_sequence()};
   }
   PqSealedCopies copies_of(int layer) {
+    if (!sealed_) {
+      const PqTokenRows rows = rows_of(fp16_rows_, layer);
+      return rows.rows ? pq_fp16_row_copies(rows.rows, shape_.head_dim, max_tokens()) : PqSealedCopies{};
+    }
     return {rows_of(key_rows_, layer), rows_of(value_rows_, layer), value_scales(layer)};
   }
   SealedTokenRange sealed_tokens_of(int layer, TokenRange r) const {
+    if (!sealed_) {
+      const PagedKvView pages = pages_->view(layer);
+      return {QuantizedKvView{}, pages.block_table_stride, shape_.num_kv_heads, shape_.head_dim, r.sequence, r.first, r.n, pages};
+    }
     return {sealed_->sealed_view(layer), sealed_->shape().max_blocks_per_sequence, shape_.num_kv_heads, shape_.head_dim,
-            r.sequence, r.first, r.n};
+            r.sequence, r.first, r.n, PagedKvView{}};
   }
   // The tokens whose blocks the step seals (before the store's begin_step counts the step's tokens).
   void plan_sealed_copies(const std::vector<int>& sequence_ids, const std::vector<int>& new_tokens) {
     sealed_ranges_.clear();
-    if (!sealed_ || !options_.offload) return;  // the copies are @offload's
+    if (!options_.offload || (!sealed_ && !fp16_rows_.pool.data())) return;  // the copies are @offload's
     for (size_t i = 0; i < sequence_ids.size(); ++i) {
       const int held = sequences().num_tokens(sequence_ids[i]);
       const int first = held / kCudaBlockTokens * kCudaBlockTokens;
@@ -588,6 +603,7 @@ class GpuPqKv final : public GpuKvCache {
   std::unique_ptr<CudaPqTokenCache> token_cache_;  // @offload with cache != 0
   RowPool key_rows_;    // sealed @offload, HACK's K layout: the keys' rows
   RowPool value_rows_;  // sealed @offload: the values' rows
+  RowPool fp16_rows_;   // FP16 pages @offload (PqKvOptions::fp16_rows): a token's key and value a row
   DeviceArray<uint16_t> value_scales_;  // sealed @offload, HACK's V layout: [layers, sequences, kv_heads, blocks, 2, d]
   std::vector<TokenRange> sealed_ranges_;  // the step's sealed tokens
   int max_candidates_ = 0, selected_blocks_ = 0;
