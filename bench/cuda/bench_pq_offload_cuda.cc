@@ -7,7 +7,7 @@
 //                  selected tokens' K/V read from pinned host memory (kv/cuda/gpu_pq_kv.cc), those not
 //                  found in the GPU cache of selected tokens (cache=0: none; kv/cuda/pq_token_cache.h);
 //                  per --fp16-rows, the full blocks' K/V read from token-major copies of the pages (on,
-//                  the default) or from the pages themselves (off: the row's name ends in "pages")
+//                  the default) or from the pages themselves (off: `rows=off`)
 //   pq+hack@offload  the same over HACK's sealed blocks of each of --hack-bits (rot=none): the selected
 //                  tokens' codes and scales read from pinned host memory and dequantized on the GPU;
 //                  per --hack-vlayouts, V's scales per column of a block (HACK's) or per token (KIVI's)
@@ -143,11 +143,11 @@ Status run(const Options& o) {
         PqOptions options;
         options.window.topk = topk;
         options.cache_tokens = cache;
-        pq.pq = PqKvOptions{options, true, 0, true};
+        pq.pq = PqKvOptions{options, true, 0};
         for (const std::string& rows : wanted("pq") ? o.fp16_rows : std::vector<std::string>{}) {
           CudaModelOptions fp16 = pq;
-          fp16.pq->fp16_rows = rows == "on";
-          variants.emplace_back(str_cat("pq:topk=", topk, ",cache=", cache, "@offload", rows == "on" ? "" : " pages"), fp16);
+          fp16.pq->pq.rows = rows == "on";
+          variants.emplace_back(str_cat("pq:topk=", topk, ",cache=", cache, rows == "on" ? "" : ",rows=off", "@offload"), fp16);
         }
         for (const int bits : wanted("pq+hack") ? o.hack_bits : std::vector<int>{}) {
           for (const std::string& vlayout : o.hack_vlayouts) {

@@ -596,10 +596,12 @@ TEST_F(PqSelectTest, BundledModelTopkOneEqualsDenseAndOffloadEqualsResident) {
     EXPECT_TRUE(run(*engine) == expected) << spec;
   }
   // @offload reads the tokens it finds in its GPU cache from there: the default cache (larger than the
-  // selection), a smaller one that evicts (LFU), and none.
+  // selection), a smaller one that evicts (LFU), and none; the others from the full blocks' token-major
+  // rows, or with rows=off from the pages.
   auto resident = load("pq:topk=0.3");
   const auto selected = run(*resident);
-  for (const char* spec : {"pq:topk=0.3@offload", "pq:topk=0.3,cache=96,policy=lfu@offload", "pq:topk=0.3,cache=0@offload"}) {
+  for (const char* spec : {"pq:topk=0.3@offload", "pq:topk=0.3,cache=96,policy=lfu@offload", "pq:topk=0.3,cache=0@offload",
+                           "pq:topk=0.3,cache=0,rows=off@offload"}) {
     auto offload = load(spec);
     EXPECT_TRUE(run(*offload) == selected) << spec;
   }
@@ -614,7 +616,8 @@ TEST_F(PqSelectTest, BundledModelTopkOneEqualsDenseAndOffloadEqualsResident) {
   for (const auto& [resident_spec, offload_spec] : std::vector<std::pair<std::string, std::string>>{
            {"pq:topk=0.3+hack:bits=4", "pq:topk=0.3+hack:bits=4@offload"},
            {"pq:topk=0.3+hack:bits=4", "pq:topk=0.3,cache=96,policy=lfu+hack:bits=4@offload"},
-           {"pq:topk=0.3+hack:bits=2,rot=none", "pq:topk=0.3,cache=0+hack:bits=2,rot=none@offload"}}) {
+           {"pq:topk=0.3+hack:bits=2,rot=none", "pq:topk=0.3,cache=0+hack:bits=2,rot=none@offload"},
+           {"pq:topk=0.3+hack:bits=4", "pq:topk=0.3,cache=0,rows=off+hack:bits=4@offload"}}) {
     auto resident_hack = load(resident_spec), offload_hack = load(offload_spec);
     EXPECT_TRUE(run(*offload_hack) == run(*resident_hack)) << offload_spec;
   }

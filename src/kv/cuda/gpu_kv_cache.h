@@ -109,10 +109,6 @@ struct PqKvOptions {
   PqOptions pq;
   bool offload = false;
   uint64_t seed = 0;  // k-means
-  // @offload over FP16 pages: each full block's K/V also copied token-major into pinned host memory,
-  // where the selection reads them (pq_select.h's pq_fp16_row_copies; twice the host memory). Off: the
-  // selection reads the pages (for measuring the two side by side).
-  bool fp16_rows = true;
 };
 
 // What a selecting cache (pq) reports of its last step (zeros elsewhere).

@@ -6,9 +6,9 @@
 // the paged attention kernel over it. With @offload each full block's K/V is also copied token-major
 // into pinned host memory as it fills (pq_fp16_row_copies: a token's key and value side by side, a
 // head's tokens back to back), where the re-rank and the gather read them instead of the page-strided
-// pages (unless PqKvOptions::fp16_rows is off). Sequences with a prefill chunk in the step attend to
-// every token (PQCache selects only while decoding); decode rows beside them still select, so that a sequence's
-// tokens do not depend on the server's batch. With @offload, a GPU cache of selected tokens
+// pages (unless `rows=off`). Sequences with a prefill chunk in the step attend to every token (PQCache
+// selects only while decoding); decode rows beside them still select, so that a sequence's tokens do not
+// depend on the server's batch. With @offload, a GPU cache of selected tokens
 // (pq_token_cache.h, `cache` tokens per layer and KV head, `policy` lru or lfu; cache=0: none) serves
 // the tokens that recent steps selected. A sequence moves out and in (preemption, disaggregation) as
 // dense FP16 blocks through a host store; the PQ index is rebuilt from the imported keys.
@@ -23,8 +23,8 @@
 // token-major into pinned host memory as its block seals (PqTokenRows: a 2-bit key in two sectors, not
 // one per 4 dims; a value in one or two, not six), where the re-rank and the gather read them, and with
 // HACK's V layout each sealed block's per-column V mins and scales into GPU memory (PqValueScales: 512
-// bytes a selected token's value no longer reads over PCIe). Steps without selection, and prefill
-// chunks, attend as the quantized cache does (run_quantized). A sequence moves out and in as hack's do
+// bytes a selected token's value no longer reads over PCIe; `rows=off`: none). Steps without selection,
+// and prefill chunks, attend as the quantized cache does (run_quantized). A sequence moves out and in as hack's do
 // (device pages: its sealed blocks as they are, then the open tokens); the importing cache builds the
 // index from the blocks' keys dequantized, as the CPU store does from restored blocks (so its
 // selections may differ from the exporter's, whose index saw the keys before sealing).
@@ -105,23 +105,23 @@ class GpuPqKv final : public GpuKvCache {
     if (sealed_options_) {
       const QuantizedKvOptions& q = *sealed_options_;
       SLIMKV_ASSIGN_OR_RETURN(sealed_, CudaQuantizedKvCache::create(kv_shape, q.config, q.hack, q.seed));
-      if (options_.offload && !q.config.k_per_channel) {
+      if (keeps_rows() && !q.config.k_per_channel) {
         SLIMKV_RETURN_IF_ERROR(allocate_rows(key_rows_, pq_key_row_bytes(shape_.head_dim, q.config.k_bits),
                                              "pq's token-major copy of the sealed keys"));
       }
-      if (options_.offload) {
+      if (keeps_rows()) {
         const int v_groups = q.config.v_per_token ? sealed_->layout().v_groups : 0;
         SLIMKV_RETURN_IF_ERROR(allocate_rows(value_rows_, pq_value_row_bytes(shape_.head_dim, q.config.v_bits, v_groups),
                                              "pq's token-major copy of the sealed values"));
       }
-      if (options_.offload && !q.config.v_per_token) {
+      if (keeps_rows() && !q.config.v_per_token) {
         SLIMKV_ASSIGN_OR_RETURN(value_scales_,
                                 DeviceArray<uint16_t>::allocate(size_t(shape_.num_layers) * value_scales_layer(),
                                                                 "pq's copy of the sealed blocks' V scales"));
       }
     } else {
       SLIMKV_ASSIGN_OR_RETURN(pages_, CudaPagedKvCache::create(kv_shape));
-      if (options_.offload && options_.fp16_rows) {
+      if (keeps_rows()) {
         SLIMKV_RETURN_IF_ERROR(allocate_rows(fp16_rows_, pq_fp16_row_bytes(shape_.head_dim),
                                              "pq's token-major copy of the FP16 pages"));
       }
@@ -416,6 +416,8 @@ class GpuPqKv final : public GpuKvCache {
   struct TokenRange {
     int sequence, first, n;
   };
+  // `rows` (on by default): @offload keeps the copies.
+  bool keeps_rows() const { return options_.offload && options_.pq.rows; }
   int max_tokens() const { return shape_.blocks_per_sequence() * kCudaBlockTokens; }
   // A row per token, KV head and layer, in pinned host memory.
   struct RowPool {
@@ -460,7 +462,7 @@ class GpuPqKv final : public GpuKvCache {
   // The tokens whose blocks the step seals (before the store's begin_step counts the step's tokens).
   void plan_sealed_copies(const std::vector<int>& sequence_ids, const std::vector<int>& new_tokens) {
     sealed_ranges_.clear();
-    if (!options_.offload || (!sealed_ && !fp16_rows_.pool.data())) return;  // the copies are @offload's
+    if (!keeps_rows()) return;
     for (size_t i = 0; i < sequence_ids.size(); ++i) {
       const int held = sequences().num_tokens(sequence_ids[i]);
       const int first = held / kCudaBlockTokens * kCudaBlockTokens;
@@ -603,7 +605,7 @@ class GpuPqKv final : public GpuKvCache {
   std::unique_ptr<CudaPqTokenCache> token_cache_;  // @offload with cache != 0
   RowPool key_rows_;    // sealed @offload, HACK's K layout: the keys' rows
   RowPool value_rows_;  // sealed @offload: the values' rows
-  RowPool fp16_rows_;   // FP16 pages @offload (PqKvOptions::fp16_rows): a token's key and value a row
+  RowPool fp16_rows_;   // FP16 pages @offload: a token's key and value a row
   DeviceArray<uint16_t> value_scales_;  // sealed @offload, HACK's V layout: [layers, sequences, kv_heads, blocks, 2, d]
   std::vector<TokenRange> sealed_ranges_;  // the step's sealed tokens
   int max_candidates_ = 0, selected_blocks_ = 0;
