@@ -338,9 +338,13 @@ __global__ void gather_kernel(PqSelectLaunch p) {
   }
   const uint2* k_in = reinterpret_cast<const uint2*>(key);
   const uint2* v_in = reinterpret_cast<const uint2*>(value);
+  // Both loads before either store: the compiler cannot tell that the stores miss the inputs, and would
+  // otherwise wait for the key's store before loading the value (two trips over PCIe, not one; from a
+  // row, the key and value are one 512-byte range).
   for (int c = threadIdx.x; c < d / 4; c += 32) {
-    k_out[c] = k_in[c];
-    v_out[c] = v_in[c];
+    const uint2 k_piece = k_in[c], v_piece = v_in[c];
+    k_out[c] = k_piece;
+    v_out[c] = v_piece;
   }
 }
 
