@@ -148,9 +148,9 @@ struct PqSealedCopies {
 // layer's pool and a token's value in another allocation than its key; here a head's tokens lie back to
 // back and a re-ranked token's value is the 256 bytes after the key the re-rank has just read (the same
 // 4 KB host page: one address translation, not two), and the gather of a token whose key is not in
-// scratch reads 512 contiguous bytes. The price:
-// FP16 pq@offload's host memory doubles (the pages stay: prompt chunks attend over them, the open
-// block lives there, and sequences leave from them; docs/pq.md).
+// scratch reads 512 contiguous bytes. The price: FP16 pq@offload's host memory doubles (the pages stay:
+// prompt chunks attend over them, the open block lives there, and sequences leave from them;
+// docs/pq.md); `rows=off` keeps none.
 PqSealedCopies pq_fp16_row_copies(uint8_t* rows, int head_dim, int max_tokens);
 int pq_fp16_row_bytes(int head_dim);  // 4 · head_dim
 
