@@ -5,7 +5,9 @@
 //   dense@kvpr     the same, part recomputed from X (the cost model's split)
 //   pq@offload     pq:topk=<each of --topks>,cache=<each of --caches>: the PQ index on the GPU, only the
 //                  selected tokens' K/V read from pinned host memory (kv/cuda/gpu_pq_kv.cc), those not
-//                  found in the GPU cache of selected tokens (cache=0: none; kv/cuda/pq_token_cache.h)
+//                  found in the GPU cache of selected tokens (cache=0: none; kv/cuda/pq_token_cache.h);
+//                  per --fp16-rows, the full blocks' K/V read from token-major copies of the pages (on,
+//                  the default) or from the pages themselves (off: `rows=off`)
 //   pq+hack@offload  the same over HACK's sealed blocks of each of --hack-bits (rot=none): the selected
 //                  tokens' codes and scales read from pinned host memory and dequantized on the GPU;
 //                  per --hack-vlayouts, V's scales per column of a block (HACK's) or per token (KIVI's)
@@ -19,6 +21,7 @@
 //
 //   bench_pq_offload_cuda --configs 8192x1,32768x1,131072x1,8192x8,32768x8 --topks 0.2,1024 --caches 0,4096
 //   bench_pq_offload_cuda --configs 8192x1,32768x1,131072x1 --topks 1024 --caches 0 --hack-bits 2 --hack-vlayouts channel,token
+//   bench_pq_offload_cuda --configs 8192x1,32768x1,131072x1 --topks 1024 --caches 0 --fp16-rows on,off --variants pq
 // --variants picks the kinds of rows (dense, offload, kvpr, pq, pq+hack): one kind and one config per
 // process gives a step tracer (bench/cuda/step_trace) one variant's steps, the last ones it traces.
 #include <CLI/CLI.hpp>
@@ -47,6 +50,7 @@ struct Options {
   std::vector<int> caches = {0, 4096};
   std::vector<int> hack_bits = {2};  // the pq+hack@offload rows: one per bits and V layout
   std::vector<std::string> hack_vlayouts = {"channel"};
+  std::vector<std::string> fp16_rows = {"on"};  // the pq@offload rows: one per choice
   std::vector<std::string> variants = {"dense", "offload", "kvpr", "pq", "pq+hack"};
   int steps = 4;
 };
@@ -140,7 +144,11 @@ Status run(const Options& o) {
         options.window.topk = topk;
         options.cache_tokens = cache;
         pq.pq = PqKvOptions{options, true, 0};
-        if (wanted("pq")) variants.emplace_back(str_cat("pq:topk=", topk, ",cache=", cache, "@offload"), pq);
+        for (const std::string& rows : wanted("pq") ? o.fp16_rows : std::vector<std::string>{}) {
+          CudaModelOptions fp16 = pq;
+          fp16.pq->pq.rows = rows == "on";
+          variants.emplace_back(str_cat("pq:topk=", topk, ",cache=", cache, rows == "on" ? "" : ",rows=off", "@offload"), fp16);
+        }
         for (const int bits : wanted("pq+hack") ? o.hack_bits : std::vector<int>{}) {
           for (const std::string& vlayout : o.hack_vlayouts) {
             QuantizationConfig quantization;
@@ -187,6 +195,9 @@ int main(int argc, char** argv) {
   app.add_option("--hack-vlayouts", o.hack_vlayouts, "V scales of the pq+hack@offload rows: channel (HACK's), token")
       ->delimiter(',')
       ->check(CLI::IsMember({"channel", "token"}));
+  app.add_option("--fp16-rows", o.fp16_rows, "pq@offload's full blocks read from token-major copies (on) or the pages (off)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--variants", o.variants, "kinds of rows: dense, offload, kvpr, pq, pq+hack (default: all)")
       ->delimiter(',')
       ->check(CLI::IsMember({"dense", "offload", "kvpr", "pq", "pq+hack"}));

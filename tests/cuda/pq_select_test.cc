@@ -3,8 +3,9 @@
 // reference) on random, tied, all-equal and ±inf scores (NaNs: against the order of their bits); the
 // whole selection (tables, ADC, top-k, exact re-rank, gather) against the CPU selector's steps (PqCodebook's reference table and score_codes,
 // top_k_indices_reference, the exact re-rank of topk_selector.cc) on the same keys, queries and
-// codebooks, over FP16 pages and over sealed `hack` / `quant` blocks (the re-rank's keys and the
-// gathered K/V dequantized as dequantize_tokens does); and the bundled model: pq:topk=1.0 equals dense,
+// codebooks, over FP16 pages (and their token-major copies) and over sealed `hack` / `quant` blocks (the
+// re-rank's keys and the gathered K/V dequantized as dequantize_tokens does, and their copies); and the
+// bundled model: pq:topk=1.0 equals dense,
 // @offload equals resident, pq:topk=1.0+hack equals hack, pq+hack@offload equals pq+hack resident.
 #include <gtest/gtest.h>
 
@@ -202,8 +203,9 @@ std::vector<uint8_t> value_row_reference(const QuantizedBlockLayout& layout, con
 
 // Sequences of `lengths` tokens keeping ks[s] of their middle tokens (rerank 1.25): random keys, GQA
 // groups of 2, head_dim d. sealed: every full block also sealed in that config's blocks (quantize_block),
-// which the selection reads instead of the pages for the tokens before each sequence's open block; with
-// read again from the copies @offload makes (PqTokenRows, PqValueScales).
+// which the selection reads instead of the pages for the tokens before each sequence's open block; then
+// read again from the copies @offload makes (PqTokenRows, PqValueScales; without sealed: the pages'
+// FP16 rows).
 void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, const std::vector<int>& ks,
                                                const QuantizationConfig* sealed = nullptr, int d = 64) {
   const int heads = 4, kv_heads = 2, group = 2, m = 2, bits = 6, segment = 256;
@@ -394,14 +396,49 @@ void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, 
       EXPECT_EQ(mismatches, 0) << "sequence " << s << ", KV head " << g;
     }
   }
+  const auto sealed_tokens = [&](int s) { return lengths[size_t(s)] / kCudaBlockTokens * kCudaBlockTokens; };
+  // @offload's copies of FP16 pages (pq_copy_sealed into pq_fp16_row_copies): each full block's token's
+  // row, its key then its value, against the pages; then the pages' full blocks overwritten with NaNs, so
+  // that only the open tokens can still be read there, and the selection over the rows: the same K/V as
+  // from the pages, bit for bit.
+  if (sealed == nullptr) {
+    const int row_bytes = pq_fp16_row_bytes(d);
+    auto d_fp16_rows = take(DeviceArray<uint8_t>::allocate(size_t(rows) * kv_heads * max_tokens * row_bytes, "FP16 rows"));
+    launch.copies = pq_fp16_row_copies(d_fp16_rows.data(), d, max_tokens);
+    for (int s = 0; s < rows; ++s) {
+      SLIMKV_ASSERT_OK(pq_copy_sealed({QuantizedKvView{}, blocks_per_seq, kv_heads, d, s, 0, sealed_tokens(s), launch.source},
+                                      launch.copies));
+    }
+    const std::vector<uint8_t> got_rows = on_host(d_fp16_rows);
+    std::vector<uint16_t> poisoned_k = k_pool, poisoned_v = v_pool;
+    int mismatches = 0;
+    for (int s = 0; s < rows; ++s) {
+      for (int g = 0; g < kv_heads; ++g) {
+        for (int t = 0; t < sealed_tokens(s); ++t) {
+          const uint8_t* row = got_rows.data() + ((size_t(s) * kv_heads + size_t(g)) * max_tokens + size_t(t)) * row_bytes;
+          mismatches += std::memcmp(row, k_pool.data() + at(s, g, t), 2 * size_t(d)) != 0 ||
+                        std::memcmp(row + 2 * d, v_pool.data() + at(s, g, t), 2 * size_t(d)) != 0;
+          std::fill_n(poisoned_k.begin() + ptrdiff_t(at(s, g, t)), d, uint16_t(0x7fff));
+          std::fill_n(poisoned_v.begin() + ptrdiff_t(at(s, g, t)), d, uint16_t(0x7fff));
+        }
+      }
+    }
+    EXPECT_EQ(mismatches, 0) << "FP16 rows unlike their pages";
+    SLIMKV_ASSERT_OK(d_k.upload(poisoned_k.data(), pool));
+    SLIMKV_ASSERT_OK(d_v.upload(poisoned_v.data(), pool));
+    SLIMKV_ASSERT_OK(pq_select_and_gather(launch));
+    std::vector<uint16_t> rows_k(pool), rows_v(pool);
+    SLIMKV_ASSERT_OK(out_k.download(rows_k.data(), pool));
+    SLIMKV_ASSERT_OK(out_v.download(rows_v.data(), pool));
+    EXPECT_TRUE(rows_k == got_k && rows_v == got_v) << "the selection over the FP16 rows differs from the one over the pages";
+    return;
+  }
   // @offload's copies of sealed bytes (pq_copy_sealed): the keys (HACK's K layout) and values in
   // token-major rows, and the blocks' per-column V scales (HACK's V layout), each against its block's
   // bytes, and the selection reading them: the same K/V as from the blocks alone, bit for bit.
-  if (sealed == nullptr) return;
   const auto block_of = [&](int s, int g, int t) {
     return blocks.data() + (size_t(s * blocks_per_seq + t / kCudaBlockTokens) * kv_heads + size_t(g)) * layout->block_bytes;
   };
-  const auto sealed_tokens = [&](int s) { return lengths[size_t(s)] / kCudaBlockTokens * kCudaBlockTokens; };
   DeviceArray<uint8_t> d_key_rows;
   if (!sealed->k_per_channel) {
     const int row_bytes = pq_key_row_bytes(d, sealed->k_bits);
@@ -417,7 +454,8 @@ void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, 
     launch.copies.value_scales = PqValueScales{d_value_scales.data(), blocks_per_seq};
   }
   for (int s = 0; s < rows; ++s) {
-    SLIMKV_ASSERT_OK(pq_copy_sealed({launch.sealed, blocks_per_seq, kv_heads, d, s, 0, sealed_tokens(s)}, launch.copies));
+    SLIMKV_ASSERT_OK(
+        pq_copy_sealed({launch.sealed, blocks_per_seq, kv_heads, d, s, 0, sealed_tokens(s), PagedKvView{}}, launch.copies));
   }
   // Each sealed token's row of `got_rows` against `reference(block, token in block)`: the mismatching rows.
   const auto rows_unlike = [&](const std::vector<uint8_t>& got_rows, size_t row_bytes, const auto& reference) {
@@ -468,7 +506,8 @@ void expect_selection_equals_the_cpu_selectors(const std::vector<int>& lengths, 
 }
 
 // Short rows (each top-k one CTA a row), and long ones: the ADC select sliced (middles of 19708 and
-// 8700 tokens), and the exact one too (8750 candidates).
+// 8700 tokens), and the exact one too (8750 candidates); head_dim 128 with a sequence ending inside a
+// block. Each again from @offload's token-major copies of the pages (the pages' full blocks then NaNs).
 TEST_F(PqSelectTest, SelectionEqualsTheCpuSelectorsOnTheSameCodebooks) {
   {
     SCOPED_TRACE("lengths 1500, 900");
@@ -477,6 +516,10 @@ TEST_F(PqSelectTest, SelectionEqualsTheCpuSelectorsOnTheSameCodebooks) {
   {
     SCOPED_TRACE("lengths 20000, 9000");
     expect_selection_equals_the_cpu_selectors({20000, 9000}, {7000, 1024});
+  }
+  {
+    SCOPED_TRACE("lengths 1500, 931, head_dim 128");
+    expect_selection_equals_the_cpu_selectors({1500, 931}, {100, 150}, nullptr, 128);
   }
 }
 
@@ -553,10 +596,12 @@ TEST_F(PqSelectTest, BundledModelTopkOneEqualsDenseAndOffloadEqualsResident) {
     EXPECT_TRUE(run(*engine) == expected) << spec;
   }
   // @offload reads the tokens it finds in its GPU cache from there: the default cache (larger than the
-  // selection), a smaller one that evicts (LFU), and none.
+  // selection), a smaller one that evicts (LFU), and none; the others from the full blocks' token-major
+  // rows, or with rows=off from the pages.
   auto resident = load("pq:topk=0.3");
   const auto selected = run(*resident);
-  for (const char* spec : {"pq:topk=0.3@offload", "pq:topk=0.3,cache=96,policy=lfu@offload", "pq:topk=0.3,cache=0@offload"}) {
+  for (const char* spec : {"pq:topk=0.3@offload", "pq:topk=0.3,cache=96,policy=lfu@offload", "pq:topk=0.3,cache=0@offload",
+                           "pq:topk=0.3,cache=0,rows=off@offload"}) {
     auto offload = load(spec);
     EXPECT_TRUE(run(*offload) == selected) << spec;
   }
@@ -571,7 +616,8 @@ TEST_F(PqSelectTest, BundledModelTopkOneEqualsDenseAndOffloadEqualsResident) {
   for (const auto& [resident_spec, offload_spec] : std::vector<std::pair<std::string, std::string>>{
            {"pq:topk=0.3+hack:bits=4", "pq:topk=0.3+hack:bits=4@offload"},
            {"pq:topk=0.3+hack:bits=4", "pq:topk=0.3,cache=96,policy=lfu+hack:bits=4@offload"},
-           {"pq:topk=0.3+hack:bits=2,rot=none", "pq:topk=0.3,cache=0+hack:bits=2,rot=none@offload"}}) {
+           {"pq:topk=0.3+hack:bits=2,rot=none", "pq:topk=0.3,cache=0+hack:bits=2,rot=none@offload"},
+           {"pq:topk=0.3+hack:bits=4", "pq:topk=0.3,cache=0,rows=off+hack:bits=4@offload"}}) {
     auto resident_hack = load(resident_spec), offload_hack = load(offload_spec);
     EXPECT_TRUE(run(*offload_hack) == run(*resident_hack)) << offload_spec;
   }

@@ -3,9 +3,12 @@
 // (pq_gpu_index.h). A decode step selects per (sequence, KV head) the CPU selector's way (pq_select.h:
 // init tokens, the top-k middle tokens by ADC score re-ranked exactly, the local window), gathers only
 // the selected tokens' K/V into a compact GPU buffer (from host memory: only they cross PCIe) and runs
-// the paged attention kernel over it. Sequences with a prefill chunk in the step attend to every token
-// (PQCache selects only while decoding); decode rows beside them still select, so that a sequence's
-// tokens do not depend on the server's batch. With @offload, a GPU cache of selected tokens
+// the paged attention kernel over it. With @offload each full block's K/V is also copied token-major
+// into pinned host memory as it fills (pq_fp16_row_copies: a token's key and value side by side, a
+// head's tokens back to back), where the re-rank and the gather read them instead of the page-strided
+// pages (unless `rows=off`). Sequences with a prefill chunk in the step attend to every token (PQCache
+// selects only while decoding); decode rows beside them still select, so that a sequence's tokens do not
+// depend on the server's batch. With @offload, a GPU cache of selected tokens
 // (pq_token_cache.h, `cache` tokens per layer and KV head, `policy` lru or lfu; cache=0: none) serves
 // the tokens that recent steps selected. A sequence moves out and in (preemption, disaggregation) as
 // dense FP16 blocks through a host store; the PQ index is rebuilt from the imported keys.
@@ -20,8 +23,8 @@
 // token-major into pinned host memory as its block seals (PqTokenRows: a 2-bit key in two sectors, not
 // one per 4 dims; a value in one or two, not six), where the re-rank and the gather read them, and with
 // HACK's V layout each sealed block's per-column V mins and scales into GPU memory (PqValueScales: 512
-// bytes a selected token's value no longer reads over PCIe). Steps without selection, and prefill
-// chunks, attend as the quantized cache does (run_quantized). A sequence moves out and in as hack's do
+// bytes a selected token's value no longer reads over PCIe; `rows=off`: none). Steps without selection,
+// and prefill chunks, attend as the quantized cache does (run_quantized). A sequence moves out and in as hack's do
 // (device pages: its sealed blocks as they are, then the open tokens); the importing cache builds the
 // index from the blocks' keys dequantized, as the CPU store does from restored blocks (so its
 // selections may differ from the exporter's, whose index saw the keys before sealing).
@@ -102,22 +105,26 @@ class GpuPqKv final : public GpuKvCache {
     if (sealed_options_) {
       const QuantizedKvOptions& q = *sealed_options_;
       SLIMKV_ASSIGN_OR_RETURN(sealed_, CudaQuantizedKvCache::create(kv_shape, q.config, q.hack, q.seed));
-      if (options_.offload && !q.config.k_per_channel) {
+      if (keeps_rows() && !q.config.k_per_channel) {
         SLIMKV_RETURN_IF_ERROR(allocate_rows(key_rows_, pq_key_row_bytes(shape_.head_dim, q.config.k_bits),
                                              "pq's token-major copy of the sealed keys"));
       }
-      if (options_.offload) {
+      if (keeps_rows()) {
         const int v_groups = q.config.v_per_token ? sealed_->layout().v_groups : 0;
         SLIMKV_RETURN_IF_ERROR(allocate_rows(value_rows_, pq_value_row_bytes(shape_.head_dim, q.config.v_bits, v_groups),
                                              "pq's token-major copy of the sealed values"));
       }
-      if (options_.offload && !q.config.v_per_token) {
+      if (keeps_rows() && !q.config.v_per_token) {
         SLIMKV_ASSIGN_OR_RETURN(value_scales_,
                                 DeviceArray<uint16_t>::allocate(size_t(shape_.num_layers) * value_scales_layer(),
                                                                 "pq's copy of the sealed blocks' V scales"));
       }
     } else {
       SLIMKV_ASSIGN_OR_RETURN(pages_, CudaPagedKvCache::create(kv_shape));
+      if (keeps_rows()) {
+        SLIMKV_RETURN_IF_ERROR(allocate_rows(fp16_rows_, pq_fp16_row_bytes(shape_.head_dim),
+                                             "pq's token-major copy of the FP16 pages"));
+      }
     }
     const PagedAttentionShape attention{shape_.num_heads, shape_.num_kv_heads, shape_.head_dim, shape_.max_sequences,
                                         shape_.max_step_tokens};
@@ -162,9 +169,9 @@ class GpuPqKv final : public GpuKvCache {
   }
   size_t host_bytes() const override {
     const size_t pages = pages_ ? size_t(pages_->shape().num_blocks) * bytes_per_block() : 0;
-    const size_t rows = key_rows_.pool.bytes() + value_rows_.pool.bytes();
-    const size_t store = sealed_ ? sealed_->host_bytes() + rows : options_.offload ? pages : 0;
-    return store + index_->host_bytes();
+    const size_t rows = key_rows_.pool.bytes() + value_rows_.pool.bytes() + fp16_rows_.pool.bytes();
+    const size_t store = sealed_ ? sealed_->host_bytes() : options_.offload ? pages : 0;
+    return store + rows + index_->host_bytes();
   }
   size_t bytes_per_block() const override {
     if (sealed_) return size_t(shape_.num_layers) * size_t(shape_.num_kv_heads) * sealed_->layout().block_bytes;
@@ -405,10 +412,12 @@ class GpuPqKv final : public GpuKvCache {
   }
   // --- @offload's copies of sealed bytes: the keys' and values' token-major rows (pq_select.h's
   // PqTokenRows) in host memory, the blocks' per-column V scales (HACK's V layout; PqValueScales) on the
-  // GPU ---
+  // GPU; over FP16 pages, the full blocks' K/V in rows of a token's key and value (pq_fp16_row_copies) ---
   struct TokenRange {
     int sequence, first, n;
   };
+  // `rows` (on by default): @offload keeps the copies.
+  bool keeps_rows() const { return options_.offload && options_.pq.rows; }
   int max_tokens() const { return shape_.blocks_per_sequence() * kCudaBlockTokens; }
   // A row per token, KV head and layer, in pinned host memory.
   struct RowPool {
@@ -436,16 +445,24 @@ class GpuPqKv final : public GpuKvCache {
     return PqValueScales{value_scales_.data() + size_t(layer) * value_scales_layer(), shape_.blocks_per_sequence()};
   }
   PqSealedCopies copies_of(int layer) {
+    if (!sealed_) {
+      const PqTokenRows rows = rows_of(fp16_rows_, layer);
+      return rows.rows ? pq_fp16_row_copies(rows.rows, shape_.head_dim, max_tokens()) : PqSealedCopies{};
+    }
     return {rows_of(key_rows_, layer), rows_of(value_rows_, layer), value_scales(layer)};
   }
   SealedTokenRange sealed_tokens_of(int layer, TokenRange r) const {
+    if (!sealed_) {
+      const PagedKvView pages = pages_->view(layer);
+      return {QuantizedKvView{}, pages.block_table_stride, shape_.num_kv_heads, shape_.head_dim, r.sequence, r.first, r.n, pages};
+    }
     return {sealed_->sealed_view(layer), sealed_->shape().max_blocks_per_sequence, shape_.num_kv_heads, shape_.head_dim,
-            r.sequence, r.first, r.n};
+            r.sequence, r.first, r.n, PagedKvView{}};
   }
   // The tokens whose blocks the step seals (before the store's begin_step counts the step's tokens).
   void plan_sealed_copies(const std::vector<int>& sequence_ids, const std::vector<int>& new_tokens) {
     sealed_ranges_.clear();
-    if (!sealed_ || !options_.offload) return;  // the copies are @offload's
+    if (!keeps_rows()) return;
     for (size_t i = 0; i < sequence_ids.size(); ++i) {
       const int held = sequences().num_tokens(sequence_ids[i]);
       const int first = held / kCudaBlockTokens * kCudaBlockTokens;
@@ -588,6 +605,7 @@ class GpuPqKv final : public GpuKvCache {
   std::unique_ptr<CudaPqTokenCache> token_cache_;  // @offload with cache != 0
   RowPool key_rows_;    // sealed @offload, HACK's K layout: the keys' rows
   RowPool value_rows_;  // sealed @offload: the values' rows
+  RowPool fp16_rows_;   // FP16 pages @offload: a token's key and value a row
   DeviceArray<uint16_t> value_scales_;  // sealed @offload, HACK's V layout: [layers, sequences, kv_heads, blocks, 2, d]
   std::vector<TokenRange> sealed_ranges_;  // the step's sealed tokens
   int max_candidates_ = 0, selected_blocks_ = 0;

@@ -183,9 +183,22 @@ __device__ uint2 pack4(const float in[4]) {
   return make_uint2(bits(in[0]) | bits(in[1]) << 16, bits(in[2]) | bits(in[3]) << 16);
 }
 
-// Whether token t of the row lies in a sealed block (before the open block) that the launch reads.
+// Whether token t of the row lies in a full block (before the open block).
+__device__ bool in_full_block(const PqSelectRow& r, int t) { return t < r.num_tokens / kCudaBlockTokens * kCudaBlockTokens; }
+
+// Whether token t of the row lies in a sealed block that the launch reads.
 __device__ bool reads_sealed(const PqSelectLaunch& p, const PqSelectRow& r, int t) {
-  return p.sealed.blocks != nullptr && t < r.num_tokens / kCudaBlockTokens * kCudaBlockTokens;
+  return p.sealed.blocks != nullptr && in_full_block(r, t);
+}
+
+// Token t's FP16 key (or value) where the launch reads it: over FP16 pages with their token-major
+// copies (pq_fp16_row_copies), a full block's token from its row; else from its page.
+__device__ const uint16_t* fp16_at(const PqSelectLaunch& p, const PqSelectRow& r, int g, int t, bool value) {
+  const PqTokenRows& rows = value ? p.copies.value_rows : p.copies.key_rows;
+  if (p.sealed.blocks == nullptr && rows.rows != nullptr && in_full_block(r, t)) {
+    return reinterpret_cast<const uint16_t*>(token_row(rows, p.num_kv_heads, r.sequence, g, t));
+  }
+  return (value ? p.source.v : p.source.k) + paged_offset(p.source, r.sequence, g, t);
 }
 
 // 1. grid (segments, kv heads, rows).
@@ -252,8 +265,7 @@ __global__ void rerank_kernel(PqSelectLaunch p) {
     }
   } else {
     const int slot = pq_cached_slot(p.cache, r.sequence, g, t);
-    const uint16_t* key = slot >= 0 ? p.cache.k + pq_cache_row(p.cache, r.sequence, g, slot)
-                                    : p.source.k + paged_offset(p.source, r.sequence, g, t);
+    const uint16_t* key = slot >= 0 ? p.cache.k + pq_cache_row(p.cache, r.sequence, g, slot) : fp16_at(p, r, g, t, false);
     // 8 bytes a lane: a warp reads a 128-dim key in one 256-byte request (over PCIe with @offload).
     for (int c = threadIdx.x; c < d / 4; c += 32) {
       const uint2 packed = reinterpret_cast<const uint2*>(key)[c];
@@ -293,7 +305,7 @@ __global__ void gather_kernel(PqSelectLaunch p) {
   const long long to = ((i64(block) * p.num_kv_heads + g) * kCudaBlockTokens + i % kCudaBlockTokens) * d;
   uint2* k_out = reinterpret_cast<uint2*>(p.out_k + to);
   uint2* v_out = reinterpret_cast<uint2*>(p.out_v + to);
-  // From the GPU cache where the token is there, else from the pages (or its sealed block).
+  // From the GPU cache where the token is there, else from the pages or their rows (or its sealed block).
   const int slot = pq_cached_slot(p.cache, r.sequence, g, t);
   const uint16_t* value = nullptr;
   if (slot >= 0) {
@@ -321,15 +333,18 @@ __global__ void gather_kernel(PqSelectLaunch p) {
     }
     return;
   } else {
-    const long long from = paged_offset(p.source, r.sequence, g, t);
-    if (key == nullptr) key = p.source.k + from;
-    value = p.source.v + from;
+    if (key == nullptr) key = fp16_at(p, r, g, t, false);
+    value = fp16_at(p, r, g, t, true);
   }
   const uint2* k_in = reinterpret_cast<const uint2*>(key);
   const uint2* v_in = reinterpret_cast<const uint2*>(value);
+  // Both loads before either store: the compiler cannot tell that the stores miss the inputs, and would
+  // otherwise wait for the key's store before loading the value (two trips over PCIe, not one; from a
+  // row, the key and value are one 512-byte range).
   for (int c = threadIdx.x; c < d / 4; c += 32) {
-    k_out[c] = k_in[c];
-    v_out[c] = v_in[c];
+    const uint2 k_piece = k_in[c], v_piece = v_in[c];
+    k_out[c] = k_piece;
+    v_out[c] = v_piece;
   }
 }
 
@@ -420,7 +435,39 @@ __global__ void __launch_bounds__(kCopyThreads) copy_sealed_kernel(SealedTokenRa
   }
 }
 
+// grid (blocks of the range, kv heads): FP16 pages' keys and values into their rows (pq_fp16_row_copies),
+// 16 bytes a thread. A head's block in a page is its 64 keys back to back (its values likewise), so the
+// reads coalesce as they are: no staging.
+__global__ void __launch_bounds__(kCopyThreads) copy_pages_kernel(SealedTokenRange p, PqSealedCopies copies) {
+  const int g = blockIdx.y, first = p.first + int(blockIdx.x) * kCudaBlockTokens;
+  const int row_pieces = p.head_dim / 8, pieces = kCudaBlockTokens * row_pieces;  // of a head's K (or V) block
+  const long long page = paged_offset(p.pages, p.sequence, g, first);
+  for (int i = threadIdx.x; i < 2 * pieces; i += blockDim.x) {
+    const bool value = i >= pieces;
+    const int piece = i % pieces, t = piece / row_pieces;
+    const uint4* from = reinterpret_cast<const uint4*>((value ? p.pages.v : p.pages.k) + page);
+    uint8_t* row = token_row(value ? copies.value_rows : copies.key_rows, p.num_kv_heads, p.sequence, g, first + t);
+    reinterpret_cast<uint4*>(row)[piece % row_pieces] = from[piece];
+  }
+}
+
 unsigned ceil_div(int a, int b) { return unsigned((a + b - 1) / b); }
+
+// The FP16 pages' copies: a key and a value row for each of the range's tokens.
+Status copy_pages(const SealedTokenRange& p, const PqSealedCopies& copies) {
+  const int row_bytes = pq_fp16_row_bytes(p.head_dim);
+  if (p.pages.k == nullptr || copies.key_rows.rows == nullptr || copies.value_rows.rows == nullptr ||
+      copies.value_scales.scales != nullptr) {
+    return error("pq's copies of FP16 pages: need the pages and the keys' and values' rows (pq_fp16_row_copies), no V scales");
+  }
+  if (p.head_dim % 8 != 0 || copies.key_rows.row_bytes != row_bytes || copies.value_rows.row_bytes != row_bytes) {
+    return error("pq's copies of FP16 pages: head_dim ", p.head_dim, " (a multiple of 8 expected) with rows of ",
+                 copies.key_rows.row_bytes, " bytes (", row_bytes, " expected)");
+  }
+  copy_pages_kernel<<<dim3(unsigned(p.n / kCudaBlockTokens), unsigned(p.num_kv_heads)), kCopyThreads>>>(p, copies);
+  SLIMKV_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return Status::ok();
+}
 
 }  // namespace
 
@@ -490,12 +537,20 @@ int pq_value_row_bytes(int head_dim, int v_bits, int v_groups) {
   return (bytes + 7) / 8 * 8;
 }
 
+int pq_fp16_row_bytes(int head_dim) { return 4 * head_dim; }
+
+PqSealedCopies pq_fp16_row_copies(uint8_t* rows, int head_dim, int max_tokens) {
+  const int row_bytes = pq_fp16_row_bytes(head_dim);
+  return {PqTokenRows{rows, row_bytes, max_tokens}, PqTokenRows{rows + 2 * head_dim, row_bytes, max_tokens}, PqValueScales{}};
+}
+
 Status pq_copy_sealed(const SealedTokenRange& p, const PqSealedCopies& copies) {
   if (p.n == 0) return Status::ok();
   const QuantizedKvView& q = p.sealed;
   if (p.first % kCudaBlockTokens != 0 || p.n % kCudaBlockTokens != 0) {
     return error("pq's sealed copies: tokens [", p.first, ", ", p.first + p.n, ") are not whole blocks of ", kCudaBlockTokens);
   }
+  if (q.blocks == nullptr) return copy_pages(p, copies);
   if (copies.key_rows.rows != nullptr && q.k_per_channel) {
     return error("pq's sealed copies: K per channel has no key rows (HACK's K layout only)");
   }

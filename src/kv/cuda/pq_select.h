@@ -16,7 +16,9 @@
 //
 // The source of K/V (the paged view of `source`) may live in pinned host memory mapped into the GPU
 // (@offload): then only the candidates' keys and the selected tokens' K/V cross PCIe, those of tokens
-// not in the GPU cache of selected tokens (pq_token_cache.h), when there is one.
+// not in the GPU cache of selected tokens (pq_token_cache.h), when there is one. With @offload the
+// tokens of full blocks are read from token-major copies (PqSealedCopies below) where the launch has
+// them: the same values, bit for bit.
 //
 // With a quantizing codec (`pq:...+hack`, `+quant`: `sealed`), the tokens of a row's full blocks are read
 // from their sealed blocks (tensor/quantized_block.h's bytes: only the token's codes, its K partitions'
@@ -106,6 +108,9 @@ struct PqTokenCacheView {
 // in field j), then with V per token its column groups' FP16 mins, then their scales, padded to 8
 // bytes: 32 bytes (one sector) at 2 bits and 128 dims, 40 with V per token (two). HACK's per-column V
 // mins and scales are per block: PqValueScales below.
+//
+// Over FP16 pages (`pq:...@offload` without a codec) a row holds the token's FP16 key or value as the
+// page does (pq_fp16_row_copies below).
 struct PqTokenRows {
   uint8_t* rows = nullptr;  // one layer's [sequences, kv_heads, max_tokens, row_bytes]; null: none
   int row_bytes = 0, max_tokens = 0;
@@ -128,12 +133,26 @@ struct PqValueScales {
 };
 
 // @offload's copies of the sealed bytes a selection reads, each none by default (the selection then
-// reads the blocks).
+// reads the blocks, or the pages).
 struct PqSealedCopies {
-  PqTokenRows key_rows;        // HACK's K layout
-  PqTokenRows value_rows;      // any V layout (HACK's needs value_scales beside)
+  PqTokenRows key_rows;        // HACK's K layout; FP16 pages: the FP16 keys
+  PqTokenRows value_rows;      // any V layout (HACK's needs value_scales beside); FP16 pages: the FP16 values
   PqValueScales value_scales;  // HACK's V layout
 };
+
+// `pq:...@offload` over FP16 pages: each full block's keys and values copied token-major into pinned
+// host memory, a token's key and value side by side in one row of 4 · head_dim bytes (key_rows at
+// `rows`, value_rows 2 · head_dim bytes into each row, both of that row size). A page keeps a KV
+// head's 64 keys of a block together, its next block's num_kv_heads · 16 KB further on (128 KB for
+// Llama-3-8B), and the values in a pool of their own, so a head's tokens lie page-strided over the
+// layer's pool and a token's value in another allocation than its key; here a head's tokens lie back to
+// back and a re-ranked token's value is the 256 bytes after the key the re-rank has just read (the same
+// 4 KB host page: one address translation, not two), and the gather of a token whose key is not in
+// scratch reads 512 contiguous bytes. The price: FP16 pq@offload's host memory doubles (the pages stay:
+// prompt chunks attend over them, the open block lives there, and sequences leave from them;
+// docs/pq.md); `rows=off` keeps none.
+PqSealedCopies pq_fp16_row_copies(uint8_t* rows, int head_dim, int max_tokens);
+int pq_fp16_row_bytes(int head_dim);  // 4 · head_dim
 
 struct PqSelectLaunch {
   const PqSelectRow* rows = nullptr;  // device [num_rows]
@@ -158,11 +177,13 @@ struct PqSelectLaunch {
 // Steps 1–5 for one layer (on the default stream).
 Status pq_select_and_gather(const PqSelectLaunch& launch);
 
-// Tokens [first, first + n) of one sequence's sealed blocks (one layer's).
+// Tokens [first, first + n) of one sequence's sealed blocks (one layer's), or of its full FP16 pages
+// (sealed.blocks null).
 struct SealedTokenRange {
   QuantizedKvView sealed;  // one layer's
   int block_table_stride = 0, num_kv_heads = 0, head_dim = 0;
   int sequence = 0, first = 0, n = 0;
+  PagedKvView pages;       // one layer's FP16 pages: the source where sealed.blocks is null
 };
 
 // Their keys dequantized as the re-rank reads them and rounded to FP16, into keys (device FP16 [n,
@@ -170,8 +191,9 @@ struct SealedTokenRange {
 // CPU store decodes restored blocks for its selector alike).
 Status pq_sealed_keys(const SealedTokenRange& tokens, uint16_t* keys);  // on the default stream
 
-// Their bytes copied into `copies` (those not none): the keys' and values' rows, the blocks' V scales; as
-// their blocks seal, or are imported (first and n: whole blocks). On the default stream.
+// Their bytes copied into `copies` (those not none): the keys' and values' rows, the blocks' V scales
+// (FP16 pages: the keys' and values' rows of pq_fp16_row_copies); as their blocks seal, or are imported
+// (first and n: whole blocks). On the default stream.
 Status pq_copy_sealed(const SealedTokenRange& tokens, const PqSealedCopies& copies);
 
 }  // namespace slimkv::cuda

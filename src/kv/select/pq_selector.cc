@@ -18,7 +18,8 @@ constexpr double kCostAlpha2 = -1.041e-02, kCostBeta2 = 8.470e-05, kCostGamma2 =
 std::string PqOptions::describe() const {
   return str_cat("pq:m=", m, ",b=", bits, ",", window.describe(), ",rerank=", rerank, ",iters=",
                  max_iters ? std::to_string(max_iters) : std::string("auto"), ",segment=", segment_tokens,
-                 ",cache=", cache_tokens, ",policy=", policy, overlap ? "" : ",overlap=off");
+                 ",cache=", cache_tokens, ",policy=", policy, overlap ? "" : ",overlap=off",
+                 rows ? "" : ",rows=off");
 }
 
 uint64_t pq_segment_seed(uint64_t seed, int layer, int head, int segment) {

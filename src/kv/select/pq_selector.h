@@ -30,6 +30,10 @@ struct PqOptions {
   int cache_tokens = 4096;  // the offload tier's block cache, in tokens
   std::string policy = "lru";
   bool overlap = true;      // off: cluster at the first decode step instead (for measuring the overlap)
+  // @offload on CUDA: full blocks also copied token-major into host memory, where the selection reads
+  // them (kv/cuda/pq_select.h; FP16 pages: twice the host memory). Off: it reads the pages or sealed
+  // blocks. The CPU store has no such copies.
+  bool rows = true;
   std::string describe() const;
 };
 
