@@ -272,7 +272,8 @@ class HttpApi {
     generated.push_back(received->request.next_token);
     options.resume = SubmitOptions::Resume{.kv = std::move(received->transfer), .kv_crc = received->received_crc,
                                            .generated = std::move(generated), .device_kv = std::move(received->device_kv),
-                                           .staged_kv = std::move(received->staged_kv)};
+                                           .staged_kv = std::move(received->staged_kv),
+                                           .kv_reservation = std::move(received->kv_reservation)};
     return std::nullopt;
   }
 
@@ -558,12 +559,12 @@ std::string advertised_address(const std::string& host, int port) {
   return name + ":" + std::to_string(port);
 }
 
-// Where a decode worker restores its KV streams: on the CPU, each layer into a store of the engine's as
-// soon as it arrives (the import overlapped with the stream; the scheduler adopts the store); the GPU's
-// are imported whole once they arrived (nullptr). The engine outlives the receiver.
-std::function<Expected<std::shared_ptr<KvStore>>()> staging_store(const Engine& engine) {
-  if (engine.on_gpu()) return nullptr;
-  return [&engine] { return engine.new_kv_store(); };
+// How a decode worker imports its KV streams: staged, each layer placed as soon as it arrives (the
+// import overlapped with the stream: engine/kv_staging.h), where the device can (the CPU; the GPU with
+// dense, hack or quant KV); else whole once they arrived (nullptr). The engine outlives the receiver.
+std::function<Expected<std::unique_ptr<KvStaging>>(const KvTransferInfo&, std::string_view)> kv_staging(const Engine& engine) {
+  if (!engine.stages_kv()) return nullptr;
+  return [&engine](const KvTransferInfo& info, std::string_view source) { return engine.new_kv_staging(info, source); };
 }
 
 std::string default_model_name(const std::string& model_dir) {
@@ -644,7 +645,7 @@ Status run_server(const EngineConfig& engine_config, const SchedulerConfig& sche
                                                           .nccl = disaggregation.nccl,
                                                           .gpu = disaggregation.gpu,
                                                           .buffers = (*engine)->transfer_buffers(),
-                                                          .staging_store = staging_store(**engine)});
+                                                          .staging = kv_staging(**engine)});
     if (!started) {
       stop_listening();
       return started.status().with_context("--kv-port");

@@ -874,12 +874,12 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
   // With a staging store, each piece of a layer's frame is restored into it as soon as it has landed and
   // been checksummed, while it is still in cache: no buffer of the whole transfer, no second pass over
   // its bytes. Else the transfer is assembled in `transfer`, each layer read straight into its place.
-  std::shared_ptr<KvStore> staged;
+  std::unique_ptr<KvStaging> staging;
+  KvStore* staged = nullptr;
   std::vector<uint8_t>& transfer = received.transfer;
-  if (options_.staging_store) {
-    SLIMKV_ASSIGN_OR_RETURN(staged, options_.staging_store());
-    SLIMKV_RETURN_IF_ERROR(check_kv_transfer_head_for(info, where, identity_.model_id, *staged));
-    staged->clear();
+  if (options_.staging) {
+    SLIMKV_ASSIGN_OR_RETURN(staging, options_.staging(info, where));
+    staged = &staging->store();
   } else {
     // Every byte of it is written below (head, each layer's ranges, trailer): a reused buffer is not zeroed first.
     if (options_.buffers) transfer = options_.buffers->take(info.total_bytes);
@@ -986,7 +986,10 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     SLIMKV_ASSIGN_OR_RETURN(const uint32_t open_crc, read_into({open_records, range.open_bytes}));
     SLIMKV_RETURN_IF_ERROR(layer.finish().with_context(str_cat(where, ": layer ", l)));
     SLIMKV_RETURN_IF_ERROR(restored);
-    if (staged) SLIMKV_RETURN_IF_ERROR(restore_kv_transfer_open(open_records, info, int(l), where, *staged));
+    if (staged) {
+      SLIMKV_RETURN_IF_ERROR(restore_kv_transfer_open(open_records, info, int(l), where, *staged));
+      SLIMKV_RETURN_IF_ERROR(staging->layer_complete(int(l), open_records).with_context(where));
+    }
     open_crcs.emplace_back(open_crc, range.open_bytes);
     early[l].clear();
     received.wire_bytes += kKvFrameHeaderBytes + layer.payload_bytes();
@@ -1011,7 +1014,12 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
                    tokens);
     }
   }
-  received.staged_kv = std::move(staged);
+  if (staging) {
+    SLIMKV_ASSIGN_OR_RETURN(StagedKv staged_kv, staging->finish());
+    received.staged_kv = std::move(staged_kv.store);
+    received.device_kv = std::move(staged_kv.device);
+    received.kv_reservation = std::move(staged_kv.reservation);
+  }
   timing["placing_early_seconds"] = placing_seconds;
   timing["seconds"] = seconds_since(hello_at);
   return Status::ok();
