@@ -855,6 +855,7 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
   }
   timing["before_head_seconds"] = seconds_since(hello_at);
   double placing_seconds = 0;
+  double staging_seconds = 0;  // in the staging's layer_complete and finish (the GPU: laying out, uploading)
   SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, inspect_kv_transfer_head(head.payload.data(), head.payload.size(), where));
   if (head.payload.size() != info.sealed_offset) {
     return error(where, ": the KV_HEAD frame holds ", head.payload.size(), " bytes, the transfer's head is ", info.sealed_offset);
@@ -871,9 +872,10 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     }
   }
   received.wire_bytes += kKvFrameHeaderBytes + hello_frame.payload.size();
-  // With a staging store, each piece of a layer's frame is restored into it as soon as it has landed and
-  // been checksummed, while it is still in cache: no buffer of the whole transfer, no second pass over
-  // its bytes. Else the transfer is assembled in `transfer`, each layer read straight into its place.
+  // Staged (engine/kv_staging.h), each piece of a layer's frame is restored into the staging's store as
+  // soon as it has landed and been checksummed, while it is still in cache, and each complete layer
+  // handed to the device's placement (the GPU uploads it): no buffer of the whole transfer, no second
+  // pass over its bytes. Else the transfer is assembled in `transfer`, each layer read straight into its place.
   std::unique_ptr<KvStaging> staging;
   KvStore* staged = nullptr;
   std::vector<uint8_t>& transfer = received.transfer;
@@ -988,7 +990,9 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     SLIMKV_RETURN_IF_ERROR(restored);
     if (staged) {
       SLIMKV_RETURN_IF_ERROR(restore_kv_transfer_open(open_records, info, int(l), where, *staged));
+      const SteadyClock::time_point placing_layer = SteadyClock::now();
       SLIMKV_RETURN_IF_ERROR(staging->layer_complete(int(l), open_records).with_context(where));
+      staging_seconds += seconds_since(placing_layer);
     }
     open_crcs.emplace_back(open_crc, range.open_bytes);
     early[l].clear();
@@ -1015,7 +1019,10 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     }
   }
   if (staging) {
+    const SteadyClock::time_point finishing = SteadyClock::now();
     SLIMKV_ASSIGN_OR_RETURN(StagedKv staged_kv, staging->finish());
+    staging_seconds += seconds_since(finishing);
+    timing["staging_seconds"] = staging_seconds;
     received.staged_kv = std::move(staged_kv.store);
     received.device_kv = std::move(staged_kv.device);
     received.kv_reservation = std::move(staged_kv.reservation);
