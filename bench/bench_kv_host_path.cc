@@ -326,9 +326,9 @@ int main(int argc, char** argv) {
         auto receiver_buffers = std::make_shared<BufferPool>(keep);
         // Pipelined: each stream restored into the receiver's store (not owned: the bench keeps it, as the
         // other variants' imports reuse it) as it arrives.
-        std::function<Expected<std::unique_ptr<KvStaging>>(const KvTransferInfo&, std::string_view)> staging;
+        decltype(KvStreamReceiverOptions::staging) staging;
         if (variant == Variant::kPipelined) {
-          staging = [&](const KvTransferInfo& info, std::string_view source) {
+          staging = [&](const KvTransferInfo& info, std::string_view source, std::shared_ptr<KvReservation>) {
             return stage_into_store(std::shared_ptr<KvStore>(std::shared_ptr<KvStore>(), &receiver_store), info, source,
                                     model_id);
           };

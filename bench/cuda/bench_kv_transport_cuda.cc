@@ -151,7 +151,8 @@ int run_decode_side(const Options& o, const ModelConfig& model) {
                                   .cuda_ipc_device = cuda_ipc_device_id(o.gpu), .nccl = nccl_available().is_ok(), .gpu = o.gpu};
   const auto pinned = ReusedArrays<PinnedArray<uint8_t>>::create();  // the staged layers' pinned memory, reused
   if (o.staged) {
-    options.staging = [&](const KvTransferInfo& info, std::string_view source) -> Expected<std::unique_ptr<KvStaging>> {
+    options.staging = [&](const KvTransferInfo& info, std::string_view source,
+                          std::shared_ptr<KvReservation>) -> Expected<std::unique_ptr<KvStaging>> {
       SLIMKV_RETURN_IF_ERROR(use_gpu(o.gpu));
       return new_gpu_kv_staging(info, source, side->context.model_id, side->context.shape, side->context.pipeline,
                                 side->cache->device_page_layout(), *pinned);

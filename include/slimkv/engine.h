@@ -274,8 +274,14 @@ class Engine {
   // adopt_kv takes; the GPU's: pages uploaded into GPU memory as layers complete, which
   // import_kv_from_device takes). Safe from any thread. stages_kv(): whether this device's KV can be
   // staged (else its streams are imported whole).
+  // `reserved`: blocks reserved already for this stream (reserve_kv when HELLO announced its tokens),
+  // taken over when they cover the head's tokens (else reserved again).
   bool stages_kv() const;
-  Expected<std::unique_ptr<KvStaging>> new_kv_staging(const KvTransferInfo& info, std::string_view source) const;
+  Expected<std::unique_ptr<KvStaging>> new_kv_staging(const KvTransferInfo& info, std::string_view source,
+                                                      std::shared_ptr<KvReservation> reserved = nullptr) const;
+  // The blocks of `tokens` tokens reserved in the KV budget for a KV stream on its way (refused as
+  // new_kv_staging refuses). Safe from any thread.
+  Expected<std::shared_ptr<KvReservation>> reserve_kv(int64_t tokens, std::string_view source) const;
   // Replaces an empty sequence's KV by `kv`, a store of this engine's new_kv_store, restored from a
   // checked transfer; refused when it does not fit the budget. `source` names it in errors.
   Status adopt_kv(SequenceId sequence, std::shared_ptr<KvStore> kv, std::string_view source);

@@ -370,14 +370,12 @@ KvReservation::~KvReservation() { reserved_->fetch_sub(blocks_); }
 
 bool Engine::stages_kv() const { return device_->stages_kv(); }
 
-Expected<std::unique_ptr<KvStaging>> Engine::new_kv_staging(const KvTransferInfo& info, std::string_view source) const {
-  // Reserved first (counted at once, so that two streams arriving together cannot both pass), before the
-  // placement takes any memory. Against the budget's whole, not what is free now: a transfer that fits
-  // waits for its room at admission, as any request does; one that could never be admitted beside the
-  // transfers already on their way is refused now (the router retries it elsewhere).
+Expected<std::shared_ptr<KvReservation>> Engine::reserve_kv(int64_t tokens, std::string_view source) const {
+  // Counted at once, so that two streams arriving together cannot both pass. Against the budget's whole,
+  // not what is free now: a transfer that fits waits for its room at admission, as any request does;
+  // one that could never be admitted beside the transfers already on their way is refused now (the
+  // router retries it elsewhere).
   const KvBudget& budget = kv_budget_at_load_;
-  int tokens = 0;
-  for (const int layer_tokens : info.layer_tokens) tokens = std::max(tokens, layer_tokens);
   auto reservation = std::make_shared<KvReservation>(reserved_kv_blocks_, budget.blocks_for_tokens(tokens));
   const int64_t reserved = reserved_kv_blocks_->load();
   if (reserved > budget.total_blocks) {
@@ -385,8 +383,20 @@ Expected<std::unique_ptr<KvStaging>> Engine::new_kv_staging(const KvTransferInfo
                  " blocks of this worker's KV budget of ", budget.total_blocks, " blocks, of which ",
                  reserved - reservation->blocks(), " are reserved for other KV transfers on their way");
   }
+  return reservation;
+}
+
+Expected<std::unique_ptr<KvStaging>> Engine::new_kv_staging(const KvTransferInfo& info, std::string_view source,
+                                                             std::shared_ptr<KvReservation> reserved) const {
+  int tokens = 0;
+  for (const int layer_tokens : info.layer_tokens) tokens = std::max(tokens, layer_tokens);
+  // Reserved before the placement takes any memory.
+  if (!reserved || reserved->blocks() < kv_budget_at_load_.blocks_for_tokens(tokens)) {
+    reserved = nullptr;  // let go before the whole is reserved again
+    SLIMKV_ASSIGN_OR_RETURN(reserved, reserve_kv(tokens, source));
+  }
   SLIMKV_ASSIGN_OR_RETURN(std::unique_ptr<KvStaging> staging, device_->new_kv_staging(info, source, identity_));
-  staging->reservation_ = std::move(reservation);
+  staging->reservation_ = std::move(reserved);
   return staging;
 }
 

@@ -5,8 +5,9 @@
 // running request's decode).
 //
 // One orchestration for every device, driven by the KV stream's receiver on the stream's own thread
-// (KvStreamReceiver): once the head has arrived, Engine::new_kv_staging reserves the transfer's blocks
-// in the KV budget and checks the head against the engine's KV; each piece of a layer is restored into
+// (KvStreamReceiver): the transfer's blocks are reserved in the KV budget from HELLO when it announces
+// the tokens (Engine::reserve_kv), else by Engine::new_kv_staging once the head has arrived, which also
+// checks the head against the engine's KV; each piece of a layer is restored into
 // store() as soon as it has landed and been checksummed; layer_complete(l) once layer l is whole, layers
 // in order; finish() once the stream has checked out end to end. The device's part (its placement) is
 // what layer_complete does with a complete layer and what finish() hands over:

@@ -560,11 +560,15 @@ std::string advertised_address(const std::string& host, int port) {
 }
 
 // How a decode worker imports its KV streams: staged, each layer placed as soon as it arrives (the
-// import overlapped with the stream: engine/kv_staging.h), where the device can (the CPU; the GPU with
-// dense, hack or quant KV); else whole once they arrived (nullptr). The engine outlives the receiver.
-std::function<Expected<std::unique_ptr<KvStaging>>(const KvTransferInfo&, std::string_view)> kv_staging(const Engine& engine) {
-  if (!engine.stages_kv()) return nullptr;
-  return [&engine](const KvTransferInfo& info, std::string_view source) { return engine.new_kv_staging(info, source); };
+// import overlapped with the stream: engine/kv_staging.h), their blocks reserved from HELLO, where the
+// device can (the CPU; the GPU with dense, hack or quant KV); else whole once they arrived (options left
+// as they are). The engine outlives the receiver.
+void stage_kv_streams(const Engine& engine, KvStreamReceiverOptions& options) {
+  if (!engine.stages_kv()) return;
+  options.staging = [&engine](const KvTransferInfo& info, std::string_view source, std::shared_ptr<KvReservation> reserved) {
+    return engine.new_kv_staging(info, source, std::move(reserved));
+  };
+  options.reserve = [&engine](int64_t tokens, std::string_view source) { return engine.reserve_kv(tokens, source); };
 }
 
 std::string default_model_name(const std::string& model_dir) {
@@ -637,15 +641,15 @@ Status run_server(const EngineConfig& engine_config, const SchedulerConfig& sche
   }
   if (config.role == "decode") {
     const int kv_port = config.kv_port < 0 ? port + 1 : config.kv_port;
-    Expected<std::unique_ptr<KvStreamReceiver>> started =
-        KvStreamReceiver::start(disaggregation.identity, {.host = config.host, .port = kv_port,
-                                                          .max_unclaimed_bytes = config.kv_unclaimed_bytes,
-                                                          .max_tokens = (*engine)->context_tokens(),
-                                                          .cuda_ipc_device = disaggregation.cuda_ipc_device,
-                                                          .nccl = disaggregation.nccl,
-                                                          .gpu = disaggregation.gpu,
-                                                          .buffers = (*engine)->transfer_buffers(),
-                                                          .staging = kv_staging(**engine)});
+    KvStreamReceiverOptions options{.host = config.host, .port = kv_port,
+                                    .max_unclaimed_bytes = config.kv_unclaimed_bytes,
+                                    .max_tokens = (*engine)->context_tokens(),
+                                    .cuda_ipc_device = disaggregation.cuda_ipc_device,
+                                    .nccl = disaggregation.nccl,
+                                    .gpu = disaggregation.gpu,
+                                    .buffers = (*engine)->transfer_buffers()};
+    stage_kv_streams(**engine, options);
+    Expected<std::unique_ptr<KvStreamReceiver>> started = KvStreamReceiver::start(disaggregation.identity, options);
     if (!started) {
       stop_listening();
       return started.status().with_context("--kv-port");

@@ -260,6 +260,7 @@ Expected<std::unique_ptr<KvStreamSender>> KvStreamSender::open(const std::string
                      {"request_id", request_id},
                      {"attempt", attempt},
                      {"identity", kv_identity_json(identity)}};
+  if (options.total_tokens > 0) hello_body["total_tokens"] = options.total_tokens;  // the receiver reserves for them
   if (!options.cuda_ipc_device.empty()) hello_body["cuda_ipc"] = {{"device", options.cuda_ipc_device}};
   // NCCL: the link kept for this receiver, or a new one (the receiver makes its id, which comes back in
   // ACCEPT). Held through the handshake, so that one new link is joined once.
@@ -734,6 +735,14 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
   if (!hello.contains("attempt") || !hello["attempt"].is_number_unsigned() || hello["attempt"].get<uint64_t>() > INT32_MAX) {
     return refuse("HELLO: attempt must be a non-negative integer");
   }
+  int64_t announced_tokens = 0;  // HELLO's total_tokens: what the KV will hold, when the sender knows it
+  if (hello.contains("total_tokens")) {
+    if (!hello["total_tokens"].is_number_unsigned() || hello["total_tokens"].get<uint64_t>() > uint64_t(options_.max_tokens)) {
+      return refuse(str_cat("HELLO: total_tokens must be a non-negative integer, at most this decode worker's context of ",
+                            options_.max_tokens, " tokens; got ", hello["total_tokens"].dump()));
+    }
+    announced_tokens = hello["total_tokens"].get<int64_t>();
+  }
   Expected<KvStreamIdentity> sender = parse_kv_identity(hello.value("identity", json()), "HELLO");
   if (!sender) return refuse(sender.status().message());
   if (const std::string mismatch = kv_identity_mismatch(*sender, identity_); !mismatch.empty()) {
@@ -802,6 +811,12 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     std::vector<uint8_t> bytes;       // every head's, head by head
     std::vector<uint32_t> head_crcs;  // each head's part's CRC32C
   };
+  // A staged stream whose tokens HELLO announced: their blocks reserved now, while the sender prefills.
+  std::shared_ptr<KvReservation> reserved;
+  if (options_.staging && options_.reserve && announced_tokens > 0) {
+    Expected<std::shared_ptr<KvReservation>> reservation = options_.reserve(announced_tokens, where);
+    if (reservation) reserved = reservation.take();  // else at the head, when there may be room
+  }
   std::vector<std::vector<EarlyBlocks>> early(size_t(identity_.num_layers));
   std::vector<int> early_count(size_t(identity_.num_layers), 0);
   const uint64_t stride = sealed_block_stride(identity_);
@@ -880,7 +895,7 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
   KvStore* staged = nullptr;
   std::vector<uint8_t>& transfer = received.transfer;
   if (options_.staging) {
-    SLIMKV_ASSIGN_OR_RETURN(staging, options_.staging(info, where));
+    SLIMKV_ASSIGN_OR_RETURN(staging, options_.staging(info, where, std::move(reserved)));
     staged = &staging->store();
   } else {
     // Every byte of it is written below (head, each layer's ranges, trailer): a reused buffer is not zeroed first.

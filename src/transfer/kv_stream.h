@@ -306,7 +306,15 @@ struct KvStreamReceiverOptions {
   // is. A stream that fails frees what it staged and its reservation; one whose staging is refused (no
   // room in the budget) fails naming why. nullptr: the transfer is handed over whole
   // (ReceivedKv::transfer) and imported after it arrived.
-  std::function<Expected<std::unique_ptr<KvStaging>>(const KvTransferInfo& info, std::string_view source)> staging = nullptr;
+  // `reserved`: what `reserve` gave at HELLO (or nullptr), for the staging to take over.
+  std::function<Expected<std::unique_ptr<KvStaging>>(const KvTransferInfo& info, std::string_view source,
+                                                     std::shared_ptr<KvReservation> reserved)>
+      staging = nullptr;
+  // With staging: a stream whose HELLO announces the tokens its KV will hold (total_tokens: a prefill
+  // worker knows them before it prefills) has their blocks reserved at once (Engine::reserve_kv), for
+  // the whole prefill, instead of from its head on; when they do not fit yet, they are reserved at the
+  // head (or the stream refused there, by `staging`).
+  std::function<Expected<std::shared_ptr<KvReservation>>(int64_t tokens, std::string_view source)> reserve = nullptr;
 };
 
 // Whether this process can make NCCL links (a build with NCCL's header, the CUDA plugin, libnccl.so.2);

@@ -46,10 +46,12 @@ Prefilled prefill_on_gpu(const std::string& spec, int tokens) {
 }
 
 Expected<std::unique_ptr<KvStreamReceiver>> staging_receiver(Engine& engine, const KvStreamIdentity& identity) {
-  return KvStreamReceiver::start(identity, {.port = 0, .io_timeout = 5000ms,
-                                            .staging = [&engine](const KvTransferInfo& info, std::string_view source) {
-                                              return engine.new_kv_staging(info, source);
-                                            }});
+  KvStreamReceiverOptions options{.port = 0, .io_timeout = 5000ms};
+  options.staging = [&engine](const KvTransferInfo& info, std::string_view source, std::shared_ptr<KvReservation> reserved) {
+    return engine.new_kv_staging(info, source, std::move(reserved));
+  };
+  options.reserve = [&engine](int64_t tokens, std::string_view source) { return engine.reserve_kv(tokens, source); };
+  return KvStreamReceiver::start(identity, options);
 }
 
 std::string loopback(int port) { return "127.0.0.1:" + std::to_string(port); }

@@ -81,8 +81,9 @@ inline void expect_chunks_streamed_as_exported(const std::string& model_dir, con
   // layer into GPU memory, which the engine imports device to device. Either holds the export's bytes.
   ASSERT_TRUE((*engine)->stages_kv()) << spec;
   {
-    auto staging = KvStreamReceiver::start(identity, {.port = 0, .staging = [&](const KvTransferInfo& info, std::string_view source) {
-                                                        return (*engine)->new_kv_staging(info, source);
+    auto staging = KvStreamReceiver::start(identity, {.port = 0, .staging = [&](const KvTransferInfo& info, std::string_view source,
+                                                                    std::shared_ptr<KvReservation> reserved) {
+                                                        return (*engine)->new_kv_staging(info, source, std::move(reserved));
                                                       }});
     ASSERT_TRUE(staging) << staging.status().message();
     auto staged_sender = KvStreamSender::open(loopback((*staging)->port()), identity, "c1", 0, {}, &refused);

@@ -201,11 +201,13 @@ TEST(KvStream, MismatchIsRefusedNamingBothSides) {
 // A hand-driven sender for the fault cases: the handshake, then whatever the test writes.
 struct RawSender {
   TcpConnection connection;
-  explicit RawSender(int port, const KvStreamIdentity& identity, const std::string& id, const std::string& cuda_ipc_device = "") {
+  explicit RawSender(int port, const KvStreamIdentity& identity, const std::string& id, const std::string& cuda_ipc_device = "",
+                     int64_t total_tokens = 0) {
     connection = TcpConnection::connect(loopback(port), 2s).take();
     nlohmann::json body = {{"stream_version", kKvStreamVersion}, {"request_id", id}, {"attempt", 0},
                            {"identity", kv_identity_json(identity)}};
     if (!cuda_ipc_device.empty()) body["cuda_ipc"] = {{"device", cuda_ipc_device}};
+    if (total_tokens > 0) body["total_tokens"] = total_tokens;
     const std::string hello = body.dump();
     write(KvFrameType::kHello, {reinterpret_cast<const uint8_t*>(hello.data()), hello.size()});
     EXPECT_EQ(read_kv_frame(connection, SteadyClock::now() + 5s)->type, KvFrameType::kAccept);
@@ -407,8 +409,8 @@ TEST(KvStream, AStagedStreamIsWhatAWholeImportGives) {
     Prefilled p = prefill(spec, 150);
     auto buffers = std::make_shared<BufferPool>(size_t(64) << 20);
     auto receiver = KvStreamReceiver::start(
-        p.identity, {.port = 0, .buffers = buffers, .staging = [&](const KvTransferInfo& info, std::string_view source) {
-                       return p.engine->new_kv_staging(info, source);
+        p.identity, {.port = 0, .buffers = buffers, .staging = [&](const KvTransferInfo& info, std::string_view source, std::shared_ptr<KvReservation> reserved) {
+                       return p.engine->new_kv_staging(info, source, std::move(reserved));
                      }});
     ASSERT_TRUE(receiver) << receiver.status().message();
     ASSERT_TRUE(send_kv_transfer(loopback((*receiver)->port()), p.identity, p.transfer, request_for(p, "s1"), {}).status);
@@ -440,7 +442,7 @@ TEST(KvStream, AFailedStagedStreamFreesWhatItStaged) {
   std::vector<std::weak_ptr<KvStore>> stores;  // every store the receiver staged into
   auto buffers = std::make_shared<BufferPool>(size_t(64) << 20);
   auto receiver = KvStreamReceiver::start(p.identity, {.port = 0, .io_timeout = 500ms, .buffers = buffers,
-                                                       .staging = [&](const KvTransferInfo& info, std::string_view source)
+                                                       .staging = [&](const KvTransferInfo& info, std::string_view source, std::shared_ptr<KvReservation>)
                                                            -> Expected<std::unique_ptr<KvStaging>> {
                                                          SLIMKV_ASSIGN_OR_RETURN(std::shared_ptr<KvStore> store,
                                                                                  p.engine->new_kv_store());
@@ -509,17 +511,19 @@ TEST(KvStream, AFailedStagedStreamFreesWhatItStaged) {
   EXPECT_EQ(stores.size(), 2u);
 }
 
-// A staged stream's blocks are reserved in the receiving engine's KV budget from its head on (admissions
-// leave them free: KvBudget::reserved_blocks), and let go when its sender dies midway, as when the
-// stream fails any other way; a transfer larger than the budget's blocks not reserved already is
-// refused naming the counts. The orchestration is the GPU's too (Engine::new_kv_staging): only the
-// placement differs.
+// A staged stream's blocks are reserved in the receiving engine's KV budget (admissions leave them
+// free: KvBudget::reserved_blocks) from its HELLO when that announces its tokens (a prefill worker's
+// does), else from its head, and let go when its sender dies midway, as when the stream fails any other
+// way; a transfer larger than the budget's blocks not reserved already is refused naming the counts.
+// The orchestration is the GPU's too (Engine::new_kv_staging): only the placement differs.
 TEST(KvStream, AStagedStreamReservesItsBlocksUntilItEnds) {
   Prefilled p = prefill("hack:bits=2,pi=64", 150);
-  auto receiver = KvStreamReceiver::start(p.identity, {.port = 0, .io_timeout = 5s,
-                                                       .staging = [&](const KvTransferInfo& info, std::string_view source) {
-                                                         return p.engine->new_kv_staging(info, source);
-                                                       }});
+  KvStreamReceiverOptions options{.port = 0, .io_timeout = 5s};
+  options.staging = [&](const KvTransferInfo& info, std::string_view source, std::shared_ptr<KvReservation> reserved) {
+    return p.engine->new_kv_staging(info, source, std::move(reserved));
+  };
+  options.reserve = [&](int64_t tokens, std::string_view source) { return p.engine->reserve_kv(tokens, source); };
+  auto receiver = KvStreamReceiver::start(p.identity, options);
   ASSERT_TRUE(receiver) << receiver.status().message();
   const auto info = *inspect_kv_transfer(p.transfer.data(), p.transfer.size(), "t");
   const KvBudget budget = p.engine->kv_budget();
@@ -533,6 +537,14 @@ TEST(KvStream, AStagedStreamReservesItsBlocksUntilItEnds) {
     sender.write(KvFrameType::kKvHead, std::span<const uint8_t>(p.transfer).first(info.sealed_offset));
     EXPECT_TRUE(reserved_becomes(budget.blocks_for_tokens(150)));
   }  // the sender dies before its first layer
+  EXPECT_TRUE(reserved_becomes(0));
+  {
+    RawSender sender((*receiver)->port(), p.identity, "v1", "", 150);  // announcing its tokens: reserved before the head
+    EXPECT_TRUE(reserved_becomes(budget.blocks_for_tokens(150)));
+    sender.write(KvFrameType::kKvHead, std::span<const uint8_t>(p.transfer).first(info.sealed_offset));
+    std::this_thread::sleep_for(50ms);
+    EXPECT_EQ(p.engine->kv_budget().reserved_blocks, budget.blocks_for_tokens(150)) << "the head's staging took it over";
+  }
   EXPECT_TRUE(reserved_becomes(0));
   for (int i = 0; i < 200 && (*receiver)->stats().streams_in_progress > 0; ++i) std::this_thread::sleep_for(10ms);
   EXPECT_EQ((*receiver)->stats().streams_in_progress, 0);
