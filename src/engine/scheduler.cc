@@ -145,7 +145,7 @@ struct Scheduler::Impl {
     std::vector<int32_t> tokens_to_run;  // the rest of the prompt, or the last sampled token
     std::vector<uint8_t> host_kv;      // its exported KV while preempted to host memory (or imported)
     std::optional<uint32_t> host_kv_crc;  // an imported host_kv's CRC as its receiver computed it
-    std::shared_ptr<const DeviceKvTransfer> device_kv;  // its imported KV in GPU memory (CUDA IPC)
+    std::shared_ptr<const DeviceKvTransfer> device_kv;  // its imported KV in GPU memory (CUDA IPC, NCCL, staged)
     std::shared_ptr<KvStore> staged_kv;  // its imported KV, restored as it arrived (SubmitOptions::Resume)
     std::shared_ptr<KvReservation> kv_reservation;  // the budget's blocks held for it until admitted
     Clock::time_point submitted, last_token;
