@@ -19,7 +19,7 @@
 //               holds the transfer (the export inside it)
 //   pipelined   overlapped, with each piece of a layer also restored into the receiver's store as soon as
 //               it has landed and been checksummed, with no buffer of the whole transfer
-//               (KvStreamReceiverOptions::staging_store, as a CPU decode worker does): its stream column
+//               (KvStreamReceiverOptions::staging, as a CPU decode worker does): its stream column
 //               holds the import too (the receiver answers once the last layer is restored), its import
 //               column what is left after (taking the staged store)
 // Each: the transfer's bytes, each stage's median time and GB/s (transfer bytes / time), the total and
@@ -326,13 +326,16 @@ int main(int argc, char** argv) {
         auto receiver_buffers = std::make_shared<BufferPool>(keep);
         // Pipelined: each stream restored into the receiver's store (not owned: the bench keeps it, as the
         // other variants' imports reuse it) as it arrives.
-        std::function<Expected<std::shared_ptr<KvStore>>()> staging;
+        decltype(KvStreamReceiverOptions::staging) staging;
         if (variant == Variant::kPipelined) {
-          staging = [&] { return std::shared_ptr<KvStore>(std::shared_ptr<KvStore>(), &receiver_store); };
+          staging = [&](const KvTransferInfo& info, std::string_view source, std::shared_ptr<KvReservation>) {
+            return stage_into_store(std::shared_ptr<KvStore>(std::shared_ptr<KvStore>(), &receiver_store), info, source,
+                                    model_id);
+          };
         }
         auto receiver = KvStreamReceiver::start(*identity, {.port = 0, .max_unclaimed_bytes = uint64_t(1) << 40,
                                                             .max_tokens = tokens, .buffers = receiver_buffers,
-                                                            .staging_store = staging});
+                                                            .staging = staging});
         if (!receiver) stop_with(receiver.status().message());
         const Workers workers{.sender_store = sender_store, .receiver_store = receiver_store, .receiver = **receiver,
                               .identity = *identity, .sender_buffers = std::make_shared<BufferPool>(keep),

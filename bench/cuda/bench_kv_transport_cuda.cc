@@ -7,6 +7,11 @@
 //   nccl@N     the same paced at N Gbit/s (a link of that speed)
 //   tcp        the KV stream over loopback TCP: exported to host memory, sent, received, imported
 //   tcp@N      the same through the stream's token bucket at N Gbit/s
+//   tcp_staged, tcp_staged@N   the same, the decode side staging the stream as it lands (a GPU decode
+//              worker's import, engine/kv_staging.h): each layer uploaded into GPU memory on a stream
+//              of its own as its frame arrives, so that its import (at the request's join, on the
+//              scheduler's thread) is a device-to-device copy; beside tcp, the import column is the
+//              time a join holds the scheduler's thread before and after
 // Each row: the KV's bytes, the time of each part — export (the GPU cache → what is sent), stream
 // (connecting to the receiver's DONE: the KV is in the decode process's memory), import (into its GPU
 // cache) — their sum, and the sum's ratio to the first transport's (median of --repeats). The decode
@@ -21,6 +26,7 @@
 //   bench_kv_transport_cuda --shape llama3-8b --specs "dense;hack:bits=4;hack:bits=2,pi=64"
 //                           --prompt-tokens 16384,32768,65536 --transports cuda_ipc,tcp,tcp@100,tcp@10 --repeats 3
 //   bench_kv_transport_cuda --two-gpus --transports nccl,nccl@100,nccl@10,tcp ...
+//   bench_kv_transport_cuda --specs "dense;hack:bits=2,pi=64" --prompt-tokens 16384 --transports tcp,tcp_staged,tcp@10,tcp_staged@10
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -41,6 +47,7 @@
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/random_fill.h"
 #include "bench_errors.h"
+#include "engine/cuda/gpu_kv_staging.h"
 #include "kv/cuda/gpu_kv_plan.h"
 #include "kv/cuda/gpu_kv_transfer.h"
 #include "kv/transfer.h"
@@ -65,6 +72,7 @@ struct Options {
   bool two_gpus = false;  // the decode process on the second GPU
   // The decode side's.
   bool decode_side = false;
+  bool staged = false;  // its streams staged as they land (the tcp_staged transports)
   std::string spec;
   int gpu = 0;  // its visible GPU (--two-gpus: 1)
 };
@@ -139,9 +147,18 @@ int run_decode_side(const Options& o, const ModelConfig& model) {
   const int context = *std::max_element(o.prompt_tokens.begin(), o.prompt_tokens.end());
   Expected<Side> side = make_side(model, o.spec, context, o.step_tokens);
   if (failed(side.status())) return 1;
-  auto receiver = KvStreamReceiver::start(side->identity, {.port = 0, .max_unclaimed_bytes = uint64_t(1) << 40,
-                                                           .max_tokens = context, .cuda_ipc_device = cuda_ipc_device_id(o.gpu),
-                                                           .nccl = nccl_available().is_ok(), .gpu = o.gpu});
+  KvStreamReceiverOptions options{.port = 0, .max_unclaimed_bytes = uint64_t(1) << 40, .max_tokens = context,
+                                  .cuda_ipc_device = cuda_ipc_device_id(o.gpu), .nccl = nccl_available().is_ok(), .gpu = o.gpu};
+  const auto pinned = ReusedArrays<PinnedArray<uint8_t>>::create();  // the staged layers' pinned memory, reused
+  if (o.staged) {
+    options.staging = [&](const KvTransferInfo& info, std::string_view source,
+                          std::shared_ptr<KvReservation>) -> Expected<std::unique_ptr<KvStaging>> {
+      SLIMKV_RETURN_IF_ERROR(use_gpu(o.gpu));
+      return new_gpu_kv_staging(info, source, side->context.model_id, side->context.shape, side->context.pipeline,
+                                side->cache->device_page_layout(), *pinned);
+    };
+  }
+  auto receiver = KvStreamReceiver::start(side->identity, options);
   if (failed(receiver.status())) return 1;
   std::printf("port %d\n", (*receiver)->port());
   std::fflush(stdout);
@@ -190,7 +207,7 @@ struct DecodeSide {
   }
 };
 
-Expected<DecodeSide> start_decode_side(const Options& o, const std::string& spec) {
+Expected<DecodeSide> start_decode_side(const Options& o, const std::string& spec, bool staged) {
   int to_child[2], from_child[2];
   if (pipe(to_child) != 0 || pipe(from_child) != 0) return error("pipe: ", std::strerror(errno));
   posix_spawn_file_actions_t actions;
@@ -204,6 +221,7 @@ Expected<DecodeSide> start_decode_side(const Options& o, const std::string& spec
   std::vector<std::string> args = {std::filesystem::read_symlink("/proc/self/exe").string(), "--decode-side", "--spec", spec,
                                    "--shape", o.shape, "--prompt-tokens", tokens, "--step-tokens",
                                    std::to_string(o.step_tokens), "--gpu", o.two_gpus ? "1" : "0"};
+  if (staged) args.push_back("--staged");
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -239,6 +257,8 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
+bool is_staged(const std::string& transport) { return transport.starts_with("tcp_staged"); }
+
 // One transfer of the sequence by `transport`; the decode side's import and CRC check.
 Status transfer_once(const Side& side, int sequence, const std::string& transport, int tokens, DecodeSide& decode,
                      NcclLinks& links, const std::string& id, const KvChecksum& want, Timing& timing, uint64_t& moved_bytes) {
@@ -268,8 +288,10 @@ Status transfer_once(const Side& side, int sequence, const std::string& transpor
     SLIMKV_RETURN_IF_ERROR(sender->finish(request));
     timing.stream_s = seconds_since(start);
   } else {
-    if (transport != "tcp" && std::sscanf(transport.c_str(), "tcp@%lf", &gbps) != 1) {
-      return error("--transports: '", transport, "' is not cuda_ipc, nccl, nccl@GBPS, tcp or tcp@GBPS");
+    // tcp_staged sends as tcp does: the decode side (started --staged) differs.
+    const std::string sent_as = is_staged(transport) ? "tcp" + transport.substr(std::string_view("tcp_staged").size()) : transport;
+    if (sent_as != "tcp" && std::sscanf(sent_as.c_str(), "tcp@%lf", &gbps) != 1) {
+      return error("--transports: '", transport, "' is not cuda_ipc, nccl, nccl@GBPS, tcp, tcp@GBPS, tcp_staged or tcp_staged@GBPS");
     }
     std::vector<uint8_t> transfer;
     SLIMKV_RETURN_IF_ERROR(export_transfer(*side.cache, sequence, side.context, transfer));
@@ -310,8 +332,16 @@ int run_prefill_side(const Options& o, const ModelConfig& model) {
   for (const std::string& spec : o.specs) {
     Expected<Side> side = make_side(model, spec, context, o.step_tokens);
     if (failed(side.status())) return 1;
-    Expected<DecodeSide> decode = start_decode_side(o, spec);
-    if (failed(decode.status())) return 1;
+    // A decode process for the transports that stage as the stream lands, and one for the others.
+    DecodeSide decode_sides[2];
+    for (const bool staged : {false, true}) {
+      if (std::none_of(o.transports.begin(), o.transports.end(), [&](const std::string& t) { return is_staged(t) == staged; })) {
+        continue;
+      }
+      Expected<DecodeSide> decode = start_decode_side(o, spec, staged);
+      if (failed(decode.status())) return 1;
+      decode_sides[staged] = *decode;
+    }
     NcclLinks links;  // to this decode process
     for (const int tokens : o.prompt_tokens) {
       Expected<int> sequence = fill_sequence(*side->cache, model, tokens, o.step_tokens);
@@ -324,7 +354,7 @@ int run_prefill_side(const Options& o, const ModelConfig& model) {
         uint64_t moved = 0;
         for (int r = 0; r < o.repeats; ++r) {
           Timing timing;
-          const Status done = transfer_once(*side, *sequence, transport, tokens, *decode, links,
+          const Status done = transfer_once(*side, *sequence, transport, tokens, decode_sides[is_staged(transport)], links,
                                             "t" + std::to_string(serial++), *want, timing, moved);
           if (failed(done)) return 1;
           exports.push_back(timing.export_s);
@@ -342,9 +372,11 @@ int run_prefill_side(const Options& o, const ModelConfig& model) {
       }
       side->cache->remove_sequence(*sequence);
     }
-    if (stop_decode_side(*decode) != 0) {
-      std::fprintf(stderr, "error: the decode side of %s failed\n", spec.c_str());
-      return 1;
+    for (DecodeSide& decode : decode_sides) {
+      if (decode.pid >= 0 && stop_decode_side(decode) != 0) {
+        std::fprintf(stderr, "error: the decode side of %s failed\n", spec.c_str());
+        return 1;
+      }
     }
   }
   return 0;
@@ -361,13 +393,15 @@ int main(int argc, char** argv) {
   app.add_option("--specs", o.specs, "KV specs, ';'-separated")->delimiter(';');
   app.add_option("--prompt-tokens", o.prompt_tokens, "prompt lengths, ','-separated")->delimiter(',');
   app.add_option("--transports", o.transports,
-                 "cuda_ipc, nccl, nccl@GBPS, tcp, tcp@GBPS, ','-separated (the first is the ratios' base)")
+                 "cuda_ipc, nccl, nccl@GBPS, tcp, tcp@GBPS, tcp_staged, tcp_staged@GBPS, ','-separated (the first is the "
+                 "ratios' base)")
       ->delimiter(',');
   app.add_flag("--two-gpus", o.two_gpus, "the decode process on the second GPU (for nccl; cuda_ipc needs one GPU)");
   app.add_option("--repeats", o.repeats, "transfers per row (the median is printed)")->check(CLI::Range(1, 100));
   app.add_option("--step-tokens", o.step_tokens, "tokens appended per step while filling")->check(CLI::Range(64, 1 << 16));
   app.add_flag("--decode-side", o.decode_side, "(internal) run as the decode process");
   app.add_option("--spec", o.spec, "(internal) the decode process's KV spec");
+  app.add_flag("--staged", o.staged, "(internal) the decode process stages its streams as they land");
   app.add_option("--gpu", o.gpu, "(internal) the decode process's visible GPU");
   CLI11_PARSE(app, argc, argv);
   if (failed(device_usable())) return 1;

@@ -107,6 +107,9 @@ struct KvBudget {
   int64_t total_blocks = 0;
   int64_t free_blocks = 0;
   size_t bytes_per_block = 0;  // memory one block takes (the codec's sealed bytes, every layer and head)
+  // Of free_blocks, those held for KV transfers on their way to this engine (KvReservation): steps may
+  // grow into them, admissions leave them free for the requests whose KV is arriving.
+  int64_t reserved_blocks = 0;
   int64_t blocks_for_tokens(int64_t tokens) const { return (tokens + block_tokens - 1) / block_tokens; }
   double usage() const { return total_blocks ? double(total_blocks - free_blocks) / double(total_blocks) : 0.0; }
 };
@@ -175,6 +178,25 @@ using KvPieceCallback = std::function<void(KvTransferPiece)>;
 
 class Session;
 class KvLayerStream;
+class KvStaging;
+struct KvTransferInfo;
+
+// Blocks of an engine's KV budget held for one KV transfer on its way (Engine::new_kv_staging), from
+// the moment its layout is known until the scheduler imports it (the request's admission counts them as
+// its own) or the holder lets go (a stream that failed, a stream nobody claimed, a finished request).
+// Safe from any thread.
+class KvReservation {
+ public:
+  KvReservation(std::shared_ptr<std::atomic<int64_t>> reserved, int64_t blocks);
+  ~KvReservation();
+  KvReservation(const KvReservation&) = delete;
+  KvReservation& operator=(const KvReservation&) = delete;
+  int64_t blocks() const { return blocks_; }
+
+ private:
+  std::shared_ptr<std::atomic<int64_t>> reserved_;  // the engine's count of reserved blocks
+  int64_t blocks_ = 0;
+};
 
 class Engine {
  public:
@@ -239,12 +261,27 @@ class Engine {
                    std::optional<uint32_t> received_crc = std::nullopt);
   // A sequence's KV restored outside the engine while it steps: an empty store of this engine's KV
   // (spec, shape) that a decode worker's KV stream receiver restores each layer into as soon as the
-  // layer has arrived and been checked (KvStreamReceiverOptions::staging_store), on its own thread,
+  // layer has arrived and been checked (the CPU's staged import: new_kv_staging), on its own thread,
   // while later layers are still on the wire; adopt_kv then gives it to a sequence once the whole
   // transfer has checked out. The scheduler never sees a half-imported sequence, and what a failed
   // stream staged is freed with the store. Safe from any thread. Device "cpu" (elsewhere an error: the
-  // GPU imports whole transfers).
+  // GPU stages into GPU memory, import_kv_from_device).
   Expected<std::shared_ptr<KvStore>> new_kv_store() const;
+  // A decode worker's staged import of one KV stream whose head is `info` (engine/kv_staging.h): the
+  // transfer's blocks reserved in the KV budget (refused, naming the counts, when the transfer needs
+  // more than the budget's blocks not reserved already), its head checked against this engine's KV
+  // (model, spec, shape), and the device's placement of each layer as it lands (the CPU's: a store
+  // adopt_kv takes; the GPU's: pages uploaded into GPU memory as layers complete, which
+  // import_kv_from_device takes). Safe from any thread. stages_kv(): whether this device's KV can be
+  // staged (else its streams are imported whole).
+  // `reserved`: blocks reserved already for this stream (reserve_kv when HELLO announced its tokens),
+  // taken over when they cover the head's tokens (else reserved again).
+  bool stages_kv() const;
+  Expected<std::unique_ptr<KvStaging>> new_kv_staging(const KvTransferInfo& info, std::string_view source,
+                                                      std::shared_ptr<KvReservation> reserved = nullptr) const;
+  // The blocks of `tokens` tokens reserved in the KV budget for a KV stream on its way (refused as
+  // new_kv_staging refuses). Safe from any thread.
+  Expected<std::shared_ptr<KvReservation>> reserve_kv(int64_t tokens, std::string_view source) const;
   // Replaces an empty sequence's KV by `kv`, a store of this engine's new_kv_store, restored from a
   // checked transfer; refused when it does not fit the budget. `source` names it in errors.
   Status adopt_kv(SequenceId sequence, std::shared_ptr<KvStore> kv, std::string_view source);
@@ -308,6 +345,10 @@ class Engine {
   // the GPU the pinned copies of blocks handed out during steps) that their receivers have not let go
   // yet: kv_budget counts them.
   std::shared_ptr<std::atomic<uint64_t>> streamed_kv_bytes_ = std::make_shared<std::atomic<uint64_t>>(0);
+  // Blocks held by KvReservations (KV transfers on their way): kv_budget reports them; and the budget's
+  // total, read once, which new_kv_staging checks reservations against from any thread.
+  std::shared_ptr<std::atomic<int64_t>> reserved_kv_blocks_ = std::make_shared<std::atomic<int64_t>>(0);
+  KvBudget kv_budget_at_load_;
   GenerationDefaults generation_;
   std::string identity_;
   std::unique_ptr<DeviceModel> device_;  // the model on the device, the sequences' KV and the budget

@@ -56,11 +56,15 @@ struct SubmitOptions {
     // (ReceivedKv::received_crc): the import reads them once (Engine::import_kv); absent: checked there.
     std::optional<uint32_t> kv_crc = std::nullopt;
     std::vector<int32_t> generated;
-    // Instead of kv: the KV in this GPU's memory (the CUDA IPC path; Engine::import_kv_from_device).
+    // Instead of kv: the KV in this GPU's memory (CUDA IPC, NCCL, or staged as it arrived on the GPU:
+    // engine/kv_staging.h; Engine::import_kv_from_device).
     std::shared_ptr<const DeviceKvTransfer> device_kv = nullptr;
     // Instead of kv: the KV already restored into a store of this engine's (Engine::new_kv_store) as it
     // arrived, checked; the scheduler gives it to the request's sequence (Engine::adopt_kv).
     std::shared_ptr<KvStore> staged_kv = nullptr;
+    // The blocks a staged import (staged_kv, or device_kv staged on the GPU) holds in the engine's KV
+    // budget (ReceivedKv::kv_reservation): its admission counts them as its own, then lets them go.
+    std::shared_ptr<KvReservation> kv_reservation = nullptr;
   };
   std::optional<Resume> resume;
   // Tokens run after the prompt one decode step each, as if the request had generated them, and not

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "engine/device_model.h"
+#include "engine/kv_staging.h"
 #include "engine/sampler.h"
 #include "kv/store.h"
 #include "kv/transfer.h"
@@ -109,6 +110,14 @@ class CpuDeviceModel : public DeviceModel {
 
   Expected<std::shared_ptr<KvStore>> new_kv_store() const override {
     return std::make_shared<KvStore>(model_.kv_shape(), pipeline_);
+  }
+
+  // Staged: the pieces restored into a store of new_kv_store's, which adopt_kv takes.
+  bool stages_kv() const override { return true; }
+  Expected<std::unique_ptr<KvStaging>> new_kv_staging(const KvTransferInfo& info, std::string_view source,
+                                                      std::string_view model_id) const override {
+    SLIMKV_ASSIGN_OR_RETURN(std::shared_ptr<KvStore> store, new_kv_store());
+    return stage_into_store(std::move(store), info, source, model_id);
   }
 
   Status adopt_kv(SequenceId id, std::shared_ptr<KvStore> kv, std::string_view source) override {

@@ -21,6 +21,8 @@
 namespace slimkv {
 
 struct KvPipeline;
+struct KvTransferInfo;
+class KvStaging;
 class LlamaModel;
 
 // One sequence's part of a step, as the device gets it.
@@ -58,6 +60,12 @@ class DeviceModel {
   // Engine::new_kv_store (safe from any thread) and adopt_kv: device "cpu"'s; others answer an error.
   virtual Expected<std::shared_ptr<KvStore>> new_kv_store() const;
   virtual Status adopt_kv(SequenceId sequence, std::shared_ptr<KvStore> kv, std::string_view source);
+  // Engine::stages_kv and new_kv_staging's device part (engine/kv_staging.h): the placement of a staged
+  // import whose head is `info`, its head checked against this device's KV (model_id: the engine's). Safe
+  // from any thread. Devices that cannot answer false / an error: their streams are imported whole.
+  virtual bool stages_kv() const { return false; }
+  virtual Expected<std::unique_ptr<KvStaging>> new_kv_staging(const KvTransferInfo& info, std::string_view source,
+                                                              std::string_view model_id) const;
 
   // The same with the sealed blocks staying in GPU memory (Engine::export_kv_to_device); devices
   // without such blocks answer false / an error. Without `pages`, the layout and open tokens alone (the

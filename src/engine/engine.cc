@@ -9,6 +9,7 @@
 #include "engine/cuda_backend.h"
 #include "engine/device_model.h"
 #include "engine/kv_layer_stream.h"
+#include "engine/kv_staging.h"
 #include "kv/kv_factory.h"
 #include "kv/store.h"
 #include "kv/transfer.h"
@@ -107,6 +108,7 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
     engine->model_->pack_weights_for_cpu(*engine->pool_);
     SLIMKV_ASSIGN_OR_RETURN(engine->device_, make_cpu_model(*engine->model_, *engine->pipeline_, config, *engine->pool_));
   }
+  engine->kv_budget_at_load_ = engine->device_->kv_budget();
   return engine;
 }
 
@@ -279,6 +281,7 @@ KvBudget Engine::kv_budget() const {
     const int64_t held_blocks = int64_t((held + budget.bytes_per_block - 1) / budget.bytes_per_block);
     budget.free_blocks = std::max<int64_t>(0, budget.free_blocks - held_blocks);
   }
+  budget.reserved_blocks = reserved_kv_blocks_->load();
   return budget;
 }
 
@@ -350,6 +353,51 @@ Expected<std::shared_ptr<KvStore>> DeviceModel::new_kv_store() const {
 
 Status DeviceModel::adopt_kv(SequenceId, std::shared_ptr<KvStore>, std::string_view source) {
   return error("KV '", source, "': a KV store is adopted on device 'cpu'; this device imports whole transfers");
+}
+
+Expected<std::unique_ptr<KvStaging>> DeviceModel::new_kv_staging(const KvTransferInfo&, std::string_view source,
+                                                                 std::string_view) const {
+  return error("kv transfer '", source, "': this device's KV is not staged as it arrives (device 'cpu', or 'cuda' with ",
+               "dense, hack or quant KV); its streams are imported whole");
+}
+
+KvReservation::KvReservation(std::shared_ptr<std::atomic<int64_t>> reserved, int64_t blocks)
+    : reserved_(std::move(reserved)), blocks_(blocks) {
+  reserved_->fetch_add(blocks_);
+}
+
+KvReservation::~KvReservation() { reserved_->fetch_sub(blocks_); }
+
+bool Engine::stages_kv() const { return device_->stages_kv(); }
+
+Expected<std::shared_ptr<KvReservation>> Engine::reserve_kv(int64_t tokens, std::string_view source) const {
+  // Counted at once, so that two streams arriving together cannot both pass. Against the budget's whole,
+  // not what is free now: a transfer that fits waits for its room at admission, as any request does;
+  // one that could never be admitted beside the transfers already on their way is refused now (the
+  // router retries it elsewhere).
+  const KvBudget& budget = kv_budget_at_load_;
+  auto reservation = std::make_shared<KvReservation>(reserved_kv_blocks_, budget.blocks_for_tokens(tokens));
+  const int64_t reserved = reserved_kv_blocks_->load();
+  if (reserved > budget.total_blocks) {
+    return error("kv transfer '", source, "': its ", tokens, " tokens need ", reservation->blocks(),
+                 " blocks of this worker's KV budget of ", budget.total_blocks, " blocks, of which ",
+                 reserved - reservation->blocks(), " are reserved for other KV transfers on their way");
+  }
+  return reservation;
+}
+
+Expected<std::unique_ptr<KvStaging>> Engine::new_kv_staging(const KvTransferInfo& info, std::string_view source,
+                                                             std::shared_ptr<KvReservation> reserved) const {
+  int tokens = 0;
+  for (const int layer_tokens : info.layer_tokens) tokens = std::max(tokens, layer_tokens);
+  // Reserved before the placement takes any memory.
+  if (!reserved || reserved->blocks() < kv_budget_at_load_.blocks_for_tokens(tokens)) {
+    reserved = nullptr;  // let go before the whole is reserved again
+    SLIMKV_ASSIGN_OR_RETURN(reserved, reserve_kv(tokens, source));
+  }
+  SLIMKV_ASSIGN_OR_RETURN(std::unique_ptr<KvStaging> staging, device_->new_kv_staging(info, source, identity_));
+  staging->reservation_ = std::move(reserved);
+  return staging;
 }
 
 bool Engine::exports_kv_to_device() const { return device_->exports_kv_to_device(); }

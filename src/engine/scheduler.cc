@@ -72,7 +72,7 @@ StepPlan plan_step(std::span<const PlannedRequest> running, std::span<const Plan
     const int64_t after_step = blocks(request.held_tokens + scheduled_tokens[i]);
     reserved += std::max<int64_t>(0, blocks(request.held_tokens + request.tokens_to_run) + 1 - after_step);
   }
-  int64_t available = free_blocks - reserved;
+  int64_t available = free_blocks - reserved - budget.reserved_blocks;
   int running_count = int(live);
   for (size_t j = 0; j < waiting.size(); ++j) {
     if (running_count >= max_running) break;
@@ -85,7 +85,7 @@ StepPlan plan_step(std::span<const PlannedRequest> running, std::span<const Plan
       continue;
     }
     // Admitted when its tokens' blocks + 1 fit (the first generated tokens have room).
-    const int64_t want = blocks_needed + (running_count == 0 ? 0 : 1);
+    const int64_t want = blocks_needed + (running_count == 0 ? 0 : 1) - request.reserved_blocks;
     if (want > available) break;  // in order: a large request is not overtaken forever
     available -= want;
     tokens_left -= tokens;
@@ -145,8 +145,9 @@ struct Scheduler::Impl {
     std::vector<int32_t> tokens_to_run;  // the rest of the prompt, or the last sampled token
     std::vector<uint8_t> host_kv;      // its exported KV while preempted to host memory (or imported)
     std::optional<uint32_t> host_kv_crc;  // an imported host_kv's CRC as its receiver computed it
-    std::shared_ptr<const DeviceKvTransfer> device_kv;  // its imported KV in GPU memory (CUDA IPC)
+    std::shared_ptr<const DeviceKvTransfer> device_kv;  // its imported KV in GPU memory (CUDA IPC, NCCL, staged)
     std::shared_ptr<KvStore> staged_kv;  // its imported KV, restored as it arrived (SubmitOptions::Resume)
+    std::shared_ptr<KvReservation> kv_reservation;  // the budget's blocks held for it until admitted
     Clock::time_point submitted, last_token;
     bool has_token = false;
     KvPieceCallback stream_kv;  // SubmitOptions::stream_kv, until the first token
@@ -161,7 +162,10 @@ struct Scheduler::Impl {
 
     Request(RequestId id_, Generation generation_, UpdateCallback on_update_)
         : id(id_), generation(std::move(generation_)), on_update(std::move(on_update_)) {}
-    PlannedRequest planned() const { return {.held_tokens = held_tokens, .tokens_to_run = int64_t(tokens_to_run.size())}; }
+    PlannedRequest planned() const {
+      return {.held_tokens = held_tokens, .tokens_to_run = int64_t(tokens_to_run.size()),
+              .reserved_blocks = kv_reservation ? kv_reservation->blocks() : 0};
+    }
   };
   using RequestPtr = std::unique_ptr<Request>;
 
@@ -440,6 +444,7 @@ void Scheduler::Impl::preempt(Request& request) {
 
 Status Scheduler::Impl::admit(Request& request) {
   SLIMKV_ASSIGN_OR_RETURN(request.sequence, engine.add_sequence(request.generation.request().sampling));
+  request.kv_reservation = nullptr;  // admitted: its KV takes the blocks from here on (or is refused)
   if (request.device_kv) {
     const std::shared_ptr<const DeviceKvTransfer> device_kv = std::move(request.device_kv);
     return engine.import_kv_from_device(request.sequence, *device_kv, str_cat("request ", request.id, "'s KV in GPU memory"));
@@ -478,6 +483,7 @@ void Scheduler::Impl::finish(Request& request, Generation::Delta delta, std::vec
   request.host_kv_crc = std::nullopt;
   request.device_kv = nullptr;
   request.staged_kv = nullptr;
+  request.kv_reservation = nullptr;
   request.done = true;
   ++local.requests_finished_total[size_t(reason)];
   local.e2e_request_latency.observe(seconds_between(request.submitted, Clock::now()));
@@ -580,6 +586,7 @@ Expected<RequestId> Scheduler::submit(GenerationRequest request, UpdateCallback 
     queued->host_kv_crc = options.resume->kv_crc;
     queued->device_kv = std::move(options.resume->device_kv);
     queued->staged_kv = std::move(options.resume->staged_kv);
+    queued->kv_reservation = std::move(options.resume->kv_reservation);
     queued->held_tokens = held_tokens;
     queued->tokens_to_run.assign(1, options.resume->generated.back());
     queued->resumed = std::move(resumed);

@@ -16,6 +16,8 @@ namespace slimkv {
 struct PlannedRequest {
   int64_t held_tokens = 0;  // tokens its KV holds (in the engine, or in host memory when swapped out)
   int64_t tokens_to_run = 0;  // tokens it must run next: the rest of its prompt, or its last sampled token
+  // Blocks held for it in the budget (KvBudget::reserved_blocks): its KV, staged as it arrived.
+  int64_t reserved_blocks = 0;
 };
 
 struct StepPlan {
@@ -43,8 +45,9 @@ struct StepPlan {
 // when one needs a block that is not free, the newest running request not yet served this step is
 // preempted (or the request itself, when it is the newest). Waiting requests are then admitted in order
 // (no overtaking, so none starves) while fewer than `max_running` run, their piece fits and the blocks
-// for their tokens + 1 fit beside what running prefills will still need (when nothing runs, the "+ 1" is
-// not asked: nobody else could need that block).
+// for their tokens + 1 fit beside what running prefills will still need and the blocks reserved for KV
+// transfers on their way (budget.reserved_blocks; a waiting request's own reserved_blocks are among
+// them and count for it) — when nothing runs, the "+ 1" is not asked: nobody else could need that block.
 StepPlan plan_step(std::span<const PlannedRequest> running, std::span<const PlannedRequest> waiting,
                    const KvBudget& budget, int64_t step_tokens, int64_t chunk_tokens, int max_running);
 

@@ -1182,6 +1182,18 @@ void restore_kv_transfer_open_tokens(const uint8_t* data, const KvTransferInfo& 
   for (int l = 0; l < info.shape.num_layers; ++l) restore_open_layer(data + ranges[size_t(l)].open_offset, info, l, into);
 }
 
+namespace {
+
+// Head `head`'s sealed block (the codec's bytes) into its place in `page`: its piece of every page part.
+void copy_block_into_page(const uint8_t* block, uint64_t head, const KvPageLayout& pages, uint8_t* page) {
+  size_t at = 0;
+  for (size_t p = 0; p < pages.piece_bytes.size(); at += pages.piece_bytes[p], ++p) {
+    std::memcpy(page + pages.piece_offsets[p] + head * pages.piece_bytes[p], block + at, pages.piece_bytes[p]);
+  }
+}
+
+}  // namespace
+
 void copy_kv_transfer_pages(const uint8_t* data, const KvTransferInfo& info, int layer, const KvPageLayout& pages,
                             uint8_t* out) {
   const Layout layout = layout_of(info);
@@ -1190,12 +1202,14 @@ void copy_kv_transfer_pages(const uint8_t* data, const KvTransferInfo& info, int
   const uint8_t* block = data + range.sealed_offset;
   for (uint64_t g = 0; g < uint64_t(info.shape.num_kv_heads); ++g) {
     const uint64_t stride = layout.stride_of(layer, int(g));
-    for (uint64_t b = 0; b < blocks; ++b, block += stride) {
-      uint8_t* page = out + b * pages.page_bytes;
-      size_t at = 0;
-      for (size_t p = 0; p < pages.piece_bytes.size(); at += pages.piece_bytes[p], ++p) {
-        std::memcpy(page + pages.piece_offsets[p] + g * pages.piece_bytes[p], block + at, pages.piece_bytes[p]);
-      }
+    for (uint64_t b = 0; b < blocks; ++b, block += stride) copy_block_into_page(block, g, pages, out + b * pages.page_bytes);
+  }
+}
+
+void copy_kv_store_pages(const KvStore& store, int layer, int blocks, const KvPageLayout& pages, uint8_t* out) {
+  for (uint64_t g = 0; g < uint64_t(store.shape().num_kv_heads); ++g) {
+    for (int b = 0; b < blocks; ++b) {
+      copy_block_into_page(store.sealed_block(layer, int(g), b), g, pages, out + size_t(b) * pages.page_bytes);
     }
   }
 }

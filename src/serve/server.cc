@@ -272,7 +272,8 @@ class HttpApi {
     generated.push_back(received->request.next_token);
     options.resume = SubmitOptions::Resume{.kv = std::move(received->transfer), .kv_crc = received->received_crc,
                                            .generated = std::move(generated), .device_kv = std::move(received->device_kv),
-                                           .staged_kv = std::move(received->staged_kv)};
+                                           .staged_kv = std::move(received->staged_kv),
+                                           .kv_reservation = std::move(received->kv_reservation)};
     return std::nullopt;
   }
 
@@ -558,12 +559,16 @@ std::string advertised_address(const std::string& host, int port) {
   return name + ":" + std::to_string(port);
 }
 
-// Where a decode worker restores its KV streams: on the CPU, each layer into a store of the engine's as
-// soon as it arrives (the import overlapped with the stream; the scheduler adopts the store); the GPU's
-// are imported whole once they arrived (nullptr). The engine outlives the receiver.
-std::function<Expected<std::shared_ptr<KvStore>>()> staging_store(const Engine& engine) {
-  if (engine.on_gpu()) return nullptr;
-  return [&engine] { return engine.new_kv_store(); };
+// How a decode worker imports its KV streams: staged, each layer placed as soon as it arrives (the
+// import overlapped with the stream: engine/kv_staging.h), their blocks reserved from HELLO, where the
+// device can (the CPU; the GPU with dense, hack or quant KV); else whole once they arrived (options left
+// as they are). The engine outlives the receiver.
+void stage_kv_streams(const Engine& engine, KvStreamReceiverOptions& options) {
+  if (!engine.stages_kv()) return;
+  options.staging = [&engine](const KvTransferInfo& info, std::string_view source, std::shared_ptr<KvReservation> reserved) {
+    return engine.new_kv_staging(info, source, std::move(reserved));
+  };
+  options.reserve = [&engine](int64_t tokens, std::string_view source) { return engine.reserve_kv(tokens, source); };
 }
 
 std::string default_model_name(const std::string& model_dir) {
@@ -636,15 +641,15 @@ Status run_server(const EngineConfig& engine_config, const SchedulerConfig& sche
   }
   if (config.role == "decode") {
     const int kv_port = config.kv_port < 0 ? port + 1 : config.kv_port;
-    Expected<std::unique_ptr<KvStreamReceiver>> started =
-        KvStreamReceiver::start(disaggregation.identity, {.host = config.host, .port = kv_port,
-                                                          .max_unclaimed_bytes = config.kv_unclaimed_bytes,
-                                                          .max_tokens = (*engine)->context_tokens(),
-                                                          .cuda_ipc_device = disaggregation.cuda_ipc_device,
-                                                          .nccl = disaggregation.nccl,
-                                                          .gpu = disaggregation.gpu,
-                                                          .buffers = (*engine)->transfer_buffers(),
-                                                          .staging_store = staging_store(**engine)});
+    KvStreamReceiverOptions options{.host = config.host, .port = kv_port,
+                                    .max_unclaimed_bytes = config.kv_unclaimed_bytes,
+                                    .max_tokens = (*engine)->context_tokens(),
+                                    .cuda_ipc_device = disaggregation.cuda_ipc_device,
+                                    .nccl = disaggregation.nccl,
+                                    .gpu = disaggregation.gpu,
+                                    .buffers = (*engine)->transfer_buffers()};
+    stage_kv_streams(**engine, options);
+    Expected<std::unique_ptr<KvStreamReceiver>> started = KvStreamReceiver::start(disaggregation.identity, options);
     if (!started) {
       stop_listening();
       return started.status().with_context("--kv-port");

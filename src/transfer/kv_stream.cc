@@ -260,6 +260,7 @@ Expected<std::unique_ptr<KvStreamSender>> KvStreamSender::open(const std::string
                      {"request_id", request_id},
                      {"attempt", attempt},
                      {"identity", kv_identity_json(identity)}};
+  if (options.total_tokens > 0) hello_body["total_tokens"] = options.total_tokens;  // the receiver reserves for them
   if (!options.cuda_ipc_device.empty()) hello_body["cuda_ipc"] = {{"device", options.cuda_ipc_device}};
   // NCCL: the link kept for this receiver, or a new one (the receiver makes its id, which comes back in
   // ACCEPT). Held through the handshake, so that one new link is joined once.
@@ -734,6 +735,14 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
   if (!hello.contains("attempt") || !hello["attempt"].is_number_unsigned() || hello["attempt"].get<uint64_t>() > INT32_MAX) {
     return refuse("HELLO: attempt must be a non-negative integer");
   }
+  int64_t announced_tokens = 0;  // HELLO's total_tokens: what the KV will hold, when the sender knows it
+  if (hello.contains("total_tokens")) {
+    if (!hello["total_tokens"].is_number_unsigned() || hello["total_tokens"].get<uint64_t>() > uint64_t(options_.max_tokens)) {
+      return refuse(str_cat("HELLO: total_tokens must be a non-negative integer, at most this decode worker's context of ",
+                            options_.max_tokens, " tokens; got ", hello["total_tokens"].dump()));
+    }
+    announced_tokens = hello["total_tokens"].get<int64_t>();
+  }
   Expected<KvStreamIdentity> sender = parse_kv_identity(hello.value("identity", json()), "HELLO");
   if (!sender) return refuse(sender.status().message());
   if (const std::string mismatch = kv_identity_mismatch(*sender, identity_); !mismatch.empty()) {
@@ -802,6 +811,12 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     std::vector<uint8_t> bytes;       // every head's, head by head
     std::vector<uint32_t> head_crcs;  // each head's part's CRC32C
   };
+  // A staged stream whose tokens HELLO announced: their blocks reserved now, while the sender prefills.
+  std::shared_ptr<KvReservation> reserved;
+  if (options_.staging && options_.reserve && announced_tokens > 0) {
+    Expected<std::shared_ptr<KvReservation>> reservation = options_.reserve(announced_tokens, where);
+    if (reservation) reserved = reservation.take();  // else at the head, when there may be room
+  }
   std::vector<std::vector<EarlyBlocks>> early(size_t(identity_.num_layers));
   std::vector<int> early_count(size_t(identity_.num_layers), 0);
   const uint64_t stride = sealed_block_stride(identity_);
@@ -855,6 +870,7 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
   }
   timing["before_head_seconds"] = seconds_since(hello_at);
   double placing_seconds = 0;
+  double staging_seconds = 0;  // in the staging's layer_complete and finish (the GPU: laying out, uploading)
   SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, inspect_kv_transfer_head(head.payload.data(), head.payload.size(), where));
   if (head.payload.size() != info.sealed_offset) {
     return error(where, ": the KV_HEAD frame holds ", head.payload.size(), " bytes, the transfer's head is ", info.sealed_offset);
@@ -871,15 +887,16 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     }
   }
   received.wire_bytes += kKvFrameHeaderBytes + hello_frame.payload.size();
-  // With a staging store, each piece of a layer's frame is restored into it as soon as it has landed and
-  // been checksummed, while it is still in cache: no buffer of the whole transfer, no second pass over
-  // its bytes. Else the transfer is assembled in `transfer`, each layer read straight into its place.
-  std::shared_ptr<KvStore> staged;
+  // Staged (engine/kv_staging.h), each piece of a layer's frame is restored into the staging's store as
+  // soon as it has landed and been checksummed, while it is still in cache, and each complete layer
+  // handed to the device's placement (the GPU uploads it): no buffer of the whole transfer, no second
+  // pass over its bytes. Else the transfer is assembled in `transfer`, each layer read straight into its place.
+  std::unique_ptr<KvStaging> staging;
+  KvStore* staged = nullptr;
   std::vector<uint8_t>& transfer = received.transfer;
-  if (options_.staging_store) {
-    SLIMKV_ASSIGN_OR_RETURN(staged, options_.staging_store());
-    SLIMKV_RETURN_IF_ERROR(check_kv_transfer_head_for(info, where, identity_.model_id, *staged));
-    staged->clear();
+  if (options_.staging) {
+    SLIMKV_ASSIGN_OR_RETURN(staging, options_.staging(info, where, std::move(reserved)));
+    staged = &staging->store();
   } else {
     // Every byte of it is written below (head, each layer's ranges, trailer): a reused buffer is not zeroed first.
     if (options_.buffers) transfer = options_.buffers->take(info.total_bytes);
@@ -986,7 +1003,12 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     SLIMKV_ASSIGN_OR_RETURN(const uint32_t open_crc, read_into({open_records, range.open_bytes}));
     SLIMKV_RETURN_IF_ERROR(layer.finish().with_context(str_cat(where, ": layer ", l)));
     SLIMKV_RETURN_IF_ERROR(restored);
-    if (staged) SLIMKV_RETURN_IF_ERROR(restore_kv_transfer_open(open_records, info, int(l), where, *staged));
+    if (staged) {
+      SLIMKV_RETURN_IF_ERROR(restore_kv_transfer_open(open_records, info, int(l), where, *staged));
+      const SteadyClock::time_point placing_layer = SteadyClock::now();
+      SLIMKV_RETURN_IF_ERROR(staging->layer_complete(int(l), open_records).with_context(where));
+      staging_seconds += seconds_since(placing_layer);
+    }
     open_crcs.emplace_back(open_crc, range.open_bytes);
     early[l].clear();
     received.wire_bytes += kKvFrameHeaderBytes + layer.payload_bytes();
@@ -1011,7 +1033,15 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
                    tokens);
     }
   }
-  received.staged_kv = std::move(staged);
+  if (staging) {
+    const SteadyClock::time_point finishing = SteadyClock::now();
+    SLIMKV_ASSIGN_OR_RETURN(StagedKv staged_kv, staging->finish());
+    staging_seconds += seconds_since(finishing);
+    timing["staging_seconds"] = staging_seconds;
+    received.staged_kv = std::move(staged_kv.store);
+    received.device_kv = std::move(staged_kv.device);
+    received.kv_reservation = std::move(staged_kv.reservation);
+  }
   timing["placing_early_seconds"] = placing_seconds;
   timing["seconds"] = seconds_since(hello_at);
   return Status::ok();

@@ -44,6 +44,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/kv_staging.h"
 #include "slimkv/engine.h"
 #include "slimkv/status.h"
 #include "transfer/kv_frame.h"
@@ -256,13 +257,15 @@ struct ReceivedKv {
   // (Engine::import_kv's received_crc); a staged store's export has it too. Absent for KV that came in
   // GPU memory.
   std::optional<uint32_t> received_crc = std::nullopt;
-  // Instead of transfer, with KvStreamReceiverOptions::staging_store: the KV already restored into a
-  // store of the receiving engine, each piece as soon as it arrived, the whole transfer checked as
-  // transfer is (Engine::adopt_kv takes it).
+  // Instead of transfer, with KvStreamReceiverOptions::staging (a staged import, engine/kv_staging.h):
+  // the KV already placed as it arrived, the whole transfer checked as transfer is: on the CPU restored
+  // into a store of the receiving engine (Engine::adopt_kv takes it), on the GPU as device_kv.
   std::shared_ptr<KvStore> staged_kv = nullptr;
-  // Instead of transfer, over CUDA IPC: the KV with its sealed blocks copied into this process's GPU
-  // memory (its open tokens' transfer checked as transfer is).
+  // Instead of transfer, over CUDA IPC or NCCL, or staged on the GPU: the KV with its sealed blocks in
+  // this process's GPU memory (its open tokens' transfer checked as transfer is).
   std::shared_ptr<const DeviceKvTransfer> device_kv = nullptr;
+  // A staged stream's blocks held in the receiving engine's KV budget until its request imports it.
+  std::shared_ptr<KvReservation> kv_reservation = nullptr;
   uint64_t wire_bytes = 0;
   uint64_t kv_bytes() const;  // what it holds, in host and GPU memory
 };
@@ -294,13 +297,24 @@ struct KvStreamReceiverOptions {
   // imports it (the worker's scheduler) or by the receiver when the stream fails; idle buffers are freed
   // from the accept loop. nullptr: a new buffer per stream.
   std::shared_ptr<BufferPool> buffers = nullptr;
-  // An empty store of the receiving engine's KV per stream (Engine::new_kv_store, called on the stream's
-  // thread): each piece of a layer's frame is restored into it as soon as it has landed and been
-  // checksummed (still in cache), while later layers are still on the wire, with no buffer of the whole
-  // transfer (`buffers` is not used); the stream is handed over as ReceivedKv::staged_kv, checked end to
-  // end as a whole transfer is. A stream that fails frees what it staged. nullptr: the transfer is
-  // handed over whole (ReceivedKv::transfer) and imported after it arrived.
-  std::function<Expected<std::shared_ptr<KvStore>>()> staging_store = nullptr;
+  // A staged import per stream, made once its head has arrived (Engine::new_kv_staging, called on the
+  // stream's thread with the head and the stream's name; engine/kv_staging.h): each piece of a layer's
+  // frame is restored into its store as soon as it has landed and been checksummed (still in cache),
+  // and each complete layer placed (on the GPU: uploaded), while later layers are still on the wire,
+  // with no buffer of the whole transfer (`buffers` is not used); the stream is handed over as
+  // ReceivedKv::staged_kv or device_kv with its kv_reservation, checked end to end as a whole transfer
+  // is. A stream that fails frees what it staged and its reservation; one whose staging is refused (no
+  // room in the budget) fails naming why. nullptr: the transfer is handed over whole
+  // (ReceivedKv::transfer) and imported after it arrived.
+  // `reserved`: what `reserve` gave at HELLO (or nullptr), for the staging to take over.
+  std::function<Expected<std::unique_ptr<KvStaging>>(const KvTransferInfo& info, std::string_view source,
+                                                     std::shared_ptr<KvReservation> reserved)>
+      staging = nullptr;
+  // With staging: a stream whose HELLO announces the tokens its KV will hold (total_tokens: a prefill
+  // worker knows them before it prefills) has their blocks reserved at once (Engine::reserve_kv), for
+  // the whole prefill, instead of from its head on; when they do not fit yet, they are reserved at the
+  // head (or the stream refused there, by `staging`).
+  std::function<Expected<std::shared_ptr<KvReservation>>(int64_t tokens, std::string_view source)> reserve = nullptr;
 };
 
 // Whether this process can make NCCL links (a build with NCCL's header, the CUDA plugin, libnccl.so.2);

@@ -139,6 +139,33 @@ TEST(PlanStep, AdmissionLeavesTheBlockARunningPrefillStillNeeds) {
   EXPECT_EQ(plan.items[1].tokens, 20);
 }
 
+// Blocks reserved for KV transfers on their way (Engine::new_kv_staging) are left free by admissions,
+// except to the request whose KV they hold; a running request still grows into them (its next token
+// is not held up for KV that has not arrived).
+TEST(PlanStep, BlocksReservedForArrivingKvCountOnlyForTheirOwnRequest) {
+  const std::vector<PlannedRequest> running = {{.held_tokens = 5, .tokens_to_run = 1}};
+  // 8 of the 10 free blocks are reserved: 5 for the staged request's 80 tokens, 3 for a stream still arriving.
+  KvBudget budget = budget_of(20, 10);
+  budget.reserved_blocks = 8;
+  const std::vector<PlannedRequest> plain = {{.held_tokens = 0, .tokens_to_run = 20}};  // 2 + 1 blocks
+  EXPECT_EQ(plan_step(running, plain, budget, 512, 512, 8).items.size(), 1u);
+  budget.reserved_blocks = 0;
+  EXPECT_EQ(plan_step(running, plain, budget, 512, 512, 8).items.size(), 2u);
+  budget.reserved_blocks = 8;
+  // The staged request needs 6 blocks + 1, of which its 5 are reserved: the 2 unreserved ones hold the rest.
+  const std::vector<PlannedRequest> staged = {{.held_tokens = 80, .tokens_to_run = 1, .reserved_blocks = 5}};
+  const StepPlan plan = plan_step(running, staged, budget, 512, 512, 8);
+  ASSERT_EQ(plan.items.size(), 2u);
+  EXPECT_TRUE(plan.items[1].from_waiting);
+  // A running request's next block may be a reserved one: no preemption.
+  KvBudget full = budget_of(20, 1);
+  full.reserved_blocks = 1;
+  const std::vector<PlannedRequest> growing = {{.held_tokens = 16, .tokens_to_run = 1}};
+  const StepPlan grown = plan_step(growing, {}, full, 512, 512, 8);
+  EXPECT_TRUE(grown.preempt.empty());
+  EXPECT_EQ(grown.items.size(), 1u);
+}
+
 TEST(PlanStep, APreemptedRequestThatCanNeverFitAgainRunsOutOfKv) {
   // Preempted when it held all 4 blocks and needed a fifth: alone, it still cannot run.
   const std::vector<PlannedRequest> waiting = {{.held_tokens = 64, .tokens_to_run = 1},

@@ -549,10 +549,16 @@ TEST(KvTransfer, PagesWriteAndReadAsTheStoreDoes) {
       KvStore receiver({3, 2, 16, 16, 512}, pipeline_of(spec));
       Expected<KvTransferInfo> info = check_kv_transfer_for(expected.data(), expected.size(), "pages", kModel, receiver);
       ASSERT_TRUE(info) << info.status().message();
+      KvStore restored({3, 2, 16, 16, 512}, pipeline_of(spec));
+      ASSERT_TRUE(read_kv_transfer(expected.data(), expected.size(), "pages", kModel, restored));
       for (int l = 0; l < 3; ++l) {
         std::vector<uint8_t> copied(pages.layers[size_t(l)].size(), 0xEE);
         copy_kv_transfer_pages(expected.data(), *info, l, pages.layout, copied.data());
         EXPECT_EQ(copied, pages.layers[size_t(l)]) << "layer " << l;
+        // A staged import's (engine/kv_staging.h): the same pages from a store the transfer was restored into.
+        std::vector<uint8_t> from_store(pages.layers[size_t(l)].size(), 0xEE);
+        copy_kv_store_pages(restored, l, 3, pages.layout, from_store.data());
+        EXPECT_EQ(from_store, pages.layers[size_t(l)]) << "layer " << l;
       }
       restore_kv_transfer_open_tokens(expected.data(), *info, receiver);
       for (int l = 0; l < 3; ++l) {

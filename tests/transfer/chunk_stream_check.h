@@ -1,7 +1,7 @@
 // A prompt prefilled in chunks (Engine::stream_sealed_kv, then stream_kv_in_next_step for the last) on
 // `device`: the blocks each step seals go out as KV_BLOCKS while later chunks (and, on the GPU, later
 // layers) are still to come, the last step's pieces carry only the rest, and the receiver's transfer is
-// the export byte for byte (and, on the CPU, into a staging store); a recomputed prompt (a
+// the export byte for byte (and staged as it arrives, on either device); a recomputed prompt (a
 // preemption) that hands out the same blocks again has them skipped by the sender. Shared by the CPU's
 // KV stream tests and the GPU's.
 #pragma once
@@ -76,19 +76,37 @@ inline void expect_chunks_streamed_as_exported(const std::string& model_dir, con
   const std::vector<uint8_t> exported = *(*engine)->export_kv(sequence);
   EXPECT_EQ(got->transfer, exported) << spec;
   EXPECT_EQ(got->wire_bytes, (*sender)->bytes_sent());
-  // Into a staging store (a CPU decode worker's): the early blocks restored from their frames' copies.
-  if (cpu) {
-    auto staging = KvStreamReceiver::start(identity, {.port = 0, .staging_store = [&] { return (*engine)->new_kv_store(); }});
+  // Staged as it arrives (a decode worker's import: engine/kv_staging.h): the early blocks restored
+  // from their frames' copies; on the CPU into a store the engine adopts, on the GPU uploaded layer by
+  // layer into GPU memory, which the engine imports device to device. Either holds the export's bytes.
+  ASSERT_TRUE((*engine)->stages_kv()) << spec;
+  {
+    auto staging = KvStreamReceiver::start(identity, {.port = 0, .staging = [&](const KvTransferInfo& info, std::string_view source,
+                                                                    std::shared_ptr<KvReservation> reserved) {
+                                                        return (*engine)->new_kv_staging(info, source, std::move(reserved));
+                                                      }});
     ASSERT_TRUE(staging) << staging.status().message();
     auto staged_sender = KvStreamSender::open(loopback((*staging)->port()), identity, "c1", 0, {}, &refused);
     ASSERT_TRUE(staged_sender) << staged_sender.status().message();
     for (const KvTransferPiece& piece : pieces) ASSERT_TRUE((*staged_sender)->send_piece(piece));
     ASSERT_TRUE((*staged_sender)->finish(request));
     Expected<ReceivedKv> staged = (*staging)->wait_for("c1", 5s);
-    ASSERT_TRUE(staged && staged->staged_kv) << spec;
-    std::vector<uint8_t> staged_bytes;
-    ASSERT_TRUE(write_kv_transfer(*staged->staged_kv, identity.model_id, staged_bytes));
-    EXPECT_EQ(staged_bytes, exported) << spec;
+    ASSERT_TRUE(staged) << staged.status().message();
+    ASSERT_TRUE(staged->kv_reservation) << spec;
+    EXPECT_EQ((*engine)->kv_budget().reserved_blocks, staged->kv_reservation->blocks());
+    const SequenceId adopted = *(*engine)->add_sequence();
+    if (cpu) {
+      ASSERT_TRUE(staged->staged_kv) << spec;
+      ASSERT_TRUE((*engine)->adopt_kv(adopted, staged->staged_kv, "the staged stream"));
+    } else {
+      ASSERT_TRUE(staged->device_kv) << spec;
+      const Status imported = (*engine)->import_kv_from_device(adopted, *staged->device_kv, "the staged stream");
+      ASSERT_TRUE(imported) << imported.message();
+    }
+    EXPECT_EQ(*(*engine)->export_kv(adopted), exported) << spec;
+    staged->kv_reservation = nullptr;
+    EXPECT_EQ((*engine)->kv_budget().reserved_blocks, 0) << spec;
+    ASSERT_TRUE((*engine)->remove_sequence(adopted));
   }
   // A gap (blocks from 5 on, after 4 sent) is the sender's error, before any byte goes out.
   auto other = KvStreamSender::open(loopback((*receiver)->port()), identity, "c2", 0, {}, &refused);

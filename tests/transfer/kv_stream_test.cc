@@ -201,11 +201,13 @@ TEST(KvStream, MismatchIsRefusedNamingBothSides) {
 // A hand-driven sender for the fault cases: the handshake, then whatever the test writes.
 struct RawSender {
   TcpConnection connection;
-  explicit RawSender(int port, const KvStreamIdentity& identity, const std::string& id, const std::string& cuda_ipc_device = "") {
+  explicit RawSender(int port, const KvStreamIdentity& identity, const std::string& id, const std::string& cuda_ipc_device = "",
+                     int64_t total_tokens = 0) {
     connection = TcpConnection::connect(loopback(port), 2s).take();
     nlohmann::json body = {{"stream_version", kKvStreamVersion}, {"request_id", id}, {"attempt", 0},
                            {"identity", kv_identity_json(identity)}};
     if (!cuda_ipc_device.empty()) body["cuda_ipc"] = {{"device", cuda_ipc_device}};
+    if (total_tokens > 0) body["total_tokens"] = total_tokens;
     const std::string hello = body.dump();
     write(KvFrameType::kHello, {reinterpret_cast<const uint8_t*>(hello.data()), hello.size()});
     EXPECT_EQ(read_kv_frame(connection, SteadyClock::now() + 5s)->type, KvFrameType::kAccept);
@@ -407,7 +409,9 @@ TEST(KvStream, AStagedStreamIsWhatAWholeImportGives) {
     Prefilled p = prefill(spec, 150);
     auto buffers = std::make_shared<BufferPool>(size_t(64) << 20);
     auto receiver = KvStreamReceiver::start(
-        p.identity, {.port = 0, .buffers = buffers, .staging_store = [&] { return p.engine->new_kv_store(); }});
+        p.identity, {.port = 0, .buffers = buffers, .staging = [&](const KvTransferInfo& info, std::string_view source, std::shared_ptr<KvReservation> reserved) {
+                       return p.engine->new_kv_staging(info, source, std::move(reserved));
+                     }});
     ASSERT_TRUE(receiver) << receiver.status().message();
     ASSERT_TRUE(send_kv_transfer(loopback((*receiver)->port()), p.identity, p.transfer, request_for(p, "s1"), {}).status);
     Expected<ReceivedKv> got = (*receiver)->wait_for("s1", 5s);
@@ -438,12 +442,15 @@ TEST(KvStream, AFailedStagedStreamFreesWhatItStaged) {
   std::vector<std::weak_ptr<KvStore>> stores;  // every store the receiver staged into
   auto buffers = std::make_shared<BufferPool>(size_t(64) << 20);
   auto receiver = KvStreamReceiver::start(p.identity, {.port = 0, .io_timeout = 500ms, .buffers = buffers,
-                                                       .staging_store = [&]() -> Expected<std::shared_ptr<KvStore>> {
+                                                       .staging = [&](const KvTransferInfo& info, std::string_view source, std::shared_ptr<KvReservation>)
+                                                           -> Expected<std::unique_ptr<KvStaging>> {
                                                          SLIMKV_ASSIGN_OR_RETURN(std::shared_ptr<KvStore> store,
                                                                                  p.engine->new_kv_store());
-                                                         std::lock_guard lock(mutex);
-                                                         stores.push_back(store);
-                                                         return store;
+                                                         {
+                                                           std::lock_guard lock(mutex);
+                                                           stores.push_back(store);
+                                                         }
+                                                         return stage_into_store(store, info, source, p.identity.model_id);
                                                        }});
   ASSERT_TRUE(receiver) << receiver.status().message();
   const auto info = *inspect_kv_transfer(p.transfer.data(), p.transfer.size(), "t");
@@ -502,6 +509,69 @@ TEST(KvStream, AFailedStagedStreamFreesWhatItStaged) {
   check_freed("f2");
   std::lock_guard lock(mutex);
   EXPECT_EQ(stores.size(), 2u);
+}
+
+// A staged stream's blocks are reserved in the receiving engine's KV budget (admissions leave them
+// free: KvBudget::reserved_blocks) from its HELLO when that announces its tokens (a prefill worker's
+// does), else from its head, and let go when its sender dies midway, as when the stream fails any other
+// way; a transfer larger than the budget's blocks not reserved already is refused naming the counts.
+// The orchestration is the GPU's too (Engine::new_kv_staging): only the placement differs.
+TEST(KvStream, AStagedStreamReservesItsBlocksUntilItEnds) {
+  Prefilled p = prefill("hack:bits=2,pi=64", 150);
+  KvStreamReceiverOptions options{.port = 0, .io_timeout = 5s};
+  options.staging = [&](const KvTransferInfo& info, std::string_view source, std::shared_ptr<KvReservation> reserved) {
+    return p.engine->new_kv_staging(info, source, std::move(reserved));
+  };
+  options.reserve = [&](int64_t tokens, std::string_view source) { return p.engine->reserve_kv(tokens, source); };
+  auto receiver = KvStreamReceiver::start(p.identity, options);
+  ASSERT_TRUE(receiver) << receiver.status().message();
+  const auto info = *inspect_kv_transfer(p.transfer.data(), p.transfer.size(), "t");
+  const KvBudget budget = p.engine->kv_budget();
+  ASSERT_EQ(budget.reserved_blocks, 0);
+  const auto reserved_becomes = [&](int64_t blocks) {
+    for (int i = 0; i < 300 && p.engine->kv_budget().reserved_blocks != blocks; ++i) std::this_thread::sleep_for(10ms);
+    return p.engine->kv_budget().reserved_blocks == blocks;
+  };
+  {
+    RawSender sender((*receiver)->port(), p.identity, "v1");
+    sender.write(KvFrameType::kKvHead, std::span<const uint8_t>(p.transfer).first(info.sealed_offset));
+    EXPECT_TRUE(reserved_becomes(budget.blocks_for_tokens(150)));
+  }  // the sender dies before its first layer
+  EXPECT_TRUE(reserved_becomes(0));
+  {
+    RawSender sender((*receiver)->port(), p.identity, "v1", "", 150);  // announcing its tokens: reserved before the head
+    EXPECT_TRUE(reserved_becomes(budget.blocks_for_tokens(150)));
+    sender.write(KvFrameType::kKvHead, std::span<const uint8_t>(p.transfer).first(info.sealed_offset));
+    std::this_thread::sleep_for(50ms);
+    EXPECT_EQ(p.engine->kv_budget().reserved_blocks, budget.blocks_for_tokens(150)) << "the head's staging took it over";
+  }
+  EXPECT_TRUE(reserved_becomes(0));
+  for (int i = 0; i < 200 && (*receiver)->stats().streams_in_progress > 0; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ((*receiver)->stats().streams_in_progress, 0);
+
+  // A whole stream keeps its reservation, with its KV, until the holder lets go (the scheduler, at the
+  // request's admission); meanwhile a transfer that would not fit beside it is refused.
+  ASSERT_TRUE(send_kv_transfer(loopback((*receiver)->port()), p.identity, p.transfer, request_for(p, "v2"), {}).status);
+  Expected<ReceivedKv> got = (*receiver)->wait_for("v2", 5s);
+  ASSERT_TRUE(got) << got.status().message();
+  ASSERT_TRUE(got->kv_reservation && got->staged_kv);
+  const int64_t held = budget.blocks_for_tokens(150);
+  EXPECT_EQ(got->kv_reservation->blocks(), held);
+  EXPECT_EQ(p.engine->kv_budget().reserved_blocks, held);
+  KvTransferInfo too_large = info;
+  const int64_t want = budget.total_blocks - held + 1;
+  for (int& tokens : too_large.layer_tokens) tokens = int(want) * budget.block_tokens;
+  Expected<std::unique_ptr<KvStaging>> refused = p.engine->new_kv_staging(too_large, "a large one");
+  ASSERT_FALSE(refused);
+  const std::string message = refused.status().message();
+  EXPECT_NE(message.find("'a large one'"), std::string::npos) << message;
+  EXPECT_NE(message.find("need " + std::to_string(want) + " blocks of this worker's KV budget of " +
+                         std::to_string(budget.total_blocks) + " blocks, of which " + std::to_string(held) + " are reserved"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(p.engine->kv_budget().reserved_blocks, held);
+  got->kv_reservation = nullptr;
+  EXPECT_EQ(p.engine->kv_budget().reserved_blocks, 0);
 }
 
 TEST(KvStream, DeadReceiverFailsTheSenderWithinTheTimeout) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/cuda/device_memory.h"
+#include "engine/cuda/gpu_kv_staging.h"
 #include "engine/device_model.h"
 #include "kv/cuda/gpu_kv_plan.h"
 #include "kv/cuda/gpu_kv_transfer.h"
@@ -143,6 +144,15 @@ class CudaDeviceModel final : public DeviceModel {
     SLIMKV_RETURN_IF_ERROR(check_transferable());
     SLIMKV_RETURN_IF_ERROR(cuda::use_gpu(gpu_));
     return cuda::import_from_device(model_->kv(), id_of(sequence), context(model_id), transfer, source);
+  }
+
+  // Staged imports where the cache has device pages: each layer uploaded as its frame lands.
+  bool stages_kv() const override { return streams_blocks(); }
+  Expected<std::unique_ptr<KvStaging>> new_kv_staging(const KvTransferInfo& info, std::string_view source,
+                                                      std::string_view model_id) const override {
+    if (!stages_kv()) return DeviceModel::new_kv_staging(info, source, model_id);
+    SLIMKV_RETURN_IF_ERROR(cuda::use_gpu(gpu_));
+    return cuda::new_gpu_kv_staging(info, source, model_id, shape_, pipeline_, model_->kv().device_page_layout(), *pinned_);
   }
 
   // A streamed sequence's blocks go out layer by layer during its steps where the cache has device pages.

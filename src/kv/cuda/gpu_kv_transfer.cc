@@ -1,5 +1,8 @@
 #include "kv/cuda/gpu_kv_transfer.h"
 
+#include <cuda_runtime.h>
+
+#include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/ipc_memory.h"
 #include "backend/cuda/pinned_memory.h"
@@ -20,6 +23,17 @@ Expected<uint8_t*> layer_staging(const GpuKvTransferContext& context, size_t byt
 }
 
 }  // namespace
+
+Status check_gpu_transfer_layout(const KvTransferInfo& info, std::string_view source) {
+  for (size_t l = 0; l < info.layer_tokens.size(); ++l) {
+    if (info.layer_tokens[l] != info.layer_tokens[0] || info.block_tokens != kCudaBlockTokens) {
+      return error("kv transfer '", source, "': layer ", l, " holds ", info.layer_tokens[l], " tokens and layer 0 ",
+                   info.layer_tokens[0], ", in blocks of ", info.block_tokens,
+                   "; a GPU cache's sequence holds one count in every layer, in blocks of ", kCudaBlockTokens);
+    }
+  }
+  return Status::ok();
+}
 
 // A cache with device pages: every layer's sealed blocks gathered on the device into one buffer (as
 // CUDA IPC shares them), brought to the host a layer at a time by one copy into pinned memory, and
@@ -63,13 +77,7 @@ Status import_transfer(GpuKvCache& kv, int sequence, const GpuKvTransferContext&
   }
   SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info,
                           check_kv_transfer_for(transfer.data(), transfer.size(), source, context.model_id, store, received_crc));
-  for (size_t l = 0; l < info.layer_tokens.size(); ++l) {
-    if (info.layer_tokens[l] != info.layer_tokens[0] || info.block_tokens != kCudaBlockTokens) {
-      return error(where, ": layer ", l, " holds ", info.layer_tokens[l], " tokens and layer 0 ", info.layer_tokens[0],
-                   ", in blocks of ", info.block_tokens, "; a GPU cache's sequence holds one count in every layer, in blocks of ",
-                   kCudaBlockTokens);
-    }
-  }
+  SLIMKV_RETURN_IF_ERROR(check_gpu_transfer_layout(info, source));
   restore_kv_transfer_open_tokens(transfer.data(), info, store);
   const int blocks = info.layer_tokens.empty() ? 0 : info.layer_tokens[0] / kCudaBlockTokens;
   const size_t layer_bytes = size_t(blocks) * layout.page_bytes;
@@ -128,6 +136,63 @@ Status import_from_device(GpuKvCache& kv, int sequence, const GpuKvTransferConte
   }
   return kv.import_pages(sequence, transfer.sealed_blocks, static_cast<const uint8_t*>(transfer.pages.get()), open)
       .with_context(where);
+}
+
+Expected<std::unique_ptr<LayerPagesUpload>> LayerPagesUpload::create(const KvPageLayout& layout, int num_layers, int blocks,
+                                                                     ReusedArrays<PinnedArray<uint8_t>>& pinned) {
+  if (layout.page_bytes == 0) return error("a staged KV import into GPU memory: this GPU cache has no device pages");
+  std::unique_ptr<LayerPagesUpload> upload(new LayerPagesUpload());
+  upload->gpu_ = current_device();
+  upload->layout_ = layout;
+  upload->num_layers_ = num_layers;
+  upload->blocks_ = blocks;
+  upload->layer_bytes_ = size_t(blocks) * layout.page_bytes;
+  SLIMKV_ASSIGN_OR_RETURN(upload->pages_, shared_device_allocation(upload->pages_bytes(), "a staged KV import's sealed blocks"));
+  for (std::shared_ptr<PinnedArray<uint8_t>>& layer : upload->pinned_) {
+    SLIMKV_ASSIGN_OR_RETURN(layer, pinned.take(upload->layer_bytes_, "a staged KV import's layer in host memory"));
+  }
+  cudaStream_t stream = nullptr;
+  SLIMKV_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  upload->stream_ = stream;
+  for (void*& uploaded : upload->uploaded_) {
+    cudaEvent_t event = nullptr;
+    SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    uploaded = event;
+  }
+  return upload;
+}
+
+LayerPagesUpload::~LayerPagesUpload() {
+  static_cast<void>(use_gpu(gpu_));
+  if (stream_) static_cast<void>(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
+  for (void* uploaded : uploaded_) {
+    if (uploaded) static_cast<void>(cudaEventDestroy(static_cast<cudaEvent_t>(uploaded)));
+  }
+  if (stream_) static_cast<void>(cudaStreamDestroy(static_cast<cudaStream_t>(stream_)));
+}
+
+Status LayerPagesUpload::upload(int layer, const KvStore& store) {
+  if (layer < 0 || layer >= num_layers_) {
+    return error("a staged KV import into GPU memory: layer ", layer, " of ", num_layers_);
+  }
+  if (layer_bytes_ == 0) return Status::ok();  // no sealed block: the open tokens are all
+  SLIMKV_RETURN_IF_ERROR(use_gpu(gpu_));
+  const int slot = next_;
+  next_ = 1 - next_;
+  const auto uploaded = static_cast<cudaEvent_t>(uploaded_[slot]);
+  SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(uploaded));  // the pinned layer's last upload has left it
+  copy_kv_store_pages(store, layer, blocks_, layout_, pinned_[slot]->data());
+  const auto stream = static_cast<cudaStream_t>(stream_);
+  uint8_t* const to = static_cast<uint8_t*>(pages_.get()) + size_t(layer) * layer_bytes_;
+  SLIMKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(to, pinned_[slot]->data(), layer_bytes_, cudaMemcpyHostToDevice, stream));
+  SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(uploaded, stream));
+  return Status::ok();
+}
+
+Expected<std::shared_ptr<void>> LayerPagesUpload::finish() {
+  SLIMKV_RETURN_IF_ERROR(use_gpu(gpu_));
+  SLIMKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
+  return pages_;
 }
 
 }  // namespace slimkv::cuda

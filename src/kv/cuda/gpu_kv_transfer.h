@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "backend/cuda/pinned_memory.h"
+#include "backend/cuda/reused_arrays.h"
 #include "kv/cuda/gpu_kv_cache.h"
 #include "kv/kv_factory.h"
 #include "kv/store.h"
@@ -32,6 +34,10 @@ struct GpuKvTransferContext {
   PinnedArray<uint8_t>* staging = nullptr;
 };
 
+// Whether a transfer (its head: `info`) has the layout a GPU cache's sequence holds: one token count
+// in every layer, in blocks of kCudaBlockTokens; else an error naming `source` and the counts.
+Status check_gpu_transfer_layout(const KvTransferInfo& info, std::string_view source);
+
 // export_kv / import_kv: the sequence's transfer in host memory (a host tier's through a host store).
 Status export_transfer(const GpuKvCache& kv, int sequence, const GpuKvTransferContext& context, std::vector<uint8_t>& out);
 // received_crc: as read_kv_transfer's (the CRC its receiver computed as the bytes arrived), or absent.
@@ -47,5 +53,40 @@ Status export_to_device(const GpuKvCache& kv, int sequence, const GpuKvTransferC
                         bool pages = true);
 Status import_from_device(GpuKvCache& kv, int sequence, const GpuKvTransferContext& context,
                           const DeviceKvTransfer& transfer, std::string_view source);
+
+// A transfer's sealed blocks uploaded into GPU memory as a cache's device pages a layer at a time, as
+// its layers arrive (the GPU's placement of a staged import, engine/kv_staging.h): each layer laid out
+// as pages in pinned memory (copy_kv_store_pages) and copied up on a stream of its own, never the
+// steps' (so a decode worker's running batch is not held up); two pinned layers alternate, so that
+// laying out one overlaps the upload of the other. Used by one thread at a time (a stream's receiver).
+class LayerPagesUpload {
+ public:
+  // [num_layers, blocks, layout.page_bytes] of GPU memory on the calling thread's GPU (an error naming
+  // the bytes when it has no room), and two pinned layers from `pinned` (kept there for the next).
+  static Expected<std::unique_ptr<LayerPagesUpload>> create(const KvPageLayout& layout, int num_layers, int blocks,
+                                                           ReusedArrays<PinnedArray<uint8_t>>& pinned);
+  ~LayerPagesUpload();  // waits for the uploads in flight before their memory goes
+  LayerPagesUpload(const LayerPagesUpload&) = delete;
+  LayerPagesUpload& operator=(const LayerPagesUpload&) = delete;
+
+  // Layer `layer`'s first `blocks` sealed blocks of `store`: laid out (once the upload that last used
+  // the pinned layer has finished) and their upload enqueued; returns without waiting for it.
+  Status upload(int layer, const KvStore& store);
+  // Waits for every upload: the pages (GpuKvCache::export_pages's layout), as DeviceKvTransfer::pages.
+  Expected<std::shared_ptr<void>> finish();
+  size_t pages_bytes() const { return size_t(num_layers_) * layer_bytes_; }
+
+ private:
+  LayerPagesUpload() = default;
+  int gpu_ = 0;
+  KvPageLayout layout_;
+  int num_layers_ = 0, blocks_ = 0;
+  size_t layer_bytes_ = 0;
+  std::shared_ptr<void> pages_;
+  std::shared_ptr<PinnedArray<uint8_t>> pinned_[2];
+  void* uploaded_[2] = {nullptr, nullptr};  // cudaEvent_t: each pinned layer's last upload done
+  void* stream_ = nullptr;                  // cudaStream_t, non-blocking
+  int next_ = 0;                            // the pinned layer the next upload uses
+};
 
 }  // namespace slimkv::cuda
