@@ -111,10 +111,10 @@ set title "zack:r=0.3,vr=0 (question after)"
 plot $passkey11 matrix rowheaders columnheaders using 1:2:3 with image notitle, $passkey11 matrix rowheaders columnheaders using 1:2:(sprintf('%.2f',$3)) with labels notitle
 $passkey12 << EOD
 x 0 25 50 75 100
-512 1.000000 1.000000 1.000000 1.000000 1.000000
-1024 1.000000 1.000000 1.000000 1.000000 1.000000
-1536 1.000000 1.000000 1.000000 1.000000 1.000000
-2048 1.000000 1.000000 1.000000 1.000000 1.000000
+512 0.500000 0.500000 0.000000 1.000000 0.500000
+1024 0.000000 0.000000 0.000000 0.000000 1.000000
+1536 0.000000 0.000000 0.000000 0.000000 1.000000
+2048 0.000000 0.000000 0.500000 0.500000 1.000000
 EOD
 set title "zack:r=0.3,vr=0 (question before)"
 plot $passkey12 matrix rowheaders columnheaders using 1:2:3 with image notitle, $passkey12 matrix rowheaders columnheaders using 1:2:(sprintf('%.2f',$3)) with labels notitle
@@ -181,15 +181,15 @@ set termoption noenhanced
 set output "tradeoff.png"
 set title 'KV memory against quality'
 $tradeoff << EOD
-2112.000000 26.097953 "dense"
-2084.671875 26.094548 "zack:r=0.01,vr=0"
-1991.343750 26.104118 "zack:r=0.05,vr=0"
-1896.468750 26.209974 "zack:r=0.1,vr=0"
-1737.140625 26.807817 "zack:r=0.2,vr=0"
-1599.984375 27.752169 "zack:r=0.3,vr=0"
-336.000000 26.107593 "hack:bits=4"
-321.093750 26.154418 "zack:r=0.05,vr=0,align=4+hack:bits=4"
-307.593750 26.256981 "zack:r=0.1,vr=0,align=4+hack:bits=4"
+2112.000000 24.118166 "dense"
+2084.156250 24.126896 "zack:r=0.01,vr=0"
+1988.765625 24.260745 "zack:r=0.05,vr=0"
+1894.406250 24.451955 "zack:r=0.1,vr=0"
+1736.109375 25.388314 "zack:r=0.2,vr=0"
+1599.984375 27.246218 "zack:r=0.3,vr=0"
+336.000000 24.176827 "hack:bits=4"
+320.812500 24.328032 "zack:r=0.05,vr=0,align=4+hack:bits=4"
+308.156250 24.517721 "zack:r=0.1,vr=0,align=4+hack:bits=4"
 EOD
 set xlabel 'KV bytes per token per layer'
 set ylabel 'perplexity (decode path)'
