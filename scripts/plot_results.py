@@ -3,7 +3,7 @@
 here; each source file's page gives the command, date, machine and commit that produced it):
 
   docs/results/frontier.png          perplexity cost against KV bytes, one series per technique
-                                     (hack/ppl + memory, zack_vr0, pq_rerank results.json)
+                                     (hack/ppl + memory, zack_vr0, pq_speed + pq_memory results.json)
   docs/results/decode_vs_context.png decode attention time against context per codec: CPU
                                      (cpu/bench_kernels_decode.csv) and GPU (cuda/decode_attention_vs_sdpa.txt)
   docs/results/hack/passkey.png      pass key found by prompt length and needle depth, per spec
@@ -47,10 +47,18 @@ def frontier(results, out):
     hack_ppl = load_eval(os.path.join(results, "hack/ppl/results.json"))
     memory = load_eval(os.path.join(results, "memory/results.json"))
     zack = load_eval(os.path.join(results, "zack_vr0/results.json"))
-    pq = load_eval(os.path.join(results, "pq_rerank/results.json"))
+    pq = load_eval(os.path.join(results, "pq_speed/results.json"))
+    pq_memory = load_eval(os.path.join(results, "pq_memory/results.json"))
     with open(os.path.join(results, "hack/ppl/results.json")) as f:
         hack_run = json.load(f)
+    with open(os.path.join(results, "memory/results.json")) as f:
+        memory_run = json.load(f)
     canonical = dict(zip(hack_run["specs"], hack_run["specs_canonical"]))
+    # Bytes by canonical spec, rounding aside (it changes values, not sizes): the memory run names its
+    # specs its own way.
+    same_bytes = lambda spec: spec.replace("round=stochastic", "round=nearest")
+    ratio_by_canonical = {same_bytes(c): memory[(s, "ratio_fp16")]
+                          for s, c in zip(memory_run["specs"], memory_run["specs_canonical"])}
 
     def delta(table, spec):
         return 100.0 * (table[(spec, "ppl")] / table[("dense", "ppl")] - 1.0)
@@ -61,12 +69,13 @@ def frontier(results, out):
             continue
         rounding = "stochastic" if "round=stochastic" in canonical[spec] else "nearest"
         label = spec.replace(",round=nearest", "") + ("" if rounding == "nearest" else " (stochastic)")
-        series[spec.split(":")[0]].append((memory[(spec, "ratio_fp16")], delta(hack_ppl, spec), label))
+        series[spec.split(":")[0]].append((ratio_by_canonical[same_bytes(canonical[spec])], delta(hack_ppl, spec), label))
     for spec in sorted({s for s, _ in zack if s.startswith("zack")}):
         technique = "zack+hack" if "+hack" in spec else "zack"
         series[technique].append((zack[(spec, "ratio_fp16")], delta(zack, spec), spec.replace(",vr=0", "")))
-    for spec in sorted({s for s, _ in pq if s.startswith(("pq", "oracle"))}):
-        series["pq" if spec.startswith("pq") else "oracle"].append((pq[(spec, "ratio_fp16")], delta(pq, spec), spec))
+    # Only the specs whose bytes pq_memory measured (it has oracle at one top-k).
+    for spec in sorted({s for s, _ in pq if s.startswith(("pq", "oracle")) and (s, "ratio_fp16") in pq_memory}):
+        series["pq" if spec.startswith("pq") else "oracle"].append((pq_memory[(spec, "ratio_fp16")], delta(pq, spec), spec))
 
     figure, axes = plt.subplots(figsize=(9, 5.5))
     markers = {"hack": "o", "quant": "s", "zack": "^", "zack+hack": "v", "pq": "D", "oracle": "d"}
@@ -85,7 +94,7 @@ def frontier(results, out):
     axes.set_xticks(ticks, [str(t) for t in ticks])
     axes.set_xlabel("KV bytes per token / FP16's (log; dense FP32 = 2)")
     axes.set_ylabel("decode perplexity vs dense, % (symlog)")
-    axes.set_title("Quality against KV size, bundled 14M model (zack: 2048 tokens; others: 4096)", fontsize=10)
+    axes.set_title("Quality against KV size, bundled 15M model (zack: 2048 tokens; others: 4096)", fontsize=10)
     axes.legend(fontsize=8)
     axes.grid(True, which="both", alpha=0.3)
     save(figure, out)
