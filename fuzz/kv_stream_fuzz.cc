@@ -17,6 +17,7 @@
 
 #include "kv/kv_factory.h"
 #include "kv/store.h"
+#include "engine/kv_staging.h"
 #include "kv/transfer.h"
 #include "transfer/kv_frame.h"
 #include "transfer/kv_stream.h"
@@ -35,12 +36,16 @@ slimkv::KvStreamReceiver& receiver() {
     if (!slimkv::write_kv_transfer(store, "fuzz-model", empty).is_ok()) std::abort();
     const auto identity = slimkv::transfer_kv_identity(empty);
     if (!identity) std::abort();
-    const auto staging_store = [pipeline = *pipeline]() -> slimkv::Expected<std::shared_ptr<slimkv::KvStore>> {
-      return std::make_shared<slimkv::KvStore>(slimkv::KvShape{2, 2, 16, 16, 64}, pipeline);
+    // Each stream staged into a store of the seeds' shape, as a CPU decode worker stages (engine/kv_staging.h).
+    const auto staging = [pipeline = *pipeline](const slimkv::KvTransferInfo& info, std::string_view source,
+                                                std::shared_ptr<slimkv::KvReservation>)
+        -> slimkv::Expected<std::unique_ptr<slimkv::KvStaging>> {
+      return slimkv::stage_into_store(std::make_shared<slimkv::KvStore>(slimkv::KvShape{2, 2, 16, 16, 64}, pipeline),
+                                      info, source, "fuzz-model");
     };
     auto started = slimkv::KvStreamReceiver::start(*identity, {.port = 0, .io_timeout = 200ms, .head_timeout = 200ms,
                                                                .max_unclaimed_bytes = 1 << 20, .max_tokens = 64,
-                                                               .staging_store = staging_store});
+                                                               .staging = staging});
     if (!started) std::abort();
     return started.take();
   }();
