@@ -473,7 +473,8 @@ Status copy_pages(const SealedTokenRange& p, const PqSealedCopies& copies) {
 
 Status pq_select_and_gather(const PqSelectLaunch& p) {
   if (p.num_rows == 0) return Status::ok();
-  if (p.copies.value_rows.rows != nullptr && !p.sealed.v_per_token && p.copies.value_scales.scales == nullptr) {
+  if (p.sealed.blocks != nullptr && p.copies.value_rows.rows != nullptr && !p.sealed.v_per_token &&
+      p.copies.value_scales.scales == nullptr) {
     return error("pq selection: value rows with V per column need the blocks' V scales copied (value_scales)");
   }
   const int heads = p.num_kv_heads, rows = p.num_rows;
