@@ -6,8 +6,8 @@
 //   pq@offload     pq:topk=<each of --topks>,cache=<each of --caches>: the PQ index on the GPU, only the
 //                  selected tokens' K/V read from pinned host memory (kv/cuda/gpu_pq_kv.cc), those not
 //                  found in the GPU cache of selected tokens (cache=0: none; kv/cuda/pq_token_cache.h);
-//                  per --fp16-rows, the full blocks' K/V read from token-major copies of the pages (on,
-//                  the default) or from the pages themselves (off: `rows=off`)
+//                  per --fp16-rows, the full blocks' K/V read from token-major copies of the pages (on)
+//                  or from the pages themselves (off, the default: `rows=off`, what `rows=auto` picks)
 //   pq+hack@offload  the same over HACK's sealed blocks of each of --hack-bits (rot=none): the selected
 //                  tokens' codes and scales read from pinned host memory and dequantized on the GPU;
 //                  per --hack-vlayouts, V's scales per column of a block (HACK's) or per token (KIVI's)
@@ -50,7 +50,7 @@ struct Options {
   std::vector<int> caches = {0, 4096};
   std::vector<int> hack_bits = {2};  // the pq+hack@offload rows: one per bits and V layout
   std::vector<std::string> hack_vlayouts = {"channel"};
-  std::vector<std::string> fp16_rows = {"on"};  // the pq@offload rows: one per choice
+  std::vector<std::string> fp16_rows = {"off"};  // the pq@offload rows: one per choice
   std::vector<std::string> variants = {"dense", "offload", "kvpr", "pq", "pq+hack"};
   int steps = 4;
 };
@@ -146,8 +146,8 @@ Status run(const Options& o) {
         pq.pq = PqKvOptions{options, true, 0};
         for (const std::string& rows : wanted("pq") ? o.fp16_rows : std::vector<std::string>{}) {
           CudaModelOptions fp16 = pq;
-          fp16.pq->pq.rows = rows == "on";
-          variants.emplace_back(str_cat("pq:topk=", topk, ",cache=", cache, rows == "on" ? "" : ",rows=off", "@offload"), fp16);
+          fp16.pq->pq.rows = rows;
+          variants.emplace_back(str_cat("pq:topk=", topk, ",cache=", cache, ",rows=", rows, "@offload"), fp16);
         }
         for (const int bits : wanted("pq+hack") ? o.hack_bits : std::vector<int>{}) {
           for (const std::string& vlayout : o.hack_vlayouts) {

@@ -258,7 +258,8 @@ TEST_F(GpuKvTest, ExportedSequenceContinuesIdenticallyInAnotherModel) {
 TEST_F(GpuKvTest, PqSequenceExportedAndImportedSelectsAlike) {
   auto cpu = take(LlamaModel::load(kBundled));
   const std::string pq = "pq:m=2,b=4,topk=0.25,local=16,init=4,segment=64";
-  for (const std::string& spec : {pq, pq + ",cache=24,policy=lfu@offload"}) {
+  // @offload over the pages (rows=auto) and over their token-major copies, rebuilt on import (rows=on).
+  for (const std::string& spec : {pq, pq + ",cache=24,policy=lfu@offload", pq + ",cache=24,rows=on@offload"}) {
     for (const int prompt_tokens : {150, 128, 20}) {
       SCOPED_TRACE(spec + ", prompt " + std::to_string(prompt_tokens));
       EXPECT_TRUE(check_export_import(*cpu, spec, prompt_tokens)) << "no step selected fewer tokens than held";

@@ -596,12 +596,12 @@ TEST_F(PqSelectTest, BundledModelTopkOneEqualsDenseAndOffloadEqualsResident) {
     EXPECT_TRUE(run(*engine) == expected) << spec;
   }
   // @offload reads the tokens it finds in its GPU cache from there: the default cache (larger than the
-  // selection), a smaller one that evicts (LFU), and none; the others from the full blocks' token-major
-  // rows, or with rows=off from the pages.
+  // selection), a smaller one that evicts (LFU), and none; the others from the pages (rows=auto over
+  // FP16), or with rows=on from the full blocks' token-major copies.
   auto resident = load("pq:topk=0.3");
   const auto selected = run(*resident);
   for (const char* spec : {"pq:topk=0.3@offload", "pq:topk=0.3,cache=96,policy=lfu@offload", "pq:topk=0.3,cache=0@offload",
-                           "pq:topk=0.3,cache=0,rows=off@offload"}) {
+                           "pq:topk=0.3,cache=0,rows=on@offload"}) {
     auto offload = load(spec);
     EXPECT_TRUE(run(*offload) == selected) << spec;
   }

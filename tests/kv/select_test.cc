@@ -431,10 +431,12 @@ TEST(PqSelector, SpecsAreCheckedAndDescribed) {
   EXPECT_FALSE(make_kv_pipeline("pq:m=3"));
   EXPECT_FALSE(make_kv_pipeline("pq:rerank=0.5")) << "fewer candidates than selected tokens";
   EXPECT_FALSE(make_kv_pipeline("pq:policy=fifo"));
-  // rows=off (CUDA @offload: no token-major copies) is described; the default is not.
-  auto no_rows = make_kv_pipeline("pq:topk=0.2,rows=off@offload");
-  ASSERT_TRUE(no_rows) << no_rows.status().message();
-  EXPECT_NE(no_rows->describe().find(",rows=off"), std::string::npos) << no_rows->describe();
+  // rows=off and rows=on (CUDA @offload's token-major copies) are described; the default, auto, is not.
+  for (const char* rows : {"off", "on"}) {
+    auto spec = make_kv_pipeline(std::string("pq:topk=0.2,rows=") + rows + "@offload");
+    ASSERT_TRUE(spec) << spec.status().message();
+    EXPECT_NE(spec->describe().find(std::string(",rows=") + rows), std::string::npos) << spec->describe();
+  }
   EXPECT_EQ(pipeline->describe().find("rows="), std::string::npos) << pipeline->describe();
   EXPECT_FALSE(make_kv_pipeline("pq:rows=maybe"));
   EXPECT_FALSE(make_kv_pipeline("hack+pq")) << "the selector comes first";

@@ -3,10 +3,10 @@
 // (pq_gpu_index.h). A decode step selects per (sequence, KV head) the CPU selector's way (pq_select.h:
 // init tokens, the top-k middle tokens by ADC score re-ranked exactly, the local window), gathers only
 // the selected tokens' K/V into a compact GPU buffer (from host memory: only they cross PCIe) and runs
-// the paged attention kernel over it. With @offload each full block's K/V is also copied token-major
-// into pinned host memory as it fills (pq_fp16_row_copies: a token's key and value side by side, a
-// head's tokens back to back), where the re-rank and the gather read them instead of the page-strided
-// pages (unless `rows=off`). Sequences with a prefill chunk in the step attend to every token (PQCache
+// the paged attention kernel over it. With @offload and `rows=on` each full block's K/V is also copied
+// token-major into pinned host memory as it fills (pq_fp16_row_copies: a token's key and value side by
+// side, a head's tokens back to back), where the re-rank and the gather read them instead of the
+// page-strided pages (off by default: no faster on an H100, twice the host memory). Sequences with a prefill chunk in the step attend to every token (PQCache
 // selects only while decoding); decode rows beside them still select, so that a sequence's tokens do not
 // depend on the server's batch. With @offload, a GPU cache of selected tokens
 // (pq_token_cache.h, `cache` tokens per layer and KV head, `policy` lru or lfu; cache=0: none) serves
@@ -19,7 +19,7 @@
 // keys as they arrive, before sealing (the CPU store hands its selector the block's keys it seals, not
 // them decoded); the re-rank scores the candidates' keys dequantized from their blocks and the gather
 // writes the selected tokens dequantized into the compact FP16 buffer, reading only their codes and
-// scales (pq_select.h). With @offload, each sealed key (HACK's K layout) and value is also copied
+// scales (pq_select.h). With @offload (unless `rows=off`), each sealed key (HACK's K layout) and value is also copied
 // token-major into pinned host memory as its block seals (PqTokenRows: a 2-bit key in two sectors, not
 // one per 4 dims; a value in one or two, not six), where the re-rank and the gather read them, and with
 // HACK's V layout each sealed block's per-column V mins and scales into GPU memory (PqValueScales: 512
@@ -417,7 +417,10 @@ class GpuPqKv final : public GpuKvCache {
     int sequence, first, n;
   };
   // `rows` (on by default): @offload keeps the copies.
-  bool keeps_rows() const { return options_.offload && options_.pq.rows; }
+  bool keeps_rows() const {
+    const std::string& rows = options_.pq.rows;
+    return options_.offload && (rows == "on" || (rows == "auto" && sealed_options_.has_value()));
+  }
   int max_tokens() const { return shape_.blocks_per_sequence() * kCudaBlockTokens; }
   // A row per token, KV head and layer, in pinned host memory.
   struct RowPool {

@@ -150,7 +150,7 @@ struct PqSealedCopies {
 // 4 KB host page: one address translation, not two), and the gather of a token whose key is not in
 // scratch reads 512 contiguous bytes. The price: FP16 pq@offload's host memory doubles (the pages stay:
 // prompt chunks attend over them, the open block lives there, and sequences leave from them;
-// docs/pq.md); `rows=off` keeps none.
+// docs/pq.md). Kept only with `rows=on`: on an H100 they read no faster than the pages (docs/pq.md).
 PqSealedCopies pq_fp16_row_copies(uint8_t* rows, int head_dim, int max_tokens);
 int pq_fp16_row_bytes(int head_dim);  // 4 · head_dim
 

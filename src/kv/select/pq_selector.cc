@@ -19,7 +19,7 @@ std::string PqOptions::describe() const {
   return str_cat("pq:m=", m, ",b=", bits, ",", window.describe(), ",rerank=", rerank, ",iters=",
                  max_iters ? std::to_string(max_iters) : std::string("auto"), ",segment=", segment_tokens,
                  ",cache=", cache_tokens, ",policy=", policy, overlap ? "" : ",overlap=off",
-                 rows ? "" : ",rows=off");
+                 rows == "auto" ? "" : ",rows=" + rows);
 }
 
 uint64_t pq_segment_seed(uint64_t seed, int layer, int head, int segment) {

@@ -31,9 +31,10 @@ struct PqOptions {
   std::string policy = "lru";
   bool overlap = true;      // off: cluster at the first decode step instead (for measuring the overlap)
   // @offload on CUDA: full blocks also copied token-major into host memory, where the selection reads
-  // them (kv/cuda/pq_select.h; FP16 pages: twice the host memory). Off: it reads the pages or sealed
-  // blocks. The CPU store has no such copies.
-  bool rows = true;
+  // them (kv/cuda/pq_select.h). "on", "off" (it reads the pages or sealed blocks) or "auto": on over a
+  // codec's sealed blocks, off over FP16 pages, where the copies measured no faster on an H100 and
+  // double the host memory (docs/pq.md). The CPU store has no such copies.
+  std::string rows = "auto";
   std::string describe() const;
 };
 

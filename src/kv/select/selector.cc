@@ -46,7 +46,7 @@ std::shared_ptr<const SelectorFactory> make_selector_factory(const std::string& 
     pq.cache_tokens = options.integer("cache", pq.cache_tokens, {});
     pq.policy = options.choice("policy", pq.policy, {"lru", "lfu"});
     pq.overlap = options.choice("overlap", "on", {"on", "off"}) == "on";
-    pq.rows = options.choice("rows", "on", {"on", "off"}) == "on";
+    pq.rows = options.choice("rows", pq.rows, {"auto", "on", "off"});
     cache.cache_tokens = pq.cache_tokens;
     cache.policy = pq.policy == "lfu" ? CachePolicy::kLfu : CachePolicy::kLru;
     return make_pq_selector_factory(pq);

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Issue 25: pq's quality on the GPU against the CPU path, the same command and defaults (context 8192, ppl 4
-# windows, pass key 2 and kvret 8 samples a cell). cuda/ ran on one H100 (device.txt), cpu/ on the 2-core
-# Xeon dev VM (--threads 2), both 2026-11-27 at main 0f6aa13. From the repository root with build/release built.
+# Issue 25: pq's quality on the GPU against the CPU path, with the settings of the CPU tables
+# docs/results/pq_speed (ppl: 4 windows of 4096) and pq_speed/retrieval (pass key 1, kvret 4 samples a cell).
+# cuda/ ran on one H100, cpu/ on the same machine's CPU at 8 threads (device.txt), 2026-11-28 at main c6f0812.
+# From the repository root with build/release built (slimkv and libslimkv_cuda.so).
 set -euo pipefail
 OUT=${OUT:-out}
-build/release/slimkv eval --model models/slimkv-llama-15m --device cuda --kv "dense,pq:topk=0.2,pq:topk=0.1" \
-  --tasks ppl,passkey,kvret --no-plots --out "$OUT/cuda"
-build/release/slimkv eval --model models/slimkv-llama-15m --kv "dense,pq:topk=0.2,pq:topk=0.1" \
-  --tasks ppl,passkey,kvret --no-plots --threads 2 --out "$OUT/cpu"
+common=(--model models/slimkv-llama-15m --kv "dense,pq:topk=0.2,pq:topk=0.1" --tasks ppl,passkey,kvret
+        --context 4096 --samples kvret=4,passkey=1,ppl=4 --seed 0 --filler text --no-plots)
+build/release/slimkv eval "${common[@]}" --device cuda --out "$OUT/cuda"
+build/release/slimkv eval "${common[@]}" --device cpu --threads 8 --out "$OUT/cpu"
