@@ -13,8 +13,8 @@
 #include "engine/kv_staging.h"
 #include "kv/transfer.h"
 #include "slimkv/engine.h"
-#include "source_dir.h"
 #include "transfer/kv_stream.h"
+#include "transfer/prefilled_engine.h"
 
 namespace slimkv::cuda {
 namespace {
@@ -23,27 +23,8 @@ using namespace std::chrono_literals;
 
 class KvStagingCuda : public CudaTest {};
 
-struct Prefilled {
-  std::unique_ptr<Engine> engine;
-  KvStreamIdentity identity;
-  std::vector<int32_t> prompt;
-  std::vector<uint8_t> transfer;
-};
-
-Prefilled prefill_on_gpu(const std::string& spec, int tokens) {
-  Prefilled p;
-  auto engine = Engine::load({.model_dir = test::source_dir() + "/models/slimkv-llama-15m", .kv_spec = spec,
-                              .device = "cuda", .threads = 2, .max_sequences = 3});
-  EXPECT_TRUE(engine) << engine.status().message();
-  if (!engine) return p;
-  p.engine = engine.take();
-  p.identity = *engine_kv_identity(*p.engine);
-  for (int i = 0; i < tokens; ++i) p.prompt.push_back(int32_t(5 + (i * 37) % 900));
-  auto session = p.engine->new_session();
-  EXPECT_TRUE(session->prefill(p.prompt));
-  p.transfer = *p.engine->export_kv(session->sequence());
-  return p;
-}
+using test::Prefilled;
+Prefilled prefill_on_gpu(const std::string& spec, int tokens) { return test::prefill_bundled(spec, tokens, "cuda", 3); }
 
 Expected<std::unique_ptr<KvStreamReceiver>> staging_receiver(Engine& engine, const KvStreamIdentity& identity) {
   KvStreamReceiverOptions options{.port = 0, .io_timeout = 5000ms};

@@ -16,6 +16,7 @@
 #include "transfer/kv_frame.h"
 #include "source_dir.h"
 #include "transfer/chunk_stream_check.h"
+#include "transfer/prefilled_engine.h"
 
 namespace slimkv {
 namespace {
@@ -25,27 +26,8 @@ const std::string kModel = slimkv::test::source_dir() + "/models/slimkv-llama-15
 
 std::string loopback(int port) { return "127.0.0.1:" + std::to_string(port); }
 
-// An engine of the bundled model holding one sequence of `tokens` prompt tokens; its export.
-struct Prefilled {
-  std::unique_ptr<Engine> engine;
-  KvStreamIdentity identity;
-  std::vector<uint8_t> transfer;
-  std::vector<int32_t> prompt;
-};
-Prefilled prefill(const std::string& spec, int tokens) {
-  Prefilled out;
-  auto engine = Engine::load({.model_dir = kModel, .kv_spec = spec, .threads = 2, .max_sequences = 2});
-  EXPECT_TRUE(engine) << engine.status().message();
-  out.engine = engine.take();
-  Expected<KvStreamIdentity> identity = engine_kv_identity(*out.engine);
-  EXPECT_TRUE(identity) << identity.status().message();
-  if (identity) out.identity = *identity;
-  for (int i = 0; i < tokens; ++i) out.prompt.push_back(int32_t(5 + (i * 37) % 900));
-  auto session = out.engine->new_session();
-  EXPECT_TRUE(session->prefill(out.prompt));
-  out.transfer = *out.engine->export_kv(session->sequence());
-  return out;
-}
+using test::Prefilled;
+Prefilled prefill(const std::string& spec, int tokens) { return test::prefill_bundled(spec, tokens, "cpu", 2); }
 
 KvStreamRequest request_for(const Prefilled& p, const std::string& id) {
   return {.request_id = id, .attempt = 0, .prompt_token_ids = p.prompt, .resume_token_ids = {}, .next_token = 7,
