@@ -49,7 +49,8 @@ struct KvLayout {
   int num_kv_heads = 0;
   int block_tokens = 0;      // tokens per sealed block
   std::string spec;          // the pipeline as the store runs it, every option spelled out
-  std::string codec;         // the codec stage of it ("hack:bits=2,..."), what every sealed block is encoded with
+  std::string codec;         // the codec stage of it ("hack:bits=2,..."), what sealed blocks are encoded with
+                             // (every head's but those of hiheads=: KvHeadLayout::codec)
   bool sealed_in_slow_tier = false;  // @offload: sealed blocks live in the slow tier (a file), hot ones cached
   bool rotated = false;      // K/V stored Hadamard-rotated
 };
@@ -61,6 +62,7 @@ struct KvHeadLayout {
   int sealed_blocks = 0;
   int open_tokens = 0;
   size_t block_bytes = 0;    // one sealed block as the codec encodes it
+  std::string codec;         // the head's codec: KvLayout::codec, or the wider one of hiheads=
 };
 
 // The selector's last choice for one (layer, KV head) (the last decode step): every token (all), or these.

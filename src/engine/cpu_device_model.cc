@@ -188,7 +188,7 @@ BlockBytes cpu_block_bytes(const KvShape& shape, const KvPipeline& pipeline) {
   for (int l = 0; l < shape.num_layers; ++l) {
     for (int g = 0; g < shape.num_kv_heads; ++g) {
       const BlockShape block{pipeline.block_tokens, shape.k_dim_of(l, g), shape.v_dim_of(l, g)};
-      bytes.sealed += pipeline.codec->block_bytes(block);
+      bytes.sealed += pipeline.codec_of(l, g).block_bytes(block);
       bytes.open += size_t(pipeline.unsealed_rows()) * size_t(block.k_dim + block.v_dim) * open_element;
     }
   }

@@ -57,6 +57,10 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
     return error("KV spec '", config.kv_spec, "': the kvpr tier runs on device 'cuda' only (it recomputes K/V on ",
                  "the GPU while the rest crosses from host memory)");
   }
+  if (!engine->pipeline_->wide_heads.empty() && device.cuda) {
+    return error("KV spec '", config.kv_spec, "': per-(layer, head) bit widths (hibits=, hiheads=) run on device 'cpu' ",
+                 "only for now");
+  }
   if (device.cuda) SLIMKV_RETURN_IF_ERROR(check_cuda_gpu(device.gpu));  // a GPU that is not there, before the weights load
   SLIMKV_ASSIGN_OR_RETURN(engine->model_, LlamaModel::load(config.model_dir));
   const std::string kv_context = str_cat("KV spec '", config.kv_spec, "' for ", config.model_dir);
@@ -65,13 +69,19 @@ Expected<std::unique_ptr<Engine>> Engine::load(const EngineConfig& config) {
     SLIMKV_RETURN_IF_ERROR(engine->model_->enable_zack(*zack).with_context(kv_context));
   }
   const KvShape kv_shape = engine->model_->kv_shape();
+  for (const auto& [layer, head] : engine->pipeline_->wide_heads) {
+    if (layer >= kv_shape.num_layers || head >= kv_shape.num_kv_heads) {
+      return error(kv_context, ": hiheads names layer ", layer, " KV head ", head, "; the model has layers 0-",
+                   kv_shape.num_layers - 1, " and KV heads 0-", kv_shape.num_kv_heads - 1);
+    }
+  }
   for (int l = 0; l < kv_shape.num_layers; ++l) {
     for (int g = 0; g < kv_shape.num_kv_heads; ++g) {
       const BlockShape block{engine->pipeline_->block_tokens, kv_shape.k_dim_of(l, g), kv_shape.v_dim_of(l, g)};
       const std::string where = kv_shape.heads_differ()
                                     ? str_cat(kv_context, ", layer ", l, " KV head ", g, " (ZACK ranks: round them with align=4 or 16)")
                                     : kv_context;
-      SLIMKV_RETURN_IF_ERROR(engine->pipeline_->codec->check_shape(block).with_context(where));
+      SLIMKV_RETURN_IF_ERROR(engine->pipeline_->codec_of(l, g).check_shape(block).with_context(where));
     }
   }
   if (engine->pipeline_->selector) {

@@ -60,7 +60,7 @@ KvLayout kv_layout(const KvSnapshot& kv) {
   layout.num_kv_heads = store.shape().num_kv_heads;
   layout.block_tokens = store.block_tokens();
   layout.spec = store.pipeline().describe();
-  layout.codec = store.codec().describe();
+  layout.codec = store.pipeline().codec->describe();
   layout.sealed_in_slow_tier = store.memory().sealed_in_slow_tier;
   layout.rotated = store.rotated();
   return layout;
@@ -75,6 +75,7 @@ Expected<KvHeadLayout> kv_head_layout(const KvSnapshot& kv, int layer, int head)
   layout.sealed_blocks = store.num_sealed_blocks(layer);
   layout.open_tokens = store.open_tokens(layer);
   layout.block_bytes = store.block_bytes(layer, head);
+  layout.codec = store.codec(layer, head).describe();
   return layout;
 }
 
@@ -93,7 +94,7 @@ Status decode_kv_block(const KvSnapshot& kv, int layer, int head, int block, std
   const BlockShape& shape = store.block_shape(layer, head);
   k.assign(size_t(shape.block_tokens) * size_t(shape.k_dim), 0.0f);
   v.assign(size_t(shape.block_tokens) * size_t(shape.v_dim), 0.0f);
-  store.codec().decode(shape, store.sealed_block(layer, head, block), k.data(), v.data());
+  store.codec(layer, head).decode(shape, store.sealed_block(layer, head, block), k.data(), v.data());
   // sinks=N: block 0 was sealed with stand-ins for its first N tokens; the tokens are the FP16 sink rows.
   if (block == 0 && store.sink_tokens(layer) > 0) store.widen_sinks(layer, head, k.data(), v.data());
   return Status::ok();

@@ -1,5 +1,8 @@
 #include "kv/kv_factory.h"
 
+#include <algorithm>
+#include <charconv>
+#include <functional>
 #include <numeric>
 
 #include "attention/cpu/dense_block_attention.h"
@@ -63,11 +66,63 @@ Status read_exact_tokens(StageOptions& options, const QuantizationConfig& quanti
   return Status::ok();
 }
 
+// A layer or head index as written in a spec; -1 if it is not a plain non-negative number.
+int parse_index(std::string_view text) {
+  int value = -1;
+  const auto [end, status] = std::from_chars(text.data(), text.data() + text.size(), value);
+  return status == std::errc() && end == text.data() + text.size() && !text.empty() ? value : -1;
+}
+
+std::string describe_heads(const std::vector<std::pair<int, int>>& heads) {
+  std::string text;
+  for (const auto& [layer, head] : heads) text += str_cat(text.empty() ? "" : "/", layer, ".", head);
+  return text;
+}
+
 bool has_option(const KvStage& stage, std::string_view key) {
   for (const auto& [name, unused] : stage.options) {
     if (name == key) return true;
   }
   return false;
+}
+
+// hibits=B,hiheads=L.H/L.H (hack, quant): the heads whose blocks `make_codec` encodes at B bits. Which
+// heads exist is the model's to say: Engine::load checks the list against it.
+Status read_wide_heads(StageOptions& options, const KvStage& stage, const QuantizationConfig& quantization,
+                       const std::function<std::shared_ptr<const Codec>(const QuantizationConfig&)>& make_codec,
+                       KvPipeline& pipeline, const std::string& spec) {
+  const int bits = options.integer("hibits", 0, {0, 4, 8});
+  const std::string heads = options.text("hiheads", "");
+  if (has_option(stage, "hibits") != has_option(stage, "hiheads")) {
+    return error("KV spec '", spec, "': hibits (the wider bit width) and hiheads (the heads that get it, ",
+                 "layer.head/layer.head...) go together");
+  }
+  if (bits == 0 || heads.empty()) return Status::ok();  // neither, or a value options.finish() reports
+  if (bits < std::max(quantization.k_bits, quantization.v_bits) || bits == std::min(quantization.k_bits, quantization.v_bits)) {
+    return error("KV spec '", spec, "': hibits=", bits, " must be wider than the codec's ", quantization.k_bits,
+                 "-bit K / ", quantization.v_bits, "-bit V (and no narrower than either)");
+  }
+  for (std::string_view head : split_spec_text(heads, '/')) {
+    const size_t dot = head.find('.');
+    int layer = -1, kv_head = -1;
+    if (dot != std::string_view::npos) {
+      layer = parse_index(head.substr(0, dot));
+      kv_head = parse_index(head.substr(dot + 1));
+    }
+    if (layer < 0 || kv_head < 0) {
+      return error("KV spec '", spec, "': hiheads entry '", head, "' is not layer.head (e.g. hiheads=6.0/6.1)");
+    }
+    pipeline.wide_heads.emplace_back(layer, kv_head);
+  }
+  std::sort(pipeline.wide_heads.begin(), pipeline.wide_heads.end());
+  if (std::adjacent_find(pipeline.wide_heads.begin(), pipeline.wide_heads.end()) != pipeline.wide_heads.end()) {
+    return error("KV spec '", spec, "': hiheads names a head twice");
+  }
+  QuantizationConfig wide = quantization;
+  wide.k_bits = wide.v_bits = bits;
+  pipeline.wide_codec = make_codec(wide);
+  pipeline.wide_bits = bits;
+  return Status::ok();
 }
 
 // zack:r=0.05 (Eq. 6's removal rate; vr=R: V–W_O's own) or zack:rate=0.5 (overall KV compression,
@@ -97,6 +152,11 @@ int stored_dims_multiple(const QuantizationConfig& q) {
 
 }  // namespace
 
+const Codec& KvPipeline::codec_of(int layer, int head) const {
+  const bool wide = std::binary_search(wide_heads.begin(), wide_heads.end(), std::pair<int, int>(layer, head));
+  return wide ? *wide_codec : *codec;
+}
+
 std::string KvPipeline::describe() const {
   return str_cat(selector ? selector->describe() + "+" : std::string(), zack ? zack->describe() + "+" : std::string(),
                  codec->describe(), codec->describe().starts_with("dense") ? ",block=" : ",pi=", block_tokens,
@@ -108,6 +168,7 @@ std::string KvPipeline::describe() const {
                  // them (keys of KV transfers and of recorded results) stays as it was.
                  sink_tokens ? str_cat(",sinks=", sink_tokens) : std::string(),
                  recent_tokens ? str_cat(",window=", recent_tokens) : std::string(),
+                 wide_heads.empty() ? std::string() : str_cat(",hibits=", wide_bits, ",hiheads=", describe_heads(wide_heads)),
                  offload ? str_cat("@offload:cache=", offload->cache_tokens, ",policy=",
                                    offload->policy == CachePolicy::kLfu ? "lfu" : "lru")
                          : std::string(),
@@ -175,11 +236,12 @@ Expected<KvPipeline> make_kv_pipeline(const KvConfig& config) {
       // block, unquantized) instead of through the blocks it just sealed (docs/hack.md).
       pipeline.exact_prefill = options.choice("prefill", "exact", {"exact", "quantized"}) == "exact";
       SLIMKV_RETURN_IF_ERROR(read_exact_tokens(options, quantization, pipeline, config.spec));
-      if (hack) {
-        pipeline.codec = std::make_shared<HackCodec>(quantization);
-      } else {
-        pipeline.codec = std::make_shared<QuantCodec>(quantization);
-      }
+      const auto make_codec = [hack](const QuantizationConfig& q) -> std::shared_ptr<const Codec> {
+        if (hack) return std::make_shared<HackCodec>(q);
+        return std::make_shared<QuantCodec>(q);
+      };
+      pipeline.codec = make_codec(quantization);
+      SLIMKV_RETURN_IF_ERROR(read_wide_heads(options, stage, quantization, make_codec, pipeline, config.spec));
       codec_dims_multiple = stored_dims_multiple(quantization);
     } else {
       return error("KV spec '", config.spec, "': unknown stage '", stage.name, "' (known: ", kKnownStages, ")");

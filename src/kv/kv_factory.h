@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "kv/codec/codec.h"
 #include "kv/select/selector.h"
@@ -40,6 +42,14 @@ struct KvPipeline {
   // - 1 unsealed tokens. 0: off (the store as before, bit for bit).
   int sink_tokens = 0;
   int recent_tokens = 0;
+  // hibits=B,hiheads=L.H/L.H (hack, quant; issue 28): per-(layer, KV head) bit widths. The listed heads'
+  // blocks are encoded by `wide_codec` (the codec's layout with B-bit K and V), every other head's by
+  // `codec`: the heads whose attention loses most at the codec's bits get more of them (which ones:
+  // scripts/kv_head_bits.py measures it on calibration text). Empty: every head alike.
+  std::shared_ptr<const Codec> wide_codec;
+  int wide_bits = 0;
+  std::vector<std::pair<int, int>> wide_heads;  // (layer, KV head), ascending
+  const Codec& codec_of(int layer, int head) const;
   // FP16 rows a sequence holds per (layer, KV head) beside its sealed blocks: the open block, the recent
   // window and the sinks (what the KV budget reserves per sequence).
   int unsealed_rows() const { return block_tokens + recent_tokens + sink_tokens; }

@@ -4,6 +4,18 @@
 #include "slimkv/untrusted_text.h"
 
 namespace slimkv {
+std::vector<std::string_view> split_spec_text(std::string_view s, char sep) {
+  std::vector<std::string_view> parts;
+  size_t start = 0;
+  for (size_t i = 0; i <= s.size(); ++i) {
+    if (i == s.size() || s[i] == sep) {
+      parts.push_back(s.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  return parts;
+}
+
 namespace {
 
 bool is_name(std::string_view s) {
@@ -20,18 +32,6 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
-std::vector<std::string_view> split(std::string_view s, char sep) {
-  std::vector<std::string_view> parts;
-  size_t start = 0;
-  for (size_t i = 0; i <= s.size(); ++i) {
-    if (i == s.size() || s[i] == sep) {
-      parts.push_back(s.substr(start, i - start));
-      start = i + 1;
-    }
-  }
-  return parts;
-}
-
 Expected<KvStage> parse_stage(std::string_view text, std::string_view spec) {
   text = trim(text);
   KvStage stage;
@@ -42,7 +42,7 @@ Expected<KvStage> parse_stage(std::string_view text, std::string_view spec) {
                  stage.name, "'");
   }
   if (colon == std::string_view::npos) return stage;
-  for (std::string_view option : split(text.substr(colon + 1), ',')) {
+  for (std::string_view option : split_spec_text(text.substr(colon + 1), ',')) {
     const size_t eq = option.find('=');
     const std::string_view key = trim(option.substr(0, eq));
     if (eq == std::string_view::npos || !is_name(key)) {
@@ -79,7 +79,7 @@ Expected<KvConfig> parse_kv_spec(std::string_view spec) {
     if (spec.find('@', at + 1) != std::string_view::npos) return error("KV spec '", spec, "': more than one '@tier'");
     SLIMKV_ASSIGN_OR_RETURN(config.tier, parse_stage(spec.substr(at + 1), spec));
   }
-  for (std::string_view part : split(spec.substr(0, at), '+')) {
+  for (std::string_view part : split_spec_text(spec.substr(0, at), '+')) {
     SLIMKV_ASSIGN_OR_RETURN(KvStage stage, parse_stage(part, spec));
     config.stages.push_back(std::move(stage));
   }

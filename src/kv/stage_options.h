@@ -12,6 +12,9 @@
 
 namespace slimkv {
 
+// The parts of spec text between separators, empty ones included ("a,,b" by ',': "a", "", "b").
+std::vector<std::string_view> split_spec_text(std::string_view s, char sep);
+
 class StageOptions {
  public:
   StageOptions(const KvStage& stage, std::string_view spec) : stage_(stage), spec_(spec) {}

@@ -43,7 +43,8 @@ KvStore::KvStore(const KvShape& shape, const KvPipeline& pipeline)
     for (int g = 0; g < shape.num_kv_heads; ++g) {
       Head& head = layers_[size_t(l)].heads[size_t(g)];
       head.block_shape = {pipeline.block_tokens, shape.k_dim_of(l, g), shape.v_dim_of(l, g)};
-      head.block_bytes = pipeline.codec->block_bytes(head.block_shape);
+      head.codec = &pipeline.codec_of(l, g);
+      head.block_bytes = head.codec->block_bytes(head.block_shape);
       head.pool = &pools_.try_emplace(head.block_bytes, head.block_bytes).first->second;
       const size_t element = dtype_size_bytes(open_dtype_);
       const size_t open_rows = size_t(block_tokens() + pipeline.recent_tokens);
@@ -152,8 +153,8 @@ void KvStore::append(int layer_index, const float* k, const float* v, int n) {
       for (int g = 0; g < shape_.num_kv_heads; ++g) {
         Head& head = layer.heads[size_t(g)];
         widen_open(head, slot + 1, open_k.data(), open_v.data());
-        pipeline_.codec->requantize_open_block(head.block_shape, open_k.data(), open_v.data(), slot, slot + 1,
-                                               block_seed(layer_index, g, int(head.sealed.size())) ^ uint64_t(slot));
+        head.codec->requantize_open_block(head.block_shape, open_k.data(), open_v.data(), slot, slot + 1,
+                                          block_seed(layer_index, g, int(head.sealed.size())) ^ uint64_t(slot));
         narrow_open(open_k.data(), open_v.data(), 0, slot + 1, head);
       }
     }
@@ -185,8 +186,7 @@ void KvStore::seal_oldest(int layer_index, std::vector<float>& k, std::vector<fl
       }
     }
     uint8_t* block = seal_destination(head);
-    pipeline_.codec->seal(head.block_shape, k.data(), v.data(), block_seed(layer_index, g, int(head.sealed.size())),
-                          block);
+    head.codec->seal(head.block_shape, k.data(), v.data(), block_seed(layer_index, g, int(head.sealed.size())), block);
     head.sealed.push_back(keep_sealed(block));
     // A sliding layer's window is its selection: the selector indexes only the other layers.
     if (shape_.window_of(layer_index) == 0) selector_->on_seal(layer_index, g, k.data());
@@ -222,7 +222,7 @@ void KvStore::prefetch_sealed_tokens(int layer, int head, const int* tokens, int
     const int block = tokens[i] / block_tokens();
     rows.clear();
     for (; i < n && tokens[i] / block_tokens() == block; ++i) rows.push_back(tokens[i] - block * block_tokens());
-    codec().prefetch_tokens(shape, sealed_block(layer, head, block), rows.data(), int(rows.size()), keys, values);
+    codec(layer, head).prefetch_tokens(shape, sealed_block(layer, head, block), rows.data(), int(rows.size()), keys, values);
   }
 }
 
@@ -257,9 +257,9 @@ class StoreSealedKeys final : public SealedKeys {
       }
       const uint8_t* data = store_.sealed_block(layer, head, block);
       if (offload_ && offload_->in_slow_tier(data)) {
-        offload_->count_direct_read(store_.codec().token_read_bytes(shape, int(block_rows.size()), true, false));
+        offload_->count_direct_read(store_.codec(layer, head).token_read_bytes(shape, int(block_rows.size()), true, false));
       }
-      store_.codec().decode_tokens(shape, data, block_rows.data(), int(block_rows.size()), k.data(), nullptr);
+      store_.codec(layer, head).decode_tokens(shape, data, block_rows.data(), int(block_rows.size()), k.data(), nullptr);
       dots(q, rows, k.data(), int(block_rows.size()), k_dim, scores);
       scores += block_rows.size() * size_t(rows);
     }
@@ -369,7 +369,7 @@ void KvStore::keep_restored_block(int layer, int head, uint8_t* slot) {
   thread_local std::vector<float> k, v;  // the selector indexes the keys as sealed
   k.resize(size_t(block_tokens()) * size_t(target.block_shape.k_dim));
   v.resize(size_t(block_tokens()) * size_t(target.block_shape.v_dim));
-  pipeline_.codec->decode(target.block_shape, slot, k.data(), v.data());
+  target.codec->decode(target.block_shape, slot, k.data(), v.data());
   selector_->on_seal(layer, head, k.data());
 }
 

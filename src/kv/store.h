@@ -67,7 +67,8 @@ class KvStore {
   const KvShape& shape() const { return shape_; }
   const BlockShape& block_shape(int layer, int head) const { return head_of(layer, head).block_shape; }
   size_t block_bytes(int layer, int head) const { return head_of(layer, head).block_bytes; }
-  const Codec& codec() const { return *pipeline_.codec; }
+  // The codec of a head's sealed blocks: the pipeline's, or its wide codec for the heads hibits names.
+  const Codec& codec(int layer, int head) const { return *head_of(layer, head).codec; }
   int block_tokens() const { return pipeline_.block_tokens; }
   // K and V are stored Hadamard-rotated (kv/rotation.h): queries must be rotated alike, and outputs back.
   bool rotated() const { return pipeline_.hadamard; }
@@ -170,7 +171,8 @@ class KvStore {
  private:
   struct Head {
     BlockShape block_shape;  // this head's dims
-    size_t block_bytes = 0;  // codec().block_bytes(block_shape)
+    const Codec* codec = nullptr;  // KvPipeline::codec_of(layer, head)
+    size_t block_bytes = 0;  // codec->block_bytes(block_shape)
     BlockPool* pool = nullptr;  // the pool of blocks of that size
     std::vector<const uint8_t*> sealed;
     // [block_tokens + recent_tokens, k_dim] and [.., v_dim] in open_dtype_

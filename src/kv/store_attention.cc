@@ -61,7 +61,7 @@ void attend_block_rows(const KvStore& store, int layer, int g, int b, int first_
   for (int r = 0; r < count; ++r) rows[size_t(r)] = first_row + r;
   k.resize(size_t(count) * size_t(shape.k_dim));
   v.resize(size_t(count) * size_t(shape.v_dim));
-  store.codec().decode_tokens(shape, store.sealed_block(layer, g, b), rows.data(), count, k.data(), v.data());
+  store.codec(layer, g).decode_tokens(shape, store.sealed_block(layer, g, b), rows.data(), count, k.data(), v.data());
   visible_tokens(first_tile_position, group, tile.n_queries, b * shape.block_tokens + first_row, count, end, visible);
   attend_block_f32(tile, k.data(), v.data(), shape.k_dim, shape.v_dim, partials, 0);
 }
@@ -128,12 +128,12 @@ void attend_selected_sealed(const KvStore& store, int layer, int g, const HeadSe
     const uint8_t* block = store.sealed_block(layer, g, b);
     if (int(rows.size()) == block_tokens) {
       std::fill(visible, visible + tile.n_queries, block_tokens);
-      store.codec().attend(shape, {&block, 1}, tile, partials, 0);
+      store.codec(layer, g).attend(shape, {&block, 1}, tile, partials, 0);
       continue;
     }
     for (size_t done = 0; done < rows.size();) {
       const int take = std::min(int(rows.size() - done), block_tokens - gathered);
-      store.codec().decode_tokens(shape, block, rows.data() + done, take,
+      store.codec(layer, g).decode_tokens(shape, block, rows.data() + done, take,
                                   gathered_k.data() + size_t(gathered) * shape.k_dim,
                                   gathered_v.data() + size_t(gathered) * shape.v_dim);
       gathered += take;
@@ -142,7 +142,7 @@ void attend_selected_sealed(const KvStore& store, int layer, int g, const HeadSe
     }
     for (size_t done = 0; done < scored_rows.size();) {
       const int take = std::min(int(scored_rows.size() - done), block_tokens - scored);
-      store.codec().decode_tokens(shape, block, scored_rows.data() + done, take, nullptr,
+      store.codec(layer, g).decode_tokens(shape, block, scored_rows.data() + done, take, nullptr,
                                   scored_v.data() + size_t(scored) * shape.v_dim);
       const size_t score_count = size_t(take) * size_t(rows_per_token);
       std::copy(next_scores, next_scores + score_count,
@@ -251,7 +251,7 @@ void attend_task(const AttendCall& call, int layer, const AttentionParams& param
   }
   partials.reset(rows, v_dim);
   QueryTile tile{q_tile.data(), rows, visible.data()};
-  store.codec().prepare_queries(block_shape, tile, prepared);
+  store.codec(layer, g).prepare_queries(block_shape, tile, prepared);
   tile.prepared = prepared.data();
   const int first_tile_position = first_position + first;
   const int last_tile_position = first_tile_position + positions - 1;
@@ -276,7 +276,7 @@ void attend_task(const AttendCall& call, int layer, const AttentionParams& param
   const auto attend_run = [&] {
     if (run.empty()) return;
     std::fill(visible.begin(), visible.begin() + rows, block_tokens);
-    store.codec().attend(block_shape, run, tile, partials, 0);
+    store.codec(layer, g).attend(block_shape, run, tile, partials, 0);
     run.clear();
   };
   for (int b = first_block; !selected && b < sealed && b * block_tokens < store_end; ++b) {
@@ -305,7 +305,7 @@ void attend_task(const AttendCall& call, int layer, const AttentionParams& param
     }
     attend_run();
     visible_tokens(first_tile_position, group, rows, b * block_tokens, block_tokens, store_end, visible.data());
-    store.codec().attend(block_shape, {&block, 1}, tile, partials, 0);
+    store.codec(layer, g).attend(block_shape, {&block, 1}, tile, partials, 0);
   }
   attend_run();
   // The open part, a block at a time (window=W makes it longer than a block; the kernel takes at most

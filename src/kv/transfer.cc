@@ -588,6 +588,10 @@ Expected<Layout> writer_layout(const KvStore& store, std::string_view model_id, 
   layout.max_tokens = uint32_t(shape.max_tokens);
   layout.block_tokens = uint32_t(store.block_tokens());
   layout.sealed_block_bytes = store.block_bytes(0, 0);
+  if (!store.pipeline().wide_heads.empty()) {
+    return error("writing a kv transfer: per-(layer, head) bit widths (hibits=, hiheads=; KV spec '", spec,
+                 "') are not in the transfer format yet: its heads share one block size");
+  }
   if (store.pipeline().sink_tokens > 0 || store.pipeline().recent_tokens > 0) {
     if (shape.heads_differ()) {
       return error("writing a kv transfer: the FP16 sink tokens and recent window of sinks= and window= (KV spec '",
@@ -1044,7 +1048,7 @@ namespace {
 // would not come back as they were.
 Status check_open_values(const uint8_t* records, const KvTransferInfo& info, int layer, const std::string& where,
                          const KvStore& into) {
-  if (into.codec().open_block_dtype() != DType::kF16) return Status::ok();
+  if (into.codec(layer, 0).open_block_dtype() != DType::kF16) return Status::ok();
   const auto all_fp16 = [](const uint8_t* values, size_t count) {
     for (size_t i = 0; i < count; ++i) {
       uint32_t bits = 0;

@@ -142,7 +142,7 @@ struct KvView {
     }));
     for (int i = 0; i < out.layout.sealed_blocks; ++i) {
       out.blocks.push_back({owner, out.kv, layer, head, i, i * whole.block_tokens, (i + 1) * whole.block_tokens,
-                            out.layout.k_dim, out.layout.v_dim, out.layout.block_bytes, whole.codec,
+                            out.layout.k_dim, out.layout.v_dim, out.layout.block_bytes, out.layout.codec,
                             whole.sealed_in_slow_tier ? "slow" : "fast"});
     }
     return out;

@@ -65,7 +65,7 @@ ChunkResult attend_second_chunk(const std::string& spec, int history, int chunk)
       }
     };
     for (int b = 0; b < store.num_sealed_blocks(0); ++b) {
-      store.codec().decode(store.block_shape(0, g), store.sealed_block(0, g, b), block_k.data(), block_v.data());
+      store.codec(0, g).decode(store.block_shape(0, g), store.sealed_block(0, g, b), block_k.data(), block_v.data());
       put(b * block_tokens, block_tokens);
     }
     store.widen_open(0, g, store.open_tokens(0), block_k.data(), block_v.data());
