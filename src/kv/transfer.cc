@@ -588,21 +588,20 @@ Expected<Layout> writer_layout(const KvStore& store, std::string_view model_id, 
   layout.max_tokens = uint32_t(shape.max_tokens);
   layout.block_tokens = uint32_t(store.block_tokens());
   layout.sealed_block_bytes = store.block_bytes(0, 0);
-  if (!store.pipeline().wide_heads.empty()) {
-    return error("writing a kv transfer: per-(layer, head) bit widths (hibits=, hiheads=; KV spec '", spec,
-                 "') are not in the transfer format yet: its heads share one block size");
-  }
+  // Heads of their own dims (ZACK's ranks) or block sizes (per-head bit widths): version 2's head records.
+  const bool per_head = shape.heads_differ() || !store.pipeline().wide_heads.empty();
   if (store.pipeline().sink_tokens > 0 || store.pipeline().recent_tokens > 0) {
-    if (shape.heads_differ()) {
+    if (per_head) {
       return error("writing a kv transfer: the FP16 sink tokens and recent window of sinks= and window= (KV spec '",
-                   spec, "') are written as format version 3, whose heads share one shape; this store's heads differ ",
-                   "(ZACK's ranks, version 2): use a spec without sinks= and window=, or without per-head ranks");
+                   spec, "') are written as format version 3, whose heads share one shape and block size; this ",
+                   "store's heads differ (ZACK's ranks or hiheads=, version 2): use a spec without sinks= and window=, ",
+                   "or without per-head ranks and bit widths");
     }
     layout.version = 3;
     layout.sink_tokens = uint32_t(store.pipeline().sink_tokens);
     layout.recent_tokens = uint32_t(store.pipeline().recent_tokens);
   }
-  if (shape.heads_differ()) {  // the header's dims and block size: the heads' largest
+  if (per_head) {  // the header's dims and block size: the heads' largest
     layout.version = 2;
     layout.k_dim = layout.v_dim = 0;
     layout.sealed_block_bytes = 0;
@@ -757,7 +756,7 @@ void layer_bytes(const Layout& layout, int l, int tokens, uint64_t* sealed, uint
 Status check_one_block_size(const Layout& layout, const char* what) {
   if (!layout.per_head()) return Status::ok();
   return error("writing a kv transfer ", what, ": the pieces hold one block size for every head; this store's heads ",
-               "differ (ZACK ranks): write it whole (write_kv_transfer, format version 2)");
+               "differ (ZACK ranks or hiheads=): write it whole (write_kv_transfer, format version 2)");
 }
 
 std::vector<int> store_layer_tokens(const KvStore& store) {

@@ -1,6 +1,7 @@
 // Per-(layer, KV head) bit widths (hibits=B,hiheads=L.H/..., issue 28): the heads listed are sealed by the
 // codec at B bits, every other head at the spec's bits. Held to stores of one width: a listed head's
-// blocks and attention equal a store whose every head has B bits, the others a store without hiheads.
+// blocks and attention equal a store whose every head has B bits, the others a store without hiheads;
+// transfers carry each head's blocks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -122,12 +123,44 @@ TEST(HeadBits, SpecErrorsNameTheOption) {
   });
 }
 
-TEST(HeadBits, TransfersAreRefusedByName) {
-  const KvStore mixed = filled_store("hack:bits=2,hibits=4,hiheads=0.1");
+// Each head's block size travels in version 2's head records (as ZACK's per-head dims do): a transfer
+// reads back byte for byte and attends as the original. The layer-by-layer pieces hold one block size, and
+// version 3 (sinks, window) one shape: those refuse such stores by name.
+TEST(HeadBits, TransfersCarryEachHeadsBlocksInVersion2) {
+  const std::string spec = "hack:bits=2,pi=64,hibits=4,hiheads=0.1/1.0";
+  const KvStore original = filled_store(spec);
   std::vector<uint8_t> bytes;
-  const Status written = write_kv_transfer(mixed, "model", bytes);
-  ASSERT_FALSE(written.is_ok());
-  EXPECT_NE(written.message().find("hiheads="), std::string::npos) << written.message();
+  ASSERT_TRUE(write_kv_transfer(original, "model", bytes).is_ok());
+  auto info = inspect_kv_transfer(bytes.data(), bytes.size(), "test");
+  ASSERT_TRUE(info) << info.status().message();
+  EXPECT_EQ(info->version, 2u);
+  ASSERT_EQ(info->head_block_bytes.size(), size_t(kLayers * kKvHeads));
+  EXPECT_EQ(info->head_block_bytes[1], original.block_bytes(0, 1));
+  EXPECT_LT(info->head_block_bytes[0], info->head_block_bytes[1]);
+  auto pipeline = make_kv_pipeline(spec);
+  ASSERT_TRUE(pipeline);
+  KvStore restored({kLayers, kKvHeads, kDim, kDim, kTokens}, *pipeline);
+  const Status read = read_kv_transfer(bytes.data(), bytes.size(), "test", "model", restored);
+  ASSERT_TRUE(read.is_ok()) << read.message();
+  std::vector<uint8_t> again;
+  ASSERT_TRUE(write_kv_transfer(restored, "model", again).is_ok());
+  EXPECT_EQ(again, bytes) << "write → read → write changed the bytes";
+  for (int layer = 0; layer < kLayers; ++layer) EXPECT_EQ(decode_output(restored, layer), decode_output(original, layer));
+
+  KvStore plain = filled_store("hack:bits=2,pi=64");  // the spec names the heads: another store refuses
+  const Status refused = read_kv_transfer(bytes.data(), bytes.size(), "test", "model", plain);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.message().find("hiheads=0.1/1.0"), std::string::npos) << refused.message();
+
+  std::vector<uint8_t> piece;
+  size_t sealed_bytes = 0;
+  const Status layer = write_kv_transfer_layer(original, 0, 0, piece, sealed_bytes);
+  ASSERT_FALSE(layer.is_ok());
+  EXPECT_NE(layer.message().find("hiheads="), std::string::npos) << layer.message();
+  const KvStore with_sinks = filled_store(spec + ",sinks=4");
+  const Status sinks = write_kv_transfer(with_sinks, "model", bytes);
+  ASSERT_FALSE(sinks.is_ok());
+  EXPECT_NE(sinks.message().find("hiheads="), std::string::npos) << sinks.message();
 }
 
 TEST(HeadBits, EngineChecksTheHeadsAgainstTheModel) {
