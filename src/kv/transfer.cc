@@ -1047,7 +1047,7 @@ namespace {
 // would not come back as they were.
 Status check_open_values(const uint8_t* records, const KvTransferInfo& info, int layer, const std::string& where,
                          const KvStore& into) {
-  if (into.codec(layer, 0).open_block_dtype() != DType::kF16) return Status::ok();
+  if (into.open_dtype() != DType::kF16) return Status::ok();
   const auto all_fp16 = [](const uint8_t* values, size_t count) {
     for (size_t i = 0; i < count; ++i) {
       uint32_t bits = 0;

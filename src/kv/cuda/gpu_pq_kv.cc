@@ -6,9 +6,9 @@
 // the paged attention kernel over it. With @offload and `rows=on` each full block's K/V is also copied
 // token-major into pinned host memory as it fills (pq_fp16_row_copies: a token's key and value side by
 // side, a head's tokens back to back), where the re-rank and the gather read them instead of the
-// page-strided pages (off by default: no faster on an H100, twice the host memory). Sequences with a prefill chunk in the step attend to every token (PQCache
-// selects only while decoding); decode rows beside them still select, so that a sequence's tokens do not
-// depend on the server's batch. With @offload, a GPU cache of selected tokens
+// page-strided pages (off by default: no faster on an H100, twice the host memory). Sequences with a
+// prefill chunk in the step attend to every token (PQCache selects only while decoding); decode rows beside
+// them still select, so that a sequence's tokens do not depend on the server's batch. With @offload, a GPU cache of selected tokens
 // (pq_token_cache.h, `cache` tokens per layer and KV head, `policy` lru or lfu; cache=0: none) serves
 // the tokens that recent steps selected. A sequence moves out and in (preemption, disaggregation) as
 // dense FP16 blocks through a host store; the PQ index is rebuilt from the imported keys.
@@ -416,7 +416,7 @@ class GpuPqKv final : public GpuKvCache {
   struct TokenRange {
     int sequence, first, n;
   };
-  // `rows` (on by default): @offload keeps the copies.
+  // `rows`: @offload keeps the copies (auto: over a codec's sealed blocks, not over FP16 pages).
   bool keeps_rows() const {
     const std::string& rows = options_.pq.rows;
     return options_.offload && (rows == "on" || (rows == "auto" && sealed_options_.has_value()));
