@@ -282,18 +282,19 @@ class DisaggSimTest(unittest.TestCase):
                 self.assertLess(abs(error["shared GPU"]), abs(error["workers apart"]), (rate, spec))
 
     def test_predicts_the_two_gpu_runs(self):
-        # The 1P+1D runs on two H100s at 16K prompts (equal_tpot_h100x2/: dense at 0.08 req/s, 2-bit at 0.24),
+        # The 1P+1D runs on two H200s at 16K prompts (equal_tpot_x2/16k/: dense at 0.08 req/s, 2-bit at 0.24),
         # fed with costs the same GPU measured alone in the same session (e2e_16k.txt, the code of those
         # runs): a 16K prefill at the bench's one-prompt rate, a decode step as base + per_seq·B fitted on
         # the batches each decode worker ran (dense: one sequence fits its 4 GB budget; 2-bit: seven, fitted
         # on 2+ sequences, its one-sequence step being a since-fixed kernel anomaly), the KV over NVLink at
         # the 204 GB/s the transport bench measured, sent after the prefill (no per-layer hook on the GPU).
         import re
-        folder = os.path.join(SOURCE_DIR, "docs", "results", "disaggregated", "equal_tpot_h100x2")
+        folder = os.path.join(SOURCE_DIR, "docs", "results", "disaggregated", "equal_tpot_x2", "16k")
         prefill_tokens_per_s, steps = {}, {"dense": [], "hack": []}
         with open(os.path.join(folder, "e2e_16k.txt")) as f:
             for line in f:
-                row = re.search(r"\s(dense|hack)\s+(\d+)\s+16384\s+(\d+)\s+([\d.]+)", line)
+                # kv, batch, context, prefill t/s, TTFT ms, vs first, TBT ms (the step)
+                row = re.search(r"\s(dense|hack)\s+(\d+)\s+16384\s+(\d+)\s+[\d.]+\s+[\d.]+x\s+([\d.]+)", line)
                 if row:
                     kv, batch, prefill, step_ms = row.group(1), int(row.group(2)), float(row.group(3)), float(row.group(4))
                     prefill_tokens_per_s.setdefault(kv, prefill)  # batch 1 comes first: one prompt alone

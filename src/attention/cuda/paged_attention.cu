@@ -505,17 +505,20 @@ int splits_per_tile(int target_ctas, int num_kv_heads) { return std::max(1, targ
 // The most splits of a tile of the part's sequences, each tile of at most its sequence's blocks split
 // with splits_per_tile (split_rule.h's most_splits_of).
 template <typename Sequences>
-int most_splits(const Sequences& sequences, int splits_per_tile) {
+int most_splits(const Sequences& sequences, int splits_per_tile, int min_blocks) {
   int most = 1;
-  for (const auto& sequence : sequences) most = std::max(most, most_splits_of(sequence.blocks, sequence.tiles, splits_per_tile));
+  for (const auto& sequence : sequences) {
+    most = std::max(most, most_splits_of(sequence.blocks, sequence.tiles, splits_per_tile, min_blocks));
+  }
   return most;
 }
 
 }  // namespace
 
-Status CudaPagedAttention::split_blocks(Part& part, int target_ctas) {
+Status CudaPagedAttention::split_blocks(Part& part, int target_ctas, int min_blocks) {
   part.splits_per_tile = splits_per_tile(target_ctas, shape_.num_kv_heads);
-  part.num_splits = most_splits(part.sequences, part.splits_per_tile);
+  part.min_blocks_per_split = min_blocks;
+  part.num_splits = most_splits(part.sequences, part.splits_per_tile, min_blocks);
   return reserve_partials(size_t(part.num_tiles) * shape_.num_kv_heads * tile_rows(part) * size_t(part.num_splits));
 }
 
@@ -547,6 +550,7 @@ AttentionLaunch CudaPagedAttention::launch_params(const Part& part, const PagedK
   p.positions_per_tile = tile_positions(part);
   p.rows_per_tile = tile_rows(part);
   p.splits_per_tile = part.splits_per_tile;
+  p.min_blocks_per_split = part.min_blocks_per_split;
   p.num_splits = p.split_stride = part.num_splits;
   p.num_tiles = part.num_tiles;
   return p;
@@ -601,6 +605,7 @@ Status CudaPagedAttention::run_quantized_prefill(Part& part, const PagedKvView& 
   }
   SLIMKV_RETURN_IF_ERROR(reserve_partials(size_t(part.num_tiles) * shape_.num_kv_heads * kPrefillTileRows * size_t(split_stride)));
   AttentionLaunch p = launch_params(part, kv, q, scale, out);
+  p.min_blocks_per_split = kMinBlocksPerSplit;  // the rule both kernels' splits were counted with above
   p.split_stride = split_stride;
   AttentionLaunch sealed_part = p, window_part = p;
   sealed_part.num_splits = sealed_splits;

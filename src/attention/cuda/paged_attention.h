@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "attention/cuda/kv_views.h"
+#include "attention/split_rule.h"
 #include "backend/cuda/device_memory.h"
 
 namespace slimkv::cuda {
@@ -114,14 +115,14 @@ class CudaPagedAttention {
     int first_tile = 0, num_tiles = 0;
     int max_query_count = 0;  // the most queries of one of its sequences
     std::vector<Sequence> sequences;
-    int splits_per_tile = 1, num_splits = 1;
+    int splits_per_tile = 1, min_blocks_per_split = kMinBlocksPerSplit, num_splits = 1;
   };
 
   explicit CudaPagedAttention(const PagedAttentionShape& shape) : shape_(shape) {}
   Status check_run(const PagedKvView& kv) const;
   // Splits each sequence's blocks so that it alone would run about target_ctas CTAs (one wave of the
-  // kernel at hand), and makes the partials hold the part's splits.
-  Status split_blocks(Part& part, int target_ctas);
+  // kernel at hand), each of at least min_blocks blocks, and makes the partials hold the part's splits.
+  Status split_blocks(Part& part, int target_ctas, int min_blocks = kMinBlocksPerSplit);
   // The dense FP16 kernel of the part (tensor-core or CUDA-core) over its sequences.
   Status run_part(Part& part, const PagedKvView& kv, const uint16_t* q, float scale, uint16_t* out, int window_tokens);
   Status run_quantized_decode(Part& part, const PagedKvView& kv, const QuantizedKvView& sealed, const uint16_t* q,

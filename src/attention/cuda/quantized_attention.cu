@@ -782,7 +782,18 @@ Status CudaPagedAttention::run_quantized_decode(Part& part, const PagedKvView& k
     SLIMKV_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, staging_bytes));
     quantized_residency_.push_back({reinterpret_cast<const void*>(kernel), {staging_bytes, resident}});
   }
-  SLIMKV_RETURN_IF_ERROR(split_blocks(part, std::max(resident, 1) * multiprocessor_count()));
+  // A sequence's splits: half a wave, of at least 16 blocks (four a warp). A CTA's fixed work (its queries
+  // read and quantized, the first block's staging latency, the warps' partials combined and written)
+  // costs about what ten 2-bit blocks' bytes do, so a sequence alone over a whole wave in splits of two
+  // blocks (the dense kernel's rule) spends most of each CTA on it, and a batch of such sequences runs
+  // wave after wave of it: at 16K (256 blocks in 66 splits), batch 5, Nsight Compute saw 20% of an H200's
+  // DRAM bandwidth in use. Measured by splits (H200, 2-bit, µs at batch 1 / 5 / 8): 16K in 66 splits
+  // 22.3 / 67.9 / 94.5, in 16 19.5 / 44.8 / 59.7; 64K in 66 38.8 / 137.5 / 202.8, in 33 38.0 / 123.5 /
+  // 184.5; 4K in 32 15.0 / 29.1 / 37.0, in 4 18.4 / 21.5 / 21.7 (docs/cuda.md, "Splits of the quantized
+  // decode kernel"). Still a rule of the sequence alone (split_rule.h): its bits do not depend on the batch.
+  constexpr int kMinBlocksPerQuantizedSplit = 4 * kWarps;
+  const int half_wave = std::max(resident, 1) * multiprocessor_count() / 2;
+  SLIMKV_RETURN_IF_ERROR(split_blocks(part, half_wave, kMinBlocksPerQuantizedSplit));
 
   QuantizedLaunch L{};
   L.a = launch_params(part, kv, q, scale, out);

@@ -32,14 +32,15 @@ struct AttentionLaunch {
   const int2* tiles;               // [num_tiles]: (batch index, first query of the sequence's)
   int num_heads, num_kv_heads, head_dim, group, positions_per_tile, rows_per_tile;
   // How a tile's blocks are split (tile_split below): about splits_per_tile splits for a sequence of one
-  // tile (the kernel's resident CTAs over the KV heads: one wave for a sequence alone); num_splits, the
-  // grid's, is the most of any tile of the step.
-  int splits_per_tile, num_splits, num_tiles;
+  // tile (the kernel's resident CTAs over the KV heads: one wave for a sequence alone), each of at least
+  // min_blocks_per_split blocks (split_rule.h); num_splits, the grid's, is the most of any tile of the step.
+  int splits_per_tile, min_blocks_per_split, num_splits, num_tiles;
   // Partials per row (>= the splits of every kernel writing the row): the merge's splits. Two kernels
   // whose blocks of one row differ (sealed blocks on INT8 tensor cores, the rest in FP16) write disjoint
   // splits of the same rows: the second's come after the first's splits of that tile, which it counts
-  // with the first's splits_per_tile, given as after_splits_per_tile (0: no kernel before). With one split
-  // in all (and a kernel that can), the kernel writes the output itself.
+  // with the first's splits_per_tile (and the same min_blocks_per_split), given as after_splits_per_tile
+  // (0: no kernel before). With one split in all (and a kernel that can), the kernel writes the output
+  // itself.
   int split_stride, after_splits_per_tile;
   // Sliding-window layers: a query at position p sees tokens p - window_tokens + 1 .. p (0: all before
   // it). Blocks wholly before a tile's first query's window are not read at all.
@@ -74,6 +75,7 @@ inline AttentionLaunch step_launch(const uint16_t* q, uint16_t* out, const int* 
   p.num_kv_heads = num_kv_heads;
   p.head_dim = head_dim;
   p.group = num_heads / num_kv_heads;
+  p.min_blocks_per_split = kMinBlocksPerSplit;
   p.scale = scale;
   p.scale_log2 = scale * kLog2e;
   p.partial_acc = partial_acc;
@@ -116,7 +118,8 @@ __device__ inline int sequence_tiles(const AttentionLaunch& p, const TileQueries
 // (split_rule.h), written to slot `split`: ZACK's prefill gives each KV head a splits_per_tile of its own.
 __device__ inline TileSplit tile_split_at(const AttentionLaunch& p, const TileQueries& tq, int splits_per_tile, int split,
                                           int first_block, int end_block) {
-  const int per_split = blocks_per_split(max(end_block - first_block, 0), sequence_tiles(p, tq), splits_per_tile);
+  const int per_split =
+      blocks_per_split(max(end_block - first_block, 0), sequence_tiles(p, tq), splits_per_tile, p.min_blocks_per_split);
   const int begin = first_block + split * per_split;
   return {begin, min(begin + per_split, end_block), split};
 }
@@ -127,7 +130,9 @@ __device__ inline TileSplit tile_split_at(const AttentionLaunch& p, const TileQu
 __device__ inline TileSplit tile_split(const AttentionLaunch& p, const TileQueries& tq, int split, int first_block,
                                        int end_block, int after_blocks = 0) {
   TileSplit range = tile_split_at(p, tq, p.splits_per_tile, split, first_block, end_block);
-  if (p.after_splits_per_tile > 0) range.slot += splits_of(after_blocks, sequence_tiles(p, tq), p.after_splits_per_tile);
+  if (p.after_splits_per_tile > 0) {
+    range.slot += splits_of(after_blocks, sequence_tiles(p, tq), p.after_splits_per_tile, p.min_blocks_per_split);
+  }
   return range;
 }
 
