@@ -321,7 +321,8 @@ Status Engine::stream_kv_in_next_step(SequenceId sequence, KvPieceCallback on_pi
                  "') leaves through host memory only");
   }
   if (const KvStore* store = device_->kv_store(sequence)) {
-    // What the layer writers could refuse (ZACK's unequal heads, sizes) is refused now, not mid-step.
+    // What the layer writers could refuse (a store the transfer format cannot hold, sizes) is refused now,
+    // not mid-step.
     std::vector<uint8_t> head;
     SLIMKV_RETURN_IF_ERROR(write_kv_transfer_head(*store, identity_, store->num_tokens(0), head));
   }

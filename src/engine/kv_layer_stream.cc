@@ -24,7 +24,7 @@ void KvLayerStream::hand_out_head(std::vector<uint8_t> head) {
 
 void KvLayerStream::on_attention_output(int layer, const float*, int) {
   // Errors cannot happen here: Engine::stream_kv_in_next_step wrote this store's head before the step,
-  // and the writers fail only for what the head already checked (ZACK's unequal heads, sizes) or for
+  // and the writers fail only for what the head already checked (what the format cannot hold, sizes) or for
   // blocks the store does not hold (blocks_out_ counts only blocks it sealed: sealed blocks stay).
   int& out = blocks_out_[size_t(layer)];
   if (!finishing_) {

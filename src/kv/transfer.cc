@@ -108,6 +108,13 @@ struct Layout {
     return per_head() ? (block_bytes_of(l, g) + kKvTransferAlignment - 1) / kKvTransferAlignment * kKvTransferAlignment
                       : sealed_block_stride;
   }
+  // One block of every head of layer l: the slots a block index takes in the layer's sealed bytes.
+  uint64_t layer_block_stride(int l) const {
+    if (!per_head()) return uint64_t(num_kv_heads) * sealed_block_stride;
+    uint64_t bytes = 0;
+    for (int g = 0; g < int(num_kv_heads); ++g) bytes += stride_of(l, g);
+    return bytes;
+  }
 };
 
 // Bytes of one (layer, head)'s open K or V record: n tokens of dim FP32, padded to 64.
@@ -752,11 +759,11 @@ void layer_bytes(const Layout& layout, int l, int tokens, uint64_t* sealed, uint
   sequence_section_bytes(layout, {tokens}, sealed, open, l);
 }
 
-// The pieces of a transfer (a layer at a time, device pages) carry one block size per head: version 1.
-Status check_one_block_size(const Layout& layout, const char* what) {
+// Device pages hold one block size for every head: version 1 (and 3).
+Status check_one_block_size(const Layout& layout) {
   if (!layout.per_head()) return Status::ok();
-  return error("writing a kv transfer ", what, ": the pieces hold one block size for every head; this store's heads ",
-               "differ (ZACK ranks or hiheads=): write it whole (write_kv_transfer, format version 2)");
+  return error("writing a kv transfer from device pages: the pages hold one block size for every head; this store's ",
+               "heads differ (ZACK ranks or hiheads=): write it from the store (format version 2)");
 }
 
 std::vector<int> store_layer_tokens(const KvStore& store) {
@@ -801,7 +808,6 @@ Status write_kv_transfer_head(const KvStore& store, std::string_view model_id, i
   const std::vector<int> layer_tokens(size_t(store.shape().num_layers), tokens_per_layer);
   std::string spec;
   SLIMKV_ASSIGN_OR_RETURN(const Layout layout, writer_layout(store, model_id, layer_tokens, spec));
-  SLIMKV_RETURN_IF_ERROR(check_one_block_size(layout, "a layer at a time"));
   assign_for_overwrite(out, layout.sealed_offset);
   write_head(layout, spec, model_id, layer_tokens, out.data());
   return Status::ok();
@@ -811,14 +817,13 @@ Status write_kv_transfer_layer(const KvStore& store, int layer, int first_block,
                                size_t& sealed_bytes, std::vector<uint32_t>* part_crcs) {
   std::string spec;
   SLIMKV_ASSIGN_OR_RETURN(const Layout layout, writer_layout(store, "", store_layer_tokens(store), spec));
-  SLIMKV_RETURN_IF_ERROR(check_one_block_size(layout, "a layer at a time"));
   if (first_block < 0 || first_block > store.num_sealed_blocks(layer)) {
     return error("writing a kv transfer: layer ", layer, " holds ", store.num_sealed_blocks(layer),
                  " sealed blocks; its blocks from ", first_block, " on were asked for");
   }
   uint64_t sealed = 0, open = 0;
   layer_bytes(layout, layer, store.num_tokens(layer), &sealed, &open);
-  sealed -= uint64_t(first_block) * layout.num_kv_heads * layout.sealed_block_stride;
+  sealed -= uint64_t(first_block) * layout.layer_block_stride(layer);
   assign_for_overwrite(out, sealed + open);
   if (part_crcs) part_crcs->assign(layout.num_kv_heads + 1, 0);
   write_layer(store, layout, layer, first_block, out.data(), out.data() + sealed, part_crcs ? part_crcs->data() : nullptr);
@@ -831,12 +836,11 @@ Status write_kv_transfer_blocks(const KvStore& store, int layer, int first_block
                                 std::vector<uint32_t>* head_crcs) {
   std::string spec;
   SLIMKV_ASSIGN_OR_RETURN(const Layout layout, writer_layout(store, "", store_layer_tokens(store), spec));
-  SLIMKV_RETURN_IF_ERROR(check_one_block_size(layout, "a layer at a time"));
   if (first_block < 0 || first_block > end_block || end_block > store.num_sealed_blocks(layer)) {
     return error("writing a kv transfer: layer ", layer, " holds ", store.num_sealed_blocks(layer),
                  " sealed blocks; blocks [", first_block, ", ", end_block, ") were asked for");
   }
-  assign_for_overwrite(out, uint64_t(end_block - first_block) * layout.num_kv_heads * layout.sealed_block_stride);
+  assign_for_overwrite(out, uint64_t(end_block - first_block) * layout.layer_block_stride(layer));
   if (head_crcs) head_crcs->assign(layout.num_kv_heads, 0);
   write_sealed_blocks(store, layout, layer, first_block, end_block, out.data(), head_crcs ? head_crcs->data() : nullptr);
   return Status::ok();
@@ -849,7 +853,7 @@ Status write_kv_transfer_from_pages(const KvPageLayout& pages, int blocks,
   for (int& tokens : layer_tokens) tokens += blocks * open.block_tokens();
   std::string spec;
   SLIMKV_ASSIGN_OR_RETURN(const Layout layout, writer_layout(open, model_id, layer_tokens, spec));
-  SLIMKV_RETURN_IF_ERROR(check_one_block_size(layout, "from device pages"));
+  SLIMKV_RETURN_IF_ERROR(check_one_block_size(layout));
   if (layout.exact_tokens()) {  // the GPU cache refuses sinks= and window= (kv/cuda/gpu_kv_plan.cc)
     return error("writing a kv transfer from device pages: the pages hold no FP16 sink tokens or recent window (KV spec '",
                  spec, "')");

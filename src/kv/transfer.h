@@ -60,8 +60,9 @@ Status read_kv_transfer(const uint8_t* data, size_t size, std::string_view sourc
 // order, then every layer's open bytes). Concatenated in that order they are write_kv_transfer's bytes.
 // A sender may ship a layer's first sealed blocks earlier, while its later tokens are still being
 // computed (a prompt prefilled in chunks): write_kv_transfer_blocks gives blocks [first_block,
-// end_block) of every head (head by head, each block in its 64-byte slot), and write_kv_transfer_layer
-// with first_block > 0 leaves the blocks before it out of the layer's bytes. Sealed blocks never change.
+// end_block) of every head (head by head, each block in its 64-byte slot: in version 2 each head's
+// blocks of its own size), and write_kv_transfer_layer with first_block > 0 leaves the blocks before it
+// out of the layer's bytes. Sealed blocks never change.
 // part_crcs / head_crcs (nullptr: not computed): the CRC32C of each head's blocks written, then (a
 // layer's) of its open tokens, computed as the bytes are copied (in cache), for a sender whose frames
 // carry CRCs of those parts (src/transfer/kv_frame.h) and need not read them again.

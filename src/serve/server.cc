@@ -60,8 +60,15 @@ class UpdateQueue {
   // update of its token.
   void push_piece(KvTransferPiece piece) {
     std::lock_guard lock(mutex_);
+    if (!first_piece_at_) first_piece_at_ = Clock::now();
     pieces_.push_back(std::move(piece));
     ready_.notify_one();
+  }
+  // When the scheduler handed out the request's first piece of KV, if it has (timed where the pieces
+  // are made: the HTTP thread may take it after the last update, when both come in one step).
+  std::optional<Clock::time_point> first_piece_at() {
+    std::lock_guard lock(mutex_);
+    return first_piece_at_;
   }
   // The pieces and updates so far; waits up to `timeout` for either.
   std::pair<std::deque<KvTransferPiece>, std::deque<RequestUpdate>> take_with_pieces(std::chrono::milliseconds timeout) {
@@ -75,7 +82,7 @@ class UpdateQueue {
   std::condition_variable ready_;
   std::deque<RequestUpdate> updates_;
   std::deque<KvTransferPiece> pieces_;
-  std::optional<Clock::time_point> finished_at_;
+  std::optional<Clock::time_point> finished_at_, first_piece_at_;
 };
 
 // Takes a request's updates until its last one; `text` gets every delta's text appended.
@@ -387,7 +394,7 @@ class HttpApi {
                          {"next_token", stream_request.next_token}};
     // Where the time went (docs/disaggregated.md, "Where the overlap went"): what the decode worker waits
     // beyond the prefill is after_prefill_seconds.
-    answer["kv_timing"] = {{"first_piece_seconds", seconds(submitted, start.value_or(submitted))},
+    answer["kv_timing"] = {{"first_piece_seconds", seconds(submitted, updates->first_piece_at().value_or(submitted))},
                            {"prefill_seconds", seconds(submitted, prefilled)},
                            {"after_prefill_seconds", seconds(prefilled, done)},
                            {"frames_seconds", timing.frames_seconds},

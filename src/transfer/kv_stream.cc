@@ -68,16 +68,31 @@ Expected<std::vector<int32_t>> token_ids_field(const json& body, const char* key
 }
 
 // A sealed block's slot in a transfer: its bytes padded to 64.
-uint64_t sealed_block_stride(const KvStreamIdentity& identity) { return (identity.sealed_block_bytes + 63) / 64 * 64; }
+uint64_t block_slot(uint64_t block_bytes) { return (block_bytes + 63) / 64 * 64; }
 
-// The number of blocks a head has in `bytes` (every head's sealed blocks, head by head), or an error.
-Expected<int> blocks_per_head(const KvStreamIdentity& identity, size_t bytes, const std::string& what) {
-  const uint64_t head_bytes = sealed_block_stride(identity) * uint64_t(identity.num_kv_heads);
-  if (head_bytes == 0 || bytes % head_bytes != 0) {
+// Head g of `layer`'s block slot (every head's the same unless the identity lists each head's).
+uint64_t head_stride(const KvStreamIdentity& identity, int layer, int g) {
+  return block_slot(identity.head_block_bytes.empty()
+                        ? identity.sealed_block_bytes
+                        : identity.head_block_bytes[size_t(layer) * size_t(identity.num_kv_heads) + size_t(g)]);
+}
+
+// Where each head's blocks start in a frame of `blocks` blocks of every head of `layer` (head by head),
+// and their end: num_kv_heads + 1 offsets.
+std::vector<uint64_t> head_offsets(const KvStreamIdentity& identity, int layer, uint64_t blocks) {
+  std::vector<uint64_t> offsets = {0};
+  for (int g = 0; g < identity.num_kv_heads; ++g) offsets.push_back(offsets.back() + blocks * head_stride(identity, layer, g));
+  return offsets;
+}
+
+// The number of blocks a head has in `bytes` (every head's sealed blocks of `layer`, head by head), or an error.
+Expected<int> blocks_per_head(const KvStreamIdentity& identity, int layer, size_t bytes, const std::string& what) {
+  const uint64_t block_bytes = head_offsets(identity, layer, 1).back();
+  if (block_bytes == 0 || bytes % block_bytes != 0) {
     return error(what, " of ", bytes, " bytes is not a whole number of blocks for ", identity.num_kv_heads,
-                 " KV heads of ", sealed_block_stride(identity), "-byte block slots");
+                 " KV heads taking ", block_bytes, " bytes of block slots a block");
   }
-  return int(bytes / head_bytes);
+  return int(bytes / block_bytes);
 }
 
 uint32_t load_u32_le(const uint8_t* p) { return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24; }
@@ -143,15 +158,17 @@ uint64_t ReceivedKv::kv_bytes() const {
 // ---------------------------------------------------------------------------------------------------
 
 json kv_identity_json(const KvStreamIdentity& identity) {
-  return {{"model_id", identity.model_id},
-          {"kv_spec", identity.kv_spec},
-          {"transfer_format_version", identity.transfer_format_version},
-          {"block_tokens", identity.block_tokens},
-          {"sealed_block_bytes", identity.sealed_block_bytes},
-          {"num_layers", identity.num_layers},
-          {"num_kv_heads", identity.num_kv_heads},
-          {"k_dim", identity.k_dim},
-          {"v_dim", identity.v_dim}};
+  json out = {{"model_id", identity.model_id},
+              {"kv_spec", identity.kv_spec},
+              {"transfer_format_version", identity.transfer_format_version},
+              {"block_tokens", identity.block_tokens},
+              {"sealed_block_bytes", identity.sealed_block_bytes},
+              {"num_layers", identity.num_layers},
+              {"num_kv_heads", identity.num_kv_heads},
+              {"k_dim", identity.k_dim},
+              {"v_dim", identity.v_dim}};
+  if (!identity.head_block_bytes.empty()) out["head_block_bytes"] = identity.head_block_bytes;
+  return out;
 }
 
 Expected<KvStreamIdentity> parse_kv_identity(const json& body, const std::string& where) {
@@ -178,16 +195,35 @@ Expected<KvStreamIdentity> parse_kv_identity(const json& body, const std::string
   SLIMKV_RETURN_IF_ERROR(count("num_kv_heads", identity.num_kv_heads));
   SLIMKV_RETURN_IF_ERROR(count("k_dim", identity.k_dim));
   SLIMKV_RETURN_IF_ERROR(count("v_dim", identity.v_dim));
+  if (body.contains("head_block_bytes")) {
+    const json& heads = body["head_block_bytes"];
+    const uint64_t expected = uint64_t(identity.num_layers) * uint64_t(identity.num_kv_heads);
+    if (!heads.is_array() || heads.size() != expected) {
+      return error(where, ": identity field head_block_bytes must be an array of num_layers × num_kv_heads = ", expected,
+                   " block sizes");
+    }
+    for (const json& bytes : heads) {
+      if (!bytes.is_number_unsigned() || bytes.get<uint64_t>() == 0 || bytes.get<uint64_t>() > identity.sealed_block_bytes) {
+        return error(where, ": identity field head_block_bytes holds ", bytes.dump(), ", not a block size in [1, ",
+                     identity.sealed_block_bytes, "] (sealed_block_bytes, the largest)");
+      }
+      identity.head_block_bytes.push_back(bytes.get<uint64_t>());
+    }
+  }
   return identity;
 }
 
 std::string kv_identity_mismatch(const KvStreamIdentity& sender, const KvStreamIdentity& receiver) {
-  const json a = kv_identity_json(sender), b = kv_identity_json(receiver);
+  json a = kv_identity_json(sender), b = kv_identity_json(receiver);
+  // Fields only one side has (head_block_bytes) are compared too: absent reads as null.
+  for (const auto& [key, value] : b.items()) {
+    if (!a.contains(key)) a[key] = nullptr;
+  }
   std::string out;
   for (const auto& [key, value] : a.items()) {
-    if (b[key] == value) continue;
+    if (b.contains(key) && b[key] == value) continue;
     if (!out.empty()) out += "; ";
-    out += str_cat(key, ": the prefill worker's ", value.dump(), ", this decode worker's ", b[key].dump());
+    out += str_cat(key, ": the prefill worker's ", value.dump(), ", this decode worker's ", b.value(key, json()).dump());
   }
   return out;
 }
@@ -202,11 +238,6 @@ Expected<KvStreamIdentity> engine_kv_identity(Engine& engine) {
 
 Expected<KvStreamIdentity> transfer_kv_identity(std::span<const uint8_t> transfer) {
   SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo info, inspect_kv_transfer(transfer.data(), transfer.size(), "an empty sequence"));
-  // The stream's frames hold every head's blocks of one size (kv_frame.h); version 2's differ.
-  if (info.shape.heads_differ()) {
-    return error("a KV stream carries blocks of one size for every head; this KV's heads differ (ZACK ranks, KV spec '",
-                 info.spec, "'): its transfers go whole (export_kv / import_kv)");
-  }
   return KvStreamIdentity{.model_id = info.model_id,
                           .kv_spec = info.spec,
                           .transfer_format_version = info.version,
@@ -215,7 +246,8 @@ Expected<KvStreamIdentity> transfer_kv_identity(std::span<const uint8_t> transfe
                           .num_layers = info.shape.num_layers,
                           .num_kv_heads = info.shape.num_kv_heads,
                           .k_dim = info.shape.k_dim,
-                          .v_dim = info.shape.v_dim};
+                          .v_dim = info.shape.v_dim,
+                          .head_block_bytes = info.head_block_bytes};
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -255,22 +287,29 @@ Expected<std::unique_ptr<KvStreamSender>> KvStreamSender::open(const std::string
                                                                const KvStreamSendOptions& options, bool* refused) {
   *refused = false;
   SLIMKV_ASSIGN_OR_RETURN(TcpConnection connection, TcpConnection::connect(address, options.connect_timeout));
-  std::unique_ptr<KvStreamSender> sender(new KvStreamSender(std::move(connection), identity, options));
+  // KV in GPU memory travels as pages of one block size for every head: KV whose heads' sizes differ
+  // (ZACK's ranks) offers neither CUDA IPC nor NCCL, and goes over TCP from host memory.
+  KvStreamSendOptions offered = options;
+  if (!identity.head_block_bytes.empty()) {
+    offered.cuda_ipc_device.clear();
+    offered.nccl_links = nullptr;
+  }
+  std::unique_ptr<KvStreamSender> sender(new KvStreamSender(std::move(connection), identity, offered));
   json hello_body = {{"stream_version", kKvStreamVersion},
                      {"request_id", request_id},
                      {"attempt", attempt},
                      {"identity", kv_identity_json(identity)}};
   if (options.total_tokens > 0) hello_body["total_tokens"] = options.total_tokens;  // the receiver reserves for them
-  if (!options.cuda_ipc_device.empty()) hello_body["cuda_ipc"] = {{"device", options.cuda_ipc_device}};
+  if (!offered.cuda_ipc_device.empty()) hello_body["cuda_ipc"] = {{"device", offered.cuda_ipc_device}};
   // NCCL: the link kept for this receiver, or a new one (the receiver makes its id, which comes back in
   // ACCEPT). Held through the handshake, so that one new link is joined once.
   std::shared_ptr<NcclPeerLink> nccl;
   std::unique_lock<std::mutex> nccl_hold;
-  if (options.nccl_links != nullptr) {
-    nccl = options.nccl_links->get_or_add(address);
+  if (offered.nccl_links != nullptr) {
+    nccl = offered.nccl_links->get_or_add(address);
     nccl_hold = std::unique_lock(nccl->in_use);
     hello_body["nccl"] = nccl->link ? json{{"link", hex_of(nccl->id)}} : json{{"new", true}};
-    if (!options.gpu_device.empty()) hello_body["nccl"]["device"] = options.gpu_device;
+    if (!offered.gpu_device.empty()) hello_body["nccl"]["device"] = offered.gpu_device;
   }
   const std::string hello = hello_body.dump();
   const std::span<const uint8_t> parts[] = {bytes_of(hello)};
@@ -281,7 +320,7 @@ Expected<std::unique_ptr<KvStreamSender>> KvStreamSender::open(const std::string
   *refused = answer->type == KvFrameType::kRefuse;
   SLIMKV_RETURN_IF_ERROR(check_frame_type(*answer, KvFrameType::kAccept, where));
   SLIMKV_ASSIGN_OR_RETURN(const json accept, parse_json_payload(*answer, 0, where));
-  sender->cuda_ipc_ = !options.cuda_ipc_device.empty() && accept.contains("cuda_ipc") && accept["cuda_ipc"] == true;
+  sender->cuda_ipc_ = !offered.cuda_ipc_device.empty() && accept.contains("cuda_ipc") && accept["cuda_ipc"] == true;
   if (nccl) SLIMKV_RETURN_IF_ERROR(sender->take_nccl_answer(accept.value("nccl", json()), address, std::move(nccl)));
   return sender;
 }
@@ -314,11 +353,13 @@ Status KvStreamSender::take_nccl_answer(const json& answer, const std::string& a
   return Status::ok();
 }
 
-std::vector<std::span<const uint8_t>> KvStreamSender::head_parts(std::span<const uint8_t> blocks, int skip) const {
-  const size_t stride = sealed_block_stride(identity_), head_bytes = blocks.size() / size_t(identity_.num_kv_heads);
+std::vector<std::span<const uint8_t>> KvStreamSender::head_parts(int layer, std::span<const uint8_t> blocks, int count,
+                                                                 int skip) const {
+  const std::vector<uint64_t> offsets = head_offsets(identity_, layer, uint64_t(count));
   std::vector<std::span<const uint8_t>> parts;
-  for (size_t g = 0; g < size_t(identity_.num_kv_heads); ++g) {
-    parts.push_back(blocks.subspan(g * head_bytes + size_t(skip) * stride, head_bytes - size_t(skip) * stride));
+  for (int g = 0; g < identity_.num_kv_heads; ++g) {
+    const uint64_t skipped = uint64_t(skip) * head_stride(identity_, layer, g);
+    parts.push_back(blocks.subspan(offsets[size_t(g)] + skipped, offsets[size_t(g) + 1] - offsets[size_t(g)] - skipped));
   }
   return parts;
 }
@@ -335,7 +376,7 @@ std::vector<std::optional<uint32_t>> KvStreamSender::known_part_crcs(std::span<c
 Status KvStreamSender::send_blocks(int layer, int first_block, std::span<const uint8_t> blocks,
                                    std::span<const uint32_t> head_crcs) {
   if (layer < 0 || layer >= identity_.num_layers) return error("KV stream: no layer ", layer, " to send blocks of");
-  SLIMKV_ASSIGN_OR_RETURN(const int count, blocks_per_head(identity_, blocks.size(), "KV stream: a layer's blocks"));
+  SLIMKV_ASSIGN_OR_RETURN(const int count, blocks_per_head(identity_, layer, blocks.size(), "KV stream: a layer's blocks"));
   int& sent = blocks_sent_[size_t(layer)];
   if (first_block > sent) {
     return error("KV stream: layer ", layer, "'s blocks from ", first_block, " on come after only ", sent, " were sent");
@@ -343,7 +384,7 @@ Status KvStreamSender::send_blocks(int layer, int first_block, std::span<const u
   if (first_block + count <= sent) return Status::ok();  // all sent already
   const std::array<uint8_t, 8> prefix = layer_prefix(layer, sent);
   std::vector<std::span<const uint8_t>> parts = {prefix};
-  const std::vector<std::span<const uint8_t>> heads = head_parts(blocks, sent - first_block);
+  const std::vector<std::span<const uint8_t>> heads = head_parts(layer, blocks, count, sent - first_block);
   parts.insert(parts.end(), heads.begin(), heads.end());
   std::vector<uint32_t> crcs(parts.size());
   SLIMKV_RETURN_IF_ERROR(send(KvFrameType::kKvBlocks, parts, crcs.data(), known_part_crcs(head_crcs, sent - first_block, 0)));
@@ -361,7 +402,8 @@ Status KvStreamSender::send_head(std::span<const uint8_t> head) {
 Status KvStreamSender::send_layer(int layer, int first_block, std::span<const uint8_t> sealed, std::span<const uint8_t> open,
                                   std::span<const uint32_t> part_crcs) {
   if (layer < 0 || layer >= identity_.num_layers) return error("KV stream: no layer ", layer, " to send");
-  SLIMKV_ASSIGN_OR_RETURN(const int count, blocks_per_head(identity_, sealed.size(), "KV stream: a layer's sealed blocks"));
+  SLIMKV_ASSIGN_OR_RETURN(const int count,
+                          blocks_per_head(identity_, layer, sealed.size(), "KV stream: a layer's sealed blocks"));
   const int sent = blocks_sent_[size_t(layer)];
   if (first_block > sent || first_block + count < sent) {
     return error("KV stream: layer ", layer, "'s blocks [", first_block, ", ", first_block + count, ") do not follow the ",
@@ -369,7 +411,7 @@ Status KvStreamSender::send_layer(int layer, int first_block, std::span<const ui
   }
   const std::array<uint8_t, 8> prefix = layer_prefix(layer, sent);
   std::vector<std::span<const uint8_t>> parts = {prefix};
-  const std::vector<std::span<const uint8_t>> heads = head_parts(sealed, sent - first_block);
+  const std::vector<std::span<const uint8_t>> heads = head_parts(layer, sealed, count, sent - first_block);
   parts.insert(parts.end(), heads.begin(), heads.end());
   parts.push_back(open);
   std::vector<uint32_t> crcs(parts.size());
@@ -819,7 +861,6 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
   }
   std::vector<std::vector<EarlyBlocks>> early(size_t(identity_.num_layers));
   std::vector<int> early_count(size_t(identity_.num_layers), 0);
-  const uint64_t stride = sealed_block_stride(identity_);
   const int max_blocks = options_.max_tokens / std::max(1, identity_.block_tokens);
   KvFrame head;
   for (;;) {
@@ -849,7 +890,7 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
                                 identity_.num_layers, " continuing at its block ",
                                 layer < uint32_t(identity_.num_layers) ? early_count[layer] : 0));
     }
-    Expected<int> counted = blocks_per_head(identity_, frame.payload_bytes() - 8, where + ": a KV_BLOCKS frame");
+    Expected<int> counted = blocks_per_head(identity_, int(layer), frame.payload_bytes() - 8, where + ": a KV_BLOCKS frame");
     if (!counted) return refuse_frame(counted.status());
     const int count = *counted;
     if (early_count[layer] + count > max_blocks) {
@@ -859,10 +900,10 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     }
     EarlyBlocks& blocks = early[layer].emplace_back(EarlyBlocks{.first_block = int(first), .count = count, .bytes = {}, .head_crcs = {}});
     assign_for_overwrite(blocks.bytes, frame.payload_bytes() - 8);
-    const size_t head_bytes = blocks.bytes.size() / size_t(identity_.num_kv_heads);
+    const std::vector<uint64_t> offsets = head_offsets(identity_, int(layer), uint64_t(count));
     for (size_t g = 0; g < size_t(identity_.num_kv_heads); ++g) {
       SLIMKV_ASSIGN_OR_RETURN(const uint32_t head_crc,
-                              frame.read(std::span(blocks.bytes).subspan(g * head_bytes, head_bytes)));
+                              frame.read(std::span(blocks.bytes).subspan(offsets[g], offsets[g + 1] - offsets[g])));
       blocks.head_crcs.push_back(head_crc);
     }
     SLIMKV_RETURN_IF_ERROR(frame.finish().with_context(where));
@@ -903,10 +944,9 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     assign_for_overwrite(transfer, info.total_bytes);
     std::memcpy(transfer.data(), head.payload.data(), head.payload.size());
   }
-  // Staged: the pieces a layer's blocks are read and restored in (whole block slots, about what
+  // Staged: the pieces a head's blocks are read and restored in (whole block slots, about what
   // KvFrameReader checksums at once): straight into the store's slots where it has them in place, else
   // into `piece` and copied; and its open tokens.
-  const uint64_t piece_blocks = std::max<uint64_t>(1, (uint64_t(256) << 10) / stride);
   std::vector<uint8_t> piece, open;
   std::vector<uint8_t*> slots;
   std::vector<std::span<uint8_t>> slot_spans;
@@ -934,7 +974,8 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     const uint64_t blocks = uint64_t(kv_transfer_sealed_blocks(info, int(l)));
     const uint64_t sent = uint64_t(early_count[l]);
     const uint64_t rest = blocks >= sent ? blocks - sent : 0;
-    const uint64_t expected = 8 + heads * rest * stride + range.open_bytes;
+    const std::vector<uint64_t> rest_offsets = head_offsets(identity_, int(l), rest);
+    const uint64_t expected = 8 + rest_offsets.back() + range.open_bytes;
     std::array<uint8_t, 8> prefix{};
     if (layer.payload_bytes() >= 8) SLIMKV_RETURN_IF_ERROR(read_into(prefix).status());
     const uint32_t index = layer.payload_bytes() >= 8 ? load_u32_le(prefix.data()) : UINT32_MAX;
@@ -953,13 +994,16 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
       }
     };
     // Each head's blocks: those that came early (copied and checksummed in one pass), then the rest.
+    const std::vector<uint64_t> transfer_offsets = head_offsets(identity_, int(l), blocks);
     for (uint64_t g = 0; g < heads; ++g) {
-      uint8_t* head_blocks = staged ? nullptr : transfer.data() + range.sealed_offset + g * blocks * stride;
+      const uint64_t stride = head_stride(identity_, int(l), int(g));
+      const uint64_t piece_blocks = std::max<uint64_t>(1, (uint64_t(256) << 10) / stride);
+      uint8_t* head_blocks = staged ? nullptr : transfer.data() + range.sealed_offset + transfer_offsets[g];
       const SteadyClock::time_point placing = SteadyClock::now();
       for (const EarlyBlocks& e : early[l]) {
         // Checksummed as they landed: the CRC joined, the bytes copied once.
         const uint64_t bytes = uint64_t(e.count) * stride;
-        const uint8_t* early_blocks = e.bytes.data() + g * bytes;
+        const uint8_t* early_blocks = e.bytes.data() + head_offsets(identity_, int(l), uint64_t(e.count))[g];
         crc = crc32c_combine(crc, e.head_crcs[g], bytes);
         if (!staged) {
           std::memcpy(head_blocks + uint64_t(e.first_block) * stride, early_blocks, bytes);
@@ -1124,6 +1168,9 @@ int64_t count_field(const json& header, const char* key) {
 
 Expected<int> KvStreamReceiver::receive_device(TcpConnection& connection, ReceivedKv& received, const std::string& where,
                                                const std::shared_ptr<NcclPeerLink>& nccl) {
+  if (!identity_.head_block_bytes.empty()) {  // never offered so (KvStreamSender::open)
+    return error(where, ": KV in GPU memory for KV whose heads' block sizes differ (ZACK's ranks): such KV goes over TCP");
+  }
   const int64_t max_blocks = options_.max_tokens / std::max(1, identity_.block_tokens);
   const uint64_t expected_page_bytes = uint64_t(identity_.num_kv_heads) * identity_.sealed_block_bytes;
   // The plugin once a frame checks out (a malformed one is refused by what it holds, in any build).

@@ -65,8 +65,12 @@ struct KvStreamIdentity {
   std::string kv_spec;   // the canonical spec (Engine::kv_description())
   uint32_t transfer_format_version = 0;
   int block_tokens = 0;
-  uint64_t sealed_block_bytes = 0;
-  int num_layers = 0, num_kv_heads = 0, k_dim = 0, v_dim = 0;  // per-head dims as stored
+  uint64_t sealed_block_bytes = 0;  // the largest head's when they differ
+  int num_layers = 0, num_kv_heads = 0, k_dim = 0, v_dim = 0;  // per-head dims as stored (the widest head's)
+  // Each (layer, KV head)'s sealed block bytes, layer by layer, when they differ (ZACK's ranks, hiheads=:
+  // transfer format version 2); empty when every head's is sealed_block_bytes. A frame's blocks are then
+  // each head's in slots of its own size.
+  std::vector<uint64_t> head_block_bytes;
 };
 nlohmann::json kv_identity_json(const KvStreamIdentity& identity);
 Expected<KvStreamIdentity> parse_kv_identity(const nlohmann::json& json, const std::string& where);
@@ -201,8 +205,9 @@ class KvStreamSender {
   // the heads' parts (and of the extra parts) when it gave them for exactly these parts (no block
   // skipped: `skip` 0), else none.
   std::vector<std::optional<uint32_t>> known_part_crcs(std::span<const uint32_t> writer_crcs, int skip, size_t extra) const;
-  // Each head's part of `blocks` (every head's, head by head) less its first `skip` blocks, in place.
-  std::vector<std::span<const uint8_t>> head_parts(std::span<const uint8_t> blocks, int skip) const;
+  // Each head's part of `blocks` (`count` blocks of every head of `layer`, head by head) less its first
+  // `skip` blocks, in place.
+  std::vector<std::span<const uint8_t>> head_parts(int layer, std::span<const uint8_t> blocks, int count, int skip) const;
   TcpConnection connection_;
   const KvStreamIdentity identity_;
   KvStreamSendOptions options_;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kv/store_attention.h"
+#include "kv/transfer_pieces.h"
 #include "source_dir.h"
 
 namespace slimkv {
@@ -770,8 +771,8 @@ TEST(KvTransfer, SinksWithHeadsOfDifferentDimsAreRefusedByName) {
 // --- version 2: heads of different dims (ZACK's ranks) -------------------------------------------
 
 // A store whose (layer, KV head)s keep their own dims, as ZACK's ranks make them: 3 layers × 2 KV heads,
-// dims multiples of 4 (hack's fields), layer l holding `tokens` - l tokens.
-KvStore per_head_store(const std::string& spec, int tokens, unsigned seed, int max_tokens = 300) {
+// dims multiples of 4 (hack's fields), layer l holding `tokens` - l · shortfall tokens.
+KvStore per_head_store(const std::string& spec, int tokens, unsigned seed, int max_tokens = 300, int shortfall = 1) {
   KvShape shape(3, 2, 32, 32, max_tokens);
   shape.head_k_dims = {32, 8, 12, 20, 4, 16};
   shape.head_v_dims = {16, 28, 8, 32, 12, 4};
@@ -779,8 +780,9 @@ KvStore per_head_store(const std::string& spec, int tokens, unsigned seed, int m
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (int l = 0; l < shape.num_layers; ++l) {
-    for (int done = 0; done < std::max(0, tokens - l);) {
-      const int n = std::min(7, tokens - l - done);  // chunks cross block edges
+    const int layer_tokens = std::max(0, tokens - l * shortfall);
+    for (int done = 0; done < layer_tokens;) {
+      const int n = std::min(7, layer_tokens - done);  // chunks cross block edges
       std::vector<float> k(size_t(n) * size_t(shape.layer_k_dims(l))), v(size_t(n) * size_t(shape.layer_v_dims(l)));
       for (float& x : k) x = normal(rng);
       for (float& x : v) x = normal(rng);
@@ -848,14 +850,34 @@ TEST(KvTransfer, Version2IsCheckedAgainstTheReceiverAndItsRecords) {
   repair_checksums(bad);
   EXPECT_TRUE(fails_mentioning(read(bad, into), {"not the head records' largest"}));
   EXPECT_EQ(into.num_tokens(0), 0) << "a refused read touched the store";
-  // Every cut names where it is cut; a layer at a time (the KV stream's pieces) is refused by name.
+  // Every cut names where it is cut.
   for (size_t size = 0; size < bytes.size(); size += 37) {
     const std::vector<uint8_t> cut(bytes.begin(), bytes.begin() + std::ptrdiff_t(size));
     ASSERT_TRUE(fails_mentioning(read_kv_transfer(cut.data(), cut.size(), "cut", kModel, into), {"truncated in the "})) << size;
   }
-  std::vector<uint8_t> layer;
-  size_t sealed_bytes = 0;
-  EXPECT_TRUE(fails_mentioning(write_kv_transfer_layer(original, 0, 0, layer, sealed_bytes), {"heads differ", "whole"}));
+}
+
+// The KV stream's pieces of a store whose heads differ (each head's blocks in slots of its own size):
+// head, early blocks, the layers' rest, put together, are the whole transfer; device pages, which hold
+// one block size, refuse such a store by name.
+TEST(KvTransfer, PiecesOfHeadsOfDifferentDimsAreTheWholeTransfer) {
+  for (const char* spec : {"dense:dtype=f16", "hack:bits=4,pi=32,prefill=quantized"}) {
+    for (const int tokens : {0, 31, 100}) {
+      SCOPED_TRACE(str_cat(spec, ", ", tokens, " tokens"));
+      const KvStore store = per_head_store(spec, tokens, 3, 300, /*shortfall=*/0);
+      const std::vector<uint8_t> whole = write(store);
+      for (const int early : {0, 1, 2}) EXPECT_EQ(test::transfer_from_pieces(store, kModel, early), whole) << early << " early";
+    }
+  }
+  const KvStore store = per_head_store("dense:dtype=f16", 64, 3, 300, 0);
+  KvPageLayout pages;
+  pages.page_bytes = 1 << 16;
+  pages.piece_offsets = {0};
+  pages.piece_bytes = {size_t(store.block_bytes(0, 0))};
+  std::vector<uint8_t> out;
+  const auto no_pages = [](int) -> Expected<const uint8_t*> { return error("not read"); };
+  EXPECT_TRUE(fails_mentioning(write_kv_transfer_from_pages(pages, 1, no_pages, store, kModel, out),
+                               {"device pages", "heads differ"}));
 }
 
 TEST(KvTransfer, HeaderClaimingBillionsOfHeadsIsHandledQuickly) {

@@ -2,7 +2,8 @@
 """slimkv serve --role prefill|decode on loopback, driven with Python's http.client as the router of
 docs/disaggregated.md would drive them (no router here): the client request to the decode worker with
 kv_transfer, /internal/v1/prefill to the prefill worker at the same time. Greedy outputs equal a
---role both server's for dense, hack:bits=4 and hack:bits=2,pi=64, a long prompt streamed chunk by chunk;
+--role both server's for dense, hack:bits=4, hack:bits=2,pi=64 and that with two heads at 4 bits (hiheads=),
+a long prompt streamed chunk by chunk;
 a resume from generated tokens
 continues the same completion; mismatched workers are refused naming both specs; a stream that never
 comes is a 504.
@@ -182,10 +183,11 @@ def check_mismatch(failures):
 
 def main():
     failures = []
-    # Under ASan (ctest sets SLIMKV_SANITIZED) dense and 2-bit: hack:bits=4 crosses the same transfer code
-    # with another codec's blocks (KvTransfer.RoundTripIsLosslessForEveryCodecAndLength checks every codec
-    # under ASan); all three run in the release build.
-    specs = SPECS or ["dense", "hack:bits=4", "hack:bits=2,pi=64"]
+    # Under ASan (ctest sets SLIMKV_SANITIZED) dense, 2-bit and 2-bit with two heads at 4 bits (each
+    # head's blocks in slots of its own size): hack:bits=4 crosses the same transfer code with another
+    # codec's blocks (KvTransfer.RoundTripIsLosslessForEveryCodecAndLength checks every codec under ASan);
+    # all four run in the release build.
+    specs = SPECS or ["dense", "hack:bits=4", "hack:bits=2,pi=64", "hack:bits=2,pi=64,hibits=4,hiheads=1.0/6.1"]
     if os.environ.get("SLIMKV_SANITIZED") and not SPECS:
         specs.remove("hack:bits=4")
     for spec in specs:

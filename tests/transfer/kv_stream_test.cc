@@ -26,6 +26,11 @@ const std::string kModel = slimkv::test::source_dir() + "/models/slimkv-llama-15
 
 std::string loopback(int port) { return "127.0.0.1:" + std::to_string(port); }
 
+// Specs whose heads' blocks differ in size (transfer format version 2): 4-bit heads among 2-bit ones,
+// and ZACK's per-head ranks.
+constexpr const char* kHeadBitsSpec = "hack:bits=2,pi=64,hibits=4,hiheads=1.0/6.1";
+constexpr const char* kZackSpec = "zack:rate=0.5,align=16+hack:bits=4";
+
 using test::Prefilled;
 Prefilled prefill(const std::string& spec, int tokens) { return test::prefill_bundled(spec, tokens, "cpu", 2); }
 
@@ -64,14 +69,15 @@ TEST_P(KvStreamRoundTrip, ArrivesAsExported) {
   EXPECT_FALSE((*receiver)->wait_for("r1", 50ms));
 }
 
+// The last two: each head's blocks of its own size (hiheads=; ZACK's ranks), in slots of that size.
 INSTANTIATE_TEST_SUITE_P(Specs, KvStreamRoundTrip,
                          ::testing::Values("dense", "dense:dtype=f16", "hack:bits=2,pi=64", "hack:bits=4",
-                                           "hack:bits=2,pi=64,sinks=4,window=64"));
+                                           "hack:bits=2,pi=64,sinks=4,window=64", kHeadBitsSpec, kZackSpec));
 
 // Engine::stream_kv_in_next_step: the pieces handed out during a step (head, then layers in order) are
 // the export after the step, for a first chunk and for a later one.
 TEST(KvStream, LayersStreamedDuringAStepAreTheExportAfterIt) {
-  for (const std::string spec : {"dense", "hack:bits=2,pi=64", "hack:bits=2,pi=64,sinks=4,window=64"}) {
+  for (const std::string spec : {"dense", "hack:bits=2,pi=64", "hack:bits=2,pi=64,sinks=4,window=64", kHeadBitsSpec, kZackSpec}) {
     auto engine = Engine::load({.model_dir = kModel, .kv_spec = spec, .threads = 2, .max_sequences = 2});
     ASSERT_TRUE(engine) << engine.status().message();
     const SequenceId sequence = *(*engine)->add_sequence();
@@ -107,7 +113,9 @@ TEST(KvStream, LayersStreamedDuringAStepAreTheExportAfterIt) {
 
 // A prompt prefilled in chunks, streamed as computed, arrives as exported (chunk_stream_check.h).
 TEST(KvStream, ChunksStreamedAsComputedArriveAsExported) {
-  for (const std::string spec : {"dense:dtype=f16", "hack:bits=2,pi=64"}) test::expect_chunks_streamed_as_exported(kModel, spec, "cpu");
+  for (const std::string spec : {"dense:dtype=f16", "hack:bits=2,pi=64", kHeadBitsSpec, kZackSpec}) {
+    test::expect_chunks_streamed_as_exported(kModel, spec, "cpu");
+  }
 }
 
 // A head declaring more tokens than the decode worker's context is refused before anything is allocated.
@@ -148,16 +156,44 @@ TEST(KvStream, UnclaimedStreamsAreBoundedByBytes) {
   EXPECT_EQ((*small)->stats().dropped_bytes_total, 1u);
 }
 
-// ZACK's per-head ranks differ, and the stream's frames hold one block size per head: such a worker
-// cannot stream its KV, and says so before any stream starts.
-TEST(KvStream, ZackWithPerHeadRanksHasNoStreamIdentity) {
-  auto engine = Engine::load({.model_dir = kModel, .kv_spec = "zack:rate=0.5,align=16+hack:bits=4", .threads = 2});
-  ASSERT_TRUE(engine) << engine.status().message();
-  Expected<KvStreamIdentity> identity = engine_kv_identity(**engine);
-  ASSERT_FALSE(identity);
-  EXPECT_NE(identity.status().message().find("heads differ"), std::string::npos) << identity.status().message();
-  const SequenceId sequence = *(*engine)->add_sequence();
-  EXPECT_FALSE((*engine)->stream_kv_in_next_step(sequence, [](KvTransferPiece) {}));
+// Heads whose blocks differ in size: the identity lists each head's, and the two sides must agree on
+// them (ZACK's ranks come from a calibration: the same spec can give other ranks); a malformed list is
+// refused naming the field.
+TEST(KvStream, EachHeadsBlockSizeIsPartOfTheIdentity) {
+  Prefilled p = prefill(kZackSpec, 70);
+  ASSERT_EQ(p.identity.head_block_bytes.size(), size_t(p.identity.num_layers * p.identity.num_kv_heads));
+  // As HELLO carries it: the JSON's text.
+  const auto as_sent = [](const KvStreamIdentity& identity) { return nlohmann::json::parse(kv_identity_json(identity).dump()); };
+  Expected<KvStreamIdentity> parsed = parse_kv_identity(as_sent(p.identity), "HELLO");
+  ASSERT_TRUE(parsed) << parsed.status().message();
+  EXPECT_EQ(parsed->head_block_bytes, p.identity.head_block_bytes);
+  EXPECT_EQ(kv_identity_mismatch(p.identity, *parsed), "");
+  KvStreamIdentity other = p.identity;
+  other.head_block_bytes[3] -= 64;
+  EXPECT_NE(kv_identity_mismatch(p.identity, other).find("head_block_bytes: the prefill worker's ["), std::string::npos);
+  KvStreamIdentity uniform = p.identity;
+  uniform.head_block_bytes.clear();
+  EXPECT_NE(kv_identity_mismatch(uniform, p.identity).find("head_block_bytes: the prefill worker's null"), std::string::npos)
+      << kv_identity_mismatch(uniform, p.identity);
+  auto receiver = KvStreamReceiver::start(other, {.port = 0});
+  ASSERT_TRUE(receiver);
+  const KvStreamSendResult sent = send_kv_transfer(loopback((*receiver)->port()), p.identity, p.transfer, request_for(p, "h"), {});
+  EXPECT_TRUE(sent.refused);
+  EXPECT_NE(sent.status.message().find("head_block_bytes"), std::string::npos) << sent.status.message();
+  for (const auto& [value, message] : std::vector<std::pair<nlohmann::json, std::string>>{
+           {nlohmann::json::array({64, 64}), "must be an array of num_layers × num_kv_heads = 16 block sizes"},
+           {"64", "must be an array"},
+           {nlohmann::json::array({0, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64}), "holds 0, not a block size"},
+           {nlohmann::json(std::vector<uint64_t>(16, p.identity.sealed_block_bytes + 1)), "(sealed_block_bytes, the largest)"}}) {
+    nlohmann::json body = as_sent(p.identity);
+    body["head_block_bytes"] = value;
+    Expected<KvStreamIdentity> bad = parse_kv_identity(body, "HELLO");
+    ASSERT_FALSE(bad) << value.dump();
+    EXPECT_NE(bad.status().message().find("identity field head_block_bytes " + std::string(value.is_array() && value.size() == 16 ? "holds" : "must")),
+              std::string::npos)
+        << bad.status().message();
+    EXPECT_NE(bad.status().message().find(message), std::string::npos) << bad.status().message();
+  }
 }
 
 TEST(KvStream, MismatchIsRefusedNamingBothSides) {
@@ -387,7 +423,8 @@ TEST(KvStream, AFailedStreamGivesItsBufferBack) {
 TEST(KvStream, AStagedStreamIsWhatAWholeImportGives) {
   // @offload: a store whose blocks move to a slow tier, so the pieces are read into a buffer and
   // copied in, where the others are read straight into the store's slots.
-  for (const std::string spec : {"dense", "hack:bits=2,pi=64", "hack:bits=2,pi=64@offload", "hack:bits=2,pi=64,sinks=4,window=64"}) {
+  for (const std::string spec : {"dense", "hack:bits=2,pi=64", "hack:bits=2,pi=64@offload", "hack:bits=2,pi=64,sinks=4,window=64",
+                                 kHeadBitsSpec, kZackSpec}) {
     Prefilled p = prefill(spec, 150);
     auto buffers = std::make_shared<BufferPool>(size_t(64) << 20);
     auto receiver = KvStreamReceiver::start(
