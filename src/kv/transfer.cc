@@ -747,6 +747,7 @@ void write_open_tokens(const KvStore& store, const Layout& layout, int l, uint8_
       uint64_t record = 0;
       open_record_bytes(rows->size(), 1, &record);
       const size_t bytes = rows->size() * sizeof(float);
+      if (record == 0) continue;  // an empty record: `open` may be an empty buffer's null
       if (bytes > 0) std::memcpy(open, rows->data(), bytes);
       std::memset(open + bytes, 0, record - bytes);
       open += record;
