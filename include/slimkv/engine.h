@@ -279,6 +279,11 @@ class Engine {
   bool stages_kv() const;
   Expected<std::unique_ptr<KvStaging>> new_kv_staging(const KvTransferInfo& info, std::string_view source,
                                                       std::shared_ptr<KvReservation> reserved = nullptr) const;
+  // The head (header and metadata, kv/transfer.h's write_kv_transfer_head) of the transfer a sequence of
+  // `tokens` tokens in every layer would have, where this device stages imports (stages_kv()): a decode
+  // worker's KV stream receiver lays an announced transfer out with it before the sender's head comes.
+  // Safe from any thread.
+  Expected<std::vector<uint8_t>> kv_transfer_head(int64_t tokens) const;
   // The blocks of `tokens` tokens reserved in the KV budget for a KV stream on its way (refused as
   // new_kv_staging refuses). Safe from any thread.
   Expected<std::shared_ptr<KvReservation>> reserve_kv(int64_t tokens, std::string_view source) const;

@@ -111,6 +111,9 @@ class CpuDeviceModel : public DeviceModel {
   Expected<std::shared_ptr<KvStore>> new_kv_store() const override {
     return std::make_shared<KvStore>(model_.kv_shape(), pipeline_);
   }
+  Expected<std::unique_ptr<KvStore>> transfer_store() const override {
+    return std::make_unique<KvStore>(model_.kv_shape(), pipeline_);
+  }
 
   // Staged: the pieces restored into a store of new_kv_store's, which adopt_kv takes.
   bool stages_kv() const override { return true; }

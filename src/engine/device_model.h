@@ -64,6 +64,9 @@ class DeviceModel {
   // import whose head is `info`, its head checked against this device's KV (model_id: the engine's). Safe
   // from any thread. Devices that cannot answer false / an error: their streams are imported whole.
   virtual bool stages_kv() const { return false; }
+  // An empty host store of this device's KV spec and shape, as its transfers describe the KV (the
+  // staged import's, Engine::kv_transfer_head's); devices that do not stage: an error.
+  virtual Expected<std::unique_ptr<KvStore>> transfer_store() const;
   virtual Expected<std::unique_ptr<KvStaging>> new_kv_staging(const KvTransferInfo& info, std::string_view source,
                                                               std::string_view model_id) const;
 

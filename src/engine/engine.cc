@@ -357,6 +357,10 @@ Status DeviceModel::import_kv_from_device(SequenceId, const DeviceKvTransfer&, s
   return error("kv transfer '", source, "': KV import from GPU memory runs on device 'cuda' with dense, hack or quant KV");
 }
 
+Expected<std::unique_ptr<KvStore>> DeviceModel::transfer_store() const {
+  return error("laying out a KV transfer before its head: this device's KV is not staged as it arrives");
+}
+
 Expected<std::shared_ptr<KvStore>> DeviceModel::new_kv_store() const {
   return error("a KV store outside the engine (a transfer restored as it arrives) is device 'cpu''s; this device imports "
                "whole transfers");
@@ -395,6 +399,17 @@ Expected<std::shared_ptr<KvReservation>> Engine::reserve_kv(int64_t tokens, std:
                  reserved - reservation->blocks(), " are reserved for other KV transfers on their way");
   }
   return reservation;
+}
+
+Expected<std::vector<uint8_t>> Engine::kv_transfer_head(int64_t tokens) const {
+  SLIMKV_ASSIGN_OR_RETURN(const std::unique_ptr<KvStore> store, device_->transfer_store());
+  if (tokens < 0 || tokens > store->shape().max_tokens) {
+    return error("the KV transfer head of ", tokens, " tokens: expected 0 to this engine's context of ",
+                 store->shape().max_tokens);
+  }
+  std::vector<uint8_t> head;
+  SLIMKV_RETURN_IF_ERROR(write_kv_transfer_head(*store, identity_, int(tokens), head));
+  return head;
 }
 
 Expected<std::unique_ptr<KvStaging>> Engine::new_kv_staging(const KvTransferInfo& info, std::string_view source,

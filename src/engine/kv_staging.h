@@ -6,7 +6,8 @@
 //
 // One orchestration for every device, driven by the KV stream's receiver on the stream's own thread
 // (KvStreamReceiver): the transfer's blocks are reserved in the KV budget from HELLO when it announces
-// the tokens (Engine::reserve_kv), else by Engine::new_kv_staging once the head has arrived, which also
+// the tokens (Engine::reserve_kv), and the staging made then from the head those tokens lay out
+// (Engine::kv_transfer_head), else by Engine::new_kv_staging once the head has arrived, which also
 // checks the head against the engine's KV; each piece of a layer is restored into
 // store() as soon as it has landed and been checksummed; layer_complete(l) once layer l is whole, layers
 // in order; finish() once the stream has checked out end to end. The device's part (its placement) is

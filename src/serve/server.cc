@@ -567,15 +567,16 @@ std::string advertised_address(const std::string& host, int port) {
 }
 
 // How a decode worker imports its KV streams: staged, each layer placed as soon as it arrives (the
-// import overlapped with the stream: engine/kv_staging.h), their blocks reserved from HELLO, where the
-// device can (the CPU; the GPU with dense, hack or quant KV); else whole once they arrived (options left
-// as they are). The engine outlives the receiver.
+// import overlapped with the stream: engine/kv_staging.h), their blocks reserved and the transfer laid out
+// from HELLO (when it announces its tokens), where the device can (the CPU; the GPU with dense, hack or
+// quant KV); else whole once they arrived (options left as they are). The engine outlives the receiver.
 void stage_kv_streams(const Engine& engine, KvStreamReceiverOptions& options) {
   if (!engine.stages_kv()) return;
   options.staging = [&engine](const KvTransferInfo& info, std::string_view source, std::shared_ptr<KvReservation> reserved) {
     return engine.new_kv_staging(info, source, std::move(reserved));
   };
   options.reserve = [&engine](int64_t tokens, std::string_view source) { return engine.reserve_kv(tokens, source); };
+  options.expected_head = [&engine](int64_t tokens) { return engine.kv_transfer_head(tokens); };
 }
 
 std::string default_model_name(const std::string& model_dir) {

@@ -859,6 +859,57 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     Expected<std::shared_ptr<KvReservation>> reservation = options_.reserve(announced_tokens, where);
     if (reservation) reserved = reservation.take();  // else at the head, when there may be room
   }
+  // Staged (engine/kv_staging.h), each piece of a layer's frame is restored into the staging's store as
+  // soon as it has landed and been checksummed, while it is still in cache, and each complete layer
+  // handed to the device's placement (the GPU uploads it): no buffer of the whole transfer, no second
+  // pass over its bytes. Else the transfer is assembled in `transfer`, each layer read straight into its
+  // place. With the tokens reserved at HELLO and the head they lay out (expected_head), the staging is
+  // made now and the KV_BLOCKS go into it as they land (the head must then be that one); else at the head.
+  std::unique_ptr<KvStaging> staging;
+  KvStore* staged = nullptr;
+  std::vector<uint8_t> laid_out_head;  // the head the staging was made from at HELLO; empty: none
+  if (reserved && options_.expected_head) {
+    SLIMKV_ASSIGN_OR_RETURN(laid_out_head, options_.expected_head(announced_tokens));
+    SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo laid_out,
+                            inspect_kv_transfer_head(laid_out_head.data(), laid_out_head.size(), where));
+    SLIMKV_ASSIGN_OR_RETURN(staging, options_.staging(laid_out, where, std::move(reserved)));
+    staged = &staging->store();
+  }
+  // The pieces a head's blocks are read and restored in (whole block slots, about what KvFrameReader
+  // checksums at once): straight into the store's slots where it has them in place, else into `piece`
+  // and copied. The CRC of the blocks read; what the store refused of them (a block's padding) into
+  // `restored`, reported once the frame's CRC checked out, so that a corrupt frame is named as one.
+  std::vector<uint8_t> piece;
+  std::vector<uint8_t*> slots;
+  std::vector<std::span<uint8_t>> slot_spans;
+  const auto stage_blocks = [&](KvFrameReader& reader, int l, int g, uint64_t first_block, uint64_t count,
+                                Status& restored) -> Expected<uint32_t> {
+    const KvTransferInfo& info = staging->info();
+    const uint64_t stride = head_stride(identity_, l, g);
+    const uint64_t piece_blocks = std::max<uint64_t>(1, (uint64_t(256) << 10) / stride);
+    uint32_t crc = 0;
+    for (uint64_t b = first_block; b < first_block + count; b += piece_blocks) {
+      const uint64_t n = std::min(piece_blocks, first_block + count - b);
+      slots.clear();
+      slot_spans.clear();
+      for (uint64_t i = 0; i < n; ++i) {
+        uint8_t* slot = staged->restore_slot(l, g);
+        if (!slot) break;
+        slots.push_back(slot);
+        slot_spans.emplace_back(slot, stride);
+      }
+      Expected<uint32_t> piece_crc = slots.size() == n ? reader.read(slot_spans) : [&] {
+        piece.resize(size_t(n * stride));
+        return reader.read(piece);
+      }();
+      if (!piece_crc) return piece_crc.status().with_context(where);
+      crc = crc32c_combine(crc, *piece_crc, n * stride);
+      if (!restored.is_ok()) continue;
+      restored = slots.size() == n ? keep_kv_transfer_blocks(slots, info, l, g, int(b), where, *staged)
+                                   : restore_kv_transfer_blocks(piece.data(), int(n), info, l, g, int(b), where, *staged);
+    }
+    return crc;
+  };
   std::vector<std::vector<EarlyBlocks>> early(size_t(identity_.num_layers));
   std::vector<int> early_count(size_t(identity_.num_layers), 0);
   const int max_blocks = options_.max_tokens / std::max(1, identity_.block_tokens);
@@ -899,6 +950,17 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
                                 " tokens)"));
     }
     EarlyBlocks& blocks = early[layer].emplace_back(EarlyBlocks{.first_block = int(first), .count = count, .bytes = {}, .head_crcs = {}});
+    if (staged) {  // laid out at HELLO: restored as they land, nothing kept but their CRCs
+      Status restored;
+      for (int g = 0; g < identity_.num_kv_heads; ++g) {
+        SLIMKV_ASSIGN_OR_RETURN(const uint32_t head_crc, stage_blocks(frame, int(layer), g, first, uint64_t(count), restored));
+        blocks.head_crcs.push_back(head_crc);
+      }
+      SLIMKV_RETURN_IF_ERROR(frame.finish().with_context(where));
+      SLIMKV_RETURN_IF_ERROR(restored);
+      early_count[layer] += count;
+      continue;
+    }
     assign_for_overwrite(blocks.bytes, frame.payload_bytes() - 8);
     const std::vector<uint64_t> offsets = head_offsets(identity_, int(layer), uint64_t(count));
     for (size_t g = 0; g < size_t(identity_.num_kv_heads); ++g) {
@@ -928,14 +990,12 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     }
   }
   received.wire_bytes += kKvFrameHeaderBytes + hello_frame.payload.size();
-  // Staged (engine/kv_staging.h), each piece of a layer's frame is restored into the staging's store as
-  // soon as it has landed and been checksummed, while it is still in cache, and each complete layer
-  // handed to the device's placement (the GPU uploads it): no buffer of the whole transfer, no second
-  // pass over its bytes. Else the transfer is assembled in `transfer`, each layer read straight into its place.
-  std::unique_ptr<KvStaging> staging;
-  KvStore* staged = nullptr;
   std::vector<uint8_t>& transfer = received.transfer;
-  if (options_.staging) {
+  if (staging) {
+    if (head.payload != laid_out_head) {
+      return error(where, ": the KV_HEAD is not the head of the ", announced_tokens, " tokens HELLO announced (total_tokens)");
+    }
+  } else if (options_.staging) {
     SLIMKV_ASSIGN_OR_RETURN(staging, options_.staging(info, where, std::move(reserved)));
     staged = &staging->store();
   } else {
@@ -944,12 +1004,7 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     assign_for_overwrite(transfer, info.total_bytes);
     std::memcpy(transfer.data(), head.payload.data(), head.payload.size());
   }
-  // Staged: the pieces a head's blocks are read and restored in (whole block slots, about what
-  // KvFrameReader checksums at once): straight into the store's slots where it has them in place, else
-  // into `piece` and copied; and its open tokens.
-  std::vector<uint8_t> piece, open;
-  std::vector<uint8_t*> slots;
-  std::vector<std::span<uint8_t>> slot_spans;
+  std::vector<uint8_t> open;  // staged: a layer's open tokens
   // The transfer's CRC, joined from each piece's as it lands (crc32c_combine): the end-to-end check
   // below reads no byte again.
   uint32_t crc = crc32c(head.payload.data(), head.payload.size());
@@ -985,15 +1040,9 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
                    " bytes, got a KV_LAYER frame for layer ", int64_t(index == UINT32_MAX ? -1 : int64_t(index)), " from block ",
                    int64_t(first == UINT32_MAX ? -1 : int64_t(first)), " of ", layer.payload_bytes(), " bytes");
     }
-    // What the store refused of this layer's pieces (a block's padding): reported once the frame's CRC
-    // checked out, so that a corrupt frame is named as one.
-    Status restored;
-    const auto restore = [&](const uint8_t* copied, uint64_t count, uint64_t g, uint64_t first_block) {
-      if (restored.is_ok()) {
-        restored = restore_kv_transfer_blocks(copied, int(count), info, int(l), int(g), int(first_block), where, *staged);
-      }
-    };
-    // Each head's blocks: those that came early (copied and checksummed in one pass), then the rest.
+    Status restored;  // what the store refused of the layer's blocks (stage_blocks)
+    // Each head's blocks: those that came early (checksummed as they landed: the CRC joined; staged at
+    // HELLO, restored then; else copied once, or restored, now), then the rest.
     const std::vector<uint64_t> transfer_offsets = head_offsets(identity_, int(l), blocks);
     for (uint64_t g = 0; g < heads; ++g) {
       const uint64_t stride = head_stride(identity_, int(l), int(g));
@@ -1001,16 +1050,17 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
       uint8_t* head_blocks = staged ? nullptr : transfer.data() + range.sealed_offset + transfer_offsets[g];
       const SteadyClock::time_point placing = SteadyClock::now();
       for (const EarlyBlocks& e : early[l]) {
-        // Checksummed as they landed: the CRC joined, the bytes copied once.
         const uint64_t bytes = uint64_t(e.count) * stride;
-        const uint8_t* early_blocks = e.bytes.data() + head_offsets(identity_, int(l), uint64_t(e.count))[g];
         crc = crc32c_combine(crc, e.head_crcs[g], bytes);
+        if (e.bytes.empty()) continue;  // restored as it landed
+        const uint8_t* early_blocks = e.bytes.data() + head_offsets(identity_, int(l), uint64_t(e.count))[g];
         if (!staged) {
           std::memcpy(head_blocks + uint64_t(e.first_block) * stride, early_blocks, bytes);
           continue;
         }
-        for (uint64_t b = 0; b < uint64_t(e.count); b += piece_blocks) {
-          restore(early_blocks + b * stride, std::min(piece_blocks, uint64_t(e.count) - b), g, uint64_t(e.first_block) + b);
+        for (uint64_t b = 0; b < uint64_t(e.count) && restored.is_ok(); b += piece_blocks) {
+          restored = restore_kv_transfer_blocks(early_blocks + b * stride, int(std::min(piece_blocks, uint64_t(e.count) - b)),
+                                                info, int(l), int(g), e.first_block + int(b), where, *staged);
         }
       }
       placing_seconds += seconds_since(placing);
@@ -1019,28 +1069,8 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
         crc = crc32c_combine(crc, rest_crc, rest * stride);
         continue;
       }
-      for (uint64_t b = sent; b < blocks; b += piece_blocks) {
-        const uint64_t count = std::min(piece_blocks, blocks - b);
-        slots.clear();
-        slot_spans.clear();
-        for (uint64_t i = 0; i < count; ++i) {
-          uint8_t* slot = staged->restore_slot(int(l), int(g));
-          if (!slot) break;
-          slots.push_back(slot);
-          slot_spans.emplace_back(slot, stride);
-        }
-        if (slots.size() == count) {
-          Expected<uint32_t> piece_crc = layer.read(slot_spans);
-          if (!piece_crc) return piece_crc.status().with_context(where);
-          crc = crc32c_combine(crc, *piece_crc, count * stride);
-          if (restored.is_ok()) restored = keep_kv_transfer_blocks(slots, info, int(l), int(g), int(b), where, *staged);
-          continue;
-        }
-        piece.resize(size_t(count * stride));
-        SLIMKV_ASSIGN_OR_RETURN(const uint32_t piece_crc, read_into(piece));
-        crc = crc32c_combine(crc, piece_crc, count * stride);
-        restore(piece.data(), count, g, b);
-      }
+      SLIMKV_ASSIGN_OR_RETURN(const uint32_t rest_crc, stage_blocks(layer, int(l), int(g), sent, rest, restored));
+      crc = crc32c_combine(crc, rest_crc, rest * stride);
     }
     if (staged) open.resize(range.open_bytes);
     uint8_t* open_records = staged ? open.data() : transfer.data() + range.open_offset;

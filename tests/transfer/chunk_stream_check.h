@@ -76,17 +76,26 @@ inline void expect_chunks_streamed_as_exported(const std::string& model_dir, con
   const std::vector<uint8_t> exported = *(*engine)->export_kv(sequence);
   EXPECT_EQ(got->transfer, exported) << spec;
   EXPECT_EQ(got->wire_bytes, (*sender)->bytes_sent());
-  // Staged as it arrives (a decode worker's import: engine/kv_staging.h): the early blocks restored
-  // from their frames' copies; on the CPU into a store the engine adopts, on the GPU uploaded layer by
-  // layer into GPU memory, which the engine imports device to device. Either holds the export's bytes.
+  // Staged as it arrives (a decode worker's import: engine/kv_staging.h): on the CPU into a store the
+  // engine adopts, on the GPU uploaded layer by layer into GPU memory, which the engine imports device
+  // to device. Either holds the export's bytes: staged from the head on (the early blocks restored from
+  // their frames' copies), and laid out at HELLO from the tokens it announces (the early blocks restored
+  // as they land: KvStreamReceiverOptions::expected_head).
   ASSERT_TRUE((*engine)->stages_kv()) << spec;
-  {
-    auto staging = KvStreamReceiver::start(identity, {.port = 0, .staging = [&](const KvTransferInfo& info, std::string_view source,
-                                                                    std::shared_ptr<KvReservation> reserved) {
-                                                        return (*engine)->new_kv_staging(info, source, std::move(reserved));
-                                                      }});
+  for (const bool at_hello : {false, true}) {
+    SCOPED_TRACE(at_hello ? "laid out at HELLO" : "staged from the head");
+    KvStreamReceiverOptions options{.port = 0};
+    options.staging = [&](const KvTransferInfo& info, std::string_view source, std::shared_ptr<KvReservation> reserved) {
+      return (*engine)->new_kv_staging(info, source, std::move(reserved));
+    };
+    if (at_hello) {
+      options.reserve = [&](int64_t n, std::string_view source) { return (*engine)->reserve_kv(n, source); };
+      options.expected_head = [&](int64_t n) { return (*engine)->kv_transfer_head(n); };
+    }
+    auto staging = KvStreamReceiver::start(identity, options);
     ASSERT_TRUE(staging) << staging.status().message();
-    auto staged_sender = KvStreamSender::open(loopback((*staging)->port()), identity, "c1", 0, {}, &refused);
+    auto staged_sender = KvStreamSender::open(loopback((*staging)->port()), identity, "c1", 0,
+                                              {.total_tokens = at_hello ? int64_t(tokens.size()) : 0}, &refused);
     ASSERT_TRUE(staged_sender) << staged_sender.status().message();
     for (const KvTransferPiece& piece : pieces) ASSERT_TRUE((*staged_sender)->send_piece(piece));
     ASSERT_TRUE((*staged_sender)->finish(request));

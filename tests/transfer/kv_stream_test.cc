@@ -568,6 +568,23 @@ TEST(KvStream, AStagedStreamReservesItsBlocksUntilItEnds) {
   for (int i = 0; i < 200 && (*receiver)->stats().streams_in_progress > 0; ++i) std::this_thread::sleep_for(10ms);
   EXPECT_EQ((*receiver)->stats().streams_in_progress, 0);
 
+  // Laid out at HELLO (expected_head): a head that is not the one the announced tokens lay out fails
+  // the stream naming them, and frees the staging and its reservation.
+  KvStreamReceiverOptions laid_out = options;
+  laid_out.expected_head = [&](int64_t tokens) { return p.engine->kv_transfer_head(tokens); };
+  auto at_hello = KvStreamReceiver::start(p.identity, laid_out);
+  ASSERT_TRUE(at_hello) << at_hello.status().message();
+  {
+    RawSender sender((*at_hello)->port(), p.identity, "v0", "", 149);
+    EXPECT_TRUE(reserved_becomes(budget.blocks_for_tokens(149)));
+    sender.write(KvFrameType::kKvHead, std::span<const uint8_t>(p.transfer).first(info.sealed_offset));
+    const std::string answer = sender.answer();
+    EXPECT_NE(answer.find("the KV_HEAD is not the head of the 149 tokens HELLO announced (total_tokens)"), std::string::npos)
+        << answer;
+  }
+  EXPECT_TRUE(reserved_becomes(0));
+  EXPECT_FALSE(p.engine->kv_transfer_head(-1));
+
   // A whole stream keeps its reservation, with its KV, until the holder lets go (the scheduler, at the
   // request's admission); meanwhile a transfer that would not fit beside it is refused.
   ASSERT_TRUE(send_kv_transfer(loopback((*receiver)->port()), p.identity, p.transfer, request_for(p, "v2"), {}).status);

@@ -148,6 +148,10 @@ class CudaDeviceModel final : public DeviceModel {
 
   // Staged imports where the cache has device pages: each layer uploaded as its frame lands.
   bool stages_kv() const override { return streams_blocks(); }
+  Expected<std::unique_ptr<KvStore>> transfer_store() const override {
+    if (!stages_kv()) return DeviceModel::transfer_store();
+    return std::make_unique<KvStore>(shape_, pipeline_);
+  }
   Expected<std::unique_ptr<KvStaging>> new_kv_staging(const KvTransferInfo& info, std::string_view source,
                                                       std::string_view model_id) const override {
     if (!stages_kv()) return DeviceModel::new_kv_staging(info, source, model_id);
