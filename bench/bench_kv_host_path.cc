@@ -22,6 +22,9 @@
 //               (KvStreamReceiverOptions::staging, as a CPU decode worker does): its stream column
 //               holds the import too (the receiver answers once the last layer is restored), its import
 //               column what is left after (taking the staged store)
+//   laid-out    pipelined, with the sender announcing its tokens in HELLO and the receiver laying the
+//               transfer out from them (KvStreamReceiverOptions::expected_head): with --form blocks the
+//               early blocks are restored as they land, not buffered until the head
 // Each: the transfer's bytes, each stage's median time and GB/s (transfer bytes / time), the total and
 // its GB/s: the end-to-end rate of the host path with an uncapped link. Every import is checked: its
 // export must equal the sender's bytes (overlapped, whose sender never holds them whole: their length
@@ -98,13 +101,14 @@ void fill(KvStore& store, int tokens, uint64_t seed) {
   }
 }
 
-enum class Variant { kFirst, kRepeated, kOverlapped, kPipelined };
+enum class Variant { kFirst, kRepeated, kOverlapped, kPipelined, kLaidOut };
 const char* variant_name(Variant variant) {
   switch (variant) {
     case Variant::kFirst: return "first";
     case Variant::kRepeated: return "repeated";
     case Variant::kOverlapped: return "overlapped";
     case Variant::kPipelined: return "pipelined";
+    case Variant::kLaidOut: return "laid-out";
   }
   return "";
 }
@@ -131,9 +135,11 @@ KvStreamRequest request_of(const std::string& id, int tokens) {
           .next_token = 0, .endpoint = "/v1/completions", .request = nlohmann::json::object()};
 }
 
-std::unique_ptr<KvStreamSender> open_sender(const Workers& w, const std::string& id) {
+// announce: HELLO says the tokens the KV will hold (total_tokens), as a prefill worker's does.
+std::unique_ptr<KvStreamSender> open_sender(const Workers& w, const std::string& id, bool announce = false) {
   bool refused = false;
-  auto sender = KvStreamSender::open("127.0.0.1:" + std::to_string(w.receiver.port()), w.identity, id, 0, {.bandwidth_gbps = w.gbps}, &refused);
+  auto sender = KvStreamSender::open("127.0.0.1:" + std::to_string(w.receiver.port()), w.identity, id, 0,
+                                     {.bandwidth_gbps = w.gbps, .total_tokens = announce ? int64_t(w.tokens) : 0}, &refused);
   if (!sender) stop_with(sender.status().message());
   return sender.take();
 }
@@ -158,7 +164,7 @@ std::vector<uint8_t> export_then_stream(const Workers& w, Variant variant, const
 // the worker's HTTP thread) and gives its buffer back once sent. early_blocks: each layer's sealed blocks
 // first, as KV_BLOCKS (what a GPU prefill step or a long prompt's earlier chunks hand out), then the head
 // and each layer's open tokens; else the head, then each layer whole (KV_LAYER).
-void export_while_streaming(const Workers& w, const std::string& id, bool early_blocks, Times& t) {
+void export_while_streaming(const Workers& w, const std::string& id, bool early_blocks, bool announce, Times& t) {
   struct Queue {
     std::mutex mutex;
     std::condition_variable ready;
@@ -166,7 +172,7 @@ void export_while_streaming(const Workers& w, const std::string& id, bool early_
     bool ended = false;
   } queue;
   const Clock::time_point start = Clock::now();
-  std::unique_ptr<KvStreamSender> sender = open_sender(w, id);
+  std::unique_ptr<KvStreamSender> sender = open_sender(w, id, announce);
   std::thread sending([&] {
     for (;;) {
       std::unique_lock lock(queue.mutex);
@@ -238,16 +244,17 @@ struct SenderBytes {
 Times transfer_once(const Workers& w, Variant variant, bool early_blocks, const std::string& id, const SenderBytes& expected) {
   Times t;
   std::vector<uint8_t> sent;
-  const bool layered = variant == Variant::kOverlapped || variant == Variant::kPipelined;
+  const bool staged = variant == Variant::kPipelined || variant == Variant::kLaidOut;
+  const bool layered = variant == Variant::kOverlapped || staged;
   if (layered) {
-    export_while_streaming(w, id, early_blocks, t);
+    export_while_streaming(w, id, early_blocks, variant == Variant::kLaidOut, t);
   } else {
     sent = export_then_stream(w, variant, id, t);
   }
   Clock::time_point start = Clock::now();
   Expected<ReceivedKv> received = w.receiver.wait_for(id, std::chrono::seconds(60));
   if (!received) stop_with(received.status().message());
-  if (variant == Variant::kPipelined) {
+  if (staged) {
     if (received->staged_kv.get() != &w.receiver_store) stop_with("pipelined: the stream was not restored as it arrived");
   } else {
     check(read_kv_transfer(received->transfer.data(), received->transfer.size(), "the stream", w.model_id,
@@ -280,10 +287,10 @@ int main(int argc, char** argv) {
   app.add_option("--layers", layers, "layers of the KV shape");
   app.add_option("--kv-heads", kv_heads, "KV heads of the KV shape");
   app.add_option("--head-dim", head_dim, "dims per head (K and V)");
-  std::vector<std::string> variant_names = {"first", "repeated", "overlapped", "pipelined"};
+  std::vector<std::string> variant_names = {"first", "repeated", "overlapped", "pipelined", "laid-out"};
   app.add_option("--variants", variant_names, "variants to run, ','-separated (x first needs first)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"first", "repeated", "overlapped", "pipelined"}));
+      ->check(CLI::IsMember({"first", "repeated", "overlapped", "pipelined", "laid-out"}));
   app.add_option("--repeats", repeats, "timed transfers per variant (after one warm-up); medians printed")->check(CLI::Range(1, 1000));
   double gbps = 0;
   app.add_option("--gbps", gbps, "the sender's bandwidth cap in Gbit/s (--kv-bandwidth-gbps; 0: none)")->check(CLI::Range(0.0, 1e6));
@@ -319,7 +326,7 @@ int main(int argc, char** argv) {
       if (!identity) stop_with(identity.status().message());
       const size_t pool_bytes = 2 * expected.bytes + (size_t(1) << 20);
       double first_total = 0;
-      for (const Variant variant : {Variant::kFirst, Variant::kRepeated, Variant::kOverlapped, Variant::kPipelined}) {
+      for (const Variant variant : {Variant::kFirst, Variant::kRepeated, Variant::kOverlapped, Variant::kPipelined, Variant::kLaidOut}) {
         if (std::find(variant_names.begin(), variant_names.end(), variant_name(variant)) == variant_names.end()) continue;
         // Each variant's own workers: first keeps nothing (pools of 0 bytes), the others warm theirs in the warm-up.
         const size_t keep = variant == Variant::kFirst ? 0 : pool_bytes;
@@ -327,15 +334,23 @@ int main(int argc, char** argv) {
         // Pipelined: each stream restored into the receiver's store (not owned: the bench keeps it, as the
         // other variants' imports reuse it) as it arrives.
         decltype(KvStreamReceiverOptions::staging) staging;
-        if (variant == Variant::kPipelined) {
+        decltype(KvStreamReceiverOptions::expected_head) expected_head;
+        if (variant == Variant::kPipelined || variant == Variant::kLaidOut) {
           staging = [&](const KvTransferInfo& info, std::string_view source, std::shared_ptr<KvReservation>) {
             return stage_into_store(std::shared_ptr<KvStore>(std::shared_ptr<KvStore>(), &receiver_store), info, source,
                                     model_id);
           };
         }
+        if (variant == Variant::kLaidOut) {
+          expected_head = [&](int64_t n) -> Expected<std::vector<uint8_t>> {
+            std::vector<uint8_t> head;
+            SLIMKV_RETURN_IF_ERROR(write_kv_transfer_head(receiver_store, model_id, int(n), head));
+            return head;
+          };
+        }
         auto receiver = KvStreamReceiver::start(*identity, {.port = 0, .max_unclaimed_bytes = uint64_t(1) << 40,
                                                             .max_tokens = tokens, .buffers = receiver_buffers,
-                                                            .staging = staging});
+                                                            .staging = staging, .expected_head = expected_head});
         if (!receiver) stop_with(receiver.status().message());
         const Workers workers{.sender_store = sender_store, .receiver_store = receiver_store, .receiver = **receiver,
                               .identity = *identity, .sender_buffers = std::make_shared<BufferPool>(keep),

@@ -868,7 +868,7 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
   std::unique_ptr<KvStaging> staging;
   KvStore* staged = nullptr;
   std::vector<uint8_t> laid_out_head;  // the head the staging was made from at HELLO; empty: none
-  if (reserved && options_.expected_head) {
+  if (options_.staging && options_.expected_head && announced_tokens > 0 && (reserved || !options_.reserve)) {
     SLIMKV_ASSIGN_OR_RETURN(laid_out_head, options_.expected_head(announced_tokens));
     SLIMKV_ASSIGN_OR_RETURN(const KvTransferInfo laid_out,
                             inspect_kv_transfer_head(laid_out_head.data(), laid_out_head.size(), where));

@@ -320,9 +320,9 @@ struct KvStreamReceiverOptions {
   // the whole prefill, instead of from its head on; when they do not fit yet, they are reserved at the
   // head (or the stream refused there, by `staging`).
   std::function<Expected<std::shared_ptr<KvReservation>>(int64_t tokens, std::string_view source)> reserve = nullptr;
-  // With staging and reserve: the head of the transfer this receiver's KV would hold for `tokens` tokens
-  // a layer (Engine::kv_transfer_head). A stream whose announced tokens are reserved at HELLO is then
-  // laid out at once: its staging made from that head, its KV_BLOCKS restored into the staging as they
+  // With staging: the head of the transfer this receiver's KV would hold for `tokens` tokens a layer
+  // (Engine::kv_transfer_head). A stream whose HELLO announces its tokens (and, with reserve, has them
+  // reserved then) is laid out at once: its staging made from that head, its KV_BLOCKS restored into the staging as they
   // land instead of waiting in buffers for the KV_HEAD (a GPU prefill sends nearly all of its KV so),
   // and its KV_HEAD refused unless it is that head byte for byte. nullptr: staged from the KV_HEAD on.
   std::function<Expected<std::vector<uint8_t>>(int64_t tokens)> expected_head = nullptr;
