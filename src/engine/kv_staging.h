@@ -10,11 +10,13 @@
 // (Engine::kv_transfer_head), else by Engine::new_kv_staging once the head has arrived, which also
 // checks the head against the engine's KV; each piece of a layer is restored into
 // store() as soon as it has landed and been checksummed; layer_complete(l) once layer l is whole, layers
-// in order; finish() once the stream has checked out end to end. The device's part (its placement) is
-// what layer_complete does with a complete layer and what finish() hands over:
+// in order (blocks_restored for blocks that came before their layer's frame, in a stream laid out at
+// HELLO); finish() once the stream has checked out end to end. The device's part (its placement) is
+// what blocks_restored and layer_complete do and what finish() hands over:
 //   cpu:  the store is the sequence's KV to be (the scheduler's Engine::adopt_kv takes it): nothing to place;
-//   cuda: the layer's sealed blocks laid out as the GPU cache's pages and uploaded into GPU memory on a
-//         stream of the placement's own, never the steps', while later layers are on the wire; finish()
+//   cuda: the sealed blocks laid out as the GPU cache's pages and uploaded into GPU memory on a stream of
+//         the placement's own, never the steps', as they land (early blocks) or with their layer, while
+//         later layers are on the wire; finish()
 //         waits for the last upload and hands the pages over as a DeviceKvTransfer, which the scheduler
 //         imports device to device (Engine::import_kv_from_device), as one that came by CUDA IPC.
 // A staging dropped before finish() (its stream failed or was replaced) frees what it placed and lets its
@@ -50,6 +52,10 @@ class KvStaging {
   // The store the stream's pieces are restored into: cleared, its spec and shape the head's.
   KvStore& store() { return *store_; }
   const KvTransferInfo& info() const { return info_; }
+  // Layer `layer`'s sealed blocks [first_block, first_block + count) are in store(), before the layer's
+  // frame (KV_BLOCKS restored as they landed: a stream laid out at HELLO), in order for each layer: a
+  // device may place them now (the GPU uploads them). The CPU's placement has nothing to do.
+  virtual Status blocks_restored(int /*layer*/, int /*first_block*/, int /*count*/) { return Status::ok(); }
   // Layer `layer` is whole in store() (layers come in order): its sealed blocks, and its open tokens,
   // whose records (the transfer's open range of the layer, checked) are `open_records`.
   virtual Status layer_complete(int layer, const uint8_t* open_records) = 0;

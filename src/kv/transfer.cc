@@ -1214,10 +1214,11 @@ void copy_kv_transfer_pages(const uint8_t* data, const KvTransferInfo& info, int
   }
 }
 
-void copy_kv_store_pages(const KvStore& store, int layer, int blocks, const KvPageLayout& pages, uint8_t* out) {
+void copy_kv_store_pages(const KvStore& store, int layer, int first_block, int blocks, const KvPageLayout& pages,
+                         uint8_t* out) {
   for (uint64_t g = 0; g < uint64_t(store.shape().num_kv_heads); ++g) {
     for (int b = 0; b < blocks; ++b) {
-      copy_block_into_page(store.sealed_block(layer, int(g), b), g, pages, out + size_t(b) * pages.page_bytes);
+      copy_block_into_page(store.sealed_block(layer, int(g), first_block + b), g, pages, out + size_t(b) * pages.page_bytes);
     }
   }
 }

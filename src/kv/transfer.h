@@ -170,9 +170,10 @@ struct KvPageLayout {
 void copy_kv_transfer_pages(const uint8_t* data, const KvTransferInfo& info, int layer, const KvPageLayout& pages,
                             uint8_t* out);
 // The same from a store the transfer was restored into (a staged import: engine/kv_staging.h): layer
-// `layer`'s first `blocks` sealed blocks of `store` (it holds at least so many) into out [blocks,
-// page_bytes]; for a store restored from a transfer, copy_kv_transfer_pages's bytes.
-void copy_kv_store_pages(const KvStore& store, int layer, int blocks, const KvPageLayout& pages, uint8_t* out);
+// `layer`'s sealed blocks [first_block, first_block + blocks) of `store` (it holds them) into out [blocks,
+// page_bytes]; for a store restored from a transfer, copy_kv_transfer_pages's bytes of those blocks.
+void copy_kv_store_pages(const KvStore& store, int layer, int first_block, int blocks, const KvPageLayout& pages,
+                         uint8_t* out);
 // The transfer of a sequence whose first `blocks` blocks of every layer are pages, layer l's [blocks,
 // page_bytes] at layer_pages(l) (read before the next call), and whose remaining tokens, fewer than a
 // block per layer, are `open`'s open tokens (a store of the sequence's pipeline and shape holding only

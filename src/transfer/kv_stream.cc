@@ -958,6 +958,7 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
       }
       SLIMKV_RETURN_IF_ERROR(frame.finish().with_context(where));
       SLIMKV_RETURN_IF_ERROR(restored);
+      SLIMKV_RETURN_IF_ERROR(staging->blocks_restored(int(layer), int(first), count).with_context(where));
       early_count[layer] += count;
       continue;
     }

@@ -558,7 +558,7 @@ TEST(KvTransfer, PagesWriteAndReadAsTheStoreDoes) {
         EXPECT_EQ(copied, pages.layers[size_t(l)]) << "layer " << l;
         // A staged import's (engine/kv_staging.h): the same pages from a store the transfer was restored into.
         std::vector<uint8_t> from_store(pages.layers[size_t(l)].size(), 0xEE);
-        copy_kv_store_pages(restored, l, 3, pages.layout, from_store.data());
+        copy_kv_store_pages(restored, l, 0, 3, pages.layout, from_store.data());
         EXPECT_EQ(from_store, pages.layers[size_t(l)]) << "layer " << l;
       }
       restore_kv_transfer_open_tokens(expected.data(), *info, receiver);

@@ -2,6 +2,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "kv/cuda/gpu_kv_transfer.h"
 #include "kv/store.h"
@@ -22,13 +23,22 @@ class GpuKvStaging final : public KvStaging {
     SLIMKV_RETURN_IF_ERROR(check_head(model_id_));
     SLIMKV_RETURN_IF_ERROR(check_gpu_transfer_layout(info_, source_));
     blocks_ = info_.layer_tokens.empty() ? 0 : info_.layer_tokens[0] / kCudaBlockTokens;
+    uploaded_.assign(size_t(info_.shape.num_layers), 0);
     SLIMKV_ASSIGN_OR_RETURN(upload_, LayerPagesUpload::create(layout, info_.shape.num_layers, blocks_, pinned));
     return Status::ok();
   }
 
+  // Blocks that came before their layer's frame (a GPU prefill sends nearly all of its KV so) go up as
+  // they land; each layer's rest once it is whole.
+  Status blocks_restored(int layer, int first_block, int count) override {
+    SLIMKV_RETURN_IF_ERROR(upload_->upload(layer, first_block, count, *store_));
+    uploaded_[size_t(layer)] = first_block + count;
+    return Status::ok();
+  }
   Status layer_complete(int layer, const uint8_t* open_records) override {
     SLIMKV_RETURN_IF_ERROR(restore_kv_transfer_open(open_records, info_, layer, source_, open_));
-    return upload_->upload(layer, *store_);
+    const int uploaded = uploaded_[size_t(layer)];
+    return upload_->upload(layer, uploaded, blocks_ - uploaded, *store_);
   }
 
  private:
@@ -48,6 +58,7 @@ class GpuKvStaging final : public KvStaging {
   KvStore open_;  // each layer's tokens after its last full block, as DeviceKvTransfer::open carries them
   const uint64_t page_bytes_;
   int blocks_ = 0;  // full blocks per layer
+  std::vector<int> uploaded_;  // per layer: blocks uploaded as they landed (blocks_restored)
   std::unique_ptr<LayerPagesUpload> upload_;
 };
 

@@ -171,20 +171,22 @@ LayerPagesUpload::~LayerPagesUpload() {
   if (stream_) static_cast<void>(cudaStreamDestroy(static_cast<cudaStream_t>(stream_)));
 }
 
-Status LayerPagesUpload::upload(int layer, const KvStore& store) {
-  if (layer < 0 || layer >= num_layers_) {
-    return error("a staged KV import into GPU memory: layer ", layer, " of ", num_layers_);
+Status LayerPagesUpload::upload(int layer, int first_block, int count, const KvStore& store) {
+  if (layer < 0 || layer >= num_layers_ || first_block < 0 || count < 0 || first_block + count > blocks_) {
+    return error("a staged KV import into GPU memory: blocks [", first_block, ", ", first_block + count, ") of layer ",
+                 layer, "; the import holds ", blocks_, " blocks in each of ", num_layers_, " layers");
   }
-  if (layer_bytes_ == 0) return Status::ok();  // no sealed block: the open tokens are all
+  if (count == 0) return Status::ok();  // no sealed block: the open tokens are all
   SLIMKV_RETURN_IF_ERROR(use_gpu(gpu_));
   const int slot = next_;
   next_ = 1 - next_;
   const auto uploaded = static_cast<cudaEvent_t>(uploaded_[slot]);
-  SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(uploaded));  // the pinned layer's last upload has left it
-  copy_kv_store_pages(store, layer, blocks_, layout_, pinned_[slot]->data());
+  SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(uploaded));  // the pinned buffer's last upload has left it
+  copy_kv_store_pages(store, layer, first_block, count, layout_, pinned_[slot]->data());
   const auto stream = static_cast<cudaStream_t>(stream_);
-  uint8_t* const to = static_cast<uint8_t*>(pages_.get()) + size_t(layer) * layer_bytes_;
-  SLIMKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(to, pinned_[slot]->data(), layer_bytes_, cudaMemcpyHostToDevice, stream));
+  uint8_t* const to = static_cast<uint8_t*>(pages_.get()) + size_t(layer) * layer_bytes_ + size_t(first_block) * layout_.page_bytes;
+  const size_t bytes = size_t(count) * layout_.page_bytes;
+  SLIMKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(to, pinned_[slot]->data(), bytes, cudaMemcpyHostToDevice, stream));
   SLIMKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(uploaded, stream));
   return Status::ok();
 }

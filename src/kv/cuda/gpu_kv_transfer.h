@@ -69,9 +69,10 @@ class LayerPagesUpload {
   LayerPagesUpload(const LayerPagesUpload&) = delete;
   LayerPagesUpload& operator=(const LayerPagesUpload&) = delete;
 
-  // Layer `layer`'s first `blocks` sealed blocks of `store`: laid out (once the upload that last used
-  // the pinned layer has finished) and their upload enqueued; returns without waiting for it.
-  Status upload(int layer, const KvStore& store);
+  // Layer `layer`'s sealed blocks [first_block, first_block + count) of `store`, within the layer's
+  // blocks: laid out (once the upload that last used the pinned buffer has finished) and their upload
+  // enqueued; returns without waiting for it.
+  Status upload(int layer, int first_block, int count, const KvStore& store);
   // Waits for every upload: the pages (GpuKvCache::export_pages's layout), as DeviceKvTransfer::pages.
   Expected<std::shared_ptr<void>> finish();
   size_t pages_bytes() const { return size_t(num_layers_) * layer_bytes_; }
