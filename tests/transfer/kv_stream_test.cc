@@ -113,7 +113,8 @@ TEST(KvStream, LayersStreamedDuringAStepAreTheExportAfterIt) {
 
 // A prompt prefilled in chunks, streamed as computed, arrives as exported (chunk_stream_check.h).
 TEST(KvStream, ChunksStreamedAsComputedArriveAsExported) {
-  for (const std::string spec : {"dense:dtype=f16", "hack:bits=2,pi=64", kHeadBitsSpec, kZackSpec}) {
+  // @offload: a store whose blocks move to a slow tier, so they are read into a buffer and copied in.
+  for (const std::string spec : {"dense:dtype=f16", "hack:bits=2,pi=64", "hack:bits=2,pi=64@offload", kHeadBitsSpec, kZackSpec}) {
     test::expect_chunks_streamed_as_exported(kModel, spec, "cpu");
   }
 }
