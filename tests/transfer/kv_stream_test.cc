@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "engine/kv_staging.h"
 #include "kv/transfer.h"
 #include "model/model_config.h"
 #include "transfer/kv_frame.h"
@@ -451,6 +452,80 @@ TEST(KvStream, AStagedStreamIsWhatAWholeImportGives) {
     ASSERT_TRUE(p.engine->step(items, result));
     EXPECT_TRUE(std::equal(result.logits_of(0).begin(), result.logits_of(0).end(), result.logits_of(1).begin())) << spec;
   }
+}
+
+// What a staged stream laid out at HELLO asks of its placement, in order: each KV_BLOCKS frame's blocks as
+// they land (blocks_restored: a layer's ranges continuing each other from block 0, before the layer's
+// frame), then each layer whole (layer_complete, layers in order). The GPU's placement uploads on these.
+TEST(KvStream, ALaidOutStreamPlacesEachFramesBlocksAsTheyLand) {
+  class Recording final : public KvStaging {
+   public:
+    Recording(std::shared_ptr<KvStore> store, const KvTransferInfo& info, std::vector<std::string>& calls)
+        : KvStaging(std::move(store), info, "test"), calls_(calls) {}
+    Status start(std::string_view model_id) { return check_head(model_id); }
+    Status blocks_restored(int layer, int first_block, int count) override {
+      calls_.push_back(str_cat("blocks ", layer, " ", first_block, "+", count, " (", store().num_sealed_blocks(layer), " in)"));
+      return Status::ok();
+    }
+    Status layer_complete(int layer, const uint8_t*) override {
+      calls_.push_back(str_cat("layer ", layer, " (", store().num_sealed_blocks(layer), " in)"));
+      return Status::ok();
+    }
+
+   private:
+    Status finish_placing(StagedKv& out) override {
+      out.store = store_;
+      return Status::ok();
+    }
+    std::vector<std::string>& calls_;
+  };
+  Prefilled p = prefill("hack:bits=2,pi=64", 150);  // two sealed blocks a layer, 22 open tokens
+  std::vector<std::string> calls;
+  KvStreamReceiverOptions options{.port = 0};
+  options.staging = [&](const KvTransferInfo& info, std::string_view, std::shared_ptr<KvReservation>) -> Expected<std::unique_ptr<KvStaging>> {
+    auto staging = std::make_unique<Recording>(*p.engine->new_kv_store(), info, calls);
+    SLIMKV_RETURN_IF_ERROR(staging->start(p.identity.model_id));
+    return std::unique_ptr<KvStaging>(std::move(staging));
+  };
+  options.expected_head = [&](int64_t tokens) { return p.engine->kv_transfer_head(tokens); };
+  auto receiver = KvStreamReceiver::start(p.identity, options);
+  ASSERT_TRUE(receiver) << receiver.status().message();
+  // The sender: each layer's two blocks one KV_BLOCKS frame at a time (as two prompt chunks hand them
+  // out), then the head and each layer's open tokens.
+  const std::shared_ptr<KvStore> store = *p.engine->new_kv_store();
+  KvStore& sent = *store;
+  ASSERT_TRUE(read_kv_transfer(p.transfer.data(), p.transfer.size(), "t", p.identity.model_id, sent));
+  bool refused = false;
+  auto sender = KvStreamSender::open(loopback((*receiver)->port()), p.identity, "l1", 0, {.total_tokens = 150}, &refused);
+  ASSERT_TRUE(sender) << sender.status().message();
+  for (const int block : {0, 1}) {
+    for (int l = 0; l < p.identity.num_layers; ++l) {
+      std::vector<uint8_t> blocks;
+      ASSERT_TRUE(write_kv_transfer_blocks(sent, l, block, block + 1, blocks));
+      ASSERT_TRUE((*sender)->send_blocks(l, block, blocks));
+    }
+  }
+  const auto info = *inspect_kv_transfer(p.transfer.data(), p.transfer.size(), "t");
+  ASSERT_TRUE((*sender)->send_head(std::span<const uint8_t>(p.transfer).first(info.sealed_offset)));
+  for (int l = 0; l < p.identity.num_layers; ++l) {
+    std::vector<uint8_t> layer;
+    size_t sealed_bytes = 0;
+    ASSERT_TRUE(write_kv_transfer_layer(sent, l, 2, layer, sealed_bytes));
+    ASSERT_TRUE((*sender)->send_layer(l, 2, std::span(layer).first(sealed_bytes), std::span(layer).subspan(sealed_bytes)));
+  }
+  ASSERT_TRUE((*sender)->finish(request_for(p, "l1")));
+  Expected<ReceivedKv> got = (*receiver)->wait_for("l1", 5s);
+  ASSERT_TRUE(got) << got.status().message();
+  std::vector<std::string> expected;
+  for (const int block : {0, 1}) {
+    for (int l = 0; l < p.identity.num_layers; ++l) expected.push_back(str_cat("blocks ", l, " ", block, "+1 (", block + 1, " in)"));
+  }
+  for (int l = 0; l < p.identity.num_layers; ++l) expected.push_back(str_cat("layer ", l, " (2 in)"));
+  EXPECT_EQ(calls, expected);
+  ASSERT_TRUE(got->staged_kv);
+  std::vector<uint8_t> exported;
+  ASSERT_TRUE(write_kv_transfer(*got->staged_kv, p.identity.model_id, exported));
+  EXPECT_EQ(exported, p.transfer);
 }
 
 // A staged stream that fails after some layers were restored — a corrupt frame midway, or a layer
