@@ -108,11 +108,12 @@ class CpuDeviceModel : public DeviceModel {
     return Status::ok();
   }
 
-  Expected<std::shared_ptr<KvStore>> new_kv_store() const override {
-    return std::make_shared<KvStore>(model_.kv_shape(), pipeline_);
-  }
   Expected<std::unique_ptr<KvStore>> transfer_store() const override {
     return std::make_unique<KvStore>(model_.kv_shape(), pipeline_);
+  }
+  Expected<std::shared_ptr<KvStore>> new_kv_store() const override {
+    SLIMKV_ASSIGN_OR_RETURN(std::unique_ptr<KvStore> store, transfer_store());
+    return std::shared_ptr<KvStore>(std::move(store));
   }
 
   // Staged: the pieces restored into a store of new_kv_store's, which adopt_kv takes.

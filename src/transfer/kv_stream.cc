@@ -85,6 +85,10 @@ std::vector<uint64_t> head_offsets(const KvStreamIdentity& identity, int layer, 
   return offsets;
 }
 
+// How many of a head's blocks (of `stride`-byte slots) a staged receiver reads and restores at once:
+// about 256 KiB, what KvFrameReader checksums at once.
+uint64_t blocks_per_piece(uint64_t stride) { return std::max<uint64_t>(1, (uint64_t(256) << 10) / stride); }
+
 // The number of blocks a head has in `bytes` (every head's sealed blocks of `layer`, head by head), or an error.
 Expected<int> blocks_per_head(const KvStreamIdentity& identity, int layer, size_t bytes, const std::string& what) {
   const uint64_t block_bytes = head_offsets(identity, layer, 1).back();
@@ -850,8 +854,9 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
   // same bytes as KV_LAYER frames, and the sender's pacing waited on it: bench_kv_host_path --form blocks.)
   struct EarlyBlocks {
     int first_block = 0, count = 0;
-    std::vector<uint8_t> bytes;       // every head's, head by head
-    std::vector<uint32_t> head_crcs;  // each head's part's CRC32C
+    std::vector<uint8_t> bytes;          // every head's, head by head (empty: restored as they landed)
+    std::vector<uint64_t> head_offsets;  // where each head's part starts in `bytes`
+    std::vector<uint32_t> head_crcs;     // each head's part's CRC32C
   };
   // A staged stream whose tokens HELLO announced: their blocks reserved now, while the sender prefills.
   std::shared_ptr<KvReservation> reserved;
@@ -863,8 +868,9 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
   // soon as it has landed and been checksummed, while it is still in cache, and each complete layer
   // handed to the device's placement (the GPU uploads it): no buffer of the whole transfer, no second
   // pass over its bytes. Else the transfer is assembled in `transfer`, each layer read straight into its
-  // place. With the tokens reserved at HELLO and the head they lay out (expected_head), the staging is
-  // made now and the KV_BLOCKS go into it as they land (the head must then be that one); else at the head.
+  // place. With the head the tokens HELLO announced lay out (expected_head; the tokens reserved first
+  // where the receiver reserves), the staging is made now and the KV_BLOCKS go into it as they land (the
+  // KV_HEAD must then be that head); else at the KV_HEAD.
   std::unique_ptr<KvStaging> staging;
   KvStore* staged = nullptr;
   std::vector<uint8_t> laid_out_head;  // the head the staging was made from at HELLO; empty: none
@@ -885,8 +891,7 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
   const auto stage_blocks = [&](KvFrameReader& reader, int l, int g, uint64_t first_block, uint64_t count,
                                 Status& restored) -> Expected<uint32_t> {
     const KvTransferInfo& info = staging->info();
-    const uint64_t stride = head_stride(identity_, l, g);
-    const uint64_t piece_blocks = std::max<uint64_t>(1, (uint64_t(256) << 10) / stride);
+    const uint64_t stride = head_stride(identity_, l, g), piece_blocks = blocks_per_piece(stride);
     uint32_t crc = 0;
     for (uint64_t b = first_block; b < first_block + count; b += piece_blocks) {
       const uint64_t n = std::min(piece_blocks, first_block + count - b);
@@ -949,7 +954,8 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
                                 " blocks, more than the ", max_blocks, " of this worker's context (", options_.max_tokens,
                                 " tokens)"));
     }
-    EarlyBlocks& blocks = early[layer].emplace_back(EarlyBlocks{.first_block = int(first), .count = count, .bytes = {}, .head_crcs = {}});
+    EarlyBlocks& blocks = early[layer].emplace_back(
+        EarlyBlocks{.first_block = int(first), .count = count, .bytes = {}, .head_offsets = {}, .head_crcs = {}});
     if (staged) {  // laid out at HELLO: restored as they land, nothing kept but their CRCs
       Status restored;
       for (int g = 0; g < identity_.num_kv_heads; ++g) {
@@ -963,7 +969,8 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
       continue;
     }
     assign_for_overwrite(blocks.bytes, frame.payload_bytes() - 8);
-    const std::vector<uint64_t> offsets = head_offsets(identity_, int(layer), uint64_t(count));
+    blocks.head_offsets = head_offsets(identity_, int(layer), uint64_t(count));
+    const std::vector<uint64_t>& offsets = blocks.head_offsets;
     for (size_t g = 0; g < size_t(identity_.num_kv_heads); ++g) {
       SLIMKV_ASSIGN_OR_RETURN(const uint32_t head_crc,
                               frame.read(std::span(blocks.bytes).subspan(offsets[g], offsets[g + 1] - offsets[g])));
@@ -1030,8 +1037,7 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     const uint64_t blocks = uint64_t(kv_transfer_sealed_blocks(info, int(l)));
     const uint64_t sent = uint64_t(early_count[l]);
     const uint64_t rest = blocks >= sent ? blocks - sent : 0;
-    const std::vector<uint64_t> rest_offsets = head_offsets(identity_, int(l), rest);
-    const uint64_t expected = 8 + rest_offsets.back() + range.open_bytes;
+    const uint64_t expected = 8 + head_offsets(identity_, int(l), rest).back() + range.open_bytes;
     std::array<uint8_t, 8> prefix{};
     if (layer.payload_bytes() >= 8) SLIMKV_RETURN_IF_ERROR(read_into(prefix).status());
     const uint32_t index = layer.payload_bytes() >= 8 ? load_u32_le(prefix.data()) : UINT32_MAX;
@@ -1046,15 +1052,14 @@ Status KvStreamReceiver::receive_stream(TcpConnection& connection, ReceivedKv& r
     // HELLO, restored then; else copied once, or restored, now), then the rest.
     const std::vector<uint64_t> transfer_offsets = head_offsets(identity_, int(l), blocks);
     for (uint64_t g = 0; g < heads; ++g) {
-      const uint64_t stride = head_stride(identity_, int(l), int(g));
-      const uint64_t piece_blocks = std::max<uint64_t>(1, (uint64_t(256) << 10) / stride);
+      const uint64_t stride = head_stride(identity_, int(l), int(g)), piece_blocks = blocks_per_piece(stride);
       uint8_t* head_blocks = staged ? nullptr : transfer.data() + range.sealed_offset + transfer_offsets[g];
       const SteadyClock::time_point placing = SteadyClock::now();
       for (const EarlyBlocks& e : early[l]) {
         const uint64_t bytes = uint64_t(e.count) * stride;
         crc = crc32c_combine(crc, e.head_crcs[g], bytes);
         if (e.bytes.empty()) continue;  // restored as it landed
-        const uint8_t* early_blocks = e.bytes.data() + head_offsets(identity_, int(l), uint64_t(e.count))[g];
+        const uint8_t* early_blocks = e.bytes.data() + e.head_offsets[g];
         if (!staged) {
           std::memcpy(head_blocks + uint64_t(e.first_block) * stride, early_blocks, bytes);
           continue;
