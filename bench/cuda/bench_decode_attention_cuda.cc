@@ -13,6 +13,8 @@
 //       --contexts 4096,16384,65536,131072 --json decode.json
 //   bench_decode_attention_cuda --batch 1 --contexts 32768
 //       --specs 'hack:bits=2;hack:bits=2,klayout=channel,vlayout=token'
+// --integer-kernels tc,dp4a: each hack variant once per decode kernel for the integer products (2-bit
+// HACK blocks of head_dim 128: INT8 tensor cores or dp4a; other blocks take dp4a either way).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
@@ -43,6 +45,7 @@ struct Options {
   std::string kv = "dense";  // dense, hack or quant
   int bits = 2;              // hack / quant
   std::vector<std::string> specs;  // instead of kv/bits: hack / quant specs side by side
+  std::vector<std::string> integer_kernels = {"tc"};  // tc: 2-bit HACK decode on tensor cores; dp4a
   int repetitions = 30;  // timed groups; the median is reported
   std::string json;
 };
@@ -53,6 +56,7 @@ struct Variant {
   std::string kv;  // dense, hack or quant
   int bits = 2;
   QuantizationConfig quantization;
+  bool integer_tensor_cores = true;
 };
 
 Expected<Variant> spec_variant(const std::string& spec) {
@@ -79,7 +83,7 @@ Expected<Measurement> measure(const Options& o, const Variant& variant, int cont
   SLIMKV_ASSIGN_OR_RETURN(const RandomKv kv, random_kv({o.batch, context, new_tokens, o.kv_heads, o.head_dim, variant.kv,
                                                         variant.bits, variant.quantization}));
   SLIMKV_ASSIGN_OR_RETURN(auto attention, CudaPagedAttention::create({o.heads, o.kv_heads, o.head_dim, o.batch, o.batch * new_tokens,
-                                                                        o.tensor_core_min_queries}));
+                                                                        o.tensor_core_min_queries, variant.integer_tensor_cores}));
   const bool quantized = kv.quantized != nullptr;
   const double sealed_block_heads = double(o.batch) * (context / kCudaBlockTokens) * o.kv_heads;
   const double seal_us_per_block = quantized ? kv.append_ms * 1e3 / sealed_block_heads : 0.0;
@@ -125,15 +129,27 @@ int run(int argc, char** argv) {
   app.add_option("--bits", o.bits, "hack / quant bits (K and V)")->check(CLI::IsMember({2, 4, 8}))->capture_default_str();
   app.add_option("--specs", o.specs, "hack / quant KV specs, ';'-separated, side by side (instead of --kv, --bits)")
       ->delimiter(';');
+  app.add_option("--integer-kernels", o.integer_kernels, "hack's decode kernels, side by side: tc (INT8 tensor cores "
+                 "for 2-bit blocks of head_dim 128), dp4a")->delimiter(',')->check(CLI::IsMember({"tc", "dp4a"}));
   app.add_option("--json", o.json, "write the measurements here");
   CLI11_PARSE(app, argc, argv);
-  std::vector<Variant> variants;
+  std::vector<Variant> specs;
   for (const std::string& spec : o.specs) {
     auto variant = spec_variant(spec);
     if (failed(variant.status())) return 1;
-    variants.push_back(*variant);
+    specs.push_back(*variant);
   }
-  if (variants.empty()) variants.push_back({o.kv, o.kv, o.bits, QuantizationConfig{}});
+  if (specs.empty()) specs.push_back({o.kv, o.kv, o.bits, QuantizationConfig{}});
+  std::vector<Variant> variants;
+  for (const Variant& spec : specs) {
+    for (const std::string& kernel : o.integer_kernels) {
+      if (spec.kv != "hack" && kernel != o.integer_kernels[0]) continue;  // one row for the kinds without integer products
+      Variant variant = spec;
+      variant.integer_tensor_cores = kernel == "tc";
+      if (spec.kv == "hack" && o.integer_kernels.size() > 1) variant.name += str_cat(" [", kernel, "]");
+      variants.push_back(variant);
+    }
+  }
   if (failed(device_usable())) return 1;
 
   const std::string new_tokens = o.new_tokens == 0 ? "the whole context" : str_cat(o.new_tokens);

@@ -3,15 +3,18 @@
 the kernel that picks the next tokens: argmax or sampling): milliseconds per step, the GPU's busy share
 and its idle gaps between kernels, how long each kernel waited after its launch call (large: the CPU is
 ahead and the GPU is the bottleneck; near zero: the GPU waits for launches), the CUDA runtime's time
-per step, and the kernels by time per step.
+per step, and the kernels by time per step. STEPS `all`: every step of the trace (a server's), the time
+between steps more than 20 ms apart (an idle server) left out of the span.
 
-Usage: step_trace_summary.py TRACE.csv [STEPS (16)]"""
+Usage: step_trace_summary.py TRACE.csv [STEPS (16) | all]"""
 import collections
 import sys
 
+IDLE_NS = 20_000_000  # no kernel for this long: no step was running
+
 
 def main():
-    path, steps = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 16
+    path, steps = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "16"
     kernels, launches, copies = [], {}, []
     with open(path) as f:
         for line in f:
@@ -27,17 +30,20 @@ def main():
                 copies.append((start, what))
     kernels.sort()
     step_ends = [i for i, k in enumerate(kernels) if "argmax" in k[3] or "sample" in k[3]]
-    if len(step_ends) < steps + 1:
+    steps = len(step_ends) - 1 if steps == "all" else int(steps)
+    if steps < 1 or len(step_ends) < steps + 1:
         sys.exit(f"{path}: {len(step_ends)} steps traced, {steps + 1} needed")
     window = kernels[step_ends[-steps - 1] + 1:step_ends[-1] + 1]
     t0, t1 = window[0][0], window[-1][1]
-    busy, last_end, gaps = 0, t0, []
+    busy, last_end, gaps, idle = 0, t0, [], 0
     for start, end, _, _ in window:
-        if start > last_end:
+        if start - last_end > IDLE_NS:
+            idle += start - last_end
+        elif start > last_end:
             gaps.append((start - last_end, len(gaps)))
         busy += max(0, end - max(start, last_end))
         last_end = max(last_end, end)
-    span = t1 - t0
+    span = t1 - t0 - idle
     print(f"{steps} steps: {span / steps / 1e6:.3f} ms/step; GPU busy {busy / span:.3f}; {len(window) / steps:.0f} kernels "
           f"and {sum(g for g, _ in gaps) / steps / 1e6:.3f} ms of gaps between them per step")
     waits = sorted(k[0] - launches[k[2]][1] for k in window if k[2] in launches)

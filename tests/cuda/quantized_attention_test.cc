@@ -351,6 +351,31 @@ std::vector<float> reference_output(const AttentionCase& c, const Filled& f, int
   return out;
 }
 
+// The GPU's attention of the case's step over f's cache for queries q (FP16), into out; decode over 2-bit
+// HACK blocks of head_dim 128 on INT8 tensor cores or (false) on the dp4a kernel.
+void run_attention(const AttentionCase& c, const Filled& f, const std::vector<uint16_t>& q, float scale, bool integer_tensor_cores,
+                   std::vector<uint16_t>& out) {
+  const std::vector<int> step = c.step();
+  int total_queries = 0;
+  for (int n : step) total_queries += n;
+  PagedAttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, int(c.lengths.size()), total_queries};
+  shape.integer_tensor_cores = integer_tensor_cores;
+  auto attention = take(CudaPagedAttention::create(shape));
+  ASSERT_TRUE(attention);
+  auto q_device = take(DeviceArray<uint16_t>::allocate(q.size(), "test"));
+  auto out_device = take(DeviceArray<uint16_t>::allocate(q.size(), "test"));
+  ASSERT_TRUE(q_device.upload(q.data(), q.size()).is_ok());
+  ASSERT_TRUE(attention->plan({f.ids, c.lengths, step}).is_ok());
+  ASSERT_EQ(attention->tensor_cores(), !c.queries.empty());
+  ASSERT_TRUE(device_fill_bytes(out_device.data(), 0xff, out_device.bytes()).is_ok());  // NaN: unwritten shows
+  const Status ran = attention->run_quantized(f.cache->view(kLayer), f.cache->sealed_view(kLayer), q_device.data(), scale,
+                                              out_device.data());
+  ASSERT_TRUE(ran.is_ok()) << ran.message();
+  ASSERT_TRUE(device_synchronize("quantized attention").is_ok());
+  out.resize(q.size());
+  ASSERT_TRUE(out_device.download(out.data(), out.size()).is_ok());
+}
+
 void check_attention(const AttentionCase& c) {
   SCOPED_TRACE(c.name());
   const unsigned seed = 777u + unsigned(c.lengths.size() * 131 + c.lengths[0] * 7 + c.head_dim + c.num_heads + c.bits);
@@ -359,7 +384,6 @@ void check_attention(const AttentionCase& c) {
   config.k_bits = config.v_bits = c.bits;
   c.layout.apply(config);
   const std::vector<int> step = c.step();
-  const bool decode = c.queries.empty();
   const int batch = int(c.lengths.size()), d = c.head_dim, q_width = c.num_heads * d;
   int total_queries = 0;
   for (int n : step) total_queries += n;
@@ -371,23 +395,13 @@ void check_attention(const AttentionCase& c) {
   }
   SCOPED_TRACE(str_cat("seed ", seed, c.zack ? ", head dims (K/V) " : "", ranks));
   Filled f = fill(c.lengths, step, 512, c.num_kv_heads, d, config, c.hack, rng, dims);
-  auto attention = take(CudaPagedAttention::create({c.num_heads, c.num_kv_heads, d, batch, total_queries}));
-  ASSERT_TRUE(f.cache && attention);
+  ASSERT_TRUE(f.cache);
   std::vector<float> q_float;
   const auto q = random_halves(size_t(total_queries) * q_width, 1.0f, rng, q_float);
-  auto q_device = take(DeviceArray<uint16_t>::allocate(q.size(), "test"));
-  auto out_device = take(DeviceArray<uint16_t>::allocate(q.size(), "test"));
-  ASSERT_TRUE(q_device.upload(q.data(), q.size()).is_ok());
-  ASSERT_TRUE(attention->plan({f.ids, c.lengths, step}).is_ok());
-  ASSERT_EQ(attention->tensor_cores(), !decode);
-  ASSERT_TRUE(device_fill_bytes(out_device.data(), 0xff, out_device.bytes()).is_ok());  // NaN: unwritten shows
   const float scale = 1.0f / std::sqrt(float(d));
-  const Status ran = attention->run_quantized(f.cache->view(kLayer), f.cache->sealed_view(kLayer), q_device.data(), scale,
-                                              out_device.data());
-  ASSERT_TRUE(ran.is_ok()) << ran.message();
-  ASSERT_TRUE(device_synchronize("quantized attention").is_ok());
-  std::vector<uint16_t> out(q.size());
-  ASSERT_TRUE(out_device.download(out.data(), out.size()).is_ok());
+  std::vector<uint16_t> out;
+  run_attention(c, f, q, scale, true, out);
+  if (::testing::Test::HasFatalFailure()) return;
 
   double error_sq = 0, reference_sq = 0;
   std::string per_sequence;  // each sequence's relative error: which one departs shows
@@ -450,6 +464,43 @@ TEST_F(CudaTest, QuantizedDecodeAttentionMatchesReference) {
       {{130, 700, 64}, 16, 4, 128, 4, true, {}, {true, 16, false, 0, true}},  // K per channel alone, 4 bits, symmetric
   };
   for (const AttentionCase& c : cases) check_attention(c);
+}
+
+// Decode over 2-bit HACK blocks of head_dim 128 runs on INT8 tensor cores; it computes what the dp4a
+// kernel does, bit for bit (the integer products are exact, the float operations per token and column
+// the same): GQA 4 and 8 (one and two row groups), 1..3 rows used of 4, one token to many splits, open
+// blocks of every fill, symmetric ranges.
+TEST_F(CudaTest, QuantizedDecodeOnTensorCoresIsTheDp4aKernelBitForBit) {
+  const std::vector<AttentionCase> cases = {
+      {{1, 63, 64, 65, 127, 130}, 32, 8, 128, 2, true},  // the open block alone, whole, one token past
+      {{3000, 77, 2100}, 32, 8, 128, 2, true},           // several splits
+      {{97, 33, 640}, 16, 2, 128, 2, true},              // GQA 8: two row groups
+      {{200, 1000}, 12, 4, 128, 2, true},                // GQA 3: a row of 4 unused
+      {{300, 1}, 8, 8, 128, 2, true},                    // GQA 1
+      {{1000, 70}, 32, 8, 128, 2, true, {}, {false, 0, false, 0, true}},  // symmetric
+  };
+  for (const AttentionCase& c : cases) {
+    SCOPED_TRACE(c.name());
+    std::mt19937 rng(4242u + unsigned(c.lengths[0]));
+    QuantizationConfig config;
+    config.k_bits = config.v_bits = c.bits;
+    c.layout.apply(config);
+    Filled f = fill(c.lengths, c.step(), 512, c.num_kv_heads, c.head_dim, config, c.hack, rng);
+    ASSERT_TRUE(f.cache);
+    std::vector<float> q_float;
+    const auto q = random_halves(c.lengths.size() * size_t(c.num_heads * c.head_dim), 2.0f, rng, q_float);
+    const float scale = 1.0f / std::sqrt(float(c.head_dim));
+    std::vector<uint16_t> mma, dp4a;
+    run_attention(c, f, q, scale, true, mma);
+    run_attention(c, f, q, scale, false, dp4a);
+    if (::testing::Test::HasFatalFailure()) return;
+    size_t differ = 0, first = mma.size();
+    for (size_t x = 0; x < mma.size(); ++x) {
+      if (mma[x] != dp4a[x]) ++differ, first = std::min(first, x);
+    }
+    EXPECT_EQ(differ, 0u) << "first at " << first << ": " << (first < mma.size() ? fp16_to_float(mma[first]) : 0.0f) << " vs "
+                          << (first < mma.size() ? fp16_to_float(dp4a[first]) : 0.0f);
+  }
 }
 
 // Prefill steps: the sealed blocks before each sequence's step (hack over HACK's layout: INT8 tensor

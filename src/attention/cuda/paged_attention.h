@@ -72,6 +72,9 @@ struct PagedAttentionShape {
   // CUDA-core kernel's tiles, which the quantized kernels share) runs its sequences of two or more
   // queries on the tensor-core kernel (head_dim 64 or 128; 0: never).
   int tensor_core_min_queries = kPrefillMinQueries;
+  // Decode over 2-bit HACK blocks of head_dim 128 on INT8 tensor cores (quantized_attention.cu's
+  // MmaLanes); false: the dp4a kernel, which gives the same bits (tests hold the two to each other).
+  bool integer_tensor_cores = true;
 };
 
 class CudaPagedAttention {

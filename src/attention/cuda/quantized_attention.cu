@@ -87,9 +87,12 @@ struct Fields {
   }
 };
 
-__device__ __forceinline__ void copy_block_async(uint8_t* shared, const uint8_t* global, int bytes, int lane) {
+// A block's `bytes` global → shared by the warp in 16-byte chunks, the chunk at offset i placed at
+// place(i) (the identity, or the tensor-core path's swizzle).
+template <class Place>
+__device__ __forceinline__ void copy_block_async(uint8_t* shared, const uint8_t* global, int bytes, int lane, Place place) {
   for (int i = lane * 16; i < bytes; i += 32 * 16) {
-    const unsigned destination = unsigned(__cvta_generic_to_shared(shared + i));
+    const unsigned destination = unsigned(__cvta_generic_to_shared(shared + place(i)));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(destination), "l"(global + i));
   }
   asm volatile("cp.async.commit_group;\n" ::);
@@ -165,6 +168,25 @@ __device__ __forceinline__ uint32_t word_at(const uint4& v, int i) { return i ==
 __device__ __forceinline__ float hack_score(float3 q, uint32_t dot, float k_scale, float k_min, float k_sum) {
   return fmaf(k_scale, fmaf(q.x, float(dot), q.y * k_sum), k_min * q.z);
 }
+
+// Eq. 4 for one V column over a block's tokens (Z = T): s_v (s_p Σp'v' + m_p Σv') + m_v (s_p Σp' + T m_p),
+// with the stored Σv'; each fused step written out, so that both decode paths round alike.
+__device__ __forceinline__ float hack_value(float p_scale, float p_min, float p_sum, uint32_t dot, float v_scale, float v_min,
+                                            float v_sum) {
+  return fmaf(v_scale, fmaf(p_scale, float(dot), p_min * v_sum), v_min * fmaf(p_scale, p_sum, float(T) * p_min));
+}
+
+// Of four words w0..w3, x[0] = their bytes 2j (w0's in the lowest byte) and x[1] their bytes 2j + 1, for
+// j = 0 or 1: a token's (or column's) packed bytes of four dim (token) groups from 16-bit pairs.
+__device__ __forceinline__ void interleave_bytes(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3, int j, uint32_t (&x)[2]) {
+  const unsigned pick = j == 0 ? 0x5140u : 0x7362u;
+  const uint32_t low01 = __byte_perm(w0, w1, pick), low23 = __byte_perm(w2, w3, pick);
+  x[0] = __byte_perm(low01, low23, 0x5410);
+  x[1] = __byte_perm(low01, low23, 0x7632);
+}
+
+// The 2-bit codes at bit pair i of each byte of x, one per byte.
+__device__ __forceinline__ uint32_t code_plane(uint32_t x, int i) { return (x >> (2 * i)) & 0x03030303u; }
 
 // operand_factor (attention/hack_operands.h) in the same IEEE operations: levels / max, 0 for a
 // factor too small to matter.
@@ -259,8 +281,8 @@ __device__ __forceinline__ void block_scores(const QuantizedLaunch& L, const Sea
         uint32_t w[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k) w[k] = 4 * quad + k < dim_groups ? *reinterpret_cast<const uint16_t*>(b + (4 * quad + k) * T + t0) : 0u;
-        const uint32_t low01 = __byte_perm(w[0], w[1], 0x5140), low23 = __byte_perm(w[2], w[3], 0x5140);
-        const uint32_t x[2] = {__byte_perm(low01, low23, 0x5410), __byte_perm(low01, low23, 0x7632)};  // per token
+        uint32_t x[2];  // per token
+        interleave_bytes(w[0], w[1], w[2], w[3], 0, x);
         uint4 q[kRows];
 #pragma unroll
         for (int r = 0; r < kRows; ++r) q[r] = *reinterpret_cast<const uint4*>(operand + r * (kHeadDim / 4) + 4 * quad);
@@ -268,7 +290,7 @@ __device__ __forceinline__ void block_scores(const QuantizedLaunch& L, const Sea
         for (int j = 0; j < 2; ++j) {
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            const uint32_t codes = (x[j] >> (2 * i)) & 0x03030303u;  // dims 16·quad + 4k + i
+            const uint32_t codes = code_plane(x[j], i);  // dims 16·quad + 4k + i
 #pragma unroll
             for (int r = 0; r < kRows; ++r) dot[j][r] = __dp4a(codes, word_at(q[r], i), dot[j][r]);
           }
@@ -450,7 +472,7 @@ __device__ __forceinline__ void attend_sealed(const QuantizedLaunch& L, const Se
         const uint32_t x = __byte_perm(__byte_perm(w[0], w[1], pick), __byte_perm(w[2], w[3], pick), 0x5410);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const uint32_t codes = (x >> (2 * i)) & 0x03030303u;  // tokens 16·quad + 4k + i of column c0 + c
+          const uint32_t codes = code_plane(x, i);  // tokens 16·quad + 4k + i of column c0 + c
 #pragma unroll
           for (int r = 0; r < kRows; ++r) pv[r][c] = __dp4a(codes, word_at(p[r], i), pv[r][c]);
         }
@@ -497,9 +519,8 @@ __device__ __forceinline__ void attend_sealed(const QuantizedLaunch& L, const Se
     const float v_sum = float(v_sums[c0 + i]);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      if constexpr (kHack) {  // Eq. 4 over the block's tokens (Z = T)
-        partial.acc[r][i] += v_scale * fmaf(p_scale[r], float(pv[r][i]), p_min[r] * v_sum) +
-                             v_min * fmaf(p_scale[r], p_sum[r], float(T) * p_min[r]);
+      if constexpr (kHack) {
+        partial.acc[r][i] += hack_value(p_scale[r], p_min[r], p_sum[r], pv[r][i], v_scale, v_min, v_sum);
       } else {
         partial.acc[r][i] += fmaf(v_scale, pv_f[r][i], v_min * p_sum[r]);
       }
@@ -517,7 +538,7 @@ __device__ __forceinline__ void attend_sealed(const QuantizedLaunch& L, const Se
 
 // The open block: tokens [first, kv_end) in FP16 from the dense pool, in FP32 (unquantized q and p).
 template <int kHeadDim, int kRows>
-__device__ __forceinline__ void attend_open(const AttentionLaunch& p, const __half* k, const __half* v, int n,
+__device__ __forceinline__ void attend_open(const __half* k, const __half* v, int n,
                                             CtaShared<kHeadDim, kRows>& s, int warp, int lane,
                                             WarpPartial<kRows, kHeadDim / 32>& partial) {
   constexpr int kCols = kHeadDim / 32;
@@ -567,12 +588,322 @@ __device__ __forceinline__ void attend_open(const AttentionLaunch& p, const __ha
   __syncwarp();
 }
 
-// The attention partial of one decode tile (a sequence's GQA group) over one split of its blocks.
-// kLayouts: also KIVI's layouts (L.sealed says which), the HACK layout's instances without their branches.
-template <int kHeadDim, int kRows, int kBits, bool kHack, bool kLayouts>
+// How a warp reads blocks, for the kernel below (the "lanes" of a decode kernel): its staging copy, a
+// sealed block, the open block, and its partial written for the CTA's merge. Two: DotLanes (dp4a or
+// FP32 on CUDA cores, every codec and layout) and MmaLanes (2-bit HACK blocks on INT8 tensor cores).
+template <int kHeadDim_, int kRows_, int kBits, bool kHack_, bool kLayouts>
+struct DotLanes {
+  static constexpr int kHeadDim = kHeadDim_, kRows = kRows_, kCols = kHeadDim / 32;
+  static constexpr bool kHack = kHack_;
+  using Partial = WarpPartial<kRows, kCols>;  // lane l: columns l·kCols.. of every row
+
+  __device__ static int operand_byte(int x) { return BlockLanes<kBits, kHack>::operand_byte(x); }
+  __device__ DotLanes(const CtaShared<kHeadDim, kRows>&, int) {}
+  __device__ void stage(uint8_t* shared, const uint8_t* global, int bytes, const QuantizedLaunch&, int lane) const {
+    copy_block_async(shared, global, bytes, lane, [](int i) { return i; });
+  }
+  __device__ void sealed(const QuantizedLaunch& L, const SealedHead& head, const uint8_t* b, CtaShared<kHeadDim, kRows>& s,
+                         uint8_t* scratch, int warp, int lane, Partial& partial) const {
+    attend_sealed<kHeadDim, kRows, kBits, kHack, kLayouts>(L, head, b, s, scratch, warp, lane, partial);
+  }
+  __device__ void open(const __half* k, const __half* v, int n, CtaShared<kHeadDim, kRows>& s, int warp, int lane,
+                       Partial& partial) const {
+    attend_open<kHeadDim, kRows>(k, v, n, s, warp, lane, partial);
+  }
+  __device__ void write(const Partial& partial, float (&warp_acc)[kWarps][kRows][kHeadDim], float2 (&warp_max_sum)[kWarps][kRows],
+                        int warp, int lane) const {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) warp_acc[warp][r][lane * kCols + i] = partial.acc[r][i];
+      if (lane == 0) warp_max_sum[warp][r] = make_float2(partial.max[r], partial.sum[r]);
+    }
+  }
+};
+
+// 2-bit HACK blocks (HACK's layout, every KV head at head_dim 128) on INT8 tensor cores. The dp4a path
+// spends most of a block unpacking codes and issuing one dp4a per 4 codes and query row; here the
+// integer products are mma m16n8k32 (u8): the scores K'·Q'ᵀ (the block's 64 tokens in four m-tiles of 16,
+// the 128 dims in four k-steps of 32) and P·V as V'ᵀ·P'ᵀ (the 128 columns in eight m-tiles, the 64
+// tokens in two k-steps). The 8 columns of an mma hold 4 query rows twice: for the scores, a row's dot
+// over K partition 0 and over partition 1 (B is Q' on that partition's dims and 0 on the other's); for
+// P·V, a row's dot over each of two halves of the tokens. So no column is padding and a lane's results
+// are one row's. Integer products are exact, and every float operation per (token, row) and (column, row)
+// is the dp4a path's, in its order: the two paths give the same bits (tests hold them to it).
+// Lane (g = lane / 4, c = lane % 4) holds, for each group rg of 4 rows (rows c + 4·rg), the scores of
+// tokens 8g..8g+7 and the accumulators of columns 16g..16g+15.
+// The operands: an m16n8k32 lane gives its A rows' k values 4c..4c+3 (a0, a1) and 16 + 4c.. (a2, a3),
+// B's the same k. Which dim (token) each k is does not matter as long as A and B agree. A lane takes the
+// packed bytes of one token (column) in four dim (token) groups, 16p + c + 4k for k = 0..3 (within K
+// partition p; for tokens p = 0); bit pair i of those bytes holds dims 64p + 4c + 16k + i, and k-step
+// (p, h) gives pairs 2h (k 4c..) and 2h + 1 (k 16 + 4c..). Q' and P' are laid out so that their word
+// (p, c, i) holds the same dims' codes (mma_operand_byte).
+// Staging: four lanes c read the same columns of four code rows at once (K: rows of 64 bytes, V: of 128),
+// which would fall in one bank; the 16-byte chunks are placed XOR-swizzled (K by bit 1 of the row, V by
+// the row mod 4) so that those reads take every bank once (mma_staged_offset).
+__device__ __forceinline__ int mma_operand_byte(int x) { return x / 64 * 64 + x % 16 / 4 * 16 + x % 4 * 4 + x % 64 / 16; }
+
+constexpr int kMmaHeadDim = 128;
+constexpr int kMmaKCodeBytes = kMmaHeadDim / 4 * T;  // K codes: row G (dim group G) of T bytes, from 0
+constexpr int kMmaVCodeBytes = T / 4 * kMmaHeadDim;  // V codes: row u (token group u) of head_dim bytes
+
+// Where byte `offset` of a 2-bit block (head_dim 128) is staged; v_codes is a multiple of 128.
+__device__ __forceinline__ int mma_staged_offset(int offset, int v_codes) {
+  if (offset < kMmaKCodeBytes) return offset ^ ((offset >> 2) & 0x20);  // chunk bit 1 ^= row bit 1
+  const int v = offset - v_codes;
+  if (v >= 0 && v < kMmaVCodeBytes) return offset ^ ((v >> 2) & 0x60);  // chunk bits 1-2 ^= row bits 0-1
+  return offset;
+}
+
+__device__ __forceinline__ float half_at(const uint4& v, int i) {
+  return __half2float(__ushort_as_half(uint16_t(word_at(v, i / 2) >> (16 * (i % 2)))));
+}
+__device__ __forceinline__ float int16_at(const uint4& v, int i) { return float(int16_t(word_at(v, i / 2) >> (16 * (i % 2)))); }
+
+// x over the 8 lanes that share lane % 4 (the lanes holding one row's tokens), reduced.
+__device__ __forceinline__ float row_max(float x) {
+#pragma unroll
+  for (int offset = 4; offset < 32; offset *= 2) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, offset));
+  return x;
+}
+__device__ __forceinline__ float row_min(float x) {
+#pragma unroll
+  for (int offset = 4; offset < 32; offset *= 2) x = fminf(x, __shfl_xor_sync(kFullMask, x, offset));
+  return x;
+}
+__device__ __forceinline__ float row_sum(float x) {
+#pragma unroll
+  for (int offset = 4; offset < 32; offset *= 2) x += __shfl_xor_sync(kFullMask, x, offset);
+  return x;
+}
+
+template <int kRows_>
+struct MmaLanes {
+  static constexpr int kHeadDim = kMmaHeadDim, kRows = kRows_, kGroups = kRows / 4, kPartitions = kHeadDim / T;
+  static constexpr bool kHack = true;
+  static constexpr int kTokens = 8, kColumns = 16;  // a lane's, per row
+  using Partial = WarpPartial<kGroups, kColumns>;    // the lane's rows c + 4·rg
+  static_assert(kRows % 4 == 0 && kPartitions == 2, "4 or 8 rows, head_dim 128");
+
+  int g, c;
+  uint32_t q_words[kGroups][kPartitions][2][2];  // scores' B: [rg][p][h][b0, b1], 0 off partition g % 2
+  float3 q_meta[kGroups][kPartitions];           // the lane's rows' (s, m, s Σq' + T m)
+
+  __device__ static int operand_byte(int x) { return mma_operand_byte(x); }
+  __device__ MmaLanes(const CtaShared<kHeadDim, kRows>& s, int lane) : g(lane / 4), c(lane % 4) {
+#pragma unroll
+    for (int rg = 0; rg < kGroups; ++rg) {
+      const uint32_t* row = s.q_codes[g / 2 + 4 * rg];  // B column g: row g / 2 of the group, partition g % 2
+#pragma unroll
+      for (int p = 0; p < kPartitions; ++p) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int x = 0; x < 2; ++x) q_words[rg][p][h][x] = g % 2 == p ? row[16 * p + 4 * c + 2 * h + x] : 0u;
+        }
+        q_meta[rg][p] = s.q_meta[c + 4 * rg][p];
+      }
+    }
+  }
+  __device__ void stage(uint8_t* shared, const uint8_t* global, int bytes, const QuantizedLaunch& L, int lane) const {
+    const int v_codes = L.sealed.offsets.v_codes;
+    copy_block_async(shared, global, bytes, lane, [v_codes](int i) { return mma_staged_offset(i, v_codes); });
+  }
+
+  __device__ void sealed(const QuantizedLaunch& L, const SealedHead&, const uint8_t* b, CtaShared<kHeadDim, kRows>& s, uint8_t*,
+                         int warp, int, Partial& partial) const {
+    const QuantizedBlockOffsets& o = L.sealed.offsets;
+    // Scores: dot[j][rg] = (token 8g + 2j: partition 0, 1; token 8g + 2j + 1: partition 0, 1) of row c + 4·rg.
+    int dot[4][kGroups][4] = {};
+    const int k_column = (8 * g) ^ ((c & 2) << 4);  // tokens 8g.. of rows 16p + c + 4k, staged
+#pragma unroll
+    for (int p = 0; p < kPartitions; ++p) {
+      uint2 w[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) w[k] = *reinterpret_cast<const uint2*>(b + (16 * p + c + 4 * k) * T + k_column);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t x[2];  // tokens 8g + 2j, 8g + 2j + 1: A rows g, g + 8
+        if (j < 2) {
+          interleave_bytes(w[0].x, w[1].x, w[2].x, w[3].x, j, x);
+        } else {
+          interleave_bytes(w[0].y, w[1].y, w[2].y, w[3].y, j - 2, x);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t a[4] = {code_plane(x[0], 2 * h), code_plane(x[1], 2 * h), code_plane(x[0], 2 * h + 1),
+                                 code_plane(x[1], 2 * h + 1)};
+#pragma unroll
+          for (int rg = 0; rg < kGroups; ++rg) mma_16832_u8(dot[j][rg], a, q_words[rg][p][h][0], q_words[rg][p][h][1]);
+        }
+      }
+    }
+    float score[kGroups][kTokens];
+    {
+      uint4 k_mins[kPartitions], k_scales[kPartitions], k_sums[kPartitions];  // tokens 8g..8g+7
+#pragma unroll
+      for (int p = 0; p < kPartitions; ++p) {
+        const int at = (p * T + kTokens * g) * 2;
+        k_mins[p] = *reinterpret_cast<const uint4*>(b + o.k_mins + at);
+        k_scales[p] = *reinterpret_cast<const uint4*>(b + o.k_scales + at);
+        k_sums[p] = *reinterpret_cast<const uint4*>(b + o.k_sums + at);
+      }
+#pragma unroll
+      for (int rg = 0; rg < kGroups; ++rg) {
+#pragma unroll
+        for (int t = 0; t < kTokens; ++t) {
+          float sum = 0.0f;
+#pragma unroll
+          for (int p = 0; p < kPartitions; ++p) {
+            sum += hack_score(q_meta[rg][p], uint32_t(dot[t / 2][rg][2 * (t % 2) + p]), half_at(k_scales[p], t),
+                              half_at(k_mins[p], t), int16_at(k_sums[p], t));
+          }
+          score[rg][t] = sum;
+        }
+      }
+    }
+    // The weights (block_weights' hack branch, per row): P' into s.p_codes in the operand order.
+    float p_scale[kGroups], p_min[kGroups], p_sum[kGroups];
+#pragma unroll
+    for (int rg = 0; rg < kGroups; ++rg) {
+      float s2[kTokens], local_max = -INFINITY, local_min = INFINITY;
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t) {
+        s2[t] = score[rg][t] * kLog2e;
+        local_max = fmaxf(local_max, s2[t]);
+        local_min = fminf(local_min, s2[t]);
+      }
+      const float block_max = row_max(local_max);
+      const float reference = partial.rescale(rg, block_max);
+      const float lo = fast_exp2(row_min(local_min) - reference), hi = fast_exp2(block_max - reference);
+      p_min[rg] = lo;
+      p_scale[rg] = (hi - lo) * (1.0f / 255.0f);
+      const float inverse = hi > lo ? __fdividef(255.0f, hi - lo) : 0.0f;
+      uint8_t* codes = reinterpret_cast<uint8_t*>(s.p_codes[warp][c + 4 * rg]);
+      float sum = 0.0f;
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t) {
+        const int code = min(max(__float2int_rn((fast_exp2(s2[t] - reference) - lo) * inverse), 0), 255);
+        codes[mma_operand_byte(kTokens * g + t)] = uint8_t(code);
+        sum += float(code);
+      }
+      p_sum[rg] = row_sum(sum);  // exact: at most 255 · T
+    }
+    __syncwarp();
+
+    // P·V: pv[m][rg] = (column 16g + 2m: half 0, 1; column 16g + 2m + 1: half 0, 1) of row c + 4·rg.
+    uint4 v[4];  // columns 16g..16g+15 of token groups c + 4k, staged
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = *reinterpret_cast<const uint4*>(b + o.v_codes + (c + 4 * k) * kHeadDim + ((16 * g) ^ (32 * c)));
+    uint32_t p_words[kGroups][2];  // B column g: row g / 2 of the group over half g % 2 (k-step g % 2)
+#pragma unroll
+    for (int rg = 0; rg < kGroups; ++rg) {
+      const uint32_t* row = s.p_codes[warp][g / 2 + 4 * rg];
+      p_words[rg][0] = row[4 * c + 2 * (g % 2)];
+      p_words[rg][1] = row[4 * c + 2 * (g % 2) + 1];
+    }
+    int pv[8][kGroups][4] = {};
+#pragma unroll
+    for (int m = 0; m < 8; ++m) {
+      uint32_t x[2];  // columns 16g + 2m, + 1: A rows g, g + 8
+      interleave_bytes(word_at(v[0], m / 2), word_at(v[1], m / 2), word_at(v[2], m / 2), word_at(v[3], m / 2), m % 2, x);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t a[4] = {code_plane(x[0], 2 * h), code_plane(x[1], 2 * h), code_plane(x[0], 2 * h + 1),
+                               code_plane(x[1], 2 * h + 1)};
+        const bool mine = g % 2 == h;
+#pragma unroll
+        for (int rg = 0; rg < kGroups; ++rg) mma_16832_u8(pv[m][rg], a, mine ? p_words[rg][0] : 0u, mine ? p_words[rg][1] : 0u);
+      }
+    }
+    uint4 v_mins[2], v_scales[2], v_sums[2];  // columns 16g..16g+15
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int at = (kColumns * g + 8 * half) * 2;
+      v_mins[half] = *reinterpret_cast<const uint4*>(b + o.v_mins + at);
+      v_scales[half] = *reinterpret_cast<const uint4*>(b + o.v_scales + at);
+      v_sums[half] = *reinterpret_cast<const uint4*>(b + o.v_sums + at);
+    }
+#pragma unroll
+    for (int i = 0; i < kColumns; ++i) {
+      const float v_min = half_at(v_mins[i / 8], i % 8), v_scale = half_at(v_scales[i / 8], i % 8);
+      const float v_sum = int16_at(v_sums[i / 8], i % 8);
+#pragma unroll
+      for (int rg = 0; rg < kGroups; ++rg) {
+        const uint32_t dot = uint32_t(pv[i / 2][rg][2 * (i % 2)] + pv[i / 2][rg][2 * (i % 2) + 1]);
+        partial.acc[rg][i] += hack_value(p_scale[rg], p_min[rg], p_sum[rg], dot, v_scale, v_min, v_sum);
+      }
+    }
+#pragma unroll
+    for (int rg = 0; rg < kGroups; ++rg) partial.sum[rg] += fmaf(p_scale[rg], p_sum[rg], float(T) * p_min[rg]);
+  }
+
+  // The open block as attend_open computes it (the same operations per token and row), at this layout.
+  __device__ void open(const __half* k, const __half* v, int n, CtaShared<kHeadDim, kRows>& s, int warp, int,
+                       Partial& partial) const {
+#pragma unroll
+    for (int rg = 0; rg < kGroups; ++rg) {
+      const int r = c + 4 * rg;
+      float s2[kTokens], local_max = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kTokens; ++j) {
+        const int t = kTokens * g + j;
+        float score = 0.0f;
+        if (t < n) {
+          for (int x = 0; x < kHeadDim; x += 8) {
+            const uint4 raw = *reinterpret_cast<const uint4*>(k + t * kHeadDim + x);
+            const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+            for (int y = 0; y < 4; ++y) {
+              const float2 kk = __half22float2(h[y]);
+              score = fmaf(s.q[r][x + 2 * y], kk.x, fmaf(s.q[r][x + 2 * y + 1], kk.y, score));
+            }
+          }
+        }
+        s2[j] = t < n ? score * kLog2e : -INFINITY;
+        local_max = fmaxf(local_max, s2[j]);
+      }
+      const float reference = partial.rescale(rg, row_max(local_max));
+#pragma unroll
+      for (int j = 0; j < kTokens; ++j) s.p[warp][r][kTokens * g + j] = fast_exp2(s2[j] - reference);
+    }
+    __syncwarp();
+    for (int t = 0; t < n; ++t) {
+      float values[kColumns];
+#pragma unroll
+      for (int i = 0; i < kColumns; i += 2) {
+        const float2 pair = __half22float2(*reinterpret_cast<const __half2*>(v + t * kHeadDim + kColumns * g + i));
+        values[i] = pair.x, values[i + 1] = pair.y;
+      }
+#pragma unroll
+      for (int rg = 0; rg < kGroups; ++rg) {
+        const float weight = s.p[warp][c + 4 * rg][t];
+        partial.sum[rg] += weight;
+#pragma unroll
+        for (int i = 0; i < kColumns; ++i) partial.acc[rg][i] = fmaf(weight, values[i], partial.acc[rg][i]);
+      }
+    }
+    __syncwarp();
+  }
+
+  __device__ void write(const Partial& partial, float (&warp_acc)[kWarps][kRows][kHeadDim], float2 (&warp_max_sum)[kWarps][kRows],
+                        int warp, int) const {
+#pragma unroll
+    for (int rg = 0; rg < kGroups; ++rg) {
+#pragma unroll
+      for (int i = 0; i < kColumns; ++i) warp_acc[warp][c + 4 * rg][kColumns * g + i] = partial.acc[rg][i];
+      if (g == 0) warp_max_sum[warp][c + 4 * rg] = make_float2(partial.max[rg], partial.sum[rg]);
+    }
+  }
+};
+
+// The attention partial of one decode tile (a sequence's GQA group) over one split of its blocks, each
+// block read by Lanes.
+template <class Lanes>
 __global__ __launch_bounds__(kThreads) void quantized_attention_partials(QuantizedLaunch L) {
-  constexpr int kCols = kHeadDim / 32, kPartitions = kHeadDim / T;
-  static_assert(kCols % 2 == 0, "head dims of 64 or 128");
+  constexpr int kHeadDim = Lanes::kHeadDim, kRows = Lanes::kRows, kPartitions = kHeadDim / T;
+  constexpr bool kHack = Lanes::kHack;
+  static_assert(kHeadDim % 64 == 0, "head dims of 64 or 128");
   // [kWarps][2][block_bytes]: each warp's blocks, double-buffered (measured on H100 at 64K: 0.174 ms
   // against 0.181 single-buffered); after the loop, the warps' partials.
   extern __shared__ uint4 staging[];
@@ -616,7 +947,7 @@ __global__ __launch_bounds__(kThreads) void quantized_attention_partials(Quantiz
         const float x = j == 0 ? x0 : x1;
         const int code = (j == 0 ? in0 : in1) ? min(max(__float2int_rn(__fmul_rn(__fsub_rn(x, lo), inverse)), 0), 255) : 0;
         sum += code;
-        codes[BlockLanes<kBits, kHack>::operand_byte(part * T + 2 * lane + j)] = uint8_t(code);
+        codes[Lanes::operand_byte(part * T + 2 * lane + j)] = uint8_t(code);
       }
 #pragma unroll
       for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
@@ -629,6 +960,7 @@ __global__ __launch_bounds__(kThreads) void quantized_attention_partials(Quantiz
     }
   }
   __syncthreads();
+  const Lanes lanes(s, lane);
 
   // The warp's blocks: block_begin + warp + kWarps·j; those before n_sealed are sealed, the last one
   // may be the open block.
@@ -642,37 +974,31 @@ __global__ __launch_bounds__(kThreads) void quantized_attention_partials(Quantiz
   };
   uint8_t* stage = reinterpret_cast<uint8_t*>(staging) + size_t(warp) * 2 * L.sealed.offsets.block_bytes;
   uint8_t* scratch = reinterpret_cast<uint8_t*>(staging) + L.scratch.offset + warp * L.scratch.bytes;
-  WarpPartial<kRows, kCols> partial;
+  typename Lanes::Partial partial;
   int buffer = 0;
   const int head_bytes = head.offsets.block_bytes;  // staged in buffers of the view's block_bytes (the largest head's)
-  if (block_begin + warp < sealed_end) copy_block_async(stage, sealed_block(block_begin + warp), head_bytes, lane);
+  if (block_begin + warp < sealed_end) lanes.stage(stage, sealed_block(block_begin + warp), head_bytes, L, lane);
   for (int block = block_begin + warp; block < block_end; block += kWarps) {
     if (block < n_sealed) {
       if (block + kWarps < sealed_end) {  // the next block's copy is in flight while this one is read
-        copy_block_async(stage + (buffer ^ 1) * L.sealed.offsets.block_bytes, sealed_block(block + kWarps), head_bytes, lane);
+        lanes.stage(stage + (buffer ^ 1) * L.sealed.offsets.block_bytes, sealed_block(block + kWarps), head_bytes, L, lane);
         wait_copies<1>();
       } else {
         wait_copies<0>();
       }
       __syncwarp();
-      attend_sealed<kHeadDim, kRows, kBits, kHack, kLayouts>(L, head, stage + buffer * L.sealed.offsets.block_bytes, s, scratch,
-                                                            warp, lane, partial);
+      lanes.sealed(L, head, stage + buffer * L.sealed.offsets.block_bytes, s, scratch, warp, lane, partial);
       __syncwarp();  // every lane is done with the buffer before it is refilled
       buffer ^= 1;
     } else {
       const size_t offset = (size_t(table[block]) * p.num_kv_heads + kv_head) * T * kHeadDim;
-      attend_open<kHeadDim, kRows>(p, p.k_pool + offset, p.v_pool + offset, tq.kv_end - block * T, s, warp, lane, partial);
+      lanes.open(p.k_pool + offset, p.v_pool + offset, tq.kv_end - block * T, s, warp, lane, partial);
     }
   }
 
   __syncthreads();  // every warp is done with the staging buffers
   auto& warp_acc = *reinterpret_cast<float(*)[kWarps][kRows][kHeadDim]>(staging);
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-    for (int i = 0; i < kCols; ++i) warp_acc[warp][r][lane * kCols + i] = partial.acc[r][i];
-    if (lane == 0) s.warp_max_sum[warp][r] = make_float2(partial.max[r], partial.sum[r]);
-  }
+  lanes.write(partial, warp_acc, s.warp_max_sum, warp, lane);
   __syncthreads();
   store_cta_partial<kHeadDim, kRows>(p, tq.active_rows, warp_acc, s.warp_max_sum);
 }
@@ -682,9 +1008,9 @@ using QuantizedKernel = void (*)(QuantizedLaunch);
 // hack: HACK's layout, or KIVI's (`layouts`); quant: HACK's layout only.
 template <int kHeadDim, int kRows, int kBits>
 QuantizedKernel pick_kind(bool hack, bool layouts) {
-  if (!hack) return layouts ? nullptr : quantized_attention_partials<kHeadDim, kRows, kBits, false, false>;
-  return layouts ? quantized_attention_partials<kHeadDim, kRows, kBits, true, true>
-                 : quantized_attention_partials<kHeadDim, kRows, kBits, true, false>;
+  if (!hack) return layouts ? nullptr : quantized_attention_partials<DotLanes<kHeadDim, kRows, kBits, false, false>>;
+  return layouts ? quantized_attention_partials<DotLanes<kHeadDim, kRows, kBits, true, true>>
+                 : quantized_attention_partials<DotLanes<kHeadDim, kRows, kBits, true, false>>;
 }
 
 template <int kHeadDim, int kRows>
@@ -698,10 +1024,14 @@ QuantizedKernel pick(int bits, bool hack, bool layouts) {
 }
 
 // The one switch from the run-time shape to the decode kernel's template parameters; null when no
-// kernel has it (run_quantized's error names the values).
-QuantizedKernel pick_kernel(int head_dim, int rows, int bits, bool hack, bool layouts) {
+// kernel has it (run_quantized's error names the values). `tensor_cores`: 2-bit HACK blocks of head_dim
+// 128 at every head (no ZACK heads) take MmaLanes.
+QuantizedKernel pick_kernel(int head_dim, int rows, int bits, bool hack, bool layouts, bool tensor_cores) {
   const bool four = rows == 4;
   if (rows != 4 && rows != 8) return nullptr;
+  if (tensor_cores && head_dim == kMmaHeadDim && bits == 2 && hack && !layouts) {
+    return four ? quantized_attention_partials<MmaLanes<4>> : quantized_attention_partials<MmaLanes<8>>;
+  }
   switch (head_dim) {
     case 64: return four ? pick<64, 4>(bits, hack, layouts) : pick<64, 8>(bits, hack, layouts);
     case 128: return four ? pick<128, 4>(bits, hack, layouts) : pick<128, 8>(bits, hack, layouts);
@@ -759,7 +1089,8 @@ Status CudaPagedAttention::run_quantized_decode(Part& part, const PagedKvView& k
     return error("CUDA quantized attention: vgroup=", sealed.v_group_dims, " must hold whole lanes' columns (a multiple of ",
                  shape_.head_dim / 32, ")");
   }
-  const QuantizedKernel kernel = pick_kernel(shape_.head_dim, rows_per_tile_, sealed.k_bits, sealed.hack, layouts);
+  const bool tensor_cores = shape_.integer_tensor_cores && sealed.heads == nullptr && sealed.offsets.v_codes % 128 == 0;
+  const QuantizedKernel kernel = pick_kernel(shape_.head_dim, rows_per_tile_, sealed.k_bits, sealed.hack, layouts, tensor_cores);
   if (kernel == nullptr) {
     return error("CUDA quantized attention: no decode kernel for head_dim ", shape_.head_dim, ", ", rows_per_tile_,
                  " rows per tile, ", sealed.k_bits, " bits (there: head_dim 64 or 128, 4 or 8 rows, 2, 4 or 8 bits)");
