@@ -100,6 +100,40 @@ class Deployment:
         return counters
 
 
+    def step_counters(self):
+        """The decoding server's step times (the decode worker's, or the colocated server's): decode steps by
+        their number of sequences {n: (seconds, count)}, and the scheduler's time between steps (seconds, count)."""
+        server = self.decode if self.disaggregated else self.front
+        status, _, text = server.get("/metrics")
+        by_sequences, between = {}, [0.0, 0.0]
+        for line in text.decode().splitlines() if status == 200 else []:
+            if line.startswith("#"):
+                continue
+            name, value = line.rsplit(" ", 1)[0], float(line.rsplit(" ", 1)[1])
+            base = name.split("{", 1)[0]
+            if base in ("slimkv:decode_step_seconds_sum", "slimkv:decode_step_seconds_count"):
+                n = int(name.split('sequences="', 1)[1].split('"', 1)[0])
+                entry = by_sequences.setdefault(n, [0.0, 0.0])
+                entry[0 if base.endswith("_sum") else 1] = value
+            elif base == "slimkv:scheduler_between_steps_seconds_sum":
+                between[0] = value
+            elif base == "slimkv:scheduler_between_steps_seconds_count":
+                between[1] = value
+        return by_sequences, between
+
+
+def step_times_line(before, after):
+    """Mean decode step (ms) by sequences over a run, and the scheduler's mean time between steps (µs)."""
+    steps = []
+    for n in sorted(after[0]):
+        seconds, count = (a - b for a, b in zip(after[0][n], before[0].get(n, [0.0, 0.0])))
+        if count > 0:
+            steps.append(f"{n}: {seconds / count * 1e3:.2f} ms ({count:.0f})")
+    seconds, count = (a - b for a, b in zip(after[1], before[1]))
+    between = f"{seconds / count * 1e6:.0f} us" if count > 0 else "-"
+    return f"    decode steps by sequences: {', '.join(steps) or '-'}; between steps {between}"
+
+
 def heldout_token_ids(server, path, max_chars):
     """The held-out text's token ids (tokenized by the server in pieces cut at line ends)."""
     with open(path, encoding="utf-8") as f:
@@ -438,6 +472,7 @@ def main():
                     deployment = deployment_of(i)
                     run = runs[(rate, deployment.name)]
                     kv_before = deployment.router_counters() if deployment.disaggregated else None
+                    steps_before = deployment.step_counters()
                     results = drive(deployment, model, requests, args)
                     for r in results:
                         r["round"] = round_index
@@ -453,6 +488,7 @@ def main():
                     print(f"  rate {rate} round {round_index}: {deployment.name}: {s['completed']}/{s['sent']} done, "
                           f"JCT {s['jct_mean_s']:.3f} s, TTFT {s['ttft_mean_s']:.3f} s, TPOT {s['tpot_mean_s'] * 1e3:.1f} ms"
                           f"{transfer}", flush=True)
+                    print(step_times_line(steps_before, deployment.step_counters()), flush=True)
                     if s["completed"] < s["sent"]:
                         deployment.show_failure(s["errors"])
                     if args.one_at_a_time:

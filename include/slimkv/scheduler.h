@@ -115,6 +115,16 @@ struct SchedulerStats {
   uint64_t steps_total = 0;
   uint64_t requests_finished_total[4] = {};  // per FinishReason: stop, length, cancelled, error
   LatencyHistogram time_to_first_token, inter_token_latency, e2e_request_latency;
+  // Where a running server's time goes: each engine step's wall time, and the scheduler's own between one
+  // step and the next (planning, admissions, updates to the clients; not time idle without requests).
+  LatencyHistogram engine_step, between_steps;
+  // Steps whose every sequence ran one token (decode steps), by their number of sequences: entry n holds
+  // the steps of n sequences (seconds summed, count). The step time a batch costs, as the server ran it.
+  struct StepTimes {
+    double seconds = 0.0;
+    uint64_t count = 0;
+  };
+  std::vector<StepTimes> decode_steps_by_sequences;
 };
 
 enum class ShutdownMode {

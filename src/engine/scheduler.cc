@@ -122,6 +122,13 @@ LatencyHistogram inter_token_histogram() {
 LatencyHistogram request_histogram() {
   return LatencyHistogram({0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800});
 }
+// From a GPU step's milliseconds to a CPU prefill's seconds; the scheduler's own work between steps.
+LatencyHistogram step_histogram() {
+  return LatencyHistogram({0.001, 0.002, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10});
+}
+LatencyHistogram between_steps_histogram() {
+  return LatencyHistogram({0.00001, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05});
+}
 
 using Clock = std::chrono::steady_clock;
 double seconds_between(Clock::time_point from, Clock::time_point to) {
@@ -181,6 +188,8 @@ struct Scheduler::Impl {
     local.time_to_first_token = first_token_histogram();
     local.inter_token_latency = inter_token_histogram();
     local.e2e_request_latency = request_histogram();
+    local.engine_step = step_histogram();
+    local.between_steps = between_steps_histogram();
     shared = local;
   }
 
@@ -205,10 +214,13 @@ struct Scheduler::Impl {
   std::deque<RequestPtr> waiting;   // arrival order, preempted ones put back at the front
   size_t host_bytes = 0;
   SchedulerStats local;
+  std::optional<Clock::time_point> last_step_end;  // of the step before, unless the scheduler went idle since
   std::thread thread;
 
   void run();
   void step_once();
+  // Counts a step of `items` that ran from start to end into the stats (SchedulerStats::engine_step...).
+  void observe_step(const std::vector<StepItem>& items, Clock::time_point start, Clock::time_point end);
   void take_cancels(const std::vector<RequestId>& ids);
   void preempt(Request& request);
   Status admit(Request& request);
@@ -238,6 +250,7 @@ void Scheduler::Impl::run() {
   constexpr auto kIdleBeforeTrim = std::chrono::seconds(1);
   bool heap_trimmed = true;
   for (;;) {
+    if (running.empty() && waiting.empty()) last_step_end.reset();  // idle: waiting for work is not the scheduler's time
     std::vector<RequestPtr> arrived;
     std::vector<RequestId> cancelled;
     std::optional<ShutdownMode> stop;
@@ -381,9 +394,11 @@ void Scheduler::Impl::step_once() {
                      .output = last ? StepOutput::kSample : StepOutput::kNone});
   }
   StepResult result;
+  const Clock::time_point step_start = Clock::now();
   const Status status = engine.step(items, result);
   const Clock::time_point now = Clock::now();
   ++local.steps_total;
+  observe_step(items, step_start, now);
   if (!status.is_ok()) {
     // A refused step names its item but changes nothing; the requests in it cannot go on reliably.
     for (const Scheduled& s : scheduled) {
@@ -422,6 +437,19 @@ void Scheduler::Impl::step_once() {
     }
   }
   std::erase_if(running, [](const RequestPtr& request) { return request->done; });
+}
+
+void Scheduler::Impl::observe_step(const std::vector<StepItem>& items, Clock::time_point start, Clock::time_point end) {
+  if (last_step_end) local.between_steps.observe(seconds_between(*last_step_end, start));
+  last_step_end = end;
+  const double seconds = seconds_between(start, end);
+  local.engine_step.observe(seconds);
+  const bool decode = std::all_of(items.begin(), items.end(), [](const StepItem& item) { return item.tokens.size() == 1; });
+  if (!decode) return;
+  auto& by_sequences = local.decode_steps_by_sequences;
+  if (by_sequences.size() <= items.size()) by_sequences.resize(items.size() + 1);
+  by_sequences[items.size()].seconds += seconds;
+  ++by_sequences[items.size()].count;
 }
 
 void Scheduler::Impl::preempt(Request& request) {

@@ -22,6 +22,19 @@ std::string prometheus_text(const SchedulerStats& stats, const MetricsLabels& la
                 stats.time_to_first_token);
   out.histogram("slimkv:inter_token_latency_seconds", "Time between two tokens of a request.", stats.inter_token_latency);
   out.histogram("slimkv:e2e_request_latency_seconds", "Time from a request's arrival to its end.", stats.e2e_request_latency);
+  out.histogram("slimkv:engine_step_seconds", "Wall time of each engine step.", stats.engine_step);
+  out.histogram("slimkv:scheduler_between_steps_seconds",
+                "The scheduler's time between one engine step and the next (not time idle without requests).",
+                stats.between_steps);
+  out.header("slimkv:decode_step_seconds", "summary",
+             "Wall time of the steps that ran one token of every sequence, by their number of sequences.");
+  for (size_t n = 1; n < stats.decode_steps_by_sequences.size(); ++n) {
+    const SchedulerStats::StepTimes& steps = stats.decode_steps_by_sequences[n];
+    if (steps.count == 0) continue;
+    const std::string sequences = R"(sequences=")" + std::to_string(n) + '"';
+    out.sample("slimkv:decode_step_seconds_sum", steps.seconds, sequences);
+    out.sample("slimkv:decode_step_seconds_count", double(steps.count), sequences);
+  }
 
   // slimkv's own: where the KV lives and how compact it is.
   const double block_bytes = double(stats.kv.bytes_per_block);

@@ -369,6 +369,22 @@ TEST(Scheduler, ThirtyTwoConcurrentGreedyRequestsEqualTheSameRunOneByOne) {
   EXPECT_EQ(stats.time_to_first_token.count, size_t(kConcurrentRequests));
   // Batched: far fewer steps than tokens generated (one after another, a step per token and more).
   EXPECT_LT(stats.steps_total * kTokensPerStep, stats.generation_tokens_total) << stats.steps_total << " steps";
+  // Every step timed; the time between steps counted from the second on (one busy stretch here, but a
+  // request can end the scheduler's work before the rest arrive); decode steps of many sequences seen.
+  EXPECT_EQ(stats.engine_step.count, stats.steps_total);
+  EXPECT_GT(stats.between_steps.count, 0u);
+  EXPECT_LT(stats.between_steps.count, stats.steps_total);
+  uint64_t decode_steps = 0;
+  size_t most_sequences = 0;
+  for (size_t n = 0; n < stats.decode_steps_by_sequences.size(); ++n) {
+    decode_steps += stats.decode_steps_by_sequences[n].count;
+    if (stats.decode_steps_by_sequences[n].count > 0) most_sequences = n;
+    EXPECT_GE(stats.decode_steps_by_sequences[n].seconds, 0.0);
+  }
+  EXPECT_GT(decode_steps, 0u);
+  EXPECT_LE(decode_steps, stats.steps_total);
+  EXPECT_GT(most_sequences, 1u) << "no decode step of several sequences";
+  EXPECT_EQ(stats.decode_steps_by_sequences.empty() ? 0u : stats.decode_steps_by_sequences[0].count, 0u);
 }
 
 // With a quantizing codec a prompt chunk reads the chunks before it through their codes: a prompt cut at

@@ -81,6 +81,8 @@ TEST(PrometheusText, VllmNamesUnderTheSlimkvPrefixAndCumulativeBuckets) {
   stats.time_to_first_token.observe(0.05);
   stats.time_to_first_token.observe(0.5);
   stats.time_to_first_token.observe(5);
+  stats.decode_steps_by_sequences.resize(4);
+  stats.decode_steps_by_sequences[3] = {.seconds = 0.5, .count = 20};
   const std::string text = prometheus_text(stats, {.model_name = "m\"x", .kv_spec = "hack:bits=4", .device = "cpu"});
   const auto has = [&](const std::string& line) { EXPECT_NE(text.find(line + "\n"), std::string::npos) << line << "\n" << text; };
   has(R"(slimkv:num_requests_running{model_name="m\"x"} 2)");
@@ -95,8 +97,13 @@ TEST(PrometheusText, VllmNamesUnderTheSlimkvPrefixAndCumulativeBuckets) {
   has(R"(slimkv:kv_cache_bytes_per_token{model_name="m\"x"} 100)");
   has(R"(slimkv:kv_cache_used_bytes{model_name="m\"x",tier="cpu"} 38400)");
   has(R"(slimkv:kv_cache_info{model_name="m\"x",kv_spec="hack:bits=4",device="cpu"} 1)");
+  has("# TYPE slimkv:decode_step_seconds summary");
+  has(R"(slimkv:decode_step_seconds_sum{model_name="m\"x",sequences="3"} 0.5)");
+  has(R"(slimkv:decode_step_seconds_count{model_name="m\"x",sequences="3"} 20)");
+  EXPECT_EQ(text.find(R"(sequences="2")"), std::string::npos) << "a batch size with no steps";
   for (const char* name : {"num_preemptions_total", "generation_tokens_total", "inter_token_latency_seconds_count",
-                           "e2e_request_latency_seconds_sum", "request_success_total"}) {
+                           "e2e_request_latency_seconds_sum", "request_success_total", "engine_step_seconds_count",
+                           "scheduler_between_steps_seconds_bucket"}) {
     EXPECT_NE(text.find(std::string("slimkv:") + name), std::string::npos) << name;
   }
 }
