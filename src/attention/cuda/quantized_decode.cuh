@@ -152,6 +152,24 @@ __device__ __forceinline__ void interleave_bytes(uint32_t w0, uint32_t w1, uint3
   x[1] = __byte_perm(low01, low23, 0x7632);
 }
 
+// HACK's P' of one row over a block (quantize_operand8's rule, nearest): the weights against the running
+// max's reference span [lo, hi] — exp2 is monotonic, so the block's extreme scores (base 2) give them —
+// quantized to 8 bits as lo + scale · code.
+struct BlockWeightCodes {
+  float lo, scale, inverse;
+  __device__ __forceinline__ BlockWeightCodes(float block_min, float block_max, float reference) {
+    const float hi = fast_exp2(block_max - reference);
+    lo = fast_exp2(block_min - reference);
+    scale = (hi - lo) * (1.0f / 255.0f);
+    // Fast division: P' needs no bit-exact twin (the reference quantizes against another running max).
+    inverse = hi > lo ? __fdividef(255.0f, hi - lo) : 0.0f;
+  }
+  // The code of the weight of a token of base-2 score s2.
+  __device__ __forceinline__ int code(float s2, float reference) const {
+    return min(max(__float2int_rn((fast_exp2(s2 - reference) - lo) * inverse), 0), 255);
+  }
+};
+
 // The 2-bit codes at bit pair i of each byte of x, one per byte.
 __device__ __forceinline__ uint32_t code_plane(uint32_t x, int i) { return (x >> (2 * i)) & 0x03030303u; }
 

@@ -230,16 +230,13 @@ __device__ __forceinline__ void block_weights(const QuantizedLaunch& L, const Se
       sum = p[0] + p[1];
       weigh_v_groups<kHeadDim, kRows, kBits, kHack>(L, head, b, p, r, scratch, lane);
     } else if constexpr (kHack) {
-      // exp2 is monotonic: the block's least and greatest weights are those of its extreme scores.
-      const float lo = fast_exp2(warp_min(local_min) - reference), hi = fast_exp2(block_max - reference);
-      p_min[r] = lo;
-      p_scale[r] = (hi - lo) * (1.0f / 255.0f);
-      // Fast division: P' needs no bit-exact twin (the reference quantizes against another running max).
-      const float inverse = hi > lo ? __fdividef(255.0f, hi - lo) : 0.0f;
+      const BlockWeightCodes weights(warp_min(local_min), block_max, reference);
+      p_min[r] = weights.lo;
+      p_scale[r] = weights.scale;
       uint8_t* codes = reinterpret_cast<uint8_t*>(s.p_codes[warp][r]);
 #pragma unroll
       for (int j = 0; j < kTokens; ++j) {
-        const int code = min(max(__float2int_rn((fast_exp2(s2[j] - reference) - lo) * inverse), 0), 255);
+        const int code = weights.code(s2[j], reference);
         codes[BlockLanes<kBits, kHack>::operand_byte(t0 + j)] = uint8_t(code);
         sum += float(code);
       }

@@ -164,15 +164,14 @@ struct MmaLanes {
       }
       const float block_max = row_max(local_max);
       const float reference = partial.rescale(rg, block_max);
-      const float lo = fast_exp2(row_min(local_min) - reference), hi = fast_exp2(block_max - reference);
-      p_min[rg] = lo;
-      p_scale[rg] = (hi - lo) * (1.0f / 255.0f);
-      const float inverse = hi > lo ? __fdividef(255.0f, hi - lo) : 0.0f;
+      const BlockWeightCodes weights(row_min(local_min), block_max, reference);
+      p_min[rg] = weights.lo;
+      p_scale[rg] = weights.scale;
       uint8_t* codes = reinterpret_cast<uint8_t*>(s.p_codes[warp][c + 4 * rg]);
       float sum = 0.0f;
 #pragma unroll
       for (int t = 0; t < kTokens; ++t) {
-        const int code = min(max(__float2int_rn((fast_exp2(s2[t] - reference) - lo) * inverse), 0), 255);
+        const int code = weights.code(s2[t], reference);
         codes[mma_operand_byte(kTokens * g + t)] = uint8_t(code);
         sum += float(code);
       }
