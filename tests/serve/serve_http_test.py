@@ -271,8 +271,12 @@ class ServeTest(unittest.TestCase):
         _, headers, text = self.server.get("/metrics")
         self.assertTrue(headers["Content-Type"].startswith("text/plain"))
         for name in ["num_requests_waiting", "num_preemptions_total", "time_to_first_token_seconds_bucket",
-                     "inter_token_latency_seconds_sum", "e2e_request_latency_seconds_count", "kv_cache_info"]:
+                     "inter_token_latency_seconds_sum", "e2e_request_latency_seconds_count", "kv_cache_info",
+                     "engine_step_seconds_count", "scheduler_between_steps_seconds_sum"]:
             self.assertIn("slimkv:" + name, text.decode())
+        # The request's steps were timed: a prefill step and four decode steps of one sequence at least.
+        self.assertGreaterEqual(self.server.metric("slimkv:engine_step_seconds_count"), 5)
+        self.assertIn('slimkv:decode_step_seconds_count{model_name="slimkv-llama-15m",sequences="1"}', text.decode())
 
 
 def model_with_chat_template(folder):
