@@ -165,14 +165,18 @@ QuantizedKernel pick(int bits, bool hack, bool layouts) {
 }
 
 // The one switch from the run-time shape to the decode kernel's template parameters; null when no
-// kernel has it (run_quantized's error names the values). `tensor_cores`: 2-bit HACK blocks of head_dim
-// 128 at every head (no ZACK heads) take MmaLanes.
-QuantizedKernel pick_kernel(int head_dim, int rows, int bits, bool hack, bool layouts, bool tensor_cores) {
+// kernel has it (run_quantized's error names the values). With `tensor_cores`, blocks MmaLanes can read
+// take it: 2-bit HACK layout at head_dim 128 for every KV head (no ZACK heads), V codes at a multiple of
+// 128 bytes (its staging swizzle).
+QuantizedKernel pick_kernel(int head_dim, int rows, const QuantizedKvView& sealed, bool layouts, bool tensor_cores) {
   const bool four = rows == 4;
   if (rows != 4 && rows != 8) return nullptr;
-  if (tensor_cores && head_dim == kMmaHeadDim && bits == 2 && hack && !layouts) {
+  if (tensor_cores && head_dim == kMmaHeadDim && sealed.k_bits == 2 && sealed.hack && !layouts && sealed.heads == nullptr &&
+      sealed.offsets.v_codes % 128 == 0) {
     return four ? quantized_attention_partials<MmaLanes<4>> : quantized_attention_partials<MmaLanes<8>>;
   }
+  const int bits = sealed.k_bits;
+  const bool hack = sealed.hack;
   switch (head_dim) {
     case 64: return four ? pick<64, 4>(bits, hack, layouts) : pick<64, 8>(bits, hack, layouts);
     case 128: return four ? pick<128, 4>(bits, hack, layouts) : pick<128, 8>(bits, hack, layouts);
@@ -230,8 +234,7 @@ Status CudaPagedAttention::run_quantized_decode(Part& part, const PagedKvView& k
     return error("CUDA quantized attention: vgroup=", sealed.v_group_dims, " must hold whole lanes' columns (a multiple of ",
                  shape_.head_dim / 32, ")");
   }
-  const bool tensor_cores = shape_.integer_tensor_cores && sealed.heads == nullptr && sealed.offsets.v_codes % 128 == 0;
-  const QuantizedKernel kernel = pick_kernel(shape_.head_dim, rows_per_tile_, sealed.k_bits, sealed.hack, layouts, tensor_cores);
+  const QuantizedKernel kernel = pick_kernel(shape_.head_dim, rows_per_tile_, sealed, layouts, shape_.integer_tensor_cores);
   if (kernel == nullptr) {
     return error("CUDA quantized attention: no decode kernel for head_dim ", shape_.head_dim, ", ", rows_per_tile_,
                  " rows per tile, ", sealed.k_bits, " bits (there: head_dim 64 or 128, 4 or 8 rows, 2, 4 or 8 bits)");

@@ -152,6 +152,32 @@ __device__ __forceinline__ void interleave_bytes(uint32_t w0, uint32_t w1, uint3
   x[1] = __byte_perm(low01, low23, 0x7632);
 }
 
+// The open block (FP16 rows in the dense pool): a query row q (scaled, FP32) times key row k_row, summed
+// in this order (attend_open sums in the same order, each K chunk feeding all its rows at once); and
+// kCount values of a V row from its first, in FP32.
+template <int kHeadDim>
+__device__ __forceinline__ float open_score(const float* q, const __half* k_row) {
+  float score = 0.0f;
+  for (int c = 0; c < kHeadDim; c += 8) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(k_row + c);
+    const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      const float2 kk = __half22float2(h[x]);
+      score = fmaf(q[c + 2 * x], kk.x, fmaf(q[c + 2 * x + 1], kk.y, score));
+    }
+  }
+  return score;
+}
+template <int kCount>
+__device__ __forceinline__ void open_values(const __half* v_row, float (&values)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; i += 2) {
+    const float2 pair = __half22float2(*reinterpret_cast<const __half2*>(v_row + i));
+    values[i] = pair.x, values[i + 1] = pair.y;
+  }
+}
+
 // HACK's P' of one row over a block (quantize_operand8's rule, nearest): the weights against the running
 // max's reference span [lo, hi] — exp2 is monotonic, so the block's extreme scores (base 2) give them —
 // quantized to 8 bits as lo + scale · code.

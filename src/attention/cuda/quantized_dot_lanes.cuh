@@ -377,6 +377,7 @@ __device__ __forceinline__ void attend_open(const __half* k, const __half* v, in
 #pragma unroll
     for (int r = 0; r < kRows; ++r) score[j][r] = 0.0f;
     if (t < n) {
+      // Each K chunk feeds every row at once (open_score's order per row: the same sums).
       for (int c = 0; c < kHeadDim; c += 8) {
         const uint4 raw = *reinterpret_cast<const uint4*>(k + t * kHeadDim + c);
         const __half2* h = reinterpret_cast<const __half2*>(&raw);
@@ -400,11 +401,7 @@ __device__ __forceinline__ void attend_open(const __half* k, const __half* v, in
   const int c0 = lane * kCols;
   for (int t = 0; t < n; ++t) {
     float values[kCols];
-#pragma unroll
-    for (int i = 0; i < kCols; i += 2) {
-      const float2 pair = __half22float2(*reinterpret_cast<const __half2*>(v + t * kHeadDim + c0 + i));
-      values[i] = pair.x, values[i + 1] = pair.y;
-    }
+    open_values(v + t * kHeadDim + c0, values);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const float weight = s.p[warp][r][t];

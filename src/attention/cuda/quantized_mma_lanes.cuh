@@ -236,19 +236,7 @@ struct MmaLanes {
 #pragma unroll
       for (int j = 0; j < kTokens; ++j) {
         const int t = kTokens * g + j;
-        float score = 0.0f;
-        if (t < n) {
-          for (int x = 0; x < kHeadDim; x += 8) {
-            const uint4 raw = *reinterpret_cast<const uint4*>(k + t * kHeadDim + x);
-            const __half2* h = reinterpret_cast<const __half2*>(&raw);
-#pragma unroll
-            for (int y = 0; y < 4; ++y) {
-              const float2 kk = __half22float2(h[y]);
-              score = fmaf(s.q[r][x + 2 * y], kk.x, fmaf(s.q[r][x + 2 * y + 1], kk.y, score));
-            }
-          }
-        }
-        s2[j] = t < n ? score * kLog2e : -INFINITY;
+        s2[j] = t < n ? open_score<kHeadDim>(s.q[r], k + t * kHeadDim) * kLog2e : -INFINITY;
         local_max = fmaxf(local_max, s2[j]);
       }
       const float reference = partial.rescale(rg, row_max(local_max));
@@ -258,11 +246,7 @@ struct MmaLanes {
     __syncwarp();
     for (int t = 0; t < n; ++t) {
       float values[kColumns];
-#pragma unroll
-      for (int i = 0; i < kColumns; i += 2) {
-        const float2 pair = __half22float2(*reinterpret_cast<const __half2*>(v + t * kHeadDim + kColumns * g + i));
-        values[i] = pair.x, values[i + 1] = pair.y;
-      }
+      open_values(v + t * kHeadDim + kColumns * g, values);
 #pragma unroll
       for (int rg = 0; rg < kGroups; ++rg) {
         const float weight = s.p[warp][c + 4 * rg][t];
