@@ -3,6 +3,8 @@
 # cores"), one H200 (2026-11-28): the quantized tests (bit for bit against dp4a), memcheck and racecheck,
 # the kernel by batch, the 16K step by batch, into $OUT. Binaries in build/release.
 #   attn_rule_dp4a.txt, e2e_16k_rule_dp4a.txt: the same benches at main 9c0210a (the split rule, dp4a only)
+#   attn_merged_in_last_cta.txt: the kernel loop below with a build (61fb838 plus a change not kept) whose last
+#     CTA of each tile and KV head merged the splits instead of the merge kernel; GPU 0 of a two-H200 host
 set -uo pipefail
 B=build/release
 $B/slimkv_cuda_tests --gtest_filter='*Quantized*' > "$OUT/tests.txt" 2>&1
